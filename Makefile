@@ -1,0 +1,111 @@
+# Cephalo - one entry point. `make help` lists the targets.
+#
+#   make            build everything buildable here (planner library and the `cephalo` CLI)
+#   make deps       install the missing Debian packages (idempotent; needs root)
+#   make test       unit + CLI tests; ends with "N passed, N failed"
+#   make demo       the planner on the paper's Cluster A
+#   make bench      planning-time benchmarks
+#   make fuzz       libFuzzer targets for the cluster, model and profile parsers
+#   SAN=1           build and test with AddressSanitizer + UndefinedBehaviorSanitizer
+#   CUDA=auto|0|1   CUDA detection (auto: build CUDA code when nvcc is found)
+
+SHELL := /bin/bash
+CC ?= cc
+SAN ?= 0
+CUDA ?= auto
+FUZZ_SECONDS ?= 60
+
+NVCC := $(firstword $(wildcard /usr/local/cuda/bin/nvcc) $(shell command -v nvcc 2>/dev/null))
+ifeq ($(CUDA),auto)
+  HAVE_CUDA := $(if $(NVCC),1,0)
+else ifeq ($(CUDA),1)
+  ifeq ($(NVCC),)
+    $(error CUDA=1 but nvcc was not found (looked in /usr/local/cuda/bin and PATH))
+  endif
+  HAVE_CUDA := 1
+else ifeq ($(CUDA),0)
+  HAVE_CUDA := 0
+else
+  $(error CUDA must be auto, 0 or 1 (got '$(CUDA)'))
+endif
+
+ifeq ($(SAN),1)
+  BUILD := build/san
+  OPT := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
+  LDSAN := -fsanitize=address,undefined
+else
+  BUILD := build/rel
+  OPT := -O2 -g
+  LDSAN :=
+endif
+
+WARN := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes
+CPPFLAGS := -Icommon -Iplanner -D_POSIX_C_SOURCE=200809L -DCEPHALO_HAVE_CUDA=$(HAVE_CUDA)
+CFLAGS := -std=c17 $(OPT) $(WARN) -MMD -MP
+LDLIBS := -lyaml -lcjson -lm
+
+COMMON_SRC := $(wildcard common/*.c)
+PLANNER_SRC := $(filter-out planner/cli.c,$(wildcard planner/*.c))
+LIB_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(COMMON_SRC) $(PLANNER_SRC))
+LIB := $(BUILD)/libcephalo-plan.a
+CLI := $(BUILD)/bin/cephalo
+TEST_SRC := $(wildcard tests/unit/test_*.c)
+TESTS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(TEST_SRC))
+BENCH := $(BUILD)/bench/bench_plan
+FUZZ_SRC := $(wildcard fuzz/fuzz_*.c)
+
+.PHONY: all deps test demo bench fuzz clean help info
+all: $(CLI)
+
+help:
+	@sed -n '2,12p' Makefile | sed 's/^# \{0,1\}//'
+
+info:
+	@echo "build dir: $(BUILD)  SAN=$(SAN)  CUDA=$(CUDA) -> HAVE_CUDA=$(HAVE_CUDA)  nvcc: $(or $(NVCC),not found)"
+
+deps:
+	@mk/deps.sh
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -c $< -o $@
+
+$(LIB): $(LIB_OBJ)
+	@mkdir -p $(dir $@)
+	$(AR) rcs $@ $^
+
+$(CLI): $(BUILD)/planner/cli.o $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDSAN) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/tests/%: $(BUILD)/tests/unit/%.o $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDSAN) -o $@ $^ $(LDLIBS) -lcmocka
+
+$(BENCH): $(BUILD)/bench/bench_plan.o $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDSAN) -o $@ $^ $(LDLIBS)
+
+test: deps $(CLI) $(TESTS)
+	@BUILD=$(BUILD) tests/run.sh $(TESTS)
+
+demo: deps $(CLI)
+	@BUILD=$(BUILD) mk/demo.sh
+
+bench: deps $(BENCH) $(CLI)
+	@$(BENCH)
+
+# libFuzzer targets (clang), built apart from the normal objects.
+FUZZ_BUILD := build/fuzz
+FUZZ_CFLAGS := -std=c17 -g -O1 -fsanitize=fuzzer,address,undefined $(CPPFLAGS) -Wall -Wextra -Werror
+$(FUZZ_BUILD)/%: fuzz/%.c $(COMMON_SRC) $(PLANNER_SRC)
+	@mkdir -p $(dir $@)
+	clang $(FUZZ_CFLAGS) -o $@ $^ $(LDLIBS)
+
+fuzz: deps $(patsubst fuzz/%.c,$(FUZZ_BUILD)/%,$(FUZZ_SRC))
+	@FUZZ_SECONDS=$(FUZZ_SECONDS) mk/fuzz.sh $(patsubst fuzz/%.c,$(FUZZ_BUILD)/%,$(FUZZ_SRC))
+
+clean:
+	rm -rf build
+
+-include $(shell find build -name '*.d' 2>/dev/null)

@@ -1,0 +1,94 @@
+#include "strutil.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void str_normalize(const char *in, char *out, size_t outsz) {
+    size_t j = 0;
+    for (; *in && j + 1 < outsz; in++) {
+        if (*in == '-' || *in == '_' || *in == ' ' || *in == '.') continue;
+        out[j++] = (char)tolower((unsigned char)*in);
+    }
+    out[j] = '\0';
+}
+
+int str_edit_distance(const char *a, const char *b) {
+    size_t la = strlen(a), lb = strlen(b);
+    int *row = calloc(lb + 1, sizeof *row);
+    if (!row) return 1 << 20;
+    for (size_t j = 0; j <= lb; j++) row[j] = (int)j;
+    for (size_t i = 1; i <= la; i++) {
+        int diag = row[0];
+        row[0] = (int)i;
+        for (size_t j = 1; j <= lb; j++) {
+            int up = row[j];
+            int sub = diag + (a[i - 1] != b[j - 1]);
+            int best = up + 1 < row[j - 1] + 1 ? up + 1 : row[j - 1] + 1;
+            row[j] = sub < best ? sub : best;
+            diag = up;
+        }
+    }
+    int d = row[lb];
+    free(row);
+    return d;
+}
+
+int str_suggest(const char *name, const char *const *candidates, size_t ncand, int max, char *out,
+                size_t outsz) {
+    char key[128], cand[128];
+    str_normalize(name, key, sizeof key);
+    int limit = (int)strlen(key) / 3;
+    if (limit < 2) limit = 2;
+    out[0] = '\0';
+    int written = 0;
+    /* Closest first: walk the distances upward so the best suggestion leads. */
+    for (int d = 0; d <= limit && written < max; d++) {
+        for (size_t i = 0; i < ncand && written < max; i++) {
+            str_normalize(candidates[i], cand, sizeof cand);
+            int dist = str_edit_distance(key, cand);
+            /* A prefix match ("a100" for "a10040gb") is as good as a near miss. */
+            bool prefix = strlen(key) >= 2 && strncmp(cand, key, strlen(key)) == 0;
+            if (dist != d && !(prefix && d == 1 && dist > limit)) continue;
+            size_t len = strlen(out);
+            snprintf(out + len, outsz - len, "%s'%s'", written ? ", " : "", candidates[i]);
+            written++;
+        }
+    }
+    return written;
+}
+
+bool str_to_long(const char *s, long *out) {
+    if (!s || !*s) return false;
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || *end) return false;
+    *out = v;
+    return true;
+}
+
+bool str_to_double(const char *s, double *out) {
+    if (!s || !*s) return false;
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || *end || !isfinite(v)) return false;
+    *out = v;
+    return true;
+}
+
+const char *str_bytes(double bytes, char *buf, size_t bufsz) {
+    const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int u = 0;
+    double v = bytes;
+    while (fabs(v) >= 1024.0 && u < 4) {
+        v /= 1024.0;
+        u++;
+    }
+    snprintf(buf, bufsz, u ? "%.2f %s" : "%.0f %s", v, unit[u]);
+    return buf;
+}

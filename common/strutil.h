@@ -1,0 +1,27 @@
+/* strutil.h - small string helpers shared by the planner, worker and operator. */
+#ifndef CEPHALO_STRUTIL_H
+#define CEPHALO_STRUTIL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Lower-cased name with '-', '_', ' ' and '.' removed: "Tesla-V100_16GB" -> "teslav10016gb". */
+void str_normalize(const char *in, char *out, size_t outsz);
+
+/* Levenshtein distance (bytes). */
+int str_edit_distance(const char *a, const char *b);
+
+/* Writes up to `max` candidates closest to `name` (by normalized edit distance, only reasonably
+ * close ones) as "'a', 'b'" into out; returns how many were written. */
+int str_suggest(const char *name, const char *const *candidates, size_t ncand, int max, char *out,
+                size_t outsz);
+
+/* Strict number parsing: the whole string must be a number in range. */
+bool str_to_long(const char *s, long *out);
+bool str_to_double(const char *s, double *out);
+
+/* "1.50 GiB", "812.0 MiB", ... for messages and tables. */
+const char *str_bytes(double bytes, char *buf, size_t bufsz);
+
+#endif

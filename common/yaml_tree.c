@@ -1,0 +1,313 @@
+#include "yaml_tree.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <yaml.h>
+
+#include "log.h"
+#include "strutil.h"
+
+#define YTREE_MAX_DEPTH 64
+#define YTREE_MAX_FILE (64u << 20)
+
+static ynode *node_new(ynode_kind kind, int line) {
+    ynode *n = xcalloc(1, sizeof *n);
+    n->kind = kind;
+    n->line = line;
+    return n;
+}
+
+void ytree_free(ynode *n) {
+    if (!n) return;
+    for (size_t i = 0; i < n->n; i++) {
+        ytree_free(n->items[i]);
+        if (n->keys) free(n->keys[i]);
+    }
+    free(n->items);
+    free(n->keys);
+    free(n->str);
+    free(n);
+}
+
+static void node_push(ynode *parent, char *key, ynode *child) {
+    parent->items = xrealloc(parent->items, (parent->n + 1) * sizeof *parent->items);
+    if (parent->kind == YNODE_MAP) {
+        parent->keys = xrealloc(parent->keys, (parent->n + 1) * sizeof *parent->keys);
+        parent->keys[parent->n] = key;
+    }
+    parent->items[parent->n++] = child;
+}
+
+typedef struct {
+    yaml_parser_t parser;
+    const char *name;
+    err_t *err;
+} loader;
+
+static int parse_error(loader *ld) {
+    yaml_parser_t *p = &ld->parser;
+    return err_set(ld->err, "%s:%zu: YAML syntax error: %s%s%s", ld->name,
+                   p->problem_mark.line + 1, p->problem ? p->problem : "unknown problem",
+                   p->context ? " " : "", p->context ? p->context : "");
+}
+
+static ynode *load_node(loader *ld, yaml_event_t *ev, int depth);
+
+/* Reads events until the end of the collection started by `open`. */
+static ynode *load_collection(loader *ld, ynode *col, int depth) {
+    for (;;) {
+        yaml_event_t ev;
+        if (!yaml_parser_parse(&ld->parser, &ev)) {
+            parse_error(ld);
+            ytree_free(col);
+            return NULL;
+        }
+        if (ev.type == YAML_SEQUENCE_END_EVENT || ev.type == YAML_MAPPING_END_EVENT) {
+            yaml_event_delete(&ev);
+            return col;
+        }
+        char *key = NULL;
+        if (col->kind == YNODE_MAP) {
+            if (ev.type != YAML_SCALAR_EVENT) {
+                err_set(ld->err, "%s:%zu: a mapping key must be a plain scalar", ld->name,
+                        ev.start_mark.line + 1);
+                yaml_event_delete(&ev);
+                ytree_free(col);
+                return NULL;
+            }
+            key = xstrdup((const char *)ev.data.scalar.value);
+            for (size_t i = 0; i < col->n; i++) {
+                if (strcmp(col->keys[i], key) == 0) {
+                    err_set(ld->err, "%s:%zu: duplicate key '%s'", ld->name,
+                            ev.start_mark.line + 1, key);
+                    free(key);
+                    yaml_event_delete(&ev);
+                    ytree_free(col);
+                    return NULL;
+                }
+            }
+            yaml_event_delete(&ev);
+            if (!yaml_parser_parse(&ld->parser, &ev)) {
+                parse_error(ld);
+                free(key);
+                ytree_free(col);
+                return NULL;
+            }
+        }
+        ynode *child = load_node(ld, &ev, depth + 1);
+        if (!child) {
+            free(key);
+            ytree_free(col);
+            return NULL;
+        }
+        node_push(col, key, child);
+    }
+}
+
+/* Builds the node that starts with event `ev` (consumes it). */
+static ynode *load_node(loader *ld, yaml_event_t *ev, int depth) {
+    int line = (int)ev->start_mark.line + 1;
+    if (depth > YTREE_MAX_DEPTH) {
+        err_set(ld->err, "%s:%d: document nested deeper than %d levels", ld->name, line,
+                YTREE_MAX_DEPTH);
+        yaml_event_delete(ev);
+        return NULL;
+    }
+    ynode *n = NULL;
+    switch (ev->type) {
+    case YAML_SCALAR_EVENT:
+        n = node_new(YNODE_SCALAR, line);
+        n->str = xstrdup((const char *)ev->data.scalar.value);
+        n->quoted = ev->data.scalar.style == YAML_SINGLE_QUOTED_SCALAR_STYLE ||
+                    ev->data.scalar.style == YAML_DOUBLE_QUOTED_SCALAR_STYLE;
+        yaml_event_delete(ev);
+        return n;
+    case YAML_SEQUENCE_START_EVENT:
+        yaml_event_delete(ev);
+        return load_collection(ld, node_new(YNODE_SEQ, line), depth);
+    case YAML_MAPPING_START_EVENT:
+        yaml_event_delete(ev);
+        return load_collection(ld, node_new(YNODE_MAP, line), depth);
+    case YAML_ALIAS_EVENT:
+        err_set(ld->err, "%s:%d: YAML aliases (*name) are not supported; write the value out",
+                ld->name, line);
+        break;
+    default:
+        err_set(ld->err, "%s:%d: unexpected YAML event", ld->name, line);
+        break;
+    }
+    yaml_event_delete(ev);
+    return NULL;
+}
+
+ynode *ytree_load_string(const char *name, const char *text, size_t len, err_t *err) {
+    loader ld = {.name = name, .err = err};
+    if (!yaml_parser_initialize(&ld.parser)) {
+        err_set(err, "%s: cannot initialise the YAML parser", name);
+        return NULL;
+    }
+    yaml_parser_set_input_string(&ld.parser, (const unsigned char *)text, len);
+    ynode *root = NULL;
+    bool done = false;
+    while (!done) {
+        yaml_event_t ev;
+        if (!yaml_parser_parse(&ld.parser, &ev)) {
+            parse_error(&ld);
+            ytree_free(root);
+            root = NULL;
+            break;
+        }
+        switch (ev.type) {
+        case YAML_STREAM_END_EVENT:
+            done = true;
+            yaml_event_delete(&ev);
+            break;
+        case YAML_STREAM_START_EVENT:
+        case YAML_DOCUMENT_START_EVENT:
+        case YAML_DOCUMENT_END_EVENT:
+            yaml_event_delete(&ev);
+            break;
+        default:
+            if (root) {
+                err_set(err, "%s:%zu: only one YAML document is expected", name,
+                        ev.start_mark.line + 1);
+                yaml_event_delete(&ev);
+                ytree_free(root);
+                root = NULL;
+                done = true;
+                break;
+            }
+            root = load_node(&ld, &ev, 0);
+            if (!root) done = true;
+            break;
+        }
+    }
+    yaml_parser_delete(&ld.parser);
+    if (!root && err && !err->msg[0]) err_set(err, "%s: the document is empty", name);
+    return root;
+}
+
+ynode *ytree_load_file(const char *path, err_t *err) {
+    err->msg[0] = '\0';
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        err_set(err, "%s: cannot open: %s", path, strerror(errno));
+        return NULL;
+    }
+    size_t cap = 4096, len = 0;
+    char *buf = xmalloc(cap);
+    size_t got;
+    while ((got = fread(buf + len, 1, cap - len, f)) > 0) {
+        len += got;
+        if (len > YTREE_MAX_FILE) {
+            fclose(f);
+            free(buf);
+            err_set(err, "%s: file is larger than %u MiB", path, YTREE_MAX_FILE >> 20);
+            return NULL;
+        }
+        if (len == cap) buf = xrealloc(buf, cap *= 2);
+    }
+    bool bad = ferror(f);
+    fclose(f);
+    if (bad) {
+        free(buf);
+        err_set(err, "%s: read error", path);
+        return NULL;
+    }
+    ynode *root = ytree_load_string(path, buf, len, err);
+    free(buf);
+    return root;
+}
+
+const ynode *ymap_get(const ynode *map, const char *key) {
+    if (!map || map->kind != YNODE_MAP) return NULL;
+    for (size_t i = 0; i < map->n; i++)
+        if (strcmp(map->keys[i], key) == 0) return map->items[i];
+    return NULL;
+}
+
+const char *ynode_kind_name(ynode_kind k) {
+    return k == YNODE_SCALAR ? "a scalar" : k == YNODE_SEQ ? "a list" : "a mapping";
+}
+
+int ynode_expect(const yctx *c, const ynode *n, ynode_kind kind, const char *path) {
+    if (n->kind == kind) return 0;
+    return err_set(c->err, "%s:%d: %s: expected %s, got %s", c->file, n->line, path,
+                   ynode_kind_name(kind), ynode_kind_name(n->kind));
+}
+
+int ynode_string(const yctx *c, const ynode *n, const char *path, const char **out) {
+    if (ynode_expect(c, n, YNODE_SCALAR, path) < 0) return -1;
+    if (!n->str[0])
+        return err_set(c->err, "%s:%d: %s: expected a non-empty value", c->file, n->line, path);
+    *out = n->str;
+    return 0;
+}
+
+int ynode_int(const yctx *c, const ynode *n, const char *path, long lo, long hi, long *out) {
+    if (ynode_expect(c, n, YNODE_SCALAR, path) < 0) return -1;
+    long v;
+    if (n->quoted || !str_to_long(n->str, &v))
+        return err_set(c->err, "%s:%d: %s: expected an integer, got '%s'", c->file, n->line,
+                       path, n->str);
+    if (v < lo || v > hi)
+        return err_set(c->err, "%s:%d: %s: %ld is out of range (expected %ld..%ld)", c->file,
+                       n->line, path, v, lo, hi);
+    *out = v;
+    return 0;
+}
+
+int ynode_double(const yctx *c, const ynode *n, const char *path, double lo, double hi,
+                 double *out) {
+    if (ynode_expect(c, n, YNODE_SCALAR, path) < 0) return -1;
+    double v;
+    if (n->quoted || !str_to_double(n->str, &v))
+        return err_set(c->err, "%s:%d: %s: expected a number, got '%s'", c->file, n->line, path,
+                       n->str);
+    if (v < lo || v > hi)
+        return err_set(c->err, "%s:%d: %s: %g is out of range (expected %g..%g)", c->file,
+                       n->line, path, v, lo, hi);
+    *out = v;
+    return 0;
+}
+
+int ynode_bool(const yctx *c, const ynode *n, const char *path, bool *out) {
+    if (ynode_expect(c, n, YNODE_SCALAR, path) < 0) return -1;
+    if (!n->quoted && (!strcmp(n->str, "true") || !strcmp(n->str, "yes"))) {
+        *out = true;
+        return 0;
+    }
+    if (!n->quoted && (!strcmp(n->str, "false") || !strcmp(n->str, "no"))) {
+        *out = false;
+        return 0;
+    }
+    return err_set(c->err, "%s:%d: %s: expected true or false, got '%s'", c->file, n->line, path,
+                   n->str);
+}
+
+int ymap_check_keys(const yctx *c, const ynode *map, const char *path,
+                    const char *const *allowed) {
+    if (ynode_expect(c, map, YNODE_MAP, path) < 0) return -1;
+    size_t nallowed = 0;
+    while (allowed[nallowed]) nallowed++;
+    for (size_t i = 0; i < map->n; i++) {
+        bool ok = false;
+        for (size_t j = 0; j < nallowed && !ok; j++) ok = strcmp(map->keys[i], allowed[j]) == 0;
+        if (ok) continue;
+        char sugg[256];
+        int ns = str_suggest(map->keys[i], allowed, nallowed, 1, sugg, sizeof sugg);
+        return err_set(c->err, "%s:%d: %s: unknown field '%s'%s%s%s", c->file,
+                       map->items[i]->line, path, map->keys[i], ns ? " (did you mean " : "",
+                       ns ? sugg : "", ns ? "?)" : "");
+    }
+    return 0;
+}
+
+int ymap_require(const yctx *c, const ynode *map, const char *path, const char *key,
+                 const ynode **out) {
+    *out = ymap_get(map, key);
+    if (*out) return 0;
+    return err_set(c->err, "%s:%d: %s: missing field '%s'", c->file, map->line, path, key);
+}

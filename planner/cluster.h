@@ -1,0 +1,57 @@
+/* cluster.h - the cluster file (DESIGN 5.2): nodes with GPUs (or emulated CPU devices).
+ *
+ *   nodes:
+ *     - name: node-a
+ *       network_gbps: 50          # NIC bandwidth between nodes
+ *       intra_gbps: 100           # optional: GPU-to-GPU bandwidth inside the node
+ *       gpus: [{type: L4, count: 2}, {type: A6000, count: 1, memory_gib: 46}]
+ *     - name: local
+ *       gpus: [{type: cpu, count: 2, threads: 1, memory_gib: 2}]
+ *
+ * After loading, the cluster is flattened into devices in rank order (node order, then list
+ * order). */
+#ifndef CEPHALO_CLUSTER_H
+#define CEPHALO_CLUSTER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "err.h"
+#include "gpu.h"
+
+#define CLUSTER_DEFAULT_NETWORK_GBPS 25.0
+#define CLUSTER_DEFAULT_INTRA_GBPS 100.0
+#define CLUSTER_MAX_DEVICES 65536
+
+typedef struct cluster_device {
+    int node; /* index into cluster.nodes */
+    const gpu_spec *spec; /* catalog entry ("cpu" entry for emulated devices) */
+    char type[32]; /* canonical type name, used to group identical devices */
+    double memory_bytes; /* capacity after overrides */
+    double tflops_override; /* > 0: replaces the catalog's peak for every precision */
+    int threads; /* CPU devices: OpenMP threads; 0 for GPUs */
+} cluster_device;
+
+typedef struct cluster_node {
+    char name[64];
+    double network_gbps;
+    double intra_gbps;
+} cluster_node;
+
+typedef struct cluster {
+    int n_nodes, n_devices;
+    cluster_node *nodes;
+    cluster_device *devices;
+} cluster;
+
+/* Both return 0, or -1 with an error naming the file, line and field. */
+int cluster_load_file(const char *path, cluster *out, err_t *err);
+int cluster_load_string(const char *name, const char *text, size_t len, cluster *out, err_t *err);
+void cluster_free(cluster *c);
+
+/* Builds a cluster in code (benchmarks, tests): one node per call of cluster_add_node. */
+void cluster_init(cluster *c);
+int cluster_add_node(cluster *c, const char *name, double network_gbps);
+int cluster_add_devices(cluster *c, const char *type, int count, err_t *err);
+
+#endif

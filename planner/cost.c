@@ -1,0 +1,336 @@
+/* cost.c - per-device compute costs (profiled or analytic), compute memory and collectives.
+ * docs/cost-model.md explains each estimate. */
+#include "cost.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+
+/* Analytic estimate knobs (replaced by measurements when a profile is given). */
+#define EFF_MAX_GPU 0.65 /* best fraction of peak a large matmul reaches */
+#define EFF_MAX_CPU 0.60
+#define KERNEL_OVERHEAD_MS_GPU 0.006 /* launch + sync per kernel */
+#define KERNEL_OVERHEAD_MS_CPU 0.002
+#define KERNELS_PER_UNIT_PASS 12
+#define ALPHA_INTRA_MS 0.010 /* per ring step inside one node */
+#define ALPHA_INTER_MS 0.030 /* per ring step across nodes */
+#define OPT_BYTES_PER_PARAM 32.0 /* AdamW reads param, grad, m, v and writes param, m, v */
+
+static bool is_cpu(const cluster_device *d) { return d->threads > 0; }
+
+static double device_peak_tflops(const cluster_device *d, bool bf16) {
+    if (d->tflops_override > 0) return d->tflops_override;
+    if (is_cpu(d)) return d->threads * CPU_GFLOPS_PER_THREAD / 1000.0;
+    return gpu_peak_tflops(d->spec, bf16);
+}
+
+static double device_bw_gbs(const cluster_device *d) {
+    if (is_cpu(d)) return fmin(d->threads * CPU_BW_GBS_PER_THREAD, 40.0);
+    return d->spec->mem_bw_gbs;
+}
+
+/* ---- analytic unit times ---- */
+
+typedef struct unit_est {
+    double flops, traffic, param_bytes; /* per sample, per sample, per microbatch */
+} unit_est;
+
+static unit_est unit_estimate(const cost_model *cm, unit_kind k) {
+    int elem = cm->opts.bf16 ? 2 : 4;
+    unit_est u;
+    u.flops = model_kind_fwd_flops(cm->model, k, cm->seq);
+    u.traffic = model_kind_traffic_bytes(cm->model, k, cm->seq, elem);
+    u.param_bytes = (double)model_kind_params(cm->model, k) * elem;
+    return u;
+}
+
+/* Time of `mult` x the forward work of a unit for microbatch m: compute at a saturating
+ * efficiency (small microbatches leave the device underused) plus memory traffic and a fixed
+ * per-kernel overhead. Backward = mult 2 (and it writes the fp32 gradient once). */
+static double unit_ms(const cluster_device *d, const cost_model *cm, unit_est u, int m,
+                      double mult) {
+    double peak = device_peak_tflops(d, cm->opts.bf16) * 1e12;
+    double bw = device_bw_gbs(d) * 1e9;
+    double tokens = (double)m * cm->tokens;
+    double half = is_cpu(d) ? 64.0 : 256.0 * sqrt(peak / 1e12);
+    double eff = (is_cpu(d) ? EFF_MAX_CPU : EFF_MAX_GPU) * tokens / (tokens + half);
+    double compute = mult * u.flops * m / (peak * eff);
+    double memory = (mult * u.traffic * m + mult * u.param_bytes) / bw;
+    double overhead = mult * KERNELS_PER_UNIT_PASS *
+                      (is_cpu(d) ? KERNEL_OVERHEAD_MS_CPU : KERNEL_OVERHEAD_MS_GPU);
+    return (compute + memory) * 1e3 + overhead;
+}
+
+/* ---- profiled unit times ---- */
+
+/* Value of a measured curve at microbatch m: linear between points, proportional below the
+ * first, and beyond the last a straight line whose slope is fitted over the upper half of the
+ * points (the linear regime of the paper's figure 5). */
+static double curve_at(const int *xs, const double *ys, int n, int m) {
+    if (m <= xs[0]) return ys[0] * m / xs[0];
+    for (int i = 1; i < n; i++)
+        if (m <= xs[i])
+            return ys[i - 1] + (ys[i] - ys[i - 1]) * (m - xs[i - 1]) / (double)(xs[i] - xs[i - 1]);
+    if (n == 1) return ys[0] * m / xs[0];
+    int lo = n / 2;
+    if (n - lo < 2) lo = n - 2;
+    double sx = 0, sy = 0, sxx = 0, sxy = 0, k = n - lo;
+    for (int i = lo; i < n; i++) {
+        sx += xs[i];
+        sy += ys[i];
+        sxx += (double)xs[i] * xs[i];
+        sxy += xs[i] * ys[i];
+    }
+    double den = k * sxx - sx * sx;
+    double slope = den > 0 ? (k * sxy - sx * sy) / den : ys[n - 1] / xs[n - 1];
+    if (slope <= 0) slope = ys[n - 1] / xs[n - 1];
+    return ys[n - 1] + slope * (m - xs[n - 1]);
+}
+
+typedef struct unit_times {
+    double fwd, bwd;
+} unit_times;
+
+static unit_times unit_times_at(const cost_model *cm, const cluster_device *d,
+                                const profile_entry *pe, unit_kind k, int m) {
+    unit_est u = unit_estimate(cm, k);
+    unit_times est = {unit_ms(d, cm, u, m, 1.0), unit_ms(d, cm, u, m, 2.0)};
+    if (!pe) return est;
+    const profile_curve *c = k == UNIT_BLOCK ? &pe->block : k == UNIT_HEAD ? &pe->head : &pe->embedding;
+    if (c->present)
+        return (unit_times){curve_at(pe->microbatch, c->fwd_ms, pe->n_points, m),
+                            curve_at(pe->microbatch, c->bwd_ms, pe->n_points, m)};
+    /* Unmeasured embedding/head: the estimate, calibrated by how far the block's estimate is
+     * from the block's measurement at the same microbatch. */
+    unit_est ub = unit_estimate(cm, UNIT_BLOCK);
+    double est_blk = unit_ms(d, cm, ub, m, 1.0) + unit_ms(d, cm, ub, m, 2.0);
+    double meas_blk = curve_at(pe->microbatch, pe->block.fwd_ms, pe->n_points, m) +
+                      curve_at(pe->microbatch, pe->block.bwd_ms, pe->n_points, m);
+    double scale = meas_blk / est_blk;
+    return (unit_times){est.fwd * scale, est.bwd * scale};
+}
+
+/* ---- compute memory ---- */
+
+static void compute_memory(const cost_model *cm, const cluster_device *d, const profile_entry *pe,
+                           double *m0, double *m1) {
+    const model_spec *md = cm->model;
+    if (pe && pe->compute_bytes) {
+        /* least-squares line through the measured points */
+        double sx = 0, sy = 0, sxx = 0, sxy = 0, n = pe->n_points;
+        for (int i = 0; i < pe->n_points; i++) {
+            double x = pe->microbatch[i], y = pe->compute_bytes[i];
+            sx += x, sy += y, sxx += x * x, sxy += x * y;
+        }
+        double den = n * sxx - sx * sx;
+        *m1 = den > 0 ? (n * sxy - sx * sy) / den : sy / sx;
+        if (*m1 < 0) *m1 = 0;
+        *m0 = (sy - *m1 * sx) / n;
+        if (*m0 < 0) *m0 = 0;
+        return;
+    }
+    int elem = cm->opts.bf16 ? 2 : 4;
+    int64_t max_unit = 0;
+    for (int u = 0; u < model_n_units(md); u++)
+        if (model_unit_params(md, u) > max_unit) max_unit = model_unit_params(md, u);
+    /* the unit being computed and the next one being gathered, plus the unit's fp32 gradient */
+    *m0 = (double)max_unit * (2 * elem + 4) + (is_cpu(d) ? 0 : GPU_RESERVED_BYTES);
+    double act = 0;
+    for (unit_kind k = UNIT_EMBEDDING; k <= UNIT_HEAD; k++)
+        act = fmax(act, model_kind_act_bytes(md, k, cm->seq, elem));
+    /* plus the unit's input checkpoint and output of the microbatch in flight to the host */
+    *m1 = act + 2 * model_boundary_bytes(md, cm->seq, elem);
+}
+
+int64_t cost_compute_bytes(const cost_group *g, int m) {
+    return (int64_t)ceil(g->m0 + g->m1 * m);
+}
+
+/* ---- groups ---- */
+
+static bool same_device(const cluster_device *a, const cluster_device *b) {
+    return strcmp(a->type, b->type) == 0 && a->memory_bytes == b->memory_bytes &&
+           a->tflops_override == b->tflops_override && a->threads == b->threads;
+}
+
+static void build_group(cost_model *cm, cost_group *g, int batch_limit) {
+    const cluster_device *d = g->dev;
+    const char *type = is_cpu(d) ? GPU_CPU_NAME : d->spec->name;
+    const profile_entry *pe =
+        cm->opts.prof ? profile_find(cm->opts.prof, d->type, cm->model->name, cm->seq, cm->opts.bf16)
+                      : NULL;
+    if (!pe && cm->opts.prof)
+        pe = profile_find(cm->opts.prof, type, cm->model->name, cm->seq, cm->opts.bf16);
+    g->measured = pe != NULL;
+    g->peak_tflops = device_peak_tflops(d, cm->opts.bf16);
+    g->usable_bytes = d->memory_bytes * cm->opts.mem_cap;
+    compute_memory(cm, d, pe, &g->m0, &g->m1);
+    g->mmax = 0;
+    while (g->mmax < batch_limit && cost_compute_bytes(g, g->mmax + 1) <= g->usable_bytes)
+        g->mmax++;
+    /* times beyond the memory limit too: the baselines that ignore memory need them */
+    g->mlimit = batch_limit;
+    g->fwd_ms = xcalloc((size_t)g->mlimit + 1, sizeof(double));
+    g->bwd_ms = xcalloc((size_t)g->mlimit + 1, sizeof(double));
+    int L = cm->model->n_layer;
+    for (int m = 1; m <= g->mlimit; m++) {
+        unit_times e = unit_times_at(cm, d, pe, UNIT_EMBEDDING, m);
+        unit_times b = unit_times_at(cm, d, pe, UNIT_BLOCK, m);
+        unit_times h = unit_times_at(cm, d, pe, UNIT_HEAD, m);
+        g->fwd_ms[m] = e.fwd + L * b.fwd + h.fwd + h.bwd;
+        g->bwd_ms[m] = L * (b.fwd + b.bwd) + e.bwd;
+    }
+    g->opt_ms_per_param = OPT_BYTES_PER_PARAM / (device_bw_gbs(d) * 1e9) * 1e3;
+}
+
+static void build_groups(cost_model *cm) {
+    const cluster *cl = cm->cl;
+    int limit = cm->batch - (cl->n_devices - 1); /* every other rank needs a sample */
+    cm->groups = xcalloc((size_t)cl->n_devices, sizeof *cm->groups);
+    cm->n_groups = 0;
+    for (int r = 0; r < cl->n_devices; r++) {
+        cost_group *last = cm->n_groups ? &cm->groups[cm->n_groups - 1] : NULL;
+        if (last && same_device(last->dev, &cl->devices[r])) {
+            last->count++;
+            continue;
+        }
+        cost_group *g = &cm->groups[cm->n_groups++];
+        g->first_rank = r;
+        g->count = 1;
+        g->dev = &cl->devices[r];
+        build_group(cm, g, limit);
+    }
+}
+
+/* ---- communication ---- */
+
+static void ring_link(const cluster *cl, double *gbs, double *alpha_ms) {
+    if (cl->n_nodes == 1) {
+        *gbs = cl->nodes[0].intra_gbps / 8;
+        *alpha_ms = ALPHA_INTRA_MS;
+        return;
+    }
+    double slowest = INFINITY;
+    for (int i = 0; i < cl->n_nodes; i++) slowest = fmin(slowest, cl->nodes[i].network_gbps);
+    *gbs = slowest / 8;
+    *alpha_ms = ALPHA_INTER_MS;
+}
+
+/* Measured collective time at `bytes`: linear between points, extended by the last segment's
+ * slope (time is linear in the collective size, the paper's supplementary section C). */
+static double comm_curve_at(const double *xs, const double *ys, int n, double bytes) {
+    if (n == 1 || bytes <= xs[0]) return n == 1 && xs[0] > 0 ? ys[0] * bytes / xs[0] : ys[0];
+    for (int i = 1; i < n; i++)
+        if (bytes <= xs[i])
+            return ys[i - 1] + (ys[i] - ys[i - 1]) * (bytes - xs[i - 1]) / (xs[i] - xs[i - 1]);
+    double slope = (ys[n - 1] - ys[n - 2]) / (xs[n - 1] - xs[n - 2]);
+    return ys[n - 1] + fmax(slope, 0) * (bytes - xs[n - 1]);
+}
+
+/* Mean measured uneven/even ratio over both collectives; the paper's 15% when not measured. */
+static double measured_uneven_factor(const profile *p, int world) {
+    double sum = 0;
+    int n = 0;
+    for (int rs = 0; rs < 2; rs++) {
+        const profile_comm *pc = profile_find_comm(p, world, rs);
+        if (!pc || !pc->uneven_ms) continue;
+        for (int i = 0; i < pc->n_points; i++)
+            if (pc->ms[i] > 0) sum += pc->uneven_ms[i] / pc->ms[i], n++;
+    }
+    return n ? fmax(1.0, sum / n) : UNEVEN_COMM_FACTOR;
+}
+
+static double comm_line(const cost_model *cm, bool rs, double bytes) {
+    int n = cm->comm.world;
+    if (n <= 1) return 0;
+    const profile_comm *pc = cm->opts.prof ? profile_find_comm(cm->opts.prof, n, rs) : NULL;
+    if (pc) return comm_curve_at(pc->bytes, pc->ms, pc->n_points, bytes);
+    return (n - 1) * cm->comm.alpha_ms + (n - 1) / (double)n * bytes / (cm->comm.bandwidth_gbs * 1e9) * 1e3;
+}
+
+static void build_comm(cost_model *cm) {
+    cost_comm *c = &cm->comm;
+    const model_spec *md = cm->model;
+    c->world = cm->cl->n_devices;
+    ring_link(cm->cl, &c->bandwidth_gbs, &c->alpha_ms);
+    c->uneven_factor = UNEVEN_COMM_FACTOR;
+    int gelem = cm->opts.bf16 ? 2 : 4; /* gathered parameters */
+    int relem = 4; /* gradients are reduced in fp32 */
+    double emb = (double)model_kind_params(md, UNIT_EMBEDDING);
+    double blk = (double)model_kind_params(md, UNIT_BLOCK);
+    double head = (double)model_kind_params(md, UNIT_HEAD);
+    int L = md->n_layer;
+    c->ag_first_ms = comm_line(cm, false, emb * gelem);
+    /* the forward gathers every block and the head; a tied head needs the embedding again */
+    c->ag_fwd_ms = L * comm_line(cm, false, blk * gelem) + comm_line(cm, false, head * gelem) +
+                   (md->tied_head ? comm_line(cm, false, emb * gelem) : 0);
+    c->ag_bwd_ms = L * comm_line(cm, false, blk * gelem);
+    c->rs_ms = L * comm_line(cm, true, blk * relem) + comm_line(cm, true, head * relem);
+    c->rs_last_ms = comm_line(cm, true, emb * relem);
+    c->measured = cm->opts.prof && profile_find_comm(cm->opts.prof, c->world, false);
+    if (c->measured) c->uneven_factor = measured_uneven_factor(cm->opts.prof, c->world);
+}
+
+double cost_fwd_floor(const cost_model *cm, bool uneven) {
+    return cm->comm.ag_fwd_ms * (uneven ? cm->comm.uneven_factor : 1.0);
+}
+
+double cost_bwd_floor(const cost_model *cm, bool uneven) {
+    return (cm->comm.ag_bwd_ms + cm->comm.rs_ms) * (uneven ? cm->comm.uneven_factor : 1.0);
+}
+
+double cost_exposed_ms(const cost_model *cm, bool uneven) {
+    return (cm->comm.ag_first_ms + cm->comm.rs_last_ms) * (uneven ? cm->comm.uneven_factor : 1.0);
+}
+
+double cost_flops_per_sample(const cost_model *cm) {
+    const model_spec *m = cm->model;
+    double f = model_kind_fwd_flops(m, UNIT_EMBEDDING, cm->seq) +
+               m->n_layer * model_kind_fwd_flops(m, UNIT_BLOCK, cm->seq) +
+               model_kind_fwd_flops(m, UNIT_HEAD, cm->seq);
+    return 3 * f;
+}
+
+int cost_group_of(const cost_model *cm, int rank) {
+    for (int g = 0; g < cm->n_groups; g++)
+        if (rank < cm->groups[g].first_rank + cm->groups[g].count) return g;
+    CHECK(!"rank out of range");
+    return -1;
+}
+
+int cost_build(cost_model *cm, const model_spec *m, const cluster *cl, int seq, int batch,
+               const cost_opts *opts, err_t *err) {
+    memset(cm, 0, sizeof *cm);
+    if (batch < 1) return err_set(err, "global batch %d must be positive", batch);
+    if (batch < cl->n_devices)
+        return err_set(err,
+                       "global batch %d cannot be split over %d devices: every device needs at "
+                       "least one sample (use a batch >= %d)",
+                       batch, cl->n_devices, cl->n_devices);
+    if (!(opts->mem_cap > 0 && opts->mem_cap <= 1))
+        return err_set(err, "--mem-cap %g must be in (0, 1]", opts->mem_cap);
+    cm->model = m;
+    cm->cl = cl;
+    cm->opts = *opts;
+    cm->batch = batch;
+    if (model_check_seq(m, seq, &cm->seq, err) < 0) return -1;
+    cm->tokens = model_tokens(m, cm->seq);
+    cm->params = model_params(m);
+    int n = cl->n_devices;
+    for (int u = 0; u < model_n_units(m); u++)
+        cm->even_state_params += (model_unit_params(m, u) + n - 1) / n;
+    build_comm(cm);
+    build_groups(cm);
+    return 0;
+}
+
+void cost_free(cost_model *cm) {
+    for (int g = 0; g < cm->n_groups; g++) {
+        free(cm->groups[g].fwd_ms);
+        free(cm->groups[g].bwd_ms);
+    }
+    free(cm->groups);
+    memset(cm, 0, sizeof *cm);
+}

@@ -1,0 +1,88 @@
+/* cost.h - the cost model of DESIGN section 6 for one (cluster, model, seq, precision).
+ *
+ * Per device group (identical devices): the forward-phase and backward-phase time of one
+ * microbatch of size m, and the compute memory M(m) = m0 + m1*m. Per cluster: the collective
+ * times of one step. Costs come from a profile where one matches the device, from analytic
+ * estimates (catalog TFLOP/s and bandwidth) otherwise; each group says which.
+ *
+ * Phases (docs/cost-model.md):
+ *   forward phase  F(m) = emb_fwd + L*block_fwd + head_fwd + head_bwd   (the head's backward runs
+ *                         right after its forward, so it needs no second gather)
+ *   backward phase K(m) = L*(block_recompute + block_bwd) + emb_bwd
+ *   iteration      T = AG_first + max(max_i l_i*F_i(m_i), A) + max(max_i l_i*K_i(m_i), C)
+ *                      + RS_last + optimizer step
+ * where A = gathers overlapped with the forward, C = gathers + reduce-scatters overlapped with the
+ * backward, all scaled by the uneven factor (1.15) when any unit is unevenly sharded. */
+#ifndef CEPHALO_COST_H
+#define CEPHALO_COST_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "cluster.h"
+#include "err.h"
+#include "model.h"
+#include "profile.h"
+
+#define STATE_BYTES_PER_PARAM 16 /* fp32 Adam: 4 param + 4 grad + 8 moments (bf16: ZeRO's 2+2+12) */
+#define UNEVEN_COMM_FACTOR 1.15
+#define GPU_RESERVED_BYTES (768.0 * 1024 * 1024) /* CUDA context, cuBLAS workspace, allocator slack */
+
+typedef struct cost_opts {
+    bool bf16;
+    double mem_cap; /* usable fraction of each device's memory */
+    const profile *prof; /* NULL: analytic estimates only */
+} cost_opts;
+
+typedef struct cost_group {
+    int first_rank, count; /* ranks first_rank .. first_rank+count-1 (devices are grouped when
+                              identical and consecutive in rank order) */
+    const cluster_device *dev;
+    double usable_bytes; /* capacity * mem_cap */
+    double m0, m1; /* compute memory M(m) = m0 + m1*m bytes */
+    int mlimit; /* largest batch one rank can get: B - (N-1) */
+    int mmax; /* largest m <= mlimit with M(m) <= usable, 0 if none */
+    double *fwd_ms, *bwd_ms; /* [mlimit+1], index m; per microbatch forward/backward phase */
+    double opt_ms_per_param; /* optimizer step time per parameter of the local shard */
+    bool measured; /* costs from a profile */
+    double peak_tflops; /* the peak the estimate used (for MFU and messages) */
+} cost_group;
+
+typedef struct cost_comm {
+    int world;
+    double ag_first_ms, ag_fwd_ms, ag_bwd_ms, rs_ms, rs_last_ms; /* even shards */
+    double uneven_factor;
+    double bandwidth_gbs, alpha_ms; /* the ring's bottleneck link */
+    bool measured;
+} cost_comm;
+
+typedef struct cost_model {
+    const model_spec *model;
+    const cluster *cl;
+    int seq, tokens; /* sequence length and tokens per sample */
+    int batch; /* global batch B */
+    cost_opts opts;
+    int n_groups;
+    cost_group *groups;
+    cost_comm comm;
+    int64_t params; /* P */
+    int64_t even_state_params; /* sum over units of ceil(numel/N): the largest even share */
+} cost_model;
+
+/* Builds the model for this cluster and global batch. Errors: bad batch, bad options. */
+int cost_build(cost_model *cm, const model_spec *m, const cluster *cl, int seq, int batch,
+               const cost_opts *opts, err_t *err);
+void cost_free(cost_model *cm);
+
+/* Compute memory M(m) in bytes of a device of group g (integer, rounded up). */
+int64_t cost_compute_bytes(const cost_group *g, int m);
+/* Rank -> group index. */
+int cost_group_of(const cost_model *cm, int rank);
+/* Collective floors for the forward and backward phases, and the constant exposed terms. */
+double cost_fwd_floor(const cost_model *cm, bool uneven);
+double cost_bwd_floor(const cost_model *cm, bool uneven);
+double cost_exposed_ms(const cost_model *cm, bool uneven);
+/* Model FLOPs of one sample's forward+backward (6N-style with attention), for MFU. */
+double cost_flops_per_sample(const cost_model *cm);
+
+#endif

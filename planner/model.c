@@ -1,0 +1,303 @@
+/* model.c - built-in model shapes, unit parameter counts, FLOPs and activation bytes.
+ * docs/cost-model.md derives every formula here. */
+#include "model.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+
+#include "strutil.h"
+
+#define GPT2_VOCAB 50257
+#define LLAMA_VOCAB 32000
+#define BERT_VOCAB 30522
+
+/* name, arch, layers, d, heads, kv heads, d_ff, vocab, max_seq, default_seq, type_vocab, tied,
+ * image, patch, channels, classes */
+static const model_spec builtins[] = {
+    /* GPT-2 family (Radford et al. 2019; Hugging Face gpt2*), learned positions, tied head. */
+    {"gpt2-124m", ARCH_GPT, 12, 768, 12, 12, 3072, GPT2_VOCAB, 1024, 1024, 0, true, 0, 0, 0, 0},
+    {"gpt2-350m", ARCH_GPT, 24, 1024, 16, 16, 4096, GPT2_VOCAB, 1024, 1024, 0, true, 0, 0, 0, 0},
+    {"gpt2-774m", ARCH_GPT, 36, 1280, 20, 20, 5120, GPT2_VOCAB, 1024, 1024, 0, true, 0, 0, 0, 0},
+    {"gpt2-1.5b", ARCH_GPT, 48, 1600, 25, 25, 6400, GPT2_VOCAB, 1024, 1024, 0, true, 0, 0, 0, 0},
+    /* GPT-3 shapes (Brown et al. 2020, table 2.1) on the GPT-2 architecture, as in the paper. */
+    {"gpt-1.3b", ARCH_GPT, 24, 2048, 16, 16, 8192, GPT2_VOCAB, 2048, 512, 0, true, 0, 0, 0, 0},
+    {"gpt-2.7b", ARCH_GPT, 32, 2560, 80, 80, 10240, GPT2_VOCAB, 2048, 512, 0, true, 0, 0, 0, 0},
+    {"gpt-6.7b", ARCH_GPT, 32, 4096, 128, 128, 16384, GPT2_VOCAB, 2048, 512, 0, true, 0, 0, 0, 0},
+    /* Llama family: TinyLlama-1.1B (GQA 32/4), OpenLLaMA-3B, Llama-2-7B. */
+    {"tinyllama-1.1b", ARCH_LLAMA, 22, 2048, 32, 4, 5632, LLAMA_VOCAB, 2048, 512, 0, false, 0, 0,
+     0, 0},
+    {"llama-3b", ARCH_LLAMA, 26, 3200, 32, 32, 8640, LLAMA_VOCAB, 2048, 512, 0, false, 0, 0, 0, 0},
+    {"llama-7b", ARCH_LLAMA, 32, 4096, 32, 32, 11008, LLAMA_VOCAB, 4096, 512, 0, false, 0, 0, 0,
+     0},
+    /* BERT (Devlin et al. 2019) with the masked-LM head; BERT-XLarge as in the paper's table. */
+    {"bert-large", ARCH_BERT, 24, 1024, 16, 16, 4096, BERT_VOCAB, 512, 512, 2, true, 0, 0, 0, 0},
+    {"bert-xlarge", ARCH_BERT, 36, 1536, 24, 24, 6144, BERT_VOCAB, 512, 512, 2, true, 0, 0, 0, 0},
+    /* ViT-G/14 (Zhai et al. 2022) and ViT-e/14 (Chen et al. 2022), 224x224 images. */
+    {"vit-g", ARCH_VIT, 48, 1664, 16, 16, 8192, 0, 0, 0, 0, false, 224, 14, 3, 1000},
+    {"vit-e", ARCH_VIT, 56, 1792, 16, 16, 15360, 0, 0, 0, 0, false, 224, 14, 3, 1000},
+    /* Tiny test models: byte-level vocabularies, seconds to train on a CPU. */
+    {"tiny-gpt", ARCH_GPT, 2, 64, 4, 4, 256, 256, 128, 64, 0, true, 0, 0, 0, 0},
+    {"tiny-llama", ARCH_LLAMA, 2, 64, 4, 2, 176, 256, 128, 64, 0, false, 0, 0, 0, 0},
+    {"tiny-bert", ARCH_BERT, 2, 64, 4, 4, 256, 256, 128, 64, 2, true, 0, 0, 0, 0},
+    {"tiny-vit", ARCH_VIT, 2, 64, 4, 4, 256, 0, 0, 0, 0, false, 32, 8, 3, 10},
+};
+
+const model_spec *model_builtins(int *count) {
+    *count = (int)(sizeof builtins / sizeof builtins[0]);
+    return builtins;
+}
+
+const char *model_arch_name(model_arch a) {
+    static const char *names[] = {"gpt", "llama", "bert", "vit"};
+    return names[a];
+}
+
+const char *unit_kind_name(unit_kind k) {
+    static const char *names[] = {"embedding", "block", "head"};
+    return names[k];
+}
+
+unit_kind model_unit_kind(const model_spec *m, int unit) {
+    if (unit == 0) return UNIT_EMBEDDING;
+    return unit <= m->n_layer ? UNIT_BLOCK : UNIT_HEAD;
+}
+
+void model_unit_name(const model_spec *m, int unit, char *buf, size_t bufsz) {
+    unit_kind k = model_unit_kind(m, unit);
+    if (k == UNIT_BLOCK)
+        snprintf(buf, bufsz, "block.%d", unit - 1);
+    else
+        snprintf(buf, bufsz, "%s", unit_kind_name(k));
+}
+
+static int64_t vit_patches(const model_spec *m) {
+    int64_t side = m->image / m->patch;
+    return side * side;
+}
+
+int model_tokens(const model_spec *m, int seq) {
+    return m->arch == ARCH_VIT ? (int)vit_patches(m) + 1 : seq;
+}
+
+/* Parameters of one transformer block. */
+static int64_t block_params(const model_spec *m) {
+    int64_t d = m->d_model, ff = m->d_ff;
+    int64_t kv = (int64_t)m->n_kv_head * (d / m->n_head);
+    switch (m->arch) {
+    case ARCH_LLAMA: /* q, k, v, o without bias; SwiGLU gate/up/down; two RMSNorm weights */
+        return d * d + 2 * d * kv + d * d + 3 * d * ff + 2 * d;
+    case ARCH_GPT: /* c_attn, c_proj, c_fc, c_proj with biases; two LayerNorms */
+    case ARCH_BERT: /* q, k, v, o, intermediate, output with biases; two LayerNorms */
+    case ARCH_VIT:
+        return 4 * d * d + 4 * d + 2 * d * ff + ff + d + 4 * d;
+    }
+    return 0;
+}
+
+static int64_t embedding_params(const model_spec *m) {
+    int64_t d = m->d_model;
+    switch (m->arch) {
+    case ARCH_GPT: return (int64_t)m->vocab * d + (int64_t)m->max_seq * d; /* wte + wpe */
+    case ARCH_LLAMA: return (int64_t)m->vocab * d;
+    case ARCH_BERT: /* word + position + token type embeddings and their LayerNorm */
+        return ((int64_t)m->vocab + m->max_seq + m->type_vocab) * d + 2 * d;
+    case ARCH_VIT: /* patch projection (conv as matmul) + bias, class token, positions */
+        return (int64_t)m->channels * m->patch * m->patch * d + d + d + (vit_patches(m) + 1) * d;
+    }
+    return 0;
+}
+
+static int64_t head_params(const model_spec *m) {
+    int64_t d = m->d_model;
+    switch (m->arch) {
+    case ARCH_GPT: return 2 * d; /* ln_f; lm_head tied to wte */
+    case ARCH_LLAMA: return d + (int64_t)m->vocab * d; /* final RMSNorm + untied lm_head */
+    case ARCH_BERT: /* MLM transform (dense + LayerNorm) and the decoder bias; decoder tied */
+        return d * d + d + 2 * d + m->vocab;
+    case ARCH_VIT: return 2 * d + d * m->n_classes + m->n_classes; /* final LN + classifier */
+    }
+    return 0;
+}
+
+int64_t model_kind_params(const model_spec *m, unit_kind k) {
+    return k == UNIT_EMBEDDING ? embedding_params(m)
+           : k == UNIT_BLOCK   ? block_params(m)
+                               : head_params(m);
+}
+
+int64_t model_unit_params(const model_spec *m, int unit) {
+    return model_kind_params(m, model_unit_kind(m, unit));
+}
+
+int64_t model_params(const model_spec *m) {
+    return embedding_params(m) + (int64_t)m->n_layer * block_params(m) + head_params(m);
+}
+
+int model_check_seq(const model_spec *m, int seq, int *out, err_t *err) {
+    if (m->arch == ARCH_VIT) {
+        if (seq > 0)
+            return err_set(err, "model %s takes %dx%d images, --seq does not apply", m->name,
+                           m->image, m->image);
+        *out = model_tokens(m, 0);
+        return 0;
+    }
+    if (seq < 0) return err_set(err, "sequence length %d must be positive", seq);
+    if (seq == 0) seq = m->default_seq;
+    if (seq > m->max_seq && m->arch != ARCH_LLAMA)
+        return err_set(err, "sequence length %d exceeds model %s's %d learned positions", seq,
+                       m->name, m->max_seq);
+    *out = seq;
+    return 0;
+}
+
+/* ---- FLOPs (per sample, forward) ---- */
+
+static double attention_flops(const model_spec *m, int t) {
+    /* QK^T and AV: 2 matmuls of t x t x d, 2 FLOPs per multiply-add. A causal mask lets the
+     * flash-style kernel skip the upper triangle, so half the work remains. */
+    double full = 4.0 * t * (double)t * m->d_model;
+    bool causal = m->arch == ARCH_GPT || m->arch == ARCH_LLAMA;
+    return causal ? full / 2 : full;
+}
+
+double model_kind_fwd_flops(const model_spec *m, unit_kind k, int seq) {
+    int t = model_tokens(m, seq);
+    double d = m->d_model;
+    switch (k) {
+    case UNIT_BLOCK: {
+        double matmul_params = (double)block_params(m) - 4 * d; /* norms are not matmuls */
+        if (m->arch != ARCH_LLAMA) matmul_params -= 4 * d + m->d_ff + d; /* biases */
+        return 2.0 * t * matmul_params + attention_flops(m, t);
+    }
+    case UNIT_EMBEDDING:
+        if (m->arch == ARCH_VIT)
+            return 2.0 * (t - 1) * (double)m->channels * m->patch * m->patch * d;
+        return (double)t * d; /* table lookups and the position add */
+    case UNIT_HEAD:
+        switch (m->arch) {
+        case ARCH_GPT:
+        case ARCH_LLAMA: /* logits matmul + softmax cross-entropy (~5 FLOPs per logit) */
+            return 2.0 * t * d * m->vocab + 5.0 * t * (double)m->vocab;
+        case ARCH_BERT:
+            return 2.0 * t * d * d + 2.0 * t * d * m->vocab + 5.0 * t * (double)m->vocab;
+        case ARCH_VIT: return 2.0 * d * m->n_classes + 5.0 * t * d;
+        }
+    }
+    return 0;
+}
+
+/* ---- activation memory ---- */
+
+/* Activation elements per token that one block keeps for its own backward when it is recomputed
+ * at a unit boundary, plus the transient gradient buffers of the backward. */
+static double block_elems_per_token(const model_spec *m) {
+    double d = m->d_model, ff = m->d_ff, h = m->n_head;
+    double kv = (double)m->n_kv_head * (m->d_model / m->n_head);
+    double saved, transient;
+    if (m->arch == ARCH_LLAMA) {
+        /* x, norm1 out, q, k, v, rotated q and k, attention out (+ logsumexp), x2, norm2 out,
+         * gate, up, silu(gate)*up */
+        saved = d + d + d + 2 * kv + d + kv + d + h + d + d + 3 * ff;
+        transient = 2 * d + 2 * ff; /* dx, d(att), d(gate), d(up) */
+    } else {
+        /* x, norm1 out, qkv, attention out (+ logsumexp), x2, norm2 out, fc out, gelu out;
+         * BERT's post-LN stores the same count in another order */
+        saved = d + d + 3 * d + d + h + d + d + 2 * ff;
+        transient = 2 * d + ff + 3 * d;
+    }
+    return saved + transient;
+}
+
+double model_kind_act_bytes(const model_spec *m, unit_kind k, int seq, int elem) {
+    int t = model_tokens(m, seq);
+    double d = m->d_model;
+    switch (k) {
+    case UNIT_BLOCK: return (double)t * block_elems_per_token(m) * elem;
+    case UNIT_EMBEDDING: return (double)t * 2 * d * elem; /* output and its gradient */
+    case UNIT_HEAD:
+        if (m->arch == ARCH_VIT) return (double)t * 2 * d * elem + 2.0 * m->n_classes * 4;
+        /* normed input, its gradient, and the logits with their gradient computed in place,
+         * kept in fp32 for the loss whatever the precision */
+        return (double)t * ((m->arch == ARCH_BERT ? 4 : 2) * d * elem + 4.0 * m->vocab);
+    }
+    return 0;
+}
+
+double model_kind_traffic_bytes(const model_spec *m, unit_kind k, int seq, int elem) {
+    /* Elementwise kernels read and write each saved activation about twice in the forward. */
+    int t = model_tokens(m, seq);
+    if (k == UNIT_BLOCK) return 2.0 * t * block_elems_per_token(m) * elem;
+    if (k == UNIT_HEAD && m->arch != ARCH_VIT) return 3.0 * t * 4.0 * m->vocab;
+    return 4.0 * t * m->d_model * elem;
+}
+
+double model_boundary_bytes(const model_spec *m, int seq, int elem) {
+    return (double)model_tokens(m, seq) * m->d_model * elem;
+}
+
+/* ---- lookup ---- */
+
+int model_validate(const model_spec *m, err_t *err) {
+    const char *n = m->name;
+    if (m->n_layer < 1 || m->n_layer > 4096)
+        return err_set(err, "model %s: n_layer %d must be in 1..4096", n, m->n_layer);
+    if (m->d_model < 1 || m->d_model > 1 << 17)
+        return err_set(err, "model %s: d_model %d must be in 1..131072", n, m->d_model);
+    if (m->n_head < 1 || m->d_model % m->n_head)
+        return err_set(err, "model %s: n_head %d must divide d_model %d", n, m->n_head,
+                       m->d_model);
+    if (m->n_kv_head < 1 || m->n_head % m->n_kv_head)
+        return err_set(err, "model %s: n_kv_head %d must divide n_head %d", n, m->n_kv_head,
+                       m->n_head);
+    if (m->arch == ARCH_LLAMA && (m->d_model / m->n_head) % 2)
+        return err_set(err, "model %s: head size %d must be even for rotary embeddings", n,
+                       m->d_model / m->n_head);
+    if (m->d_ff < 1 || m->d_ff > 1 << 20)
+        return err_set(err, "model %s: d_ff %d must be in 1..1048576", n, m->d_ff);
+    if (m->arch == ARCH_VIT) {
+        if (m->patch < 1 || m->image < m->patch || m->image % m->patch)
+            return err_set(err, "model %s: patch %d must divide image %d", n, m->patch, m->image);
+        if (m->channels < 1 || m->channels > 64 || m->n_classes < 1 || m->n_classes > 1 << 20)
+            return err_set(err, "model %s: channels must be 1..64 and n_classes 1..1048576", n);
+        if (m->image > 8192)
+            return err_set(err, "model %s: image %d exceeds 8192 pixels", n, m->image);
+    } else {
+        if (m->vocab < 2 || m->vocab > 1 << 24)
+            return err_set(err, "model %s: vocab %d must be in 2..16777216", n, m->vocab);
+        if (m->max_seq < 1 || m->max_seq > 1 << 20)
+            return err_set(err, "model %s: max_seq %d must be in 1..1048576", n, m->max_seq);
+        if (m->default_seq < 1 || m->default_seq > m->max_seq)
+            return err_set(err, "model %s: seq %d must be in 1..max_seq (%d)", n, m->default_seq,
+                           m->max_seq);
+    }
+    if (model_params(m) > (int64_t)1 << 42)
+        return err_set(err, "model %s: %.3g parameters is beyond what the planner handles", n,
+                       (double)model_params(m));
+    return 0;
+}
+
+int model_resolve(const char *name_or_path, model_spec *out, err_t *err) {
+    int n;
+    const model_spec *b = model_builtins(&n);
+    for (int i = 0; i < n; i++) {
+        if (strcasecmp(b[i].name, name_or_path) == 0) {
+            *out = b[i];
+            return 0;
+        }
+    }
+    if (strchr(name_or_path, '/') || strstr(name_or_path, ".yaml") ||
+        strstr(name_or_path, ".yml"))
+        return model_load_file(name_or_path, out, err);
+    const char *names[64];
+    for (int i = 0; i < n && i < 64; i++) names[i] = b[i].name;
+    char sugg[256];
+    int ns = str_suggest(name_or_path, names, (size_t)n, 3, sugg, sizeof sugg);
+    char all[1024] = "";
+    for (int i = 0; i < n; i++) {
+        size_t len = strlen(all);
+        snprintf(all + len, sizeof all - len, "%s%s", i ? ", " : "", names[i]);
+    }
+    return err_set(err, "unknown model '%s'%s%s%s; built-in models: %s (or give a model file path)",
+                   name_or_path, ns ? " (did you mean " : "", ns ? sugg : "", ns ? "?)" : "", all);
+}

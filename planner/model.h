@@ -1,0 +1,72 @@
+/* model.h - the model zoo: exact shapes, FSDP units and their parameter counts, FLOPs and
+ * activation bytes. Formulas and sources: docs/cost-model.md.
+ *
+ * A model is a list of FSDP units: unit 0 is the embedding, units 1..n_layer the transformer
+ * blocks, the last unit the final norm + head. The worker builds exactly these units, so the
+ * planner and the worker agree on every unit's parameter count. */
+#ifndef CEPHALO_MODEL_H
+#define CEPHALO_MODEL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "err.h"
+
+typedef enum { ARCH_GPT, ARCH_LLAMA, ARCH_BERT, ARCH_VIT } model_arch;
+typedef enum { UNIT_EMBEDDING, UNIT_BLOCK, UNIT_HEAD } unit_kind;
+
+typedef struct model_spec {
+    char name[64];
+    model_arch arch;
+    int n_layer;
+    int d_model;
+    int n_head;
+    int n_kv_head; /* Llama grouped-query attention; = n_head elsewhere */
+    int d_ff; /* MLP hidden size */
+    int vocab; /* token vocabulary (GPT, Llama, BERT) */
+    int max_seq; /* learned position table size (GPT, BERT); RoPE context for Llama */
+    int default_seq; /* sequence length used when --seq is not given */
+    int type_vocab; /* BERT token types */
+    bool tied_head; /* head reuses the token embedding (GPT-2, BERT) */
+    /* ViT */
+    int image, patch, channels, n_classes;
+} model_spec;
+
+const char *model_arch_name(model_arch a);
+const char *unit_kind_name(unit_kind k);
+
+/* Built-in models (name list for --help and suggestions). */
+const model_spec *model_builtins(int *count);
+
+/* MODEL is a built-in name or the path of a model file (YAML). Errors suggest close names. */
+int model_resolve(const char *name_or_path, model_spec *out, err_t *err);
+int model_load_file(const char *path, model_spec *out, err_t *err);
+int model_load_string(const char *name, const char *text, size_t len, model_spec *out, err_t *err);
+/* Checks shape consistency (heads divide width, GQA groups, ...); errors name the field. */
+int model_validate(const model_spec *m, err_t *err);
+
+static inline int model_n_units(const model_spec *m) { return m->n_layer + 2; }
+unit_kind model_unit_kind(const model_spec *m, int unit);
+/* "embedding", "block.0", ..., "head" */
+void model_unit_name(const model_spec *m, int unit, char *buf, size_t bufsz);
+
+int64_t model_kind_params(const model_spec *m, unit_kind k);
+int64_t model_unit_params(const model_spec *m, int unit);
+int64_t model_params(const model_spec *m);
+
+/* Tokens one sample carries: the sequence length, or patches + class token for ViT. */
+int model_tokens(const model_spec *m, int seq);
+/* Resolves the sequence length to use (0 = default) and checks it against the model. */
+int model_check_seq(const model_spec *m, int seq, int *out, err_t *err);
+
+/* Forward FLOPs of one unit for one sample (matmuls and attention; backward = 2x). */
+double model_kind_fwd_flops(const model_spec *m, unit_kind k, int seq);
+/* Bytes of activations one sample needs while one unit is (re)computed and back-propagated,
+ * with checkpoints at unit boundaries; `elem` = bytes per activation element (4 fp32, 2 bf16). */
+double model_kind_act_bytes(const model_spec *m, unit_kind k, int seq, int elem);
+/* Bytes of elementwise memory traffic of one unit's forward for one sample. */
+double model_kind_traffic_bytes(const model_spec *m, unit_kind k, int seq, int elem);
+/* The checkpoint kept (and offloaded) at a unit boundary for one sample. */
+double model_boundary_bytes(const model_spec *m, int seq, int elem);
+
+#endif

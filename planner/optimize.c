@@ -1,0 +1,508 @@
+/* optimize.c - exact minimisation of max(F, A) + max(K, C); see optimize.h and docs/optimizer.md.
+ *
+ * Thresholds (tf, tb) are feasible when every rank can pick (m, l) with l*f(m) <= tf and
+ * l*k(m) <= tb so that the batches sum to B (and the state fits). Feasibility is monotone in both
+ * thresholds, and the optimum is tf + tb over the Pareto staircase of feasible pairs drawn from
+ * the finite sets of achievable values. */
+#include "optimize.h"
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+
+/* ---- bitsets over batch sums 0..B ---- */
+
+typedef uint64_t word;
+#define NEG_ROOM (INT64_MIN / 4)
+
+typedef struct bits {
+    int nbits, nwords;
+    word *w;
+} bits;
+
+static void bits_init(bits *b, int nbits) {
+    b->nbits = nbits;
+    b->nwords = (nbits + 63) / 64;
+    b->w = xcalloc((size_t)b->nwords, sizeof(word));
+}
+static void bits_free(bits *b) { free(b->w); }
+static void bits_zero(bits *b) { memset(b->w, 0, (size_t)b->nwords * sizeof(word)); }
+static void bits_copy(bits *dst, const bits *src) {
+    memcpy(dst->w, src->w, (size_t)src->nwords * sizeof(word));
+}
+static void bits_set(bits *b, int i) { b->w[i >> 6] |= (word)1 << (i & 63); }
+static bool bits_test(const bits *b, int i) { return (b->w[i >> 6] >> (i & 63)) & 1; }
+
+/* Clears bits past nbits so shifts never carry garbage in. */
+static void bits_trim(bits *b) {
+    int extra = b->nwords * 64 - b->nbits;
+    if (extra) b->w[b->nwords - 1] &= ~(word)0 >> extra;
+}
+
+/* dst |= src << s */
+static void bits_or_shifted(bits *dst, const bits *src, int s) {
+    int ws = s >> 6, bs = s & 63;
+    for (int i = dst->nwords - 1; i >= ws; i--) {
+        word v = src->w[i - ws] << bs;
+        if (bs && i - ws - 1 >= 0) v |= src->w[i - ws - 1] >> (64 - bs);
+        dst->w[i] |= v;
+    }
+    bits_trim(dst);
+}
+
+static bool bits_empty(const bits *b) {
+    for (int i = 0; i < b->nwords; i++)
+        if (b->w[i]) return false;
+    return true;
+}
+
+static int bits_runs(const bits *b) {
+    int runs = 0;
+    word carry = 0;
+    for (int i = 0; i < b->nwords; i++) {
+        word starts = b->w[i] & ~((b->w[i] << 1) | carry);
+        runs += __builtin_popcountll(starts);
+        carry = b->w[i] >> 63;
+    }
+    return runs;
+}
+
+/* Scratch for sumsets. */
+typedef struct sumset_tmp {
+    bits smear, out;
+} sumset_tmp;
+
+/* smear = OR_{j=0..w} src << j, by doubling the covered width. */
+static void bits_smear(bits *smear, const bits *src, int w) {
+    bits_copy(smear, src);
+    int covered = 1;
+    while (covered * 2 <= w + 1) {
+        bits_or_shifted(smear, smear, covered);
+        covered *= 2;
+    }
+    if (covered < w + 1) bits_or_shifted(smear, smear, w + 1 - covered);
+}
+
+/* dst = a (+) b, the sumset truncated to 0..B. Walks the runs of the operand with fewer runs and
+ * adds a smeared copy of the other for each run: cheap once a set has become an interval. */
+static void bits_sumset(bits *dst, const bits *a, const bits *b, sumset_tmp *t) {
+    if (bits_runs(a) > bits_runs(b)) {
+        const bits *x = a;
+        a = b;
+        b = x;
+    }
+    bits_zero(&t->out);
+    int n = a->nbits;
+    for (int i = 0; i < n;) {
+        if (!a->w[i >> 6]) {
+            i = (i | 63) + 1;
+            continue;
+        }
+        if (!bits_test(a, i)) {
+            i++;
+            continue;
+        }
+        int j = i;
+        while (j + 1 < n && bits_test(a, j + 1)) j++;
+        bits_smear(&t->smear, b, j - i);
+        bits_or_shifted(&t->out, &t->smear, i);
+        i = j + 1;
+    }
+    bits_copy(dst, &t->out);
+}
+
+/* ---- the search state ---- */
+
+typedef struct search {
+    const opt_problem *p;
+    int n_ranks, bmax; /* bmax: largest batch of one rank (others need one sample each) */
+    bits *sets; /* per group: achievable batches under the current thresholds */
+    int64_t **best_room; /* per group [B+1]: most room for that batch (constraint III) */
+    bits acc, pow, reach;
+    sumset_tmp tmp;
+    int64_t *dp, *dp_pow, *dp_acc, *dp_tmp; /* [B+1] max-plus scratch */
+    long checks;
+} search;
+
+/* Largest l with l*t <= tau (and l <= cap), computed so that it agrees exactly with the
+ * products the value sets hold. */
+static int max_count(double t, double tau, int cap) {
+    if (t > tau) return 0;
+    double q = floor(tau / t);
+    int l = q > cap ? cap : (int)q;
+    while (l > 0 && (double)l * t > tau) l--;
+    while (l < cap && (double)(l + 1) * t <= tau) l++;
+    return l;
+}
+
+static int group_count_cap(const opt_group *g, int m, int bmax) {
+    int cap = bmax / m;
+    if (g->max_micros > 0 && cap > g->max_micros) cap = g->max_micros;
+    return cap;
+}
+
+/* Builds the group's achievable-batch set; returns the worst (smallest) room among the
+ * microbatches it uses, for the quick sufficient test of constraint III. */
+static int64_t build_group_set(search *s, int gi, double tf, double tb) {
+    const opt_group *g = &s->p->groups[gi];
+    bits *set = &s->sets[gi];
+    bits_zero(set);
+    int64_t *room = s->best_room ? s->best_room[gi] : NULL;
+    if (room)
+        for (int b = 0; b <= s->p->batch; b++) room[b] = NEG_ROOM;
+    int64_t worst = INT64_MAX;
+    for (int m = 1; m <= g->mmax && m <= s->bmax; m++) {
+        int cap = group_count_cap(g, m, s->bmax);
+        int l = max_count(g->f[m], tf, cap);
+        int lk = max_count(g->k[m], tb, cap);
+        if (lk < l) l = lk;
+        if (l < 1) continue;
+        if (room && g->room[m] < worst) worst = g->room[m];
+        for (int j = 1; j <= l; j++) {
+            bits_set(set, m * j);
+            if (room && g->room[m] > room[m * j]) room[m * j] = g->room[m];
+        }
+    }
+    return worst;
+}
+
+/* dst = a (max,+) b over sums 0..B. */
+static void dp_conv(const search *s, int64_t *dst, const int64_t *a, const int64_t *b, int64_t *tmp) {
+    int B = s->p->batch;
+    for (int i = 0; i <= B; i++) tmp[i] = NEG_ROOM;
+    for (int i = 0; i <= B; i++) {
+        if (a[i] == NEG_ROOM) continue;
+        for (int j = 0; i + j <= B; j++)
+            if (b[j] != NEG_ROOM && a[i] + b[j] > tmp[i + j]) tmp[i + j] = a[i] + b[j];
+    }
+    memcpy(dst, tmp, (size_t)(B + 1) * sizeof *dst);
+}
+
+/* Most state room any feasible split offers (constraint III, exact). */
+static int64_t dp_max_room(search *s) {
+    int B = s->p->batch;
+    for (int i = 0; i <= B; i++) s->dp[i] = NEG_ROOM;
+    s->dp[0] = 0;
+    for (int gi = 0; gi < s->p->n_groups; gi++) {
+        /* count-fold self convolution by doubling */
+        memcpy(s->dp_pow, s->best_room[gi], (size_t)(B + 1) * sizeof(int64_t));
+        for (int i = 0; i <= B; i++) s->dp_acc[i] = NEG_ROOM;
+        s->dp_acc[0] = 0;
+        for (int c = s->p->groups[gi].count; c; c >>= 1) {
+            if (c & 1) dp_conv(s, s->dp_acc, s->dp_acc, s->dp_pow, s->dp_tmp);
+            if (c > 1) dp_conv(s, s->dp_pow, s->dp_pow, s->dp_pow, s->dp_tmp);
+        }
+        dp_conv(s, s->dp, s->dp, s->dp_acc, s->dp_tmp);
+    }
+    return s->dp[B];
+}
+
+/* reach = reach (+) set^(count) */
+static void add_group(search *s, int gi) {
+    bits_copy(&s->pow, &s->sets[gi]);
+    bits_zero(&s->acc);
+    bits_set(&s->acc, 0);
+    for (int c = s->p->groups[gi].count; c; c >>= 1) {
+        if (c & 1) bits_sumset(&s->acc, &s->acc, &s->pow, &s->tmp);
+        if (c > 1) bits_sumset(&s->pow, &s->pow, &s->pow, &s->tmp);
+    }
+    bits_sumset(&s->reach, &s->reach, &s->acc, &s->tmp);
+}
+
+static bool feasible(search *s, double tf, double tb) {
+    const opt_problem *p = s->p;
+    s->checks++;
+    int64_t worst_room = 0;
+    for (int gi = 0; gi < p->n_groups; gi++) {
+        int64_t w = build_group_set(s, gi, tf, tb);
+        if (bits_empty(&s->sets[gi])) return false;
+        worst_room += w * p->groups[gi].count;
+    }
+    bits_zero(&s->reach);
+    bits_set(&s->reach, 0);
+    for (int gi = 0; gi < p->n_groups; gi++) {
+        add_group(s, gi);
+        if (bits_empty(&s->reach)) return false;
+    }
+    if (!bits_test(&s->reach, p->batch)) return false;
+    if (p->need_room <= 0 || worst_room >= p->need_room) return true;
+    return dp_max_room(s) >= p->need_room;
+}
+
+/* ---- value sets ---- */
+
+typedef struct values {
+    double *v;
+    int n;
+} values;
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Every achievable phase time >= floor, plus the floor itself, sorted and unique. */
+static values collect_values(const search *s, bool fwd, double floor_ms) {
+    size_t cap = 1, n = 0;
+    for (int gi = 0; gi < s->p->n_groups; gi++) {
+        const opt_group *g = &s->p->groups[gi];
+        for (int m = 1; m <= g->mmax && m <= s->bmax; m++) cap += (size_t)group_count_cap(g, m, s->bmax);
+    }
+    double *v = xmalloc(cap * sizeof *v);
+    v[n++] = floor_ms;
+    for (int gi = 0; gi < s->p->n_groups; gi++) {
+        const opt_group *g = &s->p->groups[gi];
+        const double *t = fwd ? g->f : g->k;
+        for (int m = 1; m <= g->mmax && m <= s->bmax; m++)
+            for (int l = 1; l <= group_count_cap(g, m, s->bmax); l++)
+                if ((double)l * t[m] > floor_ms) v[n++] = (double)l * t[m];
+    }
+    qsort(v, n, sizeof *v, cmp_double);
+    size_t u = 0;
+    for (size_t i = 0; i < n; i++)
+        if (u == 0 || v[i] != v[u - 1]) v[u++] = v[i];
+    return (values){v, (int)u};
+}
+
+/* Smallest index i in [lo, hi] with feasible(tf or tb = vals[i]); -1 if none. */
+static int first_feasible(search *s, const values *vals, int lo, int hi, bool vary_fwd, double fixed) {
+    int ans = -1;
+    while (lo <= hi) {
+        int mid = lo + (hi - lo) / 2;
+        bool ok = vary_fwd ? feasible(s, vals->v[mid], fixed) : feasible(s, fixed, vals->v[mid]);
+        if (ok) {
+            ans = mid;
+            hi = mid - 1;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    return ans;
+}
+
+/* ---- reconstruction ---- */
+
+/* Picks each rank's batch, walking ranks in order: a batch the remaining ranks can complete
+ * (suffix sumsets, and the suffix max-room DP when constraint III binds), closest to the rank's
+ * fair share of what is left. */
+static void choose_batches(search *s, double tf, double tb, int *batch) {
+    const opt_problem *p = s->p;
+    int N = s->n_ranks, B = p->batch;
+    int64_t worst = 0;
+    int *group_of = xmalloc((size_t)N * sizeof *group_of);
+    int *maxb = xcalloc((size_t)p->n_groups, sizeof *maxb);
+    for (int gi = 0, r = 0; gi < p->n_groups; gi++) {
+        worst += build_group_set(s, gi, tf, tb) * p->groups[gi].count;
+        for (int b = B; b > 0 && !maxb[gi]; b--)
+            if (bits_test(&s->sets[gi], b)) maxb[gi] = b;
+        for (int c = 0; c < p->groups[gi].count; c++) group_of[r++] = gi;
+    }
+    bool use_dp = p->need_room > 0 && worst < p->need_room;
+    bits *suf = xcalloc((size_t)N + 1, sizeof *suf);
+    int64_t *dps = use_dp ? xmalloc((size_t)(N + 1) * (B + 1) * sizeof *dps) : NULL;
+    for (int i = N; i >= 0; i--) {
+        bits_init(&suf[i], B + 1);
+        if (i == N) {
+            bits_set(&suf[i], 0);
+        } else {
+            bits_sumset(&suf[i], &suf[i + 1], &s->sets[group_of[i]], &s->tmp);
+        }
+        if (!use_dp) continue;
+        int64_t *row = dps + (size_t)i * (B + 1);
+        if (i == N) {
+            for (int b = 0; b <= B; b++) row[b] = b ? NEG_ROOM : 0;
+        } else {
+            dp_conv(s, row, row + (B + 1), s->best_room[group_of[i]], s->dp_tmp);
+        }
+    }
+    int rem = B;
+    int64_t room_so_far = 0;
+    double cap_left = 0;
+    for (int i = 0; i < N; i++) cap_left += maxb[group_of[i]];
+    for (int i = 0; i < N; i++) {
+        int gi = group_of[i];
+        double target = rem * maxb[gi] / cap_left;
+        int pick = -1;
+        double pick_dist = INFINITY;
+        for (int b = 1; b <= rem; b++) {
+            if (!bits_test(&s->sets[gi], b) || !bits_test(&suf[i + 1], rem - b)) continue;
+            if (use_dp) {
+                int64_t rest = dps[(size_t)(i + 1) * (B + 1) + (rem - b)];
+                if (rest == NEG_ROOM || room_so_far + s->best_room[gi][b] + rest < p->need_room) continue;
+            }
+            double dist = fabs(b - target);
+            if (dist <= pick_dist) pick = b, pick_dist = dist;
+        }
+        CHECK(pick > 0);
+        batch[i] = pick;
+        rem -= pick;
+        cap_left -= maxb[gi];
+        if (use_dp) room_so_far += s->best_room[gi][pick];
+    }
+    CHECK(rem == 0);
+    for (int i = 0; i <= N; i++) bits_free(&suf[i]);
+    free(suf);
+    free(dps);
+    free(maxb);
+    free(group_of);
+}
+
+/* For a chosen batch, the microbatch within the thresholds: the most state room when
+ * constraint III needs it, otherwise the fastest. */
+static int choose_micro(const opt_group *g, int b, double tf, double tb, bool most_room, int bmax) {
+    int best = 0;
+    double best_t = INFINITY;
+    for (int m = 1; m <= g->mmax && m <= b; m++) {
+        if (b % m) continue;
+        int l = b / m;
+        if (l > group_count_cap(g, m, bmax)) continue;
+        if ((double)l * g->f[m] > tf || (double)l * g->k[m] > tb) continue;
+        double t = (double)l * (g->f[m] + g->k[m]);
+        bool better = most_room ? (!best || g->room[m] > g->room[best] ||
+                                   (g->room[m] == g->room[best] && t < best_t))
+                                : t < best_t;
+        if (better) best = m, best_t = t;
+    }
+    return best;
+}
+
+static void search_init(search *s, const opt_problem *p) {
+    memset(s, 0, sizeof *s);
+    s->p = p;
+    for (int gi = 0; gi < p->n_groups; gi++) s->n_ranks += p->groups[gi].count;
+    s->bmax = p->batch - (s->n_ranks - 1);
+    int nb = p->batch + 1;
+    s->sets = xcalloc((size_t)p->n_groups, sizeof *s->sets);
+    for (int gi = 0; gi < p->n_groups; gi++) bits_init(&s->sets[gi], nb);
+    bits_init(&s->acc, nb);
+    bits_init(&s->pow, nb);
+    bits_init(&s->reach, nb);
+    bits_init(&s->tmp.smear, nb);
+    bits_init(&s->tmp.out, nb);
+    s->dp_tmp = xmalloc((size_t)nb * sizeof(int64_t));
+    if (p->need_room > 0) {
+        s->best_room = xcalloc((size_t)p->n_groups, sizeof *s->best_room);
+        for (int gi = 0; gi < p->n_groups; gi++) s->best_room[gi] = xmalloc((size_t)nb * sizeof(int64_t));
+        s->dp = xmalloc((size_t)nb * sizeof(int64_t));
+        s->dp_pow = xmalloc((size_t)nb * sizeof(int64_t));
+        s->dp_acc = xmalloc((size_t)nb * sizeof(int64_t));
+    }
+}
+
+static void search_free(search *s) {
+    for (int gi = 0; gi < s->p->n_groups; gi++) {
+        bits_free(&s->sets[gi]);
+        if (s->best_room) free(s->best_room[gi]);
+    }
+    free(s->sets);
+    free(s->best_room);
+    bits_free(&s->acc);
+    bits_free(&s->pow);
+    bits_free(&s->reach);
+    bits_free(&s->tmp.smear);
+    bits_free(&s->tmp.out);
+    free(s->dp);
+    free(s->dp_pow);
+    free(s->dp_acc);
+    free(s->dp_tmp);
+}
+
+/* The Pareto staircase: for each forward threshold where the least feasible backward threshold
+ * drops, evaluate tf + tb; stop once no later step can beat the best. */
+static bool staircase(search *s, const values *vf, const values *vb, double *best_tf, double *best_tb) {
+    int lastf = vf->n - 1, lastb = vb->n - 1;
+    if (!feasible(s, vf->v[lastf], vb->v[lastb])) return false;
+    int gmin = first_feasible(s, vb, 0, lastb, false, vf->v[lastf]);
+    int fi = first_feasible(s, vf, 0, lastf, true, vb->v[lastb]);
+    double best = INFINITY;
+    int bi_hi = lastb;
+    while (fi >= 0) {
+        int bi = first_feasible(s, vb, 0, bi_hi, false, vf->v[fi]);
+        CHECK(bi >= 0);
+        if (vf->v[fi] + vb->v[bi] < best) {
+            best = vf->v[fi] + vb->v[bi];
+            *best_tf = vf->v[fi];
+            *best_tb = vb->v[bi];
+        }
+        if (bi == 0 || bi <= gmin) break;
+        bi_hi = bi - 1;
+        int next = first_feasible(s, vf, fi + 1, lastf, true, vb->v[bi_hi]);
+        if (next < 0 || vf->v[next] + vb->v[gmin] >= best) break;
+        fi = next;
+    }
+    return true;
+}
+
+int opt_solve(const opt_problem *p, opt_result *r) {
+    memset(r, 0, sizeof *r);
+    search s;
+    search_init(&s, p);
+    r->n_ranks = s.n_ranks;
+    if (s.bmax < 1) {
+        search_free(&s);
+        return 1;
+    }
+    values vf = collect_values(&s, true, p->fwd_floor);
+    values vb = collect_values(&s, false, p->bwd_floor);
+    double tf = 0, tb = 0;
+    bool ok = staircase(&s, &vf, &vb, &tf, &tb);
+    if (ok) {
+        r->batch = xcalloc((size_t)s.n_ranks, sizeof(int));
+        r->micro = xcalloc((size_t)s.n_ranks, sizeof(int));
+        choose_batches(&s, tf, tb, r->batch);
+        /* room-first microbatches only when the quick sufficient test of III fails */
+        int64_t worst = 0;
+        for (int gi = 0; gi < p->n_groups; gi++) worst += build_group_set(&s, gi, tf, tb) * p->groups[gi].count;
+        bool most_room = p->need_room > 0 && worst < p->need_room;
+        for (int gi = 0, i = 0; gi < p->n_groups; gi++)
+            for (int c = 0; c < p->groups[gi].count; c++, i++) {
+                r->micro[i] = choose_micro(&p->groups[gi], r->batch[i], tf, tb, most_room, s.bmax);
+                CHECK(r->micro[i] > 0);
+            }
+        r->objective = opt_objective(p, r->batch, r->micro);
+        CHECK(isfinite(r->objective));
+        r->fwd_ms = r->bwd_ms = 0;
+        for (int gi = 0, i = 0; gi < p->n_groups; gi++)
+            for (int c = 0; c < p->groups[gi].count; c++, i++) {
+                const opt_group *g = &p->groups[gi];
+                int l = r->batch[i] / r->micro[i];
+                r->fwd_ms = fmax(r->fwd_ms, l * g->f[r->micro[i]]);
+                r->bwd_ms = fmax(r->bwd_ms, l * g->k[r->micro[i]]);
+            }
+    }
+    r->checks = s.checks;
+    free(vf.v);
+    free(vb.v);
+    search_free(&s);
+    return ok ? 0 : 1;
+}
+
+void opt_result_free(opt_result *r) {
+    free(r->batch);
+    free(r->micro);
+    memset(r, 0, sizeof *r);
+}
+
+double opt_objective(const opt_problem *p, const int *batch, const int *micro) {
+    double F = 0, K = 0;
+    int64_t room = 0;
+    long total = 0;
+    for (int gi = 0, i = 0; gi < p->n_groups; gi++) {
+        const opt_group *g = &p->groups[gi];
+        for (int c = 0; c < g->count; c++, i++) {
+            int m = micro[i], b = batch[i];
+            if (m < 1 || m > g->mmax || b < m || b % m) return INFINITY;
+            int l = b / m;
+            if (g->max_micros > 0 && l > g->max_micros) return INFINITY;
+            F = fmax(F, (double)l * g->f[m]);
+            K = fmax(K, (double)l * g->k[m]);
+            if (p->need_room > 0) room += g->room[m];
+            total += b;
+        }
+    }
+    if (total != p->batch || (p->need_room > 0 && room < p->need_room)) return INFINITY;
+    return fmax(F, p->fwd_floor) + fmax(K, p->bwd_floor);
+}

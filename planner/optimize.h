@@ -1,0 +1,49 @@
+/* optimize.h - the exact batch/microbatch optimizer (docs/optimizer.md).
+ *
+ * Each rank i picks a microbatch m_i and a count l_i (batch b_i = m_i*l_i >= 1), with
+ * sum b_i = B, m_i <= mmax of its group (memory constraint II) and, when need_room > 0,
+ * sum_i room_i(m_i) >= need_room (constraint III: the training state fits in what compute leaves).
+ * It minimises
+ *     max(max_i l_i*f_i(m_i), A) + max(max_i l_i*k_i(m_i), C)
+ * exactly: a staircase walk over the two thresholds, each a binary search over the finite set of
+ * achievable phase times, with a feasibility test built from bitset sumsets (and a max-plus DP
+ * when constraint III can bind). */
+#ifndef CEPHALO_OPTIMIZE_H
+#define CEPHALO_OPTIMIZE_H
+
+#include <stdint.h>
+
+typedef struct opt_group {
+    int count; /* identical ranks */
+    int mmax; /* microbatch sizes 1..mmax are allowed */
+    const double *f, *k; /* [mmax+1], index m: forward / backward phase ms per microbatch */
+    const int64_t *room; /* [mmax+1]: state params one rank can hold at microbatch m; may be NULL
+                            when need_room == 0 */
+    int max_micros; /* 0: any number of microbatches; 1: no gradient accumulation */
+} opt_group;
+
+typedef struct opt_problem {
+    int n_groups;
+    const opt_group *groups;
+    int batch;
+    double fwd_floor, bwd_floor; /* A and C */
+    int64_t need_room; /* 0: no aggregate memory constraint */
+} opt_problem;
+
+typedef struct opt_result {
+    int n_ranks;
+    int *batch, *micro; /* per rank, ranks in group order */
+    double objective; /* max(F, A) + max(K, C) */
+    double fwd_ms, bwd_ms; /* F and K of the chosen plan */
+    long checks; /* feasibility tests run */
+} opt_result;
+
+/* 0: optimum found; 1: infeasible. */
+int opt_solve(const opt_problem *p, opt_result *r);
+void opt_result_free(opt_result *r);
+
+/* The objective of a given assignment, or INFINITY when it breaks a constraint. Used by the
+ * exhaustive-search oracle in the tests and to evaluate baseline strategies. */
+double opt_objective(const opt_problem *p, const int *batch, const int *micro);
+
+#endif

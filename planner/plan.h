@@ -1,0 +1,62 @@
+/* plan.h - plans: the per-rank batch, microbatches and training-state shards of one strategy,
+ * with their predicted times and memory; JSON (DESIGN 5.2) and table output. */
+#ifndef CEPHALO_PLAN_H
+#define CEPHALO_PLAN_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "cost.h"
+#include "err.h"
+
+#define PLAN_FORMAT "cephalo-plan"
+#define PLAN_VERSION 1
+
+typedef enum { STRAT_CEPHALO, STRAT_FSDP, STRAT_WHALE, STRAT_CB, STRAT_MB, STRAT_COUNT } strategy;
+
+const char *strategy_name(strategy s);
+int strategy_parse(const char *name, strategy *out, err_t *err);
+
+typedef struct plan_rank {
+    int batch, micro, micros; /* b = m * l */
+    int64_t state_params; /* sum of this rank's shards (the whole model when replicated) */
+    double state_ratio;
+    int64_t compute_bytes, state_bytes, peak_bytes;
+    double usable_bytes, capacity_bytes;
+    double fwd_ms, bwd_ms; /* l * F(m), l * K(m) */
+    double opt_ms;
+} plan_rank;
+
+typedef struct plan {
+    strategy strat;
+    const cost_model *cm;
+    bool feasible;
+    char reason[768]; /* why not, when infeasible */
+    int n_ranks, n_units;
+    plan_rank *ranks;
+    int64_t *shards; /* [n_units][n_ranks] shard sizes (elements) */
+    bool replicated; /* whale: every rank holds the whole state */
+    bool uneven; /* some unit is unevenly sharded: collectives pay the uneven factor */
+    int n_uneven_units;
+    double fwd_ms, bwd_ms; /* slowest rank per phase */
+    double fwd_floor_ms, bwd_floor_ms, exposed_ms, opt_ms;
+    double iter_ms, samples_per_s, mfu;
+    long checks; /* optimizer feasibility tests */
+    double solve_ms; /* wall time of planning */
+} plan;
+
+/* Builds the plan of a strategy. Returns 0 with plan->feasible set either way (an infeasible plan
+ * carries the reason); -1 only for internal errors. */
+int plan_make(const cost_model *cm, strategy s, plan *out, err_t *err);
+void plan_free(plan *p);
+
+/* Outputs. */
+void plan_print_table(const plan *p, FILE *f);
+int plan_write_json(const plan *p, FILE *f, err_t *err);
+void plan_print_compare(const plan *plans, int n, FILE *f);
+int plan_write_compare_json(const plan *plans, int n, FILE *f, err_t *err);
+/* Every candidate (m, l) per rank with its time and memory, and the collective terms. */
+int plan_dump_costs(const cost_model *cm, const char *path, err_t *err);
+
+#endif

@@ -1,0 +1,273 @@
+/* plan_io.c - plan output: readable tables and the JSON of DESIGN 5.2. */
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "plan.h"
+#include "strutil.h"
+
+#define GIB (1024.0 * 1024.0 * 1024.0)
+
+static const char *rank_device(const cost_model *cm, int r) {
+    const cluster_device *d = &cm->cl->devices[r];
+    return d->threads ? d->type : d->spec->name;
+}
+
+static bool all_measured(const cost_model *cm, bool *any) {
+    bool all = true;
+    *any = false;
+    for (int g = 0; g < cm->n_groups; g++) {
+        all &= cm->groups[g].measured;
+        *any |= cm->groups[g].measured;
+    }
+    return all;
+}
+
+static const char *cost_source(const cost_model *cm) {
+    bool any;
+    if (all_measured(cm, &any)) return "profiled";
+    return any ? "profiled where measured, analytic estimates elsewhere" : "analytic estimates";
+}
+
+static void print_header(const plan *p, FILE *f) {
+    const cost_model *cm = p->cm;
+    fprintf(f, "%s plan: %s (%.4g M params), batch %d, %s %d, %s, %d devices on %d nodes; costs: %s\n",
+            strategy_name(p->strat), cm->model->name, cm->params / 1e6, cm->batch,
+            cm->model->arch == ARCH_VIT ? "tokens" : "seq", cm->model->arch == ARCH_VIT ? cm->tokens : cm->seq,
+            cm->opts.bf16 ? "bf16" : "fp32", cm->cl->n_devices, cm->cl->n_nodes, cost_source(cm));
+}
+
+void plan_print_table(const plan *p, FILE *f) {
+    const cost_model *cm = p->cm;
+    print_header(p, f);
+    if (!p->feasible) {
+        fprintf(f, "infeasible: %s\n", p->reason);
+        return;
+    }
+    fprintf(f, "%4s  %-10s %-12s %5s %5s %4s %7s %9s %9s %9s %6s %9s %9s  %s\n", "rank", "node", "device", "batch",
+            "micro", "x", "state%", "state GiB", "comp GiB", "peak GiB", "use%", "fwd ms", "bwd ms", "costs");
+    for (int i = 0; i < p->n_ranks; i++) {
+        const plan_rank *r = &p->ranks[i];
+        const cost_group *g = &cm->groups[cost_group_of(cm, i)];
+        fprintf(f, "%4d  %-10.10s %-12.12s %5d %5d %4d %6.2f%% %9.2f %9.2f %9.2f %5.1f%% %9.1f %9.1f  %s\n", i,
+                cm->cl->nodes[cm->cl->devices[i].node].name, rank_device(cm, i), r->batch, r->micro, r->micros,
+                100 * r->state_ratio, r->state_bytes / GIB, r->compute_bytes / GIB, r->peak_bytes / GIB,
+                100 * r->peak_bytes / r->capacity_bytes, r->fwd_ms, r->bwd_ms, g->measured ? "measured" : "estimated");
+    }
+    fprintf(f, "predicted: %.1f ms/iteration, %.2f samples/s, MFU %.1f%%\n", p->iter_ms, p->samples_per_s, 100 * p->mfu);
+    fprintf(f, "  forward %.1f ms (collectives %.1f), backward %.1f ms (collectives %.1f), exposed collectives %.1f ms, optimizer %.1f ms\n",
+            p->fwd_ms, p->fwd_floor_ms, p->bwd_ms, p->bwd_floor_ms, p->exposed_ms, p->opt_ms);
+    if (p->replicated)
+        fprintf(f, "  state replicated on every device; gradients all-reduced\n");
+    else if (p->uneven)
+        fprintf(f, "  state sharded unevenly (%d of %d units uneven; collectives x%.2f)\n", p->n_uneven_units, p->n_units,
+                cm->comm.uneven_factor);
+    else
+        fprintf(f, "  state sharded evenly over %d devices\n", p->n_ranks);
+    fprintf(f, "  planned in %.1f ms (%ld feasibility tests)\n", p->solve_ms, p->checks);
+}
+
+void plan_print_compare(const plan *plans, int n, FILE *f) {
+    if (n == 0) return;
+    print_header(&plans[0], f);
+    fprintf(f, "%-8s %12s %10s %8s %7s  %s\n", "strategy", "iter ms", "samples/s", "speedup", "MFU", "peak GiB per device / status");
+    double base = 0;
+    for (int s = 0; s < n; s++)
+        if (plans[s].strat == STRAT_CEPHALO && plans[s].feasible) base = plans[s].samples_per_s;
+    for (int s = 0; s < n; s++) {
+        const plan *p = &plans[s];
+        if (!p->feasible) {
+            fprintf(f, "%-8s %12s %10s %8s %7s  OOM: %s\n", strategy_name(p->strat), "-", "-", "-", "-", p->reason);
+            continue;
+        }
+        fprintf(f, "%-8s %12.1f %10.2f %7.2fx %6.1f%%  ", strategy_name(p->strat), p->iter_ms, p->samples_per_s,
+                base > 0 ? p->samples_per_s / base : 1.0, 100 * p->mfu);
+        for (int i = 0; i < p->n_ranks && i < 16; i++) fprintf(f, "%s%.1f", i ? " " : "", p->ranks[i].peak_bytes / GIB);
+        if (p->n_ranks > 16) fprintf(f, " ... (%d devices)", p->n_ranks);
+        fputc('\n', f);
+    }
+    fprintf(f, "speedup: samples/s relative to cephalo\n");
+}
+
+/* ---- JSON ---- */
+
+static int write_json(cJSON *root, FILE *f, err_t *err) {
+    char *text = cJSON_Print(root);
+    cJSON_Delete(root);
+    if (!text) return err_set(err, "cannot render JSON (out of memory)");
+    int ok = fputs(text, f) >= 0 && fputc('\n', f) != EOF;
+    free(text);
+    return ok ? 0 : err_set(err, "write error");
+}
+
+static cJSON *inputs_json(const plan *p) {
+    const cost_model *cm = p->cm;
+    cJSON *in = cJSON_CreateObject();
+    cJSON_AddStringToObject(in, "model", cm->model->name);
+    cJSON_AddNumberToObject(in, "params", (double)cm->params);
+    cJSON_AddNumberToObject(in, "batch", cm->batch);
+    cJSON_AddNumberToObject(in, "seq", cm->seq);
+    cJSON_AddNumberToObject(in, "tokens_per_sample", cm->tokens);
+    cJSON_AddStringToObject(in, "precision", cm->opts.bf16 ? "bf16" : "fp32");
+    cJSON_AddStringToObject(in, "strategy", strategy_name(p->strat));
+    cJSON_AddNumberToObject(in, "mem_cap", cm->opts.mem_cap);
+    cJSON_AddStringToObject(in, "costs", cost_source(cm));
+    return in;
+}
+
+static cJSON *rank_json(const plan *p, int i) {
+    const cost_model *cm = p->cm;
+    const plan_rank *r = &p->ranks[i];
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "rank", i);
+    cJSON_AddStringToObject(o, "node", cm->cl->nodes[cm->cl->devices[i].node].name);
+    cJSON_AddStringToObject(o, "device", rank_device(cm, i));
+    if (cm->cl->devices[i].threads) cJSON_AddNumberToObject(o, "threads", cm->cl->devices[i].threads);
+    cJSON_AddNumberToObject(o, "memory_bytes", r->capacity_bytes);
+    cJSON_AddNumberToObject(o, "batch", r->batch);
+    cJSON_AddNumberToObject(o, "microbatch", r->micro);
+    cJSON_AddNumberToObject(o, "microbatches", r->micros);
+    cJSON_AddNumberToObject(o, "state_ratio", r->state_ratio);
+    cJSON_AddNumberToObject(o, "state_params", (double)r->state_params);
+    cJSON_AddBoolToObject(o, "measured", cm->groups[cost_group_of(cm, i)].measured);
+    cJSON *pred = cJSON_AddObjectToObject(o, "predicted");
+    cJSON_AddNumberToObject(pred, "peak_bytes", (double)r->peak_bytes);
+    cJSON_AddNumberToObject(pred, "compute_bytes", (double)r->compute_bytes);
+    cJSON_AddNumberToObject(pred, "state_bytes", (double)r->state_bytes);
+    cJSON_AddNumberToObject(pred, "usable_bytes", r->usable_bytes);
+    cJSON_AddNumberToObject(pred, "fwd_ms", r->fwd_ms);
+    cJSON_AddNumberToObject(pred, "bwd_ms", r->bwd_ms);
+    cJSON_AddNumberToObject(pred, "optimizer_ms", r->opt_ms);
+    return o;
+}
+
+static cJSON *plan_json(const plan *p) {
+    const cost_model *cm = p->cm;
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "format", PLAN_FORMAT);
+    cJSON_AddNumberToObject(root, "version", PLAN_VERSION);
+    cJSON_AddItemToObject(root, "inputs", inputs_json(p));
+    cJSON_AddBoolToObject(root, "feasible", p->feasible);
+    if (!p->feasible) {
+        cJSON_AddStringToObject(root, "reason", p->reason);
+        return root;
+    }
+    cJSON_AddNumberToObject(root, "world_size", p->n_ranks);
+    cJSON *ranks = cJSON_AddArrayToObject(root, "ranks");
+    for (int i = 0; i < p->n_ranks; i++) cJSON_AddItemToArray(ranks, rank_json(p, i));
+    cJSON *units = cJSON_AddArrayToObject(root, "units");
+    for (int u = 0; u < p->n_units; u++) {
+        cJSON *o = cJSON_CreateObject();
+        char name[32];
+        model_unit_name(cm->model, u, name, sizeof name);
+        cJSON_AddStringToObject(o, "name", name);
+        cJSON_AddNumberToObject(o, "numel", (double)model_unit_params(cm->model, u));
+        cJSON *sz = cJSON_AddArrayToObject(o, "shard_sizes");
+        for (int i = 0; i < p->n_ranks; i++) cJSON_AddItemToArray(sz, cJSON_CreateNumber((double)p->shards[(size_t)u * p->n_ranks + i]));
+        cJSON_AddItemToArray(units, o);
+    }
+    cJSON_AddBoolToObject(root, "replicated", p->replicated);
+    cJSON_AddBoolToObject(root, "uneven", p->uneven);
+    cJSON *pred = cJSON_AddObjectToObject(root, "predicted");
+    cJSON_AddNumberToObject(pred, "iter_ms", p->iter_ms);
+    cJSON_AddNumberToObject(pred, "samples_per_s", p->samples_per_s);
+    cJSON_AddNumberToObject(pred, "mfu", p->mfu);
+    cJSON_AddNumberToObject(pred, "fwd_ms", p->fwd_ms);
+    cJSON_AddNumberToObject(pred, "bwd_ms", p->bwd_ms);
+    cJSON_AddNumberToObject(pred, "fwd_collectives_ms", p->fwd_floor_ms);
+    cJSON_AddNumberToObject(pred, "bwd_collectives_ms", p->bwd_floor_ms);
+    cJSON_AddNumberToObject(pred, "exposed_collectives_ms", p->exposed_ms);
+    cJSON_AddNumberToObject(pred, "optimizer_ms", p->opt_ms);
+    return root;
+}
+
+int plan_write_json(const plan *p, FILE *f, err_t *err) { return write_json(plan_json(p), f, err); }
+
+int plan_write_compare_json(const plan *plans, int n, FILE *f, err_t *err) {
+    cJSON *root = cJSON_CreateObject();
+    if (n > 0) cJSON_AddItemToObject(root, "inputs", inputs_json(&plans[0]));
+    cJSON *arr = cJSON_AddArrayToObject(root, "strategies");
+    for (int s = 0; s < n; s++) {
+        const plan *p = &plans[s];
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "strategy", strategy_name(p->strat));
+        cJSON_AddBoolToObject(o, "feasible", p->feasible);
+        if (p->feasible) {
+            cJSON_AddNumberToObject(o, "iter_ms", p->iter_ms);
+            cJSON_AddNumberToObject(o, "samples_per_s", p->samples_per_s);
+        } else {
+            cJSON_AddNullToObject(o, "iter_ms");
+            cJSON_AddNullToObject(o, "samples_per_s");
+        }
+        cJSON *peaks = cJSON_AddArrayToObject(o, "peak_bytes");
+        for (int i = 0; p->feasible && i < p->n_ranks; i++) cJSON_AddItemToArray(peaks, cJSON_CreateNumber((double)p->ranks[i].peak_bytes));
+        cJSON_AddStringToObject(o, "reason", p->feasible ? "" : p->reason);
+        cJSON_AddItemToArray(arr, o);
+    }
+    return write_json(root, f, err);
+}
+
+/* ---- --dump-costs ---- */
+
+static cJSON *candidates_json(const cost_model *cm, const cost_group *g) {
+    cJSON *arr = cJSON_CreateArray();
+    int bmax = g->mlimit;
+    for (int m = 1; m <= g->mmax; m++) {
+        for (int l = 1; (long)m * l <= bmax; l++) {
+            cJSON *c = cJSON_CreateArray();
+            cJSON_AddItemToArray(c, cJSON_CreateNumber(m));
+            cJSON_AddItemToArray(c, cJSON_CreateNumber(l));
+            cJSON_AddItemToArray(c, cJSON_CreateNumber((double)l * g->fwd_ms[m]));
+            cJSON_AddItemToArray(c, cJSON_CreateNumber((double)l * g->bwd_ms[m]));
+            cJSON_AddItemToArray(c, cJSON_CreateNumber((double)cost_compute_bytes(g, m)));
+            cJSON_AddItemToArray(arr, c);
+        }
+    }
+    (void)cm;
+    return arr;
+}
+
+int plan_dump_costs(const cost_model *cm, const char *path, err_t *err) {
+    FILE *f = fopen(path, "w");
+    if (!f) return err_set(err, "%s: cannot write: %s", path, strerror(errno));
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "format", "cephalo-costs");
+    cJSON_AddNumberToObject(root, "version", 1);
+    cJSON_AddStringToObject(root, "model", cm->model->name);
+    cJSON_AddNumberToObject(root, "batch", cm->batch);
+    cJSON_AddNumberToObject(root, "params", (double)cm->params);
+    cJSON_AddNumberToObject(root, "state_bytes_per_param", STATE_BYTES_PER_PARAM);
+    cJSON_AddStringToObject(root, "objective",
+                            "exposed + max(max_i l_i*fwd_i, fwd_collectives) + max(max_i l_i*bwd_i, bwd_collectives); "
+                            "even state needs compute_bytes + state_bytes_per_param*even_state_params <= usable_bytes on every rank, "
+                            "uneven state needs sum_i floor((usable_i - compute_i)/state_bytes_per_param) >= params and pays uneven_factor");
+    cJSON *comm = cJSON_AddObjectToObject(root, "comm");
+    cJSON_AddNumberToObject(comm, "world", cm->comm.world);
+    cJSON_AddNumberToObject(comm, "fwd_collectives_ms", cost_fwd_floor(cm, false));
+    cJSON_AddNumberToObject(comm, "bwd_collectives_ms", cost_bwd_floor(cm, false));
+    cJSON_AddNumberToObject(comm, "exposed_ms", cost_exposed_ms(cm, false));
+    cJSON_AddNumberToObject(comm, "uneven_factor", cm->comm.uneven_factor);
+    cJSON_AddNumberToObject(comm, "even_state_params", (double)cm->even_state_params);
+    cJSON_AddBoolToObject(comm, "measured", cm->comm.measured);
+    cJSON *ranks = cJSON_AddArrayToObject(root, "ranks");
+    for (int i = 0; i < cm->cl->n_devices; i++) {
+        const cost_group *g = &cm->groups[cost_group_of(cm, i)];
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "rank", i);
+        cJSON_AddStringToObject(o, "device", rank_device(cm, i));
+        cJSON_AddNumberToObject(o, "usable_bytes", g->usable_bytes);
+        cJSON_AddBoolToObject(o, "measured", g->measured);
+        cJSON_AddStringToObject(o, "candidate_fields", "[microbatch, microbatches, fwd_ms, bwd_ms, compute_bytes]");
+        cJSON_AddItemToObject(o, "candidates", candidates_json(cm, g));
+        cJSON_AddItemToArray(ranks, o);
+    }
+    char *text = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    int ok = text && fputs(text, f) >= 0 && fputc('\n', f) != EOF;
+    free(text);
+    if (fclose(f) != 0) ok = 0;
+    return ok ? 0 : err_set(err, "%s: write error", path);
+}

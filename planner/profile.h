@@ -1,0 +1,71 @@
+/* profile.h - the profile file (DESIGN 5.2): measured costs per device type and model.
+ *
+ * {
+ *   "format": "cephalo-profile", "version": 1,
+ *   "entries": [
+ *     {"device": "L4", "model": "bert-large", "seq": 512, "precision": "fp32",
+ *      "microbatch":    [1, 2, 4, 8],
+ *      "block":     {"fwd_ms": [...], "bwd_ms": [...]},      per transformer block, bwd without recompute
+ *      "embedding": {"fwd_ms": [...], "bwd_ms": [...]},      optional
+ *      "head":      {"fwd_ms": [...], "bwd_ms": [...]},      optional
+ *      "compute_bytes": [...]}                               compute memory M(m) at each microbatch
+ *   ],
+ *   "comm": [                                                optional, measured collectives
+ *     {"world": 8, "op": "allgather", "bytes": [...], "ms": [...], "uneven_ms": [...]},
+ *     {"world": 8, "op": "reduce_scatter", "bytes": [...], "ms": [...]}
+ *   ]
+ * }
+ * Arrays in one entry have the same length as "microbatch", which is strictly increasing. */
+#ifndef CEPHALO_PROFILE_H
+#define CEPHALO_PROFILE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "err.h"
+
+#define PROFILE_FORMAT "cephalo-profile"
+#define PROFILE_VERSION 1
+#define PROFILE_MAX_POINTS 4096
+
+typedef struct profile_curve {
+    bool present;
+    double *fwd_ms, *bwd_ms; /* [n_points] */
+} profile_curve;
+
+typedef struct profile_entry {
+    char device[32]; /* catalog type name as written */
+    char model[64];
+    int seq;
+    bool bf16;
+    int n_points;
+    int *microbatch; /* [n_points], strictly increasing, >= 1 */
+    profile_curve block, embedding, head;
+    double *compute_bytes; /* [n_points] or NULL */
+} profile_entry;
+
+typedef struct profile_comm {
+    int world;
+    bool reduce_scatter; /* false: allgather */
+    int n_points;
+    double *bytes, *ms, *uneven_ms; /* uneven_ms may be NULL */
+} profile_comm;
+
+typedef struct profile {
+    int n_entries, n_comm;
+    profile_entry *entries;
+    profile_comm *comm;
+} profile;
+
+/* Both return 0, or -1 with an error naming the file and the JSON path ("entries[2].block.fwd_ms[3]"). */
+int profile_load_file(const char *path, profile *out, err_t *err);
+int profile_load_string(const char *name, const char *text, size_t len, profile *out, err_t *err);
+void profile_free(profile *p);
+
+/* The entry for this device type (case-insensitive, normalized), model, seq and precision. */
+const profile_entry *profile_find(const profile *p, const char *device, const char *model, int seq,
+                                  bool bf16);
+/* The measured collective for `world` ranks, or NULL. */
+const profile_comm *profile_find_comm(const profile *p, int world, bool reduce_scatter);
+
+#endif

@@ -1,0 +1,359 @@
+/* strategy.c - plans for each strategy: cephalo's exact optimum and the baselines of `compare`.
+ *
+ *   cephalo  optimizer over (b, m, l) per rank, even or water-filled state, whichever is faster
+ *   fsdp     b = B/N, no accumulation, even state (PyTorch FSDP's default)
+ *   whale    b proportional to speed, no accumulation, replicated state, gradient all-reduce
+ *   cb       compute-balanced b (exact min-max, no accumulation), even state
+ *   mb       microbatch 1, compute-balanced b, memory-balanced (water-filled) state */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+#include "log.h"
+#include "optimize.h"
+#include "plan.h"
+#include "state_split.h"
+#include "strutil.h"
+
+static const char *const strategy_names[STRAT_COUNT] = {"cephalo", "fsdp", "whale", "cb", "mb"};
+
+const char *strategy_name(strategy s) { return strategy_names[s]; }
+
+int strategy_parse(const char *name, strategy *out, err_t *err) {
+    for (int s = 0; s < STRAT_COUNT; s++) {
+        if (strcasecmp(name, strategy_names[s]) == 0) {
+            *out = (strategy)s;
+            return 0;
+        }
+    }
+    return err_set(err, "unknown strategy '%s' (expected cephalo, fsdp, whale, cb or mb)", name);
+}
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static void describe_rank(const cost_model *cm, int r, char *buf, size_t sz) {
+    const cluster_device *d = &cm->cl->devices[r];
+    snprintf(buf, sz, "rank %d (%s on %s)", r, d->threads ? d->type : d->spec->name,
+             cm->cl->nodes[d->node].name);
+}
+
+static void plan_alloc(plan *p, const cost_model *cm, strategy s) {
+    memset(p, 0, sizeof *p);
+    p->strat = s;
+    p->cm = cm;
+    p->n_ranks = cm->cl->n_devices;
+    p->n_units = model_n_units(cm->model);
+    p->ranks = xcalloc((size_t)p->n_ranks, sizeof *p->ranks);
+    p->shards = xcalloc((size_t)p->n_units * p->n_ranks, sizeof *p->shards);
+}
+
+void plan_free(plan *p) {
+    free(p->ranks);
+    free(p->shards);
+    memset(p, 0, sizeof *p);
+}
+
+static int infeasible(plan *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int infeasible(plan *p, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(p->reason, sizeof p->reason, fmt, ap);
+    va_end(ap);
+    p->feasible = false;
+    return 0;
+}
+
+/* ---- state ---- */
+
+static void state_even(plan *p) {
+    const model_spec *m = p->cm->model;
+    for (int u = 0; u < p->n_units; u++)
+        for (int i = 0; i < p->n_ranks; i++)
+            p->shards[(size_t)u * p->n_ranks + i] = split_balanced(model_unit_params(m, u), p->n_ranks, i);
+}
+
+static void state_replicated(plan *p) {
+    state_even(p); /* the shard table still describes ownership for checkpoints */
+    p->replicated = true;
+}
+
+/* Water-fills the state over what compute leaves; returns -1 when it does not fit. */
+static int state_waterfill(plan *p) {
+    const cost_model *cm = p->cm;
+    int n = p->n_ranks;
+    double *cap = xmalloc((size_t)n * sizeof *cap);
+    int64_t *compute = xmalloc((size_t)n * sizeof *compute), *room = xmalloc((size_t)n * sizeof *room);
+    int64_t *params = xmalloc((size_t)n * sizeof *params), *numel = xmalloc((size_t)p->n_units * sizeof *numel);
+    for (int i = 0; i < n; i++) {
+        const cost_group *g = &cm->groups[cost_group_of(cm, i)];
+        cap[i] = g->dev->memory_bytes;
+        compute[i] = cost_compute_bytes(g, p->ranks[i].micro);
+        room[i] = (int64_t)floor((g->usable_bytes - (double)compute[i]) / STATE_BYTES_PER_PARAM);
+    }
+    for (int u = 0; u < p->n_units; u++) numel[u] = model_unit_params(cm->model, u);
+    int rc = split_waterfill(n, cap, compute, room, STATE_BYTES_PER_PARAM, cm->params, params);
+    if (rc == 0) p->n_uneven_units = split_shards(p->n_units, numel, n, params, p->shards);
+    free(cap), free(compute), free(room), free(params), free(numel);
+    return rc;
+}
+
+/* ---- predictions ---- */
+
+/* Fills per-rank memory and times and the iteration prediction from batches, microbatches and
+ * shards. Returns 0, or records the first rank that runs out of memory. */
+static int finish(plan *p) {
+    const cost_model *cm = p->cm;
+    int64_t total = 0;
+    p->uneven = false;
+    for (int u = 0; u < p->n_units; u++) p->uneven |= split_is_uneven(p->shards + (size_t)u * p->n_ranks, p->n_ranks);
+    if (p->replicated) p->uneven = false;
+    p->fwd_ms = p->bwd_ms = p->opt_ms = 0;
+    for (int i = 0; i < p->n_ranks; i++) {
+        plan_rank *r = &p->ranks[i];
+        const cost_group *g = &cm->groups[cost_group_of(cm, i)];
+        r->micros = r->batch / r->micro;
+        r->state_params = 0;
+        for (int u = 0; u < p->n_units; u++) r->state_params += p->shards[(size_t)u * p->n_ranks + i];
+        if (p->replicated) r->state_params = cm->params;
+        total += r->state_params;
+        r->state_ratio = (double)r->state_params / (double)cm->params;
+        r->compute_bytes = cost_compute_bytes(g, r->micro);
+        r->state_bytes = r->state_params * STATE_BYTES_PER_PARAM;
+        r->peak_bytes = r->compute_bytes + r->state_bytes;
+        r->usable_bytes = g->usable_bytes;
+        r->capacity_bytes = g->dev->memory_bytes;
+        r->fwd_ms = r->micros * g->fwd_ms[r->micro];
+        r->bwd_ms = r->micros * g->bwd_ms[r->micro];
+        r->opt_ms = r->state_params * g->opt_ms_per_param;
+        p->fwd_ms = fmax(p->fwd_ms, r->fwd_ms);
+        p->bwd_ms = fmax(p->bwd_ms, r->bwd_ms);
+        p->opt_ms = fmax(p->opt_ms, r->opt_ms);
+    }
+    if (p->replicated) {
+        /* gradients all-reduced (reduce-scatter + all-gather volume in fp32) behind the backward */
+        p->fwd_floor_ms = 0;
+        p->bwd_floor_ms = 2 * (cm->comm.rs_ms + cm->comm.rs_last_ms);
+        p->exposed_ms = 0;
+    } else {
+        p->fwd_floor_ms = cost_fwd_floor(cm, p->uneven);
+        p->bwd_floor_ms = cost_bwd_floor(cm, p->uneven);
+        p->exposed_ms = cost_exposed_ms(cm, p->uneven);
+    }
+    p->iter_ms = p->exposed_ms + fmax(p->fwd_ms, p->fwd_floor_ms) + fmax(p->bwd_ms, p->bwd_floor_ms) + p->opt_ms;
+    p->samples_per_s = cm->batch / (p->iter_ms / 1e3);
+    double peak_sum = 0;
+    for (int gi = 0; gi < cm->n_groups; gi++) peak_sum += cm->groups[gi].peak_tflops * 1e12 * cm->groups[gi].count;
+    p->mfu = p->samples_per_s * cost_flops_per_sample(cm) / peak_sum;
+    CHECK(p->replicated || total == cm->params);
+    for (int i = 0; i < p->n_ranks; i++) {
+        plan_rank *r = &p->ranks[i];
+        if (r->peak_bytes <= r->usable_bytes) continue;
+        char who[128], need[32], have[32], miss[32];
+        describe_rank(cm, i, who, sizeof who);
+        return infeasible(p, "out of memory: %s needs %s (compute at microbatch %d + %s state) but %s is usable (%.2f x %s); %s missing",
+                          who, str_bytes((double)r->peak_bytes, need, sizeof need), r->micro,
+                          p->replicated ? "replicated" : "its", str_bytes(r->usable_bytes, have, sizeof have),
+                          cm->opts.mem_cap, str_bytes(r->capacity_bytes, miss, sizeof miss),
+                          str_bytes((double)r->peak_bytes - r->usable_bytes, miss, sizeof miss));
+    }
+    p->feasible = true;
+    return 0;
+}
+
+/* ---- the optimizer problems ---- */
+
+typedef struct regime_problem {
+    opt_problem prob;
+    opt_group *groups;
+    int64_t **room;
+} regime_problem;
+
+/* mcap: largest microbatch allowed (mb: 1); max_micros: 1 forbids accumulation; memory: honour
+ * the per-rank limits; uneven: the water-filled regime with constraint III. */
+static void build_problem(const cost_model *cm, regime_problem *rp, int mcap, int max_micros,
+                          bool memory, bool uneven) {
+    memset(rp, 0, sizeof *rp);
+    rp->groups = xcalloc((size_t)cm->n_groups, sizeof *rp->groups);
+    rp->room = xcalloc((size_t)cm->n_groups, sizeof *rp->room);
+    double even_state = (double)cm->even_state_params * STATE_BYTES_PER_PARAM;
+    for (int gi = 0; gi < cm->n_groups; gi++) {
+        const cost_group *g = &cm->groups[gi];
+        opt_group *og = &rp->groups[gi];
+        og->count = g->count;
+        og->f = g->fwd_ms;
+        og->k = g->bwd_ms;
+        og->max_micros = max_micros;
+        og->mmax = memory ? g->mmax : g->mlimit;
+        if (memory && !uneven)
+            while (og->mmax > 0 && (double)cost_compute_bytes(g, og->mmax) + even_state > g->usable_bytes) og->mmax--;
+        if (og->mmax > mcap) og->mmax = mcap;
+        if (uneven) {
+            rp->room[gi] = xmalloc(((size_t)og->mmax + 1) * sizeof(int64_t));
+            rp->room[gi][0] = 0;
+            for (int m = 1; m <= og->mmax; m++)
+                rp->room[gi][m] = (int64_t)floor((g->usable_bytes - (double)cost_compute_bytes(g, m)) / STATE_BYTES_PER_PARAM);
+            og->room = rp->room[gi];
+        }
+    }
+    rp->prob = (opt_problem){.n_groups = cm->n_groups, .groups = rp->groups, .batch = cm->batch,
+                             .fwd_floor = cost_fwd_floor(cm, uneven), .bwd_floor = cost_bwd_floor(cm, uneven),
+                             .need_room = uneven ? cm->params : 0};
+}
+
+static void free_problem(regime_problem *rp) {
+    for (int gi = 0; gi < rp->prob.n_groups; gi++) free(rp->room[gi]);
+    free(rp->room);
+    free(rp->groups);
+}
+
+static bool any_empty_group(const regime_problem *rp) {
+    for (int gi = 0; gi < rp->prob.n_groups; gi++)
+        if (rp->groups[gi].mmax < 1) return true;
+    return false;
+}
+
+/* Solves one regime; returns its total (objective + exposed collectives) or INFINITY. */
+static double solve_regime(const cost_model *cm, int mcap, int max_micros, bool uneven, opt_result *res, long *checks) {
+    regime_problem rp;
+    build_problem(cm, &rp, mcap, max_micros, true, uneven);
+    double total = INFINITY;
+    if (!any_empty_group(&rp) && opt_solve(&rp.prob, res) == 0) total = res->objective + cost_exposed_ms(cm, uneven);
+    *checks += res->checks;
+    free_problem(&rp);
+    return total;
+}
+
+/* Explains why no plan exists: a device that cannot run one sample, or a state too large. */
+static int explain_infeasible(plan *p, int mcap) {
+    const cost_model *cm = p->cm;
+    char who[128], a[32], b[32], c[32], d[32];
+    double room_sum = 0;
+    for (int i = 0; i < p->n_ranks; i++) {
+        const cost_group *g = &cm->groups[cost_group_of(cm, i)];
+        double need = (double)cost_compute_bytes(g, 1);
+        if (need > g->usable_bytes) {
+            describe_rank(cm, i, who, sizeof who);
+            return infeasible(p, "%s: compute memory at microbatch 1 is %s but only %s is usable (%.2f x %s); %s missing (shorter --seq, bf16, or leave this device out)",
+                              who, str_bytes(need, a, sizeof a), str_bytes(g->usable_bytes, b, sizeof b), cm->opts.mem_cap,
+                              str_bytes(g->dev->memory_bytes, c, sizeof c), str_bytes(need - g->usable_bytes, d, sizeof d));
+        }
+        room_sum += g->usable_bytes - need;
+    }
+    double state = (double)cm->params * STATE_BYTES_PER_PARAM;
+    if (state > room_sum)
+        return infeasible(p, "the training state (%s = %d B x %.4g params) does not fit: the devices have %s usable after compute at microbatch 1; %s missing in all (add devices or memory)",
+                          str_bytes(state, a, sizeof a), STATE_BYTES_PER_PARAM, (double)cm->params,
+                          str_bytes(room_sum, b, sizeof b), str_bytes(state - room_sum, c, sizeof c));
+    if (mcap == 1) return infeasible(p, "no split of batch %d fits with microbatch 1", cm->batch);
+    return infeasible(p, "no split of batch %d satisfies the memory constraints", cm->batch);
+}
+
+static int make_optimized(plan *p, int mcap) {
+    const cost_model *cm = p->cm;
+    opt_result even = {0}, uneven = {0};
+    double t_even = solve_regime(cm, mcap, 0, false, &even, &p->checks);
+    double t_uneven = solve_regime(cm, mcap, 0, true, &uneven, &p->checks);
+    int rc = 0;
+    if (!isfinite(t_even) && !isfinite(t_uneven)) {
+        rc = explain_infeasible(p, mcap);
+    } else {
+        opt_result *best = t_even <= t_uneven ? &even : &uneven;
+        for (int i = 0; i < p->n_ranks; i++) {
+            p->ranks[i].batch = best->batch[i];
+            p->ranks[i].micro = best->micro[i];
+        }
+        if (best == &even) state_even(p);
+        else CHECK(state_waterfill(p) == 0);
+        rc = finish(p);
+        CHECK(p->feasible);
+    }
+    opt_result_free(&even);
+    opt_result_free(&uneven);
+    return rc;
+}
+
+static int make_fsdp(plan *p) {
+    const cost_model *cm = p->cm;
+    if (cm->batch % p->n_ranks)
+        return infeasible(p, "global batch %d is not divisible by %d devices (FSDP gives every device B/N samples)", cm->batch, p->n_ranks);
+    for (int i = 0; i < p->n_ranks; i++) p->ranks[i].batch = p->ranks[i].micro = cm->batch / p->n_ranks;
+    state_even(p);
+    return finish(p);
+}
+
+/* Batches proportional to each device's speed at microbatch 1, rounded by largest remainder. */
+static int make_whale(plan *p) {
+    const cost_model *cm = p->cm;
+    int n = p->n_ranks;
+    double *speed = xmalloc((size_t)n * sizeof *speed), sum = 0;
+    for (int i = 0; i < n; i++) {
+        const cost_group *g = &cm->groups[cost_group_of(cm, i)];
+        speed[i] = 1.0 / (g->fwd_ms[1] + g->bwd_ms[1]);
+        sum += speed[i];
+    }
+    int left = cm->batch - n; /* one sample each, the rest by speed */
+    int given = 0;
+    for (int i = 0; i < n; i++) {
+        p->ranks[i].batch = 1 + (int)floor(left * speed[i] / sum);
+        given += p->ranks[i].batch;
+    }
+    while (given < cm->batch) {
+        int pick = 0;
+        double best = -1;
+        for (int i = 0; i < n; i++) {
+            double frac = left * speed[i] / sum - (p->ranks[i].batch - 1);
+            if (frac > best) best = frac, pick = i;
+        }
+        p->ranks[pick].batch++;
+        given++;
+    }
+    for (int i = 0; i < n; i++) p->ranks[i].micro = p->ranks[i].batch;
+    free(speed);
+    state_replicated(p);
+    return finish(p);
+}
+
+/* Exact min-max batch split without accumulation, memory ignored, then checked. */
+static int make_cb(plan *p) {
+    const cost_model *cm = p->cm;
+    regime_problem rp;
+    build_problem(cm, &rp, cm->batch, 1, false, false);
+    opt_result res = {0};
+    int rc = 0;
+    if (opt_solve(&rp.prob, &res) != 0) {
+        rc = infeasible(p, "no split of batch %d without accumulation", cm->batch);
+    } else {
+        for (int i = 0; i < p->n_ranks; i++) p->ranks[i].batch = p->ranks[i].micro = res.batch[i];
+        state_even(p);
+        rc = finish(p);
+    }
+    p->checks += res.checks;
+    opt_result_free(&res);
+    free_problem(&rp);
+    return rc;
+}
+
+int plan_make(const cost_model *cm, strategy s, plan *out, err_t *err) {
+    (void)err;
+    double t0 = now_ms();
+    plan_alloc(out, cm, s);
+    int rc = 0;
+    switch (s) {
+    case STRAT_CEPHALO: rc = make_optimized(out, INT32_MAX); break;
+    case STRAT_MB: rc = make_optimized(out, 1); break;
+    case STRAT_FSDP: rc = make_fsdp(out); break;
+    case STRAT_WHALE: rc = make_whale(out); break;
+    case STRAT_CB: rc = make_cb(out); break;
+    default: CHECK(!"unknown strategy");
+    }
+    out->solve_ms = now_ms() - t0;
+    return rc;
+}
