@@ -54,6 +54,7 @@ TESTS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(TEST_SRC))
 BENCH := $(BUILD)/bench/bench_plan
 FUZZ_SRC := $(wildcard fuzz/fuzz_*.c)
 
+.SECONDARY:
 .PHONY: all deps test demo bench fuzz clean help info
 all: $(CLI)
 

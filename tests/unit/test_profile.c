@@ -172,7 +172,7 @@ static void test_malformed_json(void **state) {
     (void)state;
     expect_error("{" HEADER "\n'entries': [\n  {'device': 'L4',, }\n]}",
                  "bad.json:3:20: JSON syntax error near ' }'"); /* cJSON's position */
-    expect_error("{" HEADER "'entries': []} trailing", "bad.json:1:53: JSON syntax error near 'trailing'");
+    expect_error("{" HEADER "'entries': []} trailing", "bad.json:1:60: JSON syntax error near 'trailing'");
     expect_error("  \n ", "bad.json: the document is empty");
     expect_error("", "bad.json: the document is empty");
 }

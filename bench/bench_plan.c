@@ -1,0 +1,92 @@
+/* bench_plan.c - planning time on clusters from 8 to 1024 GPUs (`make bench`).
+ *
+ * Goals (issue 2): the paper's Cluster B (64 GPUs) under 1 s on a 2-core machine - the paper's
+ * dynamic program took 327 s for B=512 - and 1024 GPUs under 10 s. Prints figures, asserts none. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cluster.h"
+#include "cost.h"
+#include "log.h"
+#include "plan.h"
+
+typedef struct pool {
+    const char *type;
+    int per_node, nodes;
+} pool;
+
+static void build_cluster(cluster *cl, const pool *pools, int npools, double gbps) {
+    err_t err;
+    cluster_init(cl);
+    for (int p = 0; p < npools; p++)
+        for (int k = 0; k < pools[p].nodes; k++) {
+            char name[64];
+            snprintf(name, sizeof name, "node-%d", cl->n_nodes);
+            CHECK(cluster_add_node(cl, name, gbps) == 0);
+            if (cluster_add_devices(cl, pools[p].type, pools[p].per_node, &err) < 0) {
+                fprintf(stderr, "bench: %s\n", err.msg);
+                exit(1);
+            }
+        }
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* pools == NULL: load the cluster file named by label */
+static void run_case(const char *label, const pool *pools, int npools, double gbps, const char *model, int batch, int reps) {
+    cluster cl;
+    err_t err;
+    if (pools) {
+        build_cluster(&cl, pools, npools, gbps);
+    } else if (cluster_load_file(label, &cl, &err) < 0) {
+        fprintf(stderr, "bench: %s\n", err.msg);
+        exit(1);
+    }
+    model_spec m;
+    CHECK(model_resolve(model, &m, &err) == 0);
+    double best = INFINITY, build_s = 0;
+    plan p = {0};
+    for (int r = 0; r < reps; r++) {
+        cost_model cm;
+        cost_opts co = {.mem_cap = 0.8};
+        double t0 = now_s();
+        CHECK(cost_build(&cm, &m, &cl, 0, batch, &co, &err) == 0);
+        double t1 = now_s();
+        plan_free(&p);
+        CHECK(plan_make(&cm, STRAT_CEPHALO, &p, &err) == 0);
+        double t2 = now_s();
+        if (t2 - t0 < best) best = t2 - t0, build_s = t1 - t0;
+        if (r == reps - 1) {
+            printf("%-34.34s %5d %-15s %6d %9.3f %9.3f %7ld %10s %10.2f\n", label, cl.n_devices, model, batch, best,
+                   build_s, p.checks, p.feasible ? (p.uneven ? "uneven" : "even") : "infeasible", p.samples_per_s);
+        }
+        cost_free(&cm);
+    }
+    plan_free(&p);
+    cluster_free(&cl);
+}
+
+int main(void) {
+    printf("planning time of `cephalo plan` (best of repeats, seconds; analytic costs)\n");
+    printf("%-34s %5s %-15s %6s %9s %9s %7s %10s %10s\n", "cluster", "GPUs", "model", "B", "plan s", "costs s", "tests",
+           "state", "samples/s");
+    const char *a = "examples/clusters/cluster-a.yaml", *b = "examples/clusters/cluster-b.yaml";
+    run_case(a, NULL, 0, 0, "bert-large", 256, 5);
+    run_case(a, NULL, 0, 0, "gpt2-1.5b", 256, 5);
+    run_case(b, NULL, 0, 0, "llama-7b", 1024, 5);
+    run_case(b, NULL, 0, 0, "gpt-6.7b", 512, 5);
+    const pool c256[] = {{"A10G", 8, 4}, {"V100-16GB", 8, 4}, {"T4", 8, 4}, {"L4", 8, 4},
+                         {"A6000", 8, 4}, {"P40", 8, 4}, {"A100-40GB", 8, 4}, {"RTX-3090", 8, 4}};
+    run_case("256 GPUs, 8 types", c256, 8, 100, "llama-7b", 4096, 3);
+    const pool c1024[] = {{"A10G", 8, 16}, {"V100-16GB", 8, 16}, {"T4", 8, 16}, {"L4", 8, 16},
+                          {"A6000", 8, 16}, {"P40", 8, 16}, {"A100-40GB", 8, 16}, {"RTX-3090", 8, 16}};
+    run_case("1024 GPUs, 8 types", c1024, 8, 100, "llama-7b", 8192, 2);
+    return 0;
+}

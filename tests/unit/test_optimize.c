@@ -1,0 +1,287 @@
+/* test_optimize.c - the optimizer against exhaustive search.
+ *
+ * 1. Random abstract problems (up to 4 ranks, B up to 24, arbitrary non-monotone costs, random
+ *    memory limits, aggregate-memory constraints and collective floors).
+ * 2. Random real clusters (up to 4 GPUs of random catalog types, random models, B up to 24): the
+ *    planner's predicted iteration time against the best of every assignment, each priced by an
+ *    independent re-implementation of the model's rules (even or uneven state, constraint III).
+ * Equal optimum every time, and the returned plan attains it. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cluster.h"
+#include "cost.h"
+#include "optimize.h"
+#include "plan.h"
+
+#define MAXR 4
+#define MAXB 24
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+static uint64_t rng(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state;
+}
+static int rnd(int lo, int hi) { return lo + (int)(rng() % (uint64_t)(hi - lo + 1)); }
+static double rndf(double lo, double hi) { return lo + (hi - lo) * (double)(rng() >> 11) / (double)(1ull << 53); }
+
+/* ---- exhaustive search over an abstract problem ---- */
+
+typedef struct brute {
+    const opt_problem *p;
+    int n, rank_group[MAXR];
+    int batch[MAXR], micro[MAXR];
+    double best;
+} brute;
+
+/* The objective written out again from the definition, independent of optimize.c. */
+static double brute_cost(const brute *b) {
+    double F = 0, K = 0;
+    int64_t room = 0;
+    for (int i = 0; i < b->n; i++) {
+        const opt_group *g = &b->p->groups[b->rank_group[i]];
+        int l = b->batch[i] / b->micro[i];
+        if (l * g->f[b->micro[i]] > F) F = l * g->f[b->micro[i]];
+        if (l * g->k[b->micro[i]] > K) K = l * g->k[b->micro[i]];
+        if (b->p->need_room > 0) room += g->room[b->micro[i]];
+    }
+    if (b->p->need_room > 0 && room < b->p->need_room) return INFINITY;
+    return (F > b->p->fwd_floor ? F : b->p->fwd_floor) + (K > b->p->bwd_floor ? K : b->p->bwd_floor);
+}
+
+static void brute_rec(brute *b, int i, int left) {
+    if (i == b->n) {
+        if (left == 0) {
+            double c = brute_cost(b);
+            if (c < b->best) b->best = c;
+        }
+        return;
+    }
+    const opt_group *g = &b->p->groups[b->rank_group[i]];
+    for (int m = 1; m <= g->mmax && m <= left; m++)
+        for (int l = 1; m * l <= left; l++) {
+            if (g->max_micros > 0 && l > g->max_micros) break;
+            b->batch[i] = m * l;
+            b->micro[i] = m;
+            brute_rec(b, i + 1, left - m * l);
+        }
+}
+
+static double brute_solve(const opt_problem *p) {
+    brute b = {.p = p, .best = INFINITY};
+    for (int gi = 0; gi < p->n_groups; gi++)
+        for (int c = 0; c < p->groups[gi].count; c++) b.rank_group[b.n++] = gi;
+    brute_rec(&b, 0, p->batch);
+    return b.best;
+}
+
+/* ---- random abstract problems ---- */
+
+typedef struct rand_problem {
+    opt_problem p;
+    opt_group g[MAXR];
+    double f[MAXR][MAXB + 1], k[MAXR][MAXB + 1];
+    int64_t room[MAXR][MAXB + 1];
+} rand_problem;
+
+static void make_random(rand_problem *rp) {
+    memset(rp, 0, sizeof *rp);
+    int n = rnd(1, MAXR), B = rnd(n, MAXB), ng = 0;
+    int64_t room_total = 0;
+    for (int left = n; left > 0;) {
+        opt_group *g = &rp->g[ng];
+        g->count = rnd(1, left);
+        left -= g->count;
+        g->mmax = rnd(1, B);
+        g->max_micros = rnd(0, 5) == 0 ? 1 : 0;
+        double base = rndf(0.5, 5), slope = rndf(0.1, 3), ratio = rndf(1.2, 3.5);
+        bool small_ints = rnd(0, 2) == 0; /* small integer costs provoke ties */
+        int64_t r0 = rnd(0, 100);
+        for (int m = 1; m <= g->mmax; m++) {
+            double t = base + slope * m * rndf(0.6, 1.4);
+            rp->f[ng][m] = small_ints ? rnd(1, 6) : t;
+            rp->k[ng][m] = small_ints ? rnd(1, 9) : t * ratio * rndf(0.8, 1.2);
+            rp->room[ng][m] = r0 - rnd(0, 8) * m;
+        }
+        g->f = rp->f[ng];
+        g->k = rp->k[ng];
+        g->room = rp->room[ng];
+        room_total += rp->room[ng][1] * g->count;
+        ng++;
+    }
+    rp->p.n_groups = ng;
+    rp->p.groups = rp->g;
+    rp->p.batch = B;
+    rp->p.fwd_floor = rnd(0, 2) ? 0 : rndf(0, 20);
+    rp->p.bwd_floor = rnd(0, 2) ? 0 : rndf(0, 40);
+    rp->p.need_room = rnd(0, 1) ? 0 : (room_total > 0 ? rnd(1, (int)room_total + 20) : 1);
+}
+
+static void test_random_problems_match_exhaustive(void **state) {
+    (void)state;
+    int feasible = 0;
+    for (int it = 0; it < 1000; it++) {
+        rand_problem rp;
+        make_random(&rp);
+        double expect = brute_solve(&rp.p);
+        opt_result r;
+        int rc = opt_solve(&rp.p, &r);
+        if (!isfinite(expect)) {
+            if (rc != 1) fprintf(stderr, "instance %d: exhaustive says infeasible, optimizer found %g\n", it, r.objective);
+            assert_int_equal(rc, 1);
+            continue;
+        }
+        feasible++;
+        if (rc != 0) fprintf(stderr, "instance %d: optimizer says infeasible, exhaustive found %g\n", it, expect);
+        assert_int_equal(rc, 0);
+        if (fabs(r.objective - expect) > 1e-9 * expect)
+            fprintf(stderr, "instance %d: optimizer %.12g vs exhaustive %.12g\n", it, r.objective, expect);
+        assert_true(fabs(r.objective - expect) <= 1e-9 * expect);
+        /* the assignment returned is valid and attains the optimum */
+        int sum = 0;
+        for (int i = 0; i < r.n_ranks; i++) {
+            assert_true(r.micro[i] >= 1);
+            assert_int_equal(r.batch[i] % r.micro[i], 0);
+            sum += r.batch[i];
+        }
+        assert_int_equal(sum, rp.p.batch);
+        assert_true(fabs(opt_objective(&rp.p, r.batch, r.micro) - expect) <= 1e-9 * expect);
+        opt_result_free(&r);
+    }
+    assert_true(feasible > 300); /* the sample must exercise feasible instances */
+}
+
+/* ---- random real clusters ---- */
+
+static const char *const gpu_types[] = {"P40", "P100", "V100-16GB", "T4", "A10G", "L4", "A6000", "A100-40GB", "RTX-3090"};
+static const char *const model_names[] = {"gpt2-124m", "gpt2-774m", "gpt2-1.5b", "bert-large", "tinyllama-1.1b", "llama-3b", "vit-g"};
+
+/* Cost of one full assignment under the rules of DESIGN 6, written out from cost_model data. */
+static double model_cost(const cost_model *cm, const int *batch, const int *micro) {
+    int n = cm->cl->n_devices;
+    double F = 0, K = 0;
+    bool even_ok = true;
+    int64_t room = 0;
+    for (int i = 0; i < n; i++) {
+        const cost_group *g = &cm->groups[cost_group_of(cm, i)];
+        int m = micro[i], l = batch[i] / micro[i];
+        double mem = (double)cost_compute_bytes(g, m);
+        if (mem > g->usable_bytes) return INFINITY; /* constraint II */
+        if (mem + (double)cm->even_state_params * STATE_BYTES_PER_PARAM > g->usable_bytes) even_ok = false;
+        room += (int64_t)floor((g->usable_bytes - mem) / STATE_BYTES_PER_PARAM);
+        F = fmax(F, l * g->fwd_ms[m]);
+        K = fmax(K, l * g->bwd_ms[m]);
+    }
+    if (!even_ok && room < cm->params) return INFINITY; /* constraint III */
+    bool uneven = !even_ok;
+    return cost_exposed_ms(cm, uneven) + fmax(F, cost_fwd_floor(cm, uneven)) + fmax(K, cost_bwd_floor(cm, uneven));
+}
+
+static double cluster_brute(const cost_model *cm, int i, int left, int *batch, int *micro) {
+    int n = cm->cl->n_devices;
+    if (i == n) return left == 0 ? model_cost(cm, batch, micro) : INFINITY;
+    double best = INFINITY;
+    int rest = n - i - 1;
+    for (int b = 1; b <= left - rest; b++)
+        for (int m = 1; m <= b; m++) {
+            if (b % m) continue;
+            batch[i] = b;
+            micro[i] = m;
+            best = fmin(best, cluster_brute(cm, i + 1, left - b, batch, micro));
+        }
+    return best;
+}
+
+static void test_random_clusters_match_exhaustive(void **state) {
+    (void)state;
+    int feasible = 0, uneven = 0;
+    for (int it = 0; it < 250; it++) {
+        cluster cl;
+        cluster_init(&cl);
+        err_t err;
+        int n = rnd(1, MAXR), nodes = rnd(1, 2);
+        for (int k = 0; k < nodes; k++) {
+            char name[16];
+            snprintf(name, sizeof name, "node-%d", k);
+            assert_int_equal(cluster_add_node(&cl, name, rndf(10, 100)), 0);
+            int here = k == nodes - 1 ? n - cl.n_devices : rnd(0, n - cl.n_devices);
+            for (int d = 0; d < here; d++)
+                assert_int_equal(cluster_add_devices(&cl, gpu_types[rnd(0, 8)], 1, &err), 0);
+        }
+        if (cl.n_devices == 0) assert_int_equal(cluster_add_devices(&cl, "L4", 1, &err), 0);
+        model_spec m;
+        assert_int_equal(model_resolve(model_names[rnd(0, 6)], &m, &err), 0);
+        int B = rnd(cl.n_devices, MAXB);
+        cost_opts co = {.bf16 = rnd(0, 1), .mem_cap = rndf(0.3, 0.9)};
+        cost_model cm;
+        int seq = m.arch == ARCH_VIT ? 0 : 128 * rnd(1, m.max_seq / 128 < 8 ? m.max_seq / 128 : 8);
+        assert_int_equal(cost_build(&cm, &m, &cl, seq, B, &co, &err), 0);
+        int batch[MAXR], micro[MAXR];
+        double expect = cluster_brute(&cm, 0, B, batch, micro);
+        plan p;
+        assert_int_equal(plan_make(&cm, STRAT_CEPHALO, &p, &err), 0);
+        if (!isfinite(expect)) {
+            assert_false(p.feasible);
+        } else {
+            feasible++;
+            uneven += p.uneven;
+            if (!p.feasible) fprintf(stderr, "cluster %d: planner infeasible (%s), exhaustive %g\n", it, p.reason, expect);
+            assert_true(p.feasible);
+            double got = p.iter_ms - p.opt_ms;
+            if (fabs(got - expect) > 1e-9 * expect)
+                fprintf(stderr, "cluster %d (%s, B=%d): planner %.12g vs exhaustive %.12g\n", it, m.name, B, got, expect);
+            assert_true(fabs(got - expect) <= 1e-9 * expect);
+        }
+        plan_free(&p);
+        cost_free(&cm);
+        cluster_free(&cl);
+    }
+    assert_true(feasible > 50);
+    assert_true(uneven > 5); /* memory-bound instances where uneven state wins are covered */
+}
+
+/* A hand-checkable instance: a fast and a slow rank, B = 6. */
+static void test_small_known_optimum(void **state) {
+    (void)state;
+    double f_fast[7] = {0, 1, 2, 3, 4, 5, 6}, k_fast[7] = {0, 2, 4, 6, 8, 10, 12};
+    double f_slow[7] = {0, 2, 4, 6, 8, 10, 12}, k_slow[7] = {0, 4, 8, 12, 16, 20, 24};
+    opt_group g[2] = {{.count = 1, .mmax = 6, .f = f_fast, .k = k_fast},
+                      {.count = 1, .mmax = 6, .f = f_slow, .k = k_slow}};
+    opt_problem p = {.n_groups = 2, .groups = g, .batch = 6};
+    opt_result r;
+    assert_int_equal(opt_solve(&p, &r), 0);
+    /* fast rank 4 samples (4 + 8), slow rank 2 (4 + 8): 12 ms */
+    assert_true(fabs(r.objective - 12.0) < 1e-12);
+    assert_int_equal(r.batch[0], 4);
+    assert_int_equal(r.batch[1], 2);
+    opt_result_free(&r);
+    /* a memory limit of microbatch 1 on the fast rank keeps the optimum (linear costs) */
+    g[0].mmax = 1;
+    assert_int_equal(opt_solve(&p, &r), 0);
+    assert_true(fabs(r.objective - 12.0) < 1e-12);
+    opt_result_free(&r);
+    /* a collective floor above the compute dominates */
+    p.fwd_floor = 20;
+    p.bwd_floor = 30;
+    assert_int_equal(opt_solve(&p, &r), 0);
+    assert_true(fabs(r.objective - 50.0) < 1e-12);
+    opt_result_free(&r);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_small_known_optimum),
+        cmocka_unit_test(test_random_problems_match_exhaustive),
+        cmocka_unit_test(test_random_clusters_match_exhaustive),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
