@@ -156,12 +156,12 @@ static int finish(plan *p) {
     for (int i = 0; i < p->n_ranks; i++) {
         plan_rank *r = &p->ranks[i];
         if (r->peak_bytes <= r->usable_bytes) continue;
-        char who[128], need[32], have[32], miss[32];
+        char who[128], need[32], have[32], cap[32], miss[32];
         describe_rank(cm, i, who, sizeof who);
         return infeasible(p, "out of memory: %s needs %s (compute at microbatch %d + %s state) but %s is usable (%.2f x %s); %s missing",
                           who, str_bytes((double)r->peak_bytes, need, sizeof need), r->micro,
                           p->replicated ? "replicated" : "its", str_bytes(r->usable_bytes, have, sizeof have),
-                          cm->opts.mem_cap, str_bytes(r->capacity_bytes, miss, sizeof miss),
+                          cm->opts.mem_cap, str_bytes(r->capacity_bytes, cap, sizeof cap),
                           str_bytes((double)r->peak_bytes - r->usable_bytes, miss, sizeof miss));
     }
     p->feasible = true;

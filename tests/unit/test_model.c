@@ -1,0 +1,170 @@
+/* test_model.c - model zoo shapes and parameter counts against published totals, units, FLOPs,
+ * model files and their errors. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <math.h>
+#include <string.h>
+
+#include "model.h"
+
+static model_spec get(const char *name) {
+    model_spec m;
+    err_t err;
+    assert_int_equal(model_resolve(name, &m, &err), 0);
+    assert_int_equal(model_validate(&m, &err), 0);
+    return m;
+}
+
+/* Totals as published by the models' reference implementations (Hugging Face). */
+static void test_published_totals(void **state) {
+    (void)state;
+    model_spec m = get("gpt2-124m");
+    assert_int_equal(model_params(&m), 124439808);
+    m = get("gpt2-350m");
+    assert_int_equal(model_params(&m), 354823168);
+    m = get("gpt2-774m");
+    assert_int_equal(model_params(&m), 774030080);
+    m = get("gpt2-1.5b");
+    assert_int_equal(model_params(&m), 1557611200);
+    m = get("llama-7b"); /* Llama-2-7B */
+    assert_int_equal(model_params(&m), 6738415616);
+    m = get("tinyllama-1.1b");
+    assert_int_equal(model_params(&m), 1100048384);
+    m = get("bert-large"); /* BertForMaskedLM, bert-large-uncased */
+    assert_int_equal(model_params(&m), 335174458);
+    m = get("vit-g"); /* ViT-G/14: 1843M in Zhai et al. */
+    assert_true(fabs(model_params(&m) / 1.843e9 - 1) < 0.002);
+}
+
+static void test_units_sum_to_total(void **state) {
+    (void)state;
+    int n;
+    const model_spec *b = model_builtins(&n);
+    assert_true(n >= 18);
+    for (int i = 0; i < n; i++) {
+        err_t err;
+        assert_int_equal(model_validate(&b[i], &err), 0);
+        int64_t sum = 0;
+        for (int u = 0; u < model_n_units(&b[i]); u++) {
+            assert_true(model_unit_params(&b[i], u) > 0);
+            sum += model_unit_params(&b[i], u);
+        }
+        assert_int_equal(sum, model_params(&b[i]));
+        assert_int_equal(model_unit_kind(&b[i], 0), UNIT_EMBEDDING);
+        assert_int_equal(model_unit_kind(&b[i], b[i].n_layer + 1), UNIT_HEAD);
+    }
+    model_spec m = get("gpt2-124m");
+    char name[32];
+    model_unit_name(&m, 3, name, sizeof name);
+    assert_string_equal(name, "block.2");
+    /* GPT-2 block: 12 d^2 + 13 d */
+    assert_int_equal(model_unit_params(&m, 1), 12 * 768 * 768 + 13 * 768);
+    assert_int_equal(model_unit_params(&m, 13), 2 * 768); /* ln_f; the head is tied */
+}
+
+/* Forward FLOPs of a block: 2 x matmul params per token + attention (causal: half). */
+static void test_flops(void **state) {
+    (void)state;
+    model_spec m = get("gpt2-124m");
+    double t = 1024, d = 768;
+    double expect = 2 * t * (12 * d * d) + 4 * t * t * d / 2;
+    assert_true(fabs(model_kind_fwd_flops(&m, UNIT_BLOCK, 1024) / expect - 1) < 1e-12);
+    m = get("bert-large"); /* bidirectional: full attention */
+    t = 512, d = 1024;
+    expect = 2 * t * (12 * d * d) + 4 * t * t * d;
+    assert_true(fabs(model_kind_fwd_flops(&m, UNIT_BLOCK, 512) / expect - 1) < 1e-12);
+    /* the 6N rule holds to within attention and embeddings for a long-context model */
+    m = get("llama-7b");
+    double per_token = 3 * (model_kind_fwd_flops(&m, UNIT_BLOCK, 2048) * 32 + model_kind_fwd_flops(&m, UNIT_HEAD, 2048)) / 2048;
+    assert_true(per_token > 6 * model_params(&m) * 0.98 && per_token < 6 * model_params(&m) * 1.25);
+    /* activation bytes scale with precision */
+    assert_true(fabs(model_kind_act_bytes(&m, UNIT_BLOCK, 512, 2) * 2 - model_kind_act_bytes(&m, UNIT_BLOCK, 512, 4)) < 1);
+}
+
+static void test_vit_tokens_and_seq(void **state) {
+    (void)state;
+    model_spec m = get("vit-g");
+    assert_int_equal(model_tokens(&m, 0), 16 * 16 + 1);
+    int seq;
+    err_t err;
+    assert_int_equal(model_check_seq(&m, 0, &seq, &err), 0);
+    assert_int_equal(model_check_seq(&m, 512, &seq, &err), -1);
+    assert_non_null(strstr(err.msg, "--seq does not apply"));
+    m = get("gpt2-124m");
+    assert_int_equal(model_check_seq(&m, 0, &seq, &err), 0);
+    assert_int_equal(seq, 1024);
+    assert_int_equal(model_check_seq(&m, 2048, &seq, &err), -1);
+    assert_non_null(strstr(err.msg, "1024 learned positions"));
+}
+
+static void test_unknown_model_suggests(void **state) {
+    (void)state;
+    model_spec m;
+    err_t err;
+    assert_int_equal(model_resolve("gpt2-125m", &m, &err), -1);
+    assert_non_null(strstr(err.msg, "'gpt2-124m'"));
+    assert_int_equal(model_resolve("lama-7b", &m, &err), -1);
+    assert_non_null(strstr(err.msg, "'llama-7b'"));
+}
+
+static int load(const char *text, model_spec *m, err_t *err) {
+    return model_load_string("m.yaml", text, strlen(text), m, err);
+}
+
+static void test_model_files(void **state) {
+    (void)state;
+    model_spec m;
+    err_t err;
+    /* BERT-base with the MLM head: 109,514,298 (Hugging Face bert-base-uncased) */
+    assert_int_equal(load("arch: bert\nn_layer: 12\nd_model: 768\nn_head: 12\nvocab: 30522\nmax_seq: 512\n", &m, &err), 0);
+    assert_int_equal(model_params(&m), 109514298);
+    assert_string_equal(m.name, "m");
+    /* ViT-B/16: 86,567,656 (timm vit_base_patch16_224) */
+    assert_int_equal(load("name: vit-b16\narch: vit\npatch: 16\nn_layer: 12\nd_model: 768\nn_head: 12\n", &m, &err), 0);
+    assert_int_equal(model_params(&m), 86567656);
+    assert_string_equal(m.name, "vit-b16");
+    /* base + overrides */
+    assert_int_equal(load("base: gpt2-124m\nn_layer: 6\nseq: 256\n", &m, &err), 0);
+    assert_int_equal(m.n_layer, 6);
+    assert_int_equal(m.default_seq, 256);
+    assert_int_equal(m.d_model, 768);
+    /* llama with GQA */
+    assert_int_equal(load("arch: llama\nn_layer: 2\nd_model: 64\nn_head: 4\nn_kv_head: 2\nd_ff: 176\nvocab: 256\nmax_seq: 128\n", &m, &err), 0);
+    assert_int_equal(model_unit_params(&m, 1), 64 * 64 * 2 + 2 * 64 * 32 + 3 * 64 * 176 + 2 * 64);
+}
+
+static void expect_error(const char *text, const char *needle) {
+    model_spec m;
+    err_t err = {{0}};
+    assert_int_equal(load(text, &m, &err), -1);
+    if (!strstr(err.msg, needle)) fail_msg("error '%s' lacks '%s'", err.msg, needle);
+}
+
+static void test_model_file_errors(void **state) {
+    (void)state;
+    expect_error("arch: gpt\nn_layer: 2\nd_model: 66\nn_head: 4\nvocab: 256\nmax_seq: 128\n", "n_head 4 must divide d_model 66");
+    expect_error("arch: gpt\nn_layer: 2\nd_model: 64\nn_head: 4\nvocab: 256\n", "missing field 'max_seq'");
+    expect_error("arch: gtp\nn_layer: 2\n", "m.yaml:1: arch: unknown architecture 'gtp'");
+    expect_error("arch: gpt\nn_layers: 2\n", "m.yaml:2: model: unknown field 'n_layers' (did you mean 'n_layer'?)");
+    expect_error("arch: gpt\nn_layer: -2\nd_model: 64\nn_head: 4\nvocab: 256\nmax_seq: 128\n", "m.yaml:2: n_layer: -2 is out of range");
+    expect_error("arch: gpt\nn_layer: two\nd_model: 64\nn_head: 4\nvocab: 256\nmax_seq: 128\n", "m.yaml:2: n_layer: expected an integer, got 'two'");
+    expect_error("arch: llama\nn_layer: 2\nd_model: 64\nn_head: 4\nvocab: 256\nmax_seq: 128\n", "missing field 'd_ff'");
+    expect_error("arch: llama\nn_layer: 2\nd_model: 64\nn_head: 4\nn_kv_head: 3\nd_ff: 8\nvocab: 256\nmax_seq: 128\n", "n_kv_head 3 must divide n_head 4");
+    expect_error("base: gpt3\n", "base: unknown model 'gpt3'");
+    expect_error("arch: vit\nn_layer: 2\nd_model: 64\nn_head: 4\npatch: 15\n", "patch 15 must divide image 224");
+    expect_error("arch: [gpt\n", "YAML syntax error");
+    expect_error("- 1\n- 2\n", "expected a mapping");
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_published_totals), cmocka_unit_test(test_units_sum_to_total),
+        cmocka_unit_test(test_flops),            cmocka_unit_test(test_vit_tokens_and_seq),
+        cmocka_unit_test(test_unknown_model_suggests), cmocka_unit_test(test_model_files),
+        cmocka_unit_test(test_model_file_errors),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
