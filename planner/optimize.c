@@ -145,7 +145,7 @@ static int group_count_cap(const opt_group *g, int m, int bmax) {
 }
 
 /* Builds the group's achievable-batch set; returns the worst (smallest) room among the
- * microbatches it uses, for the quick sufficient test of constraint III. */
+ * microbatches it uses, for the quick sufficient test of constraint III (0 without one). */
 static int64_t build_group_set(search *s, int gi, double tf, double tb) {
     const opt_group *g = &s->p->groups[gi];
     bits *set = &s->sets[gi];
@@ -166,7 +166,7 @@ static int64_t build_group_set(search *s, int gi, double tf, double tb) {
             if (room && g->room[m] > room[m * j]) room[m * j] = g->room[m];
         }
     }
-    return worst;
+    return worst == INT64_MAX ? 0 : worst;
 }
 
 /* dst = a (max,+) b over sums 0..B. */

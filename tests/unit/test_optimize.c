@@ -210,7 +210,7 @@ static void test_random_clusters_match_exhaustive(void **state) {
         err_t err;
         int n = rnd(1, MAXR), nodes = rnd(1, 2);
         for (int k = 0; k < nodes; k++) {
-            char name[16];
+            char name[32];
             snprintf(name, sizeof name, "node-%d", k);
             assert_int_equal(cluster_add_node(&cl, name, rndf(10, 100)), 0);
             int here = k == nodes - 1 ? n - cl.n_devices : rnd(0, n - cl.n_devices);

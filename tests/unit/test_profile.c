@@ -172,7 +172,8 @@ static void test_malformed_json(void **state) {
     (void)state;
     expect_error("{" HEADER "\n'entries': [\n  {'device': 'L4',, }\n]}",
                  "bad.json:3:20: JSON syntax error near ' }'"); /* cJSON's position */
-    expect_error("{" HEADER "'entries': []} trailing", "bad.json:1:60: JSON syntax error near 'trailing'");
+    expect_error("{" HEADER "'entries': []} trailing",
+                 "bad.json:1:60: JSON syntax error near 'trailing'");
     expect_error("  \n ", "bad.json: the document is empty");
     expect_error("", "bad.json: the document is empty");
 }
@@ -308,14 +309,29 @@ static void test_wrong_op(void **state) {
 static void test_odd_inputs(void **state) {
     (void)state;
     const char *odd[] = {
-        "null", "0", "\"x\"", "[]", "{}", "{'format': null}", "{'format': 'cephalo-profile'}",
-        "{" HEADER "'entries': {}}", "{" HEADER "'entries': [1]}", "{" HEADER "'entries': [[]]}",
-        "{" HEADER "'entries': [{}]}", "{" HEADER "'entries': [], 'comm': {}}",
-        "{" HEADER "'entries': [], 'comm': [null]}", "{'format': 'cephalo-profile', 'version': 1e300}",
-        "{'format': 'cephalo-profile', 'version': -1e300}", "{" HEADER "'entries': [{" L4_HEAD
-        "'microbatch': [1e300], " BLOCK3 "}]}", "{" HEADER "'entries': [{" L4_HEAD
-        "'microbatch': [1, 2, 4], 'block': []}]}", "{\"format\\u0000x\": 1}", "\xef\xbb\xbf{",
-        "{" HEADER "'entries': [], 'entries': []}", "{\"a\": \"\\ud800\"}", "-", "1e",
+        "null",
+        "0",
+        "\"x\"",
+        "[]",
+        "{}",
+        "{'format': null}",
+        "{'format': 'cephalo-profile'}",
+        "{'format': 'cephalo-profile', 'version': 1e300}",
+        "{'format': 'cephalo-profile', 'version': -1e300}",
+        "{" HEADER "'entries': {}}",
+        "{" HEADER "'entries': [1]}",
+        "{" HEADER "'entries': [[]]}",
+        "{" HEADER "'entries': [{}]}",
+        "{" HEADER "'entries': [], 'comm': {}}",
+        "{" HEADER "'entries': [], 'comm': [null]}",
+        "{" HEADER "'entries': [], 'entries': []}",
+        "{" HEADER "'entries': [{" L4_HEAD "'microbatch': [1e300], " BLOCK3 "}]}",
+        "{" HEADER "'entries': [{" L4_HEAD "'microbatch': [1, 2, 4], 'block': []}]}",
+        "{\"format\\u0000x\": 1}", /* a NUL inside a key */
+        "{\"a\": \"\\ud800\"}",    /* a lone surrogate */
+        "\xef\xbb\xbf{",           /* a byte-order mark, then nothing */
+        "-",
+        "1e",
     };
     for (size_t i = 0; i < sizeof odd / sizeof odd[0]; i++) {
         profile p;
