@@ -40,7 +40,8 @@ static double now_s(void) {
 }
 
 /* pools == NULL: load the cluster file named by label */
-static void run_case(const char *label, const pool *pools, int npools, double gbps, const char *model, int batch, int reps) {
+static void run_case(const char *label, const pool *pools, int npools, double gbps, const char *model, int batch, int seq,
+                     double mem_cap, int reps) {
     cluster cl;
     err_t err;
     if (pools) {
@@ -55,16 +56,16 @@ static void run_case(const char *label, const pool *pools, int npools, double gb
     plan p = {0};
     for (int r = 0; r < reps; r++) {
         cost_model cm;
-        cost_opts co = {.mem_cap = 0.8};
+        cost_opts co = {.mem_cap = mem_cap};
         double t0 = now_s();
-        CHECK(cost_build(&cm, &m, &cl, 0, batch, &co, &err) == 0);
+        CHECK(cost_build(&cm, &m, &cl, seq, batch, &co, &err) == 0);
         double t1 = now_s();
         plan_free(&p);
         CHECK(plan_make(&cm, STRAT_CEPHALO, &p, &err) == 0);
         double t2 = now_s();
         if (t2 - t0 < best) best = t2 - t0, build_s = t1 - t0;
         if (r == reps - 1) {
-            printf("%-34.34s %5d %-15s %6d %9.3f %9.3f %7ld %10s %10.2f\n", label, cl.n_devices, model, batch, best,
+            printf("%-34.34s %5d %-15s %6d %5.2f %9.3f %9.3f %7ld %10s %10.2f\n", label, cl.n_devices, model, batch, mem_cap, best,
                    build_s, p.checks, p.feasible ? (p.uneven ? "uneven" : "even") : "infeasible", p.samples_per_s);
         }
         cost_free(&cm);
@@ -75,18 +76,21 @@ static void run_case(const char *label, const pool *pools, int npools, double gb
 
 int main(void) {
     printf("planning time of `cephalo plan` (best of repeats, seconds; analytic costs)\n");
-    printf("%-34s %5s %-15s %6s %9s %9s %7s %10s %10s\n", "cluster", "GPUs", "model", "B", "plan s", "costs s", "tests",
+    printf("%-34s %5s %-15s %6s %5s %9s %9s %7s %10s %10s\n", "cluster", "GPUs", "model", "B", "cap", "plan s", "costs s", "tests",
            "state", "samples/s");
     const char *a = "examples/clusters/cluster-a.yaml", *b = "examples/clusters/cluster-b.yaml";
-    run_case(a, NULL, 0, 0, "bert-large", 256, 5);
-    run_case(a, NULL, 0, 0, "gpt2-1.5b", 256, 5);
-    run_case(b, NULL, 0, 0, "llama-7b", 1024, 5);
-    run_case(b, NULL, 0, 0, "gpt-6.7b", 512, 5);
+    run_case(a, NULL, 0, 0, "bert-large", 256, 0, 0.8, 5);
+    run_case(a, NULL, 0, 0, "gpt2-1.5b", 256, 0, 0.8, 5);
+    run_case(a, NULL, 0, 0, "llama-7b", 256, 0, 0.8, 5); /* memory-bound: uneven state */
+    run_case(b, NULL, 0, 0, "llama-7b", 1024, 0, 0.8, 5);
+    run_case(b, NULL, 0, 0, "gpt-6.7b", 512, 0, 0.8, 5);
+    run_case(b, NULL, 0, 0, "gpt-6.7b", 1024, 1024, 0.5, 3); /* memory-bound: uneven state */
     const pool c256[] = {{"A10G", 8, 4}, {"V100-16GB", 8, 4}, {"T4", 8, 4}, {"L4", 8, 4},
                          {"A6000", 8, 4}, {"P40", 8, 4}, {"A100-40GB", 8, 4}, {"RTX-3090", 8, 4}};
-    run_case("256 GPUs, 8 types", c256, 8, 100, "llama-7b", 4096, 3);
+    run_case("256 GPUs, 8 types", c256, 8, 100, "llama-7b", 4096, 0, 0.8, 3);
     const pool c1024[] = {{"A10G", 8, 16}, {"V100-16GB", 8, 16}, {"T4", 8, 16}, {"L4", 8, 16},
                           {"A6000", 8, 16}, {"P40", 8, 16}, {"A100-40GB", 8, 16}, {"RTX-3090", 8, 16}};
-    run_case("1024 GPUs, 8 types", c1024, 8, 100, "llama-7b", 8192, 2);
+    run_case("1024 GPUs, 8 types", c1024, 8, 100, "llama-7b", 8192, 0, 0.8, 2);
+    run_case("1024 GPUs, 8 types", c1024, 8, 100, "gpt-6.7b", 8192, 2048, 0.3, 1); /* memory-bound */
     return 0;
 }

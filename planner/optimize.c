@@ -212,6 +212,8 @@ static void add_group(search *s, int gi) {
     bits_sumset(&s->reach, &s->reach, &s->acc, &s->tmp);
 }
 
+static int64_t witness_room(search *s, double tf, double tb);
+
 static bool feasible(search *s, double tf, double tb) {
     const opt_problem *p = s->p;
     s->checks++;
@@ -229,6 +231,9 @@ static bool feasible(search *s, double tf, double tb) {
     }
     if (!bits_test(&s->reach, p->batch)) return false;
     if (p->need_room <= 0 || worst_room >= p->need_room) return true;
+    /* A witness first: a balanced split, each rank at its roomiest microbatch. Only when it
+     * falls short does the exact (quadratic) dynamic program decide. */
+    if (witness_room(s, tf, tb) >= p->need_room) return true;
     return dp_max_room(s) >= p->need_room;
 }
 
@@ -288,7 +293,7 @@ static int first_feasible(search *s, const values *vals, int lo, int hi, bool va
 /* Picks each rank's batch, walking ranks in order: a batch the remaining ranks can complete
  * (suffix sumsets, and the suffix max-room DP when constraint III binds), closest to the rank's
  * fair share of what is left. */
-static void choose_batches(search *s, double tf, double tb, int *batch) {
+static void choose_batches(search *s, double tf, double tb, bool exact_room, int *batch) {
     const opt_problem *p = s->p;
     int N = s->n_ranks, B = p->batch;
     int64_t worst = 0;
@@ -300,7 +305,7 @@ static void choose_batches(search *s, double tf, double tb, int *batch) {
             if (bits_test(&s->sets[gi], b)) maxb[gi] = b;
         for (int c = 0; c < p->groups[gi].count; c++) group_of[r++] = gi;
     }
-    bool use_dp = p->need_room > 0 && worst < p->need_room;
+    bool use_dp = exact_room && p->need_room > 0 && worst < p->need_room;
     bits *suf = xcalloc((size_t)N + 1, sizeof *suf);
     int64_t *dps = use_dp ? xmalloc((size_t)(N + 1) * (B + 1) * sizeof *dps) : NULL;
     for (int i = N; i >= 0; i--) {
@@ -348,6 +353,18 @@ static void choose_batches(search *s, double tf, double tb, int *batch) {
     free(dps);
     free(maxb);
     free(group_of);
+}
+
+/* Room of a balanced split (the reconstruction without constraint III), each rank taking its
+ * roomiest microbatch for its batch: a lower bound of the best room, cheap to compute. */
+static int64_t witness_room(search *s, double tf, double tb) {
+    int *batch = xmalloc((size_t)s->n_ranks * sizeof *batch);
+    choose_batches(s, tf, tb, false, batch);
+    int64_t room = 0;
+    for (int gi = 0, i = 0; gi < s->p->n_groups; gi++)
+        for (int c = 0; c < s->p->groups[gi].count; c++, i++) room += s->best_room[gi][batch[i]];
+    free(batch);
+    return room;
 }
 
 /* For a chosen batch, the microbatch within the thresholds: the most state room when
@@ -452,7 +469,7 @@ int opt_solve(const opt_problem *p, opt_result *r) {
     if (ok) {
         r->batch = xcalloc((size_t)s.n_ranks, sizeof(int));
         r->micro = xcalloc((size_t)s.n_ranks, sizeof(int));
-        choose_batches(&s, tf, tb, r->batch);
+        choose_batches(&s, tf, tb, true, r->batch);
         /* room-first microbatches only when the quick sufficient test of III fails */
         int64_t worst = 0;
         for (int gi = 0; gi < p->n_groups; gi++) worst += build_group_set(&s, gi, tf, tb) * p->groups[gi].count;
