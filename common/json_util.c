@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fileio.h"
 #include "log.h"
 #include "strutil.h"
 
@@ -98,39 +99,9 @@ cJSON *json_parse(const char *name, const char *text, size_t len, err_t *err) {
     return root;
 }
 
-/* Reads a whole file into a fresh buffer; refuses files above JSON_MAX_FILE. */
-static char *read_file(const char *path, size_t *len_out, err_t *err) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        err_set(err, "%s: cannot open: %s", path, strerror(errno));
-        return NULL;
-    }
-    size_t cap = 4096, len = 0, got;
-    char *buf = xmalloc(cap);
-    while ((got = fread(buf + len, 1, cap - len, f)) > 0) {
-        len += got;
-        if (len > JSON_MAX_FILE) {
-            fclose(f);
-            free(buf);
-            err_set(err, "%s: file is larger than %zu MiB", path, JSON_MAX_FILE >> 20);
-            return NULL;
-        }
-        if (len == cap) buf = xrealloc(buf, cap *= 2);
-    }
-    int read_errno = ferror(f) ? errno : 0;
-    fclose(f);
-    if (read_errno) {
-        free(buf);
-        err_set(err, "%s: read error: %s", path, strerror(read_errno));
-        return NULL;
-    }
-    *len_out = len;
-    return buf;
-}
-
 cJSON *json_load_file(const char *path, err_t *err) {
     size_t len = 0;
-    char *buf = read_file(path, &len, err);
+    char *buf = file_read_all(path, JSON_MAX_FILE, &len, err);
     if (!buf) return NULL;
     cJSON *root = json_parse(path, buf, len, err);
     free(buf);

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <yaml.h>
 
+#include "fileio.h"
 #include "log.h"
 #include "strutil.h"
 
@@ -191,31 +192,9 @@ ynode *ytree_load_string(const char *name, const char *text, size_t len, err_t *
 
 ynode *ytree_load_file(const char *path, err_t *err) {
     err->msg[0] = '\0';
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        err_set(err, "%s: cannot open: %s", path, strerror(errno));
-        return NULL;
-    }
-    size_t cap = 4096, len = 0;
-    char *buf = xmalloc(cap);
-    size_t got;
-    while ((got = fread(buf + len, 1, cap - len, f)) > 0) {
-        len += got;
-        if (len > YTREE_MAX_FILE) {
-            fclose(f);
-            free(buf);
-            err_set(err, "%s: file is larger than %u MiB", path, YTREE_MAX_FILE >> 20);
-            return NULL;
-        }
-        if (len == cap) buf = xrealloc(buf, cap *= 2);
-    }
-    bool bad = ferror(f);
-    fclose(f);
-    if (bad) {
-        free(buf);
-        err_set(err, "%s: read error", path);
-        return NULL;
-    }
+    size_t len = 0;
+    char *buf = file_read_all(path, YTREE_MAX_FILE, &len, err);
+    if (!buf) return NULL;
     ynode *root = ytree_load_string(path, buf, len, err);
     free(buf);
     return root;

@@ -289,15 +289,22 @@ int model_resolve(const char *name_or_path, model_spec *out, err_t *err) {
     if (strchr(name_or_path, '/') || strstr(name_or_path, ".yaml") ||
         strstr(name_or_path, ".yml"))
         return model_load_file(name_or_path, out, err);
+    return model_unknown(name_or_path, err);
+}
+
+int model_unknown(const char *name, err_t *err) {
+    int n;
+    const model_spec *b = model_builtins(&n);
     const char *names[64];
-    for (int i = 0; i < n && i < 64; i++) names[i] = b[i].name;
-    char sugg[256];
-    int ns = str_suggest(name_or_path, names, (size_t)n, 3, sugg, sizeof sugg);
-    char all[1024] = "";
-    for (int i = 0; i < n; i++) {
-        size_t len = strlen(all);
-        snprintf(all + len, sizeof all - len, "%s%s", i ? ", " : "", names[i]);
+    char all[1024] = "", sugg[256];
+    size_t len = 0;
+    for (int i = 0; i < n && i < 64; i++) {
+        names[i] = b[i].name;
+        int w = snprintf(all + len, sizeof all - len, "%s%s", i ? ", " : "", names[i]);
+        if (w < 0 || (size_t)w >= sizeof all - len) break; /* the list is a hint; cut it */
+        len += (size_t)w;
     }
+    int ns = str_suggest(name, names, (size_t)(n < 64 ? n : 64), 3, sugg, sizeof sugg);
     return err_set(err, "unknown model '%s'%s%s%s; built-in models: %s (or give a model file path)",
-                   name_or_path, ns ? " (did you mean " : "", ns ? sugg : "", ns ? "?)" : "", all);
+                   name, ns ? " (did you mean " : "", ns ? sugg : "", ns ? "?)" : "", all);
 }

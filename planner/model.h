@@ -41,6 +41,8 @@ const model_spec *model_builtins(int *count);
 /* MODEL is a built-in name or the path of a model file (YAML). Errors suggest close names. */
 int model_resolve(const char *name_or_path, model_spec *out, err_t *err);
 int model_load_file(const char *path, model_spec *out, err_t *err);
+/* The error for a name that is no built-in model, with the nearest names; returns -1. */
+int model_unknown(const char *name, err_t *err);
 int model_load_string(const char *name, const char *text, size_t len, model_spec *out, err_t *err);
 /* Checks shape consistency (heads divide width, GQA groups, ...); errors name the field. */
 int model_validate(const model_spec *m, err_t *err);

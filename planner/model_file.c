@@ -137,9 +137,10 @@ static int model_from_tree(const yctx *c, const ynode *root, model_spec *m) {
         for (int i = 0; i < nb; i++)
             if (strcmp(b[i].name, bname) == 0) found = i;
         if (found < 0) {
+            /* Built-in names only: a base that looks like a path must not be loaded as a file
+             * (a file naming itself as its base would recurse forever). */
             err_t e2;
-            model_spec tmp;
-            model_resolve(bname, &tmp, &e2); /* for its suggestion text */
+            model_unknown(bname, &e2);
             return err_set(c->err, "%s:%d: base: %s", c->file, base->line, e2.msg);
         }
         *m = b[found];

@@ -80,7 +80,9 @@ void plan_print_compare(const plan *plans, int n, FILE *f) {
     for (int s = 0; s < n; s++) {
         const plan *p = &plans[s];
         if (!p->feasible) {
-            fprintf(f, "%-8s %12s %10s %8s %7s  OOM: %s\n", strategy_name(p->strat), "-", "-", "-", "-", p->reason);
+            bool oom = strstr(p->reason, "memory") || strstr(p->reason, "does not fit");
+            fprintf(f, "%-8s %12s %10s %8s %7s  %s: %s\n", strategy_name(p->strat), "-", "-", "-", "-",
+                    oom ? "OOM" : "infeasible", p->reason);
             continue;
         }
         fprintf(f, "%-8s %12.1f %10.2f %7.2fx %6.1f%%  ", strategy_name(p->strat), p->iter_ms, p->samples_per_s,

@@ -4,7 +4,8 @@
  *   fsdp     b = B/N, no accumulation, even state (PyTorch FSDP's default)
  *   whale    b proportional to speed, no accumulation, replicated state, gradient all-reduce
  *   cb       compute-balanced b (exact min-max, no accumulation), even state
- *   mb       microbatch 1, compute-balanced b, memory-balanced (water-filled) state */
+ *   mb       microbatch 1 (l = b), optimal b, memory-balanced state (water-filled when even
+ *            shards do not fit, like cephalo) */
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>

@@ -154,6 +154,8 @@ static void test_model_file_errors(void **state) {
     expect_error("arch: llama\nn_layer: 2\nd_model: 64\nn_head: 4\nvocab: 256\nmax_seq: 128\n", "missing field 'd_ff'");
     expect_error("arch: llama\nn_layer: 2\nd_model: 64\nn_head: 4\nn_kv_head: 3\nd_ff: 8\nvocab: 256\nmax_seq: 128\n", "n_kv_head 3 must divide n_head 4");
     expect_error("base: gpt3\n", "base: unknown model 'gpt3'");
+    /* a base that names a file is not loaded (a file naming itself recursed forever; fuzzing) */
+    expect_error("base: m.yaml\n", "m.yaml:1: base: unknown model 'm.yaml'");
     expect_error("arch: vit\nn_layer: 2\nd_model: 64\nn_head: 4\npatch: 15\n", "patch 15 must divide image 224");
     expect_error("arch: [gpt\n", "YAML syntax error");
     expect_error("- 1\n- 2\n", "expected a mapping");
