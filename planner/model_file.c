@@ -89,16 +89,21 @@ static int fill_fields(const yctx *c, const ynode *root, model_spec *m) {
     return 0;
 }
 
-/* Fields that depend on others get their defaults once everything explicit is known. */
-static int derive_defaults(const yctx *c, const ynode *root, model_spec *m, bool from_base) {
-    if (!ymap_get(root, "n_kv_head") && !from_base) m->n_kv_head = m->n_head;
+/* Fields that depend on others get their defaults once everything explicit is known. With a
+ * base, a derived field follows an overridden one when the base used the default relation
+ * (n_kv_head = n_head, d_ff = 4 d_model, seq <= max_seq); an explicit value always wins. */
+static int derive_defaults(const yctx *c, const ynode *root, model_spec *m, const model_spec *base) {
+    bool given_kv = ymap_get(root, "n_kv_head"), given_ff = ymap_get(root, "d_ff");
+    if (!given_kv && (!base || base->n_kv_head == base->n_head)) m->n_kv_head = m->n_head;
+    if (!given_ff && base && m->arch != ARCH_LLAMA && base->d_ff == 4 * base->d_model) m->d_ff = 4 * m->d_model;
     if (!m->d_ff) {
         if (m->arch == ARCH_LLAMA)
             return err_set(c->err, "%s:%d: missing field 'd_ff' (llama models need the SwiGLU width)",
                            c->file, root->line);
         m->d_ff = 4 * m->d_model;
     }
-    if (m->arch != ARCH_VIT && !m->default_seq) m->default_seq = m->max_seq < 1024 ? m->max_seq : 1024;
+    if (m->arch != ARCH_VIT && !ymap_get(root, "seq") && (!m->default_seq || m->default_seq > m->max_seq))
+        m->default_seq = m->max_seq < 1024 ? m->max_seq : 1024;
     if (m->arch == ARCH_GPT && m->tied_head == false)
         return err_set(c->err, "%s: tied_head: GPT models tie the head to the token embedding",
                        c->file);
@@ -170,8 +175,9 @@ static int model_from_tree(const yctx *c, const ynode *root, model_spec *m) {
                            sizeof m->name - 1);
         snprintf(m->name, sizeof m->name, "%s", s);
     }
+    model_spec before = *m;
     if (fill_fields(c, root, m) < 0) return -1;
-    return derive_defaults(c, root, m, base != NULL);
+    return derive_defaults(c, root, m, base ? &before : NULL);
 }
 
 int model_load_string(const char *name, const char *text, size_t len, model_spec *out, err_t *err) {

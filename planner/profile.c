@@ -7,6 +7,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "gpu.h"
 #include "json_util.h"
 #include "log.h"
 #include "strutil.h"
@@ -424,11 +425,15 @@ const profile_entry *profile_find(const profile *p, const char *device, const ch
     if (!p || !device || !model) return NULL;
     char want[64], have[sizeof p->entries[0].device];
     str_normalize(device, want, sizeof want);
+    err_t ignored;
+    const gpu_spec *want_gpu = gpu_find(device, &ignored);
     for (int i = 0; i < p->n_entries; i++) {
         const profile_entry *e = &p->entries[i];
         if (e->seq != seq || e->bf16 != bf16 || strcasecmp(e->model, model) != 0) continue;
         str_normalize(e->device, have, sizeof have);
         if (strcmp(have, want) == 0) return e;
+        /* aliases name the same catalog GPU: "Tesla-T4" in a profile serves a "T4" device */
+        if (want_gpu && gpu_find(e->device, &ignored) == want_gpu) return e;
     }
     return NULL;
 }

@@ -131,6 +131,13 @@ static void test_model_files(void **state) {
     assert_int_equal(m.n_layer, 6);
     assert_int_equal(m.default_seq, 256);
     assert_int_equal(m.d_model, 768);
+    /* overrides carry the fields that follow them: heads, MLP width, default sequence */
+    assert_int_equal(load("base: gpt2-124m\nd_model: 512\nn_head: 8\nmax_seq: 256\n", &m, &err), 0);
+    assert_int_equal(m.n_kv_head, 8);
+    assert_int_equal(m.d_ff, 2048);
+    assert_int_equal(m.default_seq, 256);
+    assert_int_equal(load("base: tinyllama-1.1b\nn_layer: 2\n", &m, &err), 0);
+    assert_int_equal(m.n_kv_head, 4); /* GQA kept */
     /* llama with GQA */
     assert_int_equal(load("arch: llama\nn_layer: 2\nd_model: 64\nn_head: 4\nn_kv_head: 2\nd_ff: 176\nvocab: 256\nmax_seq: 128\n", &m, &err), 0);
     assert_int_equal(model_unit_params(&m, 1), 64 * 64 * 2 + 2 * 64 * 32 + 3 * 64 * 176 + 2 * 64);

@@ -109,6 +109,9 @@ static void test_find(void **state) {
     assert_null(profile_find(&p, "L40", "bert-large", 512, false)); /* other device */
     assert_null(profile_find(&p, "L4", "bert", 512, false)); /* model matches exactly */
     assert_null(profile_find(&p, "A6000", "gpt-1.3b", 2048, true));
+    /* a GPU Feature Discovery label names the same catalog GPU */
+    assert_ptr_equal(profile_find(&p, "NVIDIA-L4", "bert-large", 512, false), &p.entries[0]);
+    assert_ptr_equal(profile_find(&p, "NVIDIA-RTX-A6000", "gpt-1.3b", 2048, false), &p.entries[2]);
 
     const profile_comm *ag = profile_find_comm(&p, 8, false);
     const profile_comm *rs = profile_find_comm(&p, 8, true);
