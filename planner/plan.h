@@ -51,6 +51,10 @@ typedef struct plan {
 int plan_make(const cost_model *cm, strategy s, plan *out, err_t *err);
 void plan_free(plan *p);
 
+/* Prices a given assignment (batch and microbatch per rank) like the planner prices its own:
+ * even state when every rank can hold an even share, water-filled otherwise. */
+int plan_evaluate(const cost_model *cm, const int *batch, const int *micro, plan *out, err_t *err);
+
 /* Outputs. */
 void plan_print_table(const plan *p, FILE *f);
 int plan_write_json(const plan *p, FILE *f, err_t *err);

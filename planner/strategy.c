@@ -342,6 +342,23 @@ static int make_cb(plan *p) {
     return rc;
 }
 
+int plan_evaluate(const cost_model *cm, const int *batch, const int *micro, plan *out, err_t *err) {
+    plan_alloc(out, cm, STRAT_CEPHALO);
+    bool even = true;
+    double even_state = (double)cm->even_state_params * STATE_BYTES_PER_PARAM;
+    for (int i = 0; i < out->n_ranks; i++) {
+        const cost_group *g = &cm->groups[cost_group_of(cm, i)];
+        if (micro[i] < 1 || batch[i] < micro[i] || batch[i] % micro[i] || micro[i] > g->mlimit)
+            return err_set(err, "rank %d: batch %d is not a multiple of microbatch %d within 1..%d", i, batch[i], micro[i], g->mlimit);
+        out->ranks[i].batch = batch[i];
+        out->ranks[i].micro = micro[i];
+        even &= (double)cost_compute_bytes(g, micro[i]) + even_state <= g->usable_bytes;
+    }
+    if (even) state_even(out);
+    else if (state_waterfill(out) < 0) return explain_infeasible(out, INT32_MAX);
+    return finish(out);
+}
+
 int plan_make(const cost_model *cm, strategy s, plan *out, err_t *err) {
     (void)err;
     double t0 = now_ms();
