@@ -1,0 +1,146 @@
+/* test_cost.c - the cost model: collectives, analytic estimates, profiled curves, memory. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cluster.h"
+#include "cost.h"
+
+static void build(cost_model *cm, cluster *cl, const char *cluster_yaml, const char *model, int seq, int batch, bool bf16,
+                  const profile *prof) {
+    static model_spec m; /* the cost model keeps a pointer */
+    err_t err;
+    if (cluster_load_string("c.yaml", cluster_yaml, strlen(cluster_yaml), cl, &err) < 0) fail_msg("%s", err.msg);
+    assert_int_equal(model_resolve(model, &m, &err), 0);
+    cost_opts co = {.bf16 = bf16, .mem_cap = 0.8, .prof = prof};
+    if (cost_build(cm, &m, cl, seq, batch, &co, &err) < 0) fail_msg("%s", err.msg);
+}
+
+static const char two_nodes[] = "nodes:\n"
+                                "  - {name: a, network_gbps: 50, gpus: [{type: A100-40GB, count: 2}]}\n"
+                                "  - {name: b, network_gbps: 25, gpus: [{type: P40, count: 2}]}\n";
+
+/* Ring collectives: (N-1) alpha + (N-1)/N bytes / beta, beta the slowest NIC. */
+static void test_ring_collectives(void **state) {
+    (void)state;
+    cost_model cm;
+    cluster cl;
+    build(&cm, &cl, two_nodes, "gpt2-124m", 1024, 8, false, NULL);
+    double bytes = (double)model_kind_params(cm.model, UNIT_BLOCK) * 4;
+    double one = 3 * 0.030 + 3.0 / 4 * bytes / (25e9 / 8) * 1e3;
+    assert_true(fabs(cm.comm.ag_bwd_ms - 12 * one) < 1e-9);
+    assert_true(fabs(cm.comm.bandwidth_gbs - 25.0 / 8) < 1e-12);
+    /* uneven shards cost 15% more, for every collective */
+    assert_true(fabs(cost_bwd_floor(&cm, true) / cost_bwd_floor(&cm, false) - 1.15) < 1e-12);
+    /* bf16 gathers half the bytes, reduces gradients in fp32 */
+    cost_model cm16;
+    cluster cl16;
+    build(&cm16, &cl16, two_nodes, "gpt2-124m", 1024, 8, true, NULL);
+    assert_true(cm16.comm.ag_bwd_ms < cm.comm.ag_bwd_ms * 0.6);
+    assert_true(fabs(cm16.comm.rs_ms - cm.comm.rs_ms) < 1e-9);
+    /* the tied head gathers the embedding again in the forward */
+    assert_true(cm.comm.ag_fwd_ms > cm.comm.ag_bwd_ms);
+    cost_free(&cm16), cluster_free(&cl16), cost_free(&cm), cluster_free(&cl);
+}
+
+static void test_single_node_uses_intra_link(void **state) {
+    (void)state;
+    cost_model cm;
+    cluster cl;
+    build(&cm, &cl, "nodes: [{name: a, network_gbps: 10, intra_gbps: 200, gpus: [{type: L4, count: 4}]}]\n", "bert-large", 512, 8,
+          false, NULL);
+    assert_true(fabs(cm.comm.bandwidth_gbs - 25) < 1e-12);
+    cost_free(&cm), cluster_free(&cl);
+}
+
+static void test_analytic_estimates(void **state) {
+    (void)state;
+    cost_model cm;
+    cluster cl;
+    build(&cm, &cl, two_nodes, "bert-large", 512, 64, false, NULL);
+    const cost_group *a100 = &cm.groups[0], *p40 = &cm.groups[1];
+    assert_int_equal(cm.n_groups, 2);
+    assert_int_equal(a100->count, 2);
+    assert_false(a100->measured);
+    for (int m = 1; m < 32; m++) {
+        assert_true(a100->fwd_ms[m + 1] > a100->fwd_ms[m]); /* more samples take longer */
+        assert_true(a100->fwd_ms[m + 1] / (m + 1) <= a100->fwd_ms[m] / m); /* ...but less per sample */
+        assert_true(p40->fwd_ms[m] > a100->fwd_ms[m]);
+        assert_true(a100->bwd_ms[m] > 2 * a100->fwd_ms[m] * 0.5);
+    }
+    /* compute memory is linear in the microbatch */
+    int64_t d1 = cost_compute_bytes(a100, 2) - cost_compute_bytes(a100, 1);
+    int64_t d2 = cost_compute_bytes(a100, 9) - cost_compute_bytes(a100, 8);
+    assert_true(llabs(d1 - d2) <= 1);
+    /* mmax is the largest microbatch that fits the usable memory */
+    assert_true((double)cost_compute_bytes(p40, p40->mmax) <= p40->usable_bytes);
+    assert_true(p40->mmax == p40->mlimit || (double)cost_compute_bytes(p40, p40->mmax + 1) > p40->usable_bytes);
+    /* the even state share rounds every unit up */
+    int64_t even = 0;
+    for (int u = 0; u < model_n_units(cm.model); u++) even += (model_unit_params(cm.model, u) + 3) / 4;
+    assert_int_equal(cm.even_state_params, even);
+    cost_free(&cm), cluster_free(&cl);
+    /* bf16 speeds up an Ampere GPU, not a Pascal one */
+    cost_model c16;
+    build(&c16, &cl, two_nodes, "bert-large", 512, 64, true, NULL);
+    cost_model c32;
+    cluster cl32;
+    build(&c32, &cl32, two_nodes, "bert-large", 512, 64, false, NULL);
+    assert_true(c16.groups[0].fwd_ms[8] < 0.7 * c32.groups[0].fwd_ms[8]);
+    assert_true(c16.groups[1].fwd_ms[8] > 0.9 * c32.groups[1].fwd_ms[8]);
+    cost_free(&c16), cluster_free(&cl), cost_free(&c32), cluster_free(&cl32);
+}
+
+static const char profile_json[] =
+    "{\"format\": \"cephalo-profile\", \"version\": 1, \"entries\": [\n"
+    " {\"device\": \"Tesla-P40\", \"model\": \"bert-large\", \"seq\": 512, \"precision\": \"fp32\",\n"
+    "  \"microbatch\": [1, 2, 4, 8], \"block\": {\"fwd_ms\": [3, 5, 9, 17], \"bwd_ms\": [6, 10, 18, 34]},\n"
+    "  \"head\": {\"fwd_ms\": [1, 2, 4, 8], \"bwd_ms\": [2, 4, 8, 16]},\n"
+    "  \"embedding\": {\"fwd_ms\": [0.1, 0.2, 0.4, 0.8], \"bwd_ms\": [0.2, 0.4, 0.8, 1.6]},\n"
+    "  \"compute_bytes\": [3e9, 4e9, 6e9, 10e9]}],\n"
+    " \"comm\": [{\"world\": 4, \"op\": \"allgather\", \"bytes\": [0, 1e8], \"ms\": [1, 11], \"uneven_ms\": [1.2, 13.2]},\n"
+    "          {\"world\": 4, \"op\": \"reduce_scatter\", \"bytes\": [0, 1e8], \"ms\": [1, 11]}]}\n";
+
+static void test_profiled_costs(void **state) {
+    (void)state;
+    profile prof;
+    err_t err;
+    if (profile_load_string("p.json", profile_json, strlen(profile_json), &prof, &err) < 0) fail_msg("%s", err.msg);
+    cost_model cm;
+    cluster cl;
+    build(&cm, &cl, two_nodes, "bert-large", 512, 64, false, &prof);
+    const cost_group *a100 = &cm.groups[0], *p40 = &cm.groups[1];
+    assert_false(a100->measured);
+    assert_true(p40->measured); /* matched through the GFD alias */
+    int L = 24;
+    /* at a profiled point: emb fwd + L block fwd + head fwd + bwd, and L (recompute + bwd) + emb bwd */
+    assert_true(fabs(p40->fwd_ms[2] - (0.2 + L * 5 + 2 + 4)) < 1e-9);
+    assert_true(fabs(p40->bwd_ms[2] - (L * (5 + 10) + 0.4)) < 1e-9);
+    /* between points: linear */
+    assert_true(fabs(p40->fwd_ms[3] - (0.3 + L * 7 + 3 + 6)) < 1e-9);
+    /* beyond the last point: the fitted slope of the upper half (2 ms per sample for block fwd) */
+    assert_true(fabs(p40->fwd_ms[10] - (1.0 + L * 21 + 10 + 20)) < 1e-9);
+    /* compute memory: the least-squares line through the points (exact here: 2e9 + 1e9 m) */
+    assert_true(llabs(cost_compute_bytes(p40, 5) - (int64_t)7e9) <= 1);
+    /* measured collectives and their uneven ratio */
+    assert_true(cm.comm.measured);
+    assert_true(fabs(cm.comm.uneven_factor - 1.2) < 1e-9);
+    double bytes = (double)model_kind_params(cm.model, UNIT_BLOCK) * 4;
+    assert_true(fabs(cm.comm.ag_bwd_ms - L * (1 + 10 * bytes / 1e8)) < 1e-6);
+    cost_free(&cm), cluster_free(&cl), profile_free(&prof);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_ring_collectives),
+        cmocka_unit_test(test_single_node_uses_intra_link),
+        cmocka_unit_test(test_analytic_estimates),
+        cmocka_unit_test(test_profiled_costs),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
