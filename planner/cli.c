@@ -22,7 +22,7 @@ static const char usage_text[] =
     "commands:\n"
     "  plan      plan one strategy for a cluster, model and global batch\n"
     "  compare   predicted iteration time and memory of every strategy side by side\n"
-    "  models    list the built-in models with their parameter counts\n"
+    "  models    list the built-in models; `models MODEL` shows its units, FLOPs, activations\n"
     "  gpus      list the GPU catalog\n"
     "\n"
     "plan / compare options:\n"
@@ -203,7 +203,7 @@ static int cmd_plan(int argc, char **argv, bool compare) {
     return rc;
 }
 
-static int cmd_models(void) {
+static int cmd_models_list(void) {
     int n;
     const model_spec *b = model_builtins(&n);
     printf("%-16s %-6s %7s %6s %6s %6s %8s %16s\n", "model", "arch", "layers", "d", "heads", "kv", "d_ff", "parameters");
@@ -211,6 +211,56 @@ static int cmd_models(void) {
         printf("%-16s %-6s %7d %6d %6d %6d %8d %16lld\n", b[i].name, model_arch_name(b[i].arch), b[i].n_layer, b[i].d_model,
                b[i].n_head, b[i].n_kv_head, b[i].d_ff, (long long)model_params(&b[i]));
     return 0;
+}
+
+/* One model's units with the figures the planner uses (docs/cost-model.md). */
+static int cmd_model_detail(const char *name, long seq_opt, bool bf16) {
+    model_spec m;
+    err_t err;
+    int seq;
+    if (model_resolve(name, &m, &err) < 0 || model_check_seq(&m, (int)seq_opt, &seq, &err) < 0) {
+        fprintf(stderr, "cephalo: %s\n", err.msg);
+        return EXIT_BAD_INPUT;
+    }
+    int elem = bf16 ? 2 : 4, t = model_tokens(&m, seq);
+    printf("%s: %s, %d layers, d_model %d, %d heads (%d kv), d_ff %d, %lld parameters\n", m.name, model_arch_name(m.arch),
+           m.n_layer, m.d_model, m.n_head, m.n_kv_head, m.d_ff, (long long)model_params(&m));
+    printf("per sample at %d tokens, %s activations; FSDP units:\n", t, bf16 ? "bf16" : "fp32");
+    printf("%-12s %5s %15s %16s %18s\n", "unit", "count", "parameters", "fwd GFLOP/sample", "activations MiB");
+    for (unit_kind k = UNIT_EMBEDDING; k <= UNIT_HEAD; k++)
+        printf("%-12s %5d %15lld %16.3f %18.2f\n", unit_kind_name(k), k == UNIT_BLOCK ? m.n_layer : 1,
+               (long long)model_kind_params(&m, k), model_kind_fwd_flops(&m, k, seq) / 1e9,
+               model_kind_act_bytes(&m, k, seq, elem) / (1024.0 * 1024.0));
+    double fwd = model_kind_fwd_flops(&m, UNIT_EMBEDDING, seq) + m.n_layer * model_kind_fwd_flops(&m, UNIT_BLOCK, seq) +
+                 model_kind_fwd_flops(&m, UNIT_HEAD, seq);
+    printf("training FLOPs per token (fwd + bwd, no recompute): %.4g (6N = %.4g)\n", 3 * fwd / t, 6.0 * model_params(&m));
+    printf("unit-boundary checkpoint per sample: %.2f MiB; training state: %.2f GiB (16 B/param)\n",
+           model_boundary_bytes(&m, seq, elem) / (1024.0 * 1024.0), model_params(&m) * 16.0 / (1024.0 * 1024.0 * 1024.0));
+    return 0;
+}
+
+static int cmd_models(int argc, char **argv) {
+    long seq = 0;
+    bool bf16 = false;
+    const char *name = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            puts("usage: cephalo models [MODEL [--seq S] [--precision fp32|bf16]]\n"
+                 "  without MODEL: the built-in models; with one: its units, FLOPs and activation memory");
+            return 0;
+        } else if (!strcmp(argv[i], "--seq") && i + 1 < argc) {
+            if (!str_to_long(argv[++i], &seq) || seq < 1 || seq > 1 << 20) return bad("--seq: '%s' is not a positive integer", argv[i]);
+        } else if (!strcmp(argv[i], "--precision") && i + 1 < argc) {
+            const char *p = argv[++i];
+            if (strcmp(p, "fp32") && strcmp(p, "bf16")) return bad("--precision: '%s' (expected fp32 or bf16)", p);
+            bf16 = !strcmp(p, "bf16");
+        } else if (argv[i][0] == '-' || name) {
+            return bad("models: unexpected argument '%s'", argv[i]);
+        } else {
+            name = argv[i];
+        }
+    }
+    return name ? cmd_model_detail(name, seq, bf16) : cmd_models_list();
 }
 
 static int cmd_gpus(void) {
@@ -235,7 +285,7 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(cmd, "plan")) return cmd_plan(argc - 1, argv + 1, false);
     if (!strcmp(cmd, "compare")) return cmd_plan(argc - 1, argv + 1, true);
-    if (!strcmp(cmd, "models")) return cmd_models();
+    if (!strcmp(cmd, "models")) return cmd_models(argc - 1, argv + 1);
     if (!strcmp(cmd, "gpus")) return cmd_gpus();
     fprintf(stderr, "cephalo: unknown command '%s' (expected plan, compare, models or gpus; see 'cephalo --help')\n", cmd);
     return EXIT_BAD_INPUT;

@@ -39,6 +39,8 @@ check "compare table" 0 "whale" -- "$BIN" compare --cluster $A --model gpt-2.7b 
 check "compare json" 0 '"strategies"' -- "$BIN" compare --cluster $A --model gpt-2.7b --batch 128 --format json
 check "models list" 0 "llama-7b" -- "$BIN" models
 check "gpus list" 0 "A6000" -- "$BIN" gpus
+check "model detail" 0 "block           12         7087872" -- "$BIN" models gpt2-124m
+check "model detail unknown" 2 "unknown model 'nope'" -- "$BIN" models nope
 check "bf16" 0 "bf16" -- "$BIN" plan --cluster $A --model llama-3b --batch 64 --precision bf16
 check "model file" 0 "my-gpt" -- "$BIN" plan --cluster $A --model examples/models/my-gpt.yaml --batch 32
 check "profiled costs" 0 "measured" -- "$BIN" plan --cluster $A --model bert-large --seq 512 --batch 128 --profile examples/profiles/cluster-a-bert-large.json
