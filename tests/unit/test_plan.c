@@ -131,34 +131,49 @@ static void test_cephalo_beats_baselines(void **state) {
     cluster_free(&cl);
 }
 
+/* The tight two-GPU cluster with gpt2-774m, B = 16, seq 512, and its cephalo plan. */
+typedef struct tight_case {
+    cluster cl;
+    model_spec m;
+    cost_model cm;
+    plan p;
+} tight_case;
+
+static void tight_setup(tight_case *t) {
+    err_t err;
+    load_cluster(tight_cluster, &t->cl);
+    assert_int_equal(model_resolve("gpt2-774m", &t->m, &err), 0);
+    cost_opts co = {.mem_cap = 0.8};
+    assert_int_equal(cost_build(&t->cm, &t->m, &t->cl, 512, 16, &co, &err), 0);
+    assert_int_equal(plan_make(&t->cm, STRAT_CEPHALO, &t->p, &err), 0);
+}
+
+static void tight_teardown(tight_case *t) {
+    plan_free(&t->p);
+    cost_free(&t->cm);
+    cluster_free(&t->cl);
+}
+
 static void test_tight_cluster_is_uneven(void **state) {
     (void)state;
-    cluster cl;
-    load_cluster(tight_cluster, &cl);
-    model_spec m;
-    err_t err;
-    assert_int_equal(model_resolve("gpt2-774m", &m, &err), 0);
-    cost_model cm;
-    cost_opts co = {.mem_cap = 0.8};
-    assert_int_equal(cost_build(&cm, &m, &cl, 512, 16, &co, &err), 0);
-    plan p;
-    assert_int_equal(plan_make(&cm, STRAT_CEPHALO, &p, &err), 0);
-    assert_true(p.feasible);
-    check_invariants(&p);
-    assert_true(p.uneven);
-    assert_true(p.ranks[0].state_ratio < 0.5); /* the 8 GiB device holds less */
+    tight_case t;
+    tight_setup(&t);
+    const plan *p = &t.p;
+    assert_true(p->feasible);
+    check_invariants(p);
+    assert_true(p->uneven);
+    assert_true(p->ranks[0].state_ratio < 0.5); /* the 8 GiB device holds less */
     /* water-filling: no rank holding state is fuller than any other rank */
-    double u0 = p.ranks[0].peak_bytes / p.ranks[0].capacity_bytes, u1 = p.ranks[1].peak_bytes / p.ranks[1].capacity_bytes;
-    assert_true(p.ranks[0].state_params == 0 ? u0 >= u1 - 1e-6 : fabs(u0 - u1) < 1e-6);
+    double u0 = p->ranks[0].peak_bytes / p->ranks[0].capacity_bytes, u1 = p->ranks[1].peak_bytes / p->ranks[1].capacity_bytes;
+    assert_true(p->ranks[0].state_params == 0 ? u0 >= u1 - 1e-6 : fabs(u0 - u1) < 1e-6);
     plan fsdp;
-    assert_int_equal(plan_make(&cm, STRAT_FSDP, &fsdp, &err), 0);
+    err_t err;
+    assert_int_equal(plan_make(&t.cm, STRAT_FSDP, &fsdp, &err), 0);
     assert_false(fsdp.feasible);
     assert_non_null(strstr(fsdp.reason, "rank 0 (A6000 on n0)"));
     assert_non_null(strstr(fsdp.reason, "missing"));
     plan_free(&fsdp);
-    plan_free(&p);
-    cost_free(&cm);
-    cluster_free(&cl);
+    tight_teardown(&t);
 }
 
 static void test_infeasible_reasons(void **state) {
@@ -216,20 +231,13 @@ static void test_shards_fewest_uneven(void **state) {
 
 static void test_plan_json(void **state) {
     (void)state;
-    cluster cl;
-    load_cluster(tight_cluster, &cl);
-    model_spec m;
-    err_t err;
-    assert_int_equal(model_resolve("gpt2-774m", &m, &err), 0);
-    cost_model cm;
-    cost_opts co = {.mem_cap = 0.8};
-    assert_int_equal(cost_build(&cm, &m, &cl, 512, 16, &co, &err), 0);
-    plan p;
-    assert_int_equal(plan_make(&cm, STRAT_CEPHALO, &p, &err), 0);
+    tight_case t;
+    tight_setup(&t);
     char *buf = NULL;
     size_t len = 0;
+    err_t err;
     FILE *f = open_memstream(&buf, &len);
-    assert_int_equal(plan_write_json(&p, f, &err), 0);
+    assert_int_equal(plan_write_json(&t.p, f, &err), 0);
     fclose(f);
     cJSON *root = cJSON_Parse(buf);
     assert_non_null(root);
@@ -238,17 +246,15 @@ static void test_plan_json(void **state) {
     cJSON *ranks = cJSON_GetObjectItem(root, "ranks");
     assert_int_equal(cJSON_GetArraySize(ranks), 2);
     cJSON *r0 = cJSON_GetArrayItem(ranks, 0);
-    assert_int_equal(cJSON_GetObjectItem(r0, "batch")->valueint, p.ranks[0].batch);
+    assert_int_equal(cJSON_GetObjectItem(r0, "batch")->valueint, t.p.ranks[0].batch);
     assert_non_null(cJSON_GetObjectItem(cJSON_GetObjectItem(r0, "predicted"), "peak_bytes"));
     cJSON *units = cJSON_GetObjectItem(root, "units");
-    assert_int_equal(cJSON_GetArraySize(units), model_n_units(&m));
+    assert_int_equal(cJSON_GetArraySize(units), model_n_units(&t.m));
     assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(cJSON_GetArrayItem(units, 0), "shard_sizes")), 2);
     assert_true(cJSON_GetObjectItem(cJSON_GetObjectItem(root, "predicted"), "iter_ms")->valuedouble > 0);
     cJSON_Delete(root);
     free(buf);
-    plan_free(&p);
-    cost_free(&cm);
-    cluster_free(&cl);
+    tight_teardown(&t);
 }
 
 int main(void) {
