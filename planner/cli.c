@@ -78,8 +78,8 @@ static int parse_options(int argc, char **argv, cli_opts *o) {
         case 'o': o->output = optarg; break;
         case 'D': o->dump_costs = optarg; break;
         case 'b':
-            if (!str_to_long(optarg, &o->batch) || o->batch < 1 || o->batch > 1 << 24)
-                return bad("--batch: '%s' is not a positive integer (1..16777216)", optarg);
+            if (!str_to_long(optarg, &o->batch) || o->batch < 1 || o->batch > COST_MAX_BATCH)
+                return bad("--batch: '%s' is not a positive integer (1..65536)", optarg);
             break;
         case 's':
             if (!str_to_long(optarg, &o->seq) || o->seq < 1 || o->seq > 1 << 20)

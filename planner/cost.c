@@ -185,6 +185,12 @@ static void build_group(cost_model *cm, cost_group *g, int batch_limit) {
     g->opt_ms_per_param = OPT_BYTES_PER_PARAM / (device_bw_gbs(d) * 1e9) * 1e3;
 }
 
+static int count_groups(const cluster *cl) {
+    int n = cl->n_devices > 0;
+    for (int r = 1; r < cl->n_devices; r++) n += !same_device(&cl->devices[r - 1], &cl->devices[r]);
+    return n;
+}
+
 static void build_groups(cost_model *cm) {
     const cluster *cl = cm->cl;
     int limit = cm->batch - (cl->n_devices - 1); /* every other rank needs a sample */
@@ -303,7 +309,14 @@ int cost_group_of(const cost_model *cm, int rank) {
 int cost_build(cost_model *cm, const model_spec *m, const cluster *cl, int seq, int batch,
                const cost_opts *opts, err_t *err) {
     memset(cm, 0, sizeof *cm);
-    if (batch < 1) return err_set(err, "global batch %d must be positive", batch);
+    if (cl->n_devices < 1) return err_set(err, "the cluster has no devices");
+    if (batch < 1 || batch > COST_MAX_BATCH)
+        return err_set(err, "global batch %d must be in 1..%d", batch, COST_MAX_BATCH);
+    /* per-microbatch times are tabulated per device group up to the batch: keep that bounded */
+    if ((double)count_groups(cl) * batch > COST_MAX_TABLE)
+        return err_set(err, "global batch %d over %d distinct device groups is beyond what the planner tabulates "
+                            "(batch x groups <= %.0f); list identical devices next to each other",
+                       batch, count_groups(cl), COST_MAX_TABLE);
     if (batch < cl->n_devices)
         return err_set(err,
                        "global batch %d cannot be split over %d devices: every device needs at "

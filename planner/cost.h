@@ -26,6 +26,8 @@
 
 #define STATE_BYTES_PER_PARAM 16 /* fp32 Adam: 4 param + 4 grad + 8 moments (bf16: ZeRO's 2+2+12) */
 #define UNEVEN_COMM_FACTOR 1.15
+#define COST_MAX_BATCH 65536 /* samples per iteration (the exact room DP is quadratic in it) */
+#define COST_MAX_TABLE 67108864.0 /* batch x device groups: 1 GiB of time tables */
 #define GPU_RESERVED_BYTES (768.0 * 1024 * 1024) /* CUDA context, cuBLAS workspace, allocator slack */
 
 typedef struct cost_opts {

@@ -124,6 +124,7 @@ typedef struct search {
     bits acc, pow, reach;
     sumset_tmp tmp;
     int64_t *dp, *dp_pow, *dp_acc, *dp_tmp; /* [B+1] max-plus scratch */
+    double lambda; /* the Lagrangian price per sample of the last room bound */
     long checks;
 } search;
 
@@ -144,29 +145,37 @@ static int group_count_cap(const opt_group *g, int m, int bmax) {
     return cap;
 }
 
-/* Builds the group's achievable-batch set; returns the worst (smallest) room among the
- * microbatches it uses, for the quick sufficient test of constraint III (0 without one). */
-static int64_t build_group_set(search *s, int gi, double tf, double tb) {
+/* The state room one rank of a group can offer under the current thresholds: at its least
+ * roomy admissible microbatch (every split gets at least this) and at its roomiest (no split
+ * gets more). Both 0 without constraint III. */
+typedef struct room_bounds {
+    int64_t worst, best;
+} room_bounds;
+
+/* Builds the group's achievable-batch set and, with constraint III, the most room per batch. */
+static room_bounds build_group_set(search *s, int gi, double tf, double tb) {
     const opt_group *g = &s->p->groups[gi];
     bits *set = &s->sets[gi];
     bits_zero(set);
     int64_t *room = s->best_room ? s->best_room[gi] : NULL;
     if (room)
         for (int b = 0; b <= s->p->batch; b++) room[b] = NEG_ROOM;
-    int64_t worst = INT64_MAX;
+    room_bounds rb = {INT64_MAX, 0};
     for (int m = 1; m <= g->mmax && m <= s->bmax; m++) {
         int cap = group_count_cap(g, m, s->bmax);
         int l = max_count(g->f[m], tf, cap);
         int lk = max_count(g->k[m], tb, cap);
         if (lk < l) l = lk;
         if (l < 1) continue;
-        if (room && g->room[m] < worst) worst = g->room[m];
+        if (room && g->room[m] < rb.worst) rb.worst = g->room[m];
+        if (room && g->room[m] > rb.best) rb.best = g->room[m];
         for (int j = 1; j <= l; j++) {
             bits_set(set, m * j);
             if (room && g->room[m] > room[m * j]) room[m * j] = g->room[m];
         }
     }
-    return worst == INT64_MAX ? 0 : worst;
+    if (rb.worst == INT64_MAX) rb.worst = 0;
+    return rb;
 }
 
 /* dst = a (max,+) b over sums 0..B. */
@@ -214,15 +223,49 @@ static void add_group(search *s, int gi) {
 
 static int64_t witness_room(search *s, double tf, double tb);
 
+/* An upper bound of the most room any split leaves: for every price lambda per sample,
+ * lambda*B + sum_i max_b (room_i(b) - lambda*b) bounds it (the exact-sum constraint relaxed);
+ * the bound is convex in lambda and minimised by bisection on its slope. */
+static double lagrange_at(const search *s, double lambda, long *slope) {
+    double total = lambda * s->p->batch;
+    *slope = s->p->batch;
+    for (int gi = 0; gi < s->p->n_groups; gi++) {
+        const int64_t *h = s->best_room[gi];
+        double best = -INFINITY;
+        int arg = 0;
+        for (int b = 1; b <= s->p->batch; b++)
+            if (h[b] != NEG_ROOM && (double)h[b] - lambda * b > best) best = (double)h[b] - lambda * b, arg = b;
+        total += s->p->groups[gi].count * best;
+        *slope -= (long)s->p->groups[gi].count * arg;
+    }
+    return total;
+}
+
+static double lagrange_room_bound(search *s) {
+    double lo = -1e15, hi = 1e15, best = INFINITY;
+    for (int it = 0; it < 120; it++) {
+        double mid = (lo + hi) / 2;
+        long slope;
+        double v = lagrange_at(s, mid, &slope);
+        if (v < best) best = v, s->lambda = mid;
+        if (slope > 0) hi = mid; /* bound grows with lambda: go lower */
+        else if (slope < 0) lo = mid;
+        else break;
+    }
+    return best;
+}
+
 static bool feasible(search *s, double tf, double tb) {
     const opt_problem *p = s->p;
     s->checks++;
-    int64_t worst_room = 0;
+    int64_t worst_room = 0, best_room = 0;
     for (int gi = 0; gi < p->n_groups; gi++) {
-        int64_t w = build_group_set(s, gi, tf, tb);
+        room_bounds rb = build_group_set(s, gi, tf, tb);
         if (bits_empty(&s->sets[gi])) return false;
-        worst_room += w * p->groups[gi].count;
+        worst_room += rb.worst * p->groups[gi].count;
+        best_room += rb.best * p->groups[gi].count;
     }
+    if (p->need_room > 0 && best_room < p->need_room) return false; /* III fails for every split */
     bits_zero(&s->reach);
     bits_set(&s->reach, 0);
     for (int gi = 0; gi < p->n_groups; gi++) {
@@ -231,8 +274,9 @@ static bool feasible(search *s, double tf, double tb) {
     }
     if (!bits_test(&s->reach, p->batch)) return false;
     if (p->need_room <= 0 || worst_room >= p->need_room) return true;
-    /* A witness first: a balanced split, each rank at its roomiest microbatch. Only when it
-     * falls short does the exact (quadratic) dynamic program decide. */
+    /* The Lagrangian bound disproves III; a split priced by its multiplier proves it. Only
+     * between the two does the exact (quadratic in B) dynamic program decide. */
+    if (lagrange_room_bound(s) < (double)p->need_room - 1) return false;
     if (witness_room(s, tf, tb) >= p->need_room) return true;
     return dp_max_room(s) >= p->need_room;
 }
@@ -293,19 +337,25 @@ static int first_feasible(search *s, const values *vals, int lo, int hi, bool va
 /* Picks each rank's batch, walking ranks in order: a batch the remaining ranks can complete
  * (suffix sumsets, and the suffix max-room DP when constraint III binds), closest to the rank's
  * fair share of what is left. */
-static void choose_batches(search *s, double tf, double tb, bool exact_room, int *batch) {
+typedef enum { PICK_BALANCED, PICK_ROOMY, PICK_EXACT_ROOM } pick_mode;
+
+/* PICK_BALANCED: closest to the fair share; PICK_ROOMY: the batch with the most state room net
+ * of the Lagrangian price lambda per sample (a witness for constraint III); PICK_EXACT_ROOM: balanced among the batches with which
+ * the remaining ranks can still meet constraint III (suffix max-plus tables). */
+static void choose_batches(search *s, double tf, double tb, pick_mode mode, int *batch) {
     const opt_problem *p = s->p;
     int N = s->n_ranks, B = p->batch;
     int64_t worst = 0;
     int *group_of = xmalloc((size_t)N * sizeof *group_of);
     int *maxb = xcalloc((size_t)p->n_groups, sizeof *maxb);
     for (int gi = 0, r = 0; gi < p->n_groups; gi++) {
-        worst += build_group_set(s, gi, tf, tb) * p->groups[gi].count;
+        worst += build_group_set(s, gi, tf, tb).worst * p->groups[gi].count;
         for (int b = B; b > 0 && !maxb[gi]; b--)
             if (bits_test(&s->sets[gi], b)) maxb[gi] = b;
         for (int c = 0; c < p->groups[gi].count; c++) group_of[r++] = gi;
     }
-    bool use_dp = exact_room && p->need_room > 0 && worst < p->need_room;
+    bool use_dp = mode == PICK_EXACT_ROOM && p->need_room > 0 && worst < p->need_room;
+    bool roomy = mode == PICK_ROOMY && s->best_room;
     bits *suf = xcalloc((size_t)N + 1, sizeof *suf);
     int64_t *dps = use_dp ? xmalloc((size_t)(N + 1) * (B + 1) * sizeof *dps) : NULL;
     for (int i = N; i >= 0; i--) {
@@ -339,6 +389,15 @@ static void choose_batches(search *s, double tf, double tb, bool exact_room, int
                 if (rest == NEG_ROOM || room_so_far + s->best_room[gi][b] + rest < p->need_room) continue;
             }
             double dist = fabs(b - target);
+            if (roomy && pick > 0) {
+                /* room net of the multiplier's price of the samples taken */
+                double gain = (double)s->best_room[gi][b] - s->lambda * b;
+                double best_gain = (double)s->best_room[gi][pick] - s->lambda * pick;
+                if (gain != best_gain) {
+                    if (gain > best_gain) pick = b, pick_dist = dist;
+                    continue;
+                }
+            }
             if (dist <= pick_dist) pick = b, pick_dist = dist;
         }
         CHECK(pick > 0);
@@ -355,11 +414,11 @@ static void choose_batches(search *s, double tf, double tb, bool exact_room, int
     free(group_of);
 }
 
-/* Room of a balanced split (the reconstruction without constraint III), each rank taking its
+/* Room of a split chosen rank by rank by room net of the Lagrangian price, each rank at its
  * roomiest microbatch for its batch: a lower bound of the best room, cheap to compute. */
 static int64_t witness_room(search *s, double tf, double tb) {
     int *batch = xmalloc((size_t)s->n_ranks * sizeof *batch);
-    choose_batches(s, tf, tb, false, batch);
+    choose_batches(s, tf, tb, PICK_ROOMY, batch);
     int64_t room = 0;
     for (int gi = 0, i = 0; gi < s->p->n_groups; gi++)
         for (int c = 0; c < s->p->groups[gi].count; c++, i++) room += s->best_room[gi][batch[i]];
@@ -464,15 +523,21 @@ int opt_solve(const opt_problem *p, opt_result *r) {
     }
     values vf = collect_values(&s, true, p->fwd_floor);
     values vb = collect_values(&s, false, p->bwd_floor);
+    if (p->upper_bound > 0) {
+        /* tf + tb < bound with tb >= C and tf >= A: larger thresholds are of no interest, and
+         * the binary searches never probe them (the expensive, memory-tight ones among them) */
+        while (vf.n > 0 && vf.v[vf.n - 1] >= p->upper_bound - p->bwd_floor) vf.n--;
+        while (vb.n > 0 && vb.v[vb.n - 1] >= p->upper_bound - p->fwd_floor) vb.n--;
+    }
     double tf = 0, tb = 0;
-    bool ok = staircase(&s, &vf, &vb, &tf, &tb);
+    bool ok = vf.n > 0 && vb.n > 0 && staircase(&s, &vf, &vb, &tf, &tb) && tf + tb < (p->upper_bound > 0 ? p->upper_bound : INFINITY);
     if (ok) {
         r->batch = xcalloc((size_t)s.n_ranks, sizeof(int));
         r->micro = xcalloc((size_t)s.n_ranks, sizeof(int));
-        choose_batches(&s, tf, tb, true, r->batch);
+        choose_batches(&s, tf, tb, PICK_EXACT_ROOM, r->batch);
         /* room-first microbatches only when the quick sufficient test of III fails */
         int64_t worst = 0;
-        for (int gi = 0; gi < p->n_groups; gi++) worst += build_group_set(&s, gi, tf, tb) * p->groups[gi].count;
+        for (int gi = 0; gi < p->n_groups; gi++) worst += build_group_set(&s, gi, tf, tb).worst * p->groups[gi].count;
         bool most_room = p->need_room > 0 && worst < p->need_room;
         for (int gi = 0, i = 0; gi < p->n_groups; gi++)
             for (int c = 0; c < p->groups[gi].count; c++, i++) {

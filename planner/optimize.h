@@ -28,6 +28,8 @@ typedef struct opt_problem {
     int batch;
     double fwd_floor, bwd_floor; /* A and C */
     int64_t need_room; /* 0: no aggregate memory constraint */
+    double upper_bound; /* > 0: only objectives below it are of interest (a plan from another
+                           regime already reaches it); opt_solve reports 1 when none is */
 } opt_problem;
 
 typedef struct opt_result {
@@ -38,7 +40,7 @@ typedef struct opt_result {
     long checks; /* feasibility tests run */
 } opt_result;
 
-/* 0: optimum found; 1: infeasible. */
+/* 0: optimum found; 1: infeasible (or nothing below upper_bound). */
 int opt_solve(const opt_problem *p, opt_result *r);
 void opt_result_free(opt_result *r);
 

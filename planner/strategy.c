@@ -221,10 +221,13 @@ static bool any_empty_group(const regime_problem *rp) {
     return false;
 }
 
-/* Solves one regime; returns its total (objective + exposed collectives) or INFINITY. */
-static double solve_regime(const cost_model *cm, int mcap, int max_micros, bool uneven, opt_result *res, long *checks) {
+/* Solves one regime; returns its total (objective + exposed collectives) or INFINITY, also
+ * when it cannot beat `beat` (the other regime's total). */
+static double solve_regime(const cost_model *cm, int mcap, int max_micros, bool uneven, double beat, opt_result *res,
+                           long *checks) {
     regime_problem rp;
     build_problem(cm, &rp, mcap, max_micros, true, uneven);
+    if (isfinite(beat)) rp.prob.upper_bound = fmax(beat - cost_exposed_ms(cm, uneven), 1e-300);
     double total = INFINITY;
     if (!any_empty_group(&rp) && opt_solve(&rp.prob, res) == 0) total = res->objective + cost_exposed_ms(cm, uneven);
     *checks += res->checks;
@@ -260,8 +263,9 @@ static int explain_infeasible(plan *p, int mcap) {
 static int make_optimized(plan *p, int mcap) {
     const cost_model *cm = p->cm;
     opt_result even = {0}, uneven = {0};
-    double t_even = solve_regime(cm, mcap, 0, false, &even, &p->checks);
-    double t_uneven = solve_regime(cm, mcap, 0, true, &uneven, &p->checks);
+    /* even first: the uneven regime then only searches below it (ties go to even shards) */
+    double t_even = solve_regime(cm, mcap, 0, false, INFINITY, &even, &p->checks);
+    double t_uneven = solve_regime(cm, mcap, 0, true, t_even, &uneven, &p->checks);
     int rc = 0;
     if (!isfinite(t_even) && !isfinite(t_uneven)) {
         rc = explain_infeasible(p, mcap);
