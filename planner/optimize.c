@@ -178,6 +178,25 @@ static room_bounds build_group_set(search *s, int gi, double tf, double tb) {
     return rb;
 }
 
+/* Builds every group's set; false when a group can run nothing under the thresholds. The room
+ * bounds summed over ranks go to *sum (constraint III's quick tests). */
+static bool build_all_sets(search *s, double tf, double tb, room_bounds *sum) {
+    *sum = (room_bounds){0, 0};
+    bool all = true;
+    for (int gi = 0; gi < s->p->n_groups; gi++) {
+        room_bounds rb = build_group_set(s, gi, tf, tb);
+        all &= !bits_empty(&s->sets[gi]);
+        sum->worst += rb.worst * s->p->groups[gi].count;
+        sum->best += rb.best * s->p->groups[gi].count;
+    }
+    return all;
+}
+
+/* Whether the quick lower bound already guarantees constraint III for every split. */
+static bool room_guaranteed(const opt_problem *p, const room_bounds *sum) {
+    return p->need_room <= 0 || sum->worst >= p->need_room;
+}
+
 /* dst = a (max,+) b over sums 0..B. */
 static void dp_conv(const search *s, int64_t *dst, const int64_t *a, const int64_t *b, int64_t *tmp) {
     int B = s->p->batch;
@@ -258,14 +277,9 @@ static double lagrange_room_bound(search *s) {
 static bool feasible(search *s, double tf, double tb) {
     const opt_problem *p = s->p;
     s->checks++;
-    int64_t worst_room = 0, best_room = 0;
-    for (int gi = 0; gi < p->n_groups; gi++) {
-        room_bounds rb = build_group_set(s, gi, tf, tb);
-        if (bits_empty(&s->sets[gi])) return false;
-        worst_room += rb.worst * p->groups[gi].count;
-        best_room += rb.best * p->groups[gi].count;
-    }
-    if (p->need_room > 0 && best_room < p->need_room) return false; /* III fails for every split */
+    room_bounds room;
+    if (!build_all_sets(s, tf, tb, &room)) return false;
+    if (p->need_room > 0 && room.best < p->need_room) return false; /* III fails for every split */
     bits_zero(&s->reach);
     bits_set(&s->reach, 0);
     for (int gi = 0; gi < p->n_groups; gi++) {
@@ -273,7 +287,7 @@ static bool feasible(search *s, double tf, double tb) {
         if (bits_empty(&s->reach)) return false;
     }
     if (!bits_test(&s->reach, p->batch)) return false;
-    if (p->need_room <= 0 || worst_room >= p->need_room) return true;
+    if (room_guaranteed(p, &room)) return true;
     /* The Lagrangian bound disproves III; a split priced by its multiplier proves it. Only
      * between the two does the exact (quadratic in B) dynamic program decide. */
     if (lagrange_room_bound(s) < (double)p->need_room - 1) return false;
@@ -339,22 +353,22 @@ static int first_feasible(search *s, const values *vals, int lo, int hi, bool va
  * fair share of what is left. */
 typedef enum { PICK_BALANCED, PICK_ROOMY, PICK_EXACT_ROOM } pick_mode;
 
-/* PICK_BALANCED: closest to the fair share; PICK_ROOMY: the batch with the most state room net
- * of the Lagrangian price lambda per sample (a witness for constraint III); PICK_EXACT_ROOM: balanced among the batches with which
- * the remaining ranks can still meet constraint III (suffix max-plus tables). */
+/* PICK_BALANCED: closest to the fair share. PICK_ROOMY: the most state room net of the
+ * Lagrangian price lambda per sample (a witness for constraint III). PICK_EXACT_ROOM: balanced
+ * among the batches with which the remaining ranks can still meet III (suffix max-plus tables). */
 static void choose_batches(search *s, double tf, double tb, pick_mode mode, int *batch) {
     const opt_problem *p = s->p;
     int N = s->n_ranks, B = p->batch;
-    int64_t worst = 0;
+    room_bounds room;
+    CHECK(build_all_sets(s, tf, tb, &room));
     int *group_of = xmalloc((size_t)N * sizeof *group_of);
     int *maxb = xcalloc((size_t)p->n_groups, sizeof *maxb);
     for (int gi = 0, r = 0; gi < p->n_groups; gi++) {
-        worst += build_group_set(s, gi, tf, tb).worst * p->groups[gi].count;
         for (int b = B; b > 0 && !maxb[gi]; b--)
             if (bits_test(&s->sets[gi], b)) maxb[gi] = b;
         for (int c = 0; c < p->groups[gi].count; c++) group_of[r++] = gi;
     }
-    bool use_dp = mode == PICK_EXACT_ROOM && p->need_room > 0 && worst < p->need_room;
+    bool use_dp = mode == PICK_EXACT_ROOM && !room_guaranteed(p, &room);
     bool roomy = mode == PICK_ROOMY && s->best_room;
     bits *suf = xcalloc((size_t)N + 1, sizeof *suf);
     int64_t *dps = use_dp ? xmalloc((size_t)(N + 1) * (B + 1) * sizeof *dps) : NULL;
@@ -512,6 +526,8 @@ static bool staircase(search *s, const values *vf, const values *vb, double *bes
     return true;
 }
 
+static bool assignment_phases(const opt_problem *p, const int *batch, const int *micro, double *F, double *K);
+
 int opt_solve(const opt_problem *p, opt_result *r) {
     memset(r, 0, sizeof *r);
     search s;
@@ -536,24 +552,16 @@ int opt_solve(const opt_problem *p, opt_result *r) {
         r->micro = xcalloc((size_t)s.n_ranks, sizeof(int));
         choose_batches(&s, tf, tb, PICK_EXACT_ROOM, r->batch);
         /* room-first microbatches only when the quick sufficient test of III fails */
-        int64_t worst = 0;
-        for (int gi = 0; gi < p->n_groups; gi++) worst += build_group_set(&s, gi, tf, tb).worst * p->groups[gi].count;
-        bool most_room = p->need_room > 0 && worst < p->need_room;
+        room_bounds room;
+        CHECK(build_all_sets(&s, tf, tb, &room));
+        bool most_room = !room_guaranteed(p, &room);
         for (int gi = 0, i = 0; gi < p->n_groups; gi++)
             for (int c = 0; c < p->groups[gi].count; c++, i++) {
                 r->micro[i] = choose_micro(&p->groups[gi], r->batch[i], tf, tb, most_room, s.bmax);
                 CHECK(r->micro[i] > 0);
             }
-        r->objective = opt_objective(p, r->batch, r->micro);
-        CHECK(isfinite(r->objective));
-        r->fwd_ms = r->bwd_ms = 0;
-        for (int gi = 0, i = 0; gi < p->n_groups; gi++)
-            for (int c = 0; c < p->groups[gi].count; c++, i++) {
-                const opt_group *g = &p->groups[gi];
-                int l = r->batch[i] / r->micro[i];
-                r->fwd_ms = fmax(r->fwd_ms, l * g->f[r->micro[i]]);
-                r->bwd_ms = fmax(r->bwd_ms, l * g->k[r->micro[i]]);
-            }
+        CHECK(assignment_phases(p, r->batch, r->micro, &r->fwd_ms, &r->bwd_ms));
+        r->objective = fmax(r->fwd_ms, p->fwd_floor) + fmax(r->bwd_ms, p->bwd_floor);
     }
     r->checks = s.checks;
     free(vf.v);
@@ -568,23 +576,30 @@ void opt_result_free(opt_result *r) {
     memset(r, 0, sizeof *r);
 }
 
-double opt_objective(const opt_problem *p, const int *batch, const int *micro) {
-    double F = 0, K = 0;
+/* The slowest rank's forward and backward phase of an assignment; false when it breaks a
+ * constraint (microbatch range, divisibility, the batch sum, constraint III). */
+static bool assignment_phases(const opt_problem *p, const int *batch, const int *micro, double *F, double *K) {
     int64_t room = 0;
     long total = 0;
+    *F = *K = 0;
     for (int gi = 0, i = 0; gi < p->n_groups; gi++) {
         const opt_group *g = &p->groups[gi];
         for (int c = 0; c < g->count; c++, i++) {
             int m = micro[i], b = batch[i];
-            if (m < 1 || m > g->mmax || b < m || b % m) return INFINITY;
+            if (m < 1 || m > g->mmax || b < m || b % m) return false;
             int l = b / m;
-            if (g->max_micros > 0 && l > g->max_micros) return INFINITY;
-            F = fmax(F, (double)l * g->f[m]);
-            K = fmax(K, (double)l * g->k[m]);
+            if (g->max_micros > 0 && l > g->max_micros) return false;
+            *F = fmax(*F, (double)l * g->f[m]);
+            *K = fmax(*K, (double)l * g->k[m]);
             if (p->need_room > 0) room += g->room[m];
             total += b;
         }
     }
-    if (total != p->batch || (p->need_room > 0 && room < p->need_room)) return INFINITY;
+    return total == p->batch && (p->need_room <= 0 || room >= p->need_room);
+}
+
+double opt_objective(const opt_problem *p, const int *batch, const int *micro) {
+    double F, K;
+    if (!assignment_phases(p, batch, micro, &F, &K)) return INFINITY;
     return fmax(F, p->fwd_floor) + fmax(K, p->bwd_floor);
 }
