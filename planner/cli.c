@@ -36,8 +36,9 @@ static const char usage_text[] =
     "  --mem-cap F           usable fraction of device memory (default 0.8)\n"
     "  --format F            table (default) or json\n"
     "  -o, --output FILE     also write the plan JSON to FILE                [plan]\n"
-    "  --dump-costs FILE     write every candidate (microbatch, count) per rank with its\n"
-    "                        time and memory, and the collective terms, as JSON\n"
+    "  --dump-costs FILE     write every candidate (microbatch, count) of every rank (one\n"
+    "                        table per device group) with its time and memory, and the\n"
+    "                        collective terms, as JSON\n"
     "  -h, --help            this text\n"
     "\n"
     "exit status: 0 feasible, 3 infeasible (the reason is printed), 2 bad input\n";

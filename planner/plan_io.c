@@ -214,30 +214,42 @@ int plan_write_compare_json(const plan *plans, int n, FILE *f, err_t *err) {
 
 /* ---- --dump-costs ---- */
 
-static cJSON *candidates_json(const cost_model *cm, const cost_group *g) {
-    cJSON *arr = cJSON_CreateArray();
-    int bmax = g->mlimit;
-    for (int m = 1; m <= g->mmax; m++) {
-        for (int l = 1; (long)m * l <= bmax; l++) {
-            cJSON *c = cJSON_CreateArray();
-            cJSON_AddItemToArray(c, cJSON_CreateNumber(m));
-            cJSON_AddItemToArray(c, cJSON_CreateNumber(l));
-            cJSON_AddItemToArray(c, cJSON_CreateNumber((double)l * g->fwd_ms[m]));
-            cJSON_AddItemToArray(c, cJSON_CreateNumber((double)l * g->bwd_ms[m]));
-            cJSON_AddItemToArray(c, cJSON_CreateNumber((double)cost_compute_bytes(g, m)));
-            cJSON_AddItemToArray(arr, c);
-        }
-    }
-    (void)cm;
-    return arr;
+/* Writes a cJSON object without its closing brace, so that large members can follow streamed. */
+static bool put_open_object(cJSON *obj, FILE *f) {
+    char *text = cJSON_PrintUnformatted(obj);
+    cJSON_Delete(obj);
+    if (!text) return false;
+    size_t len = strlen(text);
+    bool ok = len >= 2 && fwrite(text, 1, len - 1, f) == len - 1;
+    free(text);
+    return ok;
 }
 
-int plan_dump_costs(const cost_model *cm, const char *path, err_t *err) {
-    FILE *f = fopen(path, "w");
-    if (!f) return err_set(err, "%s: cannot write: %s", path, strerror(errno));
+/* One group's candidates, streamed: [m, l, l*F(m), l*K(m), M(m)] for every m <= mmax and l with
+ * m*l <= B-(N-1). Identical devices share one table, so the file stays O(groups * B log B). */
+static bool put_group(const cost_group *g, int id, FILE *f) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "group", id);
+    cJSON_AddStringToObject(o, "device", g->dev->threads ? g->dev->type : g->dev->spec->name);
+    cJSON_AddNumberToObject(o, "first_rank", g->first_rank);
+    cJSON_AddNumberToObject(o, "count", g->count);
+    cJSON_AddNumberToObject(o, "usable_bytes", g->usable_bytes);
+    cJSON_AddBoolToObject(o, "measured", g->measured);
+    cJSON_AddStringToObject(o, "candidate_fields", "[microbatch, microbatches, fwd_ms, bwd_ms, compute_bytes]");
+    if (!put_open_object(o, f) || fputs(",\"candidates\":[", f) < 0) return false;
+    bool first = true;
+    for (int m = 1; m <= g->mmax; m++)
+        for (int l = 1; (long)m * l <= g->mlimit; l++, first = false)
+            if (fprintf(f, "%s[%d,%d,%.17g,%.17g,%lld]", first ? "" : ",", m, l, (double)l * g->fwd_ms[m],
+                        (double)l * g->bwd_ms[m], (long long)cost_compute_bytes(g, m)) < 0)
+                return false;
+    return fputs("]}", f) >= 0;
+}
+
+static cJSON *dump_header(const cost_model *cm) {
     cJSON *root = cJSON_CreateObject();
     cJSON_AddStringToObject(root, "format", "cephalo-costs");
-    cJSON_AddNumberToObject(root, "version", 1);
+    cJSON_AddNumberToObject(root, "version", 2);
     cJSON_AddStringToObject(root, "model", cm->model->name);
     cJSON_AddNumberToObject(root, "batch", cm->batch);
     cJSON_AddNumberToObject(root, "params", (double)cm->params);
@@ -254,22 +266,18 @@ int plan_dump_costs(const cost_model *cm, const char *path, err_t *err) {
     cJSON_AddNumberToObject(comm, "uneven_factor", cm->comm.uneven_factor);
     cJSON_AddNumberToObject(comm, "even_state_params", (double)cm->even_state_params);
     cJSON_AddBoolToObject(comm, "measured", cm->comm.measured);
-    cJSON *ranks = cJSON_AddArrayToObject(root, "ranks");
-    for (int i = 0; i < cm->cl->n_devices; i++) {
-        const cost_group *g = &cm->groups[cost_group_of(cm, i)];
-        cJSON *o = cJSON_CreateObject();
-        cJSON_AddNumberToObject(o, "rank", i);
-        cJSON_AddStringToObject(o, "device", rank_device(cm, i));
-        cJSON_AddNumberToObject(o, "usable_bytes", g->usable_bytes);
-        cJSON_AddBoolToObject(o, "measured", g->measured);
-        cJSON_AddStringToObject(o, "candidate_fields", "[microbatch, microbatches, fwd_ms, bwd_ms, compute_bytes]");
-        cJSON_AddItemToObject(o, "candidates", candidates_json(cm, g));
-        cJSON_AddItemToArray(ranks, o);
-    }
-    char *text = cJSON_PrintUnformatted(root);
-    cJSON_Delete(root);
-    int ok = text && fputs(text, f) >= 0 && fputc('\n', f) != EOF;
-    free(text);
-    if (fclose(f) != 0) ok = 0;
+    /* rank i's candidates are those of group rank_group[i] */
+    cJSON *ranks = cJSON_AddArrayToObject(root, "rank_group");
+    for (int i = 0; i < cm->cl->n_devices; i++) cJSON_AddItemToArray(ranks, cJSON_CreateNumber(cost_group_of(cm, i)));
+    return root;
+}
+
+int plan_dump_costs(const cost_model *cm, const char *path, err_t *err) {
+    FILE *f = fopen(path, "w");
+    if (!f) return err_set(err, "%s: cannot write: %s", path, strerror(errno));
+    bool ok = put_open_object(dump_header(cm), f) && fputs(",\"groups\":[", f) >= 0;
+    for (int g = 0; ok && g < cm->n_groups; g++) ok = (g == 0 || fputc(',', f) != EOF) && put_group(&cm->groups[g], g, f);
+    ok = ok && fputs("]}\n", f) >= 0;
+    if (fclose(f) != 0) ok = false;
     return ok ? 0 : err_set(err, "%s: write error", path);
 }

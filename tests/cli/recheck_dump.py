@@ -15,7 +15,8 @@ def best_cost(costs):
     bpp = costs["state_bytes_per_param"]
     params = costs["params"]
     even_state = comm["even_state_params"] * bpp
-    ranks = costs["ranks"]
+    groups = costs["groups"]
+    ranks = [groups[g] for g in costs["rank_group"]]
     B = costs["batch"]
     options = [[tuple(c) for c in r["candidates"]] for r in ranks]
     best = math.inf
