@@ -157,12 +157,12 @@ static bool same_device(const cluster_device *a, const cluster_device *b) {
 
 static void build_group(cost_model *cm, cost_group *g, int batch_limit) {
     const cluster_device *d = g->dev;
-    const char *type = is_cpu(d) ? GPU_CPU_NAME : d->spec->name;
+    /* a CPU device's own type ("cpu-2t-4.00g") first, then any profiled "cpu" */
     const profile_entry *pe =
         cm->opts.prof ? profile_find(cm->opts.prof, d->type, cm->model->name, cm->seq, cm->opts.bf16)
                       : NULL;
-    if (!pe && cm->opts.prof)
-        pe = profile_find(cm->opts.prof, type, cm->model->name, cm->seq, cm->opts.bf16);
+    if (!pe && cm->opts.prof && is_cpu(d))
+        pe = profile_find(cm->opts.prof, GPU_CPU_NAME, cm->model->name, cm->seq, cm->opts.bf16);
     g->measured = pe != NULL;
     g->peak_tflops = device_peak_tflops(d, cm->opts.bf16);
     g->usable_bytes = d->memory_bytes * cm->opts.mem_cap;
