@@ -40,15 +40,21 @@ else
 endif
 
 WARN := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes
-CPPFLAGS := -Icommon -Iplanner -D_POSIX_C_SOURCE=200809L -DCEPHALO_HAVE_CUDA=$(HAVE_CUDA)
-CFLAGS := -std=c17 $(OPT) $(WARN) -MMD -MP
-LDLIBS := -lyaml -lcjson -lm
+CPPFLAGS := -Icommon -Iplanner -Iworker -D_POSIX_C_SOURCE=200809L -DCEPHALO_HAVE_CUDA=$(HAVE_CUDA)
+CFLAGS := -std=c17 $(OPT) $(WARN) -fopenmp -MMD -MP
+# OpenBLAS's OpenMP build, linked by path: inside our own parallel regions it runs single-threaded
+# instead of oversubscribing the cores (the pthread build would spawn its own threads).
+BLAS_DIR := /usr/lib/x86_64-linux-gnu/openblas-openmp
+LDLIBS := -fopenmp -L$(BLAS_DIR) -Wl,-rpath,$(BLAS_DIR) -lopenblas -lyaml -lcjson -lm
 
 COMMON_SRC := $(wildcard common/*.c)
 PLANNER_SRC := $(filter-out planner/cli.c,$(wildcard planner/*.c))
 LIB_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(COMMON_SRC) $(PLANNER_SRC))
 LIB := $(BUILD)/libcephalo-plan.a
 CLI := $(BUILD)/bin/cephalo
+WORKER_SRC := $(filter-out worker/main.c,$(wildcard worker/*.c))
+WLIB := $(BUILD)/libcephalo-worker.a
+WORKER := $(BUILD)/bin/cephalo-worker
 TEST_SRC := $(wildcard tests/unit/test_*.c)
 TESTS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(TEST_SRC))
 BENCH := $(BUILD)/bench/bench_plan
@@ -56,7 +62,7 @@ FUZZ_SRC := $(wildcard fuzz/fuzz_*.c)
 
 .SECONDARY:
 .PHONY: all deps test demo bench fuzz clean help info
-all: $(CLI)
+all: $(CLI) $(WORKER)
 
 help:
 	@sed -n '2,12p' Makefile | sed 's/^# \{0,1\}//'
@@ -75,11 +81,19 @@ $(LIB): $(LIB_OBJ)
 	@mkdir -p $(dir $@)
 	$(AR) rcs $@ $^
 
-$(CLI): $(BUILD)/planner/cli.o $(LIB)
+$(WLIB): $(patsubst %.c,$(BUILD)/%.o,$(WORKER_SRC))
+	@mkdir -p $(dir $@)
+	$(AR) rcs $@ $^
+
+$(CLI): $(BUILD)/planner/cli.o $(WLIB) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDSAN) -o $@ $^ $(LDLIBS)
 
-$(BUILD)/tests/%: $(BUILD)/tests/unit/%.o $(LIB)
+$(WORKER): $(BUILD)/worker/main.o $(WLIB) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDSAN) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/tests/%: $(BUILD)/tests/unit/%.o $(WLIB) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDSAN) -o $@ $^ $(LDLIBS) -lcmocka
 
@@ -87,7 +101,7 @@ $(BENCH): $(BUILD)/bench/bench_plan.o $(BUILD)/bench/paper_dp.o $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDSAN) -o $@ $^ $(LDLIBS)
 
-test: deps $(CLI) $(TESTS)
+test: deps $(CLI) $(WORKER) $(TESTS)
 	@BUILD=$(BUILD) tests/run.sh $(TESTS)
 
 demo: deps $(CLI)
@@ -99,9 +113,11 @@ bench: deps $(BENCH) $(CLI)
 # libFuzzer targets (clang), built apart from the normal objects.
 FUZZ_BUILD := build/fuzz
 FUZZ_CFLAGS := -std=c17 -g -O1 -fsanitize=fuzzer,address,undefined $(CPPFLAGS) -Wall -Wextra -Werror
-$(FUZZ_BUILD)/%: fuzz/%.c $(COMMON_SRC) $(PLANNER_SRC)
+# The parsers fuzzed need neither BLAS nor OpenMP: only these worker modules are linked in.
+FUZZ_WORKER_SRC := $(wildcard worker/safetensors.c worker/data.c)
+$(FUZZ_BUILD)/%: fuzz/%.c $(COMMON_SRC) $(PLANNER_SRC) $(FUZZ_WORKER_SRC)
 	@mkdir -p $(dir $@)
-	clang $(FUZZ_CFLAGS) -o $@ $^ $(LDLIBS)
+	clang $(FUZZ_CFLAGS) -o $@ $^ -lyaml -lcjson -lm
 
 fuzz: deps $(patsubst fuzz/%.c,$(FUZZ_BUILD)/%,$(FUZZ_SRC))
 	@FUZZ_SECONDS=$(FUZZ_SECONDS) mk/fuzz.sh $(patsubst fuzz/%.c,$(FUZZ_BUILD)/%,$(FUZZ_SRC))

@@ -1,0 +1,134 @@
+/* device.c - the accounting allocator shared by every device kind.
+ *
+ * Sizes are kept in a host-side table keyed by pointer (not in a header before the block), because
+ * a CUDA device pointer cannot carry a host-written header. */
+#include "device.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "log.h"
+
+typedef struct alloc_slot {
+    void *p; /* NULL = empty; TOMB = deleted */
+    size_t bytes;
+} alloc_slot;
+
+typedef struct alloc_table {
+    alloc_slot *slots;
+    size_t cap, used; /* used counts live + tombstones */
+} alloc_table;
+
+static char tomb_marker;
+#define TOMB ((void *)&tomb_marker)
+
+static size_t slot_of(const void *p, size_t cap) {
+    uint64_t h = (uint64_t)(uintptr_t)p;
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdULL;
+    h ^= h >> 33;
+    return (size_t)(h & (cap - 1));
+}
+
+static void table_put(alloc_table *t, void *p, size_t bytes);
+
+static void table_grow(alloc_table *t) {
+    alloc_table old = *t;
+    t->cap = old.cap ? old.cap * 2 : 256;
+    t->slots = xcalloc(t->cap, sizeof(alloc_slot));
+    t->used = 0;
+    for (size_t i = 0; i < old.cap; i++)
+        if (old.slots[i].p && old.slots[i].p != TOMB) table_put(t, old.slots[i].p, old.slots[i].bytes);
+    free(old.slots);
+}
+
+static void table_put(alloc_table *t, void *p, size_t bytes) {
+    if ((t->used + 1) * 2 > t->cap) table_grow(t);
+    size_t i = slot_of(p, t->cap);
+    while (t->slots[i].p && t->slots[i].p != TOMB) i = (i + 1) & (t->cap - 1);
+    if (!t->slots[i].p) t->used++;
+    t->slots[i] = (alloc_slot){p, bytes};
+}
+
+/* Removes p and returns its size; CHECK-fails on a pointer that was never allocated. */
+static size_t table_take(alloc_table *t, void *p) {
+    CHECK(t->cap > 0);
+    size_t i = slot_of(p, t->cap);
+    while (t->slots[i].p != p) {
+        CHECK(t->slots[i].p != NULL); /* freeing memory this device did not allocate */
+        i = (i + 1) & (t->cap - 1);
+    }
+    t->slots[i].p = TOMB;
+    return t->slots[i].bytes;
+}
+
+static alloc_table *table_of(device *d) { return (alloc_table *)d->alloc_table; }
+
+static void fmt_bytes(char *buf, size_t n, int64_t b) {
+    if (b >= (1LL << 30)) snprintf(buf, n, "%.2f GiB", (double)b / (1 << 30));
+    else if (b >= (1LL << 20)) snprintf(buf, n, "%.1f MiB", (double)b / (1 << 20));
+    else snprintf(buf, n, "%lld B", (long long)b);
+}
+
+void *dev_alloc(device *d, size_t bytes, const char *what) {
+    if (bytes == 0) bytes = 1;
+    if (d->capacity > 0 && d->cur_bytes + (int64_t)bytes > d->capacity) {
+        char need[32], used[32], cap[32];
+        fmt_bytes(need, sizeof need, (int64_t)bytes);
+        fmt_bytes(used, sizeof used, d->cur_bytes);
+        fmt_bytes(cap, sizeof cap, d->capacity);
+        err_set(&d->err,
+                "rank %d: out of memory on the %s device during %s: allocating %s for %s, "
+                "%s of %s already in use",
+                d->rank, d->ops->name, d->context[0] ? d->context : "setup", need, what, used, cap);
+        return NULL;
+    }
+    void *p = d->ops->raw_alloc(d, bytes);
+    if (!p) {
+        char need[32];
+        fmt_bytes(need, sizeof need, (int64_t)bytes);
+        err_set(&d->err, "rank %d: the system could not allocate %s for %s during %s", d->rank,
+                need, what, d->context[0] ? d->context : "setup");
+        return NULL;
+    }
+    if (!d->alloc_table) d->alloc_table = xcalloc(1, sizeof(alloc_table));
+    table_put(table_of(d), p, bytes);
+    d->cur_bytes += (int64_t)bytes;
+    d->n_allocs++;
+    if (d->cur_bytes > d->peak_bytes) d->peak_bytes = d->cur_bytes;
+    return p;
+}
+
+void dev_free(device *d, void *p) {
+    if (!p) return;
+    size_t bytes = table_take(table_of(d), p);
+    d->ops->raw_free(d, p, bytes);
+    d->cur_bytes -= (int64_t)bytes;
+    d->n_allocs--;
+}
+
+void dev_free_table(device *d) {
+    alloc_table *t = table_of(d);
+    if (!t) return;
+    free(t->slots);
+    free(t);
+    d->alloc_table = NULL;
+}
+
+void dev_set_context(device *d, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(d->context, sizeof d->context, fmt, ap);
+    va_end(ap);
+}
+
+void dev_zero(device *d, float *x, int64_t n) { d->ops->fill(d, x, 0.0f, n); }
+
+void dev_upload(device *d, void *dst, const void *src, size_t bytes) {
+    d->ops->copy(d, dst, src, bytes, COPY_H2D);
+}
+
+void dev_download(device *d, void *dst, const void *src, size_t bytes) {
+    d->ops->copy(d, dst, src, bytes, COPY_D2H);
+}

@@ -1,0 +1,173 @@
+/* device.h - the device layer of the worker: one op table per device kind and one accounting
+ * allocator in front of it.
+ *
+ * The trainer never touches device memory directly: it allocates through dev_alloc() (which
+ * counts current and peak bytes and enforces the device's capacity) and computes through the op
+ * table. The CPU device (cpu_device.c: OpenBLAS + OpenMP) implements it today; the CUDA device
+ * implements the same table later, so model and engine code are shared.
+ *
+ * Conventions for every op:
+ *  - all float pointers are fp32 device memory, row-major, contiguous unless a leading dimension
+ *    (ld*) is given; shapes are in the comments as [rows, cols];
+ *  - parameter gradients (dw, db, dtable, ...) ACCUMULATE (+=), so microbatches add up;
+ *  - input gradients overwrite (dx =) unless the comment says "+=" (the norms accumulate into dx
+ *    because their input is the residual stream, whose gradient has another path);
+ *  - ops are deterministic: the same inputs and thread count give bit-identical outputs (fixed
+ *    reduction order), which single-rank resume and the multi-rank invariant rely on. */
+#ifndef CEPHALO_DEVICE_H
+#define CEPHALO_DEVICE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "err.h"
+
+typedef struct device device;
+
+typedef enum { COPY_H2D, COPY_D2H, COPY_D2D } copy_kind;
+
+typedef struct dev_ops {
+    const char *name; /* "cpu", "cuda" */
+
+    /* ---- memory (raw; use dev_alloc/dev_free, which account) ---- */
+    void *(*raw_alloc)(device *d, size_t bytes); /* NULL when the system is out of memory */
+    void (*raw_free)(device *d, void *p, size_t bytes);
+    void (*copy)(device *d, void *dst, const void *src, size_t bytes, copy_kind kind);
+    void (*sync)(device *d); /* waits for all queued work (no-op on the CPU) */
+
+    /* ---- elementwise / reductions ---- */
+    void (*fill)(device *d, float *x, float v, int64_t n);
+    void (*add)(device *d, float *out, const float *a, const float *b, int64_t n); /* out=a+b */
+    void (*axpy)(device *d, float *y, float alpha, const float *x, int64_t n); /* y += alpha*x */
+    void (*scale)(device *d, float *x, float s, int64_t n);
+    /* Sum of squares in double, returned to the host (global-norm clipping). */
+    double (*sumsq)(device *d, const float *x, int64_t n);
+    /* out[r, :] = src[r, :] for r < rows, with leading dimensions (copies strided row blocks). */
+    void (*copy2d)(device *d, float *out, int ldo, const float *src, int lds, int rows, int cols);
+
+    /* ---- matrix products ---- */
+    /* C[M,N] = alpha * op(A)[M,K] * op(B)[K,N] + beta * C. op(X) = X^T when tX; A is stored
+     * [M,K] (or [K,M] when ta) with leading dimension lda; likewise B and C. */
+    void (*gemm)(device *d, bool ta, bool tb, int M, int N, int K, float alpha, const float *A,
+                 int lda, const float *B, int ldb, float beta, float *C, int ldc);
+    /* x[N,C] += b[C] broadcast over rows (also used for position tables: C = T*d). */
+    void (*add_bias)(device *d, float *x, const float *b, int N, int C);
+    /* db[C] += sum over rows of dout[N,C]. */
+    void (*bias_grad)(device *d, float *db, const float *dout, int N, int C);
+
+    /* ---- embeddings (ids are int32 device memory) ---- */
+    /* out[N,C] = table[ids[n], :] (overwrites). */
+    void (*embed_fwd)(device *d, float *out, const float *table, const int32_t *ids, int N, int C);
+    /* dtable[ids[n], :] += dout[n, :]; deterministic (no racing adds). */
+    void (*embed_bwd)(device *d, float *dtable, const float *dout, const int32_t *ids, int N,
+                      int C);
+
+    /* ---- normalisations (over the last dimension C; biased variance like PyTorch) ---- */
+    /* out = (x - mean) * rstd * w + b; saves mean[N], rstd[N]. out may not alias x. */
+    void (*layernorm_fwd)(device *d, float *out, float *mean, float *rstd, const float *x,
+                          const float *w, const float *b, int N, int C, float eps);
+    /* dx[N,C] +=, dw[C] +=, db[C] += from dout and the saved mean/rstd. */
+    void (*layernorm_bwd)(device *d, float *dx, float *dw, float *db, const float *dout,
+                          const float *x, const float *mean, const float *rstd, const float *w,
+                          int N, int C);
+    /* out = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps); saves rstd[N]. */
+    void (*rmsnorm_fwd)(device *d, float *out, float *rstd, const float *x, const float *w, int N,
+                        int C, float eps);
+    /* dx[N,C] +=, dw[C] +=. */
+    void (*rmsnorm_bwd)(device *d, float *dx, float *dw, const float *dout, const float *x,
+                        const float *rstd, const float *w, int N, int C);
+
+    /* ---- activations ---- */
+    /* GELU, tanh approximation (GPT-2) when tanh_approx, else exact erf form (BERT, ViT). */
+    void (*gelu_fwd)(device *d, float *out, const float *x, int64_t n, bool tanh_approx);
+    void (*gelu_bwd)(device *d, float *dx, const float *x, const float *dout, int64_t n,
+                     bool tanh_approx); /* dx = dout * gelu'(x) */
+    /* SwiGLU: out = silu(g) * u, all [n]. */
+    void (*swiglu_fwd)(device *d, float *out, const float *g, const float *u, int64_t n);
+    void (*swiglu_bwd)(device *d, float *dg, float *du, const float *dout, const float *g,
+                       const float *u, int64_t n);
+
+    /* ---- rotary position embedding (rotate-half convention of Hugging Face Llama) ----
+     * x holds rows of n_heads*hd values with leading dimension ldx; row r is the token at
+     * position r % T. For i < hd/2: (x_i, x_{i+hd/2}) is rotated by angle t * theta^(-2i/hd),
+     * in place. inverse rotates by the negative angle (the backward of the forward). */
+    void (*rope)(device *d, float *x, int ldx, int rows, int T, int n_heads, int hd, float theta,
+                 bool inverse);
+
+    /* ---- attention (flash-style: never a T x T matrix per head) ----
+     * q: [B*T rows, H*hd] with leading dimension ldq; k, v: [B*T, Hkv*hd] with leading
+     * dimensions ldk, ldv (q, k, v usually live side by side in one fused projection output).
+     * Head h reads k/v head h / (H/Hkv) (grouped-query attention). Scale 1/sqrt(hd). causal:
+     * token t attends to tokens <= t; otherwise to all T tokens of its sample.
+     * out: [B*T, H*hd] contiguous; lse: [B, H, T] log-sum-exp of the scaled scores, saved for
+     * the backward. */
+    void (*attention_fwd)(device *d, float *out, float *lse, const float *q, int ldq,
+                          const float *k, int ldk, const float *v, int ldv, int B, int T, int H,
+                          int Hkv, int hd, bool causal);
+    /* dq, dk, dv are written (overwritten) in the same strided layouts as q, k, v (ldq, ldk,
+     * ldv); dout and out are [B*T, H*hd]. Scratch is O(block * T) per thread, not T x T. */
+    void (*attention_bwd)(device *d, float *dq, float *dk, float *dv, const float *dout,
+                          const float *out, const float *lse, const float *q, int ldq,
+                          const float *k, int ldk, const float *v, int ldv, int B, int T, int H,
+                          int Hkv, int hd, bool causal);
+
+    /* ---- fused softmax cross-entropy ----
+     * logits [N, V] are overwritten by the gradient of (scale * sum of row losses):
+     * dlogits = scale * (softmax - onehot(target)). losses[N] gets each row's unscaled loss.
+     * targets[n] < 0 marks a row without a target: loss 0, gradient 0. Returns, on the host,
+     * the sum of the scaled losses (scale * sum of losses) in double. */
+    double (*xent_fwd_bwd)(device *d, float *logits, float *losses, const int32_t *targets,
+                           int N, int V, float scale);
+
+    /* ---- images ---- */
+    /* ViT patch extraction: img [B, C, S, S] -> out [B * (S/p)^2, C*p*p], patches in row-major
+     * order, each patch flattened as (c, py, px) so a [d, C, p, p] conv weight is a matmul. */
+    void (*patchify)(device *d, float *out, const float *img, int B, int C, int S, int p);
+
+    /* ---- optimizer ----
+     * AdamW on n elements: g_eff = g * gscale; m = b1*m + (1-b1)*g_eff; v = b2*v + (1-b2)*g_eff^2;
+     * p -= lr * ((m / bc1) / (sqrt(v / bc2) + eps) + wd * p), with bc1 = 1 - b1^t,
+     * bc2 = 1 - b2^t computed by the caller (PyTorch's AdamW order: decay applied to the
+     * pre-update p, i.e. p *= 1 - lr*wd first, then the Adam step). */
+    void (*adamw)(device *d, float *p, const float *g, float *m, float *v, int64_t n, float lr,
+                  float b1, float b2, float eps, float wd, float bc1, float bc2, float gscale);
+} dev_ops;
+
+struct device {
+    const dev_ops *ops;
+    int rank;
+    int threads;
+    int64_t capacity; /* bytes; 0 = unlimited */
+    int64_t cur_bytes, peak_bytes;
+    int64_t n_allocs; /* live allocations */
+    char context[64]; /* what is being computed ("block.3 forward"); names OOM errors */
+    err_t err; /* the last allocation error */
+    void *impl; /* the device kind's state */
+    void *alloc_table; /* dev_alloc's pointer -> size table (device.c) */
+};
+
+/* Creates the CPU device: `threads` OpenMP threads (0 = all cores), capacity in bytes (0 =
+ * unlimited). */
+int cpu_device_init(device *d, int rank, int threads, int64_t capacity, err_t *err);
+void cpu_device_close(device *d);
+
+/* Accounting allocator. Returns NULL and fills d->err when the allocation would exceed the
+ * capacity (the message names the rank, d->context, `what`, the size, and the bytes in use) or
+ * the system is out of memory. Memory is 64-byte aligned and NOT zeroed. */
+void *dev_alloc(device *d, size_t bytes, const char *what);
+void dev_free(device *d, void *p);
+/* Releases the allocator's table; device close functions call it. */
+void dev_free_table(device *d);
+/* Sets the context that out-of-memory errors name (printf-style). */
+void dev_set_context(device *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Shorthands. */
+static inline float *dev_alloc_f(device *d, int64_t n, const char *what) {
+    return (float *)dev_alloc(d, (size_t)n * sizeof(float), what);
+}
+void dev_zero(device *d, float *x, int64_t n);
+void dev_upload(device *d, void *dst, const void *src, size_t bytes);
+void dev_download(device *d, void *dst, const void *src, size_t bytes);
+
+#endif
