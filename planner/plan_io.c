@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "log.h"
+#include "model_json.h"
 #include "plan.h"
 #include "strutil.h"
 
@@ -109,6 +110,7 @@ static cJSON *inputs_json(const plan *p) {
     const cost_model *cm = p->cm;
     cJSON *in = cJSON_CreateObject();
     cJSON_AddStringToObject(in, "model", cm->model->name);
+    cJSON_AddItemToObject(in, "model_spec", model_to_json(cm->model));
     cJSON_AddNumberToObject(in, "params", (double)cm->params);
     cJSON_AddNumberToObject(in, "batch", cm->batch);
     cJSON_AddNumberToObject(in, "seq", cm->seq);

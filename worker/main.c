@@ -1,12 +1,361 @@
-/* main.c - cephalo-worker: one rank of a training job. */
+/* main.c - cephalo-worker: one rank of a training job (DESIGN 5.1).
+ *
+ *   cephalo-worker train [--plan PLAN.json | --model M --batch B [--microbatch m]] [options]
+ *   cephalo-worker export --checkpoint FILE -o DIR
+ *
+ * RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT and CEPHALO_PLAN come from the environment, as with
+ * torchrun-launched programs. Exit codes: 0 done, 1 runtime failure, 2 bad input. */
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "dump.h"
+#include "export.h"
+#include "log.h"
+#include "plan_read.h"
+#include "strutil.h"
+#include "train.h"
+
+enum { EXIT_RUNTIME = 1, EXIT_BAD_INPUT = 2 };
+
+static const char usage_text[] =
+    "usage: cephalo-worker train [--plan PLAN.json | --model MODEL --batch B [--microbatch M]]\n"
+    "                            [options]\n"
+    "       cephalo-worker export --checkpoint FILE -o DIR\n"
+    "\n"
+    "train: trains one rank. The plan (--plan, or $CEPHALO_PLAN) gives the model, the global\n"
+    "batch and this rank's batch, microbatches, memory and threads; without a plan, --model and\n"
+    "--batch describe a single-rank job. $RANK and $WORLD_SIZE select the rank (default 0 of 1).\n"
+    "  --model MODEL        built-in model or model file (cephalo models)\n"
+    "  --batch B            global batch (samples per step)\n"
+    "  --microbatch M       samples per microbatch (default B); B/M microbatches per step\n"
+    "  --seq T              sequence length (default: the model's)\n"
+    "  --data SPEC          token shards (file, directory, glob, comma list), a CIMG image file\n"
+    "                       for ViT, or 'synthetic' (default)\n"
+    "  --steps N            total steps (default 20)\n"
+    "  --lr X               peak learning rate (default 3e-4)\n"
+    "  --min-lr X           final learning rate of the cosine (default lr/10)\n"
+    "  --warmup N           linear warmup steps (default 0)\n"
+    "  --weight-decay X     AdamW decay on matrices (default 0.1)\n"
+    "  --beta1 X --beta2 X --eps X   AdamW (default 0.9, 0.95, 1e-8)\n"
+    "  --clip X             global gradient-norm clip, 0 = off (default 1.0)\n"
+    "  --seed N             initialisation and data order (default 1)\n"
+    "  --threads N          CPU threads (default: the plan's, else all cores)\n"
+    "  --memory SIZE        emulated device memory, e.g. 2G (default: the plan's, else none)\n"
+    "  --ckpt-dir DIR       write checkpoints there (step_NNNNNNNN.safetensors + 'latest')\n"
+    "  --ckpt-every N       checkpoint every N steps (default: only at the end)\n"
+    "  --resume FILE|auto   continue from a checkpoint ('auto': DIR/latest when it exists)\n"
+    "  --log FILE           JSON lines: one object per step\n"
+    "  --dump DIR           oracle dump for tests (docs/worker-model.md)\n"
+    "  --quiet              no progress lines\n"
+    "\n"
+    "export: writes a checkpoint as Hugging Face model.safetensors + config.json (GPT-2, Llama).\n";
+
+typedef struct worker_opts {
+    const char *plan, *model, *ckpt_dir, *resume, *log, *dump;
+    long batch, micro, seq, ckpt_every;
+    bool quiet, have_threads, have_memory;
+    train_config cfg;
+} worker_opts;
+
+static int bad(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int bad(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "cephalo-worker: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n(see 'cephalo-worker --help')\n");
+    va_end(ap);
+    return EXIT_BAD_INPUT;
+}
+
+static int num(const char *opt, const char *arg, double lo, double hi, double *out) {
+    if (!str_to_double(arg, out) || !(*out >= lo && *out <= hi))
+        return bad("%s: '%s' is not a number in [%g, %g]", opt, arg, lo, hi);
+    return 0;
+}
+
+static int integer(const char *opt, const char *arg, long lo, long hi, long *out) {
+    if (!str_to_long(arg, out) || *out < lo || *out > hi)
+        return bad("%s: '%s' is not an integer in [%ld, %ld]", opt, arg, lo, hi);
+    return 0;
+}
+
+/* Sizes like 1.5G, 512M, 1048576. */
+static int size_arg(const char *opt, const char *arg, int64_t *out) {
+    char *end;
+    double v = strtod(arg, &end);
+    double mul = 1;
+    if (*end == 'K' || *end == 'k') mul = 1 << 10, end++;
+    else if (*end == 'M' || *end == 'm') mul = 1 << 20, end++;
+    else if (*end == 'G' || *end == 'g') mul = 1 << 30, end++;
+    if (*end == 'i') end++;
+    if (*end == 'B') end++;
+    if (end == arg || *end || !(v > 0) || v * mul > 9e18)
+        return bad("%s: '%s' is not a size (e.g. 512M, 2G)", opt, arg);
+    *out = (int64_t)(v * mul);
+    return 0;
+}
+
+static int parse_train(int argc, char **argv, worker_opts *o) {
+    enum { O_PLAN = 256, O_MODEL, O_BATCH, O_MICRO, O_SEQ, O_DATA, O_STEPS, O_LR, O_MINLR,
+           O_WARMUP, O_WD, O_B1, O_B2, O_EPS, O_CLIP, O_SEED, O_THREADS, O_MEMORY, O_CKDIR,
+           O_CKEVERY, O_RESUME, O_LOG, O_DUMP, O_QUIET };
+    static const struct option longopts[] = {
+        {"plan", 1, 0, O_PLAN},       {"model", 1, 0, O_MODEL},     {"batch", 1, 0, O_BATCH},
+        {"microbatch", 1, 0, O_MICRO}, {"seq", 1, 0, O_SEQ},        {"data", 1, 0, O_DATA},
+        {"steps", 1, 0, O_STEPS},     {"lr", 1, 0, O_LR},           {"min-lr", 1, 0, O_MINLR},
+        {"warmup", 1, 0, O_WARMUP},   {"weight-decay", 1, 0, O_WD}, {"beta1", 1, 0, O_B1},
+        {"beta2", 1, 0, O_B2},        {"eps", 1, 0, O_EPS},         {"clip", 1, 0, O_CLIP},
+        {"seed", 1, 0, O_SEED},       {"threads", 1, 0, O_THREADS}, {"memory", 1, 0, O_MEMORY},
+        {"ckpt-dir", 1, 0, O_CKDIR},  {"ckpt-every", 1, 0, O_CKEVERY},
+        {"resume", 1, 0, O_RESUME},   {"log", 1, 0, O_LOG},         {"dump", 1, 0, O_DUMP},
+        {"quiet", 0, 0, O_QUIET},     {"help", 0, 0, 'h'},          {0, 0, 0, 0}};
+    train_config *c = &o->cfg;
+    optind = 1;
+    opterr = 0;
+    int ch;
+    long v;
+    double x;
+    while ((ch = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
+        int rc = 0;
+        switch (ch) {
+        case O_PLAN: o->plan = optarg; break;
+        case O_MODEL: o->model = optarg; break;
+        case O_BATCH: rc = integer("--batch", optarg, 1, 1 << 20, &o->batch); break;
+        case O_MICRO: rc = integer("--microbatch", optarg, 1, 1 << 20, &o->micro); break;
+        case O_SEQ: rc = integer("--seq", optarg, 1, 1 << 20, &o->seq); break;
+        case O_DATA: c->data = optarg; break;
+        case O_STEPS: rc = integer("--steps", optarg, 1, 1L << 40, &v), c->steps = v; break;
+        case O_LR: rc = num("--lr", optarg, 0, 10, &c->lr); break;
+        case O_MINLR: rc = num("--min-lr", optarg, 0, 10, &c->min_lr); break;
+        case O_WARMUP: rc = integer("--warmup", optarg, 0, 1L << 40, &v), c->warmup = v; break;
+        case O_WD: rc = num("--weight-decay", optarg, 0, 10, &c->weight_decay); break;
+        case O_B1: rc = num("--beta1", optarg, 0, 0.999999, &c->beta1); break;
+        case O_B2: rc = num("--beta2", optarg, 0, 0.999999, &c->beta2); break;
+        case O_EPS: rc = num("--eps", optarg, 1e-30, 1, &c->eps); break;
+        case O_CLIP: rc = num("--clip", optarg, 0, 1e9, &c->clip); break;
+        case O_SEED: rc = integer("--seed", optarg, 0, (1L << 62), &v), c->seed = (uint64_t)v; break;
+        case O_THREADS:
+            rc = integer("--threads", optarg, 1, 4096, &v), c->threads = (int)v;
+            o->have_threads = true;
+            break;
+        case O_MEMORY: rc = size_arg("--memory", optarg, &c->memory_bytes), o->have_memory = true; break;
+        case O_CKDIR: o->ckpt_dir = optarg; break;
+        case O_CKEVERY: rc = integer("--ckpt-every", optarg, 1, 1L << 40, &o->ckpt_every); break;
+        case O_RESUME: o->resume = optarg; break;
+        case O_LOG: o->log = optarg; break;
+        case O_DUMP: o->dump = optarg; break;
+        case O_QUIET: o->quiet = true; break;
+        case 'h': fputs(usage_text, stdout); exit(0);
+        case ':': return bad("option '%s' needs a value", argv[optind - 1]);
+        default: return bad("unknown option '%s'", argv[optind - 1]);
+        }
+        if (rc) return rc;
+        (void)x;
+    }
+    if (optind < argc) return bad("unexpected argument '%s'", argv[optind]);
+    return 0;
+}
+
+static int env_int(const char *name, int dflt, int lo, int hi, int *out) {
+    const char *s = getenv(name);
+    long v = dflt;
+    if (s && *s && (!str_to_long(s, &v) || v < lo || v > hi))
+        return bad("$%s is '%s', expected an integer in [%d, %d]", name, s, lo, hi);
+    *out = (int)v;
+    return 0;
+}
+
+/* Fills the config from the plan or from --model/--batch. */
+static int resolve_job(worker_opts *o) {
+    train_config *c = &o->cfg;
+    err_t err;
+    int rank, world;
+    if (env_int("RANK", 0, 0, 1 << 20, &rank) || env_int("WORLD_SIZE", 1, 1, 1 << 20, &world))
+        return EXIT_BAD_INPUT;
+    if (!o->plan) o->plan = getenv("CEPHALO_PLAN");
+    if (o->plan && *o->plan) {
+        if (o->model || o->batch || o->micro || o->seq)
+            return bad("%s", "--model/--batch/--microbatch/--seq come from the plan; give one or the other");
+        int threads = c->threads;
+        int64_t mem = c->memory_bytes;
+        if (plan_read(o->plan, rank, world, c, &err) < 0) return bad("%s", err.msg);
+        if (o->have_threads) c->threads = threads;
+        if (o->have_memory) c->memory_bytes = mem;
+    } else {
+        if (!o->model || !o->batch) return bad("%s", "give --plan PLAN.json (or $CEPHALO_PLAN), or --model and --batch");
+        if (world != 1) return bad("WORLD_SIZE is %d: a multi-rank job needs a plan", world);
+        if (model_resolve(o->model, &c->model, &err) < 0) return bad("--model: %s", err.msg);
+        int seq;
+        if (model_check_seq(&c->model, (int)o->seq, &seq, &err) < 0) return bad("--seq: %s", err.msg);
+        c->seq = c->model.arch == ARCH_VIT ? 0 : seq;
+        long m = o->micro ? o->micro : o->batch;
+        if (o->batch % m) return bad("--batch %ld is not a multiple of --microbatch %ld", o->batch, m);
+        c->global_batch = c->batch = (int)o->batch;
+        c->micro = (int)m, c->micros = (int)(o->batch / m);
+    }
+    if (c->world > 1)
+        return bad("WORLD_SIZE %d: training across ranks needs the socket backend, which is "
+                   "not built yet; this worker trains one rank", c->world);
+    if (c->warmup >= c->steps && c->warmup > 0)
+        return bad("--warmup %lld must be below --steps %lld", (long long)c->warmup, (long long)c->steps);
+    return 0;
+}
+
+/* ---- progress and logs ---- */
+
+static void fmt_duration(double s, char *buf, size_t n) {
+    long t = (long)(s + 0.5);
+    if (t >= 3600) snprintf(buf, n, "%ldh%02ldm", t / 3600, (t / 60) % 60);
+    else snprintf(buf, n, "%ld:%02ld", t / 60, t % 60);
+}
+
+static void progress(const trainer *t, const step_stats *st, double avg_ms) {
+    char eta[32], peak[32];
+    fmt_duration(avg_ms / 1e3 * (double)(t->cfg.steps - st->step - 1), eta, sizeof eta);
+    str_bytes((double)st->peak_bytes, peak, sizeof peak);
+    fprintf(stderr,
+            "step %lld/%lld | loss %.4f | lr %.2e | norm %.3f | %.0f tok/s | %.1f samples/s | "
+            "%.0f ms | peak %s | ETA %s\n",
+            (long long)st->step + 1, (long long)t->cfg.steps, st->loss, st->lr, st->grad_norm,
+            st->tokens_per_s, st->samples_per_s, st->step_ms, peak, eta);
+}
+
+static void log_step(FILE *f, const trainer *t, const step_stats *st) {
+    fprintf(f,
+            "{\"step\":%lld,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,\"step_ms\":%.3f,"
+            "\"tokens_per_s\":%.1f,\"samples_per_s\":%.3f,\"peak_bytes\":%lld,\"rank\":%d}\n",
+            (long long)st->step, st->loss, st->lr, st->grad_norm, st->step_ms, st->tokens_per_s,
+            st->samples_per_s, (long long)st->peak_bytes, t->cfg.rank);
+    fflush(f);
+}
+
+/* ---- checkpoints ---- */
+
+static int save_checkpoint(trainer *t, const char *dir, err_t *err) {
+    char path[1024], latest[1100], tmp[1100];
+    snprintf(path, sizeof path, "%s/step_%08lld.safetensors", dir, (long long)t->step);
+    if (trainer_save(t, path, err) < 0) return -1;
+    /* 'latest' names the newest complete checkpoint; replaced atomically after it exists. */
+    snprintf(latest, sizeof latest, "%s/latest", dir);
+    snprintf(tmp, sizeof tmp, "%s/latest.tmp.%d", dir, (int)getpid());
+    FILE *f = fopen(tmp, "w");
+    bool ok = f && fprintf(f, "step_%08lld.safetensors\n", (long long)t->step) > 0;
+    ok = f && fflush(f) == 0 && fsync(fileno(f)) == 0 && ok;
+    if (f) fclose(f);
+    if (!ok || rename(tmp, latest) < 0) {
+        unlink(tmp);
+        return err_set(err, "%s: cannot write: %s", latest, strerror(errno));
+    }
+    return 0;
+}
+
+/* --resume auto: DIR/latest names the checkpoint, if there is one. */
+static int resume_path(const worker_opts *o, char *out, size_t n, err_t *err) {
+    if (strcmp(o->resume, "auto")) return snprintf(out, n, "%s", o->resume), 1;
+    if (!o->ckpt_dir) return err_set(err, "--resume auto needs --ckpt-dir");
+    char latest[1024], name[256] = "";
+    snprintf(latest, sizeof latest, "%s/latest", o->ckpt_dir);
+    FILE *f = fopen(latest, "r");
+    if (!f) return 0; /* nothing to resume: a fresh start */
+    bool ok = fgets(name, sizeof name, f) != NULL;
+    fclose(f);
+    name[strcspn(name, "\n")] = 0;
+    if (!ok || !*name || strchr(name, '/')) return err_set(err, "%s: does not name a checkpoint", latest);
+    snprintf(out, n, "%s/%s", o->ckpt_dir, name);
+    return 1;
+}
+
+/* ---- train ---- */
+
+static int run_training(trainer *t, const worker_opts *o, FILE *log, dumper *dp) {
+    err_t err;
+    double total_ms = 0;
+    int64_t first = t->step, last_print = -1;
+    time_t last_time = 0;
+    while (t->step < t->cfg.steps) {
+        step_stats st;
+        if (trainer_step(t, &st, &err) < 0) return fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_RUNTIME;
+        if (!isfinite(st.loss)) {
+            fprintf(stderr, "cephalo-worker: step %lld: the loss is %g; stopping (lower --lr?)\n",
+                    (long long)st.step, st.loss);
+            return EXIT_RUNTIME;
+        }
+        total_ms += st.step_ms;
+        if (log) log_step(log, t, &st);
+        if (dp && dump_after_step(dp, t, st.loss, &err) < 0) return fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_RUNTIME;
+        time_t now = time(NULL);
+        if (!o->quiet && (now != last_time || t->step == t->cfg.steps || last_print < 0)) {
+            progress(t, &st, total_ms / (double)(t->step - first));
+            last_time = now, last_print = st.step;
+        }
+        bool ckpt = o->ckpt_dir && ((o->ckpt_every && t->step % o->ckpt_every == 0) || t->step == t->cfg.steps);
+        if (ckpt && save_checkpoint(t, o->ckpt_dir, &err) < 0) return fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_RUNTIME;
+    }
+    return 0;
+}
+
+static int cmd_train(int argc, char **argv) {
+    worker_opts o = {0};
+    train_config_defaults(&o.cfg);
+    int rc = parse_train(argc, argv, &o);
+    if (rc || (rc = resolve_job(&o))) return rc;
+    err_t err;
+    if (o.ckpt_dir && mkdir(o.ckpt_dir, 0777) < 0 && errno != EEXIST)
+        return bad("--ckpt-dir %s: %s", o.ckpt_dir, strerror(errno));
+    trainer *t = trainer_new(&o.cfg, &err);
+    if (!t) return fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_BAD_INPUT;
+    char path[1200];
+    if (o.resume) {
+        int have = resume_path(&o, path, sizeof path, &err);
+        if (have < 0 || (have && trainer_resume(t, path, &err) < 0)) {
+            trainer_free(t);
+            return fprintf(stderr, "cephalo-worker: --resume: %s\n", err.msg), EXIT_BAD_INPUT;
+        }
+        if (have && !o.quiet) fprintf(stderr, "resumed from %s at step %lld\n", path, (long long)t->step);
+    }
+    FILE *log = o.log ? fopen(o.log, t->step > 0 ? "a" : "w") : NULL;
+    if (o.log && !log) {
+        trainer_free(t);
+        return bad("--log %s: %s", o.log, strerror(errno));
+    }
+    dumper *dp = o.dump ? dump_open(t, o.dump, &err) : NULL;
+    if (o.dump && !dp) rc = (fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_RUNTIME);
+    if (!rc && !o.quiet) {
+        char desc[512], peak[32], host[32];
+        data_describe(t->data, desc, sizeof desc);
+        fprintf(stderr, "cephalo-worker: rank %d/%d, model %s (%lld parameters), batch %d = %d x %d, "
+                        "%d threads\n  data: %s\n  device memory after set-up %s, host offload pool %s\n",
+                t->cfg.rank, t->cfg.world, t->cfg.model.name, (long long)model_params(&t->cfg.model),
+                t->cfg.batch, t->cfg.micro, t->cfg.micros, t->dev.threads, desc,
+                str_bytes((double)t->dev.cur_bytes, peak, sizeof peak),
+                str_bytes((double)t->host_bytes, host, sizeof host));
+    }
+    if (!rc) rc = run_training(t, &o, log, dp);
+    if (dp && dump_close(dp, t, &err) < 0 && !rc) rc = (fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_RUNTIME);
+    if (log) fclose(log);
+    trainer_free(t);
+    return rc;
+}
 
 int main(int argc, char **argv) {
-    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
-        printf("usage: cephalo-worker train [options]\n");
-        return argc < 2 ? 2 : 0;
+    if (argc < 2) {
+        fputs(usage_text, stderr);
+        return EXIT_BAD_INPUT;
     }
-    fprintf(stderr, "cephalo-worker: unknown command '%s' (try --help)\n", argv[1]);
-    return 2;
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        fputs(usage_text, stdout);
+        return 0;
+    }
+    if (!strcmp(argv[1], "train")) return cmd_train(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "export")) return cmd_export(argc - 1, argv + 1);
+    return bad("unknown command '%s' (commands: train, export)", argv[1]);
 }

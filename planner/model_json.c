@@ -1,0 +1,62 @@
+/* model_json.c - a model spec as JSON, so plans and checkpoints carry the exact shapes (a model
+ * file need not travel with them). */
+#include <stdio.h>
+#include <string.h>
+
+#include "model_json.h"
+
+static const char *const ARCH_NAMES[] = {"gpt", "llama", "bert", "vit", NULL};
+
+#define SPEC_INTS(m)                                                                          \
+    {"n_layer", &(m)->n_layer}, {"d_model", &(m)->d_model}, {"n_head", &(m)->n_head},        \
+        {"n_kv_head", &(m)->n_kv_head}, {"d_ff", &(m)->d_ff}, {"vocab", &(m)->vocab},        \
+        {"max_seq", &(m)->max_seq}, {"default_seq", &(m)->default_seq},                      \
+        {"type_vocab", &(m)->type_vocab}, {"image", &(m)->image}, {"patch", &(m)->patch},    \
+        {"channels", &(m)->channels}, {                                                      \
+        "n_classes", &(m)->n_classes                                                         \
+    }
+
+typedef struct spec_int {
+    const char *key;
+    int *v;
+} spec_int;
+
+cJSON *model_to_json(const model_spec *m) {
+    model_spec copy = *m;
+    spec_int ints[] = {SPEC_INTS(&copy)};
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "name", m->name);
+    cJSON_AddStringToObject(o, "arch", ARCH_NAMES[m->arch]);
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
+        cJSON_AddNumberToObject(o, ints[i].key, *ints[i].v);
+    cJSON_AddBoolToObject(o, "tied_head", m->tied_head);
+    return o;
+}
+
+int model_from_json(const json_ctx *c, const cJSON *o, const char *path, model_spec *m) {
+    memset(m, 0, sizeof *m);
+    const cJSON *item;
+    const char *name;
+    int arch;
+    char at[160];
+    if (json_expect_object(c, o, path) < 0 || json_require(c, o, path, "name", &item) < 0 ||
+        json_string(c, item, path, &name) < 0 || json_require(c, o, path, "arch", &item) < 0 ||
+        json_enum(c, item, path, ARCH_NAMES, &arch) < 0)
+        return -1;
+    snprintf(m->name, sizeof m->name, "%s", name);
+    m->arch = (model_arch)arch;
+    spec_int ints[] = {SPEC_INTS(m)};
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
+        long v;
+        snprintf(at, sizeof at, "%s.%s", path, ints[i].key);
+        if (json_require(c, o, path, ints[i].key, &item) < 0 ||
+            json_int(c, item, at, 0, 1L << 30, &v) < 0)
+            return -1;
+        *ints[i].v = (int)v;
+    }
+    snprintf(at, sizeof at, "%s.tied_head", path);
+    if (json_require(c, o, path, "tied_head", &item) < 0 || json_bool(c, item, at, &m->tied_head) < 0)
+        return -1;
+    if (model_validate(m, c->err) < 0) return err_prefix(c->err, "%s: %s", c->file, path);
+    return 0;
+}

@@ -1,0 +1,19 @@
+/* dump.h - oracle dumps for tests (cephalo-worker train --dump DIR; docs/worker-model.md):
+ * initial and final parameters, every step's batch, step 0's logits, loss and gradients, with
+ * full tensor names, for the PyTorch oracle in tests/ref. Single rank only. */
+#ifndef CEPHALO_DUMP_H
+#define CEPHALO_DUMP_H
+
+#include "train.h"
+
+typedef struct dumper dumper;
+
+/* Writes DIR/init.safetensors and prepares to record steps (creates DIR). */
+dumper *dump_open(trainer *t, const char *dir, err_t *err);
+/* After trainer_step: records the step's batch; after step 0 also writes DIR/step0.safetensors
+ * (t->logits_out must have been set before step 0; dump_open does that). */
+int dump_after_step(dumper *dp, trainer *t, double loss, err_t *err);
+/* Writes DIR/batches.safetensors and DIR/final.safetensors and frees the dumper. */
+int dump_close(dumper *dp, trainer *t, err_t *err);
+
+#endif

@@ -1,0 +1,251 @@
+/* export.c - checkpoints to Hugging Face layouts (GPT2LMHeadModel, LlamaForCausalLM).
+ *
+ * GPT-2 stores its projections as Conv1D weights [in, out], so our [out, in] matrices are
+ * transposed; Llama's q/k/v are the row blocks of our fused projection. Our RoPE is the
+ * rotate-half form that transformers' Llama uses, so no row permutation is needed. */
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "ckpt.h"
+#include "export.h"
+#include "json_util.h"
+#include "log.h"
+#include "model_json.h"
+#include "safetensors.h"
+#include "wmodel.h"
+
+typedef struct exporter {
+    const model_spec *m;
+    st_file *ckpt;
+    st_writer *w;
+    float **owned; /* buffers the writer references until the save */
+    int n_owned, cap_owned;
+} exporter;
+
+static float *own(exporter *x, int64_t n) {
+    if (x->n_owned == x->cap_owned) {
+        x->cap_owned = x->cap_owned ? 2 * x->cap_owned : 64;
+        x->owned = xrealloc(x->owned, (size_t)x->cap_owned * sizeof(float *));
+    }
+    return x->owned[x->n_owned++] = xmalloc((size_t)(n ? n : 1) * sizeof(float));
+}
+
+/* The checkpoint's parameters of tensor `name` in `unit` (a pointer into the mapping). */
+static const float *src(exporter *x, int unit, const char *name, const wm_tensor **info) {
+    static wm_tensor ts[WM_MAX_TENSORS];
+    int n = wm_unit_tensors(x->m, unit, ts);
+    char uname[48], key[96];
+    model_unit_name(x->m, unit, uname, sizeof uname);
+    snprintf(key, sizeof key, "param.%s", uname);
+    const st_tensor *t = st_find(x->ckpt, key);
+    CHECK(t != NULL); /* checked on load */
+    for (int i = 0; i < n; i++)
+        if (!strcmp(ts[i].name, name)) {
+            if (info) *info = &ts[i];
+            return (const float *)t->data + ts[i].offset;
+        }
+    CHECK(!"tensor not in the layout");
+    return NULL;
+}
+
+/* Copies rows [r0, r0+rows) of a [*, cols] tensor, transposed if asked, under the HF name. */
+static void put(exporter *x, const char *hf, int unit, const char *name, int64_t r0, int64_t rows,
+                bool transpose) {
+    const wm_tensor *info;
+    const float *s = src(x, unit, name, &info);
+    int64_t cols = info->ndim == 2 ? info->shape[1] : 1;
+    if (rows < 0) rows = info->shape[0];
+    float *d = own(x, rows * cols);
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++)
+            d[transpose ? c * rows + r : r * cols + c] = s[(r0 + r) * cols + c];
+    if (info->ndim == 1) st_writer_add(x->w, hf, ST_F32, 1, (int64_t[]){rows}, d);
+    else if (transpose) st_writer_add(x->w, hf, ST_F32, 2, (int64_t[]){cols, rows}, d);
+    else st_writer_add(x->w, hf, ST_F32, 2, (int64_t[]){rows, cols}, d);
+}
+
+static void gpt2_tensors(exporter *x) {
+    const model_spec *m = x->m;
+    char hf[128];
+    put(x, "transformer.wte.weight", 0, "wte", 0, -1, false);
+    put(x, "transformer.wpe.weight", 0, "wpe", 0, -1, false);
+    static const struct {
+        const char *ours, *hf;
+        bool t;
+    } map[] = {{"ln_1.weight", "ln_1.weight", false},   {"ln_1.bias", "ln_1.bias", false},
+               {"attn.qkv.weight", "attn.c_attn.weight", true},
+               {"attn.qkv.bias", "attn.c_attn.bias", false},
+               {"attn.proj.weight", "attn.c_proj.weight", true},
+               {"attn.proj.bias", "attn.c_proj.bias", false},
+               {"ln_2.weight", "ln_2.weight", false},   {"ln_2.bias", "ln_2.bias", false},
+               {"mlp.fc.weight", "mlp.c_fc.weight", true}, {"mlp.fc.bias", "mlp.c_fc.bias", false},
+               {"mlp.proj.weight", "mlp.c_proj.weight", true},
+               {"mlp.proj.bias", "mlp.c_proj.bias", false}};
+    for (int l = 0; l < m->n_layer; l++)
+        for (size_t i = 0; i < sizeof map / sizeof map[0]; i++) {
+            snprintf(hf, sizeof hf, "transformer.h.%d.%s", l, map[i].hf);
+            put(x, hf, l + 1, map[i].ours, 0, -1, map[i].t);
+        }
+    put(x, "transformer.ln_f.weight", m->n_layer + 1, "ln_f.weight", 0, -1, false);
+    put(x, "transformer.ln_f.bias", m->n_layer + 1, "ln_f.bias", 0, -1, false);
+}
+
+static void llama_tensors(exporter *x) {
+    const model_spec *m = x->m;
+    int64_t hd = m->d_model / m->n_head, q = m->n_head * hd, kv = m->n_kv_head * hd;
+    char hf[128];
+    put(x, "model.embed_tokens.weight", 0, "tokens", 0, -1, false);
+    for (int l = 0; l < m->n_layer; l++) {
+        int u = l + 1;
+#define LAYER(suffix) (snprintf(hf, sizeof hf, "model.layers.%d.%s", l, suffix), hf)
+        put(x, LAYER("input_layernorm.weight"), u, "attn_norm.weight", 0, -1, false);
+        put(x, LAYER("self_attn.q_proj.weight"), u, "attn.qkv.weight", 0, q, false);
+        put(x, LAYER("self_attn.k_proj.weight"), u, "attn.qkv.weight", q, kv, false);
+        put(x, LAYER("self_attn.v_proj.weight"), u, "attn.qkv.weight", q + kv, kv, false);
+        put(x, LAYER("self_attn.o_proj.weight"), u, "attn.o.weight", 0, -1, false);
+        put(x, LAYER("post_attention_layernorm.weight"), u, "mlp_norm.weight", 0, -1, false);
+        put(x, LAYER("mlp.gate_proj.weight"), u, "mlp.gate.weight", 0, -1, false);
+        put(x, LAYER("mlp.up_proj.weight"), u, "mlp.up.weight", 0, -1, false);
+        put(x, LAYER("mlp.down_proj.weight"), u, "mlp.down.weight", 0, -1, false);
+#undef LAYER
+    }
+    put(x, "model.norm.weight", m->n_layer + 1, "norm.weight", 0, -1, false);
+    put(x, "lm_head.weight", m->n_layer + 1, "lm_head.weight", 0, -1, false);
+}
+
+static cJSON *hf_config(const model_spec *m) {
+    cJSON *o = cJSON_CreateObject();
+    bool gpt = m->arch == ARCH_GPT;
+    cJSON *arch = cJSON_AddArrayToObject(o, "architectures");
+    cJSON_AddItemToArray(arch, cJSON_CreateString(gpt ? "GPT2LMHeadModel" : "LlamaForCausalLM"));
+    cJSON_AddStringToObject(o, "model_type", gpt ? "gpt2" : "llama");
+    cJSON_AddNumberToObject(o, "vocab_size", m->vocab);
+    cJSON_AddStringToObject(o, "torch_dtype", "float32");
+    if (gpt) {
+        cJSON_AddNumberToObject(o, "n_embd", m->d_model);
+        cJSON_AddNumberToObject(o, "n_head", m->n_head);
+        cJSON_AddNumberToObject(o, "n_layer", m->n_layer);
+        cJSON_AddNumberToObject(o, "n_positions", m->max_seq);
+        cJSON_AddNumberToObject(o, "n_ctx", m->max_seq);
+        cJSON_AddNumberToObject(o, "n_inner", m->d_ff);
+        cJSON_AddStringToObject(o, "activation_function", "gelu_new");
+        cJSON_AddNumberToObject(o, "layer_norm_epsilon", wm_norm_eps(m));
+        cJSON_AddBoolToObject(o, "tie_word_embeddings", true);
+    } else {
+        cJSON_AddNumberToObject(o, "hidden_size", m->d_model);
+        cJSON_AddNumberToObject(o, "intermediate_size", m->d_ff);
+        cJSON_AddNumberToObject(o, "num_attention_heads", m->n_head);
+        cJSON_AddNumberToObject(o, "num_key_value_heads", m->n_kv_head);
+        cJSON_AddNumberToObject(o, "num_hidden_layers", m->n_layer);
+        cJSON_AddNumberToObject(o, "max_position_embeddings", m->max_seq);
+        cJSON_AddNumberToObject(o, "rms_norm_eps", wm_norm_eps(m));
+        cJSON_AddNumberToObject(o, "rope_theta", WM_ROPE_THETA);
+        cJSON_AddStringToObject(o, "hidden_act", "silu");
+        cJSON_AddBoolToObject(o, "tie_word_embeddings", false);
+    }
+    return o;
+}
+
+static int write_text(const char *path, const char *text, err_t *err) {
+    char tmp[1200];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    bool ok = f && fputs(text, f) >= 0 && fputc('\n', f) != EOF && fflush(f) == 0;
+    if (f) ok = (fclose(f) == 0) && ok;
+    if (!ok || rename(tmp, path) < 0) {
+        int e = errno;
+        unlink(tmp);
+        return err_set(err, "%s: cannot write: %s", path, strerror(e));
+    }
+    return 0;
+}
+
+/* Opens the checkpoint and checks every unit's parameter tensor. */
+static int open_checkpoint(const char *path, st_file **f, model_spec *m, err_t *err) {
+    if (st_open(f, path, err) < 0) return -1;
+    const char *text = st_meta(*f, "cephalo.model");
+    if (!text) return err_set(err, "%s: no 'cephalo.model' metadata (not a Cephalo checkpoint?)", path);
+    cJSON *o = json_parse(path, text, strlen(text), err);
+    if (!o) return -1;
+    json_ctx c = {path, err};
+    int rc = model_from_json(&c, o, "metadata cephalo.model", m);
+    cJSON_Delete(o);
+    for (int u = 0; rc == 0 && u < model_n_units(m); u++) {
+        char uname[48], key[96];
+        int64_t n = model_unit_params(m, u);
+        model_unit_name(m, u, uname, sizeof uname);
+        snprintf(key, sizeof key, "param.%s", uname);
+        rc = st_expect(*f, key, ST_F32, 1, &n, NULL, err);
+    }
+    return rc;
+}
+
+int export_hf(const char *checkpoint, const char *dir, err_t *err) {
+    model_spec m;
+    exporter x = {.m = &m};
+    int rc = open_checkpoint(checkpoint, &x.ckpt, &m, err);
+    if (rc == 0 && m.arch != ARCH_GPT && m.arch != ARCH_LLAMA)
+        rc = err_set(err, "%s: export writes GPT-2 and Llama layouts; this checkpoint is a %s",
+                     checkpoint, model_arch_name(m.arch));
+    if (rc == 0 && mkdir(dir, 0777) < 0 && errno != EEXIST)
+        rc = err_set(err, "%s: cannot create the directory: %s", dir, strerror(errno));
+    if (rc == 0) {
+        x.w = st_writer_new();
+        if (m.arch == ARCH_GPT) gpt2_tensors(&x);
+        else llama_tensors(&x);
+        st_writer_meta(x.w, "format", "pt");
+        char path[1100];
+        snprintf(path, sizeof path, "%s/model.safetensors", dir);
+        rc = st_writer_save(x.w, path, err);
+        if (rc == 0) {
+            snprintf(path, sizeof path, "%s/config.json", dir);
+            char *cfg = cJSON_Print(hf_config(&m)); /* small; freed below */
+            rc = write_text(path, cfg, err);
+            free(cfg);
+        }
+        st_writer_free(x.w);
+    }
+    for (int i = 0; i < x.n_owned; i++) free(x.owned[i]);
+    free(x.owned);
+    st_close(x.ckpt);
+    return rc;
+}
+
+int cmd_export(int argc, char **argv) {
+    static const struct option longopts[] = {{"checkpoint", 1, 0, 'c'}, {"output", 1, 0, 'o'},
+                                             {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+    const char *ckpt = NULL, *out = NULL;
+    optind = 1;
+    opterr = 0;
+    int ch;
+    while ((ch = getopt_long(argc, argv, ":ho:", longopts, NULL)) != -1) {
+        switch (ch) {
+        case 'c': ckpt = optarg; break;
+        case 'o': out = optarg; break;
+        case 'h':
+            puts("usage: cephalo-worker export --checkpoint FILE -o DIR\n"
+                 "Writes DIR/model.safetensors (Hugging Face tensor names) and DIR/config.json\n"
+                 "for GPT-2 (GPT2LMHeadModel) and Llama (LlamaForCausalLM) checkpoints.");
+            return 0;
+        default:
+            fprintf(stderr, "cephalo-worker export: bad option '%s' (see --help)\n", argv[optind - 1]);
+            return 2;
+        }
+    }
+    if (!ckpt || !out || optind < argc) {
+        fprintf(stderr, "cephalo-worker export: needs --checkpoint FILE and -o DIR (see --help)\n");
+        return 2;
+    }
+    err_t err;
+    if (export_hf(ckpt, out, &err) < 0) {
+        fprintf(stderr, "cephalo-worker export: %s\n", err.msg);
+        return 2;
+    }
+    printf("wrote %s/model.safetensors and %s/config.json\n", out, out);
+    return 0;
+}

@@ -1,0 +1,111 @@
+/* plan_read.c - the worker's reading of a plan JSON (DESIGN 5.2): the model, the global batch,
+ * and this rank's batch, microbatches, memory and threads. */
+#include <stdio.h>
+#include <string.h>
+
+#include "json_util.h"
+#include "model_json.h"
+#include "plan_read.h"
+
+static int read_int(const json_ctx *c, const cJSON *o, const char *path, const char *key,
+                    long lo, long hi, long *out) {
+    const cJSON *item;
+    char at[128];
+    snprintf(at, sizeof at, "%s.%s", path, key);
+    return json_require(c, o, path, key, &item) < 0 ? -1 : json_int(c, item, at, lo, hi, out);
+}
+
+static int read_model(const json_ctx *c, const cJSON *in, model_spec *m) {
+    const cJSON *spec = json_get(in, "model_spec"), *name;
+    if (spec) return model_from_json(c, spec, "inputs.model_spec", m);
+    const char *s;
+    if (json_require(c, in, "inputs", "model", &name) < 0 ||
+        json_string(c, name, "inputs.model", &s) < 0)
+        return -1;
+    return model_resolve(s, m, c->err) < 0 ? err_prefix(c->err, "%s: inputs.model", c->file) : 0;
+}
+
+static int read_inputs(const json_ctx *c, const cJSON *root, train_config *cfg) {
+    const cJSON *in, *prec;
+    const char *p;
+    long batch, seq;
+    if (json_require(c, root, "", "inputs", &in) < 0 || json_expect_object(c, in, "inputs") < 0 ||
+        read_model(c, in, &cfg->model) < 0 ||
+        read_int(c, in, "inputs", "batch", 1, 1 << 20, &batch) < 0 ||
+        read_int(c, in, "inputs", "seq", 1, 1 << 20, &seq) < 0 ||
+        json_require(c, in, "inputs", "precision", &prec) < 0 ||
+        json_string(c, prec, "inputs.precision", &p) < 0)
+        return -1;
+    if (strcmp(p, "fp32"))
+        return err_set(c->err, "%s: inputs.precision is \"%s\": the CPU device trains in fp32 "
+                               "(bf16 needs the CUDA device)", c->file, p);
+    cfg->global_batch = (int)batch;
+    cfg->seq = cfg->model.arch == ARCH_VIT ? 0 : (int)seq;
+    return 0;
+}
+
+static int read_rank(const json_ctx *c, const cJSON *ranks, int rank, train_config *cfg) {
+    char path[32];
+    long b, m, l, mem, threads = 0;
+    int64_t offset = 0;
+    for (int r = 0; r <= rank; r++) {
+        const cJSON *o = cJSON_GetArrayItem(ranks, r);
+        snprintf(path, sizeof path, "ranks[%d]", r);
+        if (json_expect_object(c, o, path) < 0 ||
+            read_int(c, o, path, "batch", 0, 1 << 20, &b) < 0)
+            return -1;
+        if (r < rank) offset += b;
+        if (r == rank) {
+            if (read_int(c, o, path, "microbatch", 1, 1 << 20, &m) < 0 ||
+                read_int(c, o, path, "microbatches", 1, 1 << 20, &l) < 0 ||
+                read_int(c, o, path, "memory_bytes", 0, 1L << 50, &mem) < 0)
+                return -1;
+            if (json_get(o, "threads") && read_int(c, o, path, "threads", 1, 4096, &threads) < 0)
+                return -1;
+            if (b != m * l)
+                return err_set(c->err, "%s: %s: batch %ld is not microbatch %ld x %ld", c->file,
+                               path, b, m, l);
+        }
+    }
+    cfg->batch = (int)b, cfg->micro = (int)m, cfg->micros = (int)l;
+    cfg->sample_offset = offset;
+    cfg->memory_bytes = mem;
+    cfg->threads = (int)threads;
+    return 0;
+}
+
+int plan_read(const char *path, int rank, int world, train_config *cfg, err_t *err) {
+    cJSON *root = json_load_file(path, err);
+    if (!root) return -1;
+    json_ctx c = {path, err};
+    const cJSON *ranks, *fmt, *feasible;
+    int n = 0;
+    int rc = -1;
+    if (json_require(&c, root, "", "format", &fmt) < 0) goto out;
+    if (!cJSON_IsString(fmt) || strcmp(fmt->valuestring, "cephalo-plan")) {
+        err_set(err, "%s: format is not \"cephalo-plan\" (is this a plan from 'cephalo plan -o'?)",
+                path);
+        goto out;
+    }
+    feasible = json_get(root, "feasible");
+    if (feasible && cJSON_IsFalse(feasible)) {
+        err_set(err, "%s: the plan is infeasible; re-plan before training", path);
+        goto out;
+    }
+    if (read_inputs(&c, root, cfg) < 0 || json_require(&c, root, "", "ranks", &ranks) < 0 ||
+        json_expect_array(&c, ranks, "ranks", &n) < 0)
+        goto out;
+    if (n != world) {
+        err_set(err, "%s: the plan has %d ranks but WORLD_SIZE is %d", path, n, world);
+        goto out;
+    }
+    if (rank < 0 || rank >= n) {
+        err_set(err, "%s: RANK %d is outside the plan's %d ranks", path, rank, n);
+        goto out;
+    }
+    rc = read_rank(&c, ranks, rank, cfg);
+    cfg->rank = rank, cfg->world = world;
+out:
+    cJSON_Delete(root);
+    return rc;
+}

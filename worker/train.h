@@ -1,0 +1,88 @@
+/* train.h - one rank's training loop: layered gradient accumulation over the units of the model
+ * (DESIGN 7), checkpoints at unit boundaries offloaded to host memory, AdamW with global-norm
+ * clipping and a warmup + cosine schedule.
+ *
+ *   trainer *t = trainer_new(&cfg, &err);       // model, device, data, optimizer state
+ *   trainer_resume(t, path, &err);              // optional
+ *   while (t->step < cfg.steps) trainer_step(t, &stats, &err);
+ *   trainer_free(t); */
+#ifndef CEPHALO_TRAIN_H
+#define CEPHALO_TRAIN_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "data.h"
+#include "device.h"
+#include "model.h"
+#include "wmodel.h"
+
+typedef struct train_config {
+    model_spec model;
+    int seq; /* resolved sequence length (ViT: ignored) */
+    int global_batch; /* B: the loss is the mean over B samples */
+    int batch, micro, micros; /* this rank: b = m * l */
+    int64_t sample_offset; /* this rank's first position in the global batch */
+    int rank, world;
+    /* optimizer and schedule (docs/worker-model.md) */
+    int64_t steps;
+    double lr, min_lr, beta1, beta2, eps, weight_decay, clip;
+    int64_t warmup;
+    uint64_t seed;
+    /* device */
+    int threads;
+    int64_t memory_bytes; /* emulated device capacity; 0 = unlimited */
+    /* data: a shard file/dir/list, an image file, or "synthetic" */
+    const char *data;
+} train_config;
+
+typedef struct step_stats {
+    int64_t step; /* the step just taken (0-based) */
+    double loss, lr, grad_norm;
+    double step_ms, tokens_per_s, samples_per_s;
+    int64_t peak_bytes;
+} step_stats;
+
+typedef struct trainer {
+    train_config cfg;
+    device dev;
+    data_source *data;
+    int n_units, tokens; /* tokens per sample */
+    int64_t *numel; /* per unit */
+    float **params, **grads, **adam_m, **adam_v; /* device, per unit */
+    wm_acts *acts;
+    float *x, *y, *dy, *dx; /* device [m*T, d] */
+    int32_t *ids_dev, *tgt_dev;
+    float *img_dev;
+    /* host: this step's samples and the offloaded unit-boundary checkpoints */
+    int32_t *ids_host, *tgt_host; /* [l][m*T] (ViT targets: [l][m]) */
+    float *img_host; /* [l][m*C*S*S] */
+    double *row_scale; /* [l][m] */
+    float **boundary; /* [n_units - 1][l] host, each [m*T*d]; boundary[u][j] = input of unit u+1 */
+    float **grad_pool; /* [l] host [m*T*d]: the gradient flowing back, per microbatch */
+    int64_t host_bytes; /* the offload pool */
+    int64_t step; /* the next step to run */
+    int64_t samples_seen;
+    /* tests: when set, step 0's logits go here (host, [B*T*V] or [B*classes]) */
+    float *logits_out;
+} trainer;
+
+/* Applies defaults (docs/cli.md) to a zeroed config. */
+void train_config_defaults(train_config *c);
+/* Learning rate of a 0-based step (warmup then cosine to min_lr). */
+double train_lr(const train_config *c, int64_t step);
+
+trainer *trainer_new(const train_config *cfg, err_t *err);
+void trainer_free(trainer *t);
+int trainer_step(trainer *t, step_stats *st, err_t *err);
+
+/* Host copies of unit u's parameters / gradients (numel[u] floats). */
+void trainer_get_params(trainer *t, int unit, float *out);
+void trainer_get_grads(trainer *t, int unit, float *out);
+
+/* Checkpoints (ckpt.c): safetensors with each unit's parameters and AdamW moments, the step and
+ * the configuration; written atomically, validated on load, bit-exact resume. */
+int trainer_save(trainer *t, const char *path, err_t *err);
+int trainer_resume(trainer *t, const char *path, err_t *err);
+
+#endif

@@ -1,0 +1,501 @@
+/* wmodel.c - forward and backward of each unit kind, written once against the device op table.
+ *
+ * Shapes: N = m*T rows (tokens of the microbatch), d = width, ff = MLP width, qw = width of the
+ * fused q|k|v projection. Every unit's intermediates live in one workspace (wm_acts) sized for
+ * the largest microbatch; the backward reads what the (re)computed forward left there. */
+#include <math.h>
+#include <string.h>
+
+#include "log.h"
+#include "wmodel.h"
+
+#define OP(d, name, ...) ((d)->ops->name((d), __VA_ARGS__))
+
+struct wm_acts {
+    int max_m, T;
+    /* forward intermediates */
+    float *ln1, *mean1, *rstd1, *qkv, *att, *lse, *x2, *ln2, *mean2, *rstd2, *fc, *act, *up;
+    /* backward scratch */
+    float *dqkv, *datt, *dx2, *dln, *dact, *dfc, *dup;
+    /* head and embedding extras */
+    float *logits, *losses, *patches, *rows;
+    int32_t *none; /* unused; keeps the struct's pointer list uniform */
+};
+
+/* ---- shapes ---- */
+
+static int qkv_width(const model_spec *m) {
+    int hd = m->d_model / m->n_head;
+    return (m->n_head + 2 * m->n_kv_head) * hd;
+}
+static int wide(const model_spec *m) { return m->d_ff > m->d_model ? m->d_ff : m->d_model; }
+static int vit_patches(const model_spec *m) { return (m->image / m->patch) * (m->image / m->patch); }
+static int patch_dim(const model_spec *m) { return m->channels * m->patch * m->patch; }
+static int64_t head_chunk_rows(int T) { return T < WM_HEAD_CHUNK_ROWS ? T : WM_HEAD_CHUNK_ROWS; }
+static int64_t logits_floats(const model_spec *m, int max_m, int T) {
+    if (m->arch == ARCH_VIT) return (int64_t)max_m * m->n_classes;
+    return head_chunk_rows(T) * m->vocab;
+}
+
+typedef struct ws_plan {
+    int64_t nd, nq, nf, nstat, nlse, nlogits, nloss, npatch, nrows;
+} ws_plan;
+
+static ws_plan ws_sizes(const model_spec *m, int max_m, int seq) {
+    int T = model_tokens(m, seq);
+    int64_t N = (int64_t)max_m * T;
+    ws_plan p = {0};
+    p.nd = N * m->d_model;
+    p.nq = N * qkv_width(m);
+    p.nf = N * wide(m);
+    p.nstat = N;
+    p.nlse = (int64_t)max_m * m->n_head * T;
+    p.nlogits = logits_floats(m, max_m, T);
+    p.nloss = m->arch == ARCH_VIT ? max_m : head_chunk_rows(T);
+    p.npatch = m->arch == ARCH_VIT ? (int64_t)max_m * vit_patches(m) * patch_dim(m) : 0;
+    p.nrows = m->arch == ARCH_VIT ? (int64_t)max_m * m->d_model : 0;
+    return p;
+}
+
+int64_t wm_acts_bytes(const model_spec *m, int max_m, int seq) {
+    ws_plan p = ws_sizes(m, max_m, seq);
+    bool llama = m->arch == ARCH_LLAMA;
+    int64_t f = 7 * p.nd + 2 * p.nq + (llama ? 6 : 4) * p.nf + 4 * p.nstat + p.nlse + p.nlogits +
+                p.nloss + p.npatch + p.nrows;
+    return f * (int64_t)sizeof(float);
+}
+
+wm_acts *wm_acts_new(device *d, const model_spec *m, int max_m, int seq, err_t *err) {
+    ws_plan p = ws_sizes(m, max_m, seq);
+    bool llama = m->arch == ARCH_LLAMA;
+    wm_acts *a = xcalloc(1, sizeof *a);
+    a->max_m = max_m;
+    a->T = model_tokens(m, seq);
+    struct {
+        float **dst;
+        int64_t n;
+        const char *what;
+    } bufs[] = {
+        {&a->ln1, p.nd, "norm output"},   {&a->mean1, p.nstat, "norm mean"},
+        {&a->rstd1, p.nstat, "norm rstd"}, {&a->qkv, p.nq, "q|k|v"},
+        {&a->att, p.nd, "attention output"}, {&a->lse, p.nlse, "attention log-sum-exp"},
+        {&a->x2, p.nd, "residual"},       {&a->ln2, p.nd, "norm output"},
+        {&a->mean2, p.nstat, "norm mean"}, {&a->rstd2, p.nstat, "norm rstd"},
+        {&a->fc, p.nf, "MLP hidden"},     {&a->act, p.nf, "MLP activation"},
+        {&a->up, llama ? p.nf : 0, "MLP up"}, {&a->dqkv, p.nq, "q|k|v gradient"},
+        {&a->datt, p.nd, "attention gradient"}, {&a->dx2, p.nd, "residual gradient"},
+        {&a->dln, p.nd, "norm gradient"}, {&a->dact, p.nf, "MLP activation gradient"},
+        {&a->dfc, p.nf, "MLP hidden gradient"}, {&a->dup, llama ? p.nf : 0, "MLP up gradient"},
+        {&a->logits, p.nlogits, "logits"}, {&a->losses, p.nloss, "row losses"},
+        {&a->patches, p.npatch, "image patches"}, {&a->rows, p.nrows, "class-token rows"},
+    };
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
+        if (bufs[i].n == 0) continue;
+        *bufs[i].dst = dev_alloc_f(d, bufs[i].n, bufs[i].what);
+        if (!*bufs[i].dst) {
+            *err = d->err;
+            wm_acts_free(d, a);
+            return NULL;
+        }
+    }
+    return a;
+}
+
+void wm_acts_free(device *d, wm_acts *a) {
+    if (!a) return;
+    float *all[] = {a->ln1,  a->mean1, a->rstd1, a->qkv,  a->att,  a->lse,    a->x2,
+                    a->ln2,  a->mean2, a->rstd2, a->fc,   a->act,  a->up,     a->dqkv,
+                    a->datt, a->dx2,   a->dln,   a->dact, a->dfc,  a->dup,    a->logits,
+                    a->losses, a->patches, a->rows};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) dev_free(d, all[i]);
+    free(a);
+}
+
+/* ---- parameters by name ---- */
+
+static float *tensor(const model_spec *m, int unit, float *base, const char *name) {
+    wm_tensor t[WM_MAX_TENSORS];
+    int n = wm_unit_tensors(m, unit, t);
+    for (int i = 0; i < n; i++)
+        if (!strcmp(t[i].name, name)) return base + t[i].offset;
+    CHECK(!"tensor name not in the unit's layout");
+    return NULL;
+}
+#define W(name) tensor(m, unit, (float *)params, name)
+#define DW(name) tensor(m, unit, dparams, name)
+
+/* ---- building blocks ---- */
+
+/* y[N,out] = x[N,in] W[out,in]^T (+ b) */
+static void linear_fwd(device *d, float *y, const float *x, const float *w, const float *b, int N,
+                       int in, int out) {
+    OP(d, gemm, false, true, N, out, in, 1.0f, x, in, w, in, 0.0f, y, out);
+    if (b) OP(d, add_bias, y, b, N, out);
+}
+
+/* dx[N,in] = (or += when acc) dy W; dW += dy^T x; db += column sums of dy. */
+static void linear_bwd(device *d, float *dx, bool acc, float *dw, float *db, const float *dy,
+                       const float *x, const float *w, int N, int in, int out) {
+    if (dx) OP(d, gemm, false, false, N, in, out, 1.0f, dy, out, w, in, acc ? 1.0f : 0.0f, dx, in);
+    OP(d, gemm, true, false, out, in, N, 1.0f, dy, out, x, in, 1.0f, dw, in);
+    if (db) OP(d, bias_grad, db, dy, N, out);
+}
+
+static void copy_f(device *d, float *dst, const float *src, int64_t n) {
+    OP(d, copy, dst, src, (size_t)n * sizeof(float), COPY_D2D);
+}
+
+/* ---- blocks ---- */
+
+/* Attention over the fused projection a->qkv, output in a->att. */
+static void attend(device *d, const model_spec *m, int mb, int T, wm_acts *a) {
+    int hd = m->d_model / m->n_head, qw = qkv_width(m);
+    const float *q = a->qkv, *k = q + m->n_head * hd, *v = k + m->n_kv_head * hd;
+    OP(d, attention_fwd, a->att, a->lse, q, qw, k, qw, v, qw, mb, T, m->n_head, m->n_kv_head, hd,
+       wm_is_causal(m));
+}
+
+static void attend_bwd(device *d, const model_spec *m, int mb, int T, wm_acts *a) {
+    int hd = m->d_model / m->n_head, qw = qkv_width(m);
+    const float *q = a->qkv, *k = q + m->n_head * hd, *v = k + m->n_kv_head * hd;
+    float *dq = a->dqkv, *dk = dq + m->n_head * hd, *dv = dk + m->n_kv_head * hd;
+    OP(d, attention_bwd, dq, dk, dv, a->datt, a->att, a->lse, q, qw, k, qw, v, qw, mb, T,
+       m->n_head, m->n_kv_head, hd, wm_is_causal(m));
+}
+
+/* GPT-2 / ViT pre-LN block: x2 = x + proj(attn(LN1 x)); y = x2 + proj(gelu(fc(LN2 x2))). */
+static void preln_fwd(device *d, const model_spec *m, int unit, const float *params, int mb,
+                      int T, const float *x, float *y, wm_acts *a) {
+    int N = mb * T, D = m->d_model, ff = m->d_ff;
+    float eps = wm_norm_eps(m);
+    bool tanh_gelu = m->arch == ARCH_GPT;
+    OP(d, layernorm_fwd, a->ln1, a->mean1, a->rstd1, x, W("ln_1.weight"), W("ln_1.bias"), N, D,
+       eps);
+    linear_fwd(d, a->qkv, a->ln1, W("attn.qkv.weight"), W("attn.qkv.bias"), N, D, 3 * D);
+    attend(d, m, mb, T, a);
+    linear_fwd(d, a->x2, a->att, W("attn.proj.weight"), W("attn.proj.bias"), N, D, D);
+    OP(d, axpy, a->x2, 1.0f, x, (int64_t)N * D);
+    OP(d, layernorm_fwd, a->ln2, a->mean2, a->rstd2, a->x2, W("ln_2.weight"), W("ln_2.bias"), N,
+       D, eps);
+    linear_fwd(d, a->fc, a->ln2, W("mlp.fc.weight"), W("mlp.fc.bias"), N, D, ff);
+    OP(d, gelu_fwd, a->act, a->fc, (int64_t)N * ff, tanh_gelu);
+    linear_fwd(d, y, a->act, W("mlp.proj.weight"), W("mlp.proj.bias"), N, ff, D);
+    OP(d, axpy, y, 1.0f, a->x2, (int64_t)N * D);
+}
+
+static void preln_bwd(device *d, const model_spec *m, int unit, const float *params,
+                      float *dparams, int mb, int T, const float *x, const float *dy, float *dx,
+                      wm_acts *a) {
+    int N = mb * T, D = m->d_model, ff = m->d_ff;
+    bool tanh_gelu = m->arch == ARCH_GPT;
+    linear_bwd(d, a->dact, false, DW("mlp.proj.weight"), DW("mlp.proj.bias"), dy, a->act,
+               W("mlp.proj.weight"), N, ff, D);
+    OP(d, gelu_bwd, a->dfc, a->fc, a->dact, (int64_t)N * ff, tanh_gelu);
+    copy_f(d, a->dx2, dy, (int64_t)N * D);
+    linear_bwd(d, a->dln, false, DW("mlp.fc.weight"), DW("mlp.fc.bias"), a->dfc, a->ln2,
+               W("mlp.fc.weight"), N, D, ff);
+    OP(d, layernorm_bwd, a->dx2, DW("ln_2.weight"), DW("ln_2.bias"), a->dln, a->x2, a->mean2,
+       a->rstd2, W("ln_2.weight"), N, D);
+    linear_bwd(d, a->datt, false, DW("attn.proj.weight"), DW("attn.proj.bias"), a->dx2, a->att,
+               W("attn.proj.weight"), N, D, D);
+    attend_bwd(d, m, mb, T, a);
+    linear_bwd(d, a->dln, false, DW("attn.qkv.weight"), DW("attn.qkv.bias"), a->dqkv, a->ln1,
+               W("attn.qkv.weight"), N, D, 3 * D);
+    copy_f(d, dx, a->dx2, (int64_t)N * D);
+    OP(d, layernorm_bwd, dx, DW("ln_1.weight"), DW("ln_1.bias"), a->dln, x, a->mean1, a->rstd1,
+       W("ln_1.weight"), N, D);
+}
+
+/* Llama block: x2 = x + o(attn(rope(qkv(rms x)))); y = x2 + down(silu(gate h) * up h), h = rms x2. */
+static void llama_fwd(device *d, const model_spec *m, int unit, const float *params, int mb,
+                      int T, const float *x, float *y, wm_acts *a) {
+    int N = mb * T, D = m->d_model, ff = m->d_ff, qw = qkv_width(m), hd = D / m->n_head;
+    float eps = wm_norm_eps(m);
+    OP(d, rmsnorm_fwd, a->ln1, a->rstd1, x, W("attn_norm.weight"), N, D, eps);
+    linear_fwd(d, a->qkv, a->ln1, W("attn.qkv.weight"), NULL, N, D, qw);
+    OP(d, rope, a->qkv, qw, N, T, m->n_head, hd, WM_ROPE_THETA, false);
+    OP(d, rope, a->qkv + m->n_head * hd, qw, N, T, m->n_kv_head, hd, WM_ROPE_THETA, false);
+    attend(d, m, mb, T, a);
+    linear_fwd(d, a->x2, a->att, W("attn.o.weight"), NULL, N, D, D);
+    OP(d, axpy, a->x2, 1.0f, x, (int64_t)N * D);
+    OP(d, rmsnorm_fwd, a->ln2, a->rstd2, a->x2, W("mlp_norm.weight"), N, D, eps);
+    linear_fwd(d, a->fc, a->ln2, W("mlp.gate.weight"), NULL, N, D, ff);
+    linear_fwd(d, a->up, a->ln2, W("mlp.up.weight"), NULL, N, D, ff);
+    OP(d, swiglu_fwd, a->act, a->fc, a->up, (int64_t)N * ff);
+    linear_fwd(d, y, a->act, W("mlp.down.weight"), NULL, N, ff, D);
+    OP(d, axpy, y, 1.0f, a->x2, (int64_t)N * D);
+}
+
+static void llama_bwd(device *d, const model_spec *m, int unit, const float *params,
+                      float *dparams, int mb, int T, const float *x, const float *dy, float *dx,
+                      wm_acts *a) {
+    int N = mb * T, D = m->d_model, ff = m->d_ff, qw = qkv_width(m), hd = D / m->n_head;
+    linear_bwd(d, a->dact, false, DW("mlp.down.weight"), NULL, dy, a->act, W("mlp.down.weight"),
+               N, ff, D);
+    OP(d, swiglu_bwd, a->dfc, a->dup, a->dact, a->fc, a->up, (int64_t)N * ff);
+    copy_f(d, a->dx2, dy, (int64_t)N * D);
+    linear_bwd(d, a->dln, false, DW("mlp.gate.weight"), NULL, a->dfc, a->ln2,
+               W("mlp.gate.weight"), N, D, ff);
+    linear_bwd(d, a->dln, true, DW("mlp.up.weight"), NULL, a->dup, a->ln2, W("mlp.up.weight"), N,
+               D, ff);
+    OP(d, rmsnorm_bwd, a->dx2, DW("mlp_norm.weight"), a->dln, a->x2, a->rstd2,
+       W("mlp_norm.weight"), N, D);
+    linear_bwd(d, a->datt, false, DW("attn.o.weight"), NULL, a->dx2, a->att, W("attn.o.weight"),
+               N, D, D);
+    attend_bwd(d, m, mb, T, a);
+    OP(d, rope, a->dqkv, qw, N, T, m->n_head, hd, WM_ROPE_THETA, true);
+    OP(d, rope, a->dqkv + m->n_head * hd, qw, N, T, m->n_kv_head, hd, WM_ROPE_THETA, true);
+    linear_bwd(d, a->dln, false, DW("attn.qkv.weight"), NULL, a->dqkv, a->ln1,
+               W("attn.qkv.weight"), N, D, qw);
+    copy_f(d, dx, a->dx2, (int64_t)N * D);
+    OP(d, rmsnorm_bwd, dx, DW("attn_norm.weight"), a->dln, x, a->rstd1, W("attn_norm.weight"), N,
+       D);
+}
+
+/* BERT post-LN block: s1 = x + proj(attn x) (in x2); y1 = LN1 s1 (in ln1);
+ * s2 = y1 + proj(gelu(fc y1)) (in ln2); y = LN2 s2. */
+static void postln_fwd(device *d, const model_spec *m, int unit, const float *params, int mb,
+                       int T, const float *x, float *y, wm_acts *a) {
+    int N = mb * T, D = m->d_model, ff = m->d_ff;
+    float eps = wm_norm_eps(m);
+    linear_fwd(d, a->qkv, x, W("attn.qkv.weight"), W("attn.qkv.bias"), N, D, 3 * D);
+    attend(d, m, mb, T, a);
+    linear_fwd(d, a->x2, a->att, W("attn.proj.weight"), W("attn.proj.bias"), N, D, D);
+    OP(d, axpy, a->x2, 1.0f, x, (int64_t)N * D);
+    OP(d, layernorm_fwd, a->ln1, a->mean1, a->rstd1, a->x2, W("ln_1.weight"), W("ln_1.bias"), N,
+       D, eps);
+    linear_fwd(d, a->fc, a->ln1, W("mlp.fc.weight"), W("mlp.fc.bias"), N, D, ff);
+    OP(d, gelu_fwd, a->act, a->fc, (int64_t)N * ff, false);
+    linear_fwd(d, a->ln2, a->act, W("mlp.proj.weight"), W("mlp.proj.bias"), N, ff, D);
+    OP(d, axpy, a->ln2, 1.0f, a->ln1, (int64_t)N * D);
+    OP(d, layernorm_fwd, y, a->mean2, a->rstd2, a->ln2, W("ln_2.weight"), W("ln_2.bias"), N, D,
+       eps);
+}
+
+static void postln_bwd(device *d, const model_spec *m, int unit, const float *params,
+                       float *dparams, int mb, int T, const float *x, const float *dy, float *dx,
+                       wm_acts *a) {
+    int N = mb * T, D = m->d_model, ff = m->d_ff;
+    int64_t nd = (int64_t)N * D;
+    float *ds2 = a->dln, *dy1 = a->dx2, *ds1 = a->dln;
+    dev_zero(d, ds2, nd);
+    OP(d, layernorm_bwd, ds2, DW("ln_2.weight"), DW("ln_2.bias"), dy, a->ln2, a->mean2, a->rstd2,
+       W("ln_2.weight"), N, D);
+    copy_f(d, dy1, ds2, nd);
+    linear_bwd(d, a->dact, false, DW("mlp.proj.weight"), DW("mlp.proj.bias"), ds2, a->act,
+               W("mlp.proj.weight"), N, ff, D);
+    OP(d, gelu_bwd, a->dfc, a->fc, a->dact, (int64_t)N * ff, false);
+    linear_bwd(d, dy1, true, DW("mlp.fc.weight"), DW("mlp.fc.bias"), a->dfc, a->ln1,
+               W("mlp.fc.weight"), N, D, ff);
+    dev_zero(d, ds1, nd);
+    OP(d, layernorm_bwd, ds1, DW("ln_1.weight"), DW("ln_1.bias"), dy1, a->x2, a->mean1, a->rstd1,
+       W("ln_1.weight"), N, D);
+    linear_bwd(d, a->datt, false, DW("attn.proj.weight"), DW("attn.proj.bias"), ds1, a->att,
+               W("attn.proj.weight"), N, D, D);
+    attend_bwd(d, m, mb, T, a);
+    copy_f(d, dx, ds1, nd);
+    linear_bwd(d, dx, true, DW("attn.qkv.weight"), DW("attn.qkv.bias"), a->dqkv, x,
+               W("attn.qkv.weight"), N, D, 3 * D);
+}
+
+/* ---- embeddings ---- */
+
+/* ViT: [cls, patch(img)] + pos, per sample (P+1) rows. */
+static void vit_embed_fwd(device *d, const model_spec *m, int unit, const float *params,
+                          const wm_batch *b, float *y, wm_acts *a) {
+    int D = m->d_model, P = vit_patches(m), K = patch_dim(m), T = P + 1;
+    OP(d, patchify, a->patches, b->images, b->m, m->channels, m->image, m->patch);
+    for (int s = 0; s < b->m; s++) {
+        float *rows = y + (int64_t)s * T * D;
+        copy_f(d, rows, W("cls"), D);
+        linear_fwd(d, rows + D, a->patches + (int64_t)s * P * K, W("patch.weight"),
+                   W("patch.bias"), P, K, D);
+    }
+    OP(d, add_bias, y, W("pos"), b->m, T * D);
+}
+
+static void vit_embed_bwd(device *d, const model_spec *m, int unit, float *dparams,
+                          const wm_batch *b, const float *dy, wm_acts *a) {
+    int D = m->d_model, P = vit_patches(m), K = patch_dim(m), T = P + 1;
+    float *dpe = a->dln; /* [m*P, D] gathered patch-row gradients */
+    for (int s = 0; s < b->m; s++)
+        copy_f(d, dpe + (int64_t)s * P * D, dy + ((int64_t)s * T + 1) * D, (int64_t)P * D);
+    OP(d, gemm, true, false, D, K, b->m * P, 1.0f, dpe, D, a->patches, K, 1.0f,
+       DW("patch.weight"), K);
+    OP(d, bias_grad, DW("patch.bias"), dpe, b->m * P, D);
+    OP(d, copy2d, a->rows, D, dy, T * D, b->m, D);
+    OP(d, bias_grad, DW("cls"), a->rows, b->m, D);
+    OP(d, bias_grad, DW("pos"), dy, b->m, T * D);
+}
+
+static void embed_fwd(device *d, const model_spec *m, int unit, const float *params,
+                      const wm_batch *b, float *y, wm_acts *a) {
+    int D = m->d_model, T = b->T, N = b->m * T;
+    switch (m->arch) {
+    case ARCH_GPT:
+        OP(d, embed_fwd, y, W("wte"), b->ids, N, D);
+        OP(d, add_bias, y, W("wpe"), b->m, T * D);
+        break;
+    case ARCH_LLAMA: OP(d, embed_fwd, y, W("tokens"), b->ids, N, D); break;
+    case ARCH_BERT: /* e = word + position + token_type[0] (kept in x2), y = LN(e) */
+        OP(d, embed_fwd, a->x2, W("word"), b->ids, N, D);
+        OP(d, add_bias, a->x2, W("position"), b->m, T * D);
+        OP(d, add_bias, a->x2, W("token_type"), N, D);
+        OP(d, layernorm_fwd, y, a->mean1, a->rstd1, a->x2, W("ln.weight"), W("ln.bias"), N, D,
+           wm_norm_eps(m));
+        break;
+    case ARCH_VIT: vit_embed_fwd(d, m, unit, params, b, y, a); break;
+    }
+}
+
+static void embed_bwd(device *d, const model_spec *m, int unit, const float *params,
+                      float *dparams, const wm_batch *b, const float *dy, wm_acts *a) {
+    int D = m->d_model, T = b->T, N = b->m * T;
+    switch (m->arch) {
+    case ARCH_GPT:
+        OP(d, embed_bwd, DW("wte"), dy, b->ids, N, D);
+        OP(d, bias_grad, DW("wpe"), dy, b->m, T * D);
+        break;
+    case ARCH_LLAMA: OP(d, embed_bwd, DW("tokens"), dy, b->ids, N, D); break;
+    case ARCH_BERT: {
+        float *de = a->dln;
+        dev_zero(d, de, (int64_t)N * D);
+        OP(d, layernorm_bwd, de, DW("ln.weight"), DW("ln.bias"), dy, a->x2, a->mean1, a->rstd1,
+           W("ln.weight"), N, D);
+        OP(d, embed_bwd, DW("word"), de, b->ids, N, D);
+        OP(d, bias_grad, DW("position"), de, b->m, T * D);
+        OP(d, bias_grad, DW("token_type"), de, N, D);
+        break;
+    }
+    case ARCH_VIT: vit_embed_bwd(d, m, unit, dparams, b, dy, a); break;
+    }
+}
+
+/* ---- public: units ---- */
+
+void wm_unit_forward(device *d, const model_spec *m, int unit, const float *params,
+                     const wm_batch *b, const float *x, float *y, wm_acts *a) {
+    CHECK(b->m <= a->max_m && b->T == a->T);
+    switch (model_unit_kind(m, unit)) {
+    case UNIT_EMBEDDING: embed_fwd(d, m, unit, params, b, y, a); break;
+    case UNIT_BLOCK:
+        if (m->arch == ARCH_LLAMA) llama_fwd(d, m, unit, params, b->m, b->T, x, y, a);
+        else if (m->arch == ARCH_BERT) postln_fwd(d, m, unit, params, b->m, b->T, x, y, a);
+        else preln_fwd(d, m, unit, params, b->m, b->T, x, y, a);
+        break;
+    case UNIT_HEAD: CHECK(!"the head runs through wm_head_step"); break;
+    }
+}
+
+void wm_unit_backward(device *d, const model_spec *m, int unit, const float *params,
+                      float *dparams, const wm_batch *b, const float *x, const float *dy,
+                      float *dx, wm_acts *a) {
+    switch (model_unit_kind(m, unit)) {
+    case UNIT_EMBEDDING: embed_bwd(d, m, unit, params, dparams, b, dy, a); break;
+    case UNIT_BLOCK:
+        if (m->arch == ARCH_LLAMA) llama_bwd(d, m, unit, params, dparams, b->m, b->T, x, dy, dx, a);
+        else if (m->arch == ARCH_BERT)
+            postln_bwd(d, m, unit, params, dparams, b->m, b->T, x, dy, dx, a);
+        else preln_bwd(d, m, unit, params, dparams, b->m, b->T, x, dy, dx, a);
+        break;
+    case UNIT_HEAD: CHECK(!"the head runs through wm_head_step"); break;
+    }
+}
+
+/* ---- the head ---- */
+
+/* Logits of h [N, D] against the vocabulary table w [V, D] (+ bias), the fused cross-entropy
+ * per chunk of one sample's rows, and the gradients: dh [N, D] written, dw (+ dbias) +=. */
+static double vocab_loss(device *d, const model_spec *m, const float *h, const float *w,
+                         const float *bias, float *dh, float *dw, float *dbias, const wm_batch *b,
+                         wm_acts *a, float *logits_out) {
+    int D = m->d_model, V = m->vocab, T = b->T;
+    int chunk = (int)head_chunk_rows(T);
+    double loss = 0;
+    for (int s = 0; s < b->m; s++) {
+        for (int t0 = 0; t0 < T; t0 += chunk) {
+            int rows = T - t0 < chunk ? T - t0 : chunk;
+            int64_t r0 = (int64_t)s * T + t0;
+            linear_fwd(d, a->logits, h + r0 * D, w, bias, rows, D, V);
+            if (logits_out)
+                OP(d, copy, logits_out + r0 * V, a->logits, (size_t)rows * V * sizeof(float),
+                   COPY_D2H);
+            loss += OP(d, xent_fwd_bwd, a->logits, a->losses, b->targets + r0, rows, V,
+                       b->row_scale[s]);
+            linear_bwd(d, dh + r0 * D, false, dw, dbias, a->logits, h + r0 * D, w, rows, D, V);
+        }
+    }
+    return loss;
+}
+
+static double vit_head(device *d, const model_spec *m, const float *params, float *dparams,
+                       const wm_batch *b, const float *x, float *dx, wm_acts *a,
+                       float *logits_out) {
+    const int unit = m->n_layer + 1;
+    int D = m->d_model, T = b->T, K = m->n_classes, mb = b->m;
+    float *c = a->rows, *y = a->ln1, *dy = a->dln, *dc = a->dx2;
+    OP(d, copy2d, c, D, x, T * D, mb, D); /* the class-token rows */
+    OP(d, layernorm_fwd, y, a->mean1, a->rstd1, c, W("ln.weight"), W("ln.bias"), mb, D,
+       wm_norm_eps(m));
+    linear_fwd(d, a->logits, y, W("classifier.weight"), W("classifier.bias"), mb, D, K);
+    if (logits_out)
+        OP(d, copy, logits_out, a->logits, (size_t)mb * K * sizeof(float), COPY_D2H);
+    double loss = OP(d, xent_fwd_bwd, a->logits, a->losses, b->targets, mb, K, b->row_scale[0]);
+    linear_bwd(d, dy, false, DW("classifier.weight"), DW("classifier.bias"), a->logits, y,
+               W("classifier.weight"), mb, D, K);
+    dev_zero(d, dc, (int64_t)mb * D);
+    OP(d, layernorm_bwd, dc, DW("ln.weight"), DW("ln.bias"), dy, c, a->mean1, a->rstd1,
+       W("ln.weight"), mb, D);
+    dev_zero(d, dx, (int64_t)mb * T * D);
+    OP(d, copy2d, dx, T * D, dc, D, mb, D);
+    return loss;
+}
+
+double wm_head_step(device *d, const model_spec *m, const float *params, float *dparams,
+                    const float *tied, float *dtied, const wm_batch *b, const float *x, float *dx,
+                    wm_acts *a, float *logits_out) {
+    const int unit = m->n_layer + 1;
+    int D = m->d_model, N = b->m * b->T;
+    int64_t nd = (int64_t)N * D;
+    float eps = wm_norm_eps(m);
+    double loss = 0;
+    switch (m->arch) {
+    case ARCH_GPT: {
+        const float *wte = tensor(m, 0, (float *)tied, "wte");
+        float *dwte = tensor(m, 0, dtied, "wte");
+        OP(d, layernorm_fwd, a->ln1, a->mean1, a->rstd1, x, W("ln_f.weight"), W("ln_f.bias"), N,
+           D, eps);
+        loss = vocab_loss(d, m, a->ln1, wte, NULL, a->dln, dwte, NULL, b, a, logits_out);
+        dev_zero(d, dx, nd);
+        OP(d, layernorm_bwd, dx, DW("ln_f.weight"), DW("ln_f.bias"), a->dln, x, a->mean1,
+           a->rstd1, W("ln_f.weight"), N, D);
+        break;
+    }
+    case ARCH_LLAMA:
+        OP(d, rmsnorm_fwd, a->ln1, a->rstd1, x, W("norm.weight"), N, D, eps);
+        loss = vocab_loss(d, m, a->ln1, W("lm_head.weight"), NULL, a->dln, DW("lm_head.weight"),
+                          NULL, b, a, logits_out);
+        dev_zero(d, dx, nd);
+        OP(d, rmsnorm_bwd, dx, DW("norm.weight"), a->dln, x, a->rstd1, W("norm.weight"), N, D);
+        break;
+    case ARCH_BERT: { /* t = transform x (fc), g = gelu t (act), h = LN g (ln1) */
+        const float *word = tensor(m, 0, (float *)tied, "word");
+        float *dword = tensor(m, 0, dtied, "word");
+        linear_fwd(d, a->fc, x, W("transform.weight"), W("transform.bias"), N, D, D);
+        OP(d, gelu_fwd, a->act, a->fc, nd, false);
+        OP(d, layernorm_fwd, a->ln1, a->mean1, a->rstd1, a->act, W("ln.weight"), W("ln.bias"), N,
+           D, eps);
+        loss = vocab_loss(d, m, a->ln1, word, W("decoder.bias"), a->dln, dword,
+                          DW("decoder.bias"), b, a, logits_out);
+        dev_zero(d, a->dact, nd);
+        OP(d, layernorm_bwd, a->dact, DW("ln.weight"), DW("ln.bias"), a->dln, a->act, a->mean1,
+           a->rstd1, W("ln.weight"), N, D);
+        OP(d, gelu_bwd, a->dfc, a->fc, a->dact, nd, false);
+        linear_bwd(d, dx, false, DW("transform.weight"), DW("transform.bias"), a->dfc, x,
+                   W("transform.weight"), N, D, D);
+        break;
+    }
+    case ARCH_VIT: loss = vit_head(d, m, params, dparams, b, x, dx, a, logits_out); break;
+    }
+    return loss;
+}

@@ -1,0 +1,83 @@
+/* wmodel.h - the worker's view of a model: the named tensors inside each unit's flat parameter
+ * buffer, their initialisation, and the forward/backward of each unit kind on a device.
+ *
+ * The layout (docs/worker-model.md) is the contract with checkpoints, the Hugging Face export
+ * and the PyTorch oracle in tests/ref: unit u's buffer holds its tensors back to back in the
+ * order wm_unit_tensors() lists them, linear weights stored [out, in] like torch.nn.Linear. The
+ * sum of a unit's tensor sizes equals the planner's model_unit_params() exactly. */
+#ifndef CEPHALO_WMODEL_H
+#define CEPHALO_WMODEL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "device.h"
+#include "model.h"
+
+#define WM_MAX_TENSORS 16
+
+typedef enum { INIT_NORMAL, INIT_ONES, INIT_ZEROS } wm_init_kind;
+
+typedef struct wm_tensor {
+    char name[48]; /* within the unit: "attn.qkv.weight" */
+    int64_t offset, numel; /* in elements, within the unit's flat buffer */
+    int ndim;
+    int64_t shape[2];
+    wm_init_kind init;
+    float std; /* INIT_NORMAL */
+    bool decay; /* AdamW weight decay applies (matrices; not norms, biases, tokens) */
+} wm_tensor;
+
+/* Lists unit u's tensors; returns their count. */
+int wm_unit_tensors(const model_spec *m, int unit, wm_tensor *out);
+
+/* The unit's flat-buffer elements [lo, hi) initialised as a pure function of (seed, unit, element
+ * index), so any sharding of the buffer produces the same values. */
+void wm_init_range(const model_spec *m, int unit, uint64_t seed, int64_t lo, int64_t hi,
+                   float *out);
+
+/* Loss scale and sequence conventions of an architecture. */
+bool wm_is_causal(const model_spec *m);
+float wm_norm_eps(const model_spec *m);
+#define WM_ROPE_THETA 10000.0f
+#define WM_HEAD_CHUNK_ROWS 256 /* logits rows materialised at once by the fused head */
+
+/* ---- per-microbatch inputs ---- */
+typedef struct wm_batch {
+    int m; /* samples in this microbatch */
+    int T; /* tokens per sample (ViT: patches + 1) */
+    const int32_t *ids; /* device [m*T] token ids (GPT, Llama, BERT) */
+    const int32_t *targets; /* device [m*T] (-1 = none); ViT: [m] class labels */
+    const float *images; /* device [m, C, S, S] (ViT) */
+    const float *row_scale; /* host [m]: the loss weight of each sample's rows (1/(B*targets)) */
+} wm_batch;
+
+/* ---- activation workspace: every intermediate of one unit for one microbatch ---- */
+typedef struct wm_acts wm_acts;
+
+/* Allocates the workspace for microbatches of up to m samples (the largest any unit needs). */
+wm_acts *wm_acts_new(device *d, const model_spec *m, int max_m, int seq, err_t *err);
+void wm_acts_free(device *d, wm_acts *a);
+int64_t wm_acts_bytes(const model_spec *m, int max_m, int seq);
+
+/* The unit's forward: x [m*T, d] -> y [m*T, d] (embedding: from b's ids/images). Intermediates
+ * stay in the workspace for wm_unit_backward. `tied` is the embedding unit's parameters, which
+ * tied heads (GPT, BERT) use. Not for the head: see wm_head_step. */
+void wm_unit_forward(device *d, const model_spec *m, int unit, const float *params,
+                     const wm_batch *b, const float *x, float *y, wm_acts *a);
+/* Back-propagates dy through the unit whose forward ran last on this workspace: parameter
+ * gradients += into dparams, input gradient written (overwritten) to dx (NULL for the
+ * embedding). */
+void wm_unit_backward(device *d, const model_spec *m, int unit, const float *params,
+                      float *dparams, const wm_batch *b, const float *x, const float *dy,
+                      float *dx, wm_acts *a);
+
+/* The head, forward and backward fused: x [m*T, d] -> loss; dx written; head gradients += into
+ * dparams and, for tied heads, into dtied. Returns the microbatch's scaled loss (sum over rows of
+ * row_scale * row loss). If logits_out is not NULL the logits ([m*T, V], ViT [m, classes]) are
+ * copied there before the loss overwrites them (tests). */
+double wm_head_step(device *d, const model_spec *m, const float *params, float *dparams,
+                    const float *tied, float *dtied, const wm_batch *b, const float *x, float *dx,
+                    wm_acts *a, float *logits_out);
+
+#endif
