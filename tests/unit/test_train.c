@@ -1,0 +1,299 @@
+/* test_train.c - the trainer: layout against the planner, shard-independent initialisation,
+ * gradient accumulation (l microbatches of m == one batch of m*l), bit-exact resume, checkpoint
+ * and plan errors, the device capacity. The numerics against PyTorch are in tests/ref. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "plan_read.h"
+#include "train.h"
+
+static const char *const TINY[] = {"tiny-gpt", "tiny-llama", "tiny-bert", "tiny-vit"};
+
+static train_config tiny_config(const char *name, int batch, int micro) {
+    train_config c = {0};
+    train_config_defaults(&c);
+    err_t err;
+    assert_int_equal(model_resolve(name, &c.model, &err), 0);
+    int seq = 0;
+    if (c.model.arch != ARCH_VIT) assert_int_equal(model_check_seq(&c.model, 32, &seq, &err), 0);
+    c.seq = seq;
+    c.global_batch = c.batch = batch;
+    c.micro = micro;
+    c.micros = batch / micro;
+    c.steps = 4;
+    c.lr = 1e-3;
+    c.warmup = 1;
+    c.threads = 2;
+    c.seed = 11;
+    return c;
+}
+
+static trainer *make(const train_config *c) {
+    err_t err;
+    trainer *t = trainer_new(c, &err);
+    if (!t) fail_msg("trainer_new: %s", err.msg);
+    return t;
+}
+
+static void steps(trainer *t, int n) {
+    err_t err;
+    step_stats st;
+    for (int i = 0; i < n; i++)
+        if (trainer_step(t, &st, &err) < 0) fail_msg("trainer_step: %s", err.msg);
+}
+
+/* All parameters of a trainer, concatenated on the host. */
+static float *all_params(trainer *t, int64_t *n) {
+    int64_t total = 0;
+    for (int u = 0; u < t->n_units; u++) total += t->numel[u];
+    float *out = malloc((size_t)total * sizeof(float)), *p = out;
+    for (int u = 0; u < t->n_units; u++) trainer_get_params(t, u, p), p += t->numel[u];
+    *n = total;
+    return out;
+}
+
+static double rel_diff(const float *a, const float *b, int64_t n) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        den += (double)b[i] * b[i];
+    }
+    return sqrt(num / (den > 0 ? den : 1));
+}
+
+/* Every built-in model's layout adds up to the planner's unit sizes (wm_unit_tensors CHECKs it)
+ * and tensors tile the unit without gaps. */
+static void test_layout_matches_planner(void **state) {
+    (void)state;
+    int n;
+    const model_spec *all = model_builtins(&n);
+    for (int i = 0; i < n; i++) {
+        for (int u = 0; u < model_n_units(&all[i]); u++) {
+            wm_tensor t[WM_MAX_TENSORS];
+            int k = wm_unit_tensors(&all[i], u, t);
+            int64_t off = 0;
+            for (int j = 0; j < k; j++) {
+                assert_int_equal(t[j].offset, off);
+                off += t[j].numel;
+            }
+            assert_int_equal(off, model_unit_params(&all[i], u));
+        }
+    }
+}
+
+/* Initialising a slice gives the same values as slicing the whole unit. */
+static void test_init_shard_independent(void **state) {
+    (void)state;
+    model_spec m;
+    err_t err;
+    assert_int_equal(model_resolve("tiny-llama", &m, &err), 0);
+    int64_t n = model_unit_params(&m, 1);
+    float *full = malloc((size_t)n * sizeof(float)), *part = malloc((size_t)n * sizeof(float));
+    wm_init_range(&m, 1, 5, 0, n, full);
+    int64_t cuts[] = {0, 1, 77, n / 3, n / 2 + 5, n};
+    for (int i = 0; i + 1 < 6; i++) {
+        wm_init_range(&m, 1, 5, cuts[i], cuts[i + 1], part);
+        assert_memory_equal(part, full + cuts[i], (size_t)(cuts[i + 1] - cuts[i]) * sizeof(float));
+    }
+    /* a different seed or unit gives different values; norms start at 1 */
+    wm_init_range(&m, 1, 6, 0, n, part);
+    int64_t differ = 0;
+    for (int64_t i = 0; i < n; i++) differ += part[i] != full[i];
+    assert_true(differ > n * 9 / 10);
+    assert_true(full[0] == 1.0f); /* attn_norm.weight */
+    free(full), free(part);
+}
+
+/* l microbatches of m give the same parameters as one batch of m*l (to fp32 rounding: the sums
+ * are taken in another order). */
+static void test_accumulation_equals_big_batch(void **state) {
+    (void)state;
+    for (int a = 0; a < 4; a++) {
+        train_config c1 = tiny_config(TINY[a], 4, 4), c4 = tiny_config(TINY[a], 4, 1),
+                     c2 = tiny_config(TINY[a], 4, 2);
+        trainer *t1 = make(&c1), *t4 = make(&c4), *t2 = make(&c2);
+        steps(t1, 3), steps(t4, 3), steps(t2, 3);
+        int64_t n;
+        float *p1 = all_params(t1, &n), *p4 = all_params(t4, &n), *p2 = all_params(t2, &n);
+        double e4 = rel_diff(p4, p1, n), e2 = rel_diff(p2, p1, n);
+        if (e4 > 2e-5 || e2 > 2e-5)
+            fail_msg("%s: l=4 vs l=1 rel diff %.3g, l=2 vs l=1 %.3g (tolerance 2e-5)", TINY[a], e4, e2);
+        /* and training moved the parameters (the test can fail) */
+        float *p0 = malloc((size_t)n * sizeof(float)), *q = p0;
+        for (int u = 0; u < t1->n_units; u++)
+            wm_init_range(&c1.model, u, c1.seed, 0, t1->numel[u], q), q += t1->numel[u];
+        assert_true(rel_diff(p1, p0, n) > 1e-3);
+        free(p0), free(p1), free(p2), free(p4);
+        trainer_free(t1), trainer_free(t2), trainer_free(t4);
+    }
+}
+
+static char tmpdir[64];
+
+static int setup_tmp(void **state) {
+    (void)state;
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/cephalo-test-train-XXXXXX");
+    return mkdtemp(tmpdir) ? 0 : -1;
+}
+
+static int teardown_tmp(void **state) {
+    (void)state;
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+/* Stopping after 2 steps, saving, and resuming in a fresh trainer gives bit-identical
+ * parameters to 4 uninterrupted steps. */
+static void test_resume_bit_exact(void **state) {
+    (void)state;
+    for (int a = 0; a < 4; a++) {
+        train_config c = tiny_config(TINY[a], 4, 2);
+        trainer *straight = make(&c);
+        steps(straight, 4);
+        trainer *first = make(&c);
+        steps(first, 2);
+        char path[128];
+        err_t err;
+        snprintf(path, sizeof path, "%s/%s.safetensors", tmpdir, TINY[a]);
+        assert_int_equal(trainer_save(first, path, &err), 0);
+        trainer_free(first);
+        trainer *second = make(&c);
+        if (trainer_resume(second, path, &err) < 0) fail_msg("resume: %s", err.msg);
+        assert_int_equal(second->step, 2);
+        steps(second, 2);
+        int64_t n;
+        float *a1 = all_params(straight, &n), *a2 = all_params(second, &n);
+        assert_memory_equal(a1, a2, (size_t)n * sizeof(float));
+        free(a1), free(a2);
+        trainer_free(straight), trainer_free(second);
+    }
+}
+
+static void write_file(const char *path, const void *buf, size_t n) {
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(buf, 1, n, f), n);
+    fclose(f);
+}
+
+static void test_checkpoint_errors(void **state) {
+    (void)state;
+    train_config c = tiny_config("tiny-gpt", 2, 2);
+    trainer *t = make(&c);
+    char path[128], bad[160];
+    err_t err;
+    snprintf(path, sizeof path, "%s/ok.safetensors", tmpdir);
+    assert_int_equal(trainer_save(t, path, &err), 0);
+    /* truncated */
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    char *buf = malloc(1 << 22);
+    size_t n = fread(buf, 1, 1 << 22, f);
+    fclose(f);
+    snprintf(bad, sizeof bad, "%s/truncated.safetensors", tmpdir);
+    write_file(bad, buf, n / 2);
+    assert_int_equal(trainer_resume(t, bad, &err), -1);
+    assert_non_null(strstr(err.msg, "truncated.safetensors"));
+    /* a flipped byte in the data: the CRC catches it */
+    buf[n - 5] ^= 0x40;
+    snprintf(bad, sizeof bad, "%s/flipped.safetensors", tmpdir);
+    write_file(bad, buf, n);
+    assert_int_equal(trainer_resume(t, bad, &err), -1);
+    assert_non_null(strstr(err.msg, "flipped.safetensors"));
+    free(buf);
+    /* another model */
+    train_config cl = tiny_config("tiny-llama", 2, 2);
+    trainer *other = make(&cl);
+    assert_int_equal(trainer_resume(other, path, &err), -1);
+    assert_non_null(strstr(err.msg, "tiny-gpt"));
+    assert_non_null(strstr(err.msg, "tiny-llama"));
+    trainer_free(other), trainer_free(t);
+}
+
+/* A capacity below what the model needs fails at set-up with the rank and the sizes. */
+static void test_capacity_enforced(void **state) {
+    (void)state;
+    train_config c = tiny_config("tiny-gpt", 4, 4);
+    c.memory_bytes = 1 << 20;
+    c.rank = 3;
+    err_t err;
+    trainer *t = trainer_new(&c, &err);
+    assert_null(t);
+    assert_non_null(strstr(err.msg, "rank 3"));
+    assert_non_null(strstr(err.msg, "out of memory"));
+    assert_non_null(strstr(err.msg, "1.0 MiB"));
+}
+
+static const char *plan_text =
+    "{\"format\":\"cephalo-plan\",\"version\":1,\"feasible\":true,\"world_size\":2,"
+    "\"inputs\":{\"model\":\"tiny-gpt\",\"batch\":6,\"seq\":32,\"precision\":\"%s\"},"
+    "\"ranks\":[{\"rank\":0,\"batch\":4,\"microbatch\":2,\"microbatches\":2,\"memory_bytes\":1000000},"
+    "{\"rank\":1,\"batch\":2,\"microbatch\":%s,\"microbatches\":1,\"memory_bytes\":2000000,\"threads\":3}]}";
+
+static int read_plan(const char *prec, const char *micro, int rank, int world, train_config *c,
+                     err_t *err) {
+    char text[1024], path[128];
+    snprintf(text, sizeof text, plan_text, prec, micro);
+    snprintf(path, sizeof path, "%s/plan.json", tmpdir);
+    write_file(path, text, strlen(text));
+    return plan_read(path, rank, world, c, err);
+}
+
+static void test_plan_read(void **state) {
+    (void)state;
+    train_config c = {0};
+    err_t err;
+    assert_int_equal(read_plan("fp32", "2", 1, 2, &c, &err), 0);
+    assert_int_equal(c.global_batch, 6);
+    assert_int_equal(c.batch, 2);
+    assert_int_equal(c.micro, 2);
+    assert_int_equal(c.sample_offset, 4);
+    assert_int_equal(c.memory_bytes, 2000000);
+    assert_int_equal(c.threads, 3);
+    assert_int_equal(c.seq, 32);
+    assert_string_equal(c.model.name, "tiny-gpt");
+    assert_int_equal(read_plan("bf16", "2", 0, 2, &c, &err), -1);
+    assert_non_null(strstr(err.msg, "bf16"));
+    assert_int_equal(read_plan("fp32", "2", 0, 3, &c, &err), -1);
+    assert_non_null(strstr(err.msg, "WORLD_SIZE is 3"));
+    assert_int_equal(read_plan("fp32", "3", 1, 2, &c, &err), -1);
+    assert_non_null(strstr(err.msg, "ranks[1]"));
+    assert_int_equal(read_plan("fp32", "\"x\"", 1, 2, &c, &err), -1);
+    assert_non_null(strstr(err.msg, "ranks[1].microbatch"));
+}
+
+/* The schedule: linear warmup, cosine to min_lr, min_lr at the end. */
+static void test_lr_schedule(void **state) {
+    (void)state;
+    train_config c = {0};
+    train_config_defaults(&c);
+    c.lr = 1.0, c.min_lr = 0.1, c.warmup = 4, c.steps = 14;
+    assert_true(fabs(train_lr(&c, 0) - 0.25) < 1e-12);
+    assert_true(fabs(train_lr(&c, 3) - 1.0) < 1e-12);
+    assert_true(fabs(train_lr(&c, 4) - 1.0) < 1e-12);
+    assert_true(fabs(train_lr(&c, 9) - 0.55) < 1e-12);
+    assert_true(fabs(train_lr(&c, 14) - 0.1) < 1e-12);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_layout_matches_planner),
+        cmocka_unit_test(test_init_shard_independent),
+        cmocka_unit_test(test_accumulation_equals_big_batch),
+        cmocka_unit_test(test_resume_bit_exact),
+        cmocka_unit_test(test_checkpoint_errors),
+        cmocka_unit_test(test_capacity_enforced),
+        cmocka_unit_test(test_plan_read),
+        cmocka_unit_test(test_lr_schedule),
+    };
+    return cmocka_run_group_tests(tests, setup_tmp, teardown_tmp);
+}
