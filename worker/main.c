@@ -283,7 +283,8 @@ static int run_training(trainer *t, const worker_opts *o, FILE *log, dumper *dp)
     time_t last_time = 0;
     while (t->step < t->cfg.steps) {
         step_stats st;
-        if (trainer_step(t, &st, &err) < 0) return fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_RUNTIME;
+        /* a step fails only on bad data (a token beyond the vocabulary, a label out of range) */
+        if (trainer_step(t, &st, &err) < 0) return fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_BAD_INPUT;
         if (!isfinite(st.loss)) {
             fprintf(stderr, "cephalo-worker: step %lld: the loss is %g; stopping (lower --lr?)\n",
                     (long long)st.step, st.loss);

@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# CLI tests of `cephalo-worker`: training from a plan or from flags, the JSON-lines log,
+# checkpoints and resume (an interrupted run continues exactly), bad input with exit code 2 and a
+# message naming the file or field, and the Hugging Face export. Prints "ok N - ..." lines.
+set -u
+B=${BUILD:-build/rel}/bin
+W=$B/cephalo-worker
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+n=0
+
+# check NAME EXPECTED_RC NEEDLE -- command...   (NEEDLE must appear in stdout+stderr; '' skips)
+check() {
+  local name=$1 want=$2 needle=$3
+  shift 4
+  n=$((n + 1))
+  local out rc
+  out=$("$@" 2>&1)
+  rc=$?
+  if [ "$rc" -ne "$want" ]; then
+    echo "not ok $n - $name (exit $rc, expected $want)"; echo "$out" | tail -5 | sed 's/^/#   /'; return
+  fi
+  if [ -n "$needle" ] && ! grep -qF -- "$needle" <<<"$out"; then
+    echo "not ok $n - $name (output lacks: $needle)"; echo "$out" | tail -5 | sed 's/^/#   /'; return
+  fi
+  echo "ok $n - $name"
+}
+# assert NAME COMMAND...   (passes when the command succeeds)
+assert() {
+  local name=$1
+  shift
+  n=$((n + 1))
+  if "$@" >/dev/null 2>&1; then echo "ok $n - $name"; else echo "not ok $n - $name"; fi
+}
+
+TINY=(--model tiny-gpt --batch 4 --microbatch 2 --seq 32 --threads 2 --lr 1e-3)
+
+check "help" 0 "usage: cephalo-worker train" -- "$W" --help
+check "no command" 2 "usage" -- "$W"
+check "unknown command" 2 "unknown command 'trian'" -- "$W" trian
+check "unknown option" 2 "unknown option '--bogus'" -- "$W" train --bogus 1
+check "no model" 2 "--model and --batch" -- "$W" train
+check "unknown model" 2 "tiny-gpt" -- "$W" train --model tiny-gtp --batch 4
+check "batch not a multiple" 2 "not a multiple of --microbatch" -- "$W" train --model tiny-gpt --batch 5 --microbatch 2
+check "bad number" 2 "--lr: 'fast'" -- "$W" train "${TINY[@]}" --lr fast
+check "seq too long" 2 "exceeds" -- "$W" train --model tiny-gpt --batch 2 --seq 4096
+check "bad size" 2 "--memory: '12Q'" -- "$W" train "${TINY[@]}" --memory 12Q
+check "memory too small" 2 "out of memory" -- "$W" train "${TINY[@]}" --memory 256K --steps 1
+
+# Training from flags: progress on stderr, one JSON line per step.
+check "train from flags" 0 "step 3/3" -- "$W" train "${TINY[@]}" --steps 3 --log "$T/log.jsonl"
+assert "log has 3 JSON lines" python3 -c "
+import json,sys
+rows=[json.loads(l) for l in open('$T/log.jsonl')]
+assert len(rows)==3 and [r['step'] for r in rows]==[0,1,2]
+assert all(r['loss']>0 and r['tokens_per_s']>0 and r['grad_norm']>0 for r in rows)"
+
+# Training from a plan (CEPHALO_PLAN, RANK, WORLD_SIZE).
+cat >"$T/one.yaml" <<'Y'
+nodes:
+  - name: local
+    gpus: [{type: cpu, count: 1, threads: 2, memory_gib: 1}]
+Y
+"$B/cephalo" plan --cluster "$T/one.yaml" --model tiny-llama --batch 4 --seq 32 -o "$T/plan1.json" >/dev/null
+check "train from a plan" 0 "model tiny-llama" -- env CEPHALO_PLAN="$T/plan1.json" RANK=0 WORLD_SIZE=1 "$W" train --steps 2
+check "plan with flags too" 2 "come from the plan" -- env CEPHALO_PLAN="$T/plan1.json" "$W" train --model tiny-gpt --steps 2
+check "plan world size mismatch" 2 "WORLD_SIZE is 2" -- env RANK=0 WORLD_SIZE=2 "$W" train --plan "$T/plan1.json"
+"$B/cephalo" plan --cluster examples/clusters/local-cpu.yaml --model tiny-gpt --batch 8 -o "$T/plan3.json" >/dev/null
+check "multi-rank needs the socket backend" 2 "socket backend" -- env RANK=1 WORLD_SIZE=3 "$W" train --plan "$T/plan3.json"
+check "bad RANK" 2 "\$RANK is 'x'" -- env RANK=x "$W" train --plan "$T/plan1.json"
+check "not a plan" 2 "cephalo-plan" -- "$W" train --plan examples/profiles/cluster-a-bert-large.json
+echo '{"format": "cephalo-plan", "inputs": ' >"$T/broken.json"
+check "truncated plan" 2 "broken.json" -- "$W" train --plan "$T/broken.json"
+
+# Checkpoints: 4 steps straight vs 2 steps, stop, resume to 4: the same losses, bit for bit.
+"$W" train "${TINY[@]}" --steps 4 --quiet --log "$T/straight.jsonl" --ckpt-dir "$T/ck0"
+check "checkpoint every 2" 0 "" -- "$W" train "${TINY[@]}" --steps 4 --ckpt-every 2 --quiet --ckpt-dir "$T/ck" --log "$T/a.jsonl"
+assert "checkpoint files and latest" test -s "$T/ck/step_00000002.safetensors" -a -s "$T/ck/step_00000004.safetensors" -a "$(cat "$T/ck/latest" 2>/dev/null)" = step_00000004.safetensors
+rm -f "$T/ck/step_00000004.safetensors"
+echo step_00000002.safetensors >"$T/ck/latest"
+check "resume auto" 0 "resumed from" -- "$W" train "${TINY[@]}" --steps 4 --ckpt-dir "$T/ck" --resume auto --log "$T/b.jsonl"
+assert "resumed run continues exactly" python3 -c "
+import json
+s=[json.loads(l) for l in open('$T/straight.jsonl')]
+b=[json.loads(l) for l in open('$T/b.jsonl')]
+assert [r['step'] for r in b]==[2,3], b
+assert [r['loss'] for r in b]==[r['loss'] for r in s[2:]], (b, s)"
+assert "final checkpoints are identical" cmp "$T/ck/step_00000004.safetensors" "$T/ck0/step_00000004.safetensors"
+head -c 3000 "$T/ck/step_00000002.safetensors" >"$T/cut.safetensors"
+check "truncated checkpoint" 2 "cut.safetensors" -- "$W" train "${TINY[@]}" --resume "$T/cut.safetensors"
+check "checkpoint of another model" 2 "not the tiny-llama" -- "$W" train --model tiny-llama --batch 2 --seq 32 --resume "$T/ck/step_00000002.safetensors"
+check "resume auto without a checkpoint starts fresh" 0 "step 1/1" -- "$W" train "${TINY[@]}" --steps 1 --ckpt-dir "$T/empty" --resume auto
+
+# Data: text -> shards -> training; a vocabulary too small for the data is refused.
+printf 'the quick brown fox jumps over the lazy dog. %.0s' $(seq 1 200) >"$T/text.txt"
+"$B/cephalo" data -o "$T/shards" "$T/text.txt" >/dev/null
+check "train on shards" 0 "step 2/2" -- "$W" train "${TINY[@]}" --steps 2 --data "$T/shards"
+cat >"$T/small-vocab.yaml" <<'Y'
+base: tiny-gpt
+name: small-vocab
+vocab: 100
+Y
+check "token beyond the vocabulary" 2 "vocab" -- "$W" train --model "$T/small-vocab.yaml" --batch 2 --seq 32 --steps 1 --data "$T/shards"
+check "missing data" 2 "nowhere.bin" -- "$W" train "${TINY[@]}" --steps 1 --data "$T/nowhere.bin"
+printf 'junk' >"$T/junk.bin"
+check "corrupt shard" 2 "junk.bin" -- "$W" train "${TINY[@]}" --steps 1 --data "$T/junk.bin"
+cat >"$T/bad-heads.yaml" <<'Y'
+base: tiny-gpt
+name: bad-heads
+n_head: 5
+Y
+check "impossible model shape" 2 "n_head" -- "$W" train --model "$T/bad-heads.yaml" --batch 2
+
+# Export with Hugging Face names.
+check "export gpt" 0 "model.safetensors" -- "$W" export --checkpoint "$T/ck0/step_00000004.safetensors" -o "$T/hf"
+assert "export config" python3 -c "
+import json; c=json.load(open('$T/hf/config.json')); assert c['model_type']=='gpt2' and c['n_layer']==2"
+check "export of a non-checkpoint" 2 "plan1.json" -- "$W" export --checkpoint "$T/plan1.json" -o "$T/hf2"
