@@ -4,7 +4,7 @@
 #   make deps       install the missing Debian packages (idempotent; needs root)
 #   make test       unit + CLI tests; ends with "N passed, N failed"
 #   make demo       the planner on the paper's Cluster A
-#   make bench      planning-time benchmarks
+#   make bench      planning-time and CPU training benchmarks (against PyTorch)
 #   make fuzz       libFuzzer targets for the cluster, model and profile parsers
 #   SAN=1           build and test with AddressSanitizer + UndefinedBehaviorSanitizer
 #   CUDA=auto|0|1   CUDA detection (auto: build CUDA code when nvcc is found)
@@ -107,8 +107,9 @@ test: deps $(CLI) $(WORKER) $(TESTS)
 demo: deps $(CLI)
 	@BUILD=$(BUILD) mk/demo.sh
 
-bench: deps $(BENCH) $(CLI)
+bench: deps $(BENCH) $(CLI) $(WORKER)
 	@$(BENCH)
+	@BUILD=$(BUILD) bench/bench_train.sh
 
 # libFuzzer targets (clang), built apart from the normal objects.
 FUZZ_BUILD := build/fuzz

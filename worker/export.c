@@ -204,7 +204,9 @@ int export_hf(const char *checkpoint, const char *dir, err_t *err) {
         rc = st_writer_save(x.w, path, err);
         if (rc == 0) {
             snprintf(path, sizeof path, "%s/config.json", dir);
-            char *cfg = cJSON_Print(hf_config(&m)); /* small; freed below */
+            cJSON *config = hf_config(&m);
+            char *cfg = cJSON_Print(config);
+            cJSON_Delete(config);
             rc = write_text(path, cfg, err);
             free(cfg);
         }

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -229,12 +230,18 @@ static void progress(const trainer *t, const step_stats *st, double avg_ms) {
             st->tokens_per_s, st->samples_per_s, st->step_ms, peak, eta);
 }
 
+static long long peak_rss_bytes(void) {
+    struct rusage ru;
+    return getrusage(RUSAGE_SELF, &ru) == 0 ? (long long)ru.ru_maxrss * 1024 : -1;
+}
+
 static void log_step(FILE *f, const trainer *t, const step_stats *st) {
     fprintf(f,
             "{\"step\":%lld,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,\"step_ms\":%.3f,"
-            "\"tokens_per_s\":%.1f,\"samples_per_s\":%.3f,\"peak_bytes\":%lld,\"rank\":%d}\n",
+            "\"tokens_per_s\":%.1f,\"samples_per_s\":%.3f,\"peak_bytes\":%lld,\"rss_peak_bytes\":%lld,"
+            "\"rank\":%d}\n",
             (long long)st->step, st->loss, st->lr, st->grad_norm, st->step_ms, st->tokens_per_s,
-            st->samples_per_s, (long long)st->peak_bytes, t->cfg.rank);
+            st->samples_per_s, (long long)st->peak_bytes, peak_rss_bytes(), t->cfg.rank);
     fflush(f);
 }
 
