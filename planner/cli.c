@@ -1,12 +1,15 @@
-/* cli.c - the `cephalo` command: plan, compare, models, gpus.
+/* cli.c - the `cephalo` command: plan, compare, models, gpus, data.
  * Exit codes (DESIGN 5.1): 0 feasible, 3 infeasible (with the reason), 2 bad input. */
+#include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "cluster.h"
 #include "cost.h"
+#include "data.h"
 #include "gpu.h"
 #include "model.h"
 #include "plan.h"
@@ -24,6 +27,8 @@ static const char usage_text[] =
     "  compare   predicted iteration time and memory of every strategy side by side\n"
     "  models    list the built-in models; `models MODEL` shows its units, FLOPs, activations\n"
     "  gpus      list the GPU catalog\n"
+    "  data      prepare training data: text files -> llm.c token shards (byte-level), or a\n"
+    "            synthetic labeled image file (CIMG); `cephalo data --help` shows its options\n"
     "\n"
     "plan / compare options:\n"
     "  --cluster FILE        cluster file (YAML, docs/formats.md)            [required]\n"
@@ -274,6 +279,347 @@ static int cmd_gpus(void) {
     return 0;
 }
 
+/* ---- cephalo data (docs/data.md) ---- */
+
+static const char data_usage[] =
+    "usage: cephalo data -o OUTDIR [--shard-tokens N] [--val-fraction F] FILE...\n"
+    "       cephalo data --images -o FILE.cimg --synthetic N --classes K --size S [--channels C] [--seed X]\n"
+    "\n"
+    "Text files ('-' reads stdin) are tokenized byte-level (each byte is a token 0..255) into llm.c\n"
+    "token shards OUTDIR/train_000000.bin, train_000001.bin, ... and, with --val-fraction,\n"
+    "OUTDIR/val_000000.bin, ... holding the last fraction of the token stream (docs/data.md).\n"
+    "\n"
+    "  -o, --output PATH     output directory (created if missing); with --images the file\n"
+    "  --shard-tokens N      tokens per shard (default 100M; suffixes K, M, G = 1e3, 1e6, 1e9)\n"
+    "  --val-fraction F      fraction of the tokens for validation, in [0, 1) (default 0)\n"
+    "  --images              write a synthetic labeled image file (CIMG) instead:\n"
+    "  --synthetic N         number of images\n"
+    "  --classes K           number of classes (1..65536)\n"
+    "  --size S              image height and width in pixels\n"
+    "  --channels C          channels (default 3)\n"
+    "  --seed X              seed of the images (default 1)\n"
+    "  -h, --help            this text\n"
+    "\n"
+    "exit status: 0 written, 2 bad input or a file that cannot be read or written\n";
+
+/* Non-negative integer with an optional K/M/G suffix (powers of 1000). */
+static bool parse_count(const char *s, long max, long *out) {
+    char buf[32];
+    size_t n = strlen(s);
+    if (n == 0 || n >= sizeof buf) return false;
+    memcpy(buf, s, n + 1);
+    long mult = 1;
+    switch (buf[n - 1]) {
+    case 'k': case 'K': mult = 1000; break;
+    case 'm': case 'M': mult = 1000000; break;
+    case 'g': case 'G': mult = 1000000000; break;
+    default: break;
+    }
+    if (mult > 1) buf[n - 1] = '\0';
+    long v;
+    if (buf[0] == '-' || buf[0] == '+' || !str_to_long(buf, &v) || v < 0 || v > max / mult) return false;
+    *out = v * mult;
+    return true;
+}
+
+typedef struct data_input {
+    const char *name;
+    FILE *f;      /* regular files: streamed */
+    char *buf;    /* stdin and other non-regular files: read whole */
+    size_t len;   /* bytes (for regular files: the size when opened) */
+} data_input;
+
+/* Splits the token stream over train shards and val shards. */
+typedef struct shard_sink {
+    const char *dir;
+    long shard_tokens;
+    int64_t n_train, written; /* tokens before the val split; tokens written so far */
+    int cur;                  /* split of the open shard: 0 train, 1 val */
+    int index[2];             /* shards started per split */
+    data_shard_writer *w;
+    char path[4096];
+} shard_sink;
+
+static int sink_close_shard(shard_sink *k, err_t *err) {
+    if (!k->w) return 0;
+    int rc = data_shard_writer_close(k->w, err);
+    k->w = NULL;
+    return rc;
+}
+
+static int sink_add(shard_sink *k, const uint16_t *tok, int64_t n, err_t *err) {
+    while (n > 0) {
+        int si = k->written < k->n_train ? 0 : 1;
+        if (k->w && (k->cur != si || data_shard_writer_count(k->w) == k->shard_tokens) &&
+            sink_close_shard(k, err) < 0)
+            return -1;
+        if (!k->w) {
+            snprintf(k->path, sizeof k->path, "%s/%s_%06d.bin", k->dir, si ? "val" : "train", k->index[si]++);
+            if (!(k->w = data_shard_writer_open(k->path, err))) return -1;
+            k->cur = si;
+        }
+        int64_t room = k->shard_tokens - data_shard_writer_count(k->w);
+        if (!si && k->n_train - k->written < room) room = k->n_train - k->written;
+        int64_t m = n < room ? n : room;
+        if (data_shard_writer_add(k->w, tok, m, err) < 0) return -1;
+        tok += m;
+        n -= m;
+        k->written += m;
+    }
+    return 0;
+}
+
+static int sink_bytes(shard_sink *k, const unsigned char *p, size_t n, err_t *err) {
+    uint16_t tok[4096];
+    while (n > 0) {
+        size_t m = n < 4096 ? n : 4096;
+        for (size_t i = 0; i < m; i++) tok[i] = p[i];
+        if (sink_add(k, tok, (int64_t)m, err) < 0) return -1;
+        p += m;
+        n -= m;
+    }
+    return 0;
+}
+
+static int data_fail(const char *msg) {
+    fprintf(stderr, "cephalo data: %s\n", msg);
+    return EXIT_BAD_INPUT;
+}
+
+static int open_inputs(char **names, int n, data_input *in, err_t *err) {
+    for (int i = 0; i < n; i++) {
+        in[i].name = names[i];
+        bool is_stdin = !strcmp(names[i], "-");
+        FILE *f = is_stdin ? stdin : fopen(names[i], "rb");
+        if (!f) return err_set(err, "%s: cannot open: %s", names[i], strerror(errno));
+        struct stat st;
+        if (fstat(fileno(f), &st) != 0) {
+            if (!is_stdin) fclose(f);
+            return err_set(err, "%s: cannot stat: %s", names[i], strerror(errno));
+        }
+        if (S_ISDIR(st.st_mode)) {
+            if (!is_stdin) fclose(f);
+            return err_set(err, "%s: is a directory (expected a text file)", names[i]);
+        }
+        if (S_ISREG(st.st_mode) && !is_stdin) {
+            in[i].f = f;
+            in[i].len = (size_t)st.st_size;
+            continue;
+        }
+        size_t cap = 1 << 16, len = 0, got;
+        char *buf = malloc(cap);
+        while (buf && (got = fread(buf + len, 1, cap - len, f)) > 0)
+            if ((len += got) == cap) {
+                char *nb = realloc(buf, cap *= 2);
+                if (!nb) free(buf);
+                buf = nb;
+            }
+        bool bad_read = !buf || ferror(f);
+        if (!is_stdin) fclose(f);
+        if (bad_read) {
+            free(buf);
+            return err_set(err, "%s: read error%s", names[i], buf ? "" : " (out of memory)");
+        }
+        in[i].buf = buf;
+        in[i].len = len;
+    }
+    return 0;
+}
+
+static int write_input(shard_sink *k, data_input *in, err_t *err) {
+    if (in->buf) return sink_bytes(k, (const unsigned char *)in->buf, in->len, err);
+    unsigned char chunk[1 << 16];
+    size_t total = 0, got;
+    while ((got = fread(chunk, 1, sizeof chunk, in->f)) > 0) {
+        if (total + got > in->len) got = in->len - total; /* grew while reading: the size counted */
+        if (sink_bytes(k, chunk, got, err) < 0) return -1;
+        total += got;
+        if (total == in->len) break;
+    }
+    if (ferror(in->f)) return err_set(err, "%s: read error: %s", in->name, strerror(errno));
+    if (total != in->len)
+        return err_set(err, "%s: the file shrank while being read (%zu of %zu bytes)", in->name, total, in->len);
+    return 0;
+}
+
+static int make_dir(const char *dir, err_t *err) {
+    struct stat st;
+    if (mkdir(dir, 0777) != 0 && errno != EEXIST) return err_set(err, "%s: cannot create the directory: %s", dir, strerror(errno));
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) return err_set(err, "%s: exists and is not a directory", dir);
+    return 0;
+}
+
+static int data_text(const char *outdir, long shard_tokens, double val_fraction, char **files, int n_files) {
+    err_t err = {{0}};
+    data_input *in = calloc((size_t)n_files, sizeof *in);
+    shard_sink k = {.dir = outdir, .shard_tokens = shard_tokens};
+    int rc = 0;
+    if (!in) return data_fail("out of memory");
+    if (open_inputs(files, n_files, in, &err) < 0) {
+        rc = data_fail(err.msg);
+        goto done;
+    }
+    int64_t total = 0;
+    for (int i = 0; i < n_files; i++) total += (int64_t)in[i].len;
+    int64_t n_val = 0;
+    if (total == 0) {
+        rc = data_fail("the input is empty: no tokens to write");
+        goto done;
+    }
+    if (val_fraction > 0) {
+        if (total < 2) {
+            rc = data_fail("--val-fraction: the input has 1 token, too few to split");
+            goto done;
+        }
+        n_val = (int64_t)((double)total * val_fraction + 0.5);
+        if (n_val < 1) n_val = 1;
+        if (n_val > total - 1) n_val = total - 1;
+    }
+    if (make_dir(outdir, &err) < 0) {
+        rc = data_fail(err.msg);
+        goto done;
+    }
+    k.n_train = total - n_val;
+    for (int i = 0; i < n_files && !rc; i++)
+        if (write_input(&k, &in[i], &err) < 0) rc = -1;
+    if (!rc && sink_close_shard(&k, &err) < 0) rc = -1;
+    if (rc) {
+        if (k.w) data_shard_writer_abort(k.w);
+        rc = data_fail(err.msg);
+        goto done;
+    }
+    printf("cephalo data: %d file%s, %lld bytes -> %lld tokens (byte-level: tokens 0..255; any vocab >= 256, "
+           ">= 257 for MLM)\n",
+           n_files, n_files == 1 ? "" : "s", (long long)total, (long long)total);
+    for (int si = 0; si < 2; si++) {
+        const char *name = si ? "val" : "train";
+        if (!k.index[si]) continue;
+        printf("  %-6s %lld tokens in %d shard%s: %s/%s_000000.bin", si ? "val:" : "train:", (long long)(si ? n_val : k.n_train),
+               k.index[si], k.index[si] == 1 ? "" : "s", outdir, name);
+        if (k.index[si] > 1) printf(" .. %s_%06d.bin", name, k.index[si] - 1);
+        putchar('\n');
+    }
+    if (n_val) printf("  train on '%s/train_*.bin' (the directory alone would include the val shards)\n", outdir);
+    /* shards of an earlier, larger run would be picked up by a directory or glob spec */
+    for (int si = 0; si < 2; si++) {
+        char p[4096];
+        struct stat st;
+        snprintf(p, sizeof p, "%s/%s_%06d.bin", outdir, si ? "val" : "train", k.index[si]);
+        if (stat(p, &st) == 0)
+            fprintf(stderr, "cephalo data: warning: %s and maybe more %s shards are left from an earlier run; "
+                    "remove them before training on the directory\n", p, si ? "val" : "train");
+    }
+done:
+    for (int i = 0; i < n_files; i++) {
+        if (in[i].f) fclose(in[i].f);
+        free(in[i].buf);
+    }
+    free(in);
+    return rc;
+}
+
+static int data_images(const char *out, long count, long classes, long size, long channels, long seed) {
+    err_t err = {{0}};
+    data_image_info info = {.channels = (uint32_t)channels, .height = (uint32_t)size, .width = (uint32_t)size,
+                            .n_classes = (uint32_t)classes};
+    data_image_writer *w = data_image_writer_open(out, &info, &err);
+    if (!w) return data_fail(err.msg);
+    size_t px = (size_t)channels * (size_t)size * (size_t)size;
+    uint8_t *pix = malloc(px);
+    if (!pix) {
+        data_image_writer_abort(w);
+        return data_fail("out of memory");
+    }
+    int32_t label;
+    for (long i = 0; i < count; i++) {
+        data_synthetic_image((uint64_t)seed, i, (int)channels, (int)size, (int)classes, pix, &label);
+        if (data_image_writer_add(w, (uint16_t)label, pix, &err) < 0) {
+            free(pix);
+            data_image_writer_abort(w);
+            return data_fail(err.msg);
+        }
+    }
+    free(pix);
+    if (data_image_writer_close(w, &err) < 0) return data_fail(err.msg);
+    printf("cephalo data: wrote %s: %ld synthetic images of %ldx%ldx%ld, %ld classes, seed %ld (%lld bytes)\n", out,
+           count, channels, size, size, classes, seed, (long long)(DATA_CIMG_HEADER_BYTES + (long long)count * (2 + (long long)px)));
+    return 0;
+}
+
+static int cmd_data(int argc, char **argv) {
+    static const struct option longopts[] = {
+        {"output", required_argument, 0, 'o'},    {"shard-tokens", required_argument, 0, 'T'},
+        {"val-fraction", required_argument, 0, 'V'}, {"images", no_argument, 0, 'I'},
+        {"synthetic", required_argument, 0, 'N'}, {"classes", required_argument, 0, 'K'},
+        {"size", required_argument, 0, 'Z'},      {"channels", required_argument, 0, 'C'},
+        {"seed", required_argument, 0, 'X'},      {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0}};
+    const char *out = NULL;
+    long shard_tokens = 100000000, count = -1, classes = -1, size = -1, channels = 3, seed = 1;
+    double val = 0;
+    bool images = false, text_opt = false, image_opt = false;
+    optind = 1;
+    opterr = 0;
+    int c;
+    while ((c = getopt_long(argc, argv, ":ho:", longopts, NULL)) != -1) {
+        switch (c) {
+        case 'o': out = optarg; break;
+        case 'T':
+            if (!parse_count(optarg, DATA_SHARD_MAX_TOKENS, &shard_tokens) || shard_tokens < 1)
+                return bad("data: --shard-tokens: '%s' is not a token count in 1..2147483647 (K, M, G suffixes allowed)", optarg);
+            text_opt = true;
+            break;
+        case 'V':
+            if (!str_to_double(optarg, &val) || !(val >= 0 && val < 1))
+                return bad("data: --val-fraction: '%s' (expected a fraction in [0, 1))", optarg);
+            text_opt = true;
+            break;
+        case 'I': images = true; break;
+        case 'N':
+            if (!parse_count(optarg, UINT32_MAX, &count) || count < 1)
+                return bad("data: --synthetic: '%s' is not an image count in 1..4294967295", optarg);
+            image_opt = true;
+            break;
+        case 'K':
+            if (!str_to_long(optarg, &classes) || classes < 1 || classes > DATA_CIMG_MAX_CLASSES)
+                return bad("data: --classes: '%s' (expected 1..65536)", optarg);
+            image_opt = true;
+            break;
+        case 'Z':
+            if (!str_to_long(optarg, &size) || size < 1 || size > DATA_CIMG_MAX_SIDE)
+                return bad("data: --size: '%s' (expected 1..65535 pixels)", optarg);
+            image_opt = true;
+            break;
+        case 'C':
+            if (!str_to_long(optarg, &channels) || channels < 1 || channels > DATA_CIMG_MAX_CHANNELS)
+                return bad("data: --channels: '%s' (expected 1..16)", optarg);
+            image_opt = true;
+            break;
+        case 'X':
+            if (!str_to_long(optarg, &seed) || seed < 0) return bad("data: --seed: '%s' (expected an integer >= 0)", optarg);
+            image_opt = true;
+            break;
+        case 'h': fputs(data_usage, stdout); return 0;
+        case ':': return bad("data: option '%s' needs a value", argv[optind - 1]);
+        default: return bad("data: unknown option '%s'", argv[optind - 1]);
+        }
+    }
+    if (!out) return bad("%s", "data: -o OUTPUT is required");
+    if (images) {
+        if (text_opt) return bad("%s", "data: --shard-tokens and --val-fraction are for text, not --images");
+        if (optind < argc) return bad("data: unexpected argument '%s' (--images writes synthetic images only)", argv[optind]);
+        if (count < 0) return bad("%s", "data: --images needs --synthetic N (converting image files is not supported)");
+        if (classes < 0) return bad("%s", "data: --images needs --classes K");
+        if (size < 0) return bad("%s", "data: --images needs --size S");
+        if ((uint64_t)channels * (uint64_t)size * (uint64_t)size > DATA_CIMG_MAX_PIXELS)
+            return bad("%s", "data: --channels x --size x --size is too large for one image (at most 2^28 values)");
+        return data_images(out, count, classes, size, channels, seed);
+    }
+    if (image_opt) return bad("%s", "data: --synthetic, --classes, --size, --channels and --seed need --images");
+    if (optind >= argc) return bad("%s", "data: no input FILE (give text files, or '-' for stdin)");
+    return data_text(out, shard_tokens, val, argv + optind, argc - optind);
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         fputs(usage_text, stderr);
@@ -288,6 +634,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "compare")) return cmd_plan(argc - 1, argv + 1, true);
     if (!strcmp(cmd, "models")) return cmd_models(argc - 1, argv + 1);
     if (!strcmp(cmd, "gpus")) return cmd_gpus();
-    fprintf(stderr, "cephalo: unknown command '%s' (expected plan, compare, models or gpus; see 'cephalo --help')\n", cmd);
+    if (!strcmp(cmd, "data")) return cmd_data(argc - 1, argv + 1);
+    fprintf(stderr, "cephalo: unknown command '%s' (expected plan, compare, models, gpus or data; see 'cephalo --help')\n", cmd);
     return EXIT_BAD_INPUT;
 }

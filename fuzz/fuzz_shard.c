@@ -1,0 +1,88 @@
+/* fuzz_shard.c - libFuzzer target for the worker's data files (worker/data.c): the input is
+ * checked in memory, then written to a temporary file and opened through the real path (mmap) as
+ * an llm.c token shard (CLM and MLM, small and large vocabularies) and as a CIMG image file (with
+ * the header's own dimensions and with mismatched ones); a few samples are read from each. */
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "data.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+static char tmp_path[64];
+
+static void remove_tmp(void) {
+    if (tmp_path[0]) unlink(tmp_path);
+}
+
+static int write_tmp(const uint8_t *data, size_t size) {
+    if (!tmp_path[0]) {
+        /* tmpfs when there is one: a disk-backed /tmp makes every run wait on writeback */
+        const char *d = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
+        snprintf(tmp_path, sizeof tmp_path, "%s/fuzz_shard.%ld.bin", d, (long)getpid());
+        atexit(remove_tmp);
+    }
+    FILE *f = fopen(tmp_path, "wb");
+    if (!f) return -1;
+    size_t put = size ? fwrite(data, 1, size, f) : 0;
+    return fclose(f) == 0 && put == size ? 0 : -1;
+}
+
+/* Returns whether the file opened as a token source. */
+static int read_tokens(int seq, int vocab, data_task task) {
+    data_source *ds;
+    err_t err;
+    if (data_open_tokens(&ds, tmp_path, seq, vocab, task, 7, &err) < 0) return 0;
+    int32_t in[64], tg[64];
+    char desc[256];
+    data_describe(ds, desc, sizeof desc);
+    int64_t w = data_num_samples(ds);
+    for (int64_t s = 0; s < 2 * w && s < 64; s++)
+        if (data_get_tokens(ds, s, in, tg, &err) < 0) break;
+    data_close(ds);
+    return 1;
+}
+
+static void read_images(int channels, int side, int classes) {
+    data_source *ds;
+    err_t err;
+    if (data_open_images(&ds, tmp_path, channels, side, classes, 3, &err) < 0) return;
+    size_t px = (size_t)channels * (size_t)side * (size_t)side;
+    float *pix = malloc(px * sizeof *pix);
+    int32_t label;
+    for (int64_t s = 0; s < data_num_samples(ds) + 1 && s < 16; s++)
+        if (data_get_image(ds, s, pix, &label, &err) < 0) break;
+    free(pix);
+    data_close(ds);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    err_t err;
+    int64_t n_tokens;
+    data_image_info info;
+    int shard_ok = data_shard_check("fuzz.bin", data, size, &n_tokens, &err) == 0;
+    int image_ok = data_image_check("fuzz.cimg", data, size, &info, &err) == 0;
+    if (write_tmp(data, size) < 0) return 0;
+
+    /* the in-memory check and the file path must agree (a valid shard of >= 5 tokens has a window) */
+    if (read_tokens(4, 65536, DATA_CLM) != (shard_ok && n_tokens >= 5)) abort();
+    if (shard_ok) {
+        read_tokens(1, 300, DATA_CLM);
+        read_tokens(7, 300, DATA_MLM);
+        read_tokens(64, 3, DATA_MLM);
+    }
+    read_images(3, 8, 10);
+    if (image_ok) {
+        data_image_info again;
+        if (data_image_file_info(tmp_path, &again, &err) < 0 || memcmp(&again, &info, sizeof info) != 0) abort();
+        if (info.height == info.width && info.height <= 1024) {
+            read_images((int)info.channels, (int)info.height, (int)info.n_classes);
+            read_images((int)info.channels, (int)info.height, (int)info.n_classes + 1);
+        }
+    }
+    return 0;
+}

@@ -1,0 +1,123 @@
+/* data.h - training data for the worker: llm.c token shards, labeled images (CIMG) and synthetic
+ * sources, with one deterministic, random-access sample order (docs/data.md).
+ *
+ * Sample order. A source has W samples per epoch (token windows or images). Global sample index s
+ * (the trainer uses s = step * global_batch + position in the batch) maps to epoch e = s / W and to
+ * sample perm_e(s % W), where perm_e is a pseudo-random permutation of 0..W-1 that depends only on
+ * (seed, e): a keyed Feistel network with cycle walking. It never depends on ranks, on the plan or
+ * on what was read before, so any rank can fetch any sample in any order and get the same data;
+ * lookups keep no state, so one source may serve several threads.
+ *
+ * Token samples are windows of seq+1 tokens starting at multiples of seq inside one shard (never
+ * across shards). DATA_CLM: inputs = window[0..seq), targets = window[1..seq]. DATA_MLM: the
+ * sequence is window[0..seq); about 15% of positions (a hash of seed, s and the position; at least
+ * one per sample) get target = the token and input = the mask token vocab-1 (80%), a random token
+ * in [0, vocab-1) (10%) or the token itself (10%); other positions get target -1 (ignored) and the
+ * token as input. So for MLM vocab-1 is reserved: data tokens must be below vocab-1.
+ *
+ * Every token read is checked against the model's vocabulary and every image label against its
+ * class count; bad files give an err_t naming the file and the problem, never a crash (a file that
+ * shrinks while mapped is the exception: it is the caller's to keep shards unchanged). */
+#ifndef CEPHALO_DATA_H
+#define CEPHALO_DATA_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "err.h"
+
+typedef enum { DATA_CLM, DATA_MLM } data_task;
+
+typedef struct data_source data_source;
+
+/* ---- llm.c token shards ---- */
+#define DATA_SHARD_MAGIC 20240520
+#define DATA_SHARD_VERSION 1
+#define DATA_SHARD_HEADER_BYTES 1024 /* 256 little-endian int32 */
+#define DATA_SHARD_MAX_TOKENS INT32_MAX
+
+/* Validates a shard image in memory (header, version, token count against len); name is used in
+ * the messages. On success stores the token count. */
+int data_shard_check(const char *name, const void *buf, size_t len, int64_t *n_tokens, err_t *err);
+
+/* Writes n uint16 tokens as one shard, atomically (path.tmp, fsync, rename). */
+int data_shard_write(const char *path, const uint16_t *tokens, int64_t n, err_t *err);
+
+/* Streaming shard writer (for shards built piece by piece, e.g. `cephalo data`): tokens are
+ * appended, close patches the count into the header and renames path.tmp to path. */
+typedef struct data_shard_writer data_shard_writer;
+data_shard_writer *data_shard_writer_open(const char *path, err_t *err);
+int data_shard_writer_add(data_shard_writer *w, const uint16_t *tokens, int64_t n, err_t *err);
+int64_t data_shard_writer_count(const data_shard_writer *w);
+int data_shard_writer_close(data_shard_writer *w, err_t *err); /* frees w, even on error */
+void data_shard_writer_abort(data_shard_writer *w);             /* removes path.tmp, frees w */
+
+/* ---- labeled images: CIMG files ---- */
+/* Header (little-endian, 64 bytes): "CIMG", u32 version (1), u32 count, u32 channels, u32 height,
+ * u32 width, u32 n_classes, zeros up to 64. Then count records: u16 label, channels*height*width
+ * u8 pixels in CHW order. */
+#define DATA_CIMG_VERSION 1
+#define DATA_CIMG_HEADER_BYTES 64
+#define DATA_CIMG_MAX_CHANNELS 16
+#define DATA_CIMG_MAX_SIDE 65535
+#define DATA_CIMG_MAX_CLASSES 65536
+#define DATA_CIMG_MAX_PIXELS (1 << 28) /* channels*height*width per image */
+
+typedef struct data_image_info {
+    uint32_t count, channels, height, width, n_classes;
+} data_image_info;
+
+/* Validates a CIMG file image in memory (header and size; labels are checked on read). */
+int data_image_check(const char *name, const void *buf, size_t len, data_image_info *info, err_t *err);
+/* Reads and validates the header and size of a CIMG file. */
+int data_image_file_info(const char *path, data_image_info *info, err_t *err);
+
+/* Writes info->count images (labels[i], pixels i*C*H*W ..) atomically. */
+int data_image_write(const char *path, const data_image_info *info, const uint16_t *labels,
+                     const uint8_t *pixels, err_t *err);
+
+/* Streaming image writer: info->count is ignored (close writes the number added). */
+typedef struct data_image_writer data_image_writer;
+data_image_writer *data_image_writer_open(const char *path, const data_image_info *info, err_t *err);
+int data_image_writer_add(data_image_writer *w, uint16_t label, const uint8_t *pixels, err_t *err);
+int data_image_writer_close(data_image_writer *w, err_t *err); /* frees w, even on error */
+void data_image_writer_abort(data_image_writer *w);
+
+/* Synthetic image s (uint8, CHW, size x size) and its label, from (seed, s) only: oriented stripes
+ * whose direction and frequency (and, beyond 32 classes, colour) depend on the class, with a
+ * random phase and noise. data_open_synthetic_images serves these, normalised. */
+void data_synthetic_image(uint64_t seed, int64_t s, int channels, int size, int n_classes, uint8_t *pixels,
+                          int32_t *label);
+
+/* ---- sources ---- */
+/* spec: a shard file, a directory (every *.bin in it, sorted by name), a glob pattern ("d/train_*.bin")
+ * or a comma-separated list of those. seq >= 1, vocab >= 2 (>= 3 for MLM). */
+int data_open_tokens(data_source **out, const char *spec, int seq, int vocab, data_task task, uint64_t seed,
+                     err_t *err);
+/* Sample s is x_t = (start + stride*t) mod (vocab-1) with start, stride (1..4) and ~2% noise drawn
+ * from (seed, s): learnable in context. Unbounded: data_num_samples returns INT64_MAX. */
+int data_open_synthetic_tokens(data_source **out, int seq, int vocab, data_task task, uint64_t seed, err_t *err);
+
+/* Errors unless the file's channels, height = width = size and n_classes match the model's. */
+int data_open_images(data_source **out, const char *path, int channels, int size, int n_classes, uint64_t seed,
+                     err_t *err);
+int data_open_synthetic_images(data_source **out, int channels, int size, int n_classes, uint64_t seed, err_t *err);
+
+/* inputs[seq], targets[seq] (-1 = no target, MLM). Error on an image source or s < 0. */
+int data_get_tokens(data_source *ds, int64_t s, int32_t *inputs, int32_t *targets, err_t *err);
+/* pixels[channels*size*size] = (x/255 - 0.5)/0.5, CHW; *label in [0, n_classes). */
+int data_get_image(data_source *ds, int64_t s, float *pixels, int32_t *label, err_t *err);
+
+bool data_is_images(const data_source *ds);
+/* Samples per epoch (W); INT64_MAX for synthetic sources. */
+int64_t data_num_samples(const data_source *ds);
+/* The sample (window or image index, 0..W-1) that global sample s reads: perm_{s/W}(s % W);
+ * s itself for synthetic sources, -1 for s < 0. */
+int64_t data_sample_index(const data_source *ds, int64_t s);
+/* One line for logs, e.g. "tokens: 3 shards (d/train_000000.bin .. d/train_000002.bin), 1000000
+ * tokens, 975 windows of 1024+1, clm, vocab 50257, seed 1". */
+void data_describe(const data_source *ds, char *buf, size_t n);
+void data_close(data_source *ds);
+
+#endif
