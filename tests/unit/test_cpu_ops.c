@@ -1,0 +1,959 @@
+/* test_cpu_ops.c - the CPU device (worker/cpu_device.c, cpu_attention.c) against naive
+ * double-precision references written here, on small odd shapes.
+ *
+ * Tolerances: fp32 kernels against double references pass when, elementwise,
+ *   |got - ref| <= rtol * |ref| + atol * max|ref|      (rtol = atol = 1e-5 unless stated)
+ * The atol term is scaled by the array's largest magnitude so that entries which cancel to ~0 are
+ * judged against the precision of their inputs. The backward references are themselves checked
+ * against central finite differences of the double forward (h = 1e-5, agreement 1e-6). Further:
+ * determinism (bit-identical reruns, and the same bits for 1 and 2 threads where the kernels
+ * promise it), the accumulate-vs-overwrite contract of device.h (outputs pre-filled with nonzero
+ * values) and the accounting allocator. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu_internal.h"
+#include "device.h"
+
+#define RTOL 1e-5
+#define ATOL 1e-5
+#define FD_H 1e-5
+#define FD_TOL 1e-6
+#define PI 3.14159265358979323846
+
+/* ---------------------------------------------------------------------------------------------
+ * helpers */
+
+static uint64_t rng_state = 88172645463325252ULL;
+
+static void seed(uint64_t s) { rng_state = s * 2685821657736338717ULL + 1442695040888963407ULL; }
+
+/* uniform in [-1, 1) */
+static float frand(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (float)((double)(rng_state >> 40) / (double)(1ULL << 24) * 2.0 - 1.0);
+}
+
+static float *frandom(int64_t n, float scale) {
+    float *p = malloc((size_t)n * sizeof(float));
+    for (int64_t i = 0; i < n; i++) p[i] = scale * frand();
+    return p;
+}
+
+static float *ffill(int64_t n, float v) {
+    float *p = malloc((size_t)n * sizeof(float));
+    for (int64_t i = 0; i < n; i++) p[i] = v;
+    return p;
+}
+
+static float *fdup(const float *src, int64_t n) {
+    float *p = malloc((size_t)n * sizeof(float));
+    memcpy(p, src, (size_t)n * sizeof(float));
+    return p;
+}
+
+static double *to_double(const float *src, int64_t n) {
+    double *p = malloc((size_t)n * sizeof(double));
+    for (int64_t i = 0; i < n; i++) p[i] = src[i];
+    return p;
+}
+
+static double *dzeros(int64_t n) { return calloc((size_t)n, sizeof(double)); }
+
+static double max_abs(const double *x, int64_t n) {
+    double m = 0;
+    for (int64_t i = 0; i < n; i++) m = fmax(m, fabs(x[i]));
+    return m;
+}
+
+/* |got - ref| <= rtol |ref| + abs_floor for every element (NaN fails). */
+static void expect_near(const char *what, const float *got, const double *ref, int64_t n,
+                        double rtol, double abs_floor) {
+    for (int64_t i = 0; i < n; i++) {
+        double err = fabs((double)got[i] - ref[i]);
+        double bound = rtol * fabs(ref[i]) + abs_floor;
+        if (!(err <= bound))
+            fail_msg("%s[%lld]: got %.9g, want %.9g (error %.3g > bound %.3g)", what, (long long)i,
+                     (double)got[i], ref[i], err, bound);
+    }
+}
+
+/* |got - ref| <= rtol |ref| + atol max|ref| */
+static void expect_close(const char *what, const float *got, const double *ref, int64_t n,
+                         double rtol, double atol) {
+    double m = max_abs(ref, n);
+    expect_near(what, got, ref, n, rtol, atol * (m > 0 ? m : 1.0));
+}
+
+static void expect_all(const char *what, const float *x, int64_t n, float v) {
+    for (int64_t i = 0; i < n; i++)
+        if (x[i] != v)
+            fail_msg("%s[%lld] = %.9g, want %.9g (untouched)", what, (long long)i, (double)x[i],
+                     (double)v);
+}
+
+static void expect_same_bits(const char *what, const void *a, const void *b, size_t bytes) {
+    if (memcmp(a, b, bytes)) fail_msg("%s: two runs differ", what);
+}
+
+/* A scalar loss L(x) of a double forward, and its central difference in x[i]. */
+typedef double (*loss_fn)(void *ctx);
+
+static double central_diff(loss_fn L, void *ctx, double *x, int64_t i) {
+    double x0 = x[i];
+    x[i] = x0 + FD_H;
+    double lp = L(ctx);
+    x[i] = x0 - FD_H;
+    double lm = L(ctx);
+    x[i] = x0;
+    return (lp - lm) / (2 * FD_H);
+}
+
+/* Checks grad[i] against finite differences of L in every x[i] (or `samples` spread entries). */
+static void expect_fd(const char *what, loss_fn L, void *ctx, double *x, const double *grad,
+                      int64_t n, int64_t samples) {
+    double scale = max_abs(grad, n) > 0 ? max_abs(grad, n) : 1.0;
+    int64_t step = samples > 0 && samples < n ? n / samples : 1;
+    for (int64_t i = 0; i < n; i += step) {
+        double fd = central_diff(L, ctx, x, i);
+        if (!(fabs(fd - grad[i]) <= FD_TOL * (fabs(fd) + scale)))
+            fail_msg("%s[%lld]: analytic %.12g, finite difference %.12g", what, (long long)i,
+                     grad[i], fd);
+    }
+}
+
+static double dot_d(const double *a, const double *b, int64_t n) {
+    double s = 0;
+    for (int64_t i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+static int dev_setup(void **state) {
+    device *d = calloc(1, sizeof *d);
+    err_t err;
+    if (cpu_device_init(d, 0, 2, 0, &err) < 0) return -1;
+    *state = d;
+    return 0;
+}
+
+static int dev_teardown(void **state) {
+    device *d = *state;
+    cpu_device_close(d);
+    free(d);
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * device, allocator */
+
+static void test_init_and_allocator(void **state) {
+    (void)state;
+    device d;
+    err_t err = {{0}};
+    assert_int_equal(cpu_device_init(&d, 3, -1, 0, &err), -1);
+    assert_non_null(strstr(err.msg, "threads"));
+    assert_int_equal(cpu_device_init(&d, 3, 0, 0, &err), 0);
+    assert_int_equal(d.threads, omp_get_num_procs());
+    assert_string_equal(d.ops->name, "cpu");
+    cpu_device_close(&d);
+
+    assert_int_equal(cpu_device_init(&d, 3, 2, 4096, &err), 0);
+    assert_int_equal(d.threads, 2);
+    dev_set_context(&d, "block.%d forward", 3);
+    char *a = dev_alloc(&d, 1000, "activations");
+    assert_non_null(a);
+    assert_int_equal((uintptr_t)a % 64, 0);
+    memset(a, 1, 1000); /* all of it is usable (ASan watches) */
+    assert_int_equal(d.cur_bytes, 1000);
+    assert_int_equal(d.peak_bytes, 1000);
+    assert_int_equal(d.n_allocs, 1);
+    float *b = dev_alloc_f(&d, 750, "weights"); /* 3000 bytes: 4000 of 4096 */
+    assert_non_null(b);
+    assert_int_equal((uintptr_t)b % 64, 0);
+    assert_int_equal(d.cur_bytes, 4000);
+
+    assert_null(dev_alloc(&d, 200, "scratch")); /* 4200 > 4096 */
+    const char *m = d.err.msg;
+    assert_non_null(strstr(m, "rank 3"));
+    assert_non_null(strstr(m, "cpu"));
+    assert_non_null(strstr(m, "block.3 forward"));
+    assert_non_null(strstr(m, "scratch"));
+    assert_non_null(strstr(m, "200 B"));
+    assert_non_null(strstr(m, "4000 B"));
+    assert_non_null(strstr(m, "4096 B"));
+    assert_int_equal(d.cur_bytes, 4000);
+    assert_int_equal(d.n_allocs, 2);
+
+    dev_free(&d, b);
+    assert_int_equal(d.cur_bytes, 1000);
+    assert_int_equal(d.peak_bytes, 4000);
+    assert_int_equal(d.n_allocs, 1);
+    assert_non_null(b = dev_alloc_f(&d, 750, "weights")); /* the room is back */
+    dev_free(&d, b);
+    dev_free(&d, a);
+    dev_free(&d, NULL);
+    assert_int_equal(d.cur_bytes, 0);
+    assert_int_equal(d.n_allocs, 0);
+    assert_int_equal(d.peak_bytes, 4000);
+
+    /* upload / download / copy through the op table */
+    float host[37], back[37];
+    for (int i = 0; i < 37; i++) host[i] = (float)i * 0.5f;
+    float *x = dev_alloc_f(&d, 37, "x"), *y = dev_alloc_f(&d, 37, "y");
+    dev_upload(&d, x, host, sizeof host);
+    d.ops->copy(&d, y, x, sizeof host, COPY_D2D);
+    d.ops->sync(&d);
+    dev_download(&d, back, y, sizeof back);
+    assert_memory_equal(host, back, sizeof host);
+    dev_zero(&d, y, 37);
+    dev_download(&d, back, y, sizeof back);
+    for (int i = 0; i < 37; i++) assert_true(back[i] == 0.0f);
+    dev_free(&d, x);
+    dev_free(&d, y);
+    cpu_device_close(&d);
+    assert_null(d.alloc_table);
+}
+
+/* The exp behind softmax, sigmoid and GELU: within 3 ulp of exp() over the whole range. */
+static void test_exp_fast(void **state) {
+    (void)state;
+    double worst = 0;
+    for (double x = -87.0; x <= 88.0; x += 0.0007) {
+        float xf = (float)x;
+        double want = exp((double)xf);
+        double rel = fabs(exp_fast(xf) - want) / want;
+        worst = fmax(worst, rel);
+    }
+    if (worst > 3 * 5.97e-8) fail_msg("exp_fast: worst relative error %.3g", worst);
+    assert_true(exp_fast(0.0f) == 1.0f);
+    assert_true(exp_fast(-100.0f) == 0.0f);
+    assert_true(exp_fast(-INFINITY) == 0.0f);
+    assert_true(isnan(exp_fast(NAN)));
+    assert_true(exp_fast(1000.0f) > 1e38f);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * elementwise, reductions, copies */
+
+static void test_elementwise(void **state) {
+    device *d = *state;
+    const int64_t sizes[] = {13, 100003}; /* one thread, and the parallel path */
+    for (int s = 0; s < 2; s++) {
+        int64_t n = sizes[s];
+        seed(1 + s);
+        float *a = frandom(n, 2.0f), *b = frandom(n, 2.0f), *out = ffill(n, 9.0f);
+        d->ops->fill(d, out, 0.25f, n);
+        expect_all("fill", out, n, 0.25f);
+        d->ops->add(d, out, a, b, n);
+        for (int64_t i = 0; i < n; i++) assert_true(out[i] == a[i] + b[i]);
+        float *y = fdup(a, n);
+        d->ops->axpy(d, y, -0.75f, b, n);
+        for (int64_t i = 0; i < n; i++) assert_true(y[i] == a[i] + -0.75f * b[i]);
+        d->ops->scale(d, y, 3.0f, n);
+        for (int64_t i = 0; i < n; i++) assert_true(y[i] == (a[i] + -0.75f * b[i]) * 3.0f);
+        d->ops->add(d, a, a, b, n); /* out may alias an input */
+        for (int64_t i = 0; i < n; i++) assert_true(a[i] == out[i]);
+
+        double want = 0;
+        for (int64_t i = 0; i < n; i++) want += (double)b[i] * b[i];
+        double got = d->ops->sumsq(d, b, n);
+        if (!(fabs(got - want) <= 1e-12 * want)) fail_msg("sumsq %.17g, want %.17g", got, want);
+        free(a), free(b), free(out), free(y);
+    }
+    assert_true(d->ops->sumsq(d, NULL, 0) == 0.0);
+
+    /* copy2d: rows of a strided block; the padding of the destination stays */
+    int rows = 7, cols = 13, lds = 20, ldo = 17;
+    float *src = frandom((int64_t)rows * lds, 1.0f), *dst = ffill((int64_t)rows * ldo, 5.0f);
+    d->ops->copy2d(d, dst, ldo, src, lds, rows, cols);
+    for (int r = 0; r < rows; r++) {
+        assert_memory_equal(dst + r * ldo, src + r * lds, cols * sizeof(float));
+        expect_all("copy2d padding", dst + r * ldo + cols, ldo - cols, 5.0f);
+    }
+    free(src), free(dst);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * matrix products, bias */
+
+static void test_gemm(void **state) {
+    device *d = *state;
+    const int M = 7, N = 13, K = 37;
+    for (int t = 0; t < 4; t++) {
+        bool ta = t & 1, tb = t & 2;
+        int lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 2, ldc = N + 5;
+        seed(10 + t);
+        float *A = frandom((int64_t)(ta ? K : M) * lda, 1.0f);
+        float *B = frandom((int64_t)(tb ? N : K) * ldb, 1.0f);
+        float *C = frandom((int64_t)M * ldc, 1.0f);
+        double *want = to_double(C, (int64_t)M * ldc);
+        const float alpha = 0.7f, beta = 0.3f;
+        for (int i = 0; i < M; i++)
+            for (int j = 0; j < N; j++) {
+                double s = 0;
+                for (int k = 0; k < K; k++) {
+                    double av = ta ? A[k * lda + i] : A[i * lda + k];
+                    double bv = tb ? B[j * ldb + k] : B[k * ldb + j];
+                    s += av * bv;
+                }
+                want[i * ldc + j] = alpha * s + beta * want[i * ldc + j];
+            }
+        d->ops->gemm(d, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        expect_close("gemm", C, want, (int64_t)M * ldc, RTOL, ATOL); /* padding included */
+        free(A), free(B), free(C), free(want);
+    }
+}
+
+static void test_bias(void **state) {
+    device *d = *state;
+    const int N = 300, C = 45; /* C crosses a column block */
+    seed(20);
+    float *x = frandom((int64_t)N * C, 1.0f), *b = frandom(C, 1.0f);
+    float *x0 = fdup(x, (int64_t)N * C);
+    d->ops->add_bias(d, x, b, N, C);
+    for (int n = 0; n < N; n++)
+        for (int c = 0; c < C; c++) assert_true(x[n * C + c] == x0[n * C + c] + b[c]);
+
+    float *db = ffill(C, 0.5f); /* accumulates */
+    double want[45];
+    for (int c = 0; c < C; c++) {
+        want[c] = 0.5;
+        for (int n = 0; n < N; n++) want[c] += x0[n * C + c];
+    }
+    d->ops->bias_grad(d, db, x0, N, C);
+    expect_close("bias_grad", db, want, C, RTOL, ATOL);
+    free(x), free(b), free(x0), free(db);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * embeddings */
+
+static void test_embed(void **state) {
+    device *d = *state;
+    const int V = 11, C = 45, N = 50;
+    seed(30);
+    float *table = frandom((int64_t)V * C, 1.0f), *out = ffill((int64_t)N * C, 3.0f);
+    int32_t ids[50];
+    for (int n = 0; n < N; n++) ids[n] = (n * 7 + n / 3) % V; /* repeats */
+    d->ops->embed_fwd(d, out, table, ids, N, C);
+    for (int n = 0; n < N; n++) assert_memory_equal(out + n * C, table + ids[n] * C, C * sizeof(float));
+
+    float *dout = frandom((int64_t)N * C, 1.0f), *dtable = ffill((int64_t)V * C, -1.0f);
+    double *want = dzeros((int64_t)V * C);
+    for (int i = 0; i < V * C; i++) want[i] = -1.0;
+    for (int n = 0; n < N; n++)
+        for (int c = 0; c < C; c++) want[ids[n] * C + c] += dout[n * C + c];
+    d->ops->embed_bwd(d, dtable, dout, ids, N, C);
+    expect_close("embed_bwd", dtable, want, (int64_t)V * C, RTOL, ATOL);
+    free(table), free(out), free(dout), free(dtable), free(want);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * normalisations: double references; L = sum(out * G) for the finite differences */
+
+typedef struct norm_ctx {
+    bool rms;
+    int N, C;
+    double eps;
+    double *x, *w, *b, *G; /* b unused by rmsnorm */
+} norm_ctx;
+
+static void ref_norm_fwd(const norm_ctx *k, double *out, double *mean, double *rstd) {
+    for (int n = 0; n < k->N; n++) {
+        const double *x = k->x + (int64_t)n * k->C;
+        double m = 0, v = 0;
+        if (!k->rms) {
+            for (int c = 0; c < k->C; c++) m += x[c];
+            m /= k->C;
+        }
+        for (int c = 0; c < k->C; c++) v += (x[c] - m) * (x[c] - m);
+        double s = 1.0 / sqrt(v / k->C + k->eps);
+        for (int c = 0; c < k->C; c++)
+            out[(int64_t)n * k->C + c] = (x[c] - m) * s * k->w[c] + (k->rms ? 0.0 : k->b[c]);
+        if (mean) mean[n] = m;
+        rstd[n] = s;
+    }
+}
+
+static double norm_loss(void *ctx) {
+    norm_ctx *k = ctx;
+    int64_t n = (int64_t)k->N * k->C;
+    double *out = malloc(n * sizeof(double)), *rstd = malloc(k->N * sizeof(double));
+    ref_norm_fwd(k, out, NULL, rstd);
+    double L = dot_d(out, k->G, n);
+    free(out), free(rstd);
+    return L;
+}
+
+/* dx, dw, db (overwritten here) of L = sum(out * G). */
+static void ref_norm_bwd(const norm_ctx *k, double *dx, double *dw, double *db) {
+    int C = k->C;
+    double *out = malloc((size_t)k->N * C * sizeof(double));
+    double *mean = malloc(k->N * sizeof(double)), *rstd = malloc(k->N * sizeof(double));
+    ref_norm_fwd(k, out, mean, rstd);
+    memset(dw, 0, C * sizeof(double));
+    if (db) memset(db, 0, C * sizeof(double));
+    for (int n = 0; n < k->N; n++) {
+        const double *x = k->x + (int64_t)n * C, *g = k->G + (int64_t)n * C;
+        double m = k->rms ? 0.0 : mean[n], s = rstd[n], dn_mean = 0, dnx_mean = 0;
+        for (int c = 0; c < C; c++) {
+            double xhat = (x[c] - m) * s;
+            dn_mean += g[c] * k->w[c] / C;
+            dnx_mean += g[c] * k->w[c] * xhat / C;
+            dw[c] += g[c] * xhat;
+            if (db) db[c] += g[c];
+        }
+        for (int c = 0; c < C; c++) {
+            double xhat = (x[c] - m) * s;
+            dx[(int64_t)n * C + c] = (g[c] * k->w[c] - (k->rms ? 0.0 : dn_mean) - xhat * dnx_mean) * s;
+        }
+    }
+    free(out), free(mean), free(rstd);
+}
+
+static void check_norm(device *d, bool rms) {
+    const int N = 7, C = 45;
+    const int64_t NC = (int64_t)N * C;
+    const float eps = 1e-5f;
+    seed(rms ? 41 : 40);
+    float *x = frandom(NC, 2.0f), *w = frandom(C, 1.0f), *b = frandom(C, 1.0f);
+    for (int i = 0; i < NC; i++) x[i] += 0.5f; /* a nonzero mean */
+    float *G = frandom(NC, 1.0f);
+    norm_ctx k = {rms, N, C, eps, to_double(x, NC), to_double(w, C), to_double(b, C), to_double(G, NC)};
+
+    /* forward */
+    double *out_ref = dzeros(NC), *mean_ref = dzeros(N), *rstd_ref = dzeros(N);
+    ref_norm_fwd(&k, out_ref, mean_ref, rstd_ref);
+    float *out = ffill(NC, 7.0f), *mean = ffill(N, 7.0f), *rstd = ffill(N, 7.0f);
+    if (rms) d->ops->rmsnorm_fwd(d, out, rstd, x, w, N, C, eps);
+    else d->ops->layernorm_fwd(d, out, mean, rstd, x, w, b, N, C, eps);
+    expect_close("norm out", out, out_ref, NC, RTOL, ATOL);
+    expect_close("norm rstd", rstd, rstd_ref, N, RTOL, 0);
+    if (!rms) expect_close("norm mean", mean, mean_ref, N, RTOL, ATOL);
+
+    /* backward: the reference against finite differences, then the device against it */
+    double *dx_ref = dzeros(NC), *dw_ref = dzeros(C), *db_ref = dzeros(C);
+    ref_norm_bwd(&k, dx_ref, dw_ref, rms ? NULL : db_ref);
+    expect_fd("norm ref dx", norm_loss, &k, k.x, dx_ref, NC, 0);
+    expect_fd("norm ref dw", norm_loss, &k, k.w, dw_ref, C, 0);
+    if (!rms) expect_fd("norm ref db", norm_loss, &k, k.b, db_ref, C, 0);
+
+    /* dx, dw, db accumulate: pre-filled, the reference gets the same offsets */
+    float *dx = ffill(NC, 0.5f), *dw = ffill(C, -0.25f), *db = ffill(C, 2.0f);
+    for (int64_t i = 0; i < NC; i++) dx_ref[i] += 0.5;
+    for (int c = 0; c < C; c++) dw_ref[c] += -0.25, db_ref[c] += 2.0;
+    if (rms) d->ops->rmsnorm_bwd(d, dx, dw, G, x, rstd, w, N, C);
+    else d->ops->layernorm_bwd(d, dx, dw, db, G, x, mean, rstd, w, N, C);
+    expect_close("norm dx", dx, dx_ref, NC, RTOL, ATOL);
+    expect_close("norm dw", dw, dw_ref, C, RTOL, ATOL);
+    if (!rms) expect_close("norm db", db, db_ref, C, RTOL, ATOL);
+    else expect_all("rmsnorm db untouched", db, C, 2.0f);
+
+    free(x), free(w), free(b), free(G), free(k.x), free(k.w), free(k.b), free(k.G);
+    free(out_ref), free(mean_ref), free(rstd_ref), free(out), free(mean), free(rstd);
+    free(dx_ref), free(dw_ref), free(db_ref), free(dx), free(dw), free(db);
+}
+
+static void test_layernorm(void **state) { check_norm(*state, false); }
+static void test_rmsnorm(void **state) { check_norm(*state, true); }
+
+/* ---------------------------------------------------------------------------------------------
+ * activations */
+
+typedef struct act_ctx {
+    int kind; /* 0 gelu tanh, 1 gelu erf, 2 swiglu */
+    int64_t n;
+    double *x, *u, *G; /* u: swiglu's up projection */
+} act_ctx;
+
+static double ref_act(int kind, double x, double u) {
+    if (kind == 0) return 0.5 * x * (1 + tanh(sqrt(2 / PI) * (x + 0.044715 * x * x * x)));
+    if (kind == 1) return 0.5 * x * (1 + erf(x / sqrt(2.0)));
+    return x / (1 + exp(-x)) * u;
+}
+
+/* d out / d x (and d out / d u for swiglu) */
+static double ref_act_grad(int kind, double x, double u, double *du) {
+    if (kind == 0) {
+        double k = sqrt(2 / PI), t = tanh(k * (x + 0.044715 * x * x * x));
+        return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * k * (1 + 3 * 0.044715 * x * x);
+    }
+    if (kind == 1) return 0.5 * (1 + erf(x / sqrt(2.0))) + x * exp(-0.5 * x * x) / sqrt(2 * PI);
+    double sig = 1 / (1 + exp(-x));
+    *du = x * sig;
+    return u * sig * (1 + x * (1 - sig));
+}
+
+static double act_loss(void *ctx) {
+    act_ctx *k = ctx;
+    double L = 0;
+    for (int64_t i = 0; i < k->n; i++) L += ref_act(k->kind, k->x[i], k->u[i]) * k->G[i];
+    return L;
+}
+
+static void check_activation(device *d, int kind) {
+    const int64_t sizes[] = {1001, 70001}; /* one thread; the parallel path */
+    for (int s = 0; s < 2; s++) {
+        int64_t n = sizes[s];
+        seed(50 + kind * 2 + s);
+        float *x = frandom(n, 7.0f), *u = frandom(n, 2.0f), *G = frandom(n, 1.0f);
+        act_ctx k = {kind, n, to_double(x, n), to_double(u, n), to_double(G, n)};
+        double *out_ref = dzeros(n), *dx_ref = dzeros(n), *du_ref = dzeros(n);
+        for (int64_t i = 0; i < n; i++) {
+            double du = 0;
+            out_ref[i] = ref_act(kind, k.x[i], k.u[i]);
+            dx_ref[i] = k.G[i] * ref_act_grad(kind, k.x[i], k.u[i], &du);
+            du_ref[i] = k.G[i] * du;
+        }
+        if (s == 0) {
+            expect_fd("act ref dx", act_loss, &k, k.x, dx_ref, n, 0);
+            if (kind == 2) expect_fd("act ref du", act_loss, &k, k.u, du_ref, n, 0);
+        }
+        float *out = ffill(n, 7.0f), *dx = ffill(n, 7.0f), *du = ffill(n, 7.0f);
+        if (kind == 2) {
+            d->ops->swiglu_fwd(d, out, x, u, n);
+            d->ops->swiglu_bwd(d, dx, du, G, x, u, n);
+            expect_close("swiglu du", du, du_ref, n, RTOL, ATOL);
+        } else {
+            d->ops->gelu_fwd(d, out, x, n, kind == 0);
+            d->ops->gelu_bwd(d, dx, x, G, n, kind == 0);
+        }
+        expect_close("activation out", out, out_ref, n, RTOL, ATOL);
+        expect_close("activation dx", dx, dx_ref, n, RTOL, ATOL);
+        free(x), free(u), free(G), free(k.x), free(k.u), free(k.G);
+        free(out_ref), free(dx_ref), free(du_ref), free(out), free(dx), free(du);
+    }
+}
+
+static void test_gelu_tanh(void **state) { check_activation(*state, 0); }
+static void test_gelu_erf(void **state) { check_activation(*state, 1); }
+static void test_swiglu(void **state) { check_activation(*state, 2); }
+
+/* ---------------------------------------------------------------------------------------------
+ * rope */
+
+/* The angle as PyTorch / Hugging Face compute it in fp32 (cpu_device.c says why). */
+static double rope_angle_torch(int t, int i, int hd, float theta) {
+    float inv_freq = 1.0f / (float)pow((double)theta, (double)((float)(2 * i) / (float)hd));
+    return (double)((float)t * inv_freq);
+}
+
+static double rope_angle_exact(int t, int i, int hd, float theta) {
+    return t * pow((double)theta, -2.0 * i / hd);
+}
+
+static void ref_rope(double *x, int ldx, int rows, int T, int H, int hd, float theta, bool exact) {
+    int half = hd / 2;
+    for (int r = 0; r < rows; r++)
+        for (int h = 0; h < H; h++)
+            for (int i = 0; i < half; i++) {
+                double a = exact ? rope_angle_exact(r % T, i, hd, theta)
+                                 : rope_angle_torch(r % T, i, hd, theta);
+                double *x1 = x + (int64_t)r * ldx + h * hd + i, *x2 = x1 + half;
+                double p = *x1, q = *x2;
+                *x1 = p * cos(a) - q * sin(a);
+                *x2 = q * cos(a) + p * sin(a);
+            }
+}
+
+static void test_rope(void **state) {
+    device *d = *state;
+    /* the device caches its cos/sin table: each call must notice a new T, hd or theta */
+    const struct { int T, hd; float theta; } calls[] = {{5, 8, 10000.0f}, {37, 8, 10000.0f},
+                                                        {37, 12, 10000.0f}, {37, 12, 500000.0f}};
+    for (int s = 0; s < 4; s++) {
+        int B = 2, T = calls[s].T, H = 3, hd = calls[s].hd, ldx = H * hd + 5, rows = B * T;
+        int64_t n = (int64_t)rows * ldx;
+        float theta = calls[s].theta;
+        seed(60 + s);
+        float *x = frandom(n, 1.0f);
+        for (int r = 0; r < rows; r++)
+            for (int c = H * hd; c < ldx; c++) x[r * ldx + c] = 9.0f; /* not part of the heads */
+        double *want = to_double(x, n), *want_exact = to_double(x, n);
+        ref_rope(want, ldx, rows, T, H, hd, theta, false);
+        ref_rope(want_exact, ldx, rows, T, H, hd, theta, true);
+        float *y = fdup(x, n);
+        d->ops->rope(d, y, ldx, rows, T, H, hd, theta, false);
+        expect_close("rope", y, want, n, 1e-6, 1e-6);
+        /* the fp32 angle is the header's t * theta^(-2i/hd) up to its rounding (<= 2e-6 here) */
+        expect_close("rope vs exact angles", y, want_exact, n, 0, 4e-6);
+        for (int r = 0; r < rows; r++)
+            expect_all("rope padding", y + r * ldx + H * hd, ldx - H * hd, 9.0f);
+        d->ops->rope(d, y, ldx, rows, T, H, hd, theta, true); /* the inverse undoes it */
+        double *xd = to_double(x, n);
+        expect_close("rope inverse", y, xd, n, 1e-6, 1e-6);
+        free(x), free(y), free(want), free(want_exact), free(xd);
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * attention: q, k, v side by side in one fused buffer [B*T, ld], ld = (H + 2 Hkv) hd + 3 */
+
+typedef struct att_case {
+    int B, T, H, Hkv, hd;
+    bool causal;
+} att_case;
+
+typedef struct att_ctx {
+    const att_case *c;
+    int ld;
+    double *qkv, *G; /* G = dout, for L = sum(out * G) */
+} att_ctx;
+
+static int att_ld(const att_case *c) { return (c->H + 2 * c->Hkv) * c->hd + 3; }
+
+/* out [B*T, H*hd], lse [B, H, T]; with dout, dqkv (same layout as qkv) gets the gradients. */
+static void ref_attention(const att_case *c, const double *qkv, int ld, const double *dout,
+                          double *out, double *lse, double *dqkv) {
+    int T = c->T, hd = c->hd, g = c->H / c->Hkv, ldo = c->H * hd;
+    double scale = 1 / sqrt((double)hd);
+    double *P = malloc((size_t)T * T * sizeof(double)), *dP = malloc((size_t)T * T * sizeof(double));
+    if (dqkv) memset(dqkv, 0, (size_t)c->B * T * ld * sizeof(double));
+    for (int b = 0; b < c->B; b++)
+        for (int h = 0; h < c->H; h++) {
+            int qo = h * hd, ko = c->H * hd + (h / g) * hd, vo = (c->H + c->Hkv) * hd + (h / g) * hd;
+            const double *base = qkv + (int64_t)b * T * ld;
+            for (int i = 0; i < T; i++) {
+                int nv = c->causal ? i + 1 : T;
+                double m = -INFINITY, sum = 0;
+                for (int j = 0; j < nv; j++) {
+                    double s = 0;
+                    for (int e = 0; e < hd; e++) s += base[i * ld + qo + e] * base[j * ld + ko + e];
+                    P[i * T + j] = s * scale;
+                    m = fmax(m, P[i * T + j]);
+                }
+                for (int j = 0; j < nv; j++) sum += exp(P[i * T + j] - m);
+                for (int j = 0; j < T; j++) P[i * T + j] = j < nv ? exp(P[i * T + j] - m) / sum : 0;
+                if (lse) lse[((int64_t)b * c->H + h) * T + i] = m + log(sum);
+                for (int e = 0; e < hd; e++) {
+                    double o = 0;
+                    for (int j = 0; j < nv; j++) o += P[i * T + j] * base[j * ld + vo + e];
+                    out[((int64_t)b * T + i) * ldo + qo + e] = o;
+                }
+            }
+            if (!dout) continue;
+            const double *dO = dout + (int64_t)b * T * ldo;
+            double *dbase = dqkv + (int64_t)b * T * ld;
+            for (int i = 0; i < T; i++) {
+                double Di = 0;
+                for (int j = 0; j < T; j++) {
+                    double s = 0;
+                    for (int e = 0; e < hd; e++) s += dO[i * ldo + qo + e] * base[j * ld + vo + e];
+                    dP[i * T + j] = s;
+                    Di += P[i * T + j] * s;
+                }
+                for (int j = 0; j < T; j++) {
+                    double ds = P[i * T + j] * (dP[i * T + j] - Di);
+                    for (int e = 0; e < hd; e++) {
+                        dbase[i * ld + qo + e] += scale * ds * base[j * ld + ko + e];
+                        dbase[j * ld + ko + e] += scale * ds * base[i * ld + qo + e];
+                        dbase[j * ld + vo + e] += P[i * T + j] * dO[i * ldo + qo + e];
+                    }
+                }
+            }
+        }
+    free(P), free(dP);
+}
+
+static double att_loss(void *ctx) {
+    att_ctx *k = ctx;
+    int64_t n = (int64_t)k->c->B * k->c->T * k->c->H * k->c->hd;
+    double *out = malloc(n * sizeof(double));
+    ref_attention(k->c, k->qkv, k->ld, NULL, out, NULL, NULL);
+    double L = dot_d(out, k->G, n);
+    free(out);
+    return L;
+}
+
+static void check_attention(device *d, const att_case *c, bool fd) {
+    int ld = att_ld(c), ldo = c->H * c->hd;
+    int64_t rows = (int64_t)c->B * c->T, nqkv = rows * ld, nout = rows * ldo;
+    int64_t nlse = (int64_t)c->B * c->H * c->T;
+    float *qkv = frandom(nqkv, 1.5f), *G = frandom(nout, 1.0f);
+    const float *q = qkv, *k = qkv + c->H * c->hd, *v = qkv + (c->H + c->Hkv) * c->hd;
+    att_ctx ctx = {c, ld, to_double(qkv, nqkv), to_double(G, nout)};
+
+    double *out_ref = dzeros(nout), *lse_ref = dzeros(nlse), *dqkv_ref = dzeros(nqkv);
+    ref_attention(c, ctx.qkv, ld, ctx.G, out_ref, lse_ref, dqkv_ref);
+    if (fd) expect_fd("attention ref dqkv", att_loss, &ctx, ctx.qkv, dqkv_ref, nqkv, 300);
+
+    float *out = ffill(nout, 7.0f), *lse = ffill(nlse, 7.0f);
+    d->ops->attention_fwd(d, out, lse, q, ld, k, ld, v, ld, c->B, c->T, c->H, c->Hkv, c->hd, c->causal);
+    expect_close("attention out", out, out_ref, nout, RTOL, ATOL);
+    expect_close("attention lse", lse, lse_ref, nlse, RTOL, ATOL);
+
+    /* dq, dk, dv are overwritten in the head columns of the fused layout, nothing else */
+    float *dqkv = ffill(nqkv, 7.0f);
+    float *dq = dqkv, *dk = dqkv + c->H * c->hd, *dv = dqkv + (c->H + c->Hkv) * c->hd;
+    d->ops->attention_bwd(d, dq, dk, dv, G, out, lse, q, ld, k, ld, v, ld, c->B, c->T, c->H, c->Hkv,
+                          c->hd, c->causal);
+    int heads_w = (c->H + 2 * c->Hkv) * c->hd;
+    double floor_abs = ATOL * max_abs(dqkv_ref, nqkv);
+    for (int64_t r = 0; r < rows; r++) {
+        expect_near("dqkv", dqkv + r * ld, dqkv_ref + r * ld, heads_w, RTOL, floor_abs);
+        expect_all("dqkv padding", dqkv + r * ld + heads_w, ld - heads_w, 7.0f);
+    }
+    free(qkv), free(G), free(ctx.qkv), free(ctx.G), free(out_ref), free(lse_ref), free(dqkv_ref);
+    free(out), free(lse), free(dqkv);
+}
+
+static void test_attention(void **state) {
+    device *d = *state;
+    const att_case cases[] = {
+        {2, 37, 4, 2, 8, true},    /* grouped-query, one tile */
+        {2, 37, 4, 2, 8, false},
+        {1, 130, 2, 1, 16, true},  /* three query tiles, the last one partial */
+        {1, 130, 2, 1, 16, false},
+        {2, 70, 3, 3, 8, true},    /* multi-head (H = Hkv), crosses a tile boundary */
+        {1, 64, 4, 1, 4, true},    /* exactly one full tile, four heads on one kv head */
+        {3, 1, 2, 2, 8, false},    /* one token */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        seed(70 + i);
+        check_attention(d, &cases[i], i < 2 || i == 3);
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * cross-entropy */
+
+typedef struct xent_ctx {
+    int N, V;
+    double scale;
+    double *logits;
+    const int32_t *tg;
+} xent_ctx;
+
+/* scale * sum of losses; per-row losses and the gradient when asked */
+static double ref_xent(const xent_ctx *k, double *losses, double *grad) {
+    double total = 0;
+    for (int n = 0; n < k->N; n++) {
+        const double *x = k->logits + (int64_t)n * k->V;
+        if (k->tg[n] < 0) {
+            if (losses) losses[n] = 0;
+            if (grad) memset(grad + (int64_t)n * k->V, 0, k->V * sizeof(double));
+            continue;
+        }
+        double m = -INFINITY, sum = 0;
+        for (int j = 0; j < k->V; j++) m = fmax(m, x[j]);
+        for (int j = 0; j < k->V; j++) sum += exp(x[j] - m);
+        double loss = m + log(sum) - x[k->tg[n]];
+        if (losses) losses[n] = loss;
+        total += loss;
+        if (grad)
+            for (int j = 0; j < k->V; j++)
+                grad[(int64_t)n * k->V + j] = k->scale * (exp(x[j] - m) / sum - (j == k->tg[n]));
+    }
+    return k->scale * total;
+}
+
+static double xent_loss(void *ctx) { return ref_xent(ctx, NULL, NULL); }
+
+static void check_xent(device *d, int N, int V, float mag, const int32_t *tg, float scale, bool fd) {
+    int64_t n = (int64_t)N * V;
+    float *logits = frandom(n, mag), *losses = ffill(N, 7.0f);
+    xent_ctx k = {N, V, scale, to_double(logits, n), tg};
+    double *loss_ref = dzeros(N), *grad_ref = dzeros(n);
+    double total_ref = ref_xent(&k, loss_ref, grad_ref);
+    if (fd) expect_fd("xent ref grad", xent_loss, &k, k.logits, grad_ref, n, 0);
+    double total = d->ops->xent_fwd_bwd(d, logits, losses, tg, N, V, scale);
+    if (!(fabs(total - total_ref) <= 1e-6 * fabs(total_ref)))
+        fail_msg("xent sum %.12g, want %.12g", total, total_ref);
+    expect_close("xent losses", losses, loss_ref, N, RTOL, ATOL);
+    expect_close("xent grad", logits, grad_ref, n, RTOL, ATOL);
+    for (int i = 0; i < N; i++)
+        if (tg[i] < 0) expect_all("xent untargeted row", logits + (int64_t)i * V, V, 0.0f);
+    free(logits), free(losses), free(k.logits), free(loss_ref), free(grad_ref);
+}
+
+static void test_xent(void **state) {
+    device *d = *state;
+    seed(80);
+    const int32_t tg7[7] = {3, 0, 12, -1, 5, 5, 11};
+    check_xent(d, 7, 13, 3.0f, tg7, 1.0f / 6.0f, true);
+    /* large logits (stability: exp would overflow without the max) and a long row */
+    const int32_t tg3[3] = {999, 0, 517};
+    check_xent(d, 3, 1000, 60.0f, tg3, 1.0f, false);
+    /* enough rows for the parallel path */
+    int32_t tg64[64];
+    for (int i = 0; i < 64; i++) tg64[i] = i % 9 == 4 ? -1 : (i * 37) % 1001;
+    check_xent(d, 64, 1001, 4.0f, tg64, 0.5f, false);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * images */
+
+static void test_patchify(void **state) {
+    device *d = *state;
+    const int B = 2, C = 3, S = 12, p = 4, np = S / p, cols = C * p * p;
+    seed(90);
+    float *img = frandom((int64_t)B * C * S * S, 1.0f), *out = ffill((int64_t)B * np * np * cols, 7.0f);
+    d->ops->patchify(d, out, img, B, C, S, p);
+    for (int b = 0; b < B; b++)
+        for (int py = 0; py < np; py++)
+            for (int px = 0; px < np; px++)
+                for (int c = 0; c < C; c++)
+                    for (int y = 0; y < p; y++)
+                        for (int x = 0; x < p; x++) {
+                            int row = b * np * np + py * np + px, col = (c * p + y) * p + x;
+                            float want = img[((b * C + c) * S + py * p + y) * S + px * p + x];
+                            assert_true(out[row * cols + col] == want);
+                        }
+    free(img), free(out);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * optimizer: five steps against the header's formula in double */
+
+static void test_adamw(void **state) {
+    device *d = *state;
+    const int64_t n = 1001;
+    const float lr = 1e-2f, b1 = 0.9f, b2 = 0.999f, eps = 1e-8f, wd = 0.1f, gscale = 0.5f;
+    seed(100);
+    float *p = frandom(n, 1.0f), *m = ffill(n, 0.0f), *v = ffill(n, 0.0f);
+    double *pr = to_double(p, n), *mr = dzeros(n), *vr = dzeros(n);
+    for (int t = 1; t <= 5; t++) {
+        float *g = frandom(n, 1.0f);
+        float bc1 = (float)(1 - pow(b1, t)), bc2 = (float)(1 - pow(b2, t));
+        d->ops->adamw(d, p, g, m, v, n, lr, b1, b2, eps, wd, bc1, bc2, gscale);
+        for (int64_t i = 0; i < n; i++) {
+            double ge = (double)g[i] * gscale;
+            mr[i] = b1 * mr[i] + (1 - (double)b1) * ge;
+            vr[i] = b2 * vr[i] + (1 - (double)b2) * ge * ge;
+            pr[i] *= 1 - (double)lr * wd;
+            pr[i] -= lr * ((mr[i] / bc1) / (sqrt(vr[i] / bc2) + eps));
+        }
+        free(g);
+    }
+    expect_close("adamw p", p, pr, n, 1e-6, 1e-6);
+    expect_close("adamw m", m, mr, n, 1e-6, 1e-6);
+    expect_close("adamw v", v, vr, n, 1e-6, 1e-6);
+    free(p), free(m), free(v), free(pr), free(mr), free(vr);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * determinism */
+
+typedef struct det_out {
+    float *out, *lse, *dqkv, *xent, *dx, *dw, *db, *dtable, *dbias;
+    size_t out_bytes, lse_bytes, dqkv_bytes;
+    double sumsq, xent_sum;
+} det_out;
+
+/* Runs the ops with reductions on larger shapes; every output is fresh. */
+static det_out det_run(device *d) {
+    det_out r;
+    seed(110);
+    att_case c = {2, 200, 4, 2, 32, true};
+    int ld = att_ld(&c);
+    int64_t rows = (int64_t)c.B * c.T, ldo = c.H * c.hd;
+    float *qkv = frandom(rows * ld, 1.0f), *G = frandom(rows * ldo, 1.0f);
+    const float *q = qkv, *k = qkv + c.H * c.hd, *v = qkv + (c.H + c.Hkv) * c.hd;
+    r.out = ffill(rows * ldo, 0), r.lse = ffill((int64_t)c.B * c.H * c.T, 0);
+    r.dqkv = ffill(rows * ld, 0);
+    r.out_bytes = rows * ldo * sizeof(float), r.lse_bytes = (size_t)c.B * c.H * c.T * sizeof(float);
+    r.dqkv_bytes = rows * ld * sizeof(float);
+    d->ops->attention_fwd(d, r.out, r.lse, q, ld, k, ld, v, ld, c.B, c.T, c.H, c.Hkv, c.hd, c.causal);
+    d->ops->attention_bwd(d, r.dqkv, r.dqkv + c.H * c.hd, r.dqkv + (c.H + c.Hkv) * c.hd, G, r.out,
+                          r.lse, q, ld, k, ld, v, ld, c.B, c.T, c.H, c.Hkv, c.hd, c.causal);
+    free(qkv), free(G);
+
+    const int N = 512, C = 384, V = 5000, NX = 48;
+    float *x = frandom((int64_t)N * C, 1.0f), *w = frandom(C, 1.0f), *b = frandom(C, 1.0f);
+    float *dout = frandom((int64_t)N * C, 1.0f), *mean = ffill(N, 0), *rstd = ffill(N, 0);
+    float *y = ffill((int64_t)N * C, 0);
+    r.dx = ffill((int64_t)N * C, 0), r.dw = ffill(C, 0), r.db = ffill(C, 0);
+    d->ops->layernorm_fwd(d, y, mean, rstd, x, w, b, N, C, 1e-5f);
+    d->ops->layernorm_bwd(d, r.dx, r.dw, r.db, dout, x, mean, rstd, w, N, C);
+    int32_t *ids = malloc(N * sizeof(int32_t)), *tg = malloc(NX * sizeof(int32_t));
+    for (int i = 0; i < N; i++) ids[i] = (i * 13) % 50;
+    r.dtable = ffill(50 * C, 0), r.dbias = ffill(C, 0);
+    d->ops->embed_bwd(d, r.dtable, dout, ids, N, C);
+    d->ops->bias_grad(d, r.dbias, dout, N, C);
+    r.sumsq = d->ops->sumsq(d, dout, (int64_t)N * C);
+    r.xent = frandom((int64_t)NX * V, 5.0f);
+    for (int i = 0; i < NX; i++) tg[i] = (i * 101) % V;
+    float *losses = ffill(NX, 0);
+    r.xent_sum = d->ops->xent_fwd_bwd(d, r.xent, losses, tg, NX, V, 0.25f);
+    free(x), free(w), free(b), free(dout), free(mean), free(rstd), free(y);
+    free(ids), free(tg), free(losses);
+    return r;
+}
+
+static void det_free(det_out *r) {
+    free(r->out), free(r->lse), free(r->dqkv), free(r->xent), free(r->dx), free(r->dw), free(r->db);
+    free(r->dtable), free(r->dbias);
+}
+
+static void test_determinism(void **state) {
+    device *d = *state;
+    det_out a = det_run(d), b = det_run(d);
+    expect_same_bits("attention out", a.out, b.out, a.out_bytes);
+    expect_same_bits("attention lse", a.lse, b.lse, a.lse_bytes);
+    expect_same_bits("attention dqkv", a.dqkv, b.dqkv, a.dqkv_bytes);
+    expect_same_bits("layernorm dx", a.dx, b.dx, 512 * 384 * sizeof(float));
+    expect_same_bits("layernorm dw", a.dw, b.dw, 384 * sizeof(float));
+    expect_same_bits("layernorm db", a.db, b.db, 384 * sizeof(float));
+    expect_same_bits("embed_bwd", a.dtable, b.dtable, 50 * 384 * sizeof(float));
+    expect_same_bits("bias_grad", a.dbias, b.dbias, 384 * sizeof(float));
+    expect_same_bits("xent grad", a.xent, b.xent, 48 * 5000 * sizeof(float));
+    assert_true(a.sumsq == b.sumsq);
+    assert_true(a.xent_sum == b.xent_sum);
+
+    /* The tiled attention, the column-block and fixed-chunk reductions and the row-parallel
+     * kernels do not depend on the thread count at all. */
+    device one;
+    err_t err;
+    assert_int_equal(cpu_device_init(&one, 0, 1, 0, &err), 0);
+    det_out s = det_run(&one);
+    cpu_device_close(&one);
+    expect_same_bits("attention out, 1 vs 2 threads", a.out, s.out, a.out_bytes);
+    expect_same_bits("attention dqkv, 1 vs 2 threads", a.dqkv, s.dqkv, a.dqkv_bytes);
+    expect_same_bits("layernorm dw, 1 vs 2 threads", a.dw, s.dw, 384 * sizeof(float));
+    expect_same_bits("layernorm dx, 1 vs 2 threads", a.dx, s.dx, 512 * 384 * sizeof(float));
+    expect_same_bits("embed_bwd, 1 vs 2 threads", a.dtable, s.dtable, 50 * 384 * sizeof(float));
+    expect_same_bits("bias_grad, 1 vs 2 threads", a.dbias, s.dbias, 384 * sizeof(float));
+    expect_same_bits("xent, 1 vs 2 threads", a.xent, s.xent, 48 * 5000 * sizeof(float));
+    assert_true(a.sumsq == s.sumsq);
+    assert_true(a.xent_sum == s.xent_sum);
+    det_free(&a), det_free(&b), det_free(&s);
+    /* the fixture device keeps its 2 threads for OpenBLAS (the last init set them globally) */
+    assert_int_equal(cpu_device_init(&one, 0, d->threads, 0, &err), 0);
+    cpu_device_close(&one);
+}
+
+int main(void) {
+#define T(f) cmocka_unit_test_setup_teardown(f, dev_setup, dev_teardown)
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_init_and_allocator),
+        cmocka_unit_test(test_exp_fast),
+        T(test_elementwise),
+        T(test_gemm),
+        T(test_bias),
+        T(test_embed),
+        T(test_layernorm),
+        T(test_rmsnorm),
+        T(test_gelu_tanh),
+        T(test_gelu_erf),
+        T(test_swiglu),
+        T(test_rope),
+        T(test_attention),
+        T(test_xent),
+        T(test_patchify),
+        T(test_adamw),
+        T(test_determinism),
+    };
+#undef T
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

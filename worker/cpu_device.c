@@ -1,0 +1,631 @@
+/* cpu_device.c - the CPU device: OpenBLAS for the matrix products, OpenMP for everything else.
+ *
+ * Determinism (device.h): every parallel loop is a static schedule over independent outputs, and
+ * every reduction has one order fixed by the source. Row reductions use the fixed-lane helpers of
+ * cpu_internal.h; column sums (bias, norm weights, embedding rows) are split into column blocks,
+ * each owned by one thread that walks the rows in order; sumsq sums fixed-size chunks and adds
+ * the partials in chunk order. Most results are therefore identical for any thread count, not
+ * only for the same one.
+ *
+ * OpenBLAS is the OpenMP build: called inside one of our parallel regions it runs on the calling
+ * thread only, called outside it uses d->threads threads. The attention kernels live in
+ * cpu_attention.c. */
+#include <cblas.h>
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu_internal.h"
+#include "device.h"
+#include "log.h"
+
+/* The CPU device's state: the rotary cos/sin table of the last (T, hd, theta), reused across the
+ * rope calls of a step (computing it costs T*hd/2 sin/cos pairs). Like every op, rope is called
+ * from the one host thread that drives the device, so the cache needs no lock. */
+typedef struct cpu_state {
+    int rope_T, rope_hd;
+    float rope_theta;
+    float *rope_cos, *rope_sin; /* [T, hd/2] */
+} cpu_state;
+
+static int imin(int a, int b) { return a < b ? a : b; }
+
+/* ---------------------------------------------------------------------------------------------
+ * memory */
+
+static void *cpu_raw_alloc(device *d, size_t bytes) {
+    (void)d;
+    /* aligned_alloc wants a size that is a multiple of the alignment */
+    size_t rounded = (bytes + 63) & ~(size_t)63;
+    if (rounded < bytes) return NULL; /* overflow */
+    return aligned_alloc(64, rounded);
+}
+
+static void cpu_raw_free(device *d, void *p, size_t bytes) {
+    (void)d, (void)bytes;
+    free(p);
+}
+
+static void cpu_copy(device *d, void *dst, const void *src, size_t bytes, copy_kind kind) {
+    (void)d, (void)kind; /* host and device memory are the same memory */
+    if (bytes) memmove(dst, src, bytes);
+}
+
+static void cpu_sync(device *d) { (void)d; }
+
+/* ---------------------------------------------------------------------------------------------
+ * elementwise and reductions. Outputs may alias inputs index for index (out == a in a residual
+ * add), so no restrict here; the loops are still vectorised. */
+
+static void cpu_fill(device *d, float *x, float v, int64_t n) {
+#pragma omp parallel for simd schedule(static) num_threads(d->threads) if (n > CPU_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) x[i] = v;
+}
+
+static void cpu_add(device *d, float *out, const float *a, const float *b, int64_t n) {
+#pragma omp parallel for simd schedule(static) num_threads(d->threads) if (n > CPU_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+}
+
+static void cpu_axpy(device *d, float *y, float alpha, const float *x, int64_t n) {
+#pragma omp parallel for simd schedule(static) num_threads(d->threads) if (n > CPU_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) y[i] += alpha * x[i];
+}
+
+static void cpu_scale(device *d, float *x, float s, int64_t n) {
+#pragma omp parallel for simd schedule(static) num_threads(d->threads) if (n > CPU_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) x[i] *= s;
+}
+
+/* Fixed chunks (not one per thread) so the sum is the same for every thread count. */
+#define SUMSQ_CHUNK 65536
+
+static double cpu_sumsq(device *d, const float *x, int64_t n) {
+    int64_t nchunks = (n + SUMSQ_CHUNK - 1) / SUMSQ_CHUNK;
+    double *part = xmalloc((size_t)(nchunks ? nchunks : 1) * sizeof(double));
+#pragma omp parallel for schedule(static) num_threads(d->threads) if (nchunks > 1)
+    for (int64_t c = 0; c < nchunks; c++) {
+        int64_t lo = c * SUMSQ_CHUNK, hi = lo + SUMSQ_CHUNK < n ? lo + SUMSQ_CHUNK : n;
+        double acc[CPU_LANES] = {0};
+        int64_t i = lo;
+        for (; i + CPU_LANES <= hi; i += CPU_LANES)
+            for (int l = 0; l < CPU_LANES; l++) acc[l] += (double)x[i + l] * x[i + l];
+        for (int l = 0; i < hi; i++, l++) acc[l] += (double)x[i] * x[i];
+        double s = 0;
+        for (int l = 0; l < CPU_LANES; l++) s += acc[l];
+        part[c] = s;
+    }
+    double total = 0;
+    for (int64_t c = 0; c < nchunks; c++) total += part[c];
+    free(part);
+    return total;
+}
+
+static void cpu_copy2d(device *d, float *out, int ldo, const float *src, int lds, int rows,
+                       int cols) {
+#pragma omp parallel for schedule(static) num_threads(d->threads) \
+    if ((int64_t)rows * cols > CPU_PAR_MIN)
+    for (int r = 0; r < rows; r++)
+        memmove(out + (int64_t)r * ldo, src + (int64_t)r * lds, (size_t)cols * sizeof(float));
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * matrix products */
+
+static void cpu_gemm(device *d, bool ta, bool tb, int M, int N, int K, float alpha, const float *A,
+                     int lda, const float *B, int ldb, float beta, float *C, int ldc) {
+    (void)d; /* OpenBLAS was given d->threads at init */
+    if (M == 0 || N == 0) return;
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M,
+                N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+/* x[N,C] += b[C] */
+static void cpu_add_bias(device *d, float *x, const float *b, int N, int C) {
+#pragma omp parallel for schedule(static) num_threads(d->threads) \
+    if ((int64_t)N * C > CPU_PAR_MIN)
+    for (int n = 0; n < N; n++) {
+        float *restrict row = x + (int64_t)n * C;
+        const float *restrict bb = b;
+#pragma omp simd
+        for (int c = 0; c < C; c++) row[c] += bb[c];
+    }
+}
+
+/* Column sums are split in blocks of COL_BLOCK columns; one thread owns a block and walks the
+ * rows in order, so each sum has a fixed order and the inner loop is a contiguous vector add. */
+#define COL_BLOCK 32
+
+/* db[C] += sum over rows of dout[N,C] */
+static void cpu_bias_grad(device *d, float *db, const float *dout, int N, int C) {
+    int nblk = (C + COL_BLOCK - 1) / COL_BLOCK;
+#pragma omp parallel for schedule(static) num_threads(d->threads) \
+    if ((int64_t)N * C > CPU_PAR_MIN)
+    for (int blk = 0; blk < nblk; blk++) {
+        int c0 = blk * COL_BLOCK, w = imin(COL_BLOCK, C - c0);
+        float acc[COL_BLOCK] = {0};
+        for (int n = 0; n < N; n++) {
+            const float *restrict row = dout + (int64_t)n * C + c0;
+#pragma omp simd
+            for (int c = 0; c < w; c++) acc[c] += row[c];
+        }
+        for (int c = 0; c < w; c++) db[c0 + c] += acc[c];
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * embeddings */
+
+/* out[N,C] = table[ids[n], :] */
+static void cpu_embed_fwd(device *d, float *out, const float *table, const int32_t *ids, int N,
+                          int C) {
+#pragma omp parallel for schedule(static) num_threads(d->threads) \
+    if ((int64_t)N * C > CPU_PAR_MIN)
+    for (int n = 0; n < N; n++)
+        memcpy(out + (int64_t)n * C, table + (int64_t)ids[n] * C, (size_t)C * sizeof(float));
+}
+
+/* dtable[ids[n], :] += dout[n, :]. Repeated ids would race if rows were split across threads;
+ * columns are split instead, and each thread adds the tokens in order. */
+static void cpu_embed_bwd(device *d, float *dtable, const float *dout, const int32_t *ids, int N,
+                          int C) {
+    int nblk = (C + COL_BLOCK - 1) / COL_BLOCK;
+#pragma omp parallel for schedule(static) num_threads(d->threads) \
+    if ((int64_t)N * C > CPU_PAR_MIN)
+    for (int blk = 0; blk < nblk; blk++) {
+        int c0 = blk * COL_BLOCK, w = imin(COL_BLOCK, C - c0);
+        for (int n = 0; n < N; n++) {
+            float *restrict dst = dtable + (int64_t)ids[n] * C + c0;
+            const float *restrict src = dout + (int64_t)n * C + c0;
+#pragma omp simd
+            for (int c = 0; c < w; c++) dst[c] += src[c];
+        }
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * normalisations */
+
+/* out = (x - mean) * rstd * w + b, two passes over the row (mean, then the centred variance:
+ * no cancellation as in E[x^2] - mean^2). */
+static void cpu_layernorm_fwd(device *d, float *out, float *mean, float *rstd, const float *x,
+                              const float *w, const float *b, int N, int C, float eps) {
+#pragma omp parallel for schedule(static) num_threads(d->threads) \
+    if ((int64_t)N * C > CPU_PAR_MIN)
+    for (int n = 0; n < N; n++) {
+        const float *restrict xr = x + (int64_t)n * C;
+        float *restrict o = out + (int64_t)n * C;
+        float m = vsum(xr, C) / (float)C;
+        float acc[CPU_LANES] = {0};
+        int c = 0;
+        for (; c + CPU_LANES <= C; c += CPU_LANES)
+            for (int l = 0; l < CPU_LANES; l++) acc[l] += (xr[c + l] - m) * (xr[c + l] - m);
+        for (int l = 0; c < C; c++, l++) acc[l] += (xr[c] - m) * (xr[c] - m);
+        float s = 1.0f / sqrtf(lanes_total(acc) / (float)C + eps);
+#pragma omp simd
+        for (int i = 0; i < C; i++) o[i] = (xr[i] - m) * s * w[i] + b[i];
+        mean[n] = m;
+        rstd[n] = s;
+    }
+}
+
+/* Weight gradients of the norms: dw[c] += sum_n dout[n,c] * xhat[n,c] (and db[c] += sum_n
+ * dout[n,c] when db), xhat = (x - mean) * rstd (mean NULL: rmsnorm, xhat = x * rstd).
+ * Column blocks as in bias_grad. */
+static void norm_weight_grads(device *d, float *dw, float *db, const float *dout, const float *x,
+                              const float *mean, const float *rstd, int N, int C) {
+    int nblk = (C + COL_BLOCK - 1) / COL_BLOCK;
+#pragma omp parallel for schedule(static) num_threads(d->threads) \
+    if ((int64_t)N * C > CPU_PAR_MIN)
+    for (int blk = 0; blk < nblk; blk++) {
+        int c0 = blk * COL_BLOCK, w = imin(COL_BLOCK, C - c0);
+        float accw[COL_BLOCK] = {0}, accb[COL_BLOCK] = {0};
+        for (int n = 0; n < N; n++) {
+            const float *restrict g = dout + (int64_t)n * C + c0;
+            const float *restrict xr = x + (int64_t)n * C + c0;
+            float m = mean ? mean[n] : 0.0f, s = rstd[n];
+#pragma omp simd
+            for (int c = 0; c < w; c++) {
+                accw[c] += g[c] * ((xr[c] - m) * s);
+                accb[c] += g[c];
+            }
+        }
+        for (int c = 0; c < w; c++) dw[c0 + c] += accw[c];
+        if (db)
+            for (int c = 0; c < w; c++) db[c0 + c] += accb[c];
+    }
+}
+
+/* dx += rstd * (dnorm - mean(dnorm) - xhat * mean(dnorm * xhat)), dnorm = dout * w. */
+static void cpu_layernorm_bwd(device *d, float *dx, float *dw, float *db, const float *dout,
+                              const float *x, const float *mean, const float *rstd,
+                              const float *w, int N, int C) {
+#pragma omp parallel for schedule(static) num_threads(d->threads) \
+    if ((int64_t)N * C > CPU_PAR_MIN)
+    for (int n = 0; n < N; n++) {
+        const float *restrict g = dout + (int64_t)n * C;
+        const float *restrict xr = x + (int64_t)n * C;
+        float *restrict dxr = dx + (int64_t)n * C;
+        float m = mean[n], s = rstd[n];
+        float acc_g[CPU_LANES] = {0}, acc_gx[CPU_LANES] = {0};
+        int c = 0;
+        for (; c + CPU_LANES <= C; c += CPU_LANES)
+            for (int l = 0; l < CPU_LANES; l++) {
+                float dn = g[c + l] * w[c + l];
+                acc_g[l] += dn;
+                acc_gx[l] += dn * ((xr[c + l] - m) * s);
+            }
+        for (int l = 0; c < C; c++, l++) {
+            float dn = g[c] * w[c];
+            acc_g[l] += dn;
+            acc_gx[l] += dn * ((xr[c] - m) * s);
+        }
+        float dn_mean = lanes_total(acc_g) / (float)C;
+        float dnx_mean = lanes_total(acc_gx) / (float)C;
+#pragma omp simd
+        for (int i = 0; i < C; i++) {
+            float xhat = (xr[i] - m) * s;
+            dxr[i] += (g[i] * w[i] - dn_mean - xhat * dnx_mean) * s;
+        }
+    }
+    norm_weight_grads(d, dw, db, dout, x, mean, rstd, N, C);
+}
+
+/* out = x * rstd * w (Llama's order: normalise, then scale). */
+static void cpu_rmsnorm_fwd(device *d, float *out, float *rstd, const float *x, const float *w,
+                            int N, int C, float eps) {
+#pragma omp parallel for schedule(static) num_threads(d->threads) \
+    if ((int64_t)N * C > CPU_PAR_MIN)
+    for (int n = 0; n < N; n++) {
+        const float *restrict xr = x + (int64_t)n * C;
+        float *restrict o = out + (int64_t)n * C;
+        float s = 1.0f / sqrtf(vdot(xr, xr, C) / (float)C + eps);
+#pragma omp simd
+        for (int i = 0; i < C; i++) o[i] = xr[i] * s * w[i];
+        rstd[n] = s;
+    }
+}
+
+/* dx += rstd * (dnorm - xhat * mean(dnorm * xhat)), dnorm = dout * w, xhat = x * rstd. */
+static void cpu_rmsnorm_bwd(device *d, float *dx, float *dw, const float *dout, const float *x,
+                            const float *rstd, const float *w, int N, int C) {
+#pragma omp parallel for schedule(static) num_threads(d->threads) \
+    if ((int64_t)N * C > CPU_PAR_MIN)
+    for (int n = 0; n < N; n++) {
+        const float *restrict g = dout + (int64_t)n * C;
+        const float *restrict xr = x + (int64_t)n * C;
+        float *restrict dxr = dx + (int64_t)n * C;
+        float s = rstd[n];
+        float acc[CPU_LANES] = {0};
+        int c = 0;
+        for (; c + CPU_LANES <= C; c += CPU_LANES)
+            for (int l = 0; l < CPU_LANES; l++) acc[l] += g[c + l] * w[c + l] * (xr[c + l] * s);
+        for (int l = 0; c < C; c++, l++) acc[l] += g[c] * w[c] * (xr[c] * s);
+        float dnx_mean = lanes_total(acc) / (float)C;
+#pragma omp simd
+        for (int i = 0; i < C; i++) dxr[i] += (g[i] * w[i] - (xr[i] * s) * dnx_mean) * s;
+    }
+    norm_weight_grads(d, dw, NULL, dout, x, NULL, rstd, N, C);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * activations */
+
+#define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
+#define GELU_A 0.044715f
+#define INV_SQRT2 0.7071067811865476f
+#define INV_SQRT_2PI 0.3989422804014327f
+
+/* The span functions compute one chunk; the ops below spread the chunks over the threads. */
+
+/* tanh form: 0.5 x (1 + tanh(y)) = x * sigmoid(2y), y = sqrt(2/pi) (x + 0.044715 x^3). The
+ * sigmoid form has no cancellation for negative x (1 + tanh(y) would lose digits there) and needs
+ * one exp. */
+static CPU_HOT void gelu_tanh_fwd_span(float *out, const float *x, int64_t n) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) {
+        float xi = x[i];
+        float y = GELU_K * (xi + GELU_A * xi * xi * xi);
+        out[i] = xi / (1.0f + exp_fast(-2.0f * y));
+    }
+}
+
+static void gelu_erf_fwd_span(float *out, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) out[i] = 0.5f * x[i] * (1.0f + erff(x[i] * INV_SQRT2));
+}
+
+/* d/dx [x * sig(2y)] = sig + 2 x sig (1 - sig) y'(x), y' = sqrt(2/pi) (1 + 3a x^2). */
+static CPU_HOT void gelu_tanh_bwd_span(float *dx, const float *x, const float *dout, int64_t n) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) {
+        float xi = x[i];
+        float y = GELU_K * (xi + GELU_A * xi * xi * xi);
+        float dy = GELU_K * (1.0f + 3.0f * GELU_A * xi * xi);
+        float sig = 1.0f / (1.0f + exp_fast(-2.0f * y));
+        dx[i] = dout[i] * (sig + 2.0f * xi * sig * (1.0f - sig) * dy);
+    }
+}
+
+/* d/dx [x Phi(x)] = Phi(x) + x phi(x) */
+static void gelu_erf_bwd_span(float *dx, const float *x, const float *dout, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        float xi = x[i];
+        float cdf = 0.5f * (1.0f + erff(xi * INV_SQRT2));
+        float pdf = INV_SQRT_2PI * exp_fast(-0.5f * xi * xi);
+        dx[i] = dout[i] * (cdf + xi * pdf);
+    }
+}
+
+/* out = silu(g) * u = g * sigmoid(g) * u */
+static CPU_HOT void swiglu_fwd_span(float *out, const float *g, const float *u, int64_t n) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) {
+        float sig = 1.0f / (1.0f + exp_fast(-g[i]));
+        out[i] = g[i] * sig * u[i];
+    }
+}
+
+/* dg = dout * u * sig * (1 + g (1 - sig)), du = dout * silu(g) */
+static CPU_HOT void swiglu_bwd_span(float *dg, float *du, const float *dout, const float *g,
+                                    const float *u, int64_t n) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) {
+        float gi = g[i], ui = u[i], go = dout[i]; /* read all before writing: dg may alias g */
+        float sig = 1.0f / (1.0f + exp_fast(-gi));
+        dg[i] = go * ui * sig * (1.0f + gi * (1.0f - sig));
+        du[i] = go * gi * sig;
+    }
+}
+
+static int64_t n_chunks(int64_t n) { return (n + CPU_CHUNK - 1) / CPU_CHUNK; }
+static int64_t chunk_len(int64_t c, int64_t n) {
+    return n - c * CPU_CHUNK < CPU_CHUNK ? n - c * CPU_CHUNK : CPU_CHUNK;
+}
+
+static void cpu_gelu_fwd(device *d, float *out, const float *x, int64_t n, bool tanh_approx) {
+    int64_t nc = n_chunks(n);
+#pragma omp parallel for schedule(static) num_threads(d->threads) if (n > CPU_PAR_MIN)
+    for (int64_t c = 0; c < nc; c++) {
+        int64_t lo = c * CPU_CHUNK, len = chunk_len(c, n);
+        if (tanh_approx) gelu_tanh_fwd_span(out + lo, x + lo, len);
+        else gelu_erf_fwd_span(out + lo, x + lo, len);
+    }
+}
+
+static void cpu_gelu_bwd(device *d, float *dx, const float *x, const float *dout, int64_t n,
+                         bool tanh_approx) {
+    int64_t nc = n_chunks(n);
+#pragma omp parallel for schedule(static) num_threads(d->threads) if (n > CPU_PAR_MIN)
+    for (int64_t c = 0; c < nc; c++) {
+        int64_t lo = c * CPU_CHUNK, len = chunk_len(c, n);
+        if (tanh_approx) gelu_tanh_bwd_span(dx + lo, x + lo, dout + lo, len);
+        else gelu_erf_bwd_span(dx + lo, x + lo, dout + lo, len);
+    }
+}
+
+static void cpu_swiglu_fwd(device *d, float *out, const float *g, const float *u, int64_t n) {
+    int64_t nc = n_chunks(n);
+#pragma omp parallel for schedule(static) num_threads(d->threads) if (n > CPU_PAR_MIN)
+    for (int64_t c = 0; c < nc; c++) {
+        int64_t lo = c * CPU_CHUNK;
+        swiglu_fwd_span(out + lo, g + lo, u + lo, chunk_len(c, n));
+    }
+}
+
+static void cpu_swiglu_bwd(device *d, float *dg, float *du, const float *dout, const float *g,
+                           const float *u, int64_t n) {
+    int64_t nc = n_chunks(n);
+#pragma omp parallel for schedule(static) num_threads(d->threads) if (n > CPU_PAR_MIN)
+    for (int64_t c = 0; c < nc; c++) {
+        int64_t lo = c * CPU_CHUNK;
+        swiglu_bwd_span(dg + lo, du + lo, dout + lo, g + lo, u + lo, chunk_len(c, n));
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * rotary embedding.
+ *
+ * The angles are computed as PyTorch / Hugging Face Llama computes them, in fp32:
+ * inv_freq[i] = 1 / theta^((2i)/hd), angle = float(t) * inv_freq[i], each step rounded to float,
+ * then cos and sin of that fp32 angle (evaluated in double, rounded once). A double-precision
+ * angle would differ from PyTorch by up to half an ulp of the angle (~8e-6 at t = 255), more than
+ * the 1e-6 agreement wanted; with this order the tables agree with PyTorch's to about an ulp. */
+static void rope_table(device *d, int T, int hd, float theta) {
+    cpu_state *st = d->impl;
+    if (st->rope_cos && st->rope_T == T && st->rope_hd == hd && st->rope_theta == theta) return;
+    free(st->rope_cos), free(st->rope_sin);
+    int half = hd / 2;
+    st->rope_cos = xmalloc((size_t)T * half * sizeof(float));
+    st->rope_sin = xmalloc((size_t)T * half * sizeof(float));
+    st->rope_T = T, st->rope_hd = hd, st->rope_theta = theta;
+    for (int i = 0; i < half; i++) {
+        float expo = (float)(2 * i) / (float)hd;
+        float inv_freq = 1.0f / (float)pow((double)theta, (double)expo);
+        for (int t = 0; t < T; t++) {
+            float angle = (float)t * inv_freq;
+            st->rope_cos[(int64_t)t * half + i] = (float)cos((double)angle);
+            st->rope_sin[(int64_t)t * half + i] = (float)sin((double)angle);
+        }
+    }
+}
+
+/* Rotate-half: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin) per head, in place; inverse uses
+ * -sin, which is also the backward (the rotation's transpose). */
+static void cpu_rope(device *d, float *x, int ldx, int rows, int T, int n_heads, int hd,
+                     float theta, bool inverse) {
+    CHECK(hd % 2 == 0 && T > 0);
+    rope_table(d, T, hd, theta);
+    const cpu_state *st = d->impl;
+    int half = hd / 2;
+    float sign = inverse ? -1.0f : 1.0f;
+#pragma omp parallel for schedule(static) num_threads(d->threads) \
+    if ((int64_t)rows * n_heads * hd > CPU_PAR_MIN)
+    for (int r = 0; r < rows; r++) {
+        const float *restrict cs = st->rope_cos + (int64_t)(r % T) * half;
+        const float *restrict sn = st->rope_sin + (int64_t)(r % T) * half;
+        for (int h = 0; h < n_heads; h++) {
+            float *restrict x1 = x + (int64_t)r * ldx + (int64_t)h * hd;
+            float *restrict x2 = x1 + half; /* disjoint halves of the head */
+#pragma omp simd
+            for (int i = 0; i < half; i++) {
+                float a = x1[i], b = x2[i], c = cs[i], s = sign * sn[i];
+                x1[i] = a * c - b * s;
+                x2[i] = b * c + a * s;
+            }
+        }
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * fused softmax cross-entropy */
+
+/* One row: loss = logsumexp(x) - x[target]; x becomes scale * (softmax(x) - onehot(target)).
+ * Returns the loss in double. */
+static CPU_HOT double xent_row(float *restrict x, int target, int V, float scale) {
+    float xt = x[target];
+    float m = vmax(x, V);
+#pragma omp simd
+    for (int j = 0; j < V; j++) x[j] = exp_fast(x[j] - m);
+    float sum = vsum(x, V);
+    float s = scale / sum;
+#pragma omp simd
+    for (int j = 0; j < V; j++) x[j] *= s;
+    x[target] -= scale;
+    return log((double)sum) + (double)m - (double)xt;
+}
+
+static double cpu_xent_fwd_bwd(device *d, float *logits, float *losses, const int32_t *targets,
+                               int N, int V, float scale) {
+    double *row_loss = xmalloc((size_t)(N > 0 ? N : 1) * sizeof(double));
+#pragma omp parallel for schedule(static) num_threads(d->threads) \
+    if ((int64_t)N * V > CPU_PAR_MIN)
+    for (int n = 0; n < N; n++) {
+        float *x = logits + (int64_t)n * V;
+        int t = targets[n];
+        CHECK(t < V); /* the data loader checks token ids against the vocabulary */
+        if (t < 0) {
+            memset(x, 0, (size_t)V * sizeof(float));
+            row_loss[n] = 0;
+        } else {
+            row_loss[n] = xent_row(x, t, V, scale);
+        }
+        losses[n] = (float)row_loss[n];
+    }
+    double total = 0; /* rows in order: the same sum for any thread count */
+    for (int n = 0; n < N; n++) total += row_loss[n];
+    free(row_loss);
+    return (double)scale * total;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * images */
+
+/* img [B, C, S, S] -> out [B * (S/p)^2, C*p*p]; patch (py, px) of image b is row
+ * b*(S/p)^2 + py*(S/p) + px, flattened (c, y, x). */
+static void cpu_patchify(device *d, float *out, const float *img, int B, int C, int S, int p) {
+    CHECK(p > 0 && S % p == 0);
+    int np = S / p, rows = B * np * np, cols = C * p * p;
+#pragma omp parallel for schedule(static) num_threads(d->threads) \
+    if ((int64_t)rows * cols > CPU_PAR_MIN)
+    for (int r = 0; r < rows; r++) {
+        int b = r / (np * np), py = (r / np) % np, px = r % np;
+        float *o = out + (int64_t)r * cols;
+        for (int c = 0; c < C; c++)
+            for (int y = 0; y < p; y++) {
+                const float *src =
+                    img + (((int64_t)b * C + c) * S + (int64_t)py * p + y) * S + (int64_t)px * p;
+                memcpy(o + ((int64_t)c * p + y) * p, src, (size_t)p * sizeof(float));
+            }
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * optimizer */
+
+/* AdamW in the order of operations of torch.optim.AdamW (single-tensor path), so a run agrees
+ * with PyTorch to rounding: p *= 1 - lr*wd; m = m*b1 + (1-b1)*g; v = v*b2 + ((1-b2)*g)*g;
+ * denom = sqrt(v) / sqrt(bc2) + eps; p += (-(lr/bc1) * m) / denom. The scalars are formed in
+ * double and rounded to float once, as PyTorch does with its Python-float hyperparameters. */
+static void cpu_adamw(device *d, float *p, const float *g, float *m, float *v, int64_t n, float lr,
+                      float b1, float b2, float eps, float wd, float bc1, float bc2,
+                      float gscale) {
+    const float decay = (float)(1.0 - (double)lr * wd);
+    const float one_m_b1 = (float)(1.0 - (double)b1), one_m_b2 = (float)(1.0 - (double)b2);
+    const float neg_step = (float)(-((double)lr / bc1));
+    const float bc2_sqrt = (float)sqrt((double)bc2);
+#pragma omp parallel for simd schedule(static) num_threads(d->threads) if (n > CPU_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) {
+        float gi = g[i] * gscale;
+        float mi = m[i] * b1 + one_m_b1 * gi;
+        float vi = v[i] * b2 + (one_m_b2 * gi) * gi;
+        float denom = sqrtf(vi) / bc2_sqrt + eps;
+        p[i] = p[i] * decay + (neg_step * mi) / denom;
+        m[i] = mi;
+        v[i] = vi;
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * the op table and the device */
+
+static const dev_ops cpu_ops = {
+    .name = "cpu",
+    .raw_alloc = cpu_raw_alloc,
+    .raw_free = cpu_raw_free,
+    .copy = cpu_copy,
+    .sync = cpu_sync,
+    .fill = cpu_fill,
+    .add = cpu_add,
+    .axpy = cpu_axpy,
+    .scale = cpu_scale,
+    .sumsq = cpu_sumsq,
+    .copy2d = cpu_copy2d,
+    .gemm = cpu_gemm,
+    .add_bias = cpu_add_bias,
+    .bias_grad = cpu_bias_grad,
+    .embed_fwd = cpu_embed_fwd,
+    .embed_bwd = cpu_embed_bwd,
+    .layernorm_fwd = cpu_layernorm_fwd,
+    .layernorm_bwd = cpu_layernorm_bwd,
+    .rmsnorm_fwd = cpu_rmsnorm_fwd,
+    .rmsnorm_bwd = cpu_rmsnorm_bwd,
+    .gelu_fwd = cpu_gelu_fwd,
+    .gelu_bwd = cpu_gelu_bwd,
+    .swiglu_fwd = cpu_swiglu_fwd,
+    .swiglu_bwd = cpu_swiglu_bwd,
+    .rope = cpu_rope,
+    .attention_fwd = cpu_attention_fwd,
+    .attention_bwd = cpu_attention_bwd,
+    .xent_fwd_bwd = cpu_xent_fwd_bwd,
+    .patchify = cpu_patchify,
+    .adamw = cpu_adamw,
+};
+
+int cpu_device_init(device *d, int rank, int threads, int64_t capacity, err_t *err) {
+    if (threads < 0) return err_set(err, "cpu device: threads must be >= 0 (got %d)", threads);
+    if (capacity < 0)
+        return err_set(err, "cpu device: capacity must be >= 0 bytes (got %lld)",
+                       (long long)capacity);
+    memset(d, 0, sizeof *d);
+    if (threads == 0) threads = omp_get_num_procs();
+    omp_set_num_threads(threads);
+    openblas_set_num_threads(threads);
+    d->ops = &cpu_ops;
+    d->rank = rank;
+    d->threads = threads;
+    d->capacity = capacity;
+    d->impl = xcalloc(1, sizeof(cpu_state));
+    return 0;
+}
+
+void cpu_device_close(device *d) {
+    cpu_state *st = d->impl;
+    if (st) {
+        free(st->rope_cos);
+        free(st->rope_sin);
+        free(st);
+    }
+    d->impl = NULL;
+    dev_free_table(d);
+}
