@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The C trainer against the PyTorch oracle (tests/ref/oracle.py, docs/worker-model.md "The PyTorch
+# oracle"): for every tiny model, `cephalo-worker train --dump` runs 5 AdamW steps and the oracle
+# recomputes logits, gradients, losses, grad norms and final parameters in float64.
+# Prints "ok - MODEL: check (...)" / "not ok - MODEL: check (...)" lines (tests/run.sh counts them).
+# KEEP=1 keeps the dumps (the directory is printed).
+set -u
+BUILD=${BUILD:-build/rel}
+WORKER=$BUILD/bin/cephalo-worker
+PY=/usr/bin/python3
+ORACLE=tests/ref/oracle.py
+T=$(mktemp -d)
+if [ "${KEEP:-0}" = 1 ]; then echo "# dumps kept in $T"; else trap 'rm -rf "$T"' EXIT; fi
+
+if ! err=$("$PY" -c 'import torch, numpy' 2>&1); then
+  echo "not ok - python3-torch and python3-numpy importable by $PY (make deps installs them): $(tail -1 <<<"$err")"
+  exit 0
+fi
+
+TMO=""
+command -v timeout >/dev/null && TMO="timeout 600"
+
+# case NAME MODEL [extra worker flags...]
+case_() {
+  local name=$1 model=$2
+  shift 2
+  local dir=$T/$name log=$T/$name.jsonl out rc
+  out=$($TMO "$WORKER" train --model "$model" --batch 4 --microbatch 2 --steps 5 --seed 7 --lr 1e-3 \
+          --warmup 2 --data synthetic --dump "$dir" --log "$log" "$@" 2>&1)
+  rc=$?
+  if [ "$rc" -ne 0 ]; then
+    echo "not ok - $name: worker failed (exit $rc): $(tail -3 <<<"$out" | tr '\n' ' ')"
+    return
+  fi
+  out=$("$PY" "$ORACLE" "$dir" "$log" 2>&1)
+  rc=$?
+  # forward the oracle's lines, naming the case; "# " notes stay comments
+  sed -e "s/^ok - /ok - $name: /" -e "s/^not ok - /not ok - $name: /" -e '/^\(ok\|not ok\|#\) /!s/^/# /' <<<"$out"
+  if [ "$rc" -ne 0 ] && ! grep -q '^not ok ' <<<"$out"; then
+    echo "not ok - $name: oracle exited $rc: $(tail -2 <<<"$out" | tr '\n' ' ')"
+  fi
+}
+
+case_ tiny-gpt tiny-gpt
+case_ tiny-gpt-seq32 tiny-gpt --seq 32
+case_ tiny-llama tiny-llama
+case_ tiny-bert tiny-bert
+case_ tiny-vit tiny-vit
