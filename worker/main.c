@@ -311,13 +311,26 @@ static int run_training(trainer *t, const worker_opts *o, FILE *log, dumper *dp)
     return 0;
 }
 
+/* mkdir -p: creates the directory and any missing parents. */
+static int make_dirs(const char *path) {
+    char buf[1024];
+    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf) return errno = ENAMETOOLONG, -1;
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        if (mkdir(buf, 0777) < 0 && errno != EEXIST) return -1;
+        *p = '/';
+    }
+    return mkdir(buf, 0777) < 0 && errno != EEXIST ? -1 : 0;
+}
+
 static int cmd_train(int argc, char **argv) {
     worker_opts o = {0};
     train_config_defaults(&o.cfg);
     int rc = parse_train(argc, argv, &o);
     if (rc || (rc = resolve_job(&o))) return rc;
     err_t err;
-    if (o.ckpt_dir && mkdir(o.ckpt_dir, 0777) < 0 && errno != EEXIST)
+    if (o.ckpt_dir && make_dirs(o.ckpt_dir) < 0)
         return bad("--ckpt-dir %s: %s", o.ckpt_dir, strerror(errno));
     trainer *t = trainer_new(&o.cfg, &err);
     if (!t) return fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_BAD_INPUT;

@@ -46,3 +46,20 @@ case_ tiny-gpt-seq32 tiny-gpt --seq 32
 case_ tiny-llama tiny-llama
 case_ tiny-bert tiny-bert
 case_ tiny-vit tiny-vit
+
+# The Hugging Face export: a transformers-style forward on the exported weights equals the
+# oracle's forward on the same run's final parameters.
+export_case() {
+  local model=$1 dir=$T/export-$1 out rc
+  out=$($TMO "$WORKER" train --model "$model" --batch 2 --steps 2 --seed 3 --quiet --dump "$dir" \
+          --ckpt-dir "$dir/ck" 2>&1 &&
+        "$WORKER" export --checkpoint "$dir/ck/step_00000002.safetensors" -o "$dir/hf" 2>&1)
+  rc=$?
+  if [ "$rc" -ne 0 ]; then
+    echo "not ok - export $model: worker failed (exit $rc): $(tail -3 <<<"$out" | tr '\n' ' ')"
+    return
+  fi
+  "$PY" tests/ref/check_export.py "$dir/hf" "$dir" 2>&1 | sed -e '/^\(ok\|not ok\) /!s/^/# /'
+}
+export_case tiny-gpt
+export_case tiny-llama
