@@ -21,7 +21,7 @@ for t in "$@"; do
   fi
   printf '%-28s %4d passed %4d failed\n' "$(basename "$t")" "$p" "$f"
 done
-for s in tests/cli/*.sh; do
+for s in tests/cli/test_*.sh; do
   [ -e "$s" ] || continue
   out=$(BUILD=${BUILD:-build/rel} bash "$s" 2>&1)
   p=$(grep -c '^ok ' <<<"$out")

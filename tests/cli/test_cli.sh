@@ -5,25 +5,8 @@ set -u
 BIN=${BUILD:-build/rel}/bin/cephalo
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
-n=0
+. "$(dirname "$0")/lib.sh"
 A=examples/clusters/cluster-a.yaml
-
-# check NAME EXPECTED_RC NEEDLE -- command...   (NEEDLE must appear in stdout+stderr; '' skips)
-check() {
-  local name=$1 want=$2 needle=$3
-  shift 4
-  n=$((n + 1))
-  local out rc
-  out=$("$@" 2>&1)
-  rc=$?
-  if [ "$rc" -ne "$want" ]; then
-    echo "not ok $n - $name (exit $rc, expected $want)"; echo "$out" | head -5 | sed 's/^/#   /'; return
-  fi
-  if [ -n "$needle" ] && ! grep -qF -- "$needle" <<<"$out"; then
-    echo "not ok $n - $name (output lacks: $needle)"; echo "$out" | head -5 | sed 's/^/#   /'; return
-  fi
-  echo "ok $n - $name"
-}
 
 check "help" 0 "usage: cephalo" -- "$BIN" --help
 check "plan --help" 0 "--dump-costs" -- "$BIN" plan --help

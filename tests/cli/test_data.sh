@@ -6,24 +6,7 @@ set -u
 BIN=${BUILD:-build/rel}/bin/cephalo
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
-n=0
-
-# check NAME EXPECTED_RC NEEDLE -- command...   (NEEDLE must appear in stdout+stderr; '' skips)
-check() {
-  local name=$1 want=$2 needle=$3
-  shift 4
-  n=$((n + 1))
-  local out rc
-  out=$("$@" 2>&1)
-  rc=$?
-  if [ "$rc" -ne "$want" ]; then
-    echo "not ok $n - $name (exit $rc, expected $want)"; echo "$out" | head -5 | sed 's/^/#   /'; return
-  fi
-  if [ -n "$needle" ] && ! grep -qF -- "$needle" <<<"$out"; then
-    echo "not ok $n - $name (output lacks: $needle)"; echo "$out" | head -5 | sed 's/^/#   /'; return
-  fi
-  echo "ok $n - $name"
-}
+. "$(dirname "$0")/lib.sh"
 
 # shard_info FILE -> "magic version count size" from the header (od: little-endian host)
 shard_info() {

@@ -7,31 +7,7 @@ B=${BUILD:-build/rel}/bin
 W=$B/cephalo-worker
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
-n=0
-
-# check NAME EXPECTED_RC NEEDLE -- command...   (NEEDLE must appear in stdout+stderr; '' skips)
-check() {
-  local name=$1 want=$2 needle=$3
-  shift 4
-  n=$((n + 1))
-  local out rc
-  out=$("$@" 2>&1)
-  rc=$?
-  if [ "$rc" -ne "$want" ]; then
-    echo "not ok $n - $name (exit $rc, expected $want)"; echo "$out" | tail -5 | sed 's/^/#   /'; return
-  fi
-  if [ -n "$needle" ] && ! grep -qF -- "$needle" <<<"$out"; then
-    echo "not ok $n - $name (output lacks: $needle)"; echo "$out" | tail -5 | sed 's/^/#   /'; return
-  fi
-  echo "ok $n - $name"
-}
-# assert NAME COMMAND...   (passes when the command succeeds)
-assert() {
-  local name=$1
-  shift
-  n=$((n + 1))
-  if "$@" >/dev/null 2>&1; then echo "ok $n - $name"; else echo "not ok $n - $name"; fi
-}
+. "$(dirname "$0")/lib.sh"
 
 TINY=(--model tiny-gpt --batch 4 --microbatch 2 --seq 32 --threads 2 --lr 1e-3)
 

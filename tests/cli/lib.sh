@@ -1,0 +1,28 @@
+# lib.sh - the "ok N - name" / "not ok N - name" protocol shared by the CLI test scripts
+# (tests/run.sh counts those lines). Source it after setting `set -u`; it keeps the count in $n.
+n=0
+
+# check NAME EXPECTED_RC NEEDLE -- command...   (NEEDLE must appear in stdout+stderr; '' skips)
+check() {
+  local name=$1 want=$2 needle=$3
+  shift 4
+  n=$((n + 1))
+  local out rc
+  out=$("$@" 2>&1)
+  rc=$?
+  if [ "$rc" -ne "$want" ]; then
+    echo "not ok $n - $name (exit $rc, expected $want)"; echo "$out" | tail -5 | sed 's/^/#   /'; return
+  fi
+  if [ -n "$needle" ] && ! grep -qF -- "$needle" <<<"$out"; then
+    echo "not ok $n - $name (output lacks: $needle)"; echo "$out" | tail -5 | sed 's/^/#   /'; return
+  fi
+  echo "ok $n - $name"
+}
+
+# assert NAME COMMAND...   (passes when the command succeeds)
+assert() {
+  local name=$1
+  shift
+  n=$((n + 1))
+  if "$@" >/dev/null 2>&1; then echo "ok $n - $name"; else echo "not ok $n - $name"; fi
+}
