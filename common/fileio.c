@@ -1,9 +1,12 @@
 #include "fileio.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "log.h"
 
@@ -35,4 +38,45 @@ char *file_read_all(const char *path, size_t max_bytes, size_t *len_out, err_t *
     buf[len] = '\0';
     *len_out = len;
     return buf;
+}
+
+int file_write_atomic(const char *path, const void *data, size_t len, err_t *err) {
+    char tmp[4200];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid()) >= (int)sizeof tmp)
+        return err_set(err, "%s: path too long", path);
+    FILE *f = fopen(tmp, "wb");
+    bool ok = f && fwrite(data, 1, len, f) == len && fflush(f) == 0 && fsync(fileno(f)) == 0;
+    int e = errno;
+    if (f && fclose(f) != 0 && ok) ok = false, e = errno;
+    if (ok && rename(tmp, path) != 0) ok = false, e = errno;
+    if (!ok) {
+        unlink(tmp);
+        return err_set(err, "%s: cannot write: %s", path, strerror(e));
+    }
+    return 0;
+}
+
+/* One level: exists-as-directory is fine, anything else at the path is an error. */
+static int make_one_dir(const char *path, const char *whole, err_t *err) {
+    struct stat st;
+    if (mkdir(path, 0777) != 0 && errno != EEXIST)
+        return err_set(err, "%s: cannot create the directory: %s", whole, strerror(errno));
+    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode))
+        return err_set(err, "%s: %s exists and is not a directory", whole, path);
+    return 0;
+}
+
+int file_make_dir(const char *dir, bool parents, err_t *err) {
+    if (!parents) return make_one_dir(dir, dir, err);
+    char buf[4096];
+    if (snprintf(buf, sizeof buf, "%s", dir) >= (int)sizeof buf)
+        return err_set(err, "%s: path too long", dir);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/' || p[-1] == '/') continue;
+        *p = 0;
+        int rc = make_one_dir(buf, dir, err);
+        *p = '/';
+        if (rc < 0) return -1;
+    }
+    return make_one_dir(buf, dir, err);
 }

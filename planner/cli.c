@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 
 #include "cluster.h"
+#include "fileio.h"
 #include "cost.h"
 #include "data.h"
 #include "gpu.h"
@@ -442,12 +443,6 @@ static int write_input(shard_sink *k, data_input *in, err_t *err) {
     return 0;
 }
 
-static int make_dir(const char *dir, err_t *err) {
-    struct stat st;
-    if (mkdir(dir, 0777) != 0 && errno != EEXIST) return err_set(err, "%s: cannot create the directory: %s", dir, strerror(errno));
-    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) return err_set(err, "%s: exists and is not a directory", dir);
-    return 0;
-}
 
 static int data_text(const char *outdir, long shard_tokens, double val_fraction, char **files, int n_files) {
     err_t err = {{0}};
@@ -475,7 +470,7 @@ static int data_text(const char *outdir, long shard_tokens, double val_fraction,
         if (n_val < 1) n_val = 1;
         if (n_val > total - 1) n_val = total - 1;
     }
-    if (make_dir(outdir, &err) < 0) {
+    if (file_make_dir(outdir, false, &err) < 0) {
         rc = data_fail(err.msg);
         goto done;
     }

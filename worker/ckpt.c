@@ -76,18 +76,22 @@ int trainer_save(trainer *t, const char *path, err_t *err) {
     return rc;
 }
 
-/* The checkpoint's model must be the one being trained, field by field. */
-static int check_model(const st_file *f, const model_spec *want, err_t *err) {
+int ckpt_read_model(const st_file *f, model_spec *m, err_t *err) {
     const char *text = st_meta(f, "cephalo.model");
     if (!text) return err_set(err, "%s: no 'cephalo.model' metadata (not a Cephalo checkpoint?)",
                               st_label(f));
     cJSON *o = json_parse(st_label(f), text, strlen(text), err);
     if (!o) return -1;
     json_ctx c = {st_label(f), err};
-    model_spec got;
-    int rc = model_from_json(&c, o, "metadata cephalo.model", &got);
+    int rc = model_from_json(&c, o, "metadata cephalo.model", m);
     cJSON_Delete(o);
-    if (rc < 0) return -1;
+    return rc;
+}
+
+/* The checkpoint's model must be the one being trained, field by field. */
+static int check_model(const st_file *f, const model_spec *want, err_t *err) {
+    model_spec got;
+    if (ckpt_read_model(f, &got, err) < 0) return -1;
     cJSON *a = model_to_json(&got), *b = model_to_json(want);
     cJSON_DeleteItemFromObject(a, "name"), cJSON_DeleteItemFromObject(b, "name");
     bool same = cJSON_Compare(a, b, true);

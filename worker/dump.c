@@ -6,6 +6,7 @@
 
 #include "ckpt.h"
 #include "dump.h"
+#include "fileio.h"
 #include "log.h"
 #include "model_json.h"
 #include "safetensors.h"
@@ -73,8 +74,8 @@ dumper *dump_open(trainer *t, const char *dir, err_t *err) {
         err_set(err, "--dump needs a single rank (WORLD_SIZE=1)");
         return NULL;
     }
-    if (mkdir(dir, 0777) < 0 && errno != EEXIST) {
-        err_set(err, "--dump %s: cannot create the directory: %s", dir, strerror(errno));
+    if (file_make_dir(dir, true, err) < 0) {
+        err_prefix(err, "--dump");
         return NULL;
     }
     dumper *dp = xcalloc(1, sizeof *dp);

@@ -13,6 +13,7 @@
 
 #include "ckpt.h"
 #include "export.h"
+#include "fileio.h"
 #include "json_util.h"
 #include "log.h"
 #include "model_json.h"
@@ -35,9 +36,10 @@ static float *own(exporter *x, int64_t n) {
     return x->owned[x->n_owned++] = xmalloc((size_t)(n ? n : 1) * sizeof(float));
 }
 
-/* The checkpoint's parameters of tensor `name` in `unit` (a pointer into the mapping). */
-static const float *src(exporter *x, int unit, const char *name, const wm_tensor **info) {
-    static wm_tensor ts[WM_MAX_TENSORS];
+/* The checkpoint's parameters of tensor `name` in `unit` (a pointer into the mapping) and its
+ * layout entry. */
+static const float *src(exporter *x, int unit, const char *name, wm_tensor *info) {
+    wm_tensor ts[WM_MAX_TENSORS];
     int n = wm_unit_tensors(x->m, unit, ts);
     char uname[48], key[96];
     model_unit_name(x->m, unit, uname, sizeof uname);
@@ -46,7 +48,7 @@ static const float *src(exporter *x, int unit, const char *name, const wm_tensor
     CHECK(t != NULL); /* checked on load */
     for (int i = 0; i < n; i++)
         if (!strcmp(ts[i].name, name)) {
-            if (info) *info = &ts[i];
+            *info = ts[i];
             return (const float *)t->data + ts[i].offset;
         }
     CHECK(!"tensor not in the layout");
@@ -56,15 +58,15 @@ static const float *src(exporter *x, int unit, const char *name, const wm_tensor
 /* Copies rows [r0, r0+rows) of a [*, cols] tensor, transposed if asked, under the HF name. */
 static void put(exporter *x, const char *hf, int unit, const char *name, int64_t r0, int64_t rows,
                 bool transpose) {
-    const wm_tensor *info;
+    wm_tensor info;
     const float *s = src(x, unit, name, &info);
-    int64_t cols = info->ndim == 2 ? info->shape[1] : 1;
-    if (rows < 0) rows = info->shape[0];
+    int64_t cols = info.ndim == 2 ? info.shape[1] : 1;
+    if (rows < 0) rows = info.shape[0];
     float *d = own(x, rows * cols);
     for (int64_t r = 0; r < rows; r++)
         for (int64_t c = 0; c < cols; c++)
             d[transpose ? c * rows + r : r * cols + c] = s[(r0 + r) * cols + c];
-    if (info->ndim == 1) st_writer_add(x->w, hf, ST_F32, 1, (int64_t[]){rows}, d);
+    if (info.ndim == 1) st_writer_add(x->w, hf, ST_F32, 1, (int64_t[]){rows}, d);
     else if (transpose) st_writer_add(x->w, hf, ST_F32, 2, (int64_t[]){cols, rows}, d);
     else st_writer_add(x->w, hf, ST_F32, 2, (int64_t[]){rows, cols}, d);
 }
@@ -151,30 +153,10 @@ static cJSON *hf_config(const model_spec *m) {
     return o;
 }
 
-static int write_text(const char *path, const char *text, err_t *err) {
-    char tmp[1200];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "w");
-    bool ok = f && fputs(text, f) >= 0 && fputc('\n', f) != EOF && fflush(f) == 0;
-    if (f) ok = (fclose(f) == 0) && ok;
-    if (!ok || rename(tmp, path) < 0) {
-        int e = errno;
-        unlink(tmp);
-        return err_set(err, "%s: cannot write: %s", path, strerror(e));
-    }
-    return 0;
-}
-
 /* Opens the checkpoint and checks every unit's parameter tensor. */
 static int open_checkpoint(const char *path, st_file **f, model_spec *m, err_t *err) {
     if (st_open(f, path, err) < 0) return -1;
-    const char *text = st_meta(*f, "cephalo.model");
-    if (!text) return err_set(err, "%s: no 'cephalo.model' metadata (not a Cephalo checkpoint?)", path);
-    cJSON *o = json_parse(path, text, strlen(text), err);
-    if (!o) return -1;
-    json_ctx c = {path, err};
-    int rc = model_from_json(&c, o, "metadata cephalo.model", m);
-    cJSON_Delete(o);
+    int rc = ckpt_read_model(*f, m, err);
     for (int u = 0; rc == 0 && u < model_n_units(m); u++) {
         char uname[48], key[96];
         int64_t n = model_unit_params(m, u);
@@ -192,8 +174,7 @@ int export_hf(const char *checkpoint, const char *dir, err_t *err) {
     if (rc == 0 && m.arch != ARCH_GPT && m.arch != ARCH_LLAMA)
         rc = err_set(err, "%s: export writes GPT-2 and Llama layouts; this checkpoint is a %s",
                      checkpoint, model_arch_name(m.arch));
-    if (rc == 0 && mkdir(dir, 0777) < 0 && errno != EEXIST)
-        rc = err_set(err, "%s: cannot create the directory: %s", dir, strerror(errno));
+    if (rc == 0) rc = file_make_dir(dir, true, err);
     if (rc == 0) {
         x.w = st_writer_new();
         if (m.arch == ARCH_GPT) gpt2_tensors(&x);
@@ -207,7 +188,7 @@ int export_hf(const char *checkpoint, const char *dir, err_t *err) {
             cJSON *config = hf_config(&m);
             char *cfg = cJSON_Print(config);
             cJSON_Delete(config);
-            rc = write_text(path, cfg, err);
+            rc = file_write_atomic(path, cfg, strlen(cfg), err);
             free(cfg);
         }
         st_writer_free(x.w);

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "dump.h"
+#include "fileio.h"
 #include "export.h"
 #include "log.h"
 #include "plan_read.h"
@@ -124,7 +125,6 @@ static int parse_train(int argc, char **argv, worker_opts *o) {
     opterr = 0;
     int ch;
     long v;
-    double x;
     while ((ch = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
         int rc = 0;
         switch (ch) {
@@ -160,7 +160,6 @@ static int parse_train(int argc, char **argv, worker_opts *o) {
         default: return bad("unknown option '%s'", argv[optind - 1]);
         }
         if (rc) return rc;
-        (void)x;
     }
     if (optind < argc) return bad("unexpected argument '%s'", argv[optind]);
     return 0;
@@ -248,21 +247,14 @@ static void log_step(FILE *f, const trainer *t, const step_stats *st) {
 /* ---- checkpoints ---- */
 
 static int save_checkpoint(trainer *t, const char *dir, err_t *err) {
-    char path[1024], latest[1100], tmp[1100];
+    char path[1024];
     snprintf(path, sizeof path, "%s/step_%08lld.safetensors", dir, (long long)t->step);
     if (trainer_save(t, path, err) < 0) return -1;
     /* 'latest' names the newest complete checkpoint; replaced atomically after it exists. */
+    char latest[1100], name[64];
     snprintf(latest, sizeof latest, "%s/latest", dir);
-    snprintf(tmp, sizeof tmp, "%s/latest.tmp.%d", dir, (int)getpid());
-    FILE *f = fopen(tmp, "w");
-    bool ok = f && fprintf(f, "step_%08lld.safetensors\n", (long long)t->step) > 0;
-    ok = f && fflush(f) == 0 && fsync(fileno(f)) == 0 && ok;
-    if (f) fclose(f);
-    if (!ok || rename(tmp, latest) < 0) {
-        unlink(tmp);
-        return err_set(err, "%s: cannot write: %s", latest, strerror(errno));
-    }
-    return 0;
+    int n = snprintf(name, sizeof name, "step_%08lld.safetensors\n", (long long)t->step);
+    return file_write_atomic(latest, name, (size_t)n, err);
 }
 
 /* --resume auto: DIR/latest names the checkpoint, if there is one. */
@@ -311,27 +303,13 @@ static int run_training(trainer *t, const worker_opts *o, FILE *log, dumper *dp)
     return 0;
 }
 
-/* mkdir -p: creates the directory and any missing parents. */
-static int make_dirs(const char *path) {
-    char buf[1024];
-    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf) return errno = ENAMETOOLONG, -1;
-    for (char *p = buf + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = 0;
-        if (mkdir(buf, 0777) < 0 && errno != EEXIST) return -1;
-        *p = '/';
-    }
-    return mkdir(buf, 0777) < 0 && errno != EEXIST ? -1 : 0;
-}
-
 static int cmd_train(int argc, char **argv) {
     worker_opts o = {0};
     train_config_defaults(&o.cfg);
     int rc = parse_train(argc, argv, &o);
     if (rc || (rc = resolve_job(&o))) return rc;
     err_t err;
-    if (o.ckpt_dir && make_dirs(o.ckpt_dir) < 0)
-        return bad("--ckpt-dir %s: %s", o.ckpt_dir, strerror(errno));
+    if (o.ckpt_dir && file_make_dir(o.ckpt_dir, true, &err) < 0) return bad("--ckpt-dir: %s", err.msg);
     trainer *t = trainer_new(&o.cfg, &err);
     if (!t) return fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_BAD_INPUT;
     char path[1200];

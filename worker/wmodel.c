@@ -19,7 +19,6 @@ struct wm_acts {
     float *dqkv, *datt, *dx2, *dln, *dact, *dfc, *dup;
     /* head and embedding extras */
     float *logits, *losses, *patches, *rows;
-    int32_t *none; /* unused; keeps the struct's pointer list uniform */
 };
 
 /* ---- shapes ---- */
