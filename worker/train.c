@@ -9,8 +9,10 @@
 #include <math.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "log.h"
+#include "strutil.h"
 #include "train.h"
 
 #define OP(d, name, ...) ((d)->ops->name((d), __VA_ARGS__))
@@ -91,6 +93,32 @@ static int alloc_state(trainer *t, err_t *err) {
     return 0;
 }
 
+/* Bytes of one microbatch's activations at a unit boundary [m*T, d]. */
+static size_t act_bytes(const trainer *t) {
+    return (size_t)t->cfg.micro * t->tokens * t->cfg.model.d_model * sizeof(float);
+}
+
+/* The host pool the unit-boundary checkpoints and the flowing gradients are offloaded to. It
+ * grows with the batch, so running out of host memory here is a bad job, not a crash. */
+static int alloc_host_pool(trainer *t, err_t *err) {
+    int nb = t->n_units - 1, l = t->cfg.micros;
+    size_t bytes = act_bytes(t);
+    t->boundary = xcalloc((size_t)(nb * l), sizeof(float *));
+    t->grad_pool = xcalloc((size_t)l, sizeof(float *));
+    t->host_bytes = (int64_t)(nb + 1) * l * (int64_t)bytes;
+    /* malloc overcommits: a pool beyond physical memory would "succeed" and be OOM-killed
+     * mid-step, so compare with the machine's memory first. */
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    bool ok = pages <= 0 || page <= 0 || (double)t->host_bytes <= 0.9 * (double)pages * page;
+    for (int i = 0; i < nb * l && ok; i++) ok = (t->boundary[i] = malloc(bytes)) != NULL;
+    for (int j = 0; j < l && ok; j++) ok = (t->grad_pool[j] = malloc(bytes)) != NULL;
+    if (ok) return 0;
+    char need[32];
+    return err_set(err, "rank %d: cannot allocate the %s host offload pool (%d unit inputs and "
+                   "1 gradient x %d microbatches of %zu bytes) in this machine's memory; lower the batch",
+                   t->cfg.rank, str_bytes((double)t->host_bytes, need, sizeof need), nb, l, bytes);
+}
+
 static int alloc_buffers(trainer *t, err_t *err) {
     const model_spec *m = &t->cfg.model;
     int mb = t->cfg.micro, l = t->cfg.micros, T = t->tokens;
@@ -108,14 +136,8 @@ static int alloc_buffers(trainer *t, err_t *err) {
     t->ids_host = xcalloc((size_t)(l * rows), sizeof(int32_t));
     t->tgt_host = xcalloc((size_t)(l * rows), sizeof(int32_t));
     t->img_host = img ? xcalloc((size_t)(l * mb * img), sizeof(float)) : NULL;
-    t->row_scale = xcalloc((size_t)(l * mb), sizeof(double));
-    int nb = t->n_units - 1;
-    t->boundary = xcalloc((size_t)(nb * l), sizeof(float *));
-    t->grad_pool = xcalloc((size_t)l, sizeof(float *));
-    for (int i = 0; i < nb * l; i++) t->boundary[i] = xmalloc((size_t)act * sizeof(float));
-    for (int j = 0; j < l; j++) t->grad_pool[j] = xmalloc((size_t)act * sizeof(float));
-    t->host_bytes = (int64_t)(nb + 1) * l * act * 4;
-    return 0;
+    t->row_scale = xcalloc((size_t)(l * mb), sizeof(float));
+    return alloc_host_pool(t, err);
 }
 
 trainer *trainer_new(const train_config *cfg, err_t *err) {
@@ -182,19 +204,20 @@ static int load_samples(trainer *t, err_t *err) {
             targets = 0;
             for (int k = 0; k < T; k++) targets += tgt[k] >= 0;
         }
-        t->row_scale[i] = 1.0 / ((double)c->global_batch * (targets ? targets : 1));
+        t->row_scale[i] = (float)(1.0 / ((double)c->global_batch * (targets ? targets : 1)));
     }
     return 0;
 }
 
-/* Uploads microbatch j's inputs and targets; fills its batch description. */
-static void stage_microbatch(trainer *t, int j, wm_batch *b, float *scale) {
+/* Fills microbatch j's batch description; uploads its inputs and targets when the unit reads
+ * them (the embedding and the head; blocks see only activations). */
+static void stage_microbatch(trainer *t, int j, wm_batch *b, bool upload) {
     const model_spec *m = &t->cfg.model;
     int mb = t->cfg.micro, T = t->tokens;
     int64_t rows = (int64_t)mb * T;
     *b = (wm_batch){.m = mb, .T = T, .ids = t->ids_dev, .targets = t->tgt_dev,
-                    .images = t->img_dev, .row_scale = scale};
-    for (int i = 0; i < mb; i++) scale[i] = (float)t->row_scale[j * mb + i];
+                    .images = t->img_dev, .row_scale = t->row_scale + (int64_t)j * mb};
+    if (!upload) return;
     if (m->arch == ARCH_VIT) {
         int64_t img = (int64_t)m->channels * m->image * m->image;
         dev_upload(&t->dev, t->img_dev, t->img_host + j * mb * img, (size_t)(mb * img) * 4);
@@ -205,18 +228,14 @@ static void stage_microbatch(trainer *t, int j, wm_batch *b, float *scale) {
     dev_upload(&t->dev, t->tgt_dev, t->tgt_host + j * rows, (size_t)rows * 4);
 }
 
-static size_t act_bytes(const trainer *t) {
-    return (size_t)t->cfg.micro * t->tokens * t->cfg.model.d_model * sizeof(float);
-}
-
-static void forward_units(trainer *t, float *scale) {
+static void forward_units(trainer *t) {
     device *d = &t->dev;
     int head = t->n_units - 1;
     for (int u = 0; u < head; u++) {
         dev_set_context(d, "unit %d forward", u);
         for (int j = 0; j < t->cfg.micros; j++) {
             wm_batch b;
-            stage_microbatch(t, j, &b, scale);
+            stage_microbatch(t, j, &b, u == 0);
             if (u > 0) dev_upload(d, t->x, t->boundary[(u - 1) * t->cfg.micros + j], act_bytes(t));
             wm_unit_forward(d, &t->cfg.model, u, t->params[u], &b, t->x, t->y, t->acts);
             dev_download(d, t->boundary[u * t->cfg.micros + j], t->y, act_bytes(t));
@@ -224,7 +243,7 @@ static void forward_units(trainer *t, float *scale) {
     }
 }
 
-static double head_units(trainer *t, float *scale) {
+static double head_units(trainer *t) {
     device *d = &t->dev;
     int head = t->n_units - 1, l = t->cfg.micros;
     const model_spec *m = &t->cfg.model;
@@ -234,7 +253,7 @@ static double head_units(trainer *t, float *scale) {
     dev_set_context(d, "head forward and backward");
     for (int j = 0; j < l; j++) {
         wm_batch b;
-        stage_microbatch(t, j, &b, scale);
+        stage_microbatch(t, j, &b, true);
         dev_upload(d, t->x, t->boundary[(head - 1) * l + j], act_bytes(t));
         float *lo = t->logits_out && t->step == 0 ? t->logits_out + j * per_mb : NULL;
         loss += wm_head_step(d, m, t->params[head], t->grads[head], t->params[0], t->grads[0], &b,
@@ -244,14 +263,14 @@ static double head_units(trainer *t, float *scale) {
     return loss;
 }
 
-static void backward_units(trainer *t, float *scale) {
+static void backward_units(trainer *t) {
     device *d = &t->dev;
     int head = t->n_units - 1, l = t->cfg.micros;
     for (int u = head - 1; u >= 0; u--) {
         dev_set_context(d, "unit %d backward", u);
         for (int j = 0; j < l; j++) {
             wm_batch b;
-            stage_microbatch(t, j, &b, scale);
+            stage_microbatch(t, j, &b, u == 0);
             if (u > 0) dev_upload(d, t->x, t->boundary[(u - 1) * l + j], act_bytes(t));
             dev_upload(d, t->dy, t->grad_pool[j], act_bytes(t));
             wm_unit_forward(d, &t->cfg.model, u, t->params[u], &b, t->x, t->y, t->acts);
@@ -284,11 +303,9 @@ int trainer_step(trainer *t, step_stats *st, err_t *err) {
     double t0 = now_ms();
     if (load_samples(t, err) < 0) return err_prefix(err, "step %lld", (long long)t->step);
     for (int u = 0; u < t->n_units; u++) dev_zero(&t->dev, t->grads[u], t->numel[u]);
-    float *scale = xmalloc((size_t)t->cfg.micro * sizeof(float));
-    forward_units(t, scale);
-    double loss = head_units(t, scale);
-    backward_units(t, scale);
-    free(scale);
+    forward_units(t);
+    double loss = head_units(t);
+    backward_units(t);
     double sumsq = 0;
     for (int u = 0; u < t->n_units; u++) sumsq += OP(&t->dev, sumsq, t->grads[u], t->numel[u]);
     double norm = sqrt(sumsq), lr = train_lr(&t->cfg, t->step);

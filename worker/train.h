@@ -57,7 +57,7 @@ typedef struct trainer {
     /* host: this step's samples and the offloaded unit-boundary checkpoints */
     int32_t *ids_host, *tgt_host; /* [l][m*T] (ViT targets: [l][m]) */
     float *img_host; /* [l][m*C*S*S] */
-    double *row_scale; /* [l][m] */
+    float *row_scale; /* [l][m]: each sample's loss weight, 1/(B * its targets) */
     float **boundary; /* [n_units - 1][l] host, each [m*T*d]; boundary[u][j] = input of unit u+1 */
     float **grad_pool; /* [l] host [m*T*d]: the gradient flowing back, per microbatch */
     int64_t host_bytes; /* the offload pool */

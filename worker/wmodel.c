@@ -13,6 +13,9 @@
 
 struct wm_acts {
     int max_m, T;
+    /* the tensor layout of each unit kind, listed once (W() looks names up here) */
+    wm_tensor layout[3][WM_MAX_TENSORS];
+    int n_layout[3];
     /* forward intermediates */
     float *ln1, *mean1, *rstd1, *qkv, *att, *lse, *x2, *ln2, *mean2, *rstd2, *fc, *act, *up;
     /* backward scratch */
@@ -70,6 +73,8 @@ wm_acts *wm_acts_new(device *d, const model_spec *m, int max_m, int seq, err_t *
     wm_acts *a = xcalloc(1, sizeof *a);
     a->max_m = max_m;
     a->T = model_tokens(m, seq);
+    int unit_of_kind[3] = {[UNIT_EMBEDDING] = 0, [UNIT_BLOCK] = 1, [UNIT_HEAD] = m->n_layer + 1};
+    for (int k = 0; k < 3; k++) a->n_layout[k] = wm_unit_tensors(m, unit_of_kind[k], a->layout[k]);
     struct {
         float **dst;
         int64_t n;
@@ -112,16 +117,14 @@ void wm_acts_free(device *d, wm_acts *a) {
 
 /* ---- parameters by name ---- */
 
-static float *tensor(const model_spec *m, int unit, float *base, const char *name) {
-    wm_tensor t[WM_MAX_TENSORS];
-    int n = wm_unit_tensors(m, unit, t);
-    for (int i = 0; i < n; i++)
-        if (!strcmp(t[i].name, name)) return base + t[i].offset;
+static float *tensor(const wm_acts *a, unit_kind k, float *base, const char *name) {
+    for (int i = 0; i < a->n_layout[k]; i++)
+        if (!strcmp(a->layout[k][i].name, name)) return base + a->layout[k][i].offset;
     CHECK(!"tensor name not in the unit's layout");
     return NULL;
 }
-#define W(name) tensor(m, unit, (float *)params, name)
-#define DW(name) tensor(m, unit, dparams, name)
+#define W(name) tensor(a, model_unit_kind(m, unit), (float *)params, name)
+#define DW(name) tensor(a, model_unit_kind(m, unit), dparams, name)
 
 /* ---- building blocks ---- */
 
@@ -460,8 +463,8 @@ double wm_head_step(device *d, const model_spec *m, const float *params, float *
     double loss = 0;
     switch (m->arch) {
     case ARCH_GPT: {
-        const float *wte = tensor(m, 0, (float *)tied, "wte");
-        float *dwte = tensor(m, 0, dtied, "wte");
+        const float *wte = tensor(a, UNIT_EMBEDDING, (float *)tied, "wte");
+        float *dwte = tensor(a, UNIT_EMBEDDING, dtied, "wte");
         OP(d, layernorm_fwd, a->ln1, a->mean1, a->rstd1, x, W("ln_f.weight"), W("ln_f.bias"), N,
            D, eps);
         loss = vocab_loss(d, m, a->ln1, wte, NULL, a->dln, dwte, NULL, b, a, logits_out);
@@ -478,8 +481,8 @@ double wm_head_step(device *d, const model_spec *m, const float *params, float *
         OP(d, rmsnorm_bwd, dx, DW("norm.weight"), a->dln, x, a->rstd1, W("norm.weight"), N, D);
         break;
     case ARCH_BERT: { /* t = transform x (fc), g = gelu t (act), h = LN g (ln1) */
-        const float *word = tensor(m, 0, (float *)tied, "word");
-        float *dword = tensor(m, 0, dtied, "word");
+        const float *word = tensor(a, UNIT_EMBEDDING, (float *)tied, "word");
+        float *dword = tensor(a, UNIT_EMBEDDING, dtied, "word");
         linear_fwd(d, a->fc, x, W("transform.weight"), W("transform.bias"), N, D, D);
         OP(d, gelu_fwd, a->act, a->fc, nd, false);
         OP(d, layernorm_fwd, a->ln1, a->mean1, a->rstd1, a->act, W("ln.weight"), W("ln.bias"), N,

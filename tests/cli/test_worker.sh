@@ -22,6 +22,7 @@ check "bad number" 2 "--lr: 'fast'" -- "$W" train "${TINY[@]}" --lr fast
 check "seq too long" 2 "exceeds" -- "$W" train --model tiny-gpt --batch 2 --seq 4096
 check "bad size" 2 "--memory: '12Q'" -- "$W" train "${TINY[@]}" --memory 12Q
 check "memory too small" 2 "out of memory" -- "$W" train "${TINY[@]}" --memory 256K --steps 1
+check "host pool beyond this machine" 2 "host offload pool" -- "$W" train --model gpt2-124m --batch 65536 --microbatch 1 --steps 1
 
 # Training from flags: progress on stderr, one JSON line per step.
 check "train from flags" 0 "step 3/3" -- "$W" train "${TINY[@]}" --steps 3 --log "$T/log.jsonl"
