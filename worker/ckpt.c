@@ -119,11 +119,32 @@ static int read_step(const st_file *f, int64_t *step, err_t *err) {
     return 0;
 }
 
+/* The data order is a function of the seed and the global batch (docs/data.md): resuming with
+ * either changed is allowed, but the run no longer continues the interrupted one. */
+static void warn_changed_order(const st_file *f, const train_config *now) {
+    const char *text = st_meta(f, "cephalo.train");
+    cJSON *o = text ? cJSON_Parse(text) : NULL;
+    cJSON *cur = train_config_json(now);
+    const char *keys[] = {"seed", "batch", "seq"};
+    for (size_t i = 0; o && i < sizeof keys / sizeof keys[0]; i++) {
+        const cJSON *a = cJSON_GetObjectItemCaseSensitive(o, keys[i]);
+        const cJSON *b = cJSON_GetObjectItemCaseSensitive(cur, keys[i]);
+        if (a && !cJSON_Compare(a, b, true)) {
+            char *sa = cJSON_PrintUnformatted(a), *sb = cJSON_PrintUnformatted(b);
+            log_warn("%s: written with %s %s, resuming with %s: the sample order differs from "
+                     "the interrupted run's", st_label(f), keys[i], sa, sb);
+            free(sa), free(sb);
+        }
+    }
+    cJSON_Delete(o), cJSON_Delete(cur);
+}
+
 int trainer_resume(trainer *t, const char *path, err_t *err) {
     st_file *f;
     if (st_open(&f, path, err) < 0) return -1;
     int64_t step = 0;
     if (read_step(f, &step, err) < 0 || check_model(f, &t->cfg.model, err) < 0) goto fail;
+    warn_changed_order(f, &t->cfg);
     float **state[3] = {t->params, t->adam_m, t->adam_v};
     for (int k = 0; k < 3; k++) {
         for (int u = 0; u < t->n_units; u++) {

@@ -66,6 +66,7 @@ assert "final checkpoints are identical" cmp "$T/ck/step_00000004.safetensors" "
 head -c 3000 "$T/ck/step_00000002.safetensors" >"$T/cut.safetensors"
 check "truncated checkpoint" 2 "cut.safetensors" -- "$W" train "${TINY[@]}" --resume "$T/cut.safetensors"
 check "checkpoint of another model" 2 "not the tiny-llama" -- "$W" train --model tiny-llama --batch 2 --seq 32 --resume "$T/ck/step_00000002.safetensors"
+check "resume with another seed warns" 0 "sample order differs" -- "$W" train "${TINY[@]}" --steps 3 --seed 9 --quiet --resume "$T/ck/step_00000002.safetensors"
 check "resume auto without a checkpoint starts fresh" 0 "step 1/1" -- "$W" train "${TINY[@]}" --steps 1 --ckpt-dir "$T/empty" --resume auto
 
 # Data: text -> shards -> training; a vocabulary too small for the data is refused.
