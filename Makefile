@@ -110,6 +110,7 @@ demo: deps $(CLI)
 bench: deps $(BENCH) $(CLI) $(WORKER)
 	@$(BENCH)
 	@BUILD=$(BUILD) bench/bench_train.sh
+	@BUILD=$(BUILD) bench/bench_fsdp.sh
 
 # libFuzzer targets (clang), built apart from the normal objects.
 FUZZ_BUILD := build/fuzz

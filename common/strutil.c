@@ -81,6 +81,24 @@ bool str_to_double(const char *s, double *out) {
     return true;
 }
 
+bool str_to_size(const char *s, int64_t *out) {
+    /* strtod alone would also take " 5", "+5", "inf" and hex ("0x10") */
+    if (!s || !(isdigit((unsigned char)*s) || *s == '.') || strpbrk(s, "xX")) return false;
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || !isfinite(v)) return false;
+    static const char units[] = "KMGT";
+    const char *u = *end ? strchr(units, toupper((unsigned char)*end)) : NULL;
+    double mul = u ? (double)(1ULL << (10 * (u - units + 1))) : 1;
+    if (u) end++;
+    if (u && *end == 'i') end++;
+    if (*end == 'B') end++;
+    if (*end || !(v > 0) || v * mul > 4.611686018427388e18 || v * mul < 1) return false;
+    *out = (int64_t)(v * mul);
+    return true;
+}
+
 const char *str_bytes(double bytes, char *buf, size_t bufsz) {
     const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
     int u = 0;

@@ -21,6 +21,10 @@ int str_suggest(const char *name, const char *const *candidates, size_t ncand, i
 bool str_to_long(const char *s, long *out);
 bool str_to_double(const char *s, double *out);
 
+/* Sizes in bytes: "1048576", "512K", "512M", "1.5G", "2T", with an optional "iB" or "B" after the
+ * suffix ("512MiB", "2GB"); the suffixes are binary (K = 1024). Positive, at most 2^62. */
+bool str_to_size(const char *s, int64_t *out);
+
 /* "1.50 GiB", "812.0 MiB", ... for messages and tables. */
 const char *str_bytes(double bytes, char *buf, size_t bufsz);
 

@@ -12,9 +12,11 @@
 #include "cost.h"
 #include "data.h"
 #include "gpu.h"
+#include "inputs.h"
 #include "model.h"
 #include "plan.h"
 #include "profile.h"
+#include "run.h"
 #include "strutil.h"
 
 #define EXIT_INFEASIBLE 3
@@ -30,6 +32,8 @@ static const char usage_text[] =
     "  gpus      list the GPU catalog\n"
     "  data      prepare training data: text files -> llm.c token shards (byte-level), or a\n"
     "            synthetic labeled image file (CIMG); `cephalo data --help` shows its options\n"
+    "  run       plan a job file on the local devices and train it, one cephalo-worker per\n"
+    "            device; `cephalo run --help` shows its options (docs/run.md)\n"
     "\n"
     "plan / compare options:\n"
     "  --cluster FILE        cluster file (YAML, docs/formats.md)            [required]\n"
@@ -120,75 +124,39 @@ static int parse_options(int argc, char **argv, cli_opts *o) {
 }
 
 /* Loads everything a plan needs; prints the error and returns EXIT_BAD_INPUT on failure. */
-typedef struct inputs {
-    cluster cl;
-    model_spec model;
-    profile prof;
-    bool have_prof;
-    cost_model cm;
-} inputs;
-
-static int load_inputs(const cli_opts *o, inputs *in) {
+static int load_inputs(const cli_opts *o, plan_inputs *in) {
     err_t err = {{0}};
     memset(in, 0, sizeof *in);
-    if (cluster_load_file(o->cluster, &in->cl, &err) < 0 || model_resolve(o->model, &in->model, &err) < 0) {
+    inputs_opts io = {.profile = o->profile, .seq = o->seq, .batch = o->batch, .bf16 = o->bf16, .mem_cap = o->mem_cap};
+    if (cluster_load_file(o->cluster, &in->cl, &err) < 0 || model_resolve(o->model, &in->model, &err) < 0 ||
+        inputs_build(in, &io, &err) < 0) {
         fprintf(stderr, "cephalo: %s\n", err.msg);
         return EXIT_BAD_INPUT;
     }
-    if (o->profile) {
-        if (profile_load_file(o->profile, &in->prof, &err) < 0) {
-            fprintf(stderr, "cephalo: %s\n", err.msg);
-            return EXIT_BAD_INPUT;
-        }
-        in->have_prof = true;
-    }
-    cost_opts co = {.bf16 = o->bf16, .mem_cap = o->mem_cap, .prof = in->have_prof ? &in->prof : NULL};
-    if (cost_build(&in->cm, &in->model, &in->cl, (int)o->seq, (int)o->batch, &co, &err) < 0) {
-        fprintf(stderr, "cephalo: %s\n", err.msg);
-        return EXIT_BAD_INPUT;
-    }
-    if (in->have_prof)
-        for (int g = 0; g < in->cm.n_groups; g++)
-            if (!in->cm.groups[g].measured)
-                fprintf(stderr, "cephalo: note: the profile has no entry for %s with %s, seq %d, %s; using estimates for it\n",
-                        in->cm.groups[g].dev->type, in->model.name, in->cm.seq, o->bf16 ? "bf16" : "fp32");
+    inputs_print_notes(in, "cephalo", stderr);
     return 0;
-}
-
-static void free_inputs(inputs *in) {
-    cost_free(&in->cm);
-    cluster_free(&in->cl);
-    if (in->have_prof) profile_free(&in->prof);
 }
 
 static int write_plan_file(const plan *p, const char *path) {
     err_t err;
-    FILE *f = fopen(path, "w");
-    if (!f) {
-        fprintf(stderr, "cephalo: %s: cannot write\n", path);
-        return EXIT_BAD_INPUT;
-    }
-    int rc = plan_write_json(p, f, &err);
-    if (fclose(f) != 0 || rc < 0) {
-        fprintf(stderr, "cephalo: %s: write error\n", path);
-        return EXIT_BAD_INPUT;
-    }
-    return 0;
+    if (inputs_save_plan(p, path, &err) == 0) return 0;
+    fprintf(stderr, "cephalo: %s\n", err.msg);
+    return EXIT_BAD_INPUT;
 }
 
 static int cmd_plan(int argc, char **argv, bool compare) {
     cli_opts o;
     int rc = parse_options(argc, argv, &o);
     if (rc) return rc;
-    inputs in;
+    plan_inputs in;
     if ((rc = load_inputs(&o, &in))) {
-        free_inputs(&in);
+        inputs_free(&in);
         return rc;
     }
     err_t err;
     if (o.dump_costs && plan_dump_costs(&in.cm, o.dump_costs, &err) < 0) {
         fprintf(stderr, "cephalo: %s\n", err.msg);
-        free_inputs(&in);
+        inputs_free(&in);
         return EXIT_BAD_INPUT;
     }
     plan plans[STRAT_COUNT];
@@ -206,7 +174,7 @@ static int cmd_plan(int argc, char **argv, bool compare) {
         if (rc == 0 && o.output) rc = write_plan_file(&plans[0], o.output);
     }
     for (int s = 0; s < n; s++) plan_free(&plans[s]);
-    free_inputs(&in);
+    inputs_free(&in);
     return rc;
 }
 
@@ -615,6 +583,55 @@ static int cmd_data(int argc, char **argv) {
     return data_text(out, shard_tokens, val, argv + optind, argc - optind);
 }
 
+/* ---- cephalo run (docs/run.md) ---- */
+
+static const char run_usage[] =
+    "usage: cephalo run JOB.yaml [--devices LIST] [--run-dir DIR] [--steps N] [--dry-run] [--quiet]\n"
+    "\n"
+    "Plans the job on the local devices and trains it: one cephalo-worker per device, all stopped\n"
+    "together when one fails or on Ctrl-C. The job file is described in docs/run.md.\n"
+    "\n"
+    "  --devices LIST        replace the job's devices: TYPE[:Nt][:MEMORY][xCOUNT],... e.g.\n"
+    "                        cpu:2t:512M,cpu:1t:256Mx2 (2 threads and 512 MiB, then two of 1 and 256)\n"
+    "  --run-dir DIR         plan.json, rank-R.log, rank-R.jsonl, summary.json (default runs/NAME)\n"
+    "  --steps N             total steps, instead of the job's\n"
+    "  --dry-run             plan and print each worker's command line, start nothing\n"
+    "  --quiet               no plan table and no progress lines\n"
+    "  -h, --help            this text\n"
+    "\n"
+    "exit status: 0 done, 1 a worker failed, 2 bad input, 3 infeasible plan, 130 interrupted\n";
+
+static int cmd_run(int argc, char **argv) {
+    enum { O_DEVICES = 256, O_RUNDIR, O_STEPS, O_DRY, O_QUIET };
+    static const struct option longopts[] = {{"devices", required_argument, 0, O_DEVICES}, {"run-dir", required_argument, 0, O_RUNDIR},
+                                             {"steps", required_argument, 0, O_STEPS},     {"dry-run", no_argument, 0, O_DRY},
+                                             {"quiet", no_argument, 0, O_QUIET},           {"help", no_argument, 0, 'h'},
+                                             {0, 0, 0, 0}};
+    run_opts o = {0};
+    optind = 1;
+    opterr = 0;
+    int c;
+    while ((c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
+        switch (c) {
+        case O_DEVICES: o.devices = optarg; break;
+        case O_RUNDIR: o.run_dir = optarg; break;
+        case O_STEPS:
+            if (!str_to_long(optarg, &o.steps) || o.steps < 1 || o.steps > 1L << 40)
+                return bad("run: --steps: '%s' is not a positive integer", optarg);
+            break;
+        case O_DRY: o.dry_run = true; break;
+        case O_QUIET: o.quiet = true; break;
+        case 'h': fputs(run_usage, stdout); return 0;
+        case ':': return bad("run: option '%s' needs a value", argv[optind - 1]);
+        default: return bad("run: unknown option '%s'", argv[optind - 1]);
+        }
+    }
+    if (optind >= argc) return bad("%s", "run: no job file (cephalo run JOB.yaml)");
+    if (optind + 1 < argc) return bad("run: unexpected argument '%s'", argv[optind + 1]);
+    o.job = argv[optind];
+    return run_job(&o);
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         fputs(usage_text, stderr);
@@ -630,6 +647,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "models")) return cmd_models(argc - 1, argv + 1);
     if (!strcmp(cmd, "gpus")) return cmd_gpus();
     if (!strcmp(cmd, "data")) return cmd_data(argc - 1, argv + 1);
-    fprintf(stderr, "cephalo: unknown command '%s' (expected plan, compare, models, gpus or data; see 'cephalo --help')\n", cmd);
+    if (!strcmp(cmd, "run")) return cmd_run(argc - 1, argv + 1);
+    fprintf(stderr, "cephalo: unknown command '%s' (expected plan, compare, models, gpus, data or run; see 'cephalo --help')\n", cmd);
     return EXIT_BAD_INPUT;
 }

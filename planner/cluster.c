@@ -192,7 +192,7 @@ static int parse_gpus_item(const yctx *y, const ynode *item, const char *base, c
         opt_positive(y, item, base, "memory_gib", MAX_MEMORY_GIB, &mem_gib) < 0 ||
         opt_positive(y, item, base, "tflops", MAX_TFLOPS, &d.tflops_override) < 0)
         return -1;
-    d.memory_bytes = mem_gib * GIB;
+    d.memory_bytes = floor(mem_gib * GIB); /* whole bytes: the worker reads an integer */
     device_type_name(&d);
 
     if (push_devices(c, &d, count) < 0) {

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine_mem.h"
 #include "log.h"
 
 /* Analytic estimate knobs (replaced by measurements when a profile is given). */
@@ -131,12 +132,19 @@ static void compute_memory(const cost_model *cm, const cluster_device *d, const 
         if (*m0 < 0) *m0 = 0;
         return;
     }
-    int elem = cm->opts.bf16 ? 2 : 4;
-    int64_t max_unit = 0;
-    for (int u = 0; u < model_n_units(md); u++)
-        if (model_unit_params(md, u) > max_unit) max_unit = model_unit_params(md, u);
-    /* the unit being computed and the next one being gathered, plus the unit's fp32 gradient */
-    *m0 = (double)max_unit * (2 * elem + 4) + (is_cpu(d) ? 0 : GPU_RESERVED_BYTES);
+    bool sharded = cm->cl->n_devices > 1;
+    double reserve = is_cpu(d) ? 0 : GPU_RESERVED_BYTES;
+    if (!cm->opts.bf16) {
+        /* fp32: exactly what the engine allocates (planner/engine_mem.c), linear in m */
+        double at0 = (double)engine_compute_bytes(md, cm->seq, 0, sharded);
+        *m0 = at0 + reserve;
+        *m1 = (double)engine_compute_bytes(md, cm->seq, 1, sharded) - at0;
+        return;
+    }
+    /* bf16 (the CUDA device, issue 5): the unit computing and the next one gathered in bf16,
+     * plus two fp32 full-gradient slots */
+    int elem = 2;
+    *m0 = (double)engine_max_unit_params(md) * (2 * elem + 2 * 4) + reserve;
     double act = 0;
     for (unit_kind k = UNIT_EMBEDDING; k <= UNIT_HEAD; k++)
         act = fmax(act, model_kind_act_bytes(md, k, cm->seq, elem));
@@ -167,6 +175,7 @@ static void build_group(cost_model *cm, cost_group *g, int batch_limit) {
     g->peak_tflops = device_peak_tflops(d, cm->opts.bf16);
     g->usable_bytes = d->memory_bytes * cm->opts.mem_cap;
     compute_memory(cm, d, pe, &g->m0, &g->m1);
+    g->slot_bytes = cm->cl->n_devices > 1 ? 4.0 * (double)engine_max_unit_params(cm->model) * 4 : 0;
     g->mmax = 0;
     while (g->mmax < batch_limit && cost_compute_bytes(g, g->mmax + 1) <= g->usable_bytes)
         g->mmax++;
@@ -272,8 +281,12 @@ static void build_comm(cost_model *cm) {
     /* the forward gathers every block and the head; a tied head needs the embedding again */
     c->ag_fwd_ms = L * comm_line(cm, false, blk * gelem) + comm_line(cm, false, head * gelem) +
                    (md->tied_head ? comm_line(cm, false, emb * gelem) : 0);
-    c->ag_bwd_ms = L * comm_line(cm, false, blk * gelem);
-    c->rs_ms = L * comm_line(cm, true, blk * relem) + comm_line(cm, true, head * relem);
+    /* the backward recomputes every unit from its checkpoint, the embedding included */
+    c->ag_bwd_ms = L * comm_line(cm, false, blk * gelem) + comm_line(cm, false, emb * gelem);
+    /* a tied head's embedding gradient is reduce-scattered right after the head (behind the
+     * backward of the blocks), so only one full embedding gradient is ever held */
+    c->rs_ms = L * comm_line(cm, true, blk * relem) + comm_line(cm, true, head * relem) +
+               (md->tied_head ? comm_line(cm, true, emb * relem) : 0);
     c->rs_last_ms = comm_line(cm, true, emb * relem);
     c->measured = cm->opts.prof && profile_find_comm(cm->opts.prof, c->world, false);
     if (c->measured) c->uneven_factor = measured_uneven_factor(cm->opts.prof, c->world);

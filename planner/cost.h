@@ -42,6 +42,7 @@ typedef struct cost_group {
     const cluster_device *dev;
     double usable_bytes; /* capacity * mem_cap */
     double m0, m1; /* compute memory M(m) = m0 + m1*m bytes */
+    double slot_bytes; /* part of m0 only sharded state needs: gathered-parameter and full-gradient slots */
     int mlimit; /* largest batch one rank can get: B - (N-1) */
     int mmax; /* largest m <= mlimit with M(m) <= usable, 0 if none */
     double *fwd_ms, *bwd_ms; /* [mlimit+1], index m; per microbatch forward/backward phase */

@@ -127,6 +127,7 @@ static int finish(plan *p) {
         total += r->state_params;
         r->state_ratio = (double)r->state_params / (double)cm->params;
         r->compute_bytes = cost_compute_bytes(g, r->micro);
+        if (p->replicated) r->compute_bytes -= (int64_t)g->slot_bytes; /* nothing gathered */
         r->state_bytes = r->state_params * STATE_BYTES_PER_PARAM;
         r->peak_bytes = r->compute_bytes + r->state_bytes;
         r->usable_bytes = g->usable_bytes;

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "ckpt.h"
+#include "fileio.h"
 #include "json_util.h"
 #include "log.h"
 #include "model_json.h"
@@ -45,18 +46,33 @@ char *json_to_string_free(cJSON *o) {
     return s;
 }
 
+/* This rank's slice of each unit as JSON ({"rank","world","offsets","sizes"}). */
+static cJSON *shard_json(const trainer *t) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "rank", t->cfg.rank);
+    cJSON_AddNumberToObject(o, "world", t->cfg.world);
+    cJSON *off = cJSON_AddArrayToObject(o, "offsets"), *n = cJSON_AddArrayToObject(o, "sizes");
+    for (int u = 0; u < t->n_units; u++) {
+        cJSON_AddItemToArray(off, cJSON_CreateNumber((double)t->shard_off[u]));
+        cJSON_AddItemToArray(n, cJSON_CreateNumber((double)t->shard_n[u]));
+    }
+    return o;
+}
+
 int trainer_save(trainer *t, const char *path, err_t *err) {
     st_writer *w = st_writer_new();
     float **host = xcalloc((size_t)t->n_units * 3, sizeof(float *));
     float **state[3] = {t->params, t->adam_m, t->adam_v};
     for (int k = 0; k < 3; k++) {
         for (int u = 0; u < t->n_units; u++) {
+            int64_t n = t->shard_n[u];
+            if (!n) continue; /* this rank holds none of the unit */
             char name[96], unit[48];
-            float *h = host[k * t->n_units + u] = xmalloc((size_t)t->numel[u] * sizeof(float));
-            dev_download(&t->dev, h, state[k][u], (size_t)t->numel[u] * sizeof(float));
+            float *h = host[k * t->n_units + u] = xmalloc((size_t)n * sizeof(float));
+            dev_download(&t->dev, h, state[k][u], (size_t)n * sizeof(float));
             model_unit_name(&t->cfg.model, u, unit, sizeof unit);
             snprintf(name, sizeof name, "%s.%s", STATE_PREFIX[k], unit);
-            st_writer_add(w, name, ST_F32, 1, &t->numel[u], h);
+            st_writer_add(w, name, ST_F32, 1, &n, h);
         }
     }
     char step[32];
@@ -66,11 +82,13 @@ int trainer_save(trainer *t, const char *path, err_t *err) {
     st_writer_meta(w, "cephalo.step", step);
     char *model = json_to_string_free(model_to_json(&t->cfg.model));
     char *cfg = json_to_string_free(train_config_json(&t->cfg));
+    char *shard = t->sharded ? json_to_string_free(shard_json(t)) : NULL;
     st_writer_meta(w, "cephalo.model", model);
     st_writer_meta(w, "cephalo.train", cfg);
+    if (shard) st_writer_meta(w, "cephalo.shard", shard);
     int rc = st_writer_save(w, path, err);
     st_writer_free(w);
-    free(model), free(cfg);
+    free(model), free(cfg), free(shard);
     for (int i = 0; i < t->n_units * 3; i++) free(host[i]);
     free(host);
     return rc;
@@ -139,28 +157,75 @@ static void warn_changed_order(const st_file *f, const train_config *now) {
     cJSON_Delete(o), cJSON_Delete(cur);
 }
 
-int trainer_resume(trainer *t, const char *path, err_t *err) {
-    st_file *f;
-    if (st_open(&f, path, err) < 0) return -1;
-    int64_t step = 0;
-    if (read_step(f, &step, err) < 0 || check_model(f, &t->cfg.model, err) < 0) goto fail;
-    warn_changed_order(f, &t->cfg);
+/* Copies this rank's slice of every unit from the checkpoint's pieces. */
+static int load_state(trainer *t, ckpt_set *set, err_t *err) {
     float **state[3] = {t->params, t->adam_m, t->adam_v};
     for (int k = 0; k < 3; k++) {
         for (int u = 0; u < t->n_units; u++) {
-            char name[96], unit[48];
-            const void *data;
+            int64_t n = t->shard_n[u];
+            if (!n) continue;
+            float *h = xmalloc((size_t)n * sizeof(float));
+            char unit[48];
             model_unit_name(&t->cfg.model, u, unit, sizeof unit);
-            snprintf(name, sizeof name, "%s.%s", STATE_PREFIX[k], unit);
-            if (st_expect(f, name, ST_F32, 1, &t->numel[u], &data, err) < 0) goto fail;
-            dev_upload(&t->dev, state[k][u], data, (size_t)t->numel[u] * sizeof(float));
+            int rc = ckpt_set_read(set, STATE_PREFIX[k], u, unit, t->shard_off[u], n, h, err);
+            if (rc == 0) dev_upload(&t->dev, state[k][u], h, (size_t)n * sizeof(float));
+            free(h);
+            if (rc < 0) return -1;
         }
     }
+    return 0;
+}
+
+int trainer_resume(trainer *t, const char *path, err_t *err) {
+    ckpt_set *set = ckpt_set_open(path, &t->cfg.model, err);
+    if (!set) return -1;
+    const st_file *f = ckpt_set_first(set, err);
+    int64_t step = 0;
+    int rc = -1;
+    if (!f || read_step(f, &step, err) < 0 || check_model(f, &t->cfg.model, err) < 0) goto out;
+    if (step != ckpt_set_step(set)) {
+        err_set(err, "%s: step %lld, but the checkpoint's index says %lld", st_label(f),
+                (long long)step, (long long)ckpt_set_step(set));
+        goto out;
+    }
+    warn_changed_order(f, &t->cfg);
+    if (load_state(t, set, err) < 0) goto out;
     t->step = step;
     t->samples_seen = step * t->cfg.global_batch;
-    st_close(f);
-    return 0;
-fail:
-    st_close(f);
-    return -1;
+    rc = 0;
+out:
+    ckpt_set_close(set);
+    return rc;
+}
+
+static int barrier(trainer *t, const char *what, err_t *err) {
+    return t->comm ? comm_run(t->comm, comm_barrier(t->comm, what), err) : 0;
+}
+
+int ckpt_save_step(trainer *t, const char *dir, err_t *err) {
+    char name[64], path[1400], sub[1200];
+    int rank = t->cfg.rank;
+    if (!t->sharded) {
+        /* one rank, or replicated (every rank holds the same state): rank 0 writes it whole */
+        snprintf(name, sizeof name, "step_%08lld.safetensors", (long long)t->step);
+        snprintf(path, sizeof path, "%s/%s", dir, name);
+        if (rank == 0 && trainer_save(t, path, err) < 0) return -1;
+    } else {
+        snprintf(name, sizeof name, "step_%08lld", (long long)t->step);
+        snprintf(sub, sizeof sub, "%s/%s", dir, name);
+        char file[64];
+        ckpt_shard_name(rank, file, sizeof file);
+        snprintf(path, sizeof path, "%s/%s", sub, file);
+        if (file_make_dir(sub, false, err) < 0 || trainer_save(t, path, err) < 0) return -1;
+    }
+    /* the index and 'latest' name only files that are complete on every rank */
+    if (barrier(t, "checkpoint files", err) < 0) return -1;
+    if (rank == 0) {
+        if (t->sharded && ckpt_write_index(sub, t, err) < 0) return -1;
+        char latest[1100], line[80];
+        snprintf(latest, sizeof latest, "%s/latest", dir);
+        int n = snprintf(line, sizeof line, "%s\n", name);
+        if (file_write_atomic(latest, line, (size_t)n, err) < 0) return -1;
+    }
+    return barrier(t, "checkpoint index", err);
 }

@@ -16,4 +16,24 @@ int ckpt_read_model(const st_file *f, model_spec *m, err_t *err);
 /* Renders compactly and frees the object. */
 char *json_to_string_free(cJSON *o);
 
+/* ---- a checkpoint as pieces (ckpt_set.c) ---- */
+typedef struct ckpt_set ckpt_set;
+/* path: a checkpoint file (whole units, or one rank's slices), a sharded step directory, or its
+ * index.json. The pieces must tile every unit of model m exactly. */
+ckpt_set *ckpt_set_open(const char *path, const model_spec *m, err_t *err);
+/* The first piece (opened): its metadata describes the checkpoint. */
+const st_file *ckpt_set_first(ckpt_set *s, err_t *err);
+int64_t ckpt_set_step(const ckpt_set *s);
+/* Elements [lo, lo+n) of tensor "KIND.UNIT_NAME" of unit `unit`, assembled from the pieces. */
+int ckpt_set_read(ckpt_set *s, const char *kind, int unit, const char *unit_name, int64_t lo,
+                  int64_t n, float *out, err_t *err);
+void ckpt_set_close(ckpt_set *s);
+/* The name of rank r's file in a sharded step directory, and the directory's index (rank 0
+ * writes it after every rank's file is complete). */
+void ckpt_shard_name(int rank, char *out, size_t n);
+int ckpt_write_index(const char *dir, const trainer *t, err_t *err);
+/* Writes checkpoint DIR/step_NNNNNNNN (a file with one rank or a replicated job, else a
+ * directory of per-rank files and an index) and points DIR/latest at it; collective. */
+int ckpt_save_step(trainer *t, const char *dir, err_t *err);
+
 #endif

@@ -17,6 +17,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "ckpt.h"
+#include "comm.h"
 #include "dump.h"
 #include "fileio.h"
 #include "export.h"
@@ -202,9 +204,6 @@ static int resolve_job(worker_opts *o) {
         c->global_batch = c->batch = (int)o->batch;
         c->micro = (int)m, c->micros = (int)(o->batch / m);
     }
-    if (c->world > 1)
-        return bad("WORLD_SIZE %d: training across ranks needs the socket backend, which is "
-                   "not built yet; this worker trains one rank", c->world);
     if (c->warmup >= c->steps && c->warmup > 0)
         return bad("--warmup %lld must be below --steps %lld", (long long)c->warmup, (long long)c->steps);
     return 0;
@@ -238,24 +237,16 @@ static void log_step(FILE *f, const trainer *t, const step_stats *st) {
     fprintf(f,
             "{\"step\":%lld,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,\"step_ms\":%.3f,"
             "\"tokens_per_s\":%.1f,\"samples_per_s\":%.3f,\"peak_bytes\":%lld,\"rss_peak_bytes\":%lld,"
-            "\"rank\":%d}\n",
+            "\"rank\":%d,\"world\":%d,\"gathers\":%lld,\"reduce_scatters\":%lld,\"allreduces\":%lld,"
+            "\"bytes_sent\":%lld,\"comm_wait_ms\":%.3f}\n",
             (long long)st->step, st->loss, st->lr, st->grad_norm, st->step_ms, st->tokens_per_s,
-            st->samples_per_s, (long long)st->peak_bytes, peak_rss_bytes(), t->cfg.rank);
+            st->samples_per_s, (long long)st->peak_bytes, peak_rss_bytes(), t->cfg.rank,
+            t->cfg.world, (long long)st->gathers, (long long)st->reduce_scatters,
+            (long long)st->allreduces, (long long)st->bytes_sent, st->comm_wait_ms);
     fflush(f);
 }
 
 /* ---- checkpoints ---- */
-
-static int save_checkpoint(trainer *t, const char *dir, err_t *err) {
-    char path[1024];
-    snprintf(path, sizeof path, "%s/step_%08lld.safetensors", dir, (long long)t->step);
-    if (trainer_save(t, path, err) < 0) return -1;
-    /* 'latest' names the newest complete checkpoint; replaced atomically after it exists. */
-    char latest[1100], name[64];
-    snprintf(latest, sizeof latest, "%s/latest", dir);
-    int n = snprintf(name, sizeof name, "step_%08lld.safetensors\n", (long long)t->step);
-    return file_write_atomic(latest, name, (size_t)n, err);
-}
 
 /* --resume auto: DIR/latest names the checkpoint, if there is one. */
 static int resume_path(const worker_opts *o, char *out, size_t n, err_t *err) {
@@ -282,8 +273,12 @@ static int run_training(trainer *t, const worker_opts *o, FILE *log, dumper *dp)
     time_t last_time = 0;
     while (t->step < t->cfg.steps) {
         step_stats st;
-        /* a step fails only on bad data (a token beyond the vocabulary, a label out of range) */
-        if (trainer_step(t, &st, &err) < 0) return fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_BAD_INPUT;
+        /* a step fails on bad data (a token beyond the vocabulary, a label out of range) or
+         * when a collective fails (a peer died or stalled) */
+        if (trainer_step(t, &st, &err) < 0) {
+            fprintf(stderr, "cephalo-worker: %s\n", err.msg);
+            return t->comm_failed ? EXIT_RUNTIME : EXIT_BAD_INPUT;
+        }
         if (!isfinite(st.loss)) {
             fprintf(stderr, "cephalo-worker: step %lld: the loss is %g; stopping (lower --lr?)\n",
                     (long long)st.step, st.loss);
@@ -298,16 +293,14 @@ static int run_training(trainer *t, const worker_opts *o, FILE *log, dumper *dp)
             last_time = now, last_print = st.step;
         }
         bool ckpt = o->ckpt_dir && ((o->ckpt_every && t->step % o->ckpt_every == 0) || t->step == t->cfg.steps);
-        if (ckpt && save_checkpoint(t, o->ckpt_dir, &err) < 0) return fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_RUNTIME;
+        if (ckpt && ckpt_save_step(t, o->ckpt_dir, &err) < 0) return fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_RUNTIME;
     }
     return 0;
 }
 
-static int cmd_train(int argc, char **argv) {
-    worker_opts o = {0};
-    train_config_defaults(&o.cfg);
-    int rc = parse_train(argc, argv, &o);
-    if (rc || (rc = resolve_job(&o))) return rc;
+/* One rank's training once the job is resolved (and, across ranks, the communicator open). */
+static int train_rank(worker_opts o) {
+    int rc = 0;
     err_t err;
     if (o.ckpt_dir && file_make_dir(o.ckpt_dir, true, &err) < 0) return bad("--ckpt-dir: %s", err.msg);
     trainer *t = trainer_new(&o.cfg, &err);
@@ -342,6 +335,35 @@ static int cmd_train(int argc, char **argv) {
     if (dp && dump_close(dp, t, &err) < 0 && !rc) rc = (fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_RUNTIME);
     if (log) fclose(log);
     trainer_free(t);
+    return rc;
+}
+
+static int cmd_train(int argc, char **argv) {
+    worker_opts o = {0};
+    train_config_defaults(&o.cfg);
+    int rc = parse_train(argc, argv, &o);
+    if (rc || (rc = resolve_job(&o))) return train_config_release(&o.cfg), rc;
+    err_t err;
+    comm *c = NULL;
+    if (o.cfg.world > 1) {
+        comm_config cc;
+        if (comm_config_from_env(&cc, o.cfg.rank, o.cfg.world, &err) < 0) {
+            train_config_release(&o.cfg);
+            return bad("%s", err.msg);
+        }
+        if (!(c = comm_open(&cc, &err))) {
+            train_config_release(&o.cfg);
+            return fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_RUNTIME;
+        }
+        o.cfg.comm = c;
+    }
+    rc = train_rank(o);
+    if (c) {
+        /* peers then fail at once instead of waiting for the timeout */
+        if (rc) comm_abort(c, "the rank failed");
+        comm_close(c);
+    }
+    train_config_release(&o.cfg);
     return rc;
 }
 

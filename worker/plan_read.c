@@ -1,9 +1,11 @@
 /* plan_read.c - the worker's reading of a plan JSON (DESIGN 5.2): the model, the global batch,
  * and this rank's batch, microbatches, memory and threads. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "json_util.h"
+#include "log.h"
 #include "model_json.h"
 #include "plan_read.h"
 
@@ -57,7 +59,7 @@ static int read_rank(const json_ctx *c, const cJSON *ranks, int rank, train_conf
         if (r < rank) offset += b;
         if (r == rank) {
             if (read_int(c, o, path, "microbatch", 1, 1 << 20, &m) < 0 ||
-                read_int(c, o, path, "microbatches", 1, 1 << 20, &l) < 0 ||
+                read_int(c, o, path, "microbatches", b ? 1 : 0, 1 << 20, &l) < 0 ||
                 read_int(c, o, path, "memory_bytes", 0, 1L << 50, &mem) < 0)
                 return -1;
             if (json_get(o, "threads") && read_int(c, o, path, "threads", 1, 4096, &threads) < 0)
@@ -72,6 +74,55 @@ static int read_rank(const json_ctx *c, const cJSON *ranks, int rank, train_conf
     cfg->memory_bytes = mem;
     cfg->threads = (int)threads;
     return 0;
+}
+
+/* units[u].shard_sizes for every unit of the model, each summing to the unit's size. */
+static int read_shards(const json_ctx *c, const cJSON *root, int world, train_config *cfg) {
+    const cJSON *units, *rep;
+    int n_units = model_n_units(&cfg->model), n;
+    if (json_require(c, root, "", "units", &units) < 0 || json_expect_array(c, units, "units", &n) < 0)
+        return -1;
+    if (n != n_units)
+        return err_set(c->err, "%s: units has %d entries, but model %s has %d units", c->file, n,
+                       cfg->model.name, n_units);
+    bool replicated = false;
+    if ((rep = json_get(root, "replicated")) && json_bool(c, rep, "replicated", &replicated) < 0)
+        return -1;
+    int64_t *sizes = xcalloc((size_t)n_units * (size_t)world, sizeof(int64_t));
+    for (int u = 0; u < n_units; u++) {
+        char path[64], at[96];
+        const cJSON *sz;
+        int m;
+        int64_t sum = 0, numel = model_unit_params(&cfg->model, u);
+        snprintf(path, sizeof path, "units[%d]", u);
+        if (json_require(c, cJSON_GetArrayItem(units, u), path, "shard_sizes", &sz) < 0 ||
+            json_expect_array(c, sz, path, &m) < 0)
+            goto fail;
+        snprintf(at, sizeof at, "%s.shard_sizes", path);
+        if (m != world) {
+            err_set(c->err, "%s: %s has %d entries, expected one per rank (%d)", c->file, at, m, world);
+            goto fail;
+        }
+        for (int r = 0; r < world; r++) {
+            long v;
+            char el[128];
+            snprintf(el, sizeof el, "%s[%d]", at, r);
+            if (json_int(c, cJSON_GetArrayItem(sz, r), el, 0, (long)numel, &v) < 0) goto fail;
+            sizes[(int64_t)u * world + r] = v;
+            sum += v;
+        }
+        if (sum != numel) {
+            err_set(c->err, "%s: %s add up to %lld, but unit %d has %lld parameters", c->file, at,
+                    (long long)sum, u, (long long)numel);
+            goto fail;
+        }
+    }
+    cfg->shard_sizes = sizes;
+    cfg->replicated = replicated;
+    return 0;
+fail:
+    free(sizes);
+    return -1;
 }
 
 int plan_read(const char *path, int rank, int world, train_config *cfg, err_t *err) {
@@ -104,6 +155,7 @@ int plan_read(const char *path, int rank, int world, train_config *cfg, err_t *e
         goto out;
     }
     rc = read_rank(&c, ranks, rank, cfg);
+    if (rc == 0 && world > 1) rc = read_shards(&c, root, world, cfg);
     cfg->rank = rank, cfg->world = world;
 out:
     cJSON_Delete(root);

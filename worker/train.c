@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "fsdp.h"
 #include "log.h"
 #include "strutil.h"
 #include "train.h"
@@ -30,6 +31,11 @@ void train_config_defaults(train_config *c) {
     c->warmup = 0;
     c->seed = 1;
     c->data = "synthetic";
+}
+
+void train_config_release(train_config *c) {
+    free(c->shard_sizes);
+    c->shard_sizes = NULL;
 }
 
 double train_lr(const train_config *c, int64_t step) {
@@ -72,23 +78,28 @@ static int open_data(trainer *t, err_t *err) {
         }                                                                         \
     } while (0)
 
+/* This rank's slice of every unit: parameters, their gradient and the AdamW moments. A rank may
+ * hold nothing of a unit (a zero shard): its pointers stay NULL. */
 static int alloc_state(trainer *t, err_t *err) {
-    t->numel = xcalloc((size_t)t->n_units, sizeof(int64_t));
     float ***sets[] = {&t->params, &t->grads, &t->adam_m, &t->adam_v};
     const char *what[] = {"parameters", "gradients", "AdamW first moments", "AdamW second moments"};
     for (int s = 0; s < 4; s++) *sets[s] = xcalloc((size_t)t->n_units, sizeof(float *));
     for (int u = 0; u < t->n_units; u++) {
-        t->numel[u] = model_unit_params(&t->cfg.model, u);
-        dev_set_context(&t->dev, "set-up of unit %d", u);
-        for (int s = 0; s < 4; s++) DEV_ALLOC((*sets[s])[u], t->numel[u] * 4, what[s]);
+        int64_t n = t->shard_n[u];
+        dev_set_context(&t->dev, "set-up of unit %d (a shard of %lld of its %lld parameters)", u,
+                        (long long)n, (long long)t->numel[u]);
+        for (int s = 0; s < 4 && n; s++) DEV_ALLOC((*sets[s])[u], n * 4, what[s]);
     }
     for (int u = 0; u < t->n_units; u++) {
-        float *host = xmalloc((size_t)t->numel[u] * sizeof(float));
-        wm_init_range(&t->cfg.model, u, t->cfg.seed, 0, t->numel[u], host);
-        dev_upload(&t->dev, t->params[u], host, (size_t)t->numel[u] * sizeof(float));
+        int64_t n = t->shard_n[u], off = t->shard_off[u];
+        if (!n) continue;
+        /* initialisation is a function of (seed, unit, index): any sharding gives the same model */
+        float *host = xmalloc((size_t)n * sizeof(float));
+        wm_init_range(&t->cfg.model, u, t->cfg.seed, off, off + n, host);
+        dev_upload(&t->dev, t->params[u], host, (size_t)n * sizeof(float));
         free(host);
-        dev_zero(&t->dev, t->adam_m[u], t->numel[u]);
-        dev_zero(&t->dev, t->adam_v[u], t->numel[u]);
+        dev_zero(&t->dev, t->adam_m[u], n);
+        dev_zero(&t->dev, t->adam_v[u], n);
     }
     return 0;
 }
@@ -154,7 +165,14 @@ trainer *trainer_new(const train_config *cfg, err_t *err) {
         free(t);
         return NULL;
     }
-    if (open_data(t, err) < 0 || alloc_state(t, err) < 0 || alloc_buffers(t, err) < 0) {
+    t->numel = xcalloc((size_t)t->n_units, sizeof(int64_t));
+    for (int u = 0; u < t->n_units; u++) t->numel[u] = model_unit_params(&cfg->model, u);
+    if (cfg->shard_sizes) { /* the caller's array: keep a copy */
+        size_t bytes = (size_t)t->n_units * (size_t)cfg->world * sizeof(int64_t);
+        t->cfg.shard_sizes = memcpy(xmalloc(bytes), cfg->shard_sizes, bytes);
+    }
+    if (fsdp_setup(t, err) < 0 || open_data(t, err) < 0 || alloc_state(t, err) < 0 ||
+        fsdp_alloc_slots(t, err) < 0 || alloc_buffers(t, err) < 0) {
         trainer_free(t);
         return NULL;
     }
@@ -163,12 +181,13 @@ trainer *trainer_new(const train_config *cfg, err_t *err) {
 
 void trainer_free(trainer *t) {
     if (!t) return;
-    for (int u = 0; t->numel && u < t->n_units; u++) {
+    for (int u = 0; t->params && u < t->n_units; u++) {
         dev_free(&t->dev, t->params[u]);
         dev_free(&t->dev, t->grads[u]);
         dev_free(&t->dev, t->adam_m[u]);
         dev_free(&t->dev, t->adam_v[u]);
     }
+    fsdp_free(t);
     free(t->params), free(t->grads), free(t->adam_m), free(t->adam_v), free(t->numel);
     if (t->acts) wm_acts_free(&t->dev, t->acts);
     void *devbufs[] = {t->x, t->y, t->dy, t->dx, t->ids_dev, t->tgt_dev, t->img_dev};
@@ -228,60 +247,97 @@ static void stage_microbatch(trainer *t, int j, wm_batch *b, bool upload) {
     dev_upload(&t->dev, t->tgt_dev, t->tgt_host + j * rows, (size_t)rows * 4);
 }
 
-static void forward_units(trainer *t) {
+/* Forward: unit u computes from parameter slot s while unit u+1 is gathered into the other.
+ * Returns the slot the head's parameters arrive in, or -1 on a communication failure. */
+static int forward_units(trainer *t, err_t *err) {
     device *d = &t->dev;
-    int head = t->n_units - 1;
-    for (int u = 0; u < head; u++) {
+    int head = t->n_units - 1, l = t->cfg.micros, s = 0;
+    fsdp_prefetch(t, 0, s);
+    for (int u = 0; u < head; u++, s ^= 1) {
+        const float *p = fsdp_await(t, u, s, err);
+        if (!p) return -1;
+        fsdp_prefetch(t, u + 1, s ^ 1);
         dev_set_context(d, "unit %d forward", u);
-        for (int j = 0; j < t->cfg.micros; j++) {
+        for (int j = 0; j < l; j++) {
             wm_batch b;
             stage_microbatch(t, j, &b, u == 0);
-            if (u > 0) dev_upload(d, t->x, t->boundary[(u - 1) * t->cfg.micros + j], act_bytes(t));
-            wm_unit_forward(d, &t->cfg.model, u, t->params[u], &b, t->x, t->y, t->acts);
-            dev_download(d, t->boundary[u * t->cfg.micros + j], t->y, act_bytes(t));
+            if (u > 0) dev_upload(d, t->x, t->boundary[(u - 1) * l + j], act_bytes(t));
+            wm_unit_forward(d, &t->cfg.model, u, p, &b, t->x, t->y, t->acts);
+            dev_download(d, t->boundary[u * l + j], t->y, act_bytes(t));
         }
     }
+    return s;
 }
 
-static double head_units(trainer *t) {
+/* The head, forward and backward fused, from parameter slot s. A tied head also needs the
+ * embedding's parameters (gathered into the other slot, free since the last block finished) and
+ * adds to the embedding's gradient, which is reduce-scattered at once so that only one full
+ * embedding gradient ever exists. Returns the slot the last block's parameters arrive in. */
+static int head_units(trainer *t, int s, double *loss, err_t *err) {
     device *d = &t->dev;
-    int head = t->n_units - 1, l = t->cfg.micros;
     const model_spec *m = &t->cfg.model;
+    int head = t->n_units - 1, l = t->cfg.micros;
+    bool tied = m->tied_head;
     int64_t per_mb = m->arch == ARCH_VIT ? (int64_t)t->cfg.micro * m->n_classes
                                          : (int64_t)t->cfg.micro * t->tokens * m->vocab;
-    double loss = 0;
+    const float *p = fsdp_await(t, head, s, err), *emb = NULL;
+    if (!p) return -1;
+    if (tied) {
+        fsdp_prefetch(t, 0, s ^ 1);
+        if (!(emb = fsdp_await(t, 0, s ^ 1, err))) return -1;
+    } else {
+        fsdp_prefetch(t, head - 1, s ^ 1); /* behind the head's compute */
+    }
+    float *g = fsdp_grad_begin(t, head, 0, err), *gemb = NULL;
+    if (!g || (tied && !(gemb = fsdp_grad_begin(t, 0, 1, err)))) return -1;
     dev_set_context(d, "head forward and backward");
+    *loss = 0;
     for (int j = 0; j < l; j++) {
         wm_batch b;
         stage_microbatch(t, j, &b, true);
         dev_upload(d, t->x, t->boundary[(head - 1) * l + j], act_bytes(t));
         float *lo = t->logits_out && t->step == 0 ? t->logits_out + j * per_mb : NULL;
-        loss += wm_head_step(d, m, t->params[head], t->grads[head], t->params[0], t->grads[0], &b,
-                             t->x, t->dx, t->acts, lo);
+        *loss += wm_head_step(d, m, p, g, emb, gemb, &b, t->x, t->dx, t->acts, lo);
         dev_download(d, t->grad_pool[j], t->dx, act_bytes(t));
     }
-    return loss;
+    fsdp_grad_end(t, head, 0);
+    /* replicated plans reduce the embedding once, after its own backward */
+    if (tied && t->sharded) fsdp_grad_end(t, 0, 1);
+    if (!tied) return s ^ 1;
+    fsdp_prefetch(t, head - 1, s);
+    return s;
 }
 
-static void backward_units(trainer *t) {
+/* Backward: units in reverse, each gathered once for all l microbatches (recompute from the
+ * offloaded checkpoint, then back-propagate), gradients accumulated over the microbatches in a
+ * gradient slot and reduce-scattered once. */
+static int backward_units(trainer *t, int s, err_t *err) {
     device *d = &t->dev;
     int head = t->n_units - 1, l = t->cfg.micros;
-    for (int u = head - 1; u >= 0; u--) {
+    int gi = t->cfg.model.tied_head ? 0 : 1; /* the gradient slot the head left free */
+    for (int u = head - 1; u >= 0; u--, s ^= 1, gi ^= 1) {
+        const float *p = fsdp_await(t, u, s, err);
+        if (!p) return -1;
+        if (u > 0) fsdp_prefetch(t, u - 1, s ^ 1);
+        float *g = fsdp_grad_begin(t, u, gi, err);
+        if (!g) return -1;
         dev_set_context(d, "unit %d backward", u);
         for (int j = 0; j < l; j++) {
             wm_batch b;
             stage_microbatch(t, j, &b, u == 0);
             if (u > 0) dev_upload(d, t->x, t->boundary[(u - 1) * l + j], act_bytes(t));
             dev_upload(d, t->dy, t->grad_pool[j], act_bytes(t));
-            wm_unit_forward(d, &t->cfg.model, u, t->params[u], &b, t->x, t->y, t->acts);
-            wm_unit_backward(d, &t->cfg.model, u, t->params[u], t->grads[u], &b, t->x, t->dy,
-                             u > 0 ? t->dx : NULL, t->acts);
+            wm_unit_forward(d, &t->cfg.model, u, p, &b, t->x, t->y, t->acts);
+            wm_unit_backward(d, &t->cfg.model, u, p, g, &b, t->x, t->dy, u > 0 ? t->dx : NULL,
+                             t->acts);
             if (u > 0) dev_download(d, t->grad_pool[j], t->dx, act_bytes(t));
         }
+        fsdp_grad_end(t, u, gi);
     }
+    return fsdp_finish_grads(t, err);
 }
 
-/* AdamW on every tensor of every unit; decay only where the layout says so. */
+/* AdamW on this rank's slice of every tensor; decay only where the layout says so. */
 static void optimizer_step(trainer *t, double lr, float gscale) {
     const train_config *c = &t->cfg;
     double bc1 = 1 - pow(c->beta1, (double)(t->step + 1));
@@ -289,33 +345,68 @@ static void optimizer_step(trainer *t, double lr, float gscale) {
     for (int u = 0; u < t->n_units; u++) {
         wm_tensor ts[WM_MAX_TENSORS];
         int n = wm_unit_tensors(&c->model, u, ts);
+        int64_t lo = t->shard_off[u], hi = lo + t->shard_n[u];
         for (int i = 0; i < n; i++) {
-            int64_t o = ts[i].offset;
+            int64_t a = ts[i].offset > lo ? ts[i].offset : lo;
+            int64_t b = ts[i].offset + ts[i].numel < hi ? ts[i].offset + ts[i].numel : hi;
+            if (a >= b) continue;
+            int64_t o = a - lo;
             OP(&t->dev, adamw, t->params[u] + o, t->grads[u] + o, t->adam_m[u] + o,
-               t->adam_v[u] + o, ts[i].numel, (float)lr, (float)c->beta1, (float)c->beta2,
+               t->adam_v[u] + o, b - a, (float)lr, (float)c->beta1, (float)c->beta2,
                (float)c->eps, ts[i].decay ? (float)c->weight_decay : 0.0f, (float)bc1,
                (float)bc2, gscale);
         }
     }
 }
 
+/* Loss and gradient norm over the whole job: each rank's loss is its share of the global mean;
+ * the squared norm is summed over the shards (a replicated rank already has all of it). */
+static int global_loss_and_norm(trainer *t, double loss, double *gloss, double *norm, err_t *err) {
+    double sumsq = 0;
+    for (int u = 0; u < t->n_units; u++)
+        if (t->shard_n[u]) sumsq += OP(&t->dev, sumsq, t->grads[u], t->shard_n[u]);
+    double v[2] = {loss, t->sharded ? sumsq : 0};
+    if (fsdp_allreduce_sums(t, v, 2, err) < 0) return -1;
+    *gloss = v[0];
+    *norm = sqrt(t->sharded ? v[1] : sumsq);
+    return 0;
+}
+
+static int run_step(trainer *t, double *loss, double *norm, err_t *err) {
+    for (int u = 0; u < t->n_units; u++)
+        if (t->shard_n[u]) dev_zero(&t->dev, t->grads[u], t->shard_n[u]);
+    double local = 0;
+    int s = forward_units(t, err);
+    if (s < 0 || (s = head_units(t, s, &local, err)) < 0 || backward_units(t, s, err) < 0 ||
+        global_loss_and_norm(t, local, loss, norm, err) < 0) {
+        if (t->comm) fsdp_drain(t);
+        return -1;
+    }
+    return 0;
+}
+
 int trainer_step(trainer *t, step_stats *st, err_t *err) {
     double t0 = now_ms();
+    comm_stats c0 = {0}, c1 = {0};
+    if (t->comm) comm_get_stats(t->comm, &c0);
+    int64_t g0 = t->n_gathers, r0 = t->n_reduce_scatters, a0 = t->n_allreduces;
+    t->wait_ms = 0;
     if (load_samples(t, err) < 0) return err_prefix(err, "step %lld", (long long)t->step);
-    for (int u = 0; u < t->n_units; u++) dev_zero(&t->dev, t->grads[u], t->numel[u]);
-    forward_units(t);
-    double loss = head_units(t);
-    backward_units(t);
-    double sumsq = 0;
-    for (int u = 0; u < t->n_units; u++) sumsq += OP(&t->dev, sumsq, t->grads[u], t->numel[u]);
-    double norm = sqrt(sumsq), lr = train_lr(&t->cfg, t->step);
+    double loss, norm;
+    if (run_step(t, &loss, &norm, err) < 0) return err_prefix(err, "step %lld", (long long)t->step);
+    double lr = train_lr(&t->cfg, t->step);
     double coef = t->cfg.clip > 0 ? t->cfg.clip / (norm + 1e-6) : 1.0;
     optimizer_step(t, lr, coef < 1.0 ? (float)coef : 1.0f);
     t->dev.ops->sync(&t->dev);
     double ms = now_ms() - t0;
+    if (t->comm) comm_get_stats(t->comm, &c1);
     *st = (step_stats){.step = t->step, .loss = loss, .lr = lr, .grad_norm = norm, .step_ms = ms,
-                       .peak_bytes = t->dev.peak_bytes};
-    st->samples_per_s = t->cfg.batch / (ms / 1e3);
+                       .peak_bytes = t->dev.peak_bytes, .gathers = t->n_gathers - g0,
+                       .reduce_scatters = t->n_reduce_scatters - r0,
+                       .allreduces = t->n_allreduces - a0,
+                       .bytes_sent = c1.bytes_sent - c0.bytes_sent, .comm_wait_ms = t->wait_ms};
+    /* the job's throughput: every rank finishes the step together */
+    st->samples_per_s = t->cfg.global_batch / (ms / 1e3);
     st->tokens_per_s = st->samples_per_s * t->tokens;
     t->step++;
     t->samples_seen += t->cfg.global_batch;
@@ -323,9 +414,11 @@ int trainer_step(trainer *t, step_stats *st, err_t *err) {
 }
 
 void trainer_get_params(trainer *t, int unit, float *out) {
-    dev_download(&t->dev, out, t->params[unit], (size_t)t->numel[unit] * sizeof(float));
+    if (t->shard_n[unit])
+        dev_download(&t->dev, out, t->params[unit], (size_t)t->shard_n[unit] * sizeof(float));
 }
 
 void trainer_get_grads(trainer *t, int unit, float *out) {
-    dev_download(&t->dev, out, t->grads[unit], (size_t)t->numel[unit] * sizeof(float));
+    if (t->shard_n[unit])
+        dev_download(&t->dev, out, t->grads[unit], (size_t)t->shard_n[unit] * sizeof(float));
 }

@@ -12,6 +12,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "comm.h"
 #include "data.h"
 #include "device.h"
 #include "model.h"
@@ -24,6 +25,12 @@ typedef struct train_config {
     int batch, micro, micros; /* this rank: b = m * l */
     int64_t sample_offset; /* this rank's first position in the global batch */
     int rank, world;
+    /* sharding (the plan's shard_sizes): [n_units][world] element counts, rank i's slice of a
+     * unit starting at the prefix sum; NULL = the whole state on this rank (world 1). Owned by
+     * whoever fills the config (plan_read: free with train_config_release). */
+    int64_t *shard_sizes;
+    bool replicated; /* every rank holds the whole state; gradients are all-reduced */
+    comm *comm; /* the job's communicator; NULL when world is 1 */
     /* optimizer and schedule (docs/worker-model.md) */
     int64_t steps;
     double lr, min_lr, beta1, beta2, eps, weight_decay, clip;
@@ -41,6 +48,9 @@ typedef struct step_stats {
     double loss, lr, grad_norm;
     double step_ms, tokens_per_s, samples_per_s;
     int64_t peak_bytes;
+    /* collectives this step (engine counters) and the bytes this rank sent */
+    int64_t gathers, reduce_scatters, allreduces, bytes_sent;
+    double comm_wait_ms; /* time the step waited for collectives (exposed communication) */
 } step_stats;
 
 typedef struct trainer {
@@ -48,8 +58,21 @@ typedef struct trainer {
     device dev;
     data_source *data;
     int n_units, tokens; /* tokens per sample */
-    int64_t *numel; /* per unit */
-    float **params, **grads, **adam_m, **adam_v; /* device, per unit */
+    int64_t *numel; /* per unit: the whole unit */
+    /* this rank's slice of each unit: [shard_off, shard_off + shard_n) */
+    int64_t *shard_off, *shard_n;
+    bool sharded; /* world > 1 and not replicated: parameters are gathered before use */
+    comm *comm; /* cfg.comm (not owned) */
+    float **params, **grads, **adam_m, **adam_v; /* device, per unit: this rank's slice */
+    /* sharded: gathered parameters of the unit computing and the next one arriving, and the full
+     * gradients of the unit back-propagating and the previous one being reduce-scattered */
+    float *pslot[2], *gslot[2];
+    int pslot_unit[2], gslot_unit[2];
+    comm_req *pslot_req[2], *gslot_req[2];
+    comm_req **allreduce_req; /* replicated: per unit, the gradient all-reduce in flight */
+    int64_t n_gathers, n_reduce_scatters, n_allreduces; /* running engine counters */
+    double wait_ms;
+    bool comm_failed; /* a step failed in a collective (a peer died or stalled) */
     wm_acts *acts;
     float *x, *y, *dy, *dx; /* device [m*T, d] */
     int32_t *ids_dev, *tgt_dev;
@@ -69,6 +92,7 @@ typedef struct trainer {
 
 /* Applies defaults (docs/cli.md) to a zeroed config. */
 void train_config_defaults(train_config *c);
+void train_config_release(train_config *c);
 /* Learning rate of a 0-based step (warmup then cosine to min_lr). */
 double train_lr(const train_config *c, int64_t step);
 
@@ -76,7 +100,8 @@ trainer *trainer_new(const train_config *cfg, err_t *err);
 void trainer_free(trainer *t);
 int trainer_step(trainer *t, step_stats *st, err_t *err);
 
-/* Host copies of unit u's parameters / gradients (numel[u] floats). */
+/* Host copies of this rank's slice of unit u's parameters / gradients (shard_n[u] floats; the
+ * whole unit with one rank). */
 void trainer_get_params(trainer *t, int unit, float *out);
 void trainer_get_grads(trainer *t, int unit, float *out);
 

@@ -6,6 +6,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "engine_mem.h"
 #include "log.h"
 #include "wmodel.h"
 
@@ -24,51 +25,15 @@ struct wm_acts {
     float *logits, *losses, *patches, *rows;
 };
 
-/* ---- shapes ---- */
+/* ---- shapes (the sizes live in planner/engine_mem.c, which the planner predicts from) ---- */
 
-static int qkv_width(const model_spec *m) {
-    int hd = m->d_model / m->n_head;
-    return (m->n_head + 2 * m->n_kv_head) * hd;
-}
-static int wide(const model_spec *m) { return m->d_ff > m->d_model ? m->d_ff : m->d_model; }
+static int qkv_width(const model_spec *m) { return engine_qkv_width(m); }
 static int vit_patches(const model_spec *m) { return (m->image / m->patch) * (m->image / m->patch); }
 static int patch_dim(const model_spec *m) { return m->channels * m->patch * m->patch; }
-static int64_t head_chunk_rows(int T) { return T < WM_HEAD_CHUNK_ROWS ? T : WM_HEAD_CHUNK_ROWS; }
-static int64_t logits_floats(const model_spec *m, int max_m, int T) {
-    if (m->arch == ARCH_VIT) return (int64_t)max_m * m->n_classes;
-    return head_chunk_rows(T) * m->vocab;
-}
-
-typedef struct ws_plan {
-    int64_t nd, nq, nf, nstat, nlse, nlogits, nloss, npatch, nrows;
-} ws_plan;
-
-static ws_plan ws_sizes(const model_spec *m, int max_m, int seq) {
-    int T = model_tokens(m, seq);
-    int64_t N = (int64_t)max_m * T;
-    ws_plan p = {0};
-    p.nd = N * m->d_model;
-    p.nq = N * qkv_width(m);
-    p.nf = N * wide(m);
-    p.nstat = N;
-    p.nlse = (int64_t)max_m * m->n_head * T;
-    p.nlogits = logits_floats(m, max_m, T);
-    p.nloss = m->arch == ARCH_VIT ? max_m : head_chunk_rows(T);
-    p.npatch = m->arch == ARCH_VIT ? (int64_t)max_m * vit_patches(m) * patch_dim(m) : 0;
-    p.nrows = m->arch == ARCH_VIT ? (int64_t)max_m * m->d_model : 0;
-    return p;
-}
-
-int64_t wm_acts_bytes(const model_spec *m, int max_m, int seq) {
-    ws_plan p = ws_sizes(m, max_m, seq);
-    bool llama = m->arch == ARCH_LLAMA;
-    int64_t f = 7 * p.nd + 2 * p.nq + (llama ? 6 : 4) * p.nf + 4 * p.nstat + p.nlse + p.nlogits +
-                p.nloss + p.npatch + p.nrows;
-    return f * (int64_t)sizeof(float);
-}
+static int64_t head_chunk_rows(int T) { return engine_head_chunk_rows(T); }
 
 wm_acts *wm_acts_new(device *d, const model_spec *m, int max_m, int seq, err_t *err) {
-    ws_plan p = ws_sizes(m, max_m, seq);
+    engine_workspace p = engine_workspace_floats(m, max_m, seq);
     bool llama = m->arch == ARCH_LLAMA;
     wm_acts *a = xcalloc(1, sizeof *a);
     a->max_m = max_m;

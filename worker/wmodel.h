@@ -40,7 +40,6 @@ void wm_init_range(const model_spec *m, int unit, uint64_t seed, int64_t lo, int
 bool wm_is_causal(const model_spec *m);
 float wm_norm_eps(const model_spec *m);
 #define WM_ROPE_THETA 10000.0f
-#define WM_HEAD_CHUNK_ROWS 256 /* logits rows materialised at once by the fused head */
 
 /* ---- per-microbatch inputs ---- */
 typedef struct wm_batch {
@@ -58,7 +57,6 @@ typedef struct wm_acts wm_acts;
 /* Allocates the workspace for microbatches of up to m samples (the largest any unit needs). */
 wm_acts *wm_acts_new(device *d, const model_spec *m, int max_m, int seq, err_t *err);
 void wm_acts_free(device *d, wm_acts *a);
-int64_t wm_acts_bytes(const model_spec *m, int max_m, int seq);
 
 /* The unit's forward: x [m*T, d] -> y [m*T, d] (embedding: from b's ids/images). Intermediates
  * stay in the workspace for wm_unit_backward. `tied` is the embedding unit's parameters, which

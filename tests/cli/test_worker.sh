@@ -43,7 +43,7 @@ check "train from a plan" 0 "model tiny-llama" -- env CEPHALO_PLAN="$T/plan1.jso
 check "plan with flags too" 2 "come from the plan" -- env CEPHALO_PLAN="$T/plan1.json" "$W" train --model tiny-gpt --steps 2
 check "plan world size mismatch" 2 "WORLD_SIZE is 2" -- env RANK=0 WORLD_SIZE=2 "$W" train --plan "$T/plan1.json"
 "$B/cephalo" plan --cluster examples/clusters/local-cpu.yaml --model tiny-gpt --batch 8 -o "$T/plan3.json" >/dev/null
-check "multi-rank needs the socket backend" 2 "socket backend" -- env RANK=1 WORLD_SIZE=3 "$W" train --plan "$T/plan3.json"
+check "multi-rank needs MASTER_PORT" 2 "MASTER_PORT is not set" -- env -u MASTER_PORT RANK=1 WORLD_SIZE=3 "$W" train --plan "$T/plan3.json"
 check "bad RANK" 2 "\$RANK is 'x'" -- env RANK=x "$W" train --plan "$T/plan1.json"
 check "not a plan" 2 "cephalo-plan" -- "$W" train --plan examples/profiles/cluster-a-bert-large.json
 echo '{"format": "cephalo-plan", "inputs": ' >"$T/broken.json"

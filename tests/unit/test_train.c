@@ -237,22 +237,43 @@ static const char *plan_text =
     "{\"format\":\"cephalo-plan\",\"version\":1,\"feasible\":true,\"world_size\":2,"
     "\"inputs\":{\"model\":\"tiny-gpt\",\"batch\":6,\"seq\":32,\"precision\":\"%s\"},"
     "\"ranks\":[{\"rank\":0,\"batch\":4,\"microbatch\":2,\"microbatches\":2,\"memory_bytes\":1000000},"
-    "{\"rank\":1,\"batch\":2,\"microbatch\":%s,\"microbatches\":1,\"memory_bytes\":2000000,\"threads\":3}]}";
+    "{\"rank\":1,\"batch\":2,\"microbatch\":%s,\"microbatches\":1,\"memory_bytes\":2000000,\"threads\":3}],"
+    "\"units\":[%s]}";
+
+/* tiny-gpt's units split as [numel - 7 - extra, 7 + extra] */
+static void units_json(int extra, char *out, size_t n) {
+    model_spec m;
+    err_t err;
+    assert_int_equal(model_resolve("tiny-gpt", &m, &err), 0);
+    size_t len = 0;
+    for (int u = 0; u < model_n_units(&m); u++) {
+        long long numel = (long long)model_unit_params(&m, u);
+        len += (size_t)snprintf(out + len, n - len, "%s{\"numel\":%lld,\"shard_sizes\":[%lld,%d]}",
+                                u ? "," : "", numel, numel - 7, 7 + (u == 1 ? extra : 0));
+    }
+}
+
+static int read_plan_units(const char *prec, const char *micro, int extra, int rank, int world,
+                           train_config *c, err_t *err) {
+    char text[2048], path[128], units[1024];
+    units_json(extra, units, sizeof units);
+    snprintf(text, sizeof text, plan_text, prec, micro, units);
+    snprintf(path, sizeof path, "%s/plan.json", tmpdir);
+    write_file(path, text, strlen(text));
+    train_config_release(c);
+    return plan_read(path, rank, world, c, err);
+}
 
 static int read_plan(const char *prec, const char *micro, int rank, int world, train_config *c,
                      err_t *err) {
-    char text[1024], path[128];
-    snprintf(text, sizeof text, plan_text, prec, micro);
-    snprintf(path, sizeof path, "%s/plan.json", tmpdir);
-    write_file(path, text, strlen(text));
-    return plan_read(path, rank, world, c, err);
+    return read_plan_units(prec, micro, 0, rank, world, c, err);
 }
 
 static void test_plan_read(void **state) {
     (void)state;
     train_config c = {0};
     err_t err;
-    assert_int_equal(read_plan("fp32", "2", 1, 2, &c, &err), 0);
+    if (read_plan("fp32", "2", 1, 2, &c, &err) != 0) fail_msg("%s", err.msg);
     assert_int_equal(c.global_batch, 6);
     assert_int_equal(c.batch, 2);
     assert_int_equal(c.micro, 2);
@@ -261,6 +282,11 @@ static void test_plan_read(void **state) {
     assert_int_equal(c.threads, 3);
     assert_int_equal(c.seq, 32);
     assert_string_equal(c.model.name, "tiny-gpt");
+    assert_non_null(c.shard_sizes);
+    assert_int_equal(c.shard_sizes[1], 7); /* unit 0, rank 1 */
+    assert_false(c.replicated);
+    assert_int_equal(read_plan_units("fp32", "2", 1, 0, 2, &c, &err), -1);
+    assert_non_null(strstr(err.msg, "units[1].shard_sizes add up to"));
     assert_int_equal(read_plan("bf16", "2", 0, 2, &c, &err), -1);
     assert_non_null(strstr(err.msg, "bf16"));
     assert_int_equal(read_plan("fp32", "2", 0, 3, &c, &err), -1);
@@ -269,6 +295,7 @@ static void test_plan_read(void **state) {
     assert_non_null(strstr(err.msg, "ranks[1]"));
     assert_int_equal(read_plan("fp32", "\"x\"", 1, 2, &c, &err), -1);
     assert_non_null(strstr(err.msg, "ranks[1].microbatch"));
+    train_config_release(&c);
 }
 
 /* The schedule: linear warmup, cosine to min_lr, min_lr at the end. */

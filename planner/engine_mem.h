@@ -1,0 +1,48 @@
+/* engine_mem.h - the device memory the trainer allocates (worker/train.c, worker/wmodel.c),
+ * written once here so that the planner predicts what the engine really uses, to the byte, and
+ * the engine sizes its buffers from the same formulas (docs/cost-model.md, "Compute memory").
+ *
+ * A rank's device memory = training state (16 bytes per parameter of its shards) + compute
+ * memory, and compute memory is exactly linear in the microbatch size m:
+ *   engine_compute_bytes(m) = engine_compute_bytes(0) + m * (engine_compute_bytes(1) - ...(0)). */
+#ifndef CEPHALO_ENGINE_MEM_H
+#define CEPHALO_ENGINE_MEM_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "model.h"
+
+#define ENGINE_HEAD_CHUNK_ROWS 256 /* logits rows the fused head materialises at once */
+
+/* Float counts of the activation workspace's buffer kinds for microbatches up to max_m. */
+typedef struct engine_workspace {
+    int64_t nd;      /* [N, d] activations, N = m*T rows */
+    int64_t nq;      /* [N, q|k|v width] */
+    int64_t nf;      /* [N, max(d_ff, d)] */
+    int64_t nstat;   /* [N] norm statistics */
+    int64_t nlse;    /* [m, heads, T] attention log-sum-exp */
+    int64_t nlogits; /* one chunk of logits rows (ViT: [m, classes]) */
+    int64_t nloss;   /* row losses of one chunk */
+    int64_t npatch;  /* ViT: [m, patches, patch dim] */
+    int64_t nrows;   /* ViT: [m, d] class-token rows */
+} engine_workspace;
+
+engine_workspace engine_workspace_floats(const model_spec *m, int max_m, int seq);
+/* Bytes of the whole workspace (every buffer kind with its multiplicity). */
+int64_t engine_workspace_bytes(const model_spec *m, int max_m, int seq);
+/* Width of the fused q|k|v projection and of the MLP buffers. */
+int engine_qkv_width(const model_spec *m);
+int engine_wide(const model_spec *m);
+/* Rows of logits the head materialises at once for T tokens per sample. */
+int64_t engine_head_chunk_rows(int T);
+/* The largest unit's parameter count: the size of a gathered-parameter or full-gradient slot. */
+int64_t engine_max_unit_params(const model_spec *m);
+/* Device bytes of everything but the training state for microbatch m: the workspace, a unit's
+ * input and output and their gradients, the token ids and targets (and images), and, when the
+ * state is sharded over several ranks, two gathered-parameter slots (the unit computing and the
+ * next one arriving) and two full-gradient slots (the unit back-propagating and the previous one
+ * being reduce-scattered). */
+int64_t engine_compute_bytes(const model_spec *m, int seq, int micro, bool sharded);
+
+#endif

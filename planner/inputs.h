@@ -1,0 +1,49 @@
+/* inputs.h - everything a plan is made from: the cluster, the model, an optional profile and the
+ * cost model built from them. `cephalo plan`/`compare` load the cluster from a file, `cephalo run`
+ * builds it from the job's local devices; both then plan through these same calls.
+ *
+ *   plan_inputs in = {0};
+ *   cluster_load_file(path, &in.cl, &err);  model_resolve(name, &in.model, &err);
+ *   inputs_build(&in, &(inputs_opts){.batch = 64, .mem_cap = 0.8}, &err);
+ *   plan_make(&in.cm, STRAT_CEPHALO, &p, &err);  inputs_save_plan(&p, "plan.json", &err);
+ *   plan_free(&p);  inputs_free(&in); */
+#ifndef CEPHALO_INPUTS_H
+#define CEPHALO_INPUTS_H
+
+#include <stdbool.h>
+#include <stdio.h>
+
+#include "cluster.h"
+#include "cost.h"
+#include "err.h"
+#include "model.h"
+#include "plan.h"
+#include "profile.h"
+
+typedef struct plan_inputs {
+    cluster cl; /* filled by the caller */
+    model_spec model; /* filled by the caller */
+    profile prof;
+    bool have_prof;
+    cost_model cm; /* refers to cl, model and prof: keep the struct in place while it is used */
+} plan_inputs;
+
+typedef struct inputs_opts {
+    const char *profile; /* profile JSON, or NULL for analytic estimates only */
+    long seq; /* 0: the model's */
+    long batch;
+    bool bf16;
+    double mem_cap;
+} inputs_opts;
+
+/* Loads the profile (if any) and builds the cost model. 0, or -1 with the error set. */
+int inputs_build(plan_inputs *in, const inputs_opts *o, err_t *err);
+/* One "note" line per device group the profile does not cover (they use estimates). */
+void inputs_print_notes(const plan_inputs *in, const char *prog, FILE *f);
+/* Frees what inputs_build and the caller's cluster loading allocated. */
+void inputs_free(plan_inputs *in);
+
+/* Writes the plan JSON to path atomically (a reader never sees half a plan). */
+int inputs_save_plan(const plan *p, const char *path, err_t *err);
+
+#endif

@@ -1,0 +1,396 @@
+/* job.c - the job file of `cephalo run` (docs/run.md), read through yaml_tree so that every error
+ * names the file, the line and the field ("job.yaml:7: optimizer.lr: expected a number, got 'x'").
+ * The local devices are turned into a cluster file text and loaded by the cluster parser, so that
+ * a job plans exactly like `cephalo plan --cluster` on the same devices. */
+#include "job.h"
+
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "gpu.h"
+#include "log.h"
+#include "strutil.h"
+#include "yaml_tree.h"
+
+#define GIB (1024.0 * 1024.0 * 1024.0)
+#define MIN_MEMORY (1 << 20)
+#define MAX_MEMORY (4096.0 * GIB) /* the cluster file's limit */
+#define MAX_THREADS 1024
+#define MAX_STEPS (1L << 40)
+#define PATH_LEN 96 /* field paths: "devices[255].memory" */
+
+/* The value of an optional key with its field path for messages ("optimizer.lr"); NULL when the
+ * key is absent, which leaves the caller's default in place. */
+static const ynode *field(const ynode *map, const char *base, const char *key, char *path) {
+    snprintf(path, PATH_LEN, "%s%s%s", base, *base ? "." : "", key);
+    return ymap_get(map, key);
+}
+
+/* Integer fields are read as long; these keep the call sites to one line each. */
+static int get_long(const yctx *y, const ynode *map, const char *base, const char *key, long lo, long hi, long *out) {
+    char path[PATH_LEN];
+    const ynode *v = field(map, base, key, path);
+    return v ? ynode_int(y, v, path, lo, hi, out) : 0;
+}
+
+static int get_double(const yctx *y, const ynode *map, const char *base, const char *key, double lo, double hi,
+                      double *out) {
+    char path[PATH_LEN];
+    const ynode *v = field(map, base, key, path);
+    return v ? ynode_double(y, v, path, lo, hi, out) : 0;
+}
+
+/* A number that must be above 0: the message says so rather than "out of range 0..hi". */
+static int get_positive(const yctx *y, const ynode *map, const char *key, double hi, double *out) {
+    if (get_double(y, map, "", key, -1e300, 1e300, out) < 0) return -1;
+    const ynode *v = ymap_get(map, key);
+    if (!v || (*out > 0 && *out <= hi)) return 0;
+    return err_set(y->err, "%s:%d: %s: %g is out of range (expected more than 0, at most %g)", y->file, v->line, key, *out,
+                   hi);
+}
+
+static int get_string(const yctx *y, const ynode *map, const char *base, const char *key, const char **out) {
+    char path[PATH_LEN];
+    const ynode *v = field(map, base, key, path);
+    return v ? ynode_string(y, v, path, out) : 0;
+}
+
+/* ---- paths ---- */
+
+/* Input paths are relative to the job file's directory, so a job runs from any directory. */
+static char *resolve(const char *dir, const char *p) {
+    if (p[0] == '/' || !strcmp(dir, ".")) return xstrdup(p);
+    char *out = xmalloc(strlen(dir) + strlen(p) + 2);
+    sprintf(out, "%s/%s", dir, p);
+    return out;
+}
+
+/* A data spec may be a comma list of files, directories and globs: each one is resolved. */
+static char *resolve_data(const char *dir, const char *spec) {
+    if (!strcmp(spec, "synthetic")) return xstrdup(spec);
+    size_t cap = strlen(spec) + 1, len = 0;
+    char *out = xmalloc(cap);
+    out[0] = '\0';
+    const char *p = spec;
+    for (;;) {
+        size_t n = strcspn(p, ",");
+        char *part = xmalloc(n + 1);
+        memcpy(part, p, n);
+        part[n] = '\0';
+        char *r = resolve(dir, part);
+        cap += strlen(r) + 2;
+        out = xrealloc(out, cap);
+        len += (size_t)sprintf(out + len, "%s%s", len ? "," : "", r);
+        free(part);
+        free(r);
+        if (!p[n]) break;
+        p += n + 1;
+    }
+    return out;
+}
+
+static char *dir_of(const char *path) {
+    const char *slash = strrchr(path, '/');
+    if (!slash) return xstrdup(".");
+    if (slash == path) return xstrdup("/");
+    char *d = xstrdup(path);
+    d[slash - path] = '\0';
+    return d;
+}
+
+/* ---- fields ---- */
+
+/* A job name becomes a directory name (runs/NAME): letters, digits, '.', '_', '-'. */
+static bool name_ok(const char *s) {
+    if (!*s || *s == '.' || strlen(s) > JOB_NAME_MAX) return false;
+    for (; *s; s++)
+        if (!isalnum((unsigned char)*s) && !strchr("._-", *s)) return false;
+    return true;
+}
+
+static int parse_name(const yctx *y, const ynode *root, job *j) {
+    const char *name = NULL;
+    if (get_string(y, root, "", "name", &name) < 0) return -1;
+    if (name) {
+        if (!name_ok(name))
+            return err_set(y->err, "%s:%d: name: '%s' is not a usable run name (letters, digits, '.', '_' and '-', "
+                                   "at most %d characters)", y->file, ymap_get(root, "name")->line, name, JOB_NAME_MAX);
+        snprintf(j->name, sizeof j->name, "%s", name);
+        return 0;
+    }
+    /* the file name up to its first '.', as model files name themselves */
+    const char *base = strrchr(j->path, '/');
+    snprintf(j->name, sizeof j->name, "%s", base ? base + 1 : j->path);
+    j->name[strcspn(j->name, ".")] = '\0';
+    if (!j->name[0]) snprintf(j->name, sizeof j->name, "job");
+    return 0;
+}
+
+/* A model name is kept as is; a model file path is taken relative to the job file. */
+static int parse_model(const yctx *y, const ynode *root, const char *dir, job *j) {
+    const ynode *v;
+    const char *name;
+    if (ymap_require(y, root, "document", "model", &v) < 0 || ynode_string(y, v, "model", &name) < 0) return -1;
+    bool is_file = strchr(name, '/') || strstr(name, ".yaml") || strstr(name, ".yml");
+    char *arg = is_file ? resolve(dir, name) : xstrdup(name);
+    int rc = model_resolve(arg, &j->model, y->err);
+    free(arg);
+    return rc < 0 ? err_prefix(y->err, "%s:%d: model", y->file, v->line) : 0;
+}
+
+static int parse_sizes(const yctx *y, const ynode *root, job *j) {
+    const ynode *v;
+    if (ymap_require(y, root, "document", "batch", &v) < 0 || ynode_int(y, v, "batch", 1, COST_MAX_BATCH, &j->batch) < 0)
+        return -1;
+    j->batch_line = v->line;
+    if (ymap_require(y, root, "document", "steps", &v) < 0 || ynode_int(y, v, "steps", 1, MAX_STEPS, &j->steps) < 0)
+        return -1;
+    j->steps_line = v->line;
+    if (get_long(y, root, "", "seq", 1, 1 << 20, &j->seq) < 0) return -1;
+    int seq;
+    if (j->seq && model_check_seq(&j->model, (int)j->seq, &seq, y->err) < 0)
+        return err_prefix(y->err, "%s:%d: seq", y->file, ymap_get(root, "seq")->line);
+    long seed = 1;
+    if (get_long(y, root, "", "seed", 0, 1L << 62, &seed) < 0) return -1;
+    j->seed = (uint64_t)seed;
+    return 0;
+}
+
+static int parse_inputs(const yctx *y, const ynode *root, const char *dir, job *j) {
+    const char *data = "synthetic", *prof = NULL, *strat = NULL;
+    if (get_string(y, root, "", "data", &data) < 0 || get_string(y, root, "", "profile", &prof) < 0 ||
+        get_string(y, root, "", "strategy", &strat) < 0)
+        return -1;
+    j->data = resolve_data(dir, data);
+    if (prof) j->profile = resolve(dir, prof);
+    if (strat && strategy_parse(strat, &j->strat, y->err) < 0)
+        return err_prefix(y->err, "%s:%d: strategy", y->file, ymap_get(root, "strategy")->line);
+    j->mem_cap = 0.8;
+    j->comm_timeout = 60;
+    return get_positive(y, root, "mem_cap", 1, &j->mem_cap) < 0 || get_positive(y, root, "comm_timeout", 86400, &j->comm_timeout) < 0
+               ? -1
+               : 0;
+}
+
+/* The worker's defaults and ranges (docs/worker.md), so the launcher refuses what a worker would. */
+static int parse_optimizer(const yctx *y, const ynode *root, job *j) {
+    static const char *const keys[] = {"lr", "min_lr", "warmup", "weight_decay", "beta1", "beta2", "eps", "clip", NULL};
+    job_optimizer *o = &j->opt;
+    *o = (job_optimizer){.lr = 3e-4, .min_lr = -1, .weight_decay = 0.1, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .clip = 1.0};
+    const ynode *m = ymap_get(root, "optimizer");
+    if (!m) return 0;
+    if (ymap_check_keys(y, m, "optimizer", keys) < 0 || get_double(y, m, "optimizer", "lr", 0, 10, &o->lr) < 0 ||
+        get_double(y, m, "optimizer", "min_lr", 0, 10, &o->min_lr) < 0 ||
+        get_long(y, m, "optimizer", "warmup", 0, MAX_STEPS, &o->warmup) < 0 ||
+        get_double(y, m, "optimizer", "weight_decay", 0, 10, &o->weight_decay) < 0 ||
+        get_double(y, m, "optimizer", "beta1", 0, 0.999999, &o->beta1) < 0 ||
+        get_double(y, m, "optimizer", "beta2", 0, 0.999999, &o->beta2) < 0 ||
+        get_double(y, m, "optimizer", "eps", 1e-30, 1, &o->eps) < 0 || get_double(y, m, "optimizer", "clip", 0, 1e9, &o->clip) < 0)
+        return -1;
+    const ynode *w = ymap_get(m, "warmup");
+    j->warmup_line = w ? w->line : 0;
+    return 0;
+}
+
+static int parse_checkpoint(const yctx *y, const ynode *root, const char *dir, job *j) {
+    static const char *const keys[] = {"dir", "every", "resume", NULL};
+    const ynode *m = ymap_get(root, "checkpoint"), *d;
+    if (!m) return 0;
+    const char *path, *resume = "auto";
+    if (ymap_check_keys(y, m, "checkpoint", keys) < 0 || ymap_require(y, m, "checkpoint", "dir", &d) < 0 ||
+        ynode_string(y, d, "checkpoint.dir", &path) < 0 || get_long(y, m, "checkpoint", "every", 1, MAX_STEPS, &j->ckpt_every) < 0 ||
+        get_string(y, m, "checkpoint", "resume", &resume) < 0)
+        return -1;
+    j->ckpt_dir = xstrdup(path);
+    /* auto: continue from DIR/latest when there is one, so that running the job again after an
+     * interruption continues it; never: start afresh; anything else names a checkpoint file */
+    if (!strcmp(resume, "auto")) j->resume = xstrdup(resume);
+    else if (strcmp(resume, "never")) j->resume = resolve(dir, resume);
+    return 0;
+}
+
+/* ---- devices ---- */
+
+static int add_device(job *j, const job_device *d, err_t *err, const char *where) {
+    if (d->count > JOB_MAX_DEVICES - j->n_devices)
+        return err_set(err, "%s: more than %d local devices (one worker process each)", where, JOB_MAX_DEVICES);
+    j->items = xrealloc(j->items, (size_t)(j->n_items + 1) * sizeof *j->items);
+    j->items[j->n_items++] = *d;
+    j->n_devices += d->count;
+    return 0;
+}
+
+/* Only the CPU device exists in the worker so far: a GPU type is understood, and refused. */
+static int check_type(const char *type, err_t *err) {
+    if (!strcasecmp(type, GPU_CPU_NAME)) return 0;
+    err_t ignored;
+    if (gpu_find(type, &ignored))
+        return err_set(err, "'%s' cannot run locally yet: the worker has only the cpu device so far (type: cpu)", type);
+    return err_set(err, "unknown device type '%s' (expected cpu)", type);
+}
+
+static int check_memory(const char *s, int64_t *out, err_t *err) {
+    if (!str_to_size(s, out)) return err_set(err, "'%s' is not a size (e.g. 512M, 1.5G)", s);
+    if (*out < MIN_MEMORY || (double)*out > MAX_MEMORY)
+        return err_set(err, "%s is out of range (expected 1M..4096G)", s);
+    return 0;
+}
+
+static int parse_device(const yctx *y, const ynode *item, const char *base, job *j) {
+    static const char *const keys[] = {"type", "threads", "memory", "count", NULL};
+    const ynode *t, *mem;
+    const char *type, *size;
+    char path[PATH_LEN];
+    long threads = 1, count = 1;
+    snprintf(path, sizeof path, "%s.type", base);
+    if (ymap_check_keys(y, item, base, keys) < 0 || ymap_require(y, item, base, "type", &t) < 0 ||
+        ynode_string(y, t, path, &type) < 0)
+        return -1;
+    if (check_type(type, y->err) < 0) return err_prefix(y->err, "%s:%d: %s", y->file, t->line, path);
+    if (get_long(y, item, base, "threads", 1, MAX_THREADS, &threads) < 0 ||
+        get_long(y, item, base, "count", 1, JOB_MAX_DEVICES, &count) < 0)
+        return -1;
+    if (!(mem = ymap_get(item, "memory")))
+        return err_set(y->err, "%s:%d: %s: missing field 'memory' (the memory the emulated device may use, e.g. 512M)", y->file,
+                       item->line, base);
+    snprintf(path, sizeof path, "%s.memory", base);
+    job_device d = {.threads = (int)threads, .count = (int)count};
+    if (ynode_string(y, mem, path, &size) < 0) return -1;
+    if (check_memory(size, &d.memory_bytes, y->err) < 0) return err_prefix(y->err, "%s:%d: %s", y->file, mem->line, path);
+    snprintf(path, sizeof path, "%s:%d: %s", y->file, item->line, base);
+    return add_device(j, &d, y->err, path);
+}
+
+static int parse_devices(const yctx *y, const ynode *root, job *j) {
+    const ynode *list = ymap_get(root, "devices");
+    if (!list) return 0; /* --devices may give them; job_check insists on one or the other */
+    if (ynode_expect(y, list, YNODE_SEQ, "devices") < 0) return -1;
+    if (list->n == 0) return err_set(y->err, "%s:%d: devices: expected at least one device", y->file, list->line);
+    for (size_t i = 0; i < list->n; i++) {
+        char base[32];
+        snprintf(base, sizeof base, "devices[%zu]", i);
+        if (parse_device(y, list->items[i], base, j) < 0) return -1;
+    }
+    return 0;
+}
+
+/* --devices: items "TYPE[:Nt][:SIZE][xCOUNT]" separated by commas. */
+static int parse_device_item(const char *item, job_device *d, err_t *err) {
+    char buf[128];
+    if (snprintf(buf, sizeof buf, "%s", item) >= (int)sizeof buf) return err_set(err, "'%s' is too long", item);
+    *d = (job_device){.threads = 1, .count = 1};
+    char *x = strrchr(buf, 'x');
+    long v;
+    if (x) {
+        if (!str_to_long(x + 1, &v) || v < 1 || v > JOB_MAX_DEVICES)
+            return err_set(err, "'%s': the count after 'x' must be 1..%d", item, JOB_MAX_DEVICES);
+        d->count = (int)v;
+        *x = '\0';
+    }
+    char *save, *type = strtok_r(buf, ":", &save);
+    if (!type || check_type(type, err) < 0) return type ? err_prefix(err, "'%s'", item) : err_set(err, "empty item");
+    for (char *p; (p = strtok_r(NULL, ":", &save));) {
+        size_t n = strlen(p);
+        if (p[n - 1] == 't') {
+            p[n - 1] = '\0';
+            if (!str_to_long(p, &v) || v < 1 || v > MAX_THREADS)
+                return err_set(err, "'%s': threads must be 1..%d ('2t')", item, MAX_THREADS);
+            d->threads = (int)v;
+        } else if (check_memory(p, &d->memory_bytes, err) < 0) {
+            return err_prefix(err, "'%s': memory", item);
+        }
+    }
+    if (!d->memory_bytes) return err_set(err, "'%s' has no memory size (e.g. cpu:1t:512M)", item);
+    return 0;
+}
+
+int job_set_devices(job *j, const char *spec, err_t *err) {
+    free(j->items);
+    j->items = NULL;
+    j->n_items = j->n_devices = 0;
+    char *copy = xstrdup(spec), *save;
+    int rc = 0;
+    for (char *item = strtok_r(copy, ",", &save); item && !rc; item = strtok_r(NULL, ",", &save)) {
+        job_device d;
+        rc = parse_device_item(item, &d, err);
+        if (!rc) rc = add_device(j, &d, err, "--devices");
+    }
+    free(copy);
+    if (!rc && !j->n_items) rc = err_set(err, "no devices (e.g. --devices cpu:1t:512M,cpu:1t:256Mx2)");
+    return rc < 0 ? err_prefix(err, "--devices") : 0;
+}
+
+/* ---- the file ---- */
+
+static int parse_root(const yctx *y, const ynode *root, const char *dir, job *j) {
+    static const char *const keys[] = {"name", "model", "data", "batch", "seq", "steps", "strategy", "seed", "mem_cap",
+                                       "profile", "optimizer", "checkpoint", "comm_timeout", "devices", NULL};
+    if (ymap_check_keys(y, root, "document", keys) < 0) return -1;
+    j->root_line = root->line;
+    return parse_name(y, root, j) < 0 || parse_model(y, root, dir, j) < 0 || parse_sizes(y, root, j) < 0 ||
+                   parse_inputs(y, root, dir, j) < 0 || parse_optimizer(y, root, j) < 0 ||
+                   parse_checkpoint(y, root, dir, j) < 0 || parse_devices(y, root, j) < 0
+               ? -1
+               : 0;
+}
+
+int job_load_file(const char *path, job *out, err_t *err) {
+    memset(out, 0, sizeof *out);
+    out->path = xstrdup(path);
+    ynode *root = ytree_load_file(path, err);
+    if (!root) return -1;
+    yctx y = {.file = path, .err = err};
+    char *dir = dir_of(path);
+    int rc = parse_root(&y, root, dir, out);
+    free(dir);
+    ytree_free(root);
+    return rc;
+}
+
+int job_check(const job *j, err_t *err) {
+    if (!j->n_devices)
+        return err_set(err, "%s:%d: document: missing field 'devices' (or give --devices)", j->path, j->root_line);
+    if (j->batch < j->n_devices)
+        return err_set(err, "%s:%d: batch: %ld cannot be split over %d devices: every device needs at least one sample", j->path,
+                       j->batch_line, j->batch, j->n_devices);
+    if (j->opt.warmup > 0 && j->opt.warmup >= j->steps)
+        return err_set(err, "%s:%d: optimizer.warmup: %ld must be below the %ld steps", j->path, j->warmup_line, j->opt.warmup,
+                       j->steps);
+    return 0;
+}
+
+void job_free(job *j) {
+    free(j->path);
+    free(j->data);
+    free(j->profile);
+    free(j->ckpt_dir);
+    free(j->resume);
+    free(j->items);
+    memset(j, 0, sizeof *j);
+}
+
+/* ---- the devices as a cluster ---- */
+
+char *job_cluster_yaml(const job *j) {
+    size_t cap = 64 + (size_t)j->n_items * 96;
+    char *text = xmalloc(cap);
+    size_t len = (size_t)snprintf(text, cap, "# the local devices of job %s (cephalo run)\nnodes:\n  - name: local\n    gpus:\n", j->name);
+    for (int i = 0; i < j->n_items; i++) {
+        const job_device *d = &j->items[i];
+        /* bytes / 2^30 is exact in a double and %.17g prints it back exactly: the planner sees the
+         * same capacity the worker will enforce */
+        len += (size_t)snprintf(text + len, cap - len, "      - {type: cpu, count: %d, threads: %d, memory_gib: %.17g}\n", d->count,
+                                d->threads, (double)d->memory_bytes / GIB);
+    }
+    return text;
+}
+
+int job_cluster(const job *j, cluster *out, err_t *err) {
+    char *text = job_cluster_yaml(j);
+    int rc = cluster_load_string("<devices>", text, strlen(text), out, err);
+    free(text);
+    return rc;
+}

@@ -1,0 +1,77 @@
+/* job.h - the job file of `cephalo run` (docs/run.md): what to train, with which optimizer and
+ * checkpoints, on which local devices.
+ *
+ *   model: tiny-gpt
+ *   batch: 16
+ *   steps: 100
+ *   optimizer: {lr: 1e-3, warmup: 10}
+ *   devices:
+ *     - {type: cpu, threads: 2, memory: 512M}
+ *     - {type: cpu, threads: 1, memory: 256M, count: 2}
+ *
+ * Input paths in the file (model, data, profile, checkpoint.resume) are taken relative to the job
+ * file's directory; the checkpoint directory is an output and the launcher places it in the run
+ * directory. The devices become a one-node cluster of `cpu` pseudo-devices for the planner. */
+#ifndef CEPHALO_JOB_H
+#define CEPHALO_JOB_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "cluster.h"
+#include "err.h"
+#include "model.h"
+#include "plan.h"
+
+#define JOB_MAX_DEVICES 256 /* one worker process each, on this machine */
+#define JOB_NAME_MAX 63
+
+/* One `devices` item (or one --devices item): `count` identical CPU devices. */
+typedef struct job_device {
+    int threads;
+    int64_t memory_bytes;
+    int count;
+} job_device;
+
+typedef struct job_optimizer {
+    double lr, min_lr; /* min_lr < 0: lr / 10, as the worker's default */
+    double weight_decay, beta1, beta2, eps, clip;
+    long warmup;
+} job_optimizer;
+
+typedef struct job {
+    char *path; /* the job file, for messages */
+    char name[JOB_NAME_MAX + 1]; /* `name`, or the file name up to its first '.' */
+    model_spec model;
+    char *data; /* "synthetic" or a data spec with its paths resolved */
+    char *profile; /* resolved path, or NULL */
+    long batch, seq, steps; /* seq 0: the model's */
+    uint64_t seed;
+    strategy strat;
+    double mem_cap;
+    double comm_timeout; /* seconds */
+    job_optimizer opt;
+    char *ckpt_dir; /* as written (the run directory resolves it), or NULL: no checkpoints */
+    long ckpt_every; /* 0: only at the end */
+    char *resume; /* "auto", a resolved checkpoint path, or NULL (a fresh start) */
+    int n_items, n_devices; /* device items, and devices after each item's count */
+    job_device *items;
+    /* lines of fields checked again after command-line overrides (0: absent) */
+    int root_line, batch_line, steps_line, warmup_line;
+} job;
+
+/* Parses the job file. Errors read "FILE:LINE: FIELD: what was expected". */
+int job_load_file(const char *path, job *out, err_t *err);
+/* Replaces the devices with a --devices list: "cpu:2t:512M,cpu:1t:256Mx2" (docs/run.md). */
+int job_set_devices(job *j, const char *spec, err_t *err);
+/* Checks what depends on more than one field, after the command line's overrides: devices
+ * present, the batch covers them, warmup below steps. */
+int job_check(const job *j, err_t *err);
+void job_free(job *j);
+
+/* The devices as a cluster file (one node "local"); the caller frees the text. */
+char *job_cluster_yaml(const job *j);
+/* ... and loaded as the planner's cluster. */
+int job_cluster(const job *j, cluster *out, err_t *err);
+
+#endif

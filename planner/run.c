@@ -1,0 +1,607 @@
+/* run.c - `cephalo run JOB.yaml`: the operator's part, on one machine (DESIGN 2).
+ *
+ *   job file -> devices as a cluster -> plan (RUNDIR/plan.json) -> one `cephalo-worker train` per
+ *   rank, all in one new process group (the gang) -> progress view over RUNDIR/rank-R.jsonl ->
+ *   summary (RUNDIR/summary.json), or: one worker fails -> stop the gang -> exit 1.
+ *
+ * The launcher never waits blocked: it wakes every 100 ms, reaps what has exited (WNOHANG), reads
+ * what the workers appended to their logs, and checks a flag the signal handler sets. So a
+ * failure, Ctrl-C and progress are all handled in one plain loop, without work in signal
+ * handlers. The first worker leads the process group; its exit is observed with WNOWAIT and it is
+ * reaped only at the very end, so that its pid (the group's id) cannot be reused by an unrelated
+ * process while we may still signal the group. */
+#include "run.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
+
+#include <cjson/cJSON.h>
+
+#include "fileio.h"
+#include "inputs.h"
+#include "job.h"
+#include "log.h"
+#include "run_view.h"
+
+extern char **environ;
+
+#define POLL_NS 100000000L /* 100 ms: how long a failure or Ctrl-C may go unnoticed */
+#define SETTLE_NS 300000000L /* after a failure, how long to look for the ranks failing with it */
+#define STOP_GRACE_S 10.0 /* SIGTERM, then SIGKILL after this */
+#define TAIL_LINES 5
+#define PATH_LEN 4096
+#define DIR_LEN 3072 /* the run directory: room left for a file name in PATH_LEN */
+
+static volatile sig_atomic_t run_signals; /* SIGINT, SIGTERM or SIGHUP received (count) */
+static volatile sig_atomic_t first_failure; /* pid of the first worker that ended badly */
+
+static void on_signal(int sig) {
+    (void)sig;
+    if (run_signals < 100) run_signals++;
+}
+
+/* When one worker dies, its peers notice within milliseconds and exit too, often before the
+ * launcher's next look: the order of the SIGCHLDs hints at which one failed first. (A SIGCHLD
+ * that arrives while another is pending is merged into it, and the pending one keeps the first's
+ * details.) Only a hint: a peer can be quicker to exit than a large process is to finish dying. */
+static void on_child(int sig, siginfo_t *si, void *ctx) {
+    (void)sig, (void)ctx;
+    if (!first_failure && (si->si_code != CLD_EXITED || si->si_status != 0)) first_failure = si->si_pid;
+}
+
+typedef struct worker {
+    pid_t pid;
+    bool exited;
+    int code, sig; /* exit status, or the signal that ended it (0 when it exited) */
+} worker;
+
+typedef struct launch {
+    const job *j;
+    const plan *p;
+    char dir[DIR_LEN], worker[PATH_LEN];
+    char *ckpt_dir; /* resolved against the run directory, or NULL */
+    int world, port;
+    pid_t pgid; /* = the first worker's pid */
+    worker *w;
+    run_view view;
+} launch;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static void nap(void) {
+    struct timespec ts = {0, POLL_NS};
+    nanosleep(&ts, NULL); /* a signal cuts it short: the loop then sees the flag at once */
+}
+
+/* RUNDIR/name; the run directory's length is checked once, so this cannot be cut short. */
+static const char *in_dir(const launch *l, const char *name, int rank, char *buf) {
+    char file[64];
+    snprintf(file, sizeof file, name, rank);
+    snprintf(buf, PATH_LEN, "%s/%s", l->dir, file);
+    return buf;
+}
+
+/* ---- set-up ---- */
+
+/* The worker binary: $CEPHALO_WORKER, else cephalo-worker next to this program. */
+static int find_worker(char *out, err_t *err) {
+    const char *env = getenv("CEPHALO_WORKER");
+    if (env && *env) {
+        snprintf(out, PATH_LEN, "%s", env);
+    } else {
+        char self[PATH_LEN];
+        ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+        if (n <= 0) return err_set(err, "cannot find this program's directory (/proc/self/exe); set $CEPHALO_WORKER");
+        self[n] = '\0';
+        *strrchr(self, '/') = '\0';
+        snprintf(out, PATH_LEN, "%.4000s/cephalo-worker", self);
+    }
+    if (access(out, X_OK) != 0) return err_set(err, "%s: cannot execute the worker: %s (set $CEPHALO_WORKER)", out, strerror(errno));
+    return 0;
+}
+
+/* A port nobody listens on now: bind port 0 and read what the kernel chose. Rank 0 binds it again
+ * moments later; another program could take it in between, and rank 0's error would say so. */
+static int free_port(err_t *err) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    int ok = fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 && getsockname(fd, (struct sockaddr *)&a, &len) == 0;
+    int e = errno;
+    if (fd >= 0) close(fd);
+    return ok ? ntohs(a.sin_port) : err_set(err, "cannot find a free TCP port on 127.0.0.1: %s", strerror(e));
+}
+
+/* The run directory holds the plan and the devices as a cluster file (to reproduce the plan with
+ * `cephalo plan --cluster RUNDIR/cluster.yaml`). */
+static int write_run_dir(const launch *l, err_t *err) {
+    char path[PATH_LEN];
+    if (file_make_dir(l->dir, true, err) < 0 || inputs_save_plan(l->p, in_dir(l, "plan.json", 0, path), err) < 0) return -1;
+    char *yaml = job_cluster_yaml(l->j);
+    int rc = file_write_atomic(in_dir(l, "cluster.yaml", 0, path), yaml, strlen(yaml), err);
+    free(yaml);
+    return rc;
+}
+
+/* ---- the workers' command lines and environment ---- */
+
+/* The shortest text that reads back as the same double. */
+static const char *num(double v, char *buf) {
+    for (int digits = 6; digits <= 17; digits++) {
+        snprintf(buf, 32, "%.*g", digits, v);
+        if (strtod(buf, NULL) == v) break;
+    }
+    return buf;
+}
+
+typedef struct strv {
+    char **v;
+    int n;
+} strv;
+
+static void strv_add(strv *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void strv_add(strv *s, const char *fmt, ...) {
+    char buf[PATH_LEN + 64];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    s->v = xrealloc(s->v, (size_t)(s->n + 2) * sizeof *s->v);
+    s->v[s->n++] = xstrdup(buf);
+    s->v[s->n] = NULL;
+}
+
+static void strv_free(strv *s) {
+    for (int i = 0; i < s->n; i++) free(s->v[i]);
+    free(s->v);
+}
+
+/* Flags for every optimizer setting, defaults included, so each rank's command line in the dry
+ * run says everything the worker will use. */
+static strv worker_args(const launch *l, int rank) {
+    const job *j = l->j;
+    const job_optimizer *o = &j->opt;
+    char a[32], b[32], path[PATH_LEN];
+    strv s = {0};
+    strv_add(&s, "%s", l->worker);
+    strv_add(&s, "train");
+    strv_add(&s, "--steps"), strv_add(&s, "%ld", j->steps);
+    strv_add(&s, "--lr"), strv_add(&s, "%s", num(o->lr, a));
+    strv_add(&s, "--min-lr"), strv_add(&s, "%s", num(o->min_lr < 0 ? o->lr / 10 : o->min_lr, b));
+    strv_add(&s, "--warmup"), strv_add(&s, "%ld", o->warmup);
+    strv_add(&s, "--weight-decay"), strv_add(&s, "%s", num(o->weight_decay, a));
+    strv_add(&s, "--beta1"), strv_add(&s, "%s", num(o->beta1, a));
+    strv_add(&s, "--beta2"), strv_add(&s, "%s", num(o->beta2, a));
+    strv_add(&s, "--eps"), strv_add(&s, "%s", num(o->eps, a));
+    strv_add(&s, "--clip"), strv_add(&s, "%s", num(o->clip, a));
+    strv_add(&s, "--seed"), strv_add(&s, "%llu", (unsigned long long)j->seed);
+    strv_add(&s, "--data"), strv_add(&s, "%s", j->data);
+    strv_add(&s, "--log"), strv_add(&s, "%s", in_dir(l, "rank-%d.jsonl", rank, path));
+    if (l->ckpt_dir) {
+        strv_add(&s, "--ckpt-dir"), strv_add(&s, "%s", l->ckpt_dir);
+        if (j->ckpt_every) strv_add(&s, "--ckpt-every"), strv_add(&s, "%ld", j->ckpt_every);
+        if (j->resume) strv_add(&s, "--resume"), strv_add(&s, "%s", j->resume);
+    }
+    return s;
+}
+
+/* DESIGN 5.1: the variables a pod gets. */
+static strv worker_env(const launch *l, int rank, bool inherit) {
+    static const char *const ours[] = {"RANK=", "WORLD_SIZE=", "MASTER_ADDR=", "MASTER_PORT=", "CEPHALO_PLAN=",
+                                       "CEPHALO_COMM_TIMEOUT=", NULL};
+    char path[PATH_LEN], t[32];
+    strv s = {0};
+    for (char **e = environ; inherit && *e; e++) {
+        bool replaced = false;
+        for (int i = 0; ours[i] && !replaced; i++) replaced = !strncmp(*e, ours[i], strlen(ours[i]));
+        if (!replaced) strv_add(&s, "%s", *e);
+    }
+    strv_add(&s, "RANK=%d", rank);
+    strv_add(&s, "WORLD_SIZE=%d", l->world);
+    strv_add(&s, "MASTER_ADDR=127.0.0.1");
+    strv_add(&s, "MASTER_PORT=%d", l->port);
+    strv_add(&s, "CEPHALO_PLAN=%s", in_dir(l, "plan.json", 0, path));
+    strv_add(&s, "CEPHALO_COMM_TIMEOUT=%s", num(l->j->comm_timeout, t));
+    return s;
+}
+
+/* Single quotes where the shell would otherwise split or expand. */
+static void put_quoted(const char *s, FILE *f) {
+    if (*s && strspn(s, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_./:=,@%+-") == strlen(s)) {
+        fputs(s, f);
+        return;
+    }
+    fputc('\'', f);
+    for (; *s; s++) *s == '\'' ? fputs("'\\''", f) : fputc(*s, f);
+    fputc('\'', f);
+}
+
+static void print_command(const launch *l, int rank, FILE *f) {
+    strv env = worker_env(l, rank, false), args = worker_args(l, rank);
+    char path[PATH_LEN];
+    fputs(" ", f);
+    for (int i = 0; i < env.n; i++) fputc(' ', f), put_quoted(env.v[i], f);
+    for (int i = 0; i < args.n; i++) fputc(' ', f), put_quoted(args.v[i], f);
+    fputs(" >", f);
+    put_quoted(in_dir(l, "rank-%d.log", rank, path), f);
+    fputs(" 2>&1\n", f);
+    strv_free(&env);
+    strv_free(&args);
+}
+
+/* ---- the gang ---- */
+
+/* In the child: into the gang's process group, output to rank-R.log, then the worker. */
+static void exec_worker(const launch *l, strv *args, strv *env, int log_fd, pid_t parent) {
+    setpgid(0, l->pgid);
+#ifdef __linux__
+    /* if the launcher is killed outright (SIGKILL: no chance to stop the gang), the workers go too */
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(127);
+#else
+    (void)parent;
+#endif
+    int in = open("/dev/null", O_RDONLY);
+    if (in > 0) dup2(in, 0), close(in);
+    dup2(log_fd, 1);
+    dup2(log_fd, 2);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL); /* the mask survives exec; the handlers do not */
+    execve(l->worker, args->v, env->v);
+    dprintf(2, "cephalo run: cannot execute %s: %s\n", l->worker, strerror(errno));
+    _exit(127);
+}
+
+static int spawn(launch *l, int rank, err_t *err) {
+    char path[PATH_LEN];
+    int fd = open(in_dir(l, "rank-%d.log", rank, path), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return err_set(err, "%s: cannot write: %s", path, strerror(errno));
+    strv args = worker_args(l, rank), env = worker_env(l, rank, true);
+    pid_t parent = getpid(), pid = fork();
+    if (pid == 0) exec_worker(l, &args, &env, fd, parent);
+    int e = errno;
+    close(fd);
+    strv_free(&args);
+    strv_free(&env);
+    if (pid < 0) return err_set(err, "cannot start rank %d: fork: %s", rank, strerror(e));
+    /* both sides set the group, so it is set before either the child execs or we signal it */
+    if (!l->pgid) l->pgid = pid;
+    setpgid(pid, l->pgid);
+    l->w[rank].pid = pid;
+    return 0;
+}
+
+/* Of two failed ranks (or -1), the likelier cause of the failure. A worker that loses a peer
+ * exits with a status, so one killed by a signal comes first; then the first by SIGCHLD order;
+ * then the lower rank. */
+static int cause(const launch *l, int a, int b) {
+    if (a < 0 || b < 0) return a < 0 ? b : a;
+    if (!l->w[a].sig != !l->w[b].sig) return l->w[a].sig ? a : b;
+    if (l->w[a].pid == first_failure || l->w[b].pid == first_failure) return l->w[a].pid == first_failure ? a : b;
+    return a < b ? a : b;
+}
+
+/* Looks at every worker still running; returns the rank that failed first in this pass, or -1.
+ * The group leader is only observed (WNOWAIT), see the top of the file. */
+static int reap(launch *l) {
+    int failed = -1;
+    for (int r = 0; r < l->world; r++) {
+        worker *w = &l->w[r];
+        if (w->exited || !w->pid) continue;
+        if (w->pid == l->pgid) {
+            siginfo_t si;
+            memset(&si, 0, sizeof si);
+            if (waitid(P_PID, (id_t)w->pid, &si, WEXITED | WNOHANG | WNOWAIT) != 0 || si.si_pid == 0) continue;
+            w->code = si.si_code == CLD_EXITED ? si.si_status : 0;
+            w->sig = si.si_code == CLD_EXITED ? 0 : si.si_status;
+        } else {
+            int st;
+            if (waitpid(w->pid, &st, WNOHANG) <= 0) continue;
+            w->code = WIFEXITED(st) ? WEXITSTATUS(st) : 0;
+            w->sig = WIFSIGNALED(st) ? WTERMSIG(st) : 0;
+        }
+        w->exited = true;
+        if (w->code || w->sig) failed = cause(l, failed, r);
+    }
+    return failed;
+}
+
+static int running(const launch *l) {
+    int n = 0;
+    for (int r = 0; r < l->world; r++) n += l->w[r].pid && !l->w[r].exited;
+    return n;
+}
+
+/* SIGTERM to the gang; SIGKILL after the grace period or at a further signal to the launcher.
+ * Returns when every worker has exited. */
+static void stop_gang(launch *l) {
+    if (!l->pgid) return;
+    int signals = run_signals;
+    kill(-l->pgid, SIGTERM);
+    double deadline = now_s() + STOP_GRACE_S;
+    bool killed = false;
+    for (reap(l); running(l); reap(l)) {
+        if (!killed && (now_s() > deadline || run_signals != signals)) {
+            kill(-l->pgid, SIGKILL);
+            killed = true;
+        }
+        nap();
+    }
+}
+
+/* The end of every run: whatever the workers left in their group goes, then the leader is reaped. */
+static void finish_gang(launch *l) {
+    if (!l->pgid) return;
+    kill(-l->pgid, SIGKILL);
+    waitpid(l->pgid, NULL, 0);
+    l->pgid = 0;
+}
+
+/* ---- messages ---- */
+
+static int fail(int status, const err_t *err) {
+    fprintf(stderr, "cephalo run: %s\n", err->msg);
+    return status;
+}
+
+static void print_tail(const launch *l, int rank) {
+    char path[PATH_LEN], buf[4096];
+    int fd = open(in_dir(l, "rank-%d.log", rank, path), O_RDONLY);
+    if (fd < 0) return;
+    off_t end = lseek(fd, 0, SEEK_END), from = end > (off_t)sizeof buf - 1 ? end - (off_t)sizeof buf + 1 : 0;
+    ssize_t n = pread(fd, buf, sizeof buf - 1, from);
+    close(fd);
+    if (n <= 0) return;
+    buf[n] = '\0';
+    while (n > 0 && buf[n - 1] == '\n') buf[--n] = '\0';
+    char *start = buf + n;
+    for (int lines = 0; start > buf && lines < TAIL_LINES; start--)
+        if (start[-1] == '\n' && ++lines == TAIL_LINES) break;
+    if (start == buf && from > 0) start += strcspn(start, "\n") + 1; /* a cut first line */
+    fprintf(stderr, "cephalo run: the end of %s:\n", path);
+    for (char *line = strtok(start, "\n"); line; line = strtok(NULL, "\n")) fprintf(stderr, "  | %s\n", line);
+}
+
+static void describe_exit(const worker *w, char *buf, size_t n) {
+    if (w->sig) snprintf(buf, n, "killed by signal %d, %s", w->sig, strsignal(w->sig));
+    else snprintf(buf, n, "exit %d", w->code);
+}
+
+static int worker_failed(launch *l, int rank) {
+    char how[96];
+    describe_exit(&l->w[rank], how, sizeof how);
+    int others = running(l);
+    view_end_line(&l->view);
+    fprintf(stderr, "cephalo run: rank %d (%s) failed (%s); ", rank, l->p->cm->cl->devices[rank].type, how);
+    if (others) fprintf(stderr, "stopping the other %d rank%s", others, others == 1 ? "" : "s");
+    else fprintf(stderr, "no other rank is running");
+    /* ranks that failed in the same moment, often of the same cause */
+    char also[128] = "";
+    int more = 0;
+    for (int r = 0; r < l->world; r++)
+        if (r != rank && (l->w[r].code || l->w[r].sig) && strlen(also) < sizeof also - 16)
+            sprintf(also + strlen(also), "%s%d", more++ ? ", " : "", r);
+    if (more) fprintf(stderr, " (rank%s %s failed too)", more > 1 ? "s" : "", also);
+    fputc('\n', stderr);
+    print_tail(l, rank);
+    stop_gang(l);
+    return RUN_EXIT_FAILED;
+}
+
+/* The checkpoint a rerun would continue from (DIR/latest), if any. */
+static void print_checkpoint(const launch *l) {
+    if (!l->ckpt_dir) return;
+    char path[PATH_LEN + 16], name[256] = "";
+    snprintf(path, sizeof path, "%s/latest", l->ckpt_dir);
+    FILE *f = fopen(path, "r");
+    bool have = f && fgets(name, sizeof name, f);
+    if (f) fclose(f);
+    name[strcspn(name, "\n")] = '\0';
+    if (!have || !*name) fprintf(stderr, "cephalo run: no checkpoint was written yet\n");
+    else if (l->j->resume && !strcmp(l->j->resume, "auto"))
+        fprintf(stderr, "cephalo run: last checkpoint %s/%s; run the job again to continue from it\n", l->ckpt_dir, name);
+    else fprintf(stderr, "cephalo run: last checkpoint %s/%s\n", l->ckpt_dir, name);
+}
+
+static int interrupted(launch *l) {
+    int n = running(l);
+    view_end_line(&l->view);
+    fprintf(stderr, "cephalo run: interrupted; stopping %d worker%s\n", n, n == 1 ? "" : "s");
+    stop_gang(l);
+    fprintf(stderr, "cephalo run: interrupted; stopped %d worker%s\n", n, n == 1 ? "" : "s");
+    print_checkpoint(l);
+    return RUN_EXIT_INTERRUPTED;
+}
+
+/* ---- the run ---- */
+
+static void install_handlers(struct sigaction *old) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sa.sa_flags = SA_RESTART; /* nanosleep is never restarted: the nap ends at once */
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old[0]);
+    sigaction(SIGTERM, &sa, &old[1]);
+    sigaction(SIGHUP, &sa, &old[2]);
+    sa.sa_handler = NULL;
+    sa.sa_sigaction = on_child;
+    sa.sa_flags = SA_RESTART | SA_SIGINFO | SA_NOCLDSTOP;
+    sigaction(SIGCHLD, &sa, &old[3]);
+}
+
+static void restore_handlers(const struct sigaction *old) {
+    sigaction(SIGINT, &old[0], NULL);
+    sigaction(SIGTERM, &old[1], NULL);
+    sigaction(SIGHUP, &old[2], NULL);
+    sigaction(SIGCHLD, &old[3], NULL);
+}
+
+/* Starts every rank with the stop signals held back, so that a Ctrl-C during the start is seen
+ * only once the whole gang exists and can be stopped as one. */
+static int start_gang(launch *l, err_t *err) {
+    sigset_t stop, old;
+    sigemptyset(&stop);
+    sigaddset(&stop, SIGINT);
+    sigaddset(&stop, SIGTERM);
+    sigaddset(&stop, SIGHUP);
+    fflush(stdout);
+    fflush(stderr);
+    sigprocmask(SIG_BLOCK, &stop, &old);
+    int rc = 0;
+    for (int r = 0; r < l->world && !rc; r++) rc = spawn(l, r, err);
+    sigprocmask(SIG_SETMASK, &old, NULL);
+    return rc;
+}
+
+/* After a first failure, the other failures of the same moment: the cause may be among them. */
+static int settle(launch *l, int failed) {
+    struct timespec ts = {0, SETTLE_NS / 10};
+    for (int i = 0; i < 10 && running(l); i++) {
+        nanosleep(&ts, NULL);
+        failed = cause(l, failed, reap(l));
+    }
+    return failed;
+}
+
+static int supervise(launch *l) {
+    for (;;) {
+        int failed = reap(l);
+        view_poll(&l->view);
+        if (run_signals) return interrupted(l);
+        if (failed >= 0) return worker_failed(l, settle(l, failed));
+        if (!running(l)) return 0;
+        view_show(&l->view, false);
+        nap();
+    }
+}
+
+static int gang(launch *l) {
+    err_t err;
+    struct sigaction old[4];
+    run_signals = 0;
+    first_failure = 0;
+    install_handlers(old);
+    int rc = start_gang(l, &err);
+    if (rc) {
+        fprintf(stderr, "cephalo run: %s\n", err.msg);
+        stop_gang(l);
+        rc = RUN_EXIT_FAILED;
+    } else {
+        if (!l->view.quiet)
+            fprintf(stderr, "cephalo run: started %d worker%s (process group %d); logs in %s/rank-R.log\n", l->world,
+                    l->world == 1 ? "" : "s", (int)l->pgid, l->dir);
+        rc = supervise(l);
+    }
+    finish_gang(l);
+    restore_handlers(old);
+    if (rc == 0) {
+        view_poll(&l->view);
+        view_show(&l->view, true);
+        view_end_line(&l->view);
+        rc = view_summary(&l->view, &err) < 0 ? (fprintf(stderr, "cephalo run: %s\n", err.msg), RUN_EXIT_FAILED) : 0;
+    }
+    return rc;
+}
+
+/* Job file, overrides, checks: 0 or RUN_EXIT_BAD_INPUT with the message printed. */
+static int load_job(const run_opts *o, job *j) {
+    err_t err;
+    if (job_load_file(o->job, j, &err) < 0 || (o->devices && job_set_devices(j, o->devices, &err) < 0))
+        return fail(RUN_EXIT_BAD_INPUT, &err);
+    if (o->steps) j->steps = o->steps;
+    return job_check(j, &err) < 0 ? fail(RUN_EXIT_BAD_INPUT, &err) : 0;
+}
+
+/* Plans exactly as `cephalo plan` does, on the devices as a cluster. */
+static int make_plan(const job *j, plan_inputs *in, plan *p, bool quiet) {
+    err_t err;
+    inputs_opts io = {.profile = j->profile, .seq = j->seq, .batch = j->batch, .mem_cap = j->mem_cap};
+    in->model = j->model;
+    if (job_cluster(j, &in->cl, &err) < 0 || inputs_build(in, &io, &err) < 0) {
+        fprintf(stderr, "cephalo run: %s: %s\n", j->path, err.msg);
+        return RUN_EXIT_BAD_INPUT;
+    }
+    inputs_print_notes(in, "cephalo run", stderr);
+    if (plan_make(&in->cm, j->strat, p, &err) < 0) {
+        fprintf(stderr, "cephalo run: %s\n", err.msg);
+        return RUN_EXIT_FAILED;
+    }
+    if (!p->feasible) {
+        fprintf(stderr, "cephalo run: infeasible: %s\n", p->reason);
+        return RUN_EXIT_INFEASIBLE;
+    }
+    if (!quiet) plan_print_table(p, stdout);
+    return 0;
+}
+
+/* The run directory, the worker binary and a port: 0, or the exit status with the message printed. */
+static int prepare(launch *l, const run_opts *o) {
+    const job *j = l->j;
+    err_t err;
+    if (o->run_dir) snprintf(l->dir, sizeof l->dir, "%s", o->run_dir);
+    else snprintf(l->dir, sizeof l->dir, "runs/%s", j->name);
+    if (strlen(l->dir) >= DIR_LEN - 1) return err_set(&err, "--run-dir: the path is too long"), fail(RUN_EXIT_BAD_INPUT, &err);
+    if (j->ckpt_dir) {
+        /* an output: relative to the run directory, so each run keeps its own checkpoints */
+        l->ckpt_dir = xmalloc(strlen(l->dir) + strlen(j->ckpt_dir) + 2);
+        if (j->ckpt_dir[0] == '/') strcpy(l->ckpt_dir, j->ckpt_dir);
+        else sprintf(l->ckpt_dir, "%s/%s", l->dir, j->ckpt_dir);
+    }
+    l->world = l->p->n_ranks;
+    l->w = xcalloc((size_t)l->world, sizeof *l->w);
+    if ((l->port = free_port(&err)) < 0) return fail(RUN_EXIT_FAILED, &err);
+    /* a dry run prints the commands even without a worker binary */
+    if (find_worker(l->worker, &err) < 0 && !o->dry_run) return fail(RUN_EXIT_FAILED, &err);
+    return write_run_dir(l, &err) < 0 ? fail(RUN_EXIT_BAD_INPUT, &err) : 0;
+}
+
+static void print_dry_run(const launch *l) {
+    printf("cephalo run: dry run: %d worker%s would start, one process group, logs in %s\n", l->world, l->world == 1 ? "" : "s",
+           l->dir);
+    for (int r = 0; r < l->world; r++) print_command(l, r, stdout);
+    printf("(the plan is in %s/plan.json; MASTER_PORT is picked afresh at each start)\n", l->dir);
+}
+
+int run_job(const run_opts *o) {
+    job j;
+    plan_inputs in;
+    plan p;
+    memset(&in, 0, sizeof in);
+    memset(&p, 0, sizeof p);
+    launch l = {.j = &j, .p = &p};
+    int rc = load_job(o, &j);
+    if (!rc) rc = make_plan(&j, &in, &p, o->quiet);
+    if (!rc) rc = prepare(&l, o);
+    if (!rc && o->dry_run) print_dry_run(&l);
+    else if (!rc) {
+        view_init(&l.view, &j, &p, l.dir, o->quiet);
+        rc = gang(&l);
+        view_free(&l.view);
+    }
+    free(l.w);
+    free(l.ckpt_dir);
+    plan_free(&p);
+    inputs_free(&in);
+    job_free(&j);
+    return rc;
+}

@@ -1,0 +1,25 @@
+/* run.h - `cephalo run JOB.yaml` (docs/run.md): plans a job on the local devices, starts one
+ * `cephalo-worker train` per device with the environment a pod would get (DESIGN 5.1), shows one
+ * progress view over all ranks, and stops the whole gang when one worker fails or on Ctrl-C. */
+#ifndef CEPHALO_RUN_H
+#define CEPHALO_RUN_H
+
+#include <stdbool.h>
+
+enum { RUN_EXIT_FAILED = 1, RUN_EXIT_BAD_INPUT = 2, RUN_EXIT_INFEASIBLE = 3, RUN_EXIT_INTERRUPTED = 130 };
+
+typedef struct run_opts {
+    const char *job; /* the job file */
+    const char *devices; /* --devices: replaces the job's devices; NULL: the job's */
+    const char *run_dir; /* --run-dir; NULL: runs/NAME */
+    long steps; /* --steps; 0: the job's */
+    bool dry_run; /* plan and print the worker command lines, start nothing */
+    bool quiet; /* no plan table, no progress lines */
+} run_opts;
+
+/* Runs the job to its end. Returns the exit status: 0 done, 1 a worker failed, 2 bad input,
+ * 3 infeasible plan, 130 interrupted (SIGINT, SIGTERM or SIGHUP). Messages go to stderr, the
+ * plan and the summary to stdout. */
+int run_job(const run_opts *o);
+
+#endif

@@ -1,0 +1,141 @@
+#!/usr/bin/env python3
+"""Plans and checkpoints for the multi-rank tests (tests/cli/test_fsdp.sh).
+
+    plan_tool.py rewrite BASE.json OUT.json --ranks 5:1,3:3,0:1,4:2 --shards random --seed 3
+        Rewrites a planner-made plan of N ranks: rank i gets batch b_i as microbatches of m_i
+        ("b:m"; b = 0 gives the rank no samples), and every unit's shard_sizes become random
+        uneven splits (with zeros), "even", or "one" (rank 0 holds everything).
+    plan_tool.py compare CKPT_A CKPT_B --tol 1e-5
+        Assembles the parameters of two checkpoints (a file, or a sharded step directory with
+        index.json) and compares them unit by unit: max |a - b| / max |b| per unit <= tol.
+    plan_tool.py gather CKPT
+        Prints the sha256 of the assembled parameters and moments (equal => identical state).
+"""
+import argparse
+import hashlib
+import json
+import os
+import random
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "ref"))
+import st  # noqa: E402
+
+
+def split_random(n, world, rng):
+    """A random split of n into world parts, some of them zero."""
+    cuts = sorted(rng.randint(0, n) for _ in range(world - 1))
+    parts = [b - a for a, b in zip([0] + cuts, cuts + [n])]
+    if world > 1 and rng.random() < 0.3:  # sometimes one rank holds none of the unit
+        k = rng.randrange(world)
+        parts[(k + 1) % world] += parts[k]
+        parts[k] = 0
+    return parts
+
+
+def split_even(n, world):
+    return [n // world + (1 if i < n % world else 0) for i in range(world)]
+
+
+def rewrite(args):
+    plan = json.load(open(args.base))
+    world = len(plan["ranks"])
+    specs = [s.split(":") for s in args.ranks.split(",")]
+    if len(specs) != world:
+        sys.exit(f"--ranks has {len(specs)} entries, the plan {world} ranks")
+    total = 0
+    for r, (b, m) in zip(plan["ranks"], specs):
+        b, m = int(b), int(m)
+        r["batch"], r["microbatch"], r["microbatches"] = b, m, (b // m if b else 0)
+        total += b
+    plan["inputs"]["batch"] = total
+    rng = random.Random(args.seed)
+    for u in plan["units"]:
+        n = u["numel"]
+        if args.shards == "random":
+            u["shard_sizes"] = split_random(n, world, rng)
+        elif args.shards == "even":
+            u["shard_sizes"] = split_even(n, world)
+        else:
+            u["shard_sizes"] = [n] + [0] * (world - 1)
+    json.dump(plan, open(args.out, "w"), indent=1)
+
+
+def flatten(path):
+    """{tensor name: full array}, placing each shard at its offset (from the file's metadata)."""
+    if os.path.isdir(path):
+        index = json.load(open(os.path.join(path, "index.json")))
+        files = [os.path.join(path, f["file"]) for f in index["files"]]
+    else:
+        files = [path]
+    pieces = {}
+    for file in files:
+        tensors, meta = st.read(file)
+        shard = json.loads(meta["cephalo.shard"]) if "cephalo.shard" in meta else None
+        names = unit_names(json.loads(meta["cephalo.model"]))
+        for name, arr in tensors.items():
+            kind, unit = name.split(".", 1)
+            off = shard["offsets"][names.index(unit)] if shard else 0
+            pieces.setdefault(name, []).append((off, arr))
+    full = {}
+    for name, lst in pieces.items():
+        size = max(off + len(a) for off, a in lst)
+        buf = np.full(size, np.nan, np.float32)
+        for off, a in lst:
+            buf[off:off + len(a)] = a
+        if np.isnan(buf).any():
+            sys.exit(f"{path}: {name} is not fully covered by the shards")
+        full[name] = buf
+    return full
+
+
+def unit_names(model):
+    return ["embedding"] + [f"block.{i}" for i in range(model["n_layer"])] + ["head"]
+
+
+def compare(args):
+    a, b = flatten(args.a), flatten(args.b)
+    if sorted(a) != sorted(b):
+        sys.exit(f"different tensors: {sorted(set(a) ^ set(b))}")
+    worst, where = 0.0, ""
+    for name in sorted(a):
+        if not name.startswith("param."):
+            continue
+        x, y = a[name].astype(np.float64), b[name].astype(np.float64)
+        rel = np.abs(x - y).max() / max(np.abs(y).max(), 1e-30)
+        if rel > worst:
+            worst, where = rel, name
+    print(f"max relative parameter difference {worst:.3g} ({where})")
+    sys.exit(0 if worst <= args.tol else 1)
+
+
+def gather(args):
+    full = flatten(args.ckpt)
+    h = hashlib.sha256()
+    for name in sorted(full):
+        h.update(name.encode())
+        h.update(full[name].tobytes())
+    print(h.hexdigest())
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("rewrite")
+    r.add_argument("base"), r.add_argument("out")
+    r.add_argument("--ranks", required=True)
+    r.add_argument("--shards", choices=["random", "even", "one"], default="random")
+    r.add_argument("--seed", type=int, default=1)
+    c = sub.add_parser("compare")
+    c.add_argument("a"), c.add_argument("b")
+    c.add_argument("--tol", type=float, default=1e-5)
+    g = sub.add_parser("gather")
+    g.add_argument("ckpt")
+    args = p.parse_args()
+    {"rewrite": rewrite, "compare": compare, "gather": gather}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    main()

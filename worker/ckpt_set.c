@@ -1,0 +1,266 @@
+/* ckpt_set.c - a checkpoint as a set of pieces (docs/checkpoints.md): one file holding whole
+ * units (one rank, or a replicated job), or a sharded step directory whose index.json lists one
+ * file per rank with the slice of every unit it holds. Any rank of any later plan reads its own
+ * slices from whichever pieces overlap them, so a checkpoint resumes under another plan and
+ * world size. Files are opened (mapped and verified) only when a slice is needed. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "ckpt.h"
+#include "fileio.h"
+#include "json_util.h"
+#include "log.h"
+
+#define INDEX_FORMAT "cephalo-checkpoint-index"
+
+typedef struct piece {
+    char *path;
+    int64_t *off, *n; /* per unit */
+    st_file *f;       /* opened on first use */
+} piece;
+
+struct ckpt_set {
+    char *label; /* the path given */
+    int n_units, n_pieces;
+    int64_t step;
+    int64_t *numel;
+    piece *p;
+};
+
+static void set_units(ckpt_set *s, const model_spec *m) {
+    s->n_units = model_n_units(m);
+    s->numel = xcalloc((size_t)s->n_units, sizeof(int64_t));
+    for (int u = 0; u < s->n_units; u++) s->numel[u] = model_unit_params(m, u);
+}
+
+static piece *add_piece(ckpt_set *s, const char *path) {
+    s->p = xrealloc(s->p, (size_t)(s->n_pieces + 1) * sizeof(piece));
+    piece *p = &s->p[s->n_pieces++];
+    *p = (piece){.path = xstrdup(path)};
+    p->off = xcalloc((size_t)s->n_units, sizeof(int64_t));
+    p->n = xcalloc((size_t)s->n_units, sizeof(int64_t));
+    return p;
+}
+
+/* Reads {"offsets": [...], "sizes": [...]} (an index entry or a file's cephalo.shard). */
+static int read_ranges(const json_ctx *c, const cJSON *o, const char *path, int n_units,
+                       int64_t *off, int64_t *n) {
+    const char *keys[2] = {"offsets", "sizes"};
+    int64_t *out[2] = {off, n};
+    for (int k = 0; k < 2; k++) {
+        const cJSON *a;
+        int len;
+        char at[128];
+        snprintf(at, sizeof at, "%s.%s", path, keys[k]);
+        if (json_require(c, o, path, keys[k], &a) < 0 || json_expect_array(c, a, at, &len) < 0)
+            return -1;
+        if (len != n_units)
+            return err_set(c->err, "%s: %s has %d entries, expected one per unit (%d)", c->file,
+                           at, len, n_units);
+        for (int u = 0; u < n_units; u++) {
+            long v;
+            char el[160];
+            snprintf(el, sizeof el, "%s[%d]", at, u);
+            if (json_int(c, cJSON_GetArrayItem(a, u), el, 0, 1L << 50, &v) < 0) return -1;
+            out[k][u] = v;
+        }
+    }
+    return 0;
+}
+
+/* Every unit must be tiled exactly by the pieces: no gap, no overlap. */
+static int check_tiling(const ckpt_set *s, err_t *err) {
+    for (int u = 0; u < s->n_units; u++) {
+        int64_t covered = 0;
+        for (int i = 0; i < s->n_pieces; i++) {
+            const piece *a = &s->p[i];
+            if (a->off[u] + a->n[u] > s->numel[u])
+                return err_set(err, "%s: %s: unit %d slice [%lld, %lld) is beyond its %lld parameters",
+                               s->label, a->path, u, (long long)a->off[u],
+                               (long long)(a->off[u] + a->n[u]), (long long)s->numel[u]);
+            for (int j = 0; j < i; j++) {
+                const piece *b = &s->p[j];
+                if (a->n[u] && b->n[u] && a->off[u] < b->off[u] + b->n[u] && b->off[u] < a->off[u] + a->n[u])
+                    return err_set(err, "%s: unit %d: the slices of %s and %s overlap", s->label, u,
+                                   b->path, a->path);
+            }
+            covered += a->n[u];
+        }
+        if (covered != s->numel[u])
+            return err_set(err, "%s: unit %d: the pieces hold %lld of its %lld parameters (a rank's "
+                           "file is missing from the index?)", s->label, u, (long long)covered,
+                           (long long)s->numel[u]);
+    }
+    return 0;
+}
+
+static int open_index(ckpt_set *s, const char *dir, err_t *err) {
+    char path[1200];
+    snprintf(path, sizeof path, "%s/index.json", dir);
+    cJSON *root = json_load_file(path, err);
+    if (!root) return -1;
+    json_ctx c = {path, err};
+    const cJSON *fmt = json_get(root, "format"), *step, *files;
+    int n = 0, rc = -1;
+    long v;
+    if (!cJSON_IsString(fmt) || strcmp(fmt->valuestring, INDEX_FORMAT)) {
+        err_set(err, "%s: format is not \"%s\"", path, INDEX_FORMAT);
+        goto out;
+    }
+    if (json_require(&c, root, "", "step", &step) < 0 || json_int(&c, step, "step", 0, 1L << 50, &v) < 0 ||
+        json_require(&c, root, "", "files", &files) < 0 || json_expect_array(&c, files, "files", &n) < 0)
+        goto out;
+    s->step = v;
+    for (int i = 0; i < n; i++) {
+        const cJSON *e = cJSON_GetArrayItem(files, i), *name;
+        const char *fname;
+        char at[32], full[1400];
+        snprintf(at, sizeof at, "files[%d]", i);
+        if (json_expect_object(&c, e, at) < 0 || json_require(&c, e, at, "file", &name) < 0 ||
+            json_string(&c, name, at, &fname) < 0)
+            goto out;
+        if (strchr(fname, '/')) {
+            err_set(err, "%s: %s.file '%s' must be a file name in the same directory", path, at, fname);
+            goto out;
+        }
+        snprintf(full, sizeof full, "%s/%s", dir, fname);
+        piece *p = add_piece(s, full);
+        if (read_ranges(&c, e, at, s->n_units, p->off, p->n) < 0) goto out;
+    }
+    rc = check_tiling(s, err);
+out:
+    cJSON_Delete(root);
+    return rc;
+}
+
+static int open_piece(ckpt_set *s, piece *p, err_t *err) {
+    if (p->f) return 0;
+    if (st_open(&p->f, p->path, err) < 0) return -1;
+    const char *shard = st_meta(p->f, "cephalo.shard");
+    if (!shard) { /* a whole-model file */
+        for (int u = 0; u < s->n_units; u++)
+            if (p->off[u] != 0 || p->n[u] != s->numel[u])
+                return err_set(err, "%s: holds whole units, but the index gives it a slice of unit %d",
+                               p->path, u);
+        return 0;
+    }
+    cJSON *o = json_parse(p->path, shard, strlen(shard), err);
+    if (!o) return -1;
+    json_ctx c = {p->path, err};
+    int64_t *off = xcalloc((size_t)s->n_units, sizeof(int64_t)), *n = xcalloc((size_t)s->n_units, sizeof(int64_t));
+    int rc = read_ranges(&c, o, "metadata cephalo.shard", s->n_units, off, n);
+    for (int u = 0; rc == 0 && u < s->n_units; u++)
+        if (off[u] != p->off[u] || n[u] != p->n[u])
+            rc = err_set(err, "%s: unit %d: the file holds [%lld, +%lld) but the index says [%lld, +%lld)",
+                         p->path, u, (long long)off[u], (long long)n[u], (long long)p->off[u],
+                         (long long)p->n[u]);
+    free(off), free(n);
+    cJSON_Delete(o);
+    return rc;
+}
+
+ckpt_set *ckpt_set_open(const char *path, const model_spec *m, err_t *err) {
+    ckpt_set *s = xcalloc(1, sizeof *s);
+    s->label = xstrdup(path);
+    set_units(s, m);
+    struct stat st;
+    size_t len = strlen(path);
+    int rc;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+        rc = open_index(s, path, err);
+    } else if (len > 11 && !strcmp(path + len - 11, "/index.json")) {
+        char *dir = xstrdup(path);
+        dir[len - 11] = 0;
+        rc = open_index(s, dir, err);
+        free(dir);
+    } else {
+        piece *p = add_piece(s, path);
+        for (int u = 0; u < s->n_units; u++) p->n[u] = s->numel[u];
+        rc = open_piece(s, p, err);
+        const char *v = rc == 0 ? st_meta(p->f, "cephalo.step") : NULL;
+        s->step = v ? atoll(v) : 0;
+    }
+    if (rc < 0) {
+        ckpt_set_close(s);
+        return NULL;
+    }
+    return s;
+}
+
+const st_file *ckpt_set_first(ckpt_set *s, err_t *err) {
+    if (s->n_pieces == 0) return err_set(err, "%s: the index lists no files", s->label), NULL;
+    return open_piece(s, &s->p[0], err) < 0 ? NULL : s->p[0].f;
+}
+
+int64_t ckpt_set_step(const ckpt_set *s) { return s->step; }
+
+int ckpt_set_read(ckpt_set *s, const char *kind, int unit, const char *unit_name, int64_t lo,
+                  int64_t n, float *out, err_t *err) {
+    char name[96];
+    snprintf(name, sizeof name, "%s.%s", kind, unit_name);
+    for (int i = 0; i < s->n_pieces; i++) {
+        piece *p = &s->p[i];
+        int64_t a = lo > p->off[unit] ? lo : p->off[unit];
+        int64_t b = lo + n < p->off[unit] + p->n[unit] ? lo + n : p->off[unit] + p->n[unit];
+        if (a >= b) continue;
+        const void *data;
+        if (open_piece(s, p, err) < 0 ||
+            st_expect(p->f, name, ST_F32, 1, &p->n[unit], &data, err) < 0)
+            return -1;
+        const char *v = st_meta(p->f, "cephalo.step");
+        if (!v || atoll(v) != s->step)
+            return err_set(err, "%s: metadata cephalo.step is %s, expected %lld (a piece of another "
+                           "checkpoint?)", p->path, v ? v : "missing", (long long)s->step);
+        memcpy(out + (a - lo), (const float *)data + (a - p->off[unit]), (size_t)(b - a) * sizeof(float));
+    }
+    return 0; /* the tiling check guarantees [lo, lo+n) was covered */
+}
+
+void ckpt_set_close(ckpt_set *s) {
+    if (!s) return;
+    for (int i = 0; i < s->n_pieces; i++) {
+        st_close(s->p[i].f);
+        free(s->p[i].path), free(s->p[i].off), free(s->p[i].n);
+    }
+    free(s->p), free(s->numel), free(s->label);
+    free(s);
+}
+
+int ckpt_write_index(const char *dir, const trainer *t, err_t *err) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "format", INDEX_FORMAT);
+    cJSON_AddNumberToObject(o, "version", 1);
+    cJSON_AddNumberToObject(o, "step", (double)t->step);
+    cJSON_AddNumberToObject(o, "world", t->cfg.world);
+    cJSON_AddStringToObject(o, "model", t->cfg.model.name);
+    cJSON *files = cJSON_AddArrayToObject(o, "files");
+    int world = t->cfg.world;
+    for (int r = 0; r < world; r++) {
+        cJSON *e = cJSON_CreateObject();
+        char name[64];
+        ckpt_shard_name(r, name, sizeof name);
+        cJSON_AddStringToObject(e, "file", name);
+        cJSON *off = cJSON_AddArrayToObject(e, "offsets"), *n = cJSON_AddArrayToObject(e, "sizes");
+        for (int u = 0; u < t->n_units; u++) {
+            const int64_t *c = t->cfg.shard_sizes + (int64_t)u * world;
+            int64_t start = 0;
+            for (int q = 0; q < r; q++) start += c[q];
+            cJSON_AddItemToArray(off, cJSON_CreateNumber((double)start));
+            cJSON_AddItemToArray(n, cJSON_CreateNumber((double)c[r]));
+        }
+        cJSON_AddItemToArray(files, e);
+    }
+    char *text = cJSON_Print(o);
+    cJSON_Delete(o);
+    char path[1200];
+    snprintf(path, sizeof path, "%s/index.json", dir);
+    int rc = file_write_atomic(path, text, strlen(text), err);
+    free(text);
+    return rc;
+}
+
+void ckpt_shard_name(int rank, char *out, size_t n) {
+    snprintf(out, n, "rank-%05d.safetensors", rank);
+}

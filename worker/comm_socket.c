@@ -1,0 +1,421 @@
+/* comm_socket.c - the socket backend: the ranks form a ring of TCP connections (rank r sends to
+ * r+1 and receives from r-1, two connections per rank even for world 2) and run ring collectives
+ * over it (docs/comm.md):
+ *
+ *   allgatherv       world-1 steps; at step s rank r sends block r-s, receives block r-s-1
+ *   reduce-scatterv  world-1 steps; sends block r-s-1, receives block r-s-2 and adds it in place
+ *   allreduce        reduce-scatterv then allgatherv over an even split of the elements
+ *   broadcast        a chain root -> root+1 -> ... -> root-1, forwarded segment by segment
+ *
+ * Every step sends to the right and receives from the left at once (non-blocking sockets and
+ * poll()), so no size or order of sizes can deadlock, and every poll() is bounded by the no-
+ * progress timeout. Each step's payload follows a small header (operation number, kind, step,
+ * bytes) that the receiver checks, so ranks that issued different operations fail with a clear
+ * message instead of silently mixing data. Payloads travel in the host's byte order: every rank
+ * of a job is assumed to share it. */
+#include "comm_internal.h"
+
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "log.h"
+
+#define RING_MAGIC 0x474e5243u /* "CRNG": the hello on a new ring connection */
+#define STEP_MAGIC 0x50545343u /* "CSTP": the header of a step */
+#define RING_VERSION 1u
+#define SEG ((size_t)COMM_SEGMENT_BYTES)
+enum { HELLO_BYTES = 16, HDR_BYTES = 24 };
+
+struct ring {
+    int rank, world;
+    int left, right; /* fds: receive from rank-1, send to rank+1 */
+    double timeout_s;
+    uint8_t *scratch; /* one segment of received partial sums */
+    int64_t *off;     /* world+1 block offsets (elements) of the running operation */
+    uint64_t seq;     /* operations run: every rank numbers them alike */
+    int64_t sent, received;
+};
+
+static int left_of(const ring *g) { return (g->rank + g->world - 1) % g->world; }
+static int right_of(const ring *g) { return (g->rank + 1) % g->world; }
+static int block(const ring *g, int i) { return ((i % g->world) + g->world) % g->world; }
+
+/* ------------------------------------------------------------------------------------------ */
+/* errors                                                                                      */
+
+static int peer_error(int peer, int e, err_t *err) {
+    if (e == ECONNRESET || e == EPIPE || e == 0)
+        return err_set(err, "rank %d closed the connection (it has probably failed; see its log)", peer);
+    return err_set(err, "connection with rank %d: %s", peer, strerror(e));
+}
+
+static int timeout_error(const ring *g, bool receiving, err_t *err) {
+    if (receiving)
+        return err_set(err, "nothing from rank %d for %g s (timeout; CEPHALO_COMM_TIMEOUT sets it)", left_of(g), g->timeout_s);
+    return err_set(err, "rank %d took no data for %g s (timeout; CEPHALO_COMM_TIMEOUT sets it)", right_of(g), g->timeout_s);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* one step: send to the right while receiving from the left                                   */
+
+typedef struct step {
+    uint16_t kind, index;
+    bool send, recv;
+    const uint8_t *sp; /* to the right */
+    size_t sn;
+    uint8_t *rp; /* from the left */
+    size_t rn;
+    int reduce; /* -1: store what arrives at rp; else the comm_dtype to add it into rp */
+    bool relay; /* broadcast: sp == rp, each segment is forwarded once it has arrived */
+} step;
+
+typedef struct xfer {
+    uint8_t shdr[HDR_BYTES], rhdr[HDR_BYTES];
+    size_t shdr_done, sdone, rhdr_done, rdone;
+} xfer;
+
+static void put_header(uint8_t *h, uint16_t kind, uint16_t index, uint64_t seq, uint64_t bytes) {
+    comm_put32(h, STEP_MAGIC);
+    comm_put32(h + 4, (uint32_t)kind | (uint32_t)index << 16);
+    comm_put64(h + 8, seq);
+    comm_put64(h + 16, bytes);
+}
+
+static void describe(char *buf, size_t n, uint32_t kind_index, uint64_t seq, uint64_t bytes) {
+    unsigned kind = kind_index & 0xffff;
+    const char *name = kind <= COMM_OP_BARRIER ? comm_op_name((comm_op)kind) : "?";
+    snprintf(buf, n, "step %u of operation #%llu (%s, %llu bytes)", kind_index >> 16,
+             (unsigned long long)seq, name, (unsigned long long)bytes);
+}
+
+static int check_header(const ring *g, const step *st, const xfer *x, err_t *err) {
+    uint8_t want[HDR_BYTES];
+    put_header(want, st->kind, st->index, g->seq, st->rn);
+    if (memcmp(want, x->rhdr, HDR_BYTES) == 0) return 0;
+    if (comm_get32(x->rhdr) != STEP_MAGIC)
+        return err_set(err, "rank %d sent bytes that are not a step header (the ranks issued different operations or sizes)", left_of(g));
+    char got[128], exp[128];
+    describe(got, sizeof got, comm_get32(x->rhdr + 4), comm_get64(x->rhdr + 8), comm_get64(x->rhdr + 16));
+    describe(exp, sizeof exp, comm_get32(want + 4), g->seq, st->rn);
+    return err_set(err, "rank %d sent %s where this rank expects %s (the ranks issued different operations or sizes)", left_of(g), got, exp);
+}
+
+static void add_into(void *dst, const void *src, size_t bytes, comm_dtype t) {
+    if (t == COMM_F32) {
+        float *d = dst;
+        const float *s = src;
+        for (size_t i = 0; i < bytes / sizeof(float); i++) d[i] += s[i];
+    } else if (t == COMM_F64) {
+        double *d = dst;
+        const double *s = src;
+        for (size_t i = 0; i < bytes / sizeof(double); i++) d[i] += s[i];
+    } else {
+        int64_t *d = dst;
+        const int64_t *s = src;
+        for (size_t i = 0; i < bytes / sizeof(int64_t); i++) d[i] = (int64_t)((uint64_t)d[i] + (uint64_t)s[i]); /* wraps, no UB */
+    }
+}
+
+/* Payload bytes that may go out now: a relay forwards only whole segments (and the tail). */
+static size_t sendable(const step *st, const xfer *x) {
+    if (!st->relay || x->rdone == st->rn) return st->sn;
+    return x->rdone / SEG * SEG;
+}
+
+/* Sends what the socket takes, up to a segment per call so the receive side gets its turn. */
+static int do_send(ring *g, const step *st, xfer *x, bool *moved, err_t *err) {
+    for (size_t budget = SEG; budget > 0;) {
+        bool hdr = x->shdr_done < HDR_BYTES;
+        const uint8_t *p = hdr ? x->shdr + x->shdr_done : st->sp + x->sdone;
+        size_t n = hdr ? HDR_BYTES - x->shdr_done : sendable(st, x) - x->sdone;
+        if (n == 0) return 0;
+        ssize_t k = send(g->right, p, n < budget ? n : budget, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
+        if (k < 0) return peer_error(right_of(g), errno, err);
+        *moved = true;
+        budget -= (size_t)k < budget ? (size_t)k : budget;
+        if (hdr) x->shdr_done += (size_t)k;
+        else x->sdone += (size_t)k, g->sent += k;
+    }
+    return 0;
+}
+
+/* Where the next received bytes go and how many may come: the header, the destination, or the
+ * scratch segment of a reduction. */
+static uint8_t *recv_target(const ring *g, const step *st, xfer *x, size_t *n) {
+    if (x->rhdr_done < HDR_BYTES) return *n = HDR_BYTES - x->rhdr_done, x->rhdr + x->rhdr_done;
+    if (st->reduce < 0) return *n = st->rn - x->rdone, st->rp + x->rdone;
+    size_t in_seg = x->rdone % SEG, left = st->rn - x->rdone;
+    *n = SEG - in_seg < left ? SEG - in_seg : left;
+    return g->scratch + in_seg;
+}
+
+static int do_recv(ring *g, const step *st, xfer *x, bool *moved, err_t *err) {
+    for (size_t budget = SEG; budget > 0;) {
+        size_t n;
+        uint8_t *p = recv_target(g, st, x, &n);
+        if (n == 0) return 0;
+        ssize_t k = recv(g->left, p, n < budget ? n : budget, MSG_DONTWAIT);
+        if (k == 0) return peer_error(left_of(g), 0, err);
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
+        if (k < 0) return peer_error(left_of(g), errno, err);
+        *moved = true;
+        budget -= (size_t)k < budget ? (size_t)k : budget;
+        if (x->rhdr_done < HDR_BYTES) {
+            x->rhdr_done += (size_t)k;
+            if (x->rhdr_done == HDR_BYTES && check_header(g, st, x, err) < 0) return -1;
+            continue;
+        }
+        x->rdone += (size_t)k, g->received += k;
+        if (st->reduce >= 0 && (x->rdone % SEG == 0 || x->rdone == st->rn)) {
+            size_t start = (x->rdone - 1) / SEG * SEG; /* the segment just completed */
+            add_into(st->rp + start, g->scratch, x->rdone - start, (comm_dtype)st->reduce);
+        }
+    }
+    return 0;
+}
+
+/* The right connection carries nothing towards us: readable means closed (or a protocol error). */
+static int check_right(ring *g, err_t *err) {
+    uint8_t b;
+    ssize_t k = recv(g->right, &b, 1, MSG_DONTWAIT);
+    if (k == 0) return peer_error(right_of(g), 0, err);
+    if (k > 0) return err_set(err, "rank %d sent data on the wrong connection (protocol error)", right_of(g));
+    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
+    return peer_error(right_of(g), errno, err);
+}
+
+static int step_run(ring *g, const step *st, err_t *err) {
+    xfer x = {0};
+    put_header(x.shdr, st->kind, st->index, g->seq, st->send ? st->sn : 0);
+    double last = net_now(); /* of progress */
+    for (;;) {
+        bool sending = st->send && (x.shdr_done < HDR_BYTES || x.sdone < st->sn);
+        bool receiving = st->recv && (x.rhdr_done < HDR_BYTES || x.rdone < st->rn);
+        if (!sending && !receiving) return 0;
+        bool ready = sending && (x.shdr_done < HDR_BYTES || sendable(st, &x) > x.sdone);
+        /* The right connection is watched only while this step owes it data: once a right
+         * neighbour has everything it may finish and close, which is no error of ours. */
+        struct pollfd p[2] = {{sending ? g->right : -1, (short)(POLLIN | (ready ? POLLOUT : 0)), 0},
+                              {receiving ? g->left : -1, POLLIN, 0}};
+        int n = poll(p, 2, net_ms_left(last + g->timeout_s));
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) return err_set(err, "poll: %s", strerror(errno));
+        if (n == 0) return timeout_error(g, receiving, err);
+        bool moved = false;
+        /* sending first: a peer that is out of step then gets our header before we fail */
+        if ((p[0].revents & (POLLOUT | POLLERR | POLLHUP)) && ready && do_send(g, st, &x, &moved, err) < 0) return -1;
+        if (p[1].revents && do_recv(g, st, &x, &moved, err) < 0) return -1;
+        if ((p[0].revents & (POLLIN | POLLERR | POLLHUP)) && check_right(g, err) < 0) return -1;
+        if (moved) last = net_now();
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* the collectives                                                                             */
+
+static void set_offsets(ring *g, const int64_t *counts) {
+    g->off[0] = 0;
+    for (int i = 0; i < g->world; i++) g->off[i + 1] = g->off[i] + counts[i];
+}
+
+/* A ring step over blocks: send block sb, receive block rb. */
+static int block_step(ring *g, comm_req *r, uint16_t index, int sb, int rb, int reduce, err_t *err) {
+    size_t esz = comm_dtype_size(r->dtype);
+    uint8_t *buf = r->op == COMM_OP_BARRIER ? (uint8_t *)&r->one : r->buf;
+    step st = {.kind = (uint16_t)r->op, .index = index, .send = true, .recv = true, .reduce = reduce,
+               .sp = buf + (size_t)g->off[sb] * esz, .sn = (size_t)r->counts[sb] * esz,
+               .rp = buf + (size_t)g->off[rb] * esz, .rn = (size_t)r->counts[rb] * esz};
+    return step_run(g, &st, err);
+}
+
+/* Step s sends block r-s and receives block r-s-1; `first` numbers the steps in the header. */
+static int allgatherv(ring *g, comm_req *r, int first, err_t *err) {
+    set_offsets(g, r->counts);
+    for (int s = 0; s < g->world - 1; s++)
+        if (block_step(g, r, (uint16_t)(first + s), block(g, g->rank - s), block(g, g->rank - s - 1), -1, err) < 0) return -1;
+    return 0;
+}
+
+/* Step s sends block r-s-1 and adds the received block r-s-2 into place: after world-1 steps
+ * block b holds x_{b+1} + x_{b+2} + ... + x_b, summed in that order, on rank b. */
+static int reduce_scatterv(ring *g, comm_req *r, err_t *err) {
+    set_offsets(g, r->counts);
+    for (int s = 0; s < g->world - 1; s++)
+        if (block_step(g, r, (uint16_t)s, block(g, g->rank - s - 1), block(g, g->rank - s - 2), (int)r->dtype, err) < 0) return -1;
+    return 0;
+}
+
+static int broadcast(ring *g, comm_req *r, err_t *err) {
+    int pos = block(g, g->rank - r->root); /* place in the chain that starts at the root */
+    size_t n = (size_t)r->bytes;
+    step st = {.kind = (uint16_t)r->op, .send = pos < g->world - 1, .recv = pos > 0, .reduce = -1,
+               .relay = pos > 0 && pos < g->world - 1, .sp = r->buf, .sn = n, .rp = r->buf, .rn = n};
+    return step_run(g, &st, err);
+}
+
+int ring_run(ring *g, comm_req *r, err_t *err) {
+    g->seq++;
+    switch (r->op) {
+    case COMM_OP_ALLGATHERV: return allgatherv(g, r, 0, err);
+    case COMM_OP_REDUCE_SCATTERV: return reduce_scatterv(g, r, err);
+    case COMM_OP_BROADCAST: return broadcast(g, r, err);
+    case COMM_OP_ALLREDUCE:
+    case COMM_OP_BARRIER:
+        /* Each element is summed on its owner only, then copied: bit-identical everywhere. */
+        if (reduce_scatterv(g, r, err) < 0 || allgatherv(g, r, g->world - 1, err) < 0) return -1;
+        if (r->op == COMM_OP_BARRIER && r->one != g->world)
+            return err_set(err, "the ranks' barrier values sum to %lld, not %d (protocol error)", (long long)r->one, g->world);
+        return 0;
+    }
+    return err_set(err, "unknown operation %d", (int)r->op);
+}
+
+void ring_bytes(const ring *g, int64_t *sent, int64_t *received) {
+    *sent = g->sent;
+    *received = g->received;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* building the ring                                                                           */
+
+static void put_hello(uint8_t *h, int rank, int world) {
+    comm_put32(h, RING_MAGIC);
+    comm_put32(h + 4, RING_VERSION);
+    comm_put32(h + 8, (uint32_t)rank);
+    comm_put32(h + 12, (uint32_t)world);
+}
+
+static bool hello_is(const uint8_t *h, int rank, int world) {
+    uint8_t want[HELLO_BYTES];
+    put_hello(want, rank, world);
+    return memcmp(h, want, HELLO_BYTES) == 0;
+}
+
+static void ring_key(char *key, size_t n, int rank) { snprintf(key, n, "cephalo/ring/%d", rank); }
+
+/* Listens on the address this rank reaches the store from, on a port the kernel picks, and
+ * publishes "address:port" in the store. */
+static int listen_and_publish(ring *g, store_client *st, int *lfd, err_t *err) {
+    struct sockaddr_storage ss;
+    socklen_t len;
+    if (store_local_addr(st, &ss, &len, err) < 0) return -1;
+    if (ss.ss_family == AF_INET) ((struct sockaddr_in *)&ss)->sin_port = 0;
+    else ((struct sockaddr_in6 *)&ss)->sin6_port = 0;
+    int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return err_set(err, "socket: %s", strerror(errno));
+    *lfd = fd;
+    net_tune(fd); /* before listen(): accepted sockets inherit the buffers, and the window scale */
+    if (bind(fd, (struct sockaddr *)&ss, len) < 0 || listen(fd, 16) < 0) return err_set(err, "ring listener: %s", strerror(errno));
+    len = sizeof ss;
+    if (getsockname(fd, (struct sockaddr *)&ss, &len) < 0) return err_set(err, "getsockname: %s", strerror(errno));
+    net_set_nonblocking(fd);
+    char addr[128], key[64];
+    net_addr_str((struct sockaddr *)&ss, addr, sizeof addr);
+    ring_key(key, sizeof key, g->rank);
+    return store_set(st, key, addr, strlen(addr), err);
+}
+
+static int connect_right(ring *g, store_client *st, err_t *err) {
+    char key[64], addr[128], host[128];
+    size_t n;
+    int port, right = right_of(g);
+    ring_key(key, sizeof key, right);
+    if (store_get(st, key, addr, sizeof addr - 1, &n, err) < 0) return err_prefix(err, "waiting for rank %d's address", right);
+    addr[n] = '\0';
+    if (!net_split_hostport(addr, host, sizeof host, &port))
+        return err_set(err, "rank %d published a malformed address '%s'", right, addr);
+    double deadline = net_now() + g->timeout_s;
+    int fd = net_connect(host, port, deadline, err);
+    if (fd < 0) return err_prefix(err, "connecting to rank %d", right);
+    g->right = fd;
+    net_tune(fd);
+    uint8_t h[HELLO_BYTES];
+    put_hello(h, g->rank, g->world);
+    if (net_write_all(fd, h, sizeof h, deadline) < 0) return peer_error(right, errno, err);
+    return 0;
+}
+
+/* Accepts connections until one greets as rank-1 of this world; strays are closed. */
+static int accept_left(ring *g, int lfd, err_t *err) {
+    int left = left_of(g);
+    double deadline = net_now() + g->timeout_s;
+    for (;;) {
+        struct pollfd p = {lfd, POLLIN, 0};
+        int n = poll(&p, 1, net_ms_left(deadline));
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return err_set(err, "rank %d did not connect for %g s (timeout; CEPHALO_COMM_TIMEOUT sets it)", left, g->timeout_s);
+        struct sockaddr_storage ss;
+        socklen_t len = sizeof ss;
+        int fd = accept(lfd, (struct sockaddr *)&ss, &len);
+        if (fd < 0) continue;
+        net_set_nonblocking(fd);
+        uint8_t h[HELLO_BYTES];
+        if (net_read_all(fd, h, sizeof h, deadline) == 0 && hello_is(h, left, g->world)) {
+            g->left = fd;
+            put_hello(h, g->rank, g->world);
+            if (net_write_all(fd, h, sizeof h, deadline) < 0) return peer_error(left, errno, err);
+            return 0;
+        }
+        char peer[64];
+        net_addr_str((struct sockaddr *)&ss, peer, sizeof peer);
+        log_warn("rank %d: closed a connection from %s on the ring port: not rank %d of this job", g->rank, peer, left);
+        close(fd);
+    }
+}
+
+/* The right neighbour answers our hello with its own. */
+static int check_right_hello(ring *g, err_t *err) {
+    uint8_t h[HELLO_BYTES];
+    if (net_read_all(g->right, h, sizeof h, net_now() + g->timeout_s) < 0) {
+        if (errno == ETIMEDOUT) return err_set(err, "rank %d did not answer for %g s (timeout; CEPHALO_COMM_TIMEOUT sets it)", right_of(g), g->timeout_s);
+        return peer_error(right_of(g), errno, err);
+    }
+    if (!hello_is(h, right_of(g), g->world))
+        return err_set(err, "the address rank %d published answers as another rank or job", right_of(g));
+    return 0;
+}
+
+int ring_open(const comm_config *cfg, store_client *st, ring **out, err_t *err) {
+    ring *g = xcalloc(1, sizeof *g);
+    g->rank = cfg->rank, g->world = cfg->world, g->timeout_s = cfg->timeout_s;
+    g->left = g->right = -1;
+    int lfd = -1;
+    /* Every rank connects before it accepts; the connection completes in the listener's backlog,
+     * so the order in which ranks get here does not matter. */
+    int rc = listen_and_publish(g, st, &lfd, err);
+    if (rc == 0) rc = connect_right(g, st, err);
+    if (rc == 0) rc = accept_left(g, lfd, err);
+    if (rc == 0) rc = check_right_hello(g, err);
+    if (lfd >= 0) close(lfd);
+    if (rc < 0) {
+        ring_close(g);
+        return err_prefix(err, "ring rendezvous");
+    }
+    g->scratch = xmalloc(SEG);
+    g->off = xcalloc((size_t)g->world + 1, sizeof *g->off);
+    *out = g;
+    return 0;
+}
+
+void ring_shutdown(ring *g) {
+    if (!g) return;
+    if (g->left >= 0) shutdown(g->left, SHUT_RDWR);
+    if (g->right >= 0) shutdown(g->right, SHUT_RDWR);
+}
+
+void ring_close(ring *g) {
+    if (!g) return;
+    if (g->left >= 0) close(g->left);
+    if (g->right >= 0) close(g->right);
+    free(g->scratch);
+    free(g->off);
+    free(g);
+}
