@@ -12,33 +12,38 @@ grep -v '^#' "$A"
 rule "cephalo plan --cluster $A --model llama-3b --batch 256"
 "$BIN" plan --cluster "$A" --model llama-3b --batch 256
 
-for model in bert-large gpt-2.7b llama-3b vit-g; do
-  rule "cephalo compare --cluster $A --model $model --batch 256"
-  "$BIN" compare --cluster "$A" --model "$model" --batch 256 || true
-done
+rule "cephalo compare --cluster $A --model gpt-2.7b --batch 256"
+"$BIN" compare --cluster "$A" --model gpt-2.7b --batch 256 || true
 
-rule "with measured costs: cephalo plan ... --model bert-large --profile examples/profiles/cluster-a-bert-large.json"
-"$BIN" plan --cluster "$A" --model bert-large --batch 256 --profile examples/profiles/cluster-a-bert-large.json
-
-# Training, one rank on this CPU: the project's own docs as a byte-level corpus, a small GPT
-# planned on one emulated CPU device, 60 steps with the layered microbatch order.
-WORKER=${BUILD:-build/rel}/bin/cephalo-worker
+# Training across ranks on this machine: three emulated CPU devices (a 64 MiB one and two of
+# 20 MiB), a small byte-level GPT, and English text from Debian's `fortunes` package. Even FSDP
+# gives every device the same batch and state and does not fit on the small ones; Cephalo's plan
+# gives them less of both and trains.
 D=$(mktemp -d)
 trap 'rm -rf "$D"' EXIT
-cat >"$D/one-cpu.yaml" <<'Y'
-nodes:
-  - name: local
-    gpus: [{type: cpu, count: 1, threads: 2, memory_gib: 1}]
+TEXT=/usr/share/games/fortunes
+rule "cephalo data: the fortunes package's text ($TEXT) as byte-level shards"
+mapfile -t files < <(find "$TEXT" -maxdepth 1 -type f ! -name '*.dat' | sort)
+"$BIN" data -o "$D/shards" "${files[@]}"
+cat >"$D/job.yaml" <<Y
+# make demo's job: written by mk/demo.sh
+model: $PWD/examples/models/demo-gpt.yaml
+data: shards/train_*.bin
+batch: 24
+steps: ${DEMO_STEPS:-120}
+seed: 1
+optimizer: {lr: 3e-3, min_lr: 3e-4, warmup: 10}
+checkpoint: {dir: ckpt, every: 60}
+devices:
+  - {type: cpu, threads: 1, memory: 64M}
+  - {type: cpu, threads: 1, memory: 20M, count: 2}
 Y
-rule "cephalo data + cephalo-worker train: tiny-gpt on this repository's docs, one CPU rank"
-"$BIN" data -o "$D/shards" README.md docs/*.md
-"$BIN" plan --cluster "$D/one-cpu.yaml" --model tiny-gpt --batch 16 --seq 128 -o "$D/plan.json"
-CEPHALO_PLAN="$D/plan.json" RANK=0 WORLD_SIZE=1 "$WORKER" train --data "$D/shards/train_*.bin" \
-  --steps 60 --lr 3e-3 --warmup 5 --log "$D/train.jsonl"
-
-cat <<'MSG'
-
-The costs above are analytic estimates from the GPU catalog unless a profile is given. The
-training ran one rank; the next milestone trains across emulated heterogeneous CPU devices with
-uneven FSDP shards.
-MSG
+rule "the job ($D/job.yaml)"
+grep -v '^#' "$D/job.yaml"
+"$BIN" run "$D/job.yaml" --dry-run >"$D/dry.txt" 2>&1 || { cat "$D/dry.txt"; exit 1; }
+sed -n '/^cephalo plan/,/planned in/p' "$D/dry.txt" >"$D/cluster.txt" || true
+printf 'nodes:\n  - name: local\n    gpus:\n      - {type: cpu, count: 1, threads: 1, memory_gib: 0.0625}\n      - {type: cpu, count: 2, threads: 1, memory_gib: 0.01953125}\n' >"$D/cluster.yaml"
+rule "every strategy on these devices (even FSDP runs out of memory on the 20 MiB devices)"
+"$BIN" compare --cluster "$D/cluster.yaml" --model examples/models/demo-gpt.yaml --batch 24 || true
+rule "cephalo run: plan, start one cephalo-worker per device, train"
+"$BIN" run "$D/job.yaml" --run-dir "$D/run"
