@@ -1,5 +1,6 @@
-/* cli.c - the `cephalo` command: plan, compare, models, gpus, data.
- * Exit codes (DESIGN 5.1): 0 feasible, 3 infeasible (with the reason), 2 bad input. */
+/* cli.c - the `cephalo` command: plan, compare, models, gpus, data, run (run.c does the running).
+ * Exit codes (DESIGN 5.1): 0 feasible, 3 infeasible (with the reason), 2 bad input; `run` adds
+ * 1 (a worker failed) and 130 (interrupted). */
 #include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
@@ -15,7 +16,6 @@
 #include "inputs.h"
 #include "model.h"
 #include "plan.h"
-#include "profile.h"
 #include "run.h"
 #include "strutil.h"
 

@@ -148,7 +148,6 @@ static int parse_sizes(const yctx *y, const ynode *root, job *j) {
     j->batch_line = v->line;
     if (ymap_require(y, root, "document", "steps", &v) < 0 || ynode_int(y, v, "steps", 1, MAX_STEPS, &j->steps) < 0)
         return -1;
-    j->steps_line = v->line;
     if (get_long(y, root, "", "seq", 1, 1 << 20, &j->seq) < 0) return -1;
     int seq;
     if (j->seq && model_check_seq(&j->model, (int)j->seq, &seq, y->err) < 0)
@@ -170,9 +169,9 @@ static int parse_inputs(const yctx *y, const ynode *root, const char *dir, job *
         return err_prefix(y->err, "%s:%d: strategy", y->file, ymap_get(root, "strategy")->line);
     j->mem_cap = 0.8;
     j->comm_timeout = 60;
-    return get_positive(y, root, "mem_cap", 1, &j->mem_cap) < 0 || get_positive(y, root, "comm_timeout", 86400, &j->comm_timeout) < 0
-               ? -1
-               : 0;
+    if (get_positive(y, root, "mem_cap", 1, &j->mem_cap) < 0 || get_positive(y, root, "comm_timeout", 86400, &j->comm_timeout) < 0)
+        return -1;
+    return 0;
 }
 
 /* The worker's defaults and ranges (docs/worker.md), so the launcher refuses what a worker would. */
@@ -235,7 +234,8 @@ static int check_type(const char *type, err_t *err) {
 static int check_memory(const char *s, int64_t *out, err_t *err) {
     if (!str_to_size(s, out)) return err_set(err, "'%s' is not a size (e.g. 512M, 1.5G)", s);
     if (*out < MIN_MEMORY || (double)*out > MAX_MEMORY)
-        return err_set(err, "%s is out of range (expected 1M..4096G)", s);
+        return err_set(err, "%s is out of range (expected 1M..4096G%s)", s,
+                       isdigit((unsigned char)s[strlen(s) - 1]) ? "; a number without a unit is bytes" : "");
     return 0;
 }
 
@@ -330,11 +330,11 @@ static int parse_root(const yctx *y, const ynode *root, const char *dir, job *j)
                                        "profile", "optimizer", "checkpoint", "comm_timeout", "devices", NULL};
     if (ymap_check_keys(y, root, "document", keys) < 0) return -1;
     j->root_line = root->line;
-    return parse_name(y, root, j) < 0 || parse_model(y, root, dir, j) < 0 || parse_sizes(y, root, j) < 0 ||
-                   parse_inputs(y, root, dir, j) < 0 || parse_optimizer(y, root, j) < 0 ||
-                   parse_checkpoint(y, root, dir, j) < 0 || parse_devices(y, root, j) < 0
-               ? -1
-               : 0;
+    if (parse_name(y, root, j) < 0 || parse_model(y, root, dir, j) < 0 || parse_sizes(y, root, j) < 0 ||
+        parse_inputs(y, root, dir, j) < 0 || parse_optimizer(y, root, j) < 0 || parse_checkpoint(y, root, dir, j) < 0 ||
+        parse_devices(y, root, j) < 0)
+        return -1;
+    return 0;
 }
 
 int job_load_file(const char *path, job *out, err_t *err) {

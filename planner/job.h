@@ -57,7 +57,7 @@ typedef struct job {
     int n_items, n_devices; /* device items, and devices after each item's count */
     job_device *items;
     /* lines of fields checked again after command-line overrides (0: absent) */
-    int root_line, batch_line, steps_line, warmup_line;
+    int root_line, batch_line, warmup_line;
 } job;
 
 /* Parses the job file. Errors read "FILE:LINE: FIELD: what was expected". */

@@ -4,10 +4,10 @@
  *   rank, all in one new process group (the gang) -> progress view over RUNDIR/rank-R.jsonl ->
  *   summary (RUNDIR/summary.json), or: one worker fails -> stop the gang -> exit 1.
  *
- * The launcher never waits blocked: it wakes every 100 ms, reaps what has exited (WNOHANG), reads
- * what the workers appended to their logs, and checks a flag the signal handler sets. So a
- * failure, Ctrl-C and progress are all handled in one plain loop, without work in signal
- * handlers. The first worker leads the process group; its exit is observed with WNOWAIT and it is
+ * The launcher never waits blocked: it wakes every 100 ms (or at once on a signal: SIGCHLD,
+ * Ctrl-C), reaps what has exited (WNOHANG), reads what the workers appended to their logs, and
+ * checks a flag the signal handler sets. So a failure, Ctrl-C and progress are all handled in one
+ * plain loop; the signal handlers only set flags. The first worker leads the process group; its exit is observed with WNOWAIT and it is
  * reaped only at the very end, so that its pid (the group's id) cannot be reused by an unrelated
  * process while we may still signal the group. */
 #include "run.h"
@@ -28,8 +28,6 @@
 #ifdef __linux__
 #include <sys/prctl.h>
 #endif
-
-#include <cjson/cJSON.h>
 
 #include "fileio.h"
 #include "inputs.h"
@@ -91,11 +89,15 @@ static void nap(void) {
     nanosleep(&ts, NULL); /* a signal cuts it short: the loop then sees the flag at once */
 }
 
-/* RUNDIR/name; the run directory's length is checked once, so this cannot be cut short. */
-static const char *in_dir(const launch *l, const char *name, int rank, char *buf) {
-    char file[64];
-    snprintf(file, sizeof file, name, rank);
-    snprintf(buf, PATH_LEN, "%s/%s", l->dir, file);
+/* RUNDIR/FILE and RUNDIR/rank-R.EXT; the run directory's length is checked once (DIR_LEN), so
+ * these paths are never cut short. */
+static const char *in_dir(const launch *l, const char *file, char *buf) {
+    snprintf(buf, PATH_LEN, "%s/%.64s", l->dir, file);
+    return buf;
+}
+
+static const char *rank_file(const launch *l, int rank, const char *ext, char *buf) {
+    snprintf(buf, PATH_LEN, "%s/rank-%d.%.8s", l->dir, rank, ext);
     return buf;
 }
 
@@ -134,9 +136,9 @@ static int free_port(err_t *err) {
  * `cephalo plan --cluster RUNDIR/cluster.yaml`). */
 static int write_run_dir(const launch *l, err_t *err) {
     char path[PATH_LEN];
-    if (file_make_dir(l->dir, true, err) < 0 || inputs_save_plan(l->p, in_dir(l, "plan.json", 0, path), err) < 0) return -1;
+    if (file_make_dir(l->dir, true, err) < 0 || inputs_save_plan(l->p, in_dir(l, "plan.json", path), err) < 0) return -1;
     char *yaml = job_cluster_yaml(l->j);
-    int rc = file_write_atomic(in_dir(l, "cluster.yaml", 0, path), yaml, strlen(yaml), err);
+    int rc = file_write_atomic(in_dir(l, "cluster.yaml", path), yaml, strlen(yaml), err);
     free(yaml);
     return rc;
 }
@@ -194,7 +196,7 @@ static strv worker_args(const launch *l, int rank) {
     strv_add(&s, "--clip"), strv_add(&s, "%s", num(o->clip, a));
     strv_add(&s, "--seed"), strv_add(&s, "%llu", (unsigned long long)j->seed);
     strv_add(&s, "--data"), strv_add(&s, "%s", j->data);
-    strv_add(&s, "--log"), strv_add(&s, "%s", in_dir(l, "rank-%d.jsonl", rank, path));
+    strv_add(&s, "--log"), strv_add(&s, "%s", rank_file(l, rank, "jsonl", path));
     if (l->ckpt_dir) {
         strv_add(&s, "--ckpt-dir"), strv_add(&s, "%s", l->ckpt_dir);
         if (j->ckpt_every) strv_add(&s, "--ckpt-every"), strv_add(&s, "%ld", j->ckpt_every);
@@ -218,7 +220,7 @@ static strv worker_env(const launch *l, int rank, bool inherit) {
     strv_add(&s, "WORLD_SIZE=%d", l->world);
     strv_add(&s, "MASTER_ADDR=127.0.0.1");
     strv_add(&s, "MASTER_PORT=%d", l->port);
-    strv_add(&s, "CEPHALO_PLAN=%s", in_dir(l, "plan.json", 0, path));
+    strv_add(&s, "CEPHALO_PLAN=%s", in_dir(l, "plan.json", path));
     strv_add(&s, "CEPHALO_COMM_TIMEOUT=%s", num(l->j->comm_timeout, t));
     return s;
 }
@@ -241,7 +243,7 @@ static void print_command(const launch *l, int rank, FILE *f) {
     for (int i = 0; i < env.n; i++) fputc(' ', f), put_quoted(env.v[i], f);
     for (int i = 0; i < args.n; i++) fputc(' ', f), put_quoted(args.v[i], f);
     fputs(" >", f);
-    put_quoted(in_dir(l, "rank-%d.log", rank, path), f);
+    put_quoted(rank_file(l, rank, "log", path), f);
     fputs(" 2>&1\n", f);
     strv_free(&env);
     strv_free(&args);
@@ -250,6 +252,7 @@ static void print_command(const launch *l, int rank, FILE *f) {
 /* ---- the gang ---- */
 
 /* In the child: into the gang's process group, output to rank-R.log, then the worker. */
+static void exec_worker(const launch *l, strv *args, strv *env, int log_fd, pid_t parent) __attribute__((noreturn));
 static void exec_worker(const launch *l, strv *args, strv *env, int log_fd, pid_t parent) {
     setpgid(0, l->pgid);
 #ifdef __linux__
@@ -273,7 +276,7 @@ static void exec_worker(const launch *l, strv *args, strv *env, int log_fd, pid_
 
 static int spawn(launch *l, int rank, err_t *err) {
     char path[PATH_LEN];
-    int fd = open(in_dir(l, "rank-%d.log", rank, path), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    int fd = open(rank_file(l, rank, "log", path), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) return err_set(err, "%s: cannot write: %s", path, strerror(errno));
     strv args = worker_args(l, rank), env = worker_env(l, rank, true);
     pid_t parent = getpid(), pid = fork();
@@ -365,7 +368,7 @@ static int fail(int status, const err_t *err) {
 
 static void print_tail(const launch *l, int rank) {
     char path[PATH_LEN], buf[4096];
-    int fd = open(in_dir(l, "rank-%d.log", rank, path), O_RDONLY);
+    int fd = open(rank_file(l, rank, "log", path), O_RDONLY);
     if (fd < 0) return;
     off_t end = lseek(fd, 0, SEEK_END), from = end > (off_t)sizeof buf - 1 ? end - (off_t)sizeof buf + 1 : 0;
     ssize_t n = pread(fd, buf, sizeof buf - 1, from);
@@ -373,10 +376,14 @@ static void print_tail(const launch *l, int rank) {
     if (n <= 0) return;
     buf[n] = '\0';
     while (n > 0 && buf[n - 1] == '\n') buf[--n] = '\0';
-    char *start = buf + n;
-    for (int lines = 0; start > buf && lines < TAIL_LINES; start--)
-        if (start[-1] == '\n' && ++lines == TAIL_LINES) break;
-    if (start == buf && from > 0) start += strcspn(start, "\n") + 1; /* a cut first line */
+    char *start = buf; /* after the TAIL_LINES-th newline from the end */
+    int lines = 0;
+    for (char *p = buf + n; p > buf; p--)
+        if (p[-1] == '\n' && ++lines == TAIL_LINES) {
+            start = p;
+            break;
+        }
+    if (start == buf && from > 0 && strchr(buf, '\n')) start = strchr(buf, '\n') + 1; /* not a cut line */
     fprintf(stderr, "cephalo run: the end of %s:\n", path);
     for (char *line = strtok(start, "\n"); line; line = strtok(NULL, "\n")) fprintf(stderr, "  | %s\n", line);
 }
@@ -425,7 +432,7 @@ static void print_checkpoint(const launch *l) {
 static int interrupted(launch *l) {
     int n = running(l);
     view_end_line(&l->view);
-    fprintf(stderr, "cephalo run: interrupted; stopping %d worker%s\n", n, n == 1 ? "" : "s");
+    fprintf(stderr, "cephalo run: interrupted; stopping %d worker%s (Ctrl-C again to kill at once)\n", n, n == 1 ? "" : "s");
     stop_gang(l);
     fprintf(stderr, "cephalo run: interrupted; stopped %d worker%s\n", n, n == 1 ? "" : "s");
     print_checkpoint(l);
@@ -503,9 +510,8 @@ static int gang(launch *l) {
     install_handlers(old);
     int rc = start_gang(l, &err);
     if (rc) {
-        fprintf(stderr, "cephalo run: %s\n", err.msg);
+        rc = fail(RUN_EXIT_FAILED, &err);
         stop_gang(l);
-        rc = RUN_EXIT_FAILED;
     } else {
         if (!l->view.quiet)
             fprintf(stderr, "cephalo run: started %d worker%s (process group %d); logs in %s/rank-R.log\n", l->world,
@@ -518,7 +524,7 @@ static int gang(launch *l) {
         view_poll(&l->view);
         view_show(&l->view, true);
         view_end_line(&l->view);
-        rc = view_summary(&l->view, &err) < 0 ? (fprintf(stderr, "cephalo run: %s\n", err.msg), RUN_EXIT_FAILED) : 0;
+        if (view_summary(&l->view, &err) < 0) rc = fail(RUN_EXIT_FAILED, &err);
     }
     return rc;
 }
@@ -538,14 +544,11 @@ static int make_plan(const job *j, plan_inputs *in, plan *p, bool quiet) {
     inputs_opts io = {.profile = j->profile, .seq = j->seq, .batch = j->batch, .mem_cap = j->mem_cap};
     in->model = j->model;
     if (job_cluster(j, &in->cl, &err) < 0 || inputs_build(in, &io, &err) < 0) {
-        fprintf(stderr, "cephalo run: %s: %s\n", j->path, err.msg);
-        return RUN_EXIT_BAD_INPUT;
+        err_prefix(&err, "%s", j->path); /* e.g. a profile that cannot be read */
+        return fail(RUN_EXIT_BAD_INPUT, &err);
     }
     inputs_print_notes(in, "cephalo run", stderr);
-    if (plan_make(&in->cm, j->strat, p, &err) < 0) {
-        fprintf(stderr, "cephalo run: %s\n", err.msg);
-        return RUN_EXIT_FAILED;
-    }
+    if (plan_make(&in->cm, j->strat, p, &err) < 0) return fail(RUN_EXIT_FAILED, &err);
     if (!p->feasible) {
         fprintf(stderr, "cephalo run: infeasible: %s\n", p->reason);
         return RUN_EXIT_INFEASIBLE;
@@ -558,9 +561,12 @@ static int make_plan(const job *j, plan_inputs *in, plan *p, bool quiet) {
 static int prepare(launch *l, const run_opts *o) {
     const job *j = l->j;
     err_t err;
+    if (o->run_dir && strlen(o->run_dir) >= sizeof l->dir) {
+        err_set(&err, "--run-dir: the path is longer than %zu bytes", sizeof l->dir - 1);
+        return fail(RUN_EXIT_BAD_INPUT, &err);
+    }
     if (o->run_dir) snprintf(l->dir, sizeof l->dir, "%s", o->run_dir);
     else snprintf(l->dir, sizeof l->dir, "runs/%s", j->name);
-    if (strlen(l->dir) >= DIR_LEN - 1) return err_set(&err, "--run-dir: the path is too long"), fail(RUN_EXIT_BAD_INPUT, &err);
     if (j->ckpt_dir) {
         /* an output: relative to the run directory, so each run keeps its own checkpoints */
         l->ckpt_dir = xmalloc(strlen(l->dir) + strlen(j->ckpt_dir) + 2);

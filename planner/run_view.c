@@ -43,6 +43,9 @@ void view_init(run_view *v, const job *j, const plan *p, const char *dir, bool q
     memset(v, 0, sizeof *v);
     *v = (run_view){.j = j, .p = p, .dir = dir, .quiet = quiet, .tty = isatty(2), .world = p->n_ranks, .t_start = now_s()};
     v->r = xcalloc((size_t)v->world, sizeof *v->r);
+    char summary[PATH_LEN];
+    snprintf(summary, sizeof summary, "%s/summary.json", dir);
+    unlink(summary); /* an earlier run's: a failed run must not seem to have one */
     for (int r = 0; r < v->world; r++) {
         char path[PATH_LEN];
         /* a log left by an earlier run in this directory would read as this run's progress */
@@ -241,7 +244,8 @@ static void print_ranks(const run_view *v) {
 static void print_summary(const run_view *v, double sps, size_t from, double wall_s) {
     double pred = v->p->samples_per_s;
     if (!v->n_curve) {
-        printf("cephalo run: done: no step to run (the checkpoint was already at step %ld)\n", v->j->steps);
+        printf("cephalo run: done: no step to run: the checkpoint resumed from was at step %ld already (raise --steps, "
+               "or start afresh with checkpoint.resume: never)\n", v->j->steps);
         return;
     }
     const view_point *last = &v->curve[v->n_curve - 1];

@@ -2,8 +2,9 @@
 # CLI tests of `cephalo run`: job-file errors (exit 2, FILE:LINE: FIELD), --devices, --dry-run,
 # infeasible plans (exit 3), a real single-rank run with its summary, and the gang: one progress
 # view, a failing or killed worker stops all of them (exit 1), Ctrl-C stops them (exit 130), and
-# no worker process outlives the launcher. The gang tests use a fake worker (a shell script that
-# writes the worker's JSON-lines log) so that they do not depend on multi-rank training.
+# no worker process outlives the launcher. Most gang tests use a fake worker (a shell script that
+# writes the worker's JSON-lines log) so that they do not depend on multi-rank training; the
+# last ones run real workers across ranks.
 set -u
 B=${BUILD:-build/rel}/bin
 C=$B/cephalo
@@ -11,7 +12,7 @@ W=$B/cephalo-worker
 CA=$(cd "$B" && pwd)/cephalo
 T=$(mktemp -d)
 bg=() # launchers started in the background, killed if a test leaves one behind
-trap 'kill -9 "${bg[@]}" 2>/dev/null; [ -n "${KEEP:-}" ] || rm -rf "$T"; [ -n "${KEEP:-}" ] && echo "# kept $T"' EXIT
+trap 'kill -9 "${bg[@]}" 2>/dev/null; rm -rf "$T"' EXIT
 . "$(dirname "$0")/lib.sh"
 unset CEPHALO_WORKER
 
@@ -51,6 +52,8 @@ bad no-devices '/^devices/d' "1: document: missing field 'devices' (or give --de
 bad warmup-beyond-steps '3a optimizer: {warmup: 5}' "4: optimizer.warmup: 5 must be below the 3 steps"
 check "--steps checked against warmup" 0 "" -- "$C" run "$T/warmup-beyond-steps.yaml" --steps 6 --dry-run --run-dir "$T/r-warm"
 bad seq-beyond-model '2a seq: 4096' "3: seq:"
+bad bad-strategy '3a strategy: zero' "4: strategy: unknown strategy 'zero' (expected cephalo, fsdp, whale, cb or mb)"
+bad bad-name '1i name: my job' "1: name: 'my job' is not a usable run name"
 bad batch-below-devices 's/^batch: 8/batch: 2/; s/256M}/256M, count: 3}/' "2: batch: 2 cannot be split over 3 devices"
 check "bad --devices: no memory" 2 "--devices: 'cpu:1t' has no memory size" -- "$C" run "$T/no-devices.yaml" --devices cpu:1t
 check "bad --devices: type" 2 "--devices: 'gpu:1t:1G': unknown device type 'gpu'" -- "$C" run "$T/no-devices.yaml" --devices cpu:1t:1G,gpu:1t:1G
@@ -102,6 +105,12 @@ devices: [{type: cpu, memory: 256M}]
 Y
 check "relative paths: model file" 0 "cephalo plan: mini" -- "$C" run "$T/sub/rel.yaml" --dry-run --run-dir "$T/r-rel"
 assert "relative paths: data spec" grep -qF -- "--data $T/sub/shards/a.bin,/abs/b.bin" <<<"$("$C" run "$T/sub/rel.yaml" --dry-run --run-dir "$T/r-rel")"
+
+cp examples/profiles/cluster-a-bert-large.json "$T/sub/prof.json"
+sed '1a profile: prof.json\nstrategy: FSDP' "$T/sub/rel.yaml" >"$T/sub/prof.yaml"
+check "profile: relative, with a note for devices it lacks" 0 "cephalo run: note: the profile has no entry for cpu-1t-0.25g with mini" -- \
+  "$C" run "$T/sub/prof.yaml" --dry-run --run-dir "$T/r-prof"
+check "strategy" 0 "fsdp plan: mini" -- "$C" run "$T/sub/prof.yaml" --dry-run --run-dir "$T/r-prof"
 
 # ---- a real run: one device ----
 
@@ -225,6 +234,9 @@ assert "the failure is quick" test $((SECONDS - start)) -le 5
 check "the failing rank's log is shown" 1 "| fake-worker: rank 1: simulated failure at step 2" -- \
   env FAKE_FAIL_RANK=1 FAKE_FAIL_STEP=2 FAKE_STEP_S=0.2 "$C" run "$T/three.yaml" --run-dir "$T/r-fail" --steps 50
 assert "no orphans after a failure" no_orphans "$T/r-fail"
+cp "$T/r-fake/summary.json" "$T/r-fail/summary.json"
+env FAKE_FAIL_RANK=0 FAKE_FAIL_STEP=0 "$C" run "$T/three.yaml" --run-dir "$T/r-fail" --steps 5 >/dev/null 2>&1
+assert "a failed run leaves no summary.json (not even an earlier one)" test ! -e "$T/r-fail/summary.json"
 
 kill_rank() { # kill_rank NAME RANK PID: kill -9 of one worker of a launch: exit 1 within 15 s,
   # naming that rank, no orphans
