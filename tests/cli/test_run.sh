@@ -294,39 +294,18 @@ unset CEPHALO_WORKER
 
 # ---- real workers, several ranks ----
 
-cat >"$T/two.yaml" <<'Y'
-nodes:
-  - name: local
-    gpus: [{type: cpu, count: 2, threads: 1, memory_gib: 0.25}]
-Y
-"$C" plan --cluster "$T/two.yaml" --model tiny-gpt --batch 4 -o "$T/plan2.json" >/dev/null
-probe=$(timeout 10 env RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=9 CEPHALO_PLAN="$T/plan2.json" CEPHALO_COMM_TIMEOUT=2 \
-  "$W" train --steps 1 2>&1)
-if grep -q "needs the socket backend" <<<"$probe"; then
-  # Today's worker refuses WORLD_SIZE > 1: every rank fails at start, which tests the gang stop
-  # with real workers.
-  start=$SECONDS
-  check "real workers refusing multi-rank: exit 1" 1 "failed (exit 2)" -- "$C" run "$T/three.yaml" --run-dir "$T/r-real" --steps 3
-  assert "real workers refusing multi-rank: quick" test $((SECONDS - start)) -le 5
-  assert "real workers refusing multi-rank: log tail" grep -q "socket backend" "$T/r-real/rank-0.log"
-  assert "real workers refusing multi-rank: no orphans" no_orphans "$T/r-real"
-  echo "# skip (multi-rank workers not landed yet): 3 real-worker gang tests"
-else
-  # needs multi-rank workers
-  check "real 3-rank job trains to the end" 0 "final loss" -- "$C" run "$T/three.yaml" --run-dir "$T/r-real" --steps 6
-  assert "real 3-rank job: summary" python3 -c "
+check "real 3-rank job trains to the end" 0 "final loss" -- "$C" run "$T/three.yaml" --run-dir "$T/r-real" --steps 6
+assert "real 3-rank job: summary" python3 -c "
 import json
 s=json.load(open('$T/r-real/summary.json'))
 assert s['world_size']==3 and s['steps_run']==6 and len(s['ranks'])==3
 assert all(0<r['peak_bytes']['measured']<=r['peak_bytes']['capacity'] for r in s['ranks'])"
-  # needs multi-rank workers
-  launch real9
-  kill_rank real9 1 "$(pgrep -f "$T/r-real9/rank-1.jsonl" | head -1)"
-  # needs multi-rank workers
-  launch realint
-  kill -INT $lp
-  finish $lp 20
-  rc=$?
-  assert "real: Ctrl-C: exit 130" test $rc -eq 130
-  assert "real: Ctrl-C: no orphans" no_orphans "$T/r-realint"
-fi
+launch real9
+kill_rank real9 1 "$(pgrep -f "$T/r-real9/rank-1.jsonl" | head -1)"
+launch realint
+kill -INT $lp
+finish $lp 20
+rc=$?
+assert "real: Ctrl-C: exit 130" test $rc -eq 130
+assert "real: Ctrl-C: no orphans" no_orphans "$T/r-realint"
+
