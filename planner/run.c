@@ -10,6 +10,7 @@
  * plain loop; the signal handlers only set flags. The first worker leads the process group; its exit is observed with WNOWAIT and it is
  * reaped only at the very end, so that its pid (the group's id) cannot be reused by an unrelated
  * process while we may still signal the group. */
+#include "clock.h"
 #include "run.h"
 
 #include <arpa/inet.h>
@@ -77,12 +78,6 @@ typedef struct launch {
     worker *w;
     run_view view;
 } launch;
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
 
 static void nap(void) {
     struct timespec ts = {0, POLL_NS};
@@ -340,10 +335,10 @@ static void stop_gang(launch *l) {
     if (!l->pgid) return;
     int signals = run_signals;
     kill(-l->pgid, SIGTERM);
-    double deadline = now_s() + STOP_GRACE_S;
+    double deadline = clock_now_s() + STOP_GRACE_S;
     bool killed = false;
     for (reap(l); running(l); reap(l)) {
-        if (!killed && (now_s() > deadline || run_signals != signals)) {
+        if (!killed && (clock_now_s() > deadline || run_signals != signals)) {
             kill(-l->pgid, SIGKILL);
             killed = true;
         }

@@ -4,6 +4,7 @@
  * The logs are read with plain read() from where the last poll stopped. A worker may be caught in
  * the middle of writing a line: the text after the last newline is kept and completed by the next
  * poll, never parsed half. */
+#include "clock.h"
 #include "run_view.h"
 
 #include <fcntl.h>
@@ -28,12 +29,6 @@
 #define WARMUP_STEPS 2 /* left out of the measured samples/s: first-touch allocation, caches */
 #define GIB (1024.0 * 1024.0 * 1024.0)
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
 static const char *log_path(const run_view *v, int rank, char *buf) {
     snprintf(buf, PATH_LEN, "%s/rank-%d.jsonl", v->dir, rank);
     return buf;
@@ -41,7 +36,7 @@ static const char *log_path(const run_view *v, int rank, char *buf) {
 
 void view_init(run_view *v, const job *j, const plan *p, const char *dir, bool quiet) {
     memset(v, 0, sizeof *v);
-    *v = (run_view){.j = j, .p = p, .dir = dir, .quiet = quiet, .tty = isatty(2), .world = p->n_ranks, .t_start = now_s()};
+    *v = (run_view){.j = j, .p = p, .dir = dir, .quiet = quiet, .tty = isatty(2), .world = p->n_ranks, .t_start = clock_now_s()};
     v->r = xcalloc((size_t)v->world, sizeof *v->r);
     char summary[PATH_LEN];
     snprintf(summary, sizeof summary, "%s/summary.json", dir);
@@ -171,7 +166,7 @@ static void mem_part(const run_view *v, char *line, size_t n) {
 void view_show(run_view *v, bool force) {
     long long done = v->r[0].done;
     for (int r = 1; r < v->world; r++) done = v->r[r].done < done ? v->r[r].done : done;
-    double now = now_s();
+    double now = clock_now_s();
     if (done > 0 && v->t_first == 0) v->t_first = now, v->done_first = done;
     if (v->quiet || done == v->done_shown || (!force && now - v->t_shown < SHOW_EVERY_S)) return;
     char line[1024] = "", eta[32] = "-";
@@ -309,7 +304,7 @@ static cJSON *summary_json(const run_view *v, double sps, size_t from, double wa
 }
 
 int view_summary(run_view *v, err_t *err) {
-    double wall_s = now_s() - v->t_start;
+    double wall_s = clock_now_s() - v->t_start;
     size_t from;
     double sps = measured_sps(v, &from);
     print_summary(v, sps, from, wall_s);

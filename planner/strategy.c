@@ -14,6 +14,7 @@
 #include <strings.h>
 #include <time.h>
 
+#include "clock.h"
 #include "log.h"
 #include "optimize.h"
 #include "plan.h"
@@ -32,12 +33,6 @@ int strategy_parse(const char *name, strategy *out, err_t *err) {
         }
     }
     return err_set(err, "unknown strategy '%s' (expected cephalo, fsdp, whale, cb or mb)", name);
-}
-
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
 static void describe_rank(const cost_model *cm, int r, char *buf, size_t sz) {
@@ -366,7 +361,7 @@ int plan_evaluate(const cost_model *cm, const int *batch, const int *micro, plan
 
 int plan_make(const cost_model *cm, strategy s, plan *out, err_t *err) {
     (void)err;
-    double t0 = now_ms();
+    double t0 = clock_now_ms();
     plan_alloc(out, cm, s);
     int rc = 0;
     switch (s) {
@@ -377,6 +372,6 @@ int plan_make(const cost_model *cm, strategy s, plan *out, err_t *err) {
     case STRAT_CB: rc = make_cb(out); break;
     default: CHECK(!"unknown strategy");
     }
-    out->solve_ms = now_ms() - t0;
+    out->solve_ms = clock_now_ms() - t0;
     return rc;
 }

@@ -199,7 +199,7 @@ out:
 }
 
 static int barrier(trainer *t, const char *what, err_t *err) {
-    return t->comm ? comm_run(t->comm, comm_barrier(t->comm, what), err) : 0;
+    return t->cfg.comm ? comm_run(t->cfg.comm, comm_barrier(t->cfg.comm, what), err) : 0;
 }
 
 int ckpt_save_step(trainer *t, const char *dir, err_t *err) {

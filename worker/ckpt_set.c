@@ -178,7 +178,10 @@ ckpt_set *ckpt_set_open(const char *path, const model_spec *m, err_t *err) {
     } else {
         piece *p = add_piece(s, path);
         for (int u = 0; u < s->n_units; u++) p->n[u] = s->numel[u];
-        rc = open_piece(s, p, err);
+        rc = st_open(&p->f, path, err);
+        if (rc == 0 && st_meta(p->f, "cephalo.shard"))
+            rc = err_set(err, "%s: is one rank's file of a sharded checkpoint; give its step "
+                         "directory (or index.json) to resume", path);
         const char *v = rc == 0 ? st_meta(p->f, "cephalo.step") : NULL;
         s->step = v ? atoll(v) : 0;
     }

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "clock.h"
 #include "comm_internal.h"
 #include "log.h"
 #include "strutil.h"
@@ -129,9 +130,9 @@ static void *comm_thread(void *arg) {
         if (!c->head) c->tail = NULL;
         bool run = !c->broken;
         pthread_mutex_unlock(&c->mu);
-        double t0 = net_now();
+        double t0 = clock_now_s();
         r->rc = run ? ring_run(c->ring, r, &r->err) : -1;
-        double ms = (net_now() - t0) * 1e3;
+        double ms = (clock_now_s() - t0) * 1e3;
         pthread_mutex_lock(&c->mu);
         if (r->rc < 0) fail_request(c, r);
         account(c, r, ms);

@@ -77,7 +77,6 @@ static inline uint64_t comm_get64(const uint8_t *p) {
 #define NET_SOCKET_BUFFER (4 << 20)
 #endif
 
-double net_now(void); /* monotonic seconds */
 /* Milliseconds until the deadline for poll(), at least 0. */
 int net_ms_left(double deadline);
 /* Connects to host:port, retrying refusals and unresolvable names until the deadline (the peer

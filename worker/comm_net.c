@@ -4,6 +4,7 @@
  * Every fd here is non-blocking and every wait is a poll() with the time left, so no call can
  * block past its deadline. Sends use MSG_NOSIGNAL: a peer that died must produce an error
  * (EPIPE), not a SIGPIPE that kills this process. */
+#include "clock.h"
 #include "comm_internal.h"
 
 #include <errno.h>
@@ -18,14 +19,8 @@
 #include <time.h>
 #include <unistd.h>
 
-double net_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 int net_ms_left(double deadline) {
-    double ms = (deadline - net_now()) * 1e3;
+    double ms = (deadline - clock_now_s()) * 1e3;
     if (ms <= 0) return 0;
     return ms > 1e9 ? 1000000000 : (int)ms + 1; /* round up: never wake just before it */
 }
@@ -136,7 +131,7 @@ static int connect_one(const struct addrinfo *ai, double until) {
 int net_connect(const char *host, int port, double deadline, err_t *err) {
     char service[16], why[256] = "no attempt";
     snprintf(service, sizeof service, "%d", port);
-    double start = net_now(), backoff = 0.01;
+    double start = clock_now_s(), backoff = 0.01;
     for (;;) {
         struct addrinfo hints = {0}, *res = NULL;
         hints.ai_family = AF_UNSPEC;
@@ -148,7 +143,7 @@ int net_connect(const char *host, int port, double deadline, err_t *err) {
             for (const struct addrinfo *ai = res; ai; ai = ai->ai_next) {
                 /* A SYN to a host that is not up yet can hang: give each attempt a few seconds
                  * so a peer that comes up meanwhile is found by the next one. */
-                double until = net_now() + 3.0;
+                double until = clock_now_s() + 3.0;
                 int fd = connect_one(ai, until < deadline ? until : deadline);
                 if (fd >= 0) {
                     freeaddrinfo(res);
@@ -158,7 +153,7 @@ int net_connect(const char *host, int port, double deadline, err_t *err) {
             }
             freeaddrinfo(res);
         }
-        double left = deadline - net_now();
+        double left = deadline - clock_now_s();
         if (left <= 0) break;
         sleep_s(backoff < left ? backoff : left);
         backoff = backoff * 2 > 0.25 ? 0.25 : backoff * 2;

@@ -13,6 +13,7 @@
  * bytes) that the receiver checks, so ranks that issued different operations fail with a clear
  * message instead of silently mixing data. Payloads travel in the host's byte order: every rank
  * of a job is assumed to share it. */
+#include "clock.h"
 #include "comm_internal.h"
 
 #include <errno.h>
@@ -195,7 +196,7 @@ static int check_right(ring *g, err_t *err) {
 static int step_run(ring *g, const step *st, err_t *err) {
     xfer x = {0};
     put_header(x.shdr, st->kind, st->index, g->seq, st->send ? st->sn : 0);
-    double last = net_now(); /* of progress */
+    double last = clock_now_s(); /* of progress */
     for (;;) {
         bool sending = st->send && (x.shdr_done < HDR_BYTES || x.sdone < st->sn);
         bool receiving = st->recv && (x.rhdr_done < HDR_BYTES || x.rdone < st->rn);
@@ -214,7 +215,7 @@ static int step_run(ring *g, const step *st, err_t *err) {
         if ((p[0].revents & (POLLOUT | POLLERR | POLLHUP)) && ready && do_send(g, st, &x, &moved, err) < 0) return -1;
         if (p[1].revents && do_recv(g, st, &x, &moved, err) < 0) return -1;
         if ((p[0].revents & (POLLIN | POLLERR | POLLHUP)) && check_right(g, err) < 0) return -1;
-        if (moved) last = net_now();
+        if (moved) last = clock_now_s();
     }
 }
 
@@ -332,7 +333,7 @@ static int connect_right(ring *g, store_client *st, err_t *err) {
     addr[n] = '\0';
     if (!net_split_hostport(addr, host, sizeof host, &port))
         return err_set(err, "rank %d published a malformed address '%s'", right, addr);
-    double deadline = net_now() + g->timeout_s;
+    double deadline = clock_now_s() + g->timeout_s;
     int fd = net_connect(host, port, deadline, err);
     if (fd < 0) return err_prefix(err, "connecting to rank %d", right);
     g->right = fd;
@@ -346,7 +347,7 @@ static int connect_right(ring *g, store_client *st, err_t *err) {
 /* Accepts connections until one greets as rank-1 of this world; strays are closed. */
 static int accept_left(ring *g, int lfd, err_t *err) {
     int left = left_of(g);
-    double deadline = net_now() + g->timeout_s;
+    double deadline = clock_now_s() + g->timeout_s;
     for (;;) {
         struct pollfd p = {lfd, POLLIN, 0};
         int n = poll(&p, 1, net_ms_left(deadline));
@@ -374,7 +375,7 @@ static int accept_left(ring *g, int lfd, err_t *err) {
 /* The right neighbour answers our hello with its own. */
 static int check_right_hello(ring *g, err_t *err) {
     uint8_t h[HELLO_BYTES];
-    if (net_read_all(g->right, h, sizeof h, net_now() + g->timeout_s) < 0) {
+    if (net_read_all(g->right, h, sizeof h, clock_now_s() + g->timeout_s) < 0) {
         if (errno == ETIMEDOUT) return err_set(err, "rank %d did not answer for %g s (timeout; CEPHALO_COMM_TIMEOUT sets it)", right_of(g), g->timeout_s);
         return peer_error(right_of(g), errno, err);
     }

@@ -11,6 +11,7 @@
  * is not the protocol (unknown type, a length beyond the type's bound, a request before HELLO, no
  * HELLO within the timeout, too many connections) costs the sender its connection, nothing
  * more. */
+#include "clock.h"
 #include "comm_internal.h"
 
 #include <errno.h>
@@ -305,7 +306,7 @@ static void accept_conn(store_server *s) {
     }
     net_set_nonblocking(fd);
     sconn *k = &s->conns[s->nconns++];
-    *k = (sconn){.fd = fd, .rank = -1, .hello_by = net_now() + s->timeout_s};
+    *k = (sconn){.fd = fd, .rank = -1, .hello_by = clock_now_s() + s->timeout_s};
     snprintf(k->peer, sizeof k->peer, "%s", peer);
 }
 
@@ -318,7 +319,7 @@ static int next_wake_ms(const store_server *s) {
 }
 
 static void expire_hellos(store_server *s) {
-    double now = net_now();
+    double now = clock_now_s();
     for (int i = s->nconns - 1; i >= 0; i--)
         if (s->conns[i].rank < 0 && now >= s->conns[i].hello_by)
             conn_drop(s, i, "no greeting within the timeout");
@@ -328,7 +329,7 @@ static void on_wake(store_server *s) {
     double wait_s;
     if (read(s->wake[0], &wait_s, sizeof wait_s) != (ssize_t)sizeof wait_s) wait_s = 0;
     s->stopping = true;
-    s->stop_by = net_now() + wait_s;
+    s->stop_by = clock_now_s() + wait_s;
 }
 
 /* Services the connections the poll found ready. pfd[2 + i] belongs to conns[i]. */
@@ -349,7 +350,7 @@ static void *serve_loop(void *arg) {
     store_server *s = arg;
     struct pollfd *pfd = xcalloc((size_t)s->max_conns + 2, sizeof *pfd);
     for (;;) {
-        if (s->stopping && (s->nleft == s->world || net_now() >= s->stop_by)) break;
+        if (s->stopping && (s->nleft == s->world || clock_now_s() >= s->stop_by)) break;
         pfd[0] = (struct pollfd){s->wake[0], POLLIN, 0};
         pfd[1] = (struct pollfd){s->listen_fd, POLLIN, 0};
         int n = s->nconns;
@@ -494,7 +495,7 @@ static int hello(store_client *s, const comm_config *cfg, err_t *err) {
     comm_put32(h + 12, (uint32_t)cfg->world);
     memcpy(h + HELLO_FIXED, cfg->job_id, jl);
     uint32_t type, len;
-    double deadline = net_now() + s->timeout_s;
+    double deadline = clock_now_s() + s->timeout_s;
     if (request(s, MSG_HELLO, h, HELLO_FIXED + jl, NULL, 0, &type, &len, deadline) < 0)
         return client_fail(s, err, errno, "rendezvous");
     if (type == MSG_WELCOME && len == 0) return 0;
@@ -524,7 +525,7 @@ static void client_free(store_client *s) {
 }
 
 int store_connect(const comm_config *cfg, store_client **out, err_t *err) {
-    int fd = net_connect(cfg->master_addr, cfg->master_port, net_now() + cfg->timeout_s, err);
+    int fd = net_connect(cfg->master_addr, cfg->master_port, clock_now_s() + cfg->timeout_s, err);
     if (fd < 0) {
         char why[sizeof err->msg];
         snprintf(why, sizeof why, "%s", err->msg);
@@ -569,7 +570,7 @@ int store_set(store_client *s, const char *key, const void *val, size_t n, err_t
         memcpy(msg, key, kn);
         if (n) memcpy(msg + kn, val, n);
         uint32_t type, len;
-        if (request(s, MSG_SET, kl, 4, msg, kn + n, &type, &len, net_now() + s->timeout_s) < 0)
+        if (request(s, MSG_SET, kl, 4, msg, kn + n, &type, &len, clock_now_s() + s->timeout_s) < 0)
             rc = client_fail(s, err, errno, doing);
         else if (type != MSG_OK || len != 0)
             s->broken = true, rc = err_set(err, "%s: the store at %s answered out of protocol", doing, s->where);
@@ -581,7 +582,7 @@ int store_set(store_client *s, const char *key, const void *val, size_t n, err_t
 
 static int get_remote(store_client *s, const char *key, void *val, size_t cap, size_t *n, const char *doing, err_t *err) {
     uint32_t type, len;
-    double deadline = net_now() + s->timeout_s;
+    double deadline = clock_now_s() + s->timeout_s;
     if (request(s, MSG_GET, key, strlen(key), NULL, 0, &type, &len, deadline) < 0) {
         if (errno == ETIMEDOUT) {
             s->broken = true;
@@ -642,7 +643,7 @@ void store_close(store_client *s) {
         uint8_t hdr[FRAME_HDR];
         comm_put32(hdr, MSG_BYE);
         comm_put32(hdr + 4, 0);
-        (void)net_write_all(s->fd, hdr, sizeof hdr, net_now() + 1.0); /* best effort */
+        (void)net_write_all(s->fd, hdr, sizeof hdr, clock_now_s() + 1.0); /* best effort */
     }
     pthread_mutex_unlock(&s->mu);
     client_free(s);

@@ -5,8 +5,9 @@
 
 #include "train.h"
 
-/* Shard offsets and sizes from the config; called before the state is allocated. */
-int fsdp_setup(trainer *t, err_t *err);
+/* Shard offsets and sizes from the config (already validated: plan_read); called before the
+ * state is allocated. */
+void fsdp_setup(trainer *t);
 /* The two parameter and two gradient slots (sharded jobs only). */
 int fsdp_alloc_slots(trainer *t, err_t *err);
 void fsdp_free(trainer *t);

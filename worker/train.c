@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "fsdp.h"
 #include "log.h"
 #include "strutil.h"
@@ -45,12 +46,6 @@ double train_lr(const train_config *c, int64_t step) {
     double p = (double)(step - c->warmup) / (double)span;
     if (p > 1) p = 1;
     return min_lr + 0.5 * (c->lr - min_lr) * (1 + cos(3.14159265358979323846 * p));
-}
-
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
 /* ---- set-up ---- */
@@ -171,7 +166,8 @@ trainer *trainer_new(const train_config *cfg, err_t *err) {
         size_t bytes = (size_t)t->n_units * (size_t)cfg->world * sizeof(int64_t);
         t->cfg.shard_sizes = memcpy(xmalloc(bytes), cfg->shard_sizes, bytes);
     }
-    if (fsdp_setup(t, err) < 0 || open_data(t, err) < 0 || alloc_state(t, err) < 0 ||
+    fsdp_setup(t);
+    if (open_data(t, err) < 0 || alloc_state(t, err) < 0 ||
         fsdp_alloc_slots(t, err) < 0 || alloc_buffers(t, err) < 0) {
         trainer_free(t);
         return NULL;
@@ -379,16 +375,16 @@ static int run_step(trainer *t, double *loss, double *norm, err_t *err) {
     int s = forward_units(t, err);
     if (s < 0 || (s = head_units(t, s, &local, err)) < 0 || backward_units(t, s, err) < 0 ||
         global_loss_and_norm(t, local, loss, norm, err) < 0) {
-        if (t->comm) fsdp_drain(t);
+        if (t->cfg.comm) fsdp_drain(t);
         return -1;
     }
     return 0;
 }
 
 int trainer_step(trainer *t, step_stats *st, err_t *err) {
-    double t0 = now_ms();
+    double t0 = clock_now_ms();
     comm_stats c0 = {0}, c1 = {0};
-    if (t->comm) comm_get_stats(t->comm, &c0);
+    if (t->cfg.comm) comm_get_stats(t->cfg.comm, &c0);
     int64_t g0 = t->n_gathers, r0 = t->n_reduce_scatters, a0 = t->n_allreduces;
     t->wait_ms = 0;
     if (load_samples(t, err) < 0) return err_prefix(err, "step %lld", (long long)t->step);
@@ -398,8 +394,8 @@ int trainer_step(trainer *t, step_stats *st, err_t *err) {
     double coef = t->cfg.clip > 0 ? t->cfg.clip / (norm + 1e-6) : 1.0;
     optimizer_step(t, lr, coef < 1.0 ? (float)coef : 1.0f);
     t->dev.ops->sync(&t->dev);
-    double ms = now_ms() - t0;
-    if (t->comm) comm_get_stats(t->comm, &c1);
+    double ms = clock_now_ms() - t0;
+    if (t->cfg.comm) comm_get_stats(t->cfg.comm, &c1);
     *st = (step_stats){.step = t->step, .loss = loss, .lr = lr, .grad_norm = norm, .step_ms = ms,
                        .peak_bytes = t->dev.peak_bytes, .gathers = t->n_gathers - g0,
                        .reduce_scatters = t->n_reduce_scatters - r0,

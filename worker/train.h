@@ -62,7 +62,6 @@ typedef struct trainer {
     /* this rank's slice of each unit: [shard_off, shard_off + shard_n) */
     int64_t *shard_off, *shard_n;
     bool sharded; /* world > 1 and not replicated: parameters are gathered before use */
-    comm *comm; /* cfg.comm (not owned) */
     float **params, **grads, **adam_m, **adam_v; /* device, per unit: this rank's slice */
     /* sharded: gathered parameters of the unit computing and the next one arriving, and the full
      * gradients of the unit back-propagating and the previous one being reduce-scattered */
