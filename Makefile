@@ -7,7 +7,9 @@
 #   make bench      planning-time and CPU training benchmarks (against PyTorch)
 #   make fuzz       libFuzzer targets for the cluster, model and profile parsers
 #   SAN=1           build and test with AddressSanitizer + UndefinedBehaviorSanitizer
-#   CUDA=auto|0|1   CUDA detection (auto: build CUDA code when nvcc is found)
+#   make test-gpu   CUDA ops against the CPU device, the invariant and PyTorch oracles on the GPU
+#   make bench-gpu  tokens/s, MFU and peak memory against PyTorch on the GPU
+#   CUDA=auto|0|1   CUDA detection (auto: build cephalo-worker-cuda when nvcc is found)
 
 SHELL := /bin/bash
 CC ?= cc
@@ -60,12 +62,43 @@ TESTS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(TEST_SRC))
 BENCH := $(BUILD)/bench/bench_plan
 FUZZ_SRC := $(wildcard fuzz/fuzz_*.c)
 
+# ---- the CUDA worker (cephalo-worker-cuda): built whenever nvcc is found ----------------------
+# The CPU binaries never link CUDA: the CUDA device (worker/*.cu) and the nccl backend
+# (worker/comm_nccl.c) are linked into cephalo-worker-cuda only, which resolves the weak
+# references device.c and comm.c make to them. SAN=1 builds skip it (ASan and the CUDA runtime
+# do not mix without special options, and nothing here can run it).
+CUDA_HOME := $(patsubst %/bin/nvcc,%,$(NVCC))
+CUDA_ARCHS := 80 86 89 90
+NVCC_GENCODE := $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
+                -gencode arch=compute_90,code=compute_90
+NVCCFLAGS := -std=c++17 -O3 -lineinfo $(NVCC_GENCODE) -Icommon -Iworker \
+             -DCEPHALO_HAVE_CUDA=1 --Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror \
+             -MMD -MP
+CUDA_INC := -I$(CUDA_HOME)/include
+CUDA_LIBDIRS := $(CUDA_HOME)/lib64 $(CUDA_HOME)/lib
+CUDA_LDLIBS := $(foreach l,$(CUDA_LIBDIRS),-L$(l) -Wl,-rpath,$(l)) -lcudart -lcublasLt -lcublas \
+               -lnccl -lstdc++
+CUDA_CU_SRC := $(wildcard worker/*.cu)
+CUDA_C_SRC := $(wildcard worker/comm_nccl.c)
+CUDA_OBJ := $(patsubst %.cu,$(BUILD)/%.cu.o,$(CUDA_CU_SRC)) $(patsubst %.c,$(BUILD)/cuda/%.o,$(CUDA_C_SRC))
+WORKER_CUDA := $(BUILD)/bin/cephalo-worker-cuda
+GPU_TEST_SRC := $(wildcard tests/gpu/test_*.c)
+GPU_TESTS := $(patsubst tests/gpu/%.c,$(BUILD)/tests/gpu/%,$(GPU_TEST_SRC))
+ifeq ($(HAVE_CUDA)$(SAN),10)
+  CUDA_TARGETS := $(WORKER_CUDA) $(GPU_TESTS)
+else
+  CUDA_TARGETS :=
+endif
+
 .SECONDARY:
-.PHONY: all deps test demo bench fuzz clean help info
-all: $(CLI) $(WORKER)
+.PHONY: all deps test demo bench fuzz clean help info cuda test-gpu bench-gpu
+all: $(CLI) $(WORKER) $(CUDA_TARGETS)
+
+cuda: $(CUDA_TARGETS)
+	@[ -n "$(CUDA_TARGETS)" ] || { echo "no CUDA build: nvcc not found, CUDA=0 or SAN=1" >&2; exit 1; }
 
 help:
-	@sed -n '2,12p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '2,14p' Makefile | sed 's/^# \{0,1\}//'
 
 info:
 	@echo "build dir: $(BUILD)  SAN=$(SAN)  CUDA=$(CUDA) -> HAVE_CUDA=$(HAVE_CUDA)  nvcc: $(or $(NVCC),not found)"
@@ -96,6 +129,30 @@ $(WORKER): $(BUILD)/worker/main.o $(WLIB) $(LIB)
 $(BUILD)/tests/%: $(BUILD)/tests/unit/%.o $(WLIB) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDSAN) -o $@ $^ $(LDLIBS) -lcmocka
+
+$(BUILD)/%.cu.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+$(BUILD)/cuda/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CUDA_INC) $(CFLAGS) -c $< -o $@
+
+$(WORKER_CUDA): $(BUILD)/worker/main.o $(CUDA_OBJ) $(WLIB) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) -o $@ $^ $(LDLIBS) $(CUDA_LDLIBS)
+
+$(BUILD)/tests/gpu/%: $(BUILD)/tests/gpu/%.o $(CUDA_OBJ) $(WLIB) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) -o $@ $^ $(LDLIBS) $(CUDA_LDLIBS) -lcmocka
+
+# GPU tests and benchmarks: they need a GPU (and PyTorch with CUDA for the peers); without one
+# they say so and exit 0 after building everything.
+test-gpu: deps $(CLI) $(WORKER) cuda
+	@BUILD=$(BUILD) tests/gpu/run.sh $(GPU_TESTS)
+
+bench-gpu: deps $(CLI) cuda
+	@BUILD=$(BUILD) bench/bench_gpu.sh
 
 $(BENCH): $(BUILD)/bench/bench_plan.o $(BUILD)/bench/paper_dp.o $(LIB)
 	@mkdir -p $(dir $@)

@@ -132,24 +132,13 @@ static void compute_memory(const cost_model *cm, const cluster_device *d, const 
         if (*m0 < 0) *m0 = 0;
         return;
     }
-    bool sharded = cm->cl->n_devices > 1;
+    engine_opts eo = {.sharded = cm->cl->n_devices > 1, .bf16 = cm->opts.bf16,
+                      .double_buffer = !is_cpu(d)};
     double reserve = is_cpu(d) ? 0 : GPU_RESERVED_BYTES;
-    if (!cm->opts.bf16) {
-        /* fp32: exactly what the engine allocates (planner/engine_mem.c), linear in m */
-        double at0 = (double)engine_compute_bytes(md, cm->seq, 0, sharded);
-        *m0 = at0 + reserve;
-        *m1 = (double)engine_compute_bytes(md, cm->seq, 1, sharded) - at0;
-        return;
-    }
-    /* bf16 (the CUDA device, issue 5): the unit computing and the next one gathered in bf16,
-     * plus two fp32 full-gradient slots */
-    int elem = 2;
-    *m0 = (double)engine_max_unit_params(md) * (2 * elem + 2 * 4) + reserve;
-    double act = 0;
-    for (unit_kind k = UNIT_EMBEDDING; k <= UNIT_HEAD; k++)
-        act = fmax(act, model_kind_act_bytes(md, k, cm->seq, elem));
-    /* plus the unit's input checkpoint and output of the microbatch in flight to the host */
-    *m1 = act + 2 * model_boundary_bytes(md, cm->seq, elem);
+    /* exactly what the engine allocates (planner/engine_mem.c), linear in m */
+    double at0 = (double)engine_compute_bytes(md, cm->seq, 0, eo);
+    *m0 = at0 + reserve;
+    *m1 = (double)engine_compute_bytes(md, cm->seq, 1, eo) - at0;
 }
 
 int64_t cost_compute_bytes(const cost_group *g, int m) {

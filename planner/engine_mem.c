@@ -53,12 +53,16 @@ int64_t engine_max_unit_params(const model_spec *m) {
     return max;
 }
 
-int64_t engine_compute_bytes(const model_spec *m, int seq, int micro, bool sharded) {
+int64_t engine_compute_bytes(const model_spec *m, int seq, int micro, engine_opts o) {
     int64_t rows = (int64_t)micro * model_tokens(m, seq);
     int64_t bytes = engine_workspace_bytes(m, micro, seq);
-    bytes += 4 * rows * m->d_model * 4; /* unit input, output, output and input gradients */
-    bytes += 2 * rows * 4;              /* token ids and targets (int32) */
+    /* unit input, output, output and input gradients */
+    bytes += (o.double_buffer ? 8 : 4) * rows * m->d_model * 4;
+    bytes += 2 * rows * 4; /* token ids and targets (int32) */
     if (m->arch == ARCH_VIT) bytes += (int64_t)micro * m->channels * m->image * m->image * 4;
-    if (sharded) bytes += 4 * engine_max_unit_params(m) * 4;
+    int64_t slot = engine_max_unit_params(m);
+    if (o.sharded || o.bf16) bytes += 2 * slot * 4; /* gathered parameters */
+    if (o.sharded) bytes += 2 * slot * 4;           /* full gradients */
+    if (o.bf16) bytes += 2 * slot * 2;              /* bf16 gather buffers */
     return bytes;
 }

@@ -38,11 +38,20 @@ int engine_wide(const model_spec *m);
 int64_t engine_head_chunk_rows(int T);
 /* The largest unit's parameter count: the size of a gathered-parameter or full-gradient slot. */
 int64_t engine_max_unit_params(const model_spec *m);
+/* What changes the engine's buffers besides the model and the microbatch. */
+typedef struct engine_opts {
+    bool sharded;       /* state sharded over several ranks: parameter and gradient slots */
+    bool bf16;          /* bf16 mixed precision: parameters pass through fp32 slots and bf16
+                         * gather buffers, also with one rank */
+    bool double_buffer; /* the cuda device: two of each unit-boundary buffer, so that copies to
+                         * and from the host overlap compute */
+} engine_opts;
+
 /* Device bytes of everything but the training state for microbatch m: the workspace, a unit's
- * input and output and their gradients, the token ids and targets (and images), and, when the
- * state is sharded over several ranks, two gathered-parameter slots (the unit computing and the
- * next one arriving) and two full-gradient slots (the unit back-propagating and the previous one
- * being reduce-scattered). */
-int64_t engine_compute_bytes(const model_spec *m, int seq, int micro, bool sharded);
+ * input and output and their gradients (twice with double_buffer), the token ids and targets
+ * (and images); when the state is sharded, two gathered-parameter slots (the unit computing and
+ * the next one arriving) and two full-gradient slots (the unit back-propagating and the previous
+ * one being reduce-scattered); with bf16, two parameter slots and two bf16 gather buffers. */
+int64_t engine_compute_bytes(const model_spec *m, int seq, int micro, engine_opts o);
 
 #endif

@@ -55,6 +55,64 @@ static void cpu_copy(device *d, void *dst, const void *src, size_t bytes, copy_k
 static void cpu_sync(device *d) { (void)d; }
 
 /* ---------------------------------------------------------------------------------------------
+ * host memory, streams and events: the CPU has one memory and runs every op at once, in issue
+ * order, so copies happen when queued and events are always complete. The trainer's offload
+ * schedule (train.c) is therefore exercised on the CPU with the same calls as on CUDA. */
+
+struct dev_event {
+    int unused;
+};
+
+static void *cpu_host_alloc(device *d, size_t bytes) { return cpu_raw_alloc(d, bytes); }
+
+static void cpu_host_free(device *d, void *p, size_t bytes) { cpu_raw_free(d, p, bytes); }
+
+static void cpu_copy_async(device *d, void *dst, const void *src, size_t bytes, copy_kind kind,
+                           dev_stream s) {
+    (void)s;
+    cpu_copy(d, dst, src, bytes, kind);
+}
+
+static dev_event *cpu_event_new(device *d) {
+    (void)d;
+    return xcalloc(1, sizeof(dev_event));
+}
+
+static void cpu_event_free(device *d, dev_event *e) {
+    (void)d;
+    free(e);
+}
+
+static void cpu_event_record(device *d, dev_event *e, dev_stream s) { (void)d, (void)e, (void)s; }
+static void cpu_stream_wait(device *d, dev_stream s, dev_event *e) { (void)d, (void)e, (void)s; }
+static void cpu_event_sync(device *d, dev_event *e) { (void)d, (void)e; }
+
+static void *cpu_native_stream(device *d, dev_stream s) {
+    (void)d, (void)s;
+    return NULL;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * bf16: the upper half of an fp32, rounded to nearest even (what __float2bfloat16_rn does) */
+
+static inline uint16_t bf16_round(float x) {
+    uint32_t u = f2u(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u); /* quiet NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+static void cpu_to_bf16(device *d, uint16_t *out, const float *in, int64_t n) {
+#pragma omp parallel for simd schedule(static) num_threads(d->threads) if (n > CPU_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) out[i] = bf16_round(in[i]);
+}
+
+static void cpu_from_bf16(device *d, float *out, const uint16_t *in, int64_t n) {
+#pragma omp parallel for simd schedule(static) num_threads(d->threads) if (n > CPU_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) out[i] = u2f((uint32_t)in[i] << 16);
+}
+
+/* ---------------------------------------------------------------------------------------------
  * elementwise and reductions. Outputs may alias inputs index for index (out == a in a residual
  * add), so no restrict here; the loops are still vectorised. */
 
@@ -113,10 +171,33 @@ static void cpu_copy2d(device *d, float *out, int ldo, const float *src, int lds
 /* ---------------------------------------------------------------------------------------------
  * matrix products */
 
+/* A copy of a [rows, cols] block (leading dimension ld) with every value rounded to bf16 and
+ * widened back: the operand a bf16 tensor-core product sees. Host scratch, outside the device
+ * capacity (like the attention kernels' per-thread scratch). */
+static float *bf16_operand(device *d, const float *x, int rows, int cols, int ld) {
+    float *out = xmalloc((size_t)rows * (size_t)cols * sizeof(float));
+#pragma omp parallel for schedule(static) num_threads(d->threads) \
+    if ((int64_t)rows * cols > CPU_PAR_MIN)
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++)
+            out[(int64_t)r * cols + c] = u2f((uint32_t)bf16_round(x[(int64_t)r * ld + c]) << 16);
+    return out;
+}
+
 static void cpu_gemm(device *d, bool ta, bool tb, int M, int N, int K, float alpha, const float *A,
                      int lda, const float *B, int ldb, float beta, float *C, int ldc) {
-    (void)d; /* OpenBLAS was given d->threads at init */
+    /* OpenBLAS was given d->threads at init */
     if (M == 0 || N == 0) return;
+    if (d->matmul == DEV_MATMUL_BF16 && K > 0) {
+        /* bf16 products are exact in fp32 (8 + 8 significant bits), so sgemm on the rounded
+         * operands computes what bf16 tensor cores do, up to the order of the fp32 sums */
+        int ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
+        float *a16 = bf16_operand(d, A, ar, ac, lda), *b16 = bf16_operand(d, B, br, bc, ldb);
+        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                    M, N, K, alpha, a16, ac, b16, bc, beta, C, ldc);
+        free(a16), free(b16);
+        return;
+    }
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M,
                 N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
@@ -575,6 +656,17 @@ static const dev_ops cpu_ops = {
     .raw_free = cpu_raw_free,
     .copy = cpu_copy,
     .sync = cpu_sync,
+    .host_alloc = cpu_host_alloc,
+    .host_free = cpu_host_free,
+    .copy_async = cpu_copy_async,
+    .event_new = cpu_event_new,
+    .event_free = cpu_event_free,
+    .event_record = cpu_event_record,
+    .stream_wait = cpu_stream_wait,
+    .event_sync = cpu_event_sync,
+    .native_stream = cpu_native_stream,
+    .to_bf16 = cpu_to_bf16,
+    .from_bf16 = cpu_from_bf16,
     .fill = cpu_fill,
     .add = cpu_add,
     .axpy = cpu_axpy,

@@ -123,6 +123,32 @@ void dev_set_context(device *d, const char *fmt, ...) {
     va_end(ap);
 }
 
+/* The CUDA device lives in cephalo-worker-cuda only (worker/cuda_device.cu); the CPU binaries
+ * link without it, and these weak references are then NULL. */
+#pragma weak cuda_device_init
+#pragma weak cuda_device_close
+#pragma weak cuda_device_count
+
+int device_open(device *d, const char *kind, int rank, int threads, int gpu, int64_t capacity,
+                err_t *err) {
+    if (!strcmp(kind, "cpu")) return cpu_device_init(d, rank, threads, capacity, err);
+    if (strcmp(kind, "cuda") != 0)
+        return err_set(err, "device '%s' is unknown (expected 'cpu' or 'cuda')", kind);
+    if (!cuda_device_init)
+        return err_set(err, "rank %d: the cuda device needs cephalo-worker-cuda (this worker was "
+                       "built without CUDA; `make` builds it where nvcc is installed)", rank);
+    return cuda_device_init(d, rank, gpu, capacity, err);
+}
+
+void device_close(device *d) {
+    if (!d->ops) return;
+    if (!strcmp(d->ops->name, "cuda")) cuda_device_close(d);
+    else cpu_device_close(d);
+    d->ops = NULL;
+}
+
+int device_cuda_count(void) { return cuda_device_count ? cuda_device_count() : 0; }
+
 void dev_zero(device *d, float *x, int64_t n) { d->ops->fill(d, x, 0.0f, n); }
 
 void dev_upload(device *d, void *dst, const void *src, size_t bytes) {

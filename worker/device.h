@@ -27,6 +27,15 @@ typedef struct device device;
 
 typedef enum { COPY_H2D, COPY_D2H, COPY_D2D } copy_kind;
 
+/* The device's queues (CUDA streams). Every compute op runs on DEV_STREAM_COMPUTE in issue
+ * order; copies to and from the host offload pool run on their own streams so that they overlap
+ * compute (paper appendix B). On the CPU device everything runs at once, in issue order. */
+typedef enum { DEV_STREAM_COMPUTE = 0, DEV_STREAM_H2D = 1, DEV_STREAM_D2H = 2 } dev_stream;
+#define DEV_STREAMS 3
+
+/* A point in a stream's work (a CUDA event). */
+typedef struct dev_event dev_event;
+
 typedef struct dev_ops {
     const char *name; /* "cpu", "cuda" */
 
@@ -35,6 +44,34 @@ typedef struct dev_ops {
     void (*raw_free)(device *d, void *p, size_t bytes);
     void (*copy)(device *d, void *dst, const void *src, size_t bytes, copy_kind kind);
     void (*sync)(device *d); /* waits for all queued work (no-op on the CPU) */
+
+    /* ---- host memory, streams and events ----
+     * host_alloc: host memory the device copies to and from at full speed and asynchronously
+     * (page-locked on CUDA); NULL when the system is out of memory. Not device memory: it is
+     * not counted against the capacity. */
+    void *(*host_alloc)(device *d, size_t bytes);
+    void (*host_free)(device *d, void *p, size_t bytes);
+    /* Queues a copy on stream s and returns (CUDA: at once; CPU: after copying). Host memory
+     * must come from host_alloc. Ordering against other streams is the caller's, via events. */
+    void (*copy_async)(device *d, void *dst, const void *src, size_t bytes, copy_kind kind,
+                       dev_stream s);
+    dev_event *(*event_new)(device *d); /* never NULL (CHECK-fails when the driver refuses) */
+    void (*event_free)(device *d, dev_event *e);
+    /* Marks the work queued on stream s so far; later waits are for that work only. */
+    void (*event_record)(device *d, dev_event *e, dev_stream s);
+    /* Work queued on stream s after this call starts after e's work has finished (the host does
+     * not wait). An event never recorded is complete. */
+    void (*stream_wait)(device *d, dev_stream s, dev_event *e);
+    /* The host waits until e's work has finished. */
+    void (*event_sync)(device *d, dev_event *e);
+    /* The native handle of a stream (cudaStream_t on CUDA; NULL on the CPU), for the nccl
+     * backend, which orders its collectives after the compute queued so far. */
+    void *(*native_stream)(device *d, dev_stream s);
+
+    /* ---- bf16 (bfloat16 as uint16_t bit patterns) ----
+     * to_bf16 rounds to nearest even (NaN stays NaN); from_bf16 is exact. */
+    void (*to_bf16)(device *d, uint16_t *out, const float *in, int64_t n);
+    void (*from_bf16)(device *d, float *out, const uint16_t *in, int64_t n);
 
     /* ---- elementwise / reductions ---- */
     void (*fill)(device *d, float *x, float v, int64_t n);
@@ -48,7 +85,10 @@ typedef struct dev_ops {
 
     /* ---- matrix products ---- */
     /* C[M,N] = alpha * op(A)[M,K] * op(B)[K,N] + beta * C. op(X) = X^T when tX; A is stored
-     * [M,K] (or [K,M] when ta) with leading dimension lda; likewise B and C. */
+     * [M,K] (or [K,M] when ta) with leading dimension lda; likewise B and C. With
+     * d->matmul == DEV_MATMUL_BF16 the operands are rounded to bf16 and the products accumulate
+     * in fp32 (tensor cores on CUDA; the CPU rounds copies and calls sgemm, bit for bit the
+     * same products); DEV_MATMUL_TF32 lets CUDA use TF32 tensor cores (the CPU ignores it). */
     void (*gemm)(device *d, bool ta, bool tb, int M, int N, int K, float alpha, const float *A,
                  int lda, const float *B, int ldb, float beta, float *C, int ldc);
     /* x[N,C] += b[C] broadcast over rows (also used for position tables: C = T*d). */
@@ -134,10 +174,18 @@ typedef struct dev_ops {
                   float b1, float b2, float eps, float wd, float bc1, float bc2, float gscale);
 } dev_ops;
 
+/* How gemm treats its fp32 operands. */
+typedef enum {
+    DEV_MATMUL_FP32 = 0, /* exact fp32 products (the CPU device; CUDA without tensor cores) */
+    DEV_MATMUL_TF32 = 1, /* CUDA: TF32 tensor cores, fp32 accumulation (fp32 training on GPU) */
+    DEV_MATMUL_BF16 = 2  /* operands rounded to bf16, fp32 accumulation (bf16 mixed precision) */
+} dev_matmul;
+
 struct device {
     const dev_ops *ops;
     int rank;
     int threads;
+    dev_matmul matmul;
     int64_t capacity; /* bytes; 0 = unlimited */
     int64_t cur_bytes, peak_bytes;
     int64_t n_allocs; /* live allocations */
@@ -151,6 +199,22 @@ struct device {
  * unlimited). */
 int cpu_device_init(device *d, int rank, int threads, int64_t capacity, err_t *err);
 void cpu_device_close(device *d);
+
+/* Creates the CUDA device on GPU `gpu` (an index among the visible GPUs): its streams, cuBLAS
+ * handle and caching allocator. capacity 0 = the GPU's free memory at start less a reserve
+ * for the CUDA context and libraries; a smaller capacity emulates a smaller GPU. In a build
+ * without CUDA (cephalo-worker), it fails with a message naming cephalo-worker-cuda. */
+int cuda_device_init(device *d, int rank, int gpu, int64_t capacity, err_t *err);
+void cuda_device_close(device *d);
+/* Number of visible GPUs (0 when there is no driver or no GPU). Only in cephalo-worker-cuda;
+ * call device_cuda_count(), which is 0 in a build without CUDA. */
+int cuda_device_count(void);
+int device_cuda_count(void);
+
+/* Opens a device by kind name ("cpu" or "cuda"); closes whichever kind d is. */
+int device_open(device *d, const char *kind, int rank, int threads, int gpu, int64_t capacity,
+                err_t *err);
+void device_close(device *d);
 
 /* Accounting allocator. Returns NULL and fills d->err when the allocation would exceed the
  * capacity (the message names the rank, d->context, `what`, the size, and the bytes in use) or

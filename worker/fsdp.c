@@ -10,7 +10,16 @@
  *
  * With one rank, or a replicated plan, nothing is gathered: the "slot" is the unit's own buffer
  * and gradients accumulate in place (replicated plans all-reduce each unit's gradient once its
- * last contribution is in). */
+ * last contribution is in).
+ *
+ * bf16 mixed precision: each rank rounds its fp32 shard to bf16, the bf16 unit is gathered (half
+ * the bytes) and widened into the fp32 slot the unit computes from. One rank rounds its whole
+ * unit the same way, so every plan computes with the same bf16 values. Gradients stay fp32.
+ *
+ * Staged collectives (the cuda device with the socket backend, e.g. several ranks sharing one
+ * GPU): the communicator works on host memory, so a slot's data goes through host copies hp/hg:
+ * the own shard down before a gather and the gathered unit up after it; the full gradient down
+ * before a reduce-scatter and the own block up after it. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,24 +46,56 @@ static int wait_req(trainer *t, comm_req **r, err_t *err) {
     return rc;
 }
 
+/* The buffer a unit's parameters are gathered in: the bf16 copy or the fp32 slot itself. */
+static void *gather_buf(trainer *t, int slot) {
+    return t->cfg.bf16 ? (void *)t->pbf[slot] : (void *)t->pslot[slot];
+}
+
+static size_t gather_elem(const trainer *t) { return t->cfg.bf16 ? 2 : 4; }
+
+/* Puts this rank's shard of unit u (as bf16 when so) at its place in the gather buffer; with
+ * staging, also in the host copy the communicator reads. */
+static void place_shard(trainer *t, int u, int slot) {
+    device *d = &t->dev;
+    int64_t n = t->shard_n[u], off = t->shard_off[u];
+    if (!n) return;
+    size_t es = gather_elem(t);
+    char *buf = (char *)gather_buf(t, slot) + off * (int64_t)es;
+    if (t->cfg.bf16) d->ops->to_bf16(d, (uint16_t *)buf, t->params[u], n);
+    else if (!t->staged) d->ops->copy(d, buf, t->params[u], (size_t)n * 4, COPY_D2D);
+    if (!t->staged) return;
+    /* the device copy of the previous gather out of hp[slot] must be done before we overwrite it */
+    d->ops->event_sync(d, t->hp_read[slot]);
+    const void *src = t->cfg.bf16 ? (const void *)buf : (const void *)t->params[u];
+    d->ops->copy(d, (char *)t->hp[slot] + off * (int64_t)es, src, (size_t)n * es, COPY_D2H);
+}
+
 void fsdp_prefetch(trainer *t, int u, int slot) {
-    if (!t->sharded) return;
+    if (!t->gathered) return;
     CHECK(t->pslot_req[slot] == NULL); /* the caller waited for the slot's previous unit */
-    int64_t n = t->shard_n[u];
-    if (n)
-        t->dev.ops->copy(&t->dev, t->pslot[slot] + t->shard_off[u], t->params[u], (size_t)n * 4,
-                         COPY_D2D);
+    t->pslot_unit[slot] = u;
+    place_shard(t, u, slot);
+    if (!t->sharded) return; /* bf16 with one rank: the rounded unit is complete */
     char what[64];
     snprintf(what, sizeof what, "unit %d parameters", u);
-    t->pslot_req[slot] = comm_allgatherv(t->cfg.comm, t->pslot[slot], counts_of(t, u), COMM_F32, what);
-    t->pslot_unit[slot] = u;
+    void *buf = t->staged ? t->hp[slot] : gather_buf(t, slot);
+    t->pslot_req[slot] = comm_allgatherv(t->cfg.comm, buf, counts_of(t, u),
+                                         t->cfg.bf16 ? COMM_BF16 : COMM_F32, what);
     t->n_gathers++;
 }
 
 float *fsdp_await(trainer *t, int u, int slot, err_t *err) {
-    if (!t->sharded) return t->params[u];
+    if (!t->gathered) return t->params[u];
     CHECK(t->pslot_unit[slot] == u);
-    return wait_req(t, &t->pslot_req[slot], err) < 0 ? NULL : t->pslot[slot];
+    if (wait_req(t, &t->pslot_req[slot], err) < 0) return NULL;
+    device *d = &t->dev;
+    if (t->staged) { /* the gathered unit up to the device, behind the compute using the slot */
+        d->ops->copy_async(d, gather_buf(t, slot), t->hp[slot], (size_t)t->numel[u] * gather_elem(t),
+                           COPY_H2D, DEV_STREAM_COMPUTE);
+        d->ops->event_record(d, t->hp_read[slot], DEV_STREAM_COMPUTE);
+    }
+    if (t->cfg.bf16) d->ops->from_bf16(d, t->pslot[slot], t->pbf[slot], t->numel[u]);
+    return t->pslot[slot];
 }
 
 /* Adds a finished reduce-scatter's block (this rank's share of the sum) to the unit's shard. */
@@ -62,8 +103,11 @@ static int finish_reduce(trainer *t, int g, err_t *err) {
     if (!t->gslot_req[g]) return 0;
     if (wait_req(t, &t->gslot_req[g], err) < 0) return -1;
     int u = t->gslot_unit[g];
-    int64_t n = t->shard_n[u];
-    if (n) OP(&t->dev, axpy, t->grads[u], 1.0f, t->gslot[g] + t->shard_off[u], n);
+    int64_t n = t->shard_n[u], off = t->shard_off[u];
+    if (!n) return 0;
+    if (t->staged) /* our block of the sum, back onto the device (the slot is free by now) */
+        t->dev.ops->copy(&t->dev, t->gslot[g] + off, (float *)t->hg[g] + off, (size_t)n * 4, COPY_H2D);
+    OP(&t->dev, axpy, t->grads[u], 1.0f, t->gslot[g] + off, n);
     return 0;
 }
 
@@ -79,11 +123,30 @@ void fsdp_grad_end(trainer *t, int u, int g) {
     char what[64];
     snprintf(what, sizeof what, "unit %d gradients", u);
     if (t->sharded) {
-        t->gslot_req[g] = comm_reduce_scatterv(t->cfg.comm, t->gslot[g], counts_of(t, u), COMM_F32, what);
+        void *buf = t->gslot[g];
+        if (t->staged) { /* waits for the unit's backward to finish */
+            t->dev.ops->copy(&t->dev, t->hg[g], t->gslot[g], (size_t)t->numel[u] * 4, COPY_D2H);
+            buf = t->hg[g];
+        }
+        t->gslot_req[g] = comm_reduce_scatterv(t->cfg.comm, buf, counts_of(t, u), COMM_F32, what);
         t->n_reduce_scatters++;
     } else if (t->cfg.comm && t->cfg.replicated) {
         CHECK(t->allreduce_req[u] == NULL);
-        t->allreduce_req[u] = comm_allreduce(t->cfg.comm, t->grads[u], t->numel[u], COMM_F32, what);
+        /* staged: the whole gradient goes down now and comes back in fsdp_finish_grads */
+        void *buf = t->grads[u];
+        if (t->staged) {
+            t->dev.ops->copy(&t->dev, t->hg[0], t->grads[u], (size_t)t->numel[u] * 4, COPY_D2H);
+            t->allreduce_req[u] = comm_allreduce(t->cfg.comm, t->hg[0], t->numel[u], COMM_F32, what);
+            t->n_allreduces++;
+            err_t e;
+            /* one host buffer: finish now (replicated plans do not overlap when staged) */
+            if (wait_req(t, &t->allreduce_req[u], &e) == 0)
+                t->dev.ops->copy(&t->dev, t->grads[u], t->hg[0], (size_t)t->numel[u] * 4, COPY_H2D);
+            else
+                t->staged_err = e;
+            return;
+        }
+        t->allreduce_req[u] = comm_allreduce(t->cfg.comm, buf, t->numel[u], COMM_F32, what);
         t->n_allreduces++;
     }
 }
@@ -94,6 +157,11 @@ int fsdp_finish_grads(trainer *t, err_t *err) {
         if (finish_reduce(t, g, err) < 0) rc = -1;
     for (int u = 0; t->allreduce_req && u < t->n_units; u++)
         if (wait_req(t, &t->allreduce_req[u], err) < 0) rc = -1;
+    if (t->staged_err.msg[0] && rc == 0) {
+        *err = t->staged_err;
+        rc = -1;
+    }
+    t->staged_err.msg[0] = 0;
     return rc;
 }
 
@@ -139,6 +207,7 @@ void fsdp_setup(trainer *t) {
     t->shard_off = xcalloc((size_t)n, sizeof(int64_t));
     t->shard_n = xcalloc((size_t)n, sizeof(int64_t));
     t->sharded = world > 1 && !t->cfg.replicated;
+    t->gathered = t->sharded || t->cfg.bf16;
     CHECK(world == 1 || t->cfg.comm != NULL);
     CHECK(!t->sharded || t->cfg.shard_sizes != NULL);
     if (t->sharded) check_shards(t);
@@ -154,23 +223,43 @@ void fsdp_setup(trainer *t) {
     if (t->cfg.replicated && t->cfg.comm) t->allreduce_req = xcalloc((size_t)n, sizeof(comm_req *));
 }
 
+/* Device bytes of the slots for a unit of `max` parameters: matches engine_compute_bytes. */
 int fsdp_alloc_slots(trainer *t, err_t *err) {
-    if (!t->sharded) return 0;
     int64_t max = 0;
     for (int u = 0; u < t->n_units; u++)
         if (t->numel[u] > max) max = t->numel[u];
-    dev_set_context(&t->dev, "set-up of the gathered-parameter and gradient slots");
+    t->slot_floats = max;
+    device *d = &t->dev;
+    dev_set_context(d, "set-up of the gathered-parameter and gradient slots");
+    t->pslot_unit[0] = t->pslot_unit[1] = t->gslot_unit[0] = t->gslot_unit[1] = -1;
     const char *what[4] = {"gathered parameters", "gathered parameters (prefetch)",
                            "full gradients", "full gradients (reduce-scatter)"};
     float **slots[4] = {&t->pslot[0], &t->pslot[1], &t->gslot[0], &t->gslot[1]};
-    for (int s = 0; s < 4; s++)
-        if (!(*slots[s] = dev_alloc(&t->dev, (size_t)max * 4, what[s]))) return *err = t->dev.err, -1;
-    t->pslot_unit[0] = t->pslot_unit[1] = t->gslot_unit[0] = t->gslot_unit[1] = -1;
+    int n_slots = t->sharded ? 4 : t->gathered ? 2 : 0;
+    for (int s = 0; s < n_slots; s++)
+        if (!(*slots[s] = dev_alloc(d, (size_t)max * 4, what[s]))) return *err = d->err, -1;
+    for (int s = 0; s < 2 && t->cfg.bf16; s++)
+        if (!(t->pbf[s] = dev_alloc(d, (size_t)max * 2, "gathered bf16 parameters")))
+            return *err = d->err, -1;
+    for (int s = 0; s < 2 && t->staged; s++) {
+        t->hp[s] = d->ops->host_alloc(d, (size_t)max * 4);
+        t->hg[s] = d->ops->host_alloc(d, (size_t)max * 4);
+        t->hp_read[s] = d->ops->event_new(d);
+        if (!t->hp[s] || !t->hg[s])
+            return err_set(err, "rank %d: cannot allocate the host copies of the slots (4 x %lld "
+                           "bytes) for staged collectives", t->cfg.rank, (long long)max * 4);
+    }
     return 0;
 }
 
 void fsdp_free(trainer *t) {
     if (t->cfg.comm) fsdp_drain(t);
-    for (int s = 0; s < 2; s++) dev_free(&t->dev, t->pslot[s]), dev_free(&t->dev, t->gslot[s]);
+    device *d = &t->dev;
+    for (int s = 0; s < 2; s++) {
+        dev_free(d, t->pslot[s]), dev_free(d, t->gslot[s]), dev_free(d, t->pbf[s]);
+        if (t->hp[s]) d->ops->host_free(d, t->hp[s], (size_t)t->slot_floats * 4);
+        if (t->hg[s]) d->ops->host_free(d, t->hg[s], (size_t)t->slot_floats * 4);
+        if (t->hp_read[s]) d->ops->event_free(d, t->hp_read[s]);
+    }
     free(t->shard_off), free(t->shard_n), free(t->allreduce_req), free(t->cfg.shard_sizes);
 }

@@ -52,7 +52,18 @@ static const char usage_text[] =
     "  --clip X             global gradient-norm clip, 0 = off (default 1.0)\n"
     "  --seed N             initialisation and data order (default 1)\n"
     "  --threads N          CPU threads (default: the plan's, else all cores)\n"
-    "  --memory SIZE        emulated device memory, e.g. 2G (default: the plan's, else none)\n"
+    "  --memory SIZE        device memory, e.g. 2G (default: the plan's; else none on the CPU,\n"
+    "                       the GPU's free memory on CUDA)\n"
+    "  --device cpu|cuda    the device (default: the plan's device type: cpu, or cuda for GPUs;\n"
+    "                       else cpu); cuda needs cephalo-worker-cuda\n"
+    "  --gpu N              the GPU (default: $LOCAL_RANK, else RANK, modulo the visible GPUs)\n"
+    "  --precision fp32|bf16  fp32 (TF32 matmuls on CUDA) or bf16 mixed precision: bf16 matmul\n"
+    "                       operands, parameters gathered in bf16, fp32 master weights\n"
+    "                       (default: the plan's, else fp32; the CPU emulates bf16 exactly)\n"
+    "  --offload on|off     unit-boundary checkpoints in host memory (on, default) or device\n"
+    "  --accumulate layered|per-micro  gradient accumulation: every unit gathered and reduced\n"
+    "                       once per step (layered, default) or once per microbatch\n"
+    "  --sync-micro         finish each microbatch's compute before queueing the next\n"
     "  --ckpt-dir DIR       write checkpoints there (step_NNNNNNNN.safetensors + 'latest')\n"
     "  --ckpt-every N       checkpoint every N steps (default: only at the end)\n"
     "  --resume FILE|auto   continue from a checkpoint ('auto': DIR/latest when it exists)\n"
@@ -65,7 +76,8 @@ static const char usage_text[] =
 typedef struct worker_opts {
     const char *plan, *model, *ckpt_dir, *resume, *log, *dump;
     long batch, micro, seq, ckpt_every;
-    bool quiet, have_threads, have_memory;
+    bool quiet, have_threads, have_memory, have_gpu;
+    const char *device, *precision;
     train_config cfg;
 } worker_opts;
 
@@ -92,6 +104,13 @@ static int integer(const char *opt, const char *arg, long lo, long hi, long *out
     return 0;
 }
 
+/* One of two words. */
+static int choice(const char *opt, const char *arg, const char *a, const char *b, const char **out) {
+    if (strcmp(arg, a) && strcmp(arg, b)) return bad("%s: '%s' is not '%s' or '%s'", opt, arg, a, b);
+    *out = !strcmp(arg, a) ? a : b;
+    return 0;
+}
+
 /* Sizes like 1.5G, 512M, 1048576. */
 static int size_arg(const char *opt, const char *arg, int64_t *out) {
     char *end;
@@ -111,7 +130,8 @@ static int size_arg(const char *opt, const char *arg, int64_t *out) {
 static int parse_train(int argc, char **argv, worker_opts *o) {
     enum { O_PLAN = 256, O_MODEL, O_BATCH, O_MICRO, O_SEQ, O_DATA, O_STEPS, O_LR, O_MINLR,
            O_WARMUP, O_WD, O_B1, O_B2, O_EPS, O_CLIP, O_SEED, O_THREADS, O_MEMORY, O_CKDIR,
-           O_CKEVERY, O_RESUME, O_LOG, O_DUMP, O_QUIET };
+           O_CKEVERY, O_RESUME, O_LOG, O_DUMP, O_QUIET, O_DEVICE, O_GPU, O_PRECISION, O_OFFLOAD,
+           O_ACCUM, O_SYNCMICRO };
     static const struct option longopts[] = {
         {"plan", 1, 0, O_PLAN},       {"model", 1, 0, O_MODEL},     {"batch", 1, 0, O_BATCH},
         {"microbatch", 1, 0, O_MICRO}, {"seq", 1, 0, O_SEQ},        {"data", 1, 0, O_DATA},
@@ -121,7 +141,10 @@ static int parse_train(int argc, char **argv, worker_opts *o) {
         {"seed", 1, 0, O_SEED},       {"threads", 1, 0, O_THREADS}, {"memory", 1, 0, O_MEMORY},
         {"ckpt-dir", 1, 0, O_CKDIR},  {"ckpt-every", 1, 0, O_CKEVERY},
         {"resume", 1, 0, O_RESUME},   {"log", 1, 0, O_LOG},         {"dump", 1, 0, O_DUMP},
-        {"quiet", 0, 0, O_QUIET},     {"help", 0, 0, 'h'},          {0, 0, 0, 0}};
+        {"quiet", 0, 0, O_QUIET},     {"device", 1, 0, O_DEVICE},   {"gpu", 1, 0, O_GPU},
+        {"precision", 1, 0, O_PRECISION}, {"offload", 1, 0, O_OFFLOAD},
+        {"accumulate", 1, 0, O_ACCUM}, {"sync-micro", 0, 0, O_SYNCMICRO},
+        {"help", 0, 0, 'h'},          {0, 0, 0, 0}};
     train_config *c = &o->cfg;
     optind = 1;
     opterr = 0;
@@ -157,6 +180,22 @@ static int parse_train(int argc, char **argv, worker_opts *o) {
         case O_LOG: o->log = optarg; break;
         case O_DUMP: o->dump = optarg; break;
         case O_QUIET: o->quiet = true; break;
+        case O_DEVICE: rc = choice("--device", optarg, "cpu", "cuda", &o->device); break;
+        case O_GPU: rc = integer("--gpu", optarg, 0, 1023, &v), c->gpu = (int)v, o->have_gpu = true; break;
+        case O_PRECISION: rc = choice("--precision", optarg, "fp32", "bf16", &o->precision); break;
+        case O_OFFLOAD: {
+            const char *on;
+            rc = choice("--offload", optarg, "on", "off", &on);
+            c->no_offload = !rc && !strcmp(on, "off");
+            break;
+        }
+        case O_ACCUM: {
+            const char *how;
+            rc = choice("--accumulate", optarg, "layered", "per-micro", &how);
+            c->per_micro = !rc && !strcmp(how, "per-micro");
+            break;
+        }
+        case O_SYNCMICRO: c->sync_micro = true; break;
         case 'h': fputs(usage_text, stdout); exit(0);
         case ':': return bad("option '%s' needs a value", argv[optind - 1]);
         default: return bad("unknown option '%s'", argv[optind - 1]);
@@ -203,6 +242,17 @@ static int resolve_job(worker_opts *o) {
         if (o->batch % m) return bad("--batch %ld is not a multiple of --microbatch %ld", o->batch, m);
         c->global_batch = c->batch = (int)o->batch;
         c->micro = (int)m, c->micros = (int)(o->batch / m);
+    }
+    if (o->device) c->device = o->device;
+    if (o->precision) c->bf16 = !strcmp(o->precision, "bf16");
+    if (!c->device) c->device = "cpu";
+    /* tests: run the staged-collective path (the cuda device's with the socket backend) on CPU */
+    const char *stage = getenv("CEPHALO_STAGE_HOST");
+    c->stage_host = stage && !strcmp(stage, "1");
+    if (!strcmp(c->device, "cuda") && !o->have_gpu) {
+        int local, n = device_cuda_count();
+        if (env_int("LOCAL_RANK", rank, 0, 1 << 20, &local)) return EXIT_BAD_INPUT;
+        c->gpu = n > 0 ? local % n : 0;
     }
     if (c->warmup >= c->steps && c->warmup > 0)
         return bad("--warmup %lld must be below --steps %lld", (long long)c->warmup, (long long)c->steps);

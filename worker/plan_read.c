@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "json_util.h"
 #include "log.h"
@@ -38,9 +39,10 @@ static int read_inputs(const json_ctx *c, const cJSON *root, train_config *cfg) 
         json_require(c, in, "inputs", "precision", &prec) < 0 ||
         json_string(c, prec, "inputs.precision", &p) < 0)
         return -1;
-    if (strcmp(p, "fp32"))
-        return err_set(c->err, "%s: inputs.precision is \"%s\": the CPU device trains in fp32 "
-                               "(bf16 needs the CUDA device)", c->file, p);
+    if (strcmp(p, "fp32") && strcmp(p, "bf16"))
+        return err_set(c->err, "%s: inputs.precision is \"%s\" (expected \"fp32\" or \"bf16\")",
+                       c->file, p);
+    cfg->bf16 = !strcmp(p, "bf16");
     cfg->global_batch = (int)batch;
     cfg->seq = cfg->model.arch == ARCH_VIT ? 0 : (int)seq;
     return 0;
@@ -48,28 +50,40 @@ static int read_inputs(const json_ctx *c, const cJSON *root, train_config *cfg) 
 
 static int read_rank(const json_ctx *c, const cJSON *ranks, int rank, train_config *cfg) {
     char path[32];
-    long b, m, l, mem, threads = 0;
+    long b, mine = 0, m = 0, l = 0, mem = 0, threads = 0;
     int64_t offset = 0;
-    for (int r = 0; r <= rank; r++) {
+    int n_ranks = cJSON_GetArraySize(ranks);
+    for (int r = 0; r < n_ranks; r++) {
         const cJSON *o = cJSON_GetArrayItem(ranks, r);
         snprintf(path, sizeof path, "ranks[%d]", r);
         if (json_expect_object(c, o, path) < 0 ||
             read_int(c, o, path, "batch", 0, 1 << 20, &b) < 0)
             return -1;
         if (r < rank) offset += b;
+        const cJSON *ml = json_get(o, "microbatches");
+        if (cJSON_IsNumber(ml) && ml->valuedouble > cfg->max_micros && ml->valuedouble <= (1 << 20))
+            cfg->max_micros = (int)ml->valuedouble; /* validated below for this rank */
         if (r == rank) {
+            mine = b;
             if (read_int(c, o, path, "microbatch", 1, 1 << 20, &m) < 0 ||
                 read_int(c, o, path, "microbatches", b ? 1 : 0, 1 << 20, &l) < 0 ||
                 read_int(c, o, path, "memory_bytes", 0, 1L << 50, &mem) < 0)
                 return -1;
             if (json_get(o, "threads") && read_int(c, o, path, "threads", 1, 4096, &threads) < 0)
                 return -1;
+            const cJSON *dev = json_get(o, "device");
+            const char *type = "cpu";
+            char at[48];
+            snprintf(at, sizeof at, "%s.device", path);
+            if (dev && json_string(c, dev, at, &type) < 0) return -1;
+            /* emulated CPU devices are "cpu" or "cpu-Nt-SIZE"; every GPU type runs on cuda */
+            cfg->device = !strncasecmp(type, "cpu", 3) && (!type[3] || type[3] == '-') ? "cpu" : "cuda";
             if (b != m * l)
                 return err_set(c->err, "%s: %s: batch %ld is not microbatch %ld x %ld", c->file,
                                path, b, m, l);
         }
     }
-    cfg->batch = (int)b, cfg->micro = (int)m, cfg->micros = (int)l;
+    cfg->batch = (int)mine, cfg->micro = (int)m, cfg->micros = (int)l;
     cfg->sample_offset = offset;
     cfg->memory_bytes = mem;
     cfg->threads = (int)threads;

@@ -104,25 +104,76 @@ static size_t act_bytes(const trainer *t) {
     return (size_t)t->cfg.micro * t->tokens * t->cfg.model.d_model * sizeof(float);
 }
 
-/* The host pool the unit-boundary checkpoints and the flowing gradients are offloaded to. It
- * grows with the batch, so running out of host memory here is a bad job, not a crash. */
-static int alloc_host_pool(trainer *t, err_t *err) {
+/* The pool the unit-boundary checkpoints and the flowing gradients are offloaded to: host
+ * memory the device copies to asynchronously (page-locked on CUDA), or device memory with
+ * no_offload. It grows with the batch, so running out of host memory here is a bad job, not a
+ * crash. */
+static int alloc_pool(trainer *t, err_t *err) {
     int nb = t->n_units - 1, l = t->cfg.micros;
     size_t bytes = act_bytes(t);
     t->boundary = xcalloc((size_t)(nb * l), sizeof(float *));
     t->grad_pool = xcalloc((size_t)l, sizeof(float *));
     t->host_bytes = (int64_t)(nb + 1) * l * (int64_t)bytes;
+    if (t->cfg.no_offload) {
+        dev_set_context(&t->dev, "set-up of the checkpoint pool (offload off)");
+        for (int i = 0; i < nb * l; i++) DEV_ALLOC(t->boundary[i], bytes, "unit-boundary checkpoint");
+        for (int j = 0; j < l; j++) DEV_ALLOC(t->grad_pool[j], bytes, "flowing gradient");
+        return 0;
+    }
     /* malloc overcommits: a pool beyond physical memory would "succeed" and be OOM-killed
      * mid-step, so compare with the machine's memory first. */
     long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
     bool ok = pages <= 0 || page <= 0 || (double)t->host_bytes <= 0.9 * (double)pages * page;
-    for (int i = 0; i < nb * l && ok; i++) ok = (t->boundary[i] = malloc(bytes)) != NULL;
-    for (int j = 0; j < l && ok; j++) ok = (t->grad_pool[j] = malloc(bytes)) != NULL;
+    device *d = &t->dev;
+    for (int i = 0; i < nb * l && ok; i++) ok = (t->boundary[i] = d->ops->host_alloc(d, bytes)) != NULL;
+    for (int j = 0; j < l && ok; j++) ok = (t->grad_pool[j] = d->ops->host_alloc(d, bytes)) != NULL;
     if (ok) return 0;
     char need[32];
     return err_set(err, "rank %d: cannot allocate the %s host offload pool (%d unit inputs and "
                    "1 gradient x %d microbatches of %zu bytes) in this machine's memory; lower the batch",
                    t->cfg.rank, str_bytes((double)t->host_bytes, need, sizeof need), nb, l, bytes);
+}
+
+static void free_pool(trainer *t) {
+    int n = (t->n_units - 1) * t->cfg.micros;
+    size_t bytes = act_bytes(t);
+    device *d = &t->dev;
+    for (int i = 0; i < n + t->cfg.micros; i++) {
+        float *p = i < n ? (t->boundary ? t->boundary[i] : NULL)
+                         : (t->grad_pool ? t->grad_pool[i - n] : NULL);
+        if (!p) continue;
+        if (t->cfg.no_offload) dev_free(d, p);
+        else d->ops->host_free(d, p, bytes);
+    }
+    free(t->boundary), free(t->grad_pool);
+}
+
+static int alloc_ring(trainer *t, act_ring *r, int64_t floats, const char *what, err_t *err) {
+    device *d = &t->dev;
+    for (int k = 0; k < t->nbuf; k++) {
+        DEV_ALLOC(r->buf[k], floats * 4, what);
+        r->filled[k] = d->ops->event_new(d);
+        r->computed[k] = d->ops->event_new(d);
+        r->stored[k] = d->ops->event_new(d);
+    }
+    return 0;
+}
+
+static void free_ring(trainer *t, act_ring *r) {
+    device *d = &t->dev;
+    for (int k = 0; k < 2; k++) {
+        dev_free(d, r->buf[k]);
+        dev_event *ev[3] = {r->filled[k], r->computed[k], r->stored[k]};
+        for (int e = 0; e < 3; e++)
+            if (ev[e]) d->ops->event_free(d, ev[e]);
+    }
+}
+
+/* Host arrays the device copies from asynchronously (this step's samples). */
+static void *host_array(trainer *t, int64_t n, size_t size) {
+    void *p = t->dev.ops->host_alloc(&t->dev, (size_t)n * size);
+    CHECK(p != NULL);
+    return memset(p, 0, (size_t)n * size);
 }
 
 static int alloc_buffers(trainer *t, err_t *err) {
@@ -131,19 +182,37 @@ static int alloc_buffers(trainer *t, err_t *err) {
     int64_t rows = (int64_t)mb * T, act = rows * m->d_model;
     dev_set_context(&t->dev, "set-up of the activation buffers");
     if (!(t->acts = wm_acts_new(&t->dev, m, mb, t->cfg.seq, err))) return -1;
-    DEV_ALLOC(t->x, act * 4, "unit input");
-    DEV_ALLOC(t->y, act * 4, "unit output");
-    DEV_ALLOC(t->dy, act * 4, "output gradient");
-    DEV_ALLOC(t->dx, act * 4, "input gradient");
+    if (alloc_ring(t, &t->ax, act, "unit input", err) < 0 ||
+        alloc_ring(t, &t->ay, act, "unit output", err) < 0 ||
+        alloc_ring(t, &t->ady, act, "output gradient", err) < 0 ||
+        alloc_ring(t, &t->adx, act, "input gradient", err) < 0)
+        return -1;
+    t->pool_mark = t->dev.ops->event_new(&t->dev);
     DEV_ALLOC(t->ids_dev, rows * 4, "token ids");
     DEV_ALLOC(t->tgt_dev, rows * 4, "targets");
     int64_t img = m->arch == ARCH_VIT ? (int64_t)m->channels * m->image * m->image : 0;
     if (img) DEV_ALLOC(t->img_dev, mb * img * 4, "images");
-    t->ids_host = xcalloc((size_t)(l * rows), sizeof(int32_t));
-    t->tgt_host = xcalloc((size_t)(l * rows), sizeof(int32_t));
-    t->img_host = img ? xcalloc((size_t)(l * mb * img), sizeof(float)) : NULL;
+    t->ids_host = host_array(t, l * rows, sizeof(int32_t));
+    t->tgt_host = host_array(t, l * rows, sizeof(int32_t));
+    t->img_host = img ? host_array(t, l * mb * img, sizeof(float)) : NULL;
     t->row_scale = xcalloc((size_t)(l * mb), sizeof(float));
-    return alloc_host_pool(t, err);
+    return alloc_pool(t, err);
+}
+
+static int open_device(trainer *t, err_t *err) {
+    const train_config *c = &t->cfg;
+    const char *kind = c->device ? c->device : "cpu";
+    if (device_open(&t->dev, kind, c->rank, c->threads, c->gpu, c->memory_bytes, err) < 0)
+        return -1;
+    bool cuda = !strcmp(kind, "cuda");
+    t->nbuf = cuda ? 2 : 1;
+    t->dev.matmul = c->bf16 ? DEV_MATMUL_BF16 : cuda ? DEV_MATMUL_TF32 : DEV_MATMUL_FP32;
+    if (!c->comm) return 0;
+    if (comm_device_buffers(c->comm))
+        return comm_set_device_stream(c->comm, t->dev.ops->native_stream(&t->dev, DEV_STREAM_COMPUTE),
+                                      c->gpu, err);
+    t->staged = cuda || c->stage_host;
+    return 0;
 }
 
 trainer *trainer_new(const train_config *cfg, err_t *err) {
@@ -156,7 +225,14 @@ trainer *trainer_new(const train_config *cfg, err_t *err) {
     t->cfg = *cfg;
     t->n_units = model_n_units(&cfg->model);
     t->tokens = model_tokens(&cfg->model, cfg->seq);
-    if (cpu_device_init(&t->dev, cfg->rank, cfg->threads, cfg->memory_bytes, err) < 0) {
+    if (cfg->per_micro && cfg->replicated && cfg->world > 1) {
+        err_set(err, "per-microbatch accumulation needs a sharded plan (a replicated plan "
+                "all-reduces each unit's gradient once per step)");
+        free(t);
+        return NULL;
+    }
+    if (open_device(t, err) < 0) {
+        if (t->dev.ops) device_close(&t->dev);
         free(t);
         return NULL;
     }
@@ -186,15 +262,25 @@ void trainer_free(trainer *t) {
     fsdp_free(t);
     free(t->params), free(t->grads), free(t->adam_m), free(t->adam_v), free(t->numel);
     if (t->acts) wm_acts_free(&t->dev, t->acts);
-    void *devbufs[] = {t->x, t->y, t->dy, t->dx, t->ids_dev, t->tgt_dev, t->img_dev};
-    for (size_t i = 0; i < sizeof devbufs / sizeof devbufs[0]; i++) dev_free(&t->dev, devbufs[i]);
-    int nb = t->n_units - 1;
-    for (int i = 0; t->boundary && i < nb * t->cfg.micros; i++) free(t->boundary[i]);
-    for (int j = 0; t->grad_pool && j < t->cfg.micros; j++) free(t->grad_pool[j]);
-    free(t->boundary), free(t->grad_pool);
-    free(t->ids_host), free(t->tgt_host), free(t->img_host), free(t->row_scale);
+    device *d = &t->dev;
+    if (d->ops) d->ops->sync(d); /* copies in flight read the buffers freed below */
+    act_ring *rings[] = {&t->ax, &t->ay, &t->ady, &t->adx};
+    for (int i = 0; i < 4 && d->ops; i++) free_ring(t, rings[i]);
+    if (t->pool_mark) d->ops->event_free(d, t->pool_mark);
+    void *devbufs[] = {t->ids_dev, t->tgt_dev, t->img_dev};
+    for (size_t i = 0; i < sizeof devbufs / sizeof devbufs[0]; i++) dev_free(d, devbufs[i]);
+    if (d->ops) free_pool(t);
+    int64_t rows = (int64_t)t->cfg.micros * t->cfg.micro * t->tokens;
+    int64_t img = t->cfg.model.arch == ARCH_VIT
+                      ? (int64_t)t->cfg.micros * t->cfg.micro * t->cfg.model.channels *
+                            t->cfg.model.image * t->cfg.model.image
+                      : 0;
+    if (t->ids_host) d->ops->host_free(d, t->ids_host, (size_t)rows * 4);
+    if (t->tgt_host) d->ops->host_free(d, t->tgt_host, (size_t)rows * 4);
+    if (t->img_host) d->ops->host_free(d, t->img_host, (size_t)img * 4);
+    free(t->row_scale);
     if (t->data) data_close(t->data);
-    if (t->dev.ops) cpu_device_close(&t->dev);
+    if (d->ops) device_close(d);
     free(t);
 }
 
@@ -224,10 +310,13 @@ static int load_samples(trainer *t, err_t *err) {
     return 0;
 }
 
-/* Fills microbatch j's batch description; uploads its inputs and targets when the unit reads
- * them (the embedding and the head; blocks see only activations). */
+/* Fills microbatch j's batch description; queues the upload of its inputs and targets when the
+ * unit reads them (the embedding and the head; blocks see only activations). The uploads run on
+ * the compute stream, so they wait for the previous microbatch's compute to finish with the
+ * buffers; the host arrays stay untouched until the step's end. */
 static void stage_microbatch(trainer *t, int j, wm_batch *b, bool upload) {
     const model_spec *m = &t->cfg.model;
+    device *d = &t->dev;
     int mb = t->cfg.micro, T = t->tokens;
     int64_t rows = (int64_t)mb * T;
     *b = (wm_batch){.m = mb, .T = T, .ids = t->ids_dev, .targets = t->tgt_dev,
@@ -235,31 +324,100 @@ static void stage_microbatch(trainer *t, int j, wm_batch *b, bool upload) {
     if (!upload) return;
     if (m->arch == ARCH_VIT) {
         int64_t img = (int64_t)m->channels * m->image * m->image;
-        dev_upload(&t->dev, t->img_dev, t->img_host + j * mb * img, (size_t)(mb * img) * 4);
-        dev_upload(&t->dev, t->tgt_dev, t->tgt_host + j * mb, (size_t)mb * 4);
+        d->ops->copy_async(d, t->img_dev, t->img_host + j * mb * img, (size_t)(mb * img) * 4,
+                           COPY_H2D, DEV_STREAM_COMPUTE);
+        d->ops->copy_async(d, t->tgt_dev, t->tgt_host + j * mb, (size_t)mb * 4, COPY_H2D,
+                           DEV_STREAM_COMPUTE);
         return;
     }
-    dev_upload(&t->dev, t->ids_dev, t->ids_host + j * rows, (size_t)rows * 4);
-    dev_upload(&t->dev, t->tgt_dev, t->tgt_host + j * rows, (size_t)rows * 4);
+    d->ops->copy_async(d, t->ids_dev, t->ids_host + j * rows, (size_t)rows * 4, COPY_H2D,
+                       DEV_STREAM_COMPUTE);
+    d->ops->copy_async(d, t->tgt_dev, t->tgt_host + j * rows, (size_t)rows * 4, COPY_H2D,
+                       DEV_STREAM_COMPUTE);
 }
+
+/* ---- the offload schedule (paper appendix B) ----
+ * Microbatch j uses buffer j % nbuf of each ring. Its input checkpoint (and, backward, its output
+ * gradient) is fetched on the H2D stream while the previous microbatch computes; its output (or
+ * input gradient) is stored on the D2H stream while the next one computes. Events keep each
+ * buffer's copies and compute apart; the CPU device runs all of it at once, in order. */
+
+static copy_kind pool_kind(const trainer *t, copy_kind host_kind) {
+    return t->cfg.no_offload ? COPY_D2D : host_kind;
+}
+
+/* Queues the copy of pool entry `src` into buffer k, once compute is done with the buffer. */
+static void ring_fetch(trainer *t, act_ring *r, int k, const float *src) {
+    device *d = &t->dev;
+    d->ops->stream_wait(d, DEV_STREAM_H2D, r->computed[k]);
+    d->ops->copy_async(d, r->buf[k], src, act_bytes(t), pool_kind(t, COPY_H2D), DEV_STREAM_H2D);
+    d->ops->event_record(d, r->filled[k], DEV_STREAM_H2D);
+}
+
+/* Compute about to use buffer k: its copy in has arrived and its copy out has left. */
+static float *ring_use(trainer *t, act_ring *r, int k) {
+    device *d = &t->dev;
+    d->ops->stream_wait(d, DEV_STREAM_COMPUTE, r->filled[k]);
+    d->ops->stream_wait(d, DEV_STREAM_COMPUTE, r->stored[k]);
+    return r->buf[k];
+}
+
+static void ring_done(trainer *t, act_ring *r, int k) {
+    t->dev.ops->event_record(&t->dev, r->computed[k], DEV_STREAM_COMPUTE);
+}
+
+/* Queues the copy of buffer k (just computed) to pool entry `dst`. */
+static void ring_store(trainer *t, act_ring *r, int k, float *dst) {
+    device *d = &t->dev;
+    d->ops->stream_wait(d, DEV_STREAM_D2H, r->computed[k]);
+    d->ops->copy_async(d, dst, r->buf[k], act_bytes(t), pool_kind(t, COPY_D2H), DEV_STREAM_D2H);
+    d->ops->event_record(d, r->stored[k], DEV_STREAM_D2H);
+}
+
+/* A unit starts reading pool entries the previous unit wrote: fetches wait for those stores. */
+static void pool_barrier(trainer *t) {
+    device *d = &t->dev;
+    d->ops->event_record(d, t->pool_mark, DEV_STREAM_D2H);
+    d->ops->stream_wait(d, DEV_STREAM_H2D, t->pool_mark);
+}
+
+/* After each microbatch: optionally let its compute finish before queueing the next (so the
+ * allocator and the GPU never hold two microbatches' transient memory at once). */
+static void micro_done(trainer *t) {
+    if (t->cfg.sync_micro) t->dev.ops->sync(&t->dev);
+}
+
+static float *boundary_of(trainer *t, int u, int j) { return t->boundary[u * t->cfg.micros + j]; }
+
+/* Microbatches [j0, j1) of a step: all of them (layered accumulation) or one (per-microbatch). */
+typedef struct mb_range {
+    int j0, j1;
+} mb_range;
 
 /* Forward: unit u computes from parameter slot s while unit u+1 is gathered into the other.
  * Returns the slot the head's parameters arrive in, or -1 on a communication failure. */
-static int forward_units(trainer *t, err_t *err) {
+static int forward_units(trainer *t, mb_range r, err_t *err) {
     device *d = &t->dev;
-    int head = t->n_units - 1, l = t->cfg.micros, s = 0;
+    int head = t->n_units - 1, s = 0, nb = t->nbuf;
     fsdp_prefetch(t, 0, s);
     for (int u = 0; u < head; u++, s ^= 1) {
         const float *p = fsdp_await(t, u, s, err);
         if (!p) return -1;
         fsdp_prefetch(t, u + 1, s ^ 1);
         dev_set_context(d, "unit %d forward", u);
-        for (int j = 0; j < l; j++) {
+        pool_barrier(t);
+        if (u > 0 && r.j0 < r.j1) ring_fetch(t, &t->ax, r.j0 % nb, boundary_of(t, u - 1, r.j0));
+        for (int j = r.j0; j < r.j1; j++) {
+            int k = j % nb;
             wm_batch b;
             stage_microbatch(t, j, &b, u == 0);
-            if (u > 0) dev_upload(d, t->x, t->boundary[(u - 1) * l + j], act_bytes(t));
-            wm_unit_forward(d, &t->cfg.model, u, p, &b, t->x, t->y, t->acts);
-            dev_download(d, t->boundary[u * l + j], t->y, act_bytes(t));
+            const float *x = ring_use(t, &t->ax, k);
+            float *y = ring_use(t, &t->ay, k);
+            wm_unit_forward(d, &t->cfg.model, u, p, &b, x, y, t->acts);
+            ring_done(t, &t->ax, k), ring_done(t, &t->ay, k);
+            ring_store(t, &t->ay, k, boundary_of(t, u, j));
+            if (u > 0 && j + 1 < r.j1) ring_fetch(t, &t->ax, (j + 1) % nb, boundary_of(t, u - 1, j + 1));
+            micro_done(t);
         }
     }
     return s;
@@ -269,10 +427,10 @@ static int forward_units(trainer *t, err_t *err) {
  * embedding's parameters (gathered into the other slot, free since the last block finished) and
  * adds to the embedding's gradient, which is reduce-scattered at once so that only one full
  * embedding gradient ever exists. Returns the slot the last block's parameters arrive in. */
-static int head_units(trainer *t, int s, double *loss, err_t *err) {
+static int head_units(trainer *t, mb_range r, int s, double *loss, err_t *err) {
     device *d = &t->dev;
     const model_spec *m = &t->cfg.model;
-    int head = t->n_units - 1, l = t->cfg.micros;
+    int head = t->n_units - 1, nb = t->nbuf;
     bool tied = m->tied_head;
     int64_t per_mb = m->arch == ARCH_VIT ? (int64_t)t->cfg.micro * m->n_classes
                                          : (int64_t)t->cfg.micro * t->tokens * m->vocab;
@@ -287,14 +445,20 @@ static int head_units(trainer *t, int s, double *loss, err_t *err) {
     float *g = fsdp_grad_begin(t, head, 0, err), *gemb = NULL;
     if (!g || (tied && !(gemb = fsdp_grad_begin(t, 0, 1, err)))) return -1;
     dev_set_context(d, "head forward and backward");
-    *loss = 0;
-    for (int j = 0; j < l; j++) {
+    pool_barrier(t);
+    if (r.j0 < r.j1) ring_fetch(t, &t->ax, r.j0 % nb, boundary_of(t, head - 1, r.j0));
+    for (int j = r.j0; j < r.j1; j++) {
+        int k = j % nb;
         wm_batch b;
         stage_microbatch(t, j, &b, true);
-        dev_upload(d, t->x, t->boundary[(head - 1) * l + j], act_bytes(t));
+        const float *x = ring_use(t, &t->ax, k);
+        float *dx = ring_use(t, &t->adx, k);
         float *lo = t->logits_out && t->step == 0 ? t->logits_out + j * per_mb : NULL;
-        *loss += wm_head_step(d, m, p, g, emb, gemb, &b, t->x, t->dx, t->acts, lo);
-        dev_download(d, t->grad_pool[j], t->dx, act_bytes(t));
+        *loss += wm_head_step(d, m, p, g, emb, gemb, &b, x, dx, t->acts, lo);
+        ring_done(t, &t->ax, k), ring_done(t, &t->adx, k);
+        ring_store(t, &t->adx, k, t->grad_pool[j]);
+        if (j + 1 < r.j1) ring_fetch(t, &t->ax, (j + 1) % nb, boundary_of(t, head - 1, j + 1));
+        micro_done(t);
     }
     fsdp_grad_end(t, head, 0);
     /* replicated plans reduce the embedding once, after its own backward */
@@ -304,12 +468,21 @@ static int head_units(trainer *t, int s, double *loss, err_t *err) {
     return s;
 }
 
-/* Backward: units in reverse, each gathered once for all l microbatches (recompute from the
+/* Fetches microbatch j's inputs of unit u's backward: its checkpoint and its output gradient. */
+static void fetch_backward(trainer *t, int u, int j) {
+    int k = j % t->nbuf;
+    if (u > 0) ring_fetch(t, &t->ax, k, boundary_of(t, u - 1, j));
+    ring_fetch(t, &t->ady, k, t->grad_pool[j]);
+}
+
+/* Backward: units in reverse, each gathered once for the microbatches (recompute from the
  * offloaded checkpoint, then back-propagate), gradients accumulated over the microbatches in a
- * gradient slot and reduce-scattered once. */
-static int backward_units(trainer *t, int s, err_t *err) {
+ * gradient slot and reduce-scattered once. The input gradient of microbatch j replaces its
+ * output gradient in the pool only after that was fetched (the store waits for the compute,
+ * which waited for the fetch). */
+static int backward_units(trainer *t, mb_range r, int s, err_t *err) {
     device *d = &t->dev;
-    int head = t->n_units - 1, l = t->cfg.micros;
+    int head = t->n_units - 1, nb = t->nbuf;
     int gi = t->cfg.model.tied_head ? 0 : 1; /* the gradient slot the head left free */
     for (int u = head - 1; u >= 0; u--, s ^= 1, gi ^= 1) {
         const float *p = fsdp_await(t, u, s, err);
@@ -318,15 +491,21 @@ static int backward_units(trainer *t, int s, err_t *err) {
         float *g = fsdp_grad_begin(t, u, gi, err);
         if (!g) return -1;
         dev_set_context(d, "unit %d backward", u);
-        for (int j = 0; j < l; j++) {
+        pool_barrier(t);
+        if (r.j0 < r.j1) fetch_backward(t, u, r.j0);
+        for (int j = r.j0; j < r.j1; j++) {
+            int k = j % nb;
             wm_batch b;
             stage_microbatch(t, j, &b, u == 0);
-            if (u > 0) dev_upload(d, t->x, t->boundary[(u - 1) * l + j], act_bytes(t));
-            dev_upload(d, t->dy, t->grad_pool[j], act_bytes(t));
-            wm_unit_forward(d, &t->cfg.model, u, p, &b, t->x, t->y, t->acts);
-            wm_unit_backward(d, &t->cfg.model, u, p, g, &b, t->x, t->dy, u > 0 ? t->dx : NULL,
-                             t->acts);
-            if (u > 0) dev_download(d, t->grad_pool[j], t->dx, act_bytes(t));
+            const float *x = ring_use(t, &t->ax, k), *dy = ring_use(t, &t->ady, k);
+            float *y = ring_use(t, &t->ay, k), *dx = u > 0 ? ring_use(t, &t->adx, k) : NULL;
+            wm_unit_forward(d, &t->cfg.model, u, p, &b, x, y, t->acts);
+            wm_unit_backward(d, &t->cfg.model, u, p, g, &b, x, dy, dx, t->acts);
+            act_ring *used[] = {&t->ax, &t->ady, &t->ay, &t->adx};
+            for (int i = 0; i < (u > 0 ? 4 : 3); i++) ring_done(t, used[i], k);
+            if (u > 0) ring_store(t, &t->adx, k, t->grad_pool[j]);
+            if (j + 1 < r.j1) fetch_backward(t, u, j + 1);
+            micro_done(t);
         }
         fsdp_grad_end(t, u, gi);
     }
@@ -368,13 +547,27 @@ static int global_loss_and_norm(trainer *t, double loss, double *gloss, double *
     return 0;
 }
 
+/* One pass over the model for microbatches r; the loss adds up. */
+static int pass(trainer *t, mb_range r, double *local, err_t *err) {
+    int s = forward_units(t, r, err);
+    if (s < 0 || (s = head_units(t, r, s, local, err)) < 0) return -1;
+    return backward_units(t, r, s, err);
+}
+
 static int run_step(trainer *t, double *loss, double *norm, err_t *err) {
     for (int u = 0; u < t->n_units; u++)
         if (t->shard_n[u]) dev_zero(&t->dev, t->grads[u], t->shard_n[u]);
     double local = 0;
-    int s = forward_units(t, err);
-    if (s < 0 || (s = head_units(t, s, &local, err)) < 0 || backward_units(t, s, err) < 0 ||
-        global_loss_and_norm(t, local, loss, norm, err) < 0) {
+    int rc = 0, l = t->cfg.micros;
+    /* per microbatch, every rank makes as many passes as the rank with the most microbatches
+     * (the collectives must match); a rank out of microbatches passes with none */
+    int passes = t->cfg.max_micros > l ? t->cfg.max_micros : l;
+    if (t->cfg.per_micro)
+        for (int j = 0; j < passes && rc == 0; j++)
+            rc = pass(t, (mb_range){j < l ? j : l, j < l ? j + 1 : l}, &local, err);
+    else
+        rc = pass(t, (mb_range){0, l}, &local, err);
+    if (rc < 0 || global_loss_and_norm(t, local, loss, norm, err) < 0) {
         if (t->cfg.comm) fsdp_drain(t);
         return -1;
     }

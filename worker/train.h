@@ -23,6 +23,7 @@ typedef struct train_config {
     int seq; /* resolved sequence length (ViT: ignored) */
     int global_batch; /* B: the loss is the mean over B samples */
     int batch, micro, micros; /* this rank: b = m * l */
+    int max_micros; /* the most microbatches of any rank (per-microbatch accumulation) */
     int64_t sample_offset; /* this rank's first position in the global batch */
     int rank, world;
     /* sharding (the plan's shard_sizes): [n_units][world] element counts, rank i's slice of a
@@ -37,8 +38,18 @@ typedef struct train_config {
     int64_t warmup;
     uint64_t seed;
     /* device */
+    const char *device; /* "cpu" (default) or "cuda" */
+    int gpu;            /* cuda: the GPU's index among the visible ones */
     int threads;
-    int64_t memory_bytes; /* emulated device capacity; 0 = unlimited */
+    int64_t memory_bytes; /* device capacity; 0 = unlimited (cpu) / the GPU's free memory (cuda) */
+    bool bf16;          /* bf16 mixed precision: bf16 matmul operands, parameters gathered in
+                         * bf16; fp32 master shards, moments and gradients */
+    bool no_offload;    /* keep the unit-boundary checkpoints in device memory */
+    bool sync_micro;    /* wait for each microbatch's compute before queueing the next */
+    bool per_micro;     /* accumulate per microbatch (gather and reduce every microbatch) instead
+                         * of layered (every unit once per step) */
+    bool stage_host;    /* force host staging of collectives (tests; automatic for cuda with the
+                         * socket backend) */
     /* data: a shard file/dir/list, an image file, or "synthetic" */
     const char *data;
 } train_config;
@@ -53,6 +64,16 @@ typedef struct step_stats {
     double comm_wait_ms; /* time the step waited for collectives (exposed communication) */
 } step_stats;
 
+/* One kind of unit-boundary buffer (input x, output y, their gradients dy and dx): one buffer on
+ * the CPU, two on CUDA so that a microbatch's copy to or from the host overlaps the next
+ * microbatch's compute (paper appendix B). Events order the copy streams against compute. */
+typedef struct act_ring {
+    float *buf[2];
+    dev_event *filled[2];   /* the copy into buf[k] has finished */
+    dev_event *computed[2]; /* compute has finished with buf[k] (read or written) */
+    dev_event *stored[2];   /* the copy out of buf[k] has finished */
+} act_ring;
+
 typedef struct trainer {
     train_config cfg;
     device dev;
@@ -66,14 +87,23 @@ typedef struct trainer {
     /* sharded: gathered parameters of the unit computing and the next one arriving, and the full
      * gradients of the unit back-propagating and the previous one being reduce-scattered */
     float *pslot[2], *gslot[2];
+    uint16_t *pbf[2]; /* bf16: the gathered (or, with one rank, rounded) parameters in bf16 */
     int pslot_unit[2], gslot_unit[2];
+    bool gathered;   /* parameters pass through the slots (sharded, or bf16) */
+    bool staged;     /* collectives run on host copies (cuda device with the socket backend) */
+    void *hp[2], *hg[2]; /* staged: host copies of the parameter and gradient slots */
+    dev_event *hp_read[2]; /* staged: the copy out of hp[s] into the device has finished */
+    int64_t slot_floats; /* the largest unit: every slot's size */
+    err_t staged_err; /* staged replicated plans: an all-reduce's failure, reported at the end */
     comm_req *pslot_req[2], *gslot_req[2];
     comm_req **allreduce_req; /* replicated: per unit, the gradient all-reduce in flight */
     int64_t n_gathers, n_reduce_scatters, n_allreduces; /* running engine counters */
     double wait_ms;
     bool comm_failed; /* a step failed in a collective (a peer died or stalled) */
     wm_acts *acts;
-    float *x, *y, *dy, *dx; /* device [m*T, d] */
+    int nbuf; /* buffers per act_ring: 1 (cpu) or 2 (cuda) */
+    act_ring ax, ay, ady, adx; /* device [m*T, d] each */
+    dev_event *pool_mark; /* orders a unit's reads of the pool after the last unit's writes */
     int32_t *ids_dev, *tgt_dev;
     float *img_dev;
     /* host: this step's samples and the offloaded unit-boundary checkpoints */
@@ -82,7 +112,7 @@ typedef struct trainer {
     float *row_scale; /* [l][m]: each sample's loss weight, 1/(B * its targets) */
     float **boundary; /* [n_units - 1][l] host, each [m*T*d]; boundary[u][j] = input of unit u+1 */
     float **grad_pool; /* [l] host [m*T*d]: the gradient flowing back, per microbatch */
-    int64_t host_bytes; /* the offload pool */
+    int64_t host_bytes; /* the offload pool (device bytes when cfg.no_offload) */
     int64_t step; /* the next step to run */
     int64_t samples_seen;
     /* tests: when set, step 0's logits go here (host, [B*T*V] or [B*classes]) */

@@ -4,10 +4,12 @@
     plan_tool.py rewrite BASE.json OUT.json --ranks 5:1,3:3,0:1,4:2 --shards random --seed 3
         Rewrites a planner-made plan of N ranks: rank i gets batch b_i as microbatches of m_i
         ("b:m"; b = 0 gives the rank no samples), and every unit's shard_sizes become random
-        uneven splits (with zeros), "even", or "one" (rank 0 holds everything).
+        uneven splits (with zeros), "even", or "one" (rank 0 holds everything); --precision
+        replaces the plan's precision.
     plan_tool.py compare CKPT_A CKPT_B --tol 1e-5
         Assembles the parameters of two checkpoints (a file, or a sharded step directory with
-        index.json) and compares them unit by unit: max |a - b| / max |b| per unit <= tol.
+        index.json) and compares them unit by unit: max |a - b| / max |b| per unit <= tol
+        (--rms: ||a - b|| / ||b||, for bf16, where a few elements may take another path).
     plan_tool.py gather CKPT
         Prints the sha256 of the assembled parameters and moments (equal => identical state).
 """
@@ -51,6 +53,8 @@ def rewrite(args):
         r["batch"], r["microbatch"], r["microbatches"] = b, m, (b // m if b else 0)
         total += b
     plan["inputs"]["batch"] = total
+    if args.precision:
+        plan["inputs"]["precision"] = args.precision
     rng = random.Random(args.seed)
     for u in plan["units"]:
         n = u["numel"]
@@ -104,10 +108,14 @@ def compare(args):
         if not name.startswith("param."):
             continue
         x, y = a[name].astype(np.float64), b[name].astype(np.float64)
-        rel = np.abs(x - y).max() / max(np.abs(y).max(), 1e-30)
+        if args.rms:
+            rel = np.linalg.norm(x - y) / max(np.linalg.norm(y), 1e-30)
+        else:
+            rel = np.abs(x - y).max() / max(np.abs(y).max(), 1e-30)
         if rel > worst:
             worst, where = rel, name
-    print(f"max relative parameter difference {worst:.3g} ({where})")
+    kind = "rms" if args.rms else "max"
+    print(f"{kind} relative parameter difference {worst:.3g} ({where})")
     sys.exit(0 if worst <= args.tol else 1)
 
 
@@ -128,9 +136,12 @@ def main():
     r.add_argument("--ranks", required=True)
     r.add_argument("--shards", choices=["random", "even", "one"], default="random")
     r.add_argument("--seed", type=int, default=1)
+    r.add_argument("--precision", choices=["fp32", "bf16"], help="replaces inputs.precision")
     c = sub.add_parser("compare")
     c.add_argument("a"), c.add_argument("b")
     c.add_argument("--tol", type=float, default=1e-5)
+    c.add_argument("--rms", action="store_true",
+                   help="||a - b|| / ||b|| per unit instead of max |a - b| / max |b|")
     g = sub.add_parser("gather")
     g.add_argument("ckpt")
     args = p.parse_args()

@@ -287,8 +287,13 @@ static void test_plan_read(void **state) {
     assert_false(c.replicated);
     assert_int_equal(read_plan_units("fp32", "2", 1, 0, 2, &c, &err), -1);
     assert_non_null(strstr(err.msg, "units[1].shard_sizes add up to"));
-    assert_int_equal(read_plan("bf16", "2", 0, 2, &c, &err), -1);
-    assert_non_null(strstr(err.msg, "bf16"));
+    train_config_release(&c);
+    if (read_plan("bf16", "2", 0, 2, &c, &err) != 0) fail_msg("%s", err.msg);
+    assert_true(c.bf16);
+    assert_string_equal(c.device, "cpu");
+    train_config_release(&c);
+    assert_int_equal(read_plan("fp16", "2", 0, 2, &c, &err), -1);
+    assert_non_null(strstr(err.msg, "inputs.precision is \"fp16\" (expected \"fp32\" or \"bf16\")"));
     assert_int_equal(read_plan("fp32", "2", 0, 3, &c, &err), -1);
     assert_non_null(strstr(err.msg, "WORLD_SIZE is 3"));
     assert_int_equal(read_plan("fp32", "3", 1, 2, &c, &err), -1);
