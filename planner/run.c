@@ -98,8 +98,9 @@ static const char *rank_file(const launch *l, int rank, const char *ext, char *b
 
 /* ---- set-up ---- */
 
-/* The worker binary: $CEPHALO_WORKER, else cephalo-worker next to this program. */
-static int find_worker(char *out, err_t *err) {
+/* The worker binary: $CEPHALO_WORKER, else cephalo-worker next to this program, or
+ * cephalo-worker-cuda when some rank's device is a GPU. */
+static int find_worker(char *out, bool gpu, err_t *err) {
     const char *env = getenv("CEPHALO_WORKER");
     if (env && *env) {
         snprintf(out, PATH_LEN, "%s", env);
@@ -109,7 +110,7 @@ static int find_worker(char *out, err_t *err) {
         if (n <= 0) return err_set(err, "cannot find this program's directory (/proc/self/exe); set $CEPHALO_WORKER");
         self[n] = '\0';
         *strrchr(self, '/') = '\0';
-        snprintf(out, PATH_LEN, "%.4000s/cephalo-worker", self);
+        snprintf(out, PATH_LEN, "%.4000s/cephalo-worker%s", self, gpu ? "-cuda" : "");
     }
     if (access(out, X_OK) != 0) return err_set(err, "%s: cannot execute the worker: %s (set $CEPHALO_WORKER)", out, strerror(errno));
     return 0;
@@ -202,7 +203,7 @@ static strv worker_args(const launch *l, int rank) {
 
 /* DESIGN 5.1: the variables a pod gets. */
 static strv worker_env(const launch *l, int rank, bool inherit) {
-    static const char *const ours[] = {"RANK=", "WORLD_SIZE=", "MASTER_ADDR=", "MASTER_PORT=", "CEPHALO_PLAN=",
+    static const char *const ours[] = {"RANK=", "LOCAL_RANK=", "WORLD_SIZE=", "MASTER_ADDR=", "MASTER_PORT=", "CEPHALO_PLAN=",
                                        "CEPHALO_COMM_TIMEOUT=", NULL};
     char path[PATH_LEN], t[32];
     strv s = {0};
@@ -217,6 +218,7 @@ static strv worker_env(const launch *l, int rank, bool inherit) {
     strv_add(&s, "MASTER_PORT=%d", l->port);
     strv_add(&s, "CEPHALO_PLAN=%s", in_dir(l, "plan.json", path));
     strv_add(&s, "CEPHALO_COMM_TIMEOUT=%s", num(l->j->comm_timeout, t));
+    strv_add(&s, "LOCAL_RANK=%d", rank); /* every rank runs here: the GPU is LOCAL_RANK % GPUs */
     return s;
 }
 
@@ -572,7 +574,9 @@ static int prepare(launch *l, const run_opts *o) {
     l->w = xcalloc((size_t)l->world, sizeof *l->w);
     if ((l->port = free_port(&err)) < 0) return fail(RUN_EXIT_FAILED, &err);
     /* a dry run prints the commands even without a worker binary */
-    if (find_worker(l->worker, &err) < 0 && !o->dry_run) return fail(RUN_EXIT_FAILED, &err);
+    bool gpu = false;
+    for (int i = 0; i < l->p->cm->cl->n_devices; i++) gpu |= l->p->cm->cl->devices[i].threads == 0;
+    if (find_worker(l->worker, gpu, &err) < 0 && !o->dry_run) return fail(RUN_EXIT_FAILED, &err);
     return write_run_dir(l, &err) < 0 ? fail(RUN_EXIT_BAD_INPUT, &err) : 0;
 }
 

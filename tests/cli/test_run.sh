@@ -224,7 +224,7 @@ assert s['loss']==[5,4.9,4.8,4.7,4.6], s['loss']
 assert [r['peak_bytes']['measured'] for r in s['ranks']]==[1048580,2097156,3145732]
 assert s['samples_per_s']['measured']==320"
 assert "workers get the environment of DESIGN 5.1" bash -c "
-  cat '$T/r-fake/rank-1.jsonl.env' | tr '\n' ' ' | grep -Eq '^CEPHALO_COMM_TIMEOUT=30 CEPHALO_PLAN=$T/r-fake/plan.json MASTER_ADDR=127.0.0.1 MASTER_PORT=[0-9]+ RANK=1 WORLD_SIZE=3 \$'"
+  cat '$T/r-fake/rank-1.jsonl.env' | tr '\n' ' ' | grep -Eq '^CEPHALO_COMM_TIMEOUT=30 CEPHALO_PLAN=$T/r-fake/plan.json LOCAL_RANK=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=[0-9]+ RANK=1 WORLD_SIZE=3 \$'"
 assert "rank-R.log has the worker's output" grep -q "fake-worker: rank 2/3 starting" "$T/r-fake/rank-2.log"
 
 start=$SECONDS
