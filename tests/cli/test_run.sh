@@ -159,10 +159,10 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-for v in RANK WORLD_SIZE MASTER_ADDR MASTER_PORT CEPHALO_PLAN CEPHALO_COMM_TIMEOUT; do
+for v in RANK LOCAL_RANK WORLD_SIZE MASTER_ADDR MASTER_PORT CEPHALO_PLAN CEPHALO_COMM_TIMEOUT; do
   [ -n "${!v:-}" ] || { echo "fake-worker: \$$v is not set" >&2; exit 2; }
 done
-env | grep -E '^(RANK|WORLD_SIZE|MASTER_ADDR|MASTER_PORT|CEPHALO_PLAN|CEPHALO_COMM_TIMEOUT)=' | sort >"$log.env"
+env | grep -E '^(RANK|LOCAL_RANK|WORLD_SIZE|MASTER_ADDR|MASTER_PORT|CEPHALO_PLAN|CEPHALO_COMM_TIMEOUT)=' | sort >"$log.env"
 [ -n "${FAKE_PIDS:-}" ] && echo $$ >"$FAKE_PIDS/rank-$RANK.pid"
 [ -n "${FAKE_IGNORE_TERM:-}" ] && trap '' TERM
 echo "fake-worker: rank $RANK/$WORLD_SIZE starting"

@@ -1,0 +1,1094 @@
+/* cuda_device.cu - the CUDA device: cuBLAS for the matrix products, our kernels for the rest.
+ *
+ * Every compute op is queued on the compute stream and returns at once; only the ops that hand
+ * a value to the host (copy to/from host memory, sumsq, xent_fwd_bwd) wait for it. The h2d and
+ * d2h streams carry copy_async only; the trainer orders them against compute with events.
+ *
+ * Determinism (device.h): no kernel uses floating-point atomics. Row reductions (norms, softmax)
+ * are warp/block trees whose shape depends only on the launch, which depends only on the shapes;
+ * column sums (bias, norm weights) sum fixed row chunks into partials and then add the partials
+ * in chunk order; embed_bwd sorts the ids (a stable radix sort) and adds each id's rows in token
+ * order, which is exactly the CPU device's order; sumsq uses a fixed grid. cuBLAS is bit-wise
+ * reproducible for one toolkit version, GPU model and stream (its documented guarantee, with the
+ * default atomics mode, which disallows atomics).
+ *
+ * Threading: like the CPU device, the ops are called from the one host thread that opened the
+ * device (cudaSetDevice is done once, in init, for that thread). */
+#include <assert.h>
+#include <math.h>
+#include <string.h>
+
+#include <cub/device/device_radix_sort.cuh>
+
+#include "cuda_internal.h"
+
+extern "C" {
+#include "log.h"
+}
+
+struct dev_event {
+    cudaEvent_t ev;
+};
+
+/* Threads per block of the elementwise kernels. */
+#define EW_THREADS 256
+/* Rows per block of the warp-per-row kernels (norms). */
+#define ROWS_PER_BLOCK 8
+/* Threads per block of the block-per-row kernels (cross-entropy). */
+#define XENT_THREADS 1024
+/* Bytes kept free for the CUDA context, cuBLAS and the scratch buffers when capacity is 0. */
+#define CUDA_RESERVE ((int64_t)512 << 20)
+#define BLAS_WORKSPACE ((size_t)32 << 20) /* what cuBLAS recommends for Hopper */
+
+#define GRID_STRIDE(i, n)                                                                 \
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);             \
+         i += (int64_t)gridDim.x * blockDim.x)
+
+/* Blocks for a grid-stride loop over n elements (n > 0). */
+static unsigned ew_blocks(int64_t n) {
+    int64_t b = (n + EW_THREADS - 1) / EW_THREADS;
+    return (unsigned)(b < 65536 ? b : 65536);
+}
+
+static cudaStream_t compute(device *d) { return cuda_stream(d, DEV_STREAM_COMPUTE); }
+
+#define LAUNCH_CHECK() CUDA_CHECK(cudaGetLastError())
+
+/* ---------------------------------------------------------------------------------------------
+ * warp and block reductions. Butterfly sums, then lane 0's value is broadcast, so every lane
+ * holds the same bits whatever the operation's commutativity (max of +0 and -0). */
+
+template <typename T> __device__ T warp_sum(T v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return __shfl_sync(0xffffffffu, v, 0);
+}
+
+/* max that propagates NaN (a diverged row stays visible, as on the CPU) */
+__device__ float max_nan(float a, float b) { return (b > a || b != b) ? b : a; }
+
+__device__ float warp_max_nan(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = max_nan(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return __shfl_sync(0xffffffffu, v, 0);
+}
+
+/* Sum over the block (blockDim.x a multiple of 32); every thread gets the result. sh: 32
+ * elements of shared memory, reusable across calls (the leading barrier guards it). */
+template <typename T> __device__ T block_sum(T v, T *sh) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) sh[warp] = v;
+    __syncthreads();
+    return warp_sum(lane < nwarps ? sh[lane] : (T)0);
+}
+
+__device__ float block_max_nan(float v, float *sh) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    v = warp_max_nan(v);
+    __syncthreads();
+    if (lane == 0) sh[warp] = v;
+    __syncthreads();
+    return warp_max_nan(lane < nwarps ? sh[lane] : sh[0]);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * memory: a caching allocator. Sizes are rounded to a class (cuda_internal.h) and freed blocks
+ * wait on the free list of their class; cudaMalloc only on a miss. dev_alloc (device.c) does
+ * the accounting against d->capacity; this layer only supplies raw memory. */
+
+static size_t round_class(size_t bytes) {
+    size_t unit = bytes < CUDA_LARGE ? CUDA_SMALL : CUDA_LARGE;
+    if (bytes > SIZE_MAX - unit) return 0; /* overflow: no class */
+    return (bytes + unit - 1) / unit * unit;
+}
+
+/* The free list of a rounded size; created when create. */
+static cuda_freelist *freelist(cuda_state *st, size_t bytes, bool create) {
+    for (int i = 0; i < st->n_lists; i++)
+        if (st->lists[i].bytes == bytes) return &st->lists[i];
+    if (!create) return NULL;
+    if (st->n_lists == st->cap_lists) {
+        st->cap_lists = st->cap_lists ? 2 * st->cap_lists : 64;
+        st->lists = (cuda_freelist *)xrealloc(st->lists, (size_t)st->cap_lists * sizeof *st->lists);
+    }
+    cuda_freelist *l = &st->lists[st->n_lists++];
+    memset(l, 0, sizeof *l);
+    l->bytes = bytes;
+    return l;
+}
+
+/* cudaFree's every cached block (after the queued work: a cached block is free, but the
+ * kernels that last used it may still be running). */
+static void release_cached(device *d) {
+    cuda_state *st = cuda_of(d);
+    for (int s = 0; s < DEV_STREAMS; s++) CUDA_CHECK(cudaStreamSynchronize(st->stream[s]));
+    for (int i = 0; i < st->n_lists; i++) {
+        cuda_freelist *l = &st->lists[i];
+        for (int j = 0; j < l->n; j++) CUDA_CHECK(cudaFree(l->blocks[j]));
+        st->reserved_bytes -= (int64_t)l->bytes * l->n;
+        l->n = 0;
+    }
+}
+
+/* cudaMalloc that clears the (non-sticky) error it leaves behind on failure, so the next
+ * launch check does not report it. */
+static void *try_malloc(size_t bytes) {
+    void *p = NULL;
+    if (cudaMalloc(&p, bytes) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    return p;
+}
+
+static void *cuda_raw_alloc(device *d, size_t bytes) {
+    cuda_state *st = cuda_of(d);
+    size_t rounded = round_class(bytes);
+    if (!rounded) return NULL;
+    cuda_freelist *l = freelist(st, rounded, false);
+    if (l && l->n > 0) return l->blocks[--l->n];
+    void *p = try_malloc(rounded);
+    if (!p) { /* the cache may hold the memory in blocks of other sizes */
+        release_cached(d);
+        p = try_malloc(rounded);
+        if (!p) return NULL;
+    }
+    st->reserved_bytes += (int64_t)rounded;
+    return p; /* cudaMalloc memory is 256-byte aligned (dev_alloc promises 64) */
+}
+
+/* Back to the cache, not to cudaFree. Safe with work still queued because every kernel runs on
+ * the compute stream: whoever gets the block next uses it in work queued after the work that
+ * used it before. (The trainer keeps memory that h2d/d2h copies touch alive until their events
+ * have completed.) */
+static void cuda_raw_free(device *d, void *p, size_t bytes) {
+    cuda_freelist *l = freelist(cuda_of(d), round_class(bytes), true);
+    if (l->n == l->cap) {
+        l->cap = l->cap ? 2 * l->cap : 16;
+        l->blocks = (void **)xrealloc(l->blocks, (size_t)l->cap * sizeof *l->blocks);
+    }
+    l->blocks[l->n++] = p;
+}
+
+extern "C" int64_t cuda_reserved_bytes(device *d) { return cuda_of(d)->reserved_bytes; }
+
+void *cuda_scratch(device *d, size_t bytes) {
+    cuda_state *st = cuda_of(d);
+    if (bytes <= st->scratch_bytes) return st->scratch;
+    CUDA_CHECK(cudaStreamSynchronize(compute(d))); /* queued kernels may use the old buffer */
+    if (st->scratch) CUDA_CHECK(cudaFree(st->scratch));
+    size_t want = round_class(bytes);
+    st->scratch = try_malloc(want);
+    if (!st->scratch) {
+        release_cached(d);
+        st->scratch = try_malloc(want);
+    }
+    if (!st->scratch) {
+        fprintf(stderr, "%s:%d: rank %d: out of GPU memory for %zu bytes of kernel scratch\n",
+                __FILE__, __LINE__, d->rank, want);
+        abort();
+    }
+    st->scratch_bytes = want;
+    return st->scratch;
+}
+
+static cudaMemcpyKind memcpy_kind(copy_kind kind) {
+    switch (kind) {
+    case COPY_H2D: return cudaMemcpyHostToDevice;
+    case COPY_D2H: return cudaMemcpyDeviceToHost;
+    default: return cudaMemcpyDeviceToDevice;
+    }
+}
+
+/* In compute order; a copy from or to the host waits, since host memory may be pageable and
+ * the caller reads or reuses it right after. */
+static void cuda_copy(device *d, void *dst, const void *src, size_t bytes, copy_kind kind) {
+    if (!bytes) return;
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, memcpy_kind(kind), compute(d)));
+    if (kind != COPY_D2D) CUDA_CHECK(cudaStreamSynchronize(compute(d)));
+}
+
+static void cuda_sync(device *d) {
+    for (int s = 0; s < DEV_STREAMS; s++)
+        CUDA_CHECK(cudaStreamSynchronize(cuda_stream(d, (dev_stream)s)));
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * host memory, streams and events */
+
+static void *cuda_host_alloc(device *d, size_t bytes) {
+    (void)d;
+    void *p = NULL;
+    if (cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocDefault) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    return p;
+}
+
+static void cuda_host_free(device *d, void *p, size_t bytes) {
+    (void)d, (void)bytes;
+    if (p) CUDA_CHECK(cudaFreeHost(p));
+}
+
+static void cuda_copy_async(device *d, void *dst, const void *src, size_t bytes, copy_kind kind,
+                            dev_stream s) {
+    if (!bytes) return;
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, memcpy_kind(kind), cuda_stream(d, s)));
+}
+
+static dev_event *cuda_event_new(device *d) {
+    (void)d;
+    dev_event *e = (dev_event *)xmalloc(sizeof *e);
+    CUDA_CHECK(cudaEventCreateWithFlags(&e->ev, cudaEventDisableTiming));
+    return e;
+}
+
+static void cuda_event_free(device *d, dev_event *e) {
+    (void)d;
+    if (!e) return;
+    CUDA_CHECK(cudaEventDestroy(e->ev));
+    free(e);
+}
+
+static void cuda_event_record(device *d, dev_event *e, dev_stream s) {
+    CUDA_CHECK(cudaEventRecord(e->ev, cuda_stream(d, s)));
+}
+
+/* A never-recorded event counts as complete for cudaStreamWaitEvent, as device.h wants. */
+static void cuda_stream_wait(device *d, dev_stream s, dev_event *e) {
+    CUDA_CHECK(cudaStreamWaitEvent(cuda_stream(d, s), e->ev, 0));
+}
+
+static void cuda_event_sync(device *d, dev_event *e) {
+    (void)d;
+    CUDA_CHECK(cudaEventSynchronize(e->ev));
+}
+
+static void *cuda_native_stream(device *d, dev_stream s) { return (void *)cuda_stream(d, s); }
+
+/* ---------------------------------------------------------------------------------------------
+ * bf16. The rounding is written out in bits, as on the CPU device: round to nearest even (what
+ * __float2bfloat16_rn does for every non-NaN, subnormals included), and a NaN keeps its sign and
+ * top payload bits with the quiet bit set (the intrinsic would give the canonical 0x7fff), so
+ * both devices produce the same bf16 bits. */
+
+__global__ void to_bf16_kernel(uint16_t *out, const float *in, int64_t n) {
+    GRID_STRIDE(i, n) {
+        uint32_t u = __float_as_uint(in[i]);
+        if ((u & 0x7fffffffu) > 0x7f800000u) {
+            out[i] = (uint16_t)((u >> 16) | 0x40u);
+        } else {
+            u += 0x7fffu + ((u >> 16) & 1u);
+            out[i] = (uint16_t)(u >> 16);
+        }
+    }
+}
+
+__global__ void from_bf16_kernel(float *out, const uint16_t *in, int64_t n) {
+    GRID_STRIDE(i, n) out[i] = __uint_as_float((uint32_t)in[i] << 16);
+}
+
+static void cuda_to_bf16(device *d, uint16_t *out, const float *in, int64_t n) {
+    if (n <= 0) return;
+    to_bf16_kernel<<<ew_blocks(n), EW_THREADS, 0, compute(d)>>>(out, in, n);
+    LAUNCH_CHECK();
+}
+
+static void cuda_from_bf16(device *d, float *out, const uint16_t *in, int64_t n) {
+    if (n <= 0) return;
+    from_bf16_kernel<<<ew_blocks(n), EW_THREADS, 0, compute(d)>>>(out, in, n);
+    LAUNCH_CHECK();
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * elementwise and reductions. Outputs may alias inputs index for index. axpy is written with
+ * the _rn intrinsics so that nvcc does not fuse it into an FMA: y + alpha*x rounds twice, as on
+ * the CPU, and gradient accumulation gives the same bits on both devices. */
+
+__global__ void fill_kernel(float *x, float v, int64_t n) { GRID_STRIDE(i, n) x[i] = v; }
+
+__global__ void add_kernel(float *out, const float *a, const float *b, int64_t n) {
+    GRID_STRIDE(i, n) out[i] = a[i] + b[i];
+}
+
+__global__ void axpy_kernel(float *y, float alpha, const float *x, int64_t n) {
+    GRID_STRIDE(i, n) y[i] = __fadd_rn(y[i], __fmul_rn(alpha, x[i]));
+}
+
+__global__ void scale_kernel(float *x, float s, int64_t n) { GRID_STRIDE(i, n) x[i] *= s; }
+
+static void cuda_fill(device *d, float *x, float v, int64_t n) {
+    if (n <= 0) return;
+    fill_kernel<<<ew_blocks(n), EW_THREADS, 0, compute(d)>>>(x, v, n);
+    LAUNCH_CHECK();
+}
+
+static void cuda_add(device *d, float *out, const float *a, const float *b, int64_t n) {
+    if (n <= 0) return;
+    add_kernel<<<ew_blocks(n), EW_THREADS, 0, compute(d)>>>(out, a, b, n);
+    LAUNCH_CHECK();
+}
+
+static void cuda_axpy(device *d, float *y, float alpha, const float *x, int64_t n) {
+    if (n <= 0) return;
+    axpy_kernel<<<ew_blocks(n), EW_THREADS, 0, compute(d)>>>(y, alpha, x, n);
+    LAUNCH_CHECK();
+}
+
+static void cuda_scale(device *d, float *x, float s, int64_t n) {
+    if (n <= 0) return;
+    scale_kernel<<<ew_blocks(n), EW_THREADS, 0, compute(d)>>>(x, s, n);
+    LAUNCH_CHECK();
+}
+
+/* sumsq, stage 1: a fixed grid of CUDA_RED_BLOCKS x CUDA_RED_THREADS threads; thread g sums
+ * x[g], x[g + G], ... in order (G = the grid size), then each block adds its threads in a fixed
+ * tree. The order depends on n only. */
+__global__ void sumsq_partial_kernel(double *partials, const float *x, int64_t n) {
+    __shared__ double sh[32];
+    double acc = 0;
+    GRID_STRIDE(i, n) acc += (double)x[i] * (double)x[i];
+    acc = block_sum(acc, sh);
+    if (threadIdx.x == 0) partials[blockIdx.x] = acc;
+}
+
+/* One block: out = sum of v[0..n) (thread t sums t, t + blockDim, ... then a fixed tree). */
+__global__ void sum_doubles_kernel(double *out, const double *v, int n) {
+    __shared__ double sh[32];
+    double acc = 0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) acc += v[i];
+    acc = block_sum(acc, sh);
+    if (threadIdx.x == 0) *out = acc;
+}
+
+/* The one 8-byte download of a reduction's result (waits for the compute stream). */
+static double read_result(device *d) {
+    cuda_state *st = cuda_of(d);
+    CUDA_CHECK(cudaMemcpyAsync(st->host_result, st->red_result, sizeof(double),
+                               cudaMemcpyDeviceToHost, compute(d)));
+    CUDA_CHECK(cudaStreamSynchronize(compute(d)));
+    return *st->host_result;
+}
+
+static double cuda_sumsq(device *d, const float *x, int64_t n) {
+    if (n <= 0) return 0;
+    cuda_state *st = cuda_of(d);
+    sumsq_partial_kernel<<<CUDA_RED_BLOCKS, CUDA_RED_THREADS, 0, compute(d)>>>(st->red_partials,
+                                                                                x, n);
+    LAUNCH_CHECK();
+    sum_doubles_kernel<<<1, CUDA_RED_THREADS, 0, compute(d)>>>(st->red_result, st->red_partials,
+                                                                CUDA_RED_BLOCKS);
+    LAUNCH_CHECK();
+    return read_result(d);
+}
+
+static void cuda_copy2d(device *d, float *out, int ldo, const float *src, int lds, int rows,
+                        int cols) {
+    if (rows <= 0 || cols <= 0) return;
+    CUDA_CHECK(cudaMemcpy2DAsync(out, (size_t)ldo * sizeof(float), src,
+                                 (size_t)lds * sizeof(float), (size_t)cols * sizeof(float),
+                                 (size_t)rows, cudaMemcpyDeviceToDevice, compute(d)));
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * matrix products. cuBLAS is column-major: the row-major C[M,N] (ldc) is the column-major
+ * C^T[N,M] (ldc), and C^T = op(B)^T op(A)^T, so cuBLAS computes an N x M product with B as its
+ * first operand and A as its second, each transposed exactly when the row-major op transposes
+ * it (a row-major [K,N] B is the column-major B^T, which is op(B)^T when !tb). */
+
+/* C[M,N] (ldc) *= beta, or = 0 when beta == 0 (BLAS: C is not read then). */
+__global__ void scale_rows_kernel(float *C, int ldc, int M, int N, float beta) {
+    int64_t total = (int64_t)M * N;
+    GRID_STRIDE(i, total) {
+        float *c = C + (i / N) * ldc + i % N;
+        *c = beta == 0.0f ? 0.0f : *c * beta;
+    }
+}
+
+static cublasComputeType_t compute_type(dev_matmul mm) {
+    switch (mm) {
+    case DEV_MATMUL_TF32: return CUBLAS_COMPUTE_32F_FAST_TF32;
+    case DEV_MATMUL_BF16: return CUBLAS_COMPUTE_32F_FAST_16BF; /* operands rounded to bf16 */
+    /* plain fp32: with the handle's math mode CUBLAS_DEFAULT_MATH (set at init) cuBLAS uses
+     * no TF32 and no emulation for it. (CUBLAS_COMPUTE_32F_PEDANTIC would also ignore the
+     * environment overrides, but cuBLAS documents pedantic math as possibly slower.) */
+    default: return CUBLAS_COMPUTE_32F;
+    }
+}
+
+static void cuda_gemm(device *d, bool ta, bool tb, int M, int N, int K, float alpha,
+                      const float *A, int lda, const float *B, int ldb, float beta, float *C,
+                      int ldc) {
+    if (M == 0 || N == 0) return;
+    if (K == 0) { /* an empty sum: C = beta * C (not left to cuBLAS's quick-return rules) */
+        if (beta == 1.0f) return;
+        scale_rows_kernel<<<ew_blocks((int64_t)M * N), EW_THREADS, 0, compute(d)>>>(C, ldc, M, N,
+                                                                                     beta);
+        LAUNCH_CHECK();
+        return;
+    }
+    CUBLAS_CHECK(cublasGemmEx(cuda_of(d)->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N,
+                              ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha, B, CUDA_R_32F, ldb,
+                              A, CUDA_R_32F, lda, &beta, C, CUDA_R_32F, ldc,
+                              compute_type(d->matmul), CUBLAS_GEMM_DEFAULT));
+}
+
+/* x[N,C] += b[C] */
+__global__ void add_bias_kernel(float *x, const float *b, int64_t total, int C) {
+    GRID_STRIDE(i, total) x[i] += b[i % C];
+}
+
+static void cuda_add_bias(device *d, float *x, const float *b, int N, int C) {
+    int64_t total = (int64_t)N * C;
+    if (total <= 0) return;
+    add_bias_kernel<<<ew_blocks(total), EW_THREADS, 0, compute(d)>>>(x, b, total, C);
+    LAUNCH_CHECK();
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * column sums (bias_grad, the norms' dw/db): the N rows are cut into fixed chunks; thread (c,
+ * chunk) sums its chunk's rows in order into partials[chunk, c] (coalesced: neighbouring threads
+ * read neighbouring columns), then one thread per column adds the chunks in order. The chunking
+ * depends on N and C only, so the sums are reproducible. */
+
+#define COLSUM_THREADS 256
+#define COLSUM_MAX_CHUNKS 1024
+
+/* Rows per chunk: enough chunks for ~2^18 threads in all, at least 32 rows a chunk. */
+static int colsum_rows_per_chunk(int N, int C) {
+    int64_t chunks = ((int64_t)1 << 18) / C;
+    int64_t by_rows = ((int64_t)N + 31) / 32;
+    if (chunks > by_rows) chunks = by_rows;
+    if (chunks > COLSUM_MAX_CHUNKS) chunks = COLSUM_MAX_CHUNKS;
+    if (chunks < 1) chunks = 1;
+    return (int)((N + chunks - 1) / chunks);
+}
+
+/* pb[chunk, c] = sum of g[n, c]; pw[chunk, c] (when x) = sum of g[n, c] * xhat[n, c], xhat =
+ * (x - mean) * rstd (mean NULL: rmsnorm, xhat = x * rstd). */
+__global__ void colsum_partial_kernel(float *pw, float *pb, const float *g, const float *x,
+                                      const float *mean, const float *rstd, int N, int C,
+                                      int rows_per_chunk) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    int n0 = blockIdx.y * rows_per_chunk, n1 = min(N, n0 + rows_per_chunk);
+    float accw = 0.0f, accb = 0.0f;
+    for (int n = n0; n < n1; n++) {
+        int64_t i = (int64_t)n * C + c;
+        accb += g[i];
+        if (x) accw += g[i] * ((x[i] - (mean ? mean[n] : 0.0f)) * rstd[n]);
+    }
+    int64_t o = (int64_t)blockIdx.y * C + c;
+    if (pb) pb[o] = accb;
+    if (pw) pw[o] = accw;
+}
+
+/* dst[c] += sum over chunks of part[chunk, c], in chunk order. */
+__global__ void colsum_final_kernel(float *dst, const float *part, int chunks, int C) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    float acc = 0.0f;
+    for (int k = 0; k < chunks; k++) acc += part[(int64_t)k * C + c];
+    dst[c] += acc;
+}
+
+/* db[C] += sum_n g[n, :] (db may be NULL); dw[C] += sum_n g * xhat when x (see above). */
+static void column_sums(device *d, float *dw, float *db, const float *g, const float *x,
+                        const float *mean, const float *rstd, int N, int C) {
+    if (N <= 0 || C <= 0) return;
+    int rpc = colsum_rows_per_chunk(N, C);
+    int chunks = (N + rpc - 1) / rpc;
+    int64_t per = (int64_t)chunks * C;
+    float *part = (float *)cuda_scratch(d, (size_t)(2 * per) * sizeof(float));
+    float *pw = dw ? part : NULL, *pb = db ? part + per : NULL;
+    dim3 grid((unsigned)((C + COLSUM_THREADS - 1) / COLSUM_THREADS), (unsigned)chunks);
+    colsum_partial_kernel<<<grid, COLSUM_THREADS, 0, compute(d)>>>(pw, pb, g, x, mean, rstd, N,
+                                                                   C, rpc);
+    LAUNCH_CHECK();
+    unsigned blocks = (unsigned)((C + COLSUM_THREADS - 1) / COLSUM_THREADS);
+    if (dw) {
+        colsum_final_kernel<<<blocks, COLSUM_THREADS, 0, compute(d)>>>(dw, pw, chunks, C);
+        LAUNCH_CHECK();
+    }
+    if (db) {
+        colsum_final_kernel<<<blocks, COLSUM_THREADS, 0, compute(d)>>>(db, pb, chunks, C);
+        LAUNCH_CHECK();
+    }
+}
+
+static void cuda_bias_grad(device *d, float *db, const float *dout, int N, int C) {
+    column_sums(d, NULL, db, dout, NULL, NULL, NULL, N, C);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * embeddings */
+
+/* out[N,C] = table[ids[n], :] */
+__global__ void embed_fwd_kernel(float *out, const float *table, const int32_t *ids,
+                                 int64_t total, int C) {
+    GRID_STRIDE(i, total) out[i] = table[(int64_t)ids[i / C] * C + i % C];
+}
+
+static void cuda_embed_fwd(device *d, float *out, const float *table, const int32_t *ids, int N,
+                           int C) {
+    int64_t total = (int64_t)N * C;
+    if (total <= 0) return;
+    embed_fwd_kernel<<<ew_blocks(total), EW_THREADS, 0, compute(d)>>>(out, table, ids, total, C);
+    LAUNCH_CHECK();
+}
+
+__global__ void iota_kernel(int32_t *x, int n) {
+    GRID_STRIDE(i, n) x[i] = (int32_t)i;
+}
+
+/* After a stable sort of (id, token) by id: the block at the start of each run of equal ids
+ * owns that table row and adds the run's tokens in token order, from the row's current value.
+ * That is the CPU device's order (dtable row += each token's row, tokens in order), so the
+ * result has the same bits, with no two threads writing one element. */
+__global__ void embed_bwd_kernel(float *dtable, const float *dout, const int32_t *sorted_ids,
+                                 const int32_t *tokens, int N, int C) {
+    int i = blockIdx.x;
+    if (i > 0 && sorted_ids[i] == sorted_ids[i - 1]) return; /* not a run start */
+    int32_t id = sorted_ids[i];
+    float *row = dtable + (int64_t)id * C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        float acc = row[c];
+        for (int j = i; j < N && sorted_ids[j] == id; j++) acc += dout[(int64_t)tokens[j] * C + c];
+        row[c] = acc;
+    }
+}
+
+static size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+static void cuda_embed_bwd(device *d, float *dtable, const float *dout, const int32_t *ids, int N,
+                           int C) {
+    if (N <= 0 || C <= 0) return;
+    size_t sort_bytes = 0; /* cub's temporary storage */
+    CUDA_CHECK(cub::DeviceRadixSort::SortPairs(NULL, sort_bytes, (const int32_t *)NULL,
+                                               (int32_t *)NULL, (const int32_t *)NULL,
+                                               (int32_t *)NULL, N, 0, 32, compute(d)));
+    size_t ids_bytes = align_up((size_t)N * sizeof(int32_t), 256);
+    char *s = (char *)cuda_scratch(d, 3 * ids_bytes + sort_bytes);
+    int32_t *sorted_ids = (int32_t *)s, *tokens_in = (int32_t *)(s + ids_bytes),
+            *tokens = (int32_t *)(s + 2 * ids_bytes);
+    void *sort_tmp = s + 3 * ids_bytes;
+    iota_kernel<<<ew_blocks(N), EW_THREADS, 0, compute(d)>>>(tokens_in, N);
+    LAUNCH_CHECK();
+    CUDA_CHECK(cub::DeviceRadixSort::SortPairs(sort_tmp, sort_bytes, ids, sorted_ids, tokens_in,
+                                               tokens, N, 0, 32, compute(d)));
+    embed_bwd_kernel<<<(unsigned)N, 128, 0, compute(d)>>>(dtable, dout, sorted_ids, tokens, N, C);
+    LAUNCH_CHECK();
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * normalisations: one warp per row for the row statistics and dx, in float like the CPU
+ * device; the weight gradients are column sums. */
+
+__global__ void layernorm_fwd_kernel(float *out, float *mean, float *rstd, const float *x,
+                                     const float *w, const float *b, int N, int C, float eps) {
+    int row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= N) return; /* whole warps leave: the shuffles below stay full-warp */
+    const float *xr = x + (int64_t)row * C;
+    float *o = out + (int64_t)row * C;
+    float s = 0.0f;
+    for (int c = lane; c < C; c += 32) s += xr[c];
+    float m = warp_sum(s) / (float)C;
+    float v = 0.0f; /* centred second pass: no cancellation as in E[x^2] - mean^2 */
+    for (int c = lane; c < C; c += 32) v += (xr[c] - m) * (xr[c] - m);
+    float r = 1.0f / sqrtf(warp_sum(v) / (float)C + eps);
+    for (int c = lane; c < C; c += 32) o[c] = (xr[c] - m) * r * w[c] + b[c];
+    if (lane == 0) mean[row] = m, rstd[row] = r;
+}
+
+/* dx += rstd * (dnorm - mean(dnorm) - xhat * mean(dnorm * xhat)), dnorm = dout * w; mean NULL:
+ * rmsnorm (xhat = x * rstd, no mean(dnorm) term). */
+__global__ void norm_bwd_dx_kernel(float *dx, const float *dout, const float *x,
+                                   const float *mean, const float *rstd, const float *w, int N,
+                                   int C) {
+    int row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= N) return;
+    const float *g = dout + (int64_t)row * C, *xr = x + (int64_t)row * C;
+    float *dxr = dx + (int64_t)row * C;
+    float m = mean ? mean[row] : 0.0f, s = rstd[row];
+    float acc_g = 0.0f, acc_gx = 0.0f;
+    for (int c = lane; c < C; c += 32) {
+        float dn = g[c] * w[c];
+        acc_g += dn;
+        acc_gx += dn * ((xr[c] - m) * s);
+    }
+    float dn_mean = mean ? warp_sum(acc_g) / (float)C : 0.0f;
+    float dnx_mean = warp_sum(acc_gx) / (float)C;
+    for (int c = lane; c < C; c += 32) {
+        float xhat = (xr[c] - m) * s;
+        dxr[c] += (g[c] * w[c] - dn_mean - xhat * dnx_mean) * s;
+    }
+}
+
+__global__ void rmsnorm_fwd_kernel(float *out, float *rstd, const float *x, const float *w, int N,
+                                   int C, float eps) {
+    int row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= N) return;
+    const float *xr = x + (int64_t)row * C;
+    float *o = out + (int64_t)row * C;
+    float ss = 0.0f;
+    for (int c = lane; c < C; c += 32) ss += xr[c] * xr[c];
+    float r = 1.0f / sqrtf(warp_sum(ss) / (float)C + eps);
+    for (int c = lane; c < C; c += 32) o[c] = xr[c] * r * w[c];
+    if (lane == 0) rstd[row] = r;
+}
+
+static unsigned row_blocks(int N) { return (unsigned)((N + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK); }
+
+static void cuda_layernorm_fwd(device *d, float *out, float *mean, float *rstd, const float *x,
+                               const float *w, const float *b, int N, int C, float eps) {
+    if (N <= 0 || C <= 0) return;
+    layernorm_fwd_kernel<<<row_blocks(N), ROWS_PER_BLOCK * 32, 0, compute(d)>>>(
+        out, mean, rstd, x, w, b, N, C, eps);
+    LAUNCH_CHECK();
+}
+
+static void cuda_layernorm_bwd(device *d, float *dx, float *dw, float *db, const float *dout,
+                               const float *x, const float *mean, const float *rstd,
+                               const float *w, int N, int C) {
+    if (N <= 0 || C <= 0) return;
+    norm_bwd_dx_kernel<<<row_blocks(N), ROWS_PER_BLOCK * 32, 0, compute(d)>>>(dx, dout, x, mean,
+                                                                              rstd, w, N, C);
+    LAUNCH_CHECK();
+    column_sums(d, dw, db, dout, x, mean, rstd, N, C);
+}
+
+static void cuda_rmsnorm_fwd(device *d, float *out, float *rstd, const float *x, const float *w,
+                             int N, int C, float eps) {
+    if (N <= 0 || C <= 0) return;
+    rmsnorm_fwd_kernel<<<row_blocks(N), ROWS_PER_BLOCK * 32, 0, compute(d)>>>(out, rstd, x, w, N,
+                                                                              C, eps);
+    LAUNCH_CHECK();
+}
+
+static void cuda_rmsnorm_bwd(device *d, float *dx, float *dw, const float *dout, const float *x,
+                             const float *rstd, const float *w, int N, int C) {
+    if (N <= 0 || C <= 0) return;
+    norm_bwd_dx_kernel<<<row_blocks(N), ROWS_PER_BLOCK * 32, 0, compute(d)>>>(dx, dout, x, NULL,
+                                                                              rstd, w, N, C);
+    LAUNCH_CHECK();
+    column_sums(d, dw, NULL, dout, x, NULL, rstd, N, C);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * activations: the CPU device's formulas, with the accurate expf/erff */
+
+#define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
+#define GELU_A 0.044715f
+#define INV_SQRT2 0.7071067811865476f
+#define INV_SQRT_2PI 0.3989422804014327f
+
+/* tanh form as x * sigmoid(2y), y = sqrt(2/pi) (x + 0.044715 x^3): no cancellation for x < 0 */
+__global__ void gelu_fwd_kernel(float *out, const float *x, int64_t n, bool tanh_approx) {
+    GRID_STRIDE(i, n) {
+        float xi = x[i];
+        if (tanh_approx) {
+            float y = GELU_K * (xi + GELU_A * xi * xi * xi);
+            out[i] = xi / (1.0f + expf(-2.0f * y));
+        } else {
+            out[i] = 0.5f * xi * (1.0f + erff(xi * INV_SQRT2));
+        }
+    }
+}
+
+/* tanh: sig + 2 x sig (1 - sig) y'(x); erf: Phi(x) + x phi(x) */
+__global__ void gelu_bwd_kernel(float *dx, const float *x, const float *dout, int64_t n,
+                                bool tanh_approx) {
+    GRID_STRIDE(i, n) {
+        float xi = x[i], go = dout[i];
+        if (tanh_approx) {
+            float y = GELU_K * (xi + GELU_A * xi * xi * xi);
+            float dy = GELU_K * (1.0f + 3.0f * GELU_A * xi * xi);
+            float sig = 1.0f / (1.0f + expf(-2.0f * y));
+            dx[i] = go * (sig + 2.0f * xi * sig * (1.0f - sig) * dy);
+        } else {
+            float cdf = 0.5f * (1.0f + erff(xi * INV_SQRT2));
+            float pdf = INV_SQRT_2PI * expf(-0.5f * xi * xi);
+            dx[i] = go * (cdf + xi * pdf);
+        }
+    }
+}
+
+__global__ void swiglu_fwd_kernel(float *out, const float *g, const float *u, int64_t n) {
+    GRID_STRIDE(i, n) {
+        float gi = g[i];
+        out[i] = gi / (1.0f + expf(-gi)) * u[i];
+    }
+}
+
+/* dg = dout * u * sig * (1 + g (1 - sig)), du = dout * silu(g); all inputs read before the
+ * writes (dg may alias g). */
+__global__ void swiglu_bwd_kernel(float *dg, float *du, const float *dout, const float *g,
+                                  const float *u, int64_t n) {
+    GRID_STRIDE(i, n) {
+        float gi = g[i], ui = u[i], go = dout[i];
+        float sig = 1.0f / (1.0f + expf(-gi));
+        dg[i] = go * ui * sig * (1.0f + gi * (1.0f - sig));
+        du[i] = go * gi * sig;
+    }
+}
+
+static void cuda_gelu_fwd(device *d, float *out, const float *x, int64_t n, bool tanh_approx) {
+    if (n <= 0) return;
+    gelu_fwd_kernel<<<ew_blocks(n), EW_THREADS, 0, compute(d)>>>(out, x, n, tanh_approx);
+    LAUNCH_CHECK();
+}
+
+static void cuda_gelu_bwd(device *d, float *dx, const float *x, const float *dout, int64_t n,
+                          bool tanh_approx) {
+    if (n <= 0) return;
+    gelu_bwd_kernel<<<ew_blocks(n), EW_THREADS, 0, compute(d)>>>(dx, x, dout, n, tanh_approx);
+    LAUNCH_CHECK();
+}
+
+static void cuda_swiglu_fwd(device *d, float *out, const float *g, const float *u, int64_t n) {
+    if (n <= 0) return;
+    swiglu_fwd_kernel<<<ew_blocks(n), EW_THREADS, 0, compute(d)>>>(out, g, u, n);
+    LAUNCH_CHECK();
+}
+
+static void cuda_swiglu_bwd(device *d, float *dg, float *du, const float *dout, const float *g,
+                            const float *u, int64_t n) {
+    if (n <= 0) return;
+    swiglu_bwd_kernel<<<ew_blocks(n), EW_THREADS, 0, compute(d)>>>(dg, du, dout, g, u, n);
+    LAUNCH_CHECK();
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * rotary embedding. The cos/sin table is built exactly as the CPU device builds it (PyTorch's
+ * fp32 order): inv_freq = 1 / float(theta^((2i)/hd)), angle = float(t) * inv_freq in fp32,
+ * cos and sin of that angle in double, rounded once. The double pow/cos/sin are within an ulp
+ * or two of double, so the float tables match the CPU's (barring a once-in-a-blue-moon
+ * rounding tie). Cached per (T, hd, theta) like the CPU's. */
+
+__global__ void rope_table_kernel(float *cos_t, float *sin_t, int T, int hd, float theta) {
+    int half = hd / 2;
+    int64_t total = (int64_t)T * half;
+    GRID_STRIDE(k, total) {
+        int t = (int)(k / half), i = (int)(k % half);
+        float expo = (float)(2 * i) / (float)hd;
+        float inv_freq = 1.0f / (float)pow((double)theta, (double)expo);
+        float angle = __fmul_rn((float)t, inv_freq);
+        cos_t[k] = (float)cos((double)angle);
+        sin_t[k] = (float)sin((double)angle);
+    }
+}
+
+static void rope_table(device *d, int T, int hd, float theta) {
+    cuda_state *st = cuda_of(d);
+    if (st->rope_cos && st->rope_T == T && st->rope_hd == hd && st->rope_theta == theta) return;
+    if (st->rope_cos) { /* queued rope kernels may still read the old table */
+        CUDA_CHECK(cudaStreamSynchronize(compute(d)));
+        CUDA_CHECK(cudaFree(st->rope_cos));
+        CUDA_CHECK(cudaFree(st->rope_sin));
+    }
+    size_t bytes = (size_t)T * (hd / 2) * sizeof(float);
+    CUDA_CHECK(cudaMalloc(&st->rope_cos, bytes));
+    CUDA_CHECK(cudaMalloc(&st->rope_sin, bytes));
+    st->rope_T = T, st->rope_hd = hd, st->rope_theta = theta;
+    int64_t total = (int64_t)T * (hd / 2);
+    rope_table_kernel<<<ew_blocks(total), EW_THREADS, 0, compute(d)>>>(st->rope_cos, st->rope_sin,
+                                                                       T, hd, theta);
+    LAUNCH_CHECK();
+}
+
+/* One thread per (row, head, i < hd/2): (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin); inverse
+ * uses -sin. The _rn intrinsics keep nvcc from fusing into FMAs, as on the CPU. */
+__global__ void rope_kernel(float *x, const float *cos_t, const float *sin_t, int ldx,
+                            int64_t total, int T, int n_heads, int hd, float sign) {
+    int half = hd / 2;
+    GRID_STRIDE(k, total) {
+        int i = (int)(k % half);
+        int64_t rh = k / half;
+        int h = (int)(rh % n_heads);
+        int64_t r = rh / n_heads;
+        float *x1 = x + r * ldx + (int64_t)h * hd + i, *x2 = x1 + half;
+        int64_t tab = (r % T) * half + i;
+        float a = *x1, b = *x2, c = cos_t[tab], s = sign * sin_t[tab];
+        *x1 = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+        *x2 = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+    }
+}
+
+static void cuda_rope(device *d, float *x, int ldx, int rows, int T, int n_heads, int hd,
+                      float theta, bool inverse) {
+    CHECK(hd % 2 == 0 && T > 0);
+    int64_t total = (int64_t)rows * n_heads * (hd / 2);
+    if (total <= 0) return;
+    rope_table(d, T, hd, theta);
+    cuda_state *st = cuda_of(d);
+    rope_kernel<<<ew_blocks(total), EW_THREADS, 0, compute(d)>>>(
+        x, st->rope_cos, st->rope_sin, ldx, total, T, n_heads, hd, inverse ? -1.0f : 1.0f);
+    LAUNCH_CHECK();
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * fused softmax cross-entropy: one block per row. */
+
+__global__ void xent_kernel(float *logits, float *losses, double *row_loss,
+                            const int32_t *targets, int V, float scale) {
+    __shared__ float sh[32];
+    int n = blockIdx.x;
+    float *x = logits + (int64_t)n * V;
+    int t = targets[n];
+    assert(t < V); /* the data loader checks token ids against the vocabulary */
+    if (t < 0) { /* no target: loss 0, gradient 0 */
+        for (int j = threadIdx.x; j < V; j += blockDim.x) x[j] = 0.0f;
+        if (threadIdx.x == 0) losses[n] = 0.0f, row_loss[n] = 0.0;
+        return;
+    }
+    float xt = x[t]; /* read by every thread before the first barrier, so before any write */
+    float m = x[0];
+    for (int j = threadIdx.x; j < V; j += blockDim.x) m = max_nan(m, x[j]);
+    m = block_max_nan(m, sh);
+    float sum = 0.0f;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) {
+        float e = expf(x[j] - m);
+        x[j] = e;
+        sum += e;
+    }
+    sum = block_sum(sum, sh);
+    float s = scale / sum;
+    /* each thread rescales the elements it wrote above; the target's gradient is rounded
+     * twice (x * s, then - scale) as on the CPU */
+    for (int j = threadIdx.x; j < V; j += blockDim.x) {
+        float y = __fmul_rn(x[j], s);
+        x[j] = j == t ? __fsub_rn(y, scale) : y;
+    }
+    if (threadIdx.x == 0) {
+        double loss = log((double)sum) + (double)m - (double)xt;
+        losses[n] = (float)loss;
+        row_loss[n] = loss;
+    }
+}
+
+static double cuda_xent_fwd_bwd(device *d, float *logits, float *losses, const int32_t *targets,
+                                int N, int V, float scale) {
+    if (N <= 0) return 0;
+    double *row_loss = (double *)cuda_scratch(d, (size_t)N * sizeof(double));
+    xent_kernel<<<(unsigned)N, XENT_THREADS, 0, compute(d)>>>(logits, losses, row_loss, targets,
+                                                              V, scale);
+    LAUNCH_CHECK();
+    /* rows in a fixed order (a fixed tree over 1024 strided row sums) */
+    sum_doubles_kernel<<<1, XENT_THREADS, 0, compute(d)>>>(cuda_of(d)->red_result, row_loss, N);
+    LAUNCH_CHECK();
+    return (double)scale * read_result(d);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * images */
+
+/* img [B, C, S, S] -> out [B * (S/p)^2, C*p*p]; one thread per output element. */
+__global__ void patchify_kernel(float *out, const float *img, int64_t total, int C, int S,
+                                int p) {
+    int np = S / p, cols = C * p * p;
+    GRID_STRIDE(i, total) {
+        int64_t r = i / cols;
+        int col = (int)(i % cols);
+        int c = col / (p * p), y = (col / p) % p, xx = col % p;
+        int64_t b = r / ((int64_t)np * np);
+        int py = (int)((r / np) % np), px = (int)(r % np);
+        out[i] = img[(((b * C + c) * S + (int64_t)py * p + y) * S) + (int64_t)px * p + xx];
+    }
+}
+
+static void cuda_patchify(device *d, float *out, const float *img, int B, int C, int S, int p) {
+    CHECK(p > 0 && S % p == 0);
+    int np = S / p;
+    int64_t total = (int64_t)B * np * np * C * p * p;
+    if (total <= 0) return;
+    patchify_kernel<<<ew_blocks(total), EW_THREADS, 0, compute(d)>>>(out, img, total, C, S, p);
+    LAUNCH_CHECK();
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * optimizer: torch.optim.AdamW's order of operations, as on the CPU device (see cpu_adamw), with
+ * the scalars formed in double on the host and every operation rounded separately (_rn
+ * intrinsics: no FMA fusion), so the update has the CPU device's bits. */
+
+__global__ void adamw_kernel(float *p, const float *g, float *m, float *v, int64_t n, float b1,
+                             float b2, float eps, float decay, float one_m_b1, float one_m_b2,
+                             float neg_step, float bc2_sqrt, float gscale) {
+    GRID_STRIDE(i, n) {
+        float gi = __fmul_rn(g[i], gscale);
+        float mi = __fadd_rn(__fmul_rn(m[i], b1), __fmul_rn(one_m_b1, gi));
+        float vi = __fadd_rn(__fmul_rn(v[i], b2), __fmul_rn(__fmul_rn(one_m_b2, gi), gi));
+        float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), bc2_sqrt), eps);
+        p[i] = __fadd_rn(__fmul_rn(p[i], decay), __fdiv_rn(__fmul_rn(neg_step, mi), denom));
+        m[i] = mi;
+        v[i] = vi;
+    }
+}
+
+static void cuda_adamw(device *d, float *p, const float *g, float *m, float *v, int64_t n,
+                       float lr, float b1, float b2, float eps, float wd, float bc1, float bc2,
+                       float gscale) {
+    if (n <= 0) return;
+    const float decay = (float)(1.0 - (double)lr * wd);
+    const float one_m_b1 = (float)(1.0 - (double)b1), one_m_b2 = (float)(1.0 - (double)b2);
+    const float neg_step = (float)(-((double)lr / bc1));
+    const float bc2_sqrt = (float)sqrt((double)bc2);
+    adamw_kernel<<<ew_blocks(n), EW_THREADS, 0, compute(d)>>>(
+        p, g, m, v, n, b1, b2, eps, decay, one_m_b1, one_m_b2, neg_step, bc2_sqrt, gscale);
+    LAUNCH_CHECK();
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * the op table and the device */
+
+static dev_ops make_ops(void) {
+    dev_ops o;
+    memset(&o, 0, sizeof o);
+    o.name = "cuda";
+    o.raw_alloc = cuda_raw_alloc;
+    o.raw_free = cuda_raw_free;
+    o.copy = cuda_copy;
+    o.sync = cuda_sync;
+    o.host_alloc = cuda_host_alloc;
+    o.host_free = cuda_host_free;
+    o.copy_async = cuda_copy_async;
+    o.event_new = cuda_event_new;
+    o.event_free = cuda_event_free;
+    o.event_record = cuda_event_record;
+    o.stream_wait = cuda_stream_wait;
+    o.event_sync = cuda_event_sync;
+    o.native_stream = cuda_native_stream;
+    o.to_bf16 = cuda_to_bf16;
+    o.from_bf16 = cuda_from_bf16;
+    o.fill = cuda_fill;
+    o.add = cuda_add;
+    o.axpy = cuda_axpy;
+    o.scale = cuda_scale;
+    o.sumsq = cuda_sumsq;
+    o.copy2d = cuda_copy2d;
+    o.gemm = cuda_gemm;
+    o.add_bias = cuda_add_bias;
+    o.bias_grad = cuda_bias_grad;
+    o.embed_fwd = cuda_embed_fwd;
+    o.embed_bwd = cuda_embed_bwd;
+    o.layernorm_fwd = cuda_layernorm_fwd;
+    o.layernorm_bwd = cuda_layernorm_bwd;
+    o.rmsnorm_fwd = cuda_rmsnorm_fwd;
+    o.rmsnorm_bwd = cuda_rmsnorm_bwd;
+    o.gelu_fwd = cuda_gelu_fwd;
+    o.gelu_bwd = cuda_gelu_bwd;
+    o.swiglu_fwd = cuda_swiglu_fwd;
+    o.swiglu_bwd = cuda_swiglu_bwd;
+    o.rope = cuda_rope;
+    o.attention_fwd = cuda_attention_fwd;
+    o.attention_bwd = cuda_attention_bwd;
+    o.xent_fwd_bwd = cuda_xent_fwd_bwd;
+    o.patchify = cuda_patchify;
+    o.adamw = cuda_adamw;
+    return o;
+}
+
+/* Filled member by member (C++17 has no designated initialisers), once, at load time. */
+static const dev_ops cuda_ops = make_ops();
+
+extern "C" int cuda_device_count(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return n;
+}
+
+/* Frees whatever init created (NULL members are skipped), after the queued work. */
+static void destroy_state(cuda_state *st) {
+    for (int s = 0; s < DEV_STREAMS; s++)
+        if (st->stream[s]) (void)cudaStreamSynchronize(st->stream[s]);
+    if (st->blas) (void)cublasDestroy(st->blas);
+    for (int i = 0; i < st->n_lists; i++) {
+        for (int j = 0; j < st->lists[i].n; j++) (void)cudaFree(st->lists[i].blocks[j]);
+        free(st->lists[i].blocks);
+    }
+    free(st->lists);
+    void *dev_ptrs[] = {st->blas_workspace, st->red_partials, st->red_result, st->scratch,
+                        st->rope_cos, st->rope_sin};
+    for (size_t i = 0; i < sizeof dev_ptrs / sizeof *dev_ptrs; i++)
+        if (dev_ptrs[i]) (void)cudaFree(dev_ptrs[i]);
+    if (st->host_result) (void)cudaFreeHost(st->host_result);
+    for (int s = 0; s < DEV_STREAMS; s++)
+        if (st->stream[s]) (void)cudaStreamDestroy(st->stream[s]);
+    free(st);
+}
+
+/* Creates the streams, the cuBLAS handle and the scratch; a message in err on failure. */
+static int create_state(cuda_state *st, err_t *err) {
+    cudaError_t e = cudaSuccess;
+    for (int s = 0; s < DEV_STREAMS && e == cudaSuccess; s++)
+        e = cudaStreamCreateWithFlags(&st->stream[s], cudaStreamNonBlocking);
+    if (e == cudaSuccess) e = cudaMalloc(&st->blas_workspace, BLAS_WORKSPACE);
+    if (e == cudaSuccess) e = cudaMalloc(&st->red_partials, CUDA_RED_BLOCKS * sizeof(double));
+    if (e == cudaSuccess) e = cudaMalloc(&st->red_result, sizeof(double));
+    if (e == cudaSuccess) e = cudaMallocHost(&st->host_result, sizeof(double));
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return err_set(err, "cuda device: GPU %d: setting up streams and scratch failed: %s",
+                       st->gpu, cudaGetErrorString(e));
+    }
+    cublasStatus_t b = cublasCreate(&st->blas);
+    /* the workspace after the stream: cublasSetStream resets it to the default pool */
+    if (b == CUBLAS_STATUS_SUCCESS) b = cublasSetStream(st->blas, st->stream[DEV_STREAM_COMPUTE]);
+    if (b == CUBLAS_STATUS_SUCCESS)
+        b = cublasSetWorkspace(st->blas, st->blas_workspace, BLAS_WORKSPACE);
+    if (b == CUBLAS_STATUS_SUCCESS) b = cublasSetMathMode(st->blas, CUBLAS_DEFAULT_MATH);
+    if (b != CUBLAS_STATUS_SUCCESS)
+        return err_set(err, "cuda device: GPU %d: cuBLAS setup failed: %s", st->gpu,
+                       cublasGetStatusString(b));
+    return 0;
+}
+
+extern "C" int cuda_device_init(device *d, int rank, int gpu, int64_t capacity, err_t *err) {
+    if (capacity < 0)
+        return err_set(err, "cuda device: capacity must be >= 0 bytes (got %lld)",
+                       (long long)capacity);
+    int count = cuda_device_count();
+    if (count == 0)
+        return err_set(err, "cuda device: no GPU is visible (no driver, or no device)");
+    if (gpu < 0 || gpu >= count)
+        return err_set(err, "cuda device: GPU %d does not exist (%d visible)", gpu, count);
+    cudaError_t e = cudaSetDevice(gpu);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return err_set(err, "cuda device: cannot use GPU %d: %s", gpu, cudaGetErrorString(e));
+    }
+    cuda_state *st = (cuda_state *)xcalloc(1, sizeof(cuda_state));
+    st->gpu = gpu;
+    if (create_state(st, err) != 0) {
+        destroy_state(st);
+        return -1;
+    }
+    if (capacity == 0) { /* what is free now, less a reserve for the context and libraries */
+        size_t free_b = 0, total_b = 0;
+        CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+        capacity = (int64_t)free_b - CUDA_RESERVE;
+        if (capacity <= 0) {
+            destroy_state(st);
+            return err_set(err, "cuda device: GPU %d has only %lld MiB free", gpu,
+                           (long long)(free_b >> 20));
+        }
+    }
+    memset(d, 0, sizeof *d);
+    d->ops = &cuda_ops;
+    d->rank = rank;
+    d->threads = 1;
+    d->matmul = DEV_MATMUL_FP32;
+    d->capacity = capacity;
+    d->impl = st;
+    return 0;
+}
+
+extern "C" void cuda_device_close(device *d) {
+    cuda_state *st = cuda_of(d);
+    if (st) destroy_state(st);
+    d->impl = NULL;
+    dev_free_table(d);
+}

@@ -1,0 +1,117 @@
+/* cuda_internal.h - shared pieces of the CUDA device (cuda_device.cu, cuda_attention.cu).
+ *
+ * Every compute kernel runs on the compute stream in issue order; the h2d and d2h streams carry
+ * the offload copies only (ordered against compute by the caller's events). Included from .cu
+ * files only (C++): device.h is a C header, so it is wrapped in extern "C". */
+#ifndef CEPHALO_CUDA_INTERNAL_H
+#define CEPHALO_CUDA_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+extern "C" {
+#include "device.h"
+}
+
+/* Like CHECK in log.h: a failing CUDA call is a bug or a dead GPU, not bad input, so it aborts
+ * with file:line (a sticky error would make every later call fail anyway). */
+#define CUDA_CHECK(call)                                                                     \
+    do {                                                                                     \
+        cudaError_t cuda_check_e_ = (call);                                                  \
+        if (cuda_check_e_ != cudaSuccess) {                                                  \
+            fprintf(stderr, "%s:%d: internal error: CUDA call failed: %s: %s\n", __FILE__,   \
+                    __LINE__, #call, cudaGetErrorString(cuda_check_e_));                     \
+            abort();                                                                         \
+        }                                                                                    \
+    } while (0)
+
+#define CUBLAS_CHECK(call)                                                                   \
+    do {                                                                                     \
+        cublasStatus_t cublas_check_s_ = (call);                                             \
+        if (cublas_check_s_ != CUBLAS_STATUS_SUCCESS) {                                      \
+            fprintf(stderr, "%s:%d: internal error: cuBLAS call failed: %s: %s\n", __FILE__, \
+                    __LINE__, #call, cublasGetStatusString(cublas_check_s_));                \
+            abort();                                                                         \
+        }                                                                                    \
+    } while (0)
+
+/* The caching allocator's size classes: requests are rounded up to a multiple of CUDA_SMALL
+ * bytes below CUDA_LARGE, and to a multiple of CUDA_LARGE from there on. Each rounded size has
+ * its own free list (exact-size reuse: no splitting, so no fragmentation bookkeeping). */
+#define CUDA_SMALL ((size_t)512)
+#define CUDA_LARGE ((size_t)2 << 20)
+
+/* One free list: the cached blocks of one rounded size. */
+typedef struct cuda_freelist {
+    size_t bytes;   /* the rounded size */
+    void **blocks;  /* cached (free) blocks of that size */
+    int n, cap;
+} cuda_freelist;
+
+/* Blocks reduced per block in the deterministic reductions (sumsq): a fixed grid, so the
+ * summation order depends on n only, never on the GPU. */
+#define CUDA_RED_BLOCKS 256
+#define CUDA_RED_THREADS 256
+
+typedef struct cuda_state {
+    int gpu;
+    cudaStream_t stream[DEV_STREAMS]; /* indexed by dev_stream; non-blocking streams */
+    cublasHandle_t blas;              /* bound to the compute stream */
+    void *blas_workspace; /* cuBLAS workspace (cudaMalloc'ed at init, outside the accounting) */
+
+    /* Caching allocator. raw_free returns blocks here, never to cudaFree: every kernel runs on
+     * the compute stream, so a block freed and handed out again is only touched by work queued
+     * after the work that used it (stream order). Copies on the h2d/d2h streams read or write
+     * memory the caller keeps alive until their events complete. */
+    cuda_freelist *lists;
+    int n_lists, cap_lists;
+    int64_t reserved_bytes; /* cudaMalloc'ed by the cache: in use + cached */
+
+    /* Reduction scratch, allocated at init with cudaMalloc (outside dev_alloc's accounting,
+     * a few KiB, covered by the capacity's reserve like the CUDA context):
+     * partials[CUDA_RED_BLOCKS] doubles, result one double. */
+    double *red_partials;
+    double *red_result;
+    double *host_result; /* pinned, for the one 8-byte D2H of a reduction */
+
+    /* Per-device growable scratch (cuda_scratch): cudaMalloc'ed outside the accounting, like the
+     * CPU device's per-thread scratch. Used only by work on the compute stream. */
+    void *scratch;
+    size_t scratch_bytes;
+
+    /* Rotary cos/sin table of the last (T, hd, theta), [T, hd/2] each, cudaMalloc'ed outside
+     * the accounting like the CPU device's table. */
+    float *rope_cos, *rope_sin;
+    int rope_T, rope_hd;
+    float rope_theta;
+} cuda_state;
+
+static inline cuda_state *cuda_of(device *d) { return (cuda_state *)d->impl; }
+
+/* The CUDA stream behind a dev_stream. */
+static inline cudaStream_t cuda_stream(device *d, dev_stream s) { return cuda_of(d)->stream[s]; }
+
+/* A per-device scratch buffer of at least `bytes`, for work on the compute stream. Growing it
+ * synchronises the compute stream (the old buffer may still be in use by queued kernels) and
+ * invalidates earlier pointers, so take it once per op. Not counted against d->capacity. */
+void *cuda_scratch(device *d, size_t bytes);
+
+/* Bytes the caching allocator holds from cudaMalloc (live + cached). */
+extern "C" int64_t cuda_reserved_bytes(device *d);
+
+/* Attention (cuda_attention.cu): the op table's signatures and semantics (device.h); run on
+ * cuda_stream(d, DEV_STREAM_COMPUTE). */
+extern "C" void cuda_attention_fwd(device *d, float *out, float *lse, const float *q, int ldq,
+                                   const float *k, int ldk, const float *v, int ldv, int B, int T,
+                                   int H, int Hkv, int hd, bool causal);
+extern "C" void cuda_attention_bwd(device *d, float *dq, float *dk, float *dv, const float *dout,
+                                   const float *out, const float *lse, const float *q, int ldq,
+                                   const float *k, int ldk, const float *v, int ldv, int B, int T,
+                                   int H, int Hkv, int hd, bool causal);
+
+#endif
