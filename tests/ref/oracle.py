@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """The PyTorch oracle for the C trainer: checks a `cephalo-worker train --dump DIR` run.
 
-usage: oracle.py DUMPDIR LOGFILE [--quiet]
+usage: oracle.py DUMPDIR LOGFILE [--quiet] [--precision fp32|tf32|bf16]
 
 Reads DUMPDIR/{init,batches,step0,final}.safetensors and the JSON-lines log, recomputes everything
 in float64 with the independent models of models.py and torch.optim.AdamW, and prints one line
@@ -34,6 +34,20 @@ TOL_LR = 1e-6  # the schedule is a formula: only print precision matters
 TOL_STEP_LOSS = 1e-5
 TOL_GRAD_NORM = 1e-5
 TOL_FINAL = 1e-4
+# Looser tolerances for runs whose matmuls are not fp32 (cephalo-worker-cuda --device cuda:
+# --precision fp32 uses TF32 tensor cores, --precision bf16 rounds matmul operands to bf16).
+# A TF32 product carries ~2^-10 relative error (10 mantissa bits, tensor cores may truncate),
+# a bf16 one ~2^-8 (7 bits, 8x coarser). Logits go through ~2 matmuls per block: a few 1e-3 (TF32);
+# gradients through more, and small ones (biases, norms) are cancellations of large terms: 2e-2;
+# Adam turns a gradient's sign noise into whole lr-sized steps, so the final parameters move
+# apart by up to ~lr per step on elements whose gradients are within the noise: 3e-2 after 5
+# steps. bf16: the same reasoning with 2^-8, about 5-8x. The default (fp32) is unchanged.
+PRECISION_TOLS = {
+    "tf32": {"TOL_LOGITS": 5e-3, "TOL_LOSS": 1e-3, "TOL_GRAD": 2e-2, "TOL_STEP_LOSS": 2e-3,
+             "TOL_GRAD_NORM": 1e-2, "TOL_FINAL": 3e-2},
+    "bf16": {"TOL_LOGITS": 3e-2, "TOL_LOSS": 1e-2, "TOL_GRAD": 1e-1, "TOL_STEP_LOSS": 2e-2,
+             "TOL_GRAD_NORM": 5e-2, "TOL_FINAL": 1.5e-1},
+}
 # Adam's update g/(sqrt(v)+eps) amplifies fp32 rounding of gradients near eps: elements with
 # 0 < sqrt(v_hat) < ADAM_SENS at some step are only checked against the bound of an Adam step.
 ADAM_SENS = 1e-7
@@ -173,9 +187,33 @@ def adam_ratio_bound(b1, b2, t):
     return (1 - b1) / (1 - b1 ** t) * math.sqrt((1 - b2 ** t) / (1 - b2)) * math.sqrt(geo)
 
 
+def set_precision(argv):
+    """Removes --quiet and --precision P from argv; applies PRECISION_TOLS[P] (P != fp32)."""
+    out, i = [], 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "--precision" and i + 1 < len(argv):
+            p, i = argv[i + 1], i + 2
+        elif a.startswith("--precision="):
+            p, i = a.split("=", 1)[1], i + 1
+        else:
+            if a != "--quiet":
+                out.append(a)
+            i += 1
+            continue
+        if p not in ("fp32", "tf32", "bf16"):
+            raise SystemExit("oracle.py: --precision must be fp32, tf32 or bf16 (got %r)" % p)
+        globals().update(PRECISION_TOLS.get(p, {}))
+        if p != "fp32":
+            print("# precision %s: tolerances %s" % (p, ", ".join(
+                "%s %.0e" % (k[4:].lower(), v) for k, v in PRECISION_TOLS[p].items())))
+    return out
+
+
 def main(argv):
+    argv = set_precision(argv)
     if len(argv) < 3:
-        print("usage: oracle.py DUMPDIR LOGFILE", file=sys.stderr)
+        print("usage: oracle.py DUMPDIR LOGFILE [--precision fp32|tf32|bf16]", file=sys.stderr)
         return 2
     dump, logfile = argv[1], argv[2]
     rep = Report()

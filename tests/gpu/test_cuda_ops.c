@@ -1,0 +1,1182 @@
+/* test_cuda_ops.c - every op of the CUDA device (worker/cuda_device.cu and friends) against the
+ * CPU device, which tests/unit/test_cpu_ops.c checks against double-precision references. Random inputs at
+ * realistic shapes (GPT-2 and TinyLlama widths, V = 50257, T up to 2048) and awkward ones (odd
+ * sizes, partial tiles, n not a multiple of any block size, padded leading dimensions).
+ *
+ * Without a GPU (device_cuda_count() == 0, or a build without CUDA) it prints
+ * "0 tests: no GPU ..." and exits 0; tests/gpu/run.sh counts that as skipped.
+ * CEPHALO_GPU_TEST_DEVICE=cpu runs the whole file with a second (1-thread) CPU device in the
+ * GPU's place: a self-check of this file's references and bookkeeping on a machine without a GPU
+ * (tests of CUDA-only behaviour are skipped there). CEPHALO_TEST_GPU=N picks the GPU (default 0).
+ *
+ * Tolerances. Unless stated otherwise a comparison is "relative to max-abs":
+ *     max_i |gpu_i - cpu_i| <= tol * max_i |cpu_i|
+ * which judges entries that cancel to ~0 against the precision of their inputs. Each op states
+ * its tol and why next to the check; elementwise ops without reductions must agree exactly or to
+ * one rounding. Outputs are pre-filled with nonzero values (7, or the accumulate-into values of
+ * device.h's += contract) on both devices, and padding outside the written region must survive
+ * bit for bit. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "device.h"
+
+#define U_FP32 (1.0 / 16777216.0) /* 2^-24: unit roundoff of fp32 (24-bit significand) */
+#define U_TF32 (1.0 / 1024.0)     /* 2^-10: TF32 keeps 10 mantissa bits; tensor cores may truncate */
+#define U_BF16 (1.0 / 256.0)      /* 2^-8: bf16 keeps 7 mantissa bits, rounded to nearest even */
+
+static device ref_d, gpu_d; /* the reference CPU device and the device under test */
+#define REF (&ref_d)
+#define GPU (&gpu_d)
+static bool self_check;     /* GPU is a second CPU device (CEPHALO_GPU_TEST_DEVICE=cpu) */
+
+/* ---------------------------------------------------------------------------------------------
+ * bookkeeping: device and host buffers of a test are freed by the teardown (also after a failed
+ * check, which longjmps out of the test) */
+
+#define MAX_LIVE 8192
+static void *dev_live[MAX_LIVE], *host_live[MAX_LIVE];
+static int n_dev_live, n_host_live;
+
+static void *h_alloc(size_t bytes) {
+    void *p = malloc(bytes ? bytes : 1);
+    if (!p) fail_msg("host malloc of %zu bytes failed", bytes);
+    if (n_host_live == MAX_LIVE) fail_msg("too many host buffers in one test");
+    host_live[n_host_live++] = p;
+    return p;
+}
+
+static void *g_alloc(size_t bytes) {
+    void *p = dev_alloc(GPU, bytes, "test buffer");
+    if (!p) fail_msg("dev_alloc(%zu) on the device under test: %s", bytes, GPU->err.msg);
+    if (n_dev_live == MAX_LIVE) fail_msg("too many device buffers in one test");
+    dev_live[n_dev_live++] = p;
+    return p;
+}
+
+static void g_release(void *p) {
+    for (int i = n_dev_live - 1; i >= 0; i--)
+        if (dev_live[i] == p) {
+            dev_free(GPU, p);
+            dev_live[i] = dev_live[--n_dev_live];
+            return;
+        }
+    fail_msg("g_release of an untracked pointer");
+}
+
+static int release_all(void **state) {
+    (void)state;
+    for (int i = 0; i < n_dev_live; i++) dev_free(GPU, dev_live[i]);
+    for (int i = 0; i < n_host_live; i++) free(host_live[i]);
+    n_dev_live = n_host_live = 0;
+    GPU->matmul = REF->matmul = DEV_MATMUL_FP32;
+    dev_set_context(GPU, "%s", "");
+    return 0;
+}
+
+static uint64_t rng_state = 88172645463325252ULL;
+static void seed(uint64_t s) { rng_state = s * 2685821657736338717ULL + 1442695040888963407ULL; }
+static uint64_t rnd64(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state;
+}
+/* uniform in [-1, 1) */
+static float frand(void) { return (float)((double)(rnd64() >> 40) / (double)(1ULL << 24) * 2.0 - 1.0); }
+
+static float *hrandom(int64_t n, float scale) {
+    float *p = h_alloc((size_t)n * sizeof(float));
+    for (int64_t i = 0; i < n; i++) p[i] = scale * frand();
+    return p;
+}
+static float *hfill(int64_t n, float v) {
+    float *p = h_alloc((size_t)n * sizeof(float));
+    for (int64_t i = 0; i < n; i++) p[i] = v;
+    return p;
+}
+static float *hdup(const float *src, int64_t n) {
+    float *p = h_alloc((size_t)n * sizeof(float));
+    memcpy(p, src, (size_t)n * sizeof(float));
+    return p;
+}
+
+/* device copies of host data, and host copies of device data (after the device's queue drains) */
+static float *g_up(const float *h, int64_t n) {
+    float *p = g_alloc((size_t)n * sizeof(float));
+    dev_upload(GPU, p, h, (size_t)n * sizeof(float));
+    return p;
+}
+static int32_t *g_up_i(const int32_t *h, int64_t n) {
+    int32_t *p = g_alloc((size_t)n * sizeof(int32_t));
+    dev_upload(GPU, p, h, (size_t)n * sizeof(int32_t));
+    return p;
+}
+static float *g_fill(int64_t n, float v) { return g_up(hfill(n, v), n); }
+static float *g_down(const float *p, int64_t n) {
+    GPU->ops->sync(GPU);
+    float *h = h_alloc((size_t)n * sizeof(float));
+    dev_download(GPU, h, p, (size_t)n * sizeof(float));
+    return h;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * comparisons */
+
+static double fmax_abs(const float *x, int64_t n) {
+    double m = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (isfinite(x[i])) m = fmax(m, fabs((double)x[i]));
+    return m;
+}
+
+/* |got - ref| <= rtol |ref| + atol * max|ref| elementwise (NaN fails); rtol = 0 gives the
+ * relative-to-max-abs check. Reports the worst element. */
+static void expect_close(const char *what, const float *got, const float *ref, int64_t n,
+                         double rtol, double atol) {
+    double m = fmax_abs(ref, n);
+    if (m == 0) m = 1;
+    double worst = -1, worst_bound = 0;
+    int64_t wi = -1;
+    for (int64_t i = 0; i < n; i++) {
+        double err = fabs((double)got[i] - (double)ref[i]);
+        double bound = rtol * fabs((double)ref[i]) + atol * m;
+        if (isnan(got[i]) != isnan(ref[i]) || (isinf(ref[i]) && got[i] != ref[i])) err = INFINITY;
+        else if (isnan(ref[i]) || isinf(ref[i])) err = 0;
+        if (!(err <= bound) && (wi < 0 || err - bound > worst - worst_bound))
+            wi = i, worst = err, worst_bound = bound;
+    }
+    if (wi >= 0)
+        fail_msg("%s[%lld of %lld]: got %.9g, want %.9g (error %.3g > bound %.3g; max|ref| %.3g, "
+                 "rtol %.2g, atol %.2g x max)",
+                 what, (long long)wi, (long long)n, (double)got[wi], (double)ref[wi], worst,
+                 worst_bound, m, rtol, atol);
+}
+
+static void expect_rel(const char *what, const float *got, const float *ref, int64_t n, double tol) {
+    expect_close(what, got, ref, n, 0.0, tol);
+}
+
+static void expect_same(const char *what, const void *got, const void *ref, size_t bytes) {
+    const unsigned char *a = got, *b = ref;
+    for (size_t i = 0; i < bytes; i++)
+        if (a[i] != b[i]) {
+            size_t e = i / 4;
+            float fa, fb;
+            memcpy(&fa, a + e * 4, 4);
+            memcpy(&fb, b + e * 4, 4);
+            fail_msg("%s: differs at float %zu: %.9g vs %.9g (bit for bit expected)", what, e,
+                     (double)fa, (double)fb);
+        }
+}
+
+static void expect_all(const char *what, const float *x, int64_t n, float v) {
+    for (int64_t i = 0; i < n; i++)
+        if (memcmp(&x[i], &v, sizeof v))
+            fail_msg("%s[%lld] = %.9g, want %.9g (must be left untouched)", what, (long long)i,
+                     (double)x[i], (double)v);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * fixture */
+
+static int setup_devices(void **state) {
+    (void)state;
+    err_t err = {{0}};
+    const char *g = getenv("CEPHALO_TEST_GPU");
+    int gpu = g ? atoi(g) : 0;
+    if (device_open(REF, "cpu", 0, 0, 0, 0, &err) < 0) {
+        fprintf(stderr, "cpu device: %s\n", err.msg);
+        return -1;
+    }
+    if (device_open(GPU, self_check ? "cpu" : "cuda", 0, self_check ? 1 : 0, gpu, 0, &err) < 0) {
+        fprintf(stderr, "device under test: %s\n", err.msg);
+        return -1;
+    }
+    REF->matmul = GPU->matmul = DEV_MATMUL_FP32;
+    return 0;
+}
+
+static int teardown_devices(void **state) {
+    (void)state;
+    device_close(GPU);
+    device_close(REF);
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * the device itself */
+
+static void test_device(void **state) {
+    (void)state;
+    assert_non_null(GPU->ops);
+    if (self_check) skip();
+    assert_string_equal(GPU->ops->name, "cuda");
+    /* capacity 0 at open = the GPU's free memory less a reserve: a real number comes back */
+    assert_true(GPU->capacity > ((int64_t)1 << 30));
+    assert_int_equal(GPU->cur_bytes, 0);
+    void *s[DEV_STREAMS];
+    for (int i = 0; i < DEV_STREAMS; i++) {
+        s[i] = GPU->ops->native_stream(GPU, (dev_stream)i);
+        assert_non_null(s[i]);
+        for (int j = 0; j < i; j++) assert_ptr_not_equal(s[i], s[j]);
+    }
+    err_t err = {{0}};
+    device bad;
+    assert_int_equal(device_open(&bad, "cuda", 0, 0, 4096, 0, &err), -1); /* no GPU 4096 */
+    assert_true(strlen(err.msg) > 0);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * elementwise, reductions, copies */
+
+static const int64_t EW_SIZES[] = {1, 13, 4097, 1000003}; /* 1000003: no block size divides it */
+
+static void test_elementwise(void **state) {
+    (void)state;
+    for (size_t s = 0; s < sizeof EW_SIZES / sizeof EW_SIZES[0]; s++) {
+        int64_t n = EW_SIZES[s];
+        seed(1 + s);
+        float *a = hrandom(n, 2.0f), *b = hrandom(n, 2.0f);
+        /* fill: n values, the 16 after them untouched */
+        float *gx = g_up(hfill(n + 16, 9.0f), n + 16);
+        GPU->ops->fill(GPU, gx, 0.25f, n);
+        float *hx = g_down(gx, n + 16);
+        expect_all("fill", hx, n, 0.25f);
+        expect_all("fill tail", hx + n, 16, 9.0f);
+
+        /* add, scale: one correctly rounded operation per element, so exactly the CPU's */
+        float *ga = g_up(a, n), *gb = g_up(b, n), *gout = g_fill(n, 7.0f);
+        float *out = hfill(n, 7.0f);
+        REF->ops->add(REF, out, a, b, n);
+        GPU->ops->add(GPU, gout, ga, gb, n);
+        expect_same("add", g_down(gout, n), out, (size_t)n * 4);
+        GPU->ops->add(GPU, ga, ga, gb, n); /* out may alias an input */
+        expect_same("add (out aliases a)", g_down(ga, n), out, (size_t)n * 4);
+        float *y = hdup(out, n);
+        REF->ops->scale(REF, y, -3.5f, n);
+        GPU->ops->scale(GPU, gout, -3.5f, n);
+        expect_same("scale", g_down(gout, n), y, (size_t)n * 4);
+
+        /* axpy: y + alpha*x with or without a fused multiply-add differs by at most one rounding
+         * of the product: |err| <= 2^-24 (|y| + |alpha x|) + 2^-24 |result| <= 2^-22 max */
+        float *y0 = hrandom(n, 1.0f), *yc = hdup(y0, n);
+        float *gy = g_up(y0, n);
+        REF->ops->axpy(REF, yc, -0.75f, b, n);
+        GPU->ops->axpy(GPU, gy, -0.75f, gb, n);
+        expect_close("axpy", g_down(gy, n), yc, n, 4 * U_FP32, 4 * U_FP32);
+    }
+    /* n = 0 is a no-op (no zero-sized launch) */
+    float *gz = g_fill(4, 5.0f);
+    GPU->ops->fill(GPU, gz, 1.0f, 0);
+    GPU->ops->scale(GPU, gz, 2.0f, 0);
+    GPU->ops->axpy(GPU, gz, 2.0f, gz, 0);
+    GPU->ops->add(GPU, gz, gz, gz, 0);
+    expect_all("n = 0 ops", g_down(gz, 4), 4, 5.0f);
+}
+
+static void test_sumsq(void **state) {
+    (void)state;
+    const int64_t sizes[] = {1, 7, 65536, 65537, 3000017};
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+        int64_t n = sizes[s];
+        seed(5 + s);
+        float *x = hrandom(n, 3.0f);
+        long double want = 0;
+        for (int64_t i = 0; i < n; i++) want += (long double)x[i] * x[i];
+        double got = GPU->ops->sumsq(GPU, g_up(x, n), n);
+        /* the squares are exact in double (24+24 bits < 53); n positive terms summed in double in
+         * any order err by at most (n-1) 2^-53 relative */
+        double bound = (double)n * 1.2e-16 * (double)want + 1e-300;
+        if (!(fabs(got - (double)want) <= bound))
+            fail_msg("sumsq n=%lld: %.17g, want %.17Lg (bound %.3g)", (long long)n, got, want, bound);
+    }
+    assert_true(GPU->ops->sumsq(GPU, NULL, 0) == 0.0);
+}
+
+static void test_copy2d(void **state) {
+    (void)state;
+    const int cases[][4] = {{7, 13, 20, 17}, {1000, 771, 800, 1024}, {1, 1, 1, 1}, {300, 64, 192, 64}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        int rows = cases[c][0], cols = cases[c][1], lds = cases[c][2], ldo = cases[c][3];
+        seed(9 + c);
+        float *src = hrandom((int64_t)rows * lds, 1.0f);
+        float *gdst = g_fill((int64_t)rows * ldo, 5.0f);
+        GPU->ops->copy2d(GPU, gdst, ldo, g_up(src, (int64_t)rows * lds), lds, rows, cols);
+        float *dst = g_down(gdst, (int64_t)rows * ldo);
+        for (int r = 0; r < rows; r++) {
+            expect_same("copy2d", dst + (int64_t)r * ldo, src + (int64_t)r * lds, (size_t)cols * 4);
+            expect_all("copy2d padding", dst + (int64_t)r * ldo + cols, ldo - cols, 5.0f);
+        }
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * gemm */
+
+static uint16_t bf16_rne(float f); /* host reference, below */
+
+static float bf16_round(float f) {
+    uint32_t u = (uint32_t)bf16_rne(f) << 16;
+    float r;
+    memcpy(&r, &u, 4);
+    return r;
+}
+
+typedef struct gemm_case {
+    int M, N, K, pad; /* pad: extra columns in lda/ldb/ldc (odd pads: unaligned leading dims) */
+    float alpha, beta;
+} gemm_case;
+
+static void check_gemm(const gemm_case *gc, bool ta, bool tb, dev_matmul mode) {
+    int M = gc->M, N = gc->N, K = gc->K;
+    int lda = (ta ? M : K) + gc->pad, ldb = (tb ? K : N) + gc->pad, ldc = N + gc->pad + 1;
+    int64_t na = (int64_t)(ta ? K : M) * lda, nb = (int64_t)(tb ? N : K) * ldb, nc = (int64_t)M * ldc;
+    float *A = hrandom(na, 1.0f), *B = hrandom(nb, 1.0f);
+    /* beta = 0: C must not be read (BLAS semantics), so NaN there must not come through */
+    float *C0 = gc->beta == 0 ? hfill(nc, NAN) : hrandom(nc, 1.0f);
+    for (int i = 0; i < M; i++) /* the padding columns hold a marker that must survive */
+        for (int j = N; j < ldc; j++) C0[(int64_t)i * ldc + j] = 5.0f;
+    float *Cref = hdup(C0, nc);
+    if (gc->beta == 0)
+        for (int64_t i = 0; i < nc; i++)
+            if (isnan(Cref[i])) Cref[i] = 0.0f; /* OpenBLAS does not read C either; belt and braces */
+    REF->matmul = DEV_MATMUL_FP32;
+    REF->ops->gemm(REF, ta, tb, M, N, K, gc->alpha, A, lda, B, ldb, gc->beta, Cref, ldc);
+
+    GPU->matmul = mode;
+    float *gC = g_up(C0, nc);
+    GPU->ops->gemm(GPU, ta, tb, M, N, K, gc->alpha, g_up(A, na), lda, g_up(B, nb), ldb, gc->beta,
+                   gC, ldc);
+    GPU->matmul = DEV_MATMUL_FP32;
+    float *got = g_down(gC, nc);
+    char what[160];
+    snprintf(what, sizeof what, "gemm %s ta=%d tb=%d M=%d N=%d K=%d lda=%d ldb=%d ldc=%d beta=%g",
+             mode == DEV_MATMUL_FP32 ? "fp32" : mode == DEV_MATMUL_TF32 ? "tf32" : "bf16", ta, tb, M, N,
+             K, lda, ldb, ldc, (double)gc->beta);
+    for (int i = 0; i < M; i++) expect_all(what, got + (int64_t)i * ldc + N, ldc - N, 5.0f);
+    for (int i = 0; i < M; i++) /* pad columns are equal now; compare whole rows */
+        for (int j = N; j < ldc; j++) Cref[(int64_t)i * ldc + j] = 5.0f;
+
+    if (mode == DEV_MATMUL_FP32) {
+        /* the same products, summed in another order (cuBLAS splits K): with random signs the
+         * accumulated rounding is ~ sqrt(K) 2^-24 of max|C|; 8x margin */
+        expect_rel(what, got, Cref, nc, 8 * sqrt((double)K + 1) * U_FP32);
+    } else if (mode == DEV_MATMUL_TF32) {
+        /* each product a_k b_k carries relative error <= 2 u_tf32 (both operands truncated or
+         * rounded to 10 mantissa bits); with random signs the error of C_ij ~ u sqrt(K) sigma_a
+         * sigma_b while max|C| ~ 4 sqrt(K) sigma_a sigma_b, so the ratio does not grow with K:
+         * 4 u_tf32 = 3.9e-3 is a comfortable bound */
+        expect_rel(what, got, Cref, nc, 4 * U_TF32);
+    } else {
+        /* against exact fp32: the same argument with 8-bit significands, 4 u_bf16 = 1.6e-2 */
+        expect_rel(what, got, Cref, nc, 4 * U_BF16);
+        /* against the CPU on bf16-rounded copies of A and B (what device.h says the mode is):
+         * bf16 x bf16 products are exact in fp32, so only the order of the fp32 accumulation
+         * differs; tensor cores may align addends with truncation, so allow K 2^-23 of max|C|
+         * (the worst-case bound of K additions) with a floor of 2e-5 */
+        float *Ar = hdup(A, na), *Br = hdup(B, nb);
+        for (int64_t i = 0; i < na; i++) Ar[i] = bf16_round(Ar[i]);
+        for (int64_t i = 0; i < nb; i++) Br[i] = bf16_round(Br[i]);
+        float *Cr = hdup(C0, nc);
+        if (gc->beta == 0)
+            for (int64_t i = 0; i < nc; i++)
+                if (isnan(Cr[i])) Cr[i] = 0.0f;
+        REF->ops->gemm(REF, ta, tb, M, N, K, gc->alpha, Ar, lda, Br, ldb, gc->beta, Cr, ldc);
+        for (int i = 0; i < M; i++)
+            for (int j = N; j < ldc; j++) Cr[(int64_t)i * ldc + j] = 5.0f;
+        char w2[200];
+        snprintf(w2, sizeof w2, "%s vs bf16-rounded operands", what);
+        expect_rel(w2, got, Cr, nc, fmax(2e-5, (double)K * 2 * U_FP32));
+    }
+}
+
+static void test_gemm(void **state) {
+    (void)state;
+    const gemm_case cases[] = {
+        {7, 13, 37, 3, 0.7f, 0.3f},       /* tiny, odd, unaligned leading dimensions */
+        {64, 64, 64, 0, 1.0f, 0.0f},      /* exactly one tile, beta 0 over NaN */
+        {129, 65, 300, 2, 0.5f, 1.0f},    /* partial tiles on every side, accumulate */
+        {1, 257, 768, 0, 1.0f, 0.0f},     /* one row (a single token) */
+        {300, 1, 129, 1, 1.0f, 0.25f},    /* one column */
+        {1024, 2304, 768, 0, 1.0f, 0.0f}, /* GPT-2 124M qkv projection of 1024 tokens */
+        {512, 768, 3072, 0, 1.0f, 1.0f},  /* mlp down projection, accumulating (weight grads) */
+    };
+    const dev_matmul modes[] = {DEV_MATMUL_FP32, DEV_MATMUL_TF32, DEV_MATMUL_BF16};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+        for (int t = 0; t < 4; t++)
+            for (int m = 0; m < 3; m++) {
+                if (self_check && modes[m] != DEV_MATMUL_FP32 && cases[c].M * cases[c].N > 100000)
+                    continue; /* the CPU's bf16 rounding copies: slow and tested once is enough */
+                seed(100 + c * 16 + t * 4 + m);
+                check_gemm(&cases[c], t & 1, t & 2, modes[m]);
+                release_all(NULL); /* keep device memory flat across the loop */
+            }
+    /* M = 0 or N = 0: nothing to do, nothing touched */
+    float *gC = g_fill(8, 3.0f), *gA = g_fill(8, 1.0f);
+    GPU->ops->gemm(GPU, false, false, 0, 2, 4, 1.0f, gA, 4, gA, 2, 0.0f, gC, 2);
+    GPU->ops->gemm(GPU, false, false, 2, 0, 4, 1.0f, gA, 4, gA, 1, 0.0f, gC, 1);
+    expect_all("gemm M=0 / N=0", g_down(gC, 8), 8, 3.0f);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * bias */
+
+static void test_bias(void **state) {
+    (void)state;
+    const int cases[][2] = {{300, 45}, {4097, 771}, {1, 50257}, {1024, 768}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        int N = cases[c][0], Cc = cases[c][1];
+        int64_t nc = (int64_t)N * Cc;
+        seed(200 + c);
+        float *x = hrandom(nc, 1.0f), *b = hrandom(Cc, 1.0f);
+        float *gx = g_up(x, nc), *gb = g_up(b, Cc);
+        REF->ops->add_bias(REF, x, b, N, Cc);
+        GPU->ops->add_bias(GPU, gx, gb, N, Cc);
+        expect_same("add_bias", g_down(gx, nc), x, (size_t)nc * 4); /* one addition: exact */
+
+        float *db = hfill(Cc, 0.5f), *gdb = g_fill(Cc, 0.5f); /* accumulates into 0.5 */
+        REF->ops->bias_grad(REF, db, x, N, Cc);
+        GPU->ops->bias_grad(GPU, gdb, gx, N, Cc);
+        /* N fp32 values summed in different orders: the rounding of the partial sums grows like
+         * sqrt(N) 2^-24 of the sum's scale; 1e-6 sqrt(N) is ~16x that */
+        expect_rel("bias_grad", g_down(gdb, Cc), db, Cc, 1e-6 * sqrt((double)N) + 4 * U_FP32);
+    }
+    float *gx = g_fill(8, 2.0f), *gb = g_fill(8, 1.0f);
+    GPU->ops->add_bias(GPU, gx, gb, 0, 8);
+    GPU->ops->bias_grad(GPU, gb, gx, 0, 8);
+    expect_all("add_bias N=0", g_down(gx, 8), 8, 2.0f);
+    expect_all("bias_grad N=0", g_down(gb, 8), 8, 1.0f);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * embeddings */
+
+static void check_embed(int V, int Cc, int N, int32_t *ids, int max_repeat) {
+    float *table = hrandom((int64_t)V * Cc, 1.0f);
+    float *gout = g_fill((int64_t)N * Cc, 7.0f);
+    int32_t *gids = g_up_i(ids, N);
+    GPU->ops->embed_fwd(GPU, gout, g_up(table, (int64_t)V * Cc), gids, N, Cc);
+    float *out = g_down(gout, (int64_t)N * Cc);
+    for (int n = 0; n < N; n++)
+        expect_same("embed_fwd", out + (int64_t)n * Cc, table + (int64_t)ids[n] * Cc, (size_t)Cc * 4);
+
+    float *dout = hrandom((int64_t)N * Cc, 1.0f);
+    float *dt = hfill((int64_t)V * Cc, -1.0f), *gdt = g_fill((int64_t)V * Cc, -1.0f);
+    REF->ops->embed_bwd(REF, dt, dout, ids, N, Cc);
+    GPU->ops->embed_bwd(GPU, gdt, g_up(dout, (int64_t)N * Cc), gids, N, Cc);
+    /* a row sums up to max_repeat rows of dout (plus -1): as bias_grad, with the repeat count */
+    char what[96];
+    snprintf(what, sizeof what, "embed_bwd V=%d C=%d N=%d (an id repeats up to %d times)", V, Cc, N,
+             max_repeat);
+    expect_rel(what, g_down(gdt, (int64_t)V * Cc), dt, (int64_t)V * Cc,
+               1e-6 * sqrt((double)max_repeat) + 4 * U_FP32);
+}
+
+static void test_embed(void **state) {
+    (void)state;
+    seed(300);
+    int32_t *ids = h_alloc(4096 * sizeof(int32_t));
+    for (int n = 0; n < 1024; n++) ids[n] = (int32_t)(rnd64() % 50257);
+    ids[0] = 0, ids[1] = 50256, ids[2] = ids[3] = ids[4] = 777;
+    check_embed(50257, 768, 1024, ids, 1024); /* GPT-2 table; the bound is loose for few repeats */
+    for (int n = 0; n < 1000; n++) ids[n] = (n * 7 + n / 3) % 11;
+    check_embed(11, 771, 1000, ids, 1000); /* every id ~90 times, odd width */
+    for (int n = 0; n < 4096; n++) ids[n] = 3;
+    check_embed(5, 64, 4096, ids, 4096); /* one hot row: all tokens the same id */
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * normalisations */
+
+static void check_norm(bool rms, int N, int Cc) {
+    int64_t nc = (int64_t)N * Cc;
+    const float eps = 1e-5f;
+    float *x = hrandom(nc, 2.0f), *w = hrandom(Cc, 1.0f), *b = hrandom(Cc, 1.0f), *G = hrandom(nc, 1.0f);
+    for (int64_t i = 0; i < nc; i++) x[i] += 0.5f; /* a nonzero mean */
+    float *out = hfill(nc, 7.0f), *mean = hfill(N, 7.0f), *rstd = hfill(N, 7.0f);
+    float *gx = g_up(x, nc), *gw = g_up(w, Cc), *gb = g_up(b, Cc), *gG = g_up(G, nc);
+    float *gout = g_fill(nc, 7.0f), *gmean = g_fill(N, 7.0f), *grstd = g_fill(N, 7.0f);
+    if (rms) {
+        REF->ops->rmsnorm_fwd(REF, out, rstd, x, w, N, Cc, eps);
+        GPU->ops->rmsnorm_fwd(GPU, gout, grstd, gx, gw, N, Cc, eps);
+    } else {
+        REF->ops->layernorm_fwd(REF, out, mean, rstd, x, w, b, N, Cc, eps);
+        GPU->ops->layernorm_fwd(GPU, gout, gmean, grstd, gx, gw, gb, N, Cc, eps);
+    }
+    char what[96];
+    snprintf(what, sizeof what, "%s N=%d C=%d", rms ? "rmsnorm" : "layernorm", N, Cc);
+    /* forward: row reductions in another order and possibly rsqrtf (2 ulp): elementwise 1e-5
+     * relative with a 1e-5 x max floor, as the CPU test allows against double */
+    expect_close(what, g_down(gout, nc), out, nc, 1e-5, 1e-5);
+    expect_close("norm rstd", g_down(grstd, N), rstd, N, 1e-5, 0);
+    if (!rms) expect_close("layernorm mean", g_down(gmean, N), mean, N, 1e-5, 1e-5);
+
+    /* backward: dx, dw, db accumulate into nonzero values; each device uses its own mean/rstd */
+    float *dx = hfill(nc, 0.5f), *dw = hfill(Cc, -0.25f), *db = hfill(Cc, 2.0f);
+    float *gdx = g_fill(nc, 0.5f), *gdw = g_fill(Cc, -0.25f), *gdb = g_fill(Cc, 2.0f);
+    if (rms) {
+        REF->ops->rmsnorm_bwd(REF, dx, dw, G, x, rstd, w, N, Cc);
+        GPU->ops->rmsnorm_bwd(GPU, gdx, gdw, gG, gx, grstd, gw, N, Cc);
+    } else {
+        REF->ops->layernorm_bwd(REF, dx, dw, db, G, x, mean, rstd, w, N, Cc);
+        GPU->ops->layernorm_bwd(GPU, gdx, gdw, gdb, gG, gx, gmean, grstd, gw, N, Cc);
+    }
+    /* dx: two row reductions of C terms feed every element: 2e-5 of max */
+    expect_rel("norm dx", g_down(gdx, nc), dx, nc, 2e-5);
+    /* dw, db: column sums over N rows, as bias_grad */
+    double col_tol = 1e-6 * sqrt((double)N) + 1e-5;
+    expect_rel("norm dw", g_down(gdw, Cc), dw, Cc, col_tol);
+    if (!rms) expect_rel("layernorm db", g_down(gdb, Cc), db, Cc, col_tol);
+    else expect_all("rmsnorm leaves db alone", g_down(gdb, Cc), Cc, 2.0f);
+}
+
+static void test_norms(void **state) {
+    (void)state;
+    const int cases[][2] = {{7, 45}, {1024, 768}, {33, 2048}, {300, 1023}, {3, 5120}, {1, 1}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+        for (int rms = 0; rms < 2; rms++) {
+            seed(400 + c * 2 + rms);
+            check_norm(rms, cases[c][0], cases[c][1]);
+            release_all(NULL);
+        }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * activations */
+
+static void check_act(int kind, int64_t n) {
+    float *x = hrandom(n, 7.0f), *u = hrandom(n, 2.0f), *G = hrandom(n, 1.0f);
+    x[0] = 0.0f;
+    if (n > 3) x[1] = -20.0f, x[2] = 20.0f; /* saturation */
+    float *out = hfill(n, 7.0f), *dx = hfill(n, 7.0f), *du = hfill(n, 7.0f);
+    float *gx = g_up(x, n), *gu = g_up(u, n), *gG = g_up(G, n);
+    float *gout = g_fill(n, 7.0f), *gdx = g_fill(n, 7.0f), *gdu = g_fill(n, 7.0f);
+    const char *name = kind == 0 ? "gelu tanh" : kind == 1 ? "gelu erf" : "swiglu";
+    if (kind == 2) {
+        REF->ops->swiglu_fwd(REF, out, x, u, n);
+        REF->ops->swiglu_bwd(REF, dx, du, G, x, u, n);
+        GPU->ops->swiglu_fwd(GPU, gout, gx, gu, n);
+        GPU->ops->swiglu_bwd(GPU, gdx, gdu, gG, gx, gu, n);
+    } else {
+        REF->ops->gelu_fwd(REF, out, x, n, kind == 0);
+        REF->ops->gelu_bwd(REF, dx, x, G, n, kind == 0);
+        GPU->ops->gelu_fwd(GPU, gout, gx, n, kind == 0);
+        GPU->ops->gelu_bwd(GPU, gdx, gx, gG, n, kind == 0);
+    }
+    /* exp/tanh/erf differ between libm, the CPU's exp_fast (3 ulp) and CUDA's (fast) intrinsics by
+     * a few ulp; 1e-5 relative + 1e-5 of max is what the CPU test allows against double */
+    char what[64];
+    snprintf(what, sizeof what, "%s n=%lld out", name, (long long)n);
+    expect_close(what, g_down(gout, n), out, n, 1e-5, 1e-5);
+    snprintf(what, sizeof what, "%s n=%lld dx", name, (long long)n);
+    expect_close(what, g_down(gdx, n), dx, n, 1e-5, 1e-5);
+    if (kind == 2) {
+        expect_close("swiglu du", g_down(gdu, n), du, n, 1e-5, 1e-5);
+        /* dg may alias g (the trainer reuses the gate buffer): the same bits */
+        float *gg2 = g_up(x, n), *gdu2 = g_fill(n, 7.0f);
+        GPU->ops->swiglu_bwd(GPU, gg2, gdu2, gG, gg2, gu, n);
+        expect_same("swiglu_bwd with dg aliasing g", g_down(gg2, n), g_down(gdx, n), (size_t)n * 4);
+    }
+}
+
+static void test_activations(void **state) {
+    (void)state;
+    for (int kind = 0; kind < 3; kind++) {
+        seed(500 + kind);
+        check_act(kind, 1);
+        check_act(kind, 1000003);
+        release_all(NULL);
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * rope */
+
+static void check_rope(int B, int T, int H, int Hkv, int hd, float theta) {
+    int ld = (H + 2 * Hkv) * hd + 3; /* fused qkv rows, padded */
+    int rows = B * T;
+    int64_t n = (int64_t)rows * ld;
+    float *x = hrandom(n, 1.0f), *xr = hdup(x, n);
+    float *gxv = g_up(x, n);
+    /* q heads, then k heads, as the trainer calls it; v and padding are not touched */
+    REF->ops->rope(REF, xr, ld, rows, T, H, hd, theta, false);
+    REF->ops->rope(REF, xr + H * hd, ld, rows, T, Hkv, hd, theta, false);
+    GPU->ops->rope(GPU, gxv, ld, rows, T, H, hd, theta, false);
+    GPU->ops->rope(GPU, gxv + H * hd, ld, rows, T, Hkv, hd, theta, false);
+    float *got = g_down(gxv, n);
+    char what[112];
+    snprintf(what, sizeof what, "rope B=%d T=%d H=%d Hkv=%d hd=%d theta=%g", B, T, H, Hkv, hd, (double)theta);
+    /* The angle must be formed as PyTorch forms it, float(t) * inv_freq rounded to fp32 (see
+     * cpu_device.c); sin/cos then need a full range reduction (angles reach 2047 rad at T = 2048).
+     * Done so, the tables agree to ~1 ulp and the outputs to ~2e-7 of max; an angle formed in
+     * double differs by up to half an ulp of 2047 (6e-5 rad), and fast __sinf is worse: 1e-5
+     * separates the two. */
+    expect_rel(what, got, xr, n, 1e-5);
+    for (int r = 0; r < rows; r++) {
+        int64_t o = (int64_t)r * ld + (int64_t)(H + Hkv) * hd;
+        expect_same("rope leaves v and the padding alone", got + o, x + o, (size_t)(Hkv * hd + 3) * 4);
+    }
+    /* inverse(fwd(x)) = x: the rotation and its transpose with the same cos/sin, so ~2 ulp */
+    GPU->ops->rope(GPU, gxv, ld, rows, T, H, hd, theta, true);
+    GPU->ops->rope(GPU, gxv + H * hd, ld, rows, T, Hkv, hd, theta, true);
+    snprintf(what, sizeof what, "rope inverse(fwd(x)) = x, T=%d hd=%d", T, hd);
+    expect_rel(what, g_down(gxv, n), x, n, 1e-6);
+    /* the inverse against the CPU's inverse on the same input */
+    float *gy = g_up(x, n), *y = hdup(x, n);
+    REF->ops->rope(REF, y, ld, rows, T, H, hd, theta, true);
+    GPU->ops->rope(GPU, gy, ld, rows, T, H, hd, theta, true);
+    expect_rel("rope inverse", g_down(gy, n), y, n, 1e-5);
+}
+
+static void test_rope(void **state) {
+    (void)state;
+    seed(600);
+    check_rope(2, 17, 3, 1, 64, 10000.0f);
+    check_rope(1, 2048, 4, 2, 128, 10000.0f);
+    check_rope(2, 300, 8, 2, 64, 500000.0f);
+    check_rope(3, 1, 2, 2, 64, 10000.0f);
+    check_rope(1, 1024, 32, 4, 64, 10000.0f); /* TinyLlama's heads */
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * attention */
+
+typedef struct att_case {
+    int B, T, H, Hkv, hd;
+    bool causal;
+    int pad; /* extra floats per fused qkv row */
+} att_case;
+
+static void check_attention(const att_case *c, dev_matmul mode, double tol_fwd, double tol_bwd) {
+    int ld = (c->H + 2 * c->Hkv) * c->hd + c->pad, ldo = c->H * c->hd;
+    int koff = c->H * c->hd, voff = (c->H + c->Hkv) * c->hd, heads_w = (c->H + 2 * c->Hkv) * c->hd;
+    int64_t rows = (int64_t)c->B * c->T, nqkv = rows * ld, nout = rows * ldo;
+    int64_t nlse = (int64_t)c->B * c->H * c->T;
+    float *qkv = hrandom(nqkv, 1.5f), *G = hrandom(nout, 1.0f);
+    float *out = hfill(nout, 7.0f), *lse = hfill(nlse, 7.0f), *dqkv = hfill(nqkv, 7.0f);
+    REF->ops->attention_fwd(REF, out, lse, qkv, ld, qkv + koff, ld, qkv + voff, ld, c->B, c->T, c->H,
+                            c->Hkv, c->hd, c->causal);
+    REF->ops->attention_bwd(REF, dqkv, dqkv + koff, dqkv + voff, G, out, lse, qkv, ld, qkv + koff, ld,
+                            qkv + voff, ld, c->B, c->T, c->H, c->Hkv, c->hd, c->causal);
+
+    GPU->matmul = mode;
+    float *gq = g_up(qkv, nqkv), *gG = g_up(G, nout);
+    float *gout = g_fill(nout, 7.0f), *glse = g_fill(nlse, 7.0f), *gd = g_fill(nqkv, 7.0f);
+    GPU->ops->attention_fwd(GPU, gout, glse, gq, ld, gq + koff, ld, gq + voff, ld, c->B, c->T, c->H,
+                            c->Hkv, c->hd, c->causal);
+    GPU->ops->attention_bwd(GPU, gd, gd + koff, gd + voff, gG, gout, glse, gq, ld, gq + koff, ld,
+                            gq + voff, ld, c->B, c->T, c->H, c->Hkv, c->hd, c->causal);
+    GPU->matmul = DEV_MATMUL_FP32;
+    char what[160];
+    snprintf(what, sizeof what, "attention B=%d T=%d H=%d Hkv=%d hd=%d %s ld=%d mode=%d", c->B, c->T,
+             c->H, c->Hkv, c->hd, c->causal ? "causal" : "full", ld, (int)mode);
+    float *got = g_down(gout, nout), *glse_h = g_down(glse, nlse), *gdq = g_down(gd, nqkv);
+    char w[200];
+    snprintf(w, sizeof w, "%s: out", what);
+    expect_rel(w, got, out, nout, tol_fwd);
+    snprintf(w, sizeof w, "%s: lse", what);
+    expect_close(w, glse_h, lse, nlse, tol_fwd, tol_fwd);
+    /* dq, dk, dv separately (their scales differ), written in the head columns only */
+    float *rq = h_alloc((size_t)rows * heads_w * 4), *gqh = h_alloc((size_t)rows * heads_w * 4);
+    for (int part = 0; part < 3; part++) {
+        int off = part == 0 ? 0 : part == 1 ? koff : voff, w_ = part == 0 ? koff : c->Hkv * c->hd;
+        for (int64_t r = 0; r < rows; r++) {
+            memcpy(rq + r * w_, dqkv + r * ld + off, (size_t)w_ * 4);
+            memcpy(gqh + r * w_, gdq + r * ld + off, (size_t)w_ * 4);
+        }
+        snprintf(w, sizeof w, "%s: d%c", what, "qkv"[part]);
+        expect_rel(w, gqh, rq, rows * w_, tol_bwd);
+    }
+    for (int64_t r = 0; r < rows; r++) expect_all("attention dqkv padding", gdq + r * ld + heads_w, c->pad, 7.0f);
+}
+
+static void test_attention(void **state) {
+    (void)state;
+    const int Ts[] = {1, 17, 128, 300}, hds[] = {64, 128};
+    int k = 0;
+    for (int h = 0; h < 2; h++)
+        for (int t = 0; t < 4; t++)
+            for (int causal = 1; causal >= 0; causal--) {
+                int T = Ts[t];
+                att_case c = {T <= 128 ? 2 : 1, T, 8, 2, hds[h], causal, T == 17 ? 4 : 0};
+                seed(700 + k++);
+                /* fp32 flash attention against the CPU's (itself within 1e-5 of double): online
+                 * softmax rescaling and another summation order; 2e-5 of max forward, 5e-5 for
+                 * the gradients, which sum T terms of products of the forward's outputs */
+                check_attention(&c, DEV_MATMUL_FP32, 2e-5, 5e-5);
+                release_all(NULL);
+            }
+    att_case mha = {2, 200, 4, 4, 64, true, 0}; /* multi-head, crosses a 64-row tile */
+    seed(750);
+    check_attention(&mha, DEV_MATMUL_FP32, 2e-5, 5e-5);
+    release_all(NULL);
+    /* The trainer runs attention under the TF32 and BF16 matmul modes too. device.h gives
+     * attention no reduced-precision contract, so it should still be fp32; should a kernel use
+     * tensor cores in those modes, its error must stay within the gemm bounds of that mode
+     * (scores and P.V each one matmul: 2x the gemm bound forward, 4x backward). */
+    att_case c1 = {2, 300, 8, 2, 64, true, 0};
+    seed(760);
+    check_attention(&c1, DEV_MATMUL_TF32, 8 * U_TF32, 16 * U_TF32);
+    release_all(NULL);
+    seed(761);
+    check_attention(&c1, DEV_MATMUL_BF16, 8 * U_BF16, 16 * U_BF16);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * cross-entropy */
+
+static void check_xent(int N, int V, float mag, const int32_t *tg, float scale) {
+    int64_t n = (int64_t)N * V;
+    float *logits = hrandom(n, mag), *losses = hfill(N, 7.0f);
+    float *gl = g_up(logits, n), *glosses = g_fill(N, 7.0f);
+    int32_t *gtg = g_up_i(tg, N);
+    double want = REF->ops->xent_fwd_bwd(REF, logits, losses, tg, N, V, scale);
+    double got = GPU->ops->xent_fwd_bwd(GPU, gl, glosses, gtg, N, V, scale);
+    char what[96];
+    snprintf(what, sizeof what, "xent N=%d V=%d |logits|<=%g", N, V, (double)mag);
+    /* each row's log-sum-exp sums V fp32 exponentials: ~1e-6 relative; the total 1e-5 */
+    if (!(fabs(got - want) <= 1e-5 * fabs(want) + 1e-12))
+        fail_msg("%s: returned sum %.12g, want %.12g", what, got, want);
+    float *gloss_h = g_down(glosses, N), *grad = g_down(gl, n);
+    expect_close(what, gloss_h, losses, N, 1e-5, 1e-5);
+    /* the gradient: scale (softmax - onehot); probabilities as small as 1/V must agree to
+     * 3e-5 relative (fast __expf errs by 2 + 1.16|x| ulp, ~3e-5 at the exponents that matter),
+     * the floor 1e-7 of max covers exponentials that underflow */
+    expect_close(what, grad, logits, n, 3e-5, 1e-7);
+    for (int i = 0; i < N; i++)
+        if (tg[i] < 0) {
+            expect_all("xent row without a target: zero gradient", grad + (int64_t)i * V, V, 0.0f);
+            expect_all("xent row without a target: zero loss", gloss_h + i, 1, 0.0f);
+        }
+}
+
+static void test_xent(void **state) {
+    (void)state;
+    seed(800);
+    const int32_t tg7[7] = {3, 0, 12, -1, 5, 5, 11};
+    check_xent(7, 13, 3.0f, tg7, 1.0f / 6.0f);
+    const int32_t tg3[3] = {999, 0, 517};
+    check_xent(3, 1000, 60.0f, tg3, 1.0f); /* large logits: exp overflows without the max */
+    int32_t *tg = h_alloc(300 * sizeof(int32_t));
+    for (int i = 0; i < 64; i++) tg[i] = i % 9 == 4 ? -1 : (i * 37) % 1001;
+    check_xent(64, 1001, 4.0f, tg, 0.5f);
+    for (int i = 0; i < 300; i++) tg[i] = i % 7 == 3 ? -1 : (int32_t)(rnd64() % 50257);
+    tg[0] = 0, tg[1] = 50256;
+    check_xent(300, 50257, 4.0f, tg, 1.0f / 300.0f); /* GPT-2 vocabulary: not a block multiple */
+    for (int i = 0; i < 5; i++) tg[i] = -1;
+    check_xent(5, 50257, 4.0f, tg, 1.0f); /* no targets at all: sum 0 */
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * images, optimizer */
+
+static void test_patchify(void **state) {
+    (void)state;
+    const int cases[][4] = {{2, 3, 12, 4}, {2, 3, 224, 16}, {1, 1, 7, 7}, {3, 4, 32, 2}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        int B = cases[c][0], Ch = cases[c][1], S = cases[c][2], p = cases[c][3], np_ = S / p;
+        int64_t nimg = (int64_t)B * Ch * S * S, nout = (int64_t)B * np_ * np_ * Ch * p * p;
+        seed(900 + c);
+        float *img = hrandom(nimg, 1.0f), *out = hfill(nout, 7.0f), *gout = g_fill(nout, 7.0f);
+        REF->ops->patchify(REF, out, img, B, Ch, S, p);
+        GPU->ops->patchify(GPU, gout, g_up(img, nimg), B, Ch, S, p);
+        expect_same("patchify", g_down(gout, nout), out, (size_t)nout * 4); /* copies: exact */
+    }
+}
+
+static void test_adamw(void **state) {
+    (void)state;
+    const int64_t n = 1000003;
+    const float lr = 1e-2f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f, gscale = 0.5f;
+    seed(1000);
+    float *p = hrandom(n, 1.0f), *m = hfill(n, 0.0f), *v = hfill(n, 0.0f);
+    float *gp = g_up(p, n), *gm = g_fill(n, 0.0f), *gv = g_fill(n, 0.0f);
+    for (int t = 1; t <= 5; t++) {
+        float *g = hrandom(n, 1.0f);
+        for (int64_t i = 0; i < n; i += 97) g[i] = 0.0f; /* zero gradients: v stays ~0 there */
+        float bc1 = (float)(1 - pow(b1, t)), bc2 = (float)(1 - pow(b2, t));
+        float *gg = g_up(g, n);
+        REF->ops->adamw(REF, p, g, m, v, n, lr, b1, b2, eps, wd, bc1, bc2, gscale);
+        GPU->ops->adamw(GPU, gp, gg, gm, gv, n, lr, b1, b2, eps, wd, bc1, bc2, gscale);
+        g_release(gg);
+    }
+    /* a few roundings per element per step (FMA contraction, division and sqrt are exact-rounded
+     * on both): after 5 steps well within 1e-6 of max */
+    expect_rel("adamw p", g_down(gp, n), p, n, 1e-6);
+    expect_rel("adamw m", g_down(gm, n), m, n, 1e-6);
+    expect_rel("adamw v", g_down(gv, n), v, n, 1e-6);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * bf16 conversions: bit for bit against a host round-to-nearest-even */
+
+static uint16_t bf16_rne(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu)) return (uint16_t)((u >> 16) | 0x40); /* NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+static bool bf16_is_nan(uint16_t h) { return (h & 0x7f80u) == 0x7f80u && (h & 0x7fu); }
+
+static void check_to_bf16(const float *x, int64_t n, const char *what) {
+    float *gx = g_up(x, n);
+    uint16_t *gh = g_alloc((size_t)n * 2 + 2);
+    GPU->ops->to_bf16(GPU, gh, gx, n);
+    GPU->ops->sync(GPU);
+    uint16_t *h = h_alloc((size_t)n * 2);
+    dev_download(GPU, h, gh, (size_t)n * 2);
+    for (int64_t i = 0; i < n; i++) {
+        uint16_t want = bf16_rne(x[i]);
+        uint32_t u;
+        memcpy(&u, &x[i], 4);
+        bool ok = bf16_is_nan(want) ? bf16_is_nan(h[i]) : h[i] == want;
+        if (!ok)
+            fail_msg("to_bf16 %s [%lld]: fp32 0x%08x (%.9g) -> 0x%04x, want 0x%04x%s", what,
+                     (long long)i, u, (double)x[i], h[i], want, bf16_is_nan(want) ? " (a NaN)" : "");
+    }
+}
+
+static void test_bf16(void **state) {
+    (void)state;
+    if (!GPU->ops->to_bf16 || !GPU->ops->from_bf16) skip();
+    const uint32_t special[] = {
+        0x00000000, 0x80000000,             /* +-0 */
+        0x7f800000, 0xff800000,             /* +-inf */
+        0x7fc00000, 0xffc00000, 0x7f800001, /* quiet NaNs, a signalling NaN (low bits only) */
+        0x7fff0000, 0x7f810000,             /* NaNs whose payload is in the kept bits */
+        0x00000001, 0x00008000, 0x00018000, /* subnormals: tiny, a tie to even (0), a tie up */
+        0x007fffff, 0x807fffff,             /* largest subnormals: round up to the smallest normal */
+        0x00800000, 0x3f800000, 0xbf800000, /* smallest normal, +-1 */
+        0x3f808000, 0x3f818000,             /* ties: 1 + 2^-8 -> 1 (even), 1 + 3*2^-8 -> up */
+        0x3f808001, 0x3f807fff,             /* just above / below a tie */
+        0x7f7fffff, 0xff7fffff,             /* largest finite: round to +-inf */
+        0x7f7f7fff, 0x7f7f8000,             /* below the tie: stays finite; the tie: even, finite */
+        0x40490fdb,                         /* pi */
+    };
+    int ns = (int)(sizeof special / sizeof special[0]);
+    float *xs = h_alloc((size_t)ns * 4);
+    memcpy(xs, special, (size_t)ns * 4);
+    check_to_bf16(xs, ns, "special values");
+    check_to_bf16(xs + 15, 1, "n = 1");
+    /* random bit patterns (every class, NaNs included) and random values, odd lengths */
+    seed(1100);
+    int64_t n = 1000003;
+    uint32_t *bits = h_alloc((size_t)n * 4);
+    for (int64_t i = 0; i < n; i++) bits[i] = (uint32_t)(rnd64() >> 32);
+    check_to_bf16((float *)bits, n, "random bit patterns");
+    check_to_bf16(hrandom(65537, 100.0f), 65537, "random values");
+
+    /* from_bf16: every one of the 65536 patterns, exactly (bits << 16, NaN payloads kept) */
+    uint16_t *all = h_alloc(65536 * 2);
+    for (int i = 0; i < 65536; i++) all[i] = (uint16_t)i;
+    uint16_t *gall = g_alloc(65536 * 2);
+    dev_upload(GPU, gall, all, 65536 * 2);
+    float *gf = g_fill(65536 + 1, 7.0f);
+    GPU->ops->from_bf16(GPU, gf, gall, 65536);
+    float *f = g_down(gf, 65536 + 1);
+    for (int i = 0; i < 65536; i++) {
+        uint32_t u;
+        memcpy(&u, &f[i], 4);
+        if (u != (uint32_t)i << 16) fail_msg("from_bf16(0x%04x) = 0x%08x, want 0x%08x", i, u, (uint32_t)i << 16);
+    }
+    expect_all("from_bf16 tail", f + 65536, 1, 7.0f);
+    /* round trip of representable values is the identity */
+    GPU->ops->to_bf16(GPU, gall, gf, 65536);
+    GPU->ops->sync(GPU);
+    uint16_t *back = h_alloc(65536 * 2);
+    dev_download(GPU, back, gall, 65536 * 2);
+    for (int i = 0; i < 65536; i++)
+        if (back[i] != i && !(bf16_is_nan((uint16_t)i) && bf16_is_nan(back[i])))
+            fail_msg("to_bf16(from_bf16(0x%04x)) = 0x%04x", i, back[i]);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * host memory, streams and events */
+
+static void test_streams(void **state) {
+    (void)state;
+    const dev_ops *o = GPU->ops;
+    if (!o->host_alloc || !o->copy_async || !o->event_new) skip();
+    /* 64 MiB: long enough transfers that a missing wait shows as wrong data */
+    const int64_t n = (int64_t)16 << 20;
+    const size_t bytes = (size_t)n * 4;
+    float *hin = o->host_alloc(GPU, bytes), *hout = o->host_alloc(GPU, bytes);
+    assert_non_null(hin);
+    assert_non_null(hout);
+    int64_t before = GPU->cur_bytes;
+    float *x = g_alloc(bytes), *y = g_alloc(bytes);
+    assert_int_equal(GPU->cur_bytes - before, 2 * (int64_t)bytes); /* host memory is not counted */
+    dev_event *up = o->event_new(GPU), *done = o->event_new(GPU), *down = o->event_new(GPU);
+    /* an event never recorded is complete */
+    o->stream_wait(GPU, DEV_STREAM_COMPUTE, up);
+    o->event_sync(GPU, up);
+    for (int it = 0; it < 8; it++) {
+        float base = (float)(it * 3 + 1);
+        for (int64_t i = 0; i < n; i++) hin[i] = base + (float)(i & 1023);
+        /* H2D on its stream; compute waits for it; D2H waits for compute */
+        o->copy_async(GPU, x, hin, bytes, COPY_H2D, DEV_STREAM_H2D);
+        o->event_record(GPU, up, DEV_STREAM_H2D);
+        o->stream_wait(GPU, DEV_STREAM_COMPUTE, up);
+        o->scale(GPU, x, 2.0f, n);
+        o->copy_async(GPU, y, x, bytes, COPY_D2D, DEV_STREAM_COMPUTE);
+        o->axpy(GPU, y, 1.0f, x, n); /* y = 4 hin */
+        o->event_record(GPU, done, DEV_STREAM_COMPUTE);
+        o->stream_wait(GPU, DEV_STREAM_D2H, done);
+        o->copy_async(GPU, hout, y, bytes, COPY_D2H, DEV_STREAM_D2H);
+        o->event_record(GPU, down, DEV_STREAM_D2H);
+        o->event_sync(GPU, down);
+        for (int64_t i = 0; i < n; i++)
+            if (hout[i] != 4.0f * hin[i])
+                fail_msg("iteration %d: out[%lld] = %g, want %g (a copy or kernel ran before the "
+                         "work it waits for)", it, (long long)i, (double)hout[i], 4.0 * hin[i]);
+    }
+    /* the host buffer may be rewritten once the H2D copy's event completes, not before */
+    for (int64_t i = 0; i < n; i++) hin[i] = 1.0f;
+    o->copy_async(GPU, x, hin, bytes, COPY_H2D, DEV_STREAM_H2D);
+    o->event_record(GPU, up, DEV_STREAM_H2D);
+    o->event_sync(GPU, up);
+    for (int64_t i = 0; i < n; i++) hin[i] = 2.0f;
+    o->stream_wait(GPU, DEV_STREAM_COMPUTE, up);
+    float *xh = g_down(x, n);
+    expect_all("H2D copy after its event", xh, n, 1.0f);
+    o->event_free(GPU, up);
+    o->event_free(GPU, done);
+    o->event_free(GPU, down);
+    o->host_free(GPU, hin, bytes);
+    o->host_free(GPU, hout, bytes);
+}
+
+static void test_host_alloc(void **state) {
+    (void)state;
+    const dev_ops *o = GPU->ops;
+    if (!o->host_alloc) skip();
+    int64_t before = GPU->cur_bytes, peak = GPU->peak_bytes;
+    const size_t sizes[] = {1, 4096, (size_t)3 << 20, (size_t)256 << 20};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        unsigned char *p = o->host_alloc(GPU, sizes[i]);
+        assert_non_null(p);
+        memset(p, 0xab, sizes[i]); /* all of it is usable */
+        assert_int_equal(p[sizes[i] - 1], 0xab);
+        o->host_free(GPU, p, sizes[i]);
+    }
+    assert_int_equal(GPU->cur_bytes, before); /* not device memory: not counted */
+    assert_int_equal(GPU->peak_bytes, peak);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * determinism: the same op twice on fresh buffers gives the same bits */
+
+typedef struct det_out {
+    float *dbias, *dtable, *ln_dx, *ln_dw, *ln_db, *rms_dx, *rms_dw, *att_out, *att_lse, *att_d, *xent;
+    double sumsq, xent_sum;
+} det_out;
+
+enum { DN = 4096, DC = 768, DV = 50, DT = 300, DH = 8, DHKV = 2, DHD = 64, DXN = 64, DXV = 50257 };
+
+static det_out det_run(void) {
+    det_out r;
+    seed(1200);
+    float *dout = g_up(hrandom((int64_t)DN * DC, 1.0f), (int64_t)DN * DC);
+    float *x = g_up(hrandom((int64_t)DN * DC, 2.0f), (int64_t)DN * DC);
+    float *w = g_up(hrandom(DC, 1.0f), DC), *b = g_up(hrandom(DC, 1.0f), DC);
+    r.sumsq = GPU->ops->sumsq(GPU, dout, (int64_t)DN * DC);
+    float *db = g_fill(DC, 0.0f);
+    GPU->ops->bias_grad(GPU, db, dout, DN, DC);
+    r.dbias = g_down(db, DC);
+    int32_t *ids = h_alloc(DN * sizeof(int32_t));
+    for (int i = 0; i < DN; i++) ids[i] = (i * 13) % DV;
+    float *dt = g_fill((int64_t)DV * DC, 0.0f);
+    GPU->ops->embed_bwd(GPU, dt, dout, g_up_i(ids, DN), DN, DC);
+    r.dtable = g_down(dt, (int64_t)DV * DC);
+    float *y = g_fill((int64_t)DN * DC, 0.0f), *mean = g_fill(DN, 0.0f), *rstd = g_fill(DN, 0.0f);
+    GPU->ops->layernorm_fwd(GPU, y, mean, rstd, x, w, b, DN, DC, 1e-5f);
+    float *dx = g_fill((int64_t)DN * DC, 0.0f), *dw = g_fill(DC, 0.0f), *dbb = g_fill(DC, 0.0f);
+    GPU->ops->layernorm_bwd(GPU, dx, dw, dbb, dout, x, mean, rstd, w, DN, DC);
+    r.ln_dx = g_down(dx, (int64_t)DN * DC), r.ln_dw = g_down(dw, DC), r.ln_db = g_down(dbb, DC);
+    GPU->ops->rmsnorm_fwd(GPU, y, rstd, x, w, DN, DC, 1e-5f);
+    float *rdx = g_fill((int64_t)DN * DC, 0.0f), *rdw = g_fill(DC, 0.0f);
+    GPU->ops->rmsnorm_bwd(GPU, rdx, rdw, dout, x, rstd, w, DN, DC);
+    r.rms_dx = g_down(rdx, (int64_t)DN * DC), r.rms_dw = g_down(rdw, DC);
+
+    int ld = (DH + 2 * DHKV) * DHD, B = 2;
+    int64_t rows = (int64_t)B * DT;
+    float *qkv = g_up(hrandom(rows * ld, 1.5f), rows * ld), *G = g_up(hrandom(rows * DH * DHD, 1.0f), rows * DH * DHD);
+    float *o = g_fill(rows * DH * DHD, 0.0f), *lse = g_fill((int64_t)B * DH * DT, 0.0f), *d = g_fill(rows * ld, 0.0f);
+    GPU->ops->attention_fwd(GPU, o, lse, qkv, ld, qkv + DH * DHD, ld, qkv + (DH + DHKV) * DHD, ld, B, DT, DH,
+                            DHKV, DHD, true);
+    GPU->ops->attention_bwd(GPU, d, d + DH * DHD, d + (DH + DHKV) * DHD, G, o, lse, qkv, ld, qkv + DH * DHD, ld,
+                            qkv + (DH + DHKV) * DHD, ld, B, DT, DH, DHKV, DHD, true);
+    r.att_out = g_down(o, rows * DH * DHD), r.att_lse = g_down(lse, (int64_t)B * DH * DT), r.att_d = g_down(d, rows * ld);
+
+    float *lg = g_up(hrandom((int64_t)DXN * DXV, 5.0f), (int64_t)DXN * DXV), *losses = g_fill(DXN, 0.0f);
+    int32_t *tg = h_alloc(DXN * sizeof(int32_t));
+    for (int i = 0; i < DXN; i++) tg[i] = (i * 101) % DXV;
+    r.xent_sum = GPU->ops->xent_fwd_bwd(GPU, lg, losses, g_up_i(tg, DXN), DXN, DXV, 0.25f);
+    r.xent = g_down(lg, (int64_t)DXN * DXV);
+    return r;
+}
+
+static void test_determinism(void **state) {
+    (void)state;
+    det_out a = det_run(), b = det_run();
+    if (a.sumsq != b.sumsq) fail_msg("sumsq: %.17g then %.17g", a.sumsq, b.sumsq);
+    expect_same("bias_grad", a.dbias, b.dbias, DC * 4);
+    expect_same("embed_bwd (repeated ids)", a.dtable, b.dtable, (size_t)DV * DC * 4);
+    expect_same("layernorm_bwd dx", a.ln_dx, b.ln_dx, (size_t)DN * DC * 4);
+    expect_same("layernorm_bwd dw", a.ln_dw, b.ln_dw, DC * 4);
+    expect_same("layernorm_bwd db", a.ln_db, b.ln_db, DC * 4);
+    expect_same("rmsnorm_bwd dx", a.rms_dx, b.rms_dx, (size_t)DN * DC * 4);
+    expect_same("rmsnorm_bwd dw", a.rms_dw, b.rms_dw, DC * 4);
+    expect_same("attention_fwd out", a.att_out, b.att_out, (size_t)2 * DT * DH * DHD * 4);
+    expect_same("attention_fwd lse", a.att_lse, b.att_lse, (size_t)2 * DH * DT * 4);
+    expect_same("attention_bwd dq/dk/dv", a.att_d, b.att_d, (size_t)2 * DT * (DH + 2 * DHKV) * DHD * 4);
+    expect_same("xent gradient", a.xent, b.xent, (size_t)DXN * DXV * 4);
+    if (a.xent_sum != b.xent_sum) fail_msg("xent sum: %.17g then %.17g", a.xent_sum, b.xent_sum);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * the accounting allocator on the device (the caching allocator behind raw_alloc) */
+
+static void test_allocator(void **state) {
+    (void)state;
+    const size_t sizes[] = {1, 63, 64, 511, 512, 513, 4096, (size_t)1 << 20, ((size_t)2 << 20) - 1,
+                            (size_t)2 << 20, ((size_t)2 << 20) + 1, ((size_t)3 << 20) + 5, (size_t)37 << 20};
+    enum { NS = sizeof sizes / sizeof sizes[0] };
+    int64_t base = GPU->cur_bytes, base_n = GPU->n_allocs;
+    unsigned char *pat = h_alloc((size_t)37 << 20), *back = h_alloc((size_t)37 << 20);
+    for (size_t i = 0; i < ((size_t)37 << 20); i++) pat[i] = (unsigned char)(i * 131 + 7);
+    for (int cycle = 0; cycle < 3; cycle++) {
+        void *p[NS];
+        int64_t sum = 0;
+        for (int i = 0; i < NS; i++) {
+            p[i] = dev_alloc(GPU, sizes[i], "cycle buffer");
+            if (!p[i]) fail_msg("cycle %d: dev_alloc(%zu): %s", cycle, sizes[i], GPU->err.msg);
+            assert_int_equal((uintptr_t)p[i] % 64, 0);
+            sum += (int64_t)sizes[i];
+            dev_upload(GPU, p[i], pat + i, sizes[i]); /* a different pattern per buffer */
+        }
+        assert_int_equal(GPU->cur_bytes - base, sum);
+        assert_int_equal(GPU->n_allocs - base_n, NS);
+        assert_true(GPU->peak_bytes >= base + sum);
+        for (int i = 0; i < NS; i++) { /* no two buffers overlap: every pattern survived */
+            GPU->ops->sync(GPU);
+            dev_download(GPU, back, p[i], sizes[i]);
+            if (memcmp(back, pat + i, sizes[i])) fail_msg("cycle %d: buffer %d (%zu B) was overwritten", cycle, i, sizes[i]);
+        }
+        for (int k = 0; k < NS; k++) { /* free in a different order each cycle */
+            int i = cycle == 1 ? k : cycle == 2 ? (k * 5) % NS : NS - 1 - k;
+            dev_free(GPU, p[i]);
+        }
+        assert_int_equal(GPU->cur_bytes, base);
+        assert_int_equal(GPU->n_allocs, base_n);
+    }
+    /* churn: random sizes allocated and freed, the accounting exact throughout */
+    seed(1300);
+    void *slot[64] = {0};
+    size_t slot_bytes[64] = {0};
+    int64_t live = 0;
+    for (int it = 0; it < 4000; it++) {
+        int s = (int)(rnd64() % 64);
+        if (slot[s]) {
+            dev_free(GPU, slot[s]);
+            live -= (int64_t)slot_bytes[s];
+            slot[s] = NULL;
+        } else {
+            size_t b = (size_t)(rnd64() % (rnd64() % 2 ? 5000 : ((size_t)5 << 20))) + 1;
+            slot[s] = dev_alloc(GPU, b, "churn");
+            if (!slot[s]) fail_msg("churn: dev_alloc(%zu): %s", b, GPU->err.msg);
+            slot_bytes[s] = b;
+            live += (int64_t)b;
+            unsigned char v = (unsigned char)it;
+            GPU->ops->copy(GPU, slot[s], &v, 1, COPY_H2D);
+        }
+        assert_int_equal(GPU->cur_bytes - base, live);
+    }
+    for (int s = 0; s < 64; s++) dev_free(GPU, slot[s]);
+    assert_int_equal(GPU->cur_bytes, base);
+
+    /* capacity: the error names the rank, the device, the op context, what, and the sizes */
+    int64_t saved = GPU->capacity;
+    GPU->capacity = GPU->cur_bytes + ((int64_t)1 << 20);
+    dev_set_context(GPU, "block.%d backward", 7);
+    void *q = dev_alloc(GPU, (size_t)2 << 20, "attention scratch");
+    GPU->capacity = saved;
+    assert_null(q);
+    const char *m = GPU->err.msg;
+    if (!strstr(m, "rank 0") || !strstr(m, GPU->ops->name) || !strstr(m, "block.7 backward") ||
+        !strstr(m, "attention scratch") || !strstr(m, "2.0 MiB"))
+        fail_msg("capacity error lacks rank/device/context/what/size: %s", m);
+    assert_int_equal(GPU->cur_bytes, base);
+    /* more than the GPU has, with no capacity set: NULL and a message, not an abort; the device
+     * keeps working afterwards (no sticky CUDA error) */
+    if (!self_check) {
+        GPU->capacity = 0;
+        dev_set_context(GPU, "%s", "huge");
+        void *h = dev_alloc(GPU, (size_t)1 << 50, "a petabyte");
+        GPU->capacity = saved;
+        assert_null(h);
+        if (!strstr(GPU->err.msg, "a petabyte")) fail_msg("out-of-memory message: %s", GPU->err.msg);
+        float *z = g_fill(1000, 3.0f);
+        GPU->ops->scale(GPU, z, 2.0f, 1000);
+        expect_all("the device after an out-of-memory error", g_down(z, 1000), 1000, 6.0f);
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * sizes of zero (a rank with no samples in a microbatch must not crash the device) */
+
+static void test_zero_sizes(void **state) {
+    (void)state;
+    float *a = g_fill(64, 3.0f), *b = g_fill(64, 3.0f), *c = g_fill(64, 3.0f);
+    int32_t zero_ids[1] = {0};
+    int32_t *ids = g_up_i(zero_ids, 1);
+    GPU->ops->embed_fwd(GPU, a, b, ids, 0, 8);
+    GPU->ops->embed_bwd(GPU, a, b, ids, 0, 8);
+    GPU->ops->layernorm_fwd(GPU, a, b, c, b, b, b, 0, 8, 1e-5f);
+    GPU->ops->layernorm_bwd(GPU, a, b, c, b, b, b, b, b, 0, 8);
+    GPU->ops->rmsnorm_fwd(GPU, a, c, b, b, 0, 8, 1e-5f);
+    GPU->ops->rmsnorm_bwd(GPU, a, c, b, b, b, b, 0, 8);
+    GPU->ops->gelu_fwd(GPU, a, b, 0, true);
+    GPU->ops->gelu_bwd(GPU, a, b, b, 0, false);
+    GPU->ops->swiglu_fwd(GPU, a, b, b, 0);
+    GPU->ops->swiglu_bwd(GPU, a, c, b, b, b, 0);
+    GPU->ops->copy2d(GPU, a, 8, b, 8, 0, 8);
+    double s = GPU->ops->xent_fwd_bwd(GPU, a, c, ids, 0, 8, 1.0f);
+    assert_true(s == 0.0);
+    GPU->ops->adamw(GPU, a, b, c, c, 0, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.1f, 0.05f, 1.0f);
+    expect_all("outputs after zero-sized ops", g_down(a, 64), 64, 3.0f);
+    expect_all("outputs after zero-sized ops", g_down(c, 64), 64, 3.0f);
+}
+
+int main(void) {
+    const char *kind = getenv("CEPHALO_GPU_TEST_DEVICE");
+    self_check = kind && !strcmp(kind, "cpu");
+    if (!self_check && device_cuda_count() == 0) {
+        printf("[==========] 0 tests: no GPU (device_cuda_count() = 0): the CUDA op tests were skipped\n");
+        printf("[  PASSED  ] 0 tests.\n");
+        return 0;
+    }
+    if (self_check)
+        printf("# self-check: a 1-thread CPU device stands in for the GPU (CEPHALO_GPU_TEST_DEVICE=cpu)\n");
+#define T(f) cmocka_unit_test_teardown(f, release_all)
+    const struct CMUnitTest tests[] = {
+        T(test_device),      T(test_elementwise), T(test_sumsq),    T(test_copy2d),
+        T(test_gemm),        T(test_bias),        T(test_embed),    T(test_norms),
+        T(test_activations), T(test_rope),        T(test_attention), T(test_xent),
+        T(test_patchify),    T(test_adamw),       T(test_bf16),     T(test_streams),
+        T(test_host_alloc),  T(test_determinism), T(test_zero_sizes), T(test_allocator),
+    };
+#undef T
+    return cmocka_run_group_tests_name("cuda ops vs the cpu device", tests, setup_devices, teardown_devices);
+}
