@@ -1,6 +1,12 @@
 /* comm.c - the generic part of the comm layer (comm.h, docs/comm.md): configuration from the
  * environment, the request queue and the communicator thread that runs requests in issue order,
- * waiting, stats, world 1 without a network, and the broken state.
+ * waiting, stats, world 1 without a network, and the broken state. It runs each request on the
+ * socket backend (comm_socket.c) or the nccl backend (comm_nccl.c).
+ *
+ * The nccl backend is linked into cephalo-worker-cuda only. This file refers to it through weak
+ * symbols, so the CPU binaries link without it: there nccl_open is NULL, and configuring the
+ * backend "nccl" is an error that names the binary to use. Every other nccl_* call is reached only
+ * once nccl_open has succeeded.
  *
  * One mutex guards the queue, the requests' completion and the stats; one condition variable
  * signals both "a request was queued" (to the communicator thread) and "a request completed" (to
@@ -19,8 +25,19 @@
 #include "log.h"
 #include "strutil.h"
 
+extern int nccl_open(const comm_config *cfg, store_client *st, int gpu, void *compute_stream,
+                     nccl_backend **out, err_t *err) __attribute__((weak));
+extern int nccl_issue(nccl_backend *b, comm_req *r, err_t *err) __attribute__((weak));
+extern int nccl_run(nccl_backend *b, comm_req *r, err_t *err) __attribute__((weak));
+extern void nccl_req_free(comm_req *r) __attribute__((weak));
+extern void nccl_bytes(const nccl_backend *b, int64_t *sent, int64_t *received) __attribute__((weak));
+extern int64_t nccl_scratch_bytes(const nccl_backend *b) __attribute__((weak));
+extern void nccl_shutdown(nccl_backend *b) __attribute__((weak));
+extern void nccl_close(nccl_backend *b) __attribute__((weak));
+
 struct comm {
     comm_config cfg;
+    bool use_nccl; /* cfg.backend is "nccl" */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     comm_req *head, *tail; /* issued, not run yet */
@@ -31,7 +48,9 @@ struct comm {
     pthread_t thread;
     store_server *server; /* rank 0 */
     store_client *store;
-    ring *ring; /* NULL for world 1 */
+    ring *ring;         /* socket backend, world > 1 */
+    nccl_backend *nccl; /* nccl backend, world > 1, once comm_set_device_stream succeeded (under mu) */
+    bool device_set;    /* comm_set_device_stream succeeded */
 };
 
 const char *comm_op_name(comm_op op) {
@@ -39,7 +58,7 @@ const char *comm_op_name(comm_op op) {
     return names[op];
 }
 
-size_t comm_dtype_size(comm_dtype t) { return t == COMM_F32 ? 4 : 8; }
+size_t comm_dtype_size(comm_dtype t) { return t == COMM_BF16 ? 2 : t == COMM_F32 ? 4 : 8; }
 
 /* ------------------------------------------------------------------------------------------ */
 /* configuration                                                                               */
@@ -65,8 +84,13 @@ static int check_config(const comm_config *c, err_t *err) {
         return err_set(err, "rank %d is out of range for world size %d (expected 0..%d)", c->rank, c->world, c->world - 1);
     if (!(c->timeout_s > 0 && c->timeout_s <= 1e6))
         return err_set(err, "CEPHALO_COMM_TIMEOUT: %g s is out of range (expected seconds > 0, at most 1e6)", c->timeout_s);
-    if (strcmp(c->backend, "socket") != 0)
-        return err_set(err, "CEPHALO_COMM_BACKEND: '%s' is not available in this build (expected 'socket')", c->backend);
+    if (strcmp(c->backend, "socket") != 0 && strcmp(c->backend, "nccl") != 0)
+        return err_set(err, "CEPHALO_COMM_BACKEND: '%s' is not a backend (expected 'socket' or 'nccl')", c->backend);
+    if (strcmp(c->backend, "nccl") == 0 && nccl_open == NULL)
+        return err_set(err, "CEPHALO_COMM_BACKEND: 'nccl' needs cephalo-worker-cuda (this worker was built without CUDA)");
+    const char *u = c->nccl_uneven;
+    if (u[0] && strcmp(u, "auto") != 0 && strcmp(u, "grouped") != 0 && strcmp(u, "pad") != 0)
+        return err_set(err, "CEPHALO_NCCL_UNEVEN: '%s' is not a strategy (expected 'auto', 'grouped' or 'pad')", u);
     if (c->world > 1 && (c->master_port < 1 || c->master_port > 65535))
         return err_set(err, "MASTER_PORT: %d is not a port (expected 1..65535)", c->master_port);
     if (c->world > 1 && !c->master_addr[0]) return err_set(err, "MASTER_ADDR is empty (expected rank 0's host name or address)");
@@ -81,7 +105,7 @@ int comm_config_from_env(comm_config *cfg, int rank, int world, err_t *err) {
     snprintf(cfg->backend, sizeof cfg->backend, "socket");
     const char *addr = getenv("MASTER_ADDR"), *port = getenv("MASTER_PORT");
     const char *timeout = getenv("CEPHALO_COMM_TIMEOUT"), *backend = getenv("CEPHALO_COMM_BACKEND");
-    const char *job = getenv("CEPHALO_JOB_ID");
+    const char *job = getenv("CEPHALO_JOB_ID"), *uneven = getenv("CEPHALO_NCCL_UNEVEN");
     if (addr && !addr[0]) return err_set(err, "MASTER_ADDR is set but empty (expected rank 0's host name or address)");
     if (addr && env_string("MASTER_ADDR", addr, cfg->master_addr, sizeof cfg->master_addr, err) < 0) return -1;
     if (port && env_port(port, &cfg->master_port, err) < 0) return -1;
@@ -91,6 +115,7 @@ int comm_config_from_env(comm_config *cfg, int rank, int world, err_t *err) {
         return err_set(err, "CEPHALO_COMM_TIMEOUT: '%s' is not a timeout (expected seconds > 0, at most 1e6, e.g. 60 or 0.5)", timeout);
     if (backend && env_string("CEPHALO_COMM_BACKEND", backend, cfg->backend, sizeof cfg->backend, err) < 0) return -1;
     if (job && env_string("CEPHALO_JOB_ID", job, cfg->job_id, sizeof cfg->job_id, err) < 0) return -1;
+    if (uneven && env_string("CEPHALO_NCCL_UNEVEN", uneven, cfg->nccl_uneven, sizeof cfg->nccl_uneven, err) < 0) return -1;
     return check_config(cfg, err);
 }
 
@@ -106,6 +131,7 @@ static void fail_request(comm *c, comm_req *r) {
         c->first_err = r->err;
         c->broken = true;
         ring_shutdown(c->ring);
+        if (c->nccl) nccl_shutdown(c->nccl);
     }
     r->err = c->first_err;
 }
@@ -113,10 +139,17 @@ static void fail_request(comm *c, comm_req *r) {
 static void account(comm *c, comm_req *r, double ms) {
     c->stats.busy_ms += ms;
     if (c->ring) ring_bytes(c->ring, &c->stats.bytes_sent, &c->stats.bytes_received);
+    if (c->nccl) nccl_bytes(c->nccl, &c->stats.bytes_sent, &c->stats.bytes_received);
     if (r->rc < 0) return;
     int64_t *n[] = {&c->stats.allgathers, &c->stats.reduce_scatters, &c->stats.allreduces,
                     &c->stats.broadcasts, &c->stats.barriers};
     (*n[r->op])++;
+}
+
+static int backend_run(comm *c, nccl_backend *nb, comm_req *r, err_t *err) {
+    if (c->ring) return ring_run(c->ring, r, err);
+    if (nb) return nccl_run(nb, r, err);
+    return err_set(err, "the nccl backend has no GPU yet (every rank must call comm_set_device_stream before its first operation)");
 }
 
 static void *comm_thread(void *arg) {
@@ -129,9 +162,10 @@ static void *comm_thread(void *arg) {
         c->head = r->next;
         if (!c->head) c->tail = NULL;
         bool run = !c->broken;
+        nccl_backend *nb = c->nccl;
         pthread_mutex_unlock(&c->mu);
         double t0 = clock_now_s();
-        r->rc = run ? ring_run(c->ring, r, &r->err) : -1;
+        r->rc = run ? backend_run(c, nb, r, &r->err) : -1;
         double ms = (clock_now_s() - t0) * 1e3;
         pthread_mutex_lock(&c->mu);
         if (r->rc < 0) fail_request(c, r);
@@ -148,22 +182,27 @@ static void *comm_thread(void *arg) {
 
 static comm_req *new_request(comm *c, comm_op op, void *buf, comm_dtype t, const char *what) {
     CHECK(c != NULL);
-    CHECK(t == COMM_F32 || t == COMM_F64 || t == COMM_I64);
+    CHECK(t == COMM_F32 || t == COMM_F64 || t == COMM_I64 || t == COMM_BF16);
     comm_req *r = xcalloc(1, sizeof *r);
     r->op = op, r->buf = buf, r->dtype = t;
     snprintf(r->what, sizeof r->what, "%s", what ? what : "");
     return r;
 }
 
-/* Queues r, or with world 1 completes it at once (every operation is the identity there). */
+/* Queues r, or with world 1 completes it at once (every operation is the identity there). The
+ * nccl backend first marks, on the compute stream, the work r's data waits for (nccl_issue). */
 static comm_req *issue(comm *c, comm_req *r) {
+    pthread_mutex_lock(&c->mu);
+    nccl_backend *nb = c->broken ? NULL : c->nccl;
+    pthread_mutex_unlock(&c->mu);
+    int issued = nb ? nccl_issue(nb, r, &r->err) : 0;
     pthread_mutex_lock(&c->mu);
     r->live_next = c->live;
     if (c->live) c->live->live_prev = r;
     c->live = r;
-    if (!c->ring) {
-        r->rc = c->broken ? -1 : 0;
-        if (r->rc < 0) r->err = c->first_err;
+    if (issued < 0 || c->cfg.world == 1) {
+        r->rc = c->broken || issued < 0 ? -1 : 0;
+        if (r->rc < 0) fail_request(c, r);
         account(c, r, 0);
         r->done = true;
     } else {
@@ -203,7 +242,7 @@ comm_req *comm_allgatherv(comm *c, void *buf, const int64_t *counts, comm_dtype 
 }
 
 comm_req *comm_reduce_scatterv(comm *c, void *buf, const int64_t *counts, comm_dtype t, const char *what) {
-    CHECK(t == COMM_F32 || t == COMM_F64);
+    CHECK(t == COMM_F32 || t == COMM_F64 || t == COMM_BF16);
     comm_req *r = new_request(c, COMM_OP_REDUCE_SCATTERV, buf, t, what);
     r->counts = copy_counts(c, counts, buf);
     return issue(c, r);
@@ -235,6 +274,7 @@ static void free_request(comm *c, comm_req *r) {
     if (r->live_prev) r->live_prev->live_next = r->live_next;
     else c->live = r->live_next;
     if (r->live_next) r->live_next->live_prev = r->live_prev;
+    if (r->ready) nccl_req_free(r);
     free(r->counts);
     free(r);
 }
@@ -258,6 +298,7 @@ int comm_run(comm *c, comm_req *r, err_t *err) { return comm_wait(c, r, err); }
 static comm *comm_new(const comm_config *cfg) {
     comm *c = xcalloc(1, sizeof *c);
     c->cfg = *cfg;
+    c->use_nccl = strcmp(cfg->backend, "nccl") == 0;
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv, NULL);
     return c;
@@ -267,7 +308,8 @@ static int connect_world(comm *c, err_t *err) {
     const comm_config *cfg = &c->cfg;
     if (cfg->rank == 0 && store_serve(cfg, &c->server, err) < 0) return -1;
     if (store_connect(cfg, &c->store, err) < 0) return -1;
-    if (ring_open(cfg, c->store, &c->ring, err) < 0) return -1;
+    /* the nccl backend meets in comm_set_device_stream, once the GPU is known */
+    if (!c->use_nccl && ring_open(cfg, c->store, &c->ring, err) < 0) return -1;
     int e = pthread_create(&c->thread, NULL, comm_thread, c);
     if (e) return err_set(err, "cannot start the communicator thread: %s", strerror(e));
     c->has_thread = true;
@@ -301,10 +343,11 @@ void comm_close(comm *c) {
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
     if (c->has_thread) pthread_join(c->thread, NULL); /* runs (or fails) what is queued */
+    while (c->live) free_request(c, c->live);
     ring_close(c->ring);
+    if (c->nccl) nccl_close(c->nccl);
     store_close(c->store);
     store_serve_stop(c->server, c->cfg.timeout_s);
-    while (c->live) free_request(c, c->live);
     pthread_cond_destroy(&c->cv);
     pthread_mutex_destroy(&c->mu);
     free(c);
@@ -317,9 +360,46 @@ void comm_abort(comm *c, const char *why) {
         err_set(&c->first_err, "rank %d: communicator aborted: %s", c->cfg.rank, why ? why : "no reason given");
         c->broken = true;
     }
+    nccl_backend *nb = c->nccl;
     pthread_mutex_unlock(&c->mu);
     ring_shutdown(c->ring);
+    if (nb) nccl_shutdown(nb);
     store_shutdown(c->store);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* the device                                                                                  */
+
+int comm_set_device_stream(comm *c, void *compute_stream, int gpu, err_t *err) {
+    CHECK(c != NULL && gpu >= 0);
+    if (c->device_set) return err_set(err, "rank %d: comm_set_device_stream was called twice", c->cfg.rank);
+    if (!c->use_nccl || c->cfg.world == 1) { /* host buffers, or nothing to move */
+        c->device_set = true;
+        return 0;
+    }
+    nccl_backend *nb;
+    if (nccl_open(&c->cfg, c->store, gpu, compute_stream, &nb, err) < 0) {
+        err_prefix(err, "rank %d: nccl rendezvous on GPU %d", c->cfg.rank, gpu);
+        pthread_mutex_lock(&c->mu);
+        if (!c->broken) c->first_err = *err, c->broken = true;
+        pthread_mutex_unlock(&c->mu);
+        return -1;
+    }
+    pthread_mutex_lock(&c->mu);
+    c->nccl = nb;
+    pthread_mutex_unlock(&c->mu);
+    c->device_set = true;
+    return 0;
+}
+
+bool comm_device_buffers(const comm *c) { return c->use_nccl; }
+
+int64_t comm_device_scratch_bytes(const comm *c) {
+    comm *m = (comm *)c; /* the mutex changes, the communicator does not */
+    pthread_mutex_lock(&m->mu);
+    nccl_backend *nb = c->nccl;
+    pthread_mutex_unlock(&m->mu);
+    return nb ? nccl_scratch_bytes(nb) : 0;
 }
 
 /* ------------------------------------------------------------------------------------------ */

@@ -29,10 +29,19 @@
  *
  * The socket backend (comm_socket.c) connects the ranks in a ring (rank r sends to r+1 and
  * receives from r-1) and uses ring algorithms, which are bandwidth-optimal: each rank sends
- * (world-1)/world of a collective's bytes. */
+ * (world-1)/world of a collective's bytes. Its buffers are host memory.
+ *
+ * The nccl backend (comm_nccl.c, in cephalo-worker-cuda only) runs the collectives with NCCL on
+ * DEVICE memory, one GPU per rank. It starts with comm_set_device_stream (every rank calls it once,
+ * before its first operation): each request then waits, on the GPU, for the work queued on the
+ * registered compute stream when it was issued, and comm_wait returns once the collective has
+ * finished on the GPU, so compute queued after comm_wait sees the result. Host buffers are staged
+ * through device memory for allreduce, broadcast and barrier (small values such as a loss);
+ * allgatherv and reduce-scatterv need device memory. docs/comm.md has the details. */
 #ifndef CEPHALO_COMM_H
 #define CEPHALO_COMM_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -49,40 +58,62 @@
 typedef struct comm comm;
 typedef struct comm_req comm_req;
 
-typedef enum { COMM_F32, COMM_F64, COMM_I64 } comm_dtype;
+/* BF16: 2-byte bfloat16 bit patterns. Every backend moves it (allgatherv, broadcast); only the
+ * nccl backend sums it (the socket backend fails reduce-scatterv and allreduce of BF16). */
+typedef enum { COMM_F32, COMM_F64, COMM_I64, COMM_BF16 } comm_dtype;
 
 typedef struct comm_config {
     int rank, world;
     char master_addr[256]; /* host name or address of rank 0's store */
     int master_port;       /* 1..65535 */
     double timeout_s;      /* no-progress bound for every blocking step */
-    char backend[16];      /* "socket" */
+    char backend[16];      /* "socket" or "nccl" */
     char job_id[64];       /* the store refuses ranks of another job ("" on every rank: unchecked) */
+    char nccl_uneven[16];  /* nccl: uneven counts as "grouped", "pad" or "auto" ("" = "auto") */
 } comm_config;
 
 typedef struct comm_stats {
     int64_t allgathers, reduce_scatters, allreduces, broadcasts, barriers; /* completed ops */
-    int64_t bytes_sent, bytes_received; /* payload bytes over the network */
+    /* payload bytes over the network; nccl: what the socket backend's ring would move for the
+     * same operations (NCCL's own traffic depends on its algorithm), so runs stay comparable */
+    int64_t bytes_sent, bytes_received;
     double busy_ms; /* time the communicator thread spent running operations */
 } comm_stats;
 
 /* Fills cfg from MASTER_ADDR (default 127.0.0.1), MASTER_PORT (required when world > 1),
- * CEPHALO_COMM_TIMEOUT (seconds, default 60), CEPHALO_COMM_BACKEND (default "socket") and
- * CEPHALO_JOB_ID (optional, at most 63 characters). Bad values are an error that names the
- * variable. */
+ * CEPHALO_COMM_TIMEOUT (seconds, default 60), CEPHALO_COMM_BACKEND ("socket", the default, or
+ * "nccl"), CEPHALO_JOB_ID (optional, at most 63 characters) and CEPHALO_NCCL_UNEVEN ("auto", the
+ * default, "grouped" or "pad"). Bad values are an error that names the variable; "nccl" is one in
+ * a worker built without CUDA. */
 int comm_config_from_env(comm_config *cfg, int rank, int world, err_t *err);
 
 /* Rendezvous: rank 0 serves the key-value store on master_addr:master_port; every rank connects
  * to it (retrying until the timeout, so ranks may start in any order), publishes its own
- * listening address, and connects to its ring neighbours. */
+ * listening address, and connects to its ring neighbours (socket backend; the nccl backend meets
+ * in comm_set_device_stream, once the GPU is known). */
 comm *comm_open(const comm_config *cfg, err_t *err);
+/* Registers the caller's compute stream (a cudaStream_t, NULL for the legacy default stream) and
+ * its GPU (an index among the visible GPUs). The nccl backend (world > 1) then creates its NCCL
+ * communicator: a collective call, every rank makes it once, before its first operation, bounded
+ * by the timeout; it fails when two ranks share a GPU (NCCL cannot; use the socket backend). It
+ * also creates the backend's own stream on that GPU, and leaves `gpu` current on the calling
+ * thread. A no-op for the socket backend. Called twice, it is an error. */
+int comm_set_device_stream(comm *c, void *compute_stream, int gpu, err_t *err);
+/* True when the collectives' buffers are device memory (nccl), false when host memory (socket). */
+bool comm_device_buffers(const comm *c);
+/* Device memory the backend allocated beside the caller's buffers (cudaMalloc, not counted by the
+ * caller's allocator): the nccl backend's padding scratch (CEPHALO_NCCL_UNEVEN=pad: world x the
+ * largest block of the largest padded operation so far) and its staging buffer for host values.
+ * It grows lazily, to the largest operation that needed it. 0 for the socket backend. */
+int64_t comm_device_scratch_bytes(const comm *c);
 /* Waits for queued operations (bounded by the timeout), then closes the connections. Rank 0's
  * store stays up until every rank has said goodbye or the timeout passes. */
 void comm_close(comm *c);
 /* Closes every connection at once (peers then fail fast instead of timing out), e.g. when this
  * rank hits an error of its own. Every later operation fails with "rank R: communicator aborted:
  * why". Callable from any thread while operations run, but not during comm_close. The
- * communicator stays valid for comm_close. */
+ * communicator stays valid for comm_close. nccl: aborts the NCCL communicator (ncclCommAbort);
+ * peers inside a collective with this rank fail when NCCL's transport notices or by timeout. */
 void comm_abort(comm *c, const char *why);
 
 int comm_rank(const comm *c);
@@ -93,7 +124,7 @@ double comm_timeout_s(const comm *c);
 comm_req *comm_allgatherv(comm *c, void *buf, const int64_t *counts, comm_dtype t,
                           const char *what);
 comm_req *comm_reduce_scatterv(comm *c, void *buf, const int64_t *counts, comm_dtype t,
-                               const char *what); /* F32 or F64 */
+                               const char *what); /* F32, F64 or BF16 (BF16: nccl only) */
 comm_req *comm_allreduce(comm *c, void *buf, int64_t count, comm_dtype t, const char *what);
 comm_req *comm_broadcast(comm *c, void *buf, int64_t bytes, int root, const char *what);
 comm_req *comm_barrier(comm *c, const char *what);

@@ -4,6 +4,7 @@
  *   comm_net.c     TCP helpers: deadlines, connect with retry, reads and writes with a deadline
  *   comm_store.c   the rendezvous key-value store: rank 0's server and every rank's client
  *   comm_socket.c  the socket backend: the ring and its collectives
+ *   comm_nccl.c    the nccl backend (cephalo-worker-cuda only: comm.c refers to it weakly)
  *
  * Errors from comm_net/comm_store/comm_socket name the peer and the cause; comm.c prefixes them
  * with "rank R: OP of WHAT". */
@@ -36,6 +37,7 @@ struct comm_req {
     int64_t bytes;    /* broadcast */
     int root;         /* broadcast */
     int64_t one;      /* barrier: the value allreduced (1 per rank, world after) */
+    void *ready;      /* nccl: a cudaEvent_t recorded on the compute stream at issue, or NULL */
     char what[96];
     /* under comm.mu */
     bool done;
@@ -138,5 +140,28 @@ void ring_bytes(const ring *g, int64_t *sent, int64_t *received);
 /* shutdown(2) of both connections, from any thread: peers and our own poll() fail at once. */
 void ring_shutdown(ring *g);
 void ring_close(ring *g);
+
+/* ------------------------------------------------------------------------------------------ */
+/* the nccl backend (comm_nccl.c; linked into cephalo-worker-cuda only)                        */
+
+typedef struct nccl_backend nccl_backend;
+
+/* comm_set_device_stream: cudaSetDevice(gpu), checks through the store that no two ranks share a
+ * GPU, meets through the store (rank 0's ncclUniqueId), creates the non-blocking NCCL
+ * communicator (bounded by the timeout) and the backend's stream. */
+int nccl_open(const comm_config *cfg, store_client *st, int gpu, void *compute_stream,
+              nccl_backend **out, err_t *err);
+/* On the issuing thread: records r->ready on the compute stream when r's buffer is device memory. */
+int nccl_issue(nccl_backend *b, comm_req *r, err_t *err);
+/* On the communicator thread: runs r and returns once it has finished on the GPU (or failed: then
+ * the NCCL communicator is aborted). */
+int nccl_run(nccl_backend *b, comm_req *r, err_t *err);
+/* Frees r->ready (any thread). */
+void nccl_req_free(comm_req *r);
+void nccl_bytes(const nccl_backend *b, int64_t *sent, int64_t *received);
+int64_t nccl_scratch_bytes(const nccl_backend *b);
+/* ncclCommAbort, from any thread: serialized with the communicator thread's NCCL calls. */
+void nccl_shutdown(nccl_backend *b);
+void nccl_close(nccl_backend *b);
 
 #endif

@@ -12,7 +12,8 @@
  * progress timeout. Each step's payload follows a small header (operation number, kind, step,
  * bytes) that the receiver checks, so ranks that issued different operations fail with a clear
  * message instead of silently mixing data. Payloads travel in the host's byte order: every rank
- * of a job is assumed to share it. */
+ * of a job is assumed to share it. Data is moved by element size (comm_dtype_size), so every
+ * dtype gathers and broadcasts; sums are F32, F64 and I64 (BF16 sums are an error). */
 #include "clock.h"
 #include "comm_internal.h"
 
@@ -264,6 +265,9 @@ static int broadcast(ring *g, comm_req *r, err_t *err) {
 
 int ring_run(ring *g, comm_req *r, err_t *err) {
     g->seq++;
+    /* every rank fails the same operation here, before anything moves */
+    if (r->dtype == COMM_BF16 && (r->op == COMM_OP_REDUCE_SCATTERV || r->op == COMM_OP_ALLREDUCE))
+        return err_set(err, "the socket backend cannot sum BF16 (sum in F32, or use CEPHALO_COMM_BACKEND=nccl)");
     switch (r->op) {
     case COMM_OP_ALLGATHERV: return allgatherv(g, r, 0, err);
     case COMM_OP_REDUCE_SCATTERV: return reduce_scatterv(g, r, err);

@@ -187,7 +187,8 @@ static bool value_is(const void *buf, comm_dtype t, int64_t at, int b, int64_t j
 /* configuration                                                                               */
 
 static void clear_env(void) {
-    const char *vars[] = {"MASTER_ADDR", "MASTER_PORT", "CEPHALO_COMM_TIMEOUT", "CEPHALO_COMM_BACKEND", "CEPHALO_JOB_ID"};
+    const char *vars[] = {"MASTER_ADDR", "MASTER_PORT", "CEPHALO_COMM_TIMEOUT", "CEPHALO_COMM_BACKEND", "CEPHALO_JOB_ID",
+                          "CEPHALO_NCCL_UNEVEN"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
 }
 
@@ -219,6 +220,12 @@ static void test_config_env(void **state) {
     assert_int_equal(cfg.master_port, 29500);
     assert_true(cfg.timeout_s == 2.5);
     assert_string_equal(cfg.job_id, "job-7");
+    for (int i = 0; i < 3; i++) {
+        const char *u[] = {"auto", "grouped", "pad"};
+        setenv("CEPHALO_NCCL_UNEVEN", u[i], 1);
+        assert_int_equal(comm_config_from_env(&cfg, 3, 4, &err), 0);
+        assert_string_equal(cfg.nccl_uneven, u[i]);
+    }
 
     expect_env_error("", "", 2, "MASTER_PORT is not set");
     expect_env_error("MASTER_PORT", "http", 2, "MASTER_PORT: 'http' is not a port (expected an integer 1..65535)");
@@ -230,7 +237,12 @@ static void test_config_env(void **state) {
     expect_env_error("CEPHALO_COMM_TIMEOUT", "soon", 2, "CEPHALO_COMM_TIMEOUT");
     expect_env_error("CEPHALO_COMM_TIMEOUT", "inf", 2, "CEPHALO_COMM_TIMEOUT");
     expect_env_error("CEPHALO_COMM_TIMEOUT", "nan", 2, "CEPHALO_COMM_TIMEOUT");
-    expect_env_error("CEPHALO_COMM_BACKEND", "mpi", 2, "CEPHALO_COMM_BACKEND: 'mpi' is not available in this build (expected 'socket')");
+    expect_env_error("CEPHALO_COMM_BACKEND", "mpi", 2, "CEPHALO_COMM_BACKEND: 'mpi' is not a backend (expected 'socket' or 'nccl')");
+    /* this test links the CPU worker library: the nccl backend is not there */
+    expect_env_error("CEPHALO_COMM_BACKEND", "nccl", 2,
+                     "CEPHALO_COMM_BACKEND: 'nccl' needs cephalo-worker-cuda (this worker was built without CUDA)");
+    expect_env_error("CEPHALO_NCCL_UNEVEN", "padded", 2,
+                     "CEPHALO_NCCL_UNEVEN: 'padded' is not a strategy (expected 'auto', 'grouped' or 'pad')");
     expect_env_error("MASTER_ADDR", "", 2, "MASTER_ADDR is set but empty");
     char longv[400];
     memset(longv, 'a', sizeof longv - 1);
@@ -262,9 +274,15 @@ static void test_world1(void **state) {
     assert_int_equal(comm_run(c, comm_barrier(c, "b"), &err), 0);
     assert_int_equal(comm_wait(c, NULL, &err), 0);
     for (int i = 0; i < 5; i++) assert_true(a[i] == (float)(i + 1));
+    /* the socket backend: host buffers, no device, no scratch */
+    assert_false(comm_device_buffers(c));
+    assert_int_equal(comm_set_device_stream(c, NULL, 0, &err), 0);
+    assert_int_equal(comm_device_scratch_bytes(c), 0);
     comm_stats st;
     comm_get_stats(c, &st);
     assert_int_equal(st.allgathers + st.reduce_scatters + st.allreduces + st.broadcasts + st.barriers, 5);
+    assert_int_equal(comm_set_device_stream(c, NULL, 0, &err), -1);
+    assert_msg_has(err.msg, "comm_set_device_stream was called twice");
     assert_int_equal(st.bytes_sent + st.bytes_received, 0);
     char v[16];
     size_t n;
@@ -845,6 +863,34 @@ static void test_store_timeout_and_port_in_use(void **state) {
     close(fd);
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* BF16 on the socket backend: gathered and broadcast by element size; sums are an error         */
+
+static void bf16_rank(rank_ctx *x) {
+    int n = x->world, r = x->rank;
+    int64_t k[MAX_RANKS], total = 0, off = 0;
+    for (int i = 0; i < n; i++) k[i] = 3 + 2 * i; /* odd counts: blocks not 4-byte aligned */
+    for (int i = 0; i < n; i++) total += k[i], off += i < r ? k[i] : 0;
+    uint16_t buf[64];
+    memset(buf, 0, sizeof buf);
+    for (int64_t j = 0; j < k[r]; j++) buf[off + j] = (uint16_t)(0x3f80 + r * 64 + j);
+    WAIT(x, comm_allgatherv(x->c, buf, k, COMM_BF16, "bf16 parameters"));
+    for (int b = 0, at = 0; b < n; b++)
+        for (int64_t j = 0; j < k[b]; j++, at++)
+            TCHECK(x, buf[at] == (uint16_t)(0x3f80 + b * 64 + j), "block %d element %lld: 0x%04x", b, (long long)j, buf[at]);
+    comm_stats st;
+    comm_get_stats(x->c, &st);
+    TCHECK(x, st.bytes_sent == 2 * (total - k[(r + 1) % n]), "bytes sent %lld", (long long)st.bytes_sent);
+    err_t e = {{0}};
+    TCHECK(x, comm_wait(x->c, comm_reduce_scatterv(x->c, buf, k, COMM_BF16, "bf16 gradients"), &e) == -1, "bf16 sum accepted");
+    TCHECK(x, strstr(e.msg, "reduce-scatterv of bf16 gradients: the socket backend cannot sum BF16") != NULL, "message: %s", e.msg);
+}
+
+static void test_bf16_socket(void **state) {
+    (void)state;
+    for (int n = 2; n <= 3; n++) run_world(n, bf16_rank, NULL);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_config_env),
@@ -853,6 +899,7 @@ int main(void) {
         cmocka_unit_test(test_reduce_scatterv),
         cmocka_unit_test(test_allreduce),
         cmocka_unit_test(test_broadcast),
+        cmocka_unit_test(test_bf16_socket),
         cmocka_unit_test(test_queued_and_barrier),
         cmocka_unit_test(test_dead_peer),
         cmocka_unit_test(test_stalled_peer),
