@@ -159,10 +159,14 @@ static int parse_sizes(const yctx *y, const ynode *root, job *j) {
 }
 
 static int parse_inputs(const yctx *y, const ynode *root, const char *dir, job *j) {
-    const char *data = "synthetic", *prof = NULL, *strat = NULL;
+    const char *data = "synthetic", *prof = NULL, *strat = NULL, *prec = NULL;
     if (get_string(y, root, "", "data", &data) < 0 || get_string(y, root, "", "profile", &prof) < 0 ||
-        get_string(y, root, "", "strategy", &strat) < 0)
+        get_string(y, root, "", "strategy", &strat) < 0 || get_string(y, root, "", "precision", &prec) < 0)
         return -1;
+    if (prec && strcmp(prec, "fp32") && strcmp(prec, "bf16"))
+        return err_set(y->err, "%s:%d: precision: '%s' (expected fp32 or bf16)", y->file,
+                       ymap_get(root, "precision")->line, prec);
+    j->bf16 = prec && !strcmp(prec, "bf16");
     j->data = resolve_data(dir, data);
     if (prof) j->profile = resolve(dir, prof);
     if (strat && strategy_parse(strat, &j->strat, y->err) < 0)
@@ -327,7 +331,7 @@ int job_set_devices(job *j, const char *spec, err_t *err) {
 
 static int parse_root(const yctx *y, const ynode *root, const char *dir, job *j) {
     static const char *const keys[] = {"name", "model", "data", "batch", "seq", "steps", "strategy", "seed", "mem_cap",
-                                       "profile", "optimizer", "checkpoint", "comm_timeout", "devices", NULL};
+                                       "precision", "profile", "optimizer", "checkpoint", "comm_timeout", "devices", NULL};
     if (ymap_check_keys(y, root, "document", keys) < 0) return -1;
     j->root_line = root->line;
     if (parse_name(y, root, j) < 0 || parse_model(y, root, dir, j) < 0 || parse_sizes(y, root, j) < 0 ||

@@ -49,6 +49,7 @@ typedef struct job {
     uint64_t seed;
     strategy strat;
     double mem_cap;
+    bool bf16; /* precision: bf16 (mixed) instead of fp32 */
     double comm_timeout; /* seconds */
     job_optimizer opt;
     char *ckpt_dir; /* as written (the run directory resolves it), or NULL: no checkpoints */

@@ -208,6 +208,9 @@ static int open_device(trainer *t, err_t *err) {
     t->nbuf = cuda ? 2 : 1;
     t->dev.matmul = c->bf16 ? DEV_MATMUL_BF16 : cuda ? DEV_MATMUL_TF32 : DEV_MATMUL_FP32;
     if (!c->comm) return 0;
+    if (comm_device_buffers(c->comm) && !cuda)
+        return err_set(err, "rank %d: the nccl backend needs the cuda device (CPU devices use "
+                       "CEPHALO_COMM_BACKEND=socket)", c->rank);
     if (comm_device_buffers(c->comm))
         return comm_set_device_stream(c->comm, t->dev.ops->native_stream(&t->dev, DEV_STREAM_COMPUTE),
                                       c->gpu, err);
@@ -253,6 +256,7 @@ trainer *trainer_new(const train_config *cfg, err_t *err) {
 
 void trainer_free(trainer *t) {
     if (!t) return;
+    if (t->dev.ops) t->dev.ops->sync(&t->dev); /* copies in flight read the buffers freed below */
     for (int u = 0; t->params && u < t->n_units; u++) {
         dev_free(&t->dev, t->params[u]);
         dev_free(&t->dev, t->grads[u]);
@@ -263,7 +267,6 @@ void trainer_free(trainer *t) {
     free(t->params), free(t->grads), free(t->adam_m), free(t->adam_v), free(t->numel);
     if (t->acts) wm_acts_free(&t->dev, t->acts);
     device *d = &t->dev;
-    if (d->ops) d->ops->sync(d); /* copies in flight read the buffers freed below */
     act_ring *rings[] = {&t->ax, &t->ay, &t->ady, &t->adx};
     for (int i = 0; i < 4 && d->ops; i++) free_ring(t, rings[i]);
     if (t->pool_mark) d->ops->event_free(d, t->pool_mark);

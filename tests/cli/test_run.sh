@@ -50,9 +50,12 @@ bad device-without-memory 's/, memory: 256M/, threads: 2/' "4: devices[0]: missi
 bad gpu-device 's/cpu, memory: 256M/L4, memory: 24G/' "4: devices[0].type: 'L4' cannot run locally yet"
 bad no-devices '/^devices/d' "1: document: missing field 'devices' (or give --devices)"
 bad warmup-beyond-steps '3a optimizer: {warmup: 5}' "4: optimizer.warmup: 5 must be below the 3 steps"
+sed '3a precision: bf16' <<<"$base" >"$T/bf16.yaml"
+check "precision: bf16 plans in bf16" 0 "" -- bash -c "'$C' run '$T/bf16.yaml' --dry-run --run-dir '$T/r-bf16' >/dev/null && grep -q '\"precision\":[[:space:]]*\"bf16\"' '$T/r-bf16/plan.json'"
 check "--steps checked against warmup" 0 "" -- "$C" run "$T/warmup-beyond-steps.yaml" --steps 6 --dry-run --run-dir "$T/r-warm"
 bad seq-beyond-model '2a seq: 4096' "3: seq:"
 bad bad-strategy '3a strategy: zero' "4: strategy: unknown strategy 'zero' (expected cephalo, fsdp, whale, cb or mb)"
+bad bad-precision '3a precision: fp16' "4: precision: 'fp16' (expected fp32 or bf16)"
 bad bad-name '1i name: my job' "1: name: 'my job' is not a usable run name"
 bad batch-below-devices 's/^batch: 8/batch: 2/; s/256M}/256M, count: 3}/' "2: batch: 2 cannot be split over 3 devices"
 check "bad --devices: no memory" 2 "--devices: 'cpu:1t' has no memory size" -- "$C" run "$T/no-devices.yaml" --devices cpu:1t
