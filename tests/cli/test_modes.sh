@@ -147,3 +147,20 @@ check "--offload maybe is refused" 2 "--offload: 'maybe' is not 'on' or 'off'" -
   "$W" train --model tiny-gpt --batch 2 --offload maybe
 check "--device cuda on the CPU-only worker names cephalo-worker-cuda" 2 "cephalo-worker-cuda" -- \
   "$W" train --model tiny-gpt --batch 2 --steps 1 --device cuda
+
+# ---- cephalo-worker-cuda without a GPU (built wherever nvcc is; CI has no GPU) ----
+WC=$B/bin/cephalo-worker-cuda
+if [ -x "$WC" ]; then
+  "$WC" train --quiet --model tiny-gpt --batch 12 --microbatch 4 "${args[@]}" --ckpt-dir "$T/wc" 2>"$T/wc.err"
+  check "cephalo-worker-cuda on the CPU device: bit-identical to cephalo-worker" 0 "" -- \
+    $PT compare "$(ck wc)" "$(ck ref)" --tol 0
+  check "cephalo-worker-cuda --device cuda without a GPU: a clear error" 2 "cuda device: no GPU is visible" -- \
+    "$WC" train --model tiny-gpt --batch 2 --steps 1 --device cuda
+  nccl_on_cpu() {
+    CEPHALO_COMM_BACKEND=nccl run_ranks "$T/p3.json" "$T/ncclcpu" --steps 1 >/dev/null
+    cat "$T"/ncclcpu/rank*.err
+  }
+  W=$WC check "the nccl backend with CPU devices is refused on every rank" 0 "the nccl backend needs the cuda device" -- nccl_on_cpu
+else
+  echo "# cephalo-worker-cuda not built (no nvcc): its checks skipped"
+fi
