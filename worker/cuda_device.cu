@@ -172,22 +172,31 @@ static void cuda_raw_free(device *d, void *p, size_t bytes) {
 
 extern "C" int64_t cuda_reserved_bytes(device *d) { return cuda_of(d)->reserved_bytes; }
 
+/* cudaMalloc for the device's own buffers outside the accounting (scratch, rope tables): on a
+ * failure the cache is released and the call retried once; a second failure aborts, naming
+ * what was wanted (these are small, covered by the capacity's reserve). */
+static void *must_malloc(device *d, size_t bytes, const char *what) {
+    void *p = try_malloc(bytes);
+    if (!p) {
+        release_cached(d);
+        p = try_malloc(bytes);
+    }
+    if (!p) {
+        fprintf(stderr, "%s:%d: rank %d: out of GPU memory for %zu bytes of %s\n", __FILE__,
+                __LINE__, d->rank, bytes, what);
+        abort();
+    }
+    return p;
+}
+
 void *cuda_scratch(device *d, size_t bytes) {
     cuda_state *st = cuda_of(d);
     if (bytes <= st->scratch_bytes) return st->scratch;
     CUDA_CHECK(cudaStreamSynchronize(compute(d))); /* queued kernels may use the old buffer */
     if (st->scratch) CUDA_CHECK(cudaFree(st->scratch));
+    st->scratch = NULL, st->scratch_bytes = 0;
     size_t want = round_class(bytes);
-    st->scratch = try_malloc(want);
-    if (!st->scratch) {
-        release_cached(d);
-        st->scratch = try_malloc(want);
-    }
-    if (!st->scratch) {
-        fprintf(stderr, "%s:%d: rank %d: out of GPU memory for %zu bytes of kernel scratch\n",
-                __FILE__, __LINE__, d->rank, want);
-        abort();
-    }
+    st->scratch = must_malloc(d, want, "kernel scratch");
     st->scratch_bytes = want;
     return st->scratch;
 }
@@ -786,10 +795,11 @@ static void rope_table(device *d, int T, int hd, float theta) {
         CUDA_CHECK(cudaStreamSynchronize(compute(d)));
         CUDA_CHECK(cudaFree(st->rope_cos));
         CUDA_CHECK(cudaFree(st->rope_sin));
+        st->rope_cos = st->rope_sin = NULL;
     }
     size_t bytes = (size_t)T * (hd / 2) * sizeof(float);
-    CUDA_CHECK(cudaMalloc(&st->rope_cos, bytes));
-    CUDA_CHECK(cudaMalloc(&st->rope_sin, bytes));
+    st->rope_cos = (float *)must_malloc(d, bytes, "rotary cos table");
+    st->rope_sin = (float *)must_malloc(d, bytes, "rotary sin table");
     st->rope_T = T, st->rope_hd = hd, st->rope_theta = theta;
     int64_t total = (int64_t)T * (hd / 2);
     rope_table_kernel<<<ew_blocks(total), EW_THREADS, 0, compute(d)>>>(st->rope_cos, st->rope_sin,

@@ -58,14 +58,15 @@ static size_t gather_elem(const trainer *t) { return t->cfg.bf16 ? 2 : 4; }
 static void place_shard(trainer *t, int u, int slot) {
     device *d = &t->dev;
     int64_t n = t->shard_n[u], off = t->shard_off[u];
+    /* the communicator overwrites hp[slot] (all of it, our block or not) once the gather is
+     * issued: the device's copy of the previous gather out of it must be done first */
+    if (t->staged) d->ops->event_sync(d, t->hp_read[slot]);
     if (!n) return;
     size_t es = gather_elem(t);
     char *buf = (char *)gather_buf(t, slot) + off * (int64_t)es;
     if (t->cfg.bf16) d->ops->to_bf16(d, (uint16_t *)buf, t->params[u], n);
     else if (!t->staged) d->ops->copy(d, buf, t->params[u], (size_t)n * 4, COPY_D2D);
     if (!t->staged) return;
-    /* the device copy of the previous gather out of hp[slot] must be done before we overwrite it */
-    d->ops->event_sync(d, t->hp_read[slot]);
     const void *src = t->cfg.bf16 ? (const void *)buf : (const void *)t->params[u];
     d->ops->copy(d, (char *)t->hp[slot] + off * (int64_t)es, src, (size_t)n * es, COPY_D2H);
 }
