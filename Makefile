@@ -47,7 +47,7 @@ CFLAGS := -std=c17 $(OPT) $(WARN) -fopenmp -MMD -MP
 # OpenBLAS's OpenMP build, linked by path: inside our own parallel regions it runs single-threaded
 # instead of oversubscribing the cores (the pthread build would spawn its own threads).
 BLAS_DIR := /usr/lib/x86_64-linux-gnu/openblas-openmp
-LDLIBS := -fopenmp -L$(BLAS_DIR) -Wl,-rpath,$(BLAS_DIR) -lopenblas -lyaml -lcjson -lm
+LDLIBS := -fopenmp -L$(BLAS_DIR) -Wl,-rpath,$(BLAS_DIR) -lopenblas -lyaml -lcjson -lmicrohttpd -lpthread -lm
 
 COMMON_SRC := $(wildcard common/*.c)
 PLANNER_SRC := $(filter-out planner/cli.c,$(wildcard planner/*.c))
@@ -168,6 +168,7 @@ bench: deps $(BENCH) $(CLI) $(WORKER)
 	@$(BENCH)
 	@BUILD=$(BUILD) bench/bench_train.sh
 	@BUILD=$(BUILD) bench/bench_fsdp.sh
+	@BUILD=$(BUILD) bench/bench_accuracy.sh
 
 # libFuzzer targets (clang), built apart from the normal objects.
 FUZZ_BUILD := build/fuzz

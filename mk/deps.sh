@@ -2,7 +2,8 @@
 # Installs the Debian packages Cephalo needs, only those missing. Idempotent; needs root to install.
 set -euo pipefail
 pkgs=(build-essential clang libclang-rt-14-dev pkg-config libyaml-dev libcjson-dev libcmocka-dev
-      libopenblas-openmp-dev python3 python3-numpy python3-torch
+      libopenblas-openmp-dev libmicrohttpd-dev python3 python3-numpy python3-torch
+      prometheus # the real scraper of tests/cli/test_metrics.sh
       fortunes) # fortunes: the English text `make demo` trains on
 missing=()
 for p in "${pkgs[@]}"; do

@@ -16,6 +16,7 @@
 #include "inputs.h"
 #include "model.h"
 #include "plan.h"
+#include "profile_cmd.h"
 #include "run.h"
 #include "strutil.h"
 
@@ -34,6 +35,8 @@ static const char usage_text[] =
     "            synthetic labeled image file (CIMG); `cephalo data --help` shows its options\n"
     "  run       plan a job file on the local devices and train it, one cephalo-worker per\n"
     "            device; `cephalo run --help` shows its options (docs/run.md)\n"
+    "  profile   measure the cost model of the local devices for a model into a profile file\n"
+    "            and the profile store; `cephalo profile --help` (docs/profile.md)\n"
     "\n"
     "plan / compare options:\n"
     "  --cluster FILE        cluster file (YAML, docs/formats.md)            [required]\n"
@@ -42,7 +45,8 @@ static const char usage_text[] =
     "  --seq S               sequence length (default: the model's)\n"
     "  --precision P         fp32 (default; TF32 tensor cores allowed) or bf16\n"
     "  --strategy S          cephalo (default), fsdp, whale, cb or mb        [plan]\n"
-    "  --profile FILE        measured costs (cephalo profile); estimates otherwise\n"
+    "  --profile FILE        measured costs (cephalo profile); default: the profile store\n"
+    "                        when it has the model, else estimates (docs/profile.md)\n"
     "  --mem-cap F           usable fraction of device memory (default 0.8)\n"
     "  --format F            table (default) or json\n"
     "  -o, --output FILE     also write the plan JSON to FILE                [plan]\n"
@@ -586,7 +590,8 @@ static int cmd_data(int argc, char **argv) {
 /* ---- cephalo run (docs/run.md) ---- */
 
 static const char run_usage[] =
-    "usage: cephalo run JOB.yaml [--devices LIST] [--run-dir DIR] [--steps N] [--dry-run] [--quiet]\n"
+    "usage: cephalo run JOB.yaml [--devices LIST] [--run-dir DIR] [--steps N] [--metrics-port BASE]\n"
+    "                            [--dry-run] [--quiet]\n"
     "\n"
     "Plans the job on the local devices and trains it: one cephalo-worker per device, all stopped\n"
     "together when one fails or on Ctrl-C. The job file is described in docs/run.md.\n"
@@ -595,6 +600,7 @@ static const char run_usage[] =
     "                        cpu:2t:512M,cpu:1t:256Mx2 (2 threads and 512 MiB, then two of 1 and 256)\n"
     "  --run-dir DIR         plan.json, rank-R.log, rank-R.jsonl, summary.json (default runs/NAME)\n"
     "  --steps N             total steps, instead of the job's\n"
+    "  --metrics-port BASE   rank R serves /metrics on port BASE+R, 0 = off (the job's metrics_port)\n"
     "  --dry-run             plan and print each worker's command line, start nothing\n"
     "  --quiet               no plan table and no progress lines\n"
     "  -h, --help            this text\n"
@@ -602,10 +608,11 @@ static const char run_usage[] =
     "exit status: 0 done, 1 a worker failed, 2 bad input, 3 infeasible plan, 130 interrupted\n";
 
 static int cmd_run(int argc, char **argv) {
-    enum { O_DEVICES = 256, O_RUNDIR, O_STEPS, O_DRY, O_QUIET };
+    enum { O_DEVICES = 256, O_RUNDIR, O_STEPS, O_DRY, O_QUIET, O_MPORT };
     static const struct option longopts[] = {{"devices", required_argument, 0, O_DEVICES}, {"run-dir", required_argument, 0, O_RUNDIR},
                                              {"steps", required_argument, 0, O_STEPS},     {"dry-run", no_argument, 0, O_DRY},
                                              {"quiet", no_argument, 0, O_QUIET},           {"help", no_argument, 0, 'h'},
+                                             {"metrics-port", required_argument, 0, O_MPORT},
                                              {0, 0, 0, 0}};
     run_opts o = {0};
     optind = 1;
@@ -621,6 +628,11 @@ static int cmd_run(int argc, char **argv) {
             break;
         case O_DRY: o.dry_run = true; break;
         case O_QUIET: o.quiet = true; break;
+        case O_MPORT:
+            if (!str_to_long(optarg, &o.metrics_port) || o.metrics_port < 0 || o.metrics_port > 65535)
+                return bad("run: --metrics-port: '%s' is not a port in 0..65535 (0 = off)", optarg);
+            o.have_metrics_port = true;
+            break;
         case 'h': fputs(run_usage, stdout); return 0;
         case ':': return bad("run: option '%s' needs a value", argv[optind - 1]);
         default: return bad("run: unknown option '%s'", argv[optind - 1]);
@@ -648,6 +660,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "gpus")) return cmd_gpus();
     if (!strcmp(cmd, "data")) return cmd_data(argc - 1, argv + 1);
     if (!strcmp(cmd, "run")) return cmd_run(argc - 1, argv + 1);
-    fprintf(stderr, "cephalo: unknown command '%s' (expected plan, compare, models, gpus, data or run; see 'cephalo --help')\n", cmd);
+    if (!strcmp(cmd, "profile")) return profile_main(argc - 1, argv + 1);
+    fprintf(stderr, "cephalo: unknown command '%s' (expected plan, compare, models, gpus, data, run or profile; see 'cephalo --help')\n", cmd);
     return EXIT_BAD_INPUT;
 }

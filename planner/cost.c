@@ -3,6 +3,7 @@
 #include "cost.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -129,6 +130,13 @@ static void compute_memory(const cost_model *cm, const cluster_device *d, const 
         *m1 = den > 0 ? (n * sxy - sx * sy) / den : sy / sx;
         if (*m1 < 0) *m1 = 0;
         *m0 = (sy - *m1 * sx) / n;
+        /* `cephalo profile` measures the engine of a sharded rank; one rank alone has no
+         * gathered-parameter and full-gradient slots */
+        if (cm->cl->n_devices == 1) {
+            engine_opts sh = {.sharded = true, .bf16 = cm->opts.bf16, .double_buffer = !is_cpu(d)}, one = sh;
+            one.sharded = false;
+            *m0 -= (double)(engine_compute_bytes(md, cm->seq, 0, sh) - engine_compute_bytes(md, cm->seq, 0, one));
+        }
         if (*m0 < 0) *m0 = 0;
         return;
     }
@@ -158,6 +166,13 @@ static void build_group(cost_model *cm, cost_group *g, int batch_limit) {
     const profile_entry *pe =
         cm->opts.prof ? profile_find(cm->opts.prof, d->type, cm->model->name, cm->seq, cm->opts.bf16)
                       : NULL;
+    if (!pe && cm->opts.prof && is_cpu(d)) {
+        /* `cephalo profile` names CPU devices by their threads ("cpu-2t"): memory does not
+         * change the times, and the compute memory it measured is the engine's, whatever the cap */
+        char by_threads[32];
+        snprintf(by_threads, sizeof by_threads, "%s-%dt", GPU_CPU_NAME, d->threads);
+        pe = profile_find(cm->opts.prof, by_threads, cm->model->name, cm->seq, cm->opts.bf16);
+    }
     if (!pe && cm->opts.prof && is_cpu(d))
         pe = profile_find(cm->opts.prof, GPU_CPU_NAME, cm->model->name, cm->seq, cm->opts.bf16);
     g->measured = pe != NULL;

@@ -25,6 +25,7 @@ typedef struct plan_inputs {
     model_spec model; /* filled by the caller */
     profile prof;
     bool have_prof;
+    char prof_source[4200]; /* "--profile FILE" or "the profile store FILE"; empty: none */
     cost_model cm; /* refers to cl, model and prof: keep the struct in place while it is used */
 } plan_inputs;
 
@@ -36,9 +37,12 @@ typedef struct inputs_opts {
     double mem_cap;
 } inputs_opts;
 
-/* Loads the profile (if any) and builds the cost model. 0, or -1 with the error set. */
+/* Loads the profile (--profile, else the profile store when it has the model: profile_store.h)
+ * and builds the cost model. A --profile without any entry for the model is an error naming the
+ * models it has. 0, or -1 with the error set. */
 int inputs_build(plan_inputs *in, const inputs_opts *o, err_t *err);
-/* One "note" line per device group the profile does not cover (they use estimates). */
+/* Which profile the costs come from (or that they are estimates), then one "note" line per
+ * device group the profile does not cover (they use estimates). */
 void inputs_print_notes(const plan_inputs *in, const char *prog, FILE *f);
 /* Frees what inputs_build and the caller's cluster loading allocated. */
 void inputs_free(plan_inputs *in);

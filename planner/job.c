@@ -173,7 +173,8 @@ static int parse_inputs(const yctx *y, const ynode *root, const char *dir, job *
         return err_prefix(y->err, "%s:%d: strategy", y->file, ymap_get(root, "strategy")->line);
     j->mem_cap = 0.8;
     j->comm_timeout = 60;
-    if (get_positive(y, root, "mem_cap", 1, &j->mem_cap) < 0 || get_positive(y, root, "comm_timeout", 86400, &j->comm_timeout) < 0)
+    if (get_positive(y, root, "mem_cap", 1, &j->mem_cap) < 0 || get_positive(y, root, "comm_timeout", 86400, &j->comm_timeout) < 0 ||
+        get_long(y, root, "", "metrics_port", 0, 65535, &j->metrics_port) < 0)
         return -1;
     return 0;
 }
@@ -331,7 +332,8 @@ int job_set_devices(job *j, const char *spec, err_t *err) {
 
 static int parse_root(const yctx *y, const ynode *root, const char *dir, job *j) {
     static const char *const keys[] = {"name", "model", "data", "batch", "seq", "steps", "strategy", "seed", "mem_cap",
-                                       "precision", "profile", "optimizer", "checkpoint", "comm_timeout", "devices", NULL};
+                                       "precision", "profile", "optimizer", "checkpoint", "comm_timeout", "metrics_port", "devices",
+                                       NULL};
     if (ymap_check_keys(y, root, "document", keys) < 0) return -1;
     j->root_line = root->line;
     if (parse_name(y, root, j) < 0 || parse_model(y, root, dir, j) < 0 || parse_sizes(y, root, j) < 0 ||

@@ -51,6 +51,7 @@ typedef struct job {
     double mem_cap;
     bool bf16; /* precision: bf16 (mixed) instead of fp32 */
     double comm_timeout; /* seconds */
+    long metrics_port; /* rank r serves /metrics on metrics_port + r; 0: off (docs/metrics.md) */
     job_optimizer opt;
     char *ckpt_dir; /* as written (the run directory resolves it), or NULL: no checkpoints */
     long ckpt_every; /* 0: only at the end */

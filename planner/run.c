@@ -136,6 +136,20 @@ static int write_run_dir(const launch *l, err_t *err) {
     char *yaml = job_cluster_yaml(l->j);
     int rc = file_write_atomic(in_dir(l, "cluster.yaml", path), yaml, strlen(yaml), err);
     free(yaml);
+    /* the workers' /metrics as Prometheus file_sd targets (docs/metrics.md); none: an earlier
+     * run's file goes */
+    in_dir(l, "prometheus-targets.json", path);
+    if (rc || !l->j->metrics_port) return rc ? rc : (unlink(path), 0);
+    char *text = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&text, &n);
+    if (!f) return err_set(err, "out of memory");
+    fputs("[{\"targets\": [", f);
+    for (int r = 0; r < l->world; r++) fprintf(f, "%s\"127.0.0.1:%ld\"", r ? ", " : "", l->j->metrics_port + r);
+    fprintf(f, "], \"labels\": {\"cephalo_run\": \"%s\"}}]\n", l->j->name); /* names are [A-Za-z0-9._-] */
+    fclose(f);
+    rc = file_write_atomic(path, text, n, err);
+    free(text);
     return rc;
 }
 
@@ -198,13 +212,14 @@ static strv worker_args(const launch *l, int rank) {
         if (j->ckpt_every) strv_add(&s, "--ckpt-every"), strv_add(&s, "%ld", j->ckpt_every);
         if (j->resume) strv_add(&s, "--resume"), strv_add(&s, "%s", j->resume);
     }
+    if (j->metrics_port) strv_add(&s, "--metrics-port"), strv_add(&s, "%ld", j->metrics_port + rank);
     return s;
 }
 
 /* DESIGN 5.1: the variables a pod gets. */
 static strv worker_env(const launch *l, int rank, bool inherit) {
     static const char *const ours[] = {"RANK=", "LOCAL_RANK=", "WORLD_SIZE=", "MASTER_ADDR=", "MASTER_PORT=", "CEPHALO_PLAN=",
-                                       "CEPHALO_COMM_TIMEOUT=", NULL};
+                                       "CEPHALO_COMM_TIMEOUT=", "CEPHALO_JOB=", NULL};
     char path[PATH_LEN], t[32];
     strv s = {0};
     for (char **e = environ; inherit && *e; e++) {
@@ -219,6 +234,7 @@ static strv worker_env(const launch *l, int rank, bool inherit) {
     strv_add(&s, "CEPHALO_PLAN=%s", in_dir(l, "plan.json", path));
     strv_add(&s, "CEPHALO_COMM_TIMEOUT=%s", num(l->j->comm_timeout, t));
     strv_add(&s, "LOCAL_RANK=%d", rank); /* every rank runs here: the GPU is LOCAL_RANK % GPUs */
+    strv_add(&s, "CEPHALO_JOB=%s", l->j->name); /* the metrics' job label */
     return s;
 }
 
@@ -510,9 +526,14 @@ static int gang(launch *l) {
         rc = fail(RUN_EXIT_FAILED, &err);
         stop_gang(l);
     } else {
-        if (!l->view.quiet)
-            fprintf(stderr, "cephalo run: started %d worker%s (process group %d); logs in %s/rank-R.log\n", l->world,
+        if (!l->view.quiet) {
+            fprintf(stderr, "cephalo run: started %d worker%s (process group %d); logs in %s/rank-R.log", l->world,
                     l->world == 1 ? "" : "s", (int)l->pgid, l->dir);
+            long mp = l->j->metrics_port;
+            if (mp && l->world > 1) fprintf(stderr, "; metrics on http://127.0.0.1:%ld..%ld/metrics", mp, mp + l->world - 1);
+            else if (mp) fprintf(stderr, "; metrics on http://127.0.0.1:%ld/metrics", mp);
+            fputc('\n', stderr);
+        }
         rc = supervise(l);
     }
     finish_gang(l);
@@ -532,6 +553,7 @@ static int load_job(const run_opts *o, job *j) {
     if (job_load_file(o->job, j, &err) < 0 || (o->devices && job_set_devices(j, o->devices, &err) < 0))
         return fail(RUN_EXIT_BAD_INPUT, &err);
     if (o->steps) j->steps = o->steps;
+    if (o->have_metrics_port) j->metrics_port = o->metrics_port;
     return job_check(j, &err) < 0 ? fail(RUN_EXIT_BAD_INPUT, &err) : 0;
 }
 
@@ -572,6 +594,11 @@ static int prepare(launch *l, const run_opts *o) {
         else sprintf(l->ckpt_dir, "%s/%s", l->dir, j->ckpt_dir);
     }
     l->world = l->p->n_ranks;
+    if (j->metrics_port && j->metrics_port + l->world - 1 > 65535) {
+        err_set(&err, "metrics_port %ld: ranks 0..%d would need ports up to %ld (at most 65535)", j->metrics_port,
+                l->world - 1, j->metrics_port + l->world - 1);
+        return fail(RUN_EXIT_BAD_INPUT, &err);
+    }
     l->w = xcalloc((size_t)l->world, sizeof *l->w);
     if ((l->port = free_port(&err)) < 0) return fail(RUN_EXIT_FAILED, &err);
     /* a dry run prints the commands even without a worker binary */

@@ -15,6 +15,8 @@ typedef struct run_opts {
     long steps; /* --steps; 0: the job's */
     bool dry_run; /* plan and print the worker command lines, start nothing */
     bool quiet; /* no plan table, no progress lines */
+    bool have_metrics_port; /* --metrics-port BASE given: replaces the job's metrics_port */
+    long metrics_port;
 } run_opts;
 
 /* Runs the job to its end. Returns the exit status: 0 done, 1 a worker failed, 2 bad input,

@@ -300,6 +300,14 @@ static cJSON *summary_json(const run_view *v, double sps, size_t from, double wa
     cJSON_AddNumberToObject(s, "predicted", p->samples_per_s);
     cJSON_AddNumberToObject(s, "steps_measured", (double)(v->n_curve - from));
     cJSON_AddItemToObject(o, "ranks", ranks_json(v));
+    if (v->j->metrics_port) { /* the workers' endpoints (docs/metrics.md) */
+        cJSON *mt = cJSON_AddArrayToObject(o, "metrics");
+        char url[64];
+        for (int r = 0; r < v->world; r++) {
+            snprintf(url, sizeof url, "http://127.0.0.1:%ld/metrics", v->j->metrics_port + r);
+            cJSON_AddItemToArray(mt, cJSON_CreateString(url));
+        }
+    }
     return o;
 }
 

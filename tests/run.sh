@@ -2,6 +2,8 @@
 # Runs every test binary given on the command line and the CLI tests, then prints one summary
 # line "N passed, N failed" counted over cmocka test cases and CLI checks.
 set -u
+# a developer's profile store (docs/profile.md) must not change what the tests plan
+export CEPHALO_PROFILE_STORE=none
 passed=0
 failed=0
 failures=()

@@ -23,7 +23,9 @@
 #include "fileio.h"
 #include "export.h"
 #include "log.h"
+#include "metrics.h"
 #include "plan_read.h"
+#include "wprofile.h"
 #include "strutil.h"
 #include "train.h"
 
@@ -33,6 +35,9 @@ static const char usage_text[] =
     "usage: cephalo-worker train [--plan PLAN.json | --model MODEL --batch B [--microbatch M]]\n"
     "                            [options]\n"
     "       cephalo-worker export --checkpoint FILE -o DIR\n"
+    "       cephalo-worker profile --model M [--seq T] [--precision P] [--device cpu|cuda] [--threads N]\n"
+    "                              [--memory SIZE] [--max-micro K] [--name TYPE] -o FILE\n"
+    "       cephalo-worker profile-comm [--min-bytes N] [--max-bytes N] [--reps N] -o FILE\n"
     "\n"
     "train: trains one rank. The plan (--plan, or $CEPHALO_PLAN) gives the model, the global\n"
     "batch and this rank's batch, microbatches, memory and threads; without a plan, --model and\n"
@@ -70,12 +75,16 @@ static const char usage_text[] =
     "  --log FILE           JSON lines: one object per step\n"
     "  --dump DIR           oracle dump for tests (docs/worker-model.md)\n"
     "  --quiet              no progress lines\n"
+    "  --metrics-port N     serve /metrics and /healthz on port N, 0 = off (default:\n"
+    "                       $CEPHALO_METRICS_PORT, else the plan's metrics_port + RANK, else off)\n"
+    "  --metrics-addr ADDR  the address to listen on (default 0.0.0.0; docs/metrics.md)\n"
     "\n"
-    "export: writes a checkpoint as Hugging Face model.safetensors + config.json (GPT-2, Llama).\n";
+    "export: writes a checkpoint as Hugging Face model.safetensors + config.json (GPT-2, Llama).\n"
+    "profile, profile-comm: what `cephalo profile` runs (docs/profile.md).\n";
 
 typedef struct worker_opts {
-    const char *plan, *model, *ckpt_dir, *resume, *log, *dump;
-    long batch, micro, seq, ckpt_every;
+    const char *plan, *model, *ckpt_dir, *resume, *log, *dump, *metrics_addr;
+    long batch, micro, seq, ckpt_every, metrics_port; /* metrics_port -1: not given */
     bool quiet, have_threads, have_memory, have_gpu;
     const char *device, *precision;
     train_config cfg;
@@ -131,7 +140,7 @@ static int parse_train(int argc, char **argv, worker_opts *o) {
     enum { O_PLAN = 256, O_MODEL, O_BATCH, O_MICRO, O_SEQ, O_DATA, O_STEPS, O_LR, O_MINLR,
            O_WARMUP, O_WD, O_B1, O_B2, O_EPS, O_CLIP, O_SEED, O_THREADS, O_MEMORY, O_CKDIR,
            O_CKEVERY, O_RESUME, O_LOG, O_DUMP, O_QUIET, O_DEVICE, O_GPU, O_PRECISION, O_OFFLOAD,
-           O_ACCUM, O_SYNCMICRO };
+           O_ACCUM, O_SYNCMICRO, O_MPORT, O_MADDR };
     static const struct option longopts[] = {
         {"plan", 1, 0, O_PLAN},       {"model", 1, 0, O_MODEL},     {"batch", 1, 0, O_BATCH},
         {"microbatch", 1, 0, O_MICRO}, {"seq", 1, 0, O_SEQ},        {"data", 1, 0, O_DATA},
@@ -144,6 +153,7 @@ static int parse_train(int argc, char **argv, worker_opts *o) {
         {"quiet", 0, 0, O_QUIET},     {"device", 1, 0, O_DEVICE},   {"gpu", 1, 0, O_GPU},
         {"precision", 1, 0, O_PRECISION}, {"offload", 1, 0, O_OFFLOAD},
         {"accumulate", 1, 0, O_ACCUM}, {"sync-micro", 0, 0, O_SYNCMICRO},
+        {"metrics-port", 1, 0, O_MPORT}, {"metrics-addr", 1, 0, O_MADDR},
         {"help", 0, 0, 'h'},          {0, 0, 0, 0}};
     train_config *c = &o->cfg;
     optind = 1;
@@ -196,6 +206,8 @@ static int parse_train(int argc, char **argv, worker_opts *o) {
             break;
         }
         case O_SYNCMICRO: c->sync_micro = true; break;
+        case O_MPORT: rc = integer("--metrics-port", optarg, 0, 65535, &o->metrics_port); break;
+        case O_MADDR: o->metrics_addr = optarg; break;
         case 'h': fputs(usage_text, stdout); exit(0);
         case ':': return bad("option '%s' needs a value", argv[optind - 1]);
         default: return bad("unknown option '%s'", argv[optind - 1]);
@@ -316,7 +328,7 @@ static int resume_path(const worker_opts *o, char *out, size_t n, err_t *err) {
 
 /* ---- train ---- */
 
-static int run_training(trainer *t, const worker_opts *o, FILE *log, dumper *dp) {
+static int run_training(trainer *t, const worker_opts *o, FILE *log, dumper *dp, metrics *m) {
     err_t err;
     double total_ms = 0;
     int64_t first = t->step, last_print = -1;
@@ -326,15 +338,18 @@ static int run_training(trainer *t, const worker_opts *o, FILE *log, dumper *dp)
         /* a step fails on bad data (a token beyond the vocabulary, a label out of range) or
          * when a collective fails (a peer died or stalled) */
         if (trainer_step(t, &st, &err) < 0) {
+            metrics_fail(m, err.msg);
             fprintf(stderr, "cephalo-worker: %s\n", err.msg);
             return t->comm_failed ? EXIT_RUNTIME : EXIT_BAD_INPUT;
         }
         if (!isfinite(st.loss)) {
+            metrics_fail(m, "the loss is not finite");
             fprintf(stderr, "cephalo-worker: step %lld: the loss is %g; stopping (lower --lr?)\n",
                     (long long)st.step, st.loss);
             return EXIT_RUNTIME;
         }
         total_ms += st.step_ms;
+        metrics_record_step(m, t, &st);
         if (log) log_step(log, t, &st);
         if (dp && dump_after_step(dp, t, st.loss, &err) < 0) return fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_RUNTIME;
         time_t now = time(NULL);
@@ -371,6 +386,16 @@ static int train_rank(worker_opts o) {
     }
     dumper *dp = o.dump ? dump_open(t, o.dump, &err) : NULL;
     if (o.dump && !dp) rc = (fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_RUNTIME);
+    metrics *m = NULL;
+    int mport = rc ? 0 : metrics_worker_port(o.metrics_port, o.plan, t->cfg.rank, &err);
+    if (mport < 0) rc = (fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_BAD_INPUT);
+    else if (mport > 0 && !(m = metrics_for_trainer(t, o.plan, &err)))
+        rc = (fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_BAD_INPUT);
+    else if (m && (mport = metrics_serve(m, o.metrics_addr, mport, &err)) < 0)
+        rc = (fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_RUNTIME);
+    else if (m && !o.quiet)
+        fprintf(stderr, "cephalo-worker: metrics on http://%s:%d/metrics\n",
+                o.metrics_addr ? o.metrics_addr : "0.0.0.0", mport);
     if (!rc && !o.quiet) {
         char desc[512], peak[32], host[32];
         data_describe(t->data, desc, sizeof desc);
@@ -381,15 +406,17 @@ static int train_rank(worker_opts o) {
                 str_bytes((double)t->dev.cur_bytes, peak, sizeof peak),
                 str_bytes((double)t->host_bytes, host, sizeof host));
     }
-    if (!rc) rc = run_training(t, &o, log, dp);
+    if (!rc) rc = run_training(t, &o, log, dp, m);
+    else metrics_fail(m, "set-up failed");
     if (dp && dump_close(dp, t, &err) < 0 && !rc) rc = (fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_RUNTIME);
     if (log) fclose(log);
+    metrics_free(m);
     trainer_free(t);
     return rc;
 }
 
 static int cmd_train(int argc, char **argv) {
-    worker_opts o = {0};
+    worker_opts o = {.metrics_port = -1};
     train_config_defaults(&o.cfg);
     int rc = parse_train(argc, argv, &o);
     if (rc || (rc = resolve_job(&o))) return train_config_release(&o.cfg), rc;
@@ -428,5 +455,7 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(argv[1], "train")) return cmd_train(argc - 1, argv + 1);
     if (!strcmp(argv[1], "export")) return cmd_export(argc - 1, argv + 1);
-    return bad("unknown command '%s' (commands: train, export)", argv[1]);
+    if (!strcmp(argv[1], "profile")) return worker_profile(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "profile-comm")) return worker_profile_comm(argc - 1, argv + 1);
+    return bad("unknown command '%s' (commands: train, export, profile, profile-comm)", argv[1]);
 }

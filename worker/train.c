@@ -169,11 +169,11 @@ static void free_ring(trainer *t, act_ring *r) {
     }
 }
 
-/* Host arrays the device copies from asynchronously (this step's samples). */
+/* Host arrays the device copies from asynchronously (this step's samples); NULL when the
+ * system is out of (page-locked) memory. */
 static void *host_array(trainer *t, int64_t n, size_t size) {
     void *p = t->dev.ops->host_alloc(&t->dev, (size_t)n * size);
-    CHECK(p != NULL);
-    return memset(p, 0, (size_t)n * size);
+    return p ? memset(p, 0, (size_t)n * size) : NULL;
 }
 
 static int alloc_buffers(trainer *t, err_t *err) {
@@ -195,6 +195,9 @@ static int alloc_buffers(trainer *t, err_t *err) {
     t->ids_host = host_array(t, l * rows, sizeof(int32_t));
     t->tgt_host = host_array(t, l * rows, sizeof(int32_t));
     t->img_host = img ? host_array(t, l * mb * img, sizeof(float)) : NULL;
+    if (!t->ids_host || !t->tgt_host || (img && !t->img_host))
+        return err_set(err, "rank %d: cannot allocate the host copies of a step's samples "
+                       "(%lld token rows)", t->cfg.rank, (long long)(l * rows));
     t->row_scale = xcalloc((size_t)(l * mb), sizeof(float));
     return alloc_pool(t, err);
 }
@@ -352,9 +355,11 @@ static copy_kind pool_kind(const trainer *t, copy_kind host_kind) {
 /* Queues the copy of pool entry `src` into buffer k, once compute is done with the buffer. */
 static void ring_fetch(trainer *t, act_ring *r, int k, const float *src) {
     device *d = &t->dev;
+    double t0 = clock_now_ms();
     d->ops->stream_wait(d, DEV_STREAM_H2D, r->computed[k]);
     d->ops->copy_async(d, r->buf[k], src, act_bytes(t), pool_kind(t, COPY_H2D), DEV_STREAM_H2D);
     d->ops->event_record(d, r->filled[k], DEV_STREAM_H2D);
+    t->offload_ms += clock_now_ms() - t0;
 }
 
 /* Compute about to use buffer k: its copy in has arrived and its copy out has left. */
@@ -372,16 +377,20 @@ static void ring_done(trainer *t, act_ring *r, int k) {
 /* Queues the copy of buffer k (just computed) to pool entry `dst`. */
 static void ring_store(trainer *t, act_ring *r, int k, float *dst) {
     device *d = &t->dev;
+    double t0 = clock_now_ms();
     d->ops->stream_wait(d, DEV_STREAM_D2H, r->computed[k]);
     d->ops->copy_async(d, dst, r->buf[k], act_bytes(t), pool_kind(t, COPY_D2H), DEV_STREAM_D2H);
     d->ops->event_record(d, r->stored[k], DEV_STREAM_D2H);
+    t->offload_ms += clock_now_ms() - t0;
 }
 
 /* A unit starts reading pool entries the previous unit wrote: fetches wait for those stores. */
 static void pool_barrier(trainer *t) {
     device *d = &t->dev;
+    double t0 = clock_now_ms();
     d->ops->event_record(d, t->pool_mark, DEV_STREAM_D2H);
     d->ops->stream_wait(d, DEV_STREAM_H2D, t->pool_mark);
+    t->offload_ms += clock_now_ms() - t0;
 }
 
 /* After each microbatch: optionally let its compute finish before queueing the next (so the
@@ -583,6 +592,7 @@ int trainer_step(trainer *t, step_stats *st, err_t *err) {
     if (t->cfg.comm) comm_get_stats(t->cfg.comm, &c0);
     int64_t g0 = t->n_gathers, r0 = t->n_reduce_scatters, a0 = t->n_allreduces;
     t->wait_ms = 0;
+    t->offload_ms = 0;
     if (load_samples(t, err) < 0) return err_prefix(err, "step %lld", (long long)t->step);
     double loss, norm;
     if (run_step(t, &loss, &norm, err) < 0) return err_prefix(err, "step %lld", (long long)t->step);
@@ -596,7 +606,8 @@ int trainer_step(trainer *t, step_stats *st, err_t *err) {
                        .peak_bytes = t->dev.peak_bytes, .gathers = t->n_gathers - g0,
                        .reduce_scatters = t->n_reduce_scatters - r0,
                        .allreduces = t->n_allreduces - a0,
-                       .bytes_sent = c1.bytes_sent - c0.bytes_sent, .comm_wait_ms = t->wait_ms};
+                       .bytes_sent = c1.bytes_sent - c0.bytes_sent, .comm_wait_ms = t->wait_ms,
+                       .offload_ms = t->offload_ms};
     /* the job's throughput: every rank finishes the step together */
     st->samples_per_s = t->cfg.global_batch / (ms / 1e3);
     st->tokens_per_s = st->samples_per_s * t->tokens;

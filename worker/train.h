@@ -62,6 +62,9 @@ typedef struct step_stats {
     /* collectives this step (engine counters) and the bytes this rank sent */
     int64_t gathers, reduce_scatters, allreduces, bytes_sent;
     double comm_wait_ms; /* time the step waited for collectives (exposed communication) */
+    double offload_ms; /* host wall time in the offload copy calls (ring fetch/store, pool
+                        * barrier): the copies themselves on the CPU device, their queueing on
+                        * CUDA (the copies overlap compute there) */
 } step_stats;
 
 /* One kind of unit-boundary buffer (input x, output y, their gradients dy and dx): one buffer on
@@ -99,6 +102,7 @@ typedef struct trainer {
     comm_req **allreduce_req; /* replicated: per unit, the gradient all-reduce in flight */
     int64_t n_gathers, n_reduce_scatters, n_allreduces; /* running engine counters */
     double wait_ms;
+    double offload_ms; /* this step's time in the offload copy calls (step_stats.offload_ms) */
     bool comm_failed; /* a step failed in a collective (a peer died or stalled) */
     wm_acts *acts;
     int nbuf; /* buffers per act_ring: 1 (cpu) or 2 (cuda) */

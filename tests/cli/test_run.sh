@@ -111,9 +111,10 @@ assert "relative paths: data spec" grep -qF -- "--data $T/sub/shards/a.bin,/abs/
 
 cp examples/profiles/cluster-a-bert-large.json "$T/sub/prof.json"
 sed '1a profile: prof.json\nstrategy: FSDP' "$T/sub/rel.yaml" >"$T/sub/prof.yaml"
-check "profile: relative, with a note for devices it lacks" 0 "cephalo run: note: the profile has no entry for cpu-1t-0.25g with mini" -- \
+check "profile: relative; a profile of another model is refused" 2 "the profile has no entry for model mini (it has: bert-large)" -- \
   "$C" run "$T/sub/prof.yaml" --dry-run --run-dir "$T/r-prof"
-check "strategy" 0 "fsdp plan: mini" -- "$C" run "$T/sub/prof.yaml" --dry-run --run-dir "$T/r-prof"
+sed '1a strategy: FSDP' "$T/sub/rel.yaml" >"$T/sub/fsdp.yaml"
+check "strategy" 0 "fsdp plan: mini" -- "$C" run "$T/sub/fsdp.yaml" --dry-run --run-dir "$T/r-fsdp"
 
 # ---- a real run: one device ----
 

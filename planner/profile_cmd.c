@@ -1,0 +1,355 @@
+/* profile_cmd.c - `cephalo profile` (see profile_cmd.h and docs/profile.md). */
+#include "profile_cmd.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <getopt.h>
+#include <netinet/in.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "clock.h"
+#include "job.h"
+#include "log.h"
+#include "model.h"
+#include "profile.h"
+#include "profile_store.h"
+#include "strutil.h"
+
+extern char **environ;
+
+enum { EXIT_FAILED = 1, EXIT_BAD = 2 };
+#define PATH_LEN 4096
+
+static const char usage[] =
+    "usage: cephalo profile --devices LIST --model MODEL [--seq S] [--precision fp32|bf16]\n"
+    "                       [-o PROFILE.json] [--store FILE|none] [--max-micro K] [--quick]\n"
+    "\n"
+    "Measures the cost model of the local devices for MODEL (docs/profile.md): per-layer forward\n"
+    "and backward time and compute memory at microbatch 1..K (until the device's memory is full)\n"
+    "on each distinct device type, and AllGather/ReduceScatter latency against message size, even\n"
+    "and uneven, over all the devices. Writes PROFILE.json (with -o) and merges it into the\n"
+    "profile store ($CEPHALO_PROFILE_STORE, else ~/.cache/cephalo/profiles.json), which\n"
+    "`cephalo plan/compare/run` use when no --profile is given.\n"
+    "  --devices LIST     CPU devices as in `cephalo run`: cpu:THREADSt:MEMORY[xCOUNT],...\n"
+    "  --max-micro K      largest microbatch measured (default 8); beyond it costs are linear\n"
+    "  --quick            fewer repetitions (tests)\n"
+    "  --comm-max-bytes N largest collective measured (default 4M)\n";
+
+static int bad(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int bad(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "cephalo profile: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n(see 'cephalo profile --help')\n");
+    va_end(ap);
+    return EXIT_BAD;
+}
+
+static int failed(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int failed(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "cephalo profile: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    return EXIT_FAILED;
+}
+
+/* $CEPHALO_WORKER, else cephalo-worker next to this program. */
+static int find_worker(char *out) {
+    const char *env = getenv("CEPHALO_WORKER");
+    if (env && *env) {
+        snprintf(out, PATH_LEN, "%s", env);
+    } else {
+        char self[PATH_LEN];
+        ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+        if (n <= 0) return failed("cannot find this program's directory; set $CEPHALO_WORKER");
+        self[n] = '\0';
+        *strrchr(self, '/') = '\0';
+        snprintf(out, PATH_LEN, "%.4000s/cephalo-worker", self);
+    }
+    if (access(out, X_OK) != 0) return failed("%s: cannot execute the worker: %s (set $CEPHALO_WORKER)", out, strerror(errno));
+    return 0;
+}
+
+static int free_port(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    int ok = fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 && getsockname(fd, (struct sockaddr *)&a, &len) == 0;
+    if (fd >= 0) close(fd);
+    return ok ? ntohs(a.sin_port) : -1;
+}
+
+/* Starts argv with extra environment entries (NULL-terminated); the pid, or -1. */
+static pid_t start(char *const argv[], char *const extra[]) {
+    pid_t pid = fork();
+    if (pid != 0) return pid;
+    for (int i = 0; extra && extra[i]; i++) {
+        char *eq = strchr(extra[i], '=');
+        *eq = '\0';
+        setenv(extra[i], eq + 1, 1);
+    }
+    execve(argv[0], argv, environ);
+    fprintf(stderr, "cephalo profile: cannot run %s: %s\n", argv[0], strerror(errno));
+    _exit(127);
+}
+
+static int finish(pid_t pid) {
+    int st;
+    while (waitpid(pid, &st, 0) < 0)
+        if (errno != EINTR) return -1;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+static void fmt_duration(double s, char *buf, size_t n) {
+    long t = (long)(s + 0.5);
+    snprintf(buf, n, "%ld:%02ld", t / 60, t % 60);
+}
+
+typedef struct popts {
+    const char *devices, *model, *out, *store, *precision;
+    long seq, max_micro;
+    char comm_max[32];
+    bool quick;
+} popts;
+
+static int parse(int argc, char **argv, popts *o) {
+    enum { O_DEVICES = 256, O_MODEL, O_SEQ, O_PREC, O_STORE, O_MAXM, O_QUICK, O_COMMMAX };
+    static const struct option longopts[] = {
+        {"devices", 1, 0, O_DEVICES}, {"model", 1, 0, O_MODEL},   {"seq", 1, 0, O_SEQ},
+        {"precision", 1, 0, O_PREC},  {"store", 1, 0, O_STORE},   {"max-micro", 1, 0, O_MAXM},
+        {"quick", 0, 0, O_QUICK},     {"comm-max-bytes", 1, 0, O_COMMMAX},
+        {"output", 1, 0, 'o'},        {"help", 0, 0, 'h'},        {0, 0, 0, 0}};
+    optind = 1;
+    opterr = 0;
+    int ch;
+    while ((ch = getopt_long(argc, argv, ":o:h", longopts, NULL)) != -1) {
+        switch (ch) {
+        case O_DEVICES: o->devices = optarg; break;
+        case O_MODEL: o->model = optarg; break;
+        case O_SEQ:
+            if (!str_to_long(optarg, &o->seq) || o->seq < 1) return bad("--seq: '%s' is not a positive integer", optarg);
+            break;
+        case O_PREC:
+            if (strcmp(optarg, "fp32") && strcmp(optarg, "bf16")) return bad("--precision: '%s' is not fp32 or bf16", optarg);
+            o->precision = optarg;
+            break;
+        case O_STORE: o->store = optarg; break;
+        case O_MAXM:
+            if (!str_to_long(optarg, &o->max_micro) || o->max_micro < 1 || o->max_micro > 4096)
+                return bad("--max-micro: '%s' is not an integer in [1, 4096]", optarg);
+            break;
+        case O_QUICK: o->quick = true; break;
+        case O_COMMMAX: snprintf(o->comm_max, sizeof o->comm_max, "%.30s", optarg); break;
+        case 'o': o->out = optarg; break;
+        case 'h': fputs(usage, stdout); exit(0);
+        case ':': return bad("option '%s' needs a value", argv[optind - 1]);
+        default: return bad("unknown option '%s'", argv[optind - 1]);
+        }
+    }
+    if (optind < argc) return bad("unexpected argument '%s'", argv[optind]);
+    if (!o->devices) return bad("%s", "--devices is required (e.g. --devices cpu:1t:512M,cpu:1t:512M)");
+    if (!o->model) return bad("%s", "--model is required");
+    return 0;
+}
+
+/* Element-wise mean of the curves of `one` into `sum` (same microbatches: the shorter wins). */
+static void accumulate(profile_entry *sum, const profile_entry *one, int k) {
+    if (one->n_points < sum->n_points) sum->n_points = one->n_points;
+    profile_curve *cs[] = {&sum->block, &sum->embedding, &sum->head};
+    const profile_curve *co[] = {&one->block, &one->embedding, &one->head};
+    for (int c = 0; c < 3; c++)
+        for (int i = 0; i < sum->n_points; i++) {
+            cs[c]->fwd_ms[i] = (cs[c]->fwd_ms[i] * k + co[c]->fwd_ms[i]) / (k + 1);
+            cs[c]->bwd_ms[i] = (cs[c]->bwd_ms[i] * k + co[c]->bwd_ms[i]) / (k + 1);
+        }
+}
+
+/* The compute profile of one device type, measured on `count` devices at once (so that the
+ * devices share the machine's cores, caches and memory bandwidth as they do in training), the
+ * mean of their medians; merged into p. */
+static int profile_type(const popts *o, const char *worker, const job_device *d, int count, const char *tmp, int step,
+                        int steps, profile *p) {
+    char threads[24], mem[32], seq[24], maxm[24], name[40];
+    snprintf(threads, sizeof threads, "%d", d->threads);
+    snprintf(mem, sizeof mem, "%lld", (long long)d->memory_bytes);
+    snprintf(seq, sizeof seq, "%ld", o->seq);
+    snprintf(maxm, sizeof maxm, "%ld", o->max_micro);
+    snprintf(name, sizeof name, "cpu-%dt", d->threads);
+    char human[32];
+    str_bytes((double)d->memory_bytes, human, sizeof human);
+    fprintf(stderr, "cephalo profile: [%d/%d] compute: %s on %s (%d thread%s, %s memory), microbatch 1..%ld, %d device%s at once\n",
+            step, steps, o->model, name, d->threads, d->threads == 1 ? "" : "s", human, o->max_micro, count,
+            count == 1 ? "" : "s");
+    pid_t *pids = xcalloc((size_t)count, sizeof(pid_t));
+    char (*out)[PATH_LEN + 16] = xcalloc((size_t)count, sizeof *out);
+    int rc = 0;
+    for (int i = 0; i < count; i++) {
+        snprintf(out[i], sizeof out[i], "%s.%d", tmp, i);
+        char *argv[32];
+        int n = 0;
+        argv[n++] = (char *)worker;
+        argv[n++] = "profile";
+        argv[n++] = "--model", argv[n++] = (char *)o->model;
+        if (o->seq) argv[n++] = "--seq", argv[n++] = seq;
+        argv[n++] = "--precision", argv[n++] = (char *)o->precision;
+        argv[n++] = "--device", argv[n++] = "cpu";
+        argv[n++] = "--threads", argv[n++] = threads;
+        argv[n++] = "--memory", argv[n++] = mem;
+        argv[n++] = "--max-micro", argv[n++] = maxm;
+        argv[n++] = "--name", argv[n++] = name;
+        if (o->quick) argv[n++] = "--min-time-ms", argv[n++] = "20";
+        if (i > 0) argv[n++] = "--quiet"; /* one device's progress lines are enough */
+        argv[n++] = "-o", argv[n++] = out[i];
+        argv[n] = NULL;
+        pids[i] = start(argv, NULL);
+        if (pids[i] < 0) rc = failed("fork: %s", strerror(errno));
+    }
+    for (int i = 0; i < count; i++) {
+        if (pids[i] <= 0) continue;
+        int st = finish(pids[i]);
+        if (st && !rc) rc = failed("profiling %s on %s failed (exit %d)", o->model, name, st);
+    }
+    profile sum = {0};
+    err_t err;
+    for (int i = 0; i < count && !rc; i++) {
+        profile one;
+        if (profile_load_file(out[i], &one, &err) < 0) {
+            rc = failed("%s", err.msg);
+            break;
+        }
+        if (i == 0) sum = one;
+        else accumulate(&sum.entries[0], &one.entries[0], i), profile_free(&one);
+    }
+    for (int i = 0; i < count; i++) unlink(out[i]);
+    if (!rc) profile_merge(p, &sum);
+    profile_free(&sum);
+    free(pids), free(out);
+    return rc;
+}
+
+/* The collectives over `world` ranks into tmp; merged into p. */
+static int run_comm_profile(const popts *o, const char *worker, int world, const char *tmp, int step, int steps,
+                        profile *p) {
+    int port = free_port();
+    if (port < 0) return failed("cannot find a free TCP port on 127.0.0.1: %s", strerror(errno));
+    fprintf(stderr, "cephalo profile: [%d/%d] collectives: allgather and reduce-scatter over %d ranks, even and uneven shards\n",
+            step, steps, world);
+    pid_t *pids = xcalloc((size_t)world, sizeof(pid_t));
+    char ws[32], mp[32], ma[] = "MASTER_ADDR=127.0.0.1", omp[] = "OMP_NUM_THREADS=1";
+    snprintf(ws, sizeof ws, "WORLD_SIZE=%d", world);
+    snprintf(mp, sizeof mp, "MASTER_PORT=%d", port);
+    int rc = 0;
+    for (int r = 0; r < world; r++) {
+        char rank[32];
+        snprintf(rank, sizeof rank, "RANK=%d", r);
+        char *extra[] = {rank, ws, mp, ma, omp, NULL};
+        char *argv[] = {(char *)worker, "profile-comm", "--max-bytes", o->comm_max[0] ? (char *)o->comm_max : "4M",
+                        "--reps", o->quick ? "3" : "9", "-o", (char *)tmp, NULL};
+        pids[r] = start(argv, extra);
+        if (pids[r] < 0) rc = failed("fork: %s", strerror(errno));
+    }
+    for (int r = 0; r < world; r++) {
+        if (pids[r] <= 0) continue;
+        int st = finish(pids[r]);
+        if (st && !rc) rc = failed("profiling the collectives failed (rank %d: exit %d)", r, st);
+    }
+    free(pids);
+    if (rc) return rc;
+    profile one;
+    err_t err;
+    if (profile_load_file(tmp, &one, &err) < 0) return failed("%s", err.msg);
+    profile_merge(p, &one);
+    profile_free(&one);
+    unlink(tmp);
+    return 0;
+}
+
+/* Merges p into the store (created when missing). */
+static int merge_store(const char *path, const profile *p) {
+    profile st = {0};
+    err_t err;
+    if (access(path, F_OK) == 0 && profile_load_file(path, &st, &err) < 0)
+        return failed("the profile store cannot be read: %s (move it away, or --store another file)", err.msg);
+    int before = st.n_entries + st.n_comm;
+    int replaced = profile_merge(&st, p);
+    int rc = profile_save(&st, path, &err);
+    if (rc == 0)
+        fprintf(stderr, "cephalo profile: merged into the profile store %s (%d new, %d replaced; %d entries, %d collectives)\n",
+                path, st.n_entries + st.n_comm - before, replaced, st.n_entries, st.n_comm);
+    profile_free(&st);
+    return rc < 0 ? failed("%s", err.msg) : 0;
+}
+
+int profile_main(int argc, char **argv) {
+    popts o = {.precision = "fp32", .max_micro = 8};
+    int rc = parse(argc, argv, &o);
+    if (rc) return rc;
+    err_t err;
+    model_spec model;
+    if (model_resolve(o.model, &model, &err) < 0) return bad("--model: %s", err.msg);
+    int seq;
+    if (model_check_seq(&model, (int)o.seq, &seq, &err) < 0) return bad("--seq: %s", err.msg);
+    job j;
+    memset(&j, 0, sizeof j);
+    if (job_set_devices(&j, o.devices, &err) < 0) {
+        job_free(&j);
+        return bad("%s", err.msg);
+    }
+    char store[PATH_LEN];
+    bool use_store = o.store ? strcmp(o.store, "none") != 0 : profile_store_path(store, sizeof store);
+    if (o.store && use_store) snprintf(store, sizeof store, "%s", o.store);
+    if (!o.out && !use_store) {
+        job_free(&j);
+        return bad("%s", "nothing to write: give -o FILE, or a profile store");
+    }
+    char worker[PATH_LEN];
+    if ((rc = find_worker(worker))) return job_free(&j), rc;
+    /* one compute profile per distinct thread count (the device type the planner looks up), with
+     * the most memory any device of that type has */
+    job_device *types = xcalloc((size_t)j.n_items, sizeof *types);
+    int n_types = 0;
+    for (int i = 0; i < j.n_items; i++) {
+        int k = 0;
+        while (k < n_types && types[k].threads != j.items[i].threads) k++;
+        if (k == n_types) types[n_types] = j.items[i], types[n_types++].count = 0;
+        else if (j.items[i].memory_bytes > types[k].memory_bytes) types[k].memory_bytes = j.items[i].memory_bytes;
+        types[k].count += j.items[i].count;
+    }
+    int world = j.n_devices, steps = n_types + (world > 1);
+    char tmp[PATH_LEN];
+    snprintf(tmp, sizeof tmp, "%s/cephalo-profile-%d.json", getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp",
+             (int)getpid());
+    profile p = {0};
+    double t0 = clock_now_s();
+    for (int k = 0; k < n_types && !rc; k++) {
+        rc = profile_type(&o, worker, &types[k], types[k].count, tmp, k + 1, steps, &p);
+        if (!rc) {
+            char el[48], eta[48];
+            double s = clock_now_s() - t0;
+            fmt_duration(s, el, sizeof el);
+            fmt_duration(s / (k + 1) * (steps - k - 1), eta, sizeof eta);
+            fprintf(stderr, "cephalo profile: [%d/%d] done in %s | ETA %s\n", k + 1, steps, el, eta);
+        }
+    }
+    if (!rc && world > 1) rc = run_comm_profile(&o, worker, world, tmp, steps, steps, &p);
+    unlink(tmp);
+    if (!rc && o.out && profile_save(&p, o.out, &err) < 0) rc = failed("%s", err.msg);
+    if (!rc && o.out)
+        fprintf(stderr, "cephalo profile: wrote %s (%d entr%s, %d collectives) in %.1f s\n", o.out, p.n_entries,
+                p.n_entries == 1 ? "y" : "ies", p.n_comm, clock_now_s() - t0);
+    if (!rc && use_store) rc = merge_store(store, &p);
+    profile_free(&p);
+    free(types);
+    job_free(&j);
+    return rc;
+}

@@ -1,0 +1,188 @@
+/* profile_store.c - profile files out (JSON), merging, and the store (see profile_store.h). */
+#include "profile_store.h"
+
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "fileio.h"
+#include "log.h"
+#include "strutil.h"
+
+/* ---- JSON out ---- */
+
+static cJSON *numbers(const double *v, int n) {
+    cJSON *a = cJSON_CreateArray();
+    for (int i = 0; i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(v[i]));
+    return a;
+}
+
+static void add_curve(cJSON *o, const char *key, const profile_curve *c, int n) {
+    if (!c->present) return;
+    cJSON *cv = cJSON_AddObjectToObject(o, key);
+    cJSON_AddItemToObject(cv, "fwd_ms", numbers(c->fwd_ms, n));
+    cJSON_AddItemToObject(cv, "bwd_ms", numbers(c->bwd_ms, n));
+}
+
+char *profile_to_json(const profile *p) {
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "format", PROFILE_FORMAT);
+    cJSON_AddNumberToObject(root, "version", PROFILE_VERSION);
+    cJSON *entries = cJSON_AddArrayToObject(root, "entries");
+    for (int i = 0; i < p->n_entries; i++) {
+        const profile_entry *e = &p->entries[i];
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "device", e->device);
+        cJSON_AddStringToObject(o, "model", e->model);
+        cJSON_AddNumberToObject(o, "seq", e->seq);
+        cJSON_AddStringToObject(o, "precision", e->bf16 ? "bf16" : "fp32");
+        cJSON *mb = cJSON_AddArrayToObject(o, "microbatch");
+        for (int k = 0; k < e->n_points; k++) cJSON_AddItemToArray(mb, cJSON_CreateNumber(e->microbatch[k]));
+        add_curve(o, "block", &e->block, e->n_points);
+        add_curve(o, "embedding", &e->embedding, e->n_points);
+        add_curve(o, "head", &e->head, e->n_points);
+        if (e->compute_bytes) cJSON_AddItemToObject(o, "compute_bytes", numbers(e->compute_bytes, e->n_points));
+        cJSON_AddItemToArray(entries, o);
+    }
+    if (p->n_comm) {
+        cJSON *comm = cJSON_AddArrayToObject(root, "comm");
+        for (int i = 0; i < p->n_comm; i++) {
+            const profile_comm *c = &p->comm[i];
+            cJSON *o = cJSON_CreateObject();
+            cJSON_AddNumberToObject(o, "world", c->world);
+            cJSON_AddStringToObject(o, "op", c->reduce_scatter ? "reduce_scatter" : "allgather");
+            cJSON_AddItemToObject(o, "bytes", numbers(c->bytes, c->n_points));
+            cJSON_AddItemToObject(o, "ms", numbers(c->ms, c->n_points));
+            if (c->uneven_ms) cJSON_AddItemToObject(o, "uneven_ms", numbers(c->uneven_ms, c->n_points));
+            cJSON_AddItemToArray(comm, o);
+        }
+    }
+    char *text = cJSON_Print(root);
+    cJSON_Delete(root);
+    CHECK(text != NULL);
+    size_t len = strlen(text);
+    text = xrealloc(text, len + 2);
+    text[len] = '\n', text[len + 1] = '\0';
+    return text;
+}
+
+int profile_save(const profile *p, const char *path, err_t *err) {
+    char *dir = xstrdup(path), *slash = strrchr(dir, '/');
+    int rc = 0;
+    if (slash && slash != dir) {
+        *slash = '\0';
+        rc = file_make_dir(dir, true, err);
+    }
+    free(dir);
+    if (rc < 0) return err_prefix(err, "%s", path);
+    char *text = profile_to_json(p);
+    rc = file_write_atomic(path, text, strlen(text), err);
+    free(text);
+    return rc;
+}
+
+/* ---- merging ---- */
+
+static double *dup_doubles(const double *v, int n) {
+    return v ? memcpy(xmalloc((size_t)n * sizeof *v), v, (size_t)n * sizeof *v) : NULL;
+}
+
+static profile_curve dup_curve(const profile_curve *c, int n) {
+    return (profile_curve){c->present, dup_doubles(c->fwd_ms, n), dup_doubles(c->bwd_ms, n)};
+}
+
+static void free_entry(profile_entry *e) {
+    free(e->microbatch);
+    free(e->block.fwd_ms), free(e->block.bwd_ms);
+    free(e->embedding.fwd_ms), free(e->embedding.bwd_ms);
+    free(e->head.fwd_ms), free(e->head.bwd_ms);
+    free(e->compute_bytes);
+}
+
+static profile_entry dup_entry(const profile_entry *s) {
+    profile_entry e = *s;
+    int n = s->n_points;
+    e.microbatch = memcpy(xmalloc((size_t)n * sizeof(int)), s->microbatch, (size_t)n * sizeof(int));
+    e.block = dup_curve(&s->block, n);
+    e.embedding = dup_curve(&s->embedding, n);
+    e.head = dup_curve(&s->head, n);
+    e.compute_bytes = dup_doubles(s->compute_bytes, n);
+    return e;
+}
+
+static bool same_entry(const profile_entry *a, const profile_entry *b) {
+    char na[64], nb[64];
+    str_normalize(a->device, na, sizeof na);
+    str_normalize(b->device, nb, sizeof nb);
+    return !strcmp(na, nb) && !strcasecmp(a->model, b->model) && a->seq == b->seq && a->bf16 == b->bf16;
+}
+
+int profile_merge(profile *dst, const profile *src) {
+    int replaced = 0;
+    for (int i = 0; i < src->n_entries; i++) {
+        profile_entry e = dup_entry(&src->entries[i]);
+        int k = 0;
+        while (k < dst->n_entries && !same_entry(&dst->entries[k], &e)) k++;
+        if (k < dst->n_entries) {
+            free_entry(&dst->entries[k]);
+            replaced++;
+        } else {
+            dst->entries = xrealloc(dst->entries, (size_t)(dst->n_entries + 1) * sizeof *dst->entries);
+            dst->n_entries++;
+        }
+        dst->entries[k] = e;
+    }
+    for (int i = 0; i < src->n_comm; i++) {
+        const profile_comm *s = &src->comm[i];
+        profile_comm c = {s->world, s->reduce_scatter, s->n_points, dup_doubles(s->bytes, s->n_points),
+                          dup_doubles(s->ms, s->n_points), dup_doubles(s->uneven_ms, s->n_points)};
+        int k = 0;
+        while (k < dst->n_comm && !(dst->comm[k].world == c.world && dst->comm[k].reduce_scatter == c.reduce_scatter)) k++;
+        if (k < dst->n_comm) {
+            free(dst->comm[k].bytes), free(dst->comm[k].ms), free(dst->comm[k].uneven_ms);
+            replaced++;
+        } else {
+            dst->comm = xrealloc(dst->comm, (size_t)(dst->n_comm + 1) * sizeof *dst->comm);
+            dst->n_comm++;
+        }
+        dst->comm[k] = c;
+    }
+    return replaced;
+}
+
+/* ---- the store ---- */
+
+bool profile_store_path(char *buf, size_t n) {
+    const char *env = getenv("CEPHALO_PROFILE_STORE");
+    if (env) {
+        if (!*env || !strcmp(env, "none")) return false;
+        snprintf(buf, n, "%s", env);
+        return true;
+    }
+    const char *home = getenv("HOME");
+    if (!home || !*home) return false;
+    snprintf(buf, n, "%s/.cache/cephalo/profiles.json", home);
+    return true;
+}
+
+bool profile_has_model(const profile *p, const char *model) {
+    for (int i = 0; i < p->n_entries; i++)
+        if (!strcasecmp(p->entries[i].model, model)) return true;
+    return false;
+}
+
+void profile_models(const profile *p, char *buf, size_t n) {
+    size_t used = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < p->n_entries; i++) {
+        bool seen = false;
+        for (int k = 0; k < i && !seen; k++) seen = !strcasecmp(p->entries[k].model, p->entries[i].model);
+        if (seen) continue;
+        int w = snprintf(buf + used, n - used, "%s%s", used ? ", " : "", p->entries[i].model);
+        if (w < 0 || (size_t)w >= n - used) break;
+        used += (size_t)w;
+    }
+    if (!used) snprintf(buf, n, "none");
+}

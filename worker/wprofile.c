@@ -1,0 +1,558 @@
+/* wprofile.c - `cephalo-worker profile` and `cephalo-worker profile-comm` (see wprofile.h and
+ * docs/profile.md). */
+#include "wprofile.h"
+
+#include <getopt.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "clock.h"
+#include "comm.h"
+#include "device.h"
+#include "engine_mem.h"
+#include "log.h"
+#include "model.h"
+#include "profile_store.h"
+#include "strutil.h"
+#include "wmodel.h"
+
+enum { EXIT_RUNTIME = 1, EXIT_BAD_INPUT = 2 };
+
+#define MAX_REPS 50
+
+static int bad(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int bad(const char *cmd, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "cephalo-worker %s: ", cmd);
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n(see 'cephalo-worker --help')\n");
+    va_end(ap);
+    return EXIT_BAD_INPUT;
+}
+
+static int size_arg(const char *arg, int64_t *out) {
+    char *end;
+    double v = strtod(arg, &end), mul = 1;
+    if (*end == 'K' || *end == 'k') mul = 1 << 10, end++;
+    else if (*end == 'M' || *end == 'm') mul = 1 << 20, end++;
+    else if (*end == 'G' || *end == 'g') mul = 1 << 30, end++;
+    if (*end == 'i') end++;
+    if (*end == 'B') end++;
+    if (end == arg || *end || !(v > 0) || v * mul > 9e18) return -1;
+    *out = (int64_t)(v * mul);
+    return 0;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* ---- compute ---------------------------------------------------------------------------- */
+
+typedef enum { OP_EMB_FWD, OP_EMB_BWD, OP_BLK_FWD, OP_BLK_BWD, OP_HEAD, N_OPS } prof_op;
+
+typedef struct prof_ctx {
+    device dev;
+    const model_spec *m;
+    int seq, T, mb, n_units;
+    bool cuda, copies, bf16;
+    double min_ms; /* least time spent per measurement */
+    int min_reps;
+    /* device */
+    float *pslot[2], *gslot[2], *ax[2], *ay[2], *ady[2], *adx[2], *img;
+    uint16_t *pbf[2];
+    int32_t *ids, *tgt;
+    wm_acts *acts;
+    /* host */
+    float *hx, *hy, *hdy, *hdx, *himg, *row_scale;
+    int32_t *hids, *htgt;
+    size_t act_bytes;
+} prof_ctx;
+
+static void up(prof_ctx *c, void *dst, const void *src, size_t bytes) {
+    c->dev.ops->copy_async(&c->dev, dst, src, bytes, COPY_H2D, DEV_STREAM_COMPUTE);
+}
+
+static void down(prof_ctx *c, void *dst, const void *src, size_t bytes) {
+    c->dev.ops->copy_async(&c->dev, dst, src, bytes, COPY_D2H, DEV_STREAM_COMPUTE);
+}
+
+static void upload_inputs(prof_ctx *c, bool targets) {
+    int64_t rows = (int64_t)c->mb * c->T;
+    if (c->m->arch == ARCH_VIT) {
+        int64_t img = (int64_t)c->m->channels * c->m->image * c->m->image;
+        up(c, c->img, c->himg, (size_t)(c->mb * img) * 4);
+        if (targets) up(c, c->tgt, c->htgt, (size_t)c->mb * 4);
+        return;
+    }
+    up(c, c->ids, c->hids, (size_t)rows * 4);
+    if (targets) up(c, c->tgt, c->htgt, (size_t)rows * 4);
+}
+
+/* One microbatch of one unit as the engine's step runs it (worker/train.c): the forward phase
+ * (inputs in, forward, output out to the offload pool), the backward phase (checkpoint and output
+ * gradient in, recompute, backward, input gradient out) and the fused head. */
+static void run_op(prof_ctx *c, prof_op op) {
+    device *d = &c->dev;
+    const model_spec *m = c->m;
+    wm_batch b = {.m = c->mb, .T = c->T, .ids = c->ids, .targets = c->tgt, .images = c->img,
+                  .row_scale = c->row_scale};
+    switch (op) {
+    case OP_EMB_FWD:
+        upload_inputs(c, false);
+        wm_unit_forward(d, m, 0, c->pslot[0], &b, c->ax[0], c->ay[0], c->acts);
+        if (c->copies) down(c, c->hy, c->ay[0], c->act_bytes);
+        break;
+    case OP_EMB_BWD:
+        upload_inputs(c, false);
+        if (c->copies) up(c, c->ady[0], c->hdy, c->act_bytes);
+        wm_unit_forward(d, m, 0, c->pslot[0], &b, c->ax[0], c->ay[0], c->acts);
+        wm_unit_backward(d, m, 0, c->pslot[0], c->gslot[0], &b, c->ax[0], c->ady[0], NULL, c->acts);
+        break;
+    case OP_BLK_FWD:
+        if (c->copies) up(c, c->ax[0], c->hx, c->act_bytes);
+        wm_unit_forward(d, m, 1, c->pslot[0], &b, c->ax[0], c->ay[0], c->acts);
+        if (c->copies) down(c, c->hy, c->ay[0], c->act_bytes);
+        break;
+    case OP_BLK_BWD:
+        if (c->copies) up(c, c->ax[0], c->hx, c->act_bytes), up(c, c->ady[0], c->hdy, c->act_bytes);
+        wm_unit_forward(d, m, 1, c->pslot[0], &b, c->ax[0], c->ay[0], c->acts);
+        wm_unit_backward(d, m, 1, c->pslot[0], c->gslot[0], &b, c->ax[0], c->ady[0], c->adx[0], c->acts);
+        if (c->copies) down(c, c->hdx, c->adx[0], c->act_bytes);
+        break;
+    case OP_HEAD:
+        upload_inputs(c, true);
+        if (c->copies) up(c, c->ax[0], c->hx, c->act_bytes);
+        wm_head_step(d, m, c->pslot[0], c->gslot[0], m->tied_head ? c->pslot[1] : NULL,
+                     m->tied_head ? c->gslot[1] : NULL, &b, c->ax[0], c->adx[0], c->acts, NULL);
+        if (c->copies) down(c, c->hdx, c->adx[0], c->act_bytes);
+        break;
+    default: break;
+    }
+}
+
+/* Median of repetitions after a warm-up: at least min_reps of them and min_ms in all. */
+static double time_op(prof_ctx *c, prof_op op) {
+    double t[MAX_REPS];
+    run_op(c, op);
+    c->dev.ops->sync(&c->dev);
+    double spent = 0;
+    int n = 0;
+    while (n < MAX_REPS && (n < c->min_reps || spent < c->min_ms)) {
+        double t0 = clock_now_ms();
+        run_op(c, op);
+        c->dev.ops->sync(&c->dev);
+        t[n] = clock_now_ms() - t0;
+        spent += t[n++];
+    }
+    return median(t, n);
+}
+
+/* The unit's parameters into slot s (the embedding's into slot 1 for tied heads). */
+static void load_unit(prof_ctx *c, int unit, int s) {
+    int64_t n = model_unit_params(c->m, unit);
+    float *h = xmalloc((size_t)n * sizeof(float));
+    wm_init_range(c->m, unit, 1, 0, n, h);
+    dev_upload(&c->dev, c->pslot[s], h, (size_t)n * sizeof(float));
+    free(h);
+}
+
+static void *dalloc(prof_ctx *c, int64_t bytes, const char *what, bool *ok) {
+    if (!*ok) return NULL;
+    void *p = dev_alloc(&c->dev, (size_t)bytes, what);
+    if (!p) *ok = false;
+    return p;
+}
+
+static void free_buffers(prof_ctx *c) {
+    device *d = &c->dev;
+    if (c->acts) wm_acts_free(d, c->acts);
+    c->acts = NULL;
+    float **fs[] = {c->pslot, c->gslot, c->ax, c->ay, c->ady, c->adx};
+    for (int k = 0; k < 6; k++)
+        for (int s = 0; s < 2; s++)
+            if (fs[k][s]) dev_free(d, fs[k][s]), fs[k][s] = NULL;
+    for (int s = 0; s < 2; s++)
+        if (c->pbf[s]) dev_free(d, c->pbf[s]), c->pbf[s] = NULL;
+    if (c->ids) dev_free(d, c->ids), c->ids = NULL;
+    if (c->tgt) dev_free(d, c->tgt), c->tgt = NULL;
+    if (c->img) dev_free(d, c->img), c->img = NULL;
+    void **hs[] = {(void **)&c->hx, (void **)&c->hy, (void **)&c->hdy, (void **)&c->hdx,
+                   (void **)&c->himg, (void **)&c->hids, (void **)&c->htgt};
+    for (int k = 0; k < 7; k++) free(*hs[k]), *hs[k] = NULL;
+    free(c->row_scale), c->row_scale = NULL;
+}
+
+/* Everything a sharded rank's engine allocates besides the training state, for microbatch mb
+ * (engine_compute_bytes): false when the device cannot hold it. */
+static bool alloc_buffers(prof_ctx *c, int mb, err_t *err) {
+    const model_spec *m = c->m;
+    c->mb = mb;
+    int64_t rows = (int64_t)mb * c->T, act = rows * m->d_model;
+    c->act_bytes = (size_t)act * 4;
+    int64_t slot = engine_max_unit_params(m);
+    bool ok = true;
+    dev_set_context(&c->dev, "microbatch %d", mb);
+    for (int s = 0; s < 2; s++) {
+        c->pslot[s] = dalloc(c, slot * 4, "gathered parameters", &ok);
+        c->gslot[s] = dalloc(c, slot * 4, "full gradients", &ok);
+        if (c->bf16) c->pbf[s] = dalloc(c, slot * 2, "bf16 gather buffer", &ok);
+    }
+    if (ok && (c->acts = wm_acts_new(&c->dev, m, mb, c->seq, err)) == NULL) ok = false;
+    int nbuf = c->cuda ? 2 : 1;
+    for (int s = 0; s < nbuf; s++) {
+        c->ax[s] = dalloc(c, act * 4, "unit input", &ok);
+        c->ay[s] = dalloc(c, act * 4, "unit output", &ok);
+        c->ady[s] = dalloc(c, act * 4, "output gradient", &ok);
+        c->adx[s] = dalloc(c, act * 4, "input gradient", &ok);
+    }
+    c->ids = dalloc(c, rows * 4, "token ids", &ok);
+    c->tgt = dalloc(c, rows * 4, "targets", &ok);
+    int64_t img = m->arch == ARCH_VIT ? (int64_t)m->channels * m->image * m->image : 0;
+    if (img) c->img = dalloc(c, mb * img * 4, "images", &ok);
+    if (!ok) {
+        if (!c->acts || c->dev.err.msg[0]) *err = c->dev.err;
+        return false;
+    }
+    /* host side: the offload pool's entries and the step's samples */
+    c->hx = xmalloc(c->act_bytes), c->hy = xmalloc(c->act_bytes);
+    c->hdy = xmalloc(c->act_bytes), c->hdx = xmalloc(c->act_bytes);
+    c->hids = xmalloc((size_t)rows * 4), c->htgt = xmalloc((size_t)rows * 4);
+    c->row_scale = xmalloc((size_t)mb * sizeof(float));
+    uint64_t r = 88172645463325252ull;
+    for (int64_t i = 0; i < act; i++) {
+        r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+        c->hx[i] = (float)((double)(r >> 11) / 9007199254740992.0 - 0.5);
+        c->hdy[i] = c->hx[i] * 1e-3f;
+    }
+    int classes = m->arch == ARCH_VIT ? m->n_classes : m->vocab;
+    for (int64_t i = 0; i < rows; i++) {
+        r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+        c->hids[i] = (int32_t)(r % (uint64_t)(m->vocab > 0 ? m->vocab : 1));
+        c->htgt[i] = (int32_t)(r % (uint64_t)(classes > 0 ? classes : 1));
+    }
+    if (img) {
+        c->himg = xmalloc((size_t)(mb * img) * 4);
+        for (int64_t i = 0; i < mb * img; i++) c->himg[i] = (float)((i * 7919) % 255) / 255.0f;
+    }
+    for (int i = 0; i < mb; i++) c->row_scale[i] = (float)(1.0 / ((double)mb * c->T));
+    dev_upload(&c->dev, c->ax[0], c->hx, c->act_bytes);
+    dev_upload(&c->dev, c->ady[0], c->hdy, c->act_bytes);
+    dev_zero(&c->dev, c->gslot[0], slot);
+    dev_zero(&c->dev, c->gslot[1], slot);
+    return true;
+}
+
+static void fmt_eta(double s, char *buf, size_t n) {
+    long t = (long)(s + 0.5);
+    snprintf(buf, n, "%ld:%02ld", t / 60, t % 60);
+}
+
+typedef struct compute_opts {
+    const char *model, *out, *name, *device, *precision;
+    long seq, max_micro, threads, gpu;
+    int64_t memory;
+    double min_ms;
+    bool quiet;
+} compute_opts;
+
+static int parse_compute(int argc, char **argv, compute_opts *o) {
+    enum { O_MODEL = 256, O_SEQ, O_PREC, O_DEVICE, O_THREADS, O_MEMORY, O_MAXM, O_NAME, O_MINMS,
+           O_GPU, O_QUIET };
+    static const struct option longopts[] = {
+        {"model", 1, 0, O_MODEL},      {"seq", 1, 0, O_SEQ},         {"precision", 1, 0, O_PREC},
+        {"device", 1, 0, O_DEVICE},    {"threads", 1, 0, O_THREADS}, {"memory", 1, 0, O_MEMORY},
+        {"max-micro", 1, 0, O_MAXM},   {"name", 1, 0, O_NAME},       {"min-time-ms", 1, 0, O_MINMS},
+        {"gpu", 1, 0, O_GPU},          {"quiet", 0, 0, O_QUIET},     {"output", 1, 0, 'o'},
+        {0, 0, 0, 0}};
+    optind = 1;
+    opterr = 0;
+    int ch;
+    while ((ch = getopt_long(argc, argv, ":o:", longopts, NULL)) != -1) {
+        switch (ch) {
+        case O_MODEL: o->model = optarg; break;
+        case O_SEQ:
+            if (!str_to_long(optarg, &o->seq) || o->seq < 1) return bad("profile", "--seq: '%s' is not a positive integer", optarg);
+            break;
+        case O_PREC:
+            if (strcmp(optarg, "fp32") && strcmp(optarg, "bf16")) return bad("profile", "--precision: '%s' is not fp32 or bf16", optarg);
+            o->precision = optarg;
+            break;
+        case O_DEVICE:
+            if (strcmp(optarg, "cpu") && strcmp(optarg, "cuda")) return bad("profile", "--device: '%s' is not cpu or cuda", optarg);
+            o->device = optarg;
+            break;
+        case O_THREADS:
+            if (!str_to_long(optarg, &o->threads) || o->threads < 1 || o->threads > 4096)
+                return bad("profile", "--threads: '%s' is not an integer in [1, 4096]", optarg);
+            break;
+        case O_GPU:
+            if (!str_to_long(optarg, &o->gpu) || o->gpu < 0 || o->gpu > 1023) return bad("profile", "--gpu: '%s' is not an integer in [0, 1023]", optarg);
+            break;
+        case O_MEMORY:
+            if (size_arg(optarg, &o->memory) < 0) return bad("profile", "--memory: '%s' is not a size (e.g. 512M, 2G)", optarg);
+            break;
+        case O_MAXM:
+            if (!str_to_long(optarg, &o->max_micro) || o->max_micro < 1 || o->max_micro > 4096)
+                return bad("profile", "--max-micro: '%s' is not an integer in [1, 4096]", optarg);
+            break;
+        case O_MINMS:
+            if (!str_to_double(optarg, &o->min_ms) || !(o->min_ms >= 0 && o->min_ms <= 60000))
+                return bad("profile", "--min-time-ms: '%s' is not a number in [0, 60000]", optarg);
+            break;
+        case O_NAME: o->name = optarg; break;
+        case O_QUIET: o->quiet = true; break;
+        case 'o': o->out = optarg; break;
+        case ':': return bad("profile", "option '%s' needs a value", argv[optind - 1]);
+        default: return bad("profile", "unknown option '%s'", argv[optind - 1]);
+        }
+    }
+    if (optind < argc) return bad("profile", "unexpected argument '%s'", argv[optind]);
+    if (!o->model) return bad("profile", "%s", "--model is required");
+    if (!o->out) return bad("profile", "%s", "-o FILE is required");
+    return 0;
+}
+
+int worker_profile(int argc, char **argv) {
+    compute_opts o = {.device = "cpu", .precision = "fp32", .max_micro = 8, .min_ms = 150};
+    int rc = parse_compute(argc, argv, &o);
+    if (rc) return rc;
+    err_t err;
+    model_spec model;
+    if (model_resolve(o.model, &model, &err) < 0) return bad("profile", "--model: %s", err.msg);
+    int seq;
+    if (model_check_seq(&model, (int)o.seq, &seq, &err) < 0) return bad("profile", "--seq: %s", err.msg);
+    bool cuda = !strcmp(o.device, "cuda");
+    char name[32];
+    if (o.name && strlen(o.name) >= sizeof name) return bad("profile", "--name: longer than %zu characters", sizeof name - 1);
+    if (o.name) snprintf(name, sizeof name, "%s", o.name);
+    else if (!cuda) snprintf(name, sizeof name, "cpu-%ldt", o.threads ? o.threads : 1);
+    else return bad("profile", "%s", "--name (the GPU's catalog type, e.g. A100-80GB) is required with --device cuda");
+
+    prof_ctx c = {.m = &model, .seq = model.arch == ARCH_VIT ? 0 : seq, .cuda = cuda, .copies = !cuda,
+                  .min_ms = o.min_ms, .min_reps = 3, .n_units = model_n_units(&model)};
+    c.T = model_tokens(&model, c.seq);
+    if (device_open(&c.dev, o.device, 0, (int)o.threads, (int)o.gpu, o.memory, &err) < 0) {
+        fprintf(stderr, "cephalo-worker profile: %s\n", err.msg);
+        return EXIT_RUNTIME;
+    }
+    bool bf16 = !strcmp(o.precision, "bf16");
+    c.bf16 = bf16;
+    c.dev.matmul = bf16 ? DEV_MATMUL_BF16 : cuda ? DEV_MATMUL_TF32 : DEV_MATMUL_FP32;
+    int K = (int)o.max_micro;
+    profile p = {0};
+    p.n_entries = 1;
+    p.entries = xcalloc(1, sizeof *p.entries);
+    profile_entry *e = &p.entries[0];
+    snprintf(e->device, sizeof e->device, "%s", name);
+    snprintf(e->model, sizeof e->model, "%s", model.name);
+    e->seq = seq;
+    e->bf16 = bf16;
+    e->microbatch = xcalloc((size_t)K, sizeof(int));
+    profile_curve *curves[] = {&e->embedding, &e->block, &e->head};
+    for (int k = 0; k < 3; k++) {
+        curves[k]->present = true;
+        curves[k]->fwd_ms = xcalloc((size_t)K, sizeof(double));
+        curves[k]->bwd_ms = xcalloc((size_t)K, sizeof(double));
+    }
+    e->compute_bytes = xcalloc((size_t)K, sizeof(double));
+    if (!o.quiet)
+        fprintf(stderr, "profile: %s on %s (%s%s%ld thread%s): per-unit times and compute memory at microbatch 1..%d\n",
+                model.name, name, o.device, cuda ? "" : ", ", cuda ? 0L : o.threads, o.threads == 1 ? "" : "s", K);
+    double start = clock_now_ms();
+    int n = 0;
+    rc = 0;
+    for (int mb = 1; mb <= K; mb++) {
+        int64_t base = c.dev.cur_bytes;
+        c.dev.peak_bytes = base;
+        err_t aerr = {0};
+        if (!alloc_buffers(&c, mb, &aerr)) {
+            free_buffers(&c);
+            if (mb == 1) {
+                fprintf(stderr, "cephalo-worker profile: the device cannot hold the compute memory of microbatch 1: %s\n",
+                        aerr.msg[0] ? aerr.msg : c.dev.err.msg);
+                rc = EXIT_RUNTIME;
+            } else if (!o.quiet) {
+                fprintf(stderr, "profile: microbatch %d does not fit the device's memory; the sweep ends at %d\n", mb, mb - 1);
+            }
+            break;
+        }
+        double bytes = (double)(c.dev.peak_bytes - base);
+        double t[N_OPS];
+        load_unit(&c, 0, 0);
+        t[OP_EMB_FWD] = time_op(&c, OP_EMB_FWD);
+        t[OP_EMB_BWD] = time_op(&c, OP_EMB_BWD);
+        load_unit(&c, 1, 0);
+        t[OP_BLK_FWD] = time_op(&c, OP_BLK_FWD);
+        t[OP_BLK_BWD] = time_op(&c, OP_BLK_BWD);
+        load_unit(&c, c.n_units - 1, 0);
+        if (model.tied_head) load_unit(&c, 0, 1);
+        t[OP_HEAD] = time_op(&c, OP_HEAD);
+        free_buffers(&c);
+        e->microbatch[n] = mb;
+        /* the cost model's terms (planner/cost.c): the forward phase adds emb fwd, L x block fwd
+         * and head fwd + bwd; the backward phase L x (block fwd + block bwd) + emb bwd, so the
+         * block's bwd is its backward phase minus its forward, and the embedding's bwd is its
+         * whole backward phase (its recompute included). The head runs fused: 1/3 fwd, 2/3 bwd. */
+        e->embedding.fwd_ms[n] = t[OP_EMB_FWD];
+        e->embedding.bwd_ms[n] = t[OP_EMB_BWD];
+        e->block.fwd_ms[n] = t[OP_BLK_FWD];
+        e->block.bwd_ms[n] = fmax(t[OP_BLK_BWD] - t[OP_BLK_FWD], 1e-6);
+        e->head.fwd_ms[n] = t[OP_HEAD] / 3;
+        e->head.bwd_ms[n] = t[OP_HEAD] * 2 / 3;
+        e->compute_bytes[n] = bytes;
+        n++;
+        if (!o.quiet) {
+            char eta[48], mem[32];
+            double el = (clock_now_ms() - start) / 1e3;
+            /* time grows about linearly with the microbatch */
+            double done = (double)mb * (mb + 1) / 2, all = (double)K * (K + 1) / 2;
+            fmt_eta(el / done * (all - done), eta, sizeof eta);
+            str_bytes(bytes, mem, sizeof mem);
+            fprintf(stderr, "profile: [%d/%d] microbatch %d: block fwd %.3f ms bwd %.3f ms, embedding %.3f/%.3f ms, "
+                            "head %.3f ms, compute memory %s | ETA %s\n",
+                    mb, K, mb, e->block.fwd_ms[n - 1], e->block.bwd_ms[n - 1], t[OP_EMB_FWD], t[OP_EMB_BWD],
+                    t[OP_HEAD], mem, eta);
+        }
+    }
+    e->n_points = n;
+    if (!rc && profile_save(&p, o.out, &err) < 0) {
+        fprintf(stderr, "cephalo-worker profile: %s\n", err.msg);
+        rc = EXIT_RUNTIME;
+    }
+    profile_free(&p);
+    device_close(&c.dev);
+    return rc;
+}
+
+/* ---- collectives ------------------------------------------------------------------------- */
+
+/* Rank r's count for `total` elements, even, or with rank 0 holding twice the others' share. */
+static void shard_counts(int64_t total, int world, bool uneven, int64_t *counts) {
+    int64_t share = total / (world + (uneven ? 1 : 0)), used = 0;
+    for (int r = 0; r < world; r++) {
+        counts[r] = (uneven && r == 0) ? 2 * share : share;
+        used += counts[r];
+    }
+    counts[world - 1] += total - used;
+}
+
+/* Median over repetitions of the slowest rank's time of one collective. */
+static int time_collective(comm *cm, int world, bool rs, float *buf, const int64_t *counts, int reps,
+                           double *out, err_t *err) {
+    double t[MAX_REPS];
+    double *all = xcalloc((size_t)world, sizeof(double));
+    int rank = comm_rank(cm), rc = 0;
+    for (int i = -1; i < reps && !rc; i++) {
+        rc = comm_run(cm, comm_barrier(cm, "profile"), err);
+        double t0 = clock_now_ms();
+        if (!rc)
+            rc = comm_run(cm, rs ? comm_reduce_scatterv(cm, buf, counts, COMM_F32, "profile")
+                                 : comm_allgatherv(cm, buf, counts, COMM_F32, "profile"),
+                          err);
+        double ms = clock_now_ms() - t0;
+        memset(all, 0, (size_t)world * sizeof(double));
+        all[rank] = ms;
+        if (!rc) rc = comm_run(cm, comm_allreduce(cm, all, world, COMM_F64, "profile times"), err);
+        double worst = 0;
+        for (int r = 0; r < world; r++) worst = fmax(worst, all[r]);
+        if (i >= 0) t[i] = worst;
+    }
+    free(all);
+    if (rc) return -1;
+    *out = median(t, reps);
+    return 0;
+}
+
+int worker_profile_comm(int argc, char **argv) {
+    const char *out = NULL;
+    int64_t lo = 64 << 10, hi = 4 << 20;
+    long reps = 7;
+    enum { O_MIN = 256, O_MAX, O_REPS };
+    static const struct option longopts[] = {{"min-bytes", 1, 0, O_MIN}, {"max-bytes", 1, 0, O_MAX},
+                                             {"reps", 1, 0, O_REPS},     {"output", 1, 0, 'o'},
+                                             {0, 0, 0, 0}};
+    optind = 1;
+    opterr = 0;
+    int ch;
+    while ((ch = getopt_long(argc, argv, ":o:", longopts, NULL)) != -1) {
+        switch (ch) {
+        case O_MIN:
+            if (size_arg(optarg, &lo) < 0) return bad("profile-comm", "--min-bytes: '%s' is not a size", optarg);
+            break;
+        case O_MAX:
+            if (size_arg(optarg, &hi) < 0) return bad("profile-comm", "--max-bytes: '%s' is not a size", optarg);
+            break;
+        case O_REPS:
+            if (!str_to_long(optarg, &reps) || reps < 1 || reps > MAX_REPS)
+                return bad("profile-comm", "--reps: '%s' is not an integer in [1, %d]", optarg, MAX_REPS);
+            break;
+        case 'o': out = optarg; break;
+        case ':': return bad("profile-comm", "option '%s' needs a value", argv[optind - 1]);
+        default: return bad("profile-comm", "unknown option '%s'", argv[optind - 1]);
+        }
+    }
+    if (optind < argc) return bad("profile-comm", "unexpected argument '%s'", argv[optind]);
+    if (!out) return bad("profile-comm", "%s", "-o FILE is required");
+    if (hi < lo) return bad("profile-comm", "%s", "--max-bytes is below --min-bytes");
+    const char *s;
+    long rank = 0, world = 1;
+    if ((s = getenv("RANK")) && (!str_to_long(s, &rank) || rank < 0)) return bad("profile-comm", "$RANK is '%s'", s);
+    if ((s = getenv("WORLD_SIZE")) && (!str_to_long(s, &world) || world < 2 || rank >= world))
+        return bad("profile-comm", "$WORLD_SIZE is '%s' (collectives need at least 2 ranks)", s);
+    if (world < 2) return bad("profile-comm", "%s", "$WORLD_SIZE must be at least 2");
+    err_t err;
+    comm_config cc;
+    if (comm_config_from_env(&cc, (int)rank, (int)world, &err) < 0) return bad("profile-comm", "%s", err.msg);
+    comm *cm = comm_open(&cc, &err);
+    if (!cm) return fprintf(stderr, "cephalo-worker profile-comm: %s\n", err.msg), EXIT_RUNTIME;
+    int n = 0;
+    for (int64_t b = lo; b <= hi; b *= 4) n++;
+    profile p = {0};
+    p.n_comm = 2;
+    p.comm = xcalloc(2, sizeof *p.comm);
+    for (int k = 0; k < 2; k++) {
+        p.comm[k] = (profile_comm){.world = (int)world, .reduce_scatter = k == 1, .n_points = n,
+                                   .bytes = xcalloc((size_t)n, sizeof(double)), .ms = xcalloc((size_t)n, sizeof(double)),
+                                   .uneven_ms = xcalloc((size_t)n, sizeof(double))};
+    }
+    int64_t *counts = xcalloc((size_t)world, sizeof(int64_t));
+    float *buf = xcalloc((size_t)(hi / 4 + 1), sizeof(float));
+    int rc = 0, i = 0;
+    for (int64_t b = lo; b <= hi && !rc; b *= 4, i++) {
+        for (int k = 0; k < 2 && !rc; k++) {
+            profile_comm *pc = &p.comm[k];
+            pc->bytes[i] = (double)b;
+            shard_counts(b / 4, (int)world, false, counts);
+            rc = time_collective(cm, (int)world, k == 1, buf, counts, (int)reps, &pc->ms[i], &err);
+            shard_counts(b / 4, (int)world, true, counts);
+            if (!rc) rc = time_collective(cm, (int)world, k == 1, buf, counts, (int)reps, &pc->uneven_ms[i], &err);
+        }
+        if (!rc && rank == 0)
+            fprintf(stderr, "profile: collectives over %ld ranks, %lld KiB: allgather %.3f ms (uneven %.3f), "
+                            "reduce-scatter %.3f ms (uneven %.3f)\n",
+                    world, (long long)(b >> 10), p.comm[0].ms[i], p.comm[0].uneven_ms[i], p.comm[1].ms[i],
+                    p.comm[1].uneven_ms[i]);
+    }
+    if (rc) {
+        fprintf(stderr, "cephalo-worker profile-comm: %s\n", err.msg);
+        comm_abort(cm, "profiling failed");
+    } else if (rank == 0 && profile_save(&p, out, &err) < 0) {
+        fprintf(stderr, "cephalo-worker profile-comm: %s\n", err.msg);
+        rc = EXIT_RUNTIME;
+    }
+    comm_close(cm);
+    free(counts), free(buf);
+    profile_free(&p);
+    return rc ? EXIT_RUNTIME : 0;
+}
