@@ -120,19 +120,9 @@ static int choice(const char *opt, const char *arg, const char *a, const char *b
     return 0;
 }
 
-/* Sizes like 1.5G, 512M, 1048576. */
+/* Sizes like 1.5G, 512M, 1048576 (common/strutil.h). */
 static int size_arg(const char *opt, const char *arg, int64_t *out) {
-    char *end;
-    double v = strtod(arg, &end);
-    double mul = 1;
-    if (*end == 'K' || *end == 'k') mul = 1 << 10, end++;
-    else if (*end == 'M' || *end == 'm') mul = 1 << 20, end++;
-    else if (*end == 'G' || *end == 'g') mul = 1 << 30, end++;
-    if (*end == 'i') end++;
-    if (*end == 'B') end++;
-    if (end == arg || *end || !(v > 0) || v * mul > 9e18)
-        return bad("%s: '%s' is not a size (e.g. 512M, 2G)", opt, arg);
-    *out = (int64_t)(v * mul);
+    if (!str_to_size(arg, out)) return bad("%s: '%s' is not a size (e.g. 512M, 2G)", opt, arg);
     return 0;
 }
 
