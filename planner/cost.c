@@ -195,7 +195,10 @@ static void build_group(cost_model *cm, cost_group *g, int batch_limit) {
         g->fwd_ms[m] = e.fwd + L * b.fwd + h.fwd + h.bwd;
         g->bwd_ms[m] = L * (b.fwd + b.bwd) + e.bwd;
     }
-    g->opt_ms_per_param = OPT_BYTES_PER_PARAM / (device_bw_gbs(d) * 1e9) * 1e3;
+    /* measured: zeroing the gradient shard, its squared norm and AdamW (`cephalo profile`) */
+    g->opt_ms_per_param = pe && pe->optimizer_ms_per_mparam > 0
+                              ? pe->optimizer_ms_per_mparam / 1e6
+                              : OPT_BYTES_PER_PARAM / (device_bw_gbs(d) * 1e9) * 1e3;
 }
 
 static int count_groups(const cluster *cl) {
@@ -269,6 +272,27 @@ static double comm_line(const cost_model *cm, bool rs, double bytes) {
     return (n - 1) * cm->comm.alpha_ms + (n - 1) / (double)n * bytes / (cm->comm.bandwidth_gbs * 1e9) * 1e3;
 }
 
+/* CPU time of one rank's communicator for a collective of `bytes` (0 when not measured). */
+static double comm_cpu_line(const cost_model *cm, bool rs, double bytes) {
+    const profile_comm *pc = cm->opts.prof ? profile_find_comm(cm->opts.prof, cm->comm.world, rs) : NULL;
+    return pc && pc->cpu_ms ? comm_curve_at(pc->bytes, pc->cpu_ms, pc->n_points, bytes) : 0;
+}
+
+/* Whether the communicators compete with compute for the host's cores: CPU devices on one host
+ * whose threads plus one communicator thread per rank exceed the cores the profile's collectives
+ * were measured on. Then the collectives' CPU time does not overlap compute but adds to it. */
+static bool comm_contends(const cost_model *cm) {
+    const cluster *cl = cm->cl;
+    const profile_comm *pc = cm->opts.prof ? profile_find_comm(cm->opts.prof, cm->comm.world, false) : NULL;
+    if (!pc || !pc->cpu_ms || pc->host_cores <= 0 || cl->n_nodes != 1) return false;
+    int demand = 0;
+    for (int r = 0; r < cl->n_devices; r++) {
+        if (!is_cpu(&cl->devices[r])) return false;
+        demand += cl->devices[r].threads + 1;
+    }
+    return demand > pc->host_cores;
+}
+
 static void build_comm(cost_model *cm) {
     cost_comm *c = &cm->comm;
     const model_spec *md = cm->model;
@@ -292,20 +316,33 @@ static void build_comm(cost_model *cm) {
     c->rs_ms = L * comm_line(cm, true, blk * relem) + comm_line(cm, true, head * relem) +
                (md->tied_head ? comm_line(cm, true, emb * relem) : 0);
     c->rs_last_ms = comm_line(cm, true, emb * relem);
+    /* the loss and the squared norm (2 doubles): a latency-bound reduce-scatter and all-gather */
+    c->sums_ms = comm_line(cm, true, 16) + comm_line(cm, false, 16);
+    if (comm_contends(cm)) {
+        c->cpu_fwd_ms = L * comm_cpu_line(cm, false, blk * gelem) + comm_cpu_line(cm, false, head * gelem) +
+                        (md->tied_head ? comm_cpu_line(cm, false, emb * gelem) : 0);
+        c->cpu_bwd_ms = L * comm_cpu_line(cm, false, blk * gelem) + comm_cpu_line(cm, false, emb * gelem) +
+                        L * comm_cpu_line(cm, true, blk * relem) + comm_cpu_line(cm, true, head * relem) +
+                        (md->tied_head ? comm_cpu_line(cm, true, emb * relem) : 0);
+    }
     c->measured = cm->opts.prof && profile_find_comm(cm->opts.prof, c->world, false);
     if (c->measured) c->uneven_factor = measured_uneven_factor(cm->opts.prof, c->world);
 }
 
+/* With contention (comm_contends) a pass costs max(compute + cpu, collectives) =
+ * cpu + max(compute, collectives - cpu): the floors drop by the CPU time, which is exposed. */
 double cost_fwd_floor(const cost_model *cm, bool uneven) {
-    return cm->comm.ag_fwd_ms * (uneven ? cm->comm.uneven_factor : 1.0);
+    return fmax(cm->comm.ag_fwd_ms - cm->comm.cpu_fwd_ms, 0) * (uneven ? cm->comm.uneven_factor : 1.0);
 }
 
 double cost_bwd_floor(const cost_model *cm, bool uneven) {
-    return (cm->comm.ag_bwd_ms + cm->comm.rs_ms) * (uneven ? cm->comm.uneven_factor : 1.0);
+    return fmax(cm->comm.ag_bwd_ms + cm->comm.rs_ms - cm->comm.cpu_bwd_ms, 0) * (uneven ? cm->comm.uneven_factor : 1.0);
 }
 
 double cost_exposed_ms(const cost_model *cm, bool uneven) {
-    return (cm->comm.ag_first_ms + cm->comm.rs_last_ms) * (uneven ? cm->comm.uneven_factor : 1.0);
+    const cost_comm *c = &cm->comm;
+    return (c->ag_first_ms + c->rs_last_ms + c->sums_ms + c->cpu_fwd_ms + c->cpu_bwd_ms) *
+           (uneven ? c->uneven_factor : 1.0);
 }
 
 double cost_flops_per_sample(const cost_model *cm) {

@@ -54,6 +54,11 @@ typedef struct cost_group {
 typedef struct cost_comm {
     int world;
     double ag_first_ms, ag_fwd_ms, ag_bwd_ms, rs_ms, rs_last_ms; /* even shards */
+    double sums_ms; /* the step's all-reduce of the loss and the squared gradient norm */
+    /* CPU time the communicator takes from the cores during the forward and the backward
+     * collectives when the CPU devices' threads and one communicator per rank oversubscribe the
+     * host (measured cpu_ms of a profile); 0 when the collectives run on cores of their own */
+    double cpu_fwd_ms, cpu_bwd_ms;
     double uneven_factor;
     double bandwidth_gbs, alpha_ms; /* the ring's bottleneck link */
     bool measured;

@@ -25,9 +25,9 @@
 static const char *const TOP_KEYS[] = {"format", "version", "entries", "comm", NULL};
 static const char *const ENTRY_KEYS[] = {"device",        "model", "seq",       "precision",
                                          "microbatch",    "block", "embedding", "head",
-                                         "compute_bytes", NULL};
+                                         "compute_bytes", "optimizer_ms_per_mparam", NULL};
 static const char *const CURVE_KEYS[] = {"fwd_ms", "bwd_ms", NULL};
-static const char *const COMM_KEYS[] = {"world", "op", "bytes", "ms", "uneven_ms", NULL};
+static const char *const COMM_KEYS[] = {"world", "op", "bytes", "ms", "uneven_ms", "cpu_ms", "host_cores", NULL};
 static const char *const PRECISIONS[] = {"fp32", "bf16", NULL};         /* index 1 = bf16 */
 static const char *const OPS[] = {"allgather", "reduce_scatter", NULL}; /* index 1 = RS */
 
@@ -203,6 +203,10 @@ static int read_entry(const json_ctx *c, const cJSON *obj, const char *path, pro
         read_curve(c, obj, path, "head", false, e, &e->head) < 0)
         return -1;
 
+    if ((v = json_get(obj, "optimizer_ms_per_mparam"))) {
+        path_key(p, path, "optimizer_ms_per_mparam");
+        if (json_number(c, v, p, 0, PROFILE_MAX_MS, JSON_CLOSED, &e->optimizer_ms_per_mparam) < 0) return -1;
+    }
     v = json_get(obj, "compute_bytes");
     if (!v) return 0;
     char mb[PATH_MAX_LEN];
@@ -239,6 +243,16 @@ static int read_comm(const json_ctx *c, const cJSON *obj, const char *path, prof
     if (json_require(c, obj, path, "ms", &v) < 0 ||
         read_numbers(c, v, p, 0, INFINITY, JSON_CLOSED, pb, &n, &m->ms) < 0)
         return -1;
+    if ((v = json_get(obj, "host_cores"))) {
+        long cores;
+        path_key(p, path, "host_cores");
+        if (json_int(c, v, p, 1, 1 << 20, &cores) < 0) return -1;
+        m->host_cores = (int)cores;
+    }
+    if ((v = json_get(obj, "cpu_ms"))) {
+        path_key(p, path, "cpu_ms");
+        if (read_numbers(c, v, p, 0, INFINITY, JSON_CLOSED, pb, &n, &m->cpu_ms) < 0) return -1;
+    }
     v = json_get(obj, "uneven_ms");
     if (!v) return 0;
     path_key(p, path, "uneven_ms");
@@ -412,6 +426,7 @@ void profile_free(profile *p) {
         free(p->comm[i].bytes);
         free(p->comm[i].ms);
         free(p->comm[i].uneven_ms);
+        free(p->comm[i].cpu_ms);
     }
     free(p->entries);
     free(p->comm);

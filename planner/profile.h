@@ -8,14 +8,22 @@
  *      "block":     {"fwd_ms": [...], "bwd_ms": [...]},      per transformer block, bwd without recompute
  *      "embedding": {"fwd_ms": [...], "bwd_ms": [...]},      optional
  *      "head":      {"fwd_ms": [...], "bwd_ms": [...]},      optional
- *      "compute_bytes": [...]}                               compute memory M(m) at each microbatch
+ *      "compute_bytes": [...],                               compute memory M(m) at each microbatch
+ *      "optimizer_ms_per_mparam": 1.2}                       optional: the step's per-parameter work
+ *                                                            outside the units (zeroing the gradient
+ *                                                            shard, its squared norm, AdamW), ms per
+ *                                                            million parameters of the local shard
  *   ],
  *   "comm": [                                                optional, measured collectives
- *     {"world": 8, "op": "allgather", "bytes": [...], "ms": [...], "uneven_ms": [...]},
+ *     {"world": 8, "op": "allgather", "bytes": [...], "ms": [...], "uneven_ms": [...],
+ *      "cpu_ms": [...], "host_cores": 16},                   optional: the CPU time one rank's
+ *                                                            communicator spends per collective, and
+ *                                                            the cores of the host it was measured on
  *     {"world": 8, "op": "reduce_scatter", "bytes": [...], "ms": [...]}
  *   ]
  * }
- * Arrays in one entry have the same length as "microbatch", which is strictly increasing. */
+ * Arrays in one entry have the same length as "microbatch", which is strictly increasing. The
+ * optional fields were added within version 1: files without them read as before. */
 #ifndef CEPHALO_PROFILE_H
 #define CEPHALO_PROFILE_H
 
@@ -42,6 +50,7 @@ typedef struct profile_entry {
     int *microbatch; /* [n_points], strictly increasing, >= 1 */
     profile_curve block, embedding, head;
     double *compute_bytes; /* [n_points] or NULL */
+    double optimizer_ms_per_mparam; /* 0: not measured */
 } profile_entry;
 
 typedef struct profile_comm {
@@ -49,6 +58,8 @@ typedef struct profile_comm {
     bool reduce_scatter; /* false: allgather */
     int n_points;
     double *bytes, *ms, *uneven_ms; /* uneven_ms may be NULL */
+    double *cpu_ms; /* [n_points] or NULL: one rank's communicator CPU time per collective */
+    int host_cores; /* 0: not recorded */
 } profile_comm;
 
 typedef struct profile {

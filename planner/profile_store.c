@@ -44,6 +44,8 @@ char *profile_to_json(const profile *p) {
         add_curve(o, "embedding", &e->embedding, e->n_points);
         add_curve(o, "head", &e->head, e->n_points);
         if (e->compute_bytes) cJSON_AddItemToObject(o, "compute_bytes", numbers(e->compute_bytes, e->n_points));
+        if (e->optimizer_ms_per_mparam > 0)
+            cJSON_AddNumberToObject(o, "optimizer_ms_per_mparam", e->optimizer_ms_per_mparam);
         cJSON_AddItemToArray(entries, o);
     }
     if (p->n_comm) {
@@ -56,6 +58,8 @@ char *profile_to_json(const profile *p) {
             cJSON_AddItemToObject(o, "bytes", numbers(c->bytes, c->n_points));
             cJSON_AddItemToObject(o, "ms", numbers(c->ms, c->n_points));
             if (c->uneven_ms) cJSON_AddItemToObject(o, "uneven_ms", numbers(c->uneven_ms, c->n_points));
+            if (c->cpu_ms) cJSON_AddItemToObject(o, "cpu_ms", numbers(c->cpu_ms, c->n_points));
+            if (c->host_cores > 0) cJSON_AddNumberToObject(o, "host_cores", c->host_cores);
             cJSON_AddItemToArray(comm, o);
         }
     }
@@ -137,11 +141,12 @@ int profile_merge(profile *dst, const profile *src) {
     for (int i = 0; i < src->n_comm; i++) {
         const profile_comm *s = &src->comm[i];
         profile_comm c = {s->world, s->reduce_scatter, s->n_points, dup_doubles(s->bytes, s->n_points),
-                          dup_doubles(s->ms, s->n_points), dup_doubles(s->uneven_ms, s->n_points)};
+                          dup_doubles(s->ms, s->n_points), dup_doubles(s->uneven_ms, s->n_points),
+                          dup_doubles(s->cpu_ms, s->n_points), s->host_cores};
         int k = 0;
         while (k < dst->n_comm && !(dst->comm[k].world == c.world && dst->comm[k].reduce_scatter == c.reduce_scatter)) k++;
         if (k < dst->n_comm) {
-            free(dst->comm[k].bytes), free(dst->comm[k].ms), free(dst->comm[k].uneven_ms);
+            free(dst->comm[k].bytes), free(dst->comm[k].ms), free(dst->comm[k].uneven_ms), free(dst->comm[k].cpu_ms);
             replaced++;
         } else {
             dst->comm = xrealloc(dst->comm, (size_t)(dst->n_comm + 1) * sizeof *dst->comm);

@@ -8,6 +8,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "clock.h"
 #include "comm.h"
@@ -156,6 +158,44 @@ static double time_op(prof_ctx *c, prof_op op) {
         spent += t[n++];
     }
     return median(t, n);
+}
+
+static void *dalloc(prof_ctx *c, int64_t bytes, const char *what, bool *ok);
+
+/* The step's per-parameter work outside the units (worker/train.c: zeroing the gradient shard,
+ * its squared norm for the clipping norm, AdamW), in ms per million parameters, on a state of the
+ * model's size (at most 8M parameters; halved while the device cannot hold it). 0 when even 64K
+ * parameters do not fit. */
+static double time_optimizer(prof_ctx *c) {
+    device *d = &c->dev;
+    int64_t n = model_params(c->m);
+    if (n > (8 << 20)) n = 8 << 20;
+    for (; n >= (64 << 10); n /= 2) {
+        float *s[4] = {0};
+        bool ok = true;
+        for (int k = 0; k < 4; k++) s[k] = dalloc(c, n * 4, "optimizer state", &ok);
+        if (ok) {
+            for (int k = 0; k < 4; k++) dev_zero(d, s[k], n);
+            double t[MAX_REPS], spent = 0, sink = 0;
+            int reps = 0;
+            for (int i = -1; i < MAX_REPS && (i < c->min_reps || spent < c->min_ms); i++) {
+                double t0 = clock_now_ms();
+                dev_zero(d, s[1], n);
+                sink += d->ops->sumsq(d, s[1], n);
+                d->ops->adamw(d, s[0], s[1], s[2], s[3], n, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.1f, 0.05f, 1.0f);
+                d->ops->sync(d);
+                double ms = clock_now_ms() - t0;
+                if (i >= 0) t[reps++] = ms, spent += ms;
+            }
+            for (int k = 0; k < 4; k++) dev_free(d, s[k]);
+            (void)sink;
+            return median(t, reps) / ((double)n / 1e6);
+        }
+        for (int k = 0; k < 4; k++)
+            if (s[k]) dev_free(d, s[k]);
+        d->err.msg[0] = 0;
+    }
+    return 0;
 }
 
 /* The unit's parameters into slot s (the embedding's into slot 1 for tied heads). */
@@ -426,6 +466,12 @@ int worker_profile(int argc, char **argv) {
         }
     }
     e->n_points = n;
+    if (!rc) {
+        e->optimizer_ms_per_mparam = time_optimizer(&c);
+        if (!o.quiet && e->optimizer_ms_per_mparam > 0)
+            fprintf(stderr, "profile: optimizer step (zero + norm + AdamW) %.3f ms per million parameters\n",
+                    e->optimizer_ms_per_mparam);
+    }
     if (!rc && profile_save(&p, o.out, &err) < 0) {
         fprintf(stderr, "cephalo-worker profile: %s\n", err.msg);
         rc = EXIT_RUNTIME;
@@ -447,31 +493,48 @@ static void shard_counts(int64_t total, int world, bool uneven, int64_t *counts)
     counts[world - 1] += total - used;
 }
 
-/* Median over repetitions of the slowest rank's time of one collective. */
+/* CPU time of this process (the waiting main thread uses next to none: it is the communicator's). */
+static double process_cpu_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* Median over repetitions of the slowest rank's time of one collective; with cpu_out, also the
+ * median of the ranks' mean CPU time (the work the communicator takes from the cores, which
+ * competes with compute where the devices' threads fill the host). */
 static int time_collective(comm *cm, int world, bool rs, float *buf, const int64_t *counts, int reps,
-                           double *out, err_t *err) {
-    double t[MAX_REPS];
-    double *all = xcalloc((size_t)world, sizeof(double));
+                           double *out, double *cpu_out, err_t *err) {
+    double t[MAX_REPS], cpu[MAX_REPS];
+    double *all = xcalloc((size_t)(2 * world), sizeof(double));
     int rank = comm_rank(cm), rc = 0;
     for (int i = -1; i < reps && !rc; i++) {
         rc = comm_run(cm, comm_barrier(cm, "profile"), err);
-        double t0 = clock_now_ms();
+        double t0 = clock_now_ms(), c0 = process_cpu_ms();
         if (!rc)
             rc = comm_run(cm, rs ? comm_reduce_scatterv(cm, buf, counts, COMM_F32, "profile")
                                  : comm_allgatherv(cm, buf, counts, COMM_F32, "profile"),
                           err);
-        double ms = clock_now_ms() - t0;
-        memset(all, 0, (size_t)world * sizeof(double));
+        double ms = clock_now_ms() - t0, cms = process_cpu_ms() - c0;
+        memset(all, 0, (size_t)(2 * world) * sizeof(double));
         all[rank] = ms;
-        if (!rc) rc = comm_run(cm, comm_allreduce(cm, all, world, COMM_F64, "profile times"), err);
-        double worst = 0;
-        for (int r = 0; r < world; r++) worst = fmax(worst, all[r]);
-        if (i >= 0) t[i] = worst;
+        all[world + rank] = cms;
+        if (!rc) rc = comm_run(cm, comm_allreduce(cm, all, 2 * world, COMM_F64, "profile times"), err);
+        double worst = 0, csum = 0;
+        for (int r = 0; r < world; r++) worst = fmax(worst, all[r]), csum += all[world + r];
+        if (i >= 0) t[i] = worst, cpu[i] = csum / world;
     }
     free(all);
     if (rc) return -1;
     *out = median(t, reps);
+    if (cpu_out) *cpu_out = median(cpu, reps);
     return 0;
+}
+
+/* The cores this process may run on (the host's, unless an affinity mask limits it). */
+static int host_cores(void) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
 }
 
 int worker_profile_comm(int argc, char **argv) {
@@ -524,7 +587,8 @@ int worker_profile_comm(int argc, char **argv) {
     for (int k = 0; k < 2; k++) {
         p.comm[k] = (profile_comm){.world = (int)world, .reduce_scatter = k == 1, .n_points = n,
                                    .bytes = xcalloc((size_t)n, sizeof(double)), .ms = xcalloc((size_t)n, sizeof(double)),
-                                   .uneven_ms = xcalloc((size_t)n, sizeof(double))};
+                                   .uneven_ms = xcalloc((size_t)n, sizeof(double)),
+                                   .cpu_ms = xcalloc((size_t)n, sizeof(double)), .host_cores = host_cores()};
     }
     int64_t *counts = xcalloc((size_t)world, sizeof(int64_t));
     float *buf = xcalloc((size_t)(hi / 4 + 1), sizeof(float));
@@ -534,9 +598,9 @@ int worker_profile_comm(int argc, char **argv) {
             profile_comm *pc = &p.comm[k];
             pc->bytes[i] = (double)b;
             shard_counts(b / 4, (int)world, false, counts);
-            rc = time_collective(cm, (int)world, k == 1, buf, counts, (int)reps, &pc->ms[i], &err);
+            rc = time_collective(cm, (int)world, k == 1, buf, counts, (int)reps, &pc->ms[i], &pc->cpu_ms[i], &err);
             shard_counts(b / 4, (int)world, true, counts);
-            if (!rc) rc = time_collective(cm, (int)world, k == 1, buf, counts, (int)reps, &pc->uneven_ms[i], &err);
+            if (!rc) rc = time_collective(cm, (int)world, k == 1, buf, counts, (int)reps, &pc->uneven_ms[i], NULL, &err);
         }
         if (!rc && rank == 0)
             fprintf(stderr, "profile: collectives over %ld ranks, %lld KiB: allgather %.3f ms (uneven %.3f), "

@@ -125,6 +125,36 @@ static void test_find(void **state) {
     assert_null(profile_find(&p, "L4", "bert-large", 512, false)); /* freed profile is empty */
 }
 
+/* The optional measurements added within version 1: read when present, 0/NULL when not, refused
+ * when out of range or of the wrong length. */
+static void test_optional_fields(void **state) {
+    (void)state;
+    profile p;
+    err_t err;
+    const char *text = "{" HEADER "'entries': [{" L4_HEAD MB3 BLOCK3 ", 'optimizer_ms_per_mparam': 1.5}],"
+                       " 'comm': [{'world': 2, 'op': 'allgather', 'bytes': [1, 2], 'ms': [1, 2],"
+                       " 'cpu_ms': [0.5, 1.5], 'host_cores': 16}]}";
+    if (load(text, &p, &err) != 0) fail_msg("%s", err.msg);
+    assert_true(p.entries[0].optimizer_ms_per_mparam == 1.5);
+    assert_non_null(p.comm[0].cpu_ms);
+    assert_true(p.comm[0].cpu_ms[1] == 1.5);
+    assert_int_equal(p.comm[0].host_cores, 16);
+    profile_free(&p);
+    if (load(VALID, &p, &err) != 0) fail_msg("%s", err.msg);
+    assert_true(p.entries[0].optimizer_ms_per_mparam == 0);
+    assert_null(p.comm[0].cpu_ms);
+    assert_int_equal(p.comm[0].host_cores, 0);
+    profile_free(&p);
+    expect_error("{" HEADER "'entries': [{" L4_HEAD MB3 BLOCK3 ", 'optimizer_ms_per_mparam': -1}]}",
+                 "entries[0].optimizer_ms_per_mparam");
+    expect_error("{" HEADER "'entries': [], 'comm': [{'world': 2, 'op': 'allgather', 'bytes': [1, 2],"
+                 " 'ms': [1, 2], 'cpu_ms': [1]}]}",
+                 "comm[0].cpu_ms has 1 value");
+    expect_error("{" HEADER "'entries': [], 'comm': [{'world': 2, 'op': 'allgather', 'bytes': [1, 2],"
+                 " 'ms': [1, 2], 'host_cores': 0}]}",
+                 "comm[0].host_cores");
+}
+
 static void test_empty_entries(void **state) {
     (void)state;
     profile p;
@@ -421,6 +451,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_valid_loads),
         cmocka_unit_test(test_find),
+        cmocka_unit_test(test_optional_fields),
         cmocka_unit_test(test_empty_entries),
         cmocka_unit_test(test_example_file),
         cmocka_unit_test(test_missing_file),
