@@ -42,7 +42,7 @@ else
 endif
 
 WARN := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes
-CPPFLAGS := -Icommon -Iplanner -Iworker -D_POSIX_C_SOURCE=200809L -DCEPHALO_HAVE_CUDA=$(HAVE_CUDA)
+CPPFLAGS := -Icommon -Iplanner -Iworker -Ioperator -D_POSIX_C_SOURCE=200809L -DCEPHALO_HAVE_CUDA=$(HAVE_CUDA)
 CFLAGS := -std=c17 $(OPT) $(WARN) -fopenmp -MMD -MP
 # OpenBLAS's OpenMP build, linked by path: inside our own parallel regions it runs single-threaded
 # instead of oversubscribing the cores (the pthread build would spawn its own threads).
@@ -57,6 +57,9 @@ CLI := $(BUILD)/bin/cephalo
 WORKER_SRC := $(filter-out worker/main.c worker/comm_nccl.c,$(wildcard worker/*.c))
 WLIB := $(BUILD)/libcephalo-worker.a
 WORKER := $(BUILD)/bin/cephalo-worker
+# the operator's Kubernetes client (libcurl); linked into the unit tests for now
+OPERATOR_SRC := $(wildcard operator/*.c)
+OLIB := $(BUILD)/libcephalo-operator.a
 TEST_SRC := $(wildcard tests/unit/test_*.c)
 TESTS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(TEST_SRC))
 BENCH := $(BUILD)/bench/bench_plan
@@ -92,7 +95,7 @@ endif
 
 .SECONDARY:
 .PHONY: all deps test demo bench fuzz clean help info cuda test-gpu bench-gpu
-all: $(CLI) $(WORKER) $(CUDA_TARGETS)
+all: $(CLI) $(WORKER) $(OLIB) $(CUDA_TARGETS)
 
 cuda: $(CUDA_TARGETS)
 	@[ -n "$(CUDA_TARGETS)" ] || { echo "no CUDA build: nvcc not found, CUDA=0 or SAN=1" >&2; exit 1; }
@@ -118,6 +121,10 @@ $(WLIB): $(patsubst %.c,$(BUILD)/%.o,$(WORKER_SRC))
 	@mkdir -p $(dir $@)
 	$(AR) rcs $@ $^
 
+$(OLIB): $(patsubst %.c,$(BUILD)/%.o,$(OPERATOR_SRC))
+	@mkdir -p $(dir $@)
+	$(AR) rcs $@ $^
+
 $(CLI): $(BUILD)/planner/cli.o $(WLIB) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDSAN) -o $@ $^ $(LDLIBS)
@@ -126,9 +133,9 @@ $(WORKER): $(BUILD)/worker/main.o $(WLIB) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDSAN) -o $@ $^ $(LDLIBS)
 
-$(BUILD)/tests/%: $(BUILD)/tests/unit/%.o $(WLIB) $(LIB)
+$(BUILD)/tests/%: $(BUILD)/tests/unit/%.o $(OLIB) $(WLIB) $(LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDSAN) -o $@ $^ $(LDLIBS) -lcmocka
+	$(CC) $(LDSAN) -o $@ $^ $(LDLIBS) -lcurl -lcmocka
 
 $(BUILD)/%.cu.o: %.cu
 	@mkdir -p $(dir $@)
@@ -175,7 +182,9 @@ FUZZ_BUILD := build/fuzz
 FUZZ_CFLAGS := -std=c17 -g -O1 -fsanitize=fuzzer,address,undefined $(CPPFLAGS) -Wall -Wextra -Werror
 # The parsers fuzzed need neither BLAS nor OpenMP: only these worker modules are linked in.
 FUZZ_WORKER_SRC := $(wildcard worker/safetensors.c worker/data.c)
-$(FUZZ_BUILD)/%: fuzz/%.c $(COMMON_SRC) $(PLANNER_SRC) $(FUZZ_WORKER_SRC)
+# the watch-stream parser alone: it has no libcurl dependency (the loop is in watch_loop.c)
+FUZZ_OPERATOR_SRC := $(wildcard operator/watch.c)
+$(FUZZ_BUILD)/%: fuzz/%.c $(COMMON_SRC) $(PLANNER_SRC) $(FUZZ_WORKER_SRC) $(FUZZ_OPERATOR_SRC)
 	@mkdir -p $(dir $@)
 	clang $(FUZZ_CFLAGS) -o $@ $^ -lyaml -lcjson -lm
 

@@ -2,8 +2,9 @@
 # Installs the Debian packages Cephalo needs, only those missing. Idempotent; needs root to install.
 set -euo pipefail
 pkgs=(build-essential clang libclang-rt-14-dev pkg-config libyaml-dev libcjson-dev libcmocka-dev
-      libopenblas-openmp-dev libmicrohttpd-dev python3 python3-numpy python3-torch
+      libopenblas-openmp-dev libmicrohttpd-dev libcurl4-openssl-dev python3 python3-numpy python3-torch
       prometheus # the real scraper of tests/cli/test_metrics.sh
+      python3-yaml kubectl # tests/cli/test_chart.sh, test_k8s.sh (tests/k8s/apiserver.sh builds the API server)
       fortunes) # fortunes: the English text `make demo` trains on
 missing=()
 for p in "${pkgs[@]}"; do

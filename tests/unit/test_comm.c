@@ -592,12 +592,14 @@ static void test_dead_peer(void **state) {
         if (r != 2) assert_msg_has(x[r].err.msg, prefix);
     }
     assert_msg_has(x[2].err.msg, "rank 2: communicator aborted: test: simulated failure");
-    /* rank 3 receives from rank 2, so it always sees the death first hand; rank 1 sends to rank 2
-     * and names it only if it still owed rank 2 data, else the failure reaches it around the ring
-     * from rank 0 first (a race docs/comm.md describes) */
-    assert_msg_has(x[3].err.msg, "rank 2 closed the connection (it has probably failed; see its log)");
-    if (!strstr(x[1].err.msg, "rank 0 closed the connection"))
-        assert_msg_has(x[1].err.msg, "rank 2 closed the connection (it has probably failed; see its log)");
+    /* rank 3 receives from rank 2 and rank 1 sends to it, so they usually see the death first
+     * hand; but either may first find its other neighbour gone, when the failure travelled around
+     * the ring faster than its own poll() woke up (seen under heavy load; docs/comm.md). At least
+     * one of them names rank 2, and each names one of its neighbours. */
+    const char *dead2 = "rank 2 closed the connection (it has probably failed; see its log)";
+    if (!strstr(x[3].err.msg, "rank 0 closed the connection")) assert_msg_has(x[3].err.msg, dead2);
+    if (!strstr(x[1].err.msg, "rank 0 closed the connection")) assert_msg_has(x[1].err.msg, dead2);
+    assert_true(strstr(x[1].err.msg, dead2) || strstr(x[3].err.msg, dead2));
     assert_msg_has(x[0].err.msg, "closed the connection");
 }
 

@@ -1,0 +1,684 @@
+/* kube.c - requests to the Kubernetes API over libcurl: TLS against the cluster CA, bearer tokens
+ * re-read from their file, JSON in and out, errors carrying the API's Status message. */
+#include "kube.h"
+
+#include <ctype.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <curl/curl.h>
+
+#include "clock.h"
+#include "fileio.h"
+#include "log.h"
+
+/* Events remembered for count bumps; older ones fall out round-robin (a repeat after that makes
+ * a new Event, which is what the API's own event TTL would do anyway). */
+#define KUBE_EVENT_CACHE 64
+/* A non-2xx body is read up to this much for its message. */
+#define KUBE_MAX_ERROR_BODY ((size_t)64 << 10)
+#define KUBE_CONNECT_TIMEOUT_S 10L
+#define KUBE_REQUEST_TIMEOUT_S 60L
+
+typedef struct event_entry {
+    char *key; /* object + type + reason + message */
+    char *name; /* the Event's name */
+    char *namespace;
+    long count;
+} event_entry;
+
+struct kube_client {
+    kube_config cfg;
+    CURL *curl;
+    char *token; /* current bearer token (static, or the file's content) */
+    double token_read_s; /* when token_file was last read (monotonic) */
+    volatile int *stop;
+    char errbuf[CURL_ERROR_SIZE];
+    event_entry events[KUBE_EVENT_CACHE];
+    int event_next;
+};
+
+static char *dup_or_null(const char *s) { return s ? xstrdup(s) : NULL; }
+
+static char *dup_bytes(const char *p, size_t n) {
+    if (!p) return NULL;
+    char *d = xmalloc(n + 1);
+    memcpy(d, p, n);
+    d[n] = '\0';
+    return d;
+}
+
+static void config_copy(kube_config *d, const kube_config *s) {
+    d->server = dup_or_null(s->server);
+    d->namespace = dup_or_null(s->namespace ? s->namespace : "default");
+    d->token = dup_or_null(s->token);
+    d->token_file = dup_or_null(s->token_file);
+    d->ca_file = dup_or_null(s->ca_file);
+    d->ca_data = dup_bytes(s->ca_data, s->ca_len);
+    d->ca_len = s->ca_len;
+    d->cert_file = dup_or_null(s->cert_file);
+    d->key_file = dup_or_null(s->key_file);
+    d->cert_data = dup_bytes(s->cert_data, s->cert_len);
+    d->cert_len = s->cert_len;
+    d->key_data = dup_bytes(s->key_data, s->key_len);
+    d->key_len = s->key_len;
+    d->source = dup_or_null(s->source ? s->source : "kube config");
+}
+
+/* (Re)reads the token file when it is due or `force`d (after a 401). A failed re-read keeps the
+ * old token: the file is swapped atomically by the kubelet, a read error is transient. */
+static int refresh_token(kube_client *k, bool force, err_t *err) {
+    if (!k->cfg.token_file) return 0;
+    double now = clock_now_s();
+    if (k->token && !force && now - k->token_read_s < KUBE_TOKEN_REREAD_S) return 0;
+    size_t len;
+    char *t = file_read_all(k->cfg.token_file, 1 << 20, &len, err);
+    if (!t) {
+        if (k->token) return 0;
+        return err_prefix(err, "%s: bearer token", k->cfg.source);
+    }
+    while (len > 0 && isspace((unsigned char)t[len - 1])) t[--len] = '\0';
+    if (len == 0) {
+        free(t);
+        if (k->token) return 0;
+        return err_set(err, "%s: bearer token file %s is empty", k->cfg.source,
+                       k->cfg.token_file);
+    }
+    free(k->token);
+    k->token = t;
+    k->token_read_s = now;
+    return 0;
+}
+
+static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
+static CURLcode curl_init_rc;
+/* curl_global_init is not thread-safe and must run once before any handle exists. */
+static void curl_init(void) { curl_init_rc = curl_global_init(CURL_GLOBAL_DEFAULT); }
+
+kube_client *kube_client_new(const kube_config *c, err_t *err) {
+    if (!c || !c->server) {
+        err_set(err, "kube client: no API server configured");
+        return NULL;
+    }
+    pthread_once(&curl_once, curl_init);
+    if (curl_init_rc != CURLE_OK) {
+        err_set(err, "kube client: libcurl initialisation failed: %s",
+                curl_easy_strerror(curl_init_rc));
+        return NULL;
+    }
+    kube_client *k = xcalloc(1, sizeof *k);
+    config_copy(&k->cfg, c);
+    k->token = dup_or_null(c->token);
+    k->curl = curl_easy_init();
+    if (!k->curl) {
+        err_set(err, "kube client: cannot create a libcurl handle");
+        kube_client_free(k);
+        return NULL;
+    }
+    if (refresh_token(k, true, err) < 0) {
+        kube_client_free(k);
+        return NULL;
+    }
+    return k;
+}
+
+void kube_client_free(kube_client *k) {
+    if (!k) return;
+    if (k->curl) curl_easy_cleanup(k->curl);
+    for (int i = 0; i < KUBE_EVENT_CACHE; i++) {
+        free(k->events[i].key);
+        free(k->events[i].name);
+        free(k->events[i].namespace);
+    }
+    free(k->token);
+    kube_config_free(&k->cfg);
+    free(k);
+}
+
+const char *kube_client_namespace(const kube_client *k) { return k->cfg.namespace; }
+
+void kube_client_set_stop(kube_client *k, volatile int *stop) { k->stop = stop; }
+
+/* ---- paths ---------------------------------------------------------------------------------- */
+
+/* Names, namespaces and resources go into URLs unescaped, so only URL-safe characters pass:
+ * DNS-1123 names plus ':' (system:... RBAC names) and upper case (kinds in some names). */
+static bool url_safe(const char *s, bool slash_ok) {
+    if (!s || !*s) return false;
+    for (const char *p = s; *p; p++)
+        if (!isalnum((unsigned char)*p) && *p != '-' && *p != '.' && *p != ':' &&
+            !(slash_ok && *p == '/'))
+            return false;
+    return true;
+}
+
+int kube_path(char *out, size_t outsz, const char *api_version, const char *namespace,
+              const char *resource, const char *name, err_t *err) {
+    if (!url_safe(api_version, true))
+        return err_set(err, "invalid apiVersion '%s'", api_version ? api_version : "");
+    if (!url_safe(resource, false))
+        return err_set(err, "invalid resource '%s'", resource ? resource : "");
+    if (namespace && *namespace && !url_safe(namespace, false))
+        return err_set(err, "invalid namespace '%s'", namespace);
+    if (name && !url_safe(name, false)) return err_set(err, "invalid name '%s'", name);
+    bool core = strchr(api_version, '/') == NULL;
+    bool ns = namespace && *namespace;
+    int n = snprintf(out, outsz, "/%s/%s%s%s/%s%s%s", core ? "api" : "apis", api_version,
+                     ns ? "/namespaces/" : "", ns ? namespace : "", resource, name ? "/" : "",
+                     name ? name : "");
+    if (n < 0 || (size_t)n >= outsz) return err_set(err, "API path too long (%s)", resource);
+    return 0;
+}
+
+/* ---- transport ------------------------------------------------------------------------------ */
+
+typedef struct buf {
+    char *p;
+    size_t len, cap, max;
+    bool too_big;
+} buf;
+
+static size_t collect(char *ptr, size_t size, size_t nmemb, void *ud) {
+    buf *b = ud;
+    size_t n = size * nmemb;
+    if (b->len + n > b->max) {
+        b->too_big = true;
+        return 0; /* aborts the transfer with CURLE_WRITE_ERROR */
+    }
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 4096;
+        while (cap < b->len + n + 1) cap *= 2;
+        b->p = xrealloc(b->p, cap);
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, ptr, n);
+    b->len += n;
+    b->p[b->len] = '\0';
+    return n;
+}
+
+static int progress(void *ud, curl_off_t dt, curl_off_t dn, curl_off_t ut, curl_off_t un) {
+    (void)dt, (void)dn, (void)ut, (void)un;
+    const kube_client *k = ud;
+    return k->stop && *k->stop ? 1 : 0;
+}
+
+/* Sets up the handle for one request; returns the header list to free after it. */
+static struct curl_slist *setup(kube_client *k, const char *method, const char *url,
+                                const char *content_type, const char *body, long timeout_s,
+                                err_t *err) {
+    CURL *c = k->curl;
+    curl_easy_reset(c); /* keeps the connection cache: requests reuse the TLS connection */
+    k->errbuf[0] = '\0';
+    CURLcode rc = CURLE_OK;
+#define SET(opt, val) \
+    if (rc == CURLE_OK) rc = curl_easy_setopt(c, opt, val)
+    SET(CURLOPT_URL, url);
+    SET(CURLOPT_NOSIGNAL, 1L);
+    SET(CURLOPT_ERRORBUFFER, k->errbuf);
+    SET(CURLOPT_CONNECTTIMEOUT, KUBE_CONNECT_TIMEOUT_S);
+    SET(CURLOPT_TIMEOUT, timeout_s);
+    SET(CURLOPT_TCP_KEEPALIVE, 1L);
+    SET(CURLOPT_FOLLOWLOCATION, 0L);
+    SET(CURLOPT_SSL_VERIFYPEER, 1L);
+    SET(CURLOPT_SSL_VERIFYHOST, 2L);
+    SET(CURLOPT_NOPROGRESS, 0L);
+    SET(CURLOPT_XFERINFOFUNCTION, progress);
+    SET(CURLOPT_XFERINFODATA, k);
+    SET(CURLOPT_USERAGENT, "cephalo-operator");
+    if (k->cfg.ca_data) {
+        struct curl_blob b = {k->cfg.ca_data, k->cfg.ca_len, CURL_BLOB_COPY};
+        SET(CURLOPT_CAINFO_BLOB, &b);
+    } else if (k->cfg.ca_file) {
+        SET(CURLOPT_CAINFO, k->cfg.ca_file);
+    }
+    if (k->cfg.cert_data) {
+        struct curl_blob b = {k->cfg.cert_data, k->cfg.cert_len, CURL_BLOB_COPY};
+        SET(CURLOPT_SSLCERT_BLOB, &b);
+        SET(CURLOPT_SSLCERTTYPE, "PEM");
+    } else if (k->cfg.cert_file) {
+        SET(CURLOPT_SSLCERT, k->cfg.cert_file);
+    }
+    if (k->cfg.key_data) {
+        struct curl_blob b = {k->cfg.key_data, k->cfg.key_len, CURL_BLOB_COPY};
+        SET(CURLOPT_SSLKEY_BLOB, &b);
+        SET(CURLOPT_SSLKEYTYPE, "PEM");
+    } else if (k->cfg.key_file) {
+        SET(CURLOPT_SSLKEY, k->cfg.key_file);
+    }
+    if (strcmp(method, "GET") == 0) {
+        SET(CURLOPT_HTTPGET, 1L);
+    } else {
+        SET(CURLOPT_CUSTOMREQUEST, method);
+        if (body) {
+            SET(CURLOPT_POSTFIELDS, body);
+            SET(CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)strlen(body));
+        }
+    }
+#undef SET
+    if (rc != CURLE_OK) {
+        /* e.g. a libcurl whose TLS backend cannot take a CA or key from memory */
+        err_set(err, "%s %s: libcurl refused an option: %s", method, url, curl_easy_strerror(rc));
+        return NULL;
+    }
+    struct curl_slist *h = curl_slist_append(NULL, "Accept: application/json");
+    h = curl_slist_append(h, "Expect:"); /* no 100-continue round trip for bodies */
+    if (body) {
+        char ct[128];
+        snprintf(ct, sizeof ct, "Content-Type: %s", content_type ? content_type : "application/json");
+        h = curl_slist_append(h, ct);
+    }
+    if (k->token) {
+        size_t n = strlen(k->token) + 32;
+        char *auth = xmalloc(n);
+        snprintf(auth, n, "Authorization: Bearer %s", k->token);
+        h = curl_slist_append(h, auth);
+        free(auth);
+    }
+    if (!h) {
+        err_set(err, "%s %s: out of memory for headers", method, url);
+        return NULL;
+    }
+    curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
+    return h;
+}
+
+/* "HTTP 404 (NotFound): configmaps \"x\" not found" from a Status body, or the body's start. */
+static void status_error(err_t *err, const char *method, const char *url, long status,
+                         const char *body, size_t len) {
+    cJSON *st = body && len ? cJSON_ParseWithLength(body, len) : NULL;
+    const cJSON *msg = cJSON_GetObjectItemCaseSensitive(st, "message");
+    const cJSON *reason = cJSON_GetObjectItemCaseSensitive(st, "reason");
+    if (cJSON_IsString(msg)) {
+        err_set(err, "%s %s: HTTP %ld%s%s%s: %s", method, url, status,
+                cJSON_IsString(reason) ? " (" : "", cJSON_IsString(reason) ? reason->valuestring : "",
+                cJSON_IsString(reason) ? ")" : "", msg->valuestring);
+    } else {
+        char text[201];
+        size_t n = 0;
+        for (size_t i = 0; body && i < len && n < sizeof text - 1; i++)
+            text[n++] = isprint((unsigned char)body[i]) ? body[i] : ' ';
+        text[n] = '\0';
+        err_set(err, "%s %s: HTTP %ld%s%s", method, url, status, n ? ": " : " (empty body)", text);
+    }
+    cJSON_Delete(st);
+}
+
+static void url_of(const kube_client *k, const char *path, char *url, size_t sz) {
+    snprintf(url, sz, "%s%s", k->cfg.server, path);
+}
+
+int kube_request(kube_client *k, const char *method, const char *path, const char *content_type,
+                 const char *body, cJSON **out, long *status, err_t *err) {
+    if (out) *out = NULL;
+    long st_local;
+    if (!status) status = &st_local;
+    *status = 0;
+    char url[KUBE_PATH_MAX + 512];
+    url_of(k, path, url, sizeof url);
+    for (int attempt = 0;; attempt++) {
+        if (refresh_token(k, false, err) < 0) return -1;
+        struct curl_slist *h = setup(k, method, url, content_type, body, KUBE_REQUEST_TIMEOUT_S,
+                                     err);
+        if (!h) return -1;
+        buf b = {.max = KUBE_MAX_BODY};
+        curl_easy_setopt(k->curl, CURLOPT_WRITEFUNCTION, collect);
+        curl_easy_setopt(k->curl, CURLOPT_WRITEDATA, &b);
+        CURLcode rc = curl_easy_perform(k->curl);
+        curl_slist_free_all(h);
+        if (rc != CURLE_OK) {
+            if (b.too_big)
+                err_set(err, "%s %s: response larger than %zu MiB", method, url,
+                        KUBE_MAX_BODY >> 20);
+            else if (rc == CURLE_ABORTED_BY_CALLBACK)
+                err_set(err, "%s %s: stopped", method, url);
+            else
+                err_set(err, "%s %s: %s", method, url, k->errbuf[0] ? k->errbuf : curl_easy_strerror(rc));
+            free(b.p);
+            return -1;
+        }
+        curl_easy_getinfo(k->curl, CURLINFO_RESPONSE_CODE, status);
+        /* a rotated token: the old one may be rejected before our periodic re-read is due */
+        if (*status == 401 && k->cfg.token_file && attempt == 0) {
+            free(b.p);
+            if (refresh_token(k, true, err) < 0) return -1;
+            continue;
+        }
+        if (*status < 200 || *status > 299) {
+            status_error(err, method, url, *status, b.p, b.len);
+            free(b.p);
+            return -1;
+        }
+        int ret = 0;
+        if (out && b.len > 0) {
+            *out = cJSON_ParseWithLength(b.p, b.len);
+            if (!*out) ret = err_set(err, "%s %s: HTTP %ld but the body is not JSON", method, url, *status);
+        }
+        free(b.p);
+        return ret;
+    }
+}
+
+static int request_json(kube_client *k, const char *method, const char *path, const char *ctype,
+                        const cJSON *obj, cJSON **out, long *status, err_t *err) {
+    char *body = obj ? cJSON_PrintUnformatted(obj) : NULL;
+    if (obj && !body) return err_set(err, "%s %s: cannot serialise the body", method, path);
+    int rc = kube_request(k, method, path, ctype, body, out, status, err);
+    free(body);
+    return rc;
+}
+
+int kube_get(kube_client *k, const char *path, cJSON **out, long *status, err_t *err) {
+    return kube_request(k, "GET", path, NULL, NULL, out, status, err);
+}
+
+int kube_create(kube_client *k, const char *collection, const cJSON *obj, cJSON **out,
+                long *status, err_t *err) {
+    return request_json(k, "POST", collection, NULL, obj, out, status, err);
+}
+
+int kube_replace(kube_client *k, const char *path, const cJSON *obj, cJSON **out, long *status,
+                 err_t *err) {
+    return request_json(k, "PUT", path, NULL, obj, out, status, err);
+}
+
+int kube_delete(kube_client *k, const char *path, long *status, err_t *err) {
+    char p[KUBE_PATH_MAX + 64];
+    snprintf(p, sizeof p, "%s%cpropagationPolicy=Background", path, strchr(path, '?') ? '&' : '?');
+    return kube_request(k, "DELETE", p, NULL, NULL, NULL, status, err);
+}
+
+int kube_merge_patch(kube_client *k, const char *path, const cJSON *patch, cJSON **out,
+                     long *status, err_t *err) {
+    return request_json(k, "PATCH", path, "application/merge-patch+json", patch, out, status, err);
+}
+
+static int status_path(char *out, size_t sz, const char *path, err_t *err) {
+    if (strchr(path, '?')) return err_set(err, "%s: a status path takes no query", path);
+    if (snprintf(out, sz, "%s/status", path) >= (int)sz) return err_set(err, "%s: path too long", path);
+    return 0;
+}
+
+int kube_replace_status(kube_client *k, const char *path, const cJSON *obj, cJSON **out,
+                        long *status, err_t *err) {
+    char p[KUBE_PATH_MAX + 16];
+    if (status) *status = 0;
+    if (status_path(p, sizeof p, path, err) < 0) return -1;
+    return kube_replace(k, p, obj, out, status, err);
+}
+
+int kube_merge_patch_status(kube_client *k, const char *path, const cJSON *patch, cJSON **out,
+                            long *status, err_t *err) {
+    char p[KUBE_PATH_MAX + 16];
+    if (status) *status = 0;
+    if (status_path(p, sizeof p, path, err) < 0) return -1;
+    return kube_merge_patch(k, p, patch, out, status, err);
+}
+
+int kube_update_retry(kube_client *k, const char *path, bool status_subresource, int attempts,
+                      kube_mutate_fn mutate, void *arg, cJSON **out, long *status, err_t *err) {
+    if (out) *out = NULL;
+    long st_local;
+    if (!status) status = &st_local;
+    if (attempts < 1) attempts = 1;
+    for (int i = 0; i < attempts; i++) {
+        cJSON *obj;
+        if (kube_get(k, path, &obj, status, err) < 0) return -1;
+        if (!obj) return err_set(err, "GET %s: empty body", path);
+        int m = mutate(obj, arg, err);
+        if (m <= 0) {
+            if (m == 0 && out)
+                *out = obj;
+            else
+                cJSON_Delete(obj);
+            return m;
+        }
+        /* the GET's resourceVersion stays in obj: the PUT fails with 409 if anyone wrote since */
+        int rc = status_subresource ? kube_replace_status(k, path, obj, out, status, err)
+                                    : kube_replace(k, path, obj, out, status, err);
+        cJSON_Delete(obj);
+        if (rc == 0) return 0;
+        if (*status != 409) return -1;
+    }
+    return err_prefix(err, "gave up after %d conflicting updates", attempts);
+}
+
+/* ---- events --------------------------------------------------------------------------------- */
+
+static void format_time(char *out, size_t outsz, bool micro) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    struct tm tm;
+    gmtime_r(&ts.tv_sec, &tm);
+    char base[32];
+    strftime(base, sizeof base, "%Y-%m-%dT%H:%M:%S", &tm);
+    if (micro)
+        snprintf(out, outsz, "%s.%06ldZ", base, ts.tv_nsec / 1000);
+    else
+        snprintf(out, outsz, "%sZ", base);
+}
+
+void kube_time_now(char *out, size_t outsz) { format_time(out, outsz, false); }
+void kube_microtime_now(char *out, size_t outsz) { format_time(out, outsz, true); }
+
+/* Days since 1970-01-01 of a proleptic Gregorian date (timegm is not POSIX). */
+static long days_from_civil(long y, long m, long d) {
+    y -= m <= 2;
+    long era = (y >= 0 ? y : y - 399) / 400;
+    long yoe = y - era * 400;
+    long doy = (153 * (m + (m > 2 ? -3 : 9)) + 2) / 5 + d - 1;
+    long doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    return era * 146097 + doe - 719468;
+}
+
+bool kube_time_parse(const char *s, double *out) {
+    int y, mo, d, h, mi, se, n = 0;
+    if (!s || sscanf(s, "%4d-%2d-%2dT%2d:%2d:%2d%n", &y, &mo, &d, &h, &mi, &se, &n) != 6 || n != 19)
+        return false;
+    if (mo < 1 || mo > 12 || d < 1 || d > 31 || h > 23 || mi > 59 || se > 60) return false;
+    const char *p = s + n;
+    double frac = 0, scale = 0.1;
+    if (*p == '.') {
+        p++;
+        if (!isdigit((unsigned char)*p)) return false;
+        for (; isdigit((unsigned char)*p); p++, scale /= 10) frac += (*p - '0') * scale;
+    }
+    long offset = 0;
+    if (*p == 'Z' || *p == 'z') {
+        p++;
+    } else if (*p == '+' || *p == '-') {
+        int oh, om, m = 0;
+        if (sscanf(p + 1, "%2d:%2d%n", &oh, &om, &m) != 2 || m != 5) return false;
+        offset = (oh * 3600L + om * 60L) * (*p == '-' ? -1 : 1);
+        p += 6;
+    } else {
+        return false;
+    }
+    if (*p) return false;
+    *out = (double)(days_from_civil(y, mo, d) * 86400L + h * 3600L + mi * 60L + se - offset) + frac;
+    return true;
+}
+
+const char *kube_meta_str(const cJSON *obj, const char *field) {
+    const cJSON *md = cJSON_GetObjectItemCaseSensitive(obj, "metadata");
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(md, field);
+    return cJSON_IsString(v) ? v->valuestring : NULL;
+}
+
+static char *event_key(const kube_event *ev) {
+    size_t n = 64;
+    const char *parts[] = {ev->namespace, ev->kind, ev->name, ev->uid, ev->type, ev->reason,
+                           ev->message};
+    for (size_t i = 0; i < sizeof parts / sizeof *parts; i++) n += parts[i] ? strlen(parts[i]) : 0;
+    char *key = xmalloc(n);
+    snprintf(key, n, "%s\x1f%s\x1f%s\x1f%s\x1f%s\x1f%s\x1f%s", ev->namespace, ev->kind, ev->name,
+             ev->uid ? ev->uid : "", ev->type, ev->reason, ev->message ? ev->message : "");
+    return key;
+}
+
+/* Bumps count and lastTimestamp of an Event we made; 1 when the Event is gone (404). */
+static int event_bump(kube_client *k, event_entry *e, err_t *err) {
+    char path[KUBE_PATH_MAX], now[40];
+    if (kube_path(path, sizeof path, "v1", e->namespace, "events", e->name, err) < 0) return -1;
+    kube_time_now(now, sizeof now);
+    cJSON *patch = cJSON_CreateObject();
+    cJSON_AddNumberToObject(patch, "count", (double)(e->count + 1));
+    cJSON_AddStringToObject(patch, "lastTimestamp", now);
+    long status;
+    int rc = kube_merge_patch(k, path, patch, NULL, &status, err);
+    cJSON_Delete(patch);
+    if (rc == 0) {
+        e->count++;
+        return 0;
+    }
+    return status == 404 ? 1 : -1;
+}
+
+int kube_event_emit(kube_client *k, const kube_event *ev, err_t *err) {
+    if (!ev->namespace || !ev->kind || !ev->name || !ev->api_version || !ev->reason ||
+        !*ev->reason)
+        return err_set(err, "event: namespace, involved object and reason are required");
+    if (!ev->type || (strcmp(ev->type, "Normal") != 0 && strcmp(ev->type, "Warning") != 0))
+        return err_set(err, "event %s: type must be Normal or Warning", ev->reason);
+    char *key = event_key(ev);
+    for (int i = 0; i < KUBE_EVENT_CACHE; i++) {
+        event_entry *e = &k->events[i];
+        if (!e->key || strcmp(e->key, key) != 0) continue;
+        int rc = event_bump(k, e, err);
+        if (rc <= 0) {
+            free(key);
+            return rc;
+        }
+        free(e->key), free(e->name), free(e->namespace); /* deleted (TTL): make a new one */
+        memset(e, 0, sizeof *e);
+        break;
+    }
+    /* named like client-go's recorder: the object's name and a unique hex suffix */
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    char name[256], now[40], path[KUBE_PATH_MAX];
+    snprintf(name, sizeof name, "%.200s.%llx", ev->name,
+             (unsigned long long)ts.tv_sec * 1000000000ull + (unsigned long long)ts.tv_nsec);
+    kube_time_now(now, sizeof now);
+    if (kube_path(path, sizeof path, "v1", ev->namespace, "events", NULL, err) < 0) {
+        free(key);
+        return -1;
+    }
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "apiVersion", "v1");
+    cJSON_AddStringToObject(o, "kind", "Event");
+    cJSON *md = cJSON_AddObjectToObject(o, "metadata");
+    cJSON_AddStringToObject(md, "name", name);
+    cJSON_AddStringToObject(md, "namespace", ev->namespace);
+    cJSON *inv = cJSON_AddObjectToObject(o, "involvedObject");
+    cJSON_AddStringToObject(inv, "apiVersion", ev->api_version);
+    cJSON_AddStringToObject(inv, "kind", ev->kind);
+    cJSON_AddStringToObject(inv, "name", ev->name);
+    cJSON_AddStringToObject(inv, "namespace", ev->namespace);
+    if (ev->uid) cJSON_AddStringToObject(inv, "uid", ev->uid);
+    cJSON_AddStringToObject(o, "reason", ev->reason);
+    char msg[1025]; /* the API truncates long messages anyway; keep Events small */
+    snprintf(msg, sizeof msg, "%s", ev->message ? ev->message : "");
+    cJSON_AddStringToObject(o, "message", msg);
+    cJSON_AddStringToObject(o, "type", ev->type);
+    cJSON_AddNumberToObject(o, "count", 1);
+    cJSON_AddStringToObject(o, "firstTimestamp", now);
+    cJSON_AddStringToObject(o, "lastTimestamp", now);
+    const char *comp = ev->component ? ev->component : "cephalo-operator";
+    cJSON_AddObjectToObject(o, "source");
+    cJSON_AddStringToObject(cJSON_GetObjectItem(o, "source"), "component", comp);
+    cJSON_AddStringToObject(o, "reportingComponent", comp);
+    long status;
+    int rc = kube_create(k, path, o, NULL, &status, err);
+    cJSON_Delete(o);
+    if (rc < 0) {
+        free(key);
+        return -1;
+    }
+    event_entry *e = &k->events[k->event_next];
+    k->event_next = (k->event_next + 1) % KUBE_EVENT_CACHE;
+    free(e->key), free(e->name), free(e->namespace);
+    e->key = key;
+    e->name = xstrdup(name);
+    e->namespace = xstrdup(ev->namespace);
+    e->count = 1;
+    return 0;
+}
+
+/* ---- streaming ------------------------------------------------------------------------------ */
+
+typedef struct stream_ctx {
+    kube_client *k;
+    kube_data_fn on_data;
+    void *arg;
+    err_t *err;
+    int ok; /* -1 unknown, 1 a 2xx body is streaming, 0 an error body is being collected */
+    bool stopped_by_callback;
+    buf errbody;
+} stream_ctx;
+
+static size_t stream_write(char *ptr, size_t size, size_t nmemb, void *ud) {
+    stream_ctx *s = ud;
+    size_t n = size * nmemb;
+    if (s->ok < 0) {
+        long code = 0;
+        curl_easy_getinfo(s->k->curl, CURLINFO_RESPONSE_CODE, &code);
+        s->ok = code >= 200 && code <= 299;
+    }
+    if (!s->ok) {
+        /* keep the start of an error body for its message, drop the rest */
+        size_t room = s->errbody.max - s->errbody.len;
+        collect(ptr, 1, n < room ? n : room, &s->errbody);
+        return n;
+    }
+    if (s->on_data(ptr, n, s->arg, s->err) < 0) {
+        s->stopped_by_callback = true;
+        return 0;
+    }
+    return n;
+}
+
+int kube_stream(kube_client *k, const char *path, double timeout_s, kube_data_fn on_data,
+                void *arg, long *status, err_t *err) {
+    long st_local;
+    if (!status) status = &st_local;
+    *status = 0;
+    char url[KUBE_PATH_MAX + 512];
+    url_of(k, path, url, sizeof url);
+    for (int attempt = 0;; attempt++) {
+        if (refresh_token(k, false, err) < 0) return -1;
+        struct curl_slist *h = setup(k, "GET", url, NULL, NULL, (long)(timeout_s + 0.999), err);
+        if (!h) return -1;
+        stream_ctx s = {k, on_data, arg, err, -1, false, {.max = KUBE_MAX_ERROR_BODY}};
+        curl_easy_setopt(k->curl, CURLOPT_WRITEFUNCTION, stream_write);
+        curl_easy_setopt(k->curl, CURLOPT_WRITEDATA, &s);
+        CURLcode rc = curl_easy_perform(k->curl);
+        curl_slist_free_all(h);
+        curl_easy_getinfo(k->curl, CURLINFO_RESPONSE_CODE, status);
+        if (s.stopped_by_callback) {
+            free(s.errbody.p);
+            return -1; /* err was set by on_data */
+        }
+        if (*status == 401 && k->cfg.token_file && attempt == 0) {
+            free(s.errbody.p);
+            if (refresh_token(k, true, err) < 0) return -1;
+            continue;
+        }
+        int ret = 0;
+        if (*status != 0 && (*status < 200 || *status > 299)) {
+            status_error(err, "GET", url, *status, s.errbody.p, s.errbody.len);
+            ret = -1;
+        } else if (rc == CURLE_ABORTED_BY_CALLBACK) {
+            ret = err_set(err, "GET %s: stopped", url);
+        } else if (rc == CURLE_OPERATION_TIMEDOUT && s.ok == 1) {
+            ret = 0; /* our own bound on a quiet stream: the same as the server ending it */
+        } else if (rc != CURLE_OK) {
+            ret = err_set(err, "GET %s: %s", url, k->errbuf[0] ? k->errbuf : curl_easy_strerror(rc));
+        }
+        free(s.errbody.p);
+        return ret;
+    }
+}

@@ -1,0 +1,588 @@
+/* test_kube.c - the Kubernetes client: kubeconfig and in-cluster configuration (and one clear
+ * message per kind of bad input), paths and timestamps, then requests against a scripted local
+ * HTTP server: error messages, the token re-read after a 401, merge patch and the status
+ * subresource, conflict retries, Events with counts, and leader election on a Lease. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "fake_http.h"
+#include "fileio.h"
+#include "kube.h"
+#include "lease.h"
+
+/* ---- kubeconfig ------------------------------------------------------------------------------ */
+
+/* base64 of "CA PEM\n", "CERT PEM\n", "KEY PEM\n" */
+#define CA64 "Q0EgUEVNCg=="
+#define CERT64 "Q0VSVCBQRU0K"
+#define KEY64 "S0VZIFBFTQo="
+
+static const char KUBECONFIG[] =
+    "apiVersion: v1\n"
+    "kind: Config\n"
+    "current-context: dev\n"
+    "clusters:\n"
+    "- name: prod-cluster\n"
+    "  cluster:\n"
+    "    server: https://prod.example:6443/\n"
+    "    certificate-authority: certs/ca.pem\n"
+    "- name: dev-cluster\n"
+    "  cluster:\n"
+    "    server: https://127.0.0.1:6443\n"
+    "    certificate-authority-data: " CA64 "\n"
+    "contexts:\n"
+    "- name: prod\n"
+    "  context: {cluster: prod-cluster, user: admin, namespace: training}\n"
+    "- name: dev\n"
+    "  context:\n"
+    "    cluster: dev-cluster\n"
+    "    user: dev-user\n"
+    "users:\n"
+    "- name: dev-user\n"
+    "  user:\n"
+    "    token: abc.def\n"
+    "- name: admin\n"
+    "  user:\n"
+    "    client-certificate-data: " CERT64 "\n"
+    "    client-key-data: " KEY64 "\n"
+    "preferences: {}\n";
+
+static void test_kubeconfig_current_context(void **state) {
+    (void)state;
+    kube_config c;
+    err_t err;
+    if (kube_config_parse("kc.yaml", "/etc/kube", KUBECONFIG, strlen(KUBECONFIG), NULL, &c, &err))
+        fail_msg("%s", err.msg);
+    assert_string_equal(c.server, "https://127.0.0.1:6443");
+    assert_string_equal(c.namespace, "default");
+    assert_string_equal(c.token, "abc.def");
+    assert_int_equal(c.ca_len, 7);
+    assert_memory_equal(c.ca_data, "CA PEM\n", 7);
+    assert_null(c.ca_file);
+    assert_null(c.cert_data);
+    assert_null(c.token_file);
+    kube_config_free(&c);
+}
+
+static void test_kubeconfig_named_context_client_cert(void **state) {
+    (void)state;
+    kube_config c;
+    err_t err;
+    if (kube_config_parse("kc.yaml", "/etc/kube", KUBECONFIG, strlen(KUBECONFIG), "prod", &c, &err))
+        fail_msg("%s", err.msg);
+    assert_string_equal(c.server, "https://prod.example:6443"); /* trailing '/' dropped */
+    assert_string_equal(c.namespace, "training");
+    assert_null(c.token);
+    assert_string_equal(c.ca_file, "/etc/kube/certs/ca.pem"); /* relative to the kubeconfig */
+    assert_int_equal(c.cert_len, 9);
+    assert_memory_equal(c.cert_data, "CERT PEM\n", 9);
+    assert_int_equal(c.key_len, 8);
+    assert_memory_equal(c.key_data, "KEY PEM\n", 8);
+    kube_config_free(&c);
+}
+
+static void test_kubeconfig_files(void **state) {
+    (void)state;
+    char dir[] = "/tmp/cephalo-kc-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char path[256];
+    snprintf(path, sizeof path, "%s/config", dir);
+    const char *text = "current-context: x\n"
+                       "clusters: [{name: c, cluster: {server: 'http://localhost:8080'}}]\n"
+                       "contexts: [{name: x, context: {cluster: c, user: u, namespace: ns1}}]\n"
+                       "users: [{name: u, user: {tokenFile: tok, client-certificate: /abs/c.pem,"
+                       " client-key: k.pem}}]\n";
+    err_t err;
+    assert_int_equal(file_write_atomic(path, text, strlen(text), &err), 0);
+    kube_config c;
+    if (kube_config_load(path, NULL, &c, &err) < 0) fail_msg("%s", err.msg);
+    char want[300];
+    snprintf(want, sizeof want, "%s/tok", dir);
+    assert_string_equal(c.token_file, want);
+    assert_string_equal(c.cert_file, "/abs/c.pem");
+    snprintf(want, sizeof want, "%s/k.pem", dir);
+    assert_string_equal(c.key_file, want);
+    assert_string_equal(c.namespace, "ns1");
+    assert_string_equal(c.source, path);
+    kube_config_free(&c);
+    unlink(path);
+    rmdir(dir);
+}
+
+/* `text` must be refused with a message containing `needle`. */
+static void expect_kc_error(const char *text, const char *context, const char *needle) {
+    kube_config c;
+    err_t err = {{0}};
+    int rc = kube_config_parse("kc.yaml", NULL, text, strlen(text), context, &c, &err);
+    if (rc != -1 || !strstr(err.msg, needle))
+        fail_msg("rc %d, message \"%s\"; wanted \"%s\"", rc, err.msg, needle);
+    assert_null(c.server);
+}
+
+static void test_kubeconfig_errors(void **state) {
+    (void)state;
+    expect_kc_error("clusters: []\n", NULL, "kc.yaml:1: kubeconfig: missing field 'current-context'");
+    expect_kc_error(KUBECONFIG, "staging", "kc.yaml:14: contexts: no entry named 'staging'");
+    expect_kc_error("current-context: a\ncontexts:\n- name: a\n  context: {user: u}\n", NULL,
+                    "kc.yaml:4: contexts[0].context: missing field 'cluster'");
+    expect_kc_error("current-context: a\ncontexts: [{name: a, context: {cluster: c}}]\n", NULL,
+                    "kc.yaml:1: kubeconfig: missing field 'clusters'");
+    expect_kc_error("current-context: a\ncontexts: [{name: a, context: {cluster: c}}]\n"
+                    "clusters:\n- name: c\n  cluster:\n    certificate-authority-data: " CA64 "\n",
+                    NULL, "kc.yaml:6: clusters[0].cluster: missing field 'server'");
+    expect_kc_error("current-context: a\ncontexts: [{name: a, context: {cluster: c}}]\n"
+                    "clusters: [{name: c, cluster: {server: 'ftp://x'}}]\n",
+                    NULL, "kc.yaml:3: clusters[0].cluster.server: server 'ftp://x' is not an http(s) URL");
+    expect_kc_error("current-context: a\ncontexts: [{name: a, context: {cluster: c}}]\n"
+                    "clusters: [{name: c, cluster: {server: 'https://x',\n"
+                    "  certificate-authority-data: 'not base64!'}}]\n",
+                    NULL, "kc.yaml:4: clusters[0].cluster.certificate-authority-data: not valid base64");
+    expect_kc_error("current-context: a\ncontexts: [{name: a, context: {cluster: c}}]\n"
+                    "clusters: [{name: c, cluster: {server: 'https://x',\n"
+                    "  insecure-skip-tls-verify: true}}]\n",
+                    NULL, "kc.yaml:4: clusters[0].cluster.insecure-skip-tls-verify: refused");
+    const char *base = "current-context: a\n"
+                       "contexts: [{name: a, context: {cluster: c, user: u}}]\n"
+                       "clusters: [{name: c, cluster: {server: 'https://x'}}]\n";
+    char text[1024];
+    snprintf(text, sizeof text, "%susers:\n- name: u\n  user:\n    exec: {command: aws}\n", base);
+    expect_kc_error(text, NULL, "kc.yaml:7: users[0].user.exec: not supported");
+    snprintf(text, sizeof text, "%susers:\n- name: u\n  user:\n    client-certificate-data: " CERT64
+                                "\n",
+             base);
+    expect_kc_error(text, NULL, "kc.yaml:7: users[0].user: missing field 'client-key-data'");
+    snprintf(text, sizeof text, "%susers: [{name: v, user: {token: t}}]\n", base);
+    expect_kc_error(text, NULL, "kc.yaml:4: users: no entry named 'u'");
+    expect_kc_error("current-context: [a]\n", NULL, "kc.yaml:1: current-context: expected a scalar");
+    expect_kc_error("a: [\n", NULL, "kc.yaml:");
+}
+
+static void write_file(const char *dir, const char *name, const char *text) {
+    char p[300];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    err_t err;
+    if (file_write_atomic(p, text, strlen(text), &err) < 0) fail_msg("%s", err.msg);
+}
+
+static void test_in_cluster(void **state) {
+    (void)state;
+    char dir[] = "/tmp/cephalo-sa-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    err_t err;
+    kube_config c;
+    assert_int_equal(kube_config_in_cluster_at(dir, NULL, "443", &c, &err), -1);
+    assert_non_null(strstr(err.msg, "KUBERNETES_SERVICE_HOST is not set"));
+    assert_int_equal(kube_config_in_cluster_at(dir, "10.0.0.1", "443", &c, &err), -1);
+    assert_non_null(strstr(err.msg, "in-cluster config: service account token: "));
+    assert_non_null(strstr(err.msg, "/token: cannot open"));
+    write_file(dir, "token", "tok-1\n");
+    assert_int_equal(kube_config_in_cluster_at(dir, "10.0.0.1", "443", &c, &err), -1);
+    assert_non_null(strstr(err.msg, "in-cluster config: cluster CA: "));
+    write_file(dir, "ca.crt", "CA PEM\n");
+    if (kube_config_in_cluster_at(dir, "fd00::1", "443", &c, &err) < 0) fail_msg("%s", err.msg);
+    assert_string_equal(c.server, "https://[fd00::1]:443");
+    assert_string_equal(c.namespace, "default"); /* no namespace file */
+    assert_int_equal(c.ca_len, 7);
+    assert_null(c.token); /* read by the client, and again as it rotates */
+    assert_non_null(strstr(c.token_file, "/token"));
+    kube_config_free(&c);
+    write_file(dir, "namespace", "cephalo-system\n");
+    assert_int_equal(kube_config_in_cluster_at(dir, "10.0.0.1", "6443", &c, &err), 0);
+    assert_string_equal(c.server, "https://10.0.0.1:6443");
+    assert_string_equal(c.namespace, "cephalo-system");
+    kube_config_free(&c);
+    const char *names[] = {"token", "ca.crt", "namespace"};
+    for (int i = 0; i < 3; i++) {
+        char p[300];
+        snprintf(p, sizeof p, "%s/%s", dir, names[i]);
+        unlink(p);
+    }
+    rmdir(dir);
+}
+
+static void test_paths_and_times(void **state) {
+    (void)state;
+    char p[KUBE_PATH_MAX];
+    err_t err;
+    assert_int_equal(kube_path(p, sizeof p, "v1", "ns", "configmaps", "plan", &err), 0);
+    assert_string_equal(p, "/api/v1/namespaces/ns/configmaps/plan");
+    assert_int_equal(kube_path(p, sizeof p, "v1", NULL, "nodes", NULL, &err), 0);
+    assert_string_equal(p, "/api/v1/nodes");
+    assert_int_equal(kube_path(p, sizeof p, "coordination.k8s.io/v1", "kube-system", "leases",
+                               "op", &err), 0);
+    assert_string_equal(p, "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/op");
+    assert_int_equal(kube_path(p, sizeof p, "cephalo.dev/v1alpha1", "", "cephalojobs", NULL, &err), 0);
+    assert_string_equal(p, "/apis/cephalo.dev/v1alpha1/cephalojobs");
+    assert_int_equal(kube_path(p, sizeof p, "v1", "ns", "pods", "a/../b", &err), -1);
+    assert_string_equal(err.msg, "invalid name 'a/../b'");
+    assert_int_equal(kube_path(p, sizeof p, "v1", "n s", "pods", NULL, &err), -1);
+
+    double t;
+    assert_true(kube_time_parse("1970-01-01T00:00:00Z", &t) && t == 0);
+    assert_true(kube_time_parse("2024-03-01T12:30:15Z", &t) && t == 1709296215);
+    assert_true(kube_time_parse("2024-03-01T12:30:15.250000Z", &t) && t == 1709296215.25);
+    assert_true(kube_time_parse("2024-03-01T14:30:15+02:00", &t) && t == 1709296215);
+    assert_false(kube_time_parse("2024-03-01 12:30:15Z", &t));
+    assert_false(kube_time_parse("2024-03-01T12:30:15", &t));
+    assert_false(kube_time_parse("2024-13-01T12:30:15Z", &t));
+    char now[40];
+    kube_microtime_now(now, sizeof now);
+    assert_int_equal(strlen(now), 27);
+    assert_true(kube_time_parse(now, &t) && t > 1.7e9);
+    kube_time_now(now, sizeof now);
+    assert_int_equal(strlen(now), 20);
+}
+
+/* ---- requests against a scripted server -------------------------------------------------------- */
+
+static kube_client *client_for(const fake_server *srv, const char *token, const char *token_file) {
+    char url[64];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d", srv->port);
+    kube_config cfg = {.server = url, .namespace = (char *)"ns", .token = (char *)token,
+                       .token_file = (char *)token_file};
+    err_t err;
+    kube_client *k = kube_client_new(&cfg, &err);
+    if (!k) fail_msg("%s", err.msg);
+    return k;
+}
+
+static void finish(fake_server *srv, int want_served) {
+    int served = fake_join(srv);
+    if (srv->mismatch[0]) fail_msg("%s", srv->mismatch);
+    assert_int_equal(served, want_served);
+}
+
+#define CM_PATH "/api/v1/namespaces/ns/configmaps/plan"
+
+static void test_errors_and_verbs(void **state) {
+    (void)state;
+    static const fake_step script[] = {
+        {"GET", CM_PATH, 404,
+         "{\"kind\":\"Status\",\"status\":\"Failure\",\"message\":\"configmaps \\\"plan\\\" not "
+         "found\",\"reason\":\"NotFound\",\"code\":404}", 0, false},
+        {"POST", "/api/v1/namespaces/ns/configmaps", 201, "{\"metadata\":{\"name\":\"plan\"}}", 0,
+         false},
+        {"PATCH", CM_PATH, 200, "{\"metadata\":{\"name\":\"plan\"},\"data\":{\"b\":\"2\"}}", 0,
+         false},
+        {"PATCH", "/apis/cephalo.dev/v1alpha1/namespaces/ns/cephalojobs/j/status", 200, "{}", 0,
+         false},
+        {"PUT", "/apis/cephalo.dev/v1alpha1/namespaces/ns/cephalojobs/j/status", 200, "{}", 0,
+         false},
+        {"DELETE", CM_PATH "?propagationPolicy=Background", 200, "{}", 0, false},
+        {"GET", CM_PATH, 502, "<html>bad gateway</html>", 0, false},
+        {"GET", CM_PATH, 200, "{not json", 0, false},
+    };
+    fake_server srv;
+    assert_int_equal(fake_start(&srv, script, 8), 0);
+    kube_client *k = client_for(&srv, "sekrit", NULL);
+    err_t err;
+    long status;
+    cJSON *out;
+    char url[128];
+    snprintf(url, sizeof url, "GET http://127.0.0.1:%d" CM_PATH, srv.port);
+
+    assert_int_equal(kube_get(k, CM_PATH, &out, &status, &err), -1);
+    assert_int_equal(status, 404);
+    assert_null(out);
+    char want[512];
+    snprintf(want, sizeof want, "%s: HTTP 404 (NotFound): configmaps \"plan\" not found", url);
+    assert_string_equal(err.msg, want);
+
+    cJSON *cm = cJSON_Parse("{\"apiVersion\":\"v1\",\"kind\":\"ConfigMap\","
+                            "\"metadata\":{\"name\":\"plan\"},\"data\":{\"a\":\"1\"}}");
+    assert_int_equal(kube_create(k, "/api/v1/namespaces/ns/configmaps", cm, &out, &status, &err), 0);
+    assert_int_equal(status, 201);
+    assert_string_equal(kube_meta_str(out, "name"), "plan");
+    cJSON_Delete(out);
+    cJSON_Delete(cm);
+
+    cJSON *patch = cJSON_Parse("{\"data\":{\"a\":null,\"b\":\"2\"}}");
+    assert_int_equal(kube_merge_patch(k, CM_PATH, patch, NULL, &status, &err), 0);
+    assert_int_equal(kube_merge_patch_status(k, "/apis/cephalo.dev/v1alpha1/namespaces/ns/cephalojobs/j",
+                                             patch, NULL, &status, &err), 0);
+    assert_int_equal(kube_replace_status(k, "/apis/cephalo.dev/v1alpha1/namespaces/ns/cephalojobs/j",
+                                         patch, NULL, &status, &err), 0);
+    cJSON_Delete(patch);
+    assert_int_equal(kube_delete(k, CM_PATH, &status, &err), 0);
+
+    assert_int_equal(kube_get(k, CM_PATH, &out, &status, &err), -1);
+    assert_int_equal(status, 502);
+    snprintf(want, sizeof want, "%s: HTTP 502: <html>bad gateway</html>", url);
+    assert_string_equal(err.msg, want);
+    assert_int_equal(kube_get(k, CM_PATH, &out, &status, &err), -1);
+    assert_int_equal(status, 200);
+    assert_non_null(strstr(err.msg, "HTTP 200 but the body is not JSON"));
+    kube_client_free(k);
+    finish(&srv, 8);
+
+    assert_non_null(strstr(srv.head[0], "Authorization: Bearer sekrit"));
+    assert_non_null(strstr(srv.head[0], "Accept: application/json"));
+    assert_non_null(strstr(srv.head[1], "Content-Type: application/json"));
+    assert_non_null(strstr(srv.body[1], "\"kind\":\"ConfigMap\""));
+    assert_non_null(strstr(srv.head[2], "Content-Type: application/merge-patch+json"));
+    assert_string_equal(srv.body[2], "{\"data\":{\"a\":null,\"b\":\"2\"}}");
+    assert_non_null(strstr(srv.head[3], "Content-Type: application/merge-patch+json"));
+
+    /* nobody listening: status 0 and the URL in the message */
+    kube_client *dead = client_for(&srv, NULL, NULL);
+    assert_int_equal(kube_get(dead, CM_PATH, &out, &status, &err), -1);
+    assert_int_equal(status, 0);
+    assert_non_null(strstr(err.msg, url));
+    kube_client_free(dead);
+}
+
+static void test_token_reread_after_401(void **state) {
+    (void)state;
+    char dir[] = "/tmp/cephalo-tok-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char tok[300];
+    snprintf(tok, sizeof tok, "%s/token", dir);
+    write_file(dir, "token", "old-token\n");
+    static const fake_step script[] = {
+        {"GET", CM_PATH, 401, "{\"kind\":\"Status\",\"message\":\"Unauthorized\"}", 0, false},
+        {"GET", CM_PATH, 200, "{}", 0, false},
+        {"GET", CM_PATH, 401, "{\"kind\":\"Status\",\"message\":\"Unauthorized\"}", 0, false},
+        {"GET", CM_PATH, 401, "{\"kind\":\"Status\",\"message\":\"Unauthorized\"}", 0, false},
+    };
+    fake_server srv;
+    assert_int_equal(fake_start(&srv, script, 4), 0);
+    kube_client *k = client_for(&srv, NULL, tok);
+    write_file(dir, "token", "new-token\n"); /* the kubelet rotated it */
+    err_t err;
+    long status;
+    cJSON *out = NULL;
+    if (kube_get(k, CM_PATH, &out, &status, &err) < 0) fail_msg("%s", err.msg);
+    cJSON_Delete(out);
+    /* a 401 with the fresh token is an answer, not a reason to loop */
+    assert_int_equal(kube_get(k, CM_PATH, &out, &status, &err), -1);
+    assert_int_equal(status, 401);
+    assert_non_null(strstr(err.msg, "HTTP 401: Unauthorized"));
+    kube_client_free(k);
+    finish(&srv, 4);
+    assert_non_null(strstr(srv.head[0], "Authorization: Bearer old-token"));
+    assert_non_null(strstr(srv.head[1], "Authorization: Bearer new-token"));
+    unlink(tok);
+    rmdir(dir);
+}
+
+static int bump_replicas(cJSON *obj, void *arg, err_t *err) {
+    int *calls = arg;
+    (*calls)++;
+    cJSON *data = cJSON_GetObjectItem(obj, "data");
+    if (!data) return err_set(err, "no data");
+    cJSON_DeleteItemFromObject(data, "n");
+    cJSON_AddStringToObject(data, "n", "2");
+    return 1;
+}
+
+static void test_update_retry_on_conflict(void **state) {
+    (void)state;
+    static const char CONFLICT[] =
+        "{\"kind\":\"Status\",\"reason\":\"Conflict\",\"code\":409,\"message\":\"Operation cannot be "
+        "fulfilled on configmaps \\\"plan\\\": the object has been modified\"}";
+    static const fake_step script[] = {
+        {"GET", CM_PATH, 200, "{\"metadata\":{\"name\":\"plan\",\"resourceVersion\":\"1\"},\"data\":{\"n\":\"1\"}}", 0, false},
+        {"PUT", CM_PATH, 409, CONFLICT, 0, false},
+        {"GET", CM_PATH, 200, "{\"metadata\":{\"name\":\"plan\",\"resourceVersion\":\"2\"},\"data\":{\"n\":\"1\"}}", 0, false},
+        {"PUT", CM_PATH, 200, "{\"metadata\":{\"name\":\"plan\",\"resourceVersion\":\"3\"},\"data\":{\"n\":\"2\"}}", 0, false},
+    };
+    fake_server srv;
+    assert_int_equal(fake_start(&srv, script, 4), 0);
+    kube_client *k = client_for(&srv, NULL, NULL);
+    int calls = 0;
+    cJSON *out;
+    long status;
+    err_t err;
+    if (kube_update_retry(k, CM_PATH, false, 3, bump_replicas, &calls, &out, &status, &err) < 0)
+        fail_msg("%s", err.msg);
+    assert_int_equal(calls, 2);
+    assert_string_equal(kube_meta_str(out, "resourceVersion"), "3");
+    cJSON_Delete(out);
+    kube_client_free(k);
+    finish(&srv, 4);
+    assert_non_null(strstr(srv.body[1], "\"resourceVersion\":\"1\""));
+    assert_non_null(strstr(srv.body[3], "\"resourceVersion\":\"2\""));
+    assert_non_null(strstr(srv.body[3], "\"n\":\"2\""));
+
+    /* an update that keeps conflicting gives up after its attempts */
+    static const fake_step busy[] = {
+        {"GET", CM_PATH, 200, "{\"metadata\":{\"resourceVersion\":\"1\"},\"data\":{}}", 0, false},
+        {"PUT", CM_PATH "/status", 409, CONFLICT, 0, false},
+        {"GET", CM_PATH, 200, "{\"metadata\":{\"resourceVersion\":\"2\"},\"data\":{}}", 0, false},
+        {"PUT", CM_PATH "/status", 409, CONFLICT, 0, false},
+        {"GET", CM_PATH, 403, "{\"kind\":\"Status\",\"message\":\"forbidden\"}", 0, false},
+    };
+    assert_int_equal(fake_start(&srv, busy, 5), 0);
+    k = client_for(&srv, NULL, NULL);
+    calls = 0;
+    assert_int_equal(kube_update_retry(k, CM_PATH, true, 2, bump_replicas, &calls, NULL, &status, &err), -1);
+    assert_int_equal(status, 409);
+    assert_non_null(strstr(err.msg, "gave up after 2 conflicting updates"));
+    assert_non_null(strstr(err.msg, "the object has been modified"));
+    /* other errors are not retried */
+    assert_int_equal(kube_update_retry(k, CM_PATH, true, 5, bump_replicas, &calls, NULL, &status, &err), -1);
+    assert_int_equal(status, 403);
+    assert_int_equal(calls, 2);
+    kube_client_free(k);
+    finish(&srv, 5);
+}
+
+static void test_events_counted(void **state) {
+    (void)state;
+    static const fake_step script[] = {
+        {"POST", "/api/v1/namespaces/ns/events", 201, "{}", 0, false},
+        {"PATCH", NULL, 200, "{}", 0, false}, /* path checked below: it carries the name */
+        {"POST", "/api/v1/namespaces/ns/events", 201, "{}", 0, false},
+        {"PATCH", NULL, 404, "{\"kind\":\"Status\",\"message\":\"gone\"}", 0, false},
+        {"POST", "/api/v1/namespaces/ns/events", 201, "{}", 0, false},
+    };
+    fake_server srv;
+    assert_int_equal(fake_start(&srv, script, 5), 0);
+    kube_client *k = client_for(&srv, NULL, NULL);
+    kube_event ev = {.namespace = "ns", .api_version = "cephalo.dev/v1alpha1", .kind = "CephaloJob",
+                     .name = "j1", .uid = "u-1", .type = "Normal", .reason = "Planned",
+                     .message = "8 ranks, 412 ms/iteration"};
+    err_t err;
+    assert_int_equal(kube_event_emit(k, &ev, &err), 0);
+    assert_int_equal(kube_event_emit(k, &ev, &err), 0); /* the same again: count 2 */
+    kube_event other = ev;
+    other.type = "Warning";
+    other.reason = "WorkerFailed";
+    other.message = "rank 3 exited with 1";
+    assert_int_equal(kube_event_emit(k, &other, &err), 0);
+    assert_int_equal(kube_event_emit(k, &other, &err), 0); /* Event gone: made anew */
+    other.type = "Loud";
+    assert_int_equal(kube_event_emit(k, &other, &err), -1);
+    assert_non_null(strstr(err.msg, "type must be Normal or Warning"));
+    kube_client_free(k);
+    finish(&srv, 5);
+    cJSON *e = cJSON_Parse(srv.body[0]);
+    assert_non_null(e);
+    const cJSON *inv = cJSON_GetObjectItem(e, "involvedObject");
+    assert_string_equal(cJSON_GetObjectItem(inv, "kind")->valuestring, "CephaloJob");
+    assert_string_equal(cJSON_GetObjectItem(inv, "uid")->valuestring, "u-1");
+    assert_string_equal(cJSON_GetObjectItem(inv, "namespace")->valuestring, "ns");
+    assert_string_equal(cJSON_GetObjectItem(e, "reason")->valuestring, "Planned");
+    assert_string_equal(cJSON_GetObjectItem(e, "type")->valuestring, "Normal");
+    assert_int_equal(cJSON_GetObjectItem(e, "count")->valueint, 1);
+    assert_string_equal(cJSON_GetObjectItem(cJSON_GetObjectItem(e, "source"), "component")->valuestring,
+                        "cephalo-operator");
+    char want[300];
+    snprintf(want, sizeof want, "PATCH /api/v1/namespaces/ns/events/%s HTTP/1.1", kube_meta_str(e, "name"));
+    assert_non_null(strstr(srv.head[1], want));
+    assert_non_null(strstr(srv.head[1], "application/merge-patch+json"));
+    assert_non_null(strstr(srv.body[1], "\"count\":2"));
+    assert_non_null(strstr(srv.body[1], "\"lastTimestamp\""));
+    cJSON_Delete(e);
+    assert_non_null(strstr(srv.body[4], "\"reason\":\"WorkerFailed\""));
+    assert_non_null(strstr(srv.body[4], "\"count\":1"));
+}
+
+/* ---- leader election ------------------------------------------------------------------------- */
+
+#define LEASES "/apis/coordination.k8s.io/v1/namespaces/ns/leases"
+#define LEASE LEASES "/cephalo-operator"
+#define LEASE_OBJ(rv, holder, renew, transitions)                                                \
+    "{\"apiVersion\":\"coordination.k8s.io/v1\",\"kind\":\"Lease\",\"metadata\":{\"name\":"      \
+    "\"cephalo-operator\",\"resourceVersion\":\"" rv "\"},\"spec\":{\"holderIdentity\":\"" holder \
+    "\",\"leaseDurationSeconds\":15,\"renewTime\":\"" renew "\",\"leaseTransitions\":" transitions "}}"
+
+static void test_lease_election(void **state) {
+    (void)state;
+    static const fake_step script[] = {
+        /* absent: create it */
+        {"GET", LEASE, 404, "{\"kind\":\"Status\",\"code\":404}", 0, false},
+        {"POST", LEASES, 201, "{}", 0, false},
+        /* renew our own */
+        {"GET", LEASE, 200, LEASE_OBJ("5", "pod-a", "2024-01-01T00:00:00.000000Z", "0"), 0, false},
+        {"PUT", LEASE, 200, "{}", 0, false},
+        /* someone else holds it, freshly observed: keep out */
+        {"GET", LEASE, 200, LEASE_OBJ("9", "pod-b", "2024-01-01T00:01:00.000000Z", "1"), 0, false},
+        /* unchanged for a lease duration (the test moves our observation back): take it, but
+         * pod-c wins the race (409); the next try reads pod-c's fresh record and keeps out */
+        {"GET", LEASE, 200, LEASE_OBJ("9", "pod-b", "2024-01-01T00:01:00.000000Z", "1"), 0, false},
+        {"PUT", LEASE, 409, "{\"kind\":\"Status\",\"code\":409,\"message\":\"conflict\"}", 0, false},
+        {"GET", LEASE, 200, LEASE_OBJ("10", "pod-c", "2024-01-01T00:02:00.000000Z", "2"), 0, false},
+        /* released by its holder (no holder): take it at once */
+        {"GET", LEASE, 200, LEASE_OBJ("11", "", "2024-01-01T00:03:00.000000Z", "2"), 0, false},
+        {"PUT", LEASE, 200, "{}", 0, false},
+        /* release on shutdown */
+        {"GET", LEASE, 200, LEASE_OBJ("12", "pod-a", "2024-01-01T00:03:00.000000Z", "3"), 0, false},
+        {"PUT", LEASE, 200, "{}", 0, false},
+    };
+    int n = (int)(sizeof script / sizeof *script);
+    fake_server srv;
+    assert_int_equal(fake_start(&srv, script, n), 0);
+    kube_client *k = client_for(&srv, NULL, NULL);
+    lease_elector e;
+    err_t err;
+    lease_opts o = {.name = "cephalo-operator", .identity = "pod-a"};
+    assert_int_equal(lease_init(&e, k, &o, &err), 0);
+    assert_false(lease_is_leader(&e));
+    assert_int_equal(lease_try(&e, &err), 1);
+    assert_true(lease_is_leader(&e));
+    assert_int_equal(lease_try(&e, &err), 1);
+    assert_int_equal(lease_try(&e, &err), 0);
+    assert_false(lease_is_leader(&e));
+    e.observed_at -= 16; /* 16 s pass with the record unchanged */
+    assert_int_equal(lease_try(&e, &err), 0);
+    assert_int_equal(lease_try(&e, &err), 0);
+    assert_int_equal(lease_try(&e, &err), 1);
+    assert_int_equal(e.transitions, 3);
+    assert_int_equal(lease_release(&e, &err), 0);
+    assert_false(lease_is_leader(&e));
+    assert_int_equal(lease_release(&e, &err), 0); /* not leading: nothing to do */
+    lease_free(&e);
+    kube_client_free(k);
+    finish(&srv, n);
+
+    cJSON *created = cJSON_Parse(srv.body[1]);
+    const cJSON *spec = cJSON_GetObjectItem(created, "spec");
+    assert_string_equal(cJSON_GetObjectItem(spec, "holderIdentity")->valuestring, "pod-a");
+    assert_int_equal(cJSON_GetObjectItem(spec, "leaseDurationSeconds")->valueint, 15);
+    assert_int_equal(cJSON_GetObjectItem(spec, "leaseTransitions")->valueint, 0);
+    double t;
+    assert_true(kube_time_parse(cJSON_GetObjectItem(spec, "acquireTime")->valuestring, &t));
+    assert_true(kube_time_parse(cJSON_GetObjectItem(spec, "renewTime")->valuestring, &t));
+    cJSON_Delete(created);
+    /* a renew keeps acquireTime's absence and the transitions, and carries the resourceVersion */
+    assert_non_null(strstr(srv.body[3], "\"resourceVersion\":\"5\""));
+    assert_non_null(strstr(srv.body[3], "\"leaseTransitions\":0"));
+    assert_null(strstr(srv.body[3], "acquireTime"));
+    /* a takeover bumps the transitions and sets acquireTime */
+    assert_non_null(strstr(srv.body[6], "\"resourceVersion\":\"9\""));
+    assert_non_null(strstr(srv.body[6], "\"holderIdentity\":\"pod-a\""));
+    assert_non_null(strstr(srv.body[6], "\"leaseTransitions\":2"));
+    assert_non_null(strstr(srv.body[6], "acquireTime"));
+    assert_non_null(strstr(srv.body[9], "\"leaseTransitions\":3"));
+    /* release: no holder, kept transitions */
+    assert_non_null(strstr(srv.body[11], "\"holderIdentity\":\"\""));
+    assert_non_null(strstr(srv.body[11], "\"leaseDurationSeconds\":1"));
+    assert_non_null(strstr(srv.body[11], "\"leaseTransitions\":3"));
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_kubeconfig_current_context),
+        cmocka_unit_test(test_kubeconfig_named_context_client_cert),
+        cmocka_unit_test(test_kubeconfig_files),
+        cmocka_unit_test(test_kubeconfig_errors),
+        cmocka_unit_test(test_in_cluster),
+        cmocka_unit_test(test_paths_and_times),
+        cmocka_unit_test(test_errors_and_verbs),
+        cmocka_unit_test(test_token_reread_after_401),
+        cmocka_unit_test(test_update_retry_on_conflict),
+        cmocka_unit_test(test_events_counted),
+        cmocka_unit_test(test_lease_election),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
