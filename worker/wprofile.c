@@ -36,18 +36,8 @@ static int bad(const char *cmd, const char *fmt, ...) {
     return EXIT_BAD_INPUT;
 }
 
-static int size_arg(const char *arg, int64_t *out) {
-    char *end;
-    double v = strtod(arg, &end), mul = 1;
-    if (*end == 'K' || *end == 'k') mul = 1 << 10, end++;
-    else if (*end == 'M' || *end == 'm') mul = 1 << 20, end++;
-    else if (*end == 'G' || *end == 'g') mul = 1 << 30, end++;
-    if (*end == 'i') end++;
-    if (*end == 'B') end++;
-    if (end == arg || *end || !(v > 0) || v * mul > 9e18) return -1;
-    *out = (int64_t)(v * mul);
-    return 0;
-}
+/* Sizes like 512M, 2G (common/strutil.h). */
+static int size_arg(const char *arg, int64_t *out) { return str_to_size(arg, out) ? 0 : -1; }
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
