@@ -343,17 +343,28 @@ static int parse_root(const yctx *y, const ynode *root, const char *dir, job *j)
     return 0;
 }
 
+/* Parses a loaded document; relative paths in it resolve against dir. */
+static int load_tree(const char *name, ynode *root, const char *dir, job *out, err_t *err) {
+    if (!root) return -1;
+    yctx y = {.file = name, .err = err};
+    int rc = parse_root(&y, root, dir, out);
+    ytree_free(root);
+    return rc;
+}
+
 int job_load_file(const char *path, job *out, err_t *err) {
     memset(out, 0, sizeof *out);
     out->path = xstrdup(path);
-    ynode *root = ytree_load_file(path, err);
-    if (!root) return -1;
-    yctx y = {.file = path, .err = err};
     char *dir = dir_of(path);
-    int rc = parse_root(&y, root, dir, out);
+    int rc = load_tree(path, ytree_load_file(path, err), dir, out, err);
     free(dir);
-    ytree_free(root);
     return rc;
+}
+
+int job_load_string(const char *name, const char *text, size_t len, job *out, err_t *err) {
+    memset(out, 0, sizeof *out);
+    out->path = xstrdup(name);
+    return load_tree(name, ytree_load_string(name, text, len, err), ".", out, err);
 }
 
 int job_check(const job *j, err_t *err) {

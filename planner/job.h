@@ -64,6 +64,9 @@ typedef struct job {
 
 /* Parses the job file. Errors read "FILE:LINE: FIELD: what was expected". */
 int job_load_file(const char *path, job *out, err_t *err);
+/* The same from text in memory (fuzzing, tests); relative paths resolve against ".". On error
+ * *out is still to be freed with job_free. */
+int job_load_string(const char *name, const char *text, size_t len, job *out, err_t *err);
 /* Replaces the devices with a --devices list: "cpu:2t:512M,cpu:1t:256Mx2" (docs/run.md). */
 int job_set_devices(job *j, const char *spec, err_t *err);
 /* Checks what depends on more than one field, after the command line's overrides: devices
