@@ -57,9 +57,11 @@ CLI := $(BUILD)/bin/cephalo
 WORKER_SRC := $(filter-out worker/main.c worker/comm_nccl.c,$(wildcard worker/*.c))
 WLIB := $(BUILD)/libcephalo-worker.a
 WORKER := $(BUILD)/bin/cephalo-worker
-# the operator's Kubernetes client (libcurl); linked into the unit tests for now
-OPERATOR_SRC := $(wildcard operator/*.c)
+# the operator: its Kubernetes client, inventory and reconcile (libcurl) in a library that the
+# unit tests link too, and the binary (operator/main.c)
+OPERATOR_SRC := $(filter-out operator/main.c,$(wildcard operator/*.c))
 OLIB := $(BUILD)/libcephalo-operator.a
+OPERATOR := $(BUILD)/bin/cephalo-operator
 TEST_SRC := $(wildcard tests/unit/test_*.c)
 TESTS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(TEST_SRC))
 BENCH := $(BUILD)/bench/bench_plan
@@ -95,7 +97,7 @@ endif
 
 .SECONDARY:
 .PHONY: all deps test demo bench fuzz clean help info cuda test-gpu bench-gpu
-all: $(CLI) $(WORKER) $(OLIB) $(CUDA_TARGETS)
+all: $(CLI) $(WORKER) $(OLIB) $(OPERATOR) $(CUDA_TARGETS)
 
 cuda: $(CUDA_TARGETS)
 	@[ -n "$(CUDA_TARGETS)" ] || { echo "no CUDA build: nvcc not found, CUDA=0 or SAN=1" >&2; exit 1; }
@@ -124,6 +126,10 @@ $(WLIB): $(patsubst %.c,$(BUILD)/%.o,$(WORKER_SRC))
 $(OLIB): $(patsubst %.c,$(BUILD)/%.o,$(OPERATOR_SRC))
 	@mkdir -p $(dir $@)
 	$(AR) rcs $@ $^
+
+$(OPERATOR): $(BUILD)/operator/main.o $(OLIB) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDSAN) -o $@ $^ $(LDLIBS) -lcurl
 
 $(CLI): $(BUILD)/planner/cli.o $(WLIB) $(LIB)
 	@mkdir -p $(dir $@)
@@ -165,7 +171,7 @@ $(BENCH): $(BUILD)/bench/bench_plan.o $(BUILD)/bench/paper_dp.o $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDSAN) -o $@ $^ $(LDLIBS)
 
-test: deps $(CLI) $(WORKER) $(TESTS)
+test: deps $(CLI) $(WORKER) $(OPERATOR) $(TESTS)
 	@BUILD=$(BUILD) tests/run.sh $(TESTS)
 
 demo: deps $(CLI)

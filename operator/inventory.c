@@ -1,0 +1,160 @@
+/* inventory.c - Nodes -> planner cluster (inventory.h). */
+#include "inventory.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "gpu.h"
+#include "kube.h"
+#include "strutil.h"
+
+
+static const char *label(const cJSON *node, const char *key) {
+    const cJSON *l = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(node, "metadata"), "labels");
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(l, key);
+    return cJSON_IsString(v) ? v->valuestring : NULL;
+}
+
+static void note(inv_result *r, const char *fmt, const char *a, const char *b) {
+    size_t n = strlen(r->notes);
+    if (n + 4 >= sizeof r->notes) return;
+    if (n) n += (size_t)snprintf(r->notes + n, sizeof r->notes - n, "; ");
+    if (n < sizeof r->notes) snprintf(r->notes + n, sizeof r->notes - n, fmt, a, b);
+}
+
+static bool selector_matches(const cJSON *node, const cJSON *sel) {
+    const cJSON *kv;
+    cJSON_ArrayForEach(kv, sel) {
+        const char *v = label(node, kv->string);
+        if (!cJSON_IsString(kv) || !v || strcmp(v, kv->valuestring) != 0) return false;
+    }
+    return true;
+}
+
+/* An allowed entry matches the product label itself or the same catalog entry. */
+static bool product_allowed(const char *product, const gpu_spec *spec, const cJSON *allowed) {
+    if (!allowed || cJSON_GetArraySize(allowed) == 0) return spec != NULL;
+    const cJSON *a;
+    cJSON_ArrayForEach(a, allowed) {
+        if (!cJSON_IsString(a)) continue;
+        if (strcasecmp(a->valuestring, product) == 0) return true;
+        err_t e;
+        const gpu_spec *as = gpu_find(a->valuestring, &e);
+        if (as && spec && as == spec) return true;
+    }
+    return false;
+}
+
+/* The number of GPUs: allocatable nvidia.com/gpu, else the gpu.count label. */
+static long gpu_count(const cJSON *node) {
+    const cJSON *st = cJSON_GetObjectItemCaseSensitive(node, "status");
+    const cJSON *al = cJSON_GetObjectItemCaseSensitive(st, "allocatable");
+    const cJSON *g = cJSON_GetObjectItemCaseSensitive(al, INV_RESOURCE_GPU);
+    long n;
+    if (cJSON_IsString(g) && str_to_long(g->valuestring, &n)) return n;
+    if (cJSON_IsNumber(g)) return (long)g->valuedouble;
+    const char *c = label(node, INV_LABEL_COUNT);
+    if (c && str_to_long(c, &n)) return n;
+    return 0;
+}
+
+static const gpu_spec *nearest_by_memory(double mib) {
+    int n;
+    const gpu_spec *cat = gpu_catalog(&n), *best = NULL;
+    for (int i = 0; i < n; i++) {
+        if (strcmp(cat[i].name, GPU_CPU_NAME) == 0) continue;
+        if (!best || fabs(cat[i].memory_gib * 1024 - mib) < fabs(best->memory_gib * 1024 - mib))
+            best = &cat[i];
+    }
+    return best;
+}
+
+static int by_name(const void *a, const void *b) {
+    const cJSON *x = *(const cJSON *const *)a, *y = *(const cJSON *const *)b;
+    const char *nx = kube_meta_str(x, "name"), *ny = kube_meta_str(y, "name");
+    return strcmp(nx ? nx : "", ny ? ny : "");
+}
+
+int inv_build(const cJSON *nodes, const inv_constraints *c, cluster *cl, inv_result *r, err_t *err) {
+    memset(r, 0, sizeof *r);
+    cluster_init(cl);
+    int n = cJSON_GetArraySize(nodes);
+    const cJSON **sorted = calloc((size_t)(n ? n : 1), sizeof *sorted);
+    if (!sorted) return err_set(err, "out of memory");
+    int k = 0;
+    const cJSON *node;
+    cJSON_ArrayForEach(node, nodes) sorted[k++] = node;
+    qsort(sorted, (size_t)k, sizeof *sorted, by_name);
+    int with_gpus = 0;
+    char seen[256] = "";
+    for (int i = 0; i < k; i++) {
+        node = sorted[i];
+        const char *name = kube_meta_str(node, "name");
+        const char *product = label(node, INV_LABEL_PRODUCT);
+        long count = gpu_count(node);
+        if (!name || !product || count <= 0) continue;
+        with_gpus++;
+        if (strlen(seen) + strlen(product) + 3 < sizeof seen && !strstr(seen, product)) {
+            if (*seen) strcat(seen, ", ");
+            strcat(seen, product);
+        }
+        const cJSON *spec_node = cJSON_GetObjectItemCaseSensitive(node, "spec");
+        if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(spec_node, "unschedulable"))) {
+            note(r, "node %s%s is cordoned", name, "");
+            continue;
+        }
+        if (c->node_selector && !selector_matches(node, c->node_selector)) continue;
+        err_t e;
+        const gpu_spec *spec = gpu_find(product, &e);
+        if (!product_allowed(product, spec, c->allowed_products)) continue;
+        double mem_mib = 0;
+        const char *m = label(node, INV_LABEL_MEMORY);
+        if (m && !str_to_double(m, &mem_mib)) mem_mib = 0;
+        if (!spec) {
+            if (mem_mib <= 0) {
+                note(r, "node %s: GPU product %s is unknown and has no gpu.memory label", name, product);
+                continue;
+            }
+            spec = nearest_by_memory(mem_mib);
+            r->estimated = true;
+            note(r, "node %s: unknown GPU product %s planned from its gpu.memory label", name, product);
+        }
+        if (strlen(name) >= sizeof cl->nodes[0].name) {
+            note(r, "node %s%s: name too long for the planner", name, "");
+            continue;
+        }
+        if (c->max_gpus > 0 && r->gpus + count > c->max_gpus) count = c->max_gpus - r->gpus;
+        if (count <= 0) break;
+        if (cluster_add_node(cl, name, CLUSTER_DEFAULT_NETWORK_GBPS) < 0) {
+            err_set(err, "node %s: cannot add it to the cluster", name);
+            free(sorted);
+            cluster_free(cl);
+            return -1;
+        }
+        if (cluster_add_devices(cl, spec->name, (int)count, err) < 0) {
+            free(sorted);
+            cluster_free(cl);
+            return err_prefix(err, "node %s", name);
+        }
+        if (r->estimated && strcasecmp(spec->name, product) != 0 && !gpu_find(product, &e))
+            for (int d = cl->n_devices - (int)count; d < cl->n_devices; d++)
+            {
+                cl->devices[d].memory_bytes = mem_mib * 1024.0 * 1024.0;
+                snprintf(cl->devices[d].type, sizeof cl->devices[d].type, "%s", product);
+            }
+        r->gpus += (int)count;
+    }
+    free(sorted);
+    if (r->gpus == 0) {
+        cluster_free(cl);
+        if (with_gpus == 0)
+            return err_set(err, "no node has GPUs (GPU Feature Discovery label %s and allocatable %s)",
+                           INV_LABEL_PRODUCT, INV_RESOURCE_GPU);
+        return err_set(err, "no usable GPU: none of the %d GPU nodes (products: %s) matches the "
+                            "job's gpus constraints%s%s", with_gpus, seen, *r->notes ? "; " : "", r->notes);
+    }
+    return 0;
+}

@@ -1,0 +1,736 @@
+/* main.c - cephalo-operator (DESIGN 8, docs/operator.md): watches CephaloJobs and their worker
+ * Pods, and reconciles every job that changed (reconcile.h) from one work queue.
+ *
+ *   cephalo-operator [--kubeconfig FILE] [--namespace NS] [--metrics-addr :8080]
+ *                    [--worker-image IMAGE] [--leader-elect=true] ...   (--help lists them)
+ *
+ * Threads: one watch (list + watch, watch_run) each for CephaloJobs, their Pods (label
+ * cephalo.dev/job) and Nodes, each with its own client, feeding the queue (a Node whose GPUs,
+ * labels or schedulability changed re-queues every job; status heartbeats do not); the main thread takes jobs from the queue and reconciles them one at a time; with
+ * --leader-elect a Lease thread (lease_run) decides whether this replica works at all; the
+ * /healthz, /readyz and /metrics endpoints are libmicrohttpd's thread. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <microhttpd.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "clock.h"
+#include "err.h"
+#include "kube.h"
+#include "lease.h"
+#include "log.h"
+#include "reconcile.h"
+#include "strutil.h"
+#include "watch.h"
+
+#define OP_RESYNC_S 30.0 /* every known job is reconciled again this often */
+#define OP_RETRY_MAX_S 30.0
+#define OP_KEY_MAX 320 /* "namespace/name" */
+
+/* ---- options ------------------------------------------------------------------------------- */
+
+typedef struct op_opts {
+    const char *kubeconfig, *context, *namespace, *metrics_addr, *log_level;
+    const char *worker_image, *worker_pull_policy;
+    bool leader_elect;
+    const char *le_namespace, *le_id;
+    double le_duration_s, le_renew_s, le_retry_s;
+} op_opts;
+
+static const char usage[] =
+    "usage: cephalo-operator [options]\n"
+    "Runs CephaloJobs (cephalo.dev/v1alpha1): plans each job for the cluster's GPUs and starts one\n"
+    "worker pod per GPU (docs/operator.md, docs/k8s.md).\n"
+    "  --kubeconfig FILE        outside a cluster (default: in-cluster config, else $KUBECONFIG)\n"
+    "  --context NAME           kubeconfig context (default: current-context)\n"
+    "  --namespace NS           only the CephaloJobs of NS (default: all namespaces)\n"
+    "  --metrics-addr [HOST]:PORT  /metrics, /healthz, /readyz (default :8080; 0 = off)\n"
+    "  --log-level LEVEL        debug, info, warn or error (default info)\n"
+    "  --worker-image IMAGE     worker image of jobs without spec.image\n"
+    "                           (default ghcr.io/cephalo/cephalo-worker)\n"
+    "  --worker-image-pull-policy P  Always, IfNotPresent or Never (default: the cluster's)\n"
+    "  --leader-elect[=true|false]   one active replica through a Lease (default false)\n"
+    "  --leader-election-namespace NS  the Lease's namespace (default $POD_NAMESPACE, else the\n"
+    "                           configuration's namespace)\n"
+    "  --leader-election-id NAME       the Lease's name (default cephalo-operator)\n"
+    "  --leader-election-lease-duration D, --leader-election-renew-deadline D,\n"
+    "  --leader-election-retry-period D   durations like 15s, 500ms, 1m (default 15s, 10s, 2s)\n"
+    "  --help                   this text\n"
+    "Environment: POD_NAME (the leader-election identity), POD_NAMESPACE.\n";
+
+static int op_level = 1; /* 0 debug, 1 info, 2 warn, 3 error */
+
+__attribute__((format(printf, 2, 3))) static void op_log(int level, const char *fmt, ...) {
+    static const char *const names[] = {"debug", "info", "warn", "error"};
+    if (level < op_level) return;
+    char ts[64];
+    kube_time_now(ts, sizeof ts);
+    char line[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "%s %s %s\n", ts, names[level], line);
+}
+
+static int op_duration(const char *flag, const char *s, double *out, err_t *err) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    double mul = 1;
+    if (end == s || errno) goto bad;
+    if (!strcmp(end, "ms")) mul = 0.001;
+    else if (!strcmp(end, "s") || !*end) mul = 1;
+    else if (!strcmp(end, "m")) mul = 60;
+    else if (!strcmp(end, "h")) mul = 3600;
+    else goto bad;
+    if (!(v > 0) || v * mul > 86400) goto bad;
+    *out = v * mul;
+    return 0;
+bad:
+    return err_set(err, "%s: '%s' is not a duration (e.g. 15s, 500ms, 1m; more than 0, at most a day)", flag, s);
+}
+
+static int op_bool(const char *flag, const char *s, bool *out, err_t *err) {
+    if (!strcmp(s, "true") || !strcmp(s, "1")) return *out = true, 0;
+    if (!strcmp(s, "false") || !strcmp(s, "0")) return *out = false, 0;
+    return err_set(err, "%s: expected true or false, got '%s'", flag, s);
+}
+
+/* 0 parsed, 1 --help, -1 bad (err set). Accepts --flag=value and --flag value. */
+static int op_parse(int argc, char **argv, op_opts *o, err_t *err) {
+    *o = (op_opts){.metrics_addr = ":8080", .log_level = "info",
+                   .worker_image = "ghcr.io/cephalo/cephalo-worker", .le_id = "cephalo-operator",
+                   .le_duration_s = 15, .le_renew_s = 10, .le_retry_s = 2};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) return 1;
+        if (strncmp(a, "--", 2) != 0) return err_set(err, "unexpected argument '%s'", a);
+        char flag[64];
+        const char *eq = strchr(a, '='), *val = NULL;
+        size_t n = eq ? (size_t)(eq - a) : strlen(a);
+        if (n >= sizeof flag) return err_set(err, "unknown option '%s'", a);
+        memcpy(flag, a, n);
+        flag[n] = '\0';
+        if (eq) val = eq + 1;
+        if (!strcmp(flag, "--leader-elect")) {
+            if (!val) {
+                o->leader_elect = true;
+                continue;
+            }
+            if (op_bool(flag, val, &o->leader_elect, err) < 0) return -1;
+            continue;
+        }
+        static const char *const known[] = {
+            "--kubeconfig", "--context", "--namespace", "--metrics-addr", "--log-level",
+            "--worker-image", "--worker-image-pull-policy", "--leader-election-namespace",
+            "--leader-election-id", "--leader-election-lease-duration",
+            "--leader-election-renew-deadline", "--leader-election-retry-period", NULL};
+        int k = 0;
+        while (known[k] && strcmp(known[k], flag)) k++;
+        if (!known[k]) return err_set(err, "unknown option '%s' (see --help)", flag);
+        if (!val) {
+            if (i + 1 >= argc) return err_set(err, "%s needs a value", flag);
+            val = argv[++i];
+        }
+        switch (k) {
+        case 0: o->kubeconfig = val; break;
+        case 1: o->context = val; break;
+        case 2: o->namespace = *val ? val : NULL; break;
+        case 3: o->metrics_addr = val; break;
+        case 4: o->log_level = val; break;
+        case 5: o->worker_image = val; break;
+        case 6: o->worker_pull_policy = *val ? val : NULL; break;
+        case 7: o->le_namespace = *val ? val : NULL; break;
+        case 8: o->le_id = val; break;
+        case 9: if (op_duration(flag, val, &o->le_duration_s, err) < 0) return -1; break;
+        case 10: if (op_duration(flag, val, &o->le_renew_s, err) < 0) return -1; break;
+        case 11: if (op_duration(flag, val, &o->le_retry_s, err) < 0) return -1; break;
+        }
+    }
+    static const char *const levels[] = {"debug", "info", "warn", "error"};
+    op_level = -1;
+    for (int l = 0; l < 4; l++)
+        if (!strcmp(o->log_level, levels[l])) op_level = l;
+    if (!strcmp(o->log_level, "warning")) op_level = 2;
+    if (op_level < 0) return err_set(err, "--log-level: expected debug, info, warn or error, got '%s'", o->log_level);
+    if (o->worker_pull_policy && strcmp(o->worker_pull_policy, "Always") &&
+        strcmp(o->worker_pull_policy, "IfNotPresent") && strcmp(o->worker_pull_policy, "Never"))
+        return err_set(err, "--worker-image-pull-policy: expected Always, IfNotPresent or Never, got '%s'",
+                       o->worker_pull_policy);
+    if (!*o->worker_image) return err_set(err, "--worker-image: empty");
+    if (o->le_renew_s >= o->le_duration_s)
+        return err_set(err, "--leader-election-renew-deadline (%gs) must be shorter than the lease "
+                            "duration (%gs)", o->le_renew_s, o->le_duration_s);
+    if (o->le_retry_s >= o->le_renew_s)
+        return err_set(err, "--leader-election-retry-period (%gs) must be shorter than the renew "
+                            "deadline (%gs)", o->le_retry_s, o->le_renew_s);
+    return 0;
+}
+
+/* ---- the work queue ------------------------------------------------------------------------ */
+
+typedef struct op_item {
+    char key[OP_KEY_MAX];
+    double not_before; /* monotonic */
+    int failures;
+} op_item;
+
+typedef struct op_queue {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    op_item *items; /* pending, unique keys */
+    int n, cap;
+    char (*known)[OP_KEY_MAX]; /* every job seen by the job watch */
+    int n_known, cap_known;
+} op_queue;
+
+static op_queue q = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+
+static void op_enqueue_locked(const char *key, double delay_s, int failures) {
+    for (int i = 0; i < q.n; i++)
+        if (!strcmp(q.items[i].key, key)) {
+            if (delay_s == 0) q.items[i].not_before = 0; /* a change: now, not after a backoff */
+            return;
+        }
+    if (q.n == q.cap) {
+        q.cap = q.cap ? 2 * q.cap : 16;
+        q.items = xrealloc(q.items, (size_t)q.cap * sizeof *q.items);
+    }
+    op_item *it = &q.items[q.n++];
+    snprintf(it->key, sizeof it->key, "%s", key);
+    it->not_before = delay_s > 0 ? clock_now_s() + delay_s : 0;
+    it->failures = failures;
+    pthread_cond_signal(&q.cv);
+}
+
+static void op_enqueue(const char *ns, const char *name) {
+    if (!ns || !name) return;
+    char key[OP_KEY_MAX];
+    snprintf(key, sizeof key, "%s/%s", ns, name);
+    pthread_mutex_lock(&q.mu);
+    op_enqueue_locked(key, 0, 0);
+    pthread_mutex_unlock(&q.mu);
+}
+
+static void op_known(const char *ns, const char *name, bool present) {
+    char key[OP_KEY_MAX];
+    snprintf(key, sizeof key, "%s/%s", ns, name);
+    pthread_mutex_lock(&q.mu);
+    int i = 0;
+    while (i < q.n_known && strcmp(q.known[i], key)) i++;
+    if (present && i == q.n_known) {
+        if (q.n_known == q.cap_known) {
+            q.cap_known = q.cap_known ? 2 * q.cap_known : 16;
+            q.known = xrealloc(q.known, (size_t)q.cap_known * sizeof *q.known);
+        }
+        snprintf(q.known[q.n_known++], OP_KEY_MAX, "%s", key);
+    } else if (!present && i < q.n_known) {
+        memmove(q.known[i], q.known[i + 1], (size_t)(q.n_known - i - 1) * sizeof *q.known);
+        q.n_known--;
+    }
+    pthread_mutex_unlock(&q.mu);
+}
+
+/* Takes the next due key; waits at most until `deadline` (monotonic). false: nothing due. */
+static bool op_dequeue(double deadline, op_item *out, volatile int *stop) {
+    pthread_mutex_lock(&q.mu);
+    for (;;) {
+        double now = clock_now_s(), next = deadline;
+        for (int i = 0; i < q.n; i++) {
+            if (q.items[i].not_before <= now) {
+                *out = q.items[i];
+                q.items[i] = q.items[--q.n];
+                pthread_mutex_unlock(&q.mu);
+                return true;
+            }
+            if (q.items[i].not_before < next) next = q.items[i].not_before;
+        }
+        if (now >= deadline || *stop) break;
+        if (next > now + 1) next = now + 1; /* look at the stop flag every second */
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        double wait = next - now;
+        ts.tv_sec += (time_t)wait;
+        ts.tv_nsec += (long)((wait - (double)(time_t)wait) * 1e9);
+        if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+        pthread_cond_timedwait(&q.cv, &q.mu, &ts);
+    }
+    pthread_mutex_unlock(&q.mu);
+    return false;
+}
+
+/* ---- state shared with the HTTP thread ----------------------------------------------------- */
+
+static volatile int op_stop;
+static volatile int op_leading; /* 1 while this replica works */
+static volatile int op_lost; /* leadership was lost: exit so that a fresh process campaigns */
+static volatile int op_jobs_listed;
+static pthread_mutex_t op_stats_mu = PTHREAD_MUTEX_INITIALIZER;
+static rec_stats op_stats;
+static bool op_elect;
+
+static void op_on_signal(int sig) {
+    (void)sig;
+    op_stop = 1;
+}
+
+static enum MHD_Result op_reply(struct MHD_Connection *c, unsigned status, const char *type, const char *body) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(strlen(body), (void *)body, MHD_RESPMEM_MUST_COPY);
+    if (!r) return MHD_NO;
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, type);
+    enum MHD_Result rc = MHD_queue_response(c, status, r);
+    MHD_destroy_response(r);
+    return rc;
+}
+
+static enum MHD_Result op_http(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                               const char *version, const char *upload, size_t *upload_size, void **ctx) {
+    (void)cls, (void)version, (void)upload, (void)upload_size, (void)ctx;
+    if (strcmp(method, MHD_HTTP_METHOD_GET) && strcmp(method, MHD_HTTP_METHOD_HEAD))
+        return op_reply(c, MHD_HTTP_METHOD_NOT_ALLOWED, "text/plain", "only GET\n");
+    if (!strcmp(url, "/healthz")) return op_reply(c, MHD_HTTP_OK, "text/plain", "ok\n");
+    if (!strcmp(url, "/readyz")) {
+        /* a standby is ready (it waits for the Lease); a leader once its job list arrived */
+        bool ready = !op_stop && (op_elect && !op_leading ? true : op_jobs_listed);
+        return ready ? op_reply(c, MHD_HTTP_OK, "text/plain", "ok\n")
+                     : op_reply(c, MHD_HTTP_SERVICE_UNAVAILABLE, "text/plain", "not ready: jobs not listed yet\n");
+    }
+    if (!strcmp(url, "/metrics")) {
+        pthread_mutex_lock(&op_stats_mu);
+        rec_stats s = op_stats;
+        pthread_mutex_unlock(&op_stats_mu);
+        pthread_mutex_lock(&q.mu);
+        int depth = q.n, known = q.n_known;
+        pthread_mutex_unlock(&q.mu);
+        char body[2048];
+        snprintf(body, sizeof body,
+                 "# HELP cephalo_operator_reconciles_total Reconciles of CephaloJobs.\n"
+                 "# TYPE cephalo_operator_reconciles_total counter\n"
+                 "cephalo_operator_reconciles_total %ld\n"
+                 "# HELP cephalo_operator_reconcile_errors_total Reconciles that failed on an API error (retried).\n"
+                 "# TYPE cephalo_operator_reconcile_errors_total counter\n"
+                 "cephalo_operator_reconcile_errors_total %ld\n"
+                 "# HELP cephalo_operator_plans_total Plans made.\n"
+                 "# TYPE cephalo_operator_plans_total counter\n"
+                 "cephalo_operator_plans_total %ld\n"
+                 "# HELP cephalo_operator_plan_failures_total Jobs that could not be planned.\n"
+                 "# TYPE cephalo_operator_plan_failures_total counter\n"
+                 "cephalo_operator_plan_failures_total %ld\n"
+                 "# HELP cephalo_operator_pods_created_total Worker pods created.\n"
+                 "# TYPE cephalo_operator_pods_created_total counter\n"
+                 "cephalo_operator_pods_created_total %ld\n"
+                 "# HELP cephalo_operator_queue_depth Jobs waiting to be reconciled.\n"
+                 "# TYPE cephalo_operator_queue_depth gauge\n"
+                 "cephalo_operator_queue_depth %d\n"
+                 "# HELP cephalo_operator_jobs CephaloJobs known.\n"
+                 "# TYPE cephalo_operator_jobs gauge\n"
+                 "cephalo_operator_jobs %d\n"
+                 "# HELP cephalo_operator_leader 1 while this replica leads (or runs without election).\n"
+                 "# TYPE cephalo_operator_leader gauge\n"
+                 "cephalo_operator_leader %d\n",
+                 s.reconciles, s.errors, s.plans, s.plan_failures, s.pods_created, depth, known,
+                 op_leading ? 1 : 0);
+        return op_reply(c, MHD_HTTP_OK, "text/plain; version=0.0.4; charset=utf-8", body);
+    }
+    return op_reply(c, MHD_HTTP_NOT_FOUND, "text/plain", "not found (try /metrics, /healthz or /readyz)\n");
+}
+
+static struct MHD_Daemon *op_serve(const char *addr, err_t *err) {
+    if (!strcmp(addr, "0") || !*addr) return NULL;
+    const char *colon = strrchr(addr, ':');
+    if (!colon) return err_set(err, "--metrics-addr: expected [HOST]:PORT, got '%s'", addr), NULL;
+    long port;
+    if (!str_to_long(colon + 1, &port) || port < 1 || port > 65535)
+        return err_set(err, "--metrics-addr: bad port in '%s' (1..65535)", addr), NULL;
+    struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    char host[256];
+    size_t hl = (size_t)(colon - addr);
+    if (hl >= sizeof host) return err_set(err, "--metrics-addr: host too long"), NULL;
+    memcpy(host, addr, hl);
+    host[hl] = '\0';
+    if (!*host || !strcmp(host, "0.0.0.0")) sin.sin_addr.s_addr = htonl(INADDR_ANY);
+    else if (!strcmp(host, "localhost")) sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    else if (inet_pton(AF_INET, host, &sin.sin_addr) != 1)
+        return err_set(err, "--metrics-addr: '%s' is not an IPv4 address", host), NULL;
+    struct MHD_Daemon *d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD, (uint16_t)port, NULL, NULL,
+                                            op_http, NULL, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sin,
+                                            MHD_OPTION_CONNECTION_TIMEOUT, 10u, MHD_OPTION_END);
+    if (!d) err_set(err, "--metrics-addr: cannot listen on %s (in use?)", addr);
+    return d;
+}
+
+/* ---- watches ------------------------------------------------------------------------------- */
+
+typedef struct op_watch {
+    const char *what;
+    const kube_config *cfg;
+    watch_opts wo;
+    char path[KUBE_PATH_MAX];
+    enum { OP_JOBS, OP_PODS, OP_NODES } kind; /* pods: the key is the cephalo.dev/job label */
+    pthread_t th;
+    bool started;
+} op_watch;
+
+/* What the inventory reads of a Node (inventory.h): a change re-checks every job. Only the node
+ * watch's thread touches this cache. */
+typedef struct op_node_fp {
+    char name[256];
+    char fp[512];
+} op_node_fp;
+static op_node_fp *op_fps;
+static int op_n_fps, op_cap_fps;
+
+static void op_node_fingerprint(const cJSON *node, char *out, size_t outsz) {
+    const cJSON *md = cJSON_GetObjectItemCaseSensitive(node, "metadata");
+    const cJSON *l = cJSON_GetObjectItemCaseSensitive(md, "labels");
+    const cJSON *al = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(node, "status"), "allocatable");
+    const cJSON *g = cJSON_GetObjectItemCaseSensitive(al, "nvidia.com/gpu");
+    const cJSON *un = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(node, "spec"), "unschedulable");
+    char *labels = l ? cJSON_PrintUnformatted(l) : NULL; /* node selectors may use any label */
+    snprintf(out, outsz, "%s|%s|%d", cJSON_IsString(g) ? g->valuestring : "-", labels ? labels : "",
+             cJSON_IsTrue(un));
+    free(labels);
+}
+
+/* true when the node's GPU-relevant fields changed (or it appeared or went). */
+static bool op_node_changed(const cJSON *node, bool deleted) {
+    const char *name = kube_meta_str(node, "name");
+    if (!name) return false;
+    int i = 0;
+    while (i < op_n_fps && strcmp(op_fps[i].name, name)) i++;
+    if (deleted) {
+        if (i == op_n_fps) return false;
+        op_fps[i] = op_fps[--op_n_fps];
+        return true;
+    }
+    char fp[512];
+    op_node_fingerprint(node, fp, sizeof fp);
+    if (i < op_n_fps) {
+        if (!strcmp(op_fps[i].fp, fp)) return false;
+        snprintf(op_fps[i].fp, sizeof op_fps[i].fp, "%s", fp);
+        return true;
+    }
+    if (op_n_fps == op_cap_fps) {
+        op_cap_fps = op_cap_fps ? 2 * op_cap_fps : 16;
+        op_fps = xrealloc(op_fps, (size_t)op_cap_fps * sizeof *op_fps);
+    }
+    snprintf(op_fps[op_n_fps].name, sizeof op_fps[op_n_fps].name, "%s", name);
+    snprintf(op_fps[op_n_fps].fp, sizeof op_fps[op_n_fps].fp, "%s", fp);
+    op_n_fps++;
+    return true;
+}
+
+static void op_enqueue_all(const char *why) {
+    pthread_mutex_lock(&q.mu);
+    if (why && q.n_known) op_log(1, "%s: checking the %d jobs again", why, q.n_known);
+    for (int i = 0; i < q.n_known; i++) op_enqueue_locked(q.known[i], 0, 0);
+    pthread_mutex_unlock(&q.mu);
+}
+
+static void op_enqueue_object(const op_watch *w, const cJSON *o, watch_type t) {
+    const char *ns = kube_meta_str(o, "namespace");
+    if (w->kind == OP_NODES) {
+        if (op_node_changed(o, t == WATCH_DELETED)) {
+            char why[300];
+            snprintf(why, sizeof why, "node %s %s", kube_meta_str(o, "name"),
+                     t == WATCH_DELETED ? "is gone" : t == WATCH_ADDED ? "appeared" : "changed its GPUs or labels");
+            op_enqueue_all(why);
+        }
+        return;
+    }
+    if (w->kind == OP_JOBS) {
+        const char *name = kube_meta_str(o, "name");
+        op_known(ns, name, t != WATCH_DELETED);
+        if (t != WATCH_DELETED) op_enqueue(ns, name);
+        return;
+    }
+    const cJSON *l = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(o, "metadata"), "labels");
+    const cJSON *job = cJSON_GetObjectItemCaseSensitive(l, REC_LABEL_JOB);
+    if (cJSON_IsString(job)) op_enqueue(ns, job->valuestring);
+}
+
+static int op_on_list(const cJSON *items, const char *rv, void *arg, err_t *err) {
+    (void)err;
+    op_watch *w = arg;
+    op_log(0, "%s: listed %d (resourceVersion %s)", w->what, cJSON_GetArraySize(items), rv ? rv : "?");
+    const cJSON *o;
+    if (w->kind == OP_NODES) {
+        /* a relist: compare everything with the cache (the first list only fills it) */
+        bool first = op_n_fps == 0, changed = false;
+        int before = op_n_fps;
+        op_node_fp *old = before ? xmalloc((size_t)before * sizeof *old) : NULL;
+        if (before) memcpy(old, op_fps, (size_t)before * sizeof *old);
+        op_n_fps = 0;
+        cJSON_ArrayForEach(o, items) {
+            const char *name = kube_meta_str(o, "name");
+            if (!name) continue;
+            op_node_changed(o, false);
+            int j = 0;
+            while (j < before && strcmp(old[j].name, name)) j++;
+            if (j == before || strcmp(old[j].fp, op_fps[op_n_fps - 1].fp)) changed = true;
+        }
+        if (op_n_fps != before) changed = true;
+        free(old);
+        if (changed && !first) op_enqueue_all("nodes relisted with changes");
+        return 0;
+    }
+    if (w->kind == OP_JOBS) {
+        pthread_mutex_lock(&q.mu);
+        q.n_known = 0;
+        pthread_mutex_unlock(&q.mu);
+    }
+    cJSON_ArrayForEach(o, items) op_enqueue_object(w, o, WATCH_ADDED);
+    if (w->kind == OP_JOBS) op_jobs_listed = 1;
+    return 0;
+}
+
+static int op_on_event(watch_type t, const cJSON *o, void *arg, err_t *err) {
+    (void)err;
+    op_watch *w = arg;
+    op_log(0, "%s: %s %s/%s", w->what, watch_type_name(t), kube_meta_str(o, "namespace"), kube_meta_str(o, "name"));
+    op_enqueue_object(w, o, t);
+    return 0;
+}
+
+static void *op_watch_main(void *arg) {
+    op_watch *w = arg;
+    err_t err = {{0}};
+    kube_client *k = kube_client_new(w->cfg, &err);
+    if (!k) {
+        op_log(3, "%s watch: %s", w->what, err.msg);
+        op_stop = 1;
+        return NULL;
+    }
+    kube_client_set_stop(k, &op_stop);
+    watch_handler h = {op_on_list, op_on_event, w};
+    if (watch_run(k, &w->wo, &h, NULL, &err) < 0) {
+        op_log(3, "%s watch: %s", w->what, err.msg);
+        op_stop = 1;
+    }
+    kube_client_free(k);
+    return NULL;
+}
+
+static int op_watch_start(op_watch *w, err_t *err) {
+    w->wo.path = w->path;
+    w->wo.stop = &op_stop;
+    if (pthread_create(&w->th, NULL, op_watch_main, w) != 0) return err_set(err, "cannot start the %s watch thread", w->what);
+    w->started = true;
+    return 0;
+}
+
+/* ---- leader election ----------------------------------------------------------------------- */
+
+typedef struct op_lease {
+    lease_elector e;
+    pthread_t th;
+} op_lease;
+
+static void op_on_leading(bool leading, void *arg) {
+    (void)arg;
+    if (leading) {
+        op_log(1, "leading: this replica reconciles now");
+        op_leading = 1;
+    } else if (op_leading) {
+        op_log(op_stop ? 1 : 3, "%s", op_stop ? "stopped leading" : "lost the Lease: exiting so that a fresh process campaigns again");
+        op_leading = 0;
+        if (!op_stop) op_lost = 1;
+        op_stop = 1;
+    }
+}
+
+static void *op_lease_main(void *arg) {
+    op_lease *l = arg;
+    err_t err = {{0}};
+    if (lease_run(&l->e, &op_stop, op_on_leading, NULL, &err) < 0) {
+        op_log(3, "leader election: %s", err.msg);
+        op_stop = 1;
+    }
+    return NULL;
+}
+
+/* ---- main ---------------------------------------------------------------------------------- */
+
+static int op_load_config(const op_opts *o, kube_config *cfg, err_t *err) {
+    if (o->kubeconfig) return kube_config_load(o->kubeconfig, o->context, cfg, err);
+    if (getenv("KUBERNETES_SERVICE_HOST")) return kube_config_in_cluster(cfg, err);
+    const char *env = getenv("KUBECONFIG");
+    if (env && *env) {
+        char first[4096];
+        snprintf(first, sizeof first, "%s", env);
+        char *colon = strchr(first, ':'); /* a list: the first file, as kubectl merges from the first */
+        if (colon) *colon = '\0';
+        return kube_config_load(first, o->context, cfg, err);
+    }
+    return err_set(err, "no cluster configuration: not running in a pod (KUBERNETES_SERVICE_HOST is "
+                        "unset) and neither --kubeconfig nor $KUBECONFIG is given");
+}
+
+int main(int argc, char **argv) {
+    op_opts o;
+    err_t err = {{0}};
+    int pr = op_parse(argc, argv, &o, &err);
+    if (pr == 1) {
+        fputs(usage, stdout);
+        return 0;
+    }
+    if (pr < 0) {
+        fprintf(stderr, "cephalo-operator: %s\n", err.msg);
+        return 2;
+    }
+    kube_config cfg;
+    if (op_load_config(&o, &cfg, &err) < 0) {
+        fprintf(stderr, "cephalo-operator: %s\n", err.msg);
+        return 2;
+    }
+    kube_client *k = kube_client_new(&cfg, &err);
+    if (!k) {
+        fprintf(stderr, "cephalo-operator: %s: %s\n", cfg.source ? cfg.source : "config", err.msg);
+        kube_config_free(&cfg);
+        return 2;
+    }
+    struct sigaction sa = {.sa_handler = op_on_signal};
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    kube_client_set_stop(k, &op_stop);
+
+    int rc = 0;
+    struct MHD_Daemon *http = op_serve(o.metrics_addr, &err);
+    if (!http && strcmp(o.metrics_addr, "0") && *o.metrics_addr) {
+        fprintf(stderr, "cephalo-operator: %s\n", err.msg);
+        kube_client_free(k);
+        kube_config_free(&cfg);
+        return 2;
+    }
+    op_log(1, "cephalo-operator: API server %s (%s), %s, metrics %s, worker image %s", cfg.server,
+           cfg.source ? cfg.source : "", o.namespace ? o.namespace : "all namespaces", o.metrics_addr,
+           o.worker_image);
+
+    /* leader election: wait for the Lease before doing anything */
+    op_lease lease = {0};
+    bool lease_started = false;
+    op_elect = o.leader_elect;
+    if (o.leader_elect) {
+        char ident[256], host[128] = "unknown";
+        const char *pod = getenv("POD_NAME");
+        gethostname(host, sizeof host - 1);
+        if (pod && *pod) snprintf(ident, sizeof ident, "%s", pod);
+        else snprintf(ident, sizeof ident, "%s_%ld", host, (long)getpid());
+        const char *lns = o.le_namespace ? o.le_namespace : getenv("POD_NAMESPACE");
+        lease_opts lo = {.namespace = lns && *lns ? lns : NULL, .name = o.le_id, .identity = ident,
+                         .lease_duration_s = (int)(o.le_duration_s + 0.5),
+                         .renew_deadline_s = (int)(o.le_renew_s + 0.5), .retry_period_s = o.le_retry_s};
+        kube_client *lk = kube_client_new(&cfg, &err);
+        if (!lk || lease_init(&lease.e, lk, &lo, &err) < 0) {
+            fprintf(stderr, "cephalo-operator: leader election: %s\n", err.msg);
+            rc = 2;
+            if (lk) kube_client_free(lk);
+            goto done;
+        }
+        kube_client_set_stop(lk, &op_stop);
+        op_log(1, "leader election: Lease %s/%s as %s", lease.e.namespace, lease.e.name, ident);
+        if (pthread_create(&lease.th, NULL, op_lease_main, &lease) != 0) {
+            fprintf(stderr, "cephalo-operator: cannot start the leader-election thread\n");
+            rc = 1;
+            lease_free(&lease.e);
+            kube_client_free(lk);
+            goto done;
+        }
+        lease_started = true;
+        while (!op_leading && !op_stop) nanosleep(&(struct timespec){0, 100000000L}, NULL);
+    } else {
+        op_leading = 1;
+    }
+
+    op_watch jobs = {.what = "cephalojobs", .cfg = &cfg, .kind = OP_JOBS},
+             pods = {.what = "pods", .cfg = &cfg, .kind = OP_PODS},
+             nodes = {.what = "nodes", .cfg = &cfg, .kind = OP_NODES};
+    if (!op_stop) {
+        if (kube_path(jobs.path, sizeof jobs.path, REC_API_VERSION, o.namespace, "cephalojobs", NULL, &err) < 0 ||
+            kube_path(pods.path, sizeof pods.path, "v1", o.namespace, "pods", NULL, &err) < 0 ||
+            kube_path(nodes.path, sizeof nodes.path, "v1", NULL, "nodes", NULL, &err) < 0) {
+            fprintf(stderr, "cephalo-operator: %s\n", err.msg);
+            rc = 2;
+            op_stop = 1;
+        } else {
+            pods.wo.label_selector = REC_LABEL_JOB;
+            if (op_watch_start(&jobs, &err) < 0 || op_watch_start(&pods, &err) < 0 ||
+                op_watch_start(&nodes, &err) < 0) {
+                op_log(3, "%s", err.msg);
+                rc = 1;
+                op_stop = 1;
+            }
+        }
+    }
+
+    rec_config rc_cfg = {.worker_image = o.worker_image, .worker_pull_policy = o.worker_pull_policy};
+    double next_resync = clock_now_s() + OP_RESYNC_S;
+    while (!op_stop) {
+        op_item it;
+        if (!op_dequeue(next_resync, &it, &op_stop)) {
+            if (clock_now_s() >= next_resync) {
+                op_enqueue_all(NULL);
+                next_resync = clock_now_s() + OP_RESYNC_S;
+            }
+            continue;
+        }
+        char ns[OP_KEY_MAX];
+        snprintf(ns, sizeof ns, "%s", it.key);
+        char *slash = strchr(ns, '/');
+        if (!slash) continue;
+        *slash = '\0';
+        rec_stats delta = {0};
+        double t0 = clock_now_s();
+        int r = rec_job(k, &rc_cfg, ns, slash + 1, &delta, &err);
+        pthread_mutex_lock(&op_stats_mu);
+        op_stats.reconciles += delta.reconciles, op_stats.errors += delta.errors;
+        op_stats.plans += delta.plans, op_stats.plan_failures += delta.plan_failures;
+        op_stats.pods_created += delta.pods_created;
+        pthread_mutex_unlock(&op_stats_mu);
+        if (r < 0) {
+            if (op_stop) break;
+            double wait = 0.5;
+            for (int f = 0; f < it.failures && wait < OP_RETRY_MAX_S; f++) wait *= 2;
+            if (wait > OP_RETRY_MAX_S) wait = OP_RETRY_MAX_S;
+            op_log(2, "reconcile %s failed (retry in %.1fs): %s", it.key, wait, err.msg);
+            pthread_mutex_lock(&q.mu);
+            op_enqueue_locked(it.key, wait, it.failures + 1);
+            pthread_mutex_unlock(&q.mu);
+        } else {
+            op_log(0, "reconciled %s in %.0f ms", it.key, (clock_now_s() - t0) * 1e3);
+            if (delta.pods_created) op_log(1, "%s: created %ld worker pods", it.key, delta.pods_created);
+            if (delta.plan_failures) op_log(1, "%s: cannot be planned (status Failed)", it.key);
+        }
+    }
+    op_log(1, "stopping");
+    if (jobs.started) pthread_join(jobs.th, NULL);
+    if (pods.started) pthread_join(pods.th, NULL);
+    if (nodes.started) pthread_join(nodes.th, NULL);
+done:
+    op_stop = 1;
+    if (lease_started) {
+        pthread_join(lease.th, NULL);
+        kube_client *lk = lease.e.k;
+        lease_free(&lease.e);
+        kube_client_free(lk);
+    }
+    if (http) MHD_stop_daemon(http);
+    kube_client_free(k);
+    kube_config_free(&cfg);
+    free(q.items);
+    free(q.known);
+    free(op_fps);
+    return op_lost ? 1 : rc;
+}

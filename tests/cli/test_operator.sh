@@ -1,0 +1,289 @@
+#!/usr/bin/env bash
+# cephalo-operator against a real kube-apiserver + etcd on loopback (tests/k8s/apiserver.sh; built
+# by test_k8s.sh or `sudo tests/k8s/apiserver.sh build`). Fake GPU Nodes carry GPU Feature
+# Discovery labels and allocatable nvidia.com/gpu; there is no scheduler or kubelet, so worker pods
+# stay Pending until the test writes their status. Checks: the plan ConfigMap, the headless worker
+# Service, one pinned Pod per GPU with its env and ownerReferences, the job status; jobs that
+# cannot run get Failed with the reason and the operator keeps going; a spec fix re-plans; a
+# restarted operator (taking the Lease over) creates no duplicate pods. Everything started is
+# stopped on exit.
+set -u
+cd "$(dirname "$0")/../.."
+. tests/cli/lib.sh
+AS=tests/k8s/apiserver.sh
+OP=${BUILD:-build/rel}/bin/cephalo-operator
+
+skip_all() { echo "not ok 1 - cephalo-operator against kube-apiserver: $*"; exit 0; }
+[ -x "$OP" ] || skip_all "$OP is not built (make)"
+command -v kubectl >/dev/null || skip_all "kubectl is not installed (make deps)"
+"$AS" built || skip_all "kube-apiserver is not built: run 'sudo tests/k8s/apiserver.sh build'"
+
+dir=$(mktemp -d /tmp/cephalo-operator-test.XXXXXX)
+op_pid=
+stop_op() {
+  [ -n "$op_pid" ] || return 0
+  kill "$op_pid" 2>/dev/null
+  for _ in $(seq 1 100); do kill -0 "$op_pid" 2>/dev/null || break; sleep 0.1; done
+  kill -9 "$op_pid" 2>/dev/null
+  wait "$op_pid" 2>/dev/null
+  op_rc=$?
+  op_pid=
+}
+cleanup() { stop_op; "$AS" stop "$dir/k8s" >/dev/null 2>&1; rm -rf "$dir"; }
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+exports=$("$AS" start "$dir/k8s" 2>"$dir/start.log") || {
+  sed 's/^/#   /' "$dir/start.log"; skip_all "the API server did not start"; }
+eval "$exports"
+export KUBECONFIG
+K() { kubectl --request-timeout=20s "$@"; }
+curl_api() { curl -sS --cacert "$K8S_CA" -H "Authorization: Bearer $K8S_TOKEN" "$@"; }
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+M="http://127.0.0.1:$port"
+
+# wait_for SECONDS COMMAND...: retries until the command succeeds
+wait_for() {
+  local t=$1; shift
+  for _ in $(seq 1 $((t * 5))); do "$@" >/dev/null 2>&1 && return 0; sleep 0.2; done
+  return 1
+}
+jp() { K get "$1" "$2" -o jsonpath="$3" 2>/dev/null; }
+phase_is() { [ "$(jp cephalojob "$1" '{.status.phase}')" = "$2" ]; }
+
+start_op() { # POD_NAME
+  POD_NAME=$1 "$OP" --kubeconfig "$KUBECONFIG" --metrics-addr "127.0.0.1:$port" --log-level info \
+    --worker-image registry.test/cephalo-worker:1 --worker-image-pull-policy IfNotPresent \
+    --leader-elect=true --leader-election-namespace default --leader-election-id cephalo-operator \
+    --leader-election-lease-duration 6s --leader-election-renew-deadline 4s \
+    --leader-election-retry-period 1s >>"$dir/op-$1.log" 2>&1 &
+  op_pid=$!
+}
+
+# ---- the command line (no server needed) --------------------------------------------------------
+check "--help lists the chart's flags" 0 "--leader-election-renew-deadline" -- "$OP" --help
+check "an unknown flag is refused" 2 "unknown option '--bogus'" -- "$OP" --bogus
+check "a bad duration is refused" 2 "not a duration" -- "$OP" --leader-election-lease-duration=soon
+check "a bad log level is refused" 2 "--log-level" -- "$OP" --log-level=loud
+check "no configuration is a clear error" 2 "no cluster configuration" -- \
+  env -u KUBECONFIG -u KUBERNETES_SERVICE_HOST "$OP"
+check "a missing kubeconfig names the file" 2 "$dir/nope.yaml" -- "$OP" --kubeconfig "$dir/nope.yaml"
+
+# ---- the cluster: the CRD and fake GPU nodes -----------------------------------------------------
+K apply -f crds/cephalojobs.cephalo.dev.yaml >/dev/null 2>&1
+K wait --for condition=established --timeout=30s crd/cephalojobs.cephalo.dev >/dev/null 2>&1
+node() { # NAME PRODUCT MEMORY_MIB COUNT POOL
+  cat <<EOF
+{"apiVersion":"v1","kind":"Node","metadata":{"name":"$1","labels":{"kubernetes.io/hostname":"$1",
+ "nvidia.com/gpu.product":"$2","nvidia.com/gpu.memory":"$3","nvidia.com/gpu.count":"$4","pool":"$5"}},
+ "status":{"capacity":{"cpu":"8","memory":"32Gi","pods":"110","nvidia.com/gpu":"$4"},
+           "allocatable":{"cpu":"8","memory":"32Gi","pods":"110","nvidia.com/gpu":"$4"}}}
+EOF
+}
+{ node gpu-a NVIDIA-L4 23034 2 main; node gpu-b NVIDIA-A10G 23028 1 main; node gpu-c NVIDIA-Future-GPU 49152 1 odd
+  echo '{"apiVersion":"v1","kind":"Node","metadata":{"name":"cpu-only"},"status":{"allocatable":{"cpu":"4","pods":"110"}}}'
+} >"$dir/nodes.json"
+check "fake GPU nodes with GFD labels and allocatable nvidia.com/gpu are created" 0 "node/gpu-c created" -- \
+  K create -f "$dir/nodes.json"
+
+# ---- a job --------------------------------------------------------------------------------------
+start_op op-1
+wait_for 10 curl -fsS "$M/healthz"
+check "the operator serves /healthz" 0 "ok" -- curl -fsS "$M/healthz"
+assert "the operator becomes ready (Lease taken, jobs listed)" wait_for 20 curl -fsS "$M/readyz"
+check "the operator holds the Lease as POD_NAME" 0 "op-1" -- jp lease cephalo-operator '{.spec.holderIdentity}'
+
+cat >"$dir/tiny.yaml" <<'EOF'
+apiVersion: cephalo.dev/v1alpha1
+kind: CephaloJob
+metadata: {name: tiny}
+spec:
+  model: {name: gpt2-124m}
+  seqLen: 256
+  globalBatch: 16
+  steps: 10
+  commTimeout: 90
+  gpus: {allowedProducts: [NVIDIA-L4, A10G]}
+  tolerations: [{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}]
+EOF
+K apply -f "$dir/tiny.yaml" >/dev/null
+assert "the job is planned (phase Planned)" wait_for 20 phase_is tiny Planned
+uid=$(jp cephalojob tiny '{.metadata.uid}')
+K get configmap tiny-plan -o json >"$dir/cm.json" 2>&1
+check "ConfigMap tiny-plan holds a valid plan.json for the 3 allowed GPUs" 0 "plan ok" -- python3 - "$dir/cm.json" "$uid" <<'PY'
+import json, sys
+cm = json.load(open(sys.argv[1]))
+p = json.loads(cm['data']['plan.json'])
+assert p['format'] == 'cephalo-plan' and p['feasible'] and p['world_size'] == 3, p
+assert [r['node'] for r in p['ranks']] == ['gpu-a', 'gpu-a', 'gpu-b'], p['ranks']
+assert [r['device'] for r in p['ranks']] == ['L4', 'L4', 'A10G'], p['ranks']
+assert sum(r['batch'] for r in p['ranks']) == 16 and p['inputs']['seq'] == 256
+o = cm['metadata']['ownerReferences'][0]
+assert o['kind'] == 'CephaloJob' and o['uid'] == sys.argv[2] and o['controller'], o
+print('plan ok')
+PY
+K get service tiny -o json >"$dir/svc.json" 2>&1
+check "headless Service tiny: worker label, a port named metrics, selects the job's pods" 0 "svc ok" -- python3 - "$dir/svc.json" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+assert s['metadata']['labels']['cephalo.dev/component'] == 'worker', s['metadata']
+assert s['spec']['clusterIP'] == 'None' and s['spec']['selector'] == {'cephalo.dev/job': 'tiny'}, s['spec']
+assert {p['name']: p['port'] for p in s['spec']['ports']}['metrics'] == 9400, s['spec']['ports']
+print('svc ok')
+PY
+K get pods -l cephalo.dev/job=tiny -o json >"$dir/pods.json" 2>&1
+check "one pod per GPU: nvidia.com/gpu 1, pinned to its node, env, plan volume, owner" 0 "pods ok" -- \
+  python3 - "$dir/pods.json" "$dir/cm.json" "$uid" <<'PY'
+import json, sys
+pods = {p['metadata']['name']: p for p in json.load(open(sys.argv[1]))['items']}
+plan = json.loads(json.load(open(sys.argv[2]))['data']['plan.json'])
+assert sorted(pods) == ['tiny-0', 'tiny-1', 'tiny-2'], sorted(pods)
+for r in plan['ranks']:
+    p = pods['tiny-%d' % r['rank']]
+    s, c = p['spec'], p['spec']['containers'][0]
+    assert s['nodeName'] == r['node'], (s['nodeName'], r)
+    assert s['hostname'] == 'tiny-%d' % r['rank'] and s['subdomain'] == 'tiny'
+    assert c['resources']['limits'] == {'nvidia.com/gpu': '1'}, c['resources']
+    assert c['image'] == 'registry.test/cephalo-worker:1' and c['args'][0] == 'train', c
+    env = {e['name']: e['value'] for e in c['env']}
+    want = {'RANK': str(r['rank']), 'WORLD_SIZE': '3', 'MASTER_ADDR': 'tiny-0.tiny.default.svc',
+            'MASTER_PORT': '29500', 'CEPHALO_PLAN': '/etc/cephalo/plan.json',
+            'CEPHALO_JOB_ID': sys.argv[3], 'CEPHALO_COMM_TIMEOUT': '90', 'CEPHALO_METRICS_PORT': '9400'}
+    assert all(env.get(k) == v for k, v in want.items()), env
+    assert {'name': 'plan', 'configMap': {'name': 'tiny-plan', 'defaultMode': 420}} in s['volumes'], s['volumes']
+    assert any(t.get('key') == 'nvidia.com/gpu' for t in s['tolerations']), s['tolerations']
+    o = p['metadata']['ownerReferences'][0]
+    assert o['uid'] == sys.argv[3] and o['kind'] == 'CephaloJob' and o['controller'], o
+    assert p['metadata']['labels']['cephalo.dev/rank'] == str(r['rank'])
+print('pods ok')
+PY
+K get cephalojob tiny -o json >"$dir/job.json" 2>&1
+check "status: observedGeneration, Created/Planned conditions, the plan per rank" 0 "status ok" -- python3 - "$dir/job.json" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))['status']
+assert s['phase'] == 'Planned' and s['observedGeneration'] == 1, s
+c = {x['type']: x for x in s['conditions']}
+assert c['Created']['status'] == 'True' and c['Planned']['status'] == 'True', c
+assert c['Running']['status'] == 'False', c
+p = s['plan']
+assert p['configMap'] == 'tiny-plan' and p['worldSize'] == 3 and p['strategy'] == 'cephalo', p
+assert p['predictedSamplesPerSecond'] > 0 and p['estimated'] is True, p
+assert [(r['rank'], r['pod'], r['node']) for r in p['ranks']] == [(0, 'tiny-0', 'gpu-a'), (1, 'tiny-1', 'gpu-a'), (2, 'tiny-2', 'gpu-b')], p['ranks']
+assert sum(r['batch'] for r in p['ranks']) == 16
+print('status ok')
+PY
+check "kubectl get shows the phase and the GPUs" 0 "Planned" -- K get cephalojob tiny
+check "a Planned event is recorded" 0 "planned 3 GPUs" -- K get events --field-selector involvedObject.name=tiny
+
+# the pods start (the test plays kubelet for the status): the job becomes Running
+for i in 0 1 2; do
+  curl_api -X PATCH -H 'Content-Type: application/merge-patch+json' \
+    "$K8S_SERVER/api/v1/namespaces/default/pods/tiny-$i/status" -d '{"status":{"phase":"Running"}}' >/dev/null
+done
+assert "all pods Running -> phase Running" wait_for 20 phase_is tiny Running
+check "Running condition True with a startTime" 0 "True 20" -- jp cephalojob tiny '{.status.conditions[?(@.type=="Running")].status} {.status.startTime}'
+
+# ---- jobs that cannot run: Failed with the reason; the operator keeps going ----------------------
+cat >"$dir/bad.yaml" <<'EOF'
+apiVersion: cephalo.dev/v1alpha1
+kind: CephaloJob
+metadata: {name: nomodel}
+spec: {model: {name: gpt9-huge}, globalBatch: 8, steps: 1}
+---
+apiVersion: cephalo.dev/v1alpha1
+kind: CephaloJob
+metadata: {name: nogpus}
+spec: {model: {name: gpt2-124m}, globalBatch: 8, steps: 1, gpus: {allowedProducts: [H100]}}
+---
+apiVersion: cephalo.dev/v1alpha1
+kind: CephaloJob
+metadata: {name: toobig}
+spec: {model: {name: llama-7b}, globalBatch: 8, seqLen: 2048, steps: 1, gpus: {nodeSelector: {pool: main}}}
+---
+apiVersion: cephalo.dev/v1alpha1
+kind: CephaloJob
+metadata: {name: smallbatch}
+spec: {model: {name: gpt2-124m}, globalBatch: 2, steps: 1}
+EOF
+K apply -f "$dir/bad.yaml" >/dev/null
+for j in nomodel nogpus toobig smallbatch; do wait_for 20 phase_is $j Failed; done
+failed_reason() { jp cephalojob "$1" '{.status.phase} {.status.conditions[?(@.type=="Planned")].status} {.status.conditions[?(@.type=="Failed")].reason}: {.status.message}'; }
+check "an unknown model -> Failed (InvalidSpec), naming the model" 0 "Failed False InvalidSpec: model: unknown model 'gpt9-huge'" -- failed_reason nomodel
+check "no GPU matching allowedProducts -> Failed (NoGPUs), naming what the nodes have" 0 "Failed False NoGPUs: no usable GPU: none of the 3 GPU nodes (products: NVIDIA-L4, NVIDIA-A10G, NVIDIA-Future-GPU)" -- failed_reason nogpus
+check "a model too big for the GPUs -> Failed (Infeasible) with the planner's reason" 0 "Failed False Infeasible: no feasible cephalo plan on 3 GPUs: the training state" -- failed_reason toobig
+check "globalBatch below the GPU count -> Failed (InvalidSpec)" 0 "globalBatch 2 is less than the 3 usable GPUs" -- failed_reason smallbatch
+check "a Warning event names the reason" 0 "Infeasible" -- K get events --field-selector involvedObject.name=toobig
+assert "failed jobs have no pods" bash -c '[ -z "$(kubectl get pods -l "cephalo.dev/job in (nomodel,nogpus,toobig,smallbatch)" -o name)" ]'
+assert "the operator is still running" kill -0 "$op_pid"
+
+# fixing the spec (a new generation) plans it
+K patch cephalojob nomodel --type merge -p '{"spec":{"model":{"name":"gpt2-124m"}}}' >/dev/null
+assert "a fixed spec is re-planned (generation 2)" wait_for 20 bash -c \
+  '[ "$(kubectl get cephalojob nomodel -o jsonpath="{.status.phase} {.status.observedGeneration}")" = "Planned 2" ]'
+check "... and gets its pods" 0 "3" -- bash -c 'kubectl get pods -l cephalo.dev/job=nomodel -o name | wc -l'
+
+# ---- an unknown GPU product, node selectors, the examples ----------------------------------------
+cat >"$dir/odd.yaml" <<'EOF'
+apiVersion: cephalo.dev/v1alpha1
+kind: CephaloJob
+metadata: {name: odd}
+spec:
+  model: {inline: {name: tiny-gpt-wide, base: gpt2-124m, n_layer: 4}}
+  globalBatch: 4
+  seqLen: 128
+  steps: 1
+  image: registry.test/custom:2
+  gpus: {allowedProducts: [NVIDIA-Future-GPU], nodeSelector: {pool: odd}}
+EOF
+K apply -f "$dir/odd.yaml" >/dev/null
+assert "an unknown GPU product is planned from its gpu.memory label" wait_for 20 phase_is odd Planned
+check "... marked estimated, with a note, on its node" 0 "node gpu-c: unknown GPU product NVIDIA-Future-GPU planned from its gpu.memory label" -- \
+  jp cephalojob odd '{.status.plan.estimated} {.status.plan.ranks[0].node} {.status.message}'
+check "spec.image overrides --worker-image" 0 "registry.test/custom:2" -- jp pod odd-0 '{.spec.containers[0].image}'
+
+# a spec change under existing pods keeps the plan (re-planning needs the gang restart); suspending
+# deletes the pods, and resuming with the new spec re-plans into the same ConfigMap
+K patch cephalojob odd --type merge -p '{"spec":{"globalBatch":8}}' >/dev/null
+assert "a spec change under existing pods keeps the plan and says so" wait_for 20 bash -c \
+  'kubectl get cephalojob odd -o jsonpath={.status.message} | grep -q "plan of generation 1 is kept"'
+K patch cephalojob odd --type merge -p '{"spec":{"suspend":true}}' >/dev/null
+assert "suspending a job deletes its pods (phase Suspended)" wait_for 20 bash -c \
+  '[ "$(kubectl get cephalojob odd -o jsonpath={.status.phase})" = Suspended ] && [ -n "$(kubectl get pod odd-0 -o jsonpath={.metadata.deletionTimestamp})" ]'
+# no kubelet here: finish the deletion as the kubelet would once the container stopped
+K delete pod odd-0 --grace-period=0 --force >/dev/null 2>&1
+K patch cephalojob odd --type merge -p '{"spec":{"suspend":false}}' >/dev/null
+assert "resuming re-plans with the new spec (ConfigMap patched, generation 4)" wait_for 20 bash -c \
+  '[ "$(kubectl get configmap odd-plan -o jsonpath="{.metadata.annotations.cephalo\.dev/generation}")" = 4 ] && kubectl get configmap odd-plan -o jsonpath="{.data.plan\.json}" | grep -q "\"batch\":	8"'
+assert "... and recreates the pod" wait_for 20 bash -c '[ "$(kubectl get pods -l cephalo.dev/job=odd -o name)" = pod/odd-0 ]'
+
+# a GPU node appears: the job that found no GPU (allowedProducts H100) is planned on it
+node gpu-h NVIDIA-H100-80GB-HBM3 81559 1 big | K create -f - >/dev/null
+assert "a new H100 node re-plans the job that had no GPU" wait_for 20 phase_is nogpus Planned
+check "... on that node" 0 "gpu-h H100" -- jp cephalojob nogpus '{.status.plan.ranks[0].node} {.status.plan.ranks[0].device}'
+
+K apply -f examples/jobs/cephalojob-gpt-mixed.yaml -f examples/jobs/cephalojob-llama-bf16.yaml \
+  -f examples/jobs/cephalojob-suspended.yaml >/dev/null
+assert "example gpt2-mixed is planned on the L4 and A10G GPUs" wait_for 20 phase_is gpt2-mixed Planned
+check "... with data and checkpoint claims mounted" 0 "fineweb-tokens cephalo-checkpoints" -- \
+  jp pod gpt2-mixed-2 '{.spec.volumes[1].persistentVolumeClaim.claimName} {.spec.volumes[2].persistentVolumeClaim.claimName}'
+assert "example llama-bf16 (a node pool nobody has) -> Failed" wait_for 20 phase_is llama-bf16 Failed
+assert "example bert-suspended -> Suspended, no pods" wait_for 20 bash -c \
+  '[ "$(kubectl get cephalojob bert-suspended -o jsonpath={.status.phase})" = Suspended ] && [ -z "$(kubectl get pods -l cephalo.dev/job=bert-suspended -o name)" ]'
+check "the operator's /metrics counts reconciles and pods" 0 "cephalo_operator_pods_created_total 12" -- curl -fsS "$M/metrics"
+
+# ---- restart: a new operator takes the Lease over and creates nothing twice ----------------------
+K get pods -o jsonpath='{range .items[*]}{.metadata.name}={.metadata.uid}{"\n"}{end}' | sort >"$dir/pods.before"
+stop_op
+check "SIGTERM stops the operator cleanly" 0 "" -- test "$op_rc" = 0
+start_op op-2
+assert "the restarted operator takes the Lease over at once (released on exit)" wait_for 15 bash -c \
+  '[ "$(kubectl get lease cephalo-operator -o jsonpath={.spec.holderIdentity})" = op-2 ]'
+assert "... and reconciles every job" wait_for 20 bash -c "curl -fsS $M/metrics | awk '/^cephalo_operator_reconciles_total/ {exit !(\$2 >= 9)}'"
+sleep 1
+K get pods -o jsonpath='{range .items[*]}{.metadata.name}={.metadata.uid}{"\n"}{end}' | sort >"$dir/pods.after"
+check "no duplicate or replaced pods after the restart" 0 "" -- diff "$dir/pods.before" "$dir/pods.after"
+check "the restarted operator created no pods" 0 "cephalo_operator_pods_created_total 0" -- curl -fsS "$M/metrics"
+check "the running job stays Running" 0 "Running" -- jp cephalojob tiny '{.status.phase}'
+stop_op
+if grep -q 'error\|failed' "$dir"/op-*.log; then
+  echo "# operator log lines with errors:"; grep 'error\|failed' "$dir"/op-*.log | head -10 | sed 's/^/#   /'
+fi
