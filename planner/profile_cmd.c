@@ -1,15 +1,13 @@
 /* profile_cmd.c - `cephalo profile` (see profile_cmd.h and docs/profile.md). */
 #include "profile_cmd.h"
+#include "run.h"
 
-#include <arpa/inet.h>
 #include <errno.h>
 #include <getopt.h>
-#include <netinet/in.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -24,7 +22,6 @@
 extern char **environ;
 
 enum { EXIT_FAILED = 1, EXIT_BAD = 2 };
-#define PATH_LEN 4096
 
 static const char usage[] =
     "usage: cephalo profile --devices LIST --model MODEL [--seq S] [--precision fp32|bf16]\n"
@@ -61,32 +58,6 @@ static int failed(const char *fmt, ...) {
     fprintf(stderr, "\n");
     va_end(ap);
     return EXIT_FAILED;
-}
-
-/* $CEPHALO_WORKER, else cephalo-worker next to this program. */
-static int find_worker(char *out) {
-    const char *env = getenv("CEPHALO_WORKER");
-    if (env && *env) {
-        snprintf(out, PATH_LEN, "%s", env);
-    } else {
-        char self[PATH_LEN];
-        ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-        if (n <= 0) return failed("cannot find this program's directory; set $CEPHALO_WORKER");
-        self[n] = '\0';
-        *strrchr(self, '/') = '\0';
-        snprintf(out, PATH_LEN, "%.4000s/cephalo-worker", self);
-    }
-    if (access(out, X_OK) != 0) return failed("%s: cannot execute the worker: %s (set $CEPHALO_WORKER)", out, strerror(errno));
-    return 0;
-}
-
-static int free_port(void) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof a;
-    int ok = fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 && getsockname(fd, (struct sockaddr *)&a, &len) == 0;
-    if (fd >= 0) close(fd);
-    return ok ? ntohs(a.sin_port) : -1;
 }
 
 /* Starts argv with extra environment entries (NULL-terminated); the pid, or -1. */
@@ -240,8 +211,9 @@ static int profile_type(const popts *o, const char *worker, const job_device *d,
 /* The collectives over `world` ranks into tmp; merged into p. */
 static int run_comm_profile(const popts *o, const char *worker, int world, const char *tmp, int step, int steps,
                         profile *p) {
-    int port = free_port();
-    if (port < 0) return failed("cannot find a free TCP port on 127.0.0.1: %s", strerror(errno));
+    err_t err;
+    int port = run_free_port(&err);
+    if (port < 0) return failed("%s", err.msg);
     fprintf(stderr, "cephalo profile: [%d/%d] collectives: allgather and reduce-scatter over %d ranks, even and uneven shards\n",
             step, steps, world);
     pid_t *pids = xcalloc((size_t)world, sizeof(pid_t));
@@ -266,7 +238,6 @@ static int run_comm_profile(const popts *o, const char *worker, int world, const
     free(pids);
     if (rc) return rc;
     profile one;
-    err_t err;
     if (profile_load_file(tmp, &one, &err) < 0) return failed("%s", err.msg);
     profile_merge(p, &one);
     profile_free(&one);
@@ -313,7 +284,7 @@ int profile_main(int argc, char **argv) {
         return bad("%s", "nothing to write: give -o FILE, or a profile store");
     }
     char worker[PATH_LEN];
-    if ((rc = find_worker(worker))) return job_free(&j), rc;
+    if (run_find_worker(worker, false, &err) < 0) return job_free(&j), failed("%s", err.msg);
     /* one compute profile per distinct thread count (the device type the planner looks up), with
      * the most memory any device of that type has */
     job_device *types = xcalloc((size_t)j.n_items, sizeof *types);

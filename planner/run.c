@@ -42,7 +42,6 @@ extern char **environ;
 #define SETTLE_NS 300000000L /* after a failure, how long to look for the ranks failing with it */
 #define STOP_GRACE_S 10.0 /* SIGTERM, then SIGKILL after this */
 #define TAIL_LINES 5
-#define PATH_LEN 4096
 #define DIR_LEN 3072 /* the run directory: room left for a file name in PATH_LEN */
 
 static volatile sig_atomic_t run_signals; /* SIGINT, SIGTERM or SIGHUP received (count) */
@@ -98,9 +97,7 @@ static const char *rank_file(const launch *l, int rank, const char *ext, char *b
 
 /* ---- set-up ---- */
 
-/* The worker binary: $CEPHALO_WORKER, else cephalo-worker next to this program, or
- * cephalo-worker-cuda when some rank's device is a GPU. */
-static int find_worker(char *out, bool gpu, err_t *err) {
+int run_find_worker(char *out, bool gpu, err_t *err) {
     const char *env = getenv("CEPHALO_WORKER");
     if (env && *env) {
         snprintf(out, PATH_LEN, "%s", env);
@@ -116,9 +113,7 @@ static int find_worker(char *out, bool gpu, err_t *err) {
     return 0;
 }
 
-/* A port nobody listens on now: bind port 0 and read what the kernel chose. Rank 0 binds it again
- * moments later; another program could take it in between, and rank 0's error would say so. */
-static int free_port(err_t *err) {
+int run_free_port(err_t *err) {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     socklen_t len = sizeof a;
@@ -600,11 +595,11 @@ static int prepare(launch *l, const run_opts *o) {
         return fail(RUN_EXIT_BAD_INPUT, &err);
     }
     l->w = xcalloc((size_t)l->world, sizeof *l->w);
-    if ((l->port = free_port(&err)) < 0) return fail(RUN_EXIT_FAILED, &err);
+    if ((l->port = run_free_port(&err)) < 0) return fail(RUN_EXIT_FAILED, &err);
     /* a dry run prints the commands even without a worker binary */
     bool gpu = false;
     for (int i = 0; i < l->p->cm->cl->n_devices; i++) gpu |= l->p->cm->cl->devices[i].threads == 0;
-    if (find_worker(l->worker, gpu, &err) < 0 && !o->dry_run) return fail(RUN_EXIT_FAILED, &err);
+    if (run_find_worker(l->worker, gpu, &err) < 0 && !o->dry_run) return fail(RUN_EXIT_FAILED, &err);
     return write_run_dir(l, &err) < 0 ? fail(RUN_EXIT_BAD_INPUT, &err) : 0;
 }
 

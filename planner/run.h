@@ -6,6 +6,8 @@
 
 #include <stdbool.h>
 
+#include "err.h"
+
 enum { RUN_EXIT_FAILED = 1, RUN_EXIT_BAD_INPUT = 2, RUN_EXIT_INFEASIBLE = 3, RUN_EXIT_INTERRUPTED = 130 };
 
 typedef struct run_opts {
@@ -23,5 +25,15 @@ typedef struct run_opts {
  * 3 infeasible plan, 130 interrupted (SIGINT, SIGTERM or SIGHUP). Messages go to stderr, the
  * plan and the summary to stdout. */
 int run_job(const run_opts *o);
+
+/* Also for `cephalo profile`, which launches workers the same way. */
+#define PATH_LEN 4096
+/* The worker binary into out[PATH_LEN]: $CEPHALO_WORKER, else cephalo-worker next to this
+ * program, or cephalo-worker-cuda when gpu (some device of the job is a GPU). */
+int run_find_worker(char *out, bool gpu, err_t *err);
+/* A port nobody listens on now on 127.0.0.1: bind port 0 and read what the kernel chose. Rank 0
+ * binds it again moments later; another program could take it in between, and rank 0's error
+ * would say so. */
+int run_free_port(err_t *err);
 
 #endif

@@ -65,7 +65,10 @@ struct dev_event {
 
 static void *cpu_host_alloc(device *d, size_t bytes) { return cpu_raw_alloc(d, bytes); }
 
-static void cpu_host_free(device *d, void *p, size_t bytes) { cpu_raw_free(d, p, bytes); }
+static void cpu_host_free(device *d, void *p) {
+    (void)d;
+    free(p);
+}
 
 static void cpu_copy_async(device *d, void *dst, const void *src, size_t bytes, copy_kind kind,
                            dev_stream s) {

@@ -235,8 +235,8 @@ static void *cuda_host_alloc(device *d, size_t bytes) {
     return p;
 }
 
-static void cuda_host_free(device *d, void *p, size_t bytes) {
-    (void)d, (void)bytes;
+static void cuda_host_free(device *d, void *p) {
+    (void)d;
     if (p) CUDA_CHECK(cudaFreeHost(p));
 }
 

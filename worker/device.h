@@ -50,7 +50,7 @@ typedef struct dev_ops {
      * (page-locked on CUDA); NULL when the system is out of memory. Not device memory: it is
      * not counted against the capacity. */
     void *(*host_alloc)(device *d, size_t bytes);
-    void (*host_free)(device *d, void *p, size_t bytes);
+    void (*host_free)(device *d, void *p); /* NULL is a no-op */
     /* Queues a copy on stream s and returns (CUDA: at once; CPU: after copying). Host memory
      * must come from host_alloc. Ordering against other streams is the caller's, via events. */
     void (*copy_async)(device *d, void *dst, const void *src, size_t bytes, copy_kind kind,

@@ -229,7 +229,6 @@ int fsdp_alloc_slots(trainer *t, err_t *err) {
     int64_t max = 0;
     for (int u = 0; u < t->n_units; u++)
         if (t->numel[u] > max) max = t->numel[u];
-    t->slot_floats = max;
     device *d = &t->dev;
     dev_set_context(d, "set-up of the gathered-parameter and gradient slots");
     t->pslot_unit[0] = t->pslot_unit[1] = t->gslot_unit[0] = t->gslot_unit[1] = -1;
@@ -258,8 +257,8 @@ void fsdp_free(trainer *t) {
     device *d = &t->dev;
     for (int s = 0; s < 2; s++) {
         dev_free(d, t->pslot[s]), dev_free(d, t->gslot[s]), dev_free(d, t->pbf[s]);
-        if (t->hp[s]) d->ops->host_free(d, t->hp[s], (size_t)t->slot_floats * 4);
-        if (t->hg[s]) d->ops->host_free(d, t->hg[s], (size_t)t->slot_floats * 4);
+        d->ops->host_free(d, t->hp[s]);
+        d->ops->host_free(d, t->hg[s]);
         if (t->hp_read[s]) d->ops->event_free(d, t->hp_read[s]);
     }
     free(t->shard_off), free(t->shard_n), free(t->allreduce_req), free(t->cfg.shard_sizes);

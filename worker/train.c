@@ -134,17 +134,15 @@ static int alloc_pool(trainer *t, err_t *err) {
                    t->cfg.rank, str_bytes((double)t->host_bytes, need, sizeof need), nb, l, bytes);
 }
 
+static void free_pool_entry(trainer *t, float *p) {
+    if (t->cfg.no_offload) dev_free(&t->dev, p);
+    else t->dev.ops->host_free(&t->dev, p);
+}
+
 static void free_pool(trainer *t) {
-    int n = (t->n_units - 1) * t->cfg.micros;
-    size_t bytes = act_bytes(t);
-    device *d = &t->dev;
-    for (int i = 0; i < n + t->cfg.micros; i++) {
-        float *p = i < n ? (t->boundary ? t->boundary[i] : NULL)
-                         : (t->grad_pool ? t->grad_pool[i - n] : NULL);
-        if (!p) continue;
-        if (t->cfg.no_offload) dev_free(d, p);
-        else d->ops->host_free(d, p, bytes);
-    }
+    int nb = (t->n_units - 1) * t->cfg.micros;
+    for (int i = 0; t->boundary && i < nb; i++) free_pool_entry(t, t->boundary[i]);
+    for (int j = 0; t->grad_pool && j < t->cfg.micros; j++) free_pool_entry(t, t->grad_pool[j]);
     free(t->boundary), free(t->grad_pool);
 }
 
@@ -276,14 +274,11 @@ void trainer_free(trainer *t) {
     void *devbufs[] = {t->ids_dev, t->tgt_dev, t->img_dev};
     for (size_t i = 0; i < sizeof devbufs / sizeof devbufs[0]; i++) dev_free(d, devbufs[i]);
     if (d->ops) free_pool(t);
-    int64_t rows = (int64_t)t->cfg.micros * t->cfg.micro * t->tokens;
-    int64_t img = t->cfg.model.arch == ARCH_VIT
-                      ? (int64_t)t->cfg.micros * t->cfg.micro * t->cfg.model.channels *
-                            t->cfg.model.image * t->cfg.model.image
-                      : 0;
-    if (t->ids_host) d->ops->host_free(d, t->ids_host, (size_t)rows * 4);
-    if (t->tgt_host) d->ops->host_free(d, t->tgt_host, (size_t)rows * 4);
-    if (t->img_host) d->ops->host_free(d, t->img_host, (size_t)img * 4);
+    if (d->ops) {
+        d->ops->host_free(d, t->ids_host);
+        d->ops->host_free(d, t->tgt_host);
+        d->ops->host_free(d, t->img_host);
+    }
     free(t->row_scale);
     if (t->data) data_close(t->data);
     if (d->ops) device_close(d);

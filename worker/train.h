@@ -96,7 +96,6 @@ typedef struct trainer {
     bool staged;     /* collectives run on host copies (cuda device with the socket backend) */
     void *hp[2], *hg[2]; /* staged: host copies of the parameter and gradient slots */
     dev_event *hp_read[2]; /* staged: the copy out of hp[s] into the device has finished */
-    int64_t slot_floats; /* the largest unit: every slot's size */
     err_t staged_err; /* staged replicated plans: an all-reduce's failure, reported at the end */
     comm_req *pslot_req[2], *gslot_req[2];
     comm_req **allreduce_req; /* replicated: per unit, the gradient all-reduce in flight */

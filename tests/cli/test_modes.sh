@@ -16,29 +16,7 @@ PT="$PY tests/fsdp/plan_tool.py"
 export OMP_NUM_THREADS=1
 TOL=1e-4 # fp32 sums in another order, 3 AdamW steps (docs/fsdp.md, "The invariant")
 
-free_port() { $PY -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-world_of() { $PY -c "import json; print(len(json.load(open('$1'))['ranks']))"; }
-cluster_of() {
-  printf 'nodes:\n  - name: local\n    gpus:\n      - {type: cpu, count: %d, threads: 1, memory_gib: 1}\n' "$1" >"$T/c$1.yaml"
-  echo "$T/c$1.yaml"
-}
-# run_ranks PLAN OUT [worker args...]: every rank to the end; fails if any rank fails
-run_ranks() {
-  local plan=$1 out=$2
-  shift 2
-  local world port r rc=0 pids=()
-  world=$(world_of "$plan")
-  port=$(free_port)
-  mkdir -p "$out"
-  for ((r = 0; r < world; r++)); do
-    RANK=$r WORLD_SIZE=$world MASTER_ADDR=127.0.0.1 MASTER_PORT=$port CEPHALO_PLAN=$plan \
-      "$W" train --quiet --log "$out/rank$r.jsonl" "$@" 2>"$out/rank$r.err" &
-    pids+=($!)
-  done
-  for p in "${pids[@]}"; do wait "$p" || rc=1; done
-  [ $rc = 0 ] || tail -n 3 "$out"/rank*.err | sed 's/^/#   /'
-  return $rc
-}
+. tests/cli/ranks.sh
 args=(--steps 3 --lr 2e-3 --seed 5)
 one() { # one NAME [worker args...]: one rank, tiny-gpt, batch 12 in microbatches of 4
   local name=$1

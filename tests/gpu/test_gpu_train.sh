@@ -108,27 +108,13 @@ if [[ $PARTS == *b* ]]; then
 fi
 
 # ---- c) the multi-rank invariant on one GPU ----------------------------------------------------
-free_port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-world_of() { "$PY" -c "import json; print(len(json.load(open('$1'))['ranks']))"; }
-cluster_of() { # N one-thread "devices" of 2 GiB: the plan's shapes; the ranks run on the GPU
-  printf 'nodes:\n  - name: local\n    gpus:\n      - {type: cpu, count: %d, threads: 1, memory_gib: 2}\n' "$1" >"$T/c$1.yaml"
-  echo "$T/c$1.yaml"
-}
-run_ranks() { # PLAN OUT [worker args...]: every rank on GPU 0, socket backend with host staging
-  local plan=$1 out=$2 world port r rc=0 p
+# every rank on GPU 0 over the socket backend with host staging; the plan's devices (one thread,
+# 2 GiB) only give it its shapes
+. tests/cli/ranks.sh
+run_gpu_ranks() { # PLAN OUT [worker args...]
+  local plan=$1 out=$2
   shift 2
-  world=$(world_of "$plan")
-  port=$(free_port)
-  mkdir -p "$out"
-  local pids=()
-  for ((r = 0; r < world; r++)); do
-    CEPHALO_COMM_BACKEND=socket RANK=$r WORLD_SIZE=$world MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
-      CEPHALO_PLAN=$plan $TMO "$WC" train --device cuda --gpu 0 --quiet --log "$out/rank$r.jsonl" "$@" \
-      2>"$out/rank$r.err" &
-    pids+=($!)
-  done
-  for p in "${pids[@]}"; do wait "$p" || rc=1; done
-  return $rc
+  W=$WC CEPHALO_COMM_BACKEND=socket RANK_TIMEOUT=900 run_ranks "$plan" "$out" --device cuda --gpu 0 "$@"
 }
 
 # TF32 matmuls: a 1-ulp difference of an fp32 sum (another microbatch split or reduction order)
@@ -144,10 +130,10 @@ if [[ $PARTS == *c* ]]; then
       fail "$model: 1 rank on the GPU trains" "$out"; continue
     fi
     for world in 2 3; do
-      $C plan --cluster "$(cluster_of $world)" --model "$model" --batch 12 -o "$T/base.json" >/dev/null
+      $C plan --cluster "$(cluster_of $world 2)" --model "$model" --batch 12 -o "$T/base.json" >/dev/null
       "${PT[@]}" rewrite "$T/base.json" "$T/p-$model-$world.json" --ranks "${RANKS[$world]}" --shards random --seed $world
       out=$T/run-$model-$world
-      if run_ranks "$T/p-$model-$world.json" "$out" "${train_args[@]}" --ckpt-dir "$out/ckpt"; then
+      if run_gpu_ranks "$T/p-$model-$world.json" "$out" "${train_args[@]}" --ckpt-dir "$out/ckpt"; then
         check "$model on $world ranks sharing the GPU (${RANKS[$world]}, random shards, socket) = 1 rank, tol $INV_TOL" 0 "" \
           -- "${PT[@]}" compare "$out/ckpt/step_00000003" "$T/ref-$model/step_00000003.safetensors" --tol "$INV_TOL"
         check "$model on $world ranks: every rank logs the same loss" 0 "" -- "$PY" -c "
