@@ -41,7 +41,7 @@
 
 typedef struct op_opts {
     const char *kubeconfig, *context, *namespace, *metrics_addr, *log_level;
-    const char *worker_image, *worker_pull_policy;
+    const char *worker_image, *worker_pull_policy, *profile_cm;
     bool leader_elect;
     const char *le_namespace, *le_id;
     double le_duration_s, le_renew_s, le_retry_s;
@@ -59,6 +59,8 @@ static const char usage[] =
     "  --worker-image IMAGE     worker image of jobs without spec.image\n"
     "                           (default ghcr.io/cephalo/cephalo-worker)\n"
     "  --worker-image-pull-policy P  Always, IfNotPresent or Never (default: the cluster's)\n"
+    "  --profile-configmap NS/NAME   measured profiles (cephalo profile -o) for jobs without\n"
+    "                           spec.profileConfigMap (default: none, analytic estimates)\n"
     "  --leader-elect[=true|false]   one active replica through a Lease (default false)\n"
     "  --leader-election-namespace NS  the Lease's namespace (default $POD_NAMESPACE, else the\n"
     "                           configuration's namespace)\n"
@@ -135,7 +137,7 @@ static int op_parse(int argc, char **argv, op_opts *o, err_t *err) {
             "--kubeconfig", "--context", "--namespace", "--metrics-addr", "--log-level",
             "--worker-image", "--worker-image-pull-policy", "--leader-election-namespace",
             "--leader-election-id", "--leader-election-lease-duration",
-            "--leader-election-renew-deadline", "--leader-election-retry-period", NULL};
+            "--leader-election-renew-deadline", "--leader-election-retry-period", "--profile-configmap", NULL};
         int k = 0;
         while (known[k] && strcmp(known[k], flag)) k++;
         if (!known[k]) return err_set(err, "unknown option '%s' (see --help)", flag);
@@ -156,6 +158,7 @@ static int op_parse(int argc, char **argv, op_opts *o, err_t *err) {
         case 9: if (op_duration(flag, val, &o->le_duration_s, err) < 0) return -1; break;
         case 10: if (op_duration(flag, val, &o->le_renew_s, err) < 0) return -1; break;
         case 11: if (op_duration(flag, val, &o->le_retry_s, err) < 0) return -1; break;
+        case 12: o->profile_cm = *val ? val : NULL; break;
         }
     }
     static const char *const levels[] = {"debug", "info", "warn", "error"};
@@ -169,6 +172,9 @@ static int op_parse(int argc, char **argv, op_opts *o, err_t *err) {
         return err_set(err, "--worker-image-pull-policy: expected Always, IfNotPresent or Never, got '%s'",
                        o->worker_pull_policy);
     if (!*o->worker_image) return err_set(err, "--worker-image: empty");
+    const char *slash = o->profile_cm ? strchr(o->profile_cm, '/') : NULL;
+    if (o->profile_cm && (!slash || slash == o->profile_cm || !slash[1] || strchr(slash + 1, '/')))
+        return err_set(err, "--profile-configmap: expected NAMESPACE/NAME, got '%s'", o->profile_cm);
     if (o->le_renew_s >= o->le_duration_s)
         return err_set(err, "--leader-election-renew-deadline (%gs) must be shorter than the lease "
                             "duration (%gs)", o->le_renew_s, o->le_duration_s);
@@ -294,6 +300,69 @@ static enum MHD_Result op_reply(struct MHD_Connection *c, unsigned status, const
     return rc;
 }
 
+/* Reconcile durations: a histogram with these upper bounds (seconds), the last one +Inf. */
+static const double op_buckets[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
+#define OP_N_BUCKETS (sizeof op_buckets / sizeof *op_buckets)
+static long op_bucket_counts[OP_N_BUCKETS + 1]; /* per bucket, not cumulative; under op_stats_mu */
+static double op_reconcile_sum_s;
+
+static void op_observe_reconcile(double s) {
+    size_t b = 0;
+    while (b < OP_N_BUCKETS && s > op_buckets[b]) b++;
+    op_bucket_counts[b]++;
+    op_reconcile_sum_s += s;
+}
+
+static void op_family(FILE *f, const char *name, const char *type, const char *help, double v) {
+    fprintf(f, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name, type, name, v);
+}
+
+/* The exposition text of /metrics (the caller frees it), or NULL. */
+static char *op_metrics_text(void) {
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (!f) return NULL;
+    pthread_mutex_lock(&op_stats_mu);
+    rec_stats s = op_stats;
+    long counts[OP_N_BUCKETS + 1];
+    memcpy(counts, op_bucket_counts, sizeof counts);
+    double sum = op_reconcile_sum_s;
+    pthread_mutex_unlock(&op_stats_mu);
+    pthread_mutex_lock(&q.mu);
+    int depth = q.n, known = q.n_known;
+    pthread_mutex_unlock(&q.mu);
+    op_family(f, "cephalo_operator_reconciles_total", "counter", "Reconciles of CephaloJobs.", s.reconciles);
+    op_family(f, "cephalo_operator_reconcile_errors_total", "counter",
+              "Reconciles that failed on an API error (retried).", s.errors);
+    fputs("# HELP cephalo_operator_reconcile_seconds Wall time of a reconcile.\n"
+          "# TYPE cephalo_operator_reconcile_seconds histogram\n", f);
+    long cum = 0;
+    for (size_t b = 0; b <= OP_N_BUCKETS; b++) {
+        cum += counts[b];
+        if (b < OP_N_BUCKETS) fprintf(f, "cephalo_operator_reconcile_seconds_bucket{le=\"%g\"} %ld\n", op_buckets[b], cum);
+        else fprintf(f, "cephalo_operator_reconcile_seconds_bucket{le=\"+Inf\"} %ld\n", cum);
+    }
+    fprintf(f, "cephalo_operator_reconcile_seconds_sum %.9g\ncephalo_operator_reconcile_seconds_count %ld\n", sum, cum);
+    op_family(f, "cephalo_operator_plans_total", "counter", "Plans made.", s.plans);
+    op_family(f, "cephalo_operator_plan_failures_total", "counter", "Jobs that could not be planned.", s.plan_failures);
+    op_family(f, "cephalo_operator_jobs_created_total", "counter", "CephaloJobs planned for the first time.", s.jobs_created);
+    op_family(f, "cephalo_operator_jobs_succeeded_total", "counter", "CephaloJobs that succeeded.", s.jobs_succeeded);
+    op_family(f, "cephalo_operator_jobs_failed_total", "counter",
+              "CephaloJobs that failed (could not be planned, or the backoff limit was reached).", s.jobs_failed);
+    op_family(f, "cephalo_operator_jobs_restarted_total", "counter",
+              "Gang restarts after a worker failed.", s.gang_restarts);
+    op_family(f, "cephalo_operator_replans_total", "counter",
+              "Running jobs planned again (the spec or the usable GPUs changed).", s.replans);
+    op_family(f, "cephalo_operator_pods_created_total", "counter", "Worker pods created.", s.pods_created);
+    op_family(f, "cephalo_operator_pods_deleted_total", "counter", "Worker pods deleted.", s.pods_deleted);
+    op_family(f, "cephalo_operator_queue_depth", "gauge", "Jobs waiting to be reconciled.", depth);
+    op_family(f, "cephalo_operator_jobs", "gauge", "CephaloJobs known.", known);
+    op_family(f, "cephalo_operator_leader", "gauge", "1 while this replica leads (or runs without election).",
+              op_leading ? 1 : 0);
+    return fclose(f) == 0 ? text : (free(text), NULL);
+}
+
 static enum MHD_Result op_http(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                const char *version, const char *upload, size_t *upload_size, void **ctx) {
     (void)cls, (void)version, (void)upload, (void)upload_size, (void)ctx;
@@ -307,41 +376,11 @@ static enum MHD_Result op_http(void *cls, struct MHD_Connection *c, const char *
                      : op_reply(c, MHD_HTTP_SERVICE_UNAVAILABLE, "text/plain", "not ready: jobs not listed yet\n");
     }
     if (!strcmp(url, "/metrics")) {
-        pthread_mutex_lock(&op_stats_mu);
-        rec_stats s = op_stats;
-        pthread_mutex_unlock(&op_stats_mu);
-        pthread_mutex_lock(&q.mu);
-        int depth = q.n, known = q.n_known;
-        pthread_mutex_unlock(&q.mu);
-        char body[2048];
-        snprintf(body, sizeof body,
-                 "# HELP cephalo_operator_reconciles_total Reconciles of CephaloJobs.\n"
-                 "# TYPE cephalo_operator_reconciles_total counter\n"
-                 "cephalo_operator_reconciles_total %ld\n"
-                 "# HELP cephalo_operator_reconcile_errors_total Reconciles that failed on an API error (retried).\n"
-                 "# TYPE cephalo_operator_reconcile_errors_total counter\n"
-                 "cephalo_operator_reconcile_errors_total %ld\n"
-                 "# HELP cephalo_operator_plans_total Plans made.\n"
-                 "# TYPE cephalo_operator_plans_total counter\n"
-                 "cephalo_operator_plans_total %ld\n"
-                 "# HELP cephalo_operator_plan_failures_total Jobs that could not be planned.\n"
-                 "# TYPE cephalo_operator_plan_failures_total counter\n"
-                 "cephalo_operator_plan_failures_total %ld\n"
-                 "# HELP cephalo_operator_pods_created_total Worker pods created.\n"
-                 "# TYPE cephalo_operator_pods_created_total counter\n"
-                 "cephalo_operator_pods_created_total %ld\n"
-                 "# HELP cephalo_operator_queue_depth Jobs waiting to be reconciled.\n"
-                 "# TYPE cephalo_operator_queue_depth gauge\n"
-                 "cephalo_operator_queue_depth %d\n"
-                 "# HELP cephalo_operator_jobs CephaloJobs known.\n"
-                 "# TYPE cephalo_operator_jobs gauge\n"
-                 "cephalo_operator_jobs %d\n"
-                 "# HELP cephalo_operator_leader 1 while this replica leads (or runs without election).\n"
-                 "# TYPE cephalo_operator_leader gauge\n"
-                 "cephalo_operator_leader %d\n",
-                 s.reconciles, s.errors, s.plans, s.plan_failures, s.pods_created, depth, known,
-                 op_leading ? 1 : 0);
-        return op_reply(c, MHD_HTTP_OK, "text/plain; version=0.0.4; charset=utf-8", body);
+        char *body = op_metrics_text();
+        if (!body) return op_reply(c, MHD_HTTP_INTERNAL_SERVER_ERROR, "text/plain", "out of memory\n");
+        enum MHD_Result rc = op_reply(c, MHD_HTTP_OK, "text/plain; version=0.0.4; charset=utf-8", body);
+        free(body);
+        return rc;
     }
     return op_reply(c, MHD_HTTP_NOT_FOUND, "text/plain", "not found (try /metrics, /healthz or /readyz)\n");
 }
@@ -675,7 +714,8 @@ int main(int argc, char **argv) {
         }
     }
 
-    rec_config rc_cfg = {.worker_image = o.worker_image, .worker_pull_policy = o.worker_pull_policy};
+    rec_config rc_cfg = {.worker_image = o.worker_image, .worker_pull_policy = o.worker_pull_policy,
+                         .profile_cm = o.profile_cm};
     double next_resync = clock_now_s() + OP_RESYNC_S;
     while (!op_stop) {
         op_item it;
@@ -695,9 +735,8 @@ int main(int argc, char **argv) {
         double t0 = clock_now_s();
         int r = rec_job(k, &rc_cfg, ns, slash + 1, &delta, &err);
         pthread_mutex_lock(&op_stats_mu);
-        op_stats.reconciles += delta.reconciles, op_stats.errors += delta.errors;
-        op_stats.plans += delta.plans, op_stats.plan_failures += delta.plan_failures;
-        op_stats.pods_created += delta.pods_created;
+        rec_stats_add(&op_stats, &delta);
+        op_observe_reconcile(clock_now_s() - t0);
         pthread_mutex_unlock(&op_stats_mu);
         if (r < 0) {
             if (op_stop) break;
@@ -712,6 +751,13 @@ int main(int argc, char **argv) {
             op_log(0, "reconciled %s in %.0f ms", it.key, (clock_now_s() - t0) * 1e3);
             if (delta.pods_created) op_log(1, "%s: created %ld worker pods", it.key, delta.pods_created);
             if (delta.plan_failures) op_log(1, "%s: cannot be planned (status Failed)", it.key);
+            if (delta.gang_restarts) op_log(1, "%s: a worker failed: restarting the gang", it.key);
+            if (delta.replans) op_log(1, "%s: re-planned: restarting the gang on the new plan", it.key);
+            if (delta.requeue_s > 0) {
+                pthread_mutex_lock(&q.mu);
+                op_enqueue_locked(it.key, delta.requeue_s, 0);
+                pthread_mutex_unlock(&q.mu);
+            }
         }
     }
     op_log(1, "stopping");

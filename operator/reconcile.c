@@ -1,9 +1,11 @@
 /* reconcile.c - one CephaloJob reconciled (reconcile.h). */
 #include "reconcile.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "inputs.h"
 #include "inventory.h"
@@ -11,6 +13,8 @@
 #include "log.h"
 #include "model.h"
 #include "plan.h"
+#include "profile_store.h"
+#include "progress.h"
 
 static const cJSON *get(const cJSON *o, const char *k) { return cJSON_GetObjectItemCaseSensitive(o, k); }
 static const char *get_str(const cJSON *o, const char *k, const char *def) {
@@ -22,12 +26,16 @@ static double get_num(const cJSON *o, const char *k, double def) {
     return cJSON_IsNumber(v) ? v->valuedouble : def;
 }
 
+#define REC_PROGRESS_S 5.0 /* seconds between progress reads of a running job */
+
 /* ---- planning ------------------------------------------------------------------------------ */
 
 typedef struct plan_out {
     char *json; /* plan.json text */
     bool estimated;
     char notes[1024];
+    char profile[600]; /* where measured costs came from ("ConfigMap ns/name"), or "" */
+    int measured_groups, groups; /* device groups with measured costs, of all */
     const char *reason; /* on failure: the condition reason */
 } plan_out;
 
@@ -50,9 +58,118 @@ static int resolve_model(const cJSON *spec_model, model_spec *m, err_t *err) {
     return model_unknown(name, err);
 }
 
+/* The job's usable GPUs: the Nodes filtered by spec.gpus (inventory.h). 0, or -1 with the
+ * error set (no usable GPU: the error says why). */
+static int job_cluster(const cJSON *nodes, const cJSON *spec, cluster *cl, inv_result *inv, err_t *err) {
+    const cJSON *gpus = get(spec, "gpus");
+    inv_constraints c = {.allowed_products = get(gpus, "allowedProducts"),
+                         .max_gpus = (int)get_num(gpus, "maxGPUs", 0),
+                         .node_selector = get(gpus, "nodeSelector")};
+    return inv_build(get(nodes, "items"), &c, cl, inv, err);
+}
+
+static uint64_t fnv1a(uint64_t h, const void *p, size_t n) {
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ULL;
+    return h;
+}
+#define FNV_OFFSET 0xcbf29ce484222325ULL
+
+/* A fingerprint of the job's usable GPUs (node, type and memory of each, in rank order): when it
+ * changes, the job is planned again. "none" when no GPU is usable. */
+static void inventory_fingerprint(const cJSON *nodes, const cJSON *spec, char *out, size_t n) {
+    cluster cl;
+    inv_result inv;
+    err_t e;
+    if (job_cluster(nodes, spec, &cl, &inv, &e) < 0) {
+        snprintf(out, n, "none");
+        return;
+    }
+    uint64_t h = FNV_OFFSET;
+    for (int i = 0; i < cl.n_devices; i++) {
+        char line[160];
+        int len = snprintf(line, sizeof line, "%s\t%s\t%.0f\n", cl.nodes[cl.devices[i].node].name,
+                           cl.devices[i].type, cl.devices[i].memory_bytes);
+        h = fnv1a(h, line, (size_t)len);
+    }
+    snprintf(out, n, "%d-%016llx", cl.n_devices, (unsigned long long)h);
+    cluster_free(&cl);
+}
+
+/* Profiles from a ConfigMap (docs/operator.md, Profiles): spec.profileConfigMap in the job's
+ * namespace, else the operator's --profile-configmap. Every data key ending in ".json" is a
+ * profile file as `cephalo profile -o` writes it; they are merged. A missing default ConfigMap,
+ * or one without the job's model, means estimates; the job's own must exist and have the model.
+ * 0 (in->have_prof says whether one was loaded), -1 with err set (the job's problem), or -2 with
+ * err set (an API error). */
+static int load_profiles(kube_client *k, const rec_config *c, const cJSON *job, plan_inputs *in, err_t *err) {
+    const char *own = get_str(get(job, "spec"), "profileConfigMap", NULL);
+    char ns[256], name[256], path[KUBE_PATH_MAX];
+    if (own) {
+        snprintf(ns, sizeof ns, "%s", kube_meta_str(job, "namespace"));
+        snprintf(name, sizeof name, "%s", own);
+    } else if (c->profile_cm && *c->profile_cm) {
+        const char *slash = strchr(c->profile_cm, '/');
+        if (!slash) return 0;
+        snprintf(ns, sizeof ns, "%.*s", (int)(slash - c->profile_cm), c->profile_cm);
+        snprintf(name, sizeof name, "%s", slash + 1);
+    } else {
+        return 0;
+    }
+    cJSON *cm = NULL;
+    long status = 0;
+    if (kube_path(path, sizeof path, "v1", ns, "configmaps", name, err) < 0) return own ? -1 : 0;
+    if (kube_get(k, path, &cm, &status, err) < 0) {
+        if (status != 404) return -2;
+        return own ? err_set(err, "spec.profileConfigMap: ConfigMap %s/%s not found", ns, name) : 0;
+    }
+    int rc = 0, files = 0;
+    const cJSON *item;
+    cJSON_ArrayForEach(item, get(cm, "data")) {
+        size_t kl = strlen(item->string);
+        if (!cJSON_IsString(item) || kl < 5 || strcmp(item->string + kl - 5, ".json") != 0) continue;
+        char src[600];
+        snprintf(src, sizeof src, "ConfigMap %s/%s key %s", ns, name, item->string);
+        profile p;
+        if (profile_load_string(src, item->valuestring, strlen(item->valuestring), &p, err) < 0) {
+            rc = -1;
+            break;
+        }
+        if (files++ == 0) {
+            in->prof = p;
+        } else {
+            profile_merge(&in->prof, &p);
+            profile_free(&p);
+        }
+    }
+    if (rc == 0 && files) {
+        in->have_prof = true;
+        snprintf(in->prof_source, sizeof in->prof_source, "ConfigMap %s/%s", ns, name);
+        if (!profile_has_model(&in->prof, in->model.name)) {
+            char models[512];
+            profile_models(&in->prof, models, sizeof models);
+            if (own)
+                rc = err_set(err, "spec.profileConfigMap: ConfigMap %s/%s has no profile of model %s "
+                                  "(it has: %s); run `cephalo profile --model %s` on the GPUs",
+                             ns, name, in->model.name, models, in->model.name);
+            profile_free(&in->prof);
+            in->have_prof = false;
+        }
+    } else if (rc == 0 && own) {
+        rc = err_set(err, "spec.profileConfigMap: ConfigMap %s/%s has no key ending in .json "
+                          "(expected profile files written by `cephalo profile -o`)", ns, name);
+    } else if (rc < 0 && files) {
+        profile_free(&in->prof);
+    }
+    cJSON_Delete(cm);
+    return rc;
+}
+
 /* 0 with out->json, or -1 with out->reason and err set (the job's problem, not the API's);
- * -2 with err set when the Nodes could not be listed. */
-static int make_plan(kube_client *k, const cJSON *spec, plan_out *out, err_t *err) {
+ * -2 with err set on an API error. */
+static int make_plan(kube_client *k, const rec_config *c, const cJSON *job, const cJSON *nodes,
+                     plan_out *out, err_t *err) {
+    const cJSON *spec = get(job, "spec");
     plan_inputs in = {0};
     memset(out, 0, sizeof *out);
     out->reason = "InvalidSpec";
@@ -60,18 +177,8 @@ static int make_plan(kube_client *k, const cJSON *spec, plan_out *out, err_t *er
     const char *sname = get_str(spec, "strategy", "cephalo");
     strategy strat;
     if (strategy_parse(sname, &strat, err) < 0) return -1;
-
-    cJSON *nodes = NULL;
-    long status = 0;
-    if (kube_get(k, "/api/v1/nodes", &nodes, &status, err) < 0) return -2;
-    const cJSON *gpus = get(spec, "gpus");
-    inv_constraints c = {.allowed_products = get(gpus, "allowedProducts"),
-                         .max_gpus = (int)get_num(gpus, "maxGPUs", 0),
-                         .node_selector = get(gpus, "nodeSelector")};
     inv_result inv;
-    int rc = inv_build(get(nodes, "items"), &c, &in.cl, &inv, err);
-    cJSON_Delete(nodes);
-    if (rc < 0) {
+    if (job_cluster(nodes, spec, &in.cl, &inv, err) < 0) {
         out->reason = "NoGPUs";
         return -1;
     }
@@ -80,29 +187,36 @@ static int make_plan(kube_client *k, const cJSON *spec, plan_out *out, err_t *er
     inputs_opts o = {.batch = (long)get_num(spec, "globalBatch", 0),
                      .seq = (long)get_num(spec, "seqLen", 0),
                      .bf16 = strcmp(get_str(spec, "precision", "fp32"), "bf16") == 0,
-                     .mem_cap = get_num(spec, "memCap", 0.8)};
+                     .mem_cap = get_num(spec, "memCap", 0.8), .no_store = true};
+    int rc = -1;
     if (o.batch < in.cl.n_devices) {
         err_set(err, "globalBatch %ld is less than the %d usable GPUs (every GPU needs a sample; "
                      "lower gpus.maxGPUs or raise globalBatch)", o.batch, in.cl.n_devices);
-        inputs_free(&in);
-        return -1;
+        goto done;
     }
-    if (inputs_build(&in, &o, err) < 0) {
-        inputs_free(&in);
-        return -1;
+    int prc = load_profiles(k, c, job, &in, err);
+    if (prc < 0) {
+        out->reason = "InvalidProfile";
+        rc = prc;
+        goto done;
     }
+    if (inputs_build(&in, &o, err) < 0) goto done;
+    int measured = 0;
+    for (int g = 0; in.have_prof && g < in.cm.n_groups; g++) measured += in.cm.groups[g].measured;
+    out->estimated |= measured < in.cm.n_groups;
+    snprintf(out->profile, sizeof out->profile, "%.*s", (int)sizeof out->profile - 1, in.have_prof ? in.prof_source : "");
+    out->measured_groups = measured;
+    out->groups = in.cm.n_groups;
     plan p;
     if (plan_make(&in.cm, strat, &p, err) < 0) {
         out->reason = "PlanError";
-        inputs_free(&in);
-        return -1;
+        goto done;
     }
     if (!p.feasible) {
         out->reason = "Infeasible";
         err_set(err, "no feasible %s plan on %d GPUs: %s", sname, in.cl.n_devices, p.reason);
         plan_free(&p);
-        inputs_free(&in);
-        return -1;
+        goto done;
     }
     char *buf = NULL;
     size_t len = 0;
@@ -110,14 +224,15 @@ static int make_plan(kube_client *k, const cJSON *spec, plan_out *out, err_t *er
     rc = f ? plan_write_json(&p, f, err) : err_set(err, "out of memory");
     if (f) fclose(f);
     plan_free(&p);
-    inputs_free(&in);
     if (rc < 0) {
         free(buf);
         out->reason = "PlanError";
-        return -1;
+        goto done;
     }
     out->json = buf;
-    return 0;
+done:
+    inputs_free(&in);
+    return rc;
 }
 
 /* ---- objects ------------------------------------------------------------------------------- */
@@ -165,18 +280,23 @@ static int ensure(kube_client *k, const char *collection, cJSON *obj, bool *crea
     return status == 409 ? 0 : -1;
 }
 
-/* Creates the plan ConfigMap, or merge-patches the one of an older generation (the chart's RBAC
- * grants configmaps patch, not update). */
+typedef struct cm_annotations {
+    const char *generation, *inventory, *plan_id, *notes;
+} cm_annotations;
+
+/* Creates the plan ConfigMap, or merge-patches the one of an older plan (the chart's RBAC grants
+ * configmaps patch, not update). */
 static int write_configmap(kube_client *k, const cJSON *job, const cJSON *old, const char *name,
-                           const char *plan_json, const char *notes, err_t *err) {
-    char path[KUBE_PATH_MAX], gen[32];
+                           const char *plan_json, const cm_annotations *a, err_t *err) {
+    char path[KUBE_PATH_MAX];
     const char *ns = kube_meta_str(job, "namespace");
-    snprintf(gen, sizeof gen, "%.0f", get_num(get(job, "metadata"), "generation", 0));
     cJSON *cm = cJSON_CreateObject();
     cJSON *m = old ? cJSON_AddObjectToObject(cm, "metadata") : meta(job, name, -1);
     cJSON *ann = cJSON_AddObjectToObject(m, "annotations");
-    cJSON_AddStringToObject(ann, REC_ANN_GENERATION, gen);
-    if (notes && *notes) cJSON_AddStringToObject(ann, REC_ANN_NOTES, notes);
+    cJSON_AddStringToObject(ann, REC_ANN_GENERATION, a->generation);
+    cJSON_AddStringToObject(ann, REC_ANN_INVENTORY, a->inventory);
+    cJSON_AddStringToObject(ann, REC_ANN_PLAN_ID, a->plan_id);
+    if (a->notes && *a->notes) cJSON_AddStringToObject(ann, REC_ANN_NOTES, a->notes);
     else if (old) cJSON_AddNullToObject(ann, REC_ANN_NOTES);
     cJSON_AddStringToObject(cJSON_AddObjectToObject(cm, "data"), "plan.json", plan_json);
     long status = 0;
@@ -257,7 +377,7 @@ static void volume(cJSON *vols, cJSON *mounts, const char *name, const char *mou
 }
 
 static cJSON *pod_object(const rec_config *c, const cJSON *job, int rank, int world,
-                         const char *node, const char *cm_name) {
+                         const char *node, const char *cm_name, const char *plan_id, int attempt) {
     const cJSON *spec = get(job, "spec");
     const char *ns = kube_meta_str(job, "namespace"), *name = kube_meta_str(job, "name");
     char pod[128], buf[512];
@@ -266,7 +386,12 @@ static cJSON *pod_object(const rec_config *c, const cJSON *job, int rank, int wo
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "apiVersion", "v1");
     cJSON_AddStringToObject(o, "kind", "Pod");
-    cJSON_AddItemToObject(o, "metadata", meta(job, pod, rank));
+    cJSON *md = meta(job, pod, rank);
+    cJSON *ann = cJSON_AddObjectToObject(md, "annotations");
+    cJSON_AddStringToObject(ann, REC_ANN_PLAN_ID, plan_id);
+    snprintf(buf, sizeof buf, "%d", attempt);
+    cJSON_AddStringToObject(ann, REC_ANN_ATTEMPT, buf);
+    cJSON_AddItemToObject(o, "metadata", md);
     cJSON *ps = cJSON_AddObjectToObject(o, "spec");
     cJSON_AddStringToObject(ps, "nodeName", node);
     snprintf(buf, sizeof buf, "%s-%d", name, rank);
@@ -422,7 +547,9 @@ static cJSON *failed_status(const cJSON *job, const char *reason, const char *ms
     condition(conds, old, gen, "Created", true, "Created", "the job was accepted by the operator");
     condition(conds, old, gen, "Planned", false, reason, msg);
     condition(conds, old, gen, "Failed", true, reason, msg);
-    cJSON_AddNumberToObject(s, "restarts", get_num(old, "restarts", 0));
+    static const char *kept[] = {"restarts", "replans", "attempt", "step", "lastCheckpointStep", "loss"};
+    for (size_t i = 0; i < sizeof kept / sizeof *kept; i++)
+        if (get(old, kept[i]) || i == 0) cJSON_AddNumberToObject(s, kept[i], get_num(old, kept[i], 0));
     return s;
 }
 
@@ -437,6 +564,32 @@ static void emit(kube_client *k, const cJSON *job, const char *type, const char 
 
 /* ---- the reconcile ------------------------------------------------------------------------- */
 
+void rec_stats_add(rec_stats *d, const rec_stats *s) {
+    d->reconciles += s->reconciles, d->errors += s->errors, d->plans += s->plans;
+    d->plan_failures += s->plan_failures, d->pods_created += s->pods_created;
+    d->pods_deleted += s->pods_deleted, d->jobs_created += s->jobs_created;
+    d->jobs_succeeded += s->jobs_succeeded, d->jobs_failed += s->jobs_failed;
+    d->gang_restarts += s->gang_restarts, d->replans += s->replans;
+}
+
+/* What one reconcile works on. */
+typedef struct rec_ctx {
+    kube_client *k;
+    const rec_config *c;
+    rec_stats *st;
+    const char *ns, *name;
+    char job_path[KUBE_PATH_MAX];
+    cJSON *job;
+    const cJSON *spec, *old; /* the job's spec and stored status */
+    double gen;
+    cJSON *nodes; /* NodeList */
+    cJSON *plan_doc; /* plan.json */
+    char plan_id[64], cm_name[128], notes[1024], profile[600];
+    char why[600]; /* set when this reconcile re-planned: why the gang restarts */
+    bool estimated;
+    int attempt; /* the gang attempt: status.attempt */
+} rec_ctx;
+
 /* The job's pods (label cephalo.dev/job=NAME) as a PodList, or NULL with the error set. */
 static cJSON *list_pods(kube_client *k, const char *ns, const char *name, err_t *err) {
     char path[KUBE_PATH_MAX + 256];
@@ -449,217 +602,528 @@ static cJSON *list_pods(kube_client *k, const char *ns, const char *name, err_t 
     return list;
 }
 
-static int suspend_job(kube_client *k, const cJSON *job, const char *job_path, err_t *err) {
-    const char *ns = kube_meta_str(job, "namespace"), *name = kube_meta_str(job, "name");
-    long st = 0;
-    cJSON *list = list_pods(k, ns, name, err);
-    if (!list) return -1;
+static bool node_exists(const cJSON *nodes, const char *name) {
+    const cJSON *n;
+    cJSON_ArrayForEach(n, get(nodes, "items"))
+        if (name && strcmp(get_str(get(n, "metadata"), "name", ""), name) == 0) return true;
+    return false;
+}
+
+static const char *pod_phase(const cJSON *pod) { return get_str(get(pod, "status"), "phase", "Pending"); }
+static bool pod_finished(const cJSON *pod) {
+    return !strcmp(pod_phase(pod), "Succeeded") || !strcmp(pod_phase(pod), "Failed");
+}
+
+/* Deletes a pod. A pod whose Node is gone is deleted at once (gracePeriodSeconds=0): no kubelet
+ * is left to finish a graceful delete, and its name is needed for the next gang. Otherwise a
+ * graceful delete (the worker gets SIGTERM), once. */
+static int delete_pod(rec_ctx *x, const cJSON *pod, err_t *err) {
+    char path[KUBE_PATH_MAX + 32];
+    long status = 0;
+    bool orphan = x->nodes && !node_exists(x->nodes, get_str(get(pod, "spec"), "nodeName", NULL));
+    if (get(get(pod, "metadata"), "deletionTimestamp") && !orphan) return 0; /* on its way */
+    if (kube_path(path, KUBE_PATH_MAX, "v1", x->ns, "pods", kube_meta_str(pod, "name"), err) < 0) return -1;
+    if (orphan) strcat(path, "?gracePeriodSeconds=0");
+    if (kube_delete(x->k, path, &status, err) < 0 && status != 404) return -1;
+    if (x->st) x->st->pods_deleted++;
+    return 0;
+}
+
+/* Deletes the job's pods: all of them, or those still running (keep_finished: their logs and
+ * exit codes stay for `kubectl logs`, as a Job's do). */
+static int delete_pods(rec_ctx *x, const cJSON *pods, bool keep_finished, err_t *err) {
     const cJSON *pod;
-    cJSON_ArrayForEach(pod, get(list, "items")) {
-        char pp[KUBE_PATH_MAX];
-        if (kube_path(pp, sizeof pp, "v1", ns, "pods", kube_meta_str(pod, "name"), err) < 0 ||
-            (kube_delete(k, pp, &st, err) < 0 && st != 404)) {
-            cJSON_Delete(list);
-            return -1;
-        }
+    cJSON_ArrayForEach(pod, get(pods, "items")) {
+        if (keep_finished && pod_finished(pod)) continue;
+        if (delete_pod(x, pod, err) < 0) return -1;
     }
-    cJSON_Delete(list);
-    const cJSON *old = get(job, "status");
-    double gen = get_num(get(job, "metadata"), "generation", 0);
+    return 0;
+}
+
+static int suspend_job(rec_ctx *x, err_t *err) {
+    cJSON *pods = list_pods(x->k, x->ns, x->name, err);
+    if (!pods) return -1;
+    int rc = delete_pods(x, pods, false, err);
+    cJSON_Delete(pods);
+    if (rc < 0) return -1;
     cJSON *s = cJSON_CreateObject();
     cJSON_AddStringToObject(s, "phase", "Suspended");
     cJSON_AddStringToObject(s, "message", "spec.suspend is true: no worker pods");
-    cJSON_AddNumberToObject(s, "observedGeneration", gen);
+    cJSON_AddNumberToObject(s, "observedGeneration", x->gen);
     cJSON *conds = cJSON_AddArrayToObject(s, "conditions");
-    condition(conds, old, gen, "Created", true, "Created", "the job was accepted by the operator");
-    condition(conds, old, gen, "Suspended", true, "Suspended", "spec.suspend is true");
-    cJSON_AddNumberToObject(s, "restarts", get_num(old, "restarts", 0));
-    return write_status(k, job_path, s, err);
+    condition(conds, x->old, x->gen, "Created", true, "Created", "the job was accepted by the operator");
+    condition(conds, x->old, x->gen, "Suspended", true, "Suspended", "spec.suspend is true");
+    static const char *kept[] = {"restarts", "replans", "attempt", "step", "lastCheckpointStep", "loss"};
+    for (size_t i = 0; i < sizeof kept / sizeof *kept; i++)
+        if (get(x->old, kept[i])) cJSON_AddNumberToObject(s, kept[i], get_num(x->old, kept[i], 0));
+    return write_status(x->k, x->job_path, s, err);
 }
 
-int rec_job(kube_client *k, const rec_config *c, const char *ns, const char *name, rec_stats *st,
-            err_t *err) {
-    char job_path[KUBE_PATH_MAX], path[KUBE_PATH_MAX], cm_name[128];
-    long status = 0;
-    cJSON *job = NULL, *cm = NULL, *plan_doc = NULL;
-    int rc = -1;
-    if (st) st->reconciles++;
-    if (kube_path(job_path, sizeof job_path, REC_API_VERSION, ns, "cephalojobs", name, err) < 0) goto out;
-    if (kube_get(k, job_path, &job, &status, err) < 0) {
-        rc = status == 404 ? 0 : -1;
-        goto out;
-    }
-    const cJSON *md = get(job, "metadata"), *spec = get(job, "spec");
-    if (get(md, "deletionTimestamp")) {
-        rc = 0;
-        goto out;
-    }
-    if (cJSON_IsTrue(get(spec, "suspend"))) {
-        rc = suspend_job(k, job, job_path, err);
-        goto out;
-    }
-    double gen = get_num(md, "generation", 0);
-    char gen_s[32];
-    snprintf(gen_s, sizeof gen_s, "%.0f", gen);
-    snprintf(cm_name, sizeof cm_name, "%s-plan", name);
+static const cJSON *find_condition(const cJSON *status, const char *type) {
+    const cJSON *c;
+    cJSON_ArrayForEach(c, get(status, "conditions"))
+        if (!strcmp(get_str(c, "type", ""), type)) return c;
+    return NULL;
+}
 
-    /* the plan of this generation, if it was made already */
-    if (kube_path(path, sizeof path, "v1", ns, "configmaps", cm_name, err) < 0) goto out;
-    if (kube_get(k, path, &cm, &status, err) < 0) {
-        if (status != 404) goto out;
+/* Terminal: Succeeded, or Failed after the backoff limit. Plan failures are not terminal: a
+ * change of the job or of the Nodes plans it again. */
+static bool terminal(const cJSON *status) {
+    const char *ph = get_str(status, "phase", "");
+    if (!strcmp(ph, "Succeeded")) return true;
+    const cJSON *f = find_condition(status, "Failed");
+    return !strcmp(ph, "Failed") && f && !strcmp(get_str(f, "reason", ""), "BackoffLimitExceeded");
+}
+
+/* The plan id: the generation it was made for and a hash of plan.json. Pods carry it. */
+static void plan_id_of(double gen, const char *plan_json, char *out, size_t n) {
+    uint64_t h = fnv1a(FNV_OFFSET, plan_json, strlen(plan_json));
+    snprintf(out, n, "g%.0f-%08llx", gen, (unsigned long long)(h & 0xffffffffULL));
+}
+
+/* The plan to run: the ConfigMap's when it was made for this generation and these GPUs, else a
+ * new one written there. 1 with x->plan_doc set; 0 when the job cannot be planned (its status is
+ * written Failed, its pods deleted); -1 on an API error. */
+static int current_plan(rec_ctx *x, err_t *err) {
+    char path[KUBE_PATH_MAX], gen_s[32], fp[64];
+    cJSON *cm = NULL;
+    long status = 0;
+    int rc = -1;
+    snprintf(gen_s, sizeof gen_s, "%.0f", x->gen);
+    inventory_fingerprint(x->nodes, x->spec, fp, sizeof fp);
+    if (kube_path(path, sizeof path, "v1", x->ns, "configmaps", x->cm_name, err) < 0) return -1;
+    if (kube_get(x->k, path, &cm, &status, err) < 0) {
+        if (status != 404) return -1;
         cm = NULL;
     }
-    const char *cm_gen = get_str(get(get(cm, "metadata"), "annotations"), REC_ANN_GENERATION, "");
+    const cJSON *ann = get(get(cm, "metadata"), "annotations");
     const char *cm_plan = get_str(get(cm, "data"), "plan.json", NULL);
-    bool estimated = cJSON_IsTrue(get(get(get(job, "status"), "plan"), "estimated"));
-    char notes[1024] = "";
-    bool stale = false; /* an older generation's plan kept under existing pods */
-    if (cm && cm_plan && strcmp(cm_gen, gen_s) != 0) {
-        /* the spec changed: re-plan only when no worker pod exists (re-planning under running
-         * pods needs the gang restart from a checkpoint, which is not implemented yet) */
-        cJSON *pods = list_pods(k, ns, name, err);
-        if (!pods) goto out;
-        stale = cJSON_GetArraySize(get(pods, "items")) > 0;
+    const char *cm_gen = get_str(ann, REC_ANN_GENERATION, ""), *cm_fp = get_str(ann, REC_ANN_INVENTORY, "");
+    if (cm_plan && !strcmp(cm_gen, gen_s) && !strcmp(cm_fp, fp)) {
+        x->plan_doc = json_parse(x->cm_name, cm_plan, strlen(cm_plan), err);
+        if (x->plan_doc) {
+            snprintf(x->plan_id, sizeof x->plan_id, "%s", get_str(ann, REC_ANN_PLAN_ID, ""));
+            snprintf(x->notes, sizeof x->notes, "%s", get_str(ann, REC_ANN_NOTES, ""));
+            snprintf(x->profile, sizeof x->profile, "%s", get_str(get(x->old, "plan"), "profile", ""));
+            x->estimated = cJSON_IsTrue(get(get(x->old, "plan"), "estimated"));
+            cJSON_Delete(cm);
+            return 1;
+        }
+        log_msg("warning", "%s/%s: %s; planning again", x->ns, x->name, err->msg);
+    }
+
+    plan_out po;
+    if (x->st) x->st->plans++;
+    int prc = make_plan(x->k, x->c, x->job, x->nodes, &po, err);
+    if (prc == -2) goto out;
+    if (prc < 0) {
+        if (x->st) x->st->plan_failures++;
+        char msg[1100];
+        snprintf(msg, sizeof msg, "%s", err->msg);
+        /* the planner's hint for the CLI; the operator takes built-in names only */
+        char *hint = strstr(msg, " (or give a model file path)");
+        if (hint) *hint = '\0';
+        if (strcmp(get_str(x->old, "phase", ""), "Failed") != 0 || strcmp(get_str(x->old, "message", ""), msg) != 0) {
+            emit(x->k, x->job, "Warning", po.reason, msg);
+            if (x->st && strcmp(get_str(x->old, "phase", ""), "Failed") != 0) x->st->jobs_failed++;
+        }
+        cJSON *pods = list_pods(x->k, x->ns, x->name, err);
+        if (!pods || delete_pods(x, pods, false, err) < 0) {
+            cJSON_Delete(pods);
+            goto out;
+        }
         cJSON_Delete(pods);
+        rc = write_status(x->k, x->job_path, failed_status(x->job, po.reason, msg), err) < 0 ? -1 : 0;
+        goto out;
     }
-    if (cm && cm_plan && (stale || strcmp(cm_gen, gen_s) == 0)) {
-        plan_doc = json_parse(cm_name, cm_plan, strlen(cm_plan), err);
-        snprintf(notes, sizeof notes, "%s", get_str(get(get(cm, "metadata"), "annotations"), REC_ANN_NOTES, ""));
-        if (!plan_doc) log_msg("warning", "%s/%s: %s; planning again", ns, name, err->msg);
-    }
-    if (!plan_doc) {
-        plan_out po;
-        if (st) st->plans++;
-        int prc = make_plan(k, spec, &po, err);
-        if (prc == -2) goto out;
-        if (prc < 0) {
-            if (st) st->plan_failures++;
-            char msg[1100];
-            snprintf(msg, sizeof msg, "%s", err->msg);
-            /* the planner's hint for the CLI; the operator takes built-in names only */
-            char *hint = strstr(msg, " (or give a model file path)");
-            if (hint) *hint = '\0';
-            const cJSON *ost = get(job, "status");
-            if (strcmp(get_str(ost, "phase", ""), "Failed") != 0 || strcmp(get_str(ost, "message", ""), msg) != 0)
-                emit(k, job, "Warning", po.reason, msg);
-            rc = write_status(k, job_path, failed_status(job, po.reason, msg), err);
-            goto out;
-        }
-        estimated = true; /* no profile in the operator yet: analytic estimates */
-        snprintf(notes, sizeof notes, "%s", po.notes);
-        if (write_configmap(k, job, cm, cm_name, po.json, po.notes, err) < 0) {
-            free(po.json);
-            goto out;
-        }
-        plan_doc = json_parse(cm_name, po.json, strlen(po.json), err);
+    /* a job with a gang (or one being started) restarts on the new plan; a suspended or failed
+     * one is just planned */
+    const char *ph = get_str(x->old, "phase", "");
+    bool replan = cm_plan && (!strcmp(ph, "Planned") || !strcmp(ph, "Running") || !strcmp(ph, "Restarting"));
+    plan_id_of(x->gen, po.json, x->plan_id, sizeof x->plan_id);
+    x->estimated = po.estimated;
+    snprintf(x->notes, sizeof x->notes, "%s", po.notes);
+    snprintf(x->profile, sizeof x->profile, "%s", po.profile);
+    const char *old_id = get_str(ann, REC_ANN_PLAN_ID, "");
+    if (write_configmap(x->k, x->job, cm, x->cm_name, po.json, &(cm_annotations){gen_s, fp, x->plan_id, po.notes}, err) < 0) {
         free(po.json);
-        if (!plan_doc) goto out;
-        char ev[256];
-        snprintf(ev, sizeof ev, "planned %d GPUs, predicted %.2f samples/s",
-                 cJSON_GetArraySize(get(plan_doc, "ranks")),
-                 get_num(get(plan_doc, "predicted"), "samples_per_s", 0));
-        emit(k, job, "Normal", "Planned", ev);
+        goto out;
     }
+    x->plan_doc = json_parse(x->cm_name, po.json, strlen(po.json), err);
+    free(po.json);
+    if (!x->plan_doc) goto out;
+    if (!cm && x->st) x->st->jobs_created++;
+    char ev[512];
+    int world = cJSON_GetArraySize(get(x->plan_doc, "ranks"));
+    double sps = get_num(get(x->plan_doc, "predicted"), "samples_per_s", 0);
+    if (replan && strcmp(old_id, x->plan_id) != 0) {
+        if (x->st) x->st->replans++;
+        snprintf(ev, sizeof ev, "re-planned on %d GPUs (%s), predicted %.2f samples/s; the gang restarts "
+                 "from the last checkpoint", world, strcmp(cm_gen, gen_s) ? "the spec changed" : "the usable GPUs changed", sps);
+        emit(x->k, x->job, "Normal", "Replanned", ev);
+        snprintf(x->why, sizeof x->why, "%s", ev);
+    } else if (strcmp(old_id, x->plan_id) != 0) {
+        snprintf(ev, sizeof ev, "planned %d GPUs, predicted %.2f samples/s (%.300s)", world, sps,
+                 *po.profile ? po.profile : "analytic estimates");
+        emit(x->k, x->job, "Normal", "Planned", ev);
+    }
+    rc = 1;
+out:
+    cJSON_Delete(cm);
+    return rc;
+}
 
-    long metrics_port = (long)get_num(spec, "metricsPort", 9400);
-    if (ensure_service(k, job, metrics_port, err) < 0) goto out;
+/* The pods of the job sorted out against the current plan and gang attempt. */
+typedef struct gang {
+    cJSON *list; /* PodList */
+    int world;
+    const cJSON **pod; /* [world]: the current gang's pod of each rank, or NULL */
+    int stale; /* pods of an older plan or attempt */
+    int pending, running, succeeded, failed, missing;
+    const cJSON *first_failed;
+} gang;
 
-    const cJSON *ranks = get(plan_doc, "ranks");
-    int world = cJSON_GetArraySize(ranks), running = 0, succeeded = 0, failed = 0;
-    cJSON *st_ranks = cJSON_CreateArray();
-    const cJSON *r;
+static void gang_free(gang *g) {
+    cJSON_Delete(g->list);
+    free(g->pod);
+}
+
+static int gang_read(rec_ctx *x, gang *g, err_t *err) {
+    memset(g, 0, sizeof *g);
+    g->world = cJSON_GetArraySize(get(x->plan_doc, "ranks"));
+    g->pod = calloc((size_t)g->world + 1, sizeof *g->pod);
+    if (!g->pod) return err_set(err, "out of memory");
+    if (!(g->list = list_pods(x->k, x->ns, x->name, err))) return -1;
+    char att[32];
+    snprintf(att, sizeof att, "%d", x->attempt);
+    const cJSON *pod;
+    cJSON_ArrayForEach(pod, get(g->list, "items")) {
+        const cJSON *ann = get(get(pod, "metadata"), "annotations");
+        const char *rank_s = get_str(get(get(pod, "metadata"), "labels"), REC_LABEL_RANK, "");
+        char *end;
+        long rank = strtol(rank_s, &end, 10);
+        bool current = !strcmp(get_str(ann, REC_ANN_PLAN_ID, ""), x->plan_id) &&
+                       !strcmp(get_str(ann, REC_ANN_ATTEMPT, ""), att) && *rank_s && !*end &&
+                       rank >= 0 && rank < g->world && !get(get(pod, "metadata"), "deletionTimestamp");
+        if (!current) {
+            g->stale++;
+            continue;
+        }
+        g->pod[rank] = pod;
+        const char *ph = pod_phase(pod);
+        if (!strcmp(ph, "Running")) g->running++;
+        else if (!strcmp(ph, "Succeeded")) g->succeeded++;
+        else if (!strcmp(ph, "Failed")) {
+            g->failed++;
+            if (!g->first_failed) g->first_failed = pod;
+        } else g->pending++;
+    }
+    for (int r = 0; r < g->world; r++) g->missing += !g->pod[r];
+    return 0;
+}
+
+/* "pod tiny-1 (rank 1 on gpu-a) failed: exit code 137 (Error)" */
+static void describe_failure(const cJSON *pod, char *out, size_t n) {
+    const cJSON *st = get(pod, "status"), *cs = cJSON_GetArrayItem(get(st, "containerStatuses"), 0);
+    const cJSON *term = get(get(cs, "state"), "terminated");
+    int len = snprintf(out, n, "pod %s (rank %s on %s) failed", kube_meta_str(pod, "name"),
+                       get_str(get(get(pod, "metadata"), "labels"), REC_LABEL_RANK, "?"),
+                       get_str(get(pod, "spec"), "nodeName", "?"));
+    if (len < 0 || (size_t)len >= n) return;
+    if (term)
+        snprintf(out + len, n - (size_t)len, ": exit code %.0f (%s)", get_num(term, "exitCode", -1),
+                 get_str(term, "reason", "Error"));
+    else if (get_str(st, "reason", NULL))
+        snprintf(out + len, n - (size_t)len, ": %s%s%s", get_str(st, "reason", ""),
+                 get_str(st, "message", NULL) ? ": " : "", get_str(st, "message", ""));
+}
+
+/* ---- status -------------------------------------------------------------------------------- */
+
+/* The status fields every phase carries: counters, the plan summary, progress, times. */
+static cJSON *status_base(rec_ctx *x, const char *phase, const char *msg) {
+    cJSON *s = cJSON_CreateObject();
+    cJSON_AddStringToObject(s, "phase", phase);
+    cJSON_AddStringToObject(s, "message", msg);
+    cJSON_AddNumberToObject(s, "observedGeneration", x->gen);
+    cJSON_AddArrayToObject(s, "conditions");
+    cJSON_AddNumberToObject(s, "restarts", get_num(x->old, "restarts", 0));
+    cJSON_AddNumberToObject(s, "replans", get_num(x->old, "replans", 0) + (*x->why ? 1 : 0));
+    cJSON_AddNumberToObject(s, "attempt", x->attempt);
+    static const char *kept[] = {"step", "lastCheckpointStep", "samplesPerSecond", "loss"};
+    for (size_t i = 0; i < sizeof kept / sizeof *kept; i++)
+        if (get(x->old, kept[i])) cJSON_AddNumberToObject(s, kept[i], get_num(x->old, kept[i], 0));
+    static const char *times[] = {"startTime", "completionTime", "progressTime"};
+    for (size_t i = 0; i < 3; i++)
+        if (get_str(x->old, times[i], NULL)) cJSON_AddStringToObject(s, times[i], get_str(x->old, times[i], ""));
+    return s;
+}
+
+static void set_num(cJSON *o, const char *k, double v) {
+    cJSON_DeleteItemFromObjectCaseSensitive(o, k);
+    cJSON_AddNumberToObject(o, k, v);
+}
+
+static void set_str(cJSON *o, const char *k, const char *v) {
+    cJSON_DeleteItemFromObjectCaseSensitive(o, k);
+    cJSON_AddStringToObject(o, k, v);
+}
+
+static void status_plan(rec_ctx *x, cJSON *s) {
+    const cJSON *ranks = get(x->plan_doc, "ranks"), *r;
+    cJSON *pl = cJSON_AddObjectToObject(s, "plan");
+    cJSON_AddStringToObject(pl, "configMap", x->cm_name);
+    cJSON_AddStringToObject(pl, "id", x->plan_id);
+    cJSON_AddStringToObject(pl, "strategy", get_str(get(x->plan_doc, "inputs"), "strategy", "cephalo"));
+    cJSON_AddNumberToObject(pl, "worldSize", cJSON_GetArraySize(ranks));
+    cJSON_AddNumberToObject(pl, "predictedIterMs", get_num(get(x->plan_doc, "predicted"), "iter_ms", 0));
+    cJSON_AddNumberToObject(pl, "predictedSamplesPerSecond", get_num(get(x->plan_doc, "predicted"), "samples_per_s", 0));
+    cJSON_AddBoolToObject(pl, "estimated", x->estimated);
+    if (*x->profile) cJSON_AddStringToObject(pl, "profile", x->profile);
+    cJSON *arr = cJSON_AddArrayToObject(pl, "ranks");
     int i = 0;
     cJSON_ArrayForEach(r, ranks) {
-        char pod_name[128];
-        snprintf(pod_name, sizeof pod_name, "%s-%d", name, i);
-        const char *node = get_str(r, "node", "");
-        cJSON *pod = NULL;
-        if (kube_path(path, sizeof path, "v1", ns, "pods", pod_name, err) < 0) {
-            cJSON_Delete(st_ranks);
-            goto out;
-        }
-        if (kube_get(k, path, &pod, &status, err) < 0) {
-            if (status != 404) {
-                cJSON_Delete(st_ranks);
-                goto out;
-            }
-            char coll[KUBE_PATH_MAX];
-            bool created = false;
-            if (kube_path(coll, sizeof coll, "v1", ns, "pods", NULL, err) < 0 ||
-                ensure(k, coll, pod_object(c, job, i, world, node, cm_name), &created, err) < 0) {
-                cJSON_Delete(st_ranks);
-                goto out;
-            }
-            if (created && st) st->pods_created++;
-        } else {
-            const char *ph = get_str(get(pod, "status"), "phase", "Pending");
-            running += strcmp(ph, "Running") == 0;
-            succeeded += strcmp(ph, "Succeeded") == 0;
-            failed += strcmp(ph, "Failed") == 0;
-            cJSON_Delete(pod);
-        }
         cJSON *o = cJSON_CreateObject();
+        char pod[160];
+        snprintf(pod, sizeof pod, "%s-%d", x->name, i);
         cJSON_AddNumberToObject(o, "rank", i);
-        cJSON_AddStringToObject(o, "node", node);
+        cJSON_AddStringToObject(o, "node", get_str(r, "node", ""));
         cJSON_AddStringToObject(o, "device", get_str(r, "device", ""));
-        cJSON_AddStringToObject(o, "pod", pod_name);
+        cJSON_AddStringToObject(o, "pod", pod);
         cJSON_AddNumberToObject(o, "batch", get_num(r, "batch", 0));
         cJSON_AddNumberToObject(o, "microbatch", get_num(r, "microbatch", 0));
         cJSON_AddNumberToObject(o, "microbatches", get_num(r, "microbatches", 0));
         cJSON_AddNumberToObject(o, "stateRatio", get_num(r, "state_ratio", 0));
         cJSON_AddNumberToObject(o, "predictedPeakBytes", get_num(get(r, "predicted"), "peak_bytes", 0));
-        cJSON_AddItemToArray(st_ranks, o);
+        cJSON_AddItemToArray(arr, o);
         i++;
     }
+}
 
-    /* status */
-    const cJSON *old = get(job, "status");
-    cJSON *s = cJSON_CreateObject();
-    const char *phase = succeeded == world && world > 0 ? "Succeeded"
-                      : running + succeeded == world && world > 0 ? "Running" : "Planned";
-    char msg[1400];
-    if (failed)
-        snprintf(msg, sizeof msg, "%d of %d worker pods failed (gang restart is not implemented yet)", failed, world);
-    else
-        snprintf(msg, sizeof msg, "%d of %d worker pods running%s%s%s", running, world,
-                 stale ? "; the spec changed but the plan of generation " : "", stale ? cm_gen : "",
-                 stale ? " is kept while its pods exist (suspend the job to re-plan)" : "");
-    if (*notes && strlen(msg) + strlen(notes) + 3 < sizeof msg) {
-        strcat(msg, "; ");
-        strcat(msg, notes);
-    }
-    cJSON_AddStringToObject(s, "phase", phase);
-    cJSON_AddStringToObject(s, "message", msg);
-    cJSON_AddNumberToObject(s, "observedGeneration", gen);
-    cJSON *conds = cJSON_AddArrayToObject(s, "conditions");
-    condition(conds, old, gen, "Created", true, "Created", "the job was accepted by the operator");
+/* Conditions for a phase: Created, Planned, then Running / Restarting / Succeeded / Failed. A
+ * Restarting condition, once there, stays (False when the gang runs again). */
+static void status_conditions(rec_ctx *x, cJSON *s, const char *phase, const char *reason, const char *msg) {
+    cJSON *conds = cJSON_GetObjectItemCaseSensitive(s, "conditions");
+    int world = cJSON_GetArraySize(get(x->plan_doc, "ranks"));
     char pmsg[256];
     snprintf(pmsg, sizeof pmsg, "%s plan on %d GPUs in ConfigMap %s: predicted %.1f ms per step, %.2f samples/s",
-             get_str(get(plan_doc, "inputs"), "strategy", "cephalo"), world, cm_name,
-             get_num(get(plan_doc, "predicted"), "iter_ms", 0),
-             get_num(get(plan_doc, "predicted"), "samples_per_s", 0));
-    condition(conds, old, gen, "Planned", true, "Planned", pmsg);
-    condition(conds, old, gen, "Running", strcmp(phase, "Running") == 0,
-              strcmp(phase, "Running") == 0 ? "PodsRunning" : "PodsNotRunning", msg);
-    if (succeeded == world && world > 0) condition(conds, old, gen, "Succeeded", true, "Succeeded", msg);
-    cJSON *pl = cJSON_AddObjectToObject(s, "plan");
-    cJSON_AddStringToObject(pl, "configMap", cm_name);
-    cJSON_AddStringToObject(pl, "strategy", get_str(get(plan_doc, "inputs"), "strategy", "cephalo"));
-    cJSON_AddNumberToObject(pl, "worldSize", world);
-    cJSON_AddNumberToObject(pl, "predictedIterMs", get_num(get(plan_doc, "predicted"), "iter_ms", 0));
-    cJSON_AddNumberToObject(pl, "predictedSamplesPerSecond", get_num(get(plan_doc, "predicted"), "samples_per_s", 0));
-    cJSON_AddBoolToObject(pl, "estimated", estimated);
-    cJSON_AddItemToObject(pl, "ranks", st_ranks);
-    cJSON_AddNumberToObject(s, "restarts", get_num(old, "restarts", 0));
-    const char *start = get_str(old, "startTime", NULL);
+             get_str(get(x->plan_doc, "inputs"), "strategy", "cephalo"), world, x->cm_name,
+             get_num(get(x->plan_doc, "predicted"), "iter_ms", 0),
+             get_num(get(x->plan_doc, "predicted"), "samples_per_s", 0));
+    condition(conds, x->old, x->gen, "Created", true, "Created", "the job was accepted by the operator");
+    condition(conds, x->old, x->gen, "Planned", true, "Planned", pmsg);
+    bool running = !strcmp(phase, "Running"), restarting = !strcmp(phase, "Restarting");
+    condition(conds, x->old, x->gen, "Running", running, running ? "PodsRunning" : reason, msg);
+    if (restarting) condition(conds, x->old, x->gen, "Restarting", true, reason, msg);
+    else if (find_condition(x->old, "Restarting"))
+        condition(conds, x->old, x->gen, "Restarting", false, "GangStarted", "the gang of this attempt was started");
+    if (!strcmp(phase, "Succeeded")) condition(conds, x->old, x->gen, "Succeeded", true, "Succeeded", msg);
+    if (!strcmp(phase, "Failed")) condition(conds, x->old, x->gen, "Failed", true, reason, msg);
+}
+
+static int finish_status(rec_ctx *x, cJSON *s, const char *phase, err_t *err) {
+    if (x->st && strcmp(get_str(x->old, "phase", ""), phase) != 0) {
+        if (!strcmp(phase, "Succeeded")) x->st->jobs_succeeded++;
+        if (!strcmp(phase, "Failed")) x->st->jobs_failed++;
+    }
+    return write_status(x->k, x->job_path, s, err);
+}
+
+static double wall_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* Progress from the workers' /metrics: the step, loss and last checkpoint of rank 0, and the
+ * samples per second summed over ranks. Best effort: a rank that does not answer is left out. */
+static void scrape_progress(rec_ctx *x, const gang *g, cJSON *s) {
+    long port = (long)get_num(x->spec, "metricsPort", 9400);
+    if (port <= 0) return;
+    double rate = 0;
+    int rated = 0;
+    for (int r = 0; r < g->world; r++) {
+        const char *ip = g->pod[r] ? get_str(get(g->pod[r], "status"), "podIP", NULL) : NULL;
+        if (!ip) continue;
+        char url[256];
+        snprintf(url, sizeof url, strchr(ip, ':') ? "http://[%s]:%ld/metrics" : "http://%s:%ld/metrics", ip, port);
+        worker_progress p = {0};
+        err_t e;
+        if (progress_scrape(url, x->c->scrape_timeout_s > 0 ? x->c->scrape_timeout_s : 1.0, &p, &e) < 0) {
+            log_msg("debug", "%s/%s: progress: %s", x->ns, x->name, e.msg);
+            continue;
+        }
+        if (p.have_rate) rate += p.samples_per_s, rated++;
+        if (r != 0) continue;
+        if (p.have_step) set_num(s, "step", p.step);
+        if (p.have_loss) set_num(s, "loss", p.loss);
+        if (p.have_ckpt) set_num(s, "lastCheckpointStep", p.ckpt_step);
+    }
+    if (rated == g->world) set_num(s, "samplesPerSecond", rate);
+}
+
+/* A worker failed (or its pod vanished): restart the gang, or give up after backoffLimit. The
+ * status is written first (attempt + 1), then the pods deleted, so a crash in between still
+ * finds them stale. */
+static int gang_failed(rec_ctx *x, gang *g, const char *what, err_t *err) {
+    double restarts = get_num(x->old, "restarts", 0), limit = get_num(x->spec, "backoffLimit", 3);
+    char msg[1400];
+    if (restarts >= limit) {
+        snprintf(msg, sizeof msg, "%s; backoffLimit %.0f reached after %.0f gang restarts", what, limit, restarts);
+        cJSON *s = status_base(x, "Failed", msg);
+        status_plan(x, s);
+        status_conditions(x, s, "Failed", "BackoffLimitExceeded", msg);
+        char now[64];
+        kube_time_now(now, sizeof now);
+        set_str(s, "completionTime", now);
+        emit(x->k, x->job, "Warning", "BackoffLimitExceeded", msg);
+        if (finish_status(x, s, "Failed", err) < 0) return -1;
+        return delete_pods(x, g->list, true, err);
+    }
+    x->attempt++;
+    double ck = get_num(x->old, "lastCheckpointStep", -1);
+    char from[64] = "the start (no checkpoint yet)";
+    if (ck >= 0) snprintf(from, sizeof from, "the checkpoint of step %.0f", ck);
+    snprintf(msg, sizeof msg, "%s; restarting the gang from %s (restart %.0f of %.0f)", what, from, restarts + 1, limit);
+    cJSON *s = status_base(x, "Restarting", msg);
+    set_num(s, "restarts", restarts + 1);
+    status_plan(x, s);
+    status_conditions(x, s, "Restarting", "WorkerFailed", msg);
+    emit(x->k, x->job, "Warning", "WorkerFailed", msg);
+    if (write_status(x->k, x->job_path, s, err) < 0) return -1;
+    if (x->st) x->st->gang_restarts++, x->st->requeue_s = 1;
+    return delete_pods(x, g->list, false, err);
+}
+
+/* Pods of an older plan or attempt are still there: stop them; the new gang waits for their
+ * names. The Restarting condition keeps why the gang restarts. */
+static int gang_stopping(rec_ctx *x, gang *g, err_t *err) {
+    if (delete_pods(x, g->list, false, err) < 0) return -1;
+    const cJSON *rc = find_condition(x->old, "Restarting");
+    bool was = rc && !strcmp(get_str(rc, "status", ""), "True");
+    const char *why = *x->why ? x->why : was ? get_str(rc, "message", "") : "the plan changed";
+    const char *reason = *x->why ? "Replanned" : was ? get_str(rc, "reason", "Replanned") : "Replanned";
+    char msg[1600];
+    snprintf(msg, sizeof msg, "%s; waiting for %d worker pod%s of the previous gang to stop", why, g->stale,
+             g->stale == 1 ? "" : "s");
+    cJSON *s = status_base(x, "Restarting", msg);
+    status_plan(x, s);
+    status_conditions(x, s, "Restarting", reason, why);
+    if (x->st) x->st->requeue_s = 1;
+    return write_status(x->k, x->job_path, s, err);
+}
+
+static int create_pods(rec_ctx *x, gang *g, err_t *err) {
+    char coll[KUBE_PATH_MAX];
+    if (kube_path(coll, sizeof coll, "v1", x->ns, "pods", NULL, err) < 0) return -1;
+    const cJSON *r;
+    int i = 0;
+    cJSON_ArrayForEach(r, get(x->plan_doc, "ranks")) {
+        if (!g->pod[i]) {
+            bool created = false;
+            cJSON *pod = pod_object(x->c, x->job, i, g->world, get_str(r, "node", ""), x->cm_name, x->plan_id, x->attempt);
+            if (ensure(x->k, coll, pod, &created, err) < 0) return -1;
+            if (created && x->st) x->st->pods_created++;
+        }
+        i++;
+    }
+    return 0;
+}
+
+int rec_job(kube_client *k, const rec_config *c, const char *ns, const char *name, rec_stats *st,
+            err_t *err) {
+    rec_ctx x = {.k = k, .c = c, .st = st, .ns = ns, .name = name};
+    gang g = {0};
+    long status = 0;
+    int rc = -1;
+    if (st) st->reconciles++, st->requeue_s = 0;
+    if (kube_path(x.job_path, sizeof x.job_path, REC_API_VERSION, ns, "cephalojobs", name, err) < 0) goto out;
+    if (kube_get(k, x.job_path, &x.job, &status, err) < 0) {
+        rc = status == 404 ? 0 : -1;
+        goto out;
+    }
+    x.spec = get(x.job, "spec"), x.old = get(x.job, "status");
+    x.gen = get_num(get(x.job, "metadata"), "generation", 0);
+    x.attempt = (int)get_num(x.old, "attempt", 0);
+    snprintf(x.cm_name, sizeof x.cm_name, "%s-plan", name);
+    if (get(get(x.job, "metadata"), "deletionTimestamp") || terminal(x.old)) {
+        rc = 0; /* the garbage collector deletes the pods; a finished job keeps its pods' logs */
+        goto out;
+    }
+    if (cJSON_IsTrue(get(x.spec, "suspend"))) {
+        rc = suspend_job(&x, err);
+        goto out;
+    }
+    if (kube_get(k, "/api/v1/nodes", &x.nodes, &status, err) < 0) goto out;
+    int prc = current_plan(&x, err);
+    if (prc <= 0) {
+        rc = prc;
+        goto out;
+    }
+    if (ensure_service(k, x.job, (long)get_num(x.spec, "metricsPort", 9400), err) < 0) goto out;
+    if (gang_read(&x, &g, err) < 0) goto out;
+
+    if (g.stale) {
+        rc = gang_stopping(&x, &g, err);
+        goto out;
+    }
+    char what[1024];
+    if (g.first_failed) {
+        describe_failure(g.first_failed, what, sizeof what);
+        rc = gang_failed(&x, &g, what, err);
+        goto out;
+    }
+    if (g.missing && g.missing < g.world && g.running + g.succeeded > 0) {
+        int r = 0;
+        while (g.pod[r]) r++;
+        snprintf(what, sizeof what, "worker pod %s-%d vanished while its gang ran", name, r);
+        rc = gang_failed(&x, &g, what, err);
+        goto out;
+    }
+    if (create_pods(&x, &g, err) < 0) goto out;
+
+    const char *phase = g.succeeded == g.world ? "Succeeded"
+                      : g.running + g.succeeded == g.world ? "Running" : "Planned";
+    const cJSON *rcond = find_condition(x.old, "Restarting");
+    bool restarting = !strcmp(phase, "Planned") && rcond && !strcmp(get_str(rcond, "status", ""), "True");
+    char msg[1400];
+    if (!strcmp(phase, "Succeeded"))
+        snprintf(msg, sizeof msg, "all %d worker pods finished", g.world);
+    else
+        snprintf(msg, sizeof msg, "%d of %d worker pods running%s", g.running, g.world,
+                 restarting ? " (the gang is starting again)" : "");
+    if (*x.notes && strlen(msg) + strlen(x.notes) + 3 < sizeof msg) strcat(strcat(msg, "; "), x.notes);
+    if (restarting) phase = "Restarting";
+    cJSON *s = status_base(&x, phase, msg);
+    status_plan(&x, s);
+    status_conditions(&x, s, phase, !strcmp(phase, "Succeeded") ? "Completed"
+                                    : restarting ? get_str(rcond, "reason", "Replanned") : "PodsNotRunning",
+                      restarting ? get_str(rcond, "message", msg) : msg);
     char now[64];
     kube_time_now(now, sizeof now);
-    if (start || strcmp(phase, "Running") == 0) cJSON_AddStringToObject(s, "startTime", start ? start : now);
-    rc = write_status(k, job_path, s, err);
+    if (!get_str(x.old, "startTime", NULL) && strcmp(phase, "Planned")) set_str(s, "startTime", now);
+    if (!strcmp(phase, "Running")) {
+        /* at most every REC_PROGRESS_S: the status write's own event must not scrape again */
+        double last = 0, wait = 0;
+        if (kube_time_parse(get_str(x.old, "progressTime", ""), &last)) wait = REC_PROGRESS_S - (wall_now() - last);
+        if (wait <= 0.5) {
+            scrape_progress(&x, &g, s);
+            set_str(s, "progressTime", now);
+            wait = REC_PROGRESS_S;
+        }
+        if (st) st->requeue_s = wait;
+    } else if (!strcmp(phase, "Succeeded")) {
+        /* every worker exited 0: it trained to the last step and checkpointed there */
+        set_num(s, "step", get_num(x.spec, "steps", 1));
+        if (cJSON_IsObject(get(x.spec, "checkpoint"))) set_num(s, "lastCheckpointStep", get_num(x.spec, "steps", 1));
+        set_str(s, "completionTime", now);
+    }
+    rc = finish_status(&x, s, phase, err);
 out:
     if (rc < 0 && st) st->errors++;
-    cJSON_Delete(plan_doc);
-    cJSON_Delete(cm);
-    cJSON_Delete(job);
+    gang_free(&g);
+    cJSON_Delete(x.plan_doc);
+    cJSON_Delete(x.nodes);
+    cJSON_Delete(x.job);
     return rc;
 }

@@ -1,13 +1,23 @@
 /* reconcile.h - one CephaloJob reconciled (DESIGN 8): inventory -> plan -> ConfigMap <job>-plan
  * with plan.json -> headless Service <job> -> one Pod <job>-<rank> per GPU -> status.
  *
- * Level-based and idempotent: every call looks at what exists and creates only what is missing,
- * so it may run any number of times for any change (or none). The plan is made once per
- * generation of the job and kept in the ConfigMap (annotation cephalo.dev/generation); later
- * calls read it from there, so a restarted operator never re-plans under running pods. A job
- * that cannot be planned (unknown model, no matching GPUs, infeasible) gets phase Failed and the
- * conditions Planned=False and Failed=True with the reason: that is an answer, not an error.
- * Errors (-1) are API failures: the caller retries later. */
+ * Level-based and idempotent: every call looks at what exists and does only what is missing, so
+ * it may run any number of times for any change (or none), and a restarted operator carries on.
+ *
+ * The plan is made for one generation of the job and one set of usable GPUs (the inventory's
+ * fingerprint) and kept in the ConfigMap (annotations cephalo.dev/generation, /inventory,
+ * /plan-id); later calls read it from there. A new generation or a changed inventory (a node
+ * lost or added) re-plans, and the pods of the old plan are stopped and the gang started again
+ * on the new one, resuming from the last checkpoint (elastic).
+ *
+ * Gang semantics: every pod carries the plan id and the gang attempt (annotations). A failed
+ * worker (or a worker pod that vanished) bumps status.attempt and status.restarts first, then
+ * stops the whole gang; the next gang resumes from the checkpoint. After spec.backoffLimit
+ * restarts the job is Failed (reason BackoffLimitExceeded) and stays so.
+ *
+ * A job that cannot be planned (unknown model, no matching GPUs, an invalid profile, infeasible)
+ * gets phase Failed with the reason: that is an answer, not an error, and a change of the job or
+ * of the Nodes plans it again. Errors (-1) are API failures: the caller retries later. */
 #ifndef CEPHALO_RECONCILE_H
 #define CEPHALO_RECONCILE_H
 
@@ -19,18 +29,28 @@
 #define REC_LABEL_RANK "cephalo.dev/rank"
 #define REC_LABEL_COMPONENT "cephalo.dev/component"
 #define REC_ANN_GENERATION "cephalo.dev/generation"
-#define REC_ANN_NOTES "cephalo.dev/plan-notes" /* inventory notes (estimated products, ...) */
+#define REC_ANN_INVENTORY "cephalo.dev/inventory" /* fingerprint of the usable GPUs planned on */
+#define REC_ANN_PLAN_ID "cephalo.dev/plan-id"     /* g<generation>-<hash of plan.json> */
+#define REC_ANN_ATTEMPT "cephalo.dev/attempt"     /* the gang attempt a pod belongs to */
+#define REC_ANN_NOTES "cephalo.dev/plan-notes"    /* inventory notes (estimated products, ...) */
 #define REC_MASTER_PORT 29500
 #define REC_COMPONENT "cephalo-operator"
 
 typedef struct rec_config {
     const char *worker_image; /* --worker-image: used when spec.image is absent */
     const char *worker_pull_policy; /* --worker-image-pull-policy, or NULL */
+    const char *profile_cm; /* --profile-configmap NAMESPACE/NAME: profiles for every job, or NULL */
+    double scrape_timeout_s; /* per worker /metrics request (progress in the status); 0: 1 s */
 } rec_config;
 
 typedef struct rec_stats {
-    long reconciles, errors, plans, plan_failures, pods_created;
+    long reconciles, errors, plans, plan_failures, pods_created, pods_deleted;
+    long jobs_created, jobs_succeeded, jobs_failed, gang_restarts, replans;
+    double requeue_s; /* out: reconcile again after this many seconds (progress, a restart); 0: on events only */
 } rec_stats;
+
+/* Adds src's counters to dst (requeue_s is not a counter: left alone). */
+void rec_stats_add(rec_stats *dst, const rec_stats *src);
 
 /* Reconciles namespace/name (a job that is gone is nothing to do). 0, or -1 with the error. */
 int rec_job(kube_client *k, const rec_config *c, const char *ns, const char *name, rec_stats *st,

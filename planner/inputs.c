@@ -28,7 +28,9 @@ static void load_store(plan_inputs *in) {
 }
 
 int inputs_build(plan_inputs *in, const inputs_opts *o, err_t *err) {
-    if (o->profile) {
+    if (in->have_prof) {
+        /* the caller loaded it (the operator, from a ConfigMap) */
+    } else if (o->profile) {
         if (profile_load_file(o->profile, &in->prof, err) < 0) return -1;
         in->have_prof = true;
         snprintf(in->prof_source, sizeof in->prof_source, "--profile %s", o->profile);
@@ -41,7 +43,7 @@ int inputs_build(plan_inputs *in, const inputs_opts *o, err_t *err) {
             in->have_prof = false;
             return -1;
         }
-    } else {
+    } else if (!o->no_store) {
         load_store(in);
     }
     cost_opts co = {.bf16 = o->bf16, .mem_cap = o->mem_cap, .prof = in->have_prof ? &in->prof : NULL};

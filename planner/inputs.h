@@ -30,7 +30,8 @@ typedef struct plan_inputs {
 } plan_inputs;
 
 typedef struct inputs_opts {
-    const char *profile; /* profile JSON, or NULL for analytic estimates only */
+    const char *profile; /* profile file, or NULL: the store, else analytic estimates only */
+    bool no_store;       /* never read the profile store (the operator: not its files) */
     long seq; /* 0: the model's */
     long batch;
     bool bf16;
@@ -38,8 +39,9 @@ typedef struct inputs_opts {
 } inputs_opts;
 
 /* Loads the profile (--profile, else the profile store when it has the model: profile_store.h)
- * and builds the cost model. A --profile without any entry for the model is an error naming the
- * models it has. 0, or -1 with the error set. */
+ * unless the caller set in->prof, have_prof and prof_source itself, and builds the cost model.
+ * A --profile without any entry for the model is an error naming the models it has. 0, or -1
+ * with the error set. */
 int inputs_build(plan_inputs *in, const inputs_opts *o, err_t *err);
 /* Which profile the costs come from (or that they are estimates), then one "note" line per
  * device group the profile does not cover (they use estimates). */

@@ -349,6 +349,7 @@ static int run_training(trainer *t, const worker_opts *o, FILE *log, dumper *dp,
         }
         bool ckpt = o->ckpt_dir && ((o->ckpt_every && t->step % o->ckpt_every == 0) || t->step == t->cfg.steps);
         if (ckpt && ckpt_save_step(t, o->ckpt_dir, &err) < 0) return fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_RUNTIME;
+        if (ckpt) metrics_checkpoint(m, t->step);
     }
     return 0;
 }
@@ -386,6 +387,7 @@ static int train_rank(worker_opts o) {
     else if (m && !o.quiet)
         fprintf(stderr, "cephalo-worker: metrics on http://%s:%d/metrics\n",
                 o.metrics_addr ? o.metrics_addr : "0.0.0.0", mport);
+    if (m && t->step > 0) metrics_checkpoint(m, t->step); /* resumed from it */
     if (!rc && !o.quiet) {
         char desc[512], peak[32], host[32];
         data_describe(t->data, desc, sizeof desc);

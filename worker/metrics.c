@@ -40,9 +40,10 @@ struct metrics {
     struct MHD_Daemon *daemon;
     /* counters and the last step's gauges; guarded by mu */
     int64_t steps, samples;
+    int64_t step, ckpt_step; /* the job's step; the last checkpoint's step (-1: none yet) */
     double compute_s, comm_s, offload_s, step_sum_s;
     int64_t bucket[N_BUCKETS + 1]; /* per bucket, not cumulative; the last is (60, +Inf) */
-    double tokens_per_s, loss, mfu;
+    double tokens_per_s, samples_per_s, loss, mfu;
     int64_t mem_current, mem_peak, mem_state, mem_host;
     bool failed;
     char why[512];
@@ -93,6 +94,13 @@ static void render(FILE *f, const metrics *m) {
     family(f, "cephalo_train_tokens_per_second", "gauge",
            "This rank's tokens per second in the last step (the job's throughput is the sum over ranks).");
     if (m->steps) sample(f, m, "cephalo_train_tokens_per_second", NULL, m->tokens_per_s);
+    family(f, "cephalo_train_samples_per_second", "gauge",
+           "This rank's samples per second in the last step (the job's throughput is the sum over ranks).");
+    if (m->steps) sample(f, m, "cephalo_train_samples_per_second", NULL, m->samples_per_s);
+    family(f, "cephalo_train_step", "gauge", "The job's training step (steps before a resume count).");
+    if (m->steps) sample(f, m, "cephalo_train_step", NULL, (double)m->step);
+    family(f, "cephalo_checkpoint_step", "gauge", "The step of the last checkpoint written or resumed from.");
+    if (m->ckpt_step >= 0) sample(f, m, "cephalo_checkpoint_step", NULL, (double)m->ckpt_step);
     family(f, "cephalo_train_loss", "gauge", "The job's mean training loss of the last step.");
     if (m->steps) sample(f, m, "cephalo_train_loss", NULL, m->loss);
     family(f, "cephalo_step_seconds", "histogram", "Wall time of a training step.");
@@ -155,6 +163,7 @@ metrics *metrics_new(const metrics_info *info) {
     metrics *m = xcalloc(1, sizeof *m);
     pthread_mutex_init(&m->mu, NULL);
     m->info = *info;
+    m->ckpt_step = -1;
     m->info.job = xstrdup(info->job ? info->job : "");
     m->info.device = xstrdup(info->device ? info->device : "");
     char *text = NULL;
@@ -192,12 +201,21 @@ void metrics_record(metrics *m, const metrics_step *s) {
     m->comm_s += s->comm_wait_s;
     m->offload_s += s->offload_s;
     m->loss = s->loss;
+    m->step = s->step;
+    m->samples_per_s = s->step_s > 0 ? (double)s->samples / s->step_s : 0;
     m->tokens_per_s = s->step_s > 0 ? (double)s->samples * m->info.tokens_per_sample / s->step_s : 0;
     m->mfu = s->step_s > 0 && m->info.peak_flops > 0
                  ? (double)s->samples * m->info.flops_per_sample / s->step_s / m->info.peak_flops
                  : 0;
     m->mem_current = s->mem_current, m->mem_peak = s->mem_peak;
     m->mem_state = s->mem_state, m->mem_host = s->mem_host;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void metrics_checkpoint(metrics *m, int64_t step) {
+    if (!m) return;
+    pthread_mutex_lock(&m->mu);
+    m->ckpt_step = step;
     pthread_mutex_unlock(&m->mu);
 }
 
@@ -383,7 +401,7 @@ void metrics_record_step(metrics *m, const trainer *t, const step_stats *st) {
     int64_t state = 0;
     for (int u = 0; u < t->n_units; u++) state += t->shard_n[u];
     metrics_step s = {.step_s = st->step_ms / 1e3, .comm_wait_s = st->comm_wait_ms / 1e3,
-                      .offload_s = st->offload_ms / 1e3, .loss = st->loss, .samples = t->cfg.batch,
+                      .offload_s = st->offload_ms / 1e3, .loss = st->loss, .step = t->step, .samples = t->cfg.batch,
                       .mem_current = t->dev.cur_bytes, .mem_peak = t->dev.peak_bytes,
                       /* parameters, gradients and the two AdamW moments: fp32 each */
                       .mem_state = state * 4 * (int64_t)sizeof(float), .mem_host = t->host_bytes};

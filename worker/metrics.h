@@ -35,6 +35,7 @@ typedef struct metrics_info {
 typedef struct metrics_step {
     double step_s, comm_wait_s, offload_s; /* compute = step - comm wait - offload */
     double loss;
+    int64_t step;    /* the job's training step after this one (counting steps before a resume) */
     int64_t samples; /* this rank's samples in the step (its batch) */
     int64_t mem_current, mem_peak, mem_state, mem_host; /* bytes: cephalo_memory_bytes{kind} */
 } metrics_step;
@@ -48,6 +49,8 @@ void metrics_free(metrics *m);
  * 0.0.0.0). Returns the port bound, or -1 with an error naming the address and port. */
 int metrics_serve(metrics *m, const char *addr, int port, err_t *err);
 void metrics_record(metrics *m, const metrics_step *s);
+/* A checkpoint of `step` was written (or resumed from): cephalo_checkpoint_step. */
+void metrics_checkpoint(metrics *m, int64_t step);
 /* The rank failed: /healthz answers 503 with `why`. */
 void metrics_fail(metrics *m, const char *why);
 /* The exposition text (what GET /metrics returns); the caller frees it. */

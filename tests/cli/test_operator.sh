@@ -240,11 +240,18 @@ check "... marked estimated, with a note, on its node" 0 "node gpu-c: unknown GP
   jp cephalojob odd '{.status.plan.estimated} {.status.plan.ranks[0].node} {.status.message}'
 check "spec.image overrides --worker-image" 0 "registry.test/custom:2" -- jp pod odd-0 '{.spec.containers[0].image}'
 
-# a spec change under existing pods keeps the plan (re-planning needs the gang restart); suspending
-# deletes the pods, and resuming with the new spec re-plans into the same ConfigMap
+# a spec change under existing pods re-plans and restarts the gang on the new plan: the old pod is
+# deleted first (no kubelet here: the test finishes the graceful deletion as a kubelet would), then
+# the new one carries the new plan id; suspending deletes the pods, and resuming with the new spec
+# re-plans into the same ConfigMap
 K patch cephalojob odd --type merge -p '{"spec":{"globalBatch":8}}' >/dev/null
-assert "a spec change under existing pods keeps the plan and says so" wait_for 20 bash -c \
-  'kubectl get cephalojob odd -o jsonpath={.status.message} | grep -q "plan of generation 1 is kept"'
+assert "a spec change under existing pods re-plans (generation 2) and stops the old gang (Restarting)" wait_for 20 bash -c \
+  '[ "$(kubectl get cephalojob odd -o jsonpath="{.status.phase} {.status.observedGeneration} {.status.conditions[?(@.type==\"Restarting\")].reason}")" = "Restarting 2 Replanned" ] && [ -n "$(kubectl get pod odd-0 -o jsonpath={.metadata.deletionTimestamp})" ]'
+check "... with a Replanned event saying why" 0 "the spec changed" -- \
+  K get events --field-selector involvedObject.name=odd,reason=Replanned -o jsonpath='{.items[*].message}'
+K delete pod odd-0 --grace-period=0 --force >/dev/null 2>&1
+assert "... then the new gang's pod carries the new plan id" wait_for 20 bash -c \
+  '[ "$(kubectl get pod odd-0 -o jsonpath="{.metadata.annotations.cephalo\.dev/plan-id}")" = "$(kubectl get cephalojob odd -o jsonpath={.status.plan.id})" ] && kubectl get cephalojob odd -o jsonpath={.status.plan.id} | grep -q "^g2-"'
 K patch cephalojob odd --type merge -p '{"spec":{"suspend":true}}' >/dev/null
 assert "suspending a job deletes its pods (phase Suspended)" wait_for 20 bash -c \
   '[ "$(kubectl get cephalojob odd -o jsonpath={.status.phase})" = Suspended ] && [ -n "$(kubectl get pod odd-0 -o jsonpath={.metadata.deletionTimestamp})" ]'
@@ -259,6 +266,8 @@ assert "... and recreates the pod" wait_for 20 bash -c '[ "$(kubectl get pods -l
 node gpu-h NVIDIA-H100-80GB-HBM3 81559 1 big | K create -f - >/dev/null
 assert "a new H100 node re-plans the job that had no GPU" wait_for 20 phase_is nogpus Planned
 check "... on that node" 0 "gpu-h H100" -- jp cephalojob nogpus '{.status.plan.ranks[0].node} {.status.plan.ranks[0].device}'
+assert "... and the live job without GPU constraints is re-planned onto 4 GPUs (elastic)" wait_for 20 bash -c \
+  '[ "$(kubectl get cephalojob nomodel -o jsonpath="{.status.plan.worldSize} {.status.replans}")" = "4 1" ]'
 
 K apply -f examples/jobs/cephalojob-gpt-mixed.yaml -f examples/jobs/cephalojob-llama-bf16.yaml \
   -f examples/jobs/cephalojob-suspended.yaml >/dev/null
@@ -268,7 +277,20 @@ check "... with data and checkpoint claims mounted" 0 "fineweb-tokens cephalo-ch
 assert "example llama-bf16 (a node pool nobody has) -> Failed" wait_for 20 phase_is llama-bf16 Failed
 assert "example bert-suspended -> Suspended, no pods" wait_for 20 bash -c \
   '[ "$(kubectl get cephalojob bert-suspended -o jsonpath={.status.phase})" = Suspended ] && [ -z "$(kubectl get pods -l cephalo.dev/job=bert-suspended -o name)" ]'
-check "the operator's /metrics counts reconciles and pods" 0 "cephalo_operator_pods_created_total 12" -- curl -fsS "$M/metrics"
+curl -fsS "$M/metrics" >"$dir/op-metrics.txt" 2>&1
+check "the operator's /metrics counts reconciles and pods" 0 "cephalo_operator_pods_created_total 13" -- cat "$dir/op-metrics.txt"
+check "... re-plans of live jobs, and a reconcile-time histogram" 0 "metrics ok" -- python3 - "$dir/op-metrics.txt" <<'PY'
+import re, sys
+t = open(sys.argv[1]).read()
+v = {m[0]: float(m[1]) for m in re.findall(r'^(cephalo_operator_\w+(?:\{[^}]*\})?) (\S+)$', t, re.M)}
+# odd under its pod and nomodel onto the new node; resuming a suspended job is no re-plan
+assert v['cephalo_operator_replans_total'] == 2, v
+assert v['cephalo_operator_jobs_created_total'] >= 5 and v['cephalo_operator_jobs_failed_total'] >= 4, v
+assert v['cephalo_operator_reconcile_seconds_count'] == v['cephalo_operator_reconciles_total'], v
+assert v['cephalo_operator_reconcile_seconds_bucket{le="+Inf"}'] == v['cephalo_operator_reconcile_seconds_count'], v
+assert v['cephalo_operator_pods_deleted_total'] >= 2, v
+print('metrics ok')
+PY
 
 # ---- restart: a new operator takes the Lease over and creates nothing twice ----------------------
 K get pods -o jsonpath='{range .items[*]}{.metadata.name}={.metadata.uid}{"\n"}{end}' | sort >"$dir/pods.before"

@@ -54,12 +54,14 @@ static void test_before_first_step(void **state) {
     assert_null(strstr(t, "cephalo_train_tokens_per_second{"));
     assert_null(strstr(t, "cephalo_train_loss{"));
     assert_null(strstr(t, "cephalo_model_flops_utilization{"));
+    assert_null(strstr(t, "cephalo_train_step{"));
+    assert_null(strstr(t, "cephalo_checkpoint_step{"));
     /* every family: one HELP, then one TYPE, and its samples follow it */
     int help = 0, type = 0;
     for (const char *p = t; (p = strstr(p, "# HELP ")); p++) help++;
     for (const char *p = t; (p = strstr(p, "# TYPE ")); p++) type++;
     assert_int_equal(help, type);
-    assert_int_equal(help, 15);
+    assert_int_equal(help, 18);
     free(t);
     metrics_free(m);
 }
@@ -71,7 +73,7 @@ static void test_steps(void **state) {
     double secs[] = {0.004, 0.3, 0.5, 100};
     for (int i = 0; i < 4; i++) {
         metrics_step s = {.step_s = secs[i], .comm_wait_s = secs[i] / 4, .offload_s = secs[i] / 4,
-                          .loss = 2.5, .samples = 8, .mem_current = 100, .mem_peak = 200,
+                          .loss = 2.5, .step = 10 + i, .samples = 8, .mem_current = 100, .mem_peak = 200,
                           .mem_state = 300, .mem_host = 400};
         metrics_record(m, &s);
     }
@@ -82,6 +84,13 @@ static void test_steps(void **state) {
     /* the last step: 8 samples x 64 tokens in 100 s; 8 x 1e9 FLOPs in 100 s over 1e12 */
     assert_line(t, "cephalo_train_tokens_per_second{" L "} 5.12");
     assert_line(t, "cephalo_model_flops_utilization{" L "} 8e-05");
+    assert_line(t, "cephalo_train_samples_per_second{" L "} 0.08");
+    assert_line(t, "cephalo_train_step{" L "} 13");
+    assert_null(strstr(t, "cephalo_checkpoint_step{"));
+    metrics_checkpoint(m, 12);
+    free(t);
+    t = metrics_render(m, NULL);
+    assert_line(t, "cephalo_checkpoint_step{" L "} 12");
     assert_line(t, "cephalo_step_seconds_bucket{" L ",le=\"0.005\"} 1");
     assert_line(t, "cephalo_step_seconds_bucket{" L ",le=\"0.25\"} 1");
     assert_line(t, "cephalo_step_seconds_bucket{" L ",le=\"0.5\"} 3");
