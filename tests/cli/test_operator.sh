@@ -269,6 +269,46 @@ check "... on that node" 0 "gpu-h H100" -- jp cephalojob nogpus '{.status.plan.r
 assert "... and the live job without GPU constraints is re-planned onto 4 GPUs (elastic)" wait_for 20 bash -c \
   '[ "$(kubectl get cephalojob nomodel -o jsonpath="{.status.plan.worldSize} {.status.replans}")" = "4 1" ]'
 
+# ---- profiles from a ConfigMap -------------------------------------------------------------------
+# a CPU profile of tiny-gpt relabelled as L4 and A10G (the format is what matters here; real ones
+# come from `cephalo profile` on those GPUs)
+"${BUILD:-build/rel}/bin/cephalo" profile --devices cpu:1t:256M --model tiny-gpt --seq 32 -o "$dir/cpu.json" \
+  --store none >/dev/null 2>&1
+python3 - "$dir/cpu.json" "$dir/gpus.json" <<'PY'
+import copy, json, sys
+p = json.load(open(sys.argv[1]))
+e = p['entries'][0]
+p['entries'] = [dict(copy.deepcopy(e), device=d) for d in ('L4', 'A10G')]
+json.dump(p, open(sys.argv[2], 'w'))
+PY
+cat >"$dir/prof.yaml" <<'EOF'
+apiVersion: cephalo.dev/v1alpha1
+kind: CephaloJob
+metadata: {name: prof}
+spec:
+  model: {name: tiny-gpt}
+  seqLen: 32
+  globalBatch: 12
+  steps: 5
+  profileConfigMap: prof-profiles
+  gpus: {allowedProducts: [NVIDIA-L4, A10G]}
+EOF
+K apply -f "$dir/prof.yaml" >/dev/null
+assert "spec.profileConfigMap that does not exist -> Failed (InvalidProfile), naming it" wait_for 20 bash -c \
+  'kubectl get cephalojob prof -o jsonpath="{.status.phase} {.status.conditions[?(@.type==\"Failed\")].reason} {.status.message}" | grep -q "^Failed InvalidProfile .*ConfigMap default/prof-profiles not found"'
+printf '{"format": "cephalo-profile", "version": 1, "entries": [' >"$dir/bad.json"
+K create configmap prof-profiles --from-file=gpus.json="$dir/bad.json" >/dev/null
+K annotate cephalojob prof cephalo.test/poke=1 >/dev/null # a watch event: reconcile now
+assert "a corrupt profile -> Failed, naming the ConfigMap and key" wait_for 20 bash -c \
+  'kubectl get cephalojob prof -o jsonpath="{.status.message}" | grep -q "ConfigMap default/prof-profiles key gpus.json"'
+K create configmap prof-profiles --from-file=gpus.json="$dir/gpus.json" --dry-run=client -o yaml | K apply -f - >/dev/null 2>&1
+K annotate --overwrite cephalojob prof cephalo.test/poke=2 >/dev/null
+assert "a valid profile: planned from measured costs (status.plan.profile, not estimated)" wait_for 20 bash -c \
+  '[ "$(kubectl get cephalojob prof -o jsonpath="{.status.phase} {.status.plan.estimated} {.status.plan.profile}")" = "Planned false ConfigMap default/prof-profiles" ]'
+check "... and the Planned event says so" 0 "ConfigMap default/prof-profiles" -- \
+  K get events --field-selector involvedObject.name=prof,reason=Planned -o jsonpath='{.items[*].message}'
+K delete cephalojob prof >/dev/null
+
 K apply -f examples/jobs/cephalojob-gpt-mixed.yaml -f examples/jobs/cephalojob-llama-bf16.yaml \
   -f examples/jobs/cephalojob-suspended.yaml >/dev/null
 assert "example gpt2-mixed is planned on the L4 and A10G GPUs" wait_for 20 phase_is gpt2-mixed Planned
@@ -278,7 +318,7 @@ assert "example llama-bf16 (a node pool nobody has) -> Failed" wait_for 20 phase
 assert "example bert-suspended -> Suspended, no pods" wait_for 20 bash -c \
   '[ "$(kubectl get cephalojob bert-suspended -o jsonpath={.status.phase})" = Suspended ] && [ -z "$(kubectl get pods -l cephalo.dev/job=bert-suspended -o name)" ]'
 curl -fsS "$M/metrics" >"$dir/op-metrics.txt" 2>&1
-check "the operator's /metrics counts reconciles and pods" 0 "cephalo_operator_pods_created_total 13" -- cat "$dir/op-metrics.txt"
+check "the operator's /metrics counts reconciles and pods" 0 "cephalo_operator_pods_created_total 16" -- cat "$dir/op-metrics.txt"
 check "... re-plans of live jobs, and a reconcile-time histogram" 0 "metrics ok" -- python3 - "$dir/op-metrics.txt" <<'PY'
 import re, sys
 t = open(sys.argv[1]).read()
