@@ -5,7 +5,8 @@
 # stay Pending until the test writes their status. Checks: the plan ConfigMap, the headless worker
 # Service, one pinned Pod per GPU with its env and ownerReferences, the job status; jobs that
 # cannot run get Failed with the reason and the operator keeps going; a spec fix re-plans; a
-# restarted operator (taking the Lease over) creates no duplicate pods. Everything started is
+# restarted operator (taking the Lease over) creates no duplicate pods; a second operator at the
+# same time stays a standby. Everything started is
 # stopped on exit.
 set -u
 cd "$(dirname "$0")/../.."
@@ -345,6 +346,24 @@ K get pods -o jsonpath='{range .items[*]}{.metadata.name}={.metadata.uid}{"\n"}{
 check "no duplicate or replaced pods after the restart" 0 "" -- diff "$dir/pods.before" "$dir/pods.after"
 check "the restarted operator created no pods" 0 "cephalo_operator_pods_created_total 0" -- curl -fsS "$M/metrics"
 check "the running job stays Running" 0 "Running" -- jp cephalojob tiny '{.status.phase}'
+# two operators at once: the second waits as a standby (ready, not leading, writing nothing)
+port3=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+POD_NAME=op-3 "$OP" --kubeconfig "$KUBECONFIG" --metrics-addr "127.0.0.1:$port3" --log-level info \
+  --worker-image registry.test/cephalo-worker:1 --leader-elect=true --leader-election-namespace default \
+  --leader-election-id cephalo-operator --leader-election-lease-duration 6s \
+  --leader-election-renew-deadline 4s --leader-election-retry-period 1s >>"$dir/op-op-3.log" 2>&1 &
+op3_pid=$!
+assert "a second operator at the same time is a ready standby" wait_for 10 curl -fsS "http://127.0.0.1:$port3/readyz"
+sleep 3 # several retry periods: it must not take the Lease while op-2 renews it
+check "... the Lease stays with the leader" 0 "op-2" -- jp lease cephalo-operator '{.spec.holderIdentity}'
+curl -fsS "http://127.0.0.1:$port3/metrics" >"$dir/op3-metrics.txt" 2>&1
+check "... the standby does not lead and reconciles nothing" 0 "standby ok" -- python3 - "$dir/op3-metrics.txt" <<'PY'
+import re, sys
+v = dict(re.findall(r'^(cephalo_operator_\w+) (\S+)$', open(sys.argv[1]).read(), re.M))
+assert v['cephalo_operator_leader'] == '0' and v['cephalo_operator_reconciles_total'] == '0', v
+print('standby ok')
+PY
+kill "$op3_pid" 2>/dev/null; wait "$op3_pid" 2>/dev/null
 stop_op
 if grep -q 'error\|failed' "$dir"/op-*.log; then
   echo "# operator log lines with errors:"; grep 'error\|failed' "$dir"/op-*.log | head -10 | sed 's/^/#   /'
