@@ -36,6 +36,7 @@ struct kube_client {
     char *token; /* current bearer token (static, or the file's content) */
     double token_read_s; /* when token_file was last read (monotonic) */
     volatile int *stop;
+    long timeout_s; /* per request; 0: KUBE_REQUEST_TIMEOUT_S */
     char errbuf[CURL_ERROR_SIZE];
     event_entry events[KUBE_EVENT_CACHE];
     int event_next;
@@ -141,6 +142,7 @@ void kube_client_free(kube_client *k) {
 const char *kube_client_namespace(const kube_client *k) { return k->cfg.namespace; }
 
 void kube_client_set_stop(kube_client *k, volatile int *stop) { k->stop = stop; }
+void kube_client_set_timeout(kube_client *k, long seconds) { k->timeout_s = seconds > 0 ? seconds : 0; }
 
 /* ---- paths ---------------------------------------------------------------------------------- */
 
@@ -219,7 +221,7 @@ static struct curl_slist *setup(kube_client *k, const char *method, const char *
     SET(CURLOPT_URL, url);
     SET(CURLOPT_NOSIGNAL, 1L);
     SET(CURLOPT_ERRORBUFFER, k->errbuf);
-    SET(CURLOPT_CONNECTTIMEOUT, KUBE_CONNECT_TIMEOUT_S);
+    SET(CURLOPT_CONNECTTIMEOUT, timeout_s < KUBE_CONNECT_TIMEOUT_S ? timeout_s : KUBE_CONNECT_TIMEOUT_S);
     SET(CURLOPT_TIMEOUT, timeout_s);
     SET(CURLOPT_TCP_KEEPALIVE, 1L);
     SET(CURLOPT_FOLLOWLOCATION, 0L);
@@ -321,8 +323,8 @@ int kube_request(kube_client *k, const char *method, const char *path, const cha
     url_of(k, path, url, sizeof url);
     for (int attempt = 0;; attempt++) {
         if (refresh_token(k, false, err) < 0) return -1;
-        struct curl_slist *h = setup(k, method, url, content_type, body, KUBE_REQUEST_TIMEOUT_S,
-                                     err);
+        struct curl_slist *h = setup(k, method, url, content_type, body,
+                                     k->timeout_s ? k->timeout_s : KUBE_REQUEST_TIMEOUT_S, err);
         if (!h) return -1;
         buf b = {.max = KUBE_MAX_BODY};
         curl_easy_setopt(k->curl, CURLOPT_WRITEFUNCTION, collect);

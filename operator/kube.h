@@ -77,6 +77,8 @@ const char *kube_client_namespace(const kube_client *k);
 /* Requests check this flag (from any thread or a signal handler) and give up when it is set:
  * a long watch returns within about a second. NULL: never. */
 void kube_client_set_stop(kube_client *k, volatile int *stop);
+/* Bounds every later request (connect included) to `seconds`; 0 restores the default (60 s). */
+void kube_client_set_timeout(kube_client *k, long seconds);
 
 /* The path of a resource: api_version "v1" -> /api/v1, "group/version" -> /apis/group/version;
  * namespace NULL or "" for cluster-scoped resources or all namespaces; name NULL for the

@@ -205,6 +205,10 @@ int lease_run(lease_elector *e, volatile int *stop, void (*on_change)(bool leadi
         sleep_until(next, stop);
     }
     if (leading && on_change) on_change(false, arg);
+    /* the stop flag that ended the loop would end the release's requests at once: release
+     * without it, briefly (a standby takes over now instead of after the lease duration) */
+    kube_client_set_stop(e->k, NULL);
+    kube_client_set_timeout(e->k, 3);
     if (lease_release(e, err) < 0) {
         log_warn("leader election: release: %s", err->msg);
         return 0; /* the Lease expires on its own */

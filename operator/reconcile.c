@@ -788,6 +788,23 @@ static void gang_free(gang *g) {
     free(g->pod);
 }
 
+static const cJSON *terminated_state(const cJSON *pod) {
+    const cJSON *cs = cJSON_GetArrayItem(get(get(pod, "status"), "containerStatuses"), 0);
+    return get(get(cs, "state"), "terminated");
+}
+
+/* Which failure to blame when several workers failed: the one that ended first (its peers
+ * then fail on the broken collective), and on a tie a death by signal (exit code > 128: killed,
+ * out of memory) before an exit the worker chose. */
+static bool failed_earlier(const cJSON *a, const cJSON *b) {
+    const cJSON *ta = terminated_state(a), *tb = terminated_state(b);
+    double fa = 1e300, fb = 1e300;
+    if (ta) kube_time_parse(get_str(ta, "finishedAt", ""), &fa);
+    if (tb) kube_time_parse(get_str(tb, "finishedAt", ""), &fb);
+    if (fa != fb) return fa < fb;
+    return get_num(ta, "exitCode", 0) > 128 && get_num(tb, "exitCode", 0) <= 128;
+}
+
 static int gang_read(rec_ctx *x, gang *g, err_t *err) {
     memset(g, 0, sizeof *g);
     g->world = cJSON_GetArraySize(get(x->plan_doc, "ranks"));
@@ -815,7 +832,7 @@ static int gang_read(rec_ctx *x, gang *g, err_t *err) {
         else if (!strcmp(ph, "Succeeded")) g->succeeded++;
         else if (!strcmp(ph, "Failed")) {
             g->failed++;
-            if (!g->first_failed) g->first_failed = pod;
+            if (!g->first_failed || failed_earlier(pod, g->first_failed)) g->first_failed = pod;
         } else g->pending++;
     }
     for (int r = 0; r < g->world; r++) g->missing += !g->pod[r];
@@ -824,8 +841,7 @@ static int gang_read(rec_ctx *x, gang *g, err_t *err) {
 
 /* "pod tiny-1 (rank 1 on gpu-a) failed: exit code 137 (Error)" */
 static void describe_failure(const cJSON *pod, char *out, size_t n) {
-    const cJSON *st = get(pod, "status"), *cs = cJSON_GetArrayItem(get(st, "containerStatuses"), 0);
-    const cJSON *term = get(get(cs, "state"), "terminated");
+    const cJSON *st = get(pod, "status"), *term = terminated_state(pod);
     int len = snprintf(out, n, "pod %s (rank %s on %s) failed", kube_meta_str(pod, "name"),
                        get_str(get(get(pod, "metadata"), "labels"), REC_LABEL_RANK, "?"),
                        get_str(get(pod, "spec"), "nodeName", "?"));
@@ -1070,6 +1086,9 @@ int rec_job(kube_client *k, const rec_config *c, const char *ns, const char *nam
     char what[1024];
     if (g.first_failed) {
         describe_failure(g.first_failed, what, sizeof what);
+        size_t wl = strlen(what);
+        if (g.failed > 1)
+            snprintf(what + wl, sizeof what - wl, " (%d worker pods failed, this one first)", g.failed);
         rc = gang_failed(&x, &g, what, err);
         goto out;
     }

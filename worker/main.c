@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,7 +30,31 @@
 #include "strutil.h"
 #include "train.h"
 
-enum { EXIT_RUNTIME = 1, EXIT_BAD_INPUT = 2 };
+enum { EXIT_RUNTIME = 1, EXIT_BAD_INPUT = 2, EXIT_STOPPED = 128 + SIGTERM };
+
+/* SIGTERM or SIGINT while training: finish the step, checkpoint it together with the other ranks
+ * (the request rides on the step's loss all-reduce: train.h) and exit EXIT_STOPPED. Before the
+ * training loop (set-up, the rendezvous) the signal keeps its default action. */
+static volatile sig_atomic_t stop_signal, training;
+
+static void on_stop_signal(int sig) {
+    if (!training) {
+        signal(sig, SIG_DFL);
+        raise(sig);
+        return;
+    }
+    stop_signal = sig;
+}
+
+static void catch_stop_signals(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+}
 
 static const char usage_text[] =
     "usage: cephalo-worker train [--plan PLAN.json | --model MODEL --batch B [--microbatch M]]\n"
@@ -318,11 +343,27 @@ static int resume_path(const worker_opts *o, char *out, size_t n, err_t *err) {
 
 /* ---- train ---- */
 
+/* Every rank agreed to stop after this step: its checkpoint (unless just written), then out. */
+static int stop_now(trainer *t, const worker_opts *o, metrics *m, bool saved) {
+    err_t err;
+    const char *why = stop_signal == SIGINT ? "SIGINT" : stop_signal ? "SIGTERM" : "a peer's SIGTERM";
+    if (o->ckpt_dir && !saved) {
+        if (ckpt_save_step(t, o->ckpt_dir, &err) < 0) return fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_RUNTIME;
+        metrics_checkpoint(m, t->step);
+    }
+    metrics_fail(m, "stopped on request");
+    fprintf(stderr, "cephalo-worker: rank %d: stopped after step %lld on %s%s\n", t->cfg.rank, (long long)t->step,
+            why, o->ckpt_dir ? ", with a checkpoint of that step" : " (no --ckpt-dir: nothing saved)");
+    return EXIT_STOPPED;
+}
+
 static int run_training(trainer *t, const worker_opts *o, FILE *log, dumper *dp, metrics *m) {
     err_t err;
     double total_ms = 0;
     int64_t first = t->step, last_print = -1;
     time_t last_time = 0;
+    t->stop_request = &stop_signal;
+    training = 1;
     while (t->step < t->cfg.steps) {
         step_stats st;
         /* a step fails on bad data (a token beyond the vocabulary, a label out of range) or
@@ -350,6 +391,7 @@ static int run_training(trainer *t, const worker_opts *o, FILE *log, dumper *dp,
         bool ckpt = o->ckpt_dir && ((o->ckpt_every && t->step % o->ckpt_every == 0) || t->step == t->cfg.steps);
         if (ckpt && ckpt_save_step(t, o->ckpt_dir, &err) < 0) return fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_RUNTIME;
         if (ckpt) metrics_checkpoint(m, t->step);
+        if (t->stop_agreed) return stop_now(t, o, m, ckpt);
     }
     return 0;
 }
@@ -412,6 +454,7 @@ static int cmd_train(int argc, char **argv) {
     train_config_defaults(&o.cfg);
     int rc = parse_train(argc, argv, &o);
     if (rc || (rc = resolve_job(&o))) return train_config_release(&o.cfg), rc;
+    catch_stop_signals();
     err_t err;
     comm *c = NULL;
     if (o.cfg.world > 1) {
@@ -429,7 +472,7 @@ static int cmd_train(int argc, char **argv) {
     rc = train_rank(o);
     if (c) {
         /* peers then fail at once instead of waiting for the timeout */
-        if (rc) comm_abort(c, "the rank failed");
+        if (rc && rc != EXIT_STOPPED) comm_abort(c, "the rank failed");
         comm_close(c);
     }
     train_config_release(&o.cfg);

@@ -547,8 +547,9 @@ static int global_loss_and_norm(trainer *t, double loss, double *gloss, double *
     double sumsq = 0;
     for (int u = 0; u < t->n_units; u++)
         if (t->shard_n[u]) sumsq += OP(&t->dev, sumsq, t->grads[u], t->shard_n[u]);
-    double v[2] = {loss, t->sharded ? sumsq : 0};
-    if (fsdp_allreduce_sums(t, v, 2, err) < 0) return -1;
+    double v[3] = {loss, t->sharded ? sumsq : 0, t->stop_request && *t->stop_request ? 1 : 0};
+    if (fsdp_allreduce_sums(t, v, 3, err) < 0) return -1;
+    t->stop_agreed = v[2] > 0;
     *gloss = v[0];
     *norm = sqrt(t->sharded ? v[1] : sumsq);
     return 0;

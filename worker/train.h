@@ -9,6 +9,7 @@
 #ifndef CEPHALO_TRAIN_H
 #define CEPHALO_TRAIN_H
 
+#include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -103,6 +104,11 @@ typedef struct trainer {
     double wait_ms;
     double offload_ms; /* this step's time in the offload copy calls (step_stats.offload_ms) */
     bool comm_failed; /* a step failed in a collective (a peer died or stalled) */
+    /* Stopping together: a rank asked to stop (SIGTERM: a pod deleted) sets *stop_request; the
+     * step's loss all-reduce carries it, so every rank sees stop_agreed after the same step and
+     * they can checkpoint that step together. */
+    const volatile sig_atomic_t *stop_request; /* NULL: never */
+    bool stop_agreed;
     wm_acts *acts;
     int nbuf; /* buffers per act_ring: 1 (cpu) or 2 (cuda) */
     act_ring ax, ay, ady, adx; /* device [m*T, d] each */

@@ -2,7 +2,8 @@
 # test_modes.sh - the trainer's modes on CPU devices: the offload schedule with checkpoints kept
 # in device memory, host-staged collectives (the cuda device's path when ranks share a GPU),
 # per-microbatch against layered accumulation, and bf16 mixed precision (which the CPU device
-# emulates exactly: bf16 matmul operands, fp32 accumulation, parameters gathered in bf16).
+# emulates exactly: bf16 matmul operands, fp32 accumulation, parameters gathered in bf16), and
+# stopping on SIGTERM (every rank after the same step, checkpointed, resumable).
 set -u
 cd "$(dirname "$0")/../.."
 . tests/cli/lib.sh
@@ -103,7 +104,7 @@ numel = [u['numel'] for u in plan['units']]
 world, emb = 3, numel[0]
 gathered = sum(numel) + emb + sum(numel[:-1])
 reduced = sum(numel) + emb
-want = (world - 1) * (2 * gathered + 4 * reduced) + 2 * (world - 1) * 8 * 2
+want = (world - 1) * (2 * gathered + 4 * reduced) + 2 * (world - 1) * 8 * 3
 got = sum(json.loads(open(f'$T/bf3/rank{r}.jsonl').readline())['bytes_sent'] for r in range(world))
 assert got == want, (got, want)
 "
@@ -125,6 +126,32 @@ check "--offload maybe is refused" 2 "--offload: 'maybe' is not 'on' or 'off'" -
   "$W" train --model tiny-gpt --batch 2 --offload maybe
 check "--device cuda on the CPU-only worker names cephalo-worker-cuda" 2 "cephalo-worker-cuda" -- \
   "$W" train --model tiny-gpt --batch 2 --steps 1 --device cuda
+
+# ---- stopping on SIGTERM (a pod deleted): every rank stops after the same step, checkpointed ----
+start_ranks "$T/p3.json" "$T/stop" --steps 100000 --lr 2e-3 --seed 5 --ckpt-dir "$T/stop/ckpt"
+for _ in $(seq 1 100); do [ "$(cat "$T/stop/rank2.jsonl" 2>/dev/null | wc -l)" -ge 3 ] && break; sleep 0.1; done
+kill -TERM "${PIDS[1]}" # one rank only, as when one pod of the gang is deleted first
+stop_rcs=""
+for p in "${PIDS[@]}"; do wait "$p"; stop_rcs="$stop_rcs $?"; done
+check "SIGTERM to one rank: every rank exits 143 after the step in flight" 0 "" -- test "$stop_rcs" = " 143 143 143"
+stopped_at() { sed -n 's/.*stopped after step \([0-9]*\) on .*, with a checkpoint of that step.*/\1/p' "$T/stop/rank$1.err"; }
+check "... all at the same step, with its checkpoint ('latest')" 0 "" -- bash -c \
+  "[ -n '$(stopped_at 0)' ] && [ '$(stopped_at 0)' = '$(stopped_at 1)' ] && [ '$(stopped_at 1)' = '$(stopped_at 2)' ] && grep -q 'step_0*$(stopped_at 0)' '$T/stop/ckpt/latest'"
+check "... the signalled rank names SIGTERM, the others a peer's" 0 "a peer's SIGTERM" -- cat "$T/stop/rank0.err"
+n_stop=$(stopped_at 0)
+run_ranks "$T/p3.json" "$T/stop2" --steps $((n_stop + 2)) --lr 2e-3 --seed 5 --ckpt-dir "$T/stop/ckpt" --resume auto
+first=$($PY -c "import json; print(json.loads(open('$T/stop2/rank0.jsonl').readline())['step'])" 2>/dev/null)
+check "resuming continues from the stop's step (the log counts steps from 0)" 0 "" -- test "$first" = "$n_stop"
+RANK=0 WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$(free_port) CEPHALO_PLAN=$T/p3.json CEPHALO_COMM_TIMEOUT=60 \
+  "$W" train --quiet --steps 5 2>/dev/null &
+early=$!
+sleep 0.5
+kill -TERM "$early"
+t0=$SECONDS
+wait "$early"
+early_rc=$?
+check "SIGTERM before training (waiting for peers) ends the worker at once" 0 "" -- \
+  test "$early_rc" = 143 -a $((SECONDS - t0)) -le 2
 
 # ---- cephalo-worker-cuda without a GPU (built wherever nvcc is; CI has no GPU) ----
 WC=$B/bin/cephalo-worker-cuda

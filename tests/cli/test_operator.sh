@@ -338,7 +338,7 @@ K get pods -o jsonpath='{range .items[*]}{.metadata.name}={.metadata.uid}{"\n"}{
 stop_op
 check "SIGTERM stops the operator cleanly" 0 "" -- test "$op_rc" = 0
 start_op op-2
-assert "the restarted operator takes the Lease over at once (released on exit)" wait_for 15 bash -c \
+assert "the restarted operator takes the Lease over at once (released on exit; the lease lasts 6 s)" wait_for 4 bash -c \
   '[ "$(kubectl get lease cephalo-operator -o jsonpath={.spec.holderIdentity})" = op-2 ]'
 assert "... and reconciles every job" wait_for 20 bash -c "curl -fsS $M/metrics | awk '/^cephalo_operator_reconciles_total/ {exit !(\$2 >= 9)}'"
 sleep 1

@@ -12,6 +12,8 @@
 #   apiserver.sh built          exit 0 when the cache holds a build and etcd is installed, else 1
 #   apiserver.sh start DIR      start etcd + apiserver, state in DIR; prints shell exports
 #   apiserver.sh stop DIR       stop what `start DIR` started (by pid) and wait until it is gone
+#   apiserver.sh restart DIR    restart kube-apiserver alone (same port, certificates, tokens and
+#                               service-account keys; etcd and its data untouched), wait for /readyz
 #
 # The cache is $CEPHALO_K8S_CACHE, else ~/.cache/cephalo-k8s (the same as the shared script's, so
 # one build serves both). apt-get waits up to 10 minutes for another apt-get's lock.
@@ -68,6 +70,15 @@ build() {
   mv "$BIN/kube-apiserver.tmp.$$" "$BIN/kube-apiserver"
 }
 
+# wait_ready PORT TOKEN: up to 60 s for /readyz
+wait_ready() {
+  for _ in $(seq 1 120); do
+    if curl -fsk -H "Authorization: Bearer $2" "https://127.0.0.1:$1/readyz" >/dev/null 2>&1; then return 0; fi
+    sleep 0.5
+  done
+  return 1
+}
+
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 start() {
@@ -81,19 +92,18 @@ start() {
     --advertise-client-urls "http://127.0.0.1:$ep" --listen-peer-urls "http://127.0.0.1:$pp" \
     >"$dir/etcd.log" 2>&1 &
   echo $! >"$dir/etcd.pid"
-  "$BIN/kube-apiserver" --etcd-servers="http://127.0.0.1:$ep" --cert-dir="$dir/certs" \
-    --secure-port="$ap" --bind-address=127.0.0.1 --advertise-address=127.0.0.1 \
-    --service-cluster-ip-range=10.0.0.0/24 --service-account-issuer=https://kubernetes.default.svc \
-    --service-account-key-file="$dir/sa.pub" --service-account-signing-key-file="$dir/sa.key" \
-    --authorization-mode=RBAC --token-auth-file="$dir/tokens.csv" --allow-privileged=true \
-    --disable-admission-plugins=ServiceAccount >"$dir/apiserver.log" 2>&1 &
+  # the command line is kept for `restart`
+  args=(--etcd-servers="http://127.0.0.1:$ep" --cert-dir="$dir/certs"
+    --secure-port="$ap" --bind-address=127.0.0.1 --advertise-address=127.0.0.1
+    --service-cluster-ip-range=10.0.0.0/24 --service-account-issuer=https://kubernetes.default.svc
+    --service-account-key-file="$dir/sa.pub" --service-account-signing-key-file="$dir/sa.key"
+    --authorization-mode=RBAC --token-auth-file="$dir/tokens.csv" --allow-privileged=true
+    --disable-admission-plugins=ServiceAccount)
+  printf '%s\n' "${args[@]}" >"$dir/apiserver.args"
+  echo "$ap" >"$dir/apiserver.port"
+  "$BIN/kube-apiserver" "${args[@]}" >"$dir/apiserver.log" 2>&1 &
   echo $! >"$dir/apiserver.pid"
-  for _ in $(seq 1 120); do
-    if curl -fsk -H "Authorization: Bearer $token" "https://127.0.0.1:$ap/readyz" >/dev/null 2>&1; then break; fi
-    sleep 0.5
-  done
-  curl -fsk -H "Authorization: Bearer $token" "https://127.0.0.1:$ap/readyz" >/dev/null ||
-    { log "apiserver did not become ready; see $dir/apiserver.log"; stop "$dir"; exit 1; }
+  wait_ready "$ap" "$token" || { log "apiserver did not become ready; see $dir/apiserver.log"; stop "$dir"; exit 1; }
   cat >"$dir/kubeconfig" <<EOF
 apiVersion: v1
 kind: Config
@@ -111,16 +121,33 @@ EOF
   echo "export KUBECONFIG='$dir/kubeconfig' K8S_SERVER='https://127.0.0.1:$ap' K8S_TOKEN='$token' K8S_CA='$dir/certs/apiserver.crt'"
 }
 
+stop_one() { # DIR NAME: the process of DIR/NAME.pid, SIGKILL after 5 s
+  local pid
+  [ -f "$1/$2.pid" ] || return 0
+  pid=$(cat "$1/$2.pid")
+  kill "$pid" 2>/dev/null || true
+  for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  kill -9 "$pid" 2>/dev/null || true
+  for _ in $(seq 1 20); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  rm -f "$1/$2.pid"
+}
+
 stop() {
   dir=$1
-  for p in apiserver etcd; do
-    [ -f "$dir/$p.pid" ] || continue
-    pid=$(cat "$dir/$p.pid")
-    kill "$pid" 2>/dev/null || true
-    for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -9 "$pid" 2>/dev/null || true
-    rm -f "$dir/$p.pid"
-  done
+  for p in apiserver etcd; do stop_one "$dir" "$p"; done
+}
+
+restart() {
+  dir=$(cd "$1" && pwd)
+  [ -f "$dir/apiserver.args" ] && [ -f "$dir/etcd.pid" ] || { log "nothing was started in $dir"; exit 1; }
+  mapfile -t args <"$dir/apiserver.args"
+  ap=$(cat "$dir/apiserver.port")
+  token=$(cut -d, -f1 "$dir/tokens.csv")
+  stop_one "$dir" apiserver
+  echo "---- restarted $(date -u +%FT%TZ)" >>"$dir/apiserver.log"
+  "$BIN/kube-apiserver" "${args[@]}" >>"$dir/apiserver.log" 2>&1 &
+  echo $! >"$dir/apiserver.pid"
+  wait_ready "$ap" "$token" || { log "apiserver did not become ready again; see $dir/apiserver.log"; exit 1; }
 }
 
 case "${1:-}" in
@@ -128,5 +155,6 @@ case "${1:-}" in
   built) built ;;
   start) start "${2:?start DIR}" ;;
   stop) stop "${2:?stop DIR}" ;;
+  restart) restart "${2:?restart DIR}" ;;
   *) sed -n '2,21p' "$0"; exit 2 ;;
 esac
