@@ -325,6 +325,10 @@ static void build_comm(cost_model *cm) {
                         L * comm_cpu_line(cm, true, blk * relem) + comm_cpu_line(cm, true, head * relem) +
                         (md->tied_head ? comm_cpu_line(cm, true, emb * relem) : 0);
     }
+    const profile_comm *ag = cm->opts.prof ? profile_find_comm(cm->opts.prof, c->world, false) : NULL;
+    if (ag && ag->train_overhead_ms > 0) {
+        c->overhead_ms = ag->train_overhead_ms * cost_step_collectives(md);
+    }
     c->measured = cm->opts.prof && profile_find_comm(cm->opts.prof, c->world, false);
     if (c->measured) c->uneven_factor = measured_uneven_factor(cm->opts.prof, c->world);
 }
@@ -339,10 +343,19 @@ double cost_bwd_floor(const cost_model *cm, bool uneven) {
     return fmax(cm->comm.ag_bwd_ms + cm->comm.rs_ms - cm->comm.cpu_bwd_ms, 0) * (uneven ? cm->comm.uneven_factor : 1.0);
 }
 
+int cost_step_collectives(const model_spec *m) {
+    /* as the worker issues them (worker/fsdp.c): every unit gathered in the forward and again in
+     * the backward (the head's gather is kept), every gradient reduce-scattered (a tied head's
+     * embedding twice), and the loss all-reduce (a reduce-scatter and an all-gather) */
+    int units = m->n_layer + 2, tied = m->tied_head ? 1 : 0;
+    return (units + tied) + (units - 1) + (units + tied) + 2;
+}
+
 double cost_exposed_ms(const cost_model *cm, bool uneven) {
     const cost_comm *c = &cm->comm;
     return (c->ag_first_ms + c->rs_last_ms + c->sums_ms + c->cpu_fwd_ms + c->cpu_bwd_ms) *
-           (uneven ? c->uneven_factor : 1.0);
+               (uneven ? c->uneven_factor : 1.0) +
+           c->overhead_ms;
 }
 
 double cost_flops_per_sample(const cost_model *cm) {

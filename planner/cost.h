@@ -59,6 +59,9 @@ typedef struct cost_comm {
      * collectives when the CPU devices' threads and one communicator per rank oversubscribe the
      * host (measured cpu_ms of a profile); 0 when the collectives run on cores of their own */
     double cpu_fwd_ms, cpu_bwd_ms;
+    /* the profile's step check: per collective, what a real training step took beyond the rest
+     * of this model, times the collectives of a step (exposed); 0 without one */
+    double overhead_ms;
     double uneven_factor;
     double bandwidth_gbs, alpha_ms; /* the ring's bottleneck link */
     bool measured;
@@ -89,6 +92,8 @@ int cost_group_of(const cost_model *cm, int rank);
 /* Collective floors for the forward and backward phases, and the constant exposed terms. */
 double cost_fwd_floor(const cost_model *cm, bool uneven);
 double cost_bwd_floor(const cost_model *cm, bool uneven);
+/* The collectives a sharded, layered training step issues for model m. */
+int cost_step_collectives(const model_spec *m);
 double cost_exposed_ms(const cost_model *cm, bool uneven);
 /* Model FLOPs of one sample's forward+backward (6N-style with attention), for MFU. */
 double cost_flops_per_sample(const cost_model *cm);

@@ -27,7 +27,8 @@ static const char *const ENTRY_KEYS[] = {"device",        "model", "seq",       
                                          "microbatch",    "block", "embedding", "head",
                                          "compute_bytes", "optimizer_ms_per_mparam", NULL};
 static const char *const CURVE_KEYS[] = {"fwd_ms", "bwd_ms", NULL};
-static const char *const COMM_KEYS[] = {"world", "op", "bytes", "ms", "uneven_ms", "cpu_ms", "host_cores", NULL};
+static const char *const COMM_KEYS[] = {"world", "op", "bytes", "ms", "uneven_ms", "cpu_ms", "host_cores",
+                                        "train_overhead_ms", NULL};
 static const char *const PRECISIONS[] = {"fp32", "bf16", NULL};         /* index 1 = bf16 */
 static const char *const OPS[] = {"allgather", "reduce_scatter", NULL}; /* index 1 = RS */
 
@@ -248,6 +249,10 @@ static int read_comm(const json_ctx *c, const cJSON *obj, const char *path, prof
         path_key(p, path, "host_cores");
         if (json_int(c, v, p, 1, 1 << 20, &cores) < 0) return -1;
         m->host_cores = (int)cores;
+    }
+    if ((v = json_get(obj, "train_overhead_ms"))) {
+        path_key(p, path, "train_overhead_ms");
+        if (json_number(c, v, p, 0, PROFILE_MAX_MS, JSON_CLOSED, &m->train_overhead_ms) < 0) return -1;
     }
     if ((v = json_get(obj, "cpu_ms"))) {
         path_key(p, path, "cpu_ms");

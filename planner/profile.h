@@ -60,6 +60,9 @@ typedef struct profile_comm {
     double *bytes, *ms, *uneven_ms; /* uneven_ms may be NULL */
     double *cpu_ms; /* [n_points] or NULL: one rank's communicator CPU time per collective */
     int host_cores; /* 0: not recorded */
+    /* all-gather entries: per collective of a training step, the time a short training run on
+     * these devices took beyond the model of the collectives (the step check); 0: not measured */
+    double train_overhead_ms;
 } profile_comm;
 
 typedef struct profile {

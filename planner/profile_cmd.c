@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <getopt.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +13,7 @@
 #include <unistd.h>
 
 #include "clock.h"
+#include "inputs.h"
 #include "job.h"
 #include "log.h"
 #include "model.h"
@@ -30,7 +32,9 @@ static const char usage[] =
     "Measures the cost model of the local devices for MODEL (docs/profile.md): per-layer forward\n"
     "and backward time and compute memory at microbatch 1..K (until the device's memory is full)\n"
     "on each distinct device type, and AllGather/ReduceScatter latency against message size, even\n"
-    "and uneven, over all the devices. Writes PROFILE.json (with -o) and merges it into the\n"
+    "and uneven, over all the devices; then a step check: a short training run on the devices,\n"
+    "planned from the new profile, whose time beyond the prediction is recorded per collective.\n"
+    "Writes PROFILE.json (with -o) and merges it into the\n"
     "profile store ($CEPHALO_PROFILE_STORE, else ~/.cache/cephalo/profiles.json), which\n"
     "`cephalo plan/compare/run` use when no --profile is given.\n"
     "  --devices LIST     CPU devices as in `cephalo run`: cpu:THREADSt:MEMORY[xCOUNT],...\n"
@@ -131,6 +135,11 @@ static int parse(int argc, char **argv, popts *o) {
     if (!o->devices) return bad("%s", "--devices is required (e.g. --devices cpu:1t:512M,cpu:1t:512M)");
     if (!o->model) return bad("%s", "--model is required");
     return 0;
+}
+
+static int cmp_ms(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
 }
 
 /* Element-wise mean of the curves of `one` into `sum` (same microbatches: the shorter wins). */
@@ -245,6 +254,111 @@ static int run_comm_profile(const popts *o, const char *worker, int world, const
     return 0;
 }
 
+/* The median over the steps after the warm-up of the slowest rank's step time (ms), or -1. */
+static double measured_step_ms(const char *tmp, int world, int warmup) {
+    double worst = -1;
+    for (int r = 0; r < world; r++) {
+        char path[PATH_LEN + 32];
+        snprintf(path, sizeof path, "%s.rank%d.jsonl", tmp, r);
+        FILE *f = fopen(path, "r");
+        if (!f) return -1;
+        double t[512];
+        int n = 0, line = 0;
+        char buf[4096];
+        while (fgets(buf, sizeof buf, f) && n < 512) {
+            const char *k = strstr(buf, "\"step_ms\":");
+            if (k && line++ >= warmup) t[n++] = strtod(k + 10, NULL);
+        }
+        fclose(f);
+        unlink(path);
+        if (n == 0) return -1;
+        qsort(t, (size_t)n, sizeof *t, cmp_ms);
+        double med = n % 2 ? t[n / 2] : (t[n / 2 - 1] + t[n / 2]) / 2;
+        if (med > worst) worst = med;
+    }
+    return worst;
+}
+
+/* The plan a step check runs: the devices, the profile just measured, a small batch. */
+static int step_check_plan(const popts *o, const job *j, profile *p, int world, const char *path, double *pred_ms,
+                           err_t *err) {
+    plan_inputs in = {0};
+    if (model_resolve(o->model, &in.model, err) < 0 || job_cluster(j, &in.cl, err) < 0) return -1;
+    in.prof = *p; /* borrowed: have_prof is cleared before inputs_free */
+    in.have_prof = true;
+    snprintf(in.prof_source, sizeof in.prof_source, "the profile being measured");
+    inputs_opts io = {.batch = 4L * world, .seq = o->seq, .bf16 = !strcmp(o->precision, "bf16"), .mem_cap = 0.8,
+                      .no_store = true};
+    plan pl;
+    int rc = inputs_build(&in, &io, err);
+    bool made = rc == 0 && plan_make(&in.cm, STRAT_CEPHALO, &pl, err) == 0;
+    if (rc == 0 && !made) rc = -1;
+    if (made && !pl.feasible) rc = err_set(err, "no feasible plan for batch %ld: %s", io.batch, pl.reason);
+    if (made && rc == 0) {
+        *pred_ms = pl.iter_ms;
+        rc = inputs_save_plan(&pl, path, err);
+    }
+    if (made) plan_free(&pl);
+    in.have_prof = false;
+    inputs_free(&in);
+    return rc;
+}
+
+/* The step check (world > 1): a short training run on these devices, planned from the profile
+ * just measured, against the plan's prediction. What the run takes beyond the prediction is time
+ * the cost model of the collectives leaves out (issuing each one, waking the communicator, the
+ * FSDP bookkeeping around it); it is recorded per collective of the step as the all-gather
+ * entry's train_overhead_ms, which the planner adds to every sharded step's exposed time
+ * (docs/profile.md). Never negative: a faster run records 0. */
+static int run_step_check(const popts *o, const char *worker, const job *j, int world, const char *tmp, int step,
+                          int steps, profile *p) {
+    err_t err;
+    char plan_path[PATH_LEN + 16];
+    snprintf(plan_path, sizeof plan_path, "%s.plan.json", tmp);
+    double pred = 0;
+    model_spec model;
+    if (model_resolve(o->model, &model, &err) < 0) return failed("%s", err.msg);
+    if (step_check_plan(o, j, p, world, plan_path, &pred, &err) < 0) return failed("step check: %s", err.msg);
+    int port = run_free_port(&err);
+    if (port < 0) return failed("%s", err.msg);
+    const int n_steps = o->quick ? 8 : 40, warmup = 4;
+    fprintf(stderr, "cephalo profile: [%d/%d] step check: %d training steps of batch %d on the %d devices "
+                    "(predicted %.2f ms per step)\n", step, steps, n_steps, 4 * world, world, pred);
+    pid_t *pids = xcalloc((size_t)world, sizeof(pid_t));
+    char ws[32], mp[32], pl[PATH_LEN + 32], ma[] = "MASTER_ADDR=127.0.0.1", st[24];
+    snprintf(ws, sizeof ws, "WORLD_SIZE=%d", world);
+    snprintf(mp, sizeof mp, "MASTER_PORT=%d", port);
+    snprintf(pl, sizeof pl, "CEPHALO_PLAN=%s", plan_path);
+    snprintf(st, sizeof st, "%d", n_steps);
+    int rc = 0;
+    for (int r = 0; r < world; r++) {
+        char rank[32], log[PATH_LEN + 32];
+        snprintf(rank, sizeof rank, "RANK=%d", r);
+        snprintf(log, sizeof log, "%s.rank%d.jsonl", tmp, r);
+        char *extra[] = {rank, ws, mp, ma, pl, NULL};
+        char *argv[] = {(char *)worker, "train", "--steps", st, "--data", "synthetic", "--lr", "1e-4",
+                        "--quiet", "--log", log, NULL};
+        pids[r] = start(argv, extra);
+        if (pids[r] < 0) rc = failed("fork: %s", strerror(errno));
+    }
+    for (int r = 0; r < world; r++) {
+        if (pids[r] <= 0) continue;
+        int code = finish(pids[r]);
+        if (code && !rc) rc = failed("the step check failed (rank %d: exit %d)", r, code);
+    }
+    free(pids);
+    unlink(plan_path);
+    double meas = rc ? -1 : measured_step_ms(tmp, world, warmup);
+    if (rc) return rc;
+    if (meas < 0) return failed("the step check wrote no step times");
+    double per = fmax(meas - pred, 0) / cost_step_collectives(&model);
+    for (int i = 0; i < p->n_comm; i++)
+        if (p->comm[i].world == world && !p->comm[i].reduce_scatter) p->comm[i].train_overhead_ms = per;
+    fprintf(stderr, "cephalo profile: step check: measured %.2f ms per step against %.2f predicted: %.4f ms per "
+                    "collective (%d per step) not in the collectives' model\n", meas, pred, per, cost_step_collectives(&model));
+    return 0;
+}
+
 /* Merges p into the store (created when missing). */
 static int merge_store(const char *path, const profile *p) {
     profile st = {0};
@@ -296,7 +410,7 @@ int profile_main(int argc, char **argv) {
         else if (j.items[i].memory_bytes > types[k].memory_bytes) types[k].memory_bytes = j.items[i].memory_bytes;
         types[k].count += j.items[i].count;
     }
-    int world = j.n_devices, steps = n_types + (world > 1);
+    int world = j.n_devices, steps = n_types + 2 * (world > 1);
     char tmp[PATH_LEN];
     snprintf(tmp, sizeof tmp, "%s/cephalo-profile-%d.json", getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp",
              (int)getpid());
@@ -312,7 +426,8 @@ int profile_main(int argc, char **argv) {
             fprintf(stderr, "cephalo profile: [%d/%d] done in %s | ETA %s\n", k + 1, steps, el, eta);
         }
     }
-    if (!rc && world > 1) rc = run_comm_profile(&o, worker, world, tmp, steps, steps, &p);
+    if (!rc && world > 1) rc = run_comm_profile(&o, worker, world, tmp, steps - 1, steps, &p);
+    if (!rc && world > 1) rc = run_step_check(&o, worker, &j, world, tmp, steps, steps, &p);
     unlink(tmp);
     if (!rc && o.out && profile_save(&p, o.out, &err) < 0) rc = failed("%s", err.msg);
     if (!rc && o.out)

@@ -60,6 +60,7 @@ char *profile_to_json(const profile *p) {
             if (c->uneven_ms) cJSON_AddItemToObject(o, "uneven_ms", numbers(c->uneven_ms, c->n_points));
             if (c->cpu_ms) cJSON_AddItemToObject(o, "cpu_ms", numbers(c->cpu_ms, c->n_points));
             if (c->host_cores > 0) cJSON_AddNumberToObject(o, "host_cores", c->host_cores);
+            if (c->train_overhead_ms > 0) cJSON_AddNumberToObject(o, "train_overhead_ms", c->train_overhead_ms);
             cJSON_AddItemToArray(comm, o);
         }
     }
@@ -142,7 +143,7 @@ int profile_merge(profile *dst, const profile *src) {
         const profile_comm *s = &src->comm[i];
         profile_comm c = {s->world, s->reduce_scatter, s->n_points, dup_doubles(s->bytes, s->n_points),
                           dup_doubles(s->ms, s->n_points), dup_doubles(s->uneven_ms, s->n_points),
-                          dup_doubles(s->cpu_ms, s->n_points), s->host_cores};
+                          dup_doubles(s->cpu_ms, s->n_points), s->host_cores, s->train_overhead_ms};
         int k = 0;
         while (k < dst->n_comm && !(dst->comm[k].world == c.world && dst->comm[k].reduce_scatter == c.reduce_scatter)) k++;
         if (k < dst->n_comm) {

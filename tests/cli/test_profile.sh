@@ -31,6 +31,18 @@ check "profile tiny-gpt on 2 devices, with progress" 0 "[1/4] microbatch 1: bloc
   "$C" profile --devices cpu:1t:512M,cpu:1t:512M --model tiny-gpt --max-micro 4 --quick -o "$T/p.json"
 check "progress names the collectives" 0 "collectives over 2 ranks" -- \
   "$C" profile --devices cpu:1t:512Mx2 --model tiny-gpt --max-micro 2 --quick -o "$T/p2.json"
+# the step check: a short real training run against the plan made from the fresh profile
+"$C" profile --devices cpu:1t:512Mx2 --model tiny-gpt --max-micro 2 --quick -o "$T/p3.json" 2>"$T/p3.err"
+check "the step check trains on the devices and compares with the prediction" 0 "" -- \
+  bash -c "grep -q '\[3/3\] step check: 8 training steps of batch 8 on the 2 devices' '$T/p3.err' && grep -qE 'step check: measured [0-9.]+ ms per step against [0-9.]+ predicted: [0-9.]+ ms per collective \(15 per step\)' '$T/p3.err'"
+check "... and records the overhead per collective (when there is any) on the all-gather entry" 0 "" -- python3 -c "
+import json, re, sys
+p = json.load(open('$T/p3.json'))
+per = float(re.search(r'against [0-9.]+ predicted: ([0-9.]+) ms per collective', open('$T/p3.err').read()).group(1))
+ag = [c for c in p['comm'] if c['op'] == 'allgather'][0]
+assert abs(ag.get('train_overhead_ms', 0) - per) < 1e-4, (ag.get('train_overhead_ms'), per)
+assert all('train_overhead_ms' not in c for c in p['comm'] if c['op'] == 'reduce_scatter')
+"
 
 n=$((n + 1))
 if python3 - "$T/p.json" <<'PY'

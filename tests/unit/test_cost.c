@@ -136,6 +136,19 @@ static void test_profiled_costs(void **state) {
     double bytes = (double)model_kind_params(cm.model, UNIT_BLOCK) * 4;
     double emb = (double)model_kind_params(cm.model, UNIT_EMBEDDING) * 4;
     assert_true(fabs(cm.comm.ag_bwd_ms - (L * (1 + 10 * bytes / 1e8) + 1 + 10 * emb / 1e8)) < 1e-6);
+    /* no step check in this profile: nothing added */
+    assert_true(cm.comm.overhead_ms == 0);
+    double exposed = cost_exposed_ms(&cm, false);
+    cost_free(&cm), cluster_free(&cl);
+
+    /* the step check's overhead per collective: times the step's collectives, in the exposed time
+     * (bert-large: 26 units, the head tied: 27 + 25 gathers, 27 reduce-scatters, the loss's 2) */
+    prof.comm[0].train_overhead_ms = 0.01;
+    build(&cm, &cl, two_nodes, "bert-large", 512, 64, false, &prof);
+    assert_int_equal(cost_step_collectives(cm.model), 27 + 25 + 27 + 2);
+    assert_true(fabs(cm.comm.overhead_ms - 0.01 * 81) < 1e-9);
+    assert_true(fabs(cost_exposed_ms(&cm, false) - (exposed + 0.81)) < 1e-9);
+    assert_true(fabs(cost_exposed_ms(&cm, true) - (exposed * 1.2 + 0.81)) < 1e-9); /* not scaled as bytes are */
     cost_free(&cm), cluster_free(&cl), profile_free(&prof);
 }
 

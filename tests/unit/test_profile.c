@@ -17,6 +17,7 @@
 
 #include "json_util.h"
 #include "profile.h"
+#include "profile_store.h"
 
 #define EXAMPLE "examples/profiles/cluster-a-bert-large.json"
 
@@ -133,12 +134,17 @@ static void test_optional_fields(void **state) {
     err_t err;
     const char *text = "{" HEADER "'entries': [{" L4_HEAD MB3 BLOCK3 ", 'optimizer_ms_per_mparam': 1.5}],"
                        " 'comm': [{'world': 2, 'op': 'allgather', 'bytes': [1, 2], 'ms': [1, 2],"
-                       " 'cpu_ms': [0.5, 1.5], 'host_cores': 16}]}";
+                       " 'cpu_ms': [0.5, 1.5], 'host_cores': 16, 'train_overhead_ms': 0.05}]}";
     if (load(text, &p, &err) != 0) fail_msg("%s", err.msg);
     assert_true(p.entries[0].optimizer_ms_per_mparam == 1.5);
     assert_non_null(p.comm[0].cpu_ms);
     assert_true(p.comm[0].cpu_ms[1] == 1.5);
     assert_int_equal(p.comm[0].host_cores, 16);
+    assert_true(p.comm[0].train_overhead_ms == 0.05);
+    /* and back: the store writes what it read */
+    char *json = profile_to_json(&p);
+    assert_non_null(strstr(json, "\"train_overhead_ms\""));
+    free(json);
     profile_free(&p);
     if (load(VALID, &p, &err) != 0) fail_msg("%s", err.msg);
     assert_true(p.entries[0].optimizer_ms_per_mparam == 0);
@@ -153,6 +159,9 @@ static void test_optional_fields(void **state) {
     expect_error("{" HEADER "'entries': [], 'comm': [{'world': 2, 'op': 'allgather', 'bytes': [1, 2],"
                  " 'ms': [1, 2], 'host_cores': 0}]}",
                  "comm[0].host_cores");
+    expect_error("{" HEADER "'entries': [], 'comm': [{'world': 2, 'op': 'allgather', 'bytes': [1, 2],"
+                 " 'ms': [1, 2], 'train_overhead_ms': -0.1}]}",
+                 "comm[0].train_overhead_ms");
 }
 
 static void test_empty_entries(void **state) {
