@@ -18,7 +18,9 @@
  *     {"world": 8, "op": "allgather", "bytes": [...], "ms": [...], "uneven_ms": [...],
  *      "cpu_ms": [...], "host_cores": 16},                   optional: the CPU time one rank's
  *                                                            communicator spends per collective, and
- *                                                            the cores of the host it was measured on
+ *                                                            the cores of the host it was measured on;
+ *      "train_overhead_ms": 0.03}                            all-gather entries, optional: the step
+ *                                                            check's time per collective beyond the model
  *     {"world": 8, "op": "reduce_scatter", "bytes": [...], "ms": [...]}
  *   ]
  * }
