@@ -781,6 +781,7 @@ typedef struct gang {
     int stale; /* pods of an older plan or attempt */
     int pending, running, succeeded, failed, missing;
     const cJSON *first_failed;
+    const cJSON *first_stuck; /* a pending pod whose container waits for a reason (ImagePullBackOff...) */
 } gang;
 
 static void gang_free(gang *g) {
@@ -791,6 +792,14 @@ static void gang_free(gang *g) {
 static const cJSON *terminated_state(const cJSON *pod) {
     const cJSON *cs = cJSON_GetArrayItem(get(get(pod, "status"), "containerStatuses"), 0);
     return get(get(cs, "state"), "terminated");
+}
+
+/* The container's waiting state when it has a reason worth reporting (not plain creation). */
+static const cJSON *waiting_state(const cJSON *pod) {
+    const cJSON *cs = cJSON_GetArrayItem(get(get(pod, "status"), "containerStatuses"), 0);
+    const cJSON *w = get(get(cs, "state"), "waiting");
+    const char *reason = get_str(w, "reason", NULL);
+    return reason && strcmp(reason, "ContainerCreating") != 0 ? w : NULL;
 }
 
 /* Which failure to blame when several workers failed: the one that ended first (its peers
@@ -833,7 +842,10 @@ static int gang_read(rec_ctx *x, gang *g, err_t *err) {
         else if (!strcmp(ph, "Failed")) {
             g->failed++;
             if (!g->first_failed || failed_earlier(pod, g->first_failed)) g->first_failed = pod;
-        } else g->pending++;
+        } else {
+            g->pending++;
+            if (!g->first_stuck && waiting_state(pod)) g->first_stuck = pod;
+        }
     }
     for (int r = 0; r < g->world; r++) g->missing += !g->pod[r];
     return 0;
@@ -1111,6 +1123,12 @@ int rec_job(kube_client *k, const rec_config *c, const char *ns, const char *nam
     else
         snprintf(msg, sizeof msg, "%d of %d worker pods running%s", g.running, g.world,
                  restarting ? " (the gang is starting again)" : "");
+    if (g.first_stuck) { /* why a pod does not start: an image that cannot be pulled, a bad mount */
+        const cJSON *w = waiting_state(g.first_stuck);
+        size_t ml = strlen(msg);
+        snprintf(msg + ml, sizeof msg - ml, "; pod %s waits: %s%s%.300s", kube_meta_str(g.first_stuck, "name"),
+                 get_str(w, "reason", ""), get_str(w, "message", NULL) ? ": " : "", get_str(w, "message", ""));
+    }
     if (*x.notes && strlen(msg) + strlen(x.notes) + 3 < sizeof msg) strcat(strcat(msg, "; "), x.notes);
     if (restarting) phase = "Restarting";
     cJSON *s = status_base(&x, phase, msg);

@@ -175,6 +175,12 @@ PY
 check "kubectl get shows the phase and the GPUs" 0 "Planned" -- K get cephalojob tiny
 check "a Planned event is recorded" 0 "planned 3 GPUs" -- K get events --field-selector involvedObject.name=tiny
 
+# a pod that cannot start (its image cannot be pulled): the job's message says which and why
+curl_api -X PATCH -H 'Content-Type: application/merge-patch+json' \
+  "$K8S_SERVER/api/v1/namespaces/default/pods/tiny-1/status" \
+  -d '{"status":{"containerStatuses":[{"name":"worker","image":"registry.test/cephalo-worker:1","imageID":"","ready":false,"restartCount":0,"state":{"waiting":{"reason":"ImagePullBackOff","message":"Back-off pulling image \"registry.test/cephalo-worker:1\""}}}]}}' >/dev/null
+assert "a pod stuck pulling its image is named in the job's message" wait_for 20 bash -c \
+  'kubectl get cephalojob tiny -o jsonpath={.status.message} | grep -q "pod tiny-1 waits: ImagePullBackOff: Back-off pulling image"'
 # the pods start (the test plays kubelet for the status): the job becomes Running
 for i in 0 1 2; do
   curl_api -X PATCH -H 'Content-Type: application/merge-patch+json' \
