@@ -78,6 +78,24 @@ static int by_name(const void *a, const void *b) {
     return strcmp(nx ? nx : "", ny ? ny : "");
 }
 
+bool inv_node_ready(const cJSON *node) {
+    const cJSON *st = cJSON_GetObjectItemCaseSensitive(node, "status"), *c;
+    cJSON_ArrayForEach(c, cJSON_GetObjectItemCaseSensitive(st, "conditions")) {
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(c, "type");
+        const cJSON *status = cJSON_GetObjectItemCaseSensitive(c, "status");
+        if (cJSON_IsString(type) && !strcmp(type->valuestring, "Ready"))
+            return cJSON_IsString(status) && !strcmp(status->valuestring, "True");
+    }
+    const cJSON *t;
+    cJSON_ArrayForEach(t, cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(node, "spec"), "taints")) {
+        const cJSON *key = cJSON_GetObjectItemCaseSensitive(t, "key");
+        /* not node.kubernetes.io/not-ready: the API server puts it on every new Node until the
+         * node controller sees the kubelet's Ready (the condition, above, decides then) */
+        if (cJSON_IsString(key) && !strcmp(key->valuestring, "node.kubernetes.io/unreachable")) return false;
+    }
+    return true; /* no Ready condition reported (yet): taken as usable */
+}
+
 int inv_build(const cJSON *nodes, const inv_constraints *c, cluster *cl, inv_result *r, err_t *err) {
     memset(r, 0, sizeof *r);
     cluster_init(cl);
@@ -104,6 +122,10 @@ int inv_build(const cJSON *nodes, const inv_constraints *c, cluster *cl, inv_res
         const cJSON *spec_node = cJSON_GetObjectItemCaseSensitive(node, "spec");
         if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(spec_node, "unschedulable"))) {
             note(r, "node %s%s is cordoned", name, "");
+            continue;
+        }
+        if (!inv_node_ready(node)) {
+            note(r, "node %s%s is not Ready", name, "");
             continue;
         }
         if (c->node_selector && !selector_matches(node, c->node_selector)) continue;

@@ -34,6 +34,9 @@ typedef struct inv_result {
     char notes[1024]; /* why nodes were skipped or estimated, for messages */
 } inv_result;
 
+/* False when the Node's Ready condition is False or Unknown, or (without one) it carries the
+ * unreachable taint; a node that reports no Ready condition otherwise counts as ready. */
+bool inv_node_ready(const cJSON *node);
 /* Builds `cl` (initialised here) from a NodeList's items. 0, or -1 with the error set when no
  * usable GPU is left (the error says why, e.g. what the nodes have versus what was allowed). */
 int inv_build(const cJSON *nodes, const inv_constraints *c, cluster *cl, inv_result *r, err_t *err);

@@ -29,6 +29,7 @@
 #include "kube.h"
 #include "lease.h"
 #include "log.h"
+#include "inventory.h"
 #include "reconcile.h"
 #include "strutil.h"
 #include "watch.h"
@@ -437,8 +438,8 @@ static void op_node_fingerprint(const cJSON *node, char *out, size_t outsz) {
     const cJSON *g = cJSON_GetObjectItemCaseSensitive(al, "nvidia.com/gpu");
     const cJSON *un = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(node, "spec"), "unschedulable");
     char *labels = l ? cJSON_PrintUnformatted(l) : NULL; /* node selectors may use any label */
-    snprintf(out, outsz, "%s|%s|%d", cJSON_IsString(g) ? g->valuestring : "-", labels ? labels : "",
-             cJSON_IsTrue(un));
+    snprintf(out, outsz, "%s|%s|%d|%d", cJSON_IsString(g) ? g->valuestring : "-", labels ? labels : "",
+             cJSON_IsTrue(un), inv_node_ready(node));
     free(labels);
 }
 
@@ -679,6 +680,10 @@ int main(int argc, char **argv) {
             goto done;
         }
         kube_client_set_stop(lk, &op_stop);
+        /* a stalled renewal must end well within the renew deadline, so that this replica notices
+         * it no longer leads before a standby may take the Lease */
+        long lto = (long)(o.le_renew_s / 2);
+        kube_client_set_timeout(lk, lto < 1 ? 1 : lto);
         op_log(1, "leader election: Lease %s/%s as %s", lease.e.namespace, lease.e.name, ident);
         if (pthread_create(&lease.th, NULL, op_lease_main, &lease) != 0) {
             fprintf(stderr, "cephalo-operator: cannot start the leader-election thread\n");

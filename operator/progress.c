@@ -75,6 +75,7 @@ int progress_scrape(const char *url, double timeout_s, worker_progress *p, err_t
     body b = {0};
     curl_easy_setopt(c, CURLOPT_URL, url);
     curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http");
+    curl_easy_setopt(c, CURLOPT_NOPROXY, "*"); /* pod IPs: never through an http_proxy */
     curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, (long)(timeout_s * 1e3));
     curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_data);

@@ -1,6 +1,7 @@
 /* reconcile.c - one CephaloJob reconciled (reconcile.h). */
 #include "reconcile.h"
 
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,6 +28,14 @@ static double get_num(const cJSON *o, const char *k, double def) {
 }
 
 #define REC_PROGRESS_S 5.0 /* seconds between progress reads of a running job */
+#define REC_SCRAPE_BUDGET_S 2.0 /* the most one job's progress read may take */
+#define EXIT_STOPPED 143   /* a worker stopped on request (SIGTERM), its step checkpointed: worker/main.c */
+
+static double wall_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
 
 /* ---- planning ------------------------------------------------------------------------------ */
 
@@ -398,6 +407,8 @@ static cJSON *pod_object(const rec_config *c, const cJSON *job, int rank, int wo
     cJSON_AddStringToObject(ps, "hostname", buf);
     cJSON_AddStringToObject(ps, "subdomain", name);
     cJSON_AddStringToObject(ps, "restartPolicy", "Never");
+    /* a stopped worker finishes its step and writes a whole checkpoint before it exits */
+    cJSON_AddNumberToObject(ps, "terminationGracePeriodSeconds", get_num(spec, "terminationGracePeriodSeconds", 120));
     const cJSON *tol = get(spec, "tolerations");
     if (cJSON_IsArray(tol)) cJSON_AddItemToObject(ps, "tolerations", cJSON_Duplicate(tol, true));
     cJSON *ctr = cJSON_CreateObject();
@@ -602,11 +613,11 @@ static cJSON *list_pods(kube_client *k, const char *ns, const char *name, err_t 
     return list;
 }
 
-static bool node_exists(const cJSON *nodes, const char *name) {
+static const cJSON *find_node(const cJSON *nodes, const char *name) {
     const cJSON *n;
     cJSON_ArrayForEach(n, get(nodes, "items"))
-        if (name && strcmp(get_str(get(n, "metadata"), "name", ""), name) == 0) return true;
-    return false;
+        if (name && strcmp(get_str(get(n, "metadata"), "name", ""), name) == 0) return n;
+    return NULL;
 }
 
 static const char *pod_phase(const cJSON *pod) { return get_str(get(pod, "status"), "phase", "Pending"); }
@@ -614,13 +625,16 @@ static bool pod_finished(const cJSON *pod) {
     return !strcmp(pod_phase(pod), "Succeeded") || !strcmp(pod_phase(pod), "Failed");
 }
 
-/* Deletes a pod. A pod whose Node is gone is deleted at once (gracePeriodSeconds=0): no kubelet
- * is left to finish a graceful delete, and its name is needed for the next gang. Otherwise a
- * graceful delete (the worker gets SIGTERM), once. */
+/* Deletes a pod: gracefully (the worker gets SIGTERM), once. At once (gracePeriodSeconds=0) when
+ * no kubelet can finish that: its Node is gone, or not Ready and the grace period is over. Its
+ * name is needed for the next gang. */
 static int delete_pod(rec_ctx *x, const cJSON *pod, err_t *err) {
     char path[KUBE_PATH_MAX + 32];
     long status = 0;
-    bool orphan = x->nodes && !node_exists(x->nodes, get_str(get(pod, "spec"), "nodeName", NULL));
+    const cJSON *node = x->nodes ? find_node(x->nodes, get_str(get(pod, "spec"), "nodeName", NULL)) : NULL;
+    double due = 0; /* the API sets deletionTimestamp to the request time plus the grace period */
+    bool overdue = kube_time_parse(get_str(get(pod, "metadata"), "deletionTimestamp", ""), &due) && wall_now() >= due;
+    bool orphan = x->nodes && (!node || (!inv_node_ready(node) && overdue));
     if (get(get(pod, "metadata"), "deletionTimestamp") && !orphan) return 0; /* on its way */
     if (kube_path(path, KUBE_PATH_MAX, "v1", x->ns, "pods", kube_meta_str(pod, "name"), err) < 0) return -1;
     if (orphan) strcat(path, "?gracePeriodSeconds=0");
@@ -673,6 +687,53 @@ static bool terminal(const cJSON *status) {
     if (!strcmp(ph, "Succeeded")) return true;
     const cJSON *f = find_condition(status, "Failed");
     return !strcmp(ph, "Failed") && f && !strcmp(get_str(f, "reason", ""), "BackoffLimitExceeded");
+}
+
+/* Whether obj's controller is this job (by uid), or it has no owner we know of. */
+static bool owned_by_job(const cJSON *obj, const cJSON *job) {
+    const char *uid = kube_meta_str(job, "uid");
+    const cJSON *o;
+    cJSON_ArrayForEach(o, get(get(obj, "metadata"), "ownerReferences"))
+        if (cJSON_IsTrue(get(o, "controller")) && !strcmp(get_str(o, "kind", ""), "CephaloJob"))
+            return uid && !strcmp(get_str(o, "uid", ""), uid);
+    return true;
+}
+
+/* Objects of an earlier CephaloJob of the same name (deleted, then applied again before the
+ * garbage collector removed them) must not be taken over: the plan ConfigMap, Service and pods
+ * owned by another uid are deleted, and the job waits until they are gone. 1 when there were
+ * some, 0 when none, -1 on an API error. */
+static int clear_foreign(rec_ctx *x, err_t *err) {
+    char path[KUBE_PATH_MAX];
+    const char *kinds[][2] = {{"configmaps", x->cm_name}, {"services", x->name}};
+    int found = 0;
+    for (int i = 0; i < 2; i++) {
+        cJSON *o = NULL;
+        long status = 0;
+        if (kube_path(path, sizeof path, "v1", x->ns, kinds[i][0], kinds[i][1], err) < 0) return -1;
+        if (kube_get(x->k, path, &o, &status, err) < 0) {
+            if (status != 404) return -1;
+            continue;
+        }
+        bool foreign = !owned_by_job(o, x->job);
+        cJSON_Delete(o);
+        if (!foreign) continue;
+        found = 1;
+        if (kube_delete(x->k, path, &status, err) < 0 && status != 404) return -1;
+    }
+    cJSON *pods = list_pods(x->k, x->ns, x->name, err);
+    if (!pods) return -1;
+    const cJSON *pod;
+    cJSON_ArrayForEach(pod, get(pods, "items")) {
+        if (owned_by_job(pod, x->job)) continue;
+        found = 1;
+        if (delete_pod(x, pod, err) < 0) {
+            cJSON_Delete(pods);
+            return -1;
+        }
+    }
+    cJSON_Delete(pods);
+    return found;
 }
 
 /* The plan id: the generation it was made for and a hash of plan.json. Pods carry it. */
@@ -782,6 +843,8 @@ typedef struct gang {
     int pending, running, succeeded, failed, missing;
     const cJSON *first_failed;
     const cJSON *first_stuck; /* a pending pod whose container waits for a reason (ImagePullBackOff...) */
+    const cJSON *disrupted; /* a pod of the gang being deleted by someone else (eviction, drain, by hand) */
+    int failed_hard; /* failed pods that were not stopped on request (exit code 143: worker/main.c) */
 } gang;
 
 static void gang_free(gang *g) {
@@ -828,11 +891,15 @@ static int gang_read(rec_ctx *x, gang *g, err_t *err) {
         const char *rank_s = get_str(get(get(pod, "metadata"), "labels"), REC_LABEL_RANK, "");
         char *end;
         long rank = strtol(rank_s, &end, 10);
-        bool current = !strcmp(get_str(ann, REC_ANN_PLAN_ID, ""), x->plan_id) &&
+        bool current = owned_by_job(pod, x->job) && !strcmp(get_str(ann, REC_ANN_PLAN_ID, ""), x->plan_id) &&
                        !strcmp(get_str(ann, REC_ANN_ATTEMPT, ""), att) && *rank_s && !*end &&
-                       rank >= 0 && rank < g->world && !get(get(pod, "metadata"), "deletionTimestamp");
+                       rank >= 0 && rank < g->world;
         if (!current) {
             g->stale++;
+            continue;
+        }
+        if (get(get(pod, "metadata"), "deletionTimestamp") && !pod_finished(pod)) {
+            if (!g->disrupted) g->disrupted = pod;
             continue;
         }
         g->pod[rank] = pod;
@@ -841,6 +908,8 @@ static int gang_read(rec_ctx *x, gang *g, err_t *err) {
         else if (!strcmp(ph, "Succeeded")) g->succeeded++;
         else if (!strcmp(ph, "Failed")) {
             g->failed++;
+            const cJSON *term = terminated_state(pod);
+            if (!term || get_num(term, "exitCode", 0) != EXIT_STOPPED) g->failed_hard++;
             if (!g->first_failed || failed_earlier(pod, g->first_failed)) g->first_failed = pod;
         } else {
             g->pending++;
@@ -957,27 +1026,23 @@ static int finish_status(rec_ctx *x, cJSON *s, const char *phase, err_t *err) {
     return write_status(x->k, x->job_path, s, err);
 }
 
-static double wall_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
 /* Progress from the workers' /metrics: the step, loss and last checkpoint of rank 0, and the
  * samples per second summed over ranks. Best effort: a rank that does not answer is left out. */
 static void scrape_progress(rec_ctx *x, const gang *g, cJSON *s) {
     long port = (long)get_num(x->spec, "metricsPort", 9400);
     if (port <= 0) return;
-    double rate = 0;
+    double rate = 0, t0 = wall_now(), per = x->c->scrape_timeout_s > 0 ? x->c->scrape_timeout_s : 1.0;
     int rated = 0;
     for (int r = 0; r < g->world; r++) {
         const char *ip = g->pod[r] ? get_str(get(g->pod[r], "status"), "podIP", NULL) : NULL;
-        if (!ip) continue;
+        /* the reconcile thread serves every job: at most REC_SCRAPE_BUDGET_S for one job's ranks */
+        double left = REC_SCRAPE_BUDGET_S - (wall_now() - t0);
+        if (!ip || left < 0.05) continue;
         char url[256];
         snprintf(url, sizeof url, strchr(ip, ':') ? "http://[%s]:%ld/metrics" : "http://%s:%ld/metrics", ip, port);
         worker_progress p = {0};
         err_t e;
-        if (progress_scrape(url, x->c->scrape_timeout_s > 0 ? x->c->scrape_timeout_s : 1.0, &p, &e) < 0) {
+        if (progress_scrape(url, fmin(per, left), &p, &e) < 0) {
             log_msg("debug", "%s/%s: progress: %s", x->ns, x->name, e.msg);
             continue;
         }
@@ -1004,14 +1069,16 @@ static int gang_failed(rec_ctx *x, gang *g, const char *what, err_t *err) {
         char now[64];
         kube_time_now(now, sizeof now);
         set_str(s, "completionTime", now);
+        /* the pods first: once the status says Failed nothing else looks at this job */
+        if (delete_pods(x, g->list, true, err) < 0) return cJSON_Delete(s), -1;
         emit(x->k, x->job, "Warning", "BackoffLimitExceeded", msg);
-        if (finish_status(x, s, "Failed", err) < 0) return -1;
-        return delete_pods(x, g->list, true, err);
+        return finish_status(x, s, "Failed", err);
     }
     x->attempt++;
+    /* lastCheckpointStep is as fresh as the last progress read: the workers may have a newer one */
     double ck = get_num(x->old, "lastCheckpointStep", -1);
-    char from[64] = "the start (no checkpoint yet)";
-    if (ck >= 0) snprintf(from, sizeof from, "the checkpoint of step %.0f", ck);
+    char from[80] = "the last checkpoint, if any";
+    if (ck >= 0) snprintf(from, sizeof from, "the last checkpoint (step %.0f or later)", ck);
     snprintf(msg, sizeof msg, "%s; restarting the gang from %s (restart %.0f of %.0f)", what, from, restarts + 1, limit);
     cJSON *s = status_base(x, "Restarting", msg);
     set_num(s, "restarts", restarts + 1);
@@ -1039,6 +1106,24 @@ static int gang_stopping(rec_ctx *x, gang *g, err_t *err) {
     status_conditions(x, s, "Restarting", reason, why);
     if (x->st) x->st->requeue_s = 1;
     return write_status(x->k, x->job_path, s, err);
+}
+
+/* The gang was disrupted, not failed: one of its pods is being deleted by someone else (an
+ * eviction, a drain, kubectl delete), or its workers stopped on request (exit 143 after a
+ * checkpoint). It restarts from the last checkpoint like after a failure, but not counted
+ * against backoffLimit: the job did nothing wrong. */
+static int gang_disrupted(rec_ctx *x, gang *g, const char *what, err_t *err) {
+    x->attempt++;
+    char msg[1400];
+    snprintf(msg, sizeof msg, "%s; restarting the gang from the last checkpoint (a disruption, not counted "
+                              "against backoffLimit)", what);
+    cJSON *s = status_base(x, "Restarting", msg);
+    status_plan(x, s);
+    status_conditions(x, s, "Restarting", "GangDisrupted", msg);
+    emit(x->k, x->job, "Warning", "GangDisrupted", msg);
+    if (write_status(x->k, x->job_path, s, err) < 0) return -1;
+    if (x->st) x->st->requeue_s = 1;
+    return delete_pods(x, g->list, false, err);
 }
 
 static int create_pods(rec_ctx *x, gang *g, err_t *err) {
@@ -1083,6 +1168,22 @@ int rec_job(kube_client *k, const rec_config *c, const char *ns, const char *nam
         goto out;
     }
     if (kube_get(k, "/api/v1/nodes", &x.nodes, &status, err) < 0) goto out;
+    int frc = clear_foreign(&x, err);
+    if (frc != 0) {
+        if (frc > 0) {
+            char msg[512];
+            snprintf(msg, sizeof msg, "waiting for the objects of an earlier CephaloJob named %s (its plan, "
+                     "Service or pods) to be deleted", name);
+            cJSON *s = cJSON_CreateObject();
+            cJSON_AddStringToObject(s, "phase", "Created");
+            cJSON_AddStringToObject(s, "message", msg);
+            cJSON_AddNumberToObject(s, "observedGeneration", x.gen);
+            condition(cJSON_AddArrayToObject(s, "conditions"), x.old, x.gen, "Created", true, "Created", msg);
+            if (st) st->requeue_s = 1;
+            rc = write_status(k, x.job_path, s, err);
+        }
+        goto out;
+    }
     int prc = current_plan(&x, err);
     if (prc <= 0) {
         rc = prc;
@@ -1096,6 +1197,19 @@ int rec_job(kube_client *k, const rec_config *c, const char *ns, const char *nam
         goto out;
     }
     char what[1024];
+    if (g.disrupted) {
+        snprintf(what, sizeof what, "worker pod %s (rank %s on %s) is being deleted", kube_meta_str(g.disrupted, "name"),
+                 get_str(get(get(g.disrupted, "metadata"), "labels"), REC_LABEL_RANK, "?"),
+                 get_str(get(g.disrupted, "spec"), "nodeName", "?"));
+        rc = gang_disrupted(&x, &g, what, err);
+        goto out;
+    }
+    if (g.first_failed && !g.failed_hard) {
+        snprintf(what, sizeof what, "%d worker pod%s stopped on request (exit code %d, checkpointed)", g.failed,
+                 g.failed == 1 ? "" : "s", EXIT_STOPPED);
+        rc = gang_disrupted(&x, &g, what, err);
+        goto out;
+    }
     if (g.first_failed) {
         describe_failure(g.first_failed, what, sizeof what);
         size_t wl = strlen(what);
@@ -1104,14 +1218,29 @@ int rec_job(kube_client *k, const rec_config *c, const char *ns, const char *nam
         rc = gang_failed(&x, &g, what, err);
         goto out;
     }
-    if (g.missing && g.missing < g.world && g.running + g.succeeded > 0) {
+    /* a pod of a gang that was complete and running is gone (deleted at once, by hand or by the
+     * pod garbage collector): the others cannot go on without it */
+    bool was_running = !strcmp(get_str(x.old, "phase", ""), "Running") &&
+                       !strcmp(get_str(get(x.old, "plan"), "id", ""), x.plan_id) &&
+                       (int)get_num(x.old, "attempt", 0) == x.attempt;
+    if (g.missing && g.missing < g.world && was_running) {
         int r = 0;
         while (g.pod[r]) r++;
         snprintf(what, sizeof what, "worker pod %s-%d vanished while its gang ran", name, r);
-        rc = gang_failed(&x, &g, what, err);
+        rc = gang_disrupted(&x, &g, what, err);
         goto out;
     }
-    if (create_pods(&x, &g, err) < 0) goto out;
+    if (create_pods(&x, &g, err) < 0) {
+        /* a quota, an admission webhook, a bad spec field: say so in the status, retry later */
+        char msg[1400];
+        snprintf(msg, sizeof msg, "cannot create the worker pods: %.1200s", err->msg);
+        cJSON *s = status_base(&x, "Planned", msg);
+        status_plan(&x, s);
+        status_conditions(&x, s, "Planned", "PodsNotCreated", msg);
+        err_t e2;
+        (void)write_status(k, x.job_path, s, &e2);
+        goto out;
+    }
 
     const char *phase = g.succeeded == g.world ? "Succeeded"
                       : g.running + g.succeeded == g.world ? "Running" : "Planned";
@@ -1142,7 +1271,8 @@ int rec_job(kube_client *k, const rec_config *c, const char *ns, const char *nam
     if (!strcmp(phase, "Running")) {
         /* at most every REC_PROGRESS_S: the status write's own event must not scrape again */
         double last = 0, wait = 0;
-        if (kube_time_parse(get_str(x.old, "progressTime", ""), &last)) wait = REC_PROGRESS_S - (wall_now() - last);
+        if (kube_time_parse(get_str(x.old, "progressTime", ""), &last))
+            wait = fmin(REC_PROGRESS_S - (wall_now() - last), REC_PROGRESS_S); /* clocks of replicas may differ */
         if (wait <= 0.5) {
             scrape_progress(&x, &g, s);
             set_str(s, "progressTime", now);

@@ -391,7 +391,7 @@ static int run_training(trainer *t, const worker_opts *o, FILE *log, dumper *dp,
         bool ckpt = o->ckpt_dir && ((o->ckpt_every && t->step % o->ckpt_every == 0) || t->step == t->cfg.steps);
         if (ckpt && ckpt_save_step(t, o->ckpt_dir, &err) < 0) return fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_RUNTIME;
         if (ckpt) metrics_checkpoint(m, t->step);
-        if (t->stop_agreed) return stop_now(t, o, m, ckpt);
+        if (t->stop_agreed && t->step < t->cfg.steps) return stop_now(t, o, m, ckpt); /* the last step: done anyway */
     }
     return 0;
 }

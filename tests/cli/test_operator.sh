@@ -370,6 +370,25 @@ assert v['cephalo_operator_leader'] == '0' and v['cephalo_operator_reconciles_to
 print('standby ok')
 PY
 kill "$op3_pid" 2>/dev/null; wait "$op3_pid" 2>/dev/null
+
+# ---- a job deleted and applied again before the garbage collector ran (none runs here) ----------
+old_uid=$(jp cephalojob tiny '{.metadata.uid}')
+K delete cephalojob tiny --wait=false >/dev/null
+K apply -f "$dir/tiny.yaml" >/dev/null
+new_uid=$(jp cephalojob tiny '{.metadata.uid}')
+assert "a job re-applied under the old one's objects waits for them, taking nothing over" wait_for 20 bash -c \
+  'kubectl get cephalojob tiny -o jsonpath={.status.message} | grep -q "waiting for the objects of an earlier CephaloJob named tiny"'
+check "... it deleted the old plan ConfigMap and Service" 0 "" -- bash -c \
+  "! kubectl get configmap tiny-plan -o jsonpath='{.metadata.ownerReferences[0].uid}' 2>/dev/null | grep -q '$old_uid' && ! kubectl get service tiny -o jsonpath='{.metadata.ownerReferences[0].uid}' 2>/dev/null | grep -q '$old_uid'"
+for i in 0 1 2; do K delete pod "tiny-$i" --grace-period=0 --force >/dev/null 2>&1; done # as a kubelet would
+new_gang_owned() {
+  [ "$(kubectl get pods -l cephalo.dev/job=tiny -o jsonpath='{range .items[*]}{.metadata.ownerReferences[0].uid}{"\n"}{end}' | sort -u)" = "$new_uid" ] &&
+    [ "$(kubectl get pods -l cephalo.dev/job=tiny -o name | wc -l)" = 3 ] &&
+    [ "$(kubectl get configmap tiny-plan -o jsonpath='{.metadata.ownerReferences[0].uid}')" = "$new_uid" ] &&
+    [ "$(kubectl get service tiny -o jsonpath='{.metadata.ownerReferences[0].uid}')" = "$new_uid" ]
+}
+assert "... then plans anew: ConfigMap, Service and 3 pods owned by the new job" wait_for 20 new_gang_owned
+check "... and it is Planned, not Succeeded or Running on the old pods" 0 "Planned" -- jp cephalojob tiny '{.status.phase}'
 stop_op
 if grep -q 'error\|failed' "$dir"/op-*.log; then
   echo "# operator log lines with errors:"; grep 'error\|failed' "$dir"/op-*.log | head -10 | sed 's/^/#   /'

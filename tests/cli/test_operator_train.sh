@@ -304,6 +304,19 @@ check "... the stopped workers all checkpointed the same step on SIGTERM" 0 "" -
 assert "... and the new gang resumes from exactly that step" wait_for 20 bash -c \
   "$(declare -f K current_logs); JNS=$JNS dir=$dir; [ \"\$(cat \$(current_logs long) | grep -c 'resumed from .* at step $stopped_at\$')\" = 3 ]"
 
+# a worker pod deleted by hand (as by an eviction or a drain): the gang stops on SIGTERM at one
+# step with its checkpoint and restarts from it, a disruption not counted against backoffLimit
+uids_before=$(K -n "$JNS" get pods -l cephalo.dev/job=long -o jsonpath='{.items[*].metadata.uid}')
+logs_before=$(current_logs long)
+K -n "$JNS" delete pod long-0 --wait=false >/dev/null
+assert "a worker pod deleted by hand: the whole gang restarts" wait_for 60 new_gang
+check "... a GangDisrupted event names the pod" 0 "worker pod long-0 (rank 0 on gpu-a) is being deleted" -- \
+  K -n "$JNS" get events --field-selector involvedObject.name=long,reason=GangDisrupted -o jsonpath='{.items[*].message}'
+check "... not counted against backoffLimit" 0 "restarts=1" -- jp cephalojob long 'restarts={.status.restarts}'
+stopped_at=$(cat $logs_before | sed -n 's/.*stopped after step \([0-9]*\) on .*, with a checkpoint of that step.*/\1/p' | sort -u)
+assert "... and the new gang resumes from the step the old one stopped at" wait_for 20 bash -c \
+  "$(declare -f K current_logs); JNS=$JNS dir=$dir; [ \"\$(wc -w <<<'$stopped_at')\" = 1 ] && [ \"\$(cat \$(current_logs long) | grep -c 'resumed from .* at step $stopped_at\$')\" = 3 ]"
+
 # suspended, its running pods are deleted: the kubelet stops the workers (SIGTERM) and completes
 # the graceful deletions (the API server deletes a pod that finished meanwhile by itself)
 K -n "$JNS" patch cephalojob long --type merge -p '{"spec":{"suspend":true}}' >/dev/null
