@@ -1,4 +1,5 @@
 #include "strutil.h"
+#include "log.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -109,4 +110,16 @@ const char *str_bytes(double bytes, char *buf, size_t bufsz) {
     }
     snprintf(buf, bufsz, u ? "%.2f %s" : "%.0f %s", v, unit[u]);
     return buf;
+}
+
+void str_append(char **p, size_t *len, size_t *cap, const void *data, size_t n) {
+    if (*len + n + 1 > *cap) {
+        size_t c = *cap ? *cap : 4096;
+        while (c < *len + n + 1) c *= 2;
+        *p = xrealloc(*p, c);
+        *cap = c;
+    }
+    memcpy(*p + *len, data, n);
+    *len += n;
+    (*p)[*len] = '\0';
 }

@@ -27,5 +27,8 @@ bool str_to_size(const char *s, int64_t *out);
 
 /* "1.50 GiB", "812.0 MiB", ... for messages and tables. */
 const char *str_bytes(double bytes, char *buf, size_t bufsz);
+/* Appends n bytes to the growable buffer *p (len bytes used, cap allocated), doubling it as
+ * needed and keeping a NUL after the data (HTTP bodies, stream lines). */
+void str_append(char **p, size_t *len, size_t *cap, const void *data, size_t n);
 
 #endif

@@ -14,6 +14,7 @@
 #include "clock.h"
 #include "fileio.h"
 #include "log.h"
+#include "strutil.h"
 
 /* Events remembered for count bumps; older ones fall out round-robin (a repeat after that makes
  * a new Event, which is what the API's own event TTL would do anyway). */
@@ -190,15 +191,7 @@ static size_t collect(char *ptr, size_t size, size_t nmemb, void *ud) {
         b->too_big = true;
         return 0; /* aborts the transfer with CURLE_WRITE_ERROR */
     }
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 4096;
-        while (cap < b->len + n + 1) cap *= 2;
-        b->p = xrealloc(b->p, cap);
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, ptr, n);
-    b->len += n;
-    b->p[b->len] = '\0';
+    str_append(&b->p, &b->len, &b->cap, ptr, n);
     return n;
 }
 
@@ -218,6 +211,15 @@ static struct curl_slist *setup(kube_client *k, const char *method, const char *
     CURLcode rc = CURLE_OK;
 #define SET(opt, val) \
     if (rc == CURLE_OK) rc = curl_easy_setopt(c, opt, val)
+/* a PEM from memory (a copied blob) when the configuration has one, else from its file */
+#define SET_PEM(what, blob_opt, file_opt, type_opt)                                          \
+    if (k->cfg.what##_data) {                                                                \
+        struct curl_blob b = {k->cfg.what##_data, k->cfg.what##_len, CURL_BLOB_COPY};        \
+        SET(blob_opt, &b);                                                                   \
+        if (type_opt) SET(type_opt, "PEM");                                                  \
+    } else if (k->cfg.what##_file) {                                                         \
+        SET(file_opt, k->cfg.what##_file);                                                   \
+    }
     SET(CURLOPT_URL, url);
     SET(CURLOPT_NOSIGNAL, 1L);
     SET(CURLOPT_ERRORBUFFER, k->errbuf);
@@ -231,26 +233,9 @@ static struct curl_slist *setup(kube_client *k, const char *method, const char *
     SET(CURLOPT_XFERINFOFUNCTION, progress);
     SET(CURLOPT_XFERINFODATA, k);
     SET(CURLOPT_USERAGENT, "cephalo-operator");
-    if (k->cfg.ca_data) {
-        struct curl_blob b = {k->cfg.ca_data, k->cfg.ca_len, CURL_BLOB_COPY};
-        SET(CURLOPT_CAINFO_BLOB, &b);
-    } else if (k->cfg.ca_file) {
-        SET(CURLOPT_CAINFO, k->cfg.ca_file);
-    }
-    if (k->cfg.cert_data) {
-        struct curl_blob b = {k->cfg.cert_data, k->cfg.cert_len, CURL_BLOB_COPY};
-        SET(CURLOPT_SSLCERT_BLOB, &b);
-        SET(CURLOPT_SSLCERTTYPE, "PEM");
-    } else if (k->cfg.cert_file) {
-        SET(CURLOPT_SSLCERT, k->cfg.cert_file);
-    }
-    if (k->cfg.key_data) {
-        struct curl_blob b = {k->cfg.key_data, k->cfg.key_len, CURL_BLOB_COPY};
-        SET(CURLOPT_SSLKEY_BLOB, &b);
-        SET(CURLOPT_SSLKEYTYPE, "PEM");
-    } else if (k->cfg.key_file) {
-        SET(CURLOPT_SSLKEY, k->cfg.key_file);
-    }
+    SET_PEM(ca, CURLOPT_CAINFO_BLOB, CURLOPT_CAINFO, 0);
+    SET_PEM(cert, CURLOPT_SSLCERT_BLOB, CURLOPT_SSLCERT, CURLOPT_SSLCERTTYPE);
+    SET_PEM(key, CURLOPT_SSLKEY_BLOB, CURLOPT_SSLKEY, CURLOPT_SSLKEYTYPE);
     if (strcmp(method, "GET") == 0) {
         SET(CURLOPT_HTTPGET, 1L);
     } else {
@@ -260,6 +245,7 @@ static struct curl_slist *setup(kube_client *k, const char *method, const char *
             SET(CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)strlen(body));
         }
     }
+#undef SET_PEM
 #undef SET
     if (rc != CURLE_OK) {
         /* e.g. a libcurl whose TLS backend cannot take a CA or key from memory */
@@ -464,6 +450,11 @@ static void format_time(char *out, size_t outsz, bool micro) {
 }
 
 void kube_time_now(char *out, size_t outsz) { format_time(out, outsz, false); }
+double kube_time_now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
 void kube_microtime_now(char *out, size_t outsz) { format_time(out, outsz, true); }
 
 /* Days since 1970-01-01 of a proleptic Gregorian date (timegm is not POSIX). */

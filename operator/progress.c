@@ -7,6 +7,8 @@
 
 #include <curl/curl.h>
 
+#include "strutil.h"
+
 #define PROGRESS_MAX_BYTES (1 << 20) /* a worker's exposition is a few KiB */
 
 /* One sample line "name{labels} value [timestamp]": its value when the name matches. */
@@ -54,18 +56,14 @@ int progress_parse(const char *text, size_t len, worker_progress *p) {
 
 typedef struct body {
     char *buf;
-    size_t len;
+    size_t len, cap;
 } body;
 
 static size_t on_data(char *ptr, size_t size, size_t nmemb, void *ud) {
     body *b = ud;
     size_t n = size * nmemb;
     if (b->len + n > PROGRESS_MAX_BYTES) return 0; /* not a worker: give up */
-    char *nb = realloc(b->buf, b->len + n + 1);
-    if (!nb) return 0;
-    memcpy(nb + b->len, ptr, n);
-    b->buf = nb;
-    b->len += n;
+    str_append(&b->buf, &b->len, &b->cap, ptr, n);
     return n;
 }
 

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "clock.h"
 #include "inputs.h"
 #include "inventory.h"
 #include "json_util.h"
@@ -30,12 +31,6 @@ static double get_num(const cJSON *o, const char *k, double def) {
 #define REC_PROGRESS_S 5.0 /* seconds between progress reads of a running job */
 #define REC_SCRAPE_BUDGET_S 2.0 /* the most one job's progress read may take */
 #define EXIT_STOPPED 143   /* a worker stopped on request (SIGTERM), its step checkpointed: worker/main.c */
-
-static double wall_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
 
 /* ---- planning ------------------------------------------------------------------------------ */
 
@@ -546,24 +541,6 @@ static int write_status(kube_client *k, const char *job_path, cJSON *status, err
     return rc;
 }
 
-/* The status of a job that cannot run. */
-static cJSON *failed_status(const cJSON *job, const char *reason, const char *msg) {
-    const cJSON *old = get(job, "status");
-    double gen = get_num(get(job, "metadata"), "generation", 0);
-    cJSON *s = cJSON_CreateObject();
-    cJSON_AddStringToObject(s, "phase", "Failed");
-    cJSON_AddStringToObject(s, "message", msg);
-    cJSON_AddNumberToObject(s, "observedGeneration", gen);
-    cJSON *conds = cJSON_AddArrayToObject(s, "conditions");
-    condition(conds, old, gen, "Created", true, "Created", "the job was accepted by the operator");
-    condition(conds, old, gen, "Planned", false, reason, msg);
-    condition(conds, old, gen, "Failed", true, reason, msg);
-    static const char *kept[] = {"restarts", "replans", "attempt", "step", "lastCheckpointStep", "loss"};
-    for (size_t i = 0; i < sizeof kept / sizeof *kept; i++)
-        if (get(old, kept[i]) || i == 0) cJSON_AddNumberToObject(s, kept[i], get_num(old, kept[i], 0));
-    return s;
-}
-
 static void emit(kube_client *k, const cJSON *job, const char *type, const char *reason, const char *msg) {
     kube_event ev = {.namespace = kube_meta_str(job, "namespace"), .api_version = REC_API_VERSION,
                      .kind = "CephaloJob", .name = kube_meta_str(job, "name"),
@@ -594,12 +571,17 @@ typedef struct rec_ctx {
     const cJSON *spec, *old; /* the job's spec and stored status */
     double gen;
     cJSON *nodes; /* NodeList */
+    cJSON *cm;    /* the plan ConfigMap, or NULL */
+    cJSON *pods;  /* PodList of the job's pods (label cephalo.dev/job) */
+    bool have_service; /* the job's Service exists (and is the job's) */
     cJSON *plan_doc; /* plan.json */
     char plan_id[64], cm_name[128], notes[1024], profile[600];
     char why[600]; /* set when this reconcile re-planned: why the gang restarts */
     bool estimated;
     int attempt; /* the gang attempt: status.attempt */
 } rec_ctx;
+
+static cJSON *status_base(rec_ctx *x, const char *phase, const char *msg);
 
 /* The job's pods (label cephalo.dev/job=NAME) as a PodList, or NULL with the error set. */
 static cJSON *list_pods(kube_client *k, const char *ns, const char *name, err_t *err) {
@@ -633,7 +615,7 @@ static int delete_pod(rec_ctx *x, const cJSON *pod, err_t *err) {
     long status = 0;
     const cJSON *node = x->nodes ? find_node(x->nodes, get_str(get(pod, "spec"), "nodeName", NULL)) : NULL;
     double due = 0; /* the API sets deletionTimestamp to the request time plus the grace period */
-    bool overdue = kube_time_parse(get_str(get(pod, "metadata"), "deletionTimestamp", ""), &due) && wall_now() >= due;
+    bool overdue = kube_time_parse(get_str(get(pod, "metadata"), "deletionTimestamp", ""), &due) && kube_time_now_s() >= due;
     bool orphan = x->nodes && (!node || (!inv_node_ready(node) && overdue));
     if (get(get(pod, "metadata"), "deletionTimestamp") && !orphan) return 0; /* on its way */
     if (kube_path(path, KUBE_PATH_MAX, "v1", x->ns, "pods", kube_meta_str(pod, "name"), err) < 0) return -1;
@@ -660,16 +642,10 @@ static int suspend_job(rec_ctx *x, err_t *err) {
     int rc = delete_pods(x, pods, false, err);
     cJSON_Delete(pods);
     if (rc < 0) return -1;
-    cJSON *s = cJSON_CreateObject();
-    cJSON_AddStringToObject(s, "phase", "Suspended");
-    cJSON_AddStringToObject(s, "message", "spec.suspend is true: no worker pods");
-    cJSON_AddNumberToObject(s, "observedGeneration", x->gen);
-    cJSON *conds = cJSON_AddArrayToObject(s, "conditions");
+    cJSON *s = status_base(x, "Suspended", "spec.suspend is true: no worker pods");
+    cJSON *conds = cJSON_GetObjectItemCaseSensitive(s, "conditions");
     condition(conds, x->old, x->gen, "Created", true, "Created", "the job was accepted by the operator");
     condition(conds, x->old, x->gen, "Suspended", true, "Suspended", "spec.suspend is true");
-    static const char *kept[] = {"restarts", "replans", "attempt", "step", "lastCheckpointStep", "loss"};
-    for (size_t i = 0; i < sizeof kept / sizeof *kept; i++)
-        if (get(x->old, kept[i])) cJSON_AddNumberToObject(s, kept[i], get_num(x->old, kept[i], 0));
     return write_status(x->k, x->job_path, s, err);
 }
 
@@ -705,34 +681,31 @@ static bool owned_by_job(const cJSON *obj, const cJSON *job) {
  * some, 0 when none, -1 on an API error. */
 static int clear_foreign(rec_ctx *x, err_t *err) {
     char path[KUBE_PATH_MAX];
-    const char *kinds[][2] = {{"configmaps", x->cm_name}, {"services", x->name}};
+    cJSON *svc = NULL;
+    long status = 0;
     int found = 0;
-    for (int i = 0; i < 2; i++) {
-        cJSON *o = NULL;
-        long status = 0;
-        if (kube_path(path, sizeof path, "v1", x->ns, kinds[i][0], kinds[i][1], err) < 0) return -1;
-        if (kube_get(x->k, path, &o, &status, err) < 0) {
-            if (status != 404) return -1;
-            continue;
-        }
-        bool foreign = !owned_by_job(o, x->job);
-        cJSON_Delete(o);
-        if (!foreign) continue;
+    if (x->cm && !owned_by_job(x->cm, x->job)) {
         found = 1;
-        if (kube_delete(x->k, path, &status, err) < 0 && status != 404) return -1;
+        if (kube_path(path, sizeof path, "v1", x->ns, "configmaps", x->cm_name, err) < 0 ||
+            (kube_delete(x->k, path, &status, err) < 0 && status != 404))
+            return -1;
     }
-    cJSON *pods = list_pods(x->k, x->ns, x->name, err);
-    if (!pods) return -1;
+    if (kube_path(path, sizeof path, "v1", x->ns, "services", x->name, err) < 0) return -1;
+    if (kube_get(x->k, path, &svc, &status, err) < 0) {
+        if (status != 404) return -1;
+    } else if (owned_by_job(svc, x->job)) {
+        x->have_service = true;
+    } else {
+        found = 1;
+        if (kube_delete(x->k, path, &status, err) < 0 && status != 404) return cJSON_Delete(svc), -1;
+    }
+    cJSON_Delete(svc);
     const cJSON *pod;
-    cJSON_ArrayForEach(pod, get(pods, "items")) {
+    cJSON_ArrayForEach(pod, get(x->pods, "items")) {
         if (owned_by_job(pod, x->job)) continue;
         found = 1;
-        if (delete_pod(x, pod, err) < 0) {
-            cJSON_Delete(pods);
-            return -1;
-        }
+        if (delete_pod(x, pod, err) < 0) return -1;
     }
-    cJSON_Delete(pods);
     return found;
 }
 
@@ -746,17 +719,11 @@ static void plan_id_of(double gen, const char *plan_json, char *out, size_t n) {
  * new one written there. 1 with x->plan_doc set; 0 when the job cannot be planned (its status is
  * written Failed, its pods deleted); -1 on an API error. */
 static int current_plan(rec_ctx *x, err_t *err) {
-    char path[KUBE_PATH_MAX], gen_s[32], fp[64];
-    cJSON *cm = NULL;
-    long status = 0;
+    char gen_s[32], fp[64];
+    const cJSON *cm = x->cm;
     int rc = -1;
     snprintf(gen_s, sizeof gen_s, "%.0f", x->gen);
     inventory_fingerprint(x->nodes, x->spec, fp, sizeof fp);
-    if (kube_path(path, sizeof path, "v1", x->ns, "configmaps", x->cm_name, err) < 0) return -1;
-    if (kube_get(x->k, path, &cm, &status, err) < 0) {
-        if (status != 404) return -1;
-        cm = NULL;
-    }
     const cJSON *ann = get(get(cm, "metadata"), "annotations");
     const char *cm_plan = get_str(get(cm, "data"), "plan.json", NULL);
     const char *cm_gen = get_str(ann, REC_ANN_GENERATION, ""), *cm_fp = get_str(ann, REC_ANN_INVENTORY, "");
@@ -767,7 +734,6 @@ static int current_plan(rec_ctx *x, err_t *err) {
             snprintf(x->notes, sizeof x->notes, "%s", get_str(ann, REC_ANN_NOTES, ""));
             snprintf(x->profile, sizeof x->profile, "%s", get_str(get(x->old, "plan"), "profile", ""));
             x->estimated = cJSON_IsTrue(get(get(x->old, "plan"), "estimated"));
-            cJSON_Delete(cm);
             return 1;
         }
         log_msg("warning", "%s/%s: %s; planning again", x->ns, x->name, err->msg);
@@ -788,13 +754,13 @@ static int current_plan(rec_ctx *x, err_t *err) {
             emit(x->k, x->job, "Warning", po.reason, msg);
             if (x->st && strcmp(get_str(x->old, "phase", ""), "Failed") != 0) x->st->jobs_failed++;
         }
-        cJSON *pods = list_pods(x->k, x->ns, x->name, err);
-        if (!pods || delete_pods(x, pods, false, err) < 0) {
-            cJSON_Delete(pods);
-            goto out;
-        }
-        cJSON_Delete(pods);
-        rc = write_status(x->k, x->job_path, failed_status(x->job, po.reason, msg), err) < 0 ? -1 : 0;
+        if (delete_pods(x, x->pods, false, err) < 0) goto out;
+        cJSON *s = status_base(x, "Failed", msg);
+        cJSON *conds = cJSON_GetObjectItemCaseSensitive(s, "conditions");
+        condition(conds, x->old, x->gen, "Created", true, "Created", "the job was accepted by the operator");
+        condition(conds, x->old, x->gen, "Planned", false, po.reason, msg);
+        condition(conds, x->old, x->gen, "Failed", true, po.reason, msg);
+        rc = write_status(x->k, x->job_path, s, err) < 0 ? -1 : 0;
         goto out;
     }
     /* a job with a gang (or one being started) restarts on the new plan; a suspended or failed
@@ -830,13 +796,12 @@ static int current_plan(rec_ctx *x, err_t *err) {
     }
     rc = 1;
 out:
-    cJSON_Delete(cm);
     return rc;
 }
 
 /* The pods of the job sorted out against the current plan and gang attempt. */
 typedef struct gang {
-    cJSON *list; /* PodList */
+    const cJSON *list; /* PodList (the context's) */
     int world;
     const cJSON **pod; /* [world]: the current gang's pod of each rank, or NULL */
     int stale; /* pods of an older plan or attempt */
@@ -847,10 +812,7 @@ typedef struct gang {
     int failed_hard; /* failed pods that were not stopped on request (exit code 143: worker/main.c) */
 } gang;
 
-static void gang_free(gang *g) {
-    cJSON_Delete(g->list);
-    free(g->pod);
-}
+static void gang_free(gang *g) { free(g->pod); }
 
 static const cJSON *terminated_state(const cJSON *pod) {
     const cJSON *cs = cJSON_GetArrayItem(get(get(pod, "status"), "containerStatuses"), 0);
@@ -882,7 +844,7 @@ static int gang_read(rec_ctx *x, gang *g, err_t *err) {
     g->world = cJSON_GetArraySize(get(x->plan_doc, "ranks"));
     g->pod = calloc((size_t)g->world + 1, sizeof *g->pod);
     if (!g->pod) return err_set(err, "out of memory");
-    if (!(g->list = list_pods(x->k, x->ns, x->name, err))) return -1;
+    g->list = x->pods;
     char att[32];
     snprintf(att, sizeof att, "%d", x->attempt);
     const cJSON *pod;
@@ -1031,12 +993,12 @@ static int finish_status(rec_ctx *x, cJSON *s, const char *phase, err_t *err) {
 static void scrape_progress(rec_ctx *x, const gang *g, cJSON *s) {
     long port = (long)get_num(x->spec, "metricsPort", 9400);
     if (port <= 0) return;
-    double rate = 0, t0 = wall_now(), per = x->c->scrape_timeout_s > 0 ? x->c->scrape_timeout_s : 1.0;
+    double rate = 0, t0 = clock_now_s(), per = x->c->scrape_timeout_s > 0 ? x->c->scrape_timeout_s : 1.0;
     int rated = 0;
     for (int r = 0; r < g->world; r++) {
         const char *ip = g->pod[r] ? get_str(get(g->pod[r], "status"), "podIP", NULL) : NULL;
         /* the reconcile thread serves every job: at most REC_SCRAPE_BUDGET_S for one job's ranks */
-        double left = REC_SCRAPE_BUDGET_S - (wall_now() - t0);
+        double left = REC_SCRAPE_BUDGET_S - (clock_now_s() - t0);
         if (!ip || left < 0.05) continue;
         char url[256];
         snprintf(url, sizeof url, strchr(ip, ':') ? "http://[%s]:%ld/metrics" : "http://%s:%ld/metrics", ip, port);
@@ -1167,7 +1129,15 @@ int rec_job(kube_client *k, const rec_config *c, const char *ns, const char *nam
         rc = suspend_job(&x, err);
         goto out;
     }
+    /* what exists, read once: the Nodes, the plan ConfigMap, the job's pods */
+    char cm_path[KUBE_PATH_MAX];
     if (kube_get(k, "/api/v1/nodes", &x.nodes, &status, err) < 0) goto out;
+    if (kube_path(cm_path, sizeof cm_path, "v1", ns, "configmaps", x.cm_name, err) < 0) goto out;
+    if (kube_get(k, cm_path, &x.cm, &status, err) < 0) {
+        if (status != 404) goto out;
+        x.cm = NULL;
+    }
+    if (!(x.pods = list_pods(k, ns, name, err))) goto out;
     int frc = clear_foreign(&x, err);
     if (frc != 0) {
         if (frc > 0) {
@@ -1189,7 +1159,7 @@ int rec_job(kube_client *k, const rec_config *c, const char *ns, const char *nam
         rc = prc;
         goto out;
     }
-    if (ensure_service(k, x.job, (long)get_num(x.spec, "metricsPort", 9400), err) < 0) goto out;
+    if (!x.have_service && ensure_service(k, x.job, (long)get_num(x.spec, "metricsPort", 9400), err) < 0) goto out;
     if (gang_read(&x, &g, err) < 0) goto out;
 
     if (g.stale) {
@@ -1272,7 +1242,7 @@ int rec_job(kube_client *k, const rec_config *c, const char *ns, const char *nam
         /* at most every REC_PROGRESS_S: the status write's own event must not scrape again */
         double last = 0, wait = 0;
         if (kube_time_parse(get_str(x.old, "progressTime", ""), &last))
-            wait = fmin(REC_PROGRESS_S - (wall_now() - last), REC_PROGRESS_S); /* clocks of replicas may differ */
+            wait = fmin(REC_PROGRESS_S - (kube_time_now_s() - last), REC_PROGRESS_S); /* clocks of replicas may differ */
         if (wait <= 0.5) {
             scrape_progress(&x, &g, s);
             set_str(s, "progressTime", now);
@@ -1290,6 +1260,8 @@ out:
     if (rc < 0 && st) st->errors++;
     gang_free(&g);
     cJSON_Delete(x.plan_doc);
+    cJSON_Delete(x.pods);
+    cJSON_Delete(x.cm);
     cJSON_Delete(x.nodes);
     cJSON_Delete(x.job);
     return rc;

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "log.h"
+#include "strutil.h"
 
 static const char *const type_names[] = {"ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR"};
 
@@ -134,14 +135,7 @@ int watch_parser_feed(watch_parser *p, const char *data, size_t len, err_t *err)
             /* the common case: a whole line inside this piece, no copy */
             if (handle_line(p, data, take, err) < 0) return -1;
         } else {
-            if (p->len + take + 1 > p->cap) {
-                size_t cap = p->cap ? p->cap : 4096;
-                while (cap < p->len + take + 1) cap *= 2;
-                p->line = xrealloc(p->line, cap);
-                p->cap = cap;
-            }
-            memcpy(p->line + p->len, data, take);
-            p->len += take;
+            str_append(&p->line, &p->len, &p->cap, data, take);
             if (nl) {
                 size_t n = p->len;
                 p->len = 0; /* consumed whether or not it parses */
