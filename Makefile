@@ -3,7 +3,7 @@
 #   make            build everything buildable here (planner library and the `cephalo` CLI)
 #   make deps       install the missing Debian packages (idempotent; needs root)
 #   make test       unit + CLI tests; ends with "N passed, N failed"
-#   make demo       the planner on the paper's Cluster A
+#   make demo       the planner on the paper's Cluster A, then training on emulated devices
 #   make bench      planning-time and CPU training benchmarks (against PyTorch)
 #   make fuzz       libFuzzer targets for the cluster, model and profile parsers
 #   SAN=1           build and test with AddressSanitizer + UndefinedBehaviorSanitizer
@@ -174,7 +174,7 @@ $(BENCH): $(BUILD)/bench/bench_plan.o $(BUILD)/bench/paper_dp.o $(LIB)
 test: deps $(CLI) $(WORKER) $(OPERATOR) $(TESTS)
 	@BUILD=$(BUILD) tests/run.sh $(TESTS)
 
-demo: deps $(CLI)
+demo: deps $(CLI) $(WORKER)
 	@BUILD=$(BUILD) mk/demo.sh
 
 bench: deps $(BENCH) $(CLI) $(WORKER)

@@ -1,6 +1,10 @@
+/* realpath() is XSI, beyond the POSIX base the build selects */
+#define _XOPEN_SOURCE 700
+
 #include "fileio.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -79,4 +83,56 @@ int file_make_dir(const char *dir, bool parents, err_t *err) {
         if (rc < 0) return -1;
     }
     return make_one_dir(buf, dir, err);
+}
+
+/* The canonical "dir/name" of path: its parent directory resolved (symbolic links, "..", ".")
+ * and its last component kept as written; false when the parent cannot be resolved. */
+static bool canonical_parent(const char *path, char *out, size_t n) {
+    char dir[PATH_MAX], real[PATH_MAX];
+    const char *slash = strrchr(path, '/');
+    size_t dlen = slash ? (size_t)(slash - path) : 0;
+    if (dlen >= sizeof dir) return false;
+    if (!slash) strcpy(dir, ".");
+    else if (dlen == 0) strcpy(dir, "/");
+    else memcpy(dir, path, dlen), dir[dlen] = '\0';
+    if (!realpath(dir, real)) return false;
+    return snprintf(out, n, "%s/%s", real, slash ? slash + 1 : path) < (int)n;
+}
+
+bool file_same(const char *a, const char *b) {
+    struct stat sa, sb;
+    if (stat(a, &sa) == 0 && stat(b, &sb) == 0) return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+    char ca[PATH_MAX + 256], cb[PATH_MAX + 256];
+    if (canonical_parent(a, ca, sizeof ca) && canonical_parent(b, cb, sizeof cb)) return strcmp(ca, cb) == 0;
+    return strcmp(a, b) == 0; /* unresolvable parent: only the same spelling is known to match */
+}
+
+bool file_in_dir(const char *path, const char *dir, char *name, size_t n) {
+    char real[PATH_MAX];
+    if (!realpath(path, real)) return false;
+    char *slash = strrchr(real, '/'); /* realpath's result is absolute: there is one */
+    snprintf(name, n, "%s", slash + 1);
+    if (slash == real) return file_same("/", dir);
+    *slash = '\0';
+    return file_same(real, dir);
+}
+
+static bool is_file_arg(const file_arg *f) { return f->path && f->path[0] && strcmp(f->path, "-") != 0; }
+
+int file_check_outputs(const file_arg *outs, size_t n_out, const file_arg *ins, size_t n_in,
+                       err_t *err) {
+    struct stat st;
+    for (size_t o = 0; o < n_out; o++) {
+        if (!is_file_arg(&outs[o])) continue;
+        for (size_t i = 0; i < n_in; i++)
+            if (is_file_arg(&ins[i]) && stat(ins[i].path, &st) == 0 && file_same(outs[o].path, ins[i].path))
+                return err_set(err, "%s %s: this is the input %s %s; writing there would overwrite an "
+                                    "input (give the output another path)",
+                               outs[o].opt, outs[o].path, ins[i].opt, ins[i].path);
+        for (size_t e = 0; e < o; e++)
+            if (is_file_arg(&outs[e]) && file_same(outs[o].path, outs[e].path))
+                return err_set(err, "%s %s: this is also the output %s %s (give each output its own path)",
+                               outs[o].opt, outs[o].path, outs[e].opt, outs[e].path);
+    }
+    return 0;
 }

@@ -3,8 +3,20 @@
 #include <stdarg.h>
 #include <string.h>
 
+static log_handler handler;
+
+void log_set_handler(log_handler h) { handler = h; }
+
 void log_msg(const char *level, const char *fmt, ...) {
     va_list ap;
+    if (handler) {
+        char text[4096];
+        va_start(ap, fmt);
+        vsnprintf(text, sizeof text, fmt, ap);
+        va_end(ap);
+        handler(level, text);
+        return;
+    }
     fprintf(stderr, "%s: ", level);
     va_start(ap, fmt);
     vfprintf(stderr, fmt, ap);

@@ -10,6 +10,13 @@
 
 void log_msg(const char *level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* Opt-in for a program with a log format of its own (cephalo-operator: a timestamp, a level
+ * name and a level filter, docs/operator.md): every log_msg line then goes to h (level as given,
+ * e.g. "warning"; the text without a newline) instead of "level: text" on stderr. Set it before
+ * starting threads; NULL restores the default, which the other programs keep. */
+typedef void (*log_handler)(const char *level, const char *text);
+void log_set_handler(log_handler h);
+
 #define log_warn(...) log_msg("warning", __VA_ARGS__)
 #define log_error(...) log_msg("error", __VA_ARGS__)
 

@@ -78,6 +78,13 @@ static ynode *load_collection(loader *ld, ynode *col, int depth) {
                 ytree_free(col);
                 return NULL;
             }
+            if (strlen((const char *)ev.data.scalar.value) != ev.data.scalar.length) {
+                err_set(ld->err, "%s:%zu: a mapping key contains a NUL character (\\0 or \\u0000)",
+                        ld->name, ev.start_mark.line + 1);
+                yaml_event_delete(&ev);
+                ytree_free(col);
+                return NULL;
+            }
             key = xstrdup((const char *)ev.data.scalar.value);
             for (size_t i = 0; i < col->n; i++) {
                 if (strcmp(col->keys[i], key) == 0) {
@@ -120,7 +127,9 @@ static ynode *load_node(loader *ld, yaml_event_t *ev, int depth) {
     switch (ev->type) {
     case YAML_SCALAR_EVENT:
         n = node_new(YNODE_SCALAR, line);
-        n->str = xstrdup((const char *)ev->data.scalar.value);
+        n->len = ev->data.scalar.length;
+        n->str = xmalloc(n->len + 1);
+        memcpy(n->str, ev->data.scalar.value, n->len + 1);
         n->quoted = ev->data.scalar.style == YAML_SINGLE_QUOTED_SCALAR_STYLE ||
                     ev->data.scalar.style == YAML_DOUBLE_QUOTED_SCALAR_STYLE;
         yaml_event_delete(ev);
@@ -212,9 +221,15 @@ const char *ynode_kind_name(ynode_kind k) {
 }
 
 int ynode_expect(const yctx *c, const ynode *n, ynode_kind kind, const char *path) {
-    if (n->kind == kind) return 0;
-    return err_set(c->err, "%s:%d: %s: expected %s, got %s", c->file, n->line, path,
-                   ynode_kind_name(kind), ynode_kind_name(n->kind));
+    if (n->kind != kind)
+        return err_set(c->err, "%s:%d: %s: expected %s, got %s", c->file, n->line, path,
+                       ynode_kind_name(kind), ynode_kind_name(n->kind));
+    /* every getter comes here first: a NUL would cut the value short without a word */
+    if (kind == YNODE_SCALAR && strlen(n->str) != n->len)
+        return err_set(c->err, "%s:%d: %s: contains a NUL character (\\0 or \\u0000), which is "
+                               "not allowed",
+                       c->file, n->line, path);
+    return 0;
 }
 
 int ynode_string(const yctx *c, const ynode *n, const char *path, const char **out) {

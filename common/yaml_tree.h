@@ -20,6 +20,8 @@ typedef struct ynode {
     ynode_kind kind;
     int line; /* 1-based */
     char *str; /* scalar text */
+    size_t len; /* bytes of str: more than strlen(str) when the scalar holds a NUL ("\0", "\u0000"),
+                 * which every getter refuses: C strings would silently end there */
     bool quoted; /* scalar was quoted ("3" is a string, 3 a number) */
     size_t n; /* items in a sequence or pairs in a map */
     struct ynode **items; /* sequence items, or map values */
@@ -39,7 +41,8 @@ void ytree_free(ynode *n);
 const ynode *ymap_get(const ynode *map, const char *key);
 const char *ynode_kind_name(ynode_kind k);
 
-/* Each getter checks the node's kind and range and fills an error naming file:line and path. */
+/* Each getter checks the node's kind and range and fills an error naming file:line and path; a
+ * scalar holding a NUL character is refused by all of them. */
 int ynode_expect(const yctx *c, const ynode *n, ynode_kind kind, const char *path);
 int ynode_string(const yctx *c, const ynode *n, const char *path, const char **out);
 int ynode_int(const yctx *c, const ynode *n, const char *path, long lo, long hi, long *out);

@@ -8,7 +8,11 @@
  * cephalo.dev/job) and Nodes, each with its own client, feeding the queue (a Node whose GPUs,
  * labels or schedulability changed re-queues every job; status heartbeats do not); the main thread takes jobs from the queue and reconciles them one at a time; with
  * --leader-elect a Lease thread (lease_run) decides whether this replica works at all; the
- * /healthz, /readyz and /metrics endpoints are libmicrohttpd's thread. */
+ * /healthz, /readyz and /metrics endpoints are libmicrohttpd's thread; plans are made by the
+ * planning pool's threads (--plan-workers, planning.h), so a slow plan never holds up the queue.
+ *
+ * Every line on stderr is "TIME LEVEL text" (op_log), also those of the shared modules
+ * (log_msg, through log_set_handler). */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <microhttpd.h>
@@ -30,6 +34,7 @@
 #include "lease.h"
 #include "log.h"
 #include "inventory.h"
+#include "planning.h"
 #include "reconcile.h"
 #include "strutil.h"
 #include "watch.h"
@@ -46,6 +51,8 @@ typedef struct op_opts {
     bool leader_elect;
     const char *le_namespace, *le_id;
     double le_duration_s, le_renew_s, le_retry_s;
+    double plan_timeout_s;
+    long plan_workers;
 } op_opts;
 
 static const char usage[] =
@@ -62,6 +69,10 @@ static const char usage[] =
     "  --worker-image-pull-policy P  Always, IfNotPresent or Never (default: the cluster's)\n"
     "  --profile-configmap NS/NAME   measured profiles (cephalo profile -o) for jobs without\n"
     "                           spec.profileConfigMap (default: none, analytic estimates)\n"
+    "  --plan-timeout D         a job whose plan takes longer fails with reason PlanningTimeout\n"
+    "                           (a duration like 30s, 2m; default 30s)\n"
+    "  --plan-workers N         jobs planned at the same time, off the reconcile loop (1..64,\n"
+    "                           default 2)\n"
     "  --leader-elect[=true|false]   one active replica through a Lease (default false)\n"
     "  --leader-election-namespace NS  the Lease's namespace (default $POD_NAMESPACE, else the\n"
     "                           configuration's namespace)\n"
@@ -84,6 +95,13 @@ __attribute__((format(printf, 2, 3))) static void op_log(int level, const char *
     vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
     fprintf(stderr, "%s %s %s\n", ts, names[level], line);
+}
+
+/* The shared modules' lines (log_msg: the watch loop, leader election, the reconcile) in the same
+ * form and under the same --log-level as the operator's own. */
+static void op_log_handler(const char *level, const char *text) {
+    int l = !strcmp(level, "debug") ? 0 : !strcmp(level, "info") ? 1 : !strcmp(level, "error") ? 3 : 2;
+    op_log(l, "%s", text);
 }
 
 static int op_duration(const char *flag, const char *s, double *out, err_t *err) {
@@ -114,7 +132,8 @@ static int op_bool(const char *flag, const char *s, bool *out, err_t *err) {
 static int op_parse(int argc, char **argv, op_opts *o, err_t *err) {
     *o = (op_opts){.metrics_addr = ":8080", .log_level = "info",
                    .worker_image = "ghcr.io/cephalo/cephalo-worker", .le_id = "cephalo-operator",
-                   .le_duration_s = 15, .le_renew_s = 10, .le_retry_s = 2};
+                   .le_duration_s = 15, .le_renew_s = 10, .le_retry_s = 2, .plan_timeout_s = 30,
+                   .plan_workers = 2};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) return 1;
@@ -138,7 +157,8 @@ static int op_parse(int argc, char **argv, op_opts *o, err_t *err) {
             "--kubeconfig", "--context", "--namespace", "--metrics-addr", "--log-level",
             "--worker-image", "--worker-image-pull-policy", "--leader-election-namespace",
             "--leader-election-id", "--leader-election-lease-duration",
-            "--leader-election-renew-deadline", "--leader-election-retry-period", "--profile-configmap", NULL};
+            "--leader-election-renew-deadline", "--leader-election-retry-period", "--profile-configmap",
+            "--plan-timeout", "--plan-workers", NULL};
         int k = 0;
         while (known[k] && strcmp(known[k], flag)) k++;
         if (!known[k]) return err_set(err, "unknown option '%s' (see --help)", flag);
@@ -160,6 +180,11 @@ static int op_parse(int argc, char **argv, op_opts *o, err_t *err) {
         case 10: if (op_duration(flag, val, &o->le_renew_s, err) < 0) return -1; break;
         case 11: if (op_duration(flag, val, &o->le_retry_s, err) < 0) return -1; break;
         case 12: o->profile_cm = *val ? val : NULL; break;
+        case 13: if (op_duration(flag, val, &o->plan_timeout_s, err) < 0) return -1; break;
+        case 14:
+            if (!str_to_long(val, &o->plan_workers) || o->plan_workers < 1 || o->plan_workers > 64)
+                return err_set(err, "--plan-workers: expected an integer 1..64, got '%s'", val);
+            break;
         }
     }
     static const char *const levels[] = {"debug", "info", "warn", "error"};
@@ -286,6 +311,7 @@ static volatile int op_jobs_listed;
 static pthread_mutex_t op_stats_mu = PTHREAD_MUTEX_INITIALIZER;
 static rec_stats op_stats;
 static bool op_elect;
+static planning *op_pool; /* made before the HTTP thread starts, freed after it stopped */
 
 static void op_on_signal(int sig) {
     (void)sig;
@@ -347,6 +373,10 @@ static char *op_metrics_text(void) {
     fprintf(f, "cephalo_operator_reconcile_seconds_sum %.9g\ncephalo_operator_reconcile_seconds_count %ld\n", sum, cum);
     op_family(f, "cephalo_operator_plans_total", "counter", "Plans made.", s.plans);
     op_family(f, "cephalo_operator_plan_failures_total", "counter", "Jobs that could not be planned.", s.plan_failures);
+    op_family(f, "cephalo_operator_plan_timeouts_total", "counter",
+              "Jobs whose planning took longer than --plan-timeout.", s.plan_timeouts);
+    op_family(f, "cephalo_operator_plans_in_progress", "gauge", "Plans waiting for or running on a planning thread.",
+              op_pool ? planning_busy(op_pool) : 0);
     op_family(f, "cephalo_operator_jobs_created_total", "counter", "CephaloJobs planned for the first time.", s.jobs_created);
     op_family(f, "cephalo_operator_jobs_succeeded_total", "counter", "CephaloJobs that succeeded.", s.jobs_succeeded);
     op_family(f, "cephalo_operator_jobs_failed_total", "counter",
@@ -492,7 +522,7 @@ static void op_enqueue_object(const op_watch *w, const cJSON *o, watch_type t) {
     if (w->kind == OP_JOBS) {
         const char *name = kube_meta_str(o, "name");
         op_known(ns, name, t != WATCH_DELETED);
-        if (t != WATCH_DELETED) op_enqueue(ns, name);
+        op_enqueue(ns, name); /* deleted too: its reconcile drops its planning, if any */
         return;
     }
     const cJSON *l = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(o, "metadata"), "labels");
@@ -617,26 +647,34 @@ static int op_load_config(const op_opts *o, kube_config *cfg, err_t *err) {
                         "unset) and neither --kubeconfig nor $KUBECONFIG is given");
 }
 
+static void op_on_planned(const char *key, void *arg) {
+    (void)arg;
+    pthread_mutex_lock(&q.mu);
+    op_enqueue_locked(key, 0, 0); /* the job's plan is ready (or failed): reconcile it now */
+    pthread_mutex_unlock(&q.mu);
+}
+
 int main(int argc, char **argv) {
     op_opts o;
     err_t err = {{0}};
+    log_set_handler(op_log_handler);
     int pr = op_parse(argc, argv, &o, &err);
     if (pr == 1) {
         fputs(usage, stdout);
         return 0;
     }
     if (pr < 0) {
-        fprintf(stderr, "cephalo-operator: %s\n", err.msg);
+        op_log(3, "%s", err.msg);
         return 2;
     }
     kube_config cfg;
     if (op_load_config(&o, &cfg, &err) < 0) {
-        fprintf(stderr, "cephalo-operator: %s\n", err.msg);
+        op_log(3, "%s", err.msg);
         return 2;
     }
     kube_client *k = kube_client_new(&cfg, &err);
     if (!k) {
-        fprintf(stderr, "cephalo-operator: %s: %s\n", cfg.source ? cfg.source : "config", err.msg);
+        op_log(3, "%s: %s", cfg.source ? cfg.source : "config", err.msg);
         kube_config_free(&cfg);
         return 2;
     }
@@ -647,9 +685,17 @@ int main(int argc, char **argv) {
     kube_client_set_stop(k, &op_stop);
 
     int rc = 0;
+    /* before the HTTP thread, which reads it for /metrics */
+    if (!(op_pool = planning_new((int)o.plan_workers, op_on_planned, NULL, &err))) {
+        op_log(3, "%s", err.msg);
+        kube_client_free(k);
+        kube_config_free(&cfg);
+        return 1;
+    }
     struct MHD_Daemon *http = op_serve(o.metrics_addr, &err);
     if (!http && strcmp(o.metrics_addr, "0") && *o.metrics_addr) {
-        fprintf(stderr, "cephalo-operator: %s\n", err.msg);
+        op_log(3, "%s", err.msg);
+        planning_free(op_pool);
         kube_client_free(k);
         kube_config_free(&cfg);
         return 2;
@@ -674,7 +720,7 @@ int main(int argc, char **argv) {
                          .renew_deadline_s = (int)(o.le_renew_s + 0.5), .retry_period_s = o.le_retry_s};
         kube_client *lk = kube_client_new(&cfg, &err);
         if (!lk || lease_init(&lease.e, lk, &lo, &err) < 0) {
-            fprintf(stderr, "cephalo-operator: leader election: %s\n", err.msg);
+            op_log(3, "leader election: %s", err.msg);
             rc = 2;
             if (lk) kube_client_free(lk);
             goto done;
@@ -686,7 +732,7 @@ int main(int argc, char **argv) {
         kube_client_set_timeout(lk, lto < 1 ? 1 : lto);
         op_log(1, "leader election: Lease %s/%s as %s", lease.e.namespace, lease.e.name, ident);
         if (pthread_create(&lease.th, NULL, op_lease_main, &lease) != 0) {
-            fprintf(stderr, "cephalo-operator: cannot start the leader-election thread\n");
+            op_log(3, "cannot start the leader-election thread");
             rc = 1;
             lease_free(&lease.e);
             kube_client_free(lk);
@@ -705,7 +751,7 @@ int main(int argc, char **argv) {
         if (kube_path(jobs.path, sizeof jobs.path, REC_API_VERSION, o.namespace, "cephalojobs", NULL, &err) < 0 ||
             kube_path(pods.path, sizeof pods.path, "v1", o.namespace, "pods", NULL, &err) < 0 ||
             kube_path(nodes.path, sizeof nodes.path, "v1", NULL, "nodes", NULL, &err) < 0) {
-            fprintf(stderr, "cephalo-operator: %s\n", err.msg);
+            op_log(3, "%s", err.msg);
             rc = 2;
             op_stop = 1;
         } else {
@@ -720,7 +766,7 @@ int main(int argc, char **argv) {
     }
 
     rec_config rc_cfg = {.worker_image = o.worker_image, .worker_pull_policy = o.worker_pull_policy,
-                         .profile_cm = o.profile_cm};
+                         .profile_cm = o.profile_cm, .planner = op_pool, .plan_timeout_s = o.plan_timeout_s};
     double next_resync = clock_now_s() + OP_RESYNC_S;
     while (!op_stop) {
         op_item it;
@@ -777,7 +823,9 @@ done:
         lease_free(&lease.e);
         kube_client_free(lk);
     }
-    if (http) MHD_stop_daemon(http);
+    if (http) MHD_stop_daemon(http); /* before the pool goes: /metrics reads it */
+    planning_free(op_pool); /* plans under way are cancelled: they stop within milliseconds */
+    op_pool = NULL;
     kube_client_free(k);
     kube_config_free(&cfg);
     free(q.items);

@@ -104,9 +104,11 @@ static void inventory_fingerprint(const cJSON *nodes, const cJSON *spec, char *o
  * namespace, else the operator's --profile-configmap. Every data key ending in ".json" is a
  * profile file as `cephalo profile -o` writes it; they are merged. A missing default ConfigMap,
  * or one without the job's model, means estimates; the job's own must exist and have the model.
+ * rv gets the ConfigMap's resourceVersion ("" without one): a changed profile is planned anew.
  * 0 (in->have_prof says whether one was loaded), -1 with err set (the job's problem), or -2 with
  * err set (an API error). */
-static int load_profiles(kube_client *k, const rec_config *c, const cJSON *job, plan_inputs *in, err_t *err) {
+static int load_profiles(kube_client *k, const rec_config *c, const cJSON *job, plan_inputs *in, char *rv,
+                         size_t rvn, err_t *err) {
     const char *own = get_str(get(job, "spec"), "profileConfigMap", NULL);
     char ns[256], name[256], path[KUBE_PATH_MAX];
     if (own) {
@@ -127,6 +129,7 @@ static int load_profiles(kube_client *k, const rec_config *c, const cJSON *job, 
         if (status != 404) return -2;
         return own ? err_set(err, "spec.profileConfigMap: ConfigMap %s/%s not found", ns, name) : 0;
     }
+    snprintf(rv, rvn, "%s", get_str(get(cm, "metadata"), "resourceVersion", ""));
     int rc = 0, files = 0;
     const cJSON *item;
     cJSON_ArrayForEach(item, get(cm, "data")) {
@@ -169,74 +172,120 @@ static int load_profiles(kube_client *k, const rec_config *c, const cJSON *job, 
     return rc;
 }
 
-/* 0 with out->json, or -1 with out->reason and err set (the job's problem, not the API's);
- * -2 with err set on an API error. */
-static int make_plan(kube_client *k, const rec_config *c, const cJSON *job, const cJSON *nodes,
-                     plan_out *out, err_t *err) {
-    const cJSON *spec = get(job, "spec");
-    plan_inputs in = {0};
-    memset(out, 0, sizeof *out);
-    out->reason = "InvalidSpec";
-    if (resolve_model(get(spec, "model"), &in.model, err) < 0) return err_prefix(err, "model");
-    const char *sname = get_str(spec, "strategy", "cephalo");
+/* One plan to make: what it is made from, read on the reconcile loop (plan_prepare), and what a
+ * planning thread made of it (plan_solve; planning.h). */
+typedef struct plan_task {
+    plan_inputs in;
+    bool have_inputs; /* in holds allocations (plan_solve frees them as soon as it is done) */
+    inputs_opts o;
     strategy strat;
-    if (strategy_parse(sname, &strat, err) < 0) return -1;
+    double budget_s; /* --plan-timeout */
+    char profile_rv[64]; /* resourceVersion of the profile ConfigMap used, "" for none */
+    int rc; /* the result: 0 with out.json, or -1 with out.reason and msg */
+    plan_out out;
+    char msg[sizeof(err_t)];
+} plan_task;
+
+static void plan_task_free(void *task) {
+    plan_task *t = task;
+    if (!t) return;
+    if (t->have_inputs) inputs_free(&t->in);
+    free(t->out.json);
+    free(t);
+}
+
+/* What the plan is made from, read from the job and the API (on the loop: the client is not
+ * thread-safe): the model, the usable GPUs, the profiles. 0; -1 with t->out.reason and err set
+ * (the job's problem, not the API's); -2 with err set on an API error. */
+static int plan_prepare(kube_client *k, const rec_config *c, const cJSON *job, const cJSON *nodes,
+                        plan_task *t, err_t *err) {
+    const cJSON *spec = get(job, "spec");
+    plan_out *out = &t->out;
+    out->reason = "InvalidSpec";
+    if (resolve_model(get(spec, "model"), &t->in.model, err) < 0) return err_prefix(err, "model");
+    if (strategy_parse(get_str(spec, "strategy", "cephalo"), &t->strat, err) < 0) return -1;
     inv_result inv;
-    if (job_cluster(nodes, spec, &in.cl, &inv, err) < 0) {
+    if (job_cluster(nodes, spec, &t->in.cl, &inv, err) < 0) {
         out->reason = "NoGPUs";
         return -1;
     }
+    t->have_inputs = true;
     out->estimated = inv.estimated;
     snprintf(out->notes, sizeof out->notes, "%s", inv.notes);
-    inputs_opts o = {.batch = (long)get_num(spec, "globalBatch", 0),
-                     .seq = (long)get_num(spec, "seqLen", 0),
-                     .bf16 = strcmp(get_str(spec, "precision", "fp32"), "bf16") == 0,
-                     .mem_cap = get_num(spec, "memCap", 0.8), .no_store = true};
-    int rc = -1;
-    if (o.batch < in.cl.n_devices) {
-        err_set(err, "globalBatch %ld is less than the %d usable GPUs (every GPU needs a sample; "
-                     "lower gpus.maxGPUs or raise globalBatch)", o.batch, in.cl.n_devices);
-        goto done;
-    }
-    int prc = load_profiles(k, c, job, &in, err);
-    if (prc < 0) {
-        out->reason = "InvalidProfile";
-        rc = prc;
-        goto done;
-    }
-    if (inputs_build(&in, &o, err) < 0) goto done;
-    int measured = 0;
-    for (int g = 0; in.have_prof && g < in.cm.n_groups; g++) measured += in.cm.groups[g].measured;
-    out->estimated |= measured < in.cm.n_groups;
-    snprintf(out->profile, sizeof out->profile, "%.*s", (int)sizeof out->profile - 1, in.have_prof ? in.prof_source : "");
-    out->measured_groups = measured;
-    out->groups = in.cm.n_groups;
-    plan p;
-    if (plan_make(&in.cm, strat, &p, err) < 0) {
-        out->reason = "PlanError";
-        goto done;
-    }
-    if (!p.feasible) {
-        out->reason = "Infeasible";
-        err_set(err, "no feasible %s plan on %d GPUs: %s", sname, in.cl.n_devices, p.reason);
-        plan_free(&p);
-        goto done;
-    }
+    t->o = (inputs_opts){.batch = (long)get_num(spec, "globalBatch", 0), .seq = (long)get_num(spec, "seqLen", 0),
+                         .bf16 = strcmp(get_str(spec, "precision", "fp32"), "bf16") == 0,
+                         .mem_cap = get_num(spec, "memCap", 0.8), .no_store = true};
+    if (t->o.batch < t->in.cl.n_devices)
+        return err_set(err, "globalBatch %ld is less than the %d usable GPUs (every GPU needs a sample; "
+                            "lower gpus.maxGPUs or raise globalBatch)", t->o.batch, t->in.cl.n_devices);
+    int prc = load_profiles(k, c, job, &t->in, t->profile_rv, sizeof t->profile_rv, err);
+    if (prc < 0) out->reason = "InvalidProfile";
+    return prc;
+}
+
+/* plan.json as text (the caller frees it), or NULL with err set. */
+static char *plan_json_text(const plan *p, err_t *err) {
     char *buf = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
-    rc = f ? plan_write_json(&p, f, err) : err_set(err, "out of memory");
-    if (f) fclose(f);
-    plan_free(&p);
-    if (rc < 0) {
-        free(buf);
-        out->reason = "PlanError";
-        goto done;
+    if (!f) return err_set(err, "out of memory"), NULL;
+    int rc = plan_write_json(p, f, err);
+    if (fclose(f) != 0 && rc == 0) rc = err_set(err, "out of memory");
+    if (rc == 0) return buf;
+    free(buf);
+    return NULL;
+}
+
+/* The optimizer on the task's cost model within its budget: 0 with t->out.json, or -1 with
+ * t->out.reason and err set. */
+static int plan_answer(plan_task *t, const volatile int *cancel, err_t *err) {
+    plan p;
+    int rc = plan_make_limited(&t->in.cm, t->strat, t->budget_s, cancel, &p, err);
+    if (rc == 1 && cancel && *cancel) { /* dropped (a newer spec, the job gone, a shutdown): nobody reads it */
+        t->out.reason = "Cancelled";
+        return -1;
     }
-    out->json = buf;
-done:
-    inputs_free(&in);
-    return rc;
+    if (rc == 1) {
+        t->out.reason = "PlanningTimeout";
+        char why[600]; /* the planner names the budget and the size; the advice is the operator's */
+        snprintf(why, sizeof why, "%.599s", err->msg);
+        return err_set(err, "%s; a smaller spec.globalBatch, fewer GPUs (spec.gpus.maxGPUs) or a coarser plan "
+                            "(spec.strategy fsdp or whale, planned at once) fits in it, or raise the operator's "
+                            "--plan-timeout (chart value operator.planTimeout)", why);
+    }
+    t->out.reason = "PlanError";
+    if (rc < 0) return -1;
+    if (!p.feasible) {
+        t->out.reason = "Infeasible";
+        err_set(err, "no feasible %s plan on %d GPUs: %s", strategy_name(t->strat), t->in.cl.n_devices, p.reason);
+    } else {
+        t->out.json = plan_json_text(&p, err);
+    }
+    plan_free(&p);
+    return t->out.json ? 0 : -1;
+}
+
+/* Makes the plan of a prepared task: the cost model, the optimizer, plan.json. Runs on a planning
+ * thread (planning_run_fn), or inline without a pool. */
+static void plan_solve(void *task, const volatile int *cancel) {
+    plan_task *t = task;
+    plan_inputs *in = &t->in;
+    plan_out *out = &t->out;
+    err_t err = {{0}};
+    out->reason = "InvalidSpec";
+    t->rc = inputs_build(in, &t->o, &err);
+    if (t->rc == 0) {
+        int measured = 0;
+        for (int g = 0; in->have_prof && g < in->cm.n_groups; g++) measured += in->cm.groups[g].measured;
+        out->estimated |= measured < in->cm.n_groups;
+        snprintf(out->profile, sizeof out->profile, "%.*s", (int)sizeof out->profile - 1, in->have_prof ? in->prof_source : "");
+        out->measured_groups = measured;
+        out->groups = in->cm.n_groups;
+        t->rc = plan_answer(t, cancel, &err);
+    }
+    if (t->rc < 0) snprintf(t->msg, sizeof t->msg, "%s", err.msg);
+    inputs_free(in); /* the cost tables can be large; the result needs none of it */
+    t->have_inputs = false;
 }
 
 /* ---- objects ------------------------------------------------------------------------------- */
@@ -462,6 +511,9 @@ static cJSON *pod_object(const rec_config *c, const cJSON *job, int rank, int wo
         cJSON_AddItemToArray(args, cJSON_CreateString("--ckpt-dir"));
         cJSON_AddItemToArray(args, cJSON_CreateString(cdir));
         if (get(ck, "every")) arg(args, "--ckpt-every", "%.0f", get_num(ck, "every", 0));
+        /* retention, always spelled out (the CRD's defaults are the worker's): the pod says what is kept */
+        arg(args, "--keep-last", "%.0f", get_num(ck, "keepLast", 3));
+        arg(args, "--keep-every", "%.0f", get_num(ck, "keepEvery", 0));
         cJSON_AddItemToArray(args, cJSON_CreateString("--resume"));
         cJSON_AddItemToArray(args, cJSON_CreateString(get_str(ck, "resume", "auto")));
     }
@@ -558,6 +610,7 @@ void rec_stats_add(rec_stats *d, const rec_stats *s) {
     d->pods_deleted += s->pods_deleted, d->jobs_created += s->jobs_created;
     d->jobs_succeeded += s->jobs_succeeded, d->jobs_failed += s->jobs_failed;
     d->gang_restarts += s->gang_restarts, d->replans += s->replans;
+    d->plan_timeouts += s->plan_timeouts;
 }
 
 /* What one reconcile works on. */
@@ -566,6 +619,7 @@ typedef struct rec_ctx {
     const rec_config *c;
     rec_stats *st;
     const char *ns, *name;
+    char key[PLANNING_KEY_MAX]; /* namespace/name: the job's task in the planning pool */
     char job_path[KUBE_PATH_MAX];
     cJSON *job;
     const cJSON *spec, *old; /* the job's spec and stored status */
@@ -582,6 +636,11 @@ typedef struct rec_ctx {
 } rec_ctx;
 
 static cJSON *status_base(rec_ctx *x, const char *phase, const char *msg);
+
+/* Drops the job's planning, if any (cancelled when it runs): the job is gone, finished, suspended. */
+static void forget_plan(const rec_ctx *x) {
+    if (x->c->planner) planning_forget(x->c->planner, x->key);
+}
 
 /* The job's pods (label cephalo.dev/job=NAME) as a PodList, or NULL with the error set. */
 static cJSON *list_pods(kube_client *k, const char *ns, const char *name, err_t *err) {
@@ -715,13 +774,107 @@ static void plan_id_of(double gen, const char *plan_json, char *out, size_t n) {
     snprintf(out, n, "g%.0f-%08llx", gen, (unsigned long long)(h & 0xffffffffULL));
 }
 
+static bool live_phase(const char *ph) {
+    return !strcmp(ph, "Planned") || !strcmp(ph, "Running") || !strcmp(ph, "Restarting");
+}
+
+/* The job cannot be planned: phase Failed with the reason (a Warning Event once per message), no
+ * pods. Not terminal: a new generation or other GPUs plan it again. 0, or -1 on an API error. */
+static int plan_failed(rec_ctx *x, const char *reason, const char *why, err_t *err) {
+    char msg[1100];
+    snprintf(msg, sizeof msg, "%s", why);
+    /* the planner's hint for the CLI; the operator takes built-in names only */
+    char *hint = strstr(msg, " (or give a model file path)");
+    if (hint) *hint = '\0';
+    if (strcmp(get_str(x->old, "phase", ""), "Failed") != 0 || strcmp(get_str(x->old, "message", ""), msg) != 0) {
+        /* counted once per distinct failure: a failed job is reconciled again and again */
+        emit(x->k, x->job, "Warning", reason, msg);
+        if (x->st) x->st->plan_failures++, x->st->plan_timeouts += !strcmp(reason, "PlanningTimeout");
+        if (x->st && strcmp(get_str(x->old, "phase", ""), "Failed") != 0) x->st->jobs_failed++;
+    }
+    if (delete_pods(x, x->pods, false, err) < 0) return -1;
+    cJSON *s = status_base(x, "Failed", msg);
+    cJSON *conds = cJSON_GetObjectItemCaseSensitive(s, "conditions");
+    condition(conds, x->old, x->gen, "Created", true, "Created", "the job was accepted by the operator");
+    condition(conds, x->old, x->gen, "Planned", false, reason, msg);
+    condition(conds, x->old, x->gen, "Failed", true, reason, msg);
+    return write_status(x->k, x->job_path, s, err);
+}
+
+/* A planning thread works on the job: the status says so (condition Planned False, reason
+ * Planning). A live job keeps its phase, conditions and plan summary: its gang runs on the old
+ * plan until the new one is ready. Others are Created. */
+static int plan_pending(rec_ctx *x, const char *msg, err_t *err) {
+    const char *ph = get_str(x->old, "phase", "");
+    bool live = live_phase(ph);
+    cJSON *s = status_base(x, live ? ph : "Created", msg);
+    cJSON *conds = cJSON_GetObjectItemCaseSensitive(s, "conditions");
+    const cJSON *oc, *old_conds = live ? get(x->old, "conditions") : NULL;
+    bool planned = false;
+    if (!live) condition(conds, x->old, x->gen, "Created", true, "Created", "the job was accepted by the operator");
+    cJSON_ArrayForEach(oc, old_conds) {
+        if (strcmp(get_str(oc, "type", ""), "Planned") != 0) {
+            cJSON_AddItemToArray(conds, cJSON_Duplicate(oc, true));
+            continue;
+        }
+        condition(conds, x->old, x->gen, "Planned", false, "Planning", msg); /* in its place */
+        planned = true;
+    }
+    if (!planned) condition(conds, x->old, x->gen, "Planned", false, "Planning", msg);
+    if (live && get(x->old, "plan")) cJSON_AddItemToObject(s, "plan", cJSON_Duplicate(get(x->old, "plan"), true));
+    return write_status(x->k, x->job_path, s, err);
+}
+
+#define REC_PLAN_WAIT_S 0.25 /* how long the loop waits for a new plan before it moves on */
+
+/* The job planned for generation gen_s on GPUs fp, off the loop (planning.h). 1 with *tp, the
+ * finished task (its rc < 0: the job cannot be planned), owned by the pool unless *own; 0 while a
+ * planning thread works on it (the status says so; the pool queues the job again when it is
+ * done); -1 on an API error. Most plans take milliseconds and are waited for here. */
+static int obtain_plan(rec_ctx *x, const char *gen_s, const char *fp, plan_task **tp, bool *own, err_t *err) {
+    planning *pool = x->c->planner;
+    plan_task *t = xcalloc(1, sizeof *t);
+    t->budget_s = x->c->plan_timeout_s;
+    *tp = NULL, *own = false;
+    int prc = plan_prepare(x->k, x->c, x->job, x->nodes, t, err);
+    if (prc == -2) {
+        plan_task_free(t);
+        return -1;
+    }
+    if (prc < 0 || !pool) { /* the job's problem is known at once (or there is no pool) */
+        if (x->st) x->st->plans++;
+        if (prc < 0) t->rc = -1, snprintf(t->msg, sizeof t->msg, "%s", err->msg);
+        else plan_solve(t, NULL);
+        if (pool) planning_forget(pool, x->key); /* a planning for an older spec is of no use */
+        *tp = t, *own = true;
+        return 1;
+    }
+    char id[PLANNING_ID_MAX], msg[512];
+    snprintf(id, sizeof id, "%s|%s|%s", gen_s, fp, t->profile_rv);
+    snprintf(msg, sizeof msg, "%splanning globalBatch %ld on %d GPUs (strategy %s, at most %g s)",
+             live_phase(get_str(x->old, "phase", "")) ? "re-" : "", t->o.batch, t->in.cl.n_devices,
+             strategy_name(t->strat), t->budget_s);
+    void *done = NULL;
+    planning_state st = planning_get(pool, x->key, id, &done);
+    if (st == PLANNING_NONE) {
+        if (x->st) x->st->plans++;
+        planning_submit(pool, x->key, id, t, plan_solve, plan_task_free);
+        planning_wait(pool, x->key, REC_PLAN_WAIT_S);
+        st = planning_get(pool, x->key, id, &done);
+    } else {
+        plan_task_free(t); /* the pool has this one already, planned or being planned */
+    }
+    if (st != PLANNING_DONE) return plan_pending(x, msg, err) < 0 ? -1 : 0;
+    *tp = done;
+    return 1;
+}
+
 /* The plan to run: the ConfigMap's when it was made for this generation and these GPUs, else a
- * new one written there. 1 with x->plan_doc set; 0 when the job cannot be planned (its status is
- * written Failed, its pods deleted); -1 on an API error. */
+ * new one (obtain_plan) written there. 1 with x->plan_doc set; 0 when the job cannot be planned
+ * (its status is written Failed, its pods deleted) or is being planned; -1 on an API error. */
 static int current_plan(rec_ctx *x, err_t *err) {
     char gen_s[32], fp[64];
     const cJSON *cm = x->cm;
-    int rc = -1;
     snprintf(gen_s, sizeof gen_s, "%.0f", x->gen);
     inventory_fingerprint(x->nodes, x->spec, fp, sizeof fp);
     const cJSON *ann = get(get(cm, "metadata"), "annotations");
@@ -736,48 +889,31 @@ static int current_plan(rec_ctx *x, err_t *err) {
             x->estimated = cJSON_IsTrue(get(get(x->old, "plan"), "estimated"));
             return 1;
         }
-        log_msg("warning", "%s/%s: %s; planning again", x->ns, x->name, err->msg);
+        log_warn("%s/%s: %s; planning again", x->ns, x->name, err->msg);
     }
 
-    plan_out po;
-    if (x->st) x->st->plans++;
-    int prc = make_plan(x->k, x->c, x->job, x->nodes, &po, err);
-    if (prc == -2) goto out;
-    if (prc < 0) {
-        if (x->st) x->st->plan_failures++;
-        char msg[1100];
-        snprintf(msg, sizeof msg, "%s", err->msg);
-        /* the planner's hint for the CLI; the operator takes built-in names only */
-        char *hint = strstr(msg, " (or give a model file path)");
-        if (hint) *hint = '\0';
-        if (strcmp(get_str(x->old, "phase", ""), "Failed") != 0 || strcmp(get_str(x->old, "message", ""), msg) != 0) {
-            emit(x->k, x->job, "Warning", po.reason, msg);
-            if (x->st && strcmp(get_str(x->old, "phase", ""), "Failed") != 0) x->st->jobs_failed++;
-        }
-        if (delete_pods(x, x->pods, false, err) < 0) goto out;
-        cJSON *s = status_base(x, "Failed", msg);
-        cJSON *conds = cJSON_GetObjectItemCaseSensitive(s, "conditions");
-        condition(conds, x->old, x->gen, "Created", true, "Created", "the job was accepted by the operator");
-        condition(conds, x->old, x->gen, "Planned", false, po.reason, msg);
-        condition(conds, x->old, x->gen, "Failed", true, po.reason, msg);
-        rc = write_status(x->k, x->job_path, s, err) < 0 ? -1 : 0;
-        goto out;
+    plan_task *t;
+    bool own;
+    int rc = obtain_plan(x, gen_s, fp, &t, &own, err);
+    if (rc <= 0) return rc;
+    if (t->rc < 0) {
+        rc = plan_failed(x, t->out.reason, t->msg, err) < 0 ? -1 : 0;
+        goto out; /* the pool keeps the failure: nothing is planned again until the inputs change */
     }
+    const plan_out *po = &t->out;
+    rc = -1;
     /* a job with a gang (or one being started) restarts on the new plan; a suspended or failed
      * one is just planned */
-    const char *ph = get_str(x->old, "phase", "");
-    bool replan = cm_plan && (!strcmp(ph, "Planned") || !strcmp(ph, "Running") || !strcmp(ph, "Restarting"));
-    plan_id_of(x->gen, po.json, x->plan_id, sizeof x->plan_id);
-    x->estimated = po.estimated;
-    snprintf(x->notes, sizeof x->notes, "%s", po.notes);
-    snprintf(x->profile, sizeof x->profile, "%s", po.profile);
+    bool replan = cm_plan && live_phase(get_str(x->old, "phase", ""));
+    plan_id_of(x->gen, po->json, x->plan_id, sizeof x->plan_id);
+    x->estimated = po->estimated;
+    snprintf(x->notes, sizeof x->notes, "%s", po->notes);
+    snprintf(x->profile, sizeof x->profile, "%s", po->profile);
     const char *old_id = get_str(ann, REC_ANN_PLAN_ID, "");
-    if (write_configmap(x->k, x->job, cm, x->cm_name, po.json, &(cm_annotations){gen_s, fp, x->plan_id, po.notes}, err) < 0) {
-        free(po.json);
-        goto out;
-    }
-    x->plan_doc = json_parse(x->cm_name, po.json, strlen(po.json), err);
-    free(po.json);
+    if (write_configmap(x->k, x->job, cm, x->cm_name, po->json, &(cm_annotations){gen_s, fp, x->plan_id, po->notes}, err) < 0)
+        goto out; /* the pool keeps the plan for the retry */
+    x->plan_doc = json_parse(x->cm_name, po->json, strlen(po->json), err);
+    if (!own) planning_forget(x->c->planner, x->key); /* the ConfigMap has it now; t is gone */
     if (!x->plan_doc) goto out;
     if (!cm && x->st) x->st->jobs_created++;
     char ev[512];
@@ -791,11 +927,12 @@ static int current_plan(rec_ctx *x, err_t *err) {
         snprintf(x->why, sizeof x->why, "%s", ev);
     } else if (strcmp(old_id, x->plan_id) != 0) {
         snprintf(ev, sizeof ev, "planned %d GPUs, predicted %.2f samples/s (%.300s)", world, sps,
-                 *po.profile ? po.profile : "analytic estimates");
+                 *x->profile ? x->profile : "analytic estimates");
         emit(x->k, x->job, "Normal", "Planned", ev);
     }
     rc = 1;
 out:
+    if (own) plan_task_free(t);
     return rc;
 }
 
@@ -1112,8 +1249,10 @@ int rec_job(kube_client *k, const rec_config *c, const char *ns, const char *nam
     long status = 0;
     int rc = -1;
     if (st) st->reconciles++, st->requeue_s = 0;
+    snprintf(x.key, sizeof x.key, "%s/%s", ns, name);
     if (kube_path(x.job_path, sizeof x.job_path, REC_API_VERSION, ns, "cephalojobs", name, err) < 0) goto out;
     if (kube_get(k, x.job_path, &x.job, &status, err) < 0) {
+        if (status == 404) forget_plan(&x);
         rc = status == 404 ? 0 : -1;
         goto out;
     }
@@ -1122,10 +1261,12 @@ int rec_job(kube_client *k, const rec_config *c, const char *ns, const char *nam
     x.attempt = (int)get_num(x.old, "attempt", 0);
     snprintf(x.cm_name, sizeof x.cm_name, "%s-plan", name);
     if (get(get(x.job, "metadata"), "deletionTimestamp") || terminal(x.old)) {
+        forget_plan(&x);
         rc = 0; /* the garbage collector deletes the pods; a finished job keeps its pods' logs */
         goto out;
     }
     if (cJSON_IsTrue(get(x.spec, "suspend"))) {
+        forget_plan(&x);
         rc = suspend_job(&x, err);
         goto out;
     }

@@ -15,14 +15,20 @@
  * stops the whole gang; the next gang resumes from the checkpoint. After spec.backoffLimit
  * restarts the job is Failed (reason BackoffLimitExceeded) and stays so.
  *
- * A job that cannot be planned (unknown model, no matching GPUs, an invalid profile, infeasible)
- * gets phase Failed with the reason: that is an answer, not an error, and a change of the job or
- * of the Nodes plans it again. Errors (-1) are API failures: the caller retries later. */
+ * A job that cannot be planned (unknown model, no matching GPUs, an invalid profile, infeasible,
+ * or planning longer than rec_config.plan_timeout_s) gets phase Failed with the reason: that is an
+ * answer, not an error, and a change of the job or of the Nodes plans it again. Errors (-1) are
+ * API failures: the caller retries later.
+ *
+ * Plans are made on the threads of rec_config.planner (planning.h), never on the caller's: a plan
+ * not ready within a quarter of a second leaves the job saying it is being planned (condition
+ * Planned False, reason Planning), and the pool's on_done asks the caller to reconcile it again. */
 #ifndef CEPHALO_RECONCILE_H
 #define CEPHALO_RECONCILE_H
 
 #include "err.h"
 #include "kube.h"
+#include "planning.h"
 
 #define REC_API_VERSION "cephalo.dev/v1alpha1"
 #define REC_LABEL_JOB "cephalo.dev/job"
@@ -41,11 +47,13 @@ typedef struct rec_config {
     const char *worker_pull_policy; /* --worker-image-pull-policy, or NULL */
     const char *profile_cm; /* --profile-configmap NAMESPACE/NAME: profiles for every job, or NULL */
     double scrape_timeout_s; /* per worker /metrics request (progress in the status); 0: 1 s */
+    planning *planner; /* plans are made on its threads (planning.h); NULL: on the caller's */
+    double plan_timeout_s; /* --plan-timeout: a plan that takes longer fails (PlanningTimeout); 0: none */
 } rec_config;
 
 typedef struct rec_stats {
     long reconciles, errors, plans, plan_failures, pods_created, pods_deleted;
-    long jobs_created, jobs_succeeded, jobs_failed, gang_restarts, replans;
+    long jobs_created, jobs_succeeded, jobs_failed, gang_restarts, replans, plan_timeouts;
     double requeue_s; /* out: reconcile again after this many seconds (progress, a restart); 0: on events only */
 } rec_stats;
 

@@ -17,6 +17,7 @@
 #include "model.h"
 #include "plan.h"
 #include "profile_cmd.h"
+#include "profile_store.h"
 #include "run.h"
 #include "strutil.h"
 
@@ -148,10 +149,25 @@ static int write_plan_file(const plan *p, const char *path) {
     return EXIT_BAD_INPUT;
 }
 
+/* Refuses -o and --dump-costs when they name an input (the cluster, a model file, the profile or
+ * the profile store the plan reads) or each other: `-o c.yaml` must not replace the cluster file
+ * it was planned from. Checked before anything is loaded or written. */
+static int check_plan_outputs(const cli_opts *o) {
+    char store[PATH_LEN];
+    bool use_store = !o->profile && profile_store_path(store, sizeof store);
+    const file_arg ins[] = {{"--cluster", o->cluster}, {"--model", o->model}, {"--profile", o->profile},
+                            {"the profile store", use_store ? store : NULL}};
+    const file_arg outs[] = {{"-o", o->output}, {"--dump-costs", o->dump_costs}};
+    err_t err;
+    if (file_check_outputs(outs, 2, ins, 4, &err) == 0) return 0;
+    fprintf(stderr, "cephalo: %s\n", err.msg);
+    return EXIT_BAD_INPUT;
+}
+
 static int cmd_plan(int argc, char **argv, bool compare) {
     cli_opts o;
     int rc = parse_options(argc, argv, &o);
-    if (rc) return rc;
+    if (rc || (rc = check_plan_outputs(&o))) return rc;
     plan_inputs in;
     if ((rc = load_inputs(&o, &in))) {
         inputs_free(&in);
@@ -416,13 +432,35 @@ static int write_input(shard_sink *k, data_input *in, err_t *err) {
 }
 
 
+/* train_000000.bin, val_000012.bin, ...: the names data_text gives its shards (six digits or
+ * more). */
+static bool is_shard_name(const char *s) {
+    const char *p = !strncmp(s, "train_", 6) ? s + 6 : !strncmp(s, "val_", 4) ? s + 4 : NULL;
+    if (!p) return false;
+    size_t digits = strspn(p, "0123456789");
+    return digits >= 6 && !strcmp(p + digits, ".bin");
+}
+
+/* An input that is one of OUTDIR's shards would be replaced by this run's shards, or trained on
+ * with them: refused, symbolic links into OUTDIR included. */
+static int check_data_inputs(const char *outdir, char **files, int n_files, err_t *err) {
+    for (int i = 0; i < n_files; i++) {
+        char name[256];
+        if (strcmp(files[i], "-") && file_in_dir(files[i], outdir, name, sizeof name) && is_shard_name(name))
+            return err_set(err, "%s: this input is a shard of the output directory %s (%s), which this run "
+                                "writes; read it from elsewhere or give another -o",
+                           files[i], outdir, name);
+    }
+    return 0;
+}
+
 static int data_text(const char *outdir, long shard_tokens, double val_fraction, char **files, int n_files) {
     err_t err = {{0}};
     data_input *in = calloc((size_t)n_files, sizeof *in);
     shard_sink k = {.dir = outdir, .shard_tokens = shard_tokens};
     int rc = 0;
     if (!in) return data_fail("out of memory");
-    if (open_inputs(files, n_files, in, &err) < 0) {
+    if (check_data_inputs(outdir, files, n_files, &err) < 0 || open_inputs(files, n_files, in, &err) < 0) {
         rc = data_fail(err.msg);
         goto done;
     }
@@ -591,7 +629,7 @@ static int cmd_data(int argc, char **argv) {
 
 static const char run_usage[] =
     "usage: cephalo run JOB.yaml [--devices LIST] [--run-dir DIR] [--steps N] [--metrics-port BASE]\n"
-    "                            [--dry-run] [--quiet]\n"
+    "                            [--overwrite] [--dry-run] [--quiet]\n"
     "\n"
     "Plans the job on the local devices and trains it: one cephalo-worker per device, all stopped\n"
     "together when one fails or on Ctrl-C. The job file is described in docs/run.md.\n"
@@ -601,6 +639,8 @@ static const char run_usage[] =
     "  --run-dir DIR         plan.json, rank-R.log, rank-R.jsonl, summary.json (default runs/NAME)\n"
     "  --steps N             total steps, instead of the job's\n"
     "  --metrics-port BASE   rank R serves /metrics on port BASE+R, 0 = off (the job's metrics_port)\n"
+    "  --overwrite           start although the checkpoint directory holds checkpoints beyond the\n"
+    "                        starting step (another run's): they are deleted (docs/checkpoints.md)\n"
     "  --dry-run             plan and print each worker's command line, start nothing\n"
     "  --quiet               no plan table and no progress lines\n"
     "  -h, --help            this text\n"
@@ -608,11 +648,12 @@ static const char run_usage[] =
     "exit status: 0 done, 1 a worker failed, 2 bad input, 3 infeasible plan, 130 interrupted\n";
 
 static int cmd_run(int argc, char **argv) {
-    enum { O_DEVICES = 256, O_RUNDIR, O_STEPS, O_DRY, O_QUIET, O_MPORT };
+    enum { O_DEVICES = 256, O_RUNDIR, O_STEPS, O_DRY, O_QUIET, O_MPORT, O_OVERWRITE };
     static const struct option longopts[] = {{"devices", required_argument, 0, O_DEVICES}, {"run-dir", required_argument, 0, O_RUNDIR},
                                              {"steps", required_argument, 0, O_STEPS},     {"dry-run", no_argument, 0, O_DRY},
                                              {"quiet", no_argument, 0, O_QUIET},           {"help", no_argument, 0, 'h'},
                                              {"metrics-port", required_argument, 0, O_MPORT},
+                                             {"overwrite", no_argument, 0, O_OVERWRITE},
                                              {0, 0, 0, 0}};
     run_opts o = {0};
     optind = 1;
@@ -628,6 +669,7 @@ static int cmd_run(int argc, char **argv) {
             break;
         case O_DRY: o.dry_run = true; break;
         case O_QUIET: o.quiet = true; break;
+        case O_OVERWRITE: o.overwrite = true; break;
         case O_MPORT:
             if (!str_to_long(optarg, &o.metrics_port) || o.metrics_port < 0 || o.metrics_port > 65535)
                 return bad("run: --metrics-port: '%s' is not a port in 0..65535 (0 = off)", optarg);

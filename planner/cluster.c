@@ -229,9 +229,11 @@ static int parse_node_name(const yctx *y, const ynode *node, const char *base, c
     snprintf(path, sizeof path, "%s.name", base);
     if (ymap_require(y, node, base, "name", &v) < 0 || ynode_string(y, v, path, out) < 0)
         return -1;
+    /* bytes, not characters: a UTF-8 character takes 1 to 4 */
     if (strlen(*out) >= sizeof c->nodes[0].name)
-        return err_set(y->err, "%s:%d: %s: node name is longer than %zu characters", y->file,
-                       v->line, path, sizeof c->nodes[0].name - 1);
+        return err_set(y->err, "%s:%d: %s: node name is %zu bytes, longer than %zu (UTF-8 characters "
+                               "take 1 to 4 bytes each)",
+                       y->file, v->line, path, strlen(*out), sizeof c->nodes[0].name - 1);
     if (node_name_taken(c, *out))
         return err_set(y->err, "%s:%d: %s: duplicate node name '%s'", y->file, v->line, path,
                        *out);

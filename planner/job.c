@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <arpa/inet.h>
+#include <sys/socket.h>
 
 #include "gpu.h"
 #include "log.h"
@@ -158,6 +160,19 @@ static int parse_sizes(const yctx *y, const ynode *root, job *j) {
     return 0;
 }
 
+/* Workers of a local run serve /metrics on the loopback address unless the job says otherwise
+ * (a pod's serve on every address, for Prometheus). An IP address, as the worker takes it. */
+static int parse_metrics_addr(const yctx *y, const ynode *root, job *j) {
+    const char *addr = "127.0.0.1";
+    unsigned char buf[16];
+    if (get_string(y, root, "", "metrics_addr", &addr) < 0) return -1;
+    if (strlen(addr) >= sizeof j->metrics_addr || (inet_pton(AF_INET, addr, buf) != 1 && inet_pton(AF_INET6, addr, buf) != 1))
+        return err_set(y->err, "%s:%d: metrics_addr: '%.80s' is not an IP address (e.g. 127.0.0.1, 0.0.0.0 or ::)", y->file,
+                       ymap_get(root, "metrics_addr")->line, addr);
+    snprintf(j->metrics_addr, sizeof j->metrics_addr, "%s", addr);
+    return 0;
+}
+
 static int parse_inputs(const yctx *y, const ynode *root, const char *dir, job *j) {
     const char *data = "synthetic", *prof = NULL, *strat = NULL, *prec = NULL;
     if (get_string(y, root, "", "data", &data) < 0 || get_string(y, root, "", "profile", &prof) < 0 ||
@@ -176,7 +191,7 @@ static int parse_inputs(const yctx *y, const ynode *root, const char *dir, job *
     if (get_positive(y, root, "mem_cap", 1, &j->mem_cap) < 0 || get_positive(y, root, "comm_timeout", 86400, &j->comm_timeout) < 0 ||
         get_long(y, root, "", "metrics_port", 0, 65535, &j->metrics_port) < 0)
         return -1;
-    return 0;
+    return parse_metrics_addr(y, root, j);
 }
 
 /* The worker's defaults and ranges (docs/worker.md), so the launcher refuses what a worker would. */
@@ -200,13 +215,16 @@ static int parse_optimizer(const yctx *y, const ynode *root, job *j) {
 }
 
 static int parse_checkpoint(const yctx *y, const ynode *root, const char *dir, job *j) {
-    static const char *const keys[] = {"dir", "every", "resume", NULL};
+    static const char *const keys[] = {"dir", "every", "resume", "keep_last", "keep_every", NULL};
     const ynode *m = ymap_get(root, "checkpoint"), *d;
+    j->keep_last = 3;
     if (!m) return 0;
     const char *path, *resume = "auto";
     if (ymap_check_keys(y, m, "checkpoint", keys) < 0 || ymap_require(y, m, "checkpoint", "dir", &d) < 0 ||
         ynode_string(y, d, "checkpoint.dir", &path) < 0 || get_long(y, m, "checkpoint", "every", 1, MAX_STEPS, &j->ckpt_every) < 0 ||
-        get_string(y, m, "checkpoint", "resume", &resume) < 0)
+        get_string(y, m, "checkpoint", "resume", &resume) < 0 ||
+        get_long(y, m, "checkpoint", "keep_last", 0, MAX_STEPS, &j->keep_last) < 0 ||
+        get_long(y, m, "checkpoint", "keep_every", 0, MAX_STEPS, &j->keep_every) < 0)
         return -1;
     j->ckpt_dir = xstrdup(path);
     /* auto: continue from DIR/latest when there is one, so that running the job again after an
@@ -332,7 +350,7 @@ int job_set_devices(job *j, const char *spec, err_t *err) {
 
 static int parse_root(const yctx *y, const ynode *root, const char *dir, job *j) {
     static const char *const keys[] = {"name", "model", "data", "batch", "seq", "steps", "strategy", "seed", "mem_cap",
-                                       "precision", "profile", "optimizer", "checkpoint", "comm_timeout", "metrics_port", "devices",
+                                       "precision", "profile", "optimizer", "checkpoint", "comm_timeout", "metrics_port", "metrics_addr", "devices",
                                        NULL};
     if (ymap_check_keys(y, root, "document", keys) < 0) return -1;
     j->root_line = root->line;

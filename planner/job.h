@@ -52,9 +52,11 @@ typedef struct job {
     bool bf16; /* precision: bf16 (mixed) instead of fp32 */
     double comm_timeout; /* seconds */
     long metrics_port; /* rank r serves /metrics on metrics_port + r; 0: off (docs/metrics.md) */
+    char metrics_addr[64]; /* the address the workers listen on: 127.0.0.1 unless the file says */
     job_optimizer opt;
     char *ckpt_dir; /* as written (the run directory resolves it), or NULL: no checkpoints */
     long ckpt_every; /* 0: only at the end */
+    long keep_last, keep_every; /* retention (docs/checkpoints.md): default 3 and 0 */
     char *resume; /* "auto", a resolved checkpoint path, or NULL (a fresh start) */
     int n_items, n_devices; /* device items, and devices after each item's count */
     job_device *items;

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "clock.h"
 #include "log.h"
 
 /* ---- bitsets over batch sums 0..B ---- */
@@ -126,7 +127,17 @@ typedef struct search {
     int64_t *dp, *dp_pow, *dp_acc, *dp_tmp; /* [B+1] max-plus scratch */
     double lambda; /* the Lagrangian price per sample of the last room bound */
     long checks;
+    bool expired; /* the problem's deadline passed or it was cancelled: every loop gives up */
 } search;
+
+/* Whether the caller's limits stop the search (opt_problem.deadline_s, .cancel). Once true it
+ * stays true, so whatever a cut-short loop left behind is never taken for an answer. */
+static bool search_expired(search *s) {
+    const opt_problem *p = s->p;
+    if (!s->expired && ((p->cancel && *p->cancel) || (p->deadline_s > 0 && clock_now_s() >= p->deadline_s)))
+        s->expired = true;
+    return s->expired;
+}
 
 /* Largest l with l*t <= tau (and l <= cap), computed so that it agrees exactly with the
  * products the value sets hold. */
@@ -197,11 +208,13 @@ static bool room_guaranteed(const opt_problem *p, const room_bounds *sum) {
     return p->need_room <= 0 || sum->worst >= p->need_room;
 }
 
-/* dst = a (max,+) b over sums 0..B. */
-static void dp_conv(const search *s, int64_t *dst, const int64_t *a, const int64_t *b, int64_t *tmp) {
+/* dst = a (max,+) b over sums 0..B. Quadratic in B (seconds at B = 65536), so it looks at the
+ * limits every 256 rows; cut short, dst is left as it was and s->expired says so. */
+static void dp_conv(search *s, int64_t *dst, const int64_t *a, const int64_t *b, int64_t *tmp) {
     int B = s->p->batch;
     for (int i = 0; i <= B; i++) tmp[i] = NEG_ROOM;
     for (int i = 0; i <= B; i++) {
+        if ((i & 255) == 0 && search_expired(s)) return;
         if (a[i] == NEG_ROOM) continue;
         for (int j = 0; i + j <= B; j++)
             if (b[j] != NEG_ROOM && a[i] + b[j] > tmp[i + j]) tmp[i + j] = a[i] + b[j];
@@ -276,6 +289,7 @@ static double lagrange_room_bound(search *s) {
 
 static bool feasible(search *s, double tf, double tb) {
     const opt_problem *p = s->p;
+    if (search_expired(s)) return false;
     s->checks++;
     room_bounds room;
     if (!build_all_sets(s, tf, tb, &room)) return false;
@@ -292,7 +306,8 @@ static bool feasible(search *s, double tf, double tb) {
      * between the two does the exact (quadratic in B) dynamic program decide. */
     if (lagrange_room_bound(s) < (double)p->need_room - 1) return false;
     if (witness_room(s, tf, tb) >= p->need_room) return true;
-    return dp_max_room(s) >= p->need_room;
+    int64_t most = dp_max_room(s);
+    return !s->expired && most >= p->need_room;
 }
 
 /* ---- value sets ---- */
@@ -355,8 +370,9 @@ typedef enum { PICK_BALANCED, PICK_ROOMY, PICK_EXACT_ROOM } pick_mode;
 
 /* PICK_BALANCED: closest to the fair share. PICK_ROOMY: the most state room net of the
  * Lagrangian price lambda per sample (a witness for constraint III). PICK_EXACT_ROOM: balanced
- * among the batches with which the remaining ranks can still meet III (suffix max-plus tables). */
-static void choose_batches(search *s, double tf, double tb, pick_mode mode, int *batch) {
+ * among the batches with which the remaining ranks can still meet III (suffix max-plus tables).
+ * false (batch unset) when the search's limits cut the suffix tables short. */
+static bool choose_batches(search *s, double tf, double tb, pick_mode mode, int *batch) {
     const opt_problem *p = s->p;
     int N = s->n_ranks, B = p->batch;
     room_bounds room;
@@ -387,11 +403,12 @@ static void choose_batches(search *s, double tf, double tb, pick_mode mode, int 
             dp_conv(s, row, row + (B + 1), s->best_room[group_of[i]], s->dp_tmp);
         }
     }
-    int rem = B;
+    bool done = !(use_dp && s->expired);
+    int rem = done ? B : 0;
     int64_t room_so_far = 0;
     double cap_left = 0;
     for (int i = 0; i < N; i++) cap_left += maxb[group_of[i]];
-    for (int i = 0; i < N; i++) {
+    for (int i = 0; done && i < N; i++) {
         int gi = group_of[i];
         double target = rem * maxb[gi] / cap_left;
         int pick = -1;
@@ -426,13 +443,14 @@ static void choose_batches(search *s, double tf, double tb, pick_mode mode, int 
     free(dps);
     free(maxb);
     free(group_of);
+    return done;
 }
 
 /* Room of a split chosen rank by rank by room net of the Lagrangian price, each rank at its
  * roomiest microbatch for its batch: a lower bound of the best room, cheap to compute. */
 static int64_t witness_room(search *s, double tf, double tb) {
     int *batch = xmalloc((size_t)s->n_ranks * sizeof *batch);
-    choose_batches(s, tf, tb, PICK_ROOMY, batch);
+    CHECK(choose_batches(s, tf, tb, PICK_ROOMY, batch)); /* no room tables: never cut short */
     int64_t room = 0;
     for (int gi = 0, i = 0; gi < s->p->n_groups; gi++)
         for (int c = 0; c < s->p->groups[gi].count; c++, i++) room += s->best_room[gi][batch[i]];
@@ -509,8 +527,9 @@ static bool staircase(search *s, const values *vf, const values *vb, double *bes
     int fi = first_feasible(s, vf, 0, lastf, true, vb->v[lastb]);
     double best = INFINITY;
     int bi_hi = lastb;
-    while (fi >= 0) {
+    while (fi >= 0 && !s->expired) {
         int bi = first_feasible(s, vb, 0, bi_hi, false, vf->v[fi]);
+        if (s->expired) break; /* the searches' answers are no longer exact */
         CHECK(bi >= 0);
         if (vf->v[fi] + vb->v[bi] < best) {
             best = vf->v[fi] + vb->v[bi];
@@ -523,7 +542,7 @@ static bool staircase(search *s, const values *vf, const values *vb, double *bes
         if (next < 0 || vf->v[next] + vb->v[gmin] >= best) break;
         fi = next;
     }
-    return true;
+    return !s->expired;
 }
 
 static bool assignment_phases(const opt_problem *p, const int *batch, const int *micro, double *F, double *K);
@@ -550,7 +569,9 @@ int opt_solve(const opt_problem *p, opt_result *r) {
     if (ok) {
         r->batch = xcalloc((size_t)s.n_ranks, sizeof(int));
         r->micro = xcalloc((size_t)s.n_ranks, sizeof(int));
-        choose_batches(&s, tf, tb, PICK_EXACT_ROOM, r->batch);
+        ok = choose_batches(&s, tf, tb, PICK_EXACT_ROOM, r->batch);
+    }
+    if (ok) {
         /* room-first microbatches only when the quick sufficient test of III fails */
         room_bounds room;
         CHECK(build_all_sets(&s, tf, tb, &room));
@@ -564,10 +585,15 @@ int opt_solve(const opt_problem *p, opt_result *r) {
         r->objective = fmax(r->fwd_ms, p->fwd_floor) + fmax(r->bwd_ms, p->bwd_floor);
     }
     r->checks = s.checks;
+    bool expired = s.expired;
     free(vf.v);
     free(vb.v);
     search_free(&s);
-    return ok ? 0 : 1;
+    if (!ok) { /* cut short after the staircase: no assignment (the counts stay for the caller) */
+        free(r->batch), free(r->micro);
+        r->batch = r->micro = NULL;
+    }
+    return ok ? 0 : expired ? 2 : 1;
 }
 
 void opt_result_free(opt_result *r) {

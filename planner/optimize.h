@@ -30,6 +30,12 @@ typedef struct opt_problem {
     int64_t need_room; /* 0: no aggregate memory constraint */
     double upper_bound; /* > 0: only objectives below it are of interest (a plan from another
                            regime already reaches it); opt_solve reports 1 when none is */
+    /* Limits on the search (a caller with a time budget, e.g. the operator): give up once the
+     * monotonic clock (clock_now_s) reaches deadline_s (> 0), or once *cancel is non-zero. The
+     * feasibility tests and the quadratic room DP look at them, so the search stops within
+     * milliseconds; opt_solve then reports 2. Zero / NULL: no limit. */
+    double deadline_s;
+    const volatile int *cancel;
 } opt_problem;
 
 typedef struct opt_result {
@@ -40,7 +46,8 @@ typedef struct opt_result {
     long checks; /* feasibility tests run */
 } opt_result;
 
-/* 0: optimum found; 1: infeasible (or nothing below upper_bound). */
+/* 0: optimum found; 1: infeasible (or nothing below upper_bound); 2: gave up (deadline_s or
+ * cancel), r holds no assignment. */
 int opt_solve(const opt_problem *p, opt_result *r);
 void opt_result_free(opt_result *r);
 

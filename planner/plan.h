@@ -44,11 +44,22 @@ typedef struct plan {
     double iter_ms, samples_per_s, mfu;
     long checks; /* optimizer feasibility tests */
     double solve_ms; /* wall time of planning */
+    /* plan_make_limited's limits, handed to the optimizer, and whether they stopped it */
+    double deadline_s; /* monotonic clock_now_s(); 0: none */
+    const volatile int *cancel;
+    bool expired;
 } plan;
 
 /* Builds the plan of a strategy. Returns 0 with plan->feasible set either way (an infeasible plan
  * carries the reason); -1 only for internal errors. */
 int plan_make(const cost_model *cm, strategy s, plan *out, err_t *err);
+/* plan_make within a time budget, for callers that cannot wait for ever (the operator): gives up
+ * after budget_s seconds (> 0; 0: no budget) or as soon as *cancel (may be NULL) is non-zero.
+ * Returns 1 when it gave up, with the error naming the budget (or saying it was cancelled) and
+ * no plan in *out (nothing to free); otherwise as plan_make. Large batches on many GPUs are what
+ * takes long (the optimizer's exact room DP is quadratic in the batch). */
+int plan_make_limited(const cost_model *cm, strategy s, double budget_s, const volatile int *cancel,
+                      plan *out, err_t *err);
 void plan_free(plan *p);
 
 /* Prices a given assignment (batch and microbatch per rank) like the planner prices its own:

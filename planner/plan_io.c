@@ -41,6 +41,35 @@ static void print_header(const plan *p, FILE *f) {
             cm->opts.bf16 ? "bf16" : "fp32", cm->cl->n_devices, cm->cl->n_nodes, cost_source(cm));
 }
 
+/* Width of a UTF-8 string in code points (bytes that do not continue a character). An East Asian
+ * wide character (CJK, emoji) takes two terminal columns but counts as one here: telling them
+ * apart needs the Unicode width tables, and the cost is only a row set off by a column. */
+static int utf8_width(const char *s) {
+    int w = 0;
+    for (; *s; s++) w += ((unsigned char)*s & 0xC0) != 0x80;
+    return w;
+}
+
+/* s left-aligned in a column of `width` code points: printf's %-10s pads by bytes, which sets a
+ * row with multi-byte names off. The columns are as wide as their longest name (see
+ * plan_print_table), so nothing is ever cut, let alone inside a character. */
+static void print_cell(FILE *f, const char *s, int width) {
+    fputs(s, f);
+    for (int w = utf8_width(s); w < width; w++) fputc(' ', f);
+}
+
+/* The node and device columns: their header's minimum, widened to the longest name (node names
+ * are at most 63 bytes, device types 31). */
+static void name_widths(const plan *p, int *node_w, int *dev_w) {
+    const cost_model *cm = p->cm;
+    *node_w = 10, *dev_w = 12;
+    for (int i = 0; i < p->n_ranks; i++) {
+        int wn = utf8_width(cm->cl->nodes[cm->cl->devices[i].node].name), wd = utf8_width(rank_device(cm, i));
+        if (wn > *node_w) *node_w = wn;
+        if (wd > *dev_w) *dev_w = wd;
+    }
+}
+
 void plan_print_table(const plan *p, FILE *f) {
     const cost_model *cm = p->cm;
     print_header(p, f);
@@ -48,13 +77,18 @@ void plan_print_table(const plan *p, FILE *f) {
         fprintf(f, "infeasible: %s\n", p->reason);
         return;
     }
-    fprintf(f, "%4s  %-10s %-12s %5s %5s %4s %7s %9s %9s %9s %6s %9s %9s  %s\n", "rank", "node", "device", "batch",
-            "micro", "x", "state%", "state GiB", "comp GiB", "peak GiB", "use%", "fwd ms", "bwd ms", "costs");
+    int node_w, dev_w;
+    name_widths(p, &node_w, &dev_w);
+    fprintf(f, "%4s  %-*s %-*s %5s %5s %4s %7s %9s %9s %9s %6s %9s %9s  %s\n", "rank", node_w, "node", dev_w, "device",
+            "batch", "micro", "x", "state%", "state GiB", "comp GiB", "peak GiB", "use%", "fwd ms", "bwd ms", "costs");
     for (int i = 0; i < p->n_ranks; i++) {
         const plan_rank *r = &p->ranks[i];
         const cost_group *g = &cm->groups[cost_group_of(cm, i)];
-        fprintf(f, "%4d  %-10.10s %-12.12s %5d %5d %4d %6.2f%% %9.2f %9.2f %9.2f %5.1f%% %9.1f %9.1f  %s\n", i,
-                cm->cl->nodes[cm->cl->devices[i].node].name, rank_device(cm, i), r->batch, r->micro, r->micros,
+        fprintf(f, "%4d  ", i);
+        print_cell(f, cm->cl->nodes[cm->cl->devices[i].node].name, node_w);
+        fputc(' ', f);
+        print_cell(f, rank_device(cm, i), dev_w);
+        fprintf(f, " %5d %5d %4d %6.2f%% %9.2f %9.2f %9.2f %5.1f%% %9.1f %9.1f  %s\n", r->batch, r->micro, r->micros,
                 100 * r->state_ratio, r->state_bytes / GIB, r->compute_bytes / GIB, r->peak_bytes / GIB,
                 100 * r->peak_bytes / r->capacity_bytes, r->fwd_ms, r->bwd_ms, g->measured ? "measured" : "estimated");
     }

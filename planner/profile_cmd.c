@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "clock.h"
+#include "fileio.h"
 #include "inputs.h"
 #include "job.h"
 #include "log.h"
@@ -399,6 +400,13 @@ int profile_main(int argc, char **argv) {
     if (!o.out && !use_store) {
         job_free(&j);
         return bad("%s", "nothing to write: give -o FILE, or a profile store");
+    }
+    /* -o and the store (read, then rewritten) must not replace the model file or each other */
+    const file_arg ins[] = {{"--model", o.model}};
+    const file_arg outs[] = {{o.store ? "--store" : "the profile store", use_store ? store : NULL}, {"-o", o.out}};
+    if (file_check_outputs(outs, 2, ins, 1, &err) < 0) {
+        job_free(&j);
+        return bad("%s", err.msg);
     }
     char worker[PATH_LEN];
     if (run_find_worker(worker, false, &err) < 0) return job_free(&j), failed("%s", err.msg);

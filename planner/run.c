@@ -30,6 +30,8 @@
 #include <sys/prctl.h>
 #endif
 
+#include "ckpt_dir.h"
+#include "dirlock.h"
 #include "fileio.h"
 #include "inputs.h"
 #include "job.h"
@@ -73,6 +75,8 @@ typedef struct launch {
     char dir[DIR_LEN], worker[PATH_LEN];
     char *ckpt_dir; /* resolved against the run directory, or NULL */
     int world, port;
+    int lock_fd; /* the run directory's lock (dirlock.h), held to the end */
+    bool overwrite; /* cephalo run --overwrite: the workers' --overwrite */
     pid_t pgid; /* = the first worker's pid */
     worker *w;
     run_view view;
@@ -123,11 +127,21 @@ int run_free_port(err_t *err) {
     return ok ? ntohs(a.sin_port) : err_set(err, "cannot find a free TCP port on 127.0.0.1: %s", strerror(e));
 }
 
+/* One run at a time per run directory (the second would write over the first's plan, logs and
+ * checkpoints); then what killed runs left half-written goes. */
+static int lock_run_dir(launch *l, err_t *err) {
+    if (file_make_dir(l->dir, true, err) < 0) return -1;
+    if ((l->lock_fd = dir_lock(l->dir, "another cephalo run", err)) == -1) return -1;
+    int n = dir_clean_temps(l->dir);
+    if (n) fprintf(stderr, "cephalo run: %s: removed %d temporary file%s left by a killed run\n", l->dir, n, n == 1 ? "" : "s");
+    return 0;
+}
+
 /* The run directory holds the plan and the devices as a cluster file (to reproduce the plan with
  * `cephalo plan --cluster RUNDIR/cluster.yaml`). */
 static int write_run_dir(const launch *l, err_t *err) {
     char path[PATH_LEN];
-    if (file_make_dir(l->dir, true, err) < 0 || inputs_save_plan(l->p, in_dir(l, "plan.json", path), err) < 0) return -1;
+    if (inputs_save_plan(l->p, in_dir(l, "plan.json", path), err) < 0) return -1;
     char *yaml = job_cluster_yaml(l->j);
     int rc = file_write_atomic(in_dir(l, "cluster.yaml", path), yaml, strlen(yaml), err);
     free(yaml);
@@ -206,8 +220,14 @@ static strv worker_args(const launch *l, int rank) {
         strv_add(&s, "--ckpt-dir"), strv_add(&s, "%s", l->ckpt_dir);
         if (j->ckpt_every) strv_add(&s, "--ckpt-every"), strv_add(&s, "%ld", j->ckpt_every);
         if (j->resume) strv_add(&s, "--resume"), strv_add(&s, "%s", j->resume);
+        strv_add(&s, "--keep-last"), strv_add(&s, "%ld", j->keep_last);
+        if (j->keep_every) strv_add(&s, "--keep-every"), strv_add(&s, "%ld", j->keep_every);
+        if (l->overwrite) strv_add(&s, "--overwrite");
     }
-    if (j->metrics_port) strv_add(&s, "--metrics-port"), strv_add(&s, "%ld", j->metrics_port + rank);
+    if (j->metrics_port) {
+        strv_add(&s, "--metrics-port"), strv_add(&s, "%ld", j->metrics_port + rank);
+        strv_add(&s, "--metrics-addr"), strv_add(&s, "%s", j->metrics_addr);
+    }
     return s;
 }
 
@@ -342,8 +362,57 @@ static int running(const launch *l) {
     return n;
 }
 
-/* SIGTERM to the gang; SIGKILL after the grace period or at a further signal to the launcher.
- * Returns when every worker has exited. */
+/* Whether a worker that has not exited is stopped: /proc/PID/stat says 'T' (SIGSTOP, SIGTSTP) or
+ * 't' (a debugger). Such a process acts on no signal but SIGKILL until it is continued. */
+static bool stopped(const worker *w) {
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)w->pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return false;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    buf[n > 0 ? n : 0] = '\0';
+    const char *p = strrchr(buf, ')'); /* "PID (COMMAND) STATE ...": the command may hold anything */
+    return p && p[1] == ' ' && (p[2] == 'T' || p[2] == 't');
+}
+
+/* The rank that rank r's communicator blamed for stalling, from the last machine-readable line
+ * it wrote to rank-R.log: "cephalo-comm-failure rank=R origin=P cause=stalled" (docs/comm.md);
+ * -1 when it blamed none. */
+static int blamed_for_stall(const launch *l, int r) {
+    char path[PATH_LEN], line[256], cause[16];
+    FILE *f = fopen(rank_file(l, r, "log", path), "r");
+    if (!f) return -1;
+    off_t size = fseeko(f, 0, SEEK_END) == 0 ? ftello(f) : 0;
+    fseeko(f, size > 16384 ? size - 16384 : 0, SEEK_SET); /* its last lines */
+    int blamed = -1, rank, origin;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "cephalo-comm-failure rank=%d origin=%d cause=%15s", &rank, &origin, cause) == 3 && rank == r)
+            blamed = !strcmp(cause, "stalled") && origin >= 0 && origin < l->world ? origin : -1;
+    fclose(f);
+    return blamed;
+}
+
+/* When ranks failed while another is still running, the one that stopped answering, or -1: a
+ * stopped worker first, else the running rank the failed ranks' communicators blamed most. A rank
+ * that was only waiting for it fails and exits; the one that stopped (or hangs) does not. */
+static int stopped_answering(const launch *l) {
+    for (int r = 0; r < l->world; r++)
+        if (l->w[r].pid && !l->w[r].exited && stopped(&l->w[r])) return r;
+    int *votes = xcalloc((size_t)l->world, sizeof *votes), best = -1;
+    for (int r = 0; r < l->world; r++) {
+        int b = l->w[r].exited && (l->w[r].code || l->w[r].sig) ? blamed_for_stall(l, r) : -1;
+        if (b >= 0 && l->w[b].pid && !l->w[b].exited) votes[b]++;
+    }
+    for (int r = 0; r < l->world; r++)
+        if (votes[r] && (best < 0 || votes[r] > votes[best])) best = r;
+    free(votes);
+    return best;
+}
+
+/* SIGTERM to the gang; SIGKILL after the grace period or at a further signal to the launcher, and
+ * at once to a stopped worker (it would not act on SIGTERM before it is continued). Returns when
+ * every worker has exited. */
 static void stop_gang(launch *l) {
     if (!l->pgid) return;
     int signals = run_signals;
@@ -355,6 +424,8 @@ static void stop_gang(launch *l) {
             kill(-l->pgid, SIGKILL);
             killed = true;
         }
+        for (int r = 0; r < l->world && !killed; r++) /* not reaped: the pid is still the worker's */
+            if (l->w[r].pid && !l->w[r].exited && stopped(&l->w[r])) kill(l->w[r].pid, SIGKILL);
         nap();
     }
 }
@@ -404,11 +475,17 @@ static void describe_exit(const worker *w, char *buf, size_t n) {
 static int worker_failed(launch *l, int rank) {
     char how[96];
     describe_exit(&l->w[rank], how, sizeof how);
-    int others = running(l);
+    int others = running(l), stalled = others ? stopped_answering(l) : -1;
     view_end_line(&l->view);
-    fprintf(stderr, "cephalo run: rank %d (%s) failed (%s); ", rank, l->p->cm->cl->devices[rank].type, how);
-    if (others) fprintf(stderr, "stopping the other %d rank%s", others, others == 1 ? "" : "s");
-    else fprintf(stderr, "no other rank is running");
+    if (stalled >= 0) { /* the ranks failed waiting for it: it is the cause (docs/run.md) */
+        fprintf(stderr, "cephalo run: rank %d (%s) stopped answering (SIGSTOP'd or hung); the other ranks failed waiting for it "
+                        "(rank %d first: %s); stopping it", stalled, l->p->cm->cl->devices[stalled].type, rank, how);
+        if (others > 1) fprintf(stderr, " and %d other rank%s", others - 1, others == 2 ? "" : "s");
+    } else {
+        fprintf(stderr, "cephalo run: rank %d (%s) failed (%s); ", rank, l->p->cm->cl->devices[rank].type, how);
+        if (others) fprintf(stderr, "stopping the other %d rank%s", others, others == 1 ? "" : "s");
+        else fprintf(stderr, "no other rank is running");
+    }
     /* ranks that failed in the same moment, often of the same cause */
     char also[128] = "";
     int more = 0;
@@ -600,6 +677,7 @@ static int prepare(launch *l, const run_opts *o) {
     bool gpu = false;
     for (int i = 0; i < l->p->cm->cl->n_devices; i++) gpu |= l->p->cm->cl->devices[i].threads == 0;
     if (run_find_worker(l->worker, gpu, &err) < 0 && !o->dry_run) return fail(RUN_EXIT_FAILED, &err);
+    if (lock_run_dir(l, &err) < 0) return fail(RUN_EXIT_BAD_INPUT, &err);
     return write_run_dir(l, &err) < 0 ? fail(RUN_EXIT_BAD_INPUT, &err) : 0;
 }
 
@@ -616,16 +694,17 @@ int run_job(const run_opts *o) {
     plan p;
     memset(&in, 0, sizeof in);
     memset(&p, 0, sizeof p);
-    launch l = {.j = &j, .p = &p};
+    launch l = {.j = &j, .p = &p, .lock_fd = -1, .overwrite = o->overwrite};
     int rc = load_job(o, &j);
     if (!rc) rc = make_plan(&j, &in, &p, o->quiet);
     if (!rc) rc = prepare(&l, o);
     if (!rc && o->dry_run) print_dry_run(&l);
     else if (!rc) {
-        view_init(&l.view, &j, &p, l.dir, o->quiet);
+        view_init(&l.view, &j, &p, l.dir, l.ckpt_dir, o->quiet);
         rc = gang(&l);
         view_free(&l.view);
     }
+    dir_unlock(l.lock_fd);
     free(l.w);
     free(l.ckpt_dir);
     plan_free(&p);

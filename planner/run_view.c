@@ -18,6 +18,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "ckpt_dir.h"
 #include "fileio.h"
 #include "log.h"
 #include "strutil.h"
@@ -34,9 +35,9 @@ static const char *log_path(const run_view *v, int rank, char *buf) {
     return buf;
 }
 
-void view_init(run_view *v, const job *j, const plan *p, const char *dir, bool quiet) {
+void view_init(run_view *v, const job *j, const plan *p, const char *dir, const char *ckpt_dir, bool quiet) {
     memset(v, 0, sizeof *v);
-    *v = (run_view){.j = j, .p = p, .dir = dir, .quiet = quiet, .tty = isatty(2), .world = p->n_ranks, .t_start = clock_now_s()};
+    *v = (run_view){.j = j, .p = p, .dir = dir, .ckpt_dir = ckpt_dir, .quiet = quiet, .tty = isatty(2), .world = p->n_ranks, .t_start = clock_now_s()};
     v->r = xcalloc((size_t)v->world, sizeof *v->r);
     char summary[PATH_LEN];
     snprintf(summary, sizeof summary, "%s/summary.json", dir);
@@ -236,11 +237,32 @@ static void print_ranks(const run_view *v) {
     }
 }
 
+/* With no step run, the workers resumed from the newest complete checkpoint and wrote none: its
+ * step (and name), or the job's steps when there is none to read. */
+static long long resumed_step(const run_view *v, char *name, size_t n) {
+    ckpt_entry *e;
+    err_t err;
+    int k = v->ckpt_dir ? ckpt_dir_list(v->ckpt_dir, &e, &err) : 0;
+    long long step = v->j->steps;
+    snprintf(name, n, "?");
+    for (int i = 0; i < k; i++)
+        if (e[i].complete) {
+            step = e[i].step;
+            snprintf(name, n, "%s/%s", v->ckpt_dir, e[i].name);
+            break;
+        }
+    if (k > 0) free(e);
+    return step;
+}
+
 static void print_summary(const run_view *v, double sps, size_t from, double wall_s) {
     double pred = v->p->samples_per_s;
     if (!v->n_curve) {
-        printf("cephalo run: done: no step to run: the checkpoint resumed from was at step %ld already (raise --steps, "
-               "or start afresh with checkpoint.resume: never)\n", v->j->steps);
+        char name[PATH_LEN];
+        long long step = resumed_step(v, name, sizeof name);
+        printf("cephalo run: done: no step to run: the checkpoint resumed from (%s) is at step %lld, and the job has %ld steps "
+               "(raise --steps to train further, or start afresh with cephalo run --overwrite and checkpoint.resume: never)\n",
+               name, step, v->j->steps);
         return;
     }
     const view_point *last = &v->curve[v->n_curve - 1];
@@ -288,7 +310,8 @@ static cJSON *summary_json(const run_view *v, double sps, size_t from, double wa
     cJSON_AddNumberToObject(o, "batch", p->cm->batch);
     cJSON_AddNumberToObject(o, "seq", p->cm->seq);
     cJSON_AddNumberToObject(o, "steps", (double)v->j->steps);
-    cJSON_AddNumberToObject(o, "first_step", v->n_curve ? (double)v->curve[0].step : (double)v->j->steps);
+    char name[PATH_LEN];
+    cJSON_AddNumberToObject(o, "first_step", v->n_curve ? (double)v->curve[0].step : (double)resumed_step(v, name, sizeof name));
     cJSON_AddNumberToObject(o, "steps_run", (double)v->n_curve);
     cJSON_AddNumberToObject(o, "wall_s", wall_s);
     if (v->n_curve) cJSON_AddNumberToObject(o, "final_loss", v->curve[v->n_curve - 1].loss);

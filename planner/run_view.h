@@ -30,6 +30,7 @@ typedef struct run_view {
     const job *j;
     const plan *p;
     const char *dir;
+    const char *ckpt_dir; /* the workers' checkpoint directory, or NULL */
     bool quiet, tty, line_open;
     int world;
     view_rank *r;
@@ -44,7 +45,7 @@ typedef struct run_view {
 } run_view;
 
 /* Empties the ranks' logs (a rerun's view starts afresh) and opens them for reading. */
-void view_init(run_view *v, const job *j, const plan *p, const char *dir, bool quiet);
+void view_init(run_view *v, const job *j, const plan *p, const char *dir, const char *ckpt_dir, bool quiet);
 /* Reads what the workers appended since the last call. */
 void view_poll(run_view *v);
 /* The progress line on stderr: at most once a second and only when a step was finished (force:

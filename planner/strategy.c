@@ -217,33 +217,63 @@ static bool any_empty_group(const regime_problem *rp) {
     return false;
 }
 
+/* opt_solve under the plan's limits (plan_make_limited); notes in the plan when they stopped it. */
+static int solve_limited(plan *p, opt_problem *prob, opt_result *res) {
+    prob->deadline_s = p->deadline_s;
+    prob->cancel = p->cancel;
+    int rc = opt_solve(prob, res);
+    if (rc == 2) p->expired = true;
+    return rc;
+}
+
 /* Solves one regime; returns its total (objective + exposed collectives) or INFINITY, also
  * when it cannot beat `beat` (the other regime's total). */
-static double solve_regime(const cost_model *cm, int mcap, int max_micros, bool uneven, double beat, opt_result *res,
+static double solve_regime(plan *p, int mcap, int max_micros, bool uneven, double beat, opt_result *res,
                            long *checks) {
+    const cost_model *cm = p->cm;
     regime_problem rp;
     build_problem(cm, &rp, mcap, max_micros, true, uneven);
     if (isfinite(beat)) rp.prob.upper_bound = fmax(beat - cost_exposed_ms(cm, uneven), 1e-300);
     double total = INFINITY;
-    if (!any_empty_group(&rp) && opt_solve(&rp.prob, res) == 0) total = res->objective + cost_exposed_ms(cm, uneven);
+    if (!any_empty_group(&rp) && solve_limited(p, &rp.prob, res) == 0) total = res->objective + cost_exposed_ms(cm, uneven);
     *checks += res->checks;
     free_problem(&rp);
     return total;
 }
 
+/* What could make one sample fit on a device, for this model and precision only: a ViT has no
+ * --seq (its tokens come from the image and patch size, which a model file sets), a sequence of 1
+ * cannot shrink, and a bf16 plan is bf16 already. "A, B, or C" / "A or B". */
+static const char *fit_hint(const cost_model *cm, char *buf, size_t n) {
+    char shrink[64];
+    const char *items[3];
+    int k = 0;
+    if (cm->model->arch == ARCH_VIT)
+        snprintf(shrink, sizeof shrink, "a model file with image: below %d", cm->model->image), items[k++] = shrink;
+    else if (cm->seq > 1)
+        items[k++] = "shorter --seq";
+    if (!cm->opts.bf16) items[k++] = "--precision bf16";
+    items[k++] = "leave this device out";
+    if (k == 1) snprintf(buf, n, "%s", items[0]);
+    else if (k == 2) snprintf(buf, n, "%s or %s", items[0], items[1]);
+    else snprintf(buf, n, "%s, %s, or %s", items[0], items[1], items[2]);
+    return buf;
+}
+
 /* Explains why no plan exists: a device that cannot run one sample, or a state too large. */
 static int explain_infeasible(plan *p, int mcap) {
     const cost_model *cm = p->cm;
-    char who[128], a[32], b[32], c[32], d[32];
+    char who[128], a[32], b[32], c[32], d[32], hint[160];
     double room_sum = 0;
     for (int i = 0; i < p->n_ranks; i++) {
         const cost_group *g = &cm->groups[cost_group_of(cm, i)];
         double need = (double)cost_compute_bytes(g, 1);
         if (need > g->usable_bytes) {
             describe_rank(cm, i, who, sizeof who);
-            return infeasible(p, "%s: compute memory at microbatch 1 is %s but only %s is usable (%.2f x %s); %s missing (shorter --seq, bf16, or leave this device out)",
+            return infeasible(p, "%s: compute memory at microbatch 1 is %s but only %s is usable (%.2f x %s); %s missing (%s)",
                               who, str_bytes(need, a, sizeof a), str_bytes(g->usable_bytes, b, sizeof b), cm->opts.mem_cap,
-                              str_bytes(g->dev->memory_bytes, c, sizeof c), str_bytes(need - g->usable_bytes, d, sizeof d));
+                              str_bytes(g->dev->memory_bytes, c, sizeof c), str_bytes(need - g->usable_bytes, d, sizeof d),
+                              fit_hint(cm, hint, sizeof hint));
         }
         room_sum += g->usable_bytes - need;
     }
@@ -257,11 +287,10 @@ static int explain_infeasible(plan *p, int mcap) {
 }
 
 static int make_optimized(plan *p, int mcap) {
-    const cost_model *cm = p->cm;
     opt_result even = {0}, uneven = {0};
     /* even first: the uneven regime then only searches below it (ties go to even shards) */
-    double t_even = solve_regime(cm, mcap, 0, false, INFINITY, &even, &p->checks);
-    double t_uneven = solve_regime(cm, mcap, 0, true, t_even, &uneven, &p->checks);
+    double t_even = solve_regime(p, mcap, 0, false, INFINITY, &even, &p->checks);
+    double t_uneven = solve_regime(p, mcap, 0, true, t_even, &uneven, &p->checks);
     int rc = 0;
     if (!isfinite(t_even) && !isfinite(t_uneven)) {
         rc = explain_infeasible(p, mcap);
@@ -329,7 +358,7 @@ static int make_cb(plan *p) {
     build_problem(cm, &rp, cm->batch, 1, false, false);
     opt_result res = {0};
     int rc = 0;
-    if (opt_solve(&rp.prob, &res) != 0) {
+    if (solve_limited(p, &rp.prob, &res) != 0) {
         rc = infeasible(p, "no split of batch %d without accumulation", cm->batch);
     } else {
         for (int i = 0; i < p->n_ranks; i++) p->ranks[i].batch = p->ranks[i].micro = res.batch[i];
@@ -360,9 +389,15 @@ int plan_evaluate(const cost_model *cm, const int *batch, const int *micro, plan
 }
 
 int plan_make(const cost_model *cm, strategy s, plan *out, err_t *err) {
-    (void)err;
+    return plan_make_limited(cm, s, 0, NULL, out, err);
+}
+
+int plan_make_limited(const cost_model *cm, strategy s, double budget_s, const volatile int *cancel,
+                      plan *out, err_t *err) {
     double t0 = clock_now_ms();
     plan_alloc(out, cm, s);
+    out->deadline_s = budget_s > 0 ? t0 / 1e3 + budget_s : 0;
+    out->cancel = cancel;
     int rc = 0;
     switch (s) {
     case STRAT_CEPHALO: rc = make_optimized(out, INT32_MAX); break;
@@ -373,5 +408,14 @@ int plan_make(const cost_model *cm, strategy s, plan *out, err_t *err) {
     default: CHECK(!"unknown strategy");
     }
     out->solve_ms = clock_now_ms() - t0;
-    return rc;
+    if (!out->expired) return rc;
+    /* a plan found before the limit stopped another regime's search need not be the optimum */
+    double took_s = out->solve_ms / 1e3;
+    plan_free(out);
+    if (cancel && *cancel)
+        err_set(err, "planning was cancelled after %.1f s", took_s);
+    else
+        err_set(err, "planning exceeded its time budget of %g s (global batch %d on %d devices)", budget_s,
+                cm->batch, cm->cl->n_devices);
+    return 1;
 }

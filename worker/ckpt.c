@@ -107,7 +107,7 @@ int ckpt_read_model(const st_file *f, model_spec *m, err_t *err) {
 }
 
 /* The checkpoint's model must be the one being trained, field by field. */
-static int check_model(const st_file *f, const model_spec *want, err_t *err) {
+int ckpt_check_model(const st_file *f, const model_spec *want, err_t *err) {
     model_spec got;
     if (ckpt_read_model(f, &got, err) < 0) return -1;
     cJSON *a = model_to_json(&got), *b = model_to_json(want);
@@ -120,7 +120,7 @@ static int check_model(const st_file *f, const model_spec *want, err_t *err) {
         free(sa), free(sb);
     }
     cJSON_Delete(a), cJSON_Delete(b);
-    return same ? 0 : -1;
+    return same ? 0 : RESUME_OTHER_MODEL;
 }
 
 static int read_step(const st_file *f, int64_t *step, err_t *err) {
@@ -177,12 +177,15 @@ static int load_state(trainer *t, ckpt_set *set, err_t *err) {
 }
 
 int trainer_resume(trainer *t, const char *path, err_t *err) {
-    ckpt_set *set = ckpt_set_open(path, &t->cfg.model, err);
-    if (!set) return -1;
+    bool other_model = false;
+    ckpt_set *set = ckpt_set_open(path, &t->cfg.model, &other_model, err);
+    if (!set) return other_model ? RESUME_OTHER_MODEL : -1;
     const st_file *f = ckpt_set_first(set, err);
     int64_t step = 0;
     int rc = -1;
-    if (!f || read_step(f, &step, err) < 0 || check_model(f, &t->cfg.model, err) < 0) goto out;
+    if (!f || read_step(f, &step, err) < 0) goto out;
+    if ((rc = ckpt_check_model(f, &t->cfg.model, err)) < 0) goto out;
+    rc = -1;
     if (step != ckpt_set_step(set)) {
         err_set(err, "%s: step %lld, but the checkpoint's index says %lld", st_label(f),
                 (long long)step, (long long)ckpt_set_step(set));

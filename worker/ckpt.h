@@ -13,14 +13,18 @@
 cJSON *train_config_json(const train_config *c);
 /* The model spec a checkpoint (or dump) carries in its "cephalo.model" metadata, validated. */
 int ckpt_read_model(const st_file *f, model_spec *m, err_t *err);
+/* 0 when the checkpoint (or dump) file f holds model `want`, else RESUME_OTHER_MODEL with a
+ * message naming both models (or -1 when f has no readable model). */
+int ckpt_check_model(const st_file *f, const model_spec *want, err_t *err);
 /* Renders compactly and frees the object. */
 char *json_to_string_free(cJSON *o);
 
 /* ---- a checkpoint as pieces (ckpt_set.c) ---- */
 typedef struct ckpt_set ckpt_set;
 /* path: a checkpoint file (whole units, or one rank's slices), a sharded step directory, or its
- * index.json. The pieces must tile every unit of model m exactly. */
-ckpt_set *ckpt_set_open(const char *path, const model_spec *m, err_t *err);
+ * index.json. The pieces must tile every unit of model m exactly. A checkpoint of another model
+ * is named as such (*other_model set, when given), not as a tiling error. */
+ckpt_set *ckpt_set_open(const char *path, const model_spec *m, bool *other_model, err_t *err);
 /* The first piece (opened): its metadata describes the checkpoint. */
 const st_file *ckpt_set_first(ckpt_set *s, err_t *err);
 int64_t ckpt_set_step(const ckpt_set *s);

@@ -161,7 +161,30 @@ static int open_piece(ckpt_set *s, piece *p, err_t *err) {
     return rc;
 }
 
-ckpt_set *ckpt_set_open(const char *path, const model_spec *m, err_t *err) {
+/* A sharded checkpoint of another model fails the index's checks (unit counts, slices beyond a
+ * unit) before any file is read: when rank 0's file holds another model, that is the reason to
+ * give. */
+static void diagnose_model(const char *dir, const model_spec *m, bool *other_model, err_t *err) {
+    char name[64], path[1200];
+    ckpt_shard_name(0, name, sizeof name);
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    st_file *f;
+    err_t why;
+    if (st_open(&f, path, &why) < 0) return;
+    if (ckpt_check_model(f, m, &why) == RESUME_OTHER_MODEL) {
+        *err = why;
+        if (other_model) *other_model = true;
+    }
+    st_close(f);
+}
+
+static int open_step_dir(ckpt_set *s, const char *dir, const model_spec *m, bool *other_model, err_t *err) {
+    int rc = open_index(s, dir, err);
+    if (rc < 0) diagnose_model(dir, m, other_model, err);
+    return rc;
+}
+
+ckpt_set *ckpt_set_open(const char *path, const model_spec *m, bool *other_model, err_t *err) {
     ckpt_set *s = xcalloc(1, sizeof *s);
     s->label = xstrdup(path);
     set_units(s, m);
@@ -169,11 +192,11 @@ ckpt_set *ckpt_set_open(const char *path, const model_spec *m, err_t *err) {
     size_t len = strlen(path);
     int rc;
     if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
-        rc = open_index(s, path, err);
+        rc = open_step_dir(s, path, m, other_model, err);
     } else if (len > 11 && !strcmp(path + len - 11, "/index.json")) {
         char *dir = xstrdup(path);
         dir[len - 11] = 0;
-        rc = open_index(s, dir, err);
+        rc = open_step_dir(s, dir, m, other_model, err);
         free(dir);
     } else {
         piece *p = add_piece(s, path);

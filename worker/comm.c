@@ -126,7 +126,9 @@ static void fail_request(comm *c, comm_req *r) {
     r->rc = -1;
     if (!c->broken) {
         /* the first failure: say where, break the communicator, and tell the peers by closing
-         * the connections, so the failure reaches every rank at once instead of by timeouts */
+         * the connections, so the failure reaches every rank at once instead of by timeouts (the
+         * socket backend has told its neighbours why already, in abort frames that name the rank
+         * the failure started at: comm_socket.c) */
         err_prefix(&r->err, "rank %d: %s%s%s", c->cfg.rank, comm_op_name(r->op), r->what[0] ? " of " : "", r->what);
         c->first_err = r->err;
         c->broken = true;

@@ -21,8 +21,12 @@
  *    block and clobbers the rest of buf.
  *  - Timeouts: no operation blocks longer than timeout_s without progress. A peer that dies
  *    (connection closed) fails the operation at once; a peer that stalls fails it after the
- *    timeout. After the first failure the communicator is broken: every later operation fails
+ *    timeout (and a grace of at most a quarter of it, to ask the peer). After the first failure the communicator is broken: every later operation fails
  *    immediately with the first error. So a failure anywhere reaches every rank in bounded time.
+ *    The socket backend also tells every rank where the failure started: a stalled peer is named
+ *    as "rank P stopped answering" on every rank, not only on its neighbours, and each failing rank
+ *    writes one machine-readable line to stderr, "cephalo-comm-failure rank=R origin=P
+ *    cause=stalled|closed|failed", that launchers read (docs/comm.md, "Abort frames").
  *  - Results are identical on every rank (allreduce reduces each element in one fixed order and
  *    distributes it), and deterministic from run to run for a given world size.
  *  - With world 1 nothing touches the network: every operation completes at once.

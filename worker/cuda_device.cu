@@ -182,8 +182,8 @@ static void *must_malloc(device *d, size_t bytes, const char *what) {
         p = try_malloc(bytes);
     }
     if (!p) {
-        fprintf(stderr, "%s:%d: rank %d: out of GPU memory for %zu bytes of %s\n", __FILE__,
-                __LINE__, d->rank, bytes, what);
+        fprintf(stderr, "%s:%d: rank %d: out of GPU memory for %zu bytes of %s during %s\n",
+                __FILE__, __LINE__, d->rank, bytes, what, d->context[0] ? d->context : "setup");
         abort();
     }
     return p;

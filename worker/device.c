@@ -116,11 +116,24 @@ void dev_free_table(device *d) {
     d->alloc_table = NULL;
 }
 
+/* Ends s (cut by vsnprintf to size - 1 bytes) after its last whole word, with "...", so that an OOM
+ * message never shows half a word; a single over-long word is cut before a UTF-8 character. */
+static void cut_at_word(char *s, size_t size) {
+    size_t keep = size - 4; /* room for "..." and the NUL */
+    size_t at = keep;
+    while (at > 0 && s[at] != ' ') at--; /* s[at] == ' ': s[0..at) ends with a whole word */
+    if (at == 0)
+        for (at = keep; at > 0 && ((unsigned char)s[at] & 0xC0) == 0x80; at--) {}
+    while (at > 0 && s[at - 1] == ' ') at--;
+    memcpy(s + at, "...", 4);
+}
+
 void dev_set_context(device *d, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(d->context, sizeof d->context, fmt, ap);
+    int n = vsnprintf(d->context, sizeof d->context, fmt, ap);
     va_end(ap);
+    if (n >= (int)sizeof d->context) cut_at_word(d->context, sizeof d->context);
 }
 
 /* The CUDA device lives in cephalo-worker-cuda only (worker/cuda_device.cu); the CPU binaries

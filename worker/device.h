@@ -181,6 +181,8 @@ typedef enum {
     DEV_MATMUL_BF16 = 2  /* operands rounded to bf16, fp32 accumulation (bf16 mixed precision) */
 } dev_matmul;
 
+#define DEV_CONTEXT_LEN 128
+
 struct device {
     const dev_ops *ops;
     int rank;
@@ -189,7 +191,10 @@ struct device {
     int64_t capacity; /* bytes; 0 = unlimited */
     int64_t cur_bytes, peak_bytes;
     int64_t n_allocs; /* live allocations */
-    char context[64]; /* what is being computed ("block.3 forward"); names OOM errors */
+    /* what is being computed ("block.3 forward"); names OOM errors. Room for the longest context
+     * the trainer sets, "set-up of unit N (a shard of N of its N parameters)" with 64-bit counts
+     * (under 100 bytes); dev_set_context ends a longer one at a whole word. */
+    char context[DEV_CONTEXT_LEN];
     err_t err; /* the last allocation error */
     void *impl; /* the device kind's state */
     void *alloc_table; /* dev_alloc's pointer -> size table (device.c) */
@@ -223,7 +228,9 @@ void *dev_alloc(device *d, size_t bytes, const char *what);
 void dev_free(device *d, void *p);
 /* Releases the allocator's table; device close functions call it. */
 void dev_free_table(device *d);
-/* Sets the context that out-of-memory errors name (printf-style). */
+/* Sets the context that out-of-memory errors name (printf-style). One longer than
+ * DEV_CONTEXT_LEN - 1 bytes is cut after its last whole word (never inside a word or a UTF-8
+ * character) and ends with "...". */
 void dev_set_context(device *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Shorthands. */

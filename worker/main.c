@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "ckpt.h"
+#include "ckpt_resume.h"
 #include "comm.h"
 #include "dump.h"
 #include "fileio.h"
@@ -94,9 +95,18 @@ static const char usage_text[] =
     "  --accumulate layered|per-micro  gradient accumulation: every unit gathered and reduced\n"
     "                       once per step (layered, default) or once per microbatch\n"
     "  --sync-micro         finish each microbatch's compute before queueing the next\n"
-    "  --ckpt-dir DIR       write checkpoints there (step_NNNNNNNN.safetensors + 'latest')\n"
+    "  --ckpt-dir DIR       write checkpoints there (step_NNNNNNNN.safetensors + 'latest'); one\n"
+    "                       training at a time per directory (DIR/.lock)\n"
     "  --ckpt-every N       checkpoint every N steps (default: only at the end)\n"
-    "  --resume FILE|auto   continue from a checkpoint ('auto': DIR/latest when it exists)\n"
+    "  --keep-last N        keep the newest N checkpoints in DIR, 0 = all (default 3)\n"
+    "  --keep-every K       also keep every checkpoint whose step is a multiple of K\n"
+    "  --resume WHAT        continue from a checkpoint: 'auto' (the newest complete one in\n"
+    "                       --ckpt-dir, if any), a checkpoint, a checkpoint directory (its\n"
+    "                       newest), DIR/latest, or 'none' (start afresh; the default)\n"
+    "  --overwrite          allow writing over checkpoints in --ckpt-dir beyond the starting\n"
+    "                       step (another run's): they are deleted at the start\n"
+    "  --diverge-steps N    stop (exit 1) when the loss stays above 2 x ln(vocabulary) for N\n"
+    "                       steps in a row: diverged; 0 = never (default 20)\n"
     "  --log FILE           JSON lines: one object per step\n"
     "  --dump DIR           oracle dump for tests (docs/worker-model.md)\n"
     "  --quiet              no progress lines\n"
@@ -108,8 +118,10 @@ static const char usage_text[] =
     "profile, profile-comm: what `cephalo profile` runs (docs/profile.md).\n";
 
 typedef struct worker_opts {
-    const char *plan, *model, *ckpt_dir, *resume, *log, *dump, *metrics_addr;
+    const char *plan, *model, *log, *dump, *metrics_addr;
     long batch, micro, seq, ckpt_every, metrics_port; /* metrics_port -1: not given */
+    long diverge_steps;
+    ckpt_opts ck; /* --ckpt-dir, --resume, --overwrite, --keep-last, --keep-every */
     bool quiet, have_threads, have_memory, have_gpu;
     const char *device, *precision;
     train_config cfg;
@@ -155,7 +167,7 @@ static int parse_train(int argc, char **argv, worker_opts *o) {
     enum { O_PLAN = 256, O_MODEL, O_BATCH, O_MICRO, O_SEQ, O_DATA, O_STEPS, O_LR, O_MINLR,
            O_WARMUP, O_WD, O_B1, O_B2, O_EPS, O_CLIP, O_SEED, O_THREADS, O_MEMORY, O_CKDIR,
            O_CKEVERY, O_RESUME, O_LOG, O_DUMP, O_QUIET, O_DEVICE, O_GPU, O_PRECISION, O_OFFLOAD,
-           O_ACCUM, O_SYNCMICRO, O_MPORT, O_MADDR };
+           O_ACCUM, O_SYNCMICRO, O_MPORT, O_MADDR, O_OVERWRITE, O_KEEPLAST, O_KEEPEVERY, O_DIVERGE };
     static const struct option longopts[] = {
         {"plan", 1, 0, O_PLAN},       {"model", 1, 0, O_MODEL},     {"batch", 1, 0, O_BATCH},
         {"microbatch", 1, 0, O_MICRO}, {"seq", 1, 0, O_SEQ},        {"data", 1, 0, O_DATA},
@@ -169,6 +181,8 @@ static int parse_train(int argc, char **argv, worker_opts *o) {
         {"precision", 1, 0, O_PRECISION}, {"offload", 1, 0, O_OFFLOAD},
         {"accumulate", 1, 0, O_ACCUM}, {"sync-micro", 0, 0, O_SYNCMICRO},
         {"metrics-port", 1, 0, O_MPORT}, {"metrics-addr", 1, 0, O_MADDR},
+        {"overwrite", 0, 0, O_OVERWRITE}, {"keep-last", 1, 0, O_KEEPLAST},
+        {"keep-every", 1, 0, O_KEEPEVERY}, {"diverge-steps", 1, 0, O_DIVERGE},
         {"help", 0, 0, 'h'},          {0, 0, 0, 0}};
     train_config *c = &o->cfg;
     optind = 1;
@@ -199,9 +213,13 @@ static int parse_train(int argc, char **argv, worker_opts *o) {
             o->have_threads = true;
             break;
         case O_MEMORY: rc = size_arg("--memory", optarg, &c->memory_bytes), o->have_memory = true; break;
-        case O_CKDIR: o->ckpt_dir = optarg; break;
+        case O_CKDIR: o->ck.dir = optarg; break;
         case O_CKEVERY: rc = integer("--ckpt-every", optarg, 1, 1L << 40, &o->ckpt_every); break;
-        case O_RESUME: o->resume = optarg; break;
+        case O_RESUME: o->ck.resume = optarg; break;
+        case O_OVERWRITE: o->ck.overwrite = true; break;
+        case O_KEEPLAST: rc = integer("--keep-last", optarg, 0, 1L << 40, &o->ck.keep.keep_last); break;
+        case O_KEEPEVERY: rc = integer("--keep-every", optarg, 0, 1L << 40, &o->ck.keep.keep_every); break;
+        case O_DIVERGE: rc = integer("--diverge-steps", optarg, 0, 1L << 40, &o->diverge_steps); break;
         case O_LOG: o->log = optarg; break;
         case O_DUMP: o->dump = optarg; break;
         case O_QUIET: o->quiet = true; break;
@@ -230,6 +248,8 @@ static int parse_train(int argc, char **argv, worker_opts *o) {
         if (rc) return rc;
     }
     if (optind < argc) return bad("unexpected argument '%s'", argv[optind]);
+    if (o->ck.resume && !strcmp(o->ck.resume, "auto") && !o->ck.dir) return bad("%s", "--resume auto needs --ckpt-dir");
+    if (o->ck.overwrite && !o->ck.dir) return bad("%s", "--overwrite is about the checkpoints in --ckpt-dir; give --ckpt-dir");
     return 0;
 }
 
@@ -325,20 +345,14 @@ static void log_step(FILE *f, const trainer *t, const step_stats *st) {
 
 /* ---- checkpoints ---- */
 
-/* --resume auto: DIR/latest names the checkpoint, if there is one. */
-static int resume_path(const worker_opts *o, char *out, size_t n, err_t *err) {
-    if (strcmp(o->resume, "auto")) return snprintf(out, n, "%s", o->resume), 1;
-    if (!o->ckpt_dir) return err_set(err, "--resume auto needs --ckpt-dir");
-    char latest[1024], name[256] = "";
-    snprintf(latest, sizeof latest, "%s/latest", o->ckpt_dir);
-    FILE *f = fopen(latest, "r");
-    if (!f) return 0; /* nothing to resume: a fresh start */
-    bool ok = fgets(name, sizeof name, f) != NULL;
-    fclose(f);
-    name[strcspn(name, "\n")] = 0;
-    if (!ok || !*name || strchr(name, '/')) return err_set(err, "%s: does not name a checkpoint", latest);
-    snprintf(out, n, "%s/%s", o->ckpt_dir, name);
-    return 1;
+/* Diverged: the loss above twice that of guessing uniformly among the model's outputs (a fresh
+ * model starts near ln(outputs)) for `limit` steps in a row (docs/worker.md). */
+static bool diverged(const trainer *t, double loss, long limit, long *run, double *bound) {
+    const model_spec *m = &t->cfg.model;
+    int outputs = m->arch == ARCH_VIT ? m->n_classes : m->vocab;
+    *bound = 2 * log(outputs > 1 ? outputs : 2);
+    *run = loss > *bound ? *run + 1 : 0;
+    return limit > 0 && *run >= limit;
 }
 
 /* ---- train ---- */
@@ -347,13 +361,13 @@ static int resume_path(const worker_opts *o, char *out, size_t n, err_t *err) {
 static int stop_now(trainer *t, const worker_opts *o, metrics *m, bool saved) {
     err_t err;
     const char *why = stop_signal == SIGINT ? "SIGINT" : stop_signal ? "SIGTERM" : "a peer's SIGTERM";
-    if (o->ckpt_dir && !saved) {
-        if (ckpt_save_step(t, o->ckpt_dir, &err) < 0) return fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_RUNTIME;
+    if (o->ck.dir && !saved) {
+        if (ckpt_checkpoint(t, &o->ck, &err) < 0) return fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_RUNTIME;
         metrics_checkpoint(m, t->step);
     }
     metrics_fail(m, "stopped on request");
     fprintf(stderr, "cephalo-worker: rank %d: stopped after step %lld on %s%s\n", t->cfg.rank, (long long)t->step,
-            why, o->ckpt_dir ? ", with a checkpoint of that step" : " (no --ckpt-dir: nothing saved)");
+            why, o->ck.dir ? ", with a checkpoint of that step" : " (no --ckpt-dir: nothing saved)");
     return EXIT_STOPPED;
 }
 
@@ -362,6 +376,8 @@ static int run_training(trainer *t, const worker_opts *o, FILE *log, dumper *dp,
     double total_ms = 0;
     int64_t first = t->step, last_print = -1;
     time_t last_time = 0;
+    long above = 0;
+    double bound;
     t->stop_request = &stop_signal;
     training = 1;
     while (t->step < t->cfg.steps) {
@@ -379,6 +395,13 @@ static int run_training(trainer *t, const worker_opts *o, FILE *log, dumper *dp,
                     (long long)st.step, st.loss);
             return EXIT_RUNTIME;
         }
+        if (diverged(t, st.loss, o->diverge_steps, &above, &bound)) {
+            metrics_fail(m, "the loss diverged");
+            fprintf(stderr, "cephalo-worker: step %lld: the loss diverged: %.4g, above %.2f (twice the loss of a uniform guess) "
+                    "for %ld steps in a row; stopping (lower --lr, keep --clip on; --diverge-steps 0 turns this check off)\n",
+                    (long long)st.step, st.loss, bound, above);
+            return EXIT_RUNTIME;
+        }
         total_ms += st.step_ms;
         metrics_record_step(m, t, &st);
         if (log) log_step(log, t, &st);
@@ -388,8 +411,8 @@ static int run_training(trainer *t, const worker_opts *o, FILE *log, dumper *dp,
             progress(t, &st, total_ms / (double)(t->step - first));
             last_time = now, last_print = st.step;
         }
-        bool ckpt = o->ckpt_dir && ((o->ckpt_every && t->step % o->ckpt_every == 0) || t->step == t->cfg.steps);
-        if (ckpt && ckpt_save_step(t, o->ckpt_dir, &err) < 0) return fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_RUNTIME;
+        bool ckpt = o->ck.dir && ((o->ckpt_every && t->step % o->ckpt_every == 0) || t->step == t->cfg.steps);
+        if (ckpt && ckpt_checkpoint(t, &o->ck, &err) < 0) return fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_RUNTIME;
         if (ckpt) metrics_checkpoint(m, t->step);
         if (t->stop_agreed && t->step < t->cfg.steps) return stop_now(t, o, m, ckpt); /* the last step: done anyway */
     }
@@ -400,21 +423,23 @@ static int run_training(trainer *t, const worker_opts *o, FILE *log, dumper *dp,
 static int train_rank(worker_opts o) {
     int rc = 0;
     err_t err;
-    if (o.ckpt_dir && file_make_dir(o.ckpt_dir, true, &err) < 0) return bad("--ckpt-dir: %s", err.msg);
+    if (o.ck.dir && file_make_dir(o.ck.dir, true, &err) < 0) return bad("--ckpt-dir: %s", err.msg);
     trainer *t = trainer_new(&o.cfg, &err);
     if (!t) return fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_BAD_INPUT;
-    char path[1200];
-    if (o.resume) {
-        int have = resume_path(&o, path, sizeof path, &err);
-        if (have < 0 || (have && trainer_resume(t, path, &err) < 0)) {
-            trainer_free(t);
-            return fprintf(stderr, "cephalo-worker: --resume: %s\n", err.msg), EXIT_BAD_INPUT;
-        }
-        if (have && !o.quiet) fprintf(stderr, "resumed from %s at step %lld\n", path, (long long)t->step);
+    int lock = -1;
+    if ((rc = ckpt_start(t, &o.ck, o.quiet, &lock, &err)) < 0) {
+        trainer_free(t);
+        ckpt_finish(lock);
+        fprintf(stderr, "cephalo-worker: %s%s\n", rc == CKPT_REFUSED ? "" : "resume: ", err.msg);
+        return rc == CKPT_REFUSED ? EXIT_BAD_INPUT : EXIT_RUNTIME;
     }
+    if (t->step >= t->cfg.steps) /* said even when quiet: the run does nothing */
+        fprintf(stderr, "cephalo-worker: nothing to train: the checkpoint resumed from is at step %lld, and --steps is %lld "
+                "(raise --steps to train further)\n", (long long)t->step, (long long)t->cfg.steps);
     FILE *log = o.log ? fopen(o.log, t->step > 0 ? "a" : "w") : NULL;
     if (o.log && !log) {
         trainer_free(t);
+        ckpt_finish(lock);
         return bad("--log %s: %s", o.log, strerror(errno));
     }
     dumper *dp = o.dump ? dump_open(t, o.dump, &err) : NULL;
@@ -446,11 +471,12 @@ static int train_rank(worker_opts o) {
     if (log) fclose(log);
     metrics_free(m);
     trainer_free(t);
+    ckpt_finish(lock);
     return rc;
 }
 
 static int cmd_train(int argc, char **argv) {
-    worker_opts o = {.metrics_port = -1};
+    worker_opts o = {.metrics_port = -1, .diverge_steps = 20, .ck.keep.keep_last = 3};
     train_config_defaults(&o.cfg);
     int rc = parse_train(argc, argv, &o);
     if (rc || (rc = resolve_job(&o))) return train_config_release(&o.cfg), rc;

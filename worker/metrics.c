@@ -273,6 +273,15 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     return reply_text(c, MHD_HTTP_NOT_FOUND, "not found (try /metrics or /healthz)\n");
 }
 
+/* libmicrohttpd's URL decoding, except that a URL holding "%00" stays as it came: decoded, the
+ * NUL would end the C string the handler compares, and "/metrics%00x" would answer as
+ * "/metrics". Left escaped, it matches no path and answers 404. */
+static size_t unescape_no_nul(void *cls, struct MHD_Connection *c, char *s) {
+    (void)cls, (void)c;
+    if (strstr(s, "%00")) return strlen(s);
+    return MHD_http_unescape(s);
+}
+
 /* A listening socket on addr:port, or -1 with the reason. */
 static int listen_on(const char *addr, int port, int *bound, err_t *err) {
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
@@ -310,7 +319,7 @@ int metrics_serve(metrics *m, const char *addr, int port, err_t *err) {
     /* one internal thread polls every connection; a stuck client times out instead of holding it */
     m->daemon = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD, 0, NULL, NULL, handle, m,
                                  MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_CONNECTION_TIMEOUT, 10u,
-                                 MHD_OPTION_END);
+                                 MHD_OPTION_UNESCAPE_CALLBACK, unescape_no_nul, NULL, MHD_OPTION_END);
     if (!m->daemon) {
         close(fd);
         return err_set(err, "metrics: libmicrohttpd could not start on %s port %d", addr, bound);

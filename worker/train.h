@@ -146,6 +146,9 @@ void trainer_get_grads(trainer *t, int unit, float *out);
 /* Checkpoints (ckpt.c): safetensors with each unit's parameters and AdamW moments, the step and
  * the configuration; written atomically, validated on load, bit-exact resume. */
 int trainer_save(trainer *t, const char *path, err_t *err);
+/* -1: the checkpoint cannot be read or is damaged; RESUME_OTHER_MODEL (-2): it is sound but of
+ * another model (the message names both). */
+#define RESUME_OTHER_MODEL (-2)
 int trainer_resume(trainer *t, const char *path, err_t *err);
 
 #endif

@@ -65,6 +65,10 @@ check "memCap 0 is refused (exclusive minimum)" 1 "spec.memCap: Invalid value" -
 check "model with both name and inline is refused" 1 "spec.model" -- bad '{model: {name: gpt2-124m, inline: {base: gpt2-124m}}}'
 check "gpus.maxGPUs 0 is refused" 1 "spec.gpus.maxGPUs: Invalid value" -- bad '{gpus: {maxGPUs: 0}}'
 check "a checkpoint without dir is refused" 1 "spec.checkpoint.dir: Required value" -- bad '{checkpoint: {every: 10}}'
+check "checkpoint.keepLast -1 is refused, naming the field" 1 "spec.checkpoint.keepLast: Invalid value: -1" -- \
+  bad '{checkpoint: {dir: ckpt, keepLast: -1}}'
+check "checkpoint.keepEvery -5 is refused, naming the field" 1 "spec.checkpoint.keepEvery: Invalid value: -5" -- \
+  bad '{checkpoint: {dir: ckpt, keepEvery: -5}}'
 check "metricsPort 70000 is refused" 1 "spec.metricsPort: Invalid value" -- bad '{metricsPort: 70000}'
 check "no bad job was stored" 0 "" -- bash -c '! kubectl get cephalojob bad 2>/dev/null'
 
@@ -79,6 +83,7 @@ want = {'precision': 'fp32', 'seed': 1, 'memCap': 0.8, 'backoffLimit': 3, 'suspe
                       'eps': 1e-08, 'clip': 1}}
 bad = {k: (s.get(k), v) for k, v in want.items() if s.get(k) != v}
 assert s['checkpoint']['resume'] == 'auto', s['checkpoint']
+assert s['checkpoint']['keepLast'] == 3 and s['checkpoint']['keepEvery'] == 0, s['checkpoint']
 assert 'minLr' not in s['optimizer']
 print('defaults ok' if not bad else f'differ (got, want): {bad}')
 PY

@@ -4,10 +4,11 @@
 # Discovery labels and allocatable nvidia.com/gpu; there is no scheduler or kubelet, so worker pods
 # stay Pending until the test writes their status. Checks: the plan ConfigMap, the headless worker
 # Service, one pinned Pod per GPU with its env and ownerReferences, the job status; jobs that
-# cannot run get Failed with the reason and the operator keeps going; a spec fix re-plans; a
-# restarted operator (taking the Lease over) creates no duplicate pods; a second operator at the
-# same time stays a standby. Everything started is
-# stopped on exit.
+# cannot run get Failed with the reason and the operator keeps going; a spec fix re-plans; a plan
+# longer than --plan-timeout fails the job (PlanningTimeout) while other jobs are planned meanwhile;
+# worker pods carry the checkpoint retention flags; log lines (the watch loop's warnings too) carry
+# the timestamp and level; a restarted operator (taking the Lease over) creates no duplicate pods;
+# a second operator at the same time stays a standby. Everything started is stopped on exit.
 set -u
 cd "$(dirname "$0")/../.."
 . tests/cli/lib.sh
@@ -53,7 +54,7 @@ phase_is() { [ "$(jp cephalojob "$1" '{.status.phase}')" = "$2" ]; }
 
 start_op() { # POD_NAME
   POD_NAME=$1 "$OP" --kubeconfig "$KUBECONFIG" --metrics-addr "127.0.0.1:$port" --log-level info \
-    --worker-image registry.test/cephalo-worker:1 --worker-image-pull-policy IfNotPresent \
+    --worker-image registry.test/cephalo-worker:1 --worker-image-pull-policy IfNotPresent --plan-timeout 6s \
     --leader-elect=true --leader-election-namespace default --leader-election-id cephalo-operator \
     --leader-election-lease-duration 6s --leader-election-renew-deadline 4s \
     --leader-election-retry-period 1s >>"$dir/op-$1.log" 2>&1 &
@@ -68,6 +69,28 @@ check "a bad log level is refused" 2 "--log-level" -- "$OP" --log-level=loud
 check "no configuration is a clear error" 2 "no cluster configuration" -- \
   env -u KUBECONFIG -u KUBERNETES_SERVICE_HOST "$OP"
 check "a missing kubeconfig names the file" 2 "$dir/nope.yaml" -- "$OP" --kubeconfig "$dir/nope.yaml"
+check "a bad --plan-timeout is refused" 2 "--plan-timeout: 'never' is not a duration" -- "$OP" --plan-timeout never
+check "a bad --plan-workers is refused" 2 "--plan-workers: expected an integer 1..64, got '0'" -- "$OP" --plan-workers 0
+
+# ---- log lines: "TIME LEVEL text", the watch loop's warnings too ---------------------------------
+# an API server that is not there: every watch fails and warns before it retries
+dead=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+sed "s#https://127.0.0.1:[0-9]*#https://127.0.0.1:$dead#" "$KUBECONFIG" >"$dir/dead.kubeconfig"
+"$OP" --kubeconfig "$dir/dead.kubeconfig" --metrics-addr 0 --leader-elect=false >"$dir/dead.log" 2>&1 &
+dead_pid=$!
+wait_for 20 grep -q 'retrying in' "$dir/dead.log"
+kill "$dead_pid" 2>/dev/null; wait "$dead_pid" 2>/dev/null
+check "a watch warning carries the timestamp and the level, like every other line" 0 "log ok" -- \
+  python3 - "$dir/dead.log" <<'PY'
+import re, sys
+lines = open(sys.argv[1]).read().splitlines()
+form = re.compile(r'^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ (debug|info|warn|error) \S')
+assert lines and not [l for l in lines if not form.match(l)], lines
+w = [l for l in lines if ' watch /' in l and 'retrying in' in l]
+assert w and all(l.split(' ')[1] == 'warn' for l in w), lines
+print('log ok')
+PY
+check "a start-up error is a timestamped error line" 2 " error --log-level: expected debug" -- "$OP" --log-level=loud
 
 # ---- the cluster: the CRD and fake GPU nodes -----------------------------------------------------
 K apply -f crds/cephalojobs.cephalo.dev.yaml >/dev/null 2>&1
@@ -145,6 +168,7 @@ for r in plan['ranks']:
     assert s['hostname'] == 'tiny-%d' % r['rank'] and s['subdomain'] == 'tiny'
     assert c['resources']['limits'] == {'nvidia.com/gpu': '1'}, c['resources']
     assert c['image'] == 'registry.test/cephalo-worker:1' and c['args'][0] == 'train', c
+    assert '--keep-last' not in c['args'] and '--ckpt-dir' not in c['args'], c['args'] # no checkpoint
     env = {e['name']: e['value'] for e in c['env']}
     want = {'RANK': str(r['rank']), 'WORLD_SIZE': '3', 'MASTER_ADDR': 'tiny-0.tiny.default.svc',
             'MASTER_PORT': '29500', 'CEPHALO_PLAN': '/etc/cephalo/plan.json',
@@ -228,6 +252,51 @@ assert "a fixed spec is re-planned (generation 2)" wait_for 20 bash -c \
   '[ "$(kubectl get cephalojob nomodel -o jsonpath="{.status.phase} {.status.observedGeneration}")" = "Planned 2" ]'
 check "... and gets its pods" 0 "3" -- bash -c 'kubectl get pods -l cephalo.dev/job=nomodel -o name | wc -l'
 
+# ---- planning off the reconcile loop, within --plan-timeout (6s here) ----------------------------
+# gpt-1.3b at globalBatch 65536 on the three main GPUs takes over 40 s to plan exactly; a small job
+# created meanwhile is planned at once, and the big one fails with PlanningTimeout after 6 s
+cat >"$dir/slow.yaml" <<'EOF'
+apiVersion: cephalo.dev/v1alpha1
+kind: CephaloJob
+metadata: {name: slowplan}
+spec: {model: {name: gpt-1.3b}, seqLen: 1024, globalBatch: 65536, steps: 1, gpus: {nodeSelector: {pool: main}}}
+EOF
+cat >"$dir/quick.yaml" <<'EOF'
+apiVersion: cephalo.dev/v1alpha1
+kind: CephaloJob
+metadata: {name: quick}
+spec: {model: {name: gpt2-124m}, seqLen: 128, globalBatch: 8, steps: 1, gpus: {nodeSelector: {pool: main}, maxGPUs: 1}}
+EOF
+planned_reason() { jp cephalojob "$1" '{.status.phase} {.status.conditions[?(@.type=="Planned")].status} {.status.conditions[?(@.type=="Planned")].reason}'; }
+metric() { curl -fsS "$M/metrics" | awk -v m="$1" '$1 == m {print $2}'; }
+K apply -f "$dir/slow.yaml" >/dev/null
+assert "a job being planned says so (Created, Planned False, reason Planning)" wait_for 20 bash -c \
+  '[ "$(kubectl get cephalojob slowplan -o jsonpath="{.status.phase} {.status.conditions[?(@.type==\"Planned\")].reason}")" = "Created Planning" ]'
+check "... with what is planned and the budget" 0 "planning globalBatch 65536 on 3 GPUs (strategy cephalo, at most 6 s)" -- \
+  jp cephalojob slowplan '{.status.message}'
+K apply -f "$dir/quick.yaml" >/dev/null
+assert "a job created meanwhile is planned without waiting for it" wait_for 20 phase_is quick Planned
+check "... while the first is still being planned" 0 "Created False Planning" -- planned_reason slowplan
+check "... on a planning thread (cephalo_operator_plans_in_progress 1)" 0 "1" -- metric cephalo_operator_plans_in_progress
+assert "a plan longer than --plan-timeout -> Failed" wait_for 30 phase_is slowplan Failed
+check "... Planned False with reason PlanningTimeout" 0 "Failed False PlanningTimeout" -- planned_reason slowplan
+check "... the message names the budget and suggests a smaller batch or a coarser plan" 0 \
+  "planning exceeded its time budget of 6 s (global batch 65536 on 3 devices); a smaller spec.globalBatch, fewer GPUs (spec.gpus.maxGPUs) or a coarser plan (spec.strategy fsdp or whale" -- \
+  jp cephalojob slowplan '{.status.message}'
+check "... a Warning event says so" 0 "PlanningTimeout" -- \
+  K get events --field-selector involvedObject.name=slowplan,type=Warning -o jsonpath='{.items[*].reason}'
+plans_before=$(metric cephalo_operator_plans_total)
+rec_before=$(metric cephalo_operator_reconciles_total)
+K annotate cephalojob slowplan cephalo.test/poke=1 >/dev/null # a watch event: reconcile now
+reconciled_since() { [ "$(metric cephalo_operator_reconciles_total)" -gt "$1" ]; }
+wait_for 20 reconciled_since "$rec_before"
+sleep 0.5
+check "a timed-out job is not planned again while its spec and GPUs stay" 0 \
+  "$plans_before 0 1" -- bash -c "echo \$(curl -fsS $M/metrics | awk '/^cephalo_operator_(plans_total|plans_in_progress|plan_timeouts_total) / {v[\$1] = \$2} END {print v[\"cephalo_operator_plans_total\"], v[\"cephalo_operator_plans_in_progress\"], v[\"cephalo_operator_plan_timeouts_total\"]}')"
+K patch cephalojob slowplan --type merge -p '{"spec":{"globalBatch":24}}' >/dev/null
+assert "... a smaller globalBatch plans it (Planned)" wait_for 20 bash -c \
+  '[ "$(kubectl get cephalojob slowplan -o jsonpath="{.status.phase} {.status.conditions[?(@.type==\"Planned\")].reason}")" = "Planned Planned" ]'
+
 # ---- an unknown GPU product, node selectors, the examples ----------------------------------------
 cat >"$dir/odd.yaml" <<'EOF'
 apiVersion: cephalo.dev/v1alpha1
@@ -239,6 +308,7 @@ spec:
   seqLen: 128
   steps: 1
   image: registry.test/custom:2
+  checkpoint: {dir: /shared/odd, every: 5}
   gpus: {allowedProducts: [NVIDIA-Future-GPU], nodeSelector: {pool: odd}}
 EOF
 K apply -f "$dir/odd.yaml" >/dev/null
@@ -246,6 +316,9 @@ assert "an unknown GPU product is planned from its gpu.memory label" wait_for 20
 check "... marked estimated, with a note, on its node" 0 "node gpu-c: unknown GPU product NVIDIA-Future-GPU planned from its gpu.memory label" -- \
   jp cephalojob odd '{.status.plan.estimated} {.status.plan.ranks[0].node} {.status.message}'
 check "spec.image overrides --worker-image" 0 "registry.test/custom:2" -- jp pod odd-0 '{.spec.containers[0].image}'
+check "a checkpoint without keepLast/keepEvery: the CRD's defaults in the worker's args" 0 \
+  "--ckpt-dir /shared/odd --ckpt-every 5 --keep-last 3 --keep-every 0 --resume auto" -- bash -c \
+  "kubectl get pod odd-0 -o jsonpath='{.spec.containers[0].args}' | tr -d '[]\"' | tr ',' ' '"
 
 # a spec change under existing pods re-plans and restarts the gang on the new plan: the old pod is
 # deleted first (no kubelet here: the test finishes the graceful deletion as a kubelet would), then
@@ -321,11 +394,21 @@ K apply -f examples/jobs/cephalojob-gpt-mixed.yaml -f examples/jobs/cephalojob-l
 assert "example gpt2-mixed is planned on the L4 and A10G GPUs" wait_for 20 phase_is gpt2-mixed Planned
 check "... with data and checkpoint claims mounted" 0 "fineweb-tokens cephalo-checkpoints" -- \
   jp pod gpt2-mixed-2 '{.spec.volumes[1].persistentVolumeClaim.claimName} {.spec.volumes[2].persistentVolumeClaim.claimName}'
+check "... and its checkpoint retention (keepLast 3, keepEvery 1000) in every worker's args" 0 "retention ok" -- bash -c \
+  "kubectl get pods -l cephalo.dev/job=gpt2-mixed -o json | python3 -c '
+import json, sys
+pods = json.load(sys.stdin)[\"items\"]
+assert len(pods) == 3, len(pods)
+for p in pods:
+    a = p[\"spec\"][\"containers\"][0][\"args\"]
+    i = a.index(\"--ckpt-dir\")
+    assert a[i:i + 8] == [\"--ckpt-dir\", \"/checkpoints/gpt2-mixed\", \"--ckpt-every\", \"500\", \"--keep-last\", \"3\", \"--keep-every\", \"1000\"], a
+print(\"retention ok\")'"
 assert "example llama-bf16 (a node pool nobody has) -> Failed" wait_for 20 phase_is llama-bf16 Failed
 assert "example bert-suspended -> Suspended, no pods" wait_for 20 bash -c \
   '[ "$(kubectl get cephalojob bert-suspended -o jsonpath={.status.phase})" = Suspended ] && [ -z "$(kubectl get pods -l cephalo.dev/job=bert-suspended -o name)" ]'
 curl -fsS "$M/metrics" >"$dir/op-metrics.txt" 2>&1
-check "the operator's /metrics counts reconciles and pods" 0 "cephalo_operator_pods_created_total 16" -- cat "$dir/op-metrics.txt"
+check "the operator's /metrics counts reconciles and pods" 0 "cephalo_operator_pods_created_total 20" -- cat "$dir/op-metrics.txt"
 check "... re-plans of live jobs, and a reconcile-time histogram" 0 "metrics ok" -- python3 - "$dir/op-metrics.txt" <<'PY'
 import re, sys
 t = open(sys.argv[1]).read()

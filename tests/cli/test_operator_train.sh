@@ -228,7 +228,9 @@ print('%d logs ok' % len(logs))
 PY
 ck=$dir/kl/pvc/ckpt/tiny
 check "the checkpoint claim holds the last checkpoint: 3 rank shards and an index" 0 "ckpt ok" -- bash -c \
-  "last=\$(printf 'step_%08d' $STEPS); grep -q \"\$last\" '$ck/latest' && ls '$ck'/\$last/rank-0000{0,1,2}.safetensors '$ck'/\$last/index.json >/dev/null && ls -d '$ck'/step_00000100 >/dev/null && echo ckpt ok"
+  "last=\$(printf 'step_%08d' $STEPS); grep -q \"\$last\" '$ck/latest' && ls '$ck'/\$last/rank-0000{0,1,2}.safetensors '$ck'/\$last/index.json >/dev/null && echo ckpt ok"
+check "retention: the newest 3 checkpoints are kept (keepLast's default), older ones deleted" 0 "200 300 400" -- \
+  bash -c "ls '$ck' | grep -Eo '^step_[0-9]+' | sed 's/step_0*//' | sort -n | tr '\n' ' '"
 assert "no worker process is left" bash -c "[ -z \"\$(ls '$dir'/kl/pids/)\" ]"
 
 # ---- a long job: progress in the status, a killed worker and the gang restart, suspend ----------

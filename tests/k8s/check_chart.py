@@ -115,13 +115,14 @@ def main():
         a = c['args']
         for want in ('--metrics-addr=:8080', '--leader-elect=true', f'--leader-election-namespace={NS}',
                      '--leader-election-id=cephalo-operator', '--log-level=info',
-                     '--worker-image=ghcr.io/cephalo/cephalo-worker:0.1.0'):
+                     '--worker-image=ghcr.io/cephalo/cephalo-worker:0.1.0', '--plan-timeout=30s',
+                     '--plan-workers=2'):
             assert want in a, f'missing {want} in {a}'
         assert not any(x.startswith('--namespace') for x in a), 'watchNamespace "" must not pass --namespace'
         assert not any(x.startswith('--profile-configmap') for x in a), 'profileConfigMap "" passes no flag'
         env = {e['name']: e['valueFrom']['fieldRef']['fieldPath'] for e in c['env']}
         assert env == {'POD_NAME': 'metadata.name', 'POD_NAMESPACE': 'metadata.namespace'}, env
-    check('Deployment: leader election and metrics flags, POD_NAME/POD_NAMESPACE from the downward API', args)
+    check('Deployment: leader election, metrics and planning flags, POD_NAME/POD_NAMESPACE from the downward API', args)
 
     def probes():
         ports = {p['name']: p['containerPort'] for p in c['ports']}
@@ -171,6 +172,7 @@ def main():
         d = render({'serviceMonitor': {'enabled': True, 'labels': {'release': 'kube-prometheus'}},
                     'grafanaDashboard': {'enabled': True},
                     'operator': {'image': {'tag': 'v9'}, 'watchNamespace': 'ml', 'profileConfigMap': 'gpu-profiles',
+                                 'planTimeout': '2m', 'planWorkers': 4,
                                  'nodeSelector': {'pool': 'system'},
                                  'tolerations': [{'key': 'k', 'operator': 'Exists'}],
                                  'leaderElection': {'enabled': False}}})
@@ -187,9 +189,10 @@ def main():
         assert p['containers'][0]['image'].endswith(':v9')
         assert '--namespace=ml' in p['containers'][0]['args'] and '--leader-elect=false' in p['containers'][0]['args']
         assert f'--profile-configmap={NS}/gpu-profiles' in p['containers'][0]['args'], p['containers'][0]['args']
+        assert {'--plan-timeout=2m', '--plan-workers=4'} <= set(p['containers'][0]['args']), p['containers'][0]['args']
         assert p['nodeSelector'] == {'pool': 'system'} and p['tolerations'][0]['key'] == 'k'
         return check_dashboard(one(d, 'ConfigMap'))
-    check('serviceMonitor, dashboard, tag, namespace, profileConfigMap, nodeSelector, tolerations values take effect', everything)
+    check('serviceMonitor, dashboard, tag, namespace, profileConfigMap, planTimeout, planWorkers, nodeSelector, tolerations values take effect', everything)
 
     def no_workers_sm():
         d = render({'serviceMonitor': {'enabled': True, 'workers': False}})

@@ -280,6 +280,38 @@ static void test_too_many_devices(void **state) {
     expect_error(yaml, "test.yaml:20:", "nodes[0].gpus[16].count", "65536", NULL);
 }
 
+/* Issue 15: libyaml passes "\0" and "\u0000" through with an explicit length; read as C strings
+ * they silently cut the value short ("a\0b" became node "a"). Every value is refused, naming
+ * the line and the field; a key, the line. */
+static void test_nul_refused(void **state) {
+    (void)state;
+    expect_error("nodes:\n"
+                 "  - name: \"a\\0b\"\n"
+                 "    gpus: [{type: T4}]\n",
+                 "test.yaml:2:", "nodes[0].name", "NUL", NULL);
+    expect_error("nodes:\n"
+                 "  - name: a\n"
+                 "    gpus: [{type: \"T4\\u0000x\"}]\n",
+                 "test.yaml:3:", "nodes[0].gpus[0].type", "NUL", NULL);
+    expect_error("nodes:\n"
+                 "  - name: a\n"
+                 "    gpus: [{type: T4, count: \"2\\0\"}]\n",
+                 "test.yaml:3:", "nodes[0].gpus[0].count", "NUL", NULL);
+    expect_error("nodes:\n"
+                 "  - name: a\n"
+                 "    \"gpus\\0x\": [{type: T4}]\n",
+                 "test.yaml:3:", "key", "NUL", NULL);
+}
+
+/* A name of multi-byte characters is limited by its bytes, and the message says so. */
+static void test_name_bytes(void **state) {
+    (void)state;
+    char yaml[512] = "nodes:\n  - name: \"";
+    for (int i = 0; i < 22; i++) strcat(yaml, "\xe6\x97\xa5"); /* 22 characters, 66 bytes */
+    strcat(yaml, "\"\n    gpus: [{type: T4}]\n");
+    expect_error(yaml, "test.yaml:2:", "nodes[0].name", "66 bytes", "longer than 63", NULL);
+}
+
 static void test_build_in_code(void **state) {
     (void)state;
     cluster c;
@@ -337,7 +369,8 @@ int main(void) {
         cmocka_unit_test(test_bad_bandwidth),   cmocka_unit_test(test_duplicate_names),
         cmocka_unit_test(test_threads_on_gpu),  cmocka_unit_test(test_unknown_type),
         cmocka_unit_test(test_too_many_devices), cmocka_unit_test(test_build_in_code),
-        cmocka_unit_test(test_missing_file),
+        cmocka_unit_test(test_missing_file),    cmocka_unit_test(test_nul_refused),
+        cmocka_unit_test(test_name_bytes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

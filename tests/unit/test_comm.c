@@ -1,7 +1,8 @@
 /* test_comm.c - worker/comm*.c: configuration from the environment, world 1, every collective
  * for worlds 1..5 against sequential oracles (uneven and zero counts, sizes across segments),
- * byte counters, queued asynchronous operations, failures (a dead peer, a stalled peer, ranks
- * out of step), rendezvous in any start order, strays at the store, a port in use.
+ * byte counters, queued asynchronous operations, failures (a dead peer, a stalled peer and the
+ * origin of a failure named on every rank, ranks out of step), rendezvous in any start order,
+ * strays at the store, a port in use.
  *
  * Ranks are threads of this process, each with its own communicator on 127.0.0.1 and a fresh
  * port. cmocka's asserts must run on the main thread, so a rank records its first failed check
@@ -601,6 +602,8 @@ static void test_dead_peer(void **state) {
     if (!strstr(x[1].err.msg, "rank 0 closed the connection")) assert_msg_has(x[1].err.msg, dead2);
     assert_true(strstr(x[1].err.msg, dead2) || strstr(x[3].err.msg, dead2));
     assert_msg_has(x[0].err.msg, "closed the connection");
+    /* the origin travels: rank 0 is no neighbour of rank 2, and names it all the same */
+    assert_msg_has(x[0].err.msg, "aborted: rank 2 failed (rank ");
 }
 
 typedef struct stall {
@@ -609,13 +612,13 @@ typedef struct stall {
     int done;
 } stall;
 
-/* Rank 1 never issues the allgatherv; it closes only after the others have failed. */
+/* Rank 1 never issues the allgatherv; it closes only after the others have failed (any world). */
 static void stalled_rank(rank_ctx *x) {
     stall *s = x->arg;
     if (x->rank == 1) {
         pthread_mutex_lock(&s->mu);
         double until = now_s() + 10;
-        while (s->done < 2 && now_s() < until) {
+        while (s->done < x->world - 1 && now_s() < until) {
             pthread_mutex_unlock(&s->mu);
             sleep_s(0.01);
             pthread_mutex_lock(&s->mu);
@@ -623,8 +626,9 @@ static void stalled_rank(rank_ctx *x) {
         pthread_mutex_unlock(&s->mu);
         return;
     }
-    float buf[300];
-    int64_t k[3] = {100, 100, 100};
+    float buf[100 * MAX_RANKS];
+    int64_t k[MAX_RANKS];
+    for (int i = 0; i < x->world; i++) k[i] = 100;
     double t0 = now_s();
     err_t e = {{0}};
     x->failed = comm_run(x->c, comm_allgatherv(x->c, buf, k, COMM_F32, "unit 3 parameters"), &e) < 0;
@@ -647,9 +651,32 @@ static void test_stalled_peer(void **state) {
         print_message("rank %d failed after %.3f s: %s\n", r, x[r].fail_s, x[r].err.msg);
         assert_true(x[r].fail_s >= 0.5 && x[r].fail_s < 3.0);
     }
-    assert_msg_has(x[2].err.msg, "rank 2: allgatherv of unit 3 parameters: nothing from rank 1 for 1 s (timeout; CEPHALO_COMM_TIMEOUT sets it)");
-    if (!strstr(x[0].err.msg, "timeout") && !strstr(x[0].err.msg, "closed the connection"))
-        fail_msg("rank 0: unexpected error '%s'", x[0].err.msg);
+    /* Rank 2 times out on rank 1; rank 0 learns who stopped from rank 2's abort frame. Or rank 0
+     * times out first, asks rank 2, and rank 2 passes the question on to rank 1, which does not
+     * answer: then rank 2 says "nothing from rank 1 for 0.99 s (rank 0 timed out waiting ...)". */
+    assert_msg_has(x[2].err.msg, "rank 2: allgatherv of unit 3 parameters: nothing from rank 1 for ");
+    assert_msg_has(x[2].err.msg, "CEPHALO_COMM_TIMEOUT sets");
+    assert_msg_has(x[0].err.msg, "rank 0: allgatherv of unit 3 parameters: rank 2 aborted: rank 1 stopped answering (rank 2: nothing from rank 1 for ");
+}
+
+/* The origin of a stall travels around the ring: in worlds of 4 and 5, rank 1 stalls, and every
+ * other rank names it, however far from it, whichever rank timed out first (docs/comm.md, "Abort
+ * frames"). */
+static void test_stall_origin(void **state) {
+    (void)state;
+    for (int n = 4; n <= 5; n++) {
+        stall s = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
+        rank_ctx x[MAX_RANKS];
+        run_ranks(x, n, stalled_rank, &s, 1.0, NULL);
+        for (int r = 0; r < n; r++) {
+            if (x[r].fail[0]) fail_msg("%s", x[r].fail);
+            if (r == 1) continue;
+            print_message("world %d: rank %d failed after %.3f s: %s\n", n, r, x[r].fail_s, x[r].err.msg);
+            assert_true(x[r].failed);
+            assert_true(x[r].fail_s >= 0.5 && x[r].fail_s < 4.0); /* the timeout, then a grace per question */
+            assert_msg_has(x[r].err.msg, r == 2 ? ": nothing from rank 1 for " : " aborted: rank 1 stopped answering (rank ");
+        }
+    }
 }
 
 /* Rank 1 issues a different size than rank 0: both fail at once, saying so. */
@@ -905,6 +932,7 @@ int main(void) {
         cmocka_unit_test(test_queued_and_barrier),
         cmocka_unit_test(test_dead_peer),
         cmocka_unit_test(test_stalled_peer),
+        cmocka_unit_test(test_stall_origin),
         cmocka_unit_test(test_out_of_step),
         cmocka_unit_test(test_rendezvous_any_order),
         cmocka_unit_test(test_store_strays),

@@ -226,6 +226,44 @@ static void test_init_and_allocator(void **state) {
 }
 
 /* The exp behind softmax, sigmoid and GELU: within 3 ulp of exp() over the whole range. */
+/* Issue 15: OOM messages were cut mid-word (a 64-byte context). The longest context the trainer
+ * sets (worker/train.c, a unit's set-up, with the largest counts) must reach the message whole. */
+static void test_oom_names_the_whole_context(void **state) {
+    (void)state;
+    device d;
+    err_t err = {{0}};
+    assert_int_equal(cpu_device_init(&d, 7, 1, 1024, &err), 0);
+    dev_set_context(&d, "set-up of unit %d (a shard of %lld of its %lld parameters)", 2147483647,
+                    (long long)INT64_MAX, (long long)INT64_MAX);
+    assert_null(dev_alloc(&d, 4096, "AdamW second moments"));
+    assert_non_null(strstr(d.err.msg, "during set-up of unit 2147483647 (a shard of 9223372036854775807 of its "
+                                      "9223372036854775807 parameters): allocating 4096 B for AdamW second moments, "
+                                      "0 B of 1024 B already in use"));
+    cpu_device_close(&d);
+}
+
+/* A context longer than the buffer ends after its last whole word, with "...", also when the cut
+ * would fall inside a word or a multi-byte character. */
+static void test_context_cut_at_a_word(void **state) {
+    (void)state;
+    device d;
+    err_t err = {{0}};
+    assert_int_equal(cpu_device_init(&d, 0, 1, 0, &err), 0);
+    char words[400] = "";
+    for (int i = 0; i < 40; i++) strcat(words, "forward ");
+    dev_set_context(&d, "%s", words);
+    size_t n = strlen(d.context);
+    assert_true(n < sizeof d.context && n > sizeof d.context - 12);
+    assert_string_equal(d.context + n - 10, "forward...");
+    char one[400] = "x";
+    for (int i = 0; i < 100; i++) strcat(one, "\xc3\xa9"); /* one long word of 2-byte characters */
+    dev_set_context(&d, "%s", one);
+    n = strlen(d.context);
+    assert_string_equal(d.context + n - 3, "...");
+    assert_true((n - 3) % 2 == 1); /* "x" and whole characters only */
+    cpu_device_close(&d);
+}
+
 static void test_exp_fast(void **state) {
     (void)state;
     double worst = 0;
@@ -937,6 +975,8 @@ int main(void) {
 #define T(f) cmocka_unit_test_setup_teardown(f, dev_setup, dev_teardown)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_init_and_allocator),
+        cmocka_unit_test(test_oom_names_the_whole_context),
+        cmocka_unit_test(test_context_cut_at_a_word),
         cmocka_unit_test(test_exp_fast),
         T(test_elementwise),
         T(test_gemm),

@@ -213,7 +213,7 @@ static void test_checkpoint_errors(void **state) {
     /* another model */
     train_config cl = tiny_config("tiny-llama", 2, 2);
     trainer *other = make(&cl);
-    assert_int_equal(trainer_resume(other, path, &err), -1);
+    assert_int_equal(trainer_resume(other, path, &err), RESUME_OTHER_MODEL);
     assert_non_null(strstr(err.msg, "tiny-gpt"));
     assert_non_null(strstr(err.msg, "tiny-llama"));
     trainer_free(other), trainer_free(t);

@@ -1,0 +1,190 @@
+/* ckpt_dir.c - see ckpt_dir.h. */
+#include "ckpt_dir.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "log.h"
+
+#define PATH_MAX_LEN 4400 /* a directory of up to 4096 bytes and a name */
+#define SUFFIX ".safetensors"
+
+/* "step_" and 1 to 18 digits, then nothing (a directory) or ".safetensors" (a file). */
+static bool parse_name(const char *name, long long *step, bool *file) {
+    if (strncmp(name, "step_", 5)) return false;
+    const char *p = name + 5;
+    size_t digits = strspn(p, "0123456789");
+    if (digits == 0 || digits > 18) return false;
+    *step = strtoll(p, NULL, 10);
+    *file = !strcmp(p + digits, SUFFIX);
+    return *file || p[digits] == '\0';
+}
+
+static bool is_dir(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+static bool exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+/* Newest first; of two with one step (a file and a directory), the complete one first. */
+static int cmp_entry(const void *a, const void *b) {
+    const ckpt_entry *x = a, *y = b;
+    if (x->step != y->step) return x->step < y->step ? 1 : -1;
+    if (x->complete != y->complete) return x->complete ? -1 : 1;
+    return strcmp(x->name, y->name);
+}
+
+/* One directory entry as a checkpoint, or false when it is not one. */
+static bool read_entry(const char *dir, const char *name, ckpt_entry *e) {
+    bool file;
+    char path[PATH_MAX_LEN];
+    if (strlen(name) >= sizeof e->name || !parse_name(name, &e->step, &file)) return false;
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    if (file == is_dir(path)) return false; /* step_N.safetensors/ or a plain file step_N */
+    snprintf(e->name, sizeof e->name, "%s", name);
+    e->sharded = !file;
+    snprintf(path, sizeof path, "%s/%s/index.json", dir, name);
+    e->complete = file || exists(path);
+    return true;
+}
+
+int ckpt_dir_list(const char *dir, ckpt_entry **out, err_t *err) {
+    *out = NULL;
+    DIR *d = opendir(dir);
+    if (!d) return errno == ENOENT ? 0 : err_set(err, "%s: cannot read the checkpoint directory: %s", dir, strerror(errno));
+    int n = 0, cap = 0;
+    for (struct dirent *de; (de = readdir(d));) {
+        ckpt_entry e;
+        if (!read_entry(dir, de->d_name, &e)) continue;
+        if (n == cap) *out = xrealloc(*out, (size_t)(cap = cap ? 2 * cap : 16) * sizeof **out);
+        (*out)[n++] = e;
+    }
+    closedir(d);
+    if (n) qsort(*out, (size_t)n, sizeof **out, cmp_entry);
+    return n;
+}
+
+int ckpt_dir_latest(const char *dir, char *name, size_t n, err_t *err) {
+    char path[PATH_MAX_LEN], line[256] = "";
+    snprintf(path, sizeof path, "%s/latest", dir);
+    FILE *f = fopen(path, "r");
+    if (!f) return errno == ENOENT ? 0 : err_set(err, "%s: cannot read: %s", path, strerror(errno));
+    bool got = fgets(line, sizeof line, f) != NULL;
+    fclose(f);
+    line[strcspn(line, "\n")] = '\0';
+    long long step;
+    bool file;
+    if (!got || !parse_name(line, &step, &file))
+        return err_set(err, "%s: holds '%.60s', not a checkpoint name (step_N or step_N.safetensors)", path, line);
+    snprintf(name, n, "%s", line);
+    return 1;
+}
+
+/* A step directory: index.json first, then the rest, then the directory. */
+static int remove_step_dir(const char *path, err_t *err) {
+    char f[PATH_MAX_LEN];
+    snprintf(f, sizeof f, "%.4096s/index.json", path);
+    if (unlink(f) != 0 && errno != ENOENT) return err_set(err, "%s: cannot delete: %s", f, strerror(errno));
+    DIR *d = opendir(path);
+    if (!d) return err_set(err, "%s: cannot read: %s", path, strerror(errno));
+    int rc = 0;
+    for (struct dirent *de; rc == 0 && (de = readdir(d));) {
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
+        snprintf(f, sizeof f, "%.4096s/%.255s", path, de->d_name);
+        if (unlink(f) != 0 && errno != ENOENT) rc = err_set(err, "%s: cannot delete: %s", f, strerror(errno));
+    }
+    closedir(d);
+    if (rc == 0 && rmdir(path) != 0) rc = err_set(err, "%s: cannot delete the directory: %s", path, strerror(errno));
+    return rc;
+}
+
+int ckpt_dir_remove(const char *dir, const ckpt_entry *e, err_t *err) {
+    char path[PATH_MAX_LEN];
+    snprintf(path, sizeof path, "%s/%s", dir, e->name);
+    if (e->sharded) return remove_step_dir(path, err);
+    if (unlink(path) != 0 && errno != ENOENT) return err_set(err, "%s: cannot delete: %s", path, strerror(errno));
+    return 0;
+}
+
+/* Whether retention keeps a checkpoint; `rank` is its place among the complete ones, newest
+ * first, and `newest` the newest complete step. */
+static bool kept(const ckpt_entry *e, int rank, long long newest, const char *latest, const ckpt_keep *k) {
+    if (!strcmp(e->name, latest)) return true;
+    if (!e->complete) return e->step >= newest; /* maybe being written */
+    if (k->keep_last == 0 || rank < k->keep_last || e->step == newest) return true;
+    return k->keep_every > 0 && e->step % k->keep_every == 0;
+}
+
+int ckpt_dir_prune(const char *dir, const ckpt_keep *keep, err_t *err) {
+    ckpt_entry *e;
+    int n = ckpt_dir_list(dir, &e, err);
+    if (n <= 0) return n;
+    char latest[64] = "";
+    err_t ignored;
+    if (ckpt_dir_latest(dir, latest, sizeof latest, &ignored) < 0) latest[0] = '\0';
+    long long newest = -1;
+    for (int i = 0; i < n && newest < 0; i++)
+        if (e[i].complete) newest = e[i].step;
+    int removed = 0, complete_seen = 0, rc = 0;
+    for (int i = 0; i < n && rc == 0; i++) {
+        bool stays = newest < 0 || kept(&e[i], complete_seen, newest, latest, keep);
+        complete_seen += e[i].complete;
+        if (!stays && (rc = ckpt_dir_remove(dir, &e[i], err)) == 0) removed++;
+    }
+    free(e);
+    return rc < 0 ? -1 : removed;
+}
+
+/* NAME.tmp.PID: the PID, or 0 when the name is not a temporary's. */
+static long tmp_pid(const char *name) {
+    const char *t = strstr(name, ".tmp."), *last = NULL;
+    for (; t; t = strstr(t + 1, ".tmp.")) last = t;
+    if (!last || last == name) return 0;
+    const char *p = last + 5;
+    if (!*p || strspn(p, "0123456789") != strlen(p) || strlen(p) > 9) return 0;
+    return strtol(p, NULL, 10);
+}
+
+static bool writer_gone(const char *path, long pid) {
+    struct stat st;
+    if (stat(path, &st) != 0 || !S_ISREG(st.st_mode)) return false;
+    if (kill((pid_t)pid, 0) != 0 && errno == ESRCH) return true;
+    return difftime(time(NULL), st.st_mtime) > STALE_TMP_S; /* a PID of another machine or container */
+}
+
+/* One directory's stale temporaries; step directories too when `into_steps`. */
+static int clean_dir(const char *dir, bool into_steps) {
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    int removed = 0;
+    char path[PATH_MAX_LEN];
+    for (struct dirent *de; (de = readdir(d));) {
+        snprintf(path, sizeof path, "%.4096s/%.255s", dir, de->d_name);
+        long pid = tmp_pid(de->d_name);
+        bool file;
+        long long s;
+        if (pid > 0 && writer_gone(path, pid)) {
+            if (unlink(path) == 0) removed++;
+            else log_warn("%s: cannot delete a stale temporary file: %s", path, strerror(errno));
+        } else if (into_steps && parse_name(de->d_name, &s, &file) && !file && is_dir(path)) {
+            removed += clean_dir(path, false);
+        }
+    }
+    closedir(d);
+    return removed;
+}
+
+int ckpt_dir_clean_temps(const char *dir) { return clean_dir(dir, true); }
+
+int dir_clean_temps(const char *dir) { return clean_dir(dir, false); }

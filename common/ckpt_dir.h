@@ -1,0 +1,58 @@
+/* ckpt_dir.h - a checkpoint directory as files (docs/checkpoints.md): which checkpoints it
+ * holds, which are complete, what `latest` says, retention, and the temporaries that killed
+ * writers left behind. Names and directories only: loading and verifying a checkpoint is the
+ * worker's (worker/ckpt_resume.c).
+ *
+ *   DIR/step_NNNNNNNN.safetensors   one file (one rank, or a replicated job): complete when present
+ *   DIR/step_NNNNNNNN/              one file per rank + index.json: complete once index.json is
+ *                                   there (rank 0 writes it after every rank's file)
+ *   DIR/latest                      the name of the newest checkpoint, written after it
+ *   *.tmp.PID                       a file being written by process PID (renamed when done) */
+#ifndef CEPHALO_CKPT_DIR_H
+#define CEPHALO_CKPT_DIR_H
+
+#include <stdbool.h>
+
+#include "err.h"
+
+typedef struct ckpt_entry {
+    long long step;
+    bool sharded;  /* a step directory (else a single file) */
+    bool complete; /* a file, or a directory with its index.json */
+    char name[48]; /* step_NNNNNNNN[.safetensors] */
+} ckpt_entry;
+
+/* The checkpoints in dir, newest step first (on equal steps the complete one first). Returns
+ * their number and a fresh array (caller frees; NULL when none), or -1 when dir cannot be read.
+ * A missing directory holds none. Entries whose names are not step_N... are ignored. */
+int ckpt_dir_list(const char *dir, ckpt_entry **out, err_t *err);
+
+/* DIR/latest: 1 with the name it holds, 0 when there is no such file, -1 when it cannot be read
+ * or does not hold a checkpoint name (the message says which). */
+int ckpt_dir_latest(const char *dir, char *name, size_t n, err_t *err);
+
+/* Deletes one checkpoint; a step directory's index.json goes first, so a deletion cut short
+ * leaves an incomplete checkpoint, never one that looks complete. */
+int ckpt_dir_remove(const char *dir, const ckpt_entry *e, err_t *err);
+
+typedef struct ckpt_keep {
+    long keep_last;  /* the newest N complete checkpoints; 0: all of them */
+    long keep_every; /* also every one whose step is a multiple of K (milestones); 0: none */
+} ckpt_keep;
+
+/* Retention, after a checkpoint was written: deletes the complete checkpoints that `keep` does
+ * not keep, and incomplete ones older than the newest complete one (writes that were cut short).
+ * Never the newest complete checkpoint, the one `latest` names, nor an incomplete one newer than
+ * the newest complete (it may be being written). Returns the number deleted, or -1. */
+int ckpt_dir_prune(const char *dir, const ckpt_keep *keep, err_t *err);
+
+/* Removes NAME.tmp.PID files in dir (and in its step directories) left by writers that are gone:
+ * PID runs no more on this machine, or (PIDs of another machine or container) the file has not
+ * changed for STALE_TMP_S. Call it holding the directory's lock. Returns the number removed. */
+#define STALE_TMP_S 600
+int ckpt_dir_clean_temps(const char *dir);
+
+/* The same for one directory only (a run directory's plan.json.tmp.PID and the like). */
+int dir_clean_temps(const char *dir);
+
+#endif
