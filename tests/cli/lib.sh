@@ -26,3 +26,10 @@ assert() {
   n=$((n + 1))
   if "$@" >/dev/null 2>&1; then echo "ok $n - $name"; else echo "not ok $n - $name"; fi
 }
+
+# wait_for SECONDS COMMAND...   (until the command succeeds, output discarded; 1 when time runs out)
+wait_for() {
+  local end=$((SECONDS + $1))
+  shift
+  until "$@" >/dev/null 2>&1; do [ $SECONDS -ge $end ] && return 1; sleep 0.1; done
+}

@@ -17,11 +17,6 @@ unset CEPHALO_WORKER
 
 TINY=(--model tiny-gpt --batch 4 --microbatch 2 --seq 32 --threads 1 --lr 1e-3)
 steps_in() { ls "$1" | grep -Eo '^step_[0-9]+' | sed 's/step_0*//' | sort -n | tr '\n' ' '; }
-wait_for() { # wait_for SECONDS COMMAND...: until the command succeeds
-  local end=$((SECONDS + $1))
-  shift
-  until "$@" 2>/dev/null; do [ $SECONDS -ge $end ] && return 1; sleep 0.1; done
-}
 has_lines() { [ "$(wc -l <"$1")" -ge "$2" ]; }
 dead_pid() { # a PID that no process has now
   local p=4000000

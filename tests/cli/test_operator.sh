@@ -44,11 +44,6 @@ port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); pr
 M="http://127.0.0.1:$port"
 
 # wait_for SECONDS COMMAND...: retries until the command succeeds
-wait_for() {
-  local t=$1; shift
-  for _ in $(seq 1 $((t * 5))); do "$@" >/dev/null 2>&1 && return 0; sleep 0.2; done
-  return 1
-}
 jp() { K get "$1" "$2" -o jsonpath="$3" 2>/dev/null; }
 phase_is() { [ "$(jp cephalojob "$1" '{.status.phase}')" = "$2" ]; }
 

@@ -65,11 +65,6 @@ port=$($PY -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(
 M="http://127.0.0.1:$port"
 
 # wait_for SECONDS COMMAND...: retries until the command succeeds
-wait_for() {
-  local t=$1; shift
-  for _ in $(seq 1 $((t * 5))); do "$@" >/dev/null 2>&1 && return 0; sleep 0.2; done
-  return 1
-}
 jp() { K -n "$JNS" get "$1" "$2" -o jsonpath="$3" 2>/dev/null; }
 phase_is() { [ "$(jp cephalojob "$1" '{.status.phase}')" = "$2" ]; }
 pod_phases() { K -n "$JNS" get pods -l "cephalo.dev/job=$1" -o jsonpath='{range .items[*]}{.status.phase} {end}' 2>/dev/null; }

@@ -200,10 +200,6 @@ no_orphans() { ! pgrep -f "$1/rank-" >/dev/null; }
 # (a zombie is dead already: it waits for whoever adopted it to reap it)
 group_gone() { [ -n "$1" ] && ! ps -eo pgid=,stat= | awk -v g="$1" '$1 == g && $2 !~ /^Z/' | grep -q .; }
 pgid_of() { grep -o 'process group [0-9]*' "$1" | grep -o '[0-9]*$'; }
-wait_for() { # wait_for SECONDS COMMAND...
-  local end=$((SECONDS + $1)); shift
-  until "$@"; do [ $SECONDS -ge $end ] && return 1; sleep 0.1; done
-}
 exited() { local s; s=$(ps -o stat= -p "$1" 2>/dev/null); [ -z "$s" ] || [[ $s == Z* ]]; }
 finish() { # finish PID SECONDS: the exit status of a background launcher (killed after SECONDS)
   wait_for "$2" exited "$1" || kill -9 "$1"

@@ -18,10 +18,6 @@ trap 'kill -9 "${bg[@]}" "${stop[@]}" 2>/dev/null; kill -CONT "${stop[@]}" 2>/de
 unset CEPHALO_WORKER
 export OMP_NUM_THREADS=1
 
-wait_for() { # wait_for SECONDS COMMAND...
-  local end=$((SECONDS + $1)); shift
-  until "$@"; do [ $SECONDS -ge $end ] && return 1; sleep 0.1; done
-}
 exited() { local s; s=$(ps -o stat= -p "$1" 2>/dev/null); [ -z "$s" ] || [[ $s == Z* ]]; }
 no_orphans() { ! pgrep -f "$1/rank-" >/dev/null; }
 top_line() { grep -m1 '^cephalo run: rank ' "$1"; } # the launcher's verdict
