@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "fileio.h"
 #include "log.h"
 
 #define PATH_MAX_LEN 4400 /* a directory of up to 4096 bytes and a name */
@@ -25,11 +26,6 @@ static bool parse_name(const char *name, long long *step, bool *file) {
     *step = strtoll(p, NULL, 10);
     *file = !strcmp(p + digits, SUFFIX);
     return *file || p[digits] == '\0';
-}
-
-static bool is_dir(const char *path) {
-    struct stat st;
-    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
 }
 
 static bool exists(const char *path) {
@@ -51,7 +47,7 @@ static bool read_entry(const char *dir, const char *name, ckpt_entry *e) {
     char path[PATH_MAX_LEN];
     if (strlen(name) >= sizeof e->name || !parse_name(name, &e->step, &file)) return false;
     snprintf(path, sizeof path, "%s/%s", dir, name);
-    if (file == is_dir(path)) return false; /* step_N.safetensors/ or a plain file step_N */
+    if (file == file_is_dir(path)) return false; /* step_N.safetensors/ or a plain file step_N */
     snprintf(e->name, sizeof e->name, "%s", name);
     e->sharded = !file;
     snprintf(path, sizeof path, "%s/%s/index.json", dir, name);
@@ -177,7 +173,7 @@ static int clean_dir(const char *dir, bool into_steps) {
         if (pid > 0 && writer_gone(path, pid)) {
             if (unlink(path) == 0) removed++;
             else log_warn("%s: cannot delete a stale temporary file: %s", path, strerror(errno));
-        } else if (into_steps && parse_name(de->d_name, &s, &file) && !file && is_dir(path)) {
+        } else if (into_steps && parse_name(de->d_name, &s, &file) && !file && file_is_dir(path)) {
             removed += clean_dir(path, false);
         }
     }

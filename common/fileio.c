@@ -60,6 +60,11 @@ int file_write_atomic(const char *path, const void *data, size_t len, err_t *err
     return 0;
 }
 
+bool file_is_dir(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
 /* One level: exists-as-directory is fine, anything else at the path is an error. */
 static int make_one_dir(const char *path, const char *whole, err_t *err) {
     struct stat st;

@@ -16,6 +16,9 @@ char *file_read_all(const char *path, size_t max_bytes, size_t *len_out, err_t *
  * renamed over path; on failure path is left as it was and the temporary file is removed. */
 int file_write_atomic(const char *path, const void *data, size_t len, err_t *err);
 
+/* Whether path names a directory (following symbolic links). */
+bool file_is_dir(const char *path);
+
 /* Creates dir (with its missing parents when `parents`, as mkdir -p); an existing directory is
  * fine; an error names what is in the way. */
 int file_make_dir(const char *dir, bool parents, err_t *err);

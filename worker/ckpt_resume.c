@@ -10,13 +10,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "ckpt.h"
 #include "comm.h"
 #include "dirlock.h"
+#include "fileio.h"
 #include "log.h"
 
 #define PATH_LEN 4200
@@ -30,11 +30,6 @@ static int agree(trainer *t, double *v, int n, const char *what, err_t *err) {
 }
 
 static bool is_rank0(const trainer *t) { return t->cfg.rank == 0; }
-
-static bool is_dir(const char *path) {
-    struct stat st;
-    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
-}
 
 /* ---- the lock ---- */
 
@@ -65,23 +60,21 @@ typedef struct plan_resume {
 
 /* --resume DIR where DIR holds checkpoints (not one sharded checkpoint), or DIR/latest. */
 static int resolve_path(const char *given, plan_resume *r, err_t *err) {
-    char idx[PATH_LEN];
+    char idx[PATH_LEN], name[64];
     snprintf(idx, sizeof idx, "%s/index.json", given);
-    size_t len = strlen(given);
-    if (is_dir(given) && access(idx, F_OK) != 0) {
+    const char *slash = strrchr(given, '/'), *base = slash ? slash + 1 : given;
+    if (file_is_dir(given) && access(idx, F_OK) != 0) {
         snprintf(r->dir, sizeof r->dir, "%s", given);
         r->search = true;
-        return 0;
-    }
-    if ((len == 6 || (len > 6 && given[len - 7] == '/')) && !strcmp(given + len - 6, "latest") && !is_dir(given)) {
-        char name[64];
-        snprintf(r->dir, sizeof r->dir, "%.*s", len > 6 ? (int)(len - 7) : 1, len > 6 ? given : ".");
-        if (ckpt_dir_latest(r->dir, name, sizeof name, err) <= 0)
-            return err_set(err, "%s: cannot follow it: %s", given, err->msg[0] ? err->msg : "it does not exist");
+    } else if (!strcmp(base, "latest") && !file_is_dir(given)) {
+        snprintf(r->dir, sizeof r->dir, "%.*s", slash ? (int)(slash - given) : 1, slash ? given : ".");
+        int have = ckpt_dir_latest(r->dir, name, sizeof name, err);
+        if (have == 0) return err_set(err, "%s: cannot open: no such file", given);
+        if (have < 0) return -1; /* the message names the file */
         snprintf(r->path, sizeof r->path, "%.4096s/%s", r->dir, name);
-        return 0;
+    } else {
+        snprintf(r->path, sizeof r->path, "%s", given);
     }
-    snprintf(r->path, sizeof r->path, "%s", given);
     return 0;
 }
 
@@ -126,11 +119,10 @@ static int try_one(trainer *t, const char *path, int *worst, err_t *why, err_t *
 }
 
 /* The checkpoint the ranks resume from: the given one, or in a directory the newest complete
- * one that every rank loads. `chosen` gets its name (search) or path; empty when starting afresh. */
-static int load_agreed(trainer *t, const ckpt_opts *o, plan_resume *r, char *chosen, size_t n, int *first_ok, err_t *err) {
+ * one that every rank loads. `chosen` gets its path; empty when starting afresh. */
+static int load_agreed(trainer *t, const ckpt_opts *o, plan_resume *r, char *chosen, size_t n, err_t *err) {
     int worst;
     *chosen = '\0';
-    *first_ok = -1;
     if (!r->search && !r->path[0]) return 0;
     if (!r->search) {
         if (try_one(t, r->path, &worst, err, err) < 0) return -2;
@@ -147,8 +139,7 @@ static int load_agreed(trainer *t, const ckpt_opts *o, plan_resume *r, char *cho
         snprintf(path, sizeof path, "%.4096s/%s", r->dir, r->e[i].name);
         if (try_one(t, path, &worst, &why, err) < 0) return -2;
         if (worst == OK) {
-            snprintf(chosen, n, "%s", r->e[i].name);
-            *first_ok = i;
+            snprintf(chosen, n, "%s", path);
             note_latest(r, r->e[i].name);
             return 0;
         }
@@ -184,11 +175,11 @@ typedef struct beyond {
     bool own_history;
 } beyond;
 
-static int find_beyond(trainer *t, const ckpt_opts *o, const plan_resume *r, int first_ok, beyond *b, err_t *err) {
+static int find_beyond(trainer *t, const ckpt_opts *o, const plan_resume *r, bool resumed, beyond *b, err_t *err) {
     memset(b, 0, sizeof *b);
     if (!o->dir) return 0;
     if ((b->n = ckpt_dir_list(o->dir, &b->e, err)) < 0) return -1;
-    b->own_history = r->search && !strcmp(r->dir, o->dir) && first_ok >= 0;
+    b->own_history = r->search && !strcmp(r->dir, o->dir) && resumed;
     int conflicts = 0;
     char names[256] = "";
     for (int i = 0; i < b->n && !b->own_history; i++) {
@@ -216,8 +207,9 @@ static int clear_beyond(trainer *t, const ckpt_opts *o, const beyond *b, err_t *
     return 0;
 }
 
-/* Runs a step that each rank may refuse (with its message), then agrees: 0, CKPT_REFUSED with
- * this rank's message (or a pointer to the rank that refused), or -2 when the agreement fails. */
+/* Agrees on a step each rank may have refused (mine < 0, its message in err): 0, CKPT_REFUSED
+ * with this rank's message (or a pointer to the rank that refused), or -2 when the agreement
+ * fails. */
 static int agreed(trainer *t, int mine, const char *what, err_t *err) {
     err_t msg = *err;
     double refused = mine < 0;
@@ -239,13 +231,11 @@ int ckpt_start(trainer *t, const ckpt_opts *o, bool quiet, int *lock_fd, err_t *
     plan_resume r;
     beyond b = {0};
     char chosen[PATH_LEN];
-    int first_ok = -1;
     rc = agreed(t, plan_candidates(o, &r, err), "the resume options", err);
-    if (!rc) rc = load_agreed(t, o, &r, chosen, sizeof chosen, &first_ok, err);
-    if (!rc) rc = agreed(t, find_beyond(t, o, &r, first_ok, &b, err), "to write over the checkpoints there", err);
-    if (!rc && clear_beyond(t, o, &b, err) < 0) rc = CKPT_REFUSED;
-    if (!rc && *chosen && !quiet)
-        fprintf(stderr, "resumed from %s%s%s at step %lld\n", r.search ? r.dir : "", r.search ? "/" : "", chosen, (long long)t->step);
+    if (!rc) rc = load_agreed(t, o, &r, chosen, sizeof chosen, err);
+    if (!rc) rc = agreed(t, find_beyond(t, o, &r, *chosen != '\0', &b, err), "to write over the checkpoints there", err);
+    if (!rc) rc = agreed(t, clear_beyond(t, o, &b, err), "to clear the checkpoints there", err);
+    if (!rc && *chosen && !quiet) fprintf(stderr, "resumed from %s at step %lld\n", chosen, (long long)t->step);
     free(r.e);
     free(b.e);
     return rc;

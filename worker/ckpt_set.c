@@ -6,7 +6,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "ckpt.h"
 #include "fileio.h"
@@ -188,10 +187,9 @@ ckpt_set *ckpt_set_open(const char *path, const model_spec *m, bool *other_model
     ckpt_set *s = xcalloc(1, sizeof *s);
     s->label = xstrdup(path);
     set_units(s, m);
-    struct stat st;
     size_t len = strlen(path);
     int rc;
-    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+    if (file_is_dir(path)) {
         rc = open_step_dir(s, path, m, other_model, err);
     } else if (len > 11 && !strcmp(path + len - 11, "/index.json")) {
         char *dir = xstrdup(path);

@@ -248,7 +248,6 @@ static int parse_train(int argc, char **argv, worker_opts *o) {
         if (rc) return rc;
     }
     if (optind < argc) return bad("unexpected argument '%s'", argv[optind]);
-    if (o->ck.resume && !strcmp(o->ck.resume, "auto") && !o->ck.dir) return bad("%s", "--resume auto needs --ckpt-dir");
     if (o->ck.overwrite && !o->ck.dir) return bad("%s", "--overwrite is about the checkpoints in --ckpt-dir; give --ckpt-dir");
     return 0;
 }
@@ -345,14 +344,11 @@ static void log_step(FILE *f, const trainer *t, const step_stats *st) {
 
 /* ---- checkpoints ---- */
 
-/* Diverged: the loss above twice that of guessing uniformly among the model's outputs (a fresh
- * model starts near ln(outputs)) for `limit` steps in a row (docs/worker.md). */
-static bool diverged(const trainer *t, double loss, long limit, long *run, double *bound) {
-    const model_spec *m = &t->cfg.model;
+/* The loss above which training has diverged: twice that of guessing uniformly among the
+ * model's outputs, where a fresh model starts (docs/worker.md). */
+static double divergence_bound(const model_spec *m) {
     int outputs = m->arch == ARCH_VIT ? m->n_classes : m->vocab;
-    *bound = 2 * log(outputs > 1 ? outputs : 2);
-    *run = loss > *bound ? *run + 1 : 0;
-    return limit > 0 && *run >= limit;
+    return 2 * log(outputs > 1 ? outputs : 2);
 }
 
 /* ---- train ---- */
@@ -376,8 +372,8 @@ static int run_training(trainer *t, const worker_opts *o, FILE *log, dumper *dp,
     double total_ms = 0;
     int64_t first = t->step, last_print = -1;
     time_t last_time = 0;
-    long above = 0;
-    double bound;
+    long above = 0; /* steps in a row above the bound */
+    double bound = divergence_bound(&t->cfg.model);
     t->stop_request = &stop_signal;
     training = 1;
     while (t->step < t->cfg.steps) {
@@ -395,7 +391,8 @@ static int run_training(trainer *t, const worker_opts *o, FILE *log, dumper *dp,
                     (long long)st.step, st.loss);
             return EXIT_RUNTIME;
         }
-        if (diverged(t, st.loss, o->diverge_steps, &above, &bound)) {
+        above = st.loss > bound ? above + 1 : 0;
+        if (o->diverge_steps && above >= o->diverge_steps) {
             metrics_fail(m, "the loss diverged");
             fprintf(stderr, "cephalo-worker: step %lld: the loss diverged: %.4g, above %.2f (twice the loss of a uniform guess) "
                     "for %ld steps in a row; stopping (lower --lr, keep --clip on; --diverge-steps 0 turns this check off)\n",

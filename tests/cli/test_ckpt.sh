@@ -114,6 +114,12 @@ check "--resume DIR (a checkpoint directory): its newest" 0 "resumed from $T/ck/
 check "--resume DIR/latest: followed" 0 "resumed from $T/ck/step_00000006.safetensors at step 6" -- \
   "$W" train "${TINY[@]}" --steps 7 --resume "$T/ck/latest"
 mkdir -p "$T/empty"
+check "--resume auto without --ckpt-dir: exit 2" 2 "--resume auto needs --ckpt-dir" -- "$W" train "${TINY[@]}" --steps 2 --resume auto
+echo garbage >"$T/empty/latest"
+check "--resume DIR/latest holding no name: exit 2, names the file" 2 "$T/empty/latest: holds 'garbage', not a checkpoint name" -- \
+  "$W" train "${TINY[@]}" --steps 2 --resume "$T/empty/latest"
+check "--resume of a missing DIR/latest: exit 2" 2 "$T/none/latest: cannot open" -- "$W" train "${TINY[@]}" --steps 2 --resume "$T/none/latest"
+rm "$T/empty/latest"
 check "--resume of an empty directory: exit 2" 2 "holds no complete checkpoint" -- "$W" train "${TINY[@]}" --steps 2 --resume "$T/empty"
 check "resuming at or beyond --steps says so" 0 "nothing to train: the checkpoint resumed from is at step 6, and --steps is 4" -- \
   "$W" train "${TINY[@]}" --steps 4 --quiet --resume "$T/ck"
