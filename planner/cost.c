@@ -25,7 +25,7 @@ static bool is_cpu(const cluster_device *d) { return d->threads > 0; }
 static double device_peak_tflops(const cluster_device *d, bool bf16) {
     if (d->tflops_override > 0) return d->tflops_override;
     if (is_cpu(d)) return d->threads * CPU_GFLOPS_PER_THREAD / 1000.0;
-    return gpu_peak_tflops(d->spec, bf16);
+    return gpu_peak_tflops(d->spec, bf16 ? PREC_BF16 : PREC_FP32);
 }
 
 static double device_bw_gbs(const cluster_device *d) {
@@ -164,17 +164,17 @@ static void build_group(cost_model *cm, cost_group *g, int batch_limit) {
     const cluster_device *d = g->dev;
     /* a CPU device's own type ("cpu-2t-4.00g") first, then any profiled "cpu" */
     const profile_entry *pe =
-        cm->opts.prof ? profile_find(cm->opts.prof, d->type, cm->model->name, cm->seq, cm->opts.bf16)
+        cm->opts.prof ? profile_find(cm->opts.prof, d->type, cm->model->name, cm->seq, cm->opts.bf16 ? PREC_BF16 : PREC_FP32)
                       : NULL;
     if (!pe && cm->opts.prof && is_cpu(d)) {
         /* `cephalo profile` names CPU devices by their threads ("cpu-2t"): memory does not
          * change the times, and the compute memory it measured is the engine's, whatever the cap */
         char by_threads[32];
         snprintf(by_threads, sizeof by_threads, "%s-%dt", GPU_CPU_NAME, d->threads);
-        pe = profile_find(cm->opts.prof, by_threads, cm->model->name, cm->seq, cm->opts.bf16);
+        pe = profile_find(cm->opts.prof, by_threads, cm->model->name, cm->seq, cm->opts.bf16 ? PREC_BF16 : PREC_FP32);
     }
     if (!pe && cm->opts.prof && is_cpu(d))
-        pe = profile_find(cm->opts.prof, GPU_CPU_NAME, cm->model->name, cm->seq, cm->opts.bf16);
+        pe = profile_find(cm->opts.prof, GPU_CPU_NAME, cm->model->name, cm->seq, cm->opts.bf16 ? PREC_BF16 : PREC_FP32);
     g->measured = pe != NULL;
     g->peak_tflops = device_peak_tflops(d, cm->opts.bf16);
     g->usable_bytes = d->memory_bytes * cm->opts.mem_cap;

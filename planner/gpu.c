@@ -162,10 +162,11 @@ const gpu_spec *gpu_find(const char *name, err_t *err) {
     return NULL;
 }
 
-double gpu_peak_tflops(const gpu_spec *g, bool bf16) {
+double gpu_peak_tflops(const gpu_spec *g, precision p) {
     if (!g) return 0;
     /* fp32 training may use TF32 tensor cores (as PyTorch does with allow_tf32). */
     double fp32 = g->fp32_tflops > g->tf32_tflops ? g->fp32_tflops : g->tf32_tflops;
-    if (bf16 && g->has_bf16 && g->bf16_tflops > 0) return g->bf16_tflops;
+    if (p == PREC_BF16 && g->has_bf16 && g->bf16_tflops > 0) return g->bf16_tflops;
+    if (p == PREC_FP16 && g->bf16_tflops > 0) return g->bf16_tflops;
     return fp32;
 }

@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "err.h"
+#include "precision.h"
 
 typedef struct gpu_spec {
     const char *name; /* canonical catalog name, e.g. "A100-80GB" */
@@ -36,6 +37,6 @@ const gpu_spec *gpu_find(const char *name, err_t *err);
 
 /* Peak TFLOP/s used for `precision` ("fp32" uses TF32 tensor cores where present; "bf16" falls
  * back to the fp32 figure on GPUs without bf16). */
-double gpu_peak_tflops(const gpu_spec *g, bool bf16);
+double gpu_peak_tflops(const gpu_spec *g, precision p);
 
 #endif

@@ -29,7 +29,7 @@ static const char *const ENTRY_KEYS[] = {"device",        "model", "seq",       
 static const char *const CURVE_KEYS[] = {"fwd_ms", "bwd_ms", NULL};
 static const char *const COMM_KEYS[] = {"world", "op", "bytes", "ms", "uneven_ms", "cpu_ms", "host_cores",
                                         "train_overhead_ms", NULL};
-static const char *const PRECISIONS[] = {"fp32", "bf16", NULL};         /* index 1 = bf16 */
+static const char *const PRECISIONS[] = {"fp32", "bf16", "fp16", NULL}; /* precision order */
 static const char *const OPS[] = {"allgather", "reduce_scatter", NULL}; /* index 1 = RS */
 
 /* Paths in messages are built as we descend: "entries[2]" -> "entries[2].block.fwd_ms[3]". */
@@ -196,7 +196,7 @@ static int read_entry(const json_ctx *c, const cJSON *obj, const char *path, pro
     if (json_require(c, obj, path, "precision", &v) < 0 ||
         json_enum(c, v, p, PRECISIONS, &prec) < 0)
         return -1;
-    e->bf16 = prec == 1;
+    e->prec = (precision)prec;
 
     if (read_microbatch(c, obj, path, e) < 0 ||
         read_curve(c, obj, path, "block", true, e, &e->block) < 0 ||
@@ -278,7 +278,7 @@ static int key_cmp(const entry_key *a, const entry_key *b) {
     int d = strcmp(a->device, b->device);
     if (!d) d = strcasecmp(a->e->model, b->e->model);
     if (!d) d = (a->e->seq > b->e->seq) - (a->e->seq < b->e->seq);
-    if (!d) d = (int)a->e->bf16 - (int)b->e->bf16;
+    if (!d) d = (int)a->e->prec - (int)b->e->prec;
     return d;
 }
 
@@ -311,7 +311,7 @@ static int check_duplicate_entries(const json_ctx *c, const profile *p) {
     return err_set(c->err,
                    "%s: entries[%d]: duplicate of entries[%d] (same device, model, seq and "
                    "precision: %s, %s, %d, %s)",
-                   c->file, second, first, e->device, e->model, e->seq, e->bf16 ? "bf16" : "fp32");
+                   c->file, second, first, e->device, e->model, e->seq, precision_name(e->prec));
 }
 
 /* Collectives are few (PROFILE_MAX_COMM), so the plain pairwise check is fine. */
@@ -441,7 +441,7 @@ void profile_free(profile *p) {
 /* ---- lookups ----------------------------------------------------------------------------- */
 
 const profile_entry *profile_find(const profile *p, const char *device, const char *model, int seq,
-                                  bool bf16) {
+                                  precision prec) {
     if (!p || !device || !model) return NULL;
     char want[64], have[sizeof p->entries[0].device];
     str_normalize(device, want, sizeof want);
@@ -449,7 +449,7 @@ const profile_entry *profile_find(const profile *p, const char *device, const ch
     const gpu_spec *want_gpu = gpu_find(device, &ignored);
     for (int i = 0; i < p->n_entries; i++) {
         const profile_entry *e = &p->entries[i];
-        if (e->seq != seq || e->bf16 != bf16 || strcasecmp(e->model, model) != 0) continue;
+        if (e->seq != seq || e->prec != prec || strcasecmp(e->model, model) != 0) continue;
         str_normalize(e->device, have, sizeof have);
         if (strcmp(have, want) == 0) return e;
         /* aliases name the same catalog GPU: "Tesla-T4" in a profile serves a "T4" device */

@@ -33,6 +33,7 @@
 #include <stddef.h>
 
 #include "err.h"
+#include "precision.h"
 
 #define PROFILE_FORMAT "cephalo-profile"
 #define PROFILE_VERSION 1
@@ -47,7 +48,7 @@ typedef struct profile_entry {
     char device[32]; /* catalog type name as written */
     char model[64];
     int seq;
-    bool bf16;
+    precision prec;
     int n_points;
     int *microbatch; /* [n_points], strictly increasing, >= 1 */
     profile_curve block, embedding, head;
@@ -80,7 +81,7 @@ void profile_free(profile *p);
 
 /* The entry for this device type (case-insensitive, normalized), model, seq and precision. */
 const profile_entry *profile_find(const profile *p, const char *device, const char *model, int seq,
-                                  bool bf16);
+                                  precision prec);
 /* The measured collective for `world` ranks, or NULL. */
 const profile_comm *profile_find_comm(const profile *p, int world, bool reduce_scatter);
 

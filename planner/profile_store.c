@@ -37,7 +37,7 @@ char *profile_to_json(const profile *p) {
         cJSON_AddStringToObject(o, "device", e->device);
         cJSON_AddStringToObject(o, "model", e->model);
         cJSON_AddNumberToObject(o, "seq", e->seq);
-        cJSON_AddStringToObject(o, "precision", e->bf16 ? "bf16" : "fp32");
+        cJSON_AddStringToObject(o, "precision", precision_name(e->prec));
         cJSON *mb = cJSON_AddArrayToObject(o, "microbatch");
         for (int k = 0; k < e->n_points; k++) cJSON_AddItemToArray(mb, cJSON_CreateNumber(e->microbatch[k]));
         add_curve(o, "block", &e->block, e->n_points);
@@ -121,7 +121,7 @@ static bool same_entry(const profile_entry *a, const profile_entry *b) {
     char na[64], nb[64];
     str_normalize(a->device, na, sizeof na);
     str_normalize(b->device, nb, sizeof nb);
-    return !strcmp(na, nb) && !strcasecmp(a->model, b->model) && a->seq == b->seq && a->bf16 == b->bf16;
+    return !strcmp(na, nb) && !strcasecmp(a->model, b->model) && a->seq == b->seq && a->prec == b->prec;
 }
 
 int profile_merge(profile *dst, const profile *src) {

@@ -58,7 +58,9 @@ const char *comm_op_name(comm_op op) {
     return names[op];
 }
 
-size_t comm_dtype_size(comm_dtype t) { return t == COMM_BF16 ? 2 : t == COMM_F32 ? 4 : 8; }
+size_t comm_dtype_size(comm_dtype t) {
+    return t == COMM_BF16 || t == COMM_F16 ? 2 : t == COMM_F32 ? 4 : 8;
+}
 
 /* ------------------------------------------------------------------------------------------ */
 /* configuration                                                                               */
@@ -184,7 +186,7 @@ static void *comm_thread(void *arg) {
 
 static comm_req *new_request(comm *c, comm_op op, void *buf, comm_dtype t, const char *what) {
     CHECK(c != NULL);
-    CHECK(t == COMM_F32 || t == COMM_F64 || t == COMM_I64 || t == COMM_BF16);
+    CHECK(t == COMM_F32 || t == COMM_F64 || t == COMM_I64 || t == COMM_BF16 || t == COMM_F16);
     comm_req *r = xcalloc(1, sizeof *r);
     r->op = op, r->buf = buf, r->dtype = t;
     snprintf(r->what, sizeof r->what, "%s", what ? what : "");
@@ -244,7 +246,7 @@ comm_req *comm_allgatherv(comm *c, void *buf, const int64_t *counts, comm_dtype 
 }
 
 comm_req *comm_reduce_scatterv(comm *c, void *buf, const int64_t *counts, comm_dtype t, const char *what) {
-    CHECK(t == COMM_F32 || t == COMM_F64 || t == COMM_BF16);
+    CHECK(t == COMM_F32 || t == COMM_F64 || t == COMM_BF16 || t == COMM_F16);
     comm_req *r = new_request(c, COMM_OP_REDUCE_SCATTERV, buf, t, what);
     r->counts = copy_counts(c, counts, buf);
     return issue(c, r);

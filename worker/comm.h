@@ -62,9 +62,10 @@
 typedef struct comm comm;
 typedef struct comm_req comm_req;
 
-/* BF16: 2-byte bfloat16 bit patterns. Every backend moves it (allgatherv, broadcast); only the
- * nccl backend sums it (the socket backend fails reduce-scatterv and allreduce of BF16). */
-typedef enum { COMM_F32, COMM_F64, COMM_I64, COMM_BF16 } comm_dtype;
+/* BF16 / F16: 2-byte bfloat16 / IEEE half bit patterns. Every backend moves them (allgatherv,
+ * broadcast); only the nccl backend sums them (the socket backend fails reduce-scatterv and
+ * allreduce of BF16 and F16). */
+typedef enum { COMM_F32, COMM_F64, COMM_I64, COMM_BF16, COMM_F16 } comm_dtype;
 
 typedef struct comm_config {
     int rank, world;

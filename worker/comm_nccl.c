@@ -255,6 +255,7 @@ static ncclDataType_t nccl_type(comm_dtype t) {
     case COMM_F64: return ncclFloat64;
     case COMM_I64: return ncclInt64;
     case COMM_BF16: return ncclBfloat16;
+    case COMM_F16: return ncclFloat16;
     }
     return ncclFloat32;
 }

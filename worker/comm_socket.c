@@ -13,7 +13,7 @@
  * bytes) that the receiver checks, so ranks that issued different operations fail with a clear
  * message instead of silently mixing data. Payloads travel in the host's byte order: every rank
  * of a job is assumed to share it. Data is moved by element size (comm_dtype_size), so every
- * dtype gathers and broadcasts; sums are F32, F64 and I64 (BF16 sums are an error).
+ * dtype gathers and broadcasts; sums are F32, F64 and I64 (BF16 and F16 sums are an error).
  *
  * A failing rank tells its neighbours why before it shuts its connections: an abort frame names
  * the rank the failure started at (the origin) and how, and each rank that receives one fails with
@@ -476,8 +476,10 @@ static int broadcast(ring *g, comm_req *r, err_t *err) {
 
 static int run_op(ring *g, comm_req *r, err_t *err) {
     /* every rank fails the same operation here, before anything moves */
-    if (r->dtype == COMM_BF16 && (r->op == COMM_OP_REDUCE_SCATTERV || r->op == COMM_OP_ALLREDUCE))
-        return err_set(err, "the socket backend cannot sum BF16 (sum in F32, or use CEPHALO_COMM_BACKEND=nccl)");
+    bool half = r->dtype == COMM_BF16 || r->dtype == COMM_F16;
+    if (half && (r->op == COMM_OP_REDUCE_SCATTERV || r->op == COMM_OP_ALLREDUCE))
+        return err_set(err, "the socket backend cannot sum %s (sum in F32, or use CEPHALO_COMM_BACKEND=nccl)",
+                       r->dtype == COMM_BF16 ? "BF16" : "F16");
     if (g->pending) return forwarded(g, right_of(g), &g->pending_why, err); /* from_right */
     switch (r->op) {
     case COMM_OP_ALLGATHERV: return allgatherv(g, r, 0, err);

@@ -72,6 +72,11 @@ typedef struct dev_ops {
      * to_bf16 rounds to nearest even (NaN stays NaN); from_bf16 is exact. */
     void (*to_bf16)(device *d, uint16_t *out, const float *in, int64_t n);
     void (*from_bf16)(device *d, float *out, const uint16_t *in, int64_t n);
+    /* ---- fp16 (IEEE binary16 as uint16_t bit patterns) ----
+     * to_fp16 rounds to nearest even with subnormals, and overflows to +-inf above 65504 (what
+     * __float2half_rn does; NaN stays NaN); from_fp16 is exact. */
+    void (*to_fp16)(device *d, uint16_t *out, const float *in, int64_t n);
+    void (*from_fp16)(device *d, float *out, const uint16_t *in, int64_t n);
 
     /* ---- elementwise / reductions ---- */
     void (*fill)(device *d, float *x, float v, int64_t n);
@@ -86,9 +91,10 @@ typedef struct dev_ops {
     /* ---- matrix products ---- */
     /* C[M,N] = alpha * op(A)[M,K] * op(B)[K,N] + beta * C. op(X) = X^T when tX; A is stored
      * [M,K] (or [K,M] when ta) with leading dimension lda; likewise B and C. With
-     * d->matmul == DEV_MATMUL_BF16 the operands are rounded to bf16 and the products accumulate
-     * in fp32 (tensor cores on CUDA; the CPU rounds copies and calls sgemm, bit for bit the
-     * same products); DEV_MATMUL_TF32 lets CUDA use TF32 tensor cores (the CPU ignores it). */
+     * d->matmul == DEV_MATMUL_BF16 (DEV_MATMUL_FP16) the operands are rounded to bf16 (fp16,
+     * where a value above 65504 becomes inf) and the products accumulate in fp32 (tensor cores on
+     * CUDA, fed explicitly rounded 16-bit copies; the CPU rounds copies and calls sgemm, bit for
+     * bit the same products, as both formats' products are exact in fp32); DEV_MATMUL_TF32 lets CUDA use TF32 tensor cores (the CPU ignores it). */
     void (*gemm)(device *d, bool ta, bool tb, int M, int N, int K, float alpha, const float *A,
                  int lda, const float *B, int ldb, float beta, float *C, int ldc);
     /* x[N,C] += b[C] broadcast over rows (also used for position tables: C = T*d). */
@@ -178,7 +184,8 @@ typedef struct dev_ops {
 typedef enum {
     DEV_MATMUL_FP32 = 0, /* exact fp32 products (the CPU device; CUDA without tensor cores) */
     DEV_MATMUL_TF32 = 1, /* CUDA: TF32 tensor cores, fp32 accumulation (fp32 training on GPU) */
-    DEV_MATMUL_BF16 = 2  /* operands rounded to bf16, fp32 accumulation (bf16 mixed precision) */
+    DEV_MATMUL_BF16 = 2, /* operands rounded to bf16, fp32 accumulation (bf16 mixed precision) */
+    DEV_MATMUL_FP16 = 3  /* operands rounded to fp16, fp32 accumulation (fp16 mixed precision) */
 } dev_matmul;
 
 #define DEV_CONTEXT_LEN 128

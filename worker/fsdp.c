@@ -12,9 +12,10 @@
  * and gradients accumulate in place (replicated plans all-reduce each unit's gradient once its
  * last contribution is in).
  *
- * bf16 mixed precision: each rank rounds its fp32 shard to bf16, the bf16 unit is gathered (half
- * the bytes) and widened into the fp32 slot the unit computes from. One rank rounds its whole
- * unit the same way, so every plan computes with the same bf16 values. Gradients stay fp32.
+ * bf16/fp16 mixed precision: each rank rounds its fp32 shard to 16 bits, the 16-bit unit is
+ * gathered (half the bytes) and widened into the fp32 slot the unit computes from. One rank rounds
+ * its whole unit the same way, so every plan computes with the same 16-bit values. Gradients stay
+ * fp32.
  *
  * Staged collectives (the cuda device with the socket backend, e.g. several ranks sharing one
  * GPU): the communicator works on host memory, so a slot's data goes through host copies hp/hg:
@@ -46,14 +47,18 @@ static int wait_req(trainer *t, comm_req **r, err_t *err) {
     return rc;
 }
 
-/* The buffer a unit's parameters are gathered in: the bf16 copy or the fp32 slot itself. */
+/* The buffer a unit's parameters are gathered in: the 16-bit copy or the fp32 slot itself. */
 static void *gather_buf(trainer *t, int slot) {
-    return t->cfg.bf16 ? (void *)t->pbf[slot] : (void *)t->pslot[slot];
+    return precision_half(t->cfg.prec) ? (void *)t->pbf[slot] : (void *)t->pslot[slot];
 }
 
-static size_t gather_elem(const trainer *t) { return t->cfg.bf16 ? 2 : 4; }
+static comm_dtype gather_dtype(const trainer *t) {
+    return t->cfg.prec == PREC_BF16 ? COMM_BF16 : t->cfg.prec == PREC_FP16 ? COMM_F16 : COMM_F32;
+}
 
-/* Puts this rank's shard of unit u (as bf16 when so) at its place in the gather buffer; with
+static size_t gather_elem(const trainer *t) { return (size_t)precision_gather_bytes(t->cfg.prec); }
+
+/* Puts this rank's shard of unit u (as bf16/fp16 when so) at its place in the gather buffer; with
  * staging, also in the host copy the communicator reads. */
 static void place_shard(trainer *t, int u, int slot) {
     device *d = &t->dev;
@@ -64,10 +69,11 @@ static void place_shard(trainer *t, int u, int slot) {
     if (!n) return;
     size_t es = gather_elem(t);
     char *buf = (char *)gather_buf(t, slot) + off * (int64_t)es;
-    if (t->cfg.bf16) d->ops->to_bf16(d, (uint16_t *)buf, t->params[u], n);
+    if (t->cfg.prec == PREC_BF16) d->ops->to_bf16(d, (uint16_t *)buf, t->params[u], n);
+    if (t->cfg.prec == PREC_FP16) d->ops->to_fp16(d, (uint16_t *)buf, t->params[u], n);
     else if (!t->staged) d->ops->copy(d, buf, t->params[u], (size_t)n * 4, COPY_D2D);
     if (!t->staged) return;
-    const void *src = t->cfg.bf16 ? (const void *)buf : (const void *)t->params[u];
+    const void *src = precision_half(t->cfg.prec) ? (const void *)buf : (const void *)t->params[u];
     d->ops->copy(d, (char *)t->hp[slot] + off * (int64_t)es, src, (size_t)n * es, COPY_D2H);
 }
 
@@ -76,12 +82,12 @@ void fsdp_prefetch(trainer *t, int u, int slot) {
     CHECK(t->pslot_req[slot] == NULL); /* the caller waited for the slot's previous unit */
     t->pslot_unit[slot] = u;
     place_shard(t, u, slot);
-    if (!t->sharded) return; /* bf16 with one rank: the rounded unit is complete */
+    if (!t->sharded) return; /* 16-bit with one rank: the rounded unit is complete */
     char what[64];
     snprintf(what, sizeof what, "unit %d parameters", u);
     void *buf = t->staged ? t->hp[slot] : gather_buf(t, slot);
     t->pslot_req[slot] = comm_allgatherv(t->cfg.comm, buf, counts_of(t, u),
-                                         t->cfg.bf16 ? COMM_BF16 : COMM_F32, what);
+                                         gather_dtype(t), what);
     t->n_gathers++;
 }
 
@@ -95,7 +101,8 @@ float *fsdp_await(trainer *t, int u, int slot, err_t *err) {
                            COPY_H2D, DEV_STREAM_COMPUTE);
         d->ops->event_record(d, t->hp_read[slot], DEV_STREAM_COMPUTE);
     }
-    if (t->cfg.bf16) d->ops->from_bf16(d, t->pslot[slot], t->pbf[slot], t->numel[u]);
+    if (t->cfg.prec == PREC_BF16) d->ops->from_bf16(d, t->pslot[slot], t->pbf[slot], t->numel[u]);
+    if (t->cfg.prec == PREC_FP16) d->ops->from_fp16(d, t->pslot[slot], t->pbf[slot], t->numel[u]);
     return t->pslot[slot];
 }
 
@@ -208,7 +215,7 @@ void fsdp_setup(trainer *t) {
     t->shard_off = xcalloc((size_t)n, sizeof(int64_t));
     t->shard_n = xcalloc((size_t)n, sizeof(int64_t));
     t->sharded = world > 1 && !t->cfg.replicated;
-    t->gathered = t->sharded || t->cfg.bf16;
+    t->gathered = t->sharded || precision_half(t->cfg.prec);
     CHECK(world == 1 || t->cfg.comm != NULL);
     CHECK(!t->sharded || t->cfg.shard_sizes != NULL);
     if (t->sharded) check_shards(t);
@@ -238,8 +245,8 @@ int fsdp_alloc_slots(trainer *t, err_t *err) {
     int n_slots = t->sharded ? 4 : t->gathered ? 2 : 0;
     for (int s = 0; s < n_slots; s++)
         if (!(*slots[s] = dev_alloc(d, (size_t)max * 4, what[s]))) return *err = d->err, -1;
-    for (int s = 0; s < 2 && t->cfg.bf16; s++)
-        if (!(t->pbf[s] = dev_alloc(d, (size_t)max * 2, "gathered bf16 parameters")))
+    for (int s = 0; s < 2 && precision_half(t->cfg.prec); s++)
+        if (!(t->pbf[s] = dev_alloc(d, (size_t)max * 2, t->cfg.prec == PREC_BF16 ? "gathered bf16 parameters" : "gathered fp16 parameters")))
             return *err = d->err, -1;
     for (int s = 0; s < 2 && t->staged; s++) {
         t->hp[s] = d->ops->host_alloc(d, (size_t)max * 4);

@@ -123,7 +123,9 @@ typedef struct worker_opts {
     long diverge_steps;
     ckpt_opts ck; /* --ckpt-dir, --resume, --overwrite, --keep-last, --keep-every */
     bool quiet, have_threads, have_memory, have_gpu;
-    const char *device, *precision;
+    const char *device;
+    precision prec;
+    bool have_prec; /* --precision given (else the plan's, else fp32) */
     train_config cfg;
 } worker_opts;
 
@@ -225,7 +227,10 @@ static int parse_train(int argc, char **argv, worker_opts *o) {
         case O_QUIET: o->quiet = true; break;
         case O_DEVICE: rc = choice("--device", optarg, "cpu", "cuda", &o->device); break;
         case O_GPU: rc = integer("--gpu", optarg, 0, 1023, &v), c->gpu = (int)v, o->have_gpu = true; break;
-        case O_PRECISION: rc = choice("--precision", optarg, "fp32", "bf16", &o->precision); break;
+        case O_PRECISION:
+            if (!precision_parse(optarg, &o->prec)) rc = bad("--precision: '%s' is not " PRECISION_CHOICES, optarg);
+            o->have_prec = true;
+            break;
         case O_OFFLOAD: {
             const char *on;
             rc = choice("--offload", optarg, "on", "off", &on);
@@ -290,7 +295,7 @@ static int resolve_job(worker_opts *o) {
         c->micro = (int)m, c->micros = (int)(o->batch / m);
     }
     if (o->device) c->device = o->device;
-    if (o->precision) c->bf16 = !strcmp(o->precision, "bf16");
+    if (o->have_prec) c->prec = o->prec;
     if (!c->device) c->device = "cpu";
     /* tests: run the staged-collective path (the cuda device's with the socket backend) on CPU */
     const char *stage = getenv("CEPHALO_STAGE_HOST");

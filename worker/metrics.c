@@ -389,7 +389,7 @@ metrics *metrics_for_trainer(const trainer *t, const char *plan_path, err_t *err
     else {
         err_t ignored;
         const gpu_spec *g = gpu_find(x.device, &ignored);
-        if (g) peak = gpu_peak_tflops(g, c->bf16) * 1e12;
+        if (g) peak = gpu_peak_tflops(g, c->prec) * 1e12;
     }
     metrics_info info = {.job = job && *job ? job : "cephalo", .rank = c->rank, .device = x.device,
                          .batch = c->batch, .microbatch = c->micro, .microbatches = c->micros,

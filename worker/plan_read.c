@@ -39,10 +39,9 @@ static int read_inputs(const json_ctx *c, const cJSON *root, train_config *cfg) 
         json_require(c, in, "inputs", "precision", &prec) < 0 ||
         json_string(c, prec, "inputs.precision", &p) < 0)
         return -1;
-    if (strcmp(p, "fp32") && strcmp(p, "bf16"))
-        return err_set(c->err, "%s: inputs.precision is \"%s\" (expected \"fp32\" or \"bf16\")",
+    if (!precision_parse(p, &cfg->prec))
+        return err_set(c->err, "%s: inputs.precision is \"%s\" (expected " PRECISION_CHOICES ")",
                        c->file, p);
-    cfg->bf16 = !strcmp(p, "bf16");
     cfg->global_batch = (int)batch;
     cfg->seq = cfg->model.arch == ARCH_VIT ? 0 : (int)seq;
     return 0;

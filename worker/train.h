@@ -17,6 +17,7 @@
 #include "data.h"
 #include "device.h"
 #include "model.h"
+#include "precision.h"
 #include "wmodel.h"
 
 typedef struct train_config {
@@ -43,8 +44,9 @@ typedef struct train_config {
     int gpu;            /* cuda: the GPU's index among the visible ones */
     int threads;
     int64_t memory_bytes; /* device capacity; 0 = unlimited (cpu) / the GPU's free memory (cuda) */
-    bool bf16;          /* bf16 mixed precision: bf16 matmul operands, parameters gathered in
-                         * bf16; fp32 master shards, moments and gradients */
+    precision prec;     /* fp32, or bf16/fp16 mixed precision: 16-bit matmul operands,
+                         * parameters gathered in 16 bits; fp32 master shards, moments and
+                         * gradients (fp16: with dynamic loss scaling) */
     bool no_offload;    /* keep the unit-boundary checkpoints in device memory */
     bool sync_micro;    /* wait for each microbatch's compute before queueing the next */
     bool per_micro;     /* accumulate per microbatch (gather and reduce every microbatch) instead
@@ -91,9 +93,9 @@ typedef struct trainer {
     /* sharded: gathered parameters of the unit computing and the next one arriving, and the full
      * gradients of the unit back-propagating and the previous one being reduce-scattered */
     float *pslot[2], *gslot[2];
-    uint16_t *pbf[2]; /* bf16: the gathered (or, with one rank, rounded) parameters in bf16 */
+    uint16_t *pbf[2]; /* bf16/fp16: the gathered (or, with one rank, rounded) 16-bit parameters */
     int pslot_unit[2], gslot_unit[2];
-    bool gathered;   /* parameters pass through the slots (sharded, or bf16) */
+    bool gathered;   /* parameters pass through the slots (sharded, or 16-bit) */
     bool staged;     /* collectives run on host copies (cuda device with the socket backend) */
     void *hp[2], *hg[2]; /* staged: host copies of the parameter and gradient slots */
     dev_event *hp_read[2]; /* staged: the copy out of hp[s] into the device has finished */

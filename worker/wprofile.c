@@ -387,7 +387,7 @@ int worker_profile(int argc, char **argv) {
     snprintf(e->device, sizeof e->device, "%s", name);
     snprintf(e->model, sizeof e->model, "%s", model.name);
     e->seq = seq;
-    e->bf16 = bf16;
+    e->prec = bf16 ? PREC_BF16 : PREC_FP32;
     e->microbatch = xcalloc((size_t)K, sizeof(int));
     profile_curve *curves[] = {&e->embedding, &e->block, &e->head};
     for (int k = 0; k < 3; k++) {

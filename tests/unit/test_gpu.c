@@ -121,14 +121,14 @@ static void test_peak_tflops(void **state) {
     assert_non_null(a100);
     assert_non_null(v100);
     /* Pascal: no tensor cores, no bf16: plain fp32 either way. */
-    assert_float_equal(gpu_peak_tflops(p40, false), 11.8, 1e-9);
-    assert_float_equal(gpu_peak_tflops(p40, true), 11.8, 1e-9);
+    assert_float_equal(gpu_peak_tflops(p40, PREC_FP32), 11.8, 1e-9);
+    assert_float_equal(gpu_peak_tflops(p40, PREC_BF16), 11.8, 1e-9);
     /* Ampere: fp32 training runs on TF32 tensor cores, bf16 on the bf16 ones. */
-    assert_float_equal(gpu_peak_tflops(a100, false), 156.0, 1e-9);
-    assert_float_equal(gpu_peak_tflops(a100, true), 312.0, 1e-9);
+    assert_float_equal(gpu_peak_tflops(a100, PREC_FP32), 156.0, 1e-9);
+    assert_float_equal(gpu_peak_tflops(a100, PREC_BF16), 312.0, 1e-9);
     /* Volta has fp16 tensor cores but no bf16: bf16 falls back to fp32. */
-    assert_float_equal(gpu_peak_tflops(v100, true), 14.1, 1e-9);
-    assert_float_equal(gpu_peak_tflops(NULL, true), 0.0, 0);
+    assert_float_equal(gpu_peak_tflops(v100, PREC_BF16), 14.1, 1e-9);
+    assert_float_equal(gpu_peak_tflops(NULL, PREC_BF16), 0.0, 0);
 }
 
 static void test_catalog_sane(void **state) {

@@ -101,18 +101,18 @@ static void test_find(void **state) {
     profile p;
     err_t err;
     if (load(VALID, &p, &err) != 0) fail_msg("%s", err.msg);
-    const profile_entry *fp32 = profile_find(&p, "l4", "BERT-Large", 512, false);
-    const profile_entry *bf16 = profile_find(&p, "L-4", "bert-large", 512, true);
+    const profile_entry *fp32 = profile_find(&p, "l4", "BERT-Large", 512, PREC_FP32);
+    const profile_entry *bf16 = profile_find(&p, "L-4", "bert-large", 512, PREC_BF16);
     assert_ptr_equal(fp32, &p.entries[0]);
     assert_ptr_equal(bf16, &p.entries[1]); /* precision tells the two L4 entries apart */
-    assert_ptr_equal(profile_find(&p, "a_6000", "gpt-1.3b", 2048, false), &p.entries[2]);
-    assert_null(profile_find(&p, "L4", "bert-large", 1024, false)); /* other seq */
-    assert_null(profile_find(&p, "L40", "bert-large", 512, false)); /* other device */
-    assert_null(profile_find(&p, "L4", "bert", 512, false)); /* model matches exactly */
-    assert_null(profile_find(&p, "A6000", "gpt-1.3b", 2048, true));
+    assert_ptr_equal(profile_find(&p, "a_6000", "gpt-1.3b", 2048, PREC_FP32), &p.entries[2]);
+    assert_null(profile_find(&p, "L4", "bert-large", 1024, PREC_FP32)); /* other seq */
+    assert_null(profile_find(&p, "L40", "bert-large", 512, PREC_FP32)); /* other device */
+    assert_null(profile_find(&p, "L4", "bert", 512, PREC_FP32)); /* model matches exactly */
+    assert_null(profile_find(&p, "A6000", "gpt-1.3b", 2048, PREC_BF16));
     /* a GPU Feature Discovery label names the same catalog GPU */
-    assert_ptr_equal(profile_find(&p, "NVIDIA-L4", "bert-large", 512, false), &p.entries[0]);
-    assert_ptr_equal(profile_find(&p, "NVIDIA-RTX-A6000", "gpt-1.3b", 2048, false), &p.entries[2]);
+    assert_ptr_equal(profile_find(&p, "NVIDIA-L4", "bert-large", 512, PREC_FP32), &p.entries[0]);
+    assert_ptr_equal(profile_find(&p, "NVIDIA-RTX-A6000", "gpt-1.3b", 2048, PREC_FP32), &p.entries[2]);
 
     const profile_comm *ag = profile_find_comm(&p, 8, false);
     const profile_comm *rs = profile_find_comm(&p, 8, true);
@@ -123,7 +123,7 @@ static void test_find(void **state) {
     assert_null(rs->uneven_ms);
     assert_null(profile_find_comm(&p, 16, false));
     profile_free(&p);
-    assert_null(profile_find(&p, "L4", "bert-large", 512, false)); /* freed profile is empty */
+    assert_null(profile_find(&p, "L4", "bert-large", 512, PREC_FP32)); /* freed profile is empty */
 }
 
 /* The optional measurements added within version 1: read when present, 0/NULL when not, refused
@@ -170,7 +170,7 @@ static void test_empty_entries(void **state) {
     err_t err;
     if (load("{" HEADER "'entries': []}", &p, &err) != 0) fail_msg("%s", err.msg);
     assert_int_equal(p.n_entries, 0);
-    assert_null(profile_find(&p, "L4", "bert-large", 512, false));
+    assert_null(profile_find(&p, "L4", "bert-large", 512, PREC_FP32));
     assert_null(profile_find_comm(&p, 8, false));
     profile_free(&p);
 }
@@ -183,13 +183,13 @@ static void test_example_file(void **state) {
     assert_int_equal(p.n_entries, 4);
     const char *devices[] = {"L4", "A6000", "P40", "P100"};
     for (int i = 0; i < 4; i++) {
-        const profile_entry *e = profile_find(&p, devices[i], "bert-large", 512, false);
+        const profile_entry *e = profile_find(&p, devices[i], "bert-large", 512, PREC_FP32);
         if (!e) fail_msg("no entry for %s", devices[i]);
         assert_int_equal(e->n_points, 16);
         assert_non_null(e->compute_bytes);
     }
     /* The paper's A6000 figure: 2.67 ms per layer at microbatch 1, 39.73 at 16. */
-    const profile_entry *a = profile_find(&p, "a6000", "bert-large", 512, false);
+    const profile_entry *a = profile_find(&p, "a6000", "bert-large", 512, PREC_FP32);
     assert_true(fabs(a->block.fwd_ms[0] + a->block.bwd_ms[0] - 2.67) < 0.01);
     assert_true(fabs(a->block.fwd_ms[15] + a->block.bwd_ms[15] - 39.73) < 0.01);
     const profile_comm *rs = profile_find_comm(&p, 8, true);
@@ -288,8 +288,8 @@ static void test_bad_numbers(void **state) {
                  "'precision': 'fp32', " MB3 BLOCK3 "}]}",
                  "entries[0].seq: expected an integer >= 1, got 0");
     expect_error("{" HEADER "'entries': [{'device': 'L4', 'model': 'bert-large', 'seq': 512, "
-                 "'precision': 'fp16', " MB3 BLOCK3 "}]}",
-                 "entries[0].precision: expected \"fp32\" or \"bf16\", got \"fp16\"");
+                 "'precision': 'fp8', " MB3 BLOCK3 "}]}",
+                 "entries[0].precision: expected \"fp32\", \"bf16\" or \"fp16\", got \"fp8\"");
     expect_error("{" HEADER "'entries': [], 'comm': [{'world': 8, 'op': 'allgather', "
                  "'bytes': [1, 1], 'ms': [1, 2]}]}",
                  "comm[0].bytes[1]: 1 is not greater than the value before it (1)");

@@ -289,11 +289,11 @@ static void test_plan_read(void **state) {
     assert_non_null(strstr(err.msg, "units[1].shard_sizes add up to"));
     train_config_release(&c);
     if (read_plan("bf16", "2", 0, 2, &c, &err) != 0) fail_msg("%s", err.msg);
-    assert_true(c.bf16);
+    assert_int_equal(c.prec, PREC_BF16);
     assert_string_equal(c.device, "cpu");
     train_config_release(&c);
-    assert_int_equal(read_plan("fp16", "2", 0, 2, &c, &err), -1);
-    assert_non_null(strstr(err.msg, "inputs.precision is \"fp16\" (expected \"fp32\" or \"bf16\")"));
+    assert_int_equal(read_plan("fp8", "2", 0, 2, &c, &err), -1);
+    assert_non_null(strstr(err.msg, "inputs.precision is \"fp8\" (expected fp32, bf16 or fp16)"));
     assert_int_equal(read_plan("fp32", "2", 0, 3, &c, &err), -1);
     assert_non_null(strstr(err.msg, "WORLD_SIZE is 3"));
     assert_int_equal(read_plan("fp32", "3", 1, 2, &c, &err), -1);
