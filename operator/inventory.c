@@ -61,11 +61,16 @@ static long gpu_count(const cJSON *node) {
     return 0;
 }
 
-static const gpu_spec *nearest_by_memory(double mib) {
+/* The catalog entry nearest in memory, among those of the GPU's compute capability major when it
+ * is known (major > 0) and the catalog has one: its rates and bf16 support are the likelier. */
+static const gpu_spec *nearest_by_memory(double mib, int major) {
     int n;
     const gpu_spec *cat = gpu_catalog(&n), *best = NULL;
+    bool have_major = false;
+    for (int i = 0; i < n && major > 0; i++) have_major |= cat[i].cc_major == major;
     for (int i = 0; i < n; i++) {
         if (strcmp(cat[i].name, GPU_CPU_NAME) == 0) continue;
+        if (have_major && cat[i].cc_major != major) continue;
         if (!best || fabs(cat[i].memory_gib * 1024 - mib) < fabs(best->memory_gib * 1024 - mib))
             best = &cat[i];
     }
@@ -76,6 +81,73 @@ static int by_name(const void *a, const void *b) {
     const cJSON *x = *(const cJSON *const *)a, *y = *(const cJSON *const *)b;
     const char *nx = kube_meta_str(x, "name"), *ny = kube_meta_str(y, "name");
     return strcmp(nx ? nx : "", ny ? ny : "");
+}
+
+int inv_archs_parse(const char *s, inv_archs *out, err_t *err) {
+    memset(out, 0, sizeof *out);
+    const char *p = s ? s : "";
+    while (*p) {
+        size_t len = strcspn(p, " ,\t");
+        if (len == 0) {
+            p++;
+            continue;
+        }
+        long v;
+        char item[16];
+        snprintf(item, sizeof item, "%.*s", (int)(len < 15 ? len : 15), p);
+        if (len != 2 || !str_to_long(item, &v) || v < 10)
+            return err_set(err, "--worker-archs: '%s' is not an architecture (expected two digits major minor "
+                                "like 86 for sm_86, e.g. \"%s\")", item, INV_DEFAULT_ARCHS);
+        if (out->n == INV_MAX_ARCHS) return err_set(err, "--worker-archs: more than %d architectures", INV_MAX_ARCHS);
+        out->cc[out->n++] = (int)v;
+        p += len;
+    }
+    if (out->n == 0) return err_set(err, "--worker-archs: empty (expected e.g. \"%s\")", INV_DEFAULT_ARCHS);
+    return 0;
+}
+
+/* Within a major, a cubin for sm_XY runs on every X.Z with Z >= Y (CUDA's binary compatibility);
+ * PTX for newer majors is not counted: the image's JIT cache is not something to plan on. */
+bool inv_archs_run(const inv_archs *a, int major, int minor) {
+    if (!a || a->n == 0) return true;
+    for (int i = 0; i < a->n; i++)
+        if (a->cc[i] / 10 == major && a->cc[i] % 10 <= minor) return true;
+    return false;
+}
+
+/* The node's compute capability from GFD's labels; false when they are absent or not numbers. */
+static bool label_cc(const cJSON *node, int *major, int *minor) {
+    const char *ma = label(node, INV_LABEL_CC_MAJOR), *mi = label(node, INV_LABEL_CC_MINOR);
+    long a, b;
+    if (!ma || !mi || !str_to_long(ma, &a) || !str_to_long(mi, &b) || a < 1 || a > 99 || b < 0 || b > 99) return false;
+    *major = (int)a;
+    *minor = (int)b;
+    return true;
+}
+
+/* The archs as "sm_60 sm_61 ..." for messages. */
+static void archs_text(const inv_archs *a, char *out, size_t n) {
+    out[0] = '\0';
+    for (int i = 0; i < a->n; i++) {
+        size_t len = strlen(out);
+        snprintf(out + len, n - len, "%ssm_%d", i ? " " : "", a->cc[i]);
+    }
+}
+
+/* The node's compute capability (the labels say what the GPU is; the catalog what such a product
+ * is; unknown: 0.0) and whether the worker image runs it; when not, a note says so. */
+static bool image_runs(const cJSON *node, const char *name, const char *product, const gpu_spec *spec,
+                       const inv_archs *archs, int *major, int *minor, inv_result *r) {
+    *major = spec ? spec->cc_major : 0;
+    *minor = spec ? spec->cc_minor : 0;
+    label_cc(node, major, minor);
+    if (*major <= 0 || inv_archs_run(archs, *major, *minor)) return true;
+    char why[400], list[200];
+    archs_text(archs, list, sizeof list);
+    snprintf(why, sizeof why, "node %s: %s (compute capability %d.%d) is left out: the worker image is built for %s "
+             "(--worker-archs)", name, product, *major, *minor, list);
+    note(r, "%s%s", why, "");
+    return false;
 }
 
 bool inv_node_ready(const cJSON *node) {
@@ -106,7 +178,7 @@ int inv_build(const cJSON *nodes, const inv_constraints *c, cluster *cl, inv_res
     const cJSON *node;
     cJSON_ArrayForEach(node, nodes) sorted[k++] = node;
     qsort(sorted, (size_t)k, sizeof *sorted, by_name);
-    int with_gpus = 0;
+    int with_gpus = 0, archs_left = 0;
     char seen[256] = "";
     for (int i = 0; i < k; i++) {
         node = sorted[i];
@@ -135,12 +207,17 @@ int inv_build(const cJSON *nodes, const inv_constraints *c, cluster *cl, inv_res
         double mem_mib = 0;
         const char *m = label(node, INV_LABEL_MEMORY);
         if (m && !str_to_double(m, &mem_mib)) mem_mib = 0;
+        int major, minor;
+        if (!image_runs(node, name, product, spec, c->archs, &major, &minor, r)) {
+            archs_left++;
+            continue;
+        }
         if (!spec) {
             if (mem_mib <= 0) {
                 note(r, "node %s: GPU product %s is unknown and has no gpu.memory label", name, product);
                 continue;
             }
-            spec = nearest_by_memory(mem_mib);
+            spec = nearest_by_memory(mem_mib, major);
             r->estimated = true;
             note(r, "node %s: unknown GPU product %s planned from its gpu.memory label", name, product);
         }
@@ -167,6 +244,10 @@ int inv_build(const cJSON *nodes, const inv_constraints *c, cluster *cl, inv_res
                 cl->devices[d].memory_bytes = mem_mib * 1024.0 * 1024.0;
                 snprintf(cl->devices[d].type, sizeof cl->devices[d].type, "%s", product);
             }
+        for (int d = cl->n_devices - (int)count; d < cl->n_devices; d++) {
+            cl->devices[d].cc_major = major;
+            cl->devices[d].cc_minor = minor;
+        }
         r->gpus += (int)count;
     }
     free(sorted);
@@ -175,6 +256,8 @@ int inv_build(const cJSON *nodes, const inv_constraints *c, cluster *cl, inv_res
         if (with_gpus == 0)
             return err_set(err, "no node has GPUs (GPU Feature Discovery label %s and allocatable %s)",
                            INV_LABEL_PRODUCT, INV_RESOURCE_GPU);
+        if (archs_left > 0)
+            return err_set(err, "no usable GPU: the worker image runs none of the GPUs the job may use: %s", r->notes);
         return err_set(err, "no usable GPU: none of the %d GPU nodes (products: %s) matches the "
                             "job's gpus constraints%s%s", with_gpus, seen, *r->notes ? "; " : "", r->notes);
     }

@@ -6,7 +6,12 @@
  *
  * A product the catalog (planner/gpu.h) does not know is planned as the catalog entry nearest in
  * memory, with the memory of the gpu.memory label, and the result is marked estimated. Nodes are
- * taken in name order, so the same Nodes always give the same ranks. */
+ * taken in name order, so the same Nodes always give the same ranks.
+ *
+ * Compute capability: labels nvidia.com/gpu.compute.major and .minor, else the catalog's for the
+ * product; a GPU whose capability the worker image was not built for (inv_constraints.archs) is
+ * left out with a note naming the node, the GPU and its capability. An unknown product without
+ * the labels has no known capability: it is kept. */
 #ifndef CEPHALO_INVENTORY_H
 #define CEPHALO_INVENTORY_H
 
@@ -20,12 +25,31 @@
 #define INV_LABEL_PRODUCT "nvidia.com/gpu.product"
 #define INV_LABEL_MEMORY "nvidia.com/gpu.memory"
 #define INV_LABEL_COUNT "nvidia.com/gpu.count"
+#define INV_LABEL_CC_MAJOR "nvidia.com/gpu.compute.major"
+#define INV_LABEL_CC_MINOR "nvidia.com/gpu.compute.minor"
 #define INV_RESOURCE_GPU "nvidia.com/gpu"
+
+/* The architectures of the worker image (the operator's --worker-archs): sm_60 ... sm_90. */
+#define INV_DEFAULT_ARCHS "60 61 70 75 80 86 89 90"
+#define INV_MAX_ARCHS 32
+
+typedef struct inv_archs {
+    int n; /* 0: no restriction */
+    int cc[INV_MAX_ARCHS]; /* major*10 + minor, e.g. 86 */
+} inv_archs;
+
+/* Parses "60 61 70 ..." (spaces or commas between two-digit numbers like nvcc's sm_XY, major
+ * 1..9 and minor 0..9). 0, or -1 with err set naming the item and what was expected. */
+int inv_archs_parse(const char *s, inv_archs *out, err_t *err);
+/* Whether an image of these archs runs a GPU of compute capability major.minor: some arch of the
+ * same major and a minor at most the GPU's (CUDA's binary compatibility within a major). */
+bool inv_archs_run(const inv_archs *a, int major, int minor);
 
 typedef struct inv_constraints {
     const cJSON *allowed_products; /* array of strings, or NULL: any product the catalog knows */
     int max_gpus; /* 0: no limit */
     const cJSON *node_selector; /* object label -> value, or NULL */
+    const inv_archs *archs; /* what the worker image runs, or NULL: any compute capability */
 } inv_constraints;
 
 typedef struct inv_result {

@@ -48,6 +48,7 @@
 typedef struct op_opts {
     const char *kubeconfig, *context, *namespace, *metrics_addr, *log_level;
     const char *worker_image, *worker_pull_policy, *profile_cm;
+    inv_archs worker_archs;
     bool leader_elect;
     const char *le_namespace, *le_id;
     double le_duration_s, le_renew_s, le_retry_s;
@@ -67,6 +68,9 @@ static const char usage[] =
     "  --worker-image IMAGE     worker image of jobs without spec.image\n"
     "                           (default ghcr.io/cephalo/cephalo-worker)\n"
     "  --worker-image-pull-policy P  Always, IfNotPresent or Never (default: the cluster's)\n"
+    "  --worker-archs \"A B ...\"   the compute capabilities the worker image is built for, as\n"
+    "                           sm_XY numbers (default \"" INV_DEFAULT_ARCHS "\"); a GPU\n"
+    "                           they do not run is left out of every job's inventory\n"
     "  --profile-configmap NS/NAME   measured profiles (cephalo profile -o) for jobs without\n"
     "                           spec.profileConfigMap (default: none, analytic estimates)\n"
     "  --plan-timeout D         a job whose plan takes longer fails with reason PlanningTimeout\n"
@@ -134,6 +138,8 @@ static int op_parse(int argc, char **argv, op_opts *o, err_t *err) {
                    .worker_image = "ghcr.io/cephalo/cephalo-worker", .le_id = "cephalo-operator",
                    .le_duration_s = 15, .le_renew_s = 10, .le_retry_s = 2, .plan_timeout_s = 30,
                    .plan_workers = 2};
+    err_t ignored;
+    inv_archs_parse(INV_DEFAULT_ARCHS, &o->worker_archs, &ignored);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) return 1;
@@ -158,7 +164,7 @@ static int op_parse(int argc, char **argv, op_opts *o, err_t *err) {
             "--worker-image", "--worker-image-pull-policy", "--leader-election-namespace",
             "--leader-election-id", "--leader-election-lease-duration",
             "--leader-election-renew-deadline", "--leader-election-retry-period", "--profile-configmap",
-            "--plan-timeout", "--plan-workers", NULL};
+            "--plan-timeout", "--plan-workers", "--worker-archs", NULL};
         int k = 0;
         while (known[k] && strcmp(known[k], flag)) k++;
         if (!known[k]) return err_set(err, "unknown option '%s' (see --help)", flag);
@@ -185,6 +191,7 @@ static int op_parse(int argc, char **argv, op_opts *o, err_t *err) {
             if (!str_to_long(val, &o->plan_workers) || o->plan_workers < 1 || o->plan_workers > 64)
                 return err_set(err, "--plan-workers: expected an integer 1..64, got '%s'", val);
             break;
+        case 15: if (inv_archs_parse(val, &o->worker_archs, err) < 0) return -1; break;
         }
     }
     static const char *const levels[] = {"debug", "info", "warn", "error"};
@@ -766,7 +773,8 @@ int main(int argc, char **argv) {
     }
 
     rec_config rc_cfg = {.worker_image = o.worker_image, .worker_pull_policy = o.worker_pull_policy,
-                         .profile_cm = o.profile_cm, .planner = op_pool, .plan_timeout_s = o.plan_timeout_s};
+                         .profile_cm = o.profile_cm, .planner = op_pool, .plan_timeout_s = o.plan_timeout_s,
+                         .worker_archs = &o.worker_archs};
     double next_resync = clock_now_s() + OP_RESYNC_S;
     while (!op_stop) {
         op_item it;

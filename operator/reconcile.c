@@ -64,11 +64,12 @@ static int resolve_model(const cJSON *spec_model, model_spec *m, err_t *err) {
 
 /* The job's usable GPUs: the Nodes filtered by spec.gpus (inventory.h). 0, or -1 with the
  * error set (no usable GPU: the error says why). */
-static int job_cluster(const cJSON *nodes, const cJSON *spec, cluster *cl, inv_result *inv, err_t *err) {
+static int job_cluster(const rec_config *rc, const cJSON *nodes, const cJSON *spec, cluster *cl, inv_result *inv,
+                       err_t *err) {
     const cJSON *gpus = get(spec, "gpus");
     inv_constraints c = {.allowed_products = get(gpus, "allowedProducts"),
                          .max_gpus = (int)get_num(gpus, "maxGPUs", 0),
-                         .node_selector = get(gpus, "nodeSelector")};
+                         .node_selector = get(gpus, "nodeSelector"), .archs = rc->worker_archs};
     return inv_build(get(nodes, "items"), &c, cl, inv, err);
 }
 
@@ -81,11 +82,11 @@ static uint64_t fnv1a(uint64_t h, const void *p, size_t n) {
 
 /* A fingerprint of the job's usable GPUs (node, type and memory of each, in rank order): when it
  * changes, the job is planned again. "none" when no GPU is usable. */
-static void inventory_fingerprint(const cJSON *nodes, const cJSON *spec, char *out, size_t n) {
+static void inventory_fingerprint(const rec_config *rc, const cJSON *nodes, const cJSON *spec, char *out, size_t n) {
     cluster cl;
     inv_result inv;
     err_t e;
-    if (job_cluster(nodes, spec, &cl, &inv, &e) < 0) {
+    if (job_cluster(rc, nodes, spec, &cl, &inv, &e) < 0) {
         snprintf(out, n, "none");
         return;
     }
@@ -205,7 +206,7 @@ static int plan_prepare(kube_client *k, const rec_config *c, const cJSON *job, c
     if (resolve_model(get(spec, "model"), &t->in.model, err) < 0) return err_prefix(err, "model");
     if (strategy_parse(get_str(spec, "strategy", "cephalo"), &t->strat, err) < 0) return -1;
     inv_result inv;
-    if (job_cluster(nodes, spec, &t->in.cl, &inv, err) < 0) {
+    if (job_cluster(c, nodes, spec, &t->in.cl, &inv, err) < 0) {
         out->reason = "NoGPUs";
         return -1;
     }
@@ -213,8 +214,14 @@ static int plan_prepare(kube_client *k, const rec_config *c, const cJSON *job, c
     out->estimated = inv.estimated;
     snprintf(out->notes, sizeof out->notes, "%s", inv.notes);
     t->o = (inputs_opts){.batch = (long)get_num(spec, "globalBatch", 0), .seq = (long)get_num(spec, "seqLen", 0),
-                         .bf16 = strcmp(get_str(spec, "precision", "fp32"), "bf16") == 0,
                          .mem_cap = get_num(spec, "memCap", 0.8), .no_store = true};
+    const char *prec = get_str(spec, "precision", "fp32");
+    if (!precision_parse(prec, &t->o.prec))
+        return err_set(err, "spec.precision: '%.40s' (expected " PRECISION_CHOICES ")", prec);
+    if (cluster_check_precision(&t->in.cl, t->o.prec, "spec.precision", err) < 0) {
+        out->reason = "UnsupportedPrecision";
+        return -1;
+    }
     if (t->o.batch < t->in.cl.n_devices)
         return err_set(err, "globalBatch %ld is less than the %d usable GPUs (every GPU needs a sample; "
                             "lower gpus.maxGPUs or raise globalBatch)", t->o.batch, t->in.cl.n_devices);
@@ -876,7 +883,7 @@ static int current_plan(rec_ctx *x, err_t *err) {
     char gen_s[32], fp[64];
     const cJSON *cm = x->cm;
     snprintf(gen_s, sizeof gen_s, "%.0f", x->gen);
-    inventory_fingerprint(x->nodes, x->spec, fp, sizeof fp);
+    inventory_fingerprint(x->c, x->nodes, x->spec, fp, sizeof fp);
     const cJSON *ann = get(get(cm, "metadata"), "annotations");
     const char *cm_plan = get_str(get(cm, "data"), "plan.json", NULL);
     const char *cm_gen = get_str(ann, REC_ANN_GENERATION, ""), *cm_fp = get_str(ann, REC_ANN_INVENTORY, "");

@@ -27,6 +27,7 @@
 #define CEPHALO_RECONCILE_H
 
 #include "err.h"
+#include "inventory.h"
 #include "kube.h"
 #include "planning.h"
 
@@ -49,6 +50,7 @@ typedef struct rec_config {
     double scrape_timeout_s; /* per worker /metrics request (progress in the status); 0: 1 s */
     planning *planner; /* plans are made on its threads (planning.h); NULL: on the caller's */
     double plan_timeout_s; /* --plan-timeout: a plan that takes longer fails (PlanningTimeout); 0: none */
+    const inv_archs *worker_archs; /* --worker-archs: GPUs the worker image runs; NULL: any */
 } rec_config;
 
 typedef struct rec_stats {

@@ -44,7 +44,9 @@ static const char usage_text[] =
     "  --model MODEL         built-in model name or model file               [required]\n"
     "  --batch B             global batch (samples per iteration)            [required]\n"
     "  --seq S               sequence length (default: the model's)\n"
-    "  --precision P         fp32 (default; TF32 tensor cores allowed) or bf16\n"
+    "  --precision P         fp32 (default; TF32 tensor cores allowed), bf16 (compute\n"
+    "                        capability 8.0+) or fp16 (tensor cores from 7.0; Pascal runs\n"
+    "                        it at its fp32 rate, with 2-byte parameter gathers)\n"
     "  --strategy S          cephalo (default), fsdp, whale, cb or mb        [plan]\n"
     "  --profile FILE        measured costs (cephalo profile); default: the profile store\n"
     "                        when it has the model, else estimates (docs/profile.md)\n"
@@ -61,7 +63,8 @@ static const char usage_text[] =
 typedef struct cli_opts {
     const char *cluster, *model, *profile, *output, *dump_costs;
     long batch, seq;
-    bool bf16, json;
+    precision prec;
+    bool json;
     double mem_cap;
     strategy strat;
 } cli_opts;
@@ -102,8 +105,7 @@ static int parse_options(int argc, char **argv, cli_opts *o) {
                 return bad("--seq: '%s' is not a positive integer (1..1048576)", optarg);
             break;
         case 'p':
-            if (strcmp(optarg, "fp32") && strcmp(optarg, "bf16")) return bad("--precision: '%s' (expected fp32 or bf16)", optarg);
-            o->bf16 = strcmp(optarg, "bf16") == 0;
+            if (!precision_parse(optarg, &o->prec)) return bad("--precision: '%s' (expected " PRECISION_CHOICES ")", optarg);
             break;
         case 'M':
             if (!str_to_double(optarg, &o->mem_cap) || !(o->mem_cap > 0 && o->mem_cap <= 1))
@@ -132,9 +134,10 @@ static int parse_options(int argc, char **argv, cli_opts *o) {
 static int load_inputs(const cli_opts *o, plan_inputs *in) {
     err_t err = {{0}};
     memset(in, 0, sizeof *in);
-    inputs_opts io = {.profile = o->profile, .seq = o->seq, .batch = o->batch, .bf16 = o->bf16, .mem_cap = o->mem_cap};
-    if (cluster_load_file(o->cluster, &in->cl, &err) < 0 || model_resolve(o->model, &in->model, &err) < 0 ||
-        inputs_build(in, &io, &err) < 0) {
+    inputs_opts io = {.profile = o->profile, .seq = o->seq, .batch = o->batch, .prec = o->prec, .mem_cap = o->mem_cap};
+    /* the precision is checked against the GPUs first, so that the message names the option */
+    if (cluster_load_file(o->cluster, &in->cl, &err) < 0 || cluster_check_precision(&in->cl, o->prec, "--precision", &err) < 0 ||
+        model_resolve(o->model, &in->model, &err) < 0 || inputs_build(in, &io, &err) < 0) {
         fprintf(stderr, "cephalo: %s\n", err.msg);
         return EXIT_BAD_INPUT;
     }
@@ -209,7 +212,7 @@ static int cmd_models_list(void) {
 }
 
 /* One model's units with the figures the planner uses (docs/cost-model.md). */
-static int cmd_model_detail(const char *name, long seq_opt, bool bf16) {
+static int cmd_model_detail(const char *name, long seq_opt, precision prec) {
     model_spec m;
     err_t err;
     int seq;
@@ -217,10 +220,10 @@ static int cmd_model_detail(const char *name, long seq_opt, bool bf16) {
         fprintf(stderr, "cephalo: %s\n", err.msg);
         return EXIT_BAD_INPUT;
     }
-    int elem = bf16 ? 2 : 4, t = model_tokens(&m, seq);
+    int elem = precision_gather_bytes(prec), t = model_tokens(&m, seq);
     printf("%s: %s, %d layers, d_model %d, %d heads (%d kv), d_ff %d, %lld parameters\n", m.name, model_arch_name(m.arch),
            m.n_layer, m.d_model, m.n_head, m.n_kv_head, m.d_ff, (long long)model_params(&m));
-    printf("per sample at %d tokens, %s activations; FSDP units:\n", t, bf16 ? "bf16" : "fp32");
+    printf("per sample at %d tokens, %s activations; FSDP units:\n", t, precision_name(prec));
     printf("%-12s %5s %15s %16s %18s\n", "unit", "count", "parameters", "fwd GFLOP/sample", "activations MiB");
     for (unit_kind k = UNIT_EMBEDDING; k <= UNIT_HEAD; k++)
         printf("%-12s %5d %15lld %16.3f %18.2f\n", unit_kind_name(k), k == UNIT_BLOCK ? m.n_layer : 1,
@@ -236,35 +239,45 @@ static int cmd_model_detail(const char *name, long seq_opt, bool bf16) {
 
 static int cmd_models(int argc, char **argv) {
     long seq = 0;
-    bool bf16 = false;
+    precision prec = PREC_FP32;
     const char *name = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            puts("usage: cephalo models [MODEL [--seq S] [--precision fp32|bf16]]\n"
+            puts("usage: cephalo models [MODEL [--seq S] [--precision fp32|bf16|fp16]]\n"
                  "  without MODEL: the built-in models; with one: its units, FLOPs and activation memory");
             return 0;
         } else if (!strcmp(argv[i], "--seq") && i + 1 < argc) {
             if (!str_to_long(argv[++i], &seq) || seq < 1 || seq > 1 << 20) return bad("--seq: '%s' is not a positive integer", argv[i]);
         } else if (!strcmp(argv[i], "--precision") && i + 1 < argc) {
             const char *p = argv[++i];
-            if (strcmp(p, "fp32") && strcmp(p, "bf16")) return bad("--precision: '%s' (expected fp32 or bf16)", p);
-            bf16 = !strcmp(p, "bf16");
+            if (!precision_parse(p, &prec)) return bad("--precision: '%s' (expected " PRECISION_CHOICES ")", p);
         } else if (argv[i][0] == '-' || name) {
             return bad("models: unexpected argument '%s'", argv[i]);
         } else {
             name = argv[i];
         }
     }
-    return name ? cmd_model_detail(name, seq, bf16) : cmd_models_list();
+    return name ? cmd_model_detail(name, seq, prec) : cmd_models_list();
 }
 
 static int cmd_gpus(void) {
     int n;
     const gpu_spec *g = gpu_catalog(&n);
-    printf("%-14s %-10s %8s %8s %8s %8s %9s\n", "type", "arch", "mem GiB", "fp32 TF", "tf32 TF", "bf16 TF", "bw GB/s");
-    for (int i = 0; i < n; i++)
-        printf("%-14s %-10s %8.1f %8.1f %8.1f %8.1f %9.0f\n", g[i].name, g[i].arch, g[i].memory_gib, g[i].fp32_tflops,
-               g[i].tf32_tflops, g[i].bf16_tflops, g[i].mem_bw_gbs);
+    /* a 0 tensor figure is printed as "-": the GPU has no such tensor cores */
+    printf("%-14s %-8s %4s %8s %8s %8s %8s %8s %9s\n", "type", "arch", "cc", "mem GiB", "fp32 TF", "tf32 TF", "fp16 TF",
+           "bf16 TF", "bw GB/s");
+    for (int i = 0; i < n; i++) {
+        char cc[8], rate[3][16];
+        const double r[3] = {g[i].tf32_tflops, g[i].fp16_tflops, g[i].bf16_tflops};
+        if (g[i].cc_major) snprintf(cc, sizeof cc, "%d.%d", g[i].cc_major, g[i].cc_minor);
+        else snprintf(cc, sizeof cc, "-");
+        for (int k = 0; k < 3; k++) {
+            if (r[k] > 0) snprintf(rate[k], sizeof rate[k], "%.1f", r[k]);
+            else snprintf(rate[k], sizeof rate[k], "-");
+        }
+        printf("%-14s %-8s %4s %8.1f %8.1f %8s %8s %8s %9.0f\n", g[i].name, g[i].arch, cc, g[i].memory_gib,
+               g[i].fp32_tflops, rate[0], rate[1], rate[2], g[i].mem_bw_gbs);
+    }
     return 0;
 }
 

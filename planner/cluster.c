@@ -107,7 +107,8 @@ int cluster_add_devices(cluster *c, const char *type, int count, err_t *err) {
     if (strcmp(spec->name, GPU_CPU_NAME) == 0)
         return err_set(err, "cluster: cpu devices need threads and memory_gib; describe them in "
                             "a cluster file");
-    cluster_device d = {.spec = spec, .memory_bytes = spec->memory_gib * GIB};
+    cluster_device d = {.spec = spec, .memory_bytes = spec->memory_gib * GIB,
+                        .cc_major = spec->cc_major, .cc_minor = spec->cc_minor};
     device_type_name(&d);
     if (count < 1) return err_set(err, "cluster: device count must be at least 1, got %d", count);
     if (push_devices(c, &d, count) < 0)
@@ -177,6 +178,8 @@ static int parse_gpus_item(const yctx *y, const ynode *item, const char *base, c
     if (ymap_check_keys(y, item, base, keys) < 0) return -1;
     cluster_device d = {.node = c->n_nodes - 1};
     if (!(d.spec = parse_type(y, item, base))) return -1;
+    d.cc_major = d.spec->cc_major;
+    d.cc_minor = d.spec->cc_minor;
 
     bool is_cpu = strcmp(d.spec->name, GPU_CPU_NAME) == 0;
     const ynode *threads = ymap_get(item, "threads");
@@ -305,4 +308,42 @@ int cluster_load_file(const char *path, cluster *out, err_t *err) {
     cluster_init(out);
     if (!path) return err_set(err, "cluster: no file name given");
     return load_tree(path, ytree_load_file(path, err), out, err);
+}
+
+/* ---- precision ---- */
+
+/* Appends "T4 (compute capability 7.5)" for each GPU type lacking p, once per type; returns how
+ * many types were listed and whether all of them have tensor cores (sm_70+). */
+static int list_lacking(const cluster *c, precision p, char *out, size_t n, bool *all_tensor) {
+    int listed = 0;
+    *all_tensor = true;
+    out[0] = '\0';
+    for (int i = 0; i < c->n_devices; i++) {
+        const cluster_device *d = &c->devices[i];
+        /* a GPU of unknown compute capability (an unknown product without labels) is planned as asked */
+        if (d->threads > 0 || d->cc_major <= 0 || gpu_cc_supports(d->cc_major, p)) continue;
+        bool seen = false;
+        for (int j = 0; j < i && !seen; j++)
+            seen = !strcmp(c->devices[j].type, d->type) && c->devices[j].cc_major == d->cc_major;
+        if (seen) continue;
+        size_t len = strlen(out);
+        snprintf(out + len, n - len, "%s%s (compute capability %d.%d)", listed ? " and " : "", d->type,
+                 d->cc_major, d->cc_minor);
+        *all_tensor &= d->cc_major >= 7;
+        listed++;
+    }
+    return listed;
+}
+
+int cluster_check_precision(const cluster *c, precision p, const char *field, err_t *err) {
+    char who[512];
+    bool all_tensor;
+    int n = list_lacking(c, p, who, sizeof who, &all_tensor);
+    if (n == 0) return 0;
+    /* fp16 is the 16-bit precision every GPU runs: with tensor cores from sm_70, and on Pascal
+     * at least with 2-byte parameter gathers (half the collective bytes and gather buffers) */
+    return err_set(err, "%s %s: %s %s no %s (it needs compute capability %d.0 or later); use %s fp16 (%s) or fp32",
+                   field, precision_name(p), who, n == 1 ? "has" : "have", precision_name(p), GPU_BF16_MIN_MAJOR,
+                   field, all_tensor ? "tensor cores" : "2-byte parameter gathers; Pascal has no "
+                   "tensor cores and runs it at its fp32 rate");
 }

@@ -30,6 +30,7 @@ typedef struct cluster_device {
     double memory_bytes; /* capacity after overrides */
     double tflops_override; /* > 0: replaces the catalog's peak for every precision */
     int threads; /* CPU devices: OpenMP threads; 0 for GPUs */
+    int cc_major, cc_minor; /* compute capability: the catalog's, or the node's GFD labels */
 } cluster_device;
 
 typedef struct cluster_node {
@@ -53,5 +54,10 @@ void cluster_free(cluster *c);
 void cluster_init(cluster *c);
 int cluster_add_node(cluster *c, const char *name, double network_gbps);
 int cluster_add_devices(cluster *c, const char *type, int count, err_t *err);
+
+/* Refuses a precision some GPU of the cluster cannot run (bf16 before compute capability 8.0),
+ * naming each such GPU type and what to use instead; `field` is how the user chose the precision
+ * ("--precision", "spec.precision"). CPU devices run every precision. 0, or -1 with err set. */
+int cluster_check_precision(const cluster *c, precision p, const char *field, err_t *err);
 
 #endif

@@ -22,10 +22,10 @@
 
 static bool is_cpu(const cluster_device *d) { return d->threads > 0; }
 
-static double device_peak_tflops(const cluster_device *d, bool bf16) {
+static double device_peak_tflops(const cluster_device *d, precision p) {
     if (d->tflops_override > 0) return d->tflops_override;
     if (is_cpu(d)) return d->threads * CPU_GFLOPS_PER_THREAD / 1000.0;
-    return gpu_peak_tflops(d->spec, bf16 ? PREC_BF16 : PREC_FP32);
+    return gpu_peak_tflops(d->spec, p);
 }
 
 static double device_bw_gbs(const cluster_device *d) {
@@ -40,7 +40,7 @@ typedef struct unit_est {
 } unit_est;
 
 static unit_est unit_estimate(const cost_model *cm, unit_kind k) {
-    int elem = cm->opts.bf16 ? 2 : 4;
+    int elem = precision_gather_bytes(cm->opts.prec);
     unit_est u;
     u.flops = model_kind_fwd_flops(cm->model, k, cm->seq);
     u.traffic = model_kind_traffic_bytes(cm->model, k, cm->seq, elem);
@@ -53,7 +53,7 @@ static unit_est unit_estimate(const cost_model *cm, unit_kind k) {
  * per-kernel overhead. Backward = mult 2 (and it writes the fp32 gradient once). */
 static double unit_ms(const cluster_device *d, const cost_model *cm, unit_est u, int m,
                       double mult) {
-    double peak = device_peak_tflops(d, cm->opts.bf16) * 1e12;
+    double peak = device_peak_tflops(d, cm->opts.prec) * 1e12;
     double bw = device_bw_gbs(d) * 1e9;
     double tokens = (double)m * cm->tokens;
     double half = is_cpu(d) ? 64.0 : 256.0 * sqrt(peak / 1e12);
@@ -133,14 +133,14 @@ static void compute_memory(const cost_model *cm, const cluster_device *d, const 
         /* `cephalo profile` measures the engine of a sharded rank; one rank alone has no
          * gathered-parameter and full-gradient slots */
         if (cm->cl->n_devices == 1) {
-            engine_opts sh = {.sharded = true, .bf16 = cm->opts.bf16, .double_buffer = !is_cpu(d)}, one = sh;
+            engine_opts sh = {.sharded = true, .prec = cm->opts.prec, .double_buffer = !is_cpu(d)}, one = sh;
             one.sharded = false;
             *m0 -= (double)(engine_compute_bytes(md, cm->seq, 0, sh) - engine_compute_bytes(md, cm->seq, 0, one));
         }
         if (*m0 < 0) *m0 = 0;
         return;
     }
-    engine_opts eo = {.sharded = cm->cl->n_devices > 1, .bf16 = cm->opts.bf16,
+    engine_opts eo = {.sharded = cm->cl->n_devices > 1, .prec = cm->opts.prec,
                       .double_buffer = !is_cpu(d)};
     double reserve = is_cpu(d) ? 0 : GPU_RESERVED_BYTES;
     /* exactly what the engine allocates (planner/engine_mem.c), linear in m */
@@ -164,19 +164,19 @@ static void build_group(cost_model *cm, cost_group *g, int batch_limit) {
     const cluster_device *d = g->dev;
     /* a CPU device's own type ("cpu-2t-4.00g") first, then any profiled "cpu" */
     const profile_entry *pe =
-        cm->opts.prof ? profile_find(cm->opts.prof, d->type, cm->model->name, cm->seq, cm->opts.bf16 ? PREC_BF16 : PREC_FP32)
+        cm->opts.prof ? profile_find(cm->opts.prof, d->type, cm->model->name, cm->seq, cm->opts.prec)
                       : NULL;
     if (!pe && cm->opts.prof && is_cpu(d)) {
         /* `cephalo profile` names CPU devices by their threads ("cpu-2t"): memory does not
          * change the times, and the compute memory it measured is the engine's, whatever the cap */
         char by_threads[32];
         snprintf(by_threads, sizeof by_threads, "%s-%dt", GPU_CPU_NAME, d->threads);
-        pe = profile_find(cm->opts.prof, by_threads, cm->model->name, cm->seq, cm->opts.bf16 ? PREC_BF16 : PREC_FP32);
+        pe = profile_find(cm->opts.prof, by_threads, cm->model->name, cm->seq, cm->opts.prec);
     }
     if (!pe && cm->opts.prof && is_cpu(d))
-        pe = profile_find(cm->opts.prof, GPU_CPU_NAME, cm->model->name, cm->seq, cm->opts.bf16 ? PREC_BF16 : PREC_FP32);
+        pe = profile_find(cm->opts.prof, GPU_CPU_NAME, cm->model->name, cm->seq, cm->opts.prec);
     g->measured = pe != NULL;
-    g->peak_tflops = device_peak_tflops(d, cm->opts.bf16);
+    g->peak_tflops = device_peak_tflops(d, cm->opts.prec);
     g->usable_bytes = d->memory_bytes * cm->opts.mem_cap;
     compute_memory(cm, d, pe, &g->m0, &g->m1);
     g->slot_bytes = cm->cl->n_devices > 1 ? 4.0 * (double)engine_max_unit_params(cm->model) * 4 : 0;
@@ -299,7 +299,7 @@ static void build_comm(cost_model *cm) {
     c->world = cm->cl->n_devices;
     ring_link(cm->cl, &c->bandwidth_gbs, &c->alpha_ms);
     c->uneven_factor = UNEVEN_COMM_FACTOR;
-    int gelem = cm->opts.bf16 ? 2 : 4; /* gathered parameters */
+    int gelem = precision_gather_bytes(cm->opts.prec); /* gathered parameters */
     int relem = 4; /* gradients are reduced in fp32 */
     double emb = (double)model_kind_params(md, UNIT_EMBEDDING);
     double blk = (double)model_kind_params(md, UNIT_BLOCK);
@@ -391,6 +391,9 @@ int cost_build(cost_model *cm, const model_spec *m, const cluster *cl, int seq, 
                        batch, cl->n_devices, cl->n_devices);
     if (!(opts->mem_cap > 0 && opts->mem_cap <= 1))
         return err_set(err, "--mem-cap %g must be in (0, 1]", opts->mem_cap);
+    if ((unsigned)opts->prec >= PREC_COUNT) return err_set(err, "precision %d is none of " PRECISION_CHOICES, (int)opts->prec);
+    /* a plan the workers cannot run is no plan: bf16 on a V100 fails at the first matmul */
+    if (cluster_check_precision(cl, opts->prec, "precision", err) < 0) return -1;
     cm->model = m;
     cm->cl = cl;
     cm->opts = *opts;

@@ -22,16 +22,17 @@
 #include "cluster.h"
 #include "err.h"
 #include "model.h"
+#include "precision.h"
 #include "profile.h"
 
-#define STATE_BYTES_PER_PARAM 16 /* fp32 Adam: 4 param + 4 grad + 8 moments (bf16: ZeRO's 2+2+12) */
+#define STATE_BYTES_PER_PARAM 16 /* fp32 Adam: 4 param + 4 grad + 8 moments (16-bit: ZeRO's 2+2+12) */
 #define UNEVEN_COMM_FACTOR 1.15
 #define COST_MAX_BATCH 65536 /* samples per iteration (the exact room DP is quadratic in it) */
 #define COST_MAX_TABLE 67108864.0 /* batch x device groups: 1 GiB of time tables */
 #define GPU_RESERVED_BYTES (768.0 * 1024 * 1024) /* CUDA context, cuBLAS workspace, allocator slack */
 
 typedef struct cost_opts {
-    bool bf16;
+    precision prec; /* fp16 and bf16 cost the same memory (2-byte gathers); compute at each rate */
     double mem_cap; /* usable fraction of each device's memory */
     const profile *prof; /* NULL: analytic estimates only */
 } cost_opts;
@@ -80,7 +81,8 @@ typedef struct cost_model {
     int64_t even_state_params; /* sum over units of ceil(numel/N): the largest even share */
 } cost_model;
 
-/* Builds the model for this cluster and global batch. Errors: bad batch, bad options. */
+/* Builds the model for this cluster and global batch. Errors: bad batch, bad options, a precision
+ * some GPU lacks (cluster_check_precision). */
 int cost_build(cost_model *cm, const model_spec *m, const cluster *cl, int seq, int batch,
                const cost_opts *opts, err_t *err);
 void cost_free(cost_model *cm);

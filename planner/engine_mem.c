@@ -61,8 +61,9 @@ int64_t engine_compute_bytes(const model_spec *m, int seq, int micro, engine_opt
     bytes += 2 * rows * 4; /* token ids and targets (int32) */
     if (m->arch == ARCH_VIT) bytes += (int64_t)micro * m->channels * m->image * m->image * 4;
     int64_t slot = engine_max_unit_params(m);
-    if (o.sharded || o.bf16) bytes += 2 * slot * 4; /* gathered parameters */
-    if (o.sharded) bytes += 2 * slot * 4;           /* full gradients */
-    if (o.bf16) bytes += 2 * slot * 2;              /* bf16 gather buffers */
+    bool half = precision_half(o.prec);
+    if (o.sharded || half) bytes += 2 * slot * 4; /* gathered parameters */
+    if (o.sharded) bytes += 2 * slot * 4;         /* full gradients */
+    if (half) bytes += 2 * slot * 2;              /* bf16/fp16 gather buffers */
     return bytes;
 }

@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "model.h"
+#include "precision.h"
 
 #define ENGINE_HEAD_CHUNK_ROWS 256 /* logits rows the fused head materialises at once */
 
@@ -41,8 +42,8 @@ int64_t engine_max_unit_params(const model_spec *m);
 /* What changes the engine's buffers besides the model and the microbatch. */
 typedef struct engine_opts {
     bool sharded;       /* state sharded over several ranks: parameter and gradient slots */
-    bool bf16;          /* bf16 mixed precision: parameters pass through fp32 slots and bf16
-                         * gather buffers, also with one rank */
+    precision prec;     /* bf16 or fp16 mixed precision: parameters pass through fp32 slots and
+                         * 16-bit gather buffers, also with one rank */
     bool double_buffer; /* the cuda device: two of each unit-boundary buffer, so that copies to
                          * and from the host overlap compute */
 } engine_opts;
@@ -51,7 +52,7 @@ typedef struct engine_opts {
  * input and output and their gradients (twice with double_buffer), the token ids and targets
  * (and images); when the state is sharded, two gathered-parameter slots (the unit computing and
  * the next one arriving) and two full-gradient slots (the unit back-propagating and the previous
- * one being reduce-scattered); with bf16, two parameter slots and two bf16 gather buffers. */
+ * one being reduce-scattered); with bf16 or fp16, two parameter slots and two 16-bit gather buffers. */
 int64_t engine_compute_bytes(const model_spec *m, int seq, int micro, engine_opts o);
 
 #endif

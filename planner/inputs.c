@@ -46,7 +46,7 @@ int inputs_build(plan_inputs *in, const inputs_opts *o, err_t *err) {
     } else if (!o->no_store) {
         load_store(in);
     }
-    cost_opts co = {.bf16 = o->bf16, .mem_cap = o->mem_cap, .prof = in->have_prof ? &in->prof : NULL};
+    cost_opts co = {.prec = o->prec, .mem_cap = o->mem_cap, .prof = in->have_prof ? &in->prof : NULL};
     return cost_build(&in->cm, &in->model, &in->cl, (int)o->seq, (int)o->batch, &co, err);
 }
 
@@ -60,7 +60,7 @@ void inputs_print_notes(const plan_inputs *in, const char *prog, FILE *f) {
     for (int g = 0; g < in->cm.n_groups; g++)
         if (!in->cm.groups[g].measured)
             fprintf(f, "%s: note: the profile has no entry for %s with %s, seq %d, %s; using estimates for it\n", prog,
-                    in->cm.groups[g].dev->type, in->model.name, in->cm.seq, in->cm.opts.bf16 ? "bf16" : "fp32");
+                    in->cm.groups[g].dev->type, in->model.name, in->cm.seq, precision_name(in->cm.opts.prec));
 }
 
 void inputs_free(plan_inputs *in) {

@@ -34,7 +34,7 @@ typedef struct inputs_opts {
     bool no_store;       /* never read the profile store (the operator: not its files) */
     long seq; /* 0: the model's */
     long batch;
-    bool bf16;
+    precision prec;
     double mem_cap;
 } inputs_opts;
 

@@ -178,10 +178,10 @@ static int parse_inputs(const yctx *y, const ynode *root, const char *dir, job *
     if (get_string(y, root, "", "data", &data) < 0 || get_string(y, root, "", "profile", &prof) < 0 ||
         get_string(y, root, "", "strategy", &strat) < 0 || get_string(y, root, "", "precision", &prec) < 0)
         return -1;
-    if (prec && strcmp(prec, "fp32") && strcmp(prec, "bf16"))
-        return err_set(y->err, "%s:%d: precision: '%s' (expected fp32 or bf16)", y->file,
+    j->prec = PREC_FP32;
+    if (prec && !precision_parse(prec, &j->prec))
+        return err_set(y->err, "%s:%d: precision: '%s' (expected " PRECISION_CHOICES ")", y->file,
                        ymap_get(root, "precision")->line, prec);
-    j->bf16 = prec && !strcmp(prec, "bf16");
     j->data = resolve_data(dir, data);
     if (prof) j->profile = resolve(dir, prof);
     if (strat && strategy_parse(strat, &j->strat, y->err) < 0)

@@ -22,6 +22,7 @@
 #include "err.h"
 #include "model.h"
 #include "plan.h"
+#include "precision.h"
 
 #define JOB_MAX_DEVICES 256 /* one worker process each, on this machine */
 #define JOB_NAME_MAX 63
@@ -49,7 +50,7 @@ typedef struct job {
     uint64_t seed;
     strategy strat;
     double mem_cap;
-    bool bf16; /* precision: bf16 (mixed) instead of fp32 */
+    precision prec; /* precision: fp32 (default), bf16 or fp16 (mixed) */
     double comm_timeout; /* seconds */
     long metrics_port; /* rank r serves /metrics on metrics_port + r; 0: off (docs/metrics.md) */
     char metrics_addr[64]; /* the address the workers listen on: 127.0.0.1 unless the file says */

@@ -38,7 +38,7 @@ static void print_header(const plan *p, FILE *f) {
     fprintf(f, "%s plan: %s (%.4g M params), batch %d, %s %d, %s, %d devices on %d nodes; costs: %s\n",
             strategy_name(p->strat), cm->model->name, cm->params / 1e6, cm->batch,
             cm->model->arch == ARCH_VIT ? "tokens" : "seq", cm->model->arch == ARCH_VIT ? cm->tokens : cm->seq,
-            cm->opts.bf16 ? "bf16" : "fp32", cm->cl->n_devices, cm->cl->n_nodes, cost_source(cm));
+            precision_name(cm->opts.prec), cm->cl->n_devices, cm->cl->n_nodes, cost_source(cm));
 }
 
 /* Width of a UTF-8 string in code points (bytes that do not continue a character). An East Asian
@@ -149,7 +149,7 @@ static cJSON *inputs_json(const plan *p) {
     cJSON_AddNumberToObject(in, "batch", cm->batch);
     cJSON_AddNumberToObject(in, "seq", cm->seq);
     cJSON_AddNumberToObject(in, "tokens_per_sample", cm->tokens);
-    cJSON_AddStringToObject(in, "precision", cm->opts.bf16 ? "bf16" : "fp32");
+    cJSON_AddStringToObject(in, "precision", precision_name(cm->opts.prec));
     cJSON_AddStringToObject(in, "strategy", strategy_name(p->strat));
     cJSON_AddNumberToObject(in, "mem_cap", cm->opts.mem_cap);
     cJSON_AddStringToObject(in, "costs", cost_source(cm));

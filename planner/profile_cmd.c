@@ -27,7 +27,7 @@ extern char **environ;
 enum { EXIT_FAILED = 1, EXIT_BAD = 2 };
 
 static const char usage[] =
-    "usage: cephalo profile --devices LIST --model MODEL [--seq S] [--precision fp32|bf16]\n"
+    "usage: cephalo profile --devices LIST --model MODEL [--seq S] [--precision fp32|bf16|fp16]\n"
     "                       [-o PROFILE.json] [--store FILE|none] [--max-micro K] [--quick]\n"
     "\n"
     "Measures the cost model of the local devices for MODEL (docs/profile.md): per-layer forward\n"
@@ -92,7 +92,8 @@ static void fmt_duration(double s, char *buf, size_t n) {
 }
 
 typedef struct popts {
-    const char *devices, *model, *out, *store, *precision;
+    const char *devices, *model, *out, *store, *precision; /* precision: as given, for the workers */
+    precision prec;
     long seq, max_micro;
     char comm_max[32];
     bool quick;
@@ -116,7 +117,7 @@ static int parse(int argc, char **argv, popts *o) {
             if (!str_to_long(optarg, &o->seq) || o->seq < 1) return bad("--seq: '%s' is not a positive integer", optarg);
             break;
         case O_PREC:
-            if (strcmp(optarg, "fp32") && strcmp(optarg, "bf16")) return bad("--precision: '%s' is not fp32 or bf16", optarg);
+            if (!precision_parse(optarg, &o->prec)) return bad("--precision: '%s' is not " PRECISION_CHOICES, optarg);
             o->precision = optarg;
             break;
         case O_STORE: o->store = optarg; break;
@@ -291,7 +292,7 @@ static int step_check_plan(const popts *o, const job *j, profile *p, int world, 
     in.prof = *p; /* borrowed: have_prof is cleared before inputs_free */
     in.have_prof = true;
     snprintf(in.prof_source, sizeof in.prof_source, "the profile being measured");
-    inputs_opts io = {.batch = 4L * world, .seq = o->seq, .bf16 = !strcmp(o->precision, "bf16"), .mem_cap = 0.8,
+    inputs_opts io = {.batch = 4L * world, .seq = o->seq, .prec = o->prec, .mem_cap = 0.8,
                       .no_store = true};
     plan pl;
     int rc = inputs_build(&in, &io, err);
@@ -380,7 +381,7 @@ static int merge_store(const char *path, const profile *p) {
 }
 
 int profile_main(int argc, char **argv) {
-    popts o = {.precision = "fp32", .max_micro = 8};
+    popts o = {.precision = "fp32", .prec = PREC_FP32, .max_micro = 8};
     int rc = parse(argc, argv, &o);
     if (rc) return rc;
     err_t err;

@@ -633,7 +633,7 @@ static int load_job(const run_opts *o, job *j) {
 static int make_plan(const job *j, plan_inputs *in, plan *p, bool quiet) {
     err_t err;
     inputs_opts io = {.profile = j->profile, .seq = j->seq, .batch = j->batch, .mem_cap = j->mem_cap,
-                      .bf16 = j->bf16};
+                      .prec = j->prec};
     in->model = j->model;
     if (job_cluster(j, &in->cl, &err) < 0 || inputs_build(in, &io, &err) < 0) {
         err_prefix(&err, "%s", j->path); /* e.g. a profile that cannot be read */

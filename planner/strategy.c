@@ -241,9 +241,19 @@ static double solve_regime(plan *p, int mcap, int max_micros, bool uneven, doubl
     return total;
 }
 
+/* The 16-bit precision to suggest for an fp32 plan: bf16 when every GPU has it (sm_80+), else
+ * fp16, which every GPU runs (it halves the gathers and activations also on Pascal). */
+static const char *half_hint(const cost_model *cm) {
+    for (int r = 0; r < cm->cl->n_devices; r++) {
+        const cluster_device *d = &cm->cl->devices[r];
+        if (d->threads == 0 && d->cc_major > 0 && !gpu_cc_supports(d->cc_major, PREC_BF16)) return "--precision fp16";
+    }
+    return "--precision bf16";
+}
+
 /* What could make one sample fit on a device, for this model and precision only: a ViT has no
  * --seq (its tokens come from the image and patch size, which a model file sets), a sequence of 1
- * cannot shrink, and a bf16 plan is bf16 already. "A, B, or C" / "A or B". */
+ * cannot shrink, and a bf16 or fp16 plan is 16-bit already. "A, B, or C" / "A or B". */
 static const char *fit_hint(const cost_model *cm, char *buf, size_t n) {
     char shrink[64];
     const char *items[3];
@@ -252,7 +262,7 @@ static const char *fit_hint(const cost_model *cm, char *buf, size_t n) {
         snprintf(shrink, sizeof shrink, "a model file with image: below %d", cm->model->image), items[k++] = shrink;
     else if (cm->seq > 1)
         items[k++] = "shorter --seq";
-    if (!cm->opts.bf16) items[k++] = "--precision bf16";
+    if (!precision_half(cm->opts.prec)) items[k++] = half_hint(cm);
     items[k++] = "leave this device out";
     if (k == 1) snprintf(buf, n, "%s", items[0]);
     else if (k == 2) snprintf(buf, n, "%s or %s", items[0], items[1]);

@@ -2,7 +2,8 @@
  *
  * One file per checkpoint holding, per unit, the flat parameter buffer ("param.UNIT") and the
  * AdamW moments ("adam_m.UNIT", "adam_v.UNIT"), plus metadata: the format, the next step, the
- * model spec and the training configuration. Per-unit flat buffers (not per tensor) are what a
+ * model spec, the training configuration and the optimizer's progress ("cephalo.optimizer":
+ * AdamW's update count and, in fp16, the loss scale). Per-unit flat buffers (not per tensor) are what a
  * rank's shard is a slice of, so sharded checkpoints use the same names. Written atomically by
  * st_writer_save; on load every tensor's dtype and shape and the model spec are checked, and the
  * CRC-32 of the data. */
@@ -36,7 +37,49 @@ cJSON *train_config_json(const train_config *c) {
     snprintf(seed, sizeof seed, "%llu", (unsigned long long)c->seed);
     cJSON_AddStringToObject(o, "seed", seed);
     cJSON_AddStringToObject(o, "data", c->data);
+    cJSON_AddStringToObject(o, "precision", precision_name(c->prec));
     return o;
+}
+
+/* {"adam_steps": N, "skipped_steps": N} and, in fp16, "loss_scale" and "clean_steps". */
+static cJSON *optimizer_json(const trainer *t) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "adam_steps", (double)t->adam_steps);
+    cJSON_AddNumberToObject(o, "skipped_steps", (double)t->skipped_steps);
+    if (t->cfg.prec == PREC_FP16) {
+        cJSON_AddNumberToObject(o, "loss_scale", t->loss_scale);
+        cJSON_AddNumberToObject(o, "clean_steps", (double)t->clean_steps);
+    }
+    return o;
+}
+
+/* Reads "cephalo.optimizer" (absent in checkpoints before it existed: every step was an update).
+ * Its loss scale is used only by an fp16 run resuming an fp16 checkpoint. */
+static int read_optimizer(const st_file *f, trainer *t, int64_t step, err_t *err) {
+    t->adam_steps = step, t->skipped_steps = 0, t->clean_steps = 0;
+    const char *text = st_meta(f, "cephalo.optimizer");
+    if (!text) return 0;
+    cJSON *o = json_parse(st_label(f), text, strlen(text), err);
+    if (!o) return -1;
+    json_ctx c = {st_label(f), err};
+    const char *P = "metadata cephalo.optimizer";
+    long adam = 0, skipped = 0, clean = 0;
+    double scale = 0;
+    const cJSON *v;
+    int rc = -1;
+    if (json_expect_object(&c, o, P) < 0 ||
+        json_require(&c, o, P, "adam_steps", &v) < 0 || json_int(&c, v, "cephalo.optimizer.adam_steps", 0, (long)step, &adam) < 0 ||
+        json_require(&c, o, P, "skipped_steps", &v) < 0 || json_int(&c, v, "cephalo.optimizer.skipped_steps", 0, (long)step, &skipped) < 0)
+        goto out;
+    const cJSON *s = json_get(o, "loss_scale"), *g = json_get(o, "clean_steps");
+    if (s && json_number(&c, s, "cephalo.optimizer.loss_scale", 0x1p-24, 0x1p100, JSON_CLOSED, &scale) < 0) goto out;
+    if (g && json_int(&c, g, "cephalo.optimizer.clean_steps", 0, (long)step, &clean) < 0) goto out;
+    t->adam_steps = adam, t->skipped_steps = skipped;
+    if (t->cfg.prec == PREC_FP16 && s) t->loss_scale = scale, t->clean_steps = clean;
+    rc = 0;
+out:
+    cJSON_Delete(o);
+    return rc;
 }
 
 char *json_to_string_free(cJSON *o) {
@@ -83,12 +126,14 @@ int trainer_save(trainer *t, const char *path, err_t *err) {
     char *model = json_to_string_free(model_to_json(&t->cfg.model));
     char *cfg = json_to_string_free(train_config_json(&t->cfg));
     char *shard = t->sharded ? json_to_string_free(shard_json(t)) : NULL;
+    char *opt = json_to_string_free(optimizer_json(t));
     st_writer_meta(w, "cephalo.model", model);
     st_writer_meta(w, "cephalo.train", cfg);
+    st_writer_meta(w, "cephalo.optimizer", opt);
     if (shard) st_writer_meta(w, "cephalo.shard", shard);
     int rc = st_writer_save(w, path, err);
     st_writer_free(w);
-    free(model), free(cfg), free(shard);
+    free(model), free(cfg), free(shard), free(opt);
     for (int i = 0; i < t->n_units * 3; i++) free(host[i]);
     free(host);
     return rc;
@@ -192,7 +237,7 @@ int trainer_resume(trainer *t, const char *path, err_t *err) {
         goto out;
     }
     warn_changed_order(f, &t->cfg);
-    if (load_state(t, set, err) < 0) goto out;
+    if (read_optimizer(f, t, step, err) < 0 || load_state(t, set, err) < 0) goto out;
     t->step = step;
     t->samples_seen = step * t->cfg.global_batch;
     rc = 0;

@@ -116,6 +116,45 @@ static void cpu_from_bf16(device *d, float *out, const uint16_t *in, int64_t n) 
 }
 
 /* ---------------------------------------------------------------------------------------------
+ * fp16: IEEE binary16, rounded to nearest even from the fp32 bits (what __float2half_rn does):
+ * subnormal halves for |x| < 2^-14, +-inf from 65520 up (the first value that rounds past 65504),
+ * NaN stays a quiet NaN with its sign. */
+
+static inline uint16_t fp16_round(float x) {
+    uint32_t u = f2u(x), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | (a >> 13 & 0x1ffu)); /* NaN */
+    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* >= 65520 (or inf): inf */
+    if (a >= 0x38800000u) { /* normal half: rebias the exponent, round 13 bits away */
+        uint32_t h = (a - 0x38000000u) >> 13, rest = a & 0x1fffu;
+        h += rest > 0x1000u || (rest == 0x1000u && (h & 1u));
+        return (uint16_t)(sign | h);
+    }
+    if (a < 0x33000000u) return (uint16_t)sign; /* below half the smallest subnormal: +-0 */
+    /* subnormal half: the significand (with its implicit 1) shifted to units of 2^-24 */
+    uint32_t e = a >> 23, m = (a & 0x7fffffu) | 0x800000u, shift = 126 - e; /* 14..24 */
+    uint32_t h = m >> shift, rest = m & ((1u << shift) - 1u), half = 1u << (shift - 1);
+    h += rest > half || (rest == half && (h & 1u));
+    return (uint16_t)(sign | h);
+}
+
+static inline float fp16_widen(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = h >> 10 & 0x1fu, m = h & 0x3ffu;
+    if (e == 0x1fu) return u2f(sign | 0x7f800000u | m << 13); /* inf, NaN */
+    if (e) return u2f(sign | (e + 112u) << 23 | m << 13);
+    return sign ? -(float)m * 0x1p-24f : (float)m * 0x1p-24f; /* zero, subnormal: exact */
+}
+
+static void cpu_to_fp16(device *d, uint16_t *out, const float *in, int64_t n) {
+#pragma omp parallel for simd schedule(static) num_threads(d->threads) if (n > CPU_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) out[i] = fp16_round(in[i]);
+}
+
+static void cpu_from_fp16(device *d, float *out, const uint16_t *in, int64_t n) {
+#pragma omp parallel for simd schedule(static) num_threads(d->threads) if (n > CPU_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) out[i] = fp16_widen(in[i]);
+}
+
+/* ---------------------------------------------------------------------------------------------
  * elementwise and reductions. Outputs may alias inputs index for index (out == a in a residual
  * add), so no restrict here; the loops are still vectorised. */
 
@@ -174,16 +213,19 @@ static void cpu_copy2d(device *d, float *out, int ldo, const float *src, int lds
 /* ---------------------------------------------------------------------------------------------
  * matrix products */
 
-/* A copy of a [rows, cols] block (leading dimension ld) with every value rounded to bf16 and
- * widened back: the operand a bf16 tensor-core product sees. Host scratch, outside the device
- * capacity (like the attention kernels' per-thread scratch). */
-static float *bf16_operand(device *d, const float *x, int rows, int cols, int ld) {
+/* A copy of a [rows, cols] block (leading dimension ld) with every value rounded to bf16 (fp16)
+ * and widened back: the operand a 16-bit tensor-core product sees. Host scratch, outside the
+ * device capacity (like the attention kernels' per-thread scratch). */
+static float *half_operand(device *d, const float *x, int rows, int cols, int ld, bool fp16) {
     float *out = xmalloc((size_t)rows * (size_t)cols * sizeof(float));
 #pragma omp parallel for schedule(static) num_threads(d->threads) \
     if ((int64_t)rows * cols > CPU_PAR_MIN)
     for (int r = 0; r < rows; r++)
-        for (int c = 0; c < cols; c++)
-            out[(int64_t)r * cols + c] = u2f((uint32_t)bf16_round(x[(int64_t)r * ld + c]) << 16);
+        for (int c = 0; c < cols; c++) {
+            float v = x[(int64_t)r * ld + c];
+            out[(int64_t)r * cols + c] =
+                fp16 ? fp16_widen(fp16_round(v)) : u2f((uint32_t)bf16_round(v) << 16);
+        }
     return out;
 }
 
@@ -191,11 +233,13 @@ static void cpu_gemm(device *d, bool ta, bool tb, int M, int N, int K, float alp
                      int lda, const float *B, int ldb, float beta, float *C, int ldc) {
     /* OpenBLAS was given d->threads at init */
     if (M == 0 || N == 0) return;
-    if (d->matmul == DEV_MATMUL_BF16 && K > 0) {
-        /* bf16 products are exact in fp32 (8 + 8 significant bits), so sgemm on the rounded
-         * operands computes what bf16 tensor cores do, up to the order of the fp32 sums */
+    if ((d->matmul == DEV_MATMUL_BF16 || d->matmul == DEV_MATMUL_FP16) && K > 0) {
+        /* bf16 (fp16) products are exact in fp32 (8 + 8, 11 + 11 significant bits), so sgemm on
+         * the rounded operands computes what 16-bit tensor cores do, up to the order of the fp32
+         * sums */
+        bool fp16 = d->matmul == DEV_MATMUL_FP16;
         int ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
-        float *a16 = bf16_operand(d, A, ar, ac, lda), *b16 = bf16_operand(d, B, br, bc, ldb);
+        float *a16 = half_operand(d, A, ar, ac, lda, fp16), *b16 = half_operand(d, B, br, bc, ldb, fp16);
         cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
                     M, N, K, alpha, a16, ac, b16, bc, beta, C, ldc);
         free(a16), free(b16);
@@ -670,6 +714,8 @@ static const dev_ops cpu_ops = {
     .native_stream = cpu_native_stream,
     .to_bf16 = cpu_to_bf16,
     .from_bf16 = cpu_from_bf16,
+    .to_fp16 = cpu_to_fp16,
+    .from_fp16 = cpu_from_fp16,
     .fill = cpu_fill,
     .add = cpu_add,
     .axpy = cpu_axpy,

@@ -70,7 +70,7 @@ static void place_shard(trainer *t, int u, int slot) {
     size_t es = gather_elem(t);
     char *buf = (char *)gather_buf(t, slot) + off * (int64_t)es;
     if (t->cfg.prec == PREC_BF16) d->ops->to_bf16(d, (uint16_t *)buf, t->params[u], n);
-    if (t->cfg.prec == PREC_FP16) d->ops->to_fp16(d, (uint16_t *)buf, t->params[u], n);
+    else if (t->cfg.prec == PREC_FP16) d->ops->to_fp16(d, (uint16_t *)buf, t->params[u], n);
     else if (!t->staged) d->ops->copy(d, buf, t->params[u], (size_t)n * 4, COPY_D2D);
     if (!t->staged) return;
     const void *src = precision_half(t->cfg.prec) ? (const void *)buf : (const void *)t->params[u];
@@ -102,7 +102,7 @@ float *fsdp_await(trainer *t, int u, int slot, err_t *err) {
         d->ops->event_record(d, t->hp_read[slot], DEV_STREAM_COMPUTE);
     }
     if (t->cfg.prec == PREC_BF16) d->ops->from_bf16(d, t->pslot[slot], t->pbf[slot], t->numel[u]);
-    if (t->cfg.prec == PREC_FP16) d->ops->from_fp16(d, t->pslot[slot], t->pbf[slot], t->numel[u]);
+    else if (t->cfg.prec == PREC_FP16) d->ops->from_fp16(d, t->pslot[slot], t->pbf[slot], t->numel[u]);
     return t->pslot[slot];
 }
 

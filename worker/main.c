@@ -88,9 +88,13 @@ static const char usage_text[] =
     "  --device cpu|cuda    the device (default: the plan's device type: cpu, or cuda for GPUs;\n"
     "                       else cpu); cuda needs cephalo-worker-cuda\n"
     "  --gpu N              the GPU (default: $LOCAL_RANK, else RANK, modulo the visible GPUs)\n"
-    "  --precision fp32|bf16  fp32 (TF32 matmuls on CUDA) or bf16 mixed precision: bf16 matmul\n"
-    "                       operands, parameters gathered in bf16, fp32 master weights\n"
-    "                       (default: the plan's, else fp32; the CPU emulates bf16 exactly)\n"
+    "  --precision P        fp32 (TF32 matmuls on CUDA sm_80+), or bf16 / fp16 mixed precision:\n"
+    "                       16-bit matmul operands and parameter gathers, fp32 master weights,\n"
+    "                       moments and gradient reductions; fp16 adds dynamic loss scaling\n"
+    "                       (default: the plan's, else fp32; the CPU emulates both exactly)\n"
+    "  --loss-scale S       fp16: the initial loss scale, a power of two (default 65536)\n"
+    "  --loss-scale-window N  fp16: clean steps in a row that double the scale (default 2000);\n"
+    "                       a non-finite gradient on any rank skips the step and halves it\n"
     "  --offload on|off     unit-boundary checkpoints in host memory (on, default) or device\n"
     "  --accumulate layered|per-micro  gradient accumulation: every unit gathered and reduced\n"
     "                       once per step (layered, default) or once per microbatch\n"
@@ -152,6 +156,14 @@ static int integer(const char *opt, const char *arg, long lo, long hi, long *out
     return 0;
 }
 
+/* The loss scale multiplies the loss and divides the gradient: a power of two keeps both exact. */
+static int power_of_two(const char *opt, const char *arg, double *out) {
+    int e;
+    if (!str_to_double(arg, out) || !(*out >= 0x1p-24 && *out <= 0x1p64) || frexp(*out, &e) != 0.5)
+        return bad("%s: '%s' is not a power of two in [2^-24, 2^64] (e.g. 65536)", opt, arg);
+    return 0;
+}
+
 /* One of two words. */
 static int choice(const char *opt, const char *arg, const char *a, const char *b, const char **out) {
     if (strcmp(arg, a) && strcmp(arg, b)) return bad("%s: '%s' is not '%s' or '%s'", opt, arg, a, b);
@@ -169,7 +181,8 @@ static int parse_train(int argc, char **argv, worker_opts *o) {
     enum { O_PLAN = 256, O_MODEL, O_BATCH, O_MICRO, O_SEQ, O_DATA, O_STEPS, O_LR, O_MINLR,
            O_WARMUP, O_WD, O_B1, O_B2, O_EPS, O_CLIP, O_SEED, O_THREADS, O_MEMORY, O_CKDIR,
            O_CKEVERY, O_RESUME, O_LOG, O_DUMP, O_QUIET, O_DEVICE, O_GPU, O_PRECISION, O_OFFLOAD,
-           O_ACCUM, O_SYNCMICRO, O_MPORT, O_MADDR, O_OVERWRITE, O_KEEPLAST, O_KEEPEVERY, O_DIVERGE };
+           O_ACCUM, O_SYNCMICRO, O_MPORT, O_MADDR, O_OVERWRITE, O_KEEPLAST, O_KEEPEVERY, O_DIVERGE,
+           O_LSCALE, O_LWINDOW };
     static const struct option longopts[] = {
         {"plan", 1, 0, O_PLAN},       {"model", 1, 0, O_MODEL},     {"batch", 1, 0, O_BATCH},
         {"microbatch", 1, 0, O_MICRO}, {"seq", 1, 0, O_SEQ},        {"data", 1, 0, O_DATA},
@@ -185,6 +198,7 @@ static int parse_train(int argc, char **argv, worker_opts *o) {
         {"metrics-port", 1, 0, O_MPORT}, {"metrics-addr", 1, 0, O_MADDR},
         {"overwrite", 0, 0, O_OVERWRITE}, {"keep-last", 1, 0, O_KEEPLAST},
         {"keep-every", 1, 0, O_KEEPEVERY}, {"diverge-steps", 1, 0, O_DIVERGE},
+        {"loss-scale", 1, 0, O_LSCALE}, {"loss-scale-window", 1, 0, O_LWINDOW},
         {"help", 0, 0, 'h'},          {0, 0, 0, 0}};
     train_config *c = &o->cfg;
     optind = 1;
@@ -209,6 +223,8 @@ static int parse_train(int argc, char **argv, worker_opts *o) {
         case O_B2: rc = num("--beta2", optarg, 0, 0.999999, &c->beta2); break;
         case O_EPS: rc = num("--eps", optarg, 1e-30, 1, &c->eps); break;
         case O_CLIP: rc = num("--clip", optarg, 0, 1e9, &c->clip); break;
+        case O_LSCALE: rc = power_of_two("--loss-scale", optarg, &c->loss_scale); break;
+        case O_LWINDOW: rc = integer("--loss-scale-window", optarg, 1, 1L << 40, &v), c->loss_scale_window = v; break;
         case O_SEED: rc = integer("--seed", optarg, 0, (1L << 62), &v), c->seed = (uint64_t)v; break;
         case O_THREADS:
             rc = integer("--threads", optarg, 1, 4096, &v), c->threads = (int)v;
@@ -266,6 +282,20 @@ static int env_int(const char *name, int dflt, int lo, int hi, int *out) {
     return 0;
 }
 
+/* tests: $CEPHALO_TEST_NONFINITE=STEP[:RANK] makes rank RANK's (default 0) gradient inf at STEP,
+ * the overflow an fp16 run meets (docs/worker.md). */
+static int inject_from_env(train_config *c) {
+    const char *s = getenv("CEPHALO_TEST_NONFINITE");
+    if (!s || !*s) return 0;
+    char step[32] = "", *colon = strchr(s, ':');
+    long st, rk = 0;
+    snprintf(step, sizeof step, "%.*s", colon ? (int)(colon - s) : (int)strlen(s), s);
+    if (!str_to_long(step, &st) || st < 0 || (colon && (!str_to_long(colon + 1, &rk) || rk < 0)))
+        return bad("$CEPHALO_TEST_NONFINITE is '%s', expected STEP or STEP:RANK", s);
+    c->inject_nonfinite_step = st, c->inject_nonfinite_rank = (int)rk;
+    return 0;
+}
+
 /* Fills the config from the plan or from --model/--batch. */
 static int resolve_job(worker_opts *o) {
     train_config *c = &o->cfg;
@@ -300,6 +330,8 @@ static int resolve_job(worker_opts *o) {
     /* tests: run the staged-collective path (the cuda device's with the socket backend) on CPU */
     const char *stage = getenv("CEPHALO_STAGE_HOST");
     c->stage_host = stage && !strcmp(stage, "1");
+    int rc = inject_from_env(c);
+    if (rc) return rc;
     if (!strcmp(c->device, "cuda") && !o->have_gpu) {
         int local, n = device_cuda_count();
         if (env_int("LOCAL_RANK", rank, 0, 1 << 20, &local)) return EXIT_BAD_INPUT;
@@ -319,14 +351,17 @@ static void fmt_duration(double s, char *buf, size_t n) {
 }
 
 static void progress(const trainer *t, const step_stats *st, double avg_ms) {
-    char eta[32], peak[32];
+    char eta[32], peak[32], scale[96] = "";
     fmt_duration(avg_ms / 1e3 * (double)(t->cfg.steps - st->step - 1), eta, sizeof eta);
     str_bytes((double)st->peak_bytes, peak, sizeof peak);
+    if (t->cfg.prec == PREC_FP16)
+        snprintf(scale, sizeof scale, " | scale %g%s", st->loss_scale,
+                 st->skipped ? " (gradient not finite: step skipped)" : "");
     fprintf(stderr,
-            "step %lld/%lld | loss %.4f | lr %.2e | norm %.3f | %.0f tok/s | %.1f samples/s | "
+            "step %lld/%lld | loss %.4f | lr %.2e | norm %.3f%s | %.0f tok/s | %.1f samples/s | "
             "%.0f ms | peak %s | ETA %s\n",
             (long long)st->step + 1, (long long)t->cfg.steps, st->loss, st->lr, st->grad_norm,
-            st->tokens_per_s, st->samples_per_s, st->step_ms, peak, eta);
+            scale, st->tokens_per_s, st->samples_per_s, st->step_ms, peak, eta);
 }
 
 static long long peak_rss_bytes(void) {
@@ -334,16 +369,25 @@ static long long peak_rss_bytes(void) {
     return getrusage(RUSAGE_SELF, &ru) == 0 ? (long long)ru.ru_maxrss * 1024 : -1;
 }
 
+/* A JSON number, or null for inf and NaN (an fp16 step's overflowed gradient norm). */
+static const char *json_num(double v, char *buf, size_t n) {
+    if (!isfinite(v)) return "null";
+    snprintf(buf, n, "%.9g", v);
+    return buf;
+}
+
 static void log_step(FILE *f, const trainer *t, const step_stats *st) {
+    char norm[32];
     fprintf(f,
-            "{\"step\":%lld,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,\"step_ms\":%.3f,"
+            "{\"step\":%lld,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%s,\"step_ms\":%.3f,"
             "\"tokens_per_s\":%.1f,\"samples_per_s\":%.3f,\"peak_bytes\":%lld,\"rss_peak_bytes\":%lld,"
             "\"rank\":%d,\"world\":%d,\"gathers\":%lld,\"reduce_scatters\":%lld,\"allreduces\":%lld,"
-            "\"bytes_sent\":%lld,\"comm_wait_ms\":%.3f}\n",
-            (long long)st->step, st->loss, st->lr, st->grad_norm, st->step_ms, st->tokens_per_s,
+            "\"bytes_sent\":%lld,\"comm_wait_ms\":%.3f,\"loss_scale\":%.9g,\"skipped\":%s}\n",
+            (long long)st->step, st->loss, st->lr, json_num(st->grad_norm, norm, sizeof norm), st->step_ms, st->tokens_per_s,
             st->samples_per_s, (long long)st->peak_bytes, peak_rss_bytes(), t->cfg.rank,
             t->cfg.world, (long long)st->gathers, (long long)st->reduce_scatters,
-            (long long)st->allreduces, (long long)st->bytes_sent, st->comm_wait_ms);
+            (long long)st->allreduces, (long long)st->bytes_sent, st->comm_wait_ms, st->loss_scale,
+            st->skipped ? "true" : "false");
     fflush(f);
 }
 

@@ -44,6 +44,8 @@ struct metrics {
     double compute_s, comm_s, offload_s, step_sum_s;
     int64_t bucket[N_BUCKETS + 1]; /* per bucket, not cumulative; the last is (60, +Inf) */
     double tokens_per_s, samples_per_s, loss, mfu;
+    double loss_scale; /* 0: not fp16 */
+    int64_t skipped;
     int64_t mem_current, mem_peak, mem_state, mem_host;
     bool failed;
     char why[512];
@@ -103,6 +105,13 @@ static void render(FILE *f, const metrics *m) {
     if (m->ckpt_step >= 0) sample(f, m, "cephalo_checkpoint_step", NULL, (double)m->ckpt_step);
     family(f, "cephalo_train_loss", "gauge", "The job's mean training loss of the last step.");
     if (m->steps) sample(f, m, "cephalo_train_loss", NULL, m->loss);
+    if (m->loss_scale > 0) { /* fp16 runs only */
+        family(f, "cephalo_train_loss_scale", "gauge", "fp16: the dynamic loss scale for the next step.");
+        sample(f, m, "cephalo_train_loss_scale", NULL, m->loss_scale);
+        family(f, "cephalo_train_skipped_steps_total", "counter",
+               "fp16: steps skipped because a gradient was not finite (the scale halved).");
+        sample(f, m, "cephalo_train_skipped_steps_total", NULL, (double)m->skipped);
+    }
     family(f, "cephalo_step_seconds", "histogram", "Wall time of a training step.");
     int64_t cum = 0;
     for (size_t i = 0; i < N_BUCKETS; i++) {
@@ -202,6 +211,8 @@ void metrics_record(metrics *m, const metrics_step *s) {
     m->offload_s += s->offload_s;
     m->loss = s->loss;
     m->step = s->step;
+    m->loss_scale = s->loss_scale;
+    m->skipped += s->skipped;
     m->samples_per_s = s->step_s > 0 ? (double)s->samples / s->step_s : 0;
     m->tokens_per_s = s->step_s > 0 ? (double)s->samples * m->info.tokens_per_sample / s->step_s : 0;
     m->mfu = s->step_s > 0 && m->info.peak_flops > 0
@@ -413,6 +424,7 @@ void metrics_record_step(metrics *m, const trainer *t, const step_stats *st) {
                       .offload_s = st->offload_ms / 1e3, .loss = st->loss, .step = t->step, .samples = t->cfg.batch,
                       .mem_current = t->dev.cur_bytes, .mem_peak = t->dev.peak_bytes,
                       /* parameters, gradients and the two AdamW moments: fp32 each */
-                      .mem_state = state * 4 * (int64_t)sizeof(float), .mem_host = t->host_bytes};
+                      .mem_state = state * 4 * (int64_t)sizeof(float), .mem_host = t->host_bytes,
+                      .loss_scale = t->cfg.prec == PREC_FP16 ? t->loss_scale : 0, .skipped = st->skipped};
     metrics_record(m, &s);
 }

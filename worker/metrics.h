@@ -38,6 +38,8 @@ typedef struct metrics_step {
     int64_t step;    /* the job's training step after this one (counting steps before a resume) */
     int64_t samples; /* this rank's samples in the step (its batch) */
     int64_t mem_current, mem_peak, mem_state, mem_host; /* bytes: cephalo_memory_bytes{kind} */
+    double loss_scale; /* fp16: the scale after this step; 0 = no loss scaling (no samples) */
+    bool skipped;      /* fp16: the step was skipped (a gradient was not finite) */
 } metrics_step;
 
 typedef struct metrics metrics;

@@ -29,6 +29,9 @@ void train_config_defaults(train_config *c) {
     c->eps = 1e-8;
     c->weight_decay = 0.1;
     c->clip = 1.0;
+    c->loss_scale = 65536;
+    c->loss_scale_window = 2000;
+    c->inject_nonfinite_step = -1;
     c->warmup = 0;
     c->seed = 1;
     c->data = "synthetic";
@@ -230,6 +233,7 @@ trainer *trainer_new(const train_config *cfg, err_t *err) {
     }
     trainer *t = xcalloc(1, sizeof *t);
     t->cfg = *cfg;
+    t->loss_scale = cfg->prec == PREC_FP16 ? cfg->loss_scale : 1;
     t->n_units = model_n_units(&cfg->model);
     t->tokens = model_tokens(&cfg->model, cfg->seq);
     if (cfg->per_micro && cfg->replicated && cfg->world > 1) {
@@ -309,7 +313,8 @@ static int load_samples(trainer *t, err_t *err) {
             targets = 0;
             for (int k = 0; k < T; k++) targets += tgt[k] >= 0;
         }
-        t->row_scale[i] = (float)(1.0 / ((double)c->global_batch * (targets ? targets : 1)));
+        /* the loss scale (a power of two) multiplies exactly */
+        t->row_scale[i] = (float)(t->loss_scale / ((double)c->global_batch * (targets ? targets : 1)));
     }
     return 0;
 }
@@ -525,8 +530,8 @@ static int backward_units(trainer *t, mb_range r, int s, err_t *err) {
 /* AdamW on this rank's slice of every tensor; decay only where the layout says so. */
 static void optimizer_step(trainer *t, double lr, float gscale) {
     const train_config *c = &t->cfg;
-    double bc1 = 1 - pow(c->beta1, (double)(t->step + 1));
-    double bc2 = 1 - pow(c->beta2, (double)(t->step + 1));
+    double bc1 = 1 - pow(c->beta1, (double)(t->adam_steps + 1));
+    double bc2 = 1 - pow(c->beta2, (double)(t->adam_steps + 1));
     for (int u = 0; u < t->n_units; u++) {
         wm_tensor ts[WM_MAX_TENSORS];
         int n = wm_unit_tensors(&c->model, u, ts);
@@ -544,18 +549,34 @@ static void optimizer_step(trainer *t, double lr, float gscale) {
     }
 }
 
-/* Loss and gradient norm over the whole job: each rank's loss is its share of the global mean;
- * the squared norm is summed over the shards (a replicated rank already has all of it). */
-static int global_loss_and_norm(trainer *t, double loss, double *gloss, double *norm, err_t *err) {
+/* Loss and gradient norm over the whole job, both unscaled: each rank's loss is its share of the
+ * global mean; the squared norm is summed over the shards (a replicated rank already has all of
+ * it). *finite is false on every rank when any rank's gradient has an inf or NaN. */
+static int global_loss_and_norm(trainer *t, double loss, double *gloss, double *norm, bool *finite,
+                                err_t *err) {
     double sumsq = 0;
     for (int u = 0; u < t->n_units; u++)
         if (t->shard_n[u]) sumsq += OP(&t->dev, sumsq, t->grads[u], t->shard_n[u]);
-    double v[3] = {loss, t->sharded ? sumsq : 0, t->stop_request && *t->stop_request ? 1 : 0};
-    if (fsdp_allreduce_sums(t, v, 3, err) < 0) return -1;
+    double v[4] = {loss / t->loss_scale, t->sharded ? sumsq : 0,
+                   t->stop_request && *t->stop_request ? 1 : 0, isfinite(sumsq) ? 0 : 1};
+    if (fsdp_allreduce_sums(t, v, 4, err) < 0) return -1;
     t->stop_agreed = v[2] > 0;
     *gloss = v[0];
-    *norm = sqrt(t->sharded ? v[1] : sumsq);
+    *finite = v[3] == 0;
+    *norm = sqrt(t->sharded ? v[1] : sumsq) / t->loss_scale;
     return 0;
+}
+
+/* tests (CEPHALO_TEST_NONFINITE): an overflow in this rank's gradient at the configured step. */
+static void inject_nonfinite(trainer *t) {
+    const train_config *c = &t->cfg;
+    if (t->step != c->inject_nonfinite_step || c->rank != c->inject_nonfinite_rank) return;
+    for (int u = 0; u < t->n_units; u++)
+        if (t->shard_n[u]) {
+            float inf = INFINITY;
+            dev_upload(&t->dev, t->grads[u], &inf, sizeof inf);
+            return;
+        }
 }
 
 /* One pass over the model for microbatches r; the loss adds up. */
@@ -565,7 +586,7 @@ static int pass(trainer *t, mb_range r, double *local, err_t *err) {
     return backward_units(t, r, s, err);
 }
 
-static int run_step(trainer *t, double *loss, double *norm, err_t *err) {
+static int run_step(trainer *t, double *loss, double *norm, bool *finite, err_t *err) {
     for (int u = 0; u < t->n_units; u++)
         if (t->shard_n[u]) dev_zero(&t->dev, t->grads[u], t->shard_n[u]);
     double local = 0;
@@ -578,10 +599,27 @@ static int run_step(trainer *t, double *loss, double *norm, err_t *err) {
             rc = pass(t, (mb_range){j < l ? j : l, j < l ? j + 1 : l}, &local, err);
     else
         rc = pass(t, (mb_range){0, l}, &local, err);
-    if (rc < 0 || global_loss_and_norm(t, local, loss, norm, err) < 0) {
+    if (rc == 0) inject_nonfinite(t);
+    if (rc < 0 || global_loss_and_norm(t, local, loss, norm, finite, err) < 0) {
         if (t->cfg.comm) fsdp_drain(t);
         return -1;
     }
+    return 0;
+}
+
+/* fp16: halve the scale after a skipped step, double it after loss_scale_window clean ones. A
+ * scale below 2^-24 means every gradient overflows however small the scale: the model diverged. */
+static int update_loss_scale(trainer *t, bool skipped, err_t *err) {
+    if (t->cfg.prec != PREC_FP16) return 0;
+    if (skipped) {
+        t->skipped_steps++, t->clean_steps = 0, t->loss_scale /= 2;
+        if (t->loss_scale < 0x1p-24)
+            return err_set(err, "step %lld: the gradient is not finite even at loss scale %g (%lld "
+                           "steps skipped in all): the model diverged (lower --lr?)",
+                           (long long)t->step, t->loss_scale * 2, (long long)t->skipped_steps);
+        return 0;
+    }
+    if (++t->clean_steps >= t->cfg.loss_scale_window) t->loss_scale *= 2, t->clean_steps = 0;
     return 0;
 }
 
@@ -593,15 +631,23 @@ int trainer_step(trainer *t, step_stats *st, err_t *err) {
     t->wait_ms = 0;
     t->offload_ms = 0;
     if (load_samples(t, err) < 0) return err_prefix(err, "step %lld", (long long)t->step);
-    double loss, norm;
-    if (run_step(t, &loss, &norm, err) < 0) return err_prefix(err, "step %lld", (long long)t->step);
+    double loss, norm, scale = t->loss_scale;
+    bool finite;
+    if (run_step(t, &loss, &norm, &finite, err) < 0) return err_prefix(err, "step %lld", (long long)t->step);
     double lr = train_lr(&t->cfg, t->step);
-    double coef = t->cfg.clip > 0 ? t->cfg.clip / (norm + 1e-6) : 1.0;
-    optimizer_step(t, lr, coef < 1.0 ? (float)coef : 1.0f);
+    bool skip = !finite && t->cfg.prec == PREC_FP16;
+    if (!skip) {
+        double coef = t->cfg.clip > 0 ? t->cfg.clip / (norm + 1e-6) : 1.0;
+        /* unscaling by a power of two is exact */
+        optimizer_step(t, lr, (float)((coef < 1.0 ? coef : 1.0) / scale));
+        t->adam_steps++;
+    }
+    if (update_loss_scale(t, skip, err) < 0) return -1;
     t->dev.ops->sync(&t->dev);
     double ms = clock_now_ms() - t0;
     if (t->cfg.comm) comm_get_stats(t->cfg.comm, &c1);
     *st = (step_stats){.step = t->step, .loss = loss, .lr = lr, .grad_norm = norm, .step_ms = ms,
+                       .loss_scale = scale, .skipped = skip,
                        .peak_bytes = t->dev.peak_bytes, .gathers = t->n_gathers - g0,
                        .reduce_scatters = t->n_reduce_scatters - r0,
                        .allreduces = t->n_allreduces - a0,

@@ -47,6 +47,13 @@ typedef struct train_config {
     precision prec;     /* fp32, or bf16/fp16 mixed precision: 16-bit matmul operands,
                          * parameters gathered in 16 bits; fp32 master shards, moments and
                          * gradients (fp16: with dynamic loss scaling) */
+    /* fp16 dynamic loss scaling (PyTorch GradScaler's rule): the loss is multiplied by the scale
+     * before the backward; a non-finite gradient on any rank skips the step on every rank and
+     * halves the scale; loss_scale_window clean steps in a row double it */
+    double loss_scale;         /* the initial scale, a power of two (65536) */
+    int64_t loss_scale_window; /* 2000 */
+    int64_t inject_nonfinite_step; /* tests: rank inject_nonfinite_rank's gradient is made inf */
+    int inject_nonfinite_rank;     /* at this step (-1: never) */
     bool no_offload;    /* keep the unit-boundary checkpoints in device memory */
     bool sync_micro;    /* wait for each microbatch's compute before queueing the next */
     bool per_micro;     /* accumulate per microbatch (gather and reduce every microbatch) instead
@@ -61,6 +68,8 @@ typedef struct step_stats {
     int64_t step; /* the step just taken (0-based) */
     double loss, lr, grad_norm;
     double step_ms, tokens_per_s, samples_per_s;
+    double loss_scale; /* the scale the step's gradient was computed at (1 unless fp16) */
+    bool skipped;      /* fp16: a gradient was not finite; the parameters were left as they were */
     int64_t peak_bytes;
     /* collectives this step (engine counters) and the bytes this rank sent */
     int64_t gathers, reduce_scatters, allreduces, bytes_sent;
@@ -125,6 +134,13 @@ typedef struct trainer {
     float **grad_pool; /* [l] host [m*T*d]: the gradient flowing back, per microbatch */
     int64_t host_bytes; /* the offload pool (device bytes when cfg.no_offload) */
     int64_t step; /* the next step to run */
+    /* the optimizer's own progress: AdamW's bias correction counts the updates taken, not the
+     * steps skipped for a non-finite fp16 gradient (as PyTorch's optimizer.step() skipped by
+     * GradScaler does); checkpoints carry all four (metadata "cephalo.optimizer") */
+    int64_t adam_steps;
+    double loss_scale;     /* the current scale; 1 unless fp16 */
+    int64_t clean_steps;   /* steps since the scale last changed */
+    int64_t skipped_steps; /* of the whole run */
     int64_t samples_seen;
     /* tests: when set, step 0's logits go here (host, [B*T*V] or [B*classes]) */
     float *logits_out;

@@ -57,7 +57,9 @@ PY
   K apply --validate=false -f "$dir/bad.yaml"
 }
 check "globalBatch: -1 is refused, naming the field" 1 "spec.globalBatch: Invalid value: -1" -- bad '{globalBatch: -1}'
-check "precision: fp16 is refused, naming the field" 1 'spec.precision: Unsupported value: "fp16"' -- bad '{precision: fp16}'
+check "precision: fp8 is refused, naming the field" 1 'spec.precision: Unsupported value: "fp8"' -- bad '{precision: fp8}'
+check "precision: fp16 is accepted (the gpt-mixed example's, for its T4s)" 0 "fp16" -- \
+  K get cephalojob gpt2-mixed -o jsonpath='{.spec.precision}'
 check "an unknown strategy is refused, naming the field" 1 'spec.strategy: Unsupported value: "zero"' -- bad '{strategy: zero}'
 check "a missing steps is refused" 1 "spec.steps: Required value" -- bad '{steps: null}'
 check "optimizer.lr above 10 is refused" 1 "spec.optimizer.lr: Invalid value" -- bad '{optimizer: {lr: 11}}'

@@ -104,7 +104,7 @@ numel = [u['numel'] for u in plan['units']]
 world, emb = 3, numel[0]
 gathered = sum(numel) + emb + sum(numel[:-1])
 reduced = sum(numel) + emb
-want = (world - 1) * (2 * gathered + 4 * reduced) + 2 * (world - 1) * 8 * 3
+want = (world - 1) * (2 * gathered + 4 * reduced) + 2 * (world - 1) * 8 * 4
 got = sum(json.loads(open(f'$T/bf3/rank{r}.jsonl').readline())['bytes_sent'] for r in range(world))
 assert got == want, (got, want)
 "
@@ -120,8 +120,8 @@ for r, rk in enumerate(plan['ranks']):
 "
 
 # ---- bad input ----
-check "--precision fp16 is refused" 2 "--precision: 'fp16' is not 'fp32' or 'bf16'" -- \
-  "$W" train --model tiny-gpt --batch 2 --precision fp16
+check "--precision fp8 is refused" 2 "--precision: 'fp8' is not fp32, bf16 or fp16" -- \
+  "$W" train --model tiny-gpt --batch 2 --precision fp8
 check "--offload maybe is refused" 2 "--offload: 'maybe' is not 'on' or 'off'" -- \
   "$W" train --model tiny-gpt --batch 2 --offload maybe
 check "--device cuda on the CPU-only worker names cephalo-worker-cuda" 2 "cephalo-worker-cuda" -- \

@@ -66,6 +66,9 @@ check "no configuration is a clear error" 2 "no cluster configuration" -- \
 check "a missing kubeconfig names the file" 2 "$dir/nope.yaml" -- "$OP" --kubeconfig "$dir/nope.yaml"
 check "a bad --plan-timeout is refused" 2 "--plan-timeout: 'never' is not a duration" -- "$OP" --plan-timeout never
 check "a bad --plan-workers is refused" 2 "--plan-workers: expected an integer 1..64, got '0'" -- "$OP" --plan-workers 0
+check "--help lists --worker-archs and its default" 0 '"60 61 70 75 80 86 89 90"' -- "$OP" --help
+check "a bad --worker-archs is refused, naming the item" 2 "--worker-archs: 'sm_80' is not an architecture" -- \
+  "$OP" --worker-archs "70 sm_80"
 
 # ---- log lines: "TIME LEVEL text", the watch loop's warnings too ---------------------------------
 # an API server that is not there: every watch fails and warns before it retries
@@ -467,6 +470,70 @@ new_gang_owned() {
 }
 assert "... then plans anew: ConfigMap, Service and 3 pods owned by the new job" wait_for 20 new_gang_owned
 check "... and it is Planned, not Succeeded or Running on the old pods" 0 "Planned" -- jp cephalojob tiny '{.status.phase}'
+# ---- compute capability and precision -----------------------------------------------------------
+# GFD's nvidia.com/gpu.compute.major/minor labels: a Maxwell node (5.2) the worker image (default
+# --worker-archs, sm_60..sm_90) cannot run is left out with a note; a V100 labelled 7.0 and a T4
+# without the labels (the catalog's 7.5) have no bf16: a bf16 job on them fails, saying why, and an
+# fp16 job is planned on them
+node_cc() { # NAME PRODUCT MEMORY_MIB COUNT POOL MAJOR MINOR
+  node "$1" "$2" "$3" "$4" "$5" | python3 -c '
+import json, sys
+n = json.load(sys.stdin)
+n["metadata"]["labels"].update({"nvidia.com/gpu.compute.major": sys.argv[1], "nvidia.com/gpu.compute.minor": sys.argv[2]})
+print(json.dumps(n))' "$6" "$7"
+}
+{ node_cc gpu-m Tesla-M60 8192 2 volta 5 2; node_cc gpu-v Tesla-V100-SXM2-16GB 16384 2 volta 7 0
+  node gpu-t Tesla-T4 15360 2 volta; } >"$dir/volta-nodes.json"
+K create -f "$dir/volta-nodes.json" >/dev/null
+cat >"$dir/prec.yaml" <<'EOF'
+apiVersion: cephalo.dev/v1alpha1
+kind: CephaloJob
+metadata: {name: bf16-volta}
+spec: {model: {name: gpt2-124m}, seqLen: 256, globalBatch: 16, steps: 1, precision: bf16, gpus: {nodeSelector: {pool: volta}}}
+---
+apiVersion: cephalo.dev/v1alpha1
+kind: CephaloJob
+metadata: {name: fp16-volta}
+spec:
+  model: {name: gpt2-124m}
+  seqLen: 256
+  globalBatch: 16
+  steps: 1
+  precision: fp16
+  # the Maxwell product is unknown to the catalog: only allowedProducts lets it be considered
+  gpus: {nodeSelector: {pool: volta}, allowedProducts: [Tesla-V100-SXM2-16GB, Tesla-T4, Tesla-M60]}
+---
+apiVersion: cephalo.dev/v1alpha1
+kind: CephaloJob
+metadata: {name: maxwell-only}
+spec: {model: {name: gpt2-124m}, globalBatch: 8, steps: 1, gpus: {allowedProducts: [Tesla-M60]}}
+EOF
+K apply -f "$dir/prec.yaml" >/dev/null
+assert "a bf16 job on V100 and T4 nodes -> Failed" wait_for 20 phase_is bf16-volta Failed
+check "... reason UnsupportedPrecision, naming the GPUs, their compute capability and fp16" 0 \
+  "Failed False UnsupportedPrecision: spec.precision bf16: T4 (compute capability 7.5) and V100-16GB (compute capability 7.0) have no bf16 (it needs compute capability 8.0 or later); use spec.precision fp16 (tensor cores) or fp32" -- \
+  failed_reason bf16-volta
+assert "the same job in fp16 is planned" wait_for 20 phase_is fp16-volta Planned
+check "... on the V100s and T4s only: the Maxwell node is left out" 0 "gpu-t gpu-t gpu-v gpu-v" -- \
+  jp cephalojob fp16-volta '{.status.plan.ranks[*].node}'
+check "... the status names the node left out, its GPU and compute capability" 0 \
+  "node gpu-m: Tesla-M60 (compute capability 5.2) is left out: the worker image is built for sm_60 sm_61 sm_70 sm_75 sm_80 sm_86 sm_89 sm_90 (--worker-archs)" -- \
+  jp cephalojob fp16-volta '{.status.message}'
+K get configmap fp16-volta-plan -o json >"$dir/fp16-cm.json" 2>&1
+K get pod fp16-volta-0 -o json >"$dir/fp16-pod.json" 2>&1
+check "... plan.json says fp16 and the workers get --precision fp16" 0 "fp16 ok" -- python3 - "$dir/fp16-cm.json" "$dir/fp16-pod.json" <<'PY'
+import json, sys
+plan = json.loads(json.load(open(sys.argv[1]))['data']['plan.json'])
+args = json.load(open(sys.argv[2]))['spec']['containers'][0]['args']
+assert plan['inputs']['precision'] == 'fp16', plan['inputs']
+assert args[args.index('--precision') + 1] == 'fp16', args
+print('fp16 ok')
+PY
+assert "a job whose only GPUs the image cannot run -> Failed" wait_for 20 phase_is maxwell-only Failed
+check "... reason NoGPUs, saying the worker image runs none of them and why" 0 \
+  "Failed False NoGPUs: no usable GPU: the worker image runs none of the GPUs the job may use: node gpu-m: Tesla-M60 (compute capability 5.2) is left out" -- \
+  failed_reason maxwell-only
+
 stop_op
 if grep -q 'error\|failed' "$dir"/op-*.log; then
   echo "# operator log lines with errors:"; grep 'error\|failed' "$dir"/op-*.log | head -10 | sed 's/^/#   /'

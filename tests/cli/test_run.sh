@@ -58,7 +58,9 @@ check "precision: bf16 plans in bf16" 0 "" -- bash -c "'$C' run '$T/bf16.yaml' -
 check "--steps checked against warmup" 0 "" -- "$C" run "$T/warmup-beyond-steps.yaml" --steps 6 --dry-run --run-dir "$T/r-warm"
 bad seq-beyond-model '2a seq: 4096' "3: seq:"
 bad bad-strategy '3a strategy: zero' "4: strategy: unknown strategy 'zero' (expected cephalo, fsdp, whale, cb or mb)"
-bad bad-precision '3a precision: fp16' "4: precision: 'fp16' (expected fp32 or bf16)"
+bad bad-precision '3a precision: fp8' "4: precision: 'fp8' (expected fp32, bf16 or fp16)"
+sed '3a precision: fp16' <<<"$base" >"$T/fp16.yaml"
+check "precision: fp16 plans in fp16" 0 "" -- bash -c "'$C' run '$T/fp16.yaml' --dry-run --run-dir '$T/r-fp16' >/dev/null && grep -q '\"precision\":[[:space:]]*\"fp16\"' '$T/r-fp16/plan.json'"
 bad bad-name '1i name: my job' "1: name: 'my job' is not a usable run name"
 bad batch-below-devices 's/^batch: 8/batch: 2/; s/256M}/256M, count: 3}/' "2: batch: 2 cannot be split over 3 devices"
 check "bad --devices: no memory" 2 "--devices: 'cpu:1t' has no memory size" -- "$C" run "$T/no-devices.yaml" --devices cpu:1t

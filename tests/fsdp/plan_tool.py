@@ -136,7 +136,7 @@ def main():
     r.add_argument("--ranks", required=True)
     r.add_argument("--shards", choices=["random", "even", "one"], default="random")
     r.add_argument("--seed", type=int, default=1)
-    r.add_argument("--precision", choices=["fp32", "bf16"], help="replaces inputs.precision")
+    r.add_argument("--precision", choices=["fp32", "bf16", "fp16"], help="replaces inputs.precision")
     c = sub.add_parser("compare")
     c.add_argument("a"), c.add_argument("b")
     c.add_argument("--tol", type=float, default=1e-5)

@@ -359,6 +359,35 @@ static void test_missing_file(void **state) {
     assert_int_equal(c.n_devices, 0);
 }
 
+/* Every device carries its compute capability (the catalog's), which the precision check reads;
+ * the message names each lacking type once, with its capability, and what to use instead. */
+static void test_compute_capability_and_precision(void **state) {
+    (void)state;
+    cluster c;
+    err_t err;
+    assert_int_equal(load("nodes:\n  - name: a\n    gpus: [{type: T4, count: 2}, {type: A10G}, {type: cpu, threads: 1, memory_gib: 1}]\n"
+                          "  - name: b\n    gpus: [{type: Tesla-T4}, {type: P40}]\n", &c, &err), 0);
+    assert_int_equal(c.devices[0].cc_major, 7);
+    assert_int_equal(c.devices[0].cc_minor, 5);
+    assert_int_equal(c.devices[2].cc_major, 8);
+    assert_int_equal(c.devices[2].cc_minor, 6);
+    assert_int_equal(cluster_check_precision(&c, PREC_FP16, "--precision", &err), 0);
+    assert_int_equal(cluster_check_precision(&c, PREC_FP32, "--precision", &err), 0);
+    assert_int_equal(cluster_check_precision(&c, PREC_BF16, "--precision", &err), -1);
+    assert_string_equal(err.msg, "--precision bf16: T4 (compute capability 7.5) and P40 (compute capability 6.1) have no bf16 "
+                                 "(it needs compute capability 8.0 or later); use --precision fp16 (2-byte parameter gathers; "
+                                 "Pascal has no tensor cores and runs it at its fp32 rate) or fp32");
+    cluster_free(&c);
+    cluster_init(&c);
+    assert_int_equal(cluster_add_node(&c, "n", 10), 0);
+    assert_int_equal(cluster_add_devices(&c, "V100", 1, &err), 0);
+    assert_int_equal(c.devices[0].cc_major, 7);
+    assert_int_equal(cluster_check_precision(&c, PREC_BF16, "spec.precision", &err), -1);
+    assert_string_equal(err.msg, "spec.precision bf16: V100-16GB (compute capability 7.0) has no bf16 (it needs compute "
+                                 "capability 8.0 or later); use spec.precision fp16 (tensor cores) or fp32");
+    cluster_free(&c);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cluster_a),       cmocka_unit_test(test_cluster_b),
@@ -371,6 +400,7 @@ int main(void) {
         cmocka_unit_test(test_too_many_devices), cmocka_unit_test(test_build_in_code),
         cmocka_unit_test(test_missing_file),    cmocka_unit_test(test_nul_refused),
         cmocka_unit_test(test_name_bytes),
+        cmocka_unit_test(test_compute_capability_and_precision),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -10,14 +10,15 @@
 
 #include "cluster.h"
 #include "cost.h"
+#include "engine_mem.h"
 
-static void build(cost_model *cm, cluster *cl, const char *cluster_yaml, const char *model, int seq, int batch, bool bf16,
+static void build(cost_model *cm, cluster *cl, const char *cluster_yaml, const char *model, int seq, int batch, precision prec,
                   const profile *prof) {
     static model_spec m; /* the cost model keeps a pointer */
     err_t err;
     if (cluster_load_string("c.yaml", cluster_yaml, strlen(cluster_yaml), cl, &err) < 0) fail_msg("%s", err.msg);
     assert_int_equal(model_resolve(model, &m, &err), 0);
-    cost_opts co = {.bf16 = bf16, .mem_cap = 0.8, .prof = prof};
+    cost_opts co = {.prec = prec, .mem_cap = 0.8, .prof = prof};
     if (cost_build(cm, &m, cl, seq, batch, &co, &err) < 0) fail_msg("%s", err.msg);
 }
 
@@ -30,7 +31,7 @@ static void test_ring_collectives(void **state) {
     (void)state;
     cost_model cm;
     cluster cl;
-    build(&cm, &cl, two_nodes, "gpt2-124m", 1024, 8, false, NULL);
+    build(&cm, &cl, two_nodes, "gpt2-124m", 1024, 8, PREC_FP32, NULL);
     double bytes = (double)model_kind_params(cm.model, UNIT_BLOCK) * 4;
     double one = 3 * 0.030 + 3.0 / 4 * bytes / (25e9 / 8) * 1e3;
     double emb = (double)model_kind_params(cm.model, UNIT_EMBEDDING) * 4;
@@ -40,10 +41,10 @@ static void test_ring_collectives(void **state) {
     assert_true(fabs(cm.comm.bandwidth_gbs - 25.0 / 8) < 1e-12);
     /* uneven shards cost 15% more, for every collective */
     assert_true(fabs(cost_bwd_floor(&cm, true) / cost_bwd_floor(&cm, false) - 1.15) < 1e-12);
-    /* bf16 gathers half the bytes, reduces gradients in fp32 */
+    /* fp16 gathers half the bytes (also on the P40s), reduces gradients in fp32 */
     cost_model cm16;
     cluster cl16;
-    build(&cm16, &cl16, two_nodes, "gpt2-124m", 1024, 8, true, NULL);
+    build(&cm16, &cl16, two_nodes, "gpt2-124m", 1024, 8, PREC_FP16, NULL);
     assert_true(cm16.comm.ag_bwd_ms < cm.comm.ag_bwd_ms * 0.6);
     assert_true(fabs(cm16.comm.rs_ms - cm.comm.rs_ms) < 1e-9);
     /* the tied head gathers the embedding again in the forward */
@@ -56,7 +57,7 @@ static void test_single_node_uses_intra_link(void **state) {
     cost_model cm;
     cluster cl;
     build(&cm, &cl, "nodes: [{name: a, network_gbps: 10, intra_gbps: 200, gpus: [{type: L4, count: 4}]}]\n", "bert-large", 512, 8,
-          false, NULL);
+          PREC_FP32, NULL);
     assert_true(fabs(cm.comm.bandwidth_gbs - 25) < 1e-12);
     cost_free(&cm), cluster_free(&cl);
 }
@@ -65,7 +66,7 @@ static void test_analytic_estimates(void **state) {
     (void)state;
     cost_model cm;
     cluster cl;
-    build(&cm, &cl, two_nodes, "bert-large", 512, 64, false, NULL);
+    build(&cm, &cl, two_nodes, "bert-large", 512, 64, PREC_FP32, NULL);
     const cost_group *a100 = &cm.groups[0], *p40 = &cm.groups[1];
     assert_int_equal(cm.n_groups, 2);
     assert_int_equal(a100->count, 2);
@@ -88,15 +89,134 @@ static void test_analytic_estimates(void **state) {
     for (int u = 0; u < model_n_units(cm.model); u++) even += (model_unit_params(cm.model, u) + 3) / 4;
     assert_int_equal(cm.even_state_params, even);
     cost_free(&cm), cluster_free(&cl);
-    /* bf16 speeds up an Ampere GPU, not a Pascal one */
+    /* fp16 speeds up an Ampere GPU (tensor cores), not a Pascal one (the fp32 rate) */
     cost_model c16;
-    build(&c16, &cl, two_nodes, "bert-large", 512, 64, true, NULL);
+    build(&c16, &cl, two_nodes, "bert-large", 512, 64, PREC_FP16, NULL);
     cost_model c32;
     cluster cl32;
-    build(&c32, &cl32, two_nodes, "bert-large", 512, 64, false, NULL);
+    build(&c32, &cl32, two_nodes, "bert-large", 512, 64, PREC_FP32, NULL);
     assert_true(c16.groups[0].fwd_ms[8] < 0.7 * c32.groups[0].fwd_ms[8]);
     assert_true(c16.groups[1].fwd_ms[8] > 0.9 * c32.groups[1].fwd_ms[8]);
     cost_free(&c16), cluster_free(&cl), cost_free(&c32), cluster_free(&cl32);
+}
+
+/* A cost model, or the error of cost_build (-1). */
+static int try_build(cost_model *cm, cluster *cl, const char *cluster_yaml, precision prec, err_t *err) {
+    static model_spec m;
+    if (cluster_load_string("c.yaml", cluster_yaml, strlen(cluster_yaml), cl, err) < 0) fail_msg("%s", err->msg);
+    assert_int_equal(model_resolve("gpt2-124m", &m, err), 0);
+    cost_opts co = {.prec = prec, .mem_cap = 0.8};
+    int rc = cost_build(cm, &m, cl, 256, 16, &co, err);
+    if (rc < 0) cluster_free(cl);
+    return rc;
+}
+
+static const char volta_turing[] = "nodes:\n"
+                                   "  - {name: v, network_gbps: 100, gpus: [{type: V100-16GB, count: 2}]}\n"
+                                   "  - {name: t, network_gbps: 100, gpus: [{type: T4, count: 2}]}\n";
+static const char pascal[] = "nodes:\n"
+                             "  - {name: p, network_gbps: 50, gpus: [{type: P40, count: 2}, {type: P100, count: 2}]}\n";
+static const char ampere[] = "nodes:\n"
+                             "  - {name: a, network_gbps: 50, gpus: [{type: A100-40GB, count: 2}, {type: L4, count: 2}]}\n";
+
+/* fp16 costs memory exactly as bf16 does: 2-byte gathers, the same engine buffers. */
+static void test_fp16_memory_like_bf16(void **state) {
+    (void)state;
+    err_t err;
+    cost_model c16, cb16, c32;
+    cluster l16, lb16, l32;
+    assert_int_equal(try_build(&c16, &l16, ampere, PREC_FP16, &err), 0);
+    assert_int_equal(try_build(&cb16, &lb16, ampere, PREC_BF16, &err), 0);
+    assert_int_equal(try_build(&c32, &l32, ampere, PREC_FP32, &err), 0);
+    for (int g = 0; g < c16.n_groups; g++) {
+        assert_true(c16.groups[g].m0 == cb16.groups[g].m0 && c16.groups[g].m1 == cb16.groups[g].m1);
+        assert_int_equal(c16.groups[g].mmax, cb16.groups[g].mmax);
+        assert_true(c16.groups[g].m0 != c32.groups[g].m0); /* the 16-bit gather buffers */
+        /* A100 and L4 run fp16 and bf16 at the same tensor rate */
+        assert_true(fabs(c16.groups[g].fwd_ms[4] - cb16.groups[g].fwd_ms[4]) < 1e-12);
+    }
+    assert_true(c16.comm.ag_bwd_ms == cb16.comm.ag_bwd_ms);
+    assert_true(c16.comm.ag_bwd_ms < 0.6 * c32.comm.ag_bwd_ms);
+    const model_spec *m = c16.model;
+    engine_opts e16 = {.sharded = true, .prec = PREC_FP16, .double_buffer = true}, eb = e16, e32 = e16;
+    eb.prec = PREC_BF16;
+    e32.prec = PREC_FP32;
+    for (int mb = 0; mb < 4; mb++) {
+        assert_int_equal(engine_compute_bytes(m, 256, mb, e16), engine_compute_bytes(m, 256, mb, eb));
+        assert_true(engine_compute_bytes(m, 256, mb, e16) > engine_compute_bytes(m, 256, mb, e32));
+    }
+    cost_free(&c16), cost_free(&cb16), cost_free(&c32);
+    cluster_free(&l16), cluster_free(&lb16), cluster_free(&l32);
+}
+
+/* fp16 runs at each GPU's fp16 tensor rate: V100 112, T4 65 TFLOP/s (fp32: 14.1, 8.1). */
+static void test_fp16_rates(void **state) {
+    (void)state;
+    err_t err;
+    cost_model c16, c32;
+    cluster l16, l32;
+    assert_int_equal(try_build(&c16, &l16, volta_turing, PREC_FP16, &err), 0);
+    assert_int_equal(try_build(&c32, &l32, volta_turing, PREC_FP32, &err), 0);
+    assert_float_equal(c16.groups[0].peak_tflops, 112, 1e-9);
+    assert_float_equal(c16.groups[1].peak_tflops, 65, 1e-9);
+    assert_float_equal(c32.groups[0].peak_tflops, 14.1, 1e-9);
+    assert_float_equal(c32.groups[1].peak_tflops, 8.1, 1e-9);
+    for (int g = 0; g < 2; g++) assert_true(c16.groups[g].fwd_ms[8] < 0.5 * c32.groups[g].fwd_ms[8]);
+    cost_free(&c16), cost_free(&c32), cluster_free(&l16), cluster_free(&l32);
+}
+
+/* Pascal has no tensor cores: fp16 plans at the fp32 rate, with the 16-bit memory. */
+static void test_pascal_fp16_at_fp32_rate(void **state) {
+    (void)state;
+    err_t err;
+    cost_model c16, c32;
+    cluster l16, l32;
+    assert_int_equal(try_build(&c16, &l16, pascal, PREC_FP16, &err), 0);
+    assert_int_equal(try_build(&c32, &l32, pascal, PREC_FP32, &err), 0);
+    assert_float_equal(c16.groups[0].peak_tflops, 11.8, 1e-9); /* P40 */
+    assert_float_equal(c16.groups[1].peak_tflops, 9.3, 1e-9);  /* P100 */
+    for (int g = 0; g < 2; g++) {
+        assert_float_equal(c16.groups[g].peak_tflops, c32.groups[g].peak_tflops, 1e-12);
+        /* the same compute; only the halved traffic makes it a little faster */
+        assert_true(c16.groups[g].fwd_ms[8] <= c32.groups[g].fwd_ms[8]);
+        assert_true(c16.groups[g].fwd_ms[8] > 0.8 * c32.groups[g].fwd_ms[8]);
+    }
+    assert_true(c16.comm.ag_bwd_ms < 0.6 * c32.comm.ag_bwd_ms);
+    cost_free(&c16), cost_free(&c32), cluster_free(&l16), cluster_free(&l32);
+}
+
+/* bf16 before sm_80 is refused, naming each GPU type, its compute capability and fp16. */
+static void test_bf16_refused_before_ampere(void **state) {
+    (void)state;
+    err_t err;
+    cost_model cm;
+    cluster cl;
+    assert_int_equal(try_build(&cm, &cl, volta_turing, PREC_BF16, &err), -1);
+    assert_non_null(strstr(err.msg, "V100-16GB (compute capability 7.0) and T4 (compute capability 7.5) have no bf16"));
+    assert_non_null(strstr(err.msg, "use precision fp16 (tensor cores) or fp32"));
+    assert_int_equal(try_build(&cm, &cl, pascal, PREC_BF16, &err), -1);
+    assert_non_null(strstr(err.msg, "P40 (compute capability 6.1) and P100 (compute capability 6.0) have no bf16"));
+    assert_non_null(strstr(err.msg, "no tensor cores"));
+    /* one pre-Ampere GPU among Ampere ones is enough */
+    assert_int_equal(try_build(&cm, &cl, "nodes: [{name: a, gpus: [{type: A10G, count: 3}, {type: T4}]}]\n", PREC_BF16, &err), -1);
+    assert_non_null(strstr(err.msg, "T4 (compute capability 7.5) has no bf16"));
+    assert_null(strstr(err.msg, "A10G"));
+    /* Ampere and later, and CPU devices, run it */
+    assert_int_equal(try_build(&cm, &cl, ampere, PREC_BF16, &err), 0);
+    cost_free(&cm), cluster_free(&cl);
+    assert_int_equal(try_build(&cm, &cl, "nodes: [{name: c, gpus: [{type: cpu, threads: 1, memory_gib: 2, count: 2}]}]\n",
+                               PREC_BF16, &err), 0);
+    cost_free(&cm), cluster_free(&cl);
+    /* a GPU of unknown compute capability (the operator's unknown product) is planned as asked */
+    assert_int_equal(cluster_load_string("c.yaml", volta_turing, strlen(volta_turing), &cl, &err), 0);
+    for (int d = 0; d < cl.n_devices; d++) cl.devices[d].cc_major = 0;
+    assert_int_equal(cluster_check_precision(&cl, PREC_BF16, "--precision", &err), 0);
+    cl.devices[0].cc_major = 7;
+    assert_int_equal(cluster_check_precision(&cl, PREC_BF16, "--precision", &err), -1);
+    assert_non_null(strstr(err.msg, "--precision bf16: V100-16GB"));
+    assert_int_equal(cluster_check_precision(&cl, PREC_FP16, "--precision", &err), 0);
+    assert_int_equal(cluster_check_precision(&cl, PREC_FP32, "--precision", &err), 0);
+    cluster_free(&cl);
 }
 
 static const char profile_json[] =
@@ -116,7 +236,7 @@ static void test_profiled_costs(void **state) {
     if (profile_load_string("p.json", profile_json, strlen(profile_json), &prof, &err) < 0) fail_msg("%s", err.msg);
     cost_model cm;
     cluster cl;
-    build(&cm, &cl, two_nodes, "bert-large", 512, 64, false, &prof);
+    build(&cm, &cl, two_nodes, "bert-large", 512, 64, PREC_FP32, &prof);
     const cost_group *a100 = &cm.groups[0], *p40 = &cm.groups[1];
     assert_false(a100->measured);
     assert_true(p40->measured); /* matched through the GFD alias */
@@ -144,7 +264,7 @@ static void test_profiled_costs(void **state) {
     /* the step check's overhead per collective: times the step's collectives, in the exposed time
      * (bert-large: 26 units, the head tied: 27 + 25 gathers, 27 reduce-scatters, the loss's 2) */
     prof.comm[0].train_overhead_ms = 0.01;
-    build(&cm, &cl, two_nodes, "bert-large", 512, 64, false, &prof);
+    build(&cm, &cl, two_nodes, "bert-large", 512, 64, PREC_FP32, &prof);
     assert_int_equal(cost_step_collectives(cm.model), 27 + 25 + 27 + 2);
     assert_true(fabs(cm.comm.overhead_ms - 0.01 * 81) < 1e-9);
     assert_true(fabs(cost_exposed_ms(&cm, false) - (exposed + 0.81)) < 1e-9);
@@ -158,6 +278,10 @@ int main(void) {
         cmocka_unit_test(test_single_node_uses_intra_link),
         cmocka_unit_test(test_analytic_estimates),
         cmocka_unit_test(test_profiled_costs),
+        cmocka_unit_test(test_fp16_memory_like_bf16),
+        cmocka_unit_test(test_fp16_rates),
+        cmocka_unit_test(test_pascal_fp16_at_fp32_rate),
+        cmocka_unit_test(test_bf16_refused_before_ampere),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -353,6 +353,125 @@ static void test_gemm(void **state) {
     }
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * 16-bit formats. The fp16 oracle is the compiler's _Float16 (correctly rounded IEEE binary16
+ * conversions, independent of cpu_device.c); bf16 is checked against a round-to-nearest-even
+ * written here on doubles. */
+
+static uint32_t bits_of(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    return u;
+}
+
+static float float_of(uint32_t u) {
+    float x;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+static uint16_t oracle_fp16(float x) {
+    _Float16 h = (_Float16)x;
+    uint16_t b;
+    memcpy(&b, &h, 2);
+    return b;
+}
+
+static float oracle_fp16_widen(uint16_t b) {
+    _Float16 h;
+    memcpy(&h, &b, 2);
+    return (float)h;
+}
+
+/* Nearest bf16 by distance (ties to the even pattern), from the two candidates around x. */
+static uint16_t oracle_bf16(float x) {
+    uint32_t lo = bits_of(x) & 0xffff0000u, hi = lo + 0x10000u;
+    /* above the largest bf16 the next step is 2^128 (inf, as IEEE overflow rounds) */
+    double vhi = (hi & 0x7fffffffu) == 0x7f800000u ? copysign(0x1p128, x) : (double)float_of(hi);
+    double dl = fabs((double)x - (double)float_of(lo)), dh = fabs(vhi - (double)x);
+    if ((lo & 0x7f800000u) == 0x7f800000u) return (uint16_t)(lo >> 16); /* inf stays */
+    return (uint16_t)((dl < dh || (dl == dh && !(lo & 0x10000u)) ? lo : hi) >> 16);
+}
+
+/* Inputs that find rounding mistakes: every half and the midpoints between neighbours (ties),
+ * one ulp of fp32 either side of them, and random values over the whole fp16 range and beyond. */
+static int64_t half_inputs(float *x) {
+    int64_t n = 0;
+    for (uint32_t h = 0; h < 0x7c00u; h++) {
+        float a = oracle_fp16_widen((uint16_t)h), b = oracle_fp16_widen((uint16_t)(h + 1));
+        float mid = (float)(((double)a + (double)b) / 2); /* exact in fp32 */
+        float v[] = {a, mid, nextafterf(mid, 0), nextafterf(mid, INFINITY)};
+        for (int i = 0; i < 4; i++) x[n++] = v[i], x[n++] = -v[i];
+    }
+    seed(77);
+    for (int i = 0; i < 100000; i++) x[n++] = ldexpf(frand(), (int)(frand() * 40)); /* 2^-40..2^40 */
+    x[n++] = INFINITY, x[n++] = -INFINITY, x[n++] = 65504.0f, x[n++] = 65519.99f, x[n++] = 65520.0f;
+    return n;
+}
+
+static void test_fp16_bf16(void **state) {
+    device *d = *state;
+    float *x = malloc((8 * 0x7c00 + 100010) * sizeof(float));
+    int64_t n = half_inputs(x);
+    uint16_t *h = malloc((size_t)n * 2);
+    d->ops->to_fp16(d, h, x, n);
+    for (int64_t i = 0; i < n; i++)
+        if (h[i] != oracle_fp16(x[i]))
+            fail_msg("to_fp16(%a) = 0x%04x, IEEE says 0x%04x", (double)x[i], h[i], oracle_fp16(x[i]));
+    d->ops->to_bf16(d, h, x, n);
+    for (int64_t i = 0; i < n; i++)
+        if (h[i] != oracle_bf16(x[i]))
+            fail_msg("to_bf16(%a) = 0x%04x, expected 0x%04x", (double)x[i], h[i], oracle_bf16(x[i]));
+    /* widening is exact for every pattern; NaN stays NaN (both ways) */
+    uint16_t all[65536];
+    float *w = malloc(65536 * sizeof(float));
+    for (int i = 0; i < 65536; i++) all[i] = (uint16_t)i;
+    d->ops->from_fp16(d, w, all, 65536);
+    for (int i = 0; i < 65536; i++) {
+        float want = oracle_fp16_widen((uint16_t)i);
+        if (isnan(want) ? !isnan(w[i]) : bits_of(w[i]) != bits_of(want))
+            fail_msg("from_fp16(0x%04x) = %a, expected %a", i, (double)w[i], (double)want);
+    }
+    d->ops->from_bf16(d, w, all, 65536);
+    for (int i = 0; i < 65536; i++) assert_true(bits_of(w[i]) == (uint32_t)i << 16);
+    float nan = NAN;
+    d->ops->to_fp16(d, h, &nan, 1);
+    assert_true((h[0] & 0x7c00u) == 0x7c00u && (h[0] & 0x3ffu));
+    free(x), free(h), free(w);
+}
+
+/* The 16-bit gemm modes: sgemm on operands rounded here by the oracles, bit for bit; fp16
+ * operands above 65504 become inf (what an fp16 tensor core sees: the loss scaler's signal). */
+static void test_gemm_half(void **state) {
+    device *d = *state;
+    const int M = 9, N = 11, K = 300;
+    for (int mode = 0; mode < 2; mode++) {
+        bool fp16 = mode == 1;
+        seed(40 + mode);
+        float *A = frandom((int64_t)M * K, 3.0f), *B = frandom((int64_t)K * N, 3.0f);
+        float *Ar = malloc((size_t)M * K * 4), *Br = malloc((size_t)K * N * 4);
+        for (int64_t i = 0; i < (int64_t)M * K; i++)
+            Ar[i] = fp16 ? oracle_fp16_widen(oracle_fp16(A[i])) : float_of((uint32_t)oracle_bf16(A[i]) << 16);
+        for (int64_t i = 0; i < (int64_t)K * N; i++)
+            Br[i] = fp16 ? oracle_fp16_widen(oracle_fp16(B[i])) : float_of((uint32_t)oracle_bf16(B[i]) << 16);
+        float *C = ffill((int64_t)M * N, 0.25f), *want = ffill((int64_t)M * N, 0.25f);
+        d->matmul = DEV_MATMUL_FP32;
+        d->ops->gemm(d, false, false, M, N, K, 0.5f, Ar, K, Br, N, 1.0f, want, N);
+        d->matmul = fp16 ? DEV_MATMUL_FP16 : DEV_MATMUL_BF16;
+        d->ops->gemm(d, false, false, M, N, K, 0.5f, A, K, B, N, 1.0f, C, N);
+        expect_same_bits(fp16 ? "gemm fp16 vs rounded operands" : "gemm bf16 vs rounded operands",
+                         C, want, (size_t)M * N * sizeof(float));
+        bool differs = memcmp(Ar, A, (size_t)M * K * 4) != 0; /* the rounding did something */
+        assert_true(differs);
+        A[0] = 70000.0f; /* row 0 of C sees an fp16 inf; bf16 holds 70000 */
+        d->ops->gemm(d, false, false, M, N, K, 1.0f, A, K, B, N, 0.0f, C, N);
+        assert_true(fp16 ? !isfinite(C[0]) : isfinite(C[0]));
+        assert_true(isfinite(C[N])); /* other rows untouched */
+        d->matmul = DEV_MATMUL_FP32;
+        free(A), free(B), free(Ar), free(Br), free(C), free(want);
+    }
+}
+
 static void test_bias(void **state) {
     device *d = *state;
     const int N = 300, C = 45; /* C crosses a column block */
@@ -980,6 +1099,8 @@ int main(void) {
         cmocka_unit_test(test_exp_fast),
         T(test_elementwise),
         T(test_gemm),
+        T(test_fp16_bf16),
+        T(test_gemm_half),
         T(test_bias),
         T(test_embed),
         T(test_layernorm),

@@ -1,7 +1,8 @@
 /* test_kube.c - the Kubernetes client: kubeconfig and in-cluster configuration (and one clear
  * message per kind of bad input), paths and timestamps, then requests against a scripted local
  * HTTP server: error messages, the token re-read after a 401, merge patch and the status
- * subresource, conflict retries, Events with counts, and leader election on a Lease. */
+ * subresource, conflict retries, Events with counts, and leader election on a Lease; the inventory's
+ * compute capabilities (GFD labels, --worker-archs). */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -16,6 +17,7 @@
 
 #include "fake_http.h"
 #include "fileio.h"
+#include "inventory.h"
 #include "kube.h"
 #include "lease.h"
 
@@ -570,6 +572,95 @@ static void test_lease_election(void **state) {
     assert_non_null(strstr(srv.body[11], "\"leaseTransitions\":3"));
 }
 
+/* ---- inventory: compute capability ---------------------------------------------------------- */
+
+static cJSON *nodes_json(const char *text) {
+    cJSON *n = cJSON_Parse(text);
+    assert_non_null(n);
+    return n;
+}
+
+#define NODE(name, product, count, labels)                                                      \
+    "{\"metadata\":{\"name\":\"" name "\",\"labels\":{\"nvidia.com/gpu.product\":\"" product       \
+    "\",\"nvidia.com/gpu.memory\":\"16384\"" labels "}},\"status\":{\"allocatable\":{\"nvidia.com/gpu\":\"" \
+    count "\"}}}"
+#define CC(major, minor) ",\"nvidia.com/gpu.compute.major\":\"" major "\",\"nvidia.com/gpu.compute.minor\":\"" minor "\""
+
+static void test_worker_archs(void **state) {
+    (void)state;
+    inv_archs a;
+    err_t err;
+    assert_int_equal(inv_archs_parse(INV_DEFAULT_ARCHS, &a, &err), 0);
+    assert_int_equal(a.n, 8);
+    assert_true(inv_archs_run(&a, 6, 1) && inv_archs_run(&a, 7, 5) && inv_archs_run(&a, 8, 9) && inv_archs_run(&a, 9, 0));
+    assert_false(inv_archs_run(&a, 5, 2)); /* Maxwell */
+    assert_false(inv_archs_run(&a, 10, 0)); /* a newer major: PTX JIT is not planned on */
+    assert_true(inv_archs_run(&a, 8, 7)); /* Orin: sm_86 code runs on 8.7 */
+    assert_int_equal(inv_archs_parse("80,86", &a, &err), 0);
+    assert_false(inv_archs_run(&a, 7, 5));
+    assert_true(inv_archs_run(&a, 8, 9));
+    assert_true(inv_archs_run(NULL, 3, 0)); /* no restriction */
+    assert_int_equal(inv_archs_parse("70 sm_80", &a, &err), -1);
+    assert_non_null(strstr(err.msg, "--worker-archs: 'sm_80' is not an architecture"));
+    assert_int_equal(inv_archs_parse("  ", &a, &err), -1);
+    assert_non_null(strstr(err.msg, "empty"));
+    assert_int_equal(inv_archs_parse("705", &a, &err), -1);
+}
+
+/* The labels give the capability (else the catalog); a GPU the image cannot run is left out with
+ * a note naming the node, the product and the capability. */
+static void test_inventory_compute_capability(void **state) {
+    (void)state;
+    cJSON *nodes = nodes_json("[" NODE("n-a", "Tesla-V100-SXM2-16GB", "2", CC("7", "0")) ","
+                              NODE("n-b", "Tesla-T4", "1", "") ","
+                              NODE("n-c", "Tesla-M60", "2", CC("5", "2")) ","
+                              NODE("n-d", "NVIDIA-Future-GPU", "1", "") "]");
+    inv_archs archs;
+    err_t err;
+    assert_int_equal(inv_archs_parse(INV_DEFAULT_ARCHS, &archs, &err), 0);
+    cJSON *allowed = nodes_json("[\"Tesla-V100-SXM2-16GB\", \"Tesla-T4\", \"Tesla-M60\", \"NVIDIA-Future-GPU\"]");
+    inv_constraints c = {.allowed_products = allowed, .archs = &archs};
+    cluster cl;
+    inv_result r;
+    assert_int_equal(inv_build(nodes, &c, &cl, &r, &err), 0);
+    assert_int_equal(r.gpus, 4); /* 2 V100 + 1 T4 + the unknown product, not the M60s */
+    assert_int_equal(cl.devices[0].cc_major, 7);
+    assert_int_equal(cl.devices[0].cc_minor, 0);
+    assert_int_equal(cl.devices[2].cc_major, 7); /* T4 without labels: the catalog's 7.5 */
+    assert_int_equal(cl.devices[2].cc_minor, 5);
+    assert_int_equal(cl.devices[3].cc_major, 0); /* unknown product, no labels: kept, unknown */
+    assert_non_null(strstr(r.notes, "node n-c: Tesla-M60 (compute capability 5.2) is left out: the worker image is "
+                                    "built for sm_60 sm_61 sm_70 sm_75 sm_80 sm_86 sm_89 sm_90 (--worker-archs)"));
+    /* the planner refuses bf16 on them, naming the GPUs */
+    assert_int_equal(cluster_check_precision(&cl, PREC_BF16, "spec.precision", &err), -1);
+    assert_non_null(strstr(err.msg, "spec.precision bf16: V100-16GB (compute capability 7.0) and T4 (compute capability 7.5)"));
+    cluster_free(&cl);
+
+    /* labels override the catalog: an image built for sm_80+ only leaves the V100s out */
+    assert_int_equal(inv_archs_parse("80 86 89 90", &archs, &err), 0);
+    assert_int_equal(inv_build(nodes, &c, &cl, &r, &err), 0);
+    assert_int_equal(r.gpus, 1); /* the unknown product (no capability known) */
+    assert_non_null(strstr(r.notes, "node n-a: Tesla-V100-SXM2-16GB (compute capability 7.0) is left out"));
+    assert_non_null(strstr(r.notes, "node n-b: Tesla-T4 (compute capability 7.5) is left out"));
+    cluster_free(&cl);
+
+    /* nothing left: the error says the image runs none of them, and why */
+    cJSON *only = nodes_json("[\"Tesla-M60\"]");
+    c.allowed_products = only;
+    assert_int_equal(inv_build(nodes, &c, &cl, &r, &err), -1);
+    assert_non_null(strstr(err.msg, "no usable GPU: the worker image runs none of the GPUs the job may use: node n-c: "
+                                    "Tesla-M60 (compute capability 5.2) is left out"));
+    /* without --worker-archs every capability is taken */
+    c.archs = NULL;
+    assert_int_equal(inv_build(nodes, &c, &cl, &r, &err), 0);
+    assert_int_equal(r.gpus, 2);
+    assert_int_equal(cl.devices[0].cc_major, 5);
+    cluster_free(&cl);
+    cJSON_Delete(only);
+    cJSON_Delete(allowed);
+    cJSON_Delete(nodes);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kubeconfig_current_context),
@@ -583,6 +674,8 @@ int main(void) {
         cmocka_unit_test(test_update_retry_on_conflict),
         cmocka_unit_test(test_events_counted),
         cmocka_unit_test(test_lease_election),
+        cmocka_unit_test(test_worker_archs),
+        cmocka_unit_test(test_inventory_compute_capability),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

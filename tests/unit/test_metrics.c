@@ -106,6 +106,28 @@ static void test_steps(void **state) {
     const char *a = strstr(t, "le=\"0.005\""), *b = strstr(t, "le=\"60\""), *c = strstr(t, "le=\"+Inf\""),
                *d = strstr(t, "cephalo_step_seconds_sum"), *e = strstr(t, "cephalo_step_seconds_count");
     assert_true(a && a < b && b < c && c < d && d < e);
+    assert_null(strstr(t, "cephalo_train_loss_scale")); /* not fp16: no loss scaling */
+    assert_null(strstr(t, "cephalo_train_skipped_steps_total"));
+    free(t);
+    metrics_free(m);
+}
+
+/* fp16: the scale after the last step, and the steps skipped for a non-finite gradient. */
+static void test_loss_scale(void **state) {
+    (void)state;
+    metrics *m = metrics_new(&info);
+    double scale[] = {65536, 32768, 32768, 16384};
+    bool skipped[] = {false, true, false, true};
+    for (int i = 0; i < 4; i++) {
+        metrics_step s = {.step_s = 0.1, .loss = 2, .step = i + 1, .samples = 8,
+                          .loss_scale = scale[i], .skipped = skipped[i]};
+        metrics_record(m, &s);
+    }
+    char *t = metrics_render(m, NULL);
+    assert_line(t, "cephalo_train_loss_scale{" L "} 16384");
+    assert_line(t, "cephalo_train_skipped_steps_total{" L "} 2");
+    assert_non_null(strstr(t, "# TYPE cephalo_train_skipped_steps_total counter"));
+    assert_non_null(strstr(t, "# TYPE cephalo_train_loss_scale gauge"));
     free(t);
     metrics_free(m);
 }
@@ -175,6 +197,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_before_first_step),
         cmocka_unit_test(test_steps),
+        cmocka_unit_test(test_loss_scale),
         cmocka_unit_test(test_server),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -65,7 +65,7 @@ static void test_invariants_everywhere(void **state) {
     const char *clusters[] = {"examples/clusters/cluster-a.yaml", "examples/clusters/cluster-b.yaml",
                               "examples/clusters/local-cpu.yaml", tight_cluster};
     const char *models[] = {"gpt2-124m", "gpt2-774m", "bert-large", "llama-3b", "vit-g", "tiny-gpt", "tiny-llama"};
-    int feasible = 0, infeasible = 0, uneven = 0;
+    int feasible = 0, infeasible = 0, uneven = 0, refused = 0;
     for (size_t c = 0; c < sizeof clusters / sizeof *clusters; c++) {
         cluster cl;
         load_cluster(clusters[c], &cl);
@@ -77,7 +77,16 @@ static void test_invariants_everywhere(void **state) {
             for (int bi = 0; bi < 4; bi++) {
                 if (batches[bi] < cl.n_devices) continue;
                 cost_model cm;
-                cost_opts co = {.mem_cap = 0.8, .bf16 = bi % 2};
+                /* every precision; bf16 where a GPU lacks it (clusters A and B) is refused */
+                cost_opts co = {.mem_cap = 0.8, .prec = (precision)((bi + mi) % PREC_COUNT)};
+                err_t perr;
+                if (cluster_check_precision(&cl, co.prec, "precision", &perr) < 0) {
+                    assert_int_equal(co.prec, PREC_BF16);
+                    assert_int_equal(cost_build(&cm, &m, &cl, 0, batches[bi], &co, &err), -1);
+                    assert_non_null(strstr(err.msg, "no bf16"));
+                    refused++;
+                    continue;
+                }
                 assert_int_equal(cost_build(&cm, &m, &cl, 0, batches[bi], &co, &err), 0);
                 for (int s = 0; s < STRAT_COUNT; s++) {
                     plan p;
@@ -100,6 +109,7 @@ static void test_invariants_everywhere(void **state) {
     assert_true(feasible > 100);
     assert_true(infeasible > 10);
     assert_true(uneven > 0);
+    assert_true(refused > 0);
 }
 
 /* Cephalo is never slower than a baseline that is feasible: each baseline's plan lies in the
