@@ -10,6 +10,8 @@
 #   make test-gpu   CUDA ops against the CPU device, the invariant and PyTorch oracles on the GPU
 #   make bench-gpu  tokens/s, MFU and peak memory against PyTorch on the GPU
 #   CUDA=auto|0|1   CUDA detection (auto: build cephalo-worker-cuda when nvcc is found)
+#   CUDA_ARCHS=...  GPU architectures built (default: those of 60 61 70 75 80 86 89 90 nvcc has)
+#   make cuda-check compile worker/*.cu for sm_60..sm_90 with CUDA 11.8 (cached) and sm_75 with nvcc
 
 SHELL := /bin/bash
 CC ?= cc
@@ -73,12 +75,25 @@ FUZZ_SRC := $(wildcard fuzz/fuzz_*.c)
 # references device.c and comm.c make to them. SAN=1 builds skip it (ASan and the CUDA runtime
 # do not mix without special options, and nothing here can run it).
 CUDA_HOME := $(patsubst %/bin/nvcc,%,$(NVCC))
-CUDA_ARCHS := 80 86 89 90
+# The architectures: by default every one of CUDA_ARCHS_ALL that this nvcc can compile for (nvcc 13:
+# 75 80 86 89 90; CUDA 11.8 and 12.x: all eight), or CUDA_ARCHS="..." on the command line. Each
+# gets SASS, and the newest also PTX, which the driver JIT-compiles for newer GPUs. The list is
+# compiled in (CEPHALO_CUDA_ARCHS): the CUDA device names it when a GPU is not covered.
+CUDA_ARCHS_ALL := 60 61 70 75 80 86 89 90
+comma := ,
+ifeq ($(HAVE_CUDA),1)
+  NVCC_SM := $(patsubst sm_%,%,$(filter sm_%,$(shell $(NVCC) --list-gpu-code 2>/dev/null)))
+  CUDA_ARCHS := $(if $(NVCC_SM),$(filter $(NVCC_SM),$(CUDA_ARCHS_ALL)),$(CUDA_ARCHS_ALL))
+endif
+CUDA_ARCHS_NEWEST := $(lastword $(shell printf '%s\n' $(CUDA_ARCHS) | sort -n))
 NVCC_GENCODE := $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
-                -gencode arch=compute_90,code=compute_90
-NVCCFLAGS := -std=c++17 -O3 -lineinfo $(NVCC_GENCODE) -Icommon -Iworker \
-             -DCEPHALO_HAVE_CUDA=1 --Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror \
-             -MMD -MP
+                $(if $(CUDA_ARCHS_NEWEST),-gencode arch=compute_$(CUDA_ARCHS_NEWEST)$(comma)code=compute_$(CUDA_ARCHS_NEWEST))
+# flags of every CUDA compile (the build's and cuda-check's); -Wno-deprecated-gpu-targets: nvcc
+# 12.8+ warns that sm_60-70 are deprecated, which --Werror would turn into an error
+NVCC_COMMON := -std=c++17 -O3 -lineinfo -Icommon -Iworker -DCEPHALO_HAVE_CUDA=1 \
+               --Werror all-warnings -Wno-deprecated-gpu-targets -Xcompiler -Wall,-Wextra,-Werror \
+               -MMD -MP
+NVCCFLAGS := $(NVCC_COMMON) $(NVCC_GENCODE) -DCEPHALO_CUDA_ARCHS='"$(CUDA_ARCHS)"'
 CUDA_INC := -I$(CUDA_HOME)/include
 CUDA_LIBDIRS := $(CUDA_HOME)/lib64 $(CUDA_HOME)/lib
 CUDA_LDLIBS := $(foreach l,$(CUDA_LIBDIRS),-L$(l) -Wl,-rpath,$(l)) -lcudart -lcublasLt -lcublas \
@@ -96,17 +111,18 @@ else
 endif
 
 .SECONDARY:
-.PHONY: all deps test demo bench fuzz clean help info cuda test-gpu bench-gpu
+.PHONY: all deps test demo bench fuzz clean help info cuda test-gpu bench-gpu cuda-check cuda-check-objs cuda118
 all: $(CLI) $(WORKER) $(OLIB) $(OPERATOR) $(CUDA_TARGETS)
 
 cuda: $(CUDA_TARGETS)
 	@[ -n "$(CUDA_TARGETS)" ] || { echo "no CUDA build: nvcc not found, CUDA=0 or SAN=1" >&2; exit 1; }
 
 help:
-	@sed -n '2,14p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '/^$$/q;2,$$p' Makefile | sed 's/^# \{0,1\}//'
 
 info:
 	@echo "build dir: $(BUILD)  SAN=$(SAN)  CUDA=$(CUDA) -> HAVE_CUDA=$(HAVE_CUDA)  nvcc: $(or $(NVCC),not found)"
+	@echo "CUDA_ARCHS: $(or $(CUDA_ARCHS),none (no CUDA build))$(if $(CUDA_ARCHS_NEWEST), (SASS each; PTX for $(CUDA_ARCHS_NEWEST)))"
 
 deps:
 	@mk/deps.sh
@@ -158,6 +174,46 @@ $(WORKER_CUDA): $(BUILD)/worker/main.o $(CUDA_OBJ) $(WLIB) $(LIB)
 $(BUILD)/tests/gpu/%: $(BUILD)/tests/gpu/%.o $(CUDA_OBJ) $(WLIB) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) -o $@ $^ $(LDLIBS) $(CUDA_LDLIBS) -lcmocka
+
+# ---- cuda-check: the CUDA sources compile for every architecture, without a GPU --------------
+# worker/*.cu for each of CUDA_ARCHS_ALL with Debian's CUDA 11.8 (mk/cuda118.sh unpacks it into
+# ~/.cache/cephalo-cuda118 once; nvcc 13 no longer compiles for sm_60-70), and for the oldest
+# architecture of the default build with the nvcc in use, with the build's flags (-Werror included):
+# compile only, objects in build/cuda-check, nothing linked or run. Every compile is tried, then a
+# table says which passed (make -k); it fails if one did.
+CHECK_BUILD := build/cuda-check
+CUDA118_CACHE := $(or $(CEPHALO_CUDA118_CACHE),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/cephalo-cuda118)
+NVCC118 := $(CUDA118_CACHE)/root/usr/lib/nvidia-cuda-toolkit/bin/nvcc
+CHECK_ARCH_NVCC := $(if $(filter 1,$(HAVE_CUDA)),$(firstword $(shell printf '%s\n' $(CUDA_ARCHS) | sort -n)))
+CHECK_OBJ118 := $(foreach a,$(CUDA_ARCHS_ALL),$(patsubst %.cu,$(CHECK_BUILD)/cuda11.8/sm_$(a)/%.o,$(CUDA_CU_SRC)))
+CHECK_OBJNV := $(if $(CHECK_ARCH_NVCC),$(patsubst %.cu,$(CHECK_BUILD)/nvcc/sm_$(CHECK_ARCH_NVCC)/%.o,$(CUDA_CU_SRC)))
+
+cuda118:
+	@mk/cuda118.sh >/dev/null
+
+# $(1): the directory under $(CHECK_BUILD), $(2): the architecture, $(3): the nvcc
+define CHECK_RULE
+$(CHECK_BUILD)/$(1)/sm_$(2)/%.o: %.cu
+	@mkdir -p $$(dir $$@)
+	@rm -f $$@
+	$(3) $(NVCC_COMMON) -gencode arch=compute_$(2),code=sm_$(2) -DCEPHALO_CUDA_ARCHS='"$(2)"' -c $$< -o $$@
+endef
+$(foreach a,$(CUDA_ARCHS_ALL),$(eval $(call CHECK_RULE,cuda11.8,$(a),$(NVCC118))))
+$(if $(CHECK_ARCH_NVCC),$(eval $(call CHECK_RULE,nvcc,$(CHECK_ARCH_NVCC),$(NVCC))))
+$(CHECK_OBJ118): | cuda118
+
+cuda-check-objs: $(CHECK_OBJ118) $(CHECK_OBJNV)
+
+cuda-check: cuda118
+	@ok=1; $(MAKE) --no-print-directory -k cuda-check-objs || ok=0; \
+	 echo "cuda-check: compile-only, -Werror, worker/*.cu ($(notdir $(CUDA_CU_SRC))):"; \
+	 row() { bad=; for f in $(CUDA_CU_SRC); do [ -f $(CHECK_BUILD)/$$1/$${f%.cu}.o ] || bad="$$bad $$f"; done; \
+	         echo "  $$2 $${1#*/}: $${bad:+FAILED:}$${bad:-ok}"; }; \
+	 for a in $(CUDA_ARCHS_ALL); do row cuda11.8/sm_$$a "CUDA 11.8 (Debian's, cached)"; done; \
+	 if [ -n "$(CHECK_ARCH_NVCC)" ]; then \
+	   row nvcc/sm_$(CHECK_ARCH_NVCC) "nvcc $$($(NVCC) --version | sed -n 's/.*release \([0-9.]*\).*/\1/p') ($(NVCC))"; \
+	 else echo "  no nvcc here (CUDA=$(CUDA)): the default build's compile was not checked"; fi; \
+	 [ $$ok = 1 ] || { echo "cuda-check: FAILED" >&2; exit 1; }
 
 # GPU tests and benchmarks: they need a GPU (and PyTorch with CUDA for the peers); without one
 # they say so and exit 0 after building everything.

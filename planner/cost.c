@@ -9,6 +9,7 @@
 
 #include "engine_mem.h"
 #include "log.h"
+#include "nccl_budget.h"
 
 /* Analytic estimate knobs (replaced by measurements when a profile is given). */
 #define EFF_MAX_GPU 0.65 /* best fraction of peak a large matmul reaches */
@@ -116,6 +117,12 @@ static unit_times unit_times_at(const cost_model *cm, const cluster_device *d,
 
 /* ---- compute memory ---- */
 
+/* NCCL's own buffers on a GPU of a multi-GPU job (common/nccl_budget.h): outside what the engine
+ * allocates and what a profile measures, so both paths add them. */
+static double nccl_bytes(const cost_model *cm, const cluster_device *d) {
+    return is_cpu(d) ? 0 : (double)nccl_device_bytes(cm->cl->n_devices, d->cc_major);
+}
+
 static void compute_memory(const cost_model *cm, const cluster_device *d, const profile_entry *pe,
                            double *m0, double *m1) {
     const model_spec *md = cm->model;
@@ -138,6 +145,7 @@ static void compute_memory(const cost_model *cm, const cluster_device *d, const 
             *m0 -= (double)(engine_compute_bytes(md, cm->seq, 0, sh) - engine_compute_bytes(md, cm->seq, 0, one));
         }
         if (*m0 < 0) *m0 = 0;
+        *m0 += nccl_bytes(cm, d);
         return;
     }
     engine_opts eo = {.sharded = cm->cl->n_devices > 1, .prec = cm->opts.prec,
@@ -145,7 +153,7 @@ static void compute_memory(const cost_model *cm, const cluster_device *d, const 
     double reserve = is_cpu(d) ? 0 : GPU_RESERVED_BYTES;
     /* exactly what the engine allocates (planner/engine_mem.c), linear in m */
     double at0 = (double)engine_compute_bytes(md, cm->seq, 0, eo);
-    *m0 = at0 + reserve;
+    *m0 = at0 + reserve + nccl_bytes(cm, d);
     *m1 = (double)engine_compute_bytes(md, cm->seq, 1, eo) - at0;
 }
 

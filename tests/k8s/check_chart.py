@@ -116,13 +116,22 @@ def main():
         for want in ('--metrics-addr=:8080', '--leader-elect=true', f'--leader-election-namespace={NS}',
                      '--leader-election-id=cephalo-operator', '--log-level=info',
                      '--worker-image=ghcr.io/cephalo/cephalo-worker:0.1.0', '--plan-timeout=30s',
-                     '--plan-workers=2'):
+                     '--plan-workers=2', '--worker-archs=60 61 70 75 80 86 89 90'):
             assert want in a, f'missing {want} in {a}'
         assert not any(x.startswith('--namespace') for x in a), 'watchNamespace "" must not pass --namespace'
         assert not any(x.startswith('--profile-configmap') for x in a), 'profileConfigMap "" passes no flag'
         env = {e['name']: e['valueFrom']['fieldRef']['fieldPath'] for e in c['env']}
         assert env == {'POD_NAME': 'metadata.name', 'POD_NAMESPACE': 'metadata.namespace'}, env
-    check('Deployment: leader election, metrics and planning flags, POD_NAME/POD_NAMESPACE from the downward API', args)
+    check('Deployment: leader election, metrics, planning and worker-archs flags, POD_NAME/POD_NAMESPACE from the downward API', args)
+
+    def archs():
+        # the operator's --worker-archs must be what the worker image is compiled for (the Makefile's
+        # CUDA_ARCHS_ALL, which the Dockerfile passes): a GPU the image runs must not be left out
+        import re
+        mk = re.search(r'^CUDA_ARCHS_ALL\s*:?=\s*(.*)$', open('Makefile').read(), re.M).group(1).split()
+        got = [x for x in c['args'] if x.startswith('--worker-archs=')]
+        assert got == ['--worker-archs=' + ' '.join(mk)], (got, mk)
+    check('Deployment: --worker-archs (values worker.archs) is the worker image\'s CUDA_ARCHS_ALL', archs)
 
     def probes():
         ports = {p['name']: p['containerPort'] for p in c['ports']}
@@ -170,6 +179,7 @@ def main():
     # ---- everything on --------------------------------------------------------------------------
     def everything():
         d = render({'serviceMonitor': {'enabled': True, 'labels': {'release': 'kube-prometheus'}},
+                    'worker': {'archs': '80 86 90'},
                     'grafanaDashboard': {'enabled': True},
                     'operator': {'image': {'tag': 'v9'}, 'watchNamespace': 'ml', 'profileConfigMap': 'gpu-profiles',
                                  'planTimeout': '2m', 'planWorkers': 4,
@@ -189,10 +199,10 @@ def main():
         assert p['containers'][0]['image'].endswith(':v9')
         assert '--namespace=ml' in p['containers'][0]['args'] and '--leader-elect=false' in p['containers'][0]['args']
         assert f'--profile-configmap={NS}/gpu-profiles' in p['containers'][0]['args'], p['containers'][0]['args']
-        assert {'--plan-timeout=2m', '--plan-workers=4'} <= set(p['containers'][0]['args']), p['containers'][0]['args']
+        assert {'--plan-timeout=2m', '--plan-workers=4', '--worker-archs=80 86 90'} <= set(p['containers'][0]['args']), p['containers'][0]['args']
         assert p['nodeSelector'] == {'pool': 'system'} and p['tolerations'][0]['key'] == 'k'
         return check_dashboard(one(d, 'ConfigMap'))
-    check('serviceMonitor, dashboard, tag, namespace, profileConfigMap, planTimeout, planWorkers, nodeSelector, tolerations values take effect', everything)
+    check('serviceMonitor, dashboard, tag, namespace, profileConfigMap, planTimeout, planWorkers, worker.archs, nodeSelector, tolerations values take effect', everything)
 
     def no_workers_sm():
         d = render({'serviceMonitor': {'enabled': True, 'workers': False}})

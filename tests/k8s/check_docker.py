@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Static checks of docker/Dockerfile.* (no Docker engine or hadolint here): the instructions parse,
 the builds are multi-stage, COPY --from names a stage, the final stage runs as a non-root user,
-nothing is ADDed from a URL, the build runs make and the runtime has the libraries it needs.
+nothing is ADDed from a URL, the build runs make and the runtime has the libraries it needs; the
+worker image compiles for all eight GPU architectures (CUDA_ARCHS, as `make cuda-check` checks).
 Prints "ok N - ..." / "not ok N - ..." lines.
 """
 import os
@@ -87,11 +88,46 @@ def check_file(name, build_image, final_image, build_target, runtime_libs):
     report(f'{name}: an exec-form ENTRYPOINT', bool(ep) and ep[-1].startswith('['), ep)
 
 
+# the architectures the worker image must compile for: the Makefile's CUDA_ARCHS_ALL
+WORKER_ARCHS = ['60', '61', '70', '75', '80', '86', '89', '90']
+
+
+def check_worker_archs(name):
+    """The build stage passes CUDA_ARCHS (an ARG whose default lists every architecture) to make."""
+    path = os.path.join(ROOT, 'docker', name)
+    try:
+        st = stages(parse(path))
+    except (OSError, ValueError) as e:
+        report(f'{name}: parses', False, e)
+        return
+    build = st[0]['ins']
+    args = {}
+    for w, r in build:
+        m = re.fullmatch(r'([A-Za-z_][A-Za-z0-9_]*)=(?:"([^"]*)"|(\S*))', r) if w == 'ARG' else None
+        if m:
+            args[m.group(1)] = (m.group(2) if m.group(2) is not None else m.group(3)).split()
+    archs = args.get('CUDA_ARCHS')
+    report(f'{name}: the build stage\'s CUDA_ARCHS lists {" ".join(WORKER_ARCHS)}',
+           archs is not None and sorted(archs) == WORKER_ARCHS, archs)
+    makes = [r for w, r in build if w == 'RUN' and re.search(r'\bmake\b', r)]
+    passed = any(re.search(r'CUDA_ARCHS="?\$\{?CUDA_ARCHS\}?"?', r) for r in makes)
+    report(f'{name}: make gets CUDA_ARCHS="${{CUDA_ARCHS}}" on its command line', passed, makes)
+    # the Makefile's list is the same one
+    try:
+        with open(os.path.join(ROOT, 'Makefile')) as f:
+            m = re.search(r'^CUDA_ARCHS_ALL\s*:?=\s*(.*)$', f.read(), re.M)
+        mk = m.group(1).split() if m else None
+    except OSError:
+        mk = None
+    report('Makefile: CUDA_ARCHS_ALL is the same list', mk == WORKER_ARCHS, mk)
+
+
 def main():
     check_file('Dockerfile.operator', 'debian:bookworm', 'debian:bookworm-slim', 'cephalo-operator',
                ['libcurl4', 'libyaml-0-2', 'libcjson1', 'libmicrohttpd12'])
     check_file('Dockerfile.worker', '-devel-ubuntu', '-runtime-ubuntu', 'cephalo-worker-cuda',
                ['libopenblas0-openmp', 'libyaml-0-2', 'libcjson1', 'libmicrohttpd12'])
+    check_worker_archs('Dockerfile.worker')
     try:
         with open(os.path.join(ROOT, '.dockerignore')) as f:
             ign = {ln.strip() for ln in f if ln.strip() and not ln.startswith('#')}
