@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # make bench-gpu: cephalo-worker-cuda against PyTorch on the same GPU in the same run. For
-# gpt2-124m, gpt2-350m, gpt2-774m (seq 1024) and tinyllama-1.1b (seq 2048), in fp32 (TF32) and
-# bf16: tokens/s, MFU, peak memory and the ratio to torch.compile, for cephalo (1 rank, synthetic
+# gpt2-124m, gpt2-350m, gpt2-774m (seq 1024) and tinyllama-1.1b (seq 2048), in fp32 (TF32), bf16
+# and fp16 (dynamic loss scaling; PyTorch: autocast + GradScaler): tokens/s, MFU, peak memory and the ratio to torch.compile, for cephalo (1 rank, synthetic
 # data) and PyTorch eager, torch.compile and single-rank FSDP2 (bench/torch_gpu.py). Then two
 # cephalo-only comparisons: --offload on vs off, and layered vs per-microbatch accumulation.
 # Writes the table to stdout and runs/bench-gpu/bench-DATE.json. docs/gpu.md explains MFU.
 # Environment: BENCH_GPU_STEPS (20), BENCH_GPU_WARMUP (3), BENCH_GPU_MODELS (all four),
-# BENCH_GPU_PRECISIONS ("fp32 bf16"), BENCH_GPU_TORCH_MODES ("eager compile fsdp2"),
+# BENCH_GPU_PRECISIONS ("fp32 bf16 fp16"), BENCH_GPU_TORCH_MODES ("eager compile fsdp2"),
 # CEPHALO_PEAK_TFLOPS (when the GPU is not in the table), PYTHON (a python with CUDA PyTorch).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -16,7 +16,7 @@ PY=${PYTHON:-/usr/bin/python3}
 STEPS=${BENCH_GPU_STEPS:-20}
 WARM=${BENCH_GPU_WARMUP:-3}
 MODELS=${BENCH_GPU_MODELS:-gpt2-124m gpt2-350m gpt2-774m tinyllama-1.1b}
-PRECS=${BENCH_GPU_PRECISIONS:-fp32 bf16}
+PRECS=${BENCH_GPU_PRECISIONS:-fp32 bf16 fp16}
 TMODES=${BENCH_GPU_TORCH_MODES:-eager compile fsdp2}
 
 if [ ! -x "$WC" ]; then echo "not built: $WC (make cuda)"; exit 1; fi
@@ -161,11 +161,12 @@ PEAKS = [("H100 PCIe", 756, 378), ("H100 NVL", 835, 418), ("H100", 989, 494.5), 
 peak = None
 for key, bf, tf in PEAKS:
     if key.lower() in GPU.lower() or key.replace(" ", "").lower() in GPU.replace(" ", "").lower():
-        peak = {"bf16": bf, "fp32": tf, "source": "table: " + key}
+        peak = {"bf16": bf, "fp16": bf, "fp32": tf, "source": "table: " + key}  # fp16 = bf16 rate
         break
 if os.environ.get("CEPHALO_PEAK_TFLOPS"):
     v = os.environ["CEPHALO_PEAK_TFLOPS"].split(",")
-    peak = {"bf16": float(v[0]), "fp32": float(v[-1]) if len(v) > 1 else float(v[0]) / 2, "source": "CEPHALO_PEAK_TFLOPS"}
+    peak = {"bf16": float(v[0]), "fp16": float(v[0]), "fp32": float(v[-1]) if len(v) > 1 else float(v[0]) / 2,
+            "source": "CEPHALO_PEAK_TFLOPS"}
 if peak is None:
     print("# %s is not in the peak table: set CEPHALO_PEAK_TFLOPS=BF16[,TF32] (dense TFLOP/s) for MFU" % GPU)
 

@@ -1,8 +1,9 @@
 #!/usr/bin/python3
 """The PyTorch peers of `make bench-gpu` (bench/bench_gpu.sh): GPT-2 and Llama training steps on the
 GPU in eager mode, under torch.compile, and as single-rank FSDP2 (fully_shard, world 1), in fp32
-(TF32 matmuls, as cephalo's fp32 on the GPU) or bf16 (autocast; FSDP2: MixedPrecisionPolicy with
-bf16 parameters and fp32 gradient reduction). Same work as one cephalo-worker step: forward and
+(TF32 matmuls, as cephalo's fp32 on the GPU), bf16 (autocast; FSDP2: MixedPrecisionPolicy with
+bf16 parameters and fp32 gradient reduction) or fp16 (autocast to float16 with a GradScaler at its
+defaults, as cephalo's --precision fp16; not under FSDP2, which needs a sharded scaler). Same work as one cephalo-worker step: forward and
 backward over B/m microbatches, global-norm clipping, AdamW. Prints one JSON line:
 
   {"mode": "compile", "precision": "bf16", "tokens_per_s": ..., "step_ms": ..., "peak_bytes": ...,
@@ -173,6 +174,9 @@ def run(a, c, mode, dev):
     if a.batch % a.micro:
         return dict(base, error="--batch must be a multiple of --micro")
     bf16 = a.precision == "bf16"
+    fp16 = a.precision == "fp16"
+    if fp16 and mode == "fsdp2":
+        return dict(base, unavailable="fp16 under FSDP2 needs a sharded GradScaler: not measured")
     if dev.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True  # fp32 = TF32 tensor cores, as cephalo's
         torch.backends.cudnn.allow_tf32 = True
@@ -203,7 +207,13 @@ def run(a, c, mode, dev):
         gen = torch.Generator(device=dev).manual_seed(a.seed)
         n_micro = a.batch // a.micro
         autocast = (torch.autocast(device_type=dev.type, dtype=torch.bfloat16) if bf16 and mode != "fsdp2"
+                    else torch.autocast(device_type=dev.type, dtype=torch.float16) if fp16
                     else contextlib.nullcontext())
+        scaler = None
+        if fp16:  # GradScaler's defaults: scale 65536, x2 after 2000 clean steps, x0.5 on overflow
+            gs = torch.amp.GradScaler if hasattr(torch, "amp") and hasattr(torch.amp, "GradScaler") else None
+            scaler = gs("cuda", enabled=dev.type == "cuda") if gs else torch.cuda.amp.GradScaler(
+                enabled=dev.type == "cuda")
 
         def step():
             opt.zero_grad(set_to_none=True)
@@ -212,10 +222,16 @@ def run(a, c, mode, dev):
                 tok = torch.randint(0, c["vocab"], (a.micro, a.seq + 1), generator=gen, device=dev)
                 with autocast:
                     loss = step_model(tok[:, :-1], tok[:, 1:]) / n_micro
-                loss.backward()
+                (scaler.scale(loss) if scaler else loss).backward()
                 total += loss.detach()
+            if scaler:
+                scaler.unscale_(opt)
             torch.nn.utils.clip_grad_norm_(ps, 1.0)
-            opt.step()
+            if scaler:
+                scaler.step(opt)
+                scaler.update()
+            else:
+                opt.step()
             return total
 
         def sync():
@@ -255,7 +271,7 @@ def main():
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--micro", type=int, default=None, help="samples per microbatch (default: batch)")
-    ap.add_argument("--precision", choices=("fp32", "bf16"), default="bf16")
+    ap.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="bf16")
     ap.add_argument("--mode", choices=("eager", "compile", "fsdp2"), default="eager")
     ap.add_argument("--steps", type=int, default=17, help="timed steps")
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps first (compilation happens here)")

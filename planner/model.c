@@ -6,6 +6,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "attn_limits.h"
 #include "strutil.h"
 
 #define GPT2_VOCAB 50257
@@ -250,6 +251,9 @@ int model_validate(const model_spec *m, err_t *err) {
     if (m->n_kv_head < 1 || m->n_head % m->n_kv_head)
         return err_set(err, "model %s: n_kv_head %d must divide n_head %d", n, m->n_kv_head,
                        m->n_head);
+    char why[256];
+    if (!attn_head_dim_ok(m->d_model / m->n_head, why, sizeof why))
+        return err_set(err, "model %s: %s", n, why);
     if (m->arch == ARCH_LLAMA && (m->d_model / m->n_head) % 2)
         return err_set(err, "model %s: head size %d must be even for rotary embeddings", n,
                        m->d_model / m->n_head);

@@ -45,7 +45,9 @@
 #include <unistd.h>
 
 #include "clock.h"
+#include "device.h"
 #include "log.h"
+#include "nccl_budget.h"
 #include "strutil.h"
 
 /* NCCL takes at most 2048 operations between ncclGroupStart and ncclGroupEnd; the grouped
@@ -69,6 +71,7 @@ typedef struct coll {
 
 struct nccl_backend {
     int rank, world, gpu;
+    int cc_major; /* the GPU's compute capability, for the memory budget */
     double timeout_s;
     uneven_mode uneven;
     cudaStream_t compute; /* the caller's (registered) */
@@ -654,6 +657,16 @@ static int create_comm(nccl_backend *b, const ncclUniqueId *id, err_t *err) {
     return 0;
 }
 
+/* NCCL's own buffers are outside every allocator of ours: they come off the device's capacity
+ * before the communicator takes them (common/nccl_budget.h has the estimate and its sources). */
+static int budget_nccl(nccl_backend *b, err_t *err) {
+    if (cuda_ok(cudaDeviceGetAttribute(&b->cc_major, cudaDevAttrComputeCapabilityMajor, b->gpu),
+                "cudaDeviceGetAttribute", err) < 0)
+        return -1;
+    return cuda_device_reserve(b->gpu, nccl_device_bytes(b->world, b->cc_major),
+                               "NCCL's communicator buffers", err);
+}
+
 static uneven_mode parse_uneven(const char *s) {
     return !strcmp(s, "grouped") ? UNEVEN_GROUPED : !strcmp(s, "pad") ? UNEVEN_PAD : UNEVEN_AUTO;
 }
@@ -672,8 +685,16 @@ int nccl_open(const comm_config *cfg, store_client *st, int gpu, void *compute_s
     b->off = xcalloc((size_t)b->world + 1, sizeof *b->off);
     b->colls = xcalloc((size_t)b->world, sizeof *b->colls);
     ncclUniqueId id;
-    int rc = exchange_id(b, st, &id, err);
+    int rc = budget_nccl(b, err);
+    size_t free_before = 0, free_after = 0, total = 0;
+    if (rc == 0 && cudaMemGetInfo(&free_before, &total) != cudaSuccess) (void)cudaGetLastError();
+    if (rc == 0) rc = exchange_id(b, st, &id, err);
     if (rc == 0) rc = create_comm(b, &id, err);
+    if (rc == 0 && free_before && cudaMemGetInfo(&free_after, &total) == cudaSuccess)
+        log_msg("info", "rank %d: NCCL's communicator took %lld MiB of GPU %d at set-up (budget %lld MiB; "
+                "buffers connected at the first collectives come on top)", b->rank,
+                (long long)(((int64_t)free_before - (int64_t)free_after) >> 20), gpu,
+                (long long)(nccl_device_bytes(b->world, b->cc_major) >> 20));
     if (rc == 0) rc = cuda_ok(cudaStreamCreateWithFlags(&b->stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags", err);
     if (rc == 0) b->has_stream = true;
     if (rc == 0) rc = cuda_ok(cudaEventCreateWithFlags(&b->done, cudaEventDisableTiming), "cudaEventCreateWithFlags", err);

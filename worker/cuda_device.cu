@@ -36,8 +36,12 @@ struct dev_event {
 #define ROWS_PER_BLOCK 8
 /* Threads per block of the block-per-row kernels (cross-entropy). */
 #define XENT_THREADS 1024
-/* Bytes kept free for the CUDA context, cuBLAS and the scratch buffers when capacity is 0. */
-#define CUDA_RESERVE ((int64_t)512 << 20)
+/* The two 16-bit gemm operand workspaces (BF16/FP16 mode), GEMM16_BYTES each. */
+#define GEMM16_BYTES ((size_t)32 << 20)
+/* Bytes kept free for the CUDA context, cuBLAS, the scratch buffers and the 16-bit gemm
+ * workspaces when capacity is 0. (NCCL's buffers come off later, when a communicator opens on
+ * the GPU: cuda_device_reserve.) */
+#define CUDA_RESERVE (((int64_t)512 << 20) + 2 * (int64_t)GEMM16_BYTES)
 #define BLAS_WORKSPACE ((size_t)32 << 20) /* what cuBLAS recommends for Hopper */
 
 #define GRID_STRIDE(i, n)                                                                 \
@@ -282,16 +286,15 @@ static void *cuda_native_stream(device *d, dev_stream s) { return (void *)cuda_s
  * top payload bits with the quiet bit set (the intrinsic would give the canonical 0x7fff), so
  * both devices produce the same bf16 bits. */
 
+__device__ __forceinline__ uint16_t bf16_round(float x) {
+    uint32_t u = __float_as_uint(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u); /* quiet NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
 __global__ void to_bf16_kernel(uint16_t *out, const float *in, int64_t n) {
-    GRID_STRIDE(i, n) {
-        uint32_t u = __float_as_uint(in[i]);
-        if ((u & 0x7fffffffu) > 0x7f800000u) {
-            out[i] = (uint16_t)((u >> 16) | 0x40u);
-        } else {
-            u += 0x7fffu + ((u >> 16) & 1u);
-            out[i] = (uint16_t)(u >> 16);
-        }
-    }
+    GRID_STRIDE(i, n) out[i] = bf16_round(in[i]);
 }
 
 __global__ void from_bf16_kernel(float *out, const uint16_t *in, int64_t n) {
@@ -307,6 +310,84 @@ static void cuda_to_bf16(device *d, uint16_t *out, const float *in, int64_t n) {
 static void cuda_from_bf16(device *d, float *out, const uint16_t *in, int64_t n) {
     if (n <= 0) return;
     from_bf16_kernel<<<ew_blocks(n), EW_THREADS, 0, compute(d)>>>(out, in, n);
+    LAUNCH_CHECK();
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * fp16 (IEEE binary16), in bits like bf16 so that both devices give the same bits: round to
+ * nearest even, subnormals kept (the unit of the last place below 2^-14 is 2^-24), overflow to
+ * inf from 65520 on (the midpoint between 65504 and 2^16 rounds to the even side, up); that is
+ * __float2half_rn for every non-NaN. A NaN keeps its sign and top payload bits with the quiet bit
+ * set (the intrinsic would give a canonical NaN). from_fp16 is exact. */
+
+__host__ __device__ inline uint16_t fp16_round(float x) {
+#ifdef __CUDA_ARCH__
+    uint32_t u = __float_as_uint(x);
+#else
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+#endif
+    const uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    const uint32_t a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((a >> 13) & 0x3ffu)); /* NaN */
+    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);                    /* inf */
+    if (a >= 0x38800000u) { /* normal: rebias the exponent by 127 - 15, round 13 bits away */
+        uint32_t r = a - 0x38000000u;
+        r += 0xfffu + ((r >> 13) & 1u);
+        return (uint16_t)(sign | (r >> 13));
+    }
+    if (a <= 0x33000000u) return sign; /* at most 2^-25, half the smallest subnormal: to 0 */
+    /* subnormal: the significand (implicit bit included) in units of 2^-24 is m >> s */
+    const uint32_t m = (a & 0x7fffffu) | 0x800000u;
+    const int s = 126 - (int)(a >> 23); /* 14 .. 24 */
+    uint32_t q = m >> s;
+    const uint32_t rem = m & ((1u << s) - 1u), half = 1u << (s - 1);
+    q += rem > half || (rem == half && (q & 1u));
+    return (uint16_t)(sign | q); /* q = 0x400 is the smallest normal: the right encoding */
+}
+
+__host__ __device__ inline float fp16_widen(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    uint32_t u;
+    if (e == 0x1f) {
+        u = sign | 0x7f800000u | (m << 13); /* inf, NaN with its payload */
+    } else if (e == 0) { /* zero or subnormal: m 2^-24 is exact in fp32 (and normal there) */
+        float f = (float)m * 5.9604644775390625e-8f;
+#ifdef __CUDA_ARCH__
+        u = sign | __float_as_uint(f);
+#else
+        memcpy(&u, &f, sizeof u);
+        u |= sign;
+#endif
+    } else {
+        u = sign | ((e + 112u) << 23) | (m << 13);
+    }
+#ifdef __CUDA_ARCH__
+    return __uint_as_float(u);
+#else
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+#endif
+}
+
+__global__ void to_fp16_kernel(uint16_t *out, const float *in, int64_t n) {
+    GRID_STRIDE(i, n) out[i] = fp16_round(in[i]);
+}
+
+__global__ void from_fp16_kernel(float *out, const uint16_t *in, int64_t n) {
+    GRID_STRIDE(i, n) out[i] = fp16_widen(in[i]);
+}
+
+static void cuda_to_fp16(device *d, uint16_t *out, const float *in, int64_t n) {
+    if (n <= 0) return;
+    to_fp16_kernel<<<ew_blocks(n), EW_THREADS, 0, compute(d)>>>(out, in, n);
+    LAUNCH_CHECK();
+}
+
+static void cuda_from_fp16(device *d, float *out, const uint16_t *in, int64_t n) {
+    if (n <= 0) return;
+    from_fp16_kernel<<<ew_blocks(n), EW_THREADS, 0, compute(d)>>>(out, in, n);
     LAUNCH_CHECK();
 }
 
@@ -418,11 +499,137 @@ __global__ void scale_rows_kernel(float *C, int ldc, int M, int N, float beta) {
 static cublasComputeType_t compute_type(dev_matmul mm) {
     switch (mm) {
     case DEV_MATMUL_TF32: return CUBLAS_COMPUTE_32F_FAST_TF32;
-    case DEV_MATMUL_BF16: return CUBLAS_COMPUTE_32F_FAST_16BF; /* operands rounded to bf16 */
     /* plain fp32: with the handle's math mode CUBLAS_DEFAULT_MATH (set at init) cuBLAS uses
      * no TF32 and no emulation for it. (CUBLAS_COMPUTE_32F_PEDANTIC would also ignore the
      * environment overrides, but cuBLAS documents pedantic math as possibly slower.) */
     default: return CUBLAS_COMPUTE_32F;
+    }
+}
+
+/* ---- gemm in BF16 / FP16 mode ----
+ * The operands are rounded explicitly into 16-bit copies (exactly what the CPU device rounds),
+ * then multiplied by cublasGemmEx with 16-bit inputs, fp32 output and CUBLAS_COMPUTE_32F:
+ * products of two bf16 (fp16) values are exact in fp32 and are accumulated in fp32, so the only
+ * difference from the CPU device is the order of the fp32 sums. (CUBLAS_COMPUTE_32F_FAST_16BF
+ * on fp32 inputs would let cuBLAS round as it likes, or not at all on its GEMV paths.) bf16
+ * before sm_80 (no bf16 tensor cores, and cuBLAS's 16BF support is not guaranteed there) rounds
+ * to bf16 and widens back to fp32 for an fp32 product: the same values, the same products
+ * (CEPHALO_CUDA_PORTABLE=1 takes this path on any GPU, to test it). fp16 inputs with fp32
+ * compute run on every GPU (tensor cores from sm_70, CUDA cores on sm_60/61).
+ *
+ * The copies live in two workspaces of GEMM16_BYTES (cuda_state.gemm16, inside the capacity's
+ * reserve). An operand larger than that (the logits gradient [tokens, vocab], a big weight) is
+ * taken in chunks of rows of C (A's rows) or columns of C (B's columns): every element of C is
+ * still one K-long sum, and the chunking depends on the shapes only (deterministic). */
+
+enum gemm16_mode { G16_BF16, G16_FP16, G16_BF16_WIDE };
+
+/* out[r, c] (leading dimension ldo) = in[r, c] (ld) rounded, for r < rows, c < cols. */
+template <int MODE>
+__global__ void round_operand_kernel(void *out, int64_t ldo, const float *in, int64_t ld,
+                                     int rows, int cols) {
+    const int64_t total = (int64_t)rows * cols;
+    GRID_STRIDE(i, total) {
+        const int64_t r = i / cols, c = i % cols;
+        const float x = in[r * ld + c];
+        if constexpr (MODE == G16_BF16)
+            ((uint16_t *)out)[r * ldo + c] = bf16_round(x);
+        else if constexpr (MODE == G16_FP16)
+            ((uint16_t *)out)[r * ldo + c] = fp16_round(x);
+        else
+            ((float *)out)[r * ldo + c] = __uint_as_float((uint32_t)bf16_round(x) << 16);
+    }
+}
+
+struct gemm16_op {
+    gemm16_mode mode;
+    size_t esize;         /* bytes per element of the copies */
+    cudaDataType_t type;  /* their cuBLAS type */
+};
+
+static gemm16_op gemm16_op_of(device *d) {
+    const bool fp16 = d->matmul == DEV_MATMUL_FP16;
+    if (fp16) return {G16_FP16, 2, CUDA_R_16F};
+    const cuda_state *st = cuda_of(d);
+    if (st->cc_major >= 8 && !st->portable) return {G16_BF16, 2, CUDA_R_16BF}; /* cuBLAS's code */
+    return {G16_BF16_WIDE, 4, CUDA_R_32F}; /* pre-sm_80, and portable mode, which tests it */
+}
+
+static int round8(int x) { return (x + 7) / 8 * 8; } /* 16-byte rows of 16-bit values */
+
+/* Rounds the [rows, cols] block at src (ld) into the workspace w, leading dimension round8(cols),
+ * which it returns. */
+static int round_operand(device *d, const gemm16_op &g, void *w, const float *src, int ld,
+                         int rows, int cols) {
+    const int ldo = round8(cols);
+    const int64_t n = (int64_t)rows * cols;
+    const unsigned blocks = ew_blocks(n);
+    switch (g.mode) {
+    case G16_BF16:
+        round_operand_kernel<G16_BF16><<<blocks, EW_THREADS, 0, compute(d)>>>(w, ldo, src, ld,
+                                                                               rows, cols);
+        break;
+    case G16_FP16:
+        round_operand_kernel<G16_FP16><<<blocks, EW_THREADS, 0, compute(d)>>>(w, ldo, src, ld,
+                                                                               rows, cols);
+        break;
+    case G16_BF16_WIDE:
+        round_operand_kernel<G16_BF16_WIDE><<<blocks, EW_THREADS, 0, compute(d)>>>(
+            w, ldo, src, ld, rows, cols);
+        break;
+    }
+    LAUNCH_CHECK();
+    return ldo;
+}
+
+/* Rows (of C) per chunk so that a chunk of an operand with K columns fits `elems` elements,
+ * whichever way it is stored (K + 8 per row covers the padding of either layout). */
+static int gemm16_chunk(int64_t elems, int K, int total) {
+    int64_t n = elems / ((int64_t)K + 8) / 8 * 8;
+    if (n < 8) n = 8;
+    return n < total ? (int)n : total;
+}
+
+/* The two workspaces, grown (outside the accounting, like the scratch) only for a K so long
+ * that 8 rows do not fit GEMM16_BYTES (a vocabulary of millions). */
+static void gemm16_workspace(device *d, size_t esize, int K) {
+    cuda_state *st = cuda_of(d);
+    size_t need = (size_t)8 * ((size_t)K + 8) * esize;
+    if (need < GEMM16_BYTES) need = GEMM16_BYTES;
+    if (st->gemm16[0] && st->gemm16_bytes >= need) return;
+    CUDA_CHECK(cudaStreamSynchronize(compute(d))); /* queued gemms may use the old ones */
+    for (int i = 0; i < 2; i++) {
+        if (st->gemm16[i]) CUDA_CHECK(cudaFree(st->gemm16[i]));
+        st->gemm16[i] = NULL;
+    }
+    for (int i = 0; i < 2; i++) st->gemm16[i] = must_malloc(d, need, "16-bit gemm operands");
+    st->gemm16_bytes = need;
+}
+
+static void gemm16(device *d, bool ta, bool tb, int M, int N, int K, float alpha, const float *A,
+                   int lda, const float *B, int ldb, float beta, float *C, int ldc) {
+    const gemm16_op g = gemm16_op_of(d);
+    gemm16_workspace(d, g.esize, K);
+    cuda_state *st = cuda_of(d);
+    const int64_t elems = (int64_t)(st->gemm16_bytes / g.esize);
+    const int mc = gemm16_chunk(elems, K, M), nc = gemm16_chunk(elems, K, N);
+    int lda16 = 0, ldb16 = 0;
+    for (int n0 = 0; n0 < N; n0 += nc) {
+        const int nn = N - n0 < nc ? N - n0 : nc;
+        /* columns n0.. of op(B): stored [K, N] (!tb) or [N, K] (tb) */
+        ldb16 = tb ? round_operand(d, g, st->gemm16[1], B + (int64_t)n0 * ldb, ldb, nn, K)
+                   : round_operand(d, g, st->gemm16[1], B + n0, ldb, K, nn);
+        for (int m0 = 0; m0 < M; m0 += mc) {
+            const int mm = M - m0 < mc ? M - m0 : mc;
+            if (n0 == 0 || mc < M) /* rows m0.. of op(A): stored [M, K] (!ta) or [K, M] (ta) */
+                lda16 = ta ? round_operand(d, g, st->gemm16[0], A + m0, lda, K, mm)
+                           : round_operand(d, g, st->gemm16[0], A + (int64_t)m0 * lda, lda, mm, K);
+            CUBLAS_CHECK(cublasGemmEx(st->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                      ta ? CUBLAS_OP_T : CUBLAS_OP_N, nn, mm, K, &alpha,
+                                      st->gemm16[1], g.type, ldb16, st->gemm16[0], g.type, lda16,
+                                      &beta, C + (int64_t)m0 * ldc + n0, CUDA_R_32F, ldc,
+                                      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        }
     }
 }
 
@@ -435,6 +642,10 @@ static void cuda_gemm(device *d, bool ta, bool tb, int M, int N, int K, float al
         scale_rows_kernel<<<ew_blocks((int64_t)M * N), EW_THREADS, 0, compute(d)>>>(C, ldc, M, N,
                                                                                      beta);
         LAUNCH_CHECK();
+        return;
+    }
+    if (d->matmul == DEV_MATMUL_BF16 || d->matmul == DEV_MATMUL_FP16) {
+        gemm16(d, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
     }
     CUBLAS_CHECK(cublasGemmEx(cuda_of(d)->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N,
@@ -970,6 +1181,8 @@ static dev_ops make_ops(void) {
     o.native_stream = cuda_native_stream;
     o.to_bf16 = cuda_to_bf16;
     o.from_bf16 = cuda_from_bf16;
+    o.to_fp16 = cuda_to_fp16;
+    o.from_fp16 = cuda_from_fp16;
     o.fill = cuda_fill;
     o.add = cuda_add;
     o.axpy = cuda_axpy;
@@ -1021,7 +1234,7 @@ static void destroy_state(cuda_state *st) {
     }
     free(st->lists);
     void *dev_ptrs[] = {st->blas_workspace, st->red_partials, st->red_result, st->scratch,
-                        st->rope_cos, st->rope_sin};
+                        st->rope_cos,       st->rope_sin,     st->gemm16[0],  st->gemm16[1]};
     for (size_t i = 0; i < sizeof dev_ptrs / sizeof *dev_ptrs; i++)
         if (dev_ptrs[i]) (void)cudaFree(dev_ptrs[i]);
     if (st->host_result) (void)cudaFreeHost(st->host_result);
@@ -1056,6 +1269,74 @@ static int create_state(cuda_state *st, err_t *err) {
     return 0;
 }
 
+#ifndef CEPHALO_CUDA_ARCHS
+#define CEPHALO_CUDA_ARCHS "unknown" /* the Makefile passes the CUDA_ARCHS it built */
+#endif
+
+/* Fails unless the binary has code this GPU can run: a kernel's attributes are only available
+ * when the fatbinary holds SASS for the GPU or PTX it can JIT (a newer GPU). Asking the runtime
+ * is more robust than comparing against CEPHALO_CUDA_ARCHS (PTX, -gencode variants). *code_arch
+ * gets the virtual architecture the loaded code was compiled for (__CUDA_ARCH__ / 10): the
+ * cp.async kernels exist in it only from 80 on (an sm_80 GPU JITting compute_75 PTX has none). */
+static int check_arch(const cudaDeviceProp &p, int gpu, int *code_arch, err_t *err) {
+    cudaFuncAttributes fa;
+    cudaError_t e = cudaFuncGetAttributes(&fa, fill_kernel);
+    if (e == cudaSuccess && p.major >= 6) {
+        *code_arch = fa.ptxVersion;
+        return 0;
+    }
+    (void)cudaGetLastError();
+    const char *why = e == cudaSuccess ? "is older than the oldest this worker supports (6.0)"
+                      : e == cudaErrorNoKernelImageForDevice || e == cudaErrorInvalidDeviceFunction
+                          ? "has no code in this build"
+                          : cudaGetErrorString(e);
+    return err_set(err,
+                   "cuda device: GPU %d (%s, compute capability %d.%d) %s: this "
+                   "cephalo-worker-cuda was built for compute capabilities %s (as sm_XY; plus PTX "
+                   "of the newest for later GPUs); rebuild with make CUDA_ARCHS=\"%d%d\" and a CUDA "
+                   "toolkit that targets it (CUDA 12.x for 6.x and 7.0; CUDA 13 starts at 7.5)",
+                   gpu, p.name, p.major, p.minor, why, CEPHALO_CUDA_ARCHS, p.major, p.minor);
+}
+
+/* CEPHALO_CUDA_PORTABLE=1 (anything but empty or 0) */
+static bool portable_mode(void) {
+    const char *v = getenv("CEPHALO_CUDA_PORTABLE");
+    return v && *v && strcmp(v, "0") != 0;
+}
+
+/* What the kernels choose their paths by: compute capability and shared-memory limit. */
+static int read_limits(cuda_state *st, const cudaDeviceProp &p, err_t *err) {
+    int optin = 0;
+    cudaError_t e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, st->gpu);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return err_set(err, "cuda device: GPU %d: cannot read its shared-memory limit: %s",
+                       st->gpu, cudaGetErrorString(e));
+    }
+    st->cc_major = p.major, st->cc_minor = p.minor;
+    st->smem_optin = optin > 48 * 1024 ? optin : 48 * 1024; /* sm_60/61 have no opt-in */
+    st->portable = portable_mode();
+    return 0;
+}
+
+/* The devices opened with an automatic capacity, by GPU, so that NCCL's buffers can come off
+ * it when a communicator opens there (cuda_device_reserve). One per GPU and process. */
+#define MAX_GPUS 64
+static device *auto_capacity[MAX_GPUS];
+
+extern "C" int cuda_device_reserve(int gpu, int64_t bytes, const char *what, err_t *err) {
+    device *d = gpu >= 0 && gpu < MAX_GPUS ? auto_capacity[gpu] : NULL;
+    if (!d || bytes <= 0) return 0; /* an explicit capacity: the plan has budgeted it */
+    if (d->capacity - bytes <= d->cur_bytes)
+        return err_set(err,
+                       "rank %d: GPU %d: %s need about %lld MiB, more than the %lld MiB left of "
+                       "the device's capacity",
+                       d->rank, gpu, what, (long long)(bytes >> 20),
+                       (long long)((d->capacity - d->cur_bytes) >> 20));
+    d->capacity -= bytes;
+    return 0;
+}
+
 extern "C" int cuda_device_init(device *d, int rank, int gpu, int64_t capacity, err_t *err) {
     if (capacity < 0)
         return err_set(err, "cuda device: capacity must be >= 0 bytes (got %lld)",
@@ -1066,17 +1347,23 @@ extern "C" int cuda_device_init(device *d, int rank, int gpu, int64_t capacity, 
     if (gpu < 0 || gpu >= count)
         return err_set(err, "cuda device: GPU %d does not exist (%d visible)", gpu, count);
     cudaError_t e = cudaSetDevice(gpu);
+    cudaDeviceProp prop;
+    if (e == cudaSuccess) e = cudaGetDeviceProperties(&prop, gpu);
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
         return err_set(err, "cuda device: cannot use GPU %d: %s", gpu, cudaGetErrorString(e));
     }
+    int code_arch = 0;
+    if (check_arch(prop, gpu, &code_arch, err) < 0) return -1;
     cuda_state *st = (cuda_state *)xcalloc(1, sizeof(cuda_state));
     st->gpu = gpu;
-    if (create_state(st, err) != 0) {
+    st->code_arch = code_arch;
+    if (read_limits(st, prop, err) < 0 || create_state(st, err) != 0) {
         destroy_state(st);
         return -1;
     }
-    if (capacity == 0) { /* what is free now, less a reserve for the context and libraries */
+    const bool automatic = capacity == 0;
+    if (automatic) { /* what is free now, less a reserve for the context and libraries */
         size_t free_b = 0, total_b = 0;
         CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
         capacity = (int64_t)free_b - CUDA_RESERVE;
@@ -1093,11 +1380,13 @@ extern "C" int cuda_device_init(device *d, int rank, int gpu, int64_t capacity, 
     d->matmul = DEV_MATMUL_FP32;
     d->capacity = capacity;
     d->impl = st;
+    if (automatic && gpu < MAX_GPUS) auto_capacity[gpu] = d;
     return 0;
 }
 
 extern "C" void cuda_device_close(device *d) {
     cuda_state *st = cuda_of(d);
+    if (st && st->gpu < MAX_GPUS && auto_capacity[st->gpu] == d) auto_capacity[st->gpu] = NULL;
     if (st) destroy_state(st);
     d->impl = NULL;
     dev_free_table(d);

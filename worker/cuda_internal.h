@@ -60,6 +60,12 @@ typedef struct cuda_freelist {
 
 typedef struct cuda_state {
     int gpu;
+    int cc_major, cc_minor; /* compute capability */
+    int code_arch;          /* virtual arch of our loaded kernels (75 = compute_75 PTX/SASS) */
+    int smem_optin;         /* bytes of shared memory a block may opt in to (48 KB .. 227 KB) */
+    /* CEPHALO_CUDA_PORTABLE=1: the attention kernels use the 48 KB tiles and plain loads (the
+     * path of sm_60..sm_75) on any GPU, so that a new GPU can test the old GPUs' code. */
+    bool portable;
     cudaStream_t stream[DEV_STREAMS]; /* indexed by dev_stream; non-blocking streams */
     cublasHandle_t blas;              /* bound to the compute stream */
     void *blas_workspace; /* cuBLAS workspace (cudaMalloc'ed at init, outside the accounting) */
@@ -83,6 +89,12 @@ typedef struct cuda_state {
      * CPU device's per-thread scratch. Used only by work on the compute stream. */
     void *scratch;
     size_t scratch_bytes;
+
+    /* gemm in BF16/FP16 mode: the operands rounded to 16 bits (or, for bf16 before sm_80,
+     * rounded and widened back to fp32), GEMM16_BYTES each, allocated on the first such gemm
+     * outside dev_alloc's accounting and covered by the capacity's reserve (CUDA_RESERVE). */
+    void *gemm16[2];
+    size_t gemm16_bytes; /* of each */
 
     /* Rotary cos/sin table of the last (T, hd, theta), [T, hd/2] each, cudaMalloc'ed outside
      * the accounting like the CPU device's table. */

@@ -221,6 +221,11 @@ void cuda_device_close(device *d);
 /* Number of visible GPUs (0 when there is no driver or no GPU). Only in cephalo-worker-cuda;
  * call device_cuda_count(), which is 0 in a build without CUDA. */
 int cuda_device_count(void);
+/* Takes `bytes` off the capacity of the device opened on GPU `gpu` with an automatic capacity
+ * (none with an explicit one, which the plan has budgeted): memory a library takes outside our
+ * allocator, NCCL's buffers (common/nccl_budget.h). Fails when that would leave nothing. Only in
+ * cephalo-worker-cuda. */
+int cuda_device_reserve(int gpu, int64_t bytes, const char *what, err_t *err);
 int device_cuda_count(void);
 
 /* Opens a device by kind name ("cpu" or "cuda"); closes whichever kind d is. */

@@ -57,7 +57,8 @@ typedef struct prof_ctx {
     device dev;
     const model_spec *m;
     int seq, T, mb, n_units;
-    bool cuda, copies, bf16;
+    bool cuda, copies;
+    precision prec;
     double min_ms; /* least time spent per measurement */
     int min_reps;
     /* device */
@@ -204,6 +205,14 @@ static void *dalloc(prof_ctx *c, int64_t bytes, const char *what, bool *ok) {
     return p;
 }
 
+/* host_alloc memory (page-locked on CUDA); NULL and *ok false when the system refuses. */
+static void *halloc(prof_ctx *c, size_t bytes, bool *ok) {
+    if (!*ok) return NULL;
+    void *p = c->dev.ops->host_alloc(&c->dev, bytes);
+    if (!p) *ok = false;
+    return p;
+}
+
 static void free_buffers(prof_ctx *c) {
     device *d = &c->dev;
     if (c->acts) wm_acts_free(d, c->acts);
@@ -219,7 +228,7 @@ static void free_buffers(prof_ctx *c) {
     if (c->img) dev_free(d, c->img), c->img = NULL;
     void **hs[] = {(void **)&c->hx, (void **)&c->hy, (void **)&c->hdy, (void **)&c->hdx,
                    (void **)&c->himg, (void **)&c->hids, (void **)&c->htgt};
-    for (int k = 0; k < 7; k++) free(*hs[k]), *hs[k] = NULL;
+    for (int k = 0; k < 7; k++) d->ops->host_free(d, *hs[k]), *hs[k] = NULL;
     free(c->row_scale), c->row_scale = NULL;
 }
 
@@ -236,7 +245,7 @@ static bool alloc_buffers(prof_ctx *c, int mb, err_t *err) {
     for (int s = 0; s < 2; s++) {
         c->pslot[s] = dalloc(c, slot * 4, "gathered parameters", &ok);
         c->gslot[s] = dalloc(c, slot * 4, "full gradients", &ok);
-        if (c->bf16) c->pbf[s] = dalloc(c, slot * 2, "bf16 gather buffer", &ok);
+        if (precision_half(c->prec)) c->pbf[s] = dalloc(c, slot * 2, "16-bit gather buffer", &ok);
     }
     if (ok && (c->acts = wm_acts_new(&c->dev, m, mb, c->seq, err)) == NULL) ok = false;
     int nbuf = c->cuda ? 2 : 1;
@@ -248,16 +257,25 @@ static bool alloc_buffers(prof_ctx *c, int mb, err_t *err) {
     }
     c->ids = dalloc(c, rows * 4, "token ids", &ok);
     c->tgt = dalloc(c, rows * 4, "targets", &ok);
-    int64_t img = m->arch == ARCH_VIT ? (int64_t)m->channels * m->image * m->image : 0;
-    if (img) c->img = dalloc(c, mb * img * 4, "images", &ok);
+    if (m->arch == ARCH_VIT)
+        c->img = dalloc(c, mb * (int64_t)m->channels * m->image * m->image * 4, "images", &ok);
     if (!ok) {
         if (!c->acts || c->dev.err.msg[0]) *err = c->dev.err;
         return false;
     }
-    /* host side: the offload pool's entries and the step's samples */
-    c->hx = xmalloc(c->act_bytes), c->hy = xmalloc(c->act_bytes);
-    c->hdy = xmalloc(c->act_bytes), c->hdx = xmalloc(c->act_bytes);
-    c->hids = xmalloc((size_t)rows * 4), c->htgt = xmalloc((size_t)rows * 4);
+    /* host side: the offload pool's entries and the step's samples, from host_alloc like the
+     * trainer's (page-locked on CUDA), so that the copies measured are the asynchronous ones
+     * training does (copy_async needs such memory: device.h) */
+    int64_t img = m->arch == ARCH_VIT ? (int64_t)m->channels * m->image * m->image : 0;
+    c->hx = halloc(c, c->act_bytes, &ok), c->hy = halloc(c, c->act_bytes, &ok);
+    c->hdy = halloc(c, c->act_bytes, &ok), c->hdx = halloc(c, c->act_bytes, &ok);
+    c->hids = halloc(c, (size_t)rows * 4, &ok), c->htgt = halloc(c, (size_t)rows * 4, &ok);
+    if (img) c->himg = halloc(c, (size_t)(mb * img) * 4, &ok);
+    if (!ok) {
+        err_set(err, "cannot allocate %zu bytes of page-locked host memory for the profile's "
+                "copies", c->act_bytes * 4);
+        return false;
+    }
     c->row_scale = xmalloc((size_t)mb * sizeof(float));
     uint64_t r = 88172645463325252ull;
     for (int64_t i = 0; i < act; i++) {
@@ -272,7 +290,6 @@ static bool alloc_buffers(prof_ctx *c, int mb, err_t *err) {
         c->htgt[i] = (int32_t)(r % (uint64_t)(classes > 0 ? classes : 1));
     }
     if (img) {
-        c->himg = xmalloc((size_t)(mb * img) * 4);
         for (int64_t i = 0; i < mb * img; i++) c->himg[i] = (float)((i * 7919) % 255) / 255.0f;
     }
     for (int i = 0; i < mb; i++) c->row_scale[i] = (float)(1.0 / ((double)mb * c->T));
@@ -289,7 +306,8 @@ static void fmt_eta(double s, char *buf, size_t n) {
 }
 
 typedef struct compute_opts {
-    const char *model, *out, *name, *device, *precision;
+    const char *model, *out, *name, *device;
+    precision prec;
     long seq, max_micro, threads, gpu;
     int64_t memory;
     double min_ms;
@@ -315,8 +333,7 @@ static int parse_compute(int argc, char **argv, compute_opts *o) {
             if (!str_to_long(optarg, &o->seq) || o->seq < 1) return bad("profile", "--seq: '%s' is not a positive integer", optarg);
             break;
         case O_PREC:
-            if (strcmp(optarg, "fp32") && strcmp(optarg, "bf16")) return bad("profile", "--precision: '%s' is not fp32 or bf16", optarg);
-            o->precision = optarg;
+            if (!precision_parse(optarg, &o->prec)) return bad("profile", "--precision: '%s' is not " PRECISION_CHOICES, optarg);
             break;
         case O_DEVICE:
             if (strcmp(optarg, "cpu") && strcmp(optarg, "cuda")) return bad("profile", "--device: '%s' is not cpu or cuda", optarg);
@@ -354,7 +371,7 @@ static int parse_compute(int argc, char **argv, compute_opts *o) {
 }
 
 int worker_profile(int argc, char **argv) {
-    compute_opts o = {.device = "cpu", .precision = "fp32", .max_micro = 8, .min_ms = 150};
+    compute_opts o = {.device = "cpu", .prec = PREC_FP32, .max_micro = 8, .min_ms = 150};
     int rc = parse_compute(argc, argv, &o);
     if (rc) return rc;
     err_t err;
@@ -376,9 +393,11 @@ int worker_profile(int argc, char **argv) {
         fprintf(stderr, "cephalo-worker profile: %s\n", err.msg);
         return EXIT_RUNTIME;
     }
-    bool bf16 = !strcmp(o.precision, "bf16");
-    c.bf16 = bf16;
-    c.dev.matmul = bf16 ? DEV_MATMUL_BF16 : cuda ? DEV_MATMUL_TF32 : DEV_MATMUL_FP32;
+    c.prec = o.prec;
+    c.dev.matmul = o.prec == PREC_BF16   ? DEV_MATMUL_BF16
+                   : o.prec == PREC_FP16 ? DEV_MATMUL_FP16
+                   : cuda                ? DEV_MATMUL_TF32
+                                         : DEV_MATMUL_FP32;
     int K = (int)o.max_micro;
     profile p = {0};
     p.n_entries = 1;
@@ -387,7 +406,7 @@ int worker_profile(int argc, char **argv) {
     snprintf(e->device, sizeof e->device, "%s", name);
     snprintf(e->model, sizeof e->model, "%s", model.name);
     e->seq = seq;
-    e->prec = bf16 ? PREC_BF16 : PREC_FP32;
+    e->prec = o.prec;
     e->microbatch = xcalloc((size_t)K, sizeof(int));
     profile_curve *curves[] = {&e->embedding, &e->block, &e->head};
     for (int k = 0; k < 3; k++) {

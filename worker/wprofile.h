@@ -1,6 +1,6 @@
 /* wprofile.h - the worker's side of `cephalo profile` (docs/profile.md).
  *
- *   cephalo-worker profile --model M [--seq T] [--precision fp32|bf16] [--device cpu|cuda]
+ *   cephalo-worker profile --model M [--seq T] [--precision fp32|bf16|fp16] [--device cpu|cuda]
  *                          [--threads N] [--memory SIZE] [--max-micro K] --name DEVICE -o FILE
  *   cephalo-worker profile-comm [--min-bytes N] [--max-bytes N] -o FILE   (RANK, WORLD_SIZE, ...)
  *

@@ -78,8 +78,11 @@ printf 'nodes:\n  - name: a\n    gpus: [{type: L4, count: "2\\0"}]\n' >"$T/nul3.
 check "NUL in a number" 2 "nul3.yaml:3: nodes[0].gpus[0].count: contains a NUL character" -- "$BIN" plan --cluster "$T/nul3.yaml" --model gpt2-124m --batch 8
 
 # ---- infeasible hints name only what applies to the model ----
-printf 'nodes:\n  - name: tiny\n    gpus: [{type: T4, memory_gib: 0.05}, {type: T4}]\n' >"$T/tiny.yaml"
+printf 'nodes:\n  - name: tiny\n    gpus: [{type: L4, memory_gib: 0.05}, {type: L4}]\n' >"$T/tiny.yaml"
 check "ViT infeasible hint" 3 "a model file with image: below 224, --precision bf16, or leave this device out" -- "$BIN" plan --cluster "$T/tiny.yaml" --model vit-g --batch 2
 lacks "ViT hint has no --seq" "--seq" -- "$BIN" plan --cluster "$T/tiny.yaml" --model vit-g --batch 2
 check "GPT infeasible hint" 3 "shorter --seq, --precision bf16, or leave this device out" -- "$BIN" plan --cluster "$T/tiny.yaml" --model gpt2-774m --batch 2
 check "bf16 hint only in fp32" 3 "(shorter --seq or leave this device out)" -- "$BIN" plan --cluster "$T/tiny.yaml" --model gpt2-774m --batch 2 --precision bf16
+check "16-bit hints only in fp32 (fp16 too)" 3 "(shorter --seq or leave this device out)" -- "$BIN" plan --cluster "$T/tiny.yaml" --model gpt2-774m --batch 2 --precision fp16
+printf 'nodes:\n  - name: tiny\n    gpus: [{type: T4, memory_gib: 0.05}, {type: T4}]\n' >"$T/tiny-t4.yaml"
+check "a T4 (no bf16) is hinted fp16" 3 "shorter --seq, --precision fp16, or leave this device out" -- "$BIN" plan --cluster "$T/tiny-t4.yaml" --model gpt2-774m --batch 2

@@ -31,6 +31,12 @@ check "profile tiny-gpt on 2 devices, with progress" 0 "[1/4] microbatch 1: bloc
   "$C" profile --devices cpu:1t:512M,cpu:1t:512M --model tiny-gpt --max-micro 4 --quick -o "$T/p.json"
 check "progress names the collectives" 0 "collectives over 2 ranks" -- \
   "$C" profile --devices cpu:1t:512Mx2 --model tiny-gpt --max-micro 2 --quick -o "$T/p2.json"
+check "an fp16 profile: entries say fp16 and plan fp16 jobs as measured" 0 "" -- bash -c "
+  CEPHALO_PROFILE_STORE=none '$C' profile --devices cpu:1t:512Mx2 --model tiny-gpt --max-micro 2 --quick --precision fp16 -o '$T/p16.json' 2>/dev/null &&
+  python3 -c \"import json; p = json.load(open('$T/p16.json')); assert {e['precision'] for e in p['entries']} == {'fp16'}, p['entries']\" &&
+  '$C' plan --cluster '$T/c2.yaml' --model tiny-gpt --batch 8 --precision fp16 --profile '$T/p16.json' | grep -q 'fp16, 2 devices on 1 nodes; costs: profiled'"
+check "worker profile: --precision fp8 is refused" 2 "--precision: 'fp8' is not fp32, bf16 or fp16" -- \
+  "$W" profile --model tiny-gpt --precision fp8 -o "$T/x.json"
 # the step check: a short real training run against the plan made from the fresh profile
 "$C" profile --devices cpu:1t:512Mx2 --model tiny-gpt --max-micro 2 --quick -o "$T/p3.json" 2>"$T/p3.err"
 check "the step check trains on the devices and compares with the prediction" 0 "" -- \

@@ -32,6 +32,7 @@
 #define U_FP32 (1.0 / 16777216.0) /* 2^-24: unit roundoff of fp32 (24-bit significand) */
 #define U_TF32 (1.0 / 1024.0)     /* 2^-10: TF32 keeps 10 mantissa bits; tensor cores may truncate */
 #define U_BF16 (1.0 / 256.0)      /* 2^-8: bf16 keeps 7 mantissa bits, rounded to nearest even */
+#define U_FP16 (1.0 / 2048.0)     /* 2^-11: fp16 keeps 10 mantissa bits, rounded to nearest even */
 
 static device ref_d, gpu_d; /* the reference CPU device and the device under test */
 #define REF (&ref_d)
@@ -322,13 +323,24 @@ static void test_copy2d(void **state) {
 /* ---------------------------------------------------------------------------------------------
  * gemm */
 
-static uint16_t bf16_rne(float f); /* host reference, below */
+static uint16_t bf16_rne(float f); /* host references, below */
+static uint16_t fp16_rne(float f);
+static float fp16_value(uint16_t h);
 
 static float bf16_round(float f) {
     uint32_t u = (uint32_t)bf16_rne(f) << 16;
     float r;
     memcpy(&r, &u, 4);
     return r;
+}
+
+static float fp16_round(float f) { return fp16_value(fp16_rne(f)); }
+
+static const char *mode_name(dev_matmul m) {
+    return m == DEV_MATMUL_FP32   ? "fp32"
+           : m == DEV_MATMUL_TF32 ? "tf32"
+           : m == DEV_MATMUL_BF16 ? "bf16"
+                                  : "fp16";
 }
 
 typedef struct gemm_case {
@@ -360,8 +372,7 @@ static void check_gemm(const gemm_case *gc, bool ta, bool tb, dev_matmul mode) {
     float *got = g_down(gC, nc);
     char what[160];
     snprintf(what, sizeof what, "gemm %s ta=%d tb=%d M=%d N=%d K=%d lda=%d ldb=%d ldc=%d beta=%g",
-             mode == DEV_MATMUL_FP32 ? "fp32" : mode == DEV_MATMUL_TF32 ? "tf32" : "bf16", ta, tb, M, N,
-             K, lda, ldb, ldc, (double)gc->beta);
+             mode_name(mode), ta, tb, M, N, K, lda, ldb, ldc, (double)gc->beta);
     for (int i = 0; i < M; i++) expect_all(what, got + (int64_t)i * ldc + N, ldc - N, 5.0f);
     for (int i = 0; i < M; i++) /* pad columns are equal now; compare whole rows */
         for (int j = N; j < ldc; j++) Cref[(int64_t)i * ldc + j] = 5.0f;
@@ -377,15 +388,17 @@ static void check_gemm(const gemm_case *gc, bool ta, bool tb, dev_matmul mode) {
          * 4 u_tf32 = 3.9e-3 is a comfortable bound */
         expect_rel(what, got, Cref, nc, 4 * U_TF32);
     } else {
-        /* against exact fp32: the same argument with 8-bit significands, 4 u_bf16 = 1.6e-2 */
-        expect_rel(what, got, Cref, nc, 4 * U_BF16);
-        /* against the CPU on bf16-rounded copies of A and B (what device.h says the mode is):
-         * bf16 x bf16 products are exact in fp32, so only the order of the fp32 accumulation
-         * differs; tensor cores may align addends with truncation, so allow K 2^-23 of max|C|
-         * (the worst-case bound of K additions) with a floor of 2e-5 */
+        /* against exact fp32: the same argument with 8-bit (bf16) or 11-bit (fp16)
+         * significands: 4 u_bf16 = 1.6e-2, 4 u_fp16 = 2e-3 (|A|, |B| <= 1: no fp16 overflow) */
+        const bool fp16 = mode == DEV_MATMUL_FP16;
+        expect_rel(what, got, Cref, nc, 4 * (fp16 ? U_FP16 : U_BF16));
+        /* against the CPU on rounded copies of A and B (what device.h says the mode is): bf16
+         * x bf16 (fp16 x fp16) products are exact in fp32, so only the order of the fp32
+         * accumulation differs; tensor cores may align addends with truncation, so allow
+         * K 2^-23 of max|C| (the worst-case bound of K additions) with a floor of 2e-5 */
         float *Ar = hdup(A, na), *Br = hdup(B, nb);
-        for (int64_t i = 0; i < na; i++) Ar[i] = bf16_round(Ar[i]);
-        for (int64_t i = 0; i < nb; i++) Br[i] = bf16_round(Br[i]);
+        for (int64_t i = 0; i < na; i++) Ar[i] = fp16 ? fp16_round(Ar[i]) : bf16_round(Ar[i]);
+        for (int64_t i = 0; i < nb; i++) Br[i] = fp16 ? fp16_round(Br[i]) : bf16_round(Br[i]);
         float *Cr = hdup(C0, nc);
         if (gc->beta == 0)
             for (int64_t i = 0; i < nc; i++)
@@ -394,7 +407,7 @@ static void check_gemm(const gemm_case *gc, bool ta, bool tb, dev_matmul mode) {
         for (int i = 0; i < M; i++)
             for (int j = N; j < ldc; j++) Cr[(int64_t)i * ldc + j] = 5.0f;
         char w2[200];
-        snprintf(w2, sizeof w2, "%s vs bf16-rounded operands", what);
+        snprintf(w2, sizeof w2, "%s vs %s-rounded operands", what, mode_name(mode));
         expect_rel(w2, got, Cr, nc, fmax(2e-5, (double)K * 2 * U_FP32));
     }
 }
@@ -409,13 +422,21 @@ static void test_gemm(void **state) {
         {300, 1, 129, 1, 1.0f, 0.25f},    /* one column */
         {1024, 2304, 768, 0, 1.0f, 0.0f}, /* GPT-2 124M qkv projection of 1024 tokens */
         {512, 768, 3072, 0, 1.0f, 1.0f},  /* mlp down projection, accumulating (weight grads) */
+        /* the 16-bit modes round operands into 32 MiB workspaces: an operand of 20M elements
+         * (the logits gradient of 400 tokens) goes in chunks of rows of C, then of columns */
+        {400, 64, 50257, 0, 1.0f, 0.5f},
+        {64, 400, 50257, 1, 1.0f, 0.0f},
     };
-    const dev_matmul modes[] = {DEV_MATMUL_FP32, DEV_MATMUL_TF32, DEV_MATMUL_BF16};
+    const dev_matmul modes[] = {DEV_MATMUL_FP32, DEV_MATMUL_TF32, DEV_MATMUL_BF16, DEV_MATMUL_FP16};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
         for (int t = 0; t < 4; t++)
-            for (int m = 0; m < 3; m++) {
+            for (int m = 0; m < 4; m++) {
                 if (self_check && modes[m] != DEV_MATMUL_FP32 && cases[c].M * cases[c].N > 100000)
                     continue; /* the CPU's bf16 rounding copies: slow and tested once is enough */
+                if (self_check && modes[m] == DEV_MATMUL_FP16 && !GPU->ops->to_fp16)
+                    continue; /* a CPU device without fp16 yet */
+                if (cases[c].K > 10000 && (modes[m] == DEV_MATMUL_FP32 || modes[m] == DEV_MATMUL_TF32))
+                    continue; /* the chunking cases are for the 16-bit modes */
                 seed(100 + c * 16 + t * 4 + m);
                 check_gemm(&cases[c], t & 1, t & 2, modes[m]);
                 release_all(NULL); /* keep device memory flat across the loop */
@@ -729,6 +750,31 @@ static void test_attention(void **state) {
     release_all(NULL);
     seed(761);
     check_attention(&c1, DEV_MATMUL_BF16, 8 * U_BF16, 16 * U_BF16);
+    release_all(NULL);
+    seed(762);
+    check_attention(&c1, DEV_MATMUL_FP16, 8 * U_FP16, 16 * U_FP16);
+}
+
+/* Every head dim the model validation admits (common/attn_limits.h: 1..128) is one of the
+ * kernels' tile widths or runs padded in the next one: each width, and padded ones (the
+ * catalog's 100 and 104, and 8, 48, 120, plus 6 and 50, which are not multiples of 4 and take
+ * the 4-byte copies). T = 17 and 300: partial tiles; causal and not; GQA 4 heads on 2; a padded
+ * fused row. Run it also with CEPHALO_CUDA_PORTABLE=1 (tests/gpu/run.sh does), where every width
+ * takes its 48 KB tiles and plain loads. Tolerances as in test_attention. */
+static void test_attention_head_dims(void **state) {
+    (void)state;
+    const int hds[] = {16, 32, 64, 80, 96, 112, 128, 8, 48, 100, 104, 120, 6, 50};
+    const int Ts[] = {17, 300};
+    int k = 0;
+    for (size_t h = 0; h < sizeof hds / sizeof hds[0]; h++)
+        for (int t = 0; t < 2; t++)
+            for (int causal = 1; causal >= 0; causal--) {
+                if (self_check && Ts[t] > 100 && !causal) continue; /* the CPU stand-in is slow */
+                att_case c = {2, Ts[t], 4, 2, hds[h], causal, 3};
+                seed(800 + k++);
+                check_attention(&c, DEV_MATMUL_FP32, 2e-5, 5e-5);
+                release_all(NULL);
+            }
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -828,6 +874,124 @@ static uint16_t bf16_rne(float f) {
 }
 
 static bool bf16_is_nan(uint16_t h) { return (h & 0x7f80u) == 0x7f80u && (h & 0x7fu); }
+
+/* fp16 reference, written with double arithmetic (another route than the device's bit
+ * manipulation): round to nearest even at the target's unit in the last place, 2^-24 below
+ * 2^-14 (subnormals), inf from 65520 = 65504 + half an ulp (the tie goes to the even side, up).
+ * A NaN keeps its sign and top 10 payload bits with the quiet bit set (the devices' rule). */
+static uint16_t fp16_rne(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((u >> 13) & 0x3ffu));
+    double a = fabs((double)f);
+    if (a >= 65520.0) return (uint16_t)(sign | 0x7c00u);
+    if (a < 0x1p-14) return (uint16_t)(sign | (uint16_t)rint(a * 0x1p24)); /* 1024: 2^-14 */
+    int e;
+    (void)frexp(a, &e); /* a in [2^(e-1), 2^e) */
+    int E = e - 1;
+    double q = rint(ldexp(a, 10 - E)); /* 1024 .. 2048 */
+    if (q == 2048.0) q = 1024.0, E++;
+    return (uint16_t)(sign | (uint16_t)((E + 15) << 10) | (uint16_t)(q - 1024.0));
+}
+
+/* The value of an fp16 pattern, exactly (NaN: the payload shifted into place). */
+static float fp16_value(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    if (e == 0x1f) {
+        uint32_t u = sign | 0x7f800000u | (m << 13);
+        float r;
+        memcpy(&r, &u, 4);
+        return r;
+    }
+    double v = e ? ldexp(1024.0 + m, (int)e - 25) : ldexp((double)m, -24);
+    return sign ? -(float)v : (float)v;
+}
+
+static bool fp16_is_nan(uint16_t h) { return (h & 0x7c00u) == 0x7c00u && (h & 0x3ffu); }
+
+static void check_to_fp16(const float *x, int64_t n, const char *what) {
+    float *gx = g_up(x, n);
+    uint16_t *gh = g_alloc((size_t)n * 2 + 2);
+    GPU->ops->to_fp16(GPU, gh, gx, n);
+    GPU->ops->sync(GPU);
+    uint16_t *h = h_alloc((size_t)n * 2);
+    dev_download(GPU, h, gh, (size_t)n * 2);
+    for (int64_t i = 0; i < n; i++) {
+        uint16_t want = fp16_rne(x[i]);
+        uint32_t u;
+        memcpy(&u, &x[i], 4);
+        if (h[i] != want)
+            fail_msg("to_fp16 %s [%lld]: fp32 0x%08x (%.9g) -> 0x%04x, want 0x%04x%s", what,
+                     (long long)i, u, (double)x[i], h[i], want, fp16_is_nan(want) ? " (a NaN)" : "");
+    }
+}
+
+static void test_fp16(void **state) {
+    (void)state;
+    if (!GPU->ops->to_fp16 || !GPU->ops->from_fp16) skip();
+    const uint32_t special[] = {
+        0x00000000, 0x80000000,             /* +-0 */
+        0x7f800000, 0xff800000,             /* +-inf */
+        0x7fc00000, 0xffc00000, 0x7f800001, /* quiet NaNs, a signalling NaN (low bits only) */
+        0x7fffe000, 0x7f802000,             /* NaNs whose payload is in the kept bits */
+        0x477fe000, 0x477fefff,             /* 65504 (largest finite), just below the tie */
+        0x477ff000, 0x47800000, 0x7f7fffff, /* 65520 (the tie: up, to inf), 65536, FLT_MAX */
+        0xc77ff000,                         /* -65520: -inf */
+        0x38800000, 0x387fffff,             /* 2^-14 (smallest normal), just below it */
+        0x387fc000,                         /* 1023.5 2^-24: a tie, to 1024 = the smallest normal */
+        0x33800000, 0x33000000, 0x33000001, /* 2^-24; 2^-25: tie to 0; just above: 2^-24 */
+        0x33c00000, 0x34200000,             /* 1.5 and 2.5 2^-24: ties to 2 (even) both */
+        0x00000001, 0x80800000,             /* fp32 subnormal, -FLT_MIN: +-0 */
+        0x3f800000, 0xbf800000,             /* +-1 */
+        0x3f801000, 0x3f803000,             /* ties: 1 + 2^-11 -> 1 (even), 1 + 3 2^-11 -> up */
+        0x3f801001, 0x3f800fff,             /* just above / below a tie */
+        0x40490fdb, 0x3dcccccd,             /* pi, 0.1 */
+    };
+    int ns = (int)(sizeof special / sizeof special[0]);
+    float *xs = h_alloc((size_t)ns * 4);
+    memcpy(xs, special, (size_t)ns * 4);
+    check_to_fp16(xs, ns, "special values");
+    check_to_fp16(xs + 11, 1, "n = 1");
+    seed(1200);
+    int64_t n = 1000003;
+    uint32_t *bits = h_alloc((size_t)n * 4);
+    for (int64_t i = 0; i < n; i++) bits[i] = (uint32_t)(rnd64() >> 32);
+    check_to_fp16((float *)bits, n, "random bit patterns");
+    /* values around fp16's range, where the classes (subnormal, normal, overflow) meet */
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t e = 100 + (uint32_t)(rnd64() % 48); /* 2^-27 .. 2^20 */
+        bits[i] = (uint32_t)(rnd64() >> 63) << 31 | e << 23 | (uint32_t)(rnd64() >> 41);
+    }
+    check_to_fp16((float *)bits, n, "random values from 2^-27 to 2^20");
+
+    /* from_fp16: every one of the 65536 patterns, exactly (NaN payloads kept) */
+    uint16_t *all = h_alloc(65536 * 2);
+    for (int i = 0; i < 65536; i++) all[i] = (uint16_t)i;
+    uint16_t *gall = g_alloc(65536 * 2);
+    dev_upload(GPU, gall, all, 65536 * 2);
+    float *gf = g_fill(65536 + 1, 7.0f);
+    GPU->ops->from_fp16(GPU, gf, gall, 65536);
+    float *f = g_down(gf, 65536 + 1);
+    for (int i = 0; i < 65536; i++) {
+        float want = fp16_value((uint16_t)i);
+        uint32_t u, w;
+        memcpy(&u, &f[i], 4);
+        memcpy(&w, &want, 4);
+        if (u != w) fail_msg("from_fp16(0x%04x) = 0x%08x, want 0x%08x", i, u, w);
+    }
+    expect_all("from_fp16 tail", f + 65536, 1, 7.0f);
+    /* round trip of every representable value is the identity, subnormals included; a NaN
+     * comes back with its payload and the quiet bit set */
+    GPU->ops->to_fp16(GPU, gall, gf, 65536);
+    GPU->ops->sync(GPU);
+    uint16_t *back = h_alloc(65536 * 2);
+    dev_download(GPU, back, gall, 65536 * 2);
+    for (int i = 0; i < 65536; i++) {
+        uint16_t want = fp16_is_nan((uint16_t)i) ? (uint16_t)(i | 0x200) : (uint16_t)i;
+        if (back[i] != want) fail_msg("to_fp16(from_fp16(0x%04x)) = 0x%04x", i, back[i]);
+    }
+}
 
 static void check_to_bf16(const float *x, int64_t n, const char *what) {
     float *gx = g_up(x, n);
@@ -1169,11 +1333,15 @@ int main(void) {
     }
     if (self_check)
         printf("# self-check: a 1-thread CPU device stands in for the GPU (CEPHALO_GPU_TEST_DEVICE=cpu)\n");
+    const char *portable = getenv("CEPHALO_CUDA_PORTABLE");
+    if (!self_check && portable && *portable && strcmp(portable, "0"))
+        printf("# portable mode (CEPHALO_CUDA_PORTABLE=%s): 48 KB attention tiles, no cp.async\n", portable);
 #define T(f) cmocka_unit_test_teardown(f, release_all)
     const struct CMUnitTest tests[] = {
         T(test_device),      T(test_elementwise), T(test_sumsq),    T(test_copy2d),
         T(test_gemm),        T(test_bias),        T(test_embed),    T(test_norms),
         T(test_activations), T(test_rope),        T(test_attention), T(test_xent),
+        T(test_attention_head_dims), T(test_fp16),
         T(test_patchify),    T(test_adamw),       T(test_bf16),     T(test_streams),
         T(test_host_alloc),  T(test_determinism), T(test_zero_sizes), T(test_allocator),
     };

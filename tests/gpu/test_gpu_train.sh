@@ -5,7 +5,8 @@
 #   a) the float64 PyTorch oracle (tests/ref/oracle.py) on --device cuda dumps of the four tiny
 #      models, fp32 (TF32 matmuls) and bf16, with the oracle's --precision tolerances;
 #   b) 30-step training curves of a 4-layer GPT-2 and a 4-layer Llama against PyTorch on the same
-#      GPU from the same initial parameters and batches (tests/gpu/torch_train.py);
+#      GPU from the same initial parameters and batches (tests/gpu/torch_train.py): fp32, bf16,
+#      and fp16 with dynamic loss scaling against autocast(float16) + GradScaler;
 #   c) the multi-rank invariant on one GPU: 2 and 3 ranks (socket backend, host staging) with
 #      uneven plans = 1 rank (tests/cli/test_fsdp.sh's method);
 #   d) --offload on and off give bit-identical parameters and moments after 3 steps.
@@ -82,10 +83,11 @@ curve_case() {
           --lr 6e-4 --warmup 5 --seed 3 --data synthetic --dump "$dir" --log "$log" --quiet 2>&1)
   rc=$?
   if [ "$rc" -ne 0 ]; then fail "$name $prec: the cuda worker trains 30 steps with --dump (exit $rc)" "$out"; return; fi
-  # cephalo fp32 (TF32 matmuls) is compared with strict fp32 PyTorch: the one exact reference
+  # cephalo fp32 (TF32 matmuls) is compared with strict fp32 PyTorch: the one exact reference;
+  # fp16 with GradScaler at its defaults, the worker's --loss-scale-window left at 2000 too
   tprec=$prec
   out=$($TMO "$PY" tests/gpu/torch_train.py "$dir" "$log" --precision "$tprec" --device cuda \
-          --out "$T/curve-$name-$prec.json" 2>&1)
+          --loss-scale-window 2000 --out "$T/curve-$name-$prec.json" 2>&1)
   rc=$?
   local line
   line=$(grep -E '^(ok|not ok) - ' <<<"$out" | head -1)
@@ -100,7 +102,10 @@ if [[ $PARTS == *b* ]]; then
   if ! err=$("$PY" -c 'import torch; assert torch.cuda.is_available(), "no CUDA in this torch"; torch.set_default_device' 2>&1); then
     skip "training curves against PyTorch on the GPU" "$PY has no PyTorch >= 2.0 with CUDA: $(tail -1 <<<"$err") (set PYTHON=...)"
   else
-    for prec in fp32 bf16; do
+    precs=(fp32 bf16)
+    if "$WC" train --help 2>&1 | grep -q fp16; then precs+=(fp16)
+    else skip "fp16 training curves against PyTorch" "cephalo-worker-cuda train has no --precision fp16"; fi
+    for prec in "${precs[@]}"; do
       curve_case tests/gpu/gpt-4l.yaml $prec
       curve_case tests/gpu/llama-4l.yaml $prec
     done

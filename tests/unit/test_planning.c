@@ -147,6 +147,19 @@ static void wait_freed(int n) {
     for (int i = 0; i < 10000 && freed() < n; i++) nanosleep(&(struct timespec){0, 1000000L}, NULL);
 }
 
+/* on_done runs after the result is published (planning_wait may return first): wait for it */
+static int wait_done(int n) {
+    int got = 0;
+    for (int i = 0; i < 10000; i++) {
+        pthread_mutex_lock(&mu);
+        got = n_done;
+        pthread_mutex_unlock(&mu);
+        if (got >= n) break;
+        nanosleep(&(struct timespec){0, 1000000L}, NULL);
+    }
+    return got;
+}
+
 static void test_pool(void **state) {
     (void)state;
     err_t err = {{0}};
@@ -189,6 +202,7 @@ static void test_pool(void **state) {
     assert_int_equal(freed(), 2);
     assert_int_equal(planning_get(p, "ns/quick", "g1", &got), PLANNING_NONE);
     assert_true(planning_wait(p, "ns/quick", 0)); /* nothing to wait for */
+    assert_int_equal(wait_done(2), 2);
     pthread_mutex_lock(&mu);
     assert_int_equal(n_done, 2);
     assert_string_equal(done_keys[0], "ns/quick");
