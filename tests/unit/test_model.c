@@ -164,6 +164,9 @@ static void test_model_file_errors(void **state) {
     /* a base that names a file is not loaded (a file naming itself recursed forever; fuzzing) */
     expect_error("base: m.yaml\n", "m.yaml:1: base: unknown model 'm.yaml'");
     expect_error("arch: vit\nn_layer: 2\nd_model: 64\nn_head: 4\npatch: 15\n", "patch 15 must divide image 224");
+    /* attention supports head sizes 1..128 (common/attn_limits.h): 2048 / 8 = 256 is refused */
+    expect_error("arch: gpt\nn_layer: 2\nd_model: 2048\nn_head: 8\nvocab: 256\nmax_seq: 128\n",
+                 "head size 256 is not supported: attention supports head sizes 1..128");
     expect_error("arch: [gpt\n", "YAML syntax error");
     expect_error("- 1\n- 2\n", "expected a mapping");
 }
