@@ -168,6 +168,80 @@ bool inv_node_ready(const cJSON *node) {
     return true; /* no Ready condition reported (yet): taken as usable */
 }
 
+/* One container's nvidia.com/gpu: requests, else limits (the API server defaults an extended
+ * resource's request to its limit, but a pod read from elsewhere may lack the default). */
+static long container_gpus(const cJSON *ctr) {
+    const cJSON *res = cJSON_GetObjectItemCaseSensitive(ctr, "resources");
+    static const char *const keys[] = {"requests", "limits"};
+    for (int i = 0; i < 2; i++) {
+        const cJSON *g = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(res, keys[i]), INV_RESOURCE_GPU);
+        long n;
+        if (cJSON_IsString(g) && str_to_long(g->valuestring, &n)) return n > 0 ? n : 0;
+        if (cJSON_IsNumber(g)) return g->valuedouble > 0 ? (long)g->valuedouble : 0;
+    }
+    return 0;
+}
+
+long inv_pod_gpus(const cJSON *pod) {
+    const cJSON *spec = cJSON_GetObjectItemCaseSensitive(pod, "spec"), *c;
+    long sum = 0, sidecars = 0, init_max = 0;
+    cJSON_ArrayForEach(c, cJSON_GetObjectItemCaseSensitive(spec, "initContainers")) {
+        const cJSON *rp = cJSON_GetObjectItemCaseSensitive(c, "restartPolicy");
+        long g = container_gpus(c);
+        if (cJSON_IsString(rp) && !strcmp(rp->valuestring, "Always")) { /* a sidecar runs on beside the rest */
+            sidecars += g;
+            if (sidecars > init_max) init_max = sidecars;
+        } else if (g + sidecars > init_max) {
+            init_max = g + sidecars;
+        }
+    }
+    cJSON_ArrayForEach(c, cJSON_GetObjectItemCaseSensitive(spec, "containers")) sum += container_gpus(c);
+    return sum + sidecars > init_max ? sum + sidecars : init_max;
+}
+
+bool inv_pod_holds(const cJSON *pod) {
+    const cJSON *node = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(pod, "spec"), "nodeName");
+    const cJSON *ph = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(pod, "status"), "phase");
+    if (!cJSON_IsString(node) || !*node->valuestring) return false;
+    return !cJSON_IsString(ph) || (strcmp(ph->valuestring, "Succeeded") != 0 && strcmp(ph->valuestring, "Failed") != 0);
+}
+
+/* Whether the pod's controller (ownerReferences, controller true) has this uid. */
+static bool controlled_by(const cJSON *pod, const char *uid) {
+    const cJSON *o;
+    if (!uid || !*uid) return false;
+    cJSON_ArrayForEach(o, cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(pod, "metadata"), "ownerReferences")) {
+        const cJSON *u = cJSON_GetObjectItemCaseSensitive(o, "uid");
+        if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, "controller")) && cJSON_IsString(u))
+            return !strcmp(u->valuestring, uid);
+    }
+    return false;
+}
+
+long inv_node_used(const cJSON *pods, const char *node, const char *own_uid) {
+    long used = 0;
+    const cJSON *p;
+    cJSON_ArrayForEach(p, pods) {
+        if (!inv_pod_holds(p) || controlled_by(p, own_uid)) continue;
+        const cJSON *nn = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(p, "spec"), "nodeName");
+        if (!strcmp(nn->valuestring, node)) used += inv_pod_gpus(p);
+    }
+    return used;
+}
+
+void inv_describe(const cluster *cl, char *out, size_t n) {
+    out[0] = '\0';
+    for (int d = 0; d < cl->n_devices; d++) {
+        bool seen = false;
+        for (int e = 0; e < d && !seen; e++) seen = !strcmp(cl->devices[e].type, cl->devices[d].type);
+        if (seen) continue;
+        int count = 0;
+        for (int e = d; e < cl->n_devices; e++) count += !strcmp(cl->devices[e].type, cl->devices[d].type);
+        size_t len = strlen(out);
+        snprintf(out + len, n - len, "%s%d %s", len ? ", " : "", count, cl->devices[d].type);
+    }
+}
+
 int inv_build(const cJSON *nodes, const inv_constraints *c, cluster *cl, inv_result *r, err_t *err) {
     memset(r, 0, sizeof *r);
     cluster_init(cl);
@@ -225,8 +299,14 @@ int inv_build(const cJSON *nodes, const inv_constraints *c, cluster *cl, inv_res
             note(r, "node %s%s: name too long for the planner", name, "");
             continue;
         }
+        r->usable += (int)count;
+        if (c->pods) {
+            long used = inv_node_used(c->pods, name, c->own_uid);
+            count = used >= count ? 0 : count - used;
+        }
+        r->free += (int)count;
         if (c->max_gpus > 0 && r->gpus + count > c->max_gpus) count = c->max_gpus - r->gpus;
-        if (count <= 0) break;
+        if (count <= 0) continue; /* busy, or max_gpus reached: usable and free still count the rest */
         if (cluster_add_node(cl, name, CLUSTER_DEFAULT_NETWORK_GBPS) < 0) {
             err_set(err, "node %s: cannot add it to the cluster", name);
             free(sorted);
@@ -251,6 +331,7 @@ int inv_build(const cJSON *nodes, const inv_constraints *c, cluster *cl, inv_res
         r->gpus += (int)count;
     }
     free(sorted);
+    if (r->gpus == 0 && r->usable > 0 && c->pods) return 0; /* all busy: the caller queues the job */
     if (r->gpus == 0) {
         cluster_free(cl);
         if (with_gpus == 0)

@@ -50,10 +50,18 @@ typedef struct inv_constraints {
     int max_gpus; /* 0: no limit */
     const cJSON *node_selector; /* object label -> value, or NULL */
     const inv_archs *archs; /* what the worker image runs, or NULL: any compute capability */
+    /* GPU accounting: the items of a PodList (every namespace), or NULL: every allocatable GPU is
+     * free. A node's free GPUs are its allocatable ones less the requests of the non-terminal
+     * pods bound to it, except pods whose controller is own_uid (a job re-planning counts its own
+     * GPUs as its own). */
+    const cJSON *pods;
+    const char *own_uid;
 } inv_constraints;
 
 typedef struct inv_result {
-    int gpus; /* devices in the cluster */
+    int gpus; /* devices in the cluster (free ones, at most max_gpus) */
+    int usable; /* allocatable GPUs of the usable nodes, busy or not, no max_gpus cap */
+    int free; /* of those, the free ones (no max_gpus cap) */
     bool estimated; /* some product was unknown to the catalog */
     char notes[1024]; /* why nodes were skipped or estimated, for messages */
 } inv_result;
@@ -62,7 +70,21 @@ typedef struct inv_result {
  * unreachable taint; a node that reports no Ready condition otherwise counts as ready. */
 bool inv_node_ready(const cJSON *node);
 /* Builds `cl` (initialised here) from a NodeList's items. 0, or -1 with the error set when no
- * usable GPU is left (the error says why, e.g. what the nodes have versus what was allowed). */
+ * usable GPU is left (the error says why, e.g. what the nodes have versus what was allowed). With
+ * c->pods, usable GPUs that are all busy are no error: 0 with an empty cluster (r->gpus 0). */
 int inv_build(const cJSON *nodes, const inv_constraints *c, cluster *cl, inv_result *r, err_t *err);
+
+/* The nvidia.com/gpu a pod requests, by Kubernetes' rule: per container requests, else limits
+ * (an extended resource's request defaults to its limit); the pod's is the larger of the sum over
+ * containers (plus sidecars: init containers with restartPolicy Always) and the largest init
+ * container's (plus the sidecars started before it). */
+long inv_pod_gpus(const cJSON *pod);
+/* Whether a pod holds its GPUs: bound (spec.nodeName) and not terminal (phase not Succeeded or
+ * Failed). */
+bool inv_pod_holds(const cJSON *pod);
+/* The GPUs held on node by the pods (PodList items), less those of own_uid's pods (NULL: none). */
+long inv_node_used(const cJSON *pods, const char *node, const char *own_uid);
+/* "2 L4, 1 A10G": the cluster's devices by type, in order of first appearance. */
+void inv_describe(const cluster *cl, char *out, size_t n);
 
 #endif

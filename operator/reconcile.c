@@ -62,14 +62,24 @@ static int resolve_model(const cJSON *spec_model, model_spec *m, err_t *err) {
     return model_unknown(name, err);
 }
 
-/* The job's usable GPUs: the Nodes filtered by spec.gpus (inventory.h). 0, or -1 with the
- * error set (no usable GPU: the error says why). */
-static int job_cluster(const rec_config *rc, const cJSON *nodes, const cJSON *spec, cluster *cl, inv_result *inv,
-                       err_t *err) {
+/* What a job's GPUs are counted against: the pods holding GPUs (PodList items, every namespace;
+ * NULL: count every allocatable GPU as free), the job's uid (its own pods are its own), and
+ * whether spec.gpus.maxGPUs caps the result. */
+typedef struct gpu_view {
+    const cJSON *pods;
+    const char *own_uid;
+    bool capped;
+} gpu_view;
+
+/* The job's usable GPUs: the Nodes filtered by spec.gpus (inventory.h), free ones only with a
+ * view's pods. 0, or -1 with the error set (no usable GPU: the error says why). */
+static int job_cluster(const rec_config *rc, const cJSON *nodes, const cJSON *spec, const gpu_view *v, cluster *cl,
+                       inv_result *inv, err_t *err) {
     const cJSON *gpus = get(spec, "gpus");
     inv_constraints c = {.allowed_products = get(gpus, "allowedProducts"),
-                         .max_gpus = (int)get_num(gpus, "maxGPUs", 0),
-                         .node_selector = get(gpus, "nodeSelector"), .archs = rc->worker_archs};
+                         .max_gpus = v->capped ? (int)get_num(gpus, "maxGPUs", 0) : 0,
+                         .node_selector = get(gpus, "nodeSelector"), .archs = rc->worker_archs,
+                         .pods = v->pods, .own_uid = v->own_uid};
     return inv_build(get(nodes, "items"), &c, cl, inv, err);
 }
 
@@ -82,11 +92,12 @@ static uint64_t fnv1a(uint64_t h, const void *p, size_t n) {
 
 /* A fingerprint of the job's usable GPUs (node, type and memory of each, in rank order): when it
  * changes, the job is planned again. "none" when no GPU is usable. */
-static void inventory_fingerprint(const rec_config *rc, const cJSON *nodes, const cJSON *spec, char *out, size_t n) {
+static void inventory_fingerprint(const rec_config *rc, const cJSON *nodes, const cJSON *spec, const gpu_view *v,
+                                  char *out, size_t n) {
     cluster cl;
     inv_result inv;
     err_t e;
-    if (job_cluster(rc, nodes, spec, &cl, &inv, &e) < 0) {
+    if (job_cluster(rc, nodes, spec, v, &cl, &inv, &e) < 0) {
         snprintf(out, n, "none");
         return;
     }
@@ -199,14 +210,14 @@ static void plan_task_free(void *task) {
  * thread-safe): the model, the usable GPUs, the profiles. 0; -1 with t->out.reason and err set
  * (the job's problem, not the API's); -2 with err set on an API error. */
 static int plan_prepare(kube_client *k, const rec_config *c, const cJSON *job, const cJSON *nodes,
-                        plan_task *t, err_t *err) {
+                        const gpu_view *v, plan_task *t, err_t *err) {
     const cJSON *spec = get(job, "spec");
     plan_out *out = &t->out;
     out->reason = "InvalidSpec";
     if (resolve_model(get(spec, "model"), &t->in.model, err) < 0) return err_prefix(err, "model");
     if (strategy_parse(get_str(spec, "strategy", "cephalo"), &t->strat, err) < 0) return -1;
     inv_result inv;
-    if (job_cluster(c, nodes, spec, &t->in.cl, &inv, err) < 0) {
+    if (job_cluster(c, nodes, spec, v, &t->in.cl, &inv, err) < 0) {
         out->reason = "NoGPUs";
         return -1;
     }
@@ -356,6 +367,9 @@ static int write_configmap(kube_client *k, const cJSON *job, const cJSON *old, c
     cJSON_AddStringToObject(ann, REC_ANN_GENERATION, a->generation);
     cJSON_AddStringToObject(ann, REC_ANN_INVENTORY, a->inventory);
     cJSON_AddStringToObject(ann, REC_ANN_PLAN_ID, a->plan_id);
+    char now[64];
+    kube_time_now(now, sizeof now);
+    cJSON_AddStringToObject(ann, REC_ANN_PLANNED_AT, now);
     if (a->notes && *a->notes) cJSON_AddStringToObject(ann, REC_ANN_NOTES, a->notes);
     else if (old) cJSON_AddNullToObject(ann, REC_ANN_NOTES);
     cJSON_AddStringToObject(cJSON_AddObjectToObject(cm, "data"), "plan.json", plan_json);
@@ -634,6 +648,12 @@ typedef struct rec_ctx {
     cJSON *nodes; /* NodeList */
     cJSON *cm;    /* the plan ConfigMap, or NULL */
     cJSON *pods;  /* PodList of the job's pods (label cephalo.dev/job) */
+    cJSON *busy;  /* PodList of the pods that may hold GPUs: not terminal, every namespace */
+    gpu_view view; /* what the job is planned on: its free GPUs, or all (view.pods NULL) while they are too few */
+    cluster free_cl; /* the GPUs free to the job (its own pods' count as free), no maxGPUs cap */
+    bool have_free;
+    int picked; /* free GPUs the job would take now (at most maxGPUs) */
+    int need; /* GPUs it needs to start: spec.gpus.minGPUs, else its whole plan */
     bool have_service; /* the job's Service exists (and is the job's) */
     cJSON *plan_doc; /* plan.json */
     char plan_id[64], cm_name[128], notes[1024], profile[600];
@@ -658,6 +678,17 @@ static cJSON *list_pods(kube_client *k, const char *ns, const char *name, err_t 
     cJSON *list = NULL;
     long st = 0;
     if (kube_get(k, path, &list, &st, err) < 0) return NULL;
+    return list;
+}
+
+/* The pods that may hold GPUs, in every namespace: not Succeeded or Failed (the API server filters;
+ * inv_pod_holds checks again). A PodList, or NULL with the error set. */
+static cJSON *list_busy_pods(kube_client *k, err_t *err) {
+    cJSON *list = NULL;
+    long st = 0;
+    if (kube_get(k, "/api/v1/pods?fieldSelector=status.phase%21%3DSucceeded%2Cstatus.phase%21%3DFailed", &list, &st,
+                 err) < 0)
+        return NULL;
     return list;
 }
 
@@ -813,7 +844,7 @@ static int plan_failed(rec_ctx *x, const char *reason, const char *why, err_t *e
  * plan until the new one is ready. Others are Created. */
 static int plan_pending(rec_ctx *x, const char *msg, err_t *err) {
     const char *ph = get_str(x->old, "phase", "");
-    bool live = live_phase(ph);
+    bool live = live_phase(ph) || !strcmp(ph, "Queued"); /* a queued job stays in the queue meanwhile */
     cJSON *s = status_base(x, live ? ph : "Created", msg);
     cJSON *conds = cJSON_GetObjectItemCaseSensitive(s, "conditions");
     const cJSON *oc, *old_conds = live ? get(x->old, "conditions") : NULL;
@@ -843,7 +874,7 @@ static int obtain_plan(rec_ctx *x, const char *gen_s, const char *fp, plan_task 
     plan_task *t = xcalloc(1, sizeof *t);
     t->budget_s = x->c->plan_timeout_s;
     *tp = NULL, *own = false;
-    int prc = plan_prepare(x->k, x->c, x->job, x->nodes, t, err);
+    int prc = plan_prepare(x->k, x->c, x->job, x->nodes, &x->view, t, err);
     if (prc == -2) {
         plan_task_free(t);
         return -1;
@@ -876,6 +907,214 @@ static int obtain_plan(rec_ctx *x, const char *gen_s, const char *fp, plan_task 
     return 1;
 }
 
+/* ---- GPU accounting and admission ---------------------------------------------------------- */
+
+/* How many GPUs of node are free to the job (its own pods' count as free), no maxGPUs cap. */
+static int free_on(rec_ctx *x, const char *node) {
+    if (!x->have_free) {
+        gpu_view v = {.pods = get(x->busy, "items"), .own_uid = kube_meta_str(x->job, "uid"), .capped = false};
+        inv_result r;
+        err_t e;
+        if (job_cluster(x->c, x->nodes, x->spec, &v, &x->free_cl, &r, &e) < 0) cluster_init(&x->free_cl);
+        x->have_free = true;
+    }
+    int n = 0;
+    for (int d = 0; d < x->free_cl.n_devices; d++) n += !strcmp(x->free_cl.nodes[x->free_cl.devices[d].node].name, node);
+    return n;
+}
+
+/* Whether every rank of the plan has a free GPU on its node. */
+static bool plan_fits(rec_ctx *x, const cJSON *plan_doc) {
+    const cJSON *r, *q;
+    cJSON_ArrayForEach(r, get(plan_doc, "ranks")) {
+        const char *node = get_str(r, "node", "");
+        int on = 0;
+        cJSON_ArrayForEach(q, get(plan_doc, "ranks")) on += !strcmp(get_str(q, "node", ""), node);
+        if (on > free_on(x, node)) return false;
+    }
+    return true;
+}
+
+/* Whether a pod of the plan's current gang has ended (Succeeded or Failed): its GPUs are free
+ * for others, maybe taken already, but the job must first see it through (finish, or count the
+ * failure against backoffLimit and restart) on the plan it ran. */
+static bool gang_ended(const rec_ctx *x, const char *plan_id) {
+    char att[32];
+    snprintf(att, sizeof att, "%d", x->attempt);
+    const cJSON *pod;
+    cJSON_ArrayForEach(pod, get(x->pods, "items")) {
+        const cJSON *ann = get(get(pod, "metadata"), "annotations");
+        if (pod_finished(pod) && !strcmp(get_str(ann, REC_ANN_PLAN_ID, ""), plan_id) &&
+            !strcmp(get_str(ann, REC_ANN_ATTEMPT, ""), att) && owned_by_job(pod, x->job))
+            return true;
+    }
+    return false;
+}
+
+/* A plan that still fits is kept when other GPUs free up or get busy (re-planning restarts the
+ * gang); the job grows onto more free GPUs at most once per spec.elastic.minReplanSeconds since it
+ * was planned, so that churn does not thrash it. */
+static bool keep_plan(rec_ctx *x, const cJSON *ann, const cJSON *plan_doc) {
+    if (!plan_fits(x, plan_doc)) return false;
+    if (x->picked <= cJSON_GetArraySize(get(plan_doc, "ranks"))) return true;
+    double at = 0, min_s = get_num(get(x->spec, "elastic"), "minReplanSeconds", REC_MIN_REPLAN_S);
+    if (!kube_time_parse(get_str(ann, REC_ANN_PLANNED_AT, ""), &at)) at = 0; /* older plans: long ago */
+    double wait = min_s - (kube_time_now_s() - at);
+    if (wait <= 0) return false;
+    if (x->st && (x->st->requeue_s <= 0 || wait < x->st->requeue_s)) x->st->requeue_s = wait;
+    return true;
+}
+
+/* Which GPUs the job is planned on (x->view) and how many it needs (x->need): its free GPUs when
+ * at least `need` are free (it plans around busy ones), else all its usable GPUs, busy or not (the
+ * plan it waits for). 1; 0 when it can never start (Failed, written); -1 on an API error. */
+static int choose_view(rec_ctx *x, err_t *err) {
+    const cJSON *gpus = get(x->spec, "gpus");
+    int min = (int)get_num(gpus, "minGPUs", 0), max = (int)get_num(gpus, "maxGPUs", 0);
+    char msg[700];
+    if (min > 0 && max > 0 && min > max) {
+        snprintf(msg, sizeof msg, "spec.gpus.minGPUs %d is more than spec.gpus.maxGPUs %d (expected minGPUs <= maxGPUs)",
+                 min, max);
+        return plan_failed(x, "InvalidSpec", msg, err) < 0 ? -1 : 0;
+    }
+    x->view = (gpu_view){.pods = get(x->busy, "items"), .own_uid = kube_meta_str(x->job, "uid"), .capped = true};
+    cluster all, mine;
+    inv_result ra, rm;
+    err_t e;
+    gpu_view whole = {.capped = true};
+    if (job_cluster(x->c, x->nodes, x->spec, &whole, &all, &ra, &e) < 0) return 1; /* no usable GPU: planning says why */
+    char types[256];
+    inv_describe(&all, types, sizeof types);
+    x->need = min > 0 ? min : all.n_devices;
+    cluster_free(&all);
+    if (x->need > ra.usable) {
+        snprintf(msg, sizeof msg, "spec.gpus.minGPUs %d is more than the %d GPUs the job may use in the cluster (%s): it "
+                 "can never start (lower minGPUs, or widen spec.gpus)", min, ra.usable, types);
+        return plan_failed(x, "InsufficientGPUs", msg, err) < 0 ? -1 : 0;
+    }
+    x->picked = 0;
+    if (job_cluster(x->c, x->nodes, x->spec, &x->view, &mine, &rm, &e) == 0) {
+        x->picked = mine.n_devices;
+        cluster_free(&mine);
+    }
+    if (x->picked < x->need) x->view.pods = NULL;
+    return 1;
+}
+
+/* "2 L4, 1 A10G": the plan's GPUs by type, for messages. */
+static void plan_types(const cJSON *plan_doc, char *out, size_t n) {
+    const cJSON *ranks = get(plan_doc, "ranks"), *r, *q;
+    int i = 0;
+    out[0] = '\0';
+    cJSON_ArrayForEach(r, ranks) {
+        const char *dev = get_str(r, "device", "?");
+        int count = 0, j = 0;
+        bool seen = false;
+        cJSON_ArrayForEach(q, ranks) {
+            bool same = !strcmp(get_str(q, "device", "?"), dev);
+            if (same && j < i) seen = true;
+            count += same;
+            j++;
+        }
+        i++;
+        size_t len = strlen(out);
+        if (!seen) snprintf(out + len, n - len, "%s%d %s", len ? ", " : "", count, dev);
+    }
+}
+
+static bool job_before(const cJSON *a, const cJSON *b) {
+    double pa = get_num(get(a, "spec"), "priority", 0), pb = get_num(get(b, "spec"), "priority", 0);
+    if (pa != pb) return pa > pb;
+    const cJSON *ma = get(a, "metadata"), *mb = get(b, "metadata");
+    int c = strcmp(get_str(ma, "creationTimestamp", ""), get_str(mb, "creationTimestamp", ""));
+    if (!c) c = strcmp(get_str(ma, "namespace", ""), get_str(mb, "namespace", ""));
+    if (!c) c = strcmp(get_str(ma, "name", ""), get_str(mb, "name", ""));
+    return c < 0;
+}
+
+/* Whether another job may use (by its spec.gpus) a node of this job's plan. */
+static bool shares_nodes(rec_ctx *x, const cJSON *other) {
+    cluster cl;
+    inv_result r;
+    err_t e;
+    gpu_view v = {.capped = false};
+    if (job_cluster(x->c, x->nodes, get(other, "spec"), &v, &cl, &r, &e) < 0) return false;
+    bool shared = false;
+    const cJSON *rank;
+    cJSON_ArrayForEach(rank, get(x->plan_doc, "ranks"))
+        for (int i = 0; i < cl.n_nodes && !shared; i++) shared = !strcmp(cl.nodes[i].name, get_str(rank, "node", ""));
+    cluster_free(&cl);
+    return shared;
+}
+
+/* A job with an earlier claim on GPUs of this job's plan: one ahead of it in the queue (Queued,
+ * higher spec.priority, else created earlier) that may use the same nodes, so that a later job
+ * does not take GPUs an earlier one waits for; or an admitted one restarting its gang there
+ * (between its old pods' end and its new pods' creation its GPUs look free). 1 with `who` set,
+ * 0 if none, -1 on an API error. */
+static int queue_blocker(rec_ctx *x, char *who, size_t n, err_t *err) {
+    cJSON *jobs = NULL;
+    long status = 0;
+    char path[KUBE_PATH_MAX];
+    if (kube_path(path, sizeof path, REC_API_VERSION, NULL, "cephalojobs", NULL, err) < 0) return -1;
+    /* an operator that watches one namespace (chart value watchNamespace) may list jobs there only:
+     * the queue is then that namespace's */
+    if (kube_get(x->k, path, &jobs, &status, err) < 0 &&
+        (status != 403 || kube_path(path, sizeof path, REC_API_VERSION, x->ns, "cephalojobs", NULL, err) < 0 ||
+         kube_get(x->k, path, &jobs, &status, err) < 0))
+        return -1;
+    const char *uid = kube_meta_str(x->job, "uid");
+    const cJSON *j;
+    int found = 0;
+    cJSON_ArrayForEach(j, get(jobs, "items")) {
+        const cJSON *st = get(j, "status"), *ad = find_condition(st, "Admitted");
+        const char *ph = get_str(st, "phase", "");
+        if ((uid && !strcmp(get_str(get(j, "metadata"), "uid", ""), uid)) || get(get(j, "metadata"), "deletionTimestamp") ||
+            cJSON_IsTrue(get(get(j, "spec"), "suspend")))
+            continue;
+        bool ahead = !strcmp(ph, "Queued") && job_before(j, x->job);
+        bool restarting = !strcmp(ph, "Restarting") && ad && !strcmp(get_str(ad, "status", ""), "True");
+        if ((!ahead && !restarting) || !shares_nodes(x, j)) continue;
+        if (ahead)
+            snprintf(who, n, "queued behind CephaloJob %s/%s (priority %.0f, created %s), which waits for GPUs "
+                     "this job would take", kube_meta_str(j, "namespace"), kube_meta_str(j, "name"),
+                     get_num(get(j, "spec"), "priority", 0), get_str(get(j, "metadata"), "creationTimestamp", "?"));
+        else
+            snprintf(who, n, "waiting for CephaloJob %s/%s to restart its gang on GPUs this job would take",
+                     kube_meta_str(j, "namespace"), kube_meta_str(j, "name"));
+        found = 1;
+        break;
+    }
+    cJSON_Delete(jobs);
+    return found;
+}
+
+static int queue_job(rec_ctx *x, const char *msg, err_t *err);
+
+/* The plan was made; may its gang run? A job that holds its GPUs (a live one whose plan still fits,
+ * or whose gang has ended and must be seen through) goes on; another is admitted when every GPU of
+ * its plan is free (all or nothing: a partial gang never starts) and no job has an earlier claim
+ * on them. 1 admitted; 0 queued (status written); -1 on an API error. */
+static int admit(rec_ctx *x, err_t *err) {
+    bool live = live_phase(get_str(x->old, "phase", ""));
+    int world = cJSON_GetArraySize(get(x->plan_doc, "ranks"));
+    char msg[1200], types[256] = "";
+    if (live && gang_ended(x, x->plan_id)) return 1;
+    if (plan_fits(x, x->plan_doc)) {
+        if (live) return 1;
+        int rc = queue_blocker(x, msg, sizeof msg, err);
+        return rc < 0 ? -1 : rc == 0 ? 1 : queue_job(x, msg, err);
+    }
+    plan_types(x->plan_doc, types, sizeof types);
+    int nfree = x->have_free ? x->free_cl.n_devices : 0;
+    if (x->need < world)
+        snprintf(msg, sizeof msg, "needs %d GPUs (%s) of its plan, or at least %d (spec.gpus.minGPUs) of them free; %d free",
+                 world, types, x->need, nfree);
+    else
+        snprintf(msg, sizeof msg, "needs %d GPUs (%s) of its plan; %d free", world, types, nfree);
+    return queue_job(x, msg, err);
+}
+
 /* The plan to run: the ConfigMap's when it was made for this generation and these GPUs, else a
  * new one (obtain_plan) written there. 1 with x->plan_doc set; 0 when the job cannot be planned
  * (its status is written Failed, its pods deleted) or is being planned; -1 on an API error. */
@@ -883,20 +1122,23 @@ static int current_plan(rec_ctx *x, err_t *err) {
     char gen_s[32], fp[64];
     const cJSON *cm = x->cm;
     snprintf(gen_s, sizeof gen_s, "%.0f", x->gen);
-    inventory_fingerprint(x->c, x->nodes, x->spec, fp, sizeof fp);
+    inventory_fingerprint(x->c, x->nodes, x->spec, &x->view, fp, sizeof fp);
     const cJSON *ann = get(get(cm, "metadata"), "annotations");
     const char *cm_plan = get_str(get(cm, "data"), "plan.json", NULL);
     const char *cm_gen = get_str(ann, REC_ANN_GENERATION, ""), *cm_fp = get_str(ann, REC_ANN_INVENTORY, "");
-    if (cm_plan && !strcmp(cm_gen, gen_s) && !strcmp(cm_fp, fp)) {
+    if (cm_plan && !strcmp(cm_gen, gen_s)) {
         x->plan_doc = json_parse(x->cm_name, cm_plan, strlen(cm_plan), err);
-        if (x->plan_doc) {
+        if (x->plan_doc && (!strcmp(cm_fp, fp) || gang_ended(x, get_str(ann, REC_ANN_PLAN_ID, "")) ||
+                            keep_plan(x, ann, x->plan_doc))) {
             snprintf(x->plan_id, sizeof x->plan_id, "%s", get_str(ann, REC_ANN_PLAN_ID, ""));
             snprintf(x->notes, sizeof x->notes, "%s", get_str(ann, REC_ANN_NOTES, ""));
             snprintf(x->profile, sizeof x->profile, "%s", get_str(get(x->old, "plan"), "profile", ""));
             x->estimated = cJSON_IsTrue(get(get(x->old, "plan"), "estimated"));
             return 1;
         }
-        log_warn("%s/%s: %s; planning again", x->ns, x->name, err->msg);
+        if (!x->plan_doc) log_warn("%s/%s: %s; planning again", x->ns, x->name, err->msg);
+        cJSON_Delete(x->plan_doc);
+        x->plan_doc = NULL;
     }
 
     plan_task *t;
@@ -1115,6 +1357,9 @@ static void status_conditions(rec_ctx *x, cJSON *s, const char *phase, const cha
              get_num(get(x->plan_doc, "predicted"), "samples_per_s", 0));
     condition(conds, x->old, x->gen, "Created", true, "Created", "the job was accepted by the operator");
     condition(conds, x->old, x->gen, "Planned", true, "Planned", pmsg);
+    bool queued = !strcmp(phase, "Queued");
+    condition(conds, x->old, x->gen, "Admitted", !queued, queued ? reason : "Admitted",
+              queued ? msg : "every GPU of its plan was free");
     bool running = !strcmp(phase, "Running"), restarting = !strcmp(phase, "Restarting");
     condition(conds, x->old, x->gen, "Running", running, running ? "PodsRunning" : reason, msg);
     if (restarting) condition(conds, x->old, x->gen, "Restarting", true, reason, msg);
@@ -1133,12 +1378,14 @@ static int finish_status(rec_ctx *x, cJSON *s, const char *phase, err_t *err) {
 }
 
 /* Progress from the workers' /metrics: the step, loss and last checkpoint of rank 0, and the
- * samples per second summed over ranks. Best effort: a rank that does not answer is left out. */
+ * samples per second summed over ranks. Best effort: a rank that does not answer is left out.
+ * Logged through log_msg (the operator's "TIME LEVEL text" lines under --log-level): one summary
+ * per job at info, a rank that did not answer at debug (every REC_PROGRESS_S per pod is noise). */
 static void scrape_progress(rec_ctx *x, const gang *g, cJSON *s) {
     long port = (long)get_num(x->spec, "metricsPort", 9400);
     if (port <= 0) return;
     double rate = 0, t0 = clock_now_s(), per = x->c->scrape_timeout_s > 0 ? x->c->scrape_timeout_s : 1.0;
-    int rated = 0;
+    int rated = 0, answered = 0;
     for (int r = 0; r < g->world; r++) {
         const char *ip = g->pod[r] ? get_str(get(g->pod[r], "status"), "podIP", NULL) : NULL;
         /* the reconcile thread serves every job: at most REC_SCRAPE_BUDGET_S for one job's ranks */
@@ -1152,6 +1399,7 @@ static void scrape_progress(rec_ctx *x, const gang *g, cJSON *s) {
             log_msg("debug", "%s/%s: progress: %s", x->ns, x->name, e.msg);
             continue;
         }
+        answered++;
         if (p.have_rate) rate += p.samples_per_s, rated++;
         if (r != 0) continue;
         if (p.have_step) set_num(s, "step", p.step);
@@ -1159,6 +1407,9 @@ static void scrape_progress(rec_ctx *x, const gang *g, cJSON *s) {
         if (p.have_ckpt) set_num(s, "lastCheckpointStep", p.ckpt_step);
     }
     if (rated == g->world) set_num(s, "samplesPerSecond", rate);
+    if (answered)
+        log_msg("info", "%s/%s: step %.0f of %.0f, loss %.4g, %.2f samples/s (%d of %d ranks answered)", x->ns, x->name,
+                get_num(s, "step", 0), get_num(x->spec, "steps", 1), get_num(s, "loss", 0), rate, answered, g->world);
 }
 
 /* A worker failed (or its pod vanished): restart the gang, or give up after backoffLimit. The
@@ -1232,6 +1483,26 @@ static int gang_disrupted(rec_ctx *x, gang *g, const char *what, err_t *err) {
     return delete_pods(x, g->list, false, err);
 }
 
+/* Not admitted: phase Queued with the plan it waits for (condition Admitted False, reason
+ * WaitingForGPUs); a gang it had is stopped (a later one starts as a new attempt). Looked at again
+ * every REC_QUEUE_POLL_S: pods of other namespaces and controllers are not watched. */
+static int queue_job(rec_ctx *x, const char *msg, err_t *err) {
+    const cJSON *pod;
+    bool running = false;
+    cJSON_ArrayForEach(pod, get(x->pods, "items")) running |= !pod_finished(pod);
+    if (running) x->attempt++;
+    if (delete_pods(x, x->pods, true, err) < 0) return -1;
+    if (strcmp(get_str(x->old, "phase", ""), "Queued") != 0) {
+        emit(x->k, x->job, "Normal", "Queued", msg);
+        log_msg("info", "%s/%s: queued: %s", x->ns, x->name, msg);
+    }
+    cJSON *s = status_base(x, "Queued", msg);
+    status_plan(x, s);
+    status_conditions(x, s, "Queued", "WaitingForGPUs", msg);
+    if (x->st) x->st->requeue_s = REC_QUEUE_POLL_S;
+    return write_status(x->k, x->job_path, s, err);
+}
+
 static int create_pods(rec_ctx *x, gang *g, err_t *err) {
     char coll[KUBE_PATH_MAX];
     if (kube_path(coll, sizeof coll, "v1", x->ns, "pods", NULL, err) < 0) return -1;
@@ -1286,6 +1557,7 @@ int rec_job(kube_client *k, const rec_config *c, const char *ns, const char *nam
         x.cm = NULL;
     }
     if (!(x.pods = list_pods(k, ns, name, err))) goto out;
+    if (!(x.busy = list_busy_pods(k, err))) goto out;
     int frc = clear_foreign(&x, err);
     if (frc != 0) {
         if (frc > 0) {
@@ -1302,7 +1574,9 @@ int rec_job(kube_client *k, const rec_config *c, const char *ns, const char *nam
         }
         goto out;
     }
-    int prc = current_plan(&x, err);
+    int prc = choose_view(&x, err);
+    if (prc > 0) prc = current_plan(&x, err);
+    if (prc > 0) prc = admit(&x, err);
     if (prc <= 0) {
         rc = prc;
         goto out;
@@ -1409,6 +1683,8 @@ out:
     gang_free(&g);
     cJSON_Delete(x.plan_doc);
     cJSON_Delete(x.pods);
+    cJSON_Delete(x.busy);
+    if (x.have_free) cluster_free(&x.free_cl);
     cJSON_Delete(x.cm);
     cJSON_Delete(x.nodes);
     cJSON_Delete(x.job);

@@ -10,6 +10,15 @@
  * lost or added) re-plans, and the pods of the old plan are stopped and the gang started again
  * on the new one, resuming from the last checkpoint (elastic).
  *
+ * GPUs are shared between jobs (docs/operator.md, "GPUs shared between jobs"): a node's free GPUs
+ * are its allocatable ones less the requests of the non-terminal pods bound to it in every
+ * namespace, the job's own excepted. A job is planned on its free GPUs when at least its need
+ * (spec.gpus.minGPUs, else its whole plan) are free, else on all its usable GPUs; it is admitted
+ * (pods created) only when every GPU of its plan is free and no job ahead of it in the queue
+ * (spec.priority, then creation) waits for those nodes; otherwise it is Queued (condition Admitted
+ * False, reason WaitingForGPUs) and looked at again every REC_QUEUE_POLL_S. A live job keeps a
+ * plan that still fits and grows onto more free GPUs at most every spec.elastic.minReplanSeconds.
+ *
  * Gang semantics: every pod carries the plan id and the gang attempt (annotations). A failed
  * worker (or a worker pod that vanished) bumps status.attempt and status.restarts first, then
  * stops the whole gang; the next gang resumes from the checkpoint. After spec.backoffLimit
@@ -40,6 +49,9 @@
 #define REC_ANN_PLAN_ID "cephalo.dev/plan-id"     /* g<generation>-<hash of plan.json> */
 #define REC_ANN_ATTEMPT "cephalo.dev/attempt"     /* the gang attempt a pod belongs to */
 #define REC_ANN_NOTES "cephalo.dev/plan-notes"    /* inventory notes (estimated products, ...) */
+#define REC_ANN_PLANNED_AT "cephalo.dev/planned-at" /* when the plan was made: growth waits minReplanSeconds */
+#define REC_QUEUE_POLL_S 2.0  /* a Queued job looks for free GPUs this often: other pods are not watched */
+#define REC_MIN_REPLAN_S 300.0 /* spec.elastic.minReplanSeconds' default */
 #define REC_MASTER_PORT 29500
 #define REC_COMPONENT "cephalo-operator"
 

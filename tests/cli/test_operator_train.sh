@@ -5,7 +5,7 @@
 # `cephalo-worker --device cpu` process (the GPU plan on emulated CPU devices) with its own
 # loopback IP, the plan ConfigMap and the checkpoint claim as directories, and writes the pods'
 # status. The operator runs as the chart's ServiceAccount with the chart's least-privilege RBAC
-# (rendered by tests/k8s/render_chart.py; a token from `kubectl create token`) and the chart's
+# (rendered by `helm template`, mk/helm.sh; a token from `kubectl create token`) and the chart's
 # flags. Checks: what that account may not do; the pods start with their IPs; the job goes
 # Running, survives an API server restart mid-training (operator and kubelet reconnect), and ends
 # Succeeded; every worker trained to the last step with the loss going down; the checkpoint on the
@@ -78,7 +78,7 @@ K apply -f crds/cephalojobs.cephalo.dev.yaml >/dev/null 2>&1
 K wait --for condition=established --timeout=30s crd/cephalojobs.cephalo.dev >/dev/null 2>&1
 K create namespace "$NS" >/dev/null
 K create namespace "$JNS" >/dev/null
-$PY tests/k8s/render_chart.py charts/cephalo --namespace "$NS" >"$dir/chart.yaml" 2>"$dir/render.log"
+"$(mk/helm.sh)" template cephalo charts/cephalo --namespace "$NS" >"$dir/chart.yaml" 2>"$dir/render.log"
 # the chart's access objects (not its Deployment: the operator runs here as a process) as a List,
 # and the Deployment's container args (the operator runs with the chart's flags)
 $PY - "$dir/chart.yaml" "$dir/rbac.json" "$dir/args" <<'PY'
@@ -139,8 +139,10 @@ POD_NAME=cephalo-operator-test POD_NAMESPACE=$NS "$OP" --kubeconfig "$dir/op-kub
   --metrics-addr "127.0.0.1:$port" --leader-election-lease-duration 40s \
   --leader-election-renew-deadline 30s >"$dir/op.log" 2>&1 &
 op_pid=$!
+# pod IPs from a random /24 of loopback: runs of this test at the same time on one machine would
+# otherwise give two workers the same IP and metrics port
 $PY tests/k8s/kubelet.py --server "$K8S_SERVER" --token "$K8S_TOKEN" --ca "$K8S_CA" --nodes gpu-a,gpu-b \
-  --worker "$WORKER" --work "$dir/kl" --extra-arg=--device --extra-arg=cpu --extra-arg=--threads \
+  --first-ip "127.0.$((RANDOM % 240 + 10)).1" --worker "$WORKER" --work "$dir/kl" --extra-arg=--device --extra-arg=cpu --extra-arg=--threads \
   --extra-arg=1 2>"$dir/kubelet.log" &
 kl_pid=$!
 assert "the operator, as the chart's ServiceAccount, becomes ready (Lease taken, jobs listed)" wait_for 20 curl -fsS "$M/readyz"
@@ -163,6 +165,7 @@ spec:
   commTimeout: 60
   checkpoint: {pvc: ckpt, dir: tiny, every: 100}
   gpus: {allowedProducts: [NVIDIA-L4, NVIDIA-A10G]}
+  elastic: {minReplanSeconds: 1} # grow back onto a returning node at once (default: at most every 300 s)
 EOF
 K apply -f "$dir/tiny.yaml" >/dev/null
 assert "the kubelet starts the 3 worker pods (phase Running)" wait_for 30 all_pods tiny 3 Running

@@ -1,19 +1,29 @@
 #!/usr/bin/env bash
-# A real Kubernetes API server (kube-apiserver + etcd) on loopback, for the CRD, chart and operator
-# tests (tests/cli/test_k8s.sh). The project's own copy of shared/k8s/kube-apiserver.sh's approach.
+# A real Kubernetes control plane on loopback for the CRD, chart, operator and scheduler tests
+# (tests/cli/test_k8s.sh, test_operator*.sh, test_controlplane.sh). The project's own copy of
+# shared/k8s/kube-apiserver.sh's approach.
 #
-# kube-apiserver is built from Debian's own `kubernetes` source package (v1.20.2, the one that
-# Debian's kubectl is built from) with Debian's Go; etcd is Debian's etcd-server. Nothing is
-# downloaded from anywhere but Debian's package archive. Like controller-runtime's envtest, there
-# is no scheduler, kubelet or controller-manager: pods stay Pending until a test writes their
-# status, and ownerReference garbage collection never runs.
+# kube-apiserver, kube-scheduler and kube-controller-manager are built from Debian's own
+# `kubernetes` source package (v1.20.2, the one that Debian's kubectl is built from) with Debian's
+# Go, linked with the release's version (GET /version says v1.20.2); etcd is Debian's etcd-server.
+# Nothing is downloaded from anywhere but Debian's package archive.
 #
-#   apiserver.sh build          build (once) into the cache; ~5 min on 2 cores, then cached (needs root)
-#   apiserver.sh built          exit 0 when the cache holds a build and etcd is installed, else 1
-#   apiserver.sh start DIR      start etcd + apiserver, state in DIR; prints shell exports
+# By default only etcd + kube-apiserver run, like controller-runtime's envtest: no scheduler and
+# no controller-manager, so pods stay Pending unless something sets spec.nodeName (a test, or the
+# operator), and ownerReference garbage collection never runs. With --control-plane (or
+# CEPHALO_K8S_CONTROL_PLANE=1) kube-scheduler and kube-controller-manager (all its default
+# controllers) run too. There is never a kubelet: tests/k8s/kubelet.py plays it.
+#
+#   apiserver.sh build          build (once) into the cache; ~10 min on 2 cores, then cached (needs root)
+#   apiserver.sh built          exit 0 when the cache holds a complete build and etcd is installed
+#   apiserver.sh start DIR [--control-plane]
+#                               start etcd + apiserver (+ scheduler + controller-manager), state in
+#                               DIR; prints shell exports
 #   apiserver.sh stop DIR       stop what `start DIR` started (by pid) and wait until it is gone
 #   apiserver.sh restart DIR    restart kube-apiserver alone (same port, certificates, tokens and
-#                               service-account keys; etcd and its data untouched), wait for /readyz
+#                               service-account keys; etcd and its data untouched), wait for /readyz;
+#                               a scheduler and controller-manager keep running and reconnect (one
+#                               that has exited is started again)
 #
 # The cache is $CEPHALO_K8S_CACHE, else ~/.cache/cephalo-k8s (the same as the shared script's, so
 # one build serves both). apt-get waits up to 10 minutes for another apt-get's lock.
@@ -27,7 +37,16 @@ APT=(apt-get -o DPkg::Lock::Timeout=600)
 
 need_root() { [ "$(id -u)" = 0 ] || { log "installing packages needs root"; exit 1; }; }
 
-built() { [ -x "$BIN/kube-apiserver" ] && command -v etcd >/dev/null; }
+# What a complete build holds. The stamp names the build's format: a cache from before it (only
+# kube-apiserver, version v0.0.0-master) does not match and is rebuilt once by `build`.
+COMPONENTS=(kube-apiserver kube-scheduler kube-controller-manager)
+STAMP="cephalo-k8s build 2: ${COMPONENTS[*]}, version ldflags"
+
+built() {
+  [ "$(cat "$BIN/STAMP" 2>/dev/null)" = "$STAMP" ] || return 1
+  for c in "${COMPONENTS[@]}"; do [ -x "$BIN/$c" ] || return 1; done
+  command -v etcd >/dev/null
+}
 
 build() {
   if built; then return 0; fi
@@ -48,7 +67,13 @@ build() {
   (cd "$work" && apt-get source --download-only -qq kubernetes >/dev/null)
   mkdir -p "$work/gopath/src/k8s.io"
   tar xzf "$work"/kubernetes_*.orig.tar.gz -C "$work/gopath/src/k8s.io"
-  mv "$work"/gopath/src/k8s.io/kubernetes-* "$work/gopath/src/k8s.io/kubernetes"
+  # The tree is kubernetes-1.20.2 (Debian's package version, 1.20.5+really1.20.2, names a
+  # re-upload of 1.20.2): the directory's name is the version the binaries report.
+  src=$(echo "$work"/gopath/src/k8s.io/kubernetes-*)
+  version=v${src##*/kubernetes-}
+  [[ $version =~ ^v([0-9]+)\.([0-9]+)\.[0-9]+$ ]] || { log "cannot tell the version from $src"; exit 1; }
+  major=${BASH_REMATCH[1]} minor=${BASH_REMATCH[2]}
+  mv "$src" "$work/gopath/src/k8s.io/kubernetes"
   cd "$work/gopath/src/k8s.io/kubernetes"
   export GOPATH=$work/gopath GO111MODULE=off CGO_ENABLED=0 GOCACHE=$CACHE/gocache GOFLAGS=
   # The vendored reflect2 1.0.1 crashes under Go >= 1.18; Debian's 1.0.2 is the fix.
@@ -64,10 +89,28 @@ build() {
   [ -n "$dirs" ] || { log "found no packages to generate OpenAPI definitions for"; exit 1; }
   "$work/openapi-gen" -i "$dirs" -p k8s.io/kubernetes/pkg/generated/openapi -O zz_generated.openapi \
     -h vendor/k8s.io/code-generator/hack/boilerplate.go.txt -r "$work/violations.report" >/dev/null 2>&1
-  mkdir -p "$BIN"
-  log "compiling kube-apiserver (a few minutes)"
-  go build -o "$BIN/kube-apiserver.tmp.$$" ./cmd/kube-apiserver
-  mv "$BIN/kube-apiserver.tmp.$$" "$BIN/kube-apiserver"
+  # The version the binaries report (GET /version, --version), set at link time as upstream's
+  # hack/lib/version.sh does. Without it they say v0.0.0-master, which Helm refuses for a chart's
+  # kubeVersion: ">=1.20.0". In this GOPATH build the packages are the vendored copies, so the
+  # paths carry the vendor/ prefix. gitCommit is already in the source (the release's commit).
+  ldflags=()
+  for pkg in k8s.io/kubernetes/vendor/k8s.io/component-base/version \
+             k8s.io/kubernetes/vendor/k8s.io/client-go/pkg/version; do
+    ldflags+=("-X '$pkg.gitVersion=$version'" "-X '$pkg.gitMajor=$major'" "-X '$pkg.gitMinor=$minor'"
+              "-X '$pkg.gitTreeState=clean'" "-X '$pkg.buildDate=$(date -u +%Y-%m-%dT%H:%M:%SZ)'")
+  done
+  mkdir -p "$BIN" "$work/out"
+  log "compiling ${COMPONENTS[*]} $version (several minutes)"
+  # one go build for the three: it shares the packages they have in common and keeps both cores busy
+  go build -ldflags "${ldflags[*]}" -o "$work/out/" "${COMPONENTS[@]/#/./cmd/}"
+  rm -f "$BIN/STAMP"
+  for c in "${COMPONENTS[@]}"; do
+    "$work/out/$c" --version | grep -qx "Kubernetes $version" ||
+      { log "$c does not report $version: $("$work/out/$c" --version 2>&1)"; exit 1; }
+    # the same file system as the cache? not necessarily (/tmp): copy, then rename into place
+    cp "$work/out/$c" "$BIN/$c.tmp.$$" && mv "$BIN/$c.tmp.$$" "$BIN/$c"
+  done
+  echo "$STAMP" >"$BIN/STAMP"
 }
 
 # wait_ready PORT TOKEN: up to 60 s for /readyz
@@ -79,15 +122,129 @@ wait_ready() {
   return 1
 }
 
+# wait_healthz PORT PID: up to 60 s for https://127.0.0.1:PORT/healthz (served to anyone: /healthz
+# is the components' always-allowed path); 1 at once when the process PID has exited
+wait_healthz() {
+  for _ in $(seq 1 120); do
+    kill -0 "$2" 2>/dev/null || return 1
+    if curl -fsk "https://127.0.0.1:$1/healthz" >/dev/null 2>&1; then return 0; fi
+    sleep 0.5
+  done
+  return 1
+}
+
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
+new_token() { head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n'; }
+
+# kubeconfig FILE SERVER CA TOKEN: a kubeconfig with a bearer token
+kubeconfig() {
+  cat >"$1" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: test
+  cluster: {server: "$2", certificate-authority: "$3"}
+users:
+- name: test
+  user: {token: "$4"}
+contexts:
+- name: test
+  context: {cluster: test, user: test, namespace: default}
+current-context: test
+EOF
+}
+
+# launch DIR NAME: start kube-NAME with the flags in DIR/NAME.args, its output appended to
+# DIR/NAME.log after a "---- started" line (wait_component reads the log from there)
+launch() {
+  local a
+  mapfile -t a <"$1/$2.args"
+  echo "---- started $(date -u +%FT%TZ)" >>"$1/$2.log"
+  "$BIN/kube-$2" "${a[@]}" >>"$1/$2.log" 2>&1 &
+  echo $! >"$1/$2.pid"
+}
+
+# wait_component DIR NAME: up to 60 s until kube-NAME answers /healthz; for the controller manager
+# also until its garbage collector has synced, which is after every controller was started: it
+# answers /healthz while it is still starting them, and if the API server goes away meanwhile
+# (a test's `restart`), the namespace controller's start ends the process (a Fatal in 1.20)
+wait_component() {
+  local pid port from
+  pid=$(cat "$1/$2.pid") port=$(cat "$1/$2.port")
+  wait_healthz "$port" "$pid" || { log "kube-$2 did not become healthy; see $1/$2.log"; return 1; }
+  [ "$2" = controller-manager ] || return 0
+  from=$(grep -n '^---- started' "$1/$2.log" | tail -n 1 | cut -d: -f1)
+  for _ in $(seq 1 120); do
+    kill -0 "$pid" 2>/dev/null || break
+    if tail -n "+$from" "$1/$2.log" | grep -q 'Garbage collector: all resource monitors have synced'; then return 0; fi
+    sleep 0.5
+  done
+  log "kube-$2 did not start its controllers; see $1/$2.log"
+  return 1
+}
+
+# control_plane DIR PORT: start kube-scheduler and kube-controller-manager against the API server
+# on PORT and wait until both are ready. Their tokens are already in DIR/tokens.csv; their command
+# lines are kept in DIR/NAME.args for `restart`.
+control_plane() {
+  local dir=$1 ap=$2 sp cp server ca
+  server=https://127.0.0.1:$ap ca=$dir/certs/apiserver.crt
+  kubeconfig "$dir/scheduler.kubeconfig" "$server" "$ca" "$(sed -n 's/,system:kube-scheduler,.*//p' "$dir/tokens.csv")"
+  kubeconfig "$dir/controller-manager.kubeconfig" "$server" "$ca" \
+    "$(sed -n 's/,system:kube-controller-manager,.*//p' "$dir/tokens.csv")"
+  sp=$(free_port); cp=$(free_port)
+  echo "$sp" >"$dir/scheduler.port"
+  echo "$cp" >"$dir/controller-manager.port"
+  # Common to both: no leader election (one instance, and no Lease to wait for at start); the
+  # insecure HTTP port (--port, 10251/10252 by default) off so that parallel test clusters do not
+  # collide; HTTPS on a free loopback port with a self-signed certificate in DIR. No
+  # --authentication-kubeconfig/--authorization-kubeconfig: then /healthz (always allowed) is all
+  # they serve, which is all the tests need; with them, they would look for the client CA in
+  # kube-system/extension-apiserver-authentication, which this API server (no --client-ca-file)
+  # does not write, and log an error for it several times a second.
+  printf '%s\n' --kubeconfig="$dir/scheduler.kubeconfig" --leader-elect=false --port=0 \
+    --bind-address=127.0.0.1 --secure-port="$sp" --cert-dir="$dir/scheduler-certs" >"$dir/scheduler.args"
+  # --controllers=*: every controller that kube-controller-manager runs by default (deployment,
+  # replicaset, job, garbage collector, namespace, serviceaccount + token, node lifecycle, ...;
+  # bootstrapsigner and tokencleaner stay off, as upstream's default). No cloud provider, so the
+  # cloud controllers (service load balancers, routes, cloud node lifecycle) do nothing.
+  # The node lifecycle controller stays on: it is what takes the node.kubernetes.io/not-ready
+  # taint (put on every new Node by the API server's TaintNodesByCondition admission) off a Node
+  # once its Ready condition is True, without which the scheduler places nothing. It also taints
+  # a Node unreachable (NoExecute: its pods are evicted 5 minutes later) when neither its Ready
+  # condition nor its Lease in kube-node-lease was renewed for --node-monitor-grace-period (40 s;
+  # 1 min after creation for a Node that never reported): tests/k8s/kubelet.py renews both, every
+  # 10 s, for its nodes. A Node that no kubelet.py keeps is tainted unreachable after a minute.
+  # The service-account token controller signs the tokens of ServiceAccount Secrets with the
+  # API server's signing key, and puts the API server's CA (--root-ca-file) in them.
+  # The FlexVolume plugin directory is in DIR: by default it is /usr/libexec/kubernetes/..., which
+  # the controller manager creates when it is missing.
+  printf '%s\n' --kubeconfig="$dir/controller-manager.kubeconfig" --leader-elect=false --port=0 \
+    --bind-address=127.0.0.1 --secure-port="$cp" --cert-dir="$dir/controller-manager-certs" \
+    --controllers='*' --service-account-private-key-file="$dir/sa.key" --root-ca-file="$ca" \
+    --flex-volume-plugin-dir="$dir/flexvolume" >"$dir/controller-manager.args"
+  launch "$dir" scheduler
+  launch "$dir" controller-manager
+  wait_component "$dir" scheduler && wait_component "$dir" controller-manager
+}
+
 start() {
-  dir=$1; build; mkdir -p "$dir"; dir=$(cd "$dir" && pwd)
+  dir=$1 cplane=$2; build; mkdir -p "$dir"; dir=$(cd "$dir" && pwd)
   ep=$(free_port); pp=$(free_port); ap=$(free_port)
   openssl genrsa -out "$dir/sa.key" 2048 2>/dev/null
   openssl rsa -in "$dir/sa.key" -pubout -out "$dir/sa.pub" 2>/dev/null
-  token=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
-  echo "$token,cephalo-test,cephalo-test-uid,system:masters" >"$dir/tokens.csv"
+  token=$(new_token)
+  # the tests' token first (restart reads it from line 1); the scheduler's and the controller
+  # manager's identities are the users of their bootstrap RBAC roles. The scheduler gets no more
+  # than its roles (system:kube-scheduler, system:volume-scheduler). The controller manager is in
+  # system:masters too: its own role is made for --use-service-account-credentials (one account
+  # per controller, each waiting for its token at start); one all-powerful identity starts faster.
+  {
+    echo "$token,cephalo-test,cephalo-test-uid,system:masters"
+    echo "$(new_token),system:kube-scheduler,system:kube-scheduler-uid"
+    echo "$(new_token),system:kube-controller-manager,system:kube-controller-manager-uid,system:masters"
+  } >"$dir/tokens.csv"
   etcd --data-dir "$dir/etcd" --listen-client-urls "http://127.0.0.1:$ep" \
     --advertise-client-urls "http://127.0.0.1:$ep" --listen-peer-urls "http://127.0.0.1:$pp" \
     >"$dir/etcd.log" 2>&1 &
@@ -104,20 +261,10 @@ start() {
   "$BIN/kube-apiserver" "${args[@]}" >"$dir/apiserver.log" 2>&1 &
   echo $! >"$dir/apiserver.pid"
   wait_ready "$ap" "$token" || { log "apiserver did not become ready; see $dir/apiserver.log"; stop "$dir"; exit 1; }
-  cat >"$dir/kubeconfig" <<EOF
-apiVersion: v1
-kind: Config
-clusters:
-- name: test
-  cluster: {server: "https://127.0.0.1:$ap", certificate-authority: "$dir/certs/apiserver.crt"}
-users:
-- name: test
-  user: {token: "$token"}
-contexts:
-- name: test
-  context: {cluster: test, user: test, namespace: default}
-current-context: test
-EOF
+  kubeconfig "$dir/kubeconfig" "https://127.0.0.1:$ap" "$dir/certs/apiserver.crt" "$token"
+  if [ "$cplane" = 1 ]; then
+    control_plane "$dir" "$ap" || { stop "$dir"; exit 1; }
+  fi
   echo "export KUBECONFIG='$dir/kubeconfig' K8S_SERVER='https://127.0.0.1:$ap' K8S_TOKEN='$token' K8S_CA='$dir/certs/apiserver.crt'"
 }
 
@@ -134,7 +281,8 @@ stop_one() { # DIR NAME: the process of DIR/NAME.pid, SIGKILL after 5 s
 
 stop() {
   dir=$1
-  for p in apiserver etcd; do stop_one "$dir" "$p"; done
+  # the API server's clients first, so that they do not log its going away as errors
+  for p in controller-manager scheduler apiserver etcd; do stop_one "$dir" "$p"; done
 }
 
 restart() {
@@ -142,19 +290,34 @@ restart() {
   [ -f "$dir/apiserver.args" ] && [ -f "$dir/etcd.pid" ] || { log "nothing was started in $dir"; exit 1; }
   mapfile -t args <"$dir/apiserver.args"
   ap=$(cat "$dir/apiserver.port")
-  token=$(cut -d, -f1 "$dir/tokens.csv")
+  token=$(head -n 1 "$dir/tokens.csv" | cut -d, -f1)
   stop_one "$dir" apiserver
   echo "---- restarted $(date -u +%FT%TZ)" >>"$dir/apiserver.log"
   "$BIN/kube-apiserver" "${args[@]}" >>"$dir/apiserver.log" 2>&1 &
   echo $! >"$dir/apiserver.pid"
   wait_ready "$ap" "$token" || { log "apiserver did not become ready again; see $dir/apiserver.log"; exit 1; }
+  # the scheduler and the controller manager (with --control-plane) ride the restart out; one
+  # that exited meanwhile is started again, as the kubelet restarts a control plane's static pods
+  for c in scheduler controller-manager; do
+    [ -f "$dir/$c.args" ] || continue
+    if [ -f "$dir/$c.pid" ] && kill -0 "$(cat "$dir/$c.pid")" 2>/dev/null; then continue; fi
+    log "kube-$c had exited (see $dir/$c.log); starting it again"
+    launch "$dir" "$c"
+    wait_component "$dir" "$c" || exit 1
+  done
 }
 
 case "${1:-}" in
   build) build ;;
   built) built ;;
-  start) start "${2:?start DIR}" ;;
+  start)
+    [ -n "${2:-}" ] || { log "usage: start DIR [--control-plane]"; exit 2; }
+    cplane=0
+    case "${CEPHALO_K8S_CONTROL_PLANE:-0}" in 1|true|yes) cplane=1 ;; 0|false|no|'') ;;
+      *) log "CEPHALO_K8S_CONTROL_PLANE=$CEPHALO_K8S_CONTROL_PLANE: expected 1 or 0"; exit 2 ;; esac
+    case "${3:-}" in --control-plane) cplane=1 ;; '') ;; *) log "start: unknown option '$3'"; exit 2 ;; esac
+    start "$2" "$cplane" ;;
   stop) stop "${2:?stop DIR}" ;;
   restart) restart "${2:?restart DIR}" ;;
-  *) sed -n '2,21p' "$0"; exit 2 ;;
+  *) sed -n '2,31p' "$0"; exit 2 ;;
 esac

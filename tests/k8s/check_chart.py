@@ -1,23 +1,59 @@
 #!/usr/bin/env python3
-"""Checks of charts/cephalo without helm: renders the templates with render_chart.py (the subset of
-Helm's template language the chart uses) under several sets of values and checks the manifests.
-Prints "ok N - ..." / "not ok N - ..." lines (tests/run.sh counts them).
+"""Checks of charts/cephalo with a real helm (mk/helm.sh fetches Helm 3 once into a cache): `helm
+lint --strict`, then `helm template` under several sets of values and checks of the manifests.
+Prints "ok N - ..." / "not ok N - ..." lines (tests/run.sh counts them). The install, upgrade
+and uninstall against an API server are tests/cli/test_chart.sh's.
 
   check_chart.py [--emit FILE]   --emit also writes the default render (+ dashboard) for kubectl
+
+helm is $CEPHALO_HELM when set, else what `mk/helm.sh` prints (fetching it the first time).
 """
+import atexit
 import json
 import os
+import shutil
+import subprocess
 import sys
+import tempfile
 
 import yaml
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from render_chart import TemplateError, render_chart  # noqa: E402
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..'))
 CHART = os.path.join(ROOT, 'charts', 'cephalo')
 NS = 'cephalo-system'
 n = 0
+HELM = None
+TMP = tempfile.mkdtemp(prefix='cephalo-chart-')
+atexit.register(shutil.rmtree, TMP, True)
+
+
+class HelmError(Exception):
+    pass
+
+
+def find_helm():
+    """The helm binary: $CEPHALO_HELM, else mk/helm.sh's (which fetches it once)."""
+    if os.environ.get('CEPHALO_HELM'):
+        return os.environ['CEPHALO_HELM']
+    r = subprocess.run(['bash', os.path.join(ROOT, 'mk', 'helm.sh')], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise HelmError('mk/helm.sh failed: ' + (r.stderr.strip().splitlines() or ['?'])[-1])
+    return r.stdout.strip()
+
+
+def helm(*args, values=None):
+    """Runs helm with its config, cache and data in a scratch directory; stdout, or HelmError."""
+    env = dict(os.environ, HELM_CACHE_HOME=TMP, HELM_CONFIG_HOME=TMP, HELM_DATA_HOME=TMP)
+    cmd = [HELM, *args]
+    if values is not None:
+        f = os.path.join(TMP, 'values.yaml')
+        with open(f, 'w') as out:
+            yaml.safe_dump(values, out)
+        cmd += ['-f', f]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if r.returncode != 0:
+        raise HelmError(f'helm {" ".join(args)}: exit {r.returncode}: {r.stderr.strip() or r.stdout.strip()}')
+    return r.stdout
 
 
 def report(name, ok, detail=''):
@@ -33,13 +69,14 @@ def check(name, fn):
     try:
         r = fn()
         report(name, r is None or r is True, '' if r in (None, True) else r)
-    except (AssertionError, KeyError, TypeError, ValueError, TemplateError, yaml.YAMLError) as e:
+    except (AssertionError, KeyError, TypeError, ValueError, HelmError, yaml.YAMLError) as e:
         report(name, False, f'{type(e).__name__}: {e}')
 
 
-def render(over=None, release='cephalo'):
-    docs, _ = render_chart(CHART, over, release, NS)
-    return [d for _, d in docs]
+def render(over=None, release='cephalo', *extra):
+    """`helm template` with OVER merged over values.yaml (as `-f`: maps deeply, the rest replaced)."""
+    text = helm('template', release, CHART, '--namespace', NS, *extra, values=over)
+    return [d for d in yaml.safe_load_all(text) if d is not None]
 
 
 def kinds(docs):
@@ -79,6 +116,36 @@ def flatten(rules):
 
 
 def main():
+    global HELM
+    try:
+        HELM = find_helm()
+        ver = helm('version', '--template', '{{.Version}}').strip()
+    except (HelmError, OSError) as e:
+        report('helm is available (mk/helm.sh)', False, e)
+        return
+    report(f'helm {ver} is available (mk/helm.sh)', ver.startswith('v3.'), ver)
+
+    # ---- helm lint ------------------------------------------------------------------------------
+    def lint(over=None):
+        out = helm('lint', '--strict', CHART, '--namespace', NS, values=over)
+        assert '1 chart(s) linted, 0 chart(s) failed' in out, out
+        bad = [x for x in out.splitlines() if x.startswith(('[WARNING]', '[ERROR]'))]
+        assert not bad, bad
+    check('helm lint --strict: no warning, no error', lint)
+    check('helm lint --strict with every optional part on (ServiceMonitors, dashboard, no RBAC)',
+          lambda: lint({'serviceMonitor': {'enabled': True}, 'grafanaDashboard': {'enabled': True},
+                        'rbac': {'create': False}, 'operator': {'avoidGPUNodes': False}}))
+
+    def kube_versions():
+        assert kinds(render(None, 'cephalo', '--kube-version', 'v1.20.0'))
+        try:
+            helm('template', 'cephalo', CHART, '--kube-version', 'v1.19.9')
+        except HelmError as e:
+            assert 'kubeVersion' in str(e) or 'incompatible' in str(e), e
+        else:
+            raise AssertionError('helm template for Kubernetes 1.19 rendered (Chart.yaml kubeVersion >=1.20.0-0)')
+    check('helm template renders for Kubernetes 1.20 and refuses 1.19 (Chart.yaml kubeVersion)', kube_versions)
+
     # ---- defaults -------------------------------------------------------------------------------
     docs = []
 
@@ -148,6 +215,33 @@ def main():
         assert ps['seccompProfile']['type'] == 'RuntimeDefault'
     check('Deployment: non-root, no privilege escalation, read-only root, no capabilities', security)
 
+    def off_gpu_nodes():
+        na = pod['affinity']['nodeAffinity']
+        assert set(pod['affinity']) == {'nodeAffinity'}, pod['affinity']
+        terms = na['requiredDuringSchedulingIgnoredDuringExecution']['nodeSelectorTerms']
+        assert terms == [{'matchExpressions': [
+            {'key': 'nvidia.com/gpu.present', 'operator': 'NotIn', 'values': ['true']},
+            {'key': 'nvidia.com/gpu.count', 'operator': 'DoesNotExist'}]}], terms
+        assert 'preferredDuringSchedulingIgnoredDuringExecution' not in na
+    check('Deployment: by default a required node affinity keeps the operator off GPU nodes '
+          '(nvidia.com/gpu.present NotIn [true], no nvidia.com/gpu.count)', off_gpu_nodes)
+
+    def affinity_values():
+        spec = lambda over: one(render({'operator': over}), 'Deployment')['spec']['template']['spec']
+        assert 'affinity' not in spec({'avoidGPUNodes': False}), 'avoidGPUNodes: false must drop the rule'
+        mine = {'preferredDuringSchedulingIgnoredDuringExecution': [
+            {'weight': 1, 'preference': {'matchExpressions': [{'key': 'pool', 'operator': 'In', 'values': ['system']}]}}]}
+        got = spec({'affinity': {'nodeAffinity': mine}})['affinity']
+        assert got == {'nodeAffinity': mine}, f'a nodeAffinity of operator.affinity must replace the default: {got}'
+        anti = {'podAntiAffinity': {'preferredDuringSchedulingIgnoredDuringExecution': [
+            {'weight': 1, 'podAffinityTerm': {'topologyKey': 'kubernetes.io/hostname',
+                                              'labelSelector': {'matchLabels': {'app': 'x'}}}}]}}
+        got = spec({'affinity': anti})['affinity']
+        assert got['podAntiAffinity'] == anti['podAntiAffinity'] and got['nodeAffinity'] == pod['affinity']['nodeAffinity'], got
+        assert spec({'avoidGPUNodes': False, 'affinity': anti})['affinity'] == anti
+    check('operator.avoidGPUNodes false drops the rule; a nodeAffinity in operator.affinity replaces it, '
+          'pod (anti-)affinity is added to it', affinity_values)
+
     def service():
         s = one(docs, 'Service')
         assert s['spec']['selector'].items() <= dep['spec']['template']['metadata']['labels'].items()
@@ -165,6 +259,20 @@ def main():
         assert got == ROLE_RULES, sorted(got)
         assert role['metadata']['namespace'] == NS
     check('RBAC: the ClusterRole and the leader-election Role grant exactly the least-privilege set', rbac)
+
+    def pods_read_cluster_wide():
+        cr = one(docs, 'ClusterRole')
+        got = flatten(cr['rules'])
+        for v in ('get', 'list', 'watch'):
+            assert ('', 'pods', v) in got, v
+        for v in ('update', 'patch', 'deletecollection'):
+            assert ('', 'pods', v) not in got, v
+        # cluster-wide: bound by a ClusterRoleBinding (not per-namespace RoleBindings), also when
+        # the operator watches one namespace's jobs only
+        d = render({'operator': {'watchNamespace': 'ml'}})
+        assert one(d, 'ClusterRoleBinding')['roleRef']['name'] == one(d, 'ClusterRole')['metadata']['name']
+        assert flatten(one(d, 'ClusterRole')['rules']) == got
+    check('RBAC: pods get/list/watch in every namespace (GPU accounting), bound cluster-wide even with watchNamespace', pods_read_cluster_wide)
 
     def bindings():
         sa = one(docs, 'ServiceAccount')['metadata']['name']
@@ -239,7 +347,7 @@ def main():
         assert cols == ['Phase', 'GPUs', 'Step', 'Samples/s', 'Age'], cols
         conds = v['schema']['openAPIV3Schema']['properties']['status']['properties']['conditions']
         assert conds['items']['properties']['type']['enum'] == [
-            'Created', 'Planned', 'Running', 'Restarting', 'Succeeded', 'Failed', 'Suspended']
+            'Created', 'Admitted', 'Planned', 'Running', 'Restarting', 'Succeeded', 'Failed', 'Suspended']
     check('CRD: the chart\'s copy equals crds/, group/kind/version, status subresource, columns', crd)
 
     def chart_yaml():

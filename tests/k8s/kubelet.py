@@ -1,16 +1,35 @@
 #!/usr/bin/env python3
 """kubelet.py - a small fake kubelet for tests: runs the pods bound to some Nodes as local processes.
 
-The test cluster (tests/k8s/apiserver.sh) has a real kube-apiserver + etcd but no scheduler and no
-kubelet. This plays the kubelet of the Nodes named by --nodes for the pods labelled
-cephalo.dev/job (the operator pins its worker pods with spec.nodeName, so no scheduler is needed):
+The test cluster (tests/k8s/apiserver.sh) has a real kube-apiserver + etcd (and, with
+--control-plane, kube-scheduler and kube-controller-manager) but no kubelet. This plays the kubelet
+of the Nodes named by --nodes: like a kubelet it runs the pods bound to them (spec.nodeName, set by
+the scheduler's binding or by the pod's creator, e.g. the operator pinning its worker pods):
 
-  * list + watch those pods (all namespaces) with resourceVersion; a dropped connection or an API
+  * list + watch all pods (all namespaces) with resourceVersion; a dropped connection or an API
     server restart is retried with backoff, 410 Gone relists; pods that vanished meanwhile are
     stopped as if deleted;
-  * a pod bound to one of the nodes, new, not being deleted: it gets its own loopback IP
-    (127.0.1.1, 127.0.1.2, ... never reused in a run) and its container runs as a process:
-    argv = WORKER + container.args + --extra-arg... + --metrics-addr POD_IP, env = the container's
+  * the nodes: with --register, the Nodes of --nodes that do not exist yet are created (labels
+    kubernetes.io/hostname, os, arch and --node-label's; capacity = allocatable = cpu 8, memory
+    32Gi, pods 110 and --node-gpus' nvidia.com/gpu). Every --heartbeat seconds (10; 0: never) the
+    Ready condition (True, KubeletReady) of each node and its Lease in kube-node-lease are renewed,
+    as a kubelet does: the controller-manager's node lifecycle controller takes the not-ready taint
+    that new Nodes get off once Ready is True, and taints a node unreachable (its pods evicted)
+    when neither was renewed for 40 s. A Node that does not exist (deleted) is left alone until
+    it exists again (someone else creates it; this kubelet registers only at start);
+  * admission, as a kubelet's: a pod whose nvidia.com/gpu request (its containers' limits, else
+    requests, summed; the largest init container's if more) exceeds the node's allocatable
+    nvidia.com/gpu less the requests of the pods admitted on that node and not finished is
+    refused: status Failed, reason OutOfnvidia.com/gpu, message "Pod Node didn't have enough
+    resource: nvidia.com/gpu, requested: R, used: U, capacity: C"; it never runs. Pods are admitted
+    in order of creation;
+  * a pod bound to one of the nodes, new, not being deleted, admitted: it gets its own loopback IP
+    (127.0.1.1, 127.0.1.2, ... never reused in a run) and its container runs as a process. A
+    worker pod (labelled cephalo.dev/job): argv = WORKER + container.args + --extra-arg... +
+    --metrics-addr POD_IP (container.command is ignored). Any other pod (there are no images
+    here): its container's command + args as a local program (e.g. sleep 3600), args alone when
+    there is no command (as for a busybox-like image without an entrypoint), `sleep infinity`
+    when there are neither (a stand-in for the image's own entrypoint). Env = the container's
     env (value, $(VAR) references, valueFrom.fieldRef of metadata.name/namespace/uid, spec.nodeName,
     status.podIP/hostIP) over PATH, HOME and OMP_NUM_THREADS=1. MASTER_ADDR of the form
     HOST.SUBDOMAIN.NS.svc[.cluster.local] is replaced by the IP of the pod with that
@@ -51,8 +70,10 @@ import threading
 import time
 import urllib.parse
 
-SELECTOR = 'cephalo.dev/job'
+WORKER_LABEL = 'cephalo.dev/job'  # the operator's worker pods: they run --worker
+GPU = 'nvidia.com/gpu'
 MAX_GRACE_S = 10.0
+LEASE_DURATION_S = 40  # a kubelet's default (nodeLeaseDurationSeconds)
 WATCH_TIMEOUT_S = 60
 
 
@@ -64,6 +85,11 @@ def log(msg):
 
 def rfc3339(t):
     return time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(t))
+
+
+def rfc3339_micro(t):
+    """A MicroTime (a Lease's renewTime)."""
+    return time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime(t)) + '.%06dZ' % int((t % 1) * 1e6)
 
 
 def meta(obj, key, default=None):
@@ -129,7 +155,7 @@ def status_message(obj):
 # ---- the pods' cache (list + watch) --------------------------------------------------------------
 
 class PodStore:
-    """The pods labelled cephalo.dev/job as the API server last told; uid -> pod."""
+    """All pods as the API server last told; uid -> pod."""
 
     def __init__(self):
         self.lock = threading.Lock()
@@ -162,12 +188,11 @@ class Watcher(threading.Thread):
     def __init__(self, api, store, stop):
         super().__init__(name='watch', daemon=True)
         self.api, self.store, self.stop = api, store, stop
-        self.sel = urllib.parse.quote(SELECTOR, safe='')
 
     def list(self):
         items, cont = [], ''
         while True:
-            path = f'/api/v1/pods?labelSelector={self.sel}&limit=500'
+            path = '/api/v1/pods?limit=500'
             if cont:
                 path += '&continue=' + urllib.parse.quote(cont, safe='')
             st, obj = self.api.request('GET', path, timeout=20)
@@ -184,7 +209,7 @@ class Watcher(threading.Thread):
 
     def watch(self, rv):
         """Follows the watch from rv. Returns (rv, gone, events)."""
-        path = (f'/api/v1/pods?labelSelector={self.sel}&watch=1&allowWatchBookmarks=true'
+        path = (f'/api/v1/pods?watch=1&allowWatchBookmarks=true'
                 f'&resourceVersion={rv}&timeoutSeconds={WATCH_TIMEOUT_S}')
         c = self.api.connect(WATCH_TIMEOUT_S + 30)
         events = 0
@@ -250,6 +275,123 @@ def _json(raw):
         return None
 
 
+# ---- the nodes: registration and heartbeat -------------------------------------------------------
+
+def quantity_int(q):
+    """A whole-number resource quantity ("2" or 2: GPUs are counted whole); 0 for anything else."""
+    try:
+        return int(str(q))
+    except ValueError:
+        return 0
+
+
+def pod_gpus(pod):
+    """The pod's nvidia.com/gpu request as a scheduler and a kubelet count it: the containers'
+    (limits, which the API server copies to requests for extended resources, else requests)
+    summed, or the largest init container's if that is more."""
+    spec = pod.get('spec') or {}
+
+    def one(c):
+        r = c.get('resources') or {}
+        v = (r.get('limits') or {}).get(GPU, (r.get('requests') or {}).get(GPU, 0))
+        return quantity_int(v)
+    total = sum(one(c) for c in spec.get('containers') or [])
+    return max([total] + [one(c) for c in spec.get('initContainers') or []])
+
+
+class NodeKeeper(threading.Thread):
+    """Registers the nodes (--register) and renews their Ready condition and Lease."""
+
+    def __init__(self, api, nodes, args, stop):
+        super().__init__(name='nodes', daemon=True)
+        self.api, self.nodes, self.args, self.stop = api, sorted(nodes), args, stop
+        self.since = rfc3339(time.time())  # Ready's lastTransitionTime: Ready since this kubelet began
+        self.state = {}  # node -> the last outcome logged ('ok', 'absent', 'HTTP 500 ...')
+        self.gpus, self.labels = {}, {n: {} for n in self.nodes}
+        for g in args.node_gpus:
+            name, _, count = g.partition('=')
+            if name not in self.labels or not count.isdigit():
+                raise SystemExit(f'kubelet.py: --node-gpus {g!r}: expected NODE=COUNT for a node of --nodes')
+            self.gpus[name] = int(count)
+        for lab in args.node_label:
+            name, _, kv = lab.partition(':')
+            key, eq, value = kv.partition('=')
+            if name not in self.labels or not key or not eq:
+                raise SystemExit(f'kubelet.py: --node-label {lab!r}: expected NODE:KEY=VALUE for a node of --nodes')
+            self.labels[name][key] = value
+
+    def ready(self, now):
+        return {'type': 'Ready', 'status': 'True', 'reason': 'KubeletReady',
+                'message': 'kubelet.py is posting ready status', 'lastHeartbeatTime': rfc3339(now),
+                'lastTransitionTime': self.since}
+
+    def register(self, name):
+        """True once the Node exists (created now or before)."""
+        res = {'cpu': '8', 'memory': '32Gi', 'pods': '110'}
+        if name in self.gpus:
+            res[GPU] = str(self.gpus[name])
+        labels = {'kubernetes.io/hostname': name, 'kubernetes.io/os': 'linux', 'kubernetes.io/arch': 'amd64'}
+        labels.update(self.labels[name])
+        node = {'apiVersion': 'v1', 'kind': 'Node', 'metadata': {'name': name, 'labels': labels},
+                'status': {'capacity': res, 'allocatable': dict(res), 'conditions': [self.ready(time.time())]}}
+        st, obj = self.api.request('POST', '/api/v1/nodes', node)
+        if st == 201:
+            log(f'node {name}: registered ({", ".join(f"{k} {v}" for k, v in res.items())})')
+            return True
+        if st == 409:
+            log(f'node {name}: already registered')
+            return True
+        log(f'node {name}: register: HTTP {st}: {status_message(obj)}; retrying')
+        return False
+
+    def note(self, name, state, msg):
+        if self.state.get(name) != state:
+            log(f'node {name}: {msg}')
+        self.state[name] = state
+
+    def beat(self, name):
+        now = time.time()
+        # a strategic merge patch: the conditions list is merged by type, the others are kept
+        st, obj = self.api.request('PATCH', f'/api/v1/nodes/{name}/status',
+                                   {'status': {'conditions': [self.ready(now)]}},
+                                   ctype='application/strategic-merge-patch+json')
+        if st == 404:
+            self.note(name, 'absent', 'no such Node (deleted?): no heartbeat until it exists again')
+            return
+        if st != 200:
+            self.note(name, f'HTTP {st}', f'heartbeat: HTTP {st}: {status_message(obj)}; trying again')
+            return
+        uid = meta(obj, 'uid')
+        lease = f'/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{name}'
+        spec = {'holderIdentity': name, 'leaseDurationSeconds': LEASE_DURATION_S,
+                'renewTime': rfc3339_micro(now)}
+        st, obj = self.api.request('PATCH', lease, {'spec': spec}, ctype='application/merge-patch+json')
+        if st == 404:  # the first beat: create it, owned by the Node (gone with it), as a kubelet does
+            st, obj = self.api.request('POST', '/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases', {
+                'apiVersion': 'coordination.k8s.io/v1', 'kind': 'Lease',
+                'metadata': {'name': name, 'ownerReferences': [
+                    {'apiVersion': 'v1', 'kind': 'Node', 'name': name, 'uid': uid}]},
+                'spec': spec})
+        if st not in (200, 201):
+            self.note(name, f'lease HTTP {st}', f'lease: HTTP {st}: {status_message(obj)}; trying again')
+            return
+        self.note(name, 'ok', f'Ready, heartbeat every {self.args.heartbeat:g}s (condition and Lease)')
+
+    def run(self):
+        todo = list(self.nodes) if self.args.register else []
+        while todo and not self.stop.is_set():
+            todo = [n for n in todo if not self.register(n)]
+            if todo:
+                self.stop.wait(1.0)
+        while self.args.heartbeat > 0 and not self.stop.is_set():
+            for name in self.nodes:
+                try:
+                    self.beat(name)
+                except Exception as e:  # noqa: BLE001 - a heartbeat must not end the thread
+                    self.note(name, 'error', f'heartbeat: {type(e).__name__}: {e}')
+            self.stop.wait(self.args.heartbeat)
+
+
 # ---- running pods --------------------------------------------------------------------------------
 
 class Instance:
@@ -267,6 +409,9 @@ class Instance:
         self.exit_code = None
         self.signal = None
         self.done_before = False  # finished (or started by someone else) before this kubelet saw it
+        self.admitted = False  # passed admission: holds its GPUs on the node until it finishes
+        self.rejected = False  # refused at admission (Failed, OutOfnvidia.com/gpu): never runs
+        self.gpus = pod_gpus(pod)
         self.waiting = None  # the last reason it could not start yet (logged once)
         self.status = None  # the status patch still to write
         self.status_try = 0.0
@@ -437,7 +582,8 @@ class Kubelet:
         if len(ctrs) > 1:
             log(f'{inst.key}: {len(ctrs)} containers; only the first ({ctrs[0].get("name")}) runs')
         ctr = ctrs[0]
-        if ctr.get('command'):
+        worker = WORKER_LABEL in (meta(inst.pod, 'labels') or {})
+        if worker and ctr.get('command'):
             log(f'{inst.key}: container command {ctr["command"]} ignored: the worker runs instead')
         vols = self.volume_dirs(inst)
         mounts = []
@@ -476,8 +622,13 @@ class Kubelet:
         env = {'PATH': os.environ.get('PATH', '/usr/local/bin:/usr/bin:/bin'),
                'HOME': os.environ.get('HOME', '/'), 'OMP_NUM_THREADS': '1', 'HOSTNAME': inst.name}
         env.update(cenv)
-        argv = [self.worker] + [rewrite(expand(a, cenv)) for a in ctr.get('args') or []]
-        argv += self.args.extra_arg + ['--metrics-addr', inst.ip]
+        cargs = [rewrite(expand(a, cenv)) for a in ctr.get('args') or []]
+        if worker:
+            argv = [self.worker] + cargs + self.args.extra_arg + ['--metrics-addr', inst.ip]
+        else:  # not a worker: the container's own program, run here (there are no images)
+            argv = [rewrite(expand(a, cenv)) for a in ctr.get('command') or []] + cargs
+            if not argv:
+                argv = ['sleep', 'infinity']
 
         cwd = os.path.join(self.work, 'volumes', inst.uid)
         os.makedirs(cwd, exist_ok=True)
@@ -498,9 +649,35 @@ class Kubelet:
             f.write(f'{inst.proc.pid}\n')
         os.replace(inst.pid_file + '.tmp', inst.pid_file)
         log(f'start {inst.key} uid={inst.uid[:8]} node={spec.get("nodeName")} ip={inst.ip} '
-            f'pid={inst.proc.pid} log={log_path}: {" ".join(argv[1:])}' +
+            f'pid={inst.proc.pid} log={log_path}: {" ".join(argv[1:] if worker else argv)}' +
             (f' (MASTER_ADDR={cenv["MASTER_ADDR"]})' if 'MASTER_ADDR' in cenv else ''))
         inst.status = self.running_status(inst)
+
+    # -- admission --
+
+    def admit(self, inst, node_alloc):
+        """A kubelet's resource admission for nvidia.com/gpu: True (admitted), False (refused:
+        the Failed status is set), or NotYet when the Node cannot be read."""
+        node = (inst.pod.get('spec') or {}).get('nodeName')
+        if inst.gpus > 0:
+            if node not in node_alloc:
+                st, obj = self.api.request('GET', f'/api/v1/nodes/{node}')
+                if st != 200:
+                    raise NotYet(f'node {node}: HTTP {st}: {status_message(obj)}')
+                node_alloc[node] = quantity_int(((obj.get('status') or {}).get('allocatable') or {}).get(GPU, 0))
+            cap = node_alloc[node]
+            used = sum(i.gpus for i in self.insts.values()
+                       if i.admitted and not i.gone and i.exit_code is None and
+                       (i.pod.get('spec') or {}).get('nodeName') == node)
+            if inst.gpus > cap - used:
+                msg = (f"Node didn't have enough resource: {GPU}, requested: {inst.gpus}, used: {used}, "
+                       f'capacity: {cap}')
+                log(f'{inst.key} uid={inst.uid[:8]} refused on {node}: {msg}')
+                inst.rejected = True
+                inst.status = {'phase': 'Failed', 'reason': 'OutOf' + GPU, 'message': 'Pod ' + msg}
+                return False
+        inst.admitted = True
+        return True
 
     # -- status --
 
@@ -551,7 +728,8 @@ class Kubelet:
         phase = inst.status['phase']
         if st == 200:
             log(f'status {inst.key} uid={inst.uid[:8]}: {phase}' +
-                (f' (exit code {inst.exit_code})' if phase != 'Running' else f' podIP {inst.ip}'))
+                (f' podIP {inst.ip}' if phase == 'Running' else
+                 f' ({inst.status["reason"]})' if inst.rejected else f' (exit code {inst.exit_code})'))
             inst.status, inst.status_failures = None, 0
         elif st == 404:
             log(f'status {inst.key}: the pod is gone')
@@ -650,11 +828,26 @@ class Kubelet:
                     inst.deleting = True
                     log(f'{inst.key} uid={inst.uid[:8]} is being deleted (grace {inst.grace():.0f}s)')
                     self.terminate(inst, 'pod deleted')
-            elif inst.proc is None and inst.exit_code is None and not inst.done_before:
-                if inst.ip is None:
-                    inst.ip = self.alloc_ip()
+            elif inst.proc is None and inst.exit_code is None and not inst.done_before and not inst.rejected:
                 startable.append(inst)
+        # admission in order of creation, then addresses for all the admitted, so that a pod's
+        # MASTER_ADDR can name a pod started in this same pass
+        startable.sort(key=lambda i: (meta(i.pod, 'creationTimestamp') or '', i.name))
+        node_alloc = {}  # node -> allocatable nvidia.com/gpu, read once per pass
+        admitted = []
         for inst in startable:
+            try:
+                if not inst.admitted and not self.admit(inst, node_alloc):
+                    continue
+            except NotYet as e:
+                if inst.waiting != str(e):
+                    log(f'{inst.key}: waiting: {e}')
+                inst.waiting = str(e)
+                continue
+            if inst.ip is None:
+                inst.ip = self.alloc_ip()
+            admitted.append(inst)
+        for inst in admitted:
             try:
                 self.start(inst, pods)
                 inst.waiting = None
@@ -716,6 +909,7 @@ class Kubelet:
         signal.signal(signal.SIGINT, on_signal)
         log(f'nodes {",".join(sorted(self.nodes))}, server {self.args.server}, worker {self.worker} '
             f'{" ".join(self.args.extra_arg)}, work {self.work}')
+        NodeKeeper(self.api, self.nodes, self.args, self.stop).start()
         Watcher(self.api, self.store, self.stop).start()
         try:
             while not self.stop.is_set():
@@ -735,15 +929,22 @@ def main():
                '--nodes gpu-a,gpu-b --worker build/rel/bin/cephalo-worker --work /tmp/kl '
                '--extra-arg=--device --extra-arg=cpu')
     ap.add_argument('--server', required=True, help='the API server, https://HOST:PORT')
-    ap.add_argument('--token', help='a bearer token (one that may read ConfigMaps and write pod status)')
+    ap.add_argument('--token', help='a bearer token (one that may read ConfigMaps and Nodes, write pod and Node status, create Nodes and Leases)')
     ap.add_argument('--token-file', help='read the bearer token from this file instead')
     ap.add_argument('--ca', required=True, help="the API server's CA certificate (PEM)")
     ap.add_argument('--nodes', required=True, help='comma-separated Node names whose pods this kubelet runs')
-    ap.add_argument('--worker', required=True, help='the program each container runs (its args follow)')
+    ap.add_argument('--worker', required=True, help='the program a worker pod (labelled cephalo.dev/job) runs, its container args after it')
     ap.add_argument('--work', required=True, help='state directory: logs/, pids/, volumes/, pvc/')
     ap.add_argument('--extra-arg', action='append', default=[], metavar='ARG',
                     help='an argument added after the container args (repeat; use --extra-arg=--flag)')
     ap.add_argument('--first-ip', default='127.0.1.1', help='the first pod IP (default 127.0.1.1)')
+    ap.add_argument('--register', action='store_true', help='create the Nodes of --nodes that do not exist')
+    ap.add_argument('--node-gpus', action='append', default=[], metavar='NODE=COUNT',
+                    help='with --register: the nvidia.com/gpu capacity of a node (repeat; default 0)')
+    ap.add_argument('--node-label', action='append', default=[], metavar='NODE:KEY=VALUE',
+                    help='with --register: a label of a node (repeat)')
+    ap.add_argument('--heartbeat', type=float, default=10.0, metavar='SECONDS',
+                    help="renew the nodes' Ready condition and Lease this often (default 10; 0: never)")
     args = ap.parse_args()
     Kubelet(args).run()
     return 0

@@ -2,7 +2,8 @@
  * message per kind of bad input), paths and timestamps, then requests against a scripted local
  * HTTP server: error messages, the token re-read after a 401, merge patch and the status
  * subresource, conflict retries, Events with counts, and leader election on a Lease; the inventory's
- * compute capabilities (GFD labels, --worker-archs). */
+ * compute capabilities (GFD labels, --worker-archs) and GPU accounting (free GPUs: allocatable less the
+ * GPU requests of the bound, non-terminal pods of others). */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -661,6 +662,89 @@ static void test_inventory_compute_capability(void **state) {
     cJSON_Delete(nodes);
 }
 
+/* A pod as the API server stores it: bound to node, a phase, its controller's uid, a container
+ * asking for GPUs (RES: a resources object) and optional init containers. */
+#define POD(node, phase, uid, res, init)                                                             \
+    "{\"metadata\":{\"ownerReferences\":[{\"controller\":true,\"uid\":\"" uid "\"}]},"                \
+    "\"spec\":{\"nodeName\":\"" node "\",\"containers\":[{\"name\":\"c\",\"resources\":" res "}]" init "},"  \
+    "\"status\":{\"phase\":\"" phase "\"}}"
+#define GPUS_REQ(n) "{\"requests\":{\"nvidia.com/gpu\":\"" n "\"},\"limits\":{\"nvidia.com/gpu\":\"" n "\"}}"
+#define GPUS_LIM(n) "{\"limits\":{\"nvidia.com/gpu\":\"" n "\"}}"
+
+/* Free GPUs: allocatable less the requests of the non-terminal pods bound to the node, except the
+ * job's own; requests, else limits; init containers by Kubernetes' rule. */
+static void test_inventory_gpu_accounting(void **state) {
+    (void)state;
+    cJSON *nodes = nodes_json("[" NODE("n-a", "NVIDIA-L4", "2", "") "," NODE("n-b", "NVIDIA-A10G", "1", "") "]");
+    cJSON *pods = nodes_json("[" POD("n-a", "Running", "other", GPUS_LIM("1"), "") ","
+                             POD("n-a", "Succeeded", "other", GPUS_REQ("1"), "") ","
+                             POD("n-a", "Failed", "other", GPUS_REQ("1"), "") ","
+                             POD("n-b", "Pending", "me", GPUS_REQ("1"), "") "]");
+    inv_constraints c = {.pods = pods, .own_uid = "me"};
+    cluster cl;
+    inv_result r;
+    err_t err;
+    /* a foreign pod asking 1 of n-a's 2 leaves 1; finished pods hold nothing; the job's own pod on
+     * n-b is its own: the job may plan on that GPU */
+    assert_int_equal(inv_build(nodes, &c, &cl, &r, &err), 0);
+    assert_int_equal(r.gpus, 2);
+    assert_int_equal(r.usable, 3);
+    assert_int_equal(r.free, 2);
+    assert_string_equal(cl.nodes[cl.devices[0].node].name, "n-a");
+    assert_string_equal(cl.nodes[cl.devices[1].node].name, "n-b");
+    char text[64];
+    inv_describe(&cl, text, sizeof text);
+    assert_string_equal(text, "1 L4, 1 A10G");
+    cluster_free(&cl);
+    /* for another job the pod on n-b is foreign: n-b is busy */
+    c.own_uid = "someone-else";
+    assert_int_equal(inv_build(nodes, &c, &cl, &r, &err), 0);
+    assert_int_equal(r.gpus, 1);
+    assert_int_equal(r.free, 1);
+    cluster_free(&cl);
+    /* maxGPUs caps what is picked, not what is free */
+    c.max_gpus = 1, c.own_uid = "me";
+    assert_int_equal(inv_build(nodes, &c, &cl, &r, &err), 0);
+    assert_int_equal(r.gpus, 1);
+    assert_int_equal(r.free, 2);
+    cluster_free(&cl);
+    /* everything busy is no error: an empty cluster (the job waits) */
+    cJSON *full = nodes_json("[" POD("n-a", "Running", "x", GPUS_REQ("2"), "") "," POD("n-b", "Pending", "x", GPUS_LIM("1"), "") "]");
+    inv_constraints c2 = {.pods = full};
+    assert_int_equal(inv_build(nodes, &c2, &cl, &r, &err), 0);
+    assert_int_equal(r.gpus, 0);
+    assert_int_equal(r.usable, 3);
+    cluster_free(&cl);
+    assert_int_equal(inv_node_used(full, "n-a", NULL), 2);
+    assert_int_equal(inv_node_used(full, "n-a", "x"), 0);
+    cJSON_Delete(full);
+    cJSON_Delete(pods);
+    cJSON_Delete(nodes);
+}
+
+/* A pod's GPUs: requests over limits; the larger of the containers' sum (with sidecars) and the
+ * largest init container (with the sidecars before it); unbound pods hold nothing. */
+static void test_pod_gpu_requests(void **state) {
+    (void)state;
+    cJSON *p = nodes_json(POD("n", "Running", "u", "{\"requests\":{\"nvidia.com/gpu\":\"2\"},\"limits\":{\"nvidia.com/gpu\":\"3\"}}", ""));
+    assert_int_equal(inv_pod_gpus(p), 2);
+    cJSON_Delete(p);
+    p = nodes_json(POD("n", "Running", "u", GPUS_LIM("1"), ",\"initContainers\":[{\"resources\":" GPUS_REQ("4") "}]"));
+    assert_int_equal(inv_pod_gpus(p), 4); /* an init container asking more than the containers */
+    cJSON_Delete(p);
+    p = nodes_json(POD("n", "Running", "u", GPUS_LIM("1"), ",\"initContainers\":[{\"restartPolicy\":\"Always\",\"resources\":"
+                       GPUS_REQ("1") "},{\"resources\":" GPUS_REQ("1") "}]"));
+    assert_int_equal(inv_pod_gpus(p), 2); /* the sidecar runs beside the container: 1 + 1 */
+    assert_true(inv_pod_holds(p));
+    cJSON_Delete(p);
+    p = nodes_json(POD("", "Pending", "u", GPUS_LIM("1"), "")); /* not bound yet: no node's GPU */
+    assert_false(inv_pod_holds(p));
+    cJSON_Delete(p);
+    p = nodes_json(POD("n", "Running", "u", "{}", ""));
+    assert_int_equal(inv_pod_gpus(p), 0);
+    cJSON_Delete(p);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kubeconfig_current_context),
@@ -676,6 +760,8 @@ int main(void) {
         cmocka_unit_test(test_lease_election),
         cmocka_unit_test(test_worker_archs),
         cmocka_unit_test(test_inventory_compute_capability),
+        cmocka_unit_test(test_inventory_gpu_accounting),
+        cmocka_unit_test(test_pod_gpu_requests),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
