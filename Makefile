@@ -12,6 +12,8 @@
 #   CUDA=auto|0|1   CUDA detection (auto: build cephalo-worker-cuda when nvcc is found)
 #   CUDA_ARCHS=...  GPU architectures built (default: those of 60 61 70 75 80 86 89 90 nvcc has)
 #   make cuda-check compile worker/*.cu for sm_60..sm_90 with CUDA 11.8 (cached) and sm_75 with nvcc
+#   make images     the operator and CPU worker images with buildah + mmdebstrap (no registry;
+#                   cached in ~/.cache/cephalo-images; docker/build-images.sh)
 
 SHELL := /bin/bash
 CC ?= cc
@@ -111,7 +113,7 @@ else
 endif
 
 .SECONDARY:
-.PHONY: all deps test demo bench fuzz clean help info cuda test-gpu bench-gpu cuda-check cuda-check-objs cuda118
+.PHONY: all deps test demo bench fuzz clean help info cuda test-gpu bench-gpu cuda-check cuda-check-objs cuda118 images
 all: $(CLI) $(WORKER) $(OLIB) $(OPERATOR) $(CUDA_TARGETS)
 
 cuda: $(CUDA_TARGETS)
@@ -190,6 +192,9 @@ CHECK_OBJNV := $(if $(CHECK_ARCH_NVCC),$(patsubst %.cu,$(CHECK_BUILD)/nvcc/sm_$(
 
 cuda118:
 	@mk/cuda118.sh >/dev/null
+
+images:
+	@docker/build-images.sh build
 
 # $(1): the directory under $(CHECK_BUILD), $(2): the architecture, $(3): the nvcc
 define CHECK_RULE
