@@ -118,7 +118,7 @@ build_one() {
   tag=$(tag_of "$what")
   case $what in
     operator) file=docker/Dockerfile.operator; args=(--build-arg "BUILD_IMAGE=$BASE" --build-arg "BASE_IMAGE=$BASE" --pull-never) ;;
-    worker-cpu) file=docker/Dockerfile.worker; args=(--build-arg CUDA=0 --build-arg "BUILD_IMAGE=$BASE" --build-arg "BASE_IMAGE=$BASE" --pull-never) ;;
+    worker-cpu) file=docker/Dockerfile.worker; args=(--build-arg CUDA=0 --build-arg GPU_DEVICES=void --build-arg "BUILD_IMAGE=$BASE" --build-arg "BASE_IMAGE=$BASE" --pull-never) ;;
     worker-cuda) file=docker/Dockerfile.worker ;;   # nvidia/cuda from its registry
   esac
   # the Dockerfile's own ignore file (only the sources make reads), as BuildKit would use it

@@ -48,6 +48,8 @@ check "operator image: USER 10001:10001" 0 "user=10001:10001" -- img "$OP" 'user
 check "operator image: entry point /usr/local/bin/cephalo-operator" 0 "ep=[/usr/local/bin/cephalo-operator]" -- \
   img "$OP" 'ep={{.OCIv1.Config.Entrypoint}}'
 check "worker image: USER 10001:10001" 0 "user=10001:10001" -- img "$WK" 'user={{.OCIv1.Config.User}}'
+check "CPU worker image: no GPU for the NVIDIA runtime (NVIDIA_VISIBLE_DEVICES=void)" 0 "NVIDIA_VISIBLE_DEVICES=void" -- \
+  img "$WK" '{{.OCIv1.Config.Env}}'
 check "worker image: entry point cephalo-worker, default command train" 0 \
   "ep=[/usr/local/bin/cephalo-worker] cmd=[train]" -- img "$WK" 'ep={{.OCIv1.Config.Entrypoint}} cmd={{.OCIv1.Config.Cmd}}'
 
