@@ -164,6 +164,21 @@ int device_cuda_count(void) { return cuda_device_count ? cuda_device_count() : 0
 
 void dev_zero(device *d, float *x, int64_t n) { d->ops->fill(d, x, 0.0f, n); }
 
+dev_matmul dev_matmul_for(precision p, bool cuda) {
+    return p == PREC_BF16 ? DEV_MATMUL_BF16 : p == PREC_FP16 ? DEV_MATMUL_FP16
+           : cuda         ? DEV_MATMUL_TF32 : DEV_MATMUL_FP32;
+}
+
+void dev_to_half(device *d, precision p, uint16_t *out, const float *in, int64_t n) {
+    CHECK(precision_half(p));
+    (p == PREC_BF16 ? d->ops->to_bf16 : d->ops->to_fp16)(d, out, in, n);
+}
+
+void dev_from_half(device *d, precision p, float *out, const uint16_t *in, int64_t n) {
+    CHECK(precision_half(p));
+    (p == PREC_BF16 ? d->ops->from_bf16 : d->ops->from_fp16)(d, out, in, n);
+}
+
 void dev_upload(device *d, void *dst, const void *src, size_t bytes) {
     d->ops->copy(d, dst, src, bytes, COPY_H2D);
 }

@@ -22,6 +22,7 @@
 #include <stdint.h>
 
 #include "err.h"
+#include "precision.h"
 
 typedef struct device device;
 
@@ -187,6 +188,14 @@ typedef enum {
     DEV_MATMUL_BF16 = 2, /* operands rounded to bf16, fp32 accumulation (bf16 mixed precision) */
     DEV_MATMUL_FP16 = 3  /* operands rounded to fp16, fp32 accumulation (fp16 mixed precision) */
 } dev_matmul;
+
+/* The gemm mode a training precision runs in: 16-bit operands for bf16/fp16; fp32 on TF32 tensor
+ * cores on CUDA, exact on the CPU. */
+dev_matmul dev_matmul_for(precision p, bool cuda);
+/* The 16-bit copies of bf16/fp16 training (parameter gathers): out = in rounded to p's format
+ * (p must be bf16 or fp16), and back (exact). */
+void dev_to_half(device *d, precision p, uint16_t *out, const float *in, int64_t n);
+void dev_from_half(device *d, precision p, float *out, const uint16_t *in, int64_t n);
 
 #define DEV_CONTEXT_LEN 128
 

@@ -69,8 +69,7 @@ static void place_shard(trainer *t, int u, int slot) {
     if (!n) return;
     size_t es = gather_elem(t);
     char *buf = (char *)gather_buf(t, slot) + off * (int64_t)es;
-    if (t->cfg.prec == PREC_BF16) d->ops->to_bf16(d, (uint16_t *)buf, t->params[u], n);
-    else if (t->cfg.prec == PREC_FP16) d->ops->to_fp16(d, (uint16_t *)buf, t->params[u], n);
+    if (precision_half(t->cfg.prec)) dev_to_half(d, t->cfg.prec, (uint16_t *)buf, t->params[u], n);
     else if (!t->staged) d->ops->copy(d, buf, t->params[u], (size_t)n * 4, COPY_D2D);
     if (!t->staged) return;
     const void *src = precision_half(t->cfg.prec) ? (const void *)buf : (const void *)t->params[u];
@@ -101,8 +100,7 @@ float *fsdp_await(trainer *t, int u, int slot, err_t *err) {
                            COPY_H2D, DEV_STREAM_COMPUTE);
         d->ops->event_record(d, t->hp_read[slot], DEV_STREAM_COMPUTE);
     }
-    if (t->cfg.prec == PREC_BF16) d->ops->from_bf16(d, t->pslot[slot], t->pbf[slot], t->numel[u]);
-    else if (t->cfg.prec == PREC_FP16) d->ops->from_fp16(d, t->pslot[slot], t->pbf[slot], t->numel[u]);
+    if (precision_half(t->cfg.prec)) dev_from_half(d, t->cfg.prec, t->pslot[slot], t->pbf[slot], t->numel[u]);
     return t->pslot[slot];
 }
 
@@ -246,7 +244,7 @@ int fsdp_alloc_slots(trainer *t, err_t *err) {
     for (int s = 0; s < n_slots; s++)
         if (!(*slots[s] = dev_alloc(d, (size_t)max * 4, what[s]))) return *err = d->err, -1;
     for (int s = 0; s < 2 && precision_half(t->cfg.prec); s++)
-        if (!(t->pbf[s] = dev_alloc(d, (size_t)max * 2, t->cfg.prec == PREC_BF16 ? "gathered bf16 parameters" : "gathered fp16 parameters")))
+        if (!(t->pbf[s] = dev_alloc(d, (size_t)max * 2, "gathered 16-bit parameters")))
             return *err = d->err, -1;
     for (int s = 0; s < 2 && t->staged; s++) {
         t->hp[s] = d->ops->host_alloc(d, (size_t)max * 4);

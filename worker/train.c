@@ -210,10 +210,7 @@ static int open_device(trainer *t, err_t *err) {
         return -1;
     bool cuda = !strcmp(kind, "cuda");
     t->nbuf = cuda ? 2 : 1;
-    t->dev.matmul = c->prec == PREC_BF16   ? DEV_MATMUL_BF16
-                    : c->prec == PREC_FP16 ? DEV_MATMUL_FP16
-                    : cuda                 ? DEV_MATMUL_TF32
-                                           : DEV_MATMUL_FP32;
+    t->dev.matmul = dev_matmul_for(c->prec, cuda);
     if (!c->comm) return 0;
     if (comm_device_buffers(c->comm) && !cuda)
         return err_set(err, "rank %d: the nccl backend needs the cuda device (CPU devices use "

@@ -394,10 +394,7 @@ int worker_profile(int argc, char **argv) {
         return EXIT_RUNTIME;
     }
     c.prec = o.prec;
-    c.dev.matmul = o.prec == PREC_BF16   ? DEV_MATMUL_BF16
-                   : o.prec == PREC_FP16 ? DEV_MATMUL_FP16
-                   : cuda                ? DEV_MATMUL_TF32
-                                         : DEV_MATMUL_FP32;
+    c.dev.matmul = dev_matmul_for(o.prec, cuda);
     int K = (int)o.max_micro;
     profile p = {0};
     p.n_entries = 1;
