@@ -24,6 +24,8 @@ if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L 2>/dev/null | grep
   echo "no GPU: bench-gpu needs an NVIDIA GPU and PyTorch with CUDA; nothing measured"
   exit 0
 fi
+# the help captured once: `$WC --help | grep -q` under pipefail fails when grep stops reading early
+WC_HELP=$($WC train --help 2>&1)
 GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 TORCH_OK=1
 if ! terr=$("$PY" -c 'import torch; assert torch.cuda.is_available(), "torch without CUDA"' 2>&1); then
@@ -76,6 +78,7 @@ for model in $MODELS; do
     echo "# $model $prec: seq $seq, batch $batch, microbatch $micro" >&2
     cephalo_run "$tag-cephalo" "$T/$tag.jsonl" --model "$model" --seq "$seq" --batch "$batch" \
       --microbatch "$micro" --precision "$prec"
+    echo "#   cephalo: $(cat "$T/$tag-cephalo.json")" >&2 # each result as it comes, in case of a timeout
     for mode in $TMODES; do
       if [ "$TORCH_OK" = 1 ]; then
         "$PY" bench/torch_gpu.py --model "$model" --seq "$seq" --batch "$batch" --micro "$micro" \
@@ -83,6 +86,7 @@ for model in $MODELS; do
           2>"$T/$tag-$mode.err" | tail -n 1 >"$T/$tag-$mode.json"
         [ -s "$T/$tag-$mode.json" ] || "$PY" -c 'import json,sys; print(json.dumps({"error": sys.argv[1]}))' \
           "$(tail -n 2 "$T/$tag-$mode.err" | tr '\n' ' ')" >"$T/$tag-$mode.json"
+        echo "#   torch $mode: $(cat "$T/$tag-$mode.json")" >&2
       else
         echo '{"unavailable": "no PyTorch with CUDA"}' >"$T/$tag-$mode.json"
       fi
@@ -93,7 +97,7 @@ done
 # ---- offload on vs off (step time; goal: within 5%) ----
 OFF_MODEL=${BENCH_GPU_OFFLOAD_MODEL:-gpt2-350m}
 read -r seq batch micro <<<"$(shape "$OFF_MODEL")"
-if $WC train --help 2>&1 | grep -q -- --offload; then
+if grep -q -- --offload <<<"$WC_HELP"; then
   for off in off on; do
     cephalo_run "offload-$off" "$T/offload-$off.jsonl" --model "$OFF_MODEL" --seq "$seq" --batch "$batch" \
       --microbatch "$micro" --precision bf16 --offload $off
@@ -107,7 +111,7 @@ fi
 ACC_MODEL=${BENCH_GPU_ACC_MODEL:-gpt2-124m}
 read -r seq batch micro <<<"$(shape "$ACC_MODEL")"
 ACC_RANKS=0
-if $WC train --help 2>&1 | grep -q -- --accumulate; then
+if grep -q -- --accumulate <<<"$WC_HELP"; then
   free_port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
   printf 'nodes:\n  - name: local\n    gpus:\n      - {type: cpu, count: 2, threads: 1, memory_gib: 30}\n' >"$T/c2.yaml"
   if "$B/cephalo" plan --cluster "$T/c2.yaml" --model "$ACC_MODEL" --seq "$seq" --batch "$batch" -o "$T/base.json" >/dev/null 2>&1 &&

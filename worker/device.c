@@ -7,6 +7,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <stdlib.h>
 
 #include "log.h"
 
@@ -164,9 +165,13 @@ int device_cuda_count(void) { return cuda_device_count ? cuda_device_count() : 0
 
 void dev_zero(device *d, float *x, int64_t n) { d->ops->fill(d, x, 0.0f, n); }
 
+/* CEPHALO_CUDA_TF32=0 keeps fp32 matmuls exact on CUDA too (PyTorch's allow_tf32 = False): the
+ * GPU tests check the multi-rank invariant that way, where TF32 rounding would hide a real error */
 dev_matmul dev_matmul_for(precision p, bool cuda) {
-    return p == PREC_BF16 ? DEV_MATMUL_BF16 : p == PREC_FP16 ? DEV_MATMUL_FP16
-           : cuda         ? DEV_MATMUL_TF32 : DEV_MATMUL_FP32;
+    if (p == PREC_BF16) return DEV_MATMUL_BF16;
+    if (p == PREC_FP16) return DEV_MATMUL_FP16;
+    const char *tf32 = getenv("CEPHALO_CUDA_TF32");
+    return cuda && !(tf32 && strcmp(tf32, "0") == 0) ? DEV_MATMUL_TF32 : DEV_MATMUL_FP32;
 }
 
 void dev_to_half(device *d, precision p, uint16_t *out, const float *in, int64_t n) {
