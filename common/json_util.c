@@ -314,3 +314,12 @@ int json_bool(const json_ctx *c, const cJSON *item, const char *path, bool *out)
     *out = cJSON_IsTrue(item);
     return 0;
 }
+
+double json_float_decimal(float f) {
+    char b[32];
+    for (int prec = 1; prec <= 9; prec++) {
+        snprintf(b, sizeof b, "%.*g", prec, (double)f);
+        if (strtof(b, NULL) == f) return strtod(b, NULL);
+    }
+    return (double)f; /* 9 digits always read back; NaN and inf stay what they are */
+}

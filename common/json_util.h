@@ -71,4 +71,8 @@ int json_enum(const json_ctx *c, const cJSON *item, const char *path, const char
               int *index);
 int json_bool(const json_ctx *c, const cJSON *item, const char *path, bool *out);
 
+/* The double whose shortest decimal form reads back as f (1e-5f gives 1e-05, not the exact
+ * 9.99999974737875e-06 a float widened to double prints as): what JSON should say of a float. */
+double json_float_decimal(float f);
+
 #endif

@@ -196,9 +196,10 @@ static int parse_inputs(const yctx *y, const ynode *root, const char *dir, job *
 
 /* The worker's defaults and ranges (docs/worker.md), so the launcher refuses what a worker would. */
 static int parse_optimizer(const yctx *y, const ynode *root, job *j) {
-    static const char *const keys[] = {"lr", "min_lr", "warmup", "weight_decay", "beta1", "beta2", "eps", "clip", NULL};
+    static const char *const keys[] = {"lr", "min_lr", "warmup", "schedule", "weight_decay", "beta1", "beta2", "eps", "clip", NULL};
     job_optimizer *o = &j->opt;
     *o = (job_optimizer){.lr = 3e-4, .min_lr = -1, .weight_decay = 0.1, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .clip = 1.0};
+    const char *sched = "cosine";
     const ynode *m = ymap_get(root, "optimizer");
     if (!m) return 0;
     if (ymap_check_keys(y, m, "optimizer", keys) < 0 || get_double(y, m, "optimizer", "lr", 0, 10, &o->lr) < 0 ||
@@ -207,8 +208,13 @@ static int parse_optimizer(const yctx *y, const ynode *root, job *j) {
         get_double(y, m, "optimizer", "weight_decay", 0, 10, &o->weight_decay) < 0 ||
         get_double(y, m, "optimizer", "beta1", 0, 0.999999, &o->beta1) < 0 ||
         get_double(y, m, "optimizer", "beta2", 0, 0.999999, &o->beta2) < 0 ||
-        get_double(y, m, "optimizer", "eps", 1e-30, 1, &o->eps) < 0 || get_double(y, m, "optimizer", "clip", 0, 1e9, &o->clip) < 0)
+        get_double(y, m, "optimizer", "eps", 1e-30, 1, &o->eps) < 0 || get_double(y, m, "optimizer", "clip", 0, 1e9, &o->clip) < 0 ||
+        get_string(y, m, "optimizer", "schedule", &sched) < 0)
         return -1;
+    if (!schedule_parse(sched, &o->schedule)) {
+        const ynode *s = ymap_get(m, "schedule");
+        return err_set(y->err, "%s:%d: optimizer.schedule: '%s' is not " SCHEDULE_CHOICES, y->file, s ? s->line : 0, sched);
+    }
     const ynode *w = ymap_get(m, "warmup");
     j->warmup_line = w ? w->line : 0;
     return 0;

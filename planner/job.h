@@ -22,6 +22,7 @@
 #include "err.h"
 #include "model.h"
 #include "plan.h"
+#include "schedule.h"
 #include "precision.h"
 
 #define JOB_MAX_DEVICES 256 /* one worker process each, on this machine */
@@ -38,6 +39,7 @@ typedef struct job_optimizer {
     double lr, min_lr; /* min_lr < 0: lr / 10, as the worker's default */
     double weight_decay, beta1, beta2, eps, clip;
     long warmup;
+    lr_schedule schedule; /* cosine (default), linear or constant */
 } job_optimizer;
 
 typedef struct job {

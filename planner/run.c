@@ -208,6 +208,7 @@ static strv worker_args(const launch *l, int rank) {
     strv_add(&s, "--lr"), strv_add(&s, "%s", num(o->lr, a));
     strv_add(&s, "--min-lr"), strv_add(&s, "%s", num(o->min_lr < 0 ? o->lr / 10 : o->min_lr, b));
     strv_add(&s, "--warmup"), strv_add(&s, "%ld", o->warmup);
+    strv_add(&s, "--schedule"), strv_add(&s, "%s", schedule_name(o->schedule));
     strv_add(&s, "--weight-decay"), strv_add(&s, "%s", num(o->weight_decay, a));
     strv_add(&s, "--beta1"), strv_add(&s, "%s", num(o->beta1, a));
     strv_add(&s, "--beta2"), strv_add(&s, "%s", num(o->beta2, a));

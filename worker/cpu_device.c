@@ -675,13 +675,9 @@ static void cpu_patchify(device *d, float *out, const float *img, int B, int C, 
  * with PyTorch to rounding: p *= 1 - lr*wd; m = m*b1 + (1-b1)*g; v = v*b2 + ((1-b2)*g)*g;
  * denom = sqrt(v) / sqrt(bc2) + eps; p += (-(lr/bc1) * m) / denom. The scalars are formed in
  * double and rounded to float once, as PyTorch does with its Python-float hyperparameters. */
-static void cpu_adamw(device *d, float *p, const float *g, float *m, float *v, int64_t n, float lr,
-                      float b1, float b2, float eps, float wd, float bc1, float bc2,
-                      float gscale) {
-    const float decay = (float)(1.0 - (double)lr * wd);
-    const float one_m_b1 = (float)(1.0 - (double)b1), one_m_b2 = (float)(1.0 - (double)b2);
-    const float neg_step = (float)(-((double)lr / bc1));
-    const float bc2_sqrt = (float)sqrt((double)bc2);
+static void cpu_adamw(device *d, float *p, const float *g, float *m, float *v, int64_t n, const dev_adamw *a) {
+    const float b1 = a->b1, b2 = a->b2, one_m_b1 = a->one_m_b1, one_m_b2 = a->one_m_b2, eps = a->eps;
+    const float decay = a->decay, neg_step = a->neg_step, bc2_sqrt = a->bc2_sqrt, gscale = a->gscale;
 #pragma omp parallel for simd schedule(static) num_threads(d->threads) if (n > CPU_PAR_MIN)
     for (int64_t i = 0; i < n; i++) {
         float gi = g[i] * gscale;

@@ -1146,16 +1146,11 @@ __global__ void adamw_kernel(float *p, const float *g, float *m, float *v, int64
     }
 }
 
-static void cuda_adamw(device *d, float *p, const float *g, float *m, float *v, int64_t n,
-                       float lr, float b1, float b2, float eps, float wd, float bc1, float bc2,
-                       float gscale) {
+static void cuda_adamw(device *d, float *p, const float *g, float *m, float *v, int64_t n, const dev_adamw *a) {
     if (n <= 0) return;
-    const float decay = (float)(1.0 - (double)lr * wd);
-    const float one_m_b1 = (float)(1.0 - (double)b1), one_m_b2 = (float)(1.0 - (double)b2);
-    const float neg_step = (float)(-((double)lr / bc1));
-    const float bc2_sqrt = (float)sqrt((double)bc2);
-    adamw_kernel<<<ew_blocks(n), EW_THREADS, 0, compute(d)>>>(
-        p, g, m, v, n, b1, b2, eps, decay, one_m_b1, one_m_b2, neg_step, bc2_sqrt, gscale);
+    adamw_kernel<<<ew_blocks(n), EW_THREADS, 0, compute(d)>>>(p, g, m, v, n, a->b1, a->b2, a->eps, a->decay,
+                                                              a->one_m_b1, a->one_m_b2, a->neg_step,
+                                                              a->bc2_sqrt, a->gscale);
     LAUNCH_CHECK();
 }
 

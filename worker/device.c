@@ -4,6 +4,7 @@
  * a CUDA device pointer cannot carry a host-written header. */
 #include "device.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -164,6 +165,13 @@ void device_close(device *d) {
 int device_cuda_count(void) { return cuda_device_count ? cuda_device_count() : 0; }
 
 void dev_zero(device *d, float *x, int64_t n) { d->ops->fill(d, x, 0.0f, n); }
+
+dev_adamw dev_adamw_step(double lr, double beta1, double beta2, double eps, double wd, long t, float gscale) {
+    return (dev_adamw){.b1 = (float)beta1, .b2 = (float)beta2, .one_m_b1 = (float)(1.0 - beta1),
+                       .one_m_b2 = (float)(1.0 - beta2), .eps = (float)eps, .decay = (float)(1.0 - lr * wd),
+                       .neg_step = (float)(-lr / (1.0 - pow(beta1, (double)t))),
+                       .bc2_sqrt = (float)sqrt(1.0 - pow(beta2, (double)t)), .gscale = gscale};
+}
 
 /* CEPHALO_CUDA_TF32=0 keeps fp32 matmuls exact on CUDA too (PyTorch's allow_tf32 = False): the
  * GPU tests check the multi-rank invariant that way, where TF32 rounding would hide a real error */

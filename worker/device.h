@@ -37,6 +37,18 @@ typedef enum { DEV_STREAM_COMPUTE = 0, DEV_STREAM_H2D = 1, DEV_STREAM_D2H = 2 } 
 /* A point in a stream's work (a CUDA event). */
 typedef struct dev_event dev_event;
 
+/* AdamW's scalars for step t (1-based), formed in double from the job's settings and rounded to
+ * float once each, as torch.optim.AdamW forms them from Python floats: 1 - beta from the double
+ * beta (from the float-rounded 0.999 it would be 1.3e-5 off, every update 6.4e-6 too large). */
+typedef struct dev_adamw {
+    float b1, b2, one_m_b1, one_m_b2;
+    float eps;
+    float decay;    /* 1 - lr * wd */
+    float neg_step; /* -lr / (1 - beta1^t) */
+    float bc2_sqrt; /* sqrt(1 - beta2^t) */
+    float gscale;   /* the gradients' scale (1 / loss scale, times a clip factor) */
+} dev_adamw;
+
 typedef struct dev_ops {
     const char *name; /* "cpu", "cuda" */
 
@@ -173,13 +185,15 @@ typedef struct dev_ops {
     void (*patchify)(device *d, float *out, const float *img, int B, int C, int S, int p);
 
     /* ---- optimizer ----
-     * AdamW on n elements: g_eff = g * gscale; m = b1*m + (1-b1)*g_eff; v = b2*v + (1-b2)*g_eff^2;
-     * p -= lr * ((m / bc1) / (sqrt(v / bc2) + eps) + wd * p), with bc1 = 1 - b1^t,
-     * bc2 = 1 - b2^t computed by the caller (PyTorch's AdamW order: decay applied to the
-     * pre-update p, i.e. p *= 1 - lr*wd first, then the Adam step). */
-    void (*adamw)(device *d, float *p, const float *g, float *m, float *v, int64_t n, float lr,
-                  float b1, float b2, float eps, float wd, float bc1, float bc2, float gscale);
+     * AdamW on n elements with one step's scalars (dev_adamw_step): g_eff = g * gscale;
+     * m = b1*m + (1-b1)*g_eff; v = b2*v + (1-b2)*g_eff^2; p = p*decay + (neg_step*m) /
+     * (sqrt(v)/bc2_sqrt + eps), each operation rounded separately (PyTorch's AdamW order: the
+     * decay p *= 1 - lr*wd applies to the pre-update p, then the Adam step). */
+    void (*adamw)(device *d, float *p, const float *g, float *m, float *v, int64_t n, const dev_adamw *a);
 } dev_ops;
+
+
+dev_adamw dev_adamw_step(double lr, double beta1, double beta2, double eps, double wd, long t, float gscale);
 
 /* How gemm treats its fp32 operands. */
 typedef enum {

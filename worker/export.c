@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "ckpt.h"
+#include "ckpt_dir.h"
 #include "export.h"
 #include "fileio.h"
 #include "json_util.h"
@@ -22,7 +23,7 @@
 
 typedef struct exporter {
     const model_spec *m;
-    st_file *ckpt;
+    float **unit; /* [units]: every unit's parameters, flat (wmodel's layout) */
     st_writer *w;
     float **owned; /* buffers the writer references until the save */
     int n_owned, cap_owned;
@@ -36,20 +37,14 @@ static float *own(exporter *x, int64_t n) {
     return x->owned[x->n_owned++] = xmalloc((size_t)(n ? n : 1) * sizeof(float));
 }
 
-/* The checkpoint's parameters of tensor `name` in `unit` (a pointer into the mapping) and its
- * layout entry. */
+/* The parameters of tensor `name` in `unit` and its layout entry. */
 static const float *src(exporter *x, int unit, const char *name, wm_tensor *info) {
     wm_tensor ts[WM_MAX_TENSORS];
     int n = wm_unit_tensors(x->m, unit, ts);
-    char uname[48], key[96];
-    model_unit_name(x->m, unit, uname, sizeof uname);
-    snprintf(key, sizeof key, "param.%s", uname);
-    const st_tensor *t = st_find(x->ckpt, key);
-    CHECK(t != NULL); /* checked on load */
     for (int i = 0; i < n; i++)
         if (!strcmp(ts[i].name, name)) {
             *info = ts[i];
-            return (const float *)t->data + ts[i].offset;
+            return x->unit[unit] + ts[i].offset;
         }
     CHECK(!"tensor not in the layout");
     return NULL;
@@ -136,7 +131,7 @@ static cJSON *hf_config(const model_spec *m) {
         cJSON_AddNumberToObject(o, "n_ctx", m->max_seq);
         cJSON_AddNumberToObject(o, "n_inner", m->d_ff);
         cJSON_AddStringToObject(o, "activation_function", "gelu_new");
-        cJSON_AddNumberToObject(o, "layer_norm_epsilon", wm_norm_eps(m));
+        cJSON_AddNumberToObject(o, "layer_norm_epsilon", json_float_decimal(wm_norm_eps(m)));
         cJSON_AddBoolToObject(o, "tie_word_embeddings", true);
     } else {
         cJSON_AddNumberToObject(o, "hidden_size", m->d_model);
@@ -145,7 +140,7 @@ static cJSON *hf_config(const model_spec *m) {
         cJSON_AddNumberToObject(o, "num_key_value_heads", m->n_kv_head);
         cJSON_AddNumberToObject(o, "num_hidden_layers", m->n_layer);
         cJSON_AddNumberToObject(o, "max_position_embeddings", m->max_seq);
-        cJSON_AddNumberToObject(o, "rms_norm_eps", wm_norm_eps(m));
+        cJSON_AddNumberToObject(o, "rms_norm_eps", json_float_decimal(wm_norm_eps(m)));
         cJSON_AddNumberToObject(o, "rope_theta", WM_ROPE_THETA);
         cJSON_AddStringToObject(o, "hidden_act", "silu");
         cJSON_AddBoolToObject(o, "tie_word_embeddings", false);
@@ -153,24 +148,99 @@ static cJSON *hf_config(const model_spec *m) {
     return o;
 }
 
-/* Opens the checkpoint and checks every unit's parameter tensor. */
-static int open_checkpoint(const char *path, st_file **f, model_spec *m, err_t *err) {
-    if (st_open(f, path, err) < 0) return -1;
-    int rc = ckpt_read_model(*f, m, err);
-    for (int u = 0; rc == 0 && u < model_n_units(m); u++) {
-        char uname[48], key[96];
-        int64_t n = model_unit_params(m, u);
-        model_unit_name(m, u, uname, sizeof uname);
-        snprintf(key, sizeof key, "param.%s", uname);
-        rc = st_expect(*f, key, ST_F32, 1, &n, NULL, err);
+/* What --checkpoint names, as the file or step directory to read: a checkpoint directory (its
+ * `latest`, else its newest complete checkpoint), a step directory, or a file. */
+static int resolve(const char *path, char *out, size_t n, err_t *err) {
+    struct stat st;
+    if (stat(path, &st) < 0) return err_set(err, "%s: %s", path, strerror(errno));
+    snprintf(out, n, "%s", path);
+    if (!S_ISDIR(st.st_mode)) return 0;
+    char probe[1200], name[64];
+    snprintf(probe, sizeof probe, "%s/index.json", path);
+    if (access(probe, F_OK) == 0) return 0; /* a sharded step directory */
+    int rc = ckpt_dir_latest(path, name, sizeof name, err);
+    if (rc < 0) return -1;
+    if (rc == 0) {
+        ckpt_entry *e = NULL;
+        int k = ckpt_dir_list(path, &e, err), i = 0;
+        if (k < 0) return -1;
+        while (i < k && !e[i].complete) i++;
+        if (i < k) snprintf(name, sizeof name, "%s", e[i].name);
+        free(e);
+        if (i >= k)
+            return err_set(err, "%s: no checkpoint in this directory (expected step_N.safetensors, a step_N/ "
+                                "directory with its index.json, or a latest file; or give a checkpoint file)", path);
     }
+    snprintf(out, n, "%s/%s", path, name);
+    return 0;
+}
+
+/* A --dump file (init.safetensors, final.safetensors): every tensor under "UNIT.NAME". */
+static bool is_dump(const st_file *f, const model_spec *m) {
+    char uname[48], key[160];
+    model_unit_name(m, 0, uname, sizeof uname);
+    snprintf(key, sizeof key, "param.%s", uname);
+    return st_find(f, key) == NULL;
+}
+
+static int read_dump(exporter *x, const st_file *f, err_t *err) {
+    const model_spec *m = x->m;
+    for (int u = 0; u < model_n_units(m); u++) {
+        wm_tensor ts[WM_MAX_TENSORS];
+        int n = wm_unit_tensors(m, u, ts);
+        char uname[48], key[192];
+        model_unit_name(m, u, uname, sizeof uname);
+        for (int i = 0; i < n; i++) {
+            const void *data;
+            snprintf(key, sizeof key, "%.47s.%.47s", uname, ts[i].name);
+            if (st_expect(f, key, ST_F32, ts[i].ndim, ts[i].shape, &data, err) < 0) return -1;
+            memcpy(x->unit[u] + ts[i].offset, data, (size_t)ts[i].numel * sizeof(float));
+        }
+    }
+    return 0;
+}
+
+/* Reads the model and every unit's parameters from a checkpoint (one file, or the per-rank files
+ * of a step directory, assembled by ckpt_set) or a --dump file. */
+static int load(exporter *x, model_spec *m, const char *path, err_t *err) {
+    char file[1200], name[48];
+    struct stat st;
+    snprintf(file, sizeof file, "%s", path);
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+        ckpt_shard_name(0, name, sizeof name);
+        snprintf(file, sizeof file, "%s/%s", path, name);
+    }
+    st_file *f;
+    if (st_open(&f, file, err) < 0) return -1;
+    int rc = ckpt_read_model(f, m, err);
+    if (rc == 0) {
+        x->unit = xcalloc((size_t)model_n_units(m), sizeof *x->unit);
+        for (int u = 0; u < model_n_units(m); u++) x->unit[u] = xmalloc((size_t)model_unit_params(m, u) * sizeof(float));
+    }
+    if (rc == 0 && is_dump(f, m)) {
+        rc = read_dump(x, f, err);
+        st_close(f);
+        return rc;
+    }
+    st_close(f);
+    if (rc < 0) return -1;
+    ckpt_set *set = ckpt_set_open(path, m, NULL, err);
+    if (!set) return -1;
+    for (int u = 0; rc == 0 && u < model_n_units(m); u++) {
+        char uname[48];
+        model_unit_name(m, u, uname, sizeof uname);
+        rc = ckpt_set_read(set, "param", u, uname, 0, model_unit_params(m, u), x->unit[u], err);
+    }
+    ckpt_set_close(set);
     return rc;
 }
 
 int export_hf(const char *checkpoint, const char *dir, err_t *err) {
     model_spec m;
     exporter x = {.m = &m};
-    int rc = open_checkpoint(checkpoint, &x.ckpt, &m, err);
+    char path[1100];
+    int rc = resolve(checkpoint, path, sizeof path, err);
+    if (rc == 0) rc = load(&x, &m, path, err);
     if (rc == 0 && m.arch != ARCH_GPT && m.arch != ARCH_LLAMA)
         rc = err_set(err, "%s: export writes GPT-2 and Llama layouts; this checkpoint is a %s",
                      checkpoint, model_arch_name(m.arch));
@@ -180,7 +250,6 @@ int export_hf(const char *checkpoint, const char *dir, err_t *err) {
         if (m.arch == ARCH_GPT) gpt2_tensors(&x);
         else llama_tensors(&x);
         st_writer_meta(x.w, "format", "pt");
-        char path[1100];
         snprintf(path, sizeof path, "%s/model.safetensors", dir);
         rc = st_writer_save(x.w, path, err);
         if (rc == 0) {
@@ -195,7 +264,8 @@ int export_hf(const char *checkpoint, const char *dir, err_t *err) {
     }
     for (int i = 0; i < x.n_owned; i++) free(x.owned[i]);
     free(x.owned);
-    st_close(x.ckpt);
+    for (int u = 0; x.unit && u < model_n_units(&m); u++) free(x.unit[u]);
+    free(x.unit);
     return rc;
 }
 
@@ -211,9 +281,12 @@ int cmd_export(int argc, char **argv) {
         case 'c': ckpt = optarg; break;
         case 'o': out = optarg; break;
         case 'h':
-            puts("usage: cephalo-worker export --checkpoint FILE -o DIR\n"
+            puts("usage: cephalo-worker export --checkpoint PATH -o DIR\n"
                  "Writes DIR/model.safetensors (Hugging Face tensor names) and DIR/config.json\n"
-                 "for GPT-2 (GPT2LMHeadModel) and Llama (LlamaForCausalLM) checkpoints.");
+                 "for GPT-2 (GPT2LMHeadModel) and Llama (LlamaForCausalLM) checkpoints.\n"
+                 "PATH: a checkpoint file (step_N.safetensors), a sharded step directory (step_N/),\n"
+                 "a checkpoint directory (--ckpt-dir: the one its `latest` names, else its newest\n"
+                 "complete one), or a --dump file (init.safetensors: the weights before step 0).");
             return 0;
         default:
             fprintf(stderr, "cephalo-worker export: bad option '%s' (see --help)\n", argv[optind - 1]);
@@ -221,7 +294,7 @@ int cmd_export(int argc, char **argv) {
         }
     }
     if (!ckpt || !out || optind < argc) {
-        fprintf(stderr, "cephalo-worker export: needs --checkpoint FILE and -o DIR (see --help)\n");
+        fprintf(stderr, "cephalo-worker export: needs --checkpoint PATH and -o DIR (see --help)\n");
         return 2;
     }
     err_t err;

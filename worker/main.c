@@ -1,7 +1,7 @@
 /* main.c - cephalo-worker: one rank of a training job (DESIGN 5.1).
  *
  *   cephalo-worker train [--plan PLAN.json | --model M --batch B [--microbatch m]] [options]
- *   cephalo-worker export --checkpoint FILE -o DIR
+ *   cephalo-worker export --checkpoint PATH -o DIR
  *
  * RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT and CEPHALO_PLAN come from the environment, as with
  * torchrun-launched programs. Exit codes: 0 done, 1 runtime failure, 2 bad input. */
@@ -60,7 +60,7 @@ static void catch_stop_signals(void) {
 static const char usage_text[] =
     "usage: cephalo-worker train [--plan PLAN.json | --model MODEL --batch B [--microbatch M]]\n"
     "                            [options]\n"
-    "       cephalo-worker export --checkpoint FILE -o DIR\n"
+    "       cephalo-worker export --checkpoint PATH -o DIR\n"
     "       cephalo-worker profile --model M [--seq T] [--precision P] [--device cpu|cuda] [--threads N]\n"
     "                              [--memory SIZE] [--max-micro K] [--name TYPE] -o FILE\n"
     "       cephalo-worker profile-comm [--min-bytes N] [--max-bytes N] [--reps N] -o FILE\n"
@@ -74,9 +74,12 @@ static const char usage_text[] =
     "  --seq T              sequence length (default: the model's)\n"
     "  --data SPEC          token shards (file, directory, glob, comma list), a CIMG image file\n"
     "                       for ViT, or 'synthetic' (default)\n"
-    "  --steps N            total steps (default 20)\n"
+    "  --steps N            total steps (default 20); 0: the initial weights saved as checkpoint\n"
+    "                       step 0 (with --ckpt-dir), e.g. to export them\n"
     "  --lr X               peak learning rate (default 3e-4)\n"
-    "  --min-lr X           final learning rate of the cosine (default lr/10)\n"
+    "  --schedule S         after the warmup: cosine (default) or linear from lr down to\n"
+    "                       --min-lr, or constant (lr throughout)\n"
+    "  --min-lr X           final learning rate of the cosine or linear decay (default lr/10)\n"
     "  --warmup N           linear warmup steps (default 0)\n"
     "  --weight-decay X     AdamW decay on matrices (default 0.1)\n"
     "  --beta1 X --beta2 X --eps X   AdamW (default 0.9, 0.95, 1e-8)\n"
@@ -182,10 +185,11 @@ static int parse_train(int argc, char **argv, worker_opts *o) {
            O_WARMUP, O_WD, O_B1, O_B2, O_EPS, O_CLIP, O_SEED, O_THREADS, O_MEMORY, O_CKDIR,
            O_CKEVERY, O_RESUME, O_LOG, O_DUMP, O_QUIET, O_DEVICE, O_GPU, O_PRECISION, O_OFFLOAD,
            O_ACCUM, O_SYNCMICRO, O_MPORT, O_MADDR, O_OVERWRITE, O_KEEPLAST, O_KEEPEVERY, O_DIVERGE,
-           O_LSCALE, O_LWINDOW };
+           O_LSCALE, O_LWINDOW, O_SCHEDULE };
     static const struct option longopts[] = {
         {"plan", 1, 0, O_PLAN},       {"model", 1, 0, O_MODEL},     {"batch", 1, 0, O_BATCH},
         {"microbatch", 1, 0, O_MICRO}, {"seq", 1, 0, O_SEQ},        {"data", 1, 0, O_DATA},
+        {"schedule", 1, 0, O_SCHEDULE},
         {"steps", 1, 0, O_STEPS},     {"lr", 1, 0, O_LR},           {"min-lr", 1, 0, O_MINLR},
         {"warmup", 1, 0, O_WARMUP},   {"weight-decay", 1, 0, O_WD}, {"beta1", 1, 0, O_B1},
         {"beta2", 1, 0, O_B2},        {"eps", 1, 0, O_EPS},         {"clip", 1, 0, O_CLIP},
@@ -214,9 +218,12 @@ static int parse_train(int argc, char **argv, worker_opts *o) {
         case O_MICRO: rc = integer("--microbatch", optarg, 1, 1 << 20, &o->micro); break;
         case O_SEQ: rc = integer("--seq", optarg, 1, 1 << 20, &o->seq); break;
         case O_DATA: c->data = optarg; break;
-        case O_STEPS: rc = integer("--steps", optarg, 1, 1L << 40, &v), c->steps = v; break;
+        case O_STEPS: rc = integer("--steps", optarg, 0, 1L << 40, &v), c->steps = v; break;
         case O_LR: rc = num("--lr", optarg, 0, 10, &c->lr); break;
         case O_MINLR: rc = num("--min-lr", optarg, 0, 10, &c->min_lr); break;
+        case O_SCHEDULE:
+            if (!schedule_parse(optarg, &c->schedule)) rc = bad("--schedule: '%s' is not " SCHEDULE_CHOICES, optarg);
+            break;
         case O_WARMUP: rc = integer("--warmup", optarg, 0, 1L << 40, &v), c->warmup = v; break;
         case O_WD: rc = num("--weight-decay", optarg, 0, 10, &c->weight_decay); break;
         case O_B1: rc = num("--beta1", optarg, 0, 0.999999, &c->beta1); break;
@@ -479,9 +486,16 @@ static int train_rank(worker_opts o) {
         fprintf(stderr, "cephalo-worker: %s%s\n", rc == CKPT_REFUSED ? "" : "resume: ", err.msg);
         return rc == CKPT_REFUSED ? EXIT_BAD_INPUT : EXIT_RUNTIME;
     }
-    if (t->step >= t->cfg.steps) /* said even when quiet: the run does nothing */
+    if (t->cfg.steps == 0 && t->step == 0) { /* the initial weights as checkpoint step 0 (to export them) */
+        if (o.ck.dir && ckpt_checkpoint(t, &o.ck, &err) < 0) rc = (fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_RUNTIME);
+        else if (!o.quiet || !o.ck.dir)
+            fprintf(stderr, "cephalo-worker: --steps 0: nothing trained; %s%s\n",
+                    o.ck.dir ? "the initial weights are checkpoint step_00000000 in " : "give --ckpt-dir to keep the "
+                    "initial weights", o.ck.dir ? o.ck.dir : "");
+    } else if (t->step >= t->cfg.steps) { /* said even when quiet: the run does nothing */
         fprintf(stderr, "cephalo-worker: nothing to train: the checkpoint resumed from is at step %lld, and --steps is %lld "
                 "(raise --steps to train further)\n", (long long)t->step, (long long)t->cfg.steps);
+    }
     FILE *log = o.log ? fopen(o.log, t->step > 0 ? "a" : "w") : NULL;
     if (o.log && !log) {
         trainer_free(t);
@@ -511,7 +525,7 @@ static int train_rank(worker_opts o) {
                 str_bytes((double)t->dev.cur_bytes, peak, sizeof peak),
                 str_bytes((double)t->host_bytes, host, sizeof host));
     }
-    if (!rc) rc = run_training(t, &o, log, dp, m);
+    if (!rc && t->cfg.steps > 0) rc = run_training(t, &o, log, dp, m);
     else metrics_fail(m, "set-up failed");
     if (dp && dump_close(dp, t, &err) < 0 && !rc) rc = (fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_RUNTIME);
     if (log) fclose(log);

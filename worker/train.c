@@ -43,12 +43,7 @@ void train_config_release(train_config *c) {
 }
 
 double train_lr(const train_config *c, int64_t step) {
-    double min_lr = c->min_lr < 0 ? c->lr / 10 : c->min_lr;
-    if (step < c->warmup) return c->lr * (double)(step + 1) / (double)c->warmup;
-    int64_t span = c->steps - c->warmup > 1 ? c->steps - c->warmup : 1;
-    double p = (double)(step - c->warmup) / (double)span;
-    if (p > 1) p = 1;
-    return min_lr + 0.5 * (c->lr - min_lr) * (1 + cos(3.14159265358979323846 * p));
+    return schedule_lr(c->schedule, c->lr, c->min_lr < 0 ? c->lr / 10 : c->min_lr, c->warmup, c->steps, step);
 }
 
 /* ---- set-up ---- */
@@ -527,8 +522,8 @@ static int backward_units(trainer *t, mb_range r, int s, err_t *err) {
 /* AdamW on this rank's slice of every tensor; decay only where the layout says so. */
 static void optimizer_step(trainer *t, double lr, float gscale) {
     const train_config *c = &t->cfg;
-    double bc1 = 1 - pow(c->beta1, (double)(t->adam_steps + 1));
-    double bc2 = 1 - pow(c->beta2, (double)(t->adam_steps + 1));
+    dev_adamw decayed = dev_adamw_step(lr, c->beta1, c->beta2, c->eps, c->weight_decay, t->adam_steps + 1, gscale);
+    dev_adamw plain = dev_adamw_step(lr, c->beta1, c->beta2, c->eps, 0.0, t->adam_steps + 1, gscale);
     for (int u = 0; u < t->n_units; u++) {
         wm_tensor ts[WM_MAX_TENSORS];
         int n = wm_unit_tensors(&c->model, u, ts);
@@ -538,10 +533,8 @@ static void optimizer_step(trainer *t, double lr, float gscale) {
             int64_t b = ts[i].offset + ts[i].numel < hi ? ts[i].offset + ts[i].numel : hi;
             if (a >= b) continue;
             int64_t o = a - lo;
-            OP(&t->dev, adamw, t->params[u] + o, t->grads[u] + o, t->adam_m[u] + o,
-               t->adam_v[u] + o, b - a, (float)lr, (float)c->beta1, (float)c->beta2,
-               (float)c->eps, ts[i].decay ? (float)c->weight_decay : 0.0f, (float)bc1,
-               (float)bc2, gscale);
+            OP(&t->dev, adamw, t->params[u] + o, t->grads[u] + o, t->adam_m[u] + o, t->adam_v[u] + o, b - a,
+               ts[i].decay ? &decayed : &plain);
         }
     }
 }

@@ -18,6 +18,7 @@
 #include "device.h"
 #include "model.h"
 #include "precision.h"
+#include "schedule.h"
 #include "wmodel.h"
 
 typedef struct train_config {
@@ -38,6 +39,7 @@ typedef struct train_config {
     int64_t steps;
     double lr, min_lr, beta1, beta2, eps, weight_decay, clip;
     int64_t warmup;
+    lr_schedule schedule; /* after the warmup: cosine (default), linear or constant */
     uint64_t seed;
     /* device */
     const char *device; /* "cpu" (default) or "cuda" */
@@ -149,7 +151,7 @@ typedef struct trainer {
 /* Applies defaults (docs/cli.md) to a zeroed config. */
 void train_config_defaults(train_config *c);
 void train_config_release(train_config *c);
-/* Learning rate of a 0-based step (warmup then cosine to min_lr). */
+/* Learning rate of a 0-based step (warmup, then the schedule to min_lr: schedule.h). */
 double train_lr(const train_config *c, int64_t step);
 
 trainer *trainer_new(const train_config *cfg, err_t *err);

@@ -169,11 +169,12 @@ static double time_optimizer(prof_ctx *c) {
             for (int k = 0; k < 4; k++) dev_zero(d, s[k], n);
             double t[MAX_REPS], spent = 0, sink = 0;
             int reps = 0;
+            const dev_adamw step = dev_adamw_step(1e-4, 0.9, 0.95, 1e-8, 0.1, 1, 1.0f);
             for (int i = -1; i < MAX_REPS && (i < c->min_reps || spent < c->min_ms); i++) {
                 double t0 = clock_now_ms();
                 dev_zero(d, s[1], n);
                 sink += d->ops->sumsq(d, s[1], n);
-                d->ops->adamw(d, s[0], s[1], s[2], s[3], n, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.1f, 0.05f, 1.0f);
+                d->ops->adamw(d, s[0], s[1], s[2], s[3], n, &step);
                 d->ops->sync(d);
                 double ms = clock_now_ms() - t0;
                 if (i >= 0) t[reps++] = ms, spent += ms;

@@ -37,6 +37,22 @@ for model in tiny-gpt tiny-llama tiny-bert tiny-vit; do
   done
 done
 
+# the Hugging Face export reads a sharded step directory (every rank's file) as one model
+"$W" export --checkpoint "$T/run-tiny-llama-3/ckpt/step_00000003" -o "$T/hf-3" >/dev/null 2>&1
+"$W" export --checkpoint "$T/ref-tiny-llama" -o "$T/hf-1" >/dev/null 2>&1
+# per Hugging Face tensor, a part of a unit, so relative to a smaller max than the invariant's per
+# unit: 10x its tolerance; a shard read into the wrong place would be off by O(1)
+check "export of a 3-rank sharded checkpoint = export of the 1-rank one (tol 10 x $TOL per tensor)" 0 "" -- $PY -c "
+import sys; sys.path.insert(0, 'tests/ref'); import st, numpy as np
+a, _ = st.read('$T/hf-3/model.safetensors'); b, _ = st.read('$T/hf-1/model.safetensors')
+assert sorted(a) == sorted(b), (sorted(a), sorted(b))
+for k in a:
+    x, y = np.asarray(a[k], dtype=np.float64), np.asarray(b[k], dtype=np.float64)
+    assert x.shape == y.shape, k
+    d = np.abs(x - y).max() / max(1e-12, np.abs(y).max())
+    assert d <= 10 * $TOL, (k, d)
+"
+
 # a replicated plan (whale): every rank holds the whole state, gradients all-reduced
 $C plan --cluster "$(cluster_of 3)" --model tiny-gpt --batch 12 --strategy whale -o "$T/pw.json" >/dev/null
 if run_ranks "$T/pw.json" "$T/whale" "${train_args[@]}" --ckpt-dir "$T/whale/ckpt"; then

@@ -46,6 +46,9 @@ case_ tiny-gpt-seq32 tiny-gpt --seq 32
 case_ tiny-llama tiny-llama
 case_ tiny-bert tiny-bert
 case_ tiny-vit tiny-vit
+# the other schedules: the oracle computes the lr of each step from cephalo.train's "schedule"
+case_ tiny-gpt-linear tiny-gpt --schedule linear --min-lr 2e-4
+case_ tiny-llama-constant tiny-llama --schedule constant
 
 # The Hugging Face export: a transformers-style forward on the exported weights equals the
 # oracle's forward on the same run's final parameters.

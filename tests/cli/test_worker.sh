@@ -94,3 +94,17 @@ check "export gpt" 0 "model.safetensors" -- "$W" export --checkpoint "$T/ck0/ste
 assert "export config" python3 -c "
 import json; c=json.load(open('$T/hf/config.json')); assert c['model_type']=='gpt2' and c['n_layer']==2"
 check "export of a non-checkpoint" 2 "plan1.json" -- "$W" export --checkpoint "$T/plan1.json" -o "$T/hf2"
+check "export of a checkpoint directory follows its latest" 0 "model.safetensors" -- \
+  "$W" export --checkpoint "$T/ck0" -o "$T/hf-dir"
+assert "... the same file as exporting the checkpoint it names" cmp "$T/hf/model.safetensors" "$T/hf-dir/model.safetensors"
+mkdir -p "$T/no-ckpt"
+check "export of a directory without checkpoints says what it expected" 2 "no checkpoint in this directory" -- \
+  "$W" export --checkpoint "$T/no-ckpt" -o "$T/hf3"
+# the weights before step 0: a --steps 0 checkpoint, and a --dump's init.safetensors, export alike
+check "--steps 0 writes the initial weights as checkpoint step 0" 0 "step_00000000" -- bash -c \
+  "'$W' train ${TINY[*]} --steps 0 --ckpt-dir '$T/ck-init' && ls '$T/ck-init'"
+"$W" train "${TINY[@]}" --steps 1 --quiet --dump "$T/dump-init" >/dev/null 2>&1
+check "export of a --dump's init.safetensors" 0 "model.safetensors" -- \
+  "$W" export --checkpoint "$T/dump-init/init.safetensors" -o "$T/hf-init-dump"
+check "export of the step-0 checkpoint" 0 "model.safetensors" -- "$W" export --checkpoint "$T/ck-init" -o "$T/hf-init"
+assert "... both the same weights, bit for bit" cmp "$T/hf-init/model.safetensors" "$T/hf-init-dump/model.safetensors"

@@ -868,17 +868,18 @@ static void test_patchify(void **state) {
 static void test_adamw(void **state) {
     (void)state;
     const int64_t n = 1000003;
-    const float lr = 1e-2f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f, gscale = 0.5f;
+    const double lr = 1e-2, b1 = 0.9, b2 = 0.999, eps = 1e-8, wd = 0.1;
+    const float gscale = 0.5f;
     seed(1000);
     float *p = hrandom(n, 1.0f), *m = hfill(n, 0.0f), *v = hfill(n, 0.0f);
     float *gp = g_up(p, n), *gm = g_fill(n, 0.0f), *gv = g_fill(n, 0.0f);
     for (int t = 1; t <= 5; t++) {
         float *g = hrandom(n, 1.0f);
         for (int64_t i = 0; i < n; i += 97) g[i] = 0.0f; /* zero gradients: v stays ~0 there */
-        float bc1 = (float)(1 - pow(b1, t)), bc2 = (float)(1 - pow(b2, t));
+        dev_adamw step = dev_adamw_step(lr, b1, b2, eps, wd, t, gscale);
         float *gg = g_up(g, n);
-        REF->ops->adamw(REF, p, g, m, v, n, lr, b1, b2, eps, wd, bc1, bc2, gscale);
-        GPU->ops->adamw(GPU, gp, gg, gm, gv, n, lr, b1, b2, eps, wd, bc1, bc2, gscale);
+        REF->ops->adamw(REF, p, g, m, v, n, &step);
+        GPU->ops->adamw(GPU, gp, gg, gm, gv, n, &step);
         g_release(gg);
     }
     /* a few roundings per element per step (FMA contraction, division and sqrt are exact-rounded
@@ -1344,7 +1345,8 @@ static void test_zero_sizes(void **state) {
     GPU->ops->copy2d(GPU, a, 8, b, 8, 0, 8);
     double s = GPU->ops->xent_fwd_bwd(GPU, a, c, ids, 0, 8, 1.0f);
     assert_true(s == 0.0);
-    GPU->ops->adamw(GPU, a, b, c, c, 0, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.1f, 0.05f, 1.0f);
+    const dev_adamw step = dev_adamw_step(1e-3, 0.9, 0.95, 1e-8, 0.1, 1, 1.0f);
+    GPU->ops->adamw(GPU, a, b, c, c, 0, &step);
     expect_all("outputs after zero-sized ops", g_down(a, 64), 64, 3.0f);
     expect_all("outputs after zero-sized ops", g_down(c, 64), 64, 3.0f);
 }

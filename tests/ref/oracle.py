@@ -167,6 +167,9 @@ def train_settings(meta, K, rep):
             rep.note("assumed %s = %s (not in cephalo.train)" % (field, v))
         out[field] = float(v)
     out["warmup"], out["steps"] = int(out["warmup"]), int(out["steps"])
+    out["schedule"] = t.get("schedule", "cosine")  # checkpoints before --schedule: cosine
+    if out["schedule"] not in ("cosine", "linear", "constant"):
+        raise ValueError("cephalo.train schedule %r is not cosine, linear or constant" % out["schedule"])
     return out, t
 
 
@@ -175,7 +178,12 @@ def lr_at(tr, s):
     lr, min_lr, warmup, steps = tr["lr"], tr["min_lr"], tr["warmup"], tr["steps"]
     if s < warmup:
         return lr * (s + 1) / warmup
-    p = (s - warmup) / max(1, steps - warmup)
+    p = min(1.0, (s - warmup) / max(1, steps - warmup))
+    schedule = tr.get("schedule", "cosine")
+    if schedule == "constant":
+        return lr
+    if schedule == "linear":
+        return min_lr + (lr - min_lr) * (1.0 - p)
     return min_lr + 0.5 * (lr - min_lr) * (1.0 + math.cos(math.pi * p))
 
 

@@ -456,8 +456,27 @@ static void test_json_syntax_position(void **state) {
     assert_non_null(strstr(err.msg, "/nonexistent/x.json: cannot open"));
 }
 
+/* json_float_decimal: the shortest decimal that reads back as the float */
+static void test_float_decimal(void **state) {
+    (void)state;
+    assert_true(json_float_decimal(1e-5f) == 1e-5);
+    assert_true(json_float_decimal(1e-6f) == 1e-6);
+    assert_true(json_float_decimal(0.1f) == 0.1);
+    assert_true(json_float_decimal(3.0f) == 3.0);
+    assert_true(json_float_decimal(-2.5e-8f) == -2.5e-8);
+    float odd = 1.0f / 3.0f; /* needs all 9 digits */
+    assert_true((float)json_float_decimal(odd) == odd);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "eps", json_float_decimal(1e-5f));
+    char *text = cJSON_PrintUnformatted(o);
+    assert_string_equal(text, "{\"eps\":1e-05}");
+    free(text);
+    cJSON_Delete(o);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_float_decimal),
         cmocka_unit_test(test_valid_loads),
         cmocka_unit_test(test_find),
         cmocka_unit_test(test_optional_fields),

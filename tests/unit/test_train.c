@@ -314,6 +314,21 @@ static void test_lr_schedule(void **state) {
     assert_true(fabs(train_lr(&c, 4) - 1.0) < 1e-12);
     assert_true(fabs(train_lr(&c, 9) - 0.55) < 1e-12);
     assert_true(fabs(train_lr(&c, 14) - 0.1) < 1e-12);
+    /* linear: halfway down at p = 0.5, min_lr at the end; constant: lr after the warmup */
+    c.schedule = SCHED_LINEAR;
+    assert_true(fabs(train_lr(&c, 1) - 0.5) < 1e-12);
+    assert_true(fabs(train_lr(&c, 9) - 0.55) < 1e-12);
+    assert_true(fabs(train_lr(&c, 6) - (0.1 + 0.9 * 0.8)) < 1e-12);
+    assert_true(fabs(train_lr(&c, 14) - 0.1) < 1e-12);
+    c.schedule = SCHED_CONSTANT;
+    assert_true(fabs(train_lr(&c, 2) - 0.75) < 1e-12);
+    assert_true(fabs(train_lr(&c, 6) - 1.0) < 1e-12);
+    assert_true(fabs(train_lr(&c, 14) - 1.0) < 1e-12);
+    lr_schedule s;
+    assert_true(schedule_parse("linear", &s) && s == SCHED_LINEAR);
+    assert_false(schedule_parse("Linear", &s));
+    assert_false(schedule_parse(NULL, &s));
+    assert_string_equal(schedule_name(SCHED_CONSTANT), "constant");
 }
 
 int main(void) {

@@ -1,0 +1,27 @@
+/* schedule.c - the learning-rate schedules (schedule.h). */
+#include "schedule.h"
+
+#include <math.h>
+#include <string.h>
+
+static const char *const NAMES[SCHED_COUNT] = {"cosine", "linear", "constant"};
+
+const char *schedule_name(lr_schedule s) { return (unsigned)s < SCHED_COUNT ? NAMES[s] : "?"; }
+
+bool schedule_parse(const char *s, lr_schedule *out) {
+    for (int i = 0; s && i < SCHED_COUNT; i++)
+        if (!strcmp(s, NAMES[i])) return *out = (lr_schedule)i, true;
+    return false;
+}
+
+double schedule_lr(lr_schedule s, double lr, double min_lr, int64_t warmup, int64_t steps, int64_t step) {
+    if (step < warmup) return lr * (double)(step + 1) / (double)warmup;
+    int64_t span = steps - warmup > 1 ? steps - warmup : 1;
+    double p = (double)(step - warmup) / (double)span;
+    if (p > 1) p = 1;
+    switch (s) {
+    case SCHED_CONSTANT: return lr;
+    case SCHED_LINEAR: return min_lr + (lr - min_lr) * (1 - p);
+    default: return min_lr + 0.5 * (lr - min_lr) * (1 + cos(3.14159265358979323846 * p));
+    }
+}
