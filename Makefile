@@ -9,6 +9,8 @@
 #   SAN=1           build and test with AddressSanitizer + UndefinedBehaviorSanitizer
 #   make test-gpu   CUDA ops against the CPU device, the invariant and PyTorch oracles on the GPU
 #   make bench-gpu  tokens/s, MFU and peak memory against PyTorch on the GPU
+#   make bench-operator  the operator on the test control plane: 300 fake GPU nodes, 50 jobs; time to
+#                   their pods, API requests/s per job at rest (OPERATOR=BIN, BENCH_OP_*: see the script)
 #   CUDA=auto|0|1   CUDA detection (auto: build cephalo-worker-cuda when nvcc is found)
 #   CUDA_ARCHS=...  GPU architectures built (default: those of 60 61 70 75 80 86 89 90 nvcc has)
 #   make cuda-check compile worker/*.cu for sm_60..sm_90 with CUDA 11.8 (cached) and sm_75 with nvcc
@@ -113,7 +115,7 @@ else
 endif
 
 .SECONDARY:
-.PHONY: all deps test demo bench fuzz clean help info cuda test-gpu bench-gpu cuda-check cuda-check-objs cuda118 images
+.PHONY: all deps test demo bench fuzz clean help info cuda test-gpu bench-gpu bench-operator cuda-check cuda-check-objs cuda118 images
 all: $(CLI) $(WORKER) $(OLIB) $(OPERATOR) $(CUDA_TARGETS)
 
 cuda: $(CUDA_TARGETS)
@@ -227,6 +229,12 @@ test-gpu: deps $(CLI) $(WORKER) cuda
 
 bench-gpu: deps $(CLI) cuda
 	@BUILD=$(BUILD) bench/bench_gpu.sh
+
+# the operator at scale against the real test control plane (tests/k8s/apiserver.sh, kubelet.py);
+# another binary, run as it is and never rebuilt: make bench-operator OPERATOR=/path/to/cephalo-operator
+BENCH_OP_BIN := $(if $(filter command line,$(origin OPERATOR)),$(OPERATOR))
+bench-operator: deps $(if $(BENCH_OP_BIN),,$(OPERATOR))
+	@OPERATOR=$(or $(BENCH_OP_BIN),$(OPERATOR)) BUILD=$(BUILD) bench/bench_operator.sh
 
 $(BENCH): $(BUILD)/bench/bench_plan.o $(BUILD)/bench/paper_dp.o $(LIB)
 	@mkdir -p $(dir $@)

@@ -1,0 +1,391 @@
+#!/usr/bin/env python3
+"""bench_operator.py - the Python half of bench/bench_operator.sh (standard library only).
+
+  bench_operator.py watch --server URL --token T --ca CA --namespace NS --jobs-file F --out OUT.json
+                          [--timeout S]
+      Lists and watches the CephaloJobs and the pods labelled cephalo.dev/job of NS, then runs
+      `kubectl apply -f F` (t = 0 just before it) and records, from the watch events as they
+      arrive, when every job of F has all its worker pods created (live pods of the job as many as
+      its spec.gpus.maxGPUs: the plan takes every GPU it is given), all bound (spec.nodeName), all
+      Running, and every job in phase Running. Ends when the jobs are all Running (or at the
+      timeout) and writes OUT.json.
+
+  bench_operator.py report --before M0 --after M1 --window S --timings OUT.json --params P.json
+                           --json RESULT.json
+      The operator's cephalo_operator_api_requests_total deltas between two /metrics scrapes:
+      requests/s in total and per job, by verb; prints the table and writes RESULT.json.
+"""
+import argparse
+import http.client
+import json
+import re
+import ssl
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+
+JOB_LABEL = 'cephalo.dev/job'
+CRD_PATH = '/apis/cephalo.dev/v1alpha1'
+TARGET_REST = 0.05   # requests/s per job at rest (issue 17)
+TARGET_START = 3.0   # seconds for the jobs to have all their pods created, and bound
+
+
+def meta(o, k, d=None):
+    return (o.get('metadata') or {}).get(k, d)
+
+
+class Api:
+    def __init__(self, server, token, ca):
+        u = urllib.parse.urlsplit(server)
+        self.host, self.port, self.token = u.hostname, u.port or 443, token
+        self.ctx = ssl.create_default_context(cafile=ca)
+
+    def conn(self, timeout):
+        return http.client.HTTPSConnection(self.host, self.port, context=self.ctx, timeout=timeout)
+
+    def headers(self):
+        return {'Authorization': 'Bearer ' + self.token, 'Accept': 'application/json'}
+
+    def list(self, path):
+        c = self.conn(30)
+        try:
+            c.request('GET', path, headers=self.headers())
+            r = c.getresponse()
+            body = r.read()
+            if r.status != 200:
+                raise RuntimeError(f'GET {path}: HTTP {r.status}: {body[:200]!r}')
+            obj = json.loads(body)
+            return obj.get('items') or [], obj['metadata']['resourceVersion']
+        finally:
+            c.close()
+
+
+class State:
+    """The jobs and pods as the watches last told, and the first time each condition held."""
+
+    def __init__(self, names, max_gpus):
+        self.lock = threading.Lock()
+        self.done = threading.Event()
+        self.names = set(names)
+        self.max_gpus = max_gpus  # job -> spec.gpus.maxGPUs
+        self.jobs, self.pods = {}, {}  # name -> job, uid -> pod
+        self.t0 = None
+        self.first = {}  # event -> seconds since t0
+        self.job_added = {}  # job -> seconds when its creation was seen
+        self.job_created = {}  # job -> seconds when all its pods first existed
+        self.job_bound = {}
+        self.pods_seen, self.pods_deleted = set(), set()
+        self.phases = {}
+        self.listed = set()  # the kinds listed once
+
+    def mark(self, key, t):
+        if key not in self.first:
+            self.first[key] = round(t - self.t0, 3)
+
+    def update(self, kind, typ, obj, t):
+        with self.lock:
+            if kind == 'job':
+                name = meta(obj, 'name')
+                if typ == 'DELETED':
+                    self.jobs.pop(name, None)
+                else:
+                    self.jobs[name] = obj
+                    if self.t0 is not None and name in self.names:
+                        self.job_added.setdefault(name, round(t - self.t0, 3))
+            else:
+                uid = meta(obj, 'uid')
+                if typ == 'DELETED':
+                    self.pods.pop(uid, None)
+                    self.pods_deleted.add(uid)
+                else:
+                    self.pods[uid] = obj
+                    self.pods_seen.add(uid)
+                    if meta(obj, 'deletionTimestamp'):
+                        self.pods_deleted.add(uid)
+            if self.t0 is not None:
+                self.evaluate(t)
+
+    def evaluate(self, t):
+        if self.pods:
+            self.mark('first_pod', t)
+        if self.names <= set(self.jobs):
+            self.mark('all_jobs_seen', t)
+        live = {}
+        for p in self.pods.values():
+            if meta(p, 'deletionTimestamp'):
+                continue
+            live.setdefault((meta(p, 'labels') or {}).get(JOB_LABEL), []).append(p)
+        created = bound = running = 0
+        for name in self.names:
+            pods = live.get(name, [])
+            if len(pods) < self.max_gpus[name]:
+                continue
+            created += 1
+            self.job_created.setdefault(name, round(t - self.t0, 3))
+            if all((p.get('spec') or {}).get('nodeName') for p in pods):
+                bound += 1
+                self.job_bound.setdefault(name, round(t - self.t0, 3))
+            if all((p.get('status') or {}).get('phase') == 'Running' for p in pods):
+                running += 1
+        n = len(self.names)
+        if created == n:
+            self.mark('all_pods_created', t)
+        if bound == n:
+            self.mark('all_pods_bound', t)
+        if running == n:
+            self.mark('all_pods_running', t)
+        phases = {}
+        for name in self.names:
+            ph = ((self.jobs.get(name) or {}).get('status') or {}).get('phase') or 'none'
+            phases[ph] = phases.get(ph, 0) + 1
+        self.phases = phases
+        if phases.get('Running', 0) == n:
+            self.mark('all_jobs_running', t)
+            self.done.set()
+
+
+def follow(api, state, kind, path, stop):
+    """List + watch PATH (a collection URL with its query), feeding the state; relists on 410 or
+    any failure."""
+    rv = None
+    sep = '&' if '?' in path else '?'
+    while not stop.is_set():
+        try:
+            if rv is None:
+                items, rv = api.list(path)
+                t = time.time()
+                with state.lock:
+                    if kind == 'job':
+                        state.jobs = {meta(o, 'name'): o for o in items}
+                    else:
+                        state.pods = {meta(o, 'uid'): o for o in items}
+                    if state.t0 is not None:
+                        state.evaluate(t)
+                state.listed.add(kind)
+            c = api.conn(330)
+            c.request('GET', f'{path}{sep}watch=1&allowWatchBookmarks=true&resourceVersion={rv}'
+                      '&timeoutSeconds=300', headers=api.headers())
+            r = c.getresponse()
+            if r.status == 410:
+                rv = None
+                continue
+            if r.status != 200:
+                raise RuntimeError(f'watch {path}: HTTP {r.status}')
+            while not stop.is_set():
+                line = r.readline()
+                if not line:
+                    break
+                if not line.strip():
+                    continue
+                t = time.time()
+                ev = json.loads(line)
+                typ, obj = ev.get('type'), ev.get('object') or {}
+                if typ == 'ERROR':
+                    rv = None
+                    break
+                if typ != 'BOOKMARK':
+                    state.update(kind, typ, obj, t)
+                rv = meta(obj, 'resourceVersion', rv)
+            c.close()
+        except Exception as e:  # noqa: BLE001 - relist after a pause
+            print(f'bench_operator.py: watch {kind}: {type(e).__name__}: {e}; relisting', file=sys.stderr)
+            rv = None
+            stop.wait(0.5)
+
+
+def jobs_of(path):
+    """name -> spec.gpus.maxGPUs of the CephaloJobs in the multi-document file that bench_operator.sh
+    writes (JSON documents, one a line)."""
+    out = {}
+    for line in open(path):
+        line = line.strip()
+        if line.startswith('{'):
+            d = json.loads(line)
+            out[d['metadata']['name']] = d['spec']['gpus']['maxGPUs']
+    return out
+
+
+def watch(a):
+    token = a.token or open(a.token_file).read().strip()
+    api = Api(a.server, token, a.ca)
+    max_gpus = jobs_of(a.jobs_file)
+    state = State(max_gpus, max_gpus)
+    stop = threading.Event()
+    ns = a.namespace
+    for kind, path in (('job', f'{CRD_PATH}/namespaces/{ns}/cephalojobs'),
+                       ('pod', f'/api/v1/namespaces/{ns}/pods?labelSelector=' +
+                        urllib.parse.quote(JOB_LABEL))):
+        threading.Thread(target=follow, args=(api, state, kind, path, stop), daemon=True).start()
+    deadline = time.time() + 60
+    while len(state.listed) < 2:
+        if time.time() > deadline:
+            raise SystemExit('bench_operator.py: could not list the jobs and pods within 60 s')
+        time.sleep(0.05)
+    with state.lock:
+        state.t0 = time.time()
+    r = subprocess.run(['kubectl', '--request-timeout=60s', 'apply', '-f', a.jobs_file],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    t_applied = time.time()
+    if r.returncode != 0:
+        raise SystemExit(f'bench_operator.py: kubectl apply failed: {r.stderr.strip()}')
+    last = 0.0
+    while not state.done.wait(1.0):
+        now = time.time()
+        if now - state.t0 > a.timeout:
+            break
+        if now - last >= 10:
+            last = now
+            with state.lock:
+                print(f'# {now - state.t0:5.0f} s: jobs {dict(sorted(state.phases.items()))}, '
+                      f'{len(state.job_created)}/{len(max_gpus)} with all pods, '
+                      f'{len(state.pods_seen)} pods seen', file=sys.stderr, flush=True)
+    stop.set()
+    with state.lock:
+        created = sorted(state.job_created.values())
+        half = (len(max_gpus) + 1) // 2
+        # each job's own latency: from its creation (as the watch saw it) to all its pods
+        lat = sorted(round(state.job_created[j] - state.job_added[j], 3)
+                     for j in state.job_created if j in state.job_added)
+        first = state.first
+        res = {
+            'apply_s': round(t_applied - state.t0, 3),
+            'first_pod_s': state.first.get('first_pod'),
+            'all_pods_created_s': state.first.get('all_pods_created'),
+            'all_pods_bound_s': state.first.get('all_pods_bound'),
+            'all_pods_running_s': state.first.get('all_pods_running'),
+            'all_jobs_running_s': state.first.get('all_jobs_running'),
+            'all_jobs_created_s': first.get('all_jobs_seen'),
+            'all_pods_created_after_last_job_s': (round(first['all_pods_created'] - first['all_jobs_seen'], 3)
+                                                  if 'all_pods_created' in first and 'all_jobs_seen' in first else None),
+            'job_latency_median_s': lat[len(lat) // 2] if lat else None,
+            'job_latency_max_s': lat[-1] if lat else None,
+            'jobs_with_all_pods': len(state.job_created),
+            # when the (n+1)//2-th job had all its pods: half the jobs
+            'half_jobs_all_pods_s': created[half - 1] if len(created) >= half else None,
+            'jobs_all_pods_s': created,  # each job that got all its pods, in order
+            'pods_created': len(state.pods_seen),
+            'pods_deleted': len(state.pods_deleted),
+            'gpus_requested': sum(max_gpus.values()),
+            'job_phases_at_end': state.phases,
+            'timed_out': not state.done.is_set(),
+        }
+    json.dump(res, open(a.out, 'w'), indent=1)
+    return 0 if state.done.is_set() else 1
+
+
+def counters(path):
+    out = {}
+    for line in open(path):
+        m = re.match(r'^cephalo_operator_(api_requests_total\{verb="(\w+)"\}|reconciles_total|'
+                     r'reconcile_seconds_sum) ([0-9.eE+-]+)$', line.strip())
+        if m:
+            out[m.group(2) or m.group(1)] = float(m.group(3))
+    return out
+
+
+def fmt(x, unit=''):
+    return '-' if x is None else f'{x:.2f}{unit}' if isinstance(x, float) else f'{x}{unit}'
+
+
+def report(a):
+    p = json.load(open(a.params))
+    tm = json.load(open(a.timings))
+    c0, c1 = counters(a.before), counters(a.after)
+    verbs = ['get', 'list', 'create', 'update', 'patch', 'delete', 'watch']
+    if not any(v in c1 for v in verbs):
+        raise SystemExit('bench_operator.py: the operator exports no cephalo_operator_api_requests_total')
+    jobs, win = p['jobs'], a.window
+    by_verb = {}
+    for v in verbs:
+        d = c1.get(v, 0) - c0.get(v, 0)
+        by_verb[v] = {'requests': int(d), 'per_s': round(d / win, 4), 'per_s_per_job': round(d / win / jobs, 5)}
+    total = sum(x['requests'] for x in by_verb.values())
+    rest = {'window_s': win, 'requests': total, 'per_s': round(total / win, 4),
+            'per_s_per_job': round(total / win / jobs, 5), 'by_verb': by_verb,
+            'reconciles': int(c1.get('reconciles_total', 0) - c0.get('reconciles_total', 0)),
+            # seconds the reconcile loop (one thread) was busy: near the window, it is saturated
+            'reconcile_busy_s': round(c1.get('reconcile_seconds_sum', 0) - c0.get('reconcile_seconds_sum', 0), 2),
+            # every job Running before the window; otherwise the operator was still starting jobs
+            'at_rest': not tm['timed_out']}
+    for k in ('operator_cpu_s', 'apiserver_cpu_s'):
+        if k in p:
+            rest[k] = p.pop(k)
+    # the status writes (PUT .../status): with workers that serve no /metrics, what is left of them
+    # at rest is the operator's own bookkeeping (status.progressTime, rewritten every 5 s)
+    no_upd = total - by_verb['update']['requests']
+    rest['per_s_per_job_less_updates'] = round(no_upd / win / jobs, 5)
+    created, bound = tm.get('all_pods_created_s'), tm.get('all_pods_bound_s')
+    met = {'rest_per_job': rest['per_s_per_job'] < TARGET_REST,
+           'rest_per_job_less_updates': rest['per_s_per_job_less_updates'] < TARGET_REST,
+           'all_pods_created': created is not None and created < TARGET_START,
+           'all_pods_bound': bound is not None and bound < TARGET_START}
+    res = dict(p, startup=tm, rest=rest,
+               targets={'rest_requests_per_s_per_job': TARGET_REST, 'startup_s': TARGET_START}, met=met)
+    json.dump(res, open(a.json, 'w'), indent=1)
+
+    ok = {True: 'met', False: 'NOT met'}
+    print(f"\ncephalo-operator scale benchmark: {p['operator']}")
+    mix = {}
+    for part in p['gpu_mix'].split(';'):
+        prod, _, cnt = part.split()
+        mix.setdefault(prod, []).append(cnt)
+    mix = ', '.join(f"{k} x{'/'.join(v)}" for k, v in mix.items())
+    print(f"  {p['nodes']} nodes ({p['gpus']} GPUs; per 10 nodes: {mix})")
+    print(f"  {p['kubelets']} kubelet.py processes, "
+          f"heartbeat {p['heartbeat_s']:g} s; {jobs} CephaloJobs of 2..8 GPUs ({tm['gpus_requested']} GPUs)")
+    print(f"\n  {'start-up (from kubectl apply)':44s} {'seconds':>9s}   target")
+    print(f"  {'kubectl apply returned':44s} {fmt(tm['apply_s']):>9s}")
+    print(f"  {'every job created (seen by the watch)':44s} {fmt(tm.get('all_jobs_created_s')):>9s}")
+    print(f"  {'first worker pod created':44s} {fmt(tm['first_pod_s']):>9s}")
+    print(f"  {'half the jobs with all their pods':44s} {fmt(tm.get('half_jobs_all_pods_s')):>9s}")
+    print(f"  {'every job with all its pods created':44s} {fmt(created):>9s}   < {TARGET_START:g} s: {ok[met['all_pods_created']]}")
+    print(f"  {'... all bound (spec.nodeName)':44s} {fmt(bound):>9s}   < {TARGET_START:g} s: {ok[met['all_pods_bound']]}")
+    print(f"  {'... after the last job was created':44s} {fmt(tm.get('all_pods_created_after_last_job_s')):>9s}")
+    print(f"  {'... all Running (kubelet.py)':44s} {fmt(tm['all_pods_running_s']):>9s}")
+    print(f"  {'one job, creation to all its pods: median':44s} {fmt(tm.get('job_latency_median_s')):>9s}")
+    print(f"  {'... the slowest job':44s} {fmt(tm.get('job_latency_max_s')):>9s}")
+    print(f"  {'every job in phase Running':44s} {fmt(tm['all_jobs_running_s']):>9s}")
+    print(f"  pods created {tm['pods_created']}, deleted {tm['pods_deleted']}"
+          + ('   (TIMED OUT: ' + json.dumps(tm['job_phases_at_end']) + ')' if tm['timed_out'] else ''))
+    print(f"\n  at rest, {win:g} s window ({rest['reconciles']} reconciles, the loop busy {rest['reconcile_busy_s']:g} s"
+          + (f", operator CPU {rest['operator_cpu_s']:.1f} s" if 'operator_cpu_s' in rest else '')
+          + (f", kube-apiserver CPU {rest['apiserver_cpu_s']:.1f} s" if 'apiserver_cpu_s' in rest else '') + ')')
+    if not rest['at_rest']:
+        print(f"  NOT at rest: the start-up timed out with {tm['jobs_with_all_pods']} of {jobs} jobs having all "
+              f"their pods; the operator was still starting jobs")
+    print(f"  {'verb':8s} {'requests':>9s} {'req/s':>9s} {'req/s/job':>10s}")
+    for v in verbs:
+        x = by_verb[v]
+        print(f"  {v:8s} {x['requests']:9d} {x['per_s']:9.3f} {x['per_s_per_job']:10.4f}")
+    print(f"  {'total':8s} {total:9d} {rest['per_s']:9.3f} {rest['per_s_per_job']:10.4f}   "
+          f"< {TARGET_REST:g}/job: {ok[met['rest_per_job']]}")
+    print(f"  {'- update':8s} {no_upd:9d} {no_upd / win:9.3f} {rest['per_s_per_job_less_updates']:10.4f}   "
+          f"< {TARGET_REST:g}/job: {ok[met['rest_per_job_less_updates']]} (the total less the status writes)")
+    print(f"\n  written to {a.json}")
+    return 0
+
+
+def main():
+    ap = argparse.ArgumentParser(prog='bench_operator.py')
+    sub = ap.add_subparsers(dest='cmd', required=True)
+    w = sub.add_parser('watch')
+    w.add_argument('--server', required=True)
+    w.add_argument('--token')
+    w.add_argument('--token-file')
+    w.add_argument('--ca', required=True)
+    w.add_argument('--namespace', required=True)
+    w.add_argument('--jobs-file', required=True)
+    w.add_argument('--out', required=True)
+    w.add_argument('--timeout', type=float, default=300)
+    r = sub.add_parser('report')
+    for k in ('--before', '--after', '--timings', '--params', '--json'):
+        r.add_argument(k, required=True)
+    r.add_argument('--window', type=float, required=True)
+    a = ap.parse_args()
+    return watch(a) if a.cmd == 'watch' else report(a)
+
+
+if __name__ == '__main__':
+    sys.exit(main())
