@@ -13,7 +13,7 @@
 #                   their pods, API requests/s per job at rest (OPERATOR=BIN, BENCH_OP_*: see the script)
 #   CUDA=auto|0|1   CUDA detection (auto: build cephalo-worker-cuda when nvcc is found)
 #   CUDA_ARCHS=...  GPU architectures built (default: those of 60 61 70 75 80 86 89 90 nvcc has)
-#   make cuda-check compile worker/*.cu for sm_60..sm_90 with CUDA 11.8 (cached) and sm_75 with nvcc
+#   make cuda-check compile worker/devices/*.cu for sm_60..sm_90 with CUDA 11.8 (cached) and sm_75 with nvcc
 #   make images     the operator and CPU worker images with buildah + mmdebstrap (no registry;
 #                   cached in ~/.cache/cephalo-images; docker/build-images.sh)
 
@@ -48,7 +48,9 @@ else
 endif
 
 WARN := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes
-CPPFLAGS := -Icommon -Iplanner -Iworker -Ioperator -D_POSIX_C_SOURCE=200809L -DCEPHALO_HAVE_CUDA=$(HAVE_CUDA)
+# the source folders (docs/development.md, "Layout"); every header is included by its name alone
+SRC_DIRS := common planner cli worker worker/devices worker/comm worker/model worker/files operator
+CPPFLAGS := $(addprefix -I,$(SRC_DIRS)) -D_POSIX_C_SOURCE=200809L -DCEPHALO_HAVE_CUDA=$(HAVE_CUDA)
 CFLAGS := -std=c17 $(OPT) $(WARN) -fopenmp -MMD -MP
 # OpenBLAS's OpenMP build, linked by path: inside our own parallel regions it runs single-threaded
 # instead of oversubscribing the cores (the pthread build would spawn its own threads).
@@ -56,11 +58,15 @@ BLAS_DIR := /usr/lib/x86_64-linux-gnu/openblas-openmp
 LDLIBS := -fopenmp -L$(BLAS_DIR) -Wl,-rpath,$(BLAS_DIR) -lopenblas -lyaml -lcjson -lmicrohttpd -lpthread -lm
 
 COMMON_SRC := $(wildcard common/*.c)
-PLANNER_SRC := $(filter-out planner/cli.c,$(wildcard planner/*.c))
+PLANNER_SRC := $(wildcard planner/*.c)
 LIB_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(COMMON_SRC) $(PLANNER_SRC))
 LIB := $(BUILD)/libcephalo-plan.a
+# the `cephalo` command: its subcommands (run, job files, the progress view, profile) in a library
+# the tests link too, and cli/main.c
+CLI_SRC := $(filter-out cli/main.c,$(wildcard cli/*.c))
+CLILIB := $(BUILD)/libcephalo-cli.a
 CLI := $(BUILD)/bin/cephalo
-WORKER_SRC := $(filter-out worker/main.c worker/comm_nccl.c,$(wildcard worker/*.c))
+WORKER_SRC := $(filter-out worker/main.c worker/comm/comm_nccl.c,$(wildcard worker/*.c worker/*/*.c))
 WLIB := $(BUILD)/libcephalo-worker.a
 WORKER := $(BUILD)/bin/cephalo-worker
 # the operator: its Kubernetes client, inventory and reconcile (libcurl) in a library that the
@@ -74,8 +80,8 @@ BENCH := $(BUILD)/bench/bench_plan
 FUZZ_SRC := $(wildcard fuzz/fuzz_*.c)
 
 # ---- the CUDA worker (cephalo-worker-cuda): built whenever nvcc is found ----------------------
-# The CPU binaries never link CUDA: the CUDA device (worker/*.cu) and the nccl backend
-# (worker/comm_nccl.c) are linked into cephalo-worker-cuda only, which resolves the weak
+# The CPU binaries never link CUDA: the CUDA device (worker/devices/*.cu) and the nccl backend
+# (worker/comm/comm_nccl.c) are linked into cephalo-worker-cuda only, which resolves the weak
 # references device.c and comm.c make to them. SAN=1 builds skip it (ASan and the CUDA runtime
 # do not mix without special options, and nothing here can run it).
 CUDA_HOME := $(patsubst %/bin/nvcc,%,$(NVCC))
@@ -94,7 +100,7 @@ NVCC_GENCODE := $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a
                 $(if $(CUDA_ARCHS_NEWEST),-gencode arch=compute_$(CUDA_ARCHS_NEWEST)$(comma)code=compute_$(CUDA_ARCHS_NEWEST))
 # flags of every CUDA compile (the build's and cuda-check's); -Wno-deprecated-gpu-targets: nvcc
 # 12.8+ warns that sm_60-70 are deprecated, which --Werror would turn into an error
-NVCC_COMMON := -std=c++17 -O3 -lineinfo -Icommon -Iworker -DCEPHALO_HAVE_CUDA=1 \
+NVCC_COMMON := -std=c++17 -O3 -lineinfo $(addprefix -I,$(SRC_DIRS)) -DCEPHALO_HAVE_CUDA=1 \
                --Werror all-warnings -Wno-deprecated-gpu-targets -Xcompiler -Wall,-Wextra,-Werror \
                -MMD -MP
 NVCCFLAGS := $(NVCC_COMMON) $(NVCC_GENCODE) -DCEPHALO_CUDA_ARCHS='"$(CUDA_ARCHS)"'
@@ -102,8 +108,8 @@ CUDA_INC := -I$(CUDA_HOME)/include
 CUDA_LIBDIRS := $(CUDA_HOME)/lib64 $(CUDA_HOME)/lib
 CUDA_LDLIBS := $(foreach l,$(CUDA_LIBDIRS),-L$(l) -Wl,-rpath,$(l)) -lcudart -lcublasLt -lcublas \
                -lnccl -lstdc++
-CUDA_CU_SRC := $(wildcard worker/*.cu)
-CUDA_C_SRC := $(wildcard worker/comm_nccl.c)
+CUDA_CU_SRC := $(wildcard worker/*/*.cu)
+CUDA_C_SRC := $(wildcard worker/comm/comm_nccl.c)
 CUDA_OBJ := $(patsubst %.cu,$(BUILD)/%.cu.o,$(CUDA_CU_SRC)) $(patsubst %.c,$(BUILD)/cuda/%.o,$(CUDA_C_SRC))
 WORKER_CUDA := $(BUILD)/bin/cephalo-worker-cuda
 GPU_TEST_SRC := $(wildcard tests/gpu/test_*.c)
@@ -151,7 +157,11 @@ $(OPERATOR): $(BUILD)/operator/main.o $(OLIB) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDSAN) -o $@ $^ $(LDLIBS) -lcurl
 
-$(CLI): $(BUILD)/planner/cli.o $(WLIB) $(LIB)
+$(CLILIB): $(patsubst %.c,$(BUILD)/%.o,$(CLI_SRC))
+	@mkdir -p $(dir $@)
+	$(AR) rcs $@ $^
+
+$(CLI): $(BUILD)/cli/main.o $(CLILIB) $(WLIB) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDSAN) -o $@ $^ $(LDLIBS)
 
@@ -159,7 +169,7 @@ $(WORKER): $(BUILD)/worker/main.o $(WLIB) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDSAN) -o $@ $^ $(LDLIBS)
 
-$(BUILD)/tests/%: $(BUILD)/tests/unit/%.o $(OLIB) $(WLIB) $(LIB)
+$(BUILD)/tests/%: $(BUILD)/tests/unit/%.o $(CLILIB) $(OLIB) $(WLIB) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDSAN) -o $@ $^ $(LDLIBS) -lcurl -lcmocka
 
@@ -180,7 +190,7 @@ $(BUILD)/tests/gpu/%: $(BUILD)/tests/gpu/%.o $(CUDA_OBJ) $(WLIB) $(LIB)
 	$(CC) -o $@ $^ $(LDLIBS) $(CUDA_LDLIBS) -lcmocka
 
 # ---- cuda-check: the CUDA sources compile for every architecture, without a GPU --------------
-# worker/*.cu for each of CUDA_ARCHS_ALL with Debian's CUDA 11.8 (mk/cuda118.sh unpacks it into
+# worker/devices/*.cu for each of CUDA_ARCHS_ALL with Debian's CUDA 11.8 (mk/cuda118.sh unpacks it into
 # ~/.cache/cephalo-cuda118 once; nvcc 13 no longer compiles for sm_60-70), and for the oldest
 # architecture of the default build with the nvcc in use, with the build's flags (-Werror included):
 # compile only, objects in build/cuda-check, nothing linked or run. Every compile is tried, then a
@@ -213,7 +223,7 @@ cuda-check-objs: $(CHECK_OBJ118) $(CHECK_OBJNV)
 
 cuda-check: cuda118
 	@ok=1; $(MAKE) --no-print-directory -k cuda-check-objs || ok=0; \
-	 echo "cuda-check: compile-only, -Werror, worker/*.cu ($(notdir $(CUDA_CU_SRC))):"; \
+	 echo "cuda-check: compile-only, -Werror, worker/devices/*.cu ($(notdir $(CUDA_CU_SRC))):"; \
 	 row() { bad=; for f in $(CUDA_CU_SRC); do [ -f $(CHECK_BUILD)/$$1/$${f%.cu}.o ] || bad="$$bad $$f"; done; \
 	         echo "  $$2 $${1#*/}: $${bad:+FAILED:}$${bad:-ok}"; }; \
 	 for a in $(CUDA_ARCHS_ALL); do row cuda11.8/sm_$$a "CUDA 11.8 (Debian's, cached)"; done; \
@@ -256,10 +266,10 @@ bench: deps $(BENCH) $(CLI) $(WORKER)
 FUZZ_BUILD := build/fuzz
 FUZZ_CFLAGS := -std=c17 -g -O1 -fsanitize=fuzzer,address,undefined $(CPPFLAGS) -Wall -Wextra -Werror
 # The parsers fuzzed need neither BLAS nor OpenMP: only these worker modules are linked in.
-FUZZ_WORKER_SRC := $(wildcard worker/safetensors.c worker/data.c)
+FUZZ_WORKER_SRC := $(wildcard worker/files/safetensors.c worker/files/data.c)
 # the watch-stream parser alone: it has no libcurl dependency (the loop is in watch_loop.c)
 FUZZ_OPERATOR_SRC := $(wildcard operator/watch.c)
-$(FUZZ_BUILD)/%: fuzz/%.c $(COMMON_SRC) $(PLANNER_SRC) $(FUZZ_WORKER_SRC) $(FUZZ_OPERATOR_SRC)
+$(FUZZ_BUILD)/%: fuzz/%.c $(COMMON_SRC) $(PLANNER_SRC) $(CLI_SRC) $(FUZZ_WORKER_SRC) $(FUZZ_OPERATOR_SRC)
 	@mkdir -p $(dir $@)
 	clang $(FUZZ_CFLAGS) -o $@ $^ -lyaml -lcjson -lm
 

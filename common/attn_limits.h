@@ -1,7 +1,7 @@
 /* attn_limits.h - which attention head dimensions the workers support, one rule for the
  * planner (model validation: a model is refused at plan time) and the CUDA device (set-up).
  *
- * The CUDA kernels (worker/cuda_attention.cu) are compiled for tile widths 16, 32, 64, 80, 96,
+ * The CUDA kernels (worker/devices/cuda_attention.cu) are compiled for tile widths 16, 32, 64, 80, 96,
  * 112 and 128. Any other head dim up to 128 runs in the next wider tile with the extra columns
  * zero in shared memory (no copies, no extra device memory; the padded columns add exact zeros
  * to every dot product, so the result is that of the real head dim). Above 128 the per-thread

@@ -1,5 +1,5 @@
 /* fuzz_job.c - libFuzzer target for the job file parser of `cephalo run` (job_load_string: YAML
- * through common/yaml_tree.c, then planner/job.c's fields, devices and cross-field checks). */
+ * through common/yaml_tree.c, then cli/job.c's fields, devices and cross-field checks). */
 #include <stddef.h>
 #include <stdint.h>
 

@@ -352,7 +352,7 @@ double cost_bwd_floor(const cost_model *cm, bool uneven) {
 }
 
 int cost_step_collectives(const model_spec *m) {
-    /* as the worker issues them (worker/fsdp.c): every unit gathered in the forward and again in
+    /* as the worker issues them (worker/model/fsdp.c): every unit gathered in the forward and again in
      * the backward (the head's gather is kept), every gradient reduce-scattered (a tied head's
      * embedding twice), and the loss all-reduce (a reduce-scatter and an all-gather) */
     int units = m->n_layer + 2, tied = m->tied_head ? 1 : 0;

@@ -1,4 +1,4 @@
-/* engine_mem.h - the device memory the trainer allocates (worker/train.c, worker/wmodel.c),
+/* engine_mem.h - the device memory the trainer allocates (worker/model/train.c, worker/model/wmodel.c),
  * written once here so that the planner predicts what the engine really uses, to the byte, and
  * the engine sizes its buffers from the same formulas (docs/cost-model.md, "Compute memory").
  *

@@ -1,4 +1,4 @@
-/* test_cuda_ops.c - every op of the CUDA device (worker/cuda_device.cu and friends) against the
+/* test_cuda_ops.c - every op of the CUDA device (worker/devices/cuda_device.cu and friends) against the
  * CPU device, which tests/unit/test_cpu_ops.c checks against double-precision references. Random inputs at
  * realistic shapes (GPT-2 and TinyLlama widths, V = 50257, T up to 2048) and awkward ones (odd
  * sizes, partial tiles, n not a multiple of any block size, padded leading dimensions).

@@ -174,7 +174,7 @@ def check_worker_archs(name):
 
 
 # what `make` reads to build the binaries: a Dockerfile's own ignore file must let these in
-MAKE_INPUTS = ['Makefile', 'common', 'planner', 'worker', 'operator']
+MAKE_INPUTS = ['Makefile', 'common', 'planner', 'cli', 'worker', 'operator']
 
 
 def check_ignorefile(name):

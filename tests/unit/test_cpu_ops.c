@@ -1,4 +1,4 @@
-/* test_cpu_ops.c - the CPU device (worker/cpu_device.c, cpu_attention.c) against naive
+/* test_cpu_ops.c - the CPU device (worker/devices/cpu_device.c, cpu_attention.c) against naive
  * double-precision references written here, on small odd shapes.
  *
  * Tolerances: fp32 kernels against double references pass when, elementwise,
@@ -227,7 +227,7 @@ static void test_init_and_allocator(void **state) {
 
 /* The exp behind softmax, sigmoid and GELU: within 3 ulp of exp() over the whole range. */
 /* Issue 15: OOM messages were cut mid-word (a 64-byte context). The longest context the trainer
- * sets (worker/train.c, a unit's set-up, with the largest counts) must reach the message whole. */
+ * sets (worker/model/train.c, a unit's set-up, with the largest counts) must reach the message whole. */
 static void test_oom_names_the_whole_context(void **state) {
     (void)state;
     device d;

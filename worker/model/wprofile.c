@@ -92,7 +92,7 @@ static void upload_inputs(prof_ctx *c, bool targets) {
     if (targets) up(c, c->tgt, c->htgt, (size_t)rows * 4);
 }
 
-/* One microbatch of one unit as the engine's step runs it (worker/train.c): the forward phase
+/* One microbatch of one unit as the engine's step runs it (worker/model/train.c): the forward phase
  * (inputs in, forward, output out to the offload pool), the backward phase (checkpoint and output
  * gradient in, recompute, backward, input gradient out) and the fused head. */
 static void run_op(prof_ctx *c, prof_op op) {
@@ -153,7 +153,7 @@ static double time_op(prof_ctx *c, prof_op op) {
 
 static void *dalloc(prof_ctx *c, int64_t bytes, const char *what, bool *ok);
 
-/* The step's per-parameter work outside the units (worker/train.c: zeroing the gradient shard,
+/* The step's per-parameter work outside the units (worker/model/train.c: zeroing the gradient shard,
  * its squared norm for the clipping norm, AdamW), in ms per million parameters, on a state of the
  * model's size (at most 8M parameters; halved while the device cannot hold it). 0 when even 64K
  * parameters do not fit. */

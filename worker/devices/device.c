@@ -138,7 +138,7 @@ void dev_set_context(device *d, const char *fmt, ...) {
     if (n >= (int)sizeof d->context) cut_at_word(d->context, sizeof d->context);
 }
 
-/* The CUDA device lives in cephalo-worker-cuda only (worker/cuda_device.cu); the CPU binaries
+/* The CUDA device lives in cephalo-worker-cuda only (worker/devices/cuda_device.cu); the CPU binaries
  * link without it, and these weak references are then NULL. */
 #pragma weak cuda_device_init
 #pragma weak cuda_device_close
