@@ -9,6 +9,7 @@
 
 #include "gpu.h"
 #include "kube.h"
+#include "log.h"
 #include "strutil.h"
 
 
@@ -199,11 +200,77 @@ long inv_pod_gpus(const cJSON *pod) {
     return sum + sidecars > init_max ? sum + sidecars : init_max;
 }
 
+static const cJSON *item(const cJSON *o, const char *k) { return cJSON_GetObjectItemCaseSensitive(o, k); }
+static const char *str_item(const cJSON *o, const char *k) {
+    const cJSON *v = item(o, k);
+    return cJSON_IsString(v) && *v->valuestring ? v->valuestring : NULL;
+}
+static bool same(const char *a, const char *b) { return a == b || (a && b && !strcmp(a, b)); }
+
+const char *inv_node_hostname(const cJSON *node) {
+    const char *h = label(node, INV_LABEL_HOSTNAME);
+    return h && *h ? h : kube_meta_str(node, "name");
+}
+
+/* v when the requirement is `key In [v]`, one value; NULL otherwise (another key, several values,
+ * another operator: it allows more than one node). */
+static const char *single_value(const cJSON *req, const char *key) {
+    const cJSON *vals = item(req, "values");
+    if (!same(str_item(req, "key"), key) || !same(str_item(req, "operator"), "In") || cJSON_GetArraySize(vals) != 1)
+        return NULL;
+    const cJSON *v = cJSON_GetArrayItem(vals, 0);
+    return cJSON_IsString(v) ? v->valuestring : NULL;
+}
+
+/* The node one nodeSelectorTerm pins to (its requirements are ANDed: one single-valued hostname or
+ * metadata.name requirement is enough, whatever else it asks). */
+static bool term_pins(const cJSON *term, const char **host, const char **name) {
+    const cJSON *r;
+    *host = *name = NULL;
+    cJSON_ArrayForEach(r, item(term, "matchExpressions")) if (!*host) *host = single_value(r, INV_LABEL_HOSTNAME);
+    cJSON_ArrayForEach(r, item(term, "matchFields")) if (!*name) *name = single_value(r, "metadata.name");
+    return *host || *name;
+}
+
+bool inv_pod_pinned(const cJSON *pod, const char **host, const char **name) {
+    const cJSON *spec = item(pod, "spec"), *t;
+    const cJSON *req = item(item(item(spec, "affinity"), "nodeAffinity"), "requiredDuringSchedulingIgnoredDuringExecution");
+    const char *h = NULL, *n = NULL;
+    int terms = 0;
+    /* the terms are ORed: every one must pin, and to the same node */
+    cJSON_ArrayForEach(t, item(req, "nodeSelectorTerms")) {
+        const char *th, *tn;
+        bool pins = term_pins(t, &th, &tn);
+        if (!pins || (terms && (!same(h, th) || !same(n, tn)))) {
+            h = n = NULL;
+            break;
+        }
+        h = th, n = tn, terms++;
+    }
+    if (!h) h = str_item(item(spec, "nodeSelector"), INV_LABEL_HOSTNAME);
+    if (host) *host = h;
+    if (name) *name = n;
+    return h || n;
+}
+
+bool inv_pod_on_node(const cJSON *pod, const cJSON *node) {
+    const char *bound = str_item(item(pod, "spec"), "nodeName"), *name = kube_meta_str(node, "name"), *h, *n;
+    if (!name) return false;
+    if (bound) return !strcmp(bound, name);
+    if (!inv_pod_pinned(pod, &h, &n)) return false;
+    return (!h || !strcmp(h, inv_node_hostname(node)) || !strcmp(h, name)) && (!n || !strcmp(n, name));
+}
+
+const char *inv_pod_node(const cJSON *pod) {
+    const char *bound = str_item(item(pod, "spec"), "nodeName"), *h, *n;
+    if (bound) return bound;
+    return inv_pod_pinned(pod, &h, &n) ? (h ? h : n) : NULL;
+}
+
 bool inv_pod_holds(const cJSON *pod) {
-    const cJSON *node = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(pod, "spec"), "nodeName");
-    const cJSON *ph = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(pod, "status"), "phase");
-    if (!cJSON_IsString(node) || !*node->valuestring) return false;
-    return !cJSON_IsString(ph) || (strcmp(ph->valuestring, "Succeeded") != 0 && strcmp(ph->valuestring, "Failed") != 0);
+    const char *ph = str_item(item(pod, "status"), "phase");
+    if (ph && (!strcmp(ph, "Succeeded") || !strcmp(ph, "Failed"))) return false;
+    return str_item(item(pod, "spec"), "nodeName") || inv_pod_pinned(pod, NULL, NULL);
 }
 
 /* Whether the pod's controller (ownerReferences, controller true) has this uid. */
@@ -218,14 +285,65 @@ static bool controlled_by(const cJSON *pod, const char *uid) {
     return false;
 }
 
-long inv_node_used(const cJSON *pods, const char *node, const char *own_uid) {
-    long used = 0;
+/* gpu_find normalizes every catalog name it compares: a cluster has a handful of products on
+ * hundreds of nodes, so each is looked up once per inventory. */
+#define INV_PRODUCT_MEMO 32
+typedef struct product_memo {
+    const char *product;
+    const gpu_spec *spec;
+} product_memo;
+
+static const gpu_spec *find_product(product_memo *memo, int *n, const char *product) {
+    for (int i = 0; i < *n; i++)
+        if (!strcmp(memo[i].product, product)) return memo[i].spec;
+    err_t e;
+    const gpu_spec *spec = gpu_find(product, &e);
+    if (*n < INV_PRODUCT_MEMO) memo[(*n)++] = (product_memo){product, spec};
+    return spec;
+}
+
+/* A pod that holds GPUs, read once: where it is (bound, or pinned by hostname and/or name) and how
+ * many GPUs it requests. A cluster's busy pods are read once per inventory, not once per node. */
+typedef struct held_pod {
+    const char *bound, *host, *name;
+    long gpus;
+} held_pod;
+
+static held_pod *held_pods(const cJSON *pods, const char *own_uid, int *n) {
+    held_pod *h = xmalloc((size_t)(cJSON_GetArraySize(pods) + 1) * sizeof *h);
     const cJSON *p;
+    *n = 0;
     cJSON_ArrayForEach(p, pods) {
         if (!inv_pod_holds(p) || controlled_by(p, own_uid)) continue;
-        const cJSON *nn = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(p, "spec"), "nodeName");
-        if (!strcmp(nn->valuestring, node)) used += inv_pod_gpus(p);
+        long gpus = inv_pod_gpus(p);
+        if (gpus <= 0) continue;
+        held_pod e = {.bound = str_item(item(p, "spec"), "nodeName"), .gpus = gpus};
+        if (!e.bound) inv_pod_pinned(p, &e.host, &e.name);
+        h[(*n)++] = e;
     }
+    return h;
+}
+
+/* The GPUs the held pods take on node (name, hostname: its label, else its name): as
+ * inv_pod_on_node decides. */
+static long held_on(const held_pod *h, int n, const char *name, const char *hostname) {
+    long used = 0;
+    for (int i = 0; i < n; i++) {
+        bool on = h[i].bound ? !strcmp(h[i].bound, name)
+                             : (!h[i].host || !strcmp(h[i].host, hostname) || !strcmp(h[i].host, name)) &&
+                                   (!h[i].name || !strcmp(h[i].name, name));
+        if (on) used += h[i].gpus;
+    }
+    return used;
+}
+
+long inv_node_used(const cJSON *pods, const cJSON *node, const char *own_uid) {
+    const char *name = kube_meta_str(node, "name");
+    if (!name) return 0;
+    int n;
+    held_pod *h = held_pods(pods, own_uid, &n);
+    long used = held_on(h, n, name, inv_node_hostname(node));
+    free(h);
     return used;
 }
 
@@ -252,7 +370,9 @@ int inv_build(const cJSON *nodes, const inv_constraints *c, cluster *cl, inv_res
     const cJSON *node;
     cJSON_ArrayForEach(node, nodes) sorted[k++] = node;
     qsort(sorted, (size_t)k, sizeof *sorted, by_name);
-    int with_gpus = 0, archs_left = 0;
+    product_memo memo[INV_PRODUCT_MEMO];
+    int with_gpus = 0, archs_left = 0, n_held = 0, n_memo = 0;
+    held_pod *held = c->pods ? held_pods(c->pods, c->own_uid, &n_held) : NULL;
     char seen[256] = "";
     for (int i = 0; i < k; i++) {
         node = sorted[i];
@@ -275,8 +395,7 @@ int inv_build(const cJSON *nodes, const inv_constraints *c, cluster *cl, inv_res
             continue;
         }
         if (c->node_selector && !selector_matches(node, c->node_selector)) continue;
-        err_t e;
-        const gpu_spec *spec = gpu_find(product, &e);
+        const gpu_spec *spec = find_product(memo, &n_memo, product);
         if (!product_allowed(product, spec, c->allowed_products)) continue;
         double mem_mib = 0;
         const char *m = label(node, INV_LABEL_MEMORY);
@@ -301,7 +420,7 @@ int inv_build(const cJSON *nodes, const inv_constraints *c, cluster *cl, inv_res
         }
         r->usable += (int)count;
         if (c->pods) {
-            long used = inv_node_used(c->pods, name, c->own_uid);
+            long used = held_on(held, n_held, name, inv_node_hostname(node));
             count = used >= count ? 0 : count - used;
         }
         r->free += (int)count;
@@ -309,16 +428,16 @@ int inv_build(const cJSON *nodes, const inv_constraints *c, cluster *cl, inv_res
         if (count <= 0) continue; /* busy, or max_gpus reached: usable and free still count the rest */
         if (cluster_add_node(cl, name, CLUSTER_DEFAULT_NETWORK_GBPS) < 0) {
             err_set(err, "node %s: cannot add it to the cluster", name);
-            free(sorted);
+            free(sorted), free(held);
             cluster_free(cl);
             return -1;
         }
         if (cluster_add_devices(cl, spec->name, (int)count, err) < 0) {
-            free(sorted);
+            free(sorted), free(held);
             cluster_free(cl);
             return err_prefix(err, "node %s", name);
         }
-        if (r->estimated && strcasecmp(spec->name, product) != 0 && !gpu_find(product, &e))
+        if (r->estimated && strcasecmp(spec->name, product) != 0 && !find_product(memo, &n_memo, product))
             for (int d = cl->n_devices - (int)count; d < cl->n_devices; d++)
             {
                 cl->devices[d].memory_bytes = mem_mib * 1024.0 * 1024.0;
@@ -330,7 +449,7 @@ int inv_build(const cJSON *nodes, const inv_constraints *c, cluster *cl, inv_res
         }
         r->gpus += (int)count;
     }
-    free(sorted);
+    free(sorted), free(held);
     if (r->gpus == 0 && r->usable > 0 && c->pods) return 0; /* all busy: the caller queues the job */
     if (r->gpus == 0) {
         cluster_free(cl);

@@ -28,6 +28,7 @@
 #define INV_LABEL_CC_MAJOR "nvidia.com/gpu.compute.major"
 #define INV_LABEL_CC_MINOR "nvidia.com/gpu.compute.minor"
 #define INV_RESOURCE_GPU "nvidia.com/gpu"
+#define INV_LABEL_HOSTNAME "kubernetes.io/hostname" /* what a worker pod's node affinity names */
 
 /* The architectures of the worker image (the operator's --worker-archs): sm_60 ... sm_90. */
 #define INV_DEFAULT_ARCHS "60 61 70 75 80 86 89 90"
@@ -52,8 +53,8 @@ typedef struct inv_constraints {
     const inv_archs *archs; /* what the worker image runs, or NULL: any compute capability */
     /* GPU accounting: the items of a PodList (every namespace), or NULL: every allocatable GPU is
      * free. A node's free GPUs are its allocatable ones less the requests of the non-terminal
-     * pods bound to it, except pods whose controller is own_uid (a job re-planning counts its own
-     * GPUs as its own). */
+     * pods bound or pinned to it (inv_pod_holds), except pods whose controller is own_uid (a job
+     * re-planning counts its own GPUs as its own). */
     const cJSON *pods;
     const char *own_uid;
 } inv_constraints;
@@ -79,11 +80,27 @@ int inv_build(const cJSON *nodes, const inv_constraints *c, cluster *cl, inv_res
  * containers (plus sidecars: init containers with restartPolicy Always) and the largest init
  * container's (plus the sidecars started before it). */
 long inv_pod_gpus(const cJSON *pod);
-/* Whether a pod holds its GPUs: bound (spec.nodeName) and not terminal (phase not Succeeded or
- * Failed). */
+/* The node's kubernetes.io/hostname label, else its name (in real clusters they may differ). */
+const char *inv_node_hostname(const cJSON *node);
+/* The one node a pod not yet bound is meant for, by its required node affinity (the way the
+ * operator places its workers): the value of kubernetes.io/hostname In [v] and/or of matchFields
+ * metadata.name In [name], each with a single value, the same in every nodeSelectorTerm (or a
+ * spec.nodeSelector on the hostname). False when it names no node or several: such a pod may land
+ * anywhere of them, and no single node's GPUs are charged. host and name may be NULL (unset). */
+bool inv_pod_pinned(const cJSON *pod, const char **host, const char **name);
+/* Whether a pod charges node: bound to it (spec.nodeName), or, not bound yet, pinned to it
+ * (inv_pod_pinned; the hostname value matching the node's hostname label or its name). */
+bool inv_pod_on_node(const cJSON *pod, const cJSON *node);
+/* For messages: the node a pod is bound to, else the hostname (or name) its affinity pins it to,
+ * else NULL. */
+const char *inv_pod_node(const cJSON *pod);
+/* Whether a pod holds GPUs: not terminal (phase not Succeeded or Failed) and bound, or not yet
+ * bound but pinned to one node (an admitted worker the scheduler has not bound yet: charging it
+ * keeps a second job off its GPU). */
 bool inv_pod_holds(const cJSON *pod);
-/* The GPUs held on node by the pods (PodList items), less those of own_uid's pods (NULL: none). */
-long inv_node_used(const cJSON *pods, const char *node, const char *own_uid);
+/* The GPUs held on node (a Node object) by the pods (PodList items), less those of own_uid's pods
+ * (NULL: none). */
+long inv_node_used(const cJSON *pods, const cJSON *node, const char *own_uid);
 /* "2 L4, 1 A10G": the cluster's devices by type, in order of first appearance. */
 void inv_describe(const cluster *cl, char *out, size_t n);
 

@@ -295,6 +295,31 @@ static void status_error(err_t *err, const char *method, const char *url, long s
     cJSON_Delete(st);
 }
 
+static _Atomic long kube_counts[KUBE_VERB_COUNT];
+
+const char *kube_verb_name(kube_verb v) {
+    static const char *names[KUBE_VERB_COUNT] = {"get", "list", "create", "update", "patch", "delete", "watch"};
+    return v < KUBE_VERB_COUNT ? names[v] : "?";
+}
+
+long kube_requests(kube_verb v) { return v < KUBE_VERB_COUNT ? kube_counts[v] : 0; }
+
+/* A GET of a collection (the path's last segment is a resource, not a name) is a list: core paths
+ * /api/v1/R or /api/v1/namespaces/NS/R, group paths /apis/G/V/R or /apis/G/V/namespaces/NS/R. */
+static kube_verb verb_of(const char *method, const char *path) {
+    if (!strcmp(method, "POST")) return KUBE_VERB_CREATE;
+    if (!strcmp(method, "PUT")) return KUBE_VERB_UPDATE;
+    if (!strcmp(method, "PATCH")) return KUBE_VERB_PATCH;
+    if (!strcmp(method, "DELETE")) return KUBE_VERB_DELETE;
+    size_t len = strcspn(path, "?");
+    int segs = 0;
+    for (size_t i = 0; i < len; i++) segs += path[i] == '/' && i + 1 < len;
+    bool core = !strncmp(path, "/api/", 5), named_ns = strstr(path, "/namespaces/") != NULL;
+    int collection = (core ? 3 : 4) + (named_ns ? 2 : 0);
+    bool ns_itself = named_ns && segs == collection - 1; /* /api/v1/namespaces/NS */
+    return segs == collection && !ns_itself ? KUBE_VERB_LIST : KUBE_VERB_GET;
+}
+
 static void url_of(const kube_client *k, const char *path, char *url, size_t sz) {
     snprintf(url, sz, "%s%s", k->cfg.server, path);
 }
@@ -312,6 +337,7 @@ int kube_request(kube_client *k, const char *method, const char *path, const cha
         struct curl_slist *h = setup(k, method, url, content_type, body,
                                      k->timeout_s ? k->timeout_s : KUBE_REQUEST_TIMEOUT_S, err);
         if (!h) return -1;
+        kube_counts[verb_of(method, path)]++;
         buf b = {.max = KUBE_MAX_BODY};
         curl_easy_setopt(k->curl, CURLOPT_WRITEFUNCTION, collect);
         curl_easy_setopt(k->curl, CURLOPT_WRITEDATA, &b);
@@ -645,6 +671,7 @@ int kube_stream(kube_client *k, const char *path, double timeout_s, kube_data_fn
         if (refresh_token(k, false, err) < 0) return -1;
         struct curl_slist *h = setup(k, "GET", url, NULL, NULL, (long)(timeout_s + 0.999), err);
         if (!h) return -1;
+        kube_counts[KUBE_VERB_WATCH]++;
         stream_ctx s = {k, on_data, arg, err, -1, false, {.max = KUBE_MAX_ERROR_BODY}};
         curl_easy_setopt(k->curl, CURLOPT_WRITEFUNCTION, stream_write);
         curl_easy_setopt(k->curl, CURLOPT_WRITEDATA, &s);

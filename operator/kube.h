@@ -27,6 +27,9 @@
 
 /* The service account directory of a pod (token, ca.crt, namespace). */
 #define KUBE_SA_DIR "/var/run/secrets/kubernetes.io/serviceaccount"
+/* An environment variable that, when set and not empty, names another service account directory
+ * (a pod run as a local process by tests/k8s/kubelet.py, which cannot mount KUBE_SA_DIR). */
+#define KUBE_SA_DIR_ENV "CEPHALO_SERVICEACCOUNT_DIR"
 /* Responses larger than this are refused (a list of every Pod of a big cluster fits). */
 #define KUBE_MAX_BODY ((size_t)256 << 20)
 /* API paths are built into buffers of this size. */
@@ -52,7 +55,8 @@ typedef struct kube_config {
     char *source; /* "in-cluster config" or the kubeconfig path, for messages */
 } kube_config;
 
-/* In-cluster: KUBERNETES_SERVICE_HOST/PORT and the service account files in KUBE_SA_DIR. */
+/* In-cluster: KUBERNETES_SERVICE_HOST/PORT and the service account files in KUBE_SA_DIR (or in
+ * $CEPHALO_SERVICEACCOUNT_DIR when that is set and not empty). */
 int kube_config_in_cluster(kube_config *c, err_t *err);
 /* Same, with the service account directory and the host/port given (tests, odd mounts). */
 int kube_config_in_cluster_at(const char *sa_dir, const char *host, const char *port,
@@ -85,6 +89,14 @@ void kube_client_set_timeout(kube_client *k, long seconds);
  * collection. Names are checked (DNS-1123 characters) so they need no escaping. */
 int kube_path(char *out, size_t outsz, const char *api_version, const char *namespace,
               const char *resource, const char *name, err_t *err);
+
+/* Requests sent to the API server by every client of this process, by verb: what the operator's
+ * /metrics reports (cephalo_operator_api_requests_total) and its scale benchmark counts. A GET of
+ * a collection is a list; a watch is counted when its stream is opened. */
+typedef enum { KUBE_VERB_GET, KUBE_VERB_LIST, KUBE_VERB_CREATE, KUBE_VERB_UPDATE, KUBE_VERB_PATCH,
+               KUBE_VERB_DELETE, KUBE_VERB_WATCH, KUBE_VERB_COUNT } kube_verb;
+const char *kube_verb_name(kube_verb v);
+long kube_requests(kube_verb v);
 
 /* One request. `body` may be NULL; `content_type` NULL means application/json. On a 2xx status
  * returns 0 and the parsed body in *out (NULL when the body is empty or out is NULL). Otherwise

@@ -101,7 +101,9 @@ int kube_config_in_cluster_at(const char *sa_dir, const char *host, const char *
 }
 
 int kube_config_in_cluster(kube_config *c, err_t *err) {
-    return kube_config_in_cluster_at(KUBE_SA_DIR, getenv("KUBERNETES_SERVICE_HOST"),
+    const char *sa_dir = getenv(KUBE_SA_DIR_ENV);
+    if (!sa_dir || !*sa_dir) sa_dir = KUBE_SA_DIR;
+    return kube_config_in_cluster_at(sa_dir, getenv("KUBERNETES_SERVICE_HOST"),
                                      getenv("KUBERNETES_SERVICE_PORT"), c, err);
 }
 

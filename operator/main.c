@@ -4,9 +4,13 @@
  *   cephalo-operator [--kubeconfig FILE] [--namespace NS] [--metrics-addr :8080]
  *                    [--worker-image IMAGE] [--leader-elect=true] ...   (--help lists them)
  *
- * Threads: one watch (list + watch, watch_run) each for CephaloJobs, their Pods (label
- * cephalo.dev/job) and Nodes, each with its own client, feeding the queue (a Node whose GPUs,
- * labels or schedulability changed re-queues every job; status heartbeats do not); the main thread takes jobs from the queue and reconciles them one at a time; with
+ * Threads: one watch (list + watch, watch_run) each for CephaloJobs, their Pods, plan ConfigMaps
+ * and Services (label cephalo.dev/job), Nodes, and every namespace's pods that may hold GPUs, each
+ * with its own client, keeping a store (cache.h) that the reconcile reads instead of the API
+ * server, and feeding the queue (a Node whose GPUs, labels or schedulability changed re-queues
+ * every job, status heartbeats do not; a job's own status writes do not re-queue it; a busy pod
+ * that comes or goes re-queues the jobs waiting for GPUs); the main thread takes jobs from the
+ * queue and reconciles them one at a time; with
  * --leader-elect a Lease thread (lease_run) decides whether this replica works at all; the
  * /healthz, /readyz and /metrics endpoints are libmicrohttpd's thread; plans are made by the
  * planning pool's threads (--plan-workers, planning.h), so a slow plan never holds up the queue.
@@ -40,6 +44,7 @@
 #include "watch.h"
 
 #define OP_RESYNC_S 30.0 /* every known job is reconciled again this often */
+#define OP_SETTLE_S 1.0 /* GPUs freed: the waiting jobs look this long after the first change */
 #define OP_RETRY_MAX_S 30.0
 #define OP_KEY_MAX 320 /* "namespace/name" */
 
@@ -314,7 +319,7 @@ static bool op_dequeue(double deadline, op_item *out, volatile int *stop) {
 static volatile int op_stop;
 static volatile int op_leading; /* 1 while this replica works */
 static volatile int op_lost; /* leadership was lost: exit so that a fresh process campaigns */
-static volatile int op_jobs_listed;
+static volatile int op_jobs_listed; /* every watch's store has its first list */
 static pthread_mutex_t op_stats_mu = PTHREAD_MUTEX_INITIALIZER;
 static rec_stats op_stats;
 static bool op_elect;
@@ -395,6 +400,11 @@ static char *op_metrics_text(void) {
     op_family(f, "cephalo_operator_pods_created_total", "counter", "Worker pods created.", s.pods_created);
     op_family(f, "cephalo_operator_pods_deleted_total", "counter", "Worker pods deleted.", s.pods_deleted);
     op_family(f, "cephalo_operator_queue_depth", "gauge", "Jobs waiting to be reconciled.", depth);
+    fputs("# HELP cephalo_operator_api_requests_total Requests sent to the Kubernetes API server, by verb "
+          "(a watch when its stream opens).\n# TYPE cephalo_operator_api_requests_total counter\n", f);
+    for (int v = 0; v < KUBE_VERB_COUNT; v++)
+        fprintf(f, "cephalo_operator_api_requests_total{verb=\"%s\"} %ld\n", kube_verb_name((kube_verb)v),
+                kube_requests((kube_verb)v));
     op_family(f, "cephalo_operator_jobs", "gauge", "CephaloJobs known.", known);
     op_family(f, "cephalo_operator_leader", "gauge", "1 while this replica leads (or runs without election).",
               op_leading ? 1 : 0);
@@ -411,7 +421,7 @@ static enum MHD_Result op_http(void *cls, struct MHD_Connection *c, const char *
         /* a standby is ready (it waits for the Lease); a leader once its job list arrived */
         bool ready = !op_stop && (op_elect && !op_leading ? true : op_jobs_listed);
         return ready ? op_reply(c, MHD_HTTP_OK, "text/plain", "ok\n")
-                     : op_reply(c, MHD_HTTP_SERVICE_UNAVAILABLE, "text/plain", "not ready: jobs not listed yet\n");
+                     : op_reply(c, MHD_HTTP_SERVICE_UNAVAILABLE, "text/plain", "not ready: not everything listed yet\n");
     }
     if (!strcmp(url, "/metrics")) {
         char *body = op_metrics_text();
@@ -449,12 +459,19 @@ static struct MHD_Daemon *op_serve(const char *addr, err_t *err) {
 
 /* ---- watches ------------------------------------------------------------------------------- */
 
+/* The watches' stores (cache.h): what the reconcile reads. */
+static rec_caches op_caches;
+
+/* One list+watch feeding one store. Kinds that carry the cephalo.dev/job label (the jobs' pods,
+ * plans and Services) queue their job on every change; nodes and busy pods, the jobs that may
+ * now get GPUs. */
 typedef struct op_watch {
     const char *what;
     const kube_config *cfg;
     watch_opts wo;
     char path[KUBE_PATH_MAX];
-    enum { OP_JOBS, OP_PODS, OP_NODES } kind; /* pods: the key is the cephalo.dev/job label */
+    enum { OP_JOBS, OP_LABELLED, OP_NODES, OP_BUSY } kind;
+    cache *store;
     pthread_t th;
     bool started;
 } op_watch;
@@ -515,8 +532,55 @@ static void op_enqueue_all(const char *why) {
     pthread_mutex_unlock(&q.mu);
 }
 
+/* Jobs that free GPUs may let start or grow: Queued ones, and live ones with spec.gpus.minGPUs. */
+static bool op_waits_for_gpus(const cJSON *job, void *arg) {
+    (void)arg;
+    const cJSON *st = cJSON_GetObjectItemCaseSensitive(job, "status");
+    const cJSON *ph = cJSON_GetObjectItemCaseSensitive(st, "phase");
+    const cJSON *gpus = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(job, "spec"), "gpus");
+    const cJSON *min = cJSON_GetObjectItemCaseSensitive(gpus, "minGPUs");
+    const char *p = cJSON_IsString(ph) ? ph->valuestring : "";
+    if (!strcmp(p, "Queued")) return true;
+    return cJSON_IsNumber(min) && min->valuedouble > 0 &&
+           (!strcmp(p, "Planned") || !strcmp(p, "Running") || !strcmp(p, "Restarting"));
+}
+
+/* Queues the jobs waiting for GPUs OP_SETTLE_S after the first of a burst of busy-pod changes: the
+ * pods of a gang end within moments of each other, and a job that looked at the first one's GPU
+ * alone would start small (minGPUs) and re-plan moments later. */
+static void op_enqueue_waiting(void) {
+    cJSON *jobs = cache_list(op_caches.jobs, op_waits_for_gpus, NULL);
+    const cJSON *j;
+    pthread_mutex_lock(&q.mu);
+    cJSON_ArrayForEach(j, cJSON_GetObjectItemCaseSensitive(jobs, "items")) {
+        char key[OP_KEY_MAX];
+        snprintf(key, sizeof key, "%s/%s", kube_meta_str(j, "namespace"), kube_meta_str(j, "name"));
+        op_enqueue_locked(key, OP_SETTLE_S, 0);
+    }
+    pthread_mutex_unlock(&q.mu);
+    cJSON_Delete(jobs);
+}
+
+static bool op_same_item(const cJSON *a, const cJSON *b, const char *key) {
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(a, key), *y = cJSON_GetObjectItemCaseSensitive(b, key);
+    return (!x && !y) || (x && y && cJSON_Compare(x, y, true));
+}
+
+/* Whether a job's event is one to reconcile: new, its spec (generation), labels or annotations
+ * changed, or being deleted. Status writes (the operator's own, progress among them) are not. */
+static bool op_job_changed(const cJSON *prev, const cJSON *job) {
+    if (!prev) return true;
+    const cJSON *pm = cJSON_GetObjectItemCaseSensitive(prev, "metadata"), *m = cJSON_GetObjectItemCaseSensitive(job, "metadata");
+    return !op_same_item(pm, m, "generation") || !op_same_item(pm, m, "deletionTimestamp") ||
+           !op_same_item(pm, m, "labels") || !op_same_item(pm, m, "annotations");
+}
+
 static void op_enqueue_object(const op_watch *w, const cJSON *o, watch_type t) {
     const char *ns = kube_meta_str(o, "namespace");
+    if (w->kind == OP_BUSY) {
+        if (t != WATCH_MODIFIED) op_enqueue_waiting(); /* GPUs taken or freed; a status change frees none */
+        return;
+    }
     if (w->kind == OP_NODES) {
         if (op_node_changed(o, t == WATCH_DELETED)) {
             char why[300];
@@ -541,7 +605,13 @@ static int op_on_list(const cJSON *items, const char *rv, void *arg, err_t *err)
     (void)err;
     op_watch *w = arg;
     op_log(0, "%s: listed %d (resourceVersion %s)", w->what, cJSON_GetArraySize(items), rv ? rv : "?");
+    bool relist = cache_synced(w->store);
+    cache_replace(w->store, items);
     const cJSON *o;
+    if (w->kind == OP_BUSY) {
+        if (relist) op_enqueue_waiting(); /* events may have been missed */
+        return 0;
+    }
     if (w->kind == OP_NODES) {
         /* a relist: compare everything with the cache (the first list only fills it) */
         bool first = op_n_fps == 0, changed = false;
@@ -568,7 +638,6 @@ static int op_on_list(const cJSON *items, const char *rv, void *arg, err_t *err)
         pthread_mutex_unlock(&q.mu);
     }
     cJSON_ArrayForEach(o, items) op_enqueue_object(w, o, WATCH_ADDED);
-    if (w->kind == OP_JOBS) op_jobs_listed = 1;
     return 0;
 }
 
@@ -576,7 +645,11 @@ static int op_on_event(watch_type t, const cJSON *o, void *arg, err_t *err) {
     (void)err;
     op_watch *w = arg;
     op_log(0, "%s: %s %s/%s", w->what, watch_type_name(t), kube_meta_str(o, "namespace"), kube_meta_str(o, "name"));
-    op_enqueue_object(w, o, t);
+    cJSON *prev = NULL;
+    if (t == WATCH_DELETED) cache_remove(w->store, kube_meta_str(o, "namespace"), kube_meta_str(o, "name"));
+    else if (!cache_put(w->store, o, &prev)) return 0; /* older than what the store has */
+    if (w->kind != OP_JOBS || t != WATCH_MODIFIED || op_job_changed(prev, o)) op_enqueue_object(w, o, t);
+    cJSON_Delete(prev);
     return 0;
 }
 
@@ -751,32 +824,58 @@ int main(int argc, char **argv) {
         op_leading = 1;
     }
 
-    op_watch jobs = {.what = "cephalojobs", .cfg = &cfg, .kind = OP_JOBS},
-             pods = {.what = "pods", .cfg = &cfg, .kind = OP_PODS},
-             nodes = {.what = "nodes", .cfg = &cfg, .kind = OP_NODES};
+    op_caches = (rec_caches){cache_new("cephalojobs"), cache_new("pods"), cache_new("busy pods"), cache_new("nodes"),
+                             cache_new("configmaps"), cache_new("services")};
+    /* GPU accounting needs every namespace's pods that may hold GPUs, whatever --namespace is */
+    op_watch watches[] = {
+        {.what = "cephalojobs", .cfg = &cfg, .kind = OP_JOBS, .store = op_caches.jobs},
+        {.what = "pods", .cfg = &cfg, .kind = OP_LABELLED, .store = op_caches.pods},
+        {.what = "nodes", .cfg = &cfg, .kind = OP_NODES, .store = op_caches.nodes},
+        {.what = "busy pods", .cfg = &cfg, .kind = OP_BUSY, .store = op_caches.busy,
+         .wo.field_selector = "status.phase!=Succeeded,status.phase!=Failed"},
+        {.what = "configmaps", .cfg = &cfg, .kind = OP_LABELLED, .store = op_caches.configmaps},
+        {.what = "services", .cfg = &cfg, .kind = OP_LABELLED, .store = op_caches.services},
+    };
+    enum { N_WATCHES = sizeof watches / sizeof watches[0] };
     if (!op_stop) {
-        if (kube_path(jobs.path, sizeof jobs.path, REC_API_VERSION, o.namespace, "cephalojobs", NULL, &err) < 0 ||
-            kube_path(pods.path, sizeof pods.path, "v1", o.namespace, "pods", NULL, &err) < 0 ||
-            kube_path(nodes.path, sizeof nodes.path, "v1", NULL, "nodes", NULL, &err) < 0) {
+        if (kube_path(watches[0].path, KUBE_PATH_MAX, REC_API_VERSION, o.namespace, "cephalojobs", NULL, &err) < 0 ||
+            kube_path(watches[1].path, KUBE_PATH_MAX, "v1", o.namespace, "pods", NULL, &err) < 0 ||
+            kube_path(watches[2].path, KUBE_PATH_MAX, "v1", NULL, "nodes", NULL, &err) < 0 ||
+            kube_path(watches[3].path, KUBE_PATH_MAX, "v1", NULL, "pods", NULL, &err) < 0 ||
+            kube_path(watches[4].path, KUBE_PATH_MAX, "v1", o.namespace, "configmaps", NULL, &err) < 0 ||
+            kube_path(watches[5].path, KUBE_PATH_MAX, "v1", o.namespace, "services", NULL, &err) < 0) {
             op_log(3, "%s", err.msg);
             rc = 2;
             op_stop = 1;
         } else {
-            pods.wo.label_selector = REC_LABEL_JOB;
-            if (op_watch_start(&jobs, &err) < 0 || op_watch_start(&pods, &err) < 0 ||
-                op_watch_start(&nodes, &err) < 0) {
-                op_log(3, "%s", err.msg);
-                rc = 1;
-                op_stop = 1;
-            }
+            watches[1].wo.label_selector = watches[4].wo.label_selector = watches[5].wo.label_selector = REC_LABEL_JOB;
+            for (int i = 0; i < N_WATCHES && !op_stop; i++)
+                if (op_watch_start(&watches[i], &err) < 0) {
+                    op_log(3, "%s", err.msg);
+                    rc = 1;
+                    op_stop = 1;
+                }
         }
     }
 
-    rec_config rc_cfg = {.worker_image = o.worker_image, .worker_pull_policy = o.worker_pull_policy,
+    rec_config rc_cfg = {.caches = &op_caches, .worker_image = o.worker_image, .worker_pull_policy = o.worker_pull_policy,
                          .profile_cm = o.profile_cm, .planner = op_pool, .plan_timeout_s = o.plan_timeout_s,
                          .worker_archs = &o.worker_archs};
     double next_resync = clock_now_s() + OP_RESYNC_S;
     while (!op_stop) {
+        /* nothing is reconciled before every store has its first list: an empty store would look
+         * like a cluster without nodes or pods */
+        if (!op_jobs_listed) {
+            bool synced = true;
+            for (int i = 0; i < N_WATCHES; i++) synced &= cache_synced(watches[i].store);
+            if (!synced) {
+                nanosleep(&(struct timespec){0, 20000000L}, NULL);
+                continue;
+            }
+            op_jobs_listed = 1;
+            op_log(1, "watching: %d jobs, %d nodes, %d pods that may hold GPUs", cache_size(op_caches.jobs),
+                   cache_size(op_caches.nodes), cache_size(op_caches.busy));
+        }
         op_item it;
         if (!op_dequeue(next_resync, &it, &op_stop)) {
             if (clock_now_s() >= next_resync) {
@@ -820,9 +919,8 @@ int main(int argc, char **argv) {
         }
     }
     op_log(1, "stopping");
-    if (jobs.started) pthread_join(jobs.th, NULL);
-    if (pods.started) pthread_join(pods.th, NULL);
-    if (nodes.started) pthread_join(nodes.th, NULL);
+    for (int i = 0; i < N_WATCHES; i++)
+        if (watches[i].started) pthread_join(watches[i].th, NULL);
 done:
     op_stop = 1;
     if (lease_started) {
@@ -839,5 +937,7 @@ done:
     free(q.items);
     free(q.known);
     free(op_fps);
+    cache_free(op_caches.jobs), cache_free(op_caches.pods), cache_free(op_caches.busy);
+    cache_free(op_caches.nodes), cache_free(op_caches.configmaps), cache_free(op_caches.services);
     return op_lost ? 1 : rc;
 }

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cache.h"
 #include "clock.h"
 #include "inputs.h"
 #include "inventory.h"
@@ -338,12 +339,18 @@ static cJSON *meta(const cJSON *job, const char *name, int rank) {
     return m;
 }
 
-/* Creates obj in the collection unless it exists (409 AlreadyExists is success). */
-static int ensure(kube_client *k, const char *collection, cJSON *obj, bool *created, err_t *err) {
+/* Creates obj in the collection unless it exists (409 AlreadyExists is success). The created
+ * object goes into the stores given (NULL-terminated), so that the next reconcile sees it before
+ * the watch delivers it. */
+static int ensure(kube_client *k, const char *collection, cJSON *obj, bool *created, cache *const *into,
+                  err_t *err) {
     long status = 0;
+    cJSON *out = NULL;
     if (created) *created = false;
-    int rc = kube_create(k, collection, obj, NULL, &status, err);
+    int rc = kube_create(k, collection, obj, &out, &status, err);
     cJSON_Delete(obj);
+    for (int i = 0; rc == 0 && out && into && into[i]; i++) cache_put(into[i], out, NULL);
+    cJSON_Delete(out);
     if (rc == 0) {
         if (created) *created = true;
         return 0;
@@ -357,7 +364,7 @@ typedef struct cm_annotations {
 
 /* Creates the plan ConfigMap, or merge-patches the one of an older plan (the chart's RBAC grants
  * configmaps patch, not update). */
-static int write_configmap(kube_client *k, const cJSON *job, const cJSON *old, const char *name,
+static int write_configmap(kube_client *k, cache *store, const cJSON *job, const cJSON *old, const char *name,
                            const char *plan_json, const cm_annotations *a, err_t *err) {
     char path[KUBE_PATH_MAX];
     const char *ns = kube_meta_str(job, "namespace");
@@ -374,22 +381,25 @@ static int write_configmap(kube_client *k, const cJSON *job, const cJSON *old, c
     else if (old) cJSON_AddNullToObject(ann, REC_ANN_NOTES);
     cJSON_AddStringToObject(cJSON_AddObjectToObject(cm, "data"), "plan.json", plan_json);
     long status = 0;
+    cJSON *out = NULL;
     int rc;
     if (old) {
         if (kube_path(path, sizeof path, "v1", ns, "configmaps", name, err) < 0) return cJSON_Delete(cm), -1;
-        rc = kube_merge_patch(k, path, cm, NULL, &status, err);
+        rc = kube_merge_patch(k, path, cm, &out, &status, err);
     } else {
         cJSON_AddStringToObject(cm, "apiVersion", "v1");
         cJSON_AddStringToObject(cm, "kind", "ConfigMap");
         cJSON_AddItemToObject(cm, "metadata", m);
         if (kube_path(path, sizeof path, "v1", ns, "configmaps", NULL, err) < 0) return cJSON_Delete(cm), -1;
-        rc = kube_create(k, path, cm, NULL, &status, err);
+        rc = kube_create(k, path, cm, &out, &status, err);
     }
+    if (rc == 0 && out) cache_put(store, out, NULL);
+    cJSON_Delete(out);
     cJSON_Delete(cm);
     return rc;
 }
 
-static int ensure_service(kube_client *k, const cJSON *job, long metrics_port, err_t *err) {
+static int ensure_service(kube_client *k, cache *store, const cJSON *job, long metrics_port, err_t *err) {
     const char *ns = kube_meta_str(job, "namespace"), *name = kube_meta_str(job, "name");
     cJSON *s = cJSON_CreateObject();
     cJSON_AddStringToObject(s, "apiVersion", "v1");
@@ -414,7 +424,7 @@ static int ensure_service(kube_client *k, const cJSON *job, long metrics_port, e
     }
     char path[KUBE_PATH_MAX];
     if (kube_path(path, sizeof path, "v1", ns, "services", NULL, err) < 0) return cJSON_Delete(s), -1;
-    return ensure(k, path, s, NULL, err);
+    return ensure(k, path, s, NULL, (cache *[]){store, NULL}, err);
 }
 
 static void env(cJSON *arr, const char *name, const char *value) {
@@ -450,8 +460,24 @@ static void volume(cJSON *vols, cJSON *mounts, const char *name, const char *mou
     cJSON_AddItemToArray(mounts, m);
 }
 
+/* Required node affinity on the planned node's kubernetes.io/hostname label: the scheduler binds
+ * the pod there (or says it cannot: Unschedulable), so its GPU is counted like everyone else's. */
+static void pin_to_host(cJSON *ps, const char *host) {
+    cJSON *req = cJSON_CreateObject(), *vals = cJSON_CreateArray();
+    cJSON_AddStringToObject(req, "key", INV_LABEL_HOSTNAME);
+    cJSON_AddStringToObject(req, "operator", "In");
+    cJSON_AddItemToArray(vals, cJSON_CreateString(host));
+    cJSON_AddItemToObject(req, "values", vals);
+    cJSON *term = cJSON_CreateObject();
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(term, "matchExpressions"), req);
+    cJSON *na = cJSON_AddObjectToObject(cJSON_AddObjectToObject(ps, "affinity"), "nodeAffinity");
+    cJSON *rd = cJSON_AddObjectToObject(na, "requiredDuringSchedulingIgnoredDuringExecution");
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(rd, "nodeSelectorTerms"), term);
+}
+
+/* host: the planned node's kubernetes.io/hostname label (else its name). */
 static cJSON *pod_object(const rec_config *c, const cJSON *job, int rank, int world,
-                         const char *node, const char *cm_name, const char *plan_id, int attempt) {
+                         const char *host, const char *cm_name, const char *plan_id, int attempt) {
     const cJSON *spec = get(job, "spec");
     const char *ns = kube_meta_str(job, "namespace"), *name = kube_meta_str(job, "name");
     char pod[128], buf[512];
@@ -467,7 +493,7 @@ static cJSON *pod_object(const rec_config *c, const cJSON *job, int rank, int wo
     cJSON_AddStringToObject(ann, REC_ANN_ATTEMPT, buf);
     cJSON_AddItemToObject(o, "metadata", md);
     cJSON *ps = cJSON_AddObjectToObject(o, "spec");
-    cJSON_AddStringToObject(ps, "nodeName", node);
+    pin_to_host(ps, host);
     snprintf(buf, sizeof buf, "%s-%d", name, rank);
     cJSON_AddStringToObject(ps, "hostname", buf);
     cJSON_AddStringToObject(ps, "subdomain", name);
@@ -493,6 +519,8 @@ static cJSON *pod_object(const rec_config *c, const cJSON *job, int rank, int wo
     const cJSON *opt = get(spec, "optimizer");
     arg(args, "--lr", "%g", get_num(opt, "lr", 3e-4));
     if (get(opt, "minLr")) arg(args, "--min-lr", "%g", get_num(opt, "minLr", 0));
+    cJSON_AddItemToArray(args, cJSON_CreateString("--schedule"));
+    cJSON_AddItemToArray(args, cJSON_CreateString(get_str(opt, "schedule", "cosine")));
     arg(args, "--warmup", "%.0f", get_num(opt, "warmup", 0));
     arg(args, "--weight-decay", "%g", get_num(opt, "weightDecay", 0.1));
     arg(args, "--beta1", "%g", get_num(opt, "beta1", 0.9));
@@ -558,6 +586,8 @@ static cJSON *pod_object(const rec_config *c, const cJSON *job, int rank, int wo
     env(e, "CEPHALO_METRICS_PORT", buf);
 
     cJSON *res = cJSON_AddObjectToObject(ctr, "resources");
+    /* requests too (the API server would default them from limits): what the scheduler counts */
+    cJSON_AddStringToObject(cJSON_AddObjectToObject(res, "requests"), INV_RESOURCE_GPU, "1");
     cJSON_AddStringToObject(cJSON_AddObjectToObject(res, "limits"), INV_RESOURCE_GPU, "1");
     if (metrics_port > 0) {
         cJSON *port = cJSON_CreateObject();
@@ -605,14 +635,6 @@ static int status_mutate(cJSON *obj, void *argp, err_t *err) {
     return 1;
 }
 
-static int write_status(kube_client *k, const char *job_path, cJSON *status, err_t *err) {
-    status_arg a = {status};
-    long st = 0;
-    int rc = kube_update_retry(k, job_path, true, 5, status_mutate, &a, NULL, &st, err);
-    cJSON_Delete(status);
-    if (rc < 0 && st == 404) return 0; /* deleted meanwhile */
-    return rc;
-}
 
 static void emit(kube_client *k, const cJSON *job, const char *type, const char *reason, const char *msg) {
     kube_event ev = {.namespace = kube_meta_str(job, "namespace"), .api_version = REC_API_VERSION,
@@ -645,10 +667,11 @@ typedef struct rec_ctx {
     cJSON *job;
     const cJSON *spec, *old; /* the job's spec and stored status */
     double gen;
-    cJSON *nodes; /* NodeList */
+    cJSON *nodes; /* NodeList (a view of the store: read-only) */
     cJSON *cm;    /* the plan ConfigMap, or NULL */
-    cJSON *pods;  /* PodList of the job's pods (label cephalo.dev/job) */
-    cJSON *busy;  /* PodList of the pods that may hold GPUs: not terminal, every namespace */
+    cJSON *pods;  /* PodList of the job's pods (label cephalo.dev/job; a view: read-only) */
+    cJSON *busy;  /* PodList of the pods that may hold GPUs: not terminal, every namespace (a view) */
+    cache_view nodes_view, pods_view, busy_view;
     gpu_view view; /* what the job is planned on: its free GPUs, or all (view.pods NULL) while they are too few */
     cluster free_cl; /* the GPUs free to the job (its own pods' count as free), no maxGPUs cap */
     bool have_free;
@@ -664,33 +687,42 @@ typedef struct rec_ctx {
 
 static cJSON *status_base(rec_ctx *x, const char *phase, const char *msg);
 
+/* Writes the job's status (taking it) unless it is what the store has already: a reconcile that
+ * changes nothing sends nothing. The PUT carries the stored resourceVersion; when someone wrote
+ * since (409) the job is read again and the status put on that. The answer goes into the store,
+ * and the watch event it causes does not reconcile the job again (main.c: only spec changes do). */
+static int write_status(rec_ctx *x, cJSON *status, err_t *err) {
+    const cJSON *old = get(x->job, "status");
+    if (old && cJSON_Compare(old, status, true)) return cJSON_Delete(status), 0;
+    cJSON *obj = cJSON_Duplicate(x->job, true), *out = NULL;
+    cJSON_DeleteItemFromObjectCaseSensitive(obj, "status");
+    cJSON_AddItemToObject(obj, "status", status);
+    long st = 0;
+    int rc = kube_replace_status(x->k, x->job_path, obj, &out, &st, err);
+    if (rc < 0 && st == 409) {
+        status_arg a = {cJSON_GetObjectItemCaseSensitive(obj, "status")};
+        rc = kube_update_retry(x->k, x->job_path, true, 5, status_mutate, &a, &out, &st, err);
+    }
+    cJSON_Delete(obj);
+    if (rc == 0 && out) cache_put(x->c->caches->jobs, out, NULL);
+    cJSON_Delete(out);
+    return rc < 0 && st == 404 ? 0 : rc; /* 404: deleted meanwhile */
+}
+
 /* Drops the job's planning, if any (cancelled when it runs): the job is gone, finished, suspended. */
 static void forget_plan(const rec_ctx *x) {
     if (x->c->planner) planning_forget(x->c->planner, x->key);
 }
 
-/* The job's pods (label cephalo.dev/job=NAME) as a PodList, or NULL with the error set. */
-static cJSON *list_pods(kube_client *k, const char *ns, const char *name, err_t *err) {
-    char path[KUBE_PATH_MAX + 256];
-    if (kube_path(path, KUBE_PATH_MAX, "v1", ns, "pods", NULL, err) < 0) return NULL;
-    size_t n = strlen(path);
-    snprintf(path + n, sizeof path - n, "?labelSelector=%s%%3D%s", "cephalo.dev%2Fjob", name);
-    cJSON *list = NULL;
-    long st = 0;
-    if (kube_get(k, path, &list, &st, err) < 0) return NULL;
-    return list;
+static bool is_job_pod(const cJSON *pod, void *arg) {
+    const rec_ctx *x = arg;
+    return !strcmp(get_str(get(pod, "metadata"), "namespace", ""), x->ns) &&
+           !strcmp(get_str(get(get(pod, "metadata"), "labels"), REC_LABEL_JOB, ""), x->name);
 }
 
-/* The pods that may hold GPUs, in every namespace: not Succeeded or Failed (the API server filters;
- * inv_pod_holds checks again). A PodList, or NULL with the error set. */
-static cJSON *list_busy_pods(kube_client *k, err_t *err) {
-    cJSON *list = NULL;
-    long st = 0;
-    if (kube_get(k, "/api/v1/pods?fieldSelector=status.phase%21%3DSucceeded%2Cstatus.phase%21%3DFailed", &list, &st,
-                 err) < 0)
-        return NULL;
-    return list;
-}
+/* The job's pods (label cephalo.dev/job=NAME, every phase) from the store, as a PodList of the
+ * stored objects (read-only; cache_view_release). */
+static cJSON *job_pods(rec_ctx *x, cache_view *v) { return cache_view_list(x->c->caches->pods, is_job_pod, x, v); }
 
 static const cJSON *find_node(const cJSON *nodes, const char *name) {
     const cJSON *n;
@@ -710,10 +742,13 @@ static bool pod_finished(const cJSON *pod) {
 static int delete_pod(rec_ctx *x, const cJSON *pod, err_t *err) {
     char path[KUBE_PATH_MAX + 32];
     long status = 0;
-    const cJSON *node = x->nodes ? find_node(x->nodes, get_str(get(pod, "spec"), "nodeName", NULL)) : NULL;
+    const char *bound = get_str(get(pod, "spec"), "nodeName", NULL);
+    const cJSON *node = x->nodes ? find_node(x->nodes, bound) : NULL;
     double due = 0; /* the API sets deletionTimestamp to the request time plus the grace period */
     bool overdue = kube_time_parse(get_str(get(pod, "metadata"), "deletionTimestamp", ""), &due) && kube_time_now_s() >= due;
-    bool orphan = x->nodes && (!node || (!inv_node_ready(node) && overdue));
+    /* an unbound pod is no orphan: the API server deletes it at once by itself, and if the
+     * scheduler bound it meanwhile, its worker gets the graceful stop */
+    bool orphan = x->nodes && bound && (!node || (!inv_node_ready(node) && overdue));
     if (get(get(pod, "metadata"), "deletionTimestamp") && !orphan) return 0; /* on its way */
     if (kube_path(path, KUBE_PATH_MAX, "v1", x->ns, "pods", kube_meta_str(pod, "name"), err) < 0) return -1;
     if (orphan) strcat(path, "?gracePeriodSeconds=0");
@@ -734,16 +769,16 @@ static int delete_pods(rec_ctx *x, const cJSON *pods, bool keep_finished, err_t 
 }
 
 static int suspend_job(rec_ctx *x, err_t *err) {
-    cJSON *pods = list_pods(x->k, x->ns, x->name, err);
-    if (!pods) return -1;
+    cache_view v;
+    cJSON *pods = job_pods(x, &v);
     int rc = delete_pods(x, pods, false, err);
-    cJSON_Delete(pods);
+    cache_view_release(&v);
     if (rc < 0) return -1;
     cJSON *s = status_base(x, "Suspended", "spec.suspend is true: no worker pods");
     cJSON *conds = cJSON_GetObjectItemCaseSensitive(s, "conditions");
     condition(conds, x->old, x->gen, "Created", true, "Created", "the job was accepted by the operator");
     condition(conds, x->old, x->gen, "Suspended", true, "Suspended", "spec.suspend is true");
-    return write_status(x->k, x->job_path, s, err);
+    return write_status(x, s, err);
 }
 
 static const cJSON *find_condition(const cJSON *status, const char *type) {
@@ -788,8 +823,8 @@ static int clear_foreign(rec_ctx *x, err_t *err) {
             return -1;
     }
     if (kube_path(path, sizeof path, "v1", x->ns, "services", x->name, err) < 0) return -1;
-    if (kube_get(x->k, path, &svc, &status, err) < 0) {
-        if (status != 404) return -1;
+    if (!(svc = cache_get(x->c->caches->services, x->ns, x->name))) {
+        /* none (of ours: the store holds the jobs' labelled Services) */
     } else if (owned_by_job(svc, x->job)) {
         x->have_service = true;
     } else {
@@ -836,7 +871,7 @@ static int plan_failed(rec_ctx *x, const char *reason, const char *why, err_t *e
     condition(conds, x->old, x->gen, "Created", true, "Created", "the job was accepted by the operator");
     condition(conds, x->old, x->gen, "Planned", false, reason, msg);
     condition(conds, x->old, x->gen, "Failed", true, reason, msg);
-    return write_status(x->k, x->job_path, s, err);
+    return write_status(x, s, err);
 }
 
 /* A planning thread works on the job: the status says so (condition Planned False, reason
@@ -860,7 +895,7 @@ static int plan_pending(rec_ctx *x, const char *msg, err_t *err) {
     }
     if (!planned) condition(conds, x->old, x->gen, "Planned", false, "Planning", msg);
     if (live && get(x->old, "plan")) cJSON_AddItemToObject(s, "plan", cJSON_Duplicate(get(x->old, "plan"), true));
-    return write_status(x->k, x->job_path, s, err);
+    return write_status(x, s, err);
 }
 
 #define REC_PLAN_WAIT_S 0.25 /* how long the loop waits for a new plan before it moves on */
@@ -1053,16 +1088,10 @@ static bool shares_nodes(rec_ctx *x, const cJSON *other) {
  * (between its old pods' end and its new pods' creation its GPUs look free). 1 with `who` set,
  * 0 if none, -1 on an API error. */
 static int queue_blocker(rec_ctx *x, char *who, size_t n, err_t *err) {
-    cJSON *jobs = NULL;
-    long status = 0;
-    char path[KUBE_PATH_MAX];
-    if (kube_path(path, sizeof path, REC_API_VERSION, NULL, "cephalojobs", NULL, err) < 0) return -1;
-    /* an operator that watches one namespace (chart value watchNamespace) may list jobs there only:
-     * the queue is then that namespace's */
-    if (kube_get(x->k, path, &jobs, &status, err) < 0 &&
-        (status != 403 || kube_path(path, sizeof path, REC_API_VERSION, x->ns, "cephalojobs", NULL, err) < 0 ||
-         kube_get(x->k, path, &jobs, &status, err) < 0))
-        return -1;
+    (void)err;
+    /* the jobs the operator watches: an operator of one namespace (chart value watchNamespace) queues
+     * that namespace's */
+    cJSON *jobs = cache_list(x->c->caches->jobs, NULL, NULL);
     const char *uid = kube_meta_str(x->job, "uid");
     const cJSON *j;
     int found = 0;
@@ -1159,7 +1188,7 @@ static int current_plan(rec_ctx *x, err_t *err) {
     snprintf(x->notes, sizeof x->notes, "%s", po->notes);
     snprintf(x->profile, sizeof x->profile, "%s", po->profile);
     const char *old_id = get_str(ann, REC_ANN_PLAN_ID, "");
-    if (write_configmap(x->k, x->job, cm, x->cm_name, po->json, &(cm_annotations){gen_s, fp, x->plan_id, po->notes}, err) < 0)
+    if (write_configmap(x->k, x->c->caches->configmaps, x->job, cm, x->cm_name, po->json, &(cm_annotations){gen_s, fp, x->plan_id, po->notes}, err) < 0)
         goto out; /* the pool keeps the plan for the retry */
     x->plan_doc = json_parse(x->cm_name, po->json, strlen(po->json), err);
     if (!own) planning_forget(x->c->planner, x->key); /* the ConfigMap has it now; t is gone */
@@ -1195,6 +1224,7 @@ typedef struct gang {
     const cJSON *first_failed;
     const cJSON *first_stuck; /* a pending pod whose container waits for a reason (ImagePullBackOff...) */
     const cJSON *disrupted; /* a pod of the gang being deleted by someone else (eviction, drain, by hand) */
+    const cJSON *unschedulable; /* a pod of the gang the scheduler cannot place (its GPU was taken) */
     int failed_hard; /* failed pods that were not stopped on request (exit code 143: worker/main.c) */
 } gang;
 
@@ -1223,6 +1253,13 @@ static bool failed_earlier(const cJSON *a, const cJSON *b) {
     if (tb) kube_time_parse(get_str(tb, "finishedAt", ""), &fb);
     if (fa != fb) return fa < fb;
     return get_num(ta, "exitCode", 0) > 128 && get_num(tb, "exitCode", 0) <= 128;
+}
+
+/* Not bound, and the scheduler said why: PodScheduled False, reason Unschedulable. */
+static bool pod_unschedulable(const cJSON *pod) {
+    const cJSON *c = find_condition(get(pod, "status"), "PodScheduled");
+    return !get_str(get(pod, "spec"), "nodeName", NULL) && c && !strcmp(get_str(c, "status", ""), "False") &&
+           !strcmp(get_str(c, "reason", ""), "Unschedulable");
 }
 
 static int gang_read(rec_ctx *x, gang *g, err_t *err) {
@@ -1262,18 +1299,29 @@ static int gang_read(rec_ctx *x, gang *g, err_t *err) {
         } else {
             g->pending++;
             if (!g->first_stuck && waiting_state(pod)) g->first_stuck = pod;
+            if (!g->unschedulable && pod_unschedulable(pod)) g->unschedulable = pod;
         }
     }
     for (int r = 0; r < g->world; r++) g->missing += !g->pod[r];
     return 0;
 }
 
+/* The node of a pod for messages: bound, its node; not yet, the node its affinity names (by its
+ * hostname label: the Node's name when it is among x->nodes); else "?". */
+static const char *pod_node(const rec_ctx *x, const cJSON *pod) {
+    const cJSON *n;
+    if (get_str(get(pod, "spec"), "nodeName", NULL)) return get_str(get(pod, "spec"), "nodeName", "?");
+    cJSON_ArrayForEach(n, get(x->nodes, "items"))
+        if (inv_pod_on_node(pod, n)) return kube_meta_str(n, "name");
+    return inv_pod_node(pod) ? inv_pod_node(pod) : "?";
+}
+
 /* "pod tiny-1 (rank 1 on gpu-a) failed: exit code 137 (Error)" */
-static void describe_failure(const cJSON *pod, char *out, size_t n) {
+static void describe_failure(const cJSON *pod, const char *node, char *out, size_t n) {
     const cJSON *st = get(pod, "status"), *term = terminated_state(pod);
     int len = snprintf(out, n, "pod %s (rank %s on %s) failed", kube_meta_str(pod, "name"),
                        get_str(get(get(pod, "metadata"), "labels"), REC_LABEL_RANK, "?"),
-                       get_str(get(pod, "spec"), "nodeName", "?"));
+                       node);
     if (len < 0 || (size_t)len >= n) return;
     if (term)
         snprintf(out + len, n - (size_t)len, ": exit code %.0f (%s)", get_num(term, "exitCode", -1),
@@ -1374,16 +1422,16 @@ static int finish_status(rec_ctx *x, cJSON *s, const char *phase, err_t *err) {
         if (!strcmp(phase, "Succeeded")) x->st->jobs_succeeded++;
         if (!strcmp(phase, "Failed")) x->st->jobs_failed++;
     }
-    return write_status(x->k, x->job_path, s, err);
+    return write_status(x, s, err);
 }
 
 /* Progress from the workers' /metrics: the step, loss and last checkpoint of rank 0, and the
- * samples per second summed over ranks. Best effort: a rank that does not answer is left out.
+ * samples per second summed over ranks; returns how many ranks answered. Best effort: a rank that does not answer is left out.
  * Logged through log_msg (the operator's "TIME LEVEL text" lines under --log-level): one summary
  * per job at info, a rank that did not answer at debug (every REC_PROGRESS_S per pod is noise). */
-static void scrape_progress(rec_ctx *x, const gang *g, cJSON *s) {
+static int scrape_progress(rec_ctx *x, const gang *g, cJSON *s) {
     long port = (long)get_num(x->spec, "metricsPort", 9400);
-    if (port <= 0) return;
+    if (port <= 0) return 0;
     double rate = 0, t0 = clock_now_s(), per = x->c->scrape_timeout_s > 0 ? x->c->scrape_timeout_s : 1.0;
     int rated = 0, answered = 0;
     for (int r = 0; r < g->world; r++) {
@@ -1410,6 +1458,7 @@ static void scrape_progress(rec_ctx *x, const gang *g, cJSON *s) {
     if (answered)
         log_msg("info", "%s/%s: step %.0f of %.0f, loss %.4g, %.2f samples/s (%d of %d ranks answered)", x->ns, x->name,
                 get_num(s, "step", 0), get_num(x->spec, "steps", 1), get_num(s, "loss", 0), rate, answered, g->world);
+    return answered;
 }
 
 /* A worker failed (or its pod vanished): restart the gang, or give up after backoffLimit. The
@@ -1442,7 +1491,7 @@ static int gang_failed(rec_ctx *x, gang *g, const char *what, err_t *err) {
     status_plan(x, s);
     status_conditions(x, s, "Restarting", "WorkerFailed", msg);
     emit(x->k, x->job, "Warning", "WorkerFailed", msg);
-    if (write_status(x->k, x->job_path, s, err) < 0) return -1;
+    if (write_status(x, s, err) < 0) return -1;
     if (x->st) x->st->gang_restarts++, x->st->requeue_s = 1;
     return delete_pods(x, g->list, false, err);
 }
@@ -1462,7 +1511,7 @@ static int gang_stopping(rec_ctx *x, gang *g, err_t *err) {
     status_plan(x, s);
     status_conditions(x, s, "Restarting", reason, why);
     if (x->st) x->st->requeue_s = 1;
-    return write_status(x->k, x->job_path, s, err);
+    return write_status(x, s, err);
 }
 
 /* The gang was disrupted, not failed: one of its pods is being deleted by someone else (an
@@ -1478,14 +1527,103 @@ static int gang_disrupted(rec_ctx *x, gang *g, const char *what, err_t *err) {
     status_plan(x, s);
     status_conditions(x, s, "Restarting", "GangDisrupted", msg);
     emit(x->k, x->job, "Warning", "GangDisrupted", msg);
-    if (write_status(x->k, x->job_path, s, err) < 0) return -1;
+    if (write_status(x, s, err) < 0) return -1;
     if (x->st) x->st->requeue_s = 1;
     return delete_pods(x, g->list, false, err);
 }
 
+/* ---- the scheduler's refusals ---------------------------------------------------------------- */
+
+#define REC_UNSCHED_FIRST_S 5.0  /* the first refusal's wait before the next gang; doubled per refusal */
+#define REC_UNSCHED_MAX_S 300.0
+
+/* The refusals in a row and when the next gang may start, from the plan ConfigMap's annotation
+ * REC_ANN_UNSCHEDULABLE ("N TIME"); false without one. */
+static bool unsched_read(const rec_ctx *x, int *n, double *until) {
+    const char *a = get_str(get(get(x->cm, "metadata"), "annotations"), REC_ANN_UNSCHEDULABLE, NULL);
+    char t[64];
+    return a && sscanf(a, "%d %63s", n, t) == 2 && *n > 0 && kube_time_parse(t, until);
+}
+
+/* Writes the annotation (n > 0), or removes it (n 0). Kept on the ConfigMap, which re-plans patch
+ * and never replace: the count survives them and a restarted operator. */
+static int unsched_write(rec_ctx *x, int n, double until, err_t *err) {
+    char path[KUBE_PATH_MAX], v[96], t[64];
+    time_t tt = (time_t)ceil(until);
+    struct tm tm;
+    strftime(t, sizeof t, "%Y-%m-%dT%H:%M:%SZ", gmtime_r(&tt, &tm));
+    snprintf(v, sizeof v, "%d %s", n, t);
+    cJSON *p = cJSON_CreateObject();
+    cJSON *ann = cJSON_AddObjectToObject(cJSON_AddObjectToObject(p, "metadata"), "annotations");
+    if (n > 0) cJSON_AddStringToObject(ann, REC_ANN_UNSCHEDULABLE, v);
+    else cJSON_AddNullToObject(ann, REC_ANN_UNSCHEDULABLE);
+    long status = 0;
+    cJSON *out = NULL;
+    int rc = kube_path(path, sizeof path, "v1", x->ns, "configmaps", x->cm_name, err);
+    if (rc == 0) rc = kube_merge_patch(x->k, path, p, &out, &status, err);
+    if (rc == 0 && out) cache_put(x->c->caches->configmaps, out, NULL); /* the next reconcile waits */
+    cJSON_Delete(out);
+    cJSON_Delete(p);
+    return rc;
+}
+
+/* A pod of the gang cannot be scheduled (PodScheduled False, Unschedulable): its GPU was taken
+ * between planning and binding (a pod pinned by nodeName, another scheduler's), or the scheduler
+ * refuses the node for something the accounting does not count (a taint, CPU, memory). The gang
+ * is deleted, not counted against backoffLimit, and the next reconcile plans on what is free then
+ * (the pod that took the GPU is busy to it: it re-plans around it, or queues). The next gang
+ * waits REC_UNSCHED_FIRST_S, doubling per refusal in a row up to REC_UNSCHED_MAX_S, so that a
+ * scheduler refusing what the accounting thinks is free is not hammered with gangs. */
+static int gang_unschedulable(rec_ctx *x, gang *g, err_t *err) {
+    const cJSON *pod = g->unschedulable, *c = find_condition(get(pod, "status"), "PodScheduled");
+    int n = 0;
+    double until = 0;
+    if (!unsched_read(x, &n, &until)) n = 0;
+    n++;
+    double wait = fmin(REC_UNSCHED_FIRST_S * pow(2, n - 1), REC_UNSCHED_MAX_S);
+    char why[720], msg[1600];
+    snprintf(why, sizeof why, "%s", get_str(c, "message", "Unschedulable"));
+    for (size_t len = strlen(why); len && (why[len - 1] == '.' || why[len - 1] == ' '); len--)
+        why[len - 1] = '\0'; /* the scheduler ends its sentence; ours goes on */
+    snprintf(msg, sizeof msg, "worker pod %s (rank %s, planned on node %s) cannot be scheduled: %s; the gang is "
+             "stopped and planned again on the GPUs free now (its GPU may have been taken after planning; not "
+             "counted against backoffLimit), the next gang in %.0f s at the earliest (refusal %d in a row; %.0f s "
+             "doubling to %.0f s)",
+             kube_meta_str(pod, "name"), get_str(get(get(pod, "metadata"), "labels"), REC_LABEL_RANK, "?"),
+             pod_node(x, pod), why, wait, n,
+             REC_UNSCHED_FIRST_S, REC_UNSCHED_MAX_S);
+    if (unsched_write(x, n, kube_time_now_s() + wait, err) < 0) return -1; /* first: the wait must hold */
+    x->attempt++;
+    cJSON *s = status_base(x, "Restarting", msg);
+    status_plan(x, s);
+    status_conditions(x, s, "Restarting", "Unschedulable", msg);
+    emit(x->k, x->job, "Warning", "Unschedulable", msg);
+    log_warn("%s/%s: %s", x->ns, x->name, msg);
+    if (write_status(x, s, err) < 0) return -1;
+    if (x->st) x->st->requeue_s = 1;
+    return delete_pods(x, g->list, false, err);
+}
+
+/* A new gang is due while a refusal's wait runs: it waits (phase Restarting, the status says
+ * until when). 1 go on; 0 waiting (status written); -1 on an API error. */
+static int unsched_wait(rec_ctx *x, const gang *g, err_t *err) {
+    int n;
+    double until, left;
+    if (g->missing < g->world || !unsched_read(x, &n, &until) || (left = until - kube_time_now_s()) <= 0) return 1;
+    char msg[600];
+    snprintf(msg, sizeof msg, "the scheduler refused a worker pod of the last gang (refusal %d in a row): the next "
+             "gang is created in %.0f s (%.0f s doubling to %.0f s while the scheduler keeps refusing)", n, ceil(left),
+             REC_UNSCHED_FIRST_S, REC_UNSCHED_MAX_S);
+    cJSON *s = status_base(x, "Restarting", msg);
+    status_plan(x, s);
+    status_conditions(x, s, "Restarting", "Unschedulable", msg);
+    if (x->st) x->st->requeue_s = left;
+    return write_status(x, s, err) < 0 ? -1 : 0;
+}
+
 /* Not admitted: phase Queued with the plan it waits for (condition Admitted False, reason
  * WaitingForGPUs); a gang it had is stopped (a later one starts as a new attempt). Looked at again
- * every REC_QUEUE_POLL_S: pods of other namespaces and controllers are not watched. */
+ * when a pod that may hold GPUs comes or goes anywhere, or a Node changes (main.c). */
 static int queue_job(rec_ctx *x, const char *msg, err_t *err) {
     const cJSON *pod;
     bool running = false;
@@ -1499,8 +1637,7 @@ static int queue_job(rec_ctx *x, const char *msg, err_t *err) {
     cJSON *s = status_base(x, "Queued", msg);
     status_plan(x, s);
     status_conditions(x, s, "Queued", "WaitingForGPUs", msg);
-    if (x->st) x->st->requeue_s = REC_QUEUE_POLL_S;
-    return write_status(x->k, x->job_path, s, err);
+    return write_status(x, s, err);
 }
 
 static int create_pods(rec_ctx *x, gang *g, err_t *err) {
@@ -1511,8 +1648,12 @@ static int create_pods(rec_ctx *x, gang *g, err_t *err) {
     cJSON_ArrayForEach(r, get(x->plan_doc, "ranks")) {
         if (!g->pod[i]) {
             bool created = false;
-            cJSON *pod = pod_object(x->c, x->job, i, g->world, get_str(r, "node", ""), x->cm_name, x->plan_id, x->attempt);
-            if (ensure(x->k, coll, pod, &created, err) < 0) return -1;
+            const char *node = get_str(r, "node", "");
+            const cJSON *n = find_node(x->nodes, node);
+            cJSON *pod = pod_object(x->c, x->job, i, g->world, n ? inv_node_hostname(n) : node, x->cm_name, x->plan_id,
+                                    x->attempt);
+            if (ensure(x->k, coll, pod, &created, (cache *[]){x->c->caches->pods, x->c->caches->busy, NULL}, err) < 0)
+                return -1;
             if (created && x->st) x->st->pods_created++;
         }
         i++;
@@ -1524,14 +1665,13 @@ int rec_job(kube_client *k, const rec_config *c, const char *ns, const char *nam
             err_t *err) {
     rec_ctx x = {.k = k, .c = c, .st = st, .ns = ns, .name = name};
     gang g = {0};
-    long status = 0;
     int rc = -1;
     if (st) st->reconciles++, st->requeue_s = 0;
     snprintf(x.key, sizeof x.key, "%s/%s", ns, name);
     if (kube_path(x.job_path, sizeof x.job_path, REC_API_VERSION, ns, "cephalojobs", name, err) < 0) goto out;
-    if (kube_get(k, x.job_path, &x.job, &status, err) < 0) {
-        if (status == 404) forget_plan(&x);
-        rc = status == 404 ? 0 : -1;
+    if (!(x.job = cache_get(c->caches->jobs, ns, name))) { /* gone */
+        forget_plan(&x);
+        rc = 0;
         goto out;
     }
     x.spec = get(x.job, "spec"), x.old = get(x.job, "status");
@@ -1548,29 +1688,27 @@ int rec_job(kube_client *k, const rec_config *c, const char *ns, const char *nam
         rc = suspend_job(&x, err);
         goto out;
     }
-    /* what exists, read once: the Nodes, the plan ConfigMap, the job's pods */
-    char cm_path[KUBE_PATH_MAX];
-    if (kube_get(k, "/api/v1/nodes", &x.nodes, &status, err) < 0) goto out;
-    if (kube_path(cm_path, sizeof cm_path, "v1", ns, "configmaps", x.cm_name, err) < 0) goto out;
-    if (kube_get(k, cm_path, &x.cm, &status, err) < 0) {
-        if (status != 404) goto out;
-        x.cm = NULL;
-    }
-    if (!(x.pods = list_pods(k, ns, name, err))) goto out;
-    if (!(x.busy = list_busy_pods(k, err))) goto out;
+    /* what exists, read once from the watches' stores: the Nodes, the plan ConfigMap, the job's
+     * pods, the pods that may hold GPUs */
+    x.nodes = cache_view_list(c->caches->nodes, NULL, NULL, &x.nodes_view);
+    x.cm = cache_get(c->caches->configmaps, ns, x.cm_name);
+    x.pods = job_pods(&x, &x.pods_view);
+    x.busy = cache_view_list(c->caches->busy, NULL, NULL, &x.busy_view);
     int frc = clear_foreign(&x, err);
     if (frc != 0) {
         if (frc > 0) {
             char msg[512];
             snprintf(msg, sizeof msg, "waiting for the objects of an earlier CephaloJob named %s (its plan, "
                      "Service or pods) to be deleted", name);
+            /* the status says so only until they are gone (unbound pods go at once): the Event stays */
+            if (strcmp(get_str(x.old, "message", ""), msg) != 0) emit(k, x.job, "Normal", "WaitingForOldObjects", msg);
             cJSON *s = cJSON_CreateObject();
             cJSON_AddStringToObject(s, "phase", "Created");
             cJSON_AddStringToObject(s, "message", msg);
             cJSON_AddNumberToObject(s, "observedGeneration", x.gen);
             condition(cJSON_AddArrayToObject(s, "conditions"), x.old, x.gen, "Created", true, "Created", msg);
             if (st) st->requeue_s = 1;
-            rc = write_status(k, x.job_path, s, err);
+            rc = write_status(&x, s, err);
         }
         goto out;
     }
@@ -1581,7 +1719,7 @@ int rec_job(kube_client *k, const rec_config *c, const char *ns, const char *nam
         rc = prc;
         goto out;
     }
-    if (!x.have_service && ensure_service(k, x.job, (long)get_num(x.spec, "metricsPort", 9400), err) < 0) goto out;
+    if (!x.have_service && ensure_service(k, c->caches->services, x.job, (long)get_num(x.spec, "metricsPort", 9400), err) < 0) goto out;
     if (gang_read(&x, &g, err) < 0) goto out;
 
     if (g.stale) {
@@ -1592,10 +1730,16 @@ int rec_job(kube_client *k, const rec_config *c, const char *ns, const char *nam
     if (g.disrupted) {
         snprintf(what, sizeof what, "worker pod %s (rank %s on %s) is being deleted", kube_meta_str(g.disrupted, "name"),
                  get_str(get(get(g.disrupted, "metadata"), "labels"), REC_LABEL_RANK, "?"),
-                 get_str(get(g.disrupted, "spec"), "nodeName", "?"));
+                 pod_node(&x, g.disrupted));
         rc = gang_disrupted(&x, &g, what, err);
         goto out;
     }
+    if (g.unschedulable) {
+        rc = gang_unschedulable(&x, &g, err);
+        goto out;
+    }
+    if ((rc = unsched_wait(&x, &g, err)) <= 0) goto out;
+    rc = -1;
     if (g.first_failed && !g.failed_hard) {
         snprintf(what, sizeof what, "%d worker pod%s stopped on request (exit code %d, checkpointed)", g.failed,
                  g.failed == 1 ? "" : "s", EXIT_STOPPED);
@@ -1603,7 +1747,7 @@ int rec_job(kube_client *k, const rec_config *c, const char *ns, const char *nam
         goto out;
     }
     if (g.first_failed) {
-        describe_failure(g.first_failed, what, sizeof what);
+        describe_failure(g.first_failed, pod_node(&x, g.first_failed), what, sizeof what);
         size_t wl = strlen(what);
         if (g.failed > 1)
             snprintf(what + wl, sizeof what - wl, " (%d worker pods failed, this one first)", g.failed);
@@ -1630,7 +1774,7 @@ int rec_job(kube_client *k, const rec_config *c, const char *ns, const char *nam
         status_plan(&x, s);
         status_conditions(&x, s, "Planned", "PodsNotCreated", msg);
         err_t e2;
-        (void)write_status(k, x.job_path, s, &e2);
+        (void)write_status(&x, s, &e2);
         goto out;
     }
 
@@ -1652,6 +1796,12 @@ int rec_job(kube_client *k, const rec_config *c, const char *ns, const char *nam
     }
     if (*x.notes && strlen(msg) + strlen(x.notes) + 3 < sizeof msg) strcat(strcat(msg, "; "), x.notes);
     if (restarting) phase = "Restarting";
+    int refusals;
+    double until;
+    if (!strcmp(phase, "Running") && unsched_read(&x, &refusals, &until)) { /* placed at last: the next refusal waits 5 s */
+        err_t e2;
+        if (unsched_write(&x, 0, 0, &e2) < 0) log_warn("%s/%s: %s", ns, name, e2.msg);
+    }
     cJSON *s = status_base(&x, phase, msg);
     status_plan(&x, s);
     status_conditions(&x, s, phase, !strcmp(phase, "Succeeded") ? "Completed"
@@ -1661,13 +1811,13 @@ int rec_job(kube_client *k, const rec_config *c, const char *ns, const char *nam
     kube_time_now(now, sizeof now);
     if (!get_str(x.old, "startTime", NULL) && strcmp(phase, "Planned")) set_str(s, "startTime", now);
     if (!strcmp(phase, "Running")) {
-        /* at most every REC_PROGRESS_S: the status write's own event must not scrape again */
+        /* at most every REC_PROGRESS_S, whatever else reconciles the job; progressTime says when the
+         * workers last answered, and moves only then: workers without /metrics cost no write */
         double last = 0, wait = 0;
         if (kube_time_parse(get_str(x.old, "progressTime", ""), &last))
             wait = fmin(REC_PROGRESS_S - (kube_time_now_s() - last), REC_PROGRESS_S); /* clocks of replicas may differ */
         if (wait <= 0.5) {
-            scrape_progress(&x, &g, s);
-            set_str(s, "progressTime", now);
+            if (scrape_progress(&x, &g, s) > 0) set_str(s, "progressTime", now);
             wait = REC_PROGRESS_S;
         }
         if (st) st->requeue_s = wait;
@@ -1682,11 +1832,11 @@ out:
     if (rc < 0 && st) st->errors++;
     gang_free(&g);
     cJSON_Delete(x.plan_doc);
-    cJSON_Delete(x.pods);
-    cJSON_Delete(x.busy);
+    cache_view_release(&x.pods_view);
+    cache_view_release(&x.busy_view);
     if (x.have_free) cluster_free(&x.free_cl);
     cJSON_Delete(x.cm);
-    cJSON_Delete(x.nodes);
+    cache_view_release(&x.nodes_view);
     cJSON_Delete(x.job);
     return rc;
 }

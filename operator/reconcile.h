@@ -1,6 +1,10 @@
 /* reconcile.h - one CephaloJob reconciled (DESIGN 8): inventory -> plan -> ConfigMap <job>-plan
  * with plan.json -> headless Service <job> -> one Pod <job>-<rank> per GPU -> status.
  *
+ * It reads what exists from the stores of rec_config.caches (cache.h), which the operator's
+ * watches keep current, and calls the API server only to change something: a reconcile of a job
+ * whose state is as it should be sends no request.
+ *
  * Level-based and idempotent: every call looks at what exists and does only what is missing, so
  * it may run any number of times for any change (or none), and a restarted operator carries on.
  *
@@ -12,12 +16,20 @@
  *
  * GPUs are shared between jobs (docs/operator.md, "GPUs shared between jobs"): a node's free GPUs
  * are its allocatable ones less the requests of the non-terminal pods bound to it in every
- * namespace, the job's own excepted. A job is planned on its free GPUs when at least its need
+ * namespace, or not bound yet and pinned to it by required node affinity, the job's own excepted. A job is planned on its free GPUs when at least its need
  * (spec.gpus.minGPUs, else its whole plan) are free, else on all its usable GPUs; it is admitted
  * (pods created) only when every GPU of its plan is free and no job ahead of it in the queue
  * (spec.priority, then creation) waits for those nodes; otherwise it is Queued (condition Admitted
- * False, reason WaitingForGPUs) and looked at again every REC_QUEUE_POLL_S. A live job keeps a
+ * False, reason WaitingForGPUs) and looked at again when GPUs may have freed up (a pod that may
+ * hold GPUs came or went, a Node changed: main.c's watches). A live job keeps a
  * plan that still fits and grows onto more free GPUs at most every spec.elastic.minReplanSeconds.
+ *
+ * Placement (docs/operator.md, "Placement"): a worker pod requests nvidia.com/gpu 1 and requires
+ * its planned node by node affinity on the kubernetes.io/hostname label; kube-scheduler binds it.
+ * A worker the scheduler refuses (Unschedulable: its GPU was taken after planning, or something
+ * the accounting does not see) stops the gang, not counted against backoffLimit; the job is
+ * planned again on what is free, and its next gang waits 5 s, doubling per refusal in a row up to
+ * 5 min (the plan ConfigMap's annotation REC_ANN_UNSCHEDULABLE).
  *
  * Gang semantics: every pod carries the plan id and the gang attempt (annotations). A failed
  * worker (or a worker pod that vanished) bumps status.attempt and status.restarts first, then
@@ -35,6 +47,7 @@
 #ifndef CEPHALO_RECONCILE_H
 #define CEPHALO_RECONCILE_H
 
+#include "cache.h"
 #include "err.h"
 #include "inventory.h"
 #include "kube.h"
@@ -50,12 +63,23 @@
 #define REC_ANN_ATTEMPT "cephalo.dev/attempt"     /* the gang attempt a pod belongs to */
 #define REC_ANN_NOTES "cephalo.dev/plan-notes"    /* inventory notes (estimated products, ...) */
 #define REC_ANN_PLANNED_AT "cephalo.dev/planned-at" /* when the plan was made: growth waits minReplanSeconds */
-#define REC_QUEUE_POLL_S 2.0  /* a Queued job looks for free GPUs this often: other pods are not watched */
+#define REC_ANN_UNSCHEDULABLE "cephalo.dev/unschedulable" /* "N TIME": N refusals in a row, next gang not before TIME */
 #define REC_MIN_REPLAN_S 300.0 /* spec.elastic.minReplanSeconds' default */
 #define REC_MASTER_PORT 29500
 #define REC_COMPONENT "cephalo-operator"
 
+/* The watches' stores the reconcile reads (cache.h). */
+typedef struct rec_caches {
+    cache *jobs; /* CephaloJobs (the operator's namespace, or every one) */
+    cache *pods; /* the jobs' pods: label cephalo.dev/job, every phase */
+    cache *busy; /* pods that may hold GPUs, every namespace: not Succeeded or Failed */
+    cache *nodes;
+    cache *configmaps; /* label cephalo.dev/job: the plans */
+    cache *services; /* label cephalo.dev/job: the workers' headless Services */
+} rec_caches;
+
 typedef struct rec_config {
+    const rec_caches *caches; /* what exists (required) */
     const char *worker_image; /* --worker-image: used when spec.image is absent */
     const char *worker_pull_policy; /* --worker-image-pull-policy, or NULL */
     const char *profile_cm; /* --profile-configmap NAMESPACE/NAME: profiles for every job, or NULL */

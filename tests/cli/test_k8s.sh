@@ -81,7 +81,7 @@ import json, sys
 s = json.load(open(sys.argv[1]))['spec']
 want = {'precision': 'fp32', 'seed': 1, 'memCap': 0.8, 'backoffLimit': 3, 'suspend': True,
         'metricsPort': 9400, 'commTimeout': 60, 'data': {'path': 'synthetic'}, 'gpus': {},
-        'optimizer': {'lr': 0.0003, 'warmup': 0, 'weightDecay': 0.1, 'beta1': 0.9, 'beta2': 0.95,
+        'optimizer': {'lr': 0.0003, 'schedule': 'cosine', 'warmup': 0, 'weightDecay': 0.1, 'beta1': 0.9, 'beta2': 0.95,
                       'eps': 1e-08, 'clip': 1}}
 bad = {k: (s.get(k), v) for k, v in want.items() if s.get(k) != v}
 assert s['checkpoint']['resume'] == 'auto', s['checkpoint']

@@ -2,8 +2,10 @@
 # cephalo-operator against a real kube-apiserver + etcd on loopback (tests/k8s/apiserver.sh; built
 # by test_k8s.sh or `sudo tests/k8s/apiserver.sh build`). Fake GPU Nodes carry GPU Feature
 # Discovery labels and allocatable nvidia.com/gpu; there is no scheduler or kubelet, so worker pods
-# stay Pending until the test writes their status. Checks: the plan ConfigMap, the headless worker
-# Service, one pinned Pod per GPU with its env and ownerReferences, the job status; jobs that
+# stay Pending and unbound until the test writes their status (and an unbound pod is deleted at
+# once). Checks: the plan ConfigMap, the headless worker Service, one Pod per GPU requesting
+# nvidia.com/gpu 1 and placed by required node affinity on its node's hostname label (which differs
+# from the node name here), with its env and ownerReferences, the job status; jobs that
 # cannot run get Failed with the reason and the operator keeps going; a spec fix re-plans; a plan
 # longer than --plan-timeout fails the job (PlanningTimeout) while other jobs are planned meanwhile;
 # worker pods carry the checkpoint retention flags; log lines (the watch loop's warnings too) carry
@@ -12,7 +14,8 @@
 # the GPUs of other pods (every namespace) as busy; a job whose plan's GPUs are not all free waits
 # in phase Queued (Admitted False) and starts when they are, by priority then creation; a foreign
 # pod is planned around; minGPUs starts a job on fewer GPUs and grows it later; a job that can
-# never fit fails. A watcher checks at every poll that no node's GPUs are requested twice. Every
+# never fit fails. A watcher checks at every poll that no node's GPUs are requested twice (pods
+# bound to it, or not bound yet and pinned to it by affinity). Every
 # line of the operator's logs carries the timestamp and the level. Everything started is stopped
 # on exit.
 set -u
@@ -40,7 +43,9 @@ stop_op() {
 watch_pid=
 cleanup() {
   [ -z "$watch_pid" ] || { kill "$watch_pid" 2>/dev/null; wait "$watch_pid" 2>/dev/null; }
-  stop_op; "$AS" stop "$dir/k8s" >/dev/null 2>&1; rm -rf "$dir"; }
+  stop_op; "$AS" stop "$dir/k8s" >/dev/null 2>&1
+  [ -z "${KEEP_LOGS:-}" ] || { mkdir -p "$KEEP_LOGS" && cp "$dir"/*.log "$dir"/k8s/*.log "$KEEP_LOGS/" 2>/dev/null; }
+  rm -rf "$dir"; }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 exports=$("$AS" start "$dir/k8s" 2>"$dir/start.log") || {
@@ -113,7 +118,7 @@ K apply -f crds/cephalojobs.cephalo.dev.yaml >/dev/null 2>&1
 K wait --for condition=established --timeout=30s crd/cephalojobs.cephalo.dev >/dev/null 2>&1
 node() { # NAME PRODUCT MEMORY_MIB COUNT POOL
   cat <<EOF
-{"apiVersion":"v1","kind":"Node","metadata":{"name":"$1","labels":{"kubernetes.io/hostname":"$1",
+{"apiVersion":"v1","kind":"Node","metadata":{"name":"$1","labels":{"kubernetes.io/hostname":"host-$1",
  "nvidia.com/gpu.product":"$2","nvidia.com/gpu.memory":"$3","nvidia.com/gpu.count":"$4","pool":"$5"}},
  "status":{"capacity":{"cpu":"8","memory":"32Gi","pods":"110","nvidia.com/gpu":"$4"},
            "allocatable":{"cpu":"8","memory":"32Gi","pods":"110","nvidia.com/gpu":"$4"}}}
@@ -124,46 +129,11 @@ EOF
 } >"$dir/nodes.json"
 check "fake GPU nodes with GFD labels and allocatable nvidia.com/gpu are created" 0 "node/gpu-c created" -- \
   K create -f "$dir/nodes.json"
-# no GPU is ever requested twice: at every poll, the GPUs requested by the bound, non-terminal pods
-# of each node are at most its allocatable ones (violations go to $dir/overbooked)
-cat >"$dir/gpuwatch.py" <<'PY'
-import json, os, subprocess, sys, time
-out, stop = sys.argv[1], sys.argv[2]
-def get(*a):
-    return json.loads(subprocess.run(['kubectl', '--request-timeout=10s', 'get', *a, '-o', 'json'],
-                                     capture_output=True, text=True, timeout=30).stdout)
-def gpus(c):
-    r = c.get('resources') or {}
-    for k in ('requests', 'limits'):
-        v = (r.get(k) or {}).get('nvidia.com/gpu')
-        if v is not None:
-            return int(v)
-    return 0
-polls = 0
-while not os.path.exists(stop):
-    try:
-        pods = get('pods', '-A') # before the nodes: a pod's node (created meanwhile) is in the list
-        nodes = get('nodes')
-    except Exception:
-        time.sleep(0.5)
-        continue
-    alloc = {n['metadata']['name']: int((n.get('status') or {}).get('allocatable', {}).get('nvidia.com/gpu', '0'))
-             for n in nodes['items']}
-    used = {}
-    for p in pods['items']:
-        node, phase = p['spec'].get('nodeName'), (p.get('status') or {}).get('phase')
-        if node and phase not in ('Succeeded', 'Failed'):
-            used[node] = used.get(node, 0) + sum(gpus(c) for c in p['spec']['containers'])
-    bad = {n: (u, alloc[n]) for n, u in used.items() if n in alloc and u > alloc[n]}
-    polls += 1
-    if bad:
-        with open(out, 'a') as f:
-            f.write('%s requested/allocatable %s\n' % (time.strftime('%H:%M:%S'), bad))
-    time.sleep(1)
-open(out + '.polls', 'w').write(str(polls))
-PY
+# no GPU is ever requested twice: at every poll, the GPUs requested by the non-terminal pods of each
+# node -- bound to it, or not bound yet and pinned to it by required node affinity (its hostname
+# label, or its name) -- are at most its allocatable ones (violations go to $dir/overbooked)
 : >"$dir/overbooked"
-python3 "$dir/gpuwatch.py" "$dir/overbooked" "$dir/gpuwatch.stop" &
+python3 tests/k8s/gpuwatch.py "$dir/overbooked" "$dir/gpuwatch.stop" &
 watch_pid=$!
 
 # ---- a job --------------------------------------------------------------------------------------
@@ -212,7 +182,7 @@ assert {p['name']: p['port'] for p in s['spec']['ports']}['metrics'] == 9400, s[
 print('svc ok')
 PY
 K get pods -l cephalo.dev/job=tiny -o json >"$dir/pods.json" 2>&1
-check "one pod per GPU: nvidia.com/gpu 1, pinned to its node, env, plan volume, owner" 0 "pods ok" -- \
+check "one pod per GPU: nvidia.com/gpu 1, node affinity on its node's hostname, env, plan volume, owner" 0 "pods ok" -- \
   python3 - "$dir/pods.json" "$dir/cm.json" "$uid" <<'PY'
 import json, sys
 pods = {p['metadata']['name']: p for p in json.load(open(sys.argv[1]))['items']}
@@ -221,9 +191,13 @@ assert sorted(pods) == ['tiny-0', 'tiny-1', 'tiny-2'], sorted(pods)
 for r in plan['ranks']:
     p = pods['tiny-%d' % r['rank']]
     s, c = p['spec'], p['spec']['containers'][0]
-    assert s['nodeName'] == r['node'], (s['nodeName'], r)
+    # placed by the scheduler: no nodeName, the node's kubernetes.io/hostname label (not its name)
+    assert 'nodeName' not in s, s['nodeName']
+    terms = s['affinity']['nodeAffinity']['requiredDuringSchedulingIgnoredDuringExecution']['nodeSelectorTerms']
+    assert terms == [{'matchExpressions': [{'key': 'kubernetes.io/hostname', 'operator': 'In',
+                                            'values': ['host-' + r['node']]}]}], terms
     assert s['hostname'] == 'tiny-%d' % r['rank'] and s['subdomain'] == 'tiny'
-    assert c['resources']['limits'] == {'nvidia.com/gpu': '1'}, c['resources']
+    assert c['resources'] == {'requests': {'nvidia.com/gpu': '1'}, 'limits': {'nvidia.com/gpu': '1'}}, c['resources']
     assert c['image'] == 'registry.test/cephalo-worker:1' and c['args'][0] == 'train', c
     assert '--keep-last' not in c['args'] and '--ckpt-dir' not in c['args'], c['args'] # no checkpoint
     env = {e['name']: e['value'] for e in c['env']}
@@ -387,24 +361,24 @@ check "spec.image overrides --worker-image" 0 "registry.test/custom:2" -- jp pod
 check "a checkpoint without keepLast/keepEvery: the CRD's defaults in the worker's args" 0 \
   "--ckpt-dir /shared/odd --ckpt-every 5 --keep-last 3 --keep-every 0 --resume auto" -- bash -c \
   "kubectl get pod odd-0 -o jsonpath='{.spec.containers[0].args}' | tr -d '[]\"' | tr ',' ' '"
+check "spec.optimizer.schedule reaches the worker (the CRD's default: cosine)" 0 "--schedule cosine" -- bash -c \
+  "kubectl get pod odd-0 -o jsonpath='{.spec.containers[0].args}' | tr -d '[]\"' | tr ',' ' '"
 
 # a spec change under existing pods re-plans and restarts the gang on the new plan: the old pod is
-# deleted first (no kubelet here: the test finishes the graceful deletion as a kubelet would), then
-# the new one carries the new plan id; suspending deletes the pods, and resuming with the new spec
-# re-plans into the same ConfigMap
+# deleted first (not bound, so the API server deletes it at once), then the new one carries the new
+# plan id; suspending deletes the pods, and resuming with the new spec re-plans into the same
+# ConfigMap
+odd_uid=$(jp pod odd-0 '{.metadata.uid}')
 K patch cephalojob odd --type merge -p '{"spec":{"globalBatch":8}}' >/dev/null
 assert "a spec change under existing pods re-plans (generation 2) and stops the old gang (Restarting)" wait_for 20 bash -c \
-  '[ "$(kubectl get cephalojob odd -o jsonpath="{.status.phase} {.status.observedGeneration} {.status.conditions[?(@.type==\"Restarting\")].reason}")" = "Restarting 2 Replanned" ] && [ -n "$(kubectl get pod odd-0 -o jsonpath={.metadata.deletionTimestamp})" ]'
+  '[ "$(kubectl get cephalojob odd -o jsonpath="{.status.phase} {.status.observedGeneration} {.status.conditions[?(@.type==\"Restarting\")].reason}")" = "Restarting 2 Replanned" ] && [ "$(kubectl get pod odd-0 -o jsonpath={.metadata.uid})" != '"$odd_uid"' ]'
 check "... with a Replanned event saying why" 0 "the spec changed" -- \
   K get events --field-selector involvedObject.name=odd,reason=Replanned -o jsonpath='{.items[*].message}'
-K delete pod odd-0 --grace-period=0 --force >/dev/null 2>&1
 assert "... then the new gang's pod carries the new plan id" wait_for 20 bash -c \
   '[ "$(kubectl get pod odd-0 -o jsonpath="{.metadata.annotations.cephalo\.dev/plan-id}")" = "$(kubectl get cephalojob odd -o jsonpath={.status.plan.id})" ] && kubectl get cephalojob odd -o jsonpath={.status.plan.id} | grep -q "^g2-"'
 K patch cephalojob odd --type merge -p '{"spec":{"suspend":true}}' >/dev/null
 assert "suspending a job deletes its pods (phase Suspended)" wait_for 20 bash -c \
-  '[ "$(kubectl get cephalojob odd -o jsonpath={.status.phase})" = Suspended ] && [ -n "$(kubectl get pod odd-0 -o jsonpath={.metadata.deletionTimestamp})" ]'
-# no kubelet here: finish the deletion as the kubelet would once the container stopped
-K delete pod odd-0 --grace-period=0 --force >/dev/null 2>&1
+  '[ "$(kubectl get cephalojob odd -o jsonpath={.status.phase})" = Suspended ] && [ -z "$(kubectl get pods -l cephalo.dev/job=odd -o name)" ]'
 K patch cephalojob odd --type merge -p '{"spec":{"suspend":false}}' >/dev/null
 assert "resuming re-plans with the new spec (ConfigMap patched, generation 4)" wait_for 20 bash -c \
   '[ "$(kubectl get configmap odd-plan -o jsonpath="{.metadata.annotations.cephalo\.dev/generation}")" = 4 ] && kubectl get configmap odd-plan -o jsonpath="{.data.plan\.json}" | grep -q "\"batch\":	8"'
@@ -534,12 +508,19 @@ K delete cephalojob tiny >/dev/null
 K apply -f "$dir/tiny.yaml" >/dev/null
 assert "tiny applied again gets its 3 pods" wait_for 20 bash -c \
   '[ "$(kubectl get pods -l cephalo.dev/job=tiny --field-selector=status.phase=Pending -o name | wc -l)" = 3 ]'
+# bound, as the scheduler would (there is none here): a bound pod's deletion waits for its kubelet
+for i in 0 1 2; do
+  curl_api -X POST -H 'Content-Type: application/json' "$K8S_SERVER/api/v1/namespaces/default/pods/tiny-$i/binding" \
+    -d "{\"apiVersion\":\"v1\",\"kind\":\"Binding\",\"metadata\":{\"name\":\"tiny-$i\"},\"target\":{\"apiVersion\":\"v1\",\"kind\":\"Node\",\"name\":\"$([ $i = 2 ] && echo gpu-b || echo gpu-a)\"}}" >/dev/null
+done
+check "... which the scheduler binds to their planned nodes" 0 "gpu-a gpu-a gpu-b" -- \
+  K get pods -l cephalo.dev/job=tiny -o jsonpath='{.items[*].spec.nodeName}'
 old_uid=$(jp cephalojob tiny '{.metadata.uid}')
 K delete cephalojob tiny --wait=false >/dev/null
 K apply -f "$dir/tiny.yaml" >/dev/null
 new_uid=$(jp cephalojob tiny '{.metadata.uid}')
 assert "a job re-applied under the old one's objects waits for them, taking nothing over" wait_for 20 bash -c \
-  'kubectl get cephalojob tiny -o jsonpath={.status.message} | grep -q "waiting for the objects of an earlier CephaloJob named tiny"'
+  'kubectl get events --field-selector involvedObject.name=tiny,reason=WaitingForOldObjects -o jsonpath={.items[*].message} | grep -q "waiting for the objects of an earlier CephaloJob named tiny"'
 check "... it deleted the old plan ConfigMap and Service" 0 "" -- bash -c \
   "! kubectl get configmap tiny-plan -o jsonpath='{.metadata.ownerReferences[0].uid}' 2>/dev/null | grep -q '$old_uid' && ! kubectl get service tiny -o jsonpath='{.metadata.ownerReferences[0].uid}' 2>/dev/null | grep -q '$old_uid'"
 for i in 0 1 2; do K delete pod "tiny-$i" --grace-period=0 --force >/dev/null 2>&1; done # as a kubelet would
@@ -653,18 +634,18 @@ printf '%s\n' 'apiVersion: v1' 'kind: Pod' 'metadata: {name: foreign, namespace:
 qjob q-around ", maxGPUs: 2" | K apply -f - >/dev/null
 assert "a foreign pod's GPU is left out: the job plans on the 2 free ones" wait_for 20 bash -c \
   '[ "$(kubectl get cephalojob q-around -o jsonpath="{.status.phase} {.status.plan.ranks[*].node}")" = "Planned q-a q-b" ]'
-# minGPUs: start on what is free, grow later (at most every minReplanSeconds)
-qjob q-elastic ", minGPUs: 1" ", elastic: {minReplanSeconds: 4}" | K apply -f - >/dev/null
+# minGPUs: start on what is free, grow later (at most every minReplanSeconds); 2, not 1: q-around's
+# two pods end one after the other, and on the first GPU freed a minGPUs 1 job would start at once
+qjob q-elastic ", minGPUs: 2" ", elastic: {minReplanSeconds: 4}" | K apply -f - >/dev/null
 assert "a job with minGPUs waits while fewer are free" wait_for 20 phase_is q-elastic Queued
 check "... saying how many it needs at least" 0 \
-  "needs 3 GPUs (2 L4, 1 A10G) of its plan, or at least 1 (spec.gpus.minGPUs) of them free; 0 free" -- admitted q-elastic
+  "needs 3 GPUs (2 L4, 1 A10G) of its plan, or at least 2 (spec.gpus.minGPUs) of them free; 0 free" -- admitted q-elastic
 finish q-around
 assert "... and starts on fewer GPUs than its whole plan when some free up" wait_for 20 bash -c \
   '[ "$(kubectl get cephalojob q-elastic -o jsonpath="{.status.phase} {.status.plan.worldSize}")" = "Planned 2" ]'
 K delete pod -n other foreign --grace-period=0 --force >/dev/null 2>&1
 assert "... then grows onto the freed GPU (re-planned, the gang restarts)" wait_for 30 bash -c \
   '[ "$(kubectl get cephalojob q-elastic -o jsonpath="{.status.phase} {.status.conditions[?(@.type==\"Restarting\")].reason}")" = "Restarting Replanned" ]'
-for i in 0 1; do K delete pod "q-elastic-$i" --grace-period=0 --force >/dev/null 2>&1; done # as a kubelet would
 assert "... on 3 GPUs" wait_for 20 bash -c \
   '[ "$(kubectl get cephalojob q-elastic -o jsonpath="{.status.plan.worldSize} {.status.replans}")" = "3 1" ] && [ "$(kubectl get pods -l cephalo.dev/job=q-elastic -o name | wc -l)" = 3 ]'
 qjob q-never ", minGPUs: 4" | K apply -f - >/dev/null
@@ -677,7 +658,7 @@ assert "minGPUs above maxGPUs -> Failed (InvalidSpec)" wait_for 20 bash -c \
   'kubectl get cephalojob q-minmax -o jsonpath={.status.message} | grep -q "spec.gpus.minGPUs 3 is more than spec.gpus.maxGPUs 2"'
 touch "$dir/gpuwatch.stop"
 wait "$watch_pid"; watch_pid=
-check "no GPU was ever requested twice (bound non-terminal pods' requests <= allocatable at every poll)" 0 "gpus ok" -- \
+check "no GPU was ever requested twice (bound or affinity-pinned non-terminal pods' requests <= allocatable at every poll)" 0 "gpus ok" -- \
   bash -c "[ ! -s '$dir/overbooked' ] && [ \"\$(cat '$dir/overbooked.polls')\" -gt 20 ] && echo gpus ok || { cat '$dir/overbooked'; cat '$dir/overbooked.polls'; }"
 
 stop_op

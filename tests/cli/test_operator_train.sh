@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# End to end: a CephaloJob trained by cephalo-operator's worker pods against a real kube-apiserver
-# + etcd on loopback (tests/k8s/apiserver.sh), with tests/k8s/kubelet.py playing the kubelet of two
-# fake GPU Nodes (NVIDIA-L4 x2, NVIDIA-A10G x1): it runs each worker pod as a local
+# End to end: a CephaloJob trained by cephalo-operator's worker pods on the whole test control
+# plane on loopback (tests/k8s/apiserver.sh --control-plane: etcd, kube-apiserver, kube-scheduler,
+# kube-controller-manager), with tests/k8s/kubelet.py registering and heartbeating two fake GPU
+# Nodes (NVIDIA-L4 x2 with a hostname label other than its name, NVIDIA-A10G x1) and playing their
+# kubelet: kube-scheduler binds each worker pod (node affinity + nvidia.com/gpu requests; the
+# operator sets no nodeName) and kubelet.py runs it as a local
 # `cephalo-worker --device cpu` process (the GPU plan on emulated CPU devices) with its own
 # loopback IP, the plan ConfigMap and the checkpoint claim as directories, and writes the pods'
 # status. The operator runs as the chart's ServiceAccount with the chart's least-privilege RBAC
@@ -56,8 +59,8 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 t_start=$SECONDS
-exports=$("$AS" start "$dir/k8s" 2>"$dir/start.log") || {
-  sed 's/^/#   /' "$dir/start.log"; skip_all "the API server did not start"; }
+exports=$("$AS" start "$dir/k8s" --control-plane 2>"$dir/start.log") || {
+  sed 's/^/#   /' "$dir/start.log"; skip_all "the control plane did not start"; }
 eval "$exports"
 export KUBECONFIG
 K() { kubectl --request-timeout=20s "$@"; }
@@ -115,20 +118,32 @@ check "the operator's account may create pods, patch ConfigMaps and job status, 
 check "... but not delete nodes, read secrets, write pod status, delete jobs, or take Leases elsewhere" 0 "" -- bash -c \
   "$(declare -f K can); NS=$NS SA=$SA; ! can delete nodes && ! can get secrets -n $JNS && ! can list secrets -A && ! can patch pods/status -n $JNS && ! can delete cephalojobs.cephalo.dev -n $JNS && ! can update leases.coordination.k8s.io -n kube-system && ! can create deployments.apps -n $NS"
 
-node() { # NAME PRODUCT MEMORY_MIB COUNT
+node() { # NAME PRODUCT MEMORY_MIB COUNT HOSTNAME: a Node as kubelet.py registers it, Ready
+  local now; now=$(date -u +%Y-%m-%dT%H:%M:%SZ)
   cat <<EOF
-{"apiVersion":"v1","kind":"Node","metadata":{"name":"$1","labels":{"kubernetes.io/hostname":"$1",
+{"apiVersion":"v1","kind":"Node","metadata":{"name":"$1","labels":{"kubernetes.io/hostname":"$5",
+ "kubernetes.io/os":"linux","kubernetes.io/arch":"amd64",
  "nvidia.com/gpu.product":"$2","nvidia.com/gpu.memory":"$3","nvidia.com/gpu.count":"$4"}},
  "status":{"capacity":{"cpu":"8","memory":"32Gi","pods":"110","nvidia.com/gpu":"$4"},
-           "allocatable":{"cpu":"8","memory":"32Gi","pods":"110","nvidia.com/gpu":"$4"}}}
+           "allocatable":{"cpu":"8","memory":"32Gi","pods":"110","nvidia.com/gpu":"$4"},
+           "conditions":[{"type":"Ready","status":"True","reason":"KubeletReady","message":"test",
+                          "lastHeartbeatTime":"$now","lastTransitionTime":"$now"}]}}
 EOF
 }
-{ node gpu-a NVIDIA-L4 23034 2; node gpu-b NVIDIA-A10G 23028 1; } | K create -f - >/dev/null
-# the checkpoint claim (nothing binds it here; the kubelet gives every pod the same directory)
+# the checkpoint claim, bound by the controller manager to a volume made for it (the scheduler
+# places no pod whose claim is unbound); the kubelet gives every pod the same directory for it
+K create -f - >/dev/null <<'EOF'
+{"apiVersion":"v1","kind":"PersistentVolume","metadata":{"name":"ckpt-pv"},
+ "spec":{"capacity":{"storage":"1Gi"},"accessModes":["ReadWriteMany"],"storageClassName":"",
+         "hostPath":{"path":"/nonexistent/cephalo-test"},"claimRef":{"namespace":"ml","name":"ckpt"}}}
+EOF
 K -n "$JNS" create -f - >/dev/null <<'EOF'
 {"apiVersion":"v1","kind":"PersistentVolumeClaim","metadata":{"name":"ckpt"},
- "spec":{"accessModes":["ReadWriteMany"],"resources":{"requests":{"storage":"1Gi"}}}}
+ "spec":{"accessModes":["ReadWriteMany"],"storageClassName":"","volumeName":"ckpt-pv",
+         "resources":{"requests":{"storage":"1Gi"}}}}
 EOF
+assert "the checkpoint claim is bound (the controller manager's volume binder)" wait_for 30 bash -c \
+  "[ \"\$(kubectl -n $JNS get pvc ckpt -o jsonpath='{.status.phase}')\" = Bound ]"
 
 # ---- the operator (the chart's account and flags) and the kubelet --------------------------------
 # the chart's flags, but a local metrics port, and a longer Lease: the API server is restarted
@@ -141,10 +156,24 @@ POD_NAME=cephalo-operator-test POD_NAMESPACE=$NS "$OP" --kubeconfig "$dir/op-kub
 op_pid=$!
 # pod IPs from a random /24 of loopback: runs of this test at the same time on one machine would
 # otherwise give two workers the same IP and metrics port
+# the kubelet registers the nodes (gpu-a's hostname label is not its name: the worker pods' node
+# affinity must name the label) and heartbeats them every 5 s, so that the controller manager takes
+# the not-ready taint off and the scheduler places pods there
 $PY tests/k8s/kubelet.py --server "$K8S_SERVER" --token "$K8S_TOKEN" --ca "$K8S_CA" --nodes gpu-a,gpu-b \
+  --register --node-gpus gpu-a=2 --node-gpus gpu-b=1 --heartbeat 5 \
+  --node-label gpu-a:kubernetes.io/hostname=host-a --node-label gpu-a:nvidia.com/gpu.product=NVIDIA-L4 \
+  --node-label gpu-a:nvidia.com/gpu.memory=23034 --node-label gpu-b:nvidia.com/gpu.product=NVIDIA-A10G \
+  --node-label gpu-b:nvidia.com/gpu.memory=23028 \
   --first-ip "127.0.$((RANDOM % 240 + 10)).1" --worker "$WORKER" --work "$dir/kl" --extra-arg=--device --extra-arg=cpu --extra-arg=--threads \
   --extra-arg=1 2>"$dir/kubelet.log" &
 kl_pid=$!
+untainted() { # the nodes NAME... exist, Ready, without taints (the scheduler places pods there)
+  local n
+  for n in "$@"; do
+    [ "$(K get node "$n" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}/{.spec.taints}' 2>/dev/null)" = "True/" ] || return 1
+  done
+}
+assert "the kubelet registers the GPU nodes; they become Ready and lose the not-ready taint" wait_for 60 untainted gpu-a gpu-b
 assert "the operator, as the chart's ServiceAccount, becomes ready (Lease taken, jobs listed)" wait_for 20 curl -fsS "$M/readyz"
 check "... holding the Lease in the release namespace" 0 "cephalo-operator-test" -- \
   K -n "$NS" get lease cephalo-operator -o jsonpath='{.spec.holderIdentity}'
@@ -170,6 +199,15 @@ EOF
 K apply -f "$dir/tiny.yaml" >/dev/null
 assert "the kubelet starts the 3 worker pods (phase Running)" wait_for 30 all_pods tiny 3 Running
 K -n "$JNS" get pods -l cephalo.dev/job=tiny -o json >"$dir/pods.json" 2>&1
+check "kube-scheduler bound each pod to its planned node (affinity on gpu-a's hostname label host-a)" 0 "gpu-a gpu-a gpu-b" -- \
+  $PY -c 'import json, sys
+pods = sorted(json.load(open(sys.argv[1]))["items"], key=lambda p: p["metadata"]["name"])
+for p in pods:
+    t = p["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    want = {"gpu-a": "host-a", "gpu-b": "gpu-b"}[p["spec"]["nodeName"]]
+    assert t[0]["matchExpressions"][0]["values"] == [want], t
+    assert {c["type"]: c["status"] for c in p["status"]["conditions"]}["PodScheduled"] == "True"
+print(" ".join(p["spec"]["nodeName"] for p in pods))' "$dir/pods.json"
 check "each pod has its own loopback IP, hostIP, a running container and Ready" 0 "pods ok" -- $PY - "$dir/pods.json" <<'PY'
 import json, sys
 pods = {p['metadata']['name']: p for p in json.load(open(sys.argv[1]))['items']}
@@ -297,8 +335,11 @@ assert "... the 2 new workers resume from the 3-rank checkpoint (re-sharded)" wa
 # checkpoint the step they are at, and the new gang resumes from exactly that step
 uids_before=$(K -n "$JNS" get pods -l cephalo.dev/job=long -o jsonpath='{.items[*].metadata.uid}')
 logs_before=$(current_logs long)
-node gpu-b NVIDIA-A10G 23028 1 | K create -f - >/dev/null
-assert "node gpu-b back: re-planned on 3 GPUs again" wait_for 60 replanned_to 3 2
+# back as its kubelet registers it (Ready); the API server gives a new Node the not-ready taint until
+# the controller manager sees it Ready: a worker pod the scheduler refuses meanwhile only delays the
+# gang (Unschedulable: planned again after a short backoff)
+node gpu-b NVIDIA-A10G 23028 1 gpu-b | K create -f - >/dev/null
+assert "node gpu-b back: re-planned on 3 GPUs again" wait_for 90 replanned_to 3 2
 stopped_at=$(cat $logs_before | sed -n 's/.*stopped after step \([0-9]*\) on .*, with a checkpoint of that step.*/\1/p' | sort -u)
 check "... the stopped workers all checkpointed the same step on SIGTERM" 0 "" -- test "$(wc -w <<<"$stopped_at")" = 1
 assert "... and the new gang resumes from exactly that step" wait_for 20 bash -c \

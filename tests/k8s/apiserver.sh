@@ -9,8 +9,8 @@
 # Nothing is downloaded from anywhere but Debian's package archive.
 #
 # By default only etcd + kube-apiserver run, like controller-runtime's envtest: no scheduler and
-# no controller-manager, so pods stay Pending unless something sets spec.nodeName (a test, or the
-# operator), and ownerReference garbage collection never runs. With --control-plane (or
+# no controller-manager, so pods stay Pending unless something sets spec.nodeName (a test), and
+# ownerReference garbage collection never runs. With --control-plane (or
 # CEPHALO_K8S_CONTROL_PLANE=1) kube-scheduler and kube-controller-manager (all its default
 # controllers) run too. There is never a kubelet: tests/k8s/kubelet.py plays it.
 #

@@ -4,7 +4,7 @@
 The test cluster (tests/k8s/apiserver.sh) has a real kube-apiserver + etcd (and, with
 --control-plane, kube-scheduler and kube-controller-manager) but no kubelet. This plays the kubelet
 of the Nodes named by --nodes: like a kubelet it runs the pods bound to them (spec.nodeName, set by
-the scheduler's binding or by the pod's creator, e.g. the operator pinning its worker pods):
+the scheduler's binding, which places the operator's worker pods, or by a pod's creator):
 
   * list + watch all pods (all namespaces) with resourceVersion; a dropped connection or an API
     server restart is retried with backoff, 410 Gone relists; pods that vanished meanwhile are
@@ -29,7 +29,10 @@ the scheduler's binding or by the pod's creator, e.g. the operator pinning its w
     --metrics-addr POD_IP (container.command is ignored). Any other pod (there are no images
     here): its container's command + args as a local program (e.g. sleep 3600), args alone when
     there is no command (as for a busybox-like image without an entrypoint), `sleep infinity`
-    when there are neither (a stand-in for the image's own entrypoint). Env = the container's
+    when there are neither (a stand-in for the image's own entrypoint). With --image-cmd
+    IMAGE=PATH, a pod (not a worker) whose container image is IMAGE runs PATH + container.args
+    instead, its command replaced, as the image's entry point would be: IMAGE without a tag or
+    digest matches the image with any (or none), IMAGE:TAG only that tag. Env = the container's
     env (value, $(VAR) references, valueFrom.fieldRef of metadata.name/namespace/uid, spec.nodeName,
     status.podIP/hostIP) over PATH, HOME and OMP_NUM_THREADS=1. MASTER_ADDR of the form
     HOST.SUBDOMAIN.NS.svc[.cluster.local] is replaced by the IP of the pod with that
@@ -38,6 +41,19 @@ the scheduler's binding or by the pod's creator, e.g. the operator pinning its w
     persistentVolumeClaim -> WORK/pvc/CLAIM/ (shared by pods and restarts, like a real claim);
     emptyDir -> WORK/volumes/UID/VOLUME/; hostPath -> the path. Any arg or env value that starts
     with a volumeMount's mountPath is rewritten to the local directory;
+  * with --service-account-tokens, what a kubelet gives a pod for its ServiceAccount (the API
+    server here runs without the ServiceAccount admission plugin, so no pod gets the volume
+    itself): every pod gets KUBERNETES_SERVICE_HOST, KUBERNETES_SERVICE_PORT(_HTTPS) and
+    KUBERNETES_PORT naming the real API server (--server's host and port), under its container's
+    env; a pod with spec.serviceAccountName (not opting out with automountServiceAccountToken:
+    false, its own or else the ServiceAccount's) also gets the files token, ca.crt and namespace
+    of that account's token Secret (type kubernetes.io/service-account-token, which the controller
+    manager's token controller creates: one of the account's .secrets, else one annotated
+    kubernetes.io/service-account.name/uid with the account's) in WORK/volumes/UID/serviceaccount/,
+    standing for /var/run/secrets/kubernetes.io/serviceaccount: args and env values under that path
+    are rewritten to it, and env CEPHALO_SERVICEACCOUNT_DIR names it (a local process cannot have
+    the fixed path; cephalo-operator's in-cluster configuration reads it from there). The pod waits
+    (not started) until the account and its token exist;
   * WORK/logs/NS_POD_UID8.log: the container's stdout+stderr; WORK/pids/NS_POD.pid: its pid while
     it runs (a test may kill it);
   * the pod status through PATCH .../pods/NAME/status (merge patch, with the uid as precondition),
@@ -74,6 +90,9 @@ WORKER_LABEL = 'cephalo.dev/job'  # the operator's worker pods: they run --worke
 GPU = 'nvidia.com/gpu'
 MAX_GRACE_S = 10.0
 LEASE_DURATION_S = 40  # a kubelet's default (nodeLeaseDurationSeconds)
+SA_MOUNT = '/var/run/secrets/kubernetes.io/serviceaccount'  # where a kubelet mounts the token
+SA_DIR_ENV = 'CEPHALO_SERVICEACCOUNT_DIR'  # where this kubelet's pods find it instead
+SA_TOKEN_TYPE = 'kubernetes.io/service-account-token'
 WATCH_TIMEOUT_S = 60
 
 
@@ -463,6 +482,37 @@ def expand(s, env):
     return ''.join(out)
 
 
+def image_repo(image):
+    """An image reference less its tag and digest: registry:5000/a/b:1.0@sha256:... -> registry:5000/a/b."""
+    image = image.split('@', 1)[0]
+    slash = image.rfind('/')
+    colon = image.rfind(':')
+    return image[:colon] if colon > slash else image
+
+
+def parse_image_cmds(specs):
+    """--image-cmd IMAGE=PATH... -> [(IMAGE, absolute PATH)], in order."""
+    out = []
+    for spec in specs:
+        image, eq, path = spec.partition('=')
+        if not image or not eq or not path:
+            raise SystemExit(f'kubelet.py: --image-cmd {spec!r}: expected IMAGE=PATH')
+        path = os.path.abspath(path)
+        if not os.access(path, os.X_OK):
+            raise SystemExit(f'kubelet.py: --image-cmd {spec!r}: {path} is not an executable')
+        out.append((image, path))
+    return out
+
+
+def image_program(image_cmds, image):
+    """The program --image-cmd maps a container image to, or None. IMAGE with a tag or digest
+    matches exactly; IMAGE without one matches that image with any tag or digest, or none."""
+    for want, path in image_cmds:
+        if image == want or (want == image_repo(want) and image_repo(image) == want):
+            return path
+    return None
+
+
 def pdeathsig_setter():
     """A preexec_fn that makes the child get SIGKILL when this process dies (Linux)."""
     try:
@@ -493,6 +543,9 @@ class Kubelet:
         self.worker = os.path.abspath(args.worker)
         if not os.access(self.worker, os.X_OK):
             raise SystemExit(f'kubelet.py: --worker {args.worker}: not an executable')
+        self.image_cmds = parse_image_cmds(args.image_cmd)
+        with open(args.ca, 'rb') as f:
+            self.ca_pem = f.read()  # ca.crt of a token Secret that has none
         a, b, c, d = (int(x) for x in args.first_ip.split('.'))
         self.next_ip = (a << 24) | (b << 16) | (c << 8) | d
         self.stop = threading.Event()
@@ -572,6 +625,66 @@ class Kubelet:
                 out[name] = own
         return out
 
+    # -- service accounts --
+
+    def service_env(self):
+        """The API server's environment variables, as a kubelet gives every pod (the `kubernetes`
+        Service's; here the real API server's address)."""
+        host, port = self.api.host, str(self.api.port)
+        addr = f'[{host}]' if ':' in host else host
+        return {'KUBERNETES_SERVICE_HOST': host, 'KUBERNETES_SERVICE_PORT': port,
+                'KUBERNETES_SERVICE_PORT_HTTPS': port, 'KUBERNETES_PORT': f'tcp://{addr}:{port}'}
+
+    def token_secret(self, ns, sa):
+        """The token Secret of ServiceAccount `sa` (its .secrets first, else by annotation), or None."""
+        name, uid = meta(sa, 'name'), meta(sa, 'uid')
+
+        def fits(sec):
+            ann = meta(sec, 'annotations') or {}
+            return (sec.get('type') == SA_TOKEN_TYPE and (sec.get('data') or {}).get('token') and
+                    ann.get('kubernetes.io/service-account.name') == name and
+                    ann.get('kubernetes.io/service-account.uid', uid) == uid)
+        for ref in sa.get('secrets') or []:
+            st, sec = self.api.request('GET', f'/api/v1/namespaces/{ns}/secrets/{ref.get("name", "")}')
+            if st == 200 and fits(sec):
+                return sec
+        sel = urllib.parse.quote('type=' + SA_TOKEN_TYPE, safe='')
+        st, obj = self.api.request('GET', f'/api/v1/namespaces/{ns}/secrets?fieldSelector={sel}')
+        if st != 200:
+            raise NotYet(f'secrets of {ns}: HTTP {st}: {status_message(obj)}')
+        found = sorted((s for s in obj.get('items') or [] if fits(s)), key=lambda s: meta(s, 'name'))
+        return found[0] if found else None
+
+    def service_account_dir(self, inst):
+        """With --service-account-tokens: the local directory standing for the pod's
+        /var/run/secrets/kubernetes.io/serviceaccount (token, ca.crt, namespace written), or None
+        when the pod has no ServiceAccount or opts out. NotYet while the account or its token Secret
+        does not exist (the token controller has not made it yet)."""
+        spec = inst.pod.get('spec') or {}
+        name = spec.get('serviceAccountName') or spec.get('serviceAccount')
+        if not name or spec.get('automountServiceAccountToken') is False:
+            return None
+        st, sa = self.api.request('GET', f'/api/v1/namespaces/{inst.ns}/serviceaccounts/{name}')
+        if st != 200:
+            raise NotYet(f'ServiceAccount {inst.ns}/{name}: HTTP {st}: {status_message(sa)}')
+        if sa.get('automountServiceAccountToken') is False and spec.get('automountServiceAccountToken') is not True:
+            return None
+        sec = self.token_secret(inst.ns, sa)
+        if sec is None:
+            raise NotYet(f'ServiceAccount {inst.ns}/{name}: no token Secret yet')
+        data = sec.get('data') or {}
+        files = {'token': base64.b64decode(data['token']),
+                 'ca.crt': base64.b64decode(data['ca.crt']) if data.get('ca.crt') else self.ca_pem,
+                 'namespace': base64.b64decode(data['namespace']) if data.get('namespace') else inst.ns.encode()}
+        d = os.path.join(self.work, 'volumes', inst.uid, 'serviceaccount')
+        os.makedirs(d, exist_ok=True)
+        for fname, content in files.items():
+            with open(os.path.join(d, fname + '.tmp'), 'wb') as f:
+                f.write(content)
+            os.replace(os.path.join(d, fname + '.tmp'), os.path.join(d, fname))
+        log(f'{inst.key}: ServiceAccount {name}: token of Secret {meta(sec, "name")} in {d}')
+        return d
+
     # -- starting --
 
     def start(self, inst, pods):
@@ -595,6 +708,9 @@ class Kubelet:
                 local = os.path.join(local, m['subPath'])
                 os.makedirs(local, exist_ok=True)
             mounts.append((m['mountPath'].rstrip('/') or '/', local))
+        sa_dir = self.service_account_dir(inst) if self.args.service_account_tokens else None
+        if sa_dir and not any(mp == SA_MOUNT for mp, _ in mounts):
+            mounts.append((SA_MOUNT, sa_dir))
         mounts.sort(key=lambda x: -len(x[0]))
 
         def rewrite(v):
@@ -621,10 +737,19 @@ class Kubelet:
             cenv[e['name']] = rewrite(val)
         env = {'PATH': os.environ.get('PATH', '/usr/local/bin:/usr/bin:/bin'),
                'HOME': os.environ.get('HOME', '/'), 'OMP_NUM_THREADS': '1', 'HOSTNAME': inst.name}
+        if self.args.service_account_tokens:
+            env.update(self.service_env())
+            if sa_dir:
+                env[SA_DIR_ENV] = rewrite(SA_MOUNT)
         env.update(cenv)
         cargs = [rewrite(expand(a, cenv)) for a in ctr.get('args') or []]
+        program = None if worker else image_program(self.image_cmds, ctr.get('image', ''))
         if worker:
             argv = [self.worker] + cargs + self.args.extra_arg + ['--metrics-addr', inst.ip]
+        elif program:  # --image-cmd: the image's entry point, the container's args after it
+            if ctr.get('command'):
+                log(f'{inst.key}: container command {ctr["command"]} replaced by {program} (--image-cmd)')
+            argv = [program] + cargs
         else:  # not a worker: the container's own program, run here (there are no images)
             argv = [rewrite(expand(a, cenv)) for a in ctr.get('command') or []] + cargs
             if not argv:
@@ -929,7 +1054,8 @@ def main():
                '--nodes gpu-a,gpu-b --worker build/rel/bin/cephalo-worker --work /tmp/kl '
                '--extra-arg=--device --extra-arg=cpu')
     ap.add_argument('--server', required=True, help='the API server, https://HOST:PORT')
-    ap.add_argument('--token', help='a bearer token (one that may read ConfigMaps and Nodes, write pod and Node status, create Nodes and Leases)')
+    ap.add_argument('--token', help='a bearer token (one that may read ConfigMaps and Nodes, write pod and Node status, create Nodes and Leases; '
+                                    'with --service-account-tokens also read ServiceAccounts and Secrets)')
     ap.add_argument('--token-file', help='read the bearer token from this file instead')
     ap.add_argument('--ca', required=True, help="the API server's CA certificate (PEM)")
     ap.add_argument('--nodes', required=True, help='comma-separated Node names whose pods this kubelet runs')
@@ -945,6 +1071,13 @@ def main():
                     help='with --register: a label of a node (repeat)')
     ap.add_argument('--heartbeat', type=float, default=10.0, metavar='SECONDS',
                     help="renew the nodes' Ready condition and Lease this often (default 10; 0: never)")
+    ap.add_argument('--image-cmd', action='append', default=[], metavar='IMAGE=PATH',
+                    help="a pod (not a worker) whose container image is IMAGE (without a tag: any "
+                         "tag) runs PATH + the container's args, as the image's entry point (repeat)")
+    ap.add_argument('--service-account-tokens', action='store_true',
+                    help='give pods the API server environment (KUBERNETES_SERVICE_HOST/PORT) and '
+                         "their ServiceAccount's token, ca.crt and namespace (from its token Secret) "
+                         'in a local directory named by $CEPHALO_SERVICEACCOUNT_DIR')
     args = ap.parse_args()
     Kubelet(args).run()
     return 0

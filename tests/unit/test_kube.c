@@ -203,6 +203,26 @@ static void test_in_cluster(void **state) {
     assert_string_equal(c.server, "https://10.0.0.1:6443");
     assert_string_equal(c.namespace, "cephalo-system");
     kube_config_free(&c);
+    /* kube_config_in_cluster: the service account directory from $CEPHALO_SERVICEACCOUNT_DIR
+     * (tests/k8s/kubelet.py's pods), the standard one when it is unset or empty */
+    setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1", 1);
+    setenv("KUBERNETES_SERVICE_PORT", "6443", 1);
+    setenv(KUBE_SA_DIR_ENV, dir, 1);
+    if (kube_config_in_cluster(&c, &err) < 0) fail_msg("%s", err.msg);
+    assert_string_equal(c.server, "https://127.0.0.1:6443");
+    assert_string_equal(c.namespace, "cephalo-system");
+    assert_int_equal(strncmp(c.token_file, dir, strlen(dir)), 0);
+    kube_config_free(&c);
+    setenv(KUBE_SA_DIR_ENV, "", 1);
+    if (kube_config_in_cluster(&c, &err) == 0) { /* only where a real pod's directory exists */
+        assert_string_equal(c.token_file, KUBE_SA_DIR "/token");
+        kube_config_free(&c);
+    } else {
+        assert_non_null(strstr(err.msg, KUBE_SA_DIR "/token"));
+    }
+    unsetenv(KUBE_SA_DIR_ENV);
+    unsetenv("KUBERNETES_SERVICE_HOST");
+    unsetenv("KUBERNETES_SERVICE_PORT");
     const char *names[] = {"token", "ca.crt", "namespace"};
     for (int i = 0; i < 3; i++) {
         char p[300];
@@ -715,8 +735,8 @@ static void test_inventory_gpu_accounting(void **state) {
     assert_int_equal(r.gpus, 0);
     assert_int_equal(r.usable, 3);
     cluster_free(&cl);
-    assert_int_equal(inv_node_used(full, "n-a", NULL), 2);
-    assert_int_equal(inv_node_used(full, "n-a", "x"), 0);
+    assert_int_equal(inv_node_used(full, cJSON_GetArrayItem(nodes, 0), NULL), 2);
+    assert_int_equal(inv_node_used(full, cJSON_GetArrayItem(nodes, 0), "x"), 0);
     cJSON_Delete(full);
     cJSON_Delete(pods);
     cJSON_Delete(nodes);

@@ -1,0 +1,203 @@
+/* cache.c - stores of watched objects (cache.h). A flat array searched by key: a store holds the
+ * operator's jobs, their pods and plans, and the cluster's nodes and busy pods — hundreds to a few
+ * thousand objects, looked up once per event or per reconcile. */
+#include "cache.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kube.h"
+#include "log.h"
+
+/* A stored object, never changed once stored (a newer version replaces it): the store holds one
+ * reference, each view another, and the last one frees it. */
+struct cache_obj {
+    cJSON *json;
+    atomic_int refs;
+};
+
+typedef struct cache_entry {
+    char *key; /* namespace/name */
+    cache_obj *obj;
+} cache_entry;
+
+static cache_obj *obj_new(const cJSON *json) {
+    cache_obj *o = xmalloc(sizeof *o);
+    o->json = cJSON_Duplicate(json, true);
+    atomic_init(&o->refs, 1);
+    return o;
+}
+
+static void obj_release(cache_obj *o) {
+    if (o && atomic_fetch_sub(&o->refs, 1) == 1) {
+        cJSON_Delete(o->json);
+        free(o);
+    }
+}
+
+struct cache {
+    pthread_mutex_t mu;
+    const char *what;
+    cache_entry *e;
+    int n, cap;
+    bool synced;
+};
+
+cache *cache_new(const char *what) {
+    cache *c = xmalloc(sizeof *c);
+    *c = (cache){.what = what};
+    pthread_mutex_init(&c->mu, NULL);
+    return c;
+}
+
+static void clear_locked(cache *c) {
+    for (int i = 0; i < c->n; i++) free(c->e[i].key), obj_release(c->e[i].obj);
+    c->n = 0;
+}
+
+void cache_free(cache *c) {
+    if (!c) return;
+    clear_locked(c);
+    free(c->e);
+    pthread_mutex_destroy(&c->mu);
+    free(c);
+}
+
+static char *key_of(const char *ns, const char *name) {
+    size_t n = (ns ? strlen(ns) : 0) + strlen(name) + 2;
+    char *k = xmalloc(n);
+    snprintf(k, n, "%s/%s", ns ? ns : "", name);
+    return k;
+}
+
+static int find_locked(const cache *c, const char *ns, const char *name) {
+    size_t nl = ns ? strlen(ns) : 0;
+    for (int i = 0; i < c->n; i++) {
+        const char *k = c->e[i].key;
+        if (!strncmp(k, ns ? ns : "", nl) && k[nl] == '/' && !strcmp(k + nl + 1, name)) return i;
+    }
+    return -1;
+}
+
+static void append_locked(cache *c, char *key, cache_obj *obj) {
+    if (c->n == c->cap) {
+        c->cap = c->cap ? 2 * c->cap : 64;
+        c->e = xrealloc(c->e, (size_t)c->cap * sizeof *c->e);
+    }
+    c->e[c->n++] = (cache_entry){key, obj};
+}
+
+void cache_replace(cache *c, const cJSON *items) {
+    pthread_mutex_lock(&c->mu);
+    clear_locked(c);
+    const cJSON *o;
+    cJSON_ArrayForEach(o, items) {
+        const char *name = kube_meta_str(o, "name");
+        if (name) append_locked(c, key_of(kube_meta_str(o, "namespace"), name), obj_new(o));
+    }
+    c->synced = true;
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* resourceVersion as a number; false when it is not one (then versions are not compared). */
+static bool version_of(const cJSON *o, unsigned long long *v) {
+    const char *s = kube_meta_str(o, "resourceVersion");
+    char *end;
+    if (!s || !*s) return false;
+    errno = 0;
+    *v = strtoull(s, &end, 10);
+    return !errno && !*end;
+}
+
+bool cache_put(cache *c, const cJSON *obj, cJSON **prev) {
+    if (prev) *prev = NULL;
+    const char *name = kube_meta_str(obj, "name"), *ns = kube_meta_str(obj, "namespace");
+    if (!name) return false;
+    pthread_mutex_lock(&c->mu);
+    int i = find_locked(c, ns, name);
+    unsigned long long have, got;
+    bool stored = true;
+    if (i >= 0 && version_of(c->e[i].obj->json, &have) && version_of(obj, &got) && got < have) {
+        stored = false; /* a late event: the store has a newer version (our own write's answer) */
+    } else if (i >= 0) {
+        if (prev) *prev = cJSON_Duplicate(c->e[i].obj->json, true);
+        obj_release(c->e[i].obj);
+        c->e[i].obj = obj_new(obj);
+    } else {
+        append_locked(c, key_of(ns, name), obj_new(obj));
+    }
+    pthread_mutex_unlock(&c->mu);
+    return stored;
+}
+
+void cache_remove(cache *c, const char *ns, const char *name) {
+    if (!name) return;
+    pthread_mutex_lock(&c->mu);
+    int i = find_locked(c, ns, name);
+    if (i >= 0) {
+        free(c->e[i].key);
+        obj_release(c->e[i].obj);
+        c->e[i] = c->e[--c->n];
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+cJSON *cache_get(cache *c, const char *ns, const char *name) {
+    if (!name) return NULL;
+    pthread_mutex_lock(&c->mu);
+    int i = find_locked(c, ns, name);
+    cJSON *o = i >= 0 ? cJSON_Duplicate(c->e[i].obj->json, true) : NULL;
+    pthread_mutex_unlock(&c->mu);
+    return o;
+}
+
+cJSON *cache_list(cache *c, cache_keep_fn keep, void *arg) {
+    cJSON *list = cJSON_CreateObject(), *items = cJSON_AddArrayToObject(list, "items");
+    pthread_mutex_lock(&c->mu);
+    for (int i = 0; i < c->n; i++)
+        if (!keep || keep(c->e[i].obj->json, arg)) cJSON_AddItemToArray(items, cJSON_Duplicate(c->e[i].obj->json, true));
+    pthread_mutex_unlock(&c->mu);
+    return list;
+}
+
+cJSON *cache_view_list(cache *c, cache_keep_fn keep, void *arg, cache_view *v) {
+    cJSON *list = cJSON_CreateObject(), *items = cJSON_AddArrayToObject(list, "items");
+    pthread_mutex_lock(&c->mu);
+    *v = (cache_view){.objs = xmalloc((size_t)(c->n + 1) * sizeof *v->objs)};
+    for (int i = 0; i < c->n; i++) {
+        cache_obj *o = c->e[i].obj;
+        if (keep && !keep(o->json, arg)) continue;
+        atomic_fetch_add(&o->refs, 1);
+        v->objs[v->n++] = o;
+        /* a reference item: it shares the object's members, and deleting the list leaves them */
+        cJSON_AddItemReferenceToArray(items, o->json);
+    }
+    pthread_mutex_unlock(&c->mu);
+    v->list = list;
+    return list;
+}
+
+void cache_view_release(cache_view *v) {
+    cJSON_Delete(v->list);
+    for (int i = 0; i < v->n; i++) obj_release(v->objs[i]);
+    free(v->objs);
+    *v = (cache_view){0};
+}
+
+bool cache_synced(cache *c) {
+    pthread_mutex_lock(&c->mu);
+    bool s = c->synced;
+    pthread_mutex_unlock(&c->mu);
+    return s;
+}
+
+int cache_size(cache *c) {
+    pthread_mutex_lock(&c->mu);
+    int n = c->n;
+    pthread_mutex_unlock(&c->mu);
+    return n;
+}

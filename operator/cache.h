@@ -1,0 +1,55 @@
+/* cache.h - what the operator's watches saw, for the reconcile to read instead of asking the API
+ * server (client-go's informers): one store per kind of object, keyed by namespace/name.
+ *
+ * The watch threads feed a store (cache_replace after every list, cache_put / cache_remove per
+ * event); the reconcile thread reads copies (cache_get, cache_list) and puts the API server's
+ * answers to its own writes (cache_put), so that the next reconcile sees them even before the
+ * watch delivers them: a job admitted a moment ago holds its GPUs for the next job's accounting.
+ * A store keeps the newer of two versions of an object (resourceVersion, compared as a number when
+ * both are numbers, as etcd's revisions are), so a late watch event does not undo a write.
+ *
+ * Thread-safe: one mutex per store; readers get deep copies they own, or views of the stored
+ * objects (cache_view_list), which are never changed once stored. */
+#ifndef CEPHALO_CACHE_H
+#define CEPHALO_CACHE_H
+
+#include <stdbool.h>
+
+#include <cjson/cJSON.h>
+
+typedef struct cache cache;
+
+/* `what` names the store in messages ("pods"); it is not copied. */
+cache *cache_new(const char *what);
+void cache_free(cache *c);
+
+/* The complete current state from a list (items: the list's array): replaces everything. */
+void cache_replace(cache *c, const cJSON *items);
+/* Stores a copy of obj (an ADDED or MODIFIED object, or a write's answer) unless the store holds a
+ * newer version of it. *prev (may be NULL) gets the version it replaced, or NULL; the caller frees
+ * it. true when obj was stored. */
+bool cache_put(cache *c, const cJSON *obj, cJSON **prev);
+/* Removes namespace/name (ns NULL or "" for cluster-scoped objects). */
+void cache_remove(cache *c, const char *ns, const char *name);
+
+/* A copy of namespace/name, or NULL. */
+cJSON *cache_get(cache *c, const char *ns, const char *name);
+/* {"items": [copies of the objects for which keep(obj, arg) is true (all when keep is NULL)]}. */
+typedef bool (*cache_keep_fn)(const cJSON *obj, void *arg);
+cJSON *cache_list(cache *c, cache_keep_fn keep, void *arg);
+/* The same list without copies: its items are the stored objects themselves (reference items),
+ * read-only, kept alive by the view until cache_view_release (which deletes the list too), however
+ * the store changes meanwhile. For what a reconcile reads of a whole cluster (nodes, busy pods). */
+typedef struct cache_obj cache_obj;
+typedef struct cache_view {
+    cJSON *list;
+    cache_obj **objs;
+    int n;
+} cache_view;
+cJSON *cache_view_list(cache *c, cache_keep_fn keep, void *arg, cache_view *v);
+void cache_view_release(cache_view *v);
+/* Whether the first list has been stored (before that the store knows nothing). */
+bool cache_synced(cache *c);
+int cache_size(cache *c);
+
+#endif

@@ -1,0 +1,177 @@
+/* test_inventory.c - GPU accounting with a scheduler (operator/inventory.h): a pod charges a node
+ * when bound to it, or, not bound yet, when its required node affinity names that one node (the
+ * operator's worker pods before the scheduler binds them), so two jobs never book the same GPU. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <string.h>
+
+#include "inventory.h"
+
+static cJSON *parse(const char *text) {
+    cJSON *j = cJSON_Parse(text);
+    assert_non_null(j);
+    return j;
+}
+
+/* A Node with GPUs and a hostname label (HOST "" : none). */
+#define NODE(name, host, count)                                                                   \
+    "{\"metadata\":{\"name\":\"" name "\",\"labels\":{\"nvidia.com/gpu.product\":\"NVIDIA-L4\""     \
+    host "}},\"status\":{\"allocatable\":{\"nvidia.com/gpu\":\"" count "\"}}}"
+#define HOST(h) ",\"kubernetes.io/hostname\":\"" h "\""
+
+/* A pod asking one GPU, owned by OWNER, phase PHASE, with SPEC's placement fields (JSON members
+ * before "containers", each ending in a comma). */
+#define POD(owner, phase, spec)                                                                    \
+    "{\"metadata\":{\"ownerReferences\":[{\"controller\":true,\"uid\":\"" owner "\"}]},\"spec\":{" spec \
+    "\"containers\":[{\"resources\":{\"requests\":{\"nvidia.com/gpu\":\"1\"},\"limits\":{\"nvidia.com/gpu\":\"1\"}}}]}," \
+    "\"status\":{\"phase\":\"" phase "\"}}"
+#define AFFINITY(terms) "\"affinity\":{\"nodeAffinity\":{\"requiredDuringSchedulingIgnoredDuringExecution\":" \
+    "{\"nodeSelectorTerms\":[" terms "]}}},"
+#define EXPR(key, op, values) "{\"key\":\"" key "\",\"operator\":\"" op "\",\"values\":[" values "]}"
+#define TERM(exprs) "{\"matchExpressions\":[" exprs "]}"
+#define FIELDS(exprs) "{\"matchFields\":[" exprs "]}"
+#define ON_HOST(h) AFFINITY(TERM(EXPR("kubernetes.io/hostname", "In", "\"" h "\"")))
+
+/* Which affinities pin a pod to one node, and to which. */
+static void test_pinned(void **state) {
+    (void)state;
+    static const struct {
+        const char *pod, *host, *name; /* host and name NULL: not pinned */
+    } cases[] = {
+        {POD("u", "Pending", ON_HOST("h-a")), "h-a", NULL},
+        {POD("u", "Pending", AFFINITY(FIELDS(EXPR("metadata.name", "In", "\"n-a\"")))), NULL, "n-a"},
+        /* other requirements narrow it further: still that one node */
+        {POD("u", "Pending", AFFINITY(TERM(EXPR("nvidia.com/gpu.product", "In", "\"NVIDIA-L4\"") ","
+                                           EXPR("kubernetes.io/hostname", "In", "\"h-a\"")))), "h-a", NULL},
+        /* terms are ORed: pinned only when every term names the same node */
+        {POD("u", "Pending", AFFINITY(TERM(EXPR("kubernetes.io/hostname", "In", "\"h-a\"")) ","
+                                      TERM(EXPR("kubernetes.io/hostname", "In", "\"h-a\"")))), "h-a", NULL},
+        {POD("u", "Pending", AFFINITY(TERM(EXPR("kubernetes.io/hostname", "In", "\"h-a\"")) ","
+                                      TERM(EXPR("kubernetes.io/hostname", "In", "\"h-b\"")))), NULL, NULL},
+        {POD("u", "Pending", AFFINITY(TERM(EXPR("kubernetes.io/hostname", "In", "\"h-a\"")) ","
+                                      TERM(EXPR("nvidia.com/gpu.product", "In", "\"NVIDIA-L4\"")))), NULL, NULL},
+        /* several values, another operator, another key: several nodes */
+        {POD("u", "Pending", AFFINITY(TERM(EXPR("kubernetes.io/hostname", "In", "\"h-a\",\"h-b\"")))), NULL, NULL},
+        {POD("u", "Pending", AFFINITY(TERM(EXPR("kubernetes.io/hostname", "NotIn", "\"h-a\"")))), NULL, NULL},
+        {POD("u", "Pending", AFFINITY(TERM(EXPR("topology.kubernetes.io/zone", "In", "\"z\"")))), NULL, NULL},
+        {POD("u", "Pending", AFFINITY("")), NULL, NULL},
+        {POD("u", "Pending", ""), NULL, NULL},
+        /* a nodeSelector on the hostname pins too */
+        {POD("u", "Pending", "\"nodeSelector\":{\"kubernetes.io/hostname\":\"h-b\"},"), "h-b", NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        cJSON *p = parse(cases[i].pod);
+        const char *host = "x", *name = "x";
+        bool pinned = inv_pod_pinned(p, &host, &name);
+        if (cases[i].host) assert_string_equal(host, cases[i].host);
+        else assert_null(host);
+        if (cases[i].name) assert_string_equal(name, cases[i].name);
+        else assert_null(name);
+        assert_int_equal(pinned, cases[i].host || cases[i].name);
+        assert_int_equal(inv_pod_holds(p), pinned); /* pending, not bound: holds only when pinned */
+        cJSON_Delete(p);
+    }
+}
+
+/* A pod's node: bound (nodeName) wins; pinned by hostname matches the node's hostname label or its
+ * name (a node without the label); by metadata.name, the name only. */
+static void test_pod_on_node(void **state) {
+    (void)state;
+    cJSON *nodes = parse("[" NODE("n-a", HOST("h-a"), "2") "," NODE("n-b", "", "1") "," NODE("n-c", HOST("n-c"), "1") "]");
+    const cJSON *a = cJSON_GetArrayItem(nodes, 0), *b = cJSON_GetArrayItem(nodes, 1), *c = cJSON_GetArrayItem(nodes, 2);
+    assert_string_equal(inv_node_hostname(a), "h-a");
+    assert_string_equal(inv_node_hostname(b), "n-b"); /* no label: the name */
+
+    cJSON *p = parse(POD("u", "Pending", ON_HOST("h-a")));
+    assert_true(inv_pod_on_node(p, a));
+    assert_false(inv_pod_on_node(p, b));
+    assert_string_equal(inv_pod_node(p), "h-a");
+    cJSON_Delete(p);
+    p = parse(POD("u", "Pending", ON_HOST("n-a"))); /* the node's name where its hostname differs */
+    assert_true(inv_pod_on_node(p, a));
+    cJSON_Delete(p);
+    p = parse(POD("u", "Pending", ON_HOST("n-b")));
+    assert_true(inv_pod_on_node(p, b));
+    assert_false(inv_pod_on_node(p, c));
+    cJSON_Delete(p);
+    p = parse(POD("u", "Pending", AFFINITY(FIELDS(EXPR("metadata.name", "In", "\"n-c\"")))));
+    assert_true(inv_pod_on_node(p, c));
+    assert_false(inv_pod_on_node(p, a));
+    assert_string_equal(inv_pod_node(p), "n-c");
+    cJSON_Delete(p);
+    /* bound: the binding decides, whatever the affinity said */
+    p = parse(POD("u", "Running", "\"nodeName\":\"n-b\"," ON_HOST("h-a")));
+    assert_true(inv_pod_on_node(p, b));
+    assert_false(inv_pod_on_node(p, a));
+    assert_string_equal(inv_pod_node(p), "n-b");
+    assert_true(inv_pod_holds(p));
+    cJSON_Delete(p);
+    /* finished: holds nothing, bound or pinned */
+    p = parse(POD("u", "Succeeded", ON_HOST("h-a")));
+    assert_false(inv_pod_holds(p));
+    cJSON_Delete(p);
+    p = parse(POD("u", "Failed", "\"nodeName\":\"n-a\","));
+    assert_false(inv_pod_holds(p));
+    cJSON_Delete(p);
+    p = parse(POD("u", "Pending", ""));
+    assert_null(inv_pod_node(p));
+    cJSON_Delete(p);
+    cJSON_Delete(nodes);
+}
+
+/* The accounting: a node's used GPUs are those of the bound pods and of the unbound ones pinned to
+ * it, a job's own excepted; two jobs never book the same GPU. */
+static void test_unbound_pinned_charged(void **state) {
+    (void)state;
+    cJSON *nodes = parse("[" NODE("n-a", HOST("h-a"), "2") "," NODE("n-b", "", "1") "]");
+    const cJSON *a = cJSON_GetArrayItem(nodes, 0), *b = cJSON_GetArrayItem(nodes, 1);
+    /* job A's two workers admitted on n-a, not bound yet (the scheduler has not run); a foreign pod
+     * bound to n-b; an unpinned pending pod (it may go anywhere: no node charged) */
+    cJSON *pods = parse("[" POD("job-a", "Pending", ON_HOST("h-a")) "," POD("job-a", "Pending", ON_HOST("h-a")) ","
+                        POD("other", "Running", "\"nodeName\":\"n-b\",") "," POD("loose", "Pending", "") "]");
+    assert_int_equal(inv_node_used(pods, a, NULL), 2);
+    assert_int_equal(inv_node_used(pods, a, "job-a"), 0); /* job A's own */
+    assert_int_equal(inv_node_used(pods, b, NULL), 1);
+    inv_constraints c = {.pods = pods, .own_uid = "job-b"};
+    cluster cl;
+    inv_result r;
+    err_t err;
+    /* job B sees every GPU taken: n-a by job A's unbound workers, n-b by the foreign pod */
+    assert_int_equal(inv_build(nodes, &c, &cl, &r, &err), 0);
+    assert_int_equal(r.gpus, 0);
+    assert_int_equal(r.usable, 3);
+    assert_int_equal(r.free, 0);
+    cluster_free(&cl);
+    /* job A plans on its own GPUs of n-a */
+    c.own_uid = "job-a";
+    assert_int_equal(inv_build(nodes, &c, &cl, &r, &err), 0);
+    assert_int_equal(r.gpus, 2);
+    assert_string_equal(cl.nodes[cl.devices[0].node].name, "n-a");
+    cluster_free(&cl);
+    cJSON_Delete(pods);
+    /* a foreign pod pinned by nodeName to n-a and a worker pinned there by affinity: both count
+     * (the node is over-booked: nothing is left, never a negative count) */
+    pods = parse("[" POD("other", "Running", "\"nodeName\":\"n-a\",") "," POD("job-a", "Pending", ON_HOST("n-a")) ","
+                 POD("job-a", "Pending", ON_HOST("n-a")) "]");
+    assert_int_equal(inv_node_used(pods, a, NULL), 3);
+    c.pods = pods, c.own_uid = "job-c";
+    assert_int_equal(inv_build(nodes, &c, &cl, &r, &err), 0);
+    assert_int_equal(r.free, 1);
+    assert_string_equal(cl.nodes[cl.devices[0].node].name, "n-b");
+    cluster_free(&cl);
+    cJSON_Delete(pods);
+    cJSON_Delete(nodes);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_pinned),
+        cmocka_unit_test(test_pod_on_node),
+        cmocka_unit_test(test_unbound_pinned_charged),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
