@@ -77,6 +77,9 @@ OPERATOR := $(BUILD)/bin/cephalo-operator
 TEST_SRC := $(wildcard tests/unit/test_*.c)
 TESTS := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(TEST_SRC))
 BENCH := $(BUILD)/bench/bench_plan
+# tokenizers: the agreement checker of tests/cli/test_tokenizer.sh and the throughput benchmark
+TOKCHECK := $(BUILD)/tests/tok/tokcheck
+BENCH_TOK := $(BUILD)/bench/bench_tok
 FUZZ_SRC := $(wildcard fuzz/fuzz_*.c)
 
 # ---- the CUDA worker (cephalo-worker-cuda): built whenever nvcc is found ----------------------
@@ -250,14 +253,23 @@ $(BENCH): $(BUILD)/bench/bench_plan.o $(BUILD)/bench/paper_dp.o $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDSAN) -o $@ $^ $(LDLIBS)
 
-test: deps $(CLI) $(WORKER) $(OPERATOR) $(TESTS)
+$(TOKCHECK): $(BUILD)/tests/tok/tokcheck.o $(WLIB) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDSAN) -o $@ $^ $(LDLIBS)
+
+$(BENCH_TOK): $(BUILD)/bench/bench_tok.o $(WLIB) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDSAN) -o $@ $^ $(LDLIBS)
+
+test: deps $(CLI) $(WORKER) $(OPERATOR) $(TESTS) $(TOKCHECK)
 	@BUILD=$(BUILD) tests/run.sh $(TESTS)
 
 demo: deps $(CLI) $(WORKER)
 	@BUILD=$(BUILD) mk/demo.sh
 
-bench: deps $(BENCH) $(CLI) $(WORKER)
+bench: deps $(BENCH) $(CLI) $(WORKER) $(BENCH_TOK)
 	@$(BENCH)
+	@BUILD=$(BUILD) bench/bench_tok.sh
 	@BUILD=$(BUILD) bench/bench_train.sh
 	@BUILD=$(BUILD) bench/bench_fsdp.sh
 	@BUILD=$(BUILD) bench/bench_accuracy.sh
@@ -266,7 +278,7 @@ bench: deps $(BENCH) $(CLI) $(WORKER)
 FUZZ_BUILD := build/fuzz
 FUZZ_CFLAGS := -std=c17 -g -O1 -fsanitize=fuzzer,address,undefined $(CPPFLAGS) -Wall -Wextra -Werror
 # The parsers fuzzed need neither BLAS nor OpenMP: only these worker modules are linked in.
-FUZZ_WORKER_SRC := $(wildcard worker/files/safetensors.c worker/files/data.c)
+FUZZ_WORKER_SRC := $(wildcard worker/files/safetensors.c worker/files/data.c worker/files/tokenizer.c worker/files/unicode_tab.c)
 # the watch-stream parser alone: it has no libcurl dependency (the loop is in watch_loop.c)
 FUZZ_OPERATOR_SRC := $(wildcard operator/watch.c)
 $(FUZZ_BUILD)/%: fuzz/%.c $(COMMON_SRC) $(PLANNER_SRC) $(CLI_SRC) $(FUZZ_WORKER_SRC) $(FUZZ_OPERATOR_SRC)

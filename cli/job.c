@@ -133,10 +133,18 @@ static int parse_name(const yctx *y, const ynode *root, job *j) {
 
 /* A model name is kept as is; a model file path is taken relative to the job file. */
 static int parse_model(const yctx *y, const ynode *root, const char *dir, job *j) {
-    const ynode *v;
-    const char *name;
+    const ynode *v, *init = ymap_get(root, "init_from");
+    const char *name, *from;
+    if (init) { /* a Hugging Face model directory to start from (docs/import.md) */
+        if (ynode_string(y, init, "init_from", &from) < 0) return -1;
+        j->init_from = resolve(dir, from);
+        if (!ymap_get(root, "model")) { /* the model is the one its config.json describes */
+            int rc = model_resolve(j->init_from, &j->model, y->err);
+            return rc < 0 ? err_prefix(y->err, "%s:%d: init_from", y->file, init->line) : 0;
+        }
+    }
     if (ymap_require(y, root, "document", "model", &v) < 0 || ynode_string(y, v, "model", &name) < 0) return -1;
-    bool is_file = strchr(name, '/') || strstr(name, ".yaml") || strstr(name, ".yml");
+    bool is_file = strchr(name, '/') || strstr(name, ".yaml") || strstr(name, ".yml") || strstr(name, ".json");
     char *arg = is_file ? resolve(dir, name) : xstrdup(name);
     int rc = model_resolve(arg, &j->model, y->err);
     free(arg);
@@ -357,7 +365,7 @@ int job_set_devices(job *j, const char *spec, err_t *err) {
 static int parse_root(const yctx *y, const ynode *root, const char *dir, job *j) {
     static const char *const keys[] = {"name", "model", "data", "batch", "seq", "steps", "strategy", "seed", "mem_cap",
                                        "precision", "profile", "optimizer", "checkpoint", "comm_timeout", "metrics_port", "metrics_addr", "devices",
-                                       NULL};
+                                       "init_from", NULL};
     if (ymap_check_keys(y, root, "document", keys) < 0) return -1;
     j->root_line = root->line;
     if (parse_name(y, root, j) < 0 || parse_model(y, root, dir, j) < 0 || parse_sizes(y, root, j) < 0 ||
@@ -409,6 +417,7 @@ void job_free(job *j) {
     free(j->profile);
     free(j->ckpt_dir);
     free(j->resume);
+    free(j->init_from);
     free(j->items);
     memset(j, 0, sizeof *j);
 }

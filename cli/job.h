@@ -46,6 +46,7 @@ typedef struct job {
     char *path; /* the job file, for messages */
     char name[JOB_NAME_MAX + 1]; /* `name`, or the file name up to its first '.' */
     model_spec model;
+    char *init_from; /* init_from: a Hugging Face model directory (resolved), or NULL */
     char *data; /* "synthetic" or a data spec with its paths resolved */
     char *profile; /* resolved path, or NULL */
     long batch, seq, steps; /* seq 0: the model's */

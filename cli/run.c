@@ -216,6 +216,7 @@ static strv worker_args(const launch *l, int rank) {
     strv_add(&s, "--clip"), strv_add(&s, "%s", num(o->clip, a));
     strv_add(&s, "--seed"), strv_add(&s, "%llu", (unsigned long long)j->seed);
     strv_add(&s, "--data"), strv_add(&s, "%s", j->data);
+    if (j->init_from) strv_add(&s, "--init-from"), strv_add(&s, "%s", j->init_from);
     strv_add(&s, "--log"), strv_add(&s, "%s", rank_file(l, rank, "jsonl", path));
     if (l->ckpt_dir) {
         strv_add(&s, "--ckpt-dir"), strv_add(&s, "%s", l->ckpt_dir);

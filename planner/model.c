@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 
 #include "attn_limits.h"
 #include "strutil.h"
@@ -14,34 +15,34 @@
 #define BERT_VOCAB 30522
 
 /* name, arch, layers, d, heads, kv heads, d_ff, vocab, max_seq, default_seq, type_vocab, tied,
- * image, patch, channels, classes */
+ * image, patch, channels, classes, rope_theta and norm_eps (0: the architecture's) */
 static const model_spec builtins[] = {
     /* GPT-2 family (Radford et al. 2019; Hugging Face gpt2*), learned positions, tied head. */
-    {"gpt2-124m", ARCH_GPT, 12, 768, 12, 12, 3072, GPT2_VOCAB, 1024, 1024, 0, true, 0, 0, 0, 0},
-    {"gpt2-350m", ARCH_GPT, 24, 1024, 16, 16, 4096, GPT2_VOCAB, 1024, 1024, 0, true, 0, 0, 0, 0},
-    {"gpt2-774m", ARCH_GPT, 36, 1280, 20, 20, 5120, GPT2_VOCAB, 1024, 1024, 0, true, 0, 0, 0, 0},
-    {"gpt2-1.5b", ARCH_GPT, 48, 1600, 25, 25, 6400, GPT2_VOCAB, 1024, 1024, 0, true, 0, 0, 0, 0},
+    {"gpt2-124m", ARCH_GPT, 12, 768, 12, 12, 3072, GPT2_VOCAB, 1024, 1024, 0, true, 0, 0, 0, 0, 0, 0},
+    {"gpt2-350m", ARCH_GPT, 24, 1024, 16, 16, 4096, GPT2_VOCAB, 1024, 1024, 0, true, 0, 0, 0, 0, 0, 0},
+    {"gpt2-774m", ARCH_GPT, 36, 1280, 20, 20, 5120, GPT2_VOCAB, 1024, 1024, 0, true, 0, 0, 0, 0, 0, 0},
+    {"gpt2-1.5b", ARCH_GPT, 48, 1600, 25, 25, 6400, GPT2_VOCAB, 1024, 1024, 0, true, 0, 0, 0, 0, 0, 0},
     /* GPT-3 shapes (Brown et al. 2020, table 2.1) on the GPT-2 architecture, as in the paper. */
-    {"gpt-1.3b", ARCH_GPT, 24, 2048, 16, 16, 8192, GPT2_VOCAB, 2048, 512, 0, true, 0, 0, 0, 0},
-    {"gpt-2.7b", ARCH_GPT, 32, 2560, 80, 80, 10240, GPT2_VOCAB, 2048, 512, 0, true, 0, 0, 0, 0},
-    {"gpt-6.7b", ARCH_GPT, 32, 4096, 128, 128, 16384, GPT2_VOCAB, 2048, 512, 0, true, 0, 0, 0, 0},
+    {"gpt-1.3b", ARCH_GPT, 24, 2048, 16, 16, 8192, GPT2_VOCAB, 2048, 512, 0, true, 0, 0, 0, 0, 0, 0},
+    {"gpt-2.7b", ARCH_GPT, 32, 2560, 80, 80, 10240, GPT2_VOCAB, 2048, 512, 0, true, 0, 0, 0, 0, 0, 0},
+    {"gpt-6.7b", ARCH_GPT, 32, 4096, 128, 128, 16384, GPT2_VOCAB, 2048, 512, 0, true, 0, 0, 0, 0, 0, 0},
     /* Llama family: TinyLlama-1.1B (GQA 32/4), OpenLLaMA-3B, Llama-2-7B. */
     {"tinyllama-1.1b", ARCH_LLAMA, 22, 2048, 32, 4, 5632, LLAMA_VOCAB, 2048, 512, 0, false, 0, 0,
-     0, 0},
-    {"llama-3b", ARCH_LLAMA, 26, 3200, 32, 32, 8640, LLAMA_VOCAB, 2048, 512, 0, false, 0, 0, 0, 0},
+     0, 0, 0, 0},
+    {"llama-3b", ARCH_LLAMA, 26, 3200, 32, 32, 8640, LLAMA_VOCAB, 2048, 512, 0, false, 0, 0, 0, 0, 0, 0},
     {"llama-7b", ARCH_LLAMA, 32, 4096, 32, 32, 11008, LLAMA_VOCAB, 4096, 512, 0, false, 0, 0, 0,
-     0},
+     0, 0, 0},
     /* BERT (Devlin et al. 2019) with the masked-LM head; BERT-XLarge as in the paper's table. */
-    {"bert-large", ARCH_BERT, 24, 1024, 16, 16, 4096, BERT_VOCAB, 512, 512, 2, true, 0, 0, 0, 0},
-    {"bert-xlarge", ARCH_BERT, 36, 1536, 24, 24, 6144, BERT_VOCAB, 512, 512, 2, true, 0, 0, 0, 0},
+    {"bert-large", ARCH_BERT, 24, 1024, 16, 16, 4096, BERT_VOCAB, 512, 512, 2, true, 0, 0, 0, 0, 0, 0},
+    {"bert-xlarge", ARCH_BERT, 36, 1536, 24, 24, 6144, BERT_VOCAB, 512, 512, 2, true, 0, 0, 0, 0, 0, 0},
     /* ViT-G/14 (Zhai et al. 2022) and ViT-e/14 (Chen et al. 2022), 224x224 images. */
-    {"vit-g", ARCH_VIT, 48, 1664, 16, 16, 8192, 0, 0, 0, 0, false, 224, 14, 3, 1000},
-    {"vit-e", ARCH_VIT, 56, 1792, 16, 16, 15360, 0, 0, 0, 0, false, 224, 14, 3, 1000},
+    {"vit-g", ARCH_VIT, 48, 1664, 16, 16, 8192, 0, 0, 0, 0, false, 224, 14, 3, 1000, 0, 0},
+    {"vit-e", ARCH_VIT, 56, 1792, 16, 16, 15360, 0, 0, 0, 0, false, 224, 14, 3, 1000, 0, 0},
     /* Tiny test models: byte-level vocabularies, seconds to train on a CPU. */
-    {"tiny-gpt", ARCH_GPT, 2, 64, 4, 4, 256, 256, 128, 64, 0, true, 0, 0, 0, 0},
-    {"tiny-llama", ARCH_LLAMA, 2, 64, 4, 2, 176, 256, 128, 64, 0, false, 0, 0, 0, 0},
-    {"tiny-bert", ARCH_BERT, 2, 64, 4, 4, 256, 256, 128, 64, 2, true, 0, 0, 0, 0},
-    {"tiny-vit", ARCH_VIT, 2, 64, 4, 4, 256, 0, 0, 0, 0, false, 32, 8, 3, 10},
+    {"tiny-gpt", ARCH_GPT, 2, 64, 4, 4, 256, 256, 128, 64, 0, true, 0, 0, 0, 0, 0, 0},
+    {"tiny-llama", ARCH_LLAMA, 2, 64, 4, 2, 176, 256, 128, 64, 0, false, 0, 0, 0, 0, 0, 0},
+    {"tiny-bert", ARCH_BERT, 2, 64, 4, 4, 256, 256, 128, 64, 2, true, 0, 0, 0, 0, 0, 0},
+    {"tiny-vit", ARCH_VIT, 2, 64, 4, 4, 256, 0, 0, 0, 0, false, 32, 8, 3, 10, 0, 0},
 };
 
 const model_spec *model_builtins(int *count) {
@@ -113,7 +114,8 @@ static int64_t head_params(const model_spec *m) {
     int64_t d = m->d_model;
     switch (m->arch) {
     case ARCH_GPT: return 2 * d; /* ln_f; lm_head tied to wte */
-    case ARCH_LLAMA: return d + (int64_t)m->vocab * d; /* final RMSNorm + untied lm_head */
+    case ARCH_LLAMA: /* final RMSNorm + lm_head, unless tied to the embedding (Llama-3.2) */
+        return d + (m->tied_head ? 0 : (int64_t)m->vocab * d);
     case ARCH_BERT: /* MLM transform (dense + LayerNorm) and the decoder bias; decoder tied */
         return d * d + d + 2 * d + m->vocab;
     case ARCH_VIT: return 2 * d + d * m->n_classes + m->n_classes; /* final LN + classifier */
@@ -275,10 +277,38 @@ int model_validate(const model_spec *m, err_t *err) {
             return err_set(err, "model %s: seq %d must be in 1..max_seq (%d)", n, m->default_seq,
                            m->max_seq);
     }
+    if (m->rope_theta < 0 || m->norm_eps < 0 || m->norm_eps >= 1)
+        return err_set(err, "model %s: rope_theta %g must be positive and norm_eps %g in (0, 1)", n,
+                       m->rope_theta, m->norm_eps);
+    if (m->tied_head != (m->arch == ARCH_GPT || m->arch == ARCH_BERT) && m->arch != ARCH_LLAMA)
+        return err_set(err, "model %s: tied_head %s: only Llama models choose; %s models %s", n,
+                       m->tied_head ? "true" : "false", model_arch_name(m->arch),
+                       m->arch == ARCH_VIT ? "have no token embedding to tie" : "always tie");
     if (model_params(m) > (int64_t)1 << 42)
         return err_set(err, "model %s: %.3g parameters is beyond what the planner handles", n,
                        (double)model_params(m));
     return 0;
+}
+
+double model_rope_theta(const model_spec *m) { return m->rope_theta > 0 ? m->rope_theta : 10000.0; }
+
+double model_norm_eps(const model_spec *m) {
+    if (m->norm_eps > 0) return m->norm_eps;
+    switch (m->arch) {
+    case ARCH_GPT:
+    case ARCH_LLAMA: return 1e-5;
+    case ARCH_BERT: return 1e-12;
+    case ARCH_VIT: return 1e-6;
+    }
+    return 1e-5;
+}
+
+/* A Hugging Face model: its config.json, or a directory holding one. */
+static bool is_hf_config(const char *path) {
+    size_t n = strlen(path);
+    if (n >= 5 && strcmp(path + n - 5, ".json") == 0) return true;
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
 }
 
 int model_resolve(const char *name_or_path, model_spec *out, err_t *err) {
@@ -290,6 +320,7 @@ int model_resolve(const char *name_or_path, model_spec *out, err_t *err) {
             return 0;
         }
     }
+    if (is_hf_config(name_or_path)) return model_load_hf_config(name_or_path, out, err);
     if (strchr(name_or_path, '/') || strstr(name_or_path, ".yaml") ||
         strstr(name_or_path, ".yml"))
         return model_load_file(name_or_path, out, err);

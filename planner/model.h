@@ -30,6 +30,10 @@ typedef struct model_spec {
     bool tied_head; /* head reuses the token embedding (GPT-2, BERT) */
     /* ViT */
     int image, patch, channels, n_classes;
+    /* Imported models carry these from their config.json; 0 means the architecture's default
+     * (model_rope_theta, model_norm_eps), so built-ins and older plans keep their meaning. */
+    double rope_theta; /* Llama RoPE base (default 10000; Llama-3 uses 500000) */
+    double norm_eps; /* LayerNorm/RMSNorm epsilon (default: GPT/Llama 1e-5, BERT 1e-12, ViT 1e-6) */
 } model_spec;
 
 const char *model_arch_name(model_arch a);
@@ -38,8 +42,15 @@ const char *unit_kind_name(unit_kind k);
 /* Built-in models (name list for --help and suggestions). */
 const model_spec *model_builtins(int *count);
 
-/* MODEL is a built-in name or the path of a model file (YAML). Errors suggest close names. */
+/* MODEL is a built-in name, the path of a model file (YAML), or a Hugging Face config.json (or
+ * the model directory holding it). Errors suggest close names. */
 int model_resolve(const char *name_or_path, model_spec *out, err_t *err);
+/* A Hugging Face config.json (GPT2LMHeadModel, LlamaForCausalLM): model_hf.c, docs/import.md.
+ * The name is the directory's. */
+int model_load_hf_config(const char *path, model_spec *out, err_t *err);
+/* The value used for the fields whose 0 means "the architecture's default". */
+double model_rope_theta(const model_spec *m);
+double model_norm_eps(const model_spec *m);
 int model_load_file(const char *path, model_spec *out, err_t *err);
 /* The error for a name that is no built-in model, with the nearest names; returns -1. */
 int model_unknown(const char *name, err_t *err);

@@ -20,7 +20,8 @@
 
 static const char *const model_keys[] = {
     "name", "base", "arch", "n_layer", "d_model", "n_head", "n_kv_head", "d_ff", "vocab",
-    "max_seq", "seq", "type_vocab", "tied_head", "image", "patch", "channels", "n_classes", NULL};
+    "max_seq", "seq", "type_vocab", "tied_head", "image", "patch", "channels", "n_classes",
+    "rope_theta", "norm_eps", NULL};
 
 static int parse_arch(const yctx *c, const ynode *n, model_arch *out) {
     const char *s;
@@ -86,6 +87,9 @@ static int fill_fields(const yctx *c, const ynode *root, model_spec *m) {
             return -1;
     const ynode *n = ymap_get(root, "tied_head");
     if (n && ynode_bool(c, n, "tied_head", &m->tied_head) < 0) return -1;
+    /* what an imported config.json sets (docs/import.md); absent: the architecture's default */
+    if ((n = ymap_get(root, "rope_theta")) && ynode_double(c, n, "rope_theta", 1, 1e12, &m->rope_theta) < 0) return -1;
+    if ((n = ymap_get(root, "norm_eps")) && ynode_double(c, n, "norm_eps", 1e-30, 0.1, &m->norm_eps) < 0) return -1;
     return 0;
 }
 

@@ -30,6 +30,9 @@ cJSON *model_to_json(const model_spec *m) {
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
         cJSON_AddNumberToObject(o, ints[i].key, *ints[i].v);
     cJSON_AddBoolToObject(o, "tied_head", m->tied_head);
+    /* only when set, so the JSON of built-ins (plans, checkpoints) stays as it was */
+    if (m->rope_theta > 0) cJSON_AddNumberToObject(o, "rope_theta", m->rope_theta);
+    if (m->norm_eps > 0) cJSON_AddNumberToObject(o, "norm_eps", m->norm_eps);
     return o;
 }
 
@@ -57,6 +60,16 @@ int model_from_json(const json_ctx *c, const cJSON *o, const char *path, model_s
     snprintf(at, sizeof at, "%s.tied_head", path);
     if (json_require(c, o, path, "tied_head", &item) < 0 || json_bool(c, item, at, &m->tied_head) < 0)
         return -1;
+    double *reals[] = {&m->rope_theta, &m->norm_eps};
+    const char *real_keys[] = {"rope_theta", "norm_eps"};
+    for (int i = 0; i < 2; i++) {
+        item = json_get(o, real_keys[i]);
+        if (!item) continue; /* older plans and checkpoints: the architecture's default */
+        snprintf(at, sizeof at, "%s.%s", path, real_keys[i]);
+        if (!cJSON_IsNumber(item) || !(item->valuedouble > 0))
+            return err_set(c->err, "%s: %s: expected a positive number", c->file, at);
+        *reals[i] = item->valuedouble;
+    }
     if (model_validate(m, c->err) < 0) return err_prefix(c->err, "%s: %s", c->file, path);
     return 0;
 }

@@ -20,6 +20,7 @@
 
 #include "ckpt.h"
 #include "ckpt_resume.h"
+#include "import.h"
 #include "comm.h"
 #include "dump.h"
 #include "fileio.h"
@@ -74,6 +75,10 @@ static const char usage_text[] =
     "  --seq T              sequence length (default: the model's)\n"
     "  --data SPEC          token shards (file, directory, glob, comma list), a CIMG image file\n"
     "                       for ViT, or 'synthetic' (default)\n"
+    "  --init-from DIR      start from a Hugging Face model directory (config.json and\n"
+    "                       model.safetensors or its sharded index; GPT-2 and Llama): each rank\n"
+    "                       reads only its own slices (docs/import.md). Without --plan/--model,\n"
+    "                       the model is DIR's config.json; with them it must be the same model\n"
     "  --steps N            total steps (default 20); 0: the initial weights saved as checkpoint\n"
     "                       step 0 (with --ckpt-dir), e.g. to export them\n"
     "  --lr X               peak learning rate (default 3e-4)\n"
@@ -185,7 +190,7 @@ static int parse_train(int argc, char **argv, worker_opts *o) {
            O_WARMUP, O_WD, O_B1, O_B2, O_EPS, O_CLIP, O_SEED, O_THREADS, O_MEMORY, O_CKDIR,
            O_CKEVERY, O_RESUME, O_LOG, O_DUMP, O_QUIET, O_DEVICE, O_GPU, O_PRECISION, O_OFFLOAD,
            O_ACCUM, O_SYNCMICRO, O_MPORT, O_MADDR, O_OVERWRITE, O_KEEPLAST, O_KEEPEVERY, O_DIVERGE,
-           O_LSCALE, O_LWINDOW, O_SCHEDULE };
+           O_LSCALE, O_LWINDOW, O_SCHEDULE, O_INITFROM };
     static const struct option longopts[] = {
         {"plan", 1, 0, O_PLAN},       {"model", 1, 0, O_MODEL},     {"batch", 1, 0, O_BATCH},
         {"microbatch", 1, 0, O_MICRO}, {"seq", 1, 0, O_SEQ},        {"data", 1, 0, O_DATA},
@@ -203,6 +208,7 @@ static int parse_train(int argc, char **argv, worker_opts *o) {
         {"overwrite", 0, 0, O_OVERWRITE}, {"keep-last", 1, 0, O_KEEPLAST},
         {"keep-every", 1, 0, O_KEEPEVERY}, {"diverge-steps", 1, 0, O_DIVERGE},
         {"loss-scale", 1, 0, O_LSCALE}, {"loss-scale-window", 1, 0, O_LWINDOW},
+        {"init-from", 1, 0, O_INITFROM},
         {"help", 0, 0, 'h'},          {0, 0, 0, 0}};
     train_config *c = &o->cfg;
     optind = 1;
@@ -218,6 +224,7 @@ static int parse_train(int argc, char **argv, worker_opts *o) {
         case O_MICRO: rc = integer("--microbatch", optarg, 1, 1 << 20, &o->micro); break;
         case O_SEQ: rc = integer("--seq", optarg, 1, 1 << 20, &o->seq); break;
         case O_DATA: c->data = optarg; break;
+        case O_INITFROM: c->init_from = optarg; break;
         case O_STEPS: rc = integer("--steps", optarg, 0, 1L << 40, &v), c->steps = v; break;
         case O_LR: rc = num("--lr", optarg, 0, 10, &c->lr); break;
         case O_MINLR: rc = num("--min-lr", optarg, 0, 10, &c->min_lr); break;
@@ -320,9 +327,12 @@ static int resolve_job(worker_opts *o) {
         if (o->have_threads) c->threads = threads;
         if (o->have_memory) c->memory_bytes = mem;
     } else {
+        if (!o->model) o->model = c->init_from; /* the model its config.json describes */
         if (!o->model || !o->batch) return bad("%s", "give --plan PLAN.json (or $CEPHALO_PLAN), or --model and --batch");
         if (world != 1) return bad("WORLD_SIZE is %d: a multi-rank job needs a plan", world);
-        if (model_resolve(o->model, &c->model, &err) < 0) return bad("--model: %s", err.msg);
+        bool from_hf = o->model == c->init_from;
+        if ((from_hf ? model_load_hf_config(o->model, &c->model, &err) : model_resolve(o->model, &c->model, &err)) < 0)
+            return bad("%s: %s", from_hf ? "--init-from" : "--model", err.msg);
         int seq;
         if (model_check_seq(&c->model, (int)o->seq, &seq, &err) < 0) return bad("--seq: %s", err.msg);
         c->seq = c->model.arch == ARCH_VIT ? 0 : seq;
@@ -331,6 +341,8 @@ static int resolve_job(worker_opts *o) {
         c->global_batch = c->batch = (int)o->batch;
         c->micro = (int)m, c->micros = (int)(o->batch / m);
     }
+    if (c->init_from && hf_import_check_model(c->init_from, &c->model, &err) < 0)
+        return bad("--init-from: %s", err.msg);
     if (o->device) c->device = o->device;
     if (o->have_prec) c->prec = o->prec;
     if (!c->device) c->device = "cpu";

@@ -101,4 +101,58 @@ check "images bad classes" 2 "--classes: '70000'" -- "$BIN" data --images -o "$T
 check "images unwritable" 2 "cannot create" -- "$BIN" data --images -o "$T/file/i.cimg" --synthetic 3 --classes 2 --size 8
 check "image options without --images" 2 "need --images" -- "$BIN" data -o "$T/x" --classes 3 "$T/a.txt"
 check "text options with --images" 2 "not --images" -- "$BIN" data --images -o "$T/i.cimg" --synthetic 3 --classes 2 --size 8 --val-fraction 0.1
+
+# ---- --tokenizer with a small hand-made tokenizer.json (tests/cli/test_tokenizer.sh checks real
+# ones against independent implementations): byte-level, ids 0..255 the bytes, "ab" 256, and an
+# end-of-text token at id 70000, so the vocabulary needs version 2 (uint32) shards
+python3 - "$T/tok.json" <<'PY'
+import json, sys
+printable = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
+vocab, nxt = {}, 256
+for b in range(256):
+    if b in printable: vocab[chr(b)] = b
+    else: vocab[chr(nxt)] = b; nxt += 1
+vocab["ab"] = 256
+vocab["<|endoftext|>"] = 70000
+json.dump({"added_tokens": [{"id": 70000, "content": "<|endoftext|>", "special": True}],
+           "normalizer": None, "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True},
+           "decoder": {"type": "ByteLevel"},
+           "model": {"type": "BPE", "vocab": vocab, "merges": ["a b"]}}, open(sys.argv[1], "w"))
+PY
+printf 'ab a' >"$T/d1.txt"
+printf 'b\nab' >"$T/d2.txt"
+check "--tokenizer" 0 "2 files, 2 documents, 8 bytes -> 8 tokens (byte-level BPE, GPT-2 pattern; vocab 70001, EOS 70000; shard version 2, uint32 tokens)" -- \
+  "$BIN" data -o "$T/tk" --tokenizer "$T/tok.json" "$T/d1.txt" "$T/d2.txt"
+expect "version 2 header and size" "$(shard_info "$T/tk/train_000000.bin")" "20240520 2 8 $((1024 + 4 * 8))"
+expect "uint32 tokens, EOS after each document" "$(od -A n -v -t u4 -j 1024 "$T/tk/train_000000.bin" | tr -s ' \n' ' ')" \
+  " 256 32 97 70000 98 10 256 70000 "
+printf 'base: tiny-llama\nname: tok-llama\nvocab: 70001\nseq: 4\n' >"$T/tok-llama.yaml"
+check "the worker trains on version 2 shards" 0 "16 tokens, 2 windows of 4+1, clm, vocab 70001" -- \
+  "${BUILD:-build/rel}/bin/cephalo-worker" train --model "$T/tok-llama.yaml" --batch 1 --steps 3 --threads 1 \
+  --data "$T/tk,$T/tk"
+check "--shard-tokens with version 2" 0 "" -- "$BIN" data -o "$T/tk2" --tokenizer "$T/tok.json" --shard-tokens 4 "$T/d1.txt" "$T/d2.txt"
+expect "shards of 4 tokens" "$(ls "$T/tk2" | tr '\n' ' ')" "train_000000.bin train_000001.bin "
+check "--val-fraction 0.5: document 1 to val" 0 "val:   4 tokens, 1 documents in 1 shard" -- \
+  "$BIN" data -o "$T/tk3" --tokenizer "$T/tok.json" --val-fraction 0.5 "$T/d1.txt" "$T/d2.txt"
+check "--val-fraction with too few files" 2 "--val-fraction 0.1: 2 files (each one document), too few for one validation document" -- \
+  "$BIN" data -o "$T/x" --tokenizer "$T/tok.json" --val-fraction 0.1 "$T/d1.txt" "$T/d2.txt"
+check "--val-fraction with too few documents" 2 "--val-fraction 0.1: 2 documents, too few for one validation document" -- \
+  "$BIN" data -o "$T/x" --tokenizer "$T/tok.json" --val-fraction 0.1 --doc-sep '\n' "$T/d2.txt"
+check "--doc-sep" 0 "1 file, 2 documents" -- "$BIN" data -o "$T/tk4" --tokenizer "$T/tok.json" --doc-sep '\n' "$T/d2.txt"
+check "--eos names a token" 0 "EOS 256" -- "$BIN" data -o "$T/tk5" --tokenizer "$T/tok.json" --eos ab "$T/d1.txt"
+check "--eos unknown" 2 "--eos: no token \"</s>\" in the tokenizer" -- "$BIN" data -o "$T/x" --tokenizer "$T/tok.json" --eos '</s>' "$T/d1.txt"
+check "--bos without one" 2 "--bos: no beginning-of-text token" -- "$BIN" data -o "$T/x" --tokenizer "$T/tok.json" --bos "$T/d1.txt"
+check "--eos without --tokenizer" 2 "need --tokenizer" -- "$BIN" data -o "$T/x" --eos ab "$T/d1.txt"
+check "--tokenizer with --images" 2 "not --images" -- "$BIN" data --images -o "$T/i.cimg" --synthetic 3 --classes 2 --size 8 --tokenizer "$T/tok.json"
+check "missing tokenizer" 2 "nope.json: cannot open" -- "$BIN" data -o "$T/x" --tokenizer "$T/nope.json" "$T/d1.txt"
+printf '{"model": {"type": "BPE", "vocab": {"a": 0}, "merges": ["a c"]}}' >"$T/badtok.json"
+check "bad tokenizer: the field is named" 2 "badtok.json: model.merges[0]: \"c\" is not in model.vocab" -- \
+  "$BIN" data -o "$T/x" --tokenizer "$T/badtok.json" "$T/d1.txt"
+printf '{"model": {"type": "WordPiece", "vocab": {}}}' >"$T/badtok.json"
+check "bad tokenizer: WordPiece" 2 "model.type: \"WordPiece\" is not supported (expected \"BPE\")" -- \
+  "$BIN" data -o "$T/x" --tokenizer "$T/badtok.json" "$T/d1.txt"
+printf '{"model": ' >"$T/badtok.json"
+check "bad tokenizer: JSON syntax" 2 "badtok.json:1:" -- "$BIN" data -o "$T/x" --tokenizer "$T/badtok.json" "$T/d1.txt"
+printf 'ab\xff\xfe\xc3' >"$T/bin.txt"
+check "bytes that are not UTF-8 are tokens too" 0 "5 bytes -> 5 tokens" -- "$BIN" data -o "$T/tk6" --tokenizer "$T/tok.json" "$T/bin.txt"
 expect "nothing written on bad input" "$(ls "$T" | grep -c '^x$')" "0"

@@ -77,7 +77,8 @@ def llama(cfg, W, ids):
         h = rms(x, W[p + "post_attention_layernorm.weight"])
         g = F.silu(h @ W[p + "mlp.gate_proj.weight"].T) * (h @ W[p + "mlp.up_proj.weight"].T)
         x = x + g @ W[p + "mlp.down_proj.weight"].T
-    return rms(x, W["model.norm.weight"]) @ W["lm_head.weight"].T
+    # a tied head (tie_word_embeddings) has no lm_head of its own
+    return rms(x, W["model.norm.weight"]) @ W.get("lm_head.weight", W["model.embed_tokens.weight"]).T
 
 
 def main():

@@ -101,9 +101,14 @@ class Spec:
             raise ValueError("metadata n_kv_head %s but qkv rows say %d" % (_get(meta, "n_kv_head"), s.n_kv_head))
         ff_name = "block.0.mlp.up.weight" if arch == "llama" else "block.0.mlp.fc.weight"
         s.d_ff = int(params[ff_name].shape[0])
-        s.eps = NORM_EPS[arch]
+        # an imported model's config.json may set these (docs/import.md); absent: the defaults
+        s.eps = float(meta.get("norm_eps") or NORM_EPS[arch])
+        s.rope_theta = float(meta.get("rope_theta") or ROPE_THETA)
         s.causal = arch in ("gpt", "llama")
-        s.tied_head = arch in ("gpt", "bert")
+        s.tied_head = arch in ("gpt", "bert") or (arch == "llama" and "head.lm_head.weight" not in names)
+        if arch == "llama" and _get(meta, "tied_head") is not None and bool(_get(meta, "tied_head")) != s.tied_head:
+            raise ValueError("metadata tied_head %s but head.lm_head.weight is %s" % (
+                _get(meta, "tied_head"), "absent" if s.tied_head else "present"))
         if arch == "gpt":
             s.vocab, s.max_seq = int(params["embedding.wte"].shape[0]), int(params["embedding.wpe"].shape[0])
         elif arch == "llama":
@@ -173,7 +178,7 @@ def layout(s):
     if s.arch == "gpt":
         out += [("head.ln_f.weight", (d,)), ("head.ln_f.bias", (d,))]
     elif s.arch == "llama":
-        out += [("head.norm.weight", (d,)), ("head.lm_head.weight", (s.vocab, d))]
+        out += [("head.norm.weight", (d,))] + ([] if s.tied_head else [("head.lm_head.weight", (s.vocab, d))])
     elif s.arch == "bert":
         out += [("head.transform.weight", (d, d)), ("head.transform.bias", (d,)), ("head.ln.weight", (d,)),
                 ("head.ln.bias", (d,)), ("head.decoder.bias", (s.vocab,))]
@@ -209,8 +214,8 @@ def _rotate_half(x):
     return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
 
 
-def _rope(T, hd, dtype):
-    inv_freq = 1.0 / (ROPE_THETA ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
+def _rope(T, hd, dtype, theta=ROPE_THETA):
+    inv_freq = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
     freqs = torch.outer(torch.arange(T, dtype=torch.float64), inv_freq)
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos().to(dtype), emb.sin().to(dtype)
@@ -224,7 +229,7 @@ def _attention(s, qkv, rope=False):
     k = qkv[..., H * hd : (H + Hkv) * hd].reshape(B, T, Hkv, hd).transpose(1, 2)
     v = qkv[..., (H + Hkv) * hd :].reshape(B, T, Hkv, hd).transpose(1, 2)
     if rope:
-        cos, sin = _rope(T, hd, qkv.dtype)
+        cos, sin = _rope(T, hd, qkv.dtype, getattr(s, "rope_theta", ROPE_THETA))
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
     if Hkv != H:  # query head h uses kv head h // (H / Hkv)
@@ -282,7 +287,7 @@ def _llama(s, P, ids):
         g = F.silu(F.linear(h, P[b + "mlp.gate.weight"])) * F.linear(h, P[b + "mlp.up.weight"])
         x = x + F.linear(g, P[b + "mlp.down.weight"])
     x = _rms_norm(x, P["head.norm.weight"], s.eps)
-    return F.linear(x, P["head.lm_head.weight"])
+    return F.linear(x, P["embedding.tokens"] if s.tied_head else P["head.lm_head.weight"])
 
 
 def _bert(s, P, ids):

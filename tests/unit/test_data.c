@@ -132,6 +132,68 @@ static void test_shard_roundtrip(void **state) {
     assert_int_equal(file_size(P("empty.bin")), 1024);
 }
 
+/* Version 2 shards: uint32 tokens, for vocabularies above 65536 (llm.c's Llama-3 shards). */
+static void test_shard_u32(void **state) {
+    (void)state;
+    const char *p = P("u32.bin");
+    uint32_t t[21];
+    for (int i = 0; i < 21; i++) t[i] = (uint32_t)(i * 6151 % 128256);
+    err_t err = {{0}};
+    data_shard_writer *w = data_shard_writer_open_version(p, DATA_SHARD_VERSION_U32, &err);
+    assert_non_null(w);
+    assert_int_equal(data_shard_writer_add32(w, t, 21, &err), 0);
+    assert_int_equal(data_shard_writer_close(w, &err), 0);
+    assert_int_equal(file_size(p), 1024 + 4 * 21);
+    FILE *f = fopen(p, "rb");
+    int32_t h[256];
+    uint32_t back[21];
+    assert_int_equal(fread(h, 4, 256, f), 256);
+    assert_int_equal(fread(back, 4, 21, f), 21);
+    fclose(f);
+    assert_int_equal(h[0], 20240520);
+    assert_int_equal(h[1], 2);
+    assert_int_equal(h[2], 21);
+    assert_memory_equal(back, t, sizeof t);
+
+    data_source *ds;
+    assert_int_equal(data_open_tokens(&ds, p, 4, 128256, DATA_CLM, 5, &err), 0);
+    assert_int_equal(data_num_samples(ds), 5);
+    for (int64_t s = 0; s < 5; s++) {
+        int32_t in[4], tg[4];
+        assert_int_equal(data_get_tokens(ds, s, in, tg, &err), 0);
+        int64_t win = data_sample_index(ds, s);
+        for (int i = 0; i < 4; i++) {
+            assert_int_equal(in[i], (int32_t)t[4 * win + i]);
+            assert_int_equal(tg[i], (int32_t)t[4 * win + i + 1]);
+        }
+    }
+    data_close(ds);
+    /* a model with a smaller vocabulary: the token is named */
+    assert_int_equal(data_open_tokens(&ds, p, 20, 1000, DATA_CLM, 5, &err), 0);
+    int32_t in[20], tg[20];
+    assert_int_equal(data_get_tokens(ds, 0, in, tg, &err), -1);
+    assert_msg_has(err, "u32.bin: token 1 is 6151, not below the model's vocabulary size 1000");
+    data_close(ds);
+
+    /* uint32 tokens into a version 1 shard: only below 65536 */
+    w = data_shard_writer_open(P("narrow.bin"), &err);
+    assert_int_equal(data_shard_writer_add32(w, t, 3, &err), 0);
+    uint32_t big = 70000;
+    assert_int_equal(data_shard_writer_add32(w, &big, 1, &err), -1);
+    assert_msg_has(err, "narrow.bin: token 3 is 70000, too large for a version 1 shard");
+    data_shard_writer_abort(w);
+    assert_null(data_shard_writer_open_version(P("v9.bin"), 9, &err));
+    assert_msg_has(err, "shard version 9 (expected 1 or 2)");
+    int64_t n;
+    int version;
+    uint8_t img[1024 + 8] = {0};
+    int32_t hh[3] = {20240520, 2, 2};
+    memcpy(img, hh, sizeof hh);
+    assert_int_equal(data_shard_check_version("m.bin", img, sizeof img, &n, &version, &err), 0);
+    assert_int_equal(n, 2);
+    assert_int_equal(version, 2);
+}
+
 static void test_shard_header_errors(void **state) {
     (void)state;
     size_t len;
@@ -153,9 +215,18 @@ static void test_shard_header_errors(void **state) {
     expect_open_error(p, 4, 256, DATA_CLM, "bad magic 12345", "expected 20240520");
     free(b);
 
-    b = raw_shard(20240520, 2, 20, 20, &len);
+    b = raw_shard(20240520, 3, 20, 20, &len);
     write_raw(p, b, len);
-    expect_open_error(p, 4, 256, DATA_CLM, p, "unknown shard version 2");
+    expect_open_error(p, 4, 256, DATA_CLM, p, "unknown shard version 3 in the header");
+    expect_open_error(p, 4, 256, DATA_CLM, "1, uint16 tokens", "2, uint32 tokens");
+    free(b);
+
+    b = raw_shard(20240520, 2, 20, 20, &len); /* version 2: 20 uint32 tokens need 1104 bytes */
+    write_raw(p, b, len);
+    expect_open_error(p, 4, 256, DATA_CLM, "says 20 tokens (1104 bytes with the header, version 2: 4 bytes a token)",
+                      "file has 1064 bytes (room for 10 tokens)");
+    write_raw(p, b, len - 1);
+    expect_open_error(p, 4, 256, DATA_CLM, "file has 1063 bytes", "(room for 9 tokens and odd bytes)");
     free(b);
 
     b = raw_shard(20240520, 1, 60, 20, &len); /* says 60 tokens, holds 20 */
@@ -703,6 +774,7 @@ static void test_synthetic_images(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_shard_roundtrip),    cmocka_unit_test(test_shard_header_errors),
+        cmocka_unit_test(test_shard_u32),
         cmocka_unit_test(test_bad_arguments),      cmocka_unit_test(test_token_vocab_errors),
         cmocka_unit_test(test_no_windows),         cmocka_unit_test(test_order_is_permutation),
         cmocka_unit_test(test_order_random_access), cmocka_unit_test(test_order_many_sizes),

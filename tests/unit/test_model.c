@@ -6,7 +6,10 @@
 #include <stdint.h>
 #include <cmocka.h>
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "model.h"
 
@@ -141,6 +144,12 @@ static void test_model_files(void **state) {
     /* llama with GQA */
     assert_int_equal(load("arch: llama\nn_layer: 2\nd_model: 64\nn_head: 4\nn_kv_head: 2\nd_ff: 176\nvocab: 256\nmax_seq: 128\n", &m, &err), 0);
     assert_int_equal(model_unit_params(&m, 1), 64 * 64 * 2 + 2 * 64 * 32 + 3 * 64 * 176 + 2 * 64);
+    /* a tied Llama head is its norm alone; rope_theta and norm_eps are model fields */
+    assert_int_equal(load("base: tiny-llama\ntied_head: true\nrope_theta: 500000\nnorm_eps: 1e-6\n", &m, &err), 0);
+    assert_int_equal(model_unit_params(&m, m.n_layer + 1), 64);
+    assert_true(model_rope_theta(&m) == 500000 && model_norm_eps(&m) == 1e-6);
+    m = get("tiny-llama");
+    assert_true(model_rope_theta(&m) == 10000 && model_norm_eps(&m) == 1e-5 && m.rope_theta == 0);
 }
 
 static void expect_error(const char *text, const char *needle) {
@@ -167,8 +176,86 @@ static void test_model_file_errors(void **state) {
     /* attention supports head sizes 1..128 (common/attn_limits.h): 2048 / 8 = 256 is refused */
     expect_error("arch: gpt\nn_layer: 2\nd_model: 2048\nn_head: 8\nvocab: 256\nmax_seq: 128\n",
                  "head size 256 is not supported: attention supports head sizes 1..128");
+    expect_error("base: tiny-bert\ntied_head: false\n", "tied_head false: only Llama models choose; bert models always tie");
+    expect_error("base: tiny-llama\nrope_theta: 0\n", "rope_theta");
     expect_error("arch: [gpt\n", "YAML syntax error");
     expect_error("- 1\n- 2\n", "expected a mapping");
+}
+
+/* ---- Hugging Face config.json (planner/model_hf.c) ---- */
+
+static char hf_dir[64];
+
+/* Writes hf_dir/config.json and loads it (by the directory, as --init-from gives it). */
+static int load_hf(const char *json, model_spec *m, err_t *err) {
+    char path[128];
+    snprintf(path, sizeof path, "%s/config.json", hf_dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(json, f);
+    fclose(f);
+    return model_resolve(hf_dir, m, err);
+}
+
+static void test_hf_configs(void **state) {
+    (void)state;
+    model_spec m;
+    err_t err = {{0}};
+    snprintf(hf_dir, sizeof hf_dir, "/tmp/cephalo-test-model-XXXXXX");
+    assert_non_null(mkdtemp(hf_dir));
+    /* openai-community/gpt2: 124,439,808 parameters, as the built-in */
+    assert_int_equal(load_hf("{\"architectures\": [\"GPT2LMHeadModel\"], \"activation_function\": \"gelu_new\", "
+                             "\"n_ctx\": 1024, \"n_embd\": 768, \"n_head\": 12, \"n_inner\": null, \"n_layer\": 12, "
+                             "\"n_positions\": 1024, \"layer_norm_epsilon\": 1e-05, \"vocab_size\": 50257, "
+                             "\"model_type\": \"gpt2\"}", &m, &err), 0);
+    assert_int_equal(model_params(&m), 124439808);
+    assert_true(m.arch == ARCH_GPT && m.tied_head && m.d_ff == 3072);
+    /* TinyLlama-1.1B: GQA 32/4, as the built-in */
+    assert_int_equal(load_hf("{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 2048, \"intermediate_size\": 5632, "
+                             "\"num_attention_heads\": 32, \"num_key_value_heads\": 4, \"num_hidden_layers\": 22, "
+                             "\"max_position_embeddings\": 2048, \"vocab_size\": 32000, \"rms_norm_eps\": 1e-05, "
+                             "\"rope_theta\": 10000.0, \"tie_word_embeddings\": false, \"hidden_act\": \"silu\", "
+                             "\"rope_scaling\": null}", &m, &err), 0);
+    assert_int_equal(model_params(&m), 1100048384);
+    /* Meta-Llama-3-8B: 8,030,261,248; rope_theta 500000 */
+    assert_int_equal(load_hf("{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 4096, \"intermediate_size\": 14336, "
+                             "\"num_attention_heads\": 32, \"num_key_value_heads\": 8, \"num_hidden_layers\": 32, "
+                             "\"max_position_embeddings\": 8192, \"vocab_size\": 128256, \"rms_norm_eps\": 1e-05, "
+                             "\"rope_theta\": 500000.0, \"tie_word_embeddings\": false}", &m, &err), 0);
+    assert_int_equal(model_params(&m), 8030261248LL);
+    assert_true(model_rope_theta(&m) == 500000.0 && model_norm_eps(&m) == 1e-5);
+    /* Llama-3.2-1B's shape (tied head) without its rope_scaling: 1,235,814,400 */
+    const char *l32 = "{\"model_type\": \"llama\", \"hidden_size\": 2048, \"intermediate_size\": 8192, "
+                      "\"num_attention_heads\": 32, \"num_key_value_heads\": 8, \"num_hidden_layers\": 16, "
+                      "\"vocab_size\": 128256, \"rope_theta\": 500000.0, \"tie_word_embeddings\": true%s}";
+    char text[1024];
+    snprintf(text, sizeof text, l32, "");
+    assert_int_equal(load_hf(text, &m, &err), 0);
+    assert_int_equal(model_params(&m), 1235814400);
+    assert_int_equal(model_unit_params(&m, m.n_layer + 1), 2048); /* the head is its norm alone */
+    assert_true(m.tied_head && model_norm_eps(&m) == 1e-6); /* LlamaConfig's default eps */
+    /* refusals name the field */
+    snprintf(text, sizeof text, l32, ", \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 32.0}");
+    assert_int_equal(load_hf(text, &m, &err), -1);
+    assert_non_null(strstr(err.msg, "config.json: rope_scaling is set"));
+    assert_int_equal(load_hf("{\"architectures\": [\"MistralForCausalLM\"]}", &m, &err), -1);
+    assert_non_null(strstr(err.msg, "architecture 'MistralForCausalLM' cannot be imported"));
+    assert_int_equal(load_hf("{\"model_type\": \"gpt2\", \"n_embd\": 64, \"n_head\": 4, \"n_layer\": 2, \"vocab_size\": 256, "
+                             "\"activation_function\": \"relu\"}", &m, &err), -1);
+    assert_non_null(strstr(err.msg, "activation_function is \"relu\""));
+    assert_int_equal(load_hf("{\"model_type\": \"llama\", \"hidden_size\": 64, \"num_attention_heads\": 4, "
+                             "\"num_hidden_layers\": 2, \"vocab_size\": 256}", &m, &err), -1);
+    assert_non_null(strstr(err.msg, "missing field 'intermediate_size'"));
+    assert_int_equal(load_hf("{\"model_type\": \"llama\", \"hidden_size\": 64, \"intermediate_size\": 8, "
+                             "\"num_attention_heads\": 4, \"num_key_value_heads\": 3, \"num_hidden_layers\": 2, \"vocab_size\": 256}",
+                             &m, &err), -1);
+    assert_non_null(strstr(err.msg, "n_kv_head 3 must divide n_head 4"));
+    assert_int_equal(load_hf("[1, 2]", &m, &err), -1);
+    assert_non_null(strstr(err.msg, "expected an object"));
+    char path[128];
+    snprintf(path, sizeof path, "%s/config.json", hf_dir);
+    remove(path);
+    rmdir(hf_dir);
 }
 
 int main(void) {
@@ -176,7 +263,7 @@ int main(void) {
         cmocka_unit_test(test_published_totals), cmocka_unit_test(test_units_sum_to_total),
         cmocka_unit_test(test_flops),            cmocka_unit_test(test_vit_tokens_and_seq),
         cmocka_unit_test(test_unknown_model_suggests), cmocka_unit_test(test_model_files),
-        cmocka_unit_test(test_model_file_errors),
+        cmocka_unit_test(test_model_file_errors), cmocka_unit_test(test_hf_configs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -173,7 +173,8 @@ static void unmap(mapping *m) {
 /* token shards                                                                                */
 
 /* hdr holds min(file_len, 1024) bytes of the file. */
-static int shard_check_header(const char *name, const uint8_t *hdr, size_t file_len, int64_t *n_tokens, err_t *err) {
+static int shard_check_header(const char *name, const uint8_t *hdr, size_t file_len, int64_t *n_tokens, int *ver,
+                              err_t *err) {
     if (file_len < DATA_SHARD_HEADER_BYTES)
         return err_set(err, "%s: file is %zu bytes, shorter than the %d-byte header of an llm.c token shard", name,
                        file_len, DATA_SHARD_HEADER_BYTES);
@@ -181,42 +182,60 @@ static int shard_check_header(const char *name, const uint8_t *hdr, size_t file_
     if (magic != DATA_SHARD_MAGIC)
         return err_set(err, "%s: bad magic %d in the header (expected %d: not an llm.c token shard)", name, magic,
                        DATA_SHARD_MAGIC);
-    if (version != DATA_SHARD_VERSION)
-        return err_set(err, "%s: unknown shard version %d (supported: %d, uint16 tokens)", name, version,
-                       DATA_SHARD_VERSION);
+    if (version != DATA_SHARD_VERSION && version != DATA_SHARD_VERSION_U32)
+        return err_set(err, "%s: unknown shard version %d in the header (supported: %d, uint16 tokens; %d, uint32 tokens)",
+                       name, version, DATA_SHARD_VERSION, DATA_SHARD_VERSION_U32);
     if (count < 0) return err_set(err, "%s: negative token count %d in the header", name, count);
-    uint64_t want = DATA_SHARD_HEADER_BYTES + 2 * (uint64_t)count;
+    unsigned size = version == DATA_SHARD_VERSION ? 2 : 4;
+    uint64_t want = DATA_SHARD_HEADER_BYTES + size * (uint64_t)count;
     if (file_len != want)
         return err_set(err,
-                       "%s: the header says %d tokens (%llu bytes with the header) but the file has %zu bytes "
-                       "(room for %llu tokens%s)",
-                       name, count, (unsigned long long)want, file_len,
-                       (unsigned long long)((file_len - DATA_SHARD_HEADER_BYTES) / 2),
-                       (file_len - DATA_SHARD_HEADER_BYTES) % 2 ? " and an odd byte" : "");
+                       "%s: the header says %d tokens (%llu bytes with the header, version %d: %u bytes a token) but "
+                       "the file has %zu bytes (room for %llu tokens%s)",
+                       name, count, (unsigned long long)want, version, size, file_len,
+                       (unsigned long long)((file_len - DATA_SHARD_HEADER_BYTES) / size),
+                       (file_len - DATA_SHARD_HEADER_BYTES) % size ? (size == 2 ? " and an odd byte" : " and odd bytes") : "");
     *n_tokens = count;
+    *ver = version;
     return 0;
 }
 
-int data_shard_check(const char *name, const void *buf, size_t len, int64_t *n_tokens, err_t *err) {
+int data_shard_check_version(const char *name, const void *buf, size_t len, int64_t *n_tokens, int *version,
+                             err_t *err) {
     uint8_t hdr[DATA_SHARD_HEADER_BYTES] = {0};
     memcpy(hdr, buf, len < sizeof hdr ? len : sizeof hdr);
-    return shard_check_header(name, hdr, len, n_tokens, err);
+    return shard_check_header(name, hdr, len, n_tokens, version, err);
+}
+
+int data_shard_check(const char *name, const void *buf, size_t len, int64_t *n_tokens, err_t *err) {
+    int version;
+    return data_shard_check_version(name, buf, len, n_tokens, &version, err);
 }
 
 struct data_shard_writer {
     afile f;
     int64_t count;
+    int version;
 };
 
 data_shard_writer *data_shard_writer_open(const char *path, err_t *err) {
+    return data_shard_writer_open_version(path, DATA_SHARD_VERSION, err);
+}
+
+data_shard_writer *data_shard_writer_open_version(const char *path, int version, err_t *err) {
+    if (version != DATA_SHARD_VERSION && version != DATA_SHARD_VERSION_U32) {
+        err_set(err, "%s: shard version %d (expected %d or %d)", path, version, DATA_SHARD_VERSION, DATA_SHARD_VERSION_U32);
+        return NULL;
+    }
     data_shard_writer *w = xcalloc(1, sizeof *w);
+    w->version = version;
     if (af_open(&w->f, path, err) < 0) {
         free(w);
         return NULL;
     }
     uint8_t hdr[DATA_SHARD_HEADER_BYTES] = {0};
     wr32(hdr, DATA_SHARD_MAGIC);
-    wr32(hdr + 4, DATA_SHARD_VERSION);
+    wr32(hdr + 4, (uint32_t)version);
     if (af_write(&w->f, hdr, sizeof hdr, err) < 0) {
         data_shard_writer_abort(w);
         return NULL;
@@ -224,21 +243,40 @@ data_shard_writer *data_shard_writer_open(const char *path, err_t *err) {
     return w;
 }
 
-int data_shard_writer_add(data_shard_writer *w, const uint16_t *tokens, int64_t n, err_t *err) {
+/* Tokens from a uint16 or a uint32 array (one of t16, t32), little-endian in the shard's width. */
+static int shard_add(data_shard_writer *w, const uint16_t *t16, const uint32_t *t32, int64_t n, err_t *err) {
     if (n < 0 || n > DATA_SHARD_MAX_TOKENS - w->count)
         return err_set(err, "%s: a shard holds at most %d tokens (has %lld, adding %lld)", w->f.path,
                        DATA_SHARD_MAX_TOKENS, (long long)w->count, (long long)n);
+    unsigned size = w->version == DATA_SHARD_VERSION ? 2 : 4;
     uint8_t buf[8192];
     for (int64_t i = 0; i < n;) {
         size_t k = 0;
-        for (; k < sizeof buf / 2 && i < n; k++, i++) {
-            buf[2 * k] = (uint8_t)tokens[i];
-            buf[2 * k + 1] = (uint8_t)(tokens[i] >> 8);
+        for (; k < sizeof buf / size && i < n; k++, i++) {
+            uint32_t v = t16 ? t16[i] : t32[i];
+            if (size == 2 && v > 0xffff)
+                return err_set(err, "%s: token %lld is %u, too large for a version 1 shard (uint16 tokens; version %d "
+                                    "holds uint32)",
+                               w->f.path, (long long)(w->count + i), v, DATA_SHARD_VERSION_U32);
+            buf[size * k] = (uint8_t)v;
+            buf[size * k + 1] = (uint8_t)(v >> 8);
+            if (size == 4) {
+                buf[4 * k + 2] = (uint8_t)(v >> 16);
+                buf[4 * k + 3] = (uint8_t)(v >> 24);
+            }
         }
-        if (af_write(&w->f, buf, 2 * k, err) < 0) return -1;
+        if (af_write(&w->f, buf, size * k, err) < 0) return -1;
     }
     w->count += n;
     return 0;
+}
+
+int data_shard_writer_add(data_shard_writer *w, const uint16_t *tokens, int64_t n, err_t *err) {
+    return shard_add(w, tokens, NULL, n, err);
+}
+
+int data_shard_writer_add32(data_shard_writer *w, const uint32_t *tokens, int64_t n, err_t *err) {
+    return shard_add(w, NULL, tokens, n, err);
 }
 
 int64_t data_shard_writer_count(const data_shard_writer *w) { return w->count; }
@@ -462,6 +500,7 @@ typedef struct shard {
     char *path;
     mapping map;
     int64_t n_tokens, n_windows;
+    int version; /* 1: uint16 tokens, 2: uint32 */
 } shard;
 
 struct data_source {
@@ -597,7 +636,7 @@ static int open_shard(shard *sh, const char *path, int seq, err_t *err) {
     size_t len;
     sh->path = xstrdup(path);
     if (map_file(path, &sh->map, hdr, sizeof hdr, &len, err) < 0) return -1;
-    if (shard_check_header(path, hdr, len, &sh->n_tokens, err) < 0) return -1;
+    if (shard_check_header(path, hdr, len, &sh->n_tokens, &sh->version, err) < 0) return -1;
     sh->n_windows = sh->n_tokens >= (int64_t)seq + 1 ? (sh->n_tokens - 1) / seq : 0;
     return 0;
 }
@@ -689,14 +728,16 @@ static int read_window(const data_source *ds, int64_t s, int32_t *in, int32_t *l
     }
     const shard *sh = &ds->shards[lo];
     int64_t first = (w - ds->win_start[lo]) * seq;
-    const uint8_t *p = sh->map.p + DATA_SHARD_HEADER_BYTES + 2 * first;
+    bool wide = sh->version == DATA_SHARD_VERSION_U32;
+    const uint8_t *p = sh->map.p + DATA_SHARD_HEADER_BYTES + (wide ? 4 : 2) * first;
     bool mlm = ds->task == DATA_MLM;
     int n = mlm ? seq : seq + 1; /* MLM does not use the window's last token */
     for (int t = 0; t < n; t++) {
-        int v = rd16(p + 2 * t);
-        if (v >= ds->vocab)
-            return err_set(err, "%s: token %lld is %d, not below the model's vocabulary size %d", sh->path,
-                           (long long)(first + t), v, ds->vocab);
+        uint32_t u = wide ? rd32(p + 4 * t) : rd16(p + 2 * t);
+        if (u >= (uint32_t)ds->vocab)
+            return err_set(err, "%s: token %lld is %u, not below the model's vocabulary size %d", sh->path,
+                           (long long)(first + t), u, ds->vocab);
+        int v = (int)u;
         if (mlm && v == ds->vocab - 1)
             return err_set(err,
                            "%s: token %lld is %d, the mask token of MLM (vocab-1); data tokens must be below %d for "

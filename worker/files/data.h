@@ -32,14 +32,20 @@ typedef enum { DATA_CLM, DATA_MLM } data_task;
 typedef struct data_source data_source;
 
 /* ---- llm.c token shards ---- */
+/* Version 1 holds uint16 tokens (GPT-2 and any vocabulary up to 65536), version 2 uint32 tokens
+ * (larger vocabularies, e.g. Llama-3's 128256), as llm.c writes them; the reader takes both. */
 #define DATA_SHARD_MAGIC 20240520
 #define DATA_SHARD_VERSION 1
+#define DATA_SHARD_VERSION_U32 2
 #define DATA_SHARD_HEADER_BYTES 1024 /* 256 little-endian int32 */
 #define DATA_SHARD_MAX_TOKENS INT32_MAX
 
 /* Validates a shard image in memory (header, version, token count against len); name is used in
  * the messages. On success stores the token count. */
 int data_shard_check(const char *name, const void *buf, size_t len, int64_t *n_tokens, err_t *err);
+/* The same, also giving the version (1: uint16 tokens, 2: uint32). */
+int data_shard_check_version(const char *name, const void *buf, size_t len, int64_t *n_tokens, int *version,
+                             err_t *err);
 
 /* Writes n uint16 tokens as one shard, atomically (path.tmp, fsync, rename). */
 int data_shard_write(const char *path, const uint16_t *tokens, int64_t n, err_t *err);
@@ -47,8 +53,12 @@ int data_shard_write(const char *path, const uint16_t *tokens, int64_t n, err_t 
 /* Streaming shard writer (for shards built piece by piece, e.g. `cephalo data`): tokens are
  * appended, close patches the count into the header and renames path.tmp to path. */
 typedef struct data_shard_writer data_shard_writer;
-data_shard_writer *data_shard_writer_open(const char *path, err_t *err);
+data_shard_writer *data_shard_writer_open(const char *path, err_t *err); /* version 1 */
+/* version DATA_SHARD_VERSION (uint16 tokens) or DATA_SHARD_VERSION_U32 (uint32 tokens) */
+data_shard_writer *data_shard_writer_open_version(const char *path, int version, err_t *err);
 int data_shard_writer_add(data_shard_writer *w, const uint16_t *tokens, int64_t n, err_t *err);
+/* uint32 tokens; into a version 1 shard each must be below 65536 (else an error naming it). */
+int data_shard_writer_add32(data_shard_writer *w, const uint32_t *tokens, int64_t n, err_t *err);
 int64_t data_shard_writer_count(const data_shard_writer *w);
 int data_shard_writer_close(data_shard_writer *w, err_t *err); /* frees w, even on error */
 void data_shard_writer_abort(data_shard_writer *w);             /* removes path.tmp, frees w */

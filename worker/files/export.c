@@ -2,7 +2,8 @@
  *
  * GPT-2 stores its projections as Conv1D weights [in, out], so our [out, in] matrices are
  * transposed; Llama's q/k/v are the row blocks of our fused projection. Our RoPE is the
- * rotate-half form that transformers' Llama uses, so no row permutation is needed. */
+ * rotate-half form that transformers' Llama uses, so no row permutation is needed. import.c reads
+ * these layouts back (export then import is the identity). */
 #include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
@@ -112,8 +113,13 @@ static void llama_tensors(exporter *x) {
 #undef LAYER
     }
     put(x, "model.norm.weight", m->n_layer + 1, "norm.weight", 0, -1, false);
-    put(x, "lm_head.weight", m->n_layer + 1, "lm_head.weight", 0, -1, false);
+    /* a tied head has no lm_head of its own: transformers ties it to embed_tokens on load */
+    if (!m->tied_head) put(x, "lm_head.weight", m->n_layer + 1, "lm_head.weight", 0, -1, false);
 }
+
+/* The model's own epsilon when it has one (an imported config's), else the float we compute with
+ * in its shortest decimal form. */
+static double hf_eps(const model_spec *m) { return m->norm_eps > 0 ? m->norm_eps : json_float_decimal(wm_norm_eps(m)); }
 
 static cJSON *hf_config(const model_spec *m) {
     cJSON *o = cJSON_CreateObject();
@@ -131,7 +137,7 @@ static cJSON *hf_config(const model_spec *m) {
         cJSON_AddNumberToObject(o, "n_ctx", m->max_seq);
         cJSON_AddNumberToObject(o, "n_inner", m->d_ff);
         cJSON_AddStringToObject(o, "activation_function", "gelu_new");
-        cJSON_AddNumberToObject(o, "layer_norm_epsilon", json_float_decimal(wm_norm_eps(m)));
+        cJSON_AddNumberToObject(o, "layer_norm_epsilon", hf_eps(m));
         cJSON_AddBoolToObject(o, "tie_word_embeddings", true);
     } else {
         cJSON_AddNumberToObject(o, "hidden_size", m->d_model);
@@ -140,10 +146,10 @@ static cJSON *hf_config(const model_spec *m) {
         cJSON_AddNumberToObject(o, "num_key_value_heads", m->n_kv_head);
         cJSON_AddNumberToObject(o, "num_hidden_layers", m->n_layer);
         cJSON_AddNumberToObject(o, "max_position_embeddings", m->max_seq);
-        cJSON_AddNumberToObject(o, "rms_norm_eps", json_float_decimal(wm_norm_eps(m)));
-        cJSON_AddNumberToObject(o, "rope_theta", WM_ROPE_THETA);
+        cJSON_AddNumberToObject(o, "rms_norm_eps", hf_eps(m));
+        cJSON_AddNumberToObject(o, "rope_theta", model_rope_theta(m));
         cJSON_AddStringToObject(o, "hidden_act", "silu");
-        cJSON_AddBoolToObject(o, "tie_word_embeddings", false);
+        cJSON_AddBoolToObject(o, "tie_word_embeddings", m->tied_head);
     }
     return o;
 }

@@ -13,6 +13,7 @@
 
 #include "clock.h"
 #include "fsdp.h"
+#include "import.h"
 #include "log.h"
 #include "strutil.h"
 #include "train.h"
@@ -71,6 +72,31 @@ static int open_data(trainer *t, err_t *err) {
         }                                                                         \
     } while (0)
 
+/* This rank's slice of every unit's parameters, from the Hugging Face model --init-from names or
+ * from the seeded initialisation, and zero moments. Either way the values depend only on the
+ * element's index in its unit, so any sharding gives the same model; an import reads only this
+ * rank's slices from the mapped files, one unit at a time, so no rank holds more than its shard
+ * plus one unit slice on the host. */
+static int init_params(trainer *t, err_t *err) {
+    hf_import *imp = NULL;
+    if (t->cfg.init_from && hf_import_open(&imp, t->cfg.init_from, &t->cfg.model, err) < 0)
+        return err_prefix(err, "--init-from");
+    int rc = 0;
+    for (int u = 0; u < t->n_units && rc == 0; u++) {
+        int64_t n = t->shard_n[u], off = t->shard_off[u];
+        if (!n) continue;
+        float *host = xmalloc((size_t)n * sizeof(float));
+        if (imp) rc = hf_import_range(imp, u, off, off + n, host, err);
+        else wm_init_range(&t->cfg.model, u, t->cfg.seed, off, off + n, host);
+        if (rc == 0) dev_upload(&t->dev, t->params[u], host, (size_t)n * sizeof(float));
+        free(host);
+        dev_zero(&t->dev, t->adam_m[u], n);
+        dev_zero(&t->dev, t->adam_v[u], n);
+    }
+    hf_import_close(imp);
+    return rc;
+}
+
 /* This rank's slice of every unit: parameters, their gradient and the AdamW moments. A rank may
  * hold nothing of a unit (a zero shard): its pointers stay NULL. */
 static int alloc_state(trainer *t, err_t *err) {
@@ -83,18 +109,7 @@ static int alloc_state(trainer *t, err_t *err) {
                         (long long)n, (long long)t->numel[u]);
         for (int s = 0; s < 4 && n; s++) DEV_ALLOC((*sets[s])[u], n * 4, what[s]);
     }
-    for (int u = 0; u < t->n_units; u++) {
-        int64_t n = t->shard_n[u], off = t->shard_off[u];
-        if (!n) continue;
-        /* initialisation is a function of (seed, unit, index): any sharding gives the same model */
-        float *host = xmalloc((size_t)n * sizeof(float));
-        wm_init_range(&t->cfg.model, u, t->cfg.seed, off, off + n, host);
-        dev_upload(&t->dev, t->params[u], host, (size_t)n * sizeof(float));
-        free(host);
-        dev_zero(&t->dev, t->adam_m[u], n);
-        dev_zero(&t->dev, t->adam_v[u], n);
-    }
-    return 0;
+    return init_params(t, err);
 }
 
 /* Bytes of one microbatch's activations at a unit boundary [m*T, d]. */

@@ -41,6 +41,8 @@ typedef struct train_config {
     int64_t warmup;
     lr_schedule schedule; /* after the warmup: cosine (default), linear or constant */
     uint64_t seed;
+    const char *init_from; /* a Hugging Face model directory to start from (import.h); NULL: the
+                            * seeded initialisation */
     /* device */
     const char *device; /* "cpu" (default) or "cuda" */
     int gpu;            /* cuda: the GPU's index among the visible ones */

@@ -180,8 +180,8 @@ static void llama_fwd(device *d, const model_spec *m, int unit, const float *par
     float eps = wm_norm_eps(m);
     OP(d, rmsnorm_fwd, a->ln1, a->rstd1, x, W("attn_norm.weight"), N, D, eps);
     linear_fwd(d, a->qkv, a->ln1, W("attn.qkv.weight"), NULL, N, D, qw);
-    OP(d, rope, a->qkv, qw, N, T, m->n_head, hd, WM_ROPE_THETA, false);
-    OP(d, rope, a->qkv + m->n_head * hd, qw, N, T, m->n_kv_head, hd, WM_ROPE_THETA, false);
+    OP(d, rope, a->qkv, qw, N, T, m->n_head, hd, wm_rope_theta(m), false);
+    OP(d, rope, a->qkv + m->n_head * hd, qw, N, T, m->n_kv_head, hd, wm_rope_theta(m), false);
     attend(d, m, mb, T, a);
     linear_fwd(d, a->x2, a->att, W("attn.o.weight"), NULL, N, D, D);
     OP(d, axpy, a->x2, 1.0f, x, (int64_t)N * D);
@@ -210,8 +210,8 @@ static void llama_bwd(device *d, const model_spec *m, int unit, const float *par
     linear_bwd(d, a->datt, false, DW("attn.o.weight"), NULL, a->dx2, a->att, W("attn.o.weight"),
                N, D, D);
     attend_bwd(d, m, mb, T, a);
-    OP(d, rope, a->dqkv, qw, N, T, m->n_head, hd, WM_ROPE_THETA, true);
-    OP(d, rope, a->dqkv + m->n_head * hd, qw, N, T, m->n_kv_head, hd, WM_ROPE_THETA, true);
+    OP(d, rope, a->dqkv, qw, N, T, m->n_head, hd, wm_rope_theta(m), true);
+    OP(d, rope, a->dqkv + m->n_head * hd, qw, N, T, m->n_kv_head, hd, wm_rope_theta(m), true);
     linear_bwd(d, a->dln, false, DW("attn.qkv.weight"), NULL, a->dqkv, a->ln1,
                W("attn.qkv.weight"), N, D, qw);
     copy_f(d, dx, a->dx2, (int64_t)N * D);
@@ -438,13 +438,15 @@ double wm_head_step(device *d, const model_spec *m, const float *params, float *
            a->rstd1, W("ln_f.weight"), N, D);
         break;
     }
-    case ARCH_LLAMA:
+    case ARCH_LLAMA: { /* a tied head (Llama-3.2 style) multiplies by the token embedding */
+        const float *wo = m->tied_head ? tensor(a, UNIT_EMBEDDING, (float *)tied, "tokens") : W("lm_head.weight");
+        float *dwo = m->tied_head ? tensor(a, UNIT_EMBEDDING, dtied, "tokens") : DW("lm_head.weight");
         OP(d, rmsnorm_fwd, a->ln1, a->rstd1, x, W("norm.weight"), N, D, eps);
-        loss = vocab_loss(d, m, a->ln1, W("lm_head.weight"), NULL, a->dln, DW("lm_head.weight"),
-                          NULL, b, a, logits_out);
+        loss = vocab_loss(d, m, a->ln1, wo, NULL, a->dln, dwo, NULL, b, a, logits_out);
         dev_zero(d, dx, nd);
         OP(d, rmsnorm_bwd, dx, DW("norm.weight"), a->dln, x, a->rstd1, W("norm.weight"), N, D);
         break;
+    }
     case ARCH_BERT: { /* t = transform x (fc), g = gelu t (act), h = LN g (ln1) */
         const float *word = tensor(a, UNIT_EMBEDDING, (float *)tied, "word");
         float *dword = tensor(a, UNIT_EMBEDDING, dtied, "word");

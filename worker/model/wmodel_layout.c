@@ -114,7 +114,7 @@ static void head_layout(const model_spec *m, layout *l) {
     case ARCH_GPT: layernorm(l, "ln_f", d); break;
     case ARCH_LLAMA:
         vec(l, "norm.weight", d, INIT_ONES);
-        matrix(l, "lm_head.weight", m->vocab, d, STD);
+        if (!m->tied_head) matrix(l, "lm_head.weight", m->vocab, d, STD); /* else: tokens */
         break;
     case ARCH_BERT:
         linear(l, "transform", d, d, STD, true);
@@ -177,12 +177,6 @@ void wm_init_range(const model_spec *m, int unit, uint64_t seed, int64_t lo, int
 
 bool wm_is_causal(const model_spec *m) { return m->arch == ARCH_GPT || m->arch == ARCH_LLAMA; }
 
-float wm_norm_eps(const model_spec *m) {
-    switch (m->arch) {
-    case ARCH_GPT: return 1e-5f;
-    case ARCH_LLAMA: return 1e-5f;
-    case ARCH_BERT: return 1e-12f;
-    case ARCH_VIT: return 1e-6f;
-    }
-    return 1e-5f;
-}
+float wm_norm_eps(const model_spec *m) { return (float)model_norm_eps(m); }
+
+float wm_rope_theta(const model_spec *m) { return (float)model_rope_theta(m); }

@@ -1,0 +1,690 @@
+/* data_cmd.c - `cephalo data`: text to llm.c token shards, byte-level or with a Hugging Face
+ * tokenizer.json (docs/data.md, docs/tokenizer.md), and synthetic CIMG image files. */
+#include "data_cmd.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "data.h"
+#include "fileio.h"
+#include "log.h"
+#include "strutil.h"
+#include "tokenizer.h"
+
+#define EXIT_BAD_INPUT 2
+
+static int bad(const char *fmt, const char *arg) {
+    fprintf(stderr, "cephalo: ");
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, "\n(see 'cephalo data --help')\n");
+    return EXIT_BAD_INPUT;
+}
+
+/* ---- cephalo data (docs/data.md) ---- */
+
+static const char data_usage[] =
+    "usage: cephalo data -o OUTDIR [--shard-tokens N] [--val-fraction F] FILE...\n"
+    "       cephalo data -o OUTDIR --tokenizer tokenizer.json [--eos TOKEN] [--bos] [--doc-sep SEP]\n"
+    "                    [--special] [--shard-tokens N] [--val-fraction F] FILE...\n"
+    "       cephalo data --images -o FILE.cimg --synthetic N --classes K --size S [--channels C] [--seed X]\n"
+    "\n"
+    "Text files ('-' reads stdin) become llm.c token shards OUTDIR/train_000000.bin, ... and, with\n"
+    "--val-fraction, OUTDIR/val_000000.bin, ... (docs/data.md). Without --tokenizer each byte is a\n"
+    "token 0..255 and the val shards hold the last fraction of the token stream; with --tokenizer the\n"
+    "text is encoded by a Hugging Face tokenizer.json (byte-level BPE as GPT-2 and Llama-3, or\n"
+    "SentencePiece BPE as Llama-2; docs/tokenizer.md), each document ends with the end-of-text\n"
+    "token, whole documents go to the val shards, and shards are uint32 (version 2) when the\n"
+    "vocabulary exceeds 65536.\n"
+    "\n"
+    "  -o, --output PATH     output directory (created if missing); with --images the file\n"
+    "  --shard-tokens N      tokens per shard (default 100M; suffixes K, M, G = 1e3, 1e6, 1e9)\n"
+    "  --val-fraction F      fraction for validation, in [0, 1) (default 0): of the tokens, or with\n"
+    "                        --tokenizer of the documents (document d when floor((d+1)F) > floor(dF))\n"
+    "  --tokenizer FILE      a tokenizer.json\n"
+    "  --eos TOKEN           the token after each document (default: <|endoftext|>, <|end_of_text|>,\n"
+    "                        </s> or <eos>, the first the tokenizer has)\n"
+    "  --bos                 also put the beginning-of-text token (<|begin_of_text|>, <s>) first\n"
+    "  --doc-sep SEP         documents are separated by SEP inside the files (\\n \\r \\t \\\\ escapes;\n"
+    "                        e.g. '\\n\\n'); default: each file is one document\n"
+    "  --special             the added tokens' strings in the text (e.g. <|endoftext|>) become\n"
+    "                        those tokens (default: they are ordinary text)\n"
+    "  --images              write a synthetic labeled image file (CIMG) instead:\n"
+    "  --synthetic N         number of images\n"
+    "  --classes K           number of classes (1..65536)\n"
+    "  --size S              image height and width in pixels\n"
+    "  --channels C          channels (default 3)\n"
+    "  --seed X              seed of the images (default 1)\n"
+    "  -h, --help            this text\n"
+    "\n"
+    "exit status: 0 written, 2 bad input or a file that cannot be read or written\n";
+
+/* Non-negative integer with an optional K/M/G suffix (powers of 1000). */
+static bool parse_count(const char *s, long max, long *out) {
+    char buf[32];
+    size_t n = strlen(s);
+    if (n == 0 || n >= sizeof buf) return false;
+    memcpy(buf, s, n + 1);
+    long mult = 1;
+    switch (buf[n - 1]) {
+    case 'k': case 'K': mult = 1000; break;
+    case 'm': case 'M': mult = 1000000; break;
+    case 'g': case 'G': mult = 1000000000; break;
+    default: break;
+    }
+    if (mult > 1) buf[n - 1] = '\0';
+    long v;
+    if (buf[0] == '-' || buf[0] == '+' || !str_to_long(buf, &v) || v < 0 || v > max / mult) return false;
+    *out = v * mult;
+    return true;
+}
+
+typedef struct data_input {
+    const char *name;
+    FILE *f;      /* regular files: streamed */
+    char *buf;    /* stdin and other non-regular files: read whole */
+    size_t len;   /* bytes (for regular files: the size when opened) */
+} data_input;
+
+/* Splits the token stream over train shards and val shards. */
+typedef struct shard_sink {
+    const char *dir;
+    long shard_tokens;
+    int64_t n_train, written; /* tokens before the val split; tokens written so far */
+    int cur;                  /* split of the open shard: 0 train, 1 val */
+    int index[2];             /* shards started per split */
+    data_shard_writer *w;
+    char path[4096];
+} shard_sink;
+
+static int sink_close_shard(shard_sink *k, err_t *err) {
+    if (!k->w) return 0;
+    int rc = data_shard_writer_close(k->w, err);
+    k->w = NULL;
+    return rc;
+}
+
+static int sink_add(shard_sink *k, const uint16_t *toks, int64_t n, err_t *err) {
+    while (n > 0) {
+        int si = k->written < k->n_train ? 0 : 1;
+        if (k->w && (k->cur != si || data_shard_writer_count(k->w) == k->shard_tokens) &&
+            sink_close_shard(k, err) < 0)
+            return -1;
+        if (!k->w) {
+            snprintf(k->path, sizeof k->path, "%s/%s_%06d.bin", k->dir, si ? "val" : "train", k->index[si]++);
+            if (!(k->w = data_shard_writer_open(k->path, err))) return -1;
+            k->cur = si;
+        }
+        int64_t room = k->shard_tokens - data_shard_writer_count(k->w);
+        if (!si && k->n_train - k->written < room) room = k->n_train - k->written;
+        int64_t m = n < room ? n : room;
+        if (data_shard_writer_add(k->w, toks, m, err) < 0) return -1;
+        toks += m;
+        n -= m;
+        k->written += m;
+    }
+    return 0;
+}
+
+static int sink_bytes(shard_sink *k, const unsigned char *p, size_t n, err_t *err) {
+    uint16_t toks[4096];
+    while (n > 0) {
+        size_t m = n < 4096 ? n : 4096;
+        for (size_t i = 0; i < m; i++) toks[i] = p[i];
+        if (sink_add(k, toks, (int64_t)m, err) < 0) return -1;
+        p += m;
+        n -= m;
+    }
+    return 0;
+}
+
+static int data_fail(const char *msg) {
+    fprintf(stderr, "cephalo data: %s\n", msg);
+    return EXIT_BAD_INPUT;
+}
+
+static int open_inputs(char **names, int n, data_input *in, err_t *err) {
+    for (int i = 0; i < n; i++) {
+        in[i].name = names[i];
+        bool is_stdin = !strcmp(names[i], "-");
+        FILE *f = is_stdin ? stdin : fopen(names[i], "rb");
+        if (!f) return err_set(err, "%s: cannot open: %s", names[i], strerror(errno));
+        struct stat st;
+        if (fstat(fileno(f), &st) != 0) {
+            if (!is_stdin) fclose(f);
+            return err_set(err, "%s: cannot stat: %s", names[i], strerror(errno));
+        }
+        if (S_ISDIR(st.st_mode)) {
+            if (!is_stdin) fclose(f);
+            return err_set(err, "%s: is a directory (expected a text file)", names[i]);
+        }
+        if (S_ISREG(st.st_mode) && !is_stdin) {
+            in[i].f = f;
+            in[i].len = (size_t)st.st_size;
+            continue;
+        }
+        size_t cap = 1 << 16, len = 0, got;
+        char *buf = malloc(cap);
+        while (buf && (got = fread(buf + len, 1, cap - len, f)) > 0)
+            if ((len += got) == cap) {
+                char *nb = realloc(buf, cap *= 2);
+                if (!nb) free(buf);
+                buf = nb;
+            }
+        bool bad_read = !buf || ferror(f);
+        if (!is_stdin) fclose(f);
+        if (bad_read) {
+            free(buf);
+            return err_set(err, "%s: read error%s", names[i], buf ? "" : " (out of memory)");
+        }
+        in[i].buf = buf;
+        in[i].len = len;
+    }
+    return 0;
+}
+
+static int write_input(shard_sink *k, data_input *in, err_t *err) {
+    if (in->buf) return sink_bytes(k, (const unsigned char *)in->buf, in->len, err);
+    unsigned char chunk[1 << 16];
+    size_t total = 0, got;
+    while ((got = fread(chunk, 1, sizeof chunk, in->f)) > 0) {
+        if (total + got > in->len) got = in->len - total; /* grew while reading: the size counted */
+        if (sink_bytes(k, chunk, got, err) < 0) return -1;
+        total += got;
+        if (total == in->len) break;
+    }
+    if (ferror(in->f)) return err_set(err, "%s: read error: %s", in->name, strerror(errno));
+    if (total != in->len)
+        return err_set(err, "%s: the file shrank while being read (%zu of %zu bytes)", in->name, total, in->len);
+    return 0;
+}
+
+
+/* train_000000.bin, val_000012.bin, ...: the names data_text gives its shards (six digits or
+ * more). */
+static bool is_shard_name(const char *s) {
+    const char *p = !strncmp(s, "train_", 6) ? s + 6 : !strncmp(s, "val_", 4) ? s + 4 : NULL;
+    if (!p) return false;
+    size_t digits = strspn(p, "0123456789");
+    return digits >= 6 && !strcmp(p + digits, ".bin");
+}
+
+/* An input that is one of OUTDIR's shards would be replaced by this run's shards, or trained on
+ * with them: refused, symbolic links into OUTDIR included. */
+static int check_data_inputs(const char *outdir, char **files, int n_files, err_t *err) {
+    for (int i = 0; i < n_files; i++) {
+        char name[256];
+        if (strcmp(files[i], "-") && file_in_dir(files[i], outdir, name, sizeof name) && is_shard_name(name))
+            return err_set(err, "%s: this input is a shard of the output directory %s (%s), which this run "
+                                "writes; read it from elsewhere or give another -o",
+                           files[i], outdir, name);
+    }
+    return 0;
+}
+
+/* Shards of an earlier, larger run would be picked up by a directory or glob spec. */
+static void warn_leftover_shards(const char *outdir, const int index[2]) {
+    for (int si = 0; si < 2; si++) {
+        char p[4096];
+        struct stat st;
+        snprintf(p, sizeof p, "%s/%s_%06d.bin", outdir, si ? "val" : "train", index[si]);
+        if (stat(p, &st) == 0)
+            fprintf(stderr, "cephalo data: warning: %s and maybe more %s shards are left from an earlier run; "
+                    "remove them before training on the directory\n", p, si ? "val" : "train");
+    }
+}
+
+static int data_text(const char *outdir, long shard_tokens, double val_fraction, char **files, int n_files) {
+    err_t err = {{0}};
+    data_input *in = calloc((size_t)n_files, sizeof *in);
+    shard_sink k = {.dir = outdir, .shard_tokens = shard_tokens};
+    int rc = 0;
+    if (!in) return data_fail("out of memory");
+    if (check_data_inputs(outdir, files, n_files, &err) < 0 || open_inputs(files, n_files, in, &err) < 0) {
+        rc = data_fail(err.msg);
+        goto done;
+    }
+    int64_t total = 0;
+    for (int i = 0; i < n_files; i++) total += (int64_t)in[i].len;
+    int64_t n_val = 0;
+    if (total == 0) {
+        rc = data_fail("the input is empty: no tokens to write");
+        goto done;
+    }
+    if (val_fraction > 0) {
+        if (total < 2) {
+            rc = data_fail("--val-fraction: the input has 1 token, too few to split");
+            goto done;
+        }
+        n_val = (int64_t)((double)total * val_fraction + 0.5);
+        if (n_val < 1) n_val = 1;
+        if (n_val > total - 1) n_val = total - 1;
+    }
+    if (file_make_dir(outdir, false, &err) < 0) {
+        rc = data_fail(err.msg);
+        goto done;
+    }
+    k.n_train = total - n_val;
+    for (int i = 0; i < n_files && !rc; i++)
+        if (write_input(&k, &in[i], &err) < 0) rc = -1;
+    if (!rc && sink_close_shard(&k, &err) < 0) rc = -1;
+    if (rc) {
+        if (k.w) data_shard_writer_abort(k.w);
+        rc = data_fail(err.msg);
+        goto done;
+    }
+    printf("cephalo data: %d file%s, %lld bytes -> %lld tokens (byte-level: tokens 0..255; any vocab >= 256, "
+           ">= 257 for MLM)\n",
+           n_files, n_files == 1 ? "" : "s", (long long)total, (long long)total);
+    for (int si = 0; si < 2; si++) {
+        const char *name = si ? "val" : "train";
+        if (!k.index[si]) continue;
+        printf("  %-6s %lld tokens in %d shard%s: %s/%s_000000.bin", si ? "val:" : "train:", (long long)(si ? n_val : k.n_train),
+               k.index[si], k.index[si] == 1 ? "" : "s", outdir, name);
+        if (k.index[si] > 1) printf(" .. %s_%06d.bin", name, k.index[si] - 1);
+        putchar('\n');
+    }
+    if (n_val) printf("  train on '%s/train_*.bin' (the directory alone would include the val shards)\n", outdir);
+    warn_leftover_shards(outdir, k.index);
+done:
+    for (int i = 0; i < n_files; i++) {
+        if (in[i].f) fclose(in[i].f);
+        free(in[i].buf);
+    }
+    free(in);
+    return rc;
+}
+
+/* ---- text through a tokenizer.json (docs/tokenizer.md) ---- */
+
+typedef struct tok_opts {
+    const char *tokenizer, *eos, *doc_sep;
+    bool bos, special;
+} tok_opts;
+
+/* Train and val shards, each split rotating at shard_tokens; version 2 (uint32) when the
+ * vocabulary does not fit uint16. */
+typedef struct tsink {
+    const char *dir;
+    long shard_tokens;
+    int version;
+    data_shard_writer *w[2];
+    int index[2];
+    int64_t tokens[2], docs[2];
+    char path[4096];
+} tsink;
+
+static int tsink_add(tsink *k, int si, const int32_t *ids, size_t n, err_t *err) {
+    uint32_t buf[4096];
+    while (n > 0) {
+        if (k->w[si] && data_shard_writer_count(k->w[si]) == k->shard_tokens) {
+            int rc = data_shard_writer_close(k->w[si], err);
+            k->w[si] = NULL;
+            if (rc < 0) return -1;
+        }
+        if (!k->w[si]) {
+            snprintf(k->path, sizeof k->path, "%s/%s_%06d.bin", k->dir, si ? "val" : "train", k->index[si]++);
+            if (!(k->w[si] = data_shard_writer_open_version(k->path, k->version, err))) return -1;
+        }
+        int64_t room = k->shard_tokens - data_shard_writer_count(k->w[si]);
+        size_t m = n < sizeof buf / sizeof *buf ? n : sizeof buf / sizeof *buf;
+        if ((int64_t)m > room) m = (size_t)room;
+        for (size_t i = 0; i < m; i++) buf[i] = (uint32_t)ids[i];
+        if (data_shard_writer_add32(k->w[si], buf, (int64_t)m, err) < 0) return -1;
+        ids += m;
+        n -= m;
+        k->tokens[si] += (int64_t)m;
+    }
+    return 0;
+}
+
+static int tsink_close(tsink *k, err_t *err) {
+    int rc = 0;
+    for (int si = 0; si < 2; si++) {
+        if (k->w[si] && data_shard_writer_close(k->w[si], err) < 0) rc = -1;
+        k->w[si] = NULL;
+    }
+    return rc;
+}
+
+static void tsink_abort(tsink *k) {
+    for (int si = 0; si < 2; si++) data_shard_writer_abort(k->w[si]);
+    k->w[0] = k->w[1] = NULL;
+}
+
+/* --doc-sep's escapes: \n \r \t and \\ (a backslash before anything else is dropped). */
+static char *unescape(const char *s, size_t *n) {
+    char *o = xmalloc(strlen(s) + 1);
+    size_t k = 0;
+    for (; *s; s++) {
+        if (*s == '\\' && s[1]) {
+            s++;
+            o[k++] = *s == 'n' ? '\n' : *s == 'r' ? '\r' : *s == 't' ? '\t' : *s;
+        } else {
+            o[k++] = *s;
+        }
+    }
+    o[k] = '\0';
+    *n = k;
+    return o;
+}
+
+/* memmem, which POSIX lacks */
+static const char *find_bytes(const char *h, size_t hn, const char *needle, size_t nn) {
+    for (const char *p = h; nn && (size_t)(h + hn - p) >= nn; p++) {
+        p = memchr(p, needle[0], (size_t)(h + hn - p) - nn + 1);
+        if (!p) return NULL;
+        if (!memcmp(p, needle, nn)) return p;
+    }
+    return NULL;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* The progress line on stderr: rewritten in place on a terminal, else one line every 10 s. */
+typedef struct progress {
+    double start, last;
+    int64_t total, done;
+    bool tty;
+} progress;
+
+static void progress_show(progress *p, bool final) {
+    double t = now_s(), el = t - p->start;
+    if (!final && t - p->last < (p->tty ? 0.5 : 10)) return;
+    p->last = t;
+    double mb = (double)p->done / 1e6;
+    fprintf(stderr, "%scephalo data: tokenized %.1f of %.1f MB in %.1f s, %.1f MB/s%s", p->tty ? "\r" : "", mb,
+            (double)p->total / 1e6, el, el > 0 ? mb / el : 0.0, final || !p->tty ? "\n" : "");
+    fflush(stderr);
+}
+
+/* The whole input in memory: documents are cut from it. */
+static char *read_input(data_input *in, err_t *err) {
+    if (in->buf) {
+        char *b = in->buf;
+        in->buf = NULL;
+        return b;
+    }
+    char *b = malloc(in->len + 1);
+    if (!b) {
+        err_set(err, "%s: out of memory reading %zu bytes", in->name, in->len);
+        return NULL;
+    }
+    size_t got = fread(b, 1, in->len, in->f);
+    if (got != in->len) {
+        free(b);
+        err_set(err, "%s: read error or the file shrank while being read (%zu of %zu bytes)", in->name, got, in->len);
+        return NULL;
+    }
+    return b;
+}
+
+/* Document d goes to validation when floor((d+1)F) > floor(dF): every 1/F-th document, spread
+ * evenly, the same on every run; floor(N F) of N documents. */
+static int doc_split(int64_t d, double f) {
+    return f > 0 && (int64_t)((double)(d + 1) * f) > (int64_t)((double)d * f);
+}
+
+typedef struct tok_run {
+    tok *t;
+    const tok_opts *o;
+    int32_t eos, bos;
+    double val;
+    tsink k;
+    tok_ids ids;
+    int64_t docs, bytes;
+    progress prog;
+} tok_run;
+
+static int tok_document(tok_run *r, const char *p, size_t n, err_t *err) {
+    r->ids.n = 0;
+    if (r->bos >= 0) tok_ids_push(&r->ids, r->bos);
+    tok_encode(r->t, p, n, r->o->special, &r->ids);
+    tok_ids_push(&r->ids, r->eos);
+    int si = doc_split(r->docs++, r->val);
+    r->k.docs[si]++;
+    return tsink_add(&r->k, si, r->ids.v, r->ids.n, err);
+}
+
+/* One input: its documents (the whole file, or the pieces between --doc-sep). */
+static int tok_input(tok_run *r, data_input *in, err_t *err) {
+    char *text = read_input(in, err);
+    if (!text) return -1;
+    size_t n = in->len, sep_n = 0;
+    char *sep = r->o->doc_sep ? unescape(r->o->doc_sep, &sep_n) : NULL;
+    int rc = 0;
+    size_t start = 0;
+    while (!rc && start <= n) {
+        size_t end = n;
+        if (sep_n) {
+            const char *hit = find_bytes(text + start, n - start, sep, sep_n);
+            if (hit) end = (size_t)(hit - text);
+        }
+        if (end > start || (!sep_n && n == 0)) rc = tok_document(r, text + start, end - start, err);
+        r->prog.done += (int64_t)(end - start + (end < n ? sep_n : 0));
+        progress_show(&r->prog, false);
+        if (end == n) break;
+        start = end + sep_n;
+    }
+    free(sep);
+    free(text);
+    return rc;
+}
+
+static void print_tok_summary(const tok_run *r, int n_files, const char *outdir) {
+    const tok *t = r->t;
+    printf("cephalo data: %d file%s, %lld document%s, %lld bytes -> %lld tokens (%s; vocab %d, EOS %d%s; shard "
+           "version %d, %s tokens)\n",
+           n_files, n_files == 1 ? "" : "s", (long long)r->docs, r->docs == 1 ? "" : "s", (long long)r->bytes,
+           (long long)(r->k.tokens[0] + r->k.tokens[1]), tok_describe(t), tok_vocab_size(t), r->eos,
+           r->bos >= 0 ? ", BOS first" : "", r->k.version, r->k.version == DATA_SHARD_VERSION ? "uint16" : "uint32");
+    for (int si = 0; si < 2; si++) {
+        const char *name = si ? "val" : "train";
+        if (!r->k.index[si]) continue;
+        printf("  %-6s %lld tokens, %lld documents in %d shard%s: %s/%s_000000.bin", si ? "val:" : "train:",
+               (long long)r->k.tokens[si], (long long)r->k.docs[si], r->k.index[si], r->k.index[si] == 1 ? "" : "s",
+               outdir, name);
+        if (r->k.index[si] > 1) printf(" .. %s_%06d.bin", name, r->k.index[si] - 1);
+        putchar('\n');
+    }
+    if (r->k.index[1]) printf("  train on '%s/train_*.bin' (the directory alone would include the val shards)\n", outdir);
+}
+
+static int tok_setup(tok_run *r, const tok_opts *o, err_t *err) {
+    if (tok_load(&r->t, o->tokenizer, err) < 0) return -1;
+    r->eos = o->eos ? tok_find(r->t, o->eos) : tok_eos(r->t);
+    if (r->eos < 0)
+        return err_set(err, o->eos ? "%s: --eos: no token \"%s\" in the tokenizer"
+                                   : "%s: no end-of-text token (none of <|endoftext|>, <|end_of_text|>, </s>, <eos>): "
+                                     "name one with --eos%s",
+                       o->tokenizer, o->eos ? o->eos : "");
+    r->bos = -1;
+    if (o->bos && (r->bos = tok_bos(r->t)) < 0)
+        return err_set(err, "%s: --bos: no beginning-of-text token (none of <|begin_of_text|>, <s>, <|startoftext|>, <bos>)",
+                       o->tokenizer);
+    r->k.version = tok_vocab_size(r->t) > 65536 ? DATA_SHARD_VERSION_U32 : DATA_SHARD_VERSION;
+    return 0;
+}
+
+static int data_tokenized(const char *outdir, long shard_tokens, double val, const tok_opts *o, char **files,
+                          int n_files) {
+    err_t err = {{0}};
+    tok_run r = {.o = o, .val = val, .k = {.dir = outdir, .shard_tokens = shard_tokens}};
+    data_input *in = calloc((size_t)n_files, sizeof *in);
+    int rc = 0;
+    if (!in) return data_fail("out of memory");
+    struct stat st;
+    bool existed = stat(outdir, &st) == 0;
+    if (val > 0 && !o->doc_sep && (int64_t)((double)n_files * val) < 1) { /* known before any work */
+        free(in);
+        err_set(&err, "--val-fraction %g: %d file%s (each one document), too few for one validation document "
+                      "(every %.0fth goes there; use --doc-sep to cut the files into documents)",
+                val, n_files, n_files == 1 ? "" : "s", 1 / val);
+        return data_fail(err.msg);
+    }
+    if (tok_setup(&r, o, &err) < 0 || check_data_inputs(outdir, files, n_files, &err) < 0 ||
+        open_inputs(files, n_files, in, &err) < 0 || file_make_dir(outdir, false, &err) < 0) {
+        rc = data_fail(err.msg);
+        goto done;
+    }
+    for (int i = 0; i < n_files; i++) r.prog.total += (int64_t)in[i].len;
+    r.bytes = r.prog.total;
+    r.prog.start = r.prog.last = now_s();
+    r.prog.tty = isatty(fileno(stderr));
+    for (int i = 0; i < n_files && !rc; i++) {
+        if (tok_input(&r, &in[i], &err) < 0) rc = -1;
+        if (in[i].f) fclose(in[i].f);
+        in[i].f = NULL;
+    }
+    if (!rc && r.docs == 0) rc = err_set(&err, "the input has no documents: no tokens to write");
+    if (!rc && val > 0 && !r.k.docs[1])
+        rc = err_set(&err, "--val-fraction %g: %lld document%s, too few for one validation document (every %.0fth goes "
+                           "there; use --doc-sep to cut the files into documents)",
+                     val, (long long)r.docs, r.docs == 1 ? "" : "s", 1 / val);
+    if (!rc && val > 0 && !r.k.docs[0]) rc = err_set(&err, "--val-fraction %g: no document left for training", val);
+    if (!rc && tsink_close(&r.k, &err) < 0) rc = -1;
+    if (rc) {
+        tsink_abort(&r.k);
+        if (!existed) rmdir(outdir); /* only when empty: shards finished before the failure stay */
+        rc = data_fail(err.msg);
+        goto done;
+    }
+    progress_show(&r.prog, true);
+    print_tok_summary(&r, n_files, outdir);
+    warn_leftover_shards(outdir, r.k.index);
+done:
+    for (int i = 0; i < n_files; i++) {
+        if (in[i].f) fclose(in[i].f);
+        free(in[i].buf);
+    }
+    free(in);
+    tok_ids_free(&r.ids);
+    tok_free(r.t);
+    return rc;
+}
+
+static int data_images(const char *out, long count, long classes, long size, long channels, long seed) {
+    err_t err = {{0}};
+    data_image_info info = {.channels = (uint32_t)channels, .height = (uint32_t)size, .width = (uint32_t)size,
+                            .n_classes = (uint32_t)classes};
+    data_image_writer *w = data_image_writer_open(out, &info, &err);
+    if (!w) return data_fail(err.msg);
+    size_t px = (size_t)channels * (size_t)size * (size_t)size;
+    uint8_t *pix = malloc(px);
+    if (!pix) {
+        data_image_writer_abort(w);
+        return data_fail("out of memory");
+    }
+    int32_t label;
+    for (long i = 0; i < count; i++) {
+        data_synthetic_image((uint64_t)seed, i, (int)channels, (int)size, (int)classes, pix, &label);
+        if (data_image_writer_add(w, (uint16_t)label, pix, &err) < 0) {
+            free(pix);
+            data_image_writer_abort(w);
+            return data_fail(err.msg);
+        }
+    }
+    free(pix);
+    if (data_image_writer_close(w, &err) < 0) return data_fail(err.msg);
+    printf("cephalo data: wrote %s: %ld synthetic images of %ldx%ldx%ld, %ld classes, seed %ld (%lld bytes)\n", out,
+           count, channels, size, size, classes, seed, (long long)(DATA_CIMG_HEADER_BYTES + (long long)count * (2 + (long long)px)));
+    return 0;
+}
+
+int data_main(int argc, char **argv) {
+    static const struct option longopts[] = {
+        {"output", required_argument, 0, 'o'},    {"shard-tokens", required_argument, 0, 'T'},
+        {"val-fraction", required_argument, 0, 'V'}, {"images", no_argument, 0, 'I'},
+        {"synthetic", required_argument, 0, 'N'}, {"classes", required_argument, 0, 'K'},
+        {"size", required_argument, 0, 'Z'},      {"channels", required_argument, 0, 'C'},
+        {"seed", required_argument, 0, 'X'},      {"help", no_argument, 0, 'h'},
+        {"tokenizer", required_argument, 0, 'k'}, {"eos", required_argument, 0, 'e'},
+        {"bos", no_argument, 0, 'b'},             {"doc-sep", required_argument, 0, 'd'},
+        {"special", no_argument, 0, 's'},         {0, 0, 0, 0}};
+    const char *out = NULL;
+    long shard_tokens = 100000000, count = -1, classes = -1, size = -1, channels = 3, seed = 1;
+    double val = 0;
+    bool images = false, text_opt = false, image_opt = false, tok_opt = false;
+    tok_opts to = {0};
+    optind = 1;
+    opterr = 0;
+    int c;
+    while ((c = getopt_long(argc, argv, ":ho:", longopts, NULL)) != -1) {
+        switch (c) {
+        case 'o': out = optarg; break;
+        case 'T':
+            if (!parse_count(optarg, DATA_SHARD_MAX_TOKENS, &shard_tokens) || shard_tokens < 1)
+                return bad("data: --shard-tokens: '%s' is not a token count in 1..2147483647 (K, M, G suffixes allowed)", optarg);
+            text_opt = true;
+            break;
+        case 'V':
+            if (!str_to_double(optarg, &val) || !(val >= 0 && val < 1))
+                return bad("data: --val-fraction: '%s' (expected a fraction in [0, 1))", optarg);
+            text_opt = true;
+            break;
+        case 'I': images = true; break;
+        case 'k': to.tokenizer = optarg, text_opt = true; break;
+        case 'e': to.eos = optarg, tok_opt = true; break;
+        case 'b': to.bos = true, tok_opt = true; break;
+        case 'd':
+            if (!*optarg) return bad("%s", "data: --doc-sep: empty separator");
+            to.doc_sep = optarg, tok_opt = true;
+            break;
+        case 's': to.special = true, tok_opt = true; break;
+        case 'N':
+            if (!parse_count(optarg, UINT32_MAX, &count) || count < 1)
+                return bad("data: --synthetic: '%s' is not an image count in 1..4294967295", optarg);
+            image_opt = true;
+            break;
+        case 'K':
+            if (!str_to_long(optarg, &classes) || classes < 1 || classes > DATA_CIMG_MAX_CLASSES)
+                return bad("data: --classes: '%s' (expected 1..65536)", optarg);
+            image_opt = true;
+            break;
+        case 'Z':
+            if (!str_to_long(optarg, &size) || size < 1 || size > DATA_CIMG_MAX_SIDE)
+                return bad("data: --size: '%s' (expected 1..65535 pixels)", optarg);
+            image_opt = true;
+            break;
+        case 'C':
+            if (!str_to_long(optarg, &channels) || channels < 1 || channels > DATA_CIMG_MAX_CHANNELS)
+                return bad("data: --channels: '%s' (expected 1..16)", optarg);
+            image_opt = true;
+            break;
+        case 'X':
+            if (!str_to_long(optarg, &seed) || seed < 0) return bad("data: --seed: '%s' (expected an integer >= 0)", optarg);
+            image_opt = true;
+            break;
+        case 'h': fputs(data_usage, stdout); return 0;
+        case ':': return bad("data: option '%s' needs a value", argv[optind - 1]);
+        default: return bad("data: unknown option '%s'", argv[optind - 1]);
+        }
+    }
+    if (!out) return bad("%s", "data: -o OUTPUT is required");
+    if (images) {
+        if (text_opt || tok_opt)
+            return bad("%s", "data: --shard-tokens, --val-fraction and --tokenizer are for text, not --images");
+        if (optind < argc) return bad("data: unexpected argument '%s' (--images writes synthetic images only)", argv[optind]);
+        if (count < 0) return bad("%s", "data: --images needs --synthetic N (converting image files is not supported)");
+        if (classes < 0) return bad("%s", "data: --images needs --classes K");
+        if (size < 0) return bad("%s", "data: --images needs --size S");
+        if ((uint64_t)channels * (uint64_t)size * (uint64_t)size > DATA_CIMG_MAX_PIXELS)
+            return bad("%s", "data: --channels x --size x --size is too large for one image (at most 2^28 values)");
+        return data_images(out, count, classes, size, channels, seed);
+    }
+    if (image_opt) return bad("%s", "data: --synthetic, --classes, --size, --channels and --seed need --images");
+    if (optind >= argc) return bad("%s", "data: no input FILE (give text files, or '-' for stdin)");
+    if (to.tokenizer) return data_tokenized(out, shard_tokens, val, &to, argv + optind, argc - optind);
+    if (tok_opt) return bad("%s", "data: --eos, --bos, --doc-sep and --special need --tokenizer");
+    return data_text(out, shard_tokens, val, argv + optind, argc - optind);
+}
+

@@ -1,0 +1,178 @@
+/* model_hf.c - a model spec from a Hugging Face config.json (docs/import.md).
+ *
+ * Two architectures map onto ours exactly: GPT2LMHeadModel (pre-LN, learned positions, tanh
+ * GELU, tied head) and LlamaForCausalLM (RMSNorm, rotate-half RoPE, SwiGLU, grouped-query
+ * attention, tied or untied head). Anything in the config that would change the computation
+ * and that we do not implement (rope_scaling, biases in Llama's projections, another
+ * activation) is refused with the field's name rather than trained silently as something else. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "json_util.h"
+#include "model.h"
+
+typedef struct hf_ctx {
+    json_ctx c;
+    const cJSON *root;
+} hf_ctx;
+
+/* An integer field: the first of `keys` present (aliases), or `def` when none is (def < 0:
+ * required). */
+static int hf_int(const hf_ctx *h, const char *const *keys, long def, long lo, long hi, int *out) {
+    for (int i = 0; keys[i]; i++) {
+        const cJSON *v = json_get(h->root, keys[i]);
+        if (!v || cJSON_IsNull(v)) continue;
+        long x;
+        if (json_int(&h->c, v, keys[i], lo, hi, &x) < 0) return -1;
+        *out = (int)x;
+        return 0;
+    }
+    if (def < 0) return err_set(h->c.err, "%s: missing field '%s'", h->c.file, keys[0]);
+    *out = (int)def;
+    return 0;
+}
+
+static int hf_real(const hf_ctx *h, const char *key, double def, double *out) {
+    const cJSON *v = json_get(h->root, key);
+    *out = def;
+    if (!v || cJSON_IsNull(v)) return 0;
+    return json_number(&h->c, v, key, 0, INFINITY, JSON_OPEN, out);
+}
+
+static int hf_bool(const hf_ctx *h, const char *key, bool def, bool *out) {
+    const cJSON *v = json_get(h->root, key);
+    *out = def;
+    if (!v || cJSON_IsNull(v)) return 0;
+    return json_bool(&h->c, v, key, out);
+}
+
+/* A string field that must be one of `ok` (NULL-terminated) when present. */
+static int hf_expect_string(const hf_ctx *h, const char *key, const char *const *ok, const char *what) {
+    const cJSON *v = json_get(h->root, key);
+    if (!v || cJSON_IsNull(v)) return 0;
+    const char *s;
+    if (json_string(&h->c, v, key, &s) < 0) return -1;
+    for (int i = 0; ok[i]; i++)
+        if (!strcmp(s, ok[i])) return 0;
+    return err_set(h->c.err, "%s: %s is \"%s\"; Cephalo implements %s", h->c.file, key, s, what);
+}
+
+/* A field that, when present and set, means a computation we do not implement. */
+static int hf_refuse(const hf_ctx *h, const char *key, const char *why) {
+    const cJSON *v = json_get(h->root, key);
+    if (!v || cJSON_IsNull(v) || cJSON_IsFalse(v)) return 0;
+    return err_set(h->c.err, "%s: %s is set; %s", h->c.file, key, why);
+}
+
+static int gpt2_spec(const hf_ctx *h, model_spec *m) {
+    static const char *const embd[] = {"n_embd", "hidden_size", NULL}, *const head[] = {"n_head", NULL},
+                             *const layer[] = {"n_layer", NULL}, *const pos[] = {"n_positions", "n_ctx", NULL},
+                             *const vocab[] = {"vocab_size", NULL}, *const inner[] = {"n_inner", NULL};
+    static const char *const acts[] = {"gelu_new", "gelu_pytorch_tanh", NULL};
+    m->arch = ARCH_GPT;
+    m->tied_head = true;
+    bool tied;
+    if (hf_int(h, embd, -1, 1, 1 << 17, &m->d_model) < 0 || hf_int(h, head, -1, 1, 1 << 14, &m->n_head) < 0 ||
+        hf_int(h, layer, -1, 1, 4096, &m->n_layer) < 0 || hf_int(h, pos, 1024, 1, 1 << 20, &m->max_seq) < 0 ||
+        hf_int(h, vocab, -1, 2, 1 << 24, &m->vocab) < 0 ||
+        hf_int(h, inner, 4L * m->d_model, 1, 1 << 20, &m->d_ff) < 0 ||
+        hf_real(h, "layer_norm_epsilon", 1e-5, &m->norm_eps) < 0 ||
+        hf_expect_string(h, "activation_function", acts, "GPT-2's tanh GELU (gelu_new)") < 0 ||
+        hf_bool(h, "tie_word_embeddings", true, &tied) < 0)
+        return -1;
+    if (!tied)
+        return err_set(h->c.err, "%s: tie_word_embeddings is false; GPT-2 models tie the head to wte",
+                       h->c.file);
+    if (hf_refuse(h, "scale_attn_by_inverse_layer_idx", "Cephalo scales attention by 1/sqrt(head size) only") < 0 ||
+        hf_refuse(h, "reorder_and_upcast_attn", "not implemented") < 0)
+        return -1;
+    m->n_kv_head = m->n_head;
+    return 0;
+}
+
+static int llama_spec(const hf_ctx *h, model_spec *m) {
+    static const char *const hidden[] = {"hidden_size", NULL}, *const ff[] = {"intermediate_size", NULL},
+                             *const heads[] = {"num_attention_heads", NULL},
+                             *const kv[] = {"num_key_value_heads", NULL}, *const layers[] = {"num_hidden_layers", NULL},
+                             *const pos[] = {"max_position_embeddings", NULL}, *const vocab[] = {"vocab_size", NULL},
+                             *const hdim[] = {"head_dim", NULL};
+    static const char *const acts[] = {"silu", NULL};
+    m->arch = ARCH_LLAMA;
+    if (hf_int(h, hidden, -1, 1, 1 << 17, &m->d_model) < 0 || hf_int(h, ff, -1, 1, 1 << 20, &m->d_ff) < 0 ||
+        hf_int(h, heads, -1, 1, 1 << 14, &m->n_head) < 0 ||
+        hf_int(h, kv, m->n_head, 1, 1 << 14, &m->n_kv_head) < 0 ||
+        hf_int(h, layers, -1, 1, 4096, &m->n_layer) < 0 || hf_int(h, pos, 2048, 1, 1 << 20, &m->max_seq) < 0 ||
+        hf_int(h, vocab, -1, 2, 1 << 24, &m->vocab) < 0 ||
+        hf_real(h, "rms_norm_eps", 1e-6, &m->norm_eps) < 0 || /* LlamaConfig's default */
+        hf_real(h, "rope_theta", 10000, &m->rope_theta) < 0 ||
+        hf_bool(h, "tie_word_embeddings", false, &m->tied_head) < 0 ||
+        hf_expect_string(h, "hidden_act", acts, "SwiGLU with silu") < 0 ||
+        hf_refuse(h, "rope_scaling", "scaled RoPE (Llama-3.1 style, linear, dynamic, yarn) is not implemented; "
+                                     "only plain rotary embeddings with rope_theta") < 0 ||
+        hf_refuse(h, "attention_bias", "Llama projections with biases are not implemented") < 0 ||
+        hf_refuse(h, "mlp_bias", "Llama MLPs with biases are not implemented") < 0)
+        return -1;
+    int hd = 0;
+    if (m->n_head > 0 && hf_int(h, hdim, m->d_model / m->n_head, 1, 1 << 17, &hd) < 0) return -1;
+    if (m->n_head > 0 && (hd != m->d_model / m->n_head || m->d_model % m->n_head))
+        return err_set(h->c.err, "%s: head_dim %d differs from hidden_size / num_attention_heads (%d / %d); "
+                       "Cephalo needs head_dim x heads = hidden_size", h->c.file, hd, m->d_model, m->n_head);
+    return 0;
+}
+
+/* Which architecture: the first of "architectures", else "model_type". */
+static int hf_arch(const hf_ctx *h, model_arch *out) {
+    const cJSON *a = json_get(h->root, "architectures"), *t = json_get(h->root, "model_type");
+    const char *name = NULL;
+    if (cJSON_IsArray(a) && cJSON_GetArraySize(a) > 0 && cJSON_IsString(cJSON_GetArrayItem(a, 0)))
+        name = cJSON_GetArrayItem(a, 0)->valuestring;
+    else if (cJSON_IsString(t))
+        name = t->valuestring;
+    if (!name)
+        return err_set(h->c.err, "%s: neither 'architectures' nor 'model_type' says which model this is",
+                       h->c.file);
+    if (!strcmp(name, "GPT2LMHeadModel") || !strcmp(name, "gpt2")) *out = ARCH_GPT;
+    else if (!strcmp(name, "LlamaForCausalLM") || !strcmp(name, "llama")) *out = ARCH_LLAMA;
+    else
+        return err_set(h->c.err, "%s: architecture '%s' cannot be imported (supported: GPT2LMHeadModel, "
+                       "LlamaForCausalLM)", h->c.file, name);
+    return 0;
+}
+
+/* The model's name: its directory's (".../TinyLlama-1.1B/config.json" -> "TinyLlama-1.1B"). */
+static void hf_name(const char *path, model_spec *m) {
+    char buf[1200];
+    snprintf(buf, sizeof buf, "%s", path);
+    size_t n = strlen(buf);
+    while (n > 1 && buf[n - 1] == '/') buf[--n] = '\0';
+    char *slash = strrchr(buf, '/');
+    if (slash && strcmp(slash, "/config.json") == 0) *slash = '\0';
+    slash = strrchr(buf, '/');
+    const char *base = slash ? slash + 1 : buf;
+    if (!*base || !strcmp(base, ".")) base = "hf-model";
+    snprintf(m->name, sizeof m->name, "%.63s", base);
+}
+
+int model_load_hf_config(const char *path, model_spec *out, err_t *err) {
+    char file[1100];
+    struct stat st;
+    snprintf(file, sizeof file, "%s", path);
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) snprintf(file, sizeof file, "%s/config.json", path);
+    cJSON *root = json_load_file(file, err);
+    if (!root) return -1;
+    hf_ctx h = {{file, err}, root};
+    model_spec m;
+    memset(&m, 0, sizeof m);
+    int rc = json_expect_object(&h.c, root, "config") < 0 || hf_arch(&h, &m.arch) < 0 ? -1 : 0;
+    if (rc == 0) rc = m.arch == ARCH_GPT ? gpt2_spec(&h, &m) : llama_spec(&h, &m);
+    cJSON_Delete(root);
+    if (rc < 0) return -1;
+    hf_name(file, &m);
+    m.default_seq = m.max_seq < 1024 ? m.max_seq : 1024;
+    if (model_validate(&m, err) < 0) return err_prefix(err, "%s", file);
+    *out = m;
+    return 0;
+}

@@ -1,0 +1,364 @@
+/* import.c - initial weights from a Hugging Face model directory (docs/import.md).
+ *
+ * The inverse of export.c: GPT-2's Conv1D weights [in, out] are transposed to our [out, in];
+ * Llama's q_proj, k_proj and v_proj become the row blocks of our fused attn.qkv. Every tensor
+ * is converted to fp32 on the way (BF16 and F16 widen exactly), so export then import gives back
+ * the same bits.
+ *
+ * A rank asks for one contiguous range of a unit's flat buffer at a time (its FSDP shard); the
+ * range is cut into the pieces of the Hugging Face tensors it covers and only those bytes are
+ * read from the mapped files. Nothing here holds more than the caller's range. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "import.h"
+#include "json_util.h"
+#include "log.h"
+#include "model_json.h"
+#include "safetensors.h"
+#include "wmodel.h"
+
+/* Rows [row0, row0 + rows) of one of our tensors come from Hugging Face tensor `hf`, which is
+ * stored [rows, cols] (or [rows] for vectors), or [cols, rows] when `transpose` (Conv1D). */
+typedef struct piece {
+    char hf[160];
+    int64_t row0, rows;
+    bool transpose;
+} piece;
+
+#define MAX_PIECES 3
+
+struct hf_import {
+    const model_spec *m;
+    char dir[1024];
+    st_file **files;
+    int n_files;
+    const char *gpt2_prefix; /* "transformer." or "" (the original gpt2 files have none) */
+};
+
+/* ---- the name map: our (unit, tensor) -> Hugging Face tensors ---- */
+
+static int gpt2_pieces(const hf_import *imp, int unit, const wm_tensor *t, piece *p) {
+    static const struct {
+        const char *ours, *hf;
+        bool transpose;
+    } block[] = {{"ln_1.weight", "ln_1.weight", false},         {"ln_1.bias", "ln_1.bias", false},
+                 {"attn.qkv.weight", "attn.c_attn.weight", true}, {"attn.qkv.bias", "attn.c_attn.bias", false},
+                 {"attn.proj.weight", "attn.c_proj.weight", true}, {"attn.proj.bias", "attn.c_proj.bias", false},
+                 {"ln_2.weight", "ln_2.weight", false},         {"ln_2.bias", "ln_2.bias", false},
+                 {"mlp.fc.weight", "mlp.c_fc.weight", true},     {"mlp.fc.bias", "mlp.c_fc.bias", false},
+                 {"mlp.proj.weight", "mlp.c_proj.weight", true}, {"mlp.proj.bias", "mlp.c_proj.bias", false}};
+    const char *pre = imp->gpt2_prefix;
+    p->row0 = 0, p->rows = t->shape[0], p->transpose = false;
+    switch (model_unit_kind(imp->m, unit)) {
+    case UNIT_EMBEDDING: /* wte, wpe */
+        snprintf(p->hf, sizeof p->hf, "%s%s.weight", pre, t->name);
+        return 1;
+    case UNIT_HEAD: /* ln_f.weight, ln_f.bias */
+        snprintf(p->hf, sizeof p->hf, "%s%s", pre, t->name);
+        return 1;
+    case UNIT_BLOCK:
+        for (size_t i = 0; i < sizeof block / sizeof block[0]; i++)
+            if (!strcmp(block[i].ours, t->name)) {
+                snprintf(p->hf, sizeof p->hf, "%sh.%d.%s", pre, unit - 1, block[i].hf);
+                p->transpose = block[i].transpose;
+                return 1;
+            }
+    }
+    CHECK(!"a GPT tensor without a Hugging Face name");
+    return 0;
+}
+
+static int llama_pieces(const hf_import *imp, int unit, const wm_tensor *t, piece *p) {
+    static const struct {
+        const char *ours, *hf;
+    } block[] = {{"attn_norm.weight", "input_layernorm.weight"}, {"attn.o.weight", "self_attn.o_proj.weight"},
+                 {"mlp_norm.weight", "post_attention_layernorm.weight"}, {"mlp.gate.weight", "mlp.gate_proj.weight"},
+                 {"mlp.up.weight", "mlp.up_proj.weight"}, {"mlp.down.weight", "mlp.down_proj.weight"}};
+    const model_spec *m = imp->m;
+    p->row0 = 0, p->rows = t->shape[0], p->transpose = false;
+    switch (model_unit_kind(m, unit)) {
+    case UNIT_EMBEDDING: snprintf(p->hf, sizeof p->hf, "model.embed_tokens.weight"); return 1;
+    case UNIT_HEAD:
+        snprintf(p->hf, sizeof p->hf, "%s", !strcmp(t->name, "norm.weight") ? "model.norm.weight" : "lm_head.weight");
+        return 1;
+    case UNIT_BLOCK:
+        if (!strcmp(t->name, "attn.qkv.weight")) { /* rows: q heads, k heads, v heads */
+            int64_t hd = m->d_model / m->n_head, q = m->n_head * hd, kv = m->n_kv_head * hd;
+            static const char *const names[] = {"q_proj", "k_proj", "v_proj"};
+            int64_t r0[] = {0, q, q + kv}, rows[] = {q, kv, kv};
+            for (int i = 0; i < 3; i++) {
+                snprintf(p[i].hf, sizeof p[i].hf, "model.layers.%d.self_attn.%s.weight", unit - 1, names[i]);
+                p[i].row0 = r0[i], p[i].rows = rows[i], p[i].transpose = false;
+            }
+            return 3;
+        }
+        for (size_t i = 0; i < sizeof block / sizeof block[0]; i++)
+            if (!strcmp(block[i].ours, t->name)) {
+                snprintf(p->hf, sizeof p->hf, "model.layers.%d.%s", unit - 1, block[i].hf);
+                return 1;
+            }
+    }
+    CHECK(!"a Llama tensor without a Hugging Face name");
+    return 0;
+}
+
+static int pieces_of(const hf_import *imp, int unit, const wm_tensor *t, piece *p) {
+    return imp->m->arch == ARCH_GPT ? gpt2_pieces(imp, unit, t, p) : llama_pieces(imp, unit, t, p);
+}
+
+/* ---- files ---- */
+
+/* The tensor `name` in whichever file holds it (*file, may be NULL), or NULL. */
+static const st_tensor *find(const hf_import *imp, const char *name, const st_file **file) {
+    for (int i = 0; i < imp->n_files; i++) {
+        const st_tensor *t = st_find(imp->files[i], name);
+        if (t) {
+            if (file) *file = imp->files[i];
+            return t;
+        }
+    }
+    return NULL;
+}
+
+static int add_file(hf_import *imp, const char *name, err_t *err) {
+    char path[2200];
+    snprintf(path, sizeof path, "%s/%s", imp->dir, name);
+    imp->files = xrealloc(imp->files, (size_t)(imp->n_files + 1) * sizeof *imp->files);
+    if (st_open(&imp->files[imp->n_files], path, err) < 0) return -1;
+    imp->n_files++;
+    return 0;
+}
+
+/* The shards a model.safetensors.index.json lists in its weight_map, each opened once. */
+static int open_index(hf_import *imp, const char *index, err_t *err) {
+    cJSON *root = json_load_file(index, err);
+    if (!root) return -1;
+    json_ctx c = {index, err};
+    const cJSON *map = NULL;
+    int rc = json_expect_object(&c, root, "index") < 0 || json_require(&c, root, "", "weight_map", &map) < 0 ||
+                     json_expect_object(&c, map, "weight_map") < 0
+                 ? -1
+                 : 0;
+    const char **seen = NULL;
+    int n_seen = 0;
+    for (const cJSON *e = map ? map->child : NULL; rc == 0 && e; e = e->next) {
+        char at[200];
+        const char *file;
+        snprintf(at, sizeof at, "weight_map.%.150s", e->string);
+        if (json_string(&c, e, at, &file) < 0) rc = -1;
+        else if (strchr(file, '/') || !strcmp(file, ".."))
+            rc = err_set(err, "%s: %s: \"%s\" is not a file name in the model directory", index, at, file);
+        bool known = false;
+        for (int i = 0; rc == 0 && i < n_seen && !known; i++) known = !strcmp(seen[i], file);
+        if (rc == 0 && !known) {
+            seen = xrealloc(seen, (size_t)(n_seen + 1) * sizeof *seen);
+            seen[n_seen++] = file;
+            rc = add_file(imp, file, err);
+        }
+    }
+    if (rc == 0 && n_seen == 0) rc = err_set(err, "%s: weight_map lists no tensors", index);
+    free(seen);
+    cJSON_Delete(root);
+    return rc;
+}
+
+static void shape_str(const int64_t *shape, int ndim, char *buf, size_t n) {
+    size_t len = (size_t)snprintf(buf, n, "[");
+    for (int i = 0; i < ndim && len < n; i++)
+        len += (size_t)snprintf(buf + len, n - len, "%s%lld", i ? ", " : "", (long long)shape[i]);
+    if (len < n) snprintf(buf + len, n - len, "]");
+}
+
+/* Piece p of a tensor of `cols` columns must be there with the shape it implies. */
+static int check_piece(const hf_import *imp, const piece *p, int64_t cols, int ndim, err_t *err) {
+    const st_file *f = NULL;
+    const st_tensor *t = find(imp, p->hf, &f);
+    if (!t)
+        return err_set(err, "%s: tensor '%s' not found in %s (config.json says this is a %s model with "
+                       "%d layers)", imp->dir, p->hf, imp->n_files == 1 ? "its safetensors file" : "any of its shards",
+                       imp->m->arch == ARCH_GPT ? "GPT-2" : "Llama", imp->m->n_layer);
+    int64_t want[2] = {p->rows, cols};
+    if (p->transpose) want[0] = cols, want[1] = p->rows;
+    bool same = t->ndim == ndim;
+    for (int i = 0; same && i < ndim; i++) same = t->shape[i] == want[i];
+    char a[64], b[64];
+    if (!same) {
+        shape_str(want, ndim, a, sizeof a);
+        shape_str(t->shape, t->ndim, b, sizeof b);
+        return err_set(err, "%s: tensor '%s': expected shape %s (from config.json), found %s",
+                       st_label(f), p->hf, a, b);
+    }
+    if (t->dtype != ST_F32 && t->dtype != ST_BF16 && t->dtype != ST_F16 && t->dtype != ST_F64)
+        return err_set(err, "%s: tensor '%s' is %s; import converts F32, BF16, F16 and F64", st_label(f), p->hf,
+                       st_dtype_name(t->dtype));
+    return 0;
+}
+
+/* ---- conversion ---- */
+
+static float bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* IEEE half to single, exactly (every half is a float): normals, subnormals, inf and NaN. */
+static float f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 0x1f, man = h & 0x3ff, u;
+    if (e == 0x1f) u = sign | 0x7f800000u | (man << 13);
+    else if (e) u = sign | ((e + 112) << 23) | (man << 13);
+    else if (!man) u = sign;
+    else { /* subnormal: normalise the mantissa */
+        int shift = 0;
+        while (!(man & 0x400)) man <<= 1, shift++;
+        u = sign | ((uint32_t)(113 - shift) << 23) | ((man & 0x3ff) << 13);
+    }
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* n elements of t starting at element `at`, `stride` apart, into dst as fp32. Files of other
+ * writers need not align tensors to their element size, hence memcpy per element. */
+static void convert(const st_tensor *t, int64_t at, int64_t n, int64_t stride, float *dst) {
+    const unsigned char *base = t->data;
+    size_t es = st_dtype_size(t->dtype);
+    for (int64_t i = 0; i < n; i++) {
+        const unsigned char *s = base + (size_t)(at + i * stride) * es;
+        switch (t->dtype) {
+        case ST_F32: memcpy(&dst[i], s, 4); break;
+        case ST_F64: {
+            double v;
+            memcpy(&v, s, 8);
+            dst[i] = (float)v;
+            break;
+        }
+        default: {
+            uint16_t h;
+            memcpy(&h, s, 2);
+            dst[i] = t->dtype == ST_BF16 ? bf16_to_f32(h) : f16_to_f32(h);
+        }
+        }
+    }
+}
+
+/* Elements [a, b) of our tensor (row-major [rows_total, cols]) that piece p covers, into dst
+ * (dst[0] is element a). */
+static void read_piece(const hf_import *imp, const piece *p, int64_t cols, int64_t a, int64_t b, float *dst) {
+    const st_tensor *t = find(imp, p->hf, NULL);
+    int64_t lo = p->row0 * cols, hi = (p->row0 + p->rows) * cols;
+    if (lo < a) lo = a;
+    if (hi > b) hi = b;
+    for (int64_t k = lo; k < hi;) {
+        int64_t r = k / cols - p->row0, c = k % cols;
+        int64_t run = cols - c < hi - k ? cols - c : hi - k; /* to the end of this row or range */
+        if (p->transpose) convert(t, c * p->rows + r, run, p->rows, dst + (k - a)); /* a column of [cols, rows] */
+        else convert(t, r * cols + c, run, 1, dst + (k - a));
+        k += run;
+    }
+}
+
+/* ---- the interface ---- */
+
+int hf_import_range(hf_import *imp, int unit, int64_t lo, int64_t hi, float *out, err_t *err) {
+    (void)err; /* every tensor was checked at open: nothing can fail here */
+    wm_tensor ts[WM_MAX_TENSORS];
+    int n = wm_unit_tensors(imp->m, unit, ts);
+    for (int i = 0; i < n; i++) {
+        int64_t a = ts[i].offset > lo ? ts[i].offset : lo;
+        int64_t b = ts[i].offset + ts[i].numel < hi ? ts[i].offset + ts[i].numel : hi;
+        if (a >= b) continue;
+        piece p[MAX_PIECES];
+        int np = pieces_of(imp, unit, &ts[i], p);
+        int64_t cols = ts[i].ndim == 2 ? ts[i].shape[1] : 1;
+        for (int k = 0; k < np; k++)
+            read_piece(imp, &p[k], cols, a - ts[i].offset, b - ts[i].offset, out + (a - lo));
+    }
+    return 0;
+}
+
+static int check_all(hf_import *imp, err_t *err) {
+    const model_spec *m = imp->m;
+    for (int u = 0; u < model_n_units(m); u++) {
+        wm_tensor ts[WM_MAX_TENSORS];
+        int n = wm_unit_tensors(m, u, ts);
+        for (int i = 0; i < n; i++) {
+            piece p[MAX_PIECES];
+            int np = pieces_of(imp, u, &ts[i], p);
+            for (int k = 0; k < np; k++)
+                if (check_piece(imp, &p[k], ts[i].ndim == 2 ? ts[i].shape[1] : 1, ts[i].ndim, err) < 0) return -1;
+        }
+    }
+    return 0;
+}
+
+int hf_import_open(hf_import **out, const char *dir, const model_spec *m, err_t *err) {
+    *out = NULL;
+    if (m->arch != ARCH_GPT && m->arch != ARCH_LLAMA)
+        return err_set(err, "%s: import reads GPT-2 and Llama models; this is a %s model", dir, model_arch_name(m->arch));
+    hf_import *imp = xcalloc(1, sizeof *imp);
+    imp->m = m;
+    snprintf(imp->dir, sizeof imp->dir, "%s", dir);
+    char index[1100], single[1100];
+    snprintf(index, sizeof index, "%s/model.safetensors.index.json", dir);
+    snprintf(single, sizeof single, "%s/model.safetensors", dir);
+    struct stat st;
+    int rc;
+    if (stat(single, &st) == 0) rc = add_file(imp, "model.safetensors", err);
+    else if (stat(index, &st) == 0) rc = open_index(imp, index, err);
+    else
+        rc = err_set(err, "%s: no model.safetensors or model.safetensors.index.json (expected a Hugging Face "
+                     "model directory with safetensors weights; .bin files are not read)", dir);
+    /* GPT-2's own files name its tensors without the "transformer." of GPT2LMHeadModel */
+    imp->gpt2_prefix = rc == 0 && !find(imp, "transformer.wte.weight", NULL) && find(imp, "wte.weight", NULL)
+                           ? ""
+                           : "transformer.";
+    if (rc == 0) rc = check_all(imp, err);
+    if (rc < 0) {
+        hf_import_close(imp);
+        return -1;
+    }
+    *out = imp;
+    return 0;
+}
+
+void hf_import_close(hf_import *imp) {
+    if (!imp) return;
+    for (int i = 0; i < imp->n_files; i++) st_close(imp->files[i]);
+    free(imp->files);
+    free(imp);
+}
+
+int hf_import_check_model(const char *dir, const model_spec *m, err_t *err) {
+    model_spec cfg;
+    if (model_load_hf_config(dir, &cfg, err) < 0) return -1;
+    model_spec want = *m;
+    /* the name is the directory's or the plan's, and defaults compare as their values; everything
+     * else must agree */
+    snprintf(cfg.name, sizeof cfg.name, "%s", m->name);
+    cfg.default_seq = want.default_seq;
+    model_spec *both[] = {&cfg, &want};
+    for (int i = 0; i < 2; i++) {
+        both[i]->rope_theta = both[i]->arch == ARCH_LLAMA ? model_rope_theta(both[i]) : 0;
+        both[i]->norm_eps = model_norm_eps(both[i]);
+    }
+    cJSON *a = model_to_json(&cfg), *b = model_to_json(&want);
+    char diff[1024] = "";
+    size_t len = 0;
+    for (const cJSON *x = a->child; x && len < sizeof diff; x = x->next) {
+        const cJSON *y = cJSON_GetObjectItemCaseSensitive(b, x->string);
+        char *sx = cJSON_PrintUnformatted(x), *sy = y ? cJSON_PrintUnformatted(y) : NULL;
+        if (!sy || strcmp(sx, sy))
+            len += (size_t)snprintf(diff + len, sizeof diff - len, "%s%s %s vs %s", len ? ", " : "",
+                                    x->string, sx, sy ? sy : "none");
+        free(sx), free(sy);
+    }
+    cJSON_Delete(a), cJSON_Delete(b);
+    if (!*diff) return 0;
+    return err_set(err, "%s/config.json describes another model than the %s being trained (the plan's or "
+                   "--model's): %s (config.json vs trained)", dir, m->name, diff);
+}
