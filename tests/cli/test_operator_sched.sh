@@ -20,7 +20,8 @@
 #    job ends (one re-plan, not before spec.elastic.minReplanSeconds), resumes from its checkpoint
 #    and succeeds;
 #  * a watcher (tests/k8s/gpuwatch.py) checks at every second that the GPU requests of the
-#    non-terminal pods bound to a node, or pinned to it by affinity, stay within its allocatable.
+#    non-terminal pods bound to a node, or pinned to it by affinity, stay within its allocatable
+#    (paused while the test itself over-books s-a with the foreign pod, until the job has moved).
 # About 2 minutes on 2 cores. Everything started is stopped on exit; KEEP_LOGS=DIR keeps the logs.
 set -u
 cd "$(dirname "$0")/../.."
@@ -103,7 +104,7 @@ $PY tests/k8s/kubelet.py --server "$K8S_SERVER" --token "$K8S_TOKEN" --ca "$K8S_
 kl_pid=$!
 assert "the kubelet registers 3 GPU nodes; they become Ready and lose the not-ready taint" wait_for 60 untainted s-a s-b s-c
 : >"$dir/overbooked"
-$PY tests/k8s/gpuwatch.py "$dir/overbooked" "$dir/gpuwatch.stop" &
+$PY tests/k8s/gpuwatch.py "$dir/overbooked" "$dir/gpuwatch.stop" "$dir/gpuwatch.pause" &
 watch_pid=$!
 "$OP" --kubeconfig "$KUBECONFIG" --metrics-addr 0 --leader-elect=false --log-level info \
   --worker-image registry.test/cephalo-worker:1 >"$dir/op.log" 2>&1 &
@@ -152,6 +153,9 @@ unbound() { # JOB N: N pods, none bound
 }
 assert "with the scheduler stopped, a job's 2 worker pods wait unbound" wait_for 30 unbound grab 2
 check "... planned on s-a's 2 L4s" 0 "s-a s-a" -- jp cephalojob grab '{.status.plan.ranks[*].node}'
+# the test over-books s-a itself here (the intruder on GPUs the job's unbound pods hold): the watcher
+# judges again once the operator has moved the job
+touch "$dir/gpuwatch.pause"
 printf '%s\n' 'apiVersion: v1' 'kind: Pod' 'metadata: {name: intruder, namespace: other}' 'spec:' '  nodeName: s-a' \
   '  restartPolicy: Never' \
   '  containers: [{name: c, image: registry.test/sleep:1, command: [sleep, "3600"], resources: {limits: {nvidia.com/gpu: "1"}}}]' |
@@ -167,6 +171,7 @@ placed() { # JOB NODES...: the job's current plan and its bound pods are on NODE
   [ "$plan" = "$want" ] && [ "$pods" = "$want" ]
 }
 assert "the job is re-planned around the foreign pod: the scheduler binds it to s-a and s-b" wait_for 60 placed grab "s-a s-b"
+rm -f "$dir/gpuwatch.pause"
 check "... saying why (an Unschedulable or a Replanned event)" 0 "" -- bash -c \
   "$(declare -f K event); event grab Unschedulable | grep -q 'planned on node s-a) cannot be scheduled' || event grab Replanned | grep -q 'the usable GPUs changed'"
 assert "... and trains to the end (Succeeded)" wait_for 90 phase_is grab Succeeded

@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""gpuwatch.py OUT STOP - checks, about every second until the file STOP exists, that no node's GPUs
+"""gpuwatch.py OUT STOP [PAUSE] - checks, about every second until the file STOP exists, that no node's GPUs
 are booked twice: the nvidia.com/gpu requests of the non-terminal pods of each node are at most its
 allocatable ones. A pod is a node's when bound to it (spec.nodeName) or, not bound yet, when its
 required node affinity names that one node (kubernetes.io/hostname In [v], v the node's hostname
 label or name; or matchFields metadata.name In [name]), as the operator's accounting charges it
 (docs/operator.md, "Placement"). Violations are appended to OUT, the number of polls is written to
-OUT.polls at the end. Uses kubectl (KUBECONFIG); Python 3 standard library only."""
+OUT.polls at the end. While the file PAUSE exists, polls are not judged (a test that over-books a
+node itself, a foreign pod pinned onto GPUs the operator's unbound pods hold, pauses the check until
+the operator has moved them). Uses kubectl (KUBECONFIG); Python 3 standard library only."""
 import json
 import os
 import subprocess
@@ -47,6 +49,7 @@ def node_of(p, by_host):
 
 def main():
     out, stop = sys.argv[1], sys.argv[2]
+    pause = sys.argv[3] if len(sys.argv) > 3 else None
     polls = 0
     while not os.path.exists(stop):
         try:
@@ -65,6 +68,9 @@ def main():
             if node and phase not in ('Succeeded', 'Failed'):
                 used[node] = used.get(node, 0) + sum(gpus(c) for c in p['spec']['containers'])
         bad = {n: (u, alloc[n]) for n, u in used.items() if n in alloc and u > alloc[n]}
+        if pause and os.path.exists(pause):
+            time.sleep(1)
+            continue
         polls += 1
         if bad:
             with open(out, 'a') as f:
