@@ -235,8 +235,6 @@ typedef struct op_queue {
     pthread_cond_t cv;
     op_item *items; /* pending, unique keys */
     int n, cap;
-    char (*known)[OP_KEY_MAX]; /* every job seen by the job watch */
-    int n_known, cap_known;
 } op_queue;
 
 static op_queue q = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
@@ -267,24 +265,6 @@ static void op_enqueue(const char *ns, const char *name) {
     pthread_mutex_unlock(&q.mu);
 }
 
-static void op_known(const char *ns, const char *name, bool present) {
-    char key[OP_KEY_MAX];
-    snprintf(key, sizeof key, "%s/%s", ns, name);
-    pthread_mutex_lock(&q.mu);
-    int i = 0;
-    while (i < q.n_known && strcmp(q.known[i], key)) i++;
-    if (present && i == q.n_known) {
-        if (q.n_known == q.cap_known) {
-            q.cap_known = q.cap_known ? 2 * q.cap_known : 16;
-            q.known = xrealloc(q.known, (size_t)q.cap_known * sizeof *q.known);
-        }
-        snprintf(q.known[q.n_known++], OP_KEY_MAX, "%s", key);
-    } else if (!present && i < q.n_known) {
-        memmove(q.known[i], q.known[i + 1], (size_t)(q.n_known - i - 1) * sizeof *q.known);
-        q.n_known--;
-    }
-    pthread_mutex_unlock(&q.mu);
-}
 
 /* Takes the next due key; waits at most until `deadline` (monotonic). false: nothing due. */
 static bool op_dequeue(double deadline, op_item *out, volatile int *stop) {
@@ -320,6 +300,7 @@ static volatile int op_stop;
 static volatile int op_leading; /* 1 while this replica works */
 static volatile int op_lost; /* leadership was lost: exit so that a fresh process campaigns */
 static volatile int op_jobs_listed; /* every watch's store has its first list */
+static rec_caches op_caches; /* the watches' stores (cache.h): what the reconcile reads */
 static pthread_mutex_t op_stats_mu = PTHREAD_MUTEX_INITIALIZER;
 static rec_stats op_stats;
 static bool op_elect;
@@ -369,7 +350,7 @@ static char *op_metrics_text(void) {
     double sum = op_reconcile_sum_s;
     pthread_mutex_unlock(&op_stats_mu);
     pthread_mutex_lock(&q.mu);
-    int depth = q.n, known = q.n_known;
+    int depth = q.n, known = op_caches.jobs ? cache_size(op_caches.jobs) : 0;
     pthread_mutex_unlock(&q.mu);
     op_family(f, "cephalo_operator_reconciles_total", "counter", "Reconciles of CephaloJobs.", s.reconciles);
     op_family(f, "cephalo_operator_reconcile_errors_total", "counter",
@@ -459,9 +440,6 @@ static struct MHD_Daemon *op_serve(const char *addr, err_t *err) {
 
 /* ---- watches ------------------------------------------------------------------------------- */
 
-/* The watches' stores (cache.h): what the reconcile reads. */
-static rec_caches op_caches;
-
 /* One list+watch feeding one store. Kinds that carry the cephalo.dev/job label (the jobs' pods,
  * plans and Services) queue their job on every change; nodes and busy pods, the jobs that may
  * now get GPUs. */
@@ -476,60 +454,43 @@ typedef struct op_watch {
     bool started;
 } op_watch;
 
-/* What the inventory reads of a Node (inventory.h): a change re-checks every job. Only the node
- * watch's thread touches this cache. */
-typedef struct op_node_fp {
-    char name[256];
-    char fp[512];
-} op_node_fp;
-static op_node_fp *op_fps;
-static int op_n_fps, op_cap_fps;
-
-static void op_node_fingerprint(const cJSON *node, char *out, size_t outsz) {
-    const cJSON *md = cJSON_GetObjectItemCaseSensitive(node, "metadata");
-    const cJSON *l = cJSON_GetObjectItemCaseSensitive(md, "labels");
-    const cJSON *al = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(node, "status"), "allocatable");
-    const cJSON *g = cJSON_GetObjectItemCaseSensitive(al, "nvidia.com/gpu");
-    const cJSON *un = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(node, "spec"), "unschedulable");
-    char *labels = l ? cJSON_PrintUnformatted(l) : NULL; /* node selectors may use any label */
-    snprintf(out, outsz, "%s|%s|%d|%d", cJSON_IsString(g) ? g->valuestring : "-", labels ? labels : "",
-             cJSON_IsTrue(un), inv_node_ready(node));
-    free(labels);
+static bool op_same_item(const cJSON *a, const cJSON *b, const char *key) {
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(a, key), *y = cJSON_GetObjectItemCaseSensitive(b, key);
+    return (!x && !y) || (x && y && cJSON_Compare(x, y, true));
 }
 
-/* true when the node's GPU-relevant fields changed (or it appeared or went). */
-static bool op_node_changed(const cJSON *node, bool deleted) {
-    const char *name = kube_meta_str(node, "name");
-    if (!name) return false;
-    int i = 0;
-    while (i < op_n_fps && strcmp(op_fps[i].name, name)) i++;
-    if (deleted) {
-        if (i == op_n_fps) return false;
-        op_fps[i] = op_fps[--op_n_fps];
-        return true;
+/* Whether two versions of a Node differ in what the inventory reads (inventory.h: its labels, any
+ * of which a node selector may name; allocatable nvidia.com/gpu; schedulability; readiness). NULL:
+ * no version, the node came or went. Status heartbeats change none of these. */
+static bool op_node_differs(const cJSON *a, const cJSON *b) {
+    if (!a || !b) return a != b;
+    const cJSON *ma = cJSON_GetObjectItemCaseSensitive(a, "metadata"), *mb = cJSON_GetObjectItemCaseSensitive(b, "metadata");
+    const cJSON *aa = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(a, "status"), "allocatable");
+    const cJSON *ab = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(b, "status"), "allocatable");
+    const cJSON *ua = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(a, "spec"), "unschedulable");
+    const cJSON *ub = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(b, "spec"), "unschedulable");
+    return !op_same_item(ma, mb, "labels") || !op_same_item(aa, ab, INV_RESOURCE_GPU) ||
+           cJSON_IsTrue(ua) != cJSON_IsTrue(ub) || inv_node_ready(a) != inv_node_ready(b);
+}
+
+/* Queues every job the job watch knows (its store), at once, or delay_s later. */
+static void op_enqueue_jobs(cache_keep_fn keep, double delay_s) {
+    cache_view v;
+    const cJSON *j, *jobs = cache_view_list(op_caches.jobs, keep, NULL, &v);
+    pthread_mutex_lock(&q.mu);
+    cJSON_ArrayForEach(j, cJSON_GetObjectItemCaseSensitive(jobs, "items")) {
+        char key[OP_KEY_MAX];
+        snprintf(key, sizeof key, "%s/%s", kube_meta_str(j, "namespace"), kube_meta_str(j, "name"));
+        op_enqueue_locked(key, delay_s, 0);
     }
-    char fp[512];
-    op_node_fingerprint(node, fp, sizeof fp);
-    if (i < op_n_fps) {
-        if (!strcmp(op_fps[i].fp, fp)) return false;
-        snprintf(op_fps[i].fp, sizeof op_fps[i].fp, "%s", fp);
-        return true;
-    }
-    if (op_n_fps == op_cap_fps) {
-        op_cap_fps = op_cap_fps ? 2 * op_cap_fps : 16;
-        op_fps = xrealloc(op_fps, (size_t)op_cap_fps * sizeof *op_fps);
-    }
-    snprintf(op_fps[op_n_fps].name, sizeof op_fps[op_n_fps].name, "%s", name);
-    snprintf(op_fps[op_n_fps].fp, sizeof op_fps[op_n_fps].fp, "%s", fp);
-    op_n_fps++;
-    return true;
+    pthread_mutex_unlock(&q.mu);
+    cache_view_release(&v);
 }
 
 static void op_enqueue_all(const char *why) {
-    pthread_mutex_lock(&q.mu);
-    if (why && q.n_known) op_log(1, "%s: checking the %d jobs again", why, q.n_known);
-    for (int i = 0; i < q.n_known; i++) op_enqueue_locked(q.known[i], 0, 0);
-    pthread_mutex_unlock(&q.mu);
+    int n = cache_size(op_caches.jobs);
+    if (why && n) op_log(1, "%s: checking the %d jobs again", why, n);
+    op_enqueue_jobs(NULL, 0);
 }
 
 /* Jobs that free GPUs may let start or grow: Queued ones, and live ones with spec.gpus.minGPUs. */
@@ -548,23 +509,8 @@ static bool op_waits_for_gpus(const cJSON *job, void *arg) {
 /* Queues the jobs waiting for GPUs OP_SETTLE_S after the first of a burst of busy-pod changes: the
  * pods of a gang end within moments of each other, and a job that looked at the first one's GPU
  * alone would start small (minGPUs) and re-plan moments later. */
-static void op_enqueue_waiting(void) {
-    cJSON *jobs = cache_list(op_caches.jobs, op_waits_for_gpus, NULL);
-    const cJSON *j;
-    pthread_mutex_lock(&q.mu);
-    cJSON_ArrayForEach(j, cJSON_GetObjectItemCaseSensitive(jobs, "items")) {
-        char key[OP_KEY_MAX];
-        snprintf(key, sizeof key, "%s/%s", kube_meta_str(j, "namespace"), kube_meta_str(j, "name"));
-        op_enqueue_locked(key, OP_SETTLE_S, 0);
-    }
-    pthread_mutex_unlock(&q.mu);
-    cJSON_Delete(jobs);
-}
+static void op_enqueue_waiting(void) { op_enqueue_jobs(op_waits_for_gpus, OP_SETTLE_S); }
 
-static bool op_same_item(const cJSON *a, const cJSON *b, const char *key) {
-    const cJSON *x = cJSON_GetObjectItemCaseSensitive(a, key), *y = cJSON_GetObjectItemCaseSensitive(b, key);
-    return (!x && !y) || (x && y && cJSON_Compare(x, y, true));
-}
 
 /* Whether a job's event is one to reconcile: new, its spec (generation), labels or annotations
  * changed, or being deleted. Status writes (the operator's own, progress among them) are not. */
@@ -575,14 +521,15 @@ static bool op_job_changed(const cJSON *prev, const cJSON *job) {
            !op_same_item(pm, m, "labels") || !op_same_item(pm, m, "annotations");
 }
 
-static void op_enqueue_object(const op_watch *w, const cJSON *o, watch_type t) {
+/* prev: the version the store had (nodes only; NULL when it had none). */
+static void op_enqueue_object(const op_watch *w, const cJSON *o, watch_type t, const cJSON *prev) {
     const char *ns = kube_meta_str(o, "namespace");
     if (w->kind == OP_BUSY) {
         if (t != WATCH_MODIFIED) op_enqueue_waiting(); /* GPUs taken or freed; a status change frees none */
         return;
     }
     if (w->kind == OP_NODES) {
-        if (op_node_changed(o, t == WATCH_DELETED)) {
+        if (op_node_differs(prev, t == WATCH_DELETED ? NULL : o)) {
             char why[300];
             snprintf(why, sizeof why, "node %s %s", kube_meta_str(o, "name"),
                      t == WATCH_DELETED ? "is gone" : t == WATCH_ADDED ? "appeared" : "changed its GPUs or labels");
@@ -592,7 +539,6 @@ static void op_enqueue_object(const op_watch *w, const cJSON *o, watch_type t) {
     }
     if (w->kind == OP_JOBS) {
         const char *name = kube_meta_str(o, "name");
-        op_known(ns, name, t != WATCH_DELETED);
         op_enqueue(ns, name); /* deleted too: its reconcile drops its planning, if any */
         return;
     }
@@ -606,6 +552,7 @@ static int op_on_list(const cJSON *items, const char *rv, void *arg, err_t *err)
     op_watch *w = arg;
     op_log(0, "%s: listed %d (resourceVersion %s)", w->what, cJSON_GetArraySize(items), rv ? rv : "?");
     bool relist = cache_synced(w->store);
+    cJSON *old = relist && w->kind == OP_NODES ? cache_list(w->store, NULL, NULL) : NULL;
     cache_replace(w->store, items);
     const cJSON *o;
     if (w->kind == OP_BUSY) {
@@ -613,31 +560,22 @@ static int op_on_list(const cJSON *items, const char *rv, void *arg, err_t *err)
         return 0;
     }
     if (w->kind == OP_NODES) {
-        /* a relist: compare everything with the cache (the first list only fills it) */
-        bool first = op_n_fps == 0, changed = false;
-        int before = op_n_fps;
-        op_node_fp *old = before ? xmalloc((size_t)before * sizeof *old) : NULL;
-        if (before) memcpy(old, op_fps, (size_t)before * sizeof *old);
-        op_n_fps = 0;
+        /* a relist: compare it with what the store had (the first list only fills it) */
+        bool changed = relist && cJSON_GetArraySize(items) != cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(old, "items"));
         cJSON_ArrayForEach(o, items) {
-            const char *name = kube_meta_str(o, "name");
-            if (!name) continue;
-            op_node_changed(o, false);
-            int j = 0;
-            while (j < before && strcmp(old[j].name, name)) j++;
-            if (j == before || strcmp(old[j].fp, op_fps[op_n_fps - 1].fp)) changed = true;
+            if (!relist || changed) break;
+            const cJSON *was = NULL, *n;
+            cJSON_ArrayForEach(n, cJSON_GetObjectItemCaseSensitive(old, "items"))
+                if (!was && !strcmp(kube_meta_str(n, "name") ? kube_meta_str(n, "name") : "",
+                                    kube_meta_str(o, "name") ? kube_meta_str(o, "name") : ""))
+                    was = n;
+            changed = op_node_differs(was, o);
         }
-        if (op_n_fps != before) changed = true;
-        free(old);
-        if (changed && !first) op_enqueue_all("nodes relisted with changes");
+        cJSON_Delete(old);
+        if (changed) op_enqueue_all("nodes relisted with changes");
         return 0;
     }
-    if (w->kind == OP_JOBS) {
-        pthread_mutex_lock(&q.mu);
-        q.n_known = 0;
-        pthread_mutex_unlock(&q.mu);
-    }
-    cJSON_ArrayForEach(o, items) op_enqueue_object(w, o, WATCH_ADDED);
+    cJSON_ArrayForEach(o, items) op_enqueue_object(w, o, WATCH_ADDED, NULL);
     return 0;
 }
 
@@ -645,10 +583,15 @@ static int op_on_event(watch_type t, const cJSON *o, void *arg, err_t *err) {
     (void)err;
     op_watch *w = arg;
     op_log(0, "%s: %s %s/%s", w->what, watch_type_name(t), kube_meta_str(o, "namespace"), kube_meta_str(o, "name"));
+    const char *ns = kube_meta_str(o, "namespace"), *name = kube_meta_str(o, "name");
     cJSON *prev = NULL;
-    if (t == WATCH_DELETED) cache_remove(w->store, kube_meta_str(o, "namespace"), kube_meta_str(o, "name"));
-    else if (!cache_put(w->store, o, &prev)) return 0; /* older than what the store has */
-    if (w->kind != OP_JOBS || t != WATCH_MODIFIED || op_job_changed(prev, o)) op_enqueue_object(w, o, t);
+    if (t == WATCH_DELETED) {
+        if (w->kind == OP_NODES) prev = cache_get(w->store, ns, name);
+        cache_remove(w->store, ns, name);
+    } else if (!cache_put(w->store, o, w->kind == OP_JOBS || w->kind == OP_NODES ? &prev : NULL)) {
+        return 0; /* older than what the store has */
+    }
+    if (w->kind != OP_JOBS || t != WATCH_MODIFIED || op_job_changed(prev, o)) op_enqueue_object(w, o, t, prev);
     cJSON_Delete(prev);
     return 0;
 }
@@ -935,8 +878,6 @@ done:
     kube_client_free(k);
     kube_config_free(&cfg);
     free(q.items);
-    free(q.known);
-    free(op_fps);
     cache_free(op_caches.jobs), cache_free(op_caches.pods), cache_free(op_caches.busy);
     cache_free(op_caches.nodes), cache_free(op_caches.configmaps), cache_free(op_caches.services);
     return op_lost ? 1 : rc;

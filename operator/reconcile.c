@@ -635,7 +635,6 @@ static int status_mutate(cJSON *obj, void *argp, err_t *err) {
     return 1;
 }
 
-
 static void emit(kube_client *k, const cJSON *job, const char *type, const char *reason, const char *msg) {
     kube_event ev = {.namespace = kube_meta_str(job, "namespace"), .api_version = REC_API_VERSION,
                      .kind = "CephaloJob", .name = kube_meta_str(job, "name"),
@@ -1085,16 +1084,15 @@ static bool shares_nodes(rec_ctx *x, const cJSON *other) {
 /* A job with an earlier claim on GPUs of this job's plan: one ahead of it in the queue (Queued,
  * higher spec.priority, else created earlier) that may use the same nodes, so that a later job
  * does not take GPUs an earlier one waits for; or an admitted one restarting its gang there
- * (between its old pods' end and its new pods' creation its GPUs look free). 1 with `who` set,
- * 0 if none, -1 on an API error. */
-static int queue_blocker(rec_ctx *x, char *who, size_t n, err_t *err) {
-    (void)err;
-    /* the jobs the operator watches: an operator of one namespace (chart value watchNamespace) queues
-     * that namespace's */
-    cJSON *jobs = cache_list(x->c->caches->jobs, NULL, NULL);
+ * (between its old pods' end and its new pods' creation its GPUs look free). Whether there is
+ * one, with `who` set. Among the jobs the operator watches: an operator of one namespace (chart
+ * value watchNamespace) queues that namespace's. */
+static bool queue_blocker(rec_ctx *x, char *who, size_t n) {
+    cache_view v;
+    const cJSON *jobs = cache_view_list(x->c->caches->jobs, NULL, NULL, &v);
     const char *uid = kube_meta_str(x->job, "uid");
     const cJSON *j;
-    int found = 0;
+    bool found = false;
     cJSON_ArrayForEach(j, get(jobs, "items")) {
         const cJSON *st = get(j, "status"), *ad = find_condition(st, "Admitted");
         const char *ph = get_str(st, "phase", "");
@@ -1111,10 +1109,10 @@ static int queue_blocker(rec_ctx *x, char *who, size_t n, err_t *err) {
         else
             snprintf(who, n, "waiting for CephaloJob %s/%s to restart its gang on GPUs this job would take",
                      kube_meta_str(j, "namespace"), kube_meta_str(j, "name"));
-        found = 1;
+        found = true;
         break;
     }
-    cJSON_Delete(jobs);
+    cache_view_release(&v);
     return found;
 }
 
@@ -1131,8 +1129,7 @@ static int admit(rec_ctx *x, err_t *err) {
     if (live && gang_ended(x, x->plan_id)) return 1;
     if (plan_fits(x, x->plan_doc)) {
         if (live) return 1;
-        int rc = queue_blocker(x, msg, sizeof msg, err);
-        return rc < 0 ? -1 : rc == 0 ? 1 : queue_job(x, msg, err);
+        return queue_blocker(x, msg, sizeof msg) ? queue_job(x, msg, err) : 1;
     }
     plan_types(x->plan_doc, types, sizeof types);
     int nfree = x->have_free ? x->free_cl.n_devices : 0;

@@ -365,6 +365,13 @@ static void expect_error(const char *json, const char *n1, const char *n2) {
 
 static void test_bad_files(void **state) {
     (void)state;
+    /* two tokens with one id (found by fuzz_tokenizer): the id would decode as only one of them */
+    char *dup = sp_json(SP_NORM, "null", SP_DEC, ", \"byte_fallback\": true");
+    char *b = strstr(dup, "\"b\": 261");
+    assert_non_null(b);
+    memcpy(b, "\"b\": 260", 8);
+    expect_error(dup, "model.vocab: \"a\" and \"b\" both have id 260 (expected one token per id)", NULL);
+    free(dup);
     expect_error("{", "bad.json", "JSON syntax error");
     expect_error("[1]", "bad.json", "expected an object");
     expect_error("{}", "missing field 'model'", NULL);

@@ -1101,16 +1101,24 @@ static int build_decoder(loader *L) {
     text_add(&blob, "", 0);
     uint8_t *is_added = xcalloc((size_t)t->n_ids, 1);
     for (int i = 0; i < t->n_added; i++) is_added[t->added[i].id] = 1;
+    /* one token per id: a second string with the same id would decode as the first */
+    uint32_t *owner = xcalloc((size_t)t->n_ids, sizeof *owner); /* vocabulary entry + 1 */
     for (size_t e = 0; e < t->vocab.n; e++) {
         int32_t id = t->vocab.val[e];
         const char *s = t->vocab.blob + t->vocab.off[e];
         size_t n = t->vocab.len[e], at = blob.n;
         int bt;
+        if (owner[id]) {
+            const char *other = t->vocab.blob + t->vocab.off[owner[id] - 1];
+            free(blob.p), free(is_added), free(owner);
+            return err_set(L->c.err, "%s: model.vocab: \"%.80s\" and \"%.80s\" both have id %d (expected one token per id)",
+                           L->c.file, other, s, id);
+        }
+        owner[id] = (uint32_t)e + 1;
         if (is_added[id]) text_add(&blob, s, n);
         else if (t->kind == TOK_BYTE_BPE) {
             if (!byte_level_decode(s, n, &blob)) {
-                free(blob.p);
-                free(is_added);
+                free(blob.p), free(is_added), free(owner);
                 return err_set(L->c.err, "%s: model.vocab[\"%.80s\"]: not a byte-level token (a character outside "
                                          "the 256 byte characters)",
                                L->c.file, s);
@@ -1127,7 +1135,7 @@ static int build_decoder(loader *L) {
         t->dec_len[id] = (uint32_t)(blob.n - at);
     }
     t->dec_blob = blob.p;
-    free(is_added);
+    free(is_added), free(owner);
     return 0;
 }
 
