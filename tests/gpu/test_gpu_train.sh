@@ -10,7 +10,9 @@
 #   c) the multi-rank invariant on one GPU: 2 and 3 ranks (socket backend, host staging) with
 #      uneven plans = 1 rank (tests/cli/test_fsdp.sh's method);
 #   d) --offload on and off give bit-identical parameters and moments after 3 steps.
-# KEEP=1 keeps the work directory (printed). GPU_TRAIN_PARTS=abcd selects parts,
+#   e) Hugging Face import with --device cuda: step-0 logits against the transformers-style forward,
+#      and the float64 oracle over 5 steps of fine-tuning an imported model.
+# KEEP=1 keeps the work directory (printed). GPU_TRAIN_PARTS=abcde selects parts,
 # GPU_TRAIN_PRECISIONS ("fp32 bf16 fp16") part b's precisions.
 set -u
 cd "$(dirname "$0")/../.." || exit 1
@@ -21,7 +23,7 @@ C=$B/bin/cephalo
 WC=$B/bin/cephalo-worker-cuda
 PY=${PYTHON:-/usr/bin/python3}
 PT=("$PY" tests/fsdp/plan_tool.py)
-PARTS=${GPU_TRAIN_PARTS:-abcd}
+PARTS=${GPU_TRAIN_PARTS:-abcde}
 T=$(mktemp -d)
 if [ "${KEEP:-0}" = 1 ]; then echo "# work directory kept: $T"; trap 'kill -9 $(jobs -p) 2>/dev/null' EXIT
 else trap 'kill -9 $(jobs -p) 2>/dev/null; rm -rf "$T"' EXIT; fi
@@ -173,5 +175,43 @@ if [[ $PARTS == *d* ]]; then
       check "$name fp32: --offload on and off give bit-identical parameters and moments after 3 steps" 0 "" \
         -- bash -c "[ \"\$(${PT[*]} gather $T/off-$name-on/step_00000003.safetensors)\" = \"\$(${PT[*]} gather $T/off-$name-off/step_00000003.safetensors)\" ]"
     done
+  fi
+fi
+
+# ---- e) Hugging Face import on the GPU -------------------------------------------------------------
+# tests/cli/test_import.sh's checks with --device cuda (exact fp32 matmuls, as set for part c):
+# step-0 logits of imported directories = the transformers-style float64 forward on the files, and
+# the float64 oracle over 5 AdamW steps of fine-tuning an imported model
+if [[ $PARTS == *e* ]]; then
+  HF=("$PY" tests/ref/hf_models.py)
+  declare -A HFM=(
+    [gpt2-bf16-sharded]="--arch gpt2 --dtype bf16 --shards 3 --eps 1e-6"
+    [llama3-bf16-sharded]="--arch llama --dtype bf16 --kv 1 --rope-theta 500000 --shards 2 --eps 1e-5"
+    [llama-f16-tied]="--arch llama --dtype f16 --kv 2 --tied --rope-theta 500000"
+  )
+  for name in $(printf '%s\n' "${!HFM[@]}" | sort); do
+    d=$T/hf-$name
+    # shellcheck disable=SC2086
+    if ! out=$("${HF[@]}" make "$d" ${HFM[$name]} --seed 3 2>&1); then fail "$name: hf_models.py makes the directory" "$out"; continue; fi
+    if ! out=$($TMO "$WC" train --device cuda --quiet --init-from "$d" --batch 2 --seq 24 --steps 1 --dump "$d.dump" 2>&1); then
+      fail "$name: the cuda worker imports it" "$out"; continue
+    fi
+    out=$("${HF[@]}" check "$d" "$d.dump" 2>&1)
+    n=$((n + 1))
+    if [[ $out == "ok - "* ]]; then echo "ok $n - $name on cuda: ${out#ok - }"; else echo "not ok $n - $name on cuda: ${out#*- }" | head -3; fi
+  done
+  d=$T/hf-llama-f16-tied
+  if out=$($TMO "$WC" train --device cuda --quiet --init-from "$d" --batch 4 --microbatch 2 --steps 5 --seed 7 --lr 1e-3 \
+      --warmup 2 --seq 32 --dump "$d.odump" --log "$d.olog" 2>&1); then
+    out=$("$PY" tests/ref/oracle.py "$d.odump" "$d.olog" 2>&1)
+    while IFS= read -r line; do
+      case $line in
+        "ok - "*) n=$((n + 1)); echo "ok $n - imported llama-f16-tied on cuda (oracle): ${line#ok - }" ;;
+        "not ok - "*) n=$((n + 1)); echo "not ok $n - imported llama-f16-tied on cuda (oracle): ${line#not ok - }" ;;
+      esac
+    done <<<"$out"
+    grep -q '^ok - ' <<<"$out" || fail "imported llama-f16-tied on cuda: the oracle runs" "$out"
+  else
+    fail "imported llama-f16-tied: the cuda worker fine-tunes it for the oracle" "$out"
   fi
 fi

@@ -383,7 +383,10 @@ def main(argv):
 
     # final parameters: strictly where Adam is well conditioned, within its step bound elsewhere
     errs, missing = [], []
-    bound = sum(lrs[k] * adam_ratio_bound(tr["beta1"], tr["beta2"], k + 1) for k in range(K)) * 1.01
+    # each side moves such an element by at most one Adam step per step, in either direction, so
+    # the two can end up to two steps per step apart (seen on an H200, bf16: 3.78e-3 against one
+    # side's 3.64e-3 on tiny-llama, an element whose steps took opposite signs more than once)
+    bound = 2 * sum(lrs[k] * adam_ratio_bound(tr["beta1"], tr["beta2"], k + 1) for k in range(K)) * 1.01
     zmax, nsens = 0.0, 0
     for n in wnames:
         if n not in final or tuple(final[n].shape) != tuple(P[n].shape):
@@ -409,7 +412,7 @@ def main(argv):
         rep.note("  %s rel err %.2e" % (n, e))
     mx["ill-conditioned abs"] = zmax
     rep.check(zmax <= bound, "%d ill-conditioned elements (%ssqrt(v_hat) < %.0e%s at some step) moved at "
-              "most an Adam step per step" % (nsens, "key part of the qkv biases, " if spec.arch != "llama" else "",
+              "most an Adam step per step each" % (nsens, "key part of the qkv biases, " if spec.arch != "llama" else "",
                                               ADAM_SENS, " or %.1e of max|g|" % ADAM_SENS_REL if ADAM_SENS_REL else ""),
               "max |C - oracle| %.2e, bound %.2e" % (zmax, bound))
 
