@@ -169,6 +169,38 @@ bool inv_node_ready(const cJSON *node) {
     return true; /* no Ready condition reported (yet): taken as usable */
 }
 
+static const char *item_str(const cJSON *o, const char *key) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    return cJSON_IsString(v) ? v->valuestring : "";
+}
+
+bool inv_tolerates(const cJSON *tol, const cJSON *taint) {
+    const char *teff = item_str(tol, "effect"), *key = item_str(tol, "key"), *op = item_str(tol, "operator");
+    if (*teff && strcmp(teff, item_str(taint, "effect")) != 0) return false;
+    if (!strcmp(op, "Exists")) return !*key || !strcmp(key, item_str(taint, "key"));
+    return !strcmp(key, item_str(taint, "key")) && !strcmp(item_str(tol, "value"), item_str(taint, "value"));
+}
+
+/* Taints the inventory leaves to its other checks: readiness (inv_node_ready, which the node
+ * lifecycle controller's not-ready taint lags behind), and cordoning (spec.unschedulable). */
+static bool taint_handled_elsewhere(const char *key) {
+    return !strcmp(key, "node.kubernetes.io/not-ready") || !strcmp(key, "node.kubernetes.io/unreachable") ||
+           !strcmp(key, "node.kubernetes.io/unschedulable");
+}
+
+const cJSON *inv_untolerated_taint(const cJSON *node, const cJSON *tolerations) {
+    const cJSON *taint, *tol;
+    cJSON_ArrayForEach(taint, cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(node, "spec"), "taints")) {
+        const char *effect = item_str(taint, "effect");
+        if (strcmp(effect, "NoSchedule") != 0 && strcmp(effect, "NoExecute") != 0) continue;
+        if (taint_handled_elsewhere(item_str(taint, "key"))) continue;
+        bool tolerated = false;
+        cJSON_ArrayForEach(tol, tolerations) tolerated = tolerated || inv_tolerates(tol, taint);
+        if (!tolerated) return taint;
+    }
+    return NULL;
+}
+
 /* One container's nvidia.com/gpu: requests, else limits (the API server defaults an extended
  * resource's request to its limit, but a pod read from elsewhere may lack the default). */
 static long container_gpus(const cJSON *ctr) {
@@ -395,6 +427,14 @@ int inv_build(const cJSON *nodes, const inv_constraints *c, cluster *cl, inv_res
             continue;
         }
         if (c->node_selector && !selector_matches(node, c->node_selector)) continue;
+        const cJSON *taint = inv_untolerated_taint(node, c->tolerations);
+        if (taint) {
+            char t[160];
+            snprintf(t, sizeof t, "%.60s%s%.60s:%s", item_str(taint, "key"), *item_str(taint, "value") ? "=" : "",
+                     item_str(taint, "value"), item_str(taint, "effect"));
+            note(r, "node %s has the taint %s, which spec.tolerations does not tolerate", name, t);
+            continue;
+        }
         const gpu_spec *spec = find_product(memo, &n_memo, product);
         if (!product_allowed(product, spec, c->allowed_products)) continue;
         double mem_mib = 0;

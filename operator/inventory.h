@@ -57,6 +57,11 @@ typedef struct inv_constraints {
      * re-planning counts its own GPUs as its own). */
     const cJSON *pods;
     const char *own_uid;
+    /* The job's spec.tolerations (array, or NULL: none). A node with a NoSchedule or NoExecute
+     * taint that none of them tolerates is left out with a note, as kube-scheduler would refuse
+     * it; PreferNoSchedule taints are only a preference and do not count. The not-ready,
+     * unreachable and unschedulable taints are left to readiness and cordoning above. */
+    const cJSON *tolerations;
 } inv_constraints;
 
 typedef struct inv_result {
@@ -70,6 +75,13 @@ typedef struct inv_result {
 /* False when the Node's Ready condition is False or Unknown, or (without one) it carries the
  * unreachable taint; a node that reports no Ready condition otherwise counts as ready. */
 bool inv_node_ready(const cJSON *node);
+/* Kubernetes' rule for one toleration and one taint: the effects match (an empty effect in the
+ * toleration matches every effect), and operator Exists with an empty key tolerates every taint,
+ * Exists with a key the taint of that key, Equal (the default) the taint of that key and value. */
+bool inv_tolerates(const cJSON *toleration, const cJSON *taint);
+/* The first NoSchedule or NoExecute taint of the node that no toleration tolerates (the
+ * readiness, reachability and cordon taints aside), or NULL. */
+const cJSON *inv_untolerated_taint(const cJSON *node, const cJSON *tolerations);
 /* Builds `cl` (initialised here) from a NodeList's items. 0, or -1 with the error set when no
  * usable GPU is left (the error says why, e.g. what the nodes have versus what was allowed). With
  * c->pods, usable GPUs that are all busy are no error: 0 with an empty cluster (r->gpus 0). */

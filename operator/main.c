@@ -460,7 +460,7 @@ static bool op_same_item(const cJSON *a, const cJSON *b, const char *key) {
 }
 
 /* Whether two versions of a Node differ in what the inventory reads (inventory.h: its labels, any
- * of which a node selector may name; allocatable nvidia.com/gpu; schedulability; readiness). NULL:
+ * of which a node selector may name; allocatable nvidia.com/gpu; schedulability; taints; readiness). NULL:
  * no version, the node came or went. Status heartbeats change none of these. */
 static bool op_node_differs(const cJSON *a, const cJSON *b) {
     if (!a || !b) return a != b;
@@ -469,8 +469,10 @@ static bool op_node_differs(const cJSON *a, const cJSON *b) {
     const cJSON *ab = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(b, "status"), "allocatable");
     const cJSON *ua = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(a, "spec"), "unschedulable");
     const cJSON *ub = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(b, "spec"), "unschedulable");
+    const cJSON *sa = cJSON_GetObjectItemCaseSensitive(a, "spec"), *sb = cJSON_GetObjectItemCaseSensitive(b, "spec");
     return !op_same_item(ma, mb, "labels") || !op_same_item(aa, ab, INV_RESOURCE_GPU) ||
-           cJSON_IsTrue(ua) != cJSON_IsTrue(ub) || inv_node_ready(a) != inv_node_ready(b);
+           cJSON_IsTrue(ua) != cJSON_IsTrue(ub) || inv_node_ready(a) != inv_node_ready(b) ||
+           !op_same_item(sa, sb, "taints");
 }
 
 /* Queues every job the job watch knows (its store), at once, or delay_s later. */

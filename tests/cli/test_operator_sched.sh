@@ -4,11 +4,15 @@
 # kube-controller-manager) with tests/k8s/kubelet.py registering three mixed GPU Nodes (s-a: 2 L4,
 # s-b: 1 A10G, s-c: 1 L4), heartbeating them and running what is bound there (worker pods as local
 # `cephalo-worker --device cpu` processes, other pods as their command). Checks:
-#  * the scheduler refusing what the accounting thinks is free (a taint the job does not
-#    tolerate): the job says why (Restarting, reason Unschedulable; a Warning Event naming the
-#    pod, its node and the scheduler's message), its gangs come 5 s, 10 s, 20 s apart (no hot
-#    loop; the count in the plan ConfigMap's annotation), none counted against backoffLimit 0;
-#    the taint removed, the next gang runs to the end and the count is cleared;
+#  * taints: a job is planned around a node tainted against it (the note names the taint); a job
+#    whose only nodes are tainted against it cannot plan (NoGPUs, naming the taint), one that
+#    tolerates the taint runs there, and the taint removed, the first job plans and trains;
+#  * the scheduler refusing what the accounting thinks is free (a node whose allocatable pods
+#    are 0: "Too many pods"): the job says why (Restarting, reason Unschedulable; a Warning Event
+#    naming the pod, its node and the scheduler's message), its gangs come 5 s, 10 s, 20 s apart
+#    (no hot loop; the count in the plan ConfigMap's annotation), none counted against
+#    backoffLimit 0; the node's pods restored, the next gang runs to the end and the count is
+#    cleared;
 #  * a GPU taken between planning and binding: with kube-scheduler stopped (SIGSTOP), a job's two
 #    pods wait unbound; a foreign pod pinned to their node by nodeName takes one of the GPUs
 #    (kubelet.py runs it); once the scheduler resumes, the job is re-planned around the foreign
@@ -117,14 +121,39 @@ job() { # NAME STEPS [SPEC-LINES...]: tiny-gpt, seq 64, batch 8
   for l in "$@"; do printf '  %s\n' "$l"; done
 }
 
-# ---- the scheduler refusing what the accounting thinks is free: Unschedulable, backoff --------
-# a taint the job does not tolerate (the accounting does not look at taints): every gang is refused
+# ---- taints: planned around; NoGPUs naming the taint; tolerations -----------------------------
 K taint node s-c cephalo.dev/test=refuse:NoSchedule >/dev/null
+job taint-only 10 'gpus: {nodeSelector: {kubernetes.io/hostname: s-c}}' | K apply -f - >/dev/null
+assert "a job whose only node is tainted against it cannot plan: NoGPUs, the message names the taint" wait_for 30 bash -c \
+  "kubectl get cephalojob taint-only -o jsonpath='{.status.phase} {.status.conditions[?(@.type==\"Failed\")].reason} {.status.message}' | grep -q '^Failed NoGPUs .*node s-c has the taint cephalo.dev/test=refuse:NoSchedule, which spec.tolerations does not tolerate'"
+check "... and it has no pods" 0 "" -- pod_phases taint-only
+job tolerant 10 'gpus: {nodeSelector: {kubernetes.io/hostname: s-c}}' \
+  'tolerations: [{key: cephalo.dev/test, operator: Equal, value: refuse, effect: NoSchedule}]' | K apply -f - >/dev/null
+assert "a job tolerating the taint is placed on s-c by the scheduler and trains to the end" wait_for 60 phase_is tolerant Succeeded
+check "... its pod was bound to s-c" 0 "s-c" -- jp pod tolerant-0 '{.spec.nodeName}'
+K delete cephalojob tolerant >/dev/null
+job around 10 | K apply -f - >/dev/null
+assert "a job that may use any node is planned around the tainted one and trains to the end" wait_for 60 phase_is around Succeeded
+check "... its plan's notes name the taint" 0 "" -- bash -c \
+  "kubectl get configmap around-plan -o json | grep -q 'node s-c has the taint cephalo.dev/test=refuse:NoSchedule'"
+check "... and none of its pods is on s-c" 0 "" -- bash -c \
+  "! kubectl get pods -l cephalo.dev/job=around -o jsonpath='{.items[*].spec.nodeName}' | grep -q s-c"
+K delete cephalojob around >/dev/null
+K taint node s-c cephalo.dev/test- >/dev/null
+assert "the taint removed, the job that could not plan plans on s-c and trains to the end" wait_for 60 phase_is taint-only Succeeded
+K delete cephalojob taint-only >/dev/null
+wait_for 30 bash -c "[ -z \"\$(kubectl get pods -o name 2>/dev/null)\" ]"
+
+# ---- the scheduler refusing what the accounting thinks is free: Unschedulable, backoff --------
+# s-c takes no more pods (allocatable pods 0; the accounting counts GPUs only): every gang is
+# refused with "Too many pods". kubelet.py's heartbeats patch the conditions only, so this stays.
+node_pods() { K patch node s-c --subresource=status --type=merge -p "{\"status\":{\"allocatable\":{\"pods\":\"$1\"}}}" >/dev/null; }
+node_pods 0
 job refused 40 'gpus: {nodeSelector: {kubernetes.io/hostname: s-c}}' 'backoffLimit: 0' | K apply -f - >/dev/null
 assert "a job whose pod the scheduler refuses says so: Restarting, reason Unschedulable" wait_for 30 bash -c \
   "[ \"\$(kubectl get cephalojob refused -o jsonpath='{.status.phase} {.status.conditions[?(@.type==\"Restarting\")].reason}')\" = 'Restarting Unschedulable' ]"
 check "... a Warning Event names the pod, its node and the scheduler's message" 0 "" -- bash -c \
-  "$(declare -f K event); event refused Unschedulable | grep -E 'worker pod refused-0 \\(rank 0, planned on node s-c\\) cannot be scheduled: 0/3 nodes are available: .*taint.*; the gang is stopped and planned again on the GPUs free now \\(its GPU may have been taken after planning; not counted against backoffLimit\\), the next gang in 5 s at the earliest \\(refusal 1 in a row; 5 s doubling to 300 s\\)'"
+  "$(declare -f K event); event refused Unschedulable | grep -E 'worker pod refused-0 \\(rank 0, planned on node s-c\\) cannot be scheduled: 0/3 nodes are available: .*Too many pods.*; the gang is stopped and planned again on the GPUs free now \\(its GPU may have been taken after planning; not counted against backoffLimit\\), the next gang in 5 s at the earliest \\(refusal 1 in a row; 5 s doubling to 300 s\\)'"
 assert "... while it waits, the status says when the next gang comes" wait_for 20 bash -c \
   "kubectl get cephalojob refused -o jsonpath='{.status.message}' | grep -q 'the scheduler refused a worker pod of the last gang (refusal [0-9] in a row): the next gang is created in [0-9]* s'"
 sleep 14
@@ -134,8 +163,8 @@ check "no hot loop: about 20 s of refusals made 2 or 3 gangs (5 s, 10 s, 20 s ap
   test "${r:-0}" -ge 2 -a "${r:-0}" -le 3
 check "... counted in the plan ConfigMap's annotation, not against backoffLimit 0" 0 "Restarting restarts=0" -- \
   jp cephalojob refused '{.status.phase} restarts={.status.restarts}'
-K taint node s-c cephalo.dev/test- >/dev/null
-assert "the taint gone, the next gang (after its backoff) is placed and the job trains to the end" wait_for 60 phase_is refused Succeeded
+node_pods 110
+assert "s-c's pods restored, the next gang (after its backoff) is placed and the job trains to the end" wait_for 60 phase_is refused Succeeded
 check "... the backoff is cleared once a gang ran" 0 "none" -- bash -c \
   "v=\$(kubectl get configmap refused-plan -o jsonpath='{.metadata.annotations.cephalo\\.dev/unschedulable}'); echo \${v:-none}"
 check "... and its worker reached step 40" 0 "" -- trained refused 40

@@ -742,6 +742,64 @@ static void test_inventory_gpu_accounting(void **state) {
     cJSON_Delete(nodes);
 }
 
+/* Taints: Kubernetes' toleration rule, and nodes whose NoSchedule/NoExecute taints the job does
+ * not tolerate left out with a note (kube-scheduler would refuse them) */
+static void test_inventory_taints(void **state) {
+    (void)state;
+    cJSON *taint = nodes_json("{\"key\":\"gpu\",\"value\":\"a100\",\"effect\":\"NoSchedule\"}");
+    static const struct { const char *tol; bool ok; } rule[] = {
+        {"{\"key\":\"gpu\",\"value\":\"a100\",\"effect\":\"NoSchedule\"}", true},
+        {"{\"key\":\"gpu\",\"operator\":\"Equal\",\"value\":\"a100\"}", true},  /* any effect */
+        {"{\"key\":\"gpu\",\"value\":\"v100\"}", false},                        /* another value */
+        {"{\"key\":\"gpu\",\"operator\":\"Exists\"}", true},
+        {"{\"operator\":\"Exists\"}", true},                                    /* everything */
+        {"{\"operator\":\"Exists\",\"effect\":\"NoExecute\"}", false},          /* another effect */
+        {"{\"key\":\"other\",\"operator\":\"Exists\"}", false},
+        {"{\"key\":\"gpu\"}", false}, /* Equal with no value: the taint has one */
+    };
+    for (size_t i = 0; i < sizeof rule / sizeof rule[0]; i++) {
+        cJSON *t = nodes_json(rule[i].tol);
+        if (inv_tolerates(t, taint) != rule[i].ok) fail_msg("toleration %s: expected %d", rule[i].tol, rule[i].ok);
+        cJSON_Delete(t);
+    }
+    cJSON_Delete(taint);
+
+#define TAINTED(name, taints) \
+    "{\"metadata\":{\"name\":\"" name "\",\"labels\":{\"nvidia.com/gpu.product\":\"NVIDIA-L4\",\"nvidia.com/gpu.memory\":" \
+    "\"23034\"}},\"spec\":{\"taints\":" taints "},\"status\":{\"allocatable\":{\"nvidia.com/gpu\":\"1\"}}}"
+    cJSON *nodes = nodes_json("[" TAINTED("n-a", "[{\"key\":\"team\",\"value\":\"ml\",\"effect\":\"NoSchedule\"}]") ","
+                              TAINTED("n-b", "[{\"key\":\"spot\",\"effect\":\"PreferNoSchedule\"},"
+                                             "{\"key\":\"node.kubernetes.io/not-ready\",\"effect\":\"NoSchedule\"}]") ","
+                              TAINTED("n-c", "[{\"key\":\"maint\",\"effect\":\"NoExecute\"}]") "]");
+    inv_constraints c = {0};
+    cluster cl;
+    inv_result r;
+    err_t err;
+    /* no tolerations: only n-b (a preference, and the readiness taint left to the Ready condition) */
+    assert_int_equal(inv_build(nodes, &c, &cl, &r, &err), 0);
+    assert_int_equal(r.gpus, 1);
+    assert_string_equal(cl.nodes[0].name, "n-b");
+    assert_non_null(strstr(r.notes, "node n-a has the taint team=ml:NoSchedule, which spec.tolerations does not tolerate"));
+    assert_non_null(strstr(r.notes, "node n-c has the taint maint:NoExecute"));
+    cluster_free(&cl);
+    /* tolerating team=ml adds n-a; Exists on maint adds n-c */
+    cJSON *tols = nodes_json("[{\"key\":\"team\",\"value\":\"ml\",\"effect\":\"NoSchedule\"},{\"key\":\"maint\",\"operator\":\"Exists\"}]");
+    c.tolerations = tols;
+    assert_int_equal(inv_build(nodes, &c, &cl, &r, &err), 0);
+    assert_int_equal(r.gpus, 3);
+    assert_string_equal(r.notes, "");
+    cluster_free(&cl);
+    /* every GPU node tainted against the job: no usable GPU, and the error says why */
+    cJSON *only_a = nodes_json("[" TAINTED("n-a", "[{\"key\":\"team\",\"value\":\"ml\",\"effect\":\"NoSchedule\"}]") "]");
+    c.tolerations = NULL;
+    assert_int_equal(inv_build(only_a, &c, &cl, &r, &err), -1);
+    assert_non_null(strstr(err.msg, "node n-a has the taint team=ml:NoSchedule"));
+#undef TAINTED
+    cJSON_Delete(only_a);
+    cJSON_Delete(tols);
+    cJSON_Delete(nodes);
+}
+
 /* A pod's GPUs: requests over limits; the larger of the containers' sum (with sidecars) and the
  * largest init container (with the sidecars before it); unbound pods hold nothing. */
 static void test_pod_gpu_requests(void **state) {
@@ -781,6 +839,7 @@ int main(void) {
         cmocka_unit_test(test_worker_archs),
         cmocka_unit_test(test_inventory_compute_capability),
         cmocka_unit_test(test_inventory_gpu_accounting),
+        cmocka_unit_test(test_inventory_taints),
         cmocka_unit_test(test_pod_gpu_requests),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
