@@ -80,7 +80,7 @@ static int job_cluster(const rec_config *rc, const cJSON *nodes, const cJSON *sp
     inv_constraints c = {.allowed_products = get(gpus, "allowedProducts"),
                          .max_gpus = v->capped ? (int)get_num(gpus, "maxGPUs", 0) : 0,
                          .node_selector = get(gpus, "nodeSelector"), .archs = rc->worker_archs,
-                         .pods = v->pods, .own_uid = v->own_uid};
+                         .pods = v->pods, .own_uid = v->own_uid, .tolerations = get(spec, "tolerations")};
     return inv_build(get(nodes, "items"), &c, cl, inv, err);
 }
 
