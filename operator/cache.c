@@ -146,6 +146,21 @@ void cache_remove(cache *c, const char *ns, const char *name) {
     pthread_mutex_unlock(&c->mu);
 }
 
+bool cache_remove_version(cache *c, const char *ns, const char *name, const char *rv) {
+    if (!name || !rv) return false;
+    pthread_mutex_lock(&c->mu);
+    int i = find_locked(c, ns, name);
+    const char *have = i >= 0 ? kube_meta_str(c->e[i].obj->json, "resourceVersion") : NULL;
+    bool removed = have && !strcmp(have, rv);
+    if (removed) {
+        free(c->e[i].key);
+        obj_release(c->e[i].obj);
+        c->e[i] = c->e[--c->n];
+    }
+    pthread_mutex_unlock(&c->mu);
+    return removed;
+}
+
 cJSON *cache_get(cache *c, const char *ns, const char *name) {
     if (!name) return NULL;
     pthread_mutex_lock(&c->mu);

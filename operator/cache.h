@@ -32,6 +32,9 @@ bool cache_put(cache *c, const cJSON *obj, cJSON **prev);
 /* Removes namespace/name (ns NULL or "" for cluster-scoped objects). */
 void cache_remove(cache *c, const char *ns, const char *name);
 
+/* Removes namespace/name only while the stored version is resourceVersion rv (an object the
+ * reconcile put there itself, not yet replaced by the API's): true when it did. */
+bool cache_remove_version(cache *c, const char *ns, const char *name, const char *rv);
 /* A copy of namespace/name, or NULL. */
 cJSON *cache_get(cache *c, const char *ns, const char *name);
 /* {"items": [copies of the objects for which keep(obj, arg) is true (all when keep is NULL)]}. */

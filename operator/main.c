@@ -58,7 +58,7 @@ typedef struct op_opts {
     const char *le_namespace, *le_id;
     double le_duration_s, le_renew_s, le_retry_s;
     double plan_timeout_s;
-    long plan_workers;
+    long plan_workers, workers;
 } op_opts;
 
 static const char usage[] =
@@ -82,6 +82,8 @@ static const char usage[] =
     "                           (a duration like 30s, 2m; default 30s)\n"
     "  --plan-workers N         jobs planned at the same time, off the reconcile loop (1..64,\n"
     "                           default 2)\n"
+    "  --workers N              jobs reconciled at the same time (1..64, default 4); one job is\n"
+    "                           never reconciled twice at once, and admissions take turns\n"
     "  --leader-elect[=true|false]   one active replica through a Lease (default false)\n"
     "  --leader-election-namespace NS  the Lease's namespace (default $POD_NAMESPACE, else the\n"
     "                           configuration's namespace)\n"
@@ -142,7 +144,7 @@ static int op_parse(int argc, char **argv, op_opts *o, err_t *err) {
     *o = (op_opts){.metrics_addr = ":8080", .log_level = "info",
                    .worker_image = "ghcr.io/cephalo/cephalo-worker", .le_id = "cephalo-operator",
                    .le_duration_s = 15, .le_renew_s = 10, .le_retry_s = 2, .plan_timeout_s = 30,
-                   .plan_workers = 2};
+                   .plan_workers = 2, .workers = 4};
     err_t ignored;
     inv_archs_parse(INV_DEFAULT_ARCHS, &o->worker_archs, &ignored);
     for (int i = 1; i < argc; i++) {
@@ -169,7 +171,7 @@ static int op_parse(int argc, char **argv, op_opts *o, err_t *err) {
             "--worker-image", "--worker-image-pull-policy", "--leader-election-namespace",
             "--leader-election-id", "--leader-election-lease-duration",
             "--leader-election-renew-deadline", "--leader-election-retry-period", "--profile-configmap",
-            "--plan-timeout", "--plan-workers", "--worker-archs", NULL};
+            "--plan-timeout", "--plan-workers", "--worker-archs", "--workers", NULL};
         int k = 0;
         while (known[k] && strcmp(known[k], flag)) k++;
         if (!known[k]) return err_set(err, "unknown option '%s' (see --help)", flag);
@@ -197,6 +199,10 @@ static int op_parse(int argc, char **argv, op_opts *o, err_t *err) {
                 return err_set(err, "--plan-workers: expected an integer 1..64, got '%s'", val);
             break;
         case 15: if (inv_archs_parse(val, &o->worker_archs, err) < 0) return -1; break;
+        case 16:
+            if (!str_to_long(val, &o->workers) || o->workers < 1 || o->workers > 64)
+                return err_set(err, "--workers: expected an integer 1..64, got '%s'", val);
+            break;
         }
     }
     static const char *const levels[] = {"debug", "info", "warn", "error"};
@@ -235,6 +241,10 @@ typedef struct op_queue {
     pthread_cond_t cv;
     op_item *items; /* pending, unique keys */
     int n, cap;
+    /* keys a worker is reconciling now: not handed out again until op_done (a change meanwhile
+     * stays pending and is taken after), so one job is never reconciled twice at once */
+    char (*busy)[OP_KEY_MAX];
+    int n_busy, cap_busy;
 } op_queue;
 
 static op_queue q = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
@@ -266,15 +276,40 @@ static void op_enqueue(const char *ns, const char *name) {
 }
 
 
-/* Takes the next due key; waits at most until `deadline` (monotonic). false: nothing due. */
+static bool op_in_progress_locked(const char *key) {
+    for (int i = 0; i < q.n_busy; i++)
+        if (!strcmp(q.busy[i], key)) return true;
+    return false;
+}
+
+/* The worker is done with key: it may be handed out again. */
+static void op_done(const char *key) {
+    pthread_mutex_lock(&q.mu);
+    for (int i = 0; i < q.n_busy; i++)
+        if (!strcmp(q.busy[i], key)) {
+            memcpy(q.busy[i], q.busy[--q.n_busy], OP_KEY_MAX);
+            break;
+        }
+    pthread_cond_broadcast(&q.cv); /* a change that came meanwhile may be due */
+    pthread_mutex_unlock(&q.mu);
+}
+
+/* Takes the next due key that no worker is reconciling, and marks it so (op_done ends that);
+ * waits at most until `deadline` (monotonic). false: nothing due. */
 static bool op_dequeue(double deadline, op_item *out, volatile int *stop) {
     pthread_mutex_lock(&q.mu);
     for (;;) {
         double now = clock_now_s(), next = deadline;
         for (int i = 0; i < q.n; i++) {
+            if (op_in_progress_locked(q.items[i].key)) continue;
             if (q.items[i].not_before <= now) {
                 *out = q.items[i];
                 q.items[i] = q.items[--q.n];
+                if (q.n_busy == q.cap_busy) {
+                    q.cap_busy = q.cap_busy ? 2 * q.cap_busy : 16;
+                    q.busy = xrealloc(q.busy, (size_t)q.cap_busy * sizeof *q.busy);
+                }
+                memcpy(q.busy[q.n_busy++], out->key, OP_KEY_MAX);
                 pthread_mutex_unlock(&q.mu);
                 return true;
             }
@@ -679,6 +714,63 @@ static void op_on_planned(const char *key, void *arg) {
     pthread_mutex_unlock(&q.mu);
 }
 
+/* ---- reconcile workers -------------------------------------------------------------------- */
+
+/* One reconcile thread with its own API client (a client is not thread-safe). */
+typedef struct op_worker {
+    const rec_config *rc;
+    kube_client *k;
+    pthread_t th;
+} op_worker;
+
+static void op_reconcile_key(op_worker *w, const op_item *it) {
+    char ns[OP_KEY_MAX];
+    snprintf(ns, sizeof ns, "%s", it->key);
+    char *slash = strchr(ns, '/');
+    if (!slash) return;
+    *slash = '\0';
+    rec_stats delta = {0};
+    err_t err = {{0}};
+    double t0 = clock_now_s();
+    int r = rec_job(w->k, w->rc, ns, slash + 1, &delta, &err);
+    pthread_mutex_lock(&op_stats_mu);
+    rec_stats_add(&op_stats, &delta);
+    op_observe_reconcile(clock_now_s() - t0);
+    pthread_mutex_unlock(&op_stats_mu);
+    if (r < 0) {
+        if (op_stop) return;
+        double wait = 0.5;
+        for (int f = 0; f < it->failures && wait < OP_RETRY_MAX_S; f++) wait *= 2;
+        if (wait > OP_RETRY_MAX_S) wait = OP_RETRY_MAX_S;
+        op_log(2, "reconcile %s failed (retry in %.1fs): %s", it->key, wait, err.msg);
+        pthread_mutex_lock(&q.mu);
+        op_enqueue_locked(it->key, wait, it->failures + 1);
+        pthread_mutex_unlock(&q.mu);
+        return;
+    }
+    op_log(0, "reconciled %s in %.0f ms", it->key, (clock_now_s() - t0) * 1e3);
+    if (delta.pods_created) op_log(1, "%s: created %ld worker pods", it->key, delta.pods_created);
+    if (delta.plan_failures) op_log(1, "%s: cannot be planned (status Failed)", it->key);
+    if (delta.gang_restarts) op_log(1, "%s: a worker failed: restarting the gang", it->key);
+    if (delta.replans) op_log(1, "%s: re-planned: restarting the gang on the new plan", it->key);
+    if (delta.requeue_s > 0) {
+        pthread_mutex_lock(&q.mu);
+        op_enqueue_locked(it->key, delta.requeue_s, 0);
+        pthread_mutex_unlock(&q.mu);
+    }
+}
+
+static void *op_worker_main(void *arg) {
+    op_worker *w = arg;
+    while (!op_stop) {
+        op_item it;
+        if (!op_dequeue(clock_now_s() + 1, &it, &op_stop)) continue;
+        op_reconcile_key(w, &it);
+        op_done(it.key);
+    }
+    return NULL;
+}
+
 int main(int argc, char **argv) {
     op_opts o;
     err_t err = {{0}};
@@ -806,62 +898,47 @@ int main(int argc, char **argv) {
     rec_config rc_cfg = {.caches = &op_caches, .worker_image = o.worker_image, .worker_pull_policy = o.worker_pull_policy,
                          .profile_cm = o.profile_cm, .planner = op_pool, .plan_timeout_s = o.plan_timeout_s,
                          .worker_archs = &o.worker_archs};
-    double next_resync = clock_now_s() + OP_RESYNC_S;
-    while (!op_stop) {
-        /* nothing is reconciled before every store has its first list: an empty store would look
-         * like a cluster without nodes or pods */
-        if (!op_jobs_listed) {
-            bool synced = true;
-            for (int i = 0; i < N_WATCHES; i++) synced &= cache_synced(watches[i].store);
-            if (!synced) {
-                nanosleep(&(struct timespec){0, 20000000L}, NULL);
-                continue;
-            }
+    /* nothing is reconciled before every store has its first list: an empty store would look like
+     * a cluster without nodes or pods */
+    while (!op_stop && !op_jobs_listed) {
+        bool synced = true;
+        for (int i = 0; i < N_WATCHES; i++) synced &= cache_synced(watches[i].store);
+        if (synced) {
             op_jobs_listed = 1;
             op_log(1, "watching: %d jobs, %d nodes, %d pods that may hold GPUs", cache_size(op_caches.jobs),
                    cache_size(op_caches.nodes), cache_size(op_caches.busy));
-        }
-        op_item it;
-        if (!op_dequeue(next_resync, &it, &op_stop)) {
-            if (clock_now_s() >= next_resync) {
-                op_enqueue_all(NULL);
-                next_resync = clock_now_s() + OP_RESYNC_S;
-            }
-            continue;
-        }
-        char ns[OP_KEY_MAX];
-        snprintf(ns, sizeof ns, "%s", it.key);
-        char *slash = strchr(ns, '/');
-        if (!slash) continue;
-        *slash = '\0';
-        rec_stats delta = {0};
-        double t0 = clock_now_s();
-        int r = rec_job(k, &rc_cfg, ns, slash + 1, &delta, &err);
-        pthread_mutex_lock(&op_stats_mu);
-        rec_stats_add(&op_stats, &delta);
-        op_observe_reconcile(clock_now_s() - t0);
-        pthread_mutex_unlock(&op_stats_mu);
-        if (r < 0) {
-            if (op_stop) break;
-            double wait = 0.5;
-            for (int f = 0; f < it.failures && wait < OP_RETRY_MAX_S; f++) wait *= 2;
-            if (wait > OP_RETRY_MAX_S) wait = OP_RETRY_MAX_S;
-            op_log(2, "reconcile %s failed (retry in %.1fs): %s", it.key, wait, err.msg);
-            pthread_mutex_lock(&q.mu);
-            op_enqueue_locked(it.key, wait, it.failures + 1);
-            pthread_mutex_unlock(&q.mu);
         } else {
-            op_log(0, "reconciled %s in %.0f ms", it.key, (clock_now_s() - t0) * 1e3);
-            if (delta.pods_created) op_log(1, "%s: created %ld worker pods", it.key, delta.pods_created);
-            if (delta.plan_failures) op_log(1, "%s: cannot be planned (status Failed)", it.key);
-            if (delta.gang_restarts) op_log(1, "%s: a worker failed: restarting the gang", it.key);
-            if (delta.replans) op_log(1, "%s: re-planned: restarting the gang on the new plan", it.key);
-            if (delta.requeue_s > 0) {
-                pthread_mutex_lock(&q.mu);
-                op_enqueue_locked(it.key, delta.requeue_s, 0);
-                pthread_mutex_unlock(&q.mu);
-            }
+            nanosleep(&(struct timespec){0, 20000000L}, NULL);
         }
+    }
+    op_worker workers[64];
+    int n_workers = 0;
+    for (int i = 0; i < o.workers && !op_stop; i++) {
+        workers[i] = (op_worker){.rc = &rc_cfg, .k = i == 0 ? k : kube_client_new(&cfg, &err)};
+        if (!workers[i].k || pthread_create(&workers[i].th, NULL, op_worker_main, &workers[i]) != 0) {
+            op_log(3, "cannot start reconcile worker %d: %s", i + 1, workers[i].k ? "no thread" : err.msg);
+            if (i > 0 && workers[i].k) kube_client_free(workers[i].k);
+            rc = 1;
+            op_stop = 1;
+            break;
+        }
+        if (i > 0) kube_client_set_stop(workers[i].k, &op_stop);
+        n_workers++;
+    }
+    double next_resync = clock_now_s() + OP_RESYNC_S;
+    while (!op_stop) {
+        nanosleep(&(struct timespec){0, 100000000L}, NULL);
+        if (clock_now_s() >= next_resync) {
+            op_enqueue_all(NULL);
+            next_resync = clock_now_s() + OP_RESYNC_S;
+        }
+    }
+    pthread_mutex_lock(&q.mu);
+    pthread_cond_broadcast(&q.cv);
+    pthread_mutex_unlock(&q.mu);
+    for (int i = 0; i < n_workers; i++) {
+        pthread_join(workers[i].th, NULL);
+        if (i > 0) kube_client_free(workers[i].k);
     }
     op_log(1, "stopping");
     for (int i = 0; i < N_WATCHES; i++)
@@ -880,6 +957,7 @@ done:
     kube_client_free(k);
     kube_config_free(&cfg);
     free(q.items);
+    free(q.busy);
     cache_free(op_caches.jobs), cache_free(op_caches.pods), cache_free(op_caches.busy);
     cache_free(op_caches.nodes), cache_free(op_caches.configmaps), cache_free(op_caches.services);
     return op_lost ? 1 : rc;

@@ -2,6 +2,7 @@
 #include "reconcile.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +16,7 @@
 #include "json_util.h"
 #include "log.h"
 #include "model.h"
+#include "model_source.h"
 #include "plan.h"
 #include "profile_store.h"
 #include "progress.h"
@@ -215,7 +217,15 @@ static int plan_prepare(kube_client *k, const rec_config *c, const cJSON *job, c
     const cJSON *spec = get(job, "spec");
     plan_out *out = &t->out;
     out->reason = "InvalidSpec";
-    if (resolve_model(get(spec, "model"), &t->in.model, err) < 0) return err_prefix(err, "model");
+    msrc ms; /* a Hugging Face directory: the model is its config.json (model_source.h) */
+    int from = msrc_parse(get(spec, "model"), &ms, err);
+    if (from < 0) return -1;
+    if (from) {
+        int mrc = msrc_model(k, kube_meta_str(job, "namespace"), &ms, &t->in.model, err);
+        if (mrc < 0) return mrc;
+    } else if (resolve_model(get(spec, "model"), &t->in.model, err) < 0) {
+        return err_prefix(err, "model");
+    }
     if (strategy_parse(get_str(spec, "strategy", "cephalo"), &t->strat, err) < 0) return -1;
     inv_result inv;
     if (job_cluster(c, nodes, spec, v, &t->in.cl, &inv, err) < 0) {
@@ -475,9 +485,11 @@ static void pin_to_host(cJSON *ps, const char *host) {
     cJSON_AddItemToArray(cJSON_AddArrayToObject(rd, "nodeSelectorTerms"), term);
 }
 
-/* host: the planned node's kubernetes.io/hostname label (else its name). */
+/* host: the planned node's kubernetes.io/hostname label (else its name); init: the model
+ * directory to start from (spec.model.initFrom), or NULL. */
 static cJSON *pod_object(const rec_config *c, const cJSON *job, int rank, int world,
-                         const char *host, const char *cm_name, const char *plan_id, int attempt) {
+                         const char *host, const char *cm_name, const char *plan_id, int attempt,
+                         const msrc *init) {
     const cJSON *spec = get(job, "spec");
     const char *ns = kube_meta_str(job, "namespace"), *name = kube_meta_str(job, "name");
     char pod[128], buf[512];
@@ -545,6 +557,16 @@ static cJSON *pod_object(const rec_config *c, const cJSON *job, int rank, int wo
     }
     cJSON_AddItemToArray(args, cJSON_CreateString("--data"));
     cJSON_AddItemToArray(args, cJSON_CreateString(dpath));
+    const cJSON *val = get(data, "validation");
+    if (get_str(val, "path", NULL)) { /* held-out data on the same volume as the training data */
+        char vpath[4200];
+        snprintf(vpath, sizeof vpath, "%s%s", get_str(data, "pvc", NULL) ? "/data/" : "", get_str(val, "path", ""));
+        cJSON_AddItemToArray(args, cJSON_CreateString("--val-data"));
+        cJSON_AddItemToArray(args, cJSON_CreateString(vpath));
+        if (get(val, "every")) arg(args, "--val-every", "%.0f", get_num(val, "every", 0));
+        if (get(val, "samples")) arg(args, "--val-samples", "%.0f", get_num(val, "samples", 0));
+    }
+    if (init) msrc_pod(init, vols, mounts, args);
     const cJSON *ck = get(spec, "checkpoint");
     if (cJSON_IsObject(ck)) {
         const char *dir = get_str(ck, "dir", "checkpoints");
@@ -682,7 +704,24 @@ typedef struct rec_ctx {
     char why[600]; /* set when this reconcile re-planned: why the gang restarts */
     bool estimated;
     int attempt; /* the gang attempt: status.attempt */
+    bool admitting; /* holds rec_admit_mu */
+    char (*assumed)[128]; /* pods put into the busy store before their creation (assume_pods) */
+    int n_assumed;
 } rec_ctx;
+
+/* Admissions take turns. main.c's workers reconcile several jobs at once, and a job's decision,
+ * from reading the free GPUs to holding them, must see every admission before it, or two jobs
+ * would book the same GPU. The lock covers that decision (reads of the stores, planning, the plan
+ * ConfigMap) and ends once the pods to create are in the busy store as assumed; the writes that
+ * follow (Service, pods, status) run beside other jobs'. */
+static pthread_mutex_t rec_admit_mu = PTHREAD_MUTEX_INITIALIZER;
+#define REC_ASSUMED_RV "0" /* an assumed pod's resourceVersion: older than any the API gives */
+
+static void admit_unlock(rec_ctx *x) {
+    if (!x->admitting) return;
+    x->admitting = false;
+    pthread_mutex_unlock(&rec_admit_mu);
+}
 
 static cJSON *status_base(rec_ctx *x, const char *phase, const char *msg);
 
@@ -1637,9 +1676,52 @@ static int queue_job(rec_ctx *x, const char *msg, err_t *err) {
     return write_status(x, s, err);
 }
 
+static bool job_has_pod(const rec_ctx *x, const char *pod) {
+    const cJSON *p;
+    cJSON_ArrayForEach(p, get(x->pods, "items")) if (!strcmp(get_str(get(p, "metadata"), "name", ""), pod)) return true;
+    return false;
+}
+
+/* Puts the pods the admitted job is about to create into the busy store, as the API would
+ * return them but with version REC_ASSUMED_RV, so that the next admission counts their GPUs before
+ * the API has answered (kube-scheduler's assumed pods). The API's answer or the watch replaces
+ * them; forget_assumed removes those nothing replaced (a failed or skipped creation). */
+static void assume_pods(rec_ctx *x) {
+    const cJSON *r, *ranks = get(x->plan_doc, "ranks");
+    int i = 0, world = cJSON_GetArraySize(ranks);
+    cJSON_ArrayForEach(r, ranks) {
+        char pod[128];
+        snprintf(pod, sizeof pod, "%s-%d", x->name, i);
+        if (!job_has_pod(x, pod)) {
+            const char *node = get_str(r, "node", "");
+            const cJSON *n = find_node(x->nodes, node);
+            cJSON *o = pod_object(x->c, x->job, i, world, n ? inv_node_hostname(n) : node, x->cm_name, x->plan_id,
+                                  x->attempt, NULL);
+            cJSON_AddStringToObject(cJSON_GetObjectItemCaseSensitive(o, "metadata"), "resourceVersion", REC_ASSUMED_RV);
+            if (cache_put(x->c->caches->busy, o, NULL)) {
+                x->assumed = xrealloc(x->assumed, (size_t)(x->n_assumed + 1) * sizeof *x->assumed);
+                snprintf(x->assumed[x->n_assumed++], sizeof *x->assumed, "%s", pod);
+            }
+            cJSON_Delete(o);
+        }
+        i++;
+    }
+}
+
+static void forget_assumed(rec_ctx *x) {
+    for (int i = 0; i < x->n_assumed; i++) cache_remove_version(x->c->caches->busy, x->ns, x->assumed[i], REC_ASSUMED_RV);
+    free(x->assumed);
+    x->assumed = NULL;
+    x->n_assumed = 0;
+}
+
 static int create_pods(rec_ctx *x, gang *g, err_t *err) {
     char coll[KUBE_PATH_MAX];
     if (kube_path(coll, sizeof coll, "v1", x->ns, "pods", NULL, err) < 0) return -1;
+    /* planning refused a bad initFrom of this generation before any pod: no status to write here */
+    msrc init;
+    int from = msrc_parse(get(x->spec, "model"), &init, err);
+    if (from < 0) return -1;
     const cJSON *r;
     int i = 0;
     cJSON_ArrayForEach(r, get(x->plan_doc, "ranks")) {
@@ -1648,7 +1730,7 @@ static int create_pods(rec_ctx *x, gang *g, err_t *err) {
             const char *node = get_str(r, "node", "");
             const cJSON *n = find_node(x->nodes, node);
             cJSON *pod = pod_object(x->c, x->job, i, g->world, n ? inv_node_hostname(n) : node, x->cm_name, x->plan_id,
-                                    x->attempt);
+                                    x->attempt, from ? &init : NULL);
             if (ensure(x->k, coll, pod, &created, (cache *[]){x->c->caches->pods, x->c->caches->busy, NULL}, err) < 0)
                 return -1;
             if (created && x->st) x->st->pods_created++;
@@ -1686,7 +1768,9 @@ int rec_job(kube_client *k, const rec_config *c, const char *ns, const char *nam
         goto out;
     }
     /* what exists, read once from the watches' stores: the Nodes, the plan ConfigMap, the job's
-     * pods, the pods that may hold GPUs */
+     * pods, the pods that may hold GPUs; from here to admission one job at a time */
+    pthread_mutex_lock(&rec_admit_mu);
+    x.admitting = true;
     x.nodes = cache_view_list(c->caches->nodes, NULL, NULL, &x.nodes_view);
     x.cm = cache_get(c->caches->configmaps, ns, x.cm_name);
     x.pods = job_pods(&x, &x.pods_view);
@@ -1712,6 +1796,8 @@ int rec_job(kube_client *k, const rec_config *c, const char *ns, const char *nam
     int prc = choose_view(&x, err);
     if (prc > 0) prc = current_plan(&x, err);
     if (prc > 0) prc = admit(&x, err);
+    if (prc > 0) assume_pods(&x);
+    admit_unlock(&x);
     if (prc <= 0) {
         rc = prc;
         goto out;
@@ -1826,6 +1912,8 @@ int rec_job(kube_client *k, const rec_config *c, const char *ns, const char *nam
     }
     rc = finish_status(&x, s, phase, err);
 out:
+    admit_unlock(&x);
+    forget_assumed(&x);
     if (rc < 0 && st) st->errors++;
     gang_free(&g);
     cJSON_Delete(x.plan_doc);

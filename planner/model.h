@@ -48,6 +48,10 @@ int model_resolve(const char *name_or_path, model_spec *out, err_t *err);
 /* A Hugging Face config.json (GPT2LMHeadModel, LlamaForCausalLM): model_hf.c, docs/import.md.
  * The name is the directory's. */
 int model_load_hf_config(const char *path, model_spec *out, err_t *err);
+/* The same from config.json's text (e.g. a Kubernetes object's): src names it in errors, name is
+ * the model's name (NULL or "": "hf-model"). */
+int model_load_hf_string(const char *src, const char *text, size_t len, const char *name, model_spec *out,
+                         err_t *err);
 /* The value used for the fields whose 0 means "the architecture's default". */
 double model_rope_theta(const model_spec *m);
 double model_norm_eps(const model_spec *m);

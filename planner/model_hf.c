@@ -156,6 +156,18 @@ static void hf_name(const char *path, model_spec *m) {
     snprintf(m->name, sizeof m->name, "%.63s", base);
 }
 
+/* The spec from a parsed config.json: src names it in errors. */
+static int hf_spec(const char *src, const cJSON *root, model_spec *m, err_t *err) {
+    hf_ctx h = {{src, err}, root};
+    memset(m, 0, sizeof *m);
+    int rc = json_expect_object(&h.c, root, "config") < 0 || hf_arch(&h, &m->arch) < 0 ? -1 : 0;
+    if (rc == 0) rc = m->arch == ARCH_GPT ? gpt2_spec(&h, m) : llama_spec(&h, m);
+    if (rc < 0) return -1;
+    m->default_seq = m->max_seq < 1024 ? m->max_seq : 1024;
+    if (model_validate(m, err) < 0) return err_prefix(err, "%s", src);
+    return 0;
+}
+
 int model_load_hf_config(const char *path, model_spec *out, err_t *err) {
     char file[1100];
     struct stat st;
@@ -163,16 +175,24 @@ int model_load_hf_config(const char *path, model_spec *out, err_t *err) {
     if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) snprintf(file, sizeof file, "%s/config.json", path);
     cJSON *root = json_load_file(file, err);
     if (!root) return -1;
-    hf_ctx h = {{file, err}, root};
     model_spec m;
-    memset(&m, 0, sizeof m);
-    int rc = json_expect_object(&h.c, root, "config") < 0 || hf_arch(&h, &m.arch) < 0 ? -1 : 0;
-    if (rc == 0) rc = m.arch == ARCH_GPT ? gpt2_spec(&h, &m) : llama_spec(&h, &m);
+    int rc = hf_spec(file, root, &m, err);
     cJSON_Delete(root);
     if (rc < 0) return -1;
     hf_name(file, &m);
-    m.default_seq = m.max_seq < 1024 ? m.max_seq : 1024;
-    if (model_validate(&m, err) < 0) return err_prefix(err, "%s", file);
+    *out = m;
+    return 0;
+}
+
+int model_load_hf_string(const char *src, const char *text, size_t len, const char *name, model_spec *out,
+                         err_t *err) {
+    cJSON *root = json_parse(src, text, len, err);
+    if (!root) return -1;
+    model_spec m;
+    int rc = hf_spec(src, root, &m, err);
+    cJSON_Delete(root);
+    if (rc < 0) return -1;
+    snprintf(m.name, sizeof m.name, "%.63s", name && *name ? name : "hf-model");
     *out = m;
     return 0;
 }

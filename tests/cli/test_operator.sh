@@ -89,6 +89,7 @@ check "no configuration is a clear error" 2 "no cluster configuration" -- \
 check "a missing kubeconfig names the file" 2 "$dir/nope.yaml" -- "$OP" --kubeconfig "$dir/nope.yaml"
 check "a bad --plan-timeout is refused" 2 "--plan-timeout: 'never' is not a duration" -- "$OP" --plan-timeout never
 check "a bad --plan-workers is refused" 2 "--plan-workers: expected an integer 1..64, got '0'" -- "$OP" --plan-workers 0
+check "a bad --workers is refused" 2 "--workers: expected an integer 1..64, got '65'" -- "$OP" --workers 65
 check "--help lists --worker-archs and its default" 0 '"60 61 70 75 80 86 89 90"' -- "$OP" --help
 check "a bad --worker-archs is refused, naming the item" 2 "--worker-archs: 'sm_80' is not an architecture" -- \
   "$OP" --worker-archs "70 sm_80"
