@@ -14,6 +14,8 @@
 #   CUDA=auto|0|1   CUDA detection (auto: build cephalo-worker-cuda when nvcc is found)
 #   CUDA_ARCHS=...  GPU architectures built (default: those of 60 61 70 75 80 86 89 90 nvcc has)
 #   make cuda-check compile worker/devices/*.cu for sm_60..sm_90 with CUDA 11.8 (cached) and sm_75 with nvcc
+#   make version    the version of this tree: VERSION, plus `git describe` for development builds
+#   make dist       dist/cephalo-VERSION.tar.gz (the source) and the chart package (helm package)
 #   make images     the operator and CPU worker images with buildah + mmdebstrap (no registry;
 #                   cached in ~/.cache/cephalo-images; docker/build-images.sh)
 
@@ -50,7 +52,7 @@ endif
 WARN := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes
 # the source folders (docs/development.md, "Layout"); every header is included by its name alone
 SRC_DIRS := common planner cli worker worker/devices worker/comm worker/model worker/files operator
-CPPFLAGS := $(addprefix -I,$(SRC_DIRS)) -D_POSIX_C_SOURCE=200809L -DCEPHALO_HAVE_CUDA=$(HAVE_CUDA)
+CPPFLAGS := $(addprefix -I,$(SRC_DIRS)) -I$(BUILD)/gen -D_POSIX_C_SOURCE=200809L -DCEPHALO_HAVE_CUDA=$(HAVE_CUDA)
 CFLAGS := -std=c17 $(OPT) $(WARN) -fopenmp -MMD -MP
 # OpenBLAS's OpenMP build, linked by path: inside our own parallel regions it runs single-threaded
 # instead of oversubscribing the cores (the pthread build would spawn its own threads).
@@ -143,6 +145,22 @@ deps:
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CFLAGS) -c $< -o $@
+
+# The version compiled in (common/version.h): VERSION plus `git describe` (mk/version.sh),
+# regenerated on every make but rewritten only when it changed, so a new commit rebuilds
+# version.o alone.
+VERSION_H := $(BUILD)/gen/cephalo_build_version.h
+$(VERSION_H): FORCE
+	@mkdir -p $(dir $@)
+	@mk/version.sh --header >$@.tmp && { cmp -s $@.tmp $@ && rm -f $@.tmp || mv $@.tmp $@; }
+$(BUILD)/common/version.o: $(VERSION_H)
+FORCE:
+.PHONY: FORCE version dist
+version:
+	@mk/version.sh
+# the source tarball and the chart package, named by the version, in dist/ (mk/dist.sh)
+dist:
+	@mk/dist.sh dist
 
 $(LIB): $(LIB_OBJ)
 	@mkdir -p $(dir $@)
@@ -281,7 +299,7 @@ FUZZ_CFLAGS := -std=c17 -g -O1 -fsanitize=fuzzer,address,undefined $(CPPFLAGS) -
 FUZZ_WORKER_SRC := $(wildcard worker/files/safetensors.c worker/files/data.c worker/files/tokenizer.c worker/files/unicode_tab.c)
 # the watch-stream parser alone: it has no libcurl dependency (the loop is in watch_loop.c)
 FUZZ_OPERATOR_SRC := $(wildcard operator/watch.c)
-$(FUZZ_BUILD)/%: fuzz/%.c $(COMMON_SRC) $(PLANNER_SRC) $(CLI_SRC) $(FUZZ_WORKER_SRC) $(FUZZ_OPERATOR_SRC)
+$(FUZZ_BUILD)/%: fuzz/%.c $(COMMON_SRC) $(PLANNER_SRC) $(CLI_SRC) $(FUZZ_WORKER_SRC) $(FUZZ_OPERATOR_SRC) | $(VERSION_H)
 	@mkdir -p $(dir $@)
 	clang $(FUZZ_CFLAGS) -o $@ $^ -lyaml -lcjson -lm
 

@@ -5,7 +5,8 @@
 # products and counts, with GPU Feature Discovery labels) and runs the worker pods bound to them as
 # bench/bench_operator_worker.sh (sleeps until SIGTERM, serves no /metrics: the operator then
 # writes no progress status). BENCH_OP_JOBS CephaloJobs (tiny-gpt, spec.gpus.maxGPUs 2..8, all
-# fitting at once) are applied in one `kubectl apply`; bench/bench_operator.py watches them and
+# fitting at once) are created from 8 API connections at once (BENCH_OP_SUBMIT=kubectl: one
+# `kubectl apply`, which takes seconds itself); bench/bench_operator.py watches them and
 # their pods and measures (1) the time until every job has all its worker pods created, and all
 # bound (spec.nodeName), target < 3 s; then, once every job is Running and BENCH_OP_SETTLE seconds
 # have passed, (2) the operator's own API requests over BENCH_OP_WINDOW seconds at rest (nothing
@@ -156,6 +157,7 @@ done >"$dir/jobs.yaml"
 say "applying $JOBS CephaloJobs ($gpus_asked GPUs); waiting until every job is Running (at most $TIMEOUT s)"
 $PY bench/bench_operator.py watch --server "$K8S_SERVER" --token "$K8S_TOKEN" --ca "$K8S_CA" \
   --namespace "$JNS" --jobs-file "$dir/jobs.yaml" --out "$dir/timings.json" --timeout "$TIMEOUT" \
+  --submit "${BENCH_OP_SUBMIT:-parallel}" \
   2> >(sed 's/^/    /' >&2) &
 watch_pid=$!
 wait "$watch_pid"

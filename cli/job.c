@@ -248,6 +248,23 @@ static int parse_checkpoint(const yctx *y, const ynode *root, const char *dir, j
     return 0;
 }
 
+/* validation: {data: PATH, every: N, samples: N} -> the workers' --val-data, --val-every,
+ * --val-samples (docs/worker.md, "Validation"), with the worker's ranges. */
+static int parse_validation(const yctx *y, const ynode *root, const char *dir, job *j) {
+    static const char *const keys[] = {"data", "every", "samples", NULL};
+    const ynode *m = ymap_get(root, "validation"), *d;
+    const char *path;
+    j->val_every = -1;
+    if (!m) return 0;
+    if (ymap_check_keys(y, m, "validation", keys) < 0 || ymap_require(y, m, "validation", "data", &d) < 0 ||
+        ynode_string(y, d, "validation.data", &path) < 0 ||
+        get_long(y, m, "validation", "every", 0, MAX_STEPS, &j->val_every) < 0 ||
+        get_long(y, m, "validation", "samples", 1, 1L << 30, &j->val_samples) < 0)
+        return -1;
+    j->val_data = resolve_data(dir, path);
+    return 0;
+}
+
 /* ---- devices ---- */
 
 static int add_device(job *j, const job_device *d, err_t *err, const char *where) {
@@ -365,12 +382,12 @@ int job_set_devices(job *j, const char *spec, err_t *err) {
 static int parse_root(const yctx *y, const ynode *root, const char *dir, job *j) {
     static const char *const keys[] = {"name", "model", "data", "batch", "seq", "steps", "strategy", "seed", "mem_cap",
                                        "precision", "profile", "optimizer", "checkpoint", "comm_timeout", "metrics_port", "metrics_addr", "devices",
-                                       "init_from", NULL};
+                                       "init_from", "validation", NULL};
     if (ymap_check_keys(y, root, "document", keys) < 0) return -1;
     j->root_line = root->line;
     if (parse_name(y, root, j) < 0 || parse_model(y, root, dir, j) < 0 || parse_sizes(y, root, j) < 0 ||
         parse_inputs(y, root, dir, j) < 0 || parse_optimizer(y, root, j) < 0 || parse_checkpoint(y, root, dir, j) < 0 ||
-        parse_devices(y, root, j) < 0)
+        parse_validation(y, root, dir, j) < 0 || parse_devices(y, root, j) < 0)
         return -1;
     return 0;
 }
@@ -417,6 +434,7 @@ void job_free(job *j) {
     free(j->profile);
     free(j->ckpt_dir);
     free(j->resume);
+    free(j->val_data);
     free(j->init_from);
     free(j->items);
     memset(j, 0, sizeof *j);

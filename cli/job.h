@@ -9,7 +9,7 @@
  *     - {type: cpu, threads: 2, memory: 512M}
  *     - {type: cpu, threads: 1, memory: 256M, count: 2}
  *
- * Input paths in the file (model, data, profile, checkpoint.resume) are taken relative to the job
+ * Input paths in the file (model, data, profile, checkpoint.resume, validation.data) are taken relative to the job
  * file's directory; the checkpoint directory is an output and the launcher places it in the run
  * directory. The devices become a one-node cluster of `cpu` pseudo-devices for the planner. */
 #ifndef CEPHALO_JOB_H
@@ -62,6 +62,10 @@ typedef struct job {
     long ckpt_every; /* 0: only at the end */
     long keep_last, keep_every; /* retention (docs/checkpoints.md): default 3 and 0 */
     char *resume; /* "auto", a resolved checkpoint path, or NULL (a fresh start) */
+    /* validation: {data, every, samples}: the workers' --val-data (resolved), --val-every (-1: the
+     * worker's default) and --val-samples (0: the worker's default); val_data NULL: none */
+    char *val_data;
+    long val_every, val_samples;
     int n_items, n_devices; /* device items, and devices after each item's count */
     job_device *items;
     /* lines of fields checked again after command-line overrides (0: absent) */

@@ -20,6 +20,7 @@
 #include "profile_store.h"
 #include "run.h"
 #include "strutil.h"
+#include "version.h"
 
 #define EXIT_INFEASIBLE 3
 #define EXIT_BAD_INPUT 2
@@ -38,6 +39,7 @@ static const char usage_text[] =
     "            device; `cephalo run --help` shows its options (docs/run.md)\n"
     "  profile   measure the cost model of the local devices for a model into a profile file\n"
     "            and the profile store; `cephalo profile --help` (docs/profile.md)\n"
+    "  version   the release and commit this binary was built from (also --version)\n"
     "\n"
     "plan / compare options:\n"
     "  --cluster FILE        cluster file (YAML, docs/formats.md)            [required]\n"
@@ -353,6 +355,12 @@ int main(int argc, char **argv) {
         fputs(usage_text, stdout);
         return 0;
     }
+    if (!strcmp(cmd, "--version") || !strcmp(cmd, "version")) {
+        char line[256];
+        cephalo_version_line("cephalo", line, sizeof line);
+        fputs(line, stdout);
+        return 0;
+    }
     if (!strcmp(cmd, "plan")) return cmd_plan(argc - 1, argv + 1, false);
     if (!strcmp(cmd, "compare")) return cmd_plan(argc - 1, argv + 1, true);
     if (!strcmp(cmd, "models")) return cmd_models(argc - 1, argv + 1);
@@ -360,6 +368,6 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "data")) return data_main(argc - 1, argv + 1);
     if (!strcmp(cmd, "run")) return cmd_run(argc - 1, argv + 1);
     if (!strcmp(cmd, "profile")) return profile_main(argc - 1, argv + 1);
-    fprintf(stderr, "cephalo: unknown command '%s' (expected plan, compare, models, gpus, data, run or profile; see 'cephalo --help')\n", cmd);
+    fprintf(stderr, "cephalo: unknown command '%s' (expected plan, compare, models, gpus, data, run, profile or version; see 'cephalo --help')\n", cmd);
     return EXIT_BAD_INPUT;
 }

@@ -217,6 +217,11 @@ static strv worker_args(const launch *l, int rank) {
     strv_add(&s, "--seed"), strv_add(&s, "%llu", (unsigned long long)j->seed);
     strv_add(&s, "--data"), strv_add(&s, "%s", j->data);
     if (j->init_from) strv_add(&s, "--init-from"), strv_add(&s, "%s", j->init_from);
+    if (j->val_data) {
+        strv_add(&s, "--val-data"), strv_add(&s, "%s", j->val_data);
+        if (j->val_every >= 0) strv_add(&s, "--val-every"), strv_add(&s, "%ld", j->val_every);
+        if (j->val_samples) strv_add(&s, "--val-samples"), strv_add(&s, "%ld", j->val_samples);
+    }
     strv_add(&s, "--log"), strv_add(&s, "%s", rank_file(l, rank, "jsonl", path));
     if (l->ckpt_dir) {
         strv_add(&s, "--ckpt-dir"), strv_add(&s, "%s", l->ckpt_dir);

@@ -68,12 +68,16 @@ static double number(const cJSON *o, const char *key) {
     return cJSON_IsNumber(x) ? x->valuedouble : NAN;
 }
 
-static void add_point(run_view *v, long long step, double loss, double step_ms) {
+static void add_point(run_view *v, long long step, double loss, double step_ms, double val_loss) {
     if (v->n_curve == v->cap_curve) {
         v->cap_curve = v->cap_curve ? 2 * v->cap_curve : 256;
         v->curve = xrealloc(v->curve, v->cap_curve * sizeof *v->curve);
+        v->last_val = NULL; /* moved: found again below */
+        for (size_t i = v->n_curve; i-- > 0 && !v->last_val;)
+            if (!isnan(v->curve[i].val_loss)) v->last_val = &v->curve[i];
     }
-    v->curve[v->n_curve++] = (view_point){step, loss, step_ms};
+    v->curve[v->n_curve++] = (view_point){step, loss, step_ms, val_loss};
+    if (!isnan(val_loss)) v->last_val = &v->curve[v->n_curve - 1];
 }
 
 /* One complete line; anything that is not a step record is counted and skipped. */
@@ -87,7 +91,7 @@ static void take_line(run_view *v, int rank, const char *line, size_t len) {
         if ((long long)step + 1 > r->done) r->done = (long long)step + 1;
         r->peak_bytes = fmax(r->peak_bytes, number(o, "peak_bytes"));
         r->rss_peak_bytes = fmax(r->rss_peak_bytes, number(o, "rss_peak_bytes"));
-        if (rank == 0) add_point(v, (long long)step, loss, ms);
+        if (rank == 0) add_point(v, (long long)step, loss, ms, number(o, "val_loss"));
     }
     cJSON_Delete(o);
 }
@@ -178,7 +182,9 @@ void view_show(run_view *v, bool force) {
      * last) */
     bool wall = v->done_shown > 0 && now - v->t_shown >= SHOW_EVERY_S;
     double sps = wall ? (double)(done - v->done_shown) * v->j->batch / (now - v->t_shown) : pt ? v->j->batch * 1e3 / pt->step_ms : 0;
-    if (pt) append(line, sizeof line, " | loss %.4f | %.0f samples/s", pt->loss, sps);
+    if (pt) append(line, sizeof line, " | loss %.4f", pt->loss);
+    if (pt && v->last_val) append(line, sizeof line, " | val %.4f", v->last_val->val_loss);
+    if (pt) append(line, sizeof line, " | %.0f samples/s", sps);
     /* the wall clock since every rank finished a step, else rank 0's last step time */
     double per_step = done > v->done_first ? (now - v->t_first) / (double)(done - v->done_first) : pt ? pt->step_ms / 1e3 : -1;
     if (per_step >= 0) fmt_duration((double)(v->j->steps - done) * per_step, eta, sizeof eta);
@@ -266,8 +272,10 @@ static void print_summary(const run_view *v, double sps, size_t from, double wal
         return;
     }
     const view_point *last = &v->curve[v->n_curve - 1];
-    printf("cephalo run: done: steps %lld..%lld of %ld in %.1f s; final loss %.4f\n", v->curve[0].step + 1, last->step + 1, v->j->steps,
+    printf("cephalo run: done: steps %lld..%lld of %ld in %.1f s; final loss %.4f", v->curve[0].step + 1, last->step + 1, v->j->steps,
            wall_s, last->loss);
+    if (v->last_val) printf("; validation loss %.4f (after step %lld)", v->last_val->val_loss, v->last_val->step + 1);
+    printf("\n");
     print_curve(v);
     printf("samples/s: %.1f measured (median over steps %lld..%lld), %.1f predicted (measured/predicted %.2f)\n", sps,
            v->curve[from].step + 1, last->step + 1, pred, pred > 0 ? sps / pred : 0);
@@ -298,6 +306,20 @@ static cJSON *ranks_json(const run_view *v) {
     return arr;
 }
 
+/* "final_val_loss" (null without validation) and "val_loss": [{"step": steps done, "loss": L}] */
+static void add_val_json(const run_view *v, cJSON *o) {
+    if (v->last_val) cJSON_AddNumberToObject(o, "final_val_loss", v->last_val->val_loss);
+    else cJSON_AddNullToObject(o, "final_val_loss");
+    cJSON *arr = cJSON_AddArrayToObject(o, "val_loss");
+    for (size_t i = 0; i < v->n_curve; i++) {
+        if (isnan(v->curve[i].val_loss)) continue;
+        cJSON *p = cJSON_CreateObject();
+        cJSON_AddNumberToObject(p, "step", (double)(v->curve[i].step + 1));
+        cJSON_AddNumberToObject(p, "loss", v->curve[i].val_loss);
+        cJSON_AddItemToArray(arr, p);
+    }
+}
+
 static cJSON *summary_json(const run_view *v, double sps, size_t from, double wall_s) {
     const plan *p = v->p;
     cJSON *o = cJSON_CreateObject();
@@ -318,6 +340,7 @@ static cJSON *summary_json(const run_view *v, double sps, size_t from, double wa
     else cJSON_AddNullToObject(o, "final_loss");
     cJSON *loss = cJSON_AddArrayToObject(o, "loss");
     for (size_t i = 0; i < v->n_curve; i++) cJSON_AddItemToArray(loss, cJSON_CreateNumber(v->curve[i].loss));
+    add_val_json(v, o);
     cJSON *s = cJSON_AddObjectToObject(o, "samples_per_s");
     cJSON_AddNumberToObject(s, "measured", sps);
     cJSON_AddNumberToObject(s, "predicted", p->samples_per_s);

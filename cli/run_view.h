@@ -24,6 +24,7 @@ typedef struct view_rank {
 typedef struct view_point {
     long long step;
     double loss, step_ms;
+    double val_loss; /* the validation loss computed after the step, NaN when none was */
 } view_point;
 
 typedef struct run_view {
@@ -36,6 +37,7 @@ typedef struct run_view {
     view_rank *r;
     view_point *curve;
     size_t n_curve, cap_curve;
+    const view_point *last_val; /* rank 0's newest step with a validation loss, or NULL */
     long long bad_lines; /* complete lines that were not a step record */
     double t_start; /* when the workers started */
     double t_first; /* when every rank had finished a step for the first time (ETA base) */

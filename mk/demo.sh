@@ -47,3 +47,12 @@ rule "every strategy on these devices (even FSDP runs out of memory on the 20 Mi
 "$BIN" compare --cluster "$D/cluster.yaml" --model examples/models/demo-gpt.yaml --batch 24 || true
 rule "cephalo run: plan, start one cephalo-worker per device, train"
 "$BIN" run "$D/job.yaml" --run-dir "$D/run"
+
+# What the model learned: its last checkpoint (the run's ckpt/ directory, whose `latest` names it;
+# three ranks' shards) continues a prompt, byte by byte, with a KV cache (docs/sample.md). A low
+# temperature and a fixed seed: the same text every time, fewer of the loops greedy decoding falls
+# into on a model this small. The model sees 128 positions, so prompt + continuation fit in 128.
+PROMPT="The meaning of life is"
+rule "cephalo-worker sample: the trained model continues \"$PROMPT\""
+"${BUILD:-build/rel}/bin/cephalo-worker" sample --checkpoint "$D/run/ckpt" --prompt "$PROMPT" \
+  --max-new-tokens $((128 - ${#PROMPT})) --temperature 0.7 --top-k 40 --seed 1 --threads 2

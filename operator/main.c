@@ -41,6 +41,7 @@
 #include "planning.h"
 #include "reconcile.h"
 #include "strutil.h"
+#include "version.h"
 #include "watch.h"
 
 #define OP_RESYNC_S 30.0 /* every known job is reconciled again this often */
@@ -90,6 +91,7 @@ static const char usage[] =
     "  --leader-election-id NAME       the Lease's name (default cephalo-operator)\n"
     "  --leader-election-lease-duration D, --leader-election-renew-deadline D,\n"
     "  --leader-election-retry-period D   durations like 15s, 500ms, 1m (default 15s, 10s, 2s)\n"
+    "  --version                the release and commit this binary was built from\n"
     "  --help                   this text\n"
     "Environment: POD_NAME (the leader-election identity), POD_NAMESPACE.\n";
 
@@ -139,7 +141,7 @@ static int op_bool(const char *flag, const char *s, bool *out, err_t *err) {
     return err_set(err, "%s: expected true or false, got '%s'", flag, s);
 }
 
-/* 0 parsed, 1 --help, -1 bad (err set). Accepts --flag=value and --flag value. */
+/* 0 parsed, 1 --help, 2 --version, -1 bad (err set). Accepts --flag=value and --flag value. */
 static int op_parse(int argc, char **argv, op_opts *o, err_t *err) {
     *o = (op_opts){.metrics_addr = ":8080", .log_level = "info",
                    .worker_image = "ghcr.io/cephalo/cephalo-worker", .le_id = "cephalo-operator",
@@ -150,6 +152,7 @@ static int op_parse(int argc, char **argv, op_opts *o, err_t *err) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) return 1;
+        if (!strcmp(a, "--version")) return 2;
         if (strncmp(a, "--", 2) != 0) return err_set(err, "unexpected argument '%s'", a);
         char flag[64];
         const char *eq = strchr(a, '='), *val = NULL;
@@ -424,6 +427,7 @@ static char *op_metrics_text(void) {
     op_family(f, "cephalo_operator_jobs", "gauge", "CephaloJobs known.", known);
     op_family(f, "cephalo_operator_leader", "gauge", "1 while this replica leads (or runs without election).",
               op_leading ? 1 : 0);
+    cephalo_build_info_metric(f, "operator");
     return fclose(f) == 0 ? text : (free(text), NULL);
 }
 
@@ -780,6 +784,12 @@ int main(int argc, char **argv) {
         fputs(usage, stdout);
         return 0;
     }
+    if (pr == 2) {
+        char line[256];
+        cephalo_version_line("cephalo-operator", line, sizeof line);
+        fputs(line, stdout);
+        return 0;
+    }
     if (pr < 0) {
         op_log(3, "%s", err.msg);
         return 2;
@@ -817,7 +827,8 @@ int main(int argc, char **argv) {
         kube_config_free(&cfg);
         return 2;
     }
-    op_log(1, "cephalo-operator: API server %s (%s), %s, metrics %s, worker image %s", cfg.server,
+    op_log(1, "cephalo-operator %s (commit %s): API server %s (%s), %s, metrics %s, worker image %s",
+           cephalo_version(), cephalo_commit(), cfg.server,
            cfg.source ? cfg.source : "", o.namespace ? o.namespace : "all namespaces", o.metrics_addr,
            o.worker_image);
 

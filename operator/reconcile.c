@@ -20,6 +20,7 @@
 #include "plan.h"
 #include "profile_store.h"
 #include "progress.h"
+#include "version.h"
 
 static const cJSON *get(const cJSON *o, const char *k) { return cJSON_GetObjectItemCaseSensitive(o, k); }
 static const char *get_str(const cJSON *o, const char *k, const char *def) {
@@ -487,6 +488,26 @@ static void pin_to_host(cJSON *ps, const char *host) {
 
 /* host: the planned node's kubernetes.io/hostname label (else its name); init: the model
  * directory to start from (spec.model.initFrom), or NULL. */
+/* The "restricted" Pod Security Standard, as the operator's own Deployment runs: non-root (the
+ * worker image's user 10001; fsGroup makes volumes such as the checkpoint claim writable to it),
+ * RuntimeDefault seccomp; no privilege escalation, every capability dropped. */
+static void restricted_pod(cJSON *ps) {
+    cJSON *sc = cJSON_AddObjectToObject(ps, "securityContext");
+    cJSON_AddBoolToObject(sc, "runAsNonRoot", true);
+    cJSON_AddNumberToObject(sc, "runAsUser", REC_WORKER_UID);
+    cJSON_AddNumberToObject(sc, "runAsGroup", REC_WORKER_UID);
+    cJSON_AddNumberToObject(sc, "fsGroup", REC_WORKER_UID);
+    cJSON_AddStringToObject(cJSON_AddObjectToObject(sc, "seccompProfile"), "type", "RuntimeDefault");
+}
+
+static void restricted_container(cJSON *ctr) {
+    cJSON *sc = cJSON_AddObjectToObject(ctr, "securityContext");
+    cJSON_AddBoolToObject(sc, "allowPrivilegeEscalation", false);
+    cJSON_AddBoolToObject(sc, "runAsNonRoot", true);
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(cJSON_AddObjectToObject(sc, "capabilities"), "drop"),
+                         cJSON_CreateString("ALL"));
+}
+
 static cJSON *pod_object(const rec_config *c, const cJSON *job, int rank, int world,
                          const char *host, const char *cm_name, const char *plan_id, int attempt,
                          const msrc *init) {
@@ -514,9 +535,13 @@ static cJSON *pod_object(const rec_config *c, const cJSON *job, int rank, int wo
     cJSON_AddNumberToObject(ps, "terminationGracePeriodSeconds", get_num(spec, "terminationGracePeriodSeconds", 120));
     const cJSON *tol = get(spec, "tolerations");
     if (cJSON_IsArray(tol)) cJSON_AddItemToObject(ps, "tolerations", cJSON_Duplicate(tol, true));
+    restricted_pod(ps);
     cJSON *ctr = cJSON_CreateObject();
     cJSON_AddItemToArray(cJSON_AddArrayToObject(ps, "containers"), ctr);
     cJSON_AddStringToObject(ctr, "name", "worker");
+    restricted_container(ctr);
+    /* a failed worker's last log lines become its termination message, which the status quotes */
+    cJSON_AddStringToObject(ctr, "terminationMessagePolicy", "FallbackToLogsOnError");
     cJSON_AddStringToObject(ctr, "image", get_str(spec, "image", c->worker_image));
     const char *pull = get_str(spec, "imagePullPolicy", c->worker_pull_policy);
     if (pull && *pull) cJSON_AddStringToObject(ctr, "imagePullPolicy", pull);
@@ -590,6 +615,7 @@ static cJSON *pod_object(const rec_config *c, const cJSON *job, int rank, int wo
     }
 
     cJSON *e = cJSON_AddArrayToObject(ctr, "env");
+    env(e, CEPHALO_ENV_OPERATOR_VERSION, cephalo_version()); /* a worker of another release refuses to start */
     snprintf(buf, sizeof buf, "%d", rank);
     env(e, "RANK", buf);
     snprintf(buf, sizeof buf, "%d", world);
@@ -1359,9 +1385,19 @@ static void describe_failure(const cJSON *pod, const char *node, char *out, size
                        get_str(get(get(pod, "metadata"), "labels"), REC_LABEL_RANK, "?"),
                        node);
     if (len < 0 || (size_t)len >= n) return;
-    if (term)
-        snprintf(out + len, n - (size_t)len, ": exit code %.0f (%s)", get_num(term, "exitCode", -1),
-                 get_str(term, "reason", "Error"));
+    if (term) {
+        /* the container's last log line (terminationMessagePolicy FallbackToLogsOnError): the
+         * worker's own error, e.g. a release other than the operator's; not for a signal (exit
+         * code 128+N), where the last line is whatever the worker printed before it was killed */
+        double code = get_num(term, "exitCode", -1);
+        const char *m = code > 0 && code < 128 ? get_str(term, "message", "") : "";
+        size_t ml = strlen(m);
+        while (ml && (m[ml - 1] == '\n' || m[ml - 1] == ' ')) ml--;
+        const char *last = m + ml;
+        while (last > m && last[-1] != '\n') last--;
+        snprintf(out + len, n - (size_t)len, ": exit code %.0f (%s)%s%.*s", get_num(term, "exitCode", -1),
+                 get_str(term, "reason", "Error"), ml ? ": " : "", (int)(m + ml - last > 300 ? 300 : m + ml - last), last);
+    }
     else if (get_str(st, "reason", NULL))
         snprintf(out + len, n - (size_t)len, ": %s%s%s", get_str(st, "reason", ""),
                  get_str(st, "message", NULL) ? ": " : "", get_str(st, "message", ""));

@@ -66,6 +66,8 @@
 #define REC_ANN_UNSCHEDULABLE "cephalo.dev/unschedulable" /* "N TIME": N refusals in a row, next gang not before TIME */
 #define REC_MIN_REPLAN_S 300.0 /* spec.elastic.minReplanSeconds' default */
 #define REC_MASTER_PORT 29500
+#define REC_WORKER_UID 10001 /* the worker image's user (docker/Dockerfile.worker) */
+
 #define REC_COMPONENT "cephalo-operator"
 
 /* The watches' stores the reconcile reads (cache.h). */

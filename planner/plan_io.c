@@ -9,6 +9,7 @@
 #include "model_json.h"
 #include "plan.h"
 #include "strutil.h"
+#include "version.h"
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
 
@@ -187,6 +188,8 @@ static cJSON *plan_json(const plan *p) {
     cJSON *root = cJSON_CreateObject();
     cJSON_AddStringToObject(root, "format", PLAN_FORMAT);
     cJSON_AddNumberToObject(root, "version", PLAN_VERSION);
+    /* who wrote it (a record; compatibility is the format version's business) */
+    cJSON_AddStringToObject(root, "cephalo_version", cephalo_version());
     cJSON_AddItemToObject(root, "inputs", inputs_json(p));
     cJSON_AddBoolToObject(root, "feasible", p->feasible);
     if (!p->feasible) {

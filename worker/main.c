@@ -23,14 +23,17 @@
 #include "import.h"
 #include "comm.h"
 #include "dump.h"
+#include "eval.h"
 #include "fileio.h"
 #include "export.h"
 #include "log.h"
 #include "metrics.h"
 #include "plan_read.h"
 #include "wprofile.h"
+#include "sample.h"
 #include "strutil.h"
 #include "train.h"
+#include "version.h"
 
 enum { EXIT_RUNTIME = 1, EXIT_BAD_INPUT = 2, EXIT_STOPPED = 128 + SIGTERM };
 
@@ -58,13 +61,19 @@ static void catch_stop_signals(void) {
     sigaction(SIGINT, &sa, NULL);
 }
 
+#define WORKER_NAME "cephalo-worker"
+
 static const char usage_text[] =
     "usage: cephalo-worker train [--plan PLAN.json | --model MODEL --batch B [--microbatch M]]\n"
     "                            [options]\n"
     "       cephalo-worker export --checkpoint PATH -o DIR\n"
+    "       cephalo-worker eval (--checkpoint PATH | --init-from DIR) --data SPEC [--samples N] [--json]\n"
+    "       cephalo-worker sample (--checkpoint PATH | --init-from DIR) [--prompt TEXT] [--tokenizer FILE]\n"
+    "                             [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S]\n"
     "       cephalo-worker profile --model M [--seq T] [--precision P] [--device cpu|cuda] [--threads N]\n"
     "                              [--memory SIZE] [--max-micro K] [--name TYPE] -o FILE\n"
     "       cephalo-worker profile-comm [--min-bytes N] [--max-bytes N] [--reps N] -o FILE\n"
+    "       cephalo-worker --version\n"
     "\n"
     "train: trains one rank. The plan (--plan, or $CEPHALO_PLAN) gives the model, the global\n"
     "batch and this rank's batch, microbatches, memory and threads; without a plan, --model and\n"
@@ -119,6 +128,11 @@ static const char usage_text[] =
     "                       step (another run's): they are deleted at the start\n"
     "  --diverge-steps N    stop (exit 1) when the loss stays above 2 x ln(vocabulary) for N\n"
     "                       steps in a row: diverged; 0 = never (default 20)\n"
+    "  --val-data SPEC      validation data (as --data): the validation loss of a fixed set of\n"
+    "                       samples, the same whatever the plan, in the log, progress and metrics\n"
+    "  --val-every N        evaluate every N steps and after the last (default: steps/10, at\n"
+    "                       most 100); 0: after the last step only\n"
+    "  --val-samples N      validation samples (default 64; at most what --val-data holds)\n"
     "  --log FILE           JSON lines: one object per step\n"
     "  --dump DIR           oracle dump for tests (docs/worker-model.md)\n"
     "  --quiet              no progress lines\n"
@@ -127,6 +141,7 @@ static const char usage_text[] =
     "  --metrics-addr ADDR  the address to listen on (default 0.0.0.0; docs/metrics.md)\n"
     "\n"
     "export: writes a checkpoint as Hugging Face model.safetensors + config.json (GPT-2, Llama).\n"
+    "eval: the validation loss of a checkpoint (see 'cephalo-worker eval --help').\n"
     "profile, profile-comm: what `cephalo profile` runs (docs/profile.md).\n";
 
 typedef struct worker_opts {
@@ -134,6 +149,7 @@ typedef struct worker_opts {
     long batch, micro, seq, ckpt_every, metrics_port; /* metrics_port -1: not given */
     long diverge_steps;
     ckpt_opts ck; /* --ckpt-dir, --resume, --overwrite, --keep-last, --keep-every */
+    eval_opts val; /* --val-data, --val-every, --val-samples */
     bool quiet, have_threads, have_memory, have_gpu;
     const char *device;
     precision prec;
@@ -190,7 +206,7 @@ static int parse_train(int argc, char **argv, worker_opts *o) {
            O_WARMUP, O_WD, O_B1, O_B2, O_EPS, O_CLIP, O_SEED, O_THREADS, O_MEMORY, O_CKDIR,
            O_CKEVERY, O_RESUME, O_LOG, O_DUMP, O_QUIET, O_DEVICE, O_GPU, O_PRECISION, O_OFFLOAD,
            O_ACCUM, O_SYNCMICRO, O_MPORT, O_MADDR, O_OVERWRITE, O_KEEPLAST, O_KEEPEVERY, O_DIVERGE,
-           O_LSCALE, O_LWINDOW, O_SCHEDULE, O_INITFROM };
+           O_LSCALE, O_LWINDOW, O_SCHEDULE, O_INITFROM, O_VALDATA, O_VALEVERY, O_VALSAMPLES };
     static const struct option longopts[] = {
         {"plan", 1, 0, O_PLAN},       {"model", 1, 0, O_MODEL},     {"batch", 1, 0, O_BATCH},
         {"microbatch", 1, 0, O_MICRO}, {"seq", 1, 0, O_SEQ},        {"data", 1, 0, O_DATA},
@@ -208,7 +224,8 @@ static int parse_train(int argc, char **argv, worker_opts *o) {
         {"overwrite", 0, 0, O_OVERWRITE}, {"keep-last", 1, 0, O_KEEPLAST},
         {"keep-every", 1, 0, O_KEEPEVERY}, {"diverge-steps", 1, 0, O_DIVERGE},
         {"loss-scale", 1, 0, O_LSCALE}, {"loss-scale-window", 1, 0, O_LWINDOW},
-        {"init-from", 1, 0, O_INITFROM},
+        {"init-from", 1, 0, O_INITFROM}, {"val-data", 1, 0, O_VALDATA},
+        {"val-every", 1, 0, O_VALEVERY}, {"val-samples", 1, 0, O_VALSAMPLES},
         {"help", 0, 0, 'h'},          {0, 0, 0, 0}};
     train_config *c = &o->cfg;
     optind = 1;
@@ -225,6 +242,9 @@ static int parse_train(int argc, char **argv, worker_opts *o) {
         case O_SEQ: rc = integer("--seq", optarg, 1, 1 << 20, &o->seq); break;
         case O_DATA: c->data = optarg; break;
         case O_INITFROM: c->init_from = optarg; break;
+        case O_VALDATA: o->val.data = optarg; break;
+        case O_VALEVERY: rc = integer("--val-every", optarg, 0, 1L << 40, &o->val.every); break;
+        case O_VALSAMPLES: rc = integer("--val-samples", optarg, 1, 1L << 30, &o->val.samples); break;
         case O_STEPS: rc = integer("--steps", optarg, 0, 1L << 40, &v), c->steps = v; break;
         case O_LR: rc = num("--lr", optarg, 0, 10, &c->lr); break;
         case O_MINLR: rc = num("--min-lr", optarg, 0, 10, &c->min_lr); break;
@@ -284,6 +304,8 @@ static int parse_train(int argc, char **argv, worker_opts *o) {
     }
     if (optind < argc) return bad("unexpected argument '%s'", argv[optind]);
     if (o->ck.overwrite && !o->ck.dir) return bad("%s", "--overwrite is about the checkpoints in --ckpt-dir; give --ckpt-dir");
+    if (!o->val.data && (o->val.every >= 0 || o->val.samples))
+        return bad("%s needs --val-data (the validation data)", o->val.every >= 0 ? "--val-every" : "--val-samples");
     return 0;
 }
 
@@ -370,16 +392,17 @@ static void fmt_duration(double s, char *buf, size_t n) {
 }
 
 static void progress(const trainer *t, const step_stats *st, double avg_ms) {
-    char eta[32], peak[32], scale[96] = "";
+    char eta[32], peak[32], scale[96] = "", val[48] = "";
     fmt_duration(avg_ms / 1e3 * (double)(t->cfg.steps - st->step - 1), eta, sizeof eta);
     str_bytes((double)st->peak_bytes, peak, sizeof peak);
     if (t->cfg.prec == PREC_FP16)
         snprintf(scale, sizeof scale, " | scale %g%s", st->loss_scale,
                  st->skipped ? " (gradient not finite: step skipped)" : "");
+    if (st->has_val) snprintf(val, sizeof val, " | val %.4f", st->val_loss);
     fprintf(stderr,
-            "step %lld/%lld | loss %.4f | lr %.2e | norm %.3f%s | %.0f tok/s | %.1f samples/s | "
+            "step %lld/%lld | loss %.4f%s | lr %.2e | norm %.3f%s | %.0f tok/s | %.1f samples/s | "
             "%.0f ms | peak %s | ETA %s\n",
-            (long long)st->step + 1, (long long)t->cfg.steps, st->loss, st->lr, st->grad_norm,
+            (long long)st->step + 1, (long long)t->cfg.steps, st->loss, val, st->lr, st->grad_norm,
             scale, st->tokens_per_s, st->samples_per_s, st->step_ms, peak, eta);
 }
 
@@ -395,18 +418,27 @@ static const char *json_num(double v, char *buf, size_t n) {
     return buf;
 }
 
+/* ,"val_loss":X,"val_ppl":Y on the steps the validation loss was computed after (eval.h) */
+static const char *val_fields(const step_stats *st, char *buf, size_t n) {
+    char loss[32], ppl[32];
+    if (!st->has_val) return "";
+    snprintf(buf, n, ",\"val_loss\":%s,\"val_ppl\":%s", json_num(st->val_loss, loss, sizeof loss),
+             json_num(exp(st->val_loss), ppl, sizeof ppl));
+    return buf;
+}
+
 static void log_step(FILE *f, const trainer *t, const step_stats *st) {
-    char norm[32];
+    char norm[32], val[96];
     fprintf(f,
             "{\"step\":%lld,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%s,\"step_ms\":%.3f,"
             "\"tokens_per_s\":%.1f,\"samples_per_s\":%.3f,\"peak_bytes\":%lld,\"rss_peak_bytes\":%lld,"
             "\"rank\":%d,\"world\":%d,\"gathers\":%lld,\"reduce_scatters\":%lld,\"allreduces\":%lld,"
-            "\"bytes_sent\":%lld,\"comm_wait_ms\":%.3f,\"loss_scale\":%.9g,\"skipped\":%s}\n",
+            "\"bytes_sent\":%lld,\"comm_wait_ms\":%.3f,\"loss_scale\":%.9g,\"skipped\":%s%s}\n",
             (long long)st->step, st->loss, st->lr, json_num(st->grad_norm, norm, sizeof norm), st->step_ms, st->tokens_per_s,
             st->samples_per_s, (long long)st->peak_bytes, peak_rss_bytes(), t->cfg.rank,
             t->cfg.world, (long long)st->gathers, (long long)st->reduce_scatters,
             (long long)st->allreduces, (long long)st->bytes_sent, st->comm_wait_ms, st->loss_scale,
-            st->skipped ? "true" : "false");
+            st->skipped ? "true" : "false", val_fields(st, val, sizeof val));
     fflush(f);
 }
 
@@ -435,7 +467,7 @@ static int stop_now(trainer *t, const worker_opts *o, metrics *m, bool saved) {
     return EXIT_STOPPED;
 }
 
-static int run_training(trainer *t, const worker_opts *o, FILE *log, dumper *dp, metrics *m) {
+static int run_training(trainer *t, const worker_opts *o, FILE *log, dumper *dp, metrics *m, evaluator *ev) {
     err_t err;
     double total_ms = 0;
     int64_t first = t->step, last_print = -1;
@@ -468,9 +500,15 @@ static int run_training(trainer *t, const worker_opts *o, FILE *log, dumper *dp,
             return EXIT_RUNTIME;
         }
         total_ms += st.step_ms;
+        /* the dump first: evaluation overwrites the gradients it records */
+        if (dp && dump_after_step(dp, t, st.loss, &err) < 0) return fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_RUNTIME;
+        if ((st.has_val = eval_due(ev, t)) && eval_loss(ev, t, &st.val_loss, &err) < 0) {
+            metrics_fail(m, err.msg);
+            fprintf(stderr, "cephalo-worker: %s\n", err.msg);
+            return t->comm_failed ? EXIT_RUNTIME : EXIT_BAD_INPUT;
+        }
         metrics_record_step(m, t, &st);
         if (log) log_step(log, t, &st);
-        if (dp && dump_after_step(dp, t, st.loss, &err) < 0) return fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_RUNTIME;
         time_t now = time(NULL);
         if (!o->quiet && (now != last_time || t->step == t->cfg.steps || last_print < 0)) {
             progress(t, &st, total_ms / (double)(t->step - first));
@@ -527,6 +565,8 @@ static int train_rank(worker_opts o) {
         fprintf(stderr, "cephalo-worker: metrics on http://%s:%d/metrics\n",
                 o.metrics_addr ? o.metrics_addr : "0.0.0.0", mport);
     if (m && t->step > 0) metrics_checkpoint(m, t->step); /* resumed from it */
+    evaluator *ev = rc ? NULL : eval_open(t, &o.val, &err);
+    if (!rc && !ev && err.msg[0]) rc = (fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_BAD_INPUT);
     if (!rc && !o.quiet) {
         char desc[512], peak[32], host[32];
         data_describe(t->data, desc, sizeof desc);
@@ -536,11 +576,13 @@ static int train_rank(worker_opts o) {
                 t->cfg.batch, t->cfg.micro, t->cfg.micros, t->dev.threads, desc,
                 str_bytes((double)t->dev.cur_bytes, peak, sizeof peak),
                 str_bytes((double)t->host_bytes, host, sizeof host));
+        if (ev) eval_describe(ev, desc, sizeof desc), fprintf(stderr, "  validation: %s\n", desc);
     }
-    if (!rc && t->cfg.steps > 0) rc = run_training(t, &o, log, dp, m);
+    if (!rc && t->cfg.steps > 0) rc = run_training(t, &o, log, dp, m, ev);
     else metrics_fail(m, "set-up failed");
     if (dp && dump_close(dp, t, &err) < 0 && !rc) rc = (fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_RUNTIME);
     if (log) fclose(log);
+    eval_close(ev);
     metrics_free(m);
     trainer_free(t);
     ckpt_finish(lock);
@@ -548,7 +590,7 @@ static int train_rank(worker_opts o) {
 }
 
 static int cmd_train(int argc, char **argv) {
-    worker_opts o = {.metrics_port = -1, .diverge_steps = 20, .ck.keep.keep_last = 3};
+    worker_opts o = {.metrics_port = -1, .diverge_steps = 20, .ck.keep.keep_last = 3, .val.every = -1};
     train_config_defaults(&o.cfg);
     int rc = parse_train(argc, argv, &o);
     if (rc || (rc = resolve_job(&o))) return train_config_release(&o.cfg), rc;
@@ -586,9 +628,23 @@ int main(int argc, char **argv) {
         fputs(usage_text, stdout);
         return 0;
     }
+    if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) {
+        char line[256];
+        cephalo_version_line(WORKER_NAME, line, sizeof line);
+        fputs(line, stdout);
+        return 0;
+    }
+    /* started by an operator of another release, it would misread the plan and flags it is given */
+    char why[600];
+    if (cephalo_check_operator_version(WORKER_NAME, why, sizeof why) < 0) {
+        fprintf(stderr, "cephalo-worker: %s\n", why);
+        return EXIT_BAD_INPUT;
+    }
     if (!strcmp(argv[1], "train")) return cmd_train(argc - 1, argv + 1);
     if (!strcmp(argv[1], "export")) return cmd_export(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "sample")) return cmd_sample(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "eval")) return cmd_eval(argc - 1, argv + 1);
     if (!strcmp(argv[1], "profile")) return worker_profile(argc - 1, argv + 1);
     if (!strcmp(argv[1], "profile-comm")) return worker_profile_comm(argc - 1, argv + 1);
-    return bad("unknown command '%s' (commands: train, export, profile, profile-comm)", argv[1]);
+    return bad("unknown command '%s' (commands: train, export, eval, sample, profile, profile-comm)", argv[1]);
 }

@@ -27,6 +27,7 @@
 #include "metrics.h"
 #include "model.h"
 #include "strutil.h"
+#include "version.h"
 
 /* Upper bounds of cephalo_step_seconds's buckets: milliseconds (tiny CPU jobs) to a minute
  * (large models on slow GPUs). */
@@ -46,6 +47,8 @@ struct metrics {
     double tokens_per_s, samples_per_s, loss, mfu;
     double loss_scale; /* 0: not fp16 */
     int64_t skipped;
+    double val_loss;  /* the last validation loss, at the job's step val_step (-1: none yet) */
+    int64_t val_step;
     int64_t mem_current, mem_peak, mem_state, mem_host;
     bool failed;
     char why[512];
@@ -112,6 +115,13 @@ static void render(FILE *f, const metrics *m) {
                "fp16: steps skipped because a gradient was not finite (the scale halved).");
         sample(f, m, "cephalo_train_skipped_steps_total", NULL, (double)m->skipped);
     }
+    if (m->val_step >= 0) { /* runs with --val-data, from the first evaluation */
+        family(f, "cephalo_train_val_loss", "gauge",
+               "The job's validation loss (mean per target over the fixed validation samples) at cephalo_train_val_step.");
+        sample(f, m, "cephalo_train_val_loss", NULL, m->val_loss);
+        family(f, "cephalo_train_val_step", "gauge", "The job's step the last validation loss was computed after.");
+        sample(f, m, "cephalo_train_val_step", NULL, (double)m->val_step);
+    }
     family(f, "cephalo_step_seconds", "histogram", "Wall time of a training step.");
     int64_t cum = 0;
     for (size_t i = 0; i < N_BUCKETS; i++) {
@@ -151,6 +161,10 @@ static void render(FILE *f, const metrics *m) {
     sample(f, m, "cephalo_plan_microbatches", NULL, in->microbatches);
     family(f, "cephalo_plan_state_ratio", "gauge", "This rank's share of the training state (plan).");
     sample(f, m, "cephalo_plan_state_ratio", NULL, in->state_ratio);
+    family(f, "cephalo_build_info", "gauge", CEPHALO_BUILD_INFO_HELP);
+    char build[256];
+    snprintf(build, sizeof build, "component=\"worker\",version=\"%s\",commit=\"%s\"", cephalo_version(), cephalo_commit());
+    sample(f, m, "cephalo_build_info", build, 1);
 }
 
 char *metrics_render(metrics *m, size_t *len) {
@@ -173,6 +187,7 @@ metrics *metrics_new(const metrics_info *info) {
     pthread_mutex_init(&m->mu, NULL);
     m->info = *info;
     m->ckpt_step = -1;
+    m->val_step = -1;
     m->info.job = xstrdup(info->job ? info->job : "");
     m->info.device = xstrdup(info->device ? info->device : "");
     char *text = NULL;
@@ -213,6 +228,7 @@ void metrics_record(metrics *m, const metrics_step *s) {
     m->step = s->step;
     m->loss_scale = s->loss_scale;
     m->skipped += s->skipped;
+    if (s->has_val) m->val_loss = s->val_loss, m->val_step = s->step;
     m->samples_per_s = s->step_s > 0 ? (double)s->samples / s->step_s : 0;
     m->tokens_per_s = s->step_s > 0 ? (double)s->samples * m->info.tokens_per_sample / s->step_s : 0;
     m->mfu = s->step_s > 0 && m->info.peak_flops > 0
@@ -425,6 +441,7 @@ void metrics_record_step(metrics *m, const trainer *t, const step_stats *st) {
                       .mem_current = t->dev.cur_bytes, .mem_peak = t->dev.peak_bytes,
                       /* parameters, gradients and the two AdamW moments: fp32 each */
                       .mem_state = state * 4 * (int64_t)sizeof(float), .mem_host = t->host_bytes,
-                      .loss_scale = t->cfg.prec == PREC_FP16 ? t->loss_scale : 0, .skipped = st->skipped};
+                      .loss_scale = t->cfg.prec == PREC_FP16 ? t->loss_scale : 0, .skipped = st->skipped,
+                      .has_val = st->has_val, .val_loss = st->val_loss};
     metrics_record(m, &s);
 }

@@ -109,7 +109,7 @@ apiserver_checks() {
   check "helm history: revision 1 superseded, 2 deployed" 0 "" -- bash -c \
     "\"$HELM\" history cephalo -n $NS -o json | python3 -c 'import json,sys; h=json.load(sys.stdin); assert [(r[\"revision\"], r[\"status\"]) for r in h] == [(1, \"superseded\"), (2, \"deployed\")], h'"
   check "helm rollback to revision 1 restores the image, flags and affinity" 0 \
-    "ghcr.io/cephalo/cephalo-operator:0.1.0 --log-level=info nvidia.com/gpu.present" -- bash -c \
+    "ghcr.io/cephalo/cephalo-operator:$(cat VERSION) --log-level=info nvidia.com/gpu.present" -- bash -c \
     "\"$HELM\" rollback cephalo 1 -n $NS >/dev/null && kubectl get deployment cephalo-operator -n $NS \
        -o jsonpath='{.spec.template.spec.containers[0].image} {.spec.template.spec.containers[0].args[1]} {.spec.template.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].key}'"
 

@@ -133,6 +133,31 @@ EOF
     ok*) echo "ok $n - Prometheus scrapes cephalo_train_tokens_per_second of every rank (${verdict#ok })" ;;
     *) echo "not ok $n - Prometheus: ${verdict#not ok }"; tail -5 "$T/prometheus.log" | sed 's/^/#   /' ;;
   esac
+  # the build of every rank, as its --version says (docs/development.md, "Versions")
+  want=$("$W" --version | cut -d' ' -f2)
+  verdict=$($PY - "$PROM_PORT" "$want" <<'EOF'
+import json, sys, time, urllib.parse, urllib.request
+url = "http://127.0.0.1:%s/api/v1/query?" % sys.argv[1] + urllib.parse.urlencode({"query": "cephalo_build_info"})
+last = "no answer"
+for _ in range(20):
+    try:
+        series = json.load(urllib.request.urlopen(url, timeout=5))["data"]["result"]
+        got = sorted((s["metric"].get("rank"), s["metric"].get("component"), s["metric"].get("version"), s["value"][1])
+                     for s in series)
+        last = str(got)
+        if got == [(r, "worker", sys.argv[2], "1") for r in ("0", "1", "2")]:
+            print("ok " + last); sys.exit(0)
+    except Exception as e:
+        last = "query failed: %s" % e
+    time.sleep(0.5)
+print("not ok " + last)
+EOF
+)
+  n=$((n + 1))
+  case $verdict in
+    ok*) echo "ok $n - Prometheus scrapes cephalo_build_info{component=worker, version=$want} of every rank" ;;
+    *) echo "not ok $n - Prometheus cephalo_build_info: ${verdict#not ok }" ;;
+  esac
 fi
 
 # ---- the dashboard ----

@@ -213,6 +213,20 @@ for r in plan['ranks']:
     assert p['metadata']['labels']['cephalo.dev/rank'] == str(r['rank'])
 print('pods ok')
 PY
+check "... the pods meet the restricted Pod Security Standard, and carry the operator's version" 0 "secure ok" -- \
+  python3 - "$dir/pods.json" "$("$OP" --version | cut -d" " -f2)" <<'PY'
+import json, sys
+for p in json.load(open(sys.argv[1]))['items']:
+    s, c = p['spec'], p['spec']['containers'][0]
+    assert s['securityContext'] == {'runAsNonRoot': True, 'runAsUser': 10001, 'runAsGroup': 10001, 'fsGroup': 10001,
+                                    'seccompProfile': {'type': 'RuntimeDefault'}}, s['securityContext']
+    assert c['securityContext'] == {'allowPrivilegeEscalation': False, 'runAsNonRoot': True,
+                                    'capabilities': {'drop': ['ALL']}}, c['securityContext']
+    assert 'privileged' not in c['securityContext'] and not s.get('hostNetwork') and not s.get('hostPID')
+    env = {e['name']: e.get('value') for e in c['env']}
+    assert env.get('CEPHALO_OPERATOR_VERSION') == sys.argv[2], (env.get('CEPHALO_OPERATOR_VERSION'), sys.argv[2])
+print('secure ok')
+PY
 K get cephalojob tiny -o json >"$dir/job.json" 2>&1
 check "status: observedGeneration, Created/Planned conditions, the plan per rank" 0 "status ok" -- python3 - "$dir/job.json" <<'PY'
 import json, sys

@@ -804,6 +804,89 @@ static void test_attention_head_dims(void **state) {
 }
 
 /* ---------------------------------------------------------------------------------------------
+ * generation ops: rope_at and attention_cached (worker/model/kvcache.c) */
+
+/* rope_at on `rows` new rows at positions pos0.. of a padded fused q|k|v row: the GPU against the
+ * CPU, and the CPU's rope_at against its rope on the whole sequence (the rows' own positions). */
+static void check_rope_at(int pos0, int rows, int H, int Hkv, int hd, float theta) {
+    int ld = (H + 2 * Hkv) * hd + 3, T = pos0 + rows;
+    int64_t n_all = (int64_t)T * ld, n = (int64_t)rows * ld;
+    float *full = hrandom(n_all, 1.0f);
+    float *x = hdup(full + (int64_t)pos0 * ld, n), *xr = hdup(x, n), *gx = g_up(x, n);
+    REF->ops->rope_at(REF, xr, ld, rows, pos0, H, hd, theta);
+    REF->ops->rope_at(REF, xr + H * hd, ld, rows, pos0, Hkv, hd, theta);
+    GPU->ops->rope_at(GPU, gx, ld, rows, pos0, H, hd, theta);
+    GPU->ops->rope_at(GPU, gx + H * hd, ld, rows, pos0, Hkv, hd, theta);
+    char what[128];
+    snprintf(what, sizeof what, "rope_at pos0=%d rows=%d H=%d Hkv=%d hd=%d theta=%g", pos0, rows, H, Hkv,
+             hd, (double)theta);
+    float *got = g_down(gx, n);
+    expect_rel(what, got, xr, n, 1e-5); /* as rope: the same tables, ~1 ulp apart */
+    for (int r = 0; r < rows; r++) {
+        int64_t o = (int64_t)r * ld + (int64_t)(H + Hkv) * hd;
+        expect_same("rope_at leaves v and the padding alone", got + o, x + o, (size_t)(Hkv * hd + 3) * 4);
+    }
+    /* the reference itself: rope over the T-token sequence, then its last `rows` rows */
+    REF->ops->rope(REF, full, ld, T, T, H, hd, theta, false);
+    REF->ops->rope(REF, full + H * hd, ld, T, T, Hkv, hd, theta, false);
+    snprintf(what, sizeof what, "cpu rope_at pos0=%d = rope's rows at those positions", pos0);
+    expect_rel(what, xr, full + (int64_t)pos0 * ld, n, 1e-6);
+}
+
+static void test_rope_at(void **state) {
+    (void)state;
+    seed(1600);
+    check_rope_at(0, 17, 4, 2, 64, 10000.0f);   /* prefill */
+    check_rope_at(16, 1, 4, 2, 64, 10000.0f);   /* a decode step */
+    check_rope_at(300, 1, 8, 2, 128, 500000.0f); /* past the 256-entry table: it grows */
+    check_rope_at(255, 3, 32, 4, 64, 10000.0f); /* rows on both sides of 256 */
+    check_rope_at(2040, 8, 2, 1, 16, 10000.0f);
+}
+
+/* n new query rows at positions pos0.. against a cache of pos0 + n rows (GQA H on Hkv): the GPU
+ * against the CPU, and the CPU's against attention_fwd on the whole sequence (causal), whose
+ * rows pos0.. are the same attention. */
+static void check_attention_cached(int n, int pos0, int H, int Hkv, int hd) {
+    int T = pos0 + n, ld = (H + 2 * Hkv) * hd + 2, kvw = Hkv * hd, ldo = H * hd;
+    int koff = H * hd, voff = (H + Hkv) * hd;
+    float *qkv = hrandom((int64_t)T * ld, 1.5f);
+    /* the caches as the sampler keeps them: [T, kvw] contiguous */
+    float *kc = h_alloc((size_t)T * kvw * 4), *vc = h_alloc((size_t)T * kvw * 4);
+    for (int t = 0; t < T; t++) {
+        memcpy(kc + (int64_t)t * kvw, qkv + (int64_t)t * ld + koff, (size_t)kvw * 4);
+        memcpy(vc + (int64_t)t * kvw, qkv + (int64_t)t * ld + voff, (size_t)kvw * 4);
+    }
+    const float *q_new = qkv + (int64_t)pos0 * ld; /* the new rows, in the fused layout */
+    float *out = hfill((int64_t)n * ldo, 7.0f);
+    REF->ops->attention_cached(REF, out, q_new, ld, kc, vc, n, pos0, H, Hkv, hd);
+    float *gq = g_up(q_new, (int64_t)n * ld), *gk = g_up(kc, (int64_t)T * kvw), *gv = g_up(vc, (int64_t)T * kvw);
+    float *gout = g_fill((int64_t)n * ldo, 7.0f);
+    GPU->ops->attention_cached(GPU, gout, gq, ld, gk, gv, n, pos0, H, Hkv, hd);
+    char what[128];
+    snprintf(what, sizeof what, "attention_cached n=%d pos0=%d H=%d Hkv=%d hd=%d", n, pos0, H, Hkv, hd);
+    /* fp32 against fp32: another summation order (online softmax over 128-key tiles) */
+    expect_rel(what, g_down(gout, (int64_t)n * ldo), out, (int64_t)n * ldo, 2e-5);
+    /* the reference itself against the flash attention of the whole causal sequence */
+    float *full = hfill((int64_t)T * ldo, 7.0f), *lse = hfill((int64_t)H * T, 7.0f);
+    REF->ops->attention_fwd(REF, full, lse, qkv, ld, qkv + koff, ld, qkv + voff, ld, 1, T, H, Hkv, hd, true);
+    snprintf(what, sizeof what, "cpu attention_cached n=%d pos0=%d = attention_fwd's rows", n, pos0);
+    expect_rel(what, out, full + (int64_t)pos0 * ldo, (int64_t)n * ldo, 1e-5);
+}
+
+static void test_attention_cached(void **state) {
+    (void)state;
+    seed(1700);
+    check_attention_cached(1, 0, 4, 2, 64);    /* the first token sees itself only */
+    check_attention_cached(1, 37, 8, 2, 64);   /* decode steps: GQA 8 on 2 */
+    check_attention_cached(1, 300, 4, 4, 128); /* more keys than one 128-key tile, MHA */
+    check_attention_cached(1, 127, 32, 4, 64); /* exactly one full tile; TinyLlama's heads */
+    check_attention_cached(17, 0, 4, 1, 64);   /* prefill of a 17-token prompt, MQA */
+    check_attention_cached(5, 200, 6, 3, 50);  /* several new rows after a cache; hd 50 */
+    check_attention_cached(130, 0, 2, 1, 16);  /* a prefill across two tiles */
+    check_attention_cached(1, 2047, 4, 2, 64); /* a 2048-token context */
+}
+
+/* ---------------------------------------------------------------------------------------------
  * cross-entropy */
 
 static void check_xent(int N, int V, float mag, const int32_t *tg, float scale) {
@@ -1369,6 +1452,7 @@ int main(void) {
         T(test_device),      T(test_elementwise), T(test_sumsq),    T(test_copy2d),
         T(test_gemm),        T(test_bias),        T(test_embed),    T(test_norms),
         T(test_activations), T(test_rope),        T(test_attention), T(test_xent),
+        T(test_rope_at),     T(test_attention_cached),
         T(test_attention_head_dims), T(test_fp16),
         T(test_patchify),    T(test_adamw),       T(test_bf16),     T(test_streams),
         T(test_host_alloc),  T(test_determinism), T(test_zero_sizes), T(test_allocator),

@@ -12,7 +12,10 @@
 #   d) --offload on and off give bit-identical parameters and moments after 3 steps.
 #   e) Hugging Face import with --device cuda: step-0 logits against the transformers-style forward,
 #      and the float64 oracle over 5 steps of fine-tuning an imported model.
-# KEEP=1 keeps the work directory (printed). GPU_TRAIN_PARTS=abcde selects parts,
+#   f) `sample --device cuda` (docs/sample.md): the KV-cached logits of every step against the
+#      float64 full-sequence forward, greedy decoding equal to the oracle's, sampled tokens inside
+#      their top-k/top-p sets, a 100-token prefill.
+# KEEP=1 keeps the work directory (printed). GPU_TRAIN_PARTS=abcdef selects parts,
 # GPU_TRAIN_PRECISIONS ("fp32 bf16 fp16") part b's precisions.
 set -u
 cd "$(dirname "$0")/../.." || exit 1
@@ -23,7 +26,7 @@ C=$B/bin/cephalo
 WC=$B/bin/cephalo-worker-cuda
 PY=${PYTHON:-/usr/bin/python3}
 PT=("$PY" tests/fsdp/plan_tool.py)
-PARTS=${GPU_TRAIN_PARTS:-abcde}
+PARTS=${GPU_TRAIN_PARTS:-abcdef}
 T=$(mktemp -d)
 if [ "${KEEP:-0}" = 1 ]; then echo "# work directory kept: $T"; trap 'kill -9 $(jobs -p) 2>/dev/null' EXIT
 else trap 'kill -9 $(jobs -p) 2>/dev/null; rm -rf "$T"' EXIT; fi
@@ -213,5 +216,45 @@ if [[ $PARTS == *e* ]]; then
     grep -q '^ok - ' <<<"$out" || fail "imported llama-f16-tied on cuda: the oracle runs" "$out"
   else
     fail "imported llama-f16-tied: the cuda worker fine-tunes it for the oracle" "$out"
+  fi
+fi
+
+# ---- f) generation with a KV cache on the GPU ------------------------------------------------------
+# tests/cli/test_sample.sh's oracle with --device cuda (exact fp32 matmuls: the device's default):
+# every step's cached logits = the float64 forward of the whole sequence (tests/ref/sample_ref.py),
+# greedy tokens = the oracle's greedy decode, sampled tokens inside their top-k/top-p sets
+if [[ $PARTS == *f* ]]; then
+  HF=("$PY" tests/ref/hf_models.py)
+  "${HF[@]}" make "$T/s-gpt2" --arch gpt2 --seed 3 >/dev/null 2>&1
+  "${HF[@]}" make "$T/s-llama3" --arch llama --kv 2 --rope-theta 500000 --seed 4 >/dev/null 2>&1
+  # name | directory | sample arguments
+  while IFS='|' read -r name dir args; do
+    d=$T/$dir
+    # shellcheck disable=SC2086
+    if ! out=$($TMO "$WC" sample --device cuda --init-from "$d" $args --dump-logits "$T/$name.st" 2>&1 >"$T/$name.out"); then
+      fail "sample $name on cuda runs" "$out"; continue
+    fi
+    out=$("$PY" tests/ref/sample_ref.py "$d" "$T/$name.st" 2>&1)
+    while IFS= read -r line; do
+      case $line in
+        "ok - "*) n=$((n + 1)); echo "ok $n - sample $name on cuda: ${line#ok - }" ;;
+        "not ok - "*) n=$((n + 1)); echo "not ok $n - sample $name on cuda: ${line#not ok - }" ;;
+      esac
+    done <<<"$out"
+    grep -q '^ok - ' <<<"$out" || fail "sample $name on cuda: the oracle runs" "$out"
+  done <<'CASES'
+gpt2-greedy|s-gpt2|--prompt Once --max-new-tokens 120 --temperature 0
+llama3-greedy|s-llama3|--prompt The_quick_brown_fox --max-new-tokens 120 --temperature 0
+llama3-topk-topp|s-llama3|--prompt abc --max-new-tokens 60 --top-k 8 --top-p 0.9 --num-samples 2 --seed 11
+CASES
+  # a long prompt: a prefill of 100 tokens, then decode steps over more than one 128-key tile
+  if out=$($TMO "$WC" sample --device cuda --init-from "$T/s-llama3" --prompt "$(printf 'ab%.0s' {1..50})" \
+      --max-new-tokens 28 --temperature 0 --dump-logits "$T/long.st" 2>&1 >/dev/null); then
+    out=$("$PY" tests/ref/sample_ref.py "$T/s-llama3" "$T/long.st" 2>&1)
+    n=$((n + 1))
+    if ! grep -q '^not ok' <<<"$out" && grep -q '^ok' <<<"$out"; then echo "ok $n - sample with a 100-token prefill on cuda"
+    else echo "not ok $n - sample with a 100-token prefill on cuda"; sed 's/^/#   /' <<<"$out" | head -4; fi
+  else
+    fail "sample with a 100-token prefill on cuda runs" "$out"
   fi
 fi

@@ -21,6 +21,8 @@ import yaml
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..'))
 CHART = os.path.join(ROOT, 'charts', 'cephalo')
 NS = 'cephalo-system'
+with open(os.path.join(ROOT, 'VERSION')) as _f:
+    VERSION = _f.read().strip()  # the one version source: the chart and the images name it too
 n = 0
 HELM = None
 TMP = tempfile.mkdtemp(prefix='cephalo-chart-')
@@ -172,7 +174,7 @@ def main():
 
     def deployment():
         assert dep['spec']['selector']['matchLabels'].items() <= dep['spec']['template']['metadata']['labels'].items()
-        assert c['image'] == 'ghcr.io/cephalo/cephalo-operator:0.1.0', c['image']
+        assert c['image'] == f'ghcr.io/cephalo/cephalo-operator:{VERSION}', c['image']
         assert c['imagePullPolicy'] == 'IfNotPresent'
         assert pod['serviceAccountName'] == one(docs, 'ServiceAccount')['metadata']['name']
         assert c['resources']['requests']['memory'] == '64Mi'
@@ -182,7 +184,7 @@ def main():
         a = c['args']
         for want in ('--metrics-addr=:8080', '--leader-elect=true', f'--leader-election-namespace={NS}',
                      '--leader-election-id=cephalo-operator', '--log-level=info',
-                     '--worker-image=ghcr.io/cephalo/cephalo-worker:0.1.0', '--plan-timeout=30s',
+                     f'--worker-image=ghcr.io/cephalo/cephalo-worker:{VERSION}', '--plan-timeout=30s',
                      '--plan-workers=2', '--workers=4', '--worker-archs=60 61 70 75 80 86 89 90'):
             assert want in a, f'missing {want} in {a}'
         assert not any(x.startswith('--namespace') for x in a), 'watchNamespace "" must not pass --namespace'
@@ -353,12 +355,15 @@ def main():
     def chart_yaml():
         with open(os.path.join(CHART, 'Chart.yaml')) as f:
             c = yaml.safe_load(f)
-        assert c['apiVersion'] == 'v2' and c['name'] == 'cephalo' and c['version'] and c['appVersion']
+        assert c['apiVersion'] == 'v2' and c['name'] == 'cephalo'
+        # one release: the chart's version and appVersion are VERSION, and the images default to it
+        assert c['version'] == VERSION and c['appVersion'] == VERSION, (c['version'], c['appVersion'], VERSION)
         with open(os.path.join(CHART, 'values.yaml')) as f:
             v = yaml.safe_load(f)
         for k in ('operator', 'worker', 'serviceAccount', 'rbac', 'serviceMonitor', 'grafanaDashboard'):
             assert k in v, k
-    check('Chart.yaml (apiVersion v2) and values.yaml parse', chart_yaml)
+        assert v['operator']['image']['tag'] == '' and v['worker']['image']['tag'] == '', 'image tags default to appVersion'
+    check('Chart.yaml (apiVersion v2): version and appVersion = VERSION; values.yaml parses, image tags from appVersion', chart_yaml)
 
     if len(sys.argv) == 3 and sys.argv[1] == '--emit':
         d = render({'grafanaDashboard': {'enabled': True}})

@@ -59,7 +59,9 @@ the scheduler's binding, which places the operator's worker pods, or by a pod's 
   * the pod status through PATCH .../pods/NAME/status (merge patch, with the uid as precondition),
     retried until the API server takes it: Running (podIP, hostIP 127.0.0.1, startTime, Ready,
     containerStatuses running) on start; Succeeded (exit 0) or Failed on exit, with the container
-    terminated {exitCode (128+N for signal N), reason Completed|Error, startedAt, finishedAt}.
+    terminated {exitCode (128+N for signal N), reason Completed|Error, startedAt, finishedAt; a
+    failed container with terminationMessagePolicy FallbackToLogsOnError: message, the last 80
+    lines of its log, at most 2048 bytes}.
     restartPolicy is taken as Never: a container is never restarted;
   * a pod with a deletionTimestamp: SIGTERM, SIGKILL after its grace period (at most 10 s), the
     final status, then DELETE with gracePeriodSeconds=0 and a uid precondition, which is how a
@@ -822,6 +824,17 @@ class Kubelet:
                                        'containerID': f'fake://{inst.proc.pid}',
                                        'state': {'running': {'startedAt': t}}}]}
 
+    def log_tail(self, inst):
+        """A failed container's message under FallbackToLogsOnError, as the kubelet takes it: the
+        last 80 lines of its log, at most the last 2048 bytes."""
+        path = os.path.join(self.work, 'logs', f'{inst.ns}_{inst.name}_{inst.uid[:8]}.log')
+        try:
+            with open(path, 'rb') as f:
+                data = f.read()
+        except OSError:
+            return ''
+        return b'\n'.join(data.split(b'\n')[-81:])[-2048:].decode('utf-8', 'replace')
+
     def terminated_status(self, inst, reason=None):
         ok = inst.exit_code == 0
         t0, t1 = rfc3339(inst.started), rfc3339(inst.finished)
@@ -832,6 +845,8 @@ class Kubelet:
             term['containerID'] = f'fake://{inst.proc.pid}'
         if inst.signal:
             term['signal'] = inst.signal
+        if not ok and ctr.get('terminationMessagePolicy') == 'FallbackToLogsOnError':
+            term['message'] = self.log_tail(inst)
         nr = 'PodCompleted' if ok else 'ContainersNotReady'
         cond = [{'type': 'Initialized', 'status': 'True', 'lastTransitionTime': t0},
                 {'type': 'Ready', 'status': 'False', 'lastTransitionTime': t1, 'reason': nr},

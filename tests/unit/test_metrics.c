@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "metrics.h"
+#include "version.h"
 
 static const metrics_info info = {.job = "j\"1\\x\ny", .rank = 2, .device = "cpu-1t-0.25g", .batch = 8,
                                   .microbatch = 4, .microbatches = 2, .state_ratio = 0.25,
@@ -61,7 +62,12 @@ static void test_before_first_step(void **state) {
     for (const char *p = t; (p = strstr(p, "# HELP ")); p++) help++;
     for (const char *p = t; (p = strstr(p, "# TYPE ")); p++) type++;
     assert_int_equal(help, type);
-    assert_int_equal(help, 18);
+    assert_int_equal(help, 19);
+    /* the build: the version and commit compiled in, beside the rank's labels */
+    char build[512];
+    snprintf(build, sizeof build, "cephalo_build_info{" L ",component=\"worker\",version=\"%s\",commit=\"%s\"} 1",
+             cephalo_version(), cephalo_commit());
+    assert_line(t, build);
     free(t);
     metrics_free(m);
 }

@@ -207,3 +207,41 @@ void cpu_attention_bwd(device *d, float *dq, float *dk, float *dv, const float *
         free(s.dS);
     }
 }
+
+/* ---------------------------------------------------------------------------------------------
+ * attention against a KV cache (generation): one item per (new query row, head), each computed
+ * by one thread in a fixed order, so the result does not depend on the thread count. A decode
+ * step has n = 1 and H items; its work is O(H * (pos0+1) * hd), a matrix-vector product per head,
+ * so plain loops serve (no sgemm). Scores live in a per-thread [pos0+n] scratch row. */
+void cpu_attention_cached(device *d, float *out, const float *q, int ldq, const float *kc,
+                          const float *vc, int n, int pos0, int H, int Hkv, int hd) {
+    CHECK(Hkv > 0 && H % Hkv == 0 && hd > 0 && n >= 0 && pos0 >= 0);
+    int group = H / Hkv, kvw = Hkv * hd, ctx = pos0 + n;
+    float scale = 1.0f / sqrtf((float)hd);
+    int64_t items = (int64_t)n * H;
+#pragma omp parallel num_threads(d->threads) if (items * ctx * hd > CPU_PAR_MIN)
+    {
+        float *p = xmalloc((size_t)(ctx > 0 ? ctx : 1) * sizeof(float));
+#pragma omp for schedule(static)
+        for (int64_t it = 0; it < items; it++) {
+            int i = (int)(it / H), h = (int)(it % H), g = h / group, nv = pos0 + i + 1;
+            const float *qi = q + (int64_t)i * ldq + (int64_t)h * hd;
+            for (int j = 0; j < nv; j++)
+                p[j] = scale * vdot(qi, kc + (int64_t)j * kvw + (int64_t)g * hd, hd);
+            float mx = vmax(p, nv);
+            for (int j = 0; j < nv; j++) p[j] = exp_fast(p[j] - mx);
+            float inv = 1.0f / vsum(p, nv);
+            float *restrict o = out + (int64_t)i * H * hd + (int64_t)h * hd;
+            memset(o, 0, (size_t)hd * sizeof(float));
+            for (int j = 0; j < nv; j++) {
+                const float *restrict vj = vc + (int64_t)j * kvw + (int64_t)g * hd;
+                float pj = p[j];
+#pragma omp simd
+                for (int c = 0; c < hd; c++) o[c] += pj * vj[c];
+            }
+#pragma omp simd
+            for (int c = 0; c < hd; c++) o[c] *= inv;
+        }
+        free(p);
+    }
+}

@@ -605,6 +605,39 @@ static void cpu_rope(device *d, float *x, int ldx, int rows, int T, int n_heads,
     }
 }
 
+/* rope for rows at positions pos0 + r (generation, docs/sample.md). The table is kept at a
+ * power of two >= the positions needed, so a decode step that needs one position more does not
+ * rebuild it; entry t depends on t alone, so any table at least that long gives the same bits. */
+static void cpu_rope_at(device *d, float *x, int ldx, int rows, int pos0, int n_heads, int hd,
+                        float theta) {
+    CHECK(hd % 2 == 0 && pos0 >= 0 && rows >= 0);
+    if (rows == 0) return;
+    const cpu_state *st = d->impl;
+    int need = pos0 + rows;
+    if (!st->rope_cos || st->rope_hd != hd || st->rope_theta != theta || st->rope_T < need) {
+        int T = 256;
+        while (T < need) T *= 2;
+        rope_table(d, T, hd, theta);
+    }
+    int half = hd / 2;
+#pragma omp parallel for schedule(static) num_threads(d->threads) \
+    if ((int64_t)rows * n_heads * hd > CPU_PAR_MIN)
+    for (int r = 0; r < rows; r++) {
+        const float *restrict cs = st->rope_cos + (int64_t)(pos0 + r) * half;
+        const float *restrict sn = st->rope_sin + (int64_t)(pos0 + r) * half;
+        for (int h = 0; h < n_heads; h++) {
+            float *restrict x1 = x + (int64_t)r * ldx + (int64_t)h * hd;
+            float *restrict x2 = x1 + half;
+#pragma omp simd
+            for (int i = 0; i < half; i++) {
+                float a = x1[i], b = x2[i], c = cs[i], s = sn[i];
+                x1[i] = a * c - b * s;
+                x2[i] = b * c + a * s;
+            }
+        }
+    }
+}
+
 /* ---------------------------------------------------------------------------------------------
  * fused softmax cross-entropy */
 
@@ -734,6 +767,8 @@ static const dev_ops cpu_ops = {
     .rope = cpu_rope,
     .attention_fwd = cpu_attention_fwd,
     .attention_bwd = cpu_attention_bwd,
+    .rope_at = cpu_rope_at,
+    .attention_cached = cpu_attention_cached,
     .xent_fwd_bwd = cpu_xent_fwd_bwd,
     .patchify = cpu_patchify,
     .adamw = cpu_adamw,

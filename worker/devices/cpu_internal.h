@@ -137,4 +137,8 @@ void cpu_attention_bwd(device *d, float *dq, float *dk, float *dv, const float *
                        const float *k, int ldk, const float *v, int ldv, int B, int T, int H,
                        int Hkv, int hd, bool causal);
 
+/* Attention of new query rows against a KV cache (cpu_attention.c; device.h attention_cached). */
+void cpu_attention_cached(device *d, float *out, const float *q, int ldq, const float *kc,
+                          const float *vc, int n, int pos0, int H, int Hkv, int hd);
+
 #endif

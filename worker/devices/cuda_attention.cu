@@ -859,3 +859,89 @@ extern "C" void cuda_attention_bwd(device *d, float *dq, float *dk, float *dv, c
     const bwd_args g = {dq, dk, dv, dout, lse, D, q, k, v};
     ATT_DISPATCH(bwd_hd, hd, c, a, g);
 }
+
+/* ---------------------------------------------------------------------------------------------
+ * attention against a KV cache (generation; device.h attention_cached, docs/sample.md).
+ *
+ * One block per (new query row, head). The keys are taken in tiles of CACHED_THREADS, one key
+ * per thread: its score, then the tile's max and sum of exponentials by block reductions, kept
+ * as a running max and sum (online softmax, as in FlashAttention), while the output row acc[hd]
+ * (shared memory) is rescaled and gains the tile's P V, each thread owning output columns. A
+ * decode step is a matrix-vector product per head, bound by reading the cache once; this kernel
+ * reads each K and V row once per query head. Fixed reduction order: bit-reproducible. */
+namespace {
+
+constexpr int CACHED_THREADS = 128;
+constexpr int CACHED_WARPS = CACHED_THREADS / 32;
+
+/* The max (or sum) of v over the block, returned to every thread. red[CACHED_WARPS] is shared
+ * scratch; the leading barrier protects it from the previous call's readers. */
+__device__ float block_reduce(float v, float *red, bool is_max) {
+    for (int off = 16; off > 0; off /= 2) {
+        float o = __shfl_xor_sync(0xffffffffu, v, off);
+        v = is_max ? fmaxf(v, o) : v + o;
+    }
+    __syncthreads();
+    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
+    __syncthreads();
+    float r = red[0];
+    for (int w = 1; w < CACHED_WARPS; w++) r = is_max ? fmaxf(r, red[w]) : r + red[w];
+    return r;
+}
+
+/* dynamic shared memory: qs[hd] (the query row), acc[hd] (the unnormalised output), p[tile] */
+__global__ void __launch_bounds__(CACHED_THREADS)
+attention_cached_kernel(float *out, const float *q, int ldq, const float *kc, const float *vc,
+                        int pos0, int H, int Hkv, int hd, float scale) {
+    extern __shared__ float sm[];
+    __shared__ float red[CACHED_WARPS];
+    float *qs = sm, *acc = sm + hd, *p = acc + hd;
+    const int i = blockIdx.x / H, h = blockIdx.x % H, g = h / (H / Hkv);
+    const int nv = pos0 + i + 1; /* keys this row sees */
+    const int64_t kvw = (int64_t)Hkv * hd;
+    for (int c = threadIdx.x; c < hd; c += blockDim.x) {
+        qs[c] = q[(int64_t)i * ldq + (int64_t)h * hd + c];
+        acc[c] = 0.0f;
+    }
+    __syncthreads();
+    float run_max = -INFINITY, run_sum = 0.0f; /* the same in every thread */
+    for (int j0 = 0; j0 < nv; j0 += CACHED_THREADS) {
+        const int j = j0 + threadIdx.x, tile = min(CACHED_THREADS, nv - j0);
+        float s = -INFINITY;
+        if (j < nv) {
+            const float *kr = kc + j * kvw + (int64_t)g * hd;
+            float dot = 0.0f;
+            for (int c = 0; c < hd; c++) dot = fmaf(qs[c], kr[c], dot);
+            s = dot * scale;
+        }
+        const float new_max = fmaxf(run_max, block_reduce(s, red, true));
+        const float e = j < nv ? expf(s - new_max) : 0.0f;
+        p[threadIdx.x] = e;
+        const float corr = expf(run_max - new_max); /* 0 on the first tile (run_max = -inf) */
+        run_sum = run_sum * corr + block_reduce(e, red, false); /* its barriers publish p */
+        run_max = new_max;
+        for (int c = threadIdx.x; c < hd; c += blockDim.x) {
+            float a = acc[c] * corr;
+            const float *vcol = vc + (int64_t)j0 * kvw + (int64_t)g * hd + c;
+            for (int t = 0; t < tile; t++) a = fmaf(p[t], vcol[t * kvw], a);
+            acc[c] = a;
+        }
+        __syncthreads(); /* p is rewritten by the next tile */
+    }
+    float *o = out + (int64_t)i * H * hd + (int64_t)h * hd;
+    for (int c = threadIdx.x; c < hd; c += blockDim.x) o[c] = acc[c] / run_sum;
+}
+
+} /* namespace */
+
+extern "C" void cuda_attention_cached(device *d, float *out, const float *q, int ldq,
+                                      const float *kc, const float *vc, int n, int pos0, int H,
+                                      int Hkv, int hd) {
+    check_shape("attention_cached", 1, pos0 + n, H, Hkv, hd);
+    if (n <= 0) return;
+    size_t smem = (size_t)(2 * hd + CACHED_THREADS) * sizeof(float);
+    attention_cached_kernel<<<(unsigned)((int64_t)n * H), CACHED_THREADS, smem,
+                              cuda_stream(d, DEV_STREAM_COMPUTE)>>>(
+        out, q, ldq, kc, vc, pos0, H, Hkv, hd, 1.0f / sqrtf((float)hd));
+    CUDA_CHECK(cudaGetLastError());
+}

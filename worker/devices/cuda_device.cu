@@ -1048,6 +1048,42 @@ static void cuda_rope(device *d, float *x, int ldx, int rows, int T, int n_heads
     LAUNCH_CHECK();
 }
 
+/* rope for rows at positions pos0 + r (generation, docs/sample.md): rope_kernel's arithmetic
+ * with the table row pos0 + r. The table is kept at a power of two >= the positions needed, so
+ * decode steps do not rebuild it; entry t depends on t alone. */
+__global__ void rope_at_kernel(float *x, const float *cos_t, const float *sin_t, int ldx,
+                               int64_t total, int pos0, int n_heads, int hd) {
+    int half = hd / 2;
+    GRID_STRIDE(k, total) {
+        int i = (int)(k % half);
+        int64_t rh = k / half;
+        int h = (int)(rh % n_heads);
+        int64_t r = rh / n_heads;
+        float *x1 = x + r * ldx + (int64_t)h * hd + i, *x2 = x1 + half;
+        int64_t tab = (pos0 + r) * half + i;
+        float a = *x1, b = *x2, c = cos_t[tab], s = sin_t[tab];
+        *x1 = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+        *x2 = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+    }
+}
+
+static void cuda_rope_at(device *d, float *x, int ldx, int rows, int pos0, int n_heads, int hd,
+                         float theta) {
+    CHECK(hd % 2 == 0 && pos0 >= 0 && rows >= 0);
+    int64_t total = (int64_t)rows * n_heads * (hd / 2);
+    if (total <= 0) return;
+    cuda_state *st = cuda_of(d);
+    int need = pos0 + rows;
+    if (!st->rope_cos || st->rope_hd != hd || st->rope_theta != theta || st->rope_T < need) {
+        int T = 256;
+        while (T < need) T *= 2;
+        rope_table(d, T, hd, theta);
+    }
+    rope_at_kernel<<<ew_blocks(total), EW_THREADS, 0, compute(d)>>>(x, st->rope_cos, st->rope_sin,
+                                                                    ldx, total, pos0, n_heads, hd);
+    LAUNCH_CHECK();
+}
+
 /* ---------------------------------------------------------------------------------------------
  * fused softmax cross-entropy: one block per row. */
 
@@ -1200,6 +1236,8 @@ static dev_ops make_ops(void) {
     o.rope = cuda_rope;
     o.attention_fwd = cuda_attention_fwd;
     o.attention_bwd = cuda_attention_bwd;
+    o.rope_at = cuda_rope_at;
+    o.attention_cached = cuda_attention_cached;
     o.xent_fwd_bwd = cuda_xent_fwd_bwd;
     o.patchify = cuda_patchify;
     o.adamw = cuda_adamw;

@@ -126,4 +126,9 @@ extern "C" void cuda_attention_bwd(device *d, float *dq, float *dk, float *dv, c
                                    const float *k, int ldk, const float *v, int ldv, int B, int T,
                                    int H, int Hkv, int hd, bool causal);
 
+/* Attention of new query rows against a KV cache (cuda_attention.cu; device.h attention_cached). */
+extern "C" void cuda_attention_cached(device *d, float *out, const float *q, int ldq,
+                                      const float *kc, const float *vc, int n, int pos0, int H,
+                                      int Hkv, int hd);
+
 #endif

@@ -171,6 +171,21 @@ typedef struct dev_ops {
                           const float *k, int ldk, const float *v, int ldv, int B, int T, int H,
                           int Hkv, int hd, bool causal);
 
+    /* ---- generation with a KV cache (worker/model/sample.c, docs/sample.md) ----
+     * rope_at: rope's forward rotation on `rows` rows (leading dimension ldx) of which row r is
+     * the token at position pos0 + r: the new tokens of a decode step, after pos0 cached ones.
+     * Same angles and rounding as rope, so rope_at(pos0 = 0) equals rope with T >= rows. */
+    void (*rope_at)(device *d, float *x, int ldx, int rows, int pos0, int n_heads, int hd,
+                    float theta);
+    /* attention_cached: n new query rows against a K/V cache. q: [n, H*hd] with leading
+     * dimension ldq; kc, vc: [>= pos0+n, Hkv*hd] contiguous, rows 0 .. pos0+n-1 filled (the new
+     * tokens' keys and values already written at rows pos0 ..). Query row i is the token at
+     * position pos0 + i and attends to cache rows 0 .. pos0+i (causal). Grouped-query heads and
+     * the 1/sqrt(hd) scale as attention_fwd; no lse (nothing to back-propagate).
+     * out: [n, H*hd] contiguous (overwritten). */
+    void (*attention_cached)(device *d, float *out, const float *q, int ldq, const float *kc,
+                             const float *vc, int n, int pos0, int H, int Hkv, int hd);
+
     /* ---- fused softmax cross-entropy ----
      * logits [N, V] are overwritten by the gradient of (scale * sum of row losses):
      * dlogits = scale * (softmax - onehot(target)). losses[N] gets each row's unscaled loss.

@@ -17,6 +17,7 @@
 #include "log.h"
 #include "model_json.h"
 #include "safetensors.h"
+#include "version.h"
 
 static const char *const STATE_PREFIX[] = {"param", "adam_m", "adam_v"};
 
@@ -123,6 +124,7 @@ int trainer_save(trainer *t, const char *path, err_t *err) {
     snprintf(step, sizeof step, "%lld", (long long)t->step);
     st_writer_meta(w, "cephalo.format", CKPT_FORMAT);
     st_writer_meta(w, "cephalo.version", "1");
+    st_writer_meta(w, "cephalo.release", cephalo_version()); /* the writer's release: a record, not checked */
     st_writer_meta(w, "cephalo.step", step);
     char *model = json_to_string_free(model_to_json(&t->cfg.model));
     char *cfg = json_to_string_free(train_config_json(&t->cfg));

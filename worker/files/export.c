@@ -241,6 +241,20 @@ static int load(exporter *x, model_spec *m, const char *path, err_t *err) {
     return rc;
 }
 
+int export_read_checkpoint(const char *checkpoint, model_spec *m, float ***units, err_t *err) {
+    exporter x = {.m = m};
+    char path[1100];
+    int rc = resolve(checkpoint, path, sizeof path, err);
+    if (rc == 0) rc = load(&x, m, path, err);
+    if (rc < 0) {
+        for (int u = 0; x.unit && u < model_n_units(m); u++) free(x.unit[u]);
+        free(x.unit);
+        return -1;
+    }
+    *units = x.unit;
+    return 0;
+}
+
 int export_hf(const char *checkpoint, const char *dir, err_t *err) {
     model_spec m;
     exporter x = {.m = &m};

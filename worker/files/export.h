@@ -4,7 +4,13 @@
 #define CEPHALO_EXPORT_H
 
 #include "err.h"
+#include "model.h"
 
+/* The model and every unit's parameters (host, wmodel's layout) of what a --checkpoint PATH names:
+ * a checkpoint file, a sharded step directory, a checkpoint directory (its `latest`, else its
+ * newest complete checkpoint) or a --dump file. *units is an array of model_n_units(m) buffers;
+ * the caller frees each and the array. (`cephalo-worker sample` reads its model this way.) */
+int export_read_checkpoint(const char *checkpoint, model_spec *m, float ***units, err_t *err);
 /* Writes DIR/model.safetensors and DIR/config.json from a checkpoint written by trainer_save. */
 int export_hf(const char *checkpoint, const char *dir, err_t *err);
 /* The command line: export --checkpoint FILE -o DIR. Returns the exit code. */

@@ -490,6 +490,50 @@ static int head_units(trainer *t, mb_range r, int s, double *loss, err_t *err) {
     return s;
 }
 
+/* Evaluation's head: the loss of microbatches r from parameter slot s, as head_units computes it
+ * but with no reduction. The fused head writes gradients anyway: into the gradient buffers the
+ * next step zeroes (fsdp_grad_begin), never reduced or applied. */
+static int eval_head(trainer *t, mb_range r, int s, double *loss, err_t *err) {
+    device *d = &t->dev;
+    const model_spec *m = &t->cfg.model;
+    int head = t->n_units - 1, nb = t->nbuf;
+    const float *p = fsdp_await(t, head, s, err), *emb = NULL;
+    if (!p) return -1;
+    if (m->tied_head) {
+        fsdp_prefetch(t, 0, s ^ 1);
+        if (!(emb = fsdp_await(t, 0, s ^ 1, err))) return -1;
+    }
+    float *g = fsdp_grad_begin(t, head, 0, err), *gemb = NULL;
+    if (!g || (m->tied_head && !(gemb = fsdp_grad_begin(t, 0, 1, err)))) return -1;
+    dev_set_context(d, "evaluation: head forward");
+    pool_barrier(t);
+    if (r.j0 < r.j1) ring_fetch(t, &t->ax, r.j0 % nb, boundary_of(t, head - 1, r.j0));
+    for (int j = r.j0; j < r.j1; j++) {
+        int k = j % nb;
+        wm_batch b;
+        stage_microbatch(t, j, &b, true);
+        const float *x = ring_use(t, &t->ax, k);
+        float *dx = ring_use(t, &t->adx, k);
+        *loss += wm_head_step(d, m, p, g, emb, gemb, &b, x, dx, t->acts, NULL);
+        ring_done(t, &t->ax, k), ring_done(t, &t->adx, k);
+        if (j + 1 < r.j1) ring_fetch(t, &t->ax, (j + 1) % nb, boundary_of(t, head - 1, j + 1));
+        micro_done(t);
+    }
+    return 0;
+}
+
+int trainer_forward_loss(trainer *t, int n, double *loss, err_t *err) {
+    CHECK(n >= 0 && n <= t->cfg.micros);
+    mb_range r = {0, n};
+    int s = forward_units(t, r, err);
+    if (s < 0 || eval_head(t, r, s, loss, err) < 0) {
+        if (t->cfg.comm) fsdp_drain(t);
+        return -1;
+    }
+    t->dev.ops->sync(&t->dev); /* the caller refills the host arrays next */
+    return 0;
+}
+
 /* Fetches microbatch j's inputs of unit u's backward: its checkpoint and its output gradient. */
 static void fetch_backward(trainer *t, int u, int j) {
     int k = j % t->nbuf;

@@ -81,6 +81,8 @@ typedef struct step_stats {
     double offload_ms; /* host wall time in the offload copy calls (ring fetch/store, pool
                         * barrier): the copies themselves on the CPU device, their queueing on
                         * CUDA (the copies overlap compute there) */
+    bool has_val;    /* the validation loss was computed after this step (eval.h) */
+    double val_loss; /* mean per target over the fixed validation samples */
 } step_stats;
 
 /* One kind of unit-boundary buffer (input x, output y, their gradients dy and dx): one buffer on
@@ -159,6 +161,12 @@ double train_lr(const train_config *c, int64_t step);
 trainer *trainer_new(const train_config *cfg, err_t *err);
 void trainer_free(trainer *t);
 int trainer_step(trainer *t, step_stats *st, err_t *err);
+/* Forward only, for evaluation (eval.c), between steps: the first n microbatches of the samples
+ * the caller put in the host arrays (ids_host/tgt_host or img_host, row_scale), through every unit
+ * as a step's forward does (gathers included: collective, every rank with its own n, maybe 0).
+ * *loss += the row_scale-weighted sum of the target losses. The fused head's gradients go to
+ * buffers the next step zeroes, so training continues bit for bit as without the call. */
+int trainer_forward_loss(trainer *t, int n, double *loss, err_t *err);
 
 /* Host copies of this rank's slice of unit u's parameters / gradients (shard_n[u] floats; the
  * whole unit with one rank). */
