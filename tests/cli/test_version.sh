@@ -12,12 +12,16 @@ T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 PY=/usr/bin/python3
 REL=$(tr -d ' \t\r\n' <VERSION)
-V=$(mk/version.sh)
+# the build's version, as compiled in (mk/version.sh when it was built: a commit since makes the
+# tree's newer, which `make` compiles in again)
+V=$("$B/bin/cephalo" --version | cut -d' ' -f2)
 
 # ---- the version itself --------------------------------------------------------------------------
 check "VERSION holds a release number MAJOR.MINOR.PATCH" 0 "" -- bash -c "[[ '$REL' =~ ^[0-9]+\.[0-9]+\.[0-9]+\$ ]]"
 check "mk/version.sh: VERSION, + git describe in a git checkout" 0 "" -- bash -c \
-  "v='$V'; [ \"\${v%%+*}\" = '$REL' ] && { ! git rev-parse --git-dir >/dev/null 2>&1 || [ \"\${v#*+}\" = \"\$(git describe --always --dirty --abbrev=12 --match 'v[0-9]*')\" ] || [ \"\$v\" = '$REL' ]; }"
+  "v=\$(mk/version.sh); [ \"\${v%%+*}\" = '$REL' ] && { ! git rev-parse --git-dir >/dev/null 2>&1 || [ \"\${v#*+}\" = \"\$(git describe --always --dirty --abbrev=12 --match 'v[0-9]*')\" ] || [ \"\$v\" = '$REL' ]; }"
+check "the build's version is VERSION, + a commit (hex, maybe -dirty) or a tag description" 0 "" -- bash -c \
+  "[[ '$V' =~ ^$REL(\\+(v[0-9.]+-[0-9]+-g)?[0-9a-f]{7,40}(-dirty)?)?\$ ]]"
 printf '0.1\n' >"$T/VERSION.bad"
 check "a VERSION that is not MAJOR.MINOR.PATCH is refused, naming it" 1 "VERSION: '0.1' is not a release number" -- \
   bash -c "d=\$(mktemp -d) && mkdir \$d/mk && cp mk/version.sh \$d/mk/ && cp '$T/VERSION.bad' \$d/VERSION && \$d/mk/version.sh; rc=\$?; rm -rf \$d; exit \$rc"
@@ -67,12 +71,13 @@ check "CHANGELOG.md keeps an Unreleased section (Keep a Changelog)" 0 "## [Unrel
 if ! mk/helm.sh >/dev/null 2>&1; then
   n=$((n + 1)); echo "not ok $n - make dist needs helm (mk/helm.sh could not fetch it)"
 else
-  check "make dist writes the source tarball, the chart package and SHA256SUMS" 0 "cephalo-$V.tar.gz" -- mk/dist.sh "$T/dist"
+  D=$(mk/version.sh) # the tree's version names the files
+  check "make dist writes the source tarball, the chart package and SHA256SUMS" 0 "cephalo-$D.tar.gz" -- mk/dist.sh "$T/dist"
   check "... the checksums verify" 0 "" -- bash -c "cd '$T/dist' && sha256sum -c --quiet SHA256SUMS"
-  mkdir -p "$T/x" && tar -xzf "$T/dist/cephalo-$V.tar.gz" -C "$T/x" 2>/dev/null
-  check "... the tarball holds the tree under cephalo-$V/ (Makefile, VERSION, LICENSE, sources)" 0 "" -- \
-    test -f "$T/x/cephalo-$V/Makefile" -a -f "$T/x/cephalo-$V/VERSION" -a -f "$T/x/cephalo-$V/LICENSE" -a -f "$T/x/cephalo-$V/common/version.c"
-  check "... and, built without git, is the release itself" 0 "$REL" -- bash -c "cd '$T/x/cephalo-$V' && mk/version.sh | grep -x '$REL'"
-  check "... the chart package: version $V, appVersion $REL" 0 "$V $REL" -- bash -c \
-    "tar -xzOf '$T/dist/cephalo-$V.tgz' cephalo/Chart.yaml | $PY -c 'import sys, yaml; c = yaml.safe_load(sys.stdin); print(c[\"version\"], c[\"appVersion\"])'"
+  mkdir -p "$T/x" && tar -xzf "$T/dist/cephalo-$D.tar.gz" -C "$T/x" 2>/dev/null
+  check "... the tarball holds the tree under cephalo-$D/ (Makefile, VERSION, LICENSE, sources)" 0 "" -- \
+    test -f "$T/x/cephalo-$D/Makefile" -a -f "$T/x/cephalo-$D/VERSION" -a -f "$T/x/cephalo-$D/LICENSE" -a -f "$T/x/cephalo-$D/common/version.c"
+  check "... and, built without git, is the release itself" 0 "$REL" -- bash -c "cd '$T/x/cephalo-$D' && mk/version.sh | grep -x '$REL'"
+  check "... the chart package: version $D, appVersion $REL" 0 "$D $REL" -- bash -c \
+    "tar -xzOf '$T/dist/cephalo-$D.tgz' cephalo/Chart.yaml | $PY -c 'import sys, yaml; c = yaml.safe_load(sys.stdin); print(c[\"version\"], c[\"appVersion\"])'"
 fi
