@@ -83,7 +83,7 @@ static const char usage[] =
     "                           (a duration like 30s, 2m; default 30s)\n"
     "  --plan-workers N         jobs planned at the same time, off the reconcile loop (1..64,\n"
     "                           default 2)\n"
-    "  --workers N              jobs reconciled at the same time (1..64, default 4); one job is\n"
+    "  --workers N              jobs reconciled at the same time (1..64, default 8); one job is\n"
     "                           never reconciled twice at once, and admissions take turns\n"
     "  --leader-elect[=true|false]   one active replica through a Lease (default false)\n"
     "  --leader-election-namespace NS  the Lease's namespace (default $POD_NAMESPACE, else the\n"
@@ -146,7 +146,7 @@ static int op_parse(int argc, char **argv, op_opts *o, err_t *err) {
     *o = (op_opts){.metrics_addr = ":8080", .log_level = "info",
                    .worker_image = "ghcr.io/cephalo/cephalo-worker", .le_id = "cephalo-operator",
                    .le_duration_s = 15, .le_renew_s = 10, .le_retry_s = 2, .plan_timeout_s = 30,
-                   .plan_workers = 2, .workers = 4};
+                   .plan_workers = 2, .workers = 8};
     err_t ignored;
     inv_archs_parse(INV_DEFAULT_ARCHS, &o->worker_archs, &ignored);
     for (int i = 1; i < argc; i++) {
@@ -720,10 +720,14 @@ static void op_on_planned(const char *key, void *arg) {
 
 /* ---- reconcile workers -------------------------------------------------------------------- */
 
-/* One reconcile thread with its own API client (a client is not thread-safe). */
+/* One reconcile thread with its own API clients (a client is not thread-safe): k for the reconcile,
+ * helpers to create a gang's pods at once. */
+#define OP_POD_HELPERS 3
 typedef struct op_worker {
     const rec_config *rc;
     kube_client *k;
+    kube_client *helpers[OP_POD_HELPERS];
+    int n_helpers;
     pthread_t th;
 } op_worker;
 
@@ -736,7 +740,7 @@ static void op_reconcile_key(op_worker *w, const op_item *it) {
     rec_stats delta = {0};
     err_t err = {{0}};
     double t0 = clock_now_s();
-    int r = rec_job(w->k, w->rc, ns, slash + 1, &delta, &err);
+    int r = rec_job_with(w->k, w->helpers, w->n_helpers, w->rc, ns, slash + 1, &delta, &err);
     pthread_mutex_lock(&op_stats_mu);
     rec_stats_add(&op_stats, &delta);
     op_observe_reconcile(clock_now_s() - t0);
@@ -926,9 +930,16 @@ int main(int argc, char **argv) {
     int n_workers = 0;
     for (int i = 0; i < o.workers && !op_stop; i++) {
         workers[i] = (op_worker){.rc = &rc_cfg, .k = i == 0 ? k : kube_client_new(&cfg, &err)};
+        for (int h = 0; h < OP_POD_HELPERS && workers[i].k; h++) { /* without one, fewer pods at once */
+            kube_client *hk = kube_client_new(&cfg, &err);
+            if (!hk) break;
+            kube_client_set_stop(hk, &op_stop);
+            workers[i].helpers[workers[i].n_helpers++] = hk;
+        }
         if (!workers[i].k || pthread_create(&workers[i].th, NULL, op_worker_main, &workers[i]) != 0) {
             op_log(3, "cannot start reconcile worker %d: %s", i + 1, workers[i].k ? "no thread" : err.msg);
             if (i > 0 && workers[i].k) kube_client_free(workers[i].k);
+            for (int h = 0; h < workers[i].n_helpers; h++) kube_client_free(workers[i].helpers[h]);
             rc = 1;
             op_stop = 1;
             break;
@@ -950,6 +961,7 @@ int main(int argc, char **argv) {
     for (int i = 0; i < n_workers; i++) {
         pthread_join(workers[i].th, NULL);
         if (i > 0) kube_client_free(workers[i].k);
+        for (int h = 0; h < workers[i].n_helpers; h++) kube_client_free(workers[i].helpers[h]);
     }
     op_log(1, "stopping");
     for (int i = 0; i < N_WATCHES; i++)

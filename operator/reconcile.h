@@ -103,5 +103,10 @@ void rec_stats_add(rec_stats *dst, const rec_stats *src);
 /* Reconciles namespace/name (a job that is gone is nothing to do). 0, or -1 with the error. */
 int rec_job(kube_client *k, const rec_config *c, const char *ns, const char *name, rec_stats *st,
             err_t *err);
+/* The same, creating a gang's pods at once over k and up to REC_MAX_HELPERS more clients (each
+ * used by one thread; none of them used by anyone else meanwhile). */
+#define REC_MAX_HELPERS 7
+int rec_job_with(kube_client *k, kube_client *const *helpers, int n_helpers, const rec_config *c, const char *ns,
+                 const char *name, rec_stats *st, err_t *err);
 
 #endif

@@ -185,7 +185,7 @@ def main():
         for want in ('--metrics-addr=:8080', '--leader-elect=true', f'--leader-election-namespace={NS}',
                      '--leader-election-id=cephalo-operator', '--log-level=info',
                      f'--worker-image=ghcr.io/cephalo/cephalo-worker:{VERSION}', '--plan-timeout=30s',
-                     '--plan-workers=2', '--workers=4', '--worker-archs=60 61 70 75 80 86 89 90'):
+                     '--plan-workers=2', '--workers=8', '--worker-archs=60 61 70 75 80 86 89 90'):
             assert want in a, f'missing {want} in {a}'
         assert not any(x.startswith('--namespace') for x in a), 'watchNamespace "" must not pass --namespace'
         assert not any(x.startswith('--profile-configmap') for x in a), 'profileConfigMap "" passes no flag'
@@ -292,7 +292,7 @@ def main():
                     'worker': {'archs': '80 86 90'},
                     'grafanaDashboard': {'enabled': True},
                     'operator': {'image': {'tag': 'v9'}, 'watchNamespace': 'ml', 'profileConfigMap': 'gpu-profiles',
-                                 'planTimeout': '2m', 'planWorkers': 4, 'workers': 8,
+                                 'planTimeout': '2m', 'planWorkers': 4, 'workers': 12,
                                  'nodeSelector': {'pool': 'system'},
                                  'tolerations': [{'key': 'k', 'operator': 'Exists'}],
                                  'leaderElection': {'enabled': False}}})
@@ -309,7 +309,7 @@ def main():
         assert p['containers'][0]['image'].endswith(':v9')
         assert '--namespace=ml' in p['containers'][0]['args'] and '--leader-elect=false' in p['containers'][0]['args']
         assert f'--profile-configmap={NS}/gpu-profiles' in p['containers'][0]['args'], p['containers'][0]['args']
-        assert {'--plan-timeout=2m', '--plan-workers=4', '--workers=8', '--worker-archs=80 86 90'} <= set(p['containers'][0]['args']), p['containers'][0]['args']
+        assert {'--plan-timeout=2m', '--plan-workers=4', '--workers=12', '--worker-archs=80 86 90'} <= set(p['containers'][0]['args']), p['containers'][0]['args']
         assert p['nodeSelector'] == {'pool': 'system'} and p['tolerations'][0]['key'] == 'k'
         return check_dashboard(one(d, 'ConfigMap'))
     check('serviceMonitor, dashboard, tag, namespace, profileConfigMap, planTimeout, planWorkers, workers, worker.archs, nodeSelector, tolerations values take effect', everything)
