@@ -2,6 +2,9 @@
  *
  *   cephalo-worker train [--plan PLAN.json | --model M --batch B [--microbatch m]] [options]
  *   cephalo-worker export --checkpoint PATH -o DIR
+ *   cephalo-worker eval (--checkpoint PATH | --init-from DIR) --data SPEC     (eval.h)
+ *   cephalo-worker sample (--checkpoint PATH | --init-from DIR) --prompt TEXT (sample.h)
+ *   cephalo-worker profile ..., profile-comm ..., --version
  *
  * RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT and CEPHALO_PLAN come from the environment, as with
  * torchrun-launched programs. Exit codes: 0 done, 1 runtime failure, 2 bad input. */

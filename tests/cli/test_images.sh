@@ -58,6 +58,10 @@ check "operator image: runs as uid 10001, not root" 0 "uid=10001(cephalo) gid=10
 check "operator image: every shared library resolves" 0 "" -- \
   "$S" sh "$OP" sh -c '! ldd /usr/local/bin/cephalo-operator | grep "not found"'
 check "worker image: cephalo-worker --help runs" 0 "usage: cephalo-worker train" -- "$S" run "$WK" --help
+# built without .git (.dockerignore): the release alone, what the operator and workers compare
+check "the images' binaries are version VERSION (the operator's and the worker's --version)" 0 \
+  "cephalo-operator $VERSION (commit unknown) cephalo-worker $VERSION (commit unknown)" -- \
+  bash -c "echo \$('$S' run '$OP' --version) \$('$S' run '$WK' --version)"
 check "worker image: runs as uid 10001 in /home/cephalo" 0 "uid=10001 gid=10001 /home/cephalo" -- \
   "$S" sh "$WK" sh -c 'echo "uid=$(id -u) gid=$(id -g) $PWD"'
 check "worker image: the CPU build (no CUDA libraries)" 0 "" -- \

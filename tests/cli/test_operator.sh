@@ -481,6 +481,8 @@ assert v['cephalo_operator_reconcile_seconds_bucket{le="+Inf"}'] == v['cephalo_o
 assert v['cephalo_operator_pods_deleted_total'] >= 2, v
 print('metrics ok')
 PY
+check "... and cephalo_build_info names its version and commit" 0 \
+  "cephalo_build_info{component=\"operator\",version=\"$("$OP" --version | cut -d' ' -f2)\",commit=\"" -- cat "$dir/op-metrics.txt"
 
 # ---- restart: a new operator takes the Lease over and creates nothing twice ----------------------
 K get pods -o jsonpath='{range .items[*]}{.metadata.name}={.metadata.uid}{"\n"}{end}' | sort >"$dir/pods.before"

@@ -445,6 +445,31 @@ static int forward_units(trainer *t, mb_range r, err_t *err) {
     return s;
 }
 
+/* The fused head over microbatches r: each one's loss added to *loss; training (train) keeps
+ * step 0's logits for tests and stores each input gradient in the pool for the backward. */
+static void head_microbatches(trainer *t, mb_range r, const float *p, float *g, const float *emb, float *gemb,
+                              double *loss, bool train) {
+    const model_spec *m = &t->cfg.model;
+    int head = t->n_units - 1, nb = t->nbuf;
+    int64_t per_mb = m->arch == ARCH_VIT ? (int64_t)t->cfg.micro * m->n_classes
+                                         : (int64_t)t->cfg.micro * t->tokens * m->vocab;
+    pool_barrier(t);
+    if (r.j0 < r.j1) ring_fetch(t, &t->ax, r.j0 % nb, boundary_of(t, head - 1, r.j0));
+    for (int j = r.j0; j < r.j1; j++) {
+        int k = j % nb;
+        wm_batch b;
+        stage_microbatch(t, j, &b, true);
+        const float *x = ring_use(t, &t->ax, k);
+        float *dx = ring_use(t, &t->adx, k);
+        float *lo = train && t->logits_out && t->step == 0 ? t->logits_out + j * per_mb : NULL;
+        *loss += wm_head_step(&t->dev, m, p, g, emb, gemb, &b, x, dx, t->acts, lo);
+        ring_done(t, &t->ax, k), ring_done(t, &t->adx, k);
+        if (train) ring_store(t, &t->adx, k, t->grad_pool[j]);
+        if (j + 1 < r.j1) ring_fetch(t, &t->ax, (j + 1) % nb, boundary_of(t, head - 1, j + 1));
+        micro_done(t);
+    }
+}
+
 /* The head, forward and backward fused, from parameter slot s. A tied head also needs the
  * embedding's parameters (gathered into the other slot, free since the last block finished) and
  * adds to the embedding's gradient, which is reduce-scattered at once so that only one full
@@ -452,10 +477,8 @@ static int forward_units(trainer *t, mb_range r, err_t *err) {
 static int head_units(trainer *t, mb_range r, int s, double *loss, err_t *err) {
     device *d = &t->dev;
     const model_spec *m = &t->cfg.model;
-    int head = t->n_units - 1, nb = t->nbuf;
+    int head = t->n_units - 1;
     bool tied = m->tied_head;
-    int64_t per_mb = m->arch == ARCH_VIT ? (int64_t)t->cfg.micro * m->n_classes
-                                         : (int64_t)t->cfg.micro * t->tokens * m->vocab;
     const float *p = fsdp_await(t, head, s, err), *emb = NULL;
     if (!p) return -1;
     if (tied) {
@@ -467,21 +490,7 @@ static int head_units(trainer *t, mb_range r, int s, double *loss, err_t *err) {
     float *g = fsdp_grad_begin(t, head, 0, err), *gemb = NULL;
     if (!g || (tied && !(gemb = fsdp_grad_begin(t, 0, 1, err)))) return -1;
     dev_set_context(d, "head forward and backward");
-    pool_barrier(t);
-    if (r.j0 < r.j1) ring_fetch(t, &t->ax, r.j0 % nb, boundary_of(t, head - 1, r.j0));
-    for (int j = r.j0; j < r.j1; j++) {
-        int k = j % nb;
-        wm_batch b;
-        stage_microbatch(t, j, &b, true);
-        const float *x = ring_use(t, &t->ax, k);
-        float *dx = ring_use(t, &t->adx, k);
-        float *lo = t->logits_out && t->step == 0 ? t->logits_out + j * per_mb : NULL;
-        *loss += wm_head_step(d, m, p, g, emb, gemb, &b, x, dx, t->acts, lo);
-        ring_done(t, &t->ax, k), ring_done(t, &t->adx, k);
-        ring_store(t, &t->adx, k, t->grad_pool[j]);
-        if (j + 1 < r.j1) ring_fetch(t, &t->ax, (j + 1) % nb, boundary_of(t, head - 1, j + 1));
-        micro_done(t);
-    }
+    head_microbatches(t, r, p, g, emb, gemb, loss, true);
     fsdp_grad_end(t, head, 0);
     /* replicated plans reduce the embedding once, after its own backward */
     if (tied && t->sharded) fsdp_grad_end(t, 0, 1);
@@ -496,7 +505,7 @@ static int head_units(trainer *t, mb_range r, int s, double *loss, err_t *err) {
 static int eval_head(trainer *t, mb_range r, int s, double *loss, err_t *err) {
     device *d = &t->dev;
     const model_spec *m = &t->cfg.model;
-    int head = t->n_units - 1, nb = t->nbuf;
+    int head = t->n_units - 1;
     const float *p = fsdp_await(t, head, s, err), *emb = NULL;
     if (!p) return -1;
     if (m->tied_head) {
@@ -506,19 +515,7 @@ static int eval_head(trainer *t, mb_range r, int s, double *loss, err_t *err) {
     float *g = fsdp_grad_begin(t, head, 0, err), *gemb = NULL;
     if (!g || (m->tied_head && !(gemb = fsdp_grad_begin(t, 0, 1, err)))) return -1;
     dev_set_context(d, "evaluation: head forward");
-    pool_barrier(t);
-    if (r.j0 < r.j1) ring_fetch(t, &t->ax, r.j0 % nb, boundary_of(t, head - 1, r.j0));
-    for (int j = r.j0; j < r.j1; j++) {
-        int k = j % nb;
-        wm_batch b;
-        stage_microbatch(t, j, &b, true);
-        const float *x = ring_use(t, &t->ax, k);
-        float *dx = ring_use(t, &t->adx, k);
-        *loss += wm_head_step(d, m, p, g, emb, gemb, &b, x, dx, t->acts, NULL);
-        ring_done(t, &t->ax, k), ring_done(t, &t->adx, k);
-        if (j + 1 < r.j1) ring_fetch(t, &t->ax, (j + 1) % nb, boundary_of(t, head - 1, j + 1));
-        micro_done(t);
-    }
+    head_microbatches(t, r, p, g, emb, gemb, loss, false);
     return 0;
 }
 
