@@ -184,3 +184,35 @@ static int clean_dir(const char *dir, bool into_steps) {
 int ckpt_dir_clean_temps(const char *dir) { return clean_dir(dir, true); }
 
 int dir_clean_temps(const char *dir) { return clean_dir(dir, false); }
+
+int ckpt_dir_resolve(const char *path, char *out, size_t n, err_t *err) {
+    struct stat st;
+    if (stat(path, &st) < 0) return err_set(err, "%s: %s", path, strerror(errno));
+    char dir[1024], probe[1200], name[64];
+    const char *slash = strrchr(path, '/'), *base = slash ? slash + 1 : path;
+    snprintf(out, n, "%s", path);
+    if (!S_ISDIR(st.st_mode)) {
+        if (strcmp(base, "latest") != 0) return 0; /* a checkpoint file */
+        snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - path) : 1, slash ? path : ".");
+        if (ckpt_dir_latest(dir, name, sizeof name, err) < 0) return -1;
+        snprintf(out, n, "%s/%s", dir, name);
+        return 0;
+    }
+    snprintf(probe, sizeof probe, "%s/index.json", path);
+    if (access(probe, F_OK) == 0) return 0; /* a sharded step directory */
+    int rc = ckpt_dir_latest(path, name, sizeof name, err);
+    if (rc < 0) return -1;
+    if (rc == 0) {
+        ckpt_entry *e = NULL;
+        int k = ckpt_dir_list(path, &e, err), i = 0;
+        if (k < 0) return -1;
+        while (i < k && !e[i].complete) i++;
+        if (i < k) snprintf(name, sizeof name, "%s", e[i].name);
+        free(e);
+        if (i >= k)
+            return err_set(err, "%s: no checkpoint in this directory (expected step_N.safetensors, a step_N/ "
+                                "directory with its index.json, or a latest file; or give a checkpoint file)", path);
+    }
+    snprintf(out, n, "%s/%s", path, name);
+    return 0;
+}

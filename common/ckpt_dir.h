@@ -31,6 +31,12 @@ int ckpt_dir_list(const char *dir, ckpt_entry **out, err_t *err);
  * or does not hold a checkpoint name (the message says which). */
 int ckpt_dir_latest(const char *dir, char *name, size_t n, err_t *err);
 
+/* What a --checkpoint argument names, as the file or step directory to read: a checkpoint file;
+ * a sharded step directory (with its index.json); DIR/latest (the pointer file: the checkpoint
+ * it names); a checkpoint directory (the one its `latest` names, else its newest complete one).
+ * 0 with out set, or -1 with the error naming PATH and what was expected. */
+int ckpt_dir_resolve(const char *path, char *out, size_t n, err_t *err);
+
 /* Deletes one checkpoint; a step directory's index.json goes first, so a deletion cut short
  * leaves an incomplete checkpoint, never one that looks complete. */
 int ckpt_dir_remove(const char *dir, const ckpt_entry *e, err_t *err);

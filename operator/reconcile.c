@@ -1739,6 +1739,14 @@ static int queue_job(rec_ctx *x, const char *msg, err_t *err) {
     return write_status(x, s, err);
 }
 
+/* The worker pod of plan rank r (index i), pinned to its node's hostname label. */
+static cJSON *rank_pod(const rec_ctx *x, const cJSON *r, int i, int world, const msrc *init) {
+    const char *node = get_str(r, "node", "");
+    const cJSON *n = find_node(x->nodes, node);
+    return pod_object(x->c, x->job, i, world, n ? inv_node_hostname(n) : node, x->cm_name, x->plan_id, x->attempt,
+                      init);
+}
+
 static bool job_has_pod(const rec_ctx *x, const char *pod) {
     const cJSON *p;
     cJSON_ArrayForEach(p, get(x->pods, "items")) if (!strcmp(get_str(get(p, "metadata"), "name", ""), pod)) return true;
@@ -1756,10 +1764,7 @@ static void assume_pods(rec_ctx *x) {
         char pod[128];
         snprintf(pod, sizeof pod, "%s-%d", x->name, i);
         if (!job_has_pod(x, pod)) {
-            const char *node = get_str(r, "node", "");
-            const cJSON *n = find_node(x->nodes, node);
-            cJSON *o = pod_object(x->c, x->job, i, world, n ? inv_node_hostname(n) : node, x->cm_name, x->plan_id,
-                                  x->attempt, NULL);
+            cJSON *o = rank_pod(x, r, i, world, NULL);
             cJSON_AddStringToObject(cJSON_GetObjectItemCaseSensitive(o, "metadata"), "resourceVersion", REC_ASSUMED_RV);
             if (cache_put(x->c->caches->busy, o, NULL)) {
                 x->assumed = xrealloc(x->assumed, (size_t)(x->n_assumed + 1) * sizeof *x->assumed);
@@ -1818,10 +1823,7 @@ static int create_pods(rec_ctx *x, gang *g, err_t *err) {
     int i = 0, n = 0;
     cJSON_ArrayForEach(r, get(x->plan_doc, "ranks")) {
         if (i < g->world && !g->pod[i]) {
-            const char *node = get_str(r, "node", "");
-            const cJSON *nd = find_node(x->nodes, node);
-            pods[n++] = pod_object(x->c, x->job, i, g->world, nd ? inv_node_hostname(nd) : node, x->cm_name,
-                                   x->plan_id, x->attempt, from ? &init : NULL);
+            pods[n++] = rank_pod(x, r, i, g->world, from ? &init : NULL);
         }
         i++;
     }

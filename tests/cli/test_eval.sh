@@ -239,7 +239,7 @@ check "eval: neither --checkpoint nor --init-from" 2 "give --checkpoint PATH or 
 check "eval: both --checkpoint and --init-from" 2 "give --checkpoint PATH or --init-from DIR" -- \
   "$W" eval --checkpoint "$T/l1ck" --init-from "$T/hf" --data "$VAL"
 check "eval: a missing checkpoint" 2 "--checkpoint: $T/nope" -- "$W" eval --checkpoint "$T/nope" --data "$VAL"
-check "eval: a directory without checkpoints" 2 "no complete checkpoint in this directory" -- "$W" eval --checkpoint "$T/sh" --data "$VAL"
+check "eval: a directory without checkpoints" 2 "no checkpoint in this directory" -- "$W" eval --checkpoint "$T/sh" --data "$VAL"
 check "eval: --samples abc" 2 "--samples: 'abc' is not an integer" -- "$W" eval --checkpoint "$T/l1ck" --data "$VAL" --samples abc
 check "eval: --seq with a plan" 2 "--seq and --microbatch come from the plan" -- \
   "$W" eval --plan "$T/p3.json" --seq 16 --checkpoint "$T/l1ck" --data "$VAL"

@@ -759,7 +759,7 @@ class Kubelet:
 
         cwd = os.path.join(self.work, 'volumes', inst.uid)
         os.makedirs(cwd, exist_ok=True)
-        log_path = os.path.join(self.work, 'logs', f'{inst.ns}_{inst.name}_{inst.uid[:8]}.log')
+        log_path = self.log_path(inst)
         inst.started = time.time()
         try:
             with open(log_path, 'ab') as lf:
@@ -824,12 +824,15 @@ class Kubelet:
                                        'containerID': f'fake://{inst.proc.pid}',
                                        'state': {'running': {'startedAt': t}}}]}
 
+    def log_path(self, inst):
+        """WORK/logs/NS_POD_UID8.log: the container's stdout and stderr."""
+        return os.path.join(self.work, 'logs', f'{inst.ns}_{inst.name}_{inst.uid[:8]}.log')
+
     def log_tail(self, inst):
         """A failed container's message under FallbackToLogsOnError, as the kubelet takes it: the
         last 80 lines of its log, at most the last 2048 bytes."""
-        path = os.path.join(self.work, 'logs', f'{inst.ns}_{inst.name}_{inst.uid[:8]}.log')
         try:
-            with open(path, 'rb') as f:
+            with open(self.log_path(inst), 'rb') as f:
                 data = f.read()
         except OSError:
             return ''

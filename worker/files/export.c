@@ -154,33 +154,6 @@ static cJSON *hf_config(const model_spec *m) {
     return o;
 }
 
-/* What --checkpoint names, as the file or step directory to read: a checkpoint directory (its
- * `latest`, else its newest complete checkpoint), a step directory, or a file. */
-static int resolve(const char *path, char *out, size_t n, err_t *err) {
-    struct stat st;
-    if (stat(path, &st) < 0) return err_set(err, "%s: %s", path, strerror(errno));
-    snprintf(out, n, "%s", path);
-    if (!S_ISDIR(st.st_mode)) return 0;
-    char probe[1200], name[64];
-    snprintf(probe, sizeof probe, "%s/index.json", path);
-    if (access(probe, F_OK) == 0) return 0; /* a sharded step directory */
-    int rc = ckpt_dir_latest(path, name, sizeof name, err);
-    if (rc < 0) return -1;
-    if (rc == 0) {
-        ckpt_entry *e = NULL;
-        int k = ckpt_dir_list(path, &e, err), i = 0;
-        if (k < 0) return -1;
-        while (i < k && !e[i].complete) i++;
-        if (i < k) snprintf(name, sizeof name, "%s", e[i].name);
-        free(e);
-        if (i >= k)
-            return err_set(err, "%s: no checkpoint in this directory (expected step_N.safetensors, a step_N/ "
-                                "directory with its index.json, or a latest file; or give a checkpoint file)", path);
-    }
-    snprintf(out, n, "%s/%s", path, name);
-    return 0;
-}
-
 /* A --dump file (init.safetensors, final.safetensors): every tensor under "UNIT.NAME". */
 static bool is_dump(const st_file *f, const model_spec *m) {
     char uname[48], key[160];
@@ -244,7 +217,7 @@ static int load(exporter *x, model_spec *m, const char *path, err_t *err) {
 int export_read_checkpoint(const char *checkpoint, model_spec *m, float ***units, err_t *err) {
     exporter x = {.m = m};
     char path[1100];
-    int rc = resolve(checkpoint, path, sizeof path, err);
+    int rc = ckpt_dir_resolve(checkpoint, path, sizeof path, err);
     if (rc == 0) rc = load(&x, m, path, err);
     if (rc < 0) {
         for (int u = 0; x.unit && u < model_n_units(m); u++) free(x.unit[u]);
@@ -259,7 +232,7 @@ int export_hf(const char *checkpoint, const char *dir, err_t *err) {
     model_spec m;
     exporter x = {.m = &m};
     char path[1100];
-    int rc = resolve(checkpoint, path, sizeof path, err);
+    int rc = ckpt_dir_resolve(checkpoint, path, sizeof path, err);
     if (rc == 0) rc = load(&x, &m, path, err);
     if (rc == 0 && m.arch != ARCH_GPT && m.arch != ARCH_LLAMA)
         rc = err_set(err, "%s: export writes GPT-2 and Llama layouts; this checkpoint is a %s",

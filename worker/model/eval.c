@@ -251,31 +251,12 @@ static int parse_eval(int argc, char **argv, eval_cmd *o) {
     return 0;
 }
 
-/* The file whose metadata describes the checkpoint PATH names, as --resume resolves PATH: a file,
- * a sharded step directory (its rank 0 file), DIR/latest, or a checkpoint directory (its newest
- * complete checkpoint). */
+/* The file whose metadata describes the checkpoint PATH names (ckpt_dir_resolve): the file, or a
+ * step directory's rank 0 file. */
 static int first_piece(const char *path, char *out, size_t n, err_t *err) {
-    char name[64], dir[1024], probe[1200];
-    const char *slash = strrchr(path, '/'), *base = slash ? slash + 1 : path;
-    snprintf(out, n, "%s", path);
-    if (!file_is_dir(path) && !strcmp(base, "latest")) {
-        snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - path) : 1, slash ? path : ".");
-        int have = ckpt_dir_latest(dir, name, sizeof name, err);
-        if (have <= 0) return have == 0 ? err_set(err, "%s: cannot open: no such file", path) : -1;
-        snprintf(out, n, "%s/%s", dir, name);
-    } else if (file_is_dir(path)) {
-        snprintf(probe, sizeof probe, "%s/index.json", path);
-        if (access(probe, F_OK) != 0) {
-            ckpt_entry *e = NULL;
-            int k = ckpt_dir_list(path, &e, err), i = 0;
-            if (k < 0) return -1;
-            while (i < k && !e[i].complete) i++;
-            if (i < k) snprintf(out, n, "%s/%s", path, e[i].name);
-            free(e);
-            if (i >= k) return err_set(err, "%s: no complete checkpoint in this directory", path);
-        }
-    }
+    if (ckpt_dir_resolve(path, out, n, err) < 0) return -1;
     if (file_is_dir(out)) {
+        char name[64];
         ckpt_shard_name(0, name, sizeof name);
         size_t len = strlen(out);
         snprintf(out + len, n - len, "/%s", name);
