@@ -753,6 +753,7 @@ typedef struct rec_ctx {
  * follow (Service, pods, status) run beside other jobs'. */
 static pthread_mutex_t rec_admit_mu = PTHREAD_MUTEX_INITIALIZER;
 #define REC_ASSUMED_RV "0" /* an assumed pod's resourceVersion: older than any the API gives */
+#define REC_BLAME_SETTLE_S 3.0 /* how long a failure's blame waits for the rest of its gang */
 
 static void admit_unlock(rec_ctx *x) {
     if (!x->admitting) return;
@@ -1952,6 +1953,19 @@ int rec_job_with(kube_client *k, kube_client *const *helpers, int n_helpers, con
                  g.failed == 1 ? "" : "s", EXIT_STOPPED);
         rc = gang_disrupted(&x, &g, what, err);
         goto out;
+    }
+    if (g.first_failed && g.running > 0 && get_num(terminated_state(g.first_failed), "exitCode", 0) <= 128) {
+        /* a worker that exited by itself while its peers still run may be the echo of a peer's
+         * death that the store does not show yet (kubelets report independently): the blame
+         * waits for the gang to settle, at most REC_BLAME_SETTLE_S after that worker ended */
+        double fin = kube_time_now_s();
+        kube_time_parse(get_str(terminated_state(g.first_failed), "finishedAt", ""), &fin);
+        double wait = fin + REC_BLAME_SETTLE_S - kube_time_now_s();
+        if (wait > 0) {
+            if (st) st->requeue_s = wait;
+            rc = 0;
+            goto out;
+        }
     }
     if (g.first_failed) {
         describe_failure(g.first_failed, pod_node(&x, g.first_failed), what, sizeof what);
