@@ -8,7 +8,8 @@
 # fitting at once) are created from 8 API connections at once (BENCH_OP_SUBMIT=kubectl: one
 # `kubectl apply`, which takes seconds itself); bench/bench_operator.py watches them and
 # their pods and measures (1) the time until every job has all its worker pods created, and all
-# bound (spec.nodeName), target < 3 s; then, once every job is Running and BENCH_OP_SETTLE seconds
+# bound (spec.nodeName), target < 3 s, with the CPU seconds each process spent and the operator's
+# API requests until then; then, once every job is Running and BENCH_OP_SETTLE seconds
 # have passed, (2) the operator's own API requests over BENCH_OP_WINDOW seconds at rest (nothing
 # changing), from its /metrics (cephalo_operator_api_requests_total{verb}): requests/s in total and
 # per job, by verb, target < 0.05 per job (issue 17). Prints a table and writes
@@ -18,7 +19,12 @@
 # BENCH_OP_JOBS (50), BENCH_OP_WINDOW (60 s), BENCH_OP_SETTLE (15 s), BENCH_OP_KUBELETS (4
 # kubelet.py processes, each with a share of the nodes), BENCH_OP_HEARTBEAT (20 s: the node
 # lifecycle controller taints a node after 40 s without one), BENCH_OP_TIMEOUT (180 s for the
-# jobs to run), BENCH_OP_ARGS (more operator flags), KEEP_LOGS=DIR (copy the logs there).
+# jobs to run), BENCH_OP_ROUNDS (1: how many times the start-up is measured, each round's jobs in
+# a namespace of their own, started once the previous round's jobs are deleted and their pods gone;
+# the report gives every round and the median), BENCH_OP_ARGS (more operator flags),
+# BENCH_OP_SCHEDULER_ARGS (more kube-scheduler flags: its client's default rate limit, 50 requests
+# a second after a burst of 100, one per pod bound, puts 247 pods bound at 2.9 s after the first
+# bind at the earliest), KEEP_LOGS=DIR (copy the logs there).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 AS=tests/k8s/apiserver.sh
@@ -31,9 +37,10 @@ SETTLE=${BENCH_OP_SETTLE:-15}
 KUBELETS=${BENCH_OP_KUBELETS:-4}
 HEARTBEAT=${BENCH_OP_HEARTBEAT:-20}
 TIMEOUT=${BENCH_OP_TIMEOUT:-180}
+ROUNDS=${BENCH_OP_ROUNDS:-1}
 JNS=bench
 
-for v in NODES JOBS WINDOW SETTLE KUBELETS HEARTBEAT TIMEOUT; do
+for v in NODES JOBS WINDOW SETTLE KUBELETS HEARTBEAT TIMEOUT ROUNDS; do
   [[ ${!v} =~ ^[0-9]+$ ]] && [ "${!v}" -gt 0 ] || { echo "BENCH_OP_$v=${!v}: expected a positive integer"; exit 2; }
 done
 [ -x "$OP" ] || { echo "not built: $OP (make, or OPERATOR=...)"; exit 1; }
@@ -68,7 +75,7 @@ cleanup() {
   for f in "$dir"/kl*/pids/*.pid; do [ -f "$f" ] && kill -9 "$(cat "$f")" 2>/dev/null; done
   "$AS" stop "$dir/k8s" >/dev/null 2>&1
   if [ -n "${KEEP_LOGS:-}" ]; then
-    mkdir -p "$KEEP_LOGS" && cp "$dir"/*.log "$dir"/*.json "$dir"/*.txt "$dir"/jobs.yaml "$dir"/k8s/*.log "$KEEP_LOGS/" 2>/dev/null
+    mkdir -p "$KEEP_LOGS" && cp "$dir"/*.log "$dir"/*.json "$dir"/*.txt "$dir"/jobs-*.yaml "$dir"/k8s/*.log "$KEEP_LOGS/" 2>/dev/null
   fi
   rm -rf "$dir"
 }
@@ -77,7 +84,7 @@ trap 'exit 130' INT TERM
 
 # ---- the control plane and the CRD --------------------------------------------------------------
 say "starting the control plane (etcd, kube-apiserver, kube-scheduler, kube-controller-manager)"
-exports=$("$AS" start "$dir/k8s" --control-plane 2>"$dir/start.log") ||
+exports=$(CEPHALO_K8S_SCHEDULER_ARGS=${BENCH_OP_SCHEDULER_ARGS:-} "$AS" start "$dir/k8s" --control-plane 2>"$dir/start.log") ||
   { sed 's/^/#   /' "$dir/start.log"; echo "the control plane did not start"; exit 1; }
 eval "$exports"
 export KUBECONFIG
@@ -85,7 +92,6 @@ K() { kubectl --request-timeout=30s "$@"; }
 K apply -f charts/cephalo/crds/cephalojobs.cephalo.dev.yaml >/dev/null &&
   K wait --for condition=established --timeout=30s crd/cephalojobs.cephalo.dev >/dev/null ||
   { echo "the CRD was not established"; exit 1; }
-K create namespace "$JNS" >/dev/null || exit 1
 
 # ---- the nodes: a mix of GPU products and counts, GPU Feature Discovery labels -----------------
 # node i: the i % 10th of these (product, memory MiB, count): per 10 nodes 42 GPUs
@@ -146,29 +152,53 @@ curl -fsS "$M/metrics" | grep -q '^cephalo_operator_api_requests_total{' ||
 say "operator $OP ready (metrics on $M)"
 
 # ---- the jobs: one kubectl apply, watched ---------------------------------------------------------
-gpus_asked=0
-for ((j = 0; j < JOBS; j++)); do
-  g=$((2 + j % 7))
-  gpus_asked=$((gpus_asked + g))
-  printf -- '---\n{"apiVersion": "cephalo.dev/v1alpha1", "kind": "CephaloJob", "metadata": {"name": "bench-%03d", "namespace": "%s"}, "spec": {"model": {"name": "tiny-gpt"}, "seqLen": 64, "globalBatch": 32, "steps": 1000000, "gpus": {"maxGPUs": %d}, "terminationGracePeriodSeconds": 5}}\n' \
-    "$j" "$JNS" "$g"
-done >"$dir/jobs.yaml"
-[ "$gpus_asked" -le "$gpus" ] || say "warning: the jobs ask for $gpus_asked GPUs, the nodes have $gpus: not all fit at once"
-say "applying $JOBS CephaloJobs ($gpus_asked GPUs); waiting until every job is Running (at most $TIMEOUT s)"
-$PY bench/bench_operator.py watch --server "$K8S_SERVER" --token "$K8S_TOKEN" --ca "$K8S_CA" \
-  --namespace "$JNS" --jobs-file "$dir/jobs.yaml" --out "$dir/timings.json" --timeout "$TIMEOUT" \
-  --submit "${BENCH_OP_SUBMIT:-parallel}" \
-  2> >(sed 's/^/    /' >&2) &
-watch_pid=$!
-wait "$watch_pid"
-wrc=$?
-watch_pid=
-[ -f "$dir/timings.json" ] || { echo "the watcher failed (exit $wrc)"; exit 1; }
-if [ "$wrc" != 0 ]; then
-  say "warning: not every job was Running within $TIMEOUT s; measuring at rest anyway"
-else
-  say "every job Running"
-fi
+# what the start-up costs each process, until every pod is bound
+cpu_args=(--cpu "operator=$op_pid")
+for c in etcd apiserver scheduler controller-manager; do
+  [ -f "$dir/k8s/$c.pid" ] && cpu_args+=(--cpu "$c=$(cat "$dir/k8s/$c.pid")")
+done
+for p in "${kl_pids[@]}"; do cpu_args+=(--cpu "kubelet.py=$p"); done
+# pods_left NS: how many pods NS still has
+pods_left() { K get pods -n "$1" -o name 2>/dev/null | wc -l; }
+timings=()
+for ((round = 1; round <= ROUNDS; round++)); do
+  ns=$JNS
+  [ "$ROUNDS" = 1 ] || ns=$JNS-$round
+  K create namespace "$ns" >/dev/null || exit 1
+  gpus_asked=0
+  for ((j = 0; j < JOBS; j++)); do
+    g=$((2 + j % 7))
+    gpus_asked=$((gpus_asked + g))
+    printf -- '---\n{"apiVersion": "cephalo.dev/v1alpha1", "kind": "CephaloJob", "metadata": {"name": "bench-%03d", "namespace": "%s"}, "spec": {"model": {"name": "tiny-gpt"}, "seqLen": 64, "globalBatch": 32, "steps": 1000000, "gpus": {"maxGPUs": %d}, "terminationGracePeriodSeconds": 5}}\n' \
+      "$j" "$ns" "$g"
+  done >"$dir/jobs-$round.yaml"
+  [ "$gpus_asked" -le "$gpus" ] || say "warning: the jobs ask for $gpus_asked GPUs, the nodes have $gpus: not all fit at once"
+  say "round $round of $ROUNDS: applying $JOBS CephaloJobs ($gpus_asked GPUs) in namespace $ns; waiting until every job is Running (at most $TIMEOUT s)"
+  $PY bench/bench_operator.py watch --server "$K8S_SERVER" --token "$K8S_TOKEN" --ca "$K8S_CA" \
+    --namespace "$ns" --jobs-file "$dir/jobs-$round.yaml" --out "$dir/timings-$round.json" --timeout "$TIMEOUT" \
+    --submit "${BENCH_OP_SUBMIT:-parallel}" --metrics "$M/metrics" "${cpu_args[@]}" \
+    2> >(sed 's/^/    /' >&2) &
+  watch_pid=$!
+  wait "$watch_pid"
+  wrc=$?
+  watch_pid=
+  [ -f "$dir/timings-$round.json" ] || { echo "the watcher failed (exit $wrc)"; exit 1; }
+  timings+=("$dir/timings-$round.json")
+  if [ "$wrc" != 0 ]; then
+    say "warning: not every job was Running within $TIMEOUT s"
+  else
+    say "every job Running"
+  fi
+  [ "$round" -lt "$ROUNDS" ] || break
+  # the next round starts on an empty cluster: the jobs deleted, their pods gone (garbage collector)
+  K delete cephalojobs --all -n "$ns" --wait=false >/dev/null || exit 1
+  deadline=$((SECONDS + 120))
+  while [ "$(pods_left "$ns")" != 0 ]; do
+    [ $SECONDS -lt $deadline ] || { echo "round $round: the pods of namespace $ns were not all gone in 120 s"; exit 1; }
+    sleep 1
+  done
+  say "round $round: its jobs deleted and their pods gone"
+done
 
 # ---- at rest -----------------------------------------------------------------------------------------
 cpu_s() { # PID: user + system CPU seconds so far
@@ -200,4 +230,4 @@ json.dump({"date": "$(date -u +%FT%TZ)", "operator": "$OP", "operator_args": "${
 EOF
 window=$(awk -v a="$t_w0" -v b="$t_w1" 'BEGIN {printf "%.3f", b - a}')
 $PY bench/bench_operator.py report --before "$dir/metrics0.txt" --after "$dir/metrics1.txt" \
-  --window "$window" --timings "$dir/timings.json" --params "$dir/params.json" --json "$OUT"
+  --window "$window" --timings "${timings[@]}" --params "$dir/params.json" --json "$OUT"

@@ -17,6 +17,7 @@
  * reference, each view another, and the last one frees it. */
 struct cache_obj {
     cJSON *json;
+    void *digest; /* the store's digest function's, made with the object; NULL: none */
     atomic_int refs;
 };
 
@@ -25,9 +26,31 @@ typedef struct cache_entry {
     cache_obj *obj;
 } cache_entry;
 
-static cache_obj *obj_new(const cJSON *json) {
+/* A deep copy of obj without metadata.managedFields: the server's field-ownership bookkeeping,
+ * about as large as the rest of a pod, which the operator never reads. Stored objects are copied
+ * and written back (a status write) without it: an update that leaves it out keeps the server's. */
+static cJSON *copy_stored(const cJSON *obj) {
+    const cJSON *meta = cJSON_GetObjectItemCaseSensitive(obj, "metadata");
+    if (!cJSON_GetObjectItemCaseSensitive(meta, "managedFields")) return cJSON_Duplicate(obj, true);
+    cJSON *out = cJSON_CreateObject();
+    for (const cJSON *c = obj->child; c; c = c->next) {
+        cJSON *copy;
+        if (c == meta) {
+            copy = cJSON_CreateObject();
+            for (const cJSON *m = meta->child; m; m = m->next)
+                if (strcmp(m->string, "managedFields") != 0) cJSON_AddItemToObject(copy, m->string, cJSON_Duplicate(m, true));
+        } else {
+            copy = cJSON_Duplicate(c, true);
+        }
+        cJSON_AddItemToObject(out, c->string, copy);
+    }
+    return out;
+}
+
+static cache_obj *obj_new(const cJSON *json, cache_digest_fn digest) {
     cache_obj *o = xmalloc(sizeof *o);
-    o->json = cJSON_Duplicate(json, true);
+    o->json = copy_stored(json);
+    o->digest = digest ? digest(o->json) : NULL;
     atomic_init(&o->refs, 1);
     return o;
 }
@@ -35,6 +58,7 @@ static cache_obj *obj_new(const cJSON *json) {
 static void obj_release(cache_obj *o) {
     if (o && atomic_fetch_sub(&o->refs, 1) == 1) {
         cJSON_Delete(o->json);
+        free(o->digest);
         free(o);
     }
 }
@@ -45,6 +69,7 @@ struct cache {
     cache_entry *e;
     int n, cap;
     bool synced;
+    cache_digest_fn digest;
 };
 
 cache *cache_new(const char *what) {
@@ -97,7 +122,7 @@ void cache_replace(cache *c, const cJSON *items) {
     const cJSON *o;
     cJSON_ArrayForEach(o, items) {
         const char *name = kube_meta_str(o, "name");
-        if (name) append_locked(c, key_of(kube_meta_str(o, "namespace"), name), obj_new(o));
+        if (name) append_locked(c, key_of(kube_meta_str(o, "namespace"), name), obj_new(o, c->digest));
     }
     c->synced = true;
     pthread_mutex_unlock(&c->mu);
@@ -126,9 +151,9 @@ bool cache_put(cache *c, const cJSON *obj, cJSON **prev) {
     } else if (i >= 0) {
         if (prev) *prev = cJSON_Duplicate(c->e[i].obj->json, true);
         obj_release(c->e[i].obj);
-        c->e[i].obj = obj_new(obj);
+        c->e[i].obj = obj_new(obj, c->digest);
     } else {
-        append_locked(c, key_of(ns, name), obj_new(obj));
+        append_locked(c, key_of(ns, name), obj_new(obj, c->digest));
     }
     pthread_mutex_unlock(&c->mu);
     return stored;
@@ -182,7 +207,7 @@ cJSON *cache_list(cache *c, cache_keep_fn keep, void *arg) {
 cJSON *cache_view_list(cache *c, cache_keep_fn keep, void *arg, cache_view *v) {
     cJSON *list = cJSON_CreateObject(), *items = cJSON_AddArrayToObject(list, "items");
     pthread_mutex_lock(&c->mu);
-    *v = (cache_view){.objs = xmalloc((size_t)(c->n + 1) * sizeof *v->objs)};
+    *v = (cache_view){.objs = xmalloc((size_t)(c->n + 1) * sizeof *v->objs), .digested = c->digest != NULL};
     for (int i = 0; i < c->n; i++) {
         cache_obj *o = c->e[i].obj;
         if (keep && !keep(o->json, arg)) continue;
@@ -194,6 +219,16 @@ cJSON *cache_view_list(cache *c, cache_keep_fn keep, void *arg, cache_view *v) {
     pthread_mutex_unlock(&c->mu);
     v->list = list;
     return list;
+}
+
+void cache_set_digest(cache *c, cache_digest_fn digest) {
+    pthread_mutex_lock(&c->mu);
+    c->digest = digest;
+    pthread_mutex_unlock(&c->mu);
+}
+
+const void *cache_view_digest(const cache_view *v, int i) {
+    return i >= 0 && i < v->n ? v->objs[i]->digest : NULL;
 }
 
 void cache_view_release(cache_view *v) {

@@ -8,6 +8,10 @@
  * A store keeps the newer of two versions of an object (resourceVersion, compared as a number when
  * both are numbers, as etcd's revisions are), so a late watch event does not undo a write.
  *
+ * A stored object leaves out metadata.managedFields, which the operator never reads (client-go
+ * operators strip it with an informer transform for the same reason): it is as large as the rest
+ * of a pod, and every copy and status write would carry it.
+ *
  * Thread-safe: one mutex per store; readers get deep copies they own, or views of the stored
  * objects (cache_view_list), which are never changed once stored. */
 #ifndef CEPHALO_CACHE_H
@@ -48,9 +52,19 @@ typedef struct cache_view {
     cJSON *list;
     cache_obj **objs;
     int n;
+    bool digested; /* the store makes digests (cache_set_digest): cache_view_digest has them */
 } cache_view;
 cJSON *cache_view_list(cache *c, cache_keep_fn keep, void *arg, cache_view *v);
 void cache_view_release(cache_view *v);
+
+/* Digests (client-go's transform and indexers serve the same end): what every reconcile would
+ * otherwise read out of hundreds of stored objects, read once when an object is stored. `digest`
+ * returns a malloc'd summary of a stored object, or NULL for none; the store frees it with the
+ * object. Set before the store's first object. */
+typedef void *(*cache_digest_fn)(const cJSON *obj);
+void cache_set_digest(cache *c, cache_digest_fn digest);
+/* The digest of a view's i-th item (its items' order), or NULL. */
+const void *cache_view_digest(const cache_view *v, int i);
 /* Whether the first list has been stored (before that the store knows nothing). */
 bool cache_synced(cache *c);
 int cache_size(cache *c);

@@ -305,18 +305,6 @@ bool inv_pod_holds(const cJSON *pod) {
     return str_item(item(pod, "spec"), "nodeName") || inv_pod_pinned(pod, NULL, NULL);
 }
 
-/* Whether the pod's controller (ownerReferences, controller true) has this uid. */
-static bool controlled_by(const cJSON *pod, const char *uid) {
-    const cJSON *o;
-    if (!uid || !*uid) return false;
-    cJSON_ArrayForEach(o, cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(pod, "metadata"), "ownerReferences")) {
-        const cJSON *u = cJSON_GetObjectItemCaseSensitive(o, "uid");
-        if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, "controller")) && cJSON_IsString(u))
-            return !strcmp(u->valuestring, uid);
-    }
-    return false;
-}
-
 /* gpu_find normalizes every catalog name it compares: a cluster has a handful of products on
  * hundreds of nodes, so each is looked up once per inventory. */
 #define INV_PRODUCT_MEMO 32
@@ -334,38 +322,103 @@ static const gpu_spec *find_product(product_memo *memo, int *n, const char *prod
     return spec;
 }
 
-/* A pod that holds GPUs, read once: where it is (bound, or pinned by hostname and/or name) and how
- * many GPUs it requests. A cluster's busy pods are read once per inventory, not once per node. */
+/* Where a held pod is and how many GPUs it takes, for one inventory: from a pod or its digest. */
 typedef struct held_pod {
     const char *bound, *host, *name;
     long gpus;
 } held_pod;
 
-static held_pod *held_pods(const cJSON *pods, const char *own_uid, int *n) {
-    held_pod *h = xmalloc((size_t)(cJSON_GetArraySize(pods) + 1) * sizeof *h);
-    const cJSON *p;
+/* The uid of the pod's controller (ownerReferences, controller true), or NULL. */
+static const char *controller_uid(const cJSON *pod) {
+    const cJSON *o;
+    cJSON_ArrayForEach(o, item(item(pod, "metadata"), "ownerReferences"))
+        if (cJSON_IsTrue(item(o, "controller")) && str_item(o, "uid")) return str_item(o, "uid");
+    return NULL;
+}
+
+void *inv_pod_digest(const cJSON *pod) {
+    if (!inv_pod_holds(pod)) return NULL;
+    long gpus = inv_pod_gpus(pod);
+    if (gpus <= 0) return NULL;
+    const char *s[4] = {str_item(item(pod, "spec"), "nodeName"), NULL, NULL, controller_uid(pod)};
+    if (!s[0]) inv_pod_pinned(pod, &s[1], &s[2]);
+    size_t len = sizeof(inv_held);
+    for (int i = 0; i < 4; i++) len += s[i] ? strlen(s[i]) + 1 : 0;
+    inv_held *h = xmalloc(len);
+    char *p = (char *)(h + 1);
+    const char **out[4] = {&h->bound, &h->host, &h->name, &h->owner};
+    for (int i = 0; i < 4; i++) {
+        *out[i] = NULL;
+        if (!s[i]) continue;
+        size_t n = strlen(s[i]) + 1;
+        memcpy(p, s[i], n);
+        *out[i] = p;
+        p += n;
+    }
+    if (!h->owner) h->owner = "";
+    h->gpus = gpus;
+    return h;
+}
+
+/* A held pod's place: the node it is bound to, else the hostname it is pinned to, else the node
+ * name. Only pods keyed by a node's name or hostname can be on it (held_is_on). */
+static const char *held_key(const held_pod *h) {
+    return h->bound ? h->bound : h->host ? h->host : h->name;
+}
+
+static int by_key(const void *a, const void *b) {
+    return strcmp(held_key(a), held_key(b));
+}
+
+/* The held pods of c (pods, or their digests) but those of the controller c->own_uid, sorted by
+ * place: a node's are found by binary search, not by a pass over every pod (300 nodes, 300 pods). */
+static held_pod *held_pods(const inv_constraints *c, int *n) {
+    const char *own = c->own_uid && *c->own_uid ? c->own_uid : NULL;
+    held_pod *h = xmalloc((size_t)(c->held ? c->n_held : cJSON_GetArraySize(c->pods)) * sizeof *h + sizeof *h);
     *n = 0;
+    for (int i = 0; c->held && i < c->n_held; i++) {
+        const inv_held *d = c->held[i];
+        if (d && !(own && !strcmp(d->owner, own))) h[(*n)++] = (held_pod){d->bound, d->host, d->name, d->gpus};
+    }
+    const cJSON *p, *pods = c->held ? NULL : c->pods;
     cJSON_ArrayForEach(p, pods) {
-        if (!inv_pod_holds(p) || controlled_by(p, own_uid)) continue;
+        const char *owner = controller_uid(p);
+        if (!inv_pod_holds(p) || (own && owner && !strcmp(owner, own))) continue;
         long gpus = inv_pod_gpus(p);
         if (gpus <= 0) continue;
         held_pod e = {.bound = str_item(item(p, "spec"), "nodeName"), .gpus = gpus};
         if (!e.bound) inv_pod_pinned(p, &e.host, &e.name);
         h[(*n)++] = e;
     }
+    qsort(h, (size_t)*n, sizeof *h, by_key);
     return h;
 }
 
-/* The GPUs the held pods take on node (name, hostname: its label, else its name): as
+/* Whether a held pod is on the node (name, hostname: its label, else its name): as
  * inv_pod_on_node decides. */
-static long held_on(const held_pod *h, int n, const char *name, const char *hostname) {
-    long used = 0;
-    for (int i = 0; i < n; i++) {
-        bool on = h[i].bound ? !strcmp(h[i].bound, name)
-                             : (!h[i].host || !strcmp(h[i].host, hostname) || !strcmp(h[i].host, name)) &&
-                                   (!h[i].name || !strcmp(h[i].name, name));
-        if (on) used += h[i].gpus;
+static bool held_is_on(const held_pod *h, const char *name, const char *hostname) {
+    if (h->bound) return !strcmp(h->bound, name);
+    return (!h->host || !strcmp(h->host, hostname) || !strcmp(h->host, name)) && (!h->name || !strcmp(h->name, name));
+}
+
+/* The GPUs of the held pods placed at key that are on the node. */
+static long held_at(const held_pod *h, int n, const char *key, const char *name, const char *hostname) {
+    int lo = 0, hi = n;
+    while (lo < hi) { /* the first pod whose place is not before key */
+        int mid = lo + (hi - lo) / 2;
+        if (strcmp(held_key(&h[mid]), key) < 0) lo = mid + 1;
+        else hi = mid;
     }
+    long used = 0;
+    for (int i = lo; i < n && !strcmp(held_key(&h[i]), key); i++)
+        if (held_is_on(&h[i], name, hostname)) used += h[i].gpus;
+    return used;
+}
+
+/* The GPUs the held pods (sorted by held_pods) take on the node. */
+static long held_on(const held_pod *h, int n, const char *name, const char *hostname) {
+    long used = held_at(h, n, name, name, hostname);
+    if (strcmp(hostname, name) != 0) used += held_at(h, n, hostname, name, hostname);
     return used;
 }
 
@@ -373,7 +426,7 @@ long inv_node_used(const cJSON *pods, const cJSON *node, const char *own_uid) {
     const char *name = kube_meta_str(node, "name");
     if (!name) return 0;
     int n;
-    held_pod *h = held_pods(pods, own_uid, &n);
+    held_pod *h = held_pods(&(inv_constraints){.pods = pods, .own_uid = own_uid}, &n);
     long used = held_on(h, n, name, inv_node_hostname(node));
     free(h);
     return used;
@@ -404,7 +457,8 @@ int inv_build(const cJSON *nodes, const inv_constraints *c, cluster *cl, inv_res
     qsort(sorted, (size_t)k, sizeof *sorted, by_name);
     product_memo memo[INV_PRODUCT_MEMO];
     int with_gpus = 0, archs_left = 0, n_held = 0, n_memo = 0;
-    held_pod *held = c->pods ? held_pods(c->pods, c->own_uid, &n_held) : NULL;
+    bool accounting = c->pods || c->held; /* else every allocatable GPU is free */
+    held_pod *held = accounting ? held_pods(c, &n_held) : NULL;
     char seen[256] = "";
     for (int i = 0; i < k; i++) {
         node = sorted[i];
@@ -459,20 +513,20 @@ int inv_build(const cJSON *nodes, const inv_constraints *c, cluster *cl, inv_res
             continue;
         }
         r->usable += (int)count;
-        if (c->pods) {
+        if (accounting) {
             long used = held_on(held, n_held, name, inv_node_hostname(node));
             count = used >= count ? 0 : count - used;
         }
         r->free += (int)count;
         if (c->max_gpus > 0 && r->gpus + count > c->max_gpus) count = c->max_gpus - r->gpus;
         if (count <= 0) continue; /* busy, or max_gpus reached: usable and free still count the rest */
-        if (cluster_add_node(cl, name, CLUSTER_DEFAULT_NETWORK_GBPS) < 0) {
+        if (cluster_add_sorted_node(cl, name, CLUSTER_DEFAULT_NETWORK_GBPS) < 0) {
             err_set(err, "node %s: cannot add it to the cluster", name);
             free(sorted), free(held);
             cluster_free(cl);
             return -1;
         }
-        if (cluster_add_devices(cl, spec->name, (int)count, err) < 0) {
+        if (cluster_add_gpus(cl, spec, (int)count, err) < 0) {
             free(sorted), free(held);
             cluster_free(cl);
             return err_prefix(err, "node %s", name);
@@ -490,7 +544,7 @@ int inv_build(const cJSON *nodes, const inv_constraints *c, cluster *cl, inv_res
         r->gpus += (int)count;
     }
     free(sorted), free(held);
-    if (r->gpus == 0 && r->usable > 0 && c->pods) return 0; /* all busy: the caller queues the job */
+    if (r->gpus == 0 && r->usable > 0 && accounting) return 0; /* all busy: the caller queues the job */
     if (r->gpus == 0) {
         cluster_free(cl);
         if (with_gpus == 0)

@@ -46,6 +46,19 @@ int inv_archs_parse(const char *s, inv_archs *out, err_t *err);
  * same major and a minor at most the GPU's (CUDA's binary compatibility within a major). */
 bool inv_archs_run(const inv_archs *a, int major, int minor);
 
+/* A pod that holds GPUs, read once (inv_pod_digest): bound to a node, or pinned by hostname
+ * and/or node name (inv_pod_pinned); its controller's uid ("" without one); its GPUs. The strings
+ * live in the same allocation: free(3) releases it all. */
+typedef struct inv_held {
+    const char *bound, *host, *name; /* NULL: unset */
+    const char *owner;
+    long gpus;
+} inv_held;
+
+/* The digest of a pod that holds GPUs (inv_pod_holds, inv_pod_gpus > 0), malloc'd; NULL for a
+ * pod that holds none. A cache_digest_fn (cache.h) for the store of pods. */
+void *inv_pod_digest(const cJSON *pod);
+
 typedef struct inv_constraints {
     const cJSON *allowed_products; /* array of strings, or NULL: any product the catalog knows */
     int max_gpus; /* 0: no limit */
@@ -56,6 +69,10 @@ typedef struct inv_constraints {
      * pods bound or pinned to it (inv_pod_holds), except pods whose controller is own_uid (a job
      * re-planning counts its own GPUs as its own). */
     const cJSON *pods;
+    /* Or the same pods as digests (inv_pod_digest; NULL ones are pods that hold nothing): what
+     * the operator's busy-pod store keeps, so that a reconcile does not read every pod again. */
+    const inv_held *const *held;
+    int n_held;
     const char *own_uid;
     /* The job's spec.tolerations (array, or NULL: none). A node with a NoSchedule or NoExecute
      * taint that none of them tolerates is left out with a note, as kube-scheduler would refuse

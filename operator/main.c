@@ -878,6 +878,7 @@ int main(int argc, char **argv) {
 
     op_caches = (rec_caches){cache_new("cephalojobs"), cache_new("pods"), cache_new("busy pods"), cache_new("nodes"),
                              cache_new("configmaps"), cache_new("services")};
+    cache_set_digest(op_caches.busy, inv_pod_digest); /* every admission reads every busy pod */
     /* GPU accounting needs every namespace's pods that may hold GPUs, whatever --namespace is */
     op_watch watches[] = {
         {.what = "cephalojobs", .cfg = &cfg, .kind = OP_JOBS, .store = op_caches.jobs},

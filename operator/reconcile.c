@@ -66,25 +66,24 @@ static int resolve_model(const cJSON *spec_model, model_spec *m, err_t *err) {
     return model_unknown(name, err);
 }
 
-/* What a job's GPUs are counted against: the pods holding GPUs (PodList items, every namespace;
- * NULL: count every allocatable GPU as free), the job's uid (its own pods are its own), and
- * whether spec.gpus.maxGPUs caps the result. */
-typedef struct gpu_view {
-    const cJSON *pods;
-    const char *own_uid;
-    bool capped;
-} gpu_view;
-
-/* The job's usable GPUs: the Nodes filtered by spec.gpus (inventory.h), free ones only with a
- * view's pods. 0, or -1 with the error set (no usable GPU: the error says why). */
-static int job_cluster(const rec_config *rc, const cJSON *nodes, const cJSON *spec, const gpu_view *v, cluster *cl,
-                       inv_result *inv, err_t *err) {
+/* The job's usable GPUs: the Nodes filtered by spec.gpus (inventory.h), without the maxGPUs cap
+ * (job_inv); with pods (PodList items of every namespace), the free ones only: less those the pods
+ * hold, but the pods of the job own_uid. 0, or -1 with the error set (no usable GPU: the error says why). */
+/* job_cluster with the pods' digests (inv_pod_digest) when held is not NULL. */
+static int job_cluster_held(const rec_config *rc, const cJSON *nodes, const cJSON *spec, const cJSON *pods,
+                            const inv_held *const *held, int n_held, const char *own_uid, cluster *cl,
+                            inv_result *inv, err_t *err) {
     const cJSON *gpus = get(spec, "gpus");
     inv_constraints c = {.allowed_products = get(gpus, "allowedProducts"),
-                         .max_gpus = v->capped ? (int)get_num(gpus, "maxGPUs", 0) : 0,
                          .node_selector = get(gpus, "nodeSelector"), .archs = rc->worker_archs,
-                         .pods = v->pods, .own_uid = v->own_uid, .tolerations = get(spec, "tolerations")};
+                         .pods = pods, .held = held, .n_held = n_held, .own_uid = own_uid,
+                         .tolerations = get(spec, "tolerations")};
     return inv_build(get(nodes, "items"), &c, cl, inv, err);
+}
+
+static int job_cluster(const rec_config *rc, const cJSON *nodes, const cJSON *spec, const cJSON *pods,
+                       const char *own_uid, cluster *cl, inv_result *inv, err_t *err) {
+    return job_cluster_held(rc, nodes, spec, pods, NULL, 0, own_uid, cl, inv, err);
 }
 
 static uint64_t fnv1a(uint64_t h, const void *p, size_t n) {
@@ -94,26 +93,39 @@ static uint64_t fnv1a(uint64_t h, const void *p, size_t n) {
 }
 #define FNV_OFFSET 0xcbf29ce484222325ULL
 
-/* A fingerprint of the job's usable GPUs (node, type and memory of each, in rank order): when it
- * changes, the job is planned again. "none" when no GPU is usable. */
-static void inventory_fingerprint(const rec_config *rc, const cJSON *nodes, const cJSON *spec, const gpu_view *v,
-                                  char *out, size_t n) {
+/* A job's usable GPUs as inv_build finds them without the maxGPUs cap, built at most once per
+ * reconcile from the stores' snapshot: each view a reconcile asks about (capped or not, every GPU
+ * or the free ones) comes from one of two, since inv_build's cap keeps the first maxGPUs devices.
+ * An admission used to build the 300-node inventory four times under the admission lock. */
+typedef struct job_inv {
+    bool built;
+    int rc; /* job_cluster's: -1 with err set when no GPU is usable */
     cluster cl;
-    inv_result inv;
-    err_t e;
-    if (job_cluster(rc, nodes, spec, v, &cl, &inv, &e) < 0) {
+    inv_result r;
+    err_t err;
+} job_inv;
+
+/* How many devices of j a view with cap `cap` (0: none) holds. */
+static int inv_view_devices(const job_inv *j, int cap) {
+    return cap > 0 && cap < j->cl.n_devices ? cap : j->cl.n_devices;
+}
+
+/* A fingerprint of the job's usable GPUs (node, type and memory of each, in rank order: the first
+ * `cap` of j): when it changes, the job is planned again. "none" when no GPU is usable. */
+static void inventory_fingerprint(const job_inv *j, int cap, char *out, size_t n) {
+    if (j->rc < 0) {
         snprintf(out, n, "none");
         return;
     }
+    int nd = inv_view_devices(j, cap);
     uint64_t h = FNV_OFFSET;
-    for (int i = 0; i < cl.n_devices; i++) {
+    for (int i = 0; i < nd; i++) {
         char line[160];
-        int len = snprintf(line, sizeof line, "%s\t%s\t%.0f\n", cl.nodes[cl.devices[i].node].name,
-                           cl.devices[i].type, cl.devices[i].memory_bytes);
+        int len = snprintf(line, sizeof line, "%s\t%s\t%.0f\n", j->cl.nodes[j->cl.devices[i].node].name,
+                           j->cl.devices[i].type, j->cl.devices[i].memory_bytes);
         h = fnv1a(h, line, (size_t)len);
     }
-    snprintf(out, n, "%d-%016llx", cl.n_devices, (unsigned long long)h);
-    cluster_free(&cl);
+    snprintf(out, n, "%d-%016llx", nd, (unsigned long long)h);
 }
 
 /* Profiles from a ConfigMap (docs/operator.md, Profiles): spec.profileConfigMap in the job's
@@ -213,8 +225,8 @@ static void plan_task_free(void *task) {
 /* What the plan is made from, read from the job and the API (on the loop: the client is not
  * thread-safe): the model, the usable GPUs, the profiles. 0; -1 with t->out.reason and err set
  * (the job's problem, not the API's); -2 with err set on an API error. */
-static int plan_prepare(kube_client *k, const rec_config *c, const cJSON *job, const cJSON *nodes,
-                        const gpu_view *v, plan_task *t, err_t *err) {
+static int plan_prepare(kube_client *k, const rec_config *c, const cJSON *job, const job_inv *gpus, int cap,
+                        plan_task *t, err_t *err) {
     const cJSON *spec = get(job, "spec");
     plan_out *out = &t->out;
     out->reason = "InvalidSpec";
@@ -228,14 +240,15 @@ static int plan_prepare(kube_client *k, const rec_config *c, const cJSON *job, c
         return err_prefix(err, "model");
     }
     if (strategy_parse(get_str(spec, "strategy", "cephalo"), &t->strat, err) < 0) return -1;
-    inv_result inv;
-    if (job_cluster(c, nodes, spec, v, &t->in.cl, &inv, err) < 0) {
+    if (gpus->rc < 0) {
+        *err = gpus->err;
         out->reason = "NoGPUs";
         return -1;
     }
+    if (cluster_copy(&gpus->cl, cap, &t->in.cl) < 0) return err_set(err, "out of memory");
     t->have_inputs = true;
-    out->estimated = inv.estimated;
-    snprintf(out->notes, sizeof out->notes, "%s", inv.notes);
+    out->estimated = gpus->r.estimated;
+    snprintf(out->notes, sizeof out->notes, "%s", gpus->r.notes);
     t->o = (inputs_opts){.batch = (long)get_num(spec, "globalBatch", 0), .seq = (long)get_num(spec, "seqLen", 0),
                          .mem_cap = get_num(spec, "memCap", 0.8), .no_store = true};
     const char *prec = get_str(spec, "precision", "fp32");
@@ -719,9 +732,9 @@ typedef struct rec_ctx {
     cJSON *pods;  /* PodList of the job's pods (label cephalo.dev/job; a view: read-only) */
     cJSON *busy;  /* PodList of the pods that may hold GPUs: not terminal, every namespace (a view) */
     cache_view nodes_view, pods_view, busy_view;
-    gpu_view view; /* what the job is planned on: its free GPUs, or all (view.pods NULL) while they are too few */
-    cluster free_cl; /* the GPUs free to the job (its own pods' count as free), no maxGPUs cap */
-    bool have_free;
+    job_inv inv_all, inv_free; /* the job's usable GPUs, no maxGPUs cap: all, and the free ones (job_inv_of) */
+    bool on_free; /* what the job is planned on: its free GPUs; false: all of them, while too few are free */
+    int cap; /* spec.gpus.maxGPUs; 0: no cap */
     int picked; /* free GPUs the job would take now (at most maxGPUs) */
     int need; /* GPUs it needs to start: spec.gpus.minGPUs, else its whole plan */
     bool have_service; /* the job's Service exists (and is the job's) */
@@ -745,6 +758,25 @@ typedef struct rec_ctx {
     char (*assumed)[128]; /* pods put into the busy store before their creation (assume_pods) */
     int n_assumed;
 } rec_ctx;
+
+/* The job's usable GPUs for this reconcile, no maxGPUs cap (job_inv); free_only: less those that
+ * the pods of x->busy hold for others. */
+static const job_inv *job_inv_of(rec_ctx *x, bool free_only) {
+    job_inv *j = free_only ? &x->inv_free : &x->inv_all;
+    if (!j->built) {
+        const cache_view *bv = &x->busy_view;
+        const inv_held **held = NULL; /* the busy store's digests, when it makes them (main.c) */
+        if (free_only && bv->digested) {
+            held = xmalloc((size_t)(bv->n + 1) * sizeof *held);
+            for (int i = 0; i < bv->n; i++) held[i] = cache_view_digest(bv, i);
+        }
+        j->rc = job_cluster_held(x->c, x->nodes, x->spec, free_only && !held ? get(x->busy, "items") : NULL, held,
+                                 held ? bv->n : 0, kube_meta_str(x->job, "uid"), &j->cl, &j->r, &j->err);
+        free(held);
+        j->built = true;
+    }
+    return j;
+}
 
 /* Admissions take turns. main.c's workers reconcile several jobs at once, and a job's decision,
  * from reading the free GPUs to holding them, must see every admission before it, or two jobs
@@ -985,7 +1017,7 @@ static int obtain_plan(rec_ctx *x, const char *gen_s, const char *fp, plan_task 
     plan_task *t = xcalloc(1, sizeof *t);
     t->budget_s = x->c->plan_timeout_s;
     *tp = NULL, *own = false;
-    int prc = plan_prepare(x->k, x->c, x->job, x->nodes, &x->view, t, err);
+    int prc = plan_prepare(x->k, x->c, x->job, job_inv_of(x, x->on_free), x->cap, t, err);
     if (prc == -2) {
         plan_task_free(t);
         return -1;
@@ -1022,15 +1054,9 @@ static int obtain_plan(rec_ctx *x, const char *gen_s, const char *fp, plan_task 
 
 /* How many GPUs of node are free to the job (its own pods' count as free), no maxGPUs cap. */
 static int free_on(rec_ctx *x, const char *node) {
-    if (!x->have_free) {
-        gpu_view v = {.pods = get(x->busy, "items"), .own_uid = kube_meta_str(x->job, "uid"), .capped = false};
-        inv_result r;
-        err_t e;
-        if (job_cluster(x->c, x->nodes, x->spec, &v, &x->free_cl, &r, &e) < 0) cluster_init(&x->free_cl);
-        x->have_free = true;
-    }
+    const cluster *cl = &job_inv_of(x, true)->cl;
     int n = 0;
-    for (int d = 0; d < x->free_cl.n_devices; d++) n += !strcmp(x->free_cl.nodes[x->free_cl.devices[d].node].name, node);
+    for (int d = 0; d < cl->n_devices; d++) n += !strcmp(cl->nodes[cl->devices[d].node].name, node);
     return n;
 }
 
@@ -1076,7 +1102,7 @@ static bool keep_plan(rec_ctx *x, const cJSON *ann, const cJSON *plan_doc) {
     return true;
 }
 
-/* Which GPUs the job is planned on (x->view) and how many it needs (x->need): its free GPUs when
+/* Which GPUs the job is planned on (x->on_free) and how many it needs (x->need): its free GPUs when
  * at least `need` are free (it plans around busy ones), else all its usable GPUs, busy or not (the
  * plan it waits for). 1; 0 when it can never start (Failed, written); -1 on an API error. */
 static int choose_view(rec_ctx *x, err_t *err) {
@@ -1088,27 +1114,23 @@ static int choose_view(rec_ctx *x, err_t *err) {
                  min, max);
         return plan_failed(x, "InvalidSpec", msg, err) < 0 ? -1 : 0;
     }
-    x->view = (gpu_view){.pods = get(x->busy, "items"), .own_uid = kube_meta_str(x->job, "uid"), .capped = true};
-    cluster all, mine;
-    inv_result ra, rm;
-    err_t e;
-    gpu_view whole = {.capped = true};
-    if (job_cluster(x->c, x->nodes, x->spec, &whole, &all, &ra, &e) < 0) return 1; /* no usable GPU: planning says why */
-    char types[256];
-    inv_describe(&all, types, sizeof types);
-    x->need = min > 0 ? min : all.n_devices;
-    cluster_free(&all);
-    if (x->need > ra.usable) {
+    x->cap = max > 0 ? max : 0;
+    x->on_free = true;
+    /* the free GPUs' inventory counts every usable one too (inv_result.usable): the whole one is
+     * built only when the job must be planned on it, or for a message */
+    const job_inv *mine = job_inv_of(x, true);
+    if (mine->rc < 0) return 1; /* no usable GPU: planning says why */
+    int usable = mine->r.usable;
+    x->need = min > 0 ? min : x->cap > 0 && x->cap < usable ? x->cap : usable;
+    if (x->need > usable) {
+        char types[256];
+        inv_describe(&job_inv_of(x, false)->cl, types, sizeof types);
         snprintf(msg, sizeof msg, "spec.gpus.minGPUs %d is more than the %d GPUs the job may use in the cluster (%s): it "
-                 "can never start (lower minGPUs, or widen spec.gpus)", min, ra.usable, types);
+                 "can never start (lower minGPUs, or widen spec.gpus)", min, usable, types);
         return plan_failed(x, "InsufficientGPUs", msg, err) < 0 ? -1 : 0;
     }
-    x->picked = 0;
-    if (job_cluster(x->c, x->nodes, x->spec, &x->view, &mine, &rm, &e) == 0) {
-        x->picked = mine.n_devices;
-        cluster_free(&mine);
-    }
-    if (x->picked < x->need) x->view.pods = NULL;
+    x->picked = inv_view_devices(mine, x->cap);
+    if (x->picked < x->need) x->on_free = false;
     return 1;
 }
 
@@ -1148,8 +1170,7 @@ static bool shares_nodes(rec_ctx *x, const cJSON *other) {
     cluster cl;
     inv_result r;
     err_t e;
-    gpu_view v = {.capped = false};
-    if (job_cluster(x->c, x->nodes, get(other, "spec"), &v, &cl, &r, &e) < 0) return false;
+    if (job_cluster(x->c, x->nodes, get(other, "spec"), NULL, NULL, &cl, &r, &e) < 0) return false;
     bool shared = false;
     const cJSON *rank;
     cJSON_ArrayForEach(rank, get(x->plan_doc, "ranks"))
@@ -1209,7 +1230,7 @@ static int admit(rec_ctx *x, err_t *err) {
         return queue_blocker(x, msg, sizeof msg) ? queue_job(x, msg, err) : 1;
     }
     plan_types(x->plan_doc, types, sizeof types);
-    int nfree = x->have_free ? x->free_cl.n_devices : 0;
+    int nfree = job_inv_of(x, true)->cl.n_devices;
     if (x->need < world)
         snprintf(msg, sizeof msg, "needs %d GPUs (%s) of its plan, or at least %d (spec.gpus.minGPUs) of them free; %d free",
                  world, types, x->need, nfree);
@@ -1240,7 +1261,7 @@ static int current_plan(rec_ctx *x, err_t *err) {
     char gen_s[32], fp[64];
     const cJSON *cm = x->cm;
     snprintf(gen_s, sizeof gen_s, "%.0f", x->gen);
-    inventory_fingerprint(x->c, x->nodes, x->spec, &x->view, fp, sizeof fp);
+    inventory_fingerprint(job_inv_of(x, x->on_free), x->cap, fp, sizeof fp);
     const cJSON *ann = get(get(cm, "metadata"), "annotations");
     const char *cm_plan = get_str(get(cm, "data"), "plan.json", NULL);
     const char *cm_gen = get_str(ann, REC_ANN_GENERATION, ""), *cm_fp = get_str(ann, REC_ANN_INVENTORY, "");
@@ -2058,7 +2079,8 @@ out:
     cJSON_Delete(x.plan_doc);
     cache_view_release(&x.pods_view);
     cache_view_release(&x.busy_view);
-    if (x.have_free) cluster_free(&x.free_cl);
+    cluster_free(&x.inv_all.cl);
+    cluster_free(&x.inv_free.cl);
     cJSON_Delete(x.cm);
     cache_view_release(&x.nodes_view);
     cJSON_Delete(x.job);

@@ -99,10 +99,20 @@ int cluster_add_node(cluster *c, const char *name, double network_gbps) {
     return 0;
 }
 
+int cluster_add_sorted_node(cluster *c, const char *name, double network_gbps) {
+    if (!name || !name[0] || strlen(name) >= sizeof c->nodes[0].name || !(network_gbps > 0)) return -1;
+    if (c->n_nodes > 0 && strcmp(c->nodes[c->n_nodes - 1].name, name) >= 0) return -1;
+    push_node(c, name, network_gbps, CLUSTER_DEFAULT_INTRA_GBPS);
+    return 0;
+}
+
 int cluster_add_devices(cluster *c, const char *type, int count, err_t *err) {
-    if (c->n_nodes == 0) return err_set(err, "cluster: add a node before its devices");
     const gpu_spec *spec = gpu_find(type, err);
-    if (!spec) return -1;
+    return spec ? cluster_add_gpus(c, spec, count, err) : -1;
+}
+
+int cluster_add_gpus(cluster *c, const gpu_spec *spec, int count, err_t *err) {
+    if (c->n_nodes == 0) return err_set(err, "cluster: add a node before its devices");
     /* A CPU device needs threads and a memory size, which only the cluster file can give. */
     if (strcmp(spec->name, GPU_CPU_NAME) == 0)
         return err_set(err, "cluster: cpu devices need threads and memory_gib; describe them in "
@@ -113,6 +123,21 @@ int cluster_add_devices(cluster *c, const char *type, int count, err_t *err) {
     if (count < 1) return err_set(err, "cluster: device count must be at least 1, got %d", count);
     if (push_devices(c, &d, count) < 0)
         return err_set(err, "cluster: more than %d devices", CLUSTER_MAX_DEVICES);
+    return 0;
+}
+
+int cluster_copy(const cluster *src, int max_devices, cluster *dst) {
+    cluster_init(dst);
+    int n = max_devices > 0 && max_devices < src->n_devices ? max_devices : src->n_devices;
+    for (int d = 0; d < n; d++) {
+        const cluster_node *node = &src->nodes[src->devices[d].node];
+        if (d == 0 || src->devices[d].node != src->devices[d - 1].node)
+            push_node(dst, node->name, node->network_gbps, node->intra_gbps);
+        if (push_devices(dst, &src->devices[d], 1) < 0) {
+            cluster_free(dst);
+            return -1;
+        }
+    }
     return 0;
 }
 

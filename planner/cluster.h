@@ -54,6 +54,14 @@ void cluster_free(cluster *c);
 void cluster_init(cluster *c);
 int cluster_add_node(cluster *c, const char *name, double network_gbps);
 int cluster_add_devices(cluster *c, const char *type, int count, err_t *err);
+/* cluster_add_devices for a catalog entry already found (no name lookup). */
+int cluster_add_gpus(cluster *c, const gpu_spec *spec, int count, err_t *err);
+/* cluster_add_node for nodes added in ascending name order (an inventory of hundreds of nodes):
+ * a name not after the last node's is refused (-1) instead of searched for among all of them. */
+int cluster_add_sorted_node(cluster *c, const char *name, double network_gbps);
+/* dst: the first max_devices devices of src (all when max_devices <= 0) with their nodes, in
+ * order. 0, or -1 (out of room). */
+int cluster_copy(const cluster *src, int max_devices, cluster *dst);
 
 /* Refuses a precision some GPU of the cluster cannot run (bf16 before compute capability 8.0),
  * naming each such GPU type and what to use instead; `field` is how the user chose the precision

@@ -13,6 +13,9 @@
 # ownerReference garbage collection never runs. With --control-plane (or
 # CEPHALO_K8S_CONTROL_PLANE=1) kube-scheduler and kube-controller-manager (all its default
 # controllers) run too. There is never a kubelet: tests/k8s/kubelet.py plays it.
+# CEPHALO_K8S_SCHEDULER_ARGS: more kube-scheduler flags, split on spaces (bench-operator's
+# BENCH_OP_SCHEDULER_ARGS, e.g. --kube-api-qps=200 --kube-api-burst=400: by default its client
+# sends at most 50 requests a second after a burst of 100, one per pod bound).
 #
 #   apiserver.sh build          build (once) into the cache; ~10 min on 2 cores, then cached (needs root)
 #   apiserver.sh built          exit 0 when the cache holds a complete build and etcd is installed
@@ -205,6 +208,8 @@ control_plane() {
   # does not write, and log an error for it several times a second.
   printf '%s\n' --kubeconfig="$dir/scheduler.kubeconfig" --leader-elect=false --port=0 \
     --bind-address=127.0.0.1 --secure-port="$sp" --cert-dir="$dir/scheduler-certs" >"$dir/scheduler.args"
+  # shellcheck disable=SC2086 # flags split on spaces
+  [ -z "${CEPHALO_K8S_SCHEDULER_ARGS:-}" ] || printf '%s\n' $CEPHALO_K8S_SCHEDULER_ARGS >>"$dir/scheduler.args"
   # --controllers=*: every controller that kube-controller-manager runs by default (deployment,
   # replicaset, job, garbage collector, namespace, serviceaccount + token, node lifecycle, ...;
   # bootstrapsigner and tokencleaner stay off, as upstream's default). No cloud provider, so the

@@ -237,6 +237,63 @@ static void test_request_counts(void **state) {
                      kube_requests((kube_verb)v) - before[v], want[v]);
 }
 
+/* A digest for the tests: the object's spec.n, counted as made. */
+static int digests_made;
+static void *n_digest(const cJSON *o) {
+    if (n_of(o) < 0) return NULL; /* objects without one */
+    int *d = malloc(sizeof *d);
+    assert_non_null(d);
+    *d = n_of(o);
+    digests_made++;
+    return d;
+}
+
+/* Digests are made once per stored version (not per view), stay with the view's objects, and a
+ * stored object leaves out metadata.managedFields. */
+static void test_digests_and_stripped_fields(void **state) {
+    (void)state;
+    cache *c = cache_new("busy pods");
+    cache_set_digest(c, n_digest);
+    digests_made = 0;
+    cJSON *o = obj("ns", "a", "1", NULL, 7);
+    cJSON_AddArrayToObject(cJSON_GetObjectItem(o, "metadata"), "managedFields");
+    put(c, o);
+    put(c, obj("ns", "b", "1", NULL, -1));
+    assert_int_equal(digests_made, 1);
+    cJSON *got = cache_get(c, "ns", "a");
+    assert_null(cJSON_GetObjectItem(cJSON_GetObjectItem(got, "metadata"), "managedFields"));
+    assert_string_equal(kube_meta_str(got, "resourceVersion"), "1"); /* the rest is kept */
+    cJSON_Delete(got);
+    cache_view v1, v2;
+    const cJSON *items = cJSON_GetObjectItem(cache_view_list(c, NULL, NULL, &v1), "items");
+    cache_view_list(c, NULL, NULL, &v2);
+    assert_int_equal(digests_made, 1); /* views share the stored digests */
+    assert_true(v1.digested);
+    for (int i = 0; i < v1.n; i++) {
+        const int *d = cache_view_digest(&v1, i);
+        const char *name = kube_meta_str(cJSON_GetArrayItem(items, i), "name");
+        if (!strcmp(name, "a")) assert_int_equal(*d, 7);
+        else assert_null(d);
+    }
+    assert_null(cache_view_digest(&v1, v1.n)); /* out of range */
+    /* a newer version gets its own digest; the view still has the old one */
+    put(c, obj("ns", "a", "2", NULL, 8));
+    assert_int_equal(digests_made, 2);
+    for (int i = 0; i < v1.n; i++)
+        if (cache_view_digest(&v1, i)) assert_int_equal(*(const int *)cache_view_digest(&v1, i), 7);
+    cache_view_release(&v1);
+    cache_view_release(&v2);
+    cache_free(c);
+    /* a store without a digest function says so */
+    c = cache_new("pods");
+    put(c, obj("ns", "a", "1", NULL, 1));
+    cache_view_list(c, NULL, NULL, &v1);
+    assert_false(v1.digested);
+    assert_null(cache_view_digest(&v1, 0));
+    cache_view_release(&v1);
+    cache_free(c);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_put_get_remove),
@@ -244,6 +301,7 @@ int main(void) {
         cmocka_unit_test(test_list_and_replace),
         cmocka_unit_test(test_concurrent_readers),
         cmocka_unit_test(test_request_counts),
+        cmocka_unit_test(test_digests_and_stripped_fields),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -388,6 +388,52 @@ static void test_compute_capability_and_precision(void **state) {
     cluster_free(&c);
 }
 
+/* The inventory's builders: nodes in ascending name order (a repeat or a step back refused without
+ * a search), devices from a catalog entry, and a copy of the first devices (the maxGPUs cap). */
+static void test_sorted_nodes_and_copy(void **state) {
+    (void)state;
+    cluster c, d;
+    err_t err = {{0}};
+    cluster_init(&c);
+    const gpu_spec *l4 = gpu_find("L4", &err), *a100 = gpu_find("A100-80GB", &err);
+    assert_non_null(l4);
+    assert_non_null(a100);
+    assert_int_equal(cluster_add_gpus(&c, l4, 1, &err), -1); /* no node yet */
+    assert_int_equal(cluster_add_sorted_node(&c, "n-b", 25), 0);
+    assert_int_equal(cluster_add_sorted_node(&c, "n-b", 25), -1); /* a repeat */
+    assert_int_equal(cluster_add_sorted_node(&c, "n-a", 25), -1); /* out of order */
+    assert_int_equal(cluster_add_gpus(&c, l4, 2, &err), 0);
+    assert_int_equal(cluster_add_sorted_node(&c, "n-c", 50), 0);
+    assert_int_equal(cluster_add_gpus(&c, a100, 3, &err), 0);
+    assert_int_equal(cluster_add_gpus(&c, a100, 0, &err), -1);
+    assert_int_equal(c.n_nodes, 2);
+    assert_int_equal(c.n_devices, 5);
+    assert_string_equal(c.devices[1].type, "L4");
+    assert_int_equal(c.devices[4].node, 1);
+    /* the first 3 devices: both of n-b's and one of n-c's, with the nodes' settings */
+    assert_int_equal(cluster_copy(&c, 3, &d), 0);
+    assert_int_equal(d.n_nodes, 2);
+    assert_int_equal(d.n_devices, 3);
+    assert_string_equal(d.nodes[1].name, "n-c");
+    assert_float_equal(d.nodes[1].network_gbps, 50, 0);
+    assert_int_equal(d.devices[2].node, 1);
+    assert_string_equal(d.devices[2].type, c.devices[2].type);
+    assert_float_equal(d.devices[2].memory_bytes, c.devices[2].memory_bytes, 0);
+    cluster_free(&d);
+    /* 2 devices: n-c is left out; 0 (no cap) or more than there are: all */
+    assert_int_equal(cluster_copy(&c, 2, &d), 0);
+    assert_int_equal(d.n_nodes, 1);
+    cluster_free(&d);
+    assert_int_equal(cluster_copy(&c, 0, &d), 0);
+    assert_int_equal(d.n_devices, 5);
+    cluster_free(&d);
+    assert_int_equal(cluster_copy(&c, 99, &d), 0);
+    assert_int_equal(d.n_devices, 5);
+    assert_int_equal(d.n_nodes, 2);
+    cluster_free(&d);
+    cluster_free(&c);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cluster_a),       cmocka_unit_test(test_cluster_b),
@@ -400,6 +446,7 @@ int main(void) {
         cmocka_unit_test(test_too_many_devices), cmocka_unit_test(test_build_in_code),
         cmocka_unit_test(test_missing_file),    cmocka_unit_test(test_nul_refused),
         cmocka_unit_test(test_name_bytes),
+        cmocka_unit_test(test_sorted_nodes_and_copy),
         cmocka_unit_test(test_compute_capability_and_precision),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

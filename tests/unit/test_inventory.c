@@ -7,6 +7,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "inventory.h"
@@ -167,11 +168,75 @@ static void test_unbound_pinned_charged(void **state) {
     cJSON_Delete(nodes);
 }
 
+/* The busy store's digests (inv_pod_digest) account exactly as the pods do: for each job (its
+ * own pods free to it), the same free GPUs on the same nodes; pods that hold nothing (finished,
+ * unpinned, no GPU) have no digest. Nodes whose hostname label differs from their name, pods
+ * bound, pinned by hostname, by name, by a node's name where its hostname differs. */
+static void test_digests_account_as_pods(void **state) {
+    (void)state;
+    cJSON *nodes = parse("[" NODE("n-d", HOST("h-d"), "4") "," NODE("n-a", HOST("h-a"), "2") "," NODE("n-b", "", "1") ","
+                         NODE("n-c", HOST("n-c"), "2") "," NODE("n-e", HOST("h-e"), "8") "]");
+    cJSON *pods = parse("[" POD("job-a", "Pending", ON_HOST("h-a")) "," POD("job-b", "Running", "\"nodeName\":\"n-b\",") ","
+                        POD("job-b", "Pending", ON_HOST("n-a")) "," POD("loose", "Pending", "") ","
+                        POD("job-c", "Succeeded", "\"nodeName\":\"n-c\",") ","
+                        POD("job-c", "Pending", AFFINITY(FIELDS(EXPR("metadata.name", "In", "\"n-c\"")))) ","
+                        POD("job-a", "Running", "\"nodeName\":\"n-e\",") "," POD("job-d", "Pending", ON_HOST("h-e")) ","
+                        POD("job-d", "Pending", ON_HOST("h-e")) "," POD("job-b", "Running", "\"nodeName\":\"n-d\",") "]");
+    int n = cJSON_GetArraySize(pods), with = 0;
+    const inv_held **held = calloc((size_t)n, sizeof *held);
+    assert_non_null(held);
+    for (int i = 0; i < n; i++) {
+        held[i] = inv_pod_digest(cJSON_GetArrayItem(pods, i));
+        with += held[i] != NULL;
+    }
+    assert_int_equal(with, n - 2); /* the loose pod and the finished one hold nothing */
+    assert_null(held[3]);
+    assert_null(held[4]);
+    assert_string_equal(held[1]->bound, "n-b");
+    assert_string_equal(held[1]->owner, "job-b");
+    assert_null(held[1]->host);
+    assert_string_equal(held[5]->name, "n-c");
+    assert_int_equal(held[5]->gpus, 1);
+    static const char *const owners[] = {"job-a", "job-b", "job-c", "job-d", "nobody", NULL};
+    for (size_t o = 0; o < sizeof owners / sizeof *owners; o++) {
+        inv_constraints by_pods = {.pods = pods, .own_uid = owners[o]};
+        inv_constraints by_digests = {.held = held, .n_held = n, .own_uid = owners[o]};
+        cluster a, b;
+        inv_result ra, rb;
+        err_t e1, e2;
+        assert_int_equal(inv_build(nodes, &by_pods, &a, &ra, &e1), 0);
+        assert_int_equal(inv_build(nodes, &by_digests, &b, &rb, &e2), 0);
+        assert_int_equal(ra.gpus, rb.gpus);
+        assert_int_equal(ra.free, rb.free);
+        assert_int_equal(ra.usable, rb.usable);
+        assert_int_equal(a.n_devices, b.n_devices);
+        for (int d = 0; d < a.n_devices; d++)
+            assert_string_equal(a.nodes[a.devices[d].node].name, b.nodes[b.devices[d].node].name);
+        cluster_free(&a);
+        cluster_free(&b);
+    }
+    /* job-b's view: n-a's 2 less job-a's pinned 1 (job-b's own pinned by n-a's name is its own),
+     * n-c's 2 less job-c's 1, n-e's 8 less 1 + 2, n-d and n-b its own: 1 + 1 + 1 + 5 + 4 */
+    inv_constraints c = {.held = held, .n_held = n, .own_uid = "job-b"};
+    cluster cl;
+    inv_result r;
+    err_t err;
+    assert_int_equal(inv_build(nodes, &c, &cl, &r, &err), 0);
+    assert_int_equal(r.free, 12);
+    assert_int_equal(r.usable, 17);
+    cluster_free(&cl);
+    for (int i = 0; i < n; i++) free((void *)held[i]);
+    free(held);
+    cJSON_Delete(pods);
+    cJSON_Delete(nodes);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pinned),
         cmocka_unit_test(test_pod_on_node),
         cmocka_unit_test(test_unbound_pinned_charged),
+        cmocka_unit_test(test_digests_account_as_pods),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
