@@ -17,8 +17,9 @@
 #
 # Environment: OPERATOR (the binary, default build/rel/bin/cephalo-operator), BENCH_OP_NODES (300),
 # BENCH_OP_JOBS (50), BENCH_OP_WINDOW (60 s), BENCH_OP_SETTLE (15 s), BENCH_OP_KUBELETS (4
-# kubelet.py processes, each with a share of the nodes), BENCH_OP_HEARTBEAT (20 s: the node
-# lifecycle controller taints a node after 40 s without one), BENCH_OP_TIMEOUT (180 s for the
+# kubelet.py processes, each with a share of the nodes), BENCH_OP_HEARTBEAT (10 s: how often each
+# node's Lease is renewed, as a kubelet's; the node lifecycle controller taints a node after 40 s
+# without one; the Ready condition is reported at start and every 5 minutes), BENCH_OP_TIMEOUT (180 s for the
 # jobs to run), BENCH_OP_ROUNDS (1: how many times the start-up is measured, each round's jobs in
 # a namespace of their own, started once the previous round's jobs are deleted and their pods gone;
 # the report gives every round and the median), BENCH_OP_ARGS (more operator flags),
@@ -35,7 +36,7 @@ JOBS=${BENCH_OP_JOBS:-50}
 WINDOW=${BENCH_OP_WINDOW:-60}
 SETTLE=${BENCH_OP_SETTLE:-15}
 KUBELETS=${BENCH_OP_KUBELETS:-4}
-HEARTBEAT=${BENCH_OP_HEARTBEAT:-20}
+HEARTBEAT=${BENCH_OP_HEARTBEAT:-10}
 TIMEOUT=${BENCH_OP_TIMEOUT:-180}
 ROUNDS=${BENCH_OP_ROUNDS:-1}
 JNS=bench

@@ -721,8 +721,9 @@ static void op_on_planned(const char *key, void *arg) {
 /* ---- reconcile workers -------------------------------------------------------------------- */
 
 /* One reconcile thread with its own API clients (a client is not thread-safe): k for the reconcile,
- * helpers to create a gang's pods at once. */
-#define OP_POD_HELPERS 3
+ * helpers to create a gang's pods at once (a new job's ConfigMap and Service on the last one,
+ * beside them). */
+#define OP_POD_HELPERS 4
 typedef struct op_worker {
     const rec_config *rc;
     kube_client *k;

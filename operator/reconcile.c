@@ -757,6 +757,13 @@ typedef struct rec_ctx {
     } new_plan;
     char (*assumed)[128]; /* pods put into the busy store before their creation (assume_pods) */
     int n_assumed;
+    struct { /* side_writes_start */
+        pthread_t th;
+        bool started, service;
+        kube_client *k;
+        int rc;
+        err_t err;
+    } side;
 } rec_ctx;
 
 /* The job's usable GPUs for this reconcile, no maxGPUs cap (job_inv); free_only: less those that
@@ -1241,16 +1248,63 @@ static int admit(rec_ctx *x, err_t *err) {
 
 /* Writes the plan current_plan made (x->new_plan) into the plan ConfigMap and records its Event,
  * after the admission lock: 0, or -1 on an API error (the pool keeps the plan for the retry). */
-static int commit_plan(rec_ctx *x, err_t *err) {
+static int commit_plan(rec_ctx *x, kube_client *k, err_t *err) {
     if (!x->new_plan.json) return 0;
-    if (write_configmap(x->k, x->c->caches->configmaps, x->job, x->cm, x->cm_name, x->new_plan.json,
+    if (write_configmap(k, x->c->caches->configmaps, x->job, x->cm, x->cm_name, x->new_plan.json,
                         &(cm_annotations){x->new_plan.gen, x->new_plan.fp, x->plan_id, x->notes}, err) < 0)
         return -1;
     if (x->new_plan.forget) planning_forget(x->c->planner, x->key); /* the ConfigMap has it now */
-    if (x->new_plan.ev_reason) emit(x->k, x->job, "Normal", x->new_plan.ev_reason, x->new_plan.ev);
+    if (x->new_plan.ev_reason) emit(k, x->job, "Normal", x->new_plan.ev_reason, x->new_plan.ev);
     free(x->new_plan.json);
     x->new_plan.json = NULL;
     return 0;
+}
+
+/* commit_plan, then the Service unless it exists. */
+static int commit_objects(rec_ctx *x, kube_client *k, bool service, err_t *err) {
+    if (commit_plan(x, k, err) < 0) return -1;
+    if (!service) return 0;
+    return ensure_service(k, x->c->caches->services, x->job, (long)get_num(x->spec, "metricsPort", 9400), err);
+}
+
+/* A new job's plan ConfigMap (with its Event) and Service, written by a thread of their own on the
+ * last helper client while the reconcile creates the pods: its objects cost one round trip, not
+ * four in a row. Only when no plan ConfigMap exists yet: a kubelet then waits for it before it
+ * starts a pod, whereas pods of a re-plan created before the ConfigMap's update could read the
+ * old plan (those wait for commit_plan). */
+static void *side_writes_main(void *arg) {
+    rec_ctx *x = arg;
+    x->side.rc = commit_objects(x, x->side.k, x->side.service, &x->side.err);
+    return NULL;
+}
+
+/* Writes the plan ConfigMap, its Event and the Service (those missing): beside the pods for a new
+ * job with a helper client to spare (side_writes_main), else here. 0, or -1 on an API error. */
+static int side_writes_start(rec_ctx *x, err_t *err) {
+    bool service = !x->have_service;
+    if (!x->cm && x->new_plan.json && x->n_helpers > 1) {
+        x->side.k = x->helpers[--x->n_helpers]; /* create_pods uses the others */
+        x->side.service = service;
+        if (pthread_create(&x->side.th, NULL, side_writes_main, x) == 0) {
+            x->side.started = true;
+            return 0;
+        }
+        x->n_helpers++;
+    }
+    return commit_objects(x, x->k, service, err);
+}
+
+/* Waits for side_writes_main, if it runs: rc, or -1 with err set when rc was fine and it failed. */
+static int side_writes_join(rec_ctx *x, int rc, err_t *err) {
+    if (!x->side.started) return rc;
+    pthread_join(x->side.th, NULL);
+    x->side.started = false;
+    x->n_helpers++;
+    if (x->side.rc < 0 && rc >= 0) {
+        *err = x->side.err;
+        return -1;
+    }
+    return rc;
 }
 
 /* The plan to run: the ConfigMap's when it was made for this generation and these GPUs, else a
@@ -1943,12 +1997,12 @@ int rec_job_with(kube_client *k, kube_client *const *helpers, int n_helpers, con
     if (prc > 0) prc = admit(&x, err);
     if (prc > 0) assume_pods(&x);
     admit_unlock(&x);
-    if (prc >= 0 && commit_plan(&x, err) < 0) prc = -1;
+    if (prc == 0 && commit_plan(&x, k, err) < 0) prc = -1;
     if (prc <= 0) {
         rc = prc;
         goto out;
     }
-    if (!x.have_service && ensure_service(k, c->caches->services, x.job, (long)get_num(x.spec, "metricsPort", 9400), err) < 0) goto out;
+    if (side_writes_start(&x, err) < 0) goto out;
     if (gang_read(&x, &g, err) < 0) goto out;
 
     if (g.stale) {
@@ -2071,6 +2125,7 @@ int rec_job_with(kube_client *k, kube_client *const *helpers, int n_helpers, con
     }
     rc = finish_status(&x, s, phase, err);
 out:
+    rc = side_writes_join(&x, rc, err);
     admit_unlock(&x);
     forget_assumed(&x);
     free(x.new_plan.json);

@@ -219,8 +219,9 @@ control_plane() {
   # once its Ready condition is True, without which the scheduler places nothing. It also taints
   # a Node unreachable (NoExecute: its pods are evicted 5 minutes later) when neither its Ready
   # condition nor its Lease in kube-node-lease was renewed for --node-monitor-grace-period (40 s;
-  # 1 min after creation for a Node that never reported): tests/k8s/kubelet.py renews both, every
-  # 10 s, for its nodes. A Node that no kubelet.py keeps is tainted unreachable after a minute.
+  # 1 min after creation for a Node that never reported): tests/k8s/kubelet.py renews the Lease
+  # every 10 s and reports Ready at start and every 5 minutes, as a kubelet does. A Node that no
+  # kubelet.py keeps is tainted unreachable after a minute.
   # The service-account token controller signs the tokens of ServiceAccount Secrets with the
   # API server's signing key, and puts the API server's CA (--root-ca-file) in them.
   # The FlexVolume plugin directory is in DIR: by default it is /usr/libexec/kubernetes/..., which

@@ -11,9 +11,11 @@ the scheduler's binding, which places the operator's worker pods, or by a pod's 
     stopped as if deleted;
   * the nodes: with --register, the Nodes of --nodes that do not exist yet are created (labels
     kubernetes.io/hostname, os, arch and --node-label's; capacity = allocatable = cpu 8, memory
-    32Gi, pods 110 and --node-gpus' nvidia.com/gpu). Every --heartbeat seconds (10; 0: never) the
-    Ready condition (True, KubeletReady) of each node and its Lease in kube-node-lease are renewed,
-    as a kubelet does: the controller-manager's node lifecycle controller takes the not-ready taint
+    32Gi, pods 110 and --node-gpus' nvidia.com/gpu). Every --heartbeat seconds (10; 0: never) each
+    node's Lease in kube-node-lease is renewed, and its Ready condition (True, KubeletReady) at the
+    first heartbeat and then every --status-report seconds (300), as a kubelet does (its
+    nodeStatusReportFrequency: an unchanged status is reported every 5 minutes, the Lease says it
+    is alive): the controller-manager's node lifecycle controller takes the not-ready taint
     that new Nodes get off once Ready is True, and taints a node unreachable (its pods evicted)
     when neither was renewed for 40 s. A Node that does not exist (deleted) is left alone until
     it exists again (someone else creates it; this kubelet registers only at start);
@@ -352,6 +354,8 @@ class NodeKeeper(threading.Thread):
         self.api, self.nodes, self.args, self.stop = api, sorted(nodes), args, stop
         self.since = rfc3339(time.time())  # Ready's lastTransitionTime: Ready since this kubelet began
         self.state = {}  # node -> the last outcome logged ('ok', 'absent', 'HTTP 500 ...')
+        self.reported = {}  # node -> when its Ready condition was last reported
+        self.uid = {}  # node -> its uid (the Lease's owner), known once its status was patched
         self.gpus, self.labels = {}, {n: {} for n in self.nodes}
         for g in args.node_gpus:
             name, _, count = g.partition('=')
@@ -396,21 +400,28 @@ class NodeKeeper(threading.Thread):
 
     def beat(self, name):
         now = time.time()
-        # a strategic merge patch: the conditions list is merged by type, the others are kept
-        st, obj = self.api.request('PATCH', f'/api/v1/nodes/{name}/status',
-                                   {'status': {'conditions': [self.ready(now)]}},
-                                   ctype='application/strategic-merge-patch+json')
-        if st == 404:
-            self.note(name, 'absent', 'no such Node (deleted?): no heartbeat until it exists again')
-            return
-        if st != 200:
-            self.note(name, f'HTTP {st}', f'heartbeat: HTTP {st}: {status_message(obj)}; trying again')
-            return
-        uid = meta(obj, 'uid')
+        fresh = now - self.reported.get(name, 0) >= self.args.status_report or name not in self.uid
+        if fresh:
+            # a strategic merge patch: the conditions list is merged by type, the others are kept
+            st, obj = self.api.request('PATCH', f'/api/v1/nodes/{name}/status',
+                                       {'status': {'conditions': [self.ready(now)]}},
+                                       ctype='application/strategic-merge-patch+json')
+            if st == 404:
+                self.uid.pop(name, None)
+                self.note(name, 'absent', 'no such Node (deleted?): no heartbeat until it exists again')
+                return
+            if st != 200:
+                self.note(name, f'HTTP {st}', f'heartbeat: HTTP {st}: {status_message(obj)}; trying again')
+                return
+            self.uid[name], self.reported[name] = meta(obj, 'uid'), now
+        uid = self.uid[name]
         lease = f'/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{name}'
         spec = {'holderIdentity': name, 'leaseDurationSeconds': LEASE_DURATION_S,
                 'renewTime': rfc3339_micro(now)}
         st, obj = self.api.request('PATCH', lease, {'spec': spec}, ctype='application/merge-patch+json')
+        if st == 404 and not fresh:  # the Lease is gone (its Node deleted?): the Node's status first
+            self.uid.pop(name, None)
+            return self.beat(name)
         if st == 404:  # the first beat: create it, owned by the Node (gone with it), as a kubelet does
             st, obj = self.api.request('POST', '/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases', {
                 'apiVersion': 'coordination.k8s.io/v1', 'kind': 'Lease',
@@ -420,7 +431,8 @@ class NodeKeeper(threading.Thread):
         if st not in (200, 201):
             self.note(name, f'lease HTTP {st}', f'lease: HTTP {st}: {status_message(obj)}; trying again')
             return
-        self.note(name, 'ok', f'Ready, heartbeat every {self.args.heartbeat:g}s (condition and Lease)')
+        self.note(name, 'ok', f'Ready, Lease renewed every {self.args.heartbeat:g}s, the condition every '
+                              f'{max(self.args.heartbeat, self.args.status_report):g}s')
 
     def run(self):
         todo = list(self.nodes) if self.args.register else []
@@ -1112,7 +1124,10 @@ def main():
     ap.add_argument('--node-label', action='append', default=[], metavar='NODE:KEY=VALUE',
                     help='with --register: a label of a node (repeat)')
     ap.add_argument('--heartbeat', type=float, default=10.0, metavar='SECONDS',
-                    help="renew the nodes' Ready condition and Lease this often (default 10; 0: never)")
+                    help="renew the nodes' Lease this often (default 10; 0: never)")
+    ap.add_argument('--status-report', type=float, default=300.0, metavar='SECONDS',
+                    help="report the nodes' Ready condition at the first heartbeat and then this "
+                         "often (default 300, a kubelet's nodeStatusReportFrequency)")
     ap.add_argument('--image-cmd', action='append', default=[], metavar='IMAGE=PATH',
                     help="a pod (not a worker) whose container image is IMAGE (without a tag: any "
                          "tag) runs PATH + the container's args, as the image's entry point (repeat)")
