@@ -107,7 +107,7 @@ class State:
         self.done = threading.Event()
         self.names = set(names)
         self.max_gpus = max_gpus  # job -> spec.gpus.maxGPUs
-        self.jobs, self.pods = {}, {}  # name -> job, uid -> pod
+        self.jobs, self.pods = {}, {}  # name -> job, uid -> pod_digest
         self.t0 = None
         self.first = {}  # event -> seconds since t0
         self.job_added = {}  # job -> seconds when its creation was seen
@@ -140,7 +140,7 @@ class State:
                     self.pods.pop(uid, None)
                     self.pods_deleted.add(uid)
                 else:
-                    self.pods[uid] = obj
+                    self.pods[uid] = pod_digest(obj)
                     self.pods_seen.add(uid)
                     if meta(obj, 'deletionTimestamp'):
                         self.pods_deleted.add(uid)
@@ -148,15 +148,16 @@ class State:
                 self.evaluate(t)
 
     def evaluate(self, t):
+        """Per event: kept cheap (the pods as digests, one pass), since this watcher shares the CPUs
+        with what it measures."""
         if self.pods:
             self.mark('first_pod', t)
         if self.names <= set(self.jobs):
             self.mark('all_jobs_seen', t)
-        live = {}
-        for p in self.pods.values():
-            if meta(p, 'deletionTimestamp'):
-                continue
-            live.setdefault((meta(p, 'labels') or {}).get(JOB_LABEL), []).append(p)
+        live = {}  # job -> [pods: (bound, running)]
+        for job, deleting, bound, running in self.pods.values():
+            if not deleting:
+                live.setdefault(job, []).append((bound, running))
         created = bound = running = 0
         for name in self.names:
             pods = live.get(name, [])
@@ -164,10 +165,10 @@ class State:
                 continue
             created += 1
             self.job_created.setdefault(name, round(t - self.t0, 3))
-            if all((p.get('spec') or {}).get('nodeName') for p in pods):
+            if all(b for b, _ in pods):
                 bound += 1
                 self.job_bound.setdefault(name, round(t - self.t0, 3))
-            if all((p.get('status') or {}).get('phase') == 'Running' for p in pods):
+            if all(r for _, r in pods):
                 running += 1
         n = len(self.names)
         if created == n:
@@ -186,6 +187,12 @@ class State:
             self.done.set()
 
 
+def pod_digest(p):
+    """What evaluate reads of a pod: (its job, being deleted, bound, Running)."""
+    return ((meta(p, 'labels') or {}).get(JOB_LABEL), bool(meta(p, 'deletionTimestamp')),
+            bool((p.get('spec') or {}).get('nodeName')), (p.get('status') or {}).get('phase') == 'Running')
+
+
 def follow(api, state, kind, path, stop):
     """List + watch PATH (a collection URL with its query), feeding the state; relists on 410 or
     any failure."""
@@ -200,7 +207,7 @@ def follow(api, state, kind, path, stop):
                     if kind == 'job':
                         state.jobs = {meta(o, 'name'): o for o in items}
                     else:
-                        state.pods = {meta(o, 'uid'): o for o in items}
+                        state.pods = {meta(o, 'uid'): pod_digest(o) for o in items}
                     if state.t0 is not None:
                         state.evaluate(t)
                 state.listed.add(kind)

@@ -16,8 +16,10 @@
 # runs/bench-operator/bench-DATE.json. Everything started is stopped on exit.
 #
 # Environment: OPERATOR (the binary, default build/rel/bin/cephalo-operator), BENCH_OP_NODES (300),
-# BENCH_OP_JOBS (50), BENCH_OP_WINDOW (60 s), BENCH_OP_SETTLE (15 s), BENCH_OP_KUBELETS (4
-# kubelet.py processes, each with a share of the nodes), BENCH_OP_HEARTBEAT (10 s: how often each
+# BENCH_OP_JOBS (50), BENCH_OP_WINDOW (60 s), BENCH_OP_SETTLE (15 s), BENCH_OP_KUBELETS (2
+# kubelet.py processes, each with a share of the nodes: each watches every pod, where a kubelet
+# watches its node's, so each one more adds a watcher and a parse of every pod event on the cores
+# the control plane shares), BENCH_OP_HEARTBEAT (10 s: how often each
 # node's Lease is renewed, as a kubelet's; the node lifecycle controller taints a node after 40 s
 # without one; the Ready condition is reported at start and every 5 minutes), BENCH_OP_TIMEOUT (180 s for the
 # jobs to run), BENCH_OP_ROUNDS (1: how many times the start-up is measured, each round's jobs in
@@ -35,7 +37,7 @@ NODES=${BENCH_OP_NODES:-300}
 JOBS=${BENCH_OP_JOBS:-50}
 WINDOW=${BENCH_OP_WINDOW:-60}
 SETTLE=${BENCH_OP_SETTLE:-15}
-KUBELETS=${BENCH_OP_KUBELETS:-4}
+KUBELETS=${BENCH_OP_KUBELETS:-2}
 HEARTBEAT=${BENCH_OP_HEARTBEAT:-10}
 TIMEOUT=${BENCH_OP_TIMEOUT:-180}
 ROUNDS=${BENCH_OP_ROUNDS:-1}

@@ -12,7 +12,8 @@ the scheduler's binding, which places the operator's worker pods, or by a pod's 
   * the nodes: with --register, the Nodes of --nodes that do not exist yet are created (labels
     kubernetes.io/hostname, os, arch and --node-label's; capacity = allocatable = cpu 8, memory
     32Gi, pods 110 and --node-gpus' nvidia.com/gpu). Every --heartbeat seconds (10; 0: never) each
-    node's Lease in kube-node-lease is renewed, and its Ready condition (True, KubeletReady) at the
+    node's Lease in kube-node-lease is renewed (the nodes' beats spread over the period after the
+    first, as kubelets on their own clocks would be), and its Ready condition (True, KubeletReady) at the
     first heartbeat and then every --status-report seconds (300), as a kubelet does (its
     nodeStatusReportFrequency: an unchanged status is reported every 5 minutes, the Lease says it
     is alive): the controller-manager's node lifecycle controller takes the not-ready taint
@@ -440,13 +441,21 @@ class NodeKeeper(threading.Thread):
             todo = [n for n in todo if not self.register(n)]
             if todo:
                 self.stop.wait(1.0)
+        first = True
         while self.args.heartbeat > 0 and not self.stop.is_set():
-            for name in self.nodes:
+            start = time.monotonic()
+            for i, name in enumerate(self.nodes):
+                # after the first round, each node's beat at its own point of the period, as kubelets
+                # on their own clocks: not every node in one burst (hundreds of requests at once)
+                due = start + (0 if first else self.args.heartbeat * i / len(self.nodes))
+                if self.stop.wait(max(0.0, due - time.monotonic())):
+                    return
                 try:
                     self.beat(name)
                 except Exception as e:  # noqa: BLE001 - a heartbeat must not end the thread
                     self.note(name, 'error', f'heartbeat: {type(e).__name__}: {e}')
-            self.stop.wait(self.args.heartbeat)
+            first = False
+            self.stop.wait(max(0.0, start + self.args.heartbeat - time.monotonic()))
 
 
 # ---- running pods --------------------------------------------------------------------------------
