@@ -330,7 +330,8 @@ def watch(a):
     def at_bound():
         state.bound.wait()
         snap.end()
-    threading.Thread(target=at_bound, daemon=True).start()
+    bound_snap = threading.Thread(target=at_bound, daemon=True)
+    bound_snap.start()
     if a.submit == 'kubectl':
         r = subprocess.run(['kubectl', '--request-timeout=60s', 'apply', '-f', a.jobs_file],
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -351,6 +352,8 @@ def watch(a):
                       f'{len(state.job_created)}/{len(max_gpus)} with all pods, '
                       f'{len(state.pods_seen)} pods seen', file=sys.stderr, flush=True)
     stop.set()
+    if state.bound.is_set():
+        bound_snap.join(10)  # its figures are read below
     with state.lock:
         created = sorted(state.job_created.values())
         half = (len(max_gpus) + 1) // 2

@@ -194,7 +194,8 @@ int ckpt_dir_resolve(const char *path, char *out, size_t n, err_t *err) {
     if (!S_ISDIR(st.st_mode)) {
         if (strcmp(base, "latest") != 0) return 0; /* a checkpoint file */
         snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - path) : 1, slash ? path : ".");
-        if (ckpt_dir_latest(dir, name, sizeof name, err) < 0) return -1;
+        int have = ckpt_dir_latest(dir, name, sizeof name, err);
+        if (have <= 0) return have < 0 ? -1 : err_set(err, "%s: cannot open: no such file", path); /* gone meanwhile */
         snprintf(out, n, "%s/%s", dir, name);
         return 0;
     }

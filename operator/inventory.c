@@ -336,12 +336,19 @@ static const char *controller_uid(const cJSON *pod) {
     return NULL;
 }
 
+/* Whether a pod holds GPUs (inv_pod_holds, inv_pod_gpus > 0), with e its place and GPUs. */
+static bool pod_held(const cJSON *pod, held_pod *e) {
+    if (!inv_pod_holds(pod)) return false;
+    *e = (held_pod){.bound = str_item(item(pod, "spec"), "nodeName"), .gpus = inv_pod_gpus(pod)};
+    if (e->gpus <= 0) return false;
+    if (!e->bound) inv_pod_pinned(pod, &e->host, &e->name);
+    return true;
+}
+
 void *inv_pod_digest(const cJSON *pod) {
-    if (!inv_pod_holds(pod)) return NULL;
-    long gpus = inv_pod_gpus(pod);
-    if (gpus <= 0) return NULL;
-    const char *s[4] = {str_item(item(pod, "spec"), "nodeName"), NULL, NULL, controller_uid(pod)};
-    if (!s[0]) inv_pod_pinned(pod, &s[1], &s[2]);
+    held_pod e;
+    if (!pod_held(pod, &e)) return NULL;
+    const char *s[4] = {e.bound, e.host, e.name, controller_uid(pod)};
     size_t len = sizeof(inv_held);
     for (int i = 0; i < 4; i++) len += s[i] ? strlen(s[i]) + 1 : 0;
     inv_held *h = xmalloc(len);
@@ -356,7 +363,7 @@ void *inv_pod_digest(const cJSON *pod) {
         p += n;
     }
     if (!h->owner) h->owner = "";
-    h->gpus = gpus;
+    h->gpus = e.gpus;
     return h;
 }
 
@@ -383,12 +390,7 @@ static held_pod *held_pods(const inv_constraints *c, int *n) {
     const cJSON *p, *pods = c->held ? NULL : c->pods;
     cJSON_ArrayForEach(p, pods) {
         const char *owner = controller_uid(p);
-        if (!inv_pod_holds(p) || (own && owner && !strcmp(owner, own))) continue;
-        long gpus = inv_pod_gpus(p);
-        if (gpus <= 0) continue;
-        held_pod e = {.bound = str_item(item(p, "spec"), "nodeName"), .gpus = gpus};
-        if (!e.bound) inv_pod_pinned(p, &e.host, &e.name);
-        h[(*n)++] = e;
+        if (!(own && owner && !strcmp(owner, own)) && pod_held(p, &h[*n])) (*n)++;
     }
     qsort(h, (size_t)*n, sizeof *h, by_key);
     return h;

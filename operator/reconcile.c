@@ -67,23 +67,18 @@ static int resolve_model(const cJSON *spec_model, model_spec *m, err_t *err) {
 }
 
 /* The job's usable GPUs: the Nodes filtered by spec.gpus (inventory.h), without the maxGPUs cap
- * (job_inv); with pods (PodList items of every namespace), the free ones only: less those the pods
- * hold, but the pods of the job own_uid. 0, or -1 with the error set (no usable GPU: the error says why). */
-/* job_cluster with the pods' digests (inv_pod_digest) when held is not NULL. */
-static int job_cluster_held(const rec_config *rc, const cJSON *nodes, const cJSON *spec, const cJSON *pods,
-                            const inv_held *const *held, int n_held, const char *own_uid, cluster *cl,
-                            inv_result *inv, err_t *err) {
+ * (job_inv); with pods (PodList items of every namespace) or their digests (held, inv_pod_digest),
+ * the free ones only: less those the pods hold, but the pods of the job own_uid. 0, or -1 with
+ * the error set (no usable GPU: the error says why). */
+static int job_cluster(const rec_config *rc, const cJSON *nodes, const cJSON *spec, const cJSON *pods,
+                       const inv_held *const *held, int n_held, const char *own_uid, cluster *cl, inv_result *inv,
+                       err_t *err) {
     const cJSON *gpus = get(spec, "gpus");
     inv_constraints c = {.allowed_products = get(gpus, "allowedProducts"),
                          .node_selector = get(gpus, "nodeSelector"), .archs = rc->worker_archs,
                          .pods = pods, .held = held, .n_held = n_held, .own_uid = own_uid,
                          .tolerations = get(spec, "tolerations")};
     return inv_build(get(nodes, "items"), &c, cl, inv, err);
-}
-
-static int job_cluster(const rec_config *rc, const cJSON *nodes, const cJSON *spec, const cJSON *pods,
-                       const char *own_uid, cluster *cl, inv_result *inv, err_t *err) {
-    return job_cluster_held(rc, nodes, spec, pods, NULL, 0, own_uid, cl, inv, err);
 }
 
 static uint64_t fnv1a(uint64_t h, const void *p, size_t n) {
@@ -777,8 +772,8 @@ static const job_inv *job_inv_of(rec_ctx *x, bool free_only) {
             held = xmalloc((size_t)(bv->n + 1) * sizeof *held);
             for (int i = 0; i < bv->n; i++) held[i] = cache_view_digest(bv, i);
         }
-        j->rc = job_cluster_held(x->c, x->nodes, x->spec, free_only && !held ? get(x->busy, "items") : NULL, held,
-                                 held ? bv->n : 0, kube_meta_str(x->job, "uid"), &j->cl, &j->r, &j->err);
+        j->rc = job_cluster(x->c, x->nodes, x->spec, free_only && !held ? get(x->busy, "items") : NULL, held,
+                            held ? bv->n : 0, kube_meta_str(x->job, "uid"), &j->cl, &j->r, &j->err);
         free(held);
         j->built = true;
     }
@@ -1177,7 +1172,7 @@ static bool shares_nodes(rec_ctx *x, const cJSON *other) {
     cluster cl;
     inv_result r;
     err_t e;
-    if (job_cluster(x->c, x->nodes, get(other, "spec"), NULL, NULL, &cl, &r, &e) < 0) return false;
+    if (job_cluster(x->c, x->nodes, get(other, "spec"), NULL, NULL, 0, NULL, &cl, &r, &e) < 0) return false;
     bool shared = false;
     const cJSON *rank;
     cJSON_ArrayForEach(rank, get(x->plan_doc, "ranks"))

@@ -92,15 +92,19 @@ static void device_type_name(cluster_device *d) {
 
 /* ---- building in code ---- */
 
+/* A name that fits a node and a positive bandwidth: what both ways of adding a node check. */
+static bool node_fits(const cluster *c, const char *name, double network_gbps) {
+    return name && name[0] && strlen(name) < sizeof c->nodes[0].name && network_gbps > 0;
+}
+
 int cluster_add_node(cluster *c, const char *name, double network_gbps) {
-    if (!name || !name[0] || strlen(name) >= sizeof c->nodes[0].name) return -1;
-    if (!(network_gbps > 0) || node_name_taken(c, name)) return -1;
+    if (!node_fits(c, name, network_gbps) || node_name_taken(c, name)) return -1;
     push_node(c, name, network_gbps, CLUSTER_DEFAULT_INTRA_GBPS);
     return 0;
 }
 
 int cluster_add_sorted_node(cluster *c, const char *name, double network_gbps) {
-    if (!name || !name[0] || strlen(name) >= sizeof c->nodes[0].name || !(network_gbps > 0)) return -1;
+    if (!node_fits(c, name, network_gbps)) return -1;
     if (c->n_nodes > 0 && strcmp(c->nodes[c->n_nodes - 1].name, name) >= 0) return -1;
     push_node(c, name, network_gbps, CLUSTER_DEFAULT_INTRA_GBPS);
     return 0;
