@@ -50,9 +50,11 @@ else
 endif
 
 WARN := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes
-# the source folders (docs/development.md, "Layout"); every header is included by its name alone
-SRC_DIRS := common planner cli worker worker/devices worker/comm worker/model worker/files operator
-CPPFLAGS := $(addprefix -I,$(SRC_DIRS)) -I$(BUILD)/gen -D_POSIX_C_SOURCE=200809L -DCEPHALO_HAVE_CUDA=$(HAVE_CUDA)
+# Headers are included by their path (docs/development.md, "Layout"): "common/log.h", "planner/model.h",
+# and inside the worker by its layer, "model/train.h" (-Iworker), so that the planner's model.h and
+# the worker's model/ cannot be confused.
+INC_DIRS := . worker
+CPPFLAGS := $(addprefix -I,$(INC_DIRS)) -I$(BUILD)/gen -D_POSIX_C_SOURCE=200809L -DCEPHALO_HAVE_CUDA=$(HAVE_CUDA)
 CFLAGS := -std=c17 $(OPT) $(WARN) -fopenmp -MMD -MP
 # OpenBLAS's OpenMP build, linked by path: inside our own parallel regions it runs single-threaded
 # instead of oversubscribing the cores (the pthread build would spawn its own threads).
@@ -68,7 +70,7 @@ LIB := $(BUILD)/libcephalo-plan.a
 CLI_SRC := $(filter-out cli/main.c,$(wildcard cli/*.c))
 CLILIB := $(BUILD)/libcephalo-cli.a
 CLI := $(BUILD)/bin/cephalo
-WORKER_SRC := $(filter-out worker/main.c worker/comm/comm_nccl.c,$(wildcard worker/*.c worker/*/*.c))
+WORKER_SRC := $(filter-out worker/cmd/main.c worker/comm/comm_nccl.c,$(wildcard worker/*/*.c))
 WLIB := $(BUILD)/libcephalo-worker.a
 WORKER := $(BUILD)/bin/cephalo-worker
 # the operator: its Kubernetes client, inventory and reconcile (libcurl) in a library that the
@@ -105,7 +107,7 @@ NVCC_GENCODE := $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a
                 $(if $(CUDA_ARCHS_NEWEST),-gencode arch=compute_$(CUDA_ARCHS_NEWEST)$(comma)code=compute_$(CUDA_ARCHS_NEWEST))
 # flags of every CUDA compile (the build's and cuda-check's); -Wno-deprecated-gpu-targets: nvcc
 # 12.8+ warns that sm_60-70 are deprecated, which --Werror would turn into an error
-NVCC_COMMON := -std=c++17 -O3 -lineinfo $(addprefix -I,$(SRC_DIRS)) -DCEPHALO_HAVE_CUDA=1 \
+NVCC_COMMON := -std=c++17 -O3 -lineinfo $(addprefix -I,$(INC_DIRS)) -DCEPHALO_HAVE_CUDA=1 \
                --Werror all-warnings -Wno-deprecated-gpu-targets -Xcompiler -Wall,-Wextra,-Werror \
                -MMD -MP
 NVCCFLAGS := $(NVCC_COMMON) $(NVCC_GENCODE) -DCEPHALO_CUDA_ARCHS='"$(CUDA_ARCHS)"'
@@ -186,7 +188,7 @@ $(CLI): $(BUILD)/cli/main.o $(CLILIB) $(WLIB) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDSAN) -o $@ $^ $(LDLIBS)
 
-$(WORKER): $(BUILD)/worker/main.o $(WLIB) $(LIB)
+$(WORKER): $(BUILD)/worker/cmd/main.o $(WLIB) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDSAN) -o $@ $^ $(LDLIBS)
 
@@ -202,7 +204,7 @@ $(BUILD)/cuda/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CUDA_INC) $(CFLAGS) -c $< -o $@
 
-$(WORKER_CUDA): $(BUILD)/worker/main.o $(CUDA_OBJ) $(WLIB) $(LIB)
+$(WORKER_CUDA): $(BUILD)/worker/cmd/main.o $(CUDA_OBJ) $(WLIB) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) -o $@ $^ $(LDLIBS) $(CUDA_LDLIBS)
 
@@ -296,7 +298,7 @@ bench: deps $(BENCH) $(CLI) $(WORKER) $(BENCH_TOK)
 FUZZ_BUILD := build/fuzz
 FUZZ_CFLAGS := -std=c17 -g -O1 -fsanitize=fuzzer,address,undefined $(CPPFLAGS) -Wall -Wextra -Werror
 # The parsers fuzzed need neither BLAS nor OpenMP: only these worker modules are linked in.
-FUZZ_WORKER_SRC := $(wildcard worker/files/safetensors.c worker/files/data.c worker/files/tokenizer.c worker/files/unicode_tab.c)
+FUZZ_WORKER_SRC := $(wildcard worker/formats/*.c)
 # the watch-stream parser alone: it has no libcurl dependency (the loop is in watch_loop.c)
 FUZZ_OPERATOR_SRC := $(wildcard operator/watch.c)
 $(FUZZ_BUILD)/%: fuzz/%.c $(COMMON_SRC) $(PLANNER_SRC) $(CLI_SRC) $(FUZZ_WORKER_SRC) $(FUZZ_OPERATOR_SRC) | $(VERSION_H)

@@ -17,7 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "comm.h"
+#include "comm/comm.h"
 
 #define ITERS 5
 

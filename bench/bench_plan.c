@@ -8,11 +8,11 @@
 #include <string.h>
 #include <time.h>
 
-#include "cluster.h"
-#include "cost.h"
-#include "log.h"
+#include "common/log.h"
 #include "paper_dp.h"
-#include "plan.h"
+#include "planner/cluster.h"
+#include "planner/cost.h"
+#include "planner/plan.h"
 
 typedef struct pool {
     const char *type;

@@ -7,7 +7,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "tokenizer.h"
+#include "formats/tokenizer.h"
 
 static double now_s(void) {
     struct timespec ts;

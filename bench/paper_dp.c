@@ -11,7 +11,7 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "log.h"
+#include "common/log.h"
 
 typedef struct choice {
     short m, l;

@@ -3,7 +3,7 @@
 #ifndef CEPHALO_PAPER_DP_H
 #define CEPHALO_PAPER_DP_H
 
-#include "cost.h"
+#include "planner/cost.h"
 
 /* Fills batch/micro per rank (arrays of cm->cl->n_devices); returns its objective (ms) or
  * INFINITY when it finds no plan. */

@@ -1,6 +1,6 @@
 /* data_cmd.c - `cephalo data`: text to llm.c token shards, byte-level or with a Hugging Face
  * tokenizer.json (docs/data.md, docs/tokenizer.md), and synthetic CIMG image files. */
-#include "data_cmd.h"
+#include "cli/data_cmd.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -11,11 +11,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "data.h"
-#include "fileio.h"
-#include "log.h"
-#include "strutil.h"
-#include "tokenizer.h"
+#include "common/fileio.h"
+#include "common/log.h"
+#include "common/strutil.h"
+#include "formats/data.h"
+#include "formats/tokenizer.h"
 
 #define EXIT_BAD_INPUT 2
 

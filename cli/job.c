@@ -2,7 +2,7 @@
  * names the file, the line and the field ("job.yaml:7: optimizer.lr: expected a number, got 'x'").
  * The local devices are turned into a cluster file text and loaded by the cluster parser, so that
  * a job plans exactly like `cephalo plan --cluster` on the same devices. */
-#include "job.h"
+#include "cli/job.h"
 
 #include <ctype.h>
 #include <stdio.h>
@@ -12,10 +12,10 @@
 #include <arpa/inet.h>
 #include <sys/socket.h>
 
-#include "gpu.h"
-#include "log.h"
-#include "strutil.h"
-#include "yaml_tree.h"
+#include "common/log.h"
+#include "common/strutil.h"
+#include "common/yaml_tree.h"
+#include "planner/gpu.h"
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
 #define MIN_MEMORY (1 << 20)

@@ -18,12 +18,12 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "cluster.h"
-#include "err.h"
-#include "model.h"
-#include "plan.h"
-#include "schedule.h"
-#include "precision.h"
+#include "common/err.h"
+#include "common/precision.h"
+#include "common/schedule.h"
+#include "planner/cluster.h"
+#include "planner/model.h"
+#include "planner/plan.h"
 
 #define JOB_MAX_DEVICES 256 /* one worker process each, on this machine */
 #define JOB_NAME_MAX 63

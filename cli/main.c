@@ -8,19 +8,19 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "cluster.h"
-#include "fileio.h"
-#include "cost.h"
-#include "data_cmd.h"
-#include "gpu.h"
-#include "inputs.h"
-#include "model.h"
-#include "plan.h"
-#include "profile_cmd.h"
-#include "profile_store.h"
-#include "run.h"
-#include "strutil.h"
-#include "version.h"
+#include "cli/data_cmd.h"
+#include "cli/profile_cmd.h"
+#include "cli/run.h"
+#include "common/fileio.h"
+#include "common/strutil.h"
+#include "common/version.h"
+#include "planner/cluster.h"
+#include "planner/cost.h"
+#include "planner/gpu.h"
+#include "planner/inputs.h"
+#include "planner/model.h"
+#include "planner/plan.h"
+#include "planner/profile_store.h"
 
 #define EXIT_INFEASIBLE 3
 #define EXIT_BAD_INPUT 2

@@ -1,6 +1,6 @@
 /* profile_cmd.c - `cephalo profile` (see profile_cmd.h and docs/profile.md). */
-#include "profile_cmd.h"
-#include "run.h"
+#include "cli/profile_cmd.h"
+#include "cli/run.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -12,15 +12,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "clock.h"
-#include "fileio.h"
-#include "inputs.h"
-#include "job.h"
-#include "log.h"
-#include "model.h"
-#include "profile.h"
-#include "profile_store.h"
-#include "strutil.h"
+#include "cli/job.h"
+#include "common/clock.h"
+#include "common/fileio.h"
+#include "common/log.h"
+#include "common/strutil.h"
+#include "planner/inputs.h"
+#include "planner/model.h"
+#include "planner/profile.h"
+#include "planner/profile_store.h"
 
 extern char **environ;
 

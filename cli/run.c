@@ -10,8 +10,8 @@
  * plain loop; the signal handlers only set flags. The first worker leads the process group; its exit is observed with WNOWAIT and it is
  * reaped only at the very end, so that its pid (the group's id) cannot be reused by an unrelated
  * process while we may still signal the group. */
-#include "clock.h"
-#include "run.h"
+#include "cli/run.h"
+#include "common/clock.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -30,13 +30,13 @@
 #include <sys/prctl.h>
 #endif
 
-#include "ckpt_dir.h"
-#include "dirlock.h"
-#include "fileio.h"
-#include "inputs.h"
-#include "job.h"
-#include "log.h"
-#include "run_view.h"
+#include "cli/job.h"
+#include "cli/run_view.h"
+#include "common/ckpt_dir.h"
+#include "common/dirlock.h"
+#include "common/fileio.h"
+#include "common/log.h"
+#include "planner/inputs.h"
 
 extern char **environ;
 

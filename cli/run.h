@@ -6,7 +6,7 @@
 
 #include <stdbool.h>
 
-#include "err.h"
+#include "common/err.h"
 
 enum { RUN_EXIT_FAILED = 1, RUN_EXIT_BAD_INPUT = 2, RUN_EXIT_INFEASIBLE = 3, RUN_EXIT_INTERRUPTED = 130 };
 

@@ -4,8 +4,8 @@
  * The logs are read with plain read() from where the last poll stopped. A worker may be caught in
  * the middle of writing a line: the text after the last newline is kept and completed by the next
  * poll, never parsed half. */
-#include "clock.h"
-#include "run_view.h"
+#include "cli/run_view.h"
+#include "common/clock.h"
 
 #include <fcntl.h>
 #include <math.h>
@@ -18,10 +18,10 @@
 
 #include <cjson/cJSON.h>
 
-#include "ckpt_dir.h"
-#include "fileio.h"
-#include "log.h"
-#include "strutil.h"
+#include "common/ckpt_dir.h"
+#include "common/fileio.h"
+#include "common/log.h"
+#include "common/strutil.h"
 
 #define PATH_LEN 4200
 #define SHOW_EVERY_S 1.0

@@ -7,9 +7,9 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "err.h"
-#include "job.h"
-#include "plan.h"
+#include "cli/job.h"
+#include "common/err.h"
+#include "planner/plan.h"
 
 /* One rank, as far as its log has been read. */
 typedef struct view_rank {

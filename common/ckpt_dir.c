@@ -1,5 +1,5 @@
 /* ckpt_dir.c - see ckpt_dir.h. */
-#include "ckpt_dir.h"
+#include "common/ckpt_dir.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -11,8 +11,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "fileio.h"
-#include "log.h"
+#include "common/fileio.h"
+#include "common/log.h"
 
 #define PATH_MAX_LEN 4400 /* a directory of up to 4096 bytes and a name */
 #define SUFFIX ".safetensors"

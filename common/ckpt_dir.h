@@ -13,7 +13,7 @@
 
 #include <stdbool.h>
 
-#include "err.h"
+#include "common/err.h"
 
 typedef struct ckpt_entry {
     long long step;

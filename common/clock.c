@@ -1,5 +1,5 @@
 /* clock.c - the monotonic clock. */
-#include "clock.h"
+#include "common/clock.h"
 
 #include <time.h>
 

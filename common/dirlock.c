@@ -1,5 +1,5 @@
 /* dirlock.c - see dirlock.h. */
-#include "dirlock.h"
+#include "common/dirlock.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -8,7 +8,7 @@
 #include <sys/file.h>
 #include <unistd.h>
 
-#include "log.h"
+#include "common/log.h"
 
 /* "pid 123 host node-a" as the holder wrote it, or a note that it has not yet. */
 static void read_holder(int fd, char *out, size_t n) {

@@ -8,7 +8,7 @@
 #ifndef CEPHALO_DIRLOCK_H
 #define CEPHALO_DIRLOCK_H
 
-#include "err.h"
+#include "common/err.h"
 
 #define DIRLOCK_FILE ".lock"
 

@@ -1,7 +1,7 @@
 /* realpath() is XSI, beyond the POSIX base the build selects */
 #define _XOPEN_SOURCE 700
 
-#include "fileio.h"
+#include "common/fileio.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -12,7 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "log.h"
+#include "common/log.h"
 
 char *file_read_all(const char *path, size_t max_bytes, size_t *len_out, err_t *err) {
     FILE *f = fopen(path, "rb");

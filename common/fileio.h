@@ -6,7 +6,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "err.h"
+#include "common/err.h"
 
 /* Reads the file into a fresh buffer (caller frees); refuses files above max_bytes. The buffer
  * has one extra NUL byte after len so text parsers may treat it as a string. */

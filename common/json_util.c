@@ -1,4 +1,4 @@
-#include "json_util.h"
+#include "common/json_util.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -9,9 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fileio.h"
-#include "log.h"
-#include "strutil.h"
+#include "common/fileio.h"
+#include "common/log.h"
+#include "common/strutil.h"
 
 /* Strings quoted in messages are cut here so that one long value cannot crowd out the rest. */
 #define JSON_MSG_TEXT 48

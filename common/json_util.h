@@ -20,7 +20,7 @@
 
 #include <cjson/cJSON.h>
 
-#include "err.h"
+#include "common/err.h"
 
 /* Files larger than this are refused before parsing. */
 #define JSON_MAX_FILE ((size_t)256 << 20)

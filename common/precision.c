@@ -1,5 +1,5 @@
 /* precision.c - names of the training precisions (precision.h). */
-#include "precision.h"
+#include "common/precision.h"
 
 #include <string.h>
 

@@ -1,5 +1,5 @@
 /* schedule.c - the learning-rate schedules (schedule.h). */
-#include "schedule.h"
+#include "common/schedule.h"
 
 #include <math.h>
 #include <string.h>

@@ -1,5 +1,5 @@
-#include "strutil.h"
-#include "log.h"
+#include "common/log.h"
+#include "common/strutil.h"
 
 #include <ctype.h>
 #include <errno.h>

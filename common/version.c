@@ -1,6 +1,6 @@
 /* version.c - the build's version (version.h); the strings come from the generated
  * cephalo_build_version.h (Makefile: VERSION + git describe). */
-#include "version.h"
+#include "common/version.h"
 
 #include <stdio.h>
 #include <stdlib.h>

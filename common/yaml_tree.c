@@ -1,4 +1,4 @@
-#include "yaml_tree.h"
+#include "common/yaml_tree.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -6,9 +6,9 @@
 #include <string.h>
 #include <yaml.h>
 
-#include "fileio.h"
-#include "log.h"
-#include "strutil.h"
+#include "common/fileio.h"
+#include "common/log.h"
+#include "common/strutil.h"
 
 #define YTREE_MAX_DEPTH 64
 #define YTREE_MAX_FILE (64u << 20)

@@ -12,7 +12,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "err.h"
+#include "common/err.h"
 
 typedef enum { YNODE_SCALAR, YNODE_SEQ, YNODE_MAP } ynode_kind;
 

@@ -11,7 +11,7 @@
 
 #include <cjson/cJSON.h>
 
-#include "tokenizer.h"
+#include "formats/tokenizer.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -1,7 +1,7 @@
 /* cache.c - stores of watched objects (cache.h). A flat array searched by key: a store holds the
  * operator's jobs, their pods and plans, and the cluster's nodes and busy pods — hundreds to a few
  * thousand objects, looked up once per event or per reconcile. */
-#include "cache.h"
+#include "operator/cache.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -10,8 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kube.h"
-#include "log.h"
+#include "common/log.h"
+#include "operator/kube.h"
 
 /* A stored object, never changed once stored (a newer version replaces it): the store holds one
  * reference, each view another, and the last one frees it. */

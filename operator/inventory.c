@@ -1,5 +1,5 @@
 /* inventory.c - Nodes -> planner cluster (inventory.h). */
-#include "inventory.h"
+#include "operator/inventory.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -7,10 +7,10 @@
 #include <string.h>
 #include <strings.h>
 
-#include "gpu.h"
-#include "kube.h"
-#include "log.h"
-#include "strutil.h"
+#include "common/log.h"
+#include "common/strutil.h"
+#include "operator/kube.h"
+#include "planner/gpu.h"
 
 
 static const char *label(const cJSON *node, const char *key) {

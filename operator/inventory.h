@@ -19,8 +19,8 @@
 
 #include <cjson/cJSON.h>
 
-#include "cluster.h"
-#include "err.h"
+#include "common/err.h"
+#include "planner/cluster.h"
 
 #define INV_LABEL_PRODUCT "nvidia.com/gpu.product"
 #define INV_LABEL_MEMORY "nvidia.com/gpu.memory"

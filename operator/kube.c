@@ -1,6 +1,6 @@
 /* kube.c - requests to the Kubernetes API over libcurl: TLS against the cluster CA, bearer tokens
  * re-read from their file, JSON in and out, errors carrying the API's Status message. */
-#include "kube.h"
+#include "operator/kube.h"
 
 #include <ctype.h>
 #include <pthread.h>
@@ -11,10 +11,10 @@
 
 #include <curl/curl.h>
 
-#include "clock.h"
-#include "fileio.h"
-#include "log.h"
-#include "strutil.h"
+#include "common/clock.h"
+#include "common/fileio.h"
+#include "common/log.h"
+#include "common/strutil.h"
 
 /* Events remembered for count bumps; older ones fall out round-robin (a repeat after that makes
  * a new Event, which is what the API's own event TTL would do anyway). */

@@ -23,7 +23,7 @@
 
 #include <cjson/cJSON.h>
 
-#include "err.h"
+#include "common/err.h"
 
 /* The service account directory of a pod (token, ca.crt, namespace). */
 #define KUBE_SA_DIR "/var/run/secrets/kubernetes.io/serviceaccount"

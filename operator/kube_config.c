@@ -1,6 +1,6 @@
 /* kube_config.c - where the API server is and how to authenticate: the in-cluster service
  * account, or a kubeconfig file (current-context or a named one). No network here. */
-#include "kube.h"
+#include "operator/kube.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -8,9 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fileio.h"
-#include "log.h"
-#include "yaml_tree.h"
+#include "common/fileio.h"
+#include "common/log.h"
+#include "common/yaml_tree.h"
 
 /* Kubeconfigs and service account files are small; anything bigger is not one. */
 #define KUBE_MAX_CONFIG ((size_t)16 << 20)

@@ -1,5 +1,5 @@
 /* lease.c - leader election on a coordination.k8s.io/v1 Lease (see lease.h for the rules). */
-#include "lease.h"
+#include "operator/lease.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -7,8 +7,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "clock.h"
-#include "log.h"
+#include "common/clock.h"
+#include "common/log.h"
 
 int lease_init(lease_elector *e, kube_client *k, const lease_opts *o, err_t *err) {
     memset(e, 0, sizeof *e);

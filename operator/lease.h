@@ -15,8 +15,8 @@
 
 #include <stdbool.h>
 
-#include "err.h"
-#include "kube.h"
+#include "common/err.h"
+#include "operator/kube.h"
 
 typedef struct lease_opts {
     const char *namespace; /* NULL: the client's namespace */

@@ -32,17 +32,17 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "clock.h"
-#include "err.h"
-#include "kube.h"
-#include "lease.h"
-#include "log.h"
-#include "inventory.h"
-#include "planning.h"
-#include "reconcile.h"
-#include "strutil.h"
-#include "version.h"
-#include "watch.h"
+#include "common/clock.h"
+#include "common/err.h"
+#include "common/log.h"
+#include "common/strutil.h"
+#include "common/version.h"
+#include "operator/inventory.h"
+#include "operator/kube.h"
+#include "operator/lease.h"
+#include "operator/planning.h"
+#include "operator/reconcile.h"
+#include "operator/watch.h"
 
 #define OP_RESYNC_S 30.0 /* every known job is reconciled again this often */
 #define OP_SETTLE_S 1.0 /* GPUs freed: the waiting jobs look this long after the first change */

@@ -1,5 +1,5 @@
 /* model_source.c - spec.model.initFrom: a Hugging Face directory on a volume (model_source.h). */
-#include "model_source.h"
+#include "operator/model_source.h"
 
 #include <stdio.h>
 #include <stdlib.h>

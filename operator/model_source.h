@@ -17,9 +17,9 @@
 
 #include <cjson/cJSON.h>
 
-#include "err.h"
-#include "kube.h"
-#include "model.h"
+#include "common/err.h"
+#include "operator/kube.h"
+#include "planner/model.h"
 
 #define MSRC_MOUNT "/cephalo/init" /* where the worker pods mount the volume */
 #define MSRC_VOLUME "init-from"    /* the pod volume's name */

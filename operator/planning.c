@@ -1,5 +1,5 @@
 /* planning.c - the planning pool (planning.h): worker threads, one task per key. */
-#include "planning.h"
+#include "operator/planning.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -7,7 +7,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "log.h"
+#include "common/log.h"
 
 typedef enum { TASK_QUEUED, TASK_RUNNING, TASK_DONE } task_state;
 

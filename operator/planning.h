@@ -18,7 +18,7 @@
 
 #include <stdbool.h>
 
-#include "err.h"
+#include "common/err.h"
 
 #define PLANNING_KEY_MAX 320 /* "namespace/name" */
 #define PLANNING_ID_MAX 256

@@ -1,5 +1,5 @@
 /* progress.c - a training job's progress from its workers' /metrics (progress.h). */
-#include "progress.h"
+#include "operator/progress.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -7,7 +7,7 @@
 
 #include <curl/curl.h>
 
-#include "strutil.h"
+#include "common/strutil.h"
 
 #define PROGRESS_MAX_BYTES (1 << 20) /* a worker's exposition is a few KiB */
 

@@ -13,7 +13,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "err.h"
+#include "common/err.h"
 
 typedef struct worker_progress {
     bool have_step, have_ckpt, have_loss, have_rate;

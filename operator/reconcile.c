@@ -1,5 +1,5 @@
 /* reconcile.c - one CephaloJob reconciled (reconcile.h). */
-#include "reconcile.h"
+#include "operator/reconcile.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -9,18 +9,18 @@
 #include <string.h>
 #include <time.h>
 
-#include "cache.h"
-#include "clock.h"
-#include "inputs.h"
-#include "inventory.h"
-#include "json_util.h"
-#include "log.h"
-#include "model.h"
-#include "model_source.h"
-#include "plan.h"
-#include "profile_store.h"
-#include "progress.h"
-#include "version.h"
+#include "common/clock.h"
+#include "common/json_util.h"
+#include "common/log.h"
+#include "common/version.h"
+#include "operator/cache.h"
+#include "operator/inventory.h"
+#include "operator/model_source.h"
+#include "operator/progress.h"
+#include "planner/inputs.h"
+#include "planner/model.h"
+#include "planner/plan.h"
+#include "planner/profile_store.h"
 
 static const cJSON *get(const cJSON *o, const char *k) { return cJSON_GetObjectItemCaseSensitive(o, k); }
 static const char *get_str(const cJSON *o, const char *k, const char *def) {

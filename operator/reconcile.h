@@ -47,11 +47,11 @@
 #ifndef CEPHALO_RECONCILE_H
 #define CEPHALO_RECONCILE_H
 
-#include "cache.h"
-#include "err.h"
-#include "inventory.h"
-#include "kube.h"
-#include "planning.h"
+#include "common/err.h"
+#include "operator/cache.h"
+#include "operator/inventory.h"
+#include "operator/kube.h"
+#include "operator/planning.h"
 
 #define REC_API_VERSION "cephalo.dev/v1alpha1"
 #define REC_LABEL_JOB "cephalo.dev/job"

@@ -1,14 +1,14 @@
 /* watch.c - the watch-stream parser: newline-delimited JSON events fed in arbitrary pieces.
  * No network here (fuzz/fuzz_watch.c links this file alone with common/). */
-#include "watch.h"
+#include "operator/watch.h"
 
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "log.h"
-#include "strutil.h"
+#include "common/log.h"
+#include "common/strutil.h"
 
 static const char *const type_names[] = {"ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR"};
 

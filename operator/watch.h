@@ -23,7 +23,7 @@
 
 #include <cjson/cJSON.h>
 
-#include "err.h"
+#include "common/err.h"
 
 /* Longest event line accepted by default: objects are limited to ~1.5 MiB by etcd; 16 MiB
  * leaves room for large objects JSON-escaped and still bounds memory on a runaway stream. */

@@ -1,6 +1,6 @@
 /* watch_loop.c - list+watch with resourceVersion, bookmarks, relist on 410 Gone and reconnects
  * with exponential backoff and jitter (the reflector of client-go, in small). */
-#include "watch.h"
+#include "operator/watch.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -8,9 +8,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "clock.h"
-#include "kube.h"
-#include "log.h"
+#include "common/clock.h"
+#include "common/log.h"
+#include "operator/kube.h"
 
 /* List pages: big clusters answer a few pages instead of one huge body. */
 #define WATCH_LIST_PAGE 500

@@ -3,15 +3,15 @@
  * The file is read into a yaml_tree first, so every error can name the file, the line and the
  * field path ("cluster.yaml:5: nodes[0].gpus[1].type: ..."). The result is flattened into one
  * device per rank: nodes in file order, then each gpus item `count` times. */
-#include "cluster.h"
+#include "planner/cluster.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "log.h"
-#include "yaml_tree.h"
+#include "common/log.h"
+#include "common/yaml_tree.h"
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
 #define MAX_COUNT 4096 /* devices per gpus item */

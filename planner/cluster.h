@@ -16,8 +16,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "err.h"
-#include "gpu.h"
+#include "common/err.h"
+#include "planner/gpu.h"
 
 #define CLUSTER_DEFAULT_NETWORK_GBPS 25.0
 #define CLUSTER_DEFAULT_INTRA_GBPS 100.0

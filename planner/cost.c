@@ -1,15 +1,15 @@
 /* cost.c - per-device compute costs (profiled or analytic), compute memory and collectives.
  * docs/cost-model.md explains each estimate. */
-#include "cost.h"
+#include "planner/cost.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine_mem.h"
-#include "log.h"
-#include "nccl_budget.h"
+#include "common/log.h"
+#include "common/nccl_budget.h"
+#include "planner/engine_mem.h"
 
 /* Analytic estimate knobs (replaced by measurements when a profile is given). */
 #define EFF_MAX_GPU 0.65 /* best fraction of peak a large matmul reaches */

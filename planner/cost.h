@@ -19,11 +19,11 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "cluster.h"
-#include "err.h"
-#include "model.h"
-#include "precision.h"
-#include "profile.h"
+#include "common/err.h"
+#include "common/precision.h"
+#include "planner/cluster.h"
+#include "planner/model.h"
+#include "planner/profile.h"
 
 #define STATE_BYTES_PER_PARAM 16 /* fp32 Adam: 4 param + 4 grad + 8 moments (16-bit: ZeRO's 2+2+12) */
 #define UNEVEN_COMM_FACTOR 1.15

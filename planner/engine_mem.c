@@ -1,6 +1,6 @@
 /* engine_mem.c - the trainer's device memory, shared by the planner's prediction and the
  * engine's allocations (see engine_mem.h). */
-#include "engine_mem.h"
+#include "planner/engine_mem.h"
 
 int engine_qkv_width(const model_spec *m) {
     int hd = m->d_model / m->n_head;

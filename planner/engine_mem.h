@@ -11,8 +11,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "model.h"
-#include "precision.h"
+#include "common/precision.h"
+#include "planner/model.h"
 
 #define ENGINE_HEAD_CHUNK_ROWS 256 /* logits rows the fused head materialises at once */
 

@@ -5,12 +5,12 @@
  * when no profile exists, so a few percent off does not change a plan's shape; where the Cephalo
  * paper quotes a figure (P40, P100, V100) we use the paper's so that our estimates reproduce its
  * tables. */
-#include "gpu.h"
+#include "planner/gpu.h"
 
 #include <stdio.h>
 #include <string.h>
 
-#include "strutil.h"
+#include "common/strutil.h"
 
 /* Tensor columns are dense rates with fp32 accumulation, which mixed-precision training uses.
  * Professional parts run fp16 and bf16 with fp32 accumulation at the full tensor rate; GeForce

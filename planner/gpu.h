@@ -11,8 +11,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "err.h"
-#include "precision.h"
+#include "common/err.h"
+#include "common/precision.h"
 
 typedef struct gpu_spec {
     const char *name; /* canonical catalog name, e.g. "A100-80GB" */

@@ -1,13 +1,13 @@
 /* inputs.c - loading what a plan is made from, shared by `cephalo plan` and `cephalo run`. */
-#include "inputs.h"
+#include "planner/inputs.h"
 
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "profile_store.h"
+#include "planner/profile_store.h"
 
-#include "fileio.h"
+#include "common/fileio.h"
 
 /* The profile store, when it can be read and has the model; a store that cannot be read is
  * reported and left out (plans still work from estimates). */

@@ -13,12 +13,12 @@
 #include <stdbool.h>
 #include <stdio.h>
 
-#include "cluster.h"
-#include "cost.h"
-#include "err.h"
-#include "model.h"
-#include "plan.h"
-#include "profile.h"
+#include "common/err.h"
+#include "planner/cluster.h"
+#include "planner/cost.h"
+#include "planner/model.h"
+#include "planner/plan.h"
+#include "planner/profile.h"
 
 typedef struct plan_inputs {
     cluster cl; /* filled by the caller */

@@ -1,14 +1,14 @@
 /* model.c - built-in model shapes, unit parameter counts, FLOPs and activation bytes.
  * docs/cost-model.md derives every formula here. */
-#include "model.h"
+#include "planner/model.h"
 
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
 #include <sys/stat.h>
 
-#include "attn_limits.h"
-#include "strutil.h"
+#include "common/attn_limits.h"
+#include "common/strutil.h"
 
 #define GPT2_VOCAB 50257
 #define LLAMA_VOCAB 32000

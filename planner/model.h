@@ -10,7 +10,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "err.h"
+#include "common/err.h"
 
 typedef enum { ARCH_GPT, ARCH_LLAMA, ARCH_BERT, ARCH_VIT } model_arch;
 typedef enum { UNIT_EMBEDDING, UNIT_BLOCK, UNIT_HEAD } unit_kind;

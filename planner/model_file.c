@@ -15,8 +15,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "model.h"
-#include "yaml_tree.h"
+#include "common/yaml_tree.h"
+#include "planner/model.h"
 
 static const char *const model_keys[] = {
     "name", "base", "arch", "n_layer", "d_model", "n_head", "n_kv_head", "d_ff", "vocab",

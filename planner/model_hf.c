@@ -11,8 +11,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "json_util.h"
-#include "model.h"
+#include "common/json_util.h"
+#include "planner/model.h"
 
 typedef struct hf_ctx {
     json_ctx c;

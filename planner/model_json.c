@@ -3,7 +3,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "model_json.h"
+#include "planner/model_json.h"
 
 static const char *const ARCH_NAMES[] = {"gpt", "llama", "bert", "vit", NULL};
 

@@ -2,8 +2,8 @@
 #ifndef CEPHALO_MODEL_JSON_H
 #define CEPHALO_MODEL_JSON_H
 
-#include "json_util.h"
-#include "model.h"
+#include "common/json_util.h"
+#include "planner/model.h"
 
 cJSON *model_to_json(const model_spec *m);
 /* Reads the object written by model_to_json and validates the shapes; errors name the file

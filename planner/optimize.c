@@ -4,15 +4,15 @@
  * l*k(m) <= tb so that the batches sum to B (and the state fits). Feasibility is monotone in both
  * thresholds, and the optimum is tf + tb over the Pareto staircase of feasible pairs drawn from
  * the finite sets of achievable values. */
-#include "optimize.h"
+#include "planner/optimize.h"
 
 #include <math.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "clock.h"
-#include "log.h"
+#include "common/clock.h"
+#include "common/log.h"
 
 /* ---- bitsets over batch sums 0..B ---- */
 

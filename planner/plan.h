@@ -7,8 +7,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "cost.h"
-#include "err.h"
+#include "common/err.h"
+#include "planner/cost.h"
 
 #define PLAN_FORMAT "cephalo-plan"
 #define PLAN_VERSION 1

@@ -5,11 +5,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "log.h"
-#include "model_json.h"
-#include "plan.h"
-#include "strutil.h"
-#include "version.h"
+#include "common/log.h"
+#include "common/strutil.h"
+#include "common/version.h"
+#include "planner/model_json.h"
+#include "planner/plan.h"
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
 

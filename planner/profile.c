@@ -1,4 +1,4 @@
-#include "profile.h"
+#include "planner/profile.h"
 
 #include <limits.h>
 #include <math.h>
@@ -7,10 +7,10 @@
 #include <string.h>
 #include <strings.h>
 
-#include "gpu.h"
-#include "json_util.h"
-#include "log.h"
-#include "strutil.h"
+#include "common/json_util.h"
+#include "common/log.h"
+#include "common/strutil.h"
+#include "planner/gpu.h"
 
 /* Caps that keep a hostile file from making us allocate without bound; real profiles hold a few
  * hundred entries (device types x models x sequence lengths x precisions). */

@@ -32,8 +32,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "err.h"
-#include "precision.h"
+#include "common/err.h"
+#include "common/precision.h"
 
 #define PROFILE_FORMAT "cephalo-profile"
 #define PROFILE_VERSION 1

@@ -1,5 +1,5 @@
 /* profile_store.c - profile files out (JSON), merging, and the store (see profile_store.h). */
-#include "profile_store.h"
+#include "planner/profile_store.h"
 
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -7,9 +7,9 @@
 #include <string.h>
 #include <strings.h>
 
-#include "fileio.h"
-#include "log.h"
-#include "strutil.h"
+#include "common/fileio.h"
+#include "common/log.h"
+#include "common/strutil.h"
 
 /* ---- JSON out ---- */
 

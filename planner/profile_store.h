@@ -11,8 +11,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "err.h"
-#include "profile.h"
+#include "common/err.h"
+#include "planner/profile.h"
 
 /* The profile as JSON text (the caller frees it). */
 char *profile_to_json(const profile *p);

@@ -1,12 +1,12 @@
 /* state_split.c - water-filling and per-unit shard sizes (docs/optimizer.md, "State split"). */
-#include "state_split.h"
+#include "planner/state_split.h"
 
 #include <math.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "log.h"
+#include "common/log.h"
 
 int64_t split_balanced(int64_t numel, int n, int rank) {
     return numel / n + (rank < numel % n ? 1 : 0);

@@ -14,12 +14,12 @@
 #include <strings.h>
 #include <time.h>
 
-#include "clock.h"
-#include "log.h"
-#include "optimize.h"
-#include "plan.h"
-#include "state_split.h"
-#include "strutil.h"
+#include "common/clock.h"
+#include "common/log.h"
+#include "common/strutil.h"
+#include "planner/optimize.h"
+#include "planner/plan.h"
+#include "planner/state_split.h"
 
 static const char *const strategy_names[STRAT_COUNT] = {"cephalo", "fsdp", "whale", "cb", "mb"};
 

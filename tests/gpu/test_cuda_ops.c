@@ -27,7 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "device.h"
+#include "devices/device.h"
 
 #define U_FP32 (1.0 / 16777216.0) /* 2^-24: unit roundoff of fp32 (24-bit significand) */
 #define U_TF32 (1.0 / 1024.0)     /* 2^-10: TF32 keeps 10 mantissa bits; tensor cores may truncate */

@@ -11,8 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "json_util.h"
-#include "tokenizer.h"
+#include "common/json_util.h"
+#include "formats/tokenizer.h"
 
 static void show(const char *what, const tok *t, const int32_t *ids, size_t n, size_t at) {
     err_t err;

@@ -13,9 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cache.h"
 #include "fake_http.h"
-#include "kube.h"
+#include "operator/cache.h"
+#include "operator/kube.h"
 
 /* {"metadata": {"name", "namespace", "resourceVersion", "labels": {"job": job}}, "spec": {"n": n}} */
 static cJSON *obj(const char *ns, const char *name, const char *rv, const char *job, int n) {

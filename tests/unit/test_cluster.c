@@ -9,7 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "cluster.h"
+#include "planner/cluster.h"
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
 

@@ -26,7 +26,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "comm.h"
+#include "comm/comm.h"
 
 #define MAX_RANKS 8
 #define SEG COMM_SEGMENT_BYTES

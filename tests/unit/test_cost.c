@@ -8,10 +8,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cluster.h"
-#include "cost.h"
-#include "engine_mem.h"
-#include "nccl_budget.h"
+#include "common/nccl_budget.h"
+#include "planner/cluster.h"
+#include "planner/cost.h"
+#include "planner/engine_mem.h"
 
 static void build(cost_model *cm, cluster *cl, const char *cluster_yaml, const char *model, int seq, int batch, precision prec,
                   const profile *prof) {

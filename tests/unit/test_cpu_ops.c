@@ -21,8 +21,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cpu_internal.h"
-#include "device.h"
+#include "devices/cpu_internal.h"
+#include "devices/device.h"
 
 #define RTOL 1e-5
 #define ATOL 1e-5

@@ -14,7 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "data.h"
+#include "formats/data.h"
 
 static char dir[64];
 static char pathbuf[8][256];

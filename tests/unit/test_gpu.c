@@ -9,8 +9,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "gpu.h"
-#include "strutil.h"
+#include "common/strutil.h"
+#include "planner/gpu.h"
 
 static void expect_type(const char *name, const char *canonical) {
     err_t err = {{0}};

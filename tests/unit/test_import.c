@@ -12,10 +12,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "import.h"
-#include "log.h"
-#include "safetensors.h"
-#include "wmodel.h"
+#include "common/log.h"
+#include "formats/safetensors.h"
+#include "model/import.h"
+#include "model/wmodel.h"
 
 static char dir[64];
 

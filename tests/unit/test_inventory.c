@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "inventory.h"
+#include "operator/inventory.h"
 
 static cJSON *parse(const char *text) {
     cJSON *j = cJSON_Parse(text);

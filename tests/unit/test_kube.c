@@ -16,11 +16,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/fileio.h"
 #include "fake_http.h"
-#include "fileio.h"
-#include "inventory.h"
-#include "kube.h"
-#include "lease.h"
+#include "operator/inventory.h"
+#include "operator/kube.h"
+#include "operator/lease.h"
 
 /* ---- kubeconfig ------------------------------------------------------------------------------ */
 

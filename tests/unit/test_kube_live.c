@@ -17,9 +17,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "kube.h"
-#include "lease.h"
-#include "watch.h"
+#include "operator/kube.h"
+#include "operator/lease.h"
+#include "operator/watch.h"
 
 static kube_client *live_client(void) {
     const char *kc = getenv("CEPHALO_TEST_KUBECONFIG");

@@ -16,8 +16,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "metrics.h"
-#include "version.h"
+#include "cmd/metrics.h"
+#include "common/version.h"
 
 static const metrics_info info = {.job = "j\"1\\x\ny", .rank = 2, .device = "cpu-1t-0.25g", .batch = 8,
                                   .microbatch = 4, .microbatches = 2, .state_ratio = 0.25,

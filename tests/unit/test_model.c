@@ -11,7 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "model.h"
+#include "planner/model.h"
 
 static model_spec get(const char *name) {
     model_spec m;

@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model_source.h"
+#include "operator/model_source.h"
 
 #define LLAMA "{\"architectures\":[\"LlamaForCausalLM\"],\"vocab_size\":256,\"hidden_size\":64," \
     "\"intermediate_size\":192,\"num_attention_heads\":4,\"num_key_value_heads\":2,\"num_hidden_layers\":2," \

@@ -16,10 +16,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cluster.h"
-#include "cost.h"
-#include "optimize.h"
-#include "plan.h"
+#include "planner/cluster.h"
+#include "planner/cost.h"
+#include "planner/optimize.h"
+#include "planner/plan.h"
 
 #define MAXR 4
 #define MAXB 24

@@ -11,10 +11,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cluster.h"
-#include "cost.h"
-#include "plan.h"
-#include "state_split.h"
+#include "planner/cluster.h"
+#include "planner/cost.h"
+#include "planner/plan.h"
+#include "planner/state_split.h"
 
 /* Two GPUs where even sharding cannot fit: the small one must hold less state. */
 static const char tight_cluster[] =

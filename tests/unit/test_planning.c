@@ -14,11 +14,11 @@
 #include <string.h>
 #include <time.h>
 
-#include "cluster.h"
-#include "cost.h"
-#include "model.h"
-#include "plan.h"
-#include "planning.h"
+#include "operator/planning.h"
+#include "planner/cluster.h"
+#include "planner/cost.h"
+#include "planner/model.h"
+#include "planner/plan.h"
 
 /* ---- the planner's budget ------------------------------------------------------------------- */
 

@@ -15,9 +15,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "json_util.h"
-#include "profile.h"
-#include "profile_store.h"
+#include "common/json_util.h"
+#include "planner/profile.h"
+#include "planner/profile_store.h"
 
 #define EXAMPLE "examples/profiles/cluster-a-bert-large.json"
 

@@ -10,9 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cmd/metrics.h"
 #include "fake_http.h"
-#include "metrics.h"
-#include "progress.h"
+#include "operator/progress.h"
 
 static void test_worker_text(void **state) {
     (void)state;

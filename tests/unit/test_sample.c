@@ -13,8 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "sample.h"
-#include "wmodel.h"
+#include "model/sample.h"
+#include "model/wmodel.h"
 
 /* ---------------------------------------------------------------------------------------------
  * the cached forward = the training forward */

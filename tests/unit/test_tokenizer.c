@@ -12,7 +12,7 @@
 
 #include <cmocka.h>
 
-#include "tokenizer.h"
+#include "formats/tokenizer.h"
 
 /* ---- building tokenizer.json documents ---- */
 

@@ -12,8 +12,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "plan_read.h"
-#include "train.h"
+#include "model/train.h"
+#include "state/plan_read.h"
 
 static const char *const TINY[] = {"tiny-gpt", "tiny-llama", "tiny-bert", "tiny-vit"};
 

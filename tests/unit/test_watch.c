@@ -13,8 +13,8 @@
 #include <string.h>
 
 #include "fake_http.h"
-#include "kube.h"
-#include "watch.h"
+#include "operator/kube.h"
+#include "operator/watch.h"
 
 /* ---- the parser ------------------------------------------------------------------------------ */
 

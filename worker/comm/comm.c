@@ -11,7 +11,7 @@
  * One mutex guards the queue, the requests' completion and the stats; one condition variable
  * signals both "a request was queued" (to the communicator thread) and "a request completed" (to
  * waiters): waiters are few and wake-ups cheap, so one variable keeps the protocol obvious. */
-#include "comm.h"
+#include "comm/comm.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -20,10 +20,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "clock.h"
-#include "comm_internal.h"
-#include "log.h"
-#include "strutil.h"
+#include "comm/comm_internal.h"
+#include "common/clock.h"
+#include "common/log.h"
+#include "common/strutil.h"
 
 extern int nccl_open(const comm_config *cfg, store_client *st, int gpu, void *compute_stream,
                      nccl_backend **out, err_t *err) __attribute__((weak));

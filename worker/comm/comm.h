@@ -49,7 +49,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "err.h"
+#include "common/err.h"
 
 #define COMM_DEFAULT_TIMEOUT_S 60.0
 #define COMM_MAX_WORLD 4096

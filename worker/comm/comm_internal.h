@@ -16,7 +16,7 @@
 #include <stdint.h>
 #include <sys/socket.h>
 
-#include "comm.h"
+#include "comm/comm.h"
 
 /* ------------------------------------------------------------------------------------------ */
 /* requests (comm.c creates them, the backend runs them)                                       */

@@ -27,7 +27,7 @@
 /* Linked into cephalo-worker-cuda only (the Makefile keeps it out of the CPU library and compiles
  * it with -I$(CUDA_HOME)/include). */
 
-#include "comm_internal.h"
+#include "comm/comm_internal.h"
 
 #include <cuda_runtime.h>
 /* nccl.h declares ncclGroupStart() and a few more without (void); it comes in by -I, not as a
@@ -44,11 +44,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "clock.h"
-#include "device.h"
-#include "log.h"
-#include "nccl_budget.h"
-#include "strutil.h"
+#include "common/clock.h"
+#include "common/log.h"
+#include "common/nccl_budget.h"
+#include "common/strutil.h"
+#include "devices/device.h"
 
 /* NCCL takes at most 2048 operations between ncclGroupStart and ncclGroupEnd; the grouped
  * collectives (one operation per rank) go in groups of at most this many. */

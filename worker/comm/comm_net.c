@@ -4,8 +4,8 @@
  * Every fd here is non-blocking and every wait is a poll() with the time left, so no call can
  * block past its deadline. Sends use MSG_NOSIGNAL: a peer that died must produce an error
  * (EPIPE), not a SIGPIPE that kills this process. */
-#include "clock.h"
-#include "comm_internal.h"
+#include "comm/comm_internal.h"
+#include "common/clock.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -21,8 +21,8 @@
  * left neighbour first asks it (an abort frame upstream, where nothing else flows): a neighbour that
  * is alive but itself waiting passes the question on and answers with the rank it waited for; one
  * that does not answer is the one that stopped (docs/comm.md, "Abort frames"). */
-#include "clock.h"
-#include "comm_internal.h"
+#include "comm/comm_internal.h"
+#include "common/clock.h"
 
 #include <errno.h>
 #include <netinet/in.h>
@@ -33,7 +33,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "log.h"
+#include "common/log.h"
 
 #define RING_MAGIC 0x474e5243u /* "CRNG": the hello on a new ring connection */
 #define STEP_MAGIC 0x50545343u /* "CSTP": the header of a step */

@@ -11,8 +11,8 @@
  * is not the protocol (unknown type, a length beyond the type's bound, a request before HELLO, no
  * HELLO within the timeout, too many connections) costs the sender its connection, nothing
  * more. */
-#include "clock.h"
-#include "comm_internal.h"
+#include "comm/comm_internal.h"
+#include "common/clock.h"
 
 #include <errno.h>
 #include <netdb.h>
@@ -25,7 +25,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "log.h"
+#include "common/log.h"
 
 enum { MSG_HELLO = 1, MSG_WELCOME, MSG_REFUSE, MSG_SET, MSG_OK, MSG_GET, MSG_VALUE, MSG_BYE };
 #define STORE_MAGIC 0x52545343u /* "CSTR" */

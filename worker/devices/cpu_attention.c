@@ -23,8 +23,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cpu_internal.h"
-#include "log.h"
+#include "common/log.h"
+#include "devices/cpu_internal.h"
 
 /* Query rows per tile: S[64, T] stays in L2 for the sequence lengths we train on, and the
  * sgemm calls are big enough (64 x T x hd) for OpenBLAS to run near peak. */

@@ -16,9 +16,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cpu_internal.h"
-#include "device.h"
-#include "log.h"
+#include "common/log.h"
+#include "devices/cpu_internal.h"
+#include "devices/device.h"
 
 /* The CPU device's state: the rotary cos/sin table of the last (T, hd, theta), reused across the
  * rope calls of a step (computing it costs T*hd/2 sin/cos pairs). Like every op, rope is called

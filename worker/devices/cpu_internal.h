@@ -10,7 +10,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "device.h"
+#include "devices/device.h"
 
 /* Lanes of the fixed-order reductions: two SSE vectors or one AVX vector. */
 #define CPU_LANES 8

@@ -51,8 +51,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "attn_limits.h"
-#include "cuda_internal.h"
+#include "common/attn_limits.h"
+#include "devices/cuda_internal.h"
 
 namespace {
 

@@ -20,10 +20,10 @@
 
 #include <cub/device/device_radix_sort.cuh>
 
-#include "cuda_internal.h"
+#include "devices/cuda_internal.h"
 
 extern "C" {
-#include "log.h"
+#include "common/log.h"
 }
 
 struct dev_event {

@@ -15,7 +15,7 @@
 #include <cuda_runtime.h>
 
 extern "C" {
-#include "device.h"
+#include "devices/device.h"
 }
 
 /* Like CHECK in log.h: a failing CUDA call is a bug or a dead GPU, not bad input, so it aborts

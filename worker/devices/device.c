@@ -2,7 +2,7 @@
  *
  * Sizes are kept in a host-side table keyed by pointer (not in a header before the block), because
  * a CUDA device pointer cannot carry a host-written header. */
-#include "device.h"
+#include "devices/device.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -10,7 +10,7 @@
 #include <string.h>
 #include <stdlib.h>
 
-#include "log.h"
+#include "common/log.h"
 
 typedef struct alloc_slot {
     void *p; /* NULL = empty; TOMB = deleted */

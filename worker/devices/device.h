@@ -21,8 +21,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "err.h"
-#include "precision.h"
+#include "common/err.h"
+#include "common/precision.h"
 
 typedef struct device device;
 

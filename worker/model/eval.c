@@ -17,15 +17,15 @@
 
 #include <cjson/cJSON.h>
 
-#include "ckpt.h"
-#include "ckpt_dir.h"
-#include "ckpt_resume.h"
-#include "eval.h"
-#include "fileio.h"
-#include "fsdp.h"
-#include "log.h"
-#include "plan_read.h"
-#include "strutil.h"
+#include "common/ckpt_dir.h"
+#include "common/fileio.h"
+#include "common/log.h"
+#include "common/strutil.h"
+#include "model/eval.h"
+#include "model/fsdp.h"
+#include "state/ckpt.h"
+#include "state/ckpt_resume.h"
+#include "state/plan_read.h"
 
 struct evaluator {
     data_source *data;

@@ -22,8 +22,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "err.h"
-#include "train.h"
+#include "common/err.h"
+#include "model/train.h"
 
 #define EVAL_SEED 0x76616cULL /* "val": the validation samples' order and masks */
 #define EVAL_DEFAULT_SAMPLES 64

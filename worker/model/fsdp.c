@@ -26,9 +26,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "clock.h"
-#include "fsdp.h"
-#include "log.h"
+#include "common/clock.h"
+#include "common/log.h"
+#include "model/fsdp.h"
 
 #define OP(d, name, ...) ((d)->ops->name((d), __VA_ARGS__))
 

@@ -3,7 +3,7 @@
 #ifndef CEPHALO_FSDP_H
 #define CEPHALO_FSDP_H
 
-#include "train.h"
+#include "model/train.h"
 
 /* Shard offsets and sizes from the config (already validated: plan_read); called before the
  * state is allocated. */

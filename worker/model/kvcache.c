@@ -10,10 +10,10 @@
  * forward's up to the attention's summation order. */
 #include <string.h>
 
-#include "engine_mem.h"
-#include "log.h"
-#include "sample.h"
-#include "wmodel.h"
+#include "common/log.h"
+#include "model/sample.h"
+#include "model/wmodel.h"
+#include "planner/engine_mem.h"
 
 #define OP(d, name, ...) ((d)->ops->name((d), __VA_ARGS__))
 

@@ -11,15 +11,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "json_util.h"
-#include "clock.h"
-#include "export.h"
-#include "fileio.h"
-#include "import.h"
-#include "log.h"
-#include "safetensors.h"
-#include "sample.h"
-#include "tokenizer.h"
+#include "common/clock.h"
+#include "common/fileio.h"
+#include "common/json_util.h"
+#include "common/log.h"
+#include "formats/safetensors.h"
+#include "formats/tokenizer.h"
+#include "model/import.h"
+#include "model/sample.h"
+#include "state/export.h"
 
 enum { EXIT_OK = 0, EXIT_RUNTIME = 1, EXIT_BAD_INPUT = 2 };
 

@@ -15,8 +15,8 @@
 
 #include <stdint.h>
 
-#include "device.h"
-#include "model.h"
+#include "devices/device.h"
+#include "planner/model.h"
 
 typedef struct sampler sampler;
 

@@ -11,12 +11,12 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "clock.h"
-#include "fsdp.h"
-#include "import.h"
-#include "log.h"
-#include "strutil.h"
-#include "train.h"
+#include "common/clock.h"
+#include "common/log.h"
+#include "common/strutil.h"
+#include "model/fsdp.h"
+#include "model/import.h"
+#include "model/train.h"
 
 #define OP(d, name, ...) ((d)->ops->name((d), __VA_ARGS__))
 

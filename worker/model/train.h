@@ -13,13 +13,13 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "comm.h"
-#include "data.h"
-#include "device.h"
-#include "model.h"
-#include "precision.h"
-#include "schedule.h"
-#include "wmodel.h"
+#include "comm/comm.h"
+#include "common/precision.h"
+#include "common/schedule.h"
+#include "devices/device.h"
+#include "formats/data.h"
+#include "model/wmodel.h"
+#include "planner/model.h"
 
 typedef struct train_config {
     model_spec model;

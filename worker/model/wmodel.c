@@ -6,9 +6,9 @@
 #include <math.h>
 #include <string.h>
 
-#include "engine_mem.h"
-#include "log.h"
-#include "wmodel.h"
+#include "common/log.h"
+#include "model/wmodel.h"
+#include "planner/engine_mem.h"
 
 #define OP(d, name, ...) ((d)->ops->name((d), __VA_ARGS__))
 

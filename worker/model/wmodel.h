@@ -11,8 +11,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "device.h"
-#include "model.h"
+#include "devices/device.h"
+#include "planner/model.h"
 
 #define WM_MAX_TENSORS 16
 

@@ -4,8 +4,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "log.h"
-#include "wmodel.h"
+#include "common/log.h"
+#include "model/wmodel.h"
 
 typedef struct layout {
     wm_tensor *t;

@@ -1,6 +1,6 @@
 /* wprofile.c - `cephalo-worker profile` and `cephalo-worker profile-comm` (see wprofile.h and
  * docs/profile.md). */
-#include "wprofile.h"
+#include "model/wprofile.h"
 
 #include <getopt.h>
 #include <math.h>
@@ -11,15 +11,15 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "clock.h"
-#include "comm.h"
-#include "device.h"
-#include "engine_mem.h"
-#include "log.h"
-#include "model.h"
-#include "profile_store.h"
-#include "strutil.h"
-#include "wmodel.h"
+#include "comm/comm.h"
+#include "common/clock.h"
+#include "common/log.h"
+#include "common/strutil.h"
+#include "devices/device.h"
+#include "model/wmodel.h"
+#include "planner/engine_mem.h"
+#include "planner/model.h"
+#include "planner/profile_store.h"
 
 enum { EXIT_RUNTIME = 1, EXIT_BAD_INPUT = 2 };
 

@@ -31,7 +31,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "err.h"
+#include "common/err.h"
 
 /* Most dimensions a tensor may have. */
 #define ST_MAX_DIMS 8

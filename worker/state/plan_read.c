@@ -5,10 +5,10 @@
 #include <string.h>
 #include <strings.h>
 
-#include "json_util.h"
-#include "log.h"
-#include "model_json.h"
-#include "plan_read.h"
+#include "common/json_util.h"
+#include "common/log.h"
+#include "planner/model_json.h"
+#include "state/plan_read.h"
 
 static int read_int(const json_ctx *c, const cJSON *o, const char *path, const char *key,
                     long lo, long hi, long *out) {

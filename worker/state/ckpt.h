@@ -4,8 +4,8 @@
 
 #include <cjson/cJSON.h>
 
-#include "safetensors.h"
-#include "train.h"
+#include "formats/safetensors.h"
+#include "model/train.h"
 
 #define CKPT_FORMAT "cephalo-checkpoint"
 

@@ -7,10 +7,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ckpt.h"
-#include "fileio.h"
-#include "json_util.h"
-#include "log.h"
+#include "common/fileio.h"
+#include "common/json_util.h"
+#include "common/log.h"
+#include "state/ckpt.h"
 
 #define INDEX_FORMAT "cephalo-checkpoint-index"
 

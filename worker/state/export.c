@@ -12,15 +12,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "ckpt.h"
-#include "ckpt_dir.h"
-#include "export.h"
-#include "fileio.h"
-#include "json_util.h"
-#include "log.h"
-#include "model_json.h"
-#include "safetensors.h"
-#include "wmodel.h"
+#include "common/ckpt_dir.h"
+#include "common/fileio.h"
+#include "common/json_util.h"
+#include "common/log.h"
+#include "formats/safetensors.h"
+#include "model/wmodel.h"
+#include "planner/model_json.h"
+#include "state/ckpt.h"
+#include "state/export.h"
 
 typedef struct exporter {
     const model_spec *m;

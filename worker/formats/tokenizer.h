@@ -25,7 +25,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "err.h"
+#include "common/err.h"
 
 typedef enum { TOK_BYTE_BPE, TOK_SP_BPE } tok_kind;
 

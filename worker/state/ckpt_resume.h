@@ -7,8 +7,8 @@
 
 #include <stdbool.h>
 
-#include "ckpt_dir.h"
-#include "train.h"
+#include "common/ckpt_dir.h"
+#include "model/train.h"
 
 typedef struct ckpt_opts {
     const char *dir;    /* --ckpt-dir, or NULL */

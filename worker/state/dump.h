@@ -4,7 +4,7 @@
 #ifndef CEPHALO_DUMP_H
 #define CEPHALO_DUMP_H
 
-#include "train.h"
+#include "model/train.h"
 
 typedef struct dumper dumper;
 

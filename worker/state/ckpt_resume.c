@@ -4,7 +4,7 @@
  * is agreed by an all-reduce, so the ranks never split: each rank loads only its own slices of a
  * checkpoint, and any rank's damaged slice sends all of them to the next older checkpoint. Only
  * rank 0 changes the directory (lock, temporaries, deletions), and only after the agreement. */
-#include "ckpt_resume.h"
+#include "state/ckpt_resume.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -13,11 +13,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "ckpt.h"
-#include "comm.h"
-#include "dirlock.h"
-#include "fileio.h"
-#include "log.h"
+#include "comm/comm.h"
+#include "common/dirlock.h"
+#include "common/fileio.h"
+#include "common/log.h"
+#include "state/ckpt.h"
 
 #define PATH_LEN 4200
 

@@ -6,16 +6,16 @@
  * pre-tokenizer, and each word is turned into symbols (byte-level: its bytes; SentencePiece: its
  * characters, or <0xNN> byte tokens for characters not in the vocabulary) that are merged pair
  * by pair, always the pair of lowest merge rank first and, among equal ranks, the leftmost. */
-#include "tokenizer.h"
+#include "formats/tokenizer.h"
 
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "json_util.h"
-#include "log.h"
-#include "unicode_tab.h"
+#include "common/json_util.h"
+#include "common/log.h"
+#include "formats/unicode_tab.h"
 
 /* ------------------------------------------------------------------------------------------ */
 /* growable buffers                                                                            */

@@ -2,7 +2,7 @@
 #ifndef CEPHALO_PLAN_READ_H
 #define CEPHALO_PLAN_READ_H
 
-#include "train.h"
+#include "model/train.h"
 
 /* Fills cfg's model, seq, global batch, this rank's batch/microbatch/microbatches, sample offset,
  * memory and threads. Errors name the file and the field. */

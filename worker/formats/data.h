@@ -25,7 +25,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "err.h"
+#include "common/err.h"
 
 typedef enum { DATA_CLM, DATA_MLM } data_task;
 

@@ -11,13 +11,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ckpt.h"
-#include "fileio.h"
-#include "json_util.h"
-#include "log.h"
-#include "model_json.h"
-#include "safetensors.h"
-#include "version.h"
+#include "common/fileio.h"
+#include "common/json_util.h"
+#include "common/log.h"
+#include "common/version.h"
+#include "formats/safetensors.h"
+#include "planner/model_json.h"
+#include "state/ckpt.h"
 
 static const char *const STATE_PREFIX[] = {"param", "adam_m", "adam_v"};
 

@@ -1,6 +1,6 @@
 /* data.c - token shards, CIMG image files, synthetic sources and the sample order (data.h,
  * docs/data.md). No OpenMP, no BLAS: this file is also linked into the fuzz_shard target. */
-#include "data.h"
+#include "formats/data.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -13,7 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "log.h"
+#include "common/log.h"
 
 /* ------------------------------------------------------------------------------------------ */
 /* little-endian fields and hashing                                                            */

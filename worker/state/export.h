@@ -3,8 +3,8 @@
 #ifndef CEPHALO_EXPORT_H
 #define CEPHALO_EXPORT_H
 
-#include "err.h"
-#include "model.h"
+#include "common/err.h"
+#include "planner/model.h"
 
 /* The model and every unit's parameters (host, wmodel's layout) of what a --checkpoint PATH names:
  * a checkpoint file, a sharded step directory, a checkpoint directory (its `latest`, else its

@@ -14,8 +14,8 @@
 
 #include <stdint.h>
 
-#include "err.h"
-#include "model.h"
+#include "common/err.h"
+#include "planner/model.h"
 
 typedef struct hf_import hf_import;
 

@@ -21,22 +21,22 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "ckpt.h"
-#include "ckpt_resume.h"
-#include "import.h"
-#include "comm.h"
-#include "dump.h"
-#include "eval.h"
-#include "fileio.h"
-#include "export.h"
-#include "log.h"
-#include "metrics.h"
-#include "plan_read.h"
-#include "wprofile.h"
-#include "sample.h"
-#include "strutil.h"
-#include "train.h"
-#include "version.h"
+#include "cmd/metrics.h"
+#include "comm/comm.h"
+#include "common/fileio.h"
+#include "common/log.h"
+#include "common/strutil.h"
+#include "common/version.h"
+#include "model/eval.h"
+#include "model/import.h"
+#include "model/sample.h"
+#include "model/train.h"
+#include "model/wprofile.h"
+#include "state/ckpt.h"
+#include "state/ckpt_resume.h"
+#include "state/dump.h"
+#include "state/export.h"
+#include "state/plan_read.h"
 
 enum { EXIT_RUNTIME = 1, EXIT_BAD_INPUT = 2, EXIT_STOPPED = 128 + SIGTERM };
 

@@ -15,8 +15,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "err.h"
-#include "train.h"
+#include "common/err.h"
+#include "model/train.h"
 
 /* What does not change during a run. */
 typedef struct metrics_info {

@@ -2,7 +2,7 @@
  * metadata) and the reader (mmap, full validation). docs/checkpoints.md lists the rules.
  *
  * No OpenMP and no BLAS here: the fuzz target links this file with only libyaml, cJSON and libm. */
-#include "safetensors.h"
+#include "formats/safetensors.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -20,8 +20,8 @@
 
 #include <cjson/cJSON.h>
 
-#include "json_util.h"
-#include "log.h"
+#include "common/json_util.h"
+#include "common/log.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "safetensors.c assumes a little-endian host (tensor data is stored little-endian)"

@@ -13,12 +13,12 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "import.h"
-#include "json_util.h"
-#include "log.h"
-#include "model_json.h"
-#include "safetensors.h"
-#include "wmodel.h"
+#include "common/json_util.h"
+#include "common/log.h"
+#include "formats/safetensors.h"
+#include "model/import.h"
+#include "model/wmodel.h"
+#include "planner/model_json.h"
 
 /* Rows [row0, row0 + rows) of one of our tensors come from Hugging Face tensor `hf`, which is
  * stored [rows, cols] (or [rows] for vectors), or [cols, rows] when `transpose` (Conv1D). */

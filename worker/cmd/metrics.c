@@ -21,13 +21,13 @@
 
 #include <microhttpd.h>
 
-#include "gpu.h"
-#include "json_util.h"
-#include "log.h"
-#include "metrics.h"
-#include "model.h"
-#include "strutil.h"
-#include "version.h"
+#include "cmd/metrics.h"
+#include "common/json_util.h"
+#include "common/log.h"
+#include "common/strutil.h"
+#include "common/version.h"
+#include "planner/gpu.h"
+#include "planner/model.h"
 
 /* Upper bounds of cephalo_step_seconds's buckets: milliseconds (tiny CPU jobs) to a minute
  * (large models on slow GPUs). */

@@ -4,12 +4,12 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "ckpt.h"
-#include "dump.h"
-#include "fileio.h"
-#include "log.h"
-#include "model_json.h"
-#include "safetensors.h"
+#include "common/fileio.h"
+#include "common/log.h"
+#include "formats/safetensors.h"
+#include "planner/model_json.h"
+#include "state/ckpt.h"
+#include "state/dump.h"
 
 struct dumper {
     char dir[512];

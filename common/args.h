@@ -1,0 +1,63 @@
+/* args.h - the command lines of every front end (`cephalo`'s subcommands and `cephalo-worker`'s):
+ * long options through getopt_long, one wording for what is wrong with an argument, and one exit
+ * status for bad input, so that each front end keeps only its options and its checks.
+ *
+ *   args a = args_begin(argc, argv, "cephalo-worker eval", longopts, eval_usage);
+ *   int ch, rc = 0;
+ *   while (!rc && (ch = args_next(&a)) > 0) {
+ *       switch (ch) {
+ *       case O_SAMPLES: rc = args_long(&a, 1, 1L << 30, &o->samples); break;
+ *       case O_DEVICE: rc = args_choice(&a, (const char *[]){"cpu", "cuda", NULL}, &o->device); break;
+ *       }
+ *   }
+ *   if (rc || ch < 0 || args_no_operands(&a)) return ARGS_BAD;
+ *
+ * Every message goes to stderr as "CMD: what is wrong" followed by "(see 'CMD --help')", and names
+ * the option as written ("--samples: 'x' is not an integer in [1, 1073741824]"). -h and --help
+ * print the usage on stdout and exit 0. */
+#ifndef CEPHALO_ARGS_H
+#define CEPHALO_ARGS_H
+
+#include <getopt.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#define ARGS_BAD 2 /* the exit status of bad input, in every binary */
+
+typedef struct args {
+    const char *cmd;   /* "cephalo-worker eval": the start of every message */
+    const char *usage; /* printed by -h / --help */
+    int argc;
+    char **argv;
+    const struct option *opts; /* as getopt_long's, with {"help", no_argument, 0, 'h'} among them */
+    char shortopts[32];        /* ":h" plus the caller's short options */
+    const char *val;           /* the current option's value (optarg), NULL when it takes none */
+    char opt[64];              /* the current option as written: "--samples", "-o" */
+} args;
+
+/* shortopts: the short options beyond -h, getopt's syntax ("o:"), or "". Resets getopt (optind). */
+args args_begin(int argc, char **argv, const char *cmd, const struct option *opts, const char *shortopts,
+                const char *usage);
+/* The next option's code (> 0); 0 when the options end; -1 after saying what is wrong (an unknown
+ * option, a missing value). -h / --help: the usage on stdout, then exit(0). */
+int args_next(args *a);
+/* The operands after the options (optind..argc): their count and the first one. */
+int args_operands(const args *a, char ***first);
+/* ARGS_BAD, after "unexpected argument 'x'", when operands are left; else 0. */
+int args_no_operands(const args *a);
+
+/* The current option's value read as a number in [lo, hi]: 0, or ARGS_BAD after the message. */
+int args_long(const args *a, long lo, long hi, long *out);
+int args_int(const args *a, int lo, int hi, int *out);
+int args_double(const args *a, double lo, double hi, double *out);
+/* A size: "512M", "2G", "1048576" (str_to_size). */
+int args_size(const args *a, int64_t *out);
+/* One of choices (NULL-terminated): *out points at the value; the message lists the choices. */
+int args_choice(const args *a, const char *const *choices, const char **out);
+
+/* Says "CMD: <message>" and "(see 'CMD --help')" on stderr; returns ARGS_BAD. */
+int args_bad(const args *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The same for a command before its args exist (an unknown subcommand). */
+int args_bad_cmd(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+#endif

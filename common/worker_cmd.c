@@ -1,0 +1,160 @@
+/* worker_cmd.c - `cephalo-worker train`'s command line and its defaults (worker_cmd.h). */
+#include "common/worker_cmd.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+
+/* The one table. A change here changes the worker, `cephalo run`, the operator and (by test) the
+ * CRD together; docs/worker.md and docs/run.md quote these values. */
+const wcmd_default wcmd_defaults[WCMD_N] = {
+    [WCMD_STEPS] = {"--steps", "20", NULL, "steps", "steps"}, /* required in job files and the CRD */
+    [WCMD_SEED] = {"--seed", "1", NULL, "seed", "seed"},
+    [WCMD_PRECISION] = {"--precision", "fp32", NULL, "precision", "precision"},
+    [WCMD_LR] = {"--lr", "0.0003", NULL, "optimizer.lr", "optimizer.lr"},
+    [WCMD_MIN_LR] = {"--min-lr", NULL, "lr / 10", "optimizer.min_lr", "optimizer.minLr"},
+    [WCMD_SCHEDULE] = {"--schedule", "cosine", NULL, "optimizer.schedule", "optimizer.schedule"},
+    [WCMD_WARMUP] = {"--warmup", "0", NULL, "optimizer.warmup", "optimizer.warmup"},
+    [WCMD_WEIGHT_DECAY] = {"--weight-decay", "0.1", NULL, "optimizer.weight_decay", "optimizer.weightDecay"},
+    [WCMD_BETA1] = {"--beta1", "0.9", NULL, "optimizer.beta1", "optimizer.beta1"},
+    [WCMD_BETA2] = {"--beta2", "0.95", NULL, "optimizer.beta2", "optimizer.beta2"},
+    [WCMD_EPS] = {"--eps", "1e-08", NULL, "optimizer.eps", "optimizer.eps"},
+    [WCMD_CLIP] = {"--clip", "1", NULL, "optimizer.clip", "optimizer.clip"},
+    [WCMD_DATA] = {"--data", "synthetic", NULL, "data", "data.path"},
+    [WCMD_VAL_EVERY] = {"--val-every", NULL, "steps / 10, at most 100", "validation.every", "data.validation.every"},
+    [WCMD_VAL_SAMPLES] = {"--val-samples", "64", NULL, "validation.samples", "data.validation.samples"},
+    [WCMD_CKPT_EVERY] = {"--ckpt-every", NULL, "only at the end", "checkpoint.every", "checkpoint.every"},
+    [WCMD_KEEP_LAST] = {"--keep-last", "3", NULL, "checkpoint.keep_last", "checkpoint.keepLast"},
+    [WCMD_KEEP_EVERY] = {"--keep-every", "0", NULL, "checkpoint.keep_every", "checkpoint.keepEvery"},
+    [WCMD_RESUME] = {"--resume", "auto", NULL, "checkpoint.resume", "checkpoint.resume"},
+    [WCMD_DIVERGE_STEPS] = {"--diverge-steps", "20", NULL, NULL, NULL},
+    [WCMD_LOSS_SCALE] = {"--loss-scale", "65536", NULL, NULL, NULL},
+    [WCMD_LOSS_SCALE_WINDOW] = {"--loss-scale-window", "2000", NULL, NULL, NULL},
+};
+
+double wcmd_default_num(wcmd_key k) {
+    const char *v = wcmd_defaults[k].value;
+    return v ? strtod(v, NULL) : 0;
+}
+
+long wcmd_default_long(wcmd_key k) { return (long)wcmd_default_num(k); }
+
+void wcmd_train_defaults(wcmd_train *t) {
+    precision prec = PREC_FP32;
+    lr_schedule sched = SCHED_COSINE;
+    precision_parse(wcmd_defaults[WCMD_PRECISION].value, &prec);
+    schedule_parse(wcmd_defaults[WCMD_SCHEDULE].value, &sched);
+    *t = (wcmd_train){
+        .steps = wcmd_default_long(WCMD_STEPS),
+        .seed = (uint64_t)wcmd_default_long(WCMD_SEED),
+        .prec = prec,
+        .lr = wcmd_default_num(WCMD_LR),
+        .min_lr = -1,
+        .schedule = sched,
+        .warmup = wcmd_default_long(WCMD_WARMUP),
+        .weight_decay = wcmd_default_num(WCMD_WEIGHT_DECAY),
+        .beta1 = wcmd_default_num(WCMD_BETA1),
+        .beta2 = wcmd_default_num(WCMD_BETA2),
+        .eps = wcmd_default_num(WCMD_EPS),
+        .clip = wcmd_default_num(WCMD_CLIP),
+        .data = wcmd_defaults[WCMD_DATA].value,
+        .val_every = -1,
+        .val_samples = 0,
+        .ckpt_every = 0,
+        .keep_last = wcmd_default_long(WCMD_KEEP_LAST),
+        .keep_every = wcmd_default_long(WCMD_KEEP_EVERY),
+        .resume = wcmd_defaults[WCMD_RESUME].value,
+    };
+}
+
+void wcmd_argv_add(wcmd_argv *a, const char *fmt, ...) {
+    va_list ap, again;
+    va_start(ap, fmt);
+    va_copy(again, ap);
+    int len = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    char *s = xmalloc((size_t)(len > 0 ? len : 0) + 1);
+    vsnprintf(s, (size_t)(len > 0 ? len : 0) + 1, fmt, again);
+    va_end(again);
+    a->v = xrealloc(a->v, (size_t)(a->n + 2) * sizeof *a->v);
+    a->v[a->n++] = s;
+    a->v[a->n] = NULL;
+}
+
+void wcmd_argv_free(wcmd_argv *a) {
+    for (int i = 0; i < a->n; i++) free(a->v[i]);
+    free(a->v);
+    *a = (wcmd_argv){0};
+}
+
+const char *wcmd_num(double v, char *buf) {
+    for (int digits = 1; digits <= 17; digits++) {
+        snprintf(buf, 32, "%.*g", digits, v);
+        if (strtod(buf, NULL) == v) break;
+    }
+    return buf;
+}
+
+/* "--flag VALUE" for the option of key k. */
+static void opt(wcmd_argv *a, wcmd_key k, const char *value) {
+    wcmd_argv_add(a, "%s", wcmd_defaults[k].flag);
+    wcmd_argv_add(a, "%s", value);
+}
+
+static void opt_num(wcmd_argv *a, wcmd_key k, double v) {
+    char buf[32];
+    opt(a, k, wcmd_num(v, buf));
+}
+
+static void opt_long(wcmd_argv *a, wcmd_key k, long v) {
+    char buf[32];
+    snprintf(buf, sizeof buf, "%ld", v);
+    opt(a, k, buf);
+}
+
+static void optimizer_args(const wcmd_train *t, wcmd_argv *a) {
+    opt_num(a, WCMD_LR, t->lr);
+    opt_num(a, WCMD_MIN_LR, t->min_lr < 0 ? t->lr / 10 : t->min_lr);
+    opt(a, WCMD_SCHEDULE, schedule_name(t->schedule));
+    opt_long(a, WCMD_WARMUP, t->warmup);
+    opt_num(a, WCMD_WEIGHT_DECAY, t->weight_decay);
+    opt_num(a, WCMD_BETA1, t->beta1);
+    opt_num(a, WCMD_BETA2, t->beta2);
+    opt_num(a, WCMD_EPS, t->eps);
+    opt_num(a, WCMD_CLIP, t->clip);
+}
+
+static void data_args(const wcmd_train *t, wcmd_argv *a) {
+    opt(a, WCMD_DATA, t->data);
+    if (t->init_from) wcmd_argv_add(a, "--init-from"), wcmd_argv_add(a, "%s", t->init_from);
+    if (!t->val_data) return;
+    wcmd_argv_add(a, "--val-data"), wcmd_argv_add(a, "%s", t->val_data);
+    if (t->val_every >= 0) opt_long(a, WCMD_VAL_EVERY, t->val_every);
+    if (t->val_samples > 0) opt_long(a, WCMD_VAL_SAMPLES, t->val_samples);
+}
+
+/* Retention and resume are always spelled out: the command line says what is kept. */
+static void checkpoint_args(const wcmd_train *t, wcmd_argv *a) {
+    if (!t->ckpt_dir) return;
+    wcmd_argv_add(a, "--ckpt-dir"), wcmd_argv_add(a, "%s", t->ckpt_dir);
+    if (t->ckpt_every > 0) opt_long(a, WCMD_CKPT_EVERY, t->ckpt_every);
+    opt_long(a, WCMD_KEEP_LAST, t->keep_last);
+    opt_long(a, WCMD_KEEP_EVERY, t->keep_every);
+    opt(a, WCMD_RESUME, t->resume ? t->resume : wcmd_defaults[WCMD_RESUME].value);
+    if (t->overwrite) wcmd_argv_add(a, "--overwrite");
+}
+
+void wcmd_train_argv(const wcmd_train *t, wcmd_argv *a) {
+    wcmd_argv_add(a, "train");
+    opt_long(a, WCMD_STEPS, t->steps);
+    char seed[32];
+    snprintf(seed, sizeof seed, "%llu", (unsigned long long)t->seed);
+    opt(a, WCMD_SEED, seed);
+    opt(a, WCMD_PRECISION, precision_name(t->prec));
+    optimizer_args(t, a);
+    data_args(t, a);
+    checkpoint_args(t, a);
+}
