@@ -107,6 +107,6 @@ int args_choice(const args *a, const char *const *choices, const char **out) {
     for (; choices[n]; n++)
         if (!strcmp(a->val, choices[n])) return *out = choices[n], 0;
     for (int i = 0; i < n && len < sizeof list; i++)
-        len += (size_t)snprintf(list + len, sizeof list - len, "%s'%s'", i == 0 ? "" : i == n - 1 ? " or " : ", ", choices[i]);
+        len += (size_t)snprintf(list + len, sizeof list - len, "%s%s", i == 0 ? "" : i == n - 1 ? " or " : ", ", choices[i]);
     return args_bad(a, "%s: '%s' is not %s", a->opt, a->val, list);
 }

@@ -52,7 +52,8 @@ int args_int(const args *a, int lo, int hi, int *out);
 int args_double(const args *a, double lo, double hi, double *out);
 /* A size: "512M", "2G", "1048576" (str_to_size). */
 int args_size(const args *a, int64_t *out);
-/* One of choices (NULL-terminated): *out points at the value; the message lists the choices. */
+/* One of choices (NULL-terminated): *out points at the value; the message lists the choices
+ * ("--device: 'tpu' is not cpu or cuda"). */
 int args_choice(const args *a, const char *const *choices, const char **out);
 
 /* Says "CMD: <message>" and "(see 'CMD --help')" on stderr; returns ARGS_BAD. */

@@ -3,15 +3,15 @@
 
 #include <string.h>
 
-static const char *const NAMES[PREC_COUNT] = {"fp32", "bf16", "fp16"};
+const char *const precision_names[PREC_COUNT + 1] = {"fp32", "bf16", "fp16", NULL};
 
 const char *precision_name(precision p) {
-    return (unsigned)p < PREC_COUNT ? NAMES[p] : "?";
+    return (unsigned)p < PREC_COUNT ? precision_names[p] : "?";
 }
 
 bool precision_parse(const char *s, precision *out) {
     for (int i = 0; s && i < PREC_COUNT; i++)
-        if (!strcmp(s, NAMES[i])) return *out = (precision)i, true;
+        if (!strcmp(s, precision_names[i])) return *out = (precision)i, true;
     return false;
 }
 

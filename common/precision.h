@@ -17,6 +17,8 @@ typedef enum { PREC_FP32 = 0, PREC_BF16 = 1, PREC_FP16 = 2 } precision;
 /* For messages: "fp32, bf16 or fp16". */
 #define PRECISION_CHOICES "fp32, bf16 or fp16"
 
+/* The names in order, NULL-terminated (common/args.h's args_choice). */
+extern const char *const precision_names[PREC_COUNT + 1];
 /* "fp32", "bf16", "fp16". */
 const char *precision_name(precision p);
 /* Parses a name (exact, lower case); false when s is none of them. */

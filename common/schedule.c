@@ -4,13 +4,13 @@
 #include <math.h>
 #include <string.h>
 
-static const char *const NAMES[SCHED_COUNT] = {"cosine", "linear", "constant"};
+const char *const schedule_names[SCHED_COUNT + 1] = {"cosine", "linear", "constant", NULL};
 
-const char *schedule_name(lr_schedule s) { return (unsigned)s < SCHED_COUNT ? NAMES[s] : "?"; }
+const char *schedule_name(lr_schedule s) { return (unsigned)s < SCHED_COUNT ? schedule_names[s] : "?"; }
 
 bool schedule_parse(const char *s, lr_schedule *out) {
     for (int i = 0; s && i < SCHED_COUNT; i++)
-        if (!strcmp(s, NAMES[i])) return *out = (lr_schedule)i, true;
+        if (!strcmp(s, schedule_names[i])) return *out = (lr_schedule)i, true;
     return false;
 }
 

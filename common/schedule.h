@@ -17,6 +17,8 @@ typedef enum { SCHED_COSINE = 0, SCHED_LINEAR = 1, SCHED_CONSTANT = 2 } lr_sched
 #define SCHED_COUNT 3
 #define SCHEDULE_CHOICES "cosine, linear or constant"
 
+/* The names in order, NULL-terminated (common/args.h's args_choice). */
+extern const char *const schedule_names[SCHED_COUNT + 1];
 const char *schedule_name(lr_schedule s);
 /* Parses a name (exact, lower case); false when s is none of them. */
 bool schedule_parse(const char *s, lr_schedule *out);

@@ -122,7 +122,7 @@ for r, rk in enumerate(plan['ranks']):
 # ---- bad input ----
 check "--precision fp8 is refused" 2 "--precision: 'fp8' is not fp32, bf16 or fp16" -- \
   "$W" train --model tiny-gpt --batch 2 --precision fp8
-check "--offload maybe is refused" 2 "--offload: 'maybe' is not 'on' or 'off'" -- \
+check "--offload maybe is refused" 2 "--offload: 'maybe' is not on or off" -- \
   "$W" train --model tiny-gpt --batch 2 --offload maybe
 check "--device cuda on the CPU-only worker names cephalo-worker-cuda" 2 "cephalo-worker-cuda" -- \
   "$W" train --model tiny-gpt --batch 2 --steps 1 --device cuda

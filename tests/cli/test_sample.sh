@@ -141,12 +141,12 @@ sample_checked "tiny-gpt checkpoint file, top-k 20" "$T/ckg-hf" "$T/c1.st" --che
 check "no model" 2 "--checkpoint PATH or --init-from DIR" -- "$W" sample --prompt hi
 check "both models" 2 "one of them" -- "$W" sample --checkpoint "$T/ck" --init-from "$T/gpt2"
 check "missing checkpoint" 2 "$T/nope: No such file" -- "$W" sample --checkpoint "$T/nope" --prompt hi
-check "bad temperature" 2 "--temperature: expected a number" -- "$W" sample --init-from "$T/gpt2" --temperature -1
-check "bad top-p" 2 "--top-p: expected a number" -- "$W" sample --init-from "$T/gpt2" --top-p 0
-check "bad top-k" 2 "--top-k: expected an integer" -- "$W" sample --init-from "$T/gpt2" --top-k x
-check "unknown flag" 2 "bad option '--bogus'" -- "$W" sample --init-from "$T/gpt2" --bogus
-check "missing value" 2 "--prompt needs a value" -- "$W" sample --init-from "$T/gpt2" --prompt
-check "bad device" 2 "--device: expected cpu or cuda" -- "$W" sample --init-from "$T/gpt2" --device tpu
+check "bad temperature" 2 "--temperature: '-1' is not a number" -- "$W" sample --init-from "$T/gpt2" --temperature -1
+check "bad top-p" 2 "--top-p: '0' is not a number" -- "$W" sample --init-from "$T/gpt2" --top-p 0
+check "bad top-k" 2 "--top-k: 'x' is not an integer" -- "$W" sample --init-from "$T/gpt2" --top-k x
+check "unknown flag" 2 "unknown option '--bogus'" -- "$W" sample --init-from "$T/gpt2" --bogus
+check "missing value" 2 "option '--prompt' needs a value" -- "$W" sample --init-from "$T/gpt2" --prompt
+check "bad device" 2 "--device: 'tpu' is not cpu or cuda" -- "$W" sample --init-from "$T/gpt2" --device tpu
 check "cuda in a CPU build" 1 "cephalo-worker-cuda" -- "$W" sample --init-from "$T/gpt2" --device cuda
 check "prompt and prompt file" 2 "not both" -- "$W" sample --init-from "$T/gpt2" --prompt a --prompt-file /dev/null
 $PY -c "print('x' * 200, end='')" >"$T/long.txt"

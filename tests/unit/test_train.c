@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "model/train.h"
+#include "state/ckpt.h"
 #include "state/plan_read.h"
 
 static const char *const TINY[] = {"tiny-gpt", "tiny-llama", "tiny-bert", "tiny-vit"};

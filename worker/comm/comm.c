@@ -1,12 +1,12 @@
 /* comm.c - the generic part of the comm layer (comm.h, docs/comm.md): configuration from the
  * environment, the request queue and the communicator thread that runs requests in issue order,
  * waiting, stats, world 1 without a network, and the broken state. It runs each request on the
- * socket backend (comm_socket.c) or the nccl backend (comm_nccl.c).
+ * backend's table (comm_internal.h's comm_backend): the socket backend (comm_socket.c), or the
+ * nccl backend (comm_nccl.c).
  *
- * The nccl backend is linked into cephalo-worker-cuda only. This file refers to it through weak
- * symbols, so the CPU binaries link without it: there nccl_open is NULL, and configuring the
- * backend "nccl" is an error that names the binary to use. Every other nccl_* call is reached only
- * once nccl_open has succeeded.
+ * The nccl backend is linked into cephalo-worker-cuda only, where it registers itself at start-up
+ * (comm_backend_register); in the CPU binaries the name "nccl" is then unknown, and configuring it
+ * is an error that names the binary to use.
  *
  * One mutex guards the queue, the requests' completion and the stats; one condition variable
  * signals both "a request was queued" (to the communicator thread) and "a request completed" (to
@@ -25,19 +25,25 @@
 #include "common/log.h"
 #include "common/strutil.h"
 
-extern int nccl_open(const comm_config *cfg, store_client *st, int gpu, void *compute_stream,
-                     nccl_backend **out, err_t *err) __attribute__((weak));
-extern int nccl_issue(nccl_backend *b, comm_req *r, err_t *err) __attribute__((weak));
-extern int nccl_run(nccl_backend *b, comm_req *r, err_t *err) __attribute__((weak));
-extern void nccl_req_free(comm_req *r) __attribute__((weak));
-extern void nccl_bytes(const nccl_backend *b, int64_t *sent, int64_t *received) __attribute__((weak));
-extern int64_t nccl_scratch_bytes(const nccl_backend *b) __attribute__((weak));
-extern void nccl_shutdown(nccl_backend *b) __attribute__((weak));
-extern void nccl_close(nccl_backend *b) __attribute__((weak));
+/* The backends this binary has: the socket backend, and those registered at start-up. */
+#define MAX_BACKENDS 4
+static const comm_backend *backends[MAX_BACKENDS] = {&comm_socket_backend};
+static int n_backends = 1;
+
+void comm_backend_register(const comm_backend *b) {
+    CHECK(n_backends < MAX_BACKENDS);
+    backends[n_backends++] = b;
+}
+
+static const comm_backend *find_backend(const char *name) {
+    for (int i = 0; i < n_backends; i++)
+        if (!strcmp(backends[i]->name, name)) return backends[i];
+    return NULL;
+}
 
 struct comm {
     comm_config cfg;
-    bool use_nccl; /* cfg.backend is "nccl" */
+    const comm_backend *be; /* cfg.backend's */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     comm_req *head, *tail; /* issued, not run yet */
@@ -48,9 +54,9 @@ struct comm {
     pthread_t thread;
     store_server *server; /* rank 0 */
     store_client *store;
-    ring *ring;         /* socket backend, world > 1 */
-    nccl_backend *nccl; /* nccl backend, world > 1, once comm_set_device_stream succeeded (under mu) */
-    bool device_set;    /* comm_set_device_stream succeeded */
+    void *state;     /* the backend's, world > 1: set in comm_open (host buffers) or, under mu, in
+                        comm_set_device_stream (device buffers); NULL until then */
+    bool device_set; /* comm_set_device_stream succeeded */
 };
 
 const char *comm_op_name(comm_op op) {
@@ -86,10 +92,10 @@ static int check_config(const comm_config *c, err_t *err) {
         return err_set(err, "rank %d is out of range for world size %d (expected 0..%d)", c->rank, c->world, c->world - 1);
     if (!(c->timeout_s > 0 && c->timeout_s <= 1e6))
         return err_set(err, "CEPHALO_COMM_TIMEOUT: %g s is out of range (expected seconds > 0, at most 1e6)", c->timeout_s);
-    if (strcmp(c->backend, "socket") != 0 && strcmp(c->backend, "nccl") != 0)
-        return err_set(err, "CEPHALO_COMM_BACKEND: '%s' is not a backend (expected 'socket' or 'nccl')", c->backend);
-    if (strcmp(c->backend, "nccl") == 0 && nccl_open == NULL)
+    if (strcmp(c->backend, "nccl") == 0 && !find_backend("nccl"))
         return err_set(err, "CEPHALO_COMM_BACKEND: 'nccl' needs cephalo-worker-cuda (this worker was built without CUDA)");
+    if (!find_backend(c->backend))
+        return err_set(err, "CEPHALO_COMM_BACKEND: '%s' is not a backend (expected 'socket' or 'nccl')", c->backend);
     const char *u = c->nccl_uneven;
     if (u[0] && strcmp(u, "auto") != 0 && strcmp(u, "grouped") != 0 && strcmp(u, "pad") != 0)
         return err_set(err, "CEPHALO_NCCL_UNEVEN: '%s' is not a strategy (expected 'auto', 'grouped' or 'pad')", u);
@@ -134,26 +140,24 @@ static void fail_request(comm *c, comm_req *r) {
         err_prefix(&r->err, "rank %d: %s%s%s", c->cfg.rank, comm_op_name(r->op), r->what[0] ? " of " : "", r->what);
         c->first_err = r->err;
         c->broken = true;
-        ring_shutdown(c->ring);
-        if (c->nccl) nccl_shutdown(c->nccl);
+        if (c->state) c->be->shutdown(c->state);
     }
     r->err = c->first_err;
 }
 
 static void account(comm *c, comm_req *r, double ms) {
     c->stats.busy_ms += ms;
-    if (c->ring) ring_bytes(c->ring, &c->stats.bytes_sent, &c->stats.bytes_received);
-    if (c->nccl) nccl_bytes(c->nccl, &c->stats.bytes_sent, &c->stats.bytes_received);
+    if (c->state) c->be->bytes(c->state, &c->stats.bytes_sent, &c->stats.bytes_received);
     if (r->rc < 0) return;
     int64_t *n[] = {&c->stats.allgathers, &c->stats.reduce_scatters, &c->stats.allreduces,
                     &c->stats.broadcasts, &c->stats.barriers};
     (*n[r->op])++;
 }
 
-static int backend_run(comm *c, nccl_backend *nb, comm_req *r, err_t *err) {
-    if (c->ring) return ring_run(c->ring, r, err);
-    if (nb) return nccl_run(nb, r, err);
-    return err_set(err, "the nccl backend has no GPU yet (every rank must call comm_set_device_stream before its first operation)");
+static int backend_run(comm *c, void *state, comm_req *r, err_t *err) {
+    if (state) return c->be->run(state, r, err);
+    return err_set(err, "the %s backend has no GPU yet (every rank must call comm_set_device_stream before its first "
+                        "operation)", c->be->name);
 }
 
 static void *comm_thread(void *arg) {
@@ -166,10 +170,10 @@ static void *comm_thread(void *arg) {
         c->head = r->next;
         if (!c->head) c->tail = NULL;
         bool run = !c->broken;
-        nccl_backend *nb = c->nccl;
+        void *state = c->state;
         pthread_mutex_unlock(&c->mu);
         double t0 = clock_now_s();
-        r->rc = run ? backend_run(c, nb, r, &r->err) : -1;
+        r->rc = run ? backend_run(c, state, r, &r->err) : -1;
         double ms = (clock_now_s() - t0) * 1e3;
         pthread_mutex_lock(&c->mu);
         if (r->rc < 0) fail_request(c, r);
@@ -193,13 +197,13 @@ static comm_req *new_request(comm *c, comm_op op, void *buf, comm_dtype t, const
     return r;
 }
 
-/* Queues r, or with world 1 completes it at once (every operation is the identity there). The
- * nccl backend first marks, on the compute stream, the work r's data waits for (nccl_issue). */
+/* Queues r, or with world 1 completes it at once (every operation is the identity there). A
+ * device backend first marks, on the compute stream, the work r's data waits for (its issue). */
 static comm_req *issue(comm *c, comm_req *r) {
     pthread_mutex_lock(&c->mu);
-    nccl_backend *nb = c->broken ? NULL : c->nccl;
+    void *state = c->broken ? NULL : c->state;
     pthread_mutex_unlock(&c->mu);
-    int issued = nb ? nccl_issue(nb, r, &r->err) : 0;
+    int issued = state && c->be->issue ? c->be->issue(state, r, &r->err) : 0;
     pthread_mutex_lock(&c->mu);
     r->live_next = c->live;
     if (c->live) c->live->live_prev = r;
@@ -278,7 +282,7 @@ static void free_request(comm *c, comm_req *r) {
     if (r->live_prev) r->live_prev->live_next = r->live_next;
     else c->live = r->live_next;
     if (r->live_next) r->live_next->live_prev = r->live_prev;
-    if (r->ready) nccl_req_free(r);
+    if (r->ready && c->be->req_free) c->be->req_free(r);
     free(r->counts);
     free(r);
 }
@@ -302,7 +306,7 @@ int comm_run(comm *c, comm_req *r, err_t *err) { return comm_wait(c, r, err); }
 static comm *comm_new(const comm_config *cfg) {
     comm *c = xcalloc(1, sizeof *c);
     c->cfg = *cfg;
-    c->use_nccl = strcmp(cfg->backend, "nccl") == 0;
+    c->be = find_backend(cfg->backend); /* check_config found it */
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv, NULL);
     return c;
@@ -312,8 +316,8 @@ static int connect_world(comm *c, err_t *err) {
     const comm_config *cfg = &c->cfg;
     if (cfg->rank == 0 && store_serve(cfg, &c->server, err) < 0) return -1;
     if (store_connect(cfg, &c->store, err) < 0) return -1;
-    /* the nccl backend meets in comm_set_device_stream, once the GPU is known */
-    if (!c->use_nccl && ring_open(cfg, c->store, &c->ring, err) < 0) return -1;
+    /* a device backend meets in comm_set_device_stream, once the GPU is known */
+    if (!c->be->device_buffers && c->be->open(cfg, c->store, -1, NULL, &c->state, err) < 0) return -1;
     int e = pthread_create(&c->thread, NULL, comm_thread, c);
     if (e) return err_set(err, "cannot start the communicator thread: %s", strerror(e));
     c->has_thread = true;
@@ -348,8 +352,7 @@ void comm_close(comm *c) {
     pthread_mutex_unlock(&c->mu);
     if (c->has_thread) pthread_join(c->thread, NULL); /* runs (or fails) what is queued */
     while (c->live) free_request(c, c->live);
-    ring_close(c->ring);
-    if (c->nccl) nccl_close(c->nccl);
+    if (c->state) c->be->close(c->state);
     store_close(c->store);
     store_serve_stop(c->server, c->cfg.timeout_s);
     pthread_cond_destroy(&c->cv);
@@ -364,10 +367,9 @@ void comm_abort(comm *c, const char *why) {
         err_set(&c->first_err, "rank %d: communicator aborted: %s", c->cfg.rank, why ? why : "no reason given");
         c->broken = true;
     }
-    nccl_backend *nb = c->nccl;
+    void *state = c->state;
     pthread_mutex_unlock(&c->mu);
-    ring_shutdown(c->ring);
-    if (nb) nccl_shutdown(nb);
+    if (state) c->be->shutdown(state);
     store_shutdown(c->store);
 }
 
@@ -377,33 +379,33 @@ void comm_abort(comm *c, const char *why) {
 int comm_set_device_stream(comm *c, void *compute_stream, int gpu, err_t *err) {
     CHECK(c != NULL && gpu >= 0);
     if (c->device_set) return err_set(err, "rank %d: comm_set_device_stream was called twice", c->cfg.rank);
-    if (!c->use_nccl || c->cfg.world == 1) { /* host buffers, or nothing to move */
+    if (!c->be->device_buffers || c->cfg.world == 1) { /* host buffers, or nothing to move */
         c->device_set = true;
         return 0;
     }
-    nccl_backend *nb;
-    if (nccl_open(&c->cfg, c->store, gpu, compute_stream, &nb, err) < 0) {
-        err_prefix(err, "rank %d: nccl rendezvous on GPU %d", c->cfg.rank, gpu);
+    void *state = NULL;
+    if (c->be->open(&c->cfg, c->store, gpu, compute_stream, &state, err) < 0) {
+        err_prefix(err, "rank %d: %s rendezvous on GPU %d", c->cfg.rank, c->be->name, gpu);
         pthread_mutex_lock(&c->mu);
         if (!c->broken) c->first_err = *err, c->broken = true;
         pthread_mutex_unlock(&c->mu);
         return -1;
     }
     pthread_mutex_lock(&c->mu);
-    c->nccl = nb;
+    c->state = state;
     pthread_mutex_unlock(&c->mu);
     c->device_set = true;
     return 0;
 }
 
-bool comm_device_buffers(const comm *c) { return c->use_nccl; }
+bool comm_device_buffers(const comm *c) { return c->be->device_buffers; }
 
 int64_t comm_device_scratch_bytes(const comm *c) {
     comm *m = (comm *)c; /* the mutex changes, the communicator does not */
     pthread_mutex_lock(&m->mu);
-    nccl_backend *nb = c->nccl;
+    void *state = c->state;
     pthread_mutex_unlock(&m->mu);
-    return nb ? nccl_scratch_bytes(nb) : 0;
+    return state && c->be->scratch_bytes ? c->be->scratch_bytes(state) : 0;
 }
 
 /* ------------------------------------------------------------------------------------------ */

@@ -1,10 +1,11 @@
 /* comm_internal.h - what the parts of the comm layer share; not for other modules.
  *
- *   comm.c         config, request queue, the communicator thread, stats, broken state
+ *   comm.c         config, request queue, the communicator thread, stats, broken state; it runs
+ *                  every request through a backend (comm_backend, below)
  *   comm_net.c     TCP helpers: deadlines, connect with retry, reads and writes with a deadline
  *   comm_store.c   the rendezvous key-value store: rank 0's server and every rank's client
  *   comm_socket.c  the socket backend: the ring and its collectives
- *   comm_nccl.c    the nccl backend (cephalo-worker-cuda only: comm.c refers to it weakly)
+ *   comm_nccl.c    the nccl backend (cephalo-worker-cuda only: it registers itself when linked)
  *
  * Errors from comm_net/comm_store/comm_socket name the peer and the cause; comm.c prefixes them
  * with "rank R: OP of WHAT". */
@@ -127,41 +128,40 @@ void store_shutdown(store_client *s);
 void store_close(store_client *s);
 
 /* ------------------------------------------------------------------------------------------ */
-/* the socket backend (comm_socket.c)                                                          */
+/* backends: comm.c runs every request through one, as the devices run ops through dev_ops      */
 
-typedef struct ring ring;
+/* A backend's functions on its own state (a ring, an NCCL communicator). comm.c serializes run
+ * on the communicator thread; shutdown and req_free may come from any thread. */
+typedef struct comm_backend {
+    const char *name;    /* CEPHALO_COMM_BACKEND's value */
+    bool device_buffers; /* the collectives' buffers are device memory (comm_device_buffers) */
+    /* This rank's side: opened in comm_open for a host backend (gpu -1, no stream) and in
+     * comm_set_device_stream for a device backend, once the GPU is known. */
+    int (*open)(const comm_config *cfg, store_client *st, int gpu, void *compute_stream, void **state,
+                err_t *err);
+    /* On the issuing thread, before r is queued; NULL: nothing to do. */
+    int (*issue)(void *state, comm_req *r, err_t *err);
+    /* On the communicator thread: runs r; the error names the peer and the cause (comm.c adds the
+     * rank and the operation). */
+    int (*run)(void *state, comm_req *r, err_t *err);
+    /* Frees what issue attached to r (r->ready); NULL: nothing. */
+    void (*req_free)(comm_req *r);
+    /* Payload bytes moved so far (stats). */
+    void (*bytes)(const void *state, int64_t *sent, int64_t *received);
+    /* Device memory of its own (comm_device_scratch_bytes); NULL: none. */
+    int64_t (*scratch_bytes)(const void *state);
+    /* Fails the running operation and every later one at once (peers notice: connections close,
+     * the NCCL communicator aborts). */
+    void (*shutdown)(void *state);
+    /* After the communicator thread has stopped. */
+    void (*close)(void *state);
+} comm_backend;
 
-/* Listens, publishes this rank's address in the store, connects to rank+1, accepts rank-1. */
-int ring_open(const comm_config *cfg, store_client *st, ring **out, err_t *err);
-/* Runs one request; the error names the peer and the cause (comm.c adds rank and op). */
-int ring_run(ring *g, comm_req *r, err_t *err);
-/* Payload bytes moved so far (stats). */
-void ring_bytes(const ring *g, int64_t *sent, int64_t *received);
-/* shutdown(2) of both connections, from any thread: peers and our own poll() fail at once. */
-void ring_shutdown(ring *g);
-void ring_close(ring *g);
+/* The socket backend (comm_socket.c): always there. */
+extern const comm_backend comm_socket_backend;
+/* Makes a backend known by its name: comm_nccl.c registers itself at start-up in the binaries it
+ * is linked into (cephalo-worker-cuda), so the CPU binaries need no reference to it. */
+void comm_backend_register(const comm_backend *b);
 
-/* ------------------------------------------------------------------------------------------ */
-/* the nccl backend (comm_nccl.c; linked into cephalo-worker-cuda only)                        */
-
-typedef struct nccl_backend nccl_backend;
-
-/* comm_set_device_stream: cudaSetDevice(gpu), checks through the store that no two ranks share a
- * GPU, meets through the store (rank 0's ncclUniqueId), creates the non-blocking NCCL
- * communicator (bounded by the timeout) and the backend's stream. */
-int nccl_open(const comm_config *cfg, store_client *st, int gpu, void *compute_stream,
-              nccl_backend **out, err_t *err);
-/* On the issuing thread: records r->ready on the compute stream when r's buffer is device memory. */
-int nccl_issue(nccl_backend *b, comm_req *r, err_t *err);
-/* On the communicator thread: runs r and returns once it has finished on the GPU (or failed: then
- * the NCCL communicator is aborted). */
-int nccl_run(nccl_backend *b, comm_req *r, err_t *err);
-/* Frees r->ready (any thread). */
-void nccl_req_free(comm_req *r);
-void nccl_bytes(const nccl_backend *b, int64_t *sent, int64_t *received);
-int64_t nccl_scratch_bytes(const nccl_backend *b);
-/* ncclCommAbort, from any thread: serialized with the communicator thread's NCCL calls. */
-void nccl_shutdown(nccl_backend *b);
-void nccl_close(nccl_backend *b);
 
 #endif

@@ -69,6 +69,8 @@ typedef struct coll {
     int root; /* broadcast, reduce */
 } coll;
 
+typedef struct nccl_backend nccl_backend;
+
 struct nccl_backend {
     int rank, world, gpu;
     int cc_major; /* the GPU's compute capability, for the memory budget */
@@ -497,7 +499,10 @@ static int run_op(nccl_backend *b, comm_req *r, err_t *err) {
     return 0;
 }
 
-int nccl_run(nccl_backend *b, comm_req *r, err_t *err) {
+/* On the communicator thread: runs r and returns once it has finished on the GPU (or failed: then
+ * the NCCL communicator is aborted). */
+static int nccl_run(void *state, comm_req *r, err_t *err) {
+    nccl_backend *b = state;
     int rc = cuda_ok(cudaSetDevice(b->gpu), "cudaSetDevice", err);
     if (rc == 0) rc = run_op(b, r, err);
     if (rc < 0) {
@@ -511,7 +516,9 @@ int nccl_run(nccl_backend *b, comm_req *r, err_t *err) {
     return 0;
 }
 
-int nccl_issue(nccl_backend *b, comm_req *r, err_t *err) {
+/* On the issuing thread: records r->ready on the compute stream when r's buffer is device memory. */
+static int nccl_issue(void *state, comm_req *r, err_t *err) {
+    nccl_backend *b = state;
     void *p = r->op == COMM_OP_BARRIER ? NULL : r->buf;
     if (!p) return 0;
     int prev = b->gpu; /* the caller's current device, restored */
@@ -529,20 +536,22 @@ int nccl_issue(nccl_backend *b, comm_req *r, err_t *err) {
     return rc;
 }
 
-void nccl_req_free(comm_req *r) {
+static void nccl_req_free(comm_req *r) {
     if (r->ready) cudaEventDestroy((cudaEvent_t)r->ready);
     r->ready = NULL;
 }
 
-void nccl_bytes(const nccl_backend *b, int64_t *sent, int64_t *received) {
+static void nccl_bytes(const void *state, int64_t *sent, int64_t *received) {
+    const nccl_backend *b = state;
     *sent = atomic_load(&((nccl_backend *)b)->sent);
     *received = atomic_load(&((nccl_backend *)b)->received);
 }
 
-int64_t nccl_scratch_bytes(const nccl_backend *b) { return atomic_load(&((nccl_backend *)b)->device_bytes); }
+static int64_t nccl_scratch_bytes(const void *state) { return atomic_load(&((nccl_backend *)state)->device_bytes); }
 
-void nccl_shutdown(nccl_backend *b) {
-    if (b) abort_comm(b);
+/* ncclCommAbort, from any thread: serialized with the communicator thread's NCCL calls. */
+static void nccl_shutdown(void *state) {
+    if (state) abort_comm(state);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -671,7 +680,12 @@ static uneven_mode parse_uneven(const char *s) {
     return !strcmp(s, "grouped") ? UNEVEN_GROUPED : !strcmp(s, "pad") ? UNEVEN_PAD : UNEVEN_AUTO;
 }
 
-int nccl_open(const comm_config *cfg, store_client *st, int gpu, void *compute_stream, nccl_backend **out, err_t *err) {
+static void nccl_close(void *state);
+
+/* comm_set_device_stream: cudaSetDevice(gpu), checks through the store that no two ranks share a
+ * GPU, meets through the store (rank 0's ncclUniqueId), creates the non-blocking NCCL
+ * communicator (bounded by the timeout) and the backend's stream. */
+static int nccl_open(const comm_config *cfg, store_client *st, int gpu, void *compute_stream, void **out, err_t *err) {
     *out = NULL;
     int ngpu = 0;
     if (cuda_ok(cudaGetDeviceCount(&ngpu), "cudaGetDeviceCount", err) < 0) return -1;
@@ -709,7 +723,8 @@ int nccl_open(const comm_config *cfg, store_client *st, int gpu, void *compute_s
 
 /* After the communicator thread has stopped: finalizes and destroys the communicator (aborts it
  * when that does not complete within the timeout) and frees the rest. */
-void nccl_close(nccl_backend *b) {
+static void nccl_close(void *state) {
+    nccl_backend *b = state;
     if (!b) return;
     cudaSetDevice(b->gpu);
     if (b->comm) {
@@ -732,3 +747,23 @@ void nccl_close(nccl_backend *b) {
     free(b->off);
     free(b);
 }
+
+/* ------------------------------------------------------------------------------------------ */
+/* the backend's table (comm_internal.h)                                                       */
+
+static const comm_backend nccl_comm_backend = {
+    .name = "nccl",
+    .device_buffers = true,
+    .open = nccl_open,
+    .issue = nccl_issue,
+    .run = nccl_run,
+    .req_free = nccl_req_free,
+    .bytes = nccl_bytes,
+    .scratch_bytes = nccl_scratch_bytes,
+    .shutdown = nccl_shutdown,
+    .close = nccl_close,
+};
+
+/* Linked into cephalo-worker-cuda (and the GPU tests) only: there CEPHALO_COMM_BACKEND=nccl finds
+ * this backend; the CPU binaries never reference this file. */
+__attribute__((constructor)) static void nccl_register(void) { comm_backend_register(&nccl_comm_backend); }

@@ -53,6 +53,9 @@ typedef struct blame {
     char reason[REASON_MAX + 1];
 } blame;
 
+typedef struct ring ring;
+static void ring_shutdown(ring *g);
+
 struct ring {
     int rank, world;
     int left, right; /* fds: receive from rank-1, send to rank+1 */
@@ -515,7 +518,7 @@ static void tell_neighbours(ring *g, const err_t *err) {
     ring_shutdown(g);
 }
 
-int ring_run(ring *g, comm_req *r, err_t *err) {
+static int ring_run(ring *g, comm_req *r, err_t *err) {
     g->seq++;
     blame_on(g, g->rank, CAUSE_FAILED); /* unless the error blames a peer */
     g->owed_ok = true, g->owed_hdr_done = HDR_BYTES, g->owed_n = 0;
@@ -524,7 +527,7 @@ int ring_run(ring *g, comm_req *r, err_t *err) {
     return rc;
 }
 
-void ring_bytes(const ring *g, int64_t *sent, int64_t *received) {
+static void ring_bytes(const ring *g, int64_t *sent, int64_t *received) {
     *sent = g->sent;
     *received = g->received;
 }
@@ -629,7 +632,10 @@ static int check_right_hello(ring *g, err_t *err) {
     return 0;
 }
 
-int ring_open(const comm_config *cfg, store_client *st, ring **out, err_t *err) {
+static void ring_close(ring *g);
+
+/* Listens, publishes this rank's address in the store, connects to rank+1, accepts rank-1. */
+static int ring_open(const comm_config *cfg, store_client *st, ring **out, err_t *err) {
     ring *g = xcalloc(1, sizeof *g);
     g->rank = cfg->rank, g->world = cfg->world, g->timeout_s = cfg->timeout_s;
     g->left = g->right = -1;
@@ -652,14 +658,15 @@ int ring_open(const comm_config *cfg, store_client *st, ring **out, err_t *err) 
     return 0;
 }
 
-void ring_shutdown(ring *g) {
+/* shutdown(2) of both connections, from any thread: peers and our own poll() fail at once. */
+static void ring_shutdown(ring *g) {
     if (!g) return;
     atomic_store(&g->shut, true);
     if (g->left >= 0) shutdown(g->left, SHUT_RDWR);
     if (g->right >= 0) shutdown(g->right, SHUT_RDWR);
 }
 
-void ring_close(ring *g) {
+static void ring_close(ring *g) {
     if (!g) return;
     if (g->left >= 0) close(g->left);
     if (g->right >= 0) close(g->right);
@@ -667,3 +674,30 @@ void ring_close(ring *g) {
     free(g->off);
     free(g);
 }
+
+/* ------------------------------------------------------------------------------------------ */
+/* the backend's table (comm_internal.h)                                                       */
+
+static int socket_open(const comm_config *cfg, store_client *st, int gpu, void *compute_stream, void **state,
+                       err_t *err) {
+    (void)gpu, (void)compute_stream; /* host memory */
+    ring *g = NULL;
+    int rc = ring_open(cfg, st, &g, err);
+    *state = g;
+    return rc;
+}
+
+static int socket_run(void *state, comm_req *r, err_t *err) { return ring_run(state, r, err); }
+static void socket_bytes(const void *state, int64_t *sent, int64_t *received) { ring_bytes(state, sent, received); }
+static void socket_shutdown(void *state) { ring_shutdown(state); }
+static void socket_close(void *state) { ring_close(state); }
+
+const comm_backend comm_socket_backend = {
+    .name = "socket",
+    .device_buffers = false,
+    .open = socket_open,
+    .run = socket_run,
+    .bytes = socket_bytes,
+    .shutdown = socket_shutdown,
+    .close = socket_close,
+};

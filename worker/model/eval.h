@@ -49,7 +49,12 @@ int eval_loss(evaluator *ev, trainer *t, double *loss, err_t *err);
 /* One line for the start-up summary. */
 void eval_describe(const evaluator *ev, char *buf, size_t n);
 
-/* `cephalo-worker eval`: the validation loss of a checkpoint or a Hugging Face model. */
-int cmd_eval(int argc, char **argv);
+/* What the last evaluation covered, for reports: samples and targets over all ranks, the data. */
+typedef struct eval_summary {
+    int64_t samples;
+    double targets;
+    const char *data;
+} eval_summary;
+eval_summary eval_summary_of(const evaluator *ev);
 
 #endif

@@ -1,5 +1,5 @@
-/* sample.h - `cephalo-worker sample`: text from a trained or imported causal language model
- * (GPT-2, Llama), with a KV cache, on any device (docs/sample.md).
+/* sample.h - text from a trained or imported causal language model (GPT-2, Llama), with a KV
+ * cache, on any device: the core of `cephalo-worker sample` (worker/cmd/sample.c, docs/sample.md).
  *
  *   sampler *s;
  *   sampler_new(&s, dev, &model, host_units, ctx, rows, &err);   // parameters to the device
@@ -51,8 +51,5 @@ double sample_uniform(uint64_t *rng);
 int32_t sample_pick(const float *logits, int V, const sample_opts *o, uint64_t *rng,
                     sample_scratch *sc);
 void sample_scratch_free(sample_scratch *sc);
-
-/* The command line (docs/sample.md). Returns the exit code: 0, 1 runtime failure, 2 bad input. */
-int cmd_sample(int argc, char **argv);
 
 #endif

@@ -14,28 +14,34 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/strutil.h"
+#include "common/worker_cmd.h"
 #include "model/fsdp.h"
 #include "model/import.h"
 #include "model/train.h"
 
 #define OP(d, name, ...) ((d)->ops->name((d), __VA_ARGS__))
 
+/* The options' defaults are the one table of common/worker_cmd.c (`cephalo run` and the operator
+ * spell them out from it too). */
 void train_config_defaults(train_config *c) {
+    wcmd_train w;
+    wcmd_train_defaults(&w);
     c->world = 1;
-    c->steps = 20;
-    c->lr = 3e-4;
-    c->min_lr = -1; /* lr / 10 unless set */
-    c->beta1 = 0.9;
-    c->beta2 = 0.95;
-    c->eps = 1e-8;
-    c->weight_decay = 0.1;
-    c->clip = 1.0;
-    c->loss_scale = 65536;
-    c->loss_scale_window = 2000;
+    c->steps = w.steps;
+    c->lr = w.lr;
+    c->min_lr = w.min_lr; /* lr / 10 unless set */
+    c->schedule = w.schedule;
+    c->beta1 = w.beta1;
+    c->beta2 = w.beta2;
+    c->eps = w.eps;
+    c->weight_decay = w.weight_decay;
+    c->clip = w.clip;
+    c->loss_scale = wcmd_default_num(WCMD_LOSS_SCALE);
+    c->loss_scale_window = wcmd_default_long(WCMD_LOSS_SCALE_WINDOW);
     c->inject_nonfinite_step = -1;
-    c->warmup = 0;
-    c->seed = 1;
-    c->data = "synthetic";
+    c->warmup = w.warmup;
+    c->seed = w.seed;
+    c->data = w.data;
 }
 
 void train_config_release(train_config *c) {

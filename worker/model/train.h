@@ -3,7 +3,7 @@
  * clipping and a warmup + cosine schedule.
  *
  *   trainer *t = trainer_new(&cfg, &err);       // model, device, data, optimizer state
- *   trainer_resume(t, path, &err);              // optional
+ *   trainer_resume(t, path, &err);              // optional (state/ckpt.h)
  *   while (t->step < cfg.steps) trainer_step(t, &stats, &err);
  *   trainer_free(t); */
 #ifndef CEPHALO_TRAIN_H
@@ -172,13 +172,5 @@ int trainer_forward_loss(trainer *t, int n, double *loss, err_t *err);
  * whole unit with one rank). */
 void trainer_get_params(trainer *t, int unit, float *out);
 void trainer_get_grads(trainer *t, int unit, float *out);
-
-/* Checkpoints (ckpt.c): safetensors with each unit's parameters and AdamW moments, the step and
- * the configuration; written atomically, validated on load, bit-exact resume. */
-int trainer_save(trainer *t, const char *path, err_t *err);
-/* -1: the checkpoint cannot be read or is damaged; RESUME_OTHER_MODEL (-2): it is sound but of
- * another model (the message names both). */
-#define RESUME_OTHER_MODEL (-2)
-int trainer_resume(trainer *t, const char *path, err_t *err);
 
 #endif

@@ -1,10 +1,8 @@
-/* wprofile.c - `cephalo-worker profile` and `cephalo-worker profile-comm` (see wprofile.h and
- * docs/profile.md). */
+/* wprofile.c - the measurements behind `cephalo-worker profile` and `profile-comm` (wprofile.h,
+ * docs/profile.md); their command lines are worker/cmd/profile.c. */
 #include "model/wprofile.h"
 
-#include <getopt.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,23 +19,7 @@
 #include "planner/model.h"
 #include "planner/profile_store.h"
 
-enum { EXIT_RUNTIME = 1, EXIT_BAD_INPUT = 2 };
-
-#define MAX_REPS 50
-
-static int bad(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int bad(const char *cmd, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "cephalo-worker %s: ", cmd);
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n(see 'cephalo-worker --help')\n");
-    va_end(ap);
-    return EXIT_BAD_INPUT;
-}
-
-/* Sizes like 512M, 2G (common/strutil.h). */
-static int size_arg(const char *arg, int64_t *out) { return str_to_size(arg, out) ? 0 : -1; }
+#define MAX_REPS WPROF_MAX_REPS
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -306,94 +288,17 @@ static void fmt_eta(double s, char *buf, size_t n) {
     snprintf(buf, n, "%ld:%02ld", t / 60, t % 60);
 }
 
-typedef struct compute_opts {
-    const char *model, *out, *name, *device;
-    precision prec;
-    long seq, max_micro, threads, gpu;
-    int64_t memory;
-    double min_ms;
-    bool quiet;
-} compute_opts;
-
-static int parse_compute(int argc, char **argv, compute_opts *o) {
-    enum { O_MODEL = 256, O_SEQ, O_PREC, O_DEVICE, O_THREADS, O_MEMORY, O_MAXM, O_NAME, O_MINMS,
-           O_GPU, O_QUIET };
-    static const struct option longopts[] = {
-        {"model", 1, 0, O_MODEL},      {"seq", 1, 0, O_SEQ},         {"precision", 1, 0, O_PREC},
-        {"device", 1, 0, O_DEVICE},    {"threads", 1, 0, O_THREADS}, {"memory", 1, 0, O_MEMORY},
-        {"max-micro", 1, 0, O_MAXM},   {"name", 1, 0, O_NAME},       {"min-time-ms", 1, 0, O_MINMS},
-        {"gpu", 1, 0, O_GPU},          {"quiet", 0, 0, O_QUIET},     {"output", 1, 0, 'o'},
-        {0, 0, 0, 0}};
-    optind = 1;
-    opterr = 0;
-    int ch;
-    while ((ch = getopt_long(argc, argv, ":o:", longopts, NULL)) != -1) {
-        switch (ch) {
-        case O_MODEL: o->model = optarg; break;
-        case O_SEQ:
-            if (!str_to_long(optarg, &o->seq) || o->seq < 1) return bad("profile", "--seq: '%s' is not a positive integer", optarg);
-            break;
-        case O_PREC:
-            if (!precision_parse(optarg, &o->prec)) return bad("profile", "--precision: '%s' is not " PRECISION_CHOICES, optarg);
-            break;
-        case O_DEVICE:
-            if (strcmp(optarg, "cpu") && strcmp(optarg, "cuda")) return bad("profile", "--device: '%s' is not cpu or cuda", optarg);
-            o->device = optarg;
-            break;
-        case O_THREADS:
-            if (!str_to_long(optarg, &o->threads) || o->threads < 1 || o->threads > 4096)
-                return bad("profile", "--threads: '%s' is not an integer in [1, 4096]", optarg);
-            break;
-        case O_GPU:
-            if (!str_to_long(optarg, &o->gpu) || o->gpu < 0 || o->gpu > 1023) return bad("profile", "--gpu: '%s' is not an integer in [0, 1023]", optarg);
-            break;
-        case O_MEMORY:
-            if (size_arg(optarg, &o->memory) < 0) return bad("profile", "--memory: '%s' is not a size (e.g. 512M, 2G)", optarg);
-            break;
-        case O_MAXM:
-            if (!str_to_long(optarg, &o->max_micro) || o->max_micro < 1 || o->max_micro > 4096)
-                return bad("profile", "--max-micro: '%s' is not an integer in [1, 4096]", optarg);
-            break;
-        case O_MINMS:
-            if (!str_to_double(optarg, &o->min_ms) || !(o->min_ms >= 0 && o->min_ms <= 60000))
-                return bad("profile", "--min-time-ms: '%s' is not a number in [0, 60000]", optarg);
-            break;
-        case O_NAME: o->name = optarg; break;
-        case O_QUIET: o->quiet = true; break;
-        case 'o': o->out = optarg; break;
-        case ':': return bad("profile", "option '%s' needs a value", argv[optind - 1]);
-        default: return bad("profile", "unknown option '%s'", argv[optind - 1]);
-        }
-    }
-    if (optind < argc) return bad("profile", "unexpected argument '%s'", argv[optind]);
-    if (!o->model) return bad("profile", "%s", "--model is required");
-    if (!o->out) return bad("profile", "%s", "-o FILE is required");
-    return 0;
-}
-
-int worker_profile(int argc, char **argv) {
-    compute_opts o = {.device = "cpu", .prec = PREC_FP32, .max_micro = 8, .min_ms = 150};
-    int rc = parse_compute(argc, argv, &o);
-    if (rc) return rc;
-    err_t err;
-    model_spec model;
-    if (model_resolve(o.model, &model, &err) < 0) return bad("profile", "--model: %s", err.msg);
-    int seq;
-    if (model_check_seq(&model, (int)o.seq, &seq, &err) < 0) return bad("profile", "--seq: %s", err.msg);
+int wprof_compute(const wprof_opts *opts, const model_spec *mspec, int seq, err_t *err) {
+    wprof_opts o = *opts;
+    model_spec model = *mspec;
+    const char *name = o.name;
     bool cuda = !strcmp(o.device, "cuda");
-    char name[32];
-    if (o.name && strlen(o.name) >= sizeof name) return bad("profile", "--name: longer than %zu characters", sizeof name - 1);
-    if (o.name) snprintf(name, sizeof name, "%s", o.name);
-    else if (!cuda) snprintf(name, sizeof name, "cpu-%ldt", o.threads ? o.threads : 1);
-    else return bad("profile", "%s", "--name (the GPU's catalog type, e.g. A100-80GB) is required with --device cuda");
+    int rc = 0;
 
     prof_ctx c = {.m = &model, .seq = model.arch == ARCH_VIT ? 0 : seq, .cuda = cuda, .copies = !cuda,
                   .min_ms = o.min_ms, .min_reps = 3, .n_units = model_n_units(&model)};
     c.T = model_tokens(&model, c.seq);
-    if (device_open(&c.dev, o.device, 0, (int)o.threads, (int)o.gpu, o.memory, &err) < 0) {
-        fprintf(stderr, "cephalo-worker profile: %s\n", err.msg);
-        return EXIT_RUNTIME;
-    }
+    if (device_open(&c.dev, o.device, 0, (int)o.threads, (int)o.gpu, o.memory, err) < 0) return -1;
     c.prec = o.prec;
     c.dev.matmul = dev_matmul_for(o.prec, cuda);
     int K = (int)o.max_micro;
@@ -426,9 +331,8 @@ int worker_profile(int argc, char **argv) {
         if (!alloc_buffers(&c, mb, &aerr)) {
             free_buffers(&c);
             if (mb == 1) {
-                fprintf(stderr, "cephalo-worker profile: the device cannot hold the compute memory of microbatch 1: %s\n",
-                        aerr.msg[0] ? aerr.msg : c.dev.err.msg);
-                rc = EXIT_RUNTIME;
+                rc = err_set(err, "the device cannot hold the compute memory of microbatch 1: %s",
+                             aerr.msg[0] ? aerr.msg : c.dev.err.msg);
             } else if (!o.quiet) {
                 fprintf(stderr, "profile: microbatch %d does not fit the device's memory; the sweep ends at %d\n", mb, mb - 1);
             }
@@ -479,13 +383,10 @@ int worker_profile(int argc, char **argv) {
             fprintf(stderr, "profile: optimizer step (zero + norm + AdamW) %.3f ms per million parameters\n",
                     e->optimizer_ms_per_mparam);
     }
-    if (!rc && profile_save(&p, o.out, &err) < 0) {
-        fprintf(stderr, "cephalo-worker profile: %s\n", err.msg);
-        rc = EXIT_RUNTIME;
-    }
+    if (!rc) rc = profile_save(&p, o.out, err);
     profile_free(&p);
     device_close(&c.dev);
-    return rc;
+    return rc < 0 ? -1 : 0;
 }
 
 /* ---- collectives ------------------------------------------------------------------------- */
@@ -544,48 +445,9 @@ static int host_cores(void) {
     return n > 0 ? (int)n : 1;
 }
 
-int worker_profile_comm(int argc, char **argv) {
-    const char *out = NULL;
-    int64_t lo = 64 << 10, hi = 4 << 20;
-    long reps = 7;
-    enum { O_MIN = 256, O_MAX, O_REPS };
-    static const struct option longopts[] = {{"min-bytes", 1, 0, O_MIN}, {"max-bytes", 1, 0, O_MAX},
-                                             {"reps", 1, 0, O_REPS},     {"output", 1, 0, 'o'},
-                                             {0, 0, 0, 0}};
-    optind = 1;
-    opterr = 0;
-    int ch;
-    while ((ch = getopt_long(argc, argv, ":o:", longopts, NULL)) != -1) {
-        switch (ch) {
-        case O_MIN:
-            if (size_arg(optarg, &lo) < 0) return bad("profile-comm", "--min-bytes: '%s' is not a size", optarg);
-            break;
-        case O_MAX:
-            if (size_arg(optarg, &hi) < 0) return bad("profile-comm", "--max-bytes: '%s' is not a size", optarg);
-            break;
-        case O_REPS:
-            if (!str_to_long(optarg, &reps) || reps < 1 || reps > MAX_REPS)
-                return bad("profile-comm", "--reps: '%s' is not an integer in [1, %d]", optarg, MAX_REPS);
-            break;
-        case 'o': out = optarg; break;
-        case ':': return bad("profile-comm", "option '%s' needs a value", argv[optind - 1]);
-        default: return bad("profile-comm", "unknown option '%s'", argv[optind - 1]);
-        }
-    }
-    if (optind < argc) return bad("profile-comm", "unexpected argument '%s'", argv[optind]);
-    if (!out) return bad("profile-comm", "%s", "-o FILE is required");
-    if (hi < lo) return bad("profile-comm", "%s", "--max-bytes is below --min-bytes");
-    const char *s;
-    long rank = 0, world = 1;
-    if ((s = getenv("RANK")) && (!str_to_long(s, &rank) || rank < 0)) return bad("profile-comm", "$RANK is '%s'", s);
-    if ((s = getenv("WORLD_SIZE")) && (!str_to_long(s, &world) || world < 2 || rank >= world))
-        return bad("profile-comm", "$WORLD_SIZE is '%s' (collectives need at least 2 ranks)", s);
-    if (world < 2) return bad("profile-comm", "%s", "$WORLD_SIZE must be at least 2");
-    err_t err;
-    comm_config cc;
-    if (comm_config_from_env(&cc, (int)rank, (int)world, &err) < 0) return bad("profile-comm", "%s", err.msg);
-    comm *cm = comm_open(&cc, &err);
-    if (!cm) return fprintf(stderr, "cephalo-worker profile-comm: %s\n", err.msg), EXIT_RUNTIME;
+int wprof_comm(comm *cm, const wprof_comm_opts *o, err_t *err) {
+    int64_t lo = o->min_bytes, hi = o->max_bytes;
+    int world = comm_world(cm), rank = comm_rank(cm), reps = o->reps;
     int n = 0;
     for (int64_t b = lo; b <= hi; b *= 4) n++;
     profile p = {0};
@@ -605,25 +467,18 @@ int worker_profile_comm(int argc, char **argv) {
             profile_comm *pc = &p.comm[k];
             pc->bytes[i] = (double)b;
             shard_counts(b / 4, (int)world, false, counts);
-            rc = time_collective(cm, (int)world, k == 1, buf, counts, (int)reps, &pc->ms[i], &pc->cpu_ms[i], &err);
-            shard_counts(b / 4, (int)world, true, counts);
-            if (!rc) rc = time_collective(cm, (int)world, k == 1, buf, counts, (int)reps, &pc->uneven_ms[i], NULL, &err);
+            rc = time_collective(cm, world, k == 1, buf, counts, reps, &pc->ms[i], &pc->cpu_ms[i], err);
+            shard_counts(b / 4, world, true, counts);
+            if (!rc) rc = time_collective(cm, world, k == 1, buf, counts, reps, &pc->uneven_ms[i], NULL, err);
         }
         if (!rc && rank == 0)
-            fprintf(stderr, "profile: collectives over %ld ranks, %lld KiB: allgather %.3f ms (uneven %.3f), "
+            fprintf(stderr, "profile: collectives over %d ranks, %lld KiB: allgather %.3f ms (uneven %.3f), "
                             "reduce-scatter %.3f ms (uneven %.3f)\n",
                     world, (long long)(b >> 10), p.comm[0].ms[i], p.comm[0].uneven_ms[i], p.comm[1].ms[i],
                     p.comm[1].uneven_ms[i]);
     }
-    if (rc) {
-        fprintf(stderr, "cephalo-worker profile-comm: %s\n", err.msg);
-        comm_abort(cm, "profiling failed");
-    } else if (rank == 0 && profile_save(&p, out, &err) < 0) {
-        fprintf(stderr, "cephalo-worker profile-comm: %s\n", err.msg);
-        rc = EXIT_RUNTIME;
-    }
-    comm_close(cm);
+    if (!rc && rank == 0) rc = profile_save(&p, o->out, err);
     free(counts), free(buf);
     profile_free(&p);
-    return rc ? EXIT_RUNTIME : 0;
+    return rc < 0 ? -1 : 0;
 }

@@ -1,4 +1,5 @@
-/* ckpt.h - checkpoint metadata helpers shared by checkpoints, dumps and exports. */
+/* ckpt.h - a trainer's checkpoints (ckpt.c, ckpt_set.c): saving and resuming, and the metadata
+ * helpers shared by checkpoints, dumps and exports. */
 #ifndef CEPHALO_CKPT_H
 #define CEPHALO_CKPT_H
 
@@ -8,6 +9,14 @@
 #include "model/train.h"
 
 #define CKPT_FORMAT "cephalo-checkpoint"
+
+/* Checkpoints: safetensors with each unit's parameters and AdamW moments, the step and the
+ * configuration; written atomically, validated on load, bit-exact resume. */
+int trainer_save(trainer *t, const char *path, err_t *err);
+/* -1: the checkpoint cannot be read or is damaged; RESUME_OTHER_MODEL (-2): it is sound but of
+ * another model (the message names both). */
+#define RESUME_OTHER_MODEL (-2)
+int trainer_resume(trainer *t, const char *path, err_t *err);
 
 /* The training settings as JSON (checkpoint and dump metadata "cephalo.train"). */
 cJSON *train_config_json(const train_config *c);

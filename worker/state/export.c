@@ -5,7 +5,6 @@
  * rotate-half form that transformers' Llama uses, so no row permutation is needed. import.c reads
  * these layouts back (export then import is the identity). */
 #include <errno.h>
-#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -260,41 +259,4 @@ int export_hf(const char *checkpoint, const char *dir, err_t *err) {
     for (int u = 0; x.unit && u < model_n_units(&m); u++) free(x.unit[u]);
     free(x.unit);
     return rc;
-}
-
-int cmd_export(int argc, char **argv) {
-    static const struct option longopts[] = {{"checkpoint", 1, 0, 'c'}, {"output", 1, 0, 'o'},
-                                             {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
-    const char *ckpt = NULL, *out = NULL;
-    optind = 1;
-    opterr = 0;
-    int ch;
-    while ((ch = getopt_long(argc, argv, ":ho:", longopts, NULL)) != -1) {
-        switch (ch) {
-        case 'c': ckpt = optarg; break;
-        case 'o': out = optarg; break;
-        case 'h':
-            puts("usage: cephalo-worker export --checkpoint PATH -o DIR\n"
-                 "Writes DIR/model.safetensors (Hugging Face tensor names) and DIR/config.json\n"
-                 "for GPT-2 (GPT2LMHeadModel) and Llama (LlamaForCausalLM) checkpoints.\n"
-                 "PATH: a checkpoint file (step_N.safetensors), a sharded step directory (step_N/),\n"
-                 "a checkpoint directory (--ckpt-dir: the one its `latest` names, else its newest\n"
-                 "complete one), or a --dump file (init.safetensors: the weights before step 0).");
-            return 0;
-        default:
-            fprintf(stderr, "cephalo-worker export: bad option '%s' (see --help)\n", argv[optind - 1]);
-            return 2;
-        }
-    }
-    if (!ckpt || !out || optind < argc) {
-        fprintf(stderr, "cephalo-worker export: needs --checkpoint PATH and -o DIR (see --help)\n");
-        return 2;
-    }
-    err_t err;
-    if (export_hf(ckpt, out, &err) < 0) {
-        fprintf(stderr, "cephalo-worker export: %s\n", err.msg);
-        return 2;
-    }
-    printf("wrote %s/model.safetensors and %s/config.json\n", out, out);
-    return 0;
 }

@@ -1,5 +1,5 @@
-/* export.h - `cephalo-worker export`: a checkpoint as a Hugging Face model directory
- * (model.safetensors with transformers' tensor names + config.json) for GPT-2 and Llama. */
+/* export.h - a checkpoint as a Hugging Face model directory (model.safetensors with transformers'
+ * tensor names + config.json) for GPT-2 and Llama: `cephalo-worker export` (worker/cmd/export.c). */
 #ifndef CEPHALO_EXPORT_H
 #define CEPHALO_EXPORT_H
 
@@ -13,7 +13,5 @@
 int export_read_checkpoint(const char *checkpoint, model_spec *m, float ***units, err_t *err);
 /* Writes DIR/model.safetensors and DIR/config.json from a checkpoint written by trainer_save. */
 int export_hf(const char *checkpoint, const char *dir, err_t *err);
-/* The command line: export --checkpoint FILE -o DIR. Returns the exit code. */
-int cmd_export(int argc, char **argv);
 
 #endif

@@ -1,0 +1,595 @@
+/* train.c - `cephalo-worker train`: one rank of a training job (DESIGN 5.1, docs/worker.md).
+ *
+ * RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT and CEPHALO_PLAN come from the environment, as with
+ * torchrun-launched programs; the options' defaults are common/worker_cmd.c's table, the one
+ * `cephalo run` and the operator build this command line from. Exit codes: worker_cmd.h. */
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cmd/cmd.h"
+#include "cmd/metrics.h"
+#include "comm/comm.h"
+#include "common/args.h"
+#include "common/fileio.h"
+#include "common/log.h"
+#include "common/strutil.h"
+#include "common/worker_cmd.h"
+#include "model/eval.h"
+#include "model/import.h"
+#include "model/train.h"
+#include "state/ckpt.h"
+#include "state/ckpt_resume.h"
+#include "state/dump.h"
+#include "state/plan_read.h"
+
+enum { EXIT_RUNTIME = WCMD_EXIT_RUNTIME, EXIT_BAD_INPUT = WCMD_EXIT_BAD_INPUT, EXIT_STOPPED = WCMD_EXIT_STOPPED };
+_Static_assert(WCMD_EXIT_STOPPED == 128 + SIGTERM, "the stopped status is the shell's for SIGTERM");
+
+/* SIGTERM or SIGINT while training: finish the step, checkpoint it together with the other ranks
+ * (the request rides on the step's loss all-reduce: train.h) and exit EXIT_STOPPED. Before the
+ * training loop (set-up, the rendezvous) the signal keeps its default action. */
+static volatile sig_atomic_t stop_signal, training;
+
+static void on_stop_signal(int sig) {
+    if (!training) {
+        signal(sig, SIG_DFL);
+        raise(sig);
+        return;
+    }
+    stop_signal = sig;
+}
+
+static void catch_stop_signals(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+}
+
+static const char usage_text[] =
+    "usage: cephalo-worker train [--plan PLAN.json | --model MODEL --batch B [--microbatch M]]\n"
+    "                            [options]\n"
+    "\n"
+    "train: trains one rank. The plan (--plan, or $CEPHALO_PLAN) gives the model, the global\n"
+    "batch and this rank's batch, microbatches, memory and threads; without a plan, --model and\n"
+    "--batch describe a single-rank job. $RANK and $WORLD_SIZE select the rank (default 0 of 1).\n"
+    "  --model MODEL        built-in model or model file (cephalo models)\n"
+    "  --batch B            global batch (samples per step)\n"
+    "  --microbatch M       samples per microbatch (default B); B/M microbatches per step\n"
+    "  --seq T              sequence length (default: the model's)\n"
+    "  --data SPEC          token shards (file, directory, glob, comma list), a CIMG image file\n"
+    "                       for ViT, or 'synthetic' (default)\n"
+    "  --init-from DIR      start from a Hugging Face model directory (config.json and\n"
+    "                       model.safetensors or its sharded index; GPT-2 and Llama): each rank\n"
+    "                       reads only its own slices (docs/import.md). Without --plan/--model,\n"
+    "                       the model is DIR's config.json; with them it must be the same model\n"
+    "  --steps N            total steps (default 20); 0: the initial weights saved as checkpoint\n"
+    "                       step 0 (with --ckpt-dir), e.g. to export them\n"
+    "  --lr X               peak learning rate (default 3e-4)\n"
+    "  --schedule S         after the warmup: cosine (default) or linear from lr down to\n"
+    "                       --min-lr, or constant (lr throughout)\n"
+    "  --min-lr X           final learning rate of the cosine or linear decay (default lr/10)\n"
+    "  --warmup N           linear warmup steps (default 0)\n"
+    "  --weight-decay X     AdamW decay on matrices (default 0.1)\n"
+    "  --beta1 X --beta2 X --eps X   AdamW (default 0.9, 0.95, 1e-8)\n"
+    "  --clip X             global gradient-norm clip, 0 = off (default 1.0)\n"
+    "  --seed N             initialisation and data order (default 1)\n"
+    "  --threads N          CPU threads (default: the plan's, else all cores)\n"
+    "  --memory SIZE        device memory, e.g. 2G (default: the plan's; else none on the CPU,\n"
+    "                       the GPU's free memory on CUDA)\n"
+    "  --device cpu|cuda    the device (default: the plan's device type: cpu, or cuda for GPUs;\n"
+    "                       else cpu); cuda needs cephalo-worker-cuda\n"
+    "  --gpu N              the GPU (default: $LOCAL_RANK, else RANK, modulo the visible GPUs)\n"
+    "  --precision P        fp32 (TF32 matmuls on CUDA sm_80+), or bf16 / fp16 mixed precision:\n"
+    "                       16-bit matmul operands and parameter gathers, fp32 master weights,\n"
+    "                       moments and gradient reductions; fp16 adds dynamic loss scaling\n"
+    "                       (default: the plan's, else fp32; the CPU emulates both exactly)\n"
+    "  --loss-scale S       fp16: the initial loss scale, a power of two (default 65536)\n"
+    "  --loss-scale-window N  fp16: clean steps in a row that double the scale (default 2000);\n"
+    "                       a non-finite gradient on any rank skips the step and halves it\n"
+    "  --offload on|off     unit-boundary checkpoints in host memory (on, default) or device\n"
+    "  --accumulate layered|per-micro  gradient accumulation: every unit gathered and reduced\n"
+    "                       once per step (layered, default) or once per microbatch\n"
+    "  --sync-micro         finish each microbatch's compute before queueing the next\n"
+    "  --ckpt-dir DIR       write checkpoints there (step_NNNNNNNN.safetensors + 'latest'); one\n"
+    "                       training at a time per directory (DIR/.lock)\n"
+    "  --ckpt-every N       checkpoint every N steps (default: only at the end)\n"
+    "  --keep-last N        keep the newest N checkpoints in DIR, 0 = all (default 3)\n"
+    "  --keep-every K       also keep every checkpoint whose step is a multiple of K\n"
+    "  --resume WHAT        continue from a checkpoint: 'auto' (the newest complete one in\n"
+    "                       --ckpt-dir, if any), a checkpoint, a checkpoint directory (its\n"
+    "                       newest), DIR/latest, or 'none' (start afresh; the default)\n"
+    "  --overwrite          allow writing over checkpoints in --ckpt-dir beyond the starting\n"
+    "                       step (another run's): they are deleted at the start\n"
+    "  --diverge-steps N    stop (exit 1) when the loss stays above 2 x ln(vocabulary) for N\n"
+    "                       steps in a row: diverged; 0 = never (default 20)\n"
+    "  --val-data SPEC      validation data (as --data): the validation loss of a fixed set of\n"
+    "                       samples, the same whatever the plan, in the log, progress and metrics\n"
+    "  --val-every N        evaluate every N steps and after the last (default: steps/10, at\n"
+    "                       most 100); 0: after the last step only\n"
+    "  --val-samples N      validation samples (default 64; at most what --val-data holds)\n"
+    "  --log FILE           JSON lines: one object per step\n"
+    "  --dump DIR           oracle dump for tests (docs/worker-model.md)\n"
+    "  --quiet              no progress lines\n"
+    "  --metrics-port N     serve /metrics and /healthz on port N, 0 = off (default:\n"
+    "                       $CEPHALO_METRICS_PORT, else the plan's metrics_port + RANK, else off)\n"
+    "  --metrics-addr ADDR  the address to listen on (default 0.0.0.0; docs/metrics.md)\n"
+;
+
+typedef struct worker_opts {
+    const char *plan, *model, *log, *dump, *metrics_addr;
+    long batch, micro, seq, ckpt_every, metrics_port; /* metrics_port -1: not given */
+    long diverge_steps;
+    long steps, warmup, seed, loss_scale_window; /* read as long, then into cfg */
+    ckpt_opts ck; /* --ckpt-dir, --resume, --overwrite, --keep-last, --keep-every */
+    eval_opts val; /* --val-data, --val-every, --val-samples */
+    bool quiet, have_threads, have_memory, have_gpu;
+    const char *device;
+    precision prec;
+    bool have_prec; /* --precision given (else the plan's, else fp32) */
+    train_config cfg;
+} worker_opts;
+
+static int bad(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int bad(const char *fmt, ...) {
+    char msg[1600];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return args_bad_cmd(WORKER_NAME, "%s", msg);
+}
+
+/* The loss scale multiplies the loss and divides the gradient: a power of two keeps both exact. */
+static int power_of_two(const args *p, double *out) {
+    int e;
+    if (!str_to_double(p->val, out) || !(*out >= 0x1p-24 && *out <= 0x1p64) || frexp(*out, &e) != 0.5)
+        return args_bad(p, "%s: '%s' is not a power of two in [2^-24, 2^64] (e.g. 65536)", p->opt, p->val);
+    return 0;
+}
+
+enum {
+    O_PLAN = 256, O_MODEL, O_BATCH, O_MICRO, O_SEQ, O_DATA, O_STEPS, O_LR, O_MINLR, O_WARMUP, O_WD, O_B1, O_B2,
+    O_EPS, O_CLIP, O_SEED, O_THREADS, O_MEMORY, O_CKDIR, O_CKEVERY, O_RESUME, O_LOG, O_DUMP, O_QUIET, O_DEVICE,
+    O_GPU, O_PRECISION, O_OFFLOAD, O_ACCUM, O_SYNCMICRO, O_MPORT, O_MADDR, O_OVERWRITE, O_KEEPLAST, O_KEEPEVERY,
+    O_DIVERGE, O_LSCALE, O_LWINDOW, O_SCHEDULE, O_INITFROM, O_VALDATA, O_VALEVERY, O_VALSAMPLES
+};
+
+static const struct option train_longopts[] = {
+    {"plan", 1, 0, O_PLAN},       {"model", 1, 0, O_MODEL},     {"batch", 1, 0, O_BATCH},
+    {"microbatch", 1, 0, O_MICRO}, {"seq", 1, 0, O_SEQ},        {"data", 1, 0, O_DATA},
+    {"schedule", 1, 0, O_SCHEDULE},
+    {"steps", 1, 0, O_STEPS},     {"lr", 1, 0, O_LR},           {"min-lr", 1, 0, O_MINLR},
+    {"warmup", 1, 0, O_WARMUP},   {"weight-decay", 1, 0, O_WD}, {"beta1", 1, 0, O_B1},
+    {"beta2", 1, 0, O_B2},        {"eps", 1, 0, O_EPS},         {"clip", 1, 0, O_CLIP},
+    {"seed", 1, 0, O_SEED},       {"threads", 1, 0, O_THREADS}, {"memory", 1, 0, O_MEMORY},
+    {"ckpt-dir", 1, 0, O_CKDIR},  {"ckpt-every", 1, 0, O_CKEVERY},
+    {"resume", 1, 0, O_RESUME},   {"log", 1, 0, O_LOG},         {"dump", 1, 0, O_DUMP},
+    {"quiet", 0, 0, O_QUIET},     {"device", 1, 0, O_DEVICE},   {"gpu", 1, 0, O_GPU},
+    {"precision", 1, 0, O_PRECISION}, {"offload", 1, 0, O_OFFLOAD},
+    {"accumulate", 1, 0, O_ACCUM}, {"sync-micro", 0, 0, O_SYNCMICRO},
+    {"metrics-port", 1, 0, O_MPORT}, {"metrics-addr", 1, 0, O_MADDR},
+    {"overwrite", 0, 0, O_OVERWRITE}, {"keep-last", 1, 0, O_KEEPLAST},
+    {"keep-every", 1, 0, O_KEEPEVERY}, {"diverge-steps", 1, 0, O_DIVERGE},
+    {"loss-scale", 1, 0, O_LSCALE}, {"loss-scale-window", 1, 0, O_LWINDOW},
+    {"init-from", 1, 0, O_INITFROM}, {"val-data", 1, 0, O_VALDATA},
+    {"val-every", 1, 0, O_VALEVERY}, {"val-samples", 1, 0, O_VALSAMPLES},
+    {"help", 0, 0, 'h'},          {0, 0, 0, 0}};
+
+/* What the job is: its model and batch (or its plan), data, device and precision. */
+static int job_option(args *p, int ch, worker_opts *o) {
+    train_config *c = &o->cfg;
+    const char *v;
+    switch (ch) {
+    case O_PLAN: o->plan = p->val; break;
+    case O_MODEL: o->model = p->val; break;
+    case O_BATCH: return args_long(p, 1, 1 << 20, &o->batch);
+    case O_MICRO: return args_long(p, 1, 1 << 20, &o->micro);
+    case O_SEQ: return args_long(p, 1, 1 << 20, &o->seq);
+    case O_DATA: c->data = p->val; break;
+    case O_INITFROM: c->init_from = p->val; break;
+    case O_VALDATA: o->val.data = p->val; break;
+    case O_VALEVERY: return args_long(p, 0, 1L << 40, &o->val.every);
+    case O_VALSAMPLES: return args_long(p, 1, 1L << 30, &o->val.samples);
+    case O_SEED: return args_long(p, 0, 1L << 62, &o->seed);
+    case O_THREADS: return o->have_threads = true, args_int(p, 1, 4096, &c->threads);
+    case O_MEMORY: return o->have_memory = true, args_size(p, &c->memory_bytes);
+    case O_DEVICE: return args_choice(p, cmd_devices, &o->device);
+    case O_GPU: return o->have_gpu = true, args_int(p, 0, 1023, &c->gpu);
+    case O_PRECISION:
+        o->have_prec = true;
+        return args_choice(p, precision_names, &v) ? ARGS_BAD : (precision_parse(v, &o->prec), 0);
+    default: return -1; /* not this group's */
+    }
+    return 0;
+}
+
+/* How it trains: the optimizer, its schedule and the engine's modes. */
+static int optimizer_option(args *p, int ch, worker_opts *o) {
+    train_config *c = &o->cfg;
+    const char *v;
+    switch (ch) {
+    case O_STEPS: return args_long(p, 0, 1L << 40, &o->steps);
+    case O_LR: return args_double(p, 0, 10, &c->lr);
+    case O_MINLR: return args_double(p, 0, 10, &c->min_lr);
+    case O_SCHEDULE:
+        return args_choice(p, schedule_names, &v) ? ARGS_BAD : (schedule_parse(v, &c->schedule), 0);
+    case O_WARMUP: return args_long(p, 0, 1L << 40, &o->warmup);
+    case O_WD: return args_double(p, 0, 10, &c->weight_decay);
+    case O_B1: return args_double(p, 0, 0.999999, &c->beta1);
+    case O_B2: return args_double(p, 0, 0.999999, &c->beta2);
+    case O_EPS: return args_double(p, 1e-30, 1, &c->eps);
+    case O_CLIP: return args_double(p, 0, 1e9, &c->clip);
+    case O_LSCALE: return power_of_two(p, &c->loss_scale);
+    case O_LWINDOW: return args_long(p, 1, 1L << 40, &o->loss_scale_window);
+    case O_OFFLOAD:
+        return args_choice(p, (const char *const[]){"on", "off", NULL}, &v) ? ARGS_BAD : (c->no_offload = !strcmp(v, "off"), 0);
+    case O_ACCUM:
+        return args_choice(p, (const char *const[]){"layered", "per-micro", NULL}, &v)
+                   ? ARGS_BAD : (c->per_micro = !strcmp(v, "per-micro"), 0);
+    case O_SYNCMICRO: c->sync_micro = true; break;
+    case O_DIVERGE: return args_long(p, 0, 1L << 40, &o->diverge_steps);
+    default: return -1;
+    }
+    return 0;
+}
+
+/* What it writes: checkpoints, logs, dumps, metrics. */
+static int output_option(args *p, int ch, worker_opts *o) {
+    switch (ch) {
+    case O_CKDIR: o->ck.dir = p->val; break;
+    case O_CKEVERY: return args_long(p, 1, 1L << 40, &o->ckpt_every);
+    case O_RESUME: o->ck.resume = p->val; break;
+    case O_OVERWRITE: o->ck.overwrite = true; break;
+    case O_KEEPLAST: return args_long(p, 0, 1L << 40, &o->ck.keep.keep_last);
+    case O_KEEPEVERY: return args_long(p, 0, 1L << 40, &o->ck.keep.keep_every);
+    case O_LOG: o->log = p->val; break;
+    case O_DUMP: o->dump = p->val; break;
+    case O_QUIET: o->quiet = true; break;
+    case O_MPORT: return args_long(p, 0, 65535, &o->metrics_port);
+    case O_MADDR: o->metrics_addr = p->val; break;
+    }
+    return 0;
+}
+
+static int parse_train(int argc, char **argv, worker_opts *o) {
+    args p = args_begin(argc, argv, WORKER_NAME " train", train_longopts, "", usage_text);
+    int ch = 0, rc = 0;
+    while (!rc && (ch = args_next(&p)) > 0)
+        if ((rc = job_option(&p, ch, o)) < 0 && (rc = optimizer_option(&p, ch, o)) < 0) rc = output_option(&p, ch, o);
+    if (rc || ch < 0 || args_no_operands(&p)) return ARGS_BAD;
+    train_config *c = &o->cfg;
+    c->steps = o->steps, c->warmup = o->warmup, c->seed = (uint64_t)o->seed;
+    c->loss_scale_window = o->loss_scale_window;
+    if (o->ck.overwrite && !o->ck.dir) return args_bad(&p, "--overwrite is about the checkpoints in --ckpt-dir; give --ckpt-dir");
+    if (!o->val.data && (o->val.every >= 0 || o->val.samples))
+        return args_bad(&p, "%s needs --val-data (the validation data)", o->val.every >= 0 ? "--val-every" : "--val-samples");
+    return 0;
+}
+
+static int env_int(const char *name, int dflt, int lo, int hi, int *out) {
+    const char *s = getenv(name);
+    long v = dflt;
+    if (s && *s && (!str_to_long(s, &v) || v < lo || v > hi))
+        return bad("$%s is '%s', expected an integer in [%d, %d]", name, s, lo, hi);
+    *out = (int)v;
+    return 0;
+}
+
+/* tests: $CEPHALO_TEST_NONFINITE=STEP[:RANK] makes rank RANK's (default 0) gradient inf at STEP,
+ * the overflow an fp16 run meets (docs/worker.md). */
+static int inject_from_env(train_config *c) {
+    const char *s = getenv("CEPHALO_TEST_NONFINITE");
+    if (!s || !*s) return 0;
+    char step[32] = "", *colon = strchr(s, ':');
+    long st, rk = 0;
+    snprintf(step, sizeof step, "%.*s", colon ? (int)(colon - s) : (int)strlen(s), s);
+    if (!str_to_long(step, &st) || st < 0 || (colon && (!str_to_long(colon + 1, &rk) || rk < 0)))
+        return bad("$CEPHALO_TEST_NONFINITE is '%s', expected STEP or STEP:RANK", s);
+    c->inject_nonfinite_step = st, c->inject_nonfinite_rank = (int)rk;
+    return 0;
+}
+
+/* Fills the config from the plan or from --model/--batch. */
+static int resolve_job(worker_opts *o) {
+    train_config *c = &o->cfg;
+    err_t err;
+    int rank, world;
+    if (env_int("RANK", 0, 0, 1 << 20, &rank) || env_int("WORLD_SIZE", 1, 1, 1 << 20, &world))
+        return EXIT_BAD_INPUT;
+    if (!o->plan) o->plan = getenv("CEPHALO_PLAN");
+    if (o->plan && *o->plan) {
+        if (o->model || o->batch || o->micro || o->seq)
+            return bad("%s", "--model/--batch/--microbatch/--seq come from the plan; give one or the other");
+        int threads = c->threads;
+        int64_t mem = c->memory_bytes;
+        if (plan_read(o->plan, rank, world, c, &err) < 0) return bad("%s", err.msg);
+        if (o->have_threads) c->threads = threads;
+        if (o->have_memory) c->memory_bytes = mem;
+    } else {
+        if (!o->model) o->model = c->init_from; /* the model its config.json describes */
+        if (!o->model || !o->batch) return bad("%s", "give --plan PLAN.json (or $CEPHALO_PLAN), or --model and --batch");
+        if (world != 1) return bad("WORLD_SIZE is %d: a multi-rank job needs a plan", world);
+        bool from_hf = o->model == c->init_from;
+        if ((from_hf ? model_load_hf_config(o->model, &c->model, &err) : model_resolve(o->model, &c->model, &err)) < 0)
+            return bad("%s: %s", from_hf ? "--init-from" : "--model", err.msg);
+        int seq;
+        if (model_check_seq(&c->model, (int)o->seq, &seq, &err) < 0) return bad("--seq: %s", err.msg);
+        c->seq = c->model.arch == ARCH_VIT ? 0 : seq;
+        long m = o->micro ? o->micro : o->batch;
+        if (o->batch % m) return bad("--batch %ld is not a multiple of --microbatch %ld", o->batch, m);
+        c->global_batch = c->batch = (int)o->batch;
+        c->micro = (int)m, c->micros = (int)(o->batch / m);
+    }
+    if (c->init_from && hf_import_check_model(c->init_from, &c->model, &err) < 0)
+        return bad("--init-from: %s", err.msg);
+    if (o->device) c->device = o->device;
+    if (o->have_prec) c->prec = o->prec;
+    if (!c->device) c->device = "cpu";
+    /* tests: run the staged-collective path (the cuda device's with the socket backend) on CPU */
+    const char *stage = getenv("CEPHALO_STAGE_HOST");
+    c->stage_host = stage && !strcmp(stage, "1");
+    int rc = inject_from_env(c);
+    if (rc) return rc;
+    if (!strcmp(c->device, "cuda") && !o->have_gpu) {
+        int local, n = device_cuda_count();
+        if (env_int("LOCAL_RANK", rank, 0, 1 << 20, &local)) return EXIT_BAD_INPUT;
+        c->gpu = n > 0 ? local % n : 0;
+    }
+    if (c->warmup >= c->steps && c->warmup > 0)
+        return bad("--warmup %lld must be below --steps %lld", (long long)c->warmup, (long long)c->steps);
+    return 0;
+}
+
+/* ---- progress and logs ---- */
+
+static void fmt_duration(double s, char *buf, size_t n) {
+    long t = (long)(s + 0.5);
+    if (t >= 3600) snprintf(buf, n, "%ldh%02ldm", t / 3600, (t / 60) % 60);
+    else snprintf(buf, n, "%ld:%02ld", t / 60, t % 60);
+}
+
+static void progress(const trainer *t, const step_stats *st, double avg_ms) {
+    char eta[32], peak[32], scale[96] = "", val[48] = "";
+    fmt_duration(avg_ms / 1e3 * (double)(t->cfg.steps - st->step - 1), eta, sizeof eta);
+    str_bytes((double)st->peak_bytes, peak, sizeof peak);
+    if (t->cfg.prec == PREC_FP16)
+        snprintf(scale, sizeof scale, " | scale %g%s", st->loss_scale,
+                 st->skipped ? " (gradient not finite: step skipped)" : "");
+    if (st->has_val) snprintf(val, sizeof val, " | val %.4f", st->val_loss);
+    fprintf(stderr,
+            "step %lld/%lld | loss %.4f%s | lr %.2e | norm %.3f%s | %.0f tok/s | %.1f samples/s | "
+            "%.0f ms | peak %s | ETA %s\n",
+            (long long)st->step + 1, (long long)t->cfg.steps, st->loss, val, st->lr, st->grad_norm,
+            scale, st->tokens_per_s, st->samples_per_s, st->step_ms, peak, eta);
+}
+
+static long long peak_rss_bytes(void) {
+    struct rusage ru;
+    return getrusage(RUSAGE_SELF, &ru) == 0 ? (long long)ru.ru_maxrss * 1024 : -1;
+}
+
+/* A JSON number, or null for inf and NaN (an fp16 step's overflowed gradient norm). */
+static const char *json_num(double v, char *buf, size_t n) {
+    if (!isfinite(v)) return "null";
+    snprintf(buf, n, "%.9g", v);
+    return buf;
+}
+
+/* ,"val_loss":X,"val_ppl":Y on the steps the validation loss was computed after (eval.h) */
+static const char *val_fields(const step_stats *st, char *buf, size_t n) {
+    char loss[32], ppl[32];
+    if (!st->has_val) return "";
+    snprintf(buf, n, ",\"val_loss\":%s,\"val_ppl\":%s", json_num(st->val_loss, loss, sizeof loss),
+             json_num(exp(st->val_loss), ppl, sizeof ppl));
+    return buf;
+}
+
+static void log_step(FILE *f, const trainer *t, const step_stats *st) {
+    char norm[32], val[96];
+    fprintf(f,
+            "{\"step\":%lld,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%s,\"step_ms\":%.3f,"
+            "\"tokens_per_s\":%.1f,\"samples_per_s\":%.3f,\"peak_bytes\":%lld,\"rss_peak_bytes\":%lld,"
+            "\"rank\":%d,\"world\":%d,\"gathers\":%lld,\"reduce_scatters\":%lld,\"allreduces\":%lld,"
+            "\"bytes_sent\":%lld,\"comm_wait_ms\":%.3f,\"loss_scale\":%.9g,\"skipped\":%s%s}\n",
+            (long long)st->step, st->loss, st->lr, json_num(st->grad_norm, norm, sizeof norm), st->step_ms, st->tokens_per_s,
+            st->samples_per_s, (long long)st->peak_bytes, peak_rss_bytes(), t->cfg.rank,
+            t->cfg.world, (long long)st->gathers, (long long)st->reduce_scatters,
+            (long long)st->allreduces, (long long)st->bytes_sent, st->comm_wait_ms, st->loss_scale,
+            st->skipped ? "true" : "false", val_fields(st, val, sizeof val));
+    fflush(f);
+}
+
+/* ---- checkpoints ---- */
+
+/* The loss above which training has diverged: twice that of guessing uniformly among the
+ * model's outputs, where a fresh model starts (docs/worker.md). */
+static double divergence_bound(const model_spec *m) {
+    int outputs = m->arch == ARCH_VIT ? m->n_classes : m->vocab;
+    return 2 * log(outputs > 1 ? outputs : 2);
+}
+
+/* ---- train ---- */
+
+/* Every rank agreed to stop after this step: its checkpoint (unless just written), then out. */
+static int stop_now(trainer *t, const worker_opts *o, metrics *m, bool saved) {
+    err_t err;
+    const char *why = stop_signal == SIGINT ? "SIGINT" : stop_signal ? "SIGTERM" : "a peer's SIGTERM";
+    if (o->ck.dir && !saved) {
+        if (ckpt_checkpoint(t, &o->ck, &err) < 0) return fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_RUNTIME;
+        metrics_checkpoint(m, t->step);
+    }
+    metrics_fail(m, "stopped on request");
+    fprintf(stderr, "cephalo-worker: rank %d: stopped after step %lld on %s%s\n", t->cfg.rank, (long long)t->step,
+            why, o->ck.dir ? ", with a checkpoint of that step" : " (no --ckpt-dir: nothing saved)");
+    return EXIT_STOPPED;
+}
+
+static int run_training(trainer *t, const worker_opts *o, FILE *log, dumper *dp, metrics *m, evaluator *ev) {
+    err_t err;
+    double total_ms = 0;
+    int64_t first = t->step, last_print = -1;
+    time_t last_time = 0;
+    long above = 0; /* steps in a row above the bound */
+    double bound = divergence_bound(&t->cfg.model);
+    t->stop_request = &stop_signal;
+    training = 1;
+    while (t->step < t->cfg.steps) {
+        step_stats st;
+        /* a step fails on bad data (a token beyond the vocabulary, a label out of range) or
+         * when a collective fails (a peer died or stalled) */
+        if (trainer_step(t, &st, &err) < 0) {
+            metrics_fail(m, err.msg);
+            fprintf(stderr, "cephalo-worker: %s\n", err.msg);
+            return t->comm_failed ? EXIT_RUNTIME : EXIT_BAD_INPUT;
+        }
+        if (!isfinite(st.loss)) {
+            metrics_fail(m, "the loss is not finite");
+            fprintf(stderr, "cephalo-worker: step %lld: the loss is %g; stopping (lower --lr?)\n",
+                    (long long)st.step, st.loss);
+            return EXIT_RUNTIME;
+        }
+        above = st.loss > bound ? above + 1 : 0;
+        if (o->diverge_steps && above >= o->diverge_steps) {
+            metrics_fail(m, "the loss diverged");
+            fprintf(stderr, "cephalo-worker: step %lld: the loss diverged: %.4g, above %.2f (twice the loss of a uniform guess) "
+                    "for %ld steps in a row; stopping (lower --lr, keep --clip on; --diverge-steps 0 turns this check off)\n",
+                    (long long)st.step, st.loss, bound, above);
+            return EXIT_RUNTIME;
+        }
+        total_ms += st.step_ms;
+        /* the dump first: evaluation overwrites the gradients it records */
+        if (dp && dump_after_step(dp, t, st.loss, &err) < 0) return fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_RUNTIME;
+        if ((st.has_val = eval_due(ev, t)) && eval_loss(ev, t, &st.val_loss, &err) < 0) {
+            metrics_fail(m, err.msg);
+            fprintf(stderr, "cephalo-worker: %s\n", err.msg);
+            return t->comm_failed ? EXIT_RUNTIME : EXIT_BAD_INPUT;
+        }
+        metrics_record_step(m, t, &st);
+        if (log) log_step(log, t, &st);
+        time_t now = time(NULL);
+        if (!o->quiet && (now != last_time || t->step == t->cfg.steps || last_print < 0)) {
+            progress(t, &st, total_ms / (double)(t->step - first));
+            last_time = now, last_print = st.step;
+        }
+        bool ckpt = o->ck.dir && ((o->ckpt_every && t->step % o->ckpt_every == 0) || t->step == t->cfg.steps);
+        if (ckpt && ckpt_checkpoint(t, &o->ck, &err) < 0) return fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_RUNTIME;
+        if (ckpt) metrics_checkpoint(m, t->step);
+        if (t->stop_agreed && t->step < t->cfg.steps) return stop_now(t, o, m, ckpt); /* the last step: done anyway */
+    }
+    return 0;
+}
+
+/* One rank's training once the job is resolved (and, across ranks, the communicator open). */
+static int train_rank(worker_opts o) {
+    int rc = 0;
+    err_t err;
+    if (o.ck.dir && file_make_dir(o.ck.dir, true, &err) < 0) return bad("--ckpt-dir: %s", err.msg);
+    trainer *t = trainer_new(&o.cfg, &err);
+    if (!t) return fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_BAD_INPUT;
+    int lock = -1;
+    if ((rc = ckpt_start(t, &o.ck, o.quiet, &lock, &err)) < 0) {
+        trainer_free(t);
+        ckpt_finish(lock);
+        fprintf(stderr, "cephalo-worker: %s%s\n", rc == CKPT_REFUSED ? "" : "resume: ", err.msg);
+        return rc == CKPT_REFUSED ? EXIT_BAD_INPUT : EXIT_RUNTIME;
+    }
+    if (t->cfg.steps == 0 && t->step == 0) { /* the initial weights as checkpoint step 0 (to export them) */
+        if (o.ck.dir && ckpt_checkpoint(t, &o.ck, &err) < 0) rc = (fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_RUNTIME);
+        else if (!o.quiet || !o.ck.dir)
+            fprintf(stderr, "cephalo-worker: --steps 0: nothing trained; %s%s\n",
+                    o.ck.dir ? "the initial weights are checkpoint step_00000000 in " : "give --ckpt-dir to keep the "
+                    "initial weights", o.ck.dir ? o.ck.dir : "");
+    } else if (t->step >= t->cfg.steps) { /* said even when quiet: the run does nothing */
+        fprintf(stderr, "cephalo-worker: nothing to train: the checkpoint resumed from is at step %lld, and --steps is %lld "
+                "(raise --steps to train further)\n", (long long)t->step, (long long)t->cfg.steps);
+    }
+    FILE *log = o.log ? fopen(o.log, t->step > 0 ? "a" : "w") : NULL;
+    if (o.log && !log) {
+        trainer_free(t);
+        ckpt_finish(lock);
+        return bad("--log %s: %s", o.log, strerror(errno));
+    }
+    dumper *dp = o.dump ? dump_open(t, o.dump, &err) : NULL;
+    if (o.dump && !dp) rc = (fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_RUNTIME);
+    metrics *m = NULL;
+    int mport = rc ? 0 : metrics_worker_port(o.metrics_port, o.plan, t->cfg.rank, &err);
+    if (mport < 0) rc = (fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_BAD_INPUT);
+    else if (mport > 0 && !(m = metrics_for_trainer(t, o.plan, &err)))
+        rc = (fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_BAD_INPUT);
+    else if (m && (mport = metrics_serve(m, o.metrics_addr, mport, &err)) < 0)
+        rc = (fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_RUNTIME);
+    else if (m && !o.quiet)
+        fprintf(stderr, "cephalo-worker: metrics on http://%s:%d/metrics\n",
+                o.metrics_addr ? o.metrics_addr : "0.0.0.0", mport);
+    if (m && t->step > 0) metrics_checkpoint(m, t->step); /* resumed from it */
+    evaluator *ev = rc ? NULL : eval_open(t, &o.val, &err);
+    if (!rc && !ev && err.msg[0]) rc = (fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_BAD_INPUT);
+    if (!rc && !o.quiet) {
+        char desc[512], peak[32], host[32];
+        data_describe(t->data, desc, sizeof desc);
+        fprintf(stderr, "cephalo-worker: rank %d/%d, model %s (%lld parameters), batch %d = %d x %d, "
+                        "%d threads\n  data: %s\n  device memory after set-up %s, host offload pool %s\n",
+                t->cfg.rank, t->cfg.world, t->cfg.model.name, (long long)model_params(&t->cfg.model),
+                t->cfg.batch, t->cfg.micro, t->cfg.micros, t->dev.threads, desc,
+                str_bytes((double)t->dev.cur_bytes, peak, sizeof peak),
+                str_bytes((double)t->host_bytes, host, sizeof host));
+        if (ev) eval_describe(ev, desc, sizeof desc), fprintf(stderr, "  validation: %s\n", desc);
+    }
+    if (!rc && t->cfg.steps > 0) rc = run_training(t, &o, log, dp, m, ev);
+    else metrics_fail(m, "set-up failed");
+    if (dp && dump_close(dp, t, &err) < 0 && !rc) rc = (fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_RUNTIME);
+    if (log) fclose(log);
+    eval_close(ev);
+    metrics_free(m);
+    trainer_free(t);
+    ckpt_finish(lock);
+    return rc;
+}
+
+int cmd_train(int argc, char **argv) {
+    worker_opts o = {.metrics_port = -1, .val.every = -1};
+    train_config_defaults(&o.cfg);
+    o.diverge_steps = wcmd_default_long(WCMD_DIVERGE_STEPS);
+    o.ck.keep.keep_last = wcmd_default_long(WCMD_KEEP_LAST);
+    o.ck.keep.keep_every = wcmd_default_long(WCMD_KEEP_EVERY);
+    o.steps = (long)o.cfg.steps, o.warmup = (long)o.cfg.warmup, o.seed = (long)o.cfg.seed;
+    o.loss_scale_window = (long)o.cfg.loss_scale_window;
+    int rc = parse_train(argc, argv, &o);
+    if (rc || (rc = resolve_job(&o))) return train_config_release(&o.cfg), rc;
+    catch_stop_signals();
+    err_t err;
+    comm *c = NULL;
+    if (o.cfg.world > 1) {
+        comm_config cc;
+        if (comm_config_from_env(&cc, o.cfg.rank, o.cfg.world, &err) < 0) {
+            train_config_release(&o.cfg);
+            return bad("%s", err.msg);
+        }
+        if (!(c = comm_open(&cc, &err))) {
+            train_config_release(&o.cfg);
+            return fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_RUNTIME;
+        }
+        o.cfg.comm = c;
+    }
+    rc = train_rank(o);
+    if (c) {
+        /* peers then fail at once instead of waiting for the timeout */
+        if (rc && rc != EXIT_STOPPED) comm_abort(c, "the rank failed");
+        comm_close(c);
+    }
+    train_config_release(&o.cfg);
+    return rc;
+}
