@@ -3,7 +3,6 @@
 #include "cli/data_cmd.h"
 
 #include <errno.h>
-#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,20 +10,14 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/args.h"
 #include "common/fileio.h"
 #include "common/log.h"
 #include "common/strutil.h"
 #include "formats/data.h"
 #include "formats/tokenizer.h"
 
-#define EXIT_BAD_INPUT 2
-
-static int bad(const char *fmt, const char *arg) {
-    fprintf(stderr, "cephalo: ");
-    fprintf(stderr, fmt, arg);
-    fprintf(stderr, "\n(see 'cephalo data --help')\n");
-    return EXIT_BAD_INPUT;
-}
+#define EXIT_BAD_INPUT ARGS_BAD
 
 /* ---- cephalo data (docs/data.md) ---- */
 
@@ -600,6 +593,77 @@ static int data_images(const char *out, long count, long classes, long size, lon
     return 0;
 }
 
+typedef struct data_opts {
+    const char *out;
+    long shard_tokens, count, classes, size, channels, seed;
+    double val;
+    bool images, text_opt, image_opt, tok_opt; /* --images, and options of each kind given */
+    tok_opts to;
+} data_opts;
+
+/* A count with K, M, G suffixes in [1, max]. */
+static int count_arg(const args *p, long max, const char *what, long *out) {
+    if (!parse_count(p->val, max, out) || *out < 1) return args_bad(p, "%s: '%s' is not %s", p->opt, p->val, what);
+    return 0;
+}
+
+static int text_option(args *p, int ch, data_opts *o) {
+    switch (ch) {
+    case 'T': return count_arg(p, DATA_SHARD_MAX_TOKENS, "a token count in 1..2147483647 (K, M, G suffixes allowed)", &o->shard_tokens);
+    case 'V':
+        if (!str_to_double(p->val, &o->val) || !(o->val >= 0 && o->val < 1))
+            return args_bad(p, "--val-fraction: '%s' (expected a fraction in [0, 1))", p->val);
+        break;
+    case 'k': o->to.tokenizer = p->val; break;
+    }
+    return 0;
+}
+
+/* The tokenizer's options (they need --tokenizer). */
+static int tok_option(args *p, int ch, data_opts *o) {
+    switch (ch) {
+    case 'e': o->to.eos = p->val; break;
+    case 'b': o->to.bos = true; break;
+    case 'd':
+        if (!*p->val) return args_bad(p, "--doc-sep: empty separator");
+        o->to.doc_sep = p->val;
+        break;
+    case 's': o->to.special = true; break;
+    }
+    return 0;
+}
+
+static int image_option(args *p, int ch, data_opts *o) {
+    switch (ch) {
+    case 'N': return count_arg(p, UINT32_MAX, "an image count in 1..4294967295", &o->count);
+    case 'K': return args_long(p, 1, DATA_CIMG_MAX_CLASSES, &o->classes);
+    case 'Z': return args_long(p, 1, DATA_CIMG_MAX_SIDE, &o->size);
+    case 'C': return args_long(p, 1, DATA_CIMG_MAX_CHANNELS, &o->channels);
+    case 'X': return args_long(p, 0, 1L << 62, &o->seed);
+    }
+    return 0;
+}
+
+static int data_option(args *p, int ch, data_opts *o) {
+    if (ch == 'o') return o->out = p->val, 0;
+    if (ch == 'I') return o->images = true, 0;
+    if (strchr("NKZCX", ch)) return o->image_opt = true, image_option(p, ch, o);
+    if (strchr("ebds", ch)) return o->tok_opt = true, tok_option(p, ch, o);
+    return o->text_opt = true, text_option(p, ch, o);
+}
+
+/* --images: synthetic labeled images, no input files. */
+static int check_images(const args *p, const data_opts *o, int operands) {
+    if (o->text_opt || o->tok_opt) return args_bad(p, "--shard-tokens, --val-fraction and --tokenizer are for text, not --images");
+    if (operands) return args_bad(p, "unexpected argument '%s' (--images writes synthetic images only)", p->argv[optind]);
+    if (o->count < 0) return args_bad(p, "--images needs --synthetic N (converting image files is not supported)");
+    if (o->classes < 0) return args_bad(p, "--images needs --classes K");
+    if (o->size < 0) return args_bad(p, "--images needs --size S");
+    if ((uint64_t)o->channels * (uint64_t)o->size * (uint64_t)o->size > DATA_CIMG_MAX_PIXELS)
+        return args_bad(p, "--channels x --size x --size is too large for one image (at most 2^28 values)");
+    return 0;
+}
+
 int data_main(int argc, char **argv) {
     static const struct option longopts[] = {
         {"output", required_argument, 0, 'o'},    {"shard-tokens", required_argument, 0, 'T'},
@@ -610,81 +674,19 @@ int data_main(int argc, char **argv) {
         {"tokenizer", required_argument, 0, 'k'}, {"eos", required_argument, 0, 'e'},
         {"bos", no_argument, 0, 'b'},             {"doc-sep", required_argument, 0, 'd'},
         {"special", no_argument, 0, 's'},         {0, 0, 0, 0}};
-    const char *out = NULL;
-    long shard_tokens = 100000000, count = -1, classes = -1, size = -1, channels = 3, seed = 1;
-    double val = 0;
-    bool images = false, text_opt = false, image_opt = false, tok_opt = false;
-    tok_opts to = {0};
-    optind = 1;
-    opterr = 0;
-    int c;
-    while ((c = getopt_long(argc, argv, ":ho:", longopts, NULL)) != -1) {
-        switch (c) {
-        case 'o': out = optarg; break;
-        case 'T':
-            if (!parse_count(optarg, DATA_SHARD_MAX_TOKENS, &shard_tokens) || shard_tokens < 1)
-                return bad("data: --shard-tokens: '%s' is not a token count in 1..2147483647 (K, M, G suffixes allowed)", optarg);
-            text_opt = true;
-            break;
-        case 'V':
-            if (!str_to_double(optarg, &val) || !(val >= 0 && val < 1))
-                return bad("data: --val-fraction: '%s' (expected a fraction in [0, 1))", optarg);
-            text_opt = true;
-            break;
-        case 'I': images = true; break;
-        case 'k': to.tokenizer = optarg, text_opt = true; break;
-        case 'e': to.eos = optarg, tok_opt = true; break;
-        case 'b': to.bos = true, tok_opt = true; break;
-        case 'd':
-            if (!*optarg) return bad("%s", "data: --doc-sep: empty separator");
-            to.doc_sep = optarg, tok_opt = true;
-            break;
-        case 's': to.special = true, tok_opt = true; break;
-        case 'N':
-            if (!parse_count(optarg, UINT32_MAX, &count) || count < 1)
-                return bad("data: --synthetic: '%s' is not an image count in 1..4294967295", optarg);
-            image_opt = true;
-            break;
-        case 'K':
-            if (!str_to_long(optarg, &classes) || classes < 1 || classes > DATA_CIMG_MAX_CLASSES)
-                return bad("data: --classes: '%s' (expected 1..65536)", optarg);
-            image_opt = true;
-            break;
-        case 'Z':
-            if (!str_to_long(optarg, &size) || size < 1 || size > DATA_CIMG_MAX_SIDE)
-                return bad("data: --size: '%s' (expected 1..65535 pixels)", optarg);
-            image_opt = true;
-            break;
-        case 'C':
-            if (!str_to_long(optarg, &channels) || channels < 1 || channels > DATA_CIMG_MAX_CHANNELS)
-                return bad("data: --channels: '%s' (expected 1..16)", optarg);
-            image_opt = true;
-            break;
-        case 'X':
-            if (!str_to_long(optarg, &seed) || seed < 0) return bad("data: --seed: '%s' (expected an integer >= 0)", optarg);
-            image_opt = true;
-            break;
-        case 'h': fputs(data_usage, stdout); return 0;
-        case ':': return bad("data: option '%s' needs a value", argv[optind - 1]);
-        default: return bad("data: unknown option '%s'", argv[optind - 1]);
-        }
-    }
-    if (!out) return bad("%s", "data: -o OUTPUT is required");
-    if (images) {
-        if (text_opt || tok_opt)
-            return bad("%s", "data: --shard-tokens, --val-fraction and --tokenizer are for text, not --images");
-        if (optind < argc) return bad("data: unexpected argument '%s' (--images writes synthetic images only)", argv[optind]);
-        if (count < 0) return bad("%s", "data: --images needs --synthetic N (converting image files is not supported)");
-        if (classes < 0) return bad("%s", "data: --images needs --classes K");
-        if (size < 0) return bad("%s", "data: --images needs --size S");
-        if ((uint64_t)channels * (uint64_t)size * (uint64_t)size > DATA_CIMG_MAX_PIXELS)
-            return bad("%s", "data: --channels x --size x --size is too large for one image (at most 2^28 values)");
-        return data_images(out, count, classes, size, channels, seed);
-    }
-    if (image_opt) return bad("%s", "data: --synthetic, --classes, --size, --channels and --seed need --images");
-    if (optind >= argc) return bad("%s", "data: no input FILE (give text files, or '-' for stdin)");
-    if (to.tokenizer) return data_tokenized(out, shard_tokens, val, &to, argv + optind, argc - optind);
-    if (tok_opt) return bad("%s", "data: --eos, --bos, --doc-sep and --special need --tokenizer");
-    return data_text(out, shard_tokens, val, argv + optind, argc - optind);
+    data_opts o = {.shard_tokens = 100000000, .count = -1, .classes = -1, .size = -1, .channels = 3, .seed = 1};
+    args p = args_begin(argc, argv, "cephalo data", longopts, "o:", data_usage);
+    int ch = 0, rc = 0;
+    while (!rc && (ch = args_next(&p)) > 0) rc = data_option(&p, ch, &o);
+    if (rc || ch < 0) return ARGS_BAD;
+    char **files;
+    int n = args_operands(&p, &files);
+    if (!o.out) return args_bad(&p, "-o OUTPUT is required");
+    if (o.images)
+        return check_images(&p, &o, n) ? ARGS_BAD : data_images(o.out, o.count, o.classes, o.size, o.channels, o.seed);
+    if (o.image_opt) return args_bad(&p, "--synthetic, --classes, --size, --channels and --seed need --images");
+    if (!n) return args_bad(&p, "no input FILE (give text files, or '-' for stdin)");
+    if (o.to.tokenizer) return data_tokenized(o.out, o.shard_tokens, o.val, &o.to, files, n);
+    if (o.tok_opt) return args_bad(&p, "--eos, --bos, --doc-sep and --special need --tokenizer");
+    return data_text(o.out, o.shard_tokens, o.val, files, n);
 }
-

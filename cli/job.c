@@ -162,7 +162,7 @@ static int parse_sizes(const yctx *y, const ynode *root, job *j) {
     int seq;
     if (j->seq && model_check_seq(&j->model, (int)j->seq, &seq, y->err) < 0)
         return err_prefix(y->err, "%s:%d: seq", y->file, ymap_get(root, "seq")->line);
-    long seed = 1;
+    long seed = wcmd_default_long(WCMD_SEED);
     if (get_long(y, root, "", "seed", 0, 1L << 62, &seed) < 0) return -1;
     j->seed = (uint64_t)seed;
     return 0;
@@ -182,12 +182,12 @@ static int parse_metrics_addr(const yctx *y, const ynode *root, job *j) {
 }
 
 static int parse_inputs(const yctx *y, const ynode *root, const char *dir, job *j) {
-    const char *data = "synthetic", *prof = NULL, *strat = NULL, *prec = NULL;
+    const char *data = wcmd_defaults[WCMD_DATA].value, *prof = NULL, *strat = NULL;
+    const char *prec = wcmd_defaults[WCMD_PRECISION].value;
     if (get_string(y, root, "", "data", &data) < 0 || get_string(y, root, "", "profile", &prof) < 0 ||
         get_string(y, root, "", "strategy", &strat) < 0 || get_string(y, root, "", "precision", &prec) < 0)
         return -1;
-    j->prec = PREC_FP32;
-    if (prec && !precision_parse(prec, &j->prec))
+    if (!precision_parse(prec, &j->prec))
         return err_set(y->err, "%s:%d: precision: '%s' (expected " PRECISION_CHOICES ")", y->file,
                        ymap_get(root, "precision")->line, prec);
     j->data = resolve_data(dir, data);
@@ -202,12 +202,16 @@ static int parse_inputs(const yctx *y, const ynode *root, const char *dir, job *
     return parse_metrics_addr(y, root, j);
 }
 
-/* The worker's defaults and ranges (docs/worker.md), so the launcher refuses what a worker would. */
+/* The worker's defaults (common/worker_cmd.c's table) and ranges (docs/worker.md), so the launcher
+ * refuses what a worker would. */
 static int parse_optimizer(const yctx *y, const ynode *root, job *j) {
     static const char *const keys[] = {"lr", "min_lr", "warmup", "schedule", "weight_decay", "beta1", "beta2", "eps", "clip", NULL};
     job_optimizer *o = &j->opt;
-    *o = (job_optimizer){.lr = 3e-4, .min_lr = -1, .weight_decay = 0.1, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .clip = 1.0};
-    const char *sched = "cosine";
+    wcmd_train d;
+    wcmd_train_defaults(&d);
+    *o = (job_optimizer){.lr = d.lr, .min_lr = d.min_lr, .weight_decay = d.weight_decay, .beta1 = d.beta1, .beta2 = d.beta2,
+                         .eps = d.eps, .clip = d.clip, .warmup = d.warmup, .schedule = d.schedule};
+    const char *sched = schedule_name(d.schedule);
     const ynode *m = ymap_get(root, "optimizer");
     if (!m) return 0;
     if (ymap_check_keys(y, m, "optimizer", keys) < 0 || get_double(y, m, "optimizer", "lr", 0, 10, &o->lr) < 0 ||
@@ -231,9 +235,10 @@ static int parse_optimizer(const yctx *y, const ynode *root, job *j) {
 static int parse_checkpoint(const yctx *y, const ynode *root, const char *dir, job *j) {
     static const char *const keys[] = {"dir", "every", "resume", "keep_last", "keep_every", NULL};
     const ynode *m = ymap_get(root, "checkpoint"), *d;
-    j->keep_last = 3;
+    j->keep_last = wcmd_default_long(WCMD_KEEP_LAST);
+    j->keep_every = wcmd_default_long(WCMD_KEEP_EVERY);
     if (!m) return 0;
-    const char *path, *resume = "auto";
+    const char *path, *resume = wcmd_defaults[WCMD_RESUME].value;
     if (ymap_check_keys(y, m, "checkpoint", keys) < 0 || ymap_require(y, m, "checkpoint", "dir", &d) < 0 ||
         ynode_string(y, d, "checkpoint.dir", &path) < 0 || get_long(y, m, "checkpoint", "every", 1, MAX_STEPS, &j->ckpt_every) < 0 ||
         get_string(y, m, "checkpoint", "resume", &resume) < 0 ||
@@ -426,6 +431,18 @@ int job_check(const job *j, err_t *err) {
         return err_set(err, "%s:%d: optimizer.warmup: %ld must be below the %ld steps", j->path, j->warmup_line, j->opt.warmup,
                        j->steps);
     return 0;
+}
+
+void job_worker_train(const job *j, wcmd_train *t) {
+    const job_optimizer *o = &j->opt;
+    wcmd_train_defaults(t);
+    t->steps = j->steps, t->seed = j->seed, t->prec = j->prec;
+    t->lr = o->lr, t->min_lr = o->min_lr, t->schedule = o->schedule, t->warmup = o->warmup;
+    t->weight_decay = o->weight_decay, t->beta1 = o->beta1, t->beta2 = o->beta2, t->eps = o->eps, t->clip = o->clip;
+    t->data = j->data, t->init_from = j->init_from;
+    t->val_data = j->val_data, t->val_every = j->val_every, t->val_samples = j->val_samples;
+    t->ckpt_every = j->ckpt_every, t->keep_last = j->keep_last, t->keep_every = j->keep_every;
+    t->resume = j->resume ? j->resume : "never";
 }
 
 void job_free(job *j) {

@@ -21,6 +21,7 @@
 #include "common/err.h"
 #include "common/precision.h"
 #include "common/schedule.h"
+#include "common/worker_cmd.h"
 #include "planner/cluster.h"
 #include "planner/model.h"
 #include "planner/plan.h"
@@ -83,6 +84,10 @@ int job_set_devices(job *j, const char *spec, err_t *err);
  * present, the batch covers them, warmup below steps. */
 int job_check(const job *j, err_t *err);
 void job_free(job *j);
+
+/* What the job tells `cephalo-worker train` (common/worker_cmd.h): everything but the paths the
+ * launcher chooses (checkpoint directory, log) and --overwrite. */
+void job_worker_train(const job *j, wcmd_train *t);
 
 /* The devices as a cluster file (one node "local"); the caller frees the text. */
 char *job_cluster_yaml(const job *j);

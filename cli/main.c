@@ -2,7 +2,6 @@
  * Exit codes (DESIGN 5.1): 0 feasible, 3 infeasible (with the reason), 2 bad input; `run` adds
  * 1 (a worker failed) and 130 (interrupted). */
 #include <errno.h>
-#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +10,7 @@
 #include "cli/data_cmd.h"
 #include "cli/profile_cmd.h"
 #include "cli/run.h"
+#include "common/args.h"
 #include "common/fileio.h"
 #include "common/strutil.h"
 #include "common/version.h"
@@ -23,7 +23,7 @@
 #include "planner/profile_store.h"
 
 #define EXIT_INFEASIBLE 3
-#define EXIT_BAD_INPUT 2
+#define EXIT_BAD_INPUT ARGS_BAD
 
 static const char usage_text[] =
     "usage: cephalo COMMAND [options]\n"
@@ -72,11 +72,31 @@ typedef struct cli_opts {
     strategy strat;
 } cli_opts;
 
-static int bad(const char *fmt, const char *arg) {
-    fprintf(stderr, "cephalo: ");
-    fprintf(stderr, fmt, arg);
-    fprintf(stderr, "\n(see 'cephalo --help')\n");
-    return EXIT_BAD_INPUT;
+static int plan_option(args *p, int ch, cli_opts *o) {
+    err_t err;
+    const char *v;
+    switch (ch) {
+    case 'c': o->cluster = p->val; break;
+    case 'm': o->model = p->val; break;
+    case 'P': o->profile = p->val; break;
+    case 'o': o->output = p->val; break;
+    case 'D': o->dump_costs = p->val; break;
+    case 'b': return args_long(p, 1, COST_MAX_BATCH, &o->batch);
+    case 's': return args_long(p, 1, 1 << 20, &o->seq);
+    case 'p': return args_choice(p, precision_names, &v) ? ARGS_BAD : (precision_parse(v, &o->prec), 0);
+    case 'M':
+        if (!str_to_double(p->val, &o->mem_cap) || !(o->mem_cap > 0 && o->mem_cap <= 1))
+            return args_bad(p, "--mem-cap: '%s' (expected a fraction in (0, 1])", p->val);
+        break;
+    case 'f':
+        if (args_choice(p, (const char *const[]){"table", "json", NULL}, &v)) return ARGS_BAD;
+        o->json = strcmp(v, "json") == 0;
+        break;
+    case 'S':
+        if (strategy_parse(p->val, &o->strat, &err) < 0) return args_bad(p, "--strategy: %s", err.msg);
+        break;
+    }
+    return 0;
 }
 
 static int parse_options(int argc, char **argv, cli_opts *o) {
@@ -88,48 +108,13 @@ static int parse_options(int argc, char **argv, cli_opts *o) {
         {"format", required_argument, 0, 'f'},  {"output", required_argument, 0, 'o'},
         {"dump-costs", required_argument, 0, 'D'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     *o = (cli_opts){.mem_cap = 0.8, .strat = STRAT_CEPHALO};
-    optind = 1;
-    opterr = 0;
-    int c;
-    while ((c = getopt_long(argc, argv, ":ho:", longopts, NULL)) != -1) {
-        err_t err;
-        switch (c) {
-        case 'c': o->cluster = optarg; break;
-        case 'm': o->model = optarg; break;
-        case 'P': o->profile = optarg; break;
-        case 'o': o->output = optarg; break;
-        case 'D': o->dump_costs = optarg; break;
-        case 'b':
-            if (!str_to_long(optarg, &o->batch) || o->batch < 1 || o->batch > COST_MAX_BATCH)
-                return bad("--batch: '%s' is not a positive integer (1..65536)", optarg);
-            break;
-        case 's':
-            if (!str_to_long(optarg, &o->seq) || o->seq < 1 || o->seq > 1 << 20)
-                return bad("--seq: '%s' is not a positive integer (1..1048576)", optarg);
-            break;
-        case 'p':
-            if (!precision_parse(optarg, &o->prec)) return bad("--precision: '%s' (expected " PRECISION_CHOICES ")", optarg);
-            break;
-        case 'M':
-            if (!str_to_double(optarg, &o->mem_cap) || !(o->mem_cap > 0 && o->mem_cap <= 1))
-                return bad("--mem-cap: '%s' (expected a fraction in (0, 1])", optarg);
-            break;
-        case 'f':
-            if (strcmp(optarg, "table") && strcmp(optarg, "json")) return bad("--format: '%s' (expected table or json)", optarg);
-            o->json = strcmp(optarg, "json") == 0;
-            break;
-        case 'S':
-            if (strategy_parse(optarg, &o->strat, &err) < 0) return bad("--strategy: %s", err.msg);
-            break;
-        case 'h': fputs(usage_text, stdout); exit(0);
-        case ':': return bad("option '%s' needs a value", argv[optind - 1]);
-        default: return bad("unknown option '%s'", argv[optind - 1]);
-        }
-    }
-    if (optind < argc) return bad("unexpected argument '%s'", argv[optind]);
-    if (!o->cluster) return bad("%s", "--cluster FILE is required");
-    if (!o->model) return bad("%s", "--model MODEL is required");
-    if (!o->batch) return bad("%s", "--batch B is required");
+    args p = args_begin(argc, argv, "cephalo", longopts, "o:", usage_text);
+    int ch = 0, rc = 0;
+    while (!rc && (ch = args_next(&p)) > 0) rc = plan_option(&p, ch, o);
+    if (rc || ch < 0 || args_no_operands(&p)) return ARGS_BAD;
+    if (!o->cluster) return args_bad(&p, "--cluster FILE is required");
+    if (!o->model) return args_bad(&p, "--model MODEL is required");
+    if (!o->batch) return args_bad(&p, "--batch B is required");
     return 0;
 }
 
@@ -250,12 +235,14 @@ static int cmd_models(int argc, char **argv) {
                  "  without MODEL: the built-in models; with one: its units, FLOPs and activation memory");
             return 0;
         } else if (!strcmp(argv[i], "--seq") && i + 1 < argc) {
-            if (!str_to_long(argv[++i], &seq) || seq < 1 || seq > 1 << 20) return bad("--seq: '%s' is not a positive integer", argv[i]);
+            if (!str_to_long(argv[++i], &seq) || seq < 1 || seq > 1 << 20)
+                return args_bad_cmd("cephalo models", "--seq: '%s' is not a positive integer", argv[i]);
         } else if (!strcmp(argv[i], "--precision") && i + 1 < argc) {
             const char *p = argv[++i];
-            if (!precision_parse(p, &prec)) return bad("--precision: '%s' (expected " PRECISION_CHOICES ")", p);
+            if (!precision_parse(p, &prec))
+                return args_bad_cmd("cephalo models", "--precision: '%s' (expected " PRECISION_CHOICES ")", p);
         } else if (argv[i][0] == '-' || name) {
-            return bad("models: unexpected argument '%s'", argv[i]);
+            return args_bad_cmd("cephalo models", "unexpected argument '%s'", argv[i]);
         } else {
             name = argv[i];
         }
@@ -306,8 +293,22 @@ static const char run_usage[] =
     "\n"
     "exit status: 0 done, 1 a worker failed, 2 bad input, 3 infeasible plan, 130 interrupted\n";
 
+enum { O_DEVICES = 256, O_RUNDIR, O_STEPS, O_DRY, O_QUIET, O_MPORT, O_OVERWRITE };
+
+static int run_option(args *p, int ch, run_opts *o) {
+    switch (ch) {
+    case O_DEVICES: o->devices = p->val; break;
+    case O_RUNDIR: o->run_dir = p->val; break;
+    case O_STEPS: return args_long(p, 1, 1L << 40, &o->steps);
+    case O_DRY: o->dry_run = true; break;
+    case O_QUIET: o->quiet = true; break;
+    case O_OVERWRITE: o->overwrite = true; break;
+    case O_MPORT: return o->have_metrics_port = true, args_long(p, 0, 65535, &o->metrics_port);
+    }
+    return 0;
+}
+
 static int cmd_run(int argc, char **argv) {
-    enum { O_DEVICES = 256, O_RUNDIR, O_STEPS, O_DRY, O_QUIET, O_MPORT, O_OVERWRITE };
     static const struct option longopts[] = {{"devices", required_argument, 0, O_DEVICES}, {"run-dir", required_argument, 0, O_RUNDIR},
                                              {"steps", required_argument, 0, O_STEPS},     {"dry-run", no_argument, 0, O_DRY},
                                              {"quiet", no_argument, 0, O_QUIET},           {"help", no_argument, 0, 'h'},
@@ -315,33 +316,15 @@ static int cmd_run(int argc, char **argv) {
                                              {"overwrite", no_argument, 0, O_OVERWRITE},
                                              {0, 0, 0, 0}};
     run_opts o = {0};
-    optind = 1;
-    opterr = 0;
-    int c;
-    while ((c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
-        switch (c) {
-        case O_DEVICES: o.devices = optarg; break;
-        case O_RUNDIR: o.run_dir = optarg; break;
-        case O_STEPS:
-            if (!str_to_long(optarg, &o.steps) || o.steps < 1 || o.steps > 1L << 40)
-                return bad("run: --steps: '%s' is not a positive integer", optarg);
-            break;
-        case O_DRY: o.dry_run = true; break;
-        case O_QUIET: o.quiet = true; break;
-        case O_OVERWRITE: o.overwrite = true; break;
-        case O_MPORT:
-            if (!str_to_long(optarg, &o.metrics_port) || o.metrics_port < 0 || o.metrics_port > 65535)
-                return bad("run: --metrics-port: '%s' is not a port in 0..65535 (0 = off)", optarg);
-            o.have_metrics_port = true;
-            break;
-        case 'h': fputs(run_usage, stdout); return 0;
-        case ':': return bad("run: option '%s' needs a value", argv[optind - 1]);
-        default: return bad("run: unknown option '%s'", argv[optind - 1]);
-        }
-    }
-    if (optind >= argc) return bad("%s", "run: no job file (cephalo run JOB.yaml)");
-    if (optind + 1 < argc) return bad("run: unexpected argument '%s'", argv[optind + 1]);
-    o.job = argv[optind];
+    args p = args_begin(argc, argv, "cephalo run", longopts, "", run_usage);
+    int ch = 0, rc = 0;
+    while (!rc && (ch = args_next(&p)) > 0) rc = run_option(&p, ch, &o);
+    if (rc || ch < 0) return ARGS_BAD;
+    char **rest;
+    int n = args_operands(&p, &rest);
+    if (n == 0) return args_bad(&p, "no job file (cephalo run JOB.yaml)");
+    if (n > 1) return args_bad(&p, "unexpected argument '%s'", rest[1]);
+    o.job = rest[0];
     return run_job(&o);
 }
 
@@ -368,6 +351,5 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "data")) return data_main(argc - 1, argv + 1);
     if (!strcmp(cmd, "run")) return cmd_run(argc - 1, argv + 1);
     if (!strcmp(cmd, "profile")) return profile_main(argc - 1, argv + 1);
-    fprintf(stderr, "cephalo: unknown command '%s' (expected plan, compare, models, gpus, data, run, profile or version; see 'cephalo --help')\n", cmd);
-    return EXIT_BAD_INPUT;
+    return args_bad_cmd("cephalo", "unknown command '%s' (expected plan, compare, models, gpus, data, run, profile or version)", cmd);
 }

@@ -3,7 +3,6 @@
 #include "cli/run.h"
 
 #include <errno.h>
-#include <getopt.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -13,6 +12,7 @@
 #include <unistd.h>
 
 #include "cli/job.h"
+#include "common/args.h"
 #include "common/clock.h"
 #include "common/fileio.h"
 #include "common/log.h"
@@ -45,13 +45,12 @@ static const char usage[] =
 
 static int bad(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static int bad(const char *fmt, ...) {
+    char msg[1600];
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, "cephalo profile: ");
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n(see 'cephalo profile --help')\n");
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    return EXIT_BAD;
+    return args_bad_cmd("cephalo profile", "%s", msg);
 }
 
 static int failed(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -99,43 +98,35 @@ typedef struct popts {
     bool quick;
 } popts;
 
+enum { O_DEVICES = 256, O_MODEL, O_SEQ, O_PREC, O_STORE, O_MAXM, O_QUICK, O_COMMMAX };
+
+static int profile_option(args *p, int ch, popts *o) {
+    switch (ch) {
+    case O_DEVICES: o->devices = p->val; break;
+    case O_MODEL: o->model = p->val; break;
+    case O_SEQ: return args_long(p, 1, 1 << 20, &o->seq);
+    case O_PREC: return args_choice(p, precision_names, &o->precision) ? ARGS_BAD : (precision_parse(o->precision, &o->prec), 0);
+    case O_STORE: o->store = p->val; break;
+    case O_MAXM: return args_long(p, 1, 4096, &o->max_micro);
+    case O_QUICK: o->quick = true; break;
+    case O_COMMMAX: snprintf(o->comm_max, sizeof o->comm_max, "%.30s", p->val); break;
+    case 'o': o->out = p->val; break;
+    }
+    return 0;
+}
+
 static int parse(int argc, char **argv, popts *o) {
-    enum { O_DEVICES = 256, O_MODEL, O_SEQ, O_PREC, O_STORE, O_MAXM, O_QUICK, O_COMMMAX };
     static const struct option longopts[] = {
         {"devices", 1, 0, O_DEVICES}, {"model", 1, 0, O_MODEL},   {"seq", 1, 0, O_SEQ},
         {"precision", 1, 0, O_PREC},  {"store", 1, 0, O_STORE},   {"max-micro", 1, 0, O_MAXM},
         {"quick", 0, 0, O_QUICK},     {"comm-max-bytes", 1, 0, O_COMMMAX},
         {"output", 1, 0, 'o'},        {"help", 0, 0, 'h'},        {0, 0, 0, 0}};
-    optind = 1;
-    opterr = 0;
-    int ch;
-    while ((ch = getopt_long(argc, argv, ":o:h", longopts, NULL)) != -1) {
-        switch (ch) {
-        case O_DEVICES: o->devices = optarg; break;
-        case O_MODEL: o->model = optarg; break;
-        case O_SEQ:
-            if (!str_to_long(optarg, &o->seq) || o->seq < 1) return bad("--seq: '%s' is not a positive integer", optarg);
-            break;
-        case O_PREC:
-            if (!precision_parse(optarg, &o->prec)) return bad("--precision: '%s' is not " PRECISION_CHOICES, optarg);
-            o->precision = optarg;
-            break;
-        case O_STORE: o->store = optarg; break;
-        case O_MAXM:
-            if (!str_to_long(optarg, &o->max_micro) || o->max_micro < 1 || o->max_micro > 4096)
-                return bad("--max-micro: '%s' is not an integer in [1, 4096]", optarg);
-            break;
-        case O_QUICK: o->quick = true; break;
-        case O_COMMMAX: snprintf(o->comm_max, sizeof o->comm_max, "%.30s", optarg); break;
-        case 'o': o->out = optarg; break;
-        case 'h': fputs(usage, stdout); exit(0);
-        case ':': return bad("option '%s' needs a value", argv[optind - 1]);
-        default: return bad("unknown option '%s'", argv[optind - 1]);
-        }
-    }
-    if (optind < argc) return bad("unexpected argument '%s'", argv[optind]);
-    if (!o->devices) return bad("%s", "--devices is required (e.g. --devices cpu:1t:512M,cpu:1t:512M)");
-    if (!o->model) return bad("%s", "--model is required");
+    args p = args_begin(argc, argv, "cephalo profile", longopts, "o:", usage);
+    int ch = 0, rc = 0;
+    while (!rc && (ch = args_next(&p)) > 0) rc = profile_option(&p, ch, o);
+    if (rc || ch < 0 || args_no_operands(&p)) return ARGS_BAD;
+    if (!o->devices) return args_bad(&p, "--devices is required (e.g. --devices cpu:1t:512M,cpu:1t:512M)");
+    if (!o->model) return args_bad(&p, "--model is required");
     return 0;
 }
 

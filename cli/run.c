@@ -164,99 +164,45 @@ static int write_run_dir(const launch *l, err_t *err) {
 
 /* ---- the workers' command lines and environment ---- */
 
-/* The shortest text that reads back as the same double. */
-static const char *num(double v, char *buf) {
-    for (int digits = 6; digits <= 17; digits++) {
-        snprintf(buf, 32, "%.*g", digits, v);
-        if (strtod(buf, NULL) == v) break;
-    }
-    return buf;
-}
-
-typedef struct strv {
-    char **v;
-    int n;
-} strv;
-
-static void strv_add(strv *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void strv_add(strv *s, const char *fmt, ...) {
-    char buf[PATH_LEN + 64];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, sizeof buf, fmt, ap);
-    va_end(ap);
-    s->v = xrealloc(s->v, (size_t)(s->n + 2) * sizeof *s->v);
-    s->v[s->n++] = xstrdup(buf);
-    s->v[s->n] = NULL;
-}
-
-static void strv_free(strv *s) {
-    for (int i = 0; i < s->n; i++) free(s->v[i]);
-    free(s->v);
-}
-
-/* Flags for every optimizer setting, defaults included, so each rank's command line in the dry
- * run says everything the worker will use. */
-static strv worker_args(const launch *l, int rank) {
+/* The worker's command line from common/worker_cmd.c, the operator's builder too: every optimizer
+ * setting spelled out, defaults included, so each rank's command line in the dry run says
+ * everything the worker will use; then what only this launcher decides (paths, metrics). */
+static wcmd_argv worker_args(const launch *l, int rank) {
     const job *j = l->j;
-    const job_optimizer *o = &j->opt;
-    char a[32], b[32], path[PATH_LEN];
-    strv s = {0};
-    strv_add(&s, "%s", l->worker);
-    strv_add(&s, "train");
-    strv_add(&s, "--steps"), strv_add(&s, "%ld", j->steps);
-    strv_add(&s, "--lr"), strv_add(&s, "%s", num(o->lr, a));
-    strv_add(&s, "--min-lr"), strv_add(&s, "%s", num(o->min_lr < 0 ? o->lr / 10 : o->min_lr, b));
-    strv_add(&s, "--warmup"), strv_add(&s, "%ld", o->warmup);
-    strv_add(&s, "--schedule"), strv_add(&s, "%s", schedule_name(o->schedule));
-    strv_add(&s, "--weight-decay"), strv_add(&s, "%s", num(o->weight_decay, a));
-    strv_add(&s, "--beta1"), strv_add(&s, "%s", num(o->beta1, a));
-    strv_add(&s, "--beta2"), strv_add(&s, "%s", num(o->beta2, a));
-    strv_add(&s, "--eps"), strv_add(&s, "%s", num(o->eps, a));
-    strv_add(&s, "--clip"), strv_add(&s, "%s", num(o->clip, a));
-    strv_add(&s, "--seed"), strv_add(&s, "%llu", (unsigned long long)j->seed);
-    strv_add(&s, "--data"), strv_add(&s, "%s", j->data);
-    if (j->init_from) strv_add(&s, "--init-from"), strv_add(&s, "%s", j->init_from);
-    if (j->val_data) {
-        strv_add(&s, "--val-data"), strv_add(&s, "%s", j->val_data);
-        if (j->val_every >= 0) strv_add(&s, "--val-every"), strv_add(&s, "%ld", j->val_every);
-        if (j->val_samples) strv_add(&s, "--val-samples"), strv_add(&s, "%ld", j->val_samples);
-    }
-    strv_add(&s, "--log"), strv_add(&s, "%s", rank_file(l, rank, "jsonl", path));
-    if (l->ckpt_dir) {
-        strv_add(&s, "--ckpt-dir"), strv_add(&s, "%s", l->ckpt_dir);
-        if (j->ckpt_every) strv_add(&s, "--ckpt-every"), strv_add(&s, "%ld", j->ckpt_every);
-        if (j->resume) strv_add(&s, "--resume"), strv_add(&s, "%s", j->resume);
-        strv_add(&s, "--keep-last"), strv_add(&s, "%ld", j->keep_last);
-        if (j->keep_every) strv_add(&s, "--keep-every"), strv_add(&s, "%ld", j->keep_every);
-        if (l->overwrite) strv_add(&s, "--overwrite");
-    }
+    char path[PATH_LEN];
+    wcmd_train t;
+    job_worker_train(j, &t);
+    t.ckpt_dir = l->ckpt_dir, t.overwrite = l->overwrite;
+    wcmd_argv s = {0};
+    wcmd_argv_add(&s, "%s", l->worker);
+    wcmd_train_argv(&t, &s);
+    wcmd_argv_add(&s, "--log"), wcmd_argv_add(&s, "%s", rank_file(l, rank, "jsonl", path));
     if (j->metrics_port) {
-        strv_add(&s, "--metrics-port"), strv_add(&s, "%ld", j->metrics_port + rank);
-        strv_add(&s, "--metrics-addr"), strv_add(&s, "%s", j->metrics_addr);
+        wcmd_argv_add(&s, "--metrics-port"), wcmd_argv_add(&s, "%ld", j->metrics_port + rank);
+        wcmd_argv_add(&s, "--metrics-addr"), wcmd_argv_add(&s, "%s", j->metrics_addr);
     }
     return s;
 }
 
 /* DESIGN 5.1: the variables a pod gets. */
-static strv worker_env(const launch *l, int rank, bool inherit) {
+static wcmd_argv worker_env(const launch *l, int rank, bool inherit) {
     static const char *const ours[] = {"RANK=", "LOCAL_RANK=", "WORLD_SIZE=", "MASTER_ADDR=", "MASTER_PORT=", "CEPHALO_PLAN=",
                                        "CEPHALO_COMM_TIMEOUT=", "CEPHALO_JOB=", NULL};
     char path[PATH_LEN], t[32];
-    strv s = {0};
+    wcmd_argv s = {0};
     for (char **e = environ; inherit && *e; e++) {
         bool replaced = false;
         for (int i = 0; ours[i] && !replaced; i++) replaced = !strncmp(*e, ours[i], strlen(ours[i]));
-        if (!replaced) strv_add(&s, "%s", *e);
+        if (!replaced) wcmd_argv_add(&s, "%s", *e);
     }
-    strv_add(&s, "RANK=%d", rank);
-    strv_add(&s, "WORLD_SIZE=%d", l->world);
-    strv_add(&s, "MASTER_ADDR=127.0.0.1");
-    strv_add(&s, "MASTER_PORT=%d", l->port);
-    strv_add(&s, "CEPHALO_PLAN=%s", in_dir(l, "plan.json", path));
-    strv_add(&s, "CEPHALO_COMM_TIMEOUT=%s", num(l->j->comm_timeout, t));
-    strv_add(&s, "LOCAL_RANK=%d", rank); /* every rank runs here: the GPU is LOCAL_RANK % GPUs */
-    strv_add(&s, "CEPHALO_JOB=%s", l->j->name); /* the metrics' job label */
+    wcmd_argv_add(&s, "RANK=%d", rank);
+    wcmd_argv_add(&s, "WORLD_SIZE=%d", l->world);
+    wcmd_argv_add(&s, "MASTER_ADDR=127.0.0.1");
+    wcmd_argv_add(&s, "MASTER_PORT=%d", l->port);
+    wcmd_argv_add(&s, "CEPHALO_PLAN=%s", in_dir(l, "plan.json", path));
+    wcmd_argv_add(&s, "CEPHALO_COMM_TIMEOUT=%s", wcmd_num(l->j->comm_timeout, t));
+    wcmd_argv_add(&s, "LOCAL_RANK=%d", rank); /* every rank runs here: the GPU is LOCAL_RANK % GPUs */
+    wcmd_argv_add(&s, "CEPHALO_JOB=%s", l->j->name); /* the metrics' job label */
     return s;
 }
 
@@ -272,7 +218,7 @@ static void put_quoted(const char *s, FILE *f) {
 }
 
 static void print_command(const launch *l, int rank, FILE *f) {
-    strv env = worker_env(l, rank, false), args = worker_args(l, rank);
+    wcmd_argv env = worker_env(l, rank, false), args = worker_args(l, rank);
     char path[PATH_LEN];
     fputs(" ", f);
     for (int i = 0; i < env.n; i++) fputc(' ', f), put_quoted(env.v[i], f);
@@ -280,15 +226,15 @@ static void print_command(const launch *l, int rank, FILE *f) {
     fputs(" >", f);
     put_quoted(rank_file(l, rank, "log", path), f);
     fputs(" 2>&1\n", f);
-    strv_free(&env);
-    strv_free(&args);
+    wcmd_argv_free(&env);
+    wcmd_argv_free(&args);
 }
 
 /* ---- the gang ---- */
 
 /* In the child: into the gang's process group, output to rank-R.log, then the worker. */
-static void exec_worker(const launch *l, strv *args, strv *env, int log_fd, pid_t parent) __attribute__((noreturn));
-static void exec_worker(const launch *l, strv *args, strv *env, int log_fd, pid_t parent) {
+static void exec_worker(const launch *l, wcmd_argv *args, wcmd_argv *env, int log_fd, pid_t parent) __attribute__((noreturn));
+static void exec_worker(const launch *l, wcmd_argv *args, wcmd_argv *env, int log_fd, pid_t parent) {
     setpgid(0, l->pgid);
 #ifdef __linux__
     /* if the launcher is killed outright (SIGKILL: no chance to stop the gang), the workers go too */
@@ -313,13 +259,13 @@ static int spawn(launch *l, int rank, err_t *err) {
     char path[PATH_LEN];
     int fd = open(rank_file(l, rank, "log", path), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) return err_set(err, "%s: cannot write: %s", path, strerror(errno));
-    strv args = worker_args(l, rank), env = worker_env(l, rank, true);
+    wcmd_argv args = worker_args(l, rank), env = worker_env(l, rank, true);
     pid_t parent = getpid(), pid = fork();
     if (pid == 0) exec_worker(l, &args, &env, fd, parent);
     int e = errno;
     close(fd);
-    strv_free(&args);
-    strv_free(&env);
+    wcmd_argv_free(&args);
+    wcmd_argv_free(&env);
     if (pid < 0) return err_set(err, "cannot start rank %d: fork: %s", rank, strerror(e));
     /* both sides set the group, so it is set before either the child execs or we signal it */
     if (!l->pgid) l->pgid = pid;

@@ -91,7 +91,7 @@ void wcmd_argv_free(wcmd_argv *a) {
 }
 
 const char *wcmd_num(double v, char *buf) {
-    for (int digits = 1; digits <= 17; digits++) {
+    for (int digits = 6; digits <= 17; digits++) { /* %g's 6 digits unless more are needed */
         snprintf(buf, 32, "%.*g", digits, v);
         if (strtod(buf, NULL) == v) break;
     }

@@ -113,7 +113,7 @@ typedef struct wcmd_argv {
 /* Appends one argument (printf-style). */
 void wcmd_argv_add(wcmd_argv *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void wcmd_argv_free(wcmd_argv *a);
-/* The shortest decimal text that reads back as v (buf: 32 bytes). */
+/* The shortest text that reads back as v, at least %g's 6 digits: "60", "0.0003", "1e-08" (buf: 32 bytes). */
 const char *wcmd_num(double v, char *buf);
 
 /* Appends "train" and the job's options, defaults included, in a fixed order: every setting

@@ -31,13 +31,13 @@ check "profiled costs" 0 "measured" -- "$BIN" plan --cluster $A --model bert-lar
 
 # bad input: exit 2 with a message naming the problem
 check "missing --cluster" 2 "--cluster FILE is required" -- "$BIN" plan --model gpt2-124m --batch 8
-check "batch zero" 2 "--batch: '0' is not a positive integer" -- "$BIN" plan --cluster $A --model gpt2-124m --batch 0
+check "batch zero" 2 "--batch: '0' is not an integer in [1, 65536]" -- "$BIN" plan --cluster $A --model gpt2-124m --batch 0
 check "batch negative" 2 "--batch: '-4'" -- "$BIN" plan --cluster $A --model gpt2-124m --batch -4
 check "batch not a number" 2 "--batch: 'lots'" -- "$BIN" plan --cluster $A --model gpt2-124m --batch lots
 check "batch < devices" 2 "cannot be split over 8 devices" -- "$BIN" plan --cluster $A --model gpt2-124m --batch 5
 check "unknown model" 2 "did you mean 'gpt2-124m'" -- "$BIN" plan --cluster $A --model gpt2-125m --batch 8
 check "unknown option" 2 "unknown option '--bacth'" -- "$BIN" plan --cluster $A --model gpt2-124m --bacth 8
-check "bad precision names the choices" 2 "--precision: 'fp8' (expected fp32, bf16 or fp16)" -- "$BIN" plan --cluster $A --model gpt2-124m --batch 8 --precision fp8
+check "bad precision names the choices" 2 "--precision: 'fp8' is not fp32, bf16 or fp16" -- "$BIN" plan --cluster $A --model gpt2-124m --batch 8 --precision fp8
 check "bad mem-cap" 2 "--mem-cap" -- "$BIN" plan --cluster $A --model gpt2-124m --batch 8 --mem-cap 1.5
 check "seq too long" 2 "exceeds model gpt2-124m's 1024 learned positions" -- "$BIN" plan --cluster $A --model gpt2-124m --batch 8 --seq 4096
 check "missing cluster file" 2 "nope.yaml: cannot open" -- "$BIN" plan --cluster "$T/nope.yaml" --model gpt2-124m --batch 8

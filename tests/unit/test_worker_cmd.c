@@ -1,0 +1,206 @@
+/* test_worker_cmd.c - one worker command line (common/worker_cmd.c, docs/architecture.md
+ * "Contracts"): the defaults table against every place that has a default of its own (the CRD's
+ * `default:` values, the job file's parser, the worker's train_config_defaults), the numbers it
+ * writes read back as the same doubles, and the same job run through `cephalo run`'s builder and
+ * through the operator's gives the same argv. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/job.h"
+#include "common/worker_cmd.h"
+#include "common/yaml_tree.h"
+#include "model/train.h"
+
+#define CRD "crds/cephalojobs.cephalo.dev.yaml"
+
+/* ---- the CRD's defaults ---- */
+
+static const ynode *ypath(const ynode *n, const char *const *keys) {
+    for (; n && *keys; keys++) n = ymap_get(n, *keys);
+    return n;
+}
+
+/* spec's schema: spec.versions[0].schema.openAPIV3Schema.properties.spec */
+static const ynode *spec_schema(const ynode *crd) {
+    const ynode *v = ypath(crd, (const char *const[]){"spec", "versions", NULL});
+    assert_non_null(v);
+    assert_true(v->kind == YNODE_SEQ && v->n > 0);
+    const ynode *s = ypath(v->items[0], (const char *const[]){"schema", "openAPIV3Schema", "properties", "spec", NULL});
+    assert_non_null(s);
+    return s;
+}
+
+/* The schema of a dotted field under spec ("optimizer.lr"), and whether its parent requires it. */
+static const ynode *field_schema(const ynode *spec, const char *dotted, bool *required) {
+    char buf[128], *save = NULL;
+    snprintf(buf, sizeof buf, "%s", dotted);
+    const ynode *n = spec;
+    *required = false;
+    for (char *k = strtok_r(buf, ".", &save); k && n; k = strtok_r(NULL, ".", &save)) {
+        const ynode *req = ymap_get(n, "required");
+        *required = false;
+        for (size_t i = 0; req && req->kind == YNODE_SEQ && i < req->n; i++)
+            if (!strcmp(req->items[i]->str, k)) *required = true;
+        n = ypath(n, (const char *const[]){"properties", k, NULL});
+    }
+    return n;
+}
+
+static bool same_value(const char *table, const char *crd) {
+    char *e1, *e2;
+    double a = strtod(table, &e1), b = strtod(crd, &e2);
+    if (!*e1 && !*e2 && e1 != table && e2 != crd) return a == b; /* 1.0e-8 and 1e-08 alike */
+    return !strcmp(table, crd);
+}
+
+/* Every option the CRD has: its `default:` is the table's; without one, the table has none of its
+ * own, or the field is required, or its description says the worker's default applies. */
+static void test_crd_defaults(void **state) {
+    (void)state;
+    err_t err;
+    ynode *crd = ytree_load_file(CRD, &err);
+    if (!crd) fail_msg("%s", err.msg);
+    const ynode *spec = spec_schema(crd);
+    int checked = 0;
+    for (int k = 0; k < WCMD_N; k++) {
+        const wcmd_default *d = &wcmd_defaults[k];
+        if (!d->crd_path) continue;
+        bool required;
+        const ynode *f = field_schema(spec, d->crd_path, &required);
+        if (!f) fail_msg("%s: spec.%s is not in the CRD", d->flag, d->crd_path);
+        const ynode *def = ymap_get(f, "default"), *desc = ymap_get(f, "description");
+        if (def) {
+            if (!d->value) fail_msg("spec.%s: the CRD's default %s, the table has none (%s)", d->crd_path, def->str, d->derived);
+            if (!same_value(d->value, def->str))
+                fail_msg("spec.%s: the CRD's default is %s, the table's %s (%s)", d->crd_path, def->str, d->value, d->flag);
+        } else if (d->value && !required && !(desc && strstr(desc->str, "default"))) {
+            fail_msg("spec.%s: no default in the CRD and none documented; the table's is %s", d->crd_path, d->value);
+        }
+        checked++;
+    }
+    assert_true(checked >= 15);
+    ytree_free(crd);
+}
+
+/* The checker itself: a CRD whose lr default differs from the table fails it. */
+static void test_crd_mismatch_is_seen(void **state) {
+    (void)state;
+    static const char text[] = "spec:\n  versions:\n  - schema:\n      openAPIV3Schema:\n        properties:\n"
+                               "          spec:\n            properties:\n              optimizer:\n"
+                               "                properties:\n                  lr: {type: number, default: 0.001}\n";
+    err_t err;
+    ynode *crd = ytree_load_string("crd.yaml", text, sizeof text - 1, &err);
+    assert_non_null(crd);
+    bool required;
+    const ynode *f = field_schema(spec_schema(crd), "optimizer.lr", &required);
+    assert_non_null(f);
+    assert_false(same_value(wcmd_defaults[WCMD_LR].value, ymap_get(f, "default")->str));
+    assert_true(same_value("1.0e-8", "1e-08"));
+    ytree_free(crd);
+}
+
+/* ---- the job file's and the worker's defaults ---- */
+
+static void test_job_file_defaults(void **state) {
+    (void)state;
+    static const char text[] = "model: tiny-gpt\nbatch: 4\nsteps: 20\ncheckpoint: {dir: ck}\n"
+                               "devices: [{type: cpu, threads: 1, memory: 256M}]\n";
+    job j;
+    err_t err;
+    if (job_load_string("job.yaml", text, sizeof text - 1, &j, &err) < 0) fail_msg("%s", err.msg);
+    wcmd_train got, want;
+    job_worker_train(&j, &got);
+    wcmd_train_defaults(&want);
+    assert_true(got.lr == want.lr && got.min_lr == want.min_lr && got.weight_decay == want.weight_decay);
+    assert_true(got.beta1 == want.beta1 && got.beta2 == want.beta2 && got.eps == want.eps && got.clip == want.clip);
+    assert_int_equal(got.schedule, want.schedule);
+    assert_int_equal(got.warmup, want.warmup);
+    assert_int_equal(got.seed, want.seed);
+    assert_int_equal(got.prec, want.prec);
+    assert_string_equal(got.data, want.data);
+    assert_int_equal(got.keep_last, want.keep_last);
+    assert_int_equal(got.keep_every, want.keep_every);
+    assert_string_equal(got.resume, want.resume);
+    assert_int_equal(got.val_every, -1);
+    job_free(&j);
+}
+
+static void test_worker_defaults(void **state) {
+    (void)state;
+    train_config c;
+    memset(&c, 0, sizeof c);
+    train_config_defaults(&c);
+    wcmd_train w;
+    wcmd_train_defaults(&w);
+    assert_int_equal(c.steps, w.steps);
+    assert_true(c.lr == w.lr && c.min_lr < 0 && c.weight_decay == w.weight_decay && c.clip == w.clip);
+    assert_true(c.beta1 == w.beta1 && c.beta2 == w.beta2 && c.eps == w.eps);
+    assert_int_equal(c.schedule, w.schedule);
+    assert_int_equal(c.seed, w.seed);
+    assert_string_equal(c.data, w.data);
+    assert_true(c.loss_scale == wcmd_default_num(WCMD_LOSS_SCALE));
+    assert_int_equal(c.loss_scale_window, wcmd_default_long(WCMD_LOSS_SCALE_WINDOW));
+    train_config_release(&c);
+}
+
+/* ---- the argv ---- */
+
+static const char *flag_value(const wcmd_argv *a, const char *flag) {
+    for (int i = 0; i + 1 < a->n; i++)
+        if (!strcmp(a->v[i], flag)) return a->v[i + 1];
+    return NULL;
+}
+
+/* Numbers come back as the same double, however many digits that takes. */
+static void test_numbers_read_back(void **state) {
+    (void)state;
+    wcmd_train t;
+    wcmd_train_defaults(&t);
+    t.lr = 0.1 + 0.2, t.beta2 = 1 - 1e-9, t.eps = 1.0 / 3e9, t.clip = 60;
+    wcmd_argv a = {0};
+    wcmd_train_argv(&t, &a);
+    assert_string_equal(a.v[0], "train");
+    assert_true(strtod(flag_value(&a, "--lr"), NULL) == t.lr);
+    assert_true(strtod(flag_value(&a, "--min-lr"), NULL) == t.lr / 10);
+    assert_true(strtod(flag_value(&a, "--beta2"), NULL) == t.beta2);
+    assert_true(strtod(flag_value(&a, "--eps"), NULL) == t.eps);
+    assert_string_equal(flag_value(&a, "--clip"), "60");
+    assert_string_equal(flag_value(&a, "--lr"), "0.30000000000000004");
+    assert_null(flag_value(&a, "--ckpt-dir")); /* no checkpoints: none of their flags */
+    assert_null(flag_value(&a, "--keep-last"));
+    wcmd_argv_free(&a);
+}
+
+/* Every default is spelled out, and retention and resume whenever there are checkpoints. */
+static void test_defaults_spelled_out(void **state) {
+    (void)state;
+    wcmd_train t;
+    wcmd_train_defaults(&t);
+    t.ckpt_dir = "/ck";
+    wcmd_argv a = {0};
+    wcmd_train_argv(&t, &a);
+    for (int k = 0; k < WCMD_N; k++) {
+        const wcmd_default *d = &wcmd_defaults[k];
+        if (!d->job_key || !d->value || k == WCMD_VAL_SAMPLES) continue; /* validation: none asked for */
+        const char *v = flag_value(&a, d->flag);
+        if (!v) fail_msg("%s is missing from the argv", d->flag);
+        assert_true(same_value(d->value, v));
+    }
+    wcmd_argv_free(&a);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_crd_defaults),      cmocka_unit_test(test_crd_mismatch_is_seen),
+        cmocka_unit_test(test_job_file_defaults), cmocka_unit_test(test_worker_defaults),
+        cmocka_unit_test(test_numbers_read_back), cmocka_unit_test(test_defaults_spelled_out),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
