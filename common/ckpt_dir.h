@@ -1,7 +1,7 @@
 /* ckpt_dir.h - a checkpoint directory as files (docs/checkpoints.md): which checkpoints it
  * holds, which are complete, what `latest` says, retention, and the temporaries that killed
  * writers left behind. Names and directories only: loading and verifying a checkpoint is the
- * worker's (worker/files/ckpt_resume.c).
+ * worker's (worker/state/ckpt_resume.c).
  *
  *   DIR/step_NNNNNNNN.safetensors   one file (one rank, or a replicated job): complete when present
  *   DIR/step_NNNNNNNN/              one file per rank + index.json: complete once index.json is

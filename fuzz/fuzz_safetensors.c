@@ -1,6 +1,6 @@
 /* fuzz_safetensors.c - libFuzzer target for the safetensors reader (st_parse: size field, UTF-8
  * and JSON header through common/json_util.c, entry checks, layout and CRC in
- * worker/files/safetensors.c). Every tensor a successful parse returns is read in full and looked up by
+ * worker/formats/safetensors.c). Every tensor a successful parse returns is read in full and looked up by
  * name, so a bounds or lookup mistake shows up under ASan. */
 #include <stddef.h>
 #include <stdint.h>

@@ -1,4 +1,4 @@
-/* fuzz_shard.c - libFuzzer target for the worker's data files (worker/files/data.c): the input is
+/* fuzz_shard.c - libFuzzer target for the worker's data files (worker/formats/data.c): the input is
  * checked in memory, then written to a temporary file and opened through the real path (mmap) as
  * an llm.c token shard (CLM and MLM, small and large vocabularies) and as a CIMG image file (with
  * the header's own dimensions and with mismatched ones); a few samples are read from each. */

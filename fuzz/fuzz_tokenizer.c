@@ -1,4 +1,4 @@
-/* fuzz_tokenizer.c - libFuzzer target for the tokenizers (worker/files/tokenizer.c): the input up
+/* fuzz_tokenizer.c - libFuzzer target for the tokenizers (worker/formats/tokenizer.c): the input up
  * to its first NUL byte is a tokenizer.json, the rest a text. A document that loads encodes the
  * text with and without special tokens, and the ids decode again; every id encode returns must be
  * in the vocabulary, and a byte-level tokenizer must give the text back byte for byte (docs/tokenizer.md,

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The tokenizers (worker/files/tokenizer.c) against independent implementations from the npm
+# The tokenizers (worker/formats/tokenizer.c) against independent implementations from the npm
 # registry, token for token, on a deterministic corpus of more than 1 MB (prose, code, numbers,
 # whitespace runs, CJK, emoji, combining marks, ...; tests/tok/tok.mjs): GPT-2 against js-tiktoken,
 # Llama-2 against llama-tokenizer-js, Llama-3 against llama3-tokenizer-js, with tokenizer.json files

@@ -4,7 +4,7 @@ Format: an 8-byte little-endian header length N, N bytes of JSON header, then th
 The header maps each tensor name to {"dtype", "shape", "data_offsets": [begin, end]} (offsets
 relative to the data buffer) and may hold "__metadata__": {str: str}. The writer lays tensors out
 by descending element size (so every tensor is aligned to its element size), pads the header with
-spaces to a multiple of 8 bytes and, like worker/files/safetensors.c, can add "cephalo.crc32" (CRC-32 of
+spaces to a multiple of 8 bytes and, like worker/formats/safetensors.c, can add "cephalo.crc32" (CRC-32 of
 the data buffer), which the reader verifies when present.
 
     tensors, meta = read("init.safetensors")      # {name: np.ndarray}, {key: str}

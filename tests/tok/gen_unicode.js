@@ -1,6 +1,6 @@
-// gen_unicode.js - writes worker/files/unicode_tab.c: the code point ranges of the Unicode
+// gen_unicode.js - writes worker/formats/unicode_tab.c: the code point ranges of the Unicode
 // classes the pre-tokenizers need (\p{L}, \p{N}, White_Space), from node's own regex engine (its
-// Unicode version is printed in the file). Run: node tests/tok/gen_unicode.js > worker/files/unicode_tab.c
+// Unicode version is printed in the file). Run: node tests/tok/gen_unicode.js > worker/formats/unicode_tab.c
 'use strict';
 const classes = [
   ['uni_letter', /^\p{L}$/u, 'general category L (Lu Ll Lt Lm Lo)'],

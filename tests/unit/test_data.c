@@ -1,4 +1,4 @@
-/* test_data.c - worker/files/data.c: llm.c token shards and their validation, the token dataset (spec
+/* test_data.c - worker/formats/data.c: llm.c token shards and their validation, the token dataset (spec
  * expansion, vocabulary checks, the per-epoch sample order, CLM and MLM targets), CIMG image files
  * and their validation, synthetic token and image sources. Files are written under a fresh
  * temporary directory. */

@@ -1,4 +1,4 @@
-/* test_import.c - worker/files/import.c: any slice of a unit reads the same values as the whole
+/* test_import.c - worker/model/import.c: any slice of a unit reads the same values as the whole
  * unit (FSDP shards of every size), the name and layout mapping on chosen elements, exact F16 and
  * BF16 widening (subnormals, infinities, signed zero), and the errors naming tensor and shapes. */
 #include <setjmp.h>

@@ -1,4 +1,4 @@
-/* test_tokenizer.c - the tokenizer core (worker/files/tokenizer.c) on small hand-made
+/* test_tokenizer.c - the tokenizer core (worker/formats/tokenizer.c) on small hand-made
  * tokenizer.json files: the pre-tokenizer patterns, merge order, byte fallback, added tokens,
  * decoding, bad files (each error names the field) and random round trips. The agreement with
  * real vocabularies is tests/cli/test_tokenizer.sh's. */

@@ -60,7 +60,7 @@ void metrics_fail(metrics *m, const char *why);
 /* The exposition text (what GET /metrics returns); the caller frees it. */
 char *metrics_render(metrics *m, size_t *len);
 
-/* ---- the worker's side (main.c) ---- */
+/* ---- the worker's side (train.c) ---- */
 
 /* The port to serve on: `flag` (--metrics-port, -1 = not given), else $CEPHALO_METRICS_PORT, else
  * the plan's top-level "metrics_port" + rank; 0 = off. -1 on a bad value (the error names it). */

@@ -3,8 +3,9 @@
  *
  * The trainer never touches device memory directly: it allocates through dev_alloc() (which
  * counts current and peak bytes and enforces the device's capacity) and computes through the op
- * table. The CPU device (cpu_device.c: OpenBLAS + OpenMP) implements it today; the CUDA device
- * implements the same table later, so model and engine code are shared.
+ * table. Two devices implement it: the CPU device (cpu_device.c, cpu_attention.c: OpenBLAS +
+ * OpenMP) and the CUDA device (cuda_device.cu, cuda_attention.cu: cuBLAS and our kernels, linked
+ * into cephalo-worker-cuda only; docs/cuda.md), so model and engine code are shared.
  *
  * Conventions for every op:
  *  - all float pointers are fp32 device memory, row-major, contiguous unless a leading dimension
@@ -171,7 +172,7 @@ typedef struct dev_ops {
                           const float *k, int ldk, const float *v, int ldv, int B, int T, int H,
                           int Hkv, int hd, bool causal);
 
-    /* ---- generation with a KV cache (worker/model/sample.c, docs/sample.md) ----
+    /* ---- generation with a KV cache (worker/model/kvcache.c, docs/sample.md) ----
      * rope_at: rope's forward rotation on `rows` rows (leading dimension ldx) of which row r is
      * the token at position pos0 + r: the new tokens of a decode step, after pos0 cached ones.
      * Same angles and rounding as rope, so rope_at(pos0 = 0) equals rope with T >= rows. */
