@@ -1,6 +1,6 @@
-/* cli.c - the `cephalo` command: plan, compare, models, gpus, data, run (run.c does the running).
- * Exit codes (DESIGN 5.1): 0 feasible, 3 infeasible (with the reason), 2 bad input; `run` adds
- * 1 (a worker failed) and 130 (interrupted). */
+/* main.c - the `cephalo` command: plan, compare, models, gpus, data, run (run.c does the running),
+ * profile. Exit codes (docs/cli.md): 0 feasible, 3 infeasible (with the reason), 2 bad input; `run`
+ * adds 1 (a worker failed) and 130 (interrupted). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,4 +1,4 @@
-/* run.c - `cephalo run JOB.yaml`: the operator's part, on one machine (DESIGN 2).
+/* run.c - `cephalo run JOB.yaml`: the operator's part, on one machine (docs/architecture.md).
  *
  *   job file -> devices as a cluster -> plan (RUNDIR/plan.json) -> one `cephalo-worker train` per
  *   rank, all in one new process group (the gang) -> progress view over RUNDIR/rank-R.jsonl ->
@@ -184,7 +184,7 @@ static wcmd_argv worker_args(const launch *l, int rank) {
     return s;
 }
 
-/* DESIGN 5.1: the variables a pod gets. */
+/* docs/architecture.md, "The worker's environment": the variables a pod gets. */
 static wcmd_argv worker_env(const launch *l, int rank, bool inherit) {
     static const char *const ours[] = {"RANK=", "LOCAL_RANK=", "WORLD_SIZE=", "MASTER_ADDR=", "MASTER_PORT=", "CEPHALO_PLAN=",
                                        "CEPHALO_COMM_TIMEOUT=", "CEPHALO_JOB=", NULL};

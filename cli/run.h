@@ -1,6 +1,7 @@
 /* run.h - `cephalo run JOB.yaml` (docs/run.md): plans a job on the local devices, starts one
- * `cephalo-worker train` per device with the environment a pod would get (DESIGN 5.1), shows one
- * progress view over all ranks, and stops the whole gang when one worker fails or on Ctrl-C. */
+ * `cephalo-worker train` per device with the environment a pod would get (docs/architecture.md,
+ * "Contracts"), shows one progress view over all ranks, and stops the whole gang when one worker
+ * fails or on Ctrl-C. */
 #ifndef CEPHALO_RUN_H
 #define CEPHALO_RUN_H
 

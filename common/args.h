@@ -2,7 +2,7 @@
  * long options through getopt_long, one wording for what is wrong with an argument, and one exit
  * status for bad input, so that each front end keeps only its options and its checks.
  *
- *   args a = args_begin(argc, argv, "cephalo-worker eval", longopts, eval_usage);
+ *   args a = args_begin(argc, argv, "cephalo-worker eval", longopts, "", eval_usage);
  *   int ch, rc = 0;
  *   while (!rc && (ch = args_next(&a)) > 0) {
  *       switch (ch) {

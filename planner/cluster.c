@@ -1,4 +1,4 @@
-/* cluster.c - loading the cluster file (DESIGN 5.2) and building clusters in code.
+/* cluster.c - loading the cluster file (docs/formats.md) and building clusters in code.
  *
  * The file is read into a yaml_tree first, so every error can name the file, the line and the
  * field path ("cluster.yaml:5: nodes[0].gpus[1].type: ..."). The result is flattened into one

@@ -1,4 +1,4 @@
-/* cluster.h - the cluster file (DESIGN 5.2): nodes with GPUs (or emulated CPU devices).
+/* cluster.h - the cluster file (docs/formats.md): nodes with GPUs (or emulated CPU devices).
  *
  *   nodes:
  *     - name: node-a

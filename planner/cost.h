@@ -1,4 +1,4 @@
-/* cost.h - the cost model of DESIGN section 6 for one (cluster, model, seq, precision).
+/* cost.h - the cost model of docs/cost-model.md for one (cluster, model, seq, precision).
  *
  * Per device group (identical devices): the forward-phase and backward-phase time of one
  * microbatch of size m, and the compute memory M(m) = m0 + m1*m. Per cluster: the collective

@@ -1,5 +1,5 @@
 /* plan.h - plans: the per-rank batch, microbatches and training-state shards of one strategy,
- * with their predicted times and memory; JSON (DESIGN 5.2) and table output. */
+ * with their predicted times and memory; JSON (docs/formats.md) and table output. */
 #ifndef CEPHALO_PLAN_H
 #define CEPHALO_PLAN_H
 

@@ -1,4 +1,4 @@
-/* plan_io.c - plan output: readable tables and the JSON of DESIGN 5.2. */
+/* plan_io.c - plan output: readable tables and the JSON of docs/formats.md. */
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <math.h>

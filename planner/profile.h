@@ -1,4 +1,4 @@
-/* profile.h - the profile file (DESIGN 5.2): measured costs per device type and model.
+/* profile.h - the profile file (docs/formats.md): measured costs per device type and model.
  *
  * {
  *   "format": "cephalo-profile", "version": 1,

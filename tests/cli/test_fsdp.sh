@@ -1,5 +1,5 @@
 #!/bin/bash
-# test_fsdp.sh - training across ranks over the socket backend (DESIGN 7): the invariant (any
+# test_fsdp.sh - training across ranks over the socket backend (docs/architecture.md): the invariant (any
 # plan gives the parameters of one rank on the global batch), collectives per step, memory
 # against the planner's prediction, failures, and resuming under another plan and world size.
 set -u

@@ -154,7 +154,7 @@ assert [r['step'] for r in rows]==[6,7], rows"
 
 # ---- the gang, with a fake worker ----
 
-# The fake worker checks the environment of DESIGN 5.1, writes one log line per step (in two
+# The fake worker checks the environment of docs/architecture.md ("The worker's environment"), writes one log line per step (in two
 # halves when FAKE_SPLIT is set, to exercise partial lines; all at the end for FAKE_LATE_RANK),
 # and can fail, ignore SIGTERM or write a checkpoint's 'latest' file on request.
 cat >"$T/fake-worker" <<'SH'
@@ -231,7 +231,7 @@ s=json.load(open('$T/r-fake/summary.json'))
 assert s['loss']==[5,4.9,4.8,4.7,4.6], s['loss']
 assert [r['peak_bytes']['measured'] for r in s['ranks']]==[1048580,2097156,3145732]
 assert s['samples_per_s']['measured']==320"
-assert "workers get the environment of DESIGN 5.1" bash -c "
+assert "workers get the environment of docs/architecture.md (the worker's environment)" bash -c "
   cat '$T/r-fake/rank-1.jsonl.env' | tr '\n' ' ' | grep -Eq '^CEPHALO_COMM_TIMEOUT=30 CEPHALO_PLAN=$T/r-fake/plan.json LOCAL_RANK=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=[0-9]+ RANK=1 WORLD_SIZE=3 \$'"
 assert "rank-R.log has the worker's output" grep -q "fake-worker: rank 2/3 starting" "$T/r-fake/rank-2.log"
 

@@ -165,7 +165,7 @@ static void test_random_problems_match_exhaustive(void **state) {
 static const char *const gpu_types[] = {"P40", "P100", "V100-16GB", "T4", "A10G", "L4", "A6000", "A100-40GB", "RTX-3090"};
 static const char *const model_names[] = {"gpt2-124m", "gpt2-774m", "gpt2-1.5b", "bert-large", "tinyllama-1.1b", "llama-3b", "vit-g"};
 
-/* Cost of one full assignment under the rules of DESIGN 6, written out from cost_model data. */
+/* Cost of one full assignment under the rules of docs/optimizer.md, written out from cost_model data. */
 static double model_cost(const cost_model *cm, const int *batch, const int *micro) {
     int n = cm->cl->n_devices;
     double F = 0, K = 0;

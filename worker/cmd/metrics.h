@@ -1,4 +1,4 @@
-/* metrics.h - the worker's Prometheus endpoint (DESIGN 5.3, docs/metrics.md).
+/* metrics.h - the worker's Prometheus endpoint (docs/metrics.md).
  *
  * A registry the training loop updates after each step, served over HTTP by libmicrohttpd on its
  * own thread: GET /metrics (Prometheus text format 0.0.4) and GET /healthz (200 "ok" while the

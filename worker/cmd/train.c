@@ -1,4 +1,4 @@
-/* train.c - `cephalo-worker train`: one rank of a training job (DESIGN 5.1, docs/worker.md).
+/* train.c - `cephalo-worker train`: one rank of a training job (docs/architecture.md, "Contracts", docs/worker.md).
  *
  * RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT and CEPHALO_PLAN come from the environment, as with
  * torchrun-launched programs; the options' defaults are common/worker_cmd.c's table, the one

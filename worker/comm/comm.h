@@ -1,4 +1,4 @@
-/* comm.h - collectives between the ranks of a job (DESIGN 7): allgatherv, reduce-scatterv (sum),
+/* comm.h - collectives between the ranks of a job (docs/architecture.md): allgatherv, reduce-scatterv (sum),
  * allreduce (sum), broadcast and barrier, all asynchronous with wait handles, plus the TCP
  * key-value store of the rendezvous.
  *

@@ -1,4 +1,4 @@
-/* comm_store.c - the rendezvous key-value store (DESIGN 7): rank 0 serves it on
+/* comm_store.c - the rendezvous key-value store (docs/architecture.md): rank 0 serves it on
  * MASTER_ADDR:MASTER_PORT, every rank (rank 0 too) is a client. The ranks publish their ring
  * addresses in it; comm_store_set/get offer it to other users.
  *

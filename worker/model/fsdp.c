@@ -1,4 +1,4 @@
-/* fsdp.c - the sharded state of a trainer (DESIGN 7, paper 3.1): each unit's flat buffer is
+/* fsdp.c - the sharded state of a trainer (docs/fsdp.md, paper 3.1): each unit's flat buffer is
  * split by the plan's shard_sizes; before a unit computes, its parameters are all-gathered into a
  * slot, and after its backward its full gradient is reduce-scattered back onto the shards.
  *

@@ -1,4 +1,4 @@
-/* train.c - one rank's training step with layered gradient accumulation (DESIGN 7).
+/* train.c - one rank's training step with layered gradient accumulation (docs/architecture.md).
  *
  * Forward: for each unit, all l microbatches run before the next unit starts; each microbatch's
  * unit output is offloaded to the host pool (it is the next unit's input checkpoint). The head's

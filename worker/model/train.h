@@ -1,5 +1,5 @@
 /* train.h - one rank's training loop: layered gradient accumulation over the units of the model
- * (DESIGN 7), checkpoints at unit boundaries offloaded to host memory, AdamW with global-norm
+ * (docs/architecture.md), checkpoints at unit boundaries offloaded to host memory, AdamW with global-norm
  * clipping and a warmup + cosine schedule.
  *
  *   trainer *t = trainer_new(&cfg, &err);       // model, device, data, optimizer state

@@ -288,28 +288,15 @@ static void fmt_eta(double s, char *buf, size_t n) {
     snprintf(buf, n, "%ld:%02ld", t / 60, t % 60);
 }
 
-int wprof_compute(const wprof_opts *opts, const model_spec *mspec, int seq, err_t *err) {
-    wprof_opts o = *opts;
-    model_spec model = *mspec;
-    const char *name = o.name;
-    bool cuda = !strcmp(o.device, "cuda");
-    int rc = 0;
-
-    prof_ctx c = {.m = &model, .seq = model.arch == ARCH_VIT ? 0 : seq, .cuda = cuda, .copies = !cuda,
-                  .min_ms = o.min_ms, .min_reps = 3, .n_units = model_n_units(&model)};
-    c.T = model_tokens(&model, c.seq);
-    if (device_open(&c.dev, o.device, 0, (int)o.threads, (int)o.gpu, o.memory, err) < 0) return -1;
-    c.prec = o.prec;
-    c.dev.matmul = dev_matmul_for(o.prec, cuda);
-    int K = (int)o.max_micro;
-    profile p = {0};
-    p.n_entries = 1;
-    p.entries = xcalloc(1, sizeof *p.entries);
-    profile_entry *e = &p.entries[0];
-    snprintf(e->device, sizeof e->device, "%s", name);
-    snprintf(e->model, sizeof e->model, "%s", model.name);
+/* The profile's one entry, with room for K points of each curve. */
+static profile_entry *new_entry(profile *p, const wprof_opts *o, const model_spec *m, int seq, int K) {
+    p->n_entries = 1;
+    p->entries = xcalloc(1, sizeof *p->entries);
+    profile_entry *e = &p->entries[0];
+    snprintf(e->device, sizeof e->device, "%s", o->name);
+    snprintf(e->model, sizeof e->model, "%s", m->name);
     e->seq = seq;
-    e->prec = o.prec;
+    e->prec = o->prec;
     e->microbatch = xcalloc((size_t)K, sizeof(int));
     profile_curve *curves[] = {&e->embedding, &e->block, &e->head};
     for (int k = 0; k < 3; k++) {
@@ -318,72 +305,100 @@ int wprof_compute(const wprof_opts *opts, const model_spec *mspec, int seq, err_
         curves[k]->bwd_ms = xcalloc((size_t)K, sizeof(double));
     }
     e->compute_bytes = xcalloc((size_t)K, sizeof(double));
-    if (!o.quiet)
-        fprintf(stderr, "profile: %s on %s (%s%s%ld thread%s): per-unit times and compute memory at microbatch 1..%d\n",
-                model.name, name, o.device, cuda ? "" : ", ", cuda ? 0L : o.threads, o.threads == 1 ? "" : "s", K);
+    return e;
+}
+
+/* Times every op at the microbatch the buffers were allocated for, t[N_OPS]. */
+static void time_ops(prof_ctx *c, double *t) {
+    load_unit(c, 0, 0);
+    t[OP_EMB_FWD] = time_op(c, OP_EMB_FWD);
+    t[OP_EMB_BWD] = time_op(c, OP_EMB_BWD);
+    load_unit(c, 1, 0);
+    t[OP_BLK_FWD] = time_op(c, OP_BLK_FWD);
+    t[OP_BLK_BWD] = time_op(c, OP_BLK_BWD);
+    load_unit(c, c->n_units - 1, 0);
+    if (c->m->tied_head) load_unit(c, 0, 1);
+    t[OP_HEAD] = time_op(c, OP_HEAD);
+}
+
+/* Point n of the curves from the ops' times, as the cost model's terms (planner/cost.c): the
+ * forward phase adds emb fwd, L x block fwd and head fwd + bwd; the backward phase L x (block fwd +
+ * block bwd) + emb bwd, so the block's bwd is its backward phase minus its forward, and the
+ * embedding's bwd is its whole backward phase (its recompute included). The head runs fused: 1/3
+ * fwd, 2/3 bwd. */
+static void record_point(profile_entry *e, int n, int mb, const double *t, double bytes) {
+    e->microbatch[n] = mb;
+    e->embedding.fwd_ms[n] = t[OP_EMB_FWD];
+    e->embedding.bwd_ms[n] = t[OP_EMB_BWD];
+    e->block.fwd_ms[n] = t[OP_BLK_FWD];
+    e->block.bwd_ms[n] = fmax(t[OP_BLK_BWD] - t[OP_BLK_FWD], 1e-6);
+    e->head.fwd_ms[n] = t[OP_HEAD] / 3;
+    e->head.bwd_ms[n] = t[OP_HEAD] * 2 / 3;
+    e->compute_bytes[n] = bytes;
+}
+
+static void report_point(const profile_entry *e, int n, int K, const double *t, double start_ms) {
+    char eta[48], mem[32];
+    int mb = e->microbatch[n];
+    double el = (clock_now_ms() - start_ms) / 1e3;
+    /* time grows about linearly with the microbatch */
+    double done = (double)mb * (mb + 1) / 2, all = (double)K * (K + 1) / 2;
+    fmt_eta(el / done * (all - done), eta, sizeof eta);
+    str_bytes(e->compute_bytes[n], mem, sizeof mem);
+    fprintf(stderr, "profile: [%d/%d] microbatch %d: block fwd %.3f ms bwd %.3f ms, embedding %.3f/%.3f ms, "
+                    "head %.3f ms, compute memory %s | ETA %s\n",
+            mb, K, mb, e->block.fwd_ms[n], e->block.bwd_ms[n], t[OP_EMB_FWD], t[OP_EMB_BWD], t[OP_HEAD], mem, eta);
+}
+
+/* Microbatch 1..K until one does not fit the device: e's points. */
+static int sweep(prof_ctx *c, const wprof_opts *o, profile_entry *e, int K, err_t *err) {
     double start = clock_now_ms();
     int n = 0;
-    rc = 0;
-    for (int mb = 1; mb <= K; mb++) {
-        int64_t base = c.dev.cur_bytes;
-        c.dev.peak_bytes = base;
+    for (int mb = 1; mb <= K; mb++, n++) {
+        int64_t base = c->dev.cur_bytes;
+        c->dev.peak_bytes = base;
         err_t aerr = {0};
-        if (!alloc_buffers(&c, mb, &aerr)) {
-            free_buffers(&c);
-            if (mb == 1) {
-                rc = err_set(err, "the device cannot hold the compute memory of microbatch 1: %s",
-                             aerr.msg[0] ? aerr.msg : c.dev.err.msg);
-            } else if (!o.quiet) {
-                fprintf(stderr, "profile: microbatch %d does not fit the device's memory; the sweep ends at %d\n", mb, mb - 1);
-            }
+        if (!alloc_buffers(c, mb, &aerr)) {
+            free_buffers(c);
+            if (mb == 1)
+                return err_set(err, "the device cannot hold the compute memory of microbatch 1: %s",
+                               aerr.msg[0] ? aerr.msg : c->dev.err.msg);
+            if (!o->quiet) fprintf(stderr, "profile: microbatch %d does not fit the device's memory; the sweep ends at %d\n", mb, mb - 1);
             break;
         }
-        double bytes = (double)(c.dev.peak_bytes - base);
-        double t[N_OPS];
-        load_unit(&c, 0, 0);
-        t[OP_EMB_FWD] = time_op(&c, OP_EMB_FWD);
-        t[OP_EMB_BWD] = time_op(&c, OP_EMB_BWD);
-        load_unit(&c, 1, 0);
-        t[OP_BLK_FWD] = time_op(&c, OP_BLK_FWD);
-        t[OP_BLK_BWD] = time_op(&c, OP_BLK_BWD);
-        load_unit(&c, c.n_units - 1, 0);
-        if (model.tied_head) load_unit(&c, 0, 1);
-        t[OP_HEAD] = time_op(&c, OP_HEAD);
-        free_buffers(&c);
-        e->microbatch[n] = mb;
-        /* the cost model's terms (planner/cost.c): the forward phase adds emb fwd, L x block fwd
-         * and head fwd + bwd; the backward phase L x (block fwd + block bwd) + emb bwd, so the
-         * block's bwd is its backward phase minus its forward, and the embedding's bwd is its
-         * whole backward phase (its recompute included). The head runs fused: 1/3 fwd, 2/3 bwd. */
-        e->embedding.fwd_ms[n] = t[OP_EMB_FWD];
-        e->embedding.bwd_ms[n] = t[OP_EMB_BWD];
-        e->block.fwd_ms[n] = t[OP_BLK_FWD];
-        e->block.bwd_ms[n] = fmax(t[OP_BLK_BWD] - t[OP_BLK_FWD], 1e-6);
-        e->head.fwd_ms[n] = t[OP_HEAD] / 3;
-        e->head.bwd_ms[n] = t[OP_HEAD] * 2 / 3;
-        e->compute_bytes[n] = bytes;
-        n++;
-        if (!o.quiet) {
-            char eta[48], mem[32];
-            double el = (clock_now_ms() - start) / 1e3;
-            /* time grows about linearly with the microbatch */
-            double done = (double)mb * (mb + 1) / 2, all = (double)K * (K + 1) / 2;
-            fmt_eta(el / done * (all - done), eta, sizeof eta);
-            str_bytes(bytes, mem, sizeof mem);
-            fprintf(stderr, "profile: [%d/%d] microbatch %d: block fwd %.3f ms bwd %.3f ms, embedding %.3f/%.3f ms, "
-                            "head %.3f ms, compute memory %s | ETA %s\n",
-                    mb, K, mb, e->block.fwd_ms[n - 1], e->block.bwd_ms[n - 1], t[OP_EMB_FWD], t[OP_EMB_BWD],
-                    t[OP_HEAD], mem, eta);
-        }
+        double t[N_OPS], bytes = (double)(c->dev.peak_bytes - base);
+        time_ops(c, t);
+        free_buffers(c);
+        record_point(e, n, mb, t, bytes);
+        if (!o->quiet) report_point(e, n, K, t, start);
     }
     e->n_points = n;
+    return 0;
+}
+
+int wprof_compute(const wprof_opts *o, const model_spec *mspec, int seq, err_t *err) {
+    model_spec model = *mspec;
+    bool cuda = !strcmp(o->device, "cuda");
+    prof_ctx c = {.m = &model, .seq = model.arch == ARCH_VIT ? 0 : seq, .cuda = cuda, .copies = !cuda,
+                  .min_ms = o->min_ms, .min_reps = 3, .n_units = model_n_units(&model)};
+    c.T = model_tokens(&model, c.seq);
+    if (device_open(&c.dev, o->device, 0, (int)o->threads, (int)o->gpu, o->memory, err) < 0) return -1;
+    c.prec = o->prec;
+    c.dev.matmul = dev_matmul_for(o->prec, cuda);
+    int K = (int)o->max_micro;
+    profile p = {0};
+    profile_entry *e = new_entry(&p, o, &model, seq, K);
+    if (!o->quiet)
+        fprintf(stderr, "profile: %s on %s (%s%s%ld thread%s): per-unit times and compute memory at microbatch 1..%d\n",
+                model.name, o->name, o->device, cuda ? "" : ", ", cuda ? 0L : o->threads, o->threads == 1 ? "" : "s", K);
+    int rc = sweep(&c, o, e, K, err);
     if (!rc) {
         e->optimizer_ms_per_mparam = time_optimizer(&c);
-        if (!o.quiet && e->optimizer_ms_per_mparam > 0)
+        if (!o->quiet && e->optimizer_ms_per_mparam > 0)
             fprintf(stderr, "profile: optimizer step (zero + norm + AdamW) %.3f ms per million parameters\n",
                     e->optimizer_ms_per_mparam);
+        rc = profile_save(&p, o->out, err);
     }
-    if (!rc) rc = profile_save(&p, o.out, err);
     profile_free(&p);
     device_close(&c.dev);
     return rc < 0 ? -1 : 0;

@@ -1,4 +1,4 @@
-/* plan_read.c - the worker's reading of a plan JSON (DESIGN 5.2): the model, the global batch,
+/* plan_read.c - the worker's reading of a plan JSON (docs/formats.md): the model, the global batch,
  * and this rank's batch, microbatches, memory and threads. */
 #include <stdio.h>
 #include <stdlib.h>
