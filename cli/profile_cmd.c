@@ -43,16 +43,6 @@ static const char usage[] =
     "  --quick            fewer repetitions (tests)\n"
     "  --comm-max-bytes N largest collective measured (default 4M)\n";
 
-static int bad(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int bad(const char *fmt, ...) {
-    char msg[1600];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    return args_bad_cmd("cephalo profile", "%s", msg);
-}
-
 static int failed(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static int failed(const char *fmt, ...) {
     va_list ap;
@@ -377,28 +367,28 @@ int profile_main(int argc, char **argv) {
     if (rc) return rc;
     err_t err;
     model_spec model;
-    if (model_resolve(o.model, &model, &err) < 0) return bad("--model: %s", err.msg);
+    if (model_resolve(o.model, &model, &err) < 0) return args_bad_cmd("cephalo profile", "--model: %s", err.msg);
     int seq;
-    if (model_check_seq(&model, (int)o.seq, &seq, &err) < 0) return bad("--seq: %s", err.msg);
+    if (model_check_seq(&model, (int)o.seq, &seq, &err) < 0) return args_bad_cmd("cephalo profile", "--seq: %s", err.msg);
     job j;
     memset(&j, 0, sizeof j);
     if (job_set_devices(&j, o.devices, &err) < 0) {
         job_free(&j);
-        return bad("%s", err.msg);
+        return args_bad_cmd("cephalo profile", "%s", err.msg);
     }
     char store[PATH_LEN];
     bool use_store = o.store ? strcmp(o.store, "none") != 0 : profile_store_path(store, sizeof store);
     if (o.store && use_store) snprintf(store, sizeof store, "%s", o.store);
     if (!o.out && !use_store) {
         job_free(&j);
-        return bad("%s", "nothing to write: give -o FILE, or a profile store");
+        return args_bad_cmd("cephalo profile", "%s", "nothing to write: give -o FILE, or a profile store");
     }
     /* -o and the store (read, then rewritten) must not replace the model file or each other */
     const file_arg ins[] = {{"--model", o.model}};
     const file_arg outs[] = {{o.store ? "--store" : "the profile store", use_store ? store : NULL}, {"-o", o.out}};
     if (file_check_outputs(outs, 2, ins, 1, &err) < 0) {
         job_free(&j);
-        return bad("%s", err.msg);
+        return args_bad_cmd("cephalo profile", "%s", err.msg);
     }
     char worker[PATH_LEN];
     if (run_find_worker(worker, false, &err) < 0) return job_free(&j), failed("%s", err.msg);

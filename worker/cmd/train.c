@@ -6,7 +6,6 @@
 #include <errno.h>
 #include <math.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -142,16 +141,6 @@ typedef struct worker_opts {
     train_config cfg;
 } worker_opts;
 
-static int bad(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int bad(const char *fmt, ...) {
-    char msg[1600];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    return args_bad_cmd(WORKER_NAME, "%s", msg);
-}
-
 /* The loss scale multiplies the loss and divides the gradient: a power of two keeps both exact. */
 static int power_of_two(const args *p, double *out) {
     int e;
@@ -283,7 +272,7 @@ static int env_int(const char *name, int dflt, int lo, int hi, int *out) {
     const char *s = getenv(name);
     long v = dflt;
     if (s && *s && (!str_to_long(s, &v) || v < lo || v > hi))
-        return bad("$%s is '%s', expected an integer in [%d, %d]", name, s, lo, hi);
+        return args_bad_cmd(WORKER_NAME, "$%s is '%s', expected an integer in [%d, %d]", name, s, lo, hi);
     *out = (int)v;
     return 0;
 }
@@ -297,7 +286,7 @@ static int inject_from_env(train_config *c) {
     long st, rk = 0;
     snprintf(step, sizeof step, "%.*s", colon ? (int)(colon - s) : (int)strlen(s), s);
     if (!str_to_long(step, &st) || st < 0 || (colon && (!str_to_long(colon + 1, &rk) || rk < 0)))
-        return bad("$CEPHALO_TEST_NONFINITE is '%s', expected STEP or STEP:RANK", s);
+        return args_bad_cmd(WORKER_NAME, "$CEPHALO_TEST_NONFINITE is '%s', expected STEP or STEP:RANK", s);
     c->inject_nonfinite_step = st, c->inject_nonfinite_rank = (int)rk;
     return 0;
 }
@@ -312,29 +301,29 @@ static int resolve_job(worker_opts *o) {
     if (!o->plan) o->plan = getenv("CEPHALO_PLAN");
     if (o->plan && *o->plan) {
         if (o->model || o->batch || o->micro || o->seq)
-            return bad("%s", "--model/--batch/--microbatch/--seq come from the plan; give one or the other");
+            return args_bad_cmd(WORKER_NAME, "%s", "--model/--batch/--microbatch/--seq come from the plan; give one or the other");
         int threads = c->threads;
         int64_t mem = c->memory_bytes;
-        if (plan_read(o->plan, rank, world, c, &err) < 0) return bad("%s", err.msg);
+        if (plan_read(o->plan, rank, world, c, &err) < 0) return args_bad_cmd(WORKER_NAME, "%s", err.msg);
         if (o->have_threads) c->threads = threads;
         if (o->have_memory) c->memory_bytes = mem;
     } else {
         if (!o->model) o->model = c->init_from; /* the model its config.json describes */
-        if (!o->model || !o->batch) return bad("%s", "give --plan PLAN.json (or $CEPHALO_PLAN), or --model and --batch");
-        if (world != 1) return bad("WORLD_SIZE is %d: a multi-rank job needs a plan", world);
+        if (!o->model || !o->batch) return args_bad_cmd(WORKER_NAME, "%s", "give --plan PLAN.json (or $CEPHALO_PLAN), or --model and --batch");
+        if (world != 1) return args_bad_cmd(WORKER_NAME, "WORLD_SIZE is %d: a multi-rank job needs a plan", world);
         bool from_hf = o->model == c->init_from;
         if ((from_hf ? model_load_hf_config(o->model, &c->model, &err) : model_resolve(o->model, &c->model, &err)) < 0)
-            return bad("%s: %s", from_hf ? "--init-from" : "--model", err.msg);
+            return args_bad_cmd(WORKER_NAME, "%s: %s", from_hf ? "--init-from" : "--model", err.msg);
         int seq;
-        if (model_check_seq(&c->model, (int)o->seq, &seq, &err) < 0) return bad("--seq: %s", err.msg);
+        if (model_check_seq(&c->model, (int)o->seq, &seq, &err) < 0) return args_bad_cmd(WORKER_NAME, "--seq: %s", err.msg);
         c->seq = c->model.arch == ARCH_VIT ? 0 : seq;
         long m = o->micro ? o->micro : o->batch;
-        if (o->batch % m) return bad("--batch %ld is not a multiple of --microbatch %ld", o->batch, m);
+        if (o->batch % m) return args_bad_cmd(WORKER_NAME, "--batch %ld is not a multiple of --microbatch %ld", o->batch, m);
         c->global_batch = c->batch = (int)o->batch;
         c->micro = (int)m, c->micros = (int)(o->batch / m);
     }
     if (c->init_from && hf_import_check_model(c->init_from, &c->model, &err) < 0)
-        return bad("--init-from: %s", err.msg);
+        return args_bad_cmd(WORKER_NAME, "--init-from: %s", err.msg);
     if (o->device) c->device = o->device;
     if (o->have_prec) c->prec = o->prec;
     if (!c->device) c->device = "cpu";
@@ -349,7 +338,7 @@ static int resolve_job(worker_opts *o) {
         c->gpu = n > 0 ? local % n : 0;
     }
     if (c->warmup >= c->steps && c->warmup > 0)
-        return bad("--warmup %lld must be below --steps %lld", (long long)c->warmup, (long long)c->steps);
+        return args_bad_cmd(WORKER_NAME, "--warmup %lld must be below --steps %lld", (long long)c->warmup, (long long)c->steps);
     return 0;
 }
 
@@ -496,7 +485,7 @@ static int run_training(trainer *t, const worker_opts *o, FILE *log, dumper *dp,
 static int train_rank(worker_opts o) {
     int rc = 0;
     err_t err;
-    if (o.ck.dir && file_make_dir(o.ck.dir, true, &err) < 0) return bad("--ckpt-dir: %s", err.msg);
+    if (o.ck.dir && file_make_dir(o.ck.dir, true, &err) < 0) return args_bad_cmd(WORKER_NAME, "--ckpt-dir: %s", err.msg);
     trainer *t = trainer_new(&o.cfg, &err);
     if (!t) return fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_BAD_INPUT;
     int lock = -1;
@@ -520,7 +509,7 @@ static int train_rank(worker_opts o) {
     if (o.log && !log) {
         trainer_free(t);
         ckpt_finish(lock);
-        return bad("--log %s: %s", o.log, strerror(errno));
+        return args_bad_cmd(WORKER_NAME, "--log %s: %s", o.log, strerror(errno));
     }
     dumper *dp = o.dump ? dump_open(t, o.dump, &err) : NULL;
     if (o.dump && !dp) rc = (fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_RUNTIME);
@@ -576,7 +565,7 @@ int cmd_train(int argc, char **argv) {
         comm_config cc;
         if (comm_config_from_env(&cc, o.cfg.rank, o.cfg.world, &err) < 0) {
             train_config_release(&o.cfg);
-            return bad("%s", err.msg);
+            return args_bad_cmd(WORKER_NAME, "%s", err.msg);
         }
         if (!(c = comm_open(&cc, &err))) {
             train_config_release(&o.cfg);
