@@ -100,7 +100,7 @@ static const char usage[] =
     "  --help                   this text\n"
     "Environment: POD_NAME (the leader-election identity), POD_NAMESPACE.\n";
 
-static int op_level = 1; /* 0 debug, 1 info, 2 warn, 3 error */
+static int op_level = 1; /* 0 debug, 1 info, 2 warn, 3 error; set by op_parse before any thread starts */
 
 __attribute__((format(printf, 2, 3))) static void op_log(int level, const char *fmt, ...) {
     static const char *const names[] = {"debug", "info", "warn", "error"};
