@@ -10,6 +10,7 @@
 #include "common/log.h"
 #include "common/strutil.h"
 #include "operator/kube.h"
+#include "operator/phase.h"
 #include "planner/gpu.h"
 
 
@@ -300,8 +301,7 @@ const char *inv_pod_node(const cJSON *pod) {
 }
 
 bool inv_pod_holds(const cJSON *pod) {
-    const char *ph = str_item(item(pod, "status"), "phase");
-    if (ph && (!strcmp(ph, "Succeeded") || !strcmp(ph, "Failed"))) return false;
+    if (phase_finished(phase_parse(str_item(item(pod, "status"), "phase")))) return false;
     return str_item(item(pod, "spec"), "nodeName") || inv_pod_pinned(pod, NULL, NULL);
 }
 

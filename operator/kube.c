@@ -36,7 +36,7 @@ struct kube_client {
     CURL *curl;
     char *token; /* current bearer token (static, or the file's content) */
     double token_read_s; /* when token_file was last read (monotonic) */
-    volatile int *stop;
+    const atomic_int *stop;
     long timeout_s; /* per request; 0: KUBE_REQUEST_TIMEOUT_S */
     char errbuf[CURL_ERROR_SIZE];
     event_entry events[KUBE_EVENT_CACHE];
@@ -142,7 +142,7 @@ void kube_client_free(kube_client *k) {
 
 const char *kube_client_namespace(const kube_client *k) { return k->cfg.namespace; }
 
-void kube_client_set_stop(kube_client *k, volatile int *stop) { k->stop = stop; }
+void kube_client_set_stop(kube_client *k, const atomic_int *stop) { k->stop = stop; }
 void kube_client_set_timeout(kube_client *k, long seconds) { k->timeout_s = seconds > 0 ? seconds : 0; }
 
 /* ---- paths ---------------------------------------------------------------------------------- */
@@ -198,7 +198,7 @@ static size_t collect(char *ptr, size_t size, size_t nmemb, void *ud) {
 static int progress(void *ud, curl_off_t dt, curl_off_t dn, curl_off_t ut, curl_off_t un) {
     (void)dt, (void)dn, (void)ut, (void)un;
     const kube_client *k = ud;
-    return k->stop && *k->stop ? 1 : 0;
+    return k->stop && atomic_load(k->stop) ? 1 : 0;
 }
 
 /* Sets up the handle for one request; returns the header list to free after it. */

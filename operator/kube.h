@@ -18,6 +18,7 @@
 #ifndef CEPHALO_KUBE_H
 #define CEPHALO_KUBE_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 
@@ -80,7 +81,7 @@ void kube_client_free(kube_client *k);
 const char *kube_client_namespace(const kube_client *k);
 /* Requests check this flag (from any thread or a signal handler) and give up when it is set:
  * a long watch returns within about a second. NULL: never. */
-void kube_client_set_stop(kube_client *k, volatile int *stop);
+void kube_client_set_stop(kube_client *k, const atomic_int *stop);
 /* Bounds every later request (connect included) to `seconds`; 0 restores the default (60 s). */
 void kube_client_set_timeout(kube_client *k, long seconds);
 

@@ -179,8 +179,8 @@ int lease_release(lease_elector *e, err_t *err) {
     return rc == 0 || status == 409 ? 0 : -1;
 }
 
-static void sleep_until(double t, volatile int *stop) {
-    while (!(stop && *stop)) {
+static void sleep_until(double t, const atomic_int *stop) {
+    while (!(stop && atomic_load(stop))) {
         double left = t - clock_now_s();
         if (left <= 0) return;
         if (left > 0.05) left = 0.05;
@@ -189,12 +189,12 @@ static void sleep_until(double t, volatile int *stop) {
     }
 }
 
-int lease_run(lease_elector *e, volatile int *stop, void (*on_change)(bool leading, void *arg),
+int lease_run(lease_elector *e, const atomic_int *stop, void (*on_change)(bool leading, void *arg),
               void *arg, err_t *err) {
     bool leading = false;
     err_t tmp;
     if (!err) err = &tmp;
-    while (!(stop && *stop)) {
+    while (!(stop && atomic_load(stop))) {
         double next = clock_now_s() + e->retry_s;
         if (lease_try(e, err) < 0) log_warn("leader election: %s", err->msg);
         bool now_leading = lease_is_leader(e);

@@ -13,6 +13,7 @@
 #ifndef CEPHALO_LEASE_H
 #define CEPHALO_LEASE_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 
 #include "common/err.h"
@@ -58,7 +59,7 @@ int lease_release(lease_elector *e, err_t *err);
 /* Campaigns and renews every retry period until *stop; `on_change(true)` when we start leading
  * and `on_change(false)` when we stop (lost the Lease, or stopping). Releases the Lease on the
  * way out. Returns 0 when stopped. */
-int lease_run(lease_elector *e, volatile int *stop, void (*on_change)(bool leading, void *arg),
+int lease_run(lease_elector *e, const atomic_int *stop, void (*on_change)(bool leading, void *arg),
               void *arg, err_t *err);
 
 #endif

@@ -9,8 +9,8 @@
  * with its own client, keeping a store (cache.h) that the reconcile reads instead of the API
  * server, and feeding the queue (a Node whose GPUs, labels or schedulability changed re-queues
  * every job, status heartbeats do not; a job's own status writes do not re-queue it; a busy pod
- * that comes or goes re-queues the jobs waiting for GPUs); the main thread takes jobs from the
- * queue and reconciles them one at a time; with
+ * that comes or goes re-queues the jobs waiting for GPUs); --workers threads take jobs from the
+ * queue (workqueue.h) and reconcile them, one job never twice at once; with
  * --leader-elect a Lease thread (lease_run) decides whether this replica works at all; the
  * /healthz, /readyz and /metrics endpoints are libmicrohttpd's thread; plans are made by the
  * planning pool's threads (--plan-workers, planning.h), so a slow plan never holds up the queue.
@@ -24,7 +24,9 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,17 +39,20 @@
 #include "common/log.h"
 #include "common/strutil.h"
 #include "common/version.h"
+#include "operator/controller.h"
 #include "operator/inventory.h"
+#include "operator/job_spec.h"
 #include "operator/kube.h"
 #include "operator/lease.h"
+#include "operator/phase.h"
 #include "operator/planning.h"
 #include "operator/reconcile.h"
 #include "operator/watch.h"
+#include "operator/workqueue.h"
 
 #define OP_RESYNC_S 30.0 /* every known job is reconciled again this often */
 #define OP_SETTLE_S 1.0 /* GPUs freed: the waiting jobs look this long after the first change */
-#define OP_RETRY_MAX_S 30.0
-#define OP_KEY_MAX 320 /* "namespace/name" */
+#define OP_KEY_MAX WQ_KEY_MAX /* "namespace/name" */
 
 /* ---- options ------------------------------------------------------------------------------- */
 
@@ -95,7 +100,7 @@ static const char usage[] =
     "  --help                   this text\n"
     "Environment: POD_NAME (the leader-election identity), POD_NAMESPACE.\n";
 
-static int op_level = 1; /* 0 debug, 1 info, 2 warn, 3 error */
+static int op_level = 1; /* 0 debug, 1 info, 2 warn, 3 error; set by op_parse before any thread starts */
 
 __attribute__((format(printf, 2, 3))) static void op_log(int level, const char *fmt, ...) {
     static const char *const names[] = {"debug", "info", "warn", "error"};
@@ -141,73 +146,53 @@ static int op_bool(const char *flag, const char *s, bool *out, err_t *err) {
     return err_set(err, "%s: expected true or false, got '%s'", flag, s);
 }
 
-/* 0 parsed, 1 --help, 2 --version, -1 bad (err set). Accepts --flag=value and --flag value. */
-static int op_parse(int argc, char **argv, op_opts *o, err_t *err) {
-    *o = (op_opts){.metrics_addr = ":8080", .log_level = "info",
-                   .worker_image = "ghcr.io/cephalo/cephalo-worker", .le_id = "cephalo-operator",
-                   .le_duration_s = 15, .le_renew_s = 10, .le_retry_s = 2, .plan_timeout_s = 30,
-                   .plan_workers = 2, .workers = 8};
-    err_t ignored;
-    inv_archs_parse(INV_DEFAULT_ARCHS, &o->worker_archs, &ignored);
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) return 1;
-        if (!strcmp(a, "--version")) return 2;
-        if (strncmp(a, "--", 2) != 0) return err_set(err, "unexpected argument '%s'", a);
-        char flag[64];
-        const char *eq = strchr(a, '='), *val = NULL;
-        size_t n = eq ? (size_t)(eq - a) : strlen(a);
-        if (n >= sizeof flag) return err_set(err, "unknown option '%s'", a);
-        memcpy(flag, a, n);
-        flag[n] = '\0';
-        if (eq) val = eq + 1;
-        if (!strcmp(flag, "--leader-elect")) {
-            if (!val) {
-                o->leader_elect = true;
-                continue;
-            }
-            if (op_bool(flag, val, &o->leader_elect, err) < 0) return -1;
-            continue;
-        }
-        static const char *const known[] = {
-            "--kubeconfig", "--context", "--namespace", "--metrics-addr", "--log-level",
-            "--worker-image", "--worker-image-pull-policy", "--leader-election-namespace",
-            "--leader-election-id", "--leader-election-lease-duration",
-            "--leader-election-renew-deadline", "--leader-election-retry-period", "--profile-configmap",
-            "--plan-timeout", "--plan-workers", "--worker-archs", "--workers", NULL};
-        int k = 0;
-        while (known[k] && strcmp(known[k], flag)) k++;
-        if (!known[k]) return err_set(err, "unknown option '%s' (see --help)", flag);
-        if (!val) {
-            if (i + 1 >= argc) return err_set(err, "%s needs a value", flag);
-            val = argv[++i];
-        }
-        switch (k) {
-        case 0: o->kubeconfig = val; break;
-        case 1: o->context = val; break;
-        case 2: o->namespace = *val ? val : NULL; break;
-        case 3: o->metrics_addr = val; break;
-        case 4: o->log_level = val; break;
-        case 5: o->worker_image = val; break;
-        case 6: o->worker_pull_policy = *val ? val : NULL; break;
-        case 7: o->le_namespace = *val ? val : NULL; break;
-        case 8: o->le_id = val; break;
-        case 9: if (op_duration(flag, val, &o->le_duration_s, err) < 0) return -1; break;
-        case 10: if (op_duration(flag, val, &o->le_renew_s, err) < 0) return -1; break;
-        case 11: if (op_duration(flag, val, &o->le_retry_s, err) < 0) return -1; break;
-        case 12: o->profile_cm = *val ? val : NULL; break;
-        case 13: if (op_duration(flag, val, &o->plan_timeout_s, err) < 0) return -1; break;
-        case 14:
-            if (!str_to_long(val, &o->plan_workers) || o->plan_workers < 1 || o->plan_workers > 64)
-                return err_set(err, "--plan-workers: expected an integer 1..64, got '%s'", val);
-            break;
-        case 15: if (inv_archs_parse(val, &o->worker_archs, err) < 0) return -1; break;
-        case 16:
-            if (!str_to_long(val, &o->workers) || o->workers < 1 || o->workers > 64)
-                return err_set(err, "--workers: expected an integer 1..64, got '%s'", val);
-            break;
-        }
+/* The flags with a value, one row each: where it goes and how it is read. */
+typedef enum { OPT_STR, OPT_STR_OR_NULL /* "" means unset */, OPT_DURATION, OPT_WORKERS, OPT_ARCHS } opt_kind;
+typedef struct op_flag {
+    const char *name;
+    opt_kind kind;
+    size_t off; /* in op_opts */
+} op_flag;
+
+#define OPT(name, kind, member) {name, kind, offsetof(op_opts, member)}
+static const op_flag op_flags[] = {
+    OPT("--kubeconfig", OPT_STR, kubeconfig),
+    OPT("--context", OPT_STR, context),
+    OPT("--namespace", OPT_STR_OR_NULL, namespace),
+    OPT("--metrics-addr", OPT_STR, metrics_addr),
+    OPT("--log-level", OPT_STR, log_level),
+    OPT("--worker-image", OPT_STR, worker_image),
+    OPT("--worker-image-pull-policy", OPT_STR_OR_NULL, worker_pull_policy),
+    OPT("--leader-election-namespace", OPT_STR_OR_NULL, le_namespace),
+    OPT("--leader-election-id", OPT_STR, le_id),
+    OPT("--leader-election-lease-duration", OPT_DURATION, le_duration_s),
+    OPT("--leader-election-renew-deadline", OPT_DURATION, le_renew_s),
+    OPT("--leader-election-retry-period", OPT_DURATION, le_retry_s),
+    OPT("--profile-configmap", OPT_STR_OR_NULL, profile_cm),
+    OPT("--plan-timeout", OPT_DURATION, plan_timeout_s),
+    OPT("--plan-workers", OPT_WORKERS, plan_workers),
+    OPT("--worker-archs", OPT_ARCHS, worker_archs),
+    OPT("--workers", OPT_WORKERS, workers),
+};
+
+/* Stores flag f's value into o: 0, or -1 with err naming the flag. */
+static int op_set(const op_flag *f, const char *val, op_opts *o, err_t *err) {
+    void *field = (char *)o + f->off;
+    switch (f->kind) {
+    case OPT_STR: *(const char **)field = val; return 0;
+    case OPT_STR_OR_NULL: *(const char **)field = *val ? val : NULL; return 0;
+    case OPT_DURATION: return op_duration(f->name, val, field, err);
+    case OPT_ARCHS: return inv_archs_parse(val, field, err);
+    case OPT_WORKERS:
+        if (!str_to_long(val, field) || *(long *)field < 1 || *(long *)field > 64)
+            return err_set(err, "%s: expected an integer 1..64, got '%s'", f->name, val);
+        return 0;
     }
+    return 0;
+}
+
+/* What the flags cannot say one by one. */
+static int op_check(op_opts *o, err_t *err) {
     static const char *const levels[] = {"debug", "info", "warn", "error"};
     op_level = -1;
     for (int l = 0; l < 4; l++)
@@ -231,122 +216,60 @@ static int op_parse(int argc, char **argv, op_opts *o, err_t *err) {
     return 0;
 }
 
-/* ---- the work queue ------------------------------------------------------------------------ */
+/* One argument at *i (and its value, next, when not given with '='): 0, 1 --help, 2 --version,
+ * -1 bad (err set). */
+static int op_arg(int argc, char **argv, int *i, op_opts *o, err_t *err) {
+    const char *a = argv[*i], *eq = strchr(a, '='), *val = eq ? eq + 1 : NULL;
+    if (!strcmp(a, "--help") || !strcmp(a, "-h")) return 1;
+    if (!strcmp(a, "--version")) return 2;
+    if (strncmp(a, "--", 2) != 0) return err_set(err, "unexpected argument '%s'", a);
+    char flag[64];
+    size_t n = eq ? (size_t)(eq - a) : strlen(a);
+    if (n >= sizeof flag) return err_set(err, "unknown option '%s'", a);
+    snprintf(flag, sizeof flag, "%.*s", (int)n, a);
+    if (!strcmp(flag, "--leader-elect")) /* a flag of its own: the value is optional */
+        return val ? op_bool(flag, val, &o->leader_elect, err) : (o->leader_elect = true, 0);
+    size_t k = 0, nf = sizeof op_flags / sizeof *op_flags;
+    while (k < nf && strcmp(op_flags[k].name, flag)) k++;
+    if (k == nf) return err_set(err, "unknown option '%s' (see --help)", flag);
+    if (!val && *i + 1 >= argc) return err_set(err, "%s needs a value", flag);
+    return op_set(&op_flags[k], val ? val : argv[++*i], o, err);
+}
 
-typedef struct op_item {
-    char key[OP_KEY_MAX];
-    double not_before; /* monotonic */
-    int failures;
-} op_item;
-
-typedef struct op_queue {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    op_item *items; /* pending, unique keys */
-    int n, cap;
-    /* keys a worker is reconciling now: not handed out again until op_done (a change meanwhile
-     * stays pending and is taken after), so one job is never reconciled twice at once */
-    char (*busy)[OP_KEY_MAX];
-    int n_busy, cap_busy;
-} op_queue;
-
-static op_queue q = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
-
-static void op_enqueue_locked(const char *key, double delay_s, int failures) {
-    for (int i = 0; i < q.n; i++)
-        if (!strcmp(q.items[i].key, key)) {
-            if (delay_s == 0) q.items[i].not_before = 0; /* a change: now, not after a backoff */
-            return;
-        }
-    if (q.n == q.cap) {
-        q.cap = q.cap ? 2 * q.cap : 16;
-        q.items = xrealloc(q.items, (size_t)q.cap * sizeof *q.items);
+/* 0 parsed, 1 --help, 2 --version, -1 bad (err set). Accepts --flag=value and --flag value. */
+static int op_parse(int argc, char **argv, op_opts *o, err_t *err) {
+    *o = (op_opts){.metrics_addr = ":8080", .log_level = "info",
+                   .worker_image = "ghcr.io/cephalo/cephalo-worker", .le_id = "cephalo-operator",
+                   .le_duration_s = 15, .le_renew_s = 10, .le_retry_s = 2, .plan_timeout_s = 30,
+                   .plan_workers = 2, .workers = 8};
+    err_t ignored;
+    inv_archs_parse(INV_DEFAULT_ARCHS, &o->worker_archs, &ignored);
+    for (int i = 1; i < argc; i++) {
+        int rc = op_arg(argc, argv, &i, o, err);
+        if (rc != 0) return rc;
     }
-    op_item *it = &q.items[q.n++];
-    snprintf(it->key, sizeof it->key, "%s", key);
-    it->not_before = delay_s > 0 ? clock_now_s() + delay_s : 0;
-    it->failures = failures;
-    pthread_cond_signal(&q.cv);
-}
-
-static void op_enqueue(const char *ns, const char *name) {
-    if (!ns || !name) return;
-    char key[OP_KEY_MAX];
-    snprintf(key, sizeof key, "%s/%s", ns, name);
-    pthread_mutex_lock(&q.mu);
-    op_enqueue_locked(key, 0, 0);
-    pthread_mutex_unlock(&q.mu);
-}
-
-
-static bool op_in_progress_locked(const char *key) {
-    for (int i = 0; i < q.n_busy; i++)
-        if (!strcmp(q.busy[i], key)) return true;
-    return false;
-}
-
-/* The worker is done with key: it may be handed out again. */
-static void op_done(const char *key) {
-    pthread_mutex_lock(&q.mu);
-    for (int i = 0; i < q.n_busy; i++)
-        if (!strcmp(q.busy[i], key)) {
-            memcpy(q.busy[i], q.busy[--q.n_busy], OP_KEY_MAX);
-            break;
-        }
-    pthread_cond_broadcast(&q.cv); /* a change that came meanwhile may be due */
-    pthread_mutex_unlock(&q.mu);
-}
-
-/* Takes the next due key that no worker is reconciling, and marks it so (op_done ends that);
- * waits at most until `deadline` (monotonic). false: nothing due. */
-static bool op_dequeue(double deadline, op_item *out, volatile int *stop) {
-    pthread_mutex_lock(&q.mu);
-    for (;;) {
-        double now = clock_now_s(), next = deadline;
-        for (int i = 0; i < q.n; i++) {
-            if (op_in_progress_locked(q.items[i].key)) continue;
-            if (q.items[i].not_before <= now) {
-                *out = q.items[i];
-                q.items[i] = q.items[--q.n];
-                if (q.n_busy == q.cap_busy) {
-                    q.cap_busy = q.cap_busy ? 2 * q.cap_busy : 16;
-                    q.busy = xrealloc(q.busy, (size_t)q.cap_busy * sizeof *q.busy);
-                }
-                memcpy(q.busy[q.n_busy++], out->key, OP_KEY_MAX);
-                pthread_mutex_unlock(&q.mu);
-                return true;
-            }
-            if (q.items[i].not_before < next) next = q.items[i].not_before;
-        }
-        if (now >= deadline || *stop) break;
-        if (next > now + 1) next = now + 1; /* look at the stop flag every second */
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        double wait = next - now;
-        ts.tv_sec += (time_t)wait;
-        ts.tv_nsec += (long)((wait - (double)(time_t)wait) * 1e9);
-        if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
-        pthread_cond_timedwait(&q.cv, &q.mu, &ts);
-    }
-    pthread_mutex_unlock(&q.mu);
-    return false;
+    return op_check(o, err);
 }
 
 /* ---- state shared with the HTTP thread ----------------------------------------------------- */
 
-static volatile int op_stop;
-static volatile int op_leading; /* 1 while this replica works */
-static volatile int op_lost; /* leadership was lost: exit so that a fresh process campaigns */
-static volatile int op_jobs_listed; /* every watch's store has its first list */
+/* Flags every thread reads (the workers, the watches, leader election, the HTTP thread; requests
+ * see op_stop through kube_client_set_stop): atomics. The signal handler sets op_stop too, which
+ * C11 allows for a lock-free atomic. */
+_Static_assert(ATOMIC_INT_LOCK_FREE == 2, "op_stop is set by a signal handler: it must be lock-free");
+static atomic_int op_stop;
+static atomic_int op_leading; /* 1 while this replica works */
+static atomic_int op_lost; /* leadership was lost: exit so that a fresh process campaigns */
+static atomic_int op_jobs_listed; /* every watch's store has its first list */
+static atomic_int op_elect; /* --leader-elect: /readyz of a standby */
+/* made before the HTTP thread starts, freed after it stopped */
 static rec_caches op_caches; /* the watches' stores (cache.h): what the reconcile reads */
-static pthread_mutex_t op_stats_mu = PTHREAD_MUTEX_INITIALIZER;
-static rec_stats op_stats;
-static bool op_elect;
-static planning *op_pool; /* made before the HTTP thread starts, freed after it stopped */
+static planning *op_pool;
+static wq *op_queue; /* the jobs to reconcile, "namespace/name" (workqueue.h) */
 
 static void op_on_signal(int sig) {
     (void)sig;
-    op_stop = 1;
+    atomic_store(&op_stop, 1);
 }
 
 static enum MHD_Result op_reply(struct MHD_Connection *c, unsigned status, const char *type, const char *body) {
@@ -358,21 +281,59 @@ static enum MHD_Result op_reply(struct MHD_Connection *c, unsigned status, const
     return rc;
 }
 
-/* Reconcile durations: a histogram with these upper bounds (seconds), the last one +Inf. */
-static const double op_buckets[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
-#define OP_N_BUCKETS (sizeof op_buckets / sizeof *op_buckets)
-static long op_bucket_counts[OP_N_BUCKETS + 1]; /* per bucket, not cumulative; under op_stats_mu */
-static double op_reconcile_sum_s;
-
-static void op_observe_reconcile(double s) {
-    size_t b = 0;
-    while (b < OP_N_BUCKETS && s > op_buckets[b]) b++;
-    op_bucket_counts[b]++;
-    op_reconcile_sum_s += s;
-}
-
 static void op_family(FILE *f, const char *name, const char *type, const char *help, double v) {
     fprintf(f, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name, type, name, v);
+}
+
+/* The reconcile counters (rec_stats), in the order /metrics lists them. */
+typedef struct op_counter {
+    const char *name, *help;
+    size_t off; /* a long in rec_stats */
+} op_counter;
+
+#define COUNTER(name, help, member) {"cephalo_operator_" name, help, offsetof(rec_stats, member)}
+static const op_counter op_counters[] = {
+    COUNTER("reconciles_total", "Reconciles of CephaloJobs.", reconciles),
+    COUNTER("reconcile_errors_total", "Reconciles that failed on an API error (retried).", errors),
+    COUNTER("plans_total", "Plans made.", plans),
+    COUNTER("plan_failures_total", "Jobs that could not be planned.", plan_failures),
+    COUNTER("plan_timeouts_total", "Jobs whose planning took longer than --plan-timeout.", plan_timeouts),
+    COUNTER("jobs_created_total", "CephaloJobs planned for the first time.", jobs_created),
+    COUNTER("jobs_succeeded_total", "CephaloJobs that succeeded.", jobs_succeeded),
+    COUNTER("jobs_failed_total", "CephaloJobs that failed (could not be planned, or the backoff limit was reached).",
+            jobs_failed),
+    COUNTER("jobs_restarted_total", "Gang restarts after a worker failed.", gang_restarts),
+    COUNTER("replans_total", "Running jobs planned again (the spec or the usable GPUs changed).", replans),
+    COUNTER("pods_created_total", "Worker pods created.", pods_created),
+    COUNTER("pods_deleted_total", "Worker pods deleted.", pods_deleted),
+};
+
+/* cephalo_operator_reconcile_seconds from a copy of the buckets (controller.h). */
+static void op_histogram(FILE *f, const long *counts, double sum) {
+    long cum = 0;
+    fputs("# HELP cephalo_operator_reconcile_seconds Wall time of a reconcile.\n"
+          "# TYPE cephalo_operator_reconcile_seconds histogram\n", f);
+    for (size_t b = 0; b <= CTL_N_BUCKETS; b++) {
+        cum += counts[b];
+        if (b < CTL_N_BUCKETS) fprintf(f, "cephalo_operator_reconcile_seconds_bucket{le=\"%g\"} %ld\n", ctl_buckets[b], cum);
+        else fprintf(f, "cephalo_operator_reconcile_seconds_bucket{le=\"+Inf\"} %ld\n", cum);
+    }
+    fprintf(f, "cephalo_operator_reconcile_seconds_sum %.9g\ncephalo_operator_reconcile_seconds_count %ld\n", sum, cum);
+}
+
+/* The gauges and the API requests by verb. */
+static void op_gauges(FILE *f) {
+    op_family(f, "cephalo_operator_plans_in_progress", "gauge", "Plans waiting for or running on a planning thread.",
+              op_pool ? planning_busy(op_pool) : 0);
+    op_family(f, "cephalo_operator_queue_depth", "gauge", "Jobs waiting to be reconciled.", wq_len(op_queue));
+    fputs("# HELP cephalo_operator_api_requests_total Requests sent to the Kubernetes API server, by verb "
+          "(a watch when its stream opens).\n# TYPE cephalo_operator_api_requests_total counter\n", f);
+    for (int v = 0; v < KUBE_VERB_COUNT; v++)
+        fprintf(f, "cephalo_operator_api_requests_total{verb=\"%s\"} %ld\n", kube_verb_name((kube_verb)v),
+                kube_requests((kube_verb)v));
+    op_family(f, "cephalo_operator_jobs", "gauge", "CephaloJobs known.", cache_size(op_caches.jobs));
+    op_family(f, "cephalo_operator_leader", "gauge", "1 while this replica leads (or runs without election).",
+              atomic_load(&op_leading) ? 1 : 0);
 }
 
 /* The exposition text of /metrics (the caller frees it), or NULL. */
@@ -381,52 +342,15 @@ static char *op_metrics_text(void) {
     size_t len = 0;
     FILE *f = open_memstream(&text, &len);
     if (!f) return NULL;
-    pthread_mutex_lock(&op_stats_mu);
-    rec_stats s = op_stats;
-    long counts[OP_N_BUCKETS + 1];
-    memcpy(counts, op_bucket_counts, sizeof counts);
-    double sum = op_reconcile_sum_s;
-    pthread_mutex_unlock(&op_stats_mu);
-    pthread_mutex_lock(&q.mu);
-    int depth = q.n, known = op_caches.jobs ? cache_size(op_caches.jobs) : 0;
-    pthread_mutex_unlock(&q.mu);
-    op_family(f, "cephalo_operator_reconciles_total", "counter", "Reconciles of CephaloJobs.", s.reconciles);
-    op_family(f, "cephalo_operator_reconcile_errors_total", "counter",
-              "Reconciles that failed on an API error (retried).", s.errors);
-    fputs("# HELP cephalo_operator_reconcile_seconds Wall time of a reconcile.\n"
-          "# TYPE cephalo_operator_reconcile_seconds histogram\n", f);
-    long cum = 0;
-    for (size_t b = 0; b <= OP_N_BUCKETS; b++) {
-        cum += counts[b];
-        if (b < OP_N_BUCKETS) fprintf(f, "cephalo_operator_reconcile_seconds_bucket{le=\"%g\"} %ld\n", op_buckets[b], cum);
-        else fprintf(f, "cephalo_operator_reconcile_seconds_bucket{le=\"+Inf\"} %ld\n", cum);
-    }
-    fprintf(f, "cephalo_operator_reconcile_seconds_sum %.9g\ncephalo_operator_reconcile_seconds_count %ld\n", sum, cum);
-    op_family(f, "cephalo_operator_plans_total", "counter", "Plans made.", s.plans);
-    op_family(f, "cephalo_operator_plan_failures_total", "counter", "Jobs that could not be planned.", s.plan_failures);
-    op_family(f, "cephalo_operator_plan_timeouts_total", "counter",
-              "Jobs whose planning took longer than --plan-timeout.", s.plan_timeouts);
-    op_family(f, "cephalo_operator_plans_in_progress", "gauge", "Plans waiting for or running on a planning thread.",
-              op_pool ? planning_busy(op_pool) : 0);
-    op_family(f, "cephalo_operator_jobs_created_total", "counter", "CephaloJobs planned for the first time.", s.jobs_created);
-    op_family(f, "cephalo_operator_jobs_succeeded_total", "counter", "CephaloJobs that succeeded.", s.jobs_succeeded);
-    op_family(f, "cephalo_operator_jobs_failed_total", "counter",
-              "CephaloJobs that failed (could not be planned, or the backoff limit was reached).", s.jobs_failed);
-    op_family(f, "cephalo_operator_jobs_restarted_total", "counter",
-              "Gang restarts after a worker failed.", s.gang_restarts);
-    op_family(f, "cephalo_operator_replans_total", "counter",
-              "Running jobs planned again (the spec or the usable GPUs changed).", s.replans);
-    op_family(f, "cephalo_operator_pods_created_total", "counter", "Worker pods created.", s.pods_created);
-    op_family(f, "cephalo_operator_pods_deleted_total", "counter", "Worker pods deleted.", s.pods_deleted);
-    op_family(f, "cephalo_operator_queue_depth", "gauge", "Jobs waiting to be reconciled.", depth);
-    fputs("# HELP cephalo_operator_api_requests_total Requests sent to the Kubernetes API server, by verb "
-          "(a watch when its stream opens).\n# TYPE cephalo_operator_api_requests_total counter\n", f);
-    for (int v = 0; v < KUBE_VERB_COUNT; v++)
-        fprintf(f, "cephalo_operator_api_requests_total{verb=\"%s\"} %ld\n", kube_verb_name((kube_verb)v),
-                kube_requests((kube_verb)v));
-    op_family(f, "cephalo_operator_jobs", "gauge", "CephaloJobs known.", known);
-    op_family(f, "cephalo_operator_leader", "gauge", "1 while this replica leads (or runs without election).",
-              op_leading ? 1 : 0);
+    rec_stats s;
+    long counts[CTL_N_BUCKETS + 1];
+    double sum;
+    ctl_stats(&s, counts, &sum);
+    for (size_t i = 0; i < sizeof op_counters / sizeof *op_counters; i++)
+        op_family(f, op_counters[i].name, "counter", op_counters[i].help,
+                  (double)*(const long *)(const void *)((const char *)&s + op_counters[i].off));
+    op_histogram(f, counts, sum);
+    op_gauges(f);
     cephalo_build_info_metric(f, "operator");
     return fclose(f) == 0 ? text : (free(text), NULL);
 }
@@ -439,7 +363,8 @@ static enum MHD_Result op_http(void *cls, struct MHD_Connection *c, const char *
     if (!strcmp(url, "/healthz")) return op_reply(c, MHD_HTTP_OK, "text/plain", "ok\n");
     if (!strcmp(url, "/readyz")) {
         /* a standby is ready (it waits for the Lease); a leader once its job list arrived */
-        bool ready = !op_stop && (op_elect && !op_leading ? true : op_jobs_listed);
+        bool ready = !atomic_load(&op_stop) && (atomic_load(&op_elect) && !atomic_load(&op_leading)
+                                                     ? true : atomic_load(&op_jobs_listed));
         return ready ? op_reply(c, MHD_HTTP_OK, "text/plain", "ok\n")
                      : op_reply(c, MHD_HTTP_SERVICE_UNAVAILABLE, "text/plain", "not ready: not everything listed yet\n");
     }
@@ -514,17 +439,23 @@ static bool op_node_differs(const cJSON *a, const cJSON *b) {
            !op_same_item(sa, sb, "taints");
 }
 
+/* Queues ns/name: due now (a change). */
+static void op_enqueue(const char *ns, const char *name) {
+    if (!ns || !name) return;
+    char key[OP_KEY_MAX];
+    snprintf(key, sizeof key, "%s/%s", ns, name);
+    wq_add(op_queue, key);
+}
+
 /* Queues every job the job watch knows (its store), at once, or delay_s later. */
 static void op_enqueue_jobs(cache_keep_fn keep, double delay_s) {
     cache_view v;
     const cJSON *j, *jobs = cache_view_list(op_caches.jobs, keep, NULL, &v);
-    pthread_mutex_lock(&q.mu);
     cJSON_ArrayForEach(j, cJSON_GetObjectItemCaseSensitive(jobs, "items")) {
         char key[OP_KEY_MAX];
         snprintf(key, sizeof key, "%s/%s", kube_meta_str(j, "namespace"), kube_meta_str(j, "name"));
-        op_enqueue_locked(key, delay_s, 0);
+        wq_add_after(op_queue, key, delay_s);
     }
-    pthread_mutex_unlock(&q.mu);
     cache_view_release(&v);
 }
 
@@ -537,14 +468,16 @@ static void op_enqueue_all(const char *why) {
 /* Jobs that free GPUs may let start or grow: Queued ones, and live ones with spec.gpus.minGPUs. */
 static bool op_waits_for_gpus(const cJSON *job, void *arg) {
     (void)arg;
-    const cJSON *st = cJSON_GetObjectItemCaseSensitive(job, "status");
-    const cJSON *ph = cJSON_GetObjectItemCaseSensitive(st, "phase");
-    const cJSON *gpus = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(job, "spec"), "gpus");
-    const cJSON *min = cJSON_GetObjectItemCaseSensitive(gpus, "minGPUs");
-    const char *p = cJSON_IsString(ph) ? ph->valuestring : "";
-    if (!strcmp(p, "Queued")) return true;
-    return cJSON_IsNumber(min) && min->valuedouble > 0 &&
-           (!strcmp(p, "Planned") || !strcmp(p, "Running") || !strcmp(p, "Restarting"));
+    const cJSON *ph = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(job, "status"), "phase");
+    phase p = phase_parse(cJSON_IsString(ph) ? ph->valuestring : NULL);
+    if (p == PHASE_QUEUED) return true;
+    if (!phase_live(p)) return false;
+    job_spec *js = xmalloc(sizeof *js); /* large for a watch thread's stack */
+    err_t err;
+    (void)job_spec_parse(cJSON_GetObjectItemCaseSensitive(job, "spec"), js, &err); /* a mistake: its defaults */
+    bool grows = js->min_gpus > 0;
+    free(js);
+    return grows;
 }
 
 /* Queues the jobs waiting for GPUs OP_SETTLE_S after the first of a burst of busy-pod changes: the
@@ -643,14 +576,14 @@ static void *op_watch_main(void *arg) {
     kube_client *k = kube_client_new(w->cfg, &err);
     if (!k) {
         op_log(3, "%s watch: %s", w->what, err.msg);
-        op_stop = 1;
+        atomic_store(&op_stop, 1);
         return NULL;
     }
     kube_client_set_stop(k, &op_stop);
     watch_handler h = {op_on_list, op_on_event, w};
     if (watch_run(k, &w->wo, &h, NULL, &err) < 0) {
         op_log(3, "%s watch: %s", w->what, err.msg);
-        op_stop = 1;
+        atomic_store(&op_stop, 1);
     }
     kube_client_free(k);
     return NULL;
@@ -664,23 +597,86 @@ static int op_watch_start(op_watch *w, err_t *err) {
     return 0;
 }
 
+enum { OP_N_WATCHES = 6 };
+
+/* The six watches (docs/operator.md, "What the operator watches"): the jobs, their pods, the
+ * Nodes, every namespace's pods that may hold GPUs (the accounting needs them whatever
+ * --namespace is), the plans and Services. */
+static void op_watches_init(op_watch *ws, const kube_config *cfg) {
+    op_watch all[OP_N_WATCHES] = {
+        {.what = "cephalojobs", .cfg = cfg, .kind = OP_JOBS, .store = op_caches.jobs},
+        {.what = "pods", .cfg = cfg, .kind = OP_LABELLED, .store = op_caches.pods},
+        {.what = "nodes", .cfg = cfg, .kind = OP_NODES, .store = op_caches.nodes},
+        {.what = "busy pods", .cfg = cfg, .kind = OP_BUSY, .store = op_caches.busy,
+         .wo.field_selector = "status.phase!=Succeeded,status.phase!=Failed"},
+        {.what = "configmaps", .cfg = cfg, .kind = OP_LABELLED, .store = op_caches.configmaps},
+        {.what = "services", .cfg = cfg, .kind = OP_LABELLED, .store = op_caches.services},
+    };
+    memcpy(ws, all, sizeof all);
+    ws[1].wo.label_selector = ws[4].wo.label_selector = ws[5].wo.label_selector = REC_LABEL_JOB;
+}
+
+/* Starts the watches: 0, or an exit status (the stop flag set). */
+static int op_watches_start(op_watch *ws, const char *ns, err_t *err) {
+    if (kube_path(ws[0].path, KUBE_PATH_MAX, REC_API_VERSION, ns, "cephalojobs", NULL, err) < 0 ||
+        kube_path(ws[1].path, KUBE_PATH_MAX, "v1", ns, "pods", NULL, err) < 0 ||
+        kube_path(ws[2].path, KUBE_PATH_MAX, "v1", NULL, "nodes", NULL, err) < 0 ||
+        kube_path(ws[3].path, KUBE_PATH_MAX, "v1", NULL, "pods", NULL, err) < 0 ||
+        kube_path(ws[4].path, KUBE_PATH_MAX, "v1", ns, "configmaps", NULL, err) < 0 ||
+        kube_path(ws[5].path, KUBE_PATH_MAX, "v1", ns, "services", NULL, err) < 0) {
+        op_log(3, "%s", err->msg);
+        atomic_store(&op_stop, 1);
+        return 2;
+    }
+    for (int i = 0; i < OP_N_WATCHES && !atomic_load(&op_stop); i++)
+        if (op_watch_start(&ws[i], err) < 0) {
+            op_log(3, "%s", err->msg);
+            atomic_store(&op_stop, 1);
+            return 1;
+        }
+    return 0;
+}
+
+/* Nothing is reconciled before every store has its first list: an empty store would look like a
+ * cluster without nodes or pods. */
+static void op_wait_synced(const op_watch *ws) {
+    while (!atomic_load(&op_stop) && !atomic_load(&op_jobs_listed)) {
+        bool synced = true;
+        for (int i = 0; i < OP_N_WATCHES; i++) synced &= cache_synced(ws[i].store);
+        if (synced) {
+            atomic_store(&op_jobs_listed, 1);
+            op_log(1, "watching: %d jobs, %d nodes, %d pods that may hold GPUs", cache_size(op_caches.jobs),
+                   cache_size(op_caches.nodes), cache_size(op_caches.busy));
+        } else {
+            nanosleep(&(struct timespec){0, 20000000L}, NULL);
+        }
+    }
+}
+
+static void op_watches_join(op_watch *ws) {
+    for (int i = 0; i < OP_N_WATCHES; i++)
+        if (ws[i].started) pthread_join(ws[i].th, NULL);
+}
+
 /* ---- leader election ----------------------------------------------------------------------- */
 
 typedef struct op_lease {
     lease_elector e;
     pthread_t th;
+    bool started;
 } op_lease;
 
 static void op_on_leading(bool leading, void *arg) {
     (void)arg;
+    bool stopping = atomic_load(&op_stop);
     if (leading) {
         op_log(1, "leading: this replica reconciles now");
-        op_leading = 1;
-    } else if (op_leading) {
-        op_log(op_stop ? 1 : 3, "%s", op_stop ? "stopped leading" : "lost the Lease: exiting so that a fresh process campaigns again");
-        op_leading = 0;
-        if (!op_stop) op_lost = 1;
-        op_stop = 1;
+        atomic_store(&op_leading, 1);
+    } else if (atomic_load(&op_leading)) {
+        op_log(stopping ? 1 : 3, "%s", stopping ? "stopped leading" : "lost the Lease: exiting so that a fresh process campaigns again");
+        atomic_store(&op_leading, 0);
+        if (!stopping) atomic_store(&op_lost, 1);
+        atomic_store(&op_stop, 1);
     }
 }
 
@@ -689,9 +685,60 @@ static void *op_lease_main(void *arg) {
     err_t err = {{0}};
     if (lease_run(&l->e, &op_stop, op_on_leading, NULL, &err) < 0) {
         op_log(3, "leader election: %s", err.msg);
-        op_stop = 1;
+        atomic_store(&op_stop, 1);
     }
     return NULL;
+}
+
+/* The Lease's identity: $POD_NAME, else HOST_PID. */
+static void op_identity(char *ident, size_t n) {
+    char host[128] = "unknown";
+    const char *pod = getenv("POD_NAME");
+    gethostname(host, sizeof host - 1);
+    if (pod && *pod) snprintf(ident, n, "%s", pod);
+    else snprintf(ident, n, "%s_%ld", host, (long)getpid());
+}
+
+/* With --leader-elect, campaigns on a thread of its own (lease_run) and waits until this replica
+ * leads or stops; without, leads at once. 0, or an exit status. */
+static int op_lead(const op_opts *o, const kube_config *cfg, op_lease *lease, err_t *err) {
+    char ident[256];
+    if (!o->leader_elect) return atomic_store(&op_leading, 1), 0;
+    op_identity(ident, sizeof ident);
+    const char *lns = o->le_namespace ? o->le_namespace : getenv("POD_NAMESPACE");
+    lease_opts lo = {.namespace = lns && *lns ? lns : NULL, .name = o->le_id, .identity = ident,
+                     .lease_duration_s = (int)(o->le_duration_s + 0.5),
+                     .renew_deadline_s = (int)(o->le_renew_s + 0.5), .retry_period_s = o->le_retry_s};
+    kube_client *lk = kube_client_new(cfg, err);
+    if (!lk || lease_init(&lease->e, lk, &lo, err) < 0) {
+        op_log(3, "leader election: %s", err->msg);
+        if (lk) kube_client_free(lk);
+        return 2;
+    }
+    kube_client_set_stop(lk, &op_stop);
+    /* a stalled renewal must end well within the renew deadline, so that this replica notices
+     * it no longer leads before a standby may take the Lease */
+    long lto = (long)(o->le_renew_s / 2);
+    kube_client_set_timeout(lk, lto < 1 ? 1 : lto);
+    op_log(1, "leader election: Lease %s/%s as %s", lease->e.namespace, lease->e.name, ident);
+    if (pthread_create(&lease->th, NULL, op_lease_main, lease) != 0) {
+        op_log(3, "cannot start the leader-election thread");
+        lease_free(&lease->e);
+        kube_client_free(lk);
+        return 1;
+    }
+    lease->started = true;
+    while (!atomic_load(&op_leading) && !atomic_load(&op_stop)) nanosleep(&(struct timespec){0, 100000000L}, NULL);
+    return 0;
+}
+
+/* Releases the Lease (lease_run does on its way out) and frees the elector. */
+static void op_lease_end(op_lease *lease) {
+    if (!lease->started) return;
+    pthread_join(lease->th, NULL);
+    kube_client *lk = lease->e.k;
+    lease_free(&lease->e);
+    kube_client_free(lk);
 }
 
 /* ---- main ---------------------------------------------------------------------------------- */
@@ -713,78 +760,13 @@ static int op_load_config(const op_opts *o, kube_config *cfg, err_t *err) {
 
 static void op_on_planned(const char *key, void *arg) {
     (void)arg;
-    pthread_mutex_lock(&q.mu);
-    op_enqueue_locked(key, 0, 0); /* the job's plan is ready (or failed): reconcile it now */
-    pthread_mutex_unlock(&q.mu);
+    wq_add(op_queue, key); /* the job's plan is ready (or failed): reconcile it now */
 }
 
-/* ---- reconcile workers -------------------------------------------------------------------- */
-
-/* One reconcile thread with its own API clients (a client is not thread-safe): k for the reconcile,
- * helpers to create a gang's pods at once (a new job's ConfigMap and Service on the last one,
- * beside them). */
-#define OP_POD_HELPERS 4
-typedef struct op_worker {
-    const rec_config *rc;
-    kube_client *k;
-    kube_client *helpers[OP_POD_HELPERS];
-    int n_helpers;
-    pthread_t th;
-} op_worker;
-
-static void op_reconcile_key(op_worker *w, const op_item *it) {
-    char ns[OP_KEY_MAX];
-    snprintf(ns, sizeof ns, "%s", it->key);
-    char *slash = strchr(ns, '/');
-    if (!slash) return;
-    *slash = '\0';
-    rec_stats delta = {0};
+/* The options, or an exit status: 0 after --help or --version, 2 for bad ones. -1: go on. */
+static int op_options(int argc, char **argv, op_opts *o) {
     err_t err = {{0}};
-    double t0 = clock_now_s();
-    int r = rec_job_with(w->k, w->helpers, w->n_helpers, w->rc, ns, slash + 1, &delta, &err);
-    pthread_mutex_lock(&op_stats_mu);
-    rec_stats_add(&op_stats, &delta);
-    op_observe_reconcile(clock_now_s() - t0);
-    pthread_mutex_unlock(&op_stats_mu);
-    if (r < 0) {
-        if (op_stop) return;
-        double wait = 0.5;
-        for (int f = 0; f < it->failures && wait < OP_RETRY_MAX_S; f++) wait *= 2;
-        if (wait > OP_RETRY_MAX_S) wait = OP_RETRY_MAX_S;
-        op_log(2, "reconcile %s failed (retry in %.1fs): %s", it->key, wait, err.msg);
-        pthread_mutex_lock(&q.mu);
-        op_enqueue_locked(it->key, wait, it->failures + 1);
-        pthread_mutex_unlock(&q.mu);
-        return;
-    }
-    op_log(0, "reconciled %s in %.0f ms", it->key, (clock_now_s() - t0) * 1e3);
-    if (delta.pods_created) op_log(1, "%s: created %ld worker pods", it->key, delta.pods_created);
-    if (delta.plan_failures) op_log(1, "%s: cannot be planned (status Failed)", it->key);
-    if (delta.gang_restarts) op_log(1, "%s: a worker failed: restarting the gang", it->key);
-    if (delta.replans) op_log(1, "%s: re-planned: restarting the gang on the new plan", it->key);
-    if (delta.requeue_s > 0) {
-        pthread_mutex_lock(&q.mu);
-        op_enqueue_locked(it->key, delta.requeue_s, 0);
-        pthread_mutex_unlock(&q.mu);
-    }
-}
-
-static void *op_worker_main(void *arg) {
-    op_worker *w = arg;
-    while (!op_stop) {
-        op_item it;
-        if (!op_dequeue(clock_now_s() + 1, &it, &op_stop)) continue;
-        op_reconcile_key(w, &it);
-        op_done(it.key);
-    }
-    return NULL;
-}
-
-int main(int argc, char **argv) {
-    op_opts o;
-    err_t err = {{0}};
-    log_set_handler(op_log_handler);
-    int pr = op_parse(argc, argv, &o, &err);
+    int pr = op_parse(argc, argv, o, &err);
     if (pr == 1) {
         fputs(usage, stdout);
         return 0;
@@ -799,191 +781,106 @@ int main(int argc, char **argv) {
         op_log(3, "%s", err.msg);
         return 2;
     }
-    kube_config cfg;
-    if (op_load_config(&o, &cfg, &err) < 0) {
+    return -1;
+}
+
+/* The API client of the first worker, from the cluster configuration: NULL after saying why. */
+static kube_client *op_client(const op_opts *o, kube_config *cfg) {
+    err_t err = {{0}};
+    if (op_load_config(o, cfg, &err) < 0) {
         op_log(3, "%s", err.msg);
-        return 2;
+        return NULL;
     }
-    kube_client *k = kube_client_new(&cfg, &err);
+    kube_client *k = kube_client_new(cfg, &err);
     if (!k) {
-        op_log(3, "%s: %s", cfg.source ? cfg.source : "config", err.msg);
-        kube_config_free(&cfg);
-        return 2;
+        op_log(3, "%s: %s", cfg->source ? cfg->source : "config", err.msg);
+        kube_config_free(cfg);
     }
-    struct sigaction sa = {.sa_handler = op_on_signal};
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN);
-    kube_client_set_stop(k, &op_stop);
+    return k;
+}
 
-    int rc = 0;
-    /* before the HTTP thread, which reads it for /metrics */
-    if (!(op_pool = planning_new((int)o.plan_workers, op_on_planned, NULL, &err))) {
-        op_log(3, "%s", err.msg);
-        kube_client_free(k);
-        kube_config_free(&cfg);
-        return 1;
-    }
-    struct MHD_Daemon *http = op_serve(o.metrics_addr, &err);
-    if (!http && strcmp(o.metrics_addr, "0") && *o.metrics_addr) {
-        op_log(3, "%s", err.msg);
-        planning_free(op_pool);
-        kube_client_free(k);
-        kube_config_free(&cfg);
-        return 2;
-    }
-    op_log(1, "cephalo-operator %s (commit %s): API server %s (%s), %s, metrics %s, worker image %s",
-           cephalo_version(), cephalo_commit(), cfg.server,
-           cfg.source ? cfg.source : "", o.namespace ? o.namespace : "all namespaces", o.metrics_addr,
-           o.worker_image);
-
-    /* leader election: wait for the Lease before doing anything */
-    op_lease lease = {0};
-    bool lease_started = false;
-    op_elect = o.leader_elect;
-    if (o.leader_elect) {
-        char ident[256], host[128] = "unknown";
-        const char *pod = getenv("POD_NAME");
-        gethostname(host, sizeof host - 1);
-        if (pod && *pod) snprintf(ident, sizeof ident, "%s", pod);
-        else snprintf(ident, sizeof ident, "%s_%ld", host, (long)getpid());
-        const char *lns = o.le_namespace ? o.le_namespace : getenv("POD_NAMESPACE");
-        lease_opts lo = {.namespace = lns && *lns ? lns : NULL, .name = o.le_id, .identity = ident,
-                         .lease_duration_s = (int)(o.le_duration_s + 0.5),
-                         .renew_deadline_s = (int)(o.le_renew_s + 0.5), .retry_period_s = o.le_retry_s};
-        kube_client *lk = kube_client_new(&cfg, &err);
-        if (!lk || lease_init(&lease.e, lk, &lo, &err) < 0) {
-            op_log(3, "leader election: %s", err.msg);
-            rc = 2;
-            if (lk) kube_client_free(lk);
-            goto done;
-        }
-        kube_client_set_stop(lk, &op_stop);
-        /* a stalled renewal must end well within the renew deadline, so that this replica notices
-         * it no longer leads before a standby may take the Lease */
-        long lto = (long)(o.le_renew_s / 2);
-        kube_client_set_timeout(lk, lto < 1 ? 1 : lto);
-        op_log(1, "leader election: Lease %s/%s as %s", lease.e.namespace, lease.e.name, ident);
-        if (pthread_create(&lease.th, NULL, op_lease_main, &lease) != 0) {
-            op_log(3, "cannot start the leader-election thread");
-            rc = 1;
-            lease_free(&lease.e);
-            kube_client_free(lk);
-            goto done;
-        }
-        lease_started = true;
-        while (!op_leading && !op_stop) nanosleep(&(struct timespec){0, 100000000L}, NULL);
-    } else {
-        op_leading = 1;
-    }
-
+/* What the HTTP thread reads, made before it starts: the stores, the planning pool, the queue. */
+static int op_shared_new(const op_opts *o, err_t *err) {
     op_caches = (rec_caches){cache_new("cephalojobs"), cache_new("pods"), cache_new("busy pods"), cache_new("nodes"),
                              cache_new("configmaps"), cache_new("services")};
     cache_set_digest(op_caches.busy, inv_pod_digest); /* every admission reads every busy pod */
-    /* GPU accounting needs every namespace's pods that may hold GPUs, whatever --namespace is */
-    op_watch watches[] = {
-        {.what = "cephalojobs", .cfg = &cfg, .kind = OP_JOBS, .store = op_caches.jobs},
-        {.what = "pods", .cfg = &cfg, .kind = OP_LABELLED, .store = op_caches.pods},
-        {.what = "nodes", .cfg = &cfg, .kind = OP_NODES, .store = op_caches.nodes},
-        {.what = "busy pods", .cfg = &cfg, .kind = OP_BUSY, .store = op_caches.busy,
-         .wo.field_selector = "status.phase!=Succeeded,status.phase!=Failed"},
-        {.what = "configmaps", .cfg = &cfg, .kind = OP_LABELLED, .store = op_caches.configmaps},
-        {.what = "services", .cfg = &cfg, .kind = OP_LABELLED, .store = op_caches.services},
-    };
-    enum { N_WATCHES = sizeof watches / sizeof watches[0] };
-    if (!op_stop) {
-        if (kube_path(watches[0].path, KUBE_PATH_MAX, REC_API_VERSION, o.namespace, "cephalojobs", NULL, &err) < 0 ||
-            kube_path(watches[1].path, KUBE_PATH_MAX, "v1", o.namespace, "pods", NULL, &err) < 0 ||
-            kube_path(watches[2].path, KUBE_PATH_MAX, "v1", NULL, "nodes", NULL, &err) < 0 ||
-            kube_path(watches[3].path, KUBE_PATH_MAX, "v1", NULL, "pods", NULL, &err) < 0 ||
-            kube_path(watches[4].path, KUBE_PATH_MAX, "v1", o.namespace, "configmaps", NULL, &err) < 0 ||
-            kube_path(watches[5].path, KUBE_PATH_MAX, "v1", o.namespace, "services", NULL, &err) < 0) {
-            op_log(3, "%s", err.msg);
-            rc = 2;
-            op_stop = 1;
-        } else {
-            watches[1].wo.label_selector = watches[4].wo.label_selector = watches[5].wo.label_selector = REC_LABEL_JOB;
-            for (int i = 0; i < N_WATCHES && !op_stop; i++)
-                if (op_watch_start(&watches[i], &err) < 0) {
-                    op_log(3, "%s", err.msg);
-                    rc = 1;
-                    op_stop = 1;
-                }
-        }
-    }
+    op_queue = wq_new("reconcile");
+    atomic_store(&op_elect, o->leader_elect);
+    return (op_pool = planning_new((int)o->plan_workers, op_on_planned, NULL, err)) ? 0 : -1;
+}
 
-    rec_config rc_cfg = {.caches = &op_caches, .worker_image = o.worker_image, .worker_pull_policy = o.worker_pull_policy,
-                         .profile_cm = o.profile_cm, .planner = op_pool, .plan_timeout_s = o.plan_timeout_s,
-                         .worker_archs = &o.worker_archs};
-    /* nothing is reconciled before every store has its first list: an empty store would look like
-     * a cluster without nodes or pods */
-    while (!op_stop && !op_jobs_listed) {
-        bool synced = true;
-        for (int i = 0; i < N_WATCHES; i++) synced &= cache_synced(watches[i].store);
-        if (synced) {
-            op_jobs_listed = 1;
-            op_log(1, "watching: %d jobs, %d nodes, %d pods that may hold GPUs", cache_size(op_caches.jobs),
-                   cache_size(op_caches.nodes), cache_size(op_caches.busy));
-        } else {
-            nanosleep(&(struct timespec){0, 20000000L}, NULL);
-        }
-    }
-    op_worker workers[64];
-    int n_workers = 0;
-    for (int i = 0; i < o.workers && !op_stop; i++) {
-        workers[i] = (op_worker){.rc = &rc_cfg, .k = i == 0 ? k : kube_client_new(&cfg, &err)};
-        for (int h = 0; h < OP_POD_HELPERS && workers[i].k; h++) { /* without one, fewer pods at once */
-            kube_client *hk = kube_client_new(&cfg, &err);
-            if (!hk) break;
-            kube_client_set_stop(hk, &op_stop);
-            workers[i].helpers[workers[i].n_helpers++] = hk;
-        }
-        if (!workers[i].k || pthread_create(&workers[i].th, NULL, op_worker_main, &workers[i]) != 0) {
-            op_log(3, "cannot start reconcile worker %d: %s", i + 1, workers[i].k ? "no thread" : err.msg);
-            if (i > 0 && workers[i].k) kube_client_free(workers[i].k);
-            for (int h = 0; h < workers[i].n_helpers; h++) kube_client_free(workers[i].helpers[h]);
-            rc = 1;
-            op_stop = 1;
-            break;
-        }
-        if (i > 0) kube_client_set_stop(workers[i].k, &op_stop);
-        n_workers++;
-    }
+static void op_shared_free(void) {
+    planning_free(op_pool); /* plans under way are cancelled: they stop within milliseconds */
+    op_pool = NULL;
+    wq_free(op_queue);
+    cache_free(op_caches.jobs), cache_free(op_caches.pods), cache_free(op_caches.busy);
+    cache_free(op_caches.nodes), cache_free(op_caches.configmaps), cache_free(op_caches.services);
+}
+
+/* Watches, workers and the 30 s resync until stopped; then the workers and watches joined. */
+static int op_run(const op_opts *o, const kube_config *cfg, kube_client *k, err_t *err) {
+    op_watch watches[OP_N_WATCHES];
+    int rc = 0;
+    bool failed = false;
+    op_watches_init(watches, cfg);
+    if (!atomic_load(&op_stop)) rc = op_watches_start(watches, o->namespace, err);
+    rec_config rc_cfg = {.caches = &op_caches, .worker_image = o->worker_image, .worker_pull_policy = o->worker_pull_policy,
+                         .profile_cm = o->profile_cm, .planner = op_pool, .plan_timeout_s = o->plan_timeout_s,
+                         .worker_archs = &o->worker_archs};
+    op_wait_synced(watches);
+    ctl *workers = ctl_start(op_queue, &rc_cfg, k, cfg, (int)o->workers, &op_stop, &failed);
+    if (failed) rc = 1;
     double next_resync = clock_now_s() + OP_RESYNC_S;
-    while (!op_stop) {
+    while (!atomic_load(&op_stop)) {
         nanosleep(&(struct timespec){0, 100000000L}, NULL);
         if (clock_now_s() >= next_resync) {
             op_enqueue_all(NULL);
             next_resync = clock_now_s() + OP_RESYNC_S;
         }
     }
-    pthread_mutex_lock(&q.mu);
-    pthread_cond_broadcast(&q.cv);
-    pthread_mutex_unlock(&q.mu);
-    for (int i = 0; i < n_workers; i++) {
-        pthread_join(workers[i].th, NULL);
-        if (i > 0) kube_client_free(workers[i].k);
-        for (int h = 0; h < workers[i].n_helpers; h++) kube_client_free(workers[i].helpers[h]);
-    }
+    wq_wake(op_queue);
+    ctl_join(workers);
     op_log(1, "stopping");
-    for (int i = 0; i < N_WATCHES; i++)
-        if (watches[i].started) pthread_join(watches[i].th, NULL);
-done:
-    op_stop = 1;
-    if (lease_started) {
-        pthread_join(lease.th, NULL);
-        kube_client *lk = lease.e.k;
-        lease_free(&lease.e);
-        kube_client_free(lk);
+    op_watches_join(watches);
+    return rc;
+}
+
+int main(int argc, char **argv) {
+    op_opts o;
+    err_t err = {{0}};
+    kube_config cfg;
+    log_set_handler(op_log_handler);
+    int rc = op_options(argc, argv, &o);
+    if (rc >= 0) return rc;
+    kube_client *k = op_client(&o, &cfg);
+    if (!k) return 2;
+    struct sigaction sa = {.sa_handler = op_on_signal};
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    kube_client_set_stop(k, &op_stop);
+    rc = 0;
+    struct MHD_Daemon *http = NULL;
+    if (op_shared_new(&o, &err) < 0) {
+        op_log(3, "%s", err.msg);
+        rc = 1;
+    } else if (!(http = op_serve(o.metrics_addr, &err)) && strcmp(o.metrics_addr, "0") && *o.metrics_addr) {
+        op_log(3, "%s", err.msg);
+        rc = 2;
     }
-    if (http) MHD_stop_daemon(http); /* before the pool goes: /metrics reads it */
-    planning_free(op_pool); /* plans under way are cancelled: they stop within milliseconds */
-    op_pool = NULL;
+    op_lease lease = {0};
+    if (rc == 0) {
+        op_log(1, "cephalo-operator %s (commit %s): API server %s (%s), %s, metrics %s, worker image %s",
+               cephalo_version(), cephalo_commit(), cfg.server, cfg.source ? cfg.source : "",
+               o.namespace ? o.namespace : "all namespaces", o.metrics_addr, o.worker_image);
+        rc = op_lead(&o, &cfg, &lease, &err); /* nothing is watched or written before the Lease is held */
+    }
+    if (rc == 0) rc = op_run(&o, &cfg, k, &err);
+    atomic_store(&op_stop, 1);
+    op_lease_end(&lease);
+    if (http) MHD_stop_daemon(http); /* before the shared state goes: /metrics reads it */
+    op_shared_free();
     kube_client_free(k);
     kube_config_free(&cfg);
-    free(q.items);
-    free(q.busy);
-    cache_free(op_caches.jobs), cache_free(op_caches.pods), cache_free(op_caches.busy);
-    cache_free(op_caches.nodes), cache_free(op_caches.configmaps), cache_free(op_caches.services);
-    return op_lost ? 1 : rc;
+    return atomic_load(&op_lost) ? 1 : rc;
 }

@@ -181,7 +181,7 @@ int msrc_model(kube_client *k, const char *ns, const msrc *s, model_spec *m, err
     return rc;
 }
 
-void msrc_pod(const msrc *s, cJSON *volumes, cJSON *mounts, cJSON *args) {
+void msrc_pod(const msrc *s, cJSON *volumes, cJSON *mounts) {
     cJSON *src = cJSON_Duplicate(s->source, true);
     /* the workers only read the model; a claim or an export mounted read-only can be shared by
      * every pod (ReadOnlyMany) and is safe from a stray write */
@@ -198,6 +198,4 @@ void msrc_pod(const msrc *s, cJSON *volumes, cJSON *mounts, cJSON *args) {
     cJSON_AddStringToObject(mt, "mountPath", MSRC_MOUNT);
     cJSON_AddBoolToObject(mt, "readOnly", true);
     cJSON_AddItemToArray(mounts, mt);
-    cJSON_AddItemToArray(args, cJSON_CreateString("--init-from"));
-    cJSON_AddItemToArray(args, cJSON_CreateString(s->dir));
 }

@@ -4,14 +4,15 @@
  * The directory (config.json + safetensors) lives on a volume that only the worker pods mount:
  * the operator never reads it. So the job names two things: where the directory is (one volume
  * source and a path inside it), which every worker pod mounts read-only at MSRC_MOUNT and gets as
- * `--init-from`; and the directory's config.json for planning (inline, or a ConfigMap the
+ * `--init-from` (dir); and the directory's config.json for planning (inline, or a ConfigMap the
  * operator reads once per plan), parsed by the planner's Hugging Face reader (model_hf.c). The
  * worker checks that the directory's own config.json describes the planned model.
  *
  *   msrc s;
  *   int have = msrc_parse(spec_model, &s, &err);     1: initFrom, 0: none, -1: err names the field
  *   msrc_model(k, ns, &s, &model, &err);             when planning
- *   msrc_pod(&s, volumes, volumeMounts, args);       in every worker pod */
+ *   msrc_pod(&s, volumes, volumeMounts);             in every worker pod (its `--init-from s.dir`:
+ *                                                    job_spec_worker_argv, job_spec.h) */
 #ifndef CEPHALO_MODEL_SOURCE_H
 #define CEPHALO_MODEL_SOURCE_H
 
@@ -45,8 +46,8 @@ int msrc_parse(const cJSON *spec_model, msrc *out, err_t *err);
  * config.json Cephalo cannot train); -2 with err set on an API error. */
 int msrc_model(kube_client *k, const char *ns, const msrc *s, model_spec *m, err_t *err);
 
-/* Adds to a worker pod the volume (PVC and NFS sources forced read-only), its read-only mount
- * at MSRC_MOUNT and the arguments `--init-from DIR`. */
-void msrc_pod(const msrc *s, cJSON *volumes, cJSON *mounts, cJSON *args);
+/* Adds to a worker pod the volume (PVC and NFS sources forced read-only) and its read-only mount
+ * at MSRC_MOUNT; the worker's `--init-from` is s->dir (job_spec_worker_argv). */
+void msrc_pod(const msrc *s, cJSON *volumes, cJSON *mounts);
 
 #endif

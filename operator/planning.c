@@ -17,6 +17,9 @@ typedef struct entry {
     planning_run_fn run;
     planning_free_fn free_fn;
     task_state st;
+    /* set under mu, read by the running plan without it. volatile, not atomic_int: the planner
+     * takes its cancel flag as `const volatile int *` (planner/plan.h, opt_problem.cancel); it
+     * only ever goes from 0 to 1, and the planner looks at it between steps */
     volatile int cancel;
     bool orphan; /* dropped while it ran: off the list, the worker frees it when the run returns */
     struct entry *next;

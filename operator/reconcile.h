@@ -64,7 +64,6 @@
 #define REC_ANN_NOTES "cephalo.dev/plan-notes"    /* inventory notes (estimated products, ...) */
 #define REC_ANN_PLANNED_AT "cephalo.dev/planned-at" /* when the plan was made: growth waits minReplanSeconds */
 #define REC_ANN_UNSCHEDULABLE "cephalo.dev/unschedulable" /* "N TIME": N refusals in a row, next gang not before TIME */
-#define REC_MIN_REPLAN_S 300.0 /* spec.elastic.minReplanSeconds' default */
 #define REC_MASTER_PORT 29500
 #define REC_WORKER_UID 10001 /* the worker image's user (docker/Dockerfile.worker) */
 

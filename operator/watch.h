@@ -18,6 +18,7 @@
 #ifndef CEPHALO_WATCH_H
 #define CEPHALO_WATCH_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 
@@ -85,7 +86,7 @@ typedef struct watch_opts {
     double backoff_max_s; /* the doubling stops here (0: 30 s) */
     int max_failures; /* consecutive failures before watch_run gives up (0: never) */
     size_t max_line; /* 0: WATCH_MAX_LINE_DEFAULT */
-    volatile int *stop; /* watch_run returns 0 soon after *stop becomes nonzero */
+    const atomic_int *stop; /* watch_run returns 0 soon after *stop becomes nonzero */
     unsigned seed; /* jitter seed (0: from the clock) */
 } watch_opts;
 

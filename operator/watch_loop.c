@@ -74,7 +74,7 @@ typedef struct loop {
     long seen; /* events + bookmarks on this watch */
 } loop;
 
-static bool stop_requested(const loop *l) { return l->o->stop && *l->o->stop; }
+static bool stop_requested(const loop *l) { return l->o->stop && atomic_load(l->o->stop); }
 
 static void set_rv(loop *l, const char *rv) {
     if (!rv || !*rv) return;

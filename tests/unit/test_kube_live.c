@@ -148,7 +148,7 @@ static void test_configmap_life(void **state) {
 typedef struct live_watch {
     kube_client *writer;
     char name[64];
-    volatile int stop;
+    atomic_int stop;
     int lists;
     bool saw_added;
 } live_watch;
@@ -177,7 +177,7 @@ static int lw_event(watch_type t, const cJSON *obj, void *arg, err_t *err) {
     live_watch *w = arg;
     if (t == WATCH_ADDED && strcmp(kube_meta_str(obj, "name"), w->name) == 0) {
         w->saw_added = true;
-        w->stop = 1;
+        atomic_store(&w->stop, 1);
     }
     return 0;
 }

@@ -162,7 +162,8 @@ static void test_model_inline(void **state) {
     cJSON_Delete(m);
 }
 
-/* The pod: the volume (claims read-only whatever the job said), the read-only mount, the args. */
+/* The pod: the volume (claims read-only whatever the job said), the read-only mount, and the
+ * directory its `--init-from` names (test_job_spec.c checks the argument itself). */
 static void test_pod(void **state) {
     (void)state;
     msrc s;
@@ -170,14 +171,14 @@ static void test_pod(void **state) {
     char msg[1024];
     assert_int_equal(parse("{\"volume\":{\"persistentVolumeClaim\":{\"claimName\":\"hf\",\"readOnly\":false}},"
                            "\"path\":\"gpt2\",\"config\":{}}", &s, &m, msg), 1);
-    cJSON *vols = cJSON_CreateArray(), *mounts = cJSON_CreateArray(), *args = cJSON_CreateArray();
-    msrc_pod(&s, vols, mounts, args);
-    char *v = cJSON_PrintUnformatted(vols), *mt = cJSON_PrintUnformatted(mounts), *a = cJSON_PrintUnformatted(args);
+    cJSON *vols = cJSON_CreateArray(), *mounts = cJSON_CreateArray();
+    msrc_pod(&s, vols, mounts);
+    char *v = cJSON_PrintUnformatted(vols), *mt = cJSON_PrintUnformatted(mounts);
     assert_string_equal(v, "[{\"name\":\"init-from\",\"persistentVolumeClaim\":{\"claimName\":\"hf\",\"readOnly\":true}}]");
     assert_string_equal(mt, "[{\"name\":\"init-from\",\"mountPath\":\"/cephalo/init\",\"readOnly\":true}]");
-    assert_string_equal(a, "[\"--init-from\",\"/cephalo/init/gpt2\"]");
-    free(v), free(mt), free(a);
-    cJSON_Delete(vols), cJSON_Delete(mounts), cJSON_Delete(args);
+    assert_string_equal(s.dir, "/cephalo/init/gpt2");
+    free(v), free(mt);
+    cJSON_Delete(vols), cJSON_Delete(mounts);
     /* the job's object is not changed (the pod has a copy) */
     assert_true(cJSON_IsFalse(cJSON_GetObjectItem(s.source, "readOnly")));
     cJSON_Delete(m);
@@ -185,12 +186,13 @@ static void test_pod(void **state) {
     /* hostPath: the source as given (it has no readOnly; the mount is) */
     assert_int_equal(parse("{\"volume\":{\"hostPath\":{\"path\":\"/m\",\"type\":\"Directory\"}},\"config\":{}}",
                            &s, &m, msg), 1);
-    vols = cJSON_CreateArray(), mounts = cJSON_CreateArray(), args = cJSON_CreateArray();
-    msrc_pod(&s, vols, mounts, args);
+    vols = cJSON_CreateArray(), mounts = cJSON_CreateArray();
+    msrc_pod(&s, vols, mounts);
     v = cJSON_PrintUnformatted(vols);
     assert_string_equal(v, "[{\"name\":\"init-from\",\"hostPath\":{\"path\":\"/m\",\"type\":\"Directory\"}}]");
+    assert_string_equal(s.dir, "/cephalo/init");
     free(v);
-    cJSON_Delete(vols), cJSON_Delete(mounts), cJSON_Delete(args);
+    cJSON_Delete(vols), cJSON_Delete(mounts);
     cJSON_Delete(m);
 }
 

@@ -10,6 +10,7 @@
 #include <cmocka.h>
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -97,8 +98,8 @@ static void test_within_budget(void **state) {
 
 typedef struct task {
     int id;
-    volatile int release; /* a slow task runs until this is set, or it is cancelled */
-    volatile int ran, saw_cancel;
+    atomic_int release; /* a slow task runs until this is set, or it is cancelled */
+    atomic_int ran, saw_cancel; /* set by the pool's thread, read by the test's */
 } task;
 
 /* what the workers report: tasks freed (and of those, cancelled ones), keys done */

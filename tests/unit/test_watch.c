@@ -235,7 +235,7 @@ static void test_backoff(void **state) {
     "&timeoutSeconds=5" SEL
 
 typedef struct informer {
-    volatile int stop;
+    atomic_int stop;
     int good_lists;
     char log[4096];
 } informer;
@@ -250,7 +250,7 @@ static int inf_list(const cJSON *items, const char *rv, void *arg, err_t *err) {
         n += (size_t)snprintf(in->log + n, sizeof in->log - n, "%s,", kube_meta_str(it, "name"));
     }
     snprintf(in->log + n, sizeof in->log - n, "];");
-    if (++in->good_lists == 3) in->stop = 1;
+    if (++in->good_lists == 3) atomic_store(&in->stop, 1);
     return 0;
 }
 

@@ -1,0 +1,221 @@
+/* rec_admit.c - GPU accounting and admission (rec_internal.h; docs/operator.md, "GPUs shared
+ * between jobs"): which GPUs a job is planned on, whether its plan's GPUs are free, the queue. */
+#include <stdio.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "operator/rec_internal.h"
+
+/* Admissions take turns. main.c's workers reconcile several jobs at once, and a job's decision,
+ * from reading the free GPUs to holding them, must see every admission before it, or two jobs
+ * would book the same GPU. The lock covers that decision (reads of the stores, planning, the plan
+ * ConfigMap) and ends once the pods to create are in the busy store as assumed; the writes that
+ * follow (Service, pods, status) run beside other jobs'. */
+static pthread_mutex_t rec_admit_mu = PTHREAD_MUTEX_INITIALIZER;
+
+void rec_admit_lock(rec_ctx *x) {
+    pthread_mutex_lock(&rec_admit_mu);
+    x->admitting = true;
+}
+
+void rec_admit_unlock(rec_ctx *x) {
+    if (!x->admitting) return;
+    x->admitting = false;
+    pthread_mutex_unlock(&rec_admit_mu);
+}
+
+/* ---- the free GPUs --------------------------------------------------------------------------- */
+
+/* How many GPUs of node are free to the job (its own pods' count as free), no maxGPUs cap. */
+static int free_on(rec_ctx *x, const char *node) {
+    const cluster *cl = &rec_inv(x, true)->cl;
+    int n = 0;
+    for (int d = 0; d < cl->n_devices; d++) n += !strcmp(cl->nodes[cl->devices[d].node].name, node);
+    return n;
+}
+
+bool rec_plan_fits(rec_ctx *x, const cJSON *plan_doc) {
+    const cJSON *r, *q;
+    cJSON_ArrayForEach(r, get(plan_doc, "ranks")) {
+        const char *node = get_str(r, "node", "");
+        int on = 0;
+        cJSON_ArrayForEach(q, get(plan_doc, "ranks")) on += !strcmp(get_str(q, "node", ""), node);
+        if (on > free_on(x, node)) return false;
+    }
+    return true;
+}
+
+/* A pod of the plan's current gang that ended (Succeeded or Failed) has GPUs free for others,
+ * maybe taken already, but the job must first see it through (finish, or count the failure
+ * against backoffLimit and restart) on the plan it ran. */
+bool rec_gang_ended(const rec_ctx *x, const char *plan_id) {
+    char att[32];
+    snprintf(att, sizeof att, "%d", x->attempt);
+    const cJSON *pod;
+    cJSON_ArrayForEach(pod, get(x->pods, "items")) {
+        const cJSON *ann = get(get(pod, "metadata"), "annotations");
+        if (phase_finished(rec_pod_phase(pod)) && !strcmp(get_str(ann, REC_ANN_PLAN_ID, ""), plan_id) &&
+            !strcmp(get_str(ann, REC_ANN_ATTEMPT, ""), att) && rec_owned_by_job(pod, x->job))
+            return true;
+    }
+    return false;
+}
+
+/* spec.gpus.minGPUs above the GPUs the job may use anywhere: it can never start. */
+static int never_fits(rec_ctx *x, int usable, err_t *err) {
+    char types[256], msg[700];
+    inv_describe(&rec_inv(x, false)->cl, types, sizeof types);
+    snprintf(msg, sizeof msg, "spec.gpus.minGPUs %ld is more than the %d GPUs the job may use in the cluster (%s): it "
+             "can never start (lower minGPUs, or widen spec.gpus)", x->js.min_gpus, usable, types);
+    return rec_plan_failed(x, "InsufficientGPUs", msg, err) < 0 ? -1 : 0;
+}
+
+/* Which GPUs the job is planned on (x->on_free) and how many it needs (x->need): its free GPUs when
+ * at least `need` are free (it plans around busy ones), else all its usable GPUs, busy or not (the
+ * plan it waits for). A spec that does not read is refused here, before anything is planned. */
+int rec_choose_view(rec_ctx *x, err_t *err) {
+    if (x->js_rc < 0) {
+        rec_forget_plan(x);
+        return rec_plan_failed(x, "InvalidSpec", x->js_err.msg, err) < 0 ? -1 : 0;
+    }
+    x->cap = (int)x->js.max_gpus;
+    x->on_free = true;
+    /* the free GPUs' inventory counts every usable one too (inv_result.usable): the whole one is
+     * built only when the job must be planned on it, or for a message */
+    const job_inv *mine = rec_inv(x, true);
+    if (mine->rc < 0) return 1; /* no usable GPU: planning says why */
+    int usable = mine->r.usable, min = (int)x->js.min_gpus;
+    x->need = min > 0 ? min : x->cap > 0 && x->cap < usable ? x->cap : usable;
+    if (x->need > usable) return never_fits(x, usable, err);
+    x->picked = rec_inv_devices(mine, x->cap);
+    if (x->picked < x->need) x->on_free = false;
+    return 1;
+}
+
+/* ---- the queue ------------------------------------------------------------------------------- */
+
+/* "2 L4, 1 A10G": the plan's GPUs by type, for messages. */
+static void plan_types(const cJSON *plan_doc, char *out, size_t n) {
+    const cJSON *ranks = get(plan_doc, "ranks"), *r, *q;
+    int i = 0;
+    out[0] = '\0';
+    cJSON_ArrayForEach(r, ranks) {
+        const char *dev = get_str(r, "device", "?");
+        int count = 0, j = 0;
+        bool seen = false;
+        cJSON_ArrayForEach(q, ranks) {
+            bool same = !strcmp(get_str(q, "device", "?"), dev);
+            if (same && j < i) seen = true;
+            count += same;
+            j++;
+        }
+        i++;
+        size_t len = strlen(out);
+        if (!seen) snprintf(out + len, n - len, "%s%d %s", len ? ", " : "", count, dev);
+    }
+}
+
+/* Queue order: spec.priority (higher first), then creation, then namespace/name. */
+static bool job_before(const cJSON *a, long pa, const cJSON *b, long pb) {
+    if (pa != pb) return pa > pb;
+    const cJSON *ma = get(a, "metadata"), *mb = get(b, "metadata");
+    int c = strcmp(get_str(ma, "creationTimestamp", ""), get_str(mb, "creationTimestamp", ""));
+    if (!c) c = strcmp(get_str(ma, "namespace", ""), get_str(mb, "namespace", ""));
+    if (!c) c = strcmp(get_str(ma, "name", ""), get_str(mb, "name", ""));
+    return c < 0;
+}
+
+/* Whether another job may use (by its spec.gpus) a node of this job's plan. */
+static bool shares_nodes(rec_ctx *x, const job_spec *other) {
+    cluster cl;
+    inv_result r;
+    err_t e;
+    if (rec_job_cluster(x->c, x->nodes, other, NULL, NULL, 0, NULL, &cl, &r, &e) < 0) return false;
+    bool shared = false;
+    const cJSON *rank;
+    cJSON_ArrayForEach(rank, get(x->plan_doc, "ranks"))
+        for (int i = 0; i < cl.n_nodes && !shared; i++) shared = !strcmp(cl.nodes[i].name, get_str(rank, "node", ""));
+    cluster_free(&cl);
+    return shared;
+}
+
+/* Whether job j (another one) has an earlier claim on GPUs of this job's plan, with `who` saying
+ * so: Queued ahead of it, or admitted and restarting its gang there. */
+static bool blocks(rec_ctx *x, const cJSON *j, char *who, size_t n) {
+    const cJSON *st = get(j, "status"), *ad = rec_find_condition(st, "Admitted");
+    phase ph = phase_parse(get_str(st, "phase", NULL));
+    job_spec other;
+    err_t e;
+    (void)job_spec_parse(get(j, "spec"), &other, &e); /* its defaults stand in for a mistake */
+    if (get(get(j, "metadata"), "deletionTimestamp") || other.suspend) return false;
+    bool ahead = ph == PHASE_QUEUED && job_before(j, other.priority, x->job, x->js.priority);
+    bool restarting = ph == PHASE_RESTARTING && ad && !strcmp(get_str(ad, "status", ""), "True");
+    if ((!ahead && !restarting) || !shares_nodes(x, &other)) return false;
+    if (ahead)
+        snprintf(who, n, "queued behind CephaloJob %s/%s (priority %ld, created %s), which waits for GPUs "
+                 "this job would take", kube_meta_str(j, "namespace"), kube_meta_str(j, "name"), other.priority,
+                 get_str(get(j, "metadata"), "creationTimestamp", "?"));
+    else
+        snprintf(who, n, "waiting for CephaloJob %s/%s to restart its gang on GPUs this job would take",
+                 kube_meta_str(j, "namespace"), kube_meta_str(j, "name"));
+    return true;
+}
+
+/* A job with an earlier claim on GPUs of this job's plan: one ahead of it in the queue (Queued,
+ * higher spec.priority, else created earlier) that may use the same nodes, so that a later job
+ * does not take GPUs an earlier one waits for; or an admitted one restarting its gang there
+ * (between its old pods' end and its new pods' creation its GPUs look free). Whether there is
+ * one, with `who` set. Among the jobs the operator watches: an operator of one namespace (chart
+ * value watchNamespace) queues that namespace's. */
+static bool queue_blocker(rec_ctx *x, char *who, size_t n) {
+    cache_view v;
+    const cJSON *jobs = cache_view_list(x->c->caches->jobs, NULL, NULL, &v);
+    const char *uid = kube_meta_str(x->job, "uid");
+    const cJSON *j;
+    bool found = false;
+    cJSON_ArrayForEach(j, get(jobs, "items")) {
+        if (uid && !strcmp(get_str(get(j, "metadata"), "uid", ""), uid)) continue;
+        if ((found = blocks(x, j, who, n))) break;
+    }
+    cache_view_release(&v);
+    return found;
+}
+
+/* Not admitted: phase Queued with the plan it waits for (condition Admitted False, reason
+ * WaitingForGPUs); a gang it had is stopped (a later one starts as a new attempt). Looked at again
+ * when a pod that may hold GPUs comes or goes anywhere, or a Node changes (main.c). */
+static int queue_job(rec_ctx *x, const char *msg, err_t *err) {
+    const cJSON *pod;
+    bool running = false;
+    cJSON_ArrayForEach(pod, get(x->pods, "items")) running |= !phase_finished(rec_pod_phase(pod));
+    if (running) x->attempt++;
+    if (rec_delete_pods(x, x->pods, true, err) < 0) return -1;
+    if (x->old_phase != PHASE_QUEUED) {
+        rec_emit(x->k, x->job, "Normal", "Queued", msg);
+        log_msg("info", "%s/%s: queued: %s", x->ns, x->name, msg);
+    }
+    return rec_status_write(x, PHASE_QUEUED, "WaitingForGPUs", msg, err);
+}
+
+/* The plan was made; may its gang run? A job that holds its GPUs (a live one whose plan still fits,
+ * or whose gang has ended and must be seen through) goes on; another is admitted when every GPU of
+ * its plan is free (all or nothing: a partial gang never starts) and no job has an earlier claim
+ * on them. */
+int rec_admit(rec_ctx *x, err_t *err) {
+    bool live = phase_live(x->old_phase);
+    int world = cJSON_GetArraySize(get(x->plan_doc, "ranks"));
+    char msg[1200], types[256] = "";
+    if (live && rec_gang_ended(x, x->plan_id)) return 1;
+    if (rec_plan_fits(x, x->plan_doc)) {
+        if (live) return 1;
+        return queue_blocker(x, msg, sizeof msg) ? queue_job(x, msg, err) : 1;
+    }
+    plan_types(x->plan_doc, types, sizeof types);
+    int nfree = rec_inv(x, true)->cl.n_devices;
+    if (x->need < world)
+        snprintf(msg, sizeof msg, "needs %d GPUs (%s) of its plan, or at least %d (spec.gpus.minGPUs) of them free; %d free",
+                 world, types, x->need, nfree);
+    else
+        snprintf(msg, sizeof msg, "needs %d GPUs (%s) of its plan; %d free", world, types, nfree);
+    return queue_job(x, msg, err);
+}

@@ -1,0 +1,227 @@
+/* rec_internal.h - what the reconcile's files share (reconcile.h is the outside's view):
+ *
+ *   reconcile.c   rec_job: the flow of one reconcile, from the stores to the status
+ *   rec_plan.c    planning: the job's usable GPUs, the inventory fingerprint, plan tasks on the
+ *                 planning pool, the plan to run (the ConfigMap's, or a new one)
+ *   rec_admit.c   GPU accounting and admission: which GPUs a job is planned on, whether its plan
+ *                 fits, the queue (priority, creation), Queued
+ *   rec_pods.c    the objects: the plan ConfigMap, the Service, the worker pods (created at once
+ *                 over several clients, assumed in the busy store), deletions, foreign objects
+ *   rec_gang.c    the gang: its pods sorted out against the plan, failures, disruptions, the
+ *                 scheduler's refusals
+ *   rec_status.c  the status: phase, conditions, the plan summary, progress, Events
+ *
+ * One reconcile is one rec_ctx, on one thread. The spec is read once (x->js, job_spec.h); the
+ * status, metadata and pods are the API's objects and read as JSON. */
+#ifndef CEPHALO_REC_INTERNAL_H
+#define CEPHALO_REC_INTERNAL_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <cjson/cJSON.h>
+
+#include "common/err.h"
+#include "operator/cache.h"
+#include "operator/inventory.h"
+#include "operator/job_spec.h"
+#include "operator/kube.h"
+#include "operator/phase.h"
+#include "operator/planning.h"
+#include "operator/reconcile.h"
+#include "planner/cluster.h"
+
+#define REC_ASSUMED_RV "0"       /* an assumed pod's resourceVersion: older than any the API gives */
+#define REC_BLAME_SETTLE_S 3.0   /* how long a failure's blame waits for the rest of its gang */
+#define REC_PROGRESS_S 5.0       /* seconds between progress reads of a running job */
+#define REC_UNSCHED_FIRST_S 5.0  /* the first refusal's wait before the next gang; doubled per refusal */
+#define REC_UNSCHED_MAX_S 300.0
+
+/* The API's objects, read as they are. */
+static inline const cJSON *get(const cJSON *o, const char *k) { return cJSON_GetObjectItemCaseSensitive(o, k); }
+static inline const char *get_str(const cJSON *o, const char *k, const char *def) {
+    const cJSON *v = get(o, k);
+    return cJSON_IsString(v) ? v->valuestring : def;
+}
+static inline double get_num(const cJSON *o, const char *k, double def) {
+    const cJSON *v = get(o, k);
+    return cJSON_IsNumber(v) ? v->valuedouble : def;
+}
+/* A pod's phase: Pending until the API says otherwise. */
+static inline phase rec_pod_phase(const cJSON *pod) {
+    phase p = phase_parse(get_str(get(pod, "status"), "phase", NULL));
+    return p == PHASE_NONE ? PHASE_PENDING : p;
+}
+
+/* A job's usable GPUs as inv_build finds them without the maxGPUs cap, built at most once per
+ * reconcile from the stores' snapshot: each view a reconcile asks about (capped or not, every GPU
+ * or the free ones) comes from one of two, since inv_build's cap keeps the first maxGPUs devices.
+ * An admission used to build the 300-node inventory four times under the admission lock. */
+typedef struct job_inv {
+    bool built;
+    int rc; /* rec_job_cluster's: -1 with err set when no GPU is usable */
+    cluster cl;
+    inv_result r;
+    err_t err;
+} job_inv;
+
+/* What one reconcile works on. */
+typedef struct rec_ctx {
+    kube_client *k;
+    const rec_config *c;
+    rec_stats *st;
+    const char *ns, *name;
+    char key[PLANNING_KEY_MAX]; /* namespace/name: the job's task in the planning pool */
+    char job_path[KUBE_PATH_MAX];
+    cJSON *job;
+    job_spec js;      /* the job's spec, read once */
+    int js_rc;        /* job_spec_parse's: -1 with js_err, which planning reports (InvalidSpec) */
+    err_t js_err;
+    const cJSON *old; /* the stored status */
+    phase old_phase;  /* its phase */
+    double gen;
+    cJSON *nodes; /* NodeList (a view of the store: read-only) */
+    cJSON *cm;    /* the plan ConfigMap, or NULL */
+    cJSON *pods;  /* PodList of the job's pods (label cephalo.dev/job; a view: read-only) */
+    cJSON *busy;  /* PodList of the pods that may hold GPUs: not terminal, every namespace (a view) */
+    cache_view nodes_view, pods_view, busy_view;
+    job_inv inv_all, inv_free; /* the job's usable GPUs, no maxGPUs cap: all, and the free ones (rec_inv) */
+    bool on_free; /* what the job is planned on: its free GPUs; false: all of them, while too few are free */
+    int cap; /* spec.gpus.maxGPUs; 0: no cap */
+    int picked; /* free GPUs the job would take now (at most maxGPUs) */
+    int need; /* GPUs it needs to start: spec.gpus.minGPUs, else its whole plan */
+    bool have_service; /* the job's Service exists (and is the job's) */
+    cJSON *plan_doc; /* plan.json */
+    char plan_id[64], cm_name[128], notes[1024], profile[600];
+    char why[600]; /* set when this reconcile re-planned: why the gang restarts */
+    bool estimated;
+    int attempt; /* the gang attempt: status.attempt */
+    bool admitting; /* holds the admission lock (rec_admit_lock) */
+    kube_client *const *helpers; /* more clients, for creating a gang's pods at once */
+    int n_helpers;
+    /* a new plan decided under the admission lock, written after it (rec_commit_plan): the
+     * ConfigMap and the Planned/Replanned Event are API calls other admissions need not wait for */
+    struct {
+        char *json; /* plan.json; NULL: nothing to write */
+        char gen[32], fp[64];
+        bool forget; /* the planning pool keeps the task until the ConfigMap has the plan */
+        const char *ev_reason; /* NULL: no Event */
+        char ev[512];
+    } new_plan;
+    char (*assumed)[128]; /* pods put into the busy store before their creation (rec_assume_pods) */
+    int n_assumed;
+    struct { /* rec_side_writes_start */
+        pthread_t th;
+        bool started, service;
+        kube_client *k;
+        int rc;
+        err_t err;
+    } side;
+} rec_ctx;
+
+/* The pods of the job sorted out against the current plan and gang attempt (rec_gang_read). */
+typedef struct gang {
+    const cJSON *list; /* PodList (the context's) */
+    int world;
+    const cJSON **pod; /* [world]: the current gang's pod of each rank, or NULL */
+    int stale; /* pods of an older plan or attempt */
+    int pending, running, succeeded, failed, missing;
+    const cJSON *first_failed;
+    const cJSON *first_stuck; /* a pending pod whose container waits for a reason (ImagePullBackOff...) */
+    const cJSON *disrupted; /* a pod of the gang being deleted by someone else (eviction, drain, by hand) */
+    const cJSON *unschedulable; /* a pod of the gang the scheduler cannot place (its GPU was taken) */
+    int failed_hard; /* failed pods that were not stopped on request (WCMD_EXIT_STOPPED) */
+} gang;
+
+/* ---- rec_plan.c ---- */
+
+/* The job's usable GPUs (spec.gpus filters) among nodes (a NodeList); with pods (PodList items of
+ * every namespace) or their digests (held), the free ones only: less those the pods hold, but
+ * the pods of the job own_uid. 0, or -1 with the error set (no usable GPU: the error says why). */
+int rec_job_cluster(const rec_config *rc, const cJSON *nodes, const job_spec *js, const cJSON *pods,
+                    const inv_held *const *held, int n_held, const char *own_uid, cluster *cl, inv_result *inv,
+                    err_t *err);
+/* The job's usable GPUs for this reconcile, no maxGPUs cap; free_only: less those that the pods
+ * of x->busy hold for others. Built once. */
+const job_inv *rec_inv(rec_ctx *x, bool free_only);
+/* How many devices of j a view with cap `cap` (0: none) holds. */
+int rec_inv_devices(const job_inv *j, int cap);
+/* The plan to run into x->plan_doc: 1; 0 when the job cannot be planned (status Failed written)
+ * or is being planned; -1 on an API error. */
+int rec_current_plan(rec_ctx *x, err_t *err);
+/* Drops the job's planning, if any (cancelled when it runs): the job is gone, finished, suspended. */
+void rec_forget_plan(const rec_ctx *x);
+
+/* ---- rec_admit.c ---- */
+
+void rec_admit_lock(rec_ctx *x);
+void rec_admit_unlock(rec_ctx *x); /* nothing when x does not hold it */
+/* Which GPUs the job is planned on (x->on_free, x->cap, x->picked, x->need): 1; 0 when it can
+ * never start (Failed, written); -1 on an API error. */
+int rec_choose_view(rec_ctx *x, err_t *err);
+/* Whether every rank of the plan has a free GPU on its node. */
+bool rec_plan_fits(rec_ctx *x, const cJSON *plan_doc);
+/* Whether a pod of plan_id's current gang has ended (it must be seen through on that plan). */
+bool rec_gang_ended(const rec_ctx *x, const char *plan_id);
+/* May the planned gang run? 1 admitted; 0 queued (status written); -1 on an API error. */
+int rec_admit(rec_ctx *x, err_t *err);
+
+/* ---- rec_pods.c ---- */
+
+cJSON *rec_job_pods(rec_ctx *x, cache_view *v);
+const cJSON *rec_find_node(const cJSON *nodes, const char *name);
+bool rec_owned_by_job(const cJSON *obj, const cJSON *job);
+int rec_delete_pods(rec_ctx *x, const cJSON *pods, bool keep_finished, err_t *err);
+/* Objects of an earlier job of the same name deleted: 1 when there were some, 0, -1 (API). */
+int rec_clear_foreign(rec_ctx *x, err_t *err);
+void rec_assume_pods(rec_ctx *x);
+void rec_forget_assumed(rec_ctx *x);
+int rec_create_pods(rec_ctx *x, gang *g, err_t *err);
+/* The plan ConfigMap (x->new_plan) and its Event, when a new plan was made. */
+int rec_commit_plan(rec_ctx *x, kube_client *k, err_t *err);
+int rec_side_writes_start(rec_ctx *x, err_t *err);
+int rec_side_writes_join(rec_ctx *x, int rc, err_t *err);
+/* Merge-patches annotations of the plan ConfigMap (value NULL removes one). */
+int rec_patch_cm_annotation(rec_ctx *x, const char *key, const char *value, err_t *err);
+
+/* ---- rec_gang.c ---- */
+
+int rec_gang_read(rec_ctx *x, gang *g, err_t *err);
+void rec_gang_free(gang *g);
+/* What the gang's pods call for: 1 when its missing pods are to be created and its status
+ * written (rec_gang_status); else done, rc in *rc (the status written, or an API error). */
+int rec_gang_decide(rec_ctx *x, gang *g, int *rc, err_t *err);
+/* A gang runs: the scheduler's refusals in a row are forgotten (the next one waits the first wait). */
+void rec_unsched_clear(rec_ctx *x);
+/* The container's waiting state when it has a reason worth reporting (not plain creation). */
+const cJSON *rec_waiting_state(const cJSON *pod);
+
+/* ---- rec_status.c ---- */
+
+void rec_emit(kube_client *k, const cJSON *job, const char *type, const char *reason, const char *msg);
+void rec_condition(cJSON *conds, const cJSON *old_status, double gen, const char *type, bool ok, const char *reason,
+                   const char *message);
+const cJSON *rec_find_condition(const cJSON *status, const char *type);
+/* The status fields every phase carries: counters, times, progress. */
+cJSON *rec_status_base(rec_ctx *x, phase ph, const char *msg);
+void rec_status_plan(rec_ctx *x, cJSON *s);
+void rec_status_conditions(rec_ctx *x, cJSON *s, phase ph, const char *reason, const char *msg);
+/* Writes the status (taking it) unless the store has it already. */
+int rec_write_status(rec_ctx *x, cJSON *status, err_t *err);
+/* A status of phase ph with the plan and conditions, written. */
+int rec_status_write(rec_ctx *x, phase ph, const char *reason, const char *msg, err_t *err);
+/* Terminal: Succeeded, or Failed after the backoff limit. */
+bool rec_terminal(const cJSON *status);
+int rec_suspend_job(rec_ctx *x, err_t *err);
+/* Waiting for the objects of an earlier job of the same name to go. */
+int rec_wait_foreign(rec_ctx *x, err_t *err);
+/* The job cannot be planned: phase Failed with the reason, no pods. */
+int rec_plan_failed(rec_ctx *x, const char *reason, const char *why, err_t *err);
+/* The gang's status once its pods exist (or are being created): Planned, Running, Restarting,
+ * Succeeded, with progress while Running. */
+int rec_gang_status(rec_ctx *x, const gang *g, err_t *err);
+/* The pods could not be created: said in the status (best effort), the error kept. */
+void rec_pods_not_created(rec_ctx *x, const err_t *why);
+
+#endif

@@ -1,0 +1,606 @@
+/* rec_pods.c - the objects a job owns (rec_internal.h): the plan ConfigMap, the headless Service,
+ * the worker pods (docs/operator.md, "Reconcile" steps 4-7), their creation and deletion, and
+ * the objects of an earlier job of the same name. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "common/version.h"
+#include "operator/model_source.h"
+#include "operator/rec_internal.h"
+
+/* ---- metadata -------------------------------------------------------------------------------- */
+
+static cJSON *owner_refs(const cJSON *job) {
+    cJSON *arr = cJSON_CreateArray(), *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "apiVersion", REC_API_VERSION);
+    cJSON_AddStringToObject(o, "kind", "CephaloJob");
+    cJSON_AddStringToObject(o, "name", kube_meta_str(job, "name"));
+    cJSON_AddStringToObject(o, "uid", kube_meta_str(job, "uid") ? kube_meta_str(job, "uid") : "");
+    cJSON_AddBoolToObject(o, "controller", true);
+    cJSON_AddBoolToObject(o, "blockOwnerDeletion", true);
+    cJSON_AddItemToArray(arr, o);
+    return arr;
+}
+
+/* An object's metadata: its name, the job's labels (a worker's rank and component with rank >= 0)
+ * and the job as its controller. */
+static cJSON *meta(const cJSON *job, const char *name, int rank) {
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "name", name);
+    cJSON_AddStringToObject(m, "namespace", kube_meta_str(job, "namespace"));
+    cJSON *l = cJSON_AddObjectToObject(m, "labels");
+    cJSON_AddStringToObject(l, "app.kubernetes.io/name", "cephalo");
+    cJSON_AddStringToObject(l, "app.kubernetes.io/managed-by", REC_COMPONENT);
+    cJSON_AddStringToObject(l, REC_LABEL_JOB, kube_meta_str(job, "name"));
+    if (rank >= 0) {
+        char r[16];
+        snprintf(r, sizeof r, "%d", rank);
+        cJSON_AddStringToObject(l, REC_LABEL_RANK, r);
+        cJSON_AddStringToObject(l, REC_LABEL_COMPONENT, "worker");
+    }
+    cJSON_AddItemToObject(m, "ownerReferences", owner_refs(job));
+    return m;
+}
+
+bool rec_owned_by_job(const cJSON *obj, const cJSON *job) {
+    const char *uid = kube_meta_str(job, "uid");
+    const cJSON *o;
+    cJSON_ArrayForEach(o, get(get(obj, "metadata"), "ownerReferences"))
+        if (cJSON_IsTrue(get(o, "controller")) && !strcmp(get_str(o, "kind", ""), "CephaloJob"))
+            return uid && !strcmp(get_str(o, "uid", ""), uid);
+    return true;
+}
+
+/* Creates obj in the collection unless it exists (409 AlreadyExists is success). The created
+ * object goes into the stores given (NULL-terminated), so that the next reconcile sees it before
+ * the watch delivers it. */
+static int ensure(kube_client *k, const char *collection, cJSON *obj, bool *created, cache *const *into,
+                  err_t *err) {
+    long status = 0;
+    cJSON *out = NULL;
+    if (created) *created = false;
+    int rc = kube_create(k, collection, obj, &out, &status, err);
+    cJSON_Delete(obj);
+    for (int i = 0; rc == 0 && out && into && into[i]; i++) cache_put(into[i], out, NULL);
+    cJSON_Delete(out);
+    if (rc == 0) {
+        if (created) *created = true;
+        return 0;
+    }
+    return status == 409 ? 0 : -1;
+}
+
+/* ---- the plan ConfigMap ---------------------------------------------------------------------- */
+
+typedef struct cm_annotations {
+    const char *generation, *inventory, *plan_id, *notes;
+} cm_annotations;
+
+static void cm_annotate(cJSON *m, const cm_annotations *a, bool patch) {
+    cJSON *ann = cJSON_AddObjectToObject(m, "annotations");
+    cJSON_AddStringToObject(ann, REC_ANN_GENERATION, a->generation);
+    cJSON_AddStringToObject(ann, REC_ANN_INVENTORY, a->inventory);
+    cJSON_AddStringToObject(ann, REC_ANN_PLAN_ID, a->plan_id);
+    char now[64];
+    kube_time_now(now, sizeof now);
+    cJSON_AddStringToObject(ann, REC_ANN_PLANNED_AT, now);
+    if (a->notes && *a->notes) cJSON_AddStringToObject(ann, REC_ANN_NOTES, a->notes);
+    else if (patch) cJSON_AddNullToObject(ann, REC_ANN_NOTES);
+}
+
+/* Creates the plan ConfigMap, or merge-patches the one of an older plan (old; the chart's RBAC
+ * grants configmaps patch, not update). */
+static int write_configmap(kube_client *k, const rec_ctx *x, const char *plan_json, const cm_annotations *a,
+                           err_t *err) {
+    char path[KUBE_PATH_MAX];
+    const cJSON *old = x->cm;
+    cJSON *cm = cJSON_CreateObject(), *out = NULL;
+    if (!old) {
+        cJSON_AddStringToObject(cm, "apiVersion", "v1");
+        cJSON_AddStringToObject(cm, "kind", "ConfigMap");
+    }
+    cJSON *m = old ? cJSON_AddObjectToObject(cm, "metadata") : meta(x->job, x->cm_name, -1);
+    if (!old) cJSON_AddItemToObject(cm, "metadata", m);
+    cm_annotate(m, a, old != NULL);
+    cJSON_AddStringToObject(cJSON_AddObjectToObject(cm, "data"), "plan.json", plan_json);
+    long status = 0;
+    int rc = kube_path(path, sizeof path, "v1", x->ns, "configmaps", old ? x->cm_name : NULL, err);
+    if (rc == 0) rc = old ? kube_merge_patch(k, path, cm, &out, &status, err) : kube_create(k, path, cm, &out, &status, err);
+    if (rc == 0 && out) cache_put(x->c->caches->configmaps, out, NULL);
+    cJSON_Delete(out);
+    cJSON_Delete(cm);
+    return rc;
+}
+
+int rec_patch_cm_annotation(rec_ctx *x, const char *key, const char *value, err_t *err) {
+    char path[KUBE_PATH_MAX];
+    cJSON *p = cJSON_CreateObject(), *out = NULL;
+    cJSON *ann = cJSON_AddObjectToObject(cJSON_AddObjectToObject(p, "metadata"), "annotations");
+    if (value) cJSON_AddStringToObject(ann, key, value);
+    else cJSON_AddNullToObject(ann, key);
+    long status = 0;
+    int rc = kube_path(path, sizeof path, "v1", x->ns, "configmaps", x->cm_name, err);
+    if (rc == 0) rc = kube_merge_patch(x->k, path, p, &out, &status, err);
+    if (rc == 0 && out) cache_put(x->c->caches->configmaps, out, NULL); /* the next reconcile sees it */
+    cJSON_Delete(out);
+    cJSON_Delete(p);
+    return rc;
+}
+
+int rec_commit_plan(rec_ctx *x, kube_client *k, err_t *err) {
+    if (!x->new_plan.json) return 0;
+    cm_annotations a = {x->new_plan.gen, x->new_plan.fp, x->plan_id, x->notes};
+    if (write_configmap(k, x, x->new_plan.json, &a, err) < 0) return -1; /* the pool keeps the plan for the retry */
+    if (x->new_plan.forget) planning_forget(x->c->planner, x->key); /* the ConfigMap has it now */
+    if (x->new_plan.ev_reason) rec_emit(k, x->job, "Normal", x->new_plan.ev_reason, x->new_plan.ev);
+    free(x->new_plan.json);
+    x->new_plan.json = NULL;
+    return 0;
+}
+
+/* ---- the Service ----------------------------------------------------------------------------- */
+
+static void add_port(cJSON *ports, const char *name, const char *key, long port) {
+    cJSON *p = cJSON_CreateObject();
+    cJSON_AddStringToObject(p, "name", name);
+    cJSON_AddNumberToObject(p, key, (double)port);
+    cJSON_AddItemToArray(ports, p);
+}
+
+/* The headless Service that gives the workers their DNS names (<job>-<rank>.<job>.<ns>.svc). */
+static int ensure_service(kube_client *k, const rec_ctx *x, err_t *err) {
+    cJSON *s = cJSON_CreateObject();
+    cJSON_AddStringToObject(s, "apiVersion", "v1");
+    cJSON_AddStringToObject(s, "kind", "Service");
+    cJSON *m = meta(x->job, x->name, -1);
+    cJSON_AddStringToObject(cJSON_GetObjectItem(m, "labels"), REC_LABEL_COMPONENT, "worker");
+    cJSON_AddItemToObject(s, "metadata", m);
+    cJSON *sp = cJSON_AddObjectToObject(s, "spec");
+    cJSON_AddStringToObject(sp, "clusterIP", "None");
+    cJSON_AddBoolToObject(sp, "publishNotReadyAddresses", true);
+    cJSON_AddStringToObject(cJSON_AddObjectToObject(sp, "selector"), REC_LABEL_JOB, x->name);
+    cJSON *ports = cJSON_AddArrayToObject(sp, "ports");
+    add_port(ports, "rendezvous", "port", REC_MASTER_PORT);
+    if (x->js.metrics_port > 0) add_port(ports, "metrics", "port", x->js.metrics_port);
+    char path[KUBE_PATH_MAX];
+    if (kube_path(path, sizeof path, "v1", x->ns, "services", NULL, err) < 0) return cJSON_Delete(s), -1;
+    return ensure(k, path, s, NULL, (cache *[]){x->c->caches->services, NULL}, err);
+}
+
+/* rec_commit_plan, then the Service unless it exists. */
+static int commit_objects(rec_ctx *x, kube_client *k, bool service, err_t *err) {
+    if (rec_commit_plan(x, k, err) < 0) return -1;
+    return service ? ensure_service(k, x, err) : 0;
+}
+
+/* A new job's plan ConfigMap (with its Event) and Service, written by a thread of their own on the
+ * last helper client while the reconcile creates the pods: its objects cost one round trip, not
+ * four in a row. Only when no plan ConfigMap exists yet: a kubelet then waits for it before it
+ * starts a pod, whereas pods of a re-plan created before the ConfigMap's update could read the
+ * old plan (those wait for rec_commit_plan). */
+static void *side_writes_main(void *arg) {
+    rec_ctx *x = arg;
+    x->side.rc = commit_objects(x, x->side.k, x->side.service, &x->side.err);
+    return NULL;
+}
+
+int rec_side_writes_start(rec_ctx *x, err_t *err) {
+    bool service = !x->have_service;
+    if (!x->cm && x->new_plan.json && x->n_helpers > 1) {
+        x->side.k = x->helpers[--x->n_helpers]; /* rec_create_pods uses the others */
+        x->side.service = service;
+        if (pthread_create(&x->side.th, NULL, side_writes_main, x) == 0) {
+            x->side.started = true;
+            return 0;
+        }
+        x->n_helpers++;
+    }
+    return commit_objects(x, x->k, service, err);
+}
+
+int rec_side_writes_join(rec_ctx *x, int rc, err_t *err) {
+    if (!x->side.started) return rc;
+    pthread_join(x->side.th, NULL);
+    x->side.started = false;
+    x->n_helpers++;
+    if (x->side.rc < 0 && rc >= 0) {
+        *err = x->side.err;
+        return -1;
+    }
+    return rc;
+}
+
+/* ---- a worker pod ---------------------------------------------------------------------------- */
+
+static void env(cJSON *arr, const char *name, const char *value) {
+    cJSON *e = cJSON_CreateObject();
+    cJSON_AddStringToObject(e, "name", name);
+    cJSON_AddStringToObject(e, "value", value);
+    cJSON_AddItemToArray(arr, e);
+}
+
+static void volume(cJSON *vols, cJSON *mounts, const char *name, const char *mount, bool ro,
+                   cJSON *source_key_val, const char *source_key) {
+    cJSON *v = cJSON_CreateObject();
+    cJSON_AddStringToObject(v, "name", name);
+    cJSON_AddItemToObject(v, source_key, source_key_val);
+    cJSON_AddItemToArray(vols, v);
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "name", name);
+    cJSON_AddStringToObject(m, "mountPath", mount);
+    cJSON_AddBoolToObject(m, "readOnly", ro);
+    cJSON_AddItemToArray(mounts, m);
+}
+
+static cJSON *claim(const char *name, bool ro) {
+    cJSON *src = cJSON_CreateObject();
+    cJSON_AddStringToObject(src, "claimName", name);
+    if (ro) cJSON_AddBoolToObject(src, "readOnly", true);
+    return src;
+}
+
+/* Required node affinity on the planned node's kubernetes.io/hostname label: the scheduler binds
+ * the pod there (or says it cannot: Unschedulable), so its GPU is counted like everyone else's. */
+static void pin_to_host(cJSON *ps, const char *host) {
+    cJSON *req = cJSON_CreateObject(), *vals = cJSON_CreateArray();
+    cJSON_AddStringToObject(req, "key", INV_LABEL_HOSTNAME);
+    cJSON_AddStringToObject(req, "operator", "In");
+    cJSON_AddItemToArray(vals, cJSON_CreateString(host));
+    cJSON_AddItemToObject(req, "values", vals);
+    cJSON *term = cJSON_CreateObject();
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(term, "matchExpressions"), req);
+    cJSON *na = cJSON_AddObjectToObject(cJSON_AddObjectToObject(ps, "affinity"), "nodeAffinity");
+    cJSON *rd = cJSON_AddObjectToObject(na, "requiredDuringSchedulingIgnoredDuringExecution");
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(rd, "nodeSelectorTerms"), term);
+}
+
+/* The "restricted" Pod Security Standard, as the operator's own Deployment runs: non-root (the
+ * worker image's user 10001; fsGroup makes volumes such as the checkpoint claim writable to it),
+ * RuntimeDefault seccomp; no privilege escalation, every capability dropped. */
+static void restricted_pod(cJSON *ps) {
+    cJSON *sc = cJSON_AddObjectToObject(ps, "securityContext");
+    cJSON_AddBoolToObject(sc, "runAsNonRoot", true);
+    cJSON_AddNumberToObject(sc, "runAsUser", REC_WORKER_UID);
+    cJSON_AddNumberToObject(sc, "runAsGroup", REC_WORKER_UID);
+    cJSON_AddNumberToObject(sc, "fsGroup", REC_WORKER_UID);
+    cJSON_AddStringToObject(cJSON_AddObjectToObject(sc, "seccompProfile"), "type", "RuntimeDefault");
+}
+
+static void restricted_container(cJSON *ctr) {
+    cJSON *sc = cJSON_AddObjectToObject(ctr, "securityContext");
+    cJSON_AddBoolToObject(sc, "allowPrivilegeEscalation", false);
+    cJSON_AddBoolToObject(sc, "runAsNonRoot", true);
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(cJSON_AddObjectToObject(sc, "capabilities"), "drop"),
+                         cJSON_CreateString("ALL"));
+}
+
+/* The training options as arguments (cephalo-worker train --help), built by the one builder
+ * (job_spec_worker_argv, common/worker_cmd.h): the same job gives the same argv as `cephalo run`. */
+static void worker_args(const job_spec *js, cJSON *ctr) {
+    wcmd_argv a = {0};
+    job_spec_worker_argv(js, &a);
+    cJSON *args = cJSON_AddArrayToObject(ctr, "args");
+    for (int i = 0; i < a.n; i++) cJSON_AddItemToArray(args, cJSON_CreateString(a.v[i]));
+    wcmd_argv_free(&a);
+}
+
+/* The plan (the ConfigMap), the data and checkpoint claims and the initFrom volume, where
+ * job_spec_worker_argv's paths expect them. */
+static void worker_volumes(const rec_ctx *x, cJSON *ps, cJSON *ctr) {
+    const job_spec *js = &x->js;
+    cJSON *vols = cJSON_AddArrayToObject(ps, "volumes");
+    cJSON *mounts = cJSON_AddArrayToObject(ctr, "volumeMounts");
+    cJSON *cmsrc = cJSON_CreateObject();
+    cJSON_AddStringToObject(cmsrc, "name", x->cm_name);
+    volume(vols, mounts, "plan", "/etc/cephalo", true, cmsrc, "configMap");
+    if (js->data_pvc)
+        volume(vols, mounts, "data", JOB_SPEC_DATA_MOUNT, true, claim(js->data_pvc, true), "persistentVolumeClaim");
+    if (js->model == JOB_MODEL_INIT_FROM) msrc_pod(&js->init, vols, mounts);
+    if (js->checkpoint && js->ckpt_pvc)
+        volume(vols, mounts, "checkpoints", JOB_SPEC_CKPT_MOUNT, false, claim(js->ckpt_pvc, false),
+               "persistentVolumeClaim");
+}
+
+static void worker_env(const rec_ctx *x, cJSON *ctr, int rank, int world) {
+    char buf[512];
+    cJSON *e = cJSON_AddArrayToObject(ctr, "env");
+    env(e, CEPHALO_ENV_OPERATOR_VERSION, cephalo_version()); /* a worker of another release refuses to start */
+    snprintf(buf, sizeof buf, "%d", rank);
+    env(e, "RANK", buf);
+    snprintf(buf, sizeof buf, "%d", world);
+    env(e, "WORLD_SIZE", buf);
+    snprintf(buf, sizeof buf, "%s-0.%s.%s.svc", x->name, x->name, x->ns);
+    env(e, "MASTER_ADDR", buf);
+    snprintf(buf, sizeof buf, "%d", REC_MASTER_PORT);
+    env(e, "MASTER_PORT", buf);
+    env(e, "CEPHALO_PLAN", "/etc/cephalo/plan.json");
+    env(e, "CEPHALO_JOB", x->name);
+    snprintf(buf, sizeof buf, "%s/%s", x->ns, x->name);
+    env(e, "CEPHALO_JOB_ID", kube_meta_str(x->job, "uid") ? kube_meta_str(x->job, "uid") : buf);
+    snprintf(buf, sizeof buf, "%g", x->js.comm_timeout_s);
+    env(e, "CEPHALO_COMM_TIMEOUT", buf);
+    snprintf(buf, sizeof buf, "%ld", x->js.metrics_port);
+    env(e, "CEPHALO_METRICS_PORT", buf);
+}
+
+/* One GPU, as request and limit (the API server would default the request from the limit, but
+ * the request is what the scheduler and the accounting count), and the metrics port. */
+static void worker_resources(const job_spec *js, cJSON *ctr) {
+    cJSON *res = cJSON_AddObjectToObject(ctr, "resources");
+    cJSON_AddStringToObject(cJSON_AddObjectToObject(res, "requests"), INV_RESOURCE_GPU, "1");
+    cJSON_AddStringToObject(cJSON_AddObjectToObject(res, "limits"), INV_RESOURCE_GPU, "1");
+    if (js->metrics_port > 0) add_port(cJSON_AddArrayToObject(ctr, "ports"), "metrics", "containerPort", js->metrics_port);
+}
+
+static void worker_container(const rec_ctx *x, cJSON *ps, int rank, int world) {
+    cJSON *ctr = cJSON_CreateObject();
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(ps, "containers"), ctr);
+    cJSON_AddStringToObject(ctr, "name", "worker");
+    restricted_container(ctr);
+    /* a failed worker's last log lines become its termination message, which the status quotes */
+    cJSON_AddStringToObject(ctr, "terminationMessagePolicy", "FallbackToLogsOnError");
+    cJSON_AddStringToObject(ctr, "image", x->js.image ? x->js.image : x->c->worker_image);
+    const char *pull = x->js.pull_policy ? x->js.pull_policy : x->c->worker_pull_policy;
+    if (pull && *pull) cJSON_AddStringToObject(ctr, "imagePullPolicy", pull);
+    worker_args(&x->js, ctr);
+    worker_volumes(x, ps, ctr);
+    worker_env(x, ctr, rank, world);
+    worker_resources(&x->js, ctr);
+}
+
+static cJSON *pod_meta(const rec_ctx *x, const char *pod, int rank) {
+    char att[32];
+    cJSON *md = meta(x->job, pod, rank);
+    cJSON *ann = cJSON_AddObjectToObject(md, "annotations");
+    cJSON_AddStringToObject(ann, REC_ANN_PLAN_ID, x->plan_id);
+    snprintf(att, sizeof att, "%d", x->attempt);
+    cJSON_AddStringToObject(ann, REC_ANN_ATTEMPT, att);
+    return md;
+}
+
+/* The worker pod of rank on host, the planned node's kubernetes.io/hostname label (else its name). */
+static cJSON *pod_object(const rec_ctx *x, int rank, int world, const char *host) {
+    char pod[128];
+    snprintf(pod, sizeof pod, "%s-%d", x->name, rank);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "apiVersion", "v1");
+    cJSON_AddStringToObject(o, "kind", "Pod");
+    cJSON_AddItemToObject(o, "metadata", pod_meta(x, pod, rank));
+    cJSON *ps = cJSON_AddObjectToObject(o, "spec");
+    pin_to_host(ps, host);
+    cJSON_AddStringToObject(ps, "hostname", pod);
+    cJSON_AddStringToObject(ps, "subdomain", x->name);
+    cJSON_AddStringToObject(ps, "restartPolicy", "Never");
+    /* a stopped worker finishes its step and writes a whole checkpoint before it exits */
+    cJSON_AddNumberToObject(ps, "terminationGracePeriodSeconds", (double)x->js.grace_s);
+    if (cJSON_IsArray(x->js.tolerations))
+        cJSON_AddItemToObject(ps, "tolerations", cJSON_Duplicate(x->js.tolerations, true));
+    restricted_pod(ps);
+    worker_container(x, ps, rank, world);
+    return o;
+}
+
+const cJSON *rec_find_node(const cJSON *nodes, const char *name) {
+    const cJSON *n;
+    cJSON_ArrayForEach(n, get(nodes, "items"))
+        if (name && strcmp(get_str(get(n, "metadata"), "name", ""), name) == 0) return n;
+    return NULL;
+}
+
+/* The worker pod of plan rank r (index i), pinned to its node's hostname label. */
+static cJSON *rank_pod(const rec_ctx *x, const cJSON *r, int i, int world) {
+    const char *node = get_str(r, "node", "");
+    const cJSON *n = rec_find_node(x->nodes, node);
+    return pod_object(x, i, world, n ? inv_node_hostname(n) : node);
+}
+
+/* ---- creating the gang ----------------------------------------------------------------------- */
+
+static bool job_has_pod(const rec_ctx *x, const char *pod) {
+    const cJSON *p;
+    cJSON_ArrayForEach(p, get(x->pods, "items")) if (!strcmp(get_str(get(p, "metadata"), "name", ""), pod)) return true;
+    return false;
+}
+
+static void assume_pod(rec_ctx *x, const cJSON *r, int i, int world, const char *pod) {
+    cJSON *o = rank_pod(x, r, i, world);
+    cJSON_AddStringToObject(cJSON_GetObjectItemCaseSensitive(o, "metadata"), "resourceVersion", REC_ASSUMED_RV);
+    if (cache_put(x->c->caches->busy, o, NULL)) {
+        x->assumed = xrealloc(x->assumed, (size_t)(x->n_assumed + 1) * sizeof *x->assumed);
+        snprintf(x->assumed[x->n_assumed++], sizeof *x->assumed, "%s", pod);
+    }
+    cJSON_Delete(o);
+}
+
+/* Puts the pods the admitted job is about to create into the busy store, as the API would
+ * return them but with version REC_ASSUMED_RV, so that the next admission counts their GPUs before
+ * the API has answered (kube-scheduler's assumed pods). The API's answer or the watch replaces
+ * them; rec_forget_assumed removes those nothing replaced (a failed or skipped creation). */
+void rec_assume_pods(rec_ctx *x) {
+    const cJSON *r, *ranks = get(x->plan_doc, "ranks");
+    int i = 0, world = cJSON_GetArraySize(ranks);
+    cJSON_ArrayForEach(r, ranks) {
+        char pod[128];
+        snprintf(pod, sizeof pod, "%s-%d", x->name, i);
+        if (!job_has_pod(x, pod)) assume_pod(x, r, i, world, pod);
+        i++;
+    }
+}
+
+void rec_forget_assumed(rec_ctx *x) {
+    for (int i = 0; i < x->n_assumed; i++) cache_remove_version(x->c->caches->busy, x->ns, x->assumed[i], REC_ASSUMED_RV);
+    free(x->assumed);
+    x->assumed = NULL;
+    x->n_assumed = 0;
+}
+
+/* One thread's share of a gang's pods: every `stride`-th of the missing ones from `first`, over
+ * its own client (a client is not thread-safe). */
+typedef struct pod_batch {
+    kube_client *k;
+    const char *coll;
+    cJSON **pods; /* [n]: taken by ensure */
+    int n, first, stride;
+    cache *const *stores;
+    long created;
+    int rc;
+    err_t err;
+} pod_batch;
+
+static void *create_pod_batch(void *arg) {
+    pod_batch *b = arg;
+    for (int i = b->first; i < b->n; i += b->stride) {
+        bool created = false;
+        cJSON *pod = b->pods[i];
+        b->pods[i] = NULL;
+        if (b->rc == 0 && ensure(b->k, b->coll, pod, &created, b->stores, &b->err) < 0) b->rc = -1;
+        else if (b->rc != 0) cJSON_Delete(pod);
+        b->created += created;
+    }
+    return NULL;
+}
+
+/* The pods of the ranks the gang lacks; their count in *n. */
+static cJSON **missing_pods(const rec_ctx *x, const gang *g, int *n) {
+    cJSON **pods = xcalloc((size_t)g->world + 1, sizeof *pods);
+    const cJSON *r;
+    int i = 0;
+    *n = 0;
+    cJSON_ArrayForEach(r, get(x->plan_doc, "ranks")) {
+        if (i < g->world && !g->pod[i]) pods[(*n)++] = rank_pod(x, r, i, g->world);
+        i++;
+    }
+    return pods;
+}
+
+/* Runs the batches: the first on this thread, the others on threads of their own (or here after
+ * it when a thread cannot start). rc: the first error. */
+static int run_batches(rec_ctx *x, pod_batch *b, int threads, err_t *err) {
+    pthread_t th[REC_MAX_HELPERS + 1];
+    bool started[REC_MAX_HELPERS + 1] = {false};
+    int rc = 0;
+    for (int t = 1; t < threads; t++) started[t] = pthread_create(&th[t], NULL, create_pod_batch, &b[t]) == 0;
+    create_pod_batch(&b[0]);
+    for (int t = 1; t < threads; t++) {
+        if (started[t]) {
+            pthread_join(th[t], NULL);
+        } else { /* no thread: this one's share on the reconcile's own client, after its own */
+            b[t].k = x->k;
+            create_pod_batch(&b[t]);
+        }
+    }
+    for (int t = 0; t < threads; t++) {
+        if (x->st) x->st->pods_created += b[t].created;
+        if (b[t].rc < 0 && rc == 0) *err = b[t].err, rc = -1;
+    }
+    return rc;
+}
+
+/* Creates the gang's missing pods, at once over the reconcile's client and its helpers
+ * (rec_job_with): a gang of 8 costs one round trip instead of 8. */
+int rec_create_pods(rec_ctx *x, gang *g, err_t *err) {
+    char coll[KUBE_PATH_MAX];
+    if (kube_path(coll, sizeof coll, "v1", x->ns, "pods", NULL, err) < 0) return -1;
+    int n;
+    cJSON **pods = missing_pods(x, g, &n);
+    if (n == 0) return free(pods), 0;
+    int threads = 1 + x->n_helpers < n ? 1 + x->n_helpers : n;
+    pod_batch b[REC_MAX_HELPERS + 1];
+    cache *stores[] = {x->c->caches->pods, x->c->caches->busy, NULL};
+    for (int t = 0; t < threads; t++)
+        b[t] = (pod_batch){.k = t ? x->helpers[t - 1] : x->k, .coll = coll, .pods = pods, .n = n, .first = t,
+                           .stride = threads, .stores = stores};
+    int rc = run_batches(x, b, threads, err);
+    for (int k = 0; k < n; k++) cJSON_Delete(pods[k]); /* only those never sent */
+    free(pods);
+    return rc;
+}
+
+/* ---- deleting -------------------------------------------------------------------------------- */
+
+static bool is_job_pod(const cJSON *pod, void *arg) {
+    const rec_ctx *x = arg;
+    return !strcmp(get_str(get(pod, "metadata"), "namespace", ""), x->ns) &&
+           !strcmp(get_str(get(get(pod, "metadata"), "labels"), REC_LABEL_JOB, ""), x->name);
+}
+
+cJSON *rec_job_pods(rec_ctx *x, cache_view *v) { return cache_view_list(x->c->caches->pods, is_job_pod, x, v); }
+
+/* Whether no kubelet can finish a pod's graceful deletion: its Node is gone, or not Ready and the
+ * grace period is over. An unbound pod is no orphan: the API server deletes it at once by itself,
+ * and if the scheduler bound it meanwhile, its worker gets the graceful stop. */
+static bool orphan_pod(const rec_ctx *x, const cJSON *pod) {
+    const char *bound = get_str(get(pod, "spec"), "nodeName", NULL);
+    const cJSON *node = x->nodes ? rec_find_node(x->nodes, bound) : NULL;
+    double due = 0; /* the API sets deletionTimestamp to the request time plus the grace period */
+    bool overdue = kube_time_parse(get_str(get(pod, "metadata"), "deletionTimestamp", ""), &due) &&
+                   kube_time_now_s() >= due;
+    return x->nodes && bound && (!node || (!inv_node_ready(node) && overdue));
+}
+
+/* Deletes a pod: gracefully (the worker gets SIGTERM), once; at once (gracePeriodSeconds=0) when
+ * it is an orphan. Its name is needed for the next gang. */
+static int delete_pod(rec_ctx *x, const cJSON *pod, err_t *err) {
+    char path[KUBE_PATH_MAX + 32];
+    long status = 0;
+    bool orphan = orphan_pod(x, pod);
+    if (get(get(pod, "metadata"), "deletionTimestamp") && !orphan) return 0; /* on its way */
+    if (kube_path(path, KUBE_PATH_MAX, "v1", x->ns, "pods", kube_meta_str(pod, "name"), err) < 0) return -1;
+    if (orphan) strcat(path, "?gracePeriodSeconds=0");
+    if (kube_delete(x->k, path, &status, err) < 0 && status != 404) return -1;
+    if (x->st) x->st->pods_deleted++;
+    return 0;
+}
+
+int rec_delete_pods(rec_ctx *x, const cJSON *pods, bool keep_finished, err_t *err) {
+    const cJSON *pod;
+    cJSON_ArrayForEach(pod, get(pods, "items")) {
+        if (keep_finished && phase_finished(rec_pod_phase(pod))) continue;
+        if (delete_pod(x, pod, err) < 0) return -1;
+    }
+    return 0;
+}
+
+/* The job's Service, unless another job owns it: 1 deleted, 0 none (or the job's), -1 (API). */
+static int clear_foreign_service(rec_ctx *x, err_t *err) {
+    char path[KUBE_PATH_MAX];
+    long status = 0;
+    int found = 0;
+    if (kube_path(path, sizeof path, "v1", x->ns, "services", x->name, err) < 0) return -1;
+    cJSON *svc = cache_get(x->c->caches->services, x->ns, x->name); /* the jobs' labelled Services */
+    if (svc && rec_owned_by_job(svc, x->job)) {
+        x->have_service = true;
+    } else if (svc) {
+        found = 1;
+        if (kube_delete(x->k, path, &status, err) < 0 && status != 404) found = -1;
+    }
+    cJSON_Delete(svc);
+    return found;
+}
+
+/* Objects of an earlier CephaloJob of the same name (deleted, then applied again before the
+ * garbage collector removed them) must not be taken over: the plan ConfigMap, Service and pods
+ * owned by another uid are deleted, and the job waits until they are gone. */
+int rec_clear_foreign(rec_ctx *x, err_t *err) {
+    char path[KUBE_PATH_MAX];
+    long status = 0;
+    int found = 0;
+    if (x->cm && !rec_owned_by_job(x->cm, x->job)) {
+        found = 1;
+        if (kube_path(path, sizeof path, "v1", x->ns, "configmaps", x->cm_name, err) < 0 ||
+            (kube_delete(x->k, path, &status, err) < 0 && status != 404))
+            return -1;
+    }
+    int svc = clear_foreign_service(x, err);
+    if (svc < 0) return -1;
+    found |= svc;
+    const cJSON *pod;
+    cJSON_ArrayForEach(pod, get(x->pods, "items")) {
+        if (rec_owned_by_job(pod, x->job)) continue;
+        found = 1;
+        if (delete_pod(x, pod, err) < 0) return -1;
+    }
+    return found;
+}
