@@ -167,15 +167,19 @@ static int write_run_dir(const launch *l, err_t *err) {
 /* The worker's command line from common/worker_cmd.c, the operator's builder too: every optimizer
  * setting spelled out, defaults included, so each rank's command line in the dry run says
  * everything the worker will use; then what only this launcher decides (paths, metrics). */
+void run_worker_argv(const job *j, const char *ckpt_dir, bool overwrite, wcmd_argv *out) {
+    wcmd_train t;
+    job_worker_train(j, &t);
+    t.ckpt_dir = ckpt_dir, t.overwrite = overwrite;
+    wcmd_train_argv(&t, out);
+}
+
 static wcmd_argv worker_args(const launch *l, int rank) {
     const job *j = l->j;
     char path[PATH_LEN];
-    wcmd_train t;
-    job_worker_train(j, &t);
-    t.ckpt_dir = l->ckpt_dir, t.overwrite = l->overwrite;
     wcmd_argv s = {0};
     wcmd_argv_add(&s, "%s", l->worker);
-    wcmd_train_argv(&t, &s);
+    run_worker_argv(j, l->ckpt_dir, l->overwrite, &s);
     wcmd_argv_add(&s, "--log"), wcmd_argv_add(&s, "%s", rank_file(l, rank, "jsonl", path));
     if (j->metrics_port) {
         wcmd_argv_add(&s, "--metrics-port"), wcmd_argv_add(&s, "%ld", j->metrics_port + rank);

@@ -7,7 +7,9 @@
 
 #include <stdbool.h>
 
+#include "cli/job.h"
 #include "common/err.h"
+#include "common/worker_cmd.h"
 
 enum { RUN_EXIT_FAILED = 1, RUN_EXIT_BAD_INPUT = 2, RUN_EXIT_INFEASIBLE = 3, RUN_EXIT_INTERRUPTED = 130 };
 
@@ -27,6 +29,11 @@ typedef struct run_opts {
  * 3 infeasible plan, 130 interrupted (SIGINT, SIGTERM or SIGHUP). Messages go to stderr, the
  * plan and the summary to stdout. */
 int run_job(const run_opts *o);
+
+/* The arguments every rank's `cephalo-worker train` gets from job j (common/worker_cmd.h's
+ * builder; the operator's pods get theirs from the same one), with the run's checkpoint directory
+ * (NULL: none) and --overwrite; appended to *out. The launcher adds --log and the metrics flags. */
+void run_worker_argv(const job *j, const char *ckpt_dir, bool overwrite, wcmd_argv *out);
 
 /* Also for `cephalo profile`, which launches workers the same way. */
 #define PATH_LEN 4096

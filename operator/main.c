@@ -1,4 +1,4 @@
-/* main.c - cephalo-operator (DESIGN 8, docs/operator.md): watches CephaloJobs and their worker
+/* main.c - cephalo-operator (docs/operator.md, docs/architecture.md): watches CephaloJobs and their worker
  * Pods, and reconciles every job that changed (reconcile.h) from one work queue.
  *
  *   cephalo-operator [--kubeconfig FILE] [--namespace NS] [--metrics-addr :8080]

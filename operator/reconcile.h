@@ -1,4 +1,4 @@
-/* reconcile.h - one CephaloJob reconciled (DESIGN 8): inventory -> plan -> ConfigMap <job>-plan
+/* reconcile.h - one CephaloJob reconciled (docs/operator.md): inventory -> plan -> ConfigMap <job>-plan
  * with plan.json -> headless Service <job> -> one Pod <job>-<rank> per GPU -> status.
  *
  * It reads what exists from the stores of rec_config.caches (cache.h), which the operator's

@@ -1,8 +1,9 @@
 /* test_worker_cmd.c - one worker command line (common/worker_cmd.c, docs/architecture.md
  * "Contracts"): the defaults table against every place that has a default of its own (the CRD's
  * `default:` values, the job file's parser, the worker's train_config_defaults), the numbers it
- * writes read back as the same doubles, and the same job run through `cephalo run`'s builder and
- * through the operator's gives the same argv. */
+ * writes read back as the same doubles, and the same job run through `cephalo run`
+ * (run_worker_argv, cli/run.c) and through the operator (job_spec_parse + job_spec_worker_argv,
+ * operator/job_spec.c) gives the same argv. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -14,9 +15,11 @@
 #include <string.h>
 
 #include "cli/job.h"
+#include "cli/run.h"
 #include "common/worker_cmd.h"
 #include "common/yaml_tree.h"
 #include "model/train.h"
+#include "operator/job_spec.h"
 
 #define CRD "crds/cephalojobs.cephalo.dev.yaml"
 
@@ -86,6 +89,33 @@ static void test_crd_defaults(void **state) {
         checked++;
     }
     assert_true(checked >= 15);
+    ytree_free(crd);
+}
+
+/* The operator's own defaults (operator/job_spec.h) are the CRD's too. */
+static void test_crd_operator_defaults(void **state) {
+    (void)state;
+    static const struct {
+        const char *path;
+        double value;
+    } nums[] = {{"memCap", JOB_SPEC_MEM_CAP},        {"priority", JOB_SPEC_PRIORITY},
+                {"elastic.minReplanSeconds", JOB_SPEC_MIN_REPLAN_S}, {"commTimeout", JOB_SPEC_COMM_TIMEOUT_S},
+                {"backoffLimit", JOB_SPEC_BACKOFF_LIMIT}, {"terminationGracePeriodSeconds", JOB_SPEC_GRACE_S},
+                {"metricsPort", JOB_SPEC_METRICS_PORT}};
+    err_t err;
+    ynode *crd = ytree_load_file(CRD, &err);
+    if (!crd) fail_msg("%s", err.msg);
+    const ynode *spec = spec_schema(crd);
+    bool required;
+    for (size_t i = 0; i < sizeof nums / sizeof *nums; i++) {
+        const ynode *f = field_schema(spec, nums[i].path, &required), *def = f ? ymap_get(f, "default") : NULL;
+        if (!def) fail_msg("spec.%s: no default in the CRD", nums[i].path);
+        if (strtod(def->str, NULL) != nums[i].value)
+            fail_msg("spec.%s: the CRD's default is %s, the operator's %g", nums[i].path, def->str, nums[i].value);
+    }
+    const ynode *f = field_schema(spec, "strategy", &required);
+    assert_non_null(f);
+    assert_string_equal(ymap_get(f, "default")->str, JOB_SPEC_STRATEGY);
     ytree_free(crd);
 }
 
@@ -196,11 +226,108 @@ static void test_defaults_spelled_out(void **state) {
     wcmd_argv_free(&a);
 }
 
+/* ---- one job, two front ends ---- */
+
+/* `cephalo run`'s argv for a job file's text (the run's checkpoint directory ckpt_dir). */
+static void cli_argv(const char *yaml, const char *ckpt_dir, wcmd_argv *out) {
+    job j;
+    err_t err;
+    if (job_load_string("job.yaml", yaml, strlen(yaml), &j, &err) < 0) fail_msg("job file: %s", err.msg);
+    run_worker_argv(&j, j.ckpt_dir ? ckpt_dir : NULL, false, out);
+    job_free(&j);
+}
+
+/* The operator's argv for a CephaloJob spec's JSON. */
+static void operator_argv(const char *json, wcmd_argv *out) {
+    cJSON *spec = cJSON_Parse(json);
+    assert_non_null(spec);
+    job_spec s;
+    err_t err;
+    if (job_spec_parse(spec, &s, &err) < 0) fail_msg("spec: %s", err.msg);
+    job_spec_worker_argv(&s, out);
+    cJSON_Delete(spec);
+}
+
+static void assert_same_argv(const wcmd_argv *a, const wcmd_argv *b) {
+    for (int i = 0; i < a->n && i < b->n; i++)
+        if (strcmp(a->v[i], b->v[i])) fail_msg("argument %d: cephalo run '%s', the operator '%s'", i, a->v[i], b->v[i]);
+    if (a->n != b->n) fail_msg("cephalo run gives %d arguments, the operator %d", a->n, b->n);
+}
+
+static void compare(const char *yaml, const char *ckpt_dir, const char *json) {
+    wcmd_argv a = {0}, b = {0};
+    cli_argv(yaml, ckpt_dir, &a);
+    operator_argv(json, &b);
+    assert_same_argv(&a, &b);
+    assert_true(a.n > 20);
+    wcmd_argv_free(&a);
+    wcmd_argv_free(&b);
+}
+
+/* Every option given, none at its default: paths absolute (the operator's without volumes are the
+ * spec's as given; the launcher puts a job's checkpoints in its run directory, here the same). */
+static void test_same_job_every_option(void **state) {
+    (void)state;
+    compare("model: tiny-gpt\nbatch: 8\nsteps: 100\nseed: 7\nprecision: bf16\ndata: /data/train\n"
+            "optimizer: {lr: 0.001, min_lr: 1.5e-05, warmup: 10, schedule: linear, weight_decay: 0.05,\n"
+            "            beta1: 0.85, beta2: 0.99, eps: 1e-07, clip: 0.5}\n"
+            "validation: {data: /data/val, every: 5, samples: 32}\n"
+            "checkpoint: {dir: ck, every: 5, keep_last: 2, keep_every: 10, resume: never}\n"
+            "devices: [{type: cpu, threads: 1, memory: 256M, count: 2}]\n",
+            "/ck/run",
+            "{\"model\": {\"name\": \"tiny-gpt\"}, \"globalBatch\": 8, \"steps\": 100, \"seed\": 7, \"precision\": \"bf16\","
+            " \"optimizer\": {\"lr\": 0.001, \"minLr\": 1.5e-05, \"warmup\": 10, \"schedule\": \"linear\","
+            " \"weightDecay\": 0.05, \"beta1\": 0.85, \"beta2\": 0.99, \"eps\": 1e-07, \"clip\": 0.5},"
+            " \"data\": {\"path\": \"/data/train\", \"validation\": {\"path\": \"/data/val\", \"every\": 5, \"samples\": 32}},"
+            " \"checkpoint\": {\"dir\": \"/ck/run\", \"every\": 5, \"keepLast\": 2, \"keepEvery\": 10, \"resume\": \"never\"}}");
+}
+
+/* Nothing but what each requires, and checkpoints: every default from the two front ends'
+ * parsers (the operator's without the API server's defaulting, as an older CRD would leave it). */
+static void test_same_job_defaults(void **state) {
+    (void)state;
+    compare("model: tiny-gpt\nbatch: 8\nsteps: 20\ncheckpoint: {dir: ck}\n"
+            "devices: [{type: cpu, threads: 1, memory: 256M}]\n",
+            "/ck/run",
+            "{\"model\": {\"name\": \"tiny-gpt\"}, \"globalBatch\": 8, \"steps\": 20, \"checkpoint\": {\"dir\": \"/ck/run\"}}");
+}
+
+/* ... and with the API server's defaulting: the CRD's `default:` values filled in. */
+static void test_same_job_crd_defaults(void **state) {
+    (void)state;
+    compare("model: tiny-gpt\nbatch: 8\nsteps: 20\ncheckpoint: {dir: ck}\n"
+            "devices: [{type: cpu, threads: 1, memory: 256M}]\n",
+            "/ck/run",
+            "{\"model\": {\"name\": \"tiny-gpt\"}, \"globalBatch\": 8, \"steps\": 20, \"seed\": 1, \"precision\": \"fp32\","
+            " \"optimizer\": {\"lr\": 0.0003, \"schedule\": \"cosine\", \"warmup\": 0, \"weightDecay\": 0.1,"
+            " \"beta1\": 0.9, \"beta2\": 0.95, \"eps\": 1e-08, \"clip\": 1.0},"
+            " \"data\": {\"path\": \"synthetic\"},"
+            " \"checkpoint\": {\"dir\": \"/ck/run\", \"resume\": \"auto\", \"keepLast\": 3, \"keepEvery\": 0}}");
+}
+
+/* The comparison can fail: one option apart is named. */
+static void test_difference_is_seen(void **state) {
+    (void)state;
+    wcmd_argv a = {0}, b = {0};
+    cli_argv("model: tiny-gpt\nbatch: 8\nsteps: 20\noptimizer: {lr: 0.001}\n"
+             "devices: [{type: cpu, threads: 1, memory: 256M}]\n", NULL, &a);
+    operator_argv("{\"model\": {\"name\": \"tiny-gpt\"}, \"globalBatch\": 8, \"steps\": 20}", &b);
+    assert_int_equal(a.n, b.n);
+    int differ = 0;
+    for (int i = 0; i < a.n; i++) differ += strcmp(a.v[i], b.v[i]) != 0;
+    assert_int_equal(differ, 2); /* --lr and --min-lr */
+    wcmd_argv_free(&a);
+    wcmd_argv_free(&b);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_crd_defaults),      cmocka_unit_test(test_crd_mismatch_is_seen),
+        cmocka_unit_test(test_crd_defaults),      cmocka_unit_test(test_crd_operator_defaults),
+        cmocka_unit_test(test_crd_mismatch_is_seen),
         cmocka_unit_test(test_job_file_defaults), cmocka_unit_test(test_worker_defaults),
         cmocka_unit_test(test_numbers_read_back), cmocka_unit_test(test_defaults_spelled_out),
+        cmocka_unit_test(test_same_job_every_option), cmocka_unit_test(test_same_job_defaults),
+        cmocka_unit_test(test_same_job_crd_defaults), cmocka_unit_test(test_difference_is_seen),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
