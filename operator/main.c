@@ -1,16 +1,14 @@
-/* main.c - cephalo-operator (docs/operator.md, docs/architecture.md): watches CephaloJobs and their worker
- * Pods, and reconciles every job that changed (reconcile.h) from one work queue.
+/* main.c - cephalo-operator (docs/operator.md, docs/architecture.md): watches CephaloJobs and
+ * their worker Pods, and reconciles every job that changed (reconcile.h) from one work queue.
+ * This file is the binary's wiring: its flags, the threads started and stopped, leader election,
+ * and /healthz, /readyz and /metrics.
  *
  *   cephalo-operator [--kubeconfig FILE] [--namespace NS] [--metrics-addr :8080]
  *                    [--worker-image IMAGE] [--leader-elect=true] ...   (--help lists them)
  *
- * Threads: one watch (list + watch, watch_run) each for CephaloJobs, their Pods, plan ConfigMaps
- * and Services (label cephalo.dev/job), Nodes, and every namespace's pods that may hold GPUs, each
- * with its own client, keeping a store (cache.h) that the reconcile reads instead of the API
- * server, and feeding the queue (a Node whose GPUs, labels or schedulability changed re-queues
- * every job, status heartbeats do not; a job's own status writes do not re-queue it; a busy pod
- * that comes or goes re-queues the jobs waiting for GPUs); --workers threads take jobs from the
- * queue (workqueue.h) and reconcile them, one job never twice at once; with
+ * Threads: the six watches (informers.h), each keeping a store (cache.h) that the reconcile reads
+ * instead of the API server and feeding the queue; --workers threads (controller.h) take jobs from
+ * the queue (workqueue.h) and reconcile them, one job never twice at once; with
  * --leader-elect a Lease thread (lease_run) decides whether this replica works at all; the
  * /healthz, /readyz and /metrics endpoints are libmicrohttpd's thread; plans are made by the
  * planning pool's threads (--plan-workers, planning.h), so a slow plan never holds up the queue.
@@ -40,19 +38,15 @@
 #include "common/strutil.h"
 #include "common/version.h"
 #include "operator/controller.h"
+#include "operator/informers.h"
 #include "operator/inventory.h"
-#include "operator/job_spec.h"
 #include "operator/kube.h"
 #include "operator/lease.h"
-#include "operator/phase.h"
 #include "operator/planning.h"
 #include "operator/reconcile.h"
-#include "operator/watch.h"
 #include "operator/workqueue.h"
 
 #define OP_RESYNC_S 30.0 /* every known job is reconciled again this often */
-#define OP_SETTLE_S 1.0 /* GPUs freed: the waiting jobs look this long after the first change */
-#define OP_KEY_MAX WQ_KEY_MAX /* "namespace/name" */
 
 /* ---- options ------------------------------------------------------------------------------- */
 
@@ -402,262 +396,6 @@ static struct MHD_Daemon *op_serve(const char *addr, err_t *err) {
     return d;
 }
 
-/* ---- watches ------------------------------------------------------------------------------- */
-
-/* One list+watch feeding one store. Kinds that carry the cephalo.dev/job label (the jobs' pods,
- * plans and Services) queue their job on every change; nodes and busy pods, the jobs that may
- * now get GPUs. */
-typedef struct op_watch {
-    const char *what;
-    const kube_config *cfg;
-    watch_opts wo;
-    char path[KUBE_PATH_MAX];
-    enum { OP_JOBS, OP_LABELLED, OP_NODES, OP_BUSY } kind;
-    cache *store;
-    pthread_t th;
-    bool started;
-} op_watch;
-
-static bool op_same_item(const cJSON *a, const cJSON *b, const char *key) {
-    const cJSON *x = cJSON_GetObjectItemCaseSensitive(a, key), *y = cJSON_GetObjectItemCaseSensitive(b, key);
-    return (!x && !y) || (x && y && cJSON_Compare(x, y, true));
-}
-
-/* Whether two versions of a Node differ in what the inventory reads (inventory.h: its labels, any
- * of which a node selector may name; allocatable nvidia.com/gpu; schedulability; taints; readiness). NULL:
- * no version, the node came or went. Status heartbeats change none of these. */
-static bool op_node_differs(const cJSON *a, const cJSON *b) {
-    if (!a || !b) return a != b;
-    const cJSON *ma = cJSON_GetObjectItemCaseSensitive(a, "metadata"), *mb = cJSON_GetObjectItemCaseSensitive(b, "metadata");
-    const cJSON *aa = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(a, "status"), "allocatable");
-    const cJSON *ab = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(b, "status"), "allocatable");
-    const cJSON *ua = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(a, "spec"), "unschedulable");
-    const cJSON *ub = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(b, "spec"), "unschedulable");
-    const cJSON *sa = cJSON_GetObjectItemCaseSensitive(a, "spec"), *sb = cJSON_GetObjectItemCaseSensitive(b, "spec");
-    return !op_same_item(ma, mb, "labels") || !op_same_item(aa, ab, INV_RESOURCE_GPU) ||
-           cJSON_IsTrue(ua) != cJSON_IsTrue(ub) || inv_node_ready(a) != inv_node_ready(b) ||
-           !op_same_item(sa, sb, "taints");
-}
-
-/* Queues ns/name: due now (a change). */
-static void op_enqueue(const char *ns, const char *name) {
-    if (!ns || !name) return;
-    char key[OP_KEY_MAX];
-    snprintf(key, sizeof key, "%s/%s", ns, name);
-    wq_add(op_queue, key);
-}
-
-/* Queues every job the job watch knows (its store), at once, or delay_s later. */
-static void op_enqueue_jobs(cache_keep_fn keep, double delay_s) {
-    cache_view v;
-    const cJSON *j, *jobs = cache_view_list(op_caches.jobs, keep, NULL, &v);
-    cJSON_ArrayForEach(j, cJSON_GetObjectItemCaseSensitive(jobs, "items")) {
-        char key[OP_KEY_MAX];
-        snprintf(key, sizeof key, "%s/%s", kube_meta_str(j, "namespace"), kube_meta_str(j, "name"));
-        wq_add_after(op_queue, key, delay_s);
-    }
-    cache_view_release(&v);
-}
-
-static void op_enqueue_all(const char *why) {
-    int n = cache_size(op_caches.jobs);
-    if (why && n) op_log(1, "%s: checking the %d jobs again", why, n);
-    op_enqueue_jobs(NULL, 0);
-}
-
-/* Jobs that free GPUs may let start or grow: Queued ones, and live ones with spec.gpus.minGPUs. */
-static bool op_waits_for_gpus(const cJSON *job, void *arg) {
-    (void)arg;
-    const cJSON *ph = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(job, "status"), "phase");
-    phase p = phase_parse(cJSON_IsString(ph) ? ph->valuestring : NULL);
-    if (p == PHASE_QUEUED) return true;
-    if (!phase_live(p)) return false;
-    job_spec *js = xmalloc(sizeof *js); /* large for a watch thread's stack */
-    err_t err;
-    (void)job_spec_parse(cJSON_GetObjectItemCaseSensitive(job, "spec"), js, &err); /* a mistake: its defaults */
-    bool grows = js->min_gpus > 0;
-    free(js);
-    return grows;
-}
-
-/* Queues the jobs waiting for GPUs OP_SETTLE_S after the first of a burst of busy-pod changes: the
- * pods of a gang end within moments of each other, and a job that looked at the first one's GPU
- * alone would start small (minGPUs) and re-plan moments later. */
-static void op_enqueue_waiting(void) { op_enqueue_jobs(op_waits_for_gpus, OP_SETTLE_S); }
-
-
-/* Whether a job's event is one to reconcile: new, its spec (generation), labels or annotations
- * changed, or being deleted. Status writes (the operator's own, progress among them) are not. */
-static bool op_job_changed(const cJSON *prev, const cJSON *job) {
-    if (!prev) return true;
-    const cJSON *pm = cJSON_GetObjectItemCaseSensitive(prev, "metadata"), *m = cJSON_GetObjectItemCaseSensitive(job, "metadata");
-    return !op_same_item(pm, m, "generation") || !op_same_item(pm, m, "deletionTimestamp") ||
-           !op_same_item(pm, m, "labels") || !op_same_item(pm, m, "annotations");
-}
-
-/* prev: the version the store had (nodes only; NULL when it had none). */
-static void op_enqueue_object(const op_watch *w, const cJSON *o, watch_type t, const cJSON *prev) {
-    const char *ns = kube_meta_str(o, "namespace");
-    if (w->kind == OP_BUSY) {
-        if (t != WATCH_MODIFIED) op_enqueue_waiting(); /* GPUs taken or freed; a status change frees none */
-        return;
-    }
-    if (w->kind == OP_NODES) {
-        if (op_node_differs(prev, t == WATCH_DELETED ? NULL : o)) {
-            char why[300];
-            snprintf(why, sizeof why, "node %s %s", kube_meta_str(o, "name"),
-                     t == WATCH_DELETED ? "is gone" : t == WATCH_ADDED ? "appeared" : "changed its GPUs or labels");
-            op_enqueue_all(why);
-        }
-        return;
-    }
-    if (w->kind == OP_JOBS) {
-        const char *name = kube_meta_str(o, "name");
-        op_enqueue(ns, name); /* deleted too: its reconcile drops its planning, if any */
-        return;
-    }
-    const cJSON *l = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(o, "metadata"), "labels");
-    const cJSON *job = cJSON_GetObjectItemCaseSensitive(l, REC_LABEL_JOB);
-    if (cJSON_IsString(job)) op_enqueue(ns, job->valuestring);
-}
-
-static int op_on_list(const cJSON *items, const char *rv, void *arg, err_t *err) {
-    (void)err;
-    op_watch *w = arg;
-    op_log(0, "%s: listed %d (resourceVersion %s)", w->what, cJSON_GetArraySize(items), rv ? rv : "?");
-    bool relist = cache_synced(w->store);
-    cJSON *old = relist && w->kind == OP_NODES ? cache_list(w->store, NULL, NULL) : NULL;
-    cache_replace(w->store, items);
-    const cJSON *o;
-    if (w->kind == OP_BUSY) {
-        if (relist) op_enqueue_waiting(); /* events may have been missed */
-        return 0;
-    }
-    if (w->kind == OP_NODES) {
-        /* a relist: compare it with what the store had (the first list only fills it) */
-        bool changed = relist && cJSON_GetArraySize(items) != cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(old, "items"));
-        cJSON_ArrayForEach(o, items) {
-            if (!relist || changed) break;
-            const cJSON *was = NULL, *n;
-            cJSON_ArrayForEach(n, cJSON_GetObjectItemCaseSensitive(old, "items"))
-                if (!was && !strcmp(kube_meta_str(n, "name") ? kube_meta_str(n, "name") : "",
-                                    kube_meta_str(o, "name") ? kube_meta_str(o, "name") : ""))
-                    was = n;
-            changed = op_node_differs(was, o);
-        }
-        cJSON_Delete(old);
-        if (changed) op_enqueue_all("nodes relisted with changes");
-        return 0;
-    }
-    cJSON_ArrayForEach(o, items) op_enqueue_object(w, o, WATCH_ADDED, NULL);
-    return 0;
-}
-
-static int op_on_event(watch_type t, const cJSON *o, void *arg, err_t *err) {
-    (void)err;
-    op_watch *w = arg;
-    op_log(0, "%s: %s %s/%s", w->what, watch_type_name(t), kube_meta_str(o, "namespace"), kube_meta_str(o, "name"));
-    const char *ns = kube_meta_str(o, "namespace"), *name = kube_meta_str(o, "name");
-    cJSON *prev = NULL;
-    if (t == WATCH_DELETED) {
-        if (w->kind == OP_NODES) prev = cache_get(w->store, ns, name);
-        cache_remove(w->store, ns, name);
-    } else if (!cache_put(w->store, o, w->kind == OP_JOBS || w->kind == OP_NODES ? &prev : NULL)) {
-        return 0; /* older than what the store has */
-    }
-    if (w->kind != OP_JOBS || t != WATCH_MODIFIED || op_job_changed(prev, o)) op_enqueue_object(w, o, t, prev);
-    cJSON_Delete(prev);
-    return 0;
-}
-
-static void *op_watch_main(void *arg) {
-    op_watch *w = arg;
-    err_t err = {{0}};
-    kube_client *k = kube_client_new(w->cfg, &err);
-    if (!k) {
-        op_log(3, "%s watch: %s", w->what, err.msg);
-        atomic_store(&op_stop, 1);
-        return NULL;
-    }
-    kube_client_set_stop(k, &op_stop);
-    watch_handler h = {op_on_list, op_on_event, w};
-    if (watch_run(k, &w->wo, &h, NULL, &err) < 0) {
-        op_log(3, "%s watch: %s", w->what, err.msg);
-        atomic_store(&op_stop, 1);
-    }
-    kube_client_free(k);
-    return NULL;
-}
-
-static int op_watch_start(op_watch *w, err_t *err) {
-    w->wo.path = w->path;
-    w->wo.stop = &op_stop;
-    if (pthread_create(&w->th, NULL, op_watch_main, w) != 0) return err_set(err, "cannot start the %s watch thread", w->what);
-    w->started = true;
-    return 0;
-}
-
-enum { OP_N_WATCHES = 6 };
-
-/* The six watches (docs/operator.md, "What the operator watches"): the jobs, their pods, the
- * Nodes, every namespace's pods that may hold GPUs (the accounting needs them whatever
- * --namespace is), the plans and Services. */
-static void op_watches_init(op_watch *ws, const kube_config *cfg) {
-    op_watch all[OP_N_WATCHES] = {
-        {.what = "cephalojobs", .cfg = cfg, .kind = OP_JOBS, .store = op_caches.jobs},
-        {.what = "pods", .cfg = cfg, .kind = OP_LABELLED, .store = op_caches.pods},
-        {.what = "nodes", .cfg = cfg, .kind = OP_NODES, .store = op_caches.nodes},
-        {.what = "busy pods", .cfg = cfg, .kind = OP_BUSY, .store = op_caches.busy,
-         .wo.field_selector = "status.phase!=Succeeded,status.phase!=Failed"},
-        {.what = "configmaps", .cfg = cfg, .kind = OP_LABELLED, .store = op_caches.configmaps},
-        {.what = "services", .cfg = cfg, .kind = OP_LABELLED, .store = op_caches.services},
-    };
-    memcpy(ws, all, sizeof all);
-    ws[1].wo.label_selector = ws[4].wo.label_selector = ws[5].wo.label_selector = REC_LABEL_JOB;
-}
-
-/* Starts the watches: 0, or an exit status (the stop flag set). */
-static int op_watches_start(op_watch *ws, const char *ns, err_t *err) {
-    if (kube_path(ws[0].path, KUBE_PATH_MAX, REC_API_VERSION, ns, "cephalojobs", NULL, err) < 0 ||
-        kube_path(ws[1].path, KUBE_PATH_MAX, "v1", ns, "pods", NULL, err) < 0 ||
-        kube_path(ws[2].path, KUBE_PATH_MAX, "v1", NULL, "nodes", NULL, err) < 0 ||
-        kube_path(ws[3].path, KUBE_PATH_MAX, "v1", NULL, "pods", NULL, err) < 0 ||
-        kube_path(ws[4].path, KUBE_PATH_MAX, "v1", ns, "configmaps", NULL, err) < 0 ||
-        kube_path(ws[5].path, KUBE_PATH_MAX, "v1", ns, "services", NULL, err) < 0) {
-        op_log(3, "%s", err->msg);
-        atomic_store(&op_stop, 1);
-        return 2;
-    }
-    for (int i = 0; i < OP_N_WATCHES && !atomic_load(&op_stop); i++)
-        if (op_watch_start(&ws[i], err) < 0) {
-            op_log(3, "%s", err->msg);
-            atomic_store(&op_stop, 1);
-            return 1;
-        }
-    return 0;
-}
-
-/* Nothing is reconciled before every store has its first list: an empty store would look like a
- * cluster without nodes or pods. */
-static void op_wait_synced(const op_watch *ws) {
-    while (!atomic_load(&op_stop) && !atomic_load(&op_jobs_listed)) {
-        bool synced = true;
-        for (int i = 0; i < OP_N_WATCHES; i++) synced &= cache_synced(ws[i].store);
-        if (synced) {
-            atomic_store(&op_jobs_listed, 1);
-            op_log(1, "watching: %d jobs, %d nodes, %d pods that may hold GPUs", cache_size(op_caches.jobs),
-                   cache_size(op_caches.nodes), cache_size(op_caches.busy));
-        } else {
-            nanosleep(&(struct timespec){0, 20000000L}, NULL);
-        }
-    }
-}
-
-static void op_watches_join(op_watch *ws) {
-    for (int i = 0; i < OP_N_WATCHES; i++)
-        if (ws[i].started) pthread_join(ws[i].th, NULL);
-}
-
 /* ---- leader election ----------------------------------------------------------------------- */
 
 typedef struct op_lease {
@@ -819,29 +557,29 @@ static void op_shared_free(void) {
 
 /* Watches, workers and the 30 s resync until stopped; then the workers and watches joined. */
 static int op_run(const op_opts *o, const kube_config *cfg, kube_client *k, err_t *err) {
-    op_watch watches[OP_N_WATCHES];
+    informers_ctx ix = {.caches = &op_caches, .queue = op_queue, .stop = &op_stop, .synced = &op_jobs_listed};
+    informers *watches = informers_new(cfg, &ix);
     int rc = 0;
     bool failed = false;
-    op_watches_init(watches, cfg);
-    if (!atomic_load(&op_stop)) rc = op_watches_start(watches, o->namespace, err);
+    if (!atomic_load(&op_stop)) rc = informers_start(watches, o->namespace, err);
     rec_config rc_cfg = {.caches = &op_caches, .worker_image = o->worker_image, .worker_pull_policy = o->worker_pull_policy,
                          .profile_cm = o->profile_cm, .planner = op_pool, .plan_timeout_s = o->plan_timeout_s,
                          .worker_archs = &o->worker_archs};
-    op_wait_synced(watches);
+    informers_wait_synced(watches);
     ctl *workers = ctl_start(op_queue, &rc_cfg, k, cfg, (int)o->workers, &op_stop, &failed);
     if (failed) rc = 1;
     double next_resync = clock_now_s() + OP_RESYNC_S;
     while (!atomic_load(&op_stop)) {
         nanosleep(&(struct timespec){0, 100000000L}, NULL);
         if (clock_now_s() >= next_resync) {
-            op_enqueue_all(NULL);
+            informers_requeue_all(watches, NULL);
             next_resync = clock_now_s() + OP_RESYNC_S;
         }
     }
     wq_wake(op_queue);
     ctl_join(workers);
     op_log(1, "stopping");
-    op_watches_join(watches);
+    informers_join(watches);
     return rc;
 }
 

@@ -1,0 +1,288 @@
+/* informers.c - the operator's watches, their stores and what they queue (informers.h). */
+#include "operator/informers.h"
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cjson/cJSON.h>
+
+#include "common/log.h"
+#include "operator/cache.h"
+#include "operator/inventory.h"
+#include "operator/job_spec.h"
+#include "operator/phase.h"
+#include "operator/watch.h"
+
+/* One list+watch feeding one store. Kinds that carry the cephalo.dev/job label (the jobs' pods,
+ * plans and Services) queue their job on every change; nodes and busy pods, the jobs that may
+ * now get GPUs. */
+typedef struct informer {
+    const informers_ctx *x;
+    const char *what;
+    const kube_config *cfg;
+    watch_opts wo;
+    char path[KUBE_PATH_MAX];
+    enum { INF_JOBS, INF_LABELLED, INF_NODES, INF_BUSY } kind;
+    cache *store;
+    pthread_t th;
+    bool started;
+} informer;
+
+static bool same_item(const cJSON *a, const cJSON *b, const char *key) {
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(a, key), *y = cJSON_GetObjectItemCaseSensitive(b, key);
+    return (!x && !y) || (x && y && cJSON_Compare(x, y, true));
+}
+
+/* Whether two versions of a Node differ in what the inventory reads (inventory.h: its labels, any
+ * of which a node selector may name; allocatable nvidia.com/gpu; schedulability; taints; readiness). NULL:
+ * no version, the node came or went. Status heartbeats change none of these. */
+static bool node_differs(const cJSON *a, const cJSON *b) {
+    if (!a || !b) return a != b;
+    const cJSON *ma = cJSON_GetObjectItemCaseSensitive(a, "metadata"), *mb = cJSON_GetObjectItemCaseSensitive(b, "metadata");
+    const cJSON *aa = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(a, "status"), "allocatable");
+    const cJSON *ab = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(b, "status"), "allocatable");
+    const cJSON *ua = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(a, "spec"), "unschedulable");
+    const cJSON *ub = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(b, "spec"), "unschedulable");
+    const cJSON *sa = cJSON_GetObjectItemCaseSensitive(a, "spec"), *sb = cJSON_GetObjectItemCaseSensitive(b, "spec");
+    return !same_item(ma, mb, "labels") || !same_item(aa, ab, INV_RESOURCE_GPU) ||
+           cJSON_IsTrue(ua) != cJSON_IsTrue(ub) || inv_node_ready(a) != inv_node_ready(b) ||
+           !same_item(sa, sb, "taints");
+}
+
+/* Queues ns/name: due now (a change). */
+static void enqueue(const informers_ctx *x, const char *ns, const char *name) {
+    if (!ns || !name) return;
+    char key[WQ_KEY_MAX];
+    snprintf(key, sizeof key, "%s/%s", ns, name);
+    wq_add(x->queue, key);
+}
+
+/* Queues every job the job watch knows (its store), at once, or delay_s later. */
+static void enqueue_jobs(const informers_ctx *x, cache_keep_fn keep, double delay_s) {
+    cache_view v;
+    const cJSON *j, *jobs = cache_view_list(x->caches->jobs, keep, NULL, &v);
+    cJSON_ArrayForEach(j, cJSON_GetObjectItemCaseSensitive(jobs, "items")) {
+        char key[WQ_KEY_MAX];
+        snprintf(key, sizeof key, "%s/%s", kube_meta_str(j, "namespace"), kube_meta_str(j, "name"));
+        wq_add_after(x->queue, key, delay_s);
+    }
+    cache_view_release(&v);
+}
+
+static void requeue_all(const informers_ctx *x, const char *why) {
+    int n = cache_size(x->caches->jobs);
+    if (why && n) log_msg("info", "%s: checking the %d jobs again", why, n);
+    enqueue_jobs(x, NULL, 0);
+}
+
+/* Jobs that free GPUs may let start or grow: Queued ones, and live ones with spec.gpus.minGPUs. */
+static bool waits_for_gpus(const cJSON *job, void *arg) {
+    (void)arg;
+    const cJSON *ph = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(job, "status"), "phase");
+    phase p = phase_parse(cJSON_IsString(ph) ? ph->valuestring : NULL);
+    if (p == PHASE_QUEUED) return true;
+    if (!phase_live(p)) return false;
+    job_spec *js = xmalloc(sizeof *js); /* large for a watch thread's stack */
+    err_t err;
+    (void)job_spec_parse(cJSON_GetObjectItemCaseSensitive(job, "spec"), js, &err); /* a mistake: its defaults */
+    bool grows = js->min_gpus > 0;
+    free(js);
+    return grows;
+}
+
+/* Queues the jobs waiting for GPUs INF_SETTLE_S after the first of a burst of busy-pod changes: the
+ * pods of a gang end within moments of each other, and a job that looked at the first one's GPU
+ * alone would start small (minGPUs) and re-plan moments later. */
+static void enqueue_waiting(const informers_ctx *x) { enqueue_jobs(x, waits_for_gpus, INF_SETTLE_S); }
+
+
+/* Whether a job's event is one to reconcile: new, its spec (generation), labels or annotations
+ * changed, or being deleted. Status writes (the operator's own, progress among them) are not. */
+static bool job_changed(const cJSON *prev, const cJSON *job) {
+    if (!prev) return true;
+    const cJSON *pm = cJSON_GetObjectItemCaseSensitive(prev, "metadata"), *m = cJSON_GetObjectItemCaseSensitive(job, "metadata");
+    return !same_item(pm, m, "generation") || !same_item(pm, m, "deletionTimestamp") ||
+           !same_item(pm, m, "labels") || !same_item(pm, m, "annotations");
+}
+
+/* prev: the version the store had (nodes only; NULL when it had none). */
+static void enqueue_object(const informer *w, const cJSON *o, watch_type t, const cJSON *prev) {
+    const char *ns = kube_meta_str(o, "namespace");
+    if (w->kind == INF_BUSY) {
+        if (t != WATCH_MODIFIED) enqueue_waiting(w->x); /* GPUs taken or freed; a status change frees none */
+        return;
+    }
+    if (w->kind == INF_NODES) {
+        if (node_differs(prev, t == WATCH_DELETED ? NULL : o)) {
+            char why[300];
+            snprintf(why, sizeof why, "node %s %s", kube_meta_str(o, "name"),
+                     t == WATCH_DELETED ? "is gone" : t == WATCH_ADDED ? "appeared" : "changed its GPUs or labels");
+            requeue_all(w->x, why);
+        }
+        return;
+    }
+    if (w->kind == INF_JOBS) {
+        const char *name = kube_meta_str(o, "name");
+        enqueue(w->x, ns, name); /* deleted too: its reconcile drops its planning, if any */
+        return;
+    }
+    const cJSON *l = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(o, "metadata"), "labels");
+    const cJSON *job = cJSON_GetObjectItemCaseSensitive(l, REC_LABEL_JOB);
+    if (cJSON_IsString(job)) enqueue(w->x, ns, job->valuestring);
+}
+
+static int on_list(const cJSON *items, const char *rv, void *arg, err_t *err) {
+    (void)err;
+    informer *w = arg;
+    log_msg("debug", "%s: listed %d (resourceVersion %s)", w->what, cJSON_GetArraySize(items), rv ? rv : "?");
+    bool relist = cache_synced(w->store);
+    cJSON *old = relist && w->kind == INF_NODES ? cache_list(w->store, NULL, NULL) : NULL;
+    cache_replace(w->store, items);
+    const cJSON *o;
+    if (w->kind == INF_BUSY) {
+        if (relist) enqueue_waiting(w->x); /* events may have been missed */
+        return 0;
+    }
+    if (w->kind == INF_NODES) {
+        /* a relist: compare it with what the store had (the first list only fills it) */
+        bool changed = relist && cJSON_GetArraySize(items) != cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(old, "items"));
+        cJSON_ArrayForEach(o, items) {
+            if (!relist || changed) break;
+            const cJSON *was = NULL, *n;
+            cJSON_ArrayForEach(n, cJSON_GetObjectItemCaseSensitive(old, "items"))
+                if (!was && !strcmp(kube_meta_str(n, "name") ? kube_meta_str(n, "name") : "",
+                                    kube_meta_str(o, "name") ? kube_meta_str(o, "name") : ""))
+                    was = n;
+            changed = node_differs(was, o);
+        }
+        cJSON_Delete(old);
+        if (changed) requeue_all(w->x, "nodes relisted with changes");
+        return 0;
+    }
+    cJSON_ArrayForEach(o, items) enqueue_object(w, o, WATCH_ADDED, NULL);
+    return 0;
+}
+
+static int on_event(watch_type t, const cJSON *o, void *arg, err_t *err) {
+    (void)err;
+    informer *w = arg;
+    log_msg("debug", "%s: %s %s/%s", w->what, watch_type_name(t), kube_meta_str(o, "namespace"), kube_meta_str(o, "name"));
+    const char *ns = kube_meta_str(o, "namespace"), *name = kube_meta_str(o, "name");
+    cJSON *prev = NULL;
+    if (t == WATCH_DELETED) {
+        if (w->kind == INF_NODES) prev = cache_get(w->store, ns, name);
+        cache_remove(w->store, ns, name);
+    } else if (!cache_put(w->store, o, w->kind == INF_JOBS || w->kind == INF_NODES ? &prev : NULL)) {
+        return 0; /* older than what the store has */
+    }
+    if (w->kind != INF_JOBS || t != WATCH_MODIFIED || job_changed(prev, o)) enqueue_object(w, o, t, prev);
+    cJSON_Delete(prev);
+    return 0;
+}
+
+/* A watch that cannot go on stops the operator (its store would go stale). */
+static void *watch_main(void *arg) {
+    informer *w = arg;
+    err_t err = {{0}};
+    kube_client *k = kube_client_new(w->cfg, &err);
+    if (!k) {
+        log_error("%s watch: %s", w->what, err.msg);
+        atomic_store(w->x->stop, 1);
+        return NULL;
+    }
+    kube_client_set_stop(k, w->x->stop);
+    watch_handler h = {on_list, on_event, w};
+    if (watch_run(k, &w->wo, &h, NULL, &err) < 0) {
+        log_error("%s watch: %s", w->what, err.msg);
+        atomic_store(w->x->stop, 1);
+    }
+    kube_client_free(k);
+    return NULL;
+}
+
+static int watch_start(informer *w, err_t *err) {
+    w->wo.path = w->path;
+    w->wo.stop = w->x->stop;
+    if (pthread_create(&w->th, NULL, watch_main, w) != 0) return err_set(err, "cannot start the %s watch thread", w->what);
+    w->started = true;
+    return 0;
+}
+
+
+enum { INF_N = 6 };
+
+struct informers {
+    informers_ctx x;
+    informer w[INF_N];
+};
+
+/* The six watches: the jobs, their pods, the Nodes, every namespace's pods that may hold GPUs (the
+ * accounting needs them whatever the operator's namespace is), the plans and Services. */
+informers *informers_new(const kube_config *cfg, const informers_ctx *x) {
+    informers *in = xcalloc(1, sizeof *in);
+    in->x = *x;
+    const informer all[INF_N] = {
+        {.what = "cephalojobs", .kind = INF_JOBS, .store = x->caches->jobs},
+        {.what = "pods", .kind = INF_LABELLED, .store = x->caches->pods},
+        {.what = "nodes", .kind = INF_NODES, .store = x->caches->nodes},
+        {.what = "busy pods", .kind = INF_BUSY, .store = x->caches->busy,
+         .wo.field_selector = "status.phase!=Succeeded,status.phase!=Failed"},
+        {.what = "configmaps", .kind = INF_LABELLED, .store = x->caches->configmaps},
+        {.what = "services", .kind = INF_LABELLED, .store = x->caches->services},
+    };
+    for (int i = 0; i < INF_N; i++) {
+        in->w[i] = all[i];
+        in->w[i].x = &in->x, in->w[i].cfg = cfg;
+        if (all[i].kind == INF_LABELLED) in->w[i].wo.label_selector = REC_LABEL_JOB;
+    }
+    return in;
+}
+
+int informers_start(informers *in, const char *ns, err_t *err) {
+    informer *ws = in->w;
+    if (kube_path(ws[0].path, KUBE_PATH_MAX, REC_API_VERSION, ns, "cephalojobs", NULL, err) < 0 ||
+        kube_path(ws[1].path, KUBE_PATH_MAX, "v1", ns, "pods", NULL, err) < 0 ||
+        kube_path(ws[2].path, KUBE_PATH_MAX, "v1", NULL, "nodes", NULL, err) < 0 ||
+        kube_path(ws[3].path, KUBE_PATH_MAX, "v1", NULL, "pods", NULL, err) < 0 ||
+        kube_path(ws[4].path, KUBE_PATH_MAX, "v1", ns, "configmaps", NULL, err) < 0 ||
+        kube_path(ws[5].path, KUBE_PATH_MAX, "v1", ns, "services", NULL, err) < 0) {
+        log_error("%s", err->msg);
+        atomic_store(in->x.stop, 1);
+        return 2;
+    }
+    for (int i = 0; i < INF_N && !atomic_load(in->x.stop); i++)
+        if (watch_start(&ws[i], err) < 0) {
+            log_error("%s", err->msg);
+            atomic_store(in->x.stop, 1);
+            return 1;
+        }
+    return 0;
+}
+
+void informers_wait_synced(informers *in) {
+    const informers_ctx *x = &in->x;
+    while (!atomic_load(x->stop) && !atomic_load(x->synced)) {
+        bool synced = true;
+        for (int i = 0; i < INF_N; i++) synced &= cache_synced(in->w[i].store);
+        if (synced) {
+            atomic_store(x->synced, 1);
+            log_msg("info", "watching: %d jobs, %d nodes, %d pods that may hold GPUs", cache_size(x->caches->jobs),
+                    cache_size(x->caches->nodes), cache_size(x->caches->busy));
+        } else {
+            nanosleep(&(struct timespec){0, 20000000L}, NULL);
+        }
+    }
+}
+
+void informers_requeue_all(informers *in, const char *why) { requeue_all(&in->x, why); }
+
+void informers_join(informers *in) {
+    if (!in) return;
+    for (int i = 0; i < INF_N; i++)
+        if (in->w[i].started) pthread_join(in->w[i].th, NULL);
+    free(in);
+}
