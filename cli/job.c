@@ -137,9 +137,9 @@ static int parse_model(const yctx *y, const ynode *root, const char *dir, job *j
     const char *name, *from;
     if (init) { /* a Hugging Face model directory to start from (docs/import.md) */
         if (ynode_string(y, init, "init_from", &from) < 0) return -1;
-        j->init_from = resolve(dir, from);
+        j->train.init_from = resolve(dir, from);
         if (!ymap_get(root, "model")) { /* the model is the one its config.json describes */
-            int rc = model_resolve(j->init_from, &j->model, y->err);
+            int rc = model_resolve(j->train.init_from, &j->model, y->err);
             return rc < 0 ? err_prefix(y->err, "%s:%d: init_from", y->file, init->line) : 0;
         }
     }
@@ -156,7 +156,7 @@ static int parse_sizes(const yctx *y, const ynode *root, job *j) {
     if (ymap_require(y, root, "document", "batch", &v) < 0 || ynode_int(y, v, "batch", 1, COST_MAX_BATCH, &j->batch) < 0)
         return -1;
     j->batch_line = v->line;
-    if (ymap_require(y, root, "document", "steps", &v) < 0 || ynode_int(y, v, "steps", 1, MAX_STEPS, &j->steps) < 0)
+    if (ymap_require(y, root, "document", "steps", &v) < 0 || ynode_int(y, v, "steps", 1, MAX_STEPS, &j->train.steps) < 0)
         return -1;
     if (get_long(y, root, "", "seq", 1, 1 << 20, &j->seq) < 0) return -1;
     int seq;
@@ -164,7 +164,7 @@ static int parse_sizes(const yctx *y, const ynode *root, job *j) {
         return err_prefix(y->err, "%s:%d: seq", y->file, ymap_get(root, "seq")->line);
     long seed = wcmd_default_long(WCMD_SEED);
     if (get_long(y, root, "", "seed", 0, 1L << 62, &seed) < 0) return -1;
-    j->seed = (uint64_t)seed;
+    j->train.seed = (uint64_t)seed;
     return 0;
 }
 
@@ -187,10 +187,10 @@ static int parse_inputs(const yctx *y, const ynode *root, const char *dir, job *
     if (get_string(y, root, "", "data", &data) < 0 || get_string(y, root, "", "profile", &prof) < 0 ||
         get_string(y, root, "", "strategy", &strat) < 0 || get_string(y, root, "", "precision", &prec) < 0)
         return -1;
-    if (!precision_parse(prec, &j->prec))
+    if (!precision_parse(prec, &j->train.prec))
         return err_set(y->err, "%s:%d: precision: '%s' (expected " PRECISION_CHOICES ")", y->file,
                        ymap_get(root, "precision")->line, prec);
-    j->data = resolve_data(dir, data);
+    j->train.data = resolve_data(dir, data);
     if (prof) j->profile = resolve(dir, prof);
     if (strat && strategy_parse(strat, &j->strat, y->err) < 0)
         return err_prefix(y->err, "%s:%d: strategy", y->file, ymap_get(root, "strategy")->line);
@@ -206,12 +206,8 @@ static int parse_inputs(const yctx *y, const ynode *root, const char *dir, job *
  * refuses what a worker would. */
 static int parse_optimizer(const yctx *y, const ynode *root, job *j) {
     static const char *const keys[] = {"lr", "min_lr", "warmup", "schedule", "weight_decay", "beta1", "beta2", "eps", "clip", NULL};
-    job_optimizer *o = &j->opt;
-    wcmd_train d;
-    wcmd_train_defaults(&d);
-    *o = (job_optimizer){.lr = d.lr, .min_lr = d.min_lr, .weight_decay = d.weight_decay, .beta1 = d.beta1, .beta2 = d.beta2,
-                         .eps = d.eps, .clip = d.clip, .warmup = d.warmup, .schedule = d.schedule};
-    const char *sched = schedule_name(d.schedule);
+    wcmd_train *o = &j->train; /* the table's defaults already (load_tree) */
+    const char *sched = schedule_name(o->schedule);
     const ynode *m = ymap_get(root, "optimizer");
     if (!m) return 0;
     if (ymap_check_keys(y, m, "optimizer", keys) < 0 || get_double(y, m, "optimizer", "lr", 0, 10, &o->lr) < 0 ||
@@ -235,21 +231,20 @@ static int parse_optimizer(const yctx *y, const ynode *root, job *j) {
 static int parse_checkpoint(const yctx *y, const ynode *root, const char *dir, job *j) {
     static const char *const keys[] = {"dir", "every", "resume", "keep_last", "keep_every", NULL};
     const ynode *m = ymap_get(root, "checkpoint"), *d;
-    j->keep_last = wcmd_default_long(WCMD_KEEP_LAST);
-    j->keep_every = wcmd_default_long(WCMD_KEEP_EVERY);
+    wcmd_train *t = &j->train;
     if (!m) return 0;
-    const char *path, *resume = wcmd_defaults[WCMD_RESUME].value;
+    const char *path, *resume = wcmd_job_default(WCMD_RESUME);
     if (ymap_check_keys(y, m, "checkpoint", keys) < 0 || ymap_require(y, m, "checkpoint", "dir", &d) < 0 ||
-        ynode_string(y, d, "checkpoint.dir", &path) < 0 || get_long(y, m, "checkpoint", "every", 1, MAX_STEPS, &j->ckpt_every) < 0 ||
+        ynode_string(y, d, "checkpoint.dir", &path) < 0 || get_long(y, m, "checkpoint", "every", 1, MAX_STEPS, &t->ckpt_every) < 0 ||
         get_string(y, m, "checkpoint", "resume", &resume) < 0 ||
-        get_long(y, m, "checkpoint", "keep_last", 0, MAX_STEPS, &j->keep_last) < 0 ||
-        get_long(y, m, "checkpoint", "keep_every", 0, MAX_STEPS, &j->keep_every) < 0)
+        get_long(y, m, "checkpoint", "keep_last", 0, MAX_STEPS, &t->keep_last) < 0 ||
+        get_long(y, m, "checkpoint", "keep_every", 0, MAX_STEPS, &t->keep_every) < 0)
         return -1;
     j->ckpt_dir = xstrdup(path);
     /* auto: continue from DIR/latest when there is one, so that running the job again after an
      * interruption continues it; never: start afresh; anything else names a checkpoint file */
-    if (!strcmp(resume, "auto")) j->resume = xstrdup(resume);
-    else if (strcmp(resume, "never")) j->resume = resolve(dir, resume);
+    bool word = !strcmp(resume, "auto") || !strcmp(resume, "never");
+    t->resume = word ? xstrdup(resume) : resolve(dir, resume);
     return 0;
 }
 
@@ -259,14 +254,13 @@ static int parse_validation(const yctx *y, const ynode *root, const char *dir, j
     static const char *const keys[] = {"data", "every", "samples", NULL};
     const ynode *m = ymap_get(root, "validation"), *d;
     const char *path;
-    j->val_every = -1;
     if (!m) return 0;
     if (ymap_check_keys(y, m, "validation", keys) < 0 || ymap_require(y, m, "validation", "data", &d) < 0 ||
         ynode_string(y, d, "validation.data", &path) < 0 ||
-        get_long(y, m, "validation", "every", 0, MAX_STEPS, &j->val_every) < 0 ||
-        get_long(y, m, "validation", "samples", 1, 1L << 30, &j->val_samples) < 0)
+        get_long(y, m, "validation", "every", 0, MAX_STEPS, &j->train.val_every) < 0 ||
+        get_long(y, m, "validation", "samples", 1, 1L << 30, &j->train.val_samples) < 0)
         return -1;
-    j->val_data = resolve_data(dir, path);
+    j->train.val_data = resolve_data(dir, path);
     return 0;
 }
 
@@ -401,6 +395,8 @@ static int parse_root(const yctx *y, const ynode *root, const char *dir, job *j)
 static int load_tree(const char *name, ynode *root, const char *dir, job *out, err_t *err) {
     if (!root) return -1;
     yctx y = {.file = name, .err = err};
+    wcmd_train_defaults(&out->train);
+    out->train.data = out->train.resume = NULL; /* the job's own copies, set by the parse */
     int rc = parse_root(&y, root, dir, out);
     ytree_free(root);
     return rc;
@@ -427,32 +423,22 @@ int job_check(const job *j, err_t *err) {
     if (j->batch < j->n_devices)
         return err_set(err, "%s:%d: batch: %ld cannot be split over %d devices: every device needs at least one sample", j->path,
                        j->batch_line, j->batch, j->n_devices);
-    if (j->opt.warmup > 0 && j->opt.warmup >= j->steps)
-        return err_set(err, "%s:%d: optimizer.warmup: %ld must be below the %ld steps", j->path, j->warmup_line, j->opt.warmup,
-                       j->steps);
+    const wcmd_train *t = &j->train;
+    if (t->warmup > 0 && t->warmup >= t->steps)
+        return err_set(err, "%s:%d: optimizer.warmup: %ld must be below the %ld steps", j->path, j->warmup_line, t->warmup,
+                       t->steps);
     return 0;
-}
-
-void job_worker_train(const job *j, wcmd_train *t) {
-    const job_optimizer *o = &j->opt;
-    wcmd_train_defaults(t);
-    t->steps = j->steps, t->seed = j->seed, t->prec = j->prec;
-    t->lr = o->lr, t->min_lr = o->min_lr, t->schedule = o->schedule, t->warmup = o->warmup;
-    t->weight_decay = o->weight_decay, t->beta1 = o->beta1, t->beta2 = o->beta2, t->eps = o->eps, t->clip = o->clip;
-    t->data = j->data, t->init_from = j->init_from;
-    t->val_data = j->val_data, t->val_every = j->val_every, t->val_samples = j->val_samples;
-    t->ckpt_every = j->ckpt_every, t->keep_last = j->keep_last, t->keep_every = j->keep_every;
-    t->resume = j->resume ? j->resume : "never";
 }
 
 void job_free(job *j) {
     free(j->path);
-    free(j->data);
+    /* the worker's strings are the job's own copies */
+    free((char *)j->train.data);
+    free((char *)j->train.resume);
+    free((char *)j->train.val_data);
+    free((char *)j->train.init_from);
     free(j->profile);
     free(j->ckpt_dir);
-    free(j->resume);
-    free(j->val_data);
-    free(j->init_from);
     free(j->items);
     memset(j, 0, sizeof *j);
 }

@@ -36,37 +36,24 @@ typedef struct job_device {
     int count;
 } job_device;
 
-typedef struct job_optimizer {
-    double lr, min_lr; /* min_lr < 0: lr / 10, as the worker's default */
-    double weight_decay, beta1, beta2, eps, clip;
-    long warmup;
-    lr_schedule schedule; /* cosine (default), linear or constant */
-} job_optimizer;
-
 typedef struct job {
     char *path; /* the job file, for messages */
     char name[JOB_NAME_MAX + 1]; /* `name`, or the file name up to its first '.' */
     model_spec model;
-    char *init_from; /* init_from: a Hugging Face model directory (resolved), or NULL */
-    char *data; /* "synthetic" or a data spec with its paths resolved */
+    /* What the workers are told (common/worker_cmd.h), defaults from its table: steps, seed,
+     * precision, the optimizer, data (resolved, or "synthetic"), init_from (a Hugging Face
+     * directory, resolved, or NULL), validation (val_data resolved, or NULL), retention and resume
+     * ("auto", "never" or a resolved checkpoint; NULL without a checkpoint section). The strings
+     * it points to are the job's (job_free frees them); ckpt_dir and overwrite are the launcher's. */
+    wcmd_train train;
     char *profile; /* resolved path, or NULL */
-    long batch, seq, steps; /* seq 0: the model's */
-    uint64_t seed;
+    long batch, seq; /* seq 0: the model's */
     strategy strat;
     double mem_cap;
-    precision prec; /* precision: fp32 (default), bf16 or fp16 (mixed) */
     double comm_timeout; /* seconds */
     long metrics_port; /* rank r serves /metrics on metrics_port + r; 0: off (docs/metrics.md) */
     char metrics_addr[64]; /* the address the workers listen on: 127.0.0.1 unless the file says */
-    job_optimizer opt;
     char *ckpt_dir; /* as written (the run directory resolves it), or NULL: no checkpoints */
-    long ckpt_every; /* 0: only at the end */
-    long keep_last, keep_every; /* retention (docs/checkpoints.md): default 3 and 0 */
-    char *resume; /* "auto", a resolved checkpoint path, or NULL (a fresh start) */
-    /* validation: {data, every, samples}: the workers' --val-data (resolved), --val-every (-1: the
-     * worker's default) and --val-samples (0: the worker's default); val_data NULL: none */
-    char *val_data;
-    long val_every, val_samples;
     int n_items, n_devices; /* device items, and devices after each item's count */
     job_device *items;
     /* lines of fields checked again after command-line overrides (0: absent) */
@@ -85,9 +72,6 @@ int job_set_devices(job *j, const char *spec, err_t *err);
 int job_check(const job *j, err_t *err);
 void job_free(job *j);
 
-/* What the job tells `cephalo-worker train` (common/worker_cmd.h): everything but the paths the
- * launcher chooses (checkpoint directory, log) and --overwrite. */
-void job_worker_train(const job *j, wcmd_train *t);
 
 /* The devices as a cluster file (one node "local"); the caller frees the text. */
 char *job_cluster_yaml(const job *j);

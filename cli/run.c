@@ -168,8 +168,7 @@ static int write_run_dir(const launch *l, err_t *err) {
  * setting spelled out, defaults included, so each rank's command line in the dry run says
  * everything the worker will use; then what only this launcher decides (paths, metrics). */
 void run_worker_argv(const job *j, const char *ckpt_dir, bool overwrite, wcmd_argv *out) {
-    wcmd_train t;
-    job_worker_train(j, &t);
+    wcmd_train t = j->train;
     t.ckpt_dir = ckpt_dir, t.overwrite = overwrite;
     wcmd_train_argv(&t, out);
 }
@@ -466,7 +465,7 @@ static void print_checkpoint(const launch *l) {
     if (f) fclose(f);
     name[strcspn(name, "\n")] = '\0';
     if (!have || !*name) fprintf(stderr, "cephalo run: no checkpoint was written yet\n");
-    else if (l->j->resume && !strcmp(l->j->resume, "auto"))
+    else if (l->j->train.resume && !strcmp(l->j->train.resume, "auto"))
         fprintf(stderr, "cephalo run: last checkpoint %s/%s; run the job again to continue from it\n", l->ckpt_dir, name);
     else fprintf(stderr, "cephalo run: last checkpoint %s/%s\n", l->ckpt_dir, name);
 }
@@ -581,7 +580,7 @@ static int load_job(const run_opts *o, job *j) {
     err_t err;
     if (job_load_file(o->job, j, &err) < 0 || (o->devices && job_set_devices(j, o->devices, &err) < 0))
         return fail(RUN_EXIT_BAD_INPUT, &err);
-    if (o->steps) j->steps = o->steps;
+    if (o->steps) j->train.steps = o->steps;
     if (o->have_metrics_port) j->metrics_port = o->metrics_port;
     return job_check(j, &err) < 0 ? fail(RUN_EXIT_BAD_INPUT, &err) : 0;
 }
@@ -590,7 +589,7 @@ static int load_job(const run_opts *o, job *j) {
 static int make_plan(const job *j, plan_inputs *in, plan *p, bool quiet) {
     err_t err;
     inputs_opts io = {.profile = j->profile, .seq = j->seq, .batch = j->batch, .mem_cap = j->mem_cap,
-                      .prec = j->prec};
+                      .prec = j->train.prec};
     in->model = j->model;
     if (job_cluster(j, &in->cl, &err) < 0 || inputs_build(in, &io, &err) < 0) {
         err_prefix(&err, "%s", j->path); /* e.g. a profile that cannot be read */

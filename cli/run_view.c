@@ -175,7 +175,7 @@ void view_show(run_view *v, bool force) {
     if (done > 0 && v->t_first == 0) v->t_first = now, v->done_first = done;
     if (v->quiet || done == v->done_shown || (!force && now - v->t_shown < SHOW_EVERY_S)) return;
     char line[1024] = "", eta[32] = "-";
-    append(line, sizeof line, "step %lld/%ld", done, v->j->steps);
+    append(line, sizeof line, "step %lld/%ld", done, v->j->train.steps);
     const view_point *pt = point_at(v, done - 1);
     /* samples/s over the time since the last line (what the gang really did, logging and all),
      * or from rank 0's step time when there is no full second to measure (the first line, the
@@ -187,8 +187,8 @@ void view_show(run_view *v, bool force) {
     if (pt) append(line, sizeof line, " | %.0f samples/s", sps);
     /* the wall clock since every rank finished a step, else rank 0's last step time */
     double per_step = done > v->done_first ? (now - v->t_first) / (double)(done - v->done_first) : pt ? pt->step_ms / 1e3 : -1;
-    if (per_step >= 0) fmt_duration((double)(v->j->steps - done) * per_step, eta, sizeof eta);
-    append(line, sizeof line, " | ETA %s", done >= v->j->steps ? "0:00" : eta);
+    if (per_step >= 0) fmt_duration((double)(v->j->train.steps - done) * per_step, eta, sizeof eta);
+    append(line, sizeof line, " | ETA %s", done >= v->j->train.steps ? "0:00" : eta);
     mem_part(v, line, sizeof line);
     if (v->tty) fprintf(stderr, "\r%s\033[K", line);
     else fprintf(stderr, "%s\n", line);
@@ -249,7 +249,7 @@ static long long resumed_step(const run_view *v, char *name, size_t n) {
     ckpt_entry *e;
     err_t err;
     int k = v->ckpt_dir ? ckpt_dir_list(v->ckpt_dir, &e, &err) : 0;
-    long long step = v->j->steps;
+    long long step = v->j->train.steps;
     snprintf(name, n, "?");
     for (int i = 0; i < k; i++)
         if (e[i].complete) {
@@ -268,11 +268,11 @@ static void print_summary(const run_view *v, double sps, size_t from, double wal
         long long step = resumed_step(v, name, sizeof name);
         printf("cephalo run: done: no step to run: the checkpoint resumed from (%s) is at step %lld, and the job has %ld steps "
                "(raise --steps to train further, or start afresh with cephalo run --overwrite and checkpoint.resume: never)\n",
-               name, step, v->j->steps);
+               name, step, v->j->train.steps);
         return;
     }
     const view_point *last = &v->curve[v->n_curve - 1];
-    printf("cephalo run: done: steps %lld..%lld of %ld in %.1f s; final loss %.4f", v->curve[0].step + 1, last->step + 1, v->j->steps,
+    printf("cephalo run: done: steps %lld..%lld of %ld in %.1f s; final loss %.4f", v->curve[0].step + 1, last->step + 1, v->j->train.steps,
            wall_s, last->loss);
     if (v->last_val) printf("; validation loss %.4f (after step %lld)", v->last_val->val_loss, v->last_val->step + 1);
     printf("\n");
@@ -331,7 +331,7 @@ static cJSON *summary_json(const run_view *v, double sps, size_t from, double wa
     cJSON_AddNumberToObject(o, "world_size", v->world);
     cJSON_AddNumberToObject(o, "batch", p->cm->batch);
     cJSON_AddNumberToObject(o, "seq", p->cm->seq);
-    cJSON_AddNumberToObject(o, "steps", (double)v->j->steps);
+    cJSON_AddNumberToObject(o, "steps", (double)v->j->train.steps);
     char name[PATH_LEN];
     cJSON_AddNumberToObject(o, "first_step", v->n_curve ? (double)v->curve[0].step : (double)resumed_step(v, name, sizeof name));
     cJSON_AddNumberToObject(o, "steps_run", (double)v->n_curve);

@@ -87,6 +87,13 @@ int args_int(const args *a, int lo, int hi, int *out) {
     return 0;
 }
 
+int args_int64(const args *a, int64_t lo, int64_t hi, int64_t *out) {
+    long v = 0;
+    if (args_long(a, (long)lo, (long)hi, &v)) return ARGS_BAD;
+    *out = v;
+    return 0;
+}
+
 int args_double(const args *a, double lo, double hi, double *out) {
     double v;
     if (!str_to_double(a->val, &v) || !(v >= lo && v <= hi))

@@ -49,6 +49,7 @@ int args_no_operands(const args *a);
 /* The current option's value read as a number in [lo, hi]: 0, or ARGS_BAD after the message. */
 int args_long(const args *a, long lo, long hi, long *out);
 int args_int(const args *a, int lo, int hi, int *out);
+int args_int64(const args *a, int64_t lo, int64_t hi, int64_t *out);
 int args_double(const args *a, double lo, double hi, double *out);
 /* A size: "512M", "2G", "1048576" (str_to_size). */
 int args_size(const args *a, int64_t *out);

@@ -11,29 +11,33 @@
 /* The one table. A change here changes the worker, `cephalo run`, the operator and (by test) the
  * CRD together; docs/worker.md and docs/run.md quote these values. */
 const wcmd_default wcmd_defaults[WCMD_N] = {
-    [WCMD_STEPS] = {"--steps", "20", NULL, "steps", "steps"}, /* required in job files and the CRD */
-    [WCMD_SEED] = {"--seed", "1", NULL, "seed", "seed"},
-    [WCMD_PRECISION] = {"--precision", "fp32", NULL, "precision", "precision"},
-    [WCMD_LR] = {"--lr", "0.0003", NULL, "optimizer.lr", "optimizer.lr"},
-    [WCMD_MIN_LR] = {"--min-lr", NULL, "lr / 10", "optimizer.min_lr", "optimizer.minLr"},
-    [WCMD_SCHEDULE] = {"--schedule", "cosine", NULL, "optimizer.schedule", "optimizer.schedule"},
-    [WCMD_WARMUP] = {"--warmup", "0", NULL, "optimizer.warmup", "optimizer.warmup"},
-    [WCMD_WEIGHT_DECAY] = {"--weight-decay", "0.1", NULL, "optimizer.weight_decay", "optimizer.weightDecay"},
-    [WCMD_BETA1] = {"--beta1", "0.9", NULL, "optimizer.beta1", "optimizer.beta1"},
-    [WCMD_BETA2] = {"--beta2", "0.95", NULL, "optimizer.beta2", "optimizer.beta2"},
-    [WCMD_EPS] = {"--eps", "1e-08", NULL, "optimizer.eps", "optimizer.eps"},
-    [WCMD_CLIP] = {"--clip", "1", NULL, "optimizer.clip", "optimizer.clip"},
-    [WCMD_DATA] = {"--data", "synthetic", NULL, "data", "data.path"},
-    [WCMD_VAL_EVERY] = {"--val-every", NULL, "steps / 10, at most 100", "validation.every", "data.validation.every"},
-    [WCMD_VAL_SAMPLES] = {"--val-samples", "64", NULL, "validation.samples", "data.validation.samples"},
-    [WCMD_CKPT_EVERY] = {"--ckpt-every", NULL, "only at the end", "checkpoint.every", "checkpoint.every"},
-    [WCMD_KEEP_LAST] = {"--keep-last", "3", NULL, "checkpoint.keep_last", "checkpoint.keepLast"},
-    [WCMD_KEEP_EVERY] = {"--keep-every", "0", NULL, "checkpoint.keep_every", "checkpoint.keepEvery"},
-    [WCMD_RESUME] = {"--resume", "auto", NULL, "checkpoint.resume", "checkpoint.resume"},
-    [WCMD_DIVERGE_STEPS] = {"--diverge-steps", "20", NULL, NULL, NULL},
-    [WCMD_LOSS_SCALE] = {"--loss-scale", "65536", NULL, NULL, NULL},
-    [WCMD_LOSS_SCALE_WINDOW] = {"--loss-scale-window", "2000", NULL, NULL, NULL},
+    [WCMD_STEPS] = {"--steps", "20", NULL, NULL, "steps", "steps"}, /* required in job files and the CRD */
+    [WCMD_SEED] = {"--seed", "1", NULL, NULL, "seed", "seed"},
+    [WCMD_PRECISION] = {"--precision", "fp32", NULL, NULL, "precision", "precision"},
+    [WCMD_LR] = {"--lr", "0.0003", NULL, NULL, "optimizer.lr", "optimizer.lr"},
+    [WCMD_MIN_LR] = {"--min-lr", NULL, "lr / 10", NULL, "optimizer.min_lr", "optimizer.minLr"},
+    [WCMD_SCHEDULE] = {"--schedule", "cosine", NULL, NULL, "optimizer.schedule", "optimizer.schedule"},
+    [WCMD_WARMUP] = {"--warmup", "0", NULL, NULL, "optimizer.warmup", "optimizer.warmup"},
+    [WCMD_WEIGHT_DECAY] = {"--weight-decay", "0.1", NULL, NULL, "optimizer.weight_decay", "optimizer.weightDecay"},
+    [WCMD_BETA1] = {"--beta1", "0.9", NULL, NULL, "optimizer.beta1", "optimizer.beta1"},
+    [WCMD_BETA2] = {"--beta2", "0.95", NULL, NULL, "optimizer.beta2", "optimizer.beta2"},
+    [WCMD_EPS] = {"--eps", "1e-08", NULL, NULL, "optimizer.eps", "optimizer.eps"},
+    [WCMD_CLIP] = {"--clip", "1", NULL, NULL, "optimizer.clip", "optimizer.clip"},
+    [WCMD_DATA] = {"--data", "synthetic", NULL, NULL, "data", "data.path"},
+    [WCMD_VAL_EVERY] = {"--val-every", NULL, "steps / 10, at most 100", NULL, "validation.every", "data.validation.every"},
+    [WCMD_VAL_SAMPLES] = {"--val-samples", "64", NULL, NULL, "validation.samples", "data.validation.samples"},
+    [WCMD_CKPT_EVERY] = {"--ckpt-every", NULL, "only at the end", NULL, "checkpoint.every", "checkpoint.every"},
+    [WCMD_KEEP_LAST] = {"--keep-last", "3", NULL, NULL, "checkpoint.keep_last", "checkpoint.keepLast"},
+    [WCMD_KEEP_EVERY] = {"--keep-every", "0", NULL, NULL, "checkpoint.keep_every", "checkpoint.keepEvery"},
+    [WCMD_RESUME] = {"--resume", "none", NULL, "auto", "checkpoint.resume", "checkpoint.resume"}, /* a job resumes, a bare worker does not */
+    [WCMD_DIVERGE_STEPS] = {"--diverge-steps", "20", NULL, NULL, NULL, NULL},
+    [WCMD_LOSS_SCALE] = {"--loss-scale", "65536", NULL, NULL, NULL, NULL},
+    [WCMD_LOSS_SCALE_WINDOW] = {"--loss-scale-window", "2000", NULL, NULL, NULL, NULL},
 };
+
+const char *wcmd_job_default(wcmd_key k) {
+    return wcmd_defaults[k].job_value ? wcmd_defaults[k].job_value : wcmd_defaults[k].value;
+}
 
 double wcmd_default_num(wcmd_key k) {
     const char *v = wcmd_defaults[k].value;
@@ -66,7 +70,7 @@ void wcmd_train_defaults(wcmd_train *t) {
         .ckpt_every = 0,
         .keep_last = wcmd_default_long(WCMD_KEEP_LAST),
         .keep_every = wcmd_default_long(WCMD_KEEP_EVERY),
-        .resume = wcmd_defaults[WCMD_RESUME].value,
+        .resume = wcmd_job_default(WCMD_RESUME),
     };
 }
 
@@ -143,7 +147,7 @@ static void checkpoint_args(const wcmd_train *t, wcmd_argv *a) {
     if (t->ckpt_every > 0) opt_long(a, WCMD_CKPT_EVERY, t->ckpt_every);
     opt_long(a, WCMD_KEEP_LAST, t->keep_last);
     opt_long(a, WCMD_KEEP_EVERY, t->keep_every);
-    opt(a, WCMD_RESUME, t->resume ? t->resume : wcmd_defaults[WCMD_RESUME].value);
+    opt(a, WCMD_RESUME, t->resume ? t->resume : wcmd_job_default(WCMD_RESUME));
     if (t->overwrite) wcmd_argv_add(a, "--overwrite");
 }
 

@@ -68,12 +68,16 @@ typedef struct wcmd_default {
     const char *value;    /* the default as the worker reads it ("0.0003", "cosine"); NULL: none of
                              its own (derived from other options: `derived` says how) */
     const char *derived;  /* for value NULL: what the worker does instead, for docs and --help */
+    const char *job_value; /* a job's default (job files, the CRD) where it differs from the
+                              worker's own; NULL: the same */
     const char *job_key;  /* the job file's field (docs/run.md), NULL: not in job files */
     const char *crd_path; /* the CephaloJob's field under spec (crds/), NULL: not in the CRD */
 } wcmd_default;
 
 extern const wcmd_default wcmd_defaults[WCMD_N];
 
+/* A job's default of k: job_value, else value (NULL: none). */
+const char *wcmd_job_default(wcmd_key k);
 /* The default of k as a number (value read with strtod; 0 when it has none). */
 double wcmd_default_num(wcmd_key k);
 /* ... as a long (steps, counts). */

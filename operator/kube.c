@@ -702,3 +702,16 @@ int kube_stream(kube_client *k, const char *path, double timeout_s, kube_data_fn
         return ret;
     }
 }
+
+void kube_pod_volume(cJSON *volumes, cJSON *mounts, const char *name, const char *mount_path, bool read_only,
+                     const char *source_kind, cJSON *source) {
+    cJSON *v = cJSON_CreateObject();
+    cJSON_AddStringToObject(v, "name", name);
+    cJSON_AddItemToObject(v, source_kind, source);
+    cJSON_AddItemToArray(volumes, v);
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "name", name);
+    cJSON_AddStringToObject(m, "mountPath", mount_path);
+    cJSON_AddBoolToObject(m, "readOnly", read_only);
+    cJSON_AddItemToArray(mounts, m);
+}

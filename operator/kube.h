@@ -168,5 +168,9 @@ bool kube_time_parse(const char *s, double *out);
 
 /* metadata.<field> of an object as a string, or NULL. */
 const char *kube_meta_str(const cJSON *obj, const char *field);
+/* A pod's volume: {"name": name, source_kind: source} appended to the pod spec's volumes (source
+ * is taken over) and its mount at mount_path to the container's volumeMounts. */
+void kube_pod_volume(cJSON *volumes, cJSON *mounts, const char *name, const char *mount_path, bool read_only,
+                     const char *source_kind, cJSON *source);
 
 #endif

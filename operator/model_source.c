@@ -189,13 +189,5 @@ void msrc_pod(const msrc *s, cJSON *volumes, cJSON *mounts) {
         cJSON_DeleteItemFromObjectCaseSensitive(src, "readOnly");
         cJSON_AddBoolToObject(src, "readOnly", true);
     }
-    cJSON *v = cJSON_CreateObject();
-    cJSON_AddStringToObject(v, "name", MSRC_VOLUME);
-    cJSON_AddItemToObject(v, s->kind, src);
-    cJSON_AddItemToArray(volumes, v);
-    cJSON *mt = cJSON_CreateObject();
-    cJSON_AddStringToObject(mt, "name", MSRC_VOLUME);
-    cJSON_AddStringToObject(mt, "mountPath", MSRC_MOUNT);
-    cJSON_AddBoolToObject(mt, "readOnly", true);
-    cJSON_AddItemToArray(mounts, mt);
+    kube_pod_volume(volumes, mounts, MSRC_VOLUME, MSRC_MOUNT, true, s->kind, src);
 }

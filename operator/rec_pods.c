@@ -221,19 +221,6 @@ static void env(cJSON *arr, const char *name, const char *value) {
     cJSON_AddItemToArray(arr, e);
 }
 
-static void volume(cJSON *vols, cJSON *mounts, const char *name, const char *mount, bool ro,
-                   cJSON *source_key_val, const char *source_key) {
-    cJSON *v = cJSON_CreateObject();
-    cJSON_AddStringToObject(v, "name", name);
-    cJSON_AddItemToObject(v, source_key, source_key_val);
-    cJSON_AddItemToArray(vols, v);
-    cJSON *m = cJSON_CreateObject();
-    cJSON_AddStringToObject(m, "name", name);
-    cJSON_AddStringToObject(m, "mountPath", mount);
-    cJSON_AddBoolToObject(m, "readOnly", ro);
-    cJSON_AddItemToArray(mounts, m);
-}
-
 static cJSON *claim(const char *name, bool ro) {
     cJSON *src = cJSON_CreateObject();
     cJSON_AddStringToObject(src, "claimName", name);
@@ -294,13 +281,14 @@ static void worker_volumes(const rec_ctx *x, cJSON *ps, cJSON *ctr) {
     cJSON *mounts = cJSON_AddArrayToObject(ctr, "volumeMounts");
     cJSON *cmsrc = cJSON_CreateObject();
     cJSON_AddStringToObject(cmsrc, "name", x->cm_name);
-    volume(vols, mounts, "plan", "/etc/cephalo", true, cmsrc, "configMap");
+    kube_pod_volume(vols, mounts, "plan", "/etc/cephalo", true, "configMap", cmsrc);
     if (js->data_pvc)
-        volume(vols, mounts, "data", JOB_SPEC_DATA_MOUNT, true, claim(js->data_pvc, true), "persistentVolumeClaim");
+        kube_pod_volume(vols, mounts, "data", JOB_SPEC_DATA_MOUNT, true, "persistentVolumeClaim",
+                        claim(js->data_pvc, true));
     if (js->model == JOB_MODEL_INIT_FROM) msrc_pod(&js->init, vols, mounts);
     if (js->checkpoint && js->ckpt_pvc)
-        volume(vols, mounts, "checkpoints", JOB_SPEC_CKPT_MOUNT, false, claim(js->ckpt_pvc, false),
-               "persistentVolumeClaim");
+        kube_pod_volume(vols, mounts, "checkpoints", JOB_SPEC_CKPT_MOUNT, false, "persistentVolumeClaim",
+                        claim(js->ckpt_pvc, false));
 }
 
 static void worker_env(const rec_ctx *x, cJSON *ctr, int rank, int world) {

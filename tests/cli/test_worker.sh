@@ -12,6 +12,15 @@ trap 'rm -rf "$T"' EXIT
 TINY=(--model tiny-gpt --batch 4 --microbatch 2 --seq 32 --threads 2 --lr 1e-3)
 
 check "help" 0 "usage: cephalo-worker train" -- "$W" --help
+# train --help states the defaults of common/worker_cmd.c's table, each beside its own option
+check "train --help: the table's defaults, each beside its option" 0 "" -- bash -c "
+  h=\$('$W' train --help) &&
+  grep -q -- '--lr X  *peak learning rate (default 0.0003)' <<<\"\$h\" &&
+  grep -q -- 'constant (lr throughout); default cosine' <<<\"\$h\" &&
+  grep -q -- 'AdamW (default 0.9, 0.95, 1e-08)' <<<\"\$h\" &&
+  grep -q -- '--keep-last N .*(default 3)' <<<\"\$h\" &&
+  grep -q -- \"or 'none' (start afresh); default none\" <<<\"\$h\" &&
+  grep -q -- '--val-samples N  *validation samples (default 64;' <<<\"\$h\""
 check "no command" 2 "usage" -- "$W"
 check "unknown command" 2 "unknown command 'trian'" -- "$W" trian
 check "unknown option" 2 "unknown option '--bogus'" -- "$W" train --bogus 1

@@ -58,7 +58,7 @@ static void test_defaults(void **state) {
     assert_true(s.train.eps == wcmd_default_num(WCMD_EPS));
     assert_int_equal(s.train.keep_last, wcmd_default_long(WCMD_KEEP_LAST));
     assert_int_equal(s.train.keep_every, wcmd_default_long(WCMD_KEEP_EVERY));
-    assert_string_equal(s.train.resume, wcmd_defaults[WCMD_RESUME].value);
+    assert_string_equal(s.train.resume, wcmd_job_default(WCMD_RESUME)); /* a job resumes: "auto" */
     assert_string_equal(s.data_path, wcmd_defaults[WCMD_DATA].value);
     /* the operator's own */
     assert_true(s.mem_cap == JOB_SPEC_MEM_CAP);

@@ -57,81 +57,91 @@ static void catch_stop_signals(void) {
     sigaction(SIGINT, &sa, NULL);
 }
 
-static const char usage_text[] =
-    "usage: cephalo-worker train [--plan PLAN.json | --model MODEL --batch B [--microbatch M]]\n"
-    "                            [options]\n"
-    "\n"
-    "train: trains one rank. The plan (--plan, or $CEPHALO_PLAN) gives the model, the global\n"
-    "batch and this rank's batch, microbatches, memory and threads; without a plan, --model and\n"
-    "--batch describe a single-rank job. $RANK and $WORLD_SIZE select the rank (default 0 of 1).\n"
-    "  --model MODEL        built-in model or model file (cephalo models)\n"
-    "  --batch B            global batch (samples per step)\n"
-    "  --microbatch M       samples per microbatch (default B); B/M microbatches per step\n"
-    "  --seq T              sequence length (default: the model's)\n"
-    "  --data SPEC          token shards (file, directory, glob, comma list), a CIMG image file\n"
-    "                       for ViT, or 'synthetic' (default)\n"
-    "  --init-from DIR      start from a Hugging Face model directory (config.json and\n"
-    "                       model.safetensors or its sharded index; GPT-2 and Llama): each rank\n"
-    "                       reads only its own slices (docs/import.md). Without --plan/--model,\n"
-    "                       the model is DIR's config.json; with them it must be the same model\n"
-    "  --steps N            total steps (default 20); 0: the initial weights saved as checkpoint\n"
-    "                       step 0 (with --ckpt-dir), e.g. to export them\n"
-    "  --lr X               peak learning rate (default 3e-4)\n"
-    "  --schedule S         after the warmup: cosine (default) or linear from lr down to\n"
-    "                       --min-lr, or constant (lr throughout)\n"
-    "  --min-lr X           final learning rate of the cosine or linear decay (default lr/10)\n"
-    "  --warmup N           linear warmup steps (default 0)\n"
-    "  --weight-decay X     AdamW decay on matrices (default 0.1)\n"
-    "  --beta1 X --beta2 X --eps X   AdamW (default 0.9, 0.95, 1e-8)\n"
-    "  --clip X             global gradient-norm clip, 0 = off (default 1.0)\n"
-    "  --seed N             initialisation and data order (default 1)\n"
-    "  --threads N          CPU threads (default: the plan's, else all cores)\n"
-    "  --memory SIZE        device memory, e.g. 2G (default: the plan's; else none on the CPU,\n"
-    "                       the GPU's free memory on CUDA)\n"
-    "  --device cpu|cuda    the device (default: the plan's device type: cpu, or cuda for GPUs;\n"
-    "                       else cpu); cuda needs cephalo-worker-cuda\n"
-    "  --gpu N              the GPU (default: $LOCAL_RANK, else RANK, modulo the visible GPUs)\n"
-    "  --precision P        fp32 (TF32 matmuls on CUDA sm_80+), or bf16 / fp16 mixed precision:\n"
-    "                       16-bit matmul operands and parameter gathers, fp32 master weights,\n"
-    "                       moments and gradient reductions; fp16 adds dynamic loss scaling\n"
-    "                       (default: the plan's, else fp32; the CPU emulates both exactly)\n"
-    "  --loss-scale S       fp16: the initial loss scale, a power of two (default 65536)\n"
-    "  --loss-scale-window N  fp16: clean steps in a row that double the scale (default 2000);\n"
-    "                       a non-finite gradient on any rank skips the step and halves it\n"
-    "  --offload on|off     unit-boundary checkpoints in host memory (on, default) or device\n"
-    "  --accumulate layered|per-micro  gradient accumulation: every unit gathered and reduced\n"
-    "                       once per step (layered, default) or once per microbatch\n"
-    "  --sync-micro         finish each microbatch's compute before queueing the next\n"
-    "  --ckpt-dir DIR       write checkpoints there (step_NNNNNNNN.safetensors + 'latest'); one\n"
-    "                       training at a time per directory (DIR/.lock)\n"
-    "  --ckpt-every N       checkpoint every N steps (default: only at the end)\n"
-    "  --keep-last N        keep the newest N checkpoints in DIR, 0 = all (default 3)\n"
-    "  --keep-every K       also keep every checkpoint whose step is a multiple of K\n"
-    "  --resume WHAT        continue from a checkpoint: 'auto' (the newest complete one in\n"
-    "                       --ckpt-dir, if any), a checkpoint, a checkpoint directory (its\n"
-    "                       newest), DIR/latest, or 'none' (start afresh; the default)\n"
-    "  --overwrite          allow writing over checkpoints in --ckpt-dir beyond the starting\n"
-    "                       step (another run's): they are deleted at the start\n"
-    "  --diverge-steps N    stop (exit 1) when the loss stays above 2 x ln(vocabulary) for N\n"
-    "                       steps in a row: diverged; 0 = never (default 20)\n"
-    "  --val-data SPEC      validation data (as --data): the validation loss of a fixed set of\n"
-    "                       samples, the same whatever the plan, in the log, progress and metrics\n"
-    "  --val-every N        evaluate every N steps and after the last (default: steps/10, at\n"
-    "                       most 100); 0: after the last step only\n"
-    "  --val-samples N      validation samples (default 64; at most what --val-data holds)\n"
-    "  --log FILE           JSON lines: one object per step\n"
-    "  --dump DIR           oracle dump for tests (docs/worker-model.md)\n"
-    "  --quiet              no progress lines\n"
-    "  --metrics-port N     serve /metrics and /healthz on port N, 0 = off (default:\n"
-    "                       $CEPHALO_METRICS_PORT, else the plan's metrics_port + RANK, else off)\n"
+/* The usage; its defaults come from common/worker_cmd.c's table (usage(), in WCMD order). */
+#define USAGE_FMT \
+    "usage: cephalo-worker train [--plan PLAN.json | --model MODEL --batch B [--microbatch M]]\n" \
+    "                            [options]\n" \
+    "\n" \
+    "train: trains one rank. The plan (--plan, or $CEPHALO_PLAN) gives the model, the global\n" \
+    "batch and this rank's batch, microbatches, memory and threads; without a plan, --model and\n" \
+    "--batch describe a single-rank job. $RANK and $WORLD_SIZE select the rank (default 0 of 1).\n" \
+    "  --model MODEL        built-in model or model file (cephalo models)\n" \
+    "  --batch B            global batch (samples per step)\n" \
+    "  --microbatch M       samples per microbatch (default B); B/M microbatches per step\n" \
+    "  --seq T              sequence length (default: the model's)\n" \
+    "  --data SPEC          token shards (file, directory, glob, comma list), a CIMG image file\n" \
+    "                       for ViT, or '%s' (default)\n" \
+    "  --init-from DIR      start from a Hugging Face model directory (config.json and\n" \
+    "                       model.safetensors or its sharded index; GPT-2 and Llama): each rank\n" \
+    "                       reads only its own slices (docs/import.md). Without --plan/--model,\n" \
+    "                       the model is DIR's config.json; with them it must be the same model\n" \
+    "  --steps N            total steps (default %s); 0: the initial weights saved as checkpoint\n" \
+    "                       step 0 (with --ckpt-dir), e.g. to export them\n" \
+    "  --lr X               peak learning rate (default %s)\n" \
+    "  --schedule S         after the warmup: cosine or linear from lr down to --min-lr, or\n" \
+    "                       constant (lr throughout); default %s\n" \
+    "  --min-lr X           final learning rate of the cosine or linear decay (default lr/10)\n" \
+    "  --warmup N           linear warmup steps (default %s)\n" \
+    "  --weight-decay X     AdamW decay on matrices (default %s)\n" \
+    "  --beta1 X --beta2 X --eps X   AdamW (default %s, %s, %s)\n" \
+    "  --clip X             global gradient-norm clip, 0 = off (default %s)\n" \
+    "  --seed N             initialisation and data order (default %s)\n" \
+    "  --threads N          CPU threads (default: the plan's, else all cores)\n" \
+    "  --memory SIZE        device memory, e.g. 2G (default: the plan's; else none on the CPU,\n" \
+    "                       the GPU's free memory on CUDA)\n" \
+    "  --device cpu|cuda    the device (default: the plan's device type: cpu, or cuda for GPUs;\n" \
+    "                       else cpu); cuda needs cephalo-worker-cuda\n" \
+    "  --gpu N              the GPU (default: $LOCAL_RANK, else RANK, modulo the visible GPUs)\n" \
+    "  --precision P        fp32 (TF32 matmuls on CUDA sm_80+), or bf16 / fp16 mixed precision:\n" \
+    "                       16-bit matmul operands and parameter gathers, fp32 master weights,\n" \
+    "                       moments and gradient reductions; fp16 adds dynamic loss scaling\n" \
+    "                       (default: the plan's, else %s; the CPU emulates both exactly)\n" \
+    "  --loss-scale S       fp16: the initial loss scale, a power of two (default %s)\n" \
+    "  --loss-scale-window N  fp16: clean steps in a row that double the scale (default %s);\n" \
+    "                       a non-finite gradient on any rank skips the step and halves it\n" \
+    "  --offload on|off     unit-boundary checkpoints in host memory (on, default) or device\n" \
+    "  --accumulate layered|per-micro  gradient accumulation: every unit gathered and reduced\n" \
+    "                       once per step (layered, default) or once per microbatch\n" \
+    "  --sync-micro         finish each microbatch's compute before queueing the next\n" \
+    "  --ckpt-dir DIR       write checkpoints there (step_NNNNNNNN.safetensors + 'latest'); one\n" \
+    "                       training at a time per directory (DIR/.lock)\n" \
+    "  --ckpt-every N       checkpoint every N steps (default: only at the end)\n" \
+    "  --keep-last N        keep the newest N checkpoints in DIR, 0 = all (default %s)\n" \
+    "  --keep-every K       also keep every checkpoint whose step is a multiple of K\n" \
+    "  --resume WHAT        continue from a checkpoint: 'auto' (the newest complete one in\n" \
+    "                       --ckpt-dir, if any), a checkpoint, a checkpoint directory (its\n" \
+    "                       newest), DIR/latest, or 'none' (start afresh); default %s\n" \
+    "  --overwrite          allow writing over checkpoints in --ckpt-dir beyond the starting\n" \
+    "                       step (another run's): they are deleted at the start\n" \
+    "  --diverge-steps N    stop (exit 1) when the loss stays above 2 x ln(vocabulary) for N\n" \
+    "                       steps in a row: diverged; 0 = never (default %s)\n" \
+    "  --val-data SPEC      validation data (as --data): the validation loss of a fixed set of\n" \
+    "                       samples, the same whatever the plan, in the log, progress and metrics\n" \
+    "  --val-every N        evaluate every N steps and after the last (default: steps/10, at\n" \
+    "                       most 100); 0: after the last step only\n" \
+    "  --val-samples N      validation samples (default %s; at most what --val-data holds)\n" \
+    "  --log FILE           JSON lines: one object per step\n" \
+    "  --dump DIR           oracle dump for tests (docs/worker-model.md)\n" \
+    "  --quiet              no progress lines\n" \
+    "  --metrics-port N     serve /metrics and /healthz on port N, 0 = off (default:\n" \
+    "                       $CEPHALO_METRICS_PORT, else the plan's metrics_port + RANK, else off)\n" \
     "  --metrics-addr ADDR  the address to listen on (default 0.0.0.0; docs/metrics.md)\n"
-;
+
+#define D(k) wcmd_defaults[k].value
+static const char *usage(void) {
+    static char text[8192];
+    snprintf(text, sizeof text, USAGE_FMT, D(WCMD_DATA), D(WCMD_STEPS), D(WCMD_LR), D(WCMD_SCHEDULE), D(WCMD_WARMUP),
+             D(WCMD_WEIGHT_DECAY), D(WCMD_BETA1), D(WCMD_BETA2), D(WCMD_EPS), D(WCMD_CLIP), D(WCMD_SEED),
+             D(WCMD_PRECISION), D(WCMD_LOSS_SCALE), D(WCMD_LOSS_SCALE_WINDOW), D(WCMD_KEEP_LAST), D(WCMD_RESUME),
+             D(WCMD_DIVERGE_STEPS), D(WCMD_VAL_SAMPLES));
+    return text;
+}
+#undef D
 
 typedef struct worker_opts {
     const char *plan, *model, *log, *dump, *metrics_addr;
     long batch, micro, seq, ckpt_every, metrics_port; /* metrics_port -1: not given */
     long diverge_steps;
-    long steps, warmup, seed, loss_scale_window; /* read as long, then into cfg */
     ckpt_opts ck; /* --ckpt-dir, --resume, --overwrite, --keep-last, --keep-every */
     eval_opts val; /* --val-data, --val-every, --val-samples */
     bool quiet, have_threads, have_memory, have_gpu;
@@ -192,7 +202,12 @@ static int job_option(args *p, int ch, worker_opts *o) {
     case O_VALDATA: o->val.data = p->val; break;
     case O_VALEVERY: return args_long(p, 0, 1L << 40, &o->val.every);
     case O_VALSAMPLES: return args_long(p, 1, 1L << 30, &o->val.samples);
-    case O_SEED: return args_long(p, 0, 1L << 62, &o->seed);
+    case O_SEED: {
+        int64_t seed = 0;
+        int rc = args_int64(p, 0, INT64_C(1) << 62, &seed);
+        c->seed = (uint64_t)seed;
+        return rc;
+    }
     case O_THREADS: return o->have_threads = true, args_int(p, 1, 4096, &c->threads);
     case O_MEMORY: return o->have_memory = true, args_size(p, &c->memory_bytes);
     case O_DEVICE: return args_choice(p, cmd_devices, &o->device);
@@ -210,19 +225,19 @@ static int optimizer_option(args *p, int ch, worker_opts *o) {
     train_config *c = &o->cfg;
     const char *v;
     switch (ch) {
-    case O_STEPS: return args_long(p, 0, 1L << 40, &o->steps);
+    case O_STEPS: return args_int64(p, 0, INT64_C(1) << 40, &c->steps);
     case O_LR: return args_double(p, 0, 10, &c->lr);
     case O_MINLR: return args_double(p, 0, 10, &c->min_lr);
     case O_SCHEDULE:
         return args_choice(p, schedule_names, &v) ? ARGS_BAD : (schedule_parse(v, &c->schedule), 0);
-    case O_WARMUP: return args_long(p, 0, 1L << 40, &o->warmup);
+    case O_WARMUP: return args_int64(p, 0, INT64_C(1) << 40, &c->warmup);
     case O_WD: return args_double(p, 0, 10, &c->weight_decay);
     case O_B1: return args_double(p, 0, 0.999999, &c->beta1);
     case O_B2: return args_double(p, 0, 0.999999, &c->beta2);
     case O_EPS: return args_double(p, 1e-30, 1, &c->eps);
     case O_CLIP: return args_double(p, 0, 1e9, &c->clip);
     case O_LSCALE: return power_of_two(p, &c->loss_scale);
-    case O_LWINDOW: return args_long(p, 1, 1L << 40, &o->loss_scale_window);
+    case O_LWINDOW: return args_int64(p, 1, INT64_C(1) << 40, &c->loss_scale_window);
     case O_OFFLOAD:
         return args_choice(p, (const char *const[]){"on", "off", NULL}, &v) ? ARGS_BAD : (c->no_offload = !strcmp(v, "off"), 0);
     case O_ACCUM:
@@ -254,14 +269,11 @@ static int output_option(args *p, int ch, worker_opts *o) {
 }
 
 static int parse_train(int argc, char **argv, worker_opts *o) {
-    args p = args_begin(argc, argv, WORKER_NAME " train", train_longopts, "", usage_text);
+    args p = args_begin(argc, argv, WORKER_NAME " train", train_longopts, "", usage());
     int ch = 0, rc = 0;
     while (!rc && (ch = args_next(&p)) > 0)
         if ((rc = job_option(&p, ch, o)) < 0 && (rc = optimizer_option(&p, ch, o)) < 0) rc = output_option(&p, ch, o);
     if (rc || ch < 0 || args_no_operands(&p)) return ARGS_BAD;
-    train_config *c = &o->cfg;
-    c->steps = o->steps, c->warmup = o->warmup, c->seed = (uint64_t)o->seed;
-    c->loss_scale_window = o->loss_scale_window;
     if (o->ck.overwrite && !o->ck.dir) return args_bad(&p, "--overwrite is about the checkpoints in --ckpt-dir; give --ckpt-dir");
     if (!o->val.data && (o->val.every >= 0 || o->val.samples))
         return args_bad(&p, "%s needs --val-data (the validation data)", o->val.every >= 0 ? "--val-every" : "--val-samples");
@@ -554,8 +566,7 @@ int cmd_train(int argc, char **argv) {
     o.diverge_steps = wcmd_default_long(WCMD_DIVERGE_STEPS);
     o.ck.keep.keep_last = wcmd_default_long(WCMD_KEEP_LAST);
     o.ck.keep.keep_every = wcmd_default_long(WCMD_KEEP_EVERY);
-    o.steps = (long)o.cfg.steps, o.warmup = (long)o.cfg.warmup, o.seed = (long)o.cfg.seed;
-    o.loss_scale_window = (long)o.cfg.loss_scale_window;
+    o.ck.resume = wcmd_defaults[WCMD_RESUME].value;
     int rc = parse_train(argc, argv, &o);
     if (rc || (rc = resolve_job(&o))) return train_config_release(&o.cfg), rc;
     catch_stop_signals();

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "common/log.h"
+#include "common/worker_cmd.h"
 #include "model/eval.h"
 #include "model/fsdp.h"
 
@@ -89,7 +90,7 @@ evaluator *eval_open(trainer *t, const eval_opts *o, err_t *err) {
         return NULL;
     }
     const train_config *c = &t->cfg;
-    int64_t want = o->samples > 0 ? o->samples : EVAL_DEFAULT_SAMPLES, have = data_num_samples(ev->data);
+    int64_t want = o->samples > 0 ? o->samples : wcmd_default_long(WCMD_VAL_SAMPLES), have = data_num_samples(ev->data);
     ev->n = want < have ? want : have; /* every sample once */
     long dflt = (long)(c->steps / 10 < 100 ? c->steps / 10 : 100);
     ev->every = o->every >= 0 ? o->every : dflt > 0 ? dflt : 1;

@@ -26,7 +26,6 @@
 #include "model/train.h"
 
 #define EVAL_SEED 0x76616cULL /* "val": the validation samples' order and masks */
-#define EVAL_DEFAULT_SAMPLES 64
 
 /* --val-data, --val-every, --val-samples as given (every -1, samples 0: not given). */
 typedef struct eval_opts {
