@@ -481,7 +481,8 @@ static int run_training(trainer *t, const worker_opts *o, FILE *log, dumper *dp,
         metrics_record_step(m, t, &st);
         if (log) log_step(log, t, &st);
         time_t now = time(NULL);
-        if (!o->quiet && (now != last_time || t->step == t->cfg.steps || last_print < 0)) {
+        /* at most a line a second, but never without a validation loss: it is rare and worth seeing */
+        if (!o->quiet && (now != last_time || t->step == t->cfg.steps || last_print < 0 || st.has_val)) {
             progress(t, &st, total_ms / (double)(t->step - first));
             last_time = now, last_print = st.step;
         }
