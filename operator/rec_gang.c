@@ -30,14 +30,17 @@ const cJSON *rec_waiting_state(const cJSON *pod) {
 
 /* Which failure to blame when several workers failed: the one that ended first (its peers
  * then fail on the broken collective), and on a tie a death by signal (exit code > 128: killed,
- * out of memory) before an exit the worker chose. */
-static bool failed_earlier(const cJSON *a, const cJSON *b) {
+ * out of memory) before an exit the worker chose. finishedAt has whole seconds, and a kubelet
+ * stamps it when it sees the exit: a peer that exits a millisecond after the killed worker may
+ * carry the earlier second, so stamps less than REC_BLAME_TIE_S apart are a tie. */
+bool rec_blame_earlier(const cJSON *a, const cJSON *b) {
     const cJSON *ta = terminated_state(a), *tb = terminated_state(b);
     double fa = 1e300, fb = 1e300;
     if (ta) kube_time_parse(get_str(ta, "finishedAt", ""), &fa);
     if (tb) kube_time_parse(get_str(tb, "finishedAt", ""), &fb);
-    if (fa != fb) return fa < fb;
-    return get_num(ta, "exitCode", 0) > 128 && get_num(tb, "exitCode", 0) <= 128;
+    bool sig_a = get_num(ta, "exitCode", 0) > 128, sig_b = get_num(tb, "exitCode", 0) > 128;
+    if (fabs(fa - fb) <= REC_BLAME_TIE_S && sig_a != sig_b) return sig_a;
+    return fa < fb;
 }
 
 /* Not bound, and the scheduler said why: PodScheduled False, reason Unschedulable. */
@@ -67,7 +70,7 @@ static void gang_count(gang *g, const cJSON *pod) {
     case PHASE_FAILED:
         g->failed++;
         if (!terminated_state(pod) || exit_code(pod) != WCMD_EXIT_STOPPED) g->failed_hard++;
-        if (!g->first_failed || failed_earlier(pod, g->first_failed)) g->first_failed = pod;
+        if (!g->first_failed || rec_blame_earlier(pod, g->first_failed)) g->first_failed = pod;
         break;
     default:
         g->pending++;

@@ -34,6 +34,7 @@
 
 #define REC_ASSUMED_RV "0"       /* an assumed pod's resourceVersion: older than any the API gives */
 #define REC_BLAME_SETTLE_S 3.0   /* how long a failure's blame waits for the rest of its gang */
+#define REC_BLAME_TIE_S 1.0      /* finishedAt stamps this close are a tie (whole seconds) */
 #define REC_PROGRESS_S 5.0       /* seconds between progress reads of a running job */
 #define REC_UNSCHED_FIRST_S 5.0  /* the first refusal's wait before the next gang; doubled per refusal */
 #define REC_UNSCHED_MAX_S 300.0
@@ -119,6 +120,10 @@ typedef struct rec_ctx {
         err_t err;
     } side;
 } rec_ctx;
+
+/* Whether failed pod a is to be blamed before failed pod b: it ended first (stamps within
+ * REC_BLAME_TIE_S are a tie), and on a tie a death by signal before an exit the worker chose. */
+bool rec_blame_earlier(const cJSON *a, const cJSON *b);
 
 /* The pods of the job sorted out against the current plan and gang attempt (rec_gang_read). */
 typedef struct gang {

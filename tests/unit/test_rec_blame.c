@@ -1,0 +1,66 @@
+/* test_rec_blame.c - which failed worker of a gang the operator blames (rec_blame_earlier): the
+ * one that ended first; finishedAt has whole seconds, stamped when the kubelet sees the exit, so
+ * stamps a second apart are a tie, and a tie goes to the death by signal (killed, out of memory)
+ * rather than to the peer that exited on the broken collective after it. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+
+#include "operator/rec_internal.h"
+
+/* A failed pod whose container ended at finished_at with exit_code. */
+static cJSON *failed_pod(const char *finished_at, int exit_code) {
+    char json[512];
+    snprintf(json, sizeof json,
+             "{\"status\":{\"phase\":\"Failed\",\"containerStatuses\":[{\"name\":\"worker\",\"state\":"
+             "{\"terminated\":{\"exitCode\":%d,\"finishedAt\":\"%s\"}}}]}}",
+             exit_code, finished_at);
+    cJSON *pod = cJSON_Parse(json);
+    assert_non_null(pod);
+    return pod;
+}
+
+static void test_earlier_second_wins(void **state) {
+    (void)state;
+    cJSON *a = failed_pod("2026-11-28T08:00:01Z", 1), *b = failed_pod("2026-11-28T08:00:05Z", 137);
+    assert_true(rec_blame_earlier(a, b));
+    assert_false(rec_blame_earlier(b, a));
+    cJSON_Delete(a);
+    cJSON_Delete(b);
+}
+
+static void test_signal_wins_a_tie(void **state) {
+    (void)state;
+    /* the peer's exit seen a moment before the second turned, the killed worker's just after */
+    cJSON *peer = failed_pod("2026-11-28T08:00:01Z", 1), *killed = failed_pod("2026-11-28T08:00:02Z", 137);
+    assert_true(rec_blame_earlier(killed, peer));
+    assert_false(rec_blame_earlier(peer, killed));
+    cJSON *same = failed_pod("2026-11-28T08:00:01Z", 137);
+    assert_true(rec_blame_earlier(same, peer));
+    assert_false(rec_blame_earlier(peer, same));
+    cJSON_Delete(peer);
+    cJSON_Delete(killed);
+    cJSON_Delete(same);
+}
+
+static void test_two_exits_of_a_kind(void **state) {
+    (void)state;
+    cJSON *a = failed_pod("2026-11-28T08:00:01Z", 1), *b = failed_pod("2026-11-28T08:00:02Z", 1);
+    assert_true(rec_blame_earlier(a, b));
+    assert_false(rec_blame_earlier(b, a));
+    cJSON_Delete(a);
+    cJSON_Delete(b);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_earlier_second_wins),
+        cmocka_unit_test(test_signal_wins_a_tie),
+        cmocka_unit_test(test_two_exits_of_a_kind),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
