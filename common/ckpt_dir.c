@@ -113,35 +113,6 @@ int ckpt_dir_remove(const char *dir, const ckpt_entry *e, err_t *err) {
     return 0;
 }
 
-/* Whether retention keeps a checkpoint; `rank` is its place among the complete ones, newest
- * first, and `newest` the newest complete step. */
-static bool kept(const ckpt_entry *e, int rank, long long newest, const char *latest, const ckpt_keep *k) {
-    if (!strcmp(e->name, latest)) return true;
-    if (!e->complete) return e->step >= newest; /* maybe being written */
-    if (k->keep_last == 0 || rank < k->keep_last || e->step == newest) return true;
-    return k->keep_every > 0 && e->step % k->keep_every == 0;
-}
-
-int ckpt_dir_prune(const char *dir, const ckpt_keep *keep, err_t *err) {
-    ckpt_entry *e;
-    int n = ckpt_dir_list(dir, &e, err);
-    if (n <= 0) return n;
-    char latest[64] = "";
-    err_t ignored;
-    if (ckpt_dir_latest(dir, latest, sizeof latest, &ignored) < 0) latest[0] = '\0';
-    long long newest = -1;
-    for (int i = 0; i < n && newest < 0; i++)
-        if (e[i].complete) newest = e[i].step;
-    int removed = 0, complete_seen = 0, rc = 0;
-    for (int i = 0; i < n && rc == 0; i++) {
-        bool stays = newest < 0 || kept(&e[i], complete_seen, newest, latest, keep);
-        complete_seen += e[i].complete;
-        if (!stays && (rc = ckpt_dir_remove(dir, &e[i], err)) == 0) removed++;
-    }
-    free(e);
-    return rc < 0 ? -1 : removed;
-}
-
 /* NAME.tmp.PID: the PID, or 0 when the name is not a temporary's. */
 static long tmp_pid(const char *name) {
     const char *t = strstr(name, ".tmp."), *last = NULL;

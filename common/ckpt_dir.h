@@ -41,17 +41,6 @@ int ckpt_dir_resolve(const char *path, char *out, size_t n, err_t *err);
  * leaves an incomplete checkpoint, never one that looks complete. */
 int ckpt_dir_remove(const char *dir, const ckpt_entry *e, err_t *err);
 
-typedef struct ckpt_keep {
-    long keep_last;  /* the newest N complete checkpoints; 0: all of them */
-    long keep_every; /* also every one whose step is a multiple of K (milestones); 0: none */
-} ckpt_keep;
-
-/* Retention, after a checkpoint was written: deletes the complete checkpoints that `keep` does
- * not keep, and incomplete ones older than the newest complete one (writes that were cut short).
- * Never the newest complete checkpoint, the one `latest` names, nor an incomplete one newer than
- * the newest complete (it may be being written). Returns the number deleted, or -1. */
-int ckpt_dir_prune(const char *dir, const ckpt_keep *keep, err_t *err);
-
 /* Removes NAME.tmp.PID files in dir (and in its step directories) left by writers that are gone:
  * PID runs no more on this machine, or (PIDs of another machine or container) the file has not
  * changed for STALE_TMP_S. Call it holding the directory's lock. Returns the number removed. */

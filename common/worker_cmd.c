@@ -27,7 +27,7 @@ const wcmd_default wcmd_defaults[WCMD_N] = {
     [WCMD_VAL_EVERY] = {"--val-every", NULL, "steps / 10, at most 100", NULL, "validation.every", "data.validation.every"},
     [WCMD_VAL_SAMPLES] = {"--val-samples", "64", NULL, NULL, "validation.samples", "data.validation.samples"},
     [WCMD_CKPT_EVERY] = {"--ckpt-every", NULL, "only at the end", NULL, "checkpoint.every", "checkpoint.every"},
-    [WCMD_KEEP_LAST] = {"--keep-last", "3", NULL, NULL, "checkpoint.keep_last", "checkpoint.keepLast"},
+    [WCMD_KEEP_LAST] = {"--keep-last", "3", NULL, NULL, /* unless DIR/retention.json keeps another */ "checkpoint.keep_last", "checkpoint.keepLast"},
     [WCMD_KEEP_EVERY] = {"--keep-every", "0", NULL, NULL, "checkpoint.keep_every", "checkpoint.keepEvery"},
     [WCMD_RESUME] = {"--resume", "none", NULL, "auto", "checkpoint.resume", "checkpoint.resume"}, /* a job resumes, a bare worker does not */
     [WCMD_DIVERGE_STEPS] = {"--diverge-steps", "20", NULL, NULL, NULL, NULL},
@@ -68,8 +68,8 @@ void wcmd_train_defaults(wcmd_train *t) {
         .val_every = -1,
         .val_samples = 0,
         .ckpt_every = 0,
-        .keep_last = wcmd_default_long(WCMD_KEEP_LAST),
-        .keep_every = wcmd_default_long(WCMD_KEEP_EVERY),
+        .keep_last = -1, /* the checkpoint directory's setting, else the table's */
+        .keep_every = -1,
         .resume = wcmd_job_default(WCMD_RESUME),
     };
 }
@@ -140,13 +140,15 @@ static void data_args(const wcmd_train *t, wcmd_argv *a) {
     if (t->val_samples > 0) opt_long(a, WCMD_VAL_SAMPLES, t->val_samples);
 }
 
-/* Retention and resume are always spelled out: the command line says what is kept. */
+/* Resume is always spelled out. Retention only when the job gives it: otherwise the worker keeps
+ * what the checkpoint directory was made with (DIR/retention.json), else the table's default, so
+ * that a job resumed without repeating its settings does not undo them. */
 static void checkpoint_args(const wcmd_train *t, wcmd_argv *a) {
     if (!t->ckpt_dir) return;
     wcmd_argv_add(a, "--ckpt-dir"), wcmd_argv_add(a, "%s", t->ckpt_dir);
     if (t->ckpt_every > 0) opt_long(a, WCMD_CKPT_EVERY, t->ckpt_every);
-    opt_long(a, WCMD_KEEP_LAST, t->keep_last);
-    opt_long(a, WCMD_KEEP_EVERY, t->keep_every);
+    if (t->keep_last >= 0) opt_long(a, WCMD_KEEP_LAST, t->keep_last);
+    if (t->keep_every >= 0) opt_long(a, WCMD_KEEP_EVERY, t->keep_every);
     opt(a, WCMD_RESUME, t->resume ? t->resume : wcmd_job_default(WCMD_RESUME));
     if (t->overwrite) wcmd_argv_add(a, "--overwrite");
 }

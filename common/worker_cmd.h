@@ -100,7 +100,7 @@ typedef struct wcmd_train {
     long val_samples;      /* 0: the worker's default */
     const char *ckpt_dir;  /* NULL: no checkpoints (the rest of this group is unused) */
     long ckpt_every;       /* 0: only at the end */
-    long keep_last, keep_every;
+    long keep_last, keep_every; /* -1: not given (the directory's setting, else the table's) */
     const char *resume; /* "auto", "never" or a checkpoint path */
     bool overwrite;     /* --overwrite: `cephalo run --overwrite` */
 } wcmd_train;

@@ -133,6 +133,36 @@ assert "keep_last 2 + keep_every 4" test "$(steps_in "$T/keep-every")" = "4 8 9 
 "$W" train "${TINY[@]}" --steps 5 --ckpt-every 1 --quiet --ckpt-dir "$T/keep-all" --keep-last 0
 assert "keep_last 0 keeps all" test "$(steps_in "$T/keep-all")" = "1 2 3 4 5 "
 check "bad --keep-last" 2 "--keep-last: '-1'" -- "$W" train "${TINY[@]}" --keep-last -1
+check "every deletion is logged with its name and rule" 0 \
+  "checkpoint retention: deleted $T/keep3b/step_00000001.safetensors (keep-last 3: older than the 3 newest good checkpoints)" -- \
+  "$W" train "${TINY[@]}" --steps 4 --ckpt-every 1 --quiet --ckpt-dir "$T/keep3b"
+
+# the settings a directory was made with apply on resume, unless overridden (and said)
+"$W" train "${TINY[@]}" --steps 4 --ckpt-every 1 --quiet --ckpt-dir "$T/kept" --keep-last 0 --keep-every 2
+check "resumed without the flags: the directory's retention applies, and is said" 0 \
+  "checkpoint retention: keep-last 0, as $T/kept/retention.json keeps" -- \
+  "$W" train "${TINY[@]}" --steps 8 --ckpt-every 1 --quiet --ckpt-dir "$T/kept" --resume auto
+assert "... nothing deleted: steps 1-8 all there" test "$(steps_in "$T/kept")" = "1 2 3 4 5 6 7 8 "
+check "an override is said" 0 "checkpoint retention: --keep-last 1 overrides the keep-last 0 kept in $T/kept/retention.json" -- \
+  "$W" train "${TINY[@]}" --steps 10 --ckpt-every 1 --quiet --ckpt-dir "$T/kept" --resume auto --keep-last 1
+assert "... and applied with the kept keep-every 2: 2 4 6 8 10" test "$(steps_in "$T/kept")" = "2 4 6 8 10 "
+check "... and kept from then on" 0 '"keep_last":1,"keep_every":2' -- cat "$T/kept/retention.json"
+printf '{"keep_last": "three"}' >"$T/kept/retention.json"
+check "a damaged retention.json stops the run, naming the file and field" 2 "$T/kept/retention.json: keep_last: expected" -- \
+  "$W" train "${TINY[@]}" --steps 12 --ckpt-every 1 --quiet --ckpt-dir "$T/kept" --resume auto
+
+# a divergence never pushes the last good weights out: with the defaults (keep-last 3,
+# diverge-steps 20) and --ckpt-every 5, a run that diverges after step 20 keeps 10, 15 and 20
+"$W" train "${TINY[@]}" --steps 20 --ckpt-every 5 --quiet --ckpt-dir "$T/div"
+check "a diverging run stops (exit 1) and names the last checkpoint before the divergence" 1 \
+  "the last checkpoint before the divergence is $T/div/step_00000020.safetensors; go back to it with --resume $T/div/step_00000020.safetensors --overwrite" -- \
+  "$W" train "${TINY[@]}" --lr 10 --clip 0 --steps 200 --ckpt-every 5 --quiet --ckpt-dir "$T/div" --resume auto
+assert "... the good checkpoints 10, 15, 20 are kept beside the diverged ones" bash -c \
+  "steps_in() { $(declare -f steps_in | tail -n +2); }; steps_in '$T/div' | grep -q '^10 15 20 '"
+check "... the diverged ones are recorded" 0 '"diverged":[' -- cat "$T/div/retention.json"
+check "... and going back as told works" 0 "resumed from $T/div/step_00000020.safetensors at step 20" -- \
+  "$W" train "${TINY[@]}" --steps 22 --ckpt-every 1 --ckpt-dir "$T/div" --resume "$T/div/step_00000020.safetensors" --overwrite
+assert "... the good run's new steps count again (keep-last 3: 20 21 22)" test "$(steps_in "$T/div")" = "20 21 22 "
 
 # ---- stale temporaries ----
 

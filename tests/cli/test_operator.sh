@@ -373,8 +373,8 @@ assert "an unknown GPU product is planned from its gpu.memory label" wait_for 20
 check "... marked estimated, with a note, on its node" 0 "node gpu-c: unknown GPU product NVIDIA-Future-GPU planned from its gpu.memory label" -- \
   jp cephalojob odd '{.status.plan.estimated} {.status.plan.ranks[0].node} {.status.message}'
 check "spec.image overrides --worker-image" 0 "registry.test/custom:2" -- jp pod odd-0 '{.spec.containers[0].image}'
-check "a checkpoint without keepLast/keepEvery: the CRD's defaults in the worker's args" 0 \
-  "--ckpt-dir /shared/odd --ckpt-every 5 --keep-last 3 --keep-every 0 --resume auto" -- bash -c \
+check "a checkpoint without keepLast/keepEvery: none in the worker's args (the directory's retention applies)" 0 \
+  "--ckpt-dir /shared/odd --ckpt-every 5 --resume auto" -- bash -c \
   "kubectl get pod odd-0 -o jsonpath='{.spec.containers[0].args}' | tr -d '[]\"' | tr ',' ' '"
 check "spec.optimizer.schedule reaches the worker (the CRD's default: cosine)" 0 "--schedule cosine" -- bash -c \
   "kubectl get pod odd-0 -o jsonpath='{.spec.containers[0].args}' | tr -d '[]\"' | tr ',' ' '"

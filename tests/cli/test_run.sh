@@ -97,7 +97,7 @@ devices:
 Y
 check "dry run: plan table" 0 "cpu-2t-0.50g" -- "$C" run "$T/three.yaml" --dry-run --run-dir "$T/r-dry"
 out=$("$C" run "$T/three.yaml" --dry-run --run-dir "$T/r-dry" 2>&1)
-assert "dry run: one command per rank" grep -q "RANK=2 WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=[0-9]* CEPHALO_PLAN=$T/r-dry/plan.json CEPHALO_COMM_TIMEOUT=30 .*cephalo-worker train --steps 4 --seed 7 --precision fp32 --lr 0.002 --min-lr 0.0002 .* --data synthetic --ckpt-dir $T/r-dry/ck --ckpt-every 2 --keep-last 3 --keep-every 0 --resume auto --log $T/r-dry/rank-2.jsonl >$T/r-dry/rank-2.log 2>&1" <<<"$out"
+assert "dry run: one command per rank" grep -q "RANK=2 WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=[0-9]* CEPHALO_PLAN=$T/r-dry/plan.json CEPHALO_COMM_TIMEOUT=30 .*cephalo-worker train --steps 4 --seed 7 --precision fp32 --lr 0.002 --min-lr 0.0002 .* --data synthetic --ckpt-dir $T/r-dry/ck --ckpt-every 2 --resume auto --log $T/r-dry/rank-2.jsonl >$T/r-dry/rank-2.log 2>&1" <<<"$out"
 assert "dry run: plan.json written, nothing started" test -s "$T/r-dry/plan.json" -a ! -e "$T/r-dry/rank-0.log"
 assert "dry run: the devices as a cluster file" bash -c "'$C' plan --cluster '$T/r-dry/cluster.yaml' --model tiny-gpt --batch 16 | grep -q 'cpu-1t-0.25g'"
 check "--devices replaces the devices" 0 "cpu-1t-0.12g" -- "$C" run "$T/three.yaml" --dry-run --run-dir "$T/r-dev" --devices cpu:4t:1G,cpu:1t:128Mx3

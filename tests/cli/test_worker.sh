@@ -18,7 +18,7 @@ check "train --help: the table's defaults, each beside its option" 0 "" -- bash 
   grep -q -- '--lr X  *peak learning rate (default 0.0003)' <<<\"\$h\" &&
   grep -q -- 'constant (lr throughout); default cosine' <<<\"\$h\" &&
   grep -q -- 'AdamW (default 0.9, 0.95, 1e-08)' <<<\"\$h\" &&
-  grep -q -- '--keep-last N .*(default 3)' <<<\"\$h\" &&
+  grep -q -- 'DIR/retention.json keeps, else 3)' <<<\"\$h\" &&
   grep -q -- \"or 'none' (start afresh); default none\" <<<\"\$h\" &&
   grep -q -- '--val-samples N  *validation samples (default 64;' <<<\"\$h\""
 check "no command" 2 "usage" -- "$W"

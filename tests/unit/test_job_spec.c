@@ -56,8 +56,8 @@ static void test_defaults(void **state) {
     assert_true(s.train.min_lr < 0); /* lr / 10, written out by the builder */
     assert_true(s.train.weight_decay == wcmd_default_num(WCMD_WEIGHT_DECAY));
     assert_true(s.train.eps == wcmd_default_num(WCMD_EPS));
-    assert_int_equal(s.train.keep_last, wcmd_default_long(WCMD_KEEP_LAST));
-    assert_int_equal(s.train.keep_every, wcmd_default_long(WCMD_KEEP_EVERY));
+    assert_int_equal(s.train.keep_last, -1); /* not given: the checkpoint directory's, else the table's */
+    assert_int_equal(s.train.keep_every, -1);
     assert_string_equal(s.train.resume, wcmd_job_default(WCMD_RESUME)); /* a job resumes: "auto" */
     assert_string_equal(s.data_path, wcmd_defaults[WCMD_DATA].value);
     /* the operator's own */
@@ -105,11 +105,12 @@ static void test_worker_argv(void **state) {
                         "--val-every 50 --val-samples 16 --ckpt-dir /checkpoints/tiny --ckpt-every 100 --keep-last 2 "
                         "--keep-every 1000 --resume never");
     cJSON_Delete(doc);
-    /* without claims the paths are the job's (a filesystem every pod shares); the CRD's retention */
+    /* without claims the paths are the job's (a filesystem every pod shares); no retention given:
+     * none in the args (the worker keeps the directory's) */
     assert_int_equal(parse(MINIMAL ",\"data\":{\"path\":\"/shared/tok\",\"validation\":{\"path\":\"/shared/val\"}},"
                            "\"checkpoint\":{\"dir\":\"/shared/odd\",\"every\":5}}", &doc, &s, msg), 0);
     assert_non_null(strstr(argv_line(&s), "--data /shared/tok --val-data /shared/val --ckpt-dir /shared/odd "
-                                          "--ckpt-every 5 --keep-last 3 --keep-every 0 --resume auto"));
+                                          "--ckpt-every 5 --resume auto"));
     cJSON_Delete(doc);
 }
 

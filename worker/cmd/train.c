@@ -18,6 +18,7 @@
 #include "cmd/metrics.h"
 #include "comm/comm.h"
 #include "common/args.h"
+#include "common/ckpt_keep.h"
 #include "common/fileio.h"
 #include "common/log.h"
 #include "common/strutil.h"
@@ -106,8 +107,12 @@ static void catch_stop_signals(void) {
     "  --ckpt-dir DIR       write checkpoints there (step_NNNNNNNN.safetensors + 'latest'); one\n" \
     "                       training at a time per directory (DIR/.lock)\n" \
     "  --ckpt-every N       checkpoint every N steps (default: only at the end)\n" \
-    "  --keep-last N        keep the newest N checkpoints in DIR, 0 = all (default %s)\n" \
-    "  --keep-every K       also keep every checkpoint whose step is a multiple of K\n" \
+    "  --keep-last N        keep the newest N good checkpoints in DIR, 0 = all (default: what\n" \
+    "                       DIR/retention.json keeps, else %s); one written while the loss is\n" \
+    "                       above the divergence bound does not count, nor is ever kept over\n" \
+    "                       the newest good one\n" \
+    "  --keep-every K       also keep every checkpoint whose step is a multiple of K (default:\n" \
+    "                       what DIR/retention.json keeps, else %s); both are kept there\n" \
     "  --resume WHAT        continue from a checkpoint: 'auto' (the newest complete one in\n" \
     "                       --ckpt-dir, if any), a checkpoint, a checkpoint directory (its\n" \
     "                       newest), DIR/latest, or 'none' (start afresh); default %s\n" \
@@ -132,7 +137,7 @@ static const char *usage(void) {
     static char text[8192];
     snprintf(text, sizeof text, USAGE_FMT, D(WCMD_DATA), D(WCMD_STEPS), D(WCMD_LR), D(WCMD_SCHEDULE), D(WCMD_WARMUP),
              D(WCMD_WEIGHT_DECAY), D(WCMD_BETA1), D(WCMD_BETA2), D(WCMD_EPS), D(WCMD_CLIP), D(WCMD_SEED),
-             D(WCMD_PRECISION), D(WCMD_LOSS_SCALE), D(WCMD_LOSS_SCALE_WINDOW), D(WCMD_KEEP_LAST), D(WCMD_RESUME),
+             D(WCMD_PRECISION), D(WCMD_LOSS_SCALE), D(WCMD_LOSS_SCALE_WINDOW), D(WCMD_KEEP_LAST), D(WCMD_KEEP_EVERY), D(WCMD_RESUME),
              D(WCMD_DIVERGE_STEPS), D(WCMD_VAL_SAMPLES));
     return text;
 }
@@ -422,14 +427,30 @@ static double divergence_bound(const model_spec *m) {
     return 2 * log(outputs > 1 ? outputs : 2);
 }
 
+/* After a divergence: the checkpoint to go back to, the newest written before the loss rose
+ * (retention never deletes it), and how. */
+static void say_last_good(const char *dir) {
+    char name[64];
+    err_t err;
+    int have = dir ? ckpt_keep_last_good(dir, name, sizeof name, &err) : 0;
+    if (have < 0) fprintf(stderr, "cephalo-worker: %s\n", err.msg);
+    else if (have == 0)
+        fprintf(stderr, "cephalo-worker: no checkpoint from before the divergence to go back to%s\n",
+                dir ? " in the checkpoint directory" : " (no --ckpt-dir)");
+    else
+        fprintf(stderr, "cephalo-worker: the last checkpoint before the divergence is %s/%s; go back to it with "
+                "--resume %s/%s --overwrite (which deletes the checkpoints written after it) and a lower --lr; "
+                "in a job file: checkpoint.resume and `cephalo run --overwrite`\n", dir, name, dir, name);
+}
+
 /* ---- train ---- */
 
 /* Every rank agreed to stop after this step: its checkpoint (unless just written), then out. */
-static int stop_now(trainer *t, const worker_opts *o, metrics *m, bool saved) {
+static int stop_now(trainer *t, const worker_opts *o, metrics *m, bool saved, bool diverged) {
     err_t err;
     const char *why = stop_signal == SIGINT ? "SIGINT" : stop_signal ? "SIGTERM" : "a peer's SIGTERM";
     if (o->ck.dir && !saved) {
-        if (ckpt_checkpoint(t, &o->ck, &err) < 0) return fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_RUNTIME;
+        if (ckpt_checkpoint(t, &o->ck, diverged, &err) < 0) return fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_RUNTIME;
         metrics_checkpoint(m, t->step);
     }
     metrics_fail(m, "stopped on request");
@@ -468,6 +489,7 @@ static int run_training(trainer *t, const worker_opts *o, FILE *log, dumper *dp,
             fprintf(stderr, "cephalo-worker: step %lld: the loss diverged: %.4g, above %.2f (twice the loss of a uniform guess) "
                     "for %ld steps in a row; stopping (lower --lr, keep --clip on; --diverge-steps 0 turns this check off)\n",
                     (long long)st.step, st.loss, bound, above);
+            if (t->cfg.rank == 0) say_last_good(o->ck.dir);
             return EXIT_RUNTIME;
         }
         total_ms += st.step_ms;
@@ -487,9 +509,9 @@ static int run_training(trainer *t, const worker_opts *o, FILE *log, dumper *dp,
             last_time = now, last_print = st.step;
         }
         bool ckpt = o->ck.dir && ((o->ckpt_every && t->step % o->ckpt_every == 0) || t->step == t->cfg.steps);
-        if (ckpt && ckpt_checkpoint(t, &o->ck, &err) < 0) return fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_RUNTIME;
+        if (ckpt && ckpt_checkpoint(t, &o->ck, above > 0, &err) < 0) return fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_RUNTIME;
         if (ckpt) metrics_checkpoint(m, t->step);
-        if (t->stop_agreed && t->step < t->cfg.steps) return stop_now(t, o, m, ckpt); /* the last step: done anyway */
+        if (t->stop_agreed && t->step < t->cfg.steps) return stop_now(t, o, m, ckpt, above > 0); /* the last step: done anyway */
     }
     return 0;
 }
@@ -509,7 +531,7 @@ static int train_rank(worker_opts o) {
         return rc == CKPT_REFUSED ? EXIT_BAD_INPUT : EXIT_RUNTIME;
     }
     if (t->cfg.steps == 0 && t->step == 0) { /* the initial weights as checkpoint step 0 (to export them) */
-        if (o.ck.dir && ckpt_checkpoint(t, &o.ck, &err) < 0) rc = (fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_RUNTIME);
+        if (o.ck.dir && ckpt_checkpoint(t, &o.ck, false, &err) < 0) rc = (fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_RUNTIME);
         else if (!o.quiet || !o.ck.dir)
             fprintf(stderr, "cephalo-worker: --steps 0: nothing trained; %s%s\n",
                     o.ck.dir ? "the initial weights are checkpoint step_00000000 in " : "give --ckpt-dir to keep the "
@@ -565,8 +587,7 @@ int cmd_train(int argc, char **argv) {
     worker_opts o = {.metrics_port = -1, .val.every = -1};
     train_config_defaults(&o.cfg);
     o.diverge_steps = wcmd_default_long(WCMD_DIVERGE_STEPS);
-    o.ck.keep.keep_last = wcmd_default_long(WCMD_KEEP_LAST);
-    o.ck.keep.keep_every = wcmd_default_long(WCMD_KEEP_EVERY);
+    o.ck.keep = (ckpt_keep){CKPT_KEEP_UNSET, CKPT_KEEP_UNSET}; /* the directory's, else the table's */
     o.ck.resume = wcmd_defaults[WCMD_RESUME].value;
     int rc = parse_train(argc, argv, &o);
     if (rc || (rc = resolve_job(&o))) return train_config_release(&o.cfg), rc;

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "comm/comm.h"
+#include "common/ckpt_keep.h"
 #include "common/dirlock.h"
 #include "common/fileio.h"
 #include "common/log.h"
@@ -220,14 +221,20 @@ static int agreed(trainer *t, int mine, const char *what, err_t *err) {
     return CKPT_REFUSED;
 }
 
-int ckpt_start(trainer *t, const ckpt_opts *o, bool quiet, int *lock_fd, err_t *err) {
+/* Rank 0, holding the lock: the temporaries of dead writers go, and the retention settles (the
+ * directory's settings unless given). */
+static int tidy_dir(trainer *t, ckpt_opts *o, err_t *err) {
+    if (!o->dir || !is_rank0(t)) return 0;
+    int n = ckpt_dir_clean_temps(o->dir);
+    if (n) log_warn("%s: removed %d temporary file%s left by writers that were killed", o->dir, n, n == 1 ? "" : "s");
+    return ckpt_keep_settle(o->dir, &o->keep, err);
+}
+
+int ckpt_start(trainer *t, ckpt_opts *o, bool quiet, int *lock_fd, err_t *err) {
     *lock_fd = -1;
     int rc = take_lock(t, o, lock_fd, err);
     if (rc) return rc;
-    if (o->dir && is_rank0(t)) {
-        int n = ckpt_dir_clean_temps(o->dir);
-        if (n) log_warn("%s: removed %d temporary file%s left by writers that were killed", o->dir, n, n == 1 ? "" : "s");
-    }
+    if ((rc = agreed(t, tidy_dir(t, o, err), "the checkpoint retention", err))) return rc;
     plan_resume r;
     beyond b = {0};
     char chosen[PATH_LEN];
@@ -241,11 +248,15 @@ int ckpt_start(trainer *t, const ckpt_opts *o, bool quiet, int *lock_fd, err_t *
     return rc;
 }
 
-int ckpt_checkpoint(trainer *t, const ckpt_opts *o, err_t *err) {
-    if (ckpt_save_step(t, o->dir, err) < 0) return -1;
-    if (!is_rank0(t)) return 0;
+int ckpt_checkpoint(trainer *t, const ckpt_opts *o, bool diverged, err_t *err) {
     err_t e;
-    if (ckpt_dir_prune(o->dir, &o->keep, &e) < 0) log_warn("checkpoint retention: %s", e.msg); /* space, not correctness */
+    /* the mark first: a crash between the two leaves a mark without its checkpoint (harmless),
+     * never a diverged checkpoint that counts as good; without the mark nothing is deleted */
+    bool marked = !is_rank0(t) || ckpt_keep_mark(o->dir, t->step, diverged, &e) == 0;
+    if (!marked) log_warn("checkpoint retention: %s; nothing is deleted this time", e.msg);
+    if (ckpt_save_step(t, o->dir, err) < 0) return -1;
+    if (!is_rank0(t) || !marked) return 0;
+    if (ckpt_keep_prune(o->dir, &o->keep, &e) < 0) log_warn("checkpoint retention: %s", e.msg); /* space, not correctness */
     return 0;
 }
 
