@@ -12,6 +12,7 @@
 
 #include "common/args.h"
 #include "common/fileio.h"
+#include "common/outputs.h"
 #include "common/log.h"
 #include "common/strutil.h"
 #include "formats/data.h"
@@ -207,17 +208,18 @@ static bool is_shard_name(const char *s) {
     return digits >= 6 && !strcmp(p + digits, ".bin");
 }
 
+static const out_kind data_dir_kind = {"data directory", is_shard_name, false, NULL};
+
 /* An input that is one of OUTDIR's shards would be replaced by this run's shards, or trained on
- * with them: refused, symbolic links into OUTDIR included. */
-static int check_data_inputs(const char *outdir, char **files, int n_files, err_t *err) {
-    for (int i = 0; i < n_files; i++) {
-        char name[256];
-        if (strcmp(files[i], "-") && file_in_dir(files[i], outdir, name, sizeof name) && is_shard_name(name))
-            return err_set(err, "%s: this input is a shard of the output directory %s (%s), which this run "
-                                "writes; read it from elsewhere or give another -o",
-                           files[i], outdir, name);
-    }
-    return 0;
+ * with them (symbolic links into OUTDIR included); nor may the tokenizer be one (common/outputs.h). */
+static int check_data_inputs(const char *outdir, const char *tokenizer, char **files, int n_files, err_t *err) {
+    out_set s = out_begin("cephalo data");
+    out_input(&s, "--tokenizer", tokenizer);
+    for (int i = 0; i < n_files; i++) out_input(&s, "input", files[i]);
+    out_dir(&s, "-o", outdir, &data_dir_kind);
+    int rc = out_check(&s, err);
+    out_free(&s);
+    return rc;
 }
 
 /* Shards of an earlier, larger run would be picked up by a directory or glob spec. */
@@ -238,7 +240,7 @@ static int data_text(const char *outdir, long shard_tokens, double val_fraction,
     shard_sink k = {.dir = outdir, .shard_tokens = shard_tokens};
     int rc = 0;
     if (!in) return data_fail("out of memory");
-    if (check_data_inputs(outdir, files, n_files, &err) < 0 || open_inputs(files, n_files, in, &err) < 0) {
+    if (check_data_inputs(outdir, NULL, files, n_files, &err) < 0 || open_inputs(files, n_files, in, &err) < 0) {
         rc = data_fail(err.msg);
         goto done;
     }
@@ -524,7 +526,7 @@ static int data_tokenized(const char *outdir, long shard_tokens, double val, con
                 val, n_files, n_files == 1 ? "" : "s", 1 / val);
         return data_fail(err.msg);
     }
-    if (tok_setup(&r, o, &err) < 0 || check_data_inputs(outdir, files, n_files, &err) < 0 ||
+    if (tok_setup(&r, o, &err) < 0 || check_data_inputs(outdir, o->tokenizer, files, n_files, &err) < 0 ||
         open_inputs(files, n_files, in, &err) < 0 || file_make_dir(outdir, false, &err) < 0) {
         rc = data_fail(err.msg);
         goto done;

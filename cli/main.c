@@ -12,6 +12,7 @@
 #include "cli/run.h"
 #include "common/args.h"
 #include "common/fileio.h"
+#include "common/outputs.h"
 #include "common/strutil.h"
 #include "common/version.h"
 #include "planner/cluster.h"
@@ -146,11 +147,17 @@ static int write_plan_file(const plan *p, const char *path) {
 static int check_plan_outputs(const cli_opts *o) {
     char store[PATH_LEN];
     bool use_store = !o->profile && profile_store_path(store, sizeof store);
-    const file_arg ins[] = {{"--cluster", o->cluster}, {"--model", o->model}, {"--profile", o->profile},
-                            {"the profile store", use_store ? store : NULL}};
-    const file_arg outs[] = {{"-o", o->output}, {"--dump-costs", o->dump_costs}};
+    out_set s = out_begin("cephalo plan");
+    out_input(&s, "--cluster", o->cluster);
+    out_input(&s, "--model", o->model);
+    out_input(&s, "--profile", o->profile);
+    out_input(&s, "the profile store", use_store ? store : NULL);
+    out_file(&s, "-o", o->output);
+    out_file(&s, "--dump-costs", o->dump_costs);
     err_t err;
-    if (file_check_outputs(outs, 2, ins, 4, &err) == 0) return 0;
+    int rc = out_check(&s, &err);
+    out_free(&s);
+    if (rc == 0) return 0;
     fprintf(stderr, "cephalo: %s\n", err.msg);
     return EXIT_BAD_INPUT;
 }

@@ -15,6 +15,7 @@
 #include "common/args.h"
 #include "common/clock.h"
 #include "common/fileio.h"
+#include "common/outputs.h"
 #include "common/log.h"
 #include "common/strutil.h"
 #include "planner/inputs.h"
@@ -384,9 +385,13 @@ int profile_main(int argc, char **argv) {
         return args_bad_cmd("cephalo profile", "%s", "nothing to write: give -o FILE, or a profile store");
     }
     /* -o and the store (read, then rewritten) must not replace the model file or each other */
-    const file_arg ins[] = {{"--model", o.model}};
-    const file_arg outs[] = {{o.store ? "--store" : "the profile store", use_store ? store : NULL}, {"-o", o.out}};
-    if (file_check_outputs(outs, 2, ins, 1, &err) < 0) {
+    out_set outs = out_begin("cephalo profile");
+    out_input(&outs, "--model", o.model);
+    out_file(&outs, o.store ? "--store" : "the profile store", use_store ? store : NULL);
+    out_file(&outs, "-o", o.out);
+    rc = out_check(&outs, &err);
+    out_free(&outs);
+    if (rc < 0) {
         job_free(&j);
         return args_bad_cmd("cephalo profile", "%s", err.msg);
     }

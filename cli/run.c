@@ -36,6 +36,8 @@
 #include "common/dirlock.h"
 #include "common/fileio.h"
 #include "common/log.h"
+#include "common/outputs.h"
+#include "formats/data.h"
 #include "planner/inputs.h"
 
 extern char **environ;
@@ -127,11 +129,51 @@ int run_free_port(err_t *err) {
     return ok ? ntohs(a.sin_port) : err_set(err, "cannot find a free TCP port on 127.0.0.1: %s", strerror(e));
 }
 
+/* ---- the run directory ---- */
+
+/* plan.json, cluster.yaml, prometheus-targets.json, summary.json, rank-R.log and rank-R.jsonl, the lock and the
+ * marker: a run directory's own names, which no input may be and no other file may hold unless
+ * cephalo run wrote it (the marker says so; common/outputs.h). */
+static bool run_owns(const char *name) {
+    static const char *const files[] = {"plan.json", "cluster.yaml", "prometheus-targets.json", "summary.json", ".lock",
+                                        ".cephalo-run", NULL};
+    for (int i = 0; files[i]; i++)
+        if (!strcmp(name, files[i])) return true;
+    int end = 0;
+    sscanf(name, "rank-%*u.log%n", &end);
+    if (end && !name[end]) return true;
+    end = 0;
+    sscanf(name, "rank-%*u.jsonl%n", &end);
+    return end && !name[end];
+}
+
+static const out_kind run_dir_kind = {"run directory", run_owns, false, ".cephalo-run"};
+
+/* The job's files (the job file, its profile, data, weights and the checkpoint it resumes) are
+ * never the run directory's nor the checkpoint directory's files. */
+static int check_outputs(const launch *l, const run_opts *o, err_t *err) {
+    const wcmd_train *t = &l->j->train;
+    out_set s = out_begin("cephalo run");
+    out_input(&s, "the job file", o->job);
+    out_input(&s, "profile", l->j->profile);
+    data_spec_inputs(&s, "data", t->data);
+    data_spec_inputs(&s, "validation.data", t->val_data);
+    out_input_path(&s, "init_from", t->init_from, &out_hf_input);
+    if (t->resume && strcmp(t->resume, "auto") && strcmp(t->resume, "never"))
+        out_input_path(&s, "checkpoint.resume", t->resume, &ckpt_dir_kind);
+    out_dir(&s, "--run-dir", l->dir, &run_dir_kind);
+    out_dir(&s, "checkpoint.dir", l->ckpt_dir, &ckpt_dir_kind);
+    int rc = out_check(&s, err);
+    out_free(&s);
+    return rc;
+}
+
 /* One run at a time per run directory (the second would write over the first's plan, logs and
  * checkpoints); then what killed runs left half-written goes. */
 static int lock_run_dir(launch *l, err_t *err) {
     if (file_make_dir(l->dir, true, err) < 0) return -1;
     if ((l->lock_fd = dir_lock(l->dir, "another cephalo run", err)) == -1) return -1;
+    if (out_mark(l->dir, &run_dir_kind, err) < 0) return -1;
     int n = dir_clean_temps(l->dir);
     if (n) fprintf(stderr, "cephalo run: %s: removed %d temporary file%s left by a killed run\n", l->dir, n, n == 1 ? "" : "s");
     return 0;
@@ -633,7 +675,7 @@ static int prepare(launch *l, const run_opts *o) {
     bool gpu = false;
     for (int i = 0; i < l->p->cm->cl->n_devices; i++) gpu |= l->p->cm->cl->devices[i].threads == 0;
     if (run_find_worker(l->worker, gpu, &err) < 0 && !o->dry_run) return fail(RUN_EXIT_FAILED, &err);
-    if (lock_run_dir(l, &err) < 0) return fail(RUN_EXIT_BAD_INPUT, &err);
+    if (check_outputs(l, o, &err) < 0 || lock_run_dir(l, &err) < 0) return fail(RUN_EXIT_BAD_INPUT, &err);
     return write_run_dir(l, &err) < 0 ? fail(RUN_EXIT_BAD_INPUT, &err) : 0;
 }
 

@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/ckpt_keep.h"
 #include "common/fileio.h"
 #include "common/log.h"
 
@@ -27,6 +28,16 @@ static bool parse_name(const char *name, long long *step, bool *file) {
     *file = !strcmp(p + digits, SUFFIX);
     return *file || p[digits] == '\0';
 }
+
+static bool ckpt_owns(const char *name) {
+    long long step;
+    bool file;
+    size_t n = strlen(name);
+    return parse_name(name, &step, &file) || !strcmp(name, "latest") || !strcmp(name, CKPT_KEEP_FILE) ||
+           !strcmp(name, "index.json") || !strcmp(name, ".lock") || (n > 12 && !strcmp(name + n - 12, SUFFIX));
+}
+
+const out_kind ckpt_dir_kind = {"checkpoint directory", ckpt_owns, true, NULL};
 
 static bool exists(const char *path) {
     struct stat st;

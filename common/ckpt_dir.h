@@ -14,6 +14,7 @@
 #include <stdbool.h>
 
 #include "common/err.h"
+#include "common/outputs.h"
 
 typedef struct ckpt_entry {
     long long step;
@@ -26,6 +27,10 @@ typedef struct ckpt_entry {
  * their number and a fresh array (caller frees; NULL when none), or -1 when dir cannot be read.
  * A missing directory holds none. Entries whose names are not step_N... are ignored. */
 int ckpt_dir_list(const char *dir, ckpt_entry **out, err_t *err);
+
+/* The names a checkpoint directory holds (checkpoints, their files, latest, retention.json, the
+ * lock): what no other output may be written over (common/outputs.h). */
+extern const out_kind ckpt_dir_kind;
 
 /* DIR/latest: 1 with the name it holds, 0 when there is no such file, -1 when it cannot be read
  * or does not hold a checkpoint name (the message says which). */

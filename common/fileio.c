@@ -121,23 +121,3 @@ bool file_in_dir(const char *path, const char *dir, char *name, size_t n) {
     *slash = '\0';
     return file_same(real, dir);
 }
-
-static bool is_file_arg(const file_arg *f) { return f->path && f->path[0] && strcmp(f->path, "-") != 0; }
-
-int file_check_outputs(const file_arg *outs, size_t n_out, const file_arg *ins, size_t n_in,
-                       err_t *err) {
-    struct stat st;
-    for (size_t o = 0; o < n_out; o++) {
-        if (!is_file_arg(&outs[o])) continue;
-        for (size_t i = 0; i < n_in; i++)
-            if (is_file_arg(&ins[i]) && stat(ins[i].path, &st) == 0 && file_same(outs[o].path, ins[i].path))
-                return err_set(err, "%s %s: this is the input %s %s; writing there would overwrite an "
-                                    "input (give the output another path)",
-                               outs[o].opt, outs[o].path, ins[i].opt, ins[i].path);
-        for (size_t e = 0; e < o; e++)
-            if (is_file_arg(&outs[e]) && file_same(outs[o].path, outs[e].path))
-                return err_set(err, "%s %s: this is also the output %s %s (give each output its own path)",
-                               outs[o].opt, outs[o].path, outs[e].opt, outs[e].path);
-    }
-    return 0;
-}

@@ -32,16 +32,4 @@ bool file_same(const char *a, const char *b);
  * as file_same does; its name there is copied into name. False when path does not exist. */
 bool file_in_dir(const char *path, const char *dir, char *name, size_t n);
 
-/* A command-line path and the option that gave it ("--cluster", "-o"); a NULL path is skipped. */
-typedef struct file_arg {
-    const char *opt, *path;
-} file_arg;
-
-/* Refuses an output that would overwrite one of the inputs or another output: -1 with a message
- * naming the output option, its path and the input it is, 0 when all differ. Inputs that do not
- * exist are skipped (they cannot be overwritten, and a built-in model name is no file); "-"
- * (stdin or stdout) is never a file here. */
-int file_check_outputs(const file_arg *outs, size_t n_out, const file_arg *ins, size_t n_in,
-                       err_t *err);
-
 #endif

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/fileio.h"
 #include "common/log.h"
 #include "common/strutil.h"
 #include "common/version.h"
@@ -311,12 +312,17 @@ static cJSON *dump_header(const cost_model *cm) {
     return root;
 }
 
+/* Built in memory and written atomically: a failure never leaves half a file at path. */
 int plan_dump_costs(const cost_model *cm, const char *path, err_t *err) {
-    FILE *f = fopen(path, "w");
-    if (!f) return err_set(err, "%s: cannot write: %s", path, strerror(errno));
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (!f) return err_set(err, "%s: cannot write: out of memory", path);
     bool ok = put_open_object(dump_header(cm), f) && fputs(",\"groups\":[", f) >= 0;
     for (int g = 0; ok && g < cm->n_groups; g++) ok = (g == 0 || fputc(',', f) != EOF) && put_group(&cm->groups[g], g, f);
     ok = ok && fputs("]}\n", f) >= 0;
     if (fclose(f) != 0) ok = false;
-    return ok ? 0 : err_set(err, "%s: write error", path);
+    int rc = ok ? file_write_atomic(path, text, len, err) : err_set(err, "%s: cannot write: out of memory", path);
+    free(text);
+    return rc;
 }

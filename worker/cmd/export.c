@@ -4,6 +4,8 @@
 
 #include "cmd/cmd.h"
 #include "common/args.h"
+#include "common/ckpt_dir.h"
+#include "common/outputs.h"
 #include "common/worker_cmd.h"
 #include "state/export.h"
 
@@ -25,7 +27,12 @@ int cmd_export(int argc, char **argv) {
     if (ch < 0 || args_no_operands(&p)) return ARGS_BAD;
     if (!ckpt || !out) return args_bad(&p, "needs --checkpoint PATH and -o DIR");
     err_t err;
-    if (export_hf(ckpt, out, &err) < 0) {
+    out_set s = out_begin(WORKER_NAME " export");
+    out_input_path(&s, "--checkpoint", ckpt, &ckpt_dir_kind);
+    out_dir(&s, "-o", out, &out_hf_export);
+    int rc = out_check(&s, &err);
+    out_free(&s);
+    if (rc < 0 || export_hf(ckpt, out, &err) < 0) {
         fprintf(stderr, WORKER_NAME " export: %s\n", err.msg);
         return WCMD_EXIT_BAD_INPUT;
     }

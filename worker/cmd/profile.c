@@ -6,6 +6,7 @@
 
 #include "cmd/cmd.h"
 #include "common/args.h"
+#include "common/outputs.h"
 #include "common/strutil.h"
 #include "common/worker_cmd.h"
 #include "model/wprofile.h"
@@ -86,6 +87,12 @@ int cmd_profile(int argc, char **argv) {
     model_spec model;
     int seq;
     char name[32];
+    out_set s = out_begin(WORKER_NAME " profile");
+    out_input(&s, "--model", o.model);
+    out_file(&s, "-o", o.w.out);
+    rc = out_check(&s, &err);
+    out_free(&s);
+    if (rc < 0) return fprintf(stderr, WORKER_NAME " profile: %s\n", err.msg), WCMD_EXIT_BAD_INPUT;
     if (model_resolve(o.model, &model, &err) < 0) return args_bad(&p, "--model: %s", err.msg);
     if (model_check_seq(&model, (int)o.seq, &seq, &err) < 0) return args_bad(&p, "--seq: %s", err.msg);
     if (device_name(&p, &o, name, sizeof name)) return ARGS_BAD;

@@ -10,10 +10,12 @@
 
 #include "cmd/cmd.h"
 #include "common/args.h"
+#include "common/ckpt_dir.h"
 #include "common/clock.h"
 #include "common/fileio.h"
 #include "common/json_util.h"
 #include "common/log.h"
+#include "common/outputs.h"
 #include "common/worker_cmd.h"
 #include "formats/safetensors.h"
 #include "formats/tokenizer.h"
@@ -437,12 +439,26 @@ static int sample_main(const sample_args *a, gen *g, err_t *err) {
     return rc < 0 ? WCMD_EXIT_RUNTIME : WCMD_EXIT_OK;
 }
 
+/* --dump-logits never lands on an input (common/outputs.h). */
+static int check_outputs(const sample_args *a, err_t *err) {
+    out_set s = out_begin(WORKER_NAME " sample");
+    out_input_path(&s, "--checkpoint", a->checkpoint, &ckpt_dir_kind);
+    out_input_path(&s, "--init-from", a->init_from, &out_hf_input);
+    out_input(&s, "--tokenizer", a->tokenizer);
+    out_input(&s, "--prompt-file", a->prompt_file);
+    out_file(&s, "--dump-logits", a->dump);
+    int rc = out_check(&s, err);
+    out_free(&s);
+    return rc;
+}
+
 int cmd_sample(int argc, char **argv) {
     sample_args a;
+    err_t err = {0};
     int rc = parse_args(argc, argv, &a);
     if (rc) return rc;
+    if (check_outputs(&a, &err) < 0) return fprintf(stderr, WORKER_NAME " sample: %s\n", err.msg), WCMD_EXIT_BAD_INPUT;
     gen g = {0};
-    err_t err = {0};
     rc = sample_main(&a, &g, &err);
     if (rc != WCMD_EXIT_OK) fprintf(stderr, "cephalo-worker sample: %s\n", err.msg);
     gen_release(&g);

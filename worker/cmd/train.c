@@ -21,8 +21,10 @@
 #include "common/ckpt_keep.h"
 #include "common/fileio.h"
 #include "common/log.h"
+#include "common/outputs.h"
 #include "common/strutil.h"
 #include "common/worker_cmd.h"
+#include "formats/data.h"
 #include "model/eval.h"
 #include "model/import.h"
 #include "model/train.h"
@@ -308,6 +310,35 @@ static int inject_from_env(train_config *c) {
     return 0;
 }
 
+/* ---- outputs never land on inputs (common/outputs.h) ---- */
+
+static bool resumes_from_path(const char *r) { return r && strcmp(r, "auto") && strcmp(r, "none") && strcmp(r, "never"); }
+
+/* Every input (plan, model file, each data file, the weights and the checkpoint started from)
+ * against every output (the log, the dump, the checkpoint directory's files): refused, exit 2. */
+static int check_outputs(const worker_opts *o) {
+    out_set s = out_begin(WORKER_NAME " train");
+    out_input(&s, o->plan ? "--plan" : "$CEPHALO_PLAN", o->plan ? o->plan : getenv("CEPHALO_PLAN"));
+    out_input(&s, "--model", o->model);
+    data_spec_inputs(&s, "--data", o->cfg.data);
+    data_spec_inputs(&s, "--val-data", o->val.data);
+    out_input_path(&s, "--init-from", o->cfg.init_from, &out_hf_input);
+    if (resumes_from_path(o->ck.resume)) out_input_path(&s, "--resume", o->ck.resume, &ckpt_dir_kind);
+    out_file(&s, "--log", o->log);
+    out_dir(&s, "--dump", o->dump, &dump_dir_kind);
+    out_dir(&s, "--ckpt-dir", o->ck.dir, &ckpt_dir_kind);
+    err_t err;
+    int rc = out_check(&s, &err);
+    char name[256];
+    /* --overwrite deletes another run's checkpoints; never the one this run starts from */
+    if (rc == 0 && o->ck.overwrite && o->ck.dir && o->cfg.init_from && file_in_dir(o->cfg.init_from, o->ck.dir, name, sizeof name) &&
+        ckpt_dir_kind.owns(name))
+        rc = err_set(&err, "--init-from %s: this is %s of the checkpoint directory --ckpt-dir %s, which --overwrite may "
+                     "delete; copy it elsewhere first", o->cfg.init_from, name, o->ck.dir);
+    out_free(&s);
+    return rc < 0 ? (fprintf(stderr, WORKER_NAME ": %s\n", err.msg), EXIT_BAD_INPUT) : 0;
+}
+
 /* Fills the config from the plan or from --model/--batch. */
 static int resolve_job(worker_opts *o) {
     train_config *c = &o->cfg;
@@ -590,7 +621,7 @@ int cmd_train(int argc, char **argv) {
     o.ck.keep = (ckpt_keep){CKPT_KEEP_UNSET, CKPT_KEEP_UNSET}; /* the directory's, else the table's */
     o.ck.resume = wcmd_defaults[WCMD_RESUME].value;
     int rc = parse_train(argc, argv, &o);
-    if (rc || (rc = resolve_job(&o))) return train_config_release(&o.cfg), rc;
+    if (rc || (rc = check_outputs(&o)) || (rc = resolve_job(&o))) return train_config_release(&o.cfg), rc;
     catch_stop_signals();
     err_t err;
     comm *c = NULL;

@@ -609,6 +609,22 @@ static int expand_spec(const char *spec, strlist *out, err_t *err) {
     return rc;
 }
 
+static bool is_shard_file(const char *name) {
+    size_t n = strlen(name);
+    return n > 4 && !strcmp(name + n - 4, ".bin");
+}
+
+/* The *.bin files of a data directory: those expand_dir reads. */
+static const out_kind data_dir_input = {"data directory", is_shard_file, true, NULL};
+
+void data_spec_inputs(out_set *s, const char *opt, const char *spec) {
+    if (!spec || !strcmp(spec, "synthetic")) return;
+    char *copy = xstrdup(spec), *save = NULL;
+    for (char *item = strtok_r(copy, ",", &save); item; item = strtok_r(NULL, ",", &save))
+        out_input_path(s, opt, item, &data_dir_input); /* a file, a directory, or a pattern */
+    free(copy);
+}
+
 /* --- token sources --- */
 
 static data_source *ds_new(src_kind kind, uint64_t seed) {

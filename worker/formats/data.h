@@ -26,6 +26,7 @@
 #include <stdint.h>
 
 #include "common/err.h"
+#include "common/outputs.h"
 
 typedef enum { DATA_CLM, DATA_MLM } data_task;
 
@@ -103,6 +104,11 @@ void data_synthetic_image(uint64_t seed, int64_t s, int channels, int size, int 
 /* ---- sources ---- */
 /* spec: a shard file, a directory (every *.bin in it, sorted by name), a glob pattern ("d/train_*.bin")
  * or a comma-separated list of those. seq >= 1, vocab >= 2 (>= 3 for MLM). */
+/* Adds what a data spec names (files, directories and their *.bin files, patterns, comma
+ * lists, as data_open_tokens reads them) to s as inputs of opt (common/outputs.h); nothing for
+ * "synthetic". */
+void data_spec_inputs(out_set *s, const char *opt, const char *spec);
+
 int data_open_tokens(data_source **out, const char *spec, int seq, int vocab, data_task task, uint64_t seed,
                      err_t *err);
 /* Sample s is x_t = (start + stride*t) mod (vocab-1) with start, stride (1..4) and ~2% noise drawn

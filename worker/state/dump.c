@@ -69,6 +69,16 @@ static int64_t logits_floats(const trainer *t) {
                                : (int64_t)t->cfg.batch * t->tokens * m->vocab;
 }
 
+static bool dump_owns(const char *name) {
+    static const char *const files[] = {"init.safetensors", "step0.safetensors", "batches.safetensors",
+                                        "final.safetensors", NULL};
+    for (int i = 0; files[i]; i++)
+        if (!strcmp(name, files[i])) return true;
+    return false;
+}
+
+const out_kind dump_dir_kind = {"dump directory", dump_owns, false, NULL};
+
 dumper *dump_open(trainer *t, const char *dir, err_t *err) {
     if (t->cfg.world != 1) {
         err_set(err, "--dump needs a single rank (WORLD_SIZE=1)");

@@ -4,9 +4,13 @@
 #ifndef CEPHALO_DUMP_H
 #define CEPHALO_DUMP_H
 
+#include "common/outputs.h"
 #include "model/train.h"
 
 typedef struct dumper dumper;
+
+/* The files a dump directory holds (init, step0, batches, final), for the outputs check. */
+extern const out_kind dump_dir_kind;
 
 /* Writes DIR/init.safetensors and prepares to record steps (creates DIR). */
 dumper *dump_open(trainer *t, const char *dir, err_t *err);

@@ -237,6 +237,7 @@ int export_hf(const char *checkpoint, const char *dir, err_t *err) {
         rc = err_set(err, "%s: export writes GPT-2 and Llama layouts; this checkpoint is a %s",
                      checkpoint, model_arch_name(m.arch));
     if (rc == 0) rc = file_make_dir(dir, true, err);
+    if (rc == 0) rc = out_mark(dir, &out_hf_export, err); /* export may write here again (common/outputs.h) */
     if (rc == 0) {
         x.w = st_writer_new();
         if (m.arch == ARCH_GPT) gpt2_tensors(&x);

@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# CLI tests of the one rule of every command that writes (common/outputs.h, docs/development.md
+# "Outputs"): an output never lands on an input (the same file however spelled, a file of a data
+# spec, a file of an input directory), on another output, or on a file the command keeps in its
+# checkpoint, dump, data, export or run directory; a directory of generic names (a run directory,
+# an export) that holds such a name cephalo did not write is refused. Every refusal is exit 2,
+# names both sides, and leaves the files as they were. Prints "ok N - ..." lines.
+set -u
+REPO=$PWD
+B=$(cd "${BUILD:-build/rel}/bin" && pwd)
+C=$B/cephalo
+W=$B/cephalo-worker
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+. "$(dirname "$0")/lib.sh"
+unset CEPHALO_WORKER
+
+TINY=(--model tiny-gpt --batch 4 --microbatch 2 --seq 32 --threads 1 --quiet)
+sum() { md5sum <"$1" | cut -d' ' -f1; }
+cd "$T" || exit 1
+
+# ---- train: the data, the checkpoint resumed from, the checkpoint and dump directories ----
+head -c 60000 /dev/urandom | base64 >text.txt
+"$C" data -o d text.txt >/dev/null 2>&1
+shard=$(sum d/train_000000.bin)
+check "train --log on the training shard: refused, naming both" 2 \
+  "--log d/train_000000.bin: this is the input --data d/train_000000.bin" -- \
+  "$W" train "${TINY[@]}" --steps 1 --data d/train_000000.bin --log d/train_000000.bin
+assert "... the shard is untouched" test "$(sum d/train_000000.bin)" = "$shard"
+check "... spelled otherwise (./d/../d/...)" 2 "this is the input --data d/train_000000.bin" -- \
+  "$W" train "${TINY[@]}" --steps 1 --data d/train_000000.bin --log ./d/../d/train_000000.bin
+ln -s d/train_000000.bin link.bin
+check "... through a symbolic link" 2 "--log link.bin: this is the input --data d/train_000000.bin" -- \
+  "$W" train "${TINY[@]}" --steps 1 --data d/train_000000.bin --log link.bin
+check "... a shard of a data directory" 2 "--log d/train_000000.bin: this is train_000000.bin, an input of --data d" -- \
+  "$W" train "${TINY[@]}" --steps 1 --data d --log d/train_000000.bin
+check "... a new shard a data directory would read" 2 "--log d/new.bin: this is new.bin, an input of --data d" -- \
+  "$W" train "${TINY[@]}" --steps 1 --data d --log d/new.bin
+check "... a shard a pattern matches (not yet there: a new shard the pattern would read)" 2 \
+  "--log d/train_000009.bin: this is train_000009.bin, an input of --data d/train_*.bin" -- \
+  "$W" train "${TINY[@]}" --steps 1 --data 'd/train_*.bin,d/val_*.bin' --log d/train_000009.bin
+check "... a validation shard" 2 "this is the input --val-data d/train_000000.bin" -- \
+  "$W" train "${TINY[@]}" --steps 1 --val-data d/train_000000.bin --log d/train_000000.bin
+assert "... and the shard is still whole" test "$(sum d/train_000000.bin)" = "$shard"
+
+"$W" train "${TINY[@]}" --steps 2 --ckpt-every 1 --ckpt-dir ck
+ck2=$(sum ck/step_00000002.safetensors)
+check "train --log on a checkpoint of --ckpt-dir: refused" 2 \
+  "--log ck/step_00000002.safetensors: step_00000002.safetensors is a file this command keeps in its checkpoint directory --ckpt-dir ck" -- \
+  "$W" train "${TINY[@]}" --steps 3 --ckpt-dir ck --resume auto --log ck/step_00000002.safetensors
+check "... on its latest" 2 "latest is a file this command keeps in its checkpoint directory" -- \
+  "$W" train "${TINY[@]}" --steps 3 --ckpt-dir ck --resume auto --log ck/latest
+check "... on the checkpoint resumed from (another --ckpt-dir)" 2 \
+  "--log ck/step_00000002.safetensors: this is the input --resume ck/step_00000002.safetensors" -- \
+  "$W" train "${TINY[@]}" --steps 3 --ckpt-dir ck2 --resume ck/step_00000002.safetensors --log ck/step_00000002.safetensors
+check "... on a checkpoint of the directory resumed from" 2 \
+  "this is step_00000001.safetensors, an input of --resume ck" -- \
+  "$W" train "${TINY[@]}" --steps 3 --ckpt-dir ck2 --resume ck --log ck/step_00000001.safetensors
+assert "... the checkpoint is untouched" test "$(sum ck/step_00000002.safetensors)" = "$ck2"
+check "... and still resumes" 0 "resumed from ck/step_00000002.safetensors at step 2" -- \
+  "$W" train --model tiny-gpt --batch 4 --microbatch 2 --seq 32 --threads 1 --steps 3 --ckpt-dir ck --resume auto --log ck/train.jsonl
+assert "a log of another name in the checkpoint directory is fine" test -s ck/train.jsonl
+check "train --log on a file of --dump" 2 "init.safetensors is a file this command keeps in its dump directory --dump dd" -- \
+  "$W" train "${TINY[@]}" --steps 1 --dump dd --log dd/init.safetensors
+printf '{}' >p.json
+check "train --log on the --plan (checked before the plan is read)" 2 "--log p.json: this is the input --plan p.json" -- \
+  "$W" train --plan p.json --steps 1 --log p.json
+"$W" export --checkpoint ck -o hf >/dev/null
+check "train --log on a file of --init-from's model directory" 2 \
+  "--log hf/config.json: this is config.json, an input of --init-from hf" -- \
+  "$W" train --init-from hf --batch 4 --microbatch 2 --seq 32 --threads 1 --quiet --steps 1 --log hf/config.json
+check "train --overwrite never deletes the checkpoint it starts from" 2 \
+  "--init-from ck/step_00000002.safetensors: this is step_00000002.safetensors of the checkpoint directory --ckpt-dir ck, which --overwrite may delete" -- \
+  "$W" train "${TINY[@]}" --steps 1 --ckpt-dir ck --overwrite --init-from ck/step_00000002.safetensors
+
+# ---- sample, export, profile ----
+printf 'a prompt' >prompt.txt
+check "sample --dump-logits on the prompt file" 2 "--dump-logits prompt.txt: this is the input --prompt-file prompt.txt" -- \
+  "$W" sample --checkpoint ck --prompt-file prompt.txt --dump-logits prompt.txt
+check "sample --dump-logits on the checkpoint sampled" 2 "this is step_00000003.safetensors, an input of --checkpoint ck" -- \
+  "$W" sample --checkpoint ck --dump-logits ck/step_00000003.safetensors
+check "sample --dump-logits on the model's weights" 2 "this is model.safetensors, an input of --init-from hf" -- \
+  "$W" sample --init-from hf --dump-logits hf/model.safetensors
+mkdir mine && echo '{"mine": true}' >mine/config.json
+check "export into a directory of someone else's model: refused" 2 \
+  "-o mine: it holds config.json, which cephalo-worker export did not write (no .cephalo-export there)" -- \
+  "$W" export --checkpoint ck -o mine
+check "... their config.json untouched" 0 '"mine": true' -- cat mine/config.json
+check "export again into its own directory: fine" 0 "wrote hf/model.safetensors" -- "$W" export --checkpoint ck -o hf
+cp ck/step_00000003.safetensors hf2.safetensors
+mkdir ex && cp ck/step_00000003.safetensors ex/model.safetensors
+check "export of a checkpoint into the directory it lies in, under a name export writes" 2 \
+  "--checkpoint ex/model.safetensors: this input is model.safetensors, a file of the export directory -o ex" -- \
+  "$W" export --checkpoint ex/model.safetensors -o ex
+cp "$REPO/examples/models/demo-gpt.yaml" m.yaml
+check "profile -o on its --model file" 2 "-o m.yaml: this is the input --model m.yaml" -- \
+  "$W" profile --model m.yaml -o m.yaml
+
+# ---- cephalo run: the run directory ----
+mkdir -p user && echo "my cluster" >user/cluster.yaml
+cat >user/job.yaml <<'Y'
+model: tiny-gpt
+batch: 4
+steps: 2
+seq: 32
+devices: [{type: cpu, threads: 1, memory: 256M}]
+Y
+check "cephalo run --run-dir . over a cluster.yaml of the user's: refused" 2 \
+  "--run-dir .: it holds cluster.yaml, which cephalo run did not write (no .cephalo-run there)" -- \
+  bash -c "cd user && '$C' run job.yaml --run-dir . --quiet"
+check "... the user's file untouched" 0 "my cluster" -- cat user/cluster.yaml
+check "a job file that is a run directory's own file (plan.json): refused" 2 \
+  "the job file r/plan.json: this input is plan.json, a file of the run directory --run-dir r" -- \
+  bash -c "mkdir -p r && cp user/job.yaml r/plan.json && '$C' run r/plan.json --run-dir r --quiet"
+assert "a run directory of cephalo run's is used again" bash -c \
+  "'$C' run user/job.yaml --run-dir r2 --quiet >/dev/null && '$C' run user/job.yaml --run-dir r2 --quiet >/dev/null && test -f r2/.cephalo-run"
+
+# ---- cephalo data and plan ----
+check "cephalo data: an input that is a shard of -o" 2 "input d/train_000000.bin: this input is train_000000.bin, a file of the data directory -o d" -- \
+  "$C" data -o d d/train_000000.bin
+check "cephalo plan -o on its cluster file" 2 "-o c.yaml: this is the input --cluster c.yaml" -- bash -c \
+  "cp '$REPO/examples/clusters/cluster-a.yaml' c.yaml && '$C' plan --cluster c.yaml --model gpt-350m --batch 64 -o c.yaml"
+check "cephalo plan: -o and --dump-costs the same file" 2 "--dump-costs out.json: this is also the output -o out.json" -- \
+  "$C" plan --cluster c.yaml --model gpt-350m --batch 64 -o out.json --dump-costs out.json
