@@ -34,14 +34,14 @@ mkdir "$T/sub"
 P=(plan --cluster "$T/c2.yaml" --model gpt2-124m --batch 8)
 check "-o the cluster file" 2 "$T/c2.yaml: this is the input --cluster" -- "$BIN" "${P[@]}" -o "$T/c2.yaml"
 assert "the cluster file is unchanged" cmp "$T/c2.yaml" "$T/c2.orig"
-check "-o ./ spelling of the cluster" 2 "an input" -- "$BIN" "${P[@]}" -o "$T/./c2.yaml"
-check "-o dir/.. spelling of the cluster" 2 "an input" -- "$BIN" "${P[@]}" -o "$T/sub/../c2.yaml"
+check "-o ./ spelling of the cluster" 2 "this is the input --cluster" -- "$BIN" "${P[@]}" -o "$T/./c2.yaml"
+check "-o dir/.. spelling of the cluster" 2 "this is the input --cluster" -- "$BIN" "${P[@]}" -o "$T/sub/../c2.yaml"
 check "-o a symlink to the cluster" 2 "-o $T/link.yaml: this is the input --cluster" -- "$BIN" "${P[@]}" -o "$T/link.yaml"
-check "-o a hard link to the cluster" 2 "an input" -- "$BIN" "${P[@]}" -o "$T/hard.yaml"
-check "-o relative to the cwd" 2 "an input" -- bash -c "cd '$T' && '$PWD/$BIN' plan --cluster c2.yaml --model gpt2-124m --batch 8 -o ./c2.yaml"
+check "-o a hard link to the cluster" 2 "this is the input --cluster" -- "$BIN" "${P[@]}" -o "$T/hard.yaml"
+check "-o relative to the cwd" 2 "this is the input --cluster" -- bash -c "cd '$T' && '$PWD/$BIN' plan --cluster c2.yaml --model gpt2-124m --batch 8 -o ./c2.yaml"
 assert "the cluster file is still unchanged" cmp "$T/c2.yaml" "$T/c2.orig"
 check "--dump-costs the cluster file" 2 "--dump-costs $T/c2.yaml: this is the input --cluster" -- "$BIN" "${P[@]}" --dump-costs "$T/c2.yaml"
-check "compare --dump-costs the cluster" 2 "an input" -- "$BIN" compare --cluster "$T/c2.yaml" --model gpt2-124m --batch 8 --dump-costs "$T/link.yaml"
+check "compare --dump-costs the cluster" 2 "this is the input --cluster" -- "$BIN" compare --cluster "$T/c2.yaml" --model gpt2-124m --batch 8 --dump-costs "$T/link.yaml"
 check "-o the model file" 2 "this is the input --model $T/m.yaml" -- "$BIN" plan --cluster "$T/c2.yaml" --model "$T/m.yaml" --batch 8 -o "$T/m.yaml"
 check "-o the profile" 2 "this is the input --profile" -- "$BIN" "${P[@]}" --profile "$T/prof.json" -o "$T/prof.json"
 echo '{}' >"$T/store.json"
@@ -54,7 +54,7 @@ check "profile -o the store" 2 "this is also the output --store" -- "$BIN" profi
 check "profile --store the model file" 2 "this is the input --model" -- "$BIN" profile --devices cpu:1t:256M --model "$T/m.yaml" --store "$T/m.yaml"
 mkdir -p "$T/shards"
 printf 'text' >"$T/shards/train_000000.bin"
-check "data input among the output shards" 2 "train_000000.bin: this input is a shard of the output directory" -- "$BIN" data -o "$T/shards" "$T/shards/train_000000.bin"
+check "data input among the output shards" 2 "this input is train_000000.bin, a file of the data directory -o" -- "$BIN" data -o "$T/shards" "$T/shards/train_000000.bin"
 check "data --images still writes" 0 "" -- "$BIN" data --images -o "$T/i.cimg" --synthetic 2 --classes 2 --size 4
 
 # ---- node names: UTF-8 in the table, NUL refused ----

@@ -62,6 +62,10 @@ check "... and still resumes" 0 "resumed from ck/step_00000002.safetensors at st
 assert "a log of another name in the checkpoint directory is fine" test -s ck/train.jsonl
 check "train --log on a file of --dump" 2 "init.safetensors is a file this command keeps in its dump directory --dump dd" -- \
   "$W" train "${TINY[@]}" --steps 1 --dump dd --log dd/init.safetensors
+"$W" train "${TINY[@]}" --steps 1 --dump dd >/dev/null 2>&1
+check "train --dump into the directory whose init.safetensors it starts from" 2 \
+  "--init-from dd/init.safetensors: this input is init.safetensors, a file of the dump directory --dump dd" -- \
+  "$W" train "${TINY[@]}" --steps 1 --dump dd --init-from dd/init.safetensors
 printf '{}' >p.json
 check "train --log on the --plan (checked before the plan is read)" 2 "--log p.json: this is the input --plan p.json" -- \
   "$W" train --plan p.json --steps 1 --log p.json
