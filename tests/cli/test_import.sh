@@ -324,6 +324,16 @@ check "... export too" 2 "$cku" -- "$W" export --checkpoint "$T/ck1" -o "$T/ck1-
 check "... and a resume" 2 "$cku" -- "$W" train --quiet --model "$T/tiny-gpt-1.yaml" --batch 2 --steps 2 --resume "$T/ck1"
 check "... --allow-unused-weights exports it, saying so" 0 "--allow-unused-weights: 3 tensors the model does not use left out" \
   -- "$W" export --checkpoint "$T/ck1" -o "$T/ck1-exp" --allow-unused-weights
+# and a --dump's parameter file (export and sample read those too)
+"$W" train --quiet --model tiny-gpt --batch 2 --steps 1 --dump "$T/dump2" 2>/dev/null
+$PY -c "
+import json, sys; sys.path.insert(0, 'tests/ref'); import st
+t, meta = st.read('$T/dump2/init.safetensors')
+m = json.loads(meta['cephalo.model']); m['n_layer'] = 1; meta['cephalo.model'] = json.dumps(m)
+st.write('$T/dump1.safetensors', t, meta)"
+check "... a --dump file holding more layers than its metadata: export refuses, naming the tensors" 2 \
+  "dump1.safetensors: 12 tensors the model does not use: 'block.1.ln_1.weight'" \
+  -- "$W" export --checkpoint "$T/dump1.safetensors" -o "$T/dump1-exp"
 
 # ---- weights that are not finite: named with the tensor and element on load, not seen later as a loss of nan ----
 rm -rf "$T/nan" && cp -r "$T/llama-f32-gqa" "$T/nan"
@@ -370,6 +380,10 @@ check "... eval --seq" 2 "exceeds model llama-f32-gqa's context" -- "$W" eval --
 check "... cephalo plan --seq" 2 "$llseq" -- $C plan --cluster "$(cluster_of 2)" --model tiny-llama --batch 4 --seq 256
 printf 'model: tiny-llama\nbatch: 2\nsteps: 1\nseq: 256\ndevices:\n  - {type: cpu, threads: 1, memory: 256M, count: 1}\n' >"$T/llseq.yaml"
 check "... a job file's seq" 2 "llseq.yaml:4: seq: sequence length 256 $llseq" -- $C run "$T/llseq.yaml" --dry-run --run-dir "$T/llseq-run"
+printf 'init_from: llama-f32-gqa\nbatch: 2\nsteps: 1\nseq: 200\ndevices:\n  - {type: cpu, threads: 1, memory: 256M, count: 1}\n' >"$T/llseq-hf.yaml"
+check "... a job file's seq with init_from (the config's max_position_embeddings)" 2 \
+  "llseq-hf.yaml:4: seq: sequence length 200 exceeds model llama-f32-gqa's context of 128 positions" \
+  -- $C run "$T/llseq-hf.yaml" --dry-run --run-dir "$T/llseq-hf-run"
 $C plan --cluster "$(cluster_of 2)" --model tiny-llama --batch 4 --seq 64 -o "$T/llp.json" >/dev/null
 $PY -c "
 import json; p = json.load(open('$T/llp.json')); p['inputs']['seq'] = 256; json.dump(p, open('$T/llp.json', 'w'))"

@@ -7,7 +7,11 @@
  *
  * A rank asks for one contiguous range of a unit's flat buffer at a time (its FSDP shard); the
  * range is cut into the pieces of the Hugging Face tensors it covers and only those bytes are
- * read from the mapped files. Nothing here holds more than the caller's range. */
+ * read from the mapped files. Nothing here holds more than the caller's range.
+ *
+ * A sharded directory is read as its index says: each tensor from the shard its weight_map names.
+ * The files must hold no weight the model leaves out, and every value read must be finite
+ * (model/weights.h, the checks every loader by name makes). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -321,6 +325,8 @@ static int read_piece(const hf_import *imp, const piece *p, int64_t cols, int64_
     }
     return 0;
 }
+
+/* ---- the interface ---- */
 
 int hf_import_range(hf_import *imp, int unit, int64_t lo, int64_t hi, float *out, err_t *err) {
     wm_tensor ts[WM_MAX_TENSORS];
