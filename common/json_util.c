@@ -209,6 +209,39 @@ int json_check_keys(const json_ctx *c, const cJSON *obj, const char *path,
     return 0;
 }
 
+static int key_cmp(const void *a, const void *b) {
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+int json_check_unique_keys(const json_ctx *c, const cJSON *item, const char *path) {
+    int n = cJSON_GetArraySize(item);
+    if (cJSON_IsObject(item) && n > 1) {
+        const char **keys = xmalloc((size_t)n * sizeof *keys);
+        int k = 0;
+        const cJSON *m;
+        cJSON_ArrayForEach(m, item) keys[k++] = m->string ? m->string : "";
+        qsort(keys, (size_t)n, sizeof *keys, key_cmp);
+        const char *dup = NULL;
+        for (int i = 1; i < n && !dup; i++)
+            if (!strcmp(keys[i - 1], keys[i])) dup = keys[i];
+        char shown[JSON_MSG_TEXT * 2 + 8];
+        if (dup) message_text(dup, strlen(dup), JSON_MSG_TEXT, shown, sizeof shown);
+        free(keys);
+        if (dup) return fail(c, path, "field '%s' appears twice (readers differ on which one counts)", shown);
+    }
+    int i = 0;
+    const cJSON *m;
+    cJSON_ArrayForEach(m, item) { /* nested objects and arrays, their path extended */
+        char sub[256];
+        bool nested = cJSON_IsObject(m) || cJSON_IsArray(m);
+        if (nested && cJSON_IsArray(item)) snprintf(sub, sizeof sub, "%.200s[%d]", path, i);
+        else if (nested) snprintf(sub, sizeof sub, "%.120s%s%.120s", path, *path ? "." : "", m->string ? m->string : "");
+        i++;
+        if (nested && json_check_unique_keys(c, m, sub) < 0) return -1;
+    }
+    return 0;
+}
+
 /* ---- typed values ------------------------------------------------------------------------ */
 
 int json_expect_object(const json_ctx *c, const cJSON *item, const char *path) {

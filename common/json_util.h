@@ -53,6 +53,11 @@ int json_require(const json_ctx *c, const cJSON *obj, const char *path, const ch
 int json_check_keys(const json_ctx *c, const cJSON *obj, const char *path,
                     const char *const *allowed);
 
+/* Refuses an object anywhere in `item` (nested ones included) that has a key twice: cJSON keeps
+ * both members and json_get() picks the first, where Python's json picks the last, so the two
+ * would read different documents. For files whose keys are open-ended (Hugging Face's). */
+int json_check_unique_keys(const json_ctx *c, const cJSON *item, const char *path);
+
 int json_expect_object(const json_ctx *c, const cJSON *item, const char *path);
 /* An array; its length goes to *n (may be NULL). */
 int json_expect_array(const json_ctx *c, const cJSON *item, const char *path, int *n);

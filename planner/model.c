@@ -147,7 +147,12 @@ int model_check_seq(const model_spec *m, int seq, int *out, err_t *err) {
     }
     if (seq < 0) return err_set(err, "sequence length %d must be positive", seq);
     if (seq == 0) seq = m->default_seq;
-    if (seq > m->max_seq && m->arch != ARCH_LLAMA)
+    /* GPT and BERT have no position beyond their table; Llama's RoPE has no table, but it was
+     * trained to max_seq and transformers' own scaling is refused (docs/import.md) */
+    if (seq > m->max_seq && m->arch == ARCH_LLAMA)
+        return err_set(err, "sequence length %d exceeds model %s's context of %d positions (max_seq; "
+                       "max_position_embeddings in a Hugging Face config)", seq, m->name, m->max_seq);
+    if (seq > m->max_seq)
         return err_set(err, "sequence length %d exceeds model %s's %d learned positions", seq,
                        m->name, m->max_seq);
     *out = seq;

@@ -73,7 +73,9 @@ int64_t model_params(const model_spec *m);
 
 /* Tokens one sample carries: the sequence length, or patches + class token for ViT. */
 int model_tokens(const model_spec *m, int seq);
-/* Resolves the sequence length to use (0 = default) and checks it against the model. */
+/* Resolves the sequence length to use (0 = default) and checks it against the model: within
+ * max_seq for every token model (Llama too), none for ViT. The one check wherever a seq meets a
+ * model: the worker's options and plan, job files, plans, profiles, the operator's planning. */
 int model_check_seq(const model_spec *m, int seq, int *out, err_t *err);
 
 /* Forward FLOPs of one unit for one sample (matmuls and attention; backward = 2x). */

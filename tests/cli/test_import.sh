@@ -229,4 +229,167 @@ check "a checkpoint directory is no Hugging Face model" 2 "orig-tiny-gpt/config.
 check "cephalo plan --model DIR/config.json with a bad config names the field" 2 "config.json: missing field 'hidden_size'" \
   -- $C plan --cluster "$(cluster_of 2)" --model "$bad/config.json" --batch 4
 
+# ---- a sharded directory is read as its index says (model.safetensors.index.json's weight_map) ----
+edit_shards() { # DIR DTYPE CODE: the code edits W (file -> {name: array}, every shard) and M (the
+  # weight_map); every shard is rewritten in DTYPE, and the index
+  $PY - "$@" <<'EOF'
+import json, sys
+sys.path.insert(0, "tests/ref")
+import hf_models, st, numpy as np
+d, dtype, code = sys.argv[1:4]
+ix = json.load(open(d + "/model.safetensors.index.json"))
+M = ix["weight_map"]
+W = {f: st.read(d + "/" + f)[0] for f in sorted(set(M.values()))}
+exec(code)
+for f, t in W.items():
+    hf_models.write_st(d + "/" + f, t, dtype)
+json.dump(ix, open(d + "/model.safetensors.index.json", "w"))
+EOF
+}
+sh=$T/shards
+$HF make "$sh" --arch llama --dtype f32 --kv 2 --shards 2 --seed 4 >/dev/null
+S1=model-00001-of-00002.safetensors S2=model-00002-of-00002.safetensors
+# model.norm.weight is in shard 2; shard 1, read first, gets another copy of it
+cp -r "$sh" "$T/dupcopy"
+edit_shards "$T/dupcopy" f32 "W['$S1']['model.norm.weight'] = W['$S2']['model.norm.weight'] * 0 + 7"
+check "a tensor in two shards: loaded from the shard the index names; the other copy is said to be unread" 0 \
+  "$S1: tensor 'model.norm.weight' is also in this shard, but the index places it in $T/dupcopy/$S2: that copy is read" \
+  -- "$W" train --init-from "$T/dupcopy" --batch 2 --steps 0 --ckpt-dir "$T/dupcopy-ck"
+"$W" export --checkpoint "$T/dupcopy-ck" -o "$T/dupcopy-exp" >/dev/null 2>&1
+check "... its values are the indexed shard's" 0 "" -- $PY -c "
+import sys; sys.path.insert(0, 'tests/ref'); import st, numpy as np
+a = st.read('$T/dupcopy-exp/model.safetensors')[0]['model.norm.weight']
+b = st.read('$sh/$S2')[0]['model.norm.weight']
+assert np.array_equal(a, b), (a[:4], b[:4])"
+# a key twice in weight_map (Python's json keeps the last, cJSON the first: two readers, two models)
+cp -r "$sh" "$T/dupkey"
+$PY -c "
+import json; ix = json.load(open('$T/dupkey/model.safetensors.index.json'))
+text = json.dumps(ix).replace('\"weight_map\": {', '\"weight_map\": {\"model.norm.weight\": \"$S1\", ', 1)
+open('$T/dupkey/model.safetensors.index.json', 'w').write(text)"
+check "a tensor named twice in weight_map is refused" 2 \
+  "model.safetensors.index.json: weight_map: field 'model.norm.weight' appears twice" \
+  -- "$W" train --quiet --init-from "$T/dupkey" --batch 2 --steps 1
+cp -r "$sh" "$T/unlisted"
+edit_shards "$T/unlisted" f32 "W['$S1']['model.extra.weight'] = W['$S2']['model.norm.weight']"
+check "a tensor of a shard that the index does not list is refused" 2 \
+  "$S1: tensor 'model.extra.weight' is not in the weight_map of $T/unlisted/model.safetensors.index.json" \
+  -- "$W" train --quiet --init-from "$T/unlisted" --batch 2 --steps 1
+cp -r "$sh" "$T/misplaced"
+edit_shards "$T/misplaced" f32 "M['model.embed_tokens.weight'] = '$S2'"
+check "the index naming a shard that lacks the tensor (another shard has it) is refused" 2 \
+  "weight_map places tensor 'model.embed_tokens.weight' in $T/misplaced/$S2, which does not hold it" \
+  -- "$W" train --quiet --init-from "$T/misplaced" --batch 2 --steps 1
+cp "$T/llama-f32-gqa/config.json" "$T/dupcfg.json"
+mkdir -p "$T/dupcfg" && cp "$T/llama-f32-gqa/model.safetensors" "$T/dupcfg/"
+sed 's/"num_hidden_layers": 2,/"num_hidden_layers": 2, "num_hidden_layers": 1,/' "$T/dupcfg.json" >"$T/dupcfg/config.json"
+check "a field twice in config.json is refused (transformers would read the last, we the first)" 2 \
+  "config.json: field 'num_hidden_layers' appears twice" -- "$W" train --quiet --init-from "$T/dupcfg" --batch 2 --steps 1
+
+# ---- weights the config does not describe: an error naming them, for every command that loads them ----
+cp -r "$T/llama-f32-gqa" "$T/short"
+cfg "$T/short" "c['num_hidden_layers'] = 1"
+unused="tensors the model does not use: 'model.layers.1."
+check "config.json with fewer layers than the weights: train refuses, naming the tensors" 2 "$unused" \
+  -- "$W" train --quiet --init-from "$T/short" --batch 2 --steps 1
+check "... eval --init-from too" 2 "$unused" -- "$W" eval --init-from "$T/short" --data synthetic --samples 2
+check "... sample --init-from too" 2 "$unused" -- "$W" sample --init-from "$T/short" --max-new-tokens 2
+printf 'init_from: short\nbatch: 2\nsteps: 1\ndevices:\n  - {type: cpu, threads: 1, memory: 256M, count: 1}\n' >"$T/short.yaml"
+check "... a job with init_from too" 1 "$unused" -- $C run "$T/short.yaml" --run-dir "$T/short-run"
+check "--allow-unused-weights loads it and says what it left out" 0 \
+  "--allow-unused-weights: 9 tensors the model does not use left out (config.json describes a Llama model with 1 layer)" \
+  -- "$W" train --init-from "$T/short" --batch 2 --steps 1 --allow-unused-weights
+check "... as eval does" 0 "--allow-unused-weights: 9 tensors" \
+  -- "$W" eval --init-from "$T/short" --data synthetic --samples 2 --allow-unused-weights
+rm -rf "$T/short" && cp -r "$T/gpt2-bf16-sharded" "$T/short"
+cfg "$T/short" "c['n_layer'] = 1"
+check "a sharded GPT-2 directory with fewer layers in its config: refused, naming the tensors" 2 \
+  "model.safetensors.index.json: 12 tensors the model does not use: 'transformer.h.1." \
+  -- "$W" train --quiet --init-from "$T/short" --batch 2 --steps 1
+# a checkpoint whose metadata describes fewer layers than its tensors hold
+"$W" train --quiet --model tiny-gpt --batch 2 --steps 1 --ckpt-dir "$T/ck2" 2>/dev/null
+mkdir -p "$T/ck1"
+$PY -c "
+import json, sys; sys.path.insert(0, 'tests/ref'); import st
+t, meta = st.read('$T/ck2/step_00000001.safetensors')
+m = json.loads(meta['cephalo.model']); m['n_layer'] = 1; m['name'] = 'tiny-gpt-1'; meta['cephalo.model'] = json.dumps(m)
+st.write('$T/ck1/step_00000001.safetensors', t, meta)
+open('$T/ck1/latest', 'w').write('step_00000001.safetensors\n')"
+printf 'base: tiny-gpt\nname: tiny-gpt-1\nn_layer: 1\n' >"$T/tiny-gpt-1.yaml"
+cku="step_00000001.safetensors: 3 tensors the model does not use: 'param.block.1', 'adam_m.block.1', 'adam_v.block.1'"
+check "a checkpoint holding more layers than its metadata: eval refuses, naming the tensors" 2 "$cku" \
+  -- "$W" eval --checkpoint "$T/ck1" --data synthetic --samples 2
+check "... sample too" 2 "$cku" -- "$W" sample --checkpoint "$T/ck1" --max-new-tokens 2
+check "... export too" 2 "$cku" -- "$W" export --checkpoint "$T/ck1" -o "$T/ck1-exp"
+check "... and a resume" 2 "$cku" -- "$W" train --quiet --model "$T/tiny-gpt-1.yaml" --batch 2 --steps 2 --resume "$T/ck1"
+check "... --allow-unused-weights exports it, saying so" 0 "--allow-unused-weights: 3 tensors the model does not use left out" \
+  -- "$W" export --checkpoint "$T/ck1" -o "$T/ck1-exp" --allow-unused-weights
+# and a --dump's parameter file (export and sample read those too)
+"$W" train --quiet --model tiny-gpt --batch 2 --steps 1 --dump "$T/dump2" 2>/dev/null
+$PY -c "
+import json, sys; sys.path.insert(0, 'tests/ref'); import st
+t, meta = st.read('$T/dump2/init.safetensors')
+m = json.loads(meta['cephalo.model']); m['n_layer'] = 1; meta['cephalo.model'] = json.dumps(m)
+st.write('$T/dump1.safetensors', t, meta)"
+check "... a --dump file holding more layers than its metadata: export refuses, naming the tensors" 2 \
+  "dump1.safetensors: 12 tensors the model does not use: 'block.1.ln_1.weight'" \
+  -- "$W" export --checkpoint "$T/dump1.safetensors" -o "$T/dump1-exp"
+
+# ---- weights that are not finite: named with the tensor and element on load, not seen later as a loss of nan ----
+rm -rf "$T/nan" && cp -r "$T/llama-f32-gqa" "$T/nan"
+$PY -c "
+import sys; sys.path.insert(0, 'tests/ref'); import hf_models, st, numpy as np
+W, _ = st.read('$T/nan/model.safetensors'); W['model.layers.1.mlp.up_proj.weight'][3, 17] = np.nan
+hf_models.write_st('$T/nan/model.safetensors', W, 'f32')"
+nanmsg="model.safetensors: tensor 'model.layers.1.mlp.up_proj.weight' holds nan at [3, 17]"
+check "a NaN in imported weights: train names the tensor and element" 2 "$nanmsg" \
+  -- "$W" train --quiet --init-from "$T/nan" --batch 2 --steps 1
+check "... eval --init-from too" 2 "$nanmsg" -- "$W" eval --init-from "$T/nan" --data synthetic --samples 2
+check "... sample --init-from too" 2 "$nanmsg" -- "$W" sample --init-from "$T/nan" --max-new-tokens 2
+rm -rf "$T/inf" && cp -r "$T/gpt2-bf16-sharded" "$T/inf"
+edit_shards "$T/inf" bf16 "W[M['transformer.h.0.attn.c_attn.weight']]['transformer.h.0.attn.c_attn.weight'][5, 100] = -np.inf"
+check "-inf in a sharded bf16 GPT-2 (a Conv1D weight, transposed on load) is named as stored" 2 \
+  "tensor 'transformer.h.0.attn.c_attn.weight' holds -inf at [5, 100]" \
+  -- "$W" train --quiet --init-from "$T/inf" --batch 2 --steps 1
+$C plan --cluster "$(cluster_of 3)" --model "$T/inf/config.json" --batch 6 -o "$T/pinf.json" >/dev/null
+run_ranks "$T/pinf.json" "$T/infrun" --steps 1 --init-from "$T/inf"
+check "... on 3 ranks: the rank that reads it names it, and every rank stops" 0 "" -- bash -c "
+grep -l \"holds -inf at \[5, 100\]\" '$T/infrun'/rank*.err && ! grep -q '\"step\"' '$T/infrun'/rank*.jsonl 2>/dev/null"
+# a checkpoint with an inf (its CRC rewritten: the file is sound, the value is not)
+mkdir -p "$T/cknan"
+$PY -c "
+import sys; sys.path.insert(0, 'tests/ref'); import st, numpy as np
+t, meta = st.read('$T/ck2/step_00000001.safetensors')
+t['param.block.0'][70] = np.inf
+st.write('$T/cknan/step_00000001.safetensors', t, meta)
+open('$T/cknan/latest', 'w').write('step_00000001.safetensors\n')"
+cknan="step_00000001.safetensors: tensor 'param.block.0' holds inf in ln_1.bias at [6]"
+check "inf in a checkpoint: a resume names the tensor, the model's tensor in it and the element" 2 "$cknan" \
+  -- "$W" train --quiet --model tiny-gpt --batch 2 --steps 2 --resume "$T/cknan"
+check "... eval --checkpoint too" 2 "$cknan" -- "$W" eval --checkpoint "$T/cknan" --data synthetic --samples 2
+check "... sample --checkpoint too" 2 "$cknan" -- "$W" sample --checkpoint "$T/cknan" --max-new-tokens 2
+check "... export too" 2 "$cknan" -- "$W" export --checkpoint "$T/cknan" -o "$T/cknan-exp"
+
+# ---- a Llama model's seq within its max_seq, wherever a seq meets a model (docs/run.md) ----
+llseq="exceeds model tiny-llama's context of 128 positions"
+check "train --seq beyond a Llama model's max_seq is refused" 2 "--seq: sequence length 256 $llseq" \
+  -- "$W" train --quiet --model tiny-llama --batch 2 --seq 256 --steps 1
+check "... with --init-from (max_position_embeddings 128)" 2 "exceeds model llama-f32-gqa's context of 128 positions" \
+  -- "$W" train --quiet --init-from "$T/llama-f32-gqa" --batch 2 --seq 129 --steps 1
+check "... eval --seq" 2 "exceeds model llama-f32-gqa's context" -- "$W" eval --init-from "$T/llama-f32-gqa" --data synthetic --seq 200
+check "... cephalo plan --seq" 2 "$llseq" -- $C plan --cluster "$(cluster_of 2)" --model tiny-llama --batch 4 --seq 256
+printf 'model: tiny-llama\nbatch: 2\nsteps: 1\nseq: 256\ndevices:\n  - {type: cpu, threads: 1, memory: 256M, count: 1}\n' >"$T/llseq.yaml"
+check "... a job file's seq" 2 "llseq.yaml:4: seq: sequence length 256 $llseq" -- $C run "$T/llseq.yaml" --dry-run --run-dir "$T/llseq-run"
+printf 'init_from: llama-f32-gqa\nbatch: 2\nsteps: 1\nseq: 200\ndevices:\n  - {type: cpu, threads: 1, memory: 256M, count: 1}\n' >"$T/llseq-hf.yaml"
+check "... a job file's seq with init_from (the config's max_position_embeddings)" 2 \
+  "llseq-hf.yaml:4: seq: sequence length 200 exceeds model llama-f32-gqa's context of 128 positions" \
+  -- $C run "$T/llseq-hf.yaml" --dry-run --run-dir "$T/llseq-hf-run"
+$C plan --cluster "$(cluster_of 2)" --model tiny-llama --batch 4 --seq 64 -o "$T/llp.json" >/dev/null
+$PY -c "
+import json; p = json.load(open('$T/llp.json')); p['inputs']['seq'] = 256; json.dump(p, open('$T/llp.json', 'w'))"
+check "... a plan's inputs.seq, read by the worker" 2 "llp.json: inputs.seq: sequence length 256 $llseq" \
+  -- env CEPHALO_PLAN="$T/llp.json" RANK=0 WORLD_SIZE=2 "$W" train --quiet --steps 1
+check "... cephalo-worker profile --seq" 2 "$llseq" -- "$W" profile --model tiny-llama --seq 256 -o "$T/llprof.json"
+check "max_seq itself is fine" 0 "" -- "$W" train --quiet --model tiny-llama --batch 1 --seq 128 --steps 1
+
 echo "# $n checks"

@@ -101,6 +101,12 @@ static void test_vit_tokens_and_seq(void **state) {
     assert_int_equal(seq, 1024);
     assert_int_equal(model_check_seq(&m, 2048, &seq, &err), -1);
     assert_non_null(strstr(err.msg, "1024 learned positions"));
+    /* Llama too: RoPE has no table, but the model knows max_seq positions (docs/run.md) */
+    m = get("tinyllama-1.1b");
+    assert_int_equal(model_check_seq(&m, 2048, &seq, &err), 0);
+    assert_int_equal(seq, 2048);
+    assert_int_equal(model_check_seq(&m, 2049, &seq, &err), -1);
+    assert_non_null(strstr(err.msg, "sequence length 2049 exceeds model tinyllama-1.1b's context of 2048 positions"));
 }
 
 static void test_unknown_model_suggests(void **state) {

@@ -23,7 +23,7 @@
 typedef struct eval_cmd {
     const char *checkpoint, *init_from, *device, *plan;
     long samples, seq, micro, threads, gpu;
-    bool json, have_prec;
+    bool json, have_prec, allow_unused;
     precision prec;
     eval_opts val;
 } eval_cmd;
@@ -37,6 +37,8 @@ static const char eval_usage[] =
     "  --checkpoint PATH    a checkpoint file, a sharded step directory, a checkpoint directory\n"
     "                       (its newest complete checkpoint) or DIR/latest\n"
     "  --init-from DIR      instead: a Hugging Face model directory (docs/import.md)\n"
+    "  --allow-unused-weights  load files that hold tensors the model does not use (a warning\n"
+    "                       names them; without it they are an error)\n"
     "  --data SPEC          validation token shards (file, directory, glob, comma list), a CIMG\n"
     "                       file for ViT, or 'synthetic'\n"
     "  --samples N          validation samples (default 64; at most the windows SPEC holds)\n"
@@ -48,7 +50,7 @@ static const char eval_usage[] =
     "  --device cpu|cuda    the device (default cpu); --gpu N, --threads N\n"
     "  --json               one JSON object on stdout instead of the text line\n";
 
-enum { O_CKPT = 256, O_INIT, O_DATA, O_SAMPLES, O_SEQ, O_MICRO, O_PREC, O_DEVICE, O_GPU, O_THREADS, O_JSON, O_PLAN };
+enum { O_CKPT = 256, O_INIT, O_DATA, O_SAMPLES, O_SEQ, O_MICRO, O_PREC, O_DEVICE, O_GPU, O_THREADS, O_JSON, O_PLAN, O_UNUSED };
 
 static int eval_option(args *p, int ch, eval_cmd *o) {
     const char *prec;
@@ -67,6 +69,7 @@ static int eval_option(args *p, int ch, eval_cmd *o) {
     case O_DEVICE: return args_choice(p, cmd_devices, &o->device);
     case O_JSON: o->json = true; break;
     case O_PLAN: o->plan = p->val; break;
+    case O_UNUSED: o->allow_unused = true; break;
     }
     return 0;
 }
@@ -77,7 +80,7 @@ static int parse_eval(int argc, char **argv, eval_cmd *o) {
         {"samples", 1, 0, O_SAMPLES}, {"seq", 1, 0, O_SEQ},        {"microbatch", 1, 0, O_MICRO},
         {"precision", 1, 0, O_PREC},  {"device", 1, 0, O_DEVICE},  {"gpu", 1, 0, O_GPU},
         {"threads", 1, 0, O_THREADS}, {"json", 0, 0, O_JSON},      {"plan", 1, 0, O_PLAN},
-        {"help", 0, 0, 'h'},
+        {"allow-unused-weights", 0, 0, O_UNUSED}, {"help", 0, 0, 'h'},
         {0, 0, 0, 0}};
     args p = args_begin(argc, argv, WORKER_NAME " eval", longopts, "", eval_usage);
     int ch = 0, rc = 0;
@@ -146,7 +149,8 @@ static int eval_config(const eval_cmd *o, train_config *c, err_t *err) {
     } else {
         if (world != 1) return err_set(err, "WORLD_SIZE is %ld: evaluating across ranks needs a plan (--plan)", world);
         if (o->seq) seq = (int)o->seq;
-        if (model_check_seq(&c->model, seq, &c->seq, err) < 0) return err_prefix(err, "--seq");
+        if (model_check_seq(&c->model, seq, &c->seq, err) < 0)
+            return err_prefix(err, o->seq || !seq ? "--seq" : "the checkpoint's training seq (give --seq)");
         if (c->model.arch == ARCH_VIT) c->seq = 0;
         c->global_batch = c->batch = c->micro = (int)(o->micro ? o->micro : 8);
         c->micros = 1;
@@ -154,6 +158,7 @@ static int eval_config(const eval_cmd *o, train_config *c, err_t *err) {
     c->prec = o->have_prec ? o->prec : prec;
     c->steps = 0;
     c->init_from = o->init_from;
+    c->allow_unused = o->allow_unused;
     if (o->device) c->device = o->device;
     if (!c->device) c->device = "cpu";
     if (o->threads) c->threads = (int)o->threads;

@@ -29,7 +29,7 @@ typedef struct sample_args {
     long max_new, num_samples, gpu, threads, prefill_chunk;
     unsigned long long seed;
     sample_opts pick;
-    bool json, no_bos;
+    bool json, no_bos, allow_unused;
 } sample_args;
 
 /* Everything one run holds: the model and its parameters, the text codec, the device. */
@@ -50,6 +50,8 @@ static const char usage[] =
     "  --checkpoint PATH     a checkpoint file, a step directory, or a run's checkpoint directory\n"
     "                        (its `latest`, else its newest complete checkpoint), or a --dump file\n"
     "  --init-from DIR       a Hugging Face model directory (config.json + safetensors)\n"
+    "  --allow-unused-weights  load files that hold tensors the model does not use (a warning\n"
+    "                        names them; without it they are an error)\n"
     "  --tokenizer FILE      a Hugging Face tokenizer.json; without it the text is bytes, which\n"
     "                        needs a model with a 256-token vocabulary (what `cephalo data` writes)\n"
     "  --prompt TEXT         the text to continue (default: the tokenizer's BOS or EOS token; for\n"
@@ -70,7 +72,7 @@ static const char usage[] =
 
 enum {
     O_CKPT = 256, O_INIT, O_TOK, O_PROMPT, O_PROMPT_FILE, O_MAX_NEW, O_TEMP, O_TOPK, O_TOPP,
-    O_SEED, O_NUM, O_DEVICE, O_GPU, O_THREADS, O_JSON, O_DUMP, O_NO_BOS, O_CHUNK
+    O_SEED, O_NUM, O_DEVICE, O_GPU, O_THREADS, O_JSON, O_DUMP, O_NO_BOS, O_CHUNK, O_UNUSED
 };
 
 static int sample_option(args *p, int ch, sample_args *a) {
@@ -97,6 +99,7 @@ static int sample_option(args *p, int ch, sample_args *a) {
     case O_JSON: a->json = true; break;
     case O_DUMP: a->dump = p->val; break;
     case O_NO_BOS: a->no_bos = true; break;
+    case O_UNUSED: a->allow_unused = true; break;
     case O_CHUNK: return args_long(p, 1, 1L << 20, &a->prefill_chunk);
     }
     return 0;
@@ -110,7 +113,8 @@ static int parse_args(int argc, char **argv, sample_args *a) {
         {"top-k", 1, 0, O_TOPK}, {"top-p", 1, 0, O_TOPP}, {"seed", 1, 0, O_SEED},
         {"num-samples", 1, 0, O_NUM}, {"device", 1, 0, O_DEVICE}, {"gpu", 1, 0, O_GPU},
         {"threads", 1, 0, O_THREADS}, {"json", 0, 0, O_JSON}, {"dump-logits", 1, 0, O_DUMP},
-        {"no-bos", 0, 0, O_NO_BOS}, {"prefill-chunk", 1, 0, O_CHUNK}, {"help", 0, 0, 'h'},
+        {"no-bos", 0, 0, O_NO_BOS}, {"prefill-chunk", 1, 0, O_CHUNK},
+        {"allow-unused-weights", 0, 0, O_UNUSED}, {"help", 0, 0, 'h'},
         {0, 0, 0, 0}};
     *a = (sample_args){.max_new = 128, .num_samples = 1, .seed = 1337, .device = "cpu", .prefill_chunk = 512,
                        .pick = {.temperature = 1.0, .top_k = 0, .top_p = 1.0}};
@@ -128,11 +132,11 @@ static int parse_args(int argc, char **argv, sample_args *a) {
 static int load_model(const sample_args *a, gen *g, err_t *err) {
     int units_n;
     if (a->checkpoint) {
-        if (export_read_checkpoint(a->checkpoint, &g->m, &g->units, err) < 0) return -1;
+        if (export_read_checkpoint(a->checkpoint, &g->m, a->allow_unused, &g->units, err) < 0) return -1;
     } else {
         if (model_load_hf_config(a->init_from, &g->m, err) < 0) return -1;
         hf_import *imp;
-        if (hf_import_open(&imp, a->init_from, &g->m, err) < 0) return -1;
+        if (hf_import_open(&imp, a->init_from, &g->m, a->allow_unused, err) < 0) return -1;
         units_n = model_n_units(&g->m);
         g->units = xcalloc((size_t)units_n, sizeof *g->units);
         int rc = 0;

@@ -78,6 +78,9 @@ static void catch_stop_signals(void) {
     "                       model.safetensors or its sharded index; GPT-2 and Llama): each rank\n" \
     "                       reads only its own slices (docs/import.md). Without --plan/--model,\n" \
     "                       the model is DIR's config.json; with them it must be the same model\n" \
+    "  --allow-unused-weights  load --init-from's files (or --resume's checkpoint) although they\n" \
+    "                       hold tensors the model does not use (a config with fewer layers than\n" \
+    "                       the weights): a warning names them; without it they are an error\n" \
     "  --steps N            total steps (default %s); 0: the initial weights saved as checkpoint\n" \
     "                       step 0 (with --ckpt-dir), e.g. to export them\n" \
     "  --lr X               peak learning rate (default %s)\n" \
@@ -170,7 +173,7 @@ enum {
     O_PLAN = 256, O_MODEL, O_BATCH, O_MICRO, O_SEQ, O_DATA, O_STEPS, O_LR, O_MINLR, O_WARMUP, O_WD, O_B1, O_B2,
     O_EPS, O_CLIP, O_SEED, O_THREADS, O_MEMORY, O_CKDIR, O_CKEVERY, O_RESUME, O_LOG, O_DUMP, O_QUIET, O_DEVICE,
     O_GPU, O_PRECISION, O_OFFLOAD, O_ACCUM, O_SYNCMICRO, O_MPORT, O_MADDR, O_OVERWRITE, O_KEEPLAST, O_KEEPEVERY,
-    O_DIVERGE, O_LSCALE, O_LWINDOW, O_SCHEDULE, O_INITFROM, O_VALDATA, O_VALEVERY, O_VALSAMPLES
+    O_DIVERGE, O_LSCALE, O_LWINDOW, O_SCHEDULE, O_INITFROM, O_VALDATA, O_VALEVERY, O_VALSAMPLES, O_UNUSED
 };
 
 static const struct option train_longopts[] = {
@@ -190,7 +193,7 @@ static const struct option train_longopts[] = {
     {"overwrite", 0, 0, O_OVERWRITE}, {"keep-last", 1, 0, O_KEEPLAST},
     {"keep-every", 1, 0, O_KEEPEVERY}, {"diverge-steps", 1, 0, O_DIVERGE},
     {"loss-scale", 1, 0, O_LSCALE}, {"loss-scale-window", 1, 0, O_LWINDOW},
-    {"init-from", 1, 0, O_INITFROM}, {"val-data", 1, 0, O_VALDATA},
+    {"init-from", 1, 0, O_INITFROM}, {"allow-unused-weights", 0, 0, O_UNUSED}, {"val-data", 1, 0, O_VALDATA},
     {"val-every", 1, 0, O_VALEVERY}, {"val-samples", 1, 0, O_VALSAMPLES},
     {"help", 0, 0, 'h'},          {0, 0, 0, 0}};
 
@@ -206,6 +209,7 @@ static int job_option(args *p, int ch, worker_opts *o) {
     case O_SEQ: return args_long(p, 1, 1 << 20, &o->seq);
     case O_DATA: c->data = p->val; break;
     case O_INITFROM: c->init_from = p->val; break;
+    case O_UNUSED: c->allow_unused = true; break;
     case O_VALDATA: o->val.data = p->val; break;
     case O_VALEVERY: return args_long(p, 0, 1L << 40, &o->val.every);
     case O_VALSAMPLES: return args_long(p, 1, 1L << 30, &o->val.samples);

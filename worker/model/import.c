@@ -7,7 +7,11 @@
  *
  * A rank asks for one contiguous range of a unit's flat buffer at a time (its FSDP shard); the
  * range is cut into the pieces of the Hugging Face tensors it covers and only those bytes are
- * read from the mapped files. Nothing here holds more than the caller's range. */
+ * read from the mapped files. Nothing here holds more than the caller's range.
+ *
+ * A sharded directory is read as its index says: each tensor from the shard its weight_map names.
+ * The files must hold no weight the model leaves out, and every value read must be finite
+ * (model/weights.h, the checks every loader by name makes). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +21,7 @@
 #include "common/log.h"
 #include "formats/safetensors.h"
 #include "model/import.h"
+#include "model/weights.h"
 #include "model/wmodel.h"
 #include "planner/model_json.h"
 
@@ -30,11 +35,21 @@ typedef struct piece {
 
 #define MAX_PIECES 3
 
+/* A weight_map entry: the tensor `name` is read from files[file]. */
+typedef struct hf_entry {
+    char *name;
+    int file;
+} hf_entry;
+
 struct hf_import {
     const model_spec *m;
     char dir[1024];
     st_file **files;
     int n_files;
+    hf_entry *map; /* a sharded directory's weight_map, sorted by name (n_map 0: one file) */
+    int n_map;
+    char index[1100]; /* its path */
+    bool allow_unused;
     const char *gpt2_prefix; /* "transformer." or "" (the original gpt2 files have none) */
 };
 
@@ -111,16 +126,23 @@ static int pieces_of(const hf_import *imp, int unit, const wm_tensor *t, piece *
 
 /* ---- files ---- */
 
-/* The tensor `name` in whichever file holds it (*file, may be NULL), or NULL. */
+static int entry_cmp(const void *a, const void *b) {
+    return strcmp(((const hf_entry *)a)->name, ((const hf_entry *)b)->name);
+}
+
+static const hf_entry *map_entry(const hf_import *imp, const char *name) {
+    hf_entry key = {(char *)name, 0};
+    return imp->n_map ? bsearch(&key, imp->map, (size_t)imp->n_map, sizeof key, entry_cmp) : NULL;
+}
+
+/* The tensor `name` from the file that holds it: the one file, or the shard the index's
+ * weight_map names (never another shard's copy), or NULL. *file may be NULL. */
 static const st_tensor *find(const hf_import *imp, const char *name, const st_file **file) {
-    for (int i = 0; i < imp->n_files; i++) {
-        const st_tensor *t = st_find(imp->files[i], name);
-        if (t) {
-            if (file) *file = imp->files[i];
-            return t;
-        }
-    }
-    return NULL;
+    const hf_entry *e = imp->n_map ? map_entry(imp, name) : NULL;
+    if (imp->n_map && !e) return NULL;
+    const st_file *f = imp->files[e ? e->file : 0];
+    if (file) *file = f;
+    return st_find(f, name);
 }
 
 static int add_file(hf_import *imp, const char *name, err_t *err) {
@@ -132,18 +154,30 @@ static int add_file(hf_import *imp, const char *name, err_t *err) {
     return 0;
 }
 
-/* The shards a model.safetensors.index.json lists in its weight_map, each opened once. */
-static int open_index(hf_import *imp, const char *index, err_t *err) {
+/* The index of the shard named `file`, opened on first use (each shard once), or -1. */
+static int shard_of(hf_import *imp, const char *file, const char **names, err_t *err) {
+    for (int i = 0; i < imp->n_files; i++)
+        if (!strcmp(names[i], file)) return i;
+    names[imp->n_files] = file;
+    return add_file(imp, file, err) < 0 ? -1 : imp->n_files - 1;
+}
+
+/* A model.safetensors.index.json: its weight_map (a tensor named twice is refused, as is any key
+ * given twice) and each shard it names, opened once. */
+static int open_index(hf_import *imp, err_t *err) {
+    const char *index = imp->index;
     cJSON *root = json_load_file(index, err);
     if (!root) return -1;
     json_ctx c = {index, err};
     const cJSON *map = NULL;
-    int rc = json_expect_object(&c, root, "index") < 0 || json_require(&c, root, "", "weight_map", &map) < 0 ||
+    int rc = json_expect_object(&c, root, "index") < 0 || json_check_unique_keys(&c, root, "") < 0 ||
+                     json_require(&c, root, "", "weight_map", &map) < 0 ||
                      json_expect_object(&c, map, "weight_map") < 0
                  ? -1
                  : 0;
-    const char **seen = NULL;
-    int n_seen = 0;
+    int n = rc == 0 ? cJSON_GetArraySize(map) : 0;
+    const char **names = xcalloc((size_t)n + 1, sizeof *names); /* the shards' file names, as files[] */
+    imp->map = xcalloc((size_t)n + 1, sizeof *imp->map);
     for (const cJSON *e = map ? map->child : NULL; rc == 0 && e; e = e->next) {
         char at[200];
         const char *file;
@@ -151,18 +185,42 @@ static int open_index(hf_import *imp, const char *index, err_t *err) {
         if (json_string(&c, e, at, &file) < 0) rc = -1;
         else if (strchr(file, '/') || !strcmp(file, ".."))
             rc = err_set(err, "%s: %s: \"%s\" is not a file name in the model directory", index, at, file);
-        bool known = false;
-        for (int i = 0; rc == 0 && i < n_seen && !known; i++) known = !strcmp(seen[i], file);
-        if (rc == 0 && !known) {
-            seen = xrealloc(seen, (size_t)(n_seen + 1) * sizeof *seen);
-            seen[n_seen++] = file;
-            rc = add_file(imp, file, err);
-        }
+        int k = rc == 0 ? shard_of(imp, file, names, err) : -1;
+        if (k < 0) rc = -1;
+        else imp->map[imp->n_map++] = (hf_entry){xstrdup(e->string), k};
     }
-    if (rc == 0 && n_seen == 0) rc = err_set(err, "%s: weight_map lists no tensors", index);
-    free(seen);
+    if (rc == 0 && imp->n_map == 0) rc = err_set(err, "%s: weight_map lists no tensors", index);
+    if (imp->n_map > 1) qsort(imp->map, (size_t)imp->n_map, sizeof *imp->map, entry_cmp);
+    free(names);
     cJSON_Delete(root);
     return rc;
+}
+
+/* The index and its shards agree: every tensor it lists is in the shard it names, and every
+ * tensor of a shard is listed. A copy of a tensor in another shard than the index names is not
+ * read, and said so. */
+static int check_index(const hf_import *imp, err_t *err) {
+    for (int i = 0; i < imp->n_map; i++) {
+        const hf_entry *e = &imp->map[i];
+        if (!st_find(imp->files[e->file], e->name))
+            return err_set(err, "%s: weight_map places tensor '%s' in %s, which does not hold it", imp->index,
+                           e->name, st_label(imp->files[e->file]));
+    }
+    for (int k = 0; k < imp->n_files; k++) {
+        const st_file *f = imp->files[k];
+        for (int i = 0; i < st_count(f); i++) {
+            const char *name = st_tensor_at(f, i)->name;
+            const hf_entry *e = map_entry(imp, name);
+            if (!e)
+                return err_set(err, "%s: tensor '%s' is not in the weight_map of %s (an index that does not "
+                               "list every tensor of its shards is refused: which copy is meant is unknown)",
+                               st_label(f), name, imp->index);
+            if (e->file != k)
+                log_warn("%s: tensor '%s' is also in this shard, but the index places it in %s: that copy is "
+                         "read, this one is not", st_label(f), name, st_label(imp->files[e->file]));
+        }
+    }
+    return 0;
 }
 
 static void shape_str(const int64_t *shape, int ndim, char *buf, size_t n) {
@@ -178,7 +236,7 @@ static int check_piece(const hf_import *imp, const piece *p, int64_t cols, int n
     const st_tensor *t = find(imp, p->hf, &f);
     if (!t)
         return err_set(err, "%s: tensor '%s' not found in %s (config.json says this is a %s model with "
-                       "%d layers)", imp->dir, p->hf, imp->n_files == 1 ? "its safetensors file" : "any of its shards",
+                       "%d layers)", imp->dir, p->hf, imp->n_map ? "the weight_map of its index" : "its safetensors file",
                        imp->m->arch == ARCH_GPT ? "GPT-2" : "Llama", imp->m->n_layer);
     int64_t want[2] = {p->rows, cols};
     if (p->transpose) want[0] = cols, want[1] = p->rows;
@@ -247,25 +305,30 @@ static void convert(const st_tensor *t, int64_t at, int64_t n, int64_t stride, f
 }
 
 /* Elements [a, b) of our tensor (row-major [rows_total, cols]) that piece p covers, into dst
- * (dst[0] is element a). */
-static void read_piece(const hf_import *imp, const piece *p, int64_t cols, int64_t a, int64_t b, float *dst) {
-    const st_tensor *t = find(imp, p->hf, NULL);
+ * (dst[0] is element a); a value that is not finite is an error naming the tensor and element. */
+static int read_piece(const hf_import *imp, const piece *p, int64_t cols, int64_t a, int64_t b, float *dst, err_t *err) {
+    const st_file *f;
+    const st_tensor *t = find(imp, p->hf, &f);
     int64_t lo = p->row0 * cols, hi = (p->row0 + p->rows) * cols;
     if (lo < a) lo = a;
     if (hi > b) hi = b;
     for (int64_t k = lo; k < hi;) {
         int64_t r = k / cols - p->row0, c = k % cols;
         int64_t run = cols - c < hi - k ? cols - c : hi - k; /* to the end of this row or range */
-        if (p->transpose) convert(t, c * p->rows + r, run, p->rows, dst + (k - a)); /* a column of [cols, rows] */
-        else convert(t, r * cols + c, run, 1, dst + (k - a));
+        float *out = dst + (k - a);
+        /* the run's first element in the file's tensor, and the distance between its elements */
+        int64_t at = p->transpose ? c * p->rows + r : r * cols + c, stride = p->transpose ? p->rows : 1;
+        convert(t, at, run, stride, out); /* transposed: a column of [cols, rows] */
+        int64_t bad = weights_first_nonfinite(out, run);
+        if (bad >= 0) return weights_nonfinite(err, st_label(f), p->hf, NULL, t->shape, t->ndim, at + bad * stride, out[bad]);
         k += run;
     }
+    return 0;
 }
 
 /* ---- the interface ---- */
 
 int hf_import_range(hf_import *imp, int unit, int64_t lo, int64_t hi, float *out, err_t *err) {
-    (void)err; /* every tensor was checked at open: nothing can fail here */
     wm_tensor ts[WM_MAX_TENSORS];
     int n = wm_unit_tensors(imp->m, unit, ts);
     for (int i = 0; i < n; i++) {
@@ -276,40 +339,83 @@ int hf_import_range(hf_import *imp, int unit, int64_t lo, int64_t hi, float *out
         int np = pieces_of(imp, unit, &ts[i], p);
         int64_t cols = ts[i].ndim == 2 ? ts[i].shape[1] : 1;
         for (int k = 0; k < np; k++)
-            read_piece(imp, &p[k], cols, a - ts[i].offset, b - ts[i].offset, out + (a - lo));
+            if (read_piece(imp, &p[k], cols, a - ts[i].offset, b - ts[i].offset, out + (a - lo), err) < 0) return -1;
     }
     return 0;
 }
 
+/* A tied model's lm_head that is a copy of its embedding, bit for bit: what transformers ties. */
+static bool head_copies_embedding(const hf_import *imp) {
+    char emb[64];
+    if (imp->m->arch == ARCH_GPT) snprintf(emb, sizeof emb, "%swte.weight", imp->gpt2_prefix);
+    else snprintf(emb, sizeof emb, "model.embed_tokens.weight");
+    const st_tensor *h = find(imp, "lm_head.weight", NULL), *e = find(imp, emb, NULL);
+    return h && e && h->dtype == e->dtype && h->ndim == e->ndim && h->nbytes == e->nbytes &&
+           !memcmp(h->shape, e->shape, sizeof h->shape) && !memcmp(h->data, e->data, h->nbytes);
+}
+
+/* Tensors Hugging Face files carry that are no weights: GPT-2's causal-mask buffers, the RoPE
+ * frequencies of older Llama files, and a tied model's lm_head when it duplicates the embedding
+ * (one that differs is a head the tied model would lose: reported as unused). */
+static bool not_a_weight(const hf_import *imp, const char *name) {
+    size_t n = strlen(name);
+    const char *const gpt2[] = {".attn.bias", ".attn.masked_bias", NULL}, *const llama[] = {".rotary_emb.inv_freq", NULL};
+    const char *const *buffers = imp->m->arch == ARCH_GPT ? gpt2 : llama;
+    for (int i = 0; buffers[i]; i++)
+        if (n > strlen(buffers[i]) && !strcmp(name + n - strlen(buffers[i]), buffers[i])) return true;
+    return imp->m->tied_head && !strcmp(name, "lm_head.weight") && head_copies_embedding(imp);
+}
+
+/* Every tensor the model needs is there with its shape and a dtype we convert; every tensor of
+ * the files is one of them (weights.h). */
 static int check_all(hf_import *imp, err_t *err) {
     const model_spec *m = imp->m;
-    for (int u = 0; u < model_n_units(m); u++) {
+    weights_used used = {0};
+    int rc = 0;
+    for (int u = 0; rc == 0 && u < model_n_units(m); u++) {
         wm_tensor ts[WM_MAX_TENSORS];
         int n = wm_unit_tensors(m, u, ts);
-        for (int i = 0; i < n; i++) {
+        for (int i = 0; rc == 0 && i < n; i++) {
             piece p[MAX_PIECES];
             int np = pieces_of(imp, u, &ts[i], p);
-            for (int k = 0; k < np; k++)
-                if (check_piece(imp, &p[k], ts[i].ndim == 2 ? ts[i].shape[1] : 1, ts[i].ndim, err) < 0) return -1;
+            for (int k = 0; rc == 0 && k < np; k++) {
+                rc = check_piece(imp, &p[k], ts[i].ndim == 2 ? ts[i].shape[1] : 1, ts[i].ndim, err);
+                weights_use(&used, p[k].hf);
+            }
         }
     }
-    return 0;
+    /* the directory's tensors: the index's, or the one file's */
+    int n = imp->n_map ? imp->n_map : st_count(imp->files[0]);
+    const char **found = xcalloc((size_t)n + 1, sizeof *found);
+    for (int i = 0; i < n; i++) {
+        found[i] = imp->n_map ? imp->map[i].name : st_tensor_at(imp->files[0], i)->name;
+        if (not_a_weight(imp, found[i])) weights_use(&used, found[i]);
+    }
+    char model[160];
+    snprintf(model, sizeof model, "config.json describes a %s model with %d layer%s", m->arch == ARCH_GPT ? "GPT-2" : "Llama",
+             m->n_layer, m->n_layer == 1 ? "" : "s");
+    if (rc == 0) rc = weights_check_unused(&used, imp->n_map ? imp->index : st_label(imp->files[0]), found, n,
+                                           imp->allow_unused, model, err);
+    free(found);
+    weights_used_free(&used);
+    return rc;
 }
 
-int hf_import_open(hf_import **out, const char *dir, const model_spec *m, err_t *err) {
+int hf_import_open(hf_import **out, const char *dir, const model_spec *m, bool allow_unused, err_t *err) {
     *out = NULL;
     if (m->arch != ARCH_GPT && m->arch != ARCH_LLAMA)
         return err_set(err, "%s: import reads GPT-2 and Llama models; this is a %s model", dir, model_arch_name(m->arch));
     hf_import *imp = xcalloc(1, sizeof *imp);
     imp->m = m;
+    imp->allow_unused = allow_unused;
     snprintf(imp->dir, sizeof imp->dir, "%s", dir);
-    char index[1100], single[1100];
-    snprintf(index, sizeof index, "%s/model.safetensors.index.json", dir);
+    char single[1100];
+    snprintf(imp->index, sizeof imp->index, "%s/model.safetensors.index.json", dir);
     snprintf(single, sizeof single, "%s/model.safetensors", dir);
     struct stat st;
     int rc;
     if (stat(single, &st) == 0) rc = add_file(imp, "model.safetensors", err);
-    else if (stat(index, &st) == 0) rc = open_index(imp, index, err);
+    else if (stat(imp->index, &st) == 0) rc = open_index(imp, err) < 0 ? -1 : check_index(imp, err);
     else
         rc = err_set(err, "%s: no model.safetensors or model.safetensors.index.json (expected a Hugging Face "
                      "model directory with safetensors weights; .bin files are not read)", dir);
@@ -329,6 +435,8 @@ int hf_import_open(hf_import **out, const char *dir, const model_spec *m, err_t 
 void hf_import_close(hf_import *imp) {
     if (!imp) return;
     for (int i = 0; i < imp->n_files; i++) st_close(imp->files[i]);
+    for (int i = 0; i < imp->n_map; i++) free(imp->map[i].name);
+    free(imp->map);
     free(imp->files);
     free(imp);
 }

@@ -85,15 +85,15 @@ static int open_data(trainer *t, err_t *err) {
  * plus one unit slice on the host. */
 static int init_params(trainer *t, err_t *err) {
     hf_import *imp = NULL;
-    if (t->cfg.init_from && hf_import_open(&imp, t->cfg.init_from, &t->cfg.model, err) < 0)
+    if (t->cfg.init_from && hf_import_open(&imp, t->cfg.init_from, &t->cfg.model, t->cfg.allow_unused, err) < 0)
         return err_prefix(err, "--init-from");
     int rc = 0;
     for (int u = 0; u < t->n_units && rc == 0; u++) {
         int64_t n = t->shard_n[u], off = t->shard_off[u];
         if (!n) continue;
         float *host = xmalloc((size_t)n * sizeof(float));
-        if (imp) rc = hf_import_range(imp, u, off, off + n, host, err);
-        else wm_init_range(&t->cfg.model, u, t->cfg.seed, off, off + n, host);
+        if (!imp) wm_init_range(&t->cfg.model, u, t->cfg.seed, off, off + n, host);
+        else if ((rc = hf_import_range(imp, u, off, off + n, host, err)) < 0) err_prefix(err, "--init-from");
         if (rc == 0) dev_upload(&t->dev, t->params[u], host, (size_t)n * sizeof(float));
         free(host);
         dev_zero(&t->dev, t->adam_m[u], n);

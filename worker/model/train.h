@@ -43,6 +43,9 @@ typedef struct train_config {
     uint64_t seed;
     const char *init_from; /* a Hugging Face model directory to start from (import.h); NULL: the
                             * seeded initialisation */
+    bool allow_unused; /* --allow-unused-weights: tensors of --init-from's files or of a checkpoint
+                        * that the model does not read are left out with a warning, not refused
+                        * (model/weights.h) */
     /* device */
     const char *device; /* "cpu" (default) or "cuda" */
     int gpu;            /* cuda: the GPU's index among the visible ones */

@@ -19,7 +19,7 @@
 #include "planner/model_json.h"
 #include "state/ckpt.h"
 
-static const char *const STATE_PREFIX[] = {"param", "adam_m", "adam_v"};
+const char *const CKPT_KINDS[3] = {"param", "adam_m", "adam_v"};
 
 cJSON *train_config_json(const train_config *c) {
     cJSON *o = cJSON_CreateObject();
@@ -116,7 +116,7 @@ int trainer_save(trainer *t, const char *path, err_t *err) {
             float *h = host[k * t->n_units + u] = xmalloc((size_t)n * sizeof(float));
             dev_download(&t->dev, h, state[k][u], (size_t)n * sizeof(float));
             model_unit_name(&t->cfg.model, u, unit, sizeof unit);
-            snprintf(name, sizeof name, "%s.%s", STATE_PREFIX[k], unit);
+            snprintf(name, sizeof name, "%s.%s", CKPT_KINDS[k], unit);
             st_writer_add(w, name, ST_F32, 1, &n, h);
         }
     }
@@ -215,7 +215,7 @@ static int load_state(trainer *t, ckpt_set *set, err_t *err) {
             float *h = xmalloc((size_t)n * sizeof(float));
             char unit[48];
             model_unit_name(&t->cfg.model, u, unit, sizeof unit);
-            int rc = ckpt_set_read(set, STATE_PREFIX[k], u, unit, t->shard_off[u], n, h, err);
+            int rc = ckpt_set_read(set, CKPT_KINDS[k], u, unit, t->shard_off[u], n, h, err);
             if (rc == 0) dev_upload(&t->dev, state[k][u], h, (size_t)n * sizeof(float));
             free(h);
             if (rc < 0) return -1;
@@ -226,7 +226,7 @@ static int load_state(trainer *t, ckpt_set *set, err_t *err) {
 
 int trainer_resume(trainer *t, const char *path, err_t *err) {
     bool other_model = false;
-    ckpt_set *set = ckpt_set_open(path, &t->cfg.model, &other_model, err);
+    ckpt_set *set = ckpt_set_open(path, &t->cfg.model, t->cfg.allow_unused, &other_model, err);
     if (!set) return other_model ? RESUME_OTHER_MODEL : -1;
     const st_file *f = ckpt_set_first(set, err);
     int64_t step = 0;

@@ -9,6 +9,9 @@
 #include "model/train.h"
 
 #define CKPT_FORMAT "cephalo-checkpoint"
+/* A checkpoint's tensors are "KIND.UNIT" (UNIT: model_unit_name) for these kinds: the
+ * parameters and the two AdamW moments, each unit's flat buffer (or a rank's slice of it). */
+extern const char *const CKPT_KINDS[3];
 
 /* Checkpoints: safetensors with each unit's parameters and AdamW moments, the step and the
  * configuration; written atomically, validated on load, bit-exact resume. */
@@ -32,12 +35,15 @@ char *json_to_string_free(cJSON *o);
 typedef struct ckpt_set ckpt_set;
 /* path: a checkpoint file (whole units, or one rank's slices), a sharded step directory, or its
  * index.json. The pieces must tile every unit of model m exactly. A checkpoint of another model
- * is named as such (*other_model set, when given), not as a tiling error. */
-ckpt_set *ckpt_set_open(const char *path, const model_spec *m, bool *other_model, err_t *err);
+ * is named as such (*other_model set, when given), not as a tiling error. Every tensor of a piece
+ * must be one of m's (KIND.UNIT), checked on its first read, unless allow_unused
+ * (--allow-unused-weights: a warning names the others). */
+ckpt_set *ckpt_set_open(const char *path, const model_spec *m, bool allow_unused, bool *other_model, err_t *err);
 /* The first piece (opened): its metadata describes the checkpoint. */
 const st_file *ckpt_set_first(ckpt_set *s, err_t *err);
 int64_t ckpt_set_step(const ckpt_set *s);
-/* Elements [lo, lo+n) of tensor "KIND.UNIT_NAME" of unit `unit`, assembled from the pieces. */
+/* Elements [lo, lo+n) of tensor "KIND.UNIT_NAME" of unit `unit`, assembled from the pieces; a
+ * value that is not finite is an error naming the piece, the tensor and the element. */
 int ckpt_set_read(ckpt_set *s, const char *kind, int unit, const char *unit_name, int64_t lo,
                   int64_t n, float *out, err_t *err);
 void ckpt_set_close(ckpt_set *s);

@@ -10,6 +10,7 @@
 #include "common/fileio.h"
 #include "common/json_util.h"
 #include "common/log.h"
+#include "model/weights.h"
 #include "state/ckpt.h"
 
 #define INDEX_FORMAT "cephalo-checkpoint-index"
@@ -18,10 +19,13 @@ typedef struct piece {
     char *path;
     int64_t *off, *n; /* per unit */
     st_file *f;       /* opened on first use */
+    bool names_checked; /* its tensors are all the model's (check_names), on the first read */
 } piece;
 
 struct ckpt_set {
     char *label; /* the path given */
+    model_spec m;
+    bool allow_unused;
     int n_units, n_pieces;
     int64_t step;
     int64_t *numel;
@@ -29,6 +33,7 @@ struct ckpt_set {
 };
 
 static void set_units(ckpt_set *s, const model_spec *m) {
+    s->m = *m;
     s->n_units = model_n_units(m);
     s->numel = xcalloc((size_t)s->n_units, sizeof(int64_t));
     for (int u = 0; u < s->n_units; u++) s->numel[u] = model_unit_params(m, u);
@@ -183,9 +188,10 @@ static int open_step_dir(ckpt_set *s, const char *dir, const model_spec *m, bool
     return rc;
 }
 
-ckpt_set *ckpt_set_open(const char *path, const model_spec *m, bool *other_model, err_t *err) {
+ckpt_set *ckpt_set_open(const char *path, const model_spec *m, bool allow_unused, bool *other_model, err_t *err) {
     ckpt_set *s = xcalloc(1, sizeof *s);
     s->label = xstrdup(path);
+    s->allow_unused = allow_unused;
     set_units(s, m);
     size_t len = strlen(path);
     int rc;
@@ -220,6 +226,43 @@ const st_file *ckpt_set_first(ckpt_set *s, err_t *err) {
 
 int64_t ckpt_set_step(const ckpt_set *s) { return s->step; }
 
+/* Every tensor of the piece is a state of one of the model's units (model/weights.h): metadata
+ * describing a smaller model than the file holds leaves nothing out silently. Checked on a
+ * piece's first read, after the caller compared the model (another model is its own error). */
+static int check_names(ckpt_set *s, piece *p, err_t *err) {
+    if (p->names_checked) return 0;
+    weights_used used = {0};
+    for (size_t k = 0; k < sizeof CKPT_KINDS / sizeof CKPT_KINDS[0]; k++)
+        for (int u = 0; u < s->n_units; u++) {
+            char unit[48], name[96];
+            model_unit_name(&s->m, u, unit, sizeof unit);
+            snprintf(name, sizeof name, "%s.%s", CKPT_KINDS[k], unit);
+            weights_use(&used, name);
+        }
+    int n = st_count(p->f);
+    const char **found = xcalloc((size_t)n + 1, sizeof *found);
+    for (int i = 0; i < n; i++) found[i] = st_tensor_at(p->f, i)->name;
+    char model[160];
+    snprintf(model, sizeof model, "metadata cephalo.model describes %s with %d layer%s", s->m.name, s->m.n_layer,
+             s->m.n_layer == 1 ? "" : "s");
+    int rc = weights_check_unused(&used, p->path, found, n, s->allow_unused, model, err);
+    free(found);
+    weights_used_free(&used);
+    p->names_checked = rc == 0;
+    return rc;
+}
+
+/* A value of unit `unit`'s tensor `name` at flat index i is not finite: named with the model's
+ * tensor it falls in. */
+static int nonfinite(const ckpt_set *s, const piece *p, const char *name, int unit, int64_t i, float v, err_t *err) {
+    wm_tensor ts[WM_MAX_TENSORS];
+    int n = wm_unit_tensors(&s->m, unit, ts);
+    for (int k = 0; k < n; k++)
+        if (i >= ts[k].offset && i < ts[k].offset + ts[k].numel)
+            return weights_nonfinite(err, p->path, name, ts[k].name, ts[k].shape, ts[k].ndim, i - ts[k].offset, v);
+    return weights_nonfinite(err, p->path, name, NULL, &s->numel[unit], 1, i, v);
+}
+
 int ckpt_set_read(ckpt_set *s, const char *kind, int unit, const char *unit_name, int64_t lo,
                   int64_t n, float *out, err_t *err) {
     char name[96];
@@ -230,14 +273,17 @@ int ckpt_set_read(ckpt_set *s, const char *kind, int unit, const char *unit_name
         int64_t b = lo + n < p->off[unit] + p->n[unit] ? lo + n : p->off[unit] + p->n[unit];
         if (a >= b) continue;
         const void *data;
-        if (open_piece(s, p, err) < 0 ||
+        if (open_piece(s, p, err) < 0 || check_names(s, p, err) < 0 ||
             st_expect(p->f, name, ST_F32, 1, &p->n[unit], &data, err) < 0)
             return -1;
         const char *v = st_meta(p->f, "cephalo.step");
         if (!v || atoll(v) != s->step)
             return err_set(err, "%s: metadata cephalo.step is %s, expected %lld (a piece of another "
                            "checkpoint?)", p->path, v ? v : "missing", (long long)s->step);
-        memcpy(out + (a - lo), (const float *)data + (a - p->off[unit]), (size_t)(b - a) * sizeof(float));
+        float *dst = out + (a - lo);
+        memcpy(dst, (const float *)data + (a - p->off[unit]), (size_t)(b - a) * sizeof(float));
+        int64_t bad = weights_first_nonfinite(dst, b - a);
+        if (bad >= 0) return nonfinite(s, p, name, unit, a + bad, dst[bad], err);
     }
     return 0; /* the tiling check guarantees [lo, lo+n) was covered */
 }

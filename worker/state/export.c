@@ -16,6 +16,7 @@
 #include "common/json_util.h"
 #include "common/log.h"
 #include "formats/safetensors.h"
+#include "model/weights.h"
 #include "model/wmodel.h"
 #include "planner/model_json.h"
 #include "state/ckpt.h"
@@ -23,6 +24,7 @@
 
 typedef struct exporter {
     const model_spec *m;
+    bool allow_unused; /* --allow-unused-weights (model/weights.h) */
     float **unit; /* [units]: every unit's parameters, flat (wmodel's layout) */
     st_writer *w;
     float **owned; /* buffers the writer references until the save */
@@ -161,21 +163,37 @@ static bool is_dump(const st_file *f, const model_spec *m) {
     return st_find(f, key) == NULL;
 }
 
+/* Every tensor "UNIT.NAME" of the model, checked finite; and nothing else in the file. */
 static int read_dump(exporter *x, const st_file *f, err_t *err) {
     const model_spec *m = x->m;
-    for (int u = 0; u < model_n_units(m); u++) {
+    weights_used used = {0};
+    int rc = 0;
+    for (int u = 0; rc == 0 && u < model_n_units(m); u++) {
         wm_tensor ts[WM_MAX_TENSORS];
         int n = wm_unit_tensors(m, u, ts);
         char uname[48], key[192];
         model_unit_name(m, u, uname, sizeof uname);
-        for (int i = 0; i < n; i++) {
+        for (int i = 0; rc == 0 && i < n; i++) {
             const void *data;
             snprintf(key, sizeof key, "%.47s.%.47s", uname, ts[i].name);
-            if (st_expect(f, key, ST_F32, ts[i].ndim, ts[i].shape, &data, err) < 0) return -1;
-            memcpy(x->unit[u] + ts[i].offset, data, (size_t)ts[i].numel * sizeof(float));
+            weights_use(&used, key);
+            if ((rc = st_expect(f, key, ST_F32, ts[i].ndim, ts[i].shape, &data, err)) < 0) break;
+            float *dst = x->unit[u] + ts[i].offset;
+            memcpy(dst, data, (size_t)ts[i].numel * sizeof(float));
+            int64_t bad = weights_first_nonfinite(dst, ts[i].numel);
+            if (bad >= 0) rc = weights_nonfinite(err, st_label(f), key, NULL, ts[i].shape, ts[i].ndim, bad, dst[bad]);
         }
     }
-    return 0;
+    int n = st_count(f);
+    const char **found = xcalloc((size_t)n + 1, sizeof *found);
+    for (int i = 0; i < n; i++) found[i] = st_tensor_at(f, i)->name;
+    char model[160];
+    snprintf(model, sizeof model, "metadata cephalo.model describes %s with %d layer%s", m->name, m->n_layer,
+             m->n_layer == 1 ? "" : "s");
+    if (rc == 0) rc = weights_check_unused(&used, st_label(f), found, n, x->allow_unused, model, err);
+    free(found);
+    weights_used_free(&used);
+    return rc;
 }
 
 /* Reads the model and every unit's parameters from a checkpoint (one file, or the per-rank files
@@ -202,7 +220,7 @@ static int load(exporter *x, model_spec *m, const char *path, err_t *err) {
     }
     st_close(f);
     if (rc < 0) return -1;
-    ckpt_set *set = ckpt_set_open(path, m, NULL, err);
+    ckpt_set *set = ckpt_set_open(path, m, x->allow_unused, NULL, err);
     if (!set) return -1;
     for (int u = 0; rc == 0 && u < model_n_units(m); u++) {
         char uname[48];
@@ -213,8 +231,8 @@ static int load(exporter *x, model_spec *m, const char *path, err_t *err) {
     return rc;
 }
 
-int export_read_checkpoint(const char *checkpoint, model_spec *m, float ***units, err_t *err) {
-    exporter x = {.m = m};
+int export_read_checkpoint(const char *checkpoint, model_spec *m, bool allow_unused, float ***units, err_t *err) {
+    exporter x = {.m = m, .allow_unused = allow_unused};
     char path[1100];
     int rc = ckpt_dir_resolve(checkpoint, path, sizeof path, err);
     if (rc == 0) rc = load(&x, m, path, err);
@@ -227,9 +245,9 @@ int export_read_checkpoint(const char *checkpoint, model_spec *m, float ***units
     return 0;
 }
 
-int export_hf(const char *checkpoint, const char *dir, err_t *err) {
+int export_hf(const char *checkpoint, const char *dir, bool allow_unused, err_t *err) {
     model_spec m;
-    exporter x = {.m = &m};
+    exporter x = {.m = &m, .allow_unused = allow_unused};
     char path[1100];
     int rc = ckpt_dir_resolve(checkpoint, path, sizeof path, err);
     if (rc == 0) rc = load(&x, &m, path, err);

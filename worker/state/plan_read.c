@@ -43,7 +43,10 @@ static int read_inputs(const json_ctx *c, const cJSON *root, train_config *cfg) 
         return err_set(c->err, "%s: inputs.precision is \"%s\" (expected " PRECISION_CHOICES ")",
                        c->file, p);
     cfg->global_batch = (int)batch;
-    cfg->seq = cfg->model.arch == ARCH_VIT ? 0 : (int)seq;
+    int checked;
+    if (cfg->model.arch == ARCH_VIT) seq = 0; /* a ViT plan's seq is its tokens */
+    if (model_check_seq(&cfg->model, (int)seq, &checked, c->err) < 0) return err_prefix(c->err, "%s: inputs.seq", c->file);
+    cfg->seq = cfg->model.arch == ARCH_VIT ? 0 : checked;
     return 0;
 }
 
