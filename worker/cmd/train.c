@@ -18,6 +18,7 @@
 #include "cmd/metrics.h"
 #include "comm/comm.h"
 #include "common/args.h"
+#include "common/ckpt_dir.h"
 #include "common/fileio.h"
 #include "common/log.h"
 #include "common/strutil.h"
@@ -253,7 +254,12 @@ static int optimizer_option(args *p, int ch, worker_opts *o) {
 /* What it writes: checkpoints, logs, dumps, metrics. */
 static int output_option(args *p, int ch, worker_opts *o) {
     switch (ch) {
-    case O_CKDIR: o->ck.dir = p->val; break;
+    case O_CKDIR: {
+        err_t e; /* refused here, before the directory is made and the ranks meet */
+        if (ckpt_dir_check_len(p->val, "--ckpt-dir", &e) < 0) return args_bad(p, "%s", e.msg);
+        o->ck.dir = p->val;
+        break;
+    }
     case O_CKEVERY: return args_long(p, 1, 1L << 40, &o->ckpt_every);
     case O_RESUME: o->ck.resume = p->val; break;
     case O_OVERWRITE: o->ck.overwrite = true; break;
