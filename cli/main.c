@@ -145,11 +145,11 @@ static int write_plan_file(const plan *p, const char *path) {
  * it was planned from. Checked before anything is loaded or written. */
 static int check_plan_outputs(const cli_opts *o) {
     char store[PATH_LEN];
-    bool use_store = !o->profile && profile_store_path(store, sizeof store);
+    err_t err;
+    bool use_store = !o->profile && profile_store_path(store, sizeof store, &err) > 0; /* else planning warns */
     const file_arg ins[] = {{"--cluster", o->cluster}, {"--model", o->model}, {"--profile", o->profile},
                             {"the profile store", use_store ? store : NULL}};
     const file_arg outs[] = {{"-o", o->output}, {"--dump-costs", o->dump_costs}};
-    err_t err;
     if (file_check_outputs(outs, 2, ins, 4, &err) == 0) return 0;
     fprintf(stderr, "cephalo: %s\n", err.msg);
     return EXIT_BAD_INPUT;
