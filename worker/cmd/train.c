@@ -302,8 +302,8 @@ static int inject_from_env(train_config *c) {
     if (!s || !*s) return 0;
     char step[32] = "", *colon = strchr(s, ':');
     long st, rk = 0;
-    snprintf(step, sizeof step, "%.*s", colon ? (int)(colon - s) : (int)strlen(s), s);
-    if (!str_to_long(step, &st) || st < 0 || (colon && (!str_to_long(colon + 1, &rk) || rk < 0)))
+    bool fits = str_fmt(step, sizeof step, NULL, "", "%.*s", colon ? (int)(colon - s) : (int)strlen(s), s) == 0;
+    if (!fits || !str_to_long(step, &st) || st < 0 || (colon && (!str_to_long(colon + 1, &rk) || rk < 0)))
         return args_bad_cmd(WORKER_NAME, "$CEPHALO_TEST_NONFINITE is '%s', expected STEP or STEP:RANK", s);
     c->inject_nonfinite_step = st, c->inject_nonfinite_rank = (int)rk;
     return 0;

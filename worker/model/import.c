@@ -8,6 +8,7 @@
  * A rank asks for one contiguous range of a unit's flat buffer at a time (its FSDP shard); the
  * range is cut into the pieces of the Hugging Face tensors it covers and only those bytes are
  * read from the mapped files. Nothing here holds more than the caller's range. */
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +16,7 @@
 
 #include "common/json_util.h"
 #include "common/log.h"
+#include "common/strutil.h"
 #include "formats/safetensors.h"
 #include "model/import.h"
 #include "model/wmodel.h"
@@ -32,7 +34,7 @@ typedef struct piece {
 
 struct hf_import {
     const model_spec *m;
-    char dir[1024];
+    char *dir; /* the model directory, as given */
     st_file **files;
     int n_files;
     const char *gpt2_prefix; /* "transformer." or "" (the original gpt2 files have none) */
@@ -124,8 +126,9 @@ static const st_tensor *find(const hf_import *imp, const char *name, const st_fi
 }
 
 static int add_file(hf_import *imp, const char *name, err_t *err) {
-    char path[2200];
-    snprintf(path, sizeof path, "%s/%s", imp->dir, name);
+    char path[PATH_MAX];
+    /* the name is the index's: a cut path would open another file */
+    if (str_fmt(path, sizeof path, err, "the weights' path", "%s/%s", imp->dir, name) < 0) return -1;
     imp->files = xrealloc(imp->files, (size_t)(imp->n_files + 1) * sizeof *imp->files);
     if (st_open(&imp->files[imp->n_files], path, err) < 0) return -1;
     imp->n_files++;
@@ -302,13 +305,14 @@ int hf_import_open(hf_import **out, const char *dir, const model_spec *m, err_t 
         return err_set(err, "%s: import reads GPT-2 and Llama models; this is a %s model", dir, model_arch_name(m->arch));
     hf_import *imp = xcalloc(1, sizeof *imp);
     imp->m = m;
-    snprintf(imp->dir, sizeof imp->dir, "%s", dir);
-    char index[1100], single[1100];
-    snprintf(index, sizeof index, "%s/model.safetensors.index.json", dir);
-    snprintf(single, sizeof single, "%s/model.safetensors", dir);
+    imp->dir = xstrdup(dir);
+    char index[PATH_MAX], single[PATH_MAX];
     struct stat st;
-    int rc;
-    if (stat(single, &st) == 0) rc = add_file(imp, "model.safetensors", err);
+    int rc = 0;
+    if (str_fmt(index, sizeof index, err, "--init-from: the path", "%s/model.safetensors.index.json", dir) < 0 ||
+        str_fmt(single, sizeof single, err, "--init-from: the path", "%s/model.safetensors", dir) < 0)
+        rc = -1;
+    else if (stat(single, &st) == 0) rc = add_file(imp, "model.safetensors", err);
     else if (stat(index, &st) == 0) rc = open_index(imp, index, err);
     else
         rc = err_set(err, "%s: no model.safetensors or model.safetensors.index.json (expected a Hugging Face "
@@ -330,6 +334,7 @@ void hf_import_close(hf_import *imp) {
     if (!imp) return;
     for (int i = 0; i < imp->n_files; i++) st_close(imp->files[i]);
     free(imp->files);
+    free(imp->dir);
     free(imp);
 }
 
@@ -339,7 +344,7 @@ int hf_import_check_model(const char *dir, const model_spec *m, err_t *err) {
     model_spec want = *m;
     /* the name is the directory's or the plan's, and defaults compare as their values; everything
      * else must agree */
-    snprintf(cfg.name, sizeof cfg.name, "%s", m->name);
+    memcpy(cfg.name, m->name, sizeof cfg.name); /* one size */
     cfg.default_seq = want.default_seq;
     model_spec *both[] = {&cfg, &want};
     for (int i = 0; i < 2; i++) {
