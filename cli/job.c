@@ -134,6 +134,11 @@ static int parse_name(const yctx *y, const ynode *root, job *j) {
     memcpy(j->name, base, len);
     j->name[len] = '\0';
     if (!j->name[0]) memcpy(j->name, "job", 4);
+    /* it names the run directory and goes into the generated cluster file and the metrics' JSON
+     * as it is: the same characters as a name: field */
+    if (!name_ok(j->name))
+        return err_set(y->err, "%s: the run name '%s' taken from the file name is not usable (letters, digits, '.', '_' and "
+                               "'-'); give the job a name: field", y->file, j->name);
     return 0;
 }
 
