@@ -110,8 +110,10 @@ static int sink_add(shard_sink *k, const uint16_t *toks, int64_t n, err_t *err) 
             sink_close_shard(k, err) < 0)
             return -1;
         if (!k->w) {
-            snprintf(k->path, sizeof k->path, "%s/%s_%06d.bin", k->dir, si ? "val" : "train", k->index[si]++);
-            if (!(k->w = data_shard_writer_open(k->path, err))) return -1;
+            if (str_fmt(k->path, sizeof k->path, err, "-o: the shard path", "%s/%s_%06d.bin", k->dir, si ? "val" : "train",
+                        k->index[si]++) < 0 ||
+                !(k->w = data_shard_writer_open(k->path, err)))
+                return -1;
             k->cur = si;
         }
         int64_t room = k->shard_tokens - data_shard_writer_count(k->w);
@@ -227,8 +229,7 @@ static void warn_leftover_shards(const char *outdir, const int index[2]) {
     for (int si = 0; si < 2; si++) {
         char p[4096];
         struct stat st;
-        snprintf(p, sizeof p, "%s/%s_%06d.bin", outdir, si ? "val" : "train", index[si]);
-        if (stat(p, &st) == 0)
+        if (str_fmt(p, sizeof p, NULL, "", "%s/%s_%06d.bin", outdir, si ? "val" : "train", index[si]) == 0 && stat(p, &st) == 0)
             fprintf(stderr, "cephalo data: warning: %s and maybe more %s shards are left from an earlier run; "
                     "remove them before training on the directory\n", p, si ? "val" : "train");
     }
@@ -323,8 +324,10 @@ static int tsink_add(tsink *k, int si, const int32_t *ids, size_t n, err_t *err)
             if (rc < 0) return -1;
         }
         if (!k->w[si]) {
-            snprintf(k->path, sizeof k->path, "%s/%s_%06d.bin", k->dir, si ? "val" : "train", k->index[si]++);
-            if (!(k->w[si] = data_shard_writer_open_version(k->path, k->version, err))) return -1;
+            if (str_fmt(k->path, sizeof k->path, err, "-o: the shard path", "%s/%s_%06d.bin", k->dir, si ? "val" : "train",
+                        k->index[si]++) < 0 ||
+                !(k->w[si] = data_shard_writer_open_version(k->path, k->version, err)))
+                return -1;
         }
         int64_t room = k->shard_tokens - data_shard_writer_count(k->w[si]);
         size_t m = n < sizeof buf / sizeof *buf ? n : sizeof buf / sizeof *buf;

@@ -120,14 +120,25 @@ static int parse_name(const yctx *y, const ynode *root, job *j) {
         if (!name_ok(name))
             return err_set(y->err, "%s:%d: name: '%s' is not a usable run name (letters, digits, '.', '_' and '-', "
                                    "at most %d characters)", y->file, ymap_get(root, "name")->line, name, JOB_NAME_MAX);
-        snprintf(j->name, sizeof j->name, "%s", name);
+        memcpy(j->name, name, strlen(name) + 1); /* name_ok: at most JOB_NAME_MAX */
         return 0;
     }
-    /* the file name up to its first '.', as model files name themselves */
+    /* the file name up to its first '.', as model files name themselves; never cut (two long
+     * file names with one start would share a run directory and its checkpoints) */
     const char *base = strrchr(j->path, '/');
-    snprintf(j->name, sizeof j->name, "%s", base ? base + 1 : j->path);
-    j->name[strcspn(j->name, ".")] = '\0';
-    if (!j->name[0]) snprintf(j->name, sizeof j->name, "job");
+    base = base ? base + 1 : j->path;
+    size_t len = strcspn(base, ".");
+    if (len > JOB_NAME_MAX)
+        return err_set(y->err, "%s: the run name '%.*s' taken from the file name is longer than %d characters; give the job a "
+                               "shorter name: field", y->file, (int)len, base, JOB_NAME_MAX);
+    memcpy(j->name, base, len);
+    j->name[len] = '\0';
+    if (!j->name[0]) memcpy(j->name, "job", 4);
+    /* it names the run directory and goes into the generated cluster file and the metrics' JSON
+     * as it is: the same characters as a name: field */
+    if (!name_ok(j->name))
+        return err_set(y->err, "%s: the run name '%s' taken from the file name is not usable (letters, digits, '.', '_' and "
+                               "'-'); give the job a name: field", y->file, j->name);
     return 0;
 }
 
@@ -313,8 +324,8 @@ static int parse_device(const yctx *y, const ynode *item, const char *base, job 
     job_device d = {.threads = (int)threads, .count = (int)count};
     if (ynode_string(y, mem, path, &size) < 0) return -1;
     if (check_memory(size, &d.memory_bytes, y->err) < 0) return err_prefix(y->err, "%s:%d: %s", y->file, mem->line, path);
-    snprintf(path, sizeof path, "%s:%d: %s", y->file, item->line, base);
-    return add_device(j, &d, y->err, path);
+    /* the file's name has no bound: it goes into the message, not into a buffer */
+    return add_device(j, &d, y->err, base) < 0 ? err_prefix(y->err, "%s:%d", y->file, item->line) : 0;
 }
 
 static int parse_devices(const yctx *y, const ynode *root, job *j) {
@@ -446,15 +457,15 @@ void job_free(job *j) {
 /* ---- the devices as a cluster ---- */
 
 char *job_cluster_yaml(const job *j) {
-    size_t cap = 64 + (size_t)j->n_items * 96;
-    char *text = xmalloc(cap);
-    size_t len = (size_t)snprintf(text, cap, "# the local devices of job %s (cephalo run)\nnodes:\n  - name: local\n    gpus:\n", j->name);
+    char *text = NULL;
+    size_t len = 0, cap = 0;
+    str_appendf(&text, &len, &cap, "# the local devices of job %s (cephalo run)\nnodes:\n  - name: local\n    gpus:\n", j->name);
     for (int i = 0; i < j->n_items; i++) {
         const job_device *d = &j->items[i];
         /* bytes / 2^30 is exact in a double and %.17g prints it back exactly: the planner sees the
          * same capacity the worker will enforce */
-        len += (size_t)snprintf(text + len, cap - len, "      - {type: cpu, count: %d, threads: %d, memory_gib: %.17g}\n", d->count,
-                                d->threads, (double)d->memory_bytes / GIB);
+        str_appendf(&text, &len, &cap, "      - {type: cpu, count: %d, threads: %d, memory_gib: %.17g}\n", d->count, d->threads,
+                    (double)d->memory_bytes / GIB);
     }
     return text;
 }

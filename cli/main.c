@@ -146,7 +146,8 @@ static int write_plan_file(const plan *p, const char *path) {
  * it was planned from. Checked before anything is loaded or written. */
 static int check_plan_outputs(const cli_opts *o) {
     char store[PATH_LEN];
-    bool use_store = !o->profile && profile_store_path(store, sizeof store);
+    err_t err;
+    bool use_store = !o->profile && profile_store_path(store, sizeof store, &err) > 0; /* else planning warns */
     out_set s = out_begin("cephalo plan");
     out_input(&s, "--cluster", o->cluster);
     out_input(&s, "--model", o->model);
@@ -154,7 +155,6 @@ static int check_plan_outputs(const cli_opts *o) {
     out_input(&s, "the profile store", use_store ? store : NULL);
     out_file(&s, "-o", o->output);
     out_file(&s, "--dump-costs", o->dump_costs);
-    err_t err;
     int rc = out_check(&s, &err);
     out_free(&s);
     if (rc == 0) return 0;

@@ -100,7 +100,10 @@ static int profile_option(args *p, int ch, popts *o) {
     case O_STORE: o->store = p->val; break;
     case O_MAXM: return args_long(p, 1, 4096, &o->max_micro);
     case O_QUICK: o->quick = true; break;
-    case O_COMMMAX: snprintf(o->comm_max, sizeof o->comm_max, "%.30s", p->val); break;
+    case O_COMMMAX: /* the worker reads it: a cut one would be another size */
+        if (str_fmt(o->comm_max, sizeof o->comm_max, NULL, "", "%s", p->val) < 0)
+            return args_bad(p, "%s: '%.40s' is not a size (e.g. 4M)", p->opt, p->val);
+        break;
     case 'o': o->out = p->val; break;
     }
     return 0;
@@ -378,8 +381,16 @@ int profile_main(int argc, char **argv) {
         return args_bad_cmd("cephalo profile", "%s", err.msg);
     }
     char store[PATH_LEN];
-    bool use_store = o.store ? strcmp(o.store, "none") != 0 : profile_store_path(store, sizeof store);
-    if (o.store && use_store) snprintf(store, sizeof store, "%s", o.store);
+    int found = o.store ? 0 : profile_store_path(store, sizeof store, &err);
+    if (found < 0) {
+        job_free(&j);
+        return args_bad_cmd("cephalo profile", "%s", err.msg);
+    }
+    bool use_store = o.store ? strcmp(o.store, "none") != 0 : found > 0;
+    if (o.store && use_store && str_fmt(store, sizeof store, &err, "--store", "%s", o.store) < 0) {
+        job_free(&j);
+        return args_bad_cmd("cephalo profile", "%s", err.msg);
+    }
     if (!o.out && !use_store) {
         job_free(&j);
         return args_bad_cmd("cephalo profile", "%s", "nothing to write: give -o FILE, or a profile store");
@@ -409,9 +420,14 @@ int profile_main(int argc, char **argv) {
         types[k].count += j.items[i].count;
     }
     int world = j.n_devices, steps = n_types + 2 * (world > 1);
+    /* the workers' files are TMP.N, TMP.rankR.jsonl and TMP.plan.json: their buffers hold those */
     char tmp[PATH_LEN];
-    snprintf(tmp, sizeof tmp, "%s/cephalo-profile-%d.json", getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp",
-             (int)getpid());
+    if (str_fmt(tmp, sizeof tmp, &err, "$TMPDIR: the path", "%s/cephalo-profile-%d.json",
+                getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", (int)getpid()) < 0) {
+        free(types);
+        job_free(&j);
+        return failed("%s", err.msg);
+    }
     profile p = {0};
     double t0 = clock_now_s();
     for (int k = 0; k < n_types && !rc; k++) {

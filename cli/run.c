@@ -38,6 +38,7 @@
 #include "common/log.h"
 #include "common/outputs.h"
 #include "formats/data.h"
+#include "common/strutil.h"
 #include "planner/inputs.h"
 
 extern char **environ;
@@ -106,14 +107,14 @@ static const char *rank_file(const launch *l, int rank, const char *ext, char *b
 int run_find_worker(char *out, bool gpu, err_t *err) {
     const char *env = getenv("CEPHALO_WORKER");
     if (env && *env) {
-        snprintf(out, PATH_LEN, "%s", env);
+        if (str_fmt(out, PATH_LEN, err, "$CEPHALO_WORKER", "%s", env) < 0) return -1;
     } else {
         char self[PATH_LEN];
         ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
         if (n <= 0) return err_set(err, "cannot find this program's directory (/proc/self/exe); set $CEPHALO_WORKER");
         self[n] = '\0';
         *strrchr(self, '/') = '\0';
-        snprintf(out, PATH_LEN, "%.4000s/cephalo-worker%s", self, gpu ? "-cuda" : "");
+        if (str_fmt(out, PATH_LEN, err, "the worker's path", "%s/cephalo-worker%s", self, gpu ? "-cuda" : "") < 0) return -1;
     }
     if (access(out, X_OK) != 0) return err_set(err, "%s: cannot execute the worker: %s (set $CEPHALO_WORKER)", out, strerror(errno));
     return 0;
@@ -500,8 +501,8 @@ static int worker_failed(launch *l, int rank) {
 /* The checkpoint a rerun would continue from (DIR/latest), if any. */
 static void print_checkpoint(const launch *l) {
     if (!l->ckpt_dir) return;
-    char path[PATH_LEN + 16], name[256] = "";
-    snprintf(path, sizeof path, "%s/latest", l->ckpt_dir);
+    char path[PATH_LEN], name[256] = "";
+    snprintf(path, sizeof path, "%s/latest", l->ckpt_dir); /* cannot be cut: at most CKPT_DIR_MAX */
     FILE *f = fopen(path, "r");
     bool have = f && fgets(name, sizeof name, f);
     if (f) fclose(f);
@@ -655,13 +656,14 @@ static int prepare(launch *l, const run_opts *o) {
         err_set(&err, "--run-dir: the path is longer than %zu bytes", sizeof l->dir - 1);
         return fail(RUN_EXIT_BAD_INPUT, &err);
     }
+    /* neither can be cut: --run-dir was measured, a name is at most JOB_NAME_MAX */
     if (o->run_dir) snprintf(l->dir, sizeof l->dir, "%s", o->run_dir);
     else snprintf(l->dir, sizeof l->dir, "runs/%s", j->name);
     if (j->ckpt_dir) {
         /* an output: relative to the run directory, so each run keeps its own checkpoints */
-        l->ckpt_dir = xmalloc(strlen(l->dir) + strlen(j->ckpt_dir) + 2);
-        if (j->ckpt_dir[0] == '/') strcpy(l->ckpt_dir, j->ckpt_dir);
-        else sprintf(l->ckpt_dir, "%s/%s", l->dir, j->ckpt_dir);
+        l->ckpt_dir = j->ckpt_dir[0] == '/' ? xstrdup(j->ckpt_dir) : str_printf("%s/%s", l->dir, j->ckpt_dir);
+        /* the workers would refuse it only after the plan and the run directory were written */
+        if (ckpt_dir_check_len(l->ckpt_dir, "checkpoint.dir", &err) < 0) return fail(RUN_EXIT_BAD_INPUT, &err);
     }
     l->world = l->p->n_ranks;
     if (j->metrics_port && j->metrics_port + l->world - 1 > 65535) {

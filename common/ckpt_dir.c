@@ -14,9 +14,17 @@
 #include "common/ckpt_keep.h"
 #include "common/fileio.h"
 #include "common/log.h"
+#include "common/strutil.h"
 
 #define PATH_MAX_LEN 4400 /* a directory of up to 4096 bytes and a name */
 #define SUFFIX ".safetensors"
+
+int ckpt_dir_check_len(const char *dir, const char *what, err_t *err) {
+    size_t n = strlen(dir);
+    if (n <= CKPT_DIR_MAX) return 0;
+    return err_set(err, "%s: the checkpoint directory '%.60s...' is %zu characters long, at most %d (room for the names of the "
+                        "checkpoint files in the system's path limit)", what, dir, n, CKPT_DIR_MAX);
+}
 
 /* "step_" and 1 to 18 digits, then nothing (a directory) or ".safetensors" (a file). */
 static bool parse_name(const char *name, long long *step, bool *file) {
@@ -55,7 +63,7 @@ static int cmp_entry(const void *a, const void *b) {
 /* One directory entry as a checkpoint, or false when it is not one. */
 static bool read_entry(const char *dir, const char *name, ckpt_entry *e) {
     bool file;
-    char path[PATH_MAX_LEN];
+    char path[PATH_MAX_LEN]; /* cannot be cut: dir was opened (under PATH_MAX), name is short */
     if (strlen(name) >= sizeof e->name || !parse_name(name, &e->step, &file)) return false;
     snprintf(path, sizeof path, "%s/%s", dir, name);
     if (file == file_is_dir(path)) return false; /* step_N.safetensors/ or a plain file step_N */
@@ -84,7 +92,7 @@ int ckpt_dir_list(const char *dir, ckpt_entry **out, err_t *err) {
 
 int ckpt_dir_latest(const char *dir, char *name, size_t n, err_t *err) {
     char path[PATH_MAX_LEN], line[256] = "";
-    snprintf(path, sizeof path, "%s/latest", dir);
+    if (str_fmt(path, sizeof path, err, "checkpoint path", "%s/latest", dir) < 0) return -1;
     FILE *f = fopen(path, "r");
     if (!f) return errno == ENOENT ? 0 : err_set(err, "%s: cannot read: %s", path, strerror(errno));
     bool got = fgets(line, sizeof line, f) != NULL;
@@ -94,21 +102,21 @@ int ckpt_dir_latest(const char *dir, char *name, size_t n, err_t *err) {
     bool file;
     if (!got || !parse_name(line, &step, &file))
         return err_set(err, "%s: holds '%.60s', not a checkpoint name (step_N or step_N.safetensors)", path, line);
-    snprintf(name, n, "%s", line);
-    return 1;
+    return str_fmt(name, n, err, "checkpoint name", "%s", line) < 0 ? -1 : 1; /* parse_name: at most 35 */
 }
 
 /* A step directory: index.json first, then the rest, then the directory. */
 static int remove_step_dir(const char *path, err_t *err) {
     char f[PATH_MAX_LEN];
-    snprintf(f, sizeof f, "%.4096s/index.json", path);
+    if (str_fmt(f, sizeof f, err, "checkpoint path", "%s/index.json", path) < 0) return -1;
     if (unlink(f) != 0 && errno != ENOENT) return err_set(err, "%s: cannot delete: %s", f, strerror(errno));
     DIR *d = opendir(path);
     if (!d) return err_set(err, "%s: cannot read: %s", path, strerror(errno));
     int rc = 0;
     for (struct dirent *de; rc == 0 && (de = readdir(d));) {
         if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
-        snprintf(f, sizeof f, "%.4096s/%.255s", path, de->d_name);
+        /* cannot be cut: path was opened (under PATH_MAX), a name is at most 255 bytes */
+        snprintf(f, sizeof f, "%.4096s/%.255s", path, de->d_name); /* the precisions: for the compiler */
         if (unlink(f) != 0 && errno != ENOENT) rc = err_set(err, "%s: cannot delete: %s", f, strerror(errno));
     }
     closedir(d);
@@ -118,7 +126,7 @@ static int remove_step_dir(const char *path, err_t *err) {
 
 int ckpt_dir_remove(const char *dir, const ckpt_entry *e, err_t *err) {
     char path[PATH_MAX_LEN];
-    snprintf(path, sizeof path, "%s/%s", dir, e->name);
+    if (str_fmt(path, sizeof path, err, "checkpoint path", "%s/%s", dir, e->name) < 0) return -1;
     if (e->sharded) return remove_step_dir(path, err);
     if (unlink(path) != 0 && errno != ENOENT) return err_set(err, "%s: cannot delete: %s", path, strerror(errno));
     return 0;
@@ -148,7 +156,7 @@ static int clean_dir(const char *dir, bool into_steps) {
     int removed = 0;
     char path[PATH_MAX_LEN];
     for (struct dirent *de; (de = readdir(d));) {
-        snprintf(path, sizeof path, "%.4096s/%.255s", dir, de->d_name);
+        snprintf(path, sizeof path, "%s/%s", dir, de->d_name); /* as in remove_step_dir: cannot be cut */
         long pid = tmp_pid(de->d_name);
         bool file;
         long long s;
@@ -170,16 +178,16 @@ int dir_clean_temps(const char *dir) { return clean_dir(dir, false); }
 int ckpt_dir_resolve(const char *path, char *out, size_t n, err_t *err) {
     struct stat st;
     if (stat(path, &st) < 0) return err_set(err, "%s: %s", path, strerror(errno));
-    char dir[1024], probe[1200], name[64];
+    /* stat took path: it is under PATH_MAX, and so is its directory; what is added is checked */
+    char dir[PATH_MAX_LEN], probe[PATH_MAX_LEN], name[64];
     const char *slash = strrchr(path, '/'), *base = slash ? slash + 1 : path;
-    snprintf(out, n, "%s", path);
+    if (str_fmt(out, n, err, "checkpoint path", "%s", path) < 0) return -1;
     if (!S_ISDIR(st.st_mode)) {
         if (strcmp(base, "latest") != 0) return 0; /* a checkpoint file */
         snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - path) : 1, slash ? path : ".");
         int have = ckpt_dir_latest(dir, name, sizeof name, err);
         if (have <= 0) return have < 0 ? -1 : err_set(err, "%s: cannot open: no such file", path); /* gone meanwhile */
-        snprintf(out, n, "%s/%s", dir, name);
-        return 0;
+        return str_fmt(out, n, err, "checkpoint path", "%s/%s", dir, name);
     }
     snprintf(probe, sizeof probe, "%s/index.json", path);
     if (access(probe, F_OK) == 0) return 0; /* a sharded step directory */
@@ -190,12 +198,11 @@ int ckpt_dir_resolve(const char *path, char *out, size_t n, err_t *err) {
         int k = ckpt_dir_list(path, &e, err), i = 0;
         if (k < 0) return -1;
         while (i < k && !e[i].complete) i++;
-        if (i < k) snprintf(name, sizeof name, "%s", e[i].name);
+        if (i < k) memcpy(name, e[i].name, sizeof e[i].name); /* 48 bytes, into 64 */
         free(e);
         if (i >= k)
             return err_set(err, "%s: no checkpoint in this directory (expected step_N.safetensors, a step_N/ "
                                 "directory with its index.json, or a latest file; or give a checkpoint file)", path);
     }
-    snprintf(out, n, "%s/%s", path, name);
-    return 0;
+    return str_fmt(out, n, err, "checkpoint path", "%s/%s", path, name);
 }

@@ -16,6 +16,14 @@
 #include "common/err.h"
 #include "common/outputs.h"
 
+/* The longest checkpoint directory: the longest path written inside it,
+ * DIR/step_N/rank-R.safetensors.tmp.PID (or DIR/step_N.safetensors.broken-TIME), fits in the
+ * system's PATH_MAX (4096 bytes with its NUL) with room to spare. The worker, `cephalo run` and
+ * the operator refuse a longer one before training, not at its first checkpoint. */
+#define CKPT_DIR_MAX 3968
+/* 0, or -1 naming WHAT ("--ckpt-dir") and the limit. */
+int ckpt_dir_check_len(const char *dir, const char *what, err_t *err);
+
 typedef struct ckpt_entry {
     long long step;
     bool sharded;  /* a step directory (else a single file) */

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "common/strutil.h"
 
 /* "pid 123 host node-a" as the holder wrote it, or a note that it has not yet. */
 static void read_holder(int fd, char *out, size_t n) {
@@ -33,7 +34,7 @@ static void write_holder(int fd) {
 
 int dir_lock(const char *dir, const char *what, err_t *err) {
     char path[4200];
-    if (snprintf(path, sizeof path, "%s/%s", dir, DIRLOCK_FILE) >= (int)sizeof path) return err_set(err, "%s: path too long", dir);
+    if (str_fmt(path, sizeof path, err, "the lock file's path", "%s/%s", dir, DIRLOCK_FILE) < 0) return -1;
     int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd < 0) return err_set(err, "%s: cannot create the lock file %s: %s", dir, path, strerror(errno));
     if (flock(fd, LOCK_EX | LOCK_NB) == 0) {

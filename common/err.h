@@ -11,7 +11,8 @@ typedef struct err {
     char msg[1024];
 } err_t;
 
-/* Sets the message (printf-style) and returns -1, so callers can `return err_set(...)`. */
+/* Sets the message (printf-style) and returns -1, so callers can `return err_set(...)`. A message
+ * longer than msg keeps its start and its end (the reason) with "..." between. */
 int err_set(err_t *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Prepends "prefix: " to an existing message (e.g. the file name) and returns -1. */

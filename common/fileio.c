@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "common/strutil.h"
 
 char *file_read_all(const char *path, size_t max_bytes, size_t *len_out, err_t *err) {
     FILE *f = fopen(path, "rb");
@@ -46,8 +47,7 @@ char *file_read_all(const char *path, size_t max_bytes, size_t *len_out, err_t *
 
 int file_write_atomic(const char *path, const void *data, size_t len, err_t *err) {
     char tmp[4200];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid()) >= (int)sizeof tmp)
-        return err_set(err, "%s: path too long", path);
+    if (str_fmt(tmp, sizeof tmp, err, "the temporary file's path", "%s.tmp.%d", path, (int)getpid()) < 0) return -1;
     FILE *f = fopen(tmp, "wb");
     bool ok = f && fwrite(data, 1, len, f) == len && fflush(f) == 0 && fsync(fileno(f)) == 0;
     int e = errno;
@@ -78,8 +78,7 @@ static int make_one_dir(const char *path, const char *whole, err_t *err) {
 int file_make_dir(const char *dir, bool parents, err_t *err) {
     if (!parents) return make_one_dir(dir, dir, err);
     char buf[4096];
-    if (snprintf(buf, sizeof buf, "%s", dir) >= (int)sizeof buf)
-        return err_set(err, "%s: path too long", dir);
+    if (str_fmt(buf, sizeof buf, err, "the directory", "%s", dir) < 0) return -1;
     for (char *p = buf + 1; *p; p++) {
         if (*p != '/' || p[-1] == '/') continue;
         *p = 0;

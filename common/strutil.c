@@ -4,6 +4,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -122,4 +123,44 @@ void str_append(char **p, size_t *len, size_t *cap, const void *data, size_t n) 
     memcpy(*p + *len, data, n);
     *len += n;
     (*p)[*len] = '\0';
+}
+
+/* vasprintf is a GNU extension: the length first, then the text */
+static char *vformat(const char *fmt, va_list ap) {
+    va_list again;
+    va_copy(again, ap);
+    int n = vsnprintf(NULL, 0, fmt, ap);
+    CHECK(n >= 0); /* only a bad format: never input */
+    char *text = xmalloc((size_t)n + 1);
+    vsnprintf(text, (size_t)n + 1, fmt, again);
+    va_end(again);
+    return text;
+}
+
+void str_appendf(char **p, size_t *len, size_t *cap, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    char *text = vformat(fmt, ap);
+    va_end(ap);
+    str_append(p, len, cap, text, strlen(text));
+    free(text);
+}
+
+char *str_printf(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    char *text = vformat(fmt, ap);
+    va_end(ap);
+    return text;
+}
+
+int str_fmt(char *buf, size_t n, err_t *err, const char *what, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int len = vsnprintf(buf, n, fmt, ap);
+    va_end(ap);
+    if (len >= 0 && (size_t)len < n) return 0;
+    /* the start of what would have been written is enough to recognize it */
+    return err_set(err, "%s '%.60s%s' is too long (at most %zu characters)", what, n ? buf : "", len > 60 ? "..." : "",
+                   n ? n - 1 : 0);
 }

@@ -6,6 +6,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/err.h"
+
 /* Lower-cased name with '-', '_', ' ' and '.' removed: "Tesla-V100_16GB" -> "teslav10016gb". */
 void str_normalize(const char *in, char *out, size_t outsz);
 
@@ -30,5 +32,16 @@ const char *str_bytes(double bytes, char *buf, size_t bufsz);
 /* Appends n bytes to the growable buffer *p (len bytes used, cap allocated), doubling it as
  * needed and keeping a NUL after the data (HTTP bodies, stream lines). */
 void str_append(char **p, size_t *len, size_t *cap, const void *data, size_t n);
+/* ... formatted text (generated YAML, JSON, argv): text with no bound grows, it is never cut. */
+void str_appendf(char **p, size_t *len, size_t *cap, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+/* A fresh formatted string (the caller frees it), for a path or name of any length. */
+char *str_printf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* snprintf into a fixed buffer that refuses to cut: 0 when the whole text fit, else -1 with err
+ * (when not NULL) naming WHAT, the start of the text and the buffer's limit: "checkpoint path
+ * 'runs/abc...' is too long (at most 4095 characters)". A cut path names another file and a cut name
+ * another object, so every fixed buffer that holds text from input goes through here, unless its
+ * size makes a cut impossible (a comment then says why). */
+int str_fmt(char *buf, size_t n, err_t *err, const char *what, const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 
 #endif

@@ -56,7 +56,7 @@ static bool node_differs(const cJSON *a, const cJSON *b) {
 /* Queues ns/name: due now (a change). */
 static void enqueue(const informers_ctx *x, const char *ns, const char *name) {
     if (!ns || !name) return;
-    char key[WQ_KEY_MAX];
+    char key[WQ_KEY_MAX]; /* cannot be cut: a namespace is at most 63 characters, a name 253 */
     snprintf(key, sizeof key, "%s/%s", ns, name);
     wq_add(x->queue, key);
 }
@@ -66,7 +66,7 @@ static void enqueue_jobs(const informers_ctx *x, cache_keep_fn keep, double dela
     cache_view v;
     const cJSON *j, *jobs = cache_view_list(x->caches->jobs, keep, NULL, &v);
     cJSON_ArrayForEach(j, cJSON_GetObjectItemCaseSensitive(jobs, "items")) {
-        char key[WQ_KEY_MAX];
+        char key[WQ_KEY_MAX]; /* as in enqueue */
         snprintf(key, sizeof key, "%s/%s", kube_meta_str(j, "namespace"), kube_meta_str(j, "name"));
         wq_add_after(x->queue, key, delay_s);
     }

@@ -506,6 +506,11 @@ int inv_build(const cJSON *nodes, const inv_constraints *c, cluster *cl, inv_res
                 note(r, "node %s: GPU product %s is unknown and has no gpu.memory label", name, product);
                 continue;
             }
+            /* it becomes the device type: a cut one would group other products with it */
+            if (strlen(product) >= sizeof cl->devices[0].type) {
+                note(r, "node %s: unknown GPU product %s: the name is too long for the planner's device type", name, product);
+                continue;
+            }
             spec = nearest_by_memory(mem_mib, major);
             r->estimated = true;
             note(r, "node %s: unknown GPU product %s planned from its gpu.memory label", name, product);
@@ -537,7 +542,7 @@ int inv_build(const cJSON *nodes, const inv_constraints *c, cluster *cl, inv_res
             for (int d = cl->n_devices - (int)count; d < cl->n_devices; d++)
             {
                 cl->devices[d].memory_bytes = mem_mib * 1024.0 * 1024.0;
-                snprintf(cl->devices[d].type, sizeof cl->devices[d].type, "%s", product);
+                snprintf(cl->devices[d].type, sizeof cl->devices[d].type, "%s", product); /* measured above */
             }
         for (int d = cl->n_devices - (int)count; d < cl->n_devices; d++) {
             cl->devices[d].cc_major = major;

@@ -5,9 +5,13 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "common/ckpt_dir.h"
 #include "common/json_util.h"
+#include "common/log.h"
+#include "common/strutil.h"
 
 #define MAX_COUNT 1099511627776.0 /* the CRD's maximum of steps and counts: 2^40 */
 
@@ -236,6 +240,10 @@ static void parse_storage(jp *p, job_spec *s) {
     if (!at(p->spec, "checkpoint.dir")) bad(p, "checkpoint.dir", "missing (required)");
     str_at(p, "checkpoint.pvc", &s->ckpt_pvc);
     str_at(p, "checkpoint.resume", &s->train.resume);
+    /* the worker would refuse it in every pod (ckpt_dir.h): the job fails here, with the field */
+    size_t in_pod = s->ckpt_dir ? strlen(s->ckpt_dir) + (s->ckpt_pvc ? strlen(JOB_SPEC_CKPT_MOUNT) + 1 : 0) : 0;
+    if (in_pod > CKPT_DIR_MAX)
+        bad(p, "checkpoint.dir", "'%.60s...' is too long: %zu characters in the pod, at most %d", s->ckpt_dir, in_pod, CKPT_DIR_MAX);
 }
 
 /* The fields read as they are: objects the pods and the inventory take over, a flag, names. */
@@ -282,21 +290,20 @@ int job_spec_parse(const cJSON *spec, job_spec *out, err_t *err) {
 
 /* ---- the workers' arguments ----------------------------------------------------------------- */
 
-/* path inside the pod: under mount when the volume is mounted, else as the job gave it. */
-static const char *in_pod(const char *mount, const char *path, char *buf, size_t n) {
+/* path inside the pod: under mount when the volume is mounted, else as the job gave it; a fresh
+ * string (a path has no bound here: the CRD's, 4096, is not the operator's to rely on). */
+static char *in_pod(const char *mount, const char *path) {
     if (!path) path = ""; /* a required field missing: the parse said so */
-    if (!mount) return path;
-    snprintf(buf, n, "%s/%s", mount, path);
-    return buf;
+    return mount ? str_printf("%s/%s", mount, path) : xstrdup(path);
 }
 
 void job_spec_worker_argv(const job_spec *s, wcmd_argv *out) {
-    char data[4200], val[4200], ckpt[4200];
     const char *data_mount = s->data_pvc ? JOB_SPEC_DATA_MOUNT : NULL;
+    char *data = in_pod(data_mount, s->data_path), *val = s->val_path ? in_pod(data_mount, s->val_path) : NULL;
+    char *ckpt = s->checkpoint ? in_pod(s->ckpt_pvc ? JOB_SPEC_CKPT_MOUNT : NULL, s->ckpt_dir) : NULL;
     wcmd_train t = s->train;
-    t.data = in_pod(data_mount, s->data_path, data, sizeof data);
-    t.val_data = s->val_path ? in_pod(data_mount, s->val_path, val, sizeof val) : NULL;
+    t.data = data, t.val_data = val, t.ckpt_dir = ckpt;
     t.init_from = s->model == JOB_MODEL_INIT_FROM ? s->init.dir : NULL;
-    t.ckpt_dir = s->checkpoint ? in_pod(s->ckpt_pvc ? JOB_SPEC_CKPT_MOUNT : NULL, s->ckpt_dir, ckpt, sizeof ckpt) : NULL;
     wcmd_train_argv(&t, out);
+    free(data), free(val), free(ckpt);
 }

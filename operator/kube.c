@@ -320,8 +320,10 @@ static kube_verb verb_of(const char *method, const char *path) {
     return segs == collection && !ns_itself ? KUBE_VERB_LIST : KUBE_VERB_GET;
 }
 
-static void url_of(const kube_client *k, const char *path, char *url, size_t sz) {
-    snprintf(url, sz, "%s%s", k->cfg.server, path);
+/* The server (at most KUBE_SERVER_MAX: kube_config.c) and the path: a cut URL would ask for
+ * something else, so a path too long for it is an error. */
+static int url_of(const kube_client *k, const char *path, char *url, err_t *err) {
+    return str_fmt(url, KUBE_URL_MAX, err, "the request URL", "%s%s", k->cfg.server, path);
 }
 
 int kube_request(kube_client *k, const char *method, const char *path, const char *content_type,
@@ -330,8 +332,8 @@ int kube_request(kube_client *k, const char *method, const char *path, const cha
     long st_local;
     if (!status) status = &st_local;
     *status = 0;
-    char url[KUBE_PATH_MAX + 512];
-    url_of(k, path, url, sizeof url);
+    char url[KUBE_URL_MAX];
+    if (url_of(k, path, url, err) < 0) return -1;
     for (int attempt = 0;; attempt++) {
         if (refresh_token(k, false, err) < 0) return -1;
         struct curl_slist *h = setup(k, method, url, content_type, body,
@@ -665,8 +667,8 @@ int kube_stream(kube_client *k, const char *path, double timeout_s, kube_data_fn
     long st_local;
     if (!status) status = &st_local;
     *status = 0;
-    char url[KUBE_PATH_MAX + 512];
-    url_of(k, path, url, sizeof url);
+    char url[KUBE_URL_MAX];
+    if (url_of(k, path, url, err) < 0) return -1;
     for (int attempt = 0;; attempt++) {
         if (refresh_token(k, false, err) < 0) return -1;
         struct curl_slist *h = setup(k, "GET", url, NULL, NULL, (long)(timeout_s + 0.999), err);

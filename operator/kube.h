@@ -35,6 +35,8 @@
 #define KUBE_MAX_BODY ((size_t)256 << 20)
 /* API paths are built into buffers of this size. */
 #define KUBE_PATH_MAX 1024
+#define KUBE_SERVER_MAX 511 /* the API server's URL ("https://host:port") */
+#define KUBE_URL_MAX 8192   /* a request's URL: the server, the path, a list's query (continue token) */
 /* A bearer token read from a file is re-read after this many seconds (bound service account
  * tokens rotate; the kubelet rewrites the file well before expiry) and after any 401. */
 #define KUBE_TOKEN_REREAD_S 60.0

@@ -41,6 +41,8 @@ static void trim_right(char *s) {
 static int set_server(kube_config *c, const char *server, const char *where, err_t *err) {
     if (strncmp(server, "https://", 8) != 0 && strncmp(server, "http://", 7) != 0)
         return err_set(err, "%s: server '%s' is not an http(s) URL", where, server);
+    if (strlen(server) > KUBE_SERVER_MAX) /* every request's URL starts with it */
+        return err_set(err, "%s: server '%.60s...' is too long (at most %d characters)", where, server, KUBE_SERVER_MAX);
     c->server = xstrdup(server);
     size_t n = strlen(c->server);
     while (n > 0 && c->server[n - 1] == '/') c->server[--n] = '\0';
@@ -56,7 +58,7 @@ int kube_config_in_cluster_at(const char *sa_dir, const char *host, const char *
                             "--kubeconfig FILE)", what);
     if (!port || !*port)
         return err_set(err, "%s: KUBERNETES_SERVICE_PORT is not set", what);
-    char url[512];
+    char url[KUBE_SERVER_MAX + 1];
     /* an IPv6 service address needs brackets in a URL */
     bool v6 = strchr(host, ':') != NULL;
     if (snprintf(url, sizeof url, "https://%s%s%s:%s", v6 ? "[" : "", host, v6 ? "]" : "", port) >=

@@ -9,6 +9,7 @@
 
 #include "common/clock.h"
 #include "common/log.h"
+#include "common/strutil.h"
 
 int lease_init(lease_elector *e, kube_client *k, const lease_opts *o, err_t *err) {
     memset(e, 0, sizeof *e);
@@ -30,6 +31,7 @@ void lease_free(lease_elector *e) {
     free(e->namespace);
     free(e->name);
     free(e->identity);
+    free(e->observed);
     memset(e, 0, sizeof *e);
 }
 
@@ -75,7 +77,8 @@ static int won(lease_elector *e) {
     e->leader = true;
     e->renewed_at = clock_now_s();
     /* our own write is a change of the record: the expiry clock restarts now */
-    snprintf(e->observed, sizeof e->observed, "%s", e->identity);
+    free(e->observed);
+    e->observed = xstrdup(e->identity);
     e->observed_at = e->renewed_at;
     return 1;
 }
@@ -128,14 +131,15 @@ int lease_try(lease_elector *e, err_t *err) {
     long transitions = spec_long(spec, "leaseTransitions");
     long duration = spec_long(spec, "leaseDurationSeconds");
     if (duration <= 0) duration = e->duration_s;
-    char record[sizeof e->observed];
-    snprintf(record, sizeof record, "%s|%s|%ld", holder, spec_str(spec, "renewTime"), duration);
+    char *record = str_printf("%s|%s|%ld", holder, spec_str(spec, "renewTime"), duration);
     double now = clock_now_s();
     bool mine = strcmp(holder, e->identity) == 0;
-    if (!mine && strcmp(record, e->observed) != 0) {
-        snprintf(e->observed, sizeof e->observed, "%s", record);
+    if (!mine && (!e->observed || strcmp(record, e->observed) != 0)) {
+        free(e->observed);
+        e->observed = record, record = NULL;
         e->observed_at = now;
     }
+    free(record);
     e->transitions = transitions;
     if (*holder && !mine && now - e->observed_at < (double)duration) {
         cJSON_Delete(lease);

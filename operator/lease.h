@@ -36,7 +36,7 @@ typedef struct lease_elector {
     bool leader;
     double renewed_at; /* monotonic time of our last successful acquire or renew */
     /* the last record seen and when it last changed (monotonic) */
-    char observed[512];
+    char *observed; /* whole: a cut record would hide a renewal by a long-named holder */
     double observed_at;
     long transitions; /* leaseTransitions of the last record seen */
 } lease_elector;

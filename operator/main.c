@@ -428,21 +428,23 @@ static void *op_lease_main(void *arg) {
     return NULL;
 }
 
-/* The Lease's identity: $POD_NAME, else HOST_PID. */
-static void op_identity(char *ident, size_t n) {
+/* The Lease's identity: $POD_NAME, else HOST_PID. Never cut: two replicas whose identities
+ * were cut alike would each take the other's Lease for its own. */
+static int op_identity(char *ident, size_t n, err_t *err) {
     char host[128] = "unknown";
     const char *pod = getenv("POD_NAME");
     gethostname(host, sizeof host - 1);
-    if (pod && *pod) snprintf(ident, n, "%s", pod);
-    else snprintf(ident, n, "%s_%ld", host, (long)getpid());
+    if (pod && *pod) return str_fmt(ident, n, err, "leader election: $POD_NAME", "%s", pod);
+    snprintf(ident, n, "%s_%ld", host, (long)getpid()); /* 127 + 21 < n */
+    return 0;
 }
 
 /* With --leader-elect, campaigns on a thread of its own (lease_run) and waits until this replica
  * leads or stops; without, leads at once. 0, or an exit status. */
 static int op_lead(const op_opts *o, const kube_config *cfg, op_lease *lease, err_t *err) {
-    char ident[256];
+    char ident[256]; /* a pod name: at most 253 */
     if (!o->leader_elect) return atomic_store(&op_leading, 1), 0;
-    op_identity(ident, sizeof ident);
+    if (op_identity(ident, sizeof ident, err) < 0) return op_log(3, "%s", err->msg), 2;
     const char *lns = o->le_namespace ? o->le_namespace : getenv("POD_NAMESPACE");
     lease_opts lo = {.namespace = lns && *lns ? lns : NULL, .name = o->le_id, .identity = ident,
                      .lease_duration_s = (int)(o->le_duration_s + 0.5),
@@ -486,11 +488,12 @@ static int op_load_config(const op_opts *o, kube_config *cfg, err_t *err) {
     if (getenv("KUBERNETES_SERVICE_HOST")) return kube_config_in_cluster(cfg, err);
     const char *env = getenv("KUBECONFIG");
     if (env && *env) {
-        char first[4096];
-        snprintf(first, sizeof first, "%s", env);
+        char *first = xstrdup(env);
         char *colon = strchr(first, ':'); /* a list: the first file, as kubectl merges from the first */
         if (colon) *colon = '\0';
-        return kube_config_load(first, o->context, cfg, err);
+        int rc = kube_config_load(first, o->context, cfg, err);
+        free(first);
+        return rc;
     }
     return err_set(err, "no cluster configuration: not running in a pod (KUBERNETES_SERVICE_HOST is "
                         "unset) and neither --kubeconfig nor $KUBECONFIG is given");

@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/strutil.h"
+
 #define FIELD "spec.model.initFrom"
 #define SOURCES "persistentVolumeClaim, hostPath or nfs"
 
@@ -95,11 +97,14 @@ static int parse_path(const cJSON *p, msrc *out, err_t *err) {
     }
     size_t len = strlen(path);
     while (len > 0 && path[len - 1] == '/') len--;
-    snprintf(out->dir, sizeof out->dir, MSRC_MOUNT "%s%.*s", len ? "/" : "", (int)len, path);
+    snprintf(out->dir, sizeof out->dir, MSRC_MOUNT "%s%.*s", len ? "/" : "", (int)len, path); /* at most 4000 + 14 */
     const char *base = out->dir + strlen(MSRC_MOUNT);
     const char *slash = strrchr(base, '/');
     base = slash ? slash + 1 : base;
-    snprintf(out->name, sizeof out->name, "%.63s", *base && strcmp(base, ".") ? base : "hf-model");
+    /* as `cephalo` names a model directory: refused when too long, not cut */
+    if (str_fmt(out->name, sizeof out->name, err, FIELD ".path: the model name taken from the directory's name", "%s",
+                *base && strcmp(base, ".") ? base : "hf-model") < 0)
+        return -1;
     return 0;
 }
 

@@ -20,7 +20,7 @@
 
 #include "common/err.h"
 
-#define PLANNING_KEY_MAX 320 /* "namespace/name" */
+#define PLANNING_KEY_MAX 320 /* "namespace/name": 63 + 1 + 253 (the API's limits) fit */
 #define PLANNING_ID_MAX 256
 
 typedef struct planning planning;

@@ -7,6 +7,7 @@
 
 #include "common/json_util.h"
 #include "common/log.h"
+#include "common/strutil.h"
 #include "operator/model_source.h"
 #include "operator/rec_internal.h"
 #include "planner/inputs.h"
@@ -139,14 +140,16 @@ static int plan_model(kube_client *k, const rec_ctx *x, model_spec *m, err_t *er
 
 /* The profile ConfigMap of a job: spec.profileConfigMap in its namespace, else the operator's
  * --profile-configmap. false: none. */
-static bool profile_cm(const rec_ctx *x, char *ns, char *name, size_t n) {
+static int profile_cm(const rec_ctx *x, char *ns, char *name, size_t n, err_t *err) {
     const char *def = x->c->profile_cm, *slash = def ? strchr(def, '/') : NULL;
+    /* a cut name would read another ConfigMap; a namespace is at most 63 */
     if (x->js.profile_cm) {
         snprintf(ns, n, "%s", x->ns);
-        snprintf(name, n, "%s", x->js.profile_cm);
+        if (str_fmt(name, n, err, "spec.profileConfigMap", "%s", x->js.profile_cm) < 0) return -1;
     } else if (slash) {
-        snprintf(ns, n, "%.*s", (int)(slash - def), def);
-        snprintf(name, n, "%s", slash + 1);
+        if (str_fmt(ns, n, err, "--profile-configmap: the namespace", "%.*s", (int)(slash - def), def) < 0 ||
+            str_fmt(name, n, err, "--profile-configmap: the name", "%s", slash + 1) < 0)
+            return -1;
     }
     return x->js.profile_cm || slash;
 }
@@ -204,7 +207,8 @@ static int profile_cover(plan_inputs *in, bool own, const char *ns, const char *
 static int load_profiles(kube_client *k, const rec_ctx *x, plan_inputs *in, char *rv, size_t rvn, err_t *err) {
     char ns[256], name[256], path[KUBE_PATH_MAX];
     bool own = x->js.profile_cm != NULL;
-    if (!profile_cm(x, ns, name, sizeof ns)) return 0;
+    int have = profile_cm(x, ns, name, sizeof ns, err);
+    if (have <= 0) return have;
     cJSON *cm = NULL;
     long status = 0;
     if (kube_path(path, sizeof path, "v1", ns, "configmaps", name, err) < 0) return own ? -1 : 0;
@@ -212,7 +216,11 @@ static int load_profiles(kube_client *k, const rec_ctx *x, plan_inputs *in, char
         if (status != 404) return -2;
         return own ? err_set(err, "spec.profileConfigMap: ConfigMap %s/%s not found", ns, name) : 0;
     }
-    snprintf(rv, rvn, "%s", get_str(get(cm, "metadata"), "resourceVersion", ""));
+    /* it joins the plan's id: a cut one could hide a changed profile */
+    if (str_fmt(rv, rvn, err, "the profile ConfigMap's resourceVersion", "%s", get_str(get(cm, "metadata"), "resourceVersion", "")) < 0) {
+        cJSON_Delete(cm);
+        return -2;
+    }
     int files = 0, rc = merge_profiles(cm, ns, name, in, &files, err);
     cJSON_Delete(cm);
     if (rc < 0) return -1;
@@ -416,7 +424,7 @@ static int obtain_plan(rec_ctx *x, const char *gen_s, const char *fp, plan_task 
         return -1;
     }
     if (prc < 0 || !x->c->planner) return plan_here(x, t, prc, tp, own, err);
-    char id[PLANNING_ID_MAX];
+    char id[PLANNING_ID_MAX]; /* 31 + 63 + 63: cannot be cut */
     snprintf(id, sizeof id, "%s|%s|%s", gen_s, fp, t->profile_rv);
     return plan_on_pool(x, t, id, tp, err);
 }
@@ -443,8 +451,9 @@ static int stored_plan(rec_ctx *x, const char *gen_s, const char *fp, err_t *err
     if (!cm_plan || strcmp(get_str(ann, REC_ANN_GENERATION, ""), gen_s)) return 0;
     x->plan_doc = json_parse(x->cm_name, cm_plan, strlen(cm_plan), err);
     if (x->plan_doc && (!strcmp(get_str(ann, REC_ANN_INVENTORY, ""), fp) ||
-                        rec_gang_ended(x, get_str(ann, REC_ANN_PLAN_ID, "")) || keep_plan(x, ann, x->plan_doc))) {
-        snprintf(x->plan_id, sizeof x->plan_id, "%s", get_str(ann, REC_ANN_PLAN_ID, ""));
+                        rec_gang_ended(x, get_str(ann, REC_ANN_PLAN_ID, "")) || keep_plan(x, ann, x->plan_doc)) &&
+        /* ours are "g<generation>-<hash>": one too long for the buffer is not, and is planned anew */
+        str_fmt(x->plan_id, sizeof x->plan_id, NULL, "", "%s", get_str(ann, REC_ANN_PLAN_ID, "")) == 0) {
         snprintf(x->notes, sizeof x->notes, "%s", get_str(ann, REC_ANN_NOTES, ""));
         snprintf(x->profile, sizeof x->profile, "%s", get_str(get(x->old, "plan"), "profile", ""));
         x->estimated = cJSON_IsTrue(get(get(x->old, "plan"), "estimated"));

@@ -350,7 +350,7 @@ static cJSON *pod_meta(const rec_ctx *x, const char *pod, int rank) {
 
 /* The worker pod of rank on host, the planned node's kubernetes.io/hostname label (else its name). */
 static cJSON *pod_object(const rec_ctx *x, int rank, int world, const char *host) {
-    char pod[128];
+    char pod[128]; /* NAME-RANK: the name is at most REC_NAME_MAX once planned (open_job) */
     snprintf(pod, sizeof pod, "%s-%d", x->name, rank);
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "apiVersion", "v1");
@@ -410,7 +410,7 @@ void rec_assume_pods(rec_ctx *x) {
     const cJSON *r, *ranks = get(x->plan_doc, "ranks");
     int i = 0, world = cJSON_GetArraySize(ranks);
     cJSON_ArrayForEach(r, ranks) {
-        char pod[128];
+        char pod[128]; /* as in pod_object */
         snprintf(pod, sizeof pod, "%s-%d", x->name, i);
         if (!job_has_pod(x, pod)) assume_pod(x, r, i, world, pod);
         i++;

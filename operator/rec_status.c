@@ -131,7 +131,7 @@ cJSON *rec_status_base(rec_ctx *x, phase ph, const char *msg) {
 /* status.plan.ranks[i]: where rank i runs and what the plan gives it. */
 static cJSON *status_rank(const rec_ctx *x, const cJSON *r, int i) {
     cJSON *o = cJSON_CreateObject();
-    char pod[160];
+    char pod[160]; /* NAME-RANK: at most REC_NAME_MAX + 5 */
     snprintf(pod, sizeof pod, "%s-%d", x->name, i);
     cJSON_AddNumberToObject(o, "rank", i);
     cJSON_AddStringToObject(o, "node", get_str(r, "node", ""));

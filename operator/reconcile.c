@@ -4,6 +4,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "common/log.h"
 #include "operator/rec_internal.h"
@@ -35,8 +36,16 @@ static int open_job(rec_ctx *x, err_t *err) {
     x->old_phase = phase_parse(get_str(x->old, "phase", NULL));
     x->gen = get_num(get(x->job, "metadata"), "generation", 0);
     x->attempt = (int)get_num(x->old, "attempt", 0);
-    snprintf(x->cm_name, sizeof x->cm_name, "%s-plan", x->name);
     x->js_rc = job_spec_parse(get(x->job, "spec"), &x->js, &x->js_err); /* a mistake fails it when planned */
+    /* the CRD refuses longer names; without it the names derived from this one (pods, Service,
+     * ConfigMap) must fail the job, not be cut into other objects' names */
+    if (x->js_rc == 0 && strlen(x->name) > REC_NAME_MAX)
+        x->js_rc = err_set(&x->js_err, "metadata.name: '%s' is %zu characters, at most %d (the job's Service and its pods' "
+                                       "host names NAME-RANK are DNS labels of at most 63)", x->name, strlen(x->name),
+                           REC_NAME_MAX);
+    /* a cut name could be another job's ConfigMap (rec_clear_foreign deletes one it does not own):
+     * a job with a name too long has none */
+    if (strlen(x->name) <= REC_NAME_MAX) snprintf(x->cm_name, sizeof x->cm_name, "%s-plan", x->name);
     if (get(get(x->job, "metadata"), "deletionTimestamp") || rec_terminal(x->old)) {
         rec_forget_plan(x);
         return 0;

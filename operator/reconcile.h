@@ -65,6 +65,10 @@
 #define REC_ANN_PLANNED_AT "cephalo.dev/planned-at" /* when the plan was made: growth waits minReplanSeconds */
 #define REC_ANN_UNSCHEDULABLE "cephalo.dev/unschedulable" /* "N TIME": N refusals in a row, next gang not before TIME */
 #define REC_MASTER_PORT 29500
+/* The longest CephaloJob name (the CRD's metadata.name maxLength, checked against it by
+ * test_job_spec): the headless Service is named after the job, and its pods NAME-RANK (ranks up to
+ * 4095) are host names, DNS labels of at most 63 characters. */
+#define REC_NAME_MAX 52
 #define REC_WORKER_UID 10001 /* the worker image's user (docker/Dockerfile.worker) */
 
 #define REC_COMPONENT "cephalo-operator"

@@ -10,6 +10,7 @@
 
 #include "common/clock.h"
 #include "common/log.h"
+#include "common/strutil.h"
 #include "operator/kube.h"
 
 /* List pages: big clusters answer a few pages instead of one huge body. */
@@ -30,35 +31,29 @@ double watch_backoff(double initial_s, double max_s, int failures, unsigned *see
     return d * jitter;
 }
 
-/* Percent-encodes a selector for a query string (everything but RFC 3986 unreserved). */
-static void query_escape(const char *in, char *out, size_t outsz) {
+/* A query string, grown as it is written: a continue token or a selector is never cut (a cut one
+ * would ask for another page, or other objects). */
+typedef struct query {
+    char *s;
+    size_t len, cap;
+} query;
+
+/* Appends "&key=" (no '&' first) and the value percent-encoded: everything but RFC 3986 unreserved. */
+static void add_param(query *q, const char *key, const char *value) {
     static const char hex[] = "0123456789ABCDEF";
-    size_t o = 0;
-    for (const unsigned char *p = (const unsigned char *)in; *p && o + 4 < outsz; p++) {
+    str_appendf(&q->s, &q->len, &q->cap, "%s%s=", q->len ? "&" : "", key);
+    for (const unsigned char *p = (const unsigned char *)value; *p; p++) {
         if ((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
-            *p == '-' || *p == '.' || *p == '_' || *p == '~') {
-            out[o++] = (char)*p;
-        } else {
-            out[o++] = '%';
-            out[o++] = hex[*p >> 4];
-            out[o++] = hex[*p & 15];
-        }
+            *p == '-' || *p == '.' || *p == '_' || *p == '~')
+            str_append(&q->s, &q->len, &q->cap, p, 1);
+        else
+            str_appendf(&q->s, &q->len, &q->cap, "%%%c%c", hex[*p >> 4], hex[*p & 15]);
     }
-    out[o] = '\0';
 }
 
-static void add_selectors(const watch_opts *o, char *q, size_t qsz) {
-    char esc[1024];
-    if (o->label_selector && *o->label_selector) {
-        query_escape(o->label_selector, esc, sizeof esc);
-        size_t n = strlen(q);
-        snprintf(q + n, qsz - n, "&labelSelector=%s", esc);
-    }
-    if (o->field_selector && *o->field_selector) {
-        query_escape(o->field_selector, esc, sizeof esc);
-        size_t n = strlen(q);
-        snprintf(q + n, qsz - n, "&fieldSelector=%s", esc);
-    }
+static void add_selectors(const watch_opts *o, query *q) {
+    if (o->label_selector && *o->label_selector) add_param(q, "labelSelector", o->label_selector);
+    if (o->field_selector && *o->field_selector) add_param(q, "fieldSelector", o->field_selector);
 }
 
 typedef struct loop {
@@ -76,28 +71,30 @@ typedef struct loop {
 
 static bool stop_requested(const loop *l) { return l->o->stop && atomic_load(l->o->stop); }
 
-static void set_rv(loop *l, const char *rv) {
-    if (!rv || !*rv) return;
-    snprintf(l->rv, sizeof l->rv, "%s", rv);
-    snprintf(l->st->rv, sizeof l->st->rv, "%s", rv);
+/* A cut resourceVersion would resume from another point: refused (an etcd revision is a 64-bit
+ * number, far shorter than the buffer). */
+static int set_rv(loop *l, const char *rv, err_t *err) {
+    if (!rv || !*rv) return 0;
+    if (str_fmt(l->rv, sizeof l->rv, err, "watch: the resourceVersion", "%s", rv) < 0) return -1;
+    memcpy(l->st->rv, l->rv, sizeof l->st->rv);
+    return 0;
 }
 
 /* Lists every page; calls on_list with all items. 0, or -1 with *status (410: the continue token
  * expired - start over) and the error set. */
 static int do_list(loop *l, long *status, err_t *err) {
     cJSON *all = cJSON_CreateArray();
-    char cont[2048] = "", rv[128] = "", path[KUBE_PATH_MAX + 3072];
+    char *cont = NULL, *path = NULL, rv[sizeof l->rv] = "";
     int rc = -1;
     l->st->lists++;
     for (;;) {
-        char q[3072];
-        snprintf(q, sizeof q, "limit=%d", WATCH_LIST_PAGE);
-        add_selectors(l->o, q, sizeof q);
-        if (cont[0]) {
-            size_t n = strlen(q);
-            snprintf(q + n, sizeof q - n, "&continue=%s", cont);
-        }
-        snprintf(path, sizeof path, "%s?%s", l->o->path, q);
+        query q = {0};
+        str_appendf(&q.s, &q.len, &q.cap, "limit=%d", WATCH_LIST_PAGE);
+        add_selectors(l->o, &q);
+        if (cont) add_param(&q, "continue", cont);
+        free(path);
+        path = str_printf("%s?%s", l->o->path, q.s);
+        free(q.s);
         cJSON *page;
         if (kube_get(l->k, path, &page, status, err) < 0) goto out;
         const cJSON *items = cJSON_GetObjectItemCaseSensitive(page, "items");
@@ -111,24 +108,27 @@ static int do_list(loop *l, long *status, err_t *err) {
             err_set(err, "GET %s: not a list (items and metadata.resourceVersion expected)", path);
             goto out;
         }
-        snprintf(rv, sizeof rv, "%s", prv->valuestring);
+        if (str_fmt(rv, sizeof rv, err, "watch: the list's resourceVersion", "%s", prv->valuestring) < 0) {
+            cJSON_Delete(page);
+            *status = 0;
+            goto out;
+        }
         const cJSON *it;
         cJSON_ArrayForEach(it, items) cJSON_AddItemToArray(all, cJSON_Duplicate(it, true));
-        if (cJSON_IsString(pc) && *pc->valuestring) {
-            query_escape(pc->valuestring, cont, sizeof cont);
-        } else {
-            cont[0] = '\0';
-        }
+        free(cont);
+        cont = cJSON_IsString(pc) && *pc->valuestring ? xstrdup(pc->valuestring) : NULL;
         cJSON_Delete(page);
-        if (!cont[0]) break;
+        if (!cont) break;
     }
-    set_rv(l, rv);
+    if (set_rv(l, rv, err) < 0) goto out;
     if (l->h->on_list && l->h->on_list(all, rv, l->h->arg, err) < 0) {
         l->handler_failed = true;
         goto out;
     }
     rc = 0;
 out:
+    free(cont);
+    free(path);
     cJSON_Delete(all);
     return rc;
 }
@@ -146,8 +146,7 @@ static int on_watch_event(const watch_event *ev, void *arg, err_t *err) {
                        ev->message ? ev->message : "(no message)");
     case WATCH_BOOKMARK:
         l->st->bookmarks++;
-        set_rv(l, ev->resource_version);
-        return 0;
+        return set_rv(l, ev->resource_version, err);
     default:
         l->st->events++;
         if (l->h->on_event && l->h->on_event(ev->type, ev->object, l->h->arg, err) < 0) {
@@ -155,8 +154,7 @@ static int on_watch_event(const watch_event *ev, void *arg, err_t *err) {
             return -1;
         }
         /* only after the handler saw it: a reconnect resumes after the last handled event */
-        set_rv(l, ev->resource_version);
-        return 0;
+        return set_rv(l, ev->resource_version, err);
     }
 }
 
@@ -174,12 +172,13 @@ static int on_data(const char *data, size_t len, void *arg, err_t *err) {
  * l->handler_failed, l->stopped tell why). */
 static int do_watch(loop *l, long *status, err_t *err) {
     int timeout = l->o->timeout_seconds > 0 ? l->o->timeout_seconds : 300;
-    char q[3072], path[KUBE_PATH_MAX + 3072], rv[400];
-    query_escape(l->rv, rv, sizeof rv);
-    snprintf(q, sizeof q, "watch=1&allowWatchBookmarks=true&resourceVersion=%s&timeoutSeconds=%d",
-             rv, timeout);
-    add_selectors(l->o, q, sizeof q);
-    snprintf(path, sizeof path, "%s?%s", l->o->path, q);
+    query q = {0};
+    str_appendf(&q.s, &q.len, &q.cap, "watch=1&allowWatchBookmarks=true");
+    add_param(&q, "resourceVersion", l->rv);
+    str_appendf(&q.s, &q.len, &q.cap, "&timeoutSeconds=%d", timeout);
+    add_selectors(l->o, &q);
+    char *path = str_printf("%s?%s", l->o->path, q.s);
+    free(q.s);
     l->st->watches++;
     l->gone = false;
     l->seen = 0;
@@ -190,6 +189,7 @@ static int do_watch(loop *l, long *status, err_t *err) {
     if (rc == 0 && l->seen == 0 && clock_now_s() - t0 < WATCH_MIN_HEALTHY_S)
         rc = err_set(err, "GET %s: the watch ended at once without an event", path);
     watch_parser_free(&l->parser);
+    free(path);
     if (*status == 410) l->gone = true;
     return rc;
 }

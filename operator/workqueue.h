@@ -21,7 +21,7 @@
 
 #include "common/err.h"
 
-#define WQ_KEY_MAX 320           /* "namespace/name" */
+#define WQ_KEY_MAX 320           /* "namespace/name": 63 + 1 + 253 (the API's limits) fit */
 #define WQ_RETRY_FIRST_S 0.5     /* the first failure's backoff, doubled per failure in a row */
 #define WQ_RETRY_MAX_S 30.0
 

@@ -13,8 +13,10 @@
  * reported and left out (plans still work from estimates). */
 static void load_store(plan_inputs *in) {
     char path[4096];
-    if (!profile_store_path(path, sizeof path) || access(path, F_OK) != 0) return;
     err_t e;
+    int have = profile_store_path(path, sizeof path, &e);
+    if (have < 0) fprintf(stderr, "cephalo: warning: the profile store is left out: %s\n", e.msg);
+    if (have <= 0 || access(path, F_OK) != 0) return;
     if (profile_load_file(path, &in->prof, &e) < 0) {
         fprintf(stderr, "cephalo: warning: the profile store is left out: %s\n", e.msg);
         return;
@@ -24,7 +26,7 @@ static void load_store(plan_inputs *in) {
         return;
     }
     in->have_prof = true;
-    snprintf(in->prof_source, sizeof in->prof_source, "the profile store %s", path);
+    snprintf(in->prof_source, sizeof in->prof_source, "the profile store %s", path); /* 4096 + 18 < 4200 */
 }
 
 int inputs_build(plan_inputs *in, const inputs_opts *o, err_t *err) {
@@ -33,6 +35,7 @@ int inputs_build(plan_inputs *in, const inputs_opts *o, err_t *err) {
     } else if (o->profile) {
         if (profile_load_file(o->profile, &in->prof, err) < 0) return -1;
         in->have_prof = true;
+        /* cannot be cut: the file was read, its path is under PATH_MAX (4096) */
         snprintf(in->prof_source, sizeof in->prof_source, "--profile %s", o->profile);
         if (!profile_has_model(&in->prof, in->model.name)) {
             char models[512];

@@ -127,10 +127,17 @@ static int require_shape(const yctx *c, const ynode *root) {
     return 0;
 }
 
-static void default_name(const char *file, model_spec *m) {
-    const char *base = strrchr(file, '/');
-    base = base ? base + 1 : file;
-    snprintf(m->name, sizeof m->name, "%.*s", (int)strcspn(base, "."), base);
+/* The file name up to its first '.': refused when longer than a name, not cut (two long file
+ * names with one start would be one model to the profiles). */
+static int default_name(const yctx *c, const ynode *root, model_spec *m) {
+    const char *base = strrchr(c->file, '/');
+    base = base ? base + 1 : c->file;
+    int len = (int)strcspn(base, ".");
+    if ((size_t)len >= sizeof m->name)
+        return err_set(c->err, "%s:%d: the model name '%.*s' taken from the file name is longer than %zu characters; give the "
+                               "model a shorter name: field", c->file, root->line, len, base, sizeof m->name - 1);
+    snprintf(m->name, sizeof m->name, "%.*s", len, base);
+    return 0;
 }
 
 static int model_from_tree(const yctx *c, const ynode *root, model_spec *m) {
@@ -169,15 +176,15 @@ static int model_from_tree(const yctx *c, const ynode *root, model_spec *m) {
         arch_defaults(m, a);
         if (require_shape(c, root) < 0) return -1;
     }
-    default_name(c->file, m);
     const ynode *name = ymap_get(root, "name");
+    if (!name && default_name(c, root, m) < 0) return -1;
     if (name) {
         const char *s;
         if (ynode_string(c, name, "name", &s) < 0) return -1;
         if (strlen(s) >= sizeof m->name)
             return err_set(c->err, "%s:%d: name: longer than %zu characters", c->file, name->line,
                            sizeof m->name - 1);
-        snprintf(m->name, sizeof m->name, "%s", s);
+        snprintf(m->name, sizeof m->name, "%s", s); /* measured above */
     }
     model_spec before = *m;
     if (fill_fields(c, root, m) < 0) return -1;

@@ -5,6 +5,7 @@
  * attention, tied or untied head). Anything in the config that would change the computation
  * and that we do not implement (rope_scaling, biases in Llama's projections, another
  * activation) is refused with the field's name rather than trained silently as something else. */
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +13,7 @@
 #include <sys/stat.h>
 
 #include "common/json_util.h"
+#include "common/strutil.h"
 #include "planner/model.h"
 
 typedef struct hf_ctx {
@@ -142,10 +144,11 @@ static int hf_arch(const hf_ctx *h, model_arch *out) {
     return 0;
 }
 
-/* The model's name: its directory's (".../TinyLlama-1.1B/config.json" -> "TinyLlama-1.1B"). */
-static void hf_name(const char *path, model_spec *m) {
-    char buf[1200];
-    snprintf(buf, sizeof buf, "%s", path);
+/* The model's name: its directory's (".../TinyLlama-1.1B/config.json" -> "TinyLlama-1.1B"); a
+ * longer one than a model name holds is refused, not cut (profiles match models by name). */
+static int hf_name(const char *path, model_spec *m, err_t *err) {
+    char buf[PATH_MAX];
+    snprintf(buf, sizeof buf, "%s", path); /* the file was read: its path is under PATH_MAX */
     size_t n = strlen(buf);
     while (n > 1 && buf[n - 1] == '/') buf[--n] = '\0';
     char *slash = strrchr(buf, '/');
@@ -153,7 +156,9 @@ static void hf_name(const char *path, model_spec *m) {
     slash = strrchr(buf, '/');
     const char *base = slash ? slash + 1 : buf;
     if (!*base || !strcmp(base, ".")) base = "hf-model";
-    snprintf(m->name, sizeof m->name, "%.63s", base);
+    if (str_fmt(m->name, sizeof m->name, err, "the model name taken from the directory's name", "%s", base) < 0)
+        return err_prefix(err, "%s", path);
+    return 0;
 }
 
 /* The spec from a parsed config.json: src names it in errors. */
@@ -172,17 +177,16 @@ static int hf_spec(const char *src, const cJSON *root, model_spec *m, err_t *err
 }
 
 int model_load_hf_config(const char *path, model_spec *out, err_t *err) {
-    char file[1100];
+    char file[PATH_MAX];
     struct stat st;
-    snprintf(file, sizeof file, "%s", path);
-    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) snprintf(file, sizeof file, "%s/config.json", path);
+    bool dir = stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+    if (str_fmt(file, sizeof file, err, "the model path", dir ? "%s/config.json" : "%s", path) < 0) return -1;
     cJSON *root = json_load_file(file, err);
     if (!root) return -1;
     model_spec m;
     int rc = hf_spec(file, root, &m, err);
     cJSON_Delete(root);
-    if (rc < 0) return -1;
-    hf_name(file, &m);
+    if (rc < 0 || hf_name(file, &m, err) < 0) return -1;
     *out = m;
     return 0;
 }
@@ -195,7 +199,7 @@ int model_load_hf_string(const char *src, const char *text, size_t len, const ch
     int rc = hf_spec(src, root, &m, err);
     cJSON_Delete(root);
     if (rc < 0) return -1;
-    snprintf(m.name, sizeof m.name, "%.63s", name && *name ? name : "hf-model");
+    snprintf(m.name, sizeof m.name, "%.63s", name && *name ? name : "hf-model"); /* the operator's, checked there */
     *out = m;
     return 0;
 }

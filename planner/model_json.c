@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "common/strutil.h"
 #include "planner/model_json.h"
 
 static const char *const ARCH_NAMES[] = {"gpt", "llama", "bert", "vit", NULL};
@@ -46,7 +47,7 @@ int model_from_json(const json_ctx *c, const cJSON *o, const char *path, model_s
         json_string(c, item, path, &name) < 0 || json_require(c, o, path, "arch", &item) < 0 ||
         json_enum(c, item, path, ARCH_NAMES, &arch) < 0)
         return -1;
-    snprintf(m->name, sizeof m->name, "%s", name);
+    if (str_fmt(m->name, sizeof m->name, c->err, "the model name", "%s", name) < 0) return err_prefix(c->err, "%s: %s: name", c->file, path);
     m->arch = (model_arch)arch;
     spec_int ints[] = {SPEC_INTS(m)};
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {

@@ -160,17 +160,16 @@ int profile_merge(profile *dst, const profile *src) {
 
 /* ---- the store ---- */
 
-bool profile_store_path(char *buf, size_t n) {
+int profile_store_path(char *buf, size_t n, err_t *err) {
     const char *env = getenv("CEPHALO_PROFILE_STORE");
     if (env) {
-        if (!*env || !strcmp(env, "none")) return false;
-        snprintf(buf, n, "%s", env);
-        return true;
+        if (!*env || !strcmp(env, "none")) return 0;
+        return str_fmt(buf, n, err, "$CEPHALO_PROFILE_STORE", "%s", env) < 0 ? -1 : 1;
     }
     const char *home = getenv("HOME");
-    if (!home || !*home) return false;
-    snprintf(buf, n, "%s/.cache/cephalo/profiles.json", home);
-    return true;
+    if (!home || !*home) return 0;
+    return str_fmt(buf, n, err, "the profile store ($HOME/.cache/cephalo/profiles.json)", "%s/.cache/cephalo/profiles.json", home) < 0
+               ? -1 : 1;
 }
 
 bool profile_has_model(const profile *p, const char *model) {

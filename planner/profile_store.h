@@ -21,8 +21,9 @@ int profile_save(const profile *p, const char *path, err_t *err);
 /* Adds src's entries and collectives to dst, replacing those with the same key (device type,
  * model, seq, precision; world and op). Returns how many replaced existing ones. */
 int profile_merge(profile *dst, const profile *src);
-/* The store's path into buf; false when the store is off or there is no home directory. */
-bool profile_store_path(char *buf, size_t n);
+/* The store's path into buf: 1; 0 when the store is off or there is no home directory; -1 when
+ * $CEPHALO_PROFILE_STORE or $HOME is too long for buf (a cut path would name another file). */
+int profile_store_path(char *buf, size_t n, err_t *err);
 /* True when some entry is for this model (by name, case-insensitive). */
 bool profile_has_model(const profile *p, const char *model);
 /* The distinct model names of the entries, ", "-separated, into buf ("none" when empty). */

@@ -1,6 +1,7 @@
 /* eval.c - `cephalo-worker eval`: the validation loss of a checkpoint or a Hugging Face model,
  * in one process or over every rank of a plan. The evaluation itself is model/eval.c's, the one
  * training runs with --val-data; this file finds the model, its plan and its weights. */
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -102,14 +103,14 @@ static int first_piece(const char *path, char *out, size_t n, err_t *err) {
         char name[64];
         ckpt_shard_name(0, name, sizeof name);
         size_t len = strlen(out);
-        snprintf(out + len, n - len, "/%s", name);
+        return str_fmt(out + len, n - len, err, "checkpoint path", "/%s", name);
     }
     return 0;
 }
 
 /* The checkpoint's model, and its training seq and precision (metadata "cephalo.train"). */
 static int checkpoint_model(const char *path, model_spec *m, int *seq, precision *prec, err_t *err) {
-    char file[1400];
+    char file[PATH_MAX];
     st_file *f;
     if (first_piece(path, file, sizeof file, err) < 0 || st_open(&f, file, err) < 0) return -1;
     int rc = ckpt_read_model(f, m, err);

@@ -18,6 +18,7 @@
 #include "cmd/metrics.h"
 #include "comm/comm.h"
 #include "common/args.h"
+#include "common/ckpt_dir.h"
 #include "common/ckpt_keep.h"
 #include "common/fileio.h"
 #include "common/log.h"
@@ -264,7 +265,12 @@ static int optimizer_option(args *p, int ch, worker_opts *o) {
 /* What it writes: checkpoints, logs, dumps, metrics. */
 static int output_option(args *p, int ch, worker_opts *o) {
     switch (ch) {
-    case O_CKDIR: o->ck.dir = p->val; break;
+    case O_CKDIR: {
+        err_t e; /* refused here, before the directory is made and the ranks meet */
+        if (ckpt_dir_check_len(p->val, "--ckpt-dir", &e) < 0) return args_bad(p, "%s", e.msg);
+        o->ck.dir = p->val;
+        break;
+    }
     case O_CKEVERY: return args_long(p, 1, 1L << 40, &o->ckpt_every);
     case O_RESUME: o->ck.resume = p->val; break;
     case O_OVERWRITE: o->ck.overwrite = true; break;
@@ -307,8 +313,8 @@ static int inject_from_env(train_config *c) {
     if (!s || !*s) return 0;
     char step[32] = "", *colon = strchr(s, ':');
     long st, rk = 0;
-    snprintf(step, sizeof step, "%.*s", colon ? (int)(colon - s) : (int)strlen(s), s);
-    if (!str_to_long(step, &st) || st < 0 || (colon && (!str_to_long(colon + 1, &rk) || rk < 0)))
+    bool fits = str_fmt(step, sizeof step, NULL, "", "%.*s", colon ? (int)(colon - s) : (int)strlen(s), s) == 0;
+    if (!fits || !str_to_long(step, &st) || st < 0 || (colon && (!str_to_long(colon + 1, &rk) || rk < 0)))
         return args_bad_cmd(WORKER_NAME, "$CEPHALO_TEST_NONFINITE is '%s', expected STEP or STEP:RANK", s);
     c->inject_nonfinite_step = st, c->inject_nonfinite_rank = (int)rk;
     return 0;

@@ -15,6 +15,7 @@
 
 #include "common/json_util.h"
 #include "common/log.h"
+#include "common/strutil.h"
 #include "formats/unicode_tab.h"
 
 /* ------------------------------------------------------------------------------------------ */
@@ -824,11 +825,11 @@ typedef struct loader {
 static int need_type(loader *L, const cJSON *o, const char *path, const char **type) {
     if (json_expect_object(&L->c, o, path) < 0) return -1;
     const cJSON *ty;
-    char p[160];
-    snprintf(p, sizeof p, "%s", path);
-    if (json_require(&L->c, o, p, "type", &ty) < 0) return -1;
-    snprintf(p, sizeof p, "%s.type", path);
-    return json_string(&L->c, ty, p, type);
+    if (json_require(&L->c, o, path, "type", &ty) < 0) return -1;
+    char *p = str_printf("%s.type", path); /* Sequences nest: a field path has no bound */
+    int rc = json_string(&L->c, ty, p, type);
+    free(p);
+    return rc;
 }
 
 static bool get_bool(const cJSON *o, const char *key, bool dflt) {
@@ -899,9 +900,10 @@ static int load_pre(loader *L, const cJSON *o, const char *path) {
     if (!cJSON_IsArray(o)) return load_pre_one(L, o, path);
     int n = cJSON_GetArraySize(o);
     for (int i = 0; i < n; i++) {
-        char p[160];
-        snprintf(p, sizeof p, "%s.pretokenizers[%d]", path, i);
-        if (load_pre_one(L, cJSON_GetArrayItem(o, i), p) < 0) return -1;
+        char *p = str_printf("%s.pretokenizers[%d]", path, i); /* as in need_type */
+        int rc = load_pre_one(L, cJSON_GetArrayItem(o, i), p);
+        free(p);
+        if (rc < 0) return -1;
     }
     return 0;
 }
@@ -915,9 +917,10 @@ static int load_norm_one(loader *L, const cJSON *o, const char *path) {
         int n = cJSON_IsArray(a) ? cJSON_GetArraySize(a) : 0;
         if (!cJSON_IsArray(a)) return err_set(L->c.err, "%s: %s.normalizers: expected an array", L->c.file, path);
         for (int i = 0; i < n; i++) {
-            char p[160];
-            snprintf(p, sizeof p, "%s.normalizers[%d]", path, i);
-            if (load_norm_one(L, cJSON_GetArrayItem(a, i), p) < 0) return -1;
+            char *p = str_printf("%s.normalizers[%d]", path, i); /* as in need_type */
+            int rc = load_norm_one(L, cJSON_GetArrayItem(a, i), p);
+            free(p);
+            if (rc < 0) return -1;
         }
         return 0;
     }
@@ -950,9 +953,10 @@ static int load_dec_one(loader *L, const cJSON *o, const char *path) {
         const cJSON *a = json_get(o, "decoders");
         if (!cJSON_IsArray(a)) return err_set(L->c.err, "%s: %s.decoders: expected an array", L->c.file, path);
         for (int i = 0; i < cJSON_GetArraySize(a); i++) {
-            char p[160];
-            snprintf(p, sizeof p, "%s.decoders[%d]", path, i);
-            if (load_dec_one(L, cJSON_GetArrayItem(a, i), p) < 0) return -1;
+            char *p = str_printf("%s.decoders[%d]", path, i); /* as in need_type */
+            int rc = load_dec_one(L, cJSON_GetArrayItem(a, i), p);
+            free(p);
+            if (rc < 0) return -1;
         }
         return 0;
     }

@@ -18,7 +18,7 @@
 
 struct evaluator {
     data_source *data;
-    char spec[512];
+    char *spec; /* --val-data as given: the summary names it whole */
     int64_t n;      /* validation samples, all ranks together */
     long every;     /* steps between evaluations; 0: after the last step only */
     int64_t lo, hi; /* this rank's samples [lo, hi) */
@@ -82,10 +82,11 @@ evaluator *eval_open(trainer *t, const eval_opts *o, err_t *err) {
         return NULL;
     }
     evaluator *ev = xcalloc(1, sizeof *ev);
-    snprintf(ev->spec, sizeof ev->spec, "%s", o->data);
+    ev->spec = xstrdup(o->data);
     const char *flag = o->flag ? o->flag : "--val-data";
     if (open_source(t, o->data, &ev->data, err) < 0) {
         err_prefix(err, "%s", flag);
+        free(ev->spec);
         free(ev);
         return NULL;
     }
@@ -115,6 +116,7 @@ evaluator *eval_open(trainer *t, const eval_opts *o, err_t *err) {
 void eval_close(evaluator *ev) {
     if (!ev) return;
     data_close(ev->data);
+    free(ev->spec);
     free(ev);
 }
 

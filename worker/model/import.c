@@ -12,6 +12,7 @@
  * A sharded directory is read as its index says: each tensor from the shard its weight_map names.
  * The files must hold no weight the model leaves out, and every value read must be finite
  * (model/weights.h, the checks every loader by name makes). */
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +20,7 @@
 
 #include "common/json_util.h"
 #include "common/log.h"
+#include "common/strutil.h"
 #include "formats/safetensors.h"
 #include "model/import.h"
 #include "model/weights.h"
@@ -43,12 +45,12 @@ typedef struct hf_entry {
 
 struct hf_import {
     const model_spec *m;
-    char dir[1024];
+    char *dir; /* the model directory, as given */
     st_file **files;
     int n_files;
     hf_entry *map; /* a sharded directory's weight_map, sorted by name (n_map 0: one file) */
     int n_map;
-    char index[1100]; /* its path */
+    char index[PATH_MAX]; /* its path */
     bool allow_unused;
     const char *gpt2_prefix; /* "transformer." or "" (the original gpt2 files have none) */
 };
@@ -146,8 +148,9 @@ static const st_tensor *find(const hf_import *imp, const char *name, const st_fi
 }
 
 static int add_file(hf_import *imp, const char *name, err_t *err) {
-    char path[2200];
-    snprintf(path, sizeof path, "%s/%s", imp->dir, name);
+    char path[PATH_MAX];
+    /* the name is the index's: a cut path would open another file */
+    if (str_fmt(path, sizeof path, err, "the weights' path", "%s/%s", imp->dir, name) < 0) return -1;
     imp->files = xrealloc(imp->files, (size_t)(imp->n_files + 1) * sizeof *imp->files);
     if (st_open(&imp->files[imp->n_files], path, err) < 0) return -1;
     imp->n_files++;
@@ -408,13 +411,14 @@ int hf_import_open(hf_import **out, const char *dir, const model_spec *m, bool a
     hf_import *imp = xcalloc(1, sizeof *imp);
     imp->m = m;
     imp->allow_unused = allow_unused;
-    snprintf(imp->dir, sizeof imp->dir, "%s", dir);
-    char single[1100];
-    snprintf(imp->index, sizeof imp->index, "%s/model.safetensors.index.json", dir);
-    snprintf(single, sizeof single, "%s/model.safetensors", dir);
+    imp->dir = xstrdup(dir);
+    char single[PATH_MAX];
     struct stat st;
-    int rc;
-    if (stat(single, &st) == 0) rc = add_file(imp, "model.safetensors", err);
+    int rc = 0;
+    if (str_fmt(imp->index, sizeof imp->index, err, "--init-from: the path", "%s/model.safetensors.index.json", dir) < 0 ||
+        str_fmt(single, sizeof single, err, "--init-from: the path", "%s/model.safetensors", dir) < 0)
+        rc = -1;
+    else if (stat(single, &st) == 0) rc = add_file(imp, "model.safetensors", err);
     else if (stat(imp->index, &st) == 0) rc = open_index(imp, err) < 0 ? -1 : check_index(imp, err);
     else
         rc = err_set(err, "%s: no model.safetensors or model.safetensors.index.json (expected a Hugging Face "
@@ -438,6 +442,7 @@ void hf_import_close(hf_import *imp) {
     for (int i = 0; i < imp->n_map; i++) free(imp->map[i].name);
     free(imp->map);
     free(imp->files);
+    free(imp->dir);
     free(imp);
 }
 
@@ -447,7 +452,7 @@ int hf_import_check_model(const char *dir, const model_spec *m, err_t *err) {
     model_spec want = *m;
     /* the name is the directory's or the plan's, and defaults compare as their values; everything
      * else must agree */
-    snprintf(cfg.name, sizeof cfg.name, "%s", m->name);
+    memcpy(cfg.name, m->name, sizeof cfg.name); /* one size */
     cfg.default_seq = want.default_seq;
     model_spec *both[] = {&cfg, &want};
     for (int i = 0; i < 2; i++) {

@@ -7,6 +7,7 @@
  * rank's shard is a slice of, so sharded checkpoints use the same names. Written atomically by
  * st_writer_save; on load every tensor's dtype and shape and the model spec are checked, and the
  * CRC-32 of the data. */
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +15,7 @@
 #include "common/fileio.h"
 #include "common/json_util.h"
 #include "common/log.h"
+#include "common/strutil.h"
 #include "common/version.h"
 #include "formats/safetensors.h"
 #include "planner/model_json.h"
@@ -254,28 +256,31 @@ static int barrier(trainer *t, const char *what, err_t *err) {
 }
 
 int ckpt_save_step(trainer *t, const char *dir, err_t *err) {
-    char name[64], path[1400], sub[1200];
+    /* names: "step_" and at most 19 digits; the paths are checked, although the worker refuses a
+     * checkpoint directory without room for them at its start (CKPT_DIR_MAX) */
+    char name[64], path[PATH_MAX], sub[PATH_MAX];
     int rank = t->cfg.rank;
     if (!t->sharded) {
         /* one rank, or replicated (every rank holds the same state): rank 0 writes it whole */
         snprintf(name, sizeof name, "step_%08lld.safetensors", (long long)t->step);
-        snprintf(path, sizeof path, "%s/%s", dir, name);
+        if (str_fmt(path, sizeof path, err, "checkpoint path", "%s/%s", dir, name) < 0) return -1;
         if (rank == 0 && trainer_save(t, path, err) < 0) return -1;
     } else {
         snprintf(name, sizeof name, "step_%08lld", (long long)t->step);
-        snprintf(sub, sizeof sub, "%s/%s", dir, name);
         char file[64];
         ckpt_shard_name(rank, file, sizeof file);
-        snprintf(path, sizeof path, "%s/%s", sub, file);
+        if (str_fmt(sub, sizeof sub, err, "checkpoint path", "%s/%s", dir, name) < 0 ||
+            str_fmt(path, sizeof path, err, "checkpoint path", "%s/%s", sub, file) < 0)
+            return -1;
         if (file_make_dir(sub, false, err) < 0 || trainer_save(t, path, err) < 0) return -1;
     }
     /* the index and 'latest' name only files that are complete on every rank */
     if (barrier(t, "checkpoint files", err) < 0) return -1;
     if (rank == 0) {
         if (t->sharded && ckpt_write_index(sub, t, err) < 0) return -1;
-        char latest[1100], line[80];
-        snprintf(latest, sizeof latest, "%s/latest", dir);
-        int n = snprintf(line, sizeof line, "%s\n", name);
+        char latest[PATH_MAX], line[80];
+        if (str_fmt(latest, sizeof latest, err, "checkpoint path", "%s/latest", dir) < 0) return -1;
+        int n = snprintf(line, sizeof line, "%s\n", name); /* name: 64 bytes at most */
         if (file_write_atomic(latest, line, (size_t)n, err) < 0) return -1;
     }
     return barrier(t, "checkpoint index", err);

@@ -14,10 +14,12 @@
 #include <unistd.h>
 
 #include "comm/comm.h"
+#include "common/ckpt_dir.h"
 #include "common/ckpt_keep.h"
 #include "common/dirlock.h"
 #include "common/fileio.h"
 #include "common/log.h"
+#include "common/strutil.h"
 #include "state/ckpt.h"
 
 #define PATH_LEN 4200
@@ -62,19 +64,19 @@ typedef struct plan_resume {
 /* --resume DIR where DIR holds checkpoints (not one sharded checkpoint), or DIR/latest. */
 static int resolve_path(const char *given, plan_resume *r, err_t *err) {
     char idx[PATH_LEN], name[64];
-    snprintf(idx, sizeof idx, "%s/index.json", given);
     const char *slash = strrchr(given, '/'), *base = slash ? slash + 1 : given;
+    if (str_fmt(idx, sizeof idx, err, "--resume", "%s/index.json", given) < 0) return -1;
     if (file_is_dir(given) && access(idx, F_OK) != 0) {
-        snprintf(r->dir, sizeof r->dir, "%s", given);
+        snprintf(r->dir, sizeof r->dir, "%s", given); /* shorter than idx */
         r->search = true;
     } else if (!strcmp(base, "latest") && !file_is_dir(given)) {
         snprintf(r->dir, sizeof r->dir, "%.*s", slash ? (int)(slash - given) : 1, slash ? given : ".");
         int have = ckpt_dir_latest(r->dir, name, sizeof name, err);
         if (have == 0) return err_set(err, "%s: cannot open: no such file", given);
         if (have < 0) return -1; /* the message names the file */
-        snprintf(r->path, sizeof r->path, "%.4096s/%s", r->dir, name);
+        return str_fmt(r->path, sizeof r->path, err, "--resume", "%s/%s", r->dir, name);
     } else {
-        snprintf(r->path, sizeof r->path, "%s", given);
+        snprintf(r->path, sizeof r->path, "%s", given); /* shorter than idx */
     }
     return 0;
 }
@@ -88,7 +90,7 @@ static int plan_candidates(const ckpt_opts *o, plan_resume *r, err_t *err) {
     if (fresh_start(o)) return 0;
     if (!strcmp(o->resume, "auto")) {
         if (!o->dir) return err_set(err, "--resume auto needs --ckpt-dir");
-        snprintf(r->dir, sizeof r->dir, "%s", o->dir);
+        snprintf(r->dir, sizeof r->dir, "%s", o->dir); /* at most CKPT_DIR_MAX: ckpt_start */
         r->search = true;
     } else if (resolve_path(o->resume, r, err) < 0) {
         return -1;
@@ -127,7 +129,7 @@ static int load_agreed(trainer *t, const ckpt_opts *o, plan_resume *r, char *cho
     if (!r->search && !r->path[0]) return 0;
     if (!r->search) {
         if (try_one(t, r->path, &worst, err, err) < 0) return -2;
-        snprintf(chosen, n, "%s", r->path);
+        snprintf(chosen, n, "%s", r->path); /* both PATH_LEN */
         return worst == OK ? 0 : (err_prefix(err, "--resume"), CKPT_REFUSED);
     }
     char tried[768] = "";
@@ -137,10 +139,10 @@ static int load_agreed(trainer *t, const ckpt_opts *o, plan_resume *r, char *cho
         complete++;
         char path[PATH_LEN];
         err_t why = {""};
-        snprintf(path, sizeof path, "%.4096s/%s", r->dir, r->e[i].name);
+        if (str_fmt(path, sizeof path, err, "checkpoint path", "%s/%s", r->dir, r->e[i].name) < 0) return CKPT_REFUSED;
         if (try_one(t, path, &worst, &why, err) < 0) return -2;
         if (worst == OK) {
-            snprintf(chosen, n, "%s", path);
+            snprintf(chosen, n, "%s", path); /* both PATH_LEN */
             note_latest(r, r->e[i].name);
             return 0;
         }
@@ -160,7 +162,7 @@ static int load_agreed(trainer *t, const ckpt_opts *o, plan_resume *r, char *cho
 
 /* A damaged checkpoint newer than the one resumed from is kept for inspection, out of the way. */
 static void set_aside(const char *dir, const ckpt_entry *e) {
-    char from[PATH_LEN], to[PATH_LEN];
+    char from[PATH_LEN], to[PATH_LEN]; /* cannot be cut: dir is at most CKPT_DIR_MAX (ckpt_start) */
     snprintf(from, sizeof from, "%s/%s", dir, e->name);
     snprintf(to, sizeof to, "%s/%s.broken-%ld", dir, e->name, (long)time(NULL));
     if (rename(from, to) == 0) log_warn("%s cannot be resumed; kept as %s, and training continues from an older checkpoint", from, to);
@@ -232,6 +234,8 @@ static int tidy_dir(trainer *t, ckpt_opts *o, err_t *err) {
 
 int ckpt_start(trainer *t, ckpt_opts *o, bool quiet, int *lock_fd, err_t *err) {
     *lock_fd = -1;
+    /* every rank has the same --ckpt-dir: they refuse together, before any agreement */
+    if (o->dir && ckpt_dir_check_len(o->dir, "--ckpt-dir", err) < 0) return CKPT_REFUSED;
     int rc = take_lock(t, o, lock_fd, err);
     if (rc) return rc;
     if ((rc = agreed(t, tidy_dir(t, o, err), "the checkpoint retention", err))) return rc;

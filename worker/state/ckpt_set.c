@@ -3,6 +3,7 @@
  * file per rank with the slice of every unit it holds. Any rank of any later plan reads its own
  * slices from whichever pieces overlap them, so a checkpoint resumes under another plan and
  * world size. Files are opened (mapped and verified) only when a slice is needed. */
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +11,7 @@
 #include "common/fileio.h"
 #include "common/json_util.h"
 #include "common/log.h"
+#include "common/strutil.h"
 #include "model/weights.h"
 #include "state/ckpt.h"
 
@@ -101,8 +103,8 @@ static int check_tiling(const ckpt_set *s, err_t *err) {
 }
 
 static int open_index(ckpt_set *s, const char *dir, err_t *err) {
-    char path[1200];
-    snprintf(path, sizeof path, "%s/index.json", dir);
+    char path[PATH_MAX];
+    if (str_fmt(path, sizeof path, err, "checkpoint path", "%s/index.json", dir) < 0) return -1;
     cJSON *root = json_load_file(path, err);
     if (!root) return -1;
     json_ctx c = {path, err};
@@ -120,7 +122,7 @@ static int open_index(ckpt_set *s, const char *dir, err_t *err) {
     for (int i = 0; i < n; i++) {
         const cJSON *e = cJSON_GetArrayItem(files, i), *name;
         const char *fname;
-        char at[32], full[1400];
+        char at[32], full[PATH_MAX]; /* at: "files[" and an int */
         snprintf(at, sizeof at, "files[%d]", i);
         if (json_expect_object(&c, e, at) < 0 || json_require(&c, e, at, "file", &name) < 0 ||
             json_string(&c, name, at, &fname) < 0)
@@ -129,7 +131,11 @@ static int open_index(ckpt_set *s, const char *dir, err_t *err) {
             err_set(err, "%s: %s.file '%s' must be a file name in the same directory", path, at, fname);
             goto out;
         }
-        snprintf(full, sizeof full, "%s/%s", dir, fname);
+        /* the name is the index's: a cut one would name another file */
+        if (str_fmt(full, sizeof full, err, "checkpoint path", "%s/%s", dir, fname) < 0) {
+            err_prefix(err, "%s: %s.file", path, at);
+            goto out;
+        }
         piece *p = add_piece(s, full);
         if (read_ranges(&c, e, at, s->n_units, p->off, p->n) < 0) goto out;
     }
@@ -169,11 +175,11 @@ static int open_piece(ckpt_set *s, piece *p, err_t *err) {
  * unit) before any file is read: when rank 0's file holds another model, that is the reason to
  * give. */
 static void diagnose_model(const char *dir, const model_spec *m, bool *other_model, err_t *err) {
-    char name[64], path[1200];
+    char name[64], path[PATH_MAX];
     ckpt_shard_name(0, name, sizeof name);
-    snprintf(path, sizeof path, "%s/%s", dir, name);
     st_file *f;
     err_t why;
+    if (str_fmt(path, sizeof path, NULL, "", "%s/%s", dir, name) < 0) return; /* only a better message */
     if (st_open(&f, path, &why) < 0) return;
     if (ckpt_check_model(f, m, &why) == RESUME_OTHER_MODEL) {
         *err = why;
@@ -324,8 +330,11 @@ int ckpt_write_index(const char *dir, const trainer *t, err_t *err) {
     }
     char *text = cJSON_Print(o);
     cJSON_Delete(o);
-    char path[1200];
-    snprintf(path, sizeof path, "%s/index.json", dir);
+    char path[PATH_MAX];
+    if (str_fmt(path, sizeof path, err, "checkpoint path", "%s/index.json", dir) < 0) {
+        free(text);
+        return -1;
+    }
     int rc = file_write_atomic(path, text, strlen(text), err);
     free(text);
     return rc;

@@ -1,26 +1,28 @@
 /* dump.c - oracle dumps (see dump.h). */
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
 
 #include "common/fileio.h"
 #include "common/log.h"
+#include "common/strutil.h"
 #include "formats/safetensors.h"
 #include "planner/model_json.h"
 #include "state/ckpt.h"
 #include "state/dump.h"
 
 struct dumper {
-    char dir[512];
+    char *dir; /* --dump, as given */
     int64_t steps, cap;
     int32_t **inputs, **targets; /* per recorded step */
     float **images;
     float *logits;
 };
 
-static void path_in(const dumper *dp, const char *file, char *out, size_t n) {
-    snprintf(out, n, "%s/%s", dp->dir, file);
+static int path_in(const dumper *dp, const char *file, char *out, err_t *err) {
+    return str_fmt(out, PATH_MAX, err, "--dump: the path", "%s/%s", dp->dir, file);
 }
 
 /* Adds every tensor of every unit under its full name, from host copies kept in bufs. */
@@ -54,9 +56,8 @@ static int save_params(trainer *t, const dumper *dp, const char *file, err_t *er
     float **bufs = xcalloc((size_t)t->n_units, sizeof(float *));
     add_named(w, t, bufs, "", false);
     add_meta(w, t);
-    char path[600];
-    path_in(dp, file, path, sizeof path);
-    int rc = st_writer_save(w, path, err);
+    char path[PATH_MAX];
+    int rc = path_in(dp, file, path, err) < 0 ? -1 : st_writer_save(w, path, err);
     st_writer_free(w);
     for (int u = 0; u < t->n_units; u++) free(bufs[u]);
     free(bufs);
@@ -89,8 +90,9 @@ dumper *dump_open(trainer *t, const char *dir, err_t *err) {
         return NULL;
     }
     dumper *dp = xcalloc(1, sizeof *dp);
-    snprintf(dp->dir, sizeof dp->dir, "%s", dir);
+    dp->dir = xstrdup(dir);
     if (save_params(t, dp, "init.safetensors", err) < 0) {
+        free(dp->dir);
         free(dp);
         return NULL;
     }
@@ -112,9 +114,8 @@ static int save_step0(dumper *dp, trainer *t, double loss, err_t *err) {
     st_writer_add(w, "loss", ST_F32, 1, (int64_t[]){1}, &loss32);
     add_named(w, t, bufs, "grad.", true);
     add_meta(w, t);
-    char path[600];
-    path_in(dp, "step0.safetensors", path, sizeof path);
-    int rc = st_writer_save(w, path, err);
+    char path[PATH_MAX];
+    int rc = path_in(dp, "step0.safetensors", path, err) < 0 ? -1 : st_writer_save(w, path, err);
     st_writer_free(w);
     for (int u = 0; u < t->n_units; u++) free(bufs[u]);
     free(bufs);
@@ -170,9 +171,8 @@ static int save_batches(dumper *dp, trainer *t, err_t *err) {
         }
     }
     add_meta(w, t);
-    char path[600];
-    path_in(dp, "batches.safetensors", path, sizeof path);
-    int rc = st_writer_save(w, path, err);
+    char path[PATH_MAX];
+    int rc = path_in(dp, "batches.safetensors", path, err) < 0 ? -1 : st_writer_save(w, path, err);
     st_writer_free(w);
     return rc;
 }
@@ -183,6 +183,7 @@ int dump_close(dumper *dp, trainer *t, err_t *err) {
     for (int64_t k = 0; k < dp->steps; k++) free(dp->inputs[k]), free(dp->targets[k]), free(dp->images[k]);
     free(dp->inputs), free(dp->targets), free(dp->images), free(dp->logits);
     t->logits_out = NULL;
+    free(dp->dir);
     free(dp);
     return rc;
 }

@@ -5,6 +5,7 @@
  * rotate-half form that transformers' Llama uses, so no row permutation is needed. import.c reads
  * these layouts back (export then import is the identity). */
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +16,7 @@
 #include "common/fileio.h"
 #include "common/json_util.h"
 #include "common/log.h"
+#include "common/strutil.h"
 #include "formats/safetensors.h"
 #include "model/weights.h"
 #include "model/wmodel.h"
@@ -199,13 +201,11 @@ static int read_dump(exporter *x, const st_file *f, err_t *err) {
 /* Reads the model and every unit's parameters from a checkpoint (one file, or the per-rank files
  * of a step directory, assembled by ckpt_set) or a --dump file. */
 static int load(exporter *x, model_spec *m, const char *path, err_t *err) {
-    char file[1200], name[48];
+    char file[PATH_MAX], name[48];
     struct stat st;
-    snprintf(file, sizeof file, "%s", path);
-    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
-        ckpt_shard_name(0, name, sizeof name);
-        snprintf(file, sizeof file, "%s/%s", path, name);
-    }
+    bool dir = stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+    if (dir) ckpt_shard_name(0, name, sizeof name);
+    if (str_fmt(file, sizeof file, err, "checkpoint path", dir ? "%s/%s" : "%s", path, name) < 0) return -1;
     st_file *f;
     if (st_open(&f, file, err) < 0) return -1;
     int rc = ckpt_read_model(f, m, err);
@@ -233,7 +233,7 @@ static int load(exporter *x, model_spec *m, const char *path, err_t *err) {
 
 int export_read_checkpoint(const char *checkpoint, model_spec *m, bool allow_unused, float ***units, err_t *err) {
     exporter x = {.m = m, .allow_unused = allow_unused};
-    char path[1100];
+    char path[PATH_MAX];
     int rc = ckpt_dir_resolve(checkpoint, path, sizeof path, err);
     if (rc == 0) rc = load(&x, m, path, err);
     if (rc < 0) {
@@ -248,7 +248,7 @@ int export_read_checkpoint(const char *checkpoint, model_spec *m, bool allow_unu
 int export_hf(const char *checkpoint, const char *dir, bool allow_unused, err_t *err) {
     model_spec m;
     exporter x = {.m = &m, .allow_unused = allow_unused};
-    char path[1100];
+    char path[PATH_MAX];
     int rc = ckpt_dir_resolve(checkpoint, path, sizeof path, err);
     if (rc == 0) rc = load(&x, &m, path, err);
     if (rc == 0 && m.arch != ARCH_GPT && m.arch != ARCH_LLAMA)
@@ -261,10 +261,10 @@ int export_hf(const char *checkpoint, const char *dir, bool allow_unused, err_t 
         if (m.arch == ARCH_GPT) gpt2_tensors(&x);
         else llama_tensors(&x);
         st_writer_meta(x.w, "format", "pt");
-        snprintf(path, sizeof path, "%s/model.safetensors", dir);
-        rc = st_writer_save(x.w, path, err);
+        rc = str_fmt(path, sizeof path, err, "-o: the path", "%s/model.safetensors", dir);
+        if (rc == 0) rc = st_writer_save(x.w, path, err);
+        if (rc == 0) rc = str_fmt(path, sizeof path, err, "-o: the path", "%s/config.json", dir);
         if (rc == 0) {
-            snprintf(path, sizeof path, "%s/config.json", dir);
             cJSON *config = hf_config(&m);
             char *cfg = cJSON_Print(config);
             cJSON_Delete(config);
