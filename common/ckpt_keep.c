@@ -219,6 +219,7 @@ static bool kept(prune_ctx *p, const ckpt_entry *e, char *rule, size_t n) {
     long last = p->keep->keep_last, every = p->keep->keep_every;
     if (named || e->step == p->newest || e->step == p->good_step || last == 0) return true;
     if (every > 0 && e->step % every == 0) return true;
+    /* the rules are fixed text and one number: they fit in any rule buffer of 160 bytes */
     if (diverged && e->step < p->good_step)
         snprintf(rule, n, "written while the loss was above the divergence bound, and a newer good checkpoint exists");
     else if (diverged && place >= last)
