@@ -145,16 +145,15 @@ static int open_inputs(char **names, int n, data_input *in, err_t *err) {
     for (int i = 0; i < n; i++) {
         in[i].name = names[i];
         bool is_stdin = !strcmp(names[i], "-");
-        FILE *f = is_stdin ? stdin : fopen(names[i], "rb");
-        if (!f) return err_set(err, "%s: cannot open: %s", names[i], strerror(errno));
         struct stat st;
-        if (fstat(fileno(f), &st) != 0) {
-            if (!is_stdin) fclose(f);
-            return err_set(err, "%s: cannot stat: %s", names[i], strerror(errno));
-        }
-        if (S_ISDIR(st.st_mode)) {
-            if (!is_stdin) fclose(f);
-            return err_set(err, "%s: is a directory (expected a text file)", names[i]);
+        int fd = is_stdin ? fileno(stdin) : file_open_read(names[i], false, &st, err);
+        if (fd < 0) return -1;
+        if (is_stdin && fstat(fd, &st) != 0) return err_set(err, "-: cannot stat the standard input: %s", strerror(errno));
+        if (is_stdin && S_ISDIR(st.st_mode)) return err_set(err, "-: the standard input is a directory, expected a file");
+        FILE *f = is_stdin ? stdin : fdopen(fd, "rb");
+        if (!f) {
+            close(fd);
+            return err_set(err, "%s: cannot open: %s", names[i], strerror(errno));
         }
         if (S_ISREG(st.st_mode) && !is_stdin) {
             in[i].f = f;

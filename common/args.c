@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/fileio.h"
 #include "common/strutil.h"
 
 static void vsay(const char *cmd, const char *fmt, va_list ap) {
@@ -104,6 +105,13 @@ int args_double(const args *a, double lo, double hi, double *out) {
 
 int args_size(const args *a, int64_t *out) {
     if (!str_to_size(a->val, out)) return args_bad(a, "%s: '%s' is not a size (e.g. 512M, 2G)", a->opt, a->val);
+    return 0;
+}
+
+int args_dir(const args *a, const char **out) {
+    err_t err;
+    if (file_expect_dir(a->val, &err) < 0) return args_bad(a, "%s: %s", a->opt, err.msg);
+    *out = a->val;
     return 0;
 }
 

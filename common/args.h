@@ -57,6 +57,11 @@ int args_size(const args *a, int64_t *out);
  * ("--device: 'tpu' is not cpu or cuda"). */
 int args_choice(const args *a, const char *const *choices, const char **out);
 
+/* An input directory (--init-from DIR): *out points at the value; a file, or a path that does not
+ * exist, is refused here ("--init-from: f: is a file, expected a directory"), before anything reads
+ * it as something else. */
+int args_dir(const args *a, const char **out);
+
 /* Says "CMD: <message>" and "(see 'CMD --help')" on stderr; returns ARGS_BAD. */
 int args_bad(const args *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* The same for a command before its args exist (an unknown subcommand). */

@@ -54,7 +54,7 @@ static int eval_option(args *p, int ch, eval_cmd *o) {
     const char *prec;
     switch (ch) {
     case O_CKPT: o->checkpoint = p->val; break;
-    case O_INIT: o->init_from = p->val; break;
+    case O_INIT: return args_dir(p, &o->init_from);
     case O_DATA: o->val.data = p->val; break;
     case O_SAMPLES: return args_long(p, 1, 1L << 30, &o->samples);
     case O_SEQ: return args_long(p, 1, 1 << 20, &o->seq);

@@ -76,7 +76,7 @@ static int sample_option(args *p, int ch, sample_args *a) {
     int rc = 0;
     switch (ch) {
     case O_CKPT: a->checkpoint = p->val; break;
-    case O_INIT: a->init_from = p->val; break;
+    case O_INIT: return args_dir(p, &a->init_from);
     case O_TOK: a->tokenizer = p->val; break;
     case O_PROMPT: a->prompt = p->val; break;
     case O_PROMPT_FILE: a->prompt_file = p->val; break;

@@ -198,7 +198,7 @@ static int job_option(args *p, int ch, worker_opts *o) {
     case O_MICRO: return args_long(p, 1, 1 << 20, &o->micro);
     case O_SEQ: return args_long(p, 1, 1 << 20, &o->seq);
     case O_DATA: c->data = p->val; break;
-    case O_INITFROM: c->init_from = p->val; break;
+    case O_INITFROM: return args_dir(p, &c->init_from);
     case O_VALDATA: o->val.data = p->val; break;
     case O_VALEVERY: return args_long(p, 0, 1L << 40, &o->val.every);
     case O_VALSAMPLES: return args_long(p, 1, 1L << 30, &o->val.samples);
