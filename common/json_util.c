@@ -156,6 +156,31 @@ cJSON *json_load_file(const char *path, err_t *err) {
     return root;
 }
 
+/* ---- writing ----------------------------------------------------------------------------- */
+
+cJSON *json_text(const char *s, size_t len) {
+    const unsigned char *u = (const unsigned char *)s;
+    char *out = xmalloc(6 * len + 3), *o = out; /* the longest: every byte a \u00XX */
+    *o++ = '"';
+    for (size_t i = 0; i < len;) {
+        int n = str_utf8_len(u + i, len - i);
+        if (n == 0) { /* not UTF-8: the replacement character, as decoders do */
+            memcpy(o, "\xEF\xBF\xBD", 3), o += 3, i++;
+        } else if (u[i] == '"' || u[i] == '\\') {
+            *o++ = '\\', *o++ = (char)u[i++];
+        } else if (u[i] < 0x20) {
+            o += sprintf(o, "\\u%04x", u[i++]);
+        } else {
+            memcpy(o, u + i, (size_t)n), o += n, i += (size_t)n;
+        }
+    }
+    *o++ = '"';
+    *o = '\0';
+    cJSON *item = cJSON_CreateRaw(out);
+    free(out);
+    return item;
+}
+
 /* ---- messages ---------------------------------------------------------------------------- */
 
 const char *json_type_name(const cJSON *item) {

@@ -123,3 +123,17 @@ void str_append(char **p, size_t *len, size_t *cap, const void *data, size_t n) 
     *len += n;
     (*p)[*len] = '\0';
 }
+
+int str_utf8_len(const unsigned char *s, size_t n) {
+    if (n == 0) return 0;
+    int len = s[0] < 0x80 ? 1 : (s[0] >> 5) == 6 ? 2 : (s[0] >> 4) == 14 ? 3 : (s[0] >> 3) == 30 ? 4 : 0;
+    if (len <= 1) return len;
+    if ((size_t)len > n) return 0;
+    uint32_t cp = s[0] & (0x7F >> len);
+    for (int k = 1; k < len; k++) {
+        if ((s[k] & 0xC0) != 0x80) return 0;
+        cp = cp << 6 | (s[k] & 0x3F);
+    }
+    static const uint32_t min_cp[5] = {0, 0, 0x80, 0x800, 0x10000};
+    return cp >= min_cp[len] && cp <= 0x10FFFF && !(cp >= 0xD800 && cp <= 0xDFFF) ? len : 0;
+}

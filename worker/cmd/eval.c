@@ -22,6 +22,7 @@
 
 typedef struct eval_cmd {
     const char *checkpoint, *init_from, *device, *plan;
+    char resolved[4400]; /* the checkpoint --checkpoint names (ckpt_dir_resolve): read once, by all */
     long samples, seq, micro, threads, gpu;
     bool json, have_prec;
     precision prec;
@@ -91,24 +92,20 @@ static int parse_eval(int argc, char **argv, eval_cmd *o) {
     return 0;
 }
 
-/* The file whose metadata describes the checkpoint PATH names (ckpt_dir_resolve): the file, or a
- * step directory's rank 0 file. */
-static int first_piece(const char *path, char *out, size_t n, err_t *err) {
-    if (ckpt_dir_resolve(path, out, n, err) < 0) return -1;
-    if (file_is_dir(out)) {
-        char name[64];
-        ckpt_shard_name(0, name, sizeof name);
-        size_t len = strlen(out);
-        snprintf(out + len, n - len, "/%s", name);
-    }
-    return 0;
+/* The file whose metadata describes the checkpoint at PATH: the file, or a step directory's rank 0
+ * file. */
+static void first_piece(const char *path, char *out, size_t n) {
+    char name[64] = "";
+    if (file_is_dir(path)) ckpt_shard_name(0, name, sizeof name);
+    snprintf(out, n, "%s%s%s", path, *name ? "/" : "", name);
 }
 
 /* The checkpoint's model, and its training seq and precision (metadata "cephalo.train"). */
 static int checkpoint_model(const char *path, model_spec *m, int *seq, precision *prec, err_t *err) {
-    char file[1400];
+    char file[4500];
     st_file *f;
-    if (first_piece(path, file, sizeof file, err) < 0 || st_open(&f, file, err) < 0) return -1;
+    first_piece(path, file, sizeof file);
+    if (st_open(&f, file, err) < 0) return -1;
     int rc = ckpt_read_model(f, m, err);
     const char *train = st_meta(f, "cephalo.train");
     cJSON *o = train ? cJSON_Parse(train) : NULL;
@@ -131,13 +128,15 @@ static int env_rank(const char *name, long dflt, long lo, long *out, err_t *err)
 
 /* Every rank's share of the samples and its microbatches from the plan (the model must be the
  * checkpoint's: loading says so otherwise); else one process. */
-static int eval_config(const eval_cmd *o, train_config *c, err_t *err) {
+static int eval_config(eval_cmd *o, train_config *c, err_t *err) {
     int seq = 0;
     precision prec = PREC_FP32;
     long rank, world;
     train_config_defaults(c);
+    if (o->checkpoint && ckpt_dir_resolve(o->checkpoint, o->resolved, sizeof o->resolved, err) < 0)
+        return err_prefix(err, "--checkpoint");
     if (env_rank("RANK", 0, 0, &rank, err) < 0 || env_rank("WORLD_SIZE", 1, 1, &world, err) < 0) return -1;
-    if (o->checkpoint ? checkpoint_model(o->checkpoint, &c->model, &seq, &prec, err) < 0
+    if (o->checkpoint ? checkpoint_model(o->resolved, &c->model, &seq, &prec, err) < 0
                       : model_load_hf_config(o->init_from, &c->model, err) < 0)
         return err_prefix(err, o->checkpoint ? "--checkpoint" : "--init-from");
     if (o->plan) {
@@ -222,7 +221,7 @@ int cmd_eval(int argc, char **argv) {
         return fprintf(stderr, WORKER_NAME " eval: %s\n", err.msg), WCMD_EXIT_BAD_INPUT;
     }
     int lock = -1;
-    ckpt_opts ck = {.resume = o.checkpoint};
+    ckpt_opts ck = {.resume = o.resolved};
     log_set_handler(drop_order_warnings);
     if (o.checkpoint && ckpt_start(t, &ck, true, &lock, &err) < 0) {
         fprintf(stderr, WORKER_NAME " eval: --checkpoint: %s\n", err.msg);
