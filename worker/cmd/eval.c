@@ -89,7 +89,8 @@ static int parse_eval(int argc, char **argv, eval_cmd *o) {
     if (!o->plan) o->plan = getenv("CEPHALO_PLAN");
     if (o->plan && !*o->plan) o->plan = NULL;
     if (o->plan && (o->seq || o->micro)) return args_bad(&p, "--seq and --microbatch come from the plan; give one or the other");
-    return 0;
+    const args_only only[] = {{O_GPU, o->device && !strcmp(o->device, "cuda"), "--device cuda"}};
+    return args_check_only(&p, only, 1);
 }
 
 /* The file whose metadata describes the checkpoint at PATH: the file, or a step directory's rank 0

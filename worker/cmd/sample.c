@@ -119,7 +119,15 @@ static int parse_args(int argc, char **argv, sample_args *a) {
     if (!a->checkpoint == !a->init_from)
         return args_bad(&p, "give the model: --checkpoint PATH or --init-from DIR (one of them)");
     if (a->prompt && a->prompt_file) return args_bad(&p, "give --prompt or --prompt-file, not both");
-    return 0;
+    const char *sampling = "a --temperature above 0 (at 0 the likeliest token is taken)";
+    const args_only only[] = {
+        {O_TOPK, a->pick.temperature > 0, sampling},
+        {O_TOPP, a->pick.temperature > 0, sampling},
+        {O_SEED, a->pick.temperature > 0, sampling},
+        {O_NO_BOS, a->tokenizer != NULL, "--tokenizer (bytes have no BOS token)"},
+        {O_GPU, !strcmp(a->device, "cuda"), "--device cuda"},
+    };
+    return args_check_only(&p, only, sizeof only / sizeof only[0]);
 }
 
 /* The model and its parameters, host side. */
