@@ -83,6 +83,8 @@ check "eval --gpu on the CPU" 2 "--gpu needs --device cuda" -- "$W" eval --init-
 check "compare -o (a plan option)" 2 "--output needs cephalo plan" -- "$C" compare --cluster "$A" --model gpt2-124m --batch 8 -o "$T/p.json"
 check "compare --strategy" 2 "--strategy needs cephalo plan" -- "$C" compare --cluster "$A" --model gpt2-124m --batch 8 --strategy fsdp
 check "models --seq without a model" 2 "--seq needs a MODEL" -- "$C" models --seq 128
+check "profile --comm-max-bytes with one device" 2 "--comm-max-bytes needs two or more --devices" -- \
+  "$C" profile --devices cpu:1t:256M --model tiny-gpt --comm-max-bytes 1M --store none -o "$T/prof.json"
 check "data --seed without --images" 2 "--seed needs --images" -- "$C" data -o "$T/out" --seed 3 "$T/d.txt"
 printf 'name: j\nmodel: tiny-gpt\nbatch: 2\nsteps: 2\ndevices: [{type: cpu, memory: 256M}]\noptimizer: {schedule: constant,\n  min_lr: 1e-5}\n' >"$T/minlr.yaml"
 check "job file: optimizer.min_lr with schedule constant, on its line" 2 "minlr.yaml:7: optimizer.min_lr needs schedule cosine or linear" -- \
