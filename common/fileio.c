@@ -27,10 +27,15 @@ int file_open_read(const char *path, bool regular, struct stat *st, err_t *err) 
     return err_set(err, "%s: %s", path, wrong);
 }
 
+/* What is at a path that should be a directory, in the words of every such message. */
+static const char *not_dir(const struct stat *st) {
+    return S_ISREG(st->st_mode) ? "is a file, expected a directory" : "is not a directory";
+}
+
 int file_expect_dir(const char *path, err_t *err) {
     struct stat st;
     if (stat(path, &st) != 0) return err_set(err, "%s: %s", path, strerror(errno));
-    if (!S_ISDIR(st.st_mode)) return err_set(err, "%s: is a file, expected a directory", path);
+    if (!S_ISDIR(st.st_mode)) return err_set(err, "%s: %s", path, not_dir(&st));
     return 0;
 }
 
@@ -94,8 +99,11 @@ static int make_one_dir(const char *path, const char *whole, err_t *err) {
     struct stat st;
     if (mkdir(path, 0777) != 0 && errno != EEXIST)
         return err_set(err, "%s: cannot create the directory: %s", whole, strerror(errno));
-    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode))
-        return err_set(err, "%s: %s exists and is not a directory", whole, path);
+    if (stat(path, &st) != 0) return err_set(err, "%s: %s", whole, strerror(errno));
+    if (!S_ISDIR(st.st_mode)) {
+        if (!strcmp(path, whole)) return err_set(err, "%s: %s", whole, not_dir(&st));
+        return err_set(err, "%s: %s %s", whole, path, not_dir(&st));
+    }
     return 0;
 }
 

@@ -86,7 +86,7 @@ check "directory as input" 2 "is a directory" -- "$BIN" data -o "$T/x" "$T"
 check "empty input" 2 "the input is empty" -- "$BIN" data -o "$T/x" /dev/null
 : >"$T/file"
 check "output under a file" 2 "cannot create the directory" -- "$BIN" data -o "$T/file/sub" "$T/a.txt"
-check "output is a file" 2 "exists and is not a directory" -- "$BIN" data -o "$T/file" "$T/a.txt"
+check "output is a file" 2 "is a file, expected a directory" -- "$BIN" data -o "$T/file" "$T/a.txt"
 check "output parent missing" 2 "cannot create the directory" -- "$BIN" data -o "$T/no/such/dir" "$T/a.txt"
 check "shard tokens zero" 2 "--shard-tokens: '0'" -- "$BIN" data -o "$T/x" --shard-tokens 0 "$T/a.txt"
 check "shard tokens junk" 2 "--shard-tokens: 'lots'" -- "$BIN" data -o "$T/x" --shard-tokens lots "$T/a.txt"

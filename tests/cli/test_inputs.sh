@@ -55,6 +55,8 @@ open(sys.argv[1], "wb").write(struct.pack("<Q", len(h)) + h + b"\0\0\0\0")
 EOF
 check "safetensors header: a NUL between members" 2 "nul.safetensors: header:1:35: a NUL byte between values" -- "$W" export --checkpoint "$T/nul.safetensors" -o "$T/ex"
 
+printf 'name: j\nmodel: tiny-gpt\nbatch: 2\nsteps: 2\ndevices: [{type: cpu, memory: 256M}]\n' >"$T/minlr-ok.yaml"
+
 # ---- a directory where a file is expected, a file where a directory is ---------------------------
 mkdir -p "$T/dir"
 check "--tokenizer DIR: is a directory, not 'read error'" 2 "$T/dir: is a directory, expected a file" -- "$C" data -o "$T/out" --tokenizer "$T/dir" "$T/d.txt"
@@ -66,6 +68,10 @@ check "train --plan DIR" 2 "$T/dir: is a directory, expected a file" -- "$W" tra
 check "sample --init-from FILE: a file, expected a directory" 2 "--init-from: $T/file: is a file, expected a directory" -- "$W" sample --init-from "$T/file"
 check "eval --init-from FILE" 2 "--init-from: $T/file: is a file, expected a directory" -- "$W" eval --init-from "$T/file" --data synthetic
 check "train --init-from FILE" 2 "--init-from: $T/file: is a file, expected a directory" -- "$W" train --init-from "$T/file" --batch 2
+check "train --dump FILE (an output directory)" 1 "--dump: $T/file: is a file, expected a directory" -- "$W" train --model tiny-gpt --batch 2 --steps 1 --dump "$T/file"
+check "data -o FILE" 2 "$T/file: is a file, expected a directory" -- "$C" data -o "$T/file" "$T/d.txt"
+check "run --run-dir FILE/sub: the part in the way named" 2 "$T/file/sub: $T/file is a file, expected a directory" -- \
+  "$C" run "$T/minlr-ok.yaml" --run-dir "$T/file/sub" --dry-run
 
 # ---- options that would do nothing: refused by one rule -----------------------------------------
 TG=(train --model tiny-gpt --batch 2 --steps 1 --quiet)
@@ -106,6 +112,24 @@ for cmd in train eval sample export profile profile-comm version; do
   check "cephalo-worker $cmd --help: usage, exit 0" 0 "usage: cephalo-worker" -- "$W" $cmd --help
 done
 check "cephalo-operator --help: usage, exit 0" 0 "--version [--json]" -- "$OP" --help
+
+# ---- text with NULs: carried with its length ---------------------------------------------------
+$PY - "$T/bytes-tok.json" <<'EOF'
+import json, sys
+printable = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
+vocab, nxt = {}, 256
+for b in range(256):
+    if b in printable: vocab[chr(b)] = b
+    else: vocab[chr(nxt)] = b; nxt += 1
+vocab["<|endoftext|>"] = 256
+json.dump({"added_tokens": [{"id": 256, "content": "<|endoftext|>", "special": True}],
+           "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True},
+           "decoder": {"type": "ByteLevel"}, "model": {"type": "BPE", "vocab": vocab, "merges": []}}, open(sys.argv[1], "w"))
+EOF
+printf 'a\0b c' >"$T/nul.txt"
+"$C" data -o "$T/nul-shards" --tokenizer "$T/bytes-tok.json" "$T/nul.txt" >/dev/null 2>&1
+check "tokenizer input: a NUL byte is a token, the text goes on after it" 0 " 97 0 98 32 99 256 " -- \
+  bash -c "od -A n -v -t u2 -j 1024 '$T/nul-shards/train_000000.bin' | tr -s ' \n' ' '"
 
 # ---- sample --json keeps the text whole ----------------------------------------------------------
 "$W" train --model tiny-gpt --batch 2 --steps 4 --ckpt-every 2 --quiet --ckpt-dir "$T/ck" >/dev/null 2>&1
