@@ -66,7 +66,7 @@ static int resolve_path(const char *given, plan_resume *r, err_t *err) {
     if (ckpt_arg_classify(given, r->dir, sizeof r->dir, &kind, err) < 0) return -1;
     r->search = kind == CKPT_ARG_DIR;
     if (kind == CKPT_ARG_POINTER) return ckpt_dir_pick(r->dir, true, r->path, sizeof r->path, err);
-    if (kind == CKPT_ARG_ONE) snprintf(r->path, sizeof r->path, "%s", r->dir);
+    if (kind == CKPT_ARG_ONE) snprintf(r->path, sizeof r->path, "%s", r->dir), r->dir[0] = '\0'; /* no directory searched */
     return 0;
 }
 
