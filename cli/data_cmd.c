@@ -148,16 +148,15 @@ static int open_inputs(char **names, int n, data_input *in, err_t *err) {
     for (int i = 0; i < n; i++) {
         in[i].name = names[i];
         bool is_stdin = !strcmp(names[i], "-");
-        FILE *f = is_stdin ? stdin : fopen(names[i], "rb");
-        if (!f) return err_set(err, "%s: cannot open: %s", names[i], strerror(errno));
         struct stat st;
-        if (fstat(fileno(f), &st) != 0) {
-            if (!is_stdin) fclose(f);
-            return err_set(err, "%s: cannot stat: %s", names[i], strerror(errno));
-        }
-        if (S_ISDIR(st.st_mode)) {
-            if (!is_stdin) fclose(f);
-            return err_set(err, "%s: is a directory (expected a text file)", names[i]);
+        int fd = is_stdin ? fileno(stdin) : file_open_read(names[i], false, &st, err);
+        if (fd < 0) return -1;
+        if (is_stdin && fstat(fd, &st) != 0) return err_set(err, "-: cannot stat the standard input: %s", strerror(errno));
+        if (is_stdin && S_ISDIR(st.st_mode)) return err_set(err, "-: the standard input is a directory, expected a file");
+        FILE *f = is_stdin ? stdin : fdopen(fd, "rb");
+        if (!f) {
+            close(fd);
+            return err_set(err, "%s: cannot open: %s", names[i], strerror(errno));
         }
         if (S_ISREG(st.st_mode) && !is_stdin) {
             in[i].f = f;
@@ -602,7 +601,7 @@ typedef struct data_opts {
     const char *out;
     long shard_tokens, count, classes, size, channels, seed;
     double val;
-    bool images, text_opt, image_opt, tok_opt; /* --images, and options of each kind given */
+    bool images;
     tok_opts to;
 } data_opts;
 
@@ -652,14 +651,26 @@ static int image_option(args *p, int ch, data_opts *o) {
 static int data_option(args *p, int ch, data_opts *o) {
     if (ch == 'o') return o->out = p->val, 0;
     if (ch == 'I') return o->images = true, 0;
-    if (strchr("NKZCX", ch)) return o->image_opt = true, image_option(p, ch, o);
-    if (strchr("ebds", ch)) return o->tok_opt = true, tok_option(p, ch, o);
-    return o->text_opt = true, text_option(p, ch, o);
+    if (strchr("NKZCX", ch)) return image_option(p, ch, o);
+    if (strchr("ebds", ch)) return tok_option(p, ch, o);
+    return text_option(p, ch, o);
+}
+
+/* Each kind's options act in its mode only: text (shards), the tokenizer's, the images'. */
+static int check_idle_options(const args *p, const data_opts *o) {
+    bool text = !o->images, tokens = text && o->to.tokenizer;
+    const char *for_text = "text input (it is for text, not --images)";
+    const args_only only[] = {
+        {'T', text, for_text}, {'V', text, for_text}, {'k', text, for_text},
+        {'e', tokens, "--tokenizer"}, {'b', tokens, "--tokenizer"}, {'d', tokens, "--tokenizer"}, {'s', tokens, "--tokenizer"},
+        {'N', o->images, "--images"}, {'K', o->images, "--images"}, {'Z', o->images, "--images"},
+        {'C', o->images, "--images"}, {'X', o->images, "--images"},
+    };
+    return args_check_only(p, only, sizeof only / sizeof only[0]);
 }
 
 /* --images: synthetic labeled images, no input files. */
 static int check_images(const args *p, const data_opts *o, int operands) {
-    if (o->text_opt || o->tok_opt) return args_bad(p, "--shard-tokens, --val-fraction and --tokenizer are for text, not --images");
     if (operands) return args_bad(p, "unexpected argument '%s' (--images writes synthetic images only)", p->argv[optind]);
     if (o->count < 0) return args_bad(p, "--images needs --synthetic N (converting image files is not supported)");
     if (o->classes < 0) return args_bad(p, "--images needs --classes K");
@@ -687,11 +698,10 @@ int data_main(int argc, char **argv) {
     char **files;
     int n = args_operands(&p, &files);
     if (!o.out) return args_bad(&p, "-o OUTPUT is required");
+    if (check_idle_options(&p, &o)) return ARGS_BAD;
     if (o.images)
         return check_images(&p, &o, n) ? ARGS_BAD : data_images(o.out, o.count, o.classes, o.size, o.channels, o.seed);
-    if (o.image_opt) return args_bad(&p, "--synthetic, --classes, --size, --channels and --seed need --images");
     if (!n) return args_bad(&p, "no input FILE (give text files, or '-' for stdin)");
     if (o.to.tokenizer) return data_tokenized(o.out, o.shard_tokens, o.val, &o.to, files, n);
-    if (o.tok_opt) return args_bad(&p, "--eos, --bos, --doc-sep and --special need --tokenizer");
     return data_text(o.out, o.shard_tokens, o.val, files, n);
 }

@@ -40,7 +40,7 @@ static const char usage_text[] =
     "            device; `cephalo run --help` shows its options (docs/run.md)\n"
     "  profile   measure the cost model of the local devices for a model into a profile file\n"
     "            and the profile store; `cephalo profile --help` (docs/profile.md)\n"
-    "  version   the release and commit this binary was built from (also --version)\n"
+    "  version   the release and commit this binary was built from (also --version; --json)\n"
     "\n"
     "plan / compare options:\n"
     "  --cluster FILE        cluster file (YAML, docs/formats.md)            [required]\n"
@@ -100,7 +100,7 @@ static int plan_option(args *p, int ch, cli_opts *o) {
     return 0;
 }
 
-static int parse_options(int argc, char **argv, cli_opts *o) {
+static int parse_options(int argc, char **argv, bool compare, cli_opts *o) {
     static const struct option longopts[] = {
         {"cluster", required_argument, 0, 'c'}, {"model", required_argument, 0, 'm'},
         {"batch", required_argument, 0, 'b'},   {"seq", required_argument, 0, 's'},
@@ -116,7 +116,9 @@ static int parse_options(int argc, char **argv, cli_opts *o) {
     if (!o->cluster) return args_bad(&p, "--cluster FILE is required");
     if (!o->model) return args_bad(&p, "--model MODEL is required");
     if (!o->batch) return args_bad(&p, "--batch B is required");
-    return 0;
+    const args_only only[] = {{'o', !compare, "cephalo plan (compare writes no plan file)"},
+                              {'S', !compare, "cephalo plan (compare plans every strategy)"}};
+    return args_check_only(&p, only, 2);
 }
 
 /* Loads everything a plan needs; prints the error and returns EXIT_BAD_INPUT on failure. */
@@ -164,7 +166,7 @@ static int check_plan_outputs(const cli_opts *o) {
 
 static int cmd_plan(int argc, char **argv, bool compare) {
     cli_opts o;
-    int rc = parse_options(argc, argv, &o);
+    int rc = parse_options(argc, argv, compare, &o);
     if (rc || (rc = check_plan_outputs(&o))) return rc;
     plan_inputs in;
     if ((rc = load_inputs(&o, &in))) {
@@ -233,31 +235,35 @@ static int cmd_model_detail(const char *name, long seq_opt, precision prec) {
 }
 
 static int cmd_models(int argc, char **argv) {
+    static const struct option opts[] = {{"seq", required_argument, 0, 's'}, {"precision", required_argument, 0, 'p'},
+                                         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    args p = args_begin(argc, argv, "cephalo models", opts, "",
+                        "usage: cephalo models [MODEL [--seq S] [--precision fp32|bf16|fp16]]\n"
+                        "  without MODEL: the built-in models; with one: its units, FLOPs and activation memory\n");
     long seq = 0;
     precision prec = PREC_FP32;
-    const char *name = NULL;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            puts("usage: cephalo models [MODEL [--seq S] [--precision fp32|bf16|fp16]]\n"
-                 "  without MODEL: the built-in models; with one: its units, FLOPs and activation memory");
-            return 0;
-        } else if (!strcmp(argv[i], "--seq") && i + 1 < argc) {
-            if (!str_to_long(argv[++i], &seq) || seq < 1 || seq > 1 << 20)
-                return args_bad_cmd("cephalo models", "--seq: '%s' is not a positive integer", argv[i]);
-        } else if (!strcmp(argv[i], "--precision") && i + 1 < argc) {
-            const char *p = argv[++i];
-            if (!precision_parse(p, &prec))
-                return args_bad_cmd("cephalo models", "--precision: '%s' (expected " PRECISION_CHOICES ")", p);
-        } else if (argv[i][0] == '-' || name) {
-            return args_bad_cmd("cephalo models", "unexpected argument '%s'", argv[i]);
-        } else {
-            name = argv[i];
-        }
+    const char *v;
+    int ch, rc = 0;
+    while (!rc && (ch = args_next(&p)) > 0) {
+        if (ch == 's') rc = args_long(&p, 1, 1 << 20, &seq);
+        else rc = args_choice(&p, precision_names, &v) ? ARGS_BAD : (precision_parse(v, &prec), 0);
     }
-    return name ? cmd_model_detail(name, seq, prec) : cmd_models_list();
+    if (rc || ch < 0) return ARGS_BAD;
+    char **names;
+    int n = args_operands(&p, &names);
+    if (n > 1) return args_bad(&p, "unexpected argument '%s'", names[1]);
+    const char *detail = "a MODEL (the list shows no figures that depend on it)";
+    const args_only only[] = {{'s', n == 1, detail}, {'p', n == 1, detail}};
+    if (args_check_only(&p, only, 2)) return ARGS_BAD;
+    return n ? cmd_model_detail(names[0], seq, prec) : cmd_models_list();
 }
 
-static int cmd_gpus(void) {
+static int cmd_gpus(int argc, char **argv) {
+    static const struct option opts[] = {{"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    args p = args_begin(argc, argv, "cephalo gpus", opts, "",
+                        "usage: cephalo gpus\n  the GPU catalog: memory, peak TFLOPS by precision, memory bandwidth\n");
+    /* no options: one given is refused rather than ignored (--json would get a table) */
+    if (args_next(&p) != 0 || args_no_operands(&p)) return ARGS_BAD;
     int n;
     const gpu_spec *g = gpu_catalog(&n);
     /* a 0 tensor figure is printed as "-": the GPU has no such tensor cores */
@@ -345,16 +351,11 @@ int main(int argc, char **argv) {
         fputs(usage_text, stdout);
         return 0;
     }
-    if (!strcmp(cmd, "--version") || !strcmp(cmd, "version")) {
-        char line[256];
-        cephalo_version_line("cephalo", line, sizeof line);
-        fputs(line, stdout);
-        return 0;
-    }
+    if (!strcmp(cmd, "--version") || !strcmp(cmd, "version")) return cephalo_version_cmd("cephalo", argc - 1, argv + 1);
     if (!strcmp(cmd, "plan")) return cmd_plan(argc - 1, argv + 1, false);
     if (!strcmp(cmd, "compare")) return cmd_plan(argc - 1, argv + 1, true);
     if (!strcmp(cmd, "models")) return cmd_models(argc - 1, argv + 1);
-    if (!strcmp(cmd, "gpus")) return cmd_gpus();
+    if (!strcmp(cmd, "gpus")) return cmd_gpus(argc - 1, argv + 1);
     if (!strcmp(cmd, "data")) return data_main(argc - 1, argv + 1);
     if (!strcmp(cmd, "run")) return cmd_run(argc - 1, argv + 1);
     if (!strcmp(cmd, "profile")) return profile_main(argc - 1, argv + 1);

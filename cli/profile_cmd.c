@@ -87,6 +87,7 @@ typedef struct popts {
     long seq, max_micro;
     char comm_max[32];
     bool quick;
+    args cl; /* the command line as parsed: which options were given */
 } popts;
 
 enum { O_DEVICES = 256, O_MODEL, O_SEQ, O_PREC, O_STORE, O_MAXM, O_QUICK, O_COMMMAX };
@@ -121,6 +122,7 @@ static int parse(int argc, char **argv, popts *o) {
     if (rc || ch < 0 || args_no_operands(&p)) return ARGS_BAD;
     if (!o->devices) return args_bad(&p, "--devices is required (e.g. --devices cpu:1t:512M,cpu:1t:512M)");
     if (!o->model) return args_bad(&p, "--model is required");
+    o->cl = p;
     return 0;
 }
 
@@ -380,6 +382,8 @@ int profile_main(int argc, char **argv) {
         job_free(&j);
         return args_bad_cmd("cephalo profile", "%s", err.msg);
     }
+    const args_only only[] = {{O_COMMMAX, j.n_devices > 1, "two or more --devices (one device has no collectives to time)"}};
+    if (args_check_only(&o.cl, only, 1)) return job_free(&j), ARGS_BAD;
     char store[PATH_LEN];
     int found = o.store ? 0 : profile_store_path(store, sizeof store, &err);
     if (found < 0) {

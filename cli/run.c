@@ -498,19 +498,15 @@ static int worker_failed(launch *l, int rank) {
     return RUN_EXIT_FAILED;
 }
 
-/* The checkpoint a rerun would continue from (DIR/latest), if any. */
+/* The checkpoint a rerun would continue from (DIR/latest, through the checkpoint resolver), if any. */
 static void print_checkpoint(const launch *l) {
     if (!l->ckpt_dir) return;
-    char path[PATH_LEN], name[256] = "";
-    snprintf(path, sizeof path, "%s/latest", l->ckpt_dir); /* cannot be cut: at most CKPT_DIR_MAX */
-    FILE *f = fopen(path, "r");
-    bool have = f && fgets(name, sizeof name, f);
-    if (f) fclose(f);
-    name[strcspn(name, "\n")] = '\0';
-    if (!have || !*name) fprintf(stderr, "cephalo run: no checkpoint was written yet\n");
+    char path[PATH_LEN + 64];
+    err_t err;
+    if (ckpt_dir_pick(l->ckpt_dir, false, path, sizeof path, &err) < 0) fprintf(stderr, "cephalo run: no checkpoint was written yet\n");
     else if (l->j->train.resume && !strcmp(l->j->train.resume, "auto"))
-        fprintf(stderr, "cephalo run: last checkpoint %s/%s; run the job again to continue from it\n", l->ckpt_dir, name);
-    else fprintf(stderr, "cephalo run: last checkpoint %s/%s\n", l->ckpt_dir, name);
+        fprintf(stderr, "cephalo run: last checkpoint %s; run the job again to continue from it\n", path);
+    else fprintf(stderr, "cephalo run: last checkpoint %s\n", path);
 }
 
 static int interrupted(launch *l) {

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/fileio.h"
 #include "common/strutil.h"
 
 static void vsay(const char *cmd, const char *fmt, va_list ap) {
@@ -44,6 +45,7 @@ int args_next(args *a) {
     int ch = getopt_long(a->argc, a->argv, a->shortopts, a->opts, &index);
     a->val = optarg;
     if (ch == -1) return 0;
+    if (ch > 0 && ch < ARGS_MAX_CODE) a->given[ch / 64] |= UINT64_C(1) << (ch % 64);
     /* the option as the user wrote it: getopt_long gives the long option's index, else a letter */
     const char *written = a->argv[optind - 1];
     if (index >= 0)
@@ -60,6 +62,30 @@ int args_next(args *a) {
     case '?': return args_bad(a, "unknown option '%s'", written), -1;
     default: return ch;
     }
+}
+
+bool args_given(const args *a, int code) {
+    return code > 0 && code < ARGS_MAX_CODE && (a->given[code / 64] >> (code % 64) & 1);
+}
+
+/* The option of this code as the usage names it: "--loss-scale", or "-o" without a long name. */
+static void option_name(const args *a, int code, char *out, size_t n) {
+    for (const struct option *o = a->opts; o && o->name; o++)
+        if (o->val == code && !o->flag) {
+            snprintf(out, n, "--%s", o->name);
+            return;
+        }
+    snprintf(out, n, "-%c", code);
+}
+
+int args_check_only(const args *a, const args_only *rows, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        if (rows[i].acts || !args_given(a, rows[i].code)) continue;
+        char name[64];
+        option_name(a, rows[i].code, name, sizeof name);
+        return args_bad(a, "%s needs %s; otherwise it has no effect: leave it out", name, rows[i].needs);
+    }
+    return 0;
 }
 
 int args_operands(const args *a, char ***first) {
@@ -104,6 +130,13 @@ int args_double(const args *a, double lo, double hi, double *out) {
 
 int args_size(const args *a, int64_t *out) {
     if (!str_to_size(a->val, out)) return args_bad(a, "%s: '%s' is not a size (e.g. 512M, 2G)", a->opt, a->val);
+    return 0;
+}
+
+int args_dir(const args *a, const char **out) {
+    err_t err;
+    if (file_expect_dir(a->val, &err) < 0) return args_bad(a, "%s: %s", a->opt, err.msg);
+    *out = a->val;
     return 0;
 }
 

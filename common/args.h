@@ -20,9 +20,11 @@
 
 #include <getopt.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #define ARGS_BAD 2 /* the exit status of bad input, in every binary */
+#define ARGS_MAX_CODE 512 /* option codes (getopt_long's val) are below this */
 
 typedef struct args {
     const char *cmd;   /* "cephalo-worker eval": the start of every message */
@@ -33,6 +35,7 @@ typedef struct args {
     char shortopts[32];        /* ":h" plus the caller's short options */
     const char *val;           /* the current option's value (optarg), NULL when it takes none */
     char opt[64];              /* the current option as written: "--samples", "-o" */
+    uint64_t given[ARGS_MAX_CODE / 64]; /* the options seen, by code (args_given) */
 } args;
 
 /* shortopts: the short options beyond -h, getopt's syntax ("o:"), or "". Resets getopt (optind). */
@@ -56,6 +59,29 @@ int args_size(const args *a, int64_t *out);
 /* One of choices (NULL-terminated): *out points at the value; the message lists the choices
  * ("--device: 'tpu' is not cpu or cuda"). */
 int args_choice(const args *a, const char *const *choices, const char **out);
+
+/* An input directory (--init-from DIR): *out points at the value; a file, or a path that does not
+ * exist, is refused here ("--init-from: f: is a file, expected a directory"), before anything reads
+ * it as something else. */
+int args_dir(const args *a, const char **out);
+
+/* Whether the option of this code was given. */
+bool args_given(const args *a, int code);
+
+/* An option that acts only in some modes: its code, whether it acts in the mode chosen, and
+ * what it needs, in words ("--precision fp16 (the precision here is bf16)"). */
+typedef struct args_only {
+    int code;
+    bool acts;
+    const char *needs;
+} args_only;
+
+/* The one rule of every front end for options that would do nothing in the mode chosen: each
+ * front end lists its conditional options as rows, once the mode is known (after a plan is read,
+ * say), and an option given where its row does not act is refused, not silently ignored:
+ * ARGS_BAD after "--loss-scale needs --precision fp16 (...); otherwise it has no effect: leave it
+ * out". 0 when every option given acts. */
+int args_check_only(const args *a, const args_only *rows, size_t n);
 
 /* Says "CMD: <message>" and "(see 'CMD --help')" on stderr; returns ARGS_BAD. */
 int args_bad(const args *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

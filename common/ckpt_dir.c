@@ -91,18 +91,24 @@ int ckpt_dir_list(const char *dir, ckpt_entry **out, err_t *err) {
 }
 
 int ckpt_dir_latest(const char *dir, char *name, size_t n, err_t *err) {
-    char path[PATH_MAX_LEN], line[256] = "";
+    char path[PATH_MAX_LEN];
     if (str_fmt(path, sizeof path, err, "checkpoint path", "%s/latest", dir) < 0) return -1;
-    FILE *f = fopen(path, "r");
-    if (!f) return errno == ENOENT ? 0 : err_set(err, "%s: cannot read: %s", path, strerror(errno));
-    bool got = fgets(line, sizeof line, f) != NULL;
-    fclose(f);
-    line[strcspn(line, "\n")] = '\0';
+    struct stat st;
+    if (stat(path, &st) != 0 && errno == ENOENT) return 0;
+    size_t len;
+    char *text = file_read_all(path, (size_t)1 << 20, &len, err);
+    if (!text) return -1;
+    if (len && text[len - 1] == '\n') text[--len] = '\0';
     long long step;
     bool file;
-    if (!got || !parse_name(line, &step, &file))
-        return err_set(err, "%s: holds '%.60s', not a checkpoint name (step_N or step_N.safetensors)", path, line);
-    return str_fmt(name, n, err, "checkpoint name", "%s", line) < 0 ? -1 : 1; /* parse_name: at most 35 */
+    /* the whole content is the name: a NUL would end a C string early and leave a name that is not
+     * what the file says */
+    bool ok = strlen(text) == len && len < n && parse_name(text, &step, &file);
+    if (ok) snprintf(name, n, "%s", text);
+    else err_set(err, "%s: holds '%.60s%s', not a checkpoint name (step_N or step_N.safetensors)", path, text,
+                 strlen(text) != len ? "\\0..." : "");
+    free(text);
+    return ok ? 1 : -1;
 }
 
 /* A step directory: index.json first, then the rest, then the directory. */
@@ -175,34 +181,68 @@ int ckpt_dir_clean_temps(const char *dir) { return clean_dir(dir, true); }
 
 int dir_clean_temps(const char *dir) { return clean_dir(dir, false); }
 
-int ckpt_dir_resolve(const char *path, char *out, size_t n, err_t *err) {
+int ckpt_arg_classify(const char *path, char *dir, size_t n, ckpt_arg_kind *kind, err_t *err) {
     struct stat st;
-    if (stat(path, &st) < 0) return err_set(err, "%s: %s", path, strerror(errno));
-    /* stat took path: it is under PATH_MAX, and so is its directory; what is added is checked */
-    char dir[PATH_MAX_LEN], probe[PATH_MAX_LEN], name[64];
     const char *slash = strrchr(path, '/'), *base = slash ? slash + 1 : path;
-    if (str_fmt(out, n, err, "checkpoint path", "%s", path) < 0) return -1;
-    if (!S_ISDIR(st.st_mode)) {
-        if (strcmp(base, "latest") != 0) return 0; /* a checkpoint file */
-        snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - path) : 1, slash ? path : ".");
-        int have = ckpt_dir_latest(dir, name, sizeof name, err);
-        if (have <= 0) return have < 0 ? -1 : err_set(err, "%s: cannot open: no such file", path); /* gone meanwhile */
-        return str_fmt(out, n, err, "checkpoint path", "%s/%s", dir, name);
-    }
-    snprintf(probe, sizeof probe, "%s/index.json", path);
-    if (access(probe, F_OK) == 0) return 0; /* a sharded step directory */
-    int rc = ckpt_dir_latest(path, name, sizeof name, err);
-    if (rc < 0) return -1;
-    if (rc == 0) {
-        ckpt_entry *e = NULL;
-        int k = ckpt_dir_list(path, &e, err), i = 0;
-        if (k < 0) return -1;
-        while (i < k && !e[i].complete) i++;
-        if (i < k) memcpy(name, e[i].name, sizeof e[i].name); /* 48 bytes, into 64 */
-        free(e);
-        if (i >= k)
-            return err_set(err, "%s: no checkpoint in this directory (expected step_N.safetensors, a step_N/ "
-                                "directory with its index.json, or a latest file; or give a checkpoint file)", path);
-    }
-    return str_fmt(out, n, err, "checkpoint path", "%s/%s", path, name);
+    bool pointer = !strcmp(base, "latest");
+    if (str_fmt(dir, n, err, "checkpoint path", "%s", path) < 0) return -1;
+    if (pointer || !strcmp(base, "index.json")) snprintf(dir, n, "%.*s", slash ? (int)(slash - path) : 1, slash ? path : ".");
+    /* DIR/latest needs no file: it stands for what the pointer would name, and its checks say what
+     * is wrong with the pointer (missing included) */
+    if (pointer && file_is_dir(dir) && !file_is_dir(path)) return *kind = CKPT_ARG_POINTER, 0;
+    if (stat(path, &st) != 0) return err_set(err, "%s: cannot open: %s", path, strerror(errno));
+    *kind = CKPT_ARG_ONE;
+    if (!strcmp(base, "index.json") && S_ISREG(st.st_mode)) return 0; /* a step directory's index: the directory */
+    snprintf(dir, n, "%s", path); /* fitted above */
+    char probe[PATH_MAX_LEN];
+    snprintf(probe, sizeof probe, "%s/index.json", path); /* stat took path: under PATH_MAX, and 4400 holds both */
+    if (S_ISDIR(st.st_mode) && !exists(probe)) *kind = CKPT_ARG_DIR;
+    return 0;
+}
+
+/* DIR/latest when it names a complete checkpoint there: 1 with its name; else 0 with what is wrong
+ * in `why` (empty when there is no latest file). */
+static int pointer_target(const char *dir, char *name, size_t n, char *why, size_t whysz) {
+    err_t e;
+    *why = '\0';
+    int have = ckpt_dir_latest(dir, name, n, &e);
+    if (have < 0) return snprintf(why, whysz, "%s", e.msg), 0;
+    if (have == 0) return 0;
+    ckpt_entry entry;
+    char path[PATH_MAX_LEN];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    if (!exists(path)) return snprintf(why, whysz, "%s/latest names %s, which does not exist", dir, name), 0;
+    if (!read_entry(dir, name, &entry) || !entry.complete)
+        return snprintf(why, whysz, "%s/latest names %s, which is not a complete checkpoint (a step directory "
+                        "without its index.json)", dir, name), 0;
+    return 1;
+}
+
+int ckpt_dir_pick(const char *dir, bool pointer, char *out, size_t n, err_t *err) {
+    char name[64], why[1200];
+    if (pointer_target(dir, name, sizeof name, why, sizeof why)) return snprintf(out, n, "%s/%s", dir, name), 0;
+    if (pointer && !*why) snprintf(why, sizeof why, "%s/latest is missing", dir);
+    ckpt_entry *e = NULL;
+    int k = ckpt_dir_list(dir, &e, err), i = 0;
+    if (k < 0) return -1;
+    while (i < k && !e[i].complete) i++;
+    if (i < k) snprintf(name, sizeof name, "%s", e[i].name);
+    free(e);
+    if (i >= k && *why) return err_set(err, "%s, and %s holds no complete checkpoint to use instead", why, dir);
+    if (i >= k)
+        return err_set(err, "%s: no checkpoint in this directory (expected step_N.safetensors, a step_N/ "
+                            "directory with its index.json, or a latest file; or give a checkpoint file)", dir);
+    /* the pointer is stale (a copy that left files behind, a retention or a write cut short): the
+     * newest complete checkpoint is what --resume auto would take; say which, and why */
+    if (*why) log_warn("%s: using the newest complete checkpoint there, %s", why, name);
+    snprintf(out, n, "%s/%s", dir, name);
+    return 0;
+}
+
+int ckpt_dir_resolve(const char *path, char *out, size_t n, err_t *err) {
+    char dir[PATH_MAX_LEN];
+    ckpt_arg_kind kind;
+    if (ckpt_arg_classify(path, dir, sizeof dir, &kind, err) < 0) return -1;
+    if (kind == CKPT_ARG_ONE) return snprintf(out, n, "%s", dir), 0;
+    return ckpt_dir_pick(dir, kind == CKPT_ARG_POINTER, out, n, err);
 }

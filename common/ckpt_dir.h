@@ -44,10 +44,29 @@ extern const out_kind ckpt_dir_kind;
  * or does not hold a checkpoint name (the message says which). */
 int ckpt_dir_latest(const char *dir, char *name, size_t n, err_t *err);
 
-/* What a --checkpoint argument names, as the file or step directory to read: a checkpoint file;
- * a sharded step directory (with its index.json); DIR/latest (the pointer file: the checkpoint
- * it names); a checkpoint directory (the one its `latest` names, else its newest complete one).
- * 0 with out set, or -1 with the error naming PATH and what was expected. */
+/* What a checkpoint argument (train --resume, eval/sample/export --checkpoint) names. */
+typedef enum {
+    CKPT_ARG_ONE,     /* a checkpoint file or a sharded step directory (with its index.json) */
+    CKPT_ARG_DIR,     /* a checkpoint directory */
+    CKPT_ARG_POINTER, /* DIR/latest, whether or not the file is there */
+} ckpt_arg_kind;
+
+/* The kind of PATH, and in `dir` the directory for DIR and DIR/latest, else the checkpoint itself
+ * (PATH, or the step directory of a STEP/index.json); -1 with "PATH: cannot open: ..." when it
+ * does not exist. */
+int ckpt_arg_classify(const char *path, char *dir, size_t n, ckpt_arg_kind *kind, err_t *err);
+
+/* The checkpoint to read in a checkpoint directory: the one its `latest` names, when that is a
+ * complete checkpoint there; else the newest complete one, with a warning that names the pointer
+ * and what is wrong with it (missing - said only when `pointer`, i.e. DIR/latest was given -,
+ * unreadable, not a checkpoint name, naming a checkpoint that is gone or incomplete). -1 when
+ * there is none, the message naming the pointer's problem too. */
+int ckpt_dir_pick(const char *dir, bool pointer, char *out, size_t n, err_t *err);
+
+/* What a checkpoint argument names, as the file or step directory to read: the one resolver of
+ * every command that takes one. A checkpoint file or step directory is itself; a checkpoint
+ * directory and DIR/latest go through ckpt_dir_pick. 0 with out set, or -1 with the error naming
+ * PATH and what was expected. */
 int ckpt_dir_resolve(const char *path, char *out, size_t n, err_t *err);
 
 /* Deletes one checkpoint; a step directory's index.json goes first, so a deletion cut short

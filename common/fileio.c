@@ -4,6 +4,7 @@
 #include "common/fileio.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -15,10 +16,38 @@
 #include "common/log.h"
 #include "common/strutil.h"
 
+int file_open_read(const char *path, bool regular, struct stat *st, err_t *err) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return err_set(err, "%s: cannot open: %s", path, strerror(errno));
+    const char *wrong = NULL;
+    if (fstat(fd, st) != 0) wrong = strerror(errno);
+    else if (S_ISDIR(st->st_mode)) wrong = "is a directory, expected a file";
+    else if (regular && !S_ISREG(st->st_mode)) wrong = "not a regular file (a pipe or a device cannot be read here)";
+    if (!wrong) return fd;
+    close(fd);
+    return err_set(err, "%s: %s", path, wrong);
+}
+
+/* What is at a path that should be a directory, in the words of every such message. */
+static const char *not_dir(const struct stat *st) {
+    return S_ISREG(st->st_mode) ? "is a file, expected a directory" : "is not a directory";
+}
+
+int file_expect_dir(const char *path, err_t *err) {
+    struct stat st;
+    if (stat(path, &st) != 0) return err_set(err, "%s: %s", path, strerror(errno));
+    if (!S_ISDIR(st.st_mode)) return err_set(err, "%s: %s", path, not_dir(&st));
+    return 0;
+}
+
 char *file_read_all(const char *path, size_t max_bytes, size_t *len_out, err_t *err) {
-    FILE *f = fopen(path, "rb");
+    struct stat st;
+    int fd = file_open_read(path, false, &st, err);
+    if (fd < 0) return NULL;
+    FILE *f = fdopen(fd, "rb");
     if (!f) {
         err_set(err, "%s: cannot open: %s", path, strerror(errno));
+        close(fd);
         return NULL;
     }
     size_t cap = 4096, len = 0, got;
@@ -70,8 +99,11 @@ static int make_one_dir(const char *path, const char *whole, err_t *err) {
     struct stat st;
     if (mkdir(path, 0777) != 0 && errno != EEXIST)
         return err_set(err, "%s: cannot create the directory: %s", whole, strerror(errno));
-    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode))
-        return err_set(err, "%s: %s exists and is not a directory", whole, path);
+    if (stat(path, &st) != 0) return err_set(err, "%s: %s", whole, strerror(errno));
+    if (!S_ISDIR(st.st_mode)) {
+        if (!strcmp(path, whole)) return err_set(err, "%s: %s", whole, not_dir(&st));
+        return err_set(err, "%s: %s %s", whole, path, not_dir(&st));
+    }
     return 0;
 }
 

@@ -5,11 +5,23 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <sys/stat.h>
 
 #include "common/err.h"
 
-/* Reads the file into a fresh buffer (caller frees); refuses files above max_bytes. The buffer
- * has one extra NUL byte after len so text parsers may treat it as a string. */
+/* Opens an input file for reading: its descriptor (st gets its fstat), or -1 with the error:
+ * "PATH: cannot open: ...", "PATH: is a directory, expected a file", and with `regular` (readers
+ * that map the file or need its size) "PATH: not a regular file" for a pipe or a device. Every
+ * reader of an input file opens it here, so a wrong kind of path reads the same everywhere. */
+int file_open_read(const char *path, bool regular, struct stat *st, err_t *err);
+
+/* 0 when path is a directory; else -1 with "PATH: is a file, expected a directory" or why it
+ * cannot be looked at ("No such file or directory"). For inputs that must be directories. */
+int file_expect_dir(const char *path, err_t *err);
+
+/* Reads the file into a fresh buffer (caller frees); refuses files above max_bytes, and
+ * directories (file_open_read). The buffer has one extra NUL byte after len so text parsers may
+ * treat it as a string, but text may hold NULs of its own: use len. */
 char *file_read_all(const char *path, size_t max_bytes, size_t *len_out, err_t *err);
 
 /* Writes len bytes to path atomically: a temporary file in the same directory, fsync'ed, then

@@ -39,19 +39,25 @@ static void message_text(const char *s, size_t len, size_t max, char *out, size_
     out[j] = '\0';
 }
 
-/* "FILE:LINE:COL: JSON syntax error near '...'" for the byte at `off` (lines and columns are
- * 1-based and counted in bytes, like compilers do). */
-static void syntax_error(const char *name, const char *text, size_t len, size_t off,
-                         const char *why, err_t *err) {
-    if (off > len) off = len;
-    size_t line = 1, line_start = 0;
+/* The 1-based line and column (in bytes, as compilers count) of the byte at `off`. */
+static void line_col(const char *text, size_t off, size_t *line, size_t *col) {
+    size_t line_start = 0;
+    *line = 1;
     for (size_t i = 0; i < off; i++) {
         if (text[i] == '\n') {
-            line++;
+            (*line)++;
             line_start = i + 1;
         }
     }
-    size_t col = off - line_start + 1;
+    *col = off - line_start + 1;
+}
+
+/* "FILE:LINE:COL: JSON syntax error near '...'" for the byte at `off`. */
+static void syntax_error(const char *name, const char *text, size_t len, size_t off,
+                         const char *why, err_t *err) {
+    if (off > len) off = len;
+    size_t line, col;
+    line_col(text, off, &line, &col);
     if (off == len) {
         err_set(err, "%s:%zu:%zu: JSON syntax error at the end of the input%s", name, line, col,
                 why);
@@ -63,6 +69,37 @@ static void syntax_error(const char *name, const char *text, size_t len, size_t 
     char near[96];
     message_text(text + off, n, 20, near, sizeof near);
     err_set(err, "%s:%zu:%zu: JSON syntax error near '%s'%s", name, line, col, near, why);
+}
+
+/* What cJSON lets through, or reports only as a syntax error, found in one pass over text[0, len):
+ * a NUL or another control byte between values (cJSON skips every byte up to the space as
+ * whitespace), a NUL in a string, raw or as \u0000 (the C string cJSON makes ends there: the
+ * rest would be lost without a word), and nesting deeper than cJSON's limit. True with the
+ * offset of the first and what it is. */
+static bool find_unsupported(const char *text, size_t len, size_t *off, char *why, size_t whysz) {
+    int depth = 0;
+    bool in_string = false;
+    for (size_t i = 0; i < len; i++) {
+        unsigned char ch = (unsigned char)text[i];
+        *off = i;
+        if (in_string) {
+            if (ch == '"') in_string = false;
+            else if (ch == 0) return snprintf(why, whysz, "a NUL byte in a string"), true;
+            else if (ch == '\\' && i + 1 < len && text[i + 1] == 'u' && i + 6 <= len && !memcmp(text + i + 2, "0000", 4))
+                return snprintf(why, whysz, "a \\u0000 (NUL) in a string, which is not supported (the text would end there)"), true;
+            else if (ch == '\\') i++; /* the escaped character cannot end the string */
+            continue;
+        }
+        if (ch == '"') in_string = true;
+        else if ((ch == '[' || ch == '{') && ++depth > CJSON_NESTING_LIMIT)
+            return snprintf(why, whysz, "nesting deeper than %d (arrays and objects inside each other)", CJSON_NESTING_LIMIT), true;
+        else if ((ch == ']' || ch == '}') && depth > 0) depth--;
+        else if (ch == 0)
+            return snprintf(why, whysz, "a NUL byte between values (only spaces, tabs and line breaks may be there)"), true;
+        else if (ch < 0x20 && !is_json_space((char)ch))
+            return snprintf(why, whysz, "a control byte 0x%02x between values (only spaces, tabs and line breaks may be there)", ch), true;
+    }
+    return false;
 }
 
 cJSON *json_parse(const char *name, const char *text, size_t len, err_t *err) {
@@ -82,7 +119,18 @@ cJSON *json_parse(const char *name, const char *text, size_t len, err_t *err) {
     /* The *Opts variant reports the error position through `end` rather than only through
      * cJSON's global error pointer, so parsing stays thread-safe. */
     cJSON *root = cJSON_ParseWithLengthOpts(copy, len, &end, false);
-    size_t off = end ? (size_t)(end - copy) : 0;
+    size_t off = end ? (size_t)(end - copy) : 0, bad;
+    char why[160];
+    /* what was read, and the byte cJSON stopped at when it failed: a problem found there is the
+     * reason it failed, or one that it let through */
+    if (find_unsupported(copy, root || off >= len ? len : off + 1, &bad, why, sizeof why)) {
+        size_t line, col;
+        line_col(copy, bad, &line, &col);
+        err_set(err, "%s:%zu:%zu: %s", name, line, col, why);
+        cJSON_Delete(root);
+        free(copy);
+        return NULL;
+    }
     if (!root) {
         syntax_error(name, copy, len, off, "", err);
         free(copy);
@@ -106,6 +154,31 @@ cJSON *json_load_file(const char *path, err_t *err) {
     cJSON *root = json_parse(path, buf, len, err);
     free(buf);
     return root;
+}
+
+/* ---- writing ----------------------------------------------------------------------------- */
+
+cJSON *json_text(const char *s, size_t len) {
+    const unsigned char *u = (const unsigned char *)s;
+    char *out = xmalloc(6 * len + 3), *o = out; /* the longest: every byte a \u00XX */
+    *o++ = '"';
+    for (size_t i = 0; i < len;) {
+        int n = str_utf8_len(u + i, len - i);
+        if (n == 0) { /* not UTF-8: the replacement character, as decoders do */
+            memcpy(o, "\xEF\xBF\xBD", 3), o += 3, i++;
+        } else if (u[i] == '"' || u[i] == '\\') {
+            *o++ = '\\', *o++ = (char)u[i++];
+        } else if (u[i] < 0x20) {
+            o += sprintf(o, "\\u%04x", u[i++]);
+        } else {
+            memcpy(o, u + i, (size_t)n), o += n, i += (size_t)n;
+        }
+    }
+    *o++ = '"';
+    *o = '\0';
+    cJSON *item = cJSON_CreateRaw(out);
+    free(out);
+    return item;
 }
 
 /* ---- messages ---------------------------------------------------------------------------- */

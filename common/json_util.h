@@ -76,6 +76,12 @@ int json_enum(const json_ctx *c, const cJSON *item, const char *path, const char
               int *index);
 int json_bool(const json_ctx *c, const cJSON *item, const char *path, bool *out);
 
+/* A JSON string of len bytes of text, for text that may hold NULs (a prompt, generated text):
+ * cJSON keeps strings as C strings, which a NUL would cut short, so this is a raw item holding the
+ * quoted string, NULs written \u0000 and every byte that is not UTF-8 replaced by U+FFFD (JSON
+ * text is UTF-8). Add it with cJSON_AddItemToObject. */
+cJSON *json_text(const char *s, size_t len);
+
 /* The double whose shortest decimal form reads back as f (1e-5f gives 1e-05, not the exact
  * 9.99999974737875e-06 a float widened to double prints as): what JSON should say of a float. */
 double json_float_decimal(float f);

@@ -164,3 +164,17 @@ int str_fmt(char *buf, size_t n, err_t *err, const char *what, const char *fmt, 
     return err_set(err, "%s '%.60s%s' is too long (at most %zu characters)", what, n ? buf : "", len > 60 ? "..." : "",
                    n ? n - 1 : 0);
 }
+
+int str_utf8_len(const unsigned char *s, size_t n) {
+    if (n == 0) return 0;
+    int len = s[0] < 0x80 ? 1 : (s[0] >> 5) == 6 ? 2 : (s[0] >> 4) == 14 ? 3 : (s[0] >> 3) == 30 ? 4 : 0;
+    if (len <= 1) return len;
+    if ((size_t)len > n) return 0;
+    uint32_t cp = s[0] & (0x7F >> len);
+    for (int k = 1; k < len; k++) {
+        if ((s[k] & 0xC0) != 0x80) return 0;
+        cp = cp << 6 | (s[k] & 0x3F);
+    }
+    static const uint32_t min_cp[5] = {0, 0, 0x80, 0x800, 0x10000};
+    return cp >= min_cp[len] && cp <= 0x10FFFF && !(cp >= 0xD800 && cp <= 0xDFFF) ? len : 0;
+}

@@ -27,6 +27,11 @@ bool str_to_double(const char *s, double *out);
  * suffix ("512MiB", "2GB"); the suffixes are binary (K = 1024). Positive, at most 2^62. */
 bool str_to_size(const char *s, int64_t *out);
 
+/* The length (1 to 4) of the UTF-8 character at s (n bytes there), or 0 when the bytes are not
+ * one: a stray continuation byte, a sequence cut short, an overlong form, a surrogate, or beyond
+ * U+10FFFF. */
+int str_utf8_len(const unsigned char *s, size_t n);
+
 /* "1.50 GiB", "812.0 MiB", ... for messages and tables. */
 const char *str_bytes(double bytes, char *buf, size_t bufsz);
 /* Appends n bytes to the growable buffer *p (len bytes used, cap allocated), doubling it as

@@ -6,7 +6,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
+
 #include "cephalo_build_version.h"
+#include "common/args.h"
 
 const char *cephalo_version(void) { return CEPHALO_BUILD_VERSION; }
 const char *cephalo_release(void) { return CEPHALO_BUILD_RELEASE; }
@@ -21,6 +24,36 @@ bool cephalo_same_release(const char *a, const char *b) {
 
 void cephalo_version_line(const char *name, char *out, size_t n) {
     snprintf(out, n, "%s %s (commit %s)\n", name, cephalo_version(), cephalo_commit());
+}
+
+int cephalo_version_cmd(const char *name, int argc, char **argv) {
+    static const struct option opts[] = {{"json", no_argument, 0, 'j'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    char cmd[96], usage[256];
+    snprintf(cmd, sizeof cmd, "%s version", name);
+    snprintf(usage, sizeof usage,
+             "usage: %s version [--json]   (or %s --version [--json])\n"
+             "The release and commit this binary was built from; --json: as one JSON object.\n", name, name);
+    args a = args_begin(argc, argv, cmd, opts, "", usage);
+    bool json = false;
+    int ch;
+    while ((ch = args_next(&a)) > 0) json = true;
+    if (ch < 0 || args_no_operands(&a)) return ARGS_BAD;
+    if (!json) {
+        char line[256];
+        cephalo_version_line(name, line, sizeof line);
+        fputs(line, stdout);
+        return 0;
+    }
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "name", name);
+    cJSON_AddStringToObject(o, "version", cephalo_version());
+    cJSON_AddStringToObject(o, "release", cephalo_release());
+    cJSON_AddStringToObject(o, "commit", cephalo_commit());
+    char *text = cJSON_PrintUnformatted(o);
+    puts(text);
+    free(text);
+    cJSON_Delete(o);
+    return 0;
 }
 
 void cephalo_build_info_metric(FILE *f, const char *component) {

@@ -29,6 +29,12 @@ bool cephalo_same_release(const char *a, const char *b);
 /* "NAME VERSION (commit C)\n" into out: what --version prints. */
 void cephalo_version_line(const char *name, char *out, size_t n);
 
+/* `NAME version [--json]` and `NAME --version [--json]` (argv[0] is "version" or "--version"):
+ * the version line on stdout, or with --json one object {"name", "version", "release", "commit"};
+ * --help says so, and any other argument is refused (exit 2) rather than ignored. Returns the
+ * exit status. */
+int cephalo_version_cmd(const char *name, int argc, char **argv);
+
 #define CEPHALO_BUILD_INFO_HELP "The release and commit this binary was built from (always 1)."
 /* The Prometheus family cephalo_build_info (a gauge of 1 labelled with the version, the commit and
  * the component: "operator", "worker") with its HELP and TYPE lines, into f. */

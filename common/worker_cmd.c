@@ -121,7 +121,9 @@ static void opt_long(wcmd_argv *a, wcmd_key k, long v) {
 
 static void optimizer_args(const wcmd_train *t, wcmd_argv *a) {
     opt_num(a, WCMD_LR, t->lr);
-    opt_num(a, WCMD_MIN_LR, t->min_lr < 0 ? t->lr / 10 : t->min_lr);
+    /* the constant schedule has no final lr: the worker refuses one it would ignore (given in
+     * the job, it still goes, to be refused there) */
+    if (t->schedule != SCHED_CONSTANT || t->min_lr >= 0) opt_num(a, WCMD_MIN_LR, t->min_lr < 0 ? t->lr / 10 : t->min_lr);
     opt(a, WCMD_SCHEDULE, schedule_name(t->schedule));
     opt_long(a, WCMD_WARMUP, t->warmup);
     opt_num(a, WCMD_WEIGHT_DECAY, t->weight_decay);

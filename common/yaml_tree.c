@@ -28,15 +28,18 @@ void ytree_free(ynode *n) {
     }
     free(n->items);
     free(n->keys);
+    free(n->key_lines);
     free(n->str);
     free(n);
 }
 
-static void node_push(ynode *parent, char *key, ynode *child) {
+static void node_push(ynode *parent, char *key, int key_line, ynode *child) {
     parent->items = xrealloc(parent->items, (parent->n + 1) * sizeof *parent->items);
     if (parent->kind == YNODE_MAP) {
         parent->keys = xrealloc(parent->keys, (parent->n + 1) * sizeof *parent->keys);
+        parent->key_lines = xrealloc(parent->key_lines, (parent->n + 1) * sizeof *parent->key_lines);
         parent->keys[parent->n] = key;
+        parent->key_lines[parent->n] = key_line;
     }
     parent->items[parent->n++] = child;
 }
@@ -44,11 +47,29 @@ static void node_push(ynode *parent, char *key, ynode *child) {
 typedef struct {
     yaml_parser_t parser;
     const char *name;
+    const char *text; /* the input, for the line of a reader error */
+    size_t len;
     err_t *err;
 } loader;
 
+/* libyaml's reader (bad bytes: a NUL, control characters, broken UTF-8) says where only as a byte
+ * offset, its mark left at the start: the line and column are counted here. */
+static int reader_error(loader *ld) {
+    yaml_parser_t *p = &ld->parser;
+    size_t off = p->problem_offset < ld->len ? p->problem_offset : ld->len, line = 1, start = 0;
+    for (size_t i = 0; i < off; i++)
+        if (ld->text[i] == '\n') line++, start = i + 1;
+    if (p->problem_value == 0)
+        return err_set(ld->err, "%s:%zu:%zu: a NUL byte, which YAML does not allow", ld->name, line, off - start + 1);
+    char byte[24] = "";
+    if (p->problem_value > 0) snprintf(byte, sizeof byte, " (byte 0x%02x)", (unsigned)p->problem_value & 0xff);
+    return err_set(ld->err, "%s:%zu:%zu: YAML syntax error: %s%s", ld->name, line, off - start + 1,
+                   p->problem ? p->problem : "unreadable input", byte);
+}
+
 static int parse_error(loader *ld) {
     yaml_parser_t *p = &ld->parser;
+    if (p->error == YAML_READER_ERROR) return reader_error(ld);
     return err_set(ld->err, "%s:%zu: YAML syntax error: %s%s%s", ld->name,
                    p->problem_mark.line + 1, p->problem ? p->problem : "unknown problem",
                    p->context ? " " : "", p->context ? p->context : "");
@@ -70,6 +91,7 @@ static ynode *load_collection(loader *ld, ynode *col, int depth) {
             return col;
         }
         char *key = NULL;
+        int key_line = (int)ev.start_mark.line + 1;
         if (col->kind == YNODE_MAP) {
             if (ev.type != YAML_SCALAR_EVENT) {
                 err_set(ld->err, "%s:%zu: a mapping key must be a plain scalar", ld->name,
@@ -110,7 +132,7 @@ static ynode *load_collection(loader *ld, ynode *col, int depth) {
             ytree_free(col);
             return NULL;
         }
-        node_push(col, key, child);
+        node_push(col, key, key_line, child);
     }
 }
 
@@ -153,7 +175,7 @@ static ynode *load_node(loader *ld, yaml_event_t *ev, int depth) {
 }
 
 ynode *ytree_load_string(const char *name, const char *text, size_t len, err_t *err) {
-    loader ld = {.name = name, .err = err};
+    loader ld = {.name = name, .text = text, .len = len, .err = err};
     if (!yaml_parser_initialize(&ld.parser)) {
         err_set(err, "%s: cannot initialise the YAML parser", name);
         return NULL;
@@ -293,7 +315,7 @@ int ymap_check_keys(const yctx *c, const ynode *map, const char *path,
         char sugg[256];
         int ns = str_suggest(map->keys[i], allowed, nallowed, 1, sugg, sizeof sugg);
         return err_set(c->err, "%s:%d: %s: unknown field '%s'%s%s%s", c->file,
-                       map->items[i]->line, path, map->keys[i], ns ? " (did you mean " : "",
+                       map->key_lines[i], path, map->keys[i], ns ? " (did you mean " : "",
                        ns ? sugg : "", ns ? "?)" : "");
     }
     return 0;

@@ -26,6 +26,7 @@ typedef struct ynode {
     size_t n; /* items in a sequence or pairs in a map */
     struct ynode **items; /* sequence items, or map values */
     char **keys; /* map keys (NULL for sequences) */
+    int *key_lines; /* each key's line: a value that is a block mapping or list starts below it */
 } ynode;
 
 /* What the getters need to write an error: the file name used in messages. */

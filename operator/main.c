@@ -90,7 +90,7 @@ static const char usage[] =
     "  --leader-election-id NAME       the Lease's name (default cephalo-operator)\n"
     "  --leader-election-lease-duration D, --leader-election-renew-deadline D,\n"
     "  --leader-election-retry-period D   durations like 15s, 500ms, 1m (default 15s, 10s, 2s)\n"
-    "  --version                the release and commit this binary was built from\n"
+    "  --version [--json]       the release and commit this binary was built from\n"
     "  --help                   this text\n"
     "Environment: POD_NAME (the leader-election identity), POD_NAMESPACE.\n";
 
@@ -507,6 +507,8 @@ static void op_on_planned(const char *key, void *arg) {
 /* The options, or an exit status: 0 after --help or --version, 2 for bad ones. -1: go on. */
 static int op_options(int argc, char **argv, op_opts *o) {
     err_t err = {{0}};
+    /* as the other binaries: `--version [--json]` first, its arguments checked, none ignored */
+    if (argc >= 2 && !strcmp(argv[1], "--version")) return cephalo_version_cmd("cephalo-operator", argc - 1, argv + 1);
     int pr = op_parse(argc, argv, o, &err);
     if (pr == 1) {
         fputs(usage, stdout);

@@ -104,7 +104,7 @@ check "an older checkpoint over newer ones: exit 2" 2 "beyond step 2" -- \
 check "--overwrite: starts at step 2 and deletes the newer ones" 0 "deleted $T/ck/step_00000006.safetensors" -- \
   "$W" train "${TINY[@]}" --steps 3 --ckpt-dir "$T/ck" --resume "$T/ck/step_00000002.safetensors" --overwrite
 assert "--overwrite: steps 2 and 3 left" test "$(steps_in "$T/ck")" = "2 3 "
-check "--overwrite needs --ckpt-dir" 2 "give --ckpt-dir" -- "$W" train "${TINY[@]}" --steps 2 --overwrite
+check "--overwrite needs --ckpt-dir" 2 "--overwrite needs --ckpt-dir" -- "$W" train "${TINY[@]}" --steps 2 --overwrite
 
 # ---- --resume forms ----
 

@@ -83,7 +83,7 @@ for dev in ('L4', 'A6000'):  # fp16 tensor cores at twice the TF32 rate
 print('fp16 ok')
 PY"
 check "models --precision fp16: 16-bit activations" 0 "fp16 activations" -- "$BIN" models gpt2-124m --precision fp16
-check "models --precision fp8 names the choices" 2 "expected fp32, bf16 or fp16" -- "$BIN" models gpt2-124m --precision fp8
+check "models --precision fp8 names the choices" 2 "--precision: 'fp8' is not fp32, bf16 or fp16" -- "$BIN" models gpt2-124m --precision fp8
 check "gpus: compute capability and fp16 column" 0 "T4             Turing    7.5     15.0      8.1        -     65.0        -" -- "$BIN" gpus
 printf 'model: tiny-gpt\nbatch: 4\nsteps: 1\nprecision: fp16\ndevices:\n  - {type: cpu, threads: 1, memory: 256M, count: 2}\n' >"$T/fp16-job.yaml"
 check "a job file with precision: fp16 plans in fp16" 0 "fp16, 2 devices" -- "$BIN" run "$T/fp16-job.yaml" --dry-run --run-dir "$T/fp16-run"

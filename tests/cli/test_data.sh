@@ -86,7 +86,7 @@ check "directory as input" 2 "is a directory" -- "$BIN" data -o "$T/x" "$T"
 check "empty input" 2 "the input is empty" -- "$BIN" data -o "$T/x" /dev/null
 : >"$T/file"
 check "output under a file" 2 "cannot create the directory" -- "$BIN" data -o "$T/file/sub" "$T/a.txt"
-check "output is a file" 2 "exists and is not a directory" -- "$BIN" data -o "$T/file" "$T/a.txt"
+check "output is a file" 2 "is a file, expected a directory" -- "$BIN" data -o "$T/file" "$T/a.txt"
 check "output parent missing" 2 "cannot create the directory" -- "$BIN" data -o "$T/no/such/dir" "$T/a.txt"
 check "shard tokens zero" 2 "--shard-tokens: '0'" -- "$BIN" data -o "$T/x" --shard-tokens 0 "$T/a.txt"
 check "shard tokens junk" 2 "--shard-tokens: 'lots'" -- "$BIN" data -o "$T/x" --shard-tokens lots "$T/a.txt"
@@ -99,7 +99,7 @@ check "images without --classes" 2 "--images needs --classes K" -- "$BIN" data -
 check "images bad size" 2 "--size: '0'" -- "$BIN" data --images -o "$T/i.cimg" --synthetic 3 --classes 2 --size 0
 check "images bad classes" 2 "--classes: '70000'" -- "$BIN" data --images -o "$T/i.cimg" --synthetic 3 --classes 70000 --size 8
 check "images unwritable" 2 "cannot create" -- "$BIN" data --images -o "$T/file/i.cimg" --synthetic 3 --classes 2 --size 8
-check "image options without --images" 2 "need --images" -- "$BIN" data -o "$T/x" --classes 3 "$T/a.txt"
+check "image options without --images" 2 "--classes needs --images" -- "$BIN" data -o "$T/x" --classes 3 "$T/a.txt"
 check "text options with --images" 2 "not --images" -- "$BIN" data --images -o "$T/i.cimg" --synthetic 3 --classes 2 --size 8 --val-fraction 0.1
 
 # ---- --tokenizer with a small hand-made tokenizer.json (tests/cli/test_tokenizer.sh checks real
@@ -142,7 +142,7 @@ check "--doc-sep" 0 "1 file, 2 documents" -- "$BIN" data -o "$T/tk4" --tokenizer
 check "--eos names a token" 0 "EOS 256" -- "$BIN" data -o "$T/tk5" --tokenizer "$T/tok.json" --eos ab "$T/d1.txt"
 check "--eos unknown" 2 "--eos: no token \"</s>\" in the tokenizer" -- "$BIN" data -o "$T/x" --tokenizer "$T/tok.json" --eos '</s>' "$T/d1.txt"
 check "--bos without one" 2 "--bos: no beginning-of-text token" -- "$BIN" data -o "$T/x" --tokenizer "$T/tok.json" --bos "$T/d1.txt"
-check "--eos without --tokenizer" 2 "need --tokenizer" -- "$BIN" data -o "$T/x" --eos ab "$T/d1.txt"
+check "--eos without --tokenizer" 2 "--eos needs --tokenizer" -- "$BIN" data -o "$T/x" --eos ab "$T/d1.txt"
 check "--tokenizer with --images" 2 "not --images" -- "$BIN" data --images -o "$T/i.cimg" --synthetic 3 --classes 2 --size 8 --tokenizer "$T/tok.json"
 check "missing tokenizer" 2 "nope.json: cannot open" -- "$BIN" data -o "$T/x" --tokenizer "$T/nope.json" "$T/d1.txt"
 printf '{"model": {"type": "BPE", "vocab": {"a": 0}, "merges": ["a c"]}}' >"$T/badtok.json"

@@ -193,7 +193,9 @@ for ((s = 0; s < steps; s++)); do
   else
     printf '%s\n' "$line" >>"$log"
   fi
-  [ -n "$ck" ] && mkdir -p "$ck" && printf 'step_%08d.safetensors\n' $((s + 1)) >"$ck/latest"
+  # a checkpoint, then the pointer to it, as the worker writes them
+  [ -n "$ck" ] && mkdir -p "$ck" && : >"$ck/$(printf 'step_%08d.safetensors' $((s + 1)))" &&
+    printf 'step_%08d.safetensors\n' $((s + 1)) >"$ck/latest"
 done
 printf '%s' "${late:-}" >"$log.late" && cat "$log.late" >>"$log" # one write
 SH

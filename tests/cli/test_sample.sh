@@ -140,7 +140,7 @@ sample_checked "tiny-gpt checkpoint file, top-k 20" "$T/ckg-hf" "$T/c1.st" --che
 # ---- errors ----
 check "no model" 2 "--checkpoint PATH or --init-from DIR" -- "$W" sample --prompt hi
 check "both models" 2 "one of them" -- "$W" sample --checkpoint "$T/ck" --init-from "$T/gpt2"
-check "missing checkpoint" 2 "$T/nope: No such file" -- "$W" sample --checkpoint "$T/nope" --prompt hi
+check "missing checkpoint" 2 "$T/nope: cannot open: No such file" -- "$W" sample --checkpoint "$T/nope" --prompt hi
 check "bad temperature" 2 "--temperature: '-1' is not a number" -- "$W" sample --init-from "$T/gpt2" --temperature -1
 check "bad top-p" 2 "--top-p: '0' is not a number" -- "$W" sample --init-from "$T/gpt2" --top-p 0
 check "bad top-k" 2 "--top-k: 'x' is not an integer" -- "$W" sample --init-from "$T/gpt2" --top-k x

@@ -29,7 +29,7 @@ the scheduler's binding, which places the operator's worker pods, or by a pod's 
   * a pod bound to one of the nodes, new, not being deleted, admitted: it gets its own loopback IP
     (127.0.1.1, 127.0.1.2, ... never reused in a run) and its container runs as a process. A
     worker pod (labelled cephalo.dev/job): argv = WORKER + container.args + --extra-arg... +
-    --metrics-addr POD_IP (container.command is ignored). Any other pod (there are no images
+    --metrics-addr POD_IP when $CEPHALO_METRICS_PORT is not 0 (container.command is ignored). Any other pod (there are no images
     here): its container's command + args as a local program (e.g. sleep 3600), args alone when
     there is no command (as for a busybox-like image without an entrypoint), `sleep infinity`
     when there are neither (a stand-in for the image's own entrypoint). With --image-cmd
@@ -792,7 +792,10 @@ class Kubelet:
         cargs = [rewrite(expand(a, cenv)) for a in ctr.get('args') or []]
         program = None if worker else image_program(self.image_cmds, ctr.get('image', ''))
         if worker:
-            argv = [self.worker] + cargs + self.args.extra_arg + ['--metrics-addr', inst.ip]
+            # the pod's IP for its metrics, when they are on (the worker refuses an address it
+            # would not use)
+            serve = cenv.get('CEPHALO_METRICS_PORT', '0') not in ('', '0')
+            argv = [self.worker] + cargs + self.args.extra_arg + (['--metrics-addr', inst.ip] if serve else [])
         elif program:  # --image-cmd: the image's entry point, the container's args after it
             if ctr.get('command'):
                 log(f'{inst.key}: container command {ctr["command"]} replaced by {program} (--image-cmd)')

@@ -578,7 +578,8 @@ static void test_open_errors(void **state) {
     char path[256];
     expect_open_error(in_dir("absent.safetensors", path, sizeof path), "cannot open",
                       "No such file or directory");
-    expect_open_error(dir, "not a regular file", NULL);
+    expect_open_error(dir, "is a directory, expected a file", NULL);
+    expect_open_error("/dev/null", "not a regular file", NULL);
 }
 
 /* ---- writer mistakes and the atomic save --------------------------------------------------- */

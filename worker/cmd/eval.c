@@ -23,6 +23,7 @@
 
 typedef struct eval_cmd {
     const char *checkpoint, *init_from, *device, *plan;
+    char resolved[4400]; /* the checkpoint --checkpoint names (ckpt_dir_resolve): read once, by all */
     long samples, seq, micro, threads, gpu;
     bool json, have_prec, allow_unused;
     precision prec;
@@ -57,7 +58,7 @@ static int eval_option(args *p, int ch, eval_cmd *o) {
     const char *prec;
     switch (ch) {
     case O_CKPT: o->checkpoint = p->val; break;
-    case O_INIT: o->init_from = p->val; break;
+    case O_INIT: return args_dir(p, &o->init_from);
     case O_DATA: o->val.data = p->val; break;
     case O_SAMPLES: return args_long(p, 1, 1L << 30, &o->samples);
     case O_SEQ: return args_long(p, 1, 1 << 20, &o->seq);
@@ -92,20 +93,16 @@ static int parse_eval(int argc, char **argv, eval_cmd *o) {
     if (!o->plan) o->plan = getenv("CEPHALO_PLAN");
     if (o->plan && !*o->plan) o->plan = NULL;
     if (o->plan && (o->seq || o->micro)) return args_bad(&p, "--seq and --microbatch come from the plan; give one or the other");
-    return 0;
+    const args_only only[] = {{O_GPU, o->device && !strcmp(o->device, "cuda"), "--device cuda"}};
+    return args_check_only(&p, only, 1);
 }
 
-/* The file whose metadata describes the checkpoint PATH names (ckpt_dir_resolve): the file, or a
- * step directory's rank 0 file. */
+/* The file whose metadata describes the checkpoint at PATH (resolved): the file, or a step
+ * directory's rank 0 file. */
 static int first_piece(const char *path, char *out, size_t n, err_t *err) {
-    if (ckpt_dir_resolve(path, out, n, err) < 0) return -1;
-    if (file_is_dir(out)) {
-        char name[64];
-        ckpt_shard_name(0, name, sizeof name);
-        size_t len = strlen(out);
-        return str_fmt(out + len, n - len, err, "checkpoint path", "/%s", name);
-    }
-    return 0;
+    char name[64] = "";
+    if (file_is_dir(path)) ckpt_shard_name(0, name, sizeof name);
+    return str_fmt(out, n, err, "checkpoint path", "%s%s%s", path, *name ? "/" : "", name);
 }
 
 /* The checkpoint's model, and its training seq and precision (metadata "cephalo.train"). */
@@ -135,13 +132,15 @@ static int env_rank(const char *name, long dflt, long lo, long *out, err_t *err)
 
 /* Every rank's share of the samples and its microbatches from the plan (the model must be the
  * checkpoint's: loading says so otherwise); else one process. */
-static int eval_config(const eval_cmd *o, train_config *c, err_t *err) {
+static int eval_config(eval_cmd *o, train_config *c, err_t *err) {
     int seq = 0;
     precision prec = PREC_FP32;
     long rank, world;
     train_config_defaults(c);
+    if (o->checkpoint && ckpt_dir_resolve(o->checkpoint, o->resolved, sizeof o->resolved, err) < 0)
+        return err_prefix(err, "--checkpoint");
     if (env_rank("RANK", 0, 0, &rank, err) < 0 || env_rank("WORLD_SIZE", 1, 1, &world, err) < 0) return -1;
-    if (o->checkpoint ? checkpoint_model(o->checkpoint, &c->model, &seq, &prec, err) < 0
+    if (o->checkpoint ? checkpoint_model(o->resolved, &c->model, &seq, &prec, err) < 0
                       : model_load_hf_config(o->init_from, &c->model, err) < 0)
         return err_prefix(err, o->checkpoint ? "--checkpoint" : "--init-from");
     if (o->plan) {
@@ -228,7 +227,7 @@ int cmd_eval(int argc, char **argv) {
         return fprintf(stderr, WORKER_NAME " eval: %s\n", err.msg), WCMD_EXIT_BAD_INPUT;
     }
     int lock = -1;
-    ckpt_opts ck = {.resume = o.checkpoint};
+    ckpt_opts ck = {.resume = o.resolved};
     log_set_handler(drop_order_warnings);
     if (o.checkpoint && ckpt_start(t, &ck, true, &lock, &err) < 0) {
         fprintf(stderr, WORKER_NAME " eval: --checkpoint: %s\n", err.msg);

@@ -24,7 +24,7 @@ static const char usage_text[] =
     "       cephalo-worker profile --model M [--seq T] [--precision P] [--device cpu|cuda] [--threads N]\n"
     "                              [--memory SIZE] [--max-micro K] [--name TYPE] -o FILE\n"
     "       cephalo-worker profile-comm [--min-bytes N] [--max-bytes N] [--reps N] -o FILE\n"
-    "       cephalo-worker --version\n"
+    "       cephalo-worker --version [--json]\n"
     "\n"
     "train: trains one rank of a job (see 'cephalo-worker train --help').\n"
     "export: writes a checkpoint as Hugging Face model.safetensors + config.json (GPT-2, Llama).\n"
@@ -49,12 +49,7 @@ int main(int argc, char **argv) {
         fputs(usage_text, stdout);
         return 0;
     }
-    if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) {
-        char line[256];
-        cephalo_version_line(WORKER_NAME, line, sizeof line);
-        fputs(line, stdout);
-        return 0;
-    }
+    if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) return cephalo_version_cmd(WORKER_NAME, argc - 1, argv + 1);
     /* started by an operator of another release, it would misread the plan and flags it is given */
     char why[600];
     if (cephalo_check_operator_version(WORKER_NAME, why, sizeof why) < 0) {

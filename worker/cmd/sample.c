@@ -80,7 +80,7 @@ static int sample_option(args *p, int ch, sample_args *a) {
     int rc = 0;
     switch (ch) {
     case O_CKPT: a->checkpoint = p->val; break;
-    case O_INIT: a->init_from = p->val; break;
+    case O_INIT: return args_dir(p, &a->init_from);
     case O_TOK: a->tokenizer = p->val; break;
     case O_PROMPT: a->prompt = p->val; break;
     case O_PROMPT_FILE: a->prompt_file = p->val; break;
@@ -125,7 +125,15 @@ static int parse_args(int argc, char **argv, sample_args *a) {
     if (!a->checkpoint == !a->init_from)
         return args_bad(&p, "give the model: --checkpoint PATH or --init-from DIR (one of them)");
     if (a->prompt && a->prompt_file) return args_bad(&p, "give --prompt or --prompt-file, not both");
-    return 0;
+    const char *sampling = "a --temperature above 0 (at 0 the likeliest token is taken)";
+    const args_only only[] = {
+        {O_TOPK, a->pick.temperature > 0, sampling},
+        {O_TOPP, a->pick.temperature > 0, sampling},
+        {O_SEED, a->pick.temperature > 0, sampling},
+        {O_NO_BOS, a->tokenizer != NULL, "--tokenizer (bytes have no BOS token)"},
+        {O_GPU, !strcmp(a->device, "cuda"), "--device cuda"},
+    };
+    return args_check_only(&p, only, sizeof only / sizeof only[0]);
 }
 
 /* The model and its parameters, host side. */
@@ -233,33 +241,14 @@ typedef struct run {
     double prefill_ms, decode_s;
 } run;
 
-/* The text of ids [skip, n) with bytes that are not UTF-8 replaced by U+FFFD (JSON strings are
- * UTF-8; the token ids carry the exact bytes). */
-static char *utf8_text(const gen *g, const int32_t *ids, size_t n, err_t *err) {
+/* The text of ids as a JSON string: its exact bytes, NULs included (a prompt file may hold them),
+ * with bytes that are not UTF-8 replaced by U+FFFD (json_text); the token ids carry the bytes. */
+static cJSON *json_of_ids(const gen *g, const int32_t *ids, size_t n, err_t *err) {
     tok_text t = {0};
-    if (decode_ids(g, ids, n, &t, err) < 0) return NULL;
-    char *out = xmalloc(3 * t.n + 1);
-    size_t o = 0;
-    const unsigned char *s = (const unsigned char *)t.p;
-    for (size_t i = 0; i < t.n;) {
-        int len = s[i] < 0x80 ? 1 : (s[i] >> 5) == 6 ? 2 : (s[i] >> 4) == 14 ? 3 : (s[i] >> 3) == 30 ? 4 : 0;
-        bool ok = len > 0 && i + (size_t)len <= t.n;
-        for (int k = 1; ok && k < len; k++) ok = (s[i + k] & 0xC0) == 0x80;
-        if (ok && len > 1) { /* overlong forms and surrogates are not UTF-8 either */
-            uint32_t cp = s[i] & (0x7F >> len);
-            for (int k = 1; k < len; k++) cp = cp << 6 | (s[i + k] & 0x3F);
-            static const uint32_t min_cp[5] = {0, 0, 0x80, 0x800, 0x10000};
-            ok = cp >= min_cp[len] && cp <= 0x10FFFF && !(cp >= 0xD800 && cp <= 0xDFFF);
-        }
-        if (ok) {
-            memcpy(out + o, s + i, (size_t)len), o += (size_t)len, i += (size_t)len;
-        } else {
-            memcpy(out + o, "\xEF\xBF\xBD", 3), o += 3, i++;
-        }
-    }
-    out[o] = 0;
+    int rc = decode_ids(g, ids, n, &t, err);
+    cJSON *item = json_text(rc == 0 && t.p ? t.p : "", rc == 0 ? t.n : 0);
     tok_text_free(&t);
-    return out;
+    return item;
 }
 
 /* Prints the decoded text beyond what was printed already (BPE pieces may end inside a UTF-8
@@ -318,12 +307,10 @@ static int generate(const sample_args *a, gen *g, sampler *smp, const tok_ids *p
 
 static void print_json(const gen *g, const run *r, size_t skip, int k, err_t *err) {
     size_t gen_n = r->ids.n - r->prompt - (r->eos ? 1 : 0);
-    char *prompt = utf8_text(g, r->ids.v + skip, r->prompt - skip, err);
-    char *text = utf8_text(g, r->ids.v + r->prompt, gen_n, err);
     cJSON *o = cJSON_CreateObject();
     cJSON_AddNumberToObject(o, "sample", k);
-    cJSON_AddStringToObject(o, "prompt", prompt ? prompt : "");
-    cJSON_AddStringToObject(o, "text", text ? text : "");
+    cJSON_AddItemToObject(o, "prompt", json_of_ids(g, r->ids.v + skip, r->prompt - skip, err));
+    cJSON_AddItemToObject(o, "text", json_of_ids(g, r->ids.v + r->prompt, gen_n, err));
     cJSON_AddNumberToObject(o, "prompt_tokens", (double)r->prompt);
     cJSON_AddNumberToObject(o, "new_tokens", r->steps);
     cJSON *toks = cJSON_AddArrayToObject(o, "tokens");
@@ -334,7 +321,7 @@ static void print_json(const gen *g, const run *r, size_t skip, int k, err_t *er
     char *s = cJSON_PrintUnformatted(o);
     puts(s);
     fflush(stdout);
-    free(s), free(prompt), free(text);
+    free(s);
     cJSON_Delete(o);
 }
 

@@ -160,6 +160,7 @@ typedef struct worker_opts {
     precision prec;
     bool have_prec; /* --precision given (else the plan's, else fp32) */
     train_config cfg;
+    args cl; /* the command line as parsed: which options were given (check_idle_options) */
 } worker_opts;
 
 /* The loss scale multiplies the loss and divides the gradient: a power of two keeps both exact. */
@@ -209,7 +210,7 @@ static int job_option(args *p, int ch, worker_opts *o) {
     case O_MICRO: return args_long(p, 1, 1 << 20, &o->micro);
     case O_SEQ: return args_long(p, 1, 1 << 20, &o->seq);
     case O_DATA: c->data = p->val; break;
-    case O_INITFROM: c->init_from = p->val; break;
+    case O_INITFROM: return args_dir(p, &c->init_from);
     case O_UNUSED: c->allow_unused = true; break;
     case O_VALDATA: o->val.data = p->val; break;
     case O_VALEVERY: return args_long(p, 0, 1L << 40, &o->val.every);
@@ -291,10 +292,35 @@ static int parse_train(int argc, char **argv, worker_opts *o) {
     while (!rc && (ch = args_next(&p)) > 0)
         if ((rc = job_option(&p, ch, o)) < 0 && (rc = optimizer_option(&p, ch, o)) < 0) rc = output_option(&p, ch, o);
     if (rc || ch < 0 || args_no_operands(&p)) return ARGS_BAD;
-    if (o->ck.overwrite && !o->ck.dir) return args_bad(&p, "--overwrite is about the checkpoints in --ckpt-dir; give --ckpt-dir");
-    if (!o->val.data && (o->val.every >= 0 || o->val.samples))
-        return args_bad(&p, "%s needs --val-data (the validation data)", o->val.every >= 0 ? "--val-every" : "--val-samples");
+    o->cl = p;
     return 0;
+}
+
+/* Options that act only in some modes, refused where they would do nothing (args_check_only):
+ * checked once the plan has said the precision and the device. */
+static int check_idle_options(const worker_opts *o) {
+    const train_config *c = &o->cfg;
+    char fp16[128], cuda[96];
+    snprintf(fp16, sizeof fp16, "--precision fp16 (the precision here is %s%s)", precision_name(c->prec),
+             o->have_prec ? "" : o->plan ? ", the plan's" : ", the default");
+    snprintf(cuda, sizeof cuda, "--device cuda (the device here is %s)", c->device);
+    err_t ignored; /* a bad port or plan is said where the metrics start */
+    bool serving = metrics_worker_port(o->metrics_port, o->plan, c->rank, &ignored) != 0;
+    bool ckpt = o->ck.dir != NULL, val = o->val.data != NULL;
+    const args_only rows[] = {
+        {O_LSCALE, c->prec == PREC_FP16, fp16},
+        {O_LWINDOW, c->prec == PREC_FP16, fp16},
+        {O_MINLR, c->schedule != SCHED_CONSTANT, "--schedule cosine or linear (constant keeps --lr throughout)"},
+        {O_CKEVERY, ckpt, "--ckpt-dir"},
+        {O_KEEPLAST, ckpt, "--ckpt-dir"},
+        {O_KEEPEVERY, ckpt, "--ckpt-dir"},
+        {O_OVERWRITE, ckpt, "--ckpt-dir (it is about the checkpoints there)"},
+        {O_VALEVERY, val, "--val-data (the validation data)"},
+        {O_VALSAMPLES, val, "--val-data (the validation data)"},
+        {O_GPU, !strcmp(c->device, "cuda"), cuda},
+        {O_MADDR, serving, "a metrics port (--metrics-port, $CEPHALO_METRICS_PORT or the plan's metrics_port)"},
+    };
+    return args_check_only(&o->cl, rows, sizeof rows / sizeof rows[0]);
 }
 
 static int env_int(const char *name, int dflt, int lo, int hi, int *out) {
@@ -397,7 +423,7 @@ static int resolve_job(worker_opts *o) {
     }
     if (c->warmup >= c->steps && c->warmup > 0)
         return args_bad_cmd(WORKER_NAME, "--warmup %lld must be below --steps %lld", (long long)c->warmup, (long long)c->steps);
-    return 0;
+    return check_idle_options(o);
 }
 
 /* ---- progress and logs ---- */

@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/fileio.h"
 #include "common/log.h"
 
 /* ------------------------------------------------------------------------------------------ */
@@ -136,17 +137,9 @@ typedef struct mapping {
 static int map_file(const char *path, mapping *m, uint8_t *hdr, size_t hdr_len, size_t *file_len, err_t *err) {
     m->p = NULL;
     m->len = 0;
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) return err_set(err, "%s: cannot open: %s", path, strerror(errno));
     struct stat st;
-    if (fstat(fd, &st) != 0) {
-        close(fd);
-        return err_set(err, "%s: cannot stat: %s", path, strerror(errno));
-    }
-    if (!S_ISREG(st.st_mode)) {
-        close(fd);
-        return err_set(err, "%s: not a regular file", path);
-    }
+    int fd = file_open_read(path, true, &st, err);
+    if (fd < 0) return -1;
     *file_len = (size_t)st.st_size;
     if (*file_len < hdr_len) { /* too short: hand the caller what there is */
         ssize_t got = pread(fd, hdr, *file_len, 0);
@@ -369,15 +362,15 @@ int data_image_check(const char *name, const void *buf, size_t len, data_image_i
 }
 
 int data_image_file_info(const char *path, data_image_info *info, err_t *err) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return err_set(err, "%s: cannot open: %s", path, strerror(errno));
-    uint8_t hdr[DATA_CIMG_HEADER_BYTES] = {0};
-    size_t got = fread(hdr, 1, sizeof hdr, f);
     struct stat st;
-    int rc = fstat(fileno(f), &st);
-    fclose(f);
-    if (rc != 0 || !S_ISREG(st.st_mode)) return err_set(err, "%s: not a regular file", path);
-    if (got < sizeof hdr && got < (size_t)st.st_size) return err_set(err, "%s: read error", path);
+    int fd = file_open_read(path, true, &st, err);
+    if (fd < 0) return -1;
+    uint8_t hdr[DATA_CIMG_HEADER_BYTES] = {0};
+    ssize_t got = pread(fd, hdr, sizeof hdr, 0);
+    int read_errno = errno;
+    close(fd);
+    if (got < 0 || ((size_t)got < sizeof hdr && got < st.st_size))
+        return err_set(err, "%s: read error: %s", path, got < 0 ? strerror(read_errno) : "the file is shorter than its size");
     return cimg_check_header(path, hdr, (size_t)st.st_size, info, err);
 }
 

@@ -20,6 +20,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "common/fileio.h"
 #include "common/json_util.h"
 #include "common/log.h"
 
@@ -963,18 +964,9 @@ fail:
 int st_open(st_file **out, const char *path, err_t *err) {
     CHECK(out && path);
     *out = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return err_set(err, "%s: cannot open: %s", path, strerror(errno));
     struct stat sb;
-    if (fstat(fd, &sb) != 0) {
-        int e = errno;
-        close(fd);
-        return err_set(err, "%s: cannot stat: %s", path, strerror(e));
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        close(fd);
-        return err_set(err, "%s: not a regular file", path);
-    }
+    int fd = file_open_read(path, true, &sb, err);
+    if (fd < 0) return -1;
     if (sb.st_size <= 0) {
         close(fd);
         return st_parse(out, "", 0, path, err);

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/fileio.h"
 #include "common/json_util.h"
 #include "common/log.h"
 #include "common/strutil.h"
@@ -1243,26 +1244,10 @@ int tok_parse(tok **out, const char *name, const char *json, size_t len, err_t *
 
 int tok_load(tok **out, const char *path, err_t *err) {
     *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) return err_set(err, "%s: cannot open: %s", path, strerror(errno));
-    tok_text buf = {0};
-    char chunk[1 << 16];
-    size_t got;
-    while ((got = fread(chunk, 1, sizeof chunk, f)) > 0) {
-        if (buf.n + got > JSON_MAX_FILE) {
-            fclose(f);
-            tok_text_free(&buf);
-            return err_set(err, "%s: larger than %zu MiB, not a tokenizer.json", path, JSON_MAX_FILE >> 20);
-        }
-        text_add(&buf, chunk, got);
-    }
-    bool bad = ferror(f);
-    fclose(f);
-    if (bad) {
-        tok_text_free(&buf);
-        return err_set(err, "%s: read error", path);
-    }
-    int rc = tok_parse(out, path, buf.p ? buf.p : "", buf.n, err);
-    tok_text_free(&buf);
+    size_t len;
+    char *text = file_read_all(path, JSON_MAX_FILE, &len, err);
+    if (!text) return -1;
+    int rc = tok_parse(out, path, text, len, err);
+    free(text);
     return rc;
 }

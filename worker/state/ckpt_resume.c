@@ -61,23 +61,15 @@ typedef struct plan_resume {
     int n;
 } plan_resume;
 
-/* --resume DIR where DIR holds checkpoints (not one sharded checkpoint), or DIR/latest. */
+/* --resume PATH through the resolver of every checkpoint argument (common/ckpt_dir.h): a
+ * checkpoint directory is searched (its newest complete checkpoint that loads), DIR/latest is the
+ * checkpoint the pointer names (else, said, the newest complete one), anything else is itself. */
 static int resolve_path(const char *given, plan_resume *r, err_t *err) {
-    char idx[PATH_LEN], name[64];
-    const char *slash = strrchr(given, '/'), *base = slash ? slash + 1 : given;
-    if (str_fmt(idx, sizeof idx, err, "--resume", "%s/index.json", given) < 0) return -1;
-    if (file_is_dir(given) && access(idx, F_OK) != 0) {
-        snprintf(r->dir, sizeof r->dir, "%s", given); /* shorter than idx */
-        r->search = true;
-    } else if (!strcmp(base, "latest") && !file_is_dir(given)) {
-        snprintf(r->dir, sizeof r->dir, "%.*s", slash ? (int)(slash - given) : 1, slash ? given : ".");
-        int have = ckpt_dir_latest(r->dir, name, sizeof name, err);
-        if (have == 0) return err_set(err, "%s: cannot open: no such file", given);
-        if (have < 0) return -1; /* the message names the file */
-        return str_fmt(r->path, sizeof r->path, err, "--resume", "%s/%s", r->dir, name);
-    } else {
-        snprintf(r->path, sizeof r->path, "%s", given); /* shorter than idx */
-    }
+    ckpt_arg_kind kind;
+    if (ckpt_arg_classify(given, r->dir, sizeof r->dir, &kind, err) < 0) return -1;
+    r->search = kind == CKPT_ARG_DIR;
+    if (kind == CKPT_ARG_POINTER) return ckpt_dir_pick(r->dir, true, r->path, sizeof r->path, err);
+    if (kind == CKPT_ARG_ONE) snprintf(r->path, sizeof r->path, "%s", r->dir), r->dir[0] = '\0'; /* the same size: never cut; no directory searched */
     return 0;
 }
 
