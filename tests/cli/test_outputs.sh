@@ -63,9 +63,9 @@ assert "a log of another name in the checkpoint directory is fine" test -s ck/tr
 check "train --log on a file of --dump" 2 "init.safetensors is a file this command keeps in its dump directory --dump dd" -- \
   "$W" train "${TINY[@]}" --steps 1 --dump dd --log dd/init.safetensors
 "$W" train "${TINY[@]}" --steps 1 --dump dd >/dev/null 2>&1
-check "train --dump into the directory whose init.safetensors it starts from" 2 \
-  "--init-from dd/init.safetensors: this input is init.safetensors, a file of the dump directory --dump dd" -- \
-  "$W" train "${TINY[@]}" --steps 1 --dump dd --init-from dd/init.safetensors
+check "train --dump into the directory one of whose files it reads" 2 \
+  "--data dd/init.safetensors: this input is init.safetensors, a file of the dump directory --dump dd" -- \
+  "$W" train "${TINY[@]}" --steps 1 --dump dd --data dd/init.safetensors
 printf '{}' >p.json
 check "train --log on the --plan (checked before the plan is read)" 2 "--log p.json: this is the input --plan p.json" -- \
   "$W" train --plan p.json --steps 1 --log p.json
@@ -73,9 +73,6 @@ check "train --log on the --plan (checked before the plan is read)" 2 "--log p.j
 check "train --log on a file of --init-from's model directory" 2 \
   "--log hf/config.json: this is config.json, an input of --init-from hf" -- \
   "$W" train --init-from hf --batch 4 --microbatch 2 --seq 32 --threads 1 --quiet --steps 1 --log hf/config.json
-check "train --overwrite never deletes the checkpoint it starts from" 2 \
-  "--init-from ck/step_00000002.safetensors: this is step_00000002.safetensors of the checkpoint directory --ckpt-dir ck, which --overwrite may delete" -- \
-  "$W" train "${TINY[@]}" --steps 1 --ckpt-dir ck --overwrite --init-from ck/step_00000002.safetensors
 
 # ---- sample, export, profile ----
 printf 'a prompt' >prompt.txt

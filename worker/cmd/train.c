@@ -365,12 +365,6 @@ static int check_outputs(const worker_opts *o) {
     out_dir(&s, "--ckpt-dir", o->ck.dir, &ckpt_dir_kind);
     err_t err;
     int rc = out_check(&s, &err);
-    char name[256];
-    /* --overwrite deletes another run's checkpoints; never the one this run starts from */
-    if (rc == 0 && o->ck.overwrite && o->ck.dir && o->cfg.init_from && file_in_dir(o->cfg.init_from, o->ck.dir, name, sizeof name) &&
-        ckpt_dir_kind.owns(name))
-        rc = err_set(&err, "--init-from %s: this is %s of the checkpoint directory --ckpt-dir %s, which --overwrite may "
-                     "delete; copy it elsewhere first", o->cfg.init_from, name, o->ck.dir);
     out_free(&s);
     return rc < 0 ? (fprintf(stderr, WORKER_NAME ": %s\n", err.msg), EXIT_BAD_INPUT) : 0;
 }
