@@ -300,11 +300,12 @@ static int unsched_wait(rec_ctx *x, const gang *g, err_t *err) {
 
 /* ---- what the gang calls for ----------------------------------------------------------------- */
 
-/* A worker exited by itself while its peers still run: that may be the echo of a peer's death
- * that the store does not show yet (kubelets report independently), so the blame waits for the
- * gang to settle, at most REC_BLAME_SETTLE_S after that worker ended. The seconds left, or 0. */
+/* A failure is judged on a settled view, REC_BLAME_SETTLE_S after the first worker ended: a
+ * worker that exited by itself may be the echo of a peer's death that the store does not show
+ * yet (kubelets report independently), and a worker killed with its node is a node lost (a
+ * re-plan, not counted against backoffLimit) once the node's deletion reaches the node store,
+ * which the pod's status may beat. The seconds left, or 0. */
 static double blame_wait(const gang *g) {
-    if (g->running == 0 || exit_code(g->first_failed) > 128) return 0;
     double fin = kube_time_now_s();
     kube_time_parse(get_str(terminated_state(g->first_failed), "finishedAt", ""), &fin);
     double wait = fin + REC_BLAME_SETTLE_S - kube_time_now_s();
