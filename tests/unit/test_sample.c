@@ -177,11 +177,82 @@ static void test_seeded(void **state) {
     assert_memory_not_equal(a, c, sizeof a);
 }
 
+/* The choice with every candidate sorted (what sample_pick did before it selected only the
+ * candidates truncation may keep), the same sums in the same order: picks must agree exactly. */
+typedef struct ref_cand {
+    float logit;
+    int32_t id;
+} ref_cand;
+
+static int ref_order(const void *a, const void *b) {
+    const ref_cand *x = a, *y = b;
+    if (x->logit != y->logit) return x->logit > y->logit ? -1 : 1;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+static int32_t ref_pick(const float *l, int V, sample_opts o, uint64_t *rng) {
+    ref_cand *c = malloc((size_t)V * sizeof *c);
+    double *p = malloc((size_t)V * sizeof *p), top = l[0], total = 0;
+    for (int i = 0; i < V; i++) c[i] = (ref_cand){l[i], i}, top = l[i] > top ? l[i] : top;
+    bool top_k = o.top_k > 0 && o.top_k < V;
+    int keep = top_k ? o.top_k : V;
+    if (!top_k) /* sample_pick sums a whole vocabulary in id order, a top-k in its sorted order */
+        for (int i = 0; i < V; i++) total += exp(((double)l[i] - top) / o.temperature);
+    qsort(c, (size_t)V, sizeof *c, ref_order);
+    for (int i = 0; top_k && i < keep; i++) total += exp(((double)c[i].logit - top) / o.temperature);
+    for (int i = 0; i < keep; i++) p[i] = exp(((double)c[i].logit - top) / o.temperature);
+    if (o.top_p < 1.0) {
+        double mass = 0;
+        int n = 0;
+        while (n < keep && (n == 0 || mass < o.top_p * total)) mass += p[n++];
+        keep = n, total = mass;
+    }
+    double u = sample_uniform(rng) * total, acc = 0;
+    int pick = keep - 1;
+    for (int i = 0; i < keep; i++)
+        if ((acc += p[i]) > u) {
+            pick = i;
+            break;
+        }
+    int32_t id = c[pick].id;
+    free(c), free(p);
+    return id;
+}
+
+/* Selecting only the top candidates picks what sorting all of them picks: vocabularies with ties,
+ * top-k alone, top-p alone (nuclei past the first 256 candidates: the growing prefix), both. */
+static void test_select_matches_sort(void **state) {
+    (void)state;
+    enum { V = 5003 };
+    float *l = malloc(V * sizeof *l);
+    const sample_opts opts[] = {{1, 40, 1}, {0.8f, 0, 0.9}, {1.5f, 0, 0.999}, {1, 300, 0.95},
+                                {1, 1, 1}, {1, V - 1, 0.5}, {1, 0, 1e-9}, {3, 0, 0.99}};
+    sample_scratch sc = {0};
+    uint64_t gen = 3;
+    for (int round = 0; round < 6; round++) {
+        for (int i = 0; i < V; i++) /* round 1: flat, so top-p needs nearly every candidate */
+            l[i] = round == 1 ? (float)(sample_uniform(&gen) * 1e-3)
+                 : round == 2 ? (float)(int)(sample_uniform(&gen) * 8) /* many ties */
+                              : (float)(sample_uniform(&gen) * 12 - 6);
+        for (size_t k = 0; k < sizeof opts / sizeof opts[0]; k++) {
+            uint64_t r1 = 11 + round, r2 = 11 + round;
+            for (int draw = 0; draw < 20; draw++) {
+                int32_t a = sample_pick(l, V, &opts[k], &r1, &sc), b = ref_pick(l, V, opts[k], &r2);
+                if (a != b)
+                    fail_msg("round %d, T=%g top-k %d top-p %g, draw %d: picked %d, sorting all picks %d", round,
+                             opts[k].temperature, opts[k].top_k, opts[k].top_p, draw, a, b);
+            }
+        }
+    }
+    sample_scratch_free(&sc);
+    free(l);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cached_gpt),   cmocka_unit_test(test_cached_llama),
         cmocka_unit_test(test_greedy),       cmocka_unit_test(test_distributions),
-        cmocka_unit_test(test_seeded),
+        cmocka_unit_test(test_seeded),       cmocka_unit_test(test_select_matches_sort),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
