@@ -84,6 +84,7 @@ BENCH := $(BUILD)/bench/bench_plan
 # tokenizers: the agreement checker of tests/cli/test_tokenizer.sh and the throughput benchmark
 TOKCHECK := $(BUILD)/tests/tok/tokcheck
 BENCH_TOK := $(BUILD)/bench/bench_tok
+BENCH_SAMPLE := $(BUILD)/bench/bench_sample
 FUZZ_SRC := $(wildcard fuzz/fuzz_*.c)
 
 # ---- the CUDA worker (cephalo-worker-cuda): built whenever nvcc is found ----------------------
@@ -281,14 +282,19 @@ $(BENCH_TOK): $(BUILD)/bench/bench_tok.o $(WLIB) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDSAN) -o $@ $^ $(LDLIBS)
 
+$(BENCH_SAMPLE): $(BUILD)/bench/bench_sample.o $(WLIB) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDSAN) -o $@ $^ $(LDLIBS)
+
 test: deps $(CLI) $(WORKER) $(OPERATOR) $(TESTS) $(TOKCHECK)
 	@BUILD=$(BUILD) tests/run.sh $(TESTS)
 
 demo: deps $(CLI) $(WORKER)
 	@BUILD=$(BUILD) mk/demo.sh
 
-bench: deps $(BENCH) $(CLI) $(WORKER) $(BENCH_TOK)
+bench: deps $(BENCH) $(CLI) $(WORKER) $(BENCH_TOK) $(BENCH_SAMPLE)
 	@$(BENCH)
+	@$(BENCH_SAMPLE)
 	@BUILD=$(BUILD) bench/bench_tok.sh
 	@BUILD=$(BUILD) bench/bench_train.sh
 	@BUILD=$(BUILD) bench/bench_fsdp.sh
