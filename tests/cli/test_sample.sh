@@ -80,6 +80,13 @@ m=$(run_json --seed 7 --num-samples 3 | tokens)
 check "--num-samples 3: sample 1 is the single sample's, the others differ" 0 "" -- $PY -c "
 t = '$m'.split(); a = '$a'.split()
 assert len(t) == 120 and t[:40] == a and t[40:80] != a and t[80:] != t[40:80]"
+"$W" sample --init-from "$T/llama3" --prompt "abc" --max-new-tokens 5 --json --seed 7 --num-samples 3 \
+  >"$T/three.jsonl" 2>"$T/three.err"
+check "--json numbers the samples as stderr does (1, 2, 3)" 0 "" -- $PY -c "
+import json, re
+js = [json.loads(l)['sample'] for l in open('$T/three.jsonl')]
+err = [int(n) for n in re.findall(r'^sample (\d+):', open('$T/three.err').read(), re.M)]
+assert js == err == [1, 2, 3], (js, err)"
 
 # ---- the context: --max-new-tokens capped by the model's positions (128) ----
 check "capped at the model's positions" 0 "capped to 124" -- \

@@ -308,7 +308,7 @@ static int generate(const sample_args *a, gen *g, sampler *smp, const tok_ids *p
 static void print_json(const gen *g, const run *r, size_t skip, int k, err_t *err) {
     size_t gen_n = r->ids.n - r->prompt - (r->eos ? 1 : 0);
     cJSON *o = cJSON_CreateObject();
-    cJSON_AddNumberToObject(o, "sample", k);
+    cJSON_AddNumberToObject(o, "sample", k + 1); /* counted from 1, as on stderr and in the text */
     cJSON_AddItemToObject(o, "prompt", json_of_ids(g, r->ids.v + skip, r->prompt - skip, err));
     cJSON_AddItemToObject(o, "text", json_of_ids(g, r->ids.v + r->prompt, gen_n, err));
     cJSON_AddNumberToObject(o, "prompt_tokens", (double)r->prompt);
