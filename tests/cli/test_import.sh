@@ -213,6 +213,8 @@ cfg() { # DIR PYTHON-STATEMENT: edits DIR/config.json (as c)
   $PY -c "import json; c = json.load(open('$1/config.json')); $2; json.dump(c, open('$1/config.json', 'w'))"
 }
 rm -rf "$bad" && cp -r "$T/llama-f32-gqa" "$bad"
+check "--init-from without --batch: the remedy named is --batch, not --model" 2 \
+  "give --batch B (samples per step) for --init-from's model $bad" -- "$W" train --quiet --init-from "$bad" --steps 1
 cfg "$bad" "c['rope_scaling'] = {'rope_type': 'llama3', 'factor': 8.0}"
 check "rope_scaling is refused, not ignored" 2 "rope_scaling is set" -- "$W" train --quiet --init-from "$bad" --batch 2 --steps 1
 cfg "$bad" "c['rope_scaling'] = None; c['architectures'] = ['MistralForCausalLM']"

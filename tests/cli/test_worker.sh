@@ -24,7 +24,8 @@ check "train --help: the table's defaults, each beside its option" 0 "" -- bash 
 check "no command" 2 "usage" -- "$W"
 check "unknown command" 2 "unknown command 'trian'" -- "$W" trian
 check "unknown option" 2 "unknown option '--bogus'" -- "$W" train --bogus 1
-check "no model" 2 "--model and --batch" -- "$W" train
+check "no model" 2 "--model and --batch, or --init-from DIR and --batch" -- "$W" train
+check "no batch: the remedy is --batch" 2 "give --batch B (samples per step) for --model tiny-gpt" -- "$W" train --model tiny-gpt
 check "unknown model" 2 "tiny-gpt" -- "$W" train --model tiny-gtp --batch 4
 check "batch not a multiple" 2 "not a multiple of --microbatch" -- "$W" train --model tiny-gpt --batch 5 --microbatch 2
 check "bad number" 2 "--lr: 'fast'" -- "$W" train "${TINY[@]}" --lr fast

@@ -387,7 +387,11 @@ static int resolve_job(worker_opts *o) {
         if (o->have_memory) c->memory_bytes = mem;
     } else {
         if (!o->model) o->model = c->init_from; /* the model its config.json describes */
-        if (!o->model || !o->batch) return args_bad_cmd(WORKER_NAME, "%s", "give --plan PLAN.json (or $CEPHALO_PLAN), or --model and --batch");
+        /* name what is missing: with --init-from the model is known, only the batch is not */
+        if (!o->model) return args_bad_cmd(WORKER_NAME, "%s", "give --plan PLAN.json (or $CEPHALO_PLAN), --model and --batch, or --init-from DIR and --batch");
+        if (!o->batch)
+            return args_bad_cmd(WORKER_NAME, "give --batch B (samples per step) for %s %s, or --plan PLAN.json",
+                                o->model == c->init_from ? "--init-from's model" : "--model", o->model);
         if (world != 1) return args_bad_cmd(WORKER_NAME, "WORLD_SIZE is %d: a multi-rank job needs a plan", world);
         bool from_hf = o->model == c->init_from;
         if ((from_hf ? model_load_hf_config(o->model, &c->model, &err) : model_resolve(o->model, &c->model, &err)) < 0)
