@@ -77,6 +77,13 @@ head -c 3000 "$T/ck/step_00000002.safetensors" >"$T/cut.safetensors"
 check "truncated checkpoint" 2 "cut.safetensors" -- "$W" train "${TINY[@]}" --resume "$T/cut.safetensors"
 check "checkpoint of another model" 2 "not the tiny-llama" -- "$W" train --model tiny-llama --batch 2 --seq 32 --resume "$T/ck/step_00000002.safetensors"
 check "resume with another seed warns" 0 "sample order differs" -- "$W" train "${TINY[@]}" --steps 3 --seed 9 --quiet --resume "$T/ck/step_00000002.safetensors"
+# the cosine from lr 1e-3 to 1e-4 over 4 steps (no warmup given: the default) has step 2 at 5.5e-4;
+# over 8 steps, step 2 is at 8.6e-4
+check "resume with a longer --steps says the schedule is re-stretched, with both rates" 0 \
+  "schedule differs from the interrupted run's (steps 4 -> 8): from step 2 on it follows the new one, lr 0.000" \
+  -- "$W" train "${TINY[@]}" --steps 8 --quiet --resume "$T/ck/step_00000002.safetensors"
+"$W" train "${TINY[@]}" --steps 4 --quiet --resume "$T/ck/step_00000002.safetensors" 2>"$T/same.err" >/dev/null
+assert "resume with the run's own settings: no schedule warning" eval '! grep -q "schedule differs" "$T/same.err"'
 check "resume auto without a checkpoint starts fresh" 0 "step 1/1" -- "$W" train "${TINY[@]}" --steps 1 --ckpt-dir "$T/empty" --resume auto
 
 # Data: text -> shards -> training; a vocabulary too small for the data is refused.

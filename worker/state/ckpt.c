@@ -8,6 +8,7 @@
  * st_writer_save; on load every tensor's dtype and shape and the model spec are checked, and the
  * CRC-32 of the data. */
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -207,6 +208,45 @@ static void warn_changed_order(const st_file *f, const train_config *now) {
     cJSON_Delete(o), cJSON_Delete(cur);
 }
 
+/* The learning rate of `step` under the schedule recorded in a checkpoint's cephalo.train; NAN
+ * when a field is missing (an older checkpoint). */
+static double recorded_lr(const cJSON *o, int64_t step) {
+    const cJSON *steps = json_get(o, "steps"), *lr = json_get(o, "lr"), *min_lr = json_get(o, "min_lr");
+    const cJSON *warmup = json_get(o, "warmup"), *sched = json_get(o, "schedule");
+    lr_schedule s;
+    if (!cJSON_IsNumber(steps) || !cJSON_IsNumber(lr) || !cJSON_IsNumber(min_lr) || !cJSON_IsNumber(warmup) ||
+        !cJSON_IsString(sched) || !schedule_parse(sched->valuestring, &s))
+        return NAN;
+    return schedule_lr(s, lr->valuedouble, min_lr->valuedouble, (int64_t)warmup->valuedouble,
+                       (int64_t)steps->valuedouble, step);
+}
+
+/* A resume with another --steps (or lr, min-lr, warmup, schedule) follows the new schedule from
+ * the resumed step on: a longer --steps re-stretches the cosine. Allowed (it is how a run is
+ * extended), but said, with the rate it changes and how to keep the interrupted run's. */
+static void warn_changed_schedule(const st_file *f, const train_config *now, int64_t step) {
+    const char *text = st_meta(f, "cephalo.train");
+    cJSON *o = text ? cJSON_Parse(text) : NULL;
+    cJSON *cur = train_config_json(now);
+    const char *keys[] = {"steps", "lr", "min_lr", "warmup", "schedule"};
+    char *changed = NULL;
+    size_t len = 0, cap = 0;
+    for (size_t i = 0; o && i < sizeof keys / sizeof keys[0]; i++) {
+        const cJSON *a = json_get(o, keys[i]), *b = json_get(cur, keys[i]);
+        if (!a || cJSON_Compare(a, b, true)) continue;
+        char *sa = cJSON_PrintUnformatted(a), *sb = cJSON_PrintUnformatted(b);
+        str_appendf(&changed, &len, &cap, "%s%s %s -> %s", len ? ", " : "", keys[i], sa, sb);
+        free(sa), free(sb);
+    }
+    if (changed)
+        log_warn("%s: the learning-rate schedule differs from the interrupted run's (%s): from step %lld "
+                 "on it follows the new one, lr %.4g where the interrupted run had %.4g; resume with the "
+                 "run's own settings to keep its schedule", st_label(f), changed, (long long)step,
+                 train_lr(now, step), recorded_lr(o, step));
+    free(changed);
+    cJSON_Delete(o), cJSON_Delete(cur);
+}
+
 /* Copies this rank's slice of every unit from the checkpoint's pieces. */
 static int load_state(trainer *t, ckpt_set *set, err_t *err) {
     float **state[3] = {t->params, t->adam_m, t->adam_v};
@@ -242,6 +282,7 @@ int trainer_resume(trainer *t, const char *path, err_t *err) {
         goto out;
     }
     warn_changed_order(f, &t->cfg);
+    warn_changed_schedule(f, &t->cfg, step);
     if (read_optimizer(f, t, step, err) < 0 || load_state(t, set, err) < 0) goto out;
     t->step = step;
     t->samples_seen = step * t->cfg.global_batch;
