@@ -13,6 +13,8 @@ import sys
 
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import needs  # noqa: E402
+needs.modules("torch")
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 

@@ -12,6 +12,9 @@ model-0000K-of-0000N.safetensors and model.safetensors.index.json, laid out as t
 save_pretrained does (GPT-2 names under "transformer.", Conv1D weights [in, out]; Llama's
 q/k/v/o projections [out, in]). Values are random normals, rounded to the file's dtype, so the
 forward reads exactly what the worker reads.
+
+Python: Debian's /usr/bin/python3 with python3-numpy and python3-torch (`make deps`), as the tests
+run it; under an interpreter without them it says so (needs.py).
 """
 import argparse
 import json
@@ -21,6 +24,8 @@ import sys
 
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import needs  # noqa: E402
+needs.modules("numpy", "torch")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 

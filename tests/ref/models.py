@@ -13,6 +13,8 @@ use the embedding's table, so its gradient sums both uses.
 """
 import math
 
+import needs  # noqa: E402
+needs.modules("torch")
 import torch
 import torch.nn.functional as F
 

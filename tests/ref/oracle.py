@@ -18,6 +18,8 @@ import os
 import re
 import sys
 
+import needs  # noqa: E402
+needs.modules("numpy", "torch")
 import numpy as np
 import torch
 

@@ -20,6 +20,8 @@ import sys
 
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import needs  # noqa: E402
+needs.modules("numpy", "torch")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 

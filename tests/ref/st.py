@@ -14,6 +14,8 @@ import json
 import struct
 import zlib
 
+import needs  # noqa: E402
+needs.modules("numpy")
 import numpy as np
 
 CRC_KEY = "cephalo.crc32"

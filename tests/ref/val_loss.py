@@ -17,6 +17,8 @@ sys.dont_write_bytecode = True
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "fsdp"))
+import needs  # noqa: E402
+needs.modules("numpy", "torch")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
