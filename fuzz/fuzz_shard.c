@@ -36,7 +36,7 @@ static int write_tmp(const uint8_t *data, size_t size) {
 static int read_tokens(int seq, int vocab, data_task task) {
     data_source *ds;
     err_t err;
-    if (data_open_tokens(&ds, tmp_path, seq, vocab, task, 7, &err) < 0) return 0;
+    if (data_open_tokens(&ds, tmp_path, DATA_TRAIN, seq, vocab, task, 7, &err) < 0) return 0;
     int32_t in[64], tg[64];
     char desc[256];
     data_describe(ds, desc, sizeof desc);

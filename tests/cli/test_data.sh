@@ -58,6 +58,16 @@ expect "train+val is the input in order" \
 expect "no temporary files left" "$(ls "$T/split" | grep -c tmp)" "0"
 check "summary names the val shard" 0 "val:   $VAL tokens in 1 shard" -- \
   "$BIN" data -o "$T/split2" --shard-tokens 20 --val-fraction 0.25 "$T/a.txt" "$T/b.txt"
+# a directory with a validation split: training leaves val_000000.bin out, validation takes only it
+W=${BUILD:-build/rel}/bin/cephalo-worker
+check "training on the directory leaves its validation shard out, and says so" 0 \
+  "1 validation shard left out of the training data (val_000000.bin); give it with --val-data" -- \
+  "$W" train --model tiny-gpt --batch 2 --seq 4 --steps 1 --threads 1 --data "$T/split" --ckpt-dir "$T/splitck"
+ev() { "$W" eval --checkpoint "$T/splitck" --data "$1" --samples 4 --threads 1 --json 2>/dev/null | grep -o '"val_loss":[^,]*'; }
+check "eval --data on the directory reads its validation shard only" 0 "" -- test "$(ev "$T/split")" = "$(ev "$T/split/val_000000.bin")" -a -n "$(ev "$T/split")"
+mkdir -p "$T/onlyval" && cp "$T/split/val_000000.bin" "$T/onlyval/"
+check "a directory of validation shards alone is refused for training" 2 "only validation shards (val_000000.bin)" -- \
+  "$W" train --model tiny-gpt --batch 2 --seq 4 --steps 1 --threads 1 --data "$T/onlyval"
 check "suffix K" 0 "train: $TOTAL tokens in 1 shard" -- "$BIN" data -o "$T/k" --shard-tokens 1K "$T/a.txt" "$T/b.txt"
 
 # stdin

@@ -79,7 +79,7 @@ static uint8_t *raw_shard(int32_t magic, int32_t version, int32_t count, int n, 
 static void expect_open_error(const char *spec, int seq, int vocab, data_task task, const char *n1, const char *n2) {
     data_source *ds = (data_source *)1;
     err_t err = {{0}};
-    assert_int_equal(data_open_tokens(&ds, spec, seq, vocab, task, 1, &err), -1);
+    assert_int_equal(data_open_tokens(&ds, spec, DATA_TRAIN, seq, vocab, task, 1, &err), -1);
     assert_null(ds);
     assert_msg_has(err, n1);
     if (n2) assert_msg_has(err, n2);
@@ -113,7 +113,7 @@ static void test_shard_roundtrip(void **state) {
 
     /* read back through the dataset: seq 4 -> windows at 0, 4, ..., 32 (9 windows) */
     data_source *ds;
-    assert_int_equal(data_open_tokens(&ds, p, 4, 65536, DATA_CLM, 5, &err), 0);
+    assert_int_equal(data_open_tokens(&ds, p, DATA_TRAIN, 4, 65536, DATA_CLM, 5, &err), 0);
     assert_int_equal(data_num_samples(ds), 9);
     assert_false(data_is_images(ds));
     for (int64_t s = 0; s < 9; s++) {
@@ -156,7 +156,7 @@ static void test_shard_u32(void **state) {
     assert_memory_equal(back, t, sizeof t);
 
     data_source *ds;
-    assert_int_equal(data_open_tokens(&ds, p, 4, 128256, DATA_CLM, 5, &err), 0);
+    assert_int_equal(data_open_tokens(&ds, p, DATA_TRAIN, 4, 128256, DATA_CLM, 5, &err), 0);
     assert_int_equal(data_num_samples(ds), 5);
     for (int64_t s = 0; s < 5; s++) {
         int32_t in[4], tg[4];
@@ -169,7 +169,7 @@ static void test_shard_u32(void **state) {
     }
     data_close(ds);
     /* a model with a smaller vocabulary: the token is named */
-    assert_int_equal(data_open_tokens(&ds, p, 20, 1000, DATA_CLM, 5, &err), 0);
+    assert_int_equal(data_open_tokens(&ds, p, DATA_TRAIN, 20, 1000, DATA_CLM, 5, &err), 0);
     int32_t in[20], tg[20];
     assert_int_equal(data_get_tokens(ds, 0, in, tg, &err), -1);
     assert_msg_has(err, "u32.bin: token 1 is 6151, not below the model's vocabulary size 1000");
@@ -261,7 +261,7 @@ static void test_bad_arguments(void **state) {
     expect_open_error(P("args.bin"), 4, 2, DATA_MLM, "vocabulary size 2 (expected >= 3 for mlm)", NULL);
     data_source *ds;
     err_t err = {{0}};
-    assert_int_equal(data_open_tokens(&ds, P("args.bin"), 4, 256, DATA_CLM, 1, &err), 0);
+    assert_int_equal(data_open_tokens(&ds, P("args.bin"), DATA_TRAIN, 4, 256, DATA_CLM, 1, &err), 0);
     int32_t in[4], tg[4];
     assert_int_equal(data_get_tokens(ds, -1, in, tg, &err), -1);
     assert_msg_has(err, "negative sample index -1");
@@ -285,16 +285,16 @@ static void test_token_vocab_errors(void **state) {
     assert_int_equal(data_shard_write(p, t, 9, &err), 0);
     data_source *ds;
     int32_t in[8], tg[8];
-    assert_int_equal(data_open_tokens(&ds, p, 8, 300, DATA_CLM, 1, &err), 0);
+    assert_int_equal(data_open_tokens(&ds, p, DATA_TRAIN, 8, 300, DATA_CLM, 1, &err), 0);
     assert_int_equal(data_get_tokens(ds, 0, in, tg, &err), -1);
     assert_msg_has(err, p);
     assert_msg_has(err, "token 5 is 300, not below the model's vocabulary size 300");
     data_close(ds);
     /* vocab 301 is fine for CLM, but MLM reserves 300 = vocab-1 as the mask */
-    assert_int_equal(data_open_tokens(&ds, p, 8, 301, DATA_CLM, 1, &err), 0);
+    assert_int_equal(data_open_tokens(&ds, p, DATA_TRAIN, 8, 301, DATA_CLM, 1, &err), 0);
     assert_int_equal(data_get_tokens(ds, 0, in, tg, &err), 0);
     data_close(ds);
-    assert_int_equal(data_open_tokens(&ds, p, 8, 301, DATA_MLM, 1, &err), 0);
+    assert_int_equal(data_open_tokens(&ds, p, DATA_TRAIN, 8, 301, DATA_MLM, 1, &err), 0);
     assert_int_equal(data_get_tokens(ds, 0, in, tg, &err), -1);
     assert_msg_has(err, "token 5 is 300, the mask token of MLM");
     assert_msg_has(err, "must be below 300");
@@ -302,7 +302,7 @@ static void test_token_vocab_errors(void **state) {
     /* the last token of the window is checked too (it is a CLM target) */
     uint16_t u[9] = {1, 2, 3, 4, 5, 6, 7, 8, 999};
     assert_int_equal(data_shard_write(p, u, 9, &err), 0);
-    assert_int_equal(data_open_tokens(&ds, p, 8, 300, DATA_CLM, 1, &err), 0);
+    assert_int_equal(data_open_tokens(&ds, p, DATA_TRAIN, 8, 300, DATA_CLM, 1, &err), 0);
     assert_int_equal(data_get_tokens(ds, 0, in, tg, &err), -1);
     assert_msg_has(err, "token 8 is 999");
     data_close(ds);
@@ -319,7 +319,7 @@ static void test_no_windows(void **state) {
     /* seq 7: short_a has one window of 8 tokens, short_b none */
     data_source *ds;
     err_t err = {{0}};
-    assert_int_equal(data_open_tokens(&ds, spec, 7, 256, DATA_CLM, 1, &err), 0);
+    assert_int_equal(data_open_tokens(&ds, spec, DATA_TRAIN, 7, 256, DATA_CLM, 1, &err), 0);
     assert_int_equal(data_num_samples(ds), 1);
     data_close(ds);
 }
@@ -346,7 +346,7 @@ static void test_order_is_permutation(void **state) {
     data_source *ds;
     err_t err = {{0}};
     const int seq = 4;
-    assert_int_equal(data_open_tokens(&ds, d, seq, 65536, DATA_CLM, 42, &err), 0);
+    assert_int_equal(data_open_tokens(&ds, d, DATA_TRAIN, seq, 65536, DATA_CLM, 42, &err), 0);
     /* windows: (41-1)/4 = 10, (10-1)/4 = 2, (23-1)/4 = 5 */
     const int64_t W = 17;
     assert_int_equal(data_num_samples(ds), W);
@@ -388,9 +388,9 @@ static void test_order_random_access(void **state) {
     const char *d = order_dir();
     data_source *a, *b, *c;
     err_t err = {{0}};
-    assert_int_equal(data_open_tokens(&a, d, 4, 65536, DATA_CLM, 7, &err), 0);
-    assert_int_equal(data_open_tokens(&b, d, 4, 65536, DATA_CLM, 7, &err), 0);
-    assert_int_equal(data_open_tokens(&c, d, 4, 65536, DATA_CLM, 8, &err), 0);
+    assert_int_equal(data_open_tokens(&a, d, DATA_TRAIN, 4, 65536, DATA_CLM, 7, &err), 0);
+    assert_int_equal(data_open_tokens(&b, d, DATA_TRAIN, 4, 65536, DATA_CLM, 7, &err), 0);
+    assert_int_equal(data_open_tokens(&c, d, DATA_TRAIN, 4, 65536, DATA_CLM, 8, &err), 0);
     enum { N = 100 };
     int32_t fwd[N][4], tg[4], in[4];
     for (int s = 0; s < N; s++) assert_int_equal(data_get_tokens(a, s, fwd[s], tg, &err), 0);
@@ -414,9 +414,9 @@ static void test_order_random_access(void **state) {
     char spec[1200];
     snprintf(spec, sizeof spec, "%s/order_0.bin,%s/order_1.bin,%s/order_2.bin", d, d, d);
     data_source *l, *g;
-    assert_int_equal(data_open_tokens(&l, spec, 4, 65536, DATA_CLM, 7, &err), 0);
+    assert_int_equal(data_open_tokens(&l, spec, DATA_TRAIN, 4, 65536, DATA_CLM, 7, &err), 0);
     snprintf(spec, sizeof spec, "%s/order_*.bin", d);
-    assert_int_equal(data_open_tokens(&g, spec, 4, 65536, DATA_CLM, 7, &err), 0);
+    assert_int_equal(data_open_tokens(&g, spec, DATA_TRAIN, 4, 65536, DATA_CLM, 7, &err), 0);
     for (int s = 0; s < N; s++) {
         assert_int_equal(data_get_tokens(l, s, in, tg, &err), 0);
         assert_memory_equal(in, fwd[s], sizeof in);
@@ -439,7 +439,7 @@ static void test_order_many_sizes(void **state) {
         int64_t W = sizes[k];
         make_shard(P("many.bin"), W + 1, 0, 65536); /* seq 1: W windows */
         data_source *ds;
-        assert_int_equal(data_open_tokens(&ds, P("many.bin"), 1, 65536, DATA_CLM, 99 + k, &err), 0);
+        assert_int_equal(data_open_tokens(&ds, P("many.bin"), DATA_TRAIN, 1, 65536, DATA_CLM, 99 + k, &err), 0);
         assert_int_equal(data_num_samples(ds), W);
         char *seen = calloc((size_t)W, 1);
         for (int e = 0; e < 2; e++) {
@@ -463,7 +463,7 @@ static void test_mlm_masking(void **state) {
     make_shard(P("mlm.bin"), seq + 1, 0, vocab - 1);
     data_source *ds;
     err_t err = {{0}};
-    assert_int_equal(data_open_tokens(&ds, P("mlm.bin"), seq, vocab, DATA_MLM, 3, &err), 0);
+    assert_int_equal(data_open_tokens(&ds, P("mlm.bin"), DATA_TRAIN, seq, vocab, DATA_MLM, 3, &err), 0);
     int32_t *in = malloc(sizeof *in * seq), *tg = malloc(sizeof *tg * seq), *in2 = malloc(sizeof *in * seq),
             *tg2 = malloc(sizeof *tg * seq);
     assert_int_equal(data_get_tokens(ds, 0, in, tg, &err), 0);
@@ -503,7 +503,7 @@ static void test_mlm_masking(void **state) {
 
     /* short sequences: at least one target in every sample */
     make_shard(P("mlm2.bin"), 301, 0, 50);
-    assert_int_equal(data_open_tokens(&ds, P("mlm2.bin"), 2, 51, DATA_MLM, 3, &err), 0);
+    assert_int_equal(data_open_tokens(&ds, P("mlm2.bin"), DATA_TRAIN, 2, 51, DATA_MLM, 3, &err), 0);
     for (int64_t s = 0; s < 1000; s++) {
         int32_t a[2], b[2];
         assert_int_equal(data_get_tokens(ds, s, a, b, &err), 0);
@@ -771,6 +771,49 @@ static void test_synthetic_images(void **state) {
     assert_msg_has(err, "0 image channels");
 }
 
+/* Which shards are validation shards, by name. */
+static void test_validation_names(void **state) {
+    (void)state;
+    const char *val[] = {"val_000000.bin", "fineweb_val_000000.bin", "d/tiny-valid.bin", "validation.bin", "x.val.bin"};
+    const char *not_val[] = {"train_000001.bin", "interval.bin", "valley_000.bin", "d_val/train.bin", "eval_0.bin"};
+    for (size_t i = 0; i < sizeof val / sizeof val[0]; i++)
+        if (!data_is_validation_shard(val[i])) fail_msg("%s is a validation shard", val[i]);
+    for (size_t i = 0; i < sizeof not_val / sizeof not_val[0]; i++)
+        if (data_is_validation_shard(not_val[i])) fail_msg("%s is not a validation shard", not_val[i]);
+}
+
+/* A directory of cephalo data's shards: training leaves val_*.bin out, validation takes only it;
+ * a directory of validation shards alone trains on nothing; a named validation file trains. */
+static void test_directory_roles(void **state) {
+    (void)state;
+    char d[300], only[300];
+    snprintf(d, sizeof d, "%s/roles", dir);
+    snprintf(only, sizeof only, "%s/onlyval", dir);
+    mkdir(d, 0777), mkdir(only, 0777);
+    make_shard(P("roles/train_000000.bin"), 41, 0, 100);
+    make_shard(P("roles/train_000001.bin"), 21, 0, 100);
+    make_shard(P("roles/val_000000.bin"), 11, 0, 100);
+    make_shard(P("onlyval/val_000000.bin"), 11, 0, 100);
+    data_source *ds;
+    err_t err = {{0}};
+    /* seq 10: windows (n-1)/10 per shard: 4 + 2 train, 1 validation */
+    assert_int_equal(data_open_tokens(&ds, d, DATA_TRAIN, 10, 256, DATA_CLM, 1, &err), 0);
+    assert_int_equal(data_num_samples(ds), 6);
+    data_close(ds);
+    assert_int_equal(data_open_tokens(&ds, d, DATA_VALIDATION, 10, 256, DATA_CLM, 1, &err), 0);
+    assert_int_equal(data_num_samples(ds), 1);
+    data_close(ds);
+    assert_int_equal(data_open_tokens(&ds, only, DATA_TRAIN, 10, 256, DATA_CLM, 1, &err), -1);
+    assert_msg_has(err, "only validation shards (val_000000.bin)");
+    assert_int_equal(data_open_tokens(&ds, P("onlyval/val_000000.bin"), DATA_TRAIN, 10, 256, DATA_CLM, 1, &err), 0);
+    assert_int_equal(data_num_samples(ds), 1);
+    data_close(ds);
+    /* a directory without validation shards: everything, for either role */
+    assert_int_equal(data_open_tokens(&ds, order_dir(), DATA_VALIDATION, 10, 256, DATA_CLM, 1, &err), 0);
+    assert_int_equal(data_num_samples(ds), 4 + 0 + 2);
+    data_close(ds);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_shard_roundtrip),    cmocka_unit_test(test_shard_header_errors),
@@ -780,7 +823,8 @@ int main(void) {
         cmocka_unit_test(test_order_random_access), cmocka_unit_test(test_order_many_sizes),
         cmocka_unit_test(test_mlm_masking),        cmocka_unit_test(test_synthetic_tokens),
         cmocka_unit_test(test_image_roundtrip),    cmocka_unit_test(test_image_errors),
-        cmocka_unit_test(test_synthetic_images),
+        cmocka_unit_test(test_synthetic_images),   cmocka_unit_test(test_validation_names),
+        cmocka_unit_test(test_directory_roles),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

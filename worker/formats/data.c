@@ -545,7 +545,62 @@ static void sl_free(strlist *l) {
 
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
-static int expand_dir(const char *dir, strlist *out, err_t *err) {
+/* A validation shard by its name: a component "val" (cephalo data's val_000000.bin, llm.c's
+ * fineweb_val_000000.bin), "valid" or "validation", between '_', '-' and '.'. */
+bool data_is_validation_shard(const char *name) {
+    const char *base = strrchr(name, '/') ? strrchr(name, '/') + 1 : name;
+    for (const char *p = base; *p;) {
+        size_t n = strcspn(p, "_-.");
+        if ((n == 3 && !strncmp(p, "val", 3)) || (n == 5 && !strncmp(p, "valid", 5)) ||
+            (n == 10 && !strncmp(p, "validation", 10)))
+            return true;
+        p += n + (p[n] != 0);
+    }
+    return false;
+}
+
+/* The first names of `names` that are (val) or are not validation shards, for a message. */
+static void list_names(const strlist *names, bool val, char *buf, size_t cap) {
+    size_t k = 0;
+    int shown = 0;
+    buf[0] = 0;
+    for (int i = 0; i < names->n && k + 8 < cap; i++) {
+        if (data_is_validation_shard(names->v[i]) != val) continue;
+        if (shown++ == 3) {
+            snprintf(buf + k, cap - k, ", ...");
+            return;
+        }
+        k += (size_t)snprintf(buf + k, cap - k, "%s%s", k ? ", " : "", names->v[i]);
+    }
+}
+
+/* A directory's *.bin shards for a role: training leaves its validation shards out (they are the
+ * held-out data: training on them would make the validation loss meaningless), and validation
+ * takes only them when the directory has any. A directory of validation shards alone trains on
+ * nothing: named files or a pattern say that is meant. */
+static int pick_role(const char *dir, strlist *names, data_role role, err_t *err) {
+    int n_val = 0;
+    for (int i = 0; i < names->n; i++) n_val += data_is_validation_shard(names->v[i]);
+    if (n_val == 0 || (n_val == names->n && role == DATA_VALIDATION)) return 0;
+    char shown[256];
+    list_names(names, true, shown, sizeof shown);
+    if (role == DATA_TRAIN && n_val == names->n)
+        return err_set(err, "%s: only validation shards (%s): name them (%s/%s) to train on them, or give the "
+                       "training shards", dir, shown, dir, names->v[0]);
+    bool keep_val = role == DATA_VALIDATION;
+    if (role == DATA_TRAIN)
+        log_msg("info", "%s: %d validation shard%s left out of the training data (%s); give %s with --val-data", dir,
+                n_val, n_val == 1 ? "" : "s", shown, n_val == 1 ? "it" : "them");
+    int k = 0;
+    for (int i = 0; i < names->n; i++) {
+        if (data_is_validation_shard(names->v[i]) == keep_val) names->v[k++] = names->v[i];
+        else free(names->v[i]);
+    }
+    names->n = k;
+    return 0;
+}
+
+static int expand_dir(const char *dir, data_role role, strlist *out, err_t *err) {
     DIR *d = opendir(dir);
     if (!d) return err_set(err, "%s: cannot open directory: %s", dir, strerror(errno));
     strlist names = {0};
@@ -557,6 +612,10 @@ static int expand_dir(const char *dir, strlist *out, err_t *err) {
     closedir(d);
     if (!names.n) return err_set(err, "%s: no *.bin token shards in the directory", dir);
     qsort(names.v, (size_t)names.n, sizeof *names.v, cmp_str);
+    if (pick_role(dir, &names, role, err) < 0) {
+        sl_free(&names);
+        return -1;
+    }
     size_t dl = strlen(dir);
     bool slash = dl && dir[dl - 1] == '/';
     for (int i = 0; i < names.n; i++) {
@@ -570,7 +629,7 @@ static int expand_dir(const char *dir, strlist *out, err_t *err) {
     return 0;
 }
 
-static int expand_item(const char *item, strlist *out, err_t *err) {
+static int expand_item(const char *item, data_role role, strlist *out, err_t *err) {
     struct stat st;
     if (stat(item, &st) != 0 && strpbrk(item, "*?[")) { /* an existing name is taken literally */
         glob_t g;
@@ -583,19 +642,19 @@ static int expand_item(const char *item, strlist *out, err_t *err) {
         return 0;
     }
     if (stat(item, &st) != 0) return err_set(err, "%s: cannot open: %s", item, strerror(errno));
-    if (S_ISDIR(st.st_mode)) return expand_dir(item, out, err);
+    if (S_ISDIR(st.st_mode)) return expand_dir(item, role, out, err);
     sl_add(out, item);
     return 0;
 }
 
-static int expand_spec(const char *spec, strlist *out, err_t *err) {
+static int expand_spec(const char *spec, data_role role, strlist *out, err_t *err) {
     if (!spec || !*spec) return err_set(err, "data: empty data path");
     char *copy = xstrdup(spec), *save = NULL;
     int rc = 0;
     for (char *p = copy;; p = NULL) {
         char *item = strtok_r(p, ",", &save);
         if (!item) break;
-        if ((rc = expand_item(item, out, err)) < 0) break;
+        if ((rc = expand_item(item, role, out, err)) < 0) break;
     }
     free(copy);
     if (!rc && !out->n) rc = err_set(err, "data: '%s' names no files", spec);
@@ -650,12 +709,12 @@ static int open_shard(shard *sh, const char *path, int seq, err_t *err) {
     return 0;
 }
 
-int data_open_tokens(data_source **out, const char *spec, int seq, int vocab, data_task task, uint64_t seed,
-                     err_t *err) {
+int data_open_tokens(data_source **out, const char *spec, data_role role, int seq, int vocab, data_task task,
+                     uint64_t seed, err_t *err) {
     *out = NULL;
     if (check_token_args(seq, vocab, task, err) < 0) return -1;
     strlist files = {0};
-    if (expand_spec(spec, &files, err) < 0) {
+    if (expand_spec(spec, role, &files, err) < 0) {
         sl_free(&files);
         return -1;
     }

@@ -102,15 +102,21 @@ void data_synthetic_image(uint64_t seed, int64_t s, int channels, int size, int 
                           int32_t *label);
 
 /* ---- sources ---- */
-/* spec: a shard file, a directory (every *.bin in it, sorted by name), a glob pattern ("d/train_*.bin")
+/* spec: a shard file, a directory (its *.bin shards for the role, sorted by name), a glob pattern ("d/train_*.bin")
  * or a comma-separated list of those. seq >= 1, vocab >= 2 (>= 3 for MLM). */
 /* Adds what a data spec names (files, directories and their *.bin files, patterns, comma
  * lists, as data_open_tokens reads them) to s as inputs of opt (common/outputs.h); nothing for
  * "synthetic". */
 void data_spec_inputs(out_set *s, const char *opt, const char *spec);
 
-int data_open_tokens(data_source **out, const char *spec, int seq, int vocab, data_task task, uint64_t seed,
-                     err_t *err);
+/* What the data is for. A directory's validation shards (data_is_validation_shard) are left out
+ * of DATA_TRAIN (with a line saying so) and are all DATA_VALIDATION takes when it has any; named
+ * files and patterns are read as named. */
+typedef enum { DATA_TRAIN, DATA_VALIDATION } data_role;
+bool data_is_validation_shard(const char *name);
+
+int data_open_tokens(data_source **out, const char *spec, data_role role, int seq, int vocab, data_task task,
+                     uint64_t seed, err_t *err);
 /* Sample s is x_t = (start + stride*t) mod (vocab-1) with start, stride (1..4) and ~2% noise drawn
  * from (seed, s): learnable in context. Unbounded: data_num_samples returns INT64_MAX. */
 int data_open_synthetic_tokens(data_source **out, int seq, int vocab, data_task task, uint64_t seed, err_t *err);

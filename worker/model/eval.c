@@ -34,7 +34,7 @@ static int open_source(const trainer *t, const char *spec, data_source **out, er
                          : data_open_images(out, spec, m->channels, m->image, m->n_classes, EVAL_SEED, err);
     data_task task = m->arch == ARCH_BERT ? DATA_MLM : DATA_CLM;
     return synthetic ? data_open_synthetic_tokens(out, t->cfg.seq, m->vocab, task, EVAL_SEED, err)
-                     : data_open_tokens(out, spec, t->cfg.seq, m->vocab, task, EVAL_SEED, err);
+                     : data_open_tokens(out, spec, DATA_VALIDATION, t->cfg.seq, m->vocab, task, EVAL_SEED, err);
 }
 
 /* Validation sample s into row i of the trainer's host arrays (its targets counted), or, for

@@ -66,7 +66,7 @@ static int open_data(trainer *t, err_t *err) {
                                             m->n_classes, c->seed, err);
     data_task task = m->arch == ARCH_BERT ? DATA_MLM : DATA_CLM;
     return synthetic ? data_open_synthetic_tokens(&t->data, c->seq, m->vocab, task, c->seed, err)
-                     : data_open_tokens(&t->data, c->data, c->seq, m->vocab, task, c->seed, err);
+                     : data_open_tokens(&t->data, c->data, DATA_TRAIN, c->seq, m->vocab, task, c->seed, err);
 }
 
 /* Allocates on the device or fails with the allocator's message. */

@@ -225,6 +225,7 @@ static double recorded_lr(const cJSON *o, int64_t step) {
  * the resumed step on: a longer --steps re-stretches the cosine. Allowed (it is how a run is
  * extended), but said, with the rate it changes and how to keep the interrupted run's. */
 static void warn_changed_schedule(const st_file *f, const train_config *now, int64_t step) {
+    if (now->steps <= step) return; /* no step left to take (eval, sample, a finished run) */
     const char *text = st_meta(f, "cephalo.train");
     cJSON *o = text ? cJSON_Parse(text) : NULL;
     cJSON *cur = train_config_json(now);
