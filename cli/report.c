@@ -268,7 +268,7 @@ static void line_chart(FILE *f, const char *id, const char *title, const char *y
     widen(&x0, &x1), widen(&y0, &y1);
     double pad = (y1 - y0) * 0.05;
     y0 -= pad, y1 += pad;
-    fprintf(f, "<figure><svg id=\"%s\" class=\"chart\" xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\" role=\"img\">\n",
+    fprintf(f, "<figure><svg id=\"%s\" class=\"chart\" width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\" role=\"img\">\n",
             id, CW, CH, CW, CH);
     fprintf(f, "<text class=\"title\" x=\"%d\" y=\"20\">%s</text>\n", ML, title);
     fprintf(f, "<g class=\"plot\" data-box=\"%d %d %d %d\" data-x=\"%.17g %.17g\" data-y=\"%.17g %.17g\">\n", ML, MT, CW - ML - MR,
@@ -309,7 +309,7 @@ static void bar_chart(FILE *f, const char *id, const char *title, const char *un
     for (int r = 0; r < rp->world; r++)
         for (int j = 0; j < k; j++) vmax = fmax(vmax, value(&rp->r[r], j));
     if (vmax <= 0) vmax = 1;
-    fprintf(f, "<figure><svg id=\"%s\" class=\"chart\" xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\" role=\"img\">\n",
+    fprintf(f, "<figure><svg id=\"%s\" class=\"chart\" width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\" role=\"img\">\n",
             id, CW, h, CW, h);
     fprintf(f, "<text class=\"title\" x=\"%d\" y=\"20\">%s</text>\n", left, title);
     for (int j = 0, lx = left; j < k; j++, lx += 130)
