@@ -214,8 +214,7 @@ else echo "not ok $n - dashboard"; echo "$out" | tail -5 | sed 's/^/#   /'; fi
 # dashboard (a metric, label or matcher the workers do not have), and the test names it.
 if [ -n "$prom_pid" ]; then
   n=$((n + 1))
-  if out=$($PY "$(dirname "$0")/dash_queries.py" workers "$DASH" "$PROM_PORT" metrics-test 2>&1
-); then echo "ok $n - every dashboard query returns series from the live run ($out)"
+  if out=$($PY "$(dirname "$0")/dash_queries.py" workers "$DASH" "$PROM_PORT" metrics-test 2>&1); then echo "ok $n - every dashboard query returns series from the live run ($out)"
   else echo "not ok $n - dashboard queries against Prometheus"; echo "$out" | tail -8 | sed 's/^/#   /'; fi
 fi
 
