@@ -6,11 +6,11 @@
 Each panel's PromQL gets Grafana's variables as a user who picks JOB and all ranks has them ($job
 JOB, $rank the "All" value .*, $__rate_interval 4 scrape intervals of 1 s, Grafana's minimum), and
 is sent to /api/v1/query until it gives at least one series (workers: with a finite value; the
-operator's may be NaN, as a quantile of an idle interval is) or 60 s pass. The variables'
+operator's may be NaN, as a quantile of an idle interval is) or $DASH_QUERY_WAIT seconds (60) pass. The variables'
 label_values(SELECTOR, LABEL) go to /api/v1/series (workers: JOB and ranks 0..2 must be among the
 values). A query that never gives a series is a wrong dashboard (a metric, label or matcher the
 components do not have), and is named. Prints one line; exit 1 on a failure."""
-import json, math, re, sys, time, urllib.parse, urllib.request
+import json, math, os, re, sys, time, urllib.parse, urllib.request
 
 mode, dash, port = sys.argv[1], json.load(open(sys.argv[2])), sys.argv[3]
 job = sys.argv[4] if mode == "workers" else "none"
@@ -53,7 +53,8 @@ def answers(q):
     return res and (mode == "operator" or any(math.isfinite(float(s["value"][1])) for s in res))
 
 
-pending, deadline = {(t, r): q for t, r, q in queries}, time.time() + 60
+wait = float(os.environ.get("DASH_QUERY_WAIT", "60"))
+pending, deadline = {(t, r): q for t, r, q in queries}, time.time() + wait
 while pending and time.time() < deadline:
     for key, q in list(pending.items()):
         try:
@@ -63,7 +64,7 @@ while pending and time.time() < deadline:
             pass  # Prometheus still starting
     if pending:
         time.sleep(1)
-bad = ["panel %r query %s: no series%s after 60 s: %s" % (k[0], k[1], "" if mode == "operator" else " with a finite value", q)
+bad = ["panel %r query %s: no series%s after %g s: %s" % (k[0], k[1], "" if mode == "operator" else " with a finite value", wait, q)
        for k, q in pending.items()]
 n_vars = 0
 if mode == "workers":

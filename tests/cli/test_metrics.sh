@@ -216,6 +216,10 @@ if [ -n "$prom_pid" ]; then
   n=$((n + 1))
   if out=$($PY "$(dirname "$0")/dash_queries.py" workers "$DASH" "$PROM_PORT" metrics-test 2>&1); then echo "ok $n - every dashboard query returns series from the live run ($out)"
   else echo "not ok $n - dashboard queries against Prometheus"; echo "$out" | tail -8 | sed 's/^/#   /'; fi
+  # and it catches a wrong one: a matcher no series has (kind="peek")
+  sed 's/kind=\\"peak\\"/kind=\\"peek\\"/' "$DASH" >"$T/wrong.json"
+  check "... and names a panel whose query gives nothing" 1 "panel 'Device memory per rank' query A: no series with a finite value" -- \
+    env DASH_QUERY_WAIT=2 $PY "$(dirname "$0")/dash_queries.py" workers "$T/wrong.json" "$PROM_PORT" metrics-test
 fi
 
 # ---- stop: everything started here goes ----
