@@ -146,16 +146,18 @@ static int read_plan(report *rp, err_t *err) {
  * (an object without "step", skipped as the progress view skips it). */
 static int read_step(const json_ctx *c, const cJSON *o, rep_rank *r) {
     const cJSON *v;
-    double step, loss, ms, sps, peak;
+    double step, loss = 0, ms, sps, peak;
     if (!json_get(o, "step")) return 1;
-    if (json_number(c, json_get(o, "step"), "step", 0, 1e15, JSON_CLOSED, &step) < 0 ||
-        json_require(c, o, "", "loss", &v) < 0 || json_number(c, v, "loss", -INFINITY, INFINITY, JSON_CLOSED, &loss) < 0 ||
+    if (json_number(c, json_get(o, "step"), "step", 0, 1e15, JSON_CLOSED, &step) < 0 || json_require(c, o, "", "loss", &v) < 0 ||
+        /* null: a loss that was not finite (docs/worker.md), a gap in the curve */
+        (!cJSON_IsNull(v) && json_number(c, v, "loss", -INFINITY, INFINITY, JSON_CLOSED, &loss) < 0) ||
         json_require(c, o, "", "step_ms", &v) < 0 || json_number(c, v, "step_ms", 0, INFINITY, JSON_CLOSED, &ms) < 0 ||
         json_require(c, o, "", "samples_per_s", &v) < 0 || json_number(c, v, "samples_per_s", 0, INFINITY, JSON_CLOSED, &sps) < 0 ||
         json_require(c, o, "", "peak_bytes", &v) < 0 || json_number(c, v, "peak_bytes", 0, INFINITY, JSON_CLOSED, &peak) < 0)
         return -1;
     double done = step + 1; /* "step" counts from 0; the curves are over steps done */
-    series_add(&r->loss, done, loss), series_add(&r->sps, done, sps), series_add(&r->ms, done, ms);
+    if (!cJSON_IsNull(json_get(o, "loss"))) series_add(&r->loss, done, loss);
+    series_add(&r->sps, done, sps), series_add(&r->ms, done, ms);
     r->peak = fmax(r->peak, peak);
     const cJSON *val = json_get(o, "val_loss");
     double vl;
@@ -377,8 +379,8 @@ static void page_head(FILE *f, const report *rp) {
     html_puts(f, rp->costs);
     const rep_rank *r0 = &rp->r[0];
     double med = median_ms(r0);
-    fprintf(f, ".<br>steps logged: %d", r0->loss.n);
-    if (r0->loss.n) fprintf(f, " (%.0f..%.0f); final loss %.4f", r0->loss.x[0], r0->loss.x[r0->loss.n - 1], r0->loss.y[r0->loss.n - 1]);
+    fprintf(f, ".<br>steps logged: %d (%.0f..%.0f)", r0->ms.n, r0->ms.x[0], r0->ms.x[r0->ms.n - 1]);
+    if (r0->loss.n) fprintf(f, "; final loss %.4f", r0->loss.y[r0->loss.n - 1]);
     if (r0->val.n) fprintf(f, "; validation loss %.4f after step %.0f", r0->val.y[r0->val.n - 1], r0->val.x[r0->val.n - 1]);
     if (med > 0)
         fprintf(f, ".<br>samples/s: <span id=\"sps-measured\">%.1f</span> measured (global batch over rank 0's median step time), "
@@ -418,7 +420,7 @@ static void measured_table(FILE *f, const report *rp) {
         const rep_rank *r = &rp->r[i];
         double med = median_ms(r), sps = 0;
         for (int k = 0; k < r->sps.n; k++) sps += r->sps.y[k] / r->sps.n;
-        fprintf(f, "<tr><td>%d</td><td>%d</td>", i, r->loss.n);
+        fprintf(f, "<tr><td>%d</td><td>%d</td>", i, r->ms.n);
         if (med >= 0) fprintf(f, "<td>%.2f</td><td>%.2f</td><td>%.2f</td><td>%.1f</td><td>%s</td>", med, rp->iter_ms, med / rp->iter_ms, sps, str_bytes(r->peak, a, sizeof a));
         else fprintf(f, "<td>-</td><td>%.2f</td><td>-</td><td>-</td><td>-</td>", rp->iter_ms);
         fprintf(f, "<td>%s</td><td>%s</td></tr>\n", str_bytes(r->pred_peak, b, sizeof b), str_bytes(r->capacity, c, sizeof c));
@@ -471,7 +473,7 @@ static int build_report(const char *dir, const char *out, err_t *err) {
     size_t len = 0;
     int rc = file_expect_dir(dir, err) < 0 || read_plan(&rp, err) < 0 ? -1 : 0;
     for (int i = 0; rc == 0 && i < rp.world; i++) rc = read_rank_log(&rp, i, err);
-    if (rc == 0 && rp.r[0].loss.n == 0)
+    if (rc == 0 && rp.r[0].ms.n == 0)
         rc = err_set(err, "%s/rank-0.jsonl: no step record yet (the run has not finished a step)", dir);
     if (rc == 0) {
         FILE *f = open_memstream(&html, &len);

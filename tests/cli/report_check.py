@@ -118,9 +118,10 @@ def check_page(html_path, run):
     if len(train) != 1 or "loss" not in plots:
         fail("loss chart: %d train-loss curves, plots %s" % (len(train), sorted(plots)))
     got, px, py = unmap(plots["loss"], train[0]["points"])
-    close_curve("train loss", got, [(o["step"] + 1, o["loss"]) for o in logs[0]], px, py)
-    if int(train[0]["data-n"]) != len(logs[0]):
-        fail("train loss data-n %s, %d steps" % (train[0]["data-n"], len(logs[0])))
+    losses = [(o["step"] + 1, o["loss"]) for o in logs[0] if o["loss"] is not None]  # null: not finite, a gap
+    close_curve("train loss", got, losses, px, py)
+    if int(train[0]["data-n"]) != len(losses):
+        fail("train loss data-n %s, %d losses" % (train[0]["data-n"], len(losses)))
     vals = [(o["step"] + 1, o["val_loss"]) for o in logs[0] if o.get("val_loss") is not None]
     val = [a for a, svg in lines if a.get("class") == "val-loss"]
     if vals:

@@ -80,6 +80,10 @@ bad
 : >"$T/bad/rank-0.jsonl"
 check "no step logged yet" 2 "rank-0.jsonl: no step record yet" -- "$C" report "$T/bad" -o "$T/x.html"
 bad
+sed -i '5s/"loss":[^,]*/"loss":null/' "$T/bad/rank-0.jsonl"
+check "a null loss (not finite) is a gap in the curve" 0 "report:" -- "$C" report "$T/bad" -o "$T/x.html"
+pass "... the page has the other steps' losses" $CHK page "$T/x.html" "$T/bad"
+bad
 printf '{"step":16,"loss":' >>"$T/bad/rank-0.jsonl"
 check "a line still being written is left out" 0 "report:" -- "$C" report "$T/bad" -o "$T/x.html"
 pass "... and the page has the complete steps" $CHK page "$T/x.html" "$R"
