@@ -1,5 +1,5 @@
 /* main.c - the `cephalo` command: plan, compare, models, gpus, data, run (run.c does the running),
- * profile. Exit codes (docs/cli.md): 0 feasible, 3 infeasible (with the reason), 2 bad input; `run`
+ * profile, report (report.c). Exit codes (docs/cli.md): 0 feasible, 3 infeasible (with the reason), 2 bad input; `run`
  * adds 1 (a worker failed) and 130 (interrupted). */
 #include <errno.h>
 #include <stdio.h>
@@ -9,6 +9,7 @@
 
 #include "cli/data_cmd.h"
 #include "cli/profile_cmd.h"
+#include "cli/report.h"
 #include "cli/run.h"
 #include "common/args.h"
 #include "common/fileio.h"
@@ -40,6 +41,9 @@ static const char usage_text[] =
     "            device; `cephalo run --help` shows its options (docs/run.md)\n"
     "  profile   measure the cost model of the local devices for a model into a profile file\n"
     "            and the profile store; `cephalo profile --help` (docs/profile.md)\n"
+    "  report    one self-contained HTML page of a run directory: loss curves, samples/s\n"
+    "            per rank, measured against predicted step time and memory, the plan;\n"
+    "            `cephalo report --help` (docs/report.md)\n"
     "  version   the release and commit this binary was built from (also --version; --json)\n"
     "\n"
     "plan / compare options:\n"
@@ -359,5 +363,6 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "data")) return data_main(argc - 1, argv + 1);
     if (!strcmp(cmd, "run")) return cmd_run(argc - 1, argv + 1);
     if (!strcmp(cmd, "profile")) return profile_main(argc - 1, argv + 1);
-    return args_bad_cmd("cephalo", "unknown command '%s' (expected plan, compare, models, gpus, data, run, profile or version)", cmd);
+    if (!strcmp(cmd, "report")) return report_main(argc - 1, argv + 1);
+    return args_bad_cmd("cephalo", "unknown command '%s' (expected plan, compare, models, gpus, data, run, profile, report or version)", cmd);
 }

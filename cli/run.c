@@ -148,7 +148,7 @@ static bool run_owns(const char *name) {
     return end && !name[end];
 }
 
-static const out_kind run_dir_kind = {"run directory", run_owns, false, ".cephalo-run"};
+const out_kind run_dir_kind = {"run directory", run_owns, false, ".cephalo-run"};
 
 /* The job's files (the job file, its profile, data, weights and the checkpoint it resumes) are
  * never the run directory's nor the checkpoint directory's files. */

@@ -9,6 +9,7 @@
 
 #include "cli/job.h"
 #include "common/err.h"
+#include "common/outputs.h"
 #include "common/worker_cmd.h"
 
 enum { RUN_EXIT_FAILED = 1, RUN_EXIT_BAD_INPUT = 2, RUN_EXIT_INFEASIBLE = 3, RUN_EXIT_INTERRUPTED = 130 };
@@ -24,6 +25,10 @@ typedef struct run_opts {
     bool have_metrics_port; /* --metrics-port BASE given: replaces the job's metrics_port */
     long metrics_port;
 } run_opts;
+
+/* A run directory's own files (plan.json, rank-R.jsonl, ...): what `cephalo report` reads and
+ * must not write over. */
+extern const out_kind run_dir_kind;
 
 /* Runs the job to its end. Returns the exit status: 0 done, 1 a worker failed, 2 bad input,
  * 3 infeasible plan, 130 interrupted (SIGINT, SIGTERM or SIGHUP). Messages go to stderr, the

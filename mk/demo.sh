@@ -48,6 +48,14 @@ rule "every strategy on these devices (even FSDP runs out of memory on the 20 Mi
 rule "cephalo run: plan, start one cephalo-worker per device, train"
 "$BIN" run "$D/job.yaml" --run-dir "$D/run"
 
+# The run as one HTML page (docs/report.md): loss curves, samples/s per rank, measured against
+# predicted step time and memory, the plan. The run directory goes at exit; the page stays in the
+# build directory, to open in any browser (no network needed).
+REPORT=$PWD/${BUILD:-build/rel}/demo-report.html
+rule "cephalo report: the run as a page"
+"$BIN" report "$D/run" -o "$REPORT" >/dev/null
+echo "report: $REPORT (open it in a browser: file://$REPORT)"
+
 # What the model learned: its last checkpoint (the run's ckpt/ directory, whose `latest` names it;
 # three ranks' shards) continues a prompt, byte by byte, with a KV cache (docs/sample.md). A low
 # temperature and a fixed seed: the same text every time, fewer of the loops greedy decoding falls

@@ -4,6 +4,7 @@ set -euo pipefail
 pkgs=(build-essential clang libclang-rt-14-dev pkg-config libyaml-dev libcjson-dev libcmocka-dev
       libopenblas-openmp-dev libmicrohttpd-dev libcurl4-openssl-dev python3 python3-numpy python3-torch
       prometheus # the real scraper of tests/cli/test_metrics.sh
+      chromium # renders `cephalo report`'s page headless: tests/cli/test_report.sh
       python3-yaml kubectl # tests/cli/test_chart.sh, test_k8s.sh (tests/k8s/apiserver.sh builds the API server)
       fortunes) # fortunes: the English text `make demo` trains on
 missing=()

@@ -3,8 +3,9 @@
 # rank its own port; a real Prometheus (Debian's `prometheus`) scrapes them through the run's
 # prometheus-targets.json and its HTTP API returns cephalo_train_tokens_per_second for every rank;
 # a second worker on a taken port fails clearly; the Grafana dashboard
-# (charts/cephalo/dashboards/cephalo.json) is valid, portable, and every metric its queries name
-# is one a real worker's /metrics exports. Everything started here is stopped at the end.
+# (charts/cephalo/dashboards/cephalo.json) is valid, portable, every metric its worker queries name
+# is one a real worker's /metrics exports, and every worker panel's query gives series in Prometheus
+# (the operator's panels: test_operator.sh). Everything started here is stopped at the end.
 set -u
 B=${BUILD:-build/rel}/bin
 C=$B/cephalo
@@ -191,6 +192,7 @@ for p in panels(dash["panels"]):
         assert t.get("datasource", p["datasource"])["uid"] == "${datasource}", "panel %r: a target's datasource" % p["title"]
         used = set(re.findall(r"\bcephalo_[a-z_]+", t["expr"]))
         assert used, "panel %r: %r names no cephalo metric" % (p["title"], t["expr"])
+        used = {u for u in used if not u.startswith("cephalo_operator_")}  # test_operator.sh's
         missing = used - exported
         assert not missing, "panel %r queries %s, which the worker does not export" % (p["title"], sorted(missing))
         names |= used
@@ -202,6 +204,23 @@ print("%d queries over %d metrics" % (n_targets, len(names)))
 EOF
 ); then echo "ok $n - dashboard: valid JSON, uid, datasource variable, every query's metric exported ($out)"
 else echo "not ok $n - dashboard"; echo "$out" | tail -5 | sed 's/^/#   /'; fi
+
+# ---- every panel's query against the live Prometheus ----
+
+# Each panel's PromQL with Grafana's variables as a user who picks this job and all ranks gets
+# them ($job the job, $rank the "All" value .*, $__rate_interval 4 scrape intervals, Grafana's
+# minimum), and the variables' label_values() through /api/v1/series: each must give at least one
+# series with a finite value while the three ranks train. A query that never does is a wrong
+# dashboard (a metric, label or matcher the workers do not have), and the test names it.
+if [ -n "$prom_pid" ]; then
+  n=$((n + 1))
+  if out=$($PY "$(dirname "$0")/dash_queries.py" workers "$DASH" "$PROM_PORT" metrics-test 2>&1); then echo "ok $n - every dashboard query returns series from the live run ($out)"
+  else echo "not ok $n - dashboard queries against Prometheus"; echo "$out" | tail -8 | sed 's/^/#   /'; fi
+  # and it catches a wrong one: a matcher no series has (kind="peek")
+  sed 's/kind=\\"peak\\"/kind=\\"peek\\"/' "$DASH" >"$T/wrong.json"
+  check "... and names a panel whose query gives nothing" 1 "panel 'Device memory per rank' query A: no series with a finite value" -- \
+    env DASH_QUERY_WAIT=2 $PY "$(dirname "$0")/dash_queries.py" workers "$T/wrong.json" "$PROM_PORT" metrics-test
+fi
 
 # ---- stop: everything started here goes ----
 

@@ -40,9 +40,10 @@ stop_op() {
   op_rc=$?
   op_pid=
 }
-watch_pid=
+watch_pid= prom_pid=
 cleanup() {
   [ -z "$watch_pid" ] || { kill "$watch_pid" 2>/dev/null; wait "$watch_pid" 2>/dev/null; }
+  [ -z "$prom_pid" ] || { kill "$prom_pid" 2>/dev/null; wait "$prom_pid" 2>/dev/null; }
   stop_op; "$AS" stop "$dir/k8s" >/dev/null 2>&1
   [ -z "${KEEP_LOGS:-}" ] || { mkdir -p "$KEEP_LOGS" && cp "$dir"/*.log "$dir"/k8s/*.log "$KEEP_LOGS/" 2>/dev/null; }
   rm -rf "$dir"; }
@@ -490,6 +491,23 @@ print('metrics ok')
 PY
 check "... and cephalo_build_info names its version and commit" 0 \
   "cephalo_build_info{component=\"operator\",version=\"$("$OP" --version | cut -d' ' -f2)\",commit=\"" -- cat "$dir/op-metrics.txt"
+
+# The Grafana dashboard's operator panels (charts/cephalo/dashboards/cephalo.json): a real
+# Prometheus (Debian's, make deps) scrapes this live operator for a few seconds, and every operator
+# panel's query must give series (tests/cli/dash_queries.py; the workers' panels: test_metrics.sh).
+if command -v prometheus >/dev/null; then
+  prom_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+  printf 'global: {scrape_interval: 1s, scrape_timeout: 1s, evaluation_interval: 1s}\nscrape_configs:\n  - {job_name: cephalo-operator, static_configs: [{targets: ["127.0.0.1:%s"]}]}\n' \
+    "$port" >"$dir/prometheus.yml"
+  prometheus --config.file="$dir/prometheus.yml" --storage.tsdb.path="$dir/tsdb" \
+    --web.listen-address="127.0.0.1:$prom_port" >"$dir/prometheus.log" 2>&1 &
+  prom_pid=$!
+  check "every operator panel of the Grafana dashboard gives series from the live operator" 0 "give series" -- \
+    python3 "$(dirname "$0")/dash_queries.py" operator charts/cephalo/dashboards/cephalo.json "$prom_port"
+  kill "$prom_pid" 2>/dev/null; wait "$prom_pid" 2>/dev/null; prom_pid=
+else
+  n=$((n + 1)); echo "not ok $n - the dashboard's operator panels: no 'prometheus' binary (make deps, Debian package prometheus)"
+fi
 
 # ---- restart: a new operator takes the Lease over and creates nothing twice ----------------------
 K get pods -o jsonpath='{range .items[*]}{.metadata.name}={.metadata.uid}{"\n"}{end}' | sort >"$dir/pods.before"
