@@ -78,6 +78,7 @@ for sh in tests/gpu/test_*.sh; do
     grep -A8 '^not ok ' <<<"$out" | head -80
   fi
   grep '^ok .*# SKIP' <<<"$out" | sed 's/^/#   /'
+  grep '^# [^ ]' <<<"$out" # figures a script reports (test_gpu_nccl.sh: NCCL's memory)
   printf '%-28s %4d passed %4d failed %4d skipped\n' "$(basename "$sh")" "$p" "$f" "$s"
 done
 [ ${#failures[@]} -gt 0 ] && echo "failing: ${failures[*]}"
