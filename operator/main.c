@@ -602,6 +602,7 @@ static int op_run(const op_opts *o, const kube_config *cfg, kube_client *k, err_
                          .profile_cm = o->profile_cm, .planner = op_pool, .plan_timeout_s = o->plan_timeout_s,
                          .worker_archs = &o->worker_archs};
     informers_wait_synced(watches);
+    rec_hold_partial_gangs(&rc_cfg); /* before any admission */
     ctl *workers = ctl_start(op_queue, &rc_cfg, k, cfg, (int)o->workers, &op_stop, &failed);
     if (failed) rc = 1;
     double next_resync = clock_now_s() + OP_RESYNC_S;
