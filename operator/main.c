@@ -46,7 +46,10 @@
 #include "operator/reconcile.h"
 #include "operator/workqueue.h"
 
-#define OP_RESYNC_S 30.0 /* every known job is reconciled again this often */
+/* Every known job is reconciled again this often: a safety net for an event missed, not a schedule.
+ * A job is reconciled on the events that concern it (informers.h) and at its own next deadline
+ * (rec_stats.requeue_s: backoff, growth, progress), as controller-runtime's RequeueAfter. */
+#define OP_RESYNC_S 600.0
 
 /* ---- options ------------------------------------------------------------------------------- */
 
@@ -591,7 +594,7 @@ static void op_shared_free(void) {
     cache_free(op_caches.nodes), cache_free(op_caches.configmaps), cache_free(op_caches.services);
 }
 
-/* Watches, workers and the 30 s resync until stopped; then the workers and watches joined. */
+/* Watches, workers and the resync (OP_RESYNC_S) until stopped; then the workers and watches joined. */
 static int op_run(const op_opts *o, const kube_config *cfg, kube_client *k, err_t *err) {
     informers_ctx ix = {.caches = &op_caches, .queue = op_queue, .stop = &op_stop, .synced = &op_jobs_listed};
     informers *watches = informers_new(cfg, &ix);

@@ -36,6 +36,8 @@
 #define REC_BLAME_SETTLE_S 3.0   /* how long a failure's blame waits for the rest of its gang */
 #define REC_BLAME_TIE_S 1.0      /* finishedAt stamps this close are a tie (whole seconds) */
 #define REC_PROGRESS_S 5.0       /* seconds between progress reads of a running job */
+#define REC_PROGRESS_MAX_S 60.0  /* ... and at most between reads of workers that do not answer */
+#define REC_OUTSIDE_S 30.0       /* a job failed on a ConfigMap no watch follows reads it again this often */
 #define REC_UNSCHED_FIRST_S 5.0  /* the first refusal's wait before the next gang; doubled per refusal */
 #define REC_UNSCHED_MAX_S 300.0
 

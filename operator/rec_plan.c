@@ -102,6 +102,7 @@ typedef struct plan_task {
     double budget_s; /* --plan-timeout */
     char profile_rv[64]; /* resourceVersion of the profile ConfigMap used, "" for none */
     int rc; /* the result: 0 with out.json, or -1 with out.reason and msg */
+    bool outside; /* failed on an object no watch follows (an initFrom or profile ConfigMap) */
     plan_out out;
     char msg[sizeof(err_t)];
 } plan_task;
@@ -263,10 +264,11 @@ static int plan_inputs_of(const rec_ctx *x, const job_inv *gpus, int cap, plan_t
 static int plan_prepare(rec_ctx *x, plan_task *t, err_t *err) {
     t->out.reason = "InvalidSpec";
     int mrc = plan_model(x->k, x, &t->in.model, err);
+    t->outside = mrc == -1 && x->js.model == JOB_MODEL_INIT_FROM;
     if (mrc < 0) return mrc;
     if (plan_inputs_of(x, rec_inv(x, x->on_free), x->cap, t, err) < 0) return -1;
     int prc = load_profiles(x->k, x, &t->in, t->profile_rv, sizeof t->profile_rv, err);
-    if (prc < 0) t->out.reason = "InvalidProfile";
+    if (prc < 0) t->out.reason = "InvalidProfile", t->outside = prc == -1;
     return prc;
 }
 
@@ -519,8 +521,11 @@ int rec_current_plan(rec_ctx *x, err_t *err) {
     bool own;
     int rc = obtain_plan(x, gen_s, fp, &t, &own, err);
     if (rc <= 0) return rc;
-    /* a failure is kept by the pool: nothing is planned again until the inputs change */
+    /* a failure is kept by the pool: nothing is planned again until the inputs change. One on a
+     * ConfigMap no watch follows is a deadline of its own: it is read again REC_OUTSIDE_S later */
     if (t->rc < 0) rc = rec_plan_failed(x, t->out.reason, t->msg, err) < 0 ? -1 : 0;
+    if (t->rc < 0 && t->outside && x->st && (x->st->requeue_s <= 0 || x->st->requeue_s > REC_OUTSIDE_S))
+        x->st->requeue_s = REC_OUTSIDE_S;
     else rc = take_plan(x, t, own, gen_s, fp, err);
     if (own) plan_task_free(t);
     return rc;
