@@ -524,9 +524,9 @@ int rec_current_plan(rec_ctx *x, err_t *err) {
     /* a failure is kept by the pool: nothing is planned again until the inputs change. One on a
      * ConfigMap no watch follows is a deadline of its own: it is read again REC_OUTSIDE_S later */
     if (t->rc < 0) rc = rec_plan_failed(x, t->out.reason, t->msg, err) < 0 ? -1 : 0;
+    else rc = take_plan(x, t, own, gen_s, fp, err);
     if (t->rc < 0 && t->outside && x->st && (x->st->requeue_s <= 0 || x->st->requeue_s > REC_OUTSIDE_S))
         x->st->requeue_s = REC_OUTSIDE_S;
-    else rc = take_plan(x, t, own, gen_s, fp, err);
     if (own) plan_task_free(t);
     return rc;
 }
