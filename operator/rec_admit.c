@@ -61,21 +61,21 @@ bool rec_gang_ended(const rec_ctx *x, const char *plan_id) {
     return false;
 }
 
-/* Pods of plan_id's current gang exist, none ended or being deleted: the gang was started on this
- * plan (maybe by another leader, which stopped halfway) and holds its GPUs. Its missing ranks are
- * created on the same plan, not planned again. */
-bool rec_gang_started(const rec_ctx *x, const char *plan_id) {
+/* How many pods of plan_id's current gang exist, when none ended or is being deleted: the gang was
+ * started on this plan (maybe by another leader, which stopped halfway) and holds its GPUs. Its
+ * missing ranks are created on the same plan, not planned again. 0 otherwise. */
+int rec_gang_started(const rec_ctx *x, const char *plan_id) {
     char att[32];
     snprintf(att, sizeof att, "%d", x->attempt);
     const cJSON *pod;
-    bool started = false;
+    int started = 0;
     cJSON_ArrayForEach(pod, get(x->pods, "items")) {
         const cJSON *ann = get(get(pod, "metadata"), "annotations");
         if (strcmp(get_str(ann, REC_ANN_PLAN_ID, ""), plan_id) || strcmp(get_str(ann, REC_ANN_ATTEMPT, ""), att) ||
             !rec_owned_by_job(pod, x->job))
             continue;
-        if (phase_finished(rec_pod_phase(pod)) || get(get(pod, "metadata"), "deletionTimestamp")) return false;
-        started = true;
+        if (phase_finished(rec_pod_phase(pod)) || get(get(pod, "metadata"), "deletionTimestamp")) return 0;
+        started++;
     }
     return started;
 }
@@ -243,7 +243,7 @@ static int queue_job(rec_ctx *x, const char *msg, err_t *err) {
  * on; another is admitted when every GPU of its plan is free (all or nothing: a partial gang never
  * starts) and no job has an earlier claim on them. */
 int rec_admit(rec_ctx *x, err_t *err) {
-    bool live = phase_live(x->old_phase) || rec_gang_started(x, x->plan_id);
+    bool live = phase_live(x->old_phase) || rec_gang_started(x, x->plan_id) > 0;
     int world = cJSON_GetArraySize(get(x->plan_doc, "ranks"));
     char msg[1200], types[256] = "";
     if (live && rec_gang_ended(x, x->plan_id)) return 1;

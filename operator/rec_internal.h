@@ -171,8 +171,8 @@ int rec_choose_view(rec_ctx *x, err_t *err);
 bool rec_plan_fits(rec_ctx *x, const cJSON *plan_doc);
 /* Whether a pod of plan_id's current gang has ended (it must be seen through on that plan). */
 bool rec_gang_ended(const rec_ctx *x, const char *plan_id);
-/* Whether pods of plan_id's current gang exist and none ended or is being deleted (rec_admit.c). */
-bool rec_gang_started(const rec_ctx *x, const char *plan_id);
+/* How many pods of plan_id's current gang exist, none ended or being deleted; else 0 (rec_admit.c). */
+int rec_gang_started(const rec_ctx *x, const char *plan_id);
 /* May the planned gang run? 1 admitted; 0 queued (status written); -1 on an API error. */
 int rec_admit(rec_ctx *x, err_t *err);
 

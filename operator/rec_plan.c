@@ -446,17 +446,21 @@ static bool keep_plan(rec_ctx *x, const cJSON *ann, const cJSON *plan_doc) {
 }
 
 /* The ConfigMap's plan, when it was made for this generation and these GPUs, or a pod of its gang
- * ended (to be seen through), or its gang was started and it fits, or it still fits (and the job
- * is not due to grow): 1 with x->plan_doc; 0 to plan anew. */
+ * ended (to be seen through), or its gang was started but not complete and it fits, or it still
+ * fits (and the job is not due to grow): 1 with x->plan_doc; 0 to plan anew. */
 static int stored_plan(rec_ctx *x, const char *gen_s, const char *fp, err_t *err) {
     const cJSON *ann = get(get(x->cm, "metadata"), "annotations");
     const char *cm_plan = get_str(get(x->cm, "data"), "plan.json", NULL);
     if (!cm_plan || strcmp(get_str(ann, REC_ANN_GENERATION, ""), gen_s)) return 0;
     x->plan_doc = json_parse(x->cm_name, cm_plan, strlen(cm_plan), err);
     const char *id = get_str(ann, REC_ANN_PLAN_ID, "");
-    /* a gang started on it (maybe by another leader) is completed on it while it fits */
+    /* a gang started on it and not complete yet (maybe left by another leader) is completed on it
+     * while it fits; a complete one grows as keep_plan says */
+    int started = x->plan_doc ? rec_gang_started(x, id) : 0;
     if (x->plan_doc && (!strcmp(get_str(ann, REC_ANN_INVENTORY, ""), fp) || rec_gang_ended(x, id) ||
-                        (rec_gang_started(x, id) && rec_plan_fits(x, x->plan_doc)) || keep_plan(x, ann, x->plan_doc)) &&
+                        (started > 0 && started < cJSON_GetArraySize(get(x->plan_doc, "ranks")) &&
+                         rec_plan_fits(x, x->plan_doc)) ||
+                        keep_plan(x, ann, x->plan_doc)) &&
         /* ours are "g<generation>-<hash>": one too long for the buffer is not, and is planned anew */
         str_fmt(x->plan_id, sizeof x->plan_id, NULL, "", "%s", get_str(ann, REC_ANN_PLAN_ID, "")) == 0) {
         snprintf(x->notes, sizeof x->notes, "%s", get_str(ann, REC_ANN_NOTES, ""));
