@@ -77,6 +77,12 @@ static wq_result sync_job(const char *key, void *arg) {
     int rc = rec_job_with(w->k, w->helpers, w->n_helpers, w->rc, ns, slash + 1, &delta, &r.err);
     double s = clock_now_s() - t0;
     observe(&delta, s);
+    if (rc < 0 && !kube_may_write(w->k)) {
+        /* a write refused by the fence (kube.h): this replica no longer leads, and the reconcile
+         * just stops - no error, no retry; the new leader carries on from what exists */
+        log_msg("debug", "%s: reconcile stopped: %s", key, r.err.msg);
+        return (wq_result){0};
+    }
     r.failed = rc < 0;
     if (!r.failed) log_reconcile(key, &delta, s), r.requeue_after_s = delta.requeue_s;
     return r;

@@ -79,11 +79,20 @@ static void requeue_all(const informers_ctx *x, const char *why) {
     enqueue_jobs(x, NULL, 0);
 }
 
+static phase job_phase(const cJSON *job) {
+    const cJSON *ph = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(job, "status"), "phase");
+    return phase_parse(cJSON_IsString(ph) ? ph->valuestring : NULL);
+}
+
+static bool is_queued(const cJSON *job, void *arg) {
+    (void)arg;
+    return job_phase(job) == PHASE_QUEUED;
+}
+
 /* Jobs that free GPUs may let start or grow: Queued ones, and live ones with spec.gpus.minGPUs. */
 static bool waits_for_gpus(const cJSON *job, void *arg) {
     (void)arg;
-    const cJSON *ph = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(job, "status"), "phase");
-    phase p = phase_parse(cJSON_IsString(ph) ? ph->valuestring : NULL);
+    phase p = job_phase(job);
     if (p == PHASE_QUEUED) return true;
     if (!phase_live(p)) return false;
     job_spec *js = xmalloc(sizeof *js); /* large for a watch thread's stack */
@@ -107,6 +116,15 @@ static bool job_changed(const cJSON *prev, const cJSON *job) {
     const cJSON *pm = cJSON_GetObjectItemCaseSensitive(prev, "metadata"), *m = cJSON_GetObjectItemCaseSensitive(job, "metadata");
     return !same_item(pm, m, "generation") || !same_item(pm, m, "deletionTimestamp") ||
            !same_item(pm, m, "labels") || !same_item(pm, m, "annotations");
+}
+
+/* Whether a job's event may end a claim a Queued job waits behind (rec_admit.c, queue_blocker): the
+ * job left a phase (Queued ahead of others, Restarting its gang), its spec changed (priority,
+ * suspend, GPUs) or it is gone. Its own status writes otherwise (progress) are not. */
+static bool claim_may_end(const cJSON *prev, const cJSON *job, watch_type t) {
+    if (t == WATCH_DELETED || !prev) return t == WATCH_DELETED;
+    const cJSON *pm = cJSON_GetObjectItemCaseSensitive(prev, "metadata"), *m = cJSON_GetObjectItemCaseSensitive(job, "metadata");
+    return job_phase(prev) != job_phase(job) || !same_item(pm, m, "generation") || !same_item(pm, m, "deletionTimestamp");
 }
 
 /* prev: the version the store had (nodes only; NULL when it had none). */
@@ -180,6 +198,8 @@ static int on_event(watch_type t, const cJSON *o, void *arg, err_t *err) {
         return 0; /* older than what the store has */
     }
     if (w->kind != INF_JOBS || t != WATCH_MODIFIED || job_changed(prev, o)) enqueue_object(w, o, t, prev);
+    /* the Queued jobs look again at once: what they wait behind may have moved */
+    if (w->kind == INF_JOBS && claim_may_end(prev, o, t)) enqueue_jobs(w->x, is_queued, 0);
     cJSON_Delete(prev);
     return 0;
 }

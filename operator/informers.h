@@ -4,7 +4,8 @@
  * client-go's informers with their event handlers do:
  *
  *   cephalojobs   a job new, deleted, or its spec, labels or annotations changed (not its status:
- *                 the operator's own writes) -> that job
+ *                 the operator's own writes) -> that job; its phase changed, its spec changed or
+ *                 it is gone -> the Queued jobs too, at once (one may wait behind it)
  *   pods, configmaps, services (label cephalo.dev/job) -> their job
  *   nodes         a node came, went, or changed what the inventory reads (labels, GPUs,
  *                 schedulability, taints, readiness; not heartbeats) -> every job

@@ -38,6 +38,8 @@ struct kube_client {
     double token_read_s; /* when token_file was last read (monotonic) */
     const atomic_int *stop;
     long timeout_s; /* per request; 0: KUBE_REQUEST_TIMEOUT_S */
+    const kube_gate *gate; /* kube_config.write_gate, or what kube_client_set_write_gate put */
+    bool writing; /* the request under way is a write: the pre-request callback asks the gate */
     char errbuf[CURL_ERROR_SIZE];
     event_entry events[KUBE_EVENT_CACHE];
     int event_next;
@@ -68,6 +70,8 @@ static void config_copy(kube_config *d, const kube_config *s) {
     d->key_data = dup_bytes(s->key_data, s->key_len);
     d->key_len = s->key_len;
     d->source = dup_or_null(s->source ? s->source : "kube config");
+    d->user_agent = dup_or_null(s->user_agent);
+    d->write_gate = s->write_gate;
 }
 
 /* (Re)reads the token file when it is due or `force`d (after a 401). A failed re-read keeps the
@@ -114,6 +118,7 @@ kube_client *kube_client_new(const kube_config *c, err_t *err) {
     kube_client *k = xcalloc(1, sizeof *k);
     config_copy(&k->cfg, c);
     k->token = dup_or_null(c->token);
+    k->gate = c->write_gate;
     k->curl = curl_easy_init();
     if (!k->curl) {
         err_set(err, "kube client: cannot create a libcurl handle");
@@ -144,6 +149,8 @@ const char *kube_client_namespace(const kube_client *k) { return k->cfg.namespac
 
 void kube_client_set_stop(kube_client *k, const atomic_int *stop) { k->stop = stop; }
 void kube_client_set_timeout(kube_client *k, long seconds) { k->timeout_s = seconds > 0 ? seconds : 0; }
+void kube_client_set_write_gate(kube_client *k, const kube_gate *gate) { k->gate = gate; }
+bool kube_may_write(const kube_client *k) { return !k->gate || k->gate->may_write(k->gate->arg); }
 
 /* ---- paths ---------------------------------------------------------------------------------- */
 
@@ -201,6 +208,17 @@ static int progress(void *ud, curl_off_t dt, curl_off_t dn, curl_off_t ut, curl_
     return k->stop && atomic_load(k->stop) ? 1 : 0;
 }
 
+#if LIBCURL_VERSION_NUM >= 0x075000 /* 7.80: CURLOPT_PREREQFUNCTION */
+#define KUBE_HAVE_PREREQ 1
+/* Called once the connection is ready, right before the request is sent: the gate's last word
+ * (connecting, or waiting for a stopped process to resume, may have taken a while). */
+static int prereq(void *ud, char *conn_primary_ip, char *conn_local_ip, int conn_primary_port, int conn_local_port) {
+    (void)conn_primary_ip, (void)conn_local_ip, (void)conn_primary_port, (void)conn_local_port;
+    const kube_client *k = ud;
+    return k->writing && !kube_may_write(k) ? CURL_PREREQFUNC_ABORT : CURL_PREREQFUNC_OK;
+}
+#endif
+
 /* Sets up the handle for one request; returns the header list to free after it. */
 static struct curl_slist *setup(kube_client *k, const char *method, const char *url,
                                 const char *content_type, const char *body, long timeout_s,
@@ -232,7 +250,11 @@ static struct curl_slist *setup(kube_client *k, const char *method, const char *
     SET(CURLOPT_NOPROGRESS, 0L);
     SET(CURLOPT_XFERINFOFUNCTION, progress);
     SET(CURLOPT_XFERINFODATA, k);
-    SET(CURLOPT_USERAGENT, "cephalo-operator");
+    SET(CURLOPT_USERAGENT, k->cfg.user_agent ? k->cfg.user_agent : "cephalo-operator");
+#ifdef KUBE_HAVE_PREREQ
+    SET(CURLOPT_PREREQFUNCTION, prereq);
+    SET(CURLOPT_PREREQDATA, k);
+#endif
     SET_PEM(ca, CURLOPT_CAINFO_BLOB, CURLOPT_CAINFO, 0);
     SET_PEM(cert, CURLOPT_SSLCERT_BLOB, CURLOPT_SSLCERT, CURLOPT_SSLCERTTYPE);
     SET_PEM(key, CURLOPT_SSLKEY_BLOB, CURLOPT_SSLKEY, CURLOPT_SSLKEYTYPE);
@@ -326,6 +348,12 @@ static int url_of(const kube_client *k, const char *path, char *url, err_t *err)
     return str_fmt(url, KUBE_URL_MAX, err, "the request URL", "%s%s", k->cfg.server, path);
 }
 
+/* A write the gate refused: not sent. */
+static int fenced(long *status, const char *method, const char *url, err_t *err) {
+    *status = KUBE_FENCED;
+    return err_set(err, "%s %s: not sent: this replica does not hold the leader Lease (fenced)", method, url);
+}
+
 int kube_request(kube_client *k, const char *method, const char *path, const char *content_type,
                  const char *body, cJSON **out, long *status, err_t *err) {
     if (out) *out = NULL;
@@ -334,7 +362,9 @@ int kube_request(kube_client *k, const char *method, const char *path, const cha
     *status = 0;
     char url[KUBE_URL_MAX];
     if (url_of(k, path, url, err) < 0) return -1;
+    k->writing = strcmp(method, "GET") != 0;
     for (int attempt = 0;; attempt++) {
+        if (k->writing && !kube_may_write(k)) return fenced(status, method, url, err);
         if (refresh_token(k, false, err) < 0) return -1;
         struct curl_slist *h = setup(k, method, url, content_type, body,
                                      k->timeout_s ? k->timeout_s : KUBE_REQUEST_TIMEOUT_S, err);
@@ -346,6 +376,9 @@ int kube_request(kube_client *k, const char *method, const char *path, const cha
         CURLcode rc = curl_easy_perform(k->curl);
         curl_slist_free_all(h);
         if (rc != CURLE_OK) {
+            free(b.p);
+            if (k->writing && !kube_may_write(k) && rc == CURLE_ABORTED_BY_CALLBACK)
+                return fenced(status, method, url, err); /* the gate closed while connecting */
             if (b.too_big)
                 err_set(err, "%s %s: response larger than %zu MiB", method, url,
                         KUBE_MAX_BODY >> 20);
@@ -353,7 +386,6 @@ int kube_request(kube_client *k, const char *method, const char *path, const cha
                 err_set(err, "%s %s: stopped", method, url);
             else
                 err_set(err, "%s %s: %s", method, url, k->errbuf[0] ? k->errbuf : curl_easy_strerror(rc));
-            free(b.p);
             return -1;
         }
         curl_easy_getinfo(k->curl, CURLINFO_RESPONSE_CODE, status);
@@ -671,6 +703,7 @@ int kube_stream(kube_client *k, const char *path, double timeout_s, kube_data_fn
     if (url_of(k, path, url, err) < 0) return -1;
     for (int attempt = 0;; attempt++) {
         if (refresh_token(k, false, err) < 0) return -1;
+        k->writing = false;
         struct curl_slist *h = setup(k, "GET", url, NULL, NULL, (long)(timeout_s + 0.999), err);
         if (!h) return -1;
         kube_counts[KUBE_VERB_WATCH]++;

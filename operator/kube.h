@@ -41,6 +41,19 @@
  * tokens rotate; the kubelet rewrites the file well before expiry) and after any 401. */
 #define KUBE_TOKEN_REREAD_S 60.0
 
+/* A write gate (the fence of leader election, lease.h): may_write(arg) says whether this process
+ * may change anything in the cluster now. It is asked before every request that is not a read -
+ * create, update, patch, delete, Events: every method but GET - and again by libcurl just before
+ * the request goes out on its connection (after connecting, which may take long), so that a
+ * write is sent only while the gate is open; a write already sent when it closes is the only one
+ * that lands. A refused request gets status KUBE_FENCED and is not sent at all. Called from the
+ * requesting thread: it must be thread-safe and quick. */
+typedef struct kube_gate {
+    bool (*may_write)(void *arg);
+    void *arg;
+} kube_gate;
+#define KUBE_FENCED (-1L) /* the status of a write the gate refused (no response: 0, HTTP: 100..599) */
+
 /* Where to reach the API server and how to authenticate. Byte buffers (`*_data`) hold PEM text
  * already decoded from a kubeconfig's base64; they are handed to libcurl as blobs, never written
  * to disk. Every field may be NULL except server. */
@@ -56,6 +69,8 @@ typedef struct kube_config {
     char *cert_data, *key_data;
     size_t cert_len, key_len;
     char *source; /* "in-cluster config" or the kubeconfig path, for messages */
+    char *user_agent; /* the User-Agent header (audit logs name it); NULL: "cephalo-operator" */
+    const kube_gate *write_gate; /* NULL: writes are never refused; not owned (must outlive clients) */
 } kube_config;
 
 /* In-cluster: KUBERNETES_SERVICE_HOST/PORT and the service account files in KUBE_SA_DIR (or in
@@ -86,6 +101,11 @@ const char *kube_client_namespace(const kube_client *k);
 void kube_client_set_stop(kube_client *k, const atomic_int *stop);
 /* Bounds every later request (connect included) to `seconds`; 0 restores the default (60 s). */
 void kube_client_set_timeout(kube_client *k, long seconds);
+/* Replaces the write gate the client got from its configuration (NULL: none; the election's own
+ * client, whose Lease writes are what keeps the gate open). */
+void kube_client_set_write_gate(kube_client *k, const kube_gate *gate);
+/* Whether a write would be let through now (always without a gate). */
+bool kube_may_write(const kube_client *k);
 
 /* The path of a resource: api_version "v1" -> /api/v1, "group/version" -> /apis/group/version;
  * namespace NULL or "" for cluster-scoped resources or all namespaces; name NULL for the

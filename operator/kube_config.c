@@ -28,6 +28,7 @@ void kube_config_free(kube_config *c) {
     free(c->cert_data);
     free(c->key_data);
     free(c->source);
+    free(c->user_agent);
     memset(c, 0, sizeof *c);
 }
 

@@ -22,6 +22,8 @@ int lease_init(lease_elector *e, kube_client *k, const lease_opts *o, err_t *err
     e->duration_s = o->lease_duration_s > 0 ? o->lease_duration_s : 15;
     e->renew_deadline_s = o->renew_deadline_s > 0 ? o->renew_deadline_s : 10;
     e->retry_s = o->retry_period_s > 0 ? o->retry_period_s : 2;
+    e->clock = o->clock ? o->clock : clock_now_s;
+    atomic_store(&e->valid_until, 0.0);
     if (e->renew_deadline_s >= e->duration_s)
         e->renew_deadline_s = e->duration_s * 2.0 / 3.0; /* stop leading before others may start */
     return 0;
@@ -36,8 +38,11 @@ void lease_free(lease_elector *e) {
 }
 
 bool lease_is_leader(const lease_elector *e) {
-    return e->leader && clock_now_s() - e->renewed_at < e->renew_deadline_s;
+    double until = atomic_load(&e->valid_until);
+    return until > 0 && e->clock() < until;
 }
+
+bool lease_gate(void *elector) { return lease_is_leader(elector); }
 
 static const char *spec_str(const cJSON *spec, const char *key) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(spec, key);
@@ -73,22 +78,42 @@ static void fill_spec(const lease_elector *e, cJSON *spec, bool renewing, long t
     }
 }
 
-static int won(lease_elector *e) {
+/* Our write that was sent at `sent` (our clock, taken before the request) succeeded: we lead
+ * until sent + renew deadline. Not from the answer's arrival: the API server may have applied
+ * the write, and standbys seen it, any time after it was sent. */
+static int won(lease_elector *e, double sent) {
     e->leader = true;
-    e->renewed_at = clock_now_s();
-    /* our own write is a change of the record: the expiry clock restarts now */
+    e->renewed_at = sent;
+    atomic_store(&e->valid_until, sent + e->renew_deadline_s);
+    /* our own write is a change of the record: the expiry clock restarts */
     free(e->observed);
     e->observed = xstrdup(e->identity);
-    e->observed_at = e->renewed_at;
+    e->observed_at = sent;
     return 1;
 }
 
 static int lost(lease_elector *e) {
+    atomic_store(&e->valid_until, 0.0);
     e->leader = false;
     return 0;
 }
 
+/* The record as the expiry clock compares it; a Lease that is missing is one too. */
+#define LEASE_MISSING "\x01missing"
+
+/* Restarts the expiry clock when the record differs from the one seen last. */
+static void observe(lease_elector *e, char *record, double now) {
+    if (e->observed && strcmp(record, e->observed) == 0) {
+        free(record);
+        return;
+    }
+    free(e->observed);
+    e->observed = record;
+    e->observed_at = now;
+}
+
 static int create_lease(lease_elector *e, const char *coll, err_t *err) {
+    double sent;
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "apiVersion", "coordination.k8s.io/v1");
     cJSON_AddStringToObject(o, "kind", "Lease");
@@ -97,14 +122,28 @@ static int create_lease(lease_elector *e, const char *coll, err_t *err) {
     cJSON_AddStringToObject(md, "namespace", e->namespace);
     fill_spec(e, cJSON_AddObjectToObject(o, "spec"), false, 0);
     long status;
+    sent = e->clock();
     int rc = kube_create(e->k, coll, o, NULL, &status, err);
     cJSON_Delete(o);
     if (rc == 0) {
         e->transitions = 0;
-        return won(e);
+        return won(e, sent);
     }
     if (status == 409) return lost(e); /* another candidate created it first */
     return -1;
+}
+
+/* No Lease (404): whoever held it last may not know yet (deleted by hand while it leads), so it
+ * is created only once it has been missing for a lease duration - at once by a candidate that
+ * never saw one (the first start). Our own leadership ends here. */
+static int lease_missing(lease_elector *e, const char *coll, err_t *err) {
+    bool seen = e->observed != NULL;
+    if (e->leader) log_warn("leader election: Lease %s/%s is gone: no longer leading", e->namespace, e->name);
+    lost(e);
+    double now = e->clock();
+    observe(e, xstrdup(LEASE_MISSING), now);
+    if (seen && now - e->observed_at < (double)e->duration_s) return 0;
+    return create_lease(e, coll, err);
 }
 
 int lease_try(lease_elector *e, err_t *err) {
@@ -117,7 +156,7 @@ int lease_try(lease_elector *e, err_t *err) {
     cJSON *lease;
     long status;
     if (kube_get(e->k, path, &lease, &status, err) < 0)
-        return status == 404 ? create_lease(e, coll, err) : -1;
+        return status == 404 ? lease_missing(e, coll, err) : -1;
     cJSON *spec = cJSON_GetObjectItemCaseSensitive(lease, "spec");
     if (!cJSON_IsObject(spec)) {
         cJSON_DeleteItemFromObjectCaseSensitive(lease, "spec");
@@ -131,27 +170,28 @@ int lease_try(lease_elector *e, err_t *err) {
     long transitions = spec_long(spec, "leaseTransitions");
     long duration = spec_long(spec, "leaseDurationSeconds");
     if (duration <= 0) duration = e->duration_s;
-    char *record = str_printf("%s|%s|%ld", holder, spec_str(spec, "renewTime"), duration);
-    double now = clock_now_s();
+    double now = e->clock();
     bool mine = strcmp(holder, e->identity) == 0;
-    if (!mine && (!e->observed || strcmp(record, e->observed) != 0)) {
-        free(e->observed);
-        e->observed = record, record = NULL;
-        e->observed_at = now;
+    if (!mine) {
+        if (e->leader)
+            log_warn("leader election: Lease %s/%s is held by %s: no longer leading", e->namespace,
+                    e->name, *holder ? holder : "nobody");
+        lost(e); /* whatever we decide below, the Lease is not ours now */
+        observe(e, str_printf("%s|%s|%ld", holder, spec_str(spec, "renewTime"), duration), now);
     }
-    free(record);
     e->transitions = transitions;
     if (*holder && !mine && now - e->observed_at < (double)duration) {
         cJSON_Delete(lease);
-        return lost(e); /* held, and renewed within its duration as far as we can tell */
+        return 0; /* held, and renewed within its duration as far as we can tell */
     }
     /* ours to renew, or free to take: write it with the resourceVersion we read */
     fill_spec(e, spec, mine, transitions + (mine ? 0 : 1));
+    double sent = e->clock();
     int rc = kube_replace(e->k, path, lease, NULL, &status, err);
     cJSON_Delete(lease);
     if (rc == 0) {
         if (!mine) e->transitions = transitions + 1;
-        return won(e);
+        return won(e, sent);
     }
     if (status == 409) return lost(e); /* someone wrote first; the next try reads again */
     return -1;
@@ -159,7 +199,7 @@ int lease_try(lease_elector *e, err_t *err) {
 
 int lease_release(lease_elector *e, err_t *err) {
     if (!e->leader) return 0;
-    e->leader = false;
+    lost(e); /* nothing of ours is written from here on */
     char path[KUBE_PATH_MAX];
     if (kube_path(path, sizeof path, "coordination.k8s.io/v1", e->namespace, "leases", e->name,
                   err) < 0)

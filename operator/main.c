@@ -46,7 +46,10 @@
 #include "operator/reconcile.h"
 #include "operator/workqueue.h"
 
-#define OP_RESYNC_S 30.0 /* every known job is reconciled again this often */
+/* Every known job is reconciled again this often: a safety net for an event missed, not a schedule.
+ * A job is reconciled on the events that concern it (informers.h) and at its own next deadline
+ * (rec_stats.requeue_s: backoff, growth, progress), as controller-runtime's RequeueAfter. */
+#define OP_RESYNC_S 600.0
 
 /* ---- options ------------------------------------------------------------------------------- */
 
@@ -404,18 +407,42 @@ typedef struct op_lease {
     bool started;
 } op_lease;
 
+/* The elector, and the fence every API client of the workers gets through the configuration
+ * (kube_config.write_gate): no write is sent unless lease_gate says this replica leads now. Before
+ * lease_init its valid_until is 0: closed. */
+static op_lease op_le;
+static const kube_gate op_gate = {lease_gate, &op_le.e};
+
+/* Stops leading (once, from whichever thread sees it first): the work stops and the process exits
+ * so that a fresh one campaigns again, unless it is stopping anyway. */
+static void op_demote(const char *why) {
+    if (!atomic_exchange(&op_leading, 0)) return;
+    bool stopping = atomic_load(&op_stop);
+    if (stopping) op_log(1, "stopped leading");
+    else op_log(3, "%s: no longer leading; exiting so that a fresh process campaigns again", why);
+    if (!stopping) atomic_store(&op_lost, 1);
+    atomic_store(&op_stop, 1);
+}
+
 static void op_on_leading(bool leading, void *arg) {
     (void)arg;
-    bool stopping = atomic_load(&op_stop);
     if (leading) {
         op_log(1, "leading: this replica reconciles now");
         atomic_store(&op_leading, 1);
-    } else if (atomic_load(&op_leading)) {
-        op_log(stopping ? 1 : 3, "%s", stopping ? "stopped leading" : "lost the Lease: exiting so that a fresh process campaigns again");
-        atomic_store(&op_leading, 0);
-        if (!stopping) atomic_store(&op_lost, 1);
-        atomic_store(&op_stop, 1);
+    } else {
+        op_demote("lost the Lease");
     }
+}
+
+/* The renew deadline by the clock, whatever the election thread does (a renewal stuck in a slow
+ * request, a process that was stopped): the gate already refuses every write; this says so and
+ * ends the process's work. */
+static void op_check_fence(void) {
+    if (!atomic_load(&op_elect) || !atomic_load(&op_leading) || lease_is_leader(&op_le.e)) return;
+    char why[160];
+    snprintf(why, sizeof why, "the Lease was not renewed within the renew deadline (%.0f s; last renewal sent %.1f s ago)",
+             op_le.e.renew_deadline_s, clock_now_s() - op_le.e.renewed_at);
+    op_demote(why);
 }
 
 static void *op_lease_main(void *arg) {
@@ -450,6 +477,7 @@ static int op_lead(const op_opts *o, const kube_config *cfg, op_lease *lease, er
                      .lease_duration_s = (int)(o->le_duration_s + 0.5),
                      .renew_deadline_s = (int)(o->le_renew_s + 0.5), .retry_period_s = o->le_retry_s};
     kube_client *lk = kube_client_new(cfg, err);
+    if (lk) kube_client_set_write_gate(lk, NULL); /* its Lease writes are what keeps the gate open */
     if (!lk || lease_init(&lease->e, lk, &lo, err) < 0) {
         op_log(3, "leader election: %s", err->msg);
         if (lk) kube_client_free(lk);
@@ -527,13 +555,19 @@ static int op_options(int argc, char **argv, op_opts *o) {
     return -1;
 }
 
-/* The API client of the first worker, from the cluster configuration: NULL after saying why. */
+/* The API client of the first worker, from the cluster configuration: NULL after saying why. With
+ * --leader-elect every client made from cfg writes only through the fence (op_gate). Every request
+ * names this replica in its User-Agent, which the API server's audit log records. */
 static kube_client *op_client(const op_opts *o, kube_config *cfg) {
     err_t err = {{0}};
+    char ident[256];
     if (op_load_config(o, cfg, &err) < 0) {
         op_log(3, "%s", err.msg);
         return NULL;
     }
+    if (op_identity(ident, sizeof ident, &err) < 0) snprintf(ident, sizeof ident, "?");
+    cfg->user_agent = str_printf("cephalo-operator/%s (%s)", cephalo_version(), ident);
+    cfg->write_gate = o->leader_elect ? &op_gate : NULL;
     kube_client *k = kube_client_new(cfg, &err);
     if (!k) {
         op_log(3, "%s: %s", cfg->source ? cfg->source : "config", err.msg);
@@ -560,7 +594,7 @@ static void op_shared_free(void) {
     cache_free(op_caches.nodes), cache_free(op_caches.configmaps), cache_free(op_caches.services);
 }
 
-/* Watches, workers and the 30 s resync until stopped; then the workers and watches joined. */
+/* Watches, workers and the resync (OP_RESYNC_S) until stopped; then the workers and watches joined. */
 static int op_run(const op_opts *o, const kube_config *cfg, kube_client *k, err_t *err) {
     informers_ctx ix = {.caches = &op_caches, .queue = op_queue, .stop = &op_stop, .synced = &op_jobs_listed};
     informers *watches = informers_new(cfg, &ix);
@@ -571,11 +605,13 @@ static int op_run(const op_opts *o, const kube_config *cfg, kube_client *k, err_
                          .profile_cm = o->profile_cm, .planner = op_pool, .plan_timeout_s = o->plan_timeout_s,
                          .worker_archs = &o->worker_archs};
     informers_wait_synced(watches);
+    rec_hold_partial_gangs(&rc_cfg); /* before any admission */
     ctl *workers = ctl_start(op_queue, &rc_cfg, k, cfg, (int)o->workers, &op_stop, &failed);
     if (failed) rc = 1;
     double next_resync = clock_now_s() + OP_RESYNC_S;
     while (!atomic_load(&op_stop)) {
         nanosleep(&(struct timespec){0, 100000000L}, NULL);
+        op_check_fence();
         if (clock_now_s() >= next_resync) {
             informers_requeue_all(watches, NULL);
             next_resync = clock_now_s() + OP_RESYNC_S;
@@ -611,16 +647,16 @@ int main(int argc, char **argv) {
         op_log(3, "%s", err.msg);
         rc = 2;
     }
-    op_lease lease = {0};
+    op_lease *lease = &op_le;
     if (rc == 0) {
         op_log(1, "cephalo-operator %s (commit %s): API server %s (%s), %s, metrics %s, worker image %s",
                cephalo_version(), cephalo_commit(), cfg.server, cfg.source ? cfg.source : "",
                o.namespace ? o.namespace : "all namespaces", o.metrics_addr, o.worker_image);
-        rc = op_lead(&o, &cfg, &lease, &err); /* nothing is watched or written before the Lease is held */
+        rc = op_lead(&o, &cfg, lease, &err); /* nothing is watched or written before the Lease is held */
     }
     if (rc == 0) rc = op_run(&o, &cfg, k, &err);
     atomic_store(&op_stop, 1);
-    op_lease_end(&lease);
+    op_lease_end(lease);
     if (http) MHD_stop_daemon(http); /* before the shared state goes: /metrics reads it */
     op_shared_free();
     kube_client_free(k);

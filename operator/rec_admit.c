@@ -61,6 +61,25 @@ bool rec_gang_ended(const rec_ctx *x, const char *plan_id) {
     return false;
 }
 
+/* How many pods of plan_id's current gang exist, when none ended or is being deleted: the gang was
+ * started on this plan (maybe by another leader, which stopped halfway) and holds its GPUs. Its
+ * missing ranks are created on the same plan, not planned again. 0 otherwise. */
+int rec_gang_started(const rec_ctx *x, const char *plan_id) {
+    char att[32];
+    snprintf(att, sizeof att, "%d", x->attempt);
+    const cJSON *pod;
+    int started = 0;
+    cJSON_ArrayForEach(pod, get(x->pods, "items")) {
+        const cJSON *ann = get(get(pod, "metadata"), "annotations");
+        if (strcmp(get_str(ann, REC_ANN_PLAN_ID, ""), plan_id) || strcmp(get_str(ann, REC_ANN_ATTEMPT, ""), att) ||
+            !rec_owned_by_job(pod, x->job))
+            continue;
+        if (phase_finished(rec_pod_phase(pod)) || get(get(pod, "metadata"), "deletionTimestamp")) return 0;
+        started++;
+    }
+    return started;
+}
+
 /* spec.gpus.minGPUs above the GPUs the job may use anywhere: it can never start. */
 static int never_fits(rec_ctx *x, int usable, err_t *err) {
     char types[256], msg[700];
@@ -139,8 +158,30 @@ static bool shares_nodes(rec_ctx *x, const job_spec *other) {
     return shared;
 }
 
+/* A pod of job j's current gang (its status's plan id and attempt), not ending. */
+static bool current_pod_of(const cJSON *pod, void *job) {
+    const cJSON *j = job, *st = get(j, "status"), *md = get(pod, "metadata"), *ann = get(md, "annotations");
+    char att[32];
+    snprintf(att, sizeof att, "%.0f", get_num(st, "attempt", 0));
+    return !strcmp(get_str(md, "namespace", ""), get_str(get(j, "metadata"), "namespace", "")) &&
+           !strcmp(get_str(get(md, "labels"), REC_LABEL_JOB, ""), get_str(get(j, "metadata"), "name", "")) &&
+           !strcmp(get_str(ann, REC_ANN_PLAN_ID, ""), get_str(get(st, "plan"), "id", "?")) &&
+           !strcmp(get_str(ann, REC_ANN_ATTEMPT, ""), att) && !get(md, "deletionTimestamp") &&
+           !phase_finished(rec_pod_phase(pod));
+}
+
+/* Whether restarting job j's new gang exists (created, or being created: its pods then count as
+ * busy, the ones still to come as assumed): its claim ends there, not once its pods run. */
+static bool gang_recreated(rec_ctx *x, const cJSON *j) {
+    cache_view v;
+    const cJSON *pods = cache_view_list(x->c->caches->pods, current_pod_of, (void *)j, &v);
+    bool some = cJSON_GetArraySize(get(pods, "items")) > 0;
+    cache_view_release(&v);
+    return some;
+}
+
 /* Whether job j (another one) has an earlier claim on GPUs of this job's plan, with `who` saying
- * so: Queued ahead of it, or admitted and restarting its gang there. */
+ * so: Queued ahead of it, or admitted and restarting its gang there (until the new gang exists). */
 static bool blocks(rec_ctx *x, const cJSON *j, char *who, size_t n) {
     const cJSON *st = get(j, "status"), *ad = rec_find_condition(st, "Admitted");
     phase ph = phase_parse(get_str(st, "phase", NULL));
@@ -150,7 +191,7 @@ static bool blocks(rec_ctx *x, const cJSON *j, char *who, size_t n) {
     if (get(get(j, "metadata"), "deletionTimestamp") || other.suspend) return false;
     bool ahead = ph == PHASE_QUEUED && job_before(j, other.priority, x->job, x->js.priority);
     bool restarting = ph == PHASE_RESTARTING && ad && !strcmp(get_str(ad, "status", ""), "True");
-    if ((!ahead && !restarting) || !shares_nodes(x, &other)) return false;
+    if ((!ahead && !restarting) || !shares_nodes(x, &other) || (restarting && gang_recreated(x, j))) return false;
     if (ahead)
         snprintf(who, n, "queued behind CephaloJob %s/%s (priority %ld, created %s), which waits for GPUs "
                  "this job would take", kube_meta_str(j, "namespace"), kube_meta_str(j, "name"), other.priority,
@@ -198,11 +239,11 @@ static int queue_job(rec_ctx *x, const char *msg, err_t *err) {
 }
 
 /* The plan was made; may its gang run? A job that holds its GPUs (a live one whose plan still fits,
- * or whose gang has ended and must be seen through) goes on; another is admitted when every GPU of
- * its plan is free (all or nothing: a partial gang never starts) and no job has an earlier claim
- * on them. */
+ * one whose gang was started on this plan, or whose gang has ended and must be seen through) goes
+ * on; another is admitted when every GPU of its plan is free (all or nothing: a partial gang never
+ * starts) and no job has an earlier claim on them. */
 int rec_admit(rec_ctx *x, err_t *err) {
-    bool live = phase_live(x->old_phase);
+    bool live = phase_live(x->old_phase) || rec_gang_started(x, x->plan_id) > 0;
     int world = cJSON_GetArraySize(get(x->plan_doc, "ranks"));
     char msg[1200], types[256] = "";
     if (live && rec_gang_ended(x, x->plan_id)) return 1;

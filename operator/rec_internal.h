@@ -36,6 +36,8 @@
 #define REC_BLAME_SETTLE_S 3.0   /* how long a failure's blame waits for the rest of its gang */
 #define REC_BLAME_TIE_S 1.0      /* finishedAt stamps this close are a tie (whole seconds) */
 #define REC_PROGRESS_S 5.0       /* seconds between progress reads of a running job */
+#define REC_PROGRESS_MAX_S 60.0  /* ... and at most between reads of workers that do not answer */
+#define REC_OUTSIDE_S 30.0       /* a job failed on a ConfigMap no watch follows reads it again this often */
 #define REC_UNSCHED_FIRST_S 5.0  /* the first refusal's wait before the next gang; doubled per refusal */
 #define REC_UNSCHED_MAX_S 300.0
 
@@ -169,6 +171,8 @@ int rec_choose_view(rec_ctx *x, err_t *err);
 bool rec_plan_fits(rec_ctx *x, const cJSON *plan_doc);
 /* Whether a pod of plan_id's current gang has ended (it must be seen through on that plan). */
 bool rec_gang_ended(const rec_ctx *x, const char *plan_id);
+/* How many pods of plan_id's current gang exist, none ended or being deleted; else 0 (rec_admit.c). */
+int rec_gang_started(const rec_ctx *x, const char *plan_id);
 /* May the planned gang run? 1 admitted; 0 queued (status written); -1 on an API error. */
 int rec_admit(rec_ctx *x, err_t *err);
 
@@ -182,6 +186,11 @@ int rec_delete_pods(rec_ctx *x, const cJSON *pods, bool keep_finished, err_t *er
 int rec_clear_foreign(rec_ctx *x, err_t *err);
 void rec_assume_pods(rec_ctx *x);
 void rec_forget_assumed(rec_ctx *x);
+/* Keeps the pods x assumed in the busy store after x ends, until the job's next reconcile that
+ * ends without an error (rec_release_held): a gang another leader left half created holds the
+ * GPUs of its missing ranks from the moment this leader starts (rec_hold_partial_gangs). */
+void rec_hold_assumed(rec_ctx *x);
+void rec_release_held(const rec_ctx *x);
 int rec_create_pods(rec_ctx *x, gang *g, err_t *err);
 /* The plan ConfigMap (x->new_plan) and its Event, when a new plan was made. */
 int rec_commit_plan(rec_ctx *x, kube_client *k, err_t *err);

@@ -102,6 +102,7 @@ typedef struct plan_task {
     double budget_s; /* --plan-timeout */
     char profile_rv[64]; /* resourceVersion of the profile ConfigMap used, "" for none */
     int rc; /* the result: 0 with out.json, or -1 with out.reason and msg */
+    bool outside; /* failed on an object no watch follows (an initFrom or profile ConfigMap) */
     plan_out out;
     char msg[sizeof(err_t)];
 } plan_task;
@@ -263,10 +264,11 @@ static int plan_inputs_of(const rec_ctx *x, const job_inv *gpus, int cap, plan_t
 static int plan_prepare(rec_ctx *x, plan_task *t, err_t *err) {
     t->out.reason = "InvalidSpec";
     int mrc = plan_model(x->k, x, &t->in.model, err);
+    t->outside = mrc == -1 && x->js.model == JOB_MODEL_INIT_FROM;
     if (mrc < 0) return mrc;
     if (plan_inputs_of(x, rec_inv(x, x->on_free), x->cap, t, err) < 0) return -1;
     int prc = load_profiles(x->k, x, &t->in, t->profile_rv, sizeof t->profile_rv, err);
-    if (prc < 0) t->out.reason = "InvalidProfile";
+    if (prc < 0) t->out.reason = "InvalidProfile", t->outside = prc == -1;
     return prc;
 }
 
@@ -444,14 +446,21 @@ static bool keep_plan(rec_ctx *x, const cJSON *ann, const cJSON *plan_doc) {
 }
 
 /* The ConfigMap's plan, when it was made for this generation and these GPUs, or a pod of its gang
- * ended (to be seen through), or it still fits: 1 with x->plan_doc; 0 to plan anew. */
+ * ended (to be seen through), or its gang was started but not complete and it fits, or it still
+ * fits (and the job is not due to grow): 1 with x->plan_doc; 0 to plan anew. */
 static int stored_plan(rec_ctx *x, const char *gen_s, const char *fp, err_t *err) {
     const cJSON *ann = get(get(x->cm, "metadata"), "annotations");
     const char *cm_plan = get_str(get(x->cm, "data"), "plan.json", NULL);
     if (!cm_plan || strcmp(get_str(ann, REC_ANN_GENERATION, ""), gen_s)) return 0;
     x->plan_doc = json_parse(x->cm_name, cm_plan, strlen(cm_plan), err);
-    if (x->plan_doc && (!strcmp(get_str(ann, REC_ANN_INVENTORY, ""), fp) ||
-                        rec_gang_ended(x, get_str(ann, REC_ANN_PLAN_ID, "")) || keep_plan(x, ann, x->plan_doc)) &&
+    const char *id = get_str(ann, REC_ANN_PLAN_ID, "");
+    /* a gang started on it and not complete yet (maybe left by another leader) is completed on it
+     * while it fits; a complete one grows as keep_plan says */
+    int started = x->plan_doc ? rec_gang_started(x, id) : 0;
+    if (x->plan_doc && (!strcmp(get_str(ann, REC_ANN_INVENTORY, ""), fp) || rec_gang_ended(x, id) ||
+                        (started > 0 && started < cJSON_GetArraySize(get(x->plan_doc, "ranks")) &&
+                         rec_plan_fits(x, x->plan_doc)) ||
+                        keep_plan(x, ann, x->plan_doc)) &&
         /* ours are "g<generation>-<hash>": one too long for the buffer is not, and is planned anew */
         str_fmt(x->plan_id, sizeof x->plan_id, NULL, "", "%s", get_str(ann, REC_ANN_PLAN_ID, "")) == 0) {
         snprintf(x->notes, sizeof x->notes, "%s", get_str(ann, REC_ANN_NOTES, ""));
@@ -516,9 +525,12 @@ int rec_current_plan(rec_ctx *x, err_t *err) {
     bool own;
     int rc = obtain_plan(x, gen_s, fp, &t, &own, err);
     if (rc <= 0) return rc;
-    /* a failure is kept by the pool: nothing is planned again until the inputs change */
+    /* a failure is kept by the pool: nothing is planned again until the inputs change. One on a
+     * ConfigMap no watch follows is a deadline of its own: it is read again REC_OUTSIDE_S later */
     if (t->rc < 0) rc = rec_plan_failed(x, t->out.reason, t->msg, err) < 0 ? -1 : 0;
     else rc = take_plan(x, t, own, gen_s, fp, err);
+    if (t->rc < 0 && t->outside && x->st && (x->st->requeue_s <= 0 || x->st->requeue_s > REC_OUTSIDE_S))
+        x->st->requeue_s = REC_OUTSIDE_S;
     if (own) plan_task_free(t);
     return rc;
 }

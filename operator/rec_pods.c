@@ -129,14 +129,25 @@ int rec_patch_cm_annotation(rec_ctx *x, const char *key, const char *value, err_
     return rc;
 }
 
-int rec_commit_plan(rec_ctx *x, kube_client *k, err_t *err) {
+/* The new plan's ConfigMap; its Event stays due (plan_event). */
+static int plan_configmap(rec_ctx *x, kube_client *k, err_t *err) {
     if (!x->new_plan.json) return 0;
     cm_annotations a = {x->new_plan.gen, x->new_plan.fp, x->plan_id, x->notes};
     if (write_configmap(k, x, x->new_plan.json, &a, err) < 0) return -1; /* the pool keeps the plan for the retry */
     if (x->new_plan.forget) planning_forget(x->c->planner, x->key); /* the ConfigMap has it now */
-    if (x->new_plan.ev_reason) rec_emit(k, x->job, "Normal", x->new_plan.ev_reason, x->new_plan.ev);
     free(x->new_plan.json);
     x->new_plan.json = NULL;
+    return 0;
+}
+
+static void plan_event(rec_ctx *x, kube_client *k) {
+    if (x->new_plan.ev_reason) rec_emit(k, x->job, "Normal", x->new_plan.ev_reason, x->new_plan.ev);
+    x->new_plan.ev_reason = NULL;
+}
+
+int rec_commit_plan(rec_ctx *x, kube_client *k, err_t *err) {
+    if (plan_configmap(x, k, err) < 0) return -1;
+    plan_event(x, k);
     return 0;
 }
 
@@ -175,11 +186,12 @@ static int commit_objects(rec_ctx *x, kube_client *k, bool service, err_t *err) 
     return service ? ensure_service(k, x, err) : 0;
 }
 
-/* A new job's plan ConfigMap (with its Event) and Service, written by a thread of their own on the
- * last helper client while the reconcile creates the pods: its objects cost one round trip, not
- * four in a row. Only when no plan ConfigMap exists yet: a kubelet then waits for it before it
- * starts a pod, whereas pods of a re-plan created before the ConfigMap's update could read the
- * old plan (those wait for rec_commit_plan). */
+/* A new job's plan Event and Service, written by a thread of their own on the last helper client
+ * while the reconcile creates the pods: its objects cost two round trips, not four in a row. The
+ * plan ConfigMap is written first, before any pod: a pod names its plan (REC_ANN_PLAN_ID), and a
+ * leader that takes over a gang half created must find that plan to complete the gang on it
+ * (rec_hold_partial_gangs) instead of planning again and recreating it. Pods of a re-plan are
+ * created after rec_commit_plan too, so that none reads the old plan. */
 static void *side_writes_main(void *arg) {
     rec_ctx *x = arg;
     x->side.rc = commit_objects(x, x->side.k, x->side.service, &x->side.err);
@@ -189,6 +201,7 @@ static void *side_writes_main(void *arg) {
 int rec_side_writes_start(rec_ctx *x, err_t *err) {
     bool service = !x->have_service;
     if (!x->cm && x->new_plan.json && x->n_helpers > 1) {
+        if (plan_configmap(x, x->k, err) < 0) return -1;
         x->side.k = x->helpers[--x->n_helpers]; /* rec_create_pods uses the others */
         x->side.service = service;
         if (pthread_create(&x->side.th, NULL, side_writes_main, x) == 0) {
@@ -422,6 +435,43 @@ void rec_forget_assumed(rec_ctx *x) {
     free(x->assumed);
     x->assumed = NULL;
     x->n_assumed = 0;
+}
+
+/* Assumed pods kept past their reconcile, by job (rec_hold_assumed): few, and only at a leader's
+ * start, so a list. */
+typedef struct held_pods {
+    char key[PLANNING_KEY_MAX]; /* namespace/name */
+    char (*names)[128];
+    int n;
+} held_pods;
+static pthread_mutex_t held_mu = PTHREAD_MUTEX_INITIALIZER;
+static held_pods *held;
+static int n_held;
+
+void rec_hold_assumed(rec_ctx *x) {
+    if (!x->n_assumed) return;
+    pthread_mutex_lock(&held_mu);
+    held = xrealloc(held, (size_t)(n_held + 1) * sizeof *held);
+    held_pods *h = &held[n_held++];
+    snprintf(h->key, sizeof h->key, "%s", x->key);
+    h->names = x->assumed, h->n = x->n_assumed;
+    pthread_mutex_unlock(&held_mu);
+    x->assumed = NULL, x->n_assumed = 0;
+}
+
+/* Those the job did not create meanwhile (the API's pod replaced an assumed one) leave the store:
+ * the reconcile that just ended either created them (admitted: its own assumptions took over) or
+ * decided otherwise (queued, planned again, finished, gone). */
+void rec_release_held(const rec_ctx *x) {
+    pthread_mutex_lock(&held_mu);
+    for (int i = 0; i < n_held; i++) {
+        if (strcmp(held[i].key, x->key) != 0) continue;
+        for (int p = 0; p < held[i].n; p++) cache_remove_version(x->c->caches->busy, x->ns, held[i].names[p], REC_ASSUMED_RV);
+        free(held[i].names);
+        held[i--] = held[--n_held];
+    }
+    if (!n_held) free(held), held = NULL;
+    pthread_mutex_unlock(&held_mu);
 }
 
 /* One thread's share of a gang's pods: every `stride`-th of the missing ones from `first`, over

@@ -308,16 +308,27 @@ static int scrape_progress(rec_ctx *x, const gang *g, cJSON *s) {
     return answered;
 }
 
-/* A running job's progress, at most every REC_PROGRESS_S whatever else reconciles the job;
- * progressTime says when the workers last answered, and moves only then: workers without
- * /metrics cost no write. */
+/* A running job's progress, at most every REC_PROGRESS_S whatever else reconciles the job, while its
+ * workers answer; progressTime says when they last did, and moves only then (workers without
+ * /metrics cost no write). Workers that do not answer (no /metrics served, or not yet) are asked
+ * again after as long as they have been silent (since progressTime, else startTime), at least
+ * REC_PROGRESS_S and at most REC_PROGRESS_MAX_S: at rest such a job is reconciled once a minute, not
+ * every 5 s. Without a metrics port, progress is no deadline at all. */
 static void running_progress(rec_ctx *x, const gang *g, cJSON *s, const char *now) {
-    double last = 0, wait = 0;
-    if (kube_time_parse(get_str(x->old, "progressTime", ""), &last))
-        wait = fmin(REC_PROGRESS_S - (kube_time_now_s() - last), REC_PROGRESS_S); /* clocks of replicas may differ */
-    if (wait <= 0.5) {
-        if (scrape_progress(x, g, s) > 0) set_str(s, "progressTime", now);
+    if (x->js.metrics_port <= 0) return;
+    double t = kube_time_now_s(), last = t, wait;
+    bool answered = kube_time_parse(get_str(x->old, "progressTime", ""), &last);
+    if (!answered && !kube_time_parse(get_str(x->old, "startTime", ""), &last)) last = t;
+    double silent = t - last;
+    if (answered && (wait = fmin(REC_PROGRESS_S - silent, REC_PROGRESS_S)) > 0.5) { /* clocks of replicas may differ */
+        if (x->st) x->st->requeue_s = wait;
+        return;
+    }
+    if (scrape_progress(x, g, s) > 0) {
+        set_str(s, "progressTime", now);
         wait = REC_PROGRESS_S;
+    } else {
+        wait = fmin(fmax(silent, REC_PROGRESS_S), REC_PROGRESS_MAX_S);
     }
     if (x->st) x->st->requeue_s = wait;
 }

@@ -23,15 +23,12 @@ int rec_job(kube_client *k, const rec_config *c, const char *ns, const char *nam
     return rec_job_with(k, NULL, 0, c, ns, name, st, err);
 }
 
-/* The job from the store, its spec read once. A job that is gone, being deleted (the garbage
- * collector deletes its objects) or terminal (a finished job keeps its pods' logs) is nothing to
- * do; a suspended one has its pods deleted. 1 to go on, else the reconcile's result. */
-static int open_job(rec_ctx *x, err_t *err) {
+/* The job from the store, its spec read once. 1; 0 when it is gone, being deleted (the garbage
+ * collector deletes its objects) or terminal (a finished job keeps its pods' logs): nothing to do;
+ * -1 with err set. Reads only. */
+static int read_job(rec_ctx *x, err_t *err) {
     if (kube_path(x->job_path, sizeof x->job_path, REC_API_VERSION, x->ns, "cephalojobs", x->name, err) < 0) return -1;
-    if (!(x->job = cache_get(x->c->caches->jobs, x->ns, x->name))) {
-        rec_forget_plan(x);
-        return 0;
-    }
+    if (!(x->job = cache_get(x->c->caches->jobs, x->ns, x->name))) return 0;
     x->old = get(x->job, "status");
     x->old_phase = phase_parse(get_str(x->old, "phase", NULL));
     x->gen = get_num(get(x->job, "metadata"), "generation", 0);
@@ -46,11 +43,15 @@ static int open_job(rec_ctx *x, err_t *err) {
     /* a cut name could be another job's ConfigMap (rec_clear_foreign deletes one it does not own):
      * a job with a name too long has none */
     if (strlen(x->name) <= REC_NAME_MAX) snprintf(x->cm_name, sizeof x->cm_name, "%s-plan", x->name);
-    if (get(get(x->job, "metadata"), "deletionTimestamp") || rec_terminal(x->old)) {
-        rec_forget_plan(x);
-        return 0;
-    }
-    if (!x->js.suspend) return 1;
+    return !get(get(x->job, "metadata"), "deletionTimestamp") && !rec_terminal(x->old);
+}
+
+/* The job (read_job); one that is nothing to do has its planning dropped, a suspended one its pods
+ * deleted. 1 to go on, else the reconcile's result. */
+static int open_job(rec_ctx *x, err_t *err) {
+    int rc = read_job(x, err);
+    if (rc == 0) rec_forget_plan(x);
+    if (rc <= 0 || !x->js.suspend) return rc;
     rec_forget_plan(x);
     return rec_suspend_job(x, err);
 }
@@ -122,9 +123,47 @@ int rec_job_with(kube_client *k, kube_client *const *helpers, int n_helpers, con
     if (rc > 0) rc = plan_and_admit(x, err);
     if (rc > 0) rc = run_gang(x, &g, err);
     rc = rec_side_writes_join(x, rc, err);
-    if (rc < 0 && st) st->errors++;
+    if (rc < 0 && st && kube_may_write(k)) st->errors++; /* a fenced write is no error (controller.c) */
+    if (rc >= 0) rec_release_held(x); /* decided: its own assumptions (if admitted) took over */
     rec_gang_free(&g);
     ctx_free(x);
     free(x);
     return rc;
+}
+
+/* A gang another leader left half created (rec_hold_partial_gangs): pods of its plan's current
+ * gang exist, none ended, some ranks missing. Their pods are assumed and held. 1 when so. */
+static int hold_partial(const rec_config *c, const char *ns, const char *name) {
+    rec_ctx *x = xcalloc(1, sizeof *x);
+    x->c = c, x->ns = ns, x->name = name;
+    snprintf(x->key, sizeof x->key, "%s/%s", ns, name);
+    err_t err;
+    int found = 0;
+    if (read_job(x, &err) > 0 && !x->js.suspend) {
+        read_stores(x);
+        const cJSON *ann = get(get(x->cm, "metadata"), "annotations");
+        const char *plan_json = get_str(get(x->cm, "data"), "plan.json", NULL);
+        if (plan_json && snprintf(x->plan_id, sizeof x->plan_id, "%s", get_str(ann, REC_ANN_PLAN_ID, "")) < (int)sizeof x->plan_id &&
+            rec_gang_started(x, x->plan_id) > 0 && (x->plan_doc = cJSON_Parse(plan_json))) {
+            rec_assume_pods(x); /* the ranks it lacks */
+            found = x->n_assumed > 0;
+            if (found) log_msg("info", "%s: %d of its %d worker pods exist (plan %s): the missing ones are created on that plan, "
+                               "their GPUs held meanwhile", x->key, cJSON_GetArraySize(get(x->plan_doc, "ranks")) - x->n_assumed,
+                               cJSON_GetArraySize(get(x->plan_doc, "ranks")), x->plan_id);
+            rec_hold_assumed(x);
+        }
+    }
+    ctx_free(x);
+    free(x);
+    return found;
+}
+
+void rec_hold_partial_gangs(const rec_config *c) {
+    cache_view v;
+    const cJSON *j, *jobs = cache_view_list(c->caches->jobs, NULL, NULL, &v);
+    cJSON_ArrayForEach(j, get(jobs, "items")) {
+        const char *ns = kube_meta_str(j, "namespace"), *name = kube_meta_str(j, "name");
+        if (ns && name) hold_partial(c, ns, name);
+    }
+    cache_view_release(&v);
 }

@@ -112,4 +112,10 @@ int rec_job(kube_client *k, const rec_config *c, const char *ns, const char *nam
 int rec_job_with(kube_client *k, kube_client *const *helpers, int n_helpers, const rec_config *c, const char *ns,
                  const char *name, rec_stats *st, err_t *err);
 
+/* A leader's first look, once its stores are synced and before any reconcile: the gangs another
+ * leader left half created (pods of the plan ConfigMap's current gang exist, none ended, ranks
+ * missing) hold the GPUs of their missing ranks (assumed in the busy store), so that no job admitted
+ * before them takes those; each is completed on its plan by its own reconcile. Reads only. */
+void rec_hold_partial_gangs(const rec_config *c);
+
 #endif

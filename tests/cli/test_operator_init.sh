@@ -223,7 +223,7 @@ check "... and none of them got a pod or a plan ConfigMap" 0 "0 0" -- bash -c \
   "echo \$(kubectl -n $JNS get pods -l 'cephalo.dev/job in ($names)' -o name | wc -l) \$(kubectl -n $JNS get configmaps -l 'cephalo.dev/job in ($names)' -o name | wc -l)"
 check "the operator kept running" 0 "" -- kill -0 "$op_pid"
 K -n "$JNS" create configmap nope --from-literal=config.json="$LLAMA_CFG" >/dev/null
-assert "the missing ConfigMap, created later, is read at the next resync: the job is planned" wait_for 60 phase_is no-cm Planned
+assert "the missing ConfigMap, created later, is read again (every 30 s while the job fails on it): the job is planned" wait_for 60 phase_is no-cm Planned
 K -n "$JNS" get pod no-cm-0 -o json >"$dir/no-cm-0.json" 2>&1
 check "... its pods mount the hostPath read-only (the source as given) and start from its root" 0 "hostPath ok" -- \
   $PY - "$dir/no-cm-0.json" <<'PY'

@@ -13,6 +13,10 @@
 # ownerReference garbage collection never runs. With --control-plane (or
 # CEPHALO_K8S_CONTROL_PLANE=1) kube-scheduler and kube-controller-manager (all its default
 # controllers) run too. There is never a kubelet: tests/k8s/kubelet.py plays it.
+# CEPHALO_K8S_AUDIT=1: an audit log of every write (create, update, patch, delete; level Metadata,
+# one JSON line per request once answered: verb, requestURI, user, userAgent, responseStatus,
+# requestReceivedTimestamp) in DIR/audit.log, so that a test can tell which client sent what, and
+# when (cephalo-operator's User-Agent names its replica). Reads are not logged.
 # CEPHALO_K8S_SCHEDULER_ARGS: more kube-scheduler flags, split on spaces (bench-operator's
 # BENCH_OP_SCHEDULER_ARGS, e.g. --kube-api-qps=200 --kube-api-burst=400: by default its client
 # sends at most 50 requests a second after a burst of 100, one per pod bound).
@@ -262,6 +266,15 @@ start() {
     --service-account-key-file="$dir/sa.pub" --service-account-signing-key-file="$dir/sa.key"
     --authorization-mode=RBAC --token-auth-file="$dir/tokens.csv" --allow-privileged=true
     --disable-admission-plugins=ServiceAccount)
+  case "${CEPHALO_K8S_AUDIT:-0}" in
+    1|true|yes)
+      printf '%s\n' 'apiVersion: audit.k8s.io/v1' 'kind: Policy' 'omitStages: [RequestReceived]' 'rules:' \
+        '- level: Metadata' '  verbs: [create, update, patch, delete, deletecollection]' '- level: None' \
+        >"$dir/audit-policy.yaml"
+      args+=(--audit-policy-file="$dir/audit-policy.yaml" --audit-log-path="$dir/audit.log" --audit-log-mode=blocking) ;;
+    0|false|no|'') ;;
+    *) log "CEPHALO_K8S_AUDIT=$CEPHALO_K8S_AUDIT: expected 1 or 0"; exit 2 ;;
+  esac
   printf '%s\n' "${args[@]}" >"$dir/apiserver.args"
   echo "$ap" >"$dir/apiserver.port"
   "$BIN/kube-apiserver" "${args[@]}" >"$dir/apiserver.log" 2>&1 &

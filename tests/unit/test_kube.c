@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "common/fileio.h"
 #include "fake_http.h"
 #include "operator/inventory.h"
@@ -593,6 +594,96 @@ static void test_lease_election(void **state) {
     assert_non_null(strstr(srv.body[11], "\"leaseTransitions\":3"));
 }
 
+/* The fence (lease.h): the gate is open from the moment a successful acquire or renewal was SENT
+ * until the renew deadline after it, by the clock alone; a failed attempt changes nothing, a Lease
+ * held by another or missing closes it at once, and a gated client sends no write while it is
+ * closed (reads go on). The clock is the monotonic one plus an offset the test moves forward. */
+static double fence_offset;
+static double fence_clock(void) { return clock_now_s() + fence_offset; }
+static bool always_open(void *arg) { return arg != NULL; }
+
+static void test_lease_fence(void **state) {
+    (void)state;
+    static const fake_step script[] = {
+        {"GET", LEASE, 404, "{\"kind\":\"Status\",\"code\":404}", 0, false}, /* never saw one: create */
+        {"POST", LEASES, 201, "{}", 0, false},
+        {"POST", "/api/v1/namespaces/ns/configmaps", 201, "{}", 0, false}, /* through the open gate */
+        /* a renewal whose answer takes 0.5 s: the deadline counts from the send */
+        {"GET", LEASE, 200, LEASE_OBJ("5", "pod-a", "2024-01-01T00:00:00.000000Z", "0"), 0, false},
+        {"PUT", LEASE, 200, LEASE_OBJ("6", "pod-a", "2024-01-01T00:00:01.000000Z", "0"), 1, false},
+        {"GET", CM_PATH, 200, "{}", 0, false}, /* a read through the closed gate */
+        {"GET", LEASE, 500, "{\"kind\":\"Status\",\"code\":500}", 0, false}, /* a failed attempt */
+        {"GET", LEASE, 200, LEASE_OBJ("7", "pod-b", "2024-01-01T00:01:00.000000Z", "1"), 0, false},
+        /* deleted by hand: a candidate that saw it waits a lease duration before creating it */
+        {"GET", LEASE, 404, "{\"kind\":\"Status\",\"code\":404}", 0, false},
+        {"GET", LEASE, 404, "{\"kind\":\"Status\",\"code\":404}", 0, false},
+        {"GET", LEASE, 404, "{\"kind\":\"Status\",\"code\":404}", 0, false},
+        {"POST", LEASES, 201, "{}", 0, false},
+        /* deleted while we lead: no longer leading, and not created again at once */
+        {"GET", LEASE, 404, "{\"kind\":\"Status\",\"code\":404}", 0, false},
+    };
+    int n = (int)(sizeof script / sizeof *script);
+    fake_server srv;
+    assert_int_equal(fake_start(&srv, script, n), 0);
+    kube_client *k = client_for(&srv, NULL, NULL), *w = client_for(&srv, NULL, NULL);
+    lease_elector e;
+    err_t err;
+    long status;
+    fence_offset = 1000;
+    lease_opts o = {.name = "cephalo-operator", .identity = "pod-a", .clock = fence_clock};
+    assert_int_equal(lease_init(&e, k, &o, &err), 0);
+    kube_gate gate = {lease_gate, &e};
+    kube_client_set_write_gate(w, &gate);
+    cJSON *cm = cJSON_Parse("{\"metadata\":{\"name\":\"x\"}}");
+    assert_false(lease_gate(&e) || kube_may_write(w)); /* closed before the first acquire */
+
+    double t0 = fence_clock();
+    assert_int_equal(lease_try(&e, &err), 1);
+    assert_true(e.renewed_at >= t0 && e.renewed_at <= fence_clock());
+    fence_offset += e.renewed_at + 9.9 - fence_clock(); /* 9.9 s after the acquire was sent */
+    assert_true(lease_gate(&e));
+    assert_int_equal(kube_create(w, "/api/v1/namespaces/ns/configmaps", cm, NULL, &status, &err), 0);
+    fence_offset += 0.2; /* past the renew deadline (10 s) with no attempt at all */
+    assert_false(lease_gate(&e));
+    assert_int_equal(kube_create(w, "/api/v1/namespaces/ns/configmaps", cm, NULL, &status, &err), -1);
+    assert_int_equal(status, KUBE_FENCED);
+    assert_non_null(strstr(err.msg, "not sent: this replica does not hold the leader Lease"));
+    assert_int_equal(kube_delete(w, CM_PATH, &status, &err), -1); /* every write verb */
+    assert_int_equal(status, KUBE_FENCED);
+
+    t0 = fence_clock();
+    assert_int_equal(lease_try(&e, &err), 1); /* renewed (still ours): open again */
+    double t1 = fence_clock();
+    assert_true(e.renewed_at >= t0 && e.renewed_at < t1 - 0.3); /* before the slow answer */
+    assert_true(atomic_load(&e.valid_until) == e.renewed_at + 10);
+    assert_true(lease_gate(&e));
+    cJSON *got = NULL;
+    kube_client_set_write_gate(w, &(kube_gate){always_open, NULL}); /* closed: reads still go */
+    assert_false(kube_may_write(w));
+    assert_int_equal(kube_get(w, CM_PATH, &got, &status, &err), 0);
+    cJSON_Delete(got);
+
+    fence_offset += 5;
+    assert_int_equal(lease_try(&e, &err), -1); /* the API failed: nothing changes */
+    assert_true(lease_gate(&e));
+    assert_int_equal(lease_try(&e, &err), 0); /* pod-b holds it: closed at once, deadline or not */
+    assert_false(lease_gate(&e) || lease_is_leader(&e));
+
+    assert_int_equal(lease_try(&e, &err), 0); /* gone: wait */
+    fence_offset += 14;
+    assert_int_equal(lease_try(&e, &err), 0);
+    fence_offset += 1.5;
+    assert_int_equal(lease_try(&e, &err), 1); /* missing for a lease duration: created */
+    assert_true(lease_gate(&e));
+    assert_int_equal(lease_try(&e, &err), 0); /* deleted while leading */
+    assert_false(lease_gate(&e));
+    cJSON_Delete(cm);
+    lease_free(&e);
+    kube_client_free(w);
+    kube_client_free(k);
+    finish(&srv, n);
+}
+
 /* ---- inventory: compute capability ---------------------------------------------------------- */
 
 static cJSON *nodes_json(const char *text) {
@@ -836,6 +927,7 @@ int main(void) {
         cmocka_unit_test(test_update_retry_on_conflict),
         cmocka_unit_test(test_events_counted),
         cmocka_unit_test(test_lease_election),
+        cmocka_unit_test(test_lease_fence),
         cmocka_unit_test(test_worker_archs),
         cmocka_unit_test(test_inventory_compute_capability),
         cmocka_unit_test(test_inventory_gpu_accounting),
