@@ -263,3 +263,26 @@ print("%.2f" % (first["w"] - first["r"]) if "r" in first and "w" in first else "
 echo "# w's first pod $wake s after r's new gang's first"
 check "... w is woken by the new gang of r: its pods come within 5 s of those (a second plus the planning)" 0 "" -- \
   $PY -c "import sys; print('$wake'); sys.exit(0 if 0 <= float('${wake:-99}') < 5 else 1)"
+
+# ---- kill -9 of the leader mid-bring-up: the new leader completes the partial gangs ------------------
+# as section 1, but the leader dies (no SIGCONT, no last words): op-f finds gangs of 6 half created
+start_op op-f
+assert "replica op-f is a ready standby" wait_for 30 ready op-f
+t_k=$(now)
+jobs k1 k2 k3 6
+end=$((SECONDS + 30))
+until writes op-e "$t_k" | grep -q ' create /api/v1/namespaces/default/pods ' || [ $SECONDS -ge $end ]; do sleep 0.01; done
+kill -9 "${op_pid[op-e]}"
+reap op-e
+pod_uids >"$dir/pods.at-kill"
+plan_ids >"$dir/plans.at-kill"
+assert "op-e killed (-9) mid-bring-up: op-f takes the Lease after the lease duration" wait_for 40 holder_is op-f
+assert "op-f brings k1 k2 k3 up" wait_for 60 complete k1 k2 k3 r w
+check "kill -9: no pod that op-e had created was deleted or recreated" 0 "" -- \
+  bash -c "pods=\$(kubectl get pods -o jsonpath='{range .items[*]}{.metadata.name}={.metadata.uid}{\"\\n\"}{end}'); \
+    missing=\$(grep -vxF -f <(echo \"\$pods\") '$dir/pods.at-kill'); echo \"\$missing\"; [ -z \"\$missing\" ]"
+echo "# op-e had created $(grep -c '^k' "$dir/pods.at-kill") pods of k1 k2 k3's 18 when it was killed: $(grep '^k' "$dir/pods.at-kill" | cut -d- -f1 | sort | uniq -c | xargs)"
+plan_ids >"$dir/plans.after-kill"
+grep '^k' "$dir/pods.at-kill" | cut -d- -f1 | sort -u | sed 's/$/-plan=/' >"$dir/started-k"
+check "... on the plans op-e had made for them (plan ids kept)" 0 "" -- \
+  bash -c "[ ! -s '$dir/started-k' ] || { grep -F -f '$dir/started-k' '$dir/plans.at-kill' | grep -vxF -f '$dir/plans.after-kill'; [ \$? = 1 ]; }"
