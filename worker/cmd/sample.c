@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "cmd/cmd.h"
 #include "common/args.h"
@@ -134,7 +135,14 @@ static int parse_args(int argc, char **argv, sample_args *a) {
         {O_SEED, a->pick.temperature > 0, sampling},
         {O_GPU, !strcmp(a->device, "cuda"), "--device cuda"},
     };
-    return args_check_only(&p, only, sizeof only / sizeof only[0]);
+    rc = args_check_only(&p, only, sizeof only / sizeof only[0]);
+    /* known before the model is read: an --init-from directory without a tokenizer.json */
+    char tj[PATH_MAX];
+    struct stat st;
+    if (!rc && a->no_bos && !a->tokenizer && a->init_from &&
+        (snprintf(tj, sizeof tj, "%s/tokenizer.json", a->init_from) >= (int)sizeof tj || stat(tj, &st) != 0))
+        return args_bad(&p, "--no-bos needs --tokenizer or DIR/tokenizer.json (bytes have no BOS token)");
+    return rc;
 }
 
 /* The model and its parameters, host side. */
