@@ -286,6 +286,7 @@ static int data_text(const char *outdir, long shard_tokens, double val_fraction,
         if (k.index[si] > 1) printf(" .. %s_%06d.bin", name, k.index[si] - 1);
         putchar('\n');
     }
+    printf("  tokenizer bytes-256, recorded in each shard's header\n");
     if (n_val) printf("  train on '%s/train_*.bin' (the directory alone would include the val shards)\n", outdir);
     warn_leftover_shards(outdir, k.index);
 done:

@@ -118,6 +118,11 @@ check "another tokenizer of the same size: refused" 2 "written with tokenizer $o
 check "a larger vocabulary (Llama-3-like shards on a 260-token model): refused" 2 "(vocabulary 261), larger than the model's vocabulary 260" -- \
   "$W" "${TR[@]}" --init-from "$T/g0" --data "$T/l3d" --steps 1
 assert "... before any step" bash -c "! grep -q '^step ' '$T/big.out'"
+check "--val-data of another tokenizer: refused" 2 "--val-data $T/b/train_000000.bin: written with tokenizer bytes-256, but the model's tokenizer is $name" -- \
+  "$W" "${TR[@]}" --init-from "$T/g" --data "$T/d" --val-data "$T/b" --steps 1
+check "eval --init-from on another tokenizer's data: refused" 2 "written with tokenizer bytes-256, but the model's tokenizer is $name" -- \
+  "$W" eval --init-from "$T/g" --data "$T/b" --samples 4 --seq 16
+check "byte data names bytes-256" 0 "tokenizer bytes-256, recorded in each shard's header" -- "$C" data -o "$T/b2" "$T/a.txt"
 check "llm.c shards (no identity) are accepted" 0 "" -- "$W" "${TR[@]}" --init-from "$T/g" --data "$T/llmc.bin" --steps 1 --quiet
 check "a --init-from tokenizer larger than the model: refused" 2 "has 261 tokens but the model's vocabulary only 260" -- \
   bash -c "cp -r '$T/g0' '$T/gl3' && cp '$T/l3.json' '$T/gl3/tokenizer.json' && '$W' ${TR[*]} --init-from '$T/gl3' --data '$T/llmc.bin' --steps 1"
@@ -141,6 +146,9 @@ S=(sample --prompt "the theory" --max-new-tokens 12 --temperature 0)
 check "sample --init-from DIR uses DIR/tokenizer.json" 0 "" -- "$W" "${S[@]}" --init-from "$T/g"
 "$W" "${S[@]}" --init-from "$T/g" >"$T/s2.txt" 2>/dev/null
 assert "... the same text as with --tokenizer" cmp "$T/s1.txt" "$T/s2.txt"
+check "eval --checkpoint on another tokenizer's data: refused" 2 "but the model's tokenizer is $name ($T/ck/tokenizer.json, the checkpoint's)" -- \
+  "$W" eval --checkpoint "$T/ck" --data "$T/b" --samples 4
+check "eval --checkpoint on its own data" 0 "" -- "$W" eval --checkpoint "$T/ck" --data "$T/d" --samples 4
 check "sample --checkpoint uses the checkpoint's tokenizer.json" 0 "" -- "$W" "${S[@]}" --checkpoint "$T/ck"
 check "sample --tokenizer other than the model's: refused" 2 "is tokenizer $other, but the model's own is $name" -- \
   "$W" "${S[@]}" --init-from "$T/g" --tokenizer "$T/swapped.json"

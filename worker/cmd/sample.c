@@ -177,10 +177,9 @@ static int load_model(const sample_args *a, gen *g, err_t *err) {
 /* The tokenizer kept with the model (state/mtok.h): --init-from DIR's tokenizer.json, or the one
  * beside the checkpoint; t->path "" when there is none. */
 static int model_tokenizer(const sample_args *a, mtok *t, err_t *err) {
-    if (a->init_from) return mtok_from_dir(a->init_from, t, err);
-    char path[PATH_MAX];
-    if (ckpt_dir_resolve(a->checkpoint, path, sizeof path, err) < 0) return -1;
-    return mtok_for_checkpoint(path, t, err);
+    char path[PATH_MAX] = "";
+    if (a->checkpoint && ckpt_dir_resolve(a->checkpoint, path, sizeof path, err) < 0) return -1;
+    return mtok_for_model(a->init_from, path, t, err);
 }
 
 /* The text codec: --tokenizer, else the model's own tokenizer.json, else bytes when the

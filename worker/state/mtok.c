@@ -56,6 +56,10 @@ void mtok_data_dir(const char *spec, char *out, size_t n) {
     else parent(first, out, n);
 }
 
+int mtok_for_model(const char *init_from, const char *resolved, mtok *t, err_t *err) {
+    return init_from ? mtok_from_dir(init_from, t, err) : mtok_for_checkpoint(resolved, t, err);
+}
+
 int mtok_check_data(const mtok *model, const char *model_from, tok_id data, const char *shard, err_t *err) {
     if (!model->id.kind || !data.kind || tok_id_equal(model->id, data)) return 0;
     char a[TOK_ID_NAME_MAX], b[TOK_ID_NAME_MAX];

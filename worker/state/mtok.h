@@ -30,6 +30,9 @@ void mtok_data_dir(const char *spec, char *out, size_t n);
 /* 0 when the data's tokenizer (from its shard headers; `shard` names one) can be the model's:
  * either is unknown, or they are the same. Else -1 with both names and where they come from. */
 int mtok_check_data(const mtok *model, const char *model_from, tok_id data, const char *shard, err_t *err);
+/* The model tokenizer for `eval`/`sample`-like commands: --init-from DIR's, else the one kept
+ * beside the checkpoint (resolved: ckpt_dir_resolve's answer). */
+int mtok_for_model(const char *init_from, const char *resolved, mtok *t, err_t *err);
 /* 0 when the tokenizer's vocabulary fits the model's (vocab); else -1 naming the file. */
 int mtok_check_vocab(const mtok *t, int vocab, const char *what, err_t *err);
 
