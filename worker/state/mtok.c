@@ -44,6 +44,10 @@ int mtok_for_checkpoint(const char *resolved, mtok *t, err_t *err) {
     parent(resolved, dir, sizeof dir);
     if (mtok_from_dir(dir, t, err) < 0) return -1;
     if (t->id.kind || file_is_dir(resolved)) return 0;
+    /* one rank's file of a step directory (CKPT/step_N/rank-R.safetensors): CKPT's; never the
+     * directory above any other file, where an unrelated tokenizer.json may lie */
+    const char *base = strrchr(dir, '/');
+    if (strncmp(base ? base + 1 : dir, "step_", 5)) return 0;
     parent(dir, up, sizeof up);
     return strcmp(up, dir) ? mtok_from_dir(up, t, err) : 0;
 }

@@ -19,9 +19,9 @@ typedef struct mtok {
 
 /* DIR/tokenizer.json when it exists (loaded: a bad file is an error naming it); else *t unknown. */
 int mtok_from_dir(const char *dir, mtok *t, err_t *err);
-/* The tokenizer kept beside a checkpoint: tokenizer.json in the directory of the checkpoint file
- * or step directory `resolved` (ckpt_dir_resolve's answer), else in the directory above it (a
- * step directory's checkpoint directory); *t unknown when neither has one. */
+/* The tokenizer kept beside a checkpoint: tokenizer.json in the step directory `resolved`
+ * (ckpt_dir_resolve's answer) or the directory of the checkpoint file, else in the checkpoint
+ * directory above a step directory; *t unknown when none has one. */
 int mtok_for_checkpoint(const char *resolved, mtok *t, err_t *err);
 /* The directory of the first shard of a data spec (a directory: itself; a file or a pattern: the
  * directory it is in), where `cephalo data` keeps the shards' tokenizer.json. */
