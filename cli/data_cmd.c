@@ -12,6 +12,7 @@
 
 #include "common/args.h"
 #include "common/fileio.h"
+#include "common/json_util.h"
 #include "common/outputs.h"
 #include "common/log.h"
 #include "common/strutil.h"
@@ -114,6 +115,7 @@ static int sink_add(shard_sink *k, const uint16_t *toks, int64_t n, err_t *err) 
                         k->index[si]++) < 0 ||
                 !(k->w = data_shard_writer_open(k->path, err)))
                 return -1;
+            data_shard_writer_set_tokenizer(k->w, tok_id_bytes());
             k->cur = si;
         }
         int64_t room = k->shard_tokens - data_shard_writer_count(k->w);
@@ -284,6 +286,7 @@ static int data_text(const char *outdir, long shard_tokens, double val_fraction,
         if (k.index[si] > 1) printf(" .. %s_%06d.bin", name, k.index[si] - 1);
         putchar('\n');
     }
+    printf("  tokenizer bytes-256, recorded in each shard's header\n");
     if (n_val) printf("  train on '%s/train_*.bin' (the directory alone would include the val shards)\n", outdir);
     warn_leftover_shards(outdir, k.index);
 done:
@@ -308,6 +311,7 @@ typedef struct tsink {
     const char *dir;
     long shard_tokens;
     int version;
+    tok_id tok; /* recorded in every shard's header */
     data_shard_writer *w[2];
     int index[2];
     int64_t tokens[2], docs[2];
@@ -327,6 +331,7 @@ static int tsink_add(tsink *k, int si, const int32_t *ids, size_t n, err_t *err)
                         k->index[si]++) < 0 ||
                 !(k->w[si] = data_shard_writer_open_version(k->path, k->version, err)))
                 return -1;
+            data_shard_writer_set_tokenizer(k->w[si], k->tok);
         }
         int64_t room = k->shard_tokens - data_shard_writer_count(k->w[si]);
         size_t m = n < sizeof buf / sizeof *buf ? n : sizeof buf / sizeof *buf;
@@ -493,6 +498,9 @@ static void print_tok_summary(const tok_run *r, int n_files, const char *outdir)
         if (r->k.index[si] > 1) printf(" .. %s_%06d.bin", name, r->k.index[si] - 1);
         putchar('\n');
     }
+    char name[TOK_ID_NAME_MAX];
+    tok_id_name(r->k.tok, name);
+    printf("  tokenizer %s, recorded in each shard's header; its file is %s/tokenizer.json\n", name, outdir);
     if (r->k.index[1]) printf("  train on '%s/train_*.bin' (the directory alone would include the val shards)\n", outdir);
 }
 
@@ -509,7 +517,35 @@ static int tok_setup(tok_run *r, const tok_opts *o, err_t *err) {
         return err_set(err, "%s: --bos: no beginning-of-text token (none of <|begin_of_text|>, <s>, <|startoftext|>, <bos>)",
                        o->tokenizer);
     r->k.version = tok_vocab_size(r->t) > 65536 ? DATA_SHARD_VERSION_U32 : DATA_SHARD_VERSION;
+    r->k.tok = tok_identity(r->t);
     return 0;
+}
+
+/* OUTDIR/tokenizer.json: the shards' tokenizer, beside them, so that training (and the
+ * checkpoints and exports after it) can carry the file on. One already there with the same
+ * identity stays; another is left as it is, with a warning (it is not this command's to replace). */
+static int keep_tokenizer(const char *outdir, const char *src, tok_id id, err_t *err) {
+    char dst[4096];
+    if (str_fmt(dst, sizeof dst, err, "-o: the tokenizer path", "%s/tokenizer.json", outdir) < 0) return -1;
+    if (file_same(src, dst)) return 0;
+    struct stat st;
+    if (stat(dst, &st) == 0) {
+        tok_id have;
+        err_t e2;
+        char a[TOK_ID_NAME_MAX], b[TOK_ID_NAME_MAX];
+        if (tok_file_identity(dst, &have, &e2) == 0 && tok_id_equal(have, id)) return 0;
+        tok_id_name(id, a);
+        tok_id_name(have, b);
+        fprintf(stderr, "cephalo data: warning: %s is another tokenizer (%s) than the shards' (%s); left as it is, so "
+                        "training on %s will not find the shards' tokenizer there\n", dst, b, a, outdir);
+        return 0;
+    }
+    size_t len;
+    char *text = file_read_all(src, JSON_MAX_FILE, &len, err);
+    if (!text) return -1;
+    int rc = file_write_atomic(dst, text, len, err);
+    free(text);
+    return rc;
 }
 
 static int data_tokenized(const char *outdir, long shard_tokens, double val, const tok_opts *o, char **files,
@@ -552,6 +588,10 @@ static int data_tokenized(const char *outdir, long shard_tokens, double val, con
     if (rc) {
         tsink_abort(&r.k);
         if (!existed) rmdir(outdir); /* only when empty: shards finished before the failure stay */
+        rc = data_fail(err.msg);
+        goto done;
+    }
+    if (keep_tokenizer(outdir, o->tokenizer, r.k.tok, &err) < 0) {
         rc = data_fail(err.msg);
         goto done;
     }

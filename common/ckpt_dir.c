@@ -42,7 +42,7 @@ static bool ckpt_owns(const char *name) {
     bool file;
     size_t n = strlen(name);
     return parse_name(name, &step, &file) || !strcmp(name, "latest") || !strcmp(name, CKPT_KEEP_FILE) ||
-           !strcmp(name, "index.json") || !strcmp(name, ".lock") || (n > 12 && !strcmp(name + n - 12, SUFFIX));
+           !strcmp(name, "index.json") || !strcmp(name, ".lock") || !strcmp(name, "tokenizer.json") || (n > 12 && !strcmp(name + n - 12, SUFFIX));
 }
 
 const out_kind ckpt_dir_kind = {"checkpoint directory", ckpt_owns, true, NULL};

@@ -141,7 +141,7 @@ check "the worker trains on version 2 shards" 0 "16 tokens, 2 windows of 4+1, cl
   "${BUILD:-build/rel}/bin/cephalo-worker" train --model "$T/tok-llama.yaml" --batch 1 --steps 3 --threads 1 \
   --data "$T/tk,$T/tk"
 check "--shard-tokens with version 2" 0 "" -- "$BIN" data -o "$T/tk2" --tokenizer "$T/tok.json" --shard-tokens 4 "$T/d1.txt" "$T/d2.txt"
-expect "shards of 4 tokens" "$(ls "$T/tk2" | tr '\n' ' ')" "train_000000.bin train_000001.bin "
+expect "shards of 4 tokens" "$(ls "$T/tk2" | tr '\n' ' ')" "tokenizer.json train_000000.bin train_000001.bin "
 check "--val-fraction 0.5: document 1 to val" 0 "val:   4 tokens, 1 documents in 1 shard" -- \
   "$BIN" data -o "$T/tk3" --tokenizer "$T/tok.json" --val-fraction 0.5 "$T/d1.txt" "$T/d2.txt"
 check "--val-fraction with too few files" 2 "--val-fraction 0.1: 2 files (each one document), too few for one validation document" -- \

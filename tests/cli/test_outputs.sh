@@ -87,7 +87,7 @@ check "export into a directory of someone else's model: refused" 2 \
   "-o mine: it holds config.json, which cephalo-worker export did not write (no .cephalo-export there)" -- \
   "$W" export --checkpoint ck -o mine
 check "... their config.json untouched" 0 '"mine": true' -- cat mine/config.json
-check "export again into its own directory: fine" 0 "wrote hf/model.safetensors" -- "$W" export --checkpoint ck -o hf
+check "export again into its own directory: fine" 0 "wrote hf: model.safetensors" -- "$W" export --checkpoint ck -o hf
 cp ck/step_00000003.safetensors hf2.safetensors
 mkdir ex && cp ck/step_00000003.safetensors ex/model.safetensors
 check "export of a checkpoint into the directory it lies in, under a name export writes" 2 \

@@ -132,6 +132,83 @@ static void test_shard_roundtrip(void **state) {
     assert_int_equal(file_size(P("empty.bin")), 1024);
 }
 
+/* The tokenizer's identity in header slots 3..7: written, read back, and checked against the
+ * model's vocabulary and the other shards when the data is opened; llm.c's zeros read as
+ * unknown; a marker with a bad identity is an error naming the file. */
+static void test_shard_tokenizer(void **state) {
+    (void)state;
+    err_t err = {{0}};
+    const tok_id bpe = {TOKID_BYTE_BPE, 300, 0x0123456789abcdefull}, other = {TOKID_BYTE_BPE, 300, 0x42};
+    const char *paths[] = {P("tk_a.bin"), P("tk_b.bin"), P("tk_c.bin")};
+    const tok_id ids[] = {bpe, other, tok_id_bytes()};
+    uint16_t t[40];
+    for (int i = 0; i < 40; i++) t[i] = (uint16_t)(i * 7 % 256);
+    for (int k = 0; k < 3; k++) {
+        data_shard_writer *w = data_shard_writer_open(paths[k], &err);
+        assert_non_null(w);
+        data_shard_writer_set_tokenizer(w, ids[k]);
+        assert_int_equal(data_shard_writer_add(w, t, 40, &err), 0);
+        assert_int_equal(data_shard_writer_close(w, &err), 0);
+    }
+    /* the header as bytes: llm.c's three fields, then the marker and the identity */
+    FILE *f = fopen(paths[0], "rb");
+    uint32_t h[256];
+    assert_int_equal(fread(h, 4, 256, f), 256);
+    fclose(f);
+    assert_int_equal(h[0], 20240520);
+    assert_int_equal(h[1], 1);
+    assert_int_equal(h[2], 40);
+    assert_int_equal(h[3], 0x44494b54); /* "TKID" */
+    assert_int_equal(h[4], TOKID_BYTE_BPE);
+    assert_int_equal(h[5], 300);
+    assert_int_equal(h[6], 0x89abcdefu);
+    assert_int_equal(h[7], 0x01234567u);
+    for (int i = 8; i < 256; i++) assert_int_equal(h[i], 0);
+    tok_id back;
+    assert_int_equal(data_shard_tokenizer(paths[0], h, &back, &err), 0);
+    assert_true(tok_id_equal(back, bpe));
+
+    /* through the dataset */
+    data_source *ds;
+    const char *where;
+    assert_int_equal(data_open_tokens(&ds, paths[0], DATA_TRAIN, 4, 300, DATA_CLM, 1, &err), 0);
+    assert_true(tok_id_equal(data_tokenizer(ds, &where), bpe));
+    assert_string_equal(where, paths[0]);
+    data_close(ds);
+    assert_int_equal(data_open_tokens(&ds, paths[2], DATA_TRAIN, 4, 256, DATA_CLM, 1, &err), 0);
+    assert_true(tok_id_equal(data_tokenizer(ds, NULL), tok_id_bytes()));
+    data_close(ds);
+
+    /* a vocabulary larger than the model's is refused at open, before any token is read */
+    assert_int_equal(data_open_tokens(&ds, paths[0], DATA_TRAIN, 4, 299, DATA_CLM, 1, &err), -1);
+    assert_msg_has(err, "tk_a.bin: written with tokenizer bpe-300-0123456789abcdef (vocabulary 300), larger than "
+                        "the model's vocabulary 299");
+    /* two tokenizers in one run */
+    char spec[600];
+    snprintf(spec, sizeof spec, "%s,%s", paths[0], paths[1]);
+    assert_int_equal(data_open_tokens(&ds, spec, DATA_TRAIN, 4, 300, DATA_CLM, 1, &err), -1);
+    assert_msg_has(err, "tk_b.bin: written with tokenizer bpe-300-0000000000000042, but ");
+    assert_msg_has(err, "tk_a.bin with bpe-300-0123456789abcdef");
+
+    /* llm.c's shards (zeros) are unknown, and mix with any */
+    make_shard(P("llmc.bin"), 40, 0, 256);
+    snprintf(spec, sizeof spec, "%s,%s", P("llmc.bin"), paths[0]);
+    assert_int_equal(data_open_tokens(&ds, spec, DATA_TRAIN, 4, 300, DATA_CLM, 1, &err), 0);
+    assert_true(tok_id_equal(data_tokenizer(ds, &where), bpe));
+    assert_string_equal(where, paths[0]);
+    data_close(ds);
+    assert_int_equal(data_open_tokens(&ds, P("llmc.bin"), DATA_TRAIN, 4, 300, DATA_CLM, 1, &err), 0);
+    assert_int_equal(data_tokenizer(ds, NULL).kind, TOKID_UNKNOWN);
+    data_close(ds);
+
+    /* the marker with a bad identity */
+    h[4] = 9;
+    assert_int_equal(data_shard_tokenizer("x.bin", h, &back, &err), -1);
+    assert_msg_has(err, "x.bin: header slots 3..7 carry the tokenizer marker but kind 9");
+    h[4] = TOKID_BYTES, h[5] = 300;
+    assert_int_equal(data_shard_tokenizer("x.bin", h, &back, &err), -1);
+}
+
 /* Version 2 shards: uint32 tokens, for vocabularies above 65536 (llm.c's Llama-3 shards). */
 static void test_shard_u32(void **state) {
     (void)state;
@@ -816,7 +893,8 @@ static void test_directory_roles(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_shard_roundtrip),    cmocka_unit_test(test_shard_header_errors),
+        cmocka_unit_test(test_shard_roundtrip),
+        cmocka_unit_test(test_shard_tokenizer),    cmocka_unit_test(test_shard_header_errors),
         cmocka_unit_test(test_shard_u32),
         cmocka_unit_test(test_bad_arguments),      cmocka_unit_test(test_token_vocab_errors),
         cmocka_unit_test(test_no_windows),         cmocka_unit_test(test_order_is_permutation),

@@ -474,8 +474,88 @@ static void test_corrupted_files(void **state) {
     free(good);
 }
 
+/* ---- identity ---- */
+
+static tok_id ident_of(const char *json) {
+    tok *t = load(json);
+    tok_id id = tok_identity(t);
+    tok_free(t);
+    return id;
+}
+
+/* The identity follows the content, not the file: another key order, whitespace, merges as
+ * arrays give the same; one more merge, another merge order, another pattern or an added token's
+ * flag change it. Names round-trip through tok_id_parse. */
+static void test_identity(void **state) {
+    (void)state;
+    char *base = byte_level_json(GPT2_PRE, WORD_EXTRA, WORD_MERGES, NULL);
+    tok_id a = ident_of(base);
+    assert_int_equal(a.kind, TOKID_BYTE_BPE);
+    assert_int_equal(a.vocab, 301);
+    assert_true(a.hash != 0);
+
+    /* the same document reformatted (whitespace after every key's colon), and with the merges
+     * as ["A", "B"] pairs */
+    sbuf b = {0};
+    for (const char *c = base; *c; c++)
+        if (!strncmp(c, "\": ", 3)) sb_add(&b, "\" :\n\t"), c += 2;
+        else sb_add(&b, "%c", *c);
+    assert_true(tok_id_equal(a, ident_of(b.p)));
+    sbuf c = {0};
+    const char *m = strstr(base, "\"merges\": [");
+    assert_non_null(m);
+    sb_add(&c, "%.*s\"merges\": [", (int)(m - base), base);
+    for (int i = 0; WORD_MERGES[i]; i++) {
+        const char *sp = strchr(WORD_MERGES[i], ' ');
+        sb_add(&c, "%s[\"%.*s\", \"%s\"]", i ? ", " : "", (int)(sp - WORD_MERGES[i]), WORD_MERGES[i], sp + 1);
+    }
+    sb_add(&c, "]}}");
+    assert_true(tok_id_equal(a, ident_of(c.p)));
+
+    /* content changes */
+    const char *const fewer[] = {"a b", "Ġ a", "Ġ Ġ", "1 2", "12 3", "Ċ Ċ", "Ġ b", "ab Ġ", NULL};
+    const char *const swapped[] = {"Ġ a", "a b", "Ġ Ġ", "1 2", "12 3", "Ċ Ċ", "Ġ b", "ab Ġ", "12 12", NULL};
+    char *d1 = byte_level_json(GPT2_PRE, WORD_EXTRA, fewer, NULL);
+    char *d2 = byte_level_json(GPT2_PRE, WORD_EXTRA, swapped, NULL);
+    char *d3 = byte_level_json(LLAMA3_PRE, WORD_EXTRA, WORD_MERGES, NULL);
+    tok_id i1 = ident_of(d1), i2 = ident_of(d2), i3 = ident_of(d3);
+    assert_false(tok_id_equal(a, i1));
+    assert_false(tok_id_equal(a, i2));
+    assert_false(tok_id_equal(a, i3));
+    assert_int_equal(i1.vocab, 301);
+
+    /* names */
+    char name[TOK_ID_NAME_MAX], want[TOK_ID_NAME_MAX];
+    tok_id_name(a, name);
+    snprintf(want, sizeof want, "bpe-301-%016llx", (unsigned long long)a.hash);
+    assert_string_equal(name, want);
+    tok_id back;
+    assert_int_equal(tok_id_parse(name, &back), 0);
+    assert_true(tok_id_equal(a, back));
+    tok_id_name(tok_id_bytes(), name);
+    assert_string_equal(name, "bytes-256");
+    assert_int_equal(tok_id_parse(name, &back), 0);
+    assert_true(tok_id_equal(back, tok_id_bytes()));
+    tok_id_name((tok_id){0}, name);
+    assert_string_equal(name, "unknown");
+    assert_int_equal(tok_id_parse("unknown", &back), 0);
+    assert_int_equal(back.kind, TOKID_UNKNOWN);
+    static const char *const bad[] = {"bpe-301", "bpe-0-0123456789abcdef", "bpe-301-0123", "sp-x-0123456789abcdef",
+                                      "bpe-301-0123456789ABCDEF", "bytes-257", "gpt2", ""};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) assert_int_equal(tok_id_parse(bad[i], &back), -1);
+
+    /* tok_string inverts tok_find */
+    tok *t = load(base);
+    assert_string_equal(tok_string(t, 300), "<|endoftext|>");
+    assert_int_equal(tok_find(t, tok_string(t, AB)), AB);
+    assert_null(tok_string(t, 299)); /* no token has the id */
+    tok_free(t);
+    free(base), free(b.p), free(c.p), free(d1), free(d2), free(d3);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_identity),
         cmocka_unit_test(test_gpt2_pattern),     cmocka_unit_test(test_gpt2_words_are_separate),
         cmocka_unit_test(test_llama3_pattern),   cmocka_unit_test(test_round_trip_random),
         cmocka_unit_test(test_sentencepiece),    cmocka_unit_test(test_sentencepiece_metaspace_and_unk),

@@ -19,6 +19,7 @@
 #include "model/eval.h"
 #include "state/ckpt.h"
 #include "state/ckpt_resume.h"
+#include "state/mtok.h"
 #include "state/plan_read.h"
 
 typedef struct eval_cmd {
@@ -95,6 +96,15 @@ static int parse_eval(int argc, char **argv, eval_cmd *o) {
     if (o->plan && (o->seq || o->micro)) return args_bad(&p, "--seq and --microbatch come from the plan; give one or the other");
     const args_only only[] = {{O_GPU, o->device && !strcmp(o->device, "cuda"), "--device cuda"}};
     return args_check_only(&p, only, 1);
+}
+
+/* Validation shards of another tokenizer than the model's (state/mtok.h) are refused. */
+static int check_tokenizer(const eval_cmd *o, const evaluator *ev, err_t *err) {
+    mtok model;
+    const char *shard = NULL;
+    if (mtok_for_model(o->init_from, o->resolved, &model, err) < 0) return -1;
+    tok_id data = data_tokenizer(eval_source(ev), &shard);
+    return mtok_check_data(&model, o->init_from ? "--init-from" : "the checkpoint's", data, shard, err);
 }
 
 /* The file whose metadata describes the checkpoint at PATH (resolved): the file, or a step
@@ -237,6 +247,7 @@ int cmd_eval(int argc, char **argv) {
     evaluator *ev = rc ? NULL : eval_open(t, &o.val, &err);
     double loss = NAN;
     if (!rc && !ev) rc = (fprintf(stderr, WORKER_NAME " eval: %s\n", err.msg), WCMD_EXIT_BAD_INPUT);
+    if (!rc && check_tokenizer(&o, ev, &err) < 0) rc = (fprintf(stderr, WORKER_NAME " eval: %s\n", err.msg), WCMD_EXIT_BAD_INPUT);
     if (!rc && eval_loss(ev, t, &loss, &err) < 0) rc = (fprintf(stderr, WORKER_NAME " eval: %s\n", err.msg), WCMD_EXIT_RUNTIME);
     if (!rc && c.rank == 0) print_result(&o, t, ev, loss);
     eval_close(ev);

@@ -3,10 +3,12 @@
  * prefills it into the KV cache (model/kvcache.c) and decodes one token at a time, streaming the
  * text to stdout and the speed to stderr. The token choice is model/sample.c's sample_pick. */
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "cmd/cmd.h"
 #include "common/args.h"
@@ -22,6 +24,7 @@
 #include "model/import.h"
 #include "model/sample.h"
 #include "state/export.h"
+#include "state/mtok.h"
 
 
 typedef struct sample_args {
@@ -130,10 +133,16 @@ static int parse_args(int argc, char **argv, sample_args *a) {
         {O_TOPK, a->pick.temperature > 0, sampling},
         {O_TOPP, a->pick.temperature > 0, sampling},
         {O_SEED, a->pick.temperature > 0, sampling},
-        {O_NO_BOS, a->tokenizer != NULL, "--tokenizer (bytes have no BOS token)"},
         {O_GPU, !strcmp(a->device, "cuda"), "--device cuda"},
     };
-    return args_check_only(&p, only, sizeof only / sizeof only[0]);
+    rc = args_check_only(&p, only, sizeof only / sizeof only[0]);
+    /* known before the model is read: an --init-from directory without a tokenizer.json */
+    char tj[PATH_MAX];
+    struct stat st;
+    if (!rc && a->no_bos && !a->tokenizer && a->init_from &&
+        (snprintf(tj, sizeof tj, "%s/tokenizer.json", a->init_from) >= (int)sizeof tj || stat(tj, &st) != 0))
+        return args_bad(&p, "--no-bos needs --tokenizer or DIR/tokenizer.json (bytes have no BOS token)");
+    return rc;
 }
 
 /* The model and its parameters, host side. */
@@ -165,22 +174,44 @@ static int load_model(const sample_args *a, gen *g, err_t *err) {
     return 0;
 }
 
-/* The text codec: a tokenizer.json, or bytes when the vocabulary is 256. */
+/* The tokenizer kept with the model (state/mtok.h): --init-from DIR's tokenizer.json, or the one
+ * beside the checkpoint; t->path "" when there is none. */
+static int model_tokenizer(const sample_args *a, mtok *t, err_t *err) {
+    char path[PATH_MAX] = "";
+    if (a->checkpoint && ckpt_dir_resolve(a->checkpoint, path, sizeof path, err) < 0) return -1;
+    return mtok_for_model(a->init_from, path, t, err);
+}
+
+/* The text codec: --tokenizer, else the model's own tokenizer.json, else bytes when the
+ * vocabulary is 256. A --tokenizer other than the one kept with the model is refused. */
 static int load_codec(const sample_args *a, gen *g, err_t *err) {
     g->V = g->m.vocab;
     g->eos = -1;
-    if (!a->tokenizer) {
+    mtok kept;
+    if (model_tokenizer(a, &kept, err) < 0) return -1;
+    const char *file = a->tokenizer ? a->tokenizer : kept.path[0] ? kept.path : NULL;
+    if (!file) {
+        if (a->no_bos)
+            return err_set(err, "--no-bos needs --tokenizer or a tokenizer.json beside the model (bytes have no BOS token)");
         if (g->m.vocab != 256)
             return err_set(err, "the model's vocabulary has %d tokens, so its text needs its tokenizer: "
                                 "give --tokenizer tokenizer.json (without it the text is bytes, which "
                                 "fits a 256-token vocabulary only)", g->m.vocab);
         return 0;
     }
-    if (tok_load(&g->t, a->tokenizer, err) < 0) return -1;
+    if (tok_load(&g->t, file, err) < 0) return -1;
+    if (a->tokenizer && kept.path[0] && !tok_id_equal(tok_identity(g->t), kept.id)) {
+        char given[TOK_ID_NAME_MAX], own[TOK_ID_NAME_MAX];
+        tok_id_name(tok_identity(g->t), given);
+        tok_id_name(kept.id, own);
+        return err_set(err, "--tokenizer %s is tokenizer %s, but the model's own is %s (%s): not this model's tokenizer "
+                            "(leave --tokenizer out to use the model's)",
+                       a->tokenizer, given, own, kept.path);
+    }
     int32_t tv = tok_vocab_size(g->t);
     if (tv > g->m.vocab)
         return err_set(err, "%s: the tokenizer has %d tokens but the model's vocabulary only %d: "
-                            "not this model's tokenizer", a->tokenizer, (int)tv, g->m.vocab);
+                            "not this model's tokenizer", file, (int)tv, g->m.vocab);
     g->V = tv; /* a padded vocabulary's extra rows are never sampled: they have no text */
     g->eos = tok_eos(g->t);
     return 0;

@@ -32,6 +32,7 @@
 #include "state/ckpt.h"
 #include "state/ckpt_resume.h"
 #include "state/dump.h"
+#include "state/mtok.h"
 #include "state/plan_read.h"
 
 enum { EXIT_RUNTIME = WCMD_EXIT_RUNTIME, EXIT_BAD_INPUT = WCMD_EXIT_BAD_INPUT, EXIT_STOPPED = WCMD_EXIT_STOPPED };
@@ -581,6 +582,38 @@ static int run_training(trainer *t, const worker_opts *o, FILE *log, dumper *dp,
     return 0;
 }
 
+/* The model's tokenizer (state/mtok.h): --init-from's tokenizer.json, else the one kept beside
+ * the checkpoint resumed from, else the shards' own (with `cephalo data`'s tokenizer.json beside
+ * them). Data written with another tokenizer is refused here, before the first step; the one
+ * found is recorded in every checkpoint and kept in the checkpoint directory. */
+static int setup_tokenizer(const trainer *t, const worker_opts *o, mtok *out, const char **out_from, err_t *err) {
+    mtok model = {0};
+    const char *from = "--init-from";
+    if (o->cfg.init_from && mtok_from_dir(o->cfg.init_from, &model, err) < 0) return -1;
+    if (!model.id.kind && t->step > 0) {
+        char path[PATH_MAX];
+        const char *ck = resumes_from_path(o->ck.resume) ? o->ck.resume : o->ck.dir;
+        from = "the checkpoint resumed from";
+        if (ck && ckpt_dir_resolve(ck, path, sizeof path, err) == 0 && mtok_for_checkpoint(path, &model, err) < 0) return -1;
+    }
+    if (mtok_check_vocab(&model, t->cfg.model.vocab, "the model", err) < 0) return -1;
+    const char *shard = NULL;
+    tok_id data = t->data ? data_tokenizer(t->data, &shard) : (tok_id){0};
+    if (mtok_check_data(&model, from, data, shard, err) < 0) return -1;
+    if (!model.id.kind && data.kind) {
+        char dir[PATH_MAX];
+        mtok beside;
+        mtok_data_dir(o->cfg.data, dir, sizeof dir);
+        if (mtok_from_dir(dir, &beside, err) < 0) return -1;
+        model = tok_id_equal(beside.id, data) ? beside : (mtok){.id = data};
+        from = "the training shards'";
+    }
+    *out = model;
+    *out_from = from;
+    ckpt_set_tokenizer(model.id);
+    return o->ck.dir && t->cfg.rank == 0 ? mtok_keep(&model, o->ck.dir, err) : 0;
+}
+
 /* One rank's training once the job is resolved (and, across ranks, the communicator open). */
 static int train_rank(worker_opts o) {
     int rc = 0;
@@ -594,6 +627,14 @@ static int train_rank(worker_opts o) {
         ckpt_finish(lock);
         fprintf(stderr, "cephalo-worker: %s%s\n", rc == CKPT_REFUSED ? "" : "resume: ", err.msg);
         return rc == CKPT_REFUSED ? EXIT_BAD_INPUT : EXIT_RUNTIME;
+    }
+    mtok model_tok;
+    const char *tok_from;
+    if (setup_tokenizer(t, &o, &model_tok, &tok_from, &err) < 0) {
+        trainer_free(t);
+        ckpt_finish(lock);
+        fprintf(stderr, "cephalo-worker: %s\n", err.msg);
+        return EXIT_BAD_INPUT;
     }
     if (t->cfg.steps == 0 && t->step == 0) { /* the initial weights as checkpoint step 0 (to export them) */
         if (o.ck.dir && ckpt_checkpoint(t, &o.ck, false, &err) < 0) rc = (fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_RUNTIME);
@@ -626,6 +667,12 @@ static int train_rank(worker_opts o) {
     if (m && t->step > 0) metrics_checkpoint(m, t->step); /* resumed from it */
     evaluator *ev = rc ? NULL : eval_open(t, &o.val, &err);
     if (!rc && !ev && err.msg[0]) rc = (fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_BAD_INPUT);
+    if (!rc && ev) { /* --val-data of another tokenizer: refused like --data */
+        const char *shard = NULL;
+        tok_id vt = data_tokenizer(eval_source(ev), &shard);
+        if (mtok_check_data(&model_tok, tok_from, vt, shard, &err) < 0)
+            rc = (fprintf(stderr, "cephalo-worker: --val-data %s\n", err.msg), EXIT_BAD_INPUT);
+    }
     if (!rc && !o.quiet) {
         char desc[512], peak[32], host[32];
         data_describe(t->data, desc, sizeof desc);

@@ -209,7 +209,24 @@ struct data_shard_writer {
     afile f;
     int64_t count;
     int version;
+    tok_id tok;
 };
+
+int data_shard_tokenizer(const char *name, const void *hdr, tok_id *id, err_t *err) {
+    const uint8_t *h = hdr;
+    *id = (tok_id){0};
+    if (rd32(h + 12) != DATA_SHARD_TOKID_MARK) return 0;
+    uint32_t kind = rd32(h + 16), vocab = rd32(h + 20);
+    uint64_t hash = (uint64_t)rd32(h + 24) | (uint64_t)rd32(h + 28) << 32;
+    bool ok = (kind == TOKID_BYTES && vocab == 256 && hash == 0) ||
+              ((kind == TOKID_BYTE_BPE || kind == TOKID_SP_BPE) && vocab >= 1 && vocab <= (1u << 24));
+    if (!ok)
+        return err_set(err, "%s: header slots 3..7 carry the tokenizer marker but kind %u, vocabulary %u are not a "
+                            "tokenizer identity (expected kind 1 with vocabulary 256, or kind 2 or 3 with 1..%u)",
+                       name, kind, vocab, 1u << 24);
+    *id = (tok_id){(tok_id_kind)kind, (int32_t)vocab, hash};
+    return 0;
+}
 
 data_shard_writer *data_shard_writer_open(const char *path, err_t *err) {
     return data_shard_writer_open_version(path, DATA_SHARD_VERSION, err);
@@ -274,10 +291,19 @@ int data_shard_writer_add32(data_shard_writer *w, const uint32_t *tokens, int64_
 
 int64_t data_shard_writer_count(const data_shard_writer *w) { return w->count; }
 
+void data_shard_writer_set_tokenizer(data_shard_writer *w, tok_id id) { w->tok = id; }
+
 int data_shard_writer_close(data_shard_writer *w, err_t *err) {
-    uint8_t cnt[4];
-    wr32(cnt, (uint32_t)w->count);
-    int rc = af_finish(&w->f, 8, cnt, 4, err);
+    uint8_t h[24] = {0}; /* header slots 2..7: the count, then the tokenizer's identity */
+    wr32(h, (uint32_t)w->count);
+    if (w->tok.kind != TOKID_UNKNOWN) {
+        wr32(h + 4, DATA_SHARD_TOKID_MARK);
+        wr32(h + 8, (uint32_t)w->tok.kind);
+        wr32(h + 12, (uint32_t)w->tok.vocab);
+        wr32(h + 16, (uint32_t)w->tok.hash);
+        wr32(h + 20, (uint32_t)(w->tok.hash >> 32));
+    }
+    int rc = af_finish(&w->f, 8, h, sizeof h, err);
     free(w);
     return rc;
 }
@@ -494,6 +520,7 @@ typedef struct shard {
     mapping map;
     int64_t n_tokens, n_windows;
     int version; /* 1: uint16 tokens, 2: uint32 */
+    tok_id tok;  /* the header's tokenizer identity */
 } shard;
 
 struct data_source {
@@ -705,8 +732,41 @@ static int open_shard(shard *sh, const char *path, int seq, err_t *err) {
     sh->path = xstrdup(path);
     if (map_file(path, &sh->map, hdr, sizeof hdr, &len, err) < 0) return -1;
     if (shard_check_header(path, hdr, len, &sh->n_tokens, &sh->version, err) < 0) return -1;
+    if (data_shard_tokenizer(path, hdr, &sh->tok, err) < 0) return -1;
     sh->n_windows = sh->n_tokens >= (int64_t)seq + 1 ? (sh->n_tokens - 1) / seq : 0;
     return 0;
+}
+
+/* Shard i's tokenizer against the others' and the model's vocabulary: data written with another
+ * tokenizer, or with one whose ids the model cannot embed, is refused before the first step
+ * rather than when a large id is read mid-run. Shards without an identity pass (their tokens are
+ * checked as read). */
+static int check_shard_tokenizer(const data_source *ds, int i, err_t *err) {
+    const shard *sh = &ds->shards[i];
+    char a[TOK_ID_NAME_MAX], b[TOK_ID_NAME_MAX];
+    if (sh->tok.kind == TOKID_UNKNOWN) return 0;
+    tok_id_name(sh->tok, a);
+    for (int j = 0; j < i; j++)
+        if (ds->shards[j].tok.kind != TOKID_UNKNOWN && !tok_id_equal(ds->shards[j].tok, sh->tok)) {
+            tok_id_name(ds->shards[j].tok, b);
+            return err_set(err, "%s: written with tokenizer %s, but %s with %s: the shards of one run need one tokenizer",
+                           sh->path, a, ds->shards[j].path, b);
+        }
+    if (sh->tok.vocab > ds->vocab)
+        return err_set(err, "%s: written with tokenizer %s (vocabulary %d), larger than the model's vocabulary %d: "
+                            "not this model's data (tokenize it with the model's tokenizer.json)",
+                       sh->path, a, (int)sh->tok.vocab, ds->vocab);
+    return 0;
+}
+
+tok_id data_tokenizer(const data_source *ds, const char **first) {
+    if (first) *first = ds->n_shards ? ds->shards[0].path : NULL;
+    for (int i = 0; i < ds->n_shards; i++)
+        if (ds->shards[i].tok.kind != TOKID_UNKNOWN) {
+            if (first) *first = ds->shards[i].path;
+            return ds->shards[i].tok;
+        }
+    return (tok_id){0};
 }
 
 int data_open_tokens(data_source **out, const char *spec, data_role role, int seq, int vocab, data_task task,
@@ -727,6 +787,11 @@ int data_open_tokens(data_source **out, const char *spec, data_role role, int se
     for (int i = 0; i < files.n; i++) {
         ds->n_shards = i + 1;
         if (open_shard(&ds->shards[i], files.v[i], seq, err) < 0) {
+            sl_free(&files);
+            data_close(ds);
+            return -1;
+        }
+        if (check_shard_tokenizer(ds, i, err) < 0) {
             sl_free(&files);
             data_close(ds);
             return -1;

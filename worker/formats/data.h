@@ -27,6 +27,7 @@
 
 #include "common/err.h"
 #include "common/outputs.h"
+#include "formats/tokenizer.h"
 
 typedef enum { DATA_CLM, DATA_MLM } data_task;
 
@@ -40,6 +41,14 @@ typedef struct data_source data_source;
 #define DATA_SHARD_VERSION_U32 2
 #define DATA_SHARD_HEADER_BYTES 1024 /* 256 little-endian int32 */
 #define DATA_SHARD_MAX_TOKENS INT32_MAX
+/* The tokenizer's identity in the header slots llm.c leaves zero: h[3] = this marker ("TKID"),
+ * h[4] = tok_id_kind, h[5] = vocabulary size, h[6], h[7] = the hash's low and high 32 bits.
+ * Without the marker (llm.c's own shards: zeros) the tokenizer is unknown. */
+#define DATA_SHARD_TOKID_MARK 0x44494b54
+
+/* The tokenizer identity a shard header records (TOKID_UNKNOWN without one); -1 with a message
+ * when the marker is there but the fields are not a valid identity. hdr: the 1024 header bytes. */
+int data_shard_tokenizer(const char *name, const void *hdr, tok_id *id, err_t *err);
 
 /* Validates a shard image in memory (header, version, token count against len); name is used in
  * the messages. On success stores the token count. */
@@ -61,6 +70,8 @@ int data_shard_writer_add(data_shard_writer *w, const uint16_t *tokens, int64_t 
 /* uint32 tokens; into a version 1 shard each must be below 65536 (else an error naming it). */
 int data_shard_writer_add32(data_shard_writer *w, const uint32_t *tokens, int64_t n, err_t *err);
 int64_t data_shard_writer_count(const data_shard_writer *w);
+/* Records the tokenizer's identity in the header (written at close). */
+void data_shard_writer_set_tokenizer(data_shard_writer *w, tok_id id);
 int data_shard_writer_close(data_shard_writer *w, err_t *err); /* frees w, even on error */
 void data_shard_writer_abort(data_shard_writer *w);             /* removes path.tmp, frees w */
 
@@ -132,6 +143,9 @@ int data_get_tokens(data_source *ds, int64_t s, int32_t *inputs, int32_t *target
 int data_get_image(data_source *ds, int64_t s, float *pixels, int32_t *label, err_t *err);
 
 bool data_is_images(const data_source *ds);
+/* The tokenizer the shards record (all agree: data_open_tokens refuses a mix), TOKID_UNKNOWN
+ * when none does (llm.c shards, synthetic data); *first (may be NULL) names a shard that records it. */
+tok_id data_tokenizer(const data_source *ds, const char **first);
 /* Samples per epoch (W); INT64_MAX for synthetic sources. */
 int64_t data_num_samples(const data_source *ds);
 /* The sample (window or image index, 0..W-1) that global sample s reads: perm_{s/W}(s % W);

@@ -227,6 +227,7 @@ struct tok {
     uint8_t added_first[256]; /* some added token starts with this byte */
     cache_ent *cache;
     char desc[96];
+    uint64_t ident; /* tok_identity's hash, computed at load */
     /* scratch for one word */
     int32_t *sym_id, *sym_prev, *sym_next;
     size_t sym_cap;
@@ -241,6 +242,14 @@ const char *tok_describe(const tok *t) { return t->desc; }
 int32_t tok_vocab_size(const tok *t) { return t->n_ids; }
 
 int32_t tok_find(const tok *t, const char *s) { return (int32_t)sm_get(&t->vocab, s, strlen(s)); }
+
+const char *tok_string(const tok *t, int32_t id) {
+    for (size_t e = 0; e < t->vocab.n; e++)
+        if (t->vocab.val[e] == id) return t->vocab.blob + t->vocab.off[e];
+    return NULL;
+}
+
+int32_t tok_unk(const tok *t) { return t->unk; }
 
 static int32_t find_first(const tok *t, const char *const *names) {
     for (int i = 0; names[i]; i++) {
@@ -1223,6 +1232,115 @@ static int load_root(loader *L, const cJSON *root) {
     return 0;
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* identity                                                                                    */
+
+/* FNV-1a, 64-bit: simple, stable across platforms and releases (the hash is stored in files). */
+static void fnv(uint64_t *h, const void *p, size_t n) {
+    const uint8_t *s = p;
+    for (size_t i = 0; i < n; i++) *h = (*h ^ s[i]) * 0x100000001b3ull;
+}
+
+static void fnv_u32(uint64_t *h, uint32_t v) {
+    uint8_t b[4] = {(uint8_t)v, (uint8_t)(v >> 8), (uint8_t)(v >> 16), (uint8_t)(v >> 24)};
+    fnv(h, b, 4);
+}
+
+static int merge_rank_cmp(const void *a, const void *b) {
+    const merge_ent *x = a, *y = b;
+    return (x->rank > y->rank) - (x->rank < y->rank);
+}
+
+/* The canonical content, in a fixed order: a version tag, the kind, the pattern and the flags
+ * that change encoding; then per id 0..n_ids-1 its token string (length-prefixed; absent ids
+ * hash as length 0xffffffff) and whether it is an added token; then the merges by rank as
+ * (left id, right id, merged id). */
+static uint64_t compute_identity(const tok *t) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    fnv(&h, "cephalo-tokenizer-1", 19);
+    fnv_u32(&h, (uint32_t)t->kind);
+    fnv_u32(&h, (uint32_t)t->pre);
+    fnv_u32(&h, (uint32_t)t->seg);
+    fnv_u32(&h, (uint32_t)(t->add_prefix_space | t->ignore_merges << 1 | t->sp_prepend << 2 | t->sp_strip << 3 |
+                           t->fuse_unk << 4));
+    fnv_u32(&h, (uint32_t)t->unk);
+    fnv_u32(&h, (uint32_t)t->n_ids);
+    uint32_t *entry = xcalloc((size_t)t->n_ids, sizeof *entry); /* vocabulary entry + 1 */
+    for (size_t e = 0; e < t->vocab.n; e++) entry[t->vocab.val[e]] = (uint32_t)e + 1;
+    uint8_t *is_added = xcalloc((size_t)t->n_ids, 1);
+    for (int i = 0; i < t->n_added; i++) is_added[t->added[i].id] = 1;
+    for (int32_t id = 0; id < t->n_ids; id++) {
+        if (!entry[id]) {
+            fnv_u32(&h, 0xffffffffu);
+            continue;
+        }
+        size_t e = entry[id] - 1;
+        fnv_u32(&h, t->vocab.len[e]);
+        fnv(&h, t->vocab.blob + t->vocab.off[e], t->vocab.len[e]);
+        fnv(&h, &is_added[id], 1);
+    }
+    free(entry), free(is_added);
+    merge_ent *m = xmalloc((t->merges.n + 1) * sizeof *m);
+    size_t k = 0;
+    for (size_t i = 0; i <= t->merges.mask; i++)
+        if (t->merges.e[i].key) m[k++] = t->merges.e[i];
+    qsort(m, k, sizeof *m, merge_rank_cmp);
+    fnv_u32(&h, (uint32_t)k);
+    for (size_t i = 0; i < k; i++) {
+        uint64_t key = m[i].key - 1;
+        fnv_u32(&h, (uint32_t)(key >> 32));
+        fnv_u32(&h, (uint32_t)key);
+        fnv_u32(&h, (uint32_t)m[i].id);
+    }
+    free(m);
+    return h;
+}
+
+tok_id tok_identity(const tok *t) {
+    return (tok_id){t->kind == TOK_SP_BPE ? TOKID_SP_BPE : TOKID_BYTE_BPE, t->n_ids, t->ident};
+}
+
+tok_id tok_id_bytes(void) { return (tok_id){TOKID_BYTES, 256, 0}; }
+
+void tok_id_name(tok_id id, char out[TOK_ID_NAME_MAX]) {
+    switch (id.kind) {
+    case TOKID_BYTES: snprintf(out, TOK_ID_NAME_MAX, "bytes-%d", (int)id.vocab); break;
+    case TOKID_BYTE_BPE:
+    case TOKID_SP_BPE:
+        snprintf(out, TOK_ID_NAME_MAX, "%s-%d-%016llx", id.kind == TOKID_SP_BPE ? "sp" : "bpe", (int)id.vocab,
+                 (unsigned long long)id.hash);
+        break;
+    default: snprintf(out, TOK_ID_NAME_MAX, "unknown");
+    }
+}
+
+int tok_id_parse(const char *s, tok_id *id) {
+    *id = (tok_id){0};
+    if (!strcmp(s, "unknown")) return 0;
+    if (!strcmp(s, "bytes-256")) return *id = tok_id_bytes(), 0;
+    tok_id_kind kind = !strncmp(s, "bpe-", 4) ? TOKID_BYTE_BPE : !strncmp(s, "sp-", 3) ? TOKID_SP_BPE : TOKID_UNKNOWN;
+    if (kind == TOKID_UNKNOWN) return -1;
+    const char *p = s + (kind == TOKID_SP_BPE ? 3 : 4);
+    char *end;
+    errno = 0;
+    long v = strtol(p, &end, 10);
+    if (errno || end == p || *end != '-' || v < 1 || v > TOK_MAX_ID + 1) return -1;
+    const char *hx = end + 1;
+    if (strlen(hx) != 16 || strspn(hx, "0123456789abcdef") != 16) return -1;
+    *id = (tok_id){kind, (int32_t)v, strtoull(hx, NULL, 16)};
+    return 0;
+}
+
+bool tok_id_equal(tok_id a, tok_id b) { return a.kind == b.kind && a.vocab == b.vocab && a.hash == b.hash; }
+
+int tok_file_identity(const char *path, tok_id *id, err_t *err) {
+    tok *t;
+    if (tok_load(&t, path, err) < 0) return -1;
+    *id = tok_identity(t);
+    tok_free(t);
+    return 0;
+}
+
 int tok_parse(tok **out, const char *name, const char *json, size_t len, err_t *err) {
     *out = NULL;
     init_tables();
@@ -1238,6 +1356,7 @@ int tok_parse(tok **out, const char *name, const char *json, size_t len, err_t *
         return -1;
     }
     t->cache = xcalloc(CACHE_SLOTS, sizeof *t->cache);
+    t->ident = compute_identity(t);
     *out = t;
     return 0;
 }

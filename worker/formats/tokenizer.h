@@ -54,6 +54,11 @@ const char *tok_describe(const tok *t);
 int32_t tok_vocab_size(const tok *t);
 /* The id of the token whose string (as tokenizer.json writes it, e.g. "</s>", "Ġthe") is s; -1. */
 int32_t tok_find(const tok *t, const char *s);
+/* The string of token id as tokenizer.json writes it (the inverse of tok_find), NULL if no token
+ * has the id; a linear search. */
+const char *tok_string(const tok *t, int32_t id);
+/* The unknown token's id (model.unk_token), -1 if none. */
+int32_t tok_unk(const tok *t);
 /* The end-of-text and beginning-of-text tokens among the usual names ("<|endoftext|>",
  * "<|end_of_text|>", "</s>"; "<|begin_of_text|>", "<s>"), -1 if none. */
 int32_t tok_eos(const tok *t);
@@ -65,6 +70,30 @@ int32_t tok_bos(const tok *t);
 void tok_encode(tok *t, const char *text, size_t len, bool special, tok_ids *out);
 /* Appends the bytes of ids[0..n) to out; an id outside the vocabulary is an error. */
 int tok_decode(const tok *t, const int32_t *ids, size_t n, tok_text *out, err_t *err);
+
+/* ---- identity: which tokenizer made a token stream (docs/tokenizer.md "Identity") ----
+ * A hash over the tokenizer's canonical content, not over its file's formatting: the kind and
+ * pre-tokenizer, every id's token string and whether it is an added token, and the merges in rank
+ * order. Two tokenizer.json files that encode every text alike (key order, whitespace, merges as
+ * "a b" or ["a", "b"]) have one identity. Shards, checkpoints and exports record it. */
+typedef enum { TOKID_UNKNOWN = 0, TOKID_BYTES = 1, TOKID_BYTE_BPE = 2, TOKID_SP_BPE = 3 } tok_id_kind;
+typedef struct tok_id {
+    tok_id_kind kind; /* TOKID_UNKNOWN: not recorded (llm.c shards, older files) */
+    int32_t vocab;    /* the tokenizer's vocabulary size (tok_vocab_size; 256 for bytes) */
+    uint64_t hash;    /* 0 for TOKID_BYTES */
+} tok_id;
+#define TOK_ID_NAME_MAX 48
+/* The identity of a loaded tokenizer; the identity of raw bytes (tokens 0..255, no tokenizer). */
+tok_id tok_identity(const tok *t);
+tok_id tok_id_bytes(void);
+/* "bpe-50257-0123456789abcdef" (byte-level BPE), "sp-32000-..." (SentencePiece), "bytes-256",
+ * "unknown". */
+void tok_id_name(tok_id id, char out[TOK_ID_NAME_MAX]);
+/* Parses a name as tok_id_name writes it ("unknown" too); -1 if it is not one. */
+int tok_id_parse(const char *s, tok_id *id);
+bool tok_id_equal(tok_id a, tok_id b);
+/* Loads path and gives its identity. */
+int tok_file_identity(const char *path, tok_id *id, err_t *err);
 
 void tok_ids_push(tok_ids *ids, int32_t id);
 void tok_ids_free(tok_ids *ids);

@@ -26,6 +26,8 @@ struct evaluator {
     double targets; /* of the last evaluation, all ranks together */
 };
 
+const data_source *eval_source(const evaluator *ev) { return ev->data; }
+
 static int open_source(const trainer *t, const char *spec, data_source **out, err_t *err) {
     const model_spec *m = &t->cfg.model;
     bool synthetic = !strcmp(spec, "synthetic");

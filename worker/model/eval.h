@@ -41,6 +41,8 @@ typedef struct evaluator evaluator;
  * a bad file fails now. NULL with *err empty when there is nothing to evaluate (no --val-data). */
 evaluator *eval_open(trainer *t, const eval_opts *o, err_t *err);
 void eval_close(evaluator *ev);
+/* The validation source (its shards' tokenizer: data_tokenizer). */
+const data_source *eval_source(const evaluator *ev);
 /* After a step (t->step steps done): every `every` steps and after the last one. */
 bool eval_due(const evaluator *ev, const trainer *t);
 /* The validation loss (mean per target) of t's current parameters; collective. */

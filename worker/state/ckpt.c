@@ -107,6 +107,26 @@ static cJSON *shard_json(const trainer *t) {
     return o;
 }
 
+/* The model's tokenizer (tok_id_name), recorded in every checkpoint this process writes: one
+ * process trains one model, and the trainer itself knows nothing of text. */
+static char ckpt_tokenizer[TOK_ID_NAME_MAX];
+
+void ckpt_set_tokenizer(tok_id id) {
+    if (id.kind) tok_id_name(id, ckpt_tokenizer);
+    else ckpt_tokenizer[0] = '\0';
+}
+
+int ckpt_read_tokenizer(const st_file *f, tok_id *id, err_t *err) {
+    const char *s = st_meta(f, "cephalo.tokenizer");
+    *id = (tok_id){0};
+    if (!s) return 0;
+    if (tok_id_parse(s, id) < 0)
+        return err_set(err, "%s: metadata cephalo.tokenizer is \"%.60s\", expected a tokenizer identity such as "
+                            "bpe-50257-0123456789abcdef",
+                       st_label(f), s);
+    return 0;
+}
+
 int trainer_save(trainer *t, const char *path, err_t *err) {
     st_writer *w = st_writer_new();
     float **host = xcalloc((size_t)t->n_units * 3, sizeof(float *));
@@ -137,6 +157,7 @@ int trainer_save(trainer *t, const char *path, err_t *err) {
     st_writer_meta(w, "cephalo.train", cfg);
     st_writer_meta(w, "cephalo.optimizer", opt);
     if (shard) st_writer_meta(w, "cephalo.shard", shard);
+    if (ckpt_tokenizer[0]) st_writer_meta(w, "cephalo.tokenizer", ckpt_tokenizer);
     int rc = st_writer_save(w, path, err);
     st_writer_free(w);
     free(model), free(cfg), free(shard), free(opt);

@@ -6,6 +6,7 @@
 #include <cjson/cJSON.h>
 
 #include "formats/safetensors.h"
+#include "formats/tokenizer.h"
 #include "model/train.h"
 
 #define CKPT_FORMAT "cephalo-checkpoint"
@@ -28,6 +29,11 @@ int ckpt_read_model(const st_file *f, model_spec *m, err_t *err);
 /* 0 when the checkpoint (or dump) file f holds model `want`, else RESUME_OTHER_MODEL with a
  * message naming both models (or -1 when f has no readable model). */
 int ckpt_check_model(const st_file *f, const model_spec *want, err_t *err);
+/* The model's tokenizer, for the metadata "cephalo.tokenizer" of the checkpoints written from now
+ * on (TOKID_UNKNOWN: none). */
+void ckpt_set_tokenizer(tok_id id);
+/* A checkpoint's (or dump's) recorded tokenizer; TOKID_UNKNOWN when it has none. */
+int ckpt_read_tokenizer(const st_file *f, tok_id *id, err_t *err);
 /* Renders compactly and frees the object. */
 char *json_to_string_free(cJSON *o);
 

@@ -4,6 +4,7 @@
  * transposed; Llama's q/k/v are the row blocks of our fused projection. Our RoPE is the
  * rotate-half form that transformers' Llama uses, so no row permutation is needed. import.c reads
  * these layouts back (export then import is the identity). */
+#include <dirent.h>
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
@@ -16,29 +17,79 @@
 #include "common/fileio.h"
 #include "common/json_util.h"
 #include "common/log.h"
+#include "common/outputs.h"
 #include "common/strutil.h"
 #include "formats/safetensors.h"
+#include "formats/tokenizer.h"
 #include "model/weights.h"
 #include "model/wmodel.h"
 #include "planner/model_json.h"
 #include "state/ckpt.h"
 #include "state/export.h"
+#include "state/mtok.h"
 
 typedef struct exporter {
     const model_spec *m;
     bool allow_unused; /* --allow-unused-weights (model/weights.h) */
+    st_dtype dtype;    /* of the tensors written: ST_F32, ST_BF16, ST_F16 */
     float **unit; /* [units]: every unit's parameters, flat (wmodel's layout) */
     st_writer *w;
-    float **owned; /* buffers the writer references until the save */
+    void **owned; /* buffers the writer references until the save */
     int n_owned, cap_owned;
+    tok_id recorded; /* the checkpoint's metadata cephalo.tokenizer */
+    char overflow[200]; /* the first value float16 cannot hold, "" when none */
 } exporter;
 
-static float *own(exporter *x, int64_t n) {
+static void *own(exporter *x, int64_t bytes) {
     if (x->n_owned == x->cap_owned) {
         x->cap_owned = x->cap_owned ? 2 * x->cap_owned : 64;
-        x->owned = xrealloc(x->owned, (size_t)x->cap_owned * sizeof(float *));
+        x->owned = xrealloc(x->owned, (size_t)x->cap_owned * sizeof(void *));
     }
-    return x->owned[x->n_owned++] = xmalloc((size_t)(n ? n : 1) * sizeof(float));
+    return x->owned[x->n_owned++] = xmalloc((size_t)(bytes ? bytes : 1));
+}
+
+/* float to bfloat16 and to IEEE half, rounded to nearest even (the rounding of the CPU device's
+ * to_bf16 and to_fp16, worker/devices/cpu_device.c, which transformers' .to() also uses). */
+static uint16_t to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u); /* quiet NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+static uint16_t to_f16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint32_t sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | (a >> 13 & 0x1ffu));
+    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* rounds past 65504: inf */
+    if (a >= 0x38800000u) {
+        uint32_t h = (a - 0x38000000u) >> 13, rest = a & 0x1fffu;
+        h += rest > 0x1000u || (rest == 0x1000u && (h & 1u));
+        return (uint16_t)(sign | h);
+    }
+    if (a < 0x33000000u) return (uint16_t)sign;
+    uint32_t e = a >> 23, m = (a & 0x7fffffu) | 0x800000u, shift = 126 - e;
+    uint32_t h = m >> shift, rest = m & ((1u << shift) - 1u), half = 1u << (shift - 1);
+    h += rest > half || (rest == half && (h & 1u));
+    return (uint16_t)(sign | h);
+}
+
+/* Adds tensor hf of n floats d in the export's dtype; a value float16 cannot hold (it would
+ * become inf) is remembered for the error. */
+static void add_tensor(exporter *x, const char *hf, int ndim, const int64_t *shape, float *d, int64_t n) {
+    if (x->dtype == ST_F32) {
+        st_writer_add(x->w, hf, ST_F32, ndim, shape, d);
+        return;
+    }
+    uint16_t *h = own(x, n * 2);
+    for (int64_t i = 0; i < n; i++) {
+        h[i] = x->dtype == ST_BF16 ? to_bf16(d[i]) : to_f16(d[i]);
+        if (x->dtype == ST_F16 && (h[i] & 0x7c00u) == 0x7c00u && !x->overflow[0])
+            snprintf(x->overflow, sizeof x->overflow, "%s[%lld] = %g", hf, (long long)i, (double)d[i]);
+    }
+    st_writer_add(x->w, hf, x->dtype, ndim, shape, h);
 }
 
 /* The parameters of tensor `name` in `unit` and its layout entry. */
@@ -61,13 +112,13 @@ static void put(exporter *x, const char *hf, int unit, const char *name, int64_t
     const float *s = src(x, unit, name, &info);
     int64_t cols = info.ndim == 2 ? info.shape[1] : 1;
     if (rows < 0) rows = info.shape[0];
-    float *d = own(x, rows * cols);
+    float *d = own(x, rows * cols * (int64_t)sizeof(float));
     for (int64_t r = 0; r < rows; r++)
         for (int64_t c = 0; c < cols; c++)
             d[transpose ? c * rows + r : r * cols + c] = s[(r0 + r) * cols + c];
-    if (info.ndim == 1) st_writer_add(x->w, hf, ST_F32, 1, (int64_t[]){rows}, d);
-    else if (transpose) st_writer_add(x->w, hf, ST_F32, 2, (int64_t[]){cols, rows}, d);
-    else st_writer_add(x->w, hf, ST_F32, 2, (int64_t[]){rows, cols}, d);
+    if (info.ndim == 1) add_tensor(x, hf, 1, (int64_t[]){rows}, d, rows);
+    else if (transpose) add_tensor(x, hf, 2, (int64_t[]){cols, rows}, d, rows * cols);
+    else add_tensor(x, hf, 2, (int64_t[]){rows, cols}, d, rows * cols);
 }
 
 static void gpt2_tensors(exporter *x) {
@@ -124,14 +175,22 @@ static void llama_tensors(exporter *x) {
  * in its shortest decimal form. */
 static double hf_eps(const model_spec *m) { return m->norm_eps > 0 ? m->norm_eps : json_float_decimal(wm_norm_eps(m)); }
 
-static cJSON *hf_config(const model_spec *m) {
+static const char *torch_dtype(st_dtype d) { return d == ST_BF16 ? "bfloat16" : d == ST_F16 ? "float16" : "float32"; }
+
+static cJSON *hf_config(const model_spec *m, st_dtype dtype, int32_t bos, int32_t eos) {
     cJSON *o = cJSON_CreateObject();
     bool gpt = m->arch == ARCH_GPT;
     cJSON *arch = cJSON_AddArrayToObject(o, "architectures");
     cJSON_AddItemToArray(arch, cJSON_CreateString(gpt ? "GPT2LMHeadModel" : "LlamaForCausalLM"));
     cJSON_AddStringToObject(o, "model_type", gpt ? "gpt2" : "llama");
     cJSON_AddNumberToObject(o, "vocab_size", m->vocab);
-    cJSON_AddStringToObject(o, "torch_dtype", "float32");
+    cJSON_AddStringToObject(o, "torch_dtype", torch_dtype(dtype));
+    /* the tokenizer's special tokens; null without a tokenizer, since the config classes'
+     * defaults (GPT-2's 50256, Llama's 1 and 2) would be wrong for another vocabulary */
+    if (bos >= 0) cJSON_AddNumberToObject(o, "bos_token_id", bos);
+    else cJSON_AddNullToObject(o, "bos_token_id");
+    if (eos >= 0) cJSON_AddNumberToObject(o, "eos_token_id", eos);
+    else cJSON_AddNullToObject(o, "eos_token_id");
     if (gpt) {
         cJSON_AddNumberToObject(o, "n_embd", m->d_model);
         cJSON_AddNumberToObject(o, "n_head", m->n_head);
@@ -209,6 +268,7 @@ static int load(exporter *x, model_spec *m, const char *path, err_t *err) {
     st_file *f;
     if (st_open(&f, file, err) < 0) return -1;
     int rc = ckpt_read_model(f, m, err);
+    if (rc == 0) rc = ckpt_read_tokenizer(f, &x->recorded, err);
     if (rc == 0) {
         x->unit = xcalloc((size_t)model_n_units(m), sizeof *x->unit);
         for (int u = 0; u < model_n_units(m); u++) x->unit[u] = xmalloc((size_t)model_unit_params(m, u) * sizeof(float));
@@ -245,34 +305,152 @@ int export_read_checkpoint(const char *checkpoint, model_spec *m, bool allow_unu
     return 0;
 }
 
-int export_hf(const char *checkpoint, const char *dir, bool allow_unused, err_t *err) {
-    model_spec m;
-    exporter x = {.m = &m, .allow_unused = allow_unused};
+/* The tokenizer to export: --tokenizer, else the one kept beside the checkpoint (mtok.h); it must
+ * be the one the checkpoint records, when it records one, and fit the model's vocabulary. *t
+ * stays NULL when there is none. */
+static int export_tokenizer(const exporter *x, const char *resolved, const export_opts *o, tok **t, char *file,
+                            size_t n, err_t *err) {
+    mtok kept = {0};
+    *t = NULL;
+    if (o->tokenizer) snprintf(file, n, "%s", o->tokenizer);
+    else if (mtok_for_checkpoint(resolved, &kept, err) < 0) return -1;
+    else snprintf(file, n, "%s", kept.path);
+    if (!file[0]) return 0;
+    if (tok_load(t, file, err) < 0) return -1;
+    tok_id id = tok_identity(*t);
+    char a[TOK_ID_NAME_MAX], b[TOK_ID_NAME_MAX];
+    tok_id_name(id, a);
+    tok_id_name(x->recorded, b);
+    if (x->recorded.kind && !tok_id_equal(id, x->recorded))
+        return err_set(err, "%s is tokenizer %s, but the checkpoint %s was trained with %s: not this model's tokenizer",
+                       file, a, resolved, b);
+    if (tok_vocab_size(*t) > x->m->vocab)
+        return err_set(err, "%s: the tokenizer has %d tokens but the model's vocabulary only %d: not this model's "
+                            "tokenizer",
+                       file, (int)tok_vocab_size(*t), x->m->vocab);
+    return 0;
+}
+
+static int write_json(const char *dir, const char *name, cJSON *o, err_t *err) {
     char path[PATH_MAX];
+    char *text = cJSON_Print(o);
+    cJSON_Delete(o);
+    int rc = str_fmt(path, sizeof path, err, "-o: the path", "%s/%s", dir, name);
+    if (rc == 0) rc = file_write_atomic(path, text, strlen(text), err);
+    free(text);
+    return rc;
+}
+
+static void add_token(cJSON *o, const char *key, const tok *t, int32_t id) {
+    const char *s = id >= 0 ? tok_string(t, id) : NULL;
+    if (s) cJSON_AddStringToObject(o, key, s);
+}
+
+/* The special-token ids transformers reads from config.json and generation_config.json: BOS
+ * (else EOS, as GPT-2 has one token for both) and EOS; -1 without a tokenizer. */
+static void special_ids(const tok *t, int32_t *bos, int32_t *eos) {
+    *eos = t ? tok_eos(t) : -1;
+    *bos = t ? tok_bos(t) : -1;
+    if (*bos < 0) *bos = *eos;
+}
+
+/* tokenizer.json (a copy), tokenizer_config.json and special_tokens_map.json. The class is
+ * PreTrainedTokenizerFast, which takes tokenizer.json as it is (its pre-tokenizer, decoder and
+ * post-processor): GPT2Tokenizer and LlamaTokenizer would want vocab.json/merges.txt or
+ * tokenizer.model for their slow forms and rebuild the post-processor in their fast ones. */
+static int write_tokenizer(const char *dir, const tok *t, const char *file, const model_spec *m, err_t *err) {
+    mtok src = {.id = tok_identity(t)};
+    snprintf(src.path, sizeof src.path, "%s", file);
+    int32_t bos, eos;
+    special_ids(t, &bos, &eos);
+    if (mtok_keep(&src, dir, err) < 0) return -1;
+    cJSON *c = cJSON_CreateObject();
+    cJSON_AddStringToObject(c, "tokenizer_class", "PreTrainedTokenizerFast");
+    add_token(c, "bos_token", t, bos);
+    add_token(c, "eos_token", t, eos);
+    add_token(c, "unk_token", t, tok_unk(t));
+    cJSON_AddNumberToObject(c, "model_max_length", m->max_seq);
+    cJSON_AddBoolToObject(c, "clean_up_tokenization_spaces", false); /* decode the text as it was */
+    if (write_json(dir, "tokenizer_config.json", c, err) < 0) return -1;
+    cJSON *sp = cJSON_CreateObject();
+    add_token(sp, "bos_token", t, bos);
+    add_token(sp, "eos_token", t, eos);
+    add_token(sp, "unk_token", t, tok_unk(t));
+    return write_json(dir, "special_tokens_map.json", sp, err);
+}
+
+static int write_generation_config(const char *dir, int32_t bos, int32_t eos, err_t *err) {
+    cJSON *g = cJSON_CreateObject();
+    if (bos >= 0) cJSON_AddNumberToObject(g, "bos_token_id", bos);
+    else cJSON_AddNullToObject(g, "bos_token_id");
+    if (eos >= 0) cJSON_AddNumberToObject(g, "eos_token_id", eos); /* generate() stops there */
+    else cJSON_AddNullToObject(g, "eos_token_id");
+    return write_json(dir, "generation_config.json", g, err);
+}
+
+/* Removes what an earlier export (or a model directory copied in before the marker) left that
+ * this one did not write: other weight files, a shard index, tokenizer files of another
+ * tokenizer. Only names an export owns (common/outputs.h): the directory is this command's, as
+ * out_check made sure. */
+static int remove_stale(const char *dir, const char *const *written, err_t *err) {
+    DIR *d = opendir(dir);
+    if (!d) return err_set(err, "%s: cannot list: %s", dir, strerror(errno));
+    int rc = 0;
+    for (struct dirent *e; rc == 0 && (e = readdir(d));) {
+        bool keep = !out_hf_export.owns(e->d_name) || !strcmp(e->d_name, out_hf_export.marker);
+        for (int i = 0; !keep && written[i]; i++) keep = !strcmp(e->d_name, written[i]);
+        if (keep) continue;
+        char path[PATH_MAX];
+        if ((rc = str_fmt(path, sizeof path, err, "-o: the path", "%s/%s", dir, e->d_name)) < 0) break;
+        if (unlink(path) != 0) rc = err_set(err, "%s: cannot remove the earlier export's file: %s", path, strerror(errno));
+        else fprintf(stderr, "export: removed %s (an earlier export's; this one does not write it)\n", path);
+    }
+    closedir(d);
+    return rc;
+}
+
+static int write_export(exporter *x, const char *dir, const tok *t, const char *tok_file, err_t *err) {
+    const model_spec *m = x->m;
+    char path[PATH_MAX];
+    int32_t bos, eos;
+    special_ids(t, &bos, &eos);
+    x->w = st_writer_new();
+    if (m->arch == ARCH_GPT) gpt2_tensors(x);
+    else llama_tensors(x);
+    st_writer_meta(x->w, "format", "pt");
+    int rc = 0;
+    if (x->overflow[0])
+        rc = err_set(err, "--dtype float16: %s is beyond float16's range (65504); export as bfloat16 or float32",
+                     x->overflow);
+    if (rc == 0) rc = str_fmt(path, sizeof path, err, "-o: the path", "%s/model.safetensors", dir);
+    if (rc == 0) rc = st_writer_save(x->w, path, err);
+    st_writer_free(x->w);
+    if (rc == 0) rc = write_json(dir, "config.json", hf_config(m, x->dtype, bos, eos), err);
+    if (rc == 0) rc = write_generation_config(dir, bos, eos, err);
+    if (rc == 0 && t) rc = write_tokenizer(dir, t, tok_file, m, err);
+    static const char *const with_tok[] = {"model.safetensors", "config.json", "generation_config.json",
+                                           "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", NULL};
+    static const char *const without[] = {"model.safetensors", "config.json", "generation_config.json", NULL};
+    if (rc == 0) rc = remove_stale(dir, t ? with_tok : without, err);
+    return rc;
+}
+
+int export_hf(const char *checkpoint, const char *dir, const export_opts *o, bool *no_tokenizer, err_t *err) {
+    model_spec m;
+    exporter x = {.m = &m, .allow_unused = o->allow_unused, .dtype = o->dtype};
+    char path[PATH_MAX], tok_file[PATH_MAX] = "";
+    tok *t = NULL;
     int rc = ckpt_dir_resolve(checkpoint, path, sizeof path, err);
     if (rc == 0) rc = load(&x, &m, path, err);
     if (rc == 0 && m.arch != ARCH_GPT && m.arch != ARCH_LLAMA)
         rc = err_set(err, "%s: export writes GPT-2 and Llama layouts; this checkpoint is a %s",
                      checkpoint, model_arch_name(m.arch));
+    if (rc == 0) rc = export_tokenizer(&x, path, o, &t, tok_file, sizeof tok_file, err);
     if (rc == 0) rc = file_make_dir(dir, true, err);
     if (rc == 0) rc = out_mark(dir, &out_hf_export, err); /* export may write here again (common/outputs.h) */
-    if (rc == 0) {
-        x.w = st_writer_new();
-        if (m.arch == ARCH_GPT) gpt2_tensors(&x);
-        else llama_tensors(&x);
-        st_writer_meta(x.w, "format", "pt");
-        rc = str_fmt(path, sizeof path, err, "-o: the path", "%s/model.safetensors", dir);
-        if (rc == 0) rc = st_writer_save(x.w, path, err);
-        if (rc == 0) rc = str_fmt(path, sizeof path, err, "-o: the path", "%s/config.json", dir);
-        if (rc == 0) {
-            cJSON *config = hf_config(&m);
-            char *cfg = cJSON_Print(config);
-            cJSON_Delete(config);
-            rc = file_write_atomic(path, cfg, strlen(cfg), err);
-            free(cfg);
-        }
-        st_writer_free(x.w);
-    }
+    if (rc == 0) rc = write_export(&x, dir, t, tok_file, err);
+    *no_tokenizer = t == NULL;
+    tok_free(t);
     for (int i = 0; i < x.n_owned; i++) free(x.owned[i]);
     free(x.owned);
     for (int u = 0; x.unit && u < model_n_units(&m); u++) free(x.unit[u]);
