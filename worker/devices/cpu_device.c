@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/half.h"
 #include "common/log.h"
 #include "devices/cpu_internal.h"
 #include "devices/device.h"
@@ -96,62 +97,26 @@ static void *cpu_native_stream(device *d, dev_stream s) {
 }
 
 /* ---------------------------------------------------------------------------------------------
- * bf16: the upper half of an fp32, rounded to nearest even (what __float2bfloat16_rn does) */
-
-static inline uint16_t bf16_round(float x) {
-    uint32_t u = f2u(x);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u); /* quiet NaN */
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
+ * bf16 and fp16 (common/half.h: nearest-even rounding, exact widening) */
 
 static void cpu_to_bf16(device *d, uint16_t *out, const float *in, int64_t n) {
 #pragma omp parallel for simd schedule(static) num_threads(d->threads) if (n > CPU_PAR_MIN)
-    for (int64_t i = 0; i < n; i++) out[i] = bf16_round(in[i]);
+    for (int64_t i = 0; i < n; i++) out[i] = half_bf16_round(in[i]);
 }
 
 static void cpu_from_bf16(device *d, float *out, const uint16_t *in, int64_t n) {
 #pragma omp parallel for simd schedule(static) num_threads(d->threads) if (n > CPU_PAR_MIN)
-    for (int64_t i = 0; i < n; i++) out[i] = u2f((uint32_t)in[i] << 16);
-}
-
-/* ---------------------------------------------------------------------------------------------
- * fp16: IEEE binary16, rounded to nearest even from the fp32 bits (what __float2half_rn does):
- * subnormal halves for |x| < 2^-14, +-inf from 65520 up (the first value that rounds past 65504),
- * NaN stays a quiet NaN with its sign. */
-
-static inline uint16_t fp16_round(float x) {
-    uint32_t u = f2u(x), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
-    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | (a >> 13 & 0x1ffu)); /* NaN */
-    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* >= 65520 (or inf): inf */
-    if (a >= 0x38800000u) { /* normal half: rebias the exponent, round 13 bits away */
-        uint32_t h = (a - 0x38000000u) >> 13, rest = a & 0x1fffu;
-        h += rest > 0x1000u || (rest == 0x1000u && (h & 1u));
-        return (uint16_t)(sign | h);
-    }
-    if (a < 0x33000000u) return (uint16_t)sign; /* below half the smallest subnormal: +-0 */
-    /* subnormal half: the significand (with its implicit 1) shifted to units of 2^-24 */
-    uint32_t e = a >> 23, m = (a & 0x7fffffu) | 0x800000u, shift = 126 - e; /* 14..24 */
-    uint32_t h = m >> shift, rest = m & ((1u << shift) - 1u), half = 1u << (shift - 1);
-    h += rest > half || (rest == half && (h & 1u));
-    return (uint16_t)(sign | h);
-}
-
-static inline float fp16_widen(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = h >> 10 & 0x1fu, m = h & 0x3ffu;
-    if (e == 0x1fu) return u2f(sign | 0x7f800000u | m << 13); /* inf, NaN */
-    if (e) return u2f(sign | (e + 112u) << 23 | m << 13);
-    return sign ? -(float)m * 0x1p-24f : (float)m * 0x1p-24f; /* zero, subnormal: exact */
+    for (int64_t i = 0; i < n; i++) out[i] = half_bf16_widen(in[i]);
 }
 
 static void cpu_to_fp16(device *d, uint16_t *out, const float *in, int64_t n) {
 #pragma omp parallel for simd schedule(static) num_threads(d->threads) if (n > CPU_PAR_MIN)
-    for (int64_t i = 0; i < n; i++) out[i] = fp16_round(in[i]);
+    for (int64_t i = 0; i < n; i++) out[i] = half_fp16_round(in[i]);
 }
 
 static void cpu_from_fp16(device *d, float *out, const uint16_t *in, int64_t n) {
 #pragma omp parallel for simd schedule(static) num_threads(d->threads) if (n > CPU_PAR_MIN)
-    for (int64_t i = 0; i < n; i++) out[i] = fp16_widen(in[i]);
+    for (int64_t i = 0; i < n; i++) out[i] = half_fp16_widen(in[i]);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -224,7 +189,7 @@ static float *half_operand(device *d, const float *x, int rows, int cols, int ld
         for (int c = 0; c < cols; c++) {
             float v = x[(int64_t)r * ld + c];
             out[(int64_t)r * cols + c] =
-                fp16 ? fp16_widen(fp16_round(v)) : u2f((uint32_t)bf16_round(v) << 16);
+                fp16 ? half_fp16_widen(half_fp16_round(v)) : half_bf16_widen(half_bf16_round(v));
         }
     return out;
 }

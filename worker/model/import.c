@@ -18,6 +18,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "common/half.h"
 #include "common/json_util.h"
 #include "common/log.h"
 #include "common/strutil.h"
@@ -260,29 +261,6 @@ static int check_piece(const hf_import *imp, const piece *p, int64_t cols, int n
 
 /* ---- conversion ---- */
 
-static float bf16_to_f32(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-/* IEEE half to single, exactly (every half is a float): normals, subnormals, inf and NaN. */
-static float f16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 0x1f, man = h & 0x3ff, u;
-    if (e == 0x1f) u = sign | 0x7f800000u | (man << 13);
-    else if (e) u = sign | ((e + 112) << 23) | (man << 13);
-    else if (!man) u = sign;
-    else { /* subnormal: normalise the mantissa */
-        int shift = 0;
-        while (!(man & 0x400)) man <<= 1, shift++;
-        u = sign | ((uint32_t)(113 - shift) << 23) | ((man & 0x3ff) << 13);
-    }
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
 /* n elements of t starting at element `at`, `stride` apart, into dst as fp32. Files of other
  * writers need not align tensors to their element size, hence memcpy per element. */
 static void convert(const st_tensor *t, int64_t at, int64_t n, int64_t stride, float *dst) {
@@ -301,7 +279,7 @@ static void convert(const st_tensor *t, int64_t at, int64_t n, int64_t stride, f
         default: {
             uint16_t h;
             memcpy(&h, s, 2);
-            dst[i] = t->dtype == ST_BF16 ? bf16_to_f32(h) : f16_to_f32(h);
+            dst[i] = t->dtype == ST_BF16 ? half_bf16_widen(h) : half_fp16_widen(h);
         }
         }
     }

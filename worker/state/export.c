@@ -15,6 +15,7 @@
 
 #include "common/ckpt_dir.h"
 #include "common/fileio.h"
+#include "common/half.h"
 #include "common/json_util.h"
 #include "common/log.h"
 #include "common/outputs.h"
@@ -48,34 +49,6 @@ static void *own(exporter *x, int64_t bytes) {
     return x->owned[x->n_owned++] = xmalloc((size_t)(bytes ? bytes : 1));
 }
 
-/* float to bfloat16 and to IEEE half, rounded to nearest even (the rounding of the CPU device's
- * to_bf16 and to_fp16, worker/devices/cpu_device.c, which transformers' .to() also uses). */
-static uint16_t to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u); /* quiet NaN */
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
-static uint16_t to_f16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    uint32_t sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
-    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | (a >> 13 & 0x1ffu));
-    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* rounds past 65504: inf */
-    if (a >= 0x38800000u) {
-        uint32_t h = (a - 0x38000000u) >> 13, rest = a & 0x1fffu;
-        h += rest > 0x1000u || (rest == 0x1000u && (h & 1u));
-        return (uint16_t)(sign | h);
-    }
-    if (a < 0x33000000u) return (uint16_t)sign;
-    uint32_t e = a >> 23, m = (a & 0x7fffffu) | 0x800000u, shift = 126 - e;
-    uint32_t h = m >> shift, rest = m & ((1u << shift) - 1u), half = 1u << (shift - 1);
-    h += rest > half || (rest == half && (h & 1u));
-    return (uint16_t)(sign | h);
-}
-
 /* Adds tensor hf of n floats d in the export's dtype; a value float16 cannot hold (it would
  * become inf) is remembered for the error. */
 static void add_tensor(exporter *x, const char *hf, int ndim, const int64_t *shape, float *d, int64_t n) {
@@ -85,7 +58,7 @@ static void add_tensor(exporter *x, const char *hf, int ndim, const int64_t *sha
     }
     uint16_t *h = own(x, n * 2);
     for (int64_t i = 0; i < n; i++) {
-        h[i] = x->dtype == ST_BF16 ? to_bf16(d[i]) : to_f16(d[i]);
+        h[i] = x->dtype == ST_BF16 ? half_bf16_round(d[i]) : half_fp16_round(d[i]); /* as transformers' .to() */
         if (x->dtype == ST_F16 && (h[i] & 0x7c00u) == 0x7c00u && !x->overflow[0])
             snprintf(x->overflow, sizeof x->overflow, "%s[%lld] = %g", hf, (long long)i, (double)d[i]);
     }
