@@ -199,8 +199,10 @@ static room_bounds build_group_set(search *s, int gi, double tf, double tb) {
         int l = c.full > c.keep ? c.full : c.keep;
         if (l < 1) continue;
         if (room) {
-            /* room falls with the count kept: least at the largest, most at the smallest */
-            int64_t worst = count_room(g, m, l, c), best = count_room(g, m, 1, c);
+            /* any admissible option may be taken (the fastest, when III is guaranteed): the least
+             * room is the least of any option, the kept one's falling with its count */
+            int64_t worst = c.keep ? g->keep_room(g->keep_ctx, m, c.keep) : g->room[m], best = count_room(g, m, 1, c);
+            if (c.full && g->room[m] < worst) worst = g->room[m];
             if (worst < rb.worst) rb.worst = worst;
             if (best > rb.best) rb.best = best;
         }
