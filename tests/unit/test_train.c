@@ -237,7 +237,7 @@ static void test_capacity_enforced(void **state) {
 static const char *plan_text =
     "{\"format\":\"cephalo-plan\",\"version\":1,\"feasible\":true,\"world_size\":2,"
     "\"inputs\":{\"model\":\"tiny-gpt\",\"batch\":6,\"seq\":32,\"precision\":\"%s\"},"
-    "\"ranks\":[{\"rank\":0,\"batch\":4,\"microbatch\":2,\"microbatches\":2,\"memory_bytes\":1000000},"
+    "\"ranks\":[{\"rank\":0,\"batch\":4,\"microbatch\":2,\"microbatches\":2,\"memory_bytes\":1000000,\"recompute\":\"none\"},"
     "{\"rank\":1,\"batch\":2,\"microbatch\":%s,\"microbatches\":1,\"memory_bytes\":2000000,\"threads\":3}],"
     "\"units\":[%s]}";
 
@@ -286,6 +286,11 @@ static void test_plan_read(void **state) {
     assert_non_null(c.shard_sizes);
     assert_int_equal(c.shard_sizes[1], 7); /* unit 0, rank 1 */
     assert_false(c.replicated);
+    assert_int_equal(c.recompute, RECOMPUTE_FULL); /* no recompute field (an older plan): full */
+    if (read_plan("fp32", "2", 0, 2, &c, &err) != 0) fail_msg("%s", err.msg);
+    assert_int_equal(c.recompute, RECOMPUTE_NONE); /* rank 0's */
+    assert_int_equal(read_plan("fp32", "2,\"recompute\":\"some\"", 1, 2, &c, &err), -1);
+    assert_non_null(strstr(err.msg, "ranks[1].recompute is \"some\" (expected none or full)"));
     assert_int_equal(read_plan_units("fp32", "2", 1, 0, 2, &c, &err), -1);
     assert_non_null(strstr(err.msg, "units[1].shard_sizes add up to"));
     train_config_release(&c);
