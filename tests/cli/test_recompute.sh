@@ -116,3 +116,14 @@ check "--recompute some is refused" 2 "--recompute: 'some' is not none or full" 
 check "cephalo plan --recompute some is refused" 2 "--recompute: 'some' is not auto, none or full" -- \
   "$C" plan --cluster "$(cluster_of 3)" --model tiny-gpt --batch 12 --recompute some
 
+
+# ---- evaluation between steps: its forward keeps nothing, training goes on as before ----
+for m in full none; do
+  "$W" train --quiet --model tiny-bert --batch 6 --microbatch 2 --steps 2 --val-data synthetic --val-every 1 \
+    --val-samples 8 --recompute $m --log "$T/val-$m.jsonl" 2>"$T/val-$m.err"
+done
+check "validation losses and training losses with recompute none = full" 0 "" -- $PY -c "
+import json
+f = [(o['loss'], o['val_loss']) for o in map(json.loads, open('$T/val-full.jsonl'))]
+k = [(o['loss'], o['val_loss']) for o in map(json.loads, open('$T/val-none.jsonl'))]
+assert f == k and len(f) == 2, (f, k)"
