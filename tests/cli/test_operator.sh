@@ -605,6 +605,8 @@ check "... reason UnsupportedPrecision, naming the GPUs, their compute capabilit
 assert "the same job in fp16 is planned" wait_for 20 phase_is fp16-volta Planned
 check "... on the V100s and T4s only: the Maxwell node is left out" 0 "gpu-t gpu-t gpu-v gpu-v" -- \
   jp cephalojob fp16-volta '{.status.plan.ranks[*].node}'
+check "... the status shows each rank's recompute mode (spec.recompute full: all)" 0 "full full full full" -- \
+  jp cephalojob fp16-volta '{.status.plan.ranks[*].recompute}'
 check "... the status names the node left out, its GPU and compute capability" 0 \
   "node gpu-m: Tesla-M60 (compute capability 5.2) is left out: the worker image is built for sm_60 sm_61 sm_70 sm_75 sm_80 sm_86 sm_89 sm_90 (--worker-archs)" -- \
   jp cephalojob fp16-volta '{.status.message}'
