@@ -66,12 +66,11 @@ unsigned engine_saved_mask(const model_spec *m, unit_kind k) {
     return 0;
 }
 
-int engine_saved_sets(const model_spec *m, recompute_mode r, int kept) {
-    if (r == RECOMPUTE_FULL) return 1;
-    return 1 + (model_n_units(m) - 1) * (kept > 0 ? kept : 1);
-}
-
 static int kept_of(int kept) { return kept > 0 ? kept : 1; }
+
+int engine_saved_sets(const model_spec *m, recompute_mode r, int kept) {
+    return r == RECOMPUTE_FULL ? 1 : 1 + (model_n_units(m) - 1) * kept_of(kept);
+}
 
 unsigned engine_saved_set_mask(const model_spec *m, recompute_mode r, int kept, int set) {
     if (r == RECOMPUTE_FULL)

@@ -74,7 +74,8 @@ typedef struct engine_opts {
     int kept;                 /* none: microbatches kept at once (l, or 1 per microbatch); 0 = 1 */
 } engine_opts;
 
-/* Device bytes of everything but the training state for microbatch m: the workspace, a unit's
+/* Device bytes of everything but the training state for microbatch m: the workspace (with
+ * recompute none, o.kept microbatches' intermediates of every unit), a unit's
  * input and output and their gradients (twice with double_buffer), the token ids and targets
  * (and images); when the state is sharded, two gathered-parameter slots (the unit computing and
  * the next one arriving) and two full-gradient slots (the unit back-propagating and the previous

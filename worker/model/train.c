@@ -3,8 +3,9 @@
  * Forward: for each unit, all l microbatches run before the next unit starts; each microbatch's
  * unit output is offloaded to the host pool (it is the next unit's input checkpoint). The head's
  * forward and backward are fused (its logits are never kept). Backward: units in reverse; for each
- * microbatch the unit's input comes back from the host, the unit is recomputed and back-propagated,
- * and its input gradient goes back to the host. Parameter gradients accumulate over the l
+ * microbatch the unit's input comes back from the host, the unit is recomputed (recompute full;
+ * with none its forward's intermediates were kept on the device) and back-propagated, and its
+ * input gradient goes back to the host. Parameter gradients accumulate over the l
  * microbatches, so one batch of m*l and l microbatches of m give the same update. */
 #include <math.h>
 #include <string.h>
