@@ -344,8 +344,13 @@ static int explain_infeasible(plan *p, int mcap) {
         return infeasible(p, "the training state (%s = %d B x %.4g params) does not fit: the devices have %s usable after compute at microbatch 1; %s missing in all (add devices or memory)",
                           str_bytes(state, a, sizeof a), STATE_BYTES_PER_PARAM, (double)cm->params,
                           str_bytes(room_sum, b, sizeof b), str_bytes(state - room_sum, c, sizeof c));
-    if (mcap == 1) return infeasible(p, "no split of batch %d fits with microbatch 1", cm->batch);
-    return infeasible(p, "no split of batch %d satisfies the memory constraints", cm->batch);
+    /* the job may have forced every rank to keep its activations */
+    const char *rec = cm->opts.recompute == RECOMPUTE_FORCE_NONE
+                          ? " with recompute none (every unit's activations kept on the device; recompute auto or full "
+                            "lets devices recompute them)"
+                          : "";
+    if (mcap == 1) return infeasible(p, "no split of batch %d fits with microbatch 1%s", cm->batch, rec);
+    return infeasible(p, "no split of batch %d satisfies the memory constraints%s", cm->batch, rec);
 }
 
 static int make_optimized(plan *p, int mcap) {

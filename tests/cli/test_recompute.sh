@@ -117,6 +117,11 @@ check "cephalo plan --recompute some is refused" 2 "--recompute: 'some' is not a
   "$C" plan --cluster "$(cluster_of 3)" --model tiny-gpt --batch 12 --recompute some
 
 
+printf 'nodes:\n  - name: n\n    gpus: [{type: T4}, {type: P100, memory_gib: 6}]\n' >"$T/small.yaml"
+check "a plan infeasible only because recompute none is forced says so" 3 "with recompute none (every unit's activations kept" -- \
+  "$C" plan --cluster "$T/small.yaml" --model gpt2-774m --batch 8 --recompute none
+check "... which recompute auto plans" 0 "" -- "$C" plan --cluster "$T/small.yaml" --model gpt2-774m --batch 8
+
 # ---- evaluation between steps: its forward keeps nothing, training goes on as before ----
 for m in full none; do
   "$W" train --quiet --model tiny-bert --batch 6 --microbatch 2 --steps 2 --val-data synthetic --val-every 1 \
