@@ -26,8 +26,9 @@ typedef struct opt_group {
     /* Recompute none: a rank may keep every unit's intermediates instead of recomputing them in
      * the backward. k_keep [mmax+1]: its backward phase per microbatch (NULL: never keep);
      * keep_lmax [mmax+1]: the most microbatches of m whose intermediates fit; keep_room(keep_ctx,
-     * m, l): the state room left with l of them kept (when need_room > 0). keep_only: a rank
-     * never recomputes (a job forcing none). */
+     * m, l): the state room left with l of them kept (when need_room > 0; at most room[m] and
+     * non-increasing in l, as kept intermediates only add memory). keep_only: a rank never
+     * recomputes (a job forcing none). */
     const double *k_keep;
     const int *keep_lmax;
     int64_t (*keep_room)(const void *keep_ctx, int m, int l);
