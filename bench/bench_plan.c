@@ -87,7 +87,7 @@ static void vs_paper_dp(const char *path, const char *model, int batch) {
     model_spec m;
     CHECK(model_resolve(model, &m, &err) == 0);
     cost_model cm;
-    cost_opts co = {.mem_cap = 0.8};
+    cost_opts co = {.mem_cap = 0.8, .recompute = RECOMPUTE_FORCE_FULL}; /* the paper's problem: every rank recomputes */
     CHECK(cost_build(&cm, &m, &cl, 0, batch, &co, &err) == 0);
     plan ours, theirs = {0};
     double t0 = now_s();

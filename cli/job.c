@@ -194,13 +194,17 @@ static int parse_metrics_addr(const yctx *y, const ynode *root, job *j) {
 
 static int parse_inputs(const yctx *y, const ynode *root, const char *dir, job *j) {
     const char *data = wcmd_defaults[WCMD_DATA].value, *prof = NULL, *strat = NULL;
-    const char *prec = wcmd_defaults[WCMD_PRECISION].value;
+    const char *prec = wcmd_defaults[WCMD_PRECISION].value, *rec = wcmd_job_default(WCMD_RECOMPUTE);
     if (get_string(y, root, "", "data", &data) < 0 || get_string(y, root, "", "profile", &prof) < 0 ||
-        get_string(y, root, "", "strategy", &strat) < 0 || get_string(y, root, "", "precision", &prec) < 0)
+        get_string(y, root, "", "strategy", &strat) < 0 || get_string(y, root, "", "precision", &prec) < 0 ||
+        get_string(y, root, "", "recompute", &rec) < 0)
         return -1;
     if (!precision_parse(prec, &j->train.prec))
         return err_set(y->err, "%s:%d: precision: '%s' (expected " PRECISION_CHOICES ")", y->file,
                        ymap_get(root, "precision")->line, prec);
+    if (!recompute_policy_parse(rec, &j->recompute))
+        return err_set(y->err, "%s:%d: recompute: '%s' (expected " RECOMPUTE_POLICY_CHOICES ")", y->file,
+                       ymap_get(root, "recompute")->line, rec);
     j->train.data = resolve_data(dir, data);
     if (prof) j->profile = resolve(dir, prof);
     if (strat && strategy_parse(strat, &j->strat, y->err) < 0)
@@ -395,7 +399,7 @@ int job_set_devices(job *j, const char *spec, err_t *err) {
 
 static int parse_root(const yctx *y, const ynode *root, const char *dir, job *j) {
     static const char *const keys[] = {"name", "model", "data", "batch", "seq", "steps", "strategy", "seed", "mem_cap",
-                                       "precision", "profile", "optimizer", "checkpoint", "comm_timeout", "metrics_port", "metrics_addr", "devices",
+                                       "precision", "recompute", "profile", "optimizer", "checkpoint", "comm_timeout", "metrics_port", "metrics_addr", "devices",
                                        "init_from", "validation", NULL};
     if (ymap_check_keys(y, root, "document", keys) < 0) return -1;
     j->root_line = root->line;

@@ -49,6 +49,7 @@ typedef struct job {
     char *profile; /* resolved path, or NULL */
     long batch, seq; /* seq 0: the model's */
     strategy strat;
+    recompute_policy recompute; /* `recompute`: auto (the planner's choice per rank), none or full */
     double mem_cap;
     double comm_timeout; /* seconds */
     long metrics_port; /* rank r serves /metrics on metrics_port + r; 0: off (docs/metrics.md) */

@@ -59,6 +59,8 @@ static const char usage_text[] =
     "  --profile FILE        measured costs (cephalo profile); default: the profile store\n"
     "                        when it has the model, else estimates (docs/profile.md)\n"
     "  --mem-cap F           usable fraction of device memory (default 0.8)\n"
+    "  --recompute R         auto (default: each device keeps its activations where they\n"
+    "                        fit and it is faster, else recomputes), none or full for all\n"
     "  --format F            table (default) or json\n"
     "  -o, --output FILE     also write the plan JSON to FILE                [plan]\n"
     "  --dump-costs FILE     write every candidate (microbatch, count) of every rank (one\n"
@@ -75,6 +77,7 @@ typedef struct cli_opts {
     bool json;
     double mem_cap;
     strategy strat;
+    recompute_policy recompute;
 } cli_opts;
 
 static int plan_option(args *p, int ch, cli_opts *o) {
@@ -93,6 +96,9 @@ static int plan_option(args *p, int ch, cli_opts *o) {
         if (!str_to_double(p->val, &o->mem_cap) || !(o->mem_cap > 0 && o->mem_cap <= 1))
             return args_bad(p, "--mem-cap: '%s' (expected a fraction in (0, 1])", p->val);
         break;
+    case 'R':
+        return args_choice(p, (const char *const[]){"auto", "none", "full", NULL}, &v) ? ARGS_BAD
+                                                                                       : (recompute_policy_parse(v, &o->recompute), 0);
     case 'f':
         if (args_choice(p, (const char *const[]){"table", "json", NULL}, &v)) return ARGS_BAD;
         o->json = strcmp(v, "json") == 0;
@@ -111,7 +117,8 @@ static int parse_options(int argc, char **argv, bool compare, cli_opts *o) {
         {"precision", required_argument, 0, 'p'}, {"strategy", required_argument, 0, 'S'},
         {"profile", required_argument, 0, 'P'}, {"mem-cap", required_argument, 0, 'M'},
         {"format", required_argument, 0, 'f'},  {"output", required_argument, 0, 'o'},
-        {"dump-costs", required_argument, 0, 'D'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+        {"dump-costs", required_argument, 0, 'D'}, {"recompute", required_argument, 0, 'R'},
+        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     *o = (cli_opts){.mem_cap = 0.8, .strat = STRAT_CEPHALO};
     args p = args_begin(argc, argv, "cephalo", longopts, "o:", usage_text);
     int ch = 0, rc = 0;
@@ -129,7 +136,8 @@ static int parse_options(int argc, char **argv, bool compare, cli_opts *o) {
 static int load_inputs(const cli_opts *o, plan_inputs *in) {
     err_t err = {{0}};
     memset(in, 0, sizeof *in);
-    inputs_opts io = {.profile = o->profile, .seq = o->seq, .batch = o->batch, .prec = o->prec, .mem_cap = o->mem_cap};
+    inputs_opts io = {.profile = o->profile, .seq = o->seq, .batch = o->batch, .prec = o->prec, .mem_cap = o->mem_cap,
+                      .recompute = o->recompute};
     /* the precision is checked against the GPUs first, so that the message names the option */
     if (cluster_load_file(o->cluster, &in->cl, &err) < 0 || cluster_check_precision(&in->cl, o->prec, "--precision", &err) < 0 ||
         model_resolve(o->model, &in->model, &err) < 0 || inputs_build(in, &io, &err) < 0) {

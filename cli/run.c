@@ -210,9 +210,9 @@ static int write_run_dir(const launch *l, err_t *err) {
 /* The worker's command line from common/worker_cmd.c, the operator's builder too: every optimizer
  * setting spelled out, defaults included, so each rank's command line in the dry run says
  * everything the worker will use; then what only this launcher decides (paths, metrics). */
-void run_worker_argv(const job *j, const char *ckpt_dir, bool overwrite, wcmd_argv *out) {
+void run_worker_argv(const job *j, const char *ckpt_dir, bool overwrite, recompute_mode rec, wcmd_argv *out) {
     wcmd_train t = j->train;
-    t.ckpt_dir = ckpt_dir, t.overwrite = overwrite;
+    t.ckpt_dir = ckpt_dir, t.overwrite = overwrite, t.recompute = rec;
     wcmd_train_argv(&t, out);
 }
 
@@ -221,7 +221,7 @@ static wcmd_argv worker_args(const launch *l, int rank) {
     char path[PATH_LEN];
     wcmd_argv s = {0};
     wcmd_argv_add(&s, "%s", l->worker);
-    run_worker_argv(j, l->ckpt_dir, l->overwrite, &s);
+    run_worker_argv(j, l->ckpt_dir, l->overwrite, l->p->ranks[rank].recompute, &s); /* the plan's rank's */
     wcmd_argv_add(&s, "--log"), wcmd_argv_add(&s, "%s", rank_file(l, rank, "jsonl", path));
     if (j->metrics_port) {
         wcmd_argv_add(&s, "--metrics-port"), wcmd_argv_add(&s, "%ld", j->metrics_port + rank);
@@ -628,7 +628,7 @@ static int load_job(const run_opts *o, job *j) {
 static int make_plan(const job *j, plan_inputs *in, plan *p, bool quiet) {
     err_t err;
     inputs_opts io = {.profile = j->profile, .seq = j->seq, .batch = j->batch, .mem_cap = j->mem_cap,
-                      .prec = j->train.prec};
+                      .prec = j->train.prec, .recompute = j->recompute};
     in->model = j->model;
     if (job_cluster(j, &in->cl, &err) < 0 || inputs_build(in, &io, &err) < 0) {
         err_prefix(&err, "%s", j->path); /* e.g. a profile that cannot be read */

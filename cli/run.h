@@ -37,8 +37,9 @@ int run_job(const run_opts *o);
 
 /* The arguments every rank's `cephalo-worker train` gets from job j (common/worker_cmd.h's
  * builder; the operator's pods get theirs from the same one), with the run's checkpoint directory
- * (NULL: none) and --overwrite; appended to *out. The launcher adds --log and the metrics flags. */
-void run_worker_argv(const job *j, const char *ckpt_dir, bool overwrite, wcmd_argv *out);
+ * (NULL: none), --overwrite and the rank's recompute mode (its plan rank's); appended to *out. The
+ * launcher adds --log and the metrics flags. */
+void run_worker_argv(const job *j, const char *ckpt_dir, bool overwrite, recompute_mode rec, wcmd_argv *out);
 
 /* Also for `cephalo profile`, which launches workers the same way. */
 #define PATH_LEN 4096

@@ -33,6 +33,8 @@ const wcmd_default wcmd_defaults[WCMD_N] = {
     [WCMD_DIVERGE_STEPS] = {"--diverge-steps", "20", NULL, NULL, NULL, NULL},
     [WCMD_LOSS_SCALE] = {"--loss-scale", "65536", NULL, NULL, NULL, NULL},
     [WCMD_LOSS_SCALE_WINDOW] = {"--loss-scale-window", "2000", NULL, NULL, NULL, NULL},
+    /* per rank, from the plan; a job's `recompute` (auto, none, full) steers the planner */
+    [WCMD_RECOMPUTE] = {"--recompute", "full", NULL, "auto", "recompute", "recompute"},
 };
 
 const char *wcmd_job_default(wcmd_key k) {
@@ -49,6 +51,8 @@ long wcmd_default_long(wcmd_key k) { return (long)wcmd_default_num(k); }
 void wcmd_train_defaults(wcmd_train *t) {
     precision prec = PREC_FP32;
     lr_schedule sched = SCHED_COSINE;
+    recompute_mode rec = RECOMPUTE_FULL;
+    recompute_parse(wcmd_defaults[WCMD_RECOMPUTE].value, &rec);
     precision_parse(wcmd_defaults[WCMD_PRECISION].value, &prec);
     schedule_parse(wcmd_defaults[WCMD_SCHEDULE].value, &sched);
     *t = (wcmd_train){
@@ -71,6 +75,7 @@ void wcmd_train_defaults(wcmd_train *t) {
         .keep_last = -1, /* the checkpoint directory's setting, else the table's */
         .keep_every = -1,
         .resume = wcmd_job_default(WCMD_RESUME),
+        .recompute = rec,
     };
 }
 
@@ -162,6 +167,7 @@ void wcmd_train_argv(const wcmd_train *t, wcmd_argv *a) {
     snprintf(seed, sizeof seed, "%llu", (unsigned long long)t->seed);
     opt(a, WCMD_SEED, seed);
     opt(a, WCMD_PRECISION, precision_name(t->prec));
+    opt(a, WCMD_RECOMPUTE, recompute_name(t->recompute));
     optimizer_args(t, a);
     data_args(t, a);
     checkpoint_args(t, a);

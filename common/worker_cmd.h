@@ -26,6 +26,7 @@
 #include <stdint.h>
 
 #include "common/precision.h"
+#include "common/recompute.h"
 #include "common/schedule.h"
 
 /* The worker's exit statuses (docs/worker.md), which `cephalo run` and the operator read. */
@@ -60,6 +61,7 @@ typedef enum {
     WCMD_DIVERGE_STEPS,
     WCMD_LOSS_SCALE,
     WCMD_LOSS_SCALE_WINDOW,
+    WCMD_RECOMPUTE,
     WCMD_N
 } wcmd_key;
 
@@ -103,6 +105,8 @@ typedef struct wcmd_train {
     long keep_last, keep_every; /* -1: not given (the directory's setting, else the table's) */
     const char *resume; /* "auto", "never" or a checkpoint path */
     bool overwrite;     /* --overwrite: `cephalo run --overwrite` */
+    recompute_mode recompute; /* this rank's: the plan's ranks[].recompute (the job's `recompute`
+                               * field decides how the planner chooses it) */
 } wcmd_train;
 
 /* Every field from wcmd_defaults (no validation data, no checkpoints, no init_from). */

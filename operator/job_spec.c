@@ -217,6 +217,10 @@ static void parse_choices(jp *p, job_spec *s) {
     str_at(p, "precision", &prec);
     if (prec && !precision_parse(prec, &s->train.prec))
         bad(p, "precision", "'%.40s' (expected " PRECISION_CHOICES ")", prec);
+    const char *rec = NULL;
+    str_at(p, "recompute", &rec);
+    if (rec && !recompute_policy_parse(rec, &s->recompute))
+        bad(p, "recompute", "'%.40s' (expected " RECOMPUTE_POLICY_CHOICES ")", rec);
     str_at(p, "optimizer.schedule", &sched);
     if (sched && !schedule_parse(sched, &s->train.schedule))
         bad(p, "optimizer.schedule", "'%.40s' (expected " SCHEDULE_CHOICES ")", sched);
@@ -300,13 +304,14 @@ static char *in_pod(const char *mount, const char *path) {
     return mount ? str_printf("%s/%s", mount, path) : xstrdup(path);
 }
 
-void job_spec_worker_argv(const job_spec *s, wcmd_argv *out) {
+void job_spec_worker_argv(const job_spec *s, recompute_mode rank_recompute, wcmd_argv *out) {
     const char *data_mount = s->data_pvc ? JOB_SPEC_DATA_MOUNT : NULL;
     char *data = in_pod(data_mount, s->data_path), *val = s->val_path ? in_pod(data_mount, s->val_path) : NULL;
     char *ckpt = s->checkpoint ? in_pod(s->ckpt_pvc ? JOB_SPEC_CKPT_MOUNT : NULL, s->ckpt_dir) : NULL;
     wcmd_train t = s->train;
     t.data = data, t.val_data = val, t.ckpt_dir = ckpt;
     t.init_from = s->model == JOB_MODEL_INIT_FROM ? s->init.dir : NULL;
+    t.recompute = rank_recompute;
     wcmd_train_argv(&t, out);
     free(data), free(val), free(ckpt);
 }

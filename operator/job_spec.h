@@ -65,6 +65,7 @@ typedef struct job_spec {
     long seq_len; /* 0: the model's */
     double mem_cap;
     strategy strat;
+    recompute_policy recompute; /* spec.recompute: auto (the planner's choice per rank), none or full */
     const char *profile_cm; /* spec.profileConfigMap, or NULL */
 
     /* which GPUs (inventory.h's constraints) and the queue */
@@ -104,6 +105,6 @@ int job_spec_parse(const cJSON *spec, job_spec *out, err_t *err);
  * training options through common/worker_cmd.h's builder, with the paths inside the pod (data
  * under JOB_SPEC_DATA_MOUNT with spec.data.pvc, checkpoints under JOB_SPEC_CKPT_MOUNT with
  * spec.checkpoint.pvc, spec.model.initFrom's directory under MSRC_MOUNT). Appended to *out. */
-void job_spec_worker_argv(const job_spec *s, wcmd_argv *out);
+void job_spec_worker_argv(const job_spec *s, recompute_mode rank_recompute, wcmd_argv *out);
 
 #endif

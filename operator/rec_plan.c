@@ -247,7 +247,7 @@ static int plan_inputs_of(const rec_ctx *x, const job_inv *gpus, int cap, plan_t
     snprintf(out->notes, sizeof out->notes, "%s", gpus->r.notes);
     t->strat = x->js.strat;
     t->o = (inputs_opts){.batch = x->js.global_batch, .seq = x->js.seq_len, .mem_cap = x->js.mem_cap,
-                         .prec = x->js.train.prec, .no_store = true};
+                         .prec = x->js.train.prec, .recompute = x->js.recompute, .no_store = true};
     if (cluster_check_precision(&t->in.cl, t->o.prec, "spec.precision", err) < 0) {
         out->reason = "UnsupportedPrecision";
         return -1;

@@ -277,10 +277,13 @@ static void restricted_container(cJSON *ctr) {
 }
 
 /* The training options as arguments (cephalo-worker train --help), built by the one builder
- * (job_spec_worker_argv, common/worker_cmd.h): the same job gives the same argv as `cephalo run`. */
-static void worker_args(const job_spec *js, cJSON *ctr) {
+ * (job_spec_worker_argv, common/worker_cmd.h): the same job gives the same argv as `cephalo run`;
+ * the rank's recompute mode is its plan rank's (a plan without it recomputes). */
+static void worker_args(const job_spec *js, const cJSON *planned, cJSON *ctr) {
     wcmd_argv a = {0};
-    job_spec_worker_argv(js, &a);
+    recompute_mode rec = RECOMPUTE_FULL;
+    recompute_parse(get_str(planned, "recompute", "full"), &rec);
+    job_spec_worker_argv(js, rec, &a);
     cJSON *args = cJSON_AddArrayToObject(ctr, "args");
     for (int i = 0; i < a.n; i++) cJSON_AddItemToArray(args, cJSON_CreateString(a.v[i]));
     wcmd_argv_free(&a);
@@ -335,7 +338,7 @@ static void worker_resources(const job_spec *js, cJSON *ctr) {
     if (js->metrics_port > 0) add_port(cJSON_AddArrayToObject(ctr, "ports"), "metrics", "containerPort", js->metrics_port);
 }
 
-static void worker_container(const rec_ctx *x, cJSON *ps, int rank, int world) {
+static void worker_container(const rec_ctx *x, cJSON *ps, const cJSON *planned, int rank, int world) {
     cJSON *ctr = cJSON_CreateObject();
     cJSON_AddItemToArray(cJSON_AddArrayToObject(ps, "containers"), ctr);
     cJSON_AddStringToObject(ctr, "name", "worker");
@@ -345,7 +348,7 @@ static void worker_container(const rec_ctx *x, cJSON *ps, int rank, int world) {
     cJSON_AddStringToObject(ctr, "image", x->js.image ? x->js.image : x->c->worker_image);
     const char *pull = x->js.pull_policy ? x->js.pull_policy : x->c->worker_pull_policy;
     if (pull && *pull) cJSON_AddStringToObject(ctr, "imagePullPolicy", pull);
-    worker_args(&x->js, ctr);
+    worker_args(&x->js, planned, ctr);
     worker_volumes(x, ps, ctr);
     worker_env(x, ctr, rank, world);
     worker_resources(&x->js, ctr);
@@ -361,8 +364,9 @@ static cJSON *pod_meta(const rec_ctx *x, const char *pod, int rank) {
     return md;
 }
 
-/* The worker pod of rank on host, the planned node's kubernetes.io/hostname label (else its name). */
-static cJSON *pod_object(const rec_ctx *x, int rank, int world, const char *host) {
+/* The worker pod of rank (plan entry `planned`) on host, the planned node's kubernetes.io/hostname
+ * label (else its name). */
+static cJSON *pod_object(const rec_ctx *x, const cJSON *planned, int rank, int world, const char *host) {
     char pod[128]; /* NAME-RANK: the name is at most REC_NAME_MAX once planned (open_job) */
     snprintf(pod, sizeof pod, "%s-%d", x->name, rank);
     cJSON *o = cJSON_CreateObject();
@@ -379,7 +383,7 @@ static cJSON *pod_object(const rec_ctx *x, int rank, int world, const char *host
     if (cJSON_IsArray(x->js.tolerations))
         cJSON_AddItemToObject(ps, "tolerations", cJSON_Duplicate(x->js.tolerations, true));
     restricted_pod(ps);
-    worker_container(x, ps, rank, world);
+    worker_container(x, ps, planned, rank, world);
     return o;
 }
 
@@ -394,7 +398,7 @@ const cJSON *rec_find_node(const cJSON *nodes, const char *name) {
 static cJSON *rank_pod(const rec_ctx *x, const cJSON *r, int i, int world) {
     const char *node = get_str(r, "node", "");
     const cJSON *n = rec_find_node(x->nodes, node);
-    return pod_object(x, i, world, n ? inv_node_hostname(n) : node);
+    return pod_object(x, r, i, world, n ? inv_node_hostname(n) : node);
 }
 
 /* ---- creating the gang ----------------------------------------------------------------------- */

@@ -140,6 +140,7 @@ static cJSON *status_rank(const rec_ctx *x, const cJSON *r, int i) {
     cJSON_AddNumberToObject(o, "batch", get_num(r, "batch", 0));
     cJSON_AddNumberToObject(o, "microbatch", get_num(r, "microbatch", 0));
     cJSON_AddNumberToObject(o, "microbatches", get_num(r, "microbatches", 0));
+    cJSON_AddStringToObject(o, "recompute", get_str(r, "recompute", "full")); /* an older plan recomputes */
     cJSON_AddNumberToObject(o, "stateRatio", get_num(r, "state_ratio", 0));
     cJSON_AddNumberToObject(o, "predictedPeakBytes", get_num(get(r, "predicted"), "peak_bytes", 0));
     return o;

@@ -123,6 +123,20 @@ static double nccl_bytes(const cost_model *cm, const cluster_device *d) {
     return is_cpu(d) ? 0 : (double)nccl_device_bytes(cm->cl->n_devices, d->cc_major);
 }
 
+/* What recompute none adds to the compute memory: the engine's own difference (planner/engine_mem.c),
+ * exactly keep_m1*m + keep_ml*m*l (a profile measures recompute full). */
+static void keep_memory(const cost_model *cm, const cluster_device *d, cost_group *g) {
+    engine_opts full = {.sharded = cm->cl->n_devices > 1, .prec = cm->opts.prec, .double_buffer = !is_cpu(d)};
+    engine_opts one = full, two = full;
+    one.recompute = two.recompute = RECOMPUTE_NONE;
+    one.kept = 1, two.kept = 2;
+    const model_spec *md = cm->model;
+    double f = (double)engine_compute_bytes(md, cm->seq, 1, full);
+    double k1 = (double)engine_compute_bytes(md, cm->seq, 1, one), k2 = (double)engine_compute_bytes(md, cm->seq, 1, two);
+    g->keep_ml = k2 - k1;
+    g->keep_m1 = k1 - f - g->keep_ml;
+}
+
 static void compute_memory(const cost_model *cm, const cluster_device *d, const profile_entry *pe,
                            double *m0, double *m1) {
     const model_spec *md = cm->model;
@@ -161,6 +175,15 @@ int64_t cost_compute_bytes(const cost_group *g, int m) {
     return (int64_t)ceil(g->m0 + g->m1 * m);
 }
 
+int64_t cost_compute_bytes_mode(const cost_group *g, int m, int l, recompute_mode r) {
+    if (r == RECOMPUTE_FULL) return cost_compute_bytes(g, m);
+    return (int64_t)ceil(g->m0 + g->m1 * m + g->keep_m1 * m + g->keep_ml * m * (double)l);
+}
+
+double cost_bwd_ms(const cost_group *g, int m, recompute_mode r) {
+    return r == RECOMPUTE_NONE ? g->bwd_keep_ms[m] : g->bwd_ms[m];
+}
+
 /* ---- groups ---- */
 
 static bool same_device(const cluster_device *a, const cluster_device *b) {
@@ -187,6 +210,7 @@ static void build_group(cost_model *cm, cost_group *g, int batch_limit) {
     g->peak_tflops = device_peak_tflops(d, cm->opts.prec);
     g->usable_bytes = d->memory_bytes * cm->opts.mem_cap;
     compute_memory(cm, d, pe, &g->m0, &g->m1);
+    keep_memory(cm, d, g);
     g->slot_bytes = cm->cl->n_devices > 1 ? 4.0 * (double)engine_max_unit_params(cm->model) * 4 : 0;
     g->mmax = 0;
     while (g->mmax < batch_limit && cost_compute_bytes(g, g->mmax + 1) <= g->usable_bytes)
@@ -195,6 +219,7 @@ static void build_group(cost_model *cm, cost_group *g, int batch_limit) {
     g->mlimit = batch_limit;
     g->fwd_ms = xcalloc((size_t)g->mlimit + 1, sizeof(double));
     g->bwd_ms = xcalloc((size_t)g->mlimit + 1, sizeof(double));
+    g->bwd_keep_ms = xcalloc((size_t)g->mlimit + 1, sizeof(double));
     int L = cm->model->n_layer;
     for (int m = 1; m <= g->mlimit; m++) {
         unit_times e = unit_times_at(cm, d, pe, UNIT_EMBEDDING, m);
@@ -202,6 +227,7 @@ static void build_group(cost_model *cm, cost_group *g, int batch_limit) {
         unit_times h = unit_times_at(cm, d, pe, UNIT_HEAD, m);
         g->fwd_ms[m] = e.fwd + L * b.fwd + h.fwd + h.bwd;
         g->bwd_ms[m] = L * (b.fwd + b.bwd) + e.bwd;
+        g->bwd_keep_ms[m] = L * b.bwd + e.bwd; /* no block recomputed */
     }
     /* measured: zeroing the gradient shard, its squared norm and AdamW (`cephalo profile`) */
     g->opt_ms_per_param = pe && pe->optimizer_ms_per_mparam > 0
@@ -317,7 +343,8 @@ static void build_comm(cost_model *cm) {
     /* the forward gathers every block and the head; a tied head needs the embedding again */
     c->ag_fwd_ms = L * comm_line(cm, false, blk * gelem) + comm_line(cm, false, head * gelem) +
                    (md->tied_head ? comm_line(cm, false, emb * gelem) : 0);
-    /* the backward recomputes every unit from its checkpoint, the embedding included */
+    /* the backward gathers every unit again, the embedding included (to recompute and back-propagate,
+     * or with recompute none to back-propagate) */
     c->ag_bwd_ms = L * comm_line(cm, false, blk * gelem) + comm_line(cm, false, emb * gelem);
     /* a tied head's embedding gradient is reduce-scattered right after the head (behind the
      * backward of the blocks), so only one full embedding gradient is ever held */
@@ -400,6 +427,8 @@ int cost_build(cost_model *cm, const model_spec *m, const cluster *cl, int seq, 
     if (!(opts->mem_cap > 0 && opts->mem_cap <= 1))
         return err_set(err, "--mem-cap %g must be in (0, 1]", opts->mem_cap);
     if ((unsigned)opts->prec >= PREC_COUNT) return err_set(err, "precision %d is none of " PRECISION_CHOICES, (int)opts->prec);
+    if ((unsigned)opts->recompute > RECOMPUTE_FORCE_NONE)
+        return err_set(err, "recompute %d is none of " RECOMPUTE_POLICY_CHOICES, (int)opts->recompute);
     /* a plan the workers cannot run is no plan: bf16 on a V100 fails at the first matmul */
     if (cluster_check_precision(cl, opts->prec, "precision", err) < 0) return -1;
     cm->model = m;
@@ -421,6 +450,7 @@ void cost_free(cost_model *cm) {
     for (int g = 0; g < cm->n_groups; g++) {
         free(cm->groups[g].fwd_ms);
         free(cm->groups[g].bwd_ms);
+        free(cm->groups[g].bwd_keep_ms);
     }
     free(cm->groups);
     memset(cm, 0, sizeof *cm);

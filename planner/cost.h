@@ -8,7 +8,9 @@
  * Phases (docs/cost-model.md):
  *   forward phase  F(m) = emb_fwd + L*block_fwd + head_fwd + head_bwd   (the head's backward runs
  *                         right after its forward, so it needs no second gather)
- *   backward phase K(m) = L*(block_recompute + block_bwd) + emb_bwd
+ *   backward phase K(m) = L*(block_recompute + block_bwd) + emb_bwd   (recompute full)
+ *                  K(m) = L*block_bwd + emb_bwd                      (recompute none: the
+ *                         forward kept every unit's intermediates; memory grows with m*l)
  *   iteration      T = AG_first + max(max_i l_i*F_i(m_i), A) + max(max_i l_i*K_i(m_i), C)
  *                      + RS_last + optimizer step
  * where A = gathers overlapped with the forward, C = gathers + reduce-scatters overlapped with the
@@ -21,6 +23,7 @@
 
 #include "common/err.h"
 #include "common/precision.h"
+#include "common/recompute.h"
 #include "planner/cluster.h"
 #include "planner/model.h"
 #include "planner/profile.h"
@@ -35,6 +38,7 @@ typedef struct cost_opts {
     precision prec; /* fp16 and bf16 cost the same memory (2-byte gathers); compute at each rate */
     double mem_cap; /* usable fraction of each device's memory */
     const profile *prof; /* NULL: analytic estimates only */
+    recompute_policy recompute; /* auto: the optimizer chooses per rank; or one forced on all */
 } cost_opts;
 
 typedef struct cost_group {
@@ -47,6 +51,9 @@ typedef struct cost_group {
     int mlimit; /* largest batch one rank can get: B - (N-1) */
     int mmax; /* largest m <= mlimit with M(m) <= usable, 0 if none */
     double *fwd_ms, *bwd_ms; /* [mlimit+1], index m; per microbatch forward/backward phase */
+    double *bwd_keep_ms; /* [mlimit+1]: the backward phase with recompute none */
+    /* recompute none, l microbatches of m: M(m) + keep_m1*m + keep_ml*m*l bytes */
+    double keep_m1, keep_ml;
     double opt_ms_per_param; /* optimizer step time per parameter of the local shard */
     bool measured; /* costs from a profile */
     double peak_tflops; /* the peak the estimate used (for MFU and messages) */
@@ -89,6 +96,10 @@ void cost_free(cost_model *cm);
 
 /* Compute memory M(m) in bytes of a device of group g (integer, rounded up). */
 int64_t cost_compute_bytes(const cost_group *g, int m);
+/* ... for l microbatches of m with recompute r (none: every unit's intermediates kept). */
+int64_t cost_compute_bytes_mode(const cost_group *g, int m, int l, recompute_mode r);
+/* The backward phase of one microbatch m with recompute r. */
+double cost_bwd_ms(const cost_group *g, int m, recompute_mode r);
 /* Rank -> group index. */
 int cost_group_of(const cost_model *cm, int rank);
 /* Collective floors for the forward and backward phases, and the constant exposed terms. */

@@ -34,15 +34,69 @@ engine_workspace engine_workspace_floats(const model_spec *m, int max_m, int seq
     return w;
 }
 
-int64_t engine_workspace_bytes(const model_spec *m, int max_m, int seq) {
+int64_t engine_saved_floats(const engine_workspace *w, engine_saved s) {
+    switch (s) {
+    case ES_LN1: case ES_ATT: case ES_X2: case ES_LN2: return w->nd;
+    case ES_MEAN1: case ES_RSTD1: case ES_MEAN2: case ES_RSTD2: return w->nstat;
+    case ES_QKV: return w->nq;
+    case ES_LSE: return w->nlse;
+    case ES_FC: case ES_ACT: case ES_UP: return w->nf;
+    case ES_PATCHES: return w->npatch;
+    case ES_COUNT: break;
+    }
+    return 0;
+}
+
+#define B(s) (1u << (s))
+
+/* Read from the forward and backward code of worker/model/wmodel.c: what each unit kind's
+ * forward leaves for its backward (the head's forward and backward run together). */
+unsigned engine_saved_mask(const model_spec *m, unit_kind k) {
+    bool llama = m->arch == ARCH_LLAMA;
+    unsigned norm1 = B(ES_LN1) | B(ES_RSTD1) | (llama ? 0 : B(ES_MEAN1));
+    switch (k) {
+    case UNIT_EMBEDDING:
+        if (m->arch == ARCH_BERT) return B(ES_X2) | B(ES_MEAN1) | B(ES_RSTD1); /* the embedding's LN */
+        return m->arch == ARCH_VIT ? B(ES_PATCHES) : 0; /* a lookup needs only the ids */
+    case UNIT_BLOCK:
+        return norm1 | B(ES_QKV) | B(ES_ATT) | B(ES_LSE) | B(ES_X2) | B(ES_LN2) | B(ES_RSTD2) |
+               (llama ? B(ES_UP) : B(ES_MEAN2)) | B(ES_FC) | B(ES_ACT);
+    case UNIT_HEAD: return norm1 | (m->arch == ARCH_BERT ? B(ES_FC) | B(ES_ACT) : 0);
+    }
+    return 0;
+}
+
+static int kept_of(int kept) { return kept > 0 ? kept : 1; }
+
+int engine_saved_sets(const model_spec *m, recompute_mode r, int kept) {
+    return r == RECOMPUTE_FULL ? 1 : 1 + (model_n_units(m) - 1) * kept_of(kept);
+}
+
+unsigned engine_saved_set_mask(const model_spec *m, recompute_mode r, int kept, int set) {
+    if (r == RECOMPUTE_FULL)
+        return engine_saved_mask(m, UNIT_EMBEDDING) | engine_saved_mask(m, UNIT_BLOCK) |
+               engine_saved_mask(m, UNIT_HEAD);
+    if (set == 0) return engine_saved_mask(m, UNIT_HEAD);
+    return engine_saved_mask(m, model_unit_kind(m, (set - 1) / kept_of(kept)));
+}
+
+int engine_saved_set_of(const model_spec *m, recompute_mode r, int kept, int unit, int j) {
+    if (r == RECOMPUTE_FULL || unit == model_n_units(m) - 1) return 0;
+    return 1 + unit * kept_of(kept) + j;
+}
+
+int64_t engine_workspace_bytes(const model_spec *m, int max_m, int seq, recompute_mode r, int kept) {
     engine_workspace w = engine_workspace_floats(m, max_m, seq);
     bool llama = m->arch == ARCH_LLAMA;
-    /* nd: norm outputs x2, attention output, residual, and the gradients of the attention
-     * output, residual and norm; nq: q|k|v and its gradient; nf: MLP hidden, activation and
-     * their gradients (Llama: and the up projection with its gradient); nstat: two norms'
-     * mean and rstd */
-    int64_t f = 7 * w.nd + 2 * w.nq + (llama ? 6 : 4) * w.nf + 4 * w.nstat + w.nlse + w.nlogits +
-                w.nloss + w.npatch + w.nrows;
+    /* scratch: the gradients of the attention output, residual and norm (nd), of q|k|v (nq), of
+     * the MLP hidden and activation (Llama: and of the up projection), one chunk of logits and
+     * its row losses, the ViT class-token rows */
+    int64_t f = 3 * w.nd + w.nq + (llama ? 3 : 2) * w.nf + w.nlogits + w.nloss + w.nrows;
+    for (int set = 0; set < engine_saved_sets(m, r, kept); set++) {
+        unsigned mask = engine_saved_set_mask(m, r, kept, set);
+        for (int b = 0; b < ES_COUNT; b++)
+            if (mask & B(b)) f += engine_saved_floats(&w, (engine_saved)b);
+    }
     return f * 4;
 }
 
@@ -55,7 +109,7 @@ int64_t engine_max_unit_params(const model_spec *m) {
 
 int64_t engine_compute_bytes(const model_spec *m, int seq, int micro, engine_opts o) {
     int64_t rows = (int64_t)micro * model_tokens(m, seq);
-    int64_t bytes = engine_workspace_bytes(m, micro, seq);
+    int64_t bytes = engine_workspace_bytes(m, micro, seq, o.recompute, o.kept);
     /* unit input, output, output and input gradients */
     bytes += (o.double_buffer ? 8 : 4) * rows * m->d_model * 4;
     bytes += 2 * rows * 4; /* token ids and targets (int32) */

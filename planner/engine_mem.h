@@ -3,7 +3,8 @@
  * the engine sizes its buffers from the same formulas (docs/cost-model.md, "Compute memory").
  *
  * A rank's device memory = training state (16 bytes per parameter of its shards) + compute
- * memory, and compute memory is exactly linear in the microbatch size m:
+ * memory, and compute memory is exactly linear in the microbatch size m for a given number k of
+ * microbatches whose intermediates are kept at once (recompute none; k plays no part with full):
  *   engine_compute_bytes(m) = engine_compute_bytes(0) + m * (engine_compute_bytes(1) - ...(0)). */
 #ifndef CEPHALO_ENGINE_MEM_H
 #define CEPHALO_ENGINE_MEM_H
@@ -12,6 +13,7 @@
 #include <stdint.h>
 
 #include "common/precision.h"
+#include "common/recompute.h"
 #include "planner/model.h"
 
 #define ENGINE_HEAD_CHUNK_ROWS 256 /* logits rows the fused head materialises at once */
@@ -30,8 +32,30 @@ typedef struct engine_workspace {
 } engine_workspace;
 
 engine_workspace engine_workspace_floats(const model_spec *m, int max_m, int seq);
-/* Bytes of the whole workspace (every buffer kind with its multiplicity). */
-int64_t engine_workspace_bytes(const model_spec *m, int max_m, int seq);
+
+/* The forward intermediates of the workspace that a unit's backward reads (the rest of the
+ * workspace is backward scratch and the head's logits, shared by every unit and microbatch). */
+typedef enum engine_saved {
+    ES_LN1, ES_MEAN1, ES_RSTD1, ES_QKV, ES_ATT, ES_LSE, ES_X2, ES_LN2, ES_MEAN2, ES_RSTD2,
+    ES_FC, ES_ACT, ES_UP, ES_PATCHES, ES_COUNT
+} engine_saved;
+/* Floats of one saved buffer of kind s. */
+int64_t engine_saved_floats(const engine_workspace *w, engine_saved s);
+/* Bit s set: the forward of a unit of kind k writes buffer s and its backward reads it. */
+unsigned engine_saved_mask(const model_spec *m, unit_kind k);
+
+/* The sets of saved buffers the workspace holds. full: one, with every buffer any unit uses
+ * (each unit's forward runs again right before its backward). none: set 0 for the head (its
+ * forward and backward are fused), then one per (unit before the head, kept microbatch), each
+ * with its unit kind's buffers. kept: microbatches whose intermediates are kept at once (the
+ * step's l; 1 with per-microbatch accumulation). */
+int engine_saved_sets(const model_spec *m, recompute_mode r, int kept);
+unsigned engine_saved_set_mask(const model_spec *m, recompute_mode r, int kept, int set);
+/* The set of unit u's forward for the j-th kept microbatch (0 <= j < kept). */
+int engine_saved_set_of(const model_spec *m, recompute_mode r, int kept, int unit, int j);
+
+/* Bytes of the whole workspace: scratch plus every saved set. */
+int64_t engine_workspace_bytes(const model_spec *m, int max_m, int seq, recompute_mode r, int kept);
 /* Width of the fused q|k|v projection and of the MLP buffers. */
 int engine_qkv_width(const model_spec *m);
 int engine_wide(const model_spec *m);
@@ -46,9 +70,12 @@ typedef struct engine_opts {
                          * 16-bit gather buffers, also with one rank */
     bool double_buffer; /* the cuda device: two of each unit-boundary buffer, so that copies to
                          * and from the host overlap compute */
+    recompute_mode recompute; /* full (zero) or none: every unit's intermediates kept */
+    int kept;                 /* none: microbatches kept at once (l, or 1 per microbatch); 0 = 1 */
 } engine_opts;
 
-/* Device bytes of everything but the training state for microbatch m: the workspace, a unit's
+/* Device bytes of everything but the training state for microbatch m: the workspace (with
+ * recompute none, o.kept microbatches' intermediates of every unit), a unit's
  * input and output and their gradients (twice with double_buffer), the token ids and targets
  * (and images); when the state is sharded, two gathered-parameter slots (the unit computing and
  * the next one arriving) and two full-gradient slots (the unit back-propagating and the previous

@@ -36,6 +36,7 @@ typedef struct inputs_opts {
     long batch;
     precision prec;
     double mem_cap;
+    recompute_policy recompute; /* auto (zero): the optimizer's choice per rank */
 } inputs_opts;
 
 /* Loads the profile (--profile, else the profile store when it has the model: profile_store.h)

@@ -150,6 +150,8 @@ static int max_count(double t, double tau, int cap) {
     return l;
 }
 
+static int min_int(int a, int b) { return a < b ? a : b; }
+
 static int group_count_cap(const opt_group *g, int m, int bmax) {
     int cap = bmax / m;
     if (g->max_micros > 0 && cap > g->max_micros) cap = g->max_micros;
@@ -163,6 +165,26 @@ typedef struct room_bounds {
     int64_t worst, best;
 } room_bounds;
 
+/* The counts of microbatches m a rank may run under the thresholds: recomputing (full) and
+ * keeping its intermediates (keep); each allowed count is 1..that. */
+typedef struct counts {
+    int full, keep;
+} counts;
+
+static counts group_counts(const opt_group *g, int m, double tf, double tb, int bmax) {
+    int cap = group_count_cap(g, m, bmax);
+    int lf = max_count(g->f[m], tf, cap);
+    counts c = {0, 0};
+    if (!g->keep_only) c.full = min_int(lf, max_count(g->k[m], tb, cap));
+    if (g->k_keep) c.keep = min_int(lf, max_count(g->k_keep[m], tb, min_int(cap, g->keep_lmax[m])));
+    return c;
+}
+
+/* The most state room of l microbatches of m under counts c (full leaves more than keep). */
+static int64_t count_room(const opt_group *g, int m, int l, counts c) {
+    return l <= c.full ? g->room[m] : g->keep_room(g->keep_ctx, m, l);
+}
+
 /* Builds the group's achievable-batch set and, with constraint III, the most room per batch. */
 static room_bounds build_group_set(search *s, int gi, double tf, double tb) {
     const opt_group *g = &s->p->groups[gi];
@@ -173,16 +195,22 @@ static room_bounds build_group_set(search *s, int gi, double tf, double tb) {
         for (int b = 0; b <= s->p->batch; b++) room[b] = NEG_ROOM;
     room_bounds rb = {INT64_MAX, 0};
     for (int m = 1; m <= g->mmax && m <= s->bmax; m++) {
-        int cap = group_count_cap(g, m, s->bmax);
-        int l = max_count(g->f[m], tf, cap);
-        int lk = max_count(g->k[m], tb, cap);
-        if (lk < l) l = lk;
+        counts c = group_counts(g, m, tf, tb, s->bmax);
+        int l = c.full > c.keep ? c.full : c.keep;
         if (l < 1) continue;
-        if (room && g->room[m] < rb.worst) rb.worst = g->room[m];
-        if (room && g->room[m] > rb.best) rb.best = g->room[m];
+        if (room) {
+            /* any admissible option may be taken (the fastest, when III is guaranteed): the least
+             * room is the least of any option, the kept one's falling with its count */
+            int64_t worst = c.keep ? g->keep_room(g->keep_ctx, m, c.keep) : g->room[m], best = count_room(g, m, 1, c);
+            if (c.full && g->room[m] < worst) worst = g->room[m];
+            if (worst < rb.worst) rb.worst = worst;
+            if (best > rb.best) rb.best = best;
+        }
         for (int j = 1; j <= l; j++) {
             bits_set(set, m * j);
-            if (room && g->room[m] > room[m * j]) room[m * j] = g->room[m];
+            if (!room) continue;
+            int64_t r = count_room(g, m, j, c);
+            if (r > room[m * j]) room[m * j] = r;
         }
     }
     if (rb.worst == INT64_MAX) rb.worst = 0;
@@ -322,21 +350,30 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* Every achievable phase time >= floor, plus the floor itself, sorted and unique. */
+/* Adds l*t[m] for l = 1..n where above the floor. */
+static size_t add_values(double *v, size_t n, const double *t, int m, int count, double floor_ms) {
+    for (int l = 1; l <= count; l++)
+        if ((double)l * t[m] > floor_ms) v[n++] = (double)l * t[m];
+    return n;
+}
+
+/* Every achievable phase time >= floor, plus the floor itself, sorted and unique (the backward's
+ * with and without recompute). */
 static values collect_values(const search *s, bool fwd, double floor_ms) {
     size_t cap = 1, n = 0;
     for (int gi = 0; gi < s->p->n_groups; gi++) {
         const opt_group *g = &s->p->groups[gi];
-        for (int m = 1; m <= g->mmax && m <= s->bmax; m++) cap += (size_t)group_count_cap(g, m, s->bmax);
+        for (int m = 1; m <= g->mmax && m <= s->bmax; m++) cap += 2 * (size_t)group_count_cap(g, m, s->bmax);
     }
     double *v = xmalloc(cap * sizeof *v);
     v[n++] = floor_ms;
     for (int gi = 0; gi < s->p->n_groups; gi++) {
         const opt_group *g = &s->p->groups[gi];
-        const double *t = fwd ? g->f : g->k;
-        for (int m = 1; m <= g->mmax && m <= s->bmax; m++)
-            for (int l = 1; l <= group_count_cap(g, m, s->bmax); l++)
-                if ((double)l * t[m] > floor_ms) v[n++] = (double)l * t[m];
+        for (int m = 1; m <= g->mmax && m <= s->bmax; m++) {
+            int count = group_count_cap(g, m, s->bmax);
+            if (fwd || !g->keep_only) n = add_values(v, n, fwd ? g->f : g->k, m, count, floor_ms);
+            if (!fwd && g->k_keep) n = add_values(v, n, g->k_keep, m, min_int(count, g->keep_lmax[m]), floor_ms);
+        }
     }
     qsort(v, n, sizeof *v, cmp_double);
     size_t u = 0;
@@ -458,21 +495,27 @@ static int64_t witness_room(search *s, double tf, double tb) {
     return room;
 }
 
-/* For a chosen batch, the microbatch within the thresholds: the most state room when
- * constraint III needs it, otherwise the fastest. */
-static int choose_micro(const opt_group *g, int b, double tf, double tb, bool most_room, int bmax) {
+/* For a chosen batch, the microbatch (and whether to keep the intermediates) within the
+ * thresholds: the most state room when constraint III needs it, otherwise the fastest (keeping
+ * wherever it fits and is faster: it never costs more time). */
+static int choose_micro(const opt_group *g, int b, double tf, double tb, bool most_room, int bmax, bool *keep) {
     int best = 0;
     double best_t = INFINITY;
+    int64_t best_room = 0;
     for (int m = 1; m <= g->mmax && m <= b; m++) {
         if (b % m) continue;
         int l = b / m;
         if (l > group_count_cap(g, m, bmax)) continue;
-        if ((double)l * g->f[m] > tf || (double)l * g->k[m] > tb) continue;
-        double t = (double)l * (g->f[m] + g->k[m]);
-        bool better = most_room ? (!best || g->room[m] > g->room[best] ||
-                                   (g->room[m] == g->room[best] && t < best_t))
-                                : t < best_t;
-        if (better) best = m, best_t = t;
+        if ((double)l * g->f[m] > tf) continue;
+        for (int k = 0; k < 2; k++) {
+            const double *kt = k ? g->k_keep : g->k;
+            if (k ? !g->k_keep || l > g->keep_lmax[m] : g->keep_only) continue;
+            if ((double)l * kt[m] > tb) continue;
+            double t = (double)l * (g->f[m] + kt[m]);
+            int64_t room = most_room ? (k ? g->keep_room(g->keep_ctx, m, l) : g->room[m]) : 0;
+            bool better = most_room ? (!best || room > best_room || (room == best_room && t < best_t)) : t < best_t;
+            if (better) best = m, best_t = t, best_room = room, *keep = k;
+        }
     }
     return best;
 }
@@ -545,7 +588,8 @@ static bool staircase(search *s, const values *vf, const values *vb, double *bes
     return !s->expired;
 }
 
-static bool assignment_phases(const opt_problem *p, const int *batch, const int *micro, double *F, double *K);
+static bool assignment_phases(const opt_problem *p, const int *batch, const int *micro, const bool *keep,
+                              double *F, double *K);
 
 int opt_solve(const opt_problem *p, opt_result *r) {
     memset(r, 0, sizeof *r);
@@ -569,6 +613,7 @@ int opt_solve(const opt_problem *p, opt_result *r) {
     if (ok) {
         r->batch = xcalloc((size_t)s.n_ranks, sizeof(int));
         r->micro = xcalloc((size_t)s.n_ranks, sizeof(int));
+        r->keep = xcalloc((size_t)s.n_ranks, sizeof(bool));
         ok = choose_batches(&s, tf, tb, PICK_EXACT_ROOM, r->batch);
     }
     if (ok) {
@@ -578,10 +623,10 @@ int opt_solve(const opt_problem *p, opt_result *r) {
         bool most_room = !room_guaranteed(p, &room);
         for (int gi = 0, i = 0; gi < p->n_groups; gi++)
             for (int c = 0; c < p->groups[gi].count; c++, i++) {
-                r->micro[i] = choose_micro(&p->groups[gi], r->batch[i], tf, tb, most_room, s.bmax);
+                r->micro[i] = choose_micro(&p->groups[gi], r->batch[i], tf, tb, most_room, s.bmax, &r->keep[i]);
                 CHECK(r->micro[i] > 0);
             }
-        CHECK(assignment_phases(p, r->batch, r->micro, &r->fwd_ms, &r->bwd_ms));
+        CHECK(assignment_phases(p, r->batch, r->micro, r->keep, &r->fwd_ms, &r->bwd_ms));
         r->objective = fmax(r->fwd_ms, p->fwd_floor) + fmax(r->bwd_ms, p->bwd_floor);
     }
     r->checks = s.checks;
@@ -590,8 +635,9 @@ int opt_solve(const opt_problem *p, opt_result *r) {
     free(vb.v);
     search_free(&s);
     if (!ok) { /* cut short after the staircase: no assignment (the counts stay for the caller) */
-        free(r->batch), free(r->micro);
+        free(r->batch), free(r->micro), free(r->keep);
         r->batch = r->micro = NULL;
+        r->keep = NULL;
     }
     return ok ? 0 : expired ? 2 : 1;
 }
@@ -599,12 +645,14 @@ int opt_solve(const opt_problem *p, opt_result *r) {
 void opt_result_free(opt_result *r) {
     free(r->batch);
     free(r->micro);
+    free(r->keep);
     memset(r, 0, sizeof *r);
 }
 
 /* The slowest rank's forward and backward phase of an assignment; false when it breaks a
- * constraint (microbatch range, divisibility, the batch sum, constraint III). */
-static bool assignment_phases(const opt_problem *p, const int *batch, const int *micro, double *F, double *K) {
+ * constraint (microbatch range, divisibility, the batch sum, what keeping allows, constraint III). */
+static bool assignment_phases(const opt_problem *p, const int *batch, const int *micro, const bool *keep,
+                              double *F, double *K) {
     int64_t room = 0;
     long total = 0;
     *F = *K = 0;
@@ -612,20 +660,22 @@ static bool assignment_phases(const opt_problem *p, const int *batch, const int 
         const opt_group *g = &p->groups[gi];
         for (int c = 0; c < g->count; c++, i++) {
             int m = micro[i], b = batch[i];
+            bool k = keep && keep[i];
             if (m < 1 || m > g->mmax || b < m || b % m) return false;
             int l = b / m;
             if (g->max_micros > 0 && l > g->max_micros) return false;
+            if (k ? !g->k_keep || l > g->keep_lmax[m] : g->keep_only) return false;
             *F = fmax(*F, (double)l * g->f[m]);
-            *K = fmax(*K, (double)l * g->k[m]);
-            if (p->need_room > 0) room += g->room[m];
+            *K = fmax(*K, (double)l * (k ? g->k_keep : g->k)[m]);
+            if (p->need_room > 0) room += k ? g->keep_room(g->keep_ctx, m, l) : g->room[m];
             total += b;
         }
     }
     return total == p->batch && (p->need_room <= 0 || room >= p->need_room);
 }
 
-double opt_objective(const opt_problem *p, const int *batch, const int *micro) {
+double opt_objective(const opt_problem *p, const int *batch, const int *micro, const bool *keep) {
     double F, K;
-    if (!assignment_phases(p, batch, micro, &F, &K)) return INFINITY;
+    if (!assignment_phases(p, batch, micro, keep, &F, &K)) return INFINITY;
     return fmax(F, p->fwd_floor) + fmax(K, p->bwd_floor);
 }

@@ -20,6 +20,7 @@ int strategy_parse(const char *name, strategy *out, err_t *err);
 
 typedef struct plan_rank {
     int batch, micro, micros; /* b = m * l */
+    recompute_mode recompute; /* none: the rank keeps every unit's intermediates (no recompute) */
     int64_t state_params; /* sum of this rank's shards (the whole model when replicated) */
     double state_ratio;
     int64_t compute_bytes, state_bytes, peak_bytes;

@@ -81,8 +81,8 @@ void plan_print_table(const plan *p, FILE *f) {
     }
     int node_w, dev_w;
     name_widths(p, &node_w, &dev_w);
-    fprintf(f, "%4s  %-*s %-*s %5s %5s %4s %7s %9s %9s %9s %6s %9s %9s  %s\n", "rank", node_w, "node", dev_w, "device",
-            "batch", "micro", "x", "state%", "state GiB", "comp GiB", "peak GiB", "use%", "fwd ms", "bwd ms", "costs");
+    fprintf(f, "%4s  %-*s %-*s %5s %5s %4s %-9s %7s %9s %9s %9s %6s %9s %9s  %s\n", "rank", node_w, "node", dev_w, "device",
+            "batch", "micro", "x", "recompute", "state%", "state GiB", "comp GiB", "peak GiB", "use%", "fwd ms", "bwd ms", "costs");
     for (int i = 0; i < p->n_ranks; i++) {
         const plan_rank *r = &p->ranks[i];
         const cost_group *g = &cm->groups[cost_group_of(cm, i)];
@@ -90,8 +90,8 @@ void plan_print_table(const plan *p, FILE *f) {
         print_cell(f, cm->cl->nodes[cm->cl->devices[i].node].name, node_w);
         fputc(' ', f);
         print_cell(f, rank_device(cm, i), dev_w);
-        fprintf(f, " %5d %5d %4d %6.2f%% %9.2f %9.2f %9.2f %5.1f%% %9.1f %9.1f  %s\n", r->batch, r->micro, r->micros,
-                100 * r->state_ratio, r->state_bytes / GIB, r->compute_bytes / GIB, r->peak_bytes / GIB,
+        fprintf(f, " %5d %5d %4d %-9s %6.2f%% %9.2f %9.2f %9.2f %5.1f%% %9.1f %9.1f  %s\n", r->batch, r->micro, r->micros,
+                recompute_name(r->recompute), 100 * r->state_ratio, r->state_bytes / GIB, r->compute_bytes / GIB, r->peak_bytes / GIB,
                 100 * r->peak_bytes / r->capacity_bytes, r->fwd_ms, r->bwd_ms, g->measured ? "measured" : "estimated");
     }
     fprintf(f, "predicted: %.1f ms/iteration, %.2f samples/s, MFU %.1f%%\n", p->iter_ms, p->samples_per_s, 100 * p->mfu);
@@ -154,6 +154,7 @@ static cJSON *inputs_json(const plan *p) {
     cJSON_AddStringToObject(in, "precision", precision_name(cm->opts.prec));
     cJSON_AddStringToObject(in, "strategy", strategy_name(p->strat));
     cJSON_AddNumberToObject(in, "mem_cap", cm->opts.mem_cap);
+    cJSON_AddStringToObject(in, "recompute", recompute_policy_name(cm->opts.recompute));
     cJSON_AddStringToObject(in, "costs", cost_source(cm));
     return in;
 }
@@ -170,6 +171,7 @@ static cJSON *rank_json(const plan *p, int i) {
     cJSON_AddNumberToObject(o, "batch", r->batch);
     cJSON_AddNumberToObject(o, "microbatch", r->micro);
     cJSON_AddNumberToObject(o, "microbatches", r->micros);
+    cJSON_AddStringToObject(o, "recompute", recompute_name(r->recompute));
     cJSON_AddNumberToObject(o, "state_ratio", r->state_ratio);
     cJSON_AddNumberToObject(o, "state_params", (double)r->state_params);
     cJSON_AddBoolToObject(o, "measured", cm->groups[cost_group_of(cm, i)].measured);
@@ -265,9 +267,16 @@ static bool put_open_object(cJSON *obj, FILE *f) {
     return ok;
 }
 
-/* One group's candidates, streamed: [m, l, l*F(m), l*K(m), M(m)] for every m <= mmax and l with
- * m*l <= B-(N-1). Identical devices share one table, so the file stays O(groups * B log B). */
-static bool put_group(const cost_group *g, int id, FILE *f) {
+/* One candidate; keep: recompute none. */
+static bool put_candidate(const cost_group *g, int m, int l, recompute_mode r, bool first, FILE *f) {
+    return fprintf(f, "%s[%d,%d,%.17g,%.17g,%lld,\"%s\"]", first ? "" : ",", m, l, (double)l * g->fwd_ms[m],
+                   (double)l * cost_bwd_ms(g, m, r), (long long)cost_compute_bytes_mode(g, m, l, r), recompute_name(r)) >= 0;
+}
+
+/* One group's candidates, streamed: [m, l, l*F(m), l*K(m), M(m), recompute] for every m <= mmax
+ * and l with m*l <= B-(N-1): recompute full, and none where its memory fits (the job's policy
+ * permitting). Identical devices share one table, so the file stays O(groups * B log B). */
+static bool put_group(const cost_group *g, int id, recompute_policy policy, FILE *f) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddNumberToObject(o, "group", id);
     cJSON_AddStringToObject(o, "device", g->dev->threads ? g->dev->type : g->dev->spec->name);
@@ -275,21 +284,27 @@ static bool put_group(const cost_group *g, int id, FILE *f) {
     cJSON_AddNumberToObject(o, "count", g->count);
     cJSON_AddNumberToObject(o, "usable_bytes", g->usable_bytes);
     cJSON_AddBoolToObject(o, "measured", g->measured);
-    cJSON_AddStringToObject(o, "candidate_fields", "[microbatch, microbatches, fwd_ms, bwd_ms, compute_bytes]");
+    cJSON_AddStringToObject(o, "candidate_fields", "[microbatch, microbatches, fwd_ms, bwd_ms, compute_bytes, recompute]");
     if (!put_open_object(o, f) || fputs(",\"candidates\":[", f) < 0) return false;
     bool first = true;
     for (int m = 1; m <= g->mmax; m++)
-        for (int l = 1; (long)m * l <= g->mlimit; l++, first = false)
-            if (fprintf(f, "%s[%d,%d,%.17g,%.17g,%lld]", first ? "" : ",", m, l, (double)l * g->fwd_ms[m],
-                        (double)l * g->bwd_ms[m], (long long)cost_compute_bytes(g, m)) < 0)
-                return false;
+        for (int l = 1; (long)m * l <= g->mlimit; l++) {
+            if (policy != RECOMPUTE_FORCE_NONE) {
+                if (!put_candidate(g, m, l, RECOMPUTE_FULL, first, f)) return false;
+                first = false;
+            }
+            if (policy != RECOMPUTE_FORCE_FULL && (double)cost_compute_bytes_mode(g, m, l, RECOMPUTE_NONE) <= g->usable_bytes) {
+                if (!put_candidate(g, m, l, RECOMPUTE_NONE, first, f)) return false;
+                first = false;
+            }
+        }
     return fputs("]}", f) >= 0;
 }
 
 static cJSON *dump_header(const cost_model *cm) {
     cJSON *root = cJSON_CreateObject();
     cJSON_AddStringToObject(root, "format", "cephalo-costs");
-    cJSON_AddNumberToObject(root, "version", 2);
+    cJSON_AddNumberToObject(root, "version", 3);
     cJSON_AddStringToObject(root, "model", cm->model->name);
     cJSON_AddNumberToObject(root, "batch", cm->batch);
     cJSON_AddNumberToObject(root, "params", (double)cm->params);
@@ -319,7 +334,7 @@ int plan_dump_costs(const cost_model *cm, const char *path, err_t *err) {
     FILE *f = open_memstream(&text, &len);
     if (!f) return err_set(err, "%s: cannot write: out of memory", path);
     bool ok = put_open_object(dump_header(cm), f) && fputs(",\"groups\":[", f) >= 0;
-    for (int g = 0; ok && g < cm->n_groups; g++) ok = (g == 0 || fputc(',', f) != EOF) && put_group(&cm->groups[g], g, f);
+    for (int g = 0; ok && g < cm->n_groups; g++) ok = (g == 0 || fputc(',', f) != EOF) && put_group(&cm->groups[g], g, cm->opts.recompute, f);
     ok = ok && fputs("]}\n", f) >= 0;
     if (fclose(f) != 0) ok = false;
     int rc = ok ? file_write_atomic(path, text, len, err) : err_set(err, "%s: cannot write: out of memory", path);

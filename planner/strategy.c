@@ -81,6 +81,11 @@ static void state_replicated(plan *p) {
     p->replicated = true;
 }
 
+/* A rank's compute memory at its microbatch, count and recompute mode. */
+static int64_t rank_compute_bytes(const cost_group *g, const plan_rank *r) {
+    return cost_compute_bytes_mode(g, r->micro, r->batch / r->micro, r->recompute);
+}
+
 /* Water-fills the state over what compute leaves; returns -1 when it does not fit. */
 static int state_waterfill(plan *p) {
     const cost_model *cm = p->cm;
@@ -91,7 +96,7 @@ static int state_waterfill(plan *p) {
     for (int i = 0; i < n; i++) {
         const cost_group *g = &cm->groups[cost_group_of(cm, i)];
         cap[i] = g->dev->memory_bytes;
-        compute[i] = cost_compute_bytes(g, p->ranks[i].micro);
+        compute[i] = rank_compute_bytes(g, &p->ranks[i]);
         room[i] = (int64_t)floor((g->usable_bytes - (double)compute[i]) / STATE_BYTES_PER_PARAM);
     }
     for (int u = 0; u < p->n_units; u++) numel[u] = model_unit_params(cm->model, u);
@@ -121,14 +126,14 @@ static int finish(plan *p) {
         if (p->replicated) r->state_params = cm->params;
         total += r->state_params;
         r->state_ratio = (double)r->state_params / (double)cm->params;
-        r->compute_bytes = cost_compute_bytes(g, r->micro);
+        r->compute_bytes = rank_compute_bytes(g, r);
         if (p->replicated) r->compute_bytes -= (int64_t)g->slot_bytes; /* nothing gathered */
         r->state_bytes = r->state_params * STATE_BYTES_PER_PARAM;
         r->peak_bytes = r->compute_bytes + r->state_bytes;
         r->usable_bytes = g->usable_bytes;
         r->capacity_bytes = g->dev->memory_bytes;
         r->fwd_ms = r->micros * g->fwd_ms[r->micro];
-        r->bwd_ms = r->micros * g->bwd_ms[r->micro];
+        r->bwd_ms = r->micros * cost_bwd_ms(g, r->micro, r->recompute);
         r->opt_ms = r->state_params * g->opt_ms_per_param;
         p->fwd_ms = fmax(p->fwd_ms, r->fwd_ms);
         p->bwd_ms = fmax(p->bwd_ms, r->bwd_ms);
@@ -171,15 +176,60 @@ typedef struct regime_problem {
     opt_problem prob;
     opt_group *groups;
     int64_t **room;
+    int **keep_lmax;
+    struct keep_ctx *keep; /* per group */
 } regime_problem;
 
+/* What the optimizer's keep_room reads: the group and whether the state is even. */
+typedef struct keep_ctx {
+    const cost_group *g;
+} keep_ctx;
+
+static int64_t room_of(const cost_group *g, int64_t compute) {
+    return (int64_t)floor((g->usable_bytes - (double)compute) / STATE_BYTES_PER_PARAM);
+}
+
+static int64_t keep_room(const void *ctx, int m, int l) {
+    const cost_group *g = ((const keep_ctx *)ctx)->g;
+    return room_of(g, cost_compute_bytes_mode(g, m, l, RECOMPUTE_NONE));
+}
+
+/* The most microbatches of m a rank of g can keep with `state` bytes of state beside them (its
+ * memory is linear in l); 0 when not one fits. */
+static int keep_count(const cost_group *g, int m, int cap, double state) {
+    double per = g->keep_ml * m, left = g->usable_bytes - state - (double)cost_compute_bytes_mode(g, m, 0, RECOMPUTE_NONE);
+    int l = per > 0 ? (int)fmin(cap, fmax(0, floor(left / per))) : cap;
+    while (l > 0 && (double)cost_compute_bytes_mode(g, m, l, RECOMPUTE_NONE) + state > g->usable_bytes) l--;
+    while (l < cap && (double)cost_compute_bytes_mode(g, m, l + 1, RECOMPUTE_NONE) + state <= g->usable_bytes) l++;
+    return l;
+}
+
+/* Recompute none as an option of group gi (the job's policy permitting): its backward times,
+ * and how many microbatches fit per m. */
+static void keep_option(const cost_model *cm, regime_problem *rp, int gi, double state) {
+    const cost_group *g = &cm->groups[gi];
+    opt_group *og = &rp->groups[gi];
+    if (cm->opts.recompute == RECOMPUTE_FORCE_FULL) return;
+    rp->keep_lmax[gi] = xcalloc((size_t)og->mmax + 1, sizeof(int));
+    for (int m = 1; m <= og->mmax; m++) rp->keep_lmax[gi][m] = keep_count(g, m, cm->batch / m, state);
+    rp->keep[gi].g = g;
+    og->k_keep = g->bwd_keep_ms;
+    og->keep_lmax = rp->keep_lmax[gi];
+    og->keep_room = keep_room;
+    og->keep_ctx = &rp->keep[gi];
+    og->keep_only = cm->opts.recompute == RECOMPUTE_FORCE_NONE;
+}
+
 /* mcap: largest microbatch allowed (mb: 1); max_micros: 1 forbids accumulation; memory: honour
- * the per-rank limits; uneven: the water-filled regime with constraint III. */
+ * the per-rank limits (and offer recompute none where it fits); uneven: the water-filled regime
+ * with constraint III. */
 static void build_problem(const cost_model *cm, regime_problem *rp, int mcap, int max_micros,
                           bool memory, bool uneven) {
     memset(rp, 0, sizeof *rp);
     rp->groups = xcalloc((size_t)cm->n_groups, sizeof *rp->groups);
     rp->room = xcalloc((size_t)cm->n_groups, sizeof *rp->room);
+    rp->keep_lmax = xcalloc((size_t)cm->n_groups, sizeof *rp->keep_lmax);
+    rp->keep = xcalloc((size_t)cm->n_groups, sizeof *rp->keep);
     double even_state = (double)cm->even_state_params * STATE_BYTES_PER_PARAM;
     for (int gi = 0; gi < cm->n_groups; gi++) {
         const cost_group *g = &cm->groups[gi];
@@ -195,10 +245,10 @@ static void build_problem(const cost_model *cm, regime_problem *rp, int mcap, in
         if (uneven) {
             rp->room[gi] = xmalloc(((size_t)og->mmax + 1) * sizeof(int64_t));
             rp->room[gi][0] = 0;
-            for (int m = 1; m <= og->mmax; m++)
-                rp->room[gi][m] = (int64_t)floor((g->usable_bytes - (double)cost_compute_bytes(g, m)) / STATE_BYTES_PER_PARAM);
+            for (int m = 1; m <= og->mmax; m++) rp->room[gi][m] = room_of(g, cost_compute_bytes(g, m));
             og->room = rp->room[gi];
         }
+        if (memory) keep_option(cm, rp, gi, uneven ? 0 : even_state);
     }
     rp->prob = (opt_problem){.n_groups = cm->n_groups, .groups = rp->groups, .batch = cm->batch,
                              .fwd_floor = cost_fwd_floor(cm, uneven), .bwd_floor = cost_bwd_floor(cm, uneven),
@@ -206,8 +256,10 @@ static void build_problem(const cost_model *cm, regime_problem *rp, int mcap, in
 }
 
 static void free_problem(regime_problem *rp) {
-    for (int gi = 0; gi < rp->prob.n_groups; gi++) free(rp->room[gi]);
+    for (int gi = 0; gi < rp->prob.n_groups; gi++) free(rp->room[gi]), free(rp->keep_lmax[gi]);
     free(rp->room);
+    free(rp->keep_lmax);
+    free(rp->keep);
     free(rp->groups);
 }
 
@@ -292,8 +344,13 @@ static int explain_infeasible(plan *p, int mcap) {
         return infeasible(p, "the training state (%s = %d B x %.4g params) does not fit: the devices have %s usable after compute at microbatch 1; %s missing in all (add devices or memory)",
                           str_bytes(state, a, sizeof a), STATE_BYTES_PER_PARAM, (double)cm->params,
                           str_bytes(room_sum, b, sizeof b), str_bytes(state - room_sum, c, sizeof c));
-    if (mcap == 1) return infeasible(p, "no split of batch %d fits with microbatch 1", cm->batch);
-    return infeasible(p, "no split of batch %d satisfies the memory constraints", cm->batch);
+    /* the job may have forced every rank to keep its activations */
+    const char *rec = cm->opts.recompute == RECOMPUTE_FORCE_NONE
+                          ? " with recompute none (every unit's activations kept on the device; recompute auto or full "
+                            "lets devices recompute them)"
+                          : "";
+    if (mcap == 1) return infeasible(p, "no split of batch %d fits with microbatch 1%s", cm->batch, rec);
+    return infeasible(p, "no split of batch %d satisfies the memory constraints%s", cm->batch, rec);
 }
 
 static int make_optimized(plan *p, int mcap) {
@@ -309,6 +366,7 @@ static int make_optimized(plan *p, int mcap) {
         for (int i = 0; i < p->n_ranks; i++) {
             p->ranks[i].batch = best->batch[i];
             p->ranks[i].micro = best->micro[i];
+            p->ranks[i].recompute = best->keep[i] ? RECOMPUTE_NONE : RECOMPUTE_FULL;
         }
         if (best == &even) state_even(p);
         else CHECK(state_waterfill(p) == 0);

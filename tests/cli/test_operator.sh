@@ -184,7 +184,7 @@ assert {p['name']: p['port'] for p in s['spec']['ports']}['metrics'] == 9400, s[
 print('svc ok')
 PY
 K get pods -l cephalo.dev/job=tiny -o json >"$dir/pods.json" 2>&1
-check "one pod per GPU: nvidia.com/gpu 1, node affinity on its node's hostname, env, plan volume, owner" 0 "pods ok" -- \
+check "one pod per GPU: nvidia.com/gpu 1, node affinity on its node's hostname, its plan rank's --recompute, env, plan volume, owner" 0 "pods ok" -- \
   python3 - "$dir/pods.json" "$dir/cm.json" "$uid" <<'PY'
 import json, sys
 pods = {p['metadata']['name']: p for p in json.load(open(sys.argv[1]))['items']}
@@ -202,6 +202,8 @@ for r in plan['ranks']:
     assert c['resources'] == {'requests': {'nvidia.com/gpu': '1'}, 'limits': {'nvidia.com/gpu': '1'}}, c['resources']
     assert c['image'] == 'registry.test/cephalo-worker:1' and c['args'][0] == 'train', c
     assert '--keep-last' not in c['args'] and '--ckpt-dir' not in c['args'], c['args'] # no checkpoint
+    # each pod's recompute mode is its plan rank's
+    assert c['args'][c['args'].index('--recompute') + 1] == r['recompute'], (r, c['args'])
     env = {e['name']: e['value'] for e in c['env']}
     want = {'RANK': str(r['rank']), 'WORLD_SIZE': '3', 'MASTER_ADDR': 'tiny-0.tiny.default.svc',
             'MASTER_PORT': '29500', 'CEPHALO_PLAN': '/etc/cephalo/plan.json',
@@ -604,6 +606,7 @@ spec:
   globalBatch: 16
   steps: 1
   precision: fp16
+  recompute: full
   # the Maxwell product is unknown to the catalog: only allowedProducts lets it be considered
   gpus: {nodeSelector: {pool: volta}, allowedProducts: [Tesla-V100-SXM2-16GB, Tesla-T4, Tesla-M60]}
 ---
@@ -620,19 +623,26 @@ check "... reason UnsupportedPrecision, naming the GPUs, their compute capabilit
 assert "the same job in fp16 is planned" wait_for 20 phase_is fp16-volta Planned
 check "... on the V100s and T4s only: the Maxwell node is left out" 0 "gpu-t gpu-t gpu-v gpu-v" -- \
   jp cephalojob fp16-volta '{.status.plan.ranks[*].node}'
+check "... the status shows each rank's recompute mode (spec.recompute full: all)" 0 "full full full full" -- \
+  jp cephalojob fp16-volta '{.status.plan.ranks[*].recompute}'
 check "... the status names the node left out, its GPU and compute capability" 0 \
   "node gpu-m: Tesla-M60 (compute capability 5.2) is left out: the worker image is built for sm_60 sm_61 sm_70 sm_75 sm_80 sm_86 sm_89 sm_90 (--worker-archs)" -- \
   jp cephalojob fp16-volta '{.status.message}'
 K get configmap fp16-volta-plan -o json >"$dir/fp16-cm.json" 2>&1
 K get pod fp16-volta-0 -o json >"$dir/fp16-pod.json" 2>&1
-check "... plan.json says fp16 and the workers get --precision fp16" 0 "fp16 ok" -- python3 - "$dir/fp16-cm.json" "$dir/fp16-pod.json" <<'PY'
+check "... plan.json says fp16 and recompute full (spec.recompute), the workers get --precision fp16 --recompute full" 0 "fp16 ok" -- python3 - "$dir/fp16-cm.json" "$dir/fp16-pod.json" <<'PY'
 import json, sys
 plan = json.loads(json.load(open(sys.argv[1]))['data']['plan.json'])
 args = json.load(open(sys.argv[2]))['spec']['containers'][0]['args']
 assert plan['inputs']['precision'] == 'fp16', plan['inputs']
+assert plan['inputs']['recompute'] == 'full' and {r['recompute'] for r in plan['ranks']} == {'full'}, plan
 assert args[args.index('--precision') + 1] == 'fp16', args
+assert args[args.index('--recompute') + 1] == 'full', args
 print('fp16 ok')
 PY
+printf 'apiVersion: cephalo.dev/v1alpha1\nkind: CephaloJob\nmetadata: {name: bad-recompute}\nspec: {model: {name: gpt2-124m}, globalBatch: 8, steps: 1, recompute: some}\n' >"$dir/badrec.yaml"
+check "spec.recompute outside auto, none, full is refused by the CRD, naming the field" 1 "spec.recompute: Unsupported value" -- \
+  K apply -f "$dir/badrec.yaml"
 assert "a job whose only GPUs the image cannot run -> Failed" wait_for 20 phase_is maxwell-only Failed
 check "... reason NoGPUs, saying the worker image runs none of them and why" 0 \
   "Failed False NoGPUs: no usable GPU: the worker image runs none of the GPUs the job may use: node gpu-m: Tesla-M60 (compute capability 5.2) is left out" -- \

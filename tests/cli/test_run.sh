@@ -62,6 +62,16 @@ check "optimizer.schedule reaches every worker's command line" 0 "--schedule con
 bad seq-beyond-model '2a seq: 4096' "3: seq:"
 bad bad-strategy '3a strategy: zero' "4: strategy: unknown strategy 'zero' (expected cephalo, fsdp, whale, cb or mb)"
 bad bad-precision '3a precision: fp8' "4: precision: 'fp8' (expected fp32, bf16 or fp16)"
+bad bad-recompute '3a recompute: some' "4: recompute: 'some' (expected auto, none or full)"
+rec_ok() { # rec_ok MODE OTHER: the dry run's plan gives every rank MODE, every worker line says it
+  "$C" run "$T/rec-$1.yaml" --dry-run --run-dir "$T/r-rec-$1" >"$T/r-rec-$1.out" &&
+    python3 -c "import json; assert {r['recompute'] for r in json.load(open('$T/r-rec-$1/plan.json'))['ranks']} == {'$1'}" &&
+    grep -q -- "--recompute $1" "$T/r-rec-$1.out" && ! grep -q -- "--recompute $2" "$T/r-rec-$1.out"
+}
+sed "3a recompute: none" <<<"$base" >"$T/rec-none.yaml"
+sed "3a recompute: full" <<<"$base" >"$T/rec-full.yaml"
+check "recompute: none is every rank's in the plan and on every worker's command line" 0 "" -- rec_ok none full
+check "recompute: full is every rank's in the plan and on every worker's command line" 0 "" -- rec_ok full none
 sed '3a precision: fp16' <<<"$base" >"$T/fp16.yaml"
 check "precision: fp16 plans in fp16" 0 "" -- bash -c "'$C' run '$T/fp16.yaml' --dry-run --run-dir '$T/r-fp16' >/dev/null && grep -q '\"precision\":[[:space:]]*\"fp16\"' '$T/r-fp16/plan.json'"
 bad bad-name '1i name: my job' "1: name: 'my job' is not a usable run name"
@@ -97,7 +107,7 @@ devices:
 Y
 check "dry run: plan table" 0 "cpu-2t-0.50g" -- "$C" run "$T/three.yaml" --dry-run --run-dir "$T/r-dry"
 out=$("$C" run "$T/three.yaml" --dry-run --run-dir "$T/r-dry" 2>&1)
-assert "dry run: one command per rank" grep -q "RANK=2 WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=[0-9]* CEPHALO_PLAN=$T/r-dry/plan.json CEPHALO_COMM_TIMEOUT=30 .*cephalo-worker train --steps 4 --seed 7 --precision fp32 --lr 0.002 --min-lr 0.0002 .* --data synthetic --ckpt-dir $T/r-dry/ck --ckpt-every 2 --resume auto --log $T/r-dry/rank-2.jsonl >$T/r-dry/rank-2.log 2>&1" <<<"$out"
+assert "dry run: one command per rank" grep -q "RANK=2 WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=[0-9]* CEPHALO_PLAN=$T/r-dry/plan.json CEPHALO_COMM_TIMEOUT=30 .*cephalo-worker train --steps 4 --seed 7 --precision fp32 --recompute [a-z]* --lr 0.002 --min-lr 0.0002 .* --data synthetic --ckpt-dir $T/r-dry/ck --ckpt-every 2 --resume auto --log $T/r-dry/rank-2.jsonl >$T/r-dry/rank-2.log 2>&1" <<<"$out"
 assert "dry run: plan.json written, nothing started" test -s "$T/r-dry/plan.json" -a ! -e "$T/r-dry/rank-0.log"
 assert "dry run: the devices as a cluster file" bash -c "'$C' plan --cluster '$T/r-dry/cluster.yaml' --model tiny-gpt --batch 16 | grep -q 'cpu-1t-0.25g'"
 check "--devices replaces the devices" 0 "cpu-1t-0.12g" -- "$C" run "$T/three.yaml" --dry-run --run-dir "$T/r-dev" --devices cpu:4t:1G,cpu:1t:128Mx3

@@ -160,7 +160,7 @@ for r in range(1, $world):
   done
 fi
 
-# ---- d) offload on vs off: bit-identical ---------------------------------------------------------
+# ---- d) offload on vs off, recompute full vs none: bit-identical -------------------------------
 if [[ $PARTS == *d* ]]; then
   if ! has_flag --offload; then
     skip "offload on = off" "cephalo-worker-cuda train has no --offload"
@@ -177,6 +177,15 @@ if [[ $PARTS == *d* ]]; then
       [ $ok = 1 ] || continue
       check "$name fp32: --offload on and off give bit-identical parameters and moments after 3 steps" 0 "" \
         -- bash -c "[ \"\$(${PT[*]} gather $T/off-$name-on/step_00000003.safetensors)\" = \"\$(${PT[*]} gather $T/off-$name-off/step_00000003.safetensors)\" ]"
+      # recompute none: the intermediates kept on the device instead of recomputed (docs/cost-model.md)
+      has_flag --recompute || continue
+      if out=$($TMO "$WC" train --device cuda --precision fp32 --model "$model" --batch 4 --microbatch 2 \
+          --steps 3 --seed 11 --lr 1e-3 --recompute none --quiet --ckpt-dir "$T/off-$name-keep" 2>&1); then
+        check "$name fp32: --recompute none and full give bit-identical parameters and moments after 3 steps" 0 "" \
+          -- bash -c "[ \"\$(${PT[*]} gather $T/off-$name-on/step_00000003.safetensors)\" = \"\$(${PT[*]} gather $T/off-$name-keep/step_00000003.safetensors)\" ]"
+      else
+        fail "$name: trains with --recompute none" "$out"
+      fi
     done
   fi
 fi

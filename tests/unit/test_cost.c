@@ -150,6 +150,45 @@ static void test_fp16_memory_like_bf16(void **state) {
     cluster_free(&l16), cluster_free(&lb16), cluster_free(&l32);
 }
 
+/* Recompute none: the planner's M(m, l) is the engine's bytes with l microbatches kept (GPU
+ * reserve and NCCL aside, as for full), it grows with m and l, and never falls below full's; the
+ * backward phase drops exactly the blocks' recompute (L x the forward of a block). */
+static void test_recompute_none_costs(void **state) {
+    (void)state;
+    err_t err;
+    cost_model cm;
+    cluster cl;
+    assert_int_equal(try_build(&cm, &cl, ampere, PREC_BF16, &err), 0);
+    const model_spec *m = cm.model;
+    for (int g = 0; g < cm.n_groups; g++) {
+        const cost_group *cg = &cm.groups[g];
+        engine_opts full = {.sharded = true, .prec = PREC_BF16, .double_buffer = true}, none = full;
+        none.recompute = RECOMPUTE_NONE;
+        for (int mb = 1; mb <= 4; mb++)
+            for (int l = 1; l <= 3; l++) {
+                none.kept = l;
+                int64_t extra = engine_compute_bytes(m, 256, mb, none) - engine_compute_bytes(m, 256, mb, full);
+                assert_true(extra > 0);
+                assert_int_equal(cost_compute_bytes_mode(cg, mb, l, RECOMPUTE_NONE) - cost_compute_bytes(cg, mb), extra);
+                assert_int_equal(cost_compute_bytes_mode(cg, mb, l, RECOMPUTE_FULL), cost_compute_bytes(cg, mb));
+                if (l > 1) assert_true(cost_compute_bytes_mode(cg, mb, l, RECOMPUTE_NONE) > cost_compute_bytes_mode(cg, mb, l - 1, RECOMPUTE_NONE));
+            }
+        /* K_full - K_none = L x block forward = (F - embedding forward - head) over the blocks:
+         * both below F, and the difference positive */
+        for (int mb = 1; mb <= 4; mb++) {
+            double saved = cost_bwd_ms(cg, mb, RECOMPUTE_FULL) - cost_bwd_ms(cg, mb, RECOMPUTE_NONE);
+            assert_true(saved > 0 && saved < cg->fwd_ms[mb]);
+        }
+    }
+    /* each unit kind's saved buffers: a lookup embedding keeps nothing, a block all it computes */
+    assert_int_equal(engine_saved_mask(m, UNIT_EMBEDDING), 0u);
+    assert_true(engine_saved_mask(m, UNIT_BLOCK) & (1u << ES_QKV));
+    assert_int_equal(engine_saved_sets(m, RECOMPUTE_FULL, 5), 1);
+    assert_int_equal(engine_saved_sets(m, RECOMPUTE_NONE, 5), 1 + (model_n_units(m) - 1) * 5);
+    cost_free(&cm);
+    cluster_free(&cl);
+}
+
 /* fp16 runs at each GPU's fp16 tensor rate: V100 112, T4 65 TFLOP/s (fp32: 14.1, 8.1). */
 static void test_fp16_rates(void **state) {
     (void)state;
@@ -285,6 +324,7 @@ int main(void) {
         cmocka_unit_test(test_profiled_costs),
         cmocka_unit_test(test_fp16_memory_like_bf16),
         cmocka_unit_test(test_fp16_rates),
+        cmocka_unit_test(test_recompute_none_costs),
         cmocka_unit_test(test_pascal_fp16_at_fp32_rate),
         cmocka_unit_test(test_bf16_refused_before_ampere),
     };

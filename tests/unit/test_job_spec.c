@@ -28,7 +28,7 @@ static int parse(const char *json, cJSON **doc, job_spec *s, char *msg) {
 /* The worker's arguments joined by spaces. */
 static char *argv_line(const job_spec *s) {
     wcmd_argv a = {0};
-    job_spec_worker_argv(s, &a);
+    job_spec_worker_argv(s, RECOMPUTE_FULL, &a);
     static char line[8192];
     line[0] = '\0';
     for (int i = 0; i < a.n; i++) {
@@ -63,6 +63,7 @@ static void test_defaults(void **state) {
     /* the operator's own */
     assert_true(s.mem_cap == JOB_SPEC_MEM_CAP);
     assert_int_equal(s.strat, STRAT_CEPHALO);
+    assert_int_equal(s.recompute, RECOMPUTE_AUTO); /* the planner's choice per rank */
     assert_int_equal(s.metrics_port, JOB_SPEC_METRICS_PORT);
     assert_true(s.comm_timeout_s == JOB_SPEC_COMM_TIMEOUT_S);
     assert_int_equal(s.backoff_limit, JOB_SPEC_BACKOFF_LIMIT);
@@ -78,7 +79,7 @@ static void test_defaults(void **state) {
     assert_null(s.tolerations);
     /* every setting spelled out, min-lr too: lr / 10 as the worker would compute it (0.0003 / 10 is
      * not the double nearest 3e-05) */
-    assert_string_equal(argv_line(&s), "train --steps 10 --seed 1 --precision fp32 --lr 0.0003 "
+    assert_string_equal(argv_line(&s), "train --steps 10 --seed 1 --precision fp32 --recompute full --lr 0.0003 "
                                        "--min-lr 2.9999999999999997e-05 "
                                        "--schedule cosine --warmup 0 --weight-decay 0.1 --beta1 0.9 --beta2 0.95 "
                                        "--eps 1e-08 --clip 1 --data synthetic");
@@ -99,7 +100,7 @@ static void test_worker_argv(void **state) {
                            "\"every\":50,\"samples\":16}},\"checkpoint\":{\"pvc\":\"ck\",\"dir\":\"tiny\",\"every\":100,"
                            "\"keepLast\":2,\"keepEvery\":1000,\"resume\":\"never\"}}", &doc, &s, msg), 0);
     assert_string_equal(argv_line(&s),
-                        "train --steps 400 --seed 7 --precision bf16 --lr 0.003 --min-lr 0.0001 --schedule linear "
+                        "train --steps 400 --seed 7 --precision bf16 --recompute full --lr 0.003 --min-lr 0.0001 --schedule linear "
                         "--warmup 5 --weight-decay 0 --beta1 0.8 --beta2 0.99 --eps 1e-06 --clip 0.5 "
                         "--data /data/train/*.bin --init-from /cephalo/init/models/tiny-llama --val-data /data/val/*.bin "
                         "--val-every 50 --val-samples 16 --ckpt-dir /checkpoints/tiny --ckpt-every 100 --keep-last 2 "
@@ -127,7 +128,7 @@ static void test_same_builder(void **state) {
     t.steps = 10, t.lr = 0.001;
     wcmd_argv a = {0}, b = {0};
     wcmd_train_argv(&t, &a);
-    job_spec_worker_argv(&s, &b);
+    job_spec_worker_argv(&s, RECOMPUTE_FULL, &b);
     assert_int_equal(a.n, b.n);
     for (int i = 0; i < a.n; i++) assert_string_equal(a.v[i], b.v[i]);
     wcmd_argv_free(&a), wcmd_argv_free(&b);
@@ -145,6 +146,8 @@ static void test_refused(void **state) {
         {MINIMAL ",\"memCap\":0}", "spec.memCap: expected a number in (0, 1], got 0"},
         {MINIMAL ",\"metricsPort\":\"9400\"}", "spec.metricsPort: expected an integer in [0, 65535], got \"9400\""},
         {MINIMAL ",\"precision\":\"fp64\"}", "spec.precision: 'fp64' (expected fp32, bf16 or fp16)"},
+        {MINIMAL ",\"recompute\":\"some\"}", "spec.recompute: 'some' (expected auto, none or full)"},
+        {MINIMAL ",\"recompute\":true}", "spec.recompute: expected a non-empty string, got true"},
         {MINIMAL ",\"optimizer\":{\"schedule\":\"step\"}}", "spec.optimizer.schedule: 'step' (expected cosine, linear or constant)"},
         {MINIMAL ",\"strategy\":\"best\"}", "spec.strategy: unknown strategy 'best'"},
         {MINIMAL ",\"gpus\":{\"minGPUs\":3,\"maxGPUs\":2}}",

@@ -260,7 +260,7 @@ static void test_job_spec_paths(void **state) {
     if (parse_spec(json, &doc, &s, &err) < 0) fail_msg("%s", err.msg);
     /* the worker gets both whole (a 4500-character data path was cut at 4199) */
     wcmd_argv a = {0};
-    job_spec_worker_argv(&s, &a);
+    job_spec_worker_argv(&s, RECOMPUTE_FULL, &a);
     bool saw_data = false, saw_ckpt = false;
     for (int i = 0; i < a.n; i++) {
         saw_data |= strlen(a.v[i]) == 4506 && !strncmp(a.v[i], "/data/", 6);

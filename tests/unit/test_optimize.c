@@ -1,10 +1,13 @@
 /* test_optimize.c - the optimizer against exhaustive search.
  *
  * 1. Random abstract problems (up to 4 ranks, B up to 24, arbitrary non-monotone costs, random
- *    memory limits, aggregate-memory constraints and collective floors).
+ *    memory limits, aggregate-memory constraints and collective floors), with and without the
+ *    option of keeping activations (recompute none: its own backward costs, count limits and
+ *    room, or forced).
  * 2. Random real clusters (up to 4 GPUs of random catalog types, random models, B up to 24): the
  *    planner's predicted iteration time against the best of every assignment, each priced by an
- *    independent re-implementation of the model's rules (even or uneven state, constraint III).
+ *    independent re-implementation of the model's rules (even or uneven state, constraint III),
+ *    each rank recomputing or keeping its activations (auto, or forced by the policy).
  * Equal optimum every time, and the returned plan attains it. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -40,6 +43,7 @@ typedef struct brute {
     const opt_problem *p;
     int n, rank_group[MAXR];
     int batch[MAXR], micro[MAXR];
+    bool keep[MAXR];
     double best;
 } brute;
 
@@ -49,10 +53,11 @@ static double brute_cost(const brute *b) {
     int64_t room = 0;
     for (int i = 0; i < b->n; i++) {
         const opt_group *g = &b->p->groups[b->rank_group[i]];
-        int l = b->batch[i] / b->micro[i];
-        if (l * g->f[b->micro[i]] > F) F = l * g->f[b->micro[i]];
-        if (l * g->k[b->micro[i]] > K) K = l * g->k[b->micro[i]];
-        if (b->p->need_room > 0) room += g->room[b->micro[i]];
+        int m = b->micro[i], l = b->batch[i] / m;
+        const double *k = b->keep[i] ? g->k_keep : g->k;
+        if (l * g->f[m] > F) F = l * g->f[m];
+        if (l * k[m] > K) K = l * k[m];
+        if (b->p->need_room > 0) room += b->keep[i] ? g->keep_room(g->keep_ctx, m, l) : g->room[m];
     }
     if (b->p->need_room > 0 && room < b->p->need_room) return INFINITY;
     return (F > b->p->fwd_floor ? F : b->p->fwd_floor) + (K > b->p->bwd_floor ? K : b->p->bwd_floor);
@@ -72,7 +77,11 @@ static void brute_rec(brute *b, int i, int left) {
             if (g->max_micros > 0 && l > g->max_micros) break;
             b->batch[i] = m * l;
             b->micro[i] = m;
-            brute_rec(b, i + 1, left - m * l);
+            for (int keep = 0; keep < 2; keep++) {
+                if (keep ? !g->k_keep || l > g->keep_lmax[m] : g->keep_only) continue;
+                b->keep[i] = keep;
+                brute_rec(b, i + 1, left - m * l);
+            }
         }
 }
 
@@ -89,9 +98,21 @@ static double brute_solve(const opt_problem *p) {
 typedef struct rand_problem {
     opt_problem p;
     opt_group g[MAXR];
-    double f[MAXR][MAXB + 1], k[MAXR][MAXB + 1];
-    int64_t room[MAXR][MAXB + 1];
+    double f[MAXR][MAXB + 1], k[MAXR][MAXB + 1], kk[MAXR][MAXB + 1];
+    int64_t room[MAXR][MAXB + 1], keep_per[MAXR][MAXB + 1];
+    int keep_lmax[MAXR][MAXB + 1];
 } rand_problem;
+
+/* Room with l microbatches kept: the full room less a random amount per microbatch (kept
+ * intermediates take memory from the state), as the planner's never above the full room. */
+typedef struct rand_keep {
+    const int64_t *room, *per;
+} rand_keep;
+static rand_keep keep_ctx[MAXR];
+static int64_t rand_keep_room(const void *ctx, int m, int l) {
+    const rand_keep *k = ctx;
+    return k->room[m] - k->per[m] * l;
+}
 
 static void make_random(rand_problem *rp) {
     memset(rp, 0, sizeof *rp);
@@ -115,6 +136,19 @@ static void make_random(rand_problem *rp) {
         g->f = rp->f[ng];
         g->k = rp->k[ng];
         g->room = rp->room[ng];
+        if (rnd(0, 3)) { /* keeping is an option: faster backward, fewer microbatches, less room */
+            for (int m = 1; m <= g->mmax; m++) {
+                rp->kk[ng][m] = small_ints ? rnd(1, (int)rp->k[ng][m]) : rp->k[ng][m] * rndf(0.5, 1.0);
+                rp->keep_lmax[ng][m] = rnd(0, 6);
+                rp->keep_per[ng][m] = rnd(0, 6);
+            }
+            keep_ctx[ng] = (rand_keep){rp->room[ng], rp->keep_per[ng]};
+            g->k_keep = rp->kk[ng];
+            g->keep_lmax = rp->keep_lmax[ng];
+            g->keep_room = rand_keep_room;
+            g->keep_ctx = &keep_ctx[ng];
+            g->keep_only = rnd(0, 4) == 0;
+        }
         room_total += rp->room[ng][1] * g->count;
         ng++;
     }
@@ -128,8 +162,8 @@ static void make_random(rand_problem *rp) {
 
 static void test_random_problems_match_exhaustive(void **state) {
     (void)state;
-    int feasible = 0;
-    for (int it = 0; it < 1000; it++) {
+    int feasible = 0, kept = 0;
+    for (int it = 0; it < 1500; it++) {
         rand_problem rp;
         make_random(&rp);
         double expect = brute_solve(&rp.p);
@@ -154,10 +188,12 @@ static void test_random_problems_match_exhaustive(void **state) {
             sum += r.batch[i];
         }
         assert_int_equal(sum, rp.p.batch);
-        assert_true(fabs(opt_objective(&rp.p, r.batch, r.micro) - expect) <= 1e-9 * expect);
+        assert_true(fabs(opt_objective(&rp.p, r.batch, r.micro, r.keep) - expect) <= 1e-9 * expect);
+        for (int i = 0; i < r.n_ranks; i++) kept += r.keep[i];
         opt_result_free(&r);
     }
     assert_true(feasible > 300); /* the sample must exercise feasible instances */
+    assert_true(kept > 100);     /* ... and plans that keep activations */
 }
 
 /* ---- random real clusters ---- */
@@ -166,7 +202,7 @@ static const char *const gpu_types[] = {"P40", "P100", "V100-16GB", "T4", "A10G"
 static const char *const model_names[] = {"gpt2-124m", "gpt2-774m", "gpt2-1.5b", "bert-large", "tinyllama-1.1b", "llama-3b", "vit-g"};
 
 /* Cost of one full assignment under the rules of docs/optimizer.md, written out from cost_model data. */
-static double model_cost(const cost_model *cm, const int *batch, const int *micro) {
+static double model_cost(const cost_model *cm, const int *batch, const int *micro, const bool *keep) {
     int n = cm->cl->n_devices;
     double F = 0, K = 0;
     bool even_ok = true;
@@ -174,21 +210,22 @@ static double model_cost(const cost_model *cm, const int *batch, const int *micr
     for (int i = 0; i < n; i++) {
         const cost_group *g = &cm->groups[cost_group_of(cm, i)];
         int m = micro[i], l = batch[i] / micro[i];
-        double mem = (double)cost_compute_bytes(g, m);
+        /* recompute none keeps l microbatches' intermediates: M(m) + keep_m1*m + keep_ml*m*l */
+        double mem = keep[i] ? ceil(g->m0 + g->m1 * m + g->keep_m1 * m + g->keep_ml * m * l) : (double)cost_compute_bytes(g, m);
         if (mem > g->usable_bytes) return INFINITY; /* constraint II */
         if (mem + (double)cm->even_state_params * STATE_BYTES_PER_PARAM > g->usable_bytes) even_ok = false;
         room += (int64_t)floor((g->usable_bytes - mem) / STATE_BYTES_PER_PARAM);
         F = fmax(F, l * g->fwd_ms[m]);
-        K = fmax(K, l * g->bwd_ms[m]);
+        K = fmax(K, l * (keep[i] ? g->bwd_keep_ms : g->bwd_ms)[m]);
     }
     if (!even_ok && room < cm->params) return INFINITY; /* constraint III */
     bool uneven = !even_ok;
     return cost_exposed_ms(cm, uneven) + fmax(F, cost_fwd_floor(cm, uneven)) + fmax(K, cost_bwd_floor(cm, uneven));
 }
 
-static double cluster_brute(const cost_model *cm, int i, int left, int *batch, int *micro) {
+static double cluster_brute(const cost_model *cm, int i, int left, int *batch, int *micro, bool *keep) {
     int n = cm->cl->n_devices;
-    if (i == n) return left == 0 ? model_cost(cm, batch, micro) : INFINITY;
+    if (i == n) return left == 0 ? model_cost(cm, batch, micro, keep) : INFINITY;
     double best = INFINITY;
     int rest = n - i - 1;
     for (int b = 1; b <= left - rest; b++)
@@ -196,14 +233,18 @@ static double cluster_brute(const cost_model *cm, int i, int left, int *batch, i
             if (b % m) continue;
             batch[i] = b;
             micro[i] = m;
-            best = fmin(best, cluster_brute(cm, i + 1, left - b, batch, micro));
+            for (int k = 0; k < 2; k++) {
+                if (k ? cm->opts.recompute == RECOMPUTE_FORCE_FULL : cm->opts.recompute == RECOMPUTE_FORCE_NONE) continue;
+                keep[i] = k;
+                best = fmin(best, cluster_brute(cm, i + 1, left - b, batch, micro, keep));
+            }
         }
     return best;
 }
 
 static void test_random_clusters_match_exhaustive(void **state) {
     (void)state;
-    int feasible = 0, uneven = 0;
+    int feasible = 0, uneven = 0, kept = 0, mixed = 0;
     for (int it = 0; it < 250; it++) {
         cluster cl;
         cluster_init(&cl);
@@ -221,7 +262,8 @@ static void test_random_clusters_match_exhaustive(void **state) {
         model_spec m;
         assert_int_equal(model_resolve(model_names[rnd(0, 6)], &m, &err), 0);
         int B = rnd(cl.n_devices, MAXB);
-        cost_opts co = {.prec = (precision)rnd(0, PREC_COUNT - 1), .mem_cap = rndf(0.3, 0.9)};
+        cost_opts co = {.prec = (precision)rnd(0, PREC_COUNT - 1), .mem_cap = rndf(0.3, 0.9),
+                        .recompute = rnd(0, 3) ? RECOMPUTE_AUTO : (recompute_policy)rnd(1, 2)};
         cost_model cm;
         int seq = m.arch == ARCH_VIT ? 0 : 128 * rnd(1, m.max_seq / 128 < 8 ? m.max_seq / 128 : 8);
         /* bf16 on a cluster with a pre-Ampere GPU is refused, not planned */
@@ -234,7 +276,8 @@ static void test_random_clusters_match_exhaustive(void **state) {
         }
         assert_int_equal(cost_build(&cm, &m, &cl, seq, B, &co, &err), 0);
         int batch[MAXR], micro[MAXR];
-        double expect = cluster_brute(&cm, 0, B, batch, micro);
+        bool keep[MAXR];
+        double expect = cluster_brute(&cm, 0, B, batch, micro, keep);
         plan p;
         assert_int_equal(plan_make(&cm, STRAT_CEPHALO, &p, &err), 0);
         if (!isfinite(expect)) {
@@ -248,6 +291,16 @@ static void test_random_clusters_match_exhaustive(void **state) {
             if (fabs(got - expect) > 1e-9 * expect)
                 fprintf(stderr, "cluster %d (%s, B=%d): planner %.12g vs exhaustive %.12g\n", it, m.name, B, got, expect);
             assert_true(fabs(got - expect) <= 1e-9 * expect);
+            int nk = 0;
+            for (int i = 0; i < p.n_ranks; i++) {
+                nk += p.ranks[i].recompute == RECOMPUTE_NONE;
+                /* a forced policy is honoured; its memory within the device's */
+                if (co.recompute == RECOMPUTE_FORCE_FULL) assert_int_equal(p.ranks[i].recompute, RECOMPUTE_FULL);
+                if (co.recompute == RECOMPUTE_FORCE_NONE) assert_int_equal(p.ranks[i].recompute, RECOMPUTE_NONE);
+                assert_true((double)p.ranks[i].peak_bytes <= p.ranks[i].usable_bytes);
+            }
+            kept += nk > 0;
+            mixed += nk > 0 && nk < p.n_ranks;
         }
         plan_free(&p);
         cost_free(&cm);
@@ -255,6 +308,8 @@ static void test_random_clusters_match_exhaustive(void **state) {
     }
     assert_true(feasible > 50);
     assert_true(uneven > 5); /* memory-bound instances where uneven state wins are covered */
+    assert_true(kept > 20);  /* ... plans that keep activations ... */
+    assert_true(mixed > 3);  /* ... and some ranks keeping while others recompute */
 }
 
 /* A hand-checkable instance: a fast and a slow rank, B = 6. */

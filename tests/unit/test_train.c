@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "model/train.h"
+#include "planner/engine_mem.h"
 #include "state/ckpt.h"
 #include "state/plan_read.h"
 
@@ -137,6 +138,46 @@ static void test_accumulation_equals_big_batch(void **state) {
     }
 }
 
+/* Recompute none keeps every unit's intermediates instead of recomputing them: the same
+ * operations on the same values, so parameters bit-identical to full after a few steps (the CPU
+ * device is deterministic), l > 1 microbatches, layered and per-microbatch; and the device's
+ * peak is exactly what the planner predicts for each mode (engine_compute_bytes + 16 bytes of
+ * state per parameter), the kept microbatches included. */
+static void test_recompute_none_equals_full(void **state) {
+    (void)state;
+    static const struct {
+        int batch, micro;
+        bool per_micro;
+    } runs[] = {{6, 2, false}, {6, 3, true}, {4, 4, false}};
+    for (int a = 0; a < 4; a++)
+        for (size_t k = 0; k < sizeof runs / sizeof *runs; k++) {
+            trainer *t[2];
+            float *p[2];
+            int64_t n = 0;
+            for (int mode = 0; mode < 2; mode++) {
+                train_config c = tiny_config(TINY[a], runs[k].batch, runs[k].micro);
+                c.per_micro = runs[k].per_micro;
+                c.recompute = mode ? RECOMPUTE_NONE : RECOMPUTE_FULL;
+                t[mode] = make(&c);
+                steps(t[mode], 3);
+                p[mode] = all_params(t[mode], &n);
+                int kept = runs[k].per_micro ? 1 : c.micros;
+                engine_opts eo = {.prec = c.prec, .recompute = c.recompute, .kept = kept};
+                int64_t want = engine_compute_bytes(&c.model, c.seq, c.micro, eo) + 16 * model_params(&c.model);
+                if (t[mode]->dev.peak_bytes != want)
+                    fail_msg("%s batch %d micro %d%s, recompute %s: peak %lld, predicted %lld", TINY[a], runs[k].batch,
+                             runs[k].micro, runs[k].per_micro ? " per-micro" : "", recompute_name(c.recompute),
+                             (long long)t[mode]->dev.peak_bytes, (long long)want);
+            }
+            if (memcmp(p[0], p[1], (size_t)n * sizeof(float)))
+                fail_msg("%s batch %d micro %d: recompute none differs from full", TINY[a], runs[k].batch, runs[k].micro);
+            /* keeping costs memory (the test can tell the modes apart) */
+            assert_true(t[1]->dev.peak_bytes > t[0]->dev.peak_bytes);
+            free(p[0]), free(p[1]);
+            trainer_free(t[0]), trainer_free(t[1]);
+        }
+}
+
 static char tmpdir[64];
 
 static int setup_tmp(void **state) {
@@ -237,7 +278,7 @@ static void test_capacity_enforced(void **state) {
 static const char *plan_text =
     "{\"format\":\"cephalo-plan\",\"version\":1,\"feasible\":true,\"world_size\":2,"
     "\"inputs\":{\"model\":\"tiny-gpt\",\"batch\":6,\"seq\":32,\"precision\":\"%s\"},"
-    "\"ranks\":[{\"rank\":0,\"batch\":4,\"microbatch\":2,\"microbatches\":2,\"memory_bytes\":1000000},"
+    "\"ranks\":[{\"rank\":0,\"batch\":4,\"microbatch\":2,\"microbatches\":2,\"memory_bytes\":1000000,\"recompute\":\"none\"},"
     "{\"rank\":1,\"batch\":2,\"microbatch\":%s,\"microbatches\":1,\"memory_bytes\":2000000,\"threads\":3}],"
     "\"units\":[%s]}";
 
@@ -286,6 +327,11 @@ static void test_plan_read(void **state) {
     assert_non_null(c.shard_sizes);
     assert_int_equal(c.shard_sizes[1], 7); /* unit 0, rank 1 */
     assert_false(c.replicated);
+    assert_int_equal(c.recompute, RECOMPUTE_FULL); /* no recompute field (an older plan): full */
+    if (read_plan("fp32", "2", 0, 2, &c, &err) != 0) fail_msg("%s", err.msg);
+    assert_int_equal(c.recompute, RECOMPUTE_NONE); /* rank 0's */
+    assert_int_equal(read_plan("fp32", "2,\"recompute\":\"some\"", 1, 2, &c, &err), -1);
+    assert_non_null(strstr(err.msg, "ranks[1].recompute is \"some\" (expected none or full)"));
     assert_int_equal(read_plan_units("fp32", "2", 1, 0, 2, &c, &err), -1);
     assert_non_null(strstr(err.msg, "units[1].shard_sizes add up to"));
     train_config_release(&c);
@@ -337,6 +383,7 @@ int main(void) {
         cmocka_unit_test(test_layout_matches_planner),
         cmocka_unit_test(test_init_shard_independent),
         cmocka_unit_test(test_accumulation_equals_big_batch),
+        cmocka_unit_test(test_recompute_none_equals_full),
         cmocka_unit_test(test_resume_bit_exact),
         cmocka_unit_test(test_checkpoint_errors),
         cmocka_unit_test(test_capacity_enforced),

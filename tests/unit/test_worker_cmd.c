@@ -221,6 +221,10 @@ static void test_defaults_spelled_out(void **state) {
         const wcmd_default *d = &wcmd_defaults[k];
         const char *want = wcmd_job_default((wcmd_key)k);
         if (!d->job_key || !want || k == WCMD_VAL_SAMPLES) continue; /* validation: none asked for */
+        if (k == WCMD_RECOMPUTE) { /* a job's policy (auto); the argv has the rank's mode */
+            assert_string_equal(flag_value(&a, d->flag), d->value);
+            continue;
+        }
         const char *v = flag_value(&a, d->flag);
         if (k == WCMD_KEEP_LAST || k == WCMD_KEEP_EVERY) {
             assert_null(v);
@@ -235,22 +239,22 @@ static void test_defaults_spelled_out(void **state) {
 /* ---- one job, two front ends ---- */
 
 /* `cephalo run`'s argv for a job file's text (the run's checkpoint directory ckpt_dir). */
-static void cli_argv(const char *yaml, const char *ckpt_dir, wcmd_argv *out) {
+static void cli_argv(const char *yaml, const char *ckpt_dir, recompute_mode rec, wcmd_argv *out) {
     job j;
     err_t err;
     if (job_load_string("job.yaml", yaml, strlen(yaml), &j, &err) < 0) fail_msg("job file: %s", err.msg);
-    run_worker_argv(&j, j.ckpt_dir ? ckpt_dir : NULL, false, out);
+    run_worker_argv(&j, j.ckpt_dir ? ckpt_dir : NULL, false, rec, out);
     job_free(&j);
 }
 
 /* The operator's argv for a CephaloJob spec's JSON. */
-static void operator_argv(const char *json, wcmd_argv *out) {
+static void operator_argv(const char *json, recompute_mode rec, wcmd_argv *out) {
     cJSON *spec = cJSON_Parse(json);
     assert_non_null(spec);
     job_spec s;
     err_t err;
     if (job_spec_parse(spec, &s, &err) < 0) fail_msg("spec: %s", err.msg);
-    job_spec_worker_argv(&s, out);
+    job_spec_worker_argv(&s, rec, out);
     cJSON_Delete(spec);
 }
 
@@ -260,14 +264,18 @@ static void assert_same_argv(const wcmd_argv *a, const wcmd_argv *b) {
     if (a->n != b->n) fail_msg("cephalo run gives %d arguments, the operator %d", a->n, b->n);
 }
 
+/* For each recompute mode a plan may give a rank: the same argv, with that mode. */
 static void compare(const char *yaml, const char *ckpt_dir, const char *json) {
-    wcmd_argv a = {0}, b = {0};
-    cli_argv(yaml, ckpt_dir, &a);
-    operator_argv(json, &b);
-    assert_same_argv(&a, &b);
-    assert_true(a.n > 20);
-    wcmd_argv_free(&a);
-    wcmd_argv_free(&b);
+    for (int rec = RECOMPUTE_FULL; rec <= RECOMPUTE_NONE; rec++) {
+        wcmd_argv a = {0}, b = {0};
+        cli_argv(yaml, ckpt_dir, (recompute_mode)rec, &a);
+        operator_argv(json, (recompute_mode)rec, &b);
+        assert_same_argv(&a, &b);
+        assert_true(a.n > 20);
+        assert_string_equal(flag_value(&a, "--recompute"), recompute_name((recompute_mode)rec));
+        wcmd_argv_free(&a);
+        wcmd_argv_free(&b);
+    }
 }
 
 /* Every option given, none at its default: paths absolute (the operator's without volumes are the
@@ -316,8 +324,8 @@ static void test_difference_is_seen(void **state) {
     (void)state;
     wcmd_argv a = {0}, b = {0};
     cli_argv("model: tiny-gpt\nbatch: 8\nsteps: 20\noptimizer: {lr: 0.001}\n"
-             "devices: [{type: cpu, threads: 1, memory: 256M}]\n", NULL, &a);
-    operator_argv("{\"model\": {\"name\": \"tiny-gpt\"}, \"globalBatch\": 8, \"steps\": 20}", &b);
+             "devices: [{type: cpu, threads: 1, memory: 256M}]\n", NULL, RECOMPUTE_FULL, &a);
+    operator_argv("{\"model\": {\"name\": \"tiny-gpt\"}, \"globalBatch\": 8, \"steps\": 20}", RECOMPUTE_FULL, &b);
     assert_int_equal(a.n, b.n);
     int differ = 0;
     for (int i = 0; i < a.n; i++) differ += strcmp(a.v[i], b.v[i]) != 0;

@@ -110,6 +110,10 @@ static void catch_stop_signals(void) {
     "  --offload on|off     unit-boundary checkpoints in host memory (on, default) or device\n" \
     "  --accumulate layered|per-micro  gradient accumulation: every unit gathered and reduced\n" \
     "                       once per step (layered, default) or once per microbatch\n" \
+    "  --recompute none|full  full: the backward recomputes each unit's forward from its\n" \
+    "                       checkpoint; none: the forward keeps every unit's intermediates of\n" \
+    "                       the step (or microbatch) on the device (default: the plan's rank's,\n" \
+    "                       else %s)\n" \
     "  --sync-micro         finish each microbatch's compute before queueing the next\n" \
     "  --ckpt-dir DIR       write checkpoints there (step_NNNNNNNN.safetensors + 'latest'); one\n" \
     "                       training at a time per directory (DIR/.lock)\n" \
@@ -144,7 +148,7 @@ static const char *usage(void) {
     static char text[8192];
     snprintf(text, sizeof text, USAGE_FMT, D(WCMD_DATA), D(WCMD_STEPS), D(WCMD_LR), D(WCMD_SCHEDULE), D(WCMD_WARMUP),
              D(WCMD_WEIGHT_DECAY), D(WCMD_BETA1), D(WCMD_BETA2), D(WCMD_EPS), D(WCMD_CLIP), D(WCMD_SEED),
-             D(WCMD_PRECISION), D(WCMD_LOSS_SCALE), D(WCMD_LOSS_SCALE_WINDOW), D(WCMD_KEEP_LAST), D(WCMD_KEEP_EVERY), D(WCMD_RESUME),
+             D(WCMD_PRECISION), D(WCMD_LOSS_SCALE), D(WCMD_LOSS_SCALE_WINDOW), D(WCMD_RECOMPUTE), D(WCMD_KEEP_LAST), D(WCMD_KEEP_EVERY), D(WCMD_RESUME),
              D(WCMD_DIVERGE_STEPS), D(WCMD_VAL_SAMPLES));
     return text;
 }
@@ -160,6 +164,8 @@ typedef struct worker_opts {
     const char *device;
     precision prec;
     bool have_prec; /* --precision given (else the plan's, else fp32) */
+    recompute_mode recompute;
+    bool have_recompute; /* --recompute given (else the plan's rank's, else the table's) */
     train_config cfg;
     args cl; /* the command line as parsed: which options were given (check_idle_options) */
 } worker_opts;
@@ -176,7 +182,8 @@ enum {
     O_PLAN = 256, O_MODEL, O_BATCH, O_MICRO, O_SEQ, O_DATA, O_STEPS, O_LR, O_MINLR, O_WARMUP, O_WD, O_B1, O_B2,
     O_EPS, O_CLIP, O_SEED, O_THREADS, O_MEMORY, O_CKDIR, O_CKEVERY, O_RESUME, O_LOG, O_DUMP, O_QUIET, O_DEVICE,
     O_GPU, O_PRECISION, O_OFFLOAD, O_ACCUM, O_SYNCMICRO, O_MPORT, O_MADDR, O_OVERWRITE, O_KEEPLAST, O_KEEPEVERY,
-    O_DIVERGE, O_LSCALE, O_LWINDOW, O_SCHEDULE, O_INITFROM, O_VALDATA, O_VALEVERY, O_VALSAMPLES, O_UNUSED
+    O_DIVERGE, O_LSCALE, O_LWINDOW, O_SCHEDULE, O_INITFROM, O_VALDATA, O_VALEVERY, O_VALSAMPLES, O_UNUSED,
+    O_RECOMPUTE
 };
 
 static const struct option train_longopts[] = {
@@ -191,7 +198,7 @@ static const struct option train_longopts[] = {
     {"resume", 1, 0, O_RESUME},   {"log", 1, 0, O_LOG},         {"dump", 1, 0, O_DUMP},
     {"quiet", 0, 0, O_QUIET},     {"device", 1, 0, O_DEVICE},   {"gpu", 1, 0, O_GPU},
     {"precision", 1, 0, O_PRECISION}, {"offload", 1, 0, O_OFFLOAD},
-    {"accumulate", 1, 0, O_ACCUM}, {"sync-micro", 0, 0, O_SYNCMICRO},
+    {"accumulate", 1, 0, O_ACCUM}, {"sync-micro", 0, 0, O_SYNCMICRO}, {"recompute", 1, 0, O_RECOMPUTE},
     {"metrics-port", 1, 0, O_MPORT}, {"metrics-addr", 1, 0, O_MADDR},
     {"overwrite", 0, 0, O_OVERWRITE}, {"keep-last", 1, 0, O_KEEPLAST},
     {"keep-every", 1, 0, O_KEEPEVERY}, {"diverge-steps", 1, 0, O_DIVERGE},
@@ -258,6 +265,9 @@ static int optimizer_option(args *p, int ch, worker_opts *o) {
         return args_choice(p, (const char *const[]){"layered", "per-micro", NULL}, &v)
                    ? ARGS_BAD : (c->per_micro = !strcmp(v, "per-micro"), 0);
     case O_SYNCMICRO: c->sync_micro = true; break;
+    case O_RECOMPUTE:
+        o->have_recompute = true;
+        return args_choice(p, (const char *const[]){"none", "full", NULL}, &v) ? ARGS_BAD : (recompute_parse(v, &o->recompute), 0);
     case O_DIVERGE: return args_long(p, 0, 1L << 40, &o->diverge_steps);
     default: return -1;
     }
@@ -409,6 +419,7 @@ static int resolve_job(worker_opts *o) {
         return args_bad_cmd(WORKER_NAME, "--init-from: %s", err.msg);
     if (o->device) c->device = o->device;
     if (o->have_prec) c->prec = o->prec;
+    if (o->have_recompute) c->recompute = o->recompute;
     if (!c->device) c->device = "cpu";
     /* tests: run the staged-collective path (the cuda device's with the socket backend) on CPU */
     const char *stage = getenv("CEPHALO_STAGE_HOST");

@@ -3,8 +3,9 @@
  * Forward: for each unit, all l microbatches run before the next unit starts; each microbatch's
  * unit output is offloaded to the host pool (it is the next unit's input checkpoint). The head's
  * forward and backward are fused (its logits are never kept). Backward: units in reverse; for each
- * microbatch the unit's input comes back from the host, the unit is recomputed and back-propagated,
- * and its input gradient goes back to the host. Parameter gradients accumulate over the l
+ * microbatch the unit's input comes back from the host, the unit is recomputed (recompute full;
+ * with none its forward's intermediates were kept on the device) and back-propagated, and its
+ * input gradient goes back to the host. Parameter gradients accumulate over the l
  * microbatches, so one batch of m*l and l microbatches of m give the same update. */
 #include <math.h>
 #include <string.h>
@@ -42,6 +43,7 @@ void train_config_defaults(train_config *c) {
     c->warmup = w.warmup;
     c->seed = w.seed;
     c->data = w.data;
+    c->recompute = w.recompute;
 }
 
 void train_config_release(train_config *c) {
@@ -198,7 +200,9 @@ static int alloc_buffers(trainer *t, err_t *err) {
     int mb = t->cfg.micro, l = t->cfg.micros, T = t->tokens;
     int64_t rows = (int64_t)mb * T, act = rows * m->d_model;
     dev_set_context(&t->dev, "set-up of the activation buffers");
-    if (!(t->acts = wm_acts_new(&t->dev, m, mb, t->cfg.seq, err))) return -1;
+    /* recompute none keeps every unit's intermediates of the microbatches of one pass */
+    int kept = t->cfg.per_micro ? 1 : l;
+    if (!(t->acts = wm_acts_new(&t->dev, m, mb, t->cfg.seq, t->cfg.recompute, kept, err))) return -1;
     if (alloc_ring(t, &t->ax, act, "unit input", err) < 0 ||
         alloc_ring(t, &t->ay, act, "unit output", err) < 0 ||
         alloc_ring(t, &t->ady, act, "output gradient", err) < 0 ||
@@ -423,8 +427,10 @@ typedef struct mb_range {
 } mb_range;
 
 /* Forward: unit u computes from parameter slot s while unit u+1 is gathered into the other.
- * Returns the slot the head's parameters arrive in, or -1 on a communication failure. */
-static int forward_units(trainer *t, mb_range r, err_t *err) {
+ * keep: the backward follows, so with recompute none each microbatch's intermediates go to a
+ * set of their own (evaluation's forward overwrites one set per unit). Returns the slot the
+ * head's parameters arrive in, or -1 on a communication failure. */
+static int forward_units(trainer *t, mb_range r, bool keep, err_t *err) {
     device *d = &t->dev;
     int head = t->n_units - 1, s = 0, nb = t->nbuf;
     fsdp_prefetch(t, 0, s);
@@ -441,6 +447,7 @@ static int forward_units(trainer *t, mb_range r, err_t *err) {
             stage_microbatch(t, j, &b, u == 0);
             const float *x = ring_use(t, &t->ax, k);
             float *y = ring_use(t, &t->ay, k);
+            wm_acts_select(t->acts, &t->cfg.model, u, keep ? j - r.j0 : 0);
             wm_unit_forward(d, &t->cfg.model, u, p, &b, x, y, t->acts);
             ring_done(t, &t->ax, k), ring_done(t, &t->ay, k);
             ring_store(t, &t->ay, k, boundary_of(t, u, j));
@@ -468,6 +475,7 @@ static void head_microbatches(trainer *t, mb_range r, const float *p, float *g, 
         const float *x = ring_use(t, &t->ax, k);
         float *dx = ring_use(t, &t->adx, k);
         float *lo = train && t->logits_out && t->step == 0 ? t->logits_out + j * per_mb : NULL;
+        wm_acts_select(t->acts, m, head, 0);
         *loss += wm_head_step(&t->dev, m, p, g, emb, gemb, &b, x, dx, t->acts, lo);
         ring_done(t, &t->ax, k), ring_done(t, &t->adx, k);
         if (train) ring_store(t, &t->adx, k, t->grad_pool[j]);
@@ -528,7 +536,7 @@ static int eval_head(trainer *t, mb_range r, int s, double *loss, err_t *err) {
 int trainer_forward_loss(trainer *t, int n, double *loss, err_t *err) {
     CHECK(n >= 0 && n <= t->cfg.micros);
     mb_range r = {0, n};
-    int s = forward_units(t, r, err);
+    int s = forward_units(t, r, false, err);
     if (s < 0 || eval_head(t, r, s, loss, err) < 0) {
         if (t->cfg.comm) fsdp_drain(t);
         return -1;
@@ -544,8 +552,9 @@ static void fetch_backward(trainer *t, int u, int j) {
     ring_fetch(t, &t->ady, k, t->grad_pool[j]);
 }
 
-/* Backward: units in reverse, each gathered once for the microbatches (recompute from the
- * offloaded checkpoint, then back-propagate), gradients accumulated over the microbatches in a
+/* Backward: units in reverse, each gathered once for the microbatches (recompute full: recompute
+ * from the offloaded checkpoint, then back-propagate; none: back-propagate from the forward's
+ * kept intermediates, the checkpoint still the input x), gradients accumulated over the microbatches in a
  * gradient slot and reduce-scattered once. The input gradient of microbatch j replaces its
  * output gradient in the pool only after that was fetched (the store waits for the compute,
  * which waited for the fetch). */
@@ -568,7 +577,8 @@ static int backward_units(trainer *t, mb_range r, int s, err_t *err) {
             stage_microbatch(t, j, &b, u == 0);
             const float *x = ring_use(t, &t->ax, k), *dy = ring_use(t, &t->ady, k);
             float *y = ring_use(t, &t->ay, k), *dx = u > 0 ? ring_use(t, &t->adx, k) : NULL;
-            wm_unit_forward(d, &t->cfg.model, u, p, &b, x, y, t->acts);
+            wm_acts_select(t->acts, &t->cfg.model, u, j - r.j0);
+            if (t->cfg.recompute == RECOMPUTE_FULL) wm_unit_forward(d, &t->cfg.model, u, p, &b, x, y, t->acts);
             wm_unit_backward(d, &t->cfg.model, u, p, g, &b, x, dy, dx, t->acts);
             act_ring *used[] = {&t->ax, &t->ady, &t->ay, &t->adx};
             for (int i = 0; i < (u > 0 ? 4 : 3); i++) ring_done(t, used[i], k);
@@ -633,7 +643,7 @@ static void inject_nonfinite(trainer *t) {
 
 /* One pass over the model for microbatches r; the loss adds up. */
 static int pass(trainer *t, mb_range r, double *local, err_t *err) {
-    int s = forward_units(t, r, err);
+    int s = forward_units(t, r, true, err);
     if (s < 0 || (s = head_units(t, r, s, local, err)) < 0) return -1;
     return backward_units(t, r, s, err);
 }

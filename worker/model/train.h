@@ -15,6 +15,7 @@
 
 #include "comm/comm.h"
 #include "common/precision.h"
+#include "common/recompute.h"
 #include "common/schedule.h"
 #include "devices/device.h"
 #include "formats/data.h"
@@ -63,6 +64,9 @@ typedef struct train_config {
     int inject_nonfinite_rank;     /* at this step (-1: never) */
     bool no_offload;    /* keep the unit-boundary checkpoints in device memory */
     bool sync_micro;    /* wait for each microbatch's compute before queueing the next */
+    recompute_mode recompute; /* full: the backward recomputes each unit's forward from its
+                               * checkpoint; none: the forward keeps every unit's intermediates
+                               * of the pass's microbatches (common/recompute.h) */
     bool per_micro;     /* accumulate per microbatch (gather and reduce every microbatch) instead
                          * of layered (every unit once per step) */
     bool stage_host;    /* force host staging of collectives (tests; automatic for cuda with the

@@ -17,12 +17,18 @@ struct wm_acts {
     /* the tensor layout of each unit kind, listed once (W() looks names up here) */
     wm_tensor layout[3][WM_MAX_TENSORS];
     int n_layout[3];
-    /* forward intermediates */
+    /* forward intermediates: the saved set selected last (wm_acts_select), read by the code below */
     float *ln1, *mean1, *rstd1, *qkv, *att, *lse, *x2, *ln2, *mean2, *rstd2, *fc, *act, *up;
-    /* backward scratch */
+    float *patches;
+    /* backward scratch, shared by every unit and microbatch */
     float *dqkv, *datt, *dx2, *dln, *dact, *dfc, *dup;
     /* head and embedding extras */
-    float *logits, *losses, *patches, *rows;
+    float *logits, *losses, *rows;
+    /* the saved sets (planner/engine_mem.h): [n_sets][ES_COUNT], NULL where a set has no such
+     * buffer; one with recompute full, one per (unit, kept microbatch) with none */
+    recompute_mode recompute;
+    int kept, n_sets;
+    float **sets;
 };
 
 /* ---- shapes (the sizes live in planner/engine_mem.c, which the planner predicts from) ---- */
@@ -32,12 +38,45 @@ static int vit_patches(const model_spec *m) { return (m->image / m->patch) * (m-
 static int patch_dim(const model_spec *m) { return m->channels * m->patch * m->patch; }
 static int64_t head_chunk_rows(int T) { return engine_head_chunk_rows(T); }
 
-wm_acts *wm_acts_new(device *d, const model_spec *m, int max_m, int seq, err_t *err) {
+/* The field a saved buffer of kind s is read through. */
+static float **saved_field(wm_acts *a, engine_saved s) {
+    float **f[ES_COUNT] = {[ES_LN1] = &a->ln1,   [ES_MEAN1] = &a->mean1, [ES_RSTD1] = &a->rstd1,
+                           [ES_QKV] = &a->qkv,   [ES_ATT] = &a->att,     [ES_LSE] = &a->lse,
+                           [ES_X2] = &a->x2,     [ES_LN2] = &a->ln2,     [ES_MEAN2] = &a->mean2,
+                           [ES_RSTD2] = &a->rstd2, [ES_FC] = &a->fc,     [ES_ACT] = &a->act,
+                           [ES_UP] = &a->up,     [ES_PATCHES] = &a->patches};
+    return f[s];
+}
+
+/* Every saved buffer of every set, as the planner counts them (engine_workspace_bytes). */
+static int alloc_sets(device *d, const model_spec *m, const engine_workspace *p, wm_acts *a, err_t *err) {
+    static const char *const what[ES_COUNT] = {
+        "norm output", "norm mean", "norm rstd", "q|k|v", "attention output", "attention log-sum-exp",
+        "residual", "norm output", "norm mean", "norm rstd", "MLP hidden", "MLP activation",
+        "MLP up", "image patches"};
+    a->n_sets = engine_saved_sets(m, a->recompute, a->kept);
+    a->sets = xcalloc((size_t)a->n_sets * ES_COUNT, sizeof *a->sets);
+    for (int set = 0; set < a->n_sets; set++) {
+        unsigned mask = engine_saved_set_mask(m, a->recompute, a->kept, set);
+        for (int s = 0; s < ES_COUNT; s++) {
+            int64_t n = engine_saved_floats(p, (engine_saved)s);
+            if (!(mask >> s & 1) || n == 0) continue;
+            float **dst = &a->sets[(size_t)set * ES_COUNT + s];
+            if (!(*dst = dev_alloc_f(d, n, what[s]))) return *err = d->err, -1;
+        }
+    }
+    return 0;
+}
+
+wm_acts *wm_acts_new(device *d, const model_spec *m, int max_m, int seq, recompute_mode recompute,
+                     int kept, err_t *err) {
     engine_workspace p = engine_workspace_floats(m, max_m, seq);
     bool llama = m->arch == ARCH_LLAMA;
     wm_acts *a = xcalloc(1, sizeof *a);
     a->max_m = max_m;
     a->T = model_tokens(m, seq);
+    a->recompute = recompute;
+    a->kept = kept > 0 ? kept : 1;
     int unit_of_kind[3] = {[UNIT_EMBEDDING] = 0, [UNIT_BLOCK] = 1, [UNIT_HEAD] = m->n_layer + 1};
     for (int k = 0; k < 3; k++) a->n_layout[k] = wm_unit_tensors(m, unit_of_kind[k], a->layout[k]);
     struct {
@@ -45,18 +84,12 @@ wm_acts *wm_acts_new(device *d, const model_spec *m, int max_m, int seq, err_t *
         int64_t n;
         const char *what;
     } bufs[] = {
-        {&a->ln1, p.nd, "norm output"},   {&a->mean1, p.nstat, "norm mean"},
-        {&a->rstd1, p.nstat, "norm rstd"}, {&a->qkv, p.nq, "q|k|v"},
-        {&a->att, p.nd, "attention output"}, {&a->lse, p.nlse, "attention log-sum-exp"},
-        {&a->x2, p.nd, "residual"},       {&a->ln2, p.nd, "norm output"},
-        {&a->mean2, p.nstat, "norm mean"}, {&a->rstd2, p.nstat, "norm rstd"},
-        {&a->fc, p.nf, "MLP hidden"},     {&a->act, p.nf, "MLP activation"},
-        {&a->up, llama ? p.nf : 0, "MLP up"}, {&a->dqkv, p.nq, "q|k|v gradient"},
+        {&a->dqkv, p.nq, "q|k|v gradient"},
         {&a->datt, p.nd, "attention gradient"}, {&a->dx2, p.nd, "residual gradient"},
         {&a->dln, p.nd, "norm gradient"}, {&a->dact, p.nf, "MLP activation gradient"},
         {&a->dfc, p.nf, "MLP hidden gradient"}, {&a->dup, llama ? p.nf : 0, "MLP up gradient"},
         {&a->logits, p.nlogits, "logits"}, {&a->losses, p.nloss, "row losses"},
-        {&a->patches, p.npatch, "image patches"}, {&a->rows, p.nrows, "class-token rows"},
+        {&a->rows, p.nrows, "class-token rows"},
     };
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
         if (bufs[i].n == 0) continue;
@@ -67,16 +100,26 @@ wm_acts *wm_acts_new(device *d, const model_spec *m, int max_m, int seq, err_t *
             return NULL;
         }
     }
+    if (alloc_sets(d, m, &p, a, err) < 0) {
+        wm_acts_free(d, a);
+        return NULL;
+    }
+    wm_acts_select(a, m, 0, 0);
     return a;
+}
+
+void wm_acts_select(wm_acts *a, const model_spec *m, int unit, int j) {
+    CHECK(j >= 0 && (a->recompute == RECOMPUTE_FULL || j < a->kept));
+    int set = engine_saved_set_of(m, a->recompute, a->kept, unit, j);
+    for (int s = 0; s < ES_COUNT; s++) *saved_field(a, (engine_saved)s) = a->sets[(size_t)set * ES_COUNT + s];
 }
 
 void wm_acts_free(device *d, wm_acts *a) {
     if (!a) return;
-    float *all[] = {a->ln1,  a->mean1, a->rstd1, a->qkv,  a->att,  a->lse,    a->x2,
-                    a->ln2,  a->mean2, a->rstd2, a->fc,   a->act,  a->up,     a->dqkv,
-                    a->datt, a->dx2,   a->dln,   a->dact, a->dfc,  a->dup,    a->logits,
-                    a->losses, a->patches, a->rows};
+    float *all[] = {a->dqkv, a->datt, a->dx2, a->dln, a->dact, a->dfc, a->dup, a->logits, a->losses, a->rows};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) dev_free(d, all[i]);
+    for (size_t i = 0; a->sets && i < (size_t)a->n_sets * ES_COUNT; i++) dev_free(d, a->sets[i]);
+    free(a->sets);
     free(a);
 }
 

@@ -11,6 +11,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "common/recompute.h"
 #include "devices/device.h"
 #include "planner/model.h"
 
@@ -52,12 +53,20 @@ typedef struct wm_batch {
     const float *row_scale; /* host [m]: the loss weight of each sample's rows (1/(B*targets)) */
 } wm_batch;
 
-/* ---- activation workspace: every intermediate of one unit for one microbatch ---- */
+/* ---- activation workspace: the intermediates a unit's backward reads (saved sets) and the
+ * backward's scratch (planner/engine_mem.h) ---- */
 typedef struct wm_acts wm_acts;
 
-/* Allocates the workspace for microbatches of up to m samples (the largest any unit needs). */
-wm_acts *wm_acts_new(device *d, const model_spec *m, int max_m, int seq, err_t *err);
+/* Allocates the workspace for microbatches of up to m samples (the largest any unit needs).
+ * recompute full: one saved set, which every unit's forward overwrites (the backward recomputes
+ * the unit first); none: a saved set per (unit, kept microbatch), kept > 0 microbatches. */
+wm_acts *wm_acts_new(device *d, const model_spec *m, int max_m, int seq, recompute_mode recompute,
+                     int kept, err_t *err);
 void wm_acts_free(device *d, wm_acts *a);
+/* Selects the saved set the next forward of `unit` writes and its backward reads: the j-th kept
+ * microbatch's (0 <= j < kept with none; any j with full, which has one set). The head's step
+ * has its own set. */
+void wm_acts_select(wm_acts *a, const model_spec *m, int unit, int j);
 
 /* The unit's forward: x [m*T, d] -> y [m*T, d] (embedding: from b's ids/images). Intermediates
  * stay in the workspace for wm_unit_backward. `tied` is the embedding unit's parameters, which

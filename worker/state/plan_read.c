@@ -50,6 +50,20 @@ static int read_inputs(const json_ctx *c, const cJSON *root, train_config *cfg) 
     return 0;
 }
 
+/* ranks[r].recompute: "none" or "full"; a plan without it (older versions) recomputes. */
+static int read_recompute(const json_ctx *c, const cJSON *o, const char *path, train_config *cfg) {
+    const cJSON *rc = json_get(o, "recompute");
+    const char *v;
+    char at[48];
+    snprintf(at, sizeof at, "%s.recompute", path);
+    cfg->recompute = RECOMPUTE_FULL;
+    if (!rc) return 0;
+    if (json_string(c, rc, at, &v) < 0) return -1;
+    if (!recompute_parse(v, &cfg->recompute))
+        return err_set(c->err, "%s: %s is \"%s\" (expected " RECOMPUTE_CHOICES ")", c->file, at, v);
+    return 0;
+}
+
 static int read_rank(const json_ctx *c, const cJSON *ranks, int rank, train_config *cfg) {
     char path[32];
     long b, mine = 0, m = 0, l = 0, mem = 0, threads = 0;
@@ -73,6 +87,7 @@ static int read_rank(const json_ctx *c, const cJSON *ranks, int rank, train_conf
                 return -1;
             if (json_get(o, "threads") && read_int(c, o, path, "threads", 1, 4096, &threads) < 0)
                 return -1;
+            if (read_recompute(c, o, path, cfg) < 0) return -1;
             const cJSON *dev = json_get(o, "device");
             const char *type = "cpu";
             char at[48];
