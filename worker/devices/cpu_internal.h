@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "common/half.h"
 #include "devices/device.h"
 
 /* Lanes of the fixed-order reductions: two SSE vectors or one AVX vector. */
@@ -82,24 +83,12 @@ static inline float vmax(const float *restrict x, int64_t n) {
     return m + nan_seen;
 }
 
-static inline uint32_t f2u(float x) {
-    uint32_t u;
-    memcpy(&u, &x, sizeof u);
-    return u;
-}
-
-static inline float u2f(uint32_t u) {
-    float x;
-    memcpy(&x, &u, sizeof x);
-    return x;
-}
-
 /* c ? a : b as a bit blend. A plain ?: on floats defeats vectorisation here: GCC's PRE pass
  * specialises the code after it for the constant arm and leaves the arithmetic conditional,
  * which may not be if-converted while FP operations count as trapping (-ftrapping-math). */
 static inline float fsel(int c, float a, float b) {
     uint32_t m = 0u - (uint32_t)c;
-    return u2f((f2u(a) & m) | (f2u(b) & ~m));
+    return half_u2f((half_f2u(a) & m) | (half_f2u(b) & ~m));
 }
 
 /* exp(x) without a libm call, so loops around it vectorise: Cody-Waite reduction by ln 2 and
@@ -123,7 +112,7 @@ static inline float exp_fast(float x) {
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
     float y = p * r * r + r + 1.0f;
-    float pow2n = u2f((f2u(nm) - 0x4B400000u + 127u) << 23); /* 2^n, n in [-126, 127] */
+    float pow2n = half_u2f((half_f2u(nm) - 0x4B400000u + 127u) << 23); /* 2^n, n in [-126, 127] */
     float e = fsel(x > -87.33f, y * pow2n, 0.0f);
     return fsel(x != x, x, e);
 }
