@@ -12,6 +12,13 @@ T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 
 echo "== training throughput: GPT 6x384, seq 256, batch $BATCH, fp32, $THREADS threads, $STEPS steps ($WARM warm-up) =="
+# What the ratio depends on, printed with it: the CPU, and the BLAS each side runs. cephalo links
+# OpenBLAS's OpenMP build by path (Makefile BLAS_DIR); Debian's PyTorch calls libblas.so.3, which
+# is whatever the libblas alternative points to (OpenBLAS openmp or pthread, or the reference BLAS,
+# several times slower: a machine where it is the reference BLAS shows a much larger ratio).
+echo "# cpu: $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1), $(nproc) cores available"
+echo "# cephalo BLAS: $(readlink -f /usr/lib/x86_64-linux-gnu/openblas-openmp/libopenblas.so.0 2>/dev/null || echo '?')"
+echo "# pytorch BLAS (libblas.so.3): $(readlink -f /usr/lib/x86_64-linux-gnu/libblas.so.3 2>/dev/null || echo '?')"
 "$B/cephalo-worker" train --model bench/gpt-bench.yaml --batch "$BATCH" --steps "$STEPS" \
   --threads "$THREADS" --quiet --log "$T/cephalo.jsonl"
 /usr/bin/python3 bench/bench_torch_cpu.py --layers 6 --d 384 --heads 6 --seq 256 --batch "$BATCH" \
