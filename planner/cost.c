@@ -132,7 +132,7 @@ static void compute_memory(const cost_model *cm, const cluster_device *d, const 
         double sx = 0, sy = 0, sxx = 0, sxy = 0, n = pe->n_points;
         for (int i = 0; i < pe->n_points; i++) {
             double x = pe->microbatch[i];
-            double y = pe->compute_bytes[i] - (double)engine_head_bytes(md, cm->seq, pe->microbatch[i]);
+            double y = pe->compute_bytes[i] - (double)engine_head_bytes(md, cm->seq, (int)x);
             sx += x, sy += y, sxx += x * x, sxy += x * y;
         }
         double den = n * sxx - sx * sx;
@@ -155,8 +155,9 @@ static void compute_memory(const cost_model *cm, const cluster_device *d, const 
     double reserve = is_cpu(d) ? 0 : GPU_RESERVED_BYTES;
     /* exactly what the engine allocates (planner/engine_mem.c): linear in m once the head's
      * logits are set apart */
-    double at0 = (double)(engine_compute_bytes(md, cm->seq, 0, eo) - engine_head_bytes(md, cm->seq, 0));
-    double at1 = (double)(engine_compute_bytes(md, cm->seq, 1, eo) - engine_head_bytes(md, cm->seq, 1));
+    int s = cm->seq;
+    double at0 = (double)(engine_compute_bytes(md, s, 0, eo) - engine_head_bytes(md, s, 0));
+    double at1 = (double)(engine_compute_bytes(md, s, 1, eo) - engine_head_bytes(md, s, 1));
     *m0 = at0 + reserve + nccl_bytes(cm, d);
     *m1 = at1 - at0;
 }

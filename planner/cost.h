@@ -1,8 +1,8 @@
 /* cost.h - the cost model of docs/cost-model.md for one (cluster, model, seq, precision).
  *
  * Per device group (identical devices): the forward-phase and backward-phase time of one
- * microbatch of size m, and the compute memory M(m) = m0 + m1*m + head(m). Per cluster: the collective
- * times of one step. Costs come from a profile where one matches the device, from analytic
+ * microbatch of size m, and the compute memory M(m) = m0 + m1*m + head(m) (the head's logits,
+ * capped: engine_head_bytes). Per cluster: the collective times of one step. Costs come from a profile where one matches the device, from analytic
  * estimates (catalog TFLOP/s and bandwidth) otherwise; each group says which.
  *
  * Phases (docs/cost-model.md):

@@ -63,9 +63,10 @@ typedef struct engine_opts {
 
 /* Device bytes of everything but the training state for microbatch m: the workspace, a unit's
  * input and output and their gradients (twice with double_buffer), the token ids and targets
- * (and images), the step's sums (ENGINE_STEP_SUMS doubles); when the state is sharded, two gathered-parameter slots (the unit computing and
- * the next one arriving) and two full-gradient slots (the unit back-propagating and the previous
- * one being reduce-scattered); with bf16 or fp16, two parameter slots and two 16-bit gather buffers. */
+ * (and images), the step's sums (ENGINE_STEP_SUMS doubles); when the state is sharded, two
+ * gathered-parameter slots (the unit computing and the next one arriving) and two full-gradient
+ * slots (the unit back-propagating and the previous one being reduce-scattered); with bf16 or
+ * fp16, two parameter slots and two 16-bit gather buffers. */
 int64_t engine_compute_bytes(const model_spec *m, int seq, int micro, engine_opts o);
 
 #endif

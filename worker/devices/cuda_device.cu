@@ -231,7 +231,8 @@ static void cuda_copy(device *d, void *dst, const void *src, size_t bytes, copy_
 }
 
 static void cuda_sync(device *d) {
-    for (int s = 0; s < DEV_STREAMS; s++) CUDA_CHECK(cudaStreamSynchronize(cuda_stream(d, (dev_stream)s)));
+    for (int s = 0; s < DEV_STREAMS; s++)
+        CUDA_CHECK(cudaStreamSynchronize(cuda_stream(d, (dev_stream)s)));
     d->host_syncs++; /* one wait for the caller, however many streams */
 }
 
