@@ -141,10 +141,12 @@ static void compute_memory(const cost_model *cm, const cluster_device *d, const 
                            double *m0, double *m1) {
     const model_spec *md = cm->model;
     if (pe && pe->compute_bytes) {
-        /* least-squares line through the measured points */
+        /* least-squares line through the measured points, less the head's logits (the one
+         * part that is not linear in m: cost_compute_bytes adds it back exactly) */
         double sx = 0, sy = 0, sxx = 0, sxy = 0, n = pe->n_points;
         for (int i = 0; i < pe->n_points; i++) {
-            double x = pe->microbatch[i], y = pe->compute_bytes[i];
+            double x = pe->microbatch[i];
+            double y = pe->compute_bytes[i] - (double)engine_head_bytes(md, cm->seq, (int)x);
             sx += x, sy += y, sxx += x * x, sxy += x * y;
         }
         double den = n * sxx - sx * sx;
@@ -165,19 +167,23 @@ static void compute_memory(const cost_model *cm, const cluster_device *d, const 
     engine_opts eo = {.sharded = cm->cl->n_devices > 1, .prec = cm->opts.prec,
                       .double_buffer = !is_cpu(d)};
     double reserve = is_cpu(d) ? 0 : GPU_RESERVED_BYTES;
-    /* exactly what the engine allocates (planner/engine_mem.c), linear in m */
-    double at0 = (double)engine_compute_bytes(md, cm->seq, 0, eo);
+    /* exactly what the engine allocates (planner/engine_mem.c): linear in m once the head's
+     * logits are set apart */
+    int s = cm->seq;
+    double at0 = (double)(engine_compute_bytes(md, s, 0, eo) - engine_head_bytes(md, s, 0));
+    double at1 = (double)(engine_compute_bytes(md, s, 1, eo) - engine_head_bytes(md, s, 1));
     *m0 = at0 + reserve + nccl_bytes(cm, d);
-    *m1 = (double)engine_compute_bytes(md, cm->seq, 1, eo) - at0;
+    *m1 = at1 - at0;
 }
 
 int64_t cost_compute_bytes(const cost_group *g, int m) {
-    return (int64_t)ceil(g->m0 + g->m1 * m);
+    return (int64_t)ceil(g->m0 + g->m1 * m) + engine_head_bytes(g->model, g->seq, m);
 }
 
 int64_t cost_compute_bytes_mode(const cost_group *g, int m, int l, recompute_mode r) {
     if (r == RECOMPUTE_FULL) return cost_compute_bytes(g, m);
-    return (int64_t)ceil(g->m0 + g->m1 * m + g->keep_m1 * m + g->keep_ml * m * (double)l);
+    return (int64_t)ceil(g->m0 + g->m1 * m + g->keep_m1 * m + g->keep_ml * m * (double)l) +
+           engine_head_bytes(g->model, g->seq, m);
 }
 
 double cost_bwd_ms(const cost_group *g, int m, recompute_mode r) {
@@ -209,6 +215,7 @@ static void build_group(cost_model *cm, cost_group *g, int batch_limit) {
     g->measured = pe != NULL;
     g->peak_tflops = device_peak_tflops(d, cm->opts.prec);
     g->usable_bytes = d->memory_bytes * cm->opts.mem_cap;
+    g->model = cm->model, g->seq = cm->seq;
     compute_memory(cm, d, pe, &g->m0, &g->m1);
     keep_memory(cm, d, g);
     g->slot_bytes = cm->cl->n_devices > 1 ? 4.0 * (double)engine_max_unit_params(cm->model) * 4 : 0;

@@ -1,8 +1,8 @@
 /* cost.h - the cost model of docs/cost-model.md for one (cluster, model, seq, precision).
  *
  * Per device group (identical devices): the forward-phase and backward-phase time of one
- * microbatch of size m, and the compute memory M(m) = m0 + m1*m. Per cluster: the collective
- * times of one step. Costs come from a profile where one matches the device, from analytic
+ * microbatch of size m, and the compute memory M(m) = m0 + m1*m + head(m) (the head's logits,
+ * capped: engine_head_bytes). Per cluster: the collective times of one step. Costs come from a profile where one matches the device, from analytic
  * estimates (catalog TFLOP/s and bandwidth) otherwise; each group says which.
  *
  * Phases (docs/cost-model.md):
@@ -46,7 +46,10 @@ typedef struct cost_group {
                               identical and consecutive in rank order) */
     const cluster_device *dev;
     double usable_bytes; /* capacity * mem_cap */
-    double m0, m1; /* compute memory M(m) = m0 + m1*m bytes */
+    double m0, m1; /* compute memory M(m) = m0 + m1*m + the head's logits (engine_head_bytes:
+                    * linear in m up to a cap) bytes */
+    const model_spec *model; /* for the head's part of M(m) */
+    int seq;
     double slot_bytes; /* part of m0 only sharded state needs: gathered-parameter and full-gradient slots */
     int mlimit; /* largest batch one rank can get: B - (N-1) */
     int mmax; /* largest m <= mlimit with M(m) <= usable, 0 if none */

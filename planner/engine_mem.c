@@ -9,8 +9,18 @@ int engine_qkv_width(const model_spec *m) {
 
 int engine_wide(const model_spec *m) { return m->d_ff > m->d_model ? m->d_ff : m->d_model; }
 
-int64_t engine_head_chunk_rows(int T) {
-    return T < ENGINE_HEAD_CHUNK_ROWS ? T : ENGINE_HEAD_CHUNK_ROWS;
+static int64_t head_logits_bytes = ENGINE_HEAD_LOGITS_BYTES;
+
+void engine_set_head_logits_bytes(int64_t bytes) {
+    head_logits_bytes = bytes > 0 ? bytes : ENGINE_HEAD_LOGITS_BYTES;
+}
+
+int64_t engine_head_chunk_rows(const model_spec *m, int micro, int T) {
+    int64_t rows = (int64_t)micro * T;
+    int64_t fit = head_logits_bytes / ((int64_t)m->vocab * 4);
+    if (fit >= 64) fit -= fit % 64; /* whole tiles for the GEMMs */
+    if (fit < 1) fit = 1;
+    return rows < fit ? rows : fit;
 }
 
 static int vit_patches(const model_spec *m) { return (m->image / m->patch) * (m->image / m->patch); }
@@ -26,9 +36,11 @@ engine_workspace engine_workspace_floats(const model_spec *m, int max_m, int seq
     w.nf = N * engine_wide(m);
     w.nstat = N;
     w.nlse = (int64_t)max_m * m->n_head * T;
-    /* the fused head computes the logits a chunk of rows at a time (never [N, V]) */
-    w.nlogits = vit ? (int64_t)max_m * m->n_classes : engine_head_chunk_rows(T) * m->vocab;
-    w.nloss = vit ? max_m : engine_head_chunk_rows(T);
+    /* the fused head computes the logits of the whole microbatch, or of a chunk of its rows
+     * when those would exceed ENGINE_HEAD_LOGITS_BYTES */
+    int64_t chunk = vit ? 0 : engine_head_chunk_rows(m, max_m, T);
+    w.nlogits = vit ? (int64_t)max_m * m->n_classes : chunk * m->vocab;
+    w.nloss = vit ? max_m : chunk;
     w.npatch = vit ? (int64_t)max_m * vit_patches(m) * patch_dim(m) : 0;
     w.nrows = vit ? (int64_t)max_m * m->d_model : 0;
     return w;
@@ -100,6 +112,11 @@ int64_t engine_workspace_bytes(const model_spec *m, int max_m, int seq, recomput
     return f * 4;
 }
 
+int64_t engine_head_bytes(const model_spec *m, int seq, int micro) {
+    engine_workspace w = engine_workspace_floats(m, micro, seq);
+    return (w.nlogits + w.nloss) * 4;
+}
+
 int64_t engine_max_unit_params(const model_spec *m) {
     int64_t max = 0;
     for (int u = 0; u < model_n_units(m); u++)
@@ -113,6 +130,7 @@ int64_t engine_compute_bytes(const model_spec *m, int seq, int micro, engine_opt
     /* unit input, output, output and input gradients */
     bytes += (o.double_buffer ? 8 : 4) * rows * m->d_model * 4;
     bytes += 2 * rows * 4; /* token ids and targets (int32) */
+    bytes += ENGINE_STEP_SUMS * (int64_t)sizeof(double);
     if (m->arch == ARCH_VIT) bytes += (int64_t)micro * m->channels * m->image * m->image * 4;
     int64_t slot = engine_max_unit_params(m);
     bool half = precision_half(o.prec);

@@ -3,9 +3,10 @@
  * the engine sizes its buffers from the same formulas (docs/cost-model.md, "Compute memory").
  *
  * A rank's device memory = training state (16 bytes per parameter of its shards) + compute
- * memory, and compute memory is exactly linear in the microbatch size m for a given number k of
- * microbatches whose intermediates are kept at once (recompute none; k plays no part with full):
- *   engine_compute_bytes(m) = engine_compute_bytes(0) + m * (engine_compute_bytes(1) - ...(0)). */
+ * memory, and compute memory is linear in the microbatch size m, for a given number k of
+ * microbatches whose intermediates are kept at once (recompute none; k plays no part with full),
+ * but for the head's logits, which stop growing at ENGINE_HEAD_LOGITS_BYTES:
+ *   engine_compute_bytes(m) - engine_head_bytes(m) = a + b * m exactly. */
 #ifndef CEPHALO_ENGINE_MEM_H
 #define CEPHALO_ENGINE_MEM_H
 
@@ -16,7 +17,11 @@
 #include "common/recompute.h"
 #include "planner/model.h"
 
-#define ENGINE_HEAD_CHUNK_ROWS 256 /* logits rows the fused head materialises at once */
+/* The fused head materialises the logits of a whole microbatch at once, unless they would take
+ * more than this (fp32); then it runs chunks of as many rows as fit (docs/cost-model.md). */
+#define ENGINE_HEAD_LOGITS_BYTES ((int64_t)256 << 20)
+/* The step's sums on the device, read once per step: the loss and the squared gradient norm. */
+#define ENGINE_STEP_SUMS 2
 
 /* Float counts of the activation workspace's buffer kinds for microbatches up to max_m. */
 typedef struct engine_workspace {
@@ -59,8 +64,16 @@ int64_t engine_workspace_bytes(const model_spec *m, int max_m, int seq, recomput
 /* Width of the fused q|k|v projection and of the MLP buffers. */
 int engine_qkv_width(const model_spec *m);
 int engine_wide(const model_spec *m);
-/* Rows of logits the head materialises at once for T tokens per sample. */
-int64_t engine_head_chunk_rows(int T);
+/* Rows of logits the head materialises at once for microbatches of `micro` samples of T
+ * tokens: all micro*T rows, or, when their logits would exceed ENGINE_HEAD_LOGITS_BYTES, as
+ * many as fit, rounded down to a multiple of 64 (at least one row). */
+int64_t engine_head_chunk_rows(const model_spec *m, int micro, int T);
+/* Tests: replaces the cap ENGINE_HEAD_LOGITS_BYTES for this process (planner and engine alike),
+ * so that a small model runs the chunked head; 0 restores it. */
+void engine_set_head_logits_bytes(int64_t bytes);
+/* Bytes of the head's logits and row losses for microbatch `micro`: the part of the workspace
+ * that is not linear in micro (the planner adds it to its linear compute memory, cost.c). */
+int64_t engine_head_bytes(const model_spec *m, int seq, int micro);
 /* The largest unit's parameter count: the size of a gathered-parameter or full-gradient slot. */
 int64_t engine_max_unit_params(const model_spec *m);
 /* What changes the engine's buffers besides the model and the microbatch. */
@@ -77,9 +90,10 @@ typedef struct engine_opts {
 /* Device bytes of everything but the training state for microbatch m: the workspace (with
  * recompute none, o.kept microbatches' intermediates of every unit), a unit's
  * input and output and their gradients (twice with double_buffer), the token ids and targets
- * (and images); when the state is sharded, two gathered-parameter slots (the unit computing and
- * the next one arriving) and two full-gradient slots (the unit back-propagating and the previous
- * one being reduce-scattered); with bf16 or fp16, two parameter slots and two 16-bit gather buffers. */
+ * (and images), the step's sums (ENGINE_STEP_SUMS doubles); when the state is sharded, two
+ * gathered-parameter slots (the unit computing and the next one arriving) and two full-gradient
+ * slots (the unit back-propagating and the previous one being reduce-scattered); with bf16 or
+ * fp16, two parameter slots and two 16-bit gather buffers. */
 int64_t engine_compute_bytes(const model_spec *m, int seq, int micro, engine_opts o);
 
 #endif

@@ -288,6 +288,27 @@ static void test_elementwise(void **state) {
     expect_all("n = 0 ops", g_down(gz, 4), 4, 5.0f);
 }
 
+/* The device's sum of squares of one tensor (sumsq_multi of a list of one), read back. */
+static double g_sumsq1(const float *x, int64_t n) {
+    double *out = g_alloc(sizeof(double)), h;
+    GPU->ops->sumsq_multi(GPU, out, 1, &x, &n);
+    dev_download(GPU, &h, out, sizeof h);
+    g_release(out);
+    return h;
+}
+
+/* A device double set to v (the loss sums start from something to show they add). */
+static double *g_double(double v) {
+    double *p = g_alloc(sizeof(double));
+    dev_upload(GPU, p, &v, sizeof v);
+    return p;
+}
+static double g_read_double(const double *p) {
+    double h;
+    dev_download(GPU, &h, p, sizeof h);
+    return h;
+}
+
 static void test_sumsq(void **state) {
     (void)state;
     const int64_t sizes[] = {1, 7, 65536, 65537, 3000017};
@@ -297,14 +318,88 @@ static void test_sumsq(void **state) {
         float *x = hrandom(n, 3.0f);
         long double want = 0;
         for (int64_t i = 0; i < n; i++) want += (long double)x[i] * x[i];
-        double got = GPU->ops->sumsq(GPU, g_up(x, n), n);
+        double got = g_sumsq1(g_up(x, n), n);
         /* the squares are exact in double (24+24 bits < 53); n positive terms summed in double in
          * any order err by at most (n-1) 2^-53 relative */
         double bound = (double)n * 1.2e-16 * (double)want + 1e-300;
         if (!(fabs(got - (double)want) <= bound))
             fail_msg("sumsq n=%lld: %.17g, want %.17Lg (bound %.3g)", (long long)n, got, want, bound);
     }
-    assert_true(GPU->ops->sumsq(GPU, NULL, 0) == 0.0);
+    assert_true(g_sumsq1(NULL, 0) == 0.0);
+}
+
+/* sumsq_multi over lists of 0, 5 and 2 * SUMSQ_MULTI_MAX + 9 tensors (three launches), some
+ * empty, some large: the long double sum within the bound of any order, the CPU device's result
+ * within the same bound, and bit for bit the tensors' own sums added in list order (device.h). */
+static void test_sumsq_multi(void **state) {
+    (void)state;
+    const int counts[] = {0, 5, 2 * SUMSQ_MULTI_MAX + 9};
+    for (size_t c = 0; c < sizeof counts / sizeof *counts; c++) {
+        int k = counts[c];
+        seed(40 + c);
+        const float **hx = h_alloc(((size_t)k + 1) * sizeof *hx), **gx = h_alloc(((size_t)k + 1) * sizeof *gx);
+        int64_t *n = h_alloc(((size_t)k + 1) * sizeof *n), total = 0;
+        long double want = 0;
+        double inorder = 0;
+        for (int i = 0; i < k; i++) {
+            n[i] = i % 5 == 2 ? 0 : i == 3 ? 3000017 : (i * 7919) % 70000 + 1;
+            float *h = hrandom(n[i] ? n[i] : 1, 2.0f);
+            hx[i] = h, gx[i] = g_up(h, n[i] ? n[i] : 1), total += n[i];
+            for (int64_t j = 0; j < n[i]; j++) want += (long double)h[j] * h[j];
+            inorder += g_sumsq1(gx[i], n[i]);
+        }
+        double *out = g_double(12345.0); /* overwritten, not added to */
+        GPU->ops->sumsq_multi(GPU, out, k, gx, n);
+        double got = g_read_double(out), ref = 0;
+        REF->ops->sumsq_multi(REF, &ref, k, hx, n);
+        double bound = (double)total * 1.2e-16 * (double)want + 1e-300;
+        if (!(fabs(got - (double)want) <= bound) || !(fabs(got - ref) <= 2 * bound))
+            fail_msg("sumsq_multi of %d: %.17g, want %.17Lg, cpu %.17g (bound %.3g)", k, got, want, ref, bound);
+        if (got != inorder) fail_msg("sumsq_multi of %d: %.17g, the tensors' sums in order %.17g", k, got, inorder);
+    }
+}
+
+/* Host waits (device.h host_syncs): the ops the step runs between its two downloads (the head's
+ * cross-entropy, the norm, AdamW, queued copies, events) never make the host wait; downloads,
+ * sync and event_sync each count once. Run twice so that a first use's scratch growth is out of
+ * the way. */
+static void test_host_syncs(void **state) {
+    (void)state;
+    const int N = 300, V = 50257;
+    seed(41);
+    float *lg = g_up(hrandom((int64_t)N * V, 3.0f), (int64_t)N * V), *losses = g_fill(N, 0.0f);
+    int32_t *tg = h_alloc(N * sizeof(int32_t));
+    for (int i = 0; i < N; i++) tg[i] = (i * 131) % V;
+    int32_t *gtg = g_up_i(tg, N);
+    double *sums = g_double(0.0);
+    float *p = g_fill(4096, 1.0f), *g = g_fill(4096, 0.5f), *m = g_fill(4096, 0.0f), *v = g_fill(4096, 0.0f);
+    float *host = GPU->ops->host_alloc(GPU, 4096 * 4);
+    assert_non_null(host);
+    dev_event *e = GPU->ops->event_new(GPU);
+    const dev_adamw step = dev_adamw_step(1e-3, 0.9, 0.95, 1e-8, 0.1, 1, 1.0f);
+    const float *list[2] = {g, lg};
+    const int64_t sizes[2] = {4096, (int64_t)N * V};
+    for (int round = 0; round < 2; round++) {
+        GPU->ops->sync(GPU);
+        int64_t h0 = GPU->host_syncs;
+        for (int rep = 0; rep < 4; rep++)
+            GPU->ops->xent_fwd_bwd(GPU, lg, losses, gtg, N, V, 0.5f, sums);
+        GPU->ops->sumsq_multi(GPU, sums, 2, list, sizes);
+        GPU->ops->adamw(GPU, p, g, m, v, 4096, &step);
+        GPU->ops->copy_async(GPU, host, p, 4096 * 4, COPY_D2H, DEV_STREAM_COMPUTE);
+        GPU->ops->event_record(GPU, e, DEV_STREAM_COMPUTE);
+        GPU->ops->stream_wait(GPU, DEV_STREAM_D2H, e);
+        if (round == 1 && GPU->host_syncs != h0)
+            fail_msg("%lld host waits in ops that queue work only", (long long)(GPU->host_syncs - h0));
+        (void)g_read_double(sums);
+        GPU->ops->event_sync(GPU, e);
+        GPU->ops->sync(GPU);
+        if (round == 1 && GPU->host_syncs != h0 + 3)
+            fail_msg("a download, an event_sync and a sync: %lld host waits, want 3",
+                     (long long)(GPU->host_syncs - h0));
+    }
+    GPU->ops->event_free(GPU, e);
+    GPU->ops->host_free(GPU, host);
 }
 
 static void test_copy2d(void **state) {
@@ -894,8 +989,12 @@ static void check_xent(int N, int V, float mag, const int32_t *tg, float scale) 
     float *logits = hrandom(n, mag), *losses = hfill(N, 7.0f);
     float *gl = g_up(logits, n), *glosses = g_fill(N, 7.0f);
     int32_t *gtg = g_up_i(tg, N);
-    double want = REF->ops->xent_fwd_bwd(REF, logits, losses, tg, N, V, scale);
-    double got = GPU->ops->xent_fwd_bwd(GPU, gl, glosses, gtg, N, V, scale);
+    /* both sums start from 0.375: the ops add to them */
+    double want = 0.375, *gsum = g_double(0.375);
+    REF->ops->xent_fwd_bwd(REF, logits, losses, tg, N, V, scale, &want);
+    GPU->ops->xent_fwd_bwd(GPU, gl, glosses, gtg, N, V, scale, gsum);
+    double got = g_read_double(gsum) - 0.375;
+    want -= 0.375;
     char what[96];
     snprintf(what, sizeof what, "xent N=%d V=%d |logits|<=%g", N, V, (double)mag);
     /* each row's log-sum-exp sums V fp32 exponentials: ~1e-6 relative; the total 1e-5 */
@@ -1264,7 +1363,7 @@ static det_out det_run(void) {
     float *dout = g_up(hrandom((int64_t)DN * DC, 1.0f), (int64_t)DN * DC);
     float *x = g_up(hrandom((int64_t)DN * DC, 2.0f), (int64_t)DN * DC);
     float *w = g_up(hrandom(DC, 1.0f), DC), *b = g_up(hrandom(DC, 1.0f), DC);
-    r.sumsq = GPU->ops->sumsq(GPU, dout, (int64_t)DN * DC);
+    r.sumsq = g_sumsq1(dout, (int64_t)DN * DC);
     float *db = g_fill(DC, 0.0f);
     GPU->ops->bias_grad(GPU, db, dout, DN, DC);
     r.dbias = g_down(db, DC);
@@ -1296,7 +1395,9 @@ static det_out det_run(void) {
     float *lg = g_up(hrandom((int64_t)DXN * DXV, 5.0f), (int64_t)DXN * DXV), *losses = g_fill(DXN, 0.0f);
     int32_t *tg = h_alloc(DXN * sizeof(int32_t));
     for (int i = 0; i < DXN; i++) tg[i] = (i * 101) % DXV;
-    r.xent_sum = GPU->ops->xent_fwd_bwd(GPU, lg, losses, g_up_i(tg, DXN), DXN, DXV, 0.25f);
+    double *gsum = g_double(0.0);
+    GPU->ops->xent_fwd_bwd(GPU, lg, losses, g_up_i(tg, DXN), DXN, DXV, 0.25f, gsum);
+    r.xent_sum = g_read_double(gsum);
     r.xent = g_down(lg, (int64_t)DXN * DXV);
     return r;
 }
@@ -1426,8 +1527,11 @@ static void test_zero_sizes(void **state) {
     GPU->ops->swiglu_fwd(GPU, a, b, b, 0);
     GPU->ops->swiglu_bwd(GPU, a, c, b, b, b, 0);
     GPU->ops->copy2d(GPU, a, 8, b, 8, 0, 8);
-    double s = GPU->ops->xent_fwd_bwd(GPU, a, c, ids, 0, 8, 1.0f);
-    assert_true(s == 0.0);
+    double *s = g_double(0.25);
+    GPU->ops->xent_fwd_bwd(GPU, a, c, ids, 0, 8, 1.0f, s); /* no rows: the sum unchanged */
+    assert_true(g_read_double(s) == 0.25);
+    GPU->ops->sumsq_multi(GPU, s, 0, NULL, NULL); /* no tensors: 0 */
+    assert_true(g_read_double(s) == 0.0);
     const dev_adamw step = dev_adamw_step(1e-3, 0.9, 0.95, 1e-8, 0.1, 1, 1.0f);
     GPU->ops->adamw(GPU, a, b, c, c, 0, &step);
     expect_all("outputs after zero-sized ops", g_down(a, 64), 64, 3.0f);
@@ -1449,7 +1553,8 @@ int main(void) {
         printf("# portable mode (CEPHALO_CUDA_PORTABLE=%s): 48 KB attention tiles, no cp.async\n", portable);
 #define T(f) cmocka_unit_test_teardown(f, release_all)
     const struct CMUnitTest tests[] = {
-        T(test_device),      T(test_elementwise), T(test_sumsq),    T(test_copy2d),
+        T(test_device),      T(test_elementwise), T(test_sumsq),    T(test_sumsq_multi),
+        T(test_host_syncs),  T(test_copy2d),
         T(test_gemm),        T(test_bias),        T(test_embed),    T(test_norms),
         T(test_activations), T(test_rope),        T(test_attention), T(test_xent),
         T(test_rope_at),     T(test_attention_cached),

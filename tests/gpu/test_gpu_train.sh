@@ -101,6 +101,17 @@ curve_case() {
   if [ "$rc" -eq 0 ] && [[ $line == "ok - "* ]]; then echo "ok $n - $name $prec vs PyTorch: ${line#ok - }"
   else echo "not ok $n - $name $prec vs PyTorch: ${line#*- }"; tail -n 6 <<<"$out" | sed 's/^/#   /'; fi
   grep '^# \(cephalo\|torch\)' <<<"$out"
+  # the loss and the gradient norm stay on the device until the step's one download (step 0 also
+  # copies its logits out for the dump, and grows the scratch buffers)
+  n=$((n + 1))
+  if out=$("$PY" - "$log" <<'PY' 2>&1
+import json, sys
+steps = [json.loads(l) for l in open(sys.argv[1])]
+bad = [(s["step"], s.get("host_syncs")) for s in steps if s["step"] >= 1 and s.get("host_syncs") != 2]
+assert len(steps) >= 2 and not bad, bad[:5]
+PY
+  ); then echo "ok $n - $name $prec: 2 host waits per step (the sums' download, the step's end)"
+  else echo "not ok $n - $name $prec: host waits per step"; tail -n 3 <<<"$out" | sed 's/^/#   /'; fi
   rm -rf "$dir" # the dump holds step 0's logits (~400 MB for the GPT)
 }
 

@@ -78,10 +78,25 @@ static void test_analytic_estimates(void **state) {
         assert_true(p40->fwd_ms[m] > a100->fwd_ms[m]);
         assert_true(a100->bwd_ms[m] > 2 * a100->fwd_ms[m] * 0.5);
     }
-    /* compute memory is linear in the microbatch */
+    /* compute memory is linear in the microbatch until the head's logits reach their cap
+     * (bert-large, seq 512, vocabulary 30522: 2176 rows of fp32 logits fit 256 MiB, 4.25
+     * samples), and from there on grows by the rest only: a sample's 512 rows of logits and row
+     * losses less */
+    int64_t V = cm.model->vocab, fit = ENGINE_HEAD_LOGITS_BYTES / (4 * V) / 64 * 64;
+    assert_int_equal(fit, 2176);
+    assert_int_equal(engine_head_chunk_rows(cm.model, 4, 512), 2048);
+    assert_int_equal(engine_head_chunk_rows(cm.model, 5, 512), fit);
     int64_t d1 = cost_compute_bytes(a100, 2) - cost_compute_bytes(a100, 1);
+    int64_t d3 = cost_compute_bytes(a100, 4) - cost_compute_bytes(a100, 3);
     int64_t d2 = cost_compute_bytes(a100, 9) - cost_compute_bytes(a100, 8);
-    assert_true(llabs(d1 - d2) <= 1);
+    int64_t d4 = cost_compute_bytes(a100, 12) - cost_compute_bytes(a100, 11);
+    assert_true(llabs(d1 - d3) <= 1 && llabs(d2 - d4) <= 1);
+    assert_true(llabs(d1 - d2 - 512 * (V + 1) * 4) <= 1);
+    /* ... and is what the engine allocates, to the byte (the reserve aside) */
+    engine_opts eo = {.sharded = true, .prec = PREC_FP32, .double_buffer = true};
+    for (int m = 0; m <= 12; m++)
+        assert_true(llabs(cost_compute_bytes(a100, m) - engine_compute_bytes(cm.model, 512, m, eo) -
+                          (int64_t)GPU_RESERVED_BYTES - nccl_device_bytes(cl.n_devices, 8)) <= 1);
     /* mmax is the largest microbatch that fits the usable memory */
     assert_true((double)cost_compute_bytes(p40, p40->mmax) <= p40->usable_bytes);
     assert_true(p40->mmax == p40->mlimit || (double)cost_compute_bytes(p40, p40->mmax + 1) > p40->usable_bytes);
@@ -288,12 +303,21 @@ static void test_profiled_costs(void **state) {
     assert_true(fabs(p40->fwd_ms[3] - (0.3 + L * 7 + 3 + 6)) < 1e-9);
     /* beyond the last point: the fitted slope of the upper half (2 ms per sample for block fwd) */
     assert_true(fabs(p40->fwd_ms[10] - (1.0 + L * 21 + 10 + 20)) < 1e-9);
-    /* compute memory: the least-squares line through the points (exact here: 2e9 + 1e9 m), plus
+    /* compute memory: the least-squares line through the points less the head's logits (the
+     * points are 2e9 + 1e9 m, so the line is not exact), plus the head's logits at m, plus
      * NCCL's own buffers on every GPU of a multi-GPU job, which no profile measures (a P40:
      * 16 channels x 2 connections x (4 MiB + 4.6875 MiB + 512 KiB) + 64 MiB) */
     int64_t nccl = nccl_device_bytes(cl.n_devices, 6);
     assert_true(cl.n_devices > 1 && nccl == 64 * 1048576 + 16 * 2 * (4 * 1048576 + 4915200 + 524288));
-    assert_true(llabs(cost_compute_bytes(p40, 5) - ((int64_t)7e9 + nccl)) <= 1);
+    const double xs[4] = {1, 2, 4, 8};
+    double sx = 0, sy = 0, sxx = 0, sxy = 0;
+    for (int i = 0; i < 4; i++) {
+        double y = 2e9 + 1e9 * xs[i] - (double)engine_head_bytes(cm.model, 512, (int)xs[i]);
+        sx += xs[i], sy += y, sxx += xs[i] * xs[i], sxy += xs[i] * y;
+    }
+    double slope = (4 * sxy - sx * sy) / (4 * sxx - sx * sx), icpt = (sy - slope * sx) / 4;
+    double want = icpt + slope * 5 + (double)engine_head_bytes(cm.model, 512, 5) + (double)nccl;
+    assert_true(fabs((double)cost_compute_bytes(p40, 5) - want) <= 2);
     /* measured collectives and their uneven ratio */
     assert_true(cm.comm.measured);
     assert_true(fabs(cm.comm.uneven_factor - 1.2) < 1e-9);

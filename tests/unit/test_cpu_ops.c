@@ -284,6 +284,66 @@ static void test_exp_fast(void **state) {
 /* ---------------------------------------------------------------------------------------------
  * elementwise, reductions, copies */
 
+/* The sum of squares of one tensor through sumsq_multi (the CPU device's memory is the host's). */
+static double sumsq1(device *d, const float *x, int64_t n) {
+    double out = -1;
+    d->ops->sumsq_multi(d, &out, 1, &x, &n);
+    return out;
+}
+
+/* sumsq_multi over lists of 0, 1, 5 and more than SUMSQ_MULTI_MAX tensors (some empty): the
+ * float64 sum within 1e-12, and bit for bit the tensors' own sums added in list order. */
+static void test_sumsq_multi(void **state) {
+    device *d = *state;
+    seed(7);
+    const int counts[] = {0, 1, 5, SUMSQ_MULTI_MAX + 7};
+    for (size_t c = 0; c < sizeof counts / sizeof *counts; c++) {
+        int k = counts[c];
+        const float **x = calloc((size_t)k + 1, sizeof *x);
+        int64_t *n = calloc((size_t)k + 1, sizeof *n);
+        double want = 0, inorder = 0;
+        for (int i = 0; i < k; i++) {
+            n[i] = i % 4 == 3 ? 0 : (i * 7919) % 150000 + 1; /* up to a few SUMSQ chunks */
+            float *t = frandom(n[i] ? n[i] : 1, 1.5f);
+            x[i] = t;
+            for (int64_t j = 0; j < n[i]; j++) want += (double)t[j] * t[j];
+            inorder += sumsq1(d, t, n[i]);
+        }
+        double got = 12345; /* overwritten, not added to */
+        d->ops->sumsq_multi(d, &got, k, x, n);
+        if (!(fabs(got - want) <= 1e-12 * want)) fail_msg("sumsq_multi of %d: %.17g, want %.17g", k, got, want);
+        if (got != inorder) fail_msg("sumsq_multi of %d: %.17g, the tensors' sums in order %.17g", k, got, inorder);
+        for (int i = 0; i < k; i++) free((void *)x[i]);
+        free(x), free(n);
+    }
+}
+
+/* The CPU device counts a host wait where the CUDA device waits: copies from and to the host,
+ * sync and event_sync, never a queued copy or a compute op. */
+static void test_host_syncs(void **state) {
+    device *d = *state;
+    float a[4] = {1, 2, 3, 4}, *x = dev_alloc_f(d, 4, "x");
+    int64_t h0 = d->host_syncs;
+    d->ops->copy_async(d, x, a, sizeof a, COPY_H2D, DEV_STREAM_H2D);
+    d->ops->copy(d, x, x, sizeof a, COPY_D2D);
+    d->ops->scale(d, x, 2.0f, 4);
+    double sq = 0;
+    int64_t four = 4;
+    const float *xs = x;
+    d->ops->sumsq_multi(d, &sq, 1, &xs, &four);
+    assert_int_equal(d->host_syncs, h0); /* nothing so far waits */
+    dev_download(d, a, x, sizeof a);
+    assert_int_equal(d->host_syncs, h0 + 1);
+    d->ops->sync(d);
+    dev_event *e = d->ops->event_new(d);
+    d->ops->event_record(d, e, DEV_STREAM_COMPUTE);
+    d->ops->event_sync(d, e);
+    d->ops->event_free(d, e);
+    assert_int_equal(d->host_syncs, h0 + 3);
+    assert_true(a[3] == 8.0f && sq == 4 * (1 + 4 + 9 + 16));
+    dev_free(d, x);
+}
+
 static void test_elementwise(void **state) {
     device *d = *state;
     const int64_t sizes[] = {13, 100003}; /* one thread, and the parallel path */
@@ -305,11 +365,11 @@ static void test_elementwise(void **state) {
 
         double want = 0;
         for (int64_t i = 0; i < n; i++) want += (double)b[i] * b[i];
-        double got = d->ops->sumsq(d, b, n);
+        double got = sumsq1(d, b, n);
         if (!(fabs(got - want) <= 1e-12 * want)) fail_msg("sumsq %.17g, want %.17g", got, want);
         free(a), free(b), free(out), free(y);
     }
-    assert_true(d->ops->sumsq(d, NULL, 0) == 0.0);
+    assert_true(sumsq1(d, NULL, 0) == 0.0);
 
     /* copy2d: rows of a strided block; the padding of the destination stays */
     int rows = 7, cols = 13, lds = 20, ldo = 17;
@@ -924,9 +984,17 @@ static void check_xent(device *d, int N, int V, float mag, const int32_t *tg, fl
     double *loss_ref = dzeros(N), *grad_ref = dzeros(n);
     double total_ref = ref_xent(&k, loss_ref, grad_ref);
     if (fd) expect_fd("xent ref grad", xent_loss, &k, k.logits, grad_ref, n, 0);
-    double total = d->ops->xent_fwd_bwd(d, logits, losses, tg, N, V, scale);
+    /* the loss adds to what the sum held */
+    double acc = 0.375, total_alone = 0;
+    float *again = fdup(logits, n), *l2 = ffill(N, 0);
+    d->ops->xent_fwd_bwd(d, logits, losses, tg, N, V, scale, &acc);
+    double total = acc - 0.375;
     if (!(fabs(total - total_ref) <= 1e-6 * fabs(total_ref)))
         fail_msg("xent sum %.12g, want %.12g", total, total_ref);
+    /* the same rows again from 0 give scale * their sum exactly once */
+    d->ops->xent_fwd_bwd(d, again, l2, tg, N, V, scale, &total_alone);
+    if (0.375 + total_alone != acc) fail_msg("xent: += gives %.17g, 0.375 + alone %.17g", acc, 0.375 + total_alone);
+    free(again), free(l2);
     expect_close("xent losses", losses, loss_ref, N, RTOL, ATOL);
     expect_close("xent grad", logits, grad_ref, n, RTOL, ATOL);
     for (int i = 0; i < N; i++)
@@ -1042,11 +1110,12 @@ static det_out det_run(device *d) {
     r.dtable = ffill(50 * C, 0), r.dbias = ffill(C, 0);
     d->ops->embed_bwd(d, r.dtable, dout, ids, N, C);
     d->ops->bias_grad(d, r.dbias, dout, N, C);
-    r.sumsq = d->ops->sumsq(d, dout, (int64_t)N * C);
+    r.sumsq = sumsq1(d, dout, (int64_t)N * C);
     r.xent = frandom((int64_t)NX * V, 5.0f);
     for (int i = 0; i < NX; i++) tg[i] = (i * 101) % V;
     float *losses = ffill(NX, 0);
-    r.xent_sum = d->ops->xent_fwd_bwd(d, r.xent, losses, tg, NX, V, 0.25f);
+    r.xent_sum = 0;
+    d->ops->xent_fwd_bwd(d, r.xent, losses, tg, NX, V, 0.25f, &r.xent_sum);
     free(x), free(w), free(b), free(dout), free(mean), free(rstd), free(y);
     free(ids), free(tg), free(losses);
     return r;
@@ -1102,6 +1171,8 @@ int main(void) {
         cmocka_unit_test(test_context_cut_at_a_word),
         cmocka_unit_test(test_exp_fast),
         T(test_elementwise),
+        T(test_sumsq_multi),
+        T(test_host_syncs),
         T(test_gemm),
         T(test_fp16_bf16),
         T(test_gemm_half),

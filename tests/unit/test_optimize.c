@@ -211,7 +211,7 @@ static double model_cost(const cost_model *cm, const int *batch, const int *micr
         const cost_group *g = &cm->groups[cost_group_of(cm, i)];
         int m = micro[i], l = batch[i] / micro[i];
         /* recompute none keeps l microbatches' intermediates: M(m) + keep_m1*m + keep_ml*m*l */
-        double mem = keep[i] ? ceil(g->m0 + g->m1 * m + g->keep_m1 * m + g->keep_ml * m * l) : (double)cost_compute_bytes(g, m);
+        double mem = (double)cost_compute_bytes_mode(g, m, l, keep[i] ? RECOMPUTE_NONE : RECOMPUTE_FULL);
         if (mem > g->usable_bytes) return INFINITY; /* constraint II */
         if (mem + (double)cm->even_state_params * STATE_BYTES_PER_PARAM > g->usable_bytes) even_ok = false;
         room += (int64_t)floor((g->usable_bytes - mem) / STATE_BYTES_PER_PARAM);

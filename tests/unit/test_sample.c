@@ -44,9 +44,11 @@ static float *training_logits(device *d, const model_spec *m, float **params, co
         x = y, y = t;
     }
     float *logits = malloc((size_t)T * V * sizeof(float));
-    wm_head_step(d, m, params[units - 1], dhead, params[0], demb, &b, x, dx, a, logits);
-    float *all[] = {x, y, dx, dhead, demb};
-    for (size_t i = 0; i < 5; i++) dev_free(d, all[i]);
+    double *loss = dev_alloc(d, sizeof(double), "loss");
+    dev_zero(d, (float *)loss, 2);
+    wm_head_step(d, m, params[units - 1], dhead, params[0], demb, &b, x, dx, a, loss, logits);
+    float *all[] = {x, y, dx, dhead, demb, (float *)loss};
+    for (size_t i = 0; i < 6; i++) dev_free(d, all[i]);
     dev_free(d, dids), dev_free(d, dtg);
     wm_acts_free(d, a);
     return logits;

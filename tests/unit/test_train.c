@@ -178,6 +178,69 @@ static void test_recompute_none_equals_full(void **state) {
         }
 }
 
+/* Device bytes a single-rank trainer holds at its peak: the training state (16 bytes per
+ * parameter) and the compute memory the planner predicts (planner/engine_mem.c). */
+static int64_t predicted_peak(const train_config *c) {
+    engine_opts o = {.sharded = false, .prec = c->prec, .double_buffer = false};
+    return 16 * model_params(&c->model) + engine_compute_bytes(&c->model, c->seq, c->micro, o);
+}
+
+/* The head in chunks smaller than a microbatch (a cap of 20 rows of logits: chunks of 20, 20,
+ * 20 and 4 of the 64 rows, two of them across a sample boundary) trains like the whole
+ * microbatch at once, to fp32 rounding (the head's weight gradient sums its rows in other
+ * GEMMs), and the peak device memory is the prediction in both cases. */
+static void test_head_chunks(void **state) {
+    (void)state;
+    for (int a = 0; a < 3; a++) { /* the vocabulary heads */
+        train_config c = tiny_config(TINY[a], 4, 2);
+        trainer *whole = make(&c);
+        assert_int_equal(engine_head_chunk_rows(&c.model, 2, whole->tokens), 2 * whole->tokens);
+        engine_set_head_logits_bytes((int64_t)20 * c.model.vocab * 4);
+        assert_int_equal(engine_head_chunk_rows(&c.model, 2, whole->tokens), 20);
+        trainer *chunked = make(&c);
+        err_t err;
+        step_stats sw, sc;
+        for (int i = 0; i < 3; i++) {
+            if (trainer_step(whole, &sw, &err) < 0 || trainer_step(chunked, &sc, &err) < 0)
+                fail_msg("trainer_step: %s", err.msg);
+            if (!(fabs(sw.loss - sc.loss) <= 1e-6 * fabs(sw.loss)))
+                fail_msg("%s step %d: loss %.9g whole, %.9g chunked", TINY[a], i, sw.loss, sc.loss);
+        }
+        assert_int_equal(chunked->dev.peak_bytes, predicted_peak(&c));
+        engine_set_head_logits_bytes(0);
+        assert_int_equal(whole->dev.peak_bytes, predicted_peak(&c));
+        assert_true(whole->dev.peak_bytes > chunked->dev.peak_bytes); /* the cap saves memory */
+        int64_t n;
+        float *pw = all_params(whole, &n), *pc = all_params(chunked, &n);
+        double e = rel_diff(pc, pw, n);
+        if (e > 2e-5) fail_msg("%s: chunked vs whole head rel diff %.3g (tolerance 2e-5)", TINY[a], e);
+        free(pw), free(pc);
+        trainer_free(whole), trainer_free(chunked);
+    }
+}
+
+/* A single-rank step makes the host wait for the device twice, whatever the model, precision
+ * and microbatches: the one download of the loss and the gradient norm, and the step's end (the
+ * head's loss and the norm stay on the device until then). */
+static void test_host_syncs_per_step(void **state) {
+    (void)state;
+    for (int a = 0; a < 4; a++)
+        for (int p = 0; p < 2; p++) {
+            train_config c = tiny_config(TINY[a], 4, 1);
+            c.prec = p ? PREC_BF16 : PREC_FP32;
+            trainer *t = make(&c);
+            err_t err;
+            step_stats st;
+            for (int i = 0; i < 3; i++) {
+                if (trainer_step(t, &st, &err) < 0) fail_msg("trainer_step: %s", err.msg);
+                if (st.host_syncs != 2)
+                    fail_msg("%s %s step %d: %lld host waits, want 2", TINY[a], p ? "bf16" : "fp32",
+                             i, (long long)st.host_syncs);
+            }
+            trainer_free(t);
+        }
+}
+
 static char tmpdir[64];
 
 static int setup_tmp(void **state) {
@@ -384,6 +447,8 @@ int main(void) {
         cmocka_unit_test(test_init_shard_independent),
         cmocka_unit_test(test_accumulation_equals_big_batch),
         cmocka_unit_test(test_recompute_none_equals_full),
+        cmocka_unit_test(test_head_chunks),
+        cmocka_unit_test(test_host_syncs_per_step),
         cmocka_unit_test(test_resume_bit_exact),
         cmocka_unit_test(test_checkpoint_errors),
         cmocka_unit_test(test_capacity_enforced),

@@ -486,11 +486,13 @@ static void log_step(FILE *f, const trainer *t, const step_stats *st) {
             "{\"step\":%lld,\"loss\":%s,\"lr\":%.9g,\"grad_norm\":%s,\"step_ms\":%.3f,"
             "\"tokens_per_s\":%.1f,\"samples_per_s\":%.3f,\"peak_bytes\":%lld,\"rss_peak_bytes\":%lld,"
             "\"rank\":%d,\"world\":%d,\"gathers\":%lld,\"reduce_scatters\":%lld,\"allreduces\":%lld,"
-            "\"bytes_sent\":%lld,\"comm_wait_ms\":%.3f,\"loss_scale\":%.9g,\"skipped\":%s%s}\n",
+            "\"bytes_sent\":%lld,\"comm_wait_ms\":%.3f,\"host_syncs\":%lld,\"loss_scale\":%.9g,"
+            "\"skipped\":%s%s}\n",
             (long long)st->step, json_num(st->loss, loss, sizeof loss), st->lr, json_num(st->grad_norm, norm, sizeof norm), st->step_ms, st->tokens_per_s,
             st->samples_per_s, (long long)st->peak_bytes, peak_rss_bytes(), t->cfg.rank,
             t->cfg.world, (long long)st->gathers, (long long)st->reduce_scatters,
-            (long long)st->allreduces, (long long)st->bytes_sent, st->comm_wait_ms, st->loss_scale,
+            (long long)st->allreduces, (long long)st->bytes_sent, st->comm_wait_ms,
+            (long long)st->host_syncs, st->loss_scale,
             st->skipped ? "true" : "false", val_fields(st, val, sizeof val));
     fflush(f);
 }

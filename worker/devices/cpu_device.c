@@ -48,12 +48,16 @@ static void cpu_raw_free(device *d, void *p, size_t bytes) {
     free(p);
 }
 
+/* Host waits are counted where the CUDA device waits (device.h host_syncs): a copy from or to
+ * the host, a sync, an event sync. */
 static void cpu_copy(device *d, void *dst, const void *src, size_t bytes, copy_kind kind) {
-    (void)d, (void)kind; /* host and device memory are the same memory */
-    if (bytes) memmove(dst, src, bytes);
+    /* host and device memory are the same memory */
+    if (!bytes) return;
+    memmove(dst, src, bytes);
+    if (kind != COPY_D2D) d->host_syncs++;
 }
 
-static void cpu_sync(device *d) { (void)d; }
+static void cpu_sync(device *d) { d->host_syncs++; }
 
 /* ---------------------------------------------------------------------------------------------
  * host memory, streams and events: the CPU has one memory and runs every op at once, in issue
@@ -73,8 +77,8 @@ static void cpu_host_free(device *d, void *p) {
 
 static void cpu_copy_async(device *d, void *dst, const void *src, size_t bytes, copy_kind kind,
                            dev_stream s) {
-    (void)s;
-    cpu_copy(d, dst, src, bytes, kind);
+    (void)d, (void)s, (void)kind; /* queued copies never make the host wait on CUDA */
+    if (bytes) memmove(dst, src, bytes);
 }
 
 static dev_event *cpu_event_new(device *d) {
@@ -89,7 +93,10 @@ static void cpu_event_free(device *d, dev_event *e) {
 
 static void cpu_event_record(device *d, dev_event *e, dev_stream s) { (void)d, (void)e, (void)s; }
 static void cpu_stream_wait(device *d, dev_stream s, dev_event *e) { (void)d, (void)e, (void)s; }
-static void cpu_event_sync(device *d, dev_event *e) { (void)d, (void)e; }
+static void cpu_event_sync(device *d, dev_event *e) {
+    (void)e;
+    d->host_syncs++;
+}
 
 static void *cpu_native_stream(device *d, dev_stream s) {
     (void)d, (void)s;
@@ -165,6 +172,13 @@ static double cpu_sumsq(device *d, const float *x, int64_t n) {
     for (int64_t c = 0; c < nchunks; c++) total += part[c];
     free(part);
     return total;
+}
+
+static void cpu_sumsq_multi(device *d, double *out, int count, const float *const *x,
+                            const int64_t *n) {
+    double total = 0; /* tensors in list order */
+    for (int i = 0; i < count; i++) total += n[i] > 0 ? cpu_sumsq(d, x[i], n[i]) : 0.0;
+    *out = total;
 }
 
 static void cpu_copy2d(device *d, float *out, int ldo, const float *src, int lds, int rows,
@@ -621,8 +635,8 @@ static CPU_HOT double xent_row(float *restrict x, int target, int V, float scale
     return log((double)sum) + (double)m - (double)xt;
 }
 
-static double cpu_xent_fwd_bwd(device *d, float *logits, float *losses, const int32_t *targets,
-                               int N, int V, float scale) {
+static void cpu_xent_fwd_bwd(device *d, float *logits, float *losses, const int32_t *targets,
+                             int N, int V, float scale, double *loss_sum) {
     double *row_loss = xmalloc((size_t)(N > 0 ? N : 1) * sizeof(double));
 #pragma omp parallel for schedule(static) num_threads(d->threads) \
     if ((int64_t)N * V > CPU_PAR_MIN)
@@ -641,7 +655,7 @@ static double cpu_xent_fwd_bwd(device *d, float *logits, float *losses, const in
     double total = 0; /* rows in order: the same sum for any thread count */
     for (int n = 0; n < N; n++) total += row_loss[n];
     free(row_loss);
-    return (double)scale * total;
+    *loss_sum += (double)scale * total;
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -714,7 +728,7 @@ static const dev_ops cpu_ops = {
     .add = cpu_add,
     .axpy = cpu_axpy,
     .scale = cpu_scale,
-    .sumsq = cpu_sumsq,
+    .sumsq_multi = cpu_sumsq_multi,
     .copy2d = cpu_copy2d,
     .gemm = cpu_gemm,
     .add_bias = cpu_add_bias,

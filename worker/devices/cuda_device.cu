@@ -1,8 +1,11 @@
 /* cuda_device.cu - the CUDA device: cuBLAS for the matrix products, our kernels for the rest.
  *
- * Every compute op is queued on the compute stream and returns at once; only the ops that hand
- * a value to the host (copy to/from host memory, sumsq, xent_fwd_bwd) wait for it. The h2d and
- * d2h streams carry copy_async only; the trainer orders them against compute with events.
+ * Every compute op is queued on the compute stream and returns at once; only copies to and from
+ * host memory, sync and event_sync make the host wait (each counted in d->host_syncs, as are the
+ * rare waits before a scratch buffer grows). Reductions the step needs on the host (the loss,
+ * the gradient norm) stay on the device (xent_fwd_bwd, sumsq_multi) until the trainer reads
+ * them in one copy per step. The h2d and d2h streams carry copy_async only; the trainer orders
+ * them against compute with events.
  *
  * Determinism (device.h): no kernel uses floating-point atomics. Row reductions (norms, softmax)
  * are warp/block trees whose shape depends only on the launch, which depends only on the shapes;
@@ -55,6 +58,12 @@ static unsigned ew_blocks(int64_t n) {
 }
 
 static cudaStream_t compute(device *d) { return cuda_stream(d, DEV_STREAM_COMPUTE); }
+
+/* The host waits for stream s; counted (device.h host_syncs). */
+static void host_wait(device *d, cudaStream_t s) {
+    CUDA_CHECK(cudaStreamSynchronize(s));
+    d->host_syncs++;
+}
 
 #define LAUNCH_CHECK() CUDA_CHECK(cudaGetLastError())
 
@@ -125,7 +134,7 @@ static cuda_freelist *freelist(cuda_state *st, size_t bytes, bool create) {
  * kernels that last used it may still be running). */
 static void release_cached(device *d) {
     cuda_state *st = cuda_of(d);
-    for (int s = 0; s < DEV_STREAMS; s++) CUDA_CHECK(cudaStreamSynchronize(st->stream[s]));
+    for (int s = 0; s < DEV_STREAMS; s++) host_wait(d, st->stream[s]);
     for (int i = 0; i < st->n_lists; i++) {
         cuda_freelist *l = &st->lists[i];
         for (int j = 0; j < l->n; j++) CUDA_CHECK(cudaFree(l->blocks[j]));
@@ -196,7 +205,7 @@ static void *must_malloc(device *d, size_t bytes, const char *what) {
 void *cuda_scratch(device *d, size_t bytes) {
     cuda_state *st = cuda_of(d);
     if (bytes <= st->scratch_bytes) return st->scratch;
-    CUDA_CHECK(cudaStreamSynchronize(compute(d))); /* queued kernels may use the old buffer */
+    host_wait(d, compute(d)); /* queued kernels may use the old buffer */
     if (st->scratch) CUDA_CHECK(cudaFree(st->scratch));
     st->scratch = NULL, st->scratch_bytes = 0;
     size_t want = round_class(bytes);
@@ -218,12 +227,13 @@ static cudaMemcpyKind memcpy_kind(copy_kind kind) {
 static void cuda_copy(device *d, void *dst, const void *src, size_t bytes, copy_kind kind) {
     if (!bytes) return;
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, memcpy_kind(kind), compute(d)));
-    if (kind != COPY_D2D) CUDA_CHECK(cudaStreamSynchronize(compute(d)));
+    if (kind != COPY_D2D) host_wait(d, compute(d));
 }
 
 static void cuda_sync(device *d) {
     for (int s = 0; s < DEV_STREAMS; s++)
         CUDA_CHECK(cudaStreamSynchronize(cuda_stream(d, (dev_stream)s)));
+    d->host_syncs++; /* one wait for the caller, however many streams */
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -274,8 +284,8 @@ static void cuda_stream_wait(device *d, dev_stream s, dev_event *e) {
 }
 
 static void cuda_event_sync(device *d, dev_event *e) {
-    (void)d;
     CUDA_CHECK(cudaEventSynchronize(e->ev));
+    d->host_syncs++;
 }
 
 static void *cuda_native_stream(device *d, dev_stream s) { return (void *)cuda_stream(d, s); }
@@ -432,45 +442,71 @@ static void cuda_scale(device *d, float *x, float s, int64_t n) {
     LAUNCH_CHECK();
 }
 
-/* sumsq, stage 1: a fixed grid of CUDA_RED_BLOCKS x CUDA_RED_THREADS threads; thread g sums
- * x[g], x[g + G], ... in order (G = the grid size), then each block adds its threads in a fixed
- * tree. The order depends on n only. */
-__global__ void sumsq_partial_kernel(double *partials, const float *x, int64_t n) {
+/* sumsq_multi, stage 1: for each tensor of the list (blockIdx.y), a fixed grid of
+ * CUDA_RED_BLOCKS x CUDA_RED_THREADS threads; thread g sums x[g], x[g + G], ... in order (G =
+ * the grid size), then each block adds its threads in a fixed tree. The order depends on n only.
+ * The list travels as a kernel parameter (1 KiB), so no host copy precedes the launch. */
+typedef struct sumsq_list {
+    const float *x[SUMSQ_MULTI_MAX];
+    int64_t n[SUMSQ_MULTI_MAX];
+} sumsq_list;
+
+__global__ void sumsq_partial_kernel(double *partials, sumsq_list l) {
     __shared__ double sh[32];
+    const float *x = l.x[blockIdx.y];
+    int64_t n = l.n[blockIdx.y];
     double acc = 0;
     GRID_STRIDE(i, n) acc += (double)x[i] * (double)x[i];
     acc = block_sum(acc, sh);
-    if (threadIdx.x == 0) partials[blockIdx.x] = acc;
+    if (threadIdx.x == 0) partials[(int64_t)blockIdx.y * gridDim.x + blockIdx.x] = acc;
 }
 
-/* One block: out = sum of v[0..n) (thread t sums t, t + blockDim, ... then a fixed tree). */
-__global__ void sum_doubles_kernel(double *out, const double *v, int n) {
+/* Stage 2, one block of CUDA_RED_BLOCKS threads: each tensor's CUDA_RED_BLOCKS partials in a
+ * fixed tree, then the tensors added in list order onto *out (0 first when `first`): the same
+ * bits as adding the tensors' sums one by one on the host. */
+__global__ void sumsq_finish_kernel(double *out, const double *partials, int count, bool first) {
     __shared__ double sh[32];
-    double acc = 0;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) acc += v[i];
-    acc = block_sum(acc, sh);
-    if (threadIdx.x == 0) *out = acc;
+    double total = 0; /* thread 0's is the result; *out is read by it alone */
+    if (threadIdx.x == 0 && !first) total = *out;
+    for (int i = 0; i < count; i++) {
+        double acc = 0;
+        for (int j = threadIdx.x; j < CUDA_RED_BLOCKS; j += blockDim.x)
+            acc += partials[(int64_t)i * CUDA_RED_BLOCKS + j];
+        total += block_sum(acc, sh);
+    }
+    if (threadIdx.x == 0) *out = total;
 }
 
-/* The one 8-byte download of a reduction's result (waits for the compute stream). */
-static double read_result(device *d) {
+static void cuda_sumsq_multi(device *d, double *out, int count, const float *const *x,
+                             const int64_t *n) {
     cuda_state *st = cuda_of(d);
-    CUDA_CHECK(cudaMemcpyAsync(st->host_result, st->red_result, sizeof(double),
-                               cudaMemcpyDeviceToHost, compute(d)));
-    CUDA_CHECK(cudaStreamSynchronize(compute(d)));
-    return *st->host_result;
+    CHECK(count >= 0);
+    int done = 0;
+    do { /* count 0 still writes *out = 0 */
+        int k = count - done < SUMSQ_MULTI_MAX ? count - done : SUMSQ_MULTI_MAX;
+        sumsq_list l;
+        memset(&l, 0, sizeof l);
+        for (int i = 0; i < k; i++) l.x[i] = x[done + i], l.n[i] = n[done + i] > 0 ? n[done + i] : 0;
+        if (k > 0) {
+            sumsq_partial_kernel<<<dim3(CUDA_RED_BLOCKS, (unsigned)k), CUDA_RED_THREADS, 0,
+                                   compute(d)>>>(st->red_partials, l);
+            LAUNCH_CHECK();
+        }
+        sumsq_finish_kernel<<<1, CUDA_RED_BLOCKS, 0, compute(d)>>>(out, st->red_partials, k,
+                                                                   done == 0);
+        LAUNCH_CHECK();
+        done += k;
+    } while (done < count);
 }
 
-static double cuda_sumsq(device *d, const float *x, int64_t n) {
-    if (n <= 0) return 0;
-    cuda_state *st = cuda_of(d);
-    sumsq_partial_kernel<<<CUDA_RED_BLOCKS, CUDA_RED_THREADS, 0, compute(d)>>>(st->red_partials,
-                                                                                x, n);
-    LAUNCH_CHECK();
-    sum_doubles_kernel<<<1, CUDA_RED_THREADS, 0, compute(d)>>>(st->red_result, st->red_partials,
-                                                                CUDA_RED_BLOCKS);
-    LAUNCH_CHECK();
-    return read_result(d);
+/* One block: *acc += scale * (the sum of v[0..n)), thread t summing t, t + blockDim, ... then a
+ * fixed tree. */
+__global__ void add_scaled_sum_kernel(double *acc, const double *v, int n, double scale) {
+    __shared__ double sh[32];
+    double s = 0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) s += v[i];
+    s = block_sum(s, sh);
+    if (threadIdx.x == 0) *acc += scale * s;
 }
 
 static void cuda_copy2d(device *d, float *out, int ldo, const float *src, int lds, int rows,
@@ -597,7 +633,7 @@ static void gemm16_workspace(device *d, size_t esize, int K) {
     size_t need = (size_t)8 * ((size_t)K + 8) * esize;
     if (need < GEMM16_BYTES) need = GEMM16_BYTES;
     if (st->gemm16[0] && st->gemm16_bytes >= need) return;
-    CUDA_CHECK(cudaStreamSynchronize(compute(d))); /* queued gemms may use the old ones */
+    host_wait(d, compute(d)); /* queued gemms may use the old ones */
     for (int i = 0; i < 2; i++) {
         if (st->gemm16[i]) CUDA_CHECK(cudaFree(st->gemm16[i]));
         st->gemm16[i] = NULL;
@@ -1003,7 +1039,7 @@ static void rope_table(device *d, int T, int hd, float theta) {
     cuda_state *st = cuda_of(d);
     if (st->rope_cos && st->rope_T == T && st->rope_hd == hd && st->rope_theta == theta) return;
     if (st->rope_cos) { /* queued rope kernels may still read the old table */
-        CUDA_CHECK(cudaStreamSynchronize(compute(d)));
+        host_wait(d, compute(d));
         CUDA_CHECK(cudaFree(st->rope_cos));
         CUDA_CHECK(cudaFree(st->rope_sin));
         st->rope_cos = st->rope_sin = NULL;
@@ -1124,17 +1160,17 @@ __global__ void xent_kernel(float *logits, float *losses, double *row_loss,
     }
 }
 
-static double cuda_xent_fwd_bwd(device *d, float *logits, float *losses, const int32_t *targets,
-                                int N, int V, float scale) {
-    if (N <= 0) return 0;
+static void cuda_xent_fwd_bwd(device *d, float *logits, float *losses, const int32_t *targets,
+                              int N, int V, float scale, double *loss_sum) {
+    if (N <= 0) return;
     double *row_loss = (double *)cuda_scratch(d, (size_t)N * sizeof(double));
     xent_kernel<<<(unsigned)N, XENT_THREADS, 0, compute(d)>>>(logits, losses, row_loss, targets,
                                                               V, scale);
     LAUNCH_CHECK();
-    /* rows in a fixed order (a fixed tree over 1024 strided row sums) */
-    sum_doubles_kernel<<<1, XENT_THREADS, 0, compute(d)>>>(cuda_of(d)->red_result, row_loss, N);
+    /* rows in a fixed order (a fixed tree over 1024 strided row sums), onto the device's sum */
+    add_scaled_sum_kernel<<<1, XENT_THREADS, 0, compute(d)>>>(loss_sum, row_loss, N,
+                                                              (double)scale);
     LAUNCH_CHECK();
-    return (double)scale * read_result(d);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -1218,7 +1254,7 @@ static dev_ops make_ops(void) {
     o.add = cuda_add;
     o.axpy = cuda_axpy;
     o.scale = cuda_scale;
-    o.sumsq = cuda_sumsq;
+    o.sumsq_multi = cuda_sumsq_multi;
     o.copy2d = cuda_copy2d;
     o.gemm = cuda_gemm;
     o.add_bias = cuda_add_bias;
@@ -1266,11 +1302,10 @@ static void destroy_state(cuda_state *st) {
         free(st->lists[i].blocks);
     }
     free(st->lists);
-    void *dev_ptrs[] = {st->blas_workspace, st->red_partials, st->red_result, st->scratch,
-                        st->rope_cos,       st->rope_sin,     st->gemm16[0],  st->gemm16[1]};
+    void *dev_ptrs[] = {st->blas_workspace, st->red_partials, st->scratch,  st->rope_cos,
+                        st->rope_sin,       st->gemm16[0],    st->gemm16[1]};
     for (size_t i = 0; i < sizeof dev_ptrs / sizeof *dev_ptrs; i++)
         if (dev_ptrs[i]) (void)cudaFree(dev_ptrs[i]);
-    if (st->host_result) (void)cudaFreeHost(st->host_result);
     for (int s = 0; s < DEV_STREAMS; s++)
         if (st->stream[s]) (void)cudaStreamDestroy(st->stream[s]);
     free(st);
@@ -1282,9 +1317,8 @@ static int create_state(cuda_state *st, err_t *err) {
     for (int s = 0; s < DEV_STREAMS && e == cudaSuccess; s++)
         e = cudaStreamCreateWithFlags(&st->stream[s], cudaStreamNonBlocking);
     if (e == cudaSuccess) e = cudaMalloc(&st->blas_workspace, BLAS_WORKSPACE);
-    if (e == cudaSuccess) e = cudaMalloc(&st->red_partials, CUDA_RED_BLOCKS * sizeof(double));
-    if (e == cudaSuccess) e = cudaMalloc(&st->red_result, sizeof(double));
-    if (e == cudaSuccess) e = cudaMallocHost(&st->host_result, sizeof(double));
+    if (e == cudaSuccess)
+        e = cudaMalloc(&st->red_partials, (size_t)CUDA_RED_BLOCKS * SUMSQ_MULTI_MAX * sizeof(double));
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
         return err_set(err, "cuda device: GPU %d: setting up streams and scratch failed: %s",

@@ -53,7 +53,7 @@ typedef struct cuda_freelist {
     int n, cap;
 } cuda_freelist;
 
-/* Blocks reduced per block in the deterministic reductions (sumsq): a fixed grid, so the
+/* Blocks reduced per block in the deterministic reductions (sumsq_multi): a fixed grid, so the
  * summation order depends on n only, never on the GPU. */
 #define CUDA_RED_BLOCKS 256
 #define CUDA_RED_THREADS 256
@@ -79,11 +79,9 @@ typedef struct cuda_state {
     int64_t reserved_bytes; /* cudaMalloc'ed by the cache: in use + cached */
 
     /* Reduction scratch, allocated at init with cudaMalloc (outside dev_alloc's accounting,
-     * a few KiB, covered by the capacity's reserve like the CUDA context):
-     * partials[CUDA_RED_BLOCKS] doubles, result one double. */
+     * 128 KiB, covered by the capacity's reserve like the CUDA context): sumsq_multi's
+     * partials, CUDA_RED_BLOCKS doubles per tensor of one launch (SUMSQ_MULTI_MAX). */
     double *red_partials;
-    double *red_result;
-    double *host_result; /* pinned, for the one 8-byte D2H of a reduction */
 
     /* Per-device growable scratch (cuda_scratch): cudaMalloc'ed outside the accounting, like the
      * CPU device's per-thread scratch. Used only by work on the compute stream. */

@@ -50,6 +50,10 @@ typedef struct dev_adamw {
     float gscale;   /* the gradients' scale (1 / loss scale, times a clip factor) */
 } dev_adamw;
 
+/* Tensors one sumsq_multi launch takes (their pointers and sizes travel as kernel parameters
+ * on CUDA); longer lists take several launches, still one result. */
+#define SUMSQ_MULTI_MAX 64
+
 typedef struct dev_ops {
     const char *name; /* "cpu", "cuda" */
 
@@ -97,8 +101,14 @@ typedef struct dev_ops {
     void (*add)(device *d, float *out, const float *a, const float *b, int64_t n); /* out=a+b */
     void (*axpy)(device *d, float *y, float alpha, const float *x, int64_t n); /* y += alpha*x */
     void (*scale)(device *d, float *x, float s, int64_t n);
-    /* Sum of squares in double, returned to the host (global-norm clipping). */
-    double (*sumsq)(device *d, const float *x, int64_t n);
+    /* Sum of squares of several tensors in double, left on the device (the gradient norm of a
+     * step, read once with the loss: no host wait). *out (device memory, one double) = sumsq of
+     * x[0] + sumsq of x[1] + ..., each tensor's sum in the device's fixed order and the tensors
+     * added in list order, so the result depends on the inputs only (and count = 1 is the sum
+     * of squares of one tensor). x and n are host arrays of count entries (count >= 0); n[i] may
+     * be 0. One launch pair on CUDA whatever the count (up to SUMSQ_MULTI_MAX per launch). */
+    void (*sumsq_multi)(device *d, double *out, int count, const float *const *x,
+                        const int64_t *n);
     /* out[r, :] = src[r, :] for r < rows, with leading dimensions (copies strided row blocks). */
     void (*copy2d)(device *d, float *out, int ldo, const float *src, int lds, int rows, int cols);
 
@@ -190,10 +200,11 @@ typedef struct dev_ops {
     /* ---- fused softmax cross-entropy ----
      * logits [N, V] are overwritten by the gradient of (scale * sum of row losses):
      * dlogits = scale * (softmax - onehot(target)). losses[N] gets each row's unscaled loss.
-     * targets[n] < 0 marks a row without a target: loss 0, gradient 0. Returns, on the host,
-     * the sum of the scaled losses (scale * sum of losses) in double. */
-    double (*xent_fwd_bwd)(device *d, float *logits, float *losses, const int32_t *targets,
-                           int N, int V, float scale);
+     * targets[n] < 0 marks a row without a target: loss 0, gradient 0. *loss_sum (device memory,
+     * one double) += scale * (the row losses summed in double in row order): the loss stays on
+     * the device, and the step reads it once (no host wait here). */
+    void (*xent_fwd_bwd)(device *d, float *logits, float *losses, const int32_t *targets, int N,
+                         int V, float scale, double *loss_sum);
 
     /* ---- images ---- */
     /* ViT patch extraction: img [B, C, S, S] -> out [B * (S/p)^2, C*p*p], patches in row-major
@@ -242,6 +253,11 @@ struct device {
      * (under 100 bytes); dev_set_context ends a longer one at a whole word. */
     char context[DEV_CONTEXT_LEN];
     err_t err; /* the last allocation error */
+    /* Times the host waited for the device (a stream or event synchronisation, a copy to or
+     * from the host, growing a scratch buffer): the step's launch-bound cost that no kernel
+     * timer shows. The CPU device counts the same points (its copies and syncs), so the
+     * trainer's count per step is testable without a GPU (step_stats.host_syncs). */
+    int64_t host_syncs;
     void *impl; /* the device kind's state */
     void *alloc_table; /* dev_alloc's pointer -> size table (device.c) */
 };

@@ -19,6 +19,7 @@
 #include "model/fsdp.h"
 #include "model/import.h"
 #include "model/train.h"
+#include "planner/engine_mem.h"
 
 #define OP(d, name, ...) ((d)->ops->name((d), __VA_ARGS__))
 
@@ -213,6 +214,7 @@ static int alloc_buffers(trainer *t, err_t *err) {
     DEV_ALLOC(t->tgt_dev, rows * 4, "targets");
     int64_t img = m->arch == ARCH_VIT ? (int64_t)m->channels * m->image * m->image : 0;
     if (img) DEV_ALLOC(t->img_dev, mb * img * 4, "images");
+    DEV_ALLOC(t->sums, ENGINE_STEP_SUMS * sizeof(double), "the step's loss and gradient norm");
     t->ids_host = host_array(t, l * rows, sizeof(int32_t));
     t->tgt_host = host_array(t, l * rows, sizeof(int32_t));
     t->img_host = img ? host_array(t, l * mb * img, sizeof(float)) : NULL;
@@ -295,7 +297,7 @@ void trainer_free(trainer *t) {
     act_ring *rings[] = {&t->ax, &t->ay, &t->ady, &t->adx};
     for (int i = 0; i < 4 && d->ops; i++) free_ring(t, rings[i]);
     if (t->pool_mark) d->ops->event_free(d, t->pool_mark);
-    void *devbufs[] = {t->ids_dev, t->tgt_dev, t->img_dev};
+    void *devbufs[] = {t->ids_dev, t->tgt_dev, t->img_dev, t->sums};
     for (size_t i = 0; i < sizeof devbufs / sizeof devbufs[0]; i++) dev_free(d, devbufs[i]);
     if (d->ops) free_pool(t);
     if (d->ops) {
@@ -458,10 +460,11 @@ static int forward_units(trainer *t, mb_range r, bool keep, err_t *err) {
     return s;
 }
 
-/* The fused head over microbatches r: each one's loss added to *loss; training (train) keeps
- * step 0's logits for tests and stores each input gradient in the pool for the backward. */
-static void head_microbatches(trainer *t, mb_range r, const float *p, float *g, const float *emb, float *gemb,
-                              double *loss, bool train) {
+/* The fused head over microbatches r: each one's loss added to the device's t->sums[0];
+ * training (train) keeps step 0's logits for tests and stores each input gradient in the pool
+ * for the backward. */
+static void head_microbatches(trainer *t, mb_range r, const float *p, float *g, const float *emb,
+                              float *gemb, bool train) {
     const model_spec *m = &t->cfg.model;
     int head = t->n_units - 1, nb = t->nbuf;
     int64_t per_mb = m->arch == ARCH_VIT ? (int64_t)t->cfg.micro * m->n_classes
@@ -476,7 +479,7 @@ static void head_microbatches(trainer *t, mb_range r, const float *p, float *g, 
         float *dx = ring_use(t, &t->adx, k);
         float *lo = train && t->logits_out && t->step == 0 ? t->logits_out + j * per_mb : NULL;
         wm_acts_select(t->acts, m, head, 0);
-        *loss += wm_head_step(&t->dev, m, p, g, emb, gemb, &b, x, dx, t->acts, lo);
+        wm_head_step(&t->dev, m, p, g, emb, gemb, &b, x, dx, t->acts, &t->sums[0], lo);
         ring_done(t, &t->ax, k), ring_done(t, &t->adx, k);
         if (train) ring_store(t, &t->adx, k, t->grad_pool[j]);
         if (j + 1 < r.j1) ring_fetch(t, &t->ax, (j + 1) % nb, boundary_of(t, head - 1, j + 1));
@@ -488,7 +491,7 @@ static void head_microbatches(trainer *t, mb_range r, const float *p, float *g, 
  * embedding's parameters (gathered into the other slot, free since the last block finished) and
  * adds to the embedding's gradient, which is reduce-scattered at once so that only one full
  * embedding gradient ever exists. Returns the slot the last block's parameters arrive in. */
-static int head_units(trainer *t, mb_range r, int s, double *loss, err_t *err) {
+static int head_units(trainer *t, mb_range r, int s, err_t *err) {
     device *d = &t->dev;
     const model_spec *m = &t->cfg.model;
     int head = t->n_units - 1;
@@ -504,7 +507,7 @@ static int head_units(trainer *t, mb_range r, int s, double *loss, err_t *err) {
     float *g = fsdp_grad_begin(t, head, 0, err), *gemb = NULL;
     if (!g || (tied && !(gemb = fsdp_grad_begin(t, 0, 1, err)))) return -1;
     dev_set_context(d, "head forward and backward");
-    head_microbatches(t, r, p, g, emb, gemb, loss, true);
+    head_microbatches(t, r, p, g, emb, gemb, true);
     fsdp_grad_end(t, head, 0);
     /* replicated plans reduce the embedding once, after its own backward */
     if (tied && t->sharded) fsdp_grad_end(t, 0, 1);
@@ -516,7 +519,7 @@ static int head_units(trainer *t, mb_range r, int s, double *loss, err_t *err) {
 /* Evaluation's head: the loss of microbatches r from parameter slot s, as head_units computes it
  * but with no reduction. The fused head writes gradients anyway: into the gradient buffers the
  * next step zeroes (fsdp_grad_begin), never reduced or applied. */
-static int eval_head(trainer *t, mb_range r, int s, double *loss, err_t *err) {
+static int eval_head(trainer *t, mb_range r, int s, err_t *err) {
     device *d = &t->dev;
     const model_spec *m = &t->cfg.model;
     int head = t->n_units - 1;
@@ -529,18 +532,22 @@ static int eval_head(trainer *t, mb_range r, int s, double *loss, err_t *err) {
     float *g = fsdp_grad_begin(t, head, 0, err), *gemb = NULL;
     if (!g || (m->tied_head && !(gemb = fsdp_grad_begin(t, 0, 1, err)))) return -1;
     dev_set_context(d, "evaluation: head forward");
-    head_microbatches(t, r, p, g, emb, gemb, loss, false);
+    head_microbatches(t, r, p, g, emb, gemb, false);
     return 0;
 }
 
 int trainer_forward_loss(trainer *t, int n, double *loss, err_t *err) {
     CHECK(n >= 0 && n <= t->cfg.micros);
     mb_range r = {0, n};
+    dev_zero(&t->dev, (float *)t->sums, 2); /* the loss: +0.0 is all-zero bits */
     int s = forward_units(t, r, false, err);
-    if (s < 0 || eval_head(t, r, s, loss, err) < 0) {
+    if (s < 0 || eval_head(t, r, s, err) < 0) {
         if (t->cfg.comm) fsdp_drain(t);
         return -1;
     }
+    double sum;
+    dev_download(&t->dev, &sum, &t->sums[0], sizeof sum);
+    *loss += sum;
     t->dev.ops->sync(&t->dev); /* the caller refills the host arrays next */
     return 0;
 }
@@ -613,12 +620,17 @@ static void optimizer_step(trainer *t, double lr, float gscale) {
 
 /* Loss and gradient norm over the whole job, both unscaled: each rank's loss is its share of the
  * global mean; the squared norm is summed over the shards (a replicated rank already has all of
- * it). *finite is false on every rank when any rank's gradient has an inf or NaN. */
-static int global_loss_and_norm(trainer *t, double loss, double *gloss, double *norm, bool *finite,
-                                err_t *err) {
-    double sumsq = 0;
-    for (int u = 0; u < t->n_units; u++)
-        if (t->shard_n[u]) sumsq += OP(&t->dev, sumsq, t->grads[u], t->shard_n[u]);
+ * it). *finite is false on every rank when any rank's gradient has an inf or NaN. The squared
+ * norm of every unit's shard is one device op (units in order), next to the loss the head
+ * summed there; both come to the host in the step's one download. */
+static int global_loss_and_norm(trainer *t, double *gloss, double *norm, bool *finite, err_t *err) {
+    const float **x = xcalloc((size_t)t->n_units, sizeof *x);
+    for (int u = 0; u < t->n_units; u++) x[u] = t->grads[u];
+    OP(&t->dev, sumsq_multi, &t->sums[1], t->n_units, x, t->shard_n);
+    free(x);
+    double sums[ENGINE_STEP_SUMS];
+    dev_download(&t->dev, sums, t->sums, sizeof sums);
+    double loss = sums[0], sumsq = sums[1];
     double v[4] = {loss / t->loss_scale, t->sharded ? sumsq : 0,
                    t->stop_request && *t->stop_request ? 1 : 0, isfinite(sumsq) ? 0 : 1};
     if (fsdp_allreduce_sums(t, v, 4, err) < 0) return -1;
@@ -641,28 +653,28 @@ static void inject_nonfinite(trainer *t) {
         }
 }
 
-/* One pass over the model for microbatches r; the loss adds up. */
-static int pass(trainer *t, mb_range r, double *local, err_t *err) {
+/* One pass over the model for microbatches r; the loss adds up on the device. */
+static int pass(trainer *t, mb_range r, err_t *err) {
     int s = forward_units(t, r, true, err);
-    if (s < 0 || (s = head_units(t, r, s, local, err)) < 0) return -1;
+    if (s < 0 || (s = head_units(t, r, s, err)) < 0) return -1;
     return backward_units(t, r, s, err);
 }
 
 static int run_step(trainer *t, double *loss, double *norm, bool *finite, err_t *err) {
     for (int u = 0; u < t->n_units; u++)
         if (t->shard_n[u]) dev_zero(&t->dev, t->grads[u], t->shard_n[u]);
-    double local = 0;
+    dev_zero(&t->dev, (float *)t->sums, 2 * ENGINE_STEP_SUMS); /* +0.0 is all-zero bits */
     int rc = 0, l = t->cfg.micros;
     /* per microbatch, every rank makes as many passes as the rank with the most microbatches
      * (the collectives must match); a rank out of microbatches passes with none */
     int passes = t->cfg.max_micros > l ? t->cfg.max_micros : l;
     if (t->cfg.per_micro)
         for (int j = 0; j < passes && rc == 0; j++)
-            rc = pass(t, (mb_range){j < l ? j : l, j < l ? j + 1 : l}, &local, err);
+            rc = pass(t, (mb_range){j < l ? j : l, j < l ? j + 1 : l}, err);
     else
-        rc = pass(t, (mb_range){0, l}, &local, err);
+        rc = pass(t, (mb_range){0, l}, err);
     if (rc == 0) inject_nonfinite(t);
-    if (rc < 0 || global_loss_and_norm(t, local, loss, norm, finite, err) < 0) {
+    if (rc < 0 || global_loss_and_norm(t, loss, norm, finite, err) < 0) {
         if (t->cfg.comm) fsdp_drain(t);
         return -1;
     }
@@ -690,6 +702,7 @@ int trainer_step(trainer *t, step_stats *st, err_t *err) {
     comm_stats c0 = {0}, c1 = {0};
     if (t->cfg.comm) comm_get_stats(t->cfg.comm, &c0);
     int64_t g0 = t->n_gathers, r0 = t->n_reduce_scatters, a0 = t->n_allreduces;
+    int64_t h0 = t->dev.host_syncs;
     t->wait_ms = 0;
     t->offload_ms = 0;
     if (load_samples(t, err) < 0) return err_prefix(err, "step %lld", (long long)t->step);
@@ -714,7 +727,7 @@ int trainer_step(trainer *t, step_stats *st, err_t *err) {
                        .reduce_scatters = t->n_reduce_scatters - r0,
                        .allreduces = t->n_allreduces - a0,
                        .bytes_sent = c1.bytes_sent - c0.bytes_sent, .comm_wait_ms = t->wait_ms,
-                       .offload_ms = t->offload_ms};
+                       .offload_ms = t->offload_ms, .host_syncs = t->dev.host_syncs - h0};
     /* the job's throughput: every rank finishes the step together */
     st->samples_per_s = t->cfg.global_batch / (ms / 1e3);
     st->tokens_per_s = st->samples_per_s * t->tokens;

@@ -88,6 +88,8 @@ typedef struct step_stats {
     double offload_ms; /* host wall time in the offload copy calls (ring fetch/store, pool
                         * barrier): the copies themselves on the CPU device, their queueing on
                         * CUDA (the copies overlap compute there) */
+    int64_t host_syncs; /* times the host waited for the device (device.h host_syncs): 2 for a
+                         * single-rank step (the sums' download, the end of the step) */
     bool has_val;    /* the validation loss was computed after this step (eval.h) */
     double val_loss; /* mean per target over the fixed validation samples */
 } step_stats;
@@ -139,6 +141,9 @@ typedef struct trainer {
     dev_event *pool_mark; /* orders a unit's reads of the pool after the last unit's writes */
     int32_t *ids_dev, *tgt_dev;
     float *img_dev;
+    /* device [ENGINE_STEP_SUMS]: the loss and the squared gradient norm, summed on the device and
+     * read by one copy per step (the head and the norm never make the host wait) */
+    double *sums;
     /* host: this step's samples and the offloaded unit-boundary checkpoints */
     int32_t *ids_host, *tgt_host; /* [l][m*T] (ViT targets: [l][m]) */
     float *img_host; /* [l][m*C*S*S] */

@@ -36,7 +36,6 @@ struct wm_acts {
 static int qkv_width(const model_spec *m) { return engine_qkv_width(m); }
 static int vit_patches(const model_spec *m) { return (m->image / m->patch) * (m->image / m->patch); }
 static int patch_dim(const model_spec *m) { return m->channels * m->patch * m->patch; }
-static int64_t head_chunk_rows(int T) { return engine_head_chunk_rows(T); }
 
 /* The field a saved buffer of kind s is read through. */
 static float **saved_field(wm_acts *a, engine_saved s) {
@@ -414,33 +413,35 @@ void wm_unit_backward(device *d, const model_spec *m, int unit, const float *par
 
 /* ---- the head ---- */
 
-/* Logits of h [N, D] against the vocabulary table w [V, D] (+ bias), the fused cross-entropy
- * per chunk of one sample's rows, and the gradients: dh [N, D] written, dw (+ dbias) +=. */
-static double vocab_loss(device *d, const model_spec *m, const float *h, const float *w,
-                         const float *bias, float *dh, float *dw, float *dbias, const wm_batch *b,
-                         wm_acts *a, float *logits_out) {
+/* Logits of h [N, D] against the vocabulary table w [V, D] (+ bias), the fused cross-entropy,
+ * and the gradients: dh [N, D] written, dw (+ dbias) +=. The rows go in chunks of
+ * engine_head_chunk_rows (the whole microbatch unless its logits exceed the cap), so that the
+ * table is read by few large GEMMs; within a chunk one cross-entropy per sample, each with its
+ * sample's loss weight, all adding to the device's *loss_sum. */
+static void vocab_loss(device *d, const model_spec *m, const float *h, const float *w,
+                       const float *bias, float *dh, float *dw, float *dbias, const wm_batch *b,
+                       wm_acts *a, double *loss_sum, float *logits_out) {
     int D = m->d_model, V = m->vocab, T = b->T;
-    int chunk = (int)head_chunk_rows(T);
-    double loss = 0;
-    for (int s = 0; s < b->m; s++) {
-        for (int t0 = 0; t0 < T; t0 += chunk) {
-            int rows = T - t0 < chunk ? T - t0 : chunk;
-            int64_t r0 = (int64_t)s * T + t0;
-            linear_fwd(d, a->logits, h + r0 * D, w, bias, rows, D, V);
-            if (logits_out)
-                OP(d, copy, logits_out + r0 * V, a->logits, (size_t)rows * V * sizeof(float),
-                   COPY_D2H);
-            loss += OP(d, xent_fwd_bwd, a->logits, a->losses, b->targets + r0, rows, V,
-                       b->row_scale[s]);
-            linear_bwd(d, dh + r0 * D, false, dw, dbias, a->logits, h + r0 * D, w, rows, D, V);
+    int64_t N = (int64_t)b->m * T, chunk = engine_head_chunk_rows(m, b->m, T);
+    for (int64_t r0 = 0; r0 < N; r0 += chunk) {
+        int rows = (int)(N - r0 < chunk ? N - r0 : chunk);
+        linear_fwd(d, a->logits, h + r0 * D, w, bias, rows, D, V);
+        if (logits_out)
+            OP(d, copy, logits_out + r0 * V, a->logits, (size_t)rows * V * sizeof(float),
+               COPY_D2H);
+        for (int64_t q = r0; q < r0 + rows;) { /* the chunk's part of each sample */
+            int64_t s = q / T, end = (s + 1) * T < r0 + rows ? (s + 1) * T : r0 + rows;
+            OP(d, xent_fwd_bwd, a->logits + (q - r0) * V, a->losses + (q - r0), b->targets + q,
+               (int)(end - q), V, b->row_scale[s], loss_sum);
+            q = end;
         }
+        linear_bwd(d, dh + r0 * D, false, dw, dbias, a->logits, h + r0 * D, w, rows, D, V);
     }
-    return loss;
 }
 
-static double vit_head(device *d, const model_spec *m, const float *params, float *dparams,
-                       const wm_batch *b, const float *x, float *dx, wm_acts *a,
-                       float *logits_out) {
+static void vit_head(device *d, const model_spec *m, const float *params, float *dparams,
+                     const wm_batch *b, const float *x, float *dx, wm_acts *a, double *loss_sum,
+                     float *logits_out) {
     const int unit = m->n_layer + 1;
     int D = m->d_model, T = b->T, K = m->n_classes, mb = b->m;
     float *c = a->rows, *y = a->ln1, *dy = a->dln, *dc = a->dx2;
@@ -450,7 +451,7 @@ static double vit_head(device *d, const model_spec *m, const float *params, floa
     linear_fwd(d, a->logits, y, W("classifier.weight"), W("classifier.bias"), mb, D, K);
     if (logits_out)
         OP(d, copy, logits_out, a->logits, (size_t)mb * K * sizeof(float), COPY_D2H);
-    double loss = OP(d, xent_fwd_bwd, a->logits, a->losses, b->targets, mb, K, b->row_scale[0]);
+    OP(d, xent_fwd_bwd, a->logits, a->losses, b->targets, mb, K, b->row_scale[0], loss_sum);
     linear_bwd(d, dy, false, DW("classifier.weight"), DW("classifier.bias"), a->logits, y,
                W("classifier.weight"), mb, D, K);
     dev_zero(d, dc, (int64_t)mb * D);
@@ -458,24 +459,22 @@ static double vit_head(device *d, const model_spec *m, const float *params, floa
        W("ln.weight"), mb, D);
     dev_zero(d, dx, (int64_t)mb * T * D);
     OP(d, copy2d, dx, T * D, dc, D, mb, D);
-    return loss;
 }
 
-double wm_head_step(device *d, const model_spec *m, const float *params, float *dparams,
-                    const float *tied, float *dtied, const wm_batch *b, const float *x, float *dx,
-                    wm_acts *a, float *logits_out) {
+void wm_head_step(device *d, const model_spec *m, const float *params, float *dparams,
+                  const float *tied, float *dtied, const wm_batch *b, const float *x, float *dx,
+                  wm_acts *a, double *loss_sum, float *logits_out) {
     const int unit = m->n_layer + 1;
     int D = m->d_model, N = b->m * b->T;
     int64_t nd = (int64_t)N * D;
     float eps = wm_norm_eps(m);
-    double loss = 0;
     switch (m->arch) {
     case ARCH_GPT: {
         const float *wte = tensor(a, UNIT_EMBEDDING, (float *)tied, "wte");
         float *dwte = tensor(a, UNIT_EMBEDDING, dtied, "wte");
         OP(d, layernorm_fwd, a->ln1, a->mean1, a->rstd1, x, W("ln_f.weight"), W("ln_f.bias"), N,
            D, eps);
-        loss = vocab_loss(d, m, a->ln1, wte, NULL, a->dln, dwte, NULL, b, a, logits_out);
+        vocab_loss(d, m, a->ln1, wte, NULL, a->dln, dwte, NULL, b, a, loss_sum, logits_out);
         dev_zero(d, dx, nd);
         OP(d, layernorm_bwd, dx, DW("ln_f.weight"), DW("ln_f.bias"), a->dln, x, a->mean1,
            a->rstd1, W("ln_f.weight"), N, D);
@@ -485,7 +484,7 @@ double wm_head_step(device *d, const model_spec *m, const float *params, float *
         const float *wo = m->tied_head ? tensor(a, UNIT_EMBEDDING, (float *)tied, "tokens") : W("lm_head.weight");
         float *dwo = m->tied_head ? tensor(a, UNIT_EMBEDDING, dtied, "tokens") : DW("lm_head.weight");
         OP(d, rmsnorm_fwd, a->ln1, a->rstd1, x, W("norm.weight"), N, D, eps);
-        loss = vocab_loss(d, m, a->ln1, wo, NULL, a->dln, dwo, NULL, b, a, logits_out);
+        vocab_loss(d, m, a->ln1, wo, NULL, a->dln, dwo, NULL, b, a, loss_sum, logits_out);
         dev_zero(d, dx, nd);
         OP(d, rmsnorm_bwd, dx, DW("norm.weight"), a->dln, x, a->rstd1, W("norm.weight"), N, D);
         break;
@@ -497,8 +496,8 @@ double wm_head_step(device *d, const model_spec *m, const float *params, float *
         OP(d, gelu_fwd, a->act, a->fc, nd, false);
         OP(d, layernorm_fwd, a->ln1, a->mean1, a->rstd1, a->act, W("ln.weight"), W("ln.bias"), N,
            D, eps);
-        loss = vocab_loss(d, m, a->ln1, word, W("decoder.bias"), a->dln, dword,
-                          DW("decoder.bias"), b, a, logits_out);
+        vocab_loss(d, m, a->ln1, word, W("decoder.bias"), a->dln, dword, DW("decoder.bias"), b,
+                   a, loss_sum, logits_out);
         dev_zero(d, a->dact, nd);
         OP(d, layernorm_bwd, a->dact, DW("ln.weight"), DW("ln.bias"), a->dln, a->act, a->mean1,
            a->rstd1, W("ln.weight"), N, D);
@@ -507,7 +506,6 @@ double wm_head_step(device *d, const model_spec *m, const float *params, float *
                    W("transform.weight"), N, D, D);
         break;
     }
-    case ARCH_VIT: loss = vit_head(d, m, params, dparams, b, x, dx, a, logits_out); break;
+    case ARCH_VIT: vit_head(d, m, params, dparams, b, x, dx, a, loss_sum, logits_out); break;
     }
-    return loss;
 }

@@ -81,11 +81,13 @@ void wm_unit_backward(device *d, const model_spec *m, int unit, const float *par
                       float *dx, wm_acts *a);
 
 /* The head, forward and backward fused: x [m*T, d] -> loss; dx written; head gradients += into
- * dparams and, for tied heads, into dtied. Returns the microbatch's scaled loss (sum over rows of
- * row_scale * row loss). If logits_out is not NULL the logits ([m*T, V], ViT [m, classes]) are
- * copied there before the loss overwrites them (tests). */
-double wm_head_step(device *d, const model_spec *m, const float *params, float *dparams,
-                    const float *tied, float *dtied, const wm_batch *b, const float *x, float *dx,
-                    wm_acts *a, float *logits_out);
+ * dparams and, for tied heads, into dtied. Adds the microbatch's scaled loss (sum over rows of
+ * row_scale * row loss, in double) to *loss_sum, one double of device memory that the caller
+ * reads when it needs the value (once per step): the head never makes the host wait. If
+ * logits_out is not NULL the logits ([m*T, V], ViT [m, classes]) are copied there before the
+ * loss overwrites them (tests; a host wait per chunk). */
+void wm_head_step(device *d, const model_spec *m, const float *params, float *dparams,
+                  const float *tied, float *dtied, const wm_batch *b, const float *x, float *dx,
+                  wm_acts *a, double *loss_sum, float *logits_out);
 
 #endif
