@@ -1337,6 +1337,14 @@ static bool portable_mode(void) {
     return v && *v && strcmp(v, "0") != 0;
 }
 
+/* CEPHALO_CUDA_ATTN: simt (or unset) or mma; anything else is refused. */
+static int attn_mode(bool *mma, err_t *err) {
+    const char *v = getenv("CEPHALO_CUDA_ATTN");
+    *mma = v && strcmp(v, "mma") == 0;
+    if (!v || !*v || *mma || strcmp(v, "simt") == 0) return 0;
+    return err_set(err, "cuda device: CEPHALO_CUDA_ATTN must be simt or mma (got '%s')", v);
+}
+
 /* What the kernels choose their paths by: compute capability and shared-memory limit. */
 static int read_limits(cuda_state *st, const cudaDeviceProp &p, err_t *err) {
     int optin = 0;
@@ -1349,7 +1357,7 @@ static int read_limits(cuda_state *st, const cudaDeviceProp &p, err_t *err) {
     st->cc_major = p.major, st->cc_minor = p.minor;
     st->smem_optin = optin > 48 * 1024 ? optin : 48 * 1024; /* sm_60/61 have no opt-in */
     st->portable = portable_mode();
-    return 0;
+    return attn_mode(&st->attn_mma, err);
 }
 
 /* The devices opened with an automatic capacity, by GPU, so that NCCL's buffers can come off
