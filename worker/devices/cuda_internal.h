@@ -16,6 +16,7 @@
 
 extern "C" {
 #include "devices/device.h"
+#include "devices/optime.h"
 }
 
 /* Like CHECK in log.h: a failing CUDA call is a bug or a dead GPU, not bad input, so it aborts
@@ -104,6 +105,10 @@ typedef struct cuda_state {
     float *rope_cos, *rope_sin;
     int rope_T, rope_hd;
     float rope_theta;
+
+    /* CEPHALO_CUDA_OPTIME=1: the event pairs and the per-class times (cuda_device.cu); NULL
+     * when off, and then no op is wrapped (the plain op table). */
+    struct cuda_optime *optime;
 } cuda_state;
 
 static inline cuda_state *cuda_of(device *d) { return (cuda_state *)d->impl; }
@@ -115,6 +120,11 @@ static inline cudaStream_t cuda_stream(device *d, dev_stream s) { return cuda_of
  * synchronises the compute stream (the old buffer may still be in use by queued kernels) and
  * invalidates earlier pointers, so take it once per op. Not counted against d->capacity. */
 void *cuda_scratch(device *d, size_t bytes);
+
+/* CEPHALO_CUDA_OPTIME: brackets work queued on stream s as class c (optime.h); begin/end pairs
+ * nest (a gemm's operand rounding inside the gemm). No-ops when timing is off. */
+void cuda_optime_begin(device *d, optime_class c, dev_stream s);
+void cuda_optime_end(device *d);
 
 /* Bytes the caching allocator holds from cudaMalloc (live + cached). */
 extern "C" int64_t cuda_reserved_bytes(device *d);
