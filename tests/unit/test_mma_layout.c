@@ -178,8 +178,6 @@ static void emu_px(float (*acc)[32][4], int W, float (*p)[32][4], int NJ, const 
                     float x = p[2 * kk + mma_c_to_a_tile(r)][lane][mma_c_to_a_elem(r) + e];
                     a[lane].h[r][e] = rnd16(x);
                 }
-        /* without the rounding point: the exact fp32 P, split as hi + lo 16-bit parts would
-         * complicate the emulator; instead emu_px_exact below multiplies in fp32 */
         for (int dp = 0; dp < W / 16; dp++) {
             int src[32];
             emu_src(src, SRC_BT, 16 * kk, dp, W);
@@ -590,12 +588,6 @@ static void emu_bwd(const att_shape *a, float *dqkv, const float *dout, const fl
     free(D), free(Xa), free(Xb), free(Ya), free(Yb), free(acc1), free(acc2);
 }
 
-static double max_abs(const float *x, int64_t n) {
-    double m = 0;
-    for (int64_t i = 0; i < n; i++) m = fmax(m, fabs(x[i]));
-    return m;
-}
-
 /* max |got - ref| <= tol * max |ref| over the n values (strided: the first w of each ld) */
 static void expect_close(const char *what, const float *got, const float *ref, int64_t rows, int w, int ld,
                          double tol) {
@@ -606,22 +598,31 @@ static void expect_close(const char *what, const float *got, const float *ref, i
             double e = fabs((double)got[r * ld + c] - ref[r * ld + c]);
             worst = isnan(e) ? INFINITY : fmax(worst, e);
         }
+    if (getenv("MMA_EMU_VERBOSE")) printf("# %s: %.3g of max|ref|\n", what, worst / (m > 0 ? m : 1));
     if (!(worst <= tol * (m > 0 ? m : 1))) {
         print_error("%s: max error %.3g > %.3g x max|ref| %.3g\n", what, worst, tol, m);
         fail();
     }
 }
 
-/* The emulated kernels against the CPU device on inputs rounded to 16 bits. tol_p: the
- * forward's tolerance with the P rounding, tol_b the backward's. */
-static void check_emulator(const att_shape *a, bool f16, double tol_f, double tol_b, uint64_t seed) {
+/* The emulated kernels against the CPU device, forward within tol_f and backward within tol_b
+ * of max|ref| (with the P / dS rounding). prerounded: the inputs are 16-bit values (the
+ * reference sees what the kernels stage), and a second pass without the P / dS rounding must
+ * agree to fp32 summation order (1e-5 forward, 1e-4 backward); else fp32 inputs, which the
+ * kernels round when staging (the tolerances of the GPU test, test_cuda_ops). */
+static void check_emulator(const att_shape *a, bool f16, bool prerounded, double tol_f, double tol_b,
+                           uint64_t seed) {
     use_fp16 = f16;
     const int64_t rows = (int64_t)a->B * a->T;
-    const int ldo = a->H * a->hd, w = (a->H + 2 * a->Hkv) * a->hd;
+    const int ldo = a->H * a->hd;
     float *qkv = calloc((size_t)(rows * a->ld), 4), *dout = malloc(sizeof(float) * rows * ldo);
     uint64_t rs = seed;
-    for (int64_t i = 0; i < rows * a->ld; i++) qkv[i] = round16(1.5f * frand(&rs));
-    for (int64_t i = 0; i < rows * ldo; i++) dout[i] = round16(frand(&rs));
+    for (int64_t i = 0; i < rows * a->ld; i++) qkv[i] = 1.5f * frand(&rs);
+    for (int64_t i = 0; i < rows * ldo; i++) dout[i] = frand(&rs);
+    if (prerounded) {
+        for (int64_t i = 0; i < rows * a->ld; i++) qkv[i] = round16(qkv[i]);
+        for (int64_t i = 0; i < rows * ldo; i++) dout[i] = round16(dout[i]);
+    }
     const float *q = qkv, *k = qkv + a->H * a->hd, *v = qkv + (a->H + a->Hkv) * a->hd;
     float *out = malloc(sizeof(float) * rows * ldo), *lse = malloc(sizeof(float) * a->B * a->H * a->T);
     float *dqkv = calloc((size_t)(rows * a->ld), 4), *eqkv = calloc((size_t)(rows * a->ld), 4);
@@ -630,12 +631,13 @@ static void check_emulator(const att_shape *a, bool f16, double tol_f, double to
                            k, a->ld, v, a->ld, a->B, a->T, a->H, a->Hkv, a->hd, a->causal);
     float *eout = malloc(sizeof(float) * rows * ldo), *else_ = malloc(sizeof(float) * a->B * a->H * a->T);
     char what[160];
-    for (int rp = 0; rp < 2; rp++) {
+    for (int rp = prerounded ? 0 : 1; rp < 2; rp++) {
         round_p = rp == 1;
         double tf = round_p ? tol_f : 1e-5, tb = round_p ? tol_b : 1e-4;
         emu_fwd(a, eout, else_, qkv);
-        snprintf(what, sizeof what, "emulated fwd B=%d T=%d H=%d/%d hd=%d causal=%d %s P %s", a->B, a->T, a->H,
-                 a->Hkv, a->hd, a->causal, f16 ? "fp16" : "bf16", round_p ? "rounded" : "fp32");
+        snprintf(what, sizeof what, "emulated fwd B=%d T=%d H=%d/%d hd=%d causal=%d %s inputs %s, P %s", a->B, a->T,
+                 a->H, a->Hkv, a->hd, a->causal, f16 ? "fp16" : "bf16", prerounded ? "16-bit" : "fp32",
+                 round_p ? "rounded" : "fp32");
         expect_close(what, eout, out, rows, ldo, ldo, tf);
         expect_close("lse", else_, lse, 1, a->B * a->H * a->T, 0, tf);
         /* the backward from the CPU's out and lse (the kernels' inputs), D as the simt path */
@@ -648,8 +650,6 @@ static void check_emulator(const att_shape *a, bool f16, double tol_f, double to
             expect_close(what, eqkv + off, dqkv + off, rows, pw, a->ld, tb);
         }
     }
-    (void)w;
-    (void)max_abs;
     free(qkv), free(dout), free(out), free(lse), free(dqkv), free(eqkv), free(eout), free(else_);
 }
 
@@ -668,8 +668,11 @@ static void test_emulator(void **state) {
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         att_shape a = shapes[i];
         a.ld = (a.H + 2 * a.Hkv) * a.hd + 3; /* a padded fused row, as the trainer's */
-        check_emulator(&a, false, 1e-2, 2e-2, 100 + i);
-        check_emulator(&a, true, 2e-3, 4e-3, 200 + i);
+        check_emulator(&a, false, true, 1e-2, 2e-2, 100 + i);
+        check_emulator(&a, true, true, 2e-3, 4e-3, 200 + i);
+        /* fp32 inputs: test_cuda_ops's bounds, 8u / 16u (bf16) and 16u / 32u (fp16) */
+        check_emulator(&a, false, false, 8.0 / 256, 16.0 / 256, 300 + i);
+        check_emulator(&a, true, false, 16.0 / 2048, 32.0 / 2048, 400 + i);
     }
 }
 

@@ -145,6 +145,24 @@ __device__ __forceinline__ void stage(uint16_t *s, const float *g, int64_t ldg, 
     }
 }
 
+template <int N>
+__device__ __forceinline__ void zero(float (&x)[N][4]) {
+#pragma unroll
+    for (int j = 0; j < N; j++) x[j][0] = x[j][1] = x[j][2] = x[j][3] = 0.0f;
+}
+
+/* A barrier (every warp is done with the previous tiles), tiles x and y of ROWS rows from row0
+ * staged, a barrier (every warp sees them). */
+template <int W, int ROWS, bool F16>
+__device__ __forceinline__ void restage2(uint16_t *xs, const float *xg, int64_t ldx, uint16_t *ys,
+                                         const float *yg, int64_t ldy, int row0, int T, int hd,
+                                         bool vec) {
+    __syncthreads();
+    stage<W, ROWS, F16>(xs, xg, ldx, row0, T, hd, vec);
+    stage<W, ROWS, F16>(ys, yg, ldy, row0, T, hd, vec);
+    __syncthreads();
+}
+
 /* acc[16 rows][2 NP x 8] += A (16 x W, rows r0.. of tile As) times B^T (B rows b0.., tile Bs):
  * S = Q K^T, dP = dO V^T and their transposes. */
 template <int W, int NP, bool F16>
@@ -162,6 +180,17 @@ __device__ __forceinline__ void mma_abt(float (&acc)[2 * NP][4], const uint16_t 
             mma<F16>(acc[2 * np + 1], a, b[2], b[3]);
         }
     }
+}
+
+/* The backward's two score tiles from zero: s = A1 B1^T (S or S^T), dp = A2 B2^T (dP or dP^T). */
+template <int W, int NJ, bool F16>
+__device__ __forceinline__ void scores2(float (&s)[NJ][4], float (&dp)[NJ][4], const uint16_t *A1,
+                                        const uint16_t *B1, const uint16_t *A2, const uint16_t *B2,
+                                        int r0, int lane) {
+    zero(s);
+    zero(dp);
+    mma_abt<W, NJ / 2, F16>(s, A1, r0, B1, 0, lane);
+    mma_abt<W, NJ / 2, F16>(dp, A2, r0, B2, 0, lane);
 }
 
 /* acc[16 rows][W] += P (registers: NJ C fragments, 16 x 8 NJ, rounded here) times X (tile Xs
@@ -185,12 +214,6 @@ __device__ __forceinline__ void mma_px(float (&acc)[W / 8][4], const float (&p)[
             mma<F16>(acc[2 * dp + 1], a, b[2], b[3]);
         }
     }
-}
-
-template <int N>
-__device__ __forceinline__ void zero(float (&x)[N][4]) {
-#pragma unroll
-    for (int j = 0; j < N; j++) x[j][0] = x[j][1] = x[j][2] = x[j][3] = 0.0f;
 }
 
 /* Stores the warp's 16 x W accumulator (rows row0 + c_row, < T) times mul into g (row r at
@@ -242,10 +265,7 @@ __global__ void __launch_bounds__(MT)
     const int nkt = mma_kv_tiles(q0, BR, BC, T, causal);
     for (int kt = 0; kt < nkt; kt++) {
         const int k0 = kt * BC;
-        __syncthreads(); /* the previous tile's readers are done */
-        stage<W, BC, F16>(Ks, kg, ldk, k0, T, hd, vec);
-        stage<W, BC, F16>(Vs, vg, ldv, k0, T, hd, vec);
-        __syncthreads();
+        restage2<W, BC, F16>(Ks, kg, ldk, Vs, vg, ldv, k0, T, hd, vec);
         float s[NJ][4];
         zero(s);
         mma_abt<W, NJ / 2, F16>(s, Qs, wr, Ks, 0, lane);
@@ -346,15 +366,9 @@ __global__ void __launch_bounds__(MT)
         const float *lse_h = lse + ((int64_t)b * H + h) * T, *D_h = D + ((int64_t)b * H + h) * T;
         for (int qt = mma_first_qtile(k0, BR, causal); qt < nqt; qt++) {
             const int q0 = qt * BR;
-            __syncthreads(); /* the previous tile's readers are done */
-            stage<W, BR, F16>(Qs, qg, ldq, q0, T, hd, vec);
-            stage<W, BR, F16>(dOs, og, ldo, q0, T, hd, vec);
-            __syncthreads();
+            restage2<W, BR, F16>(Qs, qg, ldq, dOs, og, ldo, q0, T, hd, vec);
             float s[NJ][4], dp[NJ][4];
-            zero(s);
-            zero(dp);
-            mma_abt<W, NJ / 2, F16>(s, Ks, wk, Qs, 0, lane);
-            mma_abt<W, NJ / 2, F16>(dp, Vs, wk, dOs, 0, lane);
+            scores2<W, NJ, F16>(s, dp, Ks, Qs, Vs, dOs, wk, lane);
             /* padded query rows (>= T) have no lse: they are masked too */
             const bool full = q0 + BR <= T && mma_tile_full(q0, k0 + wk, 16, T, causal);
 #pragma unroll
@@ -428,15 +442,9 @@ __global__ void __launch_bounds__(MT)
     const int nkt = mma_kv_tiles(q0, BR, BC, T, causal);
     for (int kt = 0; kt < nkt; kt++) {
         const int k0 = kt * BC;
-        __syncthreads();
-        stage<W, BC, F16>(Ks, kg, ldk, k0, T, hd, vec);
-        stage<W, BC, F16>(Vs, vg, ldv, k0, T, hd, vec);
-        __syncthreads();
+        restage2<W, BC, F16>(Ks, kg, ldk, Vs, vg, ldv, k0, T, hd, vec);
         float s[NJ][4], dp[NJ][4];
-        zero(s);
-        zero(dp);
-        mma_abt<W, NJ / 2, F16>(s, Qs, wr, Ks, 0, lane);
-        mma_abt<W, NJ / 2, F16>(dp, dOs, wr, Vs, 0, lane);
+        scores2<W, NJ, F16>(s, dp, Qs, Ks, dOs, Vs, wr, lane);
         const bool full = mma_tile_full(q0 + wr, k0, BC, T, causal);
 #pragma unroll
         for (int j = 0; j < NJ; j++)
