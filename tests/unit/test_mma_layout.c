@@ -499,7 +499,7 @@ static void emu_bwd(const att_shape *a, float *dqkv, const float *dout, const fl
         const float *base = qkv + (int64_t)b * T * ld, *ob = dout + (int64_t)b * T * ldo;
         float *dbase = dqkv + (int64_t)b * T * ld;
         /* dQ: per 64-row query tile and head; key tiles of dq_bc */
-        const int QBC = W >= 128 ? 32 : 64, NJQ = QBC / 8;
+        const int QBC = mma_dq_keys(W), NJQ = QBC / 8;
         for (int h = 0; h < a->H; h++) {
             const int hkv = h / group;
             const float *lse_h = lse + ((int64_t)b * a->H + h) * T, *D_h = D + ((int64_t)b * a->H + h) * T;
@@ -539,7 +539,7 @@ static void emu_bwd(const att_shape *a, float *dqkv, const float *dout, const fl
             }
         }
         /* dK, dV: per 64-key tile and kv head, looping over the group's heads and query tiles */
-        const int KBR = W >= 128 ? 32 : 64, NJK = KBR / 8;
+        const int KBR = mma_dkv_rows(W), NJK = KBR / 8;
         for (int hkv = 0; hkv < a->Hkv; hkv++)
             for (int k0 = 0; k0 < T; k0 += 64) {
                 emu_stage(Xa, W, 64, base + (a->H + hkv) * hd, ld, k0, T, hd);

@@ -26,7 +26,7 @@
  *
  * Tiles (every configuration within the 48 KB any block may use, so no opt-in):
  *   forward:  64 query rows x 64 keys, smem (64 + 2 x 64) x W x 2 bytes (48 KB at W = 128)
- *   dK/dV:    64 keys x 64 query rows (32 at W = 128), smem (2 x 64 + 2 x BR) x W x 2
+ *   dK/dV:    64 keys x 64 query rows (16 at W = 128), smem (2 x 64 + 2 x BR) x W x 2
  *   dQ:       64 query rows x 64 keys (32 at W = 128), smem (2 x 64 + 2 x BC) x W x 2
  * W = mma_width(hd): 16, 32, 64 or 128; the columns hd .. W - 1 are zeros. */
 #include <cuda_bf16.h>
@@ -330,8 +330,6 @@ __global__ void __launch_bounds__(MT)
 /* ---- backward, dK/dV: one block per (64-key tile, kv head, sample), warps own 16 keys ----
  * S^T = K Q^T and dP^T = V dO^T per query tile; P^T = exp2(S^T scale_log2 - lse2[query]),
  * dS^T = P^T (dP^T - D[query]); dV += P^T dO, dK += dS^T Q. */
-template <int W>
-__host__ __device__ constexpr int dkv_br() { return W >= 128 ? 32 : 64; }
 
 template <int W, bool F16>
 __global__ void __launch_bounds__(MT)
@@ -343,7 +341,7 @@ __global__ void __launch_bounds__(MT)
 #if !CEPHALO_HAVE_MMA
     __trap();
 #else
-    constexpr int BC = 64, BR = dkv_br<W>(), NJ = BR / 8, ND = W / 8;
+    constexpr int BC = 64, BR = mma_dkv_rows(W), NJ = BR / 8, ND = W / 8;
     extern __shared__ uint4 smem_u4[];
     uint16_t *Ks = reinterpret_cast<uint16_t *>(smem_u4), *Vs = Ks + BC * W, *Qs = Vs + BC * W,
              *dOs = Qs + BR * W;
@@ -402,8 +400,6 @@ __global__ void __launch_bounds__(MT)
 /* ---- backward, dQ: one block per (64-row query tile, head, sample) ----
  * S = Q K^T, dP = dO V^T per key tile; P = exp2(S scale_log2 - lse2), dS = P (dP - D);
  * dQ += dS K. */
-template <int W>
-__host__ __device__ constexpr int dq_bc() { return W >= 128 ? 32 : 64; }
 
 template <int W, bool F16>
 __global__ void __launch_bounds__(MT)
@@ -415,7 +411,7 @@ __global__ void __launch_bounds__(MT)
 #if !CEPHALO_HAVE_MMA
     __trap();
 #else
-    constexpr int BR = 64, BC = dq_bc<W>(), NJ = BC / 8, ND = W / 8;
+    constexpr int BR = 64, BC = mma_dq_keys(W), NJ = BC / 8, ND = W / 8;
     extern __shared__ uint4 smem_u4[];
     uint16_t *Qs = reinterpret_cast<uint16_t *>(smem_u4), *dOs = Qs + BR * W, *Ks = dOs + BR * W,
              *Vs = Ks + BC * W;
@@ -490,7 +486,7 @@ struct mma_bwd_args {
 
 template <int W, bool F16>
 void bwd_w(const mma_call &c, const mma_bwd_args &g) {
-    constexpr int KBR = dkv_br<W>(), QBC = dq_bc<W>();
+    constexpr int KBR = mma_dkv_rows(W), QBC = mma_dq_keys(W);
     constexpr size_t kv_smem = (size_t)(2 * 64 + 2 * KBR) * W * 2;
     constexpr size_t q_smem = (size_t)(2 * 64 + 2 * QBC) * W * 2;
     dim3 gk((unsigned)((c.T + 63) / 64), (unsigned)c.Hkv, (unsigned)c.B);

@@ -41,7 +41,7 @@
 #include <stdbool.h>
 
 #ifdef __CUDACC__
-#define MMA_FN static __host__ __device__ __forceinline__
+#define MMA_FN static constexpr __host__ __device__ __forceinline__
 #else
 #define MMA_FN static inline
 #endif
@@ -100,6 +100,13 @@ MMA_FN int mma_swz_off(int row, int col, int width) {
 MMA_FN int mma_width(int hd) {
     return hd < 1 ? 0 : hd <= 16 ? 16 : hd <= 32 ? 32 : hd <= 64 ? 64 : hd <= 128 ? 128 : 0;
 }
+
+/* Tile sizes of the kernels (cuda_attention_mma.cu) that depend on the width, shared with the
+ * emulator of tests/unit/test_mma_layout.c: the query rows a dK/dV block takes per step (16 at
+ * width 128, where 32 made CUDA 11.8's ptxas spill on sm_80 at 255 registers), and the keys a
+ * dQ block takes per step. The forward is 64 x 64 at every width, and so are the other tiles. */
+MMA_FN int mma_dkv_rows(int width) { return width >= 128 ? 16 : 64; }
+MMA_FN int mma_dq_keys(int width) { return width >= 128 ? 32 : 64; }
 
 /* ---- 4. causal tiles ---- */
 
