@@ -234,9 +234,10 @@ images:
 
 # $(1): the directory under $(CHECK_BUILD), $(2): the architecture, $(3): the nvcc. ptxas -v's
 # report (registers, spills per kernel) goes to NAME.o.ptxas beside the object, for
-# mk/ptxas_report.sh; a failing compile shows its messages without the report's lines.
+# mk/ptxas_report.sh (cuda-check recompiles an object without one); a failing compile shows its
+# messages without the report's lines.
 define CHECK_RULE
-$(CHECK_BUILD)/$(1)/sm_$(2)/%.o $(CHECK_BUILD)/$(1)/sm_$(2)/%.o.ptxas: %.cu
+$(CHECK_BUILD)/$(1)/sm_$(2)/%.o: %.cu
 	@mkdir -p $$(dir $$@)
 	@rm -f $$@ $$@.ptxas
 	$(3) $(NVCC_COMMON) -gencode arch=compute_$(2),code=sm_$(2) -DCEPHALO_CUDA_ARCHS='"$(2)"' -Xptxas -v -c $$< -o $$@ 2> $$@.ptxas || \
@@ -246,10 +247,11 @@ $(foreach a,$(CUDA_ARCHS_ALL),$(eval $(call CHECK_RULE,cuda11.8,$(a),$(NVCC118))
 $(if $(CHECK_ARCH_NVCC),$(eval $(call CHECK_RULE,nvcc,$(CHECK_ARCH_NVCC),$(NVCC))))
 $(CHECK_OBJ118): | cuda118
 
-cuda-check-objs: $(CHECK_OBJ118) $(CHECK_OBJNV) $(addsuffix .ptxas,$(CHECK_OBJ118) $(CHECK_OBJNV))
+cuda-check-objs: $(CHECK_OBJ118) $(CHECK_OBJNV)
 
 cuda-check: cuda118
-	@ok=1; $(MAKE) --no-print-directory -k cuda-check-objs || ok=0; \
+	@for o in $(CHECK_OBJ118) $(CHECK_OBJNV); do [ -f $$o.ptxas ] || rm -f $$o; done; \
+	 ok=1; $(MAKE) --no-print-directory -k cuda-check-objs || ok=0; \
 	 echo "cuda-check: compile-only, -Werror, worker/devices/*.cu ($(notdir $(CUDA_CU_SRC))):"; \
 	 row() { bad=; for f in $(CUDA_CU_SRC); do [ -f $(CHECK_BUILD)/$$1/$${f%.cu}.o ] || bad="$$bad $$f"; done; \
 	         echo "  $$2 $${1#*/}: $${bad:+FAILED:}$${bad:-ok}"; }; \
