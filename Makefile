@@ -13,7 +13,8 @@
 #                   their pods, API requests/s per job at rest (OPERATOR=BIN, BENCH_OP_*: see the script)
 #   CUDA=auto|0|1   CUDA detection (auto: build cephalo-worker-cuda when nvcc is found)
 #   CUDA_ARCHS=...  GPU architectures built (default: those of 60 61 70 75 80 86 89 90 nvcc has)
-#   make cuda-check compile worker/devices/*.cu for sm_60..sm_90 with CUDA 11.8 (cached) and sm_75 with nvcc
+#   make cuda-check compile worker/devices/*.cu for sm_60..sm_90 with CUDA 11.8 (cached) and sm_75 with nvcc,
+#                   with ptxas -v tables (registers, spills; fails if the mma attention spills on sm_80/90)
 #   make version    the version of this tree: VERSION, plus `git describe` for development builds
 #   make dist       dist/cephalo-VERSION.tar.gz (the source) and the chart package (helm package)
 #   make images     the operator and CPU worker images with buildah + mmdebstrap (no registry;
@@ -232,12 +233,16 @@ cuda118:
 images:
 	@docker/build-images.sh build
 
-# $(1): the directory under $(CHECK_BUILD), $(2): the architecture, $(3): the nvcc
+# $(1): the directory under $(CHECK_BUILD), $(2): the architecture, $(3): the nvcc. ptxas -v's
+# report (registers, spills per kernel) goes to NAME.o.ptxas beside the object, for
+# mk/ptxas_report.sh (cuda-check recompiles an object without one); a failing compile shows its
+# messages without the report's lines.
 define CHECK_RULE
 $(CHECK_BUILD)/$(1)/sm_$(2)/%.o: %.cu
 	@mkdir -p $$(dir $$@)
-	@rm -f $$@
-	$(3) $(NVCC_COMMON) -gencode arch=compute_$(2),code=sm_$(2) -DCEPHALO_CUDA_ARCHS='"$(2)"' -c $$< -o $$@
+	@rm -f $$@ $$@.ptxas
+	$(3) $(NVCC_COMMON) -gencode arch=compute_$(2),code=sm_$(2) -DCEPHALO_CUDA_ARCHS='"$(2)"' -Xptxas -v -c $$< -o $$@ 2> $$@.ptxas || \
+	  { grep -vE '^ptxas info|bytes stack frame' $$@.ptxas >&2; rm -f $$@; exit 1; }
 endef
 $(foreach a,$(CUDA_ARCHS_ALL),$(eval $(call CHECK_RULE,cuda11.8,$(a),$(NVCC118))))
 $(if $(CHECK_ARCH_NVCC),$(eval $(call CHECK_RULE,nvcc,$(CHECK_ARCH_NVCC),$(NVCC))))
@@ -246,7 +251,8 @@ $(CHECK_OBJ118): | cuda118
 cuda-check-objs: $(CHECK_OBJ118) $(CHECK_OBJNV)
 
 cuda-check: cuda118
-	@ok=1; $(MAKE) --no-print-directory -k cuda-check-objs || ok=0; \
+	@for o in $(CHECK_OBJ118) $(CHECK_OBJNV); do [ -f $$o.ptxas ] || rm -f $$o; done; \
+	 ok=1; $(MAKE) --no-print-directory -k cuda-check-objs || ok=0; \
 	 echo "cuda-check: compile-only, -Werror, worker/devices/*.cu ($(notdir $(CUDA_CU_SRC))):"; \
 	 row() { bad=; for f in $(CUDA_CU_SRC); do [ -f $(CHECK_BUILD)/$$1/$${f%.cu}.o ] || bad="$$bad $$f"; done; \
 	         echo "  $$2 $${1#*/}: $${bad:+FAILED:}$${bad:-ok}"; }; \
@@ -254,6 +260,8 @@ cuda-check: cuda118
 	 if [ -n "$(CHECK_ARCH_NVCC)" ]; then \
 	   row nvcc/sm_$(CHECK_ARCH_NVCC) "nvcc $$($(NVCC) --version | sed -n 's/.*release \([0-9.]*\).*/\1/p') ($(NVCC))"; \
 	 else echo "  no nvcc here (CUDA=$(CUDA)): the default build's compile was not checked"; fi; \
+	 reports=$$(ls $(addsuffix .ptxas,$(CHECK_OBJ118) $(CHECK_OBJNV)) 2>/dev/null); \
+	 if [ -n "$$reports" ]; then mk/ptxas_report.sh $$reports || ok=0; else ok=0; fi; \
 	 [ $$ok = 1 ] || { echo "cuda-check: FAILED" >&2; exit 1; }
 
 # GPU tests and benchmarks: they need a GPU (and PyTorch with CUDA for the peers); without one

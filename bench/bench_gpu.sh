@@ -7,7 +7,10 @@
 # Writes the table to stdout and runs/bench-gpu/bench-DATE.json. docs/gpu.md explains MFU.
 # Environment: BENCH_GPU_STEPS (20), BENCH_GPU_WARMUP (3), BENCH_GPU_MODELS (all four),
 # BENCH_GPU_PRECISIONS ("fp32 bf16 fp16"), BENCH_GPU_TORCH_MODES ("eager compile fsdp2"),
-# CEPHALO_PEAK_TFLOPS (when the GPU is not in the table), PYTHON (a python with CUDA PyTorch).
+# CEPHALO_PEAK_TFLOPS (when the GPU is not in the table), PYTHON (a python with CUDA PyTorch),
+# BENCH_GPU_ATTN ("simt"; "simt mma" adds a cephalo row per bf16/fp16 case with the tensor-core
+# attention, CEPHALO_CUDA_ATTN=mma, docs/cuda.md), BENCH_GPU_OPTIME (1: every cephalo run with
+# CEPHALO_CUDA_OPTIME=1; its per-op table goes to stderr as the run ends and into the JSON).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 B=${BUILD:-build/rel}/bin
@@ -18,6 +21,9 @@ WARM=${BENCH_GPU_WARMUP:-3}
 MODELS=${BENCH_GPU_MODELS:-gpt2-124m gpt2-350m gpt2-774m tinyllama-1.1b}
 PRECS=${BENCH_GPU_PRECISIONS:-fp32 bf16 fp16}
 TMODES=${BENCH_GPU_TORCH_MODES:-eager compile fsdp2}
+ATTNS=${BENCH_GPU_ATTN:-simt}
+OPTIME=${BENCH_GPU_OPTIME:-0}
+[ "$OPTIME" = 1 ] && export CEPHALO_CUDA_OPTIME=1
 
 if [ ! -x "$WC" ]; then echo "not built: $WC (make cuda)"; exit 1; fi
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L 2>/dev/null | grep -q '^GPU [0-9]'; then
@@ -54,7 +60,12 @@ shape() {
 cephalo_run() {
   local tag=$1 log=$2
   shift 2
-  if ! $WC train --device cuda --data synthetic --steps "$STEPS" --quiet --log "$log" "$@" >"$T/$tag.err" 2>&1; then
+  local ok=1
+  $WC train --device cuda --data synthetic --steps "$STEPS" --quiet --log "$log" "$@" >"$T/$tag.err" 2>&1 || ok=0
+  if [ "$OPTIME" = 1 ]; then # the per-op table, as it comes and for the JSON
+    sed -n '/^CEPHALO_CUDA_OPTIME/,/^[^ ]/p' "$T/$tag.err" | grep -v '^[^ C]' | tee "$T/$tag.optime" | sed "s/^/#   [$tag] /" >&2
+  fi
+  if [ $ok = 0 ]; then
     "$PY" -c 'import json,sys; print(json.dumps({"error": sys.argv[1]}))' "$(tail -n 2 "$T/$tag.err" | tr '\n' ' ')" >"$T/$tag.json"
     return 1
   fi
@@ -79,6 +90,12 @@ for model in $MODELS; do
     cephalo_run "$tag-cephalo" "$T/$tag.jsonl" --model "$model" --seq "$seq" --batch "$batch" \
       --microbatch "$micro" --precision "$prec"
     echo "#   cephalo: $(cat "$T/$tag-cephalo.json")" >&2 # each result as it comes, in case of a timeout
+    for attn in $ATTNS; do # the other attention paths, 16-bit precisions only (fp32 is simt)
+      [ "$attn" = simt ] || [ "$prec" = fp32 ] && continue
+      CEPHALO_CUDA_ATTN=$attn cephalo_run "$tag-cephalo-attn-$attn" "$T/$tag-attn-$attn.jsonl" --model "$model" \
+        --seq "$seq" --batch "$batch" --microbatch "$micro" --precision "$prec"
+      echo "#   cephalo attn=$attn: $(cat "$T/$tag-cephalo-attn-$attn.json")" >&2
+    done
     for mode in $TMODES; do
       if [ "$TORCH_OK" = 1 ]; then
         "$PY" bench/torch_gpu.py --model "$model" --seq "$seq" --batch "$batch" --micro "$micro" \
@@ -157,10 +174,10 @@ else
 fi
 
 # ---- the table and the JSON ----
-"$PY" - "$T" "$OUT" "$GPU_NAME" "$MODELS" "$PRECS" "$TMODES" "$STEPS" "$WARM" "$OFF_MODEL" "$ACC_MODEL" <<'PY'
+"$PY" - "$T" "$OUT" "$GPU_NAME" "$MODELS" "$PRECS" "$TMODES" "$STEPS" "$WARM" "$OFF_MODEL" "$ACC_MODEL" "$ATTNS" <<'PY'
 import json, os, re, subprocess, sys
-T, OUT, GPU, MODELS, PRECS, TMODES, STEPS, WARM, OFF_MODEL, ACC_MODEL = sys.argv[1:11]
-MODELS, PRECS, TMODES = MODELS.split(), PRECS.split(), TMODES.split()
+T, OUT, GPU, MODELS, PRECS, TMODES, STEPS, WARM, OFF_MODEL, ACC_MODEL, ATTNS = sys.argv[1:12]
+MODELS, PRECS, TMODES, ATTNS = MODELS.split(), PRECS.split(), TMODES.split(), ATTNS.split()
 
 # peak dense TFLOP/s (no sparsity): (bf16, tf32)
 PEAKS = [("H100 PCIe", 756, 378), ("H100 NVL", 835, 418), ("H100", 989, 494.5), ("H200", 989, 494.5),
@@ -204,6 +221,15 @@ for model in MODELS:
     fpt = flops_per_token(model, seq)
     for prec in PRECS:
         res = {"cephalo": load("%s-%s-cephalo" % (model, prec))}
+        for a in ATTNS:
+            if a != "simt" and prec != "fp32":
+                res["cephalo " + a] = load("%s-%s-cephalo-attn-%s" % (model, prec, a))
+        for system, tag in [("cephalo", "cephalo")] + [("cephalo " + a, "cephalo-attn-" + a) for a in ATTNS]:
+            try:
+                if system in res:
+                    res[system]["optime"] = open(os.path.join(T, "%s-%s-%s.optime" % (model, prec, tag))).read()
+            except OSError:
+                pass
         for m in TMODES:
             res["torch " + m] = load("%s-%s-%s" % (model, prec, m))
         comp = res.get("torch compile", {}).get("tokens_per_s")

@@ -3,7 +3,8 @@
 # and then the GPU CLI checks (tests/gpu/test_*.sh), and prints one summary line
 # "N passed, N failed, N skipped". It first checks that the CUDA worker and every test binary
 # were built; on a machine without an NVIDIA GPU it then says so and exits 0 having run nothing.
-# docs/gpu.md describes the checks.
+# docs/gpu.md describes the checks. The environment reaches every check: CEPHALO_CUDA_ATTN=mma
+# make test-gpu runs the CLI checks with the tensor-core attention too (docs/cuda.md).
 set -u
 cd "$(dirname "$0")/../.." || exit 1
 B=${BUILD:-build/rel}
@@ -60,6 +61,11 @@ for t in "$@"; do
   # tests the old GPUs' code (docs/cuda.md)
   if [ "$(basename "$t")" = test_cuda_ops ]; then
     run_bin "$t" "test_cuda_ops (portable)" CEPHALO_CUDA_PORTABLE=1
+    # every op through the CEPHALO_CUDA_OPTIME wrappers (same results; the table goes to the
+    # output, shown with TEST_GPU_SHOW_OPTIME=1); test_cuda_ops runs the tensor-core attention
+    # (CEPHALO_CUDA_ATTN=mma) against the CPU in each run by itself
+    run_bin "$t" "test_cuda_ops (optime)" CEPHALO_CUDA_OPTIME=1
+    [ "${TEST_GPU_SHOW_OPTIME:-0}" = 1 ] && sed -n '/^CEPHALO_CUDA_OPTIME/,$p' <<<"$out" | grep -E '^(CEPHALO|  )' | head -30
   fi
 done
 

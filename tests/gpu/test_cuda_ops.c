@@ -898,6 +898,114 @@ static void test_attention_head_dims(void **state) {
             }
 }
 
+/* ---- the tensor-core path (CEPHALO_CUDA_ATTN=mma, worker/devices/cuda_attention_mma.cu) ----
+ * The device under test is reopened with CEPHALO_CUDA_ATTN=mma for these cases and reopened
+ * as before at the end, so one run compares both paths against the CPU. */
+
+/* cuda_attention_mma.cu: whether a call takes the mma path (linked from the CUDA device) */
+bool cuda_attention_mma_ok(device *d, int hd);
+
+/* Reopens the device under test with CEPHALO_CUDA_ATTN=attn, or as the run started (NULL). */
+static void reopen_gpu(const char *attn) {
+    static char first[16];
+    static bool saved, was_set;
+    if (!saved) {
+        const char *v = getenv("CEPHALO_CUDA_ATTN");
+        was_set = v != NULL, saved = true;
+        snprintf(first, sizeof first, "%s", v ? v : "");
+    }
+    err_t err = {{0}};
+    device_close(GPU);
+    if (attn || was_set)
+        setenv("CEPHALO_CUDA_ATTN", attn ? attn : first, 1);
+    else
+        unsetenv("CEPHALO_CUDA_ATTN");
+    const char *g = getenv("CEPHALO_TEST_GPU");
+    if (device_open(GPU, "cuda", 0, 0, g ? atoi(g) : 0, 0, &err) < 0)
+        fail_msg("reopening the device under test (CEPHALO_CUDA_ATTN=%s): %s", attn ? attn : "", err.msg);
+    GPU->matmul = DEV_MATMUL_FP32;
+}
+
+/* Tolerances: q, k, v, dout are rounded to 16 bits when staged, P and dS before their products
+ * (docs/cuda.md lists the points), each a relative error of u = 2^-9 (bf16) or 2^-12 (fp16),
+ * on sums over the head dim and the keys that largely average out: 8u of max|ref| forward and
+ * 16u backward, as for attention under the gemm modes above (test_attention), for bf16; fp16's
+ * share of the same bound is tighter than its 8 bits less rounding suggests (the sums' fp32
+ * accumulation and D, computed from fp32 dout and out, weigh more), so 16u and 32u. On the CPU
+ * warp emulator (tests/unit/test_mma_layout.c) the same algorithm stays within 1e-2 (bf16) and
+ * 2e-3 (fp16) of max|ref| against the CPU device on pre-rounded inputs. */
+static void check_attention_mma(const att_case *c, dev_matmul mode) {
+    bool fp16 = mode == DEV_MATMUL_FP16;
+    double u = fp16 ? U_FP16 : U_BF16;
+    check_attention(c, mode, (fp16 ? 16 : 8) * u, (fp16 ? 32 : 16) * u);
+}
+
+static void test_attention_mma(void **state) {
+    (void)state;
+    if (self_check) skip(); /* the CPU stand-in has no mma path */
+    reopen_gpu("mma");
+    GPU->matmul = DEV_MATMUL_BF16;
+    if (!cuda_attention_mma_ok(GPU, 64)) {
+        printf("# CEPHALO_CUDA_ATTN=mma: not taken on this GPU (before sm_80, or portable mode): "
+               "the mma cases are skipped\n");
+        reopen_gpu(NULL);
+        skip();
+    }
+    /* fp32 precision never takes the mma path (the fp32 kernels, as before) */
+    GPU->matmul = DEV_MATMUL_FP32;
+    assert_false(cuda_attention_mma_ok(GPU, 64));
+    GPU->matmul = DEV_MATMUL_TF32;
+    assert_false(cuda_attention_mma_ok(GPU, 64));
+    GPU->matmul = DEV_MATMUL_FP32;
+
+    /* every head size 1..128 through the four widths (16, 32, 64, 128; the rest padded),
+     * partial tiles (T = 17, 300), one tile (T = 64), causal and not, GQA 4 on 2, padded rows */
+    const int hds[] = {64, 128, 16, 32, 1, 5, 8, 24, 48, 50, 80, 96, 100, 112, 120};
+    const int Ts[] = {17, 300, 64};
+    int k = 0;
+    for (size_t h = 0; h < sizeof hds / sizeof hds[0]; h++)
+        for (int t = 0; t < 3; t++)
+            for (int causal = 1; causal >= 0; causal--)
+                for (int f = 0; f < 2; f++) {
+                    if (Ts[t] == 64 && h >= 4) continue; /* the full tile: the four widths */
+                    att_case c = {2, Ts[t], 4, 2, hds[h], causal, 3};
+                    seed(1900 + k++);
+                    check_attention_mma(&c, f ? DEV_MATMUL_FP16 : DEV_MATMUL_BF16);
+                    release_all(NULL);
+                }
+    att_case mha = {1, 1030, 12, 12, 64, true, 0}; /* GPT-2's heads, many tiles, T % 64 != 0 */
+    seed(1990);
+    check_attention_mma(&mha, DEV_MATMUL_BF16);
+    release_all(NULL);
+    att_case gqa = {1, 200, 32, 4, 64, true, 0}; /* TinyLlama's grouping (8 heads a kv head) */
+    seed(1991);
+    check_attention_mma(&gqa, DEV_MATMUL_BF16);
+    release_all(NULL);
+
+    /* the path is the mma one (its 16-bit rounding shows against the fp32 CPU: > 1e-5 of max
+     * where the fp32 kernels agree to 2e-5 x max, typically 1e-6), and deterministic */
+    att_case d = {1, 300, 4, 2, 64, true, 0};
+    int ld = (d.H + 2 * d.Hkv) * d.hd, nout = d.T * d.H * d.hd;
+    seed(1995);
+    float *qkv = hrandom((int64_t)d.T * ld, 1.5f), *out = hfill(nout, 0), *lse = hfill(d.H * d.T, 0);
+    REF->ops->attention_fwd(REF, out, lse, qkv, ld, qkv + d.H * d.hd, ld, qkv + (d.H + d.Hkv) * d.hd, ld, 1, d.T,
+                            d.H, d.Hkv, d.hd, true);
+    GPU->matmul = DEV_MATMUL_BF16;
+    float *gq = g_up(qkv, (int64_t)d.T * ld), *o1 = g_fill(nout, 7), *o2 = g_fill(nout, 7);
+    float *l1 = g_fill(d.H * d.T, 7), *l2 = g_fill(d.H * d.T, 7);
+    for (int run = 0; run < 2; run++)
+        GPU->ops->attention_fwd(GPU, run ? o2 : o1, run ? l2 : l1, gq, ld, gq + d.H * d.hd, ld,
+                                gq + (d.H + d.Hkv) * d.hd, ld, 1, d.T, d.H, d.Hkv, d.hd, true);
+    float *h1 = g_down(o1, nout), *h2 = g_down(o2, nout);
+    expect_same("mma attention_fwd twice", h1, h2, (size_t)nout * 4);
+    double worst = 0;
+    for (int i = 0; i < nout; i++) worst = fmax(worst, fabs((double)h1[i] - out[i]));
+    assert_true(worst > 1e-5 * fmax_abs(out, nout));
+    GPU->matmul = DEV_MATMUL_FP32;
+    release_all(NULL);
+    reopen_gpu(NULL);
+}
+
 /* ---------------------------------------------------------------------------------------------
  * generation ops: rope_at and attention_cached (worker/model/kvcache.c) */
 
@@ -1558,7 +1666,7 @@ int main(void) {
         T(test_gemm),        T(test_bias),        T(test_embed),    T(test_norms),
         T(test_activations), T(test_rope),        T(test_attention), T(test_xent),
         T(test_rope_at),     T(test_attention_cached),
-        T(test_attention_head_dims), T(test_fp16),
+        T(test_attention_head_dims), T(test_attention_mma), T(test_fp16),
         T(test_patchify),    T(test_adamw),       T(test_bf16),     T(test_streams),
         T(test_host_alloc),  T(test_determinism), T(test_zero_sizes), T(test_allocator),
     };

@@ -1,4 +1,6 @@
 /* cuda_attention.cu - flash-style attention (FlashAttention-2 tiling) for the CUDA device, fp32.
+ * (bf16/fp16 precision on sm_80+ with CEPHALO_CUDA_ATTN=mma runs the tensor-core kernels of
+ * cuda_attention_mma.cu instead: cuda_attention_fwd/bwd hand over to them.)
  *
  * Never a T x T matrix: a block owns a tile of rows, streams the other operand through shared
  * memory in tiles and keeps its running results in registers. All math is fp32 on the CUDA
@@ -834,6 +836,10 @@ extern "C" void cuda_attention_fwd(device *d, float *out, float *lse, const floa
     check_shape("attention_fwd", B, T, H, Hkv, hd);
     att_shape a = make_shape(B, T, H, Hkv, hd, ldq, ldk, ldv, causal);
     a.vec = a.vec && aligned16(q) && aligned16(k) && aligned16(v) && aligned16(out);
+    if (cuda_attention_mma_ok(d, hd)) {
+        cuda_attention_mma_fwd(d, out, lse, q, ldq, k, ldk, v, ldv, B, T, H, Hkv, hd, causal);
+        return;
+    }
     const att_ctx c = make_ctx(d);
     ATT_DISPATCH(fwd_hd, hd, c, a, out, lse, q, k, v);
 }
@@ -856,6 +862,11 @@ extern "C" void cuda_attention_bwd(device *d, float *dq, float *dk, float *dv, c
                                                                       hd);
     CUDA_CHECK(cudaGetLastError());
 
+    if (cuda_attention_mma_ok(d, hd)) {
+        cuda_attention_mma_bwd(d, dq, dk, dv, dout, lse, D, q, ldq, k, ldk, v, ldv, B, T, H, Hkv,
+                               hd, causal);
+        return;
+    }
     const bwd_args g = {dq, dk, dv, dout, lse, D, q, k, v};
     ATT_DISPATCH(bwd_hd, hd, c, a, g);
 }

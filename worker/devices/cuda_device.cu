@@ -21,6 +21,8 @@
 #include <math.h>
 #include <string.h>
 
+#include <type_traits>
+
 #include <cub/device/device_radix_sort.cuh>
 
 #include "devices/cuda_internal.h"
@@ -230,10 +232,15 @@ static void cuda_copy(device *d, void *dst, const void *src, size_t bytes, copy_
     if (kind != COPY_D2D) host_wait(d, compute(d));
 }
 
+static bool optime_resolve_one(cuda_optime *o, bool wait);
+
 static void cuda_sync(device *d) {
     for (int s = 0; s < DEV_STREAMS; s++)
         CUDA_CHECK(cudaStreamSynchronize(cuda_stream(d, (dev_stream)s)));
     d->host_syncs++; /* one wait for the caller, however many streams */
+    if (cuda_optime *o = cuda_of(d)->optime) /* everything has ended: no wait */
+        while (optime_resolve_one(o, false)) {
+        }
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -600,6 +607,7 @@ static int round_operand(device *d, const gemm16_op &g, void *w, const float *sr
     const int ldo = round8(cols);
     const int64_t n = (int64_t)rows * cols;
     const unsigned blocks = ew_blocks(n);
+    cuda_optime_begin(d, OT_GEMM_ROUND, DEV_STREAM_COMPUTE);
     switch (g.mode) {
     case G16_BF16:
         round_operand_kernel<G16_BF16><<<blocks, EW_THREADS, 0, compute(d)>>>(w, ldo, src, ld,
@@ -615,6 +623,7 @@ static int round_operand(device *d, const gemm16_op &g, void *w, const float *sr
         break;
     }
     LAUNCH_CHECK();
+    cuda_optime_end(d);
     return ldo;
 }
 
@@ -1283,6 +1292,171 @@ static dev_ops make_ops(void) {
 /* Filled member by member (C++17 has no designated initialisers), once, at load time. */
 static const dev_ops cuda_ops = make_ops();
 
+/* ---------------------------------------------------------------------------------------------
+ * CEPHALO_CUDA_OPTIME=1: GPU time per op class (optime.h, docs/cuda.md)
+ *
+ * Each op of the timed table records a start and a stop event (timing enabled) on its stream
+ * around the plain op; nothing waits for them. The pairs live in a ring of OT_PAIRS, resolved
+ * oldest first by cudaEventElapsedTime once their stop event has completed: polled
+ * (cudaEventQuery, no wait) when the ring is three quarters full and at every sync, and waited
+ * for only when the ring is full (once per OT_PAIRS ops, never in practice inside a step of a
+ * small model) and at close, where the table goes to stderr. Off: the plain table, no cost. */
+
+#define OT_PAIRS 4096
+#define OT_DEPTH 4 /* nesting: gemm > operand rounding */
+
+struct cuda_optime {
+    cudaEvent_t start[OT_PAIRS], stop[OT_PAIRS];
+    unsigned char cls[OT_PAIRS];
+    bool closed[OT_PAIRS];
+    dev_stream stream[OT_PAIRS];
+    int head, used;          /* slots [head, head + used) are taken, in begin order */
+    int open[OT_DEPTH], depth; /* begun, not yet ended */
+    optime_acc acc;
+};
+
+/* Adds the oldest pair's time if it has ended (wait: also if its work is still queued). */
+static bool optime_resolve_one(cuda_optime *o, bool wait) {
+    if (o->used == 0 || !o->closed[o->head]) return false;
+    const int i = o->head;
+    if (wait) {
+        CUDA_CHECK(cudaEventSynchronize(o->stop[i]));
+    } else {
+        cudaError_t q = cudaEventQuery(o->stop[i]);
+        if (q == cudaErrorNotReady) return false;
+        CUDA_CHECK(q);
+    }
+    float ms = 0.0f;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, o->start[i], o->stop[i]));
+    optime_add(&o->acc, (optime_class)o->cls[i], ms);
+    o->closed[i] = false;
+    o->head = (o->head + 1) % OT_PAIRS, o->used--;
+    return true;
+}
+
+void cuda_optime_begin(device *d, optime_class c, dev_stream s) {
+    cuda_optime *o = cuda_of(d)->optime;
+    if (!o) return;
+    CHECK(o->depth < OT_DEPTH);
+    if (o->used >= OT_PAIRS * 3 / 4)
+        while (optime_resolve_one(o, false)) {
+        }
+    while (o->used >= OT_PAIRS - OT_DEPTH) CHECK(optime_resolve_one(o, true));
+    const int i = (o->head + o->used) % OT_PAIRS;
+    o->used++;
+    o->cls[i] = (unsigned char)c, o->stream[i] = s, o->closed[i] = false;
+    o->open[o->depth++] = i;
+    CUDA_CHECK(cudaEventRecord(o->start[i], cuda_stream(d, s)));
+}
+
+void cuda_optime_end(device *d) {
+    cuda_optime *o = cuda_of(d)->optime;
+    if (!o) return;
+    CHECK(o->depth > 0);
+    const int i = o->open[--o->depth];
+    CUDA_CHECK(cudaEventRecord(o->stop[i], cuda_stream(d, o->stream[i])));
+    o->closed[i] = true;
+}
+
+static cuda_optime *optime_new(void) {
+    cuda_optime *o = (cuda_optime *)xcalloc(1, sizeof *o);
+    for (int i = 0; i < OT_PAIRS; i++) {
+        CUDA_CHECK(cudaEventCreate(&o->start[i]));
+        CUDA_CHECK(cudaEventCreate(&o->stop[i]));
+    }
+    return o;
+}
+
+/* Waits for every pair, prints the table (rank, GPU) to stderr, frees o. */
+static void optime_finish(cuda_optime *o, int rank, int gpu) {
+    while (optime_resolve_one(o, true)) {
+    }
+    char title[64];
+    snprintf(title, sizeof title, "rank %d, GPU %d", rank, gpu);
+    optime_print(&o->acc, title, stderr);
+    for (int i = 0; i < OT_PAIRS; i++) {
+        (void)cudaEventDestroy(o->start[i]);
+        (void)cudaEventDestroy(o->stop[i]);
+    }
+    free(o);
+}
+
+/* A timed op: F bracketed as class C on the compute stream. */
+template <optime_class C, auto F>
+struct timed;
+template <optime_class C, typename R, typename... A, R (*F)(device *, A...)>
+struct timed<C, F> {
+    static R call(device *d, A... a) {
+        cuda_optime_begin(d, C, DEV_STREAM_COMPUTE);
+        if constexpr (std::is_void_v<R>) {
+            F(d, a...);
+            cuda_optime_end(d);
+        } else {
+            R r = F(d, a...);
+            cuda_optime_end(d);
+            return r;
+        }
+    }
+};
+
+static void timed_copy_async(device *d, void *dst, const void *src, size_t bytes,
+                             copy_kind kind, dev_stream s) {
+    cuda_optime_begin(d, s == DEV_STREAM_H2D   ? OT_COPY_H2D
+                         : s == DEV_STREAM_D2H ? OT_COPY_D2H
+                                               : OT_COPY_OTHER,
+                      s);
+    cuda_copy_async(d, dst, src, bytes, kind, s);
+    cuda_optime_end(d);
+}
+
+#define TIMED(cls, op) o.op = timed<cls, cuda_##op>::call
+static dev_ops make_timed_ops(void) {
+    dev_ops o = make_ops();
+    TIMED(OT_COPY, copy);
+    o.copy_async = timed_copy_async;
+    TIMED(OT_ROUND, to_bf16);
+    TIMED(OT_ROUND, from_bf16);
+    TIMED(OT_ROUND, to_fp16);
+    TIMED(OT_ROUND, from_fp16);
+    TIMED(OT_ELEMWISE, fill);
+    TIMED(OT_ELEMWISE, add);
+    TIMED(OT_ELEMWISE, axpy);
+    TIMED(OT_ELEMWISE, scale);
+    TIMED(OT_SUMSQ, sumsq);
+    TIMED(OT_ELEMWISE, copy2d);
+    TIMED(OT_GEMM, gemm);
+    TIMED(OT_BIAS, add_bias);
+    TIMED(OT_BIAS, bias_grad);
+    TIMED(OT_EMBED, embed_fwd);
+    TIMED(OT_EMBED, embed_bwd);
+    TIMED(OT_NORM, layernorm_fwd);
+    TIMED(OT_NORM, layernorm_bwd);
+    TIMED(OT_NORM, rmsnorm_fwd);
+    TIMED(OT_NORM, rmsnorm_bwd);
+    TIMED(OT_ACT, gelu_fwd);
+    TIMED(OT_ACT, gelu_bwd);
+    TIMED(OT_ACT, swiglu_fwd);
+    TIMED(OT_ACT, swiglu_bwd);
+    TIMED(OT_ROPE, rope);
+    TIMED(OT_ATTN_FWD, attention_fwd);
+    TIMED(OT_ATTN_BWD, attention_bwd);
+    TIMED(OT_ROPE, rope_at);
+    TIMED(OT_ATTN_CACHED, attention_cached);
+    TIMED(OT_XENT, xent_fwd_bwd);
+    TIMED(OT_EMBED, patchify);
+    TIMED(OT_ADAMW, adamw);
+    return o;
+}
+#undef TIMED
+
+static const dev_ops cuda_ops_timed = make_timed_ops();
+
+/* CEPHALO_CUDA_OPTIME=1 (anything but empty or 0) */
+static bool optime_mode(void) {
+    const char *v = getenv("CEPHALO_CUDA_OPTIME");
+    return v && *v && strcmp(v, "0") != 0;
+}
+
 extern "C" int cuda_device_count(void) {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess) {
@@ -1371,6 +1545,14 @@ static bool portable_mode(void) {
     return v && *v && strcmp(v, "0") != 0;
 }
 
+/* CEPHALO_CUDA_ATTN: simt (or unset) or mma; anything else is refused. */
+static int attn_mode(bool *mma, err_t *err) {
+    const char *v = getenv("CEPHALO_CUDA_ATTN");
+    *mma = v && strcmp(v, "mma") == 0;
+    if (!v || !*v || *mma || strcmp(v, "simt") == 0) return 0;
+    return err_set(err, "cuda device: CEPHALO_CUDA_ATTN must be simt or mma (got '%s')", v);
+}
+
 /* What the kernels choose their paths by: compute capability and shared-memory limit. */
 static int read_limits(cuda_state *st, const cudaDeviceProp &p, err_t *err) {
     int optin = 0;
@@ -1383,7 +1565,7 @@ static int read_limits(cuda_state *st, const cudaDeviceProp &p, err_t *err) {
     st->cc_major = p.major, st->cc_minor = p.minor;
     st->smem_optin = optin > 48 * 1024 ? optin : 48 * 1024; /* sm_60/61 have no opt-in */
     st->portable = portable_mode();
-    return 0;
+    return attn_mode(&st->attn_mma, err);
 }
 
 /* The devices opened with an automatic capacity, by GPU, so that NCCL's buffers can come off
@@ -1440,8 +1622,9 @@ extern "C" int cuda_device_init(device *d, int rank, int gpu, int64_t capacity, 
                            (long long)(free_b >> 20));
         }
     }
+    if (optime_mode()) st->optime = optime_new();
     memset(d, 0, sizeof *d);
-    d->ops = &cuda_ops;
+    d->ops = st->optime ? &cuda_ops_timed : &cuda_ops;
     d->rank = rank;
     d->threads = 1;
     d->matmul = DEV_MATMUL_FP32;
@@ -1454,6 +1637,7 @@ extern "C" int cuda_device_init(device *d, int rank, int gpu, int64_t capacity, 
 extern "C" void cuda_device_close(device *d) {
     cuda_state *st = cuda_of(d);
     if (st && st->gpu < MAX_GPUS && auto_capacity[st->gpu] == d) auto_capacity[st->gpu] = NULL;
+    if (st && st->optime) optime_finish(st->optime, d->rank, st->gpu);
     if (st) destroy_state(st);
     d->impl = NULL;
     dev_free_table(d);

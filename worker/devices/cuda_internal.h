@@ -16,6 +16,7 @@
 
 extern "C" {
 #include "devices/device.h"
+#include "devices/optime.h"
 }
 
 /* Like CHECK in log.h: a failing CUDA call is a bug or a dead GPU, not bad input, so it aborts
@@ -66,6 +67,9 @@ typedef struct cuda_state {
     /* CEPHALO_CUDA_PORTABLE=1: the attention kernels use the 48 KB tiles and plain loads (the
      * path of sm_60..sm_75) on any GPU, so that a new GPU can test the old GPUs' code. */
     bool portable;
+    /* CEPHALO_CUDA_ATTN=mma: bf16/fp16 attention on tensor cores (cuda_attention_mma.cu) where
+     * cuda_attention_mma_ok allows; simt (the default) keeps the fp32 kernels everywhere. */
+    bool attn_mma;
     cudaStream_t stream[DEV_STREAMS]; /* indexed by dev_stream; non-blocking streams */
     cublasHandle_t blas;              /* bound to the compute stream */
     void *blas_workspace; /* cuBLAS workspace (cudaMalloc'ed at init, outside the accounting) */
@@ -99,6 +103,10 @@ typedef struct cuda_state {
     float *rope_cos, *rope_sin;
     int rope_T, rope_hd;
     float rope_theta;
+
+    /* CEPHALO_CUDA_OPTIME=1: the event pairs and the per-class times (cuda_device.cu); NULL
+     * when off, and then no op is wrapped (the plain op table). */
+    struct cuda_optime *optime;
 } cuda_state;
 
 static inline cuda_state *cuda_of(device *d) { return (cuda_state *)d->impl; }
@@ -110,6 +118,11 @@ static inline cudaStream_t cuda_stream(device *d, dev_stream s) { return cuda_of
  * synchronises the compute stream (the old buffer may still be in use by queued kernels) and
  * invalidates earlier pointers, so take it once per op. Not counted against d->capacity. */
 void *cuda_scratch(device *d, size_t bytes);
+
+/* CEPHALO_CUDA_OPTIME: brackets work queued on stream s as class c (optime.h); begin/end pairs
+ * nest (a gemm's operand rounding inside the gemm). No-ops when timing is off. */
+void cuda_optime_begin(device *d, optime_class c, dev_stream s);
+void cuda_optime_end(device *d);
 
 /* Bytes the caching allocator holds from cudaMalloc (live + cached). */
 extern "C" int64_t cuda_reserved_bytes(device *d);
@@ -123,6 +136,19 @@ extern "C" void cuda_attention_bwd(device *d, float *dq, float *dk, float *dv, c
                                    const float *out, const float *lse, const float *q, int ldq,
                                    const float *k, int ldk, const float *v, int ldv, int B, int T,
                                    int H, int Hkv, int hd, bool causal);
+
+/* Tensor-core attention (cuda_attention_mma.cu): whether it runs this call (CEPHALO_CUDA_ATTN=mma,
+ * bf16/fp16 gemm mode, sm_80+ code on an sm_80+ GPU, not portable mode), and the kernels, called
+ * by cuda_attention_fwd/bwd; D [B, H, T] = rowsum(dout * out), computed by the caller. */
+extern "C" bool cuda_attention_mma_ok(device *d, int hd);
+extern "C" void cuda_attention_mma_fwd(device *d, float *out, float *lse, const float *q, int ldq,
+                                       const float *k, int ldk, const float *v, int ldv, int B,
+                                       int T, int H, int Hkv, int hd, bool causal);
+extern "C" void cuda_attention_mma_bwd(device *d, float *dq, float *dk, float *dv,
+                                       const float *dout, const float *lse, const float *D,
+                                       const float *q, int ldq, const float *k, int ldk,
+                                       const float *v, int ldv, int B, int T, int H, int Hkv,
+                                       int hd, bool causal);
 
 /* Attention of new query rows against a KV cache (cuda_attention.cu; device.h attention_cached). */
 extern "C" void cuda_attention_cached(device *d, float *out, const float *q, int ldq,
