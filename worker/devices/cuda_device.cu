@@ -1422,7 +1422,7 @@ static dev_ops make_timed_ops(void) {
     TIMED(OT_ELEMWISE, add);
     TIMED(OT_ELEMWISE, axpy);
     TIMED(OT_ELEMWISE, scale);
-    TIMED(OT_SUMSQ, sumsq);
+    TIMED(OT_SUMSQ, sumsq_multi);
     TIMED(OT_ELEMWISE, copy2d);
     TIMED(OT_GEMM, gemm);
     TIMED(OT_BIAS, add_bias);
