@@ -130,7 +130,7 @@ else
 endif
 
 .SECONDARY:
-.PHONY: all deps test demo bench fuzz clean help info cuda test-gpu bench-gpu bench-operator cuda-check cuda-check-objs cuda118 images
+.PHONY: all deps test demo bench fuzz clean help info cuda test-gpu bench-gpu bench-operator cuda-check cuda-check-run cuda-check-objs cuda118 images
 all: $(CLI) $(WORKER) $(OLIB) $(OPERATOR) $(CUDA_TARGETS)
 
 cuda: $(CUDA_TARGETS)
@@ -250,7 +250,23 @@ $(CHECK_OBJ118): | cuda118
 
 cuda-check-objs: $(CHECK_OBJ118) $(CHECK_OBJNV)
 
+# A passing run's report is kept in ~/.cache/cephalo-cuda-check under a hash of everything the
+# compiles read (the .cu and header sources, this Makefile, the report script, both nvcc versions):
+# a clean clone whose CUDA sources did not change (CI) prints that report again instead of spending
+# ~15 minutes of two cores recompiling 9 architectures. CUDA_CHECK_CACHE=0 always compiles.
+CUDA_CHECK_CACHE ?= 1
+CUDA_CHECK_CACHE_DIR := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/cephalo-cuda-check
 cuda-check: cuda118
+	@key=$$( { find worker common planner -name '*.cu' -o -name '*.h' -o -name '*.cuh' | LC_ALL=C sort | xargs cat; \
+	           cat Makefile mk/ptxas_report.sh; $(NVCC118) --version; $(if $(NVCC),$(NVCC) --version); } | sha256sum | cut -c1-32); \
+	 hit=$(CUDA_CHECK_CACHE_DIR)/$$key.txt; \
+	 if [ "$(CUDA_CHECK_CACHE)" = 1 ] && [ -f "$$hit" ]; then \
+	   cat "$$hit"; echo "cuda-check: the report of a passing run of these same sources (cached: $$hit; CUDA_CHECK_CACHE=0 recompiles)"; exit 0; fi; \
+	 mkdir -p $(CUDA_CHECK_CACHE_DIR) && \
+	 $(MAKE) --no-print-directory cuda-check-run 2>&1 | tee "$$hit.tmp"; rc=$${PIPESTATUS[0]}; \
+	 if [ $$rc = 0 ]; then mv "$$hit.tmp" "$$hit"; else rm -f "$$hit.tmp"; fi; exit $$rc
+
+cuda-check-run: cuda118
 	@for o in $(CHECK_OBJ118) $(CHECK_OBJNV); do [ -f $$o.ptxas ] || rm -f $$o; done; \
 	 ok=1; $(MAKE) --no-print-directory -k cuda-check-objs || ok=0; \
 	 echo "cuda-check: compile-only, -Werror, worker/devices/*.cu ($(notdir $(CUDA_CU_SRC))):"; \
