@@ -64,7 +64,10 @@ if ! run_on nccl "$T/p2.json" "$T/try" "${train_args[@]}" --ckpt-dir "$T/try/ckp
   echo "$n checks"
   exit 0
 fi
-check "NCCL accepts two ranks on one GPU with a distinct NCCL_HOSTID each (socket transport on lo)" 0 "" -- true
+# the nccl backend really ran: each rank's communicator logged what it took at set-up (comm_nccl.c)
+check "NCCL accepts two ranks on one GPU with a distinct NCCL_HOSTID each (socket transport on lo): both communicators set up" 0 "" -- \
+  test "$(cat "$T"/try/rank*.err | grep -c "NCCL's communicator took")" = 2
+grep -h "NCCL's communicator took" "$T"/try/rank*.err | sed 's/^/# /'
 
 declare -A RANKS=([2]="7:7,5:1" [3]="5:1,3:3,4:2")
 for world in 2 3; do
