@@ -2,6 +2,7 @@
  * docs/cost-model.md derives every formula here. */
 #include "planner/model.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
@@ -15,34 +16,36 @@
 #define BERT_VOCAB 30522
 
 /* name, arch, layers, d, heads, kv heads, d_ff, vocab, max_seq, default_seq, type_vocab, tied,
- * image, patch, channels, classes, rope_theta and norm_eps (0: the architecture's) */
+ * image, patch, channels, classes, rope_theta and norm_eps (0: the architecture's), then the
+ * imported Llama relatives' fields, none of which a built-in has */
+#define PLAIN ROPE_PLAIN, 0, 0, 0, 0, false, 0
 static const model_spec builtins[] = {
     /* GPT-2 family (Radford et al. 2019; Hugging Face gpt2*), learned positions, tied head. */
-    {"gpt2-124m", ARCH_GPT, 12, 768, 12, 12, 3072, GPT2_VOCAB, 1024, 1024, 0, true, 0, 0, 0, 0, 0, 0},
-    {"gpt2-350m", ARCH_GPT, 24, 1024, 16, 16, 4096, GPT2_VOCAB, 1024, 1024, 0, true, 0, 0, 0, 0, 0, 0},
-    {"gpt2-774m", ARCH_GPT, 36, 1280, 20, 20, 5120, GPT2_VOCAB, 1024, 1024, 0, true, 0, 0, 0, 0, 0, 0},
-    {"gpt2-1.5b", ARCH_GPT, 48, 1600, 25, 25, 6400, GPT2_VOCAB, 1024, 1024, 0, true, 0, 0, 0, 0, 0, 0},
+    {"gpt2-124m", ARCH_GPT, 12, 768, 12, 12, 3072, GPT2_VOCAB, 1024, 1024, 0, true, 0, 0, 0, 0, 0, 0, PLAIN},
+    {"gpt2-350m", ARCH_GPT, 24, 1024, 16, 16, 4096, GPT2_VOCAB, 1024, 1024, 0, true, 0, 0, 0, 0, 0, 0, PLAIN},
+    {"gpt2-774m", ARCH_GPT, 36, 1280, 20, 20, 5120, GPT2_VOCAB, 1024, 1024, 0, true, 0, 0, 0, 0, 0, 0, PLAIN},
+    {"gpt2-1.5b", ARCH_GPT, 48, 1600, 25, 25, 6400, GPT2_VOCAB, 1024, 1024, 0, true, 0, 0, 0, 0, 0, 0, PLAIN},
     /* GPT-3 shapes (Brown et al. 2020, table 2.1) on the GPT-2 architecture, as in the paper. */
-    {"gpt-1.3b", ARCH_GPT, 24, 2048, 16, 16, 8192, GPT2_VOCAB, 2048, 512, 0, true, 0, 0, 0, 0, 0, 0},
-    {"gpt-2.7b", ARCH_GPT, 32, 2560, 80, 80, 10240, GPT2_VOCAB, 2048, 512, 0, true, 0, 0, 0, 0, 0, 0},
-    {"gpt-6.7b", ARCH_GPT, 32, 4096, 128, 128, 16384, GPT2_VOCAB, 2048, 512, 0, true, 0, 0, 0, 0, 0, 0},
+    {"gpt-1.3b", ARCH_GPT, 24, 2048, 16, 16, 8192, GPT2_VOCAB, 2048, 512, 0, true, 0, 0, 0, 0, 0, 0, PLAIN},
+    {"gpt-2.7b", ARCH_GPT, 32, 2560, 80, 80, 10240, GPT2_VOCAB, 2048, 512, 0, true, 0, 0, 0, 0, 0, 0, PLAIN},
+    {"gpt-6.7b", ARCH_GPT, 32, 4096, 128, 128, 16384, GPT2_VOCAB, 2048, 512, 0, true, 0, 0, 0, 0, 0, 0, PLAIN},
     /* Llama family: TinyLlama-1.1B (GQA 32/4), OpenLLaMA-3B, Llama-2-7B. */
     {"tinyllama-1.1b", ARCH_LLAMA, 22, 2048, 32, 4, 5632, LLAMA_VOCAB, 2048, 512, 0, false, 0, 0,
-     0, 0, 0, 0},
-    {"llama-3b", ARCH_LLAMA, 26, 3200, 32, 32, 8640, LLAMA_VOCAB, 2048, 512, 0, false, 0, 0, 0, 0, 0, 0},
+     0, 0, 0, 0, PLAIN},
+    {"llama-3b", ARCH_LLAMA, 26, 3200, 32, 32, 8640, LLAMA_VOCAB, 2048, 512, 0, false, 0, 0, 0, 0, 0, 0, PLAIN},
     {"llama-7b", ARCH_LLAMA, 32, 4096, 32, 32, 11008, LLAMA_VOCAB, 4096, 512, 0, false, 0, 0, 0,
-     0, 0, 0},
+     0, 0, 0, PLAIN},
     /* BERT (Devlin et al. 2019) with the masked-LM head; BERT-XLarge as in the paper's table. */
-    {"bert-large", ARCH_BERT, 24, 1024, 16, 16, 4096, BERT_VOCAB, 512, 512, 2, true, 0, 0, 0, 0, 0, 0},
-    {"bert-xlarge", ARCH_BERT, 36, 1536, 24, 24, 6144, BERT_VOCAB, 512, 512, 2, true, 0, 0, 0, 0, 0, 0},
+    {"bert-large", ARCH_BERT, 24, 1024, 16, 16, 4096, BERT_VOCAB, 512, 512, 2, true, 0, 0, 0, 0, 0, 0, PLAIN},
+    {"bert-xlarge", ARCH_BERT, 36, 1536, 24, 24, 6144, BERT_VOCAB, 512, 512, 2, true, 0, 0, 0, 0, 0, 0, PLAIN},
     /* ViT-G/14 (Zhai et al. 2022) and ViT-e/14 (Chen et al. 2022), 224x224 images. */
-    {"vit-g", ARCH_VIT, 48, 1664, 16, 16, 8192, 0, 0, 0, 0, false, 224, 14, 3, 1000, 0, 0},
-    {"vit-e", ARCH_VIT, 56, 1792, 16, 16, 15360, 0, 0, 0, 0, false, 224, 14, 3, 1000, 0, 0},
+    {"vit-g", ARCH_VIT, 48, 1664, 16, 16, 8192, 0, 0, 0, 0, false, 224, 14, 3, 1000, 0, 0, PLAIN},
+    {"vit-e", ARCH_VIT, 56, 1792, 16, 16, 15360, 0, 0, 0, 0, false, 224, 14, 3, 1000, 0, 0, PLAIN},
     /* Tiny test models: byte-level vocabularies, seconds to train on a CPU. */
-    {"tiny-gpt", ARCH_GPT, 2, 64, 4, 4, 256, 256, 128, 64, 0, true, 0, 0, 0, 0, 0, 0},
-    {"tiny-llama", ARCH_LLAMA, 2, 64, 4, 2, 176, 256, 128, 64, 0, false, 0, 0, 0, 0, 0, 0},
-    {"tiny-bert", ARCH_BERT, 2, 64, 4, 4, 256, 256, 128, 64, 2, true, 0, 0, 0, 0, 0, 0},
-    {"tiny-vit", ARCH_VIT, 2, 64, 4, 4, 256, 0, 0, 0, 0, false, 32, 8, 3, 10, 0, 0},
+    {"tiny-gpt", ARCH_GPT, 2, 64, 4, 4, 256, 256, 128, 64, 0, true, 0, 0, 0, 0, 0, 0, PLAIN},
+    {"tiny-llama", ARCH_LLAMA, 2, 64, 4, 2, 176, 256, 128, 64, 0, false, 0, 0, 0, 0, 0, 0, PLAIN},
+    {"tiny-bert", ARCH_BERT, 2, 64, 4, 4, 256, 256, 128, 64, 2, true, 0, 0, 0, 0, 0, 0, PLAIN},
+    {"tiny-vit", ARCH_VIT, 2, 64, 4, 4, 256, 0, 0, 0, 0, false, 32, 8, 3, 10, 0, 0, PLAIN},
 };
 
 const model_spec *model_builtins(int *count) {
@@ -87,8 +90,8 @@ static int64_t block_params(const model_spec *m) {
     int64_t d = m->d_model, ff = m->d_ff;
     int64_t kv = (int64_t)m->n_kv_head * (d / m->n_head);
     switch (m->arch) {
-    case ARCH_LLAMA: /* q, k, v, o without bias; SwiGLU gate/up/down; two RMSNorm weights */
-        return d * d + 2 * d * kv + d * d + 3 * d * ff + 2 * d;
+    case ARCH_LLAMA: /* q, k, v (biases: Qwen2), o without bias; SwiGLU gate/up/down; two RMSNorm weights */
+        return d * d + 2 * d * kv + (m->qkv_bias ? d + 2 * kv : 0) + d * d + 3 * d * ff + 2 * d;
     case ARCH_GPT: /* c_attn, c_proj, c_fc, c_proj with biases; two LayerNorms */
     case ARCH_BERT: /* q, k, v, o, intermediate, output with biases; two LayerNorms */
     case ARCH_VIT:
@@ -155,6 +158,12 @@ int model_check_seq(const model_spec *m, int seq, int *out, err_t *err) {
     if (seq > m->max_seq)
         return err_set(err, "sequence length %d exceeds model %s's %d learned positions", seq,
                        m->name, m->max_seq);
+    /* a token attends to the previous sliding_window - 1 at most: with the whole sequence inside
+     * the window, the window changes nothing; beyond it, it would, and it is not implemented */
+    if (m->sliding_window > 0 && seq > m->sliding_window)
+        return err_set(err, "sequence length %d exceeds model %s's sliding_window of %d (config.json): "
+                       "attention over a sliding window is not implemented, so the sequence must fit "
+                       "in the window (--seq %d or less)", seq, m->name, m->sliding_window, m->sliding_window);
     *out = seq;
     return 0;
 }
@@ -285,6 +294,17 @@ int model_validate(const model_spec *m, err_t *err) {
     if (m->rope_theta < 0 || m->norm_eps < 0 || m->norm_eps >= 1)
         return err_set(err, "model %s: rope_theta %g must be positive and norm_eps %g in (0, 1)", n,
                        m->rope_theta, m->norm_eps);
+    if (m->arch != ARCH_LLAMA && (m->rope_scaling != ROPE_PLAIN || m->qkv_bias || m->sliding_window))
+        return err_set(err, "model %s: rope_scaling, qkv_bias and sliding_window are Llama-family fields; "
+                       "this is a %s model", n, model_arch_name(m->arch));
+    if (m->sliding_window < 0) return err_set(err, "model %s: sliding_window %d must be >= 0", n, m->sliding_window);
+    if (m->rope_scaling != ROPE_PLAIN && !(m->rope_factor >= 1))
+        return err_set(err, "model %s: rope_scaling factor %g must be >= 1", n, m->rope_factor);
+    if (m->rope_scaling == ROPE_LLAMA3 &&
+        !(m->rope_low_freq > 0 && m->rope_high_freq > m->rope_low_freq && m->rope_orig_max > 0))
+        return err_set(err, "model %s: llama3 rope_scaling needs 0 < low_freq_factor (%g) < high_freq_factor "
+                       "(%g) and original_max_position_embeddings (%d) > 0", n, m->rope_low_freq,
+                       m->rope_high_freq, m->rope_orig_max);
     if (m->tied_head != (m->arch == ARCH_GPT || m->arch == ARCH_BERT) && m->arch != ARCH_LLAMA)
         return err_set(err, "model %s: tied_head %s: only Llama models choose; %s models %s", n,
                        m->tied_head ? "true" : "false", model_arch_name(m->arch),
@@ -296,6 +316,34 @@ int model_validate(const model_spec *m, err_t *err) {
 }
 
 double model_rope_theta(const model_spec *m) { return m->rope_theta > 0 ? m->rope_theta : 10000.0; }
+
+const char *model_rope_scaling_name(rope_scaling_kind k) {
+    return k == ROPE_LINEAR ? "linear" : k == ROPE_LLAMA3 ? "llama3" : "none";
+}
+
+/* transformers' _compute_default_rope_parameters, then _compute_linear_scaling_rope_parameters
+ * (inv_freq / factor: the same as positions / factor) or _compute_llama3_parameters, all in fp32
+ * as PyTorch computes them there: wavelengths shorter than original / high_freq_factor keep
+ * their frequency, longer than original / low_freq_factor are divided by factor, and those
+ * between are blended by how many wavelengths fit in the original context. */
+void model_rope_inv_freq(const model_spec *m, int hd, float *inv_freq) {
+    float theta = (float)model_rope_theta(m), factor = (float)m->rope_factor;
+    for (int i = 0; i < hd / 2; i++) {
+        float expo = (float)(2 * i) / (float)hd;
+        float f = 1.0f / (float)pow((double)theta, (double)expo);
+        if (m->rope_scaling == ROPE_LINEAR) f /= factor;
+        if (m->rope_scaling == ROPE_LLAMA3) {
+            float orig = (float)m->rope_orig_max, lo = (float)m->rope_low_freq, hi = (float)m->rope_high_freq;
+            float wavelen = (float)6.283185307179586 / f; /* 2 pi */
+            if (wavelen > orig / lo) f /= factor;
+            else if (!(wavelen < orig / hi)) {
+                float smooth = (orig / wavelen - lo) / (hi - lo);
+                f = (1 - smooth) * f / factor + smooth * f;
+            }
+        }
+        inv_freq[i] = f;
+    }
+}
 
 double model_norm_eps(const model_spec *m) {
     if (m->norm_eps > 0) return m->norm_eps;

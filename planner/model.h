@@ -14,6 +14,8 @@
 
 typedef enum { ARCH_GPT, ARCH_LLAMA, ARCH_BERT, ARCH_VIT } model_arch;
 typedef enum { UNIT_EMBEDDING, UNIT_BLOCK, UNIT_HEAD } unit_kind;
+/* RoPE frequency scaling of a Hugging Face config's rope_scaling (docs/import.md). */
+typedef enum { ROPE_PLAIN, ROPE_LINEAR, ROPE_LLAMA3 } rope_scaling_kind;
 
 typedef struct model_spec {
     char name[64];
@@ -34,6 +36,12 @@ typedef struct model_spec {
      * (model_rope_theta, model_norm_eps), so built-ins and older plans keep their meaning. */
     double rope_theta; /* Llama RoPE base (default 10000; Llama-3 uses 500000) */
     double norm_eps; /* LayerNorm/RMSNorm epsilon (default: GPT/Llama 1e-5, BERT 1e-12, ViT 1e-6) */
+    /* Llama family only (imported Llama-3.1, Mistral, Qwen2 configs; all 0 elsewhere): */
+    rope_scaling_kind rope_scaling; /* linear: every frequency / factor; llama3: by wavelength */
+    double rope_factor, rope_low_freq, rope_high_freq; /* factor; llama3's low/high_freq_factor */
+    int rope_orig_max; /* llama3's original_max_position_embeddings */
+    bool qkv_bias; /* biases on the q, k and v projections (Qwen2), none on o */
+    int sliding_window; /* Mistral's attention window, 0 none: a longer sequence is refused */
 } model_spec;
 
 const char *model_arch_name(model_arch a);
@@ -55,6 +63,10 @@ int model_load_hf_string(const char *src, const char *text, size_t len, const ch
 /* The value used for the fields whose 0 means "the architecture's default". */
 double model_rope_theta(const model_spec *m);
 double model_norm_eps(const model_spec *m);
+const char *model_rope_scaling_name(rope_scaling_kind k); /* "none", "linear", "llama3" */
+/* The hd/2 RoPE inverse frequencies of the model, in fp32 as transformers computes them
+ * (rope_theta, then rope_scaling): the one table every device and the sampler rotate by. */
+void model_rope_inv_freq(const model_spec *m, int hd, float *inv_freq);
 int model_load_file(const char *path, model_spec *out, err_t *err);
 /* The error for a name that is no built-in model, with the nearest names; returns -1. */
 int model_unknown(const char *name, err_t *err);

@@ -1,9 +1,11 @@
 /* model_hf.c - a model spec from a Hugging Face config.json (docs/import.md).
  *
- * Two architectures map onto ours exactly: GPT2LMHeadModel (pre-LN, learned positions, tanh
+ * These architectures map onto ours exactly: GPT2LMHeadModel (pre-LN, learned positions, tanh
  * GELU, tied head) and LlamaForCausalLM (RMSNorm, rotate-half RoPE, SwiGLU, grouped-query
- * attention, tied or untied head). Anything in the config that would change the computation
- * and that we do not implement (rope_scaling, biases in Llama's projections, another
+ * attention, tied or untied head; rope_scaling linear or llama3), with two relatives on Llama's
+ * layout: MistralForCausalLM (a sliding window, which changes nothing while the sequence fits
+ * in it) and Qwen2ForCausalLM (biases on q, k and v). Anything in the config that would change
+ * the computation and that we do not implement (other RoPE scalings, biases elsewhere, another
  * activation) is refused with the field's name rather than trained silently as something else. */
 #include <limits.h>
 #include <math.h>
@@ -16,9 +18,13 @@
 #include "common/strutil.h"
 #include "planner/model.h"
 
+/* The Llama family: which relative the config names (its layout is Llama's). */
+typedef enum { HF_LLAMA, HF_MISTRAL, HF_QWEN2 } hf_family;
+
 typedef struct hf_ctx {
     json_ctx c;
     const cJSON *root;
+    hf_family family;
 } hf_ctx;
 
 /* An integer field: the first of `keys` present (aliases), or `def` when none is (def < 0:
@@ -95,6 +101,55 @@ static int gpt2_spec(const hf_ctx *h, model_spec *m) {
     return 0;
 }
 
+/* rope_scaling: null, or {"rope_type" (or the older "type"): "linear" | "llama3" | "default", ...}.
+ * The numbers are the ones transformers reads for that type; anything else is refused. */
+static int rope_scaling(const hf_ctx *h, model_spec *m) {
+    const cJSON *r = json_get(h->root, "rope_scaling");
+    if (!r || cJSON_IsNull(r)) return 0;
+    if (json_expect_object(&h->c, r, "rope_scaling") < 0) return -1;
+    const cJSON *t = json_get(r, "rope_type");
+    const char *key = "rope_scaling.rope_type", *type;
+    if (!t) t = json_get(r, "type"), key = "rope_scaling.type";
+    if (!t) return err_set(h->c.err, "%s: rope_scaling has no rope_type; Cephalo implements rope_type linear and llama3",
+                           h->c.file);
+    if (json_string(&h->c, t, key, &type) < 0) return -1;
+    if (!strcmp(type, "default")) return 0; /* transformers' name for plain RoPE */
+    if (strcmp(type, "linear") && strcmp(type, "llama3"))
+        return err_set(h->c.err, "%s: %s is \"%s\"; Cephalo implements rope_scaling linear and llama3 "
+                       "(or none): dynamic, yarn, longrope and the others are not implemented", h->c.file, key, type);
+    static const char *const keys[] = {"factor", "low_freq_factor", "high_freq_factor",
+                                       "original_max_position_embeddings"};
+    bool llama3 = type[1] == 'l';
+    double v[4] = {0};
+    for (int i = 0; i < (llama3 ? 4 : 1); i++) {
+        char at[64];
+        const cJSON *x = json_get(r, keys[i]);
+        snprintf(at, sizeof at, "rope_scaling.%s", keys[i]);
+        if (!x) return err_set(h->c.err, "%s: rope_scaling of type %s needs %s", h->c.file, type, at);
+        if (json_number(&h->c, x, at, 0, 1e12, JSON_OPEN, &v[i]) < 0) return -1;
+    }
+    if (llama3 && v[3] != (int)v[3])
+        return err_set(h->c.err, "%s: rope_scaling.original_max_position_embeddings %g is not an integer", h->c.file, v[3]);
+    m->rope_scaling = llama3 ? ROPE_LLAMA3 : ROPE_LINEAR;
+    m->rope_factor = v[0], m->rope_low_freq = v[1], m->rope_high_freq = v[2], m->rope_orig_max = (int)v[3];
+    return 0;
+}
+
+/* What Mistral and Qwen2 add to Llama's layout. Mistral's sliding_window is kept: a sequence
+ * longer than it is refused where sequence meets model (model_check_seq). Qwen2's window is off
+ * unless use_sliding_window, which is refused. */
+static int family_fields(const hf_ctx *h, model_spec *m) {
+    static const char *const window[] = {"sliding_window", NULL};
+    if (h->family == HF_MISTRAL) { /* absent: MistralConfig's default; null: no window */
+        const cJSON *w = json_get(h->root, "sliding_window");
+        return hf_int(h, window, w ? 0 : 4096, 1, 1 << 30, &m->sliding_window);
+    }
+    if (h->family != HF_QWEN2) return hf_refuse(h, "sliding_window", "only Mistral's sliding window is read "
+                                                "(model_type mistral)");
+    m->qkv_bias = true;
+    return hf_refuse(h, "use_sliding_window", "Qwen2's sliding-window attention is not implemented");
+}
+
 static int llama_spec(const hf_ctx *h, model_spec *m) {
     static const char *const hidden[] = {"hidden_size", NULL}, *const ff[] = {"intermediate_size", NULL},
                              *const heads[] = {"num_attention_heads", NULL},
@@ -111,11 +166,12 @@ static int llama_spec(const hf_ctx *h, model_spec *m) {
         hf_real(h, "rms_norm_eps", 1e-6, &m->norm_eps) < 0 || /* LlamaConfig's default */
         hf_real(h, "rope_theta", 10000, &m->rope_theta) < 0 ||
         hf_bool(h, "tie_word_embeddings", false, &m->tied_head) < 0 ||
-        hf_expect_string(h, "hidden_act", acts, "SwiGLU with silu") < 0 ||
-        hf_refuse(h, "rope_scaling", "scaled RoPE (Llama-3.1 style, linear, dynamic, yarn) is not implemented; "
-                                     "only plain rotary embeddings with rope_theta") < 0 ||
-        hf_refuse(h, "attention_bias", "Llama projections with biases are not implemented") < 0 ||
-        hf_refuse(h, "mlp_bias", "Llama MLPs with biases are not implemented") < 0)
+        hf_expect_string(h, "hidden_act", acts, "SwiGLU with silu") < 0 || rope_scaling(h, m) < 0 ||
+        hf_refuse(h, "attention_bias", h->family == HF_QWEN2
+                                           ? "Qwen2 has biases on q, k and v by design; a bias on o_proj too is not implemented"
+                                           : "biases on all four attention projections (q, k, v and o) are not implemented "
+                                             "(Qwen2's q/k/v biases are: model_type qwen2)") < 0 ||
+        hf_refuse(h, "mlp_bias", "MLPs with biases are not implemented") < 0 || family_fields(h, m) < 0)
         return -1;
     int hd = 0;
     if (m->n_head > 0 && hf_int(h, hdim, m->d_model / m->n_head, 1, 1 << 17, &hd) < 0) return -1;
@@ -126,7 +182,7 @@ static int llama_spec(const hf_ctx *h, model_spec *m) {
 }
 
 /* Which architecture: the first of "architectures", else "model_type". */
-static int hf_arch(const hf_ctx *h, model_arch *out) {
+static int hf_arch(hf_ctx *h, model_arch *out) {
     const cJSON *a = json_get(h->root, "architectures"), *t = json_get(h->root, "model_type");
     const char *name = NULL;
     if (cJSON_IsArray(a) && cJSON_GetArraySize(a) > 0 && cJSON_IsString(cJSON_GetArrayItem(a, 0)))
@@ -136,12 +192,21 @@ static int hf_arch(const hf_ctx *h, model_arch *out) {
     if (!name)
         return err_set(h->c.err, "%s: neither 'architectures' nor 'model_type' says which model this is",
                        h->c.file);
-    if (!strcmp(name, "GPT2LMHeadModel") || !strcmp(name, "gpt2")) *out = ARCH_GPT;
-    else if (!strcmp(name, "LlamaForCausalLM") || !strcmp(name, "llama")) *out = ARCH_LLAMA;
-    else
-        return err_set(h->c.err, "%s: architecture '%s' cannot be imported (supported: GPT2LMHeadModel, "
-                       "LlamaForCausalLM)", h->c.file, name);
-    return 0;
+    static const struct {
+        const char *arch, *type;
+        model_arch a;
+        hf_family f;
+    } known[] = {{"GPT2LMHeadModel", "gpt2", ARCH_GPT, HF_LLAMA},
+                 {"LlamaForCausalLM", "llama", ARCH_LLAMA, HF_LLAMA},
+                 {"MistralForCausalLM", "mistral", ARCH_LLAMA, HF_MISTRAL},
+                 {"Qwen2ForCausalLM", "qwen2", ARCH_LLAMA, HF_QWEN2}};
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
+        if (!strcmp(name, known[i].arch) || !strcmp(name, known[i].type)) {
+            *out = known[i].a, h->family = known[i].f;
+            return 0;
+        }
+    return err_set(h->c.err, "%s: architecture '%s' cannot be imported (supported: GPT2LMHeadModel, "
+                   "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)", h->c.file, name);
 }
 
 /* The model's name: its directory's (".../TinyLlama-1.1B/config.json" -> "TinyLlama-1.1B"); a
@@ -163,7 +228,7 @@ static int hf_name(const char *path, model_spec *m, err_t *err) {
 
 /* The spec from a parsed config.json: src names it in errors. */
 static int hf_spec(const char *src, const cJSON *root, model_spec *m, err_t *err) {
-    hf_ctx h = {{src, err}, root};
+    hf_ctx h = {{src, err}, root, HF_LLAMA};
     memset(m, 0, sizeof *m);
     int rc = json_expect_object(&h.c, root, "config") < 0 || json_check_unique_keys(&h.c, root, "") < 0 ||
                      hf_arch(&h, &m->arch) < 0

@@ -34,7 +34,52 @@ cJSON *model_to_json(const model_spec *m) {
     /* only when set, so the JSON of built-ins (plans, checkpoints) stays as it was */
     if (m->rope_theta > 0) cJSON_AddNumberToObject(o, "rope_theta", m->rope_theta);
     if (m->norm_eps > 0) cJSON_AddNumberToObject(o, "norm_eps", m->norm_eps);
+    if (m->qkv_bias) cJSON_AddBoolToObject(o, "qkv_bias", true);
+    if (m->sliding_window > 0) cJSON_AddNumberToObject(o, "sliding_window", m->sliding_window);
+    if (m->rope_scaling != ROPE_PLAIN) { /* config.json's own keys */
+        cJSON *r = cJSON_AddObjectToObject(o, "rope_scaling");
+        cJSON_AddStringToObject(r, "rope_type", model_rope_scaling_name(m->rope_scaling));
+        cJSON_AddNumberToObject(r, "factor", m->rope_factor);
+        if (m->rope_scaling == ROPE_LLAMA3) {
+            cJSON_AddNumberToObject(r, "low_freq_factor", m->rope_low_freq);
+            cJSON_AddNumberToObject(r, "high_freq_factor", m->rope_high_freq);
+            cJSON_AddNumberToObject(r, "original_max_position_embeddings", m->rope_orig_max);
+        }
+    }
     return o;
+}
+
+/* The Llama-family fields model_to_json writes only when set. */
+static int family_from_json(const json_ctx *c, const cJSON *o, const char *path, model_spec *m) {
+    static const char *const kinds[] = {"none", "linear", "llama3", NULL};
+    char at[240];
+    const cJSON *item;
+    long v;
+    snprintf(at, sizeof at, "%s.qkv_bias", path);
+    if ((item = json_get(o, "qkv_bias")) && json_bool(c, item, at, &m->qkv_bias) < 0) return -1;
+    snprintf(at, sizeof at, "%s.sliding_window", path);
+    if ((item = json_get(o, "sliding_window")) && json_int(c, item, at, 1, 1L << 30, &v) < 0) return -1;
+    if (item) m->sliding_window = (int)v;
+    const cJSON *r = json_get(o, "rope_scaling");
+    if (!r) return 0;
+    int kind;
+    char rs[220];
+    snprintf(rs, sizeof rs, "%s.rope_scaling", path);
+    snprintf(at, sizeof at, "%s.rope_type", rs);
+    if (json_expect_object(c, r, rs) < 0 || json_require(c, r, rs, "rope_type", &item) < 0 ||
+        json_enum(c, item, at, kinds, &kind) < 0)
+        return -1;
+    m->rope_scaling = (rope_scaling_kind)kind;
+    const char *keys[] = {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"};
+    double vals[4] = {0};
+    for (int i = 0; i < (kind == ROPE_LLAMA3 ? 4 : kind == ROPE_LINEAR ? 1 : 0); i++) {
+        snprintf(at, sizeof at, "%s.%s", rs, keys[i]);
+        if (json_require(c, r, rs, keys[i], &item) < 0 || json_number(c, item, at, 0, 1e12, JSON_OPEN, &vals[i]) < 0)
+            return -1;
+    }
+    m->rope_factor = vals[0], m->rope_low_freq = vals[1], m->rope_high_freq = vals[2];
+    m->rope_orig_max = (int)vals[3];
+    return 0;
 }
 
 int model_from_json(const json_ctx *c, const cJSON *o, const char *path, model_spec *m) {
@@ -71,6 +116,7 @@ int model_from_json(const json_ctx *c, const cJSON *o, const char *path, model_s
             return err_set(c->err, "%s: %s: expected a positive number", c->file, at);
         *reals[i] = item->valuedouble;
     }
+    if (family_from_json(c, o, path, m) < 0) return -1;
     if (model_validate(m, c->err) < 0) return err_prefix(c->err, "%s: %s", c->file, path);
     return 0;
 }

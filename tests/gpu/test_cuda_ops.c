@@ -721,17 +721,26 @@ static void test_activations(void **state) {
 /* ---------------------------------------------------------------------------------------------
  * rope */
 
+/* The frequencies of plain RoPE as model_rope_inv_freq makes them (PyTorch's fp32 order);
+ * rope_scaling only changes the table's values, which the ops take as given. */
+static float *plain_inv_freq(int hd, float theta) {
+    float *inv_freq = (float *)xmalloc((size_t)(hd / 2) * sizeof(float));
+    for (int i = 0; i < hd / 2; i++)
+        inv_freq[i] = 1.0f / (float)pow((double)theta, (double)((float)(2 * i) / (float)hd));
+    return inv_freq;
+}
+
 static void check_rope(int B, int T, int H, int Hkv, int hd, float theta) {
     int ld = (H + 2 * Hkv) * hd + 3; /* fused qkv rows, padded */
     int rows = B * T;
     int64_t n = (int64_t)rows * ld;
     float *x = hrandom(n, 1.0f), *xr = hdup(x, n);
     float *gxv = g_up(x, n);
-    /* q heads, then k heads, as the trainer calls it; v and padding are not touched */
-    REF->ops->rope(REF, xr, ld, rows, T, H, hd, theta, false);
-    REF->ops->rope(REF, xr + H * hd, ld, rows, T, Hkv, hd, theta, false);
-    GPU->ops->rope(GPU, gxv, ld, rows, T, H, hd, theta, false);
-    GPU->ops->rope(GPU, gxv + H * hd, ld, rows, T, Hkv, hd, theta, false);
+    float *inv_freq = plain_inv_freq(hd, theta);
+    REF->ops->rope(REF, xr, ld, rows, T, H, hd, inv_freq, false);
+    REF->ops->rope(REF, xr + H * hd, ld, rows, T, Hkv, hd, inv_freq, false);
+    GPU->ops->rope(GPU, gxv, ld, rows, T, H, hd, inv_freq, false);
+    GPU->ops->rope(GPU, gxv + H * hd, ld, rows, T, Hkv, hd, inv_freq, false);
     float *got = g_down(gxv, n);
     char what[112];
     snprintf(what, sizeof what, "rope B=%d T=%d H=%d Hkv=%d hd=%d theta=%g", B, T, H, Hkv, hd, (double)theta);
@@ -746,15 +755,16 @@ static void check_rope(int B, int T, int H, int Hkv, int hd, float theta) {
         expect_same("rope leaves v and the padding alone", got + o, x + o, (size_t)(Hkv * hd + 3) * 4);
     }
     /* inverse(fwd(x)) = x: the rotation and its transpose with the same cos/sin, so ~2 ulp */
-    GPU->ops->rope(GPU, gxv, ld, rows, T, H, hd, theta, true);
-    GPU->ops->rope(GPU, gxv + H * hd, ld, rows, T, Hkv, hd, theta, true);
+    GPU->ops->rope(GPU, gxv, ld, rows, T, H, hd, inv_freq, true);
+    GPU->ops->rope(GPU, gxv + H * hd, ld, rows, T, Hkv, hd, inv_freq, true);
     snprintf(what, sizeof what, "rope inverse(fwd(x)) = x, T=%d hd=%d", T, hd);
     expect_rel(what, g_down(gxv, n), x, n, 1e-6);
     /* the inverse against the CPU's inverse on the same input */
     float *gy = g_up(x, n), *y = hdup(x, n);
-    REF->ops->rope(REF, y, ld, rows, T, H, hd, theta, true);
-    GPU->ops->rope(GPU, gy, ld, rows, T, H, hd, theta, true);
+    REF->ops->rope(REF, y, ld, rows, T, H, hd, inv_freq, true);
+    GPU->ops->rope(GPU, gy, ld, rows, T, H, hd, inv_freq, true);
     expect_rel("rope inverse", g_down(gy, n), y, n, 1e-5);
+    free(inv_freq);
 }
 
 static void test_rope(void **state) {
@@ -1016,10 +1026,11 @@ static void check_rope_at(int pos0, int rows, int H, int Hkv, int hd, float thet
     int64_t n_all = (int64_t)T * ld, n = (int64_t)rows * ld;
     float *full = hrandom(n_all, 1.0f);
     float *x = hdup(full + (int64_t)pos0 * ld, n), *xr = hdup(x, n), *gx = g_up(x, n);
-    REF->ops->rope_at(REF, xr, ld, rows, pos0, H, hd, theta);
-    REF->ops->rope_at(REF, xr + H * hd, ld, rows, pos0, Hkv, hd, theta);
-    GPU->ops->rope_at(GPU, gx, ld, rows, pos0, H, hd, theta);
-    GPU->ops->rope_at(GPU, gx + H * hd, ld, rows, pos0, Hkv, hd, theta);
+    float *inv_freq = plain_inv_freq(hd, inv_freq);
+    REF->ops->rope_at(REF, xr, ld, rows, pos0, H, hd, inv_freq);
+    REF->ops->rope_at(REF, xr + H * hd, ld, rows, pos0, Hkv, hd, inv_freq);
+    GPU->ops->rope_at(GPU, gx, ld, rows, pos0, H, hd, inv_freq);
+    GPU->ops->rope_at(GPU, gx + H * hd, ld, rows, pos0, Hkv, hd, inv_freq);
     char what[128];
     snprintf(what, sizeof what, "rope_at pos0=%d rows=%d H=%d Hkv=%d hd=%d theta=%g", pos0, rows, H, Hkv,
              hd, (double)theta);
@@ -1030,10 +1041,11 @@ static void check_rope_at(int pos0, int rows, int H, int Hkv, int hd, float thet
         expect_same("rope_at leaves v and the padding alone", got + o, x + o, (size_t)(Hkv * hd + 3) * 4);
     }
     /* the reference itself: rope over the T-token sequence, then its last `rows` rows */
-    REF->ops->rope(REF, full, ld, T, T, H, hd, theta, false);
-    REF->ops->rope(REF, full + H * hd, ld, T, T, Hkv, hd, theta, false);
+    REF->ops->rope(REF, full, ld, T, T, H, hd, inv_freq, false);
+    REF->ops->rope(REF, full + H * hd, ld, T, T, Hkv, hd, inv_freq, false);
     snprintf(what, sizeof what, "cpu rope_at pos0=%d = rope's rows at those positions", pos0);
     expect_rel(what, xr, full + (int64_t)pos0 * ld, n, 1e-6);
+    free(inv_freq);
 }
 
 static void test_rope_at(void **state) {

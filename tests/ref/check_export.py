@@ -53,11 +53,34 @@ def rotate_half(x):
     return torch.cat((-x2, x1), dim=-1)
 
 
+def rope_inv_freq(cfg, hd):
+    """transformers' RoPE inverse frequencies (modeling_rope_utils: default, linear, llama3), in
+    float64."""
+    inv = 1.0 / (cfg.get("rope_theta", 10000.0) ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
+    rs = cfg.get("rope_scaling") or {}
+    kind = rs.get("rope_type", rs.get("type", "default"))
+    if kind == "linear":
+        return inv / rs["factor"]
+    if kind == "llama3":
+        factor, lo, hi = rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"]
+        old = rs["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv
+        scaled = torch.where(wavelen > old / lo, inv / factor, inv)
+        smooth = (old / wavelen - lo) / (hi - lo)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < old / hi) * ~(wavelen > old / lo)
+        return torch.where(medium, smoothed, scaled)
+    assert kind == "default", kind
+    return inv
+
+
 def llama(cfg, W, ids):
+    """LlamaForCausalLM, and its relatives on the same layout: MistralForCausalLM (no window
+    within the sequence) and Qwen2ForCausalLM (q/k/v biases, when the files have them)."""
     B, T = ids.shape
     d, H, Hkv = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
     hd, eps = d // H, cfg["rms_norm_eps"]
-    inv = 1.0 / (cfg["rope_theta"] ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
+    inv = rope_inv_freq(cfg, hd)
     freqs = torch.outer(torch.arange(T, dtype=torch.float64), inv)
     emb = torch.cat((freqs, freqs), dim=-1)
     cos, sin = emb.cos(), emb.sin()
@@ -69,9 +92,11 @@ def llama(cfg, W, ids):
     for i in range(cfg["num_hidden_layers"]):
         p = "model.layers.%d." % i
         h = rms(x, W[p + "input_layernorm.weight"])
-        q = (h @ W[p + "self_attn.q_proj.weight"].T).view(B, T, H, hd).transpose(1, 2)
-        k = (h @ W[p + "self_attn.k_proj.weight"].T).view(B, T, Hkv, hd).transpose(1, 2)
-        v = (h @ W[p + "self_attn.v_proj.weight"].T).view(B, T, Hkv, hd).transpose(1, 2)
+        proj = {n: F.linear(h, W[p + "self_attn.%s_proj.weight" % n], W.get(p + "self_attn.%s_proj.bias" % n))
+                for n in "qkv"}
+        q = proj["q"].view(B, T, H, hd).transpose(1, 2)
+        k = proj["k"].view(B, T, Hkv, hd).transpose(1, 2)
+        v = proj["v"].view(B, T, Hkv, hd).transpose(1, 2)
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
         k, v = k.repeat_interleave(H // Hkv, dim=1), v.repeat_interleave(H // Hkv, dim=1)
         a = causal_attention(q, k, v).transpose(1, 2).reshape(B, T, d)

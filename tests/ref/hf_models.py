@@ -1,9 +1,10 @@
 """Small random Hugging Face model directories, and the transformers-style forward on them, for
 the import tests (tests/cli/test_import.sh, docs/import.md).
 
-usage: hf_models.py make DIR --arch gpt2|llama [--dtype f32|bf16|f16] [--shards N] [--tied]
-                         [--rope-theta X] [--eps X] [--layers N] [--d N] [--heads N] [--kv N]
-                         [--ff N] [--vocab N] [--positions N] [--seed N] [--std X]
+usage: hf_models.py make DIR --arch gpt2|llama|mistral|qwen2 [--dtype f32|bf16|f16] [--shards N]
+                         [--tied] [--rope-theta X] [--rope-scaling linear|llama3] [--factor X]
+                         [--orig N] [--window N] [--eps X] [--layers N] [--d N] [--heads N]
+                         [--kv N] [--ff N] [--vocab N] [--positions N] [--seed N] [--std X]
        hf_models.py check DIR DUMP     step 0's logits in DUMP (cephalo-worker train --dump) vs the
                                        forward on DIR's files in float64; "ok - ..." / "not ok - ..."
 
@@ -11,7 +12,11 @@ usage: hf_models.py make DIR --arch gpt2|llama [--dtype f32|bf16|f16] [--shards 
 model-0000K-of-0000N.safetensors and model.safetensors.index.json, laid out as transformers'
 save_pretrained does (GPT-2 names under "transformer.", Conv1D weights [in, out]; Llama's
 q/k/v/o projections [out, in]). Values are random normals, rounded to the file's dtype, so the
-forward reads exactly what the worker reads.
+forward reads exactly what the worker reads. mistral and qwen2 are Llama's layout with their own
+config.json (Mistral: sliding_window --window, null by default; Qwen2: q/k/v biases,
+use_sliding_window false); --rope-scaling writes a rope_scaling of that type (llama3: factor
+--factor, low/high_freq_factor 1 and 4, original_max_position_embeddings --orig, as Llama-3.1
+has them scaled down to these small models).
 
 Python: Debian's /usr/bin/python3 with python3-numpy and python3-torch (`make deps`), as the tests
 run it; under an interpreter without them it says so (needs.py).
@@ -54,6 +59,7 @@ def gpt2_tensors(a, rng):
 
 
 def llama_tensors(a, rng):
+    """LlamaForCausalLM, or on its layout MistralForCausalLM or Qwen2ForCausalLM."""
     d, ff, V, H = a.d, a.ff or 3 * a.d, a.vocab, a.heads
     kv = a.kv or H
     hd = d // H
@@ -66,6 +72,9 @@ def llama_tensors(a, rng):
                   p + "self_attn.o_proj.weight": n(d, d), p + "post_attention_layernorm.weight": 1 + n(d),
                   p + "mlp.gate_proj.weight": n(ff, d), p + "mlp.up_proj.weight": n(ff, d),
                   p + "mlp.down_proj.weight": n(d, ff)})
+        if a.arch == "qwen2":
+            W.update({p + "self_attn.q_proj.bias": n(H * hd), p + "self_attn.k_proj.bias": n(kv * hd),
+                      p + "self_attn.v_proj.bias": n(kv * hd)})
     W["model.norm.weight"] = 1 + n(d)
     if not a.tied:
         W["lm_head.weight"] = n(V, d)
@@ -75,6 +84,18 @@ def llama_tensors(a, rng):
            "rms_norm_eps": a.eps or 1e-6, "rope_theta": a.rope_theta, "hidden_act": "silu",
            "tie_word_embeddings": bool(a.tied), "rope_scaling": None, "attention_bias": False,
            "torch_dtype": {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}[a.dtype]}
+    if a.rope_scaling == "linear":
+        cfg["rope_scaling"] = {"rope_type": "linear", "factor": a.factor}
+    elif a.rope_scaling == "llama3":
+        cfg["rope_scaling"] = {"rope_type": "llama3", "factor": a.factor, "low_freq_factor": 1.0,
+                               "high_freq_factor": 4.0, "original_max_position_embeddings": a.orig}
+    if a.arch == "mistral":
+        cfg.update({"architectures": ["MistralForCausalLM"], "model_type": "mistral", "sliding_window": a.window})
+        del cfg["attention_bias"]
+    elif a.arch == "qwen2":
+        cfg.update({"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "use_sliding_window": False,
+                    "sliding_window": 4 * a.positions, "max_window_layers": a.layers})
+        del cfg["attention_bias"]
     return W, cfg
 
 
@@ -163,7 +184,11 @@ def main():
     p = argparse.ArgumentParser(usage=__doc__)
     p.add_argument("cmd", choices=["make"])
     p.add_argument("dir")
-    p.add_argument("--arch", choices=["gpt2", "llama"], required=True)
+    p.add_argument("--arch", choices=["gpt2", "llama", "mistral", "qwen2"], required=True)
+    p.add_argument("--rope-scaling", choices=["linear", "llama3"])
+    p.add_argument("--factor", type=float, default=8.0)
+    p.add_argument("--orig", type=int, default=32)
+    p.add_argument("--window", type=int)
     p.add_argument("--dtype", choices=["f32", "bf16", "f16"], default="f32")
     p.add_argument("--shards", type=int, default=1)
     p.add_argument("--tied", action="store_true")

@@ -106,6 +106,11 @@ class Spec:
         # an imported model's config.json may set these (docs/import.md); absent: the defaults
         s.eps = float(meta.get("norm_eps") or NORM_EPS[arch])
         s.rope_theta = float(meta.get("rope_theta") or ROPE_THETA)
+        s.rope_scaling = meta.get("rope_scaling")  # config.json's form (Llama-3.1: llama3; linear)
+        s.qkv_bias = arch == "llama" and "block.0.attn.qkv.bias" in names  # Qwen2
+        if bool(meta.get("qkv_bias")) != s.qkv_bias and arch == "llama":
+            raise ValueError("metadata qkv_bias %s but block.0.attn.qkv.bias is %s" % (
+                meta.get("qkv_bias"), "present" if s.qkv_bias else "absent"))
         s.causal = arch in ("gpt", "llama")
         s.tied_head = arch in ("gpt", "bert") or (arch == "llama" and "head.lm_head.weight" not in names)
         if arch == "llama" and _get(meta, "tied_head") is not None and bool(_get(meta, "tied_head")) != s.tied_head:
@@ -165,8 +170,10 @@ def layout(s):
         b = "block.%d." % l
         if s.arch == "llama":
             hd = s.head_dim
-            t = [("attn_norm.weight", (d,)), ("attn.qkv.weight", ((s.n_head + 2 * s.n_kv_head) * hd, d)),
-                 ("attn.o.weight", (d, d)), ("mlp_norm.weight", (d,)), ("mlp.gate.weight", (ff, d)),
+            qkv = (s.n_head + 2 * s.n_kv_head) * hd
+            t = [("attn_norm.weight", (d,)), ("attn.qkv.weight", (qkv, d))]
+            t += [("attn.qkv.bias", (qkv,))] if getattr(s, "qkv_bias", False) else []
+            t += [("attn.o.weight", (d, d)), ("mlp_norm.weight", (d,)), ("mlp.gate.weight", (ff, d)),
                  ("mlp.up.weight", (ff, d)), ("mlp.down.weight", (d, ff))]
         else:
             attn = [("attn.qkv.weight", (3 * d, d)), ("attn.qkv.bias", (3 * d,)),
@@ -216,8 +223,18 @@ def _rotate_half(x):
     return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
 
 
-def _rope(T, hd, dtype, theta=ROPE_THETA):
+def _rope(T, hd, dtype, theta=ROPE_THETA, scaling=None):
     inv_freq = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
+    kind = (scaling or {}).get("rope_type", "none")
+    if kind == "linear":  # transformers: positions (so frequencies) / factor
+        inv_freq = inv_freq / scaling["factor"]
+    elif kind == "llama3":  # transformers' _compute_llama3_parameters, by wavelength
+        f, lo, hi = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+        old = scaling["original_max_position_embeddings"]
+        wl = 2 * math.pi / inv_freq
+        smooth = ((old / wl - lo) / (hi - lo)).clamp(0, 1)  # 0: long waves (/ f), 1: short (kept)
+        inv_freq = torch.where(wl < old / hi, inv_freq, torch.where(wl > old / lo, inv_freq / f,
+                                                                     (1 - smooth) * inv_freq / f + smooth * inv_freq))
     freqs = torch.outer(torch.arange(T, dtype=torch.float64), inv_freq)
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos().to(dtype), emb.sin().to(dtype)
@@ -231,7 +248,7 @@ def _attention(s, qkv, rope=False):
     k = qkv[..., H * hd : (H + Hkv) * hd].reshape(B, T, Hkv, hd).transpose(1, 2)
     v = qkv[..., (H + Hkv) * hd :].reshape(B, T, Hkv, hd).transpose(1, 2)
     if rope:
-        cos, sin = _rope(T, hd, qkv.dtype, getattr(s, "rope_theta", ROPE_THETA))
+        cos, sin = _rope(T, hd, qkv.dtype, getattr(s, "rope_theta", ROPE_THETA), getattr(s, "rope_scaling", None))
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
     if Hkv != H:  # query head h uses kv head h // (H / Hkv)
@@ -284,7 +301,8 @@ def _llama(s, P, ids):
     for l in range(s.n_layer):
         b = "block.%d." % l
         h = _rms_norm(x, P[b + "attn_norm.weight"], s.eps)
-        x = x + F.linear(_attention(s, F.linear(h, P[b + "attn.qkv.weight"]), rope=True), P[b + "attn.o.weight"])
+        qkv = F.linear(h, P[b + "attn.qkv.weight"], P.get(b + "attn.qkv.bias"))  # bias: Qwen2
+        x = x + F.linear(_attention(s, qkv, rope=True), P[b + "attn.o.weight"])
         h = _rms_norm(x, P[b + "mlp_norm.weight"], s.eps)
         g = F.silu(F.linear(h, P[b + "mlp.gate.weight"])) * F.linear(h, P[b + "mlp.up.weight"])
         x = x + F.linear(g, P[b + "mlp.down.weight"])

@@ -760,23 +760,22 @@ static void test_swiglu(void **state) { check_activation(*state, 2); }
 /* ---------------------------------------------------------------------------------------------
  * rope */
 
-/* The angle as PyTorch / Hugging Face compute it in fp32 (cpu_device.c says why). */
-static double rope_angle_torch(int t, int i, int hd, float theta) {
-    float inv_freq = 1.0f / (float)pow((double)theta, (double)((float)(2 * i) / (float)hd));
-    return (double)((float)t * inv_freq);
+/* inv_freq as PyTorch / Hugging Face compute it in fp32, then divided by `scale` (a linear
+ * rope_scaling; model_rope_inv_freq makes the models' tables, test_model checks it). */
+static void torch_inv_freq(int hd, float theta, float scale, float *inv_freq) {
+    for (int i = 0; i < hd / 2; i++)
+        inv_freq[i] = 1.0f / (float)pow((double)theta, (double)((float)(2 * i) / (float)hd)) / scale;
 }
 
-static double rope_angle_exact(int t, int i, int hd, float theta) {
-    return t * pow((double)theta, -2.0 * i / hd);
-}
-
-static void ref_rope(double *x, int ldx, int rows, int T, int H, int hd, float theta, bool exact) {
+/* exact: t * theta^(-2i/hd) / scale in double; else the fp32 angle float(t) * inv_freq[i] */
+static void ref_rope(double *x, int ldx, int rows, int T, int H, int hd, const float *inv_freq,
+                     float theta, float scale, bool exact) {
     int half = hd / 2;
     for (int r = 0; r < rows; r++)
         for (int h = 0; h < H; h++)
             for (int i = 0; i < half; i++) {
-                double a = exact ? rope_angle_exact(r % T, i, hd, theta)
-                                 : rope_angle_torch(r % T, i, hd, theta);
+                int t = r % T;
+                double a = exact ? t * pow((double)theta, -2.0 * i / hd) / scale : (double)((float)t * inv_freq[i]);
                 double *x1 = x + (int64_t)r * ldx + h * hd + i, *x2 = x1 + half;
                 double p = *x1, q = *x2;
                 *x1 = p * cos(a) - q * sin(a);
@@ -786,28 +785,31 @@ static void ref_rope(double *x, int ldx, int rows, int T, int H, int hd, float t
 
 static void test_rope(void **state) {
     device *d = *state;
-    /* the device caches its cos/sin table: each call must notice a new T, hd or theta */
-    const struct { int T, hd; float theta; } calls[] = {{5, 8, 10000.0f}, {37, 8, 10000.0f},
-                                                        {37, 12, 10000.0f}, {37, 12, 500000.0f}};
-    for (int s = 0; s < 4; s++) {
+    /* the device caches its cos/sin table: each call must notice a new T, hd or inv_freq (theta,
+     * or a scaling of the same theta) */
+    const struct { int T, hd; float theta, scale; } calls[] = {{5, 8, 10000.0f, 1}, {37, 8, 10000.0f, 1},
+                                                               {37, 12, 10000.0f, 1}, {37, 12, 500000.0f, 1},
+                                                               {37, 12, 500000.0f, 4}};
+    for (int s = 0; s < 5; s++) {
         int B = 2, T = calls[s].T, H = 3, hd = calls[s].hd, ldx = H * hd + 5, rows = B * T;
         int64_t n = (int64_t)rows * ldx;
-        float theta = calls[s].theta;
+        float theta = calls[s].theta, scale = calls[s].scale, inv_freq[6];
+        torch_inv_freq(hd, theta, scale, inv_freq);
         seed(60 + s);
         float *x = frandom(n, 1.0f);
         for (int r = 0; r < rows; r++)
             for (int c = H * hd; c < ldx; c++) x[r * ldx + c] = 9.0f; /* not part of the heads */
         double *want = to_double(x, n), *want_exact = to_double(x, n);
-        ref_rope(want, ldx, rows, T, H, hd, theta, false);
-        ref_rope(want_exact, ldx, rows, T, H, hd, theta, true);
+        ref_rope(want, ldx, rows, T, H, hd, inv_freq, theta, scale, false);
+        ref_rope(want_exact, ldx, rows, T, H, hd, inv_freq, theta, scale, true);
         float *y = fdup(x, n);
-        d->ops->rope(d, y, ldx, rows, T, H, hd, theta, false);
+        d->ops->rope(d, y, ldx, rows, T, H, hd, inv_freq, false);
         expect_close("rope", y, want, n, 1e-6, 1e-6);
-        /* the fp32 angle is the header's t * theta^(-2i/hd) up to its rounding (<= 2e-6 here) */
+        /* the fp32 angle is the header's t * inv_freq up to its rounding (<= 2e-6 here) */
         expect_close("rope vs exact angles", y, want_exact, n, 0, 4e-6);
         for (int r = 0; r < rows; r++)
             expect_all("rope padding", y + r * ldx + H * hd, ldx - H * hd, 9.0f);
-        d->ops->rope(d, y, ldx, rows, T, H, hd, theta, true); /* the inverse undoes it */
+        d->ops->rope(d, y, ldx, rows, T, H, hd, inv_freq, true); /* the inverse undoes it */
         double *xd = to_double(x, n);
         expect_close("rope inverse", y, xd, n, 1e-6, 1e-6);
         free(x), free(y), free(want), free(want_exact), free(xd);

@@ -190,6 +190,8 @@ static void test_model_file_errors(void **state) {
 
 /* ---- Hugging Face config.json (planner/model_hf.c) ---- */
 
+#define M_PI_ 3.14159265358979323846
+
 static char hf_dir[64];
 
 /* Writes hf_dir/config.json and loads it (by the directory, as --init-from gives it). */
@@ -234,18 +236,81 @@ static void test_hf_configs(void **state) {
     const char *l32 = "{\"model_type\": \"llama\", \"hidden_size\": 2048, \"intermediate_size\": 8192, "
                       "\"num_attention_heads\": 32, \"num_key_value_heads\": 8, \"num_hidden_layers\": 16, "
                       "\"vocab_size\": 128256, \"rope_theta\": 500000.0, \"tie_word_embeddings\": true%s}";
-    char text[1024];
+    char text[2048];
     snprintf(text, sizeof text, l32, "");
     assert_int_equal(load_hf(text, &m, &err), 0);
     assert_int_equal(model_params(&m), 1235814400);
     assert_int_equal(model_unit_params(&m, m.n_layer + 1), 2048); /* the head is its norm alone */
     assert_true(m.tied_head && model_norm_eps(&m) == 1e-6); /* LlamaConfig's default eps */
+    /* Llama-3.2-1B as published: its llama3 rope_scaling is read, and the frequencies follow
+     * transformers' _compute_llama3_parameters (here in double, by the wavelength bands) */
+    snprintf(text, sizeof text, l32, ", \"rope_scaling\": {\"factor\": 32.0, \"high_freq_factor\": 4.0, "
+             "\"low_freq_factor\": 1.0, \"original_max_position_embeddings\": 8192, \"rope_type\": \"llama3\"}");
+    assert_int_equal(load_hf(text, &m, &err), 0);
+    assert_int_equal(model_params(&m), 1235814400);
+    assert_true(m.rope_scaling == ROPE_LLAMA3 && m.rope_factor == 32 && m.rope_orig_max == 8192);
+    float inv[32];
+    model_rope_inv_freq(&m, 64, inv);
+    int bands[3] = {0};
+    for (int i = 0; i < 32; i++) {
+        double f = pow(500000.0, -2.0 * i / 64), wl = 2 * M_PI_ / f, want = f;
+        if (wl > 8192) want = f / 32, bands[2]++;
+        else if (wl >= 8192 / 4.0) {
+            double sm = (8192 / wl - 1) / (4 - 1);
+            want = (1 - sm) * f / 32 + sm * f, bands[1]++;
+        } else bands[0]++;
+        assert_true(fabs(inv[i] - want) <= 2e-6 * want);
+    }
+    assert_true(bands[0] > 0 && bands[1] > 0 && bands[2] > 0); /* all three rules were checked */
+    /* linear: every frequency / factor */
+    snprintf(text, sizeof text, l32, ", \"rope_scaling\": {\"type\": \"linear\", \"factor\": 4}");
+    assert_int_equal(load_hf(text, &m, &err), 0);
+    model_rope_inv_freq(&m, 64, inv);
+    for (int i = 0; i < 32; i++) assert_true(fabs(inv[i] - pow(500000.0, -2.0 * i / 64) / 4) <= 2e-6 * inv[i]);
+    /* Mistral-7B-v0.1: 7,241,732,096, its window kept for the sequence check */
+    const char *mistral = "{\"architectures\": [\"MistralForCausalLM\"], \"hidden_size\": 4096, "
+                          "\"intermediate_size\": 14336, \"num_attention_heads\": 32, \"num_key_value_heads\": 8, "
+                          "\"num_hidden_layers\": 32, \"max_position_embeddings\": 32768, \"vocab_size\": 32000, "
+                          "\"rms_norm_eps\": 1e-05, \"rope_theta\": 10000.0, \"sliding_window\": %s, "
+                          "\"tie_word_embeddings\": false, \"hidden_act\": \"silu\", \"model_type\": \"mistral\"}";
+    snprintf(text, sizeof text, mistral, "4096");
+    assert_int_equal(load_hf(text, &m, &err), 0);
+    assert_int_equal(model_params(&m), 7241732096LL);
+    int seq;
+    assert_true(m.sliding_window == 4096 && model_check_seq(&m, 4096, &seq, &err) == 0 && seq == 4096);
+    assert_int_equal(model_check_seq(&m, 4097, &seq, &err), -1);
+    assert_non_null(strstr(err.msg, "sequence length 4097 exceeds model cephalo-test-model-"));
+    assert_non_null(strstr(err.msg, "sliding_window of 4096 (config.json)"));
+    snprintf(text, sizeof text, mistral, "null"); /* Mistral-7B-v0.2 on: no window */
+    assert_int_equal(load_hf(text, &m, &err), 0);
+    assert_true(m.sliding_window == 0 && model_check_seq(&m, 32768, &seq, &err) == 0);
+    /* Qwen2.5-0.5B: 494,032,768 with its q/k/v biases and tied head */
+    const char *qwen = "{\"architectures\": [\"Qwen2ForCausalLM\"], \"hidden_size\": 896, \"intermediate_size\": 4864, "
+                       "\"num_attention_heads\": 14, \"num_key_value_heads\": 2, \"num_hidden_layers\": 24, "
+                       "\"max_position_embeddings\": 32768, \"vocab_size\": 151936, \"rms_norm_eps\": 1e-06, "
+                       "\"rope_theta\": 1000000.0, \"sliding_window\": 32768, \"max_window_layers\": 21, "
+                       "\"use_sliding_window\": %s, \"tie_word_embeddings\": true, \"hidden_act\": \"silu\", "
+                       "\"model_type\": \"qwen2\"}";
+    snprintf(text, sizeof text, qwen, "false");
+    assert_int_equal(load_hf(text, &m, &err), 0);
+    assert_int_equal(model_params(&m), 494032768);
+    assert_true(m.qkv_bias && m.tied_head && m.sliding_window == 0);
     /* refusals name the field */
+    snprintf(text, sizeof text, qwen, "true");
+    assert_int_equal(load_hf(text, &m, &err), -1);
+    assert_non_null(strstr(err.msg, "config.json: use_sliding_window is set; Qwen2's sliding-window attention"));
+    snprintf(text, sizeof text, l32, ", \"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4.0}");
+    assert_int_equal(load_hf(text, &m, &err), -1);
+    assert_non_null(strstr(err.msg, "config.json: rope_scaling.rope_type is \"yarn\"; Cephalo implements rope_scaling "
+                                    "linear and llama3"));
     snprintf(text, sizeof text, l32, ", \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 32.0}");
     assert_int_equal(load_hf(text, &m, &err), -1);
-    assert_non_null(strstr(err.msg, "config.json: rope_scaling is set"));
-    assert_int_equal(load_hf("{\"architectures\": [\"MistralForCausalLM\"]}", &m, &err), -1);
-    assert_non_null(strstr(err.msg, "architecture 'MistralForCausalLM' cannot be imported"));
+    assert_non_null(strstr(err.msg, "rope_scaling of type llama3 needs rope_scaling.low_freq_factor"));
+    snprintf(text, sizeof text, l32, ", \"attention_bias\": true");
+    assert_int_equal(load_hf(text, &m, &err), -1);
+    assert_non_null(strstr(err.msg, "config.json: attention_bias is set; biases on all four"));
+    assert_int_equal(load_hf("{\"architectures\": [\"GemmaForCausalLM\"]}", &m, &err), -1);
+    assert_non_null(strstr(err.msg, "architecture 'GemmaForCausalLM' cannot be imported"));
     assert_int_equal(load_hf("{\"model_type\": \"gpt2\", \"n_embd\": 64, \"n_head\": 4, \"n_layer\": 2, \"vocab_size\": 256, "
                              "\"activation_function\": \"relu\"}", &m, &err), -1);
     assert_non_null(strstr(err.msg, "activation_function is \"relu\""));

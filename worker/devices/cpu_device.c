@@ -21,12 +21,12 @@
 #include "devices/cpu_internal.h"
 #include "devices/device.h"
 
-/* The CPU device's state: the rotary cos/sin table of the last (T, hd, theta), reused across the
+/* The CPU device's state: the rotary cos/sin table of the last (T, inv_freq), reused across the
  * rope calls of a step (computing it costs T*hd/2 sin/cos pairs). Like every op, rope is called
  * from the one host thread that drives the device, so the cache needs no lock. */
 typedef struct cpu_state {
     int rope_T, rope_hd;
-    float rope_theta;
+    float *rope_freq; /* [hd/2]: the inv_freq the table was made from */
     float *rope_cos, *rope_sin; /* [T, hd/2] */
 } cpu_state;
 
@@ -531,38 +531,33 @@ static void cpu_swiglu_bwd(device *d, float *dg, float *du, const float *dout, c
 }
 
 /* ---------------------------------------------------------------------------------------------
- * rotary embedding.
- *
- * The angles are computed as PyTorch / Hugging Face Llama computes them, in fp32:
- * inv_freq[i] = 1 / theta^((2i)/hd), angle = float(t) * inv_freq[i], each step rounded to float,
- * then cos and sin of that fp32 angle (evaluated in double, rounded once). A double-precision
- * angle would differ from PyTorch by up to half an ulp of the angle (~8e-6 at t = 255), more than
- * the 1e-6 agreement wanted; with this order the tables agree with PyTorch's to about an ulp. */
-static void rope_table(device *d, int T, int hd, float theta) {
+ * rotary embedding: the table of dev_rope_table (PyTorch's fp32 angles), cached per (T, hd,
+ * inv_freq). */
+
+/* Whether the table holds inv_freq's angles for hd (at any T). */
+static bool rope_same(const cpu_state *st, int hd, const float *inv_freq) {
+    return st->rope_cos && st->rope_hd == hd && !memcmp(st->rope_freq, inv_freq, (size_t)(hd / 2) * sizeof(float));
+}
+
+static void rope_table(device *d, int T, int hd, const float *inv_freq) {
     cpu_state *st = d->impl;
-    if (st->rope_cos && st->rope_T == T && st->rope_hd == hd && st->rope_theta == theta) return;
-    free(st->rope_cos), free(st->rope_sin);
+    if (st->rope_T == T && rope_same(st, hd, inv_freq)) return;
+    free(st->rope_cos), free(st->rope_sin), free(st->rope_freq);
     int half = hd / 2;
     st->rope_cos = xmalloc((size_t)T * half * sizeof(float));
     st->rope_sin = xmalloc((size_t)T * half * sizeof(float));
-    st->rope_T = T, st->rope_hd = hd, st->rope_theta = theta;
-    for (int i = 0; i < half; i++) {
-        float expo = (float)(2 * i) / (float)hd;
-        float inv_freq = 1.0f / (float)pow((double)theta, (double)expo);
-        for (int t = 0; t < T; t++) {
-            float angle = (float)t * inv_freq;
-            st->rope_cos[(int64_t)t * half + i] = (float)cos((double)angle);
-            st->rope_sin[(int64_t)t * half + i] = (float)sin((double)angle);
-        }
-    }
+    st->rope_freq = xmalloc((size_t)half * sizeof(float));
+    memcpy(st->rope_freq, inv_freq, (size_t)half * sizeof(float));
+    st->rope_T = T, st->rope_hd = hd;
+    dev_rope_table(inv_freq, T, hd, st->rope_cos, st->rope_sin);
 }
 
 /* Rotate-half: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin) per head, in place; inverse uses
  * -sin, which is also the backward (the rotation's transpose). */
 static void cpu_rope(device *d, float *x, int ldx, int rows, int T, int n_heads, int hd,
-                     float theta, bool inverse) {
+                     const float *inv_freq, bool inverse) {
     CHECK(hd % 2 == 0 && T > 0);
-    rope_table(d, T, hd, theta);
+    rope_table(d, T, hd, inv_freq);
     const cpu_state *st = d->impl;
     int half = hd / 2;
     float sign = inverse ? -1.0f : 1.0f;
@@ -588,15 +583,15 @@ static void cpu_rope(device *d, float *x, int ldx, int rows, int T, int n_heads,
  * power of two >= the positions needed, so a decode step that needs one position more does not
  * rebuild it; entry t depends on t alone, so any table at least that long gives the same bits. */
 static void cpu_rope_at(device *d, float *x, int ldx, int rows, int pos0, int n_heads, int hd,
-                        float theta) {
+                        const float *inv_freq) {
     CHECK(hd % 2 == 0 && pos0 >= 0 && rows >= 0);
     if (rows == 0) return;
     const cpu_state *st = d->impl;
     int need = pos0 + rows;
-    if (!st->rope_cos || st->rope_hd != hd || st->rope_theta != theta || st->rope_T < need) {
+    if (!rope_same(st, hd, inv_freq) || st->rope_T < need) {
         int T = 256;
         while (T < need) T *= 2;
-        rope_table(d, T, hd, theta);
+        rope_table(d, T, hd, inv_freq);
     }
     int half = hd / 2;
 #pragma omp parallel for schedule(static) num_threads(d->threads) \
@@ -775,6 +770,7 @@ void cpu_device_close(device *d) {
     if (st) {
         free(st->rope_cos);
         free(st->rope_sin);
+        free(st->rope_freq);
         free(st);
     }
     d->impl = NULL;

@@ -1025,42 +1025,36 @@ static void cuda_swiglu_bwd(device *d, float *dg, float *du, const float *dout, 
 }
 
 /* ---------------------------------------------------------------------------------------------
- * rotary embedding. The cos/sin table is built exactly as the CPU device builds it (PyTorch's
- * fp32 order): inv_freq = 1 / float(theta^((2i)/hd)), angle = float(t) * inv_freq in fp32,
- * cos and sin of that angle in double, rounded once. The double pow/cos/sin are within an ulp
- * or two of double, so the float tables match the CPU's (barring a once-in-a-blue-moon
- * rounding tie). Cached per (T, hd, theta) like the CPU's. */
+ * rotary embedding. The cos/sin table is the CPU device's (dev_rope_table: PyTorch's fp32
+ * angles, made on the host and copied once), so the two devices rotate by the same bits. Cached
+ * per (T, hd, inv_freq) like the CPU's. */
 
-__global__ void rope_table_kernel(float *cos_t, float *sin_t, int T, int hd, float theta) {
-    int half = hd / 2;
-    int64_t total = (int64_t)T * half;
-    GRID_STRIDE(k, total) {
-        int t = (int)(k / half), i = (int)(k % half);
-        float expo = (float)(2 * i) / (float)hd;
-        float inv_freq = 1.0f / (float)pow((double)theta, (double)expo);
-        float angle = __fmul_rn((float)t, inv_freq);
-        cos_t[k] = (float)cos((double)angle);
-        sin_t[k] = (float)sin((double)angle);
-    }
+/* Whether the table holds inv_freq's angles for hd (at any T). */
+static bool rope_same(const cuda_state *st, int hd, const float *inv_freq) {
+    return st->rope_cos && st->rope_hd == hd && !memcmp(st->rope_freq, inv_freq, (size_t)(hd / 2) * sizeof(float));
 }
 
-static void rope_table(device *d, int T, int hd, float theta) {
+static void rope_table(device *d, int T, int hd, const float *inv_freq) {
     cuda_state *st = cuda_of(d);
-    if (st->rope_cos && st->rope_T == T && st->rope_hd == hd && st->rope_theta == theta) return;
+    if (st->rope_T == T && rope_same(st, hd, inv_freq)) return;
     if (st->rope_cos) { /* queued rope kernels may still read the old table */
         host_wait(d, compute(d));
         CUDA_CHECK(cudaFree(st->rope_cos));
         CUDA_CHECK(cudaFree(st->rope_sin));
         st->rope_cos = st->rope_sin = NULL;
     }
-    size_t bytes = (size_t)T * (hd / 2) * sizeof(float);
+    int half = hd / 2;
+    size_t bytes = (size_t)T * half * sizeof(float);
+    float *host = (float *)xmalloc(2 * bytes);
+    dev_rope_table(inv_freq, T, hd, host, host + (size_t)T * half);
     st->rope_cos = (float *)must_malloc(d, bytes, "rotary cos table");
     st->rope_sin = (float *)must_malloc(d, bytes, "rotary sin table");
-    st->rope_T = T, st->rope_hd = hd, st->rope_theta = theta;
-    int64_t total = (int64_t)T * (hd / 2);
-    rope_table_kernel<<<ew_blocks(total), EW_THREADS, 0, compute(d)>>>(st->rope_cos, st->rope_sin,
-                                                                       T, hd, theta);
-    LAUNCH_CHECK();
+    CUDA_CHECK(cudaMemcpy(st->rope_cos, host, bytes, cudaMemcpyHostToDevice)); /* synchronous */
+    CUDA_CHECK(cudaMemcpy(st->rope_sin, host + (size_t)T * half, bytes, cudaMemcpyHostToDevice));
+    free(host);
+    st->rope_freq = (float *)xrealloc(st->rope_freq, (size_t)half * sizeof(float));
+    memcpy(st->rope_freq, inv_freq, (size_t)half * sizeof(float));
+    st->rope_T = T, st->rope_hd = hd;
 }
 
 /* One thread per (row, head, i < hd/2): (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin); inverse
@@ -1082,11 +1076,11 @@ __global__ void rope_kernel(float *x, const float *cos_t, const float *sin_t, in
 }
 
 static void cuda_rope(device *d, float *x, int ldx, int rows, int T, int n_heads, int hd,
-                      float theta, bool inverse) {
+                      const float *inv_freq, bool inverse) {
     CHECK(hd % 2 == 0 && T > 0);
     int64_t total = (int64_t)rows * n_heads * (hd / 2);
     if (total <= 0) return;
-    rope_table(d, T, hd, theta);
+    rope_table(d, T, hd, inv_freq);
     cuda_state *st = cuda_of(d);
     rope_kernel<<<ew_blocks(total), EW_THREADS, 0, compute(d)>>>(
         x, st->rope_cos, st->rope_sin, ldx, total, T, n_heads, hd, inverse ? -1.0f : 1.0f);
@@ -1113,16 +1107,16 @@ __global__ void rope_at_kernel(float *x, const float *cos_t, const float *sin_t,
 }
 
 static void cuda_rope_at(device *d, float *x, int ldx, int rows, int pos0, int n_heads, int hd,
-                         float theta) {
+                         const float *inv_freq) {
     CHECK(hd % 2 == 0 && pos0 >= 0 && rows >= 0);
     int64_t total = (int64_t)rows * n_heads * (hd / 2);
     if (total <= 0) return;
     cuda_state *st = cuda_of(d);
     int need = pos0 + rows;
-    if (!st->rope_cos || st->rope_hd != hd || st->rope_theta != theta || st->rope_T < need) {
+    if (!rope_same(st, hd, inv_freq) || st->rope_T < need) {
         int T = 256;
         while (T < need) T *= 2;
-        rope_table(d, T, hd, theta);
+        rope_table(d, T, hd, inv_freq);
     }
     rope_at_kernel<<<ew_blocks(total), EW_THREADS, 0, compute(d)>>>(x, st->rope_cos, st->rope_sin,
                                                                     ldx, total, pos0, n_heads, hd);
@@ -1482,6 +1476,7 @@ static void destroy_state(cuda_state *st) {
         if (dev_ptrs[i]) (void)cudaFree(dev_ptrs[i]);
     for (int s = 0; s < DEV_STREAMS; s++)
         if (st->stream[s]) (void)cudaStreamDestroy(st->stream[s]);
+    free(st->rope_freq);
     free(st);
 }
 

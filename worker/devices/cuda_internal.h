@@ -98,11 +98,11 @@ typedef struct cuda_state {
     void *gemm16[2];
     size_t gemm16_bytes; /* of each */
 
-    /* Rotary cos/sin table of the last (T, hd, theta), [T, hd/2] each, cudaMalloc'ed outside
-     * the accounting like the CPU device's table. */
+    /* Rotary cos/sin table of the last (T, hd, inv_freq), [T, hd/2] each, cudaMalloc'ed outside
+     * the accounting like the CPU device's table; rope_freq: that inv_freq (host, hd/2). */
     float *rope_cos, *rope_sin;
     int rope_T, rope_hd;
-    float rope_theta;
+    float *rope_freq;
 
     /* CEPHALO_CUDA_OPTIME=1: the event pairs and the per-class times (cuda_device.cu); NULL
      * when off, and then no op is wrapped (the plain op table). */

@@ -199,3 +199,19 @@ void dev_upload(device *d, void *dst, const void *src, size_t bytes) {
 void dev_download(device *d, void *dst, const void *src, size_t bytes) {
     d->ops->copy(d, dst, src, bytes, COPY_D2H);
 }
+
+/* The angles as PyTorch / Hugging Face Llama computes them, in fp32: angle = float(t) *
+ * inv_freq[i] rounded to float, then cos and sin of that fp32 angle evaluated in double and
+ * rounded once. A double-precision angle would differ from PyTorch by up to half an ulp of the
+ * angle (~8e-6 at t = 255), more than the 1e-6 agreement wanted; in this order the tables agree
+ * with PyTorch's to about an ulp. The CPU and CUDA devices both use this table, so their
+ * rotations are the same bits. */
+void dev_rope_table(const float *inv_freq, int T, int hd, float *cos_t, float *sin_t) {
+    int half = hd / 2;
+    for (int i = 0; i < half; i++)
+        for (int t = 0; t < T; t++) {
+            float angle = (float)t * inv_freq[i];
+            cos_t[(int64_t)t * half + i] = (float)cos((double)angle);
+            sin_t[(int64_t)t * half + i] = (float)sin((double)angle);
+        }
+}

@@ -160,10 +160,11 @@ typedef struct dev_ops {
 
     /* ---- rotary position embedding (rotate-half convention of Hugging Face Llama) ----
      * x holds rows of n_heads*hd values with leading dimension ldx; row r is the token at
-     * position r % T. For i < hd/2: (x_i, x_{i+hd/2}) is rotated by angle t * theta^(-2i/hd),
-     * in place. inverse rotates by the negative angle (the backward of the forward). */
-    void (*rope)(device *d, float *x, int ldx, int rows, int T, int n_heads, int hd, float theta,
-                 bool inverse);
+     * position r % T. For i < hd/2: (x_i, x_{i+hd/2}) is rotated by angle t * inv_freq[i] (a
+     * host array of hd/2 floats: model_rope_inv_freq, theta^(-2i/hd) with any rope_scaling), in
+     * place. inverse rotates by the negative angle (the backward of the forward). */
+    void (*rope)(device *d, float *x, int ldx, int rows, int T, int n_heads, int hd,
+                 const float *inv_freq, bool inverse);
 
     /* ---- attention (flash-style: never a T x T matrix per head) ----
      * q: [B*T rows, H*hd] with leading dimension ldq; k, v: [B*T, Hkv*hd] with leading
@@ -187,7 +188,7 @@ typedef struct dev_ops {
      * the token at position pos0 + r: the new tokens of a decode step, after pos0 cached ones.
      * Same angles and rounding as rope, so rope_at(pos0 = 0) equals rope with T >= rows. */
     void (*rope_at)(device *d, float *x, int ldx, int rows, int pos0, int n_heads, int hd,
-                    float theta);
+                    const float *inv_freq);
     /* attention_cached: n new query rows against a K/V cache. q: [n, H*hd] with leading
      * dimension ldq; kc, vc: [>= pos0+n, Hkv*hd] contiguous, rows 0 .. pos0+n-1 filled (the new
      * tokens' keys and values already written at rows pos0 ..). Query row i is the token at
@@ -295,6 +296,9 @@ void *dev_alloc(device *d, size_t bytes, const char *what);
 void dev_free(device *d, void *p);
 /* Releases the allocator's table; device close functions call it. */
 void dev_free_table(device *d);
+/* The RoPE cos/sin tables [T, hd/2] of positions 0..T-1 for inv_freq[hd/2] (device.c): what
+ * every device's rope rotates by. */
+void dev_rope_table(const float *inv_freq, int T, int hd, float *cos_t, float *sin_t);
 /* Sets the context that out-of-memory errors name (printf-style). One longer than
  * DEV_CONTEXT_LEN - 1 bytes is cut after its last whole word (never inside a word or a UTF-8
  * character) and ends with "...". */

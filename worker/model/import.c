@@ -103,12 +103,14 @@ static int llama_pieces(const hf_import *imp, int unit, const wm_tensor *t, piec
         snprintf(p->hf, sizeof p->hf, "%s", !strcmp(t->name, "norm.weight") ? "model.norm.weight" : "lm_head.weight");
         return 1;
     case UNIT_BLOCK:
-        if (!strcmp(t->name, "attn.qkv.weight")) { /* rows: q heads, k heads, v heads */
+        bool bias = !strcmp(t->name, "attn.qkv.bias"); /* Qwen2's */
+        if (bias || !strcmp(t->name, "attn.qkv.weight")) { /* rows: q heads, k heads, v heads */
             int64_t hd = m->d_model / m->n_head, q = m->n_head * hd, kv = m->n_kv_head * hd;
             static const char *const names[] = {"q_proj", "k_proj", "v_proj"};
             int64_t r0[] = {0, q, q + kv}, rows[] = {q, kv, kv};
             for (int i = 0; i < 3; i++) {
-                snprintf(p[i].hf, sizeof p[i].hf, "model.layers.%d.self_attn.%s.weight", unit - 1, names[i]);
+                snprintf(p[i].hf, sizeof p[i].hf, "model.layers.%d.self_attn.%s.%s", unit - 1, names[i],
+                         bias ? "bias" : "weight");
                 p[i].row0 = r0[i], p[i].rows = rows[i], p[i].transpose = false;
             }
             return 3;
@@ -121,6 +123,11 @@ static int llama_pieces(const hf_import *imp, int unit, const wm_tensor *t, piec
     }
     CHECK(!"a Llama tensor without a Hugging Face name");
     return 0;
+}
+
+/* The architecture config.json names, as far as the spec tells (messages). */
+static const char *hf_family_name(const model_spec *m) {
+    return m->arch == ARCH_GPT ? "GPT-2" : m->qkv_bias ? "Qwen2" : m->sliding_window ? "Mistral" : "Llama";
 }
 
 static int pieces_of(const hf_import *imp, int unit, const wm_tensor *t, piece *p) {
@@ -241,7 +248,7 @@ static int check_piece(const hf_import *imp, const piece *p, int64_t cols, int n
     if (!t)
         return err_set(err, "%s: tensor '%s' not found in %s (config.json says this is a %s model with "
                        "%d layers)", imp->dir, p->hf, imp->n_map ? "the weight_map of its index" : "its safetensors file",
-                       imp->m->arch == ARCH_GPT ? "GPT-2" : "Llama", imp->m->n_layer);
+                       hf_family_name(imp->m), imp->m->n_layer);
     int64_t want[2] = {p->rows, cols};
     if (p->transpose) want[0] = cols, want[1] = p->rows;
     bool same = t->ndim == ndim;
@@ -373,7 +380,7 @@ static int check_all(hf_import *imp, err_t *err) {
         if (not_a_weight(imp, found[i])) weights_use(&used, found[i]);
     }
     char model[160];
-    snprintf(model, sizeof model, "config.json describes a %s model with %d layer%s", m->arch == ARCH_GPT ? "GPT-2" : "Llama",
+    snprintf(model, sizeof model, "config.json describes a %s model with %d layer%s", hf_family_name(m),
              m->n_layer, m->n_layer == 1 ? "" : "s");
     if (rc == 0) rc = weights_check_unused(&used, imp->n_map ? imp->index : st_label(imp->files[0]), found, n,
                                            imp->allow_unused, model, err);

@@ -34,6 +34,7 @@ struct sampler {
     float *fc, *up, *act;            /* [rows, ff] */
     float *mean, *rstd;              /* [rows] */
     float *logits;                   /* [V] */
+    float *inv_freq;                 /* Llama: [hd/2] host, the RoPE frequencies */
 };
 
 /* ---- parameters by name (wm_unit_tensors' layout, looked up once per call) ---- */
@@ -56,6 +57,10 @@ int sampler_new(sampler **out, device *d, const model_spec *m, float *const *hos
     s->hd = m->d_model / m->n_head;
     s->kvw = m->n_kv_head * s->hd;
     s->qw = engine_qkv_width(m);
+    if (m->arch == ARCH_LLAMA) {
+        s->inv_freq = xmalloc((size_t)(s->hd / 2) * sizeof(float));
+        model_rope_inv_freq(m, s->hd, s->inv_freq);
+    }
     int unit_of_kind[3] = {[UNIT_EMBEDDING] = 0, [UNIT_BLOCK] = 1, [UNIT_HEAD] = m->n_layer + 1};
     for (int k = 0; k < 3; k++) s->n_layout[k] = wm_unit_tensors(m, unit_of_kind[k], s->layout[k]);
     int units = model_n_units(m), L = m->n_layer;
@@ -113,6 +118,7 @@ void sampler_free(sampler *s) {
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) dev_free(d, all[i]);
     dev_free(d, s->ids);
     free(s->params), free(s->k), free(s->v);
+    free(s->inv_freq);
     free(s);
 }
 
@@ -159,11 +165,11 @@ static void llama_block(sampler *s, int unit, int n, int pos0) {
     const model_spec *m = &s->m;
     int D = m->d_model, ff = m->d_ff;
     int64_t nd = (int64_t)n * D;
-    float eps = wm_norm_eps(m), theta = wm_rope_theta(m);
+    float eps = wm_norm_eps(m);
     OP(d, rmsnorm_fwd, s->h, s->rstd, s->x, W("attn_norm.weight"), n, D, eps);
-    linear(d, s->qkv, s->h, W("attn.qkv.weight"), NULL, n, D, s->qw);
-    OP(d, rope_at, s->qkv, s->qw, n, pos0, m->n_head, s->hd, theta);
-    OP(d, rope_at, s->qkv + (int64_t)m->n_head * s->hd, s->qw, n, pos0, m->n_kv_head, s->hd, theta);
+    linear(d, s->qkv, s->h, W("attn.qkv.weight"), m->qkv_bias ? W("attn.qkv.bias") : NULL, n, D, s->qw);
+    OP(d, rope_at, s->qkv, s->qw, n, pos0, m->n_head, s->hd, s->inv_freq);
+    OP(d, rope_at, s->qkv + (int64_t)m->n_head * s->hd, s->qw, n, pos0, m->n_kv_head, s->hd, s->inv_freq);
     attend_cached(s, unit - 1, n, pos0);
     linear(d, s->tmp, s->att, W("attn.o.weight"), NULL, n, D, D);
     OP(d, axpy, s->x, 1.0f, s->tmp, nd);

@@ -24,6 +24,7 @@ struct wm_acts {
     float *dqkv, *datt, *dx2, *dln, *dact, *dfc, *dup;
     /* head and embedding extras */
     float *logits, *losses, *rows;
+    float *inv_freq; /* Llama: the RoPE frequencies [hd/2], host (model_rope_inv_freq) */
     /* the saved sets (planner/engine_mem.h): [n_sets][ES_COUNT], NULL where a set has no such
      * buffer; one with recompute full, one per (unit, kept microbatch) with none */
     recompute_mode recompute;
@@ -76,6 +77,10 @@ wm_acts *wm_acts_new(device *d, const model_spec *m, int max_m, int seq, recompu
     a->T = model_tokens(m, seq);
     a->recompute = recompute;
     a->kept = kept > 0 ? kept : 1;
+    if (llama) {
+        a->inv_freq = xmalloc((size_t)(m->d_model / m->n_head / 2) * sizeof(float));
+        model_rope_inv_freq(m, m->d_model / m->n_head, a->inv_freq);
+    }
     int unit_of_kind[3] = {[UNIT_EMBEDDING] = 0, [UNIT_BLOCK] = 1, [UNIT_HEAD] = m->n_layer + 1};
     for (int k = 0; k < 3; k++) a->n_layout[k] = wm_unit_tensors(m, unit_of_kind[k], a->layout[k]);
     struct {
@@ -119,6 +124,7 @@ void wm_acts_free(device *d, wm_acts *a) {
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) dev_free(d, all[i]);
     for (size_t i = 0; a->sets && i < (size_t)a->n_sets * ES_COUNT; i++) dev_free(d, a->sets[i]);
     free(a->sets);
+    free(a->inv_freq);
     free(a);
 }
 
@@ -215,15 +221,16 @@ static void preln_bwd(device *d, const model_spec *m, int unit, const float *par
        W("ln_1.weight"), N, D);
 }
 
-/* Llama block: x2 = x + o(attn(rope(qkv(rms x)))); y = x2 + down(silu(gate h) * up h), h = rms x2. */
+/* Llama block: x2 = x + o(attn(rope(qkv(rms x)))); y = x2 + down(silu(gate h) * up h), h = rms x2.
+ * qkv has a bias in Qwen2 (qkv_bias); RoPE rotates by the model's inv_freq (rope_scaling). */
 static void llama_fwd(device *d, const model_spec *m, int unit, const float *params, int mb,
                       int T, const float *x, float *y, wm_acts *a) {
     int N = mb * T, D = m->d_model, ff = m->d_ff, qw = qkv_width(m), hd = D / m->n_head;
     float eps = wm_norm_eps(m);
     OP(d, rmsnorm_fwd, a->ln1, a->rstd1, x, W("attn_norm.weight"), N, D, eps);
-    linear_fwd(d, a->qkv, a->ln1, W("attn.qkv.weight"), NULL, N, D, qw);
-    OP(d, rope, a->qkv, qw, N, T, m->n_head, hd, wm_rope_theta(m), false);
-    OP(d, rope, a->qkv + m->n_head * hd, qw, N, T, m->n_kv_head, hd, wm_rope_theta(m), false);
+    linear_fwd(d, a->qkv, a->ln1, W("attn.qkv.weight"), m->qkv_bias ? W("attn.qkv.bias") : NULL, N, D, qw);
+    OP(d, rope, a->qkv, qw, N, T, m->n_head, hd, a->inv_freq, false);
+    OP(d, rope, a->qkv + m->n_head * hd, qw, N, T, m->n_kv_head, hd, a->inv_freq, false);
     attend(d, m, mb, T, a);
     linear_fwd(d, a->x2, a->att, W("attn.o.weight"), NULL, N, D, D);
     OP(d, axpy, a->x2, 1.0f, x, (int64_t)N * D);
@@ -252,10 +259,10 @@ static void llama_bwd(device *d, const model_spec *m, int unit, const float *par
     linear_bwd(d, a->datt, false, DW("attn.o.weight"), NULL, a->dx2, a->att, W("attn.o.weight"),
                N, D, D);
     attend_bwd(d, m, mb, T, a);
-    OP(d, rope, a->dqkv, qw, N, T, m->n_head, hd, wm_rope_theta(m), true);
-    OP(d, rope, a->dqkv + m->n_head * hd, qw, N, T, m->n_kv_head, hd, wm_rope_theta(m), true);
-    linear_bwd(d, a->dln, false, DW("attn.qkv.weight"), NULL, a->dqkv, a->ln1,
-               W("attn.qkv.weight"), N, D, qw);
+    OP(d, rope, a->dqkv, qw, N, T, m->n_head, hd, a->inv_freq, true);
+    OP(d, rope, a->dqkv + m->n_head * hd, qw, N, T, m->n_kv_head, hd, a->inv_freq, true);
+    linear_bwd(d, a->dln, false, DW("attn.qkv.weight"), m->qkv_bias ? DW("attn.qkv.bias") : NULL, a->dqkv,
+               a->ln1, W("attn.qkv.weight"), N, D, qw);
     copy_f(d, dx, a->dx2, (int64_t)N * D);
     OP(d, rmsnorm_bwd, dx, DW("attn_norm.weight"), a->dln, x, a->rstd1, W("attn_norm.weight"), N,
        D);

@@ -40,8 +40,6 @@ void wm_init_range(const model_spec *m, int unit, uint64_t seed, int64_t lo, int
 /* Loss scale and sequence conventions of an architecture. */
 bool wm_is_causal(const model_spec *m);
 float wm_norm_eps(const model_spec *m);
-/* The RoPE base: the model's rope_theta (config.json), 10000 by default. */
-float wm_rope_theta(const model_spec *m);
 
 /* ---- per-microbatch inputs ---- */
 typedef struct wm_batch {

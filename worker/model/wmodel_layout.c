@@ -101,6 +101,7 @@ static void llama_block_layout(const model_spec *m, layout *l) {
     int64_t d = m->d_model, ff = m->d_ff, hd = d / m->n_head;
     vec(l, "attn_norm.weight", d, INIT_ONES);
     matrix(l, "attn.qkv.weight", (m->n_head + 2 * (int64_t)m->n_kv_head) * hd, d, STD);
+    if (m->qkv_bias) vec(l, "attn.qkv.bias", (m->n_head + 2 * (int64_t)m->n_kv_head) * hd, INIT_ZEROS); /* Qwen2 */
     matrix(l, "attn.o.weight", d, d, resid_std(m));
     vec(l, "mlp_norm.weight", d, INIT_ONES);
     matrix(l, "mlp.gate.weight", ff, d, STD);
@@ -179,4 +180,3 @@ bool wm_is_causal(const model_spec *m) { return m->arch == ARCH_GPT || m->arch =
 
 float wm_norm_eps(const model_spec *m) { return (float)model_norm_eps(m); }
 
-float wm_rope_theta(const model_spec *m) { return (float)model_rope_theta(m); }

@@ -132,6 +132,11 @@ static void llama_tensors(exporter *x) {
         put(x, LAYER("self_attn.q_proj.weight"), u, "attn.qkv.weight", 0, q, false);
         put(x, LAYER("self_attn.k_proj.weight"), u, "attn.qkv.weight", q, kv, false);
         put(x, LAYER("self_attn.v_proj.weight"), u, "attn.qkv.weight", q + kv, kv, false);
+        if (m->qkv_bias) { /* Qwen2 */
+            put(x, LAYER("self_attn.q_proj.bias"), u, "attn.qkv.bias", 0, q, false);
+            put(x, LAYER("self_attn.k_proj.bias"), u, "attn.qkv.bias", q, kv, false);
+            put(x, LAYER("self_attn.v_proj.bias"), u, "attn.qkv.bias", q + kv, kv, false);
+        }
         put(x, LAYER("self_attn.o_proj.weight"), u, "attn.o.weight", 0, -1, false);
         put(x, LAYER("post_attention_layernorm.weight"), u, "mlp_norm.weight", 0, -1, false);
         put(x, LAYER("mlp.gate_proj.weight"), u, "mlp.gate.weight", 0, -1, false);
@@ -153,9 +158,15 @@ static const char *torch_dtype(st_dtype d) { return d == ST_BF16 ? "bfloat16" : 
 static cJSON *hf_config(const model_spec *m, st_dtype dtype, int32_t bos, int32_t eos) {
     cJSON *o = cJSON_CreateObject();
     bool gpt = m->arch == ARCH_GPT;
+    /* the Llama relative the spec's fields make it: Qwen2 has q/k/v biases, Mistral a window */
+    const char *type = gpt ? "gpt2" : m->qkv_bias ? "qwen2" : m->sliding_window ? "mistral" : "llama";
+    const char *name = gpt              ? "GPT2LMHeadModel"
+                       : m->qkv_bias    ? "Qwen2ForCausalLM"
+                       : m->sliding_window ? "MistralForCausalLM"
+                                        : "LlamaForCausalLM";
     cJSON *arch = cJSON_AddArrayToObject(o, "architectures");
-    cJSON_AddItemToArray(arch, cJSON_CreateString(gpt ? "GPT2LMHeadModel" : "LlamaForCausalLM"));
-    cJSON_AddStringToObject(o, "model_type", gpt ? "gpt2" : "llama");
+    cJSON_AddItemToArray(arch, cJSON_CreateString(name));
+    cJSON_AddStringToObject(o, "model_type", type);
     cJSON_AddNumberToObject(o, "vocab_size", m->vocab);
     cJSON_AddStringToObject(o, "torch_dtype", torch_dtype(dtype));
     /* the tokenizer's special tokens; null without a tokenizer, since the config classes'
@@ -185,6 +196,14 @@ static cJSON *hf_config(const model_spec *m, st_dtype dtype, int32_t bos, int32_
         cJSON_AddNumberToObject(o, "rope_theta", model_rope_theta(m));
         cJSON_AddStringToObject(o, "hidden_act", "silu");
         cJSON_AddBoolToObject(o, "tie_word_embeddings", m->tied_head);
+        if (m->sliding_window) cJSON_AddNumberToObject(o, "sliding_window", m->sliding_window);
+        if (m->qkv_bias) cJSON_AddBoolToObject(o, "use_sliding_window", false);
+        if (m->rope_scaling == ROPE_PLAIN) cJSON_AddNullToObject(o, "rope_scaling");
+        else { /* config.json's form: the spec's JSON (model_json.c) writes the same keys */
+            cJSON *spec = model_to_json(m);
+            cJSON_AddItemToObject(o, "rope_scaling", cJSON_DetachItemFromObject(spec, "rope_scaling"));
+            cJSON_Delete(spec);
+        }
     }
     return o;
 }
