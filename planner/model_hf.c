@@ -237,6 +237,7 @@ static int hf_spec(const char *src, const cJSON *root, model_spec *m, err_t *err
     if (rc == 0) rc = m->arch == ARCH_GPT ? gpt2_spec(&h, m) : llama_spec(&h, m);
     if (rc < 0) return -1;
     m->default_seq = m->max_seq < 1024 ? m->max_seq : 1024;
+    if (m->sliding_window > 0 && m->default_seq > m->sliding_window) m->default_seq = m->sliding_window; /* fits */
     if (model_validate(m, err) < 0) return err_prefix(err, "%s", src);
     return 0;
 }

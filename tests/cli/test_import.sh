@@ -27,6 +27,13 @@ declare -A MODELS=(
   [llama3-bf16-sharded]="--arch llama --dtype bf16 --kv 1 --rope-theta 500000 --shards 2 --eps 1e-5"
   [llama-f16-tied]="--arch llama --dtype f16 --kv 2 --tied --rope-theta 500000"
   [llama-bf16-untied-mha]="--arch llama --dtype bf16 --shards 4 --ff 160"
+  # Llama-3.1/3.2's rope_scaling, scaled down: with hd 16 and original 32 positions the 8
+  # frequencies fall in all three of its bands (kept, blended, divided by the factor)
+  [llama31-bf16-rope-llama3]="--arch llama --dtype bf16 --kv 2 --rope-theta 10000 --rope-scaling llama3 --factor 8 --orig 32"
+  [llama-rope-linear]="--arch llama --dtype f32 --kv 2 --rope-scaling linear --factor 4"
+  [mistral-window]="--arch mistral --dtype bf16 --kv 1 --window 64"
+  [qwen2-bf16-tied]="--arch qwen2 --dtype bf16 --kv 2 --tied --rope-theta 1000000 --eps 1e-6"
+  [qwen2-f32-sharded-llama3]="--arch qwen2 --dtype f32 --kv 1 --shards 3 --rope-scaling llama3 --orig 64"
 )
 for name in $(printf '%s\n' "${!MODELS[@]}" | sort); do
   d=$T/$name
@@ -42,7 +49,8 @@ done
 
 # fine-tuning an imported model: the whole oracle (step-0 gradients, 5 AdamW steps; docs/worker-model.md)
 # with the fields import brings: rope_theta 500000, a tied Llama head, eps 1e-6
-for name in llama-f16-tied gpt2-bf16-sharded; do
+# and the Llama relatives: q/k/v biases (Qwen2) get their gradients, scaled RoPE its backward
+for name in llama-f16-tied gpt2-bf16-sharded qwen2-bf16-tied llama31-bf16-rope-llama3 mistral-window; do
   d=$T/$name
   if "$W" train --quiet --init-from "$d" --batch 4 --microbatch 2 --steps 5 --seed 7 --lr 1e-3 --warmup 2 --seq 32 \
       --dump "$d.odump" --log "$d.olog" 2>"$d.oerr"; then
@@ -65,6 +73,15 @@ check "cephalo plan --model DIR/config.json (a Llama-3-style import)" 0 "llama3-
 check "the plan carries rope_theta, norm_eps and the tied head in its model spec" 0 "" -- $PY -c "
 import json; m = json.load(open('$T/p3.json'))['inputs']['model_spec']
 assert m['rope_theta'] == 500000 and m['norm_eps'] == 1e-5 and m['n_kv_head'] == 1, m"
+$C plan --cluster "$(cluster_of 3)" --model "$T/qwen2-f32-sharded-llama3/config.json" --batch 12 -o "$T/pq.json" >/dev/null
+check "... and Qwen2's q/k/v biases and the llama3 rope_scaling, with the parameter count the worker lays out" 0 "" -- $PY -c "
+import json; p = json.load(open('$T/pq.json')); m = p['inputs']['model_spec']
+assert m['qkv_bias'] is True and m['rope_scaling'] == {'rope_type': 'llama3', 'factor': 8, 'low_freq_factor': 1,
+       'high_freq_factor': 4, 'original_max_position_embeddings': 64}, m
+d, L, V, ff, kv = m['d_model'], m['n_layer'], m['vocab'], m['d_ff'], m['n_kv_head'] * m['d_model'] // m['n_head']
+want = V * d + L * (2 * d * d + 2 * d * kv + d + 2 * kv + 3 * d * ff + 2 * d) + d + V * d
+got = sum(u['numel'] for u in p['units'])
+assert got == want, (got, want)"
 
 # ---- export then import is the identity, bit for bit ----
 same_params() { # CKPT_A CKPT_B: every param.* tensor identical in bits
@@ -105,10 +122,34 @@ for k in ('hidden_size', 'intermediate_size', 'num_attention_heads', 'num_key_va
     assert ca[k] == cb[k], (k, ca[k], cb[k])
 "
 
+# Qwen2 (biases, llama3 rope_scaling, sharded) and Mistral (a window) the same way: the config keys
+# that make them what they are come back too
+for name_dtype in qwen2-f32-sharded-llama3:float32 mistral-window:bfloat16; do
+  name=${name_dtype%:*} d=$T/${name_dtype%:*}
+  "$W" train --quiet --init-from "$d" --batch 2 --steps 0 --ckpt-dir "$T/rt-$name" 2>/dev/null
+  "$W" export --checkpoint "$T/rt-$name" -o "$T/rt-$name-exp" --dtype "${name_dtype#*:}" >/dev/null 2>&1
+  check "$name files -> import -> export: same tensors bit for bit, same config keys" 0 "" -- $PY -c "
+import glob, json, os, sys; sys.path.insert(0, 'tests/ref'); import st, numpy as np
+a = {}
+for f in glob.glob('$d/*.safetensors'):
+    a.update(st.read(f)[0])
+b, _ = st.read('$T/rt-$name-exp/model.safetensors')
+assert sorted(a) == sorted(b), (sorted(set(a) ^ set(b)))
+for k in a:
+    assert a[k].dtype == b[k].dtype and np.array_equal(a[k].view(np.uint8), b[k].view(np.uint8)), k
+ca, cb = json.load(open('$d/config.json')), json.load(open('$T/rt-$name-exp/config.json'))
+for k in ('architectures', 'model_type', 'hidden_size', 'num_key_value_heads', 'rope_theta', 'rope_scaling',
+          'tie_word_embeddings', 'sliding_window' if ca['model_type'] == 'mistral' else 'use_sliding_window'):
+    assert ca[k] == cb[k], (k, ca[k], cb[k])
+"
+  check "... and the export is a directory transformers loads (check_hf_dir.py)" 0 "" \
+    -- $PY tests/ref/check_hf_dir.py "$T/rt-$name-exp" --no-tokenizer
+done
+
 # ---- fine-tuning an imported model on 3 uneven ranks = 1 rank ----
 TOL=1e-4 # as test_fsdp.sh: fp32, sums in another order, 3 AdamW steps
 train_args=(--steps 3 --lr 2e-3 --seed 5)
-for name in gpt2-bf16-sharded llama3-bf16-sharded llama-f16-tied; do
+for name in gpt2-bf16-sharded llama3-bf16-sharded llama-f16-tied qwen2-f32-sharded-llama3; do
   d=$T/$name
   "$W" train --quiet --init-from "$d" --batch 12 --microbatch 4 "${train_args[@]}" --ckpt-dir "$T/ref-$name" 2>"$T/ref-$name.err"
   $C plan --cluster "$(cluster_of 3)" --model "$d/config.json" --batch 12 -o "$T/base-$name.json" >/dev/null
@@ -215,11 +256,36 @@ cfg() { # DIR PYTHON-STATEMENT: edits DIR/config.json (as c)
 rm -rf "$bad" && cp -r "$T/llama-f32-gqa" "$bad"
 check "--init-from without --batch: the remedy named is --batch, not --model" 2 \
   "give --batch B (samples per step) for --init-from's model $bad" -- "$W" train --quiet --init-from "$bad" --steps 1
-cfg "$bad" "c['rope_scaling'] = {'rope_type': 'llama3', 'factor': 8.0}"
-check "rope_scaling is refused, not ignored" 2 "rope_scaling is set" -- "$W" train --quiet --init-from "$bad" --batch 2 --steps 1
-cfg "$bad" "c['rope_scaling'] = None; c['architectures'] = ['MistralForCausalLM']"
-check "an architecture we do not implement" 2 "architecture 'MistralForCausalLM' cannot be imported" \
+cfg "$bad" "c['rope_scaling'] = {'rope_type': 'yarn', 'factor': 8.0}"
+check "a rope_scaling we do not implement is refused, not ignored" 2 \
+  "config.json: rope_scaling.rope_type is \"yarn\"; Cephalo implements rope_scaling linear and llama3" \
   -- "$W" train --quiet --init-from "$bad" --batch 2 --steps 1
+cfg "$bad" "c['rope_scaling'] = {'type': 'dynamic', 'factor': 2.0}"
+check "... the older key 'type' too" 2 "config.json: rope_scaling.type is \"dynamic\"" \
+  -- "$W" train --quiet --init-from "$bad" --batch 2 --steps 1
+cfg "$bad" "c['rope_scaling'] = {'rope_type': 'llama3', 'factor': 8.0}"
+check "... and a llama3 one without its numbers" 2 "rope_scaling of type llama3 needs rope_scaling.low_freq_factor" \
+  -- "$W" train --quiet --init-from "$bad" --batch 2 --steps 1
+cfg "$bad" "c['rope_scaling'] = None; c['attention_bias'] = True"
+check "Llama's attention_bias (o_proj too) is refused" 2 "config.json: attention_bias is set; biases on all four" \
+  -- "$W" train --quiet --init-from "$bad" --batch 2 --steps 1
+cfg "$bad" "c['attention_bias'] = False; c['architectures'] = ['GemmaForCausalLM']"
+check "an architecture we do not implement" 2 "architecture 'GemmaForCausalLM' cannot be imported (supported: GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)" \
+  -- "$W" train --quiet --init-from "$bad" --batch 2 --steps 1
+rm -rf "$T/qsw" && cp -r "$T/qwen2-bf16-tied" "$T/qsw"
+cfg "$T/qsw" "c['use_sliding_window'] = True"
+check "Qwen2 with use_sliding_window is refused" 2 "config.json: use_sliding_window is set; Qwen2's sliding-window attention is not implemented" \
+  -- "$W" train --quiet --init-from "$T/qsw" --batch 2 --steps 1
+swmsg="sequence length 65 exceeds model mistral-window's sliding_window of 64 (config.json)"
+check "Mistral: a sequence longer than its sliding_window is refused (train)" 2 "$swmsg" \
+  -- "$W" train --quiet --init-from "$T/mistral-window" --batch 2 --seq 65 --steps 1
+check "... cephalo plan too" 2 "$swmsg" \
+  -- $C plan --cluster "$(cluster_of 2)" --model "$T/mistral-window/config.json" --batch 4 --seq 65
+check "... the window itself is fine" 0 "" -- "$W" train --quiet --init-from "$T/mistral-window" --batch 1 --seq 64 --steps 1
+cfg "$bad" "c['architectures'] = ['LlamaForCausalLM']; c['sliding_window'] = 16"
+check "a sliding_window in a Llama config is refused (Mistral's is read)" 2 "config.json: sliding_window is set" \
+  -- "$W" train --quiet --init-from "$bad" --batch 2 --steps 1
+cfg "$bad" "del c['sliding_window']"
 cfg "$bad" "c['architectures'] = ['LlamaForCausalLM']; del c['hidden_size']"
 check "a missing config field" 2 "config.json: missing field 'hidden_size'" \
   -- "$W" train --quiet --init-from "$bad" --batch 2 --steps 1

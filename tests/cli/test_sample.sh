@@ -51,6 +51,10 @@ sample_checked "llama GQA theta 5e5 greedy" "$T/llama3" "$T/l0.st" --init-from "
   --prompt "The quick brown fox" --max-new-tokens 100 --temperature 0
 sample_checked "llama tied bf16 greedy" "$T/llama-tied" "$T/t0.st" --init-from "$T/llama-tied" \
   --prompt "x" --max-new-tokens 40 --temperature 0
+# Qwen2's q/k/v biases and Llama-3.1's rope_scaling through the KV cache
+$HF make "$T/qwen2" --arch qwen2 --kv 2 --rope-scaling llama3 --factor 8 --orig 32 --seed 6 >/dev/null
+sample_checked "qwen2 (q/k/v biases), llama3 rope_scaling, greedy" "$T/qwen2" "$T/q0.st" --init-from "$T/qwen2" \
+  --prompt "The quick brown fox" --max-new-tokens 80 --temperature 0
 sample_checked "llama top-k 8 top-p 0.9, 3 samples" "$T/llama3" "$T/l1.st" --init-from "$T/llama3" \
   --prompt "abc" --max-new-tokens 50 --temperature 0.8 --top-k 8 --top-p 0.9 --num-samples 3 --seed 11
 sample_checked "llama prefill in chunks of 5" "$T/llama3" "$T/l2.st" --init-from "$T/llama3" \

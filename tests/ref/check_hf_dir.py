@@ -7,7 +7,10 @@ needed here: json and numpy only):
                            (GPT2Config: n_embd n_head n_layer n_positions layer_norm_epsilon;
                            LlamaConfig: hidden_size intermediate_size num_attention_heads
                            num_key_value_heads num_hidden_layers max_position_embeddings
-                           rms_norm_eps rope_theta), torch_dtype, bos_token_id, eos_token_id
+                           rms_norm_eps rope_theta; MistralConfig and Qwen2Config the same,
+                           with sliding_window / use_sliding_window false), torch_dtype,
+                           bos_token_id, eos_token_id; rope_scaling null or one transformers
+                           reads (linear: factor; llama3: its four keys)
   generation_config.json   bos_token_id, eos_token_id (GenerationConfig: generate() stops at EOS)
   model.safetensors        an 8-byte little-endian header length, a JSON header whose
                            __metadata__ has "format": "pt" (transformers refuses others), every
@@ -66,6 +69,10 @@ ARCH_KEYS = {
     "llama": ("LlamaForCausalLM", ["hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
                                    "num_hidden_layers", "max_position_embeddings"], ["rms_norm_eps", "rope_theta"]),
 }
+ARCH_KEYS["mistral"] = ("MistralForCausalLM", ARCH_KEYS["llama"][1] + ["sliding_window"], ARCH_KEYS["llama"][2])
+ARCH_KEYS["qwen2"] = ("Qwen2ForCausalLM",) + ARCH_KEYS["llama"][1:]
+ROPE_KEYS = {"linear": ["factor"],
+             "llama3": ["factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"]}
 
 
 def read_safetensors(path):
@@ -79,7 +86,7 @@ def read_safetensors(path):
 def check_config(d):
     cfg = load_json(d, "config.json")
     mt = cfg.get("model_type")
-    report(mt in ARCH_KEYS, "config.json: model_type %r is gpt2 or llama" % mt)
+    report(mt in ARCH_KEYS, "config.json: model_type %r is gpt2, llama, mistral or qwen2" % mt)
     if mt not in ARCH_KEYS:
         return cfg
     arch, ints, floats = ARCH_KEYS[mt]
@@ -88,6 +95,13 @@ def check_config(d):
     bad = [k for k in ints if not (is_int(cfg.get(k)) and cfg[k] > 0)]
     bad += [k for k in floats if not isinstance(cfg.get(k), (int, float)) or cfg[k] <= 0]
     report(not bad, "config.json: %s's size keys present%s" % (mt, " (missing or bad: %s)" % bad if bad else ""))
+    if mt == "qwen2":
+        report(cfg.get("use_sliding_window") is False, "config.json: qwen2's use_sliding_window is false")
+    rs = cfg.get("rope_scaling")
+    if mt != "gpt2" and rs is not None:
+        keys = ROPE_KEYS.get(rs.get("rope_type"), [None])
+        report(all(isinstance(rs.get(k), (int, float)) and rs[k] > 0 for k in keys),
+               "config.json: rope_scaling %r has the keys transformers reads for its rope_type" % rs)
     report(cfg.get("torch_dtype") in ST_DTYPE, "config.json: torch_dtype %r is float32, bfloat16 or float16" %
            cfg.get("torch_dtype"))
     return cfg
