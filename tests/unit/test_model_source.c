@@ -150,15 +150,15 @@ static void test_model_inline(void **state) {
     /* a field Cephalo cannot train, named under the job's field */
     assert_int_equal(parse("{\"volume\":{\"hostPath\":{\"path\":\"/m\"}},\"config\":{\"architectures\":"
                            "[\"LlamaForCausalLM\"],\"vocab_size\":256,\"hidden_size\":64,\"intermediate_size\":192,"
-                           "\"num_attention_heads\":4,\"num_hidden_layers\":2,\"rope_scaling\":{\"type\":\"linear\"}}}",
+                           "\"num_attention_heads\":4,\"num_hidden_layers\":2,\"rope_scaling\":{\"type\":\"yarn\"}}}",
                            &s, &m, msg), 1);
     assert_int_equal(msrc_model(NULL, "ml", &s, &spec, &err), -1);
-    assert_non_null(strstr(err.msg, "spec.model.initFrom.config: rope_scaling is set"));
+    assert_non_null(strstr(err.msg, "spec.model.initFrom.config: rope_scaling.type is \"yarn\""));
     cJSON_Delete(m);
-    assert_int_equal(parse("{\"volume\":{\"hostPath\":{\"path\":\"/m\"}},\"config\":{\"model_type\":\"mistral\"}}",
+    assert_int_equal(parse("{\"volume\":{\"hostPath\":{\"path\":\"/m\"}},\"config\":{\"model_type\":\"gemma\"}}",
                            &s, &m, msg), 1);
     assert_int_equal(msrc_model(NULL, "ml", &s, &spec, &err), -1);
-    assert_non_null(strstr(err.msg, "spec.model.initFrom.config: architecture 'mistral' cannot be imported"));
+    assert_non_null(strstr(err.msg, "spec.model.initFrom.config: architecture 'gemma' cannot be imported"));
     cJSON_Delete(m);
 }
 
