@@ -34,6 +34,10 @@ declare -A MODELS=(
   [mistral-window]="--arch mistral --dtype bf16 --kv 1 --window 64"
   [qwen2-bf16-tied]="--arch qwen2 --dtype bf16 --kv 2 --tied --rope-theta 1000000 --eps 1e-6"
   [qwen2-f32-sharded-llama3]="--arch qwen2 --dtype f32 --kv 1 --shards 3 --rope-scaling llama3 --orig 64"
+  # torch.save's pytorch_model.bin (strided and offset views among its tensors), one file or sharded
+  [llama-bin-bf16]="--arch llama --dtype bf16 --kv 2 --format bin"
+  [qwen2-bin-f16-sharded]="--arch qwen2 --dtype f16 --kv 2 --shards 3 --format bin --rope-scaling linear --factor 2"
+  [gpt2-bin-f32]="--arch gpt2 --dtype f32 --format bin"
 )
 for name in $(printf '%s\n' "${!MODELS[@]}" | sort); do
   d=$T/$name
@@ -146,6 +150,19 @@ for k in ('architectures', 'model_type', 'hidden_size', 'num_key_value_heads', '
     -- $PY tests/ref/check_hf_dir.py "$T/rt-$name-exp" --no-tokenizer
 done
 
+# pytorch_model.bin holds the same values as model.safetensors: the same model made in both
+# formats imports to the same parameters bit for bit (strided and offset views included)
+for fmt in safetensors bin; do
+  $HF make "$T/both-$fmt" --arch qwen2 --dtype bf16 --kv 2 --shards 2 --seed 12 --format $fmt >/dev/null
+  "$W" train --quiet --init-from "$T/both-$fmt" --batch 2 --steps 0 --ckpt-dir "$T/both-$fmt-ck" 2>/dev/null
+done
+check "pytorch_model-*.bin import = model-*.safetensors import, bit for bit" 0 "" -- \
+  same_params "$T/both-safetensors-ck/step_00000000.safetensors" "$T/both-bin-ck/step_00000000.safetensors"
+# both in one directory: safetensors is read (as transformers prefers it); the .bin is not opened
+cp "$T/both-bin"/pytorch_model* "$T/both-safetensors/" && echo garbage >"$T/both-safetensors/pytorch_model-00001-of-00002.bin"
+check "safetensors and .bin side by side: the safetensors are read" 0 "" \
+  -- "$W" train --quiet --init-from "$T/both-safetensors" --batch 2 --steps 1
+
 # ---- fine-tuning an imported model on 3 uneven ranks = 1 rank ----
 TOL=1e-4 # as test_fsdp.sh: fp32, sums in another order, 3 AdamW steps
 train_args=(--steps 3 --lr 2e-3 --seed 5)
@@ -239,7 +256,7 @@ hf_models.write_st('$bad/model.safetensors', W, 'f32')"
 check "a missing tensor: named" 2 "tensor 'transformer.h.1.mlp.c_fc.bias' not found" \
   -- "$W" train --quiet --init-from "$bad" --batch 2 --steps 1
 rm -f "$bad/model.safetensors"
-check "no weights at all" 2 "no model.safetensors or model.safetensors.index.json" \
+check "no weights at all" 2 "no model.safetensors, model.safetensors.index.json, pytorch_model.bin or pytorch_model.bin.index.json" \
   -- "$W" train --quiet --init-from "$bad" --batch 2 --steps 1
 rm -rf "$bad" && cp -r "$T/llama3-bf16-sharded" "$bad" && rm "$bad/model-00002-of-00002.safetensors"
 check "a shard the index lists is missing" 2 "model-00002-of-00002.safetensors" \
@@ -249,6 +266,37 @@ check "an index without weight_map" 2 "model.safetensors.index.json: missing fie
   -- "$W" train --quiet --init-from "$bad" --batch 2 --steps 1
 echo '{"weight_map": {"lm_head.weight": "../model.safetensors"}}' >"$bad/model.safetensors.index.json"
 check "an index naming a file outside the directory" 2 "weight_map.lm_head.weight: \"../model.safetensors\" is not a file name in the model directory" \
+  -- "$W" train --quiet --init-from "$bad" --batch 2 --steps 1
+# pytorch_model.bin: only torch.save's state-dict pickles are read, and nothing in them is run
+rm -rf "$bad" && mkdir -p "$bad" && cp "$T/llama-bin-bf16/config.json" "$bad/"
+$PY -c "
+import zipfile
+z = zipfile.ZipFile('$bad/pytorch_model.bin', 'w', zipfile.ZIP_STORED)
+z.writestr('archive/data.pkl', b'\\x80\\x02cos\\nsystem\\nq\\x00X\\x04\\x00\\x00\\x00echoq\\x01\\x85R.')
+z.close()"
+check "a pickle calling os.system is refused, naming the global and its byte, and not run" 2 \
+  "pytorch_model.bin: data.pkl: global 'os.system' at byte 2 is not one a state dict holds: the reader runs no code" \
+  -- "$W" train --quiet --init-from "$bad" --batch 2 --steps 1
+$PY -c "
+import zipfile
+z = zipfile.ZipFile('$bad/pytorch_model.bin', 'w', zipfile.ZIP_STORED)
+z.writestr('archive/data.pkl', b'\\x80\\x02]q\\x00.')
+z.close()"
+check "an opcode torch.save does not write for a state dict (EMPTY_LIST) is refused" 2 \
+  "data.pkl: opcode 0x5d (']'), not one torch.save writes for a state dict at byte 2" \
+  -- "$W" train --quiet --init-from "$bad" --batch 2 --steps 1
+head -c 3000 "$T/llama-bin-bf16/pytorch_model.bin" >"$bad/pytorch_model.bin"
+check "a truncated pytorch_model.bin" 2 "pytorch_model.bin: no end-of-central-directory record (a corrupt or truncated torch.save archive)" \
+  -- "$W" train --quiet --init-from "$bad" --batch 2 --steps 1
+$PY -c "
+import torch; torch.save({'x': torch.zeros(2)}, '$bad/pytorch_model.bin', _use_new_zipfile_serialization=False)"
+check "the legacy (pre-1.6) torch.save format is refused, saying so" 2 "the legacy torch.save format (before PyTorch 1.6) is not read" \
+  -- "$W" train --quiet --init-from "$bad" --batch 2 --steps 1
+$PY -c "
+import sys; sys.path.insert(0, 'tests/ref'); import hf_models, torch, collections
+sd = torch.load('$T/llama-bin-bf16/pytorch_model.bin')
+torch.save({'state_dict': sd}, '$bad/pytorch_model.bin')"
+check "a checkpoint holding a state dict, rather than a state dict, is refused" 2 "'state_dict' is not a tensor" \
   -- "$W" train --quiet --init-from "$bad" --batch 2 --steps 1
 cfg() { # DIR PYTHON-STATEMENT: edits DIR/config.json (as c)
   $PY -c "import json; c = json.load(open('$1/config.json')); $2; json.dump(c, open('$1/config.json', 'w'))"

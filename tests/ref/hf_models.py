@@ -5,12 +5,15 @@ usage: hf_models.py make DIR --arch gpt2|llama|mistral|qwen2 [--dtype f32|bf16|f
                          [--tied] [--rope-theta X] [--rope-scaling linear|llama3] [--factor X]
                          [--orig N] [--window N] [--eps X] [--layers N] [--d N] [--heads N]
                          [--kv N] [--ff N] [--vocab N] [--positions N] [--seed N] [--std X]
+                         [--format safetensors|bin]
        hf_models.py check DIR DUMP     step 0's logits in DUMP (cephalo-worker train --dump) vs the
                                        forward on DIR's files in float64; "ok - ..." / "not ok - ..."
 
 `make` writes config.json and model.safetensors, or with --shards N > 1 the files
 model-0000K-of-0000N.safetensors and model.safetensors.index.json, laid out as transformers'
-save_pretrained does (GPT-2 names under "transformer.", Conv1D weights [in, out]; Llama's
+save_pretrained does (--format bin: torch.save's pytorch_model.bin, or pytorch_model-0000K-of-
+0000N.bin and pytorch_model.bin.index.json, with some tensors saved as strided views: q_proj
+transposed twice, v_proj a slice of a larger storage) (GPT-2 names under "transformer.", Conv1D weights [in, out]; Llama's
 q/k/v/o projections [out, in]). Values are random normals, rounded to the file's dtype, so the
 forward reads exactly what the worker reads. mistral and qwen2 are Llama's layout with their own
 config.json (Mistral: sliding_window --window, null by default; Qwen2: q/k/v biases,
@@ -126,6 +129,25 @@ def write_st(path, tensors, dtype):
         f.write(b"".join(chunks))
 
 
+TORCH_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+
+
+def write_bin(path, tensors, dtype):
+    """A state dict as torch.save writes one (an OrderedDict of tensors, zip format). Some tensors
+    are saved as the views a module's state can hold: q_proj a transposed view of its transpose
+    (strided), v_proj rows 1.. of a larger tensor (a storage offset); values as write_st's."""
+    import collections
+    sd = collections.OrderedDict()
+    for name, x in tensors.items():
+        t = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).to(TORCH_DTYPES[dtype])
+        if "q_proj.weight" in name:
+            t = t.t().contiguous().t()
+        elif "v_proj.weight" in name:
+            t = torch.cat([torch.zeros_like(t[:1]), t])[1:]
+        sd[name] = t
+    torch.save(sd, path)
+
+
 def make(a):
     rng = np.random.default_rng(a.seed)
     W, cfg = (gpt2_tensors if a.arch == "gpt2" else llama_tensors)(a, rng)
@@ -133,27 +155,33 @@ def make(a):
     with open(os.path.join(a.dir, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2)
     names = list(W)
+    bin_ = a.format == "bin"
+    write = write_bin if bin_ else write_st
     if a.shards <= 1:
-        write_st(os.path.join(a.dir, "model.safetensors"), W, a.dtype)
+        write(os.path.join(a.dir, "pytorch_model.bin" if bin_ else "model.safetensors"), W, a.dtype)
         return
     weight_map = {}
     for k in range(a.shards):  # consecutive runs of tensors per shard, as save_pretrained
         part = names[k * len(names) // a.shards:(k + 1) * len(names) // a.shards]
-        fname = "model-%05d-of-%05d.safetensors" % (k + 1, a.shards)
-        write_st(os.path.join(a.dir, fname), {n: W[n] for n in part}, a.dtype)
+        fname = ("pytorch_model-%05d-of-%05d.bin" if bin_ else "model-%05d-of-%05d.safetensors") % (k + 1, a.shards)
+        write(os.path.join(a.dir, fname), {n: W[n] for n in part}, a.dtype)
         weight_map.update({n: fname for n in part})
-    with open(os.path.join(a.dir, "model.safetensors.index.json"), "w") as f:
+    with open(os.path.join(a.dir, "pytorch_model.bin.index.json" if bin_ else "model.safetensors.index.json"), "w") as f:
         json.dump({"metadata": {"total_size": 0}, "weight_map": weight_map}, f, indent=2)
 
 
 def load(d):
     """config.json and every tensor of the directory (single file or sharded), as float64."""
     cfg = json.load(open(os.path.join(d, "config.json")))
-    index = os.path.join(d, "model.safetensors.index.json")
+    bin_ = not any(os.path.exists(os.path.join(d, f)) for f in ("model.safetensors", "model.safetensors.index.json"))
+    index = os.path.join(d, "pytorch_model.bin.index.json" if bin_ else "model.safetensors.index.json")
     files = (sorted(set(json.load(open(index))["weight_map"].values())) if os.path.exists(index)
-             else ["model.safetensors"])
+             else ["pytorch_model.bin" if bin_ else "model.safetensors"])
     W = {}
     for fname in files:
+        if bin_:  # our own files: torch.load is the reference reader here
+            W.update({k: v.double() for k, v in torch.load(os.path.join(d, fname)).items()})
+            continue
         t, _ = st.read(os.path.join(d, fname))
         W.update({k: torch.from_numpy(np.asarray(v, dtype=np.float64)) for k, v in t.items()})
     cfg.setdefault("rope_theta", 10000.0)
@@ -189,6 +217,7 @@ def main():
     p.add_argument("--factor", type=float, default=8.0)
     p.add_argument("--orig", type=int, default=32)
     p.add_argument("--window", type=int)
+    p.add_argument("--format", choices=["safetensors", "bin"], default="safetensors")
     p.add_argument("--dtype", choices=["f32", "bf16", "f16"], default="f32")
     p.add_argument("--shards", type=int, default=1)
     p.add_argument("--tied", action="store_true")

@@ -569,6 +569,8 @@ struct st_file {
     keyed *by_name; /* tensor names sorted, for st_find() */
     char **keys, **vals;
     int nmeta;
+    void **owned; /* buffers st_from_tensors was given (freed on close) */
+    int n_owned;
 };
 
 void st_close(st_file *f) {
@@ -584,8 +586,40 @@ void st_close(st_file *f) {
     free(f->keys);
     free(f->vals);
     if (f->map) munmap(f->map, f->map_len);
+    for (int i = 0; i < f->n_owned; i++) free(f->owned[i]);
+    free(f->owned);
     free(f->label);
     free(f);
+}
+
+int st_from_tensors(st_file **out, const char *label, const st_tensor *t, int n, void *map, size_t map_len,
+                    void **owned, int n_owned, err_t *err) {
+    st_file *f = xcalloc(1, sizeof *f);
+    f->label = xstrdup(label);
+    f->map = map, f->map_len = map_len;
+    f->owned = owned, f->n_owned = n_owned;
+    f->t = xcalloc((size_t)n + 1, sizeof *f->t);
+    f->by_name = xmalloc((size_t)n * sizeof *f->by_name + 1);
+    for (int i = 0; i < n; i++) {
+        f->t[i] = t[i];
+        f->t[i].name = xstrdup(t[i].name);
+        f->by_name[i] = (keyed){f->t[i].name, i};
+    }
+    f->n = n;
+    *out = NULL;
+    keyed *names = xmalloc((size_t)n * sizeof *names + 1);
+    memcpy(names, f->by_name, (size_t)n * sizeof *names);
+    const char *dup = sort_find_duplicate(names, n);
+    free(names);
+    if (dup) {
+        char nm[ST_MSG_NAME + 4];
+        err_set(err, "%s: tensor '%s' appears twice", label, shown(dup, nm, sizeof nm));
+        st_close(f);
+        return -1;
+    }
+    if (n > 1) qsort(f->by_name, (size_t)n, sizeof *f->by_name, keyed_cmp);
+    *out = f;
+    return 0;
 }
 
 int st_count(const st_file *f) {

@@ -121,6 +121,12 @@ int st_open(st_file **out, const char *path, err_t *err);
  * Nothing is copied out of `buf`: it must outlive the st_file. On failure *out is NULL. */
 int st_parse(st_file **out, const void *buf, size_t len, const char *label, err_t *err);
 
+/* An st_file over tensors another format's reader found (formats/torchbin.h): the tensors are
+ * copied (names too), their data pointers kept; the st_file takes `map` (munmap'ed on close,
+ * may be NULL) and the malloc'ed `owned` array and its buffers (freed on close), also on
+ * failure. A name given twice is an error naming `label`. */
+int st_from_tensors(st_file **out, const char *label, const st_tensor *t, int n, void *map, size_t map_len,
+                    void **owned, int n_owned, err_t *err);
 /* The tensors in data-buffer order (ascending offsets), 0 <= i < st_count(). */
 int st_count(const st_file *f);
 const st_tensor *st_tensor_at(const st_file *f, int i);

@@ -23,6 +23,7 @@
 #include "common/log.h"
 #include "common/strutil.h"
 #include "formats/safetensors.h"
+#include "formats/torchbin.h"
 #include "model/import.h"
 #include "model/weights.h"
 #include "model/wmodel.h"
@@ -160,7 +161,10 @@ static int add_file(hf_import *imp, const char *name, err_t *err) {
     /* the name is the index's: a cut path would open another file */
     if (str_fmt(path, sizeof path, err, "the weights' path", "%s/%s", imp->dir, name) < 0) return -1;
     imp->files = xrealloc(imp->files, (size_t)(imp->n_files + 1) * sizeof *imp->files);
-    if (st_open(&imp->files[imp->n_files], path, err) < 0) return -1;
+    /* torch.save's pickles by their name, as transformers tells them apart (formats/torchbin.h) */
+    size_t n = strlen(name);
+    bool bin = n > 4 && !strcmp(name + n - 4, ".bin");
+    if ((bin ? tb_open : st_open)(&imp->files[imp->n_files], path, err) < 0) return -1;
     imp->n_files++;
     return 0;
 }
@@ -173,7 +177,7 @@ static int shard_of(hf_import *imp, const char *file, const char **names, err_t 
     return add_file(imp, file, err) < 0 ? -1 : imp->n_files - 1;
 }
 
-/* A model.safetensors.index.json: its weight_map (a tensor named twice is refused, as is any key
+/* A model.safetensors.index.json (or pytorch_model.bin.index.json): its weight_map (a tensor named twice is refused, as is any key
  * given twice) and each shard it names, opened once. */
 static int open_index(hf_import *imp, err_t *err) {
     const char *index = imp->index;
@@ -247,7 +251,7 @@ static int check_piece(const hf_import *imp, const piece *p, int64_t cols, int n
     const st_tensor *t = find(imp, p->hf, &f);
     if (!t)
         return err_set(err, "%s: tensor '%s' not found in %s (config.json says this is a %s model with "
-                       "%d layers)", imp->dir, p->hf, imp->n_map ? "the weight_map of its index" : "its safetensors file",
+                       "%d layers)", imp->dir, p->hf, imp->n_map ? "the weight_map of its index" : "its weights file",
                        hf_family_name(imp->m), imp->m->n_layer);
     int64_t want[2] = {p->rows, cols};
     if (p->transpose) want[0] = cols, want[1] = p->rows;
@@ -397,17 +401,22 @@ int hf_import_open(hf_import **out, const char *dir, const model_spec *m, bool a
     imp->m = m;
     imp->allow_unused = allow_unused;
     imp->dir = xstrdup(dir);
-    char single[PATH_MAX];
-    struct stat st;
-    int rc = 0;
-    if (str_fmt(imp->index, sizeof imp->index, err, "--init-from: the path", "%s/model.safetensors.index.json", dir) < 0 ||
-        str_fmt(single, sizeof single, err, "--init-from: the path", "%s/model.safetensors", dir) < 0)
-        rc = -1;
-    else if (stat(single, &st) == 0) rc = add_file(imp, "model.safetensors", err);
-    else if (stat(imp->index, &st) == 0) rc = open_index(imp, err) < 0 ? -1 : check_index(imp, err);
-    else
-        rc = err_set(err, "%s: no model.safetensors or model.safetensors.index.json (expected a Hugging Face "
-                     "model directory with safetensors weights; .bin files are not read)", dir);
+    /* as transformers looks for them: safetensors first, then torch.save's pickles */
+    static const char *const singles[] = {"model.safetensors", "pytorch_model.bin"},
+                             *const indexes[] = {"model.safetensors.index.json", "pytorch_model.bin.index.json"};
+    int rc = 1;
+    for (int k = 0; k < 2 && rc == 1; k++) {
+        char single[PATH_MAX];
+        struct stat st;
+        if (str_fmt(imp->index, sizeof imp->index, err, "--init-from: the path", "%s/%s", dir, indexes[k]) < 0 ||
+            str_fmt(single, sizeof single, err, "--init-from: the path", "%s/%s", dir, singles[k]) < 0)
+            rc = -1;
+        else if (stat(single, &st) == 0) rc = add_file(imp, singles[k], err);
+        else if (stat(imp->index, &st) == 0) rc = open_index(imp, err) < 0 ? -1 : check_index(imp, err);
+    }
+    if (rc == 1)
+        rc = err_set(err, "%s: no model.safetensors, model.safetensors.index.json, pytorch_model.bin or "
+                     "pytorch_model.bin.index.json (expected a Hugging Face model directory)", dir);
     /* GPT-2's own files name its tensors without the "transformer." of GPT2LMHeadModel */
     imp->gpt2_prefix = rc == 0 && !find(imp, "transformer.wte.weight", NULL) && find(imp, "wte.weight", NULL)
                            ? ""
