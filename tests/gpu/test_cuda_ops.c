@@ -724,7 +724,8 @@ static void test_activations(void **state) {
 /* The frequencies of plain RoPE as model_rope_inv_freq makes them (PyTorch's fp32 order);
  * rope_scaling only changes the table's values, which the ops take as given. */
 static float *plain_inv_freq(int hd, float theta) {
-    float *inv_freq = (float *)xmalloc((size_t)(hd / 2) * sizeof(float));
+    float *inv_freq = malloc((size_t)(hd / 2) * sizeof(float));
+    assert_non_null(inv_freq);
     for (int i = 0; i < hd / 2; i++)
         inv_freq[i] = 1.0f / (float)pow((double)theta, (double)((float)(2 * i) / (float)hd));
     return inv_freq;
@@ -1026,7 +1027,7 @@ static void check_rope_at(int pos0, int rows, int H, int Hkv, int hd, float thet
     int64_t n_all = (int64_t)T * ld, n = (int64_t)rows * ld;
     float *full = hrandom(n_all, 1.0f);
     float *x = hdup(full + (int64_t)pos0 * ld, n), *xr = hdup(x, n), *gx = g_up(x, n);
-    float *inv_freq = plain_inv_freq(hd, inv_freq);
+    float *inv_freq = plain_inv_freq(hd, theta);
     REF->ops->rope_at(REF, xr, ld, rows, pos0, H, hd, inv_freq);
     REF->ops->rope_at(REF, xr + H * hd, ld, rows, pos0, Hkv, hd, inv_freq);
     GPU->ops->rope_at(GPU, gx, ld, rows, pos0, H, hd, inv_freq);
