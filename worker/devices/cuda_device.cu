@@ -1049,8 +1049,11 @@ static void rope_table(device *d, int T, int hd, const float *inv_freq) {
     dev_rope_table(inv_freq, T, hd, host, host + (size_t)T * half);
     st->rope_cos = (float *)must_malloc(d, bytes, "rotary cos table");
     st->rope_sin = (float *)must_malloc(d, bytes, "rotary sin table");
-    CUDA_CHECK(cudaMemcpy(st->rope_cos, host, bytes, cudaMemcpyHostToDevice)); /* synchronous */
-    CUDA_CHECK(cudaMemcpy(st->rope_sin, host + (size_t)T * half, bytes, cudaMemcpyHostToDevice));
+    /* on the compute stream, so the rope kernels queued after it read the whole table; waited
+     * for before the host copy is freed (a rebuild is rare: a new T, head size or model) */
+    CUDA_CHECK(cudaMemcpyAsync(st->rope_cos, host, bytes, cudaMemcpyHostToDevice, compute(d)));
+    CUDA_CHECK(cudaMemcpyAsync(st->rope_sin, host + (size_t)T * half, bytes, cudaMemcpyHostToDevice, compute(d)));
+    host_wait(d, compute(d));
     free(host);
     st->rope_freq = (float *)xrealloc(st->rope_freq, (size_t)half * sizeof(float));
     memcpy(st->rope_freq, inv_freq, (size_t)half * sizeof(float));
