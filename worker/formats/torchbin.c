@@ -474,8 +474,12 @@ static int tensor_of(vm *m, const zip *z, const char *prefix, size_t plen, const
         return err_set(m->err, "%s: tensor '%s': its sizes, strides and offset reach beyond its storage of %" PRId64
                        " elements (corrupt)", m->label, name, st->num);
     out->nbytes = (size_t)numel * es;
-    const unsigned char *base = e->data + (size_t)t->num * es;
-    if (contiguous || numel == 0) {
+    if (numel == 0) { /* its offset is never used: it may lie anywhere */
+        out->data = e->data;
+        return 0;
+    }
+    const unsigned char *base = e->data + (size_t)t->num * es; /* within: last < the storage's elements */
+    if (contiguous) {
         out->data = base;
         return 0;
     }
