@@ -520,12 +520,16 @@ static int find_pickle(const zip *z, const zentry **pkl, size_t *plen, err_t *er
     return 0;
 }
 
+/* Runs data.pkl and makes the st_file, which takes `map`; unmapped on failure. */
 static int run(vm *m, const zip *z, const char *prefix, size_t plen, void *map, size_t map_len, st_file **out) {
-    int rc, top;
+    int rc, top = -1;
     while ((rc = step(m)) == 0) {}
-    if (rc < 0) return -1;
-    if (m->sp != 1 || m->v[top = m->stack[0]].k != V_DICT)
-        return vm_bad(m, "a pickle whose value is not one dict (a state dict)");
+    if (rc > 0 && (m->sp != 1 || m->v[top = m->stack[0]].k != V_DICT))
+        rc = vm_bad(m, "a pickle whose value is not one dict (a state dict)");
+    if (rc < 0) {
+        if (map) munmap(map, map_len);
+        return -1;
+    }
     const val *d = &m->v[top];
     int n = d->n / 2;
     st_tensor *ts = xcalloc((size_t)n + 1, sizeof *ts);
