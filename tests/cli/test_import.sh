@@ -158,6 +158,17 @@ for fmt in safetensors bin; do
 done
 check "pytorch_model-*.bin import = model-*.safetensors import, bit for bit" 0 "" -- \
   same_params "$T/both-safetensors-ck/step_00000000.safetensors" "$T/both-bin-ck/step_00000000.safetensors"
+# more than 65535 entries: torch.save writes the zip64 end-of-directory record, which is read
+mkdir -p "$T/z64" && cp "$T/llama-bin-bf16/config.json" "$T/z64/"
+$PY -c "
+import torch
+sd = torch.load('$T/llama-bin-bf16/pytorch_model.bin')
+for i in range(66000):
+    sd['extra.%d' % i] = torch.zeros(1)
+torch.save(sd, '$T/z64/pytorch_model.bin')"
+check "a pytorch_model.bin of 66,023 zip entries (zip64): every tensor read, the 66,000 extra ones named" 0 \
+  "pytorch_model.bin: --allow-unused-weights: 66000 tensors the model does not use left out" \
+  -- "$W" train --init-from "$T/z64" --batch 2 --steps 1 --allow-unused-weights
 # both in one directory: safetensors is read (as transformers prefers it); the .bin is not opened
 cp "$T/both-bin"/pytorch_model* "$T/both-safetensors/" && echo garbage >"$T/both-safetensors/pytorch_model-00001-of-00002.bin"
 check "safetensors and .bin side by side: the safetensors are read" 0 "" \

@@ -44,6 +44,13 @@ static uint64_t le(const unsigned char *p, int n) {
     return v;
 }
 
+static int zentry_cmp(const void *a, const void *b) {
+    const zentry *x = a, *y = b;
+    size_t n = x->name_len < y->name_len ? x->name_len : y->name_len;
+    int c = memcmp(x->name, y->name, n);
+    return c ? c : (x->name_len > y->name_len) - (x->name_len < y->name_len);
+}
+
 /* Whether [off, off + n) lies within the buffer. */
 static bool within(const zip *z, uint64_t off, uint64_t n) { return off <= z->len && n <= z->len - off; }
 
@@ -115,18 +122,21 @@ static int zip_read(zip *z, err_t *err) {
         e->data = z->b + data, e->size = usize;
         p += 46 + nlen + xlen + clen;
     }
+    if (z->n > 1) qsort(z->e, (size_t)z->n, sizeof *z->e, zentry_cmp);
+    for (int i = 1; i < z->n; i++)
+        if (!zentry_cmp(&z->e[i - 1], &z->e[i])) return zip_bad(z, err, "an entry name given twice");
     return 0;
 }
 
-/* The entry named prefix + rest, or NULL. */
+/* The entry named prefix + rest, or NULL (z->e sorted by name: a state dict has a storage per
+ * tensor, tens of thousands in a large model). */
 static const zentry *zip_find(const zip *z, const char *prefix, size_t plen, const char *rest) {
+    char name[512];
     size_t rlen = strlen(rest);
-    for (int i = 0; i < z->n; i++) {
-        const zentry *e = &z->e[i];
-        if (e->name_len == plen + rlen && !memcmp(e->name, prefix, plen) && !memcmp(e->name + plen, rest, rlen))
-            return e;
-    }
-    return NULL;
+    if (plen + rlen > sizeof name) return NULL;
+    memcpy(name, prefix, plen), memcpy(name + plen, rest, rlen);
+    zentry key = {.name = name, .name_len = plen + rlen};
+    return z->n ? bsearch(&key, z->e, (size_t)z->n, sizeof key, zentry_cmp) : NULL;
 }
 
 /* ---- the restricted pickle machine ---- */
