@@ -193,7 +193,7 @@ static int parse_metrics_addr(const yctx *y, const ynode *root, job *j) {
 }
 
 static int parse_inputs(const yctx *y, const ynode *root, const char *dir, job *j) {
-    const char *data = wcmd_defaults[WCMD_DATA].value, *prof = NULL, *strat = NULL;
+    const char *data = NULL, *prof = NULL, *strat = NULL;
     const char *prec = wcmd_defaults[WCMD_PRECISION].value, *rec = wcmd_job_default(WCMD_RECOMPUTE);
     if (get_string(y, root, "", "data", &data) < 0 || get_string(y, root, "", "profile", &prof) < 0 ||
         get_string(y, root, "", "strategy", &strat) < 0 || get_string(y, root, "", "precision", &prec) < 0 ||
@@ -205,6 +205,10 @@ static int parse_inputs(const yctx *y, const ynode *root, const char *dir, job *
     if (!recompute_policy_parse(rec, &j->recompute))
         return err_set(y->err, "%s:%d: recompute: '%s' (expected " RECOMPUTE_POLICY_CHOICES ")", y->file,
                        ymap_get(root, "recompute")->line, rec);
+    if (!data) /* synthetic tokens only when named: a job without data would learn noise */
+        return err_set(y->err, "%s: data: missing (required): the training data, token shards from `cephalo data` (a file, "
+                               "directory, glob or comma list), a CIMG file for ViT, or `synthetic` for random tokens",
+                       y->file);
     j->train.data = resolve_data(dir, data);
     if (prof) j->profile = resolve(dir, prof);
     if (strat && strategy_parse(strat, &j->strat, y->err) < 0)

@@ -36,12 +36,14 @@ check "bad --steps" 2 "--steps: 'many'" -- "$C" run --steps many "$T/x.yaml"
 base='model: tiny-gpt
 batch: 8
 steps: 3
-devices: [{type: cpu, memory: 256M}]'
+devices: [{type: cpu, memory: 256M}]
+data: synthetic'
 bad() { # bad NAME SED NEEDLE
   sed "$2" <<<"$base" >"$T/$1.yaml"
   check "$1" 2 "$1.yaml:$3" -- "$C" run "$T/$1.yaml"
 }
 bad missing '/^batch/d' "1: document: missing field 'batch'"
+bad nodata '/^data/d' " data: missing (required): the training data, token shards from \`cephalo data\`"
 bad wrong-type 's/^batch: 8/batch: "8"/' "2: batch: expected an integer, got '8'"
 bad unknown-field 's/^steps/stpes/' "3: document: unknown field 'stpes' (did you mean 'steps'?)"
 bad unknown-optimizer-field '3a optimizer:\n  lr: 1e-3\n  wramup: 2' "6: optimizer: unknown field 'wramup' (did you mean 'warmup'?)"
@@ -87,6 +89,7 @@ job big <<'Y'
 model: gpt2-124m
 batch: 8
 steps: 3
+data: synthetic
 devices: [{type: cpu, memory: 64M, count: 2}]
 Y
 check "infeasible plan" 3 "cephalo run: infeasible:" -- "$C" run "$T/big.yaml" --run-dir "$T/r-big"
@@ -97,6 +100,7 @@ name: three
 model: tiny-gpt
 batch: 16
 steps: 4
+data: synthetic
 seed: 7
 optimizer: {lr: 2e-3}
 checkpoint: {dir: ck, every: 2}
@@ -141,6 +145,7 @@ model: tiny-gpt
 batch: 4
 seq: 32
 steps: 6
+data: synthetic
 optimizer: {lr: 1e-3, warmup: 2}
 checkpoint: {dir: ck, every: 3}
 devices: [{type: cpu, threads: 2, memory: 64M}]

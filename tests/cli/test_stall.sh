@@ -30,6 +30,7 @@ model: tiny-gpt
 batch: 6
 seq: 32
 steps: 100000
+data: synthetic
 comm_timeout: 2
 devices: [{type: cpu, memory: 256M, count: 3}]
 Y
@@ -86,6 +87,7 @@ name: four
 model: tiny-gpt
 batch: 8
 steps: 5
+data: synthetic
 devices: [{type: cpu, memory: 256M, count: 4}]
 Y
 start=$SECONDS

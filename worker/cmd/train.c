@@ -74,8 +74,9 @@ static void catch_stop_signals(void) {
     "  --batch B            global batch (samples per step)\n" \
     "  --microbatch M       samples per microbatch (default B); B/M microbatches per step\n" \
     "  --seq T              sequence length (default: the model's)\n" \
-    "  --data SPEC          token shards (file, directory, glob, comma list), a CIMG image file\n" \
-    "                       for ViT, or '%s' (default)\n" \
+    "  --data SPEC          the training data (required): token shards (file, directory, glob,\n" \
+    "                       comma list; a directory's validation shards are left out), a CIMG\n" \
+    "                       image file for ViT, or 'synthetic' (random tokens: only by name)\n" \
     "  --init-from DIR      start from a Hugging Face model directory (config.json and\n" \
     "                       model.safetensors or its sharded index; GPT-2 and Llama): each rank\n" \
     "                       reads only its own slices (docs/import.md). Without --plan/--model,\n" \
@@ -146,7 +147,7 @@ static void catch_stop_signals(void) {
 #define D(k) wcmd_defaults[k].value
 static const char *usage(void) {
     static char text[8192];
-    snprintf(text, sizeof text, USAGE_FMT, D(WCMD_DATA), D(WCMD_STEPS), D(WCMD_LR), D(WCMD_SCHEDULE), D(WCMD_WARMUP),
+    snprintf(text, sizeof text, USAGE_FMT, D(WCMD_STEPS), D(WCMD_LR), D(WCMD_SCHEDULE), D(WCMD_WARMUP),
              D(WCMD_WEIGHT_DECAY), D(WCMD_BETA1), D(WCMD_BETA2), D(WCMD_EPS), D(WCMD_CLIP), D(WCMD_SEED),
              D(WCMD_PRECISION), D(WCMD_LOSS_SCALE), D(WCMD_LOSS_SCALE_WINDOW), D(WCMD_RECOMPUTE), D(WCMD_KEEP_LAST), D(WCMD_KEEP_EVERY), D(WCMD_RESUME),
              D(WCMD_DIVERGE_STEPS), D(WCMD_VAL_SAMPLES));
@@ -431,6 +432,10 @@ static int resolve_job(worker_opts *o) {
         if (env_int("LOCAL_RANK", rank, 0, 1 << 20, &local)) return EXIT_BAD_INPUT;
         c->gpu = n > 0 ? local % n : 0;
     }
+    if (!c->data) /* never a silent synthetic run: a fine-tune without --data would learn noise */
+        return args_bad_cmd(WORKER_NAME, "give --data SPEC, the training data: token shards (cephalo data), a "
+                                         "CIMG image file for ViT, or 'synthetic' for random tokens%s",
+                            c->init_from ? " (nothing else fine-tunes --init-from's model)" : "");
     if (c->warmup >= c->steps && c->warmup > 0)
         return args_bad_cmd(WORKER_NAME, "--warmup %lld must be below --steps %lld", (long long)c->warmup, (long long)c->steps);
     return check_idle_options(o);
