@@ -112,7 +112,10 @@ NVCC_GENCODE := $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a
 NVCC_COMMON := -std=c++17 -O3 -lineinfo $(addprefix -I,$(INC_DIRS)) -DCEPHALO_HAVE_CUDA=1 \
                --Werror all-warnings -Wno-deprecated-gpu-targets -Xcompiler -Wall,-Wextra,-Werror \
                -MMD -MP
-NVCCFLAGS := $(NVCC_COMMON) $(NVCC_GENCODE) -DCEPHALO_CUDA_ARCHS='"$(CUDA_ARCHS)"'
+# NVCC_DEFS: extra defines for a variant build, e.g. the Turing attention path on an sm_80+ card:
+#   make cuda BUILD=build/k8 NVCC_DEFS=-DCEPHALO_MMA_K8=1   (docs/cuda.md)
+NVCC_DEFS ?=
+NVCCFLAGS := $(NVCC_COMMON) $(NVCC_GENCODE) -DCEPHALO_CUDA_ARCHS='"$(CUDA_ARCHS)"' $(NVCC_DEFS)
 CUDA_INC := -I$(CUDA_HOME)/include
 CUDA_LIBDIRS := $(CUDA_HOME)/lib64 $(CUDA_HOME)/lib
 CUDA_LDLIBS := $(foreach l,$(CUDA_LIBDIRS),-L$(l) -Wl,-rpath,$(l)) -lcudart -lcublasLt -lcublas \
