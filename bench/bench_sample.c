@@ -25,7 +25,8 @@ static stopwatch start(void) {
 }
 
 static void report(const char *what, stopwatch s) {
-    double wall = clock_ms(CLOCK_MONOTONIC) - s.wall, cpu = clock_ms(CLOCK_THREAD_CPUTIME_ID) - s.cpu;
+    double wall = clock_ms(CLOCK_MONOTONIC) - s.wall;
+    double cpu = clock_ms(CLOCK_THREAD_CPUTIME_ID) - s.cpu;
     printf("  %-24s %7.3f ms/token, %7.3f ms of CPU time\n", what, wall / DRAWS, cpu / DRAWS);
 }
 
