@@ -86,6 +86,10 @@ BENCH := $(BUILD)/bench/bench_plan
 TOKCHECK := $(BUILD)/tests/tok/tokcheck
 BENCH_TOK := $(BUILD)/bench/bench_tok
 BENCH_SAMPLE := $(BUILD)/bench/bench_sample
+# loopback throughput of the socket backend's collectives (docs/comm.md, "Throughput")
+BENCH_COMM := $(BUILD)/bench/bench_comm
+# the checkpoint checksum's rate (docs/checkpoints.md)
+BENCH_CRC := $(BUILD)/bench/bench_crc
 FUZZ_SRC := $(wildcard fuzz/fuzz_*.c)
 
 # ---- the CUDA worker (cephalo-worker-cuda): built whenever nvcc is found ----------------------
@@ -313,15 +317,25 @@ $(BENCH_SAMPLE): $(BUILD)/bench/bench_sample.o $(WLIB) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDSAN) -o $@ $^ $(LDLIBS)
 
+$(BENCH_COMM): $(BUILD)/bench/bench_comm.o $(WLIB) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDSAN) -o $@ $^ $(LDLIBS)
+
+$(BENCH_CRC): $(BUILD)/bench/bench_crc.o $(WLIB) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDSAN) -o $@ $^ $(LDLIBS)
+
 test: deps $(CLI) $(WORKER) $(OPERATOR) $(TESTS) $(TOKCHECK)
 	@BUILD=$(BUILD) tests/run.sh $(TESTS)
 
 demo: deps $(CLI) $(WORKER)
 	@BUILD=$(BUILD) mk/demo.sh
 
-bench: deps $(BENCH) $(CLI) $(WORKER) $(BENCH_TOK) $(BENCH_SAMPLE)
+bench: deps $(BENCH) $(CLI) $(WORKER) $(BENCH_TOK) $(BENCH_SAMPLE) $(BENCH_COMM) $(BENCH_CRC)
 	@$(BENCH)
 	@$(BENCH_SAMPLE)
+	@$(BENCH_COMM)
+	@$(BENCH_CRC)
 	@BUILD=$(BUILD) bench/bench_tok.sh
 	@BUILD=$(BUILD) bench/bench_train.sh
 	@BUILD=$(BUILD) bench/bench_fsdp.sh
