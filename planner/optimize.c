@@ -60,6 +60,13 @@ static bool bits_empty(const bits *b) {
     return true;
 }
 
+/* The largest member, -1 when empty. */
+static int bits_max(const bits *b) {
+    for (int i = b->nwords - 1; i >= 0; i--)
+        if (b->w[i]) return i * 64 + 63 - __builtin_clzll(b->w[i]);
+    return -1;
+}
+
 static int bits_runs(const bits *b) {
     int runs = 0;
     word carry = 0;
@@ -122,11 +129,14 @@ typedef struct search {
     int n_ranks, bmax; /* bmax: largest batch of one rank (others need one sample each) */
     bits *sets; /* per group: achievable batches under the current thresholds */
     int64_t **best_room; /* per group [B+1]: most room for that batch (constraint III) */
+    int *maxb; /* per group: its largest achievable batch under the current thresholds */
+    long slack; /* sum over ranks of maxb - B: how far below its largest any rank's batch, or any
+                  set of ranks' total, can be in a split summing to B (the room DPs' window) */
     bits acc, pow, reach;
     sumset_tmp tmp;
     int64_t *dp, *dp_pow, *dp_acc, *dp_tmp; /* [B+1] max-plus scratch */
     double lambda; /* the Lagrangian price per sample of the last room bound */
-    long checks;
+    long checks, room_dps;
     bool expired; /* the problem's deadline passed or it was cancelled: every loop gives up */
 } search;
 
@@ -222,12 +232,17 @@ static room_bounds build_group_set(search *s, int gi, double tf, double tb) {
 static bool build_all_sets(search *s, double tf, double tb, room_bounds *sum) {
     *sum = (room_bounds){0, 0};
     bool all = true;
+    long total = 0;
     for (int gi = 0; gi < s->p->n_groups; gi++) {
         room_bounds rb = build_group_set(s, gi, tf, tb);
-        all &= !bits_empty(&s->sets[gi]);
+        s->maxb[gi] = bits_max(&s->sets[gi]);
+        all &= s->maxb[gi] > 0;
+        total += (long)s->maxb[gi] * s->p->groups[gi].count;
         sum->worst += rb.worst * s->p->groups[gi].count;
         sum->best += rb.best * s->p->groups[gi].count;
     }
+    /* negative: B is out of reach (the sumsets say so too) */
+    s->slack = total < s->p->batch ? 0 : total - s->p->batch;
     return all;
 }
 
@@ -236,37 +251,82 @@ static bool room_guaranteed(const opt_problem *p, const room_bounds *sum) {
     return p->need_room <= 0 || sum->worst >= p->need_room;
 }
 
-/* dst = a (max,+) b over sums 0..B. Quadratic in B (seconds at B = 65536), so it looks at the
- * limits every 256 rows; cut short, dst is left as it was and s->expired says so. */
-static void dp_conv(search *s, int64_t *dst, const int64_t *a, const int64_t *b, int64_t *tmp) {
-    int B = s->p->batch;
-    for (int i = 0; i <= B; i++) tmp[i] = NEG_ROOM;
-    for (int i = 0; i <= B; i++) {
-        if ((i & 255) == 0 && search_expired(s)) return;
-        if (a[i] == NEG_ROOM) continue;
-        for (int j = 0; i + j <= B; j++)
-            if (b[j] != NEG_ROOM && a[i] + b[j] > tmp[i + j]) tmp[i + j] = a[i] + b[j];
-    }
-    memcpy(dst, tmp, (size_t)(B + 1) * sizeof *dst);
+/* A max-plus table over a window of batch sums: v[x - lo] for x in lo..hi (empty when hi < lo).
+ *
+ * The window is what makes the exact DPs cheap. With maxb_r rank r's largest batch and
+ * D = sum_r maxb_r - B (search.slack), every split summing to B has, for every set R of ranks,
+ * sum_{r in R} b_r = B - sum_{r not in R} b_r >= B - sum_{r not in R} maxb_r = sum_{r in R} maxb_r - D.
+ * So a table over the ranks R is only ever read in [sum_R maxb - D, sum_R maxb]: width D + 1
+ * instead of B + 1, whatever the shape of the room function (it is not concave: a batch's room
+ * is that of its smallest admissible divisor). Near the optimum thresholds D is small (tens to
+ * thousands where B is 65536), so a convolution costs O(D^2), not O(B^2). */
+typedef struct win {
+    int64_t *v;
+    int lo, hi;
+} win;
+
+static int64_t win_at(const win *w, int x) { return x < w->lo || x > w->hi ? NEG_ROOM : w->v[x - w->lo]; }
+
+/* The window of a table whose ranks' largest batches sum to top: top - D..top, within 0..B (the
+ * whole of 0..B in the tests' reference mode, the quadratic DP as it was). */
+static void win_range(const search *s, long top, int *lo, int *hi) {
+    bool all = s->p->exhaustive_dp;
+    *lo = all || top - s->slack < 0 ? 0 : (int)(top - s->slack);
+    *hi = all || top > s->p->batch ? s->p->batch : (int)top;
 }
 
-/* Most state room any feasible split offers (constraint III, exact). */
-static int64_t dp_max_room(search *s) {
-    int B = s->p->batch;
-    for (int i = 0; i <= B; i++) s->dp[i] = NEG_ROOM;
-    s->dp[0] = 0;
-    for (int gi = 0; gi < s->p->n_groups; gi++) {
-        /* count-fold self convolution by doubling */
-        memcpy(s->dp_pow, s->best_room[gi], (size_t)(B + 1) * sizeof(int64_t));
-        for (int i = 0; i <= B; i++) s->dp_acc[i] = NEG_ROOM;
-        s->dp_acc[0] = 0;
-        for (int c = s->p->groups[gi].count; c; c >>= 1) {
-            if (c & 1) dp_conv(s, s->dp_acc, s->dp_acc, s->dp_pow, s->dp_tmp);
-            if (c > 1) dp_conv(s, s->dp_pow, s->dp_pow, s->dp_pow, s->dp_tmp);
-        }
-        dp_conv(s, s->dp, s->dp, s->dp_acc, s->dp_tmp);
+/* dst = a (max,+) b on the window of top (clamped to what a and b reach); dst may be a or b.
+ * Quadratic in the windows, so it looks at the limits every 256 rows; cut short, dst is left as
+ * it was and s->expired says so. */
+static void win_conv(search *s, win *dst, const win *a, const win *b, long top, int64_t *tmp) {
+    int lo, hi;
+    win_range(s, top, &lo, &hi);
+    if (lo < a->lo + b->lo) lo = a->lo + b->lo;
+    if (hi > a->hi + b->hi) hi = a->hi + b->hi;
+    for (int x = lo; x <= hi; x++) tmp[x - lo] = NEG_ROOM;
+    for (int i = a->lo; i <= a->hi; i++) {
+        if (((i - a->lo) & 255) == 0 && search_expired(s)) return;
+        int64_t ai = a->v[i - a->lo];
+        if (ai == NEG_ROOM) continue;
+        int jlo = lo - i > b->lo ? lo - i : b->lo, jhi = hi - i < b->hi ? hi - i : b->hi;
+        if (jhi < jlo) continue;
+        const int64_t *bv = b->v + (jlo - b->lo);
+        int64_t *out = tmp + (i + jlo - lo);
+        for (int k = 0; k <= jhi - jlo; k++)
+            if (bv[k] != NEG_ROOM && ai + bv[k] > out[k]) out[k] = ai + bv[k];
     }
-    return s->dp[B];
+    if (hi >= lo) memcpy(dst->v, tmp, (size_t)(hi - lo + 1) * sizeof *tmp);
+    dst->lo = lo;
+    dst->hi = hi;
+}
+
+/* The table of one rank of group gi: its room per batch, in its window. */
+static win rank_win(search *s, int gi, int64_t *buf) {
+    int lo, hi;
+    win_range(s, s->maxb[gi], &lo, &hi);
+    memcpy(buf, s->best_room[gi] + lo, (size_t)(hi - lo + 1) * sizeof *buf);
+    return (win){buf, lo, hi};
+}
+
+/* Most state room any feasible split offers (constraint III, exact): groups one after another,
+ * each group's count-fold table by doubling, every table in its window (win above). */
+static int64_t dp_max_room(search *s) {
+    win dp = {s->dp, 0, 0};
+    dp.v[0] = 0;
+    long total = 0; /* sum of maxb over the groups so far */
+    for (int gi = 0; gi < s->p->n_groups && !s->expired; gi++) {
+        long hi = s->maxb[gi];
+        win pow = rank_win(s, gi, s->dp_pow), acc = {s->dp_acc, 0, 0};
+        acc.v[0] = 0;
+        long n_pow = 1, n_acc = 0; /* ranks in pow and acc */
+        for (int c = s->p->groups[gi].count; c; c >>= 1) {
+            if (c & 1) n_acc += n_pow, win_conv(s, &acc, &acc, &pow, n_acc * hi, s->dp_tmp);
+            if (c > 1) n_pow *= 2, win_conv(s, &pow, &pow, &pow, n_pow * hi, s->dp_tmp);
+        }
+        total += n_acc * hi;
+        win_conv(s, &dp, &dp, &acc, total, s->dp_tmp);
+    }
+    return win_at(&dp, s->p->batch);
 }
 
 /* reach = reach (+) set^(count) */
@@ -283,18 +343,44 @@ static void add_group(search *s, int gi) {
 
 static int64_t witness_room(search *s, double tf, double tb);
 
+/* The batches of group gi that can maximise room(b) - lambda*b for some lambda, ascending, into
+ * pts; returns their number. Those of its window (win) on the upper concave hull of room: the
+ * maximum of a linear function over points is attained at a hull vertex, the leftmost maximiser
+ * too (collinear points between vertices are dropped). The tests' reference mode keeps every
+ * batch of 0..B, the bound as it was. */
+static int room_candidates(const search *s, int gi, int *pts) {
+    const int64_t *h = s->best_room[gi];
+    int lo, hi, n = 0;
+    win_range(s, s->maxb[gi], &lo, &hi);
+    for (int b = lo > 1 ? lo : 1; b <= hi; b++) {
+        if (h[b] == NEG_ROOM) continue;
+        /* pop the last point while it lies on or below the segment from the one before to b */
+        while (!s->p->exhaustive_dp && n >= 2) {
+            int b1 = pts[n - 2], b2 = pts[n - 1];
+            __int128 cross = (__int128)(b2 - b1) * (h[b] - h[b1]) - (__int128)(h[b2] - h[b1]) * (b - b1);
+            if (cross < 0) break;
+            n--;
+        }
+        pts[n++] = b;
+    }
+    return n;
+}
+
 /* An upper bound of the most room any split leaves: for every price lambda per sample,
- * lambda*B + sum_i max_b (room_i(b) - lambda*b) bounds it (the exact-sum constraint relaxed);
- * the bound is convex in lambda and minimised by bisection on its slope. */
-static double lagrange_at(const search *s, double lambda, long *slope) {
+ * lambda*B + sum_i max_b (room_i(b) - lambda*b) bounds it (the exact-sum constraint relaxed, b
+ * over each rank's window, which holds its batch in every split); the bound is convex in lambda
+ * and minimised by bisection on its slope. pts + start[gi]: group gi's candidates. */
+static double lagrange_at(const search *s, const int *pts, const int *start, double lambda, long *slope) {
     double total = lambda * s->p->batch;
     *slope = s->p->batch;
     for (int gi = 0; gi < s->p->n_groups; gi++) {
         const int64_t *h = s->best_room[gi];
         double best = -INFINITY;
         int arg = 0;
-        for (int b = 1; b <= s->p->batch; b++)
-            if (h[b] != NEG_ROOM && (double)h[b] - lambda * b > best) best = (double)h[b] - lambda * b, arg = b;
+        for (int k = start[gi]; k < start[gi + 1]; k++) {
+            int b = pts[k];
+            if ((double)h[b] - lambda * b > best) best = (double)h[b] - lambda * b, arg = b;
+        }
         total += s->p->groups[gi].count * best;
         *slope -= (long)s->p->groups[gi].count * arg;
     }
@@ -302,16 +388,22 @@ static double lagrange_at(const search *s, double lambda, long *slope) {
 }
 
 static double lagrange_room_bound(search *s) {
+    int G = s->p->n_groups, *start = xmalloc((size_t)(G + 1) * sizeof *start);
+    int *pts = xmalloc((size_t)G * (s->p->batch + 1) * sizeof *pts);
+    start[0] = 0;
+    for (int gi = 0; gi < G; gi++) start[gi + 1] = start[gi] + room_candidates(s, gi, pts + start[gi]);
     double lo = -1e15, hi = 1e15, best = INFINITY;
     for (int it = 0; it < 120; it++) {
         double mid = (lo + hi) / 2;
         long slope;
-        double v = lagrange_at(s, mid, &slope);
+        double v = lagrange_at(s, pts, start, mid, &slope);
         if (v < best) best = v, s->lambda = mid;
         if (slope > 0) hi = mid; /* bound grows with lambda: go lower */
         else if (slope < 0) lo = mid;
         else break;
     }
+    free(start);
+    free(pts);
     return best;
 }
 
@@ -334,6 +426,7 @@ static bool feasible(search *s, double tf, double tb) {
      * between the two does the exact (quadratic in B) dynamic program decide. */
     if (lagrange_room_bound(s) < (double)p->need_room - 1) return false;
     if (witness_room(s, tf, tb) >= p->need_room) return true;
+    s->room_dps++;
     int64_t most = dp_max_room(s);
     return !s->expired && most >= p->need_room;
 }
@@ -415,45 +508,52 @@ static bool choose_batches(search *s, double tf, double tb, pick_mode mode, int 
     room_bounds room;
     CHECK(build_all_sets(s, tf, tb, &room));
     int *group_of = xmalloc((size_t)N * sizeof *group_of);
-    int *maxb = xcalloc((size_t)p->n_groups, sizeof *maxb);
-    for (int gi = 0, r = 0; gi < p->n_groups; gi++) {
-        for (int b = B; b > 0 && !maxb[gi]; b--)
-            if (bits_test(&s->sets[gi], b)) maxb[gi] = b;
+    const int *maxb = s->maxb;
+    for (int gi = 0, r = 0; gi < p->n_groups; gi++)
         for (int c = 0; c < p->groups[gi].count; c++) group_of[r++] = gi;
-    }
     bool use_dp = mode == PICK_EXACT_ROOM && !room_guaranteed(p, &room);
     bool roomy = mode == PICK_ROOMY && s->best_room;
+    /* suffix tables: sumsets, and the room DP over ranks i.. in its window (win), rows of D + 1 */
     bits *suf = xcalloc((size_t)N + 1, sizeof *suf);
-    int64_t *dps = use_dp ? xmalloc((size_t)(N + 1) * (B + 1) * sizeof *dps) : NULL;
+    long *suf_max = xmalloc((size_t)(N + 1) * sizeof *suf_max); /* sum of maxb over ranks i.. */
+    size_t width = (size_t)(p->exhaustive_dp || s->slack > B ? B : s->slack) + 1; /* of a window */
+    win *rows = use_dp ? xcalloc((size_t)N + 1, sizeof *rows) : NULL;
+    int64_t *dps = use_dp ? xmalloc((size_t)(N + 2) * width * sizeof *dps) : NULL;
     for (int i = N; i >= 0; i--) {
         bits_init(&suf[i], B + 1);
         if (i == N) {
             bits_set(&suf[i], 0);
+            suf_max[i] = 0;
         } else {
             bits_sumset(&suf[i], &suf[i + 1], &s->sets[group_of[i]], &s->tmp);
+            suf_max[i] = suf_max[i + 1] + maxb[group_of[i]];
         }
         if (!use_dp) continue;
-        int64_t *row = dps + (size_t)i * (B + 1);
+        rows[i].v = dps + (size_t)i * width;
         if (i == N) {
-            for (int b = 0; b <= B; b++) row[b] = b ? NEG_ROOM : 0;
+            rows[i].v[0] = 0; /* lo = hi = 0 */
         } else {
-            dp_conv(s, row, row + (B + 1), s->best_room[group_of[i]], s->dp_tmp);
+            win one = rank_win(s, group_of[i], dps + (size_t)(N + 1) * width);
+            win_conv(s, &rows[i], &rows[i + 1], &one, suf_max[i], s->dp_tmp);
         }
     }
     bool done = !(use_dp && s->expired);
     int rem = done ? B : 0;
     int64_t room_so_far = 0;
-    double cap_left = 0;
-    for (int i = 0; i < N; i++) cap_left += maxb[group_of[i]];
+    double cap_left = (double)suf_max[0];
     for (int i = 0; done && i < N; i++) {
         int gi = group_of[i];
         double target = rem * maxb[gi] / cap_left;
         int pick = -1;
         double pick_dist = INFINITY;
-        for (int b = 1; b <= rem; b++) {
+        /* the batches the others can complete: rem - b <= their largest total; the reference
+         * mode of the tests looks at every one */
+        int b_lo = p->exhaustive_dp || rem - suf_max[i + 1] < 1 ? 1 : (int)(rem - suf_max[i + 1]);
+        int b_hi = p->exhaustive_dp || rem < maxb[gi] ? rem : maxb[gi];
+        for (int b = b_lo; b <= b_hi; b++) {
             if (!bits_test(&s->sets[gi], b) || !bits_test(&suf[i + 1], rem - b)) continue;
             if (use_dp) {
-                int64_t rest = dps[(size_t)(i + 1) * (B + 1) + (rem - b)];
+                int64_t rest = win_at(&rows[i + 1], rem - b);
                 if (rest == NEG_ROOM || room_so_far + s->best_room[gi][b] + rest < p->need_room) continue;
             }
             double dist = fabs(b - target);
@@ -477,8 +577,9 @@ static bool choose_batches(search *s, double tf, double tb, pick_mode mode, int 
     CHECK(rem == 0);
     for (int i = 0; i <= N; i++) bits_free(&suf[i]);
     free(suf);
+    free(suf_max);
+    free(rows);
     free(dps);
-    free(maxb);
     free(group_of);
     return done;
 }
@@ -534,6 +635,7 @@ static void search_init(search *s, const opt_problem *p) {
     bits_init(&s->tmp.smear, nb);
     bits_init(&s->tmp.out, nb);
     s->dp_tmp = xmalloc((size_t)nb * sizeof(int64_t));
+    s->maxb = xcalloc((size_t)p->n_groups, sizeof *s->maxb);
     if (p->need_room > 0) {
         s->best_room = xcalloc((size_t)p->n_groups, sizeof *s->best_room);
         for (int gi = 0; gi < p->n_groups; gi++) s->best_room[gi] = xmalloc((size_t)nb * sizeof(int64_t));
@@ -559,6 +661,7 @@ static void search_free(search *s) {
     free(s->dp_pow);
     free(s->dp_acc);
     free(s->dp_tmp);
+    free(s->maxb);
 }
 
 /* The Pareto staircase: for each forward threshold where the least feasible backward threshold
@@ -630,6 +733,7 @@ int opt_solve(const opt_problem *p, opt_result *r) {
         r->objective = fmax(r->fwd_ms, p->fwd_floor) + fmax(r->bwd_ms, p->bwd_floor);
     }
     r->checks = s.checks;
+    r->room_dps = s.room_dps;
     bool expired = s.expired;
     free(vf.v);
     free(vb.v);

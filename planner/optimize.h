@@ -50,6 +50,10 @@ typedef struct opt_problem {
      * milliseconds; opt_solve then reports 2. Zero / NULL: no limit. */
     double deadline_s;
     const volatile int *cancel;
+    /* Tests only: the room DPs over every batch sum 0..B and the Lagrangian bound over every
+     * batch, as before the slack windows (docs/optimizer.md, "Constraint (III) at large batches");
+     * the same answers, quadratically slower: the reference the fast path is checked against. */
+    bool exhaustive_dp;
 } opt_problem;
 
 typedef struct opt_result {
@@ -59,6 +63,7 @@ typedef struct opt_result {
     double objective; /* max(F, A) + max(K, C) */
     double fwd_ms, bwd_ms; /* F and K of the chosen plan */
     long checks; /* feasibility tests run */
+    long room_dps; /* of them, those the exact room DP decided (constraint III) */
 } opt_result;
 
 /* 0: optimum found; 1: infeasible (or nothing below upper_bound); 2: gave up (deadline_s or
