@@ -158,6 +158,10 @@ typedef struct search {
     sumset_tmp tmp;
     int64_t *dp, *dp_pow, *dp_acc, *dp_tmp; /* [B+1] max-plus scratch */
     double lambda; /* the Lagrangian price per sample of the last room bound */
+    double *phi; /* per group, at lambda: max over a rank's window of room(b) - lambda*b */
+    double room_ub; /* the bound at lambda: lambda*B + sum over ranks of phi */
+    bool prune; /* lambda, phi and room_ub belong to the current tables: the DPs prune (win_prune) */
+    double tables_tf, tables_tb; /* the thresholds the tables were built for */
     long checks, room_dps;
     bool expired; /* the problem's deadline passed or it was cancelled: every loop gives up */
 } search;
@@ -263,6 +267,9 @@ static bool build_all_sets(search *s, double tf, double tb, room_bounds *sum) {
         sum->worst += rb.worst * s->p->groups[gi].count;
         sum->best += rb.best * s->p->groups[gi].count;
     }
+    /* other thresholds, other tables: the last bound's phi are not theirs */
+    if (tf != s->tables_tf || tb != s->tables_tb) s->prune = false;
+    s->tables_tf = tf, s->tables_tb = tb;
     /* negative: B is out of reach (the sumsets say so too) */
     s->slack = total < s->p->batch ? 0 : total - s->p->batch;
     return all;
@@ -285,6 +292,7 @@ static bool room_guaranteed(const opt_problem *p, const room_bounds *sum) {
 typedef struct win {
     int64_t *v;
     int lo, hi;
+    double phi; /* sum of phi over its ranks (win_prune) */
 } win;
 
 static int64_t win_at(const win *w, int x) { return x < w->lo || x > w->hi ? NEG_ROOM : w->v[x - w->lo]; }
@@ -295,6 +303,39 @@ static void win_range(const search *s, long top, int *lo, int *hi) {
     bool all = s->p->exhaustive_dp;
     *lo = all || top - s->slack < 0 ? 0 : (int)(top - s->slack);
     *hi = all || top > s->p->batch ? s->p->batch : (int)top;
+}
+
+/* Drops the entries no split meeting constraint III goes through, and narrows the window to the
+ * rest. For any price lambda and any split x summing to B with room(x) >= need, the ranks R of a
+ * table satisfy sum_R (room - lambda*b) >= need - lambda*B - sum_{not R} phi = phi_R - gap, with
+ * gap = room_ub - need (each rank outside R gets at most its phi). The table's entry at x's
+ * partial sum is at least x's partial room, so it survives the test below, and so does every
+ * entry it was built from: the DPs still answer "is need reachable" exactly, and the suffix
+ * tables still admit exactly the batches some split meeting III continues (their values may
+ * fall below the true maximum, never below need's share). With lambda near the bound's minimum
+ * the gap is small and few entries survive. */
+static void win_prune(const search *s, win *w) {
+    if (!s->prune) return;
+    double lambda = s->lambda, gap = s->room_ub - (double)s->p->need_room;
+    double floor_ = w->phi - gap - (1 + 1e-9 * (fabs(s->room_ub) + fabs(lambda) * s->p->batch)); /* rounding */
+    int lo = w->hi + 1, hi = w->lo - 1;
+    for (int x = w->lo; x <= w->hi; x++) {
+        int64_t *v = &w->v[x - w->lo];
+        if (*v == NEG_ROOM) continue;
+        if ((double)*v - lambda * x < floor_) {
+            *v = NEG_ROOM;
+        } else {
+            if (lo > x) lo = x;
+            hi = x;
+        }
+    }
+    if (hi < lo) {
+        w->hi = w->lo - 1;
+        return;
+    }
+    if (lo > w->lo) memmove(w->v, w->v + (lo - w->lo), (size_t)(hi - lo + 1) * sizeof *w->v);
+    w->lo = lo;
+    w->hi = hi;
 }
 
 /* dst = a (max,+) b on the window of top (clamped to what a and b reach); dst may be a or b.
@@ -320,6 +361,8 @@ static void win_conv(search *s, win *dst, const win *a, const win *b, long top, 
     if (hi >= lo) memcpy(dst->v, tmp, (size_t)(hi - lo + 1) * sizeof *tmp);
     dst->lo = lo;
     dst->hi = hi;
+    dst->phi = a->phi + b->phi;
+    win_prune(s, dst);
 }
 
 /* The table of one rank of group gi: its room per batch, in its window. */
@@ -327,18 +370,20 @@ static win rank_win(search *s, int gi, int64_t *buf) {
     int lo, hi;
     win_range(s, s->maxb[gi], &lo, &hi);
     memcpy(buf, s->best_room[gi] + lo, (size_t)(hi - lo + 1) * sizeof *buf);
-    return (win){buf, lo, hi};
+    win w = {buf, lo, hi, s->prune ? s->phi[gi] : 0};
+    win_prune(s, &w);
+    return w;
 }
 
 /* Most state room any feasible split offers (constraint III, exact): groups one after another,
  * each group's count-fold table by doubling, every table in its window (win above). */
 static int64_t dp_max_room(search *s) {
-    win dp = {s->dp, 0, 0};
+    win dp = {s->dp, 0, 0, 0};
     dp.v[0] = 0;
     long total = 0; /* sum of maxb over the groups so far */
     for (int gi = 0; gi < s->p->n_groups && !s->expired; gi++) {
         long hi = s->maxb[gi];
-        win pow = rank_win(s, gi, s->dp_pow), acc = {s->dp_acc, 0, 0};
+        win pow = rank_win(s, gi, s->dp_pow), acc = {s->dp_acc, 0, 0, 0};
         acc.v[0] = 0;
         long n_pow = 1, n_acc = 0; /* ranks in pow and acc */
         for (int c = s->p->groups[gi].count; c; c >>= 1) {
@@ -424,6 +469,16 @@ static double lagrange_room_bound(search *s) {
         else if (slope < 0) lo = mid;
         else break;
     }
+    /* each group's phi at the chosen price, for the DPs' pruning */
+    s->room_ub = s->lambda * s->p->batch;
+    for (int gi = 0; gi < G; gi++) {
+        const int64_t *h = s->best_room[gi];
+        s->phi[gi] = -INFINITY;
+        for (int k = start[gi]; k < start[gi + 1]; k++)
+            s->phi[gi] = fmax(s->phi[gi], (double)h[pts[k]] - s->lambda * pts[k]);
+        s->room_ub += s->p->groups[gi].count * s->phi[gi];
+    }
+    s->prune = !s->p->exhaustive_dp && isfinite(s->room_ub);
     free(start);
     free(pts);
     return best;
@@ -565,6 +620,7 @@ static bool choose_batches(search *s, double tf, double tb, pick_mode mode, int 
         for (int c = 0; c < p->groups[gi].count; c++) group_of[r++] = gi;
     bool use_dp = mode == PICK_EXACT_ROOM && !room_guaranteed(p, &room);
     bool roomy = mode == PICK_ROOMY && s->best_room;
+    if (use_dp) lagrange_room_bound(s); /* the price the suffix tables prune with */
     /* suffix tables: sumsets, and the room DP over ranks i.. in its window (win), rows of D + 1 */
     bits *suf = xcalloc((size_t)N + 1, sizeof *suf);
     long *suf_max = xmalloc((size_t)(N + 1) * sizeof *suf_max); /* sum of maxb over ranks i.. */
@@ -694,6 +750,7 @@ static void search_init(search *s, const opt_problem *p) {
         s->dp = xmalloc((size_t)nb * sizeof(int64_t));
         s->dp_pow = xmalloc((size_t)nb * sizeof(int64_t));
         s->dp_acc = xmalloc((size_t)nb * sizeof(int64_t));
+        s->phi = xmalloc((size_t)p->n_groups * sizeof *s->phi);
     }
 }
 
@@ -714,6 +771,7 @@ static void search_free(search *s) {
     free(s->dp_acc);
     free(s->dp_tmp);
     free(s->maxb);
+    free(s->phi);
 }
 
 /* The Pareto staircase: for each forward threshold where the least feasible backward threshold
