@@ -75,6 +75,14 @@ static void bits_or_shifted(bits *dst, const bits *src, int s) {
     bits_trim(dst);
 }
 
+/* Clears the members below x. */
+static void bits_clear_below(bits *b, int x) {
+    int wx = x >> 6;
+    for (int i = b->lo; i < wx && i <= b->hi; i++) b->w[i] = 0;
+    if (wx > b->lo) b->lo = wx;
+    if (wx >= b->lo && wx <= b->hi) b->w[wx] &= ~(word)0 << (x & 63);
+}
+
 static bool bits_empty(const bits *b) {
     for (int i = b->lo; i <= b->hi; i++)
         if (b->w[i]) return false;
@@ -253,6 +261,12 @@ static room_bounds build_group_set(search *s, int gi, double tf, double tb) {
     return rb;
 }
 
+/* Keeps, of a set of sums over ranks whose largest batches sum to top, the window top - D..top
+ * (win below: no split summing to B goes through the others). Not in the tests' reference mode. */
+static void bits_window(const search *s, bits *b, long top) {
+    if (!s->p->exhaustive_dp && top - s->slack > 0) bits_clear_below(b, (int)(top - s->slack < b->nbits ? top - s->slack : b->nbits));
+}
+
 /* Builds every group's set; false when a group can run nothing under the thresholds. The room
  * bounds summed over ranks go to *sum (constraint III's quick tests). */
 static bool build_all_sets(search *s, double tf, double tb, room_bounds *sum) {
@@ -272,6 +286,7 @@ static bool build_all_sets(search *s, double tf, double tb, room_bounds *sum) {
     s->tables_tf = tf, s->tables_tb = tb;
     /* negative: B is out of reach (the sumsets say so too) */
     s->slack = total < s->p->batch ? 0 : total - s->p->batch;
+    for (int gi = 0; gi < s->p->n_groups && all; gi++) bits_window(s, &s->sets[gi], s->maxb[gi]);
     return all;
 }
 
@@ -397,15 +412,25 @@ static int64_t dp_max_room(search *s) {
 }
 
 /* reach = reach (+) set^(count) */
-static void add_group(search *s, int gi) {
+/* reach = reach (+) set^(count); *top: the sum of maxb over the ranks in reach. Every set kept to
+ * its window (bits_window), so the sumsets cost O(D) words, not O(B). */
+static void add_group(search *s, int gi, long *top) {
+    long n_pow = 1, n_acc = 0, maxb = s->maxb[gi];
     bits_copy(&s->pow, &s->sets[gi]);
     bits_zero(&s->acc);
     bits_set(&s->acc, 0);
     for (int c = s->p->groups[gi].count; c; c >>= 1) {
-        if (c & 1) bits_sumset(&s->acc, &s->acc, &s->pow, &s->tmp);
-        if (c > 1) bits_sumset(&s->pow, &s->pow, &s->pow, &s->tmp);
+        if (c & 1) {
+            bits_sumset(&s->acc, &s->acc, &s->pow, &s->tmp);
+            bits_window(s, &s->acc, (n_acc += n_pow) * maxb);
+        }
+        if (c > 1) {
+            bits_sumset(&s->pow, &s->pow, &s->pow, &s->tmp);
+            bits_window(s, &s->pow, (n_pow *= 2) * maxb);
+        }
     }
     bits_sumset(&s->reach, &s->reach, &s->acc, &s->tmp);
+    bits_window(s, &s->reach, *top += n_acc * maxb);
 }
 
 static int64_t witness_room(search *s, double tf, double tb);
@@ -493,8 +518,9 @@ static bool feasible(search *s, double tf, double tb) {
     if (p->need_room > 0 && room.best < p->need_room) return false; /* III fails for every split */
     bits_zero(&s->reach);
     bits_set(&s->reach, 0);
+    long top = 0;
     for (int gi = 0; gi < p->n_groups; gi++) {
-        add_group(s, gi);
+        add_group(s, gi, &top);
         if (bits_empty(&s->reach)) return false;
     }
     if (!bits_test(&s->reach, p->batch)) return false;
@@ -635,6 +661,7 @@ static bool choose_batches(search *s, double tf, double tb, pick_mode mode, int 
         } else {
             bits_sumset(&suf[i], &suf[i + 1], &s->sets[group_of[i]], &s->tmp);
             suf_max[i] = suf_max[i + 1] + maxb[group_of[i]];
+            bits_window(s, &suf[i], suf_max[i]);
         }
         if (!use_dp) continue;
         rows[i].v = dps + (size_t)i * width;
