@@ -576,16 +576,19 @@ static void sort_doubles(double *v, size_t n) {
     free(count);
 }
 
-/* Adds l*t[m] for l = 1..n where above the floor. */
-static size_t add_values(double *v, size_t n, const double *t, int m, int count, double floor_ms) {
-    for (int l = 1; l <= count; l++)
-        if ((double)l * t[m] > floor_ms) v[n++] = (double)l * t[m];
+/* Adds l*t[m] for l = 1..n where above the floor and at most top. */
+static size_t add_values(double *v, size_t n, const double *t, int m, int count, double floor_ms, double top) {
+    for (int l = 1; l <= count; l++) {
+        double x = (double)l * t[m];
+        if (x > top && t[m] > 0) break; /* and every later one */
+        if (x > floor_ms && x <= top) v[n++] = x;
+    }
     return n;
 }
 
 /* Every achievable phase time >= floor, plus the floor itself, sorted and unique (the backward's
  * with and without recompute). */
-static values collect_values(const search *s, bool fwd, double floor_ms) {
+static values collect_values(const search *s, bool fwd, double floor_ms, double top) {
     size_t cap = 1, n = 0;
     for (int gi = 0; gi < s->p->n_groups; gi++) {
         const opt_group *g = &s->p->groups[gi];
@@ -597,8 +600,8 @@ static values collect_values(const search *s, bool fwd, double floor_ms) {
         const opt_group *g = &s->p->groups[gi];
         for (int m = 1; m <= g->mmax && m <= s->bmax; m++) {
             int count = group_count_cap(g, m, s->bmax);
-            if (fwd || !g->keep_only) n = add_values(v, n, fwd ? g->f : g->k, m, count, floor_ms);
-            if (!fwd && g->k_keep) n = add_values(v, n, g->k_keep, m, min_int(count, g->keep_lmax[m]), floor_ms);
+            if (fwd || !g->keep_only) n = add_values(v, n, fwd ? g->f : g->k, m, count, floor_ms, top);
+            if (!fwd && g->k_keep) n = add_values(v, n, g->k_keep, m, min_int(count, g->keep_lmax[m]), floor_ms, top);
         }
     }
     sort_doubles(v, n);
@@ -606,6 +609,38 @@ static values collect_values(const search *s, bool fwd, double floor_ms) {
     for (size_t i = 0; i < n; i++)
         if (u == 0 || v[i] != v[u - 1]) v[u++] = v[i];
     return (values){v, (int)u};
+}
+
+/* The least and the largest per-microbatch phase time of any option (fwd: f; else k and k_keep). */
+static void phase_range(const search *s, bool fwd, double *least, double *most) {
+    *least = INFINITY, *most = 0;
+    for (int gi = 0; gi < s->p->n_groups; gi++) {
+        const opt_group *g = &s->p->groups[gi];
+        for (int m = 1; m <= g->mmax && m <= s->bmax; m++) {
+            double t[2] = {fwd ? g->f[m] : g->keep_only ? NAN : g->k[m], !fwd && g->k_keep ? g->k_keep[m] : NAN};
+            for (int i = 0; i < 2; i++)
+                if (!isnan(t[i])) *least = fmin(*least, t[i]), *most = fmax(*most, t[i] * group_count_cap(g, m, s->bmax));
+        }
+    }
+}
+
+/* An objective some assignment reaches: the thresholds doubled together from their least values
+ * until feasible (a few tests). The optimal thresholds sum to at most it, so no value above it
+ * less the other phase's floor is ever needed: the value sets stop there (at B = 65536 they
+ * would otherwise hold millions of products, most far beyond any plan). INFINITY when none is
+ * feasible up to the largest values (the staircase then says infeasible) or the search expired. */
+static double feasible_objective(search *s) {
+    const opt_problem *p = s->p;
+    double f_lo, f_hi, k_lo, k_hi;
+    phase_range(s, true, &f_lo, &f_hi);
+    phase_range(s, false, &k_lo, &k_hi);
+    if (!(f_lo > 0) || !(k_lo > 0)) return INFINITY; /* no option, or doubling would not grow */
+    double tf = fmax(f_lo, p->fwd_floor), tb = fmax(k_lo, p->bwd_floor);
+    for (;;) {
+        if (feasible(s, tf, tb)) return tf + tb;
+        if (s->expired || (tf > f_hi && tb > k_hi)) return INFINITY;
+        tf *= 2, tb *= 2;
+    }
 }
 
 /* Smallest index i in [lo, hi] with feasible(tf or tb = vals[i]); -1 if none. */
@@ -840,8 +875,10 @@ int opt_solve(const opt_problem *p, opt_result *r) {
         search_free(&s);
         return 1;
     }
-    values vf = collect_values(&s, true, p->fwd_floor);
-    values vb = collect_values(&s, false, p->bwd_floor);
+    /* the optimum's tf <= U - C and tb <= U - A; the margin keeps rounding from cutting it */
+    double U = feasible_objective(&s), margin = 1e-9 * U;
+    values vf = collect_values(&s, true, p->fwd_floor, U - p->bwd_floor + margin);
+    values vb = collect_values(&s, false, p->bwd_floor, U - p->fwd_floor + margin);
     if (p->upper_bound > 0) {
         /* tf + tb < bound with tb >= C and tf >= A: larger thresholds are of no interest, and
          * the binary searches never probe them (the expensive, memory-tight ones among them) */
