@@ -55,6 +55,14 @@ check "impossible model" 2 "n_head 4 must divide d_model 66" -- "$BIN" plan --cl
 B=examples/clusters/cluster-b.yaml
 prec_of() { # PLAN.json
   python3 -c 'import json, sys; p = json.load(open(sys.argv[1])); print("precision", p["inputs"]["precision"], "feasible", p["feasible"])' "$1"; }
+# the optimizer's fast room DPs (slack windows, pruning) against its quadratic reference
+# (CEPHALO_PLAN_EXHAUSTIVE_DP=1) on a memory-bound plan where constraint III binds: the same plan
+"$BIN" plan --cluster $B --model gpt-6.7b --seq 1024 --mem-cap 0.5 --batch 4096 -o "$T/fast.json" >/dev/null 2>&1
+CEPHALO_PLAN_EXHAUSTIVE_DP=1 "$BIN" plan --cluster $B --model gpt-6.7b --seq 1024 --mem-cap 0.5 --batch 4096 -o "$T/ref.json" >/dev/null 2>&1
+check "the fast room DP plans what the quadratic reference plans (uneven state, the same JSON)" 0 "same uneven" -- python3 -c '
+import json, sys
+a, b = (json.load(open(f)) for f in sys.argv[1:])
+print("same" if a == b else "differ", "uneven" if a["uneven"] else "even")' "$T/fast.json" "$T/ref.json"
 "$BIN" plan --cluster $B --model gpt-1.3b --batch 128 --precision fp16 -o "$T/b16.json" >/dev/null 2>&1
 check "fp16 on cluster B (V100, T4, A10G): the plan JSON says fp16" 0 "precision fp16 feasible True" -- prec_of "$T/b16.json"
 "$BIN" plan --cluster $A --model bert-large --batch 64 --precision fp16 -o "$T/a16.json" >/dev/null 2>&1

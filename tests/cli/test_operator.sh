@@ -71,8 +71,10 @@ finish() {
   done
 }
 
+# CEPHALO_PLAN_EXHAUSTIVE_DP=1: the optimizer's quadratic reference DP, so that the big job below
+# takes minutes to plan (the fast path plans it in well under a second); the others take ms either way
 start_op() { # POD_NAME
-  POD_NAME=$1 "$OP" --kubeconfig "$KUBECONFIG" --metrics-addr "127.0.0.1:$port" --log-level info \
+  CEPHALO_PLAN_EXHAUSTIVE_DP=1 POD_NAME=$1 "$OP" --kubeconfig "$KUBECONFIG" --metrics-addr "127.0.0.1:$port" --log-level info \
     --worker-image registry.test/cephalo-worker:1 --worker-image-pull-policy IfNotPresent --plan-timeout 6s \
     --leader-elect=true --leader-election-namespace default --leader-election-id cephalo-operator \
     --leader-election-lease-duration 6s --leader-election-renew-deadline 4s \
@@ -319,7 +321,8 @@ assert "... then the queued job starts on the GPUs it freed (Planned, Admitted)"
 check "... and gets its pods" 0 "3" -- bash -c 'kubectl get pods -l cephalo.dev/job=nomodel -o name | wc -l'
 
 # ---- planning off the reconcile loop, within --plan-timeout (6s here) ----------------------------
-# gpt-1.3b at globalBatch 65536 on the three main GPUs takes over 40 s to plan exactly; a small job
+# gpt-1.3b at globalBatch 65536 on the three main GPUs takes over 40 s to plan with the reference DP
+# (CEPHALO_PLAN_EXHAUSTIVE_DP in start_op); a small job
 # created meanwhile is planned at once, and the big one fails with PlanningTimeout after 6 s
 cat >"$dir/slow.yaml" <<'EOF'
 apiVersion: cephalo.dev/v1alpha1
