@@ -313,13 +313,32 @@ void trainer_free(trainer *t) {
 
 /* ---- one step ---- */
 
+/* Loss-masked data (fine-tuning): the targets of the whole global batch, every rank counting all
+ * of them from the masks (no communication), so that each rank weighs its rows by the same
+ * 1/count and the step's loss is the mean over the global batch's targets on any split. */
+static int global_targets(trainer *t, int64_t *count, err_t *err) {
+    const train_config *c = &t->cfg;
+    *count = 0;
+    for (int64_t j = 0; j < c->global_batch; j++) {
+        int64_t n;
+        if (data_sample_targets(t->data, t->step * c->global_batch + j, &n, err) < 0) return -1;
+        *count += n;
+    }
+    return 0;
+}
+
 /* Reads this step's samples into the host arrays and weighs every sample's rows so that the sum
- * over the global batch is the mean over B samples of each sample's mean loss. */
+ * over the global batch is the mean over B samples of each sample's mean loss; with loss masks,
+ * the mean over the global batch's targets instead (docs/data.md "Fine-tuning data": windows
+ * hold different numbers of response tokens, and every response token weighs the same). */
 static int load_samples(trainer *t, err_t *err) {
     const train_config *c = &t->cfg;
     const model_spec *m = &c->model;
     int T = t->tokens;
     int64_t img = m->arch == ARCH_VIT ? (int64_t)m->channels * m->image * m->image : 0;
+    int64_t masked_targets = 0;
+    bool masked = !img && data_has_loss_mask(t->data);
+    if (masked && global_targets(t, &masked_targets, err) < 0) return -1;
     for (int i = 0; i < c->batch; i++) {
         int64_t s = t->step * c->global_batch + c->sample_offset + i;
         int targets = 1;
@@ -333,7 +352,8 @@ static int load_samples(trainer *t, err_t *err) {
             for (int k = 0; k < T; k++) targets += tgt[k] >= 0;
         }
         /* the loss scale (a power of two) multiplies exactly */
-        t->row_scale[i] = (float)(t->loss_scale / ((double)c->global_batch * (targets ? targets : 1)));
+        if (masked) t->row_scale[i] = (float)(t->loss_scale / (double)(masked_targets ? masked_targets : 1));
+        else t->row_scale[i] = (float)(t->loss_scale / ((double)c->global_batch * (targets ? targets : 1)));
     }
     return 0;
 }
