@@ -58,6 +58,20 @@ double train_lr(const train_config *c, int64_t step) {
 
 /* ---- set-up ---- */
 
+/* --epochs: the steps that read every sample of the training data epochs times, the last step
+ * filled from the next epoch's order (the sample order of data.h wraps). */
+static int epoch_steps(trainer *t, err_t *err) {
+    train_config *c = &t->cfg;
+    int64_t w = data_num_samples(t->data);
+    if (w == INT64_MAX) return err_set(err, "--epochs needs data of a known size (not synthetic): give --steps");
+    int64_t need = (int64_t)c->epochs * w, gb = c->global_batch;
+    c->steps = (need + gb - 1) / gb;
+    if (c->warmup >= c->steps && c->warmup > 0)
+        return err_set(err, "--warmup %lld must be below the %lld steps of --epochs %ld", (long long)c->warmup,
+                       (long long)c->steps, c->epochs);
+    return 0;
+}
+
 static int open_data(trainer *t, err_t *err) {
     const train_config *c = &t->cfg;
     const model_spec *m = &c->model;
@@ -273,7 +287,7 @@ trainer *trainer_new(const train_config *cfg, err_t *err) {
         t->cfg.shard_sizes = memcpy(xmalloc(bytes), cfg->shard_sizes, bytes);
     }
     fsdp_setup(t);
-    if (open_data(t, err) < 0 || alloc_state(t, err) < 0 ||
+    if (open_data(t, err) < 0 || (t->cfg.epochs > 0 && epoch_steps(t, err) < 0) || alloc_state(t, err) < 0 ||
         fsdp_alloc_slots(t, err) < 0 || alloc_buffers(t, err) < 0) {
         trainer_free(t);
         return NULL;
