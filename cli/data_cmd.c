@@ -550,16 +550,17 @@ static int sft_input(tok_run *r, data_input *in, err_t *err) {
 
 static void print_tok_summary(const tok_run *r, int n_files, const char *outdir) {
     const tok *t = r->t;
-    printf("cephalo data: %d file%s, %lld document%s, %lld bytes -> %lld tokens (%s; vocab %d, EOS %d%s; shard "
+    const char *unit = r->o->sft ? "example" : "document";
+    printf("cephalo data: %d file%s, %lld %s%s, %lld bytes -> %lld tokens (%s; vocab %d, EOS %d%s; shard "
            "version %d, %s tokens)\n",
-           n_files, n_files == 1 ? "" : "s", (long long)r->docs, r->docs == 1 ? "" : "s", (long long)r->bytes,
+           n_files, n_files == 1 ? "" : "s", (long long)r->docs, unit, r->docs == 1 ? "" : "s", (long long)r->bytes,
            (long long)(r->k.tokens[0] + r->k.tokens[1]), tok_describe(t), tok_vocab_size(t), r->eos,
            r->bos >= 0 ? ", BOS first" : "", r->k.version, r->k.version == DATA_SHARD_VERSION ? "uint16" : "uint32");
     for (int si = 0; si < 2; si++) {
         const char *name = si ? "val" : "train";
         if (!r->k.index[si]) continue;
-        printf("  %-6s %lld tokens, %lld documents in %d shard%s: %s/%s_000000.bin", si ? "val:" : "train:",
-               (long long)r->k.tokens[si], (long long)r->k.docs[si], r->k.index[si], r->k.index[si] == 1 ? "" : "s",
+        printf("  %-6s %lld tokens, %lld %ss in %d shard%s: %s/%s_000000.bin", si ? "val:" : "train:",
+               (long long)r->k.tokens[si], (long long)r->k.docs[si], unit, r->k.index[si], r->k.index[si] == 1 ? "" : "s",
                outdir, name);
         if (r->k.index[si] > 1) printf(" .. %s_%06d.bin", name, r->k.index[si] - 1);
         putchar('\n');
