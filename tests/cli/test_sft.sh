@@ -177,6 +177,32 @@ for i in 0 1 2; do
     echo "not ok $n - 1 rank vs 2 uneven ranks, step $i: ${l1[$i]:-?} vs ${l2[$i]:-?}"
 done
 
+# ---- the validation loss on masked val shards: the mean over their counted targets ----
+"$W" train "${common[@]}" --batch 4 --steps 2 --data "$T/both" --val-data "$T/both" --val-samples 1000 \
+  --ckpt-dir "$T/vck" --quiet --log "$T/v.jsonl" 2>/dev/null
+ev=$("$W" eval --checkpoint "$T/vck" --data "$T/both/val_000000.bin" --samples 1000 --json 2>/dev/null |
+  $PY -c "import json,sys; print(json.loads(sys.stdin.read())['val_loss'])")
+logged=$(grep -o '"val_loss":[0-9.e+-]*' "$T/v.jsonl" | tail -1 | cut -d: -f2)
+ref=$($PY tests/ref/val_loss.py "$T/vck/step_00000002.safetensors" 32 "$T/both/val_000000.bin" 2>&1)
+rel_close "${ev:-0}" "${ref:-1}" 1e-5
+rc=$?
+n=$((n + 1)); [ $rc = 0 ] && echo "ok $n - eval on a masked val shard = float64 mean over its counted targets ($ev vs $ref)" ||
+  echo "not ok $n - eval on a masked val shard: $ev, float64 reference $ref"
+rel_close "${logged:-0}" "${ev:-1}" $PLAN_TOL
+rc=$?
+n=$((n + 1)); [ $rc = 0 ] && echo "ok $n - the val_loss train logged = eval's ($logged)" || echo "not ok $n - logged val_loss $logged, eval $ev"
+unmasked=$($PY - "$T/vck/step_00000002.safetensors" "$T/both/val_000000.bin" <<'EOF2'
+import os, shutil, subprocess, sys, tempfile
+d = tempfile.mkdtemp()
+shutil.copy(sys.argv[2], d + "/v.bin")  # the same tokens without the mask
+print(subprocess.run([sys.executable, "tests/ref/val_loss.py", sys.argv[1], "32", d + "/v.bin"],
+                     capture_output=True, text=True).stdout.strip())
+shutil.rmtree(d)
+EOF2
+)
+n=$((n + 1)); [ -n "$unmasked" ] && ! rel_close "$unmasked" "${ref:-1}" 1e-3 &&
+  echo "ok $n - the mask matters: all targets give another loss ($unmasked)" || echo "not ok $n - masked $ref, unmasked $unmasked"
+
 # ---- --epochs ----
 wins=$("$W" train "${common[@]}" --batch 4 --epochs 1 --data "$T/d" --log "$T/e.jsonl" 2>&1 | tee "$T/e.out" |
   grep -o '([0-9]* samples an epoch' | tr -dc 0-9)
