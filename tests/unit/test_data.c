@@ -183,6 +183,15 @@ static void test_loss_mask(void **state) {
     }
     data_close(ds);
     expect_open_error(p, 4, 64, DATA_MLM, "sft_000000.mask", "MLM");
+    /* the same shard written again without a mask: the old mask goes */
+    make_shard(P("again.bin"), 30, 0, 50);
+    w = data_shard_writer_open(P("again.bin"), &err);
+    assert_int_equal(data_shard_writer_enable_mask(w, &err), 0);
+    assert_int_equal(data_shard_writer_add32_masked(w, t, m, 30, &err), 0);
+    assert_int_equal(data_shard_writer_close(w, &err), 0);
+    assert_int_equal(file_size(P("again.mask")), 1024 + 30);
+    make_shard(P("again.bin"), 30, 0, 50);
+    assert_int_equal(access(P("again.mask"), F_OK), -1);
 
     /* mixed: a plain shard beside a masked one */
     make_shard(P("plain.bin"), 30, 0, 50);

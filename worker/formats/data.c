@@ -336,6 +336,14 @@ int data_shard_writer_close(data_shard_writer *w, err_t *err) {
         wr32(h + 20, (uint32_t)(w->tok.hash >> 32));
     }
     int rc = 0;
+    if (!w->masked) { /* a mask left beside an earlier shard of this name is not this shard's */
+        char mp[4096];
+        if (data_mask_path(w->f.path, mp, sizeof mp, NULL) == 0 && unlink(mp) != 0 && errno != ENOENT) {
+            err_set(err, "%s: cannot remove the stale loss mask %s: %s", w->f.path, mp, strerror(errno));
+            data_shard_writer_abort(w);
+            return -1;
+        }
+    }
     if (w->masked) { /* the mask first: a shard never appears without the mask it was written with */
         rc = af_finish(&w->mask, 8, h, 4, err);
         w->masked = false;

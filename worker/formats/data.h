@@ -73,7 +73,8 @@ int64_t data_shard_writer_count(const data_shard_writer *w);
 /* Records the tokenizer's identity in the header (written at close). */
 void data_shard_writer_set_tokenizer(data_shard_writer *w, tok_id id);
 /* Also writes a loss mask beside the shard (data_mask_path): every token added after this call
- * comes with a mask byte (data_shard_writer_add32_masked). Call before the first token. */
+ * comes with a mask byte (data_shard_writer_add32_masked). Call before the first token. A shard
+ * closed without one removes a mask an earlier shard of its name left there. */
 int data_shard_writer_enable_mask(data_shard_writer *w, err_t *err);
 /* uint32 tokens and their mask bytes (0 or 1, see "loss masks" below); the writer must have a mask. */
 int data_shard_writer_add32_masked(data_shard_writer *w, const uint32_t *tokens, const uint8_t *mask, int64_t n,
