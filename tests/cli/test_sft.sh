@@ -215,6 +215,16 @@ n=$((n + 1))
 n=$((n + 1))
 [ "$(grep -c '"loss"' "$T/e2.jsonl")" = "$want" ] && echo "ok $n - --epochs 2: $want steps" || echo "not ok $n - --epochs 2: $(grep -c '"loss"' "$T/e2.jsonl") steps, expected $want"
 check "--epochs: the steps are printed at the start" 0 "--epochs 1: $steps steps" -- cat "$T/e.out"
+# cephalo run: a job file's `epochs` (instead of `steps`) becomes the workers' --steps
+printf 'model: %s\nseq: 32\ndata: %s\nbatch: 4\nepochs: 2\ndevices: [{type: cpu, threads: 1, memory: 512M}]\n' \
+  "$T/m.yaml" "$T/d" >"$T/ep.yaml"
+check "cephalo run: epochs 2 in a job file gives the same steps" 0 "final loss" -- \
+  bash -c "'$C' run '$T/ep.yaml' --run-dir '$T/run-ep' 2>&1 | tee '$T/run-ep.out' && grep -q 'epochs 2: $want steps' '$T/run-ep.out' && grep -q 'steps 1..$want of $want' '$T/run-ep.out'"
+printf 'model: tiny-gpt\nbatch: 4\nsteps: 3\nepochs: 2\ndevices: [{type: cpu}]\n' >"$T/both.yaml"
+check "cephalo run: steps and epochs in one job file are refused" 2 "both.yaml:4: epochs: give steps or epochs, not both" -- \
+  "$C" run "$T/both.yaml" --dry-run
+printf 'model: tiny-gpt\ndata: synthetic\nbatch: 4\nepochs: 2\ndevices: [{type: cpu, memory: 512M}]\n' >"$T/syn.yaml"
+check "cephalo run: epochs on synthetic data is refused" 2 "epochs needs data of a known size" -- "$C" run "$T/syn.yaml" --dry-run
 check "--steps and --epochs together are refused" 2 "--steps and --epochs: give one" -- \
   "$W" train "${common[@]}" --batch 4 --steps 3 --epochs 1 --data "$T/d"
 check "--epochs on synthetic data is refused" 2 "--epochs needs data of a known size" -- \
