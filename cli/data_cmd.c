@@ -591,13 +591,13 @@ static int tok_setup(tok_run *r, const tok_opts *o, err_t *err) {
     if (o->chat_template && sft_template_load(o->chat_template, &r->tmpl, err) < 0) return -1;
     r->bos = -1;
     if ((o->bos || r->tmpl.bos) && (r->bos = tok_bos(r->t)) < 0)
-        return err_set(err, "%s: --bos: no beginning-of-text token (none of <|begin_of_text|>, <s>, <|startoftext|>, <bos>)",
-                       o->tokenizer);
+        return err_set(err, "%s: %s: no beginning-of-text token (none of <|begin_of_text|>, <s>, <|startoftext|>, <bos>)",
+                       o->tokenizer, o->bos ? "--bos" : "the chat template's \"bos\": true");
     r->k.version = tok_vocab_size(r->t) > 65536 ? DATA_SHARD_VERSION_U32 : DATA_SHARD_VERSION;
     r->k.tok = tok_identity(r->t);
     r->k.masked = o->sft;
-    r->codec = (sft_codec){.t = r->t, .tmpl = o->chat_template ? &r->tmpl : NULL, .bos = o->bos ? r->bos : -1,
-                           .eos = r->eos, .special = o->special};
+    r->codec = (sft_codec){.t = r->t, .tmpl = o->chat_template ? &r->tmpl : NULL, .bos = r->bos,
+                           .pair_bos = o->bos, .eos = r->eos, .special = o->special};
     return 0;
 }
 

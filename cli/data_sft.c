@@ -111,7 +111,7 @@ static int encode_pair(const sft_codec *c, const json_ctx *jc, const cJSON *o, t
                     &prompt) < 0 ||
         line_string(jc, o, "", "response", "the text learned after the prompt", &response) < 0)
         return -1;
-    if (c->bos >= 0) put_id(c->bos, 0, ids, m);
+    if (c->pair_bos) put_id(c->bos, 0, ids, m);
     put(c, prompt, strlen(prompt), c->special, 0, ids, m);
     put(c, response, strlen(response), c->special, 1, ids, m);
     put_id(c->eos, 1, ids, m);

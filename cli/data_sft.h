@@ -33,7 +33,8 @@ void sft_template_free(sft_template *t);
 typedef struct sft_codec {
     tok *t;
     const sft_template *tmpl; /* NULL: prompt/response lines only */
-    int32_t bos, eos;         /* bos < 0: none (prompt/response lines; a template says its own) */
+    int32_t bos, eos;         /* bos: the tokenizer's (-1: none), for --bos and the template's "bos" */
+    bool pair_bos;            /* --bos: BOS before each prompt/response example */
     bool special;             /* added tokens' strings in the contents become those tokens */
 } sft_codec;
 

@@ -146,6 +146,9 @@ check "an unknown role" 2 "role.jsonl:1: messages[0].role: \"robot\" (expected s
 printf '{"bos": false, "roles": {"user": {"prefix": "U"}}}\n' >"$T/badt.json"
 check "a template without the assistant role" 2 "missing field 'assistant'" -- \
   "$C" data -o "$T/e6" --tokenizer "$T/tok.json" --sft --chat-template "$T/badt.json" "$T/chat.jsonl"
+printf '{"bos": true, "roles": {"assistant": {"prefix": "A"}}}\n' >"$T/bost.json"
+check "a template's bos with a tokenizer without one" 2 "the chat template's \"bos\": true: no beginning-of-text token" -- \
+  "$C" data -o "$T/e9" --tokenizer "$T/tok.json" --sft --chat-template "$T/bost.json" "$T/chat.jsonl"
 check "--chat-template needs --sft" 2 "--chat-template needs --sft" -- \
   "$C" data -o "$T/e7" --tokenizer "$T/tok.json" --chat-template "$T/tmpl.json" "$T/pairs.jsonl"
 check "--sft needs --tokenizer" 2 "--sft needs --tokenizer" -- "$C" data -o "$T/e8" --sft "$T/pairs.jsonl"
