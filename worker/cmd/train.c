@@ -86,6 +86,8 @@ static void catch_stop_signals(void) {
     "                       the weights): a warning names them; without it they are an error\n" \
     "  --steps N            total steps (default %s); 0: the initial weights saved as checkpoint\n" \
     "                       step 0 (with --ckpt-dir), e.g. to export them\n" \
+    "  --epochs N           instead of --steps: every training sample N times, ceil(N x samples\n" \
+    "                       / global batch) steps (printed at the start; the schedule's length)\n" \
     "  --lr X               peak learning rate (default %s)\n" \
     "  --schedule S         after the warmup: cosine or linear from lr down to --min-lr, or\n" \
     "                       constant (lr throughout); default %s\n" \
@@ -184,7 +186,7 @@ enum {
     O_EPS, O_CLIP, O_SEED, O_THREADS, O_MEMORY, O_CKDIR, O_CKEVERY, O_RESUME, O_LOG, O_DUMP, O_QUIET, O_DEVICE,
     O_GPU, O_PRECISION, O_OFFLOAD, O_ACCUM, O_SYNCMICRO, O_MPORT, O_MADDR, O_OVERWRITE, O_KEEPLAST, O_KEEPEVERY,
     O_DIVERGE, O_LSCALE, O_LWINDOW, O_SCHEDULE, O_INITFROM, O_VALDATA, O_VALEVERY, O_VALSAMPLES, O_UNUSED,
-    O_RECOMPUTE
+    O_RECOMPUTE, O_EPOCHS
 };
 
 static const struct option train_longopts[] = {
@@ -205,7 +207,7 @@ static const struct option train_longopts[] = {
     {"keep-every", 1, 0, O_KEEPEVERY}, {"diverge-steps", 1, 0, O_DIVERGE},
     {"loss-scale", 1, 0, O_LSCALE}, {"loss-scale-window", 1, 0, O_LWINDOW},
     {"init-from", 1, 0, O_INITFROM}, {"allow-unused-weights", 0, 0, O_UNUSED}, {"val-data", 1, 0, O_VALDATA},
-    {"val-every", 1, 0, O_VALEVERY}, {"val-samples", 1, 0, O_VALSAMPLES},
+    {"val-every", 1, 0, O_VALEVERY}, {"val-samples", 1, 0, O_VALSAMPLES}, {"epochs", 1, 0, O_EPOCHS},
     {"help", 0, 0, 'h'},          {0, 0, 0, 0}};
 
 /* What the job is: its model and batch (or its plan), data, device and precision. */
@@ -248,6 +250,7 @@ static int optimizer_option(args *p, int ch, worker_opts *o) {
     const char *v;
     switch (ch) {
     case O_STEPS: return args_int64(p, 0, INT64_C(1) << 40, &c->steps);
+    case O_EPOCHS: return args_long(p, 1, 1L << 20, &c->epochs);
     case O_LR: return args_double(p, 0, 10, &c->lr);
     case O_MINLR: return args_double(p, 0, 10, &c->min_lr);
     case O_SCHEDULE:
@@ -436,7 +439,9 @@ static int resolve_job(worker_opts *o) {
         return args_bad_cmd(WORKER_NAME, "give --data SPEC, the training data: token shards (cephalo data), a "
                                          "CIMG image file for ViT, or 'synthetic' for random tokens%s",
                             c->init_from ? " (nothing else fine-tunes --init-from's model)" : "");
-    if (c->warmup >= c->steps && c->warmup > 0)
+    if (args_given(&o->cl, O_STEPS) && args_given(&o->cl, O_EPOCHS))
+        return args_bad_cmd(WORKER_NAME, "--steps and --epochs: give one (--epochs sets the steps from the data's size)");
+    if (c->warmup >= c->steps && c->warmup > 0 && !c->epochs)
         return args_bad_cmd(WORKER_NAME, "--warmup %lld must be below --steps %lld", (long long)c->warmup, (long long)c->steps);
     return check_idle_options(o);
 }
@@ -700,6 +705,9 @@ static int train_rank(worker_opts o) {
                 t->cfg.batch, t->cfg.micro, t->cfg.micros, t->dev.threads, desc,
                 str_bytes((double)t->dev.cur_bytes, peak, sizeof peak),
                 str_bytes((double)t->host_bytes, host, sizeof host));
+        if (t->cfg.epochs)
+            fprintf(stderr, "  --epochs %ld: %lld steps (%lld samples an epoch, %d a step)\n", t->cfg.epochs,
+                    (long long)t->cfg.steps, (long long)data_num_samples(t->data), t->cfg.global_batch);
         if (ev) eval_describe(ev, desc, sizeof desc), fprintf(stderr, "  validation: %s\n", desc);
     }
     if (!rc && t->cfg.steps > 0) rc = run_training(t, &o, log, dp, m, ev);
