@@ -211,7 +211,7 @@ check "run: validation.every out of range" 2 "validation.every" -- "$C" run "$T/
 
 # ---- errors ----
 "$C" plan --cluster "$(cluster_of 1)" --model tiny-gpt --batch 4 -o "$T/p1gpt.json" >/dev/null
-tg=(train --quiet --model tiny-gpt --batch 4 --steps 1)
+tg=(train --data synthetic --quiet --model tiny-gpt --batch 4 --steps 1)
 check "--val-every without --val-data" 2 "--val-every needs --val-data" -- "$W" "${tg[@]}" --val-every 5
 check "--val-samples without --val-data" 2 "--val-samples needs --val-data" -- "$W" "${tg[@]}" --val-samples 5
 check "--val-samples 0" 2 "--val-samples: '0' is not an integer in [1," -- "$W" "${tg[@]}" --val-data "$VAL" --val-samples 0

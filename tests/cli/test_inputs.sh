@@ -74,7 +74,7 @@ check "run --run-dir FILE/sub: the part in the way named" 2 "$T/file/sub: $T/fil
   "$C" run "$T/minlr-ok.yaml" --run-dir "$T/file/sub" --dry-run
 
 # ---- options that would do nothing: refused by one rule -----------------------------------------
-TG=(train --model tiny-gpt --batch 2 --steps 1 --quiet)
+TG=(train --data synthetic --model tiny-gpt --batch 2 --steps 1 --quiet)
 check "--loss-scale outside fp16" 2 "--loss-scale needs --precision fp16 (the precision here is fp32, the default)" -- "$W" "${TG[@]}" --loss-scale 1024
 check "--loss-scale-window in bf16" 2 "--loss-scale-window needs --precision fp16 (the precision here is bf16)" -- "$W" "${TG[@]}" --precision bf16 --loss-scale-window 5
 check "... both act in fp16" 0 "" -- "$W" "${TG[@]}" --precision fp16 --loss-scale 1024 --loss-scale-window 5
