@@ -92,7 +92,7 @@ check "models --seq without a model" 2 "--seq needs a MODEL" -- "$C" models --se
 check "profile --comm-max-bytes with one device" 2 "--comm-max-bytes needs two or more --devices" -- \
   "$C" profile --devices cpu:1t:256M --model tiny-gpt --comm-max-bytes 1M --store none -o "$T/prof.json"
 check "data --seed without --images" 2 "--seed needs --images" -- "$C" data -o "$T/out" --seed 3 "$T/d.txt"
-printf 'name: j\nmodel: tiny-gpt\nbatch: 2\nsteps: 2\ndata: synthetic\ndevices: [{type: cpu, memory: 256M}]\noptimizer: {schedule: constant,\n  min_lr: 1e-5}\n' >"$T/minlr.yaml"
+printf 'name: j\nmodel: tiny-gpt\nbatch: 2\nsteps: 2\ndevices: [{type: cpu, memory: 256M}]\noptimizer: {schedule: constant,\n  min_lr: 1e-5}\ndata: synthetic\n' >"$T/minlr.yaml"
 check "job file: optimizer.min_lr with schedule constant, on its line" 2 "minlr.yaml:7: optimizer.min_lr needs schedule cosine or linear" -- \
   "$C" run "$T/minlr.yaml" --dry-run --run-dir "$T/r"
 
