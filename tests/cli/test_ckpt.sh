@@ -32,11 +32,11 @@ cat >"$T/one.yaml" <<'Y'
 model: tiny-gpt
 batch: 4
 steps: 300
-data: synthetic
 seq: 32
 optimizer: {lr: 1e-3}
 checkpoint: {dir: ckpt, every: 50}
 devices: [{type: cpu, threads: 1, memory: 256M}]
+data: synthetic
 Y
 "$C" run "$T/one.yaml" --run-dir "$T/r-lock" --quiet >"$T/first.out" 2>&1 &
 first=$!
@@ -180,12 +180,12 @@ cat >"$T/two.yaml" <<'Y'
 model: tiny-gpt
 batch: 8
 steps: 6
-data: synthetic
 seq: 32
 strategy: fsdp
 optimizer: {lr: 1e-3}
 checkpoint: {dir: ckpt, every: 1, keep_last: 2}
 devices: [{type: cpu, threads: 1, memory: 256M, count: 2}]
+data: synthetic
 Y
 check "cephalo run: sharded checkpoints every step" 0 "final loss" -- "$C" run "$T/two.yaml" --run-dir "$T/r2" --quiet
 assert "cephalo run: keep_last 2 (step directories)" test "$(steps_in "$T/r2/ckpt")" = "5 6 " -a -s "$T/r2/ckpt/step_00000006/index.json"
@@ -212,9 +212,9 @@ cat >"$T/m.yaml" <<'Y'
 model: tiny-gpt
 batch: 4
 steps: 2
-data: synthetic
 metrics_port: 9400
 devices: [{type: cpu, threads: 1, memory: 256M}]
+data: synthetic
 Y
 check "local runs serve /metrics on 127.0.0.1" 0 "--metrics-port 9400 --metrics-addr 127.0.0.1" -- "$C" run "$T/m.yaml" --run-dir "$T/rm" --dry-run
 sed -i '4a metrics_addr: 0.0.0.0' "$T/m.yaml"

@@ -93,10 +93,10 @@ PY"
 check "models --precision fp16: 16-bit activations" 0 "fp16 activations" -- "$BIN" models gpt2-124m --precision fp16
 check "models --precision fp8 names the choices" 2 "--precision: 'fp8' is not fp32, bf16 or fp16" -- "$BIN" models gpt2-124m --precision fp8
 check "gpus: compute capability and fp16 column" 0 "T4             Turing    7.5     15.0      8.1        -     65.0        -" -- "$BIN" gpus
-printf 'model: tiny-gpt\nbatch: 4\nsteps: 1\ndata: synthetic\nprecision: fp16\ndevices:\n  - {type: cpu, threads: 1, memory: 256M, count: 2}\n' >"$T/fp16-job.yaml"
+printf 'model: tiny-gpt\nbatch: 4\nsteps: 1\nprecision: fp16\ndevices:\n  - {type: cpu, threads: 1, memory: 256M, count: 2}\ndata: synthetic\n' >"$T/fp16-job.yaml"
 check "a job file with precision: fp16 plans in fp16" 0 "fp16, 2 devices" -- "$BIN" run "$T/fp16-job.yaml" --dry-run --run-dir "$T/fp16-run"
 check "... and the plan it writes says so" 0 '"precision":	"fp16"' -- cat "$T/fp16-run/plan.json"
-printf 'model: tiny-gpt\nbatch: 4\nsteps: 1\ndata: synthetic\nprecision: fp8\ndevices:\n  - {type: cpu, threads: 1, memory: 256M}\n' >"$T/fp8-job.yaml"
+printf 'model: tiny-gpt\nbatch: 4\nsteps: 1\nprecision: fp8\ndevices:\n  - {type: cpu, threads: 1, memory: 256M}\ndata: synthetic\n' >"$T/fp8-job.yaml"
 check "a job file with precision: fp8 is refused, naming the line and the choices" 2 "fp8-job.yaml:4: precision: 'fp8' (expected fp32, bf16 or fp16)" -- \
   "$BIN" run "$T/fp8-job.yaml" --dry-run --run-dir "$T/fp8-run"
 check "the gpt-mixed example's pool (L4, A10G, T4) plans in fp16" 0 "fp16, 7 devices on 3 nodes" -- \

@@ -204,9 +204,9 @@ assert "run: summary.json has final_val_loss and two val_loss points" $PY -c "
 import json, sys
 s = json.load(open('$T/job/r/summary.json'))
 sys.exit(0 if isinstance(s['final_val_loss'], float) and [p['step'] for p in s['val_loss']] == [2, 4] else 1)"
-printf 'name: v\nmodel: tiny-gpt\nbatch: 4\nsteps: 2\ndata: synthetic\nvalidation: {every: 2}\ndevices: [{type: cpu, threads: 1, memory: 256M}]\n' >"$T/job/nodata.yaml"
+printf 'name: v\nmodel: tiny-gpt\nbatch: 4\nsteps: 2\nvalidation: {every: 2}\ndevices: [{type: cpu, threads: 1, memory: 256M}]\ndata: synthetic\n' >"$T/job/nodata.yaml"
 check "run: validation without data" 2 "validation: missing field 'data'" -- "$C" run "$T/job/nodata.yaml" --dry-run --run-dir "$T/job/r2"
-printf 'name: v\nmodel: tiny-gpt\nbatch: 4\nsteps: 2\ndata: synthetic\nvalidation: {data: x.bin, every: -1}\ndevices: [{type: cpu, threads: 1, memory: 256M}]\n' >"$T/job/neg.yaml"
+printf 'name: v\nmodel: tiny-gpt\nbatch: 4\nsteps: 2\nvalidation: {data: x.bin, every: -1}\ndevices: [{type: cpu, threads: 1, memory: 256M}]\ndata: synthetic\n' >"$T/job/neg.yaml"
 check "run: validation.every out of range" 2 "validation.every" -- "$C" run "$T/job/neg.yaml" --dry-run --run-dir "$T/job/r3"
 
 # ---- errors ----

@@ -167,7 +167,7 @@ fi
 # ---- job files: init_from (relative to the job file) gives the model and every worker's --init-from ----
 mkdir -p "$T/jobs"
 cp -r "$T/llama-f16-tied" "$T/jobs/hf"
-printf 'init_from: hf\nbatch: 6\nsteps: 2\ndata: synthetic\nseq: 16\ndevices:\n  - {type: cpu, threads: 1, memory: 256M, count: 2}\n' >"$T/jobs/ft.yaml"
+printf 'init_from: hf\nbatch: 6\nsteps: 2\nseq: 16\ndevices:\n  - {type: cpu, threads: 1, memory: 256M, count: 2}\ndata: synthetic\n' >"$T/jobs/ft.yaml"
 check "a job with init_from (no model): the workers get --init-from" 0 "--init-from $T/jobs/hf" \
   -- $C run "$T/jobs/ft.yaml" --dry-run --run-dir "$T/jobs/r-dry"
 check "... and it trains" 0 "" -- $C run "$T/jobs/ft.yaml" --run-dir "$T/jobs/r"
@@ -299,7 +299,7 @@ check "config.json with fewer layers than the weights: train refuses, naming the
   -- "$W" train --data synthetic --quiet --init-from "$T/short" --batch 2 --steps 1
 check "... eval --init-from too" 2 "$unused" -- "$W" eval --init-from "$T/short" --data synthetic --samples 2
 check "... sample --init-from too" 2 "$unused" -- "$W" sample --init-from "$T/short" --max-new-tokens 2
-printf 'init_from: short\nbatch: 2\nsteps: 1\ndata: synthetic\ndevices:\n  - {type: cpu, threads: 1, memory: 256M, count: 1}\n' >"$T/short.yaml"
+printf 'init_from: short\nbatch: 2\nsteps: 1\ndevices:\n  - {type: cpu, threads: 1, memory: 256M, count: 1}\ndata: synthetic\n' >"$T/short.yaml"
 check "... a job with init_from too" 1 "$unused" -- $C run "$T/short.yaml" --run-dir "$T/short-run"
 check "--allow-unused-weights loads it and says what it left out" 0 \
   "--allow-unused-weights: 9 tensors the model does not use left out (config.json describes a Llama model with 1 layer)" \
@@ -383,9 +383,9 @@ check "... with --init-from (max_position_embeddings 128)" 2 "exceeds model llam
   -- "$W" train --data synthetic --quiet --init-from "$T/llama-f32-gqa" --batch 2 --seq 129 --steps 1
 check "... eval --seq" 2 "exceeds model llama-f32-gqa's context" -- "$W" eval --init-from "$T/llama-f32-gqa" --data synthetic --seq 200
 check "... cephalo plan --seq" 2 "$llseq" -- $C plan --cluster "$(cluster_of 2)" --model tiny-llama --batch 4 --seq 256
-printf 'model: tiny-llama\nbatch: 2\nsteps: 1\ndata: synthetic\nseq: 256\ndevices:\n  - {type: cpu, threads: 1, memory: 256M, count: 1}\n' >"$T/llseq.yaml"
+printf 'model: tiny-llama\nbatch: 2\nsteps: 1\nseq: 256\ndevices:\n  - {type: cpu, threads: 1, memory: 256M, count: 1}\ndata: synthetic\n' >"$T/llseq.yaml"
 check "... a job file's seq" 2 "llseq.yaml:4: seq: sequence length 256 $llseq" -- $C run "$T/llseq.yaml" --dry-run --run-dir "$T/llseq-run"
-printf 'init_from: llama-f32-gqa\nbatch: 2\nsteps: 1\ndata: synthetic\nseq: 200\ndevices:\n  - {type: cpu, threads: 1, memory: 256M, count: 1}\n' >"$T/llseq-hf.yaml"
+printf 'init_from: llama-f32-gqa\nbatch: 2\nsteps: 1\nseq: 200\ndevices:\n  - {type: cpu, threads: 1, memory: 256M, count: 1}\ndata: synthetic\n' >"$T/llseq-hf.yaml"
 check "... a job file's seq with init_from (the config's max_position_embeddings)" 2 \
   "llseq-hf.yaml:4: seq: sequence length 200 exceeds model llama-f32-gqa's context of 128 positions" \
   -- $C run "$T/llseq-hf.yaml" --dry-run --run-dir "$T/llseq-hf-run"

@@ -55,7 +55,7 @@ open(sys.argv[1], "wb").write(struct.pack("<Q", len(h)) + h + b"\0\0\0\0")
 EOF
 check "safetensors header: a NUL between members" 2 "nul.safetensors: header:1:35: a NUL byte between values" -- "$W" export --checkpoint "$T/nul.safetensors" -o "$T/ex"
 
-printf 'name: j\nmodel: tiny-gpt\nbatch: 2\nsteps: 2\ndata: synthetic\ndevices: [{type: cpu, memory: 256M}]\n' >"$T/minlr-ok.yaml"
+printf 'name: j\nmodel: tiny-gpt\nbatch: 2\nsteps: 2\ndevices: [{type: cpu, memory: 256M}]\ndata: synthetic\n' >"$T/minlr-ok.yaml"
 
 # ---- a directory where a file is expected, a file where a directory is ---------------------------
 mkdir -p "$T/dir"

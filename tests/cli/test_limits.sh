@@ -25,7 +25,7 @@ longpath() {
 
 job() { # job FILE [NAME]: a job of two devices, named NAME when given
   { [ $# -gt 1 ] && echo "name: $2"
-    printf 'model: tiny-gpt\nbatch: 4\nsteps: 2\ndata: synthetic\nseed: 3\n'
+    printf 'model: tiny-gpt\nbatch: 4\nsteps: 2\nseed: 3\ndata: synthetic\n'
     printf 'devices:\n  - {type: cpu, threads: 1, memory: 511M}\n  - {type: cpu, threads: 1, memory: 255M}\n'; } >"$1"
 }
 

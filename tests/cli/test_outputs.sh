@@ -103,9 +103,9 @@ cat >user/job.yaml <<'Y'
 model: tiny-gpt
 batch: 4
 steps: 2
-data: synthetic
 seq: 32
 devices: [{type: cpu, threads: 1, memory: 256M}]
+data: synthetic
 Y
 check "cephalo run --run-dir . over a cluster.yaml of the user's: refused" 2 \
   "--run-dir .: it holds cluster.yaml, which cephalo run did not write (no .cephalo-run there)" -- \

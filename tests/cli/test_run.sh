@@ -89,8 +89,8 @@ job big <<'Y'
 model: gpt2-124m
 batch: 8
 steps: 3
-data: synthetic
 devices: [{type: cpu, memory: 64M, count: 2}]
+data: synthetic
 Y
 check "infeasible plan" 3 "cephalo run: infeasible:" -- "$C" run "$T/big.yaml" --run-dir "$T/r-big"
 assert "infeasible: no run directory" test ! -e "$T/r-big"
@@ -100,7 +100,6 @@ name: three
 model: tiny-gpt
 batch: 16
 steps: 4
-data: synthetic
 seed: 7
 optimizer: {lr: 2e-3}
 checkpoint: {dir: ck, every: 2}
@@ -108,6 +107,7 @@ comm_timeout: 30
 devices:
   - {type: cpu, threads: 2, memory: 512M}
   - {type: cpu, memory: 256M, count: 2}
+data: synthetic
 Y
 check "dry run: plan table" 0 "cpu-2t-0.50g" -- "$C" run "$T/three.yaml" --dry-run --run-dir "$T/r-dry"
 out=$("$C" run "$T/three.yaml" --dry-run --run-dir "$T/r-dry" 2>&1)
@@ -145,10 +145,10 @@ model: tiny-gpt
 batch: 4
 seq: 32
 steps: 6
-data: synthetic
 optimizer: {lr: 1e-3, warmup: 2}
 checkpoint: {dir: ck, every: 3}
 devices: [{type: cpu, threads: 2, memory: 64M}]
+data: synthetic
 Y
 check "one device trains to the end" 0 "final loss" -- "$C" run "$T/one.yaml" --run-dir "$T/r-one"
 assert "summary.json" python3 -c "

@@ -226,7 +226,7 @@ check "cephalo run: epochs 2 in a job file gives the same steps" 0 "final loss" 
 printf 'model: tiny-gpt\nbatch: 4\nsteps: 3\nepochs: 2\ndevices: [{type: cpu}]\n' >"$T/both.yaml"
 check "cephalo run: steps and epochs in one job file are refused" 2 "both.yaml:4: epochs: give steps or epochs, not both" -- \
   "$C" run "$T/both.yaml" --dry-run
-printf 'model: tiny-gpt\ndata: synthetic\nbatch: 4\nepochs: 2\ndevices: [{type: cpu, memory: 512M}]\n' >"$T/syn.yaml"
+printf 'model: tiny-gpt\nbatch: 4\nepochs: 2\ndevices: [{type: cpu, memory: 512M}]\ndata: synthetic\n' >"$T/syn.yaml"
 check "cephalo run: epochs on synthetic data is refused" 2 "epochs needs data of a known size" -- "$C" run "$T/syn.yaml" --dry-run
 check "--steps and --epochs together are refused" 2 "--steps and --epochs: give one" -- \
   "$W" train "${common[@]}" --batch 4 --steps 3 --epochs 1 --data "$T/d"

@@ -30,9 +30,9 @@ model: tiny-gpt
 batch: 6
 seq: 32
 steps: 100000
-data: synthetic
 comm_timeout: 2
 devices: [{type: cpu, memory: 256M, count: 3}]
+data: synthetic
 Y
 "$C" run "$T/stall.yaml" --run-dir "$T/r-stall" >"$T/stall.out" 2>&1 &
 lp=$!
@@ -87,8 +87,8 @@ name: four
 model: tiny-gpt
 batch: 8
 steps: 5
-data: synthetic
 devices: [{type: cpu, memory: 256M, count: 4}]
+data: synthetic
 Y
 start=$SECONDS
 check "hung rank: named from the others' logs" 1 \
