@@ -86,6 +86,10 @@ BENCH := $(BUILD)/bench/bench_plan
 TOKCHECK := $(BUILD)/tests/tok/tokcheck
 BENCH_TOK := $(BUILD)/bench/bench_tok
 BENCH_SAMPLE := $(BUILD)/bench/bench_sample
+# loopback throughput of the socket backend's collectives (docs/comm.md, "Throughput")
+BENCH_COMM := $(BUILD)/bench/bench_comm
+# the checkpoint checksum's rate (docs/checkpoints.md)
+BENCH_CRC := $(BUILD)/bench/bench_crc
 FUZZ_SRC := $(wildcard fuzz/fuzz_*.c)
 
 # ---- the CUDA worker (cephalo-worker-cuda): built whenever nvcc is found ----------------------
@@ -112,7 +116,10 @@ NVCC_GENCODE := $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a
 NVCC_COMMON := -std=c++17 -O3 -lineinfo $(addprefix -I,$(INC_DIRS)) -DCEPHALO_HAVE_CUDA=1 \
                --Werror all-warnings -Wno-deprecated-gpu-targets -Xcompiler -Wall,-Wextra,-Werror \
                -MMD -MP
-NVCCFLAGS := $(NVCC_COMMON) $(NVCC_GENCODE) -DCEPHALO_CUDA_ARCHS='"$(CUDA_ARCHS)"'
+# NVCC_DEFS: extra defines for a variant build, e.g. the Turing attention path on an sm_80+ card:
+#   make cuda BUILD=build/k8 NVCC_DEFS=-DCEPHALO_MMA_K8=1   (docs/cuda.md)
+NVCC_DEFS ?=
+NVCCFLAGS := $(NVCC_COMMON) $(NVCC_GENCODE) -DCEPHALO_CUDA_ARCHS='"$(CUDA_ARCHS)"' $(NVCC_DEFS)
 CUDA_INC := -I$(CUDA_HOME)/include
 CUDA_LIBDIRS := $(CUDA_HOME)/lib64 $(CUDA_HOME)/lib
 CUDA_LDLIBS := $(foreach l,$(CUDA_LIBDIRS),-L$(l) -Wl,-rpath,$(l)) -lcudart -lcublasLt -lcublas \
@@ -310,15 +317,25 @@ $(BENCH_SAMPLE): $(BUILD)/bench/bench_sample.o $(WLIB) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDSAN) -o $@ $^ $(LDLIBS)
 
+$(BENCH_COMM): $(BUILD)/bench/bench_comm.o $(WLIB) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDSAN) -o $@ $^ $(LDLIBS)
+
+$(BENCH_CRC): $(BUILD)/bench/bench_crc.o $(WLIB) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDSAN) -o $@ $^ $(LDLIBS)
+
 test: deps $(CLI) $(WORKER) $(OPERATOR) $(TESTS) $(TOKCHECK)
 	@BUILD=$(BUILD) tests/run.sh $(TESTS)
 
 demo: deps $(CLI) $(WORKER)
 	@BUILD=$(BUILD) mk/demo.sh
 
-bench: deps $(BENCH) $(CLI) $(WORKER) $(BENCH_TOK) $(BENCH_SAMPLE)
+bench: deps $(BENCH) $(CLI) $(WORKER) $(BENCH_TOK) $(BENCH_SAMPLE) $(BENCH_COMM) $(BENCH_CRC)
 	@$(BENCH)
 	@$(BENCH_SAMPLE)
+	@$(BENCH_COMM)
+	@$(BENCH_CRC)
 	@BUILD=$(BUILD) bench/bench_tok.sh
 	@BUILD=$(BUILD) bench/bench_train.sh
 	@BUILD=$(BUILD) bench/bench_fsdp.sh

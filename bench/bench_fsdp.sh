@@ -30,7 +30,7 @@ for strategy in cephalo fsdp cb mb; do
   pids=()
   for ((r = 0; r < world; r++)); do
     RANK=$r WORLD_SIZE=$world MASTER_PORT=$port CEPHALO_PLAN=$plan \
-      "$B/cephalo-worker" train --steps "$STEPS" --quiet --log "$T/$strategy.$r.jsonl" 2>"$T/$strategy.$r.err" &
+      "$B/cephalo-worker" train --data synthetic --steps "$STEPS" --quiet --log "$T/$strategy.$r.jsonl" 2>"$T/$strategy.$r.err" &
     pids+=($!)
   done
   for p in "${pids[@]}"; do wait "$p" || { echo "$strategy: rank failed"; cat "$T/$strategy".*.err; exit 1; }; done

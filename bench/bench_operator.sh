@@ -172,7 +172,7 @@ for ((round = 1; round <= ROUNDS; round++)); do
   for ((j = 0; j < JOBS; j++)); do
     g=$((2 + j % 7))
     gpus_asked=$((gpus_asked + g))
-    printf -- '---\n{"apiVersion": "cephalo.dev/v1alpha1", "kind": "CephaloJob", "metadata": {"name": "bench-%03d", "namespace": "%s"}, "spec": {"model": {"name": "tiny-gpt"}, "seqLen": 64, "globalBatch": 32, "steps": 1000000, "gpus": {"maxGPUs": %d}, "terminationGracePeriodSeconds": 5}}\n' \
+    printf -- '---\n{"apiVersion": "cephalo.dev/v1alpha1", "kind": "CephaloJob", "metadata": {"name": "bench-%03d", "namespace": "%s"}, "spec": {"model": {"name": "tiny-gpt"}, "data": {"path": "synthetic"}, "seqLen": 64, "globalBatch": 32, "steps": 1000000, "gpus": {"maxGPUs": %d}, "terminationGracePeriodSeconds": 5}}\n' \
       "$j" "$ns" "$g"
   done >"$dir/jobs-$round.yaml"
   [ "$gpus_asked" -le "$gpus" ] || say "warning: the jobs ask for $gpus_asked GPUs, the nodes have $gpus: not all fit at once"

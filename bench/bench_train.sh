@@ -19,7 +19,7 @@ echo "== training throughput: GPT 6x384, seq 256, batch $BATCH, fp32, $THREADS t
 echo "# cpu: $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1), $(nproc) cores available"
 echo "# cephalo BLAS: $(readlink -f /usr/lib/x86_64-linux-gnu/openblas-openmp/libopenblas.so.0 2>/dev/null || echo '?')"
 echo "# pytorch BLAS (libblas.so.3): $(readlink -f /usr/lib/x86_64-linux-gnu/libblas.so.3 2>/dev/null || echo '?')"
-"$B/cephalo-worker" train --model bench/gpt-bench.yaml --batch "$BATCH" --steps "$STEPS" \
+"$B/cephalo-worker" train --data synthetic --model bench/gpt-bench.yaml --batch "$BATCH" --steps "$STEPS" \
   --threads "$THREADS" --quiet --log "$T/cephalo.jsonl"
 /usr/bin/python3 bench/bench_torch_cpu.py --layers 6 --d 384 --heads 6 --seq 256 --batch "$BATCH" \
   --vocab 50257 --steps "$STEPS" --warmup-steps "$WARM" --threads "$THREADS" >"$T/torch.json"

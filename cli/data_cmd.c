@@ -1,6 +1,7 @@
 /* data_cmd.c - `cephalo data`: text to llm.c token shards, byte-level or with a Hugging Face
  * tokenizer.json (docs/data.md, docs/tokenizer.md), and synthetic CIMG image files. */
 #include "cli/data_cmd.h"
+#include "cli/data_sft.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -27,6 +28,8 @@ static const char data_usage[] =
     "usage: cephalo data -o OUTDIR [--shard-tokens N] [--val-fraction F] FILE...\n"
     "       cephalo data -o OUTDIR --tokenizer tokenizer.json [--eos TOKEN] [--bos] [--doc-sep SEP]\n"
     "                    [--special] [--shard-tokens N] [--val-fraction F] FILE...\n"
+    "       cephalo data -o OUTDIR --tokenizer tokenizer.json --sft [--chat-template FILE]\n"
+    "                    [--max-example-tokens N [--overlong drop|truncate]] [--bos] [--eos TOKEN] FILE.jsonl...\n"
     "       cephalo data --images -o FILE.cimg --synthetic N --classes K --size S [--channels C] [--seed X]\n"
     "\n"
     "Text files ('-' reads stdin) become llm.c token shards OUTDIR/train_000000.bin, ... and, with\n"
@@ -49,6 +52,15 @@ static const char data_usage[] =
     "                        e.g. '\\n\\n'); default: each file is one document\n"
     "  --special             the added tokens' strings in the text (e.g. <|endoftext|>) become\n"
     "                        those tokens (default: they are ordinary text)\n"
+    "  --sft                 the files are JSONL fine-tuning examples, one a line: {\"prompt\": ...,\n"
+    "                        \"response\": ...} or {\"messages\": [{\"role\": ..., \"content\": ...}, ...]};\n"
+    "                        a loss mask beside each shard (X.mask) makes training learn the\n"
+    "                        responses only (docs/data.md \"Fine-tuning data\")\n"
+    "  --chat-template FILE  how \"messages\" become text: a JSON file of per-role prefixes and\n"
+    "                        suffixes (docs/data.md)\n"
+    "  --max-example-tokens N  an example longer than N tokens is dropped, or with --overlong\n"
+    "                        truncate cut to N (default: no limit); the counts are printed\n"
+    "  --overlong drop|truncate  what --max-example-tokens does (default drop)\n"
     "  --images              write a synthetic labeled image file (CIMG) instead:\n"
     "  --synthetic N         number of images\n"
     "  --classes K           number of classes (1..65536)\n"
@@ -303,6 +315,10 @@ done:
 typedef struct tok_opts {
     const char *tokenizer, *eos, *doc_sep;
     bool bos, special;
+    /* --sft: JSONL fine-tuning examples (cli/data_sft.h) */
+    bool sft, truncate;
+    const char *chat_template;
+    long max_example; /* tokens; 0: no limit */
 } tok_opts;
 
 /* Train and val shards, each split rotating at shard_tokens; version 2 (uint32) when the
@@ -312,13 +328,15 @@ typedef struct tsink {
     long shard_tokens;
     int version;
     tok_id tok; /* recorded in every shard's header */
+    bool masked; /* --sft: a loss mask beside every shard */
     data_shard_writer *w[2];
     int index[2];
     int64_t tokens[2], docs[2];
     char path[4096];
 } tsink;
 
-static int tsink_add(tsink *k, int si, const int32_t *ids, size_t n, err_t *err) {
+/* mask: NULL, or (masked sinks) one byte per id. */
+static int tsink_add(tsink *k, int si, const int32_t *ids, const uint8_t *mask, size_t n, err_t *err) {
     uint32_t buf[4096];
     while (n > 0) {
         if (k->w[si] && data_shard_writer_count(k->w[si]) == k->shard_tokens) {
@@ -332,12 +350,16 @@ static int tsink_add(tsink *k, int si, const int32_t *ids, size_t n, err_t *err)
                 !(k->w[si] = data_shard_writer_open_version(k->path, k->version, err)))
                 return -1;
             data_shard_writer_set_tokenizer(k->w[si], k->tok);
+            if (k->masked && data_shard_writer_enable_mask(k->w[si], err) < 0) return -1;
         }
         int64_t room = k->shard_tokens - data_shard_writer_count(k->w[si]);
         size_t m = n < sizeof buf / sizeof *buf ? n : sizeof buf / sizeof *buf;
         if ((int64_t)m > room) m = (size_t)room;
         for (size_t i = 0; i < m; i++) buf[i] = (uint32_t)ids[i];
-        if (data_shard_writer_add32(k->w[si], buf, (int64_t)m, err) < 0) return -1;
+        if (k->masked ? data_shard_writer_add32_masked(k->w[si], buf, mask, (int64_t)m, err)
+                      : data_shard_writer_add32(k->w[si], buf, (int64_t)m, err))
+            return -1;
+        if (mask) mask += m;
         ids += m;
         n -= m;
         k->tokens[si] += (int64_t)m;
@@ -445,6 +467,11 @@ typedef struct tok_run {
     tok_ids ids;
     int64_t docs, bytes;
     progress prog;
+    /* --sft */
+    sft_template tmpl;
+    sft_codec codec;
+    sft_mask mask;
+    int64_t dropped, truncated, learned; /* examples; examples; targets with loss */
 } tok_run;
 
 static int tok_document(tok_run *r, const char *p, size_t n, err_t *err) {
@@ -454,7 +481,7 @@ static int tok_document(tok_run *r, const char *p, size_t n, err_t *err) {
     tok_ids_push(&r->ids, r->eos);
     int si = doc_split(r->docs++, r->val);
     r->k.docs[si]++;
-    return tsink_add(&r->k, si, r->ids.v, r->ids.n, err);
+    return tsink_add(&r->k, si, r->ids.v, NULL, r->ids.n, err);
 }
 
 /* One input: its documents (the whole file, or the pieces between --doc-sep). */
@@ -482,21 +509,70 @@ static int tok_input(tok_run *r, data_input *in, err_t *err) {
     return rc;
 }
 
+/* --max-example-tokens: 1 to keep the example (maybe truncated), 0 to drop it. An example cut
+ * down to no token with loss is dropped too. */
+static int sft_fit(tok_run *r) {
+    long max = r->o->max_example;
+    if (!max || (long)r->ids.n <= max) return 1;
+    if (r->o->truncate) {
+        r->ids.n = r->mask.n = (size_t)max;
+        for (size_t i = 0; i < r->mask.n; i++)
+            if (r->mask.v[i]) return r->truncated++, 1;
+    }
+    r->dropped++;
+    return 0;
+}
+
+/* One JSONL input: each non-blank line an example; whole examples go to train or val. */
+static int sft_input(tok_run *r, data_input *in, err_t *err) {
+    char *text = read_input(in, err);
+    if (!text) return -1;
+    size_t n = in->len, start = 0;
+    int rc = 0;
+    for (long line = 1; !rc && start < n; line++) {
+        const char *nl = memchr(text + start, '\n', n - start);
+        size_t end = nl ? (size_t)(nl - text) : n, k = start;
+        while (k < end && strchr(" \t\r", text[k])) k++;
+        if (k < end && (rc = sft_encode_line(&r->codec, in->name, line, text + start, end - start, &r->ids, &r->mask, err)) == 0 &&
+            sft_fit(r)) {
+            int si = doc_split(r->docs++, r->val);
+            r->k.docs[si]++;
+            for (size_t i = 0; i < r->mask.n; i++) r->learned += r->mask.v[i];
+            rc = tsink_add(&r->k, si, r->ids.v, r->mask.v, r->ids.n, err);
+        }
+        r->prog.done += (int64_t)(end - start + (nl ? 1 : 0));
+        progress_show(&r->prog, false);
+        start = end + 1;
+    }
+    free(text);
+    return rc;
+}
+
 static void print_tok_summary(const tok_run *r, int n_files, const char *outdir) {
     const tok *t = r->t;
-    printf("cephalo data: %d file%s, %lld document%s, %lld bytes -> %lld tokens (%s; vocab %d, EOS %d%s; shard "
+    const char *unit = r->o->sft ? "example" : "document";
+    printf("cephalo data: %d file%s, %lld %s%s, %lld bytes -> %lld tokens (%s; vocab %d, EOS %d%s; shard "
            "version %d, %s tokens)\n",
-           n_files, n_files == 1 ? "" : "s", (long long)r->docs, r->docs == 1 ? "" : "s", (long long)r->bytes,
+           n_files, n_files == 1 ? "" : "s", (long long)r->docs, unit, r->docs == 1 ? "" : "s", (long long)r->bytes,
            (long long)(r->k.tokens[0] + r->k.tokens[1]), tok_describe(t), tok_vocab_size(t), r->eos,
            r->bos >= 0 ? ", BOS first" : "", r->k.version, r->k.version == DATA_SHARD_VERSION ? "uint16" : "uint32");
     for (int si = 0; si < 2; si++) {
         const char *name = si ? "val" : "train";
         if (!r->k.index[si]) continue;
-        printf("  %-6s %lld tokens, %lld documents in %d shard%s: %s/%s_000000.bin", si ? "val:" : "train:",
-               (long long)r->k.tokens[si], (long long)r->k.docs[si], r->k.index[si], r->k.index[si] == 1 ? "" : "s",
+        printf("  %-6s %lld tokens, %lld %ss in %d shard%s: %s/%s_000000.bin", si ? "val:" : "train:",
+               (long long)r->k.tokens[si], (long long)r->k.docs[si], unit, r->k.index[si], r->k.index[si] == 1 ? "" : "s",
                outdir, name);
         if (r->k.index[si] > 1) printf(" .. %s_%06d.bin", name, r->k.index[si] - 1);
         putchar('\n');
+    }
+    if (r->o->sft) {
+        int64_t all = r->k.tokens[0] + r->k.tokens[1];
+        printf("  fine-tuning: %lld examples, %lld tokens with loss (%.1f%%); a loss mask beside each shard "
+               "(train_000000.mask, ...)\n",
+               (long long)r->docs, (long long)r->learned, all ? 100.0 * (double)r->learned / (double)all : 0.0);
+        if (r->o->max_example)
+            printf("  --max-example-tokens %ld: %lld examples dropped, %lld truncated\n", r->o->max_example,
+                   (long long)r->dropped, (long long)r->truncated);
     }
     char name[TOK_ID_NAME_MAX];
     tok_id_name(r->k.tok, name);
@@ -512,12 +588,16 @@ static int tok_setup(tok_run *r, const tok_opts *o, err_t *err) {
                                    : "%s: no end-of-text token (none of <|endoftext|>, <|end_of_text|>, </s>, <eos>): "
                                      "name one with --eos%s",
                        o->tokenizer, o->eos ? o->eos : "");
+    if (o->chat_template && sft_template_load(o->chat_template, &r->tmpl, err) < 0) return -1;
     r->bos = -1;
-    if (o->bos && (r->bos = tok_bos(r->t)) < 0)
-        return err_set(err, "%s: --bos: no beginning-of-text token (none of <|begin_of_text|>, <s>, <|startoftext|>, <bos>)",
-                       o->tokenizer);
+    if ((o->bos || r->tmpl.bos) && (r->bos = tok_bos(r->t)) < 0)
+        return err_set(err, "%s: %s: no beginning-of-text token (none of <|begin_of_text|>, <s>, <|startoftext|>, <bos>)",
+                       o->tokenizer, o->bos ? "--bos" : "the chat template's \"bos\": true");
     r->k.version = tok_vocab_size(r->t) > 65536 ? DATA_SHARD_VERSION_U32 : DATA_SHARD_VERSION;
     r->k.tok = tok_identity(r->t);
+    r->k.masked = o->sft;
+    r->codec = (sft_codec){.t = r->t, .tmpl = o->chat_template ? &r->tmpl : NULL, .bos = r->bos,
+                           .pair_bos = o->bos, .eos = r->eos, .special = o->special};
     return 0;
 }
 
@@ -557,7 +637,7 @@ static int data_tokenized(const char *outdir, long shard_tokens, double val, con
     if (!in) return data_fail("out of memory");
     struct stat st;
     bool existed = stat(outdir, &st) == 0;
-    if (val > 0 && !o->doc_sep && (int64_t)((double)n_files * val) < 1) { /* known before any work */
+    if (val > 0 && !o->doc_sep && !o->sft && (int64_t)((double)n_files * val) < 1) { /* known before any work */
         free(in);
         err_set(&err, "--val-fraction %g: %d file%s (each one document), too few for one validation document "
                       "(every %.0fth goes there; use --doc-sep to cut the files into documents)",
@@ -574,11 +654,14 @@ static int data_tokenized(const char *outdir, long shard_tokens, double val, con
     r.prog.start = r.prog.last = now_s();
     r.prog.tty = isatty(fileno(stderr));
     for (int i = 0; i < n_files && !rc; i++) {
-        if (tok_input(&r, &in[i], &err) < 0) rc = -1;
+        if ((o->sft ? sft_input(&r, &in[i], &err) : tok_input(&r, &in[i], &err)) < 0) rc = -1;
         if (in[i].f) fclose(in[i].f);
         in[i].f = NULL;
     }
-    if (!rc && r.docs == 0) rc = err_set(&err, "the input has no documents: no tokens to write");
+    if (!rc && r.docs == 0)
+        rc = o->sft ? err_set(&err, "the input has no examples (%lld dropped by --max-example-tokens): no tokens to write",
+                              (long long)r.dropped)
+                    : err_set(&err, "the input has no documents: no tokens to write");
     if (!rc && val > 0 && !r.k.docs[1])
         rc = err_set(&err, "--val-fraction %g: %lld document%s, too few for one validation document (every %.0fth goes "
                            "there; use --doc-sep to cut the files into documents)",
@@ -605,6 +688,8 @@ done:
     }
     free(in);
     tok_ids_free(&r.ids);
+    sft_mask_free(&r.mask);
+    sft_template_free(&r.tmpl);
     tok_free(r.t);
     return rc;
 }
@@ -673,6 +758,14 @@ static int tok_option(args *p, int ch, data_opts *o) {
         o->to.doc_sep = p->val;
         break;
     case 's': o->to.special = true; break;
+    case 'F': o->to.sft = true; break;
+    case 'c': o->to.chat_template = p->val; break;
+    case 'M': return count_arg(p, DATA_SHARD_MAX_TOKENS, "a token count in 1..2147483647", &o->to.max_example);
+    case 'L':
+        if (strcmp(p->val, "drop") && strcmp(p->val, "truncate"))
+            return args_bad(p, "--overlong: '%s' (expected drop or truncate)", p->val);
+        o->to.truncate = !strcmp(p->val, "truncate");
+        break;
     }
     return 0;
 }
@@ -692,17 +785,19 @@ static int data_option(args *p, int ch, data_opts *o) {
     if (ch == 'o') return o->out = p->val, 0;
     if (ch == 'I') return o->images = true, 0;
     if (strchr("NKZCX", ch)) return image_option(p, ch, o);
-    if (strchr("ebds", ch)) return tok_option(p, ch, o);
+    if (strchr("ebdsFcML", ch)) return tok_option(p, ch, o);
     return text_option(p, ch, o);
 }
 
 /* Each kind's options act in its mode only: text (shards), the tokenizer's, the images'. */
 static int check_idle_options(const args *p, const data_opts *o) {
-    bool text = !o->images, tokens = text && o->to.tokenizer;
+    bool text = !o->images, tokens = text && o->to.tokenizer, sft = tokens && o->to.sft;
     const char *for_text = "text input (it is for text, not --images)";
     const args_only only[] = {
         {'T', text, for_text}, {'V', text, for_text}, {'k', text, for_text},
         {'e', tokens, "--tokenizer"}, {'b', tokens, "--tokenizer"}, {'d', tokens, "--tokenizer"}, {'s', tokens, "--tokenizer"},
+        {'F', tokens, "--tokenizer"}, {'c', sft, "--sft"}, {'M', sft, "--sft"}, {'L', sft && o->to.max_example, "--max-example-tokens"},
+        {'d', !sft, "text input, not --sft (a JSONL line is one example)"},
         {'N', o->images, "--images"}, {'K', o->images, "--images"}, {'Z', o->images, "--images"},
         {'C', o->images, "--images"}, {'X', o->images, "--images"},
     };
@@ -729,7 +824,9 @@ int data_main(int argc, char **argv) {
         {"seed", required_argument, 0, 'X'},      {"help", no_argument, 0, 'h'},
         {"tokenizer", required_argument, 0, 'k'}, {"eos", required_argument, 0, 'e'},
         {"bos", no_argument, 0, 'b'},             {"doc-sep", required_argument, 0, 'd'},
-        {"special", no_argument, 0, 's'},         {0, 0, 0, 0}};
+        {"special", no_argument, 0, 's'},         {"sft", no_argument, 0, 'F'},
+        {"chat-template", required_argument, 0, 'c'}, {"max-example-tokens", required_argument, 0, 'M'},
+        {"overlong", required_argument, 0, 'L'},  {0, 0, 0, 0}};
     data_opts o = {.shard_tokens = 100000000, .count = -1, .classes = -1, .size = -1, .channels = 3, .seed = 1};
     args p = args_begin(argc, argv, "cephalo data", longopts, "o:", data_usage);
     int ch = 0, rc = 0;

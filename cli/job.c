@@ -167,8 +167,17 @@ static int parse_sizes(const yctx *y, const ynode *root, job *j) {
     if (ymap_require(y, root, "document", "batch", &v) < 0 || ynode_int(y, v, "batch", 1, COST_MAX_BATCH, &j->batch) < 0)
         return -1;
     j->batch_line = v->line;
-    if (ymap_require(y, root, "document", "steps", &v) < 0 || ynode_int(y, v, "steps", 1, MAX_STEPS, &j->train.steps) < 0)
+    const ynode *ep = ymap_get(root, "epochs");
+    if (ep && ymap_get(root, "steps"))
+        return err_set(y->err, "%s:%d: epochs: give steps or epochs, not both (epochs sets the steps from the data's size)",
+                       y->file, ep->line);
+    if (ep) {
+        if (ynode_int(y, ep, "epochs", 1, 1L << 20, &j->epochs) < 0) return -1;
+    } else if (!ymap_get(root, "steps")) {
+        return err_set(y->err, "%s:%d: document: missing field 'steps' (or 'epochs')", y->file, root->line);
+    } else if (ymap_require(y, root, "document", "steps", &v) < 0 || ynode_int(y, v, "steps", 1, MAX_STEPS, &j->train.steps) < 0) {
         return -1;
+    }
     if (get_long(y, root, "", "seq", 1, 1 << 20, &j->seq) < 0) return -1;
     int seq;
     if (j->seq && model_check_seq(&j->model, (int)j->seq, &seq, y->err) < 0)
@@ -193,7 +202,7 @@ static int parse_metrics_addr(const yctx *y, const ynode *root, job *j) {
 }
 
 static int parse_inputs(const yctx *y, const ynode *root, const char *dir, job *j) {
-    const char *data = wcmd_defaults[WCMD_DATA].value, *prof = NULL, *strat = NULL;
+    const char *data = NULL, *prof = NULL, *strat = NULL;
     const char *prec = wcmd_defaults[WCMD_PRECISION].value, *rec = wcmd_job_default(WCMD_RECOMPUTE);
     if (get_string(y, root, "", "data", &data) < 0 || get_string(y, root, "", "profile", &prof) < 0 ||
         get_string(y, root, "", "strategy", &strat) < 0 || get_string(y, root, "", "precision", &prec) < 0 ||
@@ -205,6 +214,10 @@ static int parse_inputs(const yctx *y, const ynode *root, const char *dir, job *
     if (!recompute_policy_parse(rec, &j->recompute))
         return err_set(y->err, "%s:%d: recompute: '%s' (expected " RECOMPUTE_POLICY_CHOICES ")", y->file,
                        ymap_get(root, "recompute")->line, rec);
+    if (!data) /* synthetic tokens only when named: a job without data would learn noise */
+        return err_set(y->err, "%s: data: missing (required): the training data, token shards from `cephalo data` (a file, "
+                               "directory, glob or comma list), a CIMG file for ViT, or `synthetic` for random tokens",
+                       y->file);
     j->train.data = resolve_data(dir, data);
     if (prof) j->profile = resolve(dir, prof);
     if (strat && strategy_parse(strat, &j->strat, y->err) < 0)
@@ -398,7 +411,7 @@ int job_set_devices(job *j, const char *spec, err_t *err) {
 /* ---- the file ---- */
 
 static int parse_root(const yctx *y, const ynode *root, const char *dir, job *j) {
-    static const char *const keys[] = {"name", "model", "data", "batch", "seq", "steps", "strategy", "seed", "mem_cap",
+    static const char *const keys[] = {"name", "model", "data", "batch", "seq", "steps", "epochs", "strategy", "seed", "mem_cap",
                                        "precision", "recompute", "profile", "optimizer", "checkpoint", "comm_timeout", "metrics_port", "metrics_addr", "devices",
                                        "init_from", "validation", NULL};
     if (ymap_check_keys(y, root, "document", keys) < 0) return -1;
@@ -443,7 +456,7 @@ int job_check(const job *j, err_t *err) {
         return err_set(err, "%s:%d: batch: %ld cannot be split over %d devices: every device needs at least one sample", j->path,
                        j->batch_line, j->batch, j->n_devices);
     const wcmd_train *t = &j->train;
-    if (t->warmup > 0 && t->warmup >= t->steps)
+    if (t->warmup > 0 && t->warmup >= t->steps && !(j->epochs && !t->steps)) /* epochs: checked once resolved */
         return err_set(err, "%s:%d: optimizer.warmup: %ld must be below the %ld steps", j->path, j->warmup_line, t->warmup,
                        t->steps);
     return 0;

@@ -48,6 +48,9 @@ typedef struct job {
     wcmd_train train;
     char *profile; /* resolved path, or NULL */
     long batch, seq; /* seq 0: the model's */
+    /* `epochs` instead of `steps`: train.steps is 0 until the launcher opens the data and sets it
+     * (cli/run.c: ceil(epochs x samples / batch)); 0 when the file gives steps */
+    long epochs;
     strategy strat;
     recompute_policy recompute; /* `recompute`: auto (the planner's choice per rank), none or full */
     double mem_cap;

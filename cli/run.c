@@ -614,12 +614,38 @@ static int gang(launch *l) {
     return rc;
 }
 
+/* `epochs: N`: the steps that read the training data N times, ceil(N x samples / batch), from the
+ * data as the workers will open it (docs/run.md); the workers are told --steps. */
+static int resolve_epochs(job *j, bool quiet, err_t *err) {
+    if (!j->epochs) return 0;
+    const model_spec *m = &j->model;
+    const char *spec = j->train.data;
+    if (!spec || !strcmp(spec, "synthetic"))
+        return err_set(err, "%s: epochs needs data of a known size (not synthetic): give steps", j->path);
+    data_source *ds = NULL;
+    int seq = 0;
+    int rc = m->arch == ARCH_VIT ? data_open_images(&ds, spec, m->channels, m->image, m->n_classes, 1, err)
+             : model_check_seq(m, (int)j->seq, &seq, err) < 0
+                 ? -1
+                 : data_open_tokens(&ds, spec, DATA_TRAIN, seq, m->vocab, m->arch == ARCH_BERT ? DATA_MLM : DATA_CLM, 1,
+                                    err);
+    if (rc < 0) return err_prefix(err, "%s: epochs", j->path);
+    int64_t w = data_num_samples(ds);
+    data_close(ds);
+    j->train.steps = (long)(((int64_t)j->epochs * w + j->batch - 1) / j->batch);
+    if (!quiet)
+        fprintf(stderr, "cephalo run: epochs %ld: %ld steps (%lld samples an epoch, %ld a step)\n", j->epochs,
+                j->train.steps, (long long)w, j->batch);
+    return 0;
+}
+
 /* Job file, overrides, checks: 0 or RUN_EXIT_BAD_INPUT with the message printed. */
 static int load_job(const run_opts *o, job *j) {
     err_t err;
     if (job_load_file(o->job, j, &err) < 0 || (o->devices && job_set_devices(j, o->devices, &err) < 0))
         return fail(RUN_EXIT_BAD_INPUT, &err);
-    if (o->steps) j->train.steps = o->steps;
+    if (o->steps) j->train.steps = o->steps, j->epochs = 0; /* --steps N overrides the job's steps or epochs */
+    else if (resolve_epochs(j, o->quiet, &err) < 0) return fail(RUN_EXIT_BAD_INPUT, &err);
     if (o->have_metrics_port) j->metrics_port = o->metrics_port;
     return job_check(j, &err) < 0 ? fail(RUN_EXIT_BAD_INPUT, &err) : 0;
 }

@@ -23,7 +23,8 @@ const wcmd_default wcmd_defaults[WCMD_N] = {
     [WCMD_BETA2] = {"--beta2", "0.95", NULL, NULL, "optimizer.beta2", "optimizer.beta2"},
     [WCMD_EPS] = {"--eps", "1e-08", NULL, NULL, "optimizer.eps", "optimizer.eps"},
     [WCMD_CLIP] = {"--clip", "1", NULL, NULL, "optimizer.clip", "optimizer.clip"},
-    [WCMD_DATA] = {"--data", "synthetic", NULL, NULL, "data", "data.path"},
+    /* required: synthetic tokens only when asked for by name (`--data synthetic`) */
+    [WCMD_DATA] = {"--data", NULL, "none: required", NULL, "data", "data.path"},
     [WCMD_VAL_EVERY] = {"--val-every", NULL, "steps / 10, at most 100", NULL, "validation.every", "data.validation.every"},
     [WCMD_VAL_SAMPLES] = {"--val-samples", "64", NULL, NULL, "validation.samples", "data.validation.samples"},
     [WCMD_CKPT_EVERY] = {"--ckpt-every", NULL, "only at the end", NULL, "checkpoint.every", "checkpoint.every"},
@@ -139,7 +140,7 @@ static void optimizer_args(const wcmd_train *t, wcmd_argv *a) {
 }
 
 static void data_args(const wcmd_train *t, wcmd_argv *a) {
-    opt(a, WCMD_DATA, t->data);
+    if (t->data) opt(a, WCMD_DATA, t->data); /* none: the worker refuses to start, saying so */
     if (t->init_from) wcmd_argv_add(a, "--init-from"), wcmd_argv_add(a, "%s", t->init_from);
     if (!t->val_data) return;
     wcmd_argv_add(a, "--val-data"), wcmd_argv_add(a, "%s", t->val_data);

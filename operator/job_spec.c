@@ -236,6 +236,8 @@ static void parse_choices(jp *p, job_spec *s) {
 /* spec.data and spec.checkpoint: where the workers read and write. */
 static void parse_storage(jp *p, job_spec *s) {
     str_at(p, "data.path", &s->data_path);
+    if (!s->data_path) /* the CRD requires it too; an older CRD may not */
+        bad(p, "data.path", "missing (required): token shards, or `synthetic` for random tokens");
     str_at(p, "data.pvc", &s->data_pvc);
     if (at(p->spec, "data.validation")) {
         str_at(p, "data.validation.path", &s->val_path);
@@ -276,8 +278,7 @@ static void check_across(jp *p, const job_spec *s) {
 static void defaults(job_spec *s) {
     *s = (job_spec){.model = JOB_MODEL_NONE, .strat = STRAT_CEPHALO};
     wcmd_train_defaults(&s->train);
-    s->data_path = s->train.data; /* the table's "synthetic" */
-    s->train.data = NULL;         /* the paths are the pod's: job_spec_worker_argv */
+    s->train.data = NULL; /* the paths are the pod's (job_spec_worker_argv); spec.data.path is required */
 }
 
 int job_spec_parse(const cJSON *spec, job_spec *out, err_t *err) {

@@ -21,20 +21,37 @@ typedef uint64_t word;
 
 typedef struct bits {
     int nbits, nwords;
+    int lo, hi; /* every non-zero word lies in lo..hi (empty: hi < lo): the loops below run over
+                   the members' span, not all of 0..B (a rank's set spans its largest batch) */
     word *w;
 } bits;
 
 static void bits_init(bits *b, int nbits) {
     b->nbits = nbits;
     b->nwords = (nbits + 63) / 64;
+    b->lo = b->nwords, b->hi = -1;
     b->w = xcalloc((size_t)b->nwords, sizeof(word));
 }
 static void bits_free(bits *b) { free(b->w); }
-static void bits_zero(bits *b) { memset(b->w, 0, (size_t)b->nwords * sizeof(word)); }
-static void bits_copy(bits *dst, const bits *src) {
-    memcpy(dst->w, src->w, (size_t)src->nwords * sizeof(word));
+static void bits_zero(bits *b) {
+    if (b->hi >= b->lo) memset(b->w + b->lo, 0, (size_t)(b->hi - b->lo + 1) * sizeof(word));
+    b->lo = b->nwords, b->hi = -1;
 }
-static void bits_set(bits *b, int i) { b->w[i >> 6] |= (word)1 << (i & 63); }
+static void bits_copy(bits *dst, const bits *src) {
+    if (dst == src) return;
+    bits_zero(dst);
+    if (src->hi >= src->lo) memcpy(dst->w + src->lo, src->w + src->lo, (size_t)(src->hi - src->lo + 1) * sizeof(word));
+    dst->lo = src->lo, dst->hi = src->hi;
+}
+/* Widens the span to words lo..hi. */
+static void bits_span(bits *b, int lo, int hi) {
+    if (lo < b->lo) b->lo = lo;
+    if (hi > b->hi) b->hi = hi;
+}
+static void bits_set(bits *b, int i) {
+    b->w[i >> 6] |= (word)1 << (i & 63);
+    bits_span(b, i >> 6, i >> 6);
+}
 static bool bits_test(const bits *b, int i) { return (b->w[i >> 6] >> (i & 63)) & 1; }
 
 /* Clears bits past nbits so shifts never carry garbage in. */
@@ -43,27 +60,46 @@ static void bits_trim(bits *b) {
     if (extra) b->w[b->nwords - 1] &= ~(word)0 >> extra;
 }
 
-/* dst |= src << s */
+/* dst |= src << s (dst may be src): only the words src's span reaches. */
 static void bits_or_shifted(bits *dst, const bits *src, int s) {
     int ws = s >> 6, bs = s & 63;
-    for (int i = dst->nwords - 1; i >= ws; i--) {
-        word v = src->w[i - ws] << bs;
-        if (bs && i - ws - 1 >= 0) v |= src->w[i - ws - 1] >> (64 - bs);
+    if (src->hi < src->lo || src->lo + ws >= dst->nwords) return;
+    int lo = src->lo + ws, hi = src->hi + ws + (bs != 0);
+    if (hi > dst->nwords - 1) hi = dst->nwords - 1;
+    for (int i = hi; i >= lo; i--) {
+        word v = i - ws <= src->hi ? src->w[i - ws] << bs : 0;
+        if (bs && i - ws - 1 >= src->lo) v |= src->w[i - ws - 1] >> (64 - bs);
         dst->w[i] |= v;
     }
+    bits_span(dst, lo, hi);
     bits_trim(dst);
 }
 
+/* Clears the members below x. */
+static void bits_clear_below(bits *b, int x) {
+    int wx = x >> 6;
+    for (int i = b->lo; i < wx && i <= b->hi; i++) b->w[i] = 0;
+    if (wx > b->lo) b->lo = wx;
+    if (wx >= b->lo && wx <= b->hi) b->w[wx] &= ~(word)0 << (x & 63);
+}
+
 static bool bits_empty(const bits *b) {
-    for (int i = 0; i < b->nwords; i++)
+    for (int i = b->lo; i <= b->hi; i++)
         if (b->w[i]) return false;
     return true;
+}
+
+/* The largest member, -1 when empty. */
+static int bits_max(const bits *b) {
+    for (int i = b->hi; i >= b->lo; i--)
+        if (b->w[i]) return i * 64 + 63 - __builtin_clzll(b->w[i]);
+    return -1;
 }
 
 static int bits_runs(const bits *b) {
     int runs = 0;
     word carry = 0;
-    for (int i = 0; i < b->nwords; i++) {
+    for (int i = b->lo; i <= b->hi; i++) {
         word starts = b->w[i] & ~((b->w[i] << 1) | carry);
         runs += __builtin_popcountll(starts);
         carry = b->w[i] >> 63;
@@ -87,17 +123,18 @@ static void bits_smear(bits *smear, const bits *src, int w) {
     if (covered < w + 1) bits_or_shifted(smear, smear, w + 1 - covered);
 }
 
-/* dst = a (+) b, the sumset truncated to 0..B. Walks the runs of the operand with fewer runs and
- * adds a smeared copy of the other for each run: cheap once a set has become an interval. */
+/* dst = a (+) b, the sumset truncated to 0..B. Walks the runs of one operand and adds a smeared
+ * copy of the other for each run: cheap once a set has become an interval. The walked one is
+ * the one with the fewer runs per word of the other's span (the work of each run). */
 static void bits_sumset(bits *dst, const bits *a, const bits *b, sumset_tmp *t) {
-    if (bits_runs(a) > bits_runs(b)) {
+    if ((long)bits_runs(a) * (b->hi - b->lo + 1) > (long)bits_runs(b) * (a->hi - a->lo + 1)) {
         const bits *x = a;
         a = b;
         b = x;
     }
     bits_zero(&t->out);
-    int n = a->nbits;
-    for (int i = 0; i < n;) {
+    int n = a->nbits, end = (a->hi + 1) * 64 < n ? (a->hi + 1) * 64 : n;
+    for (int i = a->lo * 64; i < end;) {
         if (!a->w[i >> 6]) {
             i = (i | 63) + 1;
             continue;
@@ -122,11 +159,18 @@ typedef struct search {
     int n_ranks, bmax; /* bmax: largest batch of one rank (others need one sample each) */
     bits *sets; /* per group: achievable batches under the current thresholds */
     int64_t **best_room; /* per group [B+1]: most room for that batch (constraint III) */
+    int *maxb; /* per group: its largest achievable batch under the current thresholds */
+    long slack; /* sum over ranks of maxb - B: how far below its largest any rank's batch, or any
+                  set of ranks' total, can be in a split summing to B (the room DPs' window) */
     bits acc, pow, reach;
     sumset_tmp tmp;
     int64_t *dp, *dp_pow, *dp_acc, *dp_tmp; /* [B+1] max-plus scratch */
     double lambda; /* the Lagrangian price per sample of the last room bound */
-    long checks;
+    double *phi; /* per group, at lambda: max over a rank's window of room(b) - lambda*b */
+    double room_ub; /* the bound at lambda: lambda*B + sum over ranks of phi */
+    bool prune; /* lambda, phi and room_ub belong to the current tables: the DPs prune (win_prune) */
+    double tables_tf, tables_tb; /* the thresholds the tables were built for */
+    long checks, room_dps;
     bool expired; /* the problem's deadline passed or it was cancelled: every loop gives up */
 } search;
 
@@ -217,17 +261,32 @@ static room_bounds build_group_set(search *s, int gi, double tf, double tb) {
     return rb;
 }
 
+/* Keeps, of a set of sums over ranks whose largest batches sum to top, the window top - D..top
+ * (win below: no split summing to B goes through the others). Not in the tests' reference mode. */
+static void bits_window(const search *s, bits *b, long top) {
+    if (!s->p->exhaustive_dp && top - s->slack > 0) bits_clear_below(b, (int)(top - s->slack < b->nbits ? top - s->slack : b->nbits));
+}
+
 /* Builds every group's set; false when a group can run nothing under the thresholds. The room
  * bounds summed over ranks go to *sum (constraint III's quick tests). */
 static bool build_all_sets(search *s, double tf, double tb, room_bounds *sum) {
     *sum = (room_bounds){0, 0};
     bool all = true;
+    long total = 0;
     for (int gi = 0; gi < s->p->n_groups; gi++) {
         room_bounds rb = build_group_set(s, gi, tf, tb);
-        all &= !bits_empty(&s->sets[gi]);
+        s->maxb[gi] = bits_max(&s->sets[gi]);
+        all &= s->maxb[gi] > 0;
+        total += (long)s->maxb[gi] * s->p->groups[gi].count;
         sum->worst += rb.worst * s->p->groups[gi].count;
         sum->best += rb.best * s->p->groups[gi].count;
     }
+    /* other thresholds, other tables: the last bound's phi are not theirs */
+    if (tf != s->tables_tf || tb != s->tables_tb) s->prune = false;
+    s->tables_tf = tf, s->tables_tb = tb;
+    /* negative: B is out of reach (the sumsets say so too) */
+    s->slack = total < s->p->batch ? 0 : total - s->p->batch;
+    for (int gi = 0; gi < s->p->n_groups && all; gi++) bits_window(s, &s->sets[gi], s->maxb[gi]);
     return all;
 }
 
@@ -236,65 +295,184 @@ static bool room_guaranteed(const opt_problem *p, const room_bounds *sum) {
     return p->need_room <= 0 || sum->worst >= p->need_room;
 }
 
-/* dst = a (max,+) b over sums 0..B. Quadratic in B (seconds at B = 65536), so it looks at the
- * limits every 256 rows; cut short, dst is left as it was and s->expired says so. */
-static void dp_conv(search *s, int64_t *dst, const int64_t *a, const int64_t *b, int64_t *tmp) {
-    int B = s->p->batch;
-    for (int i = 0; i <= B; i++) tmp[i] = NEG_ROOM;
-    for (int i = 0; i <= B; i++) {
-        if ((i & 255) == 0 && search_expired(s)) return;
-        if (a[i] == NEG_ROOM) continue;
-        for (int j = 0; i + j <= B; j++)
-            if (b[j] != NEG_ROOM && a[i] + b[j] > tmp[i + j]) tmp[i + j] = a[i] + b[j];
-    }
-    memcpy(dst, tmp, (size_t)(B + 1) * sizeof *dst);
+/* A max-plus table over a window of batch sums: v[x - lo] for x in lo..hi (empty when hi < lo).
+ *
+ * The window is what makes the exact DPs cheap. With maxb_r rank r's largest batch and
+ * D = sum_r maxb_r - B (search.slack), every split summing to B has, for every set R of ranks,
+ * sum_{r in R} b_r = B - sum_{r not in R} b_r >= B - sum_{r not in R} maxb_r = sum_{r in R} maxb_r - D.
+ * So a table over the ranks R is only ever read in [sum_R maxb - D, sum_R maxb]: width D + 1
+ * instead of B + 1, whatever the shape of the room function (it is not concave: a batch's room
+ * is that of its smallest admissible divisor). Near the optimum thresholds D is small (tens to
+ * thousands where B is 65536), so a convolution costs O(D^2), not O(B^2). */
+typedef struct win {
+    int64_t *v;
+    int lo, hi;
+    double phi; /* sum of phi over its ranks (win_prune) */
+} win;
+
+static int64_t win_at(const win *w, int x) { return x < w->lo || x > w->hi ? NEG_ROOM : w->v[x - w->lo]; }
+
+/* The window of a table whose ranks' largest batches sum to top: top - D..top, within 0..B (the
+ * whole of 0..B in the tests' reference mode, the quadratic DP as it was). */
+static void win_range(const search *s, long top, int *lo, int *hi) {
+    bool all = s->p->exhaustive_dp;
+    *lo = all || top - s->slack < 0 ? 0 : (int)(top - s->slack);
+    *hi = all || top > s->p->batch ? s->p->batch : (int)top;
 }
 
-/* Most state room any feasible split offers (constraint III, exact). */
-static int64_t dp_max_room(search *s) {
-    int B = s->p->batch;
-    for (int i = 0; i <= B; i++) s->dp[i] = NEG_ROOM;
-    s->dp[0] = 0;
-    for (int gi = 0; gi < s->p->n_groups; gi++) {
-        /* count-fold self convolution by doubling */
-        memcpy(s->dp_pow, s->best_room[gi], (size_t)(B + 1) * sizeof(int64_t));
-        for (int i = 0; i <= B; i++) s->dp_acc[i] = NEG_ROOM;
-        s->dp_acc[0] = 0;
-        for (int c = s->p->groups[gi].count; c; c >>= 1) {
-            if (c & 1) dp_conv(s, s->dp_acc, s->dp_acc, s->dp_pow, s->dp_tmp);
-            if (c > 1) dp_conv(s, s->dp_pow, s->dp_pow, s->dp_pow, s->dp_tmp);
+/* Drops the entries no split meeting constraint III goes through, and narrows the window to the
+ * rest. For any price lambda and any split x summing to B with room(x) >= need, the ranks R of a
+ * table satisfy sum_R (room - lambda*b) >= need - lambda*B - sum_{not R} phi = phi_R - gap, with
+ * gap = room_ub - need (each rank outside R gets at most its phi). The table's entry at x's
+ * partial sum is at least x's partial room, so it survives the test below, and so does every
+ * entry it was built from: the DPs still answer "is need reachable" exactly, and the suffix
+ * tables still admit exactly the batches some split meeting III continues (their values may
+ * fall below the true maximum, never below need's share). With lambda near the bound's minimum
+ * the gap is small and few entries survive. */
+static void win_prune(const search *s, win *w) {
+    if (!s->prune) return;
+    double lambda = s->lambda, gap = s->room_ub - (double)s->p->need_room;
+    double floor_ = w->phi - gap - (1 + 1e-9 * (fabs(s->room_ub) + fabs(lambda) * s->p->batch)); /* rounding */
+    int lo = w->hi + 1, hi = w->lo - 1;
+    for (int x = w->lo; x <= w->hi; x++) {
+        int64_t *v = &w->v[x - w->lo];
+        if (*v == NEG_ROOM) continue;
+        if ((double)*v - lambda * x < floor_) {
+            *v = NEG_ROOM;
+        } else {
+            if (lo > x) lo = x;
+            hi = x;
         }
-        dp_conv(s, s->dp, s->dp, s->dp_acc, s->dp_tmp);
     }
-    return s->dp[B];
+    if (hi < lo) {
+        w->hi = w->lo - 1;
+        return;
+    }
+    if (lo > w->lo) memmove(w->v, w->v + (lo - w->lo), (size_t)(hi - lo + 1) * sizeof *w->v);
+    w->lo = lo;
+    w->hi = hi;
+}
+
+/* dst = a (max,+) b on the window of top (clamped to what a and b reach); dst may be a or b.
+ * Quadratic in the windows, so it looks at the limits every 256 rows; cut short, dst is left as
+ * it was and s->expired says so. */
+static void win_conv(search *s, win *dst, const win *a, const win *b, long top, int64_t *tmp) {
+    int lo, hi;
+    win_range(s, top, &lo, &hi);
+    if (lo < a->lo + b->lo) lo = a->lo + b->lo;
+    if (hi > a->hi + b->hi) hi = a->hi + b->hi;
+    for (int x = lo; x <= hi; x++) tmp[x - lo] = NEG_ROOM;
+    for (int i = a->lo; i <= a->hi; i++) {
+        if (((i - a->lo) & 255) == 0 && search_expired(s)) return;
+        int64_t ai = a->v[i - a->lo];
+        if (ai == NEG_ROOM) continue;
+        int jlo = lo - i > b->lo ? lo - i : b->lo, jhi = hi - i < b->hi ? hi - i : b->hi;
+        if (jhi < jlo) continue;
+        const int64_t *bv = b->v + (jlo - b->lo);
+        int64_t *out = tmp + (i + jlo - lo);
+        for (int k = 0; k <= jhi - jlo; k++)
+            if (bv[k] != NEG_ROOM && ai + bv[k] > out[k]) out[k] = ai + bv[k];
+    }
+    if (hi >= lo) memcpy(dst->v, tmp, (size_t)(hi - lo + 1) * sizeof *tmp);
+    dst->lo = lo;
+    dst->hi = hi;
+    dst->phi = a->phi + b->phi;
+    win_prune(s, dst);
+}
+
+/* The table of one rank of group gi: its room per batch, in its window. */
+static win rank_win(search *s, int gi, int64_t *buf) {
+    int lo, hi;
+    win_range(s, s->maxb[gi], &lo, &hi);
+    memcpy(buf, s->best_room[gi] + lo, (size_t)(hi - lo + 1) * sizeof *buf);
+    win w = {buf, lo, hi, s->prune ? s->phi[gi] : 0};
+    win_prune(s, &w);
+    return w;
+}
+
+/* Most state room any feasible split offers (constraint III, exact): groups one after another,
+ * each group's count-fold table by doubling, every table in its window (win above). */
+static int64_t dp_max_room(search *s) {
+    win dp = {s->dp, 0, 0, 0};
+    dp.v[0] = 0;
+    long total = 0; /* sum of maxb over the groups so far */
+    for (int gi = 0; gi < s->p->n_groups && !s->expired; gi++) {
+        long hi = s->maxb[gi];
+        win pow = rank_win(s, gi, s->dp_pow), acc = {s->dp_acc, 0, 0, 0};
+        acc.v[0] = 0;
+        long n_pow = 1, n_acc = 0; /* ranks in pow and acc */
+        for (int c = s->p->groups[gi].count; c; c >>= 1) {
+            if (c & 1) n_acc += n_pow, win_conv(s, &acc, &acc, &pow, n_acc * hi, s->dp_tmp);
+            if (c > 1) n_pow *= 2, win_conv(s, &pow, &pow, &pow, n_pow * hi, s->dp_tmp);
+        }
+        total += n_acc * hi;
+        win_conv(s, &dp, &dp, &acc, total, s->dp_tmp);
+    }
+    return win_at(&dp, s->p->batch);
 }
 
 /* reach = reach (+) set^(count) */
-static void add_group(search *s, int gi) {
+/* reach = reach (+) set^(count); *top: the sum of maxb over the ranks in reach. Every set kept to
+ * its window (bits_window), so the sumsets cost O(D) words, not O(B). */
+static void add_group(search *s, int gi, long *top) {
+    long n_pow = 1, n_acc = 0, maxb = s->maxb[gi];
     bits_copy(&s->pow, &s->sets[gi]);
     bits_zero(&s->acc);
     bits_set(&s->acc, 0);
     for (int c = s->p->groups[gi].count; c; c >>= 1) {
-        if (c & 1) bits_sumset(&s->acc, &s->acc, &s->pow, &s->tmp);
-        if (c > 1) bits_sumset(&s->pow, &s->pow, &s->pow, &s->tmp);
+        if (c & 1) {
+            bits_sumset(&s->acc, &s->acc, &s->pow, &s->tmp);
+            bits_window(s, &s->acc, (n_acc += n_pow) * maxb);
+        }
+        if (c > 1) {
+            bits_sumset(&s->pow, &s->pow, &s->pow, &s->tmp);
+            bits_window(s, &s->pow, (n_pow *= 2) * maxb);
+        }
     }
     bits_sumset(&s->reach, &s->reach, &s->acc, &s->tmp);
+    bits_window(s, &s->reach, *top += n_acc * maxb);
 }
 
 static int64_t witness_room(search *s, double tf, double tb);
 
+/* The batches of group gi that can maximise room(b) - lambda*b for some lambda, ascending, into
+ * pts; returns their number. Those of its window (win) on the upper concave hull of room: the
+ * maximum of a linear function over points is attained at a hull vertex, the leftmost maximiser
+ * too (collinear points between vertices are dropped). The tests' reference mode keeps every
+ * batch of 0..B, the bound as it was. */
+static int room_candidates(const search *s, int gi, int *pts) {
+    const int64_t *h = s->best_room[gi];
+    int lo, hi, n = 0;
+    win_range(s, s->maxb[gi], &lo, &hi);
+    for (int b = lo > 1 ? lo : 1; b <= hi; b++) {
+        if (h[b] == NEG_ROOM) continue;
+        /* pop the last point while it lies on or below the segment from the one before to b */
+        while (!s->p->exhaustive_dp && n >= 2) {
+            int b1 = pts[n - 2], b2 = pts[n - 1];
+            __int128 cross = (__int128)(b2 - b1) * (h[b] - h[b1]) - (__int128)(h[b2] - h[b1]) * (b - b1);
+            if (cross < 0) break;
+            n--;
+        }
+        pts[n++] = b;
+    }
+    return n;
+}
+
 /* An upper bound of the most room any split leaves: for every price lambda per sample,
- * lambda*B + sum_i max_b (room_i(b) - lambda*b) bounds it (the exact-sum constraint relaxed);
- * the bound is convex in lambda and minimised by bisection on its slope. */
-static double lagrange_at(const search *s, double lambda, long *slope) {
+ * lambda*B + sum_i max_b (room_i(b) - lambda*b) bounds it (the exact-sum constraint relaxed, b
+ * over each rank's window, which holds its batch in every split); the bound is convex in lambda
+ * and minimised by bisection on its slope. pts + start[gi]: group gi's candidates. */
+static double lagrange_at(const search *s, const int *pts, const int *start, double lambda, long *slope) {
     double total = lambda * s->p->batch;
     *slope = s->p->batch;
     for (int gi = 0; gi < s->p->n_groups; gi++) {
         const int64_t *h = s->best_room[gi];
         double best = -INFINITY;
         int arg = 0;
-        for (int b = 1; b <= s->p->batch; b++)
-            if (h[b] != NEG_ROOM && (double)h[b] - lambda * b > best) best = (double)h[b] - lambda * b, arg = b;
+        for (int k = start[gi]; k < start[gi + 1]; k++) {
+            int b = pts[k];
+            if ((double)h[b] - lambda * b > best) best = (double)h[b] - lambda * b, arg = b;
+        }
         total += s->p->groups[gi].count * best;
         *slope -= (long)s->p->groups[gi].count * arg;
     }
@@ -302,16 +480,32 @@ static double lagrange_at(const search *s, double lambda, long *slope) {
 }
 
 static double lagrange_room_bound(search *s) {
+    int G = s->p->n_groups, *start = xmalloc((size_t)(G + 1) * sizeof *start);
+    int *pts = xmalloc((size_t)G * (s->p->batch + 1) * sizeof *pts);
+    start[0] = 0;
+    for (int gi = 0; gi < G; gi++) start[gi + 1] = start[gi] + room_candidates(s, gi, pts + start[gi]);
     double lo = -1e15, hi = 1e15, best = INFINITY;
     for (int it = 0; it < 120; it++) {
         double mid = (lo + hi) / 2;
         long slope;
-        double v = lagrange_at(s, mid, &slope);
+        double v = lagrange_at(s, pts, start, mid, &slope);
         if (v < best) best = v, s->lambda = mid;
         if (slope > 0) hi = mid; /* bound grows with lambda: go lower */
         else if (slope < 0) lo = mid;
         else break;
     }
+    /* each group's phi at the chosen price, for the DPs' pruning */
+    s->room_ub = s->lambda * s->p->batch;
+    for (int gi = 0; gi < G; gi++) {
+        const int64_t *h = s->best_room[gi];
+        s->phi[gi] = -INFINITY;
+        for (int k = start[gi]; k < start[gi + 1]; k++)
+            s->phi[gi] = fmax(s->phi[gi], (double)h[pts[k]] - s->lambda * pts[k]);
+        s->room_ub += s->p->groups[gi].count * s->phi[gi];
+    }
+    s->prune = !s->p->exhaustive_dp && isfinite(s->room_ub);
+    free(start);
+    free(pts);
     return best;
 }
 
@@ -324,8 +518,9 @@ static bool feasible(search *s, double tf, double tb) {
     if (p->need_room > 0 && room.best < p->need_room) return false; /* III fails for every split */
     bits_zero(&s->reach);
     bits_set(&s->reach, 0);
+    long top = 0;
     for (int gi = 0; gi < p->n_groups; gi++) {
-        add_group(s, gi);
+        add_group(s, gi, &top);
         if (bits_empty(&s->reach)) return false;
     }
     if (!bits_test(&s->reach, p->batch)) return false;
@@ -334,6 +529,7 @@ static bool feasible(search *s, double tf, double tb) {
      * between the two does the exact (quadratic in B) dynamic program decide. */
     if (lagrange_room_bound(s) < (double)p->need_room - 1) return false;
     if (witness_room(s, tf, tb) >= p->need_room) return true;
+    s->room_dps++;
     int64_t most = dp_max_room(s);
     return !s->expired && most >= p->need_room;
 }
@@ -345,21 +541,54 @@ typedef struct values {
     int n;
 } values;
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
+/* Sorts n doubles (no NaN) ascending in linear time: a least-significant-digit radix sort of
+ * their bit patterns, mapped so that unsigned order is numeric order. A comparison sort of the
+ * million values of B = 65536 was a fifth of the planning time. */
+static void sort_doubles(double *v, size_t n) {
+    enum { DIGIT = 11, NBUCKET = 1 << DIGIT };
+    uint64_t *key = xmalloc(n * sizeof *key), *tmp = xmalloc(n * sizeof *tmp);
+    size_t *count = xmalloc(NBUCKET * sizeof *count);
+    for (size_t i = 0; i < n; i++) {
+        uint64_t u;
+        memcpy(&u, &v[i], sizeof u);
+        key[i] = u >> 63 ? ~u : u | (uint64_t)1 << 63;
+    }
+    for (int shift = 0; shift < 64; shift += DIGIT) { /* 6 passes: the counts stay in L1 */
+        memset(count, 0, NBUCKET * sizeof *count);
+        for (size_t i = 0; i < n; i++) count[(key[i] >> shift) & (NBUCKET - 1)]++;
+        if (n && count[(key[0] >> shift) & (NBUCKET - 1)] == n) continue; /* one digit: already in order */
+        for (size_t d = 0, sum = 0; d < NBUCKET; d++) {
+            size_t c = count[d];
+            count[d] = sum;
+            sum += c;
+        }
+        for (size_t i = 0; i < n; i++) tmp[count[(key[i] >> shift) & (NBUCKET - 1)]++] = key[i];
+        uint64_t *x = key;
+        key = tmp;
+        tmp = x;
+    }
+    for (size_t i = 0; i < n; i++) {
+        uint64_t u = key[i] >> 63 ? key[i] & ~((uint64_t)1 << 63) : ~key[i];
+        memcpy(&v[i], &u, sizeof u);
+    }
+    free(key);
+    free(tmp);
+    free(count);
 }
 
-/* Adds l*t[m] for l = 1..n where above the floor. */
-static size_t add_values(double *v, size_t n, const double *t, int m, int count, double floor_ms) {
-    for (int l = 1; l <= count; l++)
-        if ((double)l * t[m] > floor_ms) v[n++] = (double)l * t[m];
+/* Adds l*t[m] for l = 1..n where above the floor and at most top. */
+static size_t add_values(double *v, size_t n, const double *t, int m, int count, double floor_ms, double top) {
+    for (int l = 1; l <= count; l++) {
+        double x = (double)l * t[m];
+        if (x > top && t[m] > 0) break; /* and every later one */
+        if (x > floor_ms && x <= top) v[n++] = x;
+    }
     return n;
 }
 
 /* Every achievable phase time >= floor, plus the floor itself, sorted and unique (the backward's
  * with and without recompute). */
-static values collect_values(const search *s, bool fwd, double floor_ms) {
+static values collect_values(const search *s, bool fwd, double floor_ms, double top) {
     size_t cap = 1, n = 0;
     for (int gi = 0; gi < s->p->n_groups; gi++) {
         const opt_group *g = &s->p->groups[gi];
@@ -371,15 +600,47 @@ static values collect_values(const search *s, bool fwd, double floor_ms) {
         const opt_group *g = &s->p->groups[gi];
         for (int m = 1; m <= g->mmax && m <= s->bmax; m++) {
             int count = group_count_cap(g, m, s->bmax);
-            if (fwd || !g->keep_only) n = add_values(v, n, fwd ? g->f : g->k, m, count, floor_ms);
-            if (!fwd && g->k_keep) n = add_values(v, n, g->k_keep, m, min_int(count, g->keep_lmax[m]), floor_ms);
+            if (fwd || !g->keep_only) n = add_values(v, n, fwd ? g->f : g->k, m, count, floor_ms, top);
+            if (!fwd && g->k_keep) n = add_values(v, n, g->k_keep, m, min_int(count, g->keep_lmax[m]), floor_ms, top);
         }
     }
-    qsort(v, n, sizeof *v, cmp_double);
+    sort_doubles(v, n);
     size_t u = 0;
     for (size_t i = 0; i < n; i++)
         if (u == 0 || v[i] != v[u - 1]) v[u++] = v[i];
     return (values){v, (int)u};
+}
+
+/* The least and the largest per-microbatch phase time of any option (fwd: f; else k and k_keep). */
+static void phase_range(const search *s, bool fwd, double *least, double *most) {
+    *least = INFINITY, *most = 0;
+    for (int gi = 0; gi < s->p->n_groups; gi++) {
+        const opt_group *g = &s->p->groups[gi];
+        for (int m = 1; m <= g->mmax && m <= s->bmax; m++) {
+            double t[2] = {fwd ? g->f[m] : g->keep_only ? NAN : g->k[m], !fwd && g->k_keep ? g->k_keep[m] : NAN};
+            for (int i = 0; i < 2; i++)
+                if (!isnan(t[i])) *least = fmin(*least, t[i]), *most = fmax(*most, t[i] * group_count_cap(g, m, s->bmax));
+        }
+    }
+}
+
+/* An objective some assignment reaches: the thresholds doubled together from their least values
+ * until feasible (a few tests). The optimal thresholds sum to at most it, so no value above it
+ * less the other phase's floor is ever needed: the value sets stop there (at B = 65536 they
+ * would otherwise hold millions of products, most far beyond any plan). INFINITY when none is
+ * feasible up to the largest values (the staircase then says infeasible) or the search expired. */
+static double feasible_objective(search *s) {
+    const opt_problem *p = s->p;
+    double f_lo, f_hi, k_lo, k_hi;
+    phase_range(s, true, &f_lo, &f_hi);
+    phase_range(s, false, &k_lo, &k_hi);
+    if (!(f_lo > 0) || !(k_lo > 0)) return INFINITY; /* no option, or doubling would not grow */
+    double tf = fmax(f_lo, p->fwd_floor), tb = fmax(k_lo, p->bwd_floor);
+    for (;;) {
+        if (feasible(s, tf, tb)) return tf + tb;
+        if (s->expired || (tf > f_hi && tb > k_hi)) return INFINITY;
+        tf *= 2, tb *= 2;
+    }
 }
 
 /* Smallest index i in [lo, hi] with feasible(tf or tb = vals[i]); -1 if none. */
@@ -415,45 +676,54 @@ static bool choose_batches(search *s, double tf, double tb, pick_mode mode, int 
     room_bounds room;
     CHECK(build_all_sets(s, tf, tb, &room));
     int *group_of = xmalloc((size_t)N * sizeof *group_of);
-    int *maxb = xcalloc((size_t)p->n_groups, sizeof *maxb);
-    for (int gi = 0, r = 0; gi < p->n_groups; gi++) {
-        for (int b = B; b > 0 && !maxb[gi]; b--)
-            if (bits_test(&s->sets[gi], b)) maxb[gi] = b;
+    const int *maxb = s->maxb;
+    for (int gi = 0, r = 0; gi < p->n_groups; gi++)
         for (int c = 0; c < p->groups[gi].count; c++) group_of[r++] = gi;
-    }
     bool use_dp = mode == PICK_EXACT_ROOM && !room_guaranteed(p, &room);
     bool roomy = mode == PICK_ROOMY && s->best_room;
+    if (use_dp) lagrange_room_bound(s); /* the price the suffix tables prune with */
+    /* suffix tables: sumsets, and the room DP over ranks i.. in its window (win), rows of D + 1 */
     bits *suf = xcalloc((size_t)N + 1, sizeof *suf);
-    int64_t *dps = use_dp ? xmalloc((size_t)(N + 1) * (B + 1) * sizeof *dps) : NULL;
+    long *suf_max = xmalloc((size_t)(N + 1) * sizeof *suf_max); /* sum of maxb over ranks i.. */
+    size_t width = (size_t)(p->exhaustive_dp || s->slack > B ? B : s->slack) + 1; /* of a window */
+    win *rows = use_dp ? xcalloc((size_t)N + 1, sizeof *rows) : NULL;
+    int64_t *dps = use_dp ? xmalloc((size_t)(N + 2) * width * sizeof *dps) : NULL;
     for (int i = N; i >= 0; i--) {
         bits_init(&suf[i], B + 1);
         if (i == N) {
             bits_set(&suf[i], 0);
+            suf_max[i] = 0;
         } else {
             bits_sumset(&suf[i], &suf[i + 1], &s->sets[group_of[i]], &s->tmp);
+            suf_max[i] = suf_max[i + 1] + maxb[group_of[i]];
+            bits_window(s, &suf[i], suf_max[i]);
         }
         if (!use_dp) continue;
-        int64_t *row = dps + (size_t)i * (B + 1);
+        rows[i].v = dps + (size_t)i * width;
         if (i == N) {
-            for (int b = 0; b <= B; b++) row[b] = b ? NEG_ROOM : 0;
+            rows[i].v[0] = 0; /* lo = hi = 0 */
         } else {
-            dp_conv(s, row, row + (B + 1), s->best_room[group_of[i]], s->dp_tmp);
+            win one = rank_win(s, group_of[i], dps + (size_t)(N + 1) * width);
+            win_conv(s, &rows[i], &rows[i + 1], &one, suf_max[i], s->dp_tmp);
         }
     }
     bool done = !(use_dp && s->expired);
     int rem = done ? B : 0;
     int64_t room_so_far = 0;
-    double cap_left = 0;
-    for (int i = 0; i < N; i++) cap_left += maxb[group_of[i]];
+    double cap_left = (double)suf_max[0];
     for (int i = 0; done && i < N; i++) {
         int gi = group_of[i];
         double target = rem * maxb[gi] / cap_left;
         int pick = -1;
         double pick_dist = INFINITY;
-        for (int b = 1; b <= rem; b++) {
+        /* the batches the others can complete: rem - b <= their largest total; the reference
+         * mode of the tests looks at every one */
+        int b_lo = p->exhaustive_dp || rem - suf_max[i + 1] < 1 ? 1 : (int)(rem - suf_max[i + 1]);
+        int b_hi = p->exhaustive_dp || rem < maxb[gi] ? rem : maxb[gi];
+        for (int b = b_lo; b <= b_hi; b++) {
             if (!bits_test(&s->sets[gi], b) || !bits_test(&suf[i + 1], rem - b)) continue;
             if (use_dp) {
-                int64_t rest = dps[(size_t)(i + 1) * (B + 1) + (rem - b)];
+                int64_t rest = win_at(&rows[i + 1], rem - b);
                 if (rest == NEG_ROOM || room_so_far + s->best_room[gi][b] + rest < p->need_room) continue;
             }
             double dist = fabs(b - target);
@@ -477,8 +747,9 @@ static bool choose_batches(search *s, double tf, double tb, pick_mode mode, int 
     CHECK(rem == 0);
     for (int i = 0; i <= N; i++) bits_free(&suf[i]);
     free(suf);
+    free(suf_max);
+    free(rows);
     free(dps);
-    free(maxb);
     free(group_of);
     return done;
 }
@@ -534,12 +805,14 @@ static void search_init(search *s, const opt_problem *p) {
     bits_init(&s->tmp.smear, nb);
     bits_init(&s->tmp.out, nb);
     s->dp_tmp = xmalloc((size_t)nb * sizeof(int64_t));
+    s->maxb = xcalloc((size_t)p->n_groups, sizeof *s->maxb);
     if (p->need_room > 0) {
         s->best_room = xcalloc((size_t)p->n_groups, sizeof *s->best_room);
         for (int gi = 0; gi < p->n_groups; gi++) s->best_room[gi] = xmalloc((size_t)nb * sizeof(int64_t));
         s->dp = xmalloc((size_t)nb * sizeof(int64_t));
         s->dp_pow = xmalloc((size_t)nb * sizeof(int64_t));
         s->dp_acc = xmalloc((size_t)nb * sizeof(int64_t));
+        s->phi = xmalloc((size_t)p->n_groups * sizeof *s->phi);
     }
 }
 
@@ -559,6 +832,8 @@ static void search_free(search *s) {
     free(s->dp_pow);
     free(s->dp_acc);
     free(s->dp_tmp);
+    free(s->maxb);
+    free(s->phi);
 }
 
 /* The Pareto staircase: for each forward threshold where the least feasible backward threshold
@@ -600,8 +875,10 @@ int opt_solve(const opt_problem *p, opt_result *r) {
         search_free(&s);
         return 1;
     }
-    values vf = collect_values(&s, true, p->fwd_floor);
-    values vb = collect_values(&s, false, p->bwd_floor);
+    /* the optimum's tf <= U - C and tb <= U - A; the margin keeps rounding from cutting it */
+    double U = feasible_objective(&s), margin = 1e-9 * U;
+    values vf = collect_values(&s, true, p->fwd_floor, U - p->bwd_floor + margin);
+    values vb = collect_values(&s, false, p->bwd_floor, U - p->fwd_floor + margin);
     if (p->upper_bound > 0) {
         /* tf + tb < bound with tb >= C and tf >= A: larger thresholds are of no interest, and
          * the binary searches never probe them (the expensive, memory-tight ones among them) */
@@ -630,6 +907,7 @@ int opt_solve(const opt_problem *p, opt_result *r) {
         r->objective = fmax(r->fwd_ms, p->fwd_floor) + fmax(r->bwd_ms, p->bwd_floor);
     }
     r->checks = s.checks;
+    r->room_dps = s.room_dps;
     bool expired = s.expired;
     free(vf.v);
     free(vb.v);

@@ -9,7 +9,9 @@
  *     max(max_i l_i*f_i(m_i), A) + max(max_i l_i*k_i(m_i, keep_i), C)
  * exactly: a staircase walk over the two thresholds, each a binary search over the finite set of
  * achievable phase times, with a feasibility test built from bitset sumsets (and a max-plus DP
- * when constraint III can bind). */
+ * when constraint III can bind), both kept to the window of sums a split summing to B can pass
+ * through, the DP also pruned by a Lagrangian bound (docs/optimizer.md, "Constraint (III) at
+ * large batches"). */
 #ifndef CEPHALO_OPTIMIZE_H
 #define CEPHALO_OPTIMIZE_H
 
@@ -46,10 +48,15 @@ typedef struct opt_problem {
                            regime already reaches it); opt_solve reports 1 when none is */
     /* Limits on the search (a caller with a time budget, e.g. the operator): give up once the
      * monotonic clock (clock_now_s) reaches deadline_s (> 0), or once *cancel is non-zero. The
-     * feasibility tests and the quadratic room DP look at them, so the search stops within
+     * feasibility tests and the room DP look at them, so the search stops within
      * milliseconds; opt_solve then reports 2. Zero / NULL: no limit. */
     double deadline_s;
     const volatile int *cancel;
+    /* The reference mode (tests; CEPHALO_PLAN_EXHAUSTIVE_DP=1 in the planner): the room DPs and
+     * sumsets over every batch sum 0..B, unpruned, and the Lagrangian bound over every batch, as
+     * before the slack windows (docs/optimizer.md, "Constraint (III) at large batches"); the same
+     * answers, quadratically slower: what the fast path is checked against. */
+    bool exhaustive_dp;
 } opt_problem;
 
 typedef struct opt_result {
@@ -59,6 +66,7 @@ typedef struct opt_result {
     double objective; /* max(F, A) + max(K, C) */
     double fwd_ms, bwd_ms; /* F and K of the chosen plan */
     long checks; /* feasibility tests run */
+    long room_dps; /* of them, those the exact room DP decided (constraint III) */
 } opt_result;
 
 /* 0: optimum found; 1: infeasible (or nothing below upper_bound); 2: gave up (deadline_s or

@@ -223,6 +223,14 @@ static void keep_option(const cost_model *cm, regime_problem *rp, int gi, double
 /* mcap: largest microbatch allowed (mb: 1); max_micros: 1 forbids accumulation; memory: honour
  * the per-rank limits (and offer recompute none where it fits); uneven: the water-filled regime
  * with constraint III. */
+/* CEPHALO_PLAN_EXHAUSTIVE_DP=1: the optimizer's reference mode (opt_problem.exhaustive_dp): the
+ * same plans, its room DP quadratic in the batch again. For checking the fast path on real
+ * instances and for tests that need a plan taking minutes (the operator's planning budget). */
+static bool plan_exhaustive_dp(void) {
+    const char *v = getenv("CEPHALO_PLAN_EXHAUSTIVE_DP");
+    return v && strcmp(v, "1") == 0;
+}
+
 static void build_problem(const cost_model *cm, regime_problem *rp, int mcap, int max_micros,
                           bool memory, bool uneven) {
     memset(rp, 0, sizeof *rp);
@@ -252,7 +260,8 @@ static void build_problem(const cost_model *cm, regime_problem *rp, int mcap, in
     }
     rp->prob = (opt_problem){.n_groups = cm->n_groups, .groups = rp->groups, .batch = cm->batch,
                              .fwd_floor = cost_fwd_floor(cm, uneven), .bwd_floor = cost_bwd_floor(cm, uneven),
-                             .need_room = uneven ? cm->params : 0};
+                             .need_room = uneven ? cm->params : 0,
+                             .exhaustive_dp = plan_exhaustive_dp()};
 }
 
 static void free_problem(regime_problem *rp) {

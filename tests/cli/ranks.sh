@@ -12,7 +12,8 @@ cluster_of() {
   echo "$T/c$1.yaml"
 }
 
-# start_ranks PLAN OUT [worker args...]: starts every rank in the background (pids in $PIDS)
+# start_ranks PLAN OUT [worker args...]: starts every rank in the background (pids in $PIDS), on
+# synthetic tokens unless the args name other --data (the last --data given wins)
 start_ranks() {
   local plan=$1 out=$2
   shift 2
@@ -24,7 +25,7 @@ start_ranks() {
   PIDS=()
   for ((r = 0; r < world; r++)); do
     RANK=$r WORLD_SIZE=$world MASTER_ADDR=127.0.0.1 MASTER_PORT=$port CEPHALO_PLAN=$plan \
-      "${tmo[@]}" "$W" train --quiet --log "$out/rank$r.jsonl" "$@" 2>"$out/rank$r.err" &
+      "${tmo[@]}" "$W" train --quiet --data synthetic --log "$out/rank$r.jsonl" "$@" 2>"$out/rank$r.err" &
     PIDS+=($!)
   done
 }

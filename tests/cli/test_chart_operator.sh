@@ -158,6 +158,7 @@ spec:
   seqLen: 64
   globalBatch: 8
   steps: 20
+  data: {path: synthetic}
   optimizer: {lr: 0.003, warmup: 2}
   commTimeout: 60
   gpus: {allowedProducts: [NVIDIA-L4, NVIDIA-A10G]}

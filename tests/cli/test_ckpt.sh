@@ -36,6 +36,7 @@ seq: 32
 optimizer: {lr: 1e-3}
 checkpoint: {dir: ckpt, every: 50}
 devices: [{type: cpu, threads: 1, memory: 256M}]
+data: synthetic
 Y
 "$C" run "$T/one.yaml" --run-dir "$T/r-lock" --quiet >"$T/first.out" 2>&1 &
 first=$!
@@ -50,23 +51,23 @@ wait_for 10 bash -c "! pgrep -f '$T/r-lock/rank-0.jsonl' >/dev/null"
 check "after kill -9 of the launcher, the lock is free: the job resumes" 0 "final loss" -- \
   "$C" run "$T/one.yaml" --run-dir "$T/r-lock" --steps 4 --quiet
 # a bare worker locks its checkpoint directory
-"$W" train "${TINY[@]}" --steps 100000 --quiet --ckpt-dir "$T/wlock" --log "$T/wlock.jsonl" &
+"$W" train --data synthetic "${TINY[@]}" --steps 100000 --quiet --ckpt-dir "$T/wlock" --log "$T/wlock.jsonl" &
 wpid=$!
 bg+=($wpid)
 wait_for 30 has_lines "$T/wlock.jsonl" 1
 check "a second training on one checkpoint directory: exit 2" 2 "$T/wlock is in use by another training (PID $wpid" -- \
-  "$W" train "${TINY[@]}" --steps 2 --ckpt-dir "$T/wlock" --resume auto
+  "$W" train --data synthetic "${TINY[@]}" --steps 2 --ckpt-dir "$T/wlock" --resume auto
 { kill -9 $wpid; wait $wpid; } 2>/dev/null
-check "after kill -9 of the worker, the directory is free" 0 "" -- "$W" train "${TINY[@]}" --steps 2 --quiet --ckpt-dir "$T/wlock2"
+check "after kill -9 of the worker, the directory is free" 0 "" -- "$W" train --data synthetic "${TINY[@]}" --steps 2 --quiet --ckpt-dir "$T/wlock2"
 
 # ---- resume: the newest complete checkpoint that loads ----
 
-"$W" train "${TINY[@]}" --steps 6 --ckpt-every 2 --quiet --ckpt-dir "$T/ck" --log "$T/straight.jsonl" --keep-last 0
+"$W" train --data synthetic "${TINY[@]}" --steps 6 --ckpt-every 2 --quiet --ckpt-dir "$T/ck" --log "$T/straight.jsonl" --keep-last 0
 cp -r "$T/ck" "$T/ck-copy"
 rm "$T/ck/latest"
 sum6=$(md5sum <"$T/ck/step_00000006.safetensors")
 check "latest missing: resume auto scans and says so" 0 "latest is missing: resuming from the newest complete checkpoint found there, step_00000006" -- \
-  "$W" train "${TINY[@]}" --steps 8 --ckpt-every 2 --ckpt-dir "$T/ck" --resume auto --log "$T/scan.jsonl"
+  "$W" train --data synthetic "${TINY[@]}" --steps 8 --ckpt-every 2 --ckpt-dir "$T/ck" --resume auto --log "$T/scan.jsonl"
 assert "latest missing: trained steps 6..7 only, step_6 untouched" python3 -c "
 import json
 rows=[json.loads(l) for l in open('$T/scan.jsonl')]
@@ -77,11 +78,11 @@ assert "latest rewritten" test "$(cat "$T/ck/latest")" = step_00000008.safetenso
 rm -rf "$T/ck"; cp -r "$T/ck-copy" "$T/ck"
 echo step_00000004.safetensors >"$T/ck/latest"
 check "latest behind a complete checkpoint: resume from the newest" 0 "resumed from $T/ck/step_00000006.safetensors at step 6" -- \
-  "$W" train "${TINY[@]}" --steps 7 --ckpt-dir "$T/ck" --resume auto
+  "$W" train --data synthetic "${TINY[@]}" --steps 7 --ckpt-dir "$T/ck" --resume auto
 rm -rf "$T/ck"; cp -r "$T/ck-copy" "$T/ck"
 flip_byte "$T/ck/step_00000006.safetensors"
 check "latest names a damaged checkpoint: the next older one, said" 0 "cannot resume from $T/ck/step_00000006.safetensors" -- \
-  "$W" train "${TINY[@]}" --steps 7 --ckpt-dir "$T/ck" --resume auto --log "$T/older.jsonl"
+  "$W" train --data synthetic "${TINY[@]}" --steps 7 --ckpt-dir "$T/ck" --resume auto --log "$T/older.jsonl"
 assert "damaged: resumed at step 4, the damaged one kept aside" python3 -c "
 import json,glob
 rows=[json.loads(l) for l in open('$T/older.jsonl')]
@@ -90,78 +91,78 @@ assert glob.glob('$T/ck/step_00000006.safetensors.broken-*')"
 rm -rf "$T/ck"; cp -r "$T/ck-copy" "$T/ck"
 for s in 2 4 6; do flip_byte "$T/ck/step_0000000$s.safetensors"; done
 check "every checkpoint damaged: exit 2, never a fresh start" 2 "no checkpoint in $T/ck can be resumed" -- \
-  "$W" train "${TINY[@]}" --steps 7 --ckpt-dir "$T/ck" --resume auto
+  "$W" train --data synthetic "${TINY[@]}" --steps 7 --ckpt-dir "$T/ck" --resume auto
 assert "every checkpoint damaged: nothing written" test "$(steps_in "$T/ck")" = "2 4 6 "
 
 # ---- never over another run's checkpoints ----
 
 rm -rf "$T/ck"; cp -r "$T/ck-copy" "$T/ck"
-check "a fresh start over checkpoints: exit 2, names --overwrite" 2 "--overwrite" -- "$W" train "${TINY[@]}" --steps 8 --ckpt-dir "$T/ck"
-check "--resume none: the same" 2 "holds 3 checkpoints beyond step 0" -- "$W" train "${TINY[@]}" --steps 8 --ckpt-dir "$T/ck" --resume none
+check "a fresh start over checkpoints: exit 2, names --overwrite" 2 "--overwrite" -- "$W" train --data synthetic "${TINY[@]}" --steps 8 --ckpt-dir "$T/ck"
+check "--resume none: the same" 2 "holds 3 checkpoints beyond step 0" -- "$W" train --data synthetic "${TINY[@]}" --steps 8 --ckpt-dir "$T/ck" --resume none
 assert "refused: the checkpoints are untouched" cmp "$T/ck/step_00000006.safetensors" "$T/ck-copy/step_00000006.safetensors"
 check "an older checkpoint over newer ones: exit 2" 2 "beyond step 2" -- \
-  "$W" train "${TINY[@]}" --steps 8 --ckpt-dir "$T/ck" --resume "$T/ck/step_00000002.safetensors"
+  "$W" train --data synthetic "${TINY[@]}" --steps 8 --ckpt-dir "$T/ck" --resume "$T/ck/step_00000002.safetensors"
 check "--overwrite: starts at step 2 and deletes the newer ones" 0 "deleted $T/ck/step_00000006.safetensors" -- \
-  "$W" train "${TINY[@]}" --steps 3 --ckpt-dir "$T/ck" --resume "$T/ck/step_00000002.safetensors" --overwrite
+  "$W" train --data synthetic "${TINY[@]}" --steps 3 --ckpt-dir "$T/ck" --resume "$T/ck/step_00000002.safetensors" --overwrite
 assert "--overwrite: steps 2 and 3 left" test "$(steps_in "$T/ck")" = "2 3 "
-check "--overwrite needs --ckpt-dir" 2 "--overwrite needs --ckpt-dir" -- "$W" train "${TINY[@]}" --steps 2 --overwrite
+check "--overwrite needs --ckpt-dir" 2 "--overwrite needs --ckpt-dir" -- "$W" train --data synthetic "${TINY[@]}" --steps 2 --overwrite
 
 # ---- --resume forms ----
 
 rm -rf "$T/ck"; cp -r "$T/ck-copy" "$T/ck"
 check "--resume DIR (a checkpoint directory): its newest" 0 "resumed from $T/ck/step_00000006.safetensors at step 6" -- \
-  "$W" train "${TINY[@]}" --steps 7 --resume "$T/ck"
+  "$W" train --data synthetic "${TINY[@]}" --steps 7 --resume "$T/ck"
 check "--resume DIR/latest: followed" 0 "resumed from $T/ck/step_00000006.safetensors at step 6" -- \
-  "$W" train "${TINY[@]}" --steps 7 --resume "$T/ck/latest"
+  "$W" train --data synthetic "${TINY[@]}" --steps 7 --resume "$T/ck/latest"
 mkdir -p "$T/empty"
-check "--resume auto without --ckpt-dir: exit 2" 2 "--resume auto needs --ckpt-dir" -- "$W" train "${TINY[@]}" --steps 2 --resume auto
+check "--resume auto without --ckpt-dir: exit 2" 2 "--resume auto needs --ckpt-dir" -- "$W" train --data synthetic "${TINY[@]}" --steps 2 --resume auto
 echo garbage >"$T/empty/latest"
 check "--resume DIR/latest holding no name: exit 2, names the file" 2 "$T/empty/latest: holds 'garbage', not a checkpoint name" -- \
-  "$W" train "${TINY[@]}" --steps 2 --resume "$T/empty/latest"
-check "--resume of a missing DIR/latest: exit 2" 2 "$T/none/latest: cannot open" -- "$W" train "${TINY[@]}" --steps 2 --resume "$T/none/latest"
+  "$W" train --data synthetic "${TINY[@]}" --steps 2 --resume "$T/empty/latest"
+check "--resume of a missing DIR/latest: exit 2" 2 "$T/none/latest: cannot open" -- "$W" train --data synthetic "${TINY[@]}" --steps 2 --resume "$T/none/latest"
 rm "$T/empty/latest"
-check "--resume of an empty directory: exit 2" 2 "holds no complete checkpoint" -- "$W" train "${TINY[@]}" --steps 2 --resume "$T/empty"
+check "--resume of an empty directory: exit 2" 2 "holds no complete checkpoint" -- "$W" train --data synthetic "${TINY[@]}" --steps 2 --resume "$T/empty"
 check "resuming at or beyond --steps says so" 0 "nothing to train: the checkpoint resumed from is at step 6, and --steps is 4" -- \
-  "$W" train "${TINY[@]}" --steps 4 --quiet --resume "$T/ck"
+  "$W" train --data synthetic "${TINY[@]}" --steps 4 --quiet --resume "$T/ck"
 
 # ---- retention ----
 
-"$W" train "${TINY[@]}" --steps 10 --ckpt-every 1 --quiet --ckpt-dir "$T/keep3"
+"$W" train --data synthetic "${TINY[@]}" --steps 10 --ckpt-every 1 --quiet --ckpt-dir "$T/keep3"
 assert "default keep_last 3" test "$(steps_in "$T/keep3")" = "8 9 10 "
-"$W" train "${TINY[@]}" --steps 10 --ckpt-every 1 --quiet --ckpt-dir "$T/keep-every" --keep-last 2 --keep-every 4
+"$W" train --data synthetic "${TINY[@]}" --steps 10 --ckpt-every 1 --quiet --ckpt-dir "$T/keep-every" --keep-last 2 --keep-every 4
 assert "keep_last 2 + keep_every 4" test "$(steps_in "$T/keep-every")" = "4 8 9 10 "
-"$W" train "${TINY[@]}" --steps 5 --ckpt-every 1 --quiet --ckpt-dir "$T/keep-all" --keep-last 0
+"$W" train --data synthetic "${TINY[@]}" --steps 5 --ckpt-every 1 --quiet --ckpt-dir "$T/keep-all" --keep-last 0
 assert "keep_last 0 keeps all" test "$(steps_in "$T/keep-all")" = "1 2 3 4 5 "
-check "bad --keep-last" 2 "--keep-last: '-1'" -- "$W" train "${TINY[@]}" --keep-last -1
+check "bad --keep-last" 2 "--keep-last: '-1'" -- "$W" train --data synthetic "${TINY[@]}" --keep-last -1
 check "every deletion is logged with its name and rule" 0 \
   "checkpoint retention: deleted $T/keep3b/step_00000001.safetensors (keep-last 3: older than the 3 newest good checkpoints)" -- \
-  "$W" train "${TINY[@]}" --steps 4 --ckpt-every 1 --quiet --ckpt-dir "$T/keep3b"
+  "$W" train --data synthetic "${TINY[@]}" --steps 4 --ckpt-every 1 --quiet --ckpt-dir "$T/keep3b"
 
 # the settings a directory was made with apply on resume, unless overridden (and said)
-"$W" train "${TINY[@]}" --steps 4 --ckpt-every 1 --quiet --ckpt-dir "$T/kept" --keep-last 0 --keep-every 2
+"$W" train --data synthetic "${TINY[@]}" --steps 4 --ckpt-every 1 --quiet --ckpt-dir "$T/kept" --keep-last 0 --keep-every 2
 check "resumed without the flags: the directory's retention applies, and is said" 0 \
   "checkpoint retention: keep-last 0, as $T/kept/retention.json keeps" -- \
-  "$W" train "${TINY[@]}" --steps 8 --ckpt-every 1 --quiet --ckpt-dir "$T/kept" --resume auto
+  "$W" train --data synthetic "${TINY[@]}" --steps 8 --ckpt-every 1 --quiet --ckpt-dir "$T/kept" --resume auto
 assert "... nothing deleted: steps 1-8 all there" test "$(steps_in "$T/kept")" = "1 2 3 4 5 6 7 8 "
 check "an override is said" 0 "checkpoint retention: --keep-last 1 overrides the keep-last 0 kept in $T/kept/retention.json" -- \
-  "$W" train "${TINY[@]}" --steps 10 --ckpt-every 1 --quiet --ckpt-dir "$T/kept" --resume auto --keep-last 1
+  "$W" train --data synthetic "${TINY[@]}" --steps 10 --ckpt-every 1 --quiet --ckpt-dir "$T/kept" --resume auto --keep-last 1
 assert "... and applied with the kept keep-every 2: 2 4 6 8 10" test "$(steps_in "$T/kept")" = "2 4 6 8 10 "
 check "... and kept from then on" 0 '"keep_last":1,"keep_every":2' -- cat "$T/kept/retention.json"
 printf '{"keep_last": "three"}' >"$T/kept/retention.json"
 check "a damaged retention.json stops the run, naming the file and field" 2 "$T/kept/retention.json: keep_last: expected" -- \
-  "$W" train "${TINY[@]}" --steps 12 --ckpt-every 1 --quiet --ckpt-dir "$T/kept" --resume auto
+  "$W" train --data synthetic "${TINY[@]}" --steps 12 --ckpt-every 1 --quiet --ckpt-dir "$T/kept" --resume auto
 
 # a divergence never pushes the last good weights out: with the defaults (keep-last 3,
 # diverge-steps 20) and --ckpt-every 5, a run that diverges after step 20 keeps 10, 15 and 20
-"$W" train "${TINY[@]}" --steps 20 --ckpt-every 5 --quiet --ckpt-dir "$T/div"
+"$W" train --data synthetic "${TINY[@]}" --steps 20 --ckpt-every 5 --quiet --ckpt-dir "$T/div"
 check "a diverging run stops (exit 1) and names the last checkpoint before the divergence" 1 \
   "the last checkpoint before the divergence is $T/div/step_00000020.safetensors; go back to it with --resume $T/div/step_00000020.safetensors --overwrite" -- \
-  "$W" train "${TINY[@]}" --lr 10 --clip 0 --steps 200 --ckpt-every 5 --quiet --ckpt-dir "$T/div" --resume auto
+  "$W" train --data synthetic "${TINY[@]}" --lr 10 --clip 0 --steps 200 --ckpt-every 5 --quiet --ckpt-dir "$T/div" --resume auto
 assert "... the good checkpoints 10, 15, 20 are kept beside the diverged ones" bash -c \
   "steps_in() { $(declare -f steps_in | tail -n +2); }; steps_in '$T/div' | grep -q '^10 15 20 '"
 check "... the diverged ones are recorded" 0 '"diverged":[' -- cat "$T/div/retention.json"
 check "... and going back as told works" 0 "resumed from $T/div/step_00000020.safetensors at step 20" -- \
-  "$W" train "${TINY[@]}" --steps 22 --ckpt-every 1 --ckpt-dir "$T/div" --resume "$T/div/step_00000020.safetensors" --overwrite
+  "$W" train --data synthetic "${TINY[@]}" --steps 22 --ckpt-every 1 --ckpt-dir "$T/div" --resume "$T/div/step_00000020.safetensors" --overwrite
 assert "... the good run's new steps count again (keep-last 3: 20 21 22)" test "$(steps_in "$T/div")" = "20 21 22 "
 
 # ---- stale temporaries ----
@@ -170,7 +171,7 @@ dead=$(dead_pid)
 cp -r "$T/ck-copy" "$T/tmps"
 touch "$T/tmps/step_00000008.safetensors.tmp.$dead" "$T/tmps/latest.tmp.$dead" "$T/tmps/step_00000010.safetensors.tmp.$$"
 check "stale temporaries of dead writers removed at the start" 0 "removed 2 temporary files left by writers that were killed" -- \
-  "$W" train "${TINY[@]}" --steps 7 --quiet --ckpt-dir "$T/tmps" --resume auto
+  "$W" train --data synthetic "${TINY[@]}" --steps 7 --quiet --ckpt-dir "$T/tmps" --resume auto
 assert "a live writer's temporary is kept" test -e "$T/tmps/step_00000010.safetensors.tmp.$$" -a ! -e "$T/tmps/latest.tmp.$dead"
 
 # ---- through cephalo run: two ranks, sharded checkpoints ----
@@ -184,6 +185,7 @@ strategy: fsdp
 optimizer: {lr: 1e-3}
 checkpoint: {dir: ckpt, every: 1, keep_last: 2}
 devices: [{type: cpu, threads: 1, memory: 256M, count: 2}]
+data: synthetic
 Y
 check "cephalo run: sharded checkpoints every step" 0 "final loss" -- "$C" run "$T/two.yaml" --run-dir "$T/r2" --quiet
 assert "cephalo run: keep_last 2 (step directories)" test "$(steps_in "$T/r2/ckpt")" = "5 6 " -a -s "$T/r2/ckpt/step_00000006/index.json"
@@ -204,14 +206,15 @@ assert "another model over a sharded checkpoint: both models named" grep -q "the
 
 # ---- messages ----
 
-check "a diverging loss stops the run (exit 1)" 1 "the loss diverged" -- "$W" train "${TINY[@]}" --lr 10 --clip 0 --steps 200 --quiet
-check "--diverge-steps 0 turns it off" 0 "" -- "$W" train "${TINY[@]}" --lr 10 --clip 0 --steps 30 --quiet --diverge-steps 0
+check "a diverging loss stops the run (exit 1)" 1 "the loss diverged" -- "$W" train --data synthetic "${TINY[@]}" --lr 10 --clip 0 --steps 200 --quiet
+check "--diverge-steps 0 turns it off" 0 "" -- "$W" train --data synthetic "${TINY[@]}" --lr 10 --clip 0 --steps 30 --quiet --diverge-steps 0
 cat >"$T/m.yaml" <<'Y'
 model: tiny-gpt
 batch: 4
 steps: 2
 metrics_port: 9400
 devices: [{type: cpu, threads: 1, memory: 256M}]
+data: synthetic
 Y
 check "local runs serve /metrics on 127.0.0.1" 0 "--metrics-port 9400 --metrics-addr 127.0.0.1" -- "$C" run "$T/m.yaml" --run-dir "$T/rm" --dry-run
 sed -i '4a metrics_addr: 0.0.0.0' "$T/m.yaml"

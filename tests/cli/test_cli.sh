@@ -55,6 +55,14 @@ check "impossible model" 2 "n_head 4 must divide d_model 66" -- "$BIN" plan --cl
 B=examples/clusters/cluster-b.yaml
 prec_of() { # PLAN.json
   python3 -c 'import json, sys; p = json.load(open(sys.argv[1])); print("precision", p["inputs"]["precision"], "feasible", p["feasible"])' "$1"; }
+# the optimizer's fast room DPs (slack windows, pruning) against its quadratic reference
+# (CEPHALO_PLAN_EXHAUSTIVE_DP=1) on a memory-bound plan where constraint III binds: the same plan
+"$BIN" plan --cluster $B --model gpt-6.7b --seq 1024 --mem-cap 0.5 --batch 4096 -o "$T/fast.json" >/dev/null 2>&1
+CEPHALO_PLAN_EXHAUSTIVE_DP=1 "$BIN" plan --cluster $B --model gpt-6.7b --seq 1024 --mem-cap 0.5 --batch 4096 -o "$T/ref.json" >/dev/null 2>&1
+check "the fast room DP plans what the quadratic reference plans (uneven state, the same JSON)" 0 "same uneven" -- python3 -c '
+import json, sys
+a, b = (json.load(open(f)) for f in sys.argv[1:])
+print("same" if a == b else "differ", "uneven" if a["uneven"] else "even")' "$T/fast.json" "$T/ref.json"
 "$BIN" plan --cluster $B --model gpt-1.3b --batch 128 --precision fp16 -o "$T/b16.json" >/dev/null 2>&1
 check "fp16 on cluster B (V100, T4, A10G): the plan JSON says fp16" 0 "precision fp16 feasible True" -- prec_of "$T/b16.json"
 "$BIN" plan --cluster $A --model bert-large --batch 64 --precision fp16 -o "$T/a16.json" >/dev/null 2>&1
@@ -85,10 +93,10 @@ PY"
 check "models --precision fp16: 16-bit activations" 0 "fp16 activations" -- "$BIN" models gpt2-124m --precision fp16
 check "models --precision fp8 names the choices" 2 "--precision: 'fp8' is not fp32, bf16 or fp16" -- "$BIN" models gpt2-124m --precision fp8
 check "gpus: compute capability and fp16 column" 0 "T4             Turing    7.5     15.0      8.1        -     65.0        -" -- "$BIN" gpus
-printf 'model: tiny-gpt\nbatch: 4\nsteps: 1\nprecision: fp16\ndevices:\n  - {type: cpu, threads: 1, memory: 256M, count: 2}\n' >"$T/fp16-job.yaml"
+printf 'model: tiny-gpt\nbatch: 4\nsteps: 1\nprecision: fp16\ndevices:\n  - {type: cpu, threads: 1, memory: 256M, count: 2}\ndata: synthetic\n' >"$T/fp16-job.yaml"
 check "a job file with precision: fp16 plans in fp16" 0 "fp16, 2 devices" -- "$BIN" run "$T/fp16-job.yaml" --dry-run --run-dir "$T/fp16-run"
 check "... and the plan it writes says so" 0 '"precision":	"fp16"' -- cat "$T/fp16-run/plan.json"
-printf 'model: tiny-gpt\nbatch: 4\nsteps: 1\nprecision: fp8\ndevices:\n  - {type: cpu, threads: 1, memory: 256M}\n' >"$T/fp8-job.yaml"
+printf 'model: tiny-gpt\nbatch: 4\nsteps: 1\nprecision: fp8\ndevices:\n  - {type: cpu, threads: 1, memory: 256M}\ndata: synthetic\n' >"$T/fp8-job.yaml"
 check "a job file with precision: fp8 is refused, naming the line and the choices" 2 "fp8-job.yaml:4: precision: 'fp8' (expected fp32, bf16 or fp16)" -- \
   "$BIN" run "$T/fp8-job.yaml" --dry-run --run-dir "$T/fp8-run"
 check "the gpt-mixed example's pool (L4, A10G, T4) plans in fp16" 0 "fp16, 7 devices on 3 nodes" -- \

@@ -160,7 +160,7 @@ check "eval --init-from (exported) = eval --checkpoint ($eh)" 0 "" -- rel_close 
 vb=$(field "$T/b.jsonl" val_loss | tail -1)
 eb=$("$W" eval --checkpoint "$T/bck" --data "$VAL" --samples 10 --json | json_key val_loss)
 check "BERT: eval = the logged val_loss ($vb)" 0 "" -- rel_close "$eb" "$vb" $PLAN_TOL
-"$W" train --quiet --model tiny-vit --batch 8 --microbatch 4 --steps 2 --val-data synthetic --val-samples 12 \
+"$W" train --data synthetic --quiet --model tiny-vit --batch 8 --microbatch 4 --steps 2 --val-data synthetic --val-samples 12 \
   --log "$T/v.jsonl" --ckpt-dir "$T/vck"
 vv=$(field "$T/v.jsonl" val_loss | tail -1)
 ev=$("$W" eval --checkpoint "$T/vck" --data synthetic --samples 12 --json | json_key val_loss)
@@ -168,7 +168,7 @@ check "ViT: eval = the logged val_loss ($vv)" 0 "" -- rel_close "$ev" "$vv" $PLA
 
 # ---- /metrics: cephalo_train_val_loss ----
 port=$(free_port)
-"$W" train --quiet --model tiny-gpt --batch 4 --steps 100000 --val-data "$VAL" --val-every 3 --val-samples 4 \
+"$W" train --data synthetic --quiet --model tiny-gpt --batch 4 --steps 100000 --val-data "$VAL" --val-every 3 --val-samples 4 \
   --metrics-port "$port" --metrics-addr 127.0.0.1 2>/dev/null &
 mpid=$!
 # scrape: /metrics into $T/metrics.txt; succeeds once it has a validation loss
@@ -204,14 +204,14 @@ assert "run: summary.json has final_val_loss and two val_loss points" $PY -c "
 import json, sys
 s = json.load(open('$T/job/r/summary.json'))
 sys.exit(0 if isinstance(s['final_val_loss'], float) and [p['step'] for p in s['val_loss']] == [2, 4] else 1)"
-printf 'name: v\nmodel: tiny-gpt\nbatch: 4\nsteps: 2\nvalidation: {every: 2}\ndevices: [{type: cpu, threads: 1, memory: 256M}]\n' >"$T/job/nodata.yaml"
+printf 'name: v\nmodel: tiny-gpt\nbatch: 4\nsteps: 2\nvalidation: {every: 2}\ndevices: [{type: cpu, threads: 1, memory: 256M}]\ndata: synthetic\n' >"$T/job/nodata.yaml"
 check "run: validation without data" 2 "validation: missing field 'data'" -- "$C" run "$T/job/nodata.yaml" --dry-run --run-dir "$T/job/r2"
-printf 'name: v\nmodel: tiny-gpt\nbatch: 4\nsteps: 2\nvalidation: {data: x.bin, every: -1}\ndevices: [{type: cpu, threads: 1, memory: 256M}]\n' >"$T/job/neg.yaml"
+printf 'name: v\nmodel: tiny-gpt\nbatch: 4\nsteps: 2\nvalidation: {data: x.bin, every: -1}\ndevices: [{type: cpu, threads: 1, memory: 256M}]\ndata: synthetic\n' >"$T/job/neg.yaml"
 check "run: validation.every out of range" 2 "validation.every" -- "$C" run "$T/job/neg.yaml" --dry-run --run-dir "$T/job/r3"
 
 # ---- errors ----
 "$C" plan --cluster "$(cluster_of 1)" --model tiny-gpt --batch 4 -o "$T/p1gpt.json" >/dev/null
-tg=(train --quiet --model tiny-gpt --batch 4 --steps 1)
+tg=(train --data synthetic --quiet --model tiny-gpt --batch 4 --steps 1)
 check "--val-every without --val-data" 2 "--val-every needs --val-data" -- "$W" "${tg[@]}" --val-every 5
 check "--val-samples without --val-data" 2 "--val-samples needs --val-data" -- "$W" "${tg[@]}" --val-samples 5
 check "--val-samples 0" 2 "--val-samples: '0' is not an integer in [1," -- "$W" "${tg[@]}" --val-data "$VAL" --val-samples 0

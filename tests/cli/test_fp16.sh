@@ -17,7 +17,7 @@ PT="$PY tests/fsdp/plan_tool.py"
 export OMP_NUM_THREADS=1
 
 . tests/cli/ranks.sh
-args=(--steps 3 --lr 2e-3 --seed 5)
+args=(--data synthetic --steps 3 --lr 2e-3 --seed 5)
 one() { # one NAME MODEL [worker args...]: one rank, batch 12 in microbatches of 4
   local name=$1 model=$2
   shift 2
@@ -97,7 +97,7 @@ check "... the parameters and AdamW moments after the skipped step are bit-ident
 check "... and training goes on (the next step changes them)" 1 "" -- \
   $PT compare "$T/inf/ckpt/step_00000003" "$T/inf/ckpt/step_00000002" --tol 0
 check "... the progress line says so" 0 "scale 65536 (gradient not finite: step skipped)" -- \
-  env CEPHALO_TEST_NONFINITE=0 "$W" train --model tiny-gpt --batch 2 --steps 1 --precision fp16
+  env CEPHALO_TEST_NONFINITE=0 "$W" train --data synthetic --model tiny-gpt --batch 2 --steps 1 --precision fp16
 # The update after a skip is AdamW's first (bias correction counts updates, as PyTorch's
 # optimizer.step() skipped by GradScaler does): with the first step skipped, the second moves
 # each parameter by lr * m / (1 - b1) / (sqrt(v / (1 - b2)) + eps), not by the t = 2 step (0.73x).
@@ -149,7 +149,7 @@ assert json.loads(meta['cephalo.train'])['precision'] == 'fp16'
 
 # ---- 200 steps of demo-gpt: fp16 ends within 2% of fp32 ----
 demo() {
-  "$W" train --quiet --model examples/models/demo-gpt.yaml --batch 4 --steps 200 --lr 1e-3 \
+  "$W" train --data synthetic --quiet --model examples/models/demo-gpt.yaml --batch 4 --steps 200 --lr 1e-3 \
     --warmup 10 --threads 2 --log "$T/demo-$1.jsonl" "${@:2}"
 }
 demo fp32 && demo fp16 --precision fp16
@@ -167,11 +167,11 @@ assert not any(x['skipped'] for x in b)
 
 # ---- bad input ----
 check "--loss-scale that is not a power of two is refused" 2 "--loss-scale: '1000' is not a power of two" -- \
-  "$W" train --model tiny-gpt --batch 2 --precision fp16 --loss-scale 1000
+  "$W" train --data synthetic --model tiny-gpt --batch 2 --precision fp16 --loss-scale 1000
 check "--loss-scale-window 0 is refused" 2 "--loss-scale-window: '0' is not an integer in [1," -- \
-  "$W" train --model tiny-gpt --batch 2 --precision fp16 --loss-scale-window 0
+  "$W" train --data synthetic --model tiny-gpt --batch 2 --precision fp16 --loss-scale-window 0
 check "a bad \$CEPHALO_TEST_NONFINITE is refused" 2 "expected STEP or STEP:RANK" -- \
-  env CEPHALO_TEST_NONFINITE=soon "$W" train --model tiny-gpt --batch 2 --precision fp16
+  env CEPHALO_TEST_NONFINITE=soon "$W" train --data synthetic --model tiny-gpt --batch 2 --precision fp16
 check "fp32 and bf16 do not skip: a non-finite gradient there is the divergence it is" 1 "the loss" -- \
-  env CEPHALO_TEST_NONFINITE=0 "$W" train --model tiny-gpt --batch 2 --steps 3 --precision bf16
+  env CEPHALO_TEST_NONFINITE=0 "$W" train --data synthetic --model tiny-gpt --batch 2 --steps 3 --precision bf16
 

@@ -22,7 +22,7 @@ train_args=(--steps 3 --lr 2e-3 --seed 5)
 # ---- the invariant: 2, 3 and 4 ranks with uneven batches, microbatches and shards ----
 declare -A RANKS=([2]="7:7,5:1" [3]="5:1,3:3,4:2" [4]="6:2,0:1,3:1,3:3")
 for model in tiny-gpt tiny-llama tiny-bert tiny-vit; do
-  "$W" train --quiet --model "$model" --batch 12 --microbatch 4 "${train_args[@]}" \
+  "$W" train --data synthetic --quiet --model "$model" --batch 12 --microbatch 4 "${train_args[@]}" \
     --ckpt-dir "$T/ref-$model" 2>"$T/ref-$model.err"
   for world in 2 3 4; do
     $C plan --cluster "$(cluster_of $world)" --model "$model" --batch 12 -o "$T/base.json" >/dev/null
@@ -136,16 +136,16 @@ mkdir -p "$T/other/ckpt" && cp -r "$T/straight/ckpt/step_00000002" "$T/other/ckp
 run_ranks "$T/r2.json" "$T/other" --steps 4 --lr 2e-3 --ckpt-dir "$T/other/ckpt" --resume auto
 check "3-rank checkpoint resumed on 2 ranks with another plan continues the run" 0 "" -- \
   $PT compare "$T/other/ckpt/step_00000004" "$T/straight/ckpt/step_00000004" --tol $TOL
-"$W" train --quiet --model tiny-gpt --batch 12 --steps 4 --lr 2e-3 --ckpt-dir "$T/single" \
+"$W" train --data synthetic --quiet --model tiny-gpt --batch 12 --steps 4 --lr 2e-3 --ckpt-dir "$T/single" \
   --resume "$T/straight/ckpt/step_00000002" 2>"$T/single.err"
 check "3-rank checkpoint resumed on 1 rank continues the run" 0 "" -- \
   $PT compare "$T/single/step_00000004.safetensors" "$T/straight/ckpt/step_00000004" --tol $TOL
 check "a 1-rank checkpoint resumes on 3 ranks" 0 "" -- run_ranks "$T/r3.json" "$T/up" --steps 5 --lr 2e-3 \
   --ckpt-dir "$T/up/ckpt" --resume "$T/single/step_00000004.safetensors"
-check "one rank's file alone is refused with a hint" 2 "give its step directory" -- "$W" train --quiet --model tiny-gpt \
+check "one rank's file alone is refused with a hint" 2 "give its step directory" -- "$W" train --data synthetic --quiet --model tiny-gpt \
   --batch 12 --steps 4 --resume "$T/other/ckpt/step_00000002/rank-00000.safetensors"
 rm "$T/other/ckpt/step_00000002/rank-00001.safetensors"
-check "a missing shard file is named" 2 "rank-00001.safetensors" -- "$W" train --quiet --model tiny-gpt --batch 12 \
+check "a missing shard file is named" 2 "rank-00001.safetensors" -- "$W" train --data synthetic --quiet --model tiny-gpt --batch 12 \
   --steps 4 --resume "$T/other/ckpt/step_00000002"
 
 # ---- failures: a rank killed mid-step, a rank stalled ----
@@ -181,6 +181,6 @@ python3 -c "
 import json; p = json.load(open('$T/bad.json')); p['units'][1]['shard_sizes'][0] += 1
 json.dump(p, open('$T/bad.json', 'w'))"
 check "shard sizes that do not add up are refused" 2 "units[1].shard_sizes add up to" -- \
-  env RANK=0 WORLD_SIZE=3 MASTER_PORT=1 CEPHALO_PLAN="$T/bad.json" "$W" train --quiet
+  env RANK=0 WORLD_SIZE=3 MASTER_PORT=1 CEPHALO_PLAN="$T/bad.json" "$W" train --data synthetic --quiet
 check "a multi-rank job without MASTER_PORT is refused" 2 "MASTER_PORT" -- \
-  env -u MASTER_PORT RANK=0 WORLD_SIZE=3 CEPHALO_PLAN="$T/pf.json" "$W" train --quiet
+  env -u MASTER_PORT RANK=0 WORLD_SIZE=3 CEPHALO_PLAN="$T/pf.json" "$W" train --data synthetic --quiet

@@ -70,7 +70,7 @@ check "worker image: 2-step CPU training of tiny-gpt on synthetic data (the entr
   "$S" run "$WK" train --model tiny-gpt --batch 4 --microbatch 2 --seq 32 --threads 2 --steps 2 \
     --data synthetic --ckpt-dir /checkpoints
 check "worker image: the checkpoint in /checkpoints is written by uid 10001" 0 \
-  "10001:10001 /checkpoints/step_00000002.safetensors" -- "$S" sh "$WK" sh -c 'cephalo-worker train \
+  "10001:10001 /checkpoints/step_00000002.safetensors" -- "$S" sh "$WK" sh -c 'cephalo-worker train --data synthetic \
     --model tiny-gpt --batch 4 --microbatch 2 --seq 32 --threads 2 --steps 2 --ckpt-dir /checkpoints \
     >/dev/null 2>&1; stat -c "%u:%g %n" /checkpoints/step_00000002.safetensors'
 check "worker image: the cephalo CLI plans" 0 "cephalo plan: tiny-gpt" -- \

@@ -1,5 +1,5 @@
 #!/bin/bash
-# test_import.sh - `cephalo-worker train --init-from DIR` (docs/import.md): Hugging Face model
+# test_import.sh - `cephalo-worker train --data synthetic --init-from DIR` (docs/import.md): Hugging Face model
 # directories built here in Python (tests/ref/hf_models.py) are imported and the worker's step-0
 # logits checked against a transformers-style forward on the same files; export then import is
 # the identity bit for bit; fine-tuning an imported model on 3 uneven ranks equals 1 rank; a model
@@ -43,7 +43,7 @@ for name in $(printf '%s\n' "${!MODELS[@]}" | sort); do
   d=$T/$name
   # shellcheck disable=SC2086
   $HF make "$d" ${MODELS[$name]} --seed 3 >/dev/null
-  if "$W" train --quiet --init-from "$d" --batch 2 --seq 24 --steps 1 --dump "$d.dump" 2>"$d.err"; then
+  if "$W" train --data synthetic --quiet --init-from "$d" --batch 2 --seq 24 --steps 1 --dump "$d.dump" 2>"$d.err"; then
     n=$((n + 1)); out=$($HF check "$d" "$d.dump" 2>&1); rc=$?
     if [ $rc -eq 0 ]; then echo "ok $n - $name: ${out#ok - }"; else echo "not ok $n - $name: ${out#not ok - }" | head -3; fi
   else
@@ -56,7 +56,7 @@ done
 # and the Llama relatives: q/k/v biases (Qwen2) get their gradients, scaled RoPE its backward
 for name in llama-f16-tied gpt2-bf16-sharded qwen2-bf16-tied llama31-bf16-rope-llama3 mistral-window; do
   d=$T/$name
-  if "$W" train --quiet --init-from "$d" --batch 4 --microbatch 2 --steps 5 --seed 7 --lr 1e-3 --warmup 2 --seq 32 \
+  if "$W" train --data synthetic --quiet --init-from "$d" --batch 4 --microbatch 2 --steps 5 --seed 7 --lr 1e-3 --warmup 2 --seq 32 \
       --dump "$d.odump" --log "$d.olog" 2>"$d.oerr"; then
     out=$($PY tests/ref/oracle.py "$d.odump" "$d.olog" 2>&1)
     while IFS= read -r line; do
@@ -100,16 +100,16 @@ for k in pa:
 "
 }
 for model in tiny-gpt tiny-llama; do
-  "$W" train --quiet --model "$model" --batch 4 --steps 3 --lr 1e-2 --seed 11 --ckpt-dir "$T/orig-$model" 2>/dev/null
+  "$W" train --data synthetic --quiet --model "$model" --batch 4 --steps 3 --lr 1e-2 --seed 11 --ckpt-dir "$T/orig-$model" 2>/dev/null
   "$W" export --checkpoint "$T/orig-$model" -o "$T/exp-$model" >/dev/null
-  "$W" train --quiet --init-from "$T/exp-$model" --batch 4 --steps 0 --ckpt-dir "$T/back-$model" 2>"$T/back-$model.err"
+  "$W" train --data synthetic --quiet --init-from "$T/exp-$model" --batch 4 --steps 0 --ckpt-dir "$T/back-$model" 2>"$T/back-$model.err"
   check "$model: export then --init-from --steps 0 gives the trained parameters bit for bit" 0 "" -- \
     same_params "$T/orig-$model/step_00000003.safetensors" "$T/back-$model/step_00000000.safetensors"
 done
 # and the other way: Hugging Face f32 files -> import -> export give the same tensors and config
 d=$T/rt
 $HF make "$d" --arch llama --dtype f32 --kv 2 --tied --rope-theta 500000 --eps 1e-6 --shards 2 --seed 9 >/dev/null
-"$W" train --quiet --init-from "$d" --batch 2 --steps 0 --ckpt-dir "$T/rt-ckpt" 2>/dev/null
+"$W" train --data synthetic --quiet --init-from "$d" --batch 2 --steps 0 --ckpt-dir "$T/rt-ckpt" 2>/dev/null
 "$W" export --checkpoint "$T/rt-ckpt" -o "$T/rt-exp" >/dev/null
 check "Llama-3-style (tied, GQA, rope_theta 500000) files -> import -> export: same tensors bit for bit, same config" 0 "" -- $PY -c "
 import json, sys; sys.path.insert(0, 'tests/ref'); import st, numpy as np
@@ -130,7 +130,7 @@ for k in ('hidden_size', 'intermediate_size', 'num_attention_heads', 'num_key_va
 # that make them what they are come back too
 for name_dtype in qwen2-f32-sharded-llama3:float32 mistral-window:bfloat16; do
   name=${name_dtype%:*} d=$T/${name_dtype%:*}
-  "$W" train --quiet --init-from "$d" --batch 2 --steps 0 --ckpt-dir "$T/rt-$name" 2>/dev/null
+  "$W" train --data synthetic --quiet --init-from "$d" --batch 2 --steps 0 --ckpt-dir "$T/rt-$name" 2>/dev/null
   "$W" export --checkpoint "$T/rt-$name" -o "$T/rt-$name-exp" --dtype "${name_dtype#*:}" >/dev/null 2>&1
   check "$name files -> import -> export: same tensors bit for bit, same config keys" 0 "" -- $PY -c "
 import glob, json, os, sys; sys.path.insert(0, 'tests/ref'); import st, numpy as np
@@ -154,7 +154,7 @@ done
 # formats imports to the same parameters bit for bit (strided and offset views included)
 for fmt in safetensors bin; do
   $HF make "$T/both-$fmt" --arch qwen2 --dtype bf16 --kv 2 --shards 2 --seed 12 --format $fmt >/dev/null
-  "$W" train --quiet --init-from "$T/both-$fmt" --batch 2 --steps 0 --ckpt-dir "$T/both-$fmt-ck" 2>/dev/null
+  "$W" train --data synthetic --quiet --init-from "$T/both-$fmt" --batch 2 --steps 0 --ckpt-dir "$T/both-$fmt-ck" 2>/dev/null
 done
 check "pytorch_model-*.bin import = model-*.safetensors import, bit for bit" 0 "" -- \
   same_params "$T/both-safetensors-ck/step_00000000.safetensors" "$T/both-bin-ck/step_00000000.safetensors"
@@ -168,18 +168,18 @@ for i in range(66000):
 torch.save(sd, '$T/z64/pytorch_model.bin')"
 check "a pytorch_model.bin of 66,023 zip entries (zip64): every tensor read, the 66,000 extra ones named" 0 \
   "pytorch_model.bin: --allow-unused-weights: 66000 tensors the model does not use left out" \
-  -- "$W" train --init-from "$T/z64" --batch 2 --steps 1 --allow-unused-weights
+  -- "$W" train --data synthetic --init-from "$T/z64" --batch 2 --steps 1 --allow-unused-weights
 # both in one directory: safetensors is read (as transformers prefers it); the .bin is not opened
 cp "$T/both-bin"/pytorch_model* "$T/both-safetensors/" && echo garbage >"$T/both-safetensors/pytorch_model-00001-of-00002.bin"
 check "safetensors and .bin side by side: the safetensors are read" 0 "" \
-  -- "$W" train --quiet --init-from "$T/both-safetensors" --batch 2 --steps 1
+  -- "$W" train --data synthetic --quiet --init-from "$T/both-safetensors" --batch 2 --steps 1
 
 # ---- fine-tuning an imported model on 3 uneven ranks = 1 rank ----
 TOL=1e-4 # as test_fsdp.sh: fp32, sums in another order, 3 AdamW steps
 train_args=(--steps 3 --lr 2e-3 --seed 5)
 for name in gpt2-bf16-sharded llama3-bf16-sharded llama-f16-tied qwen2-f32-sharded-llama3; do
   d=$T/$name
-  "$W" train --quiet --init-from "$d" --batch 12 --microbatch 4 "${train_args[@]}" --ckpt-dir "$T/ref-$name" 2>"$T/ref-$name.err"
+  "$W" train --data synthetic --quiet --init-from "$d" --batch 12 --microbatch 4 "${train_args[@]}" --ckpt-dir "$T/ref-$name" 2>"$T/ref-$name.err"
   $C plan --cluster "$(cluster_of 3)" --model "$d/config.json" --batch 12 -o "$T/base-$name.json" >/dev/null
   $PT rewrite "$T/base-$name.json" "$T/p-$name.json" --ranks 5:1,3:3,4:2 --shards random --seed 3
   out=$T/run-$name
@@ -223,7 +223,7 @@ for r in range(8):
     assert a - b < files, (r, a, b, files)
 "
   fi
-  "$W" train --quiet --init-from "$d" --batch 8 --seq 16 --steps 1 --log "$T/big1.jsonl" 2>/dev/null
+  "$W" train --data synthetic --quiet --init-from "$d" --batch 8 --seq 16 --steps 1 --log "$T/big1.jsonl" 2>/dev/null
   check "... and its first loss equals one unlimited rank's" 0 "" -- $PY -c "
 import json
 a = json.loads(open('$T/bigrun/rank0.jsonl').readlines()[0])['loss']
@@ -236,7 +236,7 @@ fi
 # ---- job files: init_from (relative to the job file) gives the model and every worker's --init-from ----
 mkdir -p "$T/jobs"
 cp -r "$T/llama-f16-tied" "$T/jobs/hf"
-printf 'init_from: hf\nbatch: 6\nsteps: 2\nseq: 16\ndevices:\n  - {type: cpu, threads: 1, memory: 256M, count: 2}\n' >"$T/jobs/ft.yaml"
+printf 'init_from: hf\nbatch: 6\nsteps: 2\nseq: 16\ndevices:\n  - {type: cpu, threads: 1, memory: 256M, count: 2}\ndata: synthetic\n' >"$T/jobs/ft.yaml"
 check "a job with init_from (no model): the workers get --init-from" 0 "--init-from $T/jobs/hf" \
   -- $C run "$T/jobs/ft.yaml" --dry-run --run-dir "$T/jobs/r-dry"
 check "... and it trains" 0 "" -- $C run "$T/jobs/ft.yaml" --run-dir "$T/jobs/r"
@@ -258,26 +258,26 @@ hf_models.write_st(d + "/model.safetensors", W, "f32")
 EOF
 check "a tensor of the wrong shape: named, with both shapes" 2 \
   "model.safetensors: tensor 'model.layers.1.self_attn.k_proj.weight': expected shape [32, 64] (from config.json), found [16, 64]" \
-  -- "$W" train --quiet --init-from "$bad" --batch 2 --steps 1
+  -- "$W" train --data synthetic --quiet --init-from "$bad" --batch 2 --steps 1
 rm -rf "$bad" && cp -r "$T/gpt2-f32" "$bad"
 $PY -c "
 import sys; sys.path.insert(0, 'tests/ref'); import hf_models, st
 W, _ = st.read('$bad/model.safetensors'); del W['transformer.h.1.mlp.c_fc.bias']
 hf_models.write_st('$bad/model.safetensors', W, 'f32')"
 check "a missing tensor: named" 2 "tensor 'transformer.h.1.mlp.c_fc.bias' not found" \
-  -- "$W" train --quiet --init-from "$bad" --batch 2 --steps 1
+  -- "$W" train --data synthetic --quiet --init-from "$bad" --batch 2 --steps 1
 rm -f "$bad/model.safetensors"
 check "no weights at all" 2 "no model.safetensors, model.safetensors.index.json, pytorch_model.bin or pytorch_model.bin.index.json" \
-  -- "$W" train --quiet --init-from "$bad" --batch 2 --steps 1
+  -- "$W" train --data synthetic --quiet --init-from "$bad" --batch 2 --steps 1
 rm -rf "$bad" && cp -r "$T/llama3-bf16-sharded" "$bad" && rm "$bad/model-00002-of-00002.safetensors"
 check "a shard the index lists is missing" 2 "model-00002-of-00002.safetensors" \
-  -- "$W" train --quiet --init-from "$bad" --batch 2 --steps 1
+  -- "$W" train --data synthetic --quiet --init-from "$bad" --batch 2 --steps 1
 echo '{"metadata": {}}' >"$bad/model.safetensors.index.json"
 check "an index without weight_map" 2 "model.safetensors.index.json: missing field 'weight_map'" \
-  -- "$W" train --quiet --init-from "$bad" --batch 2 --steps 1
+  -- "$W" train --data synthetic --quiet --init-from "$bad" --batch 2 --steps 1
 echo '{"weight_map": {"lm_head.weight": "../model.safetensors"}}' >"$bad/model.safetensors.index.json"
 check "an index naming a file outside the directory" 2 "weight_map.lm_head.weight: \"../model.safetensors\" is not a file name in the model directory" \
-  -- "$W" train --quiet --init-from "$bad" --batch 2 --steps 1
+  -- "$W" train --data synthetic --quiet --init-from "$bad" --batch 2 --steps 1
 # pytorch_model.bin: only torch.save's state-dict pickles are read, and nothing in them is run
 rm -rf "$bad" && mkdir -p "$bad" && cp "$T/llama-bin-bf16/config.json" "$bad/"
 $PY -c "
@@ -287,7 +287,7 @@ z.writestr('archive/data.pkl', b'\\x80\\x02cos\\nsystem\\nq\\x00X\\x04\\x00\\x00
 z.close()"
 check "a pickle calling os.system is refused, naming the global and its byte, and not run" 2 \
   "pytorch_model.bin: data.pkl: global 'os.system' at byte 2 is not one a state dict holds: the reader runs no code" \
-  -- "$W" train --quiet --init-from "$bad" --batch 2 --steps 1
+  -- "$W" train --data synthetic --quiet --init-from "$bad" --batch 2 --steps 1
 $PY -c "
 import zipfile
 z = zipfile.ZipFile('$bad/pytorch_model.bin', 'w', zipfile.ZIP_STORED)
@@ -295,64 +295,67 @@ z.writestr('archive/data.pkl', b'\\x80\\x02]q\\x00.')
 z.close()"
 check "an opcode torch.save does not write for a state dict (EMPTY_LIST) is refused" 2 \
   "data.pkl: opcode 0x5d (']'), not one torch.save writes for a state dict at byte 2" \
-  -- "$W" train --quiet --init-from "$bad" --batch 2 --steps 1
+  -- "$W" train --data synthetic --quiet --init-from "$bad" --batch 2 --steps 1
 head -c 3000 "$T/llama-bin-bf16/pytorch_model.bin" >"$bad/pytorch_model.bin"
 check "a truncated pytorch_model.bin" 2 "pytorch_model.bin: no end-of-central-directory record (a corrupt or truncated torch.save archive)" \
-  -- "$W" train --quiet --init-from "$bad" --batch 2 --steps 1
+  -- "$W" train --data synthetic --quiet --init-from "$bad" --batch 2 --steps 1
 $PY -c "
 import torch; torch.save({'x': torch.zeros(2)}, '$bad/pytorch_model.bin', _use_new_zipfile_serialization=False)"
 check "the legacy (pre-1.6) torch.save format is refused, saying so" 2 "the legacy torch.save format (before PyTorch 1.6) is not read" \
-  -- "$W" train --quiet --init-from "$bad" --batch 2 --steps 1
+  -- "$W" train --data synthetic --quiet --init-from "$bad" --batch 2 --steps 1
 $PY -c "
 import sys; sys.path.insert(0, 'tests/ref'); import hf_models, torch, collections
 sd = torch.load('$T/llama-bin-bf16/pytorch_model.bin')
 torch.save({'state_dict': sd}, '$bad/pytorch_model.bin')"
 check "a checkpoint holding a state dict, rather than a state dict, is refused" 2 "'state_dict' is not a tensor" \
-  -- "$W" train --quiet --init-from "$bad" --batch 2 --steps 1
+  -- "$W" train --data synthetic --quiet --init-from "$bad" --batch 2 --steps 1
 cfg() { # DIR PYTHON-STATEMENT: edits DIR/config.json (as c)
   $PY -c "import json; c = json.load(open('$1/config.json')); $2; json.dump(c, open('$1/config.json', 'w'))"
 }
 rm -rf "$bad" && cp -r "$T/llama-f32-gqa" "$bad"
+check "--init-from without --data: refused, never a fine-tune on synthetic tokens" 2 \
+  "give --data SPEC, the training data: token shards (cephalo data), a CIMG image file for ViT, or 'synthetic' for random tokens (nothing else fine-tunes --init-from's model)" -- \
+  "$W" train --quiet --init-from "$bad" --batch 2 --steps 1
 check "--init-from without --batch: the remedy named is --batch, not --model" 2 \
-  "give --batch B (samples per step) for --init-from's model $bad" -- "$W" train --quiet --init-from "$bad" --steps 1
+  "give --batch B (samples per step) for --init-from's model $bad" -- "$W" train --data synthetic --quiet --init-from "$bad" --steps 1
 cfg "$bad" "c['rope_scaling'] = {'rope_type': 'yarn', 'factor': 8.0}"
 check "a rope_scaling we do not implement is refused, not ignored" 2 \
   "config.json: rope_scaling.rope_type is \"yarn\"; Cephalo implements rope_scaling linear and llama3" \
-  -- "$W" train --quiet --init-from "$bad" --batch 2 --steps 1
+  -- "$W" train --data synthetic --quiet --init-from "$bad" --batch 2 --steps 1
 cfg "$bad" "c['rope_scaling'] = {'type': 'dynamic', 'factor': 2.0}"
 check "... the older key 'type' too" 2 "config.json: rope_scaling.type is \"dynamic\"" \
-  -- "$W" train --quiet --init-from "$bad" --batch 2 --steps 1
+  -- "$W" train --data synthetic --quiet --init-from "$bad" --batch 2 --steps 1
 cfg "$bad" "c['rope_scaling'] = {'rope_type': 'llama3', 'factor': 8.0}"
 check "... and a llama3 one without its numbers" 2 "rope_scaling of type llama3 needs rope_scaling.low_freq_factor" \
-  -- "$W" train --quiet --init-from "$bad" --batch 2 --steps 1
+  -- "$W" train --data synthetic --quiet --init-from "$bad" --batch 2 --steps 1
 cfg "$bad" "c['rope_scaling'] = None; c['attention_bias'] = True"
 check "Llama's attention_bias (o_proj too) is refused" 2 "config.json: attention_bias is set; biases on all four" \
-  -- "$W" train --quiet --init-from "$bad" --batch 2 --steps 1
+  -- "$W" train --data synthetic --quiet --init-from "$bad" --batch 2 --steps 1
 cfg "$bad" "c['attention_bias'] = False; c['architectures'] = ['GemmaForCausalLM']"
 check "an architecture we do not implement" 2 "architecture 'GemmaForCausalLM' cannot be imported (supported: GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)" \
-  -- "$W" train --quiet --init-from "$bad" --batch 2 --steps 1
+  -- "$W" train --data synthetic --quiet --init-from "$bad" --batch 2 --steps 1
 rm -rf "$T/qsw" && cp -r "$T/qwen2-bf16-tied" "$T/qsw"
 cfg "$T/qsw" "c['use_sliding_window'] = True"
 check "Qwen2 with use_sliding_window is refused" 2 "config.json: use_sliding_window is set; Qwen2's sliding-window attention is not implemented" \
-  -- "$W" train --quiet --init-from "$T/qsw" --batch 2 --steps 1
+  -- "$W" train --data synthetic --quiet --init-from "$T/qsw" --batch 2 --steps 1
 swmsg="sequence length 65 exceeds model mistral-window's sliding_window of 64 (config.json)"
 check "Mistral: a sequence longer than its sliding_window is refused (train)" 2 "$swmsg" \
-  -- "$W" train --quiet --init-from "$T/mistral-window" --batch 2 --seq 65 --steps 1
+  -- "$W" train --data synthetic --quiet --init-from "$T/mistral-window" --batch 2 --seq 65 --steps 1
 check "... cephalo plan too" 2 "$swmsg" \
   -- $C plan --cluster "$(cluster_of 2)" --model "$T/mistral-window/config.json" --batch 4 --seq 65
-check "... the window itself is fine" 0 "" -- "$W" train --quiet --init-from "$T/mistral-window" --batch 1 --seq 64 --steps 1
+check "... the window itself is fine" 0 "" -- "$W" train --data synthetic --quiet --init-from "$T/mistral-window" --batch 1 --seq 64 --steps 1
 cfg "$bad" "c['architectures'] = ['LlamaForCausalLM']; c['sliding_window'] = 16"
 check "a sliding_window in a Llama config is refused (Mistral's is read)" 2 "config.json: sliding_window is set" \
-  -- "$W" train --quiet --init-from "$bad" --batch 2 --steps 1
+  -- "$W" train --data synthetic --quiet --init-from "$bad" --batch 2 --steps 1
 cfg "$bad" "del c['sliding_window']"
 cfg "$bad" "c['architectures'] = ['LlamaForCausalLM']; del c['hidden_size']"
 check "a missing config field" 2 "config.json: missing field 'hidden_size'" \
-  -- "$W" train --quiet --init-from "$bad" --batch 2 --steps 1
+  -- "$W" train --data synthetic --quiet --init-from "$bad" --batch 2 --steps 1
 check "--model must be the model config.json describes: the fields that differ, both values" 2 \
   "config.json describes another model than the tiny-llama being trained (the plan's or --model's): n_kv_head 1 vs 2" \
-  -- "$W" train --quiet --model tiny-llama --init-from "$T/llama3-bf16-sharded" --batch 2 --steps 1
+  -- "$W" train --data synthetic --quiet --model tiny-llama --init-from "$T/llama3-bf16-sharded" --batch 2 --steps 1
 check "a checkpoint directory is no Hugging Face model" 2 "orig-tiny-gpt/config.json: cannot open" \
-  -- "$W" train --quiet --init-from "$T/orig-tiny-gpt" --batch 2 --steps 1
+  -- "$W" train --data synthetic --quiet --init-from "$T/orig-tiny-gpt" --batch 2 --steps 1
 check "cephalo plan --model DIR/config.json with a bad config names the field" 2 "config.json: missing field 'hidden_size'" \
   -- $C plan --cluster "$(cluster_of 2)" --model "$bad/config.json" --batch 4
 
@@ -381,7 +384,7 @@ cp -r "$sh" "$T/dupcopy"
 edit_shards "$T/dupcopy" f32 "W['$S1']['model.norm.weight'] = W['$S2']['model.norm.weight'] * 0 + 7"
 check "a tensor in two shards: loaded from the shard the index names; the other copy is said to be unread" 0 \
   "$S1: tensor 'model.norm.weight' is also in this shard, but the index places it in $T/dupcopy/$S2: that copy is read" \
-  -- "$W" train --init-from "$T/dupcopy" --batch 2 --steps 0 --ckpt-dir "$T/dupcopy-ck"
+  -- "$W" train --data synthetic --init-from "$T/dupcopy" --batch 2 --steps 0 --ckpt-dir "$T/dupcopy-ck"
 "$W" export --checkpoint "$T/dupcopy-ck" -o "$T/dupcopy-exp" >/dev/null 2>&1
 check "... its values are the indexed shard's" 0 "" -- $PY -c "
 import sys; sys.path.insert(0, 'tests/ref'); import st, numpy as np
@@ -396,45 +399,45 @@ text = json.dumps(ix).replace('\"weight_map\": {', '\"weight_map\": {\"model.nor
 open('$T/dupkey/model.safetensors.index.json', 'w').write(text)"
 check "a tensor named twice in weight_map is refused" 2 \
   "model.safetensors.index.json: weight_map: field 'model.norm.weight' appears twice" \
-  -- "$W" train --quiet --init-from "$T/dupkey" --batch 2 --steps 1
+  -- "$W" train --data synthetic --quiet --init-from "$T/dupkey" --batch 2 --steps 1
 cp -r "$sh" "$T/unlisted"
 edit_shards "$T/unlisted" f32 "W['$S1']['model.extra.weight'] = W['$S2']['model.norm.weight']"
 check "a tensor of a shard that the index does not list is refused" 2 \
   "$S1: tensor 'model.extra.weight' is not in the weight_map of $T/unlisted/model.safetensors.index.json" \
-  -- "$W" train --quiet --init-from "$T/unlisted" --batch 2 --steps 1
+  -- "$W" train --data synthetic --quiet --init-from "$T/unlisted" --batch 2 --steps 1
 cp -r "$sh" "$T/misplaced"
 edit_shards "$T/misplaced" f32 "M['model.embed_tokens.weight'] = '$S2'"
 check "the index naming a shard that lacks the tensor (another shard has it) is refused" 2 \
   "weight_map places tensor 'model.embed_tokens.weight' in $T/misplaced/$S2, which does not hold it" \
-  -- "$W" train --quiet --init-from "$T/misplaced" --batch 2 --steps 1
+  -- "$W" train --data synthetic --quiet --init-from "$T/misplaced" --batch 2 --steps 1
 cp "$T/llama-f32-gqa/config.json" "$T/dupcfg.json"
 mkdir -p "$T/dupcfg" && cp "$T/llama-f32-gqa/model.safetensors" "$T/dupcfg/"
 sed 's/"num_hidden_layers": 2,/"num_hidden_layers": 2, "num_hidden_layers": 1,/' "$T/dupcfg.json" >"$T/dupcfg/config.json"
 check "a field twice in config.json is refused (transformers would read the last, we the first)" 2 \
-  "config.json: field 'num_hidden_layers' appears twice" -- "$W" train --quiet --init-from "$T/dupcfg" --batch 2 --steps 1
+  "config.json: field 'num_hidden_layers' appears twice" -- "$W" train --data synthetic --quiet --init-from "$T/dupcfg" --batch 2 --steps 1
 
 # ---- weights the config does not describe: an error naming them, for every command that loads them ----
 cp -r "$T/llama-f32-gqa" "$T/short"
 cfg "$T/short" "c['num_hidden_layers'] = 1"
 unused="tensors the model does not use: 'model.layers.1."
 check "config.json with fewer layers than the weights: train refuses, naming the tensors" 2 "$unused" \
-  -- "$W" train --quiet --init-from "$T/short" --batch 2 --steps 1
+  -- "$W" train --data synthetic --quiet --init-from "$T/short" --batch 2 --steps 1
 check "... eval --init-from too" 2 "$unused" -- "$W" eval --init-from "$T/short" --data synthetic --samples 2
 check "... sample --init-from too" 2 "$unused" -- "$W" sample --init-from "$T/short" --max-new-tokens 2
-printf 'init_from: short\nbatch: 2\nsteps: 1\ndevices:\n  - {type: cpu, threads: 1, memory: 256M, count: 1}\n' >"$T/short.yaml"
+printf 'init_from: short\nbatch: 2\nsteps: 1\ndevices:\n  - {type: cpu, threads: 1, memory: 256M, count: 1}\ndata: synthetic\n' >"$T/short.yaml"
 check "... a job with init_from too" 1 "$unused" -- $C run "$T/short.yaml" --run-dir "$T/short-run"
 check "--allow-unused-weights loads it and says what it left out" 0 \
   "--allow-unused-weights: 9 tensors the model does not use left out (config.json describes a Llama model with 1 layer)" \
-  -- "$W" train --init-from "$T/short" --batch 2 --steps 1 --allow-unused-weights
+  -- "$W" train --data synthetic --init-from "$T/short" --batch 2 --steps 1 --allow-unused-weights
 check "... as eval does" 0 "--allow-unused-weights: 9 tensors" \
   -- "$W" eval --init-from "$T/short" --data synthetic --samples 2 --allow-unused-weights
 rm -rf "$T/short" && cp -r "$T/gpt2-bf16-sharded" "$T/short"
 cfg "$T/short" "c['n_layer'] = 1"
 check "a sharded GPT-2 directory with fewer layers in its config: refused, naming the tensors" 2 \
   "model.safetensors.index.json: 12 tensors the model does not use: 'transformer.h.1." \
-  -- "$W" train --quiet --init-from "$T/short" --batch 2 --steps 1
+  -- "$W" train --data synthetic --quiet --init-from "$T/short" --batch 2 --steps 1
 # a checkpoint whose metadata describes fewer layers than its tensors hold
-"$W" train --quiet --model tiny-gpt --batch 2 --steps 1 --ckpt-dir "$T/ck2" 2>/dev/null
+"$W" train --data synthetic --quiet --model tiny-gpt --batch 2 --steps 1 --ckpt-dir "$T/ck2" 2>/dev/null
 mkdir -p "$T/ck1"
 $PY -c "
 import json, sys; sys.path.insert(0, 'tests/ref'); import st
@@ -448,11 +451,11 @@ check "a checkpoint holding more layers than its metadata: eval refuses, naming 
   -- "$W" eval --checkpoint "$T/ck1" --data synthetic --samples 2
 check "... sample too" 2 "$cku" -- "$W" sample --checkpoint "$T/ck1" --max-new-tokens 2
 check "... export too" 2 "$cku" -- "$W" export --checkpoint "$T/ck1" -o "$T/ck1-exp"
-check "... and a resume" 2 "$cku" -- "$W" train --quiet --model "$T/tiny-gpt-1.yaml" --batch 2 --steps 2 --resume "$T/ck1"
+check "... and a resume" 2 "$cku" -- "$W" train --data synthetic --quiet --model "$T/tiny-gpt-1.yaml" --batch 2 --steps 2 --resume "$T/ck1"
 check "... --allow-unused-weights exports it, saying so" 0 "--allow-unused-weights: 3 tensors the model does not use left out" \
   -- "$W" export --checkpoint "$T/ck1" -o "$T/ck1-exp" --allow-unused-weights
 # and a --dump's parameter file (export and sample read those too)
-"$W" train --quiet --model tiny-gpt --batch 2 --steps 1 --dump "$T/dump2" 2>/dev/null
+"$W" train --data synthetic --quiet --model tiny-gpt --batch 2 --steps 1 --dump "$T/dump2" 2>/dev/null
 $PY -c "
 import json, sys; sys.path.insert(0, 'tests/ref'); import st
 t, meta = st.read('$T/dump2/init.safetensors')
@@ -470,14 +473,14 @@ W, _ = st.read('$T/nan/model.safetensors'); W['model.layers.1.mlp.up_proj.weight
 hf_models.write_st('$T/nan/model.safetensors', W, 'f32')"
 nanmsg="model.safetensors: tensor 'model.layers.1.mlp.up_proj.weight' holds nan at [3, 17]"
 check "a NaN in imported weights: train names the tensor and element" 2 "$nanmsg" \
-  -- "$W" train --quiet --init-from "$T/nan" --batch 2 --steps 1
+  -- "$W" train --data synthetic --quiet --init-from "$T/nan" --batch 2 --steps 1
 check "... eval --init-from too" 2 "$nanmsg" -- "$W" eval --init-from "$T/nan" --data synthetic --samples 2
 check "... sample --init-from too" 2 "$nanmsg" -- "$W" sample --init-from "$T/nan" --max-new-tokens 2
 rm -rf "$T/inf" && cp -r "$T/gpt2-bf16-sharded" "$T/inf"
 edit_shards "$T/inf" bf16 "W[M['transformer.h.0.attn.c_attn.weight']]['transformer.h.0.attn.c_attn.weight'][5, 100] = -np.inf"
 check "-inf in a sharded bf16 GPT-2 (a Conv1D weight, transposed on load) is named as stored" 2 \
   "tensor 'transformer.h.0.attn.c_attn.weight' holds -inf at [5, 100]" \
-  -- "$W" train --quiet --init-from "$T/inf" --batch 2 --steps 1
+  -- "$W" train --data synthetic --quiet --init-from "$T/inf" --batch 2 --steps 1
 $C plan --cluster "$(cluster_of 3)" --model "$T/inf/config.json" --batch 6 -o "$T/pinf.json" >/dev/null
 run_ranks "$T/pinf.json" "$T/infrun" --steps 1 --init-from "$T/inf"
 check "... on 3 ranks: the rank that reads it names it, and every rank stops" 0 "" -- bash -c "
@@ -492,7 +495,7 @@ st.write('$T/cknan/step_00000001.safetensors', t, meta)
 open('$T/cknan/latest', 'w').write('step_00000001.safetensors\n')"
 cknan="step_00000001.safetensors: tensor 'param.block.0' holds inf in ln_1.bias at [6]"
 check "inf in a checkpoint: a resume names the tensor, the model's tensor in it and the element" 2 "$cknan" \
-  -- "$W" train --quiet --model tiny-gpt --batch 2 --steps 2 --resume "$T/cknan"
+  -- "$W" train --data synthetic --quiet --model tiny-gpt --batch 2 --steps 2 --resume "$T/cknan"
 check "... eval --checkpoint too" 2 "$cknan" -- "$W" eval --checkpoint "$T/cknan" --data synthetic --samples 2
 check "... sample --checkpoint too" 2 "$cknan" -- "$W" sample --checkpoint "$T/cknan" --max-new-tokens 2
 check "... export too" 2 "$cknan" -- "$W" export --checkpoint "$T/cknan" -o "$T/cknan-exp"
@@ -500,14 +503,14 @@ check "... export too" 2 "$cknan" -- "$W" export --checkpoint "$T/cknan" -o "$T/
 # ---- a Llama model's seq within its max_seq, wherever a seq meets a model (docs/run.md) ----
 llseq="exceeds model tiny-llama's context of 128 positions"
 check "train --seq beyond a Llama model's max_seq is refused" 2 "--seq: sequence length 256 $llseq" \
-  -- "$W" train --quiet --model tiny-llama --batch 2 --seq 256 --steps 1
+  -- "$W" train --data synthetic --quiet --model tiny-llama --batch 2 --seq 256 --steps 1
 check "... with --init-from (max_position_embeddings 128)" 2 "exceeds model llama-f32-gqa's context of 128 positions" \
-  -- "$W" train --quiet --init-from "$T/llama-f32-gqa" --batch 2 --seq 129 --steps 1
+  -- "$W" train --data synthetic --quiet --init-from "$T/llama-f32-gqa" --batch 2 --seq 129 --steps 1
 check "... eval --seq" 2 "exceeds model llama-f32-gqa's context" -- "$W" eval --init-from "$T/llama-f32-gqa" --data synthetic --seq 200
 check "... cephalo plan --seq" 2 "$llseq" -- $C plan --cluster "$(cluster_of 2)" --model tiny-llama --batch 4 --seq 256
-printf 'model: tiny-llama\nbatch: 2\nsteps: 1\nseq: 256\ndevices:\n  - {type: cpu, threads: 1, memory: 256M, count: 1}\n' >"$T/llseq.yaml"
+printf 'model: tiny-llama\nbatch: 2\nsteps: 1\nseq: 256\ndevices:\n  - {type: cpu, threads: 1, memory: 256M, count: 1}\ndata: synthetic\n' >"$T/llseq.yaml"
 check "... a job file's seq" 2 "llseq.yaml:4: seq: sequence length 256 $llseq" -- $C run "$T/llseq.yaml" --dry-run --run-dir "$T/llseq-run"
-printf 'init_from: llama-f32-gqa\nbatch: 2\nsteps: 1\nseq: 200\ndevices:\n  - {type: cpu, threads: 1, memory: 256M, count: 1}\n' >"$T/llseq-hf.yaml"
+printf 'init_from: llama-f32-gqa\nbatch: 2\nsteps: 1\nseq: 200\ndevices:\n  - {type: cpu, threads: 1, memory: 256M, count: 1}\ndata: synthetic\n' >"$T/llseq-hf.yaml"
 check "... a job file's seq with init_from (the config's max_position_embeddings)" 2 \
   "llseq-hf.yaml:4: seq: sequence length 200 exceeds model llama-f32-gqa's context of 128 positions" \
   -- $C run "$T/llseq-hf.yaml" --dry-run --run-dir "$T/llseq-hf-run"
@@ -515,8 +518,8 @@ $C plan --cluster "$(cluster_of 2)" --model tiny-llama --batch 4 --seq 64 -o "$T
 $PY -c "
 import json; p = json.load(open('$T/llp.json')); p['inputs']['seq'] = 256; json.dump(p, open('$T/llp.json', 'w'))"
 check "... a plan's inputs.seq, read by the worker" 2 "llp.json: inputs.seq: sequence length 256 $llseq" \
-  -- env CEPHALO_PLAN="$T/llp.json" RANK=0 WORLD_SIZE=2 "$W" train --quiet --steps 1
+  -- env CEPHALO_PLAN="$T/llp.json" RANK=0 WORLD_SIZE=2 "$W" train --data synthetic --quiet --steps 1
 check "... cephalo-worker profile --seq" 2 "$llseq" -- "$W" profile --model tiny-llama --seq 256 -o "$T/llprof.json"
-check "max_seq itself is fine" 0 "" -- "$W" train --quiet --model tiny-llama --batch 1 --seq 128 --steps 1
+check "max_seq itself is fine" 0 "" -- "$W" train --data synthetic --quiet --model tiny-llama --batch 1 --seq 128 --steps 1
 
 echo "# $n checks"

@@ -55,7 +55,7 @@ open(sys.argv[1], "wb").write(struct.pack("<Q", len(h)) + h + b"\0\0\0\0")
 EOF
 check "safetensors header: a NUL between members" 2 "nul.safetensors: header:1:35: a NUL byte between values" -- "$W" export --checkpoint "$T/nul.safetensors" -o "$T/ex"
 
-printf 'name: j\nmodel: tiny-gpt\nbatch: 2\nsteps: 2\ndevices: [{type: cpu, memory: 256M}]\n' >"$T/minlr-ok.yaml"
+printf 'name: j\nmodel: tiny-gpt\nbatch: 2\nsteps: 2\ndevices: [{type: cpu, memory: 256M}]\ndata: synthetic\n' >"$T/minlr-ok.yaml"
 
 # ---- a directory where a file is expected, a file where a directory is ---------------------------
 mkdir -p "$T/dir"
@@ -63,18 +63,18 @@ check "--tokenizer DIR: is a directory, not 'read error'" 2 "$T/dir: is a direct
 check "--cluster DIR" 2 "$T/dir: is a directory, expected a file" -- "$C" plan --cluster "$T/dir" --model gpt2-124m --batch 8
 check "--profile DIR" 2 "$T/dir: is a directory, expected a file" -- "$C" "${P[@]}" --profile "$T/dir"
 check "run JOB=DIR" 2 "$T/dir: is a directory, expected a file" -- "$C" run "$T/dir" --dry-run
-check "train --plan DIR" 2 "$T/dir: is a directory, expected a file" -- "$W" train --plan "$T/dir"
+check "train --plan DIR" 2 "$T/dir: is a directory, expected a file" -- "$W" train --data synthetic --plan "$T/dir"
 : >"$T/file"
 check "sample --init-from FILE: a file, expected a directory" 2 "--init-from: $T/file: is a file, expected a directory" -- "$W" sample --init-from "$T/file"
 check "eval --init-from FILE" 2 "--init-from: $T/file: is a file, expected a directory" -- "$W" eval --init-from "$T/file" --data synthetic
-check "train --init-from FILE" 2 "--init-from: $T/file: is a file, expected a directory" -- "$W" train --init-from "$T/file" --batch 2
-check "train --dump FILE (an output directory)" 1 "--dump: $T/file: is a file, expected a directory" -- "$W" train --model tiny-gpt --batch 2 --steps 1 --dump "$T/file"
+check "train --init-from FILE" 2 "--init-from: $T/file: is a file, expected a directory" -- "$W" train --data synthetic --init-from "$T/file" --batch 2
+check "train --dump FILE (an output directory)" 1 "--dump: $T/file: is a file, expected a directory" -- "$W" train --data synthetic --model tiny-gpt --batch 2 --steps 1 --dump "$T/file"
 check "data -o FILE" 2 "$T/file: is a file, expected a directory" -- "$C" data -o "$T/file" "$T/d.txt"
 check "run --run-dir FILE/sub: the part in the way named" 2 "$T/file/sub: $T/file is a file, expected a directory" -- \
   "$C" run "$T/minlr-ok.yaml" --run-dir "$T/file/sub" --dry-run
 
 # ---- options that would do nothing: refused by one rule -----------------------------------------
-TG=(train --model tiny-gpt --batch 2 --steps 1 --quiet)
+TG=(train --data synthetic --model tiny-gpt --batch 2 --steps 1 --quiet)
 check "--loss-scale outside fp16" 2 "--loss-scale needs --precision fp16 (the precision here is fp32, the default)" -- "$W" "${TG[@]}" --loss-scale 1024
 check "--loss-scale-window in bf16" 2 "--loss-scale-window needs --precision fp16 (the precision here is bf16)" -- "$W" "${TG[@]}" --precision bf16 --loss-scale-window 5
 check "... both act in fp16" 0 "" -- "$W" "${TG[@]}" --precision fp16 --loss-scale 1024 --loss-scale-window 5
@@ -92,7 +92,7 @@ check "models --seq without a model" 2 "--seq needs a MODEL" -- "$C" models --se
 check "profile --comm-max-bytes with one device" 2 "--comm-max-bytes needs two or more --devices" -- \
   "$C" profile --devices cpu:1t:256M --model tiny-gpt --comm-max-bytes 1M --store none -o "$T/prof.json"
 check "data --seed without --images" 2 "--seed needs --images" -- "$C" data -o "$T/out" --seed 3 "$T/d.txt"
-printf 'name: j\nmodel: tiny-gpt\nbatch: 2\nsteps: 2\ndevices: [{type: cpu, memory: 256M}]\noptimizer: {schedule: constant,\n  min_lr: 1e-5}\n' >"$T/minlr.yaml"
+printf 'name: j\nmodel: tiny-gpt\nbatch: 2\nsteps: 2\ndevices: [{type: cpu, memory: 256M}]\noptimizer: {schedule: constant,\n  min_lr: 1e-5}\ndata: synthetic\n' >"$T/minlr.yaml"
 check "job file: optimizer.min_lr with schedule constant, on its line" 2 "minlr.yaml:7: optimizer.min_lr needs schedule cosine or linear" -- \
   "$C" run "$T/minlr.yaml" --dry-run --run-dir "$T/r"
 
@@ -132,7 +132,7 @@ check "tokenizer input: a NUL byte is a token, the text goes on after it" 0 " 97
   bash -c "od -A n -v -t u2 -j 1024 '$T/nul-shards/train_000000.bin' | tr -s ' \n' ' '"
 
 # ---- sample --json keeps the text whole ----------------------------------------------------------
-"$W" train --model tiny-gpt --batch 2 --steps 4 --ckpt-every 2 --quiet --ckpt-dir "$T/ck" >/dev/null 2>&1
+"$W" train --data synthetic --model tiny-gpt --batch 2 --steps 4 --ckpt-every 2 --quiet --ckpt-dir "$T/ck" >/dev/null 2>&1
 check "sample --prompt-file DIR" 2 "$T/dir: is a directory, expected a file" -- "$W" sample --checkpoint "$T/ck" --prompt-file "$T/dir"
 check "sample --tokenizer DIR" 2 "$T/dir: is a directory, expected a file" -- "$W" sample --checkpoint "$T/ck" --tokenizer "$T/dir"
 printf 'a\0b"c' >"$T/prompt.txt"
@@ -147,7 +147,7 @@ check "sample --checkpoint DIR, latest names a missing file" 0 "$stale" -- "$W" 
 check "export --checkpoint DIR/latest" 0 "$stale" -- "$W" export --checkpoint "$T/ck/latest" -o "$T/ex1"
 check "eval --checkpoint DIR: said once" 0 "" -- bash -c \
   "[ \$('$W' eval --checkpoint '$T/ck' --data synthetic --samples 2 2>&1 | grep -c 'latest names') = 1 ]"
-check "train --resume DIR/latest" 0 "resumed from $T/ck/step_00000004.safetensors at step 4" -- "$W" train --model tiny-gpt --batch 2 --steps 5 --resume "$T/ck/latest"
+check "train --resume DIR/latest" 0 "resumed from $T/ck/step_00000004.safetensors at step 4" -- "$W" train --data synthetic --model tiny-gpt --batch 2 --steps 5 --resume "$T/ck/latest"
 mkdir -p "$T/ck/step_00000006"
 echo step_00000006 >"$T/ck/latest"
 check "latest names an incomplete step directory" 0 "step_00000006, which is not a complete checkpoint" -- "$W" export --checkpoint "$T/ck" -o "$T/ex2"

@@ -62,6 +62,8 @@ check "precision: fp16 is accepted (the gpt-mixed example's, for its T4s)" 0 "fp
   K get cephalojob gpt2-mixed -o jsonpath='{.spec.precision}'
 check "an unknown strategy is refused, naming the field" 1 'spec.strategy: Unsupported value: "zero"' -- bad '{strategy: zero}'
 check "a missing steps is refused" 1 "spec.steps: Required value" -- bad '{steps: null}'
+check "a missing data is refused (synthetic tokens only when named)" 1 "spec.data: Required value" -- bad '{data: null}'
+check "data without path is refused" 1 "spec.data.path: Required value" -- bad '{data: {pvc: tokens}}'
 check "optimizer.lr above 10 is refused" 1 "spec.optimizer.lr: Invalid value" -- bad '{optimizer: {lr: 11}}'
 check "memCap 0 is refused (exclusive minimum)" 1 "spec.memCap: Invalid value" -- bad '{memCap: 0}'
 check "model with both name and inline is refused" 1 "spec.model" -- bad '{model: {name: gpt2-124m, inline: {base: gpt2-124m}}}'
@@ -74,7 +76,7 @@ check "checkpoint.keepEvery -5 is refused, naming the field" 1 "spec.checkpoint.
 check "metricsPort 70000 is refused" 1 "spec.metricsPort: Invalid value" -- bad '{metricsPort: 70000}'
 check "no bad job was stored" 0 "" -- bash -c '! kubectl get cephalojob bad 2>/dev/null'
 
-# defaults (the suspended example gives only model, seqLen, globalBatch, steps, strategy, checkpoint)
+# defaults (the suspended example gives only model, seqLen, globalBatch, steps, strategy, data, checkpoint)
 K get cephalojob bert-suspended -o json >"$dir/suspended.json" 2>&1
 check "defaults are applied" 0 "defaults ok" -- python3 - "$dir/suspended.json" <<'PY'
 import json, sys

@@ -25,7 +25,7 @@ longpath() {
 
 job() { # job FILE [NAME]: a job of two devices, named NAME when given
   { [ $# -gt 1 ] && echo "name: $2"
-    printf 'model: tiny-gpt\nbatch: 4\nsteps: 2\nseed: 3\n'
+    printf 'model: tiny-gpt\nbatch: 4\nsteps: 2\nseed: 3\ndata: synthetic\n'
     printf 'devices:\n  - {type: cpu, threads: 1, memory: 511M}\n  - {type: cpu, threads: 1, memory: 255M}\n'; } >"$1"
 }
 
@@ -68,13 +68,13 @@ check "... at most 3968" 2 "characters long, at most 3968" -- "$C" run --quiet "
 assert "... and nothing was made of it" test ! -e "$T/ck1"
 TINY=(--model tiny-gpt --batch 4 --microbatch 2 --seq 32 --threads 1)
 check "the worker refuses --ckpt-dir beyond 3968 at once" 2 "--ckpt-dir: the checkpoint directory '$T/ck1/" -- \
-  "$W" train "${TINY[@]}" --steps 1 --ckpt-dir "$ck1"
+  "$W" train --data synthetic "${TINY[@]}" --steps 1 --ckpt-dir "$ck1"
 assert "... and makes nothing of it" test ! -e "$T/ck1"
 
 # ---- the worker's --dump directory (cut at 511 bytes before) ----
 
 dump=$(longpath "$T/dump" 700)
-check "--dump into a directory of 700 characters" 0 "" -- "$W" train "${TINY[@]}" --steps 1 --quiet --dump "$dump"
+check "--dump into a directory of 700 characters" 0 "" -- "$W" train --data synthetic "${TINY[@]}" --steps 1 --quiet --dump "$dump"
 assert "... the dump files are in it" test -f "$dump/init.safetensors" -a -f "$dump/final.safetensors" -a -f "$dump/batches.safetensors"
 
 # ---- cephalo data: shard paths up to PATH_MAX ----

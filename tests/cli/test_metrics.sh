@@ -69,9 +69,9 @@ sed 's/^steps:.*/&\nmetrics_port: 65535/' "$T/job.yaml" >"$T/high.yaml"
 check "ports beyond 65535" 2 "ranks 0..2 would need ports up to 65537" -- "$C" run "$T/high.yaml" --run-dir "$T/high"
 sed 's/^steps:.*/&\nmetrics_port: http/' "$T/job.yaml" >"$T/word.yaml"
 check "job metrics_port not a number" 2 "word.yaml:7: metrics_port" -- "$C" run "$T/word.yaml" --run-dir "$T/word"
-check "worker --metrics-port range" 2 "--metrics-port: '-1'" -- "$W" train --model tiny-gpt --batch 2 --metrics-port -1
+check "worker --metrics-port range" 2 "--metrics-port: '-1'" -- "$W" train --data synthetic --model tiny-gpt --batch 2 --metrics-port -1
 check "bad \$CEPHALO_METRICS_PORT" 2 "CEPHALO_METRICS_PORT is 'x'" -- \
-  env CEPHALO_METRICS_PORT=x "$W" train --model tiny-gpt --batch 2 --steps 1
+  env CEPHALO_METRICS_PORT=x "$W" train --data synthetic --model tiny-gpt --batch 2 --steps 1
 check "dry run: a port per rank" 0 "--metrics-port $((BASE + 2))" -- \
   "$C" run "$T/job.yaml" --run-dir "$T/dry" --metrics-port "$BASE" --dry-run
 
@@ -93,7 +93,7 @@ if [ $up = 3 ]; then echo "ok $n - every rank's /healthz answers 200"; else
 check "the start line names the endpoints" 0 "metrics on http://127.0.0.1:$BASE..$((BASE + 2))/metrics" -- cat "$T/run.out"
 check "prometheus-targets.json" 0 "\"127.0.0.1:$((BASE + 2))\"" -- cat "$T/run/prometheus-targets.json"
 check "a taken port: a clear error" 1 "cannot listen on 0.0.0.0 port $BASE: Address already in use" -- \
-  "$W" train --model tiny-gpt --batch 2 --steps 1 --metrics-port "$BASE" --quiet
+  "$W" train --data synthetic --model tiny-gpt --batch 2 --steps 1 --metrics-port "$BASE" --quiet
 
 if ! command -v prometheus >/dev/null; then
   n=$((n + 1)); echo "not ok $n - Prometheus scrapes every rank (no 'prometheus' binary: run 'make deps', Debian package prometheus)"

@@ -18,7 +18,7 @@ export OMP_NUM_THREADS=1
 TOL=1e-4 # fp32 sums in another order, 3 AdamW steps (docs/fsdp.md, "The invariant")
 
 . tests/cli/ranks.sh
-args=(--steps 3 --lr 2e-3 --seed 5)
+args=(--data synthetic --steps 3 --lr 2e-3 --seed 5)
 one() { # one NAME [worker args...]: one rank, tiny-gpt, batch 12 in microbatches of 4
   local name=$1
   shift
@@ -121,11 +121,11 @@ for r, rk in enumerate(plan['ranks']):
 
 # ---- bad input ----
 check "--precision fp8 is refused" 2 "--precision: 'fp8' is not fp32, bf16 or fp16" -- \
-  "$W" train --model tiny-gpt --batch 2 --precision fp8
+  "$W" train --data synthetic --model tiny-gpt --batch 2 --precision fp8
 check "--offload maybe is refused" 2 "--offload: 'maybe' is not on or off" -- \
-  "$W" train --model tiny-gpt --batch 2 --offload maybe
+  "$W" train --data synthetic --model tiny-gpt --batch 2 --offload maybe
 check "--device cuda on the CPU-only worker names cephalo-worker-cuda" 2 "cephalo-worker-cuda" -- \
-  "$W" train --model tiny-gpt --batch 2 --steps 1 --device cuda
+  "$W" train --data synthetic --model tiny-gpt --batch 2 --steps 1 --device cuda
 
 # ---- stopping on SIGTERM (a pod deleted): every rank stops after the same step, checkpointed ----
 start_ranks "$T/p3.json" "$T/stop" --steps 100000 --lr 2e-3 --seed 5 --ckpt-dir "$T/stop/ckpt"
@@ -143,7 +143,7 @@ run_ranks "$T/p3.json" "$T/stop2" --steps $((n_stop + 2)) --lr 2e-3 --seed 5 --c
 first=$($PY -c "import json; print(json.loads(open('$T/stop2/rank0.jsonl').readline())['step'])" 2>/dev/null)
 check "resuming continues from the stop's step (the log counts steps from 0)" 0 "" -- test "$first" = "$n_stop"
 RANK=0 WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$(free_port) CEPHALO_PLAN=$T/p3.json CEPHALO_COMM_TIMEOUT=60 \
-  "$W" train --quiet --steps 5 2>/dev/null &
+  "$W" train --data synthetic --quiet --steps 5 2>/dev/null &
 early=$!
 sleep 0.5
 kill -TERM "$early"
@@ -156,11 +156,11 @@ check "SIGTERM before training (waiting for peers) ends the worker at once" 0 ""
 # ---- cephalo-worker-cuda without a GPU (built wherever nvcc is; CI has no GPU) ----
 WC=$B/bin/cephalo-worker-cuda
 if [ -x "$WC" ]; then
-  "$WC" train --quiet --model tiny-gpt --batch 12 --microbatch 4 "${args[@]}" --ckpt-dir "$T/wc" 2>"$T/wc.err"
+  "$WC" train --data synthetic --quiet --model tiny-gpt --batch 12 --microbatch 4 "${args[@]}" --ckpt-dir "$T/wc" 2>"$T/wc.err"
   check "cephalo-worker-cuda on the CPU device: bit-identical to cephalo-worker" 0 "" -- \
     $PT compare "$(ck wc)" "$(ck ref)" --tol 0
   check "cephalo-worker-cuda --device cuda without a GPU: a clear error" 2 "cuda device: no GPU is visible" -- \
-    "$WC" train --model tiny-gpt --batch 2 --steps 1 --device cuda
+    "$WC" train --data synthetic --model tiny-gpt --batch 2 --steps 1 --device cuda
   nccl_on_cpu() {
     CEPHALO_COMM_BACKEND=nccl run_ranks "$T/p3.json" "$T/ncclcpu" --steps 1 >/dev/null
     cat "$T"/ncclcpu/rank*.err

@@ -71,8 +71,10 @@ finish() {
   done
 }
 
+# CEPHALO_PLAN_EXHAUSTIVE_DP=1: the optimizer's quadratic reference DP, so that the big job below
+# takes minutes to plan (the fast path plans it in well under a second); the others take ms either way
 start_op() { # POD_NAME
-  POD_NAME=$1 "$OP" --kubeconfig "$KUBECONFIG" --metrics-addr "127.0.0.1:$port" --log-level info \
+  CEPHALO_PLAN_EXHAUSTIVE_DP=1 POD_NAME=$1 "$OP" --kubeconfig "$KUBECONFIG" --metrics-addr "127.0.0.1:$port" --log-level info \
     --worker-image registry.test/cephalo-worker:1 --worker-image-pull-policy IfNotPresent --plan-timeout 6s \
     --leader-elect=true --leader-election-namespace default --leader-election-id cephalo-operator \
     --leader-election-lease-duration 6s --leader-election-renew-deadline 4s \
@@ -154,6 +156,7 @@ spec:
   seqLen: 256
   globalBatch: 16
   steps: 10
+  data: {path: synthetic}
   commTimeout: 90
   gpus: {allowedProducts: [NVIDIA-L4, A10G]}
   tolerations: [{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}]
@@ -267,27 +270,27 @@ cat >"$dir/bad.yaml" <<'EOF'
 apiVersion: cephalo.dev/v1alpha1
 kind: CephaloJob
 metadata: {name: nomodel}
-spec: {model: {name: gpt9-huge}, globalBatch: 8, steps: 1}
+spec: {data: {path: synthetic}, model: {name: gpt9-huge}, globalBatch: 8, steps: 1}
 ---
 apiVersion: cephalo.dev/v1alpha1
 kind: CephaloJob
 metadata: {name: nogpus}
-spec: {model: {name: gpt2-124m}, globalBatch: 8, steps: 1, gpus: {allowedProducts: [H100]}}
+spec: {data: {path: synthetic}, model: {name: gpt2-124m}, globalBatch: 8, steps: 1, gpus: {allowedProducts: [H100]}}
 ---
 apiVersion: cephalo.dev/v1alpha1
 kind: CephaloJob
 metadata: {name: toobig}
-spec: {model: {name: llama-7b}, globalBatch: 8, seqLen: 2048, steps: 1, gpus: {nodeSelector: {pool: main}}}
+spec: {data: {path: synthetic}, model: {name: llama-7b}, globalBatch: 8, seqLen: 2048, steps: 1, gpus: {nodeSelector: {pool: main}}}
 ---
 apiVersion: cephalo.dev/v1alpha1
 kind: CephaloJob
 metadata: {name: smallbatch}
-spec: {model: {name: gpt2-124m}, globalBatch: 2, steps: 1}
+spec: {data: {path: synthetic}, model: {name: gpt2-124m}, globalBatch: 2, steps: 1}
 ---
 apiVersion: cephalo.dev/v1alpha1
 kind: CephaloJob
 metadata: {name: longseq}
-spec: {model: {name: tinyllama-1.1b}, globalBatch: 8, seqLen: 4096, steps: 1, gpus: {nodeSelector: {pool: main}}}
+spec: {data: {path: synthetic}, model: {name: tinyllama-1.1b}, globalBatch: 8, seqLen: 4096, steps: 1, gpus: {nodeSelector: {pool: main}}}
 EOF
 K apply -f "$dir/bad.yaml" >/dev/null
 for j in nomodel nogpus toobig smallbatch longseq; do wait_for 20 phase_is $j Failed; done
@@ -318,19 +321,20 @@ assert "... then the queued job starts on the GPUs it freed (Planned, Admitted)"
 check "... and gets its pods" 0 "3" -- bash -c 'kubectl get pods -l cephalo.dev/job=nomodel -o name | wc -l'
 
 # ---- planning off the reconcile loop, within --plan-timeout (6s here) ----------------------------
-# gpt-1.3b at globalBatch 65536 on the three main GPUs takes over 40 s to plan exactly; a small job
+# gpt-1.3b at globalBatch 65536 on the three main GPUs takes over 40 s to plan with the reference DP
+# (CEPHALO_PLAN_EXHAUSTIVE_DP in start_op); a small job
 # created meanwhile is planned at once, and the big one fails with PlanningTimeout after 6 s
 cat >"$dir/slow.yaml" <<'EOF'
 apiVersion: cephalo.dev/v1alpha1
 kind: CephaloJob
 metadata: {name: slowplan}
-spec: {model: {name: gpt-1.3b}, seqLen: 1024, globalBatch: 65536, steps: 1, gpus: {nodeSelector: {pool: main}}}
+spec: {data: {path: synthetic}, model: {name: gpt-1.3b}, seqLen: 1024, globalBatch: 65536, steps: 1, gpus: {nodeSelector: {pool: main}}}
 EOF
 cat >"$dir/quick.yaml" <<'EOF'
 apiVersion: cephalo.dev/v1alpha1
 kind: CephaloJob
 metadata: {name: quick}
-spec: {model: {name: gpt2-124m}, seqLen: 128, globalBatch: 8, steps: 1, gpus: {nodeSelector: {pool: main}, maxGPUs: 1}}
+spec: {data: {path: synthetic}, model: {name: gpt2-124m}, seqLen: 128, globalBatch: 8, steps: 1, gpus: {nodeSelector: {pool: main}, maxGPUs: 1}}
 EOF
 planned_reason() { jp cephalojob "$1" '{.status.phase} {.status.conditions[?(@.type=="Planned")].status} {.status.conditions[?(@.type=="Planned")].reason}'; }
 metric() { curl -fsS "$M/metrics" | awk -v m="$1" '$1 == m {print $2}'; }
@@ -374,6 +378,7 @@ spec:
   globalBatch: 4
   seqLen: 128
   steps: 1
+  data: {path: synthetic}
   image: registry.test/custom:2
   checkpoint: {dir: /shared/odd, every: 5}
   gpus: {allowedProducts: [NVIDIA-Future-GPU], nodeSelector: {pool: odd}}
@@ -438,6 +443,7 @@ spec:
   seqLen: 32
   globalBatch: 12
   steps: 5
+  data: {path: synthetic}
   profileConfigMap: prof-profiles
   gpus: {allowedProducts: [NVIDIA-L4, A10G]}
 EOF
@@ -595,7 +601,7 @@ cat >"$dir/prec.yaml" <<'EOF'
 apiVersion: cephalo.dev/v1alpha1
 kind: CephaloJob
 metadata: {name: bf16-volta}
-spec: {model: {name: gpt2-124m}, seqLen: 256, globalBatch: 16, steps: 1, precision: bf16, gpus: {nodeSelector: {pool: volta}}}
+spec: {data: {path: synthetic}, model: {name: gpt2-124m}, seqLen: 256, globalBatch: 16, steps: 1, precision: bf16, gpus: {nodeSelector: {pool: volta}}}
 ---
 apiVersion: cephalo.dev/v1alpha1
 kind: CephaloJob
@@ -605,6 +611,7 @@ spec:
   seqLen: 256
   globalBatch: 16
   steps: 1
+  data: {path: synthetic}
   precision: fp16
   recompute: full
   # the Maxwell product is unknown to the catalog: only allowedProducts lets it be considered
@@ -613,7 +620,7 @@ spec:
 apiVersion: cephalo.dev/v1alpha1
 kind: CephaloJob
 metadata: {name: maxwell-only}
-spec: {model: {name: gpt2-124m}, globalBatch: 8, steps: 1, gpus: {allowedProducts: [Tesla-M60]}}
+spec: {data: {path: synthetic}, model: {name: gpt2-124m}, globalBatch: 8, steps: 1, gpus: {allowedProducts: [Tesla-M60]}}
 EOF
 K apply -f "$dir/prec.yaml" >/dev/null
 assert "a bf16 job on V100 and T4 nodes -> Failed" wait_for 20 phase_is bf16-volta Failed

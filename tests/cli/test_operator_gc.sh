@@ -56,7 +56,7 @@ kl_pid=$!
 "$OP" --kubeconfig "$KUBECONFIG" --metrics-addr 0 --leader-elect=false --log-level info \
   --worker-image registry.test/cephalo-worker:1 >"$dir/op.log" 2>&1 &
 op_pid=$!
-printf 'apiVersion: cephalo.dev/v1alpha1\nkind: CephaloJob\nmetadata: {name: gc}\nspec: {model: {name: tiny-gpt}, seqLen: 64, globalBatch: 4, steps: 100000}\n' |
+printf 'apiVersion: cephalo.dev/v1alpha1\nkind: CephaloJob\nmetadata: {name: gc}\nspec: {model: {name: tiny-gpt}, data: {path: synthetic}, seqLen: 64, globalBatch: 4, steps: 100000}\n' |
   K apply -f - >/dev/null
 assert "the operator creates the job's pod, plan ConfigMap and Service" wait_for 30 bash -c \
   "[ \$(kubectl get pods,configmaps,services -l cephalo.dev/job=gc -o name | wc -l) -ge 3 ]"

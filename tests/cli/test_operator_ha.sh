@@ -101,7 +101,7 @@ count() { writes "$@" | wc -l; }
 jobs() {
   local g=${*: -1} j
   for j in "${@:1:$#-1}"; do
-    printf -- '---\n{"apiVersion": "cephalo.dev/v1alpha1", "kind": "CephaloJob", "metadata": {"name": "%s"}, "spec": {"model": {"name": "tiny-gpt"}, "seqLen": 64, "globalBatch": 32, "steps": 1000000, "gpus": {"maxGPUs": %d}, "terminationGracePeriodSeconds": 5}}\n' "$j" "$g"
+    printf -- '---\n{"apiVersion": "cephalo.dev/v1alpha1", "kind": "CephaloJob", "metadata": {"name": "%s"}, "spec": {"model": {"name": "tiny-gpt"}, "data": {"path": "synthetic"}, "seqLen": 64, "globalBatch": 32, "steps": 1000000, "gpus": {"maxGPUs": %d}, "terminationGracePeriodSeconds": 5}}\n' "$j" "$g"
   done | K apply -f - >/dev/null
 }
 # complete JOB...: every job has as many worker pods as its plan's world size, none being deleted
@@ -241,12 +241,12 @@ node_pods() { K patch node "$1" --subresource=status --type=merge -p "{\"status\
 # r's gang on ha-5 is refused by the scheduler (no pods allowed there): it restarts, its next gang 5 s
 # later; w (which may use ha-5) comes meanwhile and must wait for r's new gang, not take its GPUs
 node_pods ha-5 0
-printf '%s\n' '{"apiVersion": "cephalo.dev/v1alpha1", "kind": "CephaloJob", "metadata": {"name": "r"}, "spec": {"model": {"name": "tiny-gpt"}, "seqLen": 64, "globalBatch": 32, "steps": 1000000, "gpus": {"maxGPUs": 4, "nodeSelector": {"kubernetes.io/hostname": "ha-5"}}, "terminationGracePeriodSeconds": 5}}' | K apply -f - >/dev/null
+printf '%s\n' '{"apiVersion": "cephalo.dev/v1alpha1", "kind": "CephaloJob", "metadata": {"name": "r"}, "spec": {"model": {"name": "tiny-gpt"}, "data": {"path": "synthetic"}, "seqLen": 64, "globalBatch": 32, "steps": 1000000, "gpus": {"maxGPUs": 4, "nodeSelector": {"kubernetes.io/hostname": "ha-5"}}, "terminationGracePeriodSeconds": 5}}' | K apply -f - >/dev/null
 assert "a job whose gang the scheduler refuses restarts (Restarting, Unschedulable)" wait_for 40 bash -c \
   "[ \"\$(kubectl get cephalojob r -o jsonpath='{.status.phase} {.status.conditions[?(@.type==\"Restarting\")].reason}')\" = 'Restarting Unschedulable' ]"
 node_pods ha-5 110
 t_w=$(now)
-printf '%s\n' '{"apiVersion": "cephalo.dev/v1alpha1", "kind": "CephaloJob", "metadata": {"name": "w"}, "spec": {"model": {"name": "tiny-gpt"}, "seqLen": 64, "globalBatch": 32, "steps": 1000000, "gpus": {"maxGPUs": 2, "nodeSelector": {"pool": "wake"}}, "terminationGracePeriodSeconds": 5}}' | K apply -f - >/dev/null
+printf '%s\n' '{"apiVersion": "cephalo.dev/v1alpha1", "kind": "CephaloJob", "metadata": {"name": "w"}, "spec": {"model": {"name": "tiny-gpt"}, "data": {"path": "synthetic"}, "seqLen": 64, "globalBatch": 32, "steps": 1000000, "gpus": {"maxGPUs": 2, "nodeSelector": {"pool": "wake"}}, "terminationGracePeriodSeconds": 5}}' | K apply -f - >/dev/null
 assert "a job that may use r's node waits for r's gang restart (Queued)" wait_for 20 bash -c \
   "kubectl get cephalojob w -o jsonpath='{.status.message}' | grep -q 'waiting for CephaloJob default/r to restart its gang'"
 assert "... r's new gang comes, and then w's" wait_for 60 complete r w

@@ -79,6 +79,7 @@ $2
   seqLen: 32
   globalBatch: 4
   steps: 6
+  data: {path: synthetic}
   ${3:-$POOL_A}
 EOF
 }

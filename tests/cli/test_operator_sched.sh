@@ -116,7 +116,7 @@ op_pid=$!
 job() { # NAME STEPS [SPEC-LINES...]: tiny-gpt, seq 64, batch 8
   local name=$1 steps=$2
   shift 2
-  printf 'apiVersion: cephalo.dev/v1alpha1\nkind: CephaloJob\nmetadata: {name: %s}\nspec:\n  model: {name: tiny-gpt}\n  seqLen: 64\n  globalBatch: 8\n  steps: %s\n  optimizer: {lr: 0.003, warmup: 5}\n  commTimeout: 60\n' "$name" "$steps"
+  printf 'apiVersion: cephalo.dev/v1alpha1\nkind: CephaloJob\nmetadata: {name: %s}\nspec:\n  model: {name: tiny-gpt}\n  seqLen: 64\n  globalBatch: 8\n  steps: %s\n  data: {path: synthetic}\n  optimizer: {lr: 0.003, warmup: 5}\n  commTimeout: 60\n' "$name" "$steps"
   local l
   for l in "$@"; do printf '  %s\n' "$l"; done
 }

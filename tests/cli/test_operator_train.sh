@@ -190,6 +190,7 @@ spec:
   seqLen: 64
   globalBatch: 12
   steps: $STEPS
+  data: {path: synthetic}
   optimizer: {lr: 0.003, warmup: 5}
   commTimeout: 60
   checkpoint: {pvc: ckpt, dir: tiny, every: 100}

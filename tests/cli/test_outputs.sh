@@ -40,39 +40,39 @@ check "... a shard a pattern matches (not yet there: a new shard the pattern wou
   "--log d/train_000009.bin: this is train_000009.bin, an input of --data d/train_*.bin" -- \
   "$W" train "${TINY[@]}" --steps 1 --data 'd/train_*.bin,d/val_*.bin' --log d/train_000009.bin
 check "... a validation shard" 2 "this is the input --val-data d/train_000000.bin" -- \
-  "$W" train "${TINY[@]}" --steps 1 --val-data d/train_000000.bin --log d/train_000000.bin
+  "$W" train --data synthetic "${TINY[@]}" --steps 1 --val-data d/train_000000.bin --log d/train_000000.bin
 assert "... and the shard is still whole" test "$(sum d/train_000000.bin)" = "$shard"
 
-"$W" train "${TINY[@]}" --steps 2 --ckpt-every 1 --ckpt-dir ck
+"$W" train --data synthetic "${TINY[@]}" --steps 2 --ckpt-every 1 --ckpt-dir ck
 ck2=$(sum ck/step_00000002.safetensors)
 check "train --log on a checkpoint of --ckpt-dir: refused" 2 \
   "--log ck/step_00000002.safetensors: step_00000002.safetensors is a file this command keeps in its checkpoint directory --ckpt-dir ck" -- \
-  "$W" train "${TINY[@]}" --steps 3 --ckpt-dir ck --resume auto --log ck/step_00000002.safetensors
+  "$W" train --data synthetic "${TINY[@]}" --steps 3 --ckpt-dir ck --resume auto --log ck/step_00000002.safetensors
 check "... on its latest" 2 "latest is a file this command keeps in its checkpoint directory" -- \
-  "$W" train "${TINY[@]}" --steps 3 --ckpt-dir ck --resume auto --log ck/latest
+  "$W" train --data synthetic "${TINY[@]}" --steps 3 --ckpt-dir ck --resume auto --log ck/latest
 check "... on the checkpoint resumed from (another --ckpt-dir)" 2 \
   "--log ck/step_00000002.safetensors: this is the input --resume ck/step_00000002.safetensors" -- \
-  "$W" train "${TINY[@]}" --steps 3 --ckpt-dir ck2 --resume ck/step_00000002.safetensors --log ck/step_00000002.safetensors
+  "$W" train --data synthetic "${TINY[@]}" --steps 3 --ckpt-dir ck2 --resume ck/step_00000002.safetensors --log ck/step_00000002.safetensors
 check "... on a checkpoint of the directory resumed from" 2 \
   "this is step_00000001.safetensors, an input of --resume ck" -- \
-  "$W" train "${TINY[@]}" --steps 3 --ckpt-dir ck2 --resume ck --log ck/step_00000001.safetensors
+  "$W" train --data synthetic "${TINY[@]}" --steps 3 --ckpt-dir ck2 --resume ck --log ck/step_00000001.safetensors
 assert "... the checkpoint is untouched" test "$(sum ck/step_00000002.safetensors)" = "$ck2"
 check "... and still resumes" 0 "resumed from ck/step_00000002.safetensors at step 2" -- \
-  "$W" train --model tiny-gpt --batch 4 --microbatch 2 --seq 32 --threads 1 --steps 3 --ckpt-dir ck --resume auto --log ck/train.jsonl
+  "$W" train --data synthetic --model tiny-gpt --batch 4 --microbatch 2 --seq 32 --threads 1 --steps 3 --ckpt-dir ck --resume auto --log ck/train.jsonl
 assert "a log of another name in the checkpoint directory is fine" test -s ck/train.jsonl
 check "train --log on a file of --dump" 2 "init.safetensors is a file this command keeps in its dump directory --dump dd" -- \
-  "$W" train "${TINY[@]}" --steps 1 --dump dd --log dd/init.safetensors
-"$W" train "${TINY[@]}" --steps 1 --dump dd >/dev/null 2>&1
+  "$W" train --data synthetic "${TINY[@]}" --steps 1 --dump dd --log dd/init.safetensors
+"$W" train --data synthetic "${TINY[@]}" --steps 1 --dump dd >/dev/null 2>&1
 check "train --dump into the directory one of whose files it reads" 2 \
   "--data dd/init.safetensors: this input is init.safetensors, a file of the dump directory --dump dd" -- \
   "$W" train "${TINY[@]}" --steps 1 --dump dd --data dd/init.safetensors
 printf '{}' >p.json
 check "train --log on the --plan (checked before the plan is read)" 2 "--log p.json: this is the input --plan p.json" -- \
-  "$W" train --plan p.json --steps 1 --log p.json
+  "$W" train --data synthetic --plan p.json --steps 1 --log p.json
 "$W" export --checkpoint ck -o hf >/dev/null
 check "train --log on a file of --init-from's model directory" 2 \
   "--log hf/config.json: this is config.json, an input of --init-from hf" -- \
-  "$W" train --init-from hf --batch 4 --microbatch 2 --seq 32 --threads 1 --quiet --steps 1 --log hf/config.json
+  "$W" train --data synthetic --init-from hf --batch 4 --microbatch 2 --seq 32 --threads 1 --quiet --steps 1 --log hf/config.json
 
 # ---- sample, export, profile ----
 printf 'a prompt' >prompt.txt
@@ -105,6 +105,7 @@ batch: 4
 steps: 2
 seq: 32
 devices: [{type: cpu, threads: 1, memory: 256M}]
+data: synthetic
 Y
 check "cephalo run --run-dir . over a cluster.yaml of the user's: refused" 2 \
   "--run-dir .: it holds cluster.yaml, which cephalo run did not write (no .cephalo-run there)" -- \

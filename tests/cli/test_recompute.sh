@@ -112,7 +112,7 @@ assert any(r['recompute'] == 'none' and r['microbatches'] > 1 for r in ranks)"
 
 # ---- bad input ----
 check "--recompute some is refused" 2 "--recompute: 'some' is not none or full" -- \
-  "$W" train --model tiny-gpt --batch 4 --recompute some
+  "$W" train --data synthetic --model tiny-gpt --batch 4 --recompute some
 check "cephalo plan --recompute some is refused" 2 "--recompute: 'some' is not auto, none or full" -- \
   "$C" plan --cluster "$(cluster_of 3)" --model tiny-gpt --batch 12 --recompute some
 
@@ -124,7 +124,7 @@ check "... which recompute auto plans" 0 "" -- "$C" plan --cluster "$T/small.yam
 
 # ---- evaluation between steps: its forward keeps nothing, training goes on as before ----
 for m in full none; do
-  "$W" train --quiet --model tiny-bert --batch 6 --microbatch 2 --steps 2 --val-data synthetic --val-every 1 \
+  "$W" train --data synthetic --quiet --model tiny-bert --batch 6 --microbatch 2 --steps 2 --val-data synthetic --val-every 1 \
     --val-samples 8 --recompute $m --log "$T/val-$m.jsonl" 2>"$T/val-$m.err"
 done
 check "validation losses and training losses with recompute none = full" 0 "" -- $PY -c "

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The C trainer against the PyTorch oracle (tests/ref/oracle.py, docs/worker-model.md "The PyTorch
-# oracle"): for every tiny model, `cephalo-worker train --dump` runs 5 AdamW steps and the oracle
+# oracle"): for every tiny model, `cephalo-worker train --data synthetic --dump` runs 5 AdamW steps and the oracle
 # recomputes logits, gradients, losses, grad norms and final parameters in float64.
 # Prints "ok - MODEL: check (...)" / "not ok - MODEL: check (...)" lines (tests/run.sh counts them).
 # KEEP=1 keeps the dumps (the directory is printed).
@@ -54,7 +54,7 @@ case_ tiny-llama-constant tiny-llama --schedule constant
 # oracle's forward on the same run's final parameters.
 export_case() {
   local model=$1 dir=$T/export-$1 out rc
-  out=$($TMO "$WORKER" train --model "$model" --batch 2 --steps 2 --seed 3 --quiet --dump "$dir" \
+  out=$($TMO "$WORKER" train --data synthetic --model "$model" --batch 2 --steps 2 --seed 3 --quiet --dump "$dir" \
           --ckpt-dir "$dir/ck" 2>&1 &&
         "$WORKER" export --checkpoint "$dir/ck/step_00000002.safetensors" -o "$dir/hf" 2>&1)
   rc=$?

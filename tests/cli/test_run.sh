@@ -36,12 +36,14 @@ check "bad --steps" 2 "--steps: 'many'" -- "$C" run --steps many "$T/x.yaml"
 base='model: tiny-gpt
 batch: 8
 steps: 3
-devices: [{type: cpu, memory: 256M}]'
+devices: [{type: cpu, memory: 256M}]
+data: synthetic'
 bad() { # bad NAME SED NEEDLE
   sed "$2" <<<"$base" >"$T/$1.yaml"
   check "$1" 2 "$1.yaml:$3" -- "$C" run "$T/$1.yaml"
 }
 bad missing '/^batch/d' "1: document: missing field 'batch'"
+bad nodata '/^data/d' " data: missing (required): the training data, token shards from \`cephalo data\`"
 bad wrong-type 's/^batch: 8/batch: "8"/' "2: batch: expected an integer, got '8'"
 bad unknown-field 's/^steps/stpes/' "3: document: unknown field 'stpes' (did you mean 'steps'?)"
 bad unknown-optimizer-field '3a optimizer:\n  lr: 1e-3\n  wramup: 2' "6: optimizer: unknown field 'wramup' (did you mean 'warmup'?)"
@@ -88,6 +90,7 @@ model: gpt2-124m
 batch: 8
 steps: 3
 devices: [{type: cpu, memory: 64M, count: 2}]
+data: synthetic
 Y
 check "infeasible plan" 3 "cephalo run: infeasible:" -- "$C" run "$T/big.yaml" --run-dir "$T/r-big"
 assert "infeasible: no run directory" test ! -e "$T/r-big"
@@ -104,6 +107,7 @@ comm_timeout: 30
 devices:
   - {type: cpu, threads: 2, memory: 512M}
   - {type: cpu, memory: 256M, count: 2}
+data: synthetic
 Y
 check "dry run: plan table" 0 "cpu-2t-0.50g" -- "$C" run "$T/three.yaml" --dry-run --run-dir "$T/r-dry"
 out=$("$C" run "$T/three.yaml" --dry-run --run-dir "$T/r-dry" 2>&1)
@@ -144,6 +148,7 @@ steps: 6
 optimizer: {lr: 1e-3, warmup: 2}
 checkpoint: {dir: ck, every: 3}
 devices: [{type: cpu, threads: 2, memory: 64M}]
+data: synthetic
 Y
 check "one device trains to the end" 0 "final loss" -- "$C" run "$T/one.yaml" --run-dir "$T/r-one"
 assert "summary.json" python3 -c "

@@ -138,11 +138,11 @@ t = open('$T/eos.txt', encoding='utf-8', errors='replace').read()
 assert '--- sample 4 ---' in t and 'endoftext' not in t"
 
 # ---- checkpoints: a run's checkpoint directory (its `latest`) and a checkpoint file ----
-"$W" train --model tiny-llama --batch 4 --seq 32 --steps 6 --lr 1e-2 --threads 2 --quiet --ckpt-dir "$T/ck" >/dev/null 2>&1
+"$W" train --data synthetic --model tiny-llama --batch 4 --seq 32 --steps 6 --lr 1e-2 --threads 2 --quiet --ckpt-dir "$T/ck" >/dev/null 2>&1
 "$W" export --checkpoint "$T/ck" -o "$T/ck-hf" >/dev/null
 sample_checked "tiny-llama checkpoint dir, greedy" "$T/ck-hf" "$T/c0.st" --checkpoint "$T/ck" --prompt "hello" \
   --max-new-tokens 40 --temperature 0
-"$W" train --model tiny-gpt --batch 4 --seq 32 --steps 6 --lr 1e-2 --threads 2 --quiet --ckpt-dir "$T/ckg" >/dev/null 2>&1
+"$W" train --data synthetic --model tiny-gpt --batch 4 --seq 32 --steps 6 --lr 1e-2 --threads 2 --quiet --ckpt-dir "$T/ckg" >/dev/null 2>&1
 f=$(ls "$T"/ckg/step_*.safetensors | tail -n 1)
 "$W" export --checkpoint "$f" -o "$T/ckg-hf" >/dev/null
 sample_checked "tiny-gpt checkpoint file, top-k 20" "$T/ckg-hf" "$T/c1.st" --checkpoint "$f" --prompt "hello" \
@@ -166,6 +166,6 @@ check "prompt longer than the context" 2 "the prompt has 200 tokens; the model s
 check "a vocabulary of 260 needs a tokenizer" 2 "give --tokenizer" -- "$W" sample --init-from "$T/gpt2-260" --prompt a
 check "a tokenizer larger than the vocabulary" 2 "the tokenizer has 260 tokens but the model's vocabulary only 256" -- \
   "$W" sample --init-from "$T/gpt2" --tokenizer "$T/tok.json" --prompt a
-"$W" train --model tiny-bert --batch 2 --steps 1 --threads 2 --quiet --dump "$T/bert" >/dev/null 2>&1
+"$W" train --data synthetic --model tiny-bert --batch 2 --steps 1 --threads 2 --quiet --dump "$T/bert" >/dev/null 2>&1
 check "BERT is refused" 2 "this model is a bert" -- "$W" sample --checkpoint "$T/bert/init.safetensors" --prompt a
 check "help" 0 "--top-p P" -- "$W" sample --help

@@ -32,6 +32,7 @@ seq: 32
 steps: 100000
 comm_timeout: 2
 devices: [{type: cpu, memory: 256M, count: 3}]
+data: synthetic
 Y
 "$C" run "$T/stall.yaml" --run-dir "$T/r-stall" >"$T/stall.out" 2>&1 &
 lp=$!
@@ -87,6 +88,7 @@ model: tiny-gpt
 batch: 8
 steps: 5
 devices: [{type: cpu, memory: 256M, count: 4}]
+data: synthetic
 Y
 start=$SECONDS
 check "hung rank: named from the others' logs" 1 \

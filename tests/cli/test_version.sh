@@ -39,7 +39,7 @@ check "cephalo-worker --help and cephalo-operator --help list --version" 0 "--ve
 "$B/bin/cephalo" plan --cluster examples/clusters/cluster-a.yaml --model gpt2-124m --batch 32 -o "$T/plan.json" >/dev/null 2>&1
 check "plan JSON: cephalo_version beside the format version" 0 "$V format 1" -- \
   $PY -c "import json; p = json.load(open('$T/plan.json')); print(p['cephalo_version'], 'format', p['version'])"
-"$B/bin/cephalo-worker" train --model tiny-gpt --batch 2 --steps 1 --quiet --ckpt-dir "$T/ck" >/dev/null 2>&1
+"$B/bin/cephalo-worker" train --data synthetic --model tiny-gpt --batch 2 --steps 1 --quiet --ckpt-dir "$T/ck" >/dev/null 2>&1
 check "checkpoint metadata: cephalo.release beside the format's cephalo.version" 0 "$V 1" -- $PY -c "
 import json, struct, glob
 f = open(sorted(glob.glob('$T/ck/step_*'))[-1], 'rb')
@@ -50,11 +50,11 @@ print(m['cephalo.release'], m['cephalo.version'])"
 other=$((${REL%%.*} + 1)).0.0
 check "a worker started by an operator of another release refuses (exit 2), naming both versions" 2 \
   "cephalo-worker is version $V, but the cephalo-operator that started it is version $other" -- \
-  env CEPHALO_OPERATOR_VERSION=$other "$B/bin/cephalo-worker" train --model tiny-gpt --batch 2 --steps 1 --quiet
+  env CEPHALO_OPERATOR_VERSION=$other "$B/bin/cephalo-worker" train --data synthetic --model tiny-gpt --batch 2 --steps 1 --quiet
 check "... and says which worker image to use" 2 "use the worker image of release $other" -- \
-  env CEPHALO_OPERATOR_VERSION=$other+abc "$B/bin/cephalo-worker" train --model tiny-gpt --batch 2 --steps 1 --quiet
+  env CEPHALO_OPERATOR_VERSION=$other+abc "$B/bin/cephalo-worker" train --data synthetic --model tiny-gpt --batch 2 --steps 1 --quiet
 check "a worker of the same release but another build runs" 0 "" -- \
-  env CEPHALO_OPERATOR_VERSION=$REL+0123456789ab-dirty "$B/bin/cephalo-worker" train --model tiny-gpt --batch 2 --steps 1 --quiet
+  env CEPHALO_OPERATOR_VERSION=$REL+0123456789ab-dirty "$B/bin/cephalo-worker" train --data synthetic --model tiny-gpt --batch 2 --steps 1 --quiet
 
 # ---- the chart, the images and the license name the same release -----------------------------------
 check "the chart's version and appVersion are VERSION" 0 "$REL $REL" -- \

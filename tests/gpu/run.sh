@@ -69,6 +69,11 @@ for t in "$@"; do
   fi
 done
 
+# Turing's tensor-core attention (two m16n8k8 per product) on this card, when its variant is
+# built: make cuda BUILD=build/k8 NVCC_DEFS=-DCEPHALO_MMA_K8=1 (docs/cuda.md, "Turing")
+k8=${TEST_GPU_K8:-build/k8/tests/gpu/test_cuda_ops}
+if [ -x "$k8" ]; then run_bin "$k8" "test_cuda_ops (mma k8)"; else echo "# test_cuda_ops (mma k8): $k8 not built, not run"; fi
+
 # CLI checks: "ok N - ...", "not ok N - ...", and "ok N - ... # SKIP why" lines
 for sh in tests/gpu/test_*.sh; do
   [ -e "$sh" ] || continue

@@ -52,7 +52,7 @@ peak_mib() { awk -F', *' '{ if ($2 > m[$1]) m[$1] = $2 } END { for (p in m) s +=
 export CEPHALO_CUDA_TF32=0 # exact fp32: the invariant's 1e-4 (test_gpu_train.sh part c)
 train_args=(--steps 3 --lr 2e-3 --seed 5)
 model=tiny-gpt
-"$WC" train --device cuda --quiet --model $model --batch 12 --microbatch 4 "${train_args[@]}" --ckpt-dir "$T/ref" \
+"$WC" train --data synthetic --device cuda --quiet --model $model --batch 12 --microbatch 4 "${train_args[@]}" --ckpt-dir "$T/ref" \
   >/dev/null 2>"$T/ref.err" || { fail "$model: 1 rank on the GPU trains" "$(cat "$T/ref.err")"; echo "$n checks"; exit 0; }
 
 # the first try says whether NCCL takes two ranks on one device at all

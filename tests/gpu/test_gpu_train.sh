@@ -147,7 +147,7 @@ if [[ $PARTS == *c* ]]; then
   declare -A RANKS=([2]="7:7,5:1" [3]="5:1,3:3,4:2")
   train_args=(--steps 3 --lr 2e-3 --seed 5)
   for model in tiny-gpt tiny-llama; do
-    if ! out=$($TMO "$WC" train --device cuda --quiet --model "$model" --batch 12 --microbatch 4 "${train_args[@]}" \
+    if ! out=$($TMO "$WC" train --data synthetic --device cuda --quiet --model "$model" --batch 12 --microbatch 4 "${train_args[@]}" \
         --ckpt-dir "$T/ref-$model" 2>&1); then
       fail "$model: 1 rank on the GPU trains" "$out"; continue
     fi
@@ -174,13 +174,13 @@ fi
 # ---- d) offload on vs off, recompute full vs none: bit-identical -------------------------------
 if [[ $PARTS == *d* ]]; then
   if ! has_flag --offload; then
-    skip "offload on = off" "cephalo-worker-cuda train has no --offload"
+    skip "offload on = off" "cephalo-worker-cuda train --data synthetic has no --offload"
   else
     for model in tiny-gpt tiny-llama tests/gpu/gpt-4l.yaml; do
       name=$(basename "$model" .yaml)
       ok=1
       for off in on off; do
-        if ! out=$($TMO "$WC" train --device cuda --precision fp32 --model "$model" --batch 4 --microbatch 2 \
+        if ! out=$($TMO "$WC" train --data synthetic --device cuda --precision fp32 --model "$model" --batch 4 --microbatch 2 \
             --steps 3 --seed 11 --lr 1e-3 --offload $off --quiet --ckpt-dir "$T/off-$name-$off" 2>&1); then
           fail "$name: trains with --offload $off" "$out"; ok=0
         fi
@@ -190,7 +190,7 @@ if [[ $PARTS == *d* ]]; then
         -- bash -c "[ \"\$(${PT[*]} gather $T/off-$name-on/step_00000003.safetensors)\" = \"\$(${PT[*]} gather $T/off-$name-off/step_00000003.safetensors)\" ]"
       # recompute none: the intermediates kept on the device instead of recomputed (docs/cost-model.md)
       has_flag --recompute || continue
-      if out=$($TMO "$WC" train --device cuda --precision fp32 --model "$model" --batch 4 --microbatch 2 \
+      if out=$($TMO "$WC" train --data synthetic --device cuda --precision fp32 --model "$model" --batch 4 --microbatch 2 \
           --steps 3 --seed 11 --lr 1e-3 --recompute none --quiet --ckpt-dir "$T/off-$name-keep" 2>&1); then
         check "$name fp32: --recompute none and full give bit-identical parameters and moments after 3 steps" 0 "" \
           -- bash -c "[ \"\$(${PT[*]} gather $T/off-$name-on/step_00000003.safetensors)\" = \"\$(${PT[*]} gather $T/off-$name-keep/step_00000003.safetensors)\" ]"
@@ -216,7 +216,7 @@ if [[ $PARTS == *e* ]]; then
     d=$T/hf-$name
     # shellcheck disable=SC2086
     if ! out=$("${HF[@]}" make "$d" ${HFM[$name]} --seed 3 2>&1); then fail "$name: hf_models.py makes the directory" "$out"; continue; fi
-    if ! out=$($TMO "$WC" train --device cuda --quiet --init-from "$d" --batch 2 --seq 24 --steps 1 --dump "$d.dump" 2>&1); then
+    if ! out=$($TMO "$WC" train --data synthetic --device cuda --quiet --init-from "$d" --batch 2 --seq 24 --steps 1 --dump "$d.dump" 2>&1); then
       fail "$name: the cuda worker imports it" "$out"; continue
     fi
     out=$("${HF[@]}" check "$d" "$d.dump" 2>&1)
@@ -224,7 +224,7 @@ if [[ $PARTS == *e* ]]; then
     if [[ $out == "ok - "* ]]; then echo "ok $n - $name on cuda: ${out#ok - }"; else echo "not ok $n - $name on cuda: ${out#*- }" | head -3; fi
   done
   d=$T/hf-llama-f16-tied
-  if out=$($TMO "$WC" train --device cuda --quiet --init-from "$d" --batch 4 --microbatch 2 --steps 5 --seed 7 --lr 1e-3 \
+  if out=$($TMO "$WC" train --data synthetic --device cuda --quiet --init-from "$d" --batch 4 --microbatch 2 --steps 5 --seed 7 --lr 1e-3 \
       --warmup 2 --seq 32 --dump "$d.odump" --log "$d.olog" 2>&1); then
     out=$("$PY" tests/ref/oracle.py "$d.odump" "$d.olog" 2>&1)
     while IFS= read -r line; do

@@ -270,13 +270,16 @@ def _lin(x, P, prefix, bias=True):
     return F.linear(x, P[prefix + ".weight"], P[prefix + ".bias"] if bias else None)
 
 
-def lm_loss(logits, targets):
-    """Per sample: mean cross-entropy over its targets (< 0 ignored); then mean over samples."""
+def lm_loss(logits, targets, mean="samples"):
+    """Per sample: mean cross-entropy over its targets (< 0 ignored); then mean over samples.
+    mean="targets" (loss-masked fine-tuning data): the mean over all the batch's targets."""
     B, T, V = logits.shape
     valid = targets >= 0
     ce = F.cross_entropy(logits.reshape(B * T, V), targets.clamp(min=0).reshape(B * T),
                          reduction="none").reshape(B, T)
     ce = torch.where(valid, ce, torch.zeros_like(ce))
+    if mean == "targets":
+        return ce.sum() / valid.sum().clamp(min=1).to(ce.dtype)
     per_sample = ce.sum(1) / valid.sum(1).clamp(min=1).to(ce.dtype)
     return per_sample.mean()
 
@@ -344,7 +347,7 @@ def forward(s, P, batch):
         return logits, F.cross_entropy(logits, batch["labels"])
     fn = {"gpt": _gpt, "llama": _llama, "bert": _bert}[s.arch]
     logits = fn(s, P, batch["inputs"])
-    return logits, lm_loss(logits, batch["targets"])
+    return logits, lm_loss(logits, batch["targets"], batch.get("loss_mean", "samples"))
 
 
 def zero_grad_slices(s):

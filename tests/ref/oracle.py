@@ -169,6 +169,10 @@ def train_settings(meta, K, rep):
             rep.note("assumed %s = %s (not in cephalo.train)" % (field, v))
         out[field] = float(v)
     out["warmup"], out["steps"] = int(out["warmup"]), int(out["steps"])
+    # loss-masked (fine-tuning) data: the mean over the batch's targets, not over samples
+    out["loss_mean"] = t.get("loss_mean", "samples")
+    if out["loss_mean"] not in ("samples", "targets"):
+        raise ValueError("cephalo.train loss_mean %r is not samples or targets" % out["loss_mean"])
     out["schedule"] = t.get("schedule", "cosine")  # checkpoints before --schedule: cosine
     if out["schedule"] not in ("cosine", "linear", "constant"):
         raise ValueError("cephalo.train schedule %r is not cosine, linear or constant" % out["schedule"])
@@ -189,12 +193,12 @@ def lr_at(tr, s):
     return min_lr + 0.5 * (lr - min_lr) * (1.0 + math.cos(math.pi * p))
 
 
-def batch_of(spec, B, k):
+def batch_of(spec, B, k, loss_mean="samples"):
     if spec.arch == "vit":
         return {"images": torch.from_numpy(B["step%d.images" % k]).double(),
                 "labels": torch.from_numpy(B["step%d.labels" % k]).long()}
     return {"inputs": torch.from_numpy(B["step%d.inputs" % k]).long(),
-            "targets": torch.from_numpy(B["step%d.targets" % k]).long()}
+            "targets": torch.from_numpy(B["step%d.targets" % k]).long(), "loss_mean": loss_mean}
 
 
 def adam_ratio_bound(b1, b2, t):
@@ -268,10 +272,10 @@ def main(argv):
     if K == 0:
         rep.check(False, "batches.safetensors holds step0.%s" % key, "found %s" % sorted(Bt)[:6])
         return 1
-    b0 = batch_of(spec, Bt, 0)
+    tr, traw = train_settings(meta, K, rep)
+    b0 = batch_of(spec, Bt, 0, tr["loss_mean"])
     nb = (b0["images"] if spec.arch == "vit" else b0["inputs"]).shape[0]
     rep.note("%d steps of %d samples in batches.safetensors" % (K, nb))
-    tr, traw = train_settings(meta, K, rep)
     rep.note("train settings: %s" % json.dumps(tr))
     if tr["steps"] != K:
         rep.note("schedule length %d != %d dumped steps" % (tr["steps"], K))
@@ -343,7 +347,7 @@ def main(argv):
     for k in range(K):
         if k > 0:
             opt.zero_grad(set_to_none=True)
-            _, loss = models.forward(spec, P, batch_of(spec, Bt, k))
+            _, loss = models.forward(spec, P, batch_of(spec, Bt, k, tr["loss_mean"]))
             loss.backward()
         lr = lr_at(tr, k)
         for g in opt.param_groups:

@@ -5,6 +5,8 @@ The samples: every window of the llm.c token shards given, in file order (window
 tokens: tokens [k*seq, k*seq + seq + 1), k < (n - 1) / seq). The worker's validation set is the
 first N samples of its fixed permutation (docs/worker.md, "Validation"); with N at least the
 number of windows that is every window once, and the mean does not depend on the order.
+A shard with a loss mask beside it (X.mask, docs/data.md "Fine-tuning data") counts only the
+targets whose token has mask byte 1: the mean is over those.
 
 usage: val_loss.py CKPT SEQ SHARD...     prints the mean cross-entropy per target (%.12g)
 CKPT: a checkpoint file or a sharded step directory (CLM models: GPT, Llama).
@@ -29,14 +31,30 @@ import st  # noqa: E402
 SHARD_MAGIC = 20240520
 
 
+MASK_MAGIC = 0x4B53414D
+
+
 def windows(path, seq):
+    """[(tokens[seq+1], targets[seq]), ...]: targets -1 where the loss mask (if any) is 0."""
     raw = open(path, "rb").read()
     head = np.frombuffer(raw[:1024], np.int32)
     if head[0] != SHARD_MAGIC or head[1] not in (1, 2):
         sys.exit("%s: not an llm.c token shard" % path)
     n = int(head[2])
     tokens = np.frombuffer(raw[1024:], np.uint16 if head[1] == 1 else np.uint32)[:n].astype(np.int64)
-    return [tokens[k * seq: k * seq + seq + 1] for k in range((n - 1) // seq)]
+    keep = np.ones(n, bool)
+    mpath = (path[:-4] if path.endswith(".bin") else path) + ".mask"
+    if os.path.exists(mpath):
+        mraw = open(mpath, "rb").read()
+        mh = np.frombuffer(mraw[:1024], np.int32)
+        if mh[0] != MASK_MAGIC or mh[1] != 1 or mh[2] != n or len(mraw) != 1024 + n:
+            sys.exit("%s: not the loss mask of %s" % (mpath, path))
+        keep = np.frombuffer(mraw[1024:], np.uint8) == 1
+    out = []
+    for k in range((n - 1) // seq):
+        w = tokens[k * seq: k * seq + seq + 1]
+        out.append((w, np.where(keep[k * seq + 1: k * seq + seq + 1], w[1:], -1)))
+    return out
 
 
 def model_meta(ckpt):
@@ -79,10 +97,14 @@ def main(argv):
     wins = [w for path in shards for w in windows(path, seq)]
     total, count = 0.0, 0
     for i in range(0, len(wins), 16):
-        chunk = torch.from_numpy(np.stack(wins[i: i + 16]))
-        logits, loss = models.forward(spec, P, {"inputs": chunk[:, :-1], "targets": chunk[:, 1:]})
-        total += float(loss) * chunk.shape[0] * seq  # every window has seq targets
-        count += chunk.shape[0] * seq
+        chunk = torch.from_numpy(np.stack([w for w, _ in wins[i: i + 16]]))
+        tg = torch.from_numpy(np.stack([t for _, t in wins[i: i + 16]]))
+        n = int((tg >= 0).sum())
+        if n == 0:
+            continue
+        logits, loss = models.forward(spec, P, {"inputs": chunk[:, :-1], "targets": tg, "loss_mean": "targets"})
+        total += float(loss) * n  # the mean over the chunk's targets
+        count += n
     print("%.12g" % (total / count))
 
 

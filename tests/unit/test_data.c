@@ -132,6 +132,93 @@ static void test_shard_roundtrip(void **state) {
     assert_int_equal(file_size(P("empty.bin")), 1024);
 }
 
+/* Loss masks: written beside the shard (header, one byte a token), applied to targets (the mask
+ * of token t+1 decides target t), counted per sample; a source mixing masked and unmasked
+ * shards, a mask of the wrong length, a byte other than 0/1 and MLM with masks are errors. */
+static void test_loss_mask(void **state) {
+    (void)state;
+    err_t err = {{0}};
+    enum { N = 41 };
+    uint32_t t[N];
+    uint8_t m[N];
+    for (int i = 0; i < N; i++) t[i] = (uint32_t)(i * 7 % 50), m[i] = (uint8_t)(i % 3 == 1 || i % 5 == 0);
+    const char *p = P("sft_000000.bin");
+    data_shard_writer *w = data_shard_writer_open(p, &err);
+    assert_non_null(w);
+    assert_int_equal(data_shard_writer_enable_mask(w, &err), 0);
+    assert_int_equal(data_shard_writer_add32_masked(w, t, m, 20, &err), 0);
+    assert_int_equal(data_shard_writer_add32_masked(w, t + 20, m + 20, N - 20, &err), 0);
+    assert_int_equal(data_shard_writer_close(w, &err), 0);
+    char mp[300];
+    assert_int_equal(data_mask_path(p, mp, sizeof mp, &err), 0);
+    assert_string_equal(mp + strlen(mp) - 16, "/sft_000000.mask");
+    assert_int_equal(file_size(mp), 1024 + N);
+    FILE *f = fopen(mp, "rb");
+    int32_t h[256];
+    uint8_t back[N];
+    assert_int_equal(fread(h, 4, 256, f), 256);
+    assert_int_equal(fread(back, 1, N, f), N);
+    fclose(f);
+    assert_int_equal(h[0], DATA_MASK_MAGIC);
+    assert_int_equal(h[1], DATA_MASK_VERSION);
+    assert_int_equal(h[2], N);
+    assert_memory_equal(back, m, N);
+
+    data_source *ds;
+    assert_int_equal(data_open_tokens(&ds, p, DATA_TRAIN, 4, 64, DATA_CLM, 3, &err), 0);
+    assert_true(data_has_loss_mask(ds));
+    assert_int_equal(data_num_samples(ds), 10);
+    for (int64_t s = 0; s < 10; s++) {
+        int32_t in[4], tg[4];
+        int64_t cnt, want = 0;
+        assert_int_equal(data_get_tokens(ds, s, in, tg, &err), 0);
+        assert_int_equal(data_sample_targets(ds, s, &cnt, &err), 0);
+        int64_t w0 = 4 * data_sample_index(ds, s);
+        for (int i = 0; i < 4; i++) {
+            assert_int_equal(in[i], (int32_t)t[w0 + i]); /* inputs are never masked */
+            assert_int_equal(tg[i], m[w0 + i + 1] ? (int32_t)t[w0 + i + 1] : -1);
+            want += m[w0 + i + 1];
+        }
+        assert_int_equal(cnt, want);
+    }
+    data_close(ds);
+    expect_open_error(p, 4, 64, DATA_MLM, "sft_000000.mask", "MLM");
+    /* the same shard written again without a mask: the old mask goes */
+    make_shard(P("again.bin"), 30, 0, 50);
+    w = data_shard_writer_open(P("again.bin"), &err);
+    assert_int_equal(data_shard_writer_enable_mask(w, &err), 0);
+    assert_int_equal(data_shard_writer_add32_masked(w, t, m, 30, &err), 0);
+    assert_int_equal(data_shard_writer_close(w, &err), 0);
+    assert_int_equal(file_size(P("again.mask")), 1024 + 30);
+    make_shard(P("again.bin"), 30, 0, 50);
+    assert_int_equal(access(P("again.mask"), F_OK), -1);
+
+    /* mixed: a plain shard beside a masked one */
+    make_shard(P("plain.bin"), 30, 0, 50);
+    char spec[700];
+    snprintf(spec, sizeof spec, "%s,%s", p, P("plain.bin"));
+    expect_open_error(spec, 4, 64, DATA_CLM, "has a loss mask", "plain.bin has none");
+    /* a mask of another length than its shard */
+    make_shard(P("short.bin"), 30, 0, 50);
+    uint8_t hdr[1024 + 29] = {0};
+    int32_t hh[3] = {DATA_MASK_MAGIC, DATA_MASK_VERSION, 29};
+    memcpy(hdr, hh, sizeof hh);
+    write_raw(P("short.mask"), hdr, sizeof hdr);
+    expect_open_error(P("short.bin"), 4, 64, DATA_CLM, "short.mask", "has 30 tokens");
+    /* a byte other than 0 or 1: an error when read */
+    make_shard(P("two.bin"), 30, 0, 50);
+    uint8_t two[1024 + 30] = {0};
+    hh[2] = 30;
+    memcpy(two, hh, sizeof hh);
+    memset(two + 1024, 2, 30);
+    write_raw(P("two.mask"), two, sizeof two);
+    assert_int_equal(data_open_tokens(&ds, P("two.bin"), DATA_TRAIN, 4, 64, DATA_CLM, 3, &err), 0);
+    int32_t in[4], tg[4];
+    assert_int_equal(data_get_tokens(ds, 0, in, tg, &err), -1);
+    assert_msg_has(err, "two.mask: entry");
+    data_close(ds);
+}
+
 /* The tokenizer's identity in header slots 3..7: written, read back, and checked against the
  * model's vocabulary and the other shards when the data is opened; llm.c's zeros read as
  * unknown; a marker with a bad identity is an error naming the file. */
@@ -902,7 +989,7 @@ int main(void) {
         cmocka_unit_test(test_mlm_masking),        cmocka_unit_test(test_synthetic_tokens),
         cmocka_unit_test(test_image_roundtrip),    cmocka_unit_test(test_image_errors),
         cmocka_unit_test(test_synthetic_images),   cmocka_unit_test(test_validation_names),
-        cmocka_unit_test(test_directory_roles),
+        cmocka_unit_test(test_directory_roles),    cmocka_unit_test(test_loss_mask),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -39,7 +39,8 @@ static char *argv_line(const job_spec *s) {
     return line;
 }
 
-#define MINIMAL "{\"model\":{\"name\":\"tiny-gpt\"},\"globalBatch\":8,\"steps\":10"
+#define NO_DATA "{\"model\":{\"name\":\"tiny-gpt\"},\"globalBatch\":8,\"steps\":10"
+#define MINIMAL NO_DATA ",\"data\":{\"path\":\"synthetic\"}"
 
 static void test_defaults(void **state) {
     (void)state;
@@ -59,7 +60,7 @@ static void test_defaults(void **state) {
     assert_int_equal(s.train.keep_last, -1); /* not given: the checkpoint directory's, else the table's */
     assert_int_equal(s.train.keep_every, -1);
     assert_string_equal(s.train.resume, wcmd_job_default(WCMD_RESUME)); /* a job resumes: "auto" */
-    assert_string_equal(s.data_path, wcmd_defaults[WCMD_DATA].value);
+    assert_string_equal(s.data_path, "synthetic"); /* as named: spec.data.path has no default */
     /* the operator's own */
     assert_true(s.mem_cap == JOB_SPEC_MEM_CAP);
     assert_int_equal(s.strat, STRAT_CEPHALO);
@@ -108,7 +109,7 @@ static void test_worker_argv(void **state) {
     cJSON_Delete(doc);
     /* without claims the paths are the job's (a filesystem every pod shares); no retention given:
      * none in the args (the worker keeps the directory's) */
-    assert_int_equal(parse(MINIMAL ",\"data\":{\"path\":\"/shared/tok\",\"validation\":{\"path\":\"/shared/val\"}},"
+    assert_int_equal(parse(NO_DATA ",\"data\":{\"path\":\"/shared/tok\",\"validation\":{\"path\":\"/shared/val\"}},"
                            "\"checkpoint\":{\"dir\":\"/shared/odd\",\"every\":5}}", &doc, &s, msg), 0);
     assert_non_null(strstr(argv_line(&s), "--data /shared/tok --val-data /shared/val --ckpt-dir /shared/odd "
                                           "--ckpt-every 5 --resume auto"));
@@ -125,7 +126,7 @@ static void test_same_builder(void **state) {
     assert_int_equal(parse(MINIMAL ",\"optimizer\":{\"lr\":0.001}}", &doc, &s, msg), 0);
     wcmd_train t;
     wcmd_train_defaults(&t);
-    t.steps = 10, t.lr = 0.001;
+    t.steps = 10, t.lr = 0.001, t.data = "synthetic";
     wcmd_argv a = {0}, b = {0};
     wcmd_train_argv(&t, &a);
     job_spec_worker_argv(&s, RECOMPUTE_FULL, &b);
@@ -141,6 +142,8 @@ static void test_refused(void **state) {
         const char *spec, *msg;
     } cases[] = {
         {"{\"model\":{\"name\":\"tiny-gpt\"},\"globalBatch\":8}", "spec.steps: missing (required)"},
+        {NO_DATA "}", "spec.data.path: missing (required): token shards, or `synthetic` for random tokens"},
+        {NO_DATA ",\"data\":{\"pvc\":\"tokens\"}}", "spec.data.path: missing (required)"},
         {MINIMAL ",\"optimizer\":{\"lr\":20}}", "spec.optimizer.lr: expected a number in [0, 10], got 20"},
         {MINIMAL ",\"optimizer\":{\"warmup\":1.5}}", "spec.optimizer.warmup: expected an integer in [0, 1099511627776], got 1.5"},
         {MINIMAL ",\"memCap\":0}", "spec.memCap: expected a number in (0, 1], got 0"},
@@ -159,7 +162,7 @@ static void test_refused(void **state) {
          "spec.model.initFrom.volume: expected exactly one volume source"},
         {MINIMAL ",\"imagePullPolicy\":\"Sometimes\"}", "spec.imagePullPolicy: 'Sometimes' (expected Always, IfNotPresent or Never)"},
         {MINIMAL ",\"seed\":-1}", "spec.seed: expected an integer in [0, 4611686018427387904], got -1"},
-        {MINIMAL ",\"data\":{\"validation\":{\"every\":5}}}", "spec.data.validation.path: missing (required)"},
+        {NO_DATA ",\"data\":{\"path\":\"t\",\"validation\":{\"every\":5}}}", "spec.data.validation.path: missing (required)"},
         {MINIMAL ",\"checkpoint\":{\"every\":5}}", "spec.checkpoint.dir: missing (required)"},
         {MINIMAL ",\"tolerations\":{}}", "spec.tolerations: expected a list, got an object"},
         {MINIMAL ",\"optimizer\":3}", "spec.optimizer: expected an object, got 3"},

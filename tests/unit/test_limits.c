@@ -84,7 +84,7 @@ static int load_job(const char *file, const char *name, int n_items, job *j, err
     char *text = NULL;
     size_t len = 0, cap = 0;
     if (name) str_appendf(&text, &len, &cap, "name: %s\n", name);
-    str_appendf(&text, &len, &cap, "model: tiny-gpt\nbatch: %d\nsteps: 2\ndevices:\n", n_items * 4);
+    str_appendf(&text, &len, &cap, "model: tiny-gpt\nbatch: %d\nsteps: 2\ndata: synthetic\ndevices:\n", n_items * 4);
     /* 511M: memory_gib 0.4990234375, the longest numbers %.17g prints */
     for (int i = 0; i < n_items; i++) str_appendf(&text, &len, &cap, "  - {type: cpu, threads: 1, memory: 511M, count: 4}\n");
     int rc = job_load_string(file, text, len, j, err);
@@ -273,7 +273,7 @@ static void test_job_spec_paths(void **state) {
     free(json), free(dir);
     /* one beyond: the field and the limit */
     dir = repeat('d', room + 1);
-    json = str_printf("{\"model\": {\"name\": \"tiny-gpt\"}, \"globalBatch\": 8, \"steps\": 2, "
+    json = str_printf("{\"model\": {\"name\": \"tiny-gpt\"}, \"globalBatch\": 8, \"steps\": 2, \"data\": {\"path\": \"synthetic\"}, "
                       "\"checkpoint\": {\"dir\": \"%s\", \"pvc\": \"ckpt\"}}", dir);
     assert_int_equal(parse_spec(json, &doc, &s, &err), -1);
     assert_contains(err.msg, "spec.checkpoint.dir:");

@@ -9,6 +9,8 @@
  *    emulated mma equals the direct matrix product, for the three operand shapes;
  *  - the swizzle: a permutation of each row's chunks, and every 8-lane ldmatrix phase the
  *    kernels issue touches 8 distinct 16-byte bank groups (no bank conflicts);
+ *  - Turing's m16n8k8: its fragments, and two k8 products on the k16 fragments' halves equal
+ *    one k16 product (the sm_75 path of the kernels);
  *  - causal tiles: the tile counts, full-tile test and first query tile agree with brute force;
  *  - the emulator: forward and backward of the kernels, lane by lane, against the CPU device's
  *    attention_fwd / attention_bwd on inputs rounded to bf16 (or fp16), causal and not, GQA,
@@ -89,6 +91,41 @@ static void test_c_to_a(void **state) {
             }
 }
 
+/* 1b. m16n8k8 (Turing): its fragments as the PTX ISA states them, a bijection each, and the
+ * k8 halves of a k16 product are exactly the registers mma_k8_a_reg / mma_k8_b_reg name. */
+static void test_k8_ownership(void **state) {
+    (void)state;
+    int seen_a[16][8] = {{0}}, seen_b[8][8] = {{0}};
+    for (int lane = 0; lane < 32; lane++) {
+        int g = lane / 4, t = lane % 4;
+        for (int i = 0; i < 4; i++) {
+            int r = mma_k8_a_row(lane, i), c = mma_k8_a_col(lane, i);
+            assert_int_equal(r, i < 2 ? g : g + 8);
+            assert_int_equal(c, t * 2 + (i & 1));
+            seen_a[r][c]++;
+            for (int h = 0; h < 2; h++) { /* the same cell of the k16 A, 8h columns on */
+                int e = 2 * mma_k8_a_reg(h, i / 2) + (i & 1);
+                assert_int_equal(mma_a_row(lane, e), r);
+                assert_int_equal(mma_a_col(lane, e), c + 8 * h);
+            }
+        }
+        for (int i = 0; i < 2; i++) {
+            int r = mma_k8_b_row(lane, i);
+            assert_int_equal(r, t * 2 + (i & 1));
+            seen_b[r][g]++;
+            for (int h = 0; h < 2; h++) { /* the same cell of the k16 B, 8h rows on */
+                int e = 2 * mma_k8_b_reg(h) + i;
+                assert_int_equal(mma_b_row(lane, e), r + 8 * h);
+                assert_int_equal(mma_b_col(lane, e), g);
+            }
+        }
+    }
+    for (int r = 0; r < 16; r++)
+        for (int c = 0; c < 8; c++) assert_int_equal(seen_a[r][c], 1);
+    for (int r = 0; r < 8; r++)
+        for (int c = 0; c < 8; c++) assert_int_equal(seen_b[r][c], 1);
+}
+
 /* ---------------------------------------------------------------------------------------------
  * the emulated warp: 16-bit values, ldmatrix, mma */
 
@@ -138,6 +175,51 @@ static void emu_mma(float d[32][4], const regs4 a[32], const regs4 b[32], int bi
             for (int kk = 0; kk < 16; kk++) acc += A[r][kk] * B[kk][c];
             d[lane][i] = (float)acc;
         }
+}
+
+/* d += A B for one m16n8k8 (Turing), with the k16 fragments' registers it takes for half h:
+ * A registers mma_k8_a_reg(h, 0..1) of a[lane], B register mma_k8_b_reg(h) of n tile bi. */
+static void emu_mma_k8(float d[32][4], const regs4 a[32], const regs4 b[32], int bi, int h) {
+    double A[16][8], B[8][8];
+    for (int lane = 0; lane < 32; lane++) {
+        for (int i = 0; i < 4; i++) A[mma_k8_a_row(lane, i)][mma_k8_a_col(lane, i)] = wide(a[lane].h[mma_k8_a_reg(h, i / 2)][i & 1]);
+        for (int i = 0; i < 2; i++) B[mma_k8_b_row(lane, i)][lane >> 2] = wide(b[lane].h[2 * bi + mma_k8_b_reg(h)][i]);
+    }
+    for (int lane = 0; lane < 32; lane++)
+        for (int i = 0; i < 4; i++) {
+            int r = mma_c_row(lane, i), c = mma_c_col(lane, i);
+            double acc = d[lane][i];
+            for (int kk = 0; kk < 8; kk++) acc += A[r][kk] * B[kk][c];
+            d[lane][i] = (float)acc;
+        }
+}
+
+/* Turing's two k8 products = one k16 product, exactly, on small integers (every sum exact). */
+static void test_k8_product(void **state) {
+    (void)state;
+    use_fp16 = true; /* Turing's tensor cores take fp16 only */
+    uint64_t seed = 99;
+    for (int trial = 0; trial < 8; trial++) {
+        regs4 a[32], b[32];
+        for (int lane = 0; lane < 32; lane++)
+            for (int r = 0; r < 4; r++)
+                for (int e = 0; e < 2; e++) {
+                    seed ^= seed << 13, seed ^= seed >> 7, seed ^= seed << 17;
+                    a[lane].h[r][e] = rnd16((float)((int)(seed % 17) - 8));
+                    b[lane].h[r][e] = rnd16((float)((int)((seed >> 20) % 17) - 8));
+                }
+        for (int bi = 0; bi < 2; bi++) {
+            float d16[32][4], d8[32][4];
+            for (int lane = 0; lane < 32; lane++)
+                for (int i = 0; i < 4; i++) d16[lane][i] = d8[lane][i] = (float)(lane - i);
+            emu_mma(d16, a, b, bi);
+            emu_mma_k8(d8, a, b, bi, 0);
+            emu_mma_k8(d8, a, b, bi, 1);
+            for (int lane = 0; lane < 32; lane++)
+                for (int i = 0; i < 4; i++) assert_true(d16[lane][i] == d8[lane][i]);
+        }
+    }
+    use_fp16 = false;
 }
 
 /* The three ldmatrix sources of the kernels (at_a, at_bn, at_bt) for tile row r0, step kk. */
@@ -698,6 +780,7 @@ int main(void) {
         cmocka_unit_test(test_ownership),     cmocka_unit_test(test_c_to_a),
         cmocka_unit_test(test_ldmatrix_products), cmocka_unit_test(test_swizzle),
         cmocka_unit_test(test_causal_tiles),  cmocka_unit_test(test_emulator),
+        cmocka_unit_test(test_k8_ownership),  cmocka_unit_test(test_k8_product),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

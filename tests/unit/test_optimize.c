@@ -8,7 +8,10 @@
  *    planner's predicted iteration time against the best of every assignment, each priced by an
  *    independent re-implementation of the model's rules (even or uneven state, constraint III),
  *    each rank recomputing or keeping its activations (auto, or forced by the policy).
- * Equal optimum every time, and the returned plan attains it. */
+ * Equal optimum every time, and the returned plan attains it.
+ * 3. The windowed, pruned room DPs (the fast path) against the quadratic DP over every batch sum
+ *    (opt_problem.exhaustive_dp), on the small problems of 1 and on larger ones (B up to 700, up
+ *    to 40 ranks) whose room per batch is far from concave: the same answer, plan and tests. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -196,6 +199,140 @@ static void test_random_problems_match_exhaustive(void **state) {
     assert_true(kept > 100);     /* ... and plans that keep activations */
 }
 
+/* ---- the fast room DPs against the quadratic reference ---- */
+
+/* Solves p twice, fast and as the reference, and asserts the same outcome: status, objective,
+ * the whole assignment and the feasibility tests run (each test's answer is exact either way,
+ * so the searches take the same path). Returns the room DPs the fast run decided. */
+static long check_fast_matches_reference(opt_problem *p, int it) {
+    opt_result fast, ref;
+    p->exhaustive_dp = false;
+    int rc = opt_solve(p, &fast);
+    p->exhaustive_dp = true;
+    int rc_ref = opt_solve(p, &ref);
+    p->exhaustive_dp = false;
+    if (rc != rc_ref || (rc == 0 && fast.objective != ref.objective))
+        fprintf(stderr, "instance %d: fast %d %.12g, reference %d %.12g\n", it, rc, fast.objective, rc_ref, ref.objective);
+    assert_int_equal(rc, rc_ref);
+    assert_int_equal(fast.checks, ref.checks);
+    if (rc == 0) {
+        assert_true(fast.objective == ref.objective);
+        for (int i = 0; i < fast.n_ranks; i++) {
+            assert_int_equal(fast.batch[i], ref.batch[i]);
+            assert_int_equal(fast.micro[i], ref.micro[i]);
+            assert_int_equal(fast.keep[i], ref.keep[i]);
+        }
+    }
+    long dps = fast.room_dps;
+    opt_result_free(&fast);
+    opt_result_free(&ref);
+    return dps;
+}
+
+#define BIG_B 700
+#define BIG_M 48
+#define BIG_G 3
+
+typedef struct big_problem {
+    opt_problem p;
+    opt_group g[BIG_G];
+    double f[BIG_G][BIG_M + 1], k[BIG_G][BIG_M + 1], kk[BIG_G][BIG_M + 1];
+    int64_t room[BIG_G][BIG_M + 1], keep_per[BIG_G][BIG_M + 1];
+    int keep_lmax[BIG_G][BIG_M + 1];
+} big_problem;
+static rand_keep big_keep_ctx[BIG_G];
+
+/* Whether a group's room per batch, max over the microbatches that divide it (all counts
+ * allowed), is concave over the batches that have one: the windows must not rely on it. */
+static bool room_concave(const opt_group *g, int B) {
+    int64_t h[BIG_B + 1];
+    int prev = 0, prev2 = 0;
+    for (int b = 1; b <= B; b++) {
+        h[b] = INT64_MIN;
+        for (int m = 1; m <= g->mmax && m <= b; m++)
+            if (b % m == 0 && g->room[m] > h[b]) h[b] = g->room[m];
+        if (h[b] == INT64_MIN) continue;
+        /* the middle point on or above the chord of its neighbours, for every triple */
+        if (prev2 && (h[prev] - h[prev2]) * (b - prev) < (h[b] - h[prev]) * (prev - prev2)) return false;
+        prev2 = prev, prev = b;
+    }
+    return true;
+}
+
+/* Up to 40 ranks in up to 3 groups, B up to 700, random non-monotone costs and room per
+ * microbatch, keeping allowed in some groups, and constraint III between the least and the most
+ * room the ranks could offer, where it binds and the DPs decide. */
+static void make_big(big_problem *bp) {
+    memset(bp, 0, sizeof *bp);
+    int ng = rnd(1, BIG_G), n = 0;
+    int64_t lo_room = 0, hi_room = 0;
+    for (int gi = 0; gi < ng; gi++) {
+        opt_group *g = &bp->g[gi];
+        g->count = rnd(1, gi == 0 ? 24 : 8);
+        n += g->count;
+        g->mmax = rnd(1, BIG_M);
+        double base = rndf(0.5, 5), slope = rndf(0.1, 3);
+        int64_t r0 = rnd(200, 2000), rmin = INT64_MAX, rmax = INT64_MIN;
+        for (int m = 1; m <= g->mmax; m++) {
+            bp->f[gi][m] = base + slope * m * rndf(0.7, 1.3);
+            bp->k[gi][m] = bp->f[gi][m] * rndf(1.5, 3);
+            bp->room[gi][m] = r0 - rnd(0, 40) * m + rnd(-50, 50); /* jagged: far from concave */
+            if (bp->room[gi][m] < rmin) rmin = bp->room[gi][m];
+            if (bp->room[gi][m] > rmax) rmax = bp->room[gi][m];
+        }
+        g->f = bp->f[gi];
+        g->k = bp->k[gi];
+        g->room = bp->room[gi];
+        if (rnd(0, 2) == 0) {
+            for (int m = 1; m <= g->mmax; m++) {
+                bp->kk[gi][m] = bp->k[gi][m] * rndf(0.5, 1.0);
+                bp->keep_lmax[gi][m] = rnd(0, 40);
+                bp->keep_per[gi][m] = rnd(0, 30);
+            }
+            big_keep_ctx[gi] = (rand_keep){bp->room[gi], bp->keep_per[gi]};
+            g->k_keep = bp->kk[gi];
+            g->keep_lmax = bp->keep_lmax[gi];
+            g->keep_room = rand_keep_room;
+            g->keep_ctx = &big_keep_ctx[gi];
+            rmin -= 30 * 40;
+        }
+        lo_room += rmin * g->count;
+        hi_room += rmax * g->count;
+    }
+    bp->p.n_groups = ng;
+    bp->p.groups = bp->g;
+    bp->p.batch = rnd(n, BIG_B);
+    bp->p.need_room = lo_room + (int64_t)((double)(hi_room - lo_room) * rndf(0.3, 1.0));
+    if (bp->p.need_room < 1) bp->p.need_room = 1;
+}
+
+static void test_fast_dp_matches_reference(void **state) {
+    (void)state;
+    long dps = 0;
+    for (int it = 0; it < 1500; it++) {
+        rand_problem rp;
+        make_random(&rp);
+        dps += check_fast_matches_reference(&rp.p, it);
+    }
+    assert_true(dps > 50); /* the small problems reach the exact DP too */
+    long big_dps = 0;
+    int feasible = 0, nonconcave = 0;
+    for (int it = 0; it < 150; it++) {
+        big_problem bp;
+        make_big(&bp);
+        for (int gi = 0; gi < bp.p.n_groups; gi++) nonconcave += !room_concave(&bp.g[gi], bp.p.batch);
+        opt_result r;
+        feasible += opt_solve(&bp.p, &r) == 0;
+        opt_result_free(&r);
+        big_dps += check_fast_matches_reference(&bp.p, 10000 + it);
+    }
+    fprintf(stderr, "fast vs reference: %ld small and %ld large room DPs, %d large feasible, %d non-concave groups\n",
+            dps, big_dps, feasible, nonconcave);
+    assert_true(big_dps > 30);    /* the large ones exercise the windows and the pruning */
+    assert_true(feasible > 30);   /* ... on instances with a plan to compare */
+    assert_true(nonconcave > 50); /* ... whose room per batch is not concave */
+}
+
 /* ---- random real clusters ---- */
 
 static const char *const gpu_types[] = {"P40", "P100", "V100-16GB", "T4", "A10G", "L4", "A6000", "A100-40GB", "RTX-3090"};
@@ -345,6 +482,7 @@ int main(void) {
         cmocka_unit_test(test_small_known_optimum),
         cmocka_unit_test(test_random_problems_match_exhaustive),
         cmocka_unit_test(test_random_clusters_match_exhaustive),
+        cmocka_unit_test(test_fast_dp_matches_reference),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -22,6 +22,7 @@ static const char *const TINY[] = {"tiny-gpt", "tiny-llama", "tiny-bert", "tiny-
 static train_config tiny_config(const char *name, int batch, int micro) {
     train_config c = {0};
     train_config_defaults(&c);
+    c.data = "synthetic";
     err_t err;
     assert_int_equal(model_resolve(name, &c.model, &err), 0);
     int seq = 0;

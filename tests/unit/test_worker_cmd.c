@@ -141,7 +141,7 @@ static void test_crd_mismatch_is_seen(void **state) {
 
 static void test_job_file_defaults(void **state) {
     (void)state;
-    static const char text[] = "model: tiny-gpt\nbatch: 4\nsteps: 20\ncheckpoint: {dir: ck}\n"
+    static const char text[] = "model: tiny-gpt\nbatch: 4\nsteps: 20\ndata: synthetic\ncheckpoint: {dir: ck}\n"
                                "devices: [{type: cpu, threads: 1, memory: 256M}]\n";
     job j;
     err_t err;
@@ -154,7 +154,8 @@ static void test_job_file_defaults(void **state) {
     assert_int_equal(got.warmup, want.warmup);
     assert_int_equal(got.seed, want.seed);
     assert_int_equal(got.prec, want.prec);
-    assert_string_equal(got.data, want.data);
+    assert_null(want.data); /* no default: a job names its data */
+    assert_string_equal(got.data, "synthetic");
     assert_int_equal(got.keep_last, want.keep_last);
     assert_int_equal(got.keep_every, want.keep_every);
     assert_string_equal(got.resume, want.resume);
@@ -174,7 +175,8 @@ static void test_worker_defaults(void **state) {
     assert_true(c.beta1 == w.beta1 && c.beta2 == w.beta2 && c.eps == w.eps);
     assert_int_equal(c.schedule, w.schedule);
     assert_int_equal(c.seed, w.seed);
-    assert_string_equal(c.data, w.data);
+    assert_null(c.data); /* none: the worker refuses to train without --data */
+    assert_null(w.data);
     assert_true(c.loss_scale == wcmd_default_num(WCMD_LOSS_SCALE));
     assert_int_equal(c.loss_scale_window, wcmd_default_long(WCMD_LOSS_SCALE_WINDOW));
     train_config_release(&c);
@@ -300,16 +302,17 @@ static void test_same_job_every_option(void **state) {
  * parsers (the operator's without the API server's defaulting, as an older CRD would leave it). */
 static void test_same_job_defaults(void **state) {
     (void)state;
-    compare("model: tiny-gpt\nbatch: 8\nsteps: 20\ncheckpoint: {dir: ck}\n"
+    compare("model: tiny-gpt\nbatch: 8\nsteps: 20\ndata: synthetic\ncheckpoint: {dir: ck}\n"
             "devices: [{type: cpu, threads: 1, memory: 256M}]\n",
             "/ck/run",
-            "{\"model\": {\"name\": \"tiny-gpt\"}, \"globalBatch\": 8, \"steps\": 20, \"checkpoint\": {\"dir\": \"/ck/run\"}}");
+            "{\"model\": {\"name\": \"tiny-gpt\"}, \"globalBatch\": 8, \"steps\": 20, \"data\": {\"path\": \"synthetic\"},"
+            " \"checkpoint\": {\"dir\": \"/ck/run\"}}");
 }
 
 /* ... and with the API server's defaulting: the CRD's `default:` values filled in. */
 static void test_same_job_crd_defaults(void **state) {
     (void)state;
-    compare("model: tiny-gpt\nbatch: 8\nsteps: 20\ncheckpoint: {dir: ck}\n"
+    compare("model: tiny-gpt\nbatch: 8\nsteps: 20\ndata: synthetic\ncheckpoint: {dir: ck}\n"
             "devices: [{type: cpu, threads: 1, memory: 256M}]\n",
             "/ck/run",
             "{\"model\": {\"name\": \"tiny-gpt\"}, \"globalBatch\": 8, \"steps\": 20, \"seed\": 1, \"precision\": \"fp32\","
@@ -323,9 +326,10 @@ static void test_same_job_crd_defaults(void **state) {
 static void test_difference_is_seen(void **state) {
     (void)state;
     wcmd_argv a = {0}, b = {0};
-    cli_argv("model: tiny-gpt\nbatch: 8\nsteps: 20\noptimizer: {lr: 0.001}\n"
+    cli_argv("model: tiny-gpt\nbatch: 8\nsteps: 20\ndata: synthetic\noptimizer: {lr: 0.001}\n"
              "devices: [{type: cpu, threads: 1, memory: 256M}]\n", NULL, RECOMPUTE_FULL, &a);
-    operator_argv("{\"model\": {\"name\": \"tiny-gpt\"}, \"globalBatch\": 8, \"steps\": 20}", RECOMPUTE_FULL, &b);
+    operator_argv("{\"model\": {\"name\": \"tiny-gpt\"}, \"globalBatch\": 8, \"steps\": 20, \"data\": {\"path\": \"synthetic\"}}",
+                  RECOMPUTE_FULL, &b);
     assert_int_equal(a.n, b.n);
     int differ = 0;
     for (int i = 0; i < a.n; i++) differ += strcmp(a.v[i], b.v[i]) != 0;

@@ -167,6 +167,9 @@ static int eval_config(eval_cmd *o, train_config *c, err_t *err) {
     }
     c->prec = o->have_prec ? o->prec : prec;
     c->steps = 0;
+    /* the trainer's own training source, never read here (the evaluator opens --data itself);
+     * train --data has no default any more, so name one rather than leave it NULL */
+    c->data = "synthetic";
     c->init_from = o->init_from;
     c->allow_unused = o->allow_unused;
     if (o->device) c->device = o->device;

@@ -74,8 +74,9 @@ static void catch_stop_signals(void) {
     "  --batch B            global batch (samples per step)\n" \
     "  --microbatch M       samples per microbatch (default B); B/M microbatches per step\n" \
     "  --seq T              sequence length (default: the model's)\n" \
-    "  --data SPEC          token shards (file, directory, glob, comma list), a CIMG image file\n" \
-    "                       for ViT, or '%s' (default)\n" \
+    "  --data SPEC          the training data (required): token shards (file, directory, glob,\n" \
+    "                       comma list; a directory's validation shards are left out), a CIMG\n" \
+    "                       image file for ViT, or 'synthetic' (random tokens: only by name)\n" \
     "  --init-from DIR      start from a Hugging Face model directory (config.json and\n" \
     "                       model.safetensors or its sharded index; GPT-2 and Llama): each rank\n" \
     "                       reads only its own slices (docs/import.md). Without --plan/--model,\n" \
@@ -85,6 +86,8 @@ static void catch_stop_signals(void) {
     "                       the weights): a warning names them; without it they are an error\n" \
     "  --steps N            total steps (default %s); 0: the initial weights saved as checkpoint\n" \
     "                       step 0 (with --ckpt-dir), e.g. to export them\n" \
+    "  --epochs N           instead of --steps: every training sample N times, ceil(N x samples\n" \
+    "                       / global batch) steps (printed at the start; the schedule's length)\n" \
     "  --lr X               peak learning rate (default %s)\n" \
     "  --schedule S         after the warmup: cosine or linear from lr down to --min-lr, or\n" \
     "                       constant (lr throughout); default %s\n" \
@@ -146,7 +149,7 @@ static void catch_stop_signals(void) {
 #define D(k) wcmd_defaults[k].value
 static const char *usage(void) {
     static char text[8192];
-    snprintf(text, sizeof text, USAGE_FMT, D(WCMD_DATA), D(WCMD_STEPS), D(WCMD_LR), D(WCMD_SCHEDULE), D(WCMD_WARMUP),
+    snprintf(text, sizeof text, USAGE_FMT, D(WCMD_STEPS), D(WCMD_LR), D(WCMD_SCHEDULE), D(WCMD_WARMUP),
              D(WCMD_WEIGHT_DECAY), D(WCMD_BETA1), D(WCMD_BETA2), D(WCMD_EPS), D(WCMD_CLIP), D(WCMD_SEED),
              D(WCMD_PRECISION), D(WCMD_LOSS_SCALE), D(WCMD_LOSS_SCALE_WINDOW), D(WCMD_RECOMPUTE), D(WCMD_KEEP_LAST), D(WCMD_KEEP_EVERY), D(WCMD_RESUME),
              D(WCMD_DIVERGE_STEPS), D(WCMD_VAL_SAMPLES));
@@ -183,7 +186,7 @@ enum {
     O_EPS, O_CLIP, O_SEED, O_THREADS, O_MEMORY, O_CKDIR, O_CKEVERY, O_RESUME, O_LOG, O_DUMP, O_QUIET, O_DEVICE,
     O_GPU, O_PRECISION, O_OFFLOAD, O_ACCUM, O_SYNCMICRO, O_MPORT, O_MADDR, O_OVERWRITE, O_KEEPLAST, O_KEEPEVERY,
     O_DIVERGE, O_LSCALE, O_LWINDOW, O_SCHEDULE, O_INITFROM, O_VALDATA, O_VALEVERY, O_VALSAMPLES, O_UNUSED,
-    O_RECOMPUTE
+    O_RECOMPUTE, O_EPOCHS
 };
 
 static const struct option train_longopts[] = {
@@ -204,7 +207,7 @@ static const struct option train_longopts[] = {
     {"keep-every", 1, 0, O_KEEPEVERY}, {"diverge-steps", 1, 0, O_DIVERGE},
     {"loss-scale", 1, 0, O_LSCALE}, {"loss-scale-window", 1, 0, O_LWINDOW},
     {"init-from", 1, 0, O_INITFROM}, {"allow-unused-weights", 0, 0, O_UNUSED}, {"val-data", 1, 0, O_VALDATA},
-    {"val-every", 1, 0, O_VALEVERY}, {"val-samples", 1, 0, O_VALSAMPLES},
+    {"val-every", 1, 0, O_VALEVERY}, {"val-samples", 1, 0, O_VALSAMPLES}, {"epochs", 1, 0, O_EPOCHS},
     {"help", 0, 0, 'h'},          {0, 0, 0, 0}};
 
 /* What the job is: its model and batch (or its plan), data, device and precision. */
@@ -247,6 +250,7 @@ static int optimizer_option(args *p, int ch, worker_opts *o) {
     const char *v;
     switch (ch) {
     case O_STEPS: return args_int64(p, 0, INT64_C(1) << 40, &c->steps);
+    case O_EPOCHS: return args_long(p, 1, 1L << 20, &c->epochs);
     case O_LR: return args_double(p, 0, 10, &c->lr);
     case O_MINLR: return args_double(p, 0, 10, &c->min_lr);
     case O_SCHEDULE:
@@ -431,7 +435,13 @@ static int resolve_job(worker_opts *o) {
         if (env_int("LOCAL_RANK", rank, 0, 1 << 20, &local)) return EXIT_BAD_INPUT;
         c->gpu = n > 0 ? local % n : 0;
     }
-    if (c->warmup >= c->steps && c->warmup > 0)
+    if (!c->data) /* never a silent synthetic run: a fine-tune without --data would learn noise */
+        return args_bad_cmd(WORKER_NAME, "give --data SPEC, the training data: token shards (cephalo data), a "
+                                         "CIMG image file for ViT, or 'synthetic' for random tokens%s",
+                            c->init_from ? " (nothing else fine-tunes --init-from's model)" : "");
+    if (args_given(&o->cl, O_STEPS) && args_given(&o->cl, O_EPOCHS))
+        return args_bad_cmd(WORKER_NAME, "--steps and --epochs: give one (--epochs sets the steps from the data's size)");
+    if (c->warmup >= c->steps && c->warmup > 0 && !c->epochs)
         return args_bad_cmd(WORKER_NAME, "--warmup %lld must be below --steps %lld", (long long)c->warmup, (long long)c->steps);
     return check_idle_options(o);
 }
@@ -695,6 +705,9 @@ static int train_rank(worker_opts o) {
                 t->cfg.batch, t->cfg.micro, t->cfg.micros, t->dev.threads, desc,
                 str_bytes((double)t->dev.cur_bytes, peak, sizeof peak),
                 str_bytes((double)t->host_bytes, host, sizeof host));
+        if (t->cfg.epochs)
+            fprintf(stderr, "  --epochs %ld: %lld steps (%lld samples an epoch, %d a step)\n", t->cfg.epochs,
+                    (long long)t->cfg.steps, (long long)data_num_samples(t->data), t->cfg.global_batch);
         if (ev) eval_describe(ev, desc, sizeof desc), fprintf(stderr, "  validation: %s\n", desc);
     }
     if (!rc && t->cfg.steps > 0) rc = run_training(t, &o, log, dp, m, ev);

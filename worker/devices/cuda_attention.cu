@@ -1,5 +1,5 @@
 /* cuda_attention.cu - flash-style attention (FlashAttention-2 tiling) for the CUDA device, fp32.
- * (bf16/fp16 precision on sm_80+ with CEPHALO_CUDA_ATTN=mma runs the tensor-core kernels of
+ * (bf16/fp16 precision on sm_80+, and fp16 on sm_75, with CEPHALO_CUDA_ATTN=mma runs the tensor-core kernels of
  * cuda_attention_mma.cu instead: cuda_attention_fwd/bwd hand over to them.)
  *
  * Never a T x T matrix: a block owns a tile of rows, streams the other operand through shared

@@ -1,7 +1,8 @@
 /* cuda_attention_mma.cu - flash attention on tensor cores (mma.sync m16n8k16, bf16 or fp16
- * operands, fp32 accumulation) for bf16/fp16 training on sm_80+: CEPHALO_CUDA_ATTN=mma
- * (docs/cuda.md). The fp32 kernels of cuda_attention.cu stay the path of fp32 precision, of GPUs
- * before sm_80 and of CEPHALO_CUDA_PORTABLE=1; cuda_attention_fwd/bwd choose.
+ * operands, fp32 accumulation) for bf16/fp16 training on sm_80+, and fp16 on Turing (sm_75,
+ * each k16 product as two m16n8k8): CEPHALO_CUDA_ATTN=mma (docs/cuda.md). The fp32 kernels of
+ * cuda_attention.cu stay the path of fp32 precision, of GPUs before sm_75 (bf16 before sm_80)
+ * and of CEPHALO_CUDA_PORTABLE=1; cuda_attention_fwd/bwd choose.
  *
  * Same algorithm and the same determinism as the fp32 kernels (FlashAttention-2 tiling, the
  * online softmax in log2 units, a deterministic backward without atomics: dK/dV per key tile
@@ -41,12 +42,21 @@ namespace {
 
 constexpr int MT = 128; /* threads per block: 4 warps */
 constexpr float LOG2E = 1.4426950408889634f;
-/* mma.sync m16n8k16 with bf16/fp16 and ldmatrix need sm_80 (ldmatrix sm_75); compiled for an
- * older target the kernels are a trap, never launched (cuda_attention_mma_ok). */
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-#define CEPHALO_HAVE_MMA 0
+/* The tensor-core instructions of the compilation target: 80 (mma.sync m16n8k16, bf16 and fp16),
+ * 75 (Turing: m16n8k8 with fp16 only, so a k16 product is two k8 products, mma_layout.h "1b"),
+ * 0 (before sm_75: the kernels are a trap, never launched: cuda_attention_mma_ok). ldmatrix is
+ * sm_75+. CEPHALO_MMA_K8=1 at build time makes an sm_80+ build take the Turing path for fp16 too,
+ * so a lent H100/H200 can check it (docs/cuda.md). */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 750
+#define CEPHALO_MMA_ARCH 0
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#define CEPHALO_MMA_ARCH 75
 #else
-#define CEPHALO_HAVE_MMA 1
+#define CEPHALO_MMA_ARCH 80
+#endif
+#define CEPHALO_HAVE_MMA (CEPHALO_MMA_ARCH != 0)
+#ifndef CEPHALO_MMA_K8
+#define CEPHALO_MMA_K8 0
 #endif
 #if CEPHALO_HAVE_MMA /* (unused, and so a warning, where the kernels are traps) */
 constexpr float LN2 = 0.6931471805599453f;
@@ -68,21 +78,40 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
     return x.u;
 }
 
-/* d += a b (one m16n8k16 product; fragments as mma_layout.h) */
+/* d += a b for one m16n8k8 fp16 product (sm_75+): A registers a0, a1, B register b. */
+__device__ __forceinline__ void mma_k8(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t b) {
+#if CEPHALO_HAVE_MMA
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(b));
+#endif
+}
+
+/* d += a b (one m16n8k16 product; fragments as mma_layout.h): one instruction on sm_80+, two
+ * m16n8k8 on Turing (fp16 only: k 0-7 from A registers 0, 1 and B register 0, k 8-15 from A
+ * registers 2, 3 and B register 1; mma_k8_a_reg, mma_k8_b_reg). */
 template <bool F16>
 __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
                                     uint32_t b1) {
 #if CEPHALO_HAVE_MMA
-    if constexpr (F16)
+    constexpr bool k8 = CEPHALO_MMA_ARCH == 75 || CEPHALO_MMA_K8;
+    if constexpr (F16 && k8) {
+        mma_k8(d, a[0], a[1], b0);
+        mma_k8(d, a[2], a[3], b1);
+    } else if constexpr (F16) {
         asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
             "{%8,%9}, {%0,%1,%2,%3};\n"
             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    else
+    } else if constexpr (CEPHALO_MMA_ARCH == 75) {
+        __trap(); /* bf16 needs sm_80: never launched here (cuda_attention_mma_ok) */
+    } else {
         asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
             "{%8,%9}, {%0,%1,%2,%3};\n"
             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
 #endif
 }
 
@@ -530,8 +559,11 @@ bool al16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
 extern "C" bool cuda_attention_mma_ok(device *d, int hd) {
     const cuda_state *st = cuda_of(d);
-    return st->attn_mma && (d->matmul == DEV_MATMUL_BF16 || d->matmul == DEV_MATMUL_FP16) &&
-           st->cc_major >= 8 && st->code_arch >= 80 && !st->portable && mma_width(hd) != 0;
+    /* bf16 and fp16 on sm_80+ code; fp16 also on Turing (sm_75 code: m16n8k8) */
+    const bool k16 = st->cc_major >= 8 && st->code_arch >= 80;
+    const bool k8 = d->matmul == DEV_MATMUL_FP16 && st->cc_major * 10 + st->cc_minor >= 75 && st->code_arch >= 75;
+    return st->attn_mma && (d->matmul == DEV_MATMUL_BF16 || d->matmul == DEV_MATMUL_FP16) && (k16 || k8) &&
+           !st->portable && mma_width(hd) != 0;
 }
 
 extern "C" void cuda_attention_mma_fwd(device *d, float *out, float *lse, const float *q, int ldq,

@@ -18,6 +18,14 @@
  *    {c0,c1}, {c2,c3} of tile 2kk then of tile 2kk + 1, are exactly the A fragment of columns
  *    16kk .. 16kk + 15 (mma_c_to_a_* below): P never goes through shared memory.
  *
+ * 1b. Turing (sm_75) has mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 only (PTX ISA,
+ *    "Matrix Fragments for mma.m16n8k8"): A (16 x 8) halves a0..a3 in 2 registers, row = g for
+ *    i < 2, g + 8 otherwise, col = 2t + (i & 1); B (8 x 8) halves b0, b1 in 1 register, row (k) =
+ *    2t + (i & 1), col (n) = g; C as above. These are the k16 fragments' first and second halves
+ *    of k: k8 product h (k 8h .. 8h + 7) takes A registers mma_k8_a_reg(h, 0..1) = 2h, 2h + 1
+ *    and B register mma_k8_b_reg(h) = h of the k16 fragments as loaded, so one k16 product is two
+ *    k8 products into the same accumulators, with no other change to the kernels.
+ *
  * 2. ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: lanes 8j .. 8j + 7 give the row addresses
  *    (16 bytes each) of 8x8 matrix j; lane l receives in register j the two halves of row l / 4,
  *    columns 2(l % 4), 2(l % 4) + 1 of matrix j, or with .trans those of column l / 4, rows
@@ -54,6 +62,13 @@ MMA_FN int mma_b_row(int lane, int i) { return 2 * (lane & 3) + (i & 1) + (i >= 
 MMA_FN int mma_b_col(int lane, int i) { (void)i; return lane >> 2; }
 MMA_FN int mma_c_row(int lane, int i) { return (lane >> 2) + (i >= 2 ? 8 : 0); }
 MMA_FN int mma_c_col(int lane, int i) { return 2 * (lane & 3) + (i & 1); }
+
+/* 1b. m16n8k8 (.f16, sm_75): its own fragments, and which k16 registers a k8 half takes. */
+MMA_FN int mma_k8_a_row(int lane, int i) { return (lane >> 2) + (i >= 2 ? 8 : 0); }
+MMA_FN int mma_k8_a_col(int lane, int i) { return 2 * (lane & 3) + (i & 1); }
+MMA_FN int mma_k8_b_row(int lane, int i) { return 2 * (lane & 3) + (i & 1); }
+MMA_FN int mma_k8_a_reg(int h, int r) { return 2 * h + r; }
+MMA_FN int mma_k8_b_reg(int h) { return h; }
 
 /* A register r (0..3) of k16 step kk, built from the C fragments of n8 tiles 2kk and 2kk + 1:
  * which tile (0: 2kk, 1: 2kk + 1) and which C elements (first, first + 1) it packs. */

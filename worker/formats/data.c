@@ -210,7 +210,18 @@ struct data_shard_writer {
     int64_t count;
     int version;
     tok_id tok;
+    bool masked; /* a loss mask is written beside (mask) */
+    afile mask;
 };
+
+int data_mask_path(const char *shard, char *buf, size_t n, err_t *err) {
+    size_t len = strlen(shard);
+    if (len >= 4 && !strcmp(shard + len - 4, ".bin")) len -= 4;
+    if (len + 6 > n) return err_set(err, "%s: the path of its loss mask is too long", shard);
+    memcpy(buf, shard, len);
+    memcpy(buf + len, ".mask", 6);
+    return 0;
+}
 
 int data_shard_tokenizer(const char *name, const void *hdr, tok_id *id, err_t *err) {
     const uint8_t *h = hdr;
@@ -282,11 +293,32 @@ static int shard_add(data_shard_writer *w, const uint16_t *t16, const uint32_t *
 }
 
 int data_shard_writer_add(data_shard_writer *w, const uint16_t *tokens, int64_t n, err_t *err) {
+    CHECK(!w->masked);
     return shard_add(w, tokens, NULL, n, err);
 }
 
 int data_shard_writer_add32(data_shard_writer *w, const uint32_t *tokens, int64_t n, err_t *err) {
+    CHECK(!w->masked);
     return shard_add(w, NULL, tokens, n, err);
+}
+
+int data_shard_writer_enable_mask(data_shard_writer *w, err_t *err) {
+    CHECK(!w->masked && w->count == 0);
+    char path[4096];
+    if (data_mask_path(w->f.path, path, sizeof path, err) < 0 || af_open(&w->mask, path, err) < 0) return -1;
+    w->masked = true;
+    uint8_t hdr[DATA_SHARD_HEADER_BYTES] = {0};
+    wr32(hdr, DATA_MASK_MAGIC);
+    wr32(hdr + 4, DATA_MASK_VERSION);
+    return af_write(&w->mask, hdr, sizeof hdr, err);
+}
+
+int data_shard_writer_add32_masked(data_shard_writer *w, const uint32_t *tokens, const uint8_t *mask, int64_t n,
+                                   err_t *err) {
+    CHECK(w->masked);
+    for (int64_t i = 0; i < n; i++) CHECK(mask[i] <= 1);
+    if (shard_add(w, NULL, tokens, n, err) < 0) return -1;
+    return af_write(&w->mask, mask, (size_t)n, err);
 }
 
 int64_t data_shard_writer_count(const data_shard_writer *w) { return w->count; }
@@ -303,7 +335,25 @@ int data_shard_writer_close(data_shard_writer *w, err_t *err) {
         wr32(h + 16, (uint32_t)w->tok.hash);
         wr32(h + 20, (uint32_t)(w->tok.hash >> 32));
     }
-    int rc = af_finish(&w->f, 8, h, sizeof h, err);
+    int rc = 0;
+    if (!w->masked) { /* a mask left beside an earlier shard of this name is not this shard's */
+        char mp[4096];
+        if (data_mask_path(w->f.path, mp, sizeof mp, NULL) == 0 && unlink(mp) != 0 && errno != ENOENT) {
+            err_set(err, "%s: cannot remove the stale loss mask %s: %s", w->f.path, mp, strerror(errno));
+            data_shard_writer_abort(w);
+            return -1;
+        }
+    }
+    if (w->masked) { /* the mask first: a shard never appears without the mask it was written with */
+        rc = af_finish(&w->mask, 8, h, 4, err);
+        w->masked = false;
+        if (rc < 0) {
+            af_abort(&w->f);
+            free(w);
+            return -1;
+        }
+    }
+    rc = af_finish(&w->f, 8, h, sizeof h, err);
     free(w);
     return rc;
 }
@@ -311,6 +361,7 @@ int data_shard_writer_close(data_shard_writer *w, err_t *err) {
 void data_shard_writer_abort(data_shard_writer *w) {
     if (!w) return;
     af_abort(&w->f);
+    if (w->masked) af_abort(&w->mask);
     free(w);
 }
 
@@ -521,6 +572,8 @@ typedef struct shard {
     int64_t n_tokens, n_windows;
     int version; /* 1: uint16 tokens, 2: uint32 */
     tok_id tok;  /* the header's tokenizer identity */
+    char *mask_path; /* the loss mask beside it, if there is one (mask.p) */
+    mapping mask;
 } shard;
 
 struct data_source {
@@ -534,6 +587,7 @@ struct data_source {
     shard *shards;
     int64_t *win_start; /* n_shards + 1 prefix sums of n_windows */
     int64_t total_tokens;
+    bool masked; /* the shards have loss masks */
     /* images */
     char *path;
     mapping map;
@@ -717,13 +771,39 @@ void data_close(data_source *ds) {
     if (!ds) return;
     for (int i = 0; i < ds->n_shards; i++) {
         unmap(&ds->shards[i].map);
+        unmap(&ds->shards[i].mask);
         free(ds->shards[i].path);
+        free(ds->shards[i].mask_path);
     }
     free(ds->shards);
     free(ds->win_start);
     unmap(&ds->map);
     free(ds->path);
     free(ds);
+}
+
+/* The shard's loss mask, when there is one beside it: its header against the shard's count. */
+static int open_mask(shard *sh, err_t *err) {
+    char path[4096];
+    struct stat st;
+    if (data_mask_path(sh->path, path, sizeof path, err) < 0) return -1;
+    if (stat(path, &st) != 0) return 0; /* none */
+    sh->mask_path = xstrdup(path);
+    uint8_t hdr[DATA_SHARD_HEADER_BYTES] = {0};
+    size_t len;
+    if (map_file(path, &sh->mask, hdr, sizeof hdr, &len, err) < 0) return -1;
+    if (len < DATA_SHARD_HEADER_BYTES)
+        return err_set(err, "%s: file is %zu bytes, shorter than the %d-byte header of a loss mask", path, len,
+                       DATA_SHARD_HEADER_BYTES);
+    if (rd32(hdr) != DATA_MASK_MAGIC || rd32s(hdr + 4) != DATA_MASK_VERSION)
+        return err_set(err, "%s: not a loss mask (header magic %u, version %d; expected %u, version %d)", path, rd32(hdr),
+                       rd32s(hdr + 4), DATA_MASK_MAGIC, DATA_MASK_VERSION);
+    int64_t count = rd32s(hdr + 8);
+    if (count != sh->n_tokens || len != DATA_SHARD_HEADER_BYTES + (uint64_t)count)
+        return err_set(err, "%s: the loss mask has %lld entries in its header and %zu bytes after it, but its shard %s "
+                            "has %lld tokens (one byte per token expected)",
+                       path, (long long)count, len - DATA_SHARD_HEADER_BYTES, sh->path, (long long)sh->n_tokens);
+    return 0;
 }
 
 static int open_shard(shard *sh, const char *path, int seq, err_t *err) {
@@ -734,7 +814,7 @@ static int open_shard(shard *sh, const char *path, int seq, err_t *err) {
     if (shard_check_header(path, hdr, len, &sh->n_tokens, &sh->version, err) < 0) return -1;
     if (data_shard_tokenizer(path, hdr, &sh->tok, err) < 0) return -1;
     sh->n_windows = sh->n_tokens >= (int64_t)seq + 1 ? (sh->n_tokens - 1) / seq : 0;
-    return 0;
+    return open_mask(sh, err);
 }
 
 /* Shard i's tokenizer against the others' and the model's vocabulary: data written with another
@@ -756,6 +836,23 @@ static int check_shard_tokenizer(const data_source *ds, int i, err_t *err) {
         return err_set(err, "%s: written with tokenizer %s (vocabulary %d), larger than the model's vocabulary %d: "
                             "not this model's data (tokenize it with the model's tokenizer.json)",
                        sh->path, a, (int)sh->tok.vocab, ds->vocab);
+    return 0;
+}
+
+/* Masks are all or none (a step mixing masked and unmasked windows has no one meaning of its loss);
+ * MLM chooses its own targets. */
+static int check_shard_mask(data_source *ds, int i, err_t *err) {
+    const shard *sh = &ds->shards[i];
+    bool has = sh->mask_path != NULL;
+    if (i == 0) ds->masked = has;
+    if (has != ds->masked) {
+        const shard *a = has ? sh : &ds->shards[0], *b = has ? &ds->shards[0] : sh;
+        return err_set(err, "%s has a loss mask (%s) but %s has none: the shards of one run need masks on all or none",
+                       a->path, a->mask_path, b->path);
+    }
+    if (has && ds->task == DATA_MLM)
+        return err_set(err, "%s: a loss mask (%s) is for causal language models; MLM chooses its own targets",
+                       sh->path, sh->mask_path);
     return 0;
 }
 
@@ -792,6 +889,11 @@ int data_open_tokens(data_source **out, const char *spec, data_role role, int se
             return -1;
         }
         if (check_shard_tokenizer(ds, i, err) < 0) {
+            sl_free(&files);
+            data_close(ds);
+            return -1;
+        }
+        if (check_shard_mask(ds, i, err) < 0) {
             sl_free(&files);
             data_close(ds);
             return -1;
@@ -836,6 +938,44 @@ int64_t data_sample_index(const data_source *ds, int64_t s) {
     return (int64_t)perm_apply(w, ds->seed, (uint64_t)s / w, (uint64_t)s % w);
 }
 
+/* The shard that sample s (of a shard source) reads, and its window's first token there. */
+static const shard *locate(const data_source *ds, int64_t s, int64_t *first) {
+    int64_t w = data_sample_index(ds, s);
+    int lo = 0, hi = ds->n_shards - 1; /* the shard with win_start[i] <= w < win_start[i+1] */
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (ds->win_start[mid] <= w) lo = mid;
+        else hi = mid - 1;
+    }
+    *first = (w - ds->win_start[lo]) * ds->seq;
+    return &ds->shards[lo];
+}
+
+/* The mask bytes of sample s's targets (tokens first+1 .. first+seq), checked to be 0 or 1;
+ * tg (may be NULL) gets -1 where the byte is 0, *n (may be NULL) the count of 1s. */
+static int apply_mask(const data_source *ds, int64_t s, int32_t *tg, int64_t *n, err_t *err) {
+    int64_t first, count = 0;
+    const shard *sh = locate(ds, s, &first);
+    const uint8_t *m = sh->mask.p + DATA_SHARD_HEADER_BYTES + first + 1;
+    for (int t = 0; t < ds->seq; t++) {
+        if (m[t] > 1)
+            return err_set(err, "%s: entry %lld is %u (a loss mask holds 0 or 1)", sh->mask_path,
+                           (long long)(first + 1 + t), m[t]);
+        count += m[t];
+        if (tg && !m[t]) tg[t] = -1;
+    }
+    if (n) *n = count;
+    return 0;
+}
+
+int data_sample_targets(data_source *ds, int64_t s, int64_t *n, err_t *err) {
+    CHECK(ds->masked);
+    if (s < 0) return err_set(err, "data: negative sample index %lld", (long long)s);
+    return apply_mask(ds, s, NULL, n, err);
+}
+
+bool data_has_loss_mask(const data_source *ds) { return ds->masked; }
+
 /* Fills in[0..seq) with the window's first seq tokens and *last with token seq, checking each. */
 static int read_window(const data_source *ds, int64_t s, int32_t *in, int32_t *last, err_t *err) {
     int seq = ds->seq;
@@ -852,15 +992,8 @@ static int read_window(const data_source *ds, int64_t s, int32_t *in, int32_t *l
         }
         return 0;
     }
-    int64_t w = data_sample_index(ds, s);
-    int lo = 0, hi = ds->n_shards - 1; /* the shard with win_start[i] <= w < win_start[i+1] */
-    while (lo < hi) {
-        int mid = (lo + hi + 1) / 2;
-        if (ds->win_start[mid] <= w) lo = mid;
-        else hi = mid - 1;
-    }
-    const shard *sh = &ds->shards[lo];
-    int64_t first = (w - ds->win_start[lo]) * seq;
+    int64_t first;
+    const shard *sh = locate(ds, s, &first);
     bool wide = sh->version == DATA_SHARD_VERSION_U32;
     const uint8_t *p = sh->map.p + DATA_SHARD_HEADER_BYTES + (wide ? 4 : 2) * first;
     bool mlm = ds->task == DATA_MLM;
@@ -911,6 +1044,7 @@ int data_get_tokens(data_source *ds, int64_t s, int32_t *inputs, int32_t *target
     if (ds->task == DATA_CLM) {
         for (int t = 0; t + 1 < ds->seq; t++) targets[t] = inputs[t + 1];
         targets[ds->seq - 1] = last;
+        if (ds->masked) return apply_mask(ds, s, targets, NULL, err);
     } else {
         mlm_mask(ds, s, inputs, targets);
     }
@@ -1022,11 +1156,12 @@ void data_describe(const data_source *ds, char *buf, size_t n) {
         if (ds->n_shards == 1)
             snprintf(buf, n, "tokens: 1 shard (%s), %lld tokens, %lld windows of %d+1, %s, vocab %d, seed %llu",
                      ds->shards[0].path, (long long)ds->total_tokens, (long long)ds->n_samples, ds->seq,
-                     task_name(ds->task), ds->vocab, (unsigned long long)ds->seed);
+                     ds->masked ? "clm, loss masks" : task_name(ds->task), ds->vocab, (unsigned long long)ds->seed);
         else
             snprintf(buf, n, "tokens: %d shards (%s .. %s), %lld tokens, %lld windows of %d+1, %s, vocab %d, seed %llu",
                      ds->n_shards, ds->shards[0].path, ds->shards[ds->n_shards - 1].path, (long long)ds->total_tokens,
-                     (long long)ds->n_samples, ds->seq, task_name(ds->task), ds->vocab, (unsigned long long)ds->seed);
+                     (long long)ds->n_samples, ds->seq, ds->masked ? "clm, loss masks" : task_name(ds->task), ds->vocab,
+                     (unsigned long long)ds->seed);
         break;
     }
     case SRC_SYN_TOKENS:

@@ -72,8 +72,28 @@ int data_shard_writer_add32(data_shard_writer *w, const uint32_t *tokens, int64_
 int64_t data_shard_writer_count(const data_shard_writer *w);
 /* Records the tokenizer's identity in the header (written at close). */
 void data_shard_writer_set_tokenizer(data_shard_writer *w, tok_id id);
+/* Also writes a loss mask beside the shard (data_mask_path): every token added after this call
+ * comes with a mask byte (data_shard_writer_add32_masked). Call before the first token. A shard
+ * closed without one removes a mask an earlier shard of its name left there. */
+int data_shard_writer_enable_mask(data_shard_writer *w, err_t *err);
+/* uint32 tokens and their mask bytes (0 or 1, see "loss masks" below); the writer must have a mask. */
+int data_shard_writer_add32_masked(data_shard_writer *w, const uint32_t *tokens, const uint8_t *mask, int64_t n,
+                                   err_t *err);
 int data_shard_writer_close(data_shard_writer *w, err_t *err); /* frees w, even on error */
 void data_shard_writer_abort(data_shard_writer *w);             /* removes path.tmp, frees w */
+
+/* ---- loss masks (supervised fine-tuning, docs/data.md "Fine-tuning data") ---- */
+/* A shard X.bin may have a loss mask X.mask beside it (data_mask_path): a 1024-byte header of 256
+ * little-endian int32 (h[0] = DATA_MASK_MAGIC, h[1] = DATA_MASK_VERSION, h[2] = the shard's token
+ * count, the rest 0), then one byte per token of the shard: 1 when the token is a target whose
+ * loss counts (the loss of predicting it from the tokens before it), 0 when not. A window's
+ * target t is token t+1 of the window, so its mask byte is the one of token t+1: the mask is on
+ * targets, never on inputs. A source's shards all have masks or none do. */
+#define DATA_MASK_MAGIC 0x4b53414d /* "MASK" */
+#define DATA_MASK_VERSION 1
+/* The mask file of shard `shard`: its name with ".bin" replaced by ".mask" (".mask" appended
+ * when it does not end in ".bin"); -1 with a message when it does not fit in n bytes. */
+int data_mask_path(const char *shard, char *buf, size_t n, err_t *err);
 
 /* ---- labeled images: CIMG files ---- */
 /* Header (little-endian, 64 bytes): "CIMG", u32 version (1), u32 count, u32 channels, u32 height,
@@ -143,6 +163,11 @@ int data_get_tokens(data_source *ds, int64_t s, int32_t *inputs, int32_t *target
 int data_get_image(data_source *ds, int64_t s, float *pixels, int32_t *label, err_t *err);
 
 bool data_is_images(const data_source *ds);
+/* Whether the shards have loss masks (then targets outside the mask are -1, as MLM's). */
+bool data_has_loss_mask(const data_source *ds);
+/* The number of targets (>= 0) sample s has, reading only its mask: for the trainer, which
+ * divides a masked step's loss by the targets of the whole global batch. Masked sources only. */
+int data_sample_targets(data_source *ds, int64_t s, int64_t *n, err_t *err);
 /* The tokenizer the shards record (all agree: data_open_tokens refuses a mix), TOKID_UNKNOWN
  * when none does (llm.c shards, synthetic data); *first (may be NULL) names a shard that records it. */
 tok_id data_tokenizer(const data_source *ds, const char **first);

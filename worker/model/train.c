@@ -58,6 +58,20 @@ double train_lr(const train_config *c, int64_t step) {
 
 /* ---- set-up ---- */
 
+/* --epochs: the steps that read every sample of the training data epochs times, the last step
+ * filled from the next epoch's order (the sample order of data.h wraps). */
+static int epoch_steps(trainer *t, err_t *err) {
+    train_config *c = &t->cfg;
+    int64_t w = data_num_samples(t->data);
+    if (w == INT64_MAX) return err_set(err, "--epochs needs data of a known size (not synthetic): give --steps");
+    int64_t need = (int64_t)c->epochs * w, gb = c->global_batch;
+    c->steps = (need + gb - 1) / gb;
+    if (c->warmup >= c->steps && c->warmup > 0)
+        return err_set(err, "--warmup %lld must be below the %lld steps of --epochs %ld", (long long)c->warmup,
+                       (long long)c->steps, c->epochs);
+    return 0;
+}
+
 static int open_data(trainer *t, err_t *err) {
     const train_config *c = &t->cfg;
     const model_spec *m = &c->model;
@@ -273,7 +287,7 @@ trainer *trainer_new(const train_config *cfg, err_t *err) {
         t->cfg.shard_sizes = memcpy(xmalloc(bytes), cfg->shard_sizes, bytes);
     }
     fsdp_setup(t);
-    if (open_data(t, err) < 0 || alloc_state(t, err) < 0 ||
+    if (open_data(t, err) < 0 || (t->cfg.epochs > 0 && epoch_steps(t, err) < 0) || alloc_state(t, err) < 0 ||
         fsdp_alloc_slots(t, err) < 0 || alloc_buffers(t, err) < 0) {
         trainer_free(t);
         return NULL;
@@ -313,13 +327,32 @@ void trainer_free(trainer *t) {
 
 /* ---- one step ---- */
 
+/* Loss-masked data (fine-tuning): the targets of the whole global batch, every rank counting all
+ * of them from the masks (no communication), so that each rank weighs its rows by the same
+ * 1/count and the step's loss is the mean over the global batch's targets on any split. */
+static int global_targets(trainer *t, int64_t *count, err_t *err) {
+    const train_config *c = &t->cfg;
+    *count = 0;
+    for (int64_t j = 0; j < c->global_batch; j++) {
+        int64_t n;
+        if (data_sample_targets(t->data, t->step * c->global_batch + j, &n, err) < 0) return -1;
+        *count += n;
+    }
+    return 0;
+}
+
 /* Reads this step's samples into the host arrays and weighs every sample's rows so that the sum
- * over the global batch is the mean over B samples of each sample's mean loss. */
+ * over the global batch is the mean over B samples of each sample's mean loss; with loss masks,
+ * the mean over the global batch's targets instead (docs/data.md "Fine-tuning data": windows
+ * hold different numbers of response tokens, and every response token weighs the same). */
 static int load_samples(trainer *t, err_t *err) {
     const train_config *c = &t->cfg;
     const model_spec *m = &c->model;
     int T = t->tokens;
     int64_t img = m->arch == ARCH_VIT ? (int64_t)m->channels * m->image * m->image : 0;
+    int64_t masked_targets = 0;
+    bool masked = !img && data_has_loss_mask(t->data);
+    if (masked && global_targets(t, &masked_targets, err) < 0) return -1;
     for (int i = 0; i < c->batch; i++) {
         int64_t s = t->step * c->global_batch + c->sample_offset + i;
         int targets = 1;
@@ -333,7 +366,8 @@ static int load_samples(trainer *t, err_t *err) {
             for (int k = 0; k < T; k++) targets += tgt[k] >= 0;
         }
         /* the loss scale (a power of two) multiplies exactly */
-        t->row_scale[i] = (float)(t->loss_scale / ((double)c->global_batch * (targets ? targets : 1)));
+        if (masked) t->row_scale[i] = (float)(t->loss_scale / (double)(masked_targets ? masked_targets : 1));
+        else t->row_scale[i] = (float)(t->loss_scale / ((double)c->global_batch * (targets ? targets : 1)));
     }
     return 0;
 }

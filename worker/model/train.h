@@ -38,6 +38,9 @@ typedef struct train_config {
     comm *comm; /* the job's communicator; NULL when world is 1 */
     /* optimizer and schedule (docs/worker-model.md) */
     int64_t steps;
+    /* --epochs: > 0 sets steps to ceil(epochs x samples per epoch / global_batch) once the data
+     * is open (trainer_new); the data must have a size (not synthetic) */
+    long epochs;
     double lr, min_lr, beta1, beta2, eps, weight_decay, clip;
     int64_t warmup;
     lr_schedule schedule; /* after the warmup: cosine (default), linear or constant */

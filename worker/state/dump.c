@@ -45,7 +45,10 @@ static void add_named(st_writer *w, trainer *t, float **bufs, const char *prefix
 
 static void add_meta(st_writer *w, trainer *t) {
     char *model = json_to_string_free(model_to_json(&t->cfg.model));
-    char *cfg = json_to_string_free(train_config_json(&t->cfg));
+    cJSON *tc = train_config_json(&t->cfg);
+    /* loss-masked data: the loss is the mean over the global batch's targets (train.c) */
+    if (t->data && data_has_loss_mask(t->data)) cJSON_AddStringToObject(tc, "loss_mean", "targets");
+    char *cfg = json_to_string_free(tc);
     st_writer_meta(w, "cephalo.model", model);
     st_writer_meta(w, "cephalo.train", cfg);
     free(model), free(cfg);
