@@ -12,6 +12,7 @@
 #include <arpa/inet.h>
 #include <sys/socket.h>
 
+#include "common/hostinfo.h"
 #include "common/log.h"
 #include "common/strutil.h"
 #include "common/yaml_tree.h"
@@ -482,5 +483,7 @@ int job_cluster(const job *j, cluster *out, err_t *err) {
     char *text = job_cluster_yaml(j);
     int rc = cluster_load_string("<devices>", text, strlen(text), out, err);
     free(text);
+    /* the devices are this host's: the planner knows how many cores they share */
+    for (int i = 0; rc == 0 && i < out->n_nodes; i++) out->nodes[i].host_cores = host_cores();
     return rc;
 }
