@@ -151,6 +151,7 @@ static int parse_model(const yctx *y, const ynode *root, const char *dir, job *j
         if (ynode_string(y, init, "init_from", &from) < 0) return -1;
         j->train.init_from = resolve(dir, from);
         if (!ymap_get(root, "model")) { /* the model is the one its config.json describes */
+            j->model_arg = xstrdup(j->train.init_from);
             int rc = model_resolve(j->train.init_from, &j->model, y->err);
             return rc < 0 ? err_prefix(y->err, "%s:%d: init_from", y->file, init->line) : 0;
         }
@@ -159,7 +160,8 @@ static int parse_model(const yctx *y, const ynode *root, const char *dir, job *j
     bool is_file = strchr(name, '/') || strstr(name, ".yaml") || strstr(name, ".yml") || strstr(name, ".json");
     char *arg = is_file ? resolve(dir, name) : xstrdup(name);
     int rc = model_resolve(arg, &j->model, y->err);
-    free(arg);
+    free(j->model_arg); /* init_from's, when the file names a model too */
+    j->model_arg = arg;
     return rc < 0 ? err_prefix(y->err, "%s:%d: model", y->file, v->line) : 0;
 }
 
@@ -458,6 +460,7 @@ void job_free(job *j) {
     free((char *)j->train.val_data);
     free((char *)j->train.init_from);
     free(j->profile);
+    free(j->model_arg);
     free(j->ckpt_dir);
     free(j->items);
     memset(j, 0, sizeof *j);
