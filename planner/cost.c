@@ -247,17 +247,21 @@ static void build_group(cost_model *cm, cost_group *g, int batch_limit) {
     g->bwd_ms = xcalloc((size_t)g->mlimit + 1, sizeof(double));
     g->bwd_keep_ms = xcalloc((size_t)g->mlimit + 1, sizeof(double));
     int L = cm->model->n_layer;
+    /* the step check's correction: how far a training step on these devices was from this
+     * entry's prediction (the load of the host, what per-unit timing leaves out) */
+    double scale = pe && pe->step_scale > 0 ? pe->step_scale : 1.0;
+    g->step_overhead_ms = pe ? pe->step_overhead_ms : 0;
     for (int m = 1; m <= g->mlimit; m++) {
         unit_times e = unit_times_at(cm, d, pe, UNIT_EMBEDDING, m);
         unit_times b = unit_times_at(cm, d, pe, UNIT_BLOCK, m);
         unit_times h = unit_times_at(cm, d, pe, UNIT_HEAD, m);
-        g->fwd_ms[m] = e.fwd + L * b.fwd + h.fwd + h.bwd;
-        g->bwd_ms[m] = L * (b.fwd + b.bwd) + e.bwd;
-        g->bwd_keep_ms[m] = L * b.bwd + e.bwd; /* no block recomputed */
+        g->fwd_ms[m] = scale * (e.fwd + L * b.fwd + h.fwd + h.bwd); /* the head runs fused in the forward */
+        g->bwd_ms[m] = scale * (L * (b.fwd + b.bwd) + e.bwd);
+        g->bwd_keep_ms[m] = scale * (L * b.bwd + e.bwd); /* no block recomputed */
     }
     /* measured: zeroing the gradient shard, its squared norm and AdamW (`cephalo profile`) */
     g->opt_ms_per_param = pe && pe->optimizer_ms_per_mparam > 0
-                              ? pe->optimizer_ms_per_mparam / 1e6
+                              ? scale * pe->optimizer_ms_per_mparam / 1e6
                               : cpu_share(cm->cl, d) * OPT_BYTES_PER_PARAM / (device_bw_gbs(d) * 1e9) * 1e3;
 }
 
@@ -469,6 +473,10 @@ int cost_build(cost_model *cm, const model_spec *m, const cluster *cl, int seq, 
         cm->even_state_params += (model_unit_params(m, u) + n - 1) / n;
     build_comm(cm);
     build_groups(cm);
+    /* a step waits for its slowest rank's fixed bookkeeping too */
+    double step_overhead = 0;
+    for (int g = 0; g < cm->n_groups; g++) step_overhead = fmax(step_overhead, cm->groups[g].step_overhead_ms);
+    cm->comm.overhead_ms += step_overhead;
     return 0;
 }
 
