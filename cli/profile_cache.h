@@ -22,8 +22,8 @@ typedef struct pcache_opts {
 } pcache_opts;
 
 /* The job's profile of the local devices into path: 1 (found in the cache, or measured and
- * cached), or 0 with a line on stderr saying why the plan uses estimates (the cache is off, a
- * GPU device, profiling failed). Never fails the run. */
+ * cached), or 0: the plan uses the store or estimates (the cache is off, a GPU device; a dry run
+ * with nothing cached and a failed profile say so on stderr). Never fails the run. */
 int pcache_profile(const job *j, const pcache_opts *o, char *path, size_t n);
 /* The cache directory into buf: 1; 0 when off or there is no home directory. */
 int pcache_dir(char *buf, size_t n);

@@ -64,8 +64,9 @@ rm -rf "$T/cache"
 check "a dry run with nothing cached measures nothing" 0 "no cached profile of these devices for tiny-gpt" -- \
   "$C" run "$T/a.yaml" --run-dir "$T/r10" --dry-run
 assert "... and writes no cache" test ! -e "$T/cache"
-check "CEPHALO_PROFILE_CACHE=none: estimates, said so" 0 "not profiling the devices" -- \
-  env CEPHALO_PROFILE_CACHE=none "$C" run "$T/a.yaml" --run-dir "$T/r11" --quiet
+out=$(CEPHALO_PROFILE_CACHE=none "$C" run "$T/a.yaml" --run-dir "$T/r11" 2>&1)
+assert "CEPHALO_PROFILE_CACHE=none: estimates, nothing profiled or cached" bash -c "
+  grep -q 'costs: analytic estimates' <<<'$out' && ! grep -q 'profil' <<<'$out' && test ! -e '$T/cache'"
 "$C" profile --devices cpu:1t:256Mx2 --model tiny-gpt --max-micro 2 --quick --store none -o "$T/own.json" 2>/dev/null
 printf 'profile: %s\n' "$T/own.json" >>"$T/a.yaml"
 out=$(run "$T/a.yaml" --run-dir "$T/r12" 2>&1)
