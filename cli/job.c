@@ -12,6 +12,7 @@
 #include <arpa/inet.h>
 #include <sys/socket.h>
 
+#include "common/hostinfo.h"
 #include "common/log.h"
 #include "common/strutil.h"
 #include "common/yaml_tree.h"
@@ -150,6 +151,7 @@ static int parse_model(const yctx *y, const ynode *root, const char *dir, job *j
         if (ynode_string(y, init, "init_from", &from) < 0) return -1;
         j->train.init_from = resolve(dir, from);
         if (!ymap_get(root, "model")) { /* the model is the one its config.json describes */
+            j->model_arg = xstrdup(j->train.init_from);
             int rc = model_resolve(j->train.init_from, &j->model, y->err);
             return rc < 0 ? err_prefix(y->err, "%s:%d: init_from", y->file, init->line) : 0;
         }
@@ -158,7 +160,8 @@ static int parse_model(const yctx *y, const ynode *root, const char *dir, job *j
     bool is_file = strchr(name, '/') || strstr(name, ".yaml") || strstr(name, ".yml") || strstr(name, ".json");
     char *arg = is_file ? resolve(dir, name) : xstrdup(name);
     int rc = model_resolve(arg, &j->model, y->err);
-    free(arg);
+    free(j->model_arg); /* init_from's, when the file names a model too */
+    j->model_arg = arg;
     return rc < 0 ? err_prefix(y->err, "%s:%d: model", y->file, v->line) : 0;
 }
 
@@ -470,6 +473,7 @@ void job_free(job *j) {
     free((char *)j->train.val_data);
     free((char *)j->train.init_from);
     free(j->profile);
+    free(j->model_arg);
     free(j->ckpt_dir);
     free(j->items);
     memset(j, 0, sizeof *j);
@@ -495,5 +499,7 @@ int job_cluster(const job *j, cluster *out, err_t *err) {
     char *text = job_cluster_yaml(j);
     int rc = cluster_load_string("<devices>", text, strlen(text), out, err);
     free(text);
+    /* the devices are this host's: the planner knows how many cores they share */
+    for (int i = 0; rc == 0 && i < out->n_nodes; i++) out->nodes[i].host_cores = host_cores();
     return rc;
 }

@@ -40,6 +40,7 @@ typedef struct job {
     char *path; /* the job file, for messages */
     char name[JOB_NAME_MAX + 1]; /* `name`, or the file name up to its first '.' */
     model_spec model;
+    char *model_arg; /* the model as `cephalo profile --model` takes it: a built-in name or a resolved path */
     /* What the workers are told (common/worker_cmd.h), defaults from its table: steps, seed,
      * precision, the optimizer, data (resolved, or "synthetic"), init_from (a Hugging Face
      * directory, resolved, or NULL), validation (val_data resolved, or NULL), retention and resume

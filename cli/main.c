@@ -300,10 +300,12 @@ static int cmd_gpus(int argc, char **argv) {
 
 static const char run_usage[] =
     "usage: cephalo run JOB.yaml [--devices LIST] [--run-dir DIR] [--steps N] [--metrics-port BASE]\n"
-    "                            [--overwrite] [--dry-run] [--quiet]\n"
+    "                            [--overwrite] [--dry-run] [--quiet] [--no-profile]\n"
     "\n"
     "Plans the job on the local devices and trains it: one cephalo-worker per device, all stopped\n"
-    "together when one fails or on Ctrl-C. The job file is described in docs/run.md.\n"
+    "together when one fails or on Ctrl-C. The job file is described in docs/run.md. Unless the job\n"
+    "names a profile, the devices are profiled for the model first (a few seconds, once: cached by\n"
+    "device signature and model in $CEPHALO_PROFILE_CACHE, else ~/.cache/cephalo/profiles).\n"
     "\n"
     "  --devices LIST        replace the job's devices: TYPE[:Nt][:MEMORY][xCOUNT],... e.g.\n"
     "                        cpu:2t:512M,cpu:1t:256Mx2 (2 threads and 512 MiB, then two of 1 and 256)\n"
@@ -314,11 +316,12 @@ static const char run_usage[] =
     "                        starting step (another run's): they are deleted (docs/checkpoints.md)\n"
     "  --dry-run             plan and print each worker's command line, start nothing\n"
     "  --quiet               no plan table and no progress lines\n"
+    "  --no-profile          plan from the profile store or the estimates, profiling nothing\n"
     "  -h, --help            this text\n"
     "\n"
     "exit status: 0 done, 1 a worker failed, 2 bad input, 3 infeasible plan, 130 interrupted\n";
 
-enum { O_DEVICES = 256, O_RUNDIR, O_STEPS, O_DRY, O_QUIET, O_MPORT, O_OVERWRITE };
+enum { O_DEVICES = 256, O_RUNDIR, O_STEPS, O_DRY, O_QUIET, O_MPORT, O_OVERWRITE, O_NOPROF };
 
 static int run_option(args *p, int ch, run_opts *o) {
     switch (ch) {
@@ -328,6 +331,7 @@ static int run_option(args *p, int ch, run_opts *o) {
     case O_DRY: o->dry_run = true; break;
     case O_QUIET: o->quiet = true; break;
     case O_OVERWRITE: o->overwrite = true; break;
+    case O_NOPROF: o->no_profile = true; break;
     case O_MPORT: return o->have_metrics_port = true, args_long(p, 0, 65535, &o->metrics_port);
     }
     return 0;
@@ -339,6 +343,7 @@ static int cmd_run(int argc, char **argv) {
                                              {"quiet", no_argument, 0, O_QUIET},           {"help", no_argument, 0, 'h'},
                                              {"metrics-port", required_argument, 0, O_MPORT},
                                              {"overwrite", no_argument, 0, O_OVERWRITE},
+                                             {"no-profile", no_argument, 0, O_NOPROF},
                                              {0, 0, 0, 0}};
     run_opts o = {0};
     args p = args_begin(argc, argv, "cephalo run", longopts, "", run_usage);

@@ -272,14 +272,14 @@ static double measured_step_ms(const char *tmp, int world, int warmup) {
 }
 
 /* The plan a step check runs: the devices, the profile just measured, a small batch. */
-static int step_check_plan(const popts *o, const job *j, profile *p, int world, const char *path, double *pred_ms,
+static int step_check_plan(const popts *o, const job *j, profile *p, long batch, const char *path, double *pred_ms,
                            err_t *err) {
     plan_inputs in = {0};
     if (model_resolve(o->model, &in.model, err) < 0 || job_cluster(j, &in.cl, err) < 0) return -1;
     in.prof = *p; /* borrowed: have_prof is cleared before inputs_free */
     in.have_prof = true;
     snprintf(in.prof_source, sizeof in.prof_source, "the profile being measured");
-    inputs_opts io = {.batch = 4L * world, .seq = o->seq, .prec = o->prec, .mem_cap = 0.8,
+    inputs_opts io = {.batch = batch, .seq = o->seq, .prec = o->prec, .mem_cap = 0.8,
                       .no_store = true};
     plan pl;
     int rc = inputs_build(&in, &io, err);
@@ -296,26 +296,20 @@ static int step_check_plan(const popts *o, const job *j, profile *p, int world, 
     return rc;
 }
 
-/* The step check (world > 1): a short training run on these devices, planned from the profile
- * just measured, against the plan's prediction. What the run takes beyond the prediction is time
- * the cost model of the collectives leaves out (issuing each one, waking the communicator, the
- * FSDP bookkeeping around it); it is recorded per collective of the step as the all-gather
- * entry's train_overhead_ms, which the planner adds to every sharded step's exposed time
- * (docs/profile.md). Never negative: a faster run records 0. */
-static int run_step_check(const popts *o, const char *worker, const job *j, int world, const char *tmp, int step,
-                          int steps, profile *p) {
+/* One step check run: `cephalo-worker train` on the devices at this global batch, planned from
+ * the profile being measured: the plan's predicted and the run's measured step time (ms). */
+static int step_check_run(const popts *o, const char *worker, const job *j, profile *p, long batch, const char *tmp,
+                          double *pred, double *meas) {
     err_t err;
+    int world = j->n_devices;
     char plan_path[PATH_LEN + 16];
     snprintf(plan_path, sizeof plan_path, "%s.plan.json", tmp);
-    double pred = 0;
-    model_spec model;
-    if (model_resolve(o->model, &model, &err) < 0) return failed("%s", err.msg);
-    if (step_check_plan(o, j, p, world, plan_path, &pred, &err) < 0) return failed("step check: %s", err.msg);
+    if (step_check_plan(o, j, p, batch, plan_path, pred, &err) < 0) return failed("step check: %s", err.msg);
     int port = run_free_port(&err);
     if (port < 0) return failed("%s", err.msg);
-    const int n_steps = o->quick ? 8 : 40, warmup = 4;
-    fprintf(stderr, "cephalo profile: [%d/%d] step check: %d training steps of batch %d on the %d devices "
-                    "(predicted %.2f ms per step)\n", step, steps, n_steps, 4 * world, world, pred);
+    /* --quick (`cephalo run`'s profile): 10 steps measured after the 2 a run's summary leaves
+     * out too; the median of 4 (as before) moved its scale by tens of percent on a loaded host */
+    const int n_steps = o->quick ? 12 : 40, warmup = o->quick ? 2 : 4;
     pid_t *pids = xcalloc((size_t)world, sizeof(pid_t));
     char ws[32], mp[32], pl[PATH_LEN + 32], ma[] = "MASTER_ADDR=127.0.0.1", st[24];
     snprintf(ws, sizeof ws, "WORLD_SIZE=%d", world);
@@ -340,14 +334,37 @@ static int run_step_check(const popts *o, const char *worker, const job *j, int 
     }
     free(pids);
     unlink(plan_path);
-    double meas = measured_step_ms(tmp, world, warmup);
+    *meas = measured_step_ms(tmp, world, warmup);
     if (rc) return rc;
-    if (meas < 0) return failed("the step check wrote no step times");
-    double per = fmax(meas - pred, 0) / cost_step_collectives(&model);
-    for (int i = 0; i < p->n_comm; i++)
-        if (p->comm[i].world == world && !p->comm[i].reduce_scatter) p->comm[i].train_overhead_ms = per;
-    fprintf(stderr, "cephalo profile: step check: measured %.2f ms per step against %.2f predicted: %.4f ms per "
-                    "collective (%d per step) not in the collectives' model\n", meas, pred, per, cost_step_collectives(&model));
+    return *meas < 0 ? failed("the step check wrote no step times") : 0;
+}
+
+/* The step check: short training runs on these devices at two batches (one and four samples per
+ * device), planned from the profile just measured, against the plans' predictions. A line
+ * through both, measured = step_overhead_ms + step_scale x predicted, is recorded in every entry:
+ * the planner scales their times and adds the overhead to each step (docs/profile.md). What it
+ * corrects is what per-unit timing leaves out: the host's other load and the devices contending
+ * for its cores (a scale), a step's fixed bookkeeping (an overhead). */
+static int run_step_check(const popts *o, const char *worker, const job *j, int step, int steps, const char *tmp,
+                          profile *p) {
+    int world = j->n_devices;
+    long b[2] = {world, 4L * world};
+    double pred[2], meas[2];
+    fprintf(stderr, "cephalo profile: [%d/%d] step check: %d training steps at batch %ld and %ld on the %d devices\n",
+            step, steps, o->quick ? 12 : 40, b[0], b[1], world);
+    for (int k = 0; k < 2; k++) {
+        int rc = step_check_run(o, worker, j, p, b[k], tmp, &pred[k], &meas[k]);
+        if (rc) return rc;
+    }
+    double scale = pred[1] > pred[0] ? (meas[1] - meas[0]) / (pred[1] - pred[0]) : 0, over;
+    /* clamped as the profile file bounds them: then the overhead fits the larger batch */
+    if (!(scale >= PROFILE_MIN_STEP_SCALE)) scale = fmax(meas[1] / pred[1], PROFILE_MIN_STEP_SCALE);
+    scale = fmin(scale, PROFILE_MAX_STEP_SCALE);
+    over = meas[1] - scale * pred[1];
+    if (over < 0) over = 0, scale = fmin(fmax(meas[1] / pred[1], PROFILE_MIN_STEP_SCALE), PROFILE_MAX_STEP_SCALE);
+    for (int i = 0; i < p->n_entries; i++) p->entries[i].step_scale = scale, p->entries[i].step_overhead_ms = over;
+    fprintf(stderr, "cephalo profile: step check: measured %.2f and %.2f ms per step against %.2f and %.2f predicted: "
+                    "times scaled by %.3f, %.2f ms added per step\n", meas[0], meas[1], pred[0], pred[1], scale, over);
     return 0;
 }
 
@@ -423,7 +440,7 @@ int profile_main(int argc, char **argv) {
         else if (j.items[i].memory_bytes > types[k].memory_bytes) types[k].memory_bytes = j.items[i].memory_bytes;
         types[k].count += j.items[i].count;
     }
-    int world = j.n_devices, steps = n_types + 2 * (world > 1);
+    int world = j.n_devices, steps = n_types + (world > 1) + 1;
     /* the workers' files are TMP.N, TMP.rankR.jsonl and TMP.plan.json: their buffers hold those */
     char tmp[PATH_LEN];
     if (str_fmt(tmp, sizeof tmp, &err, "$TMPDIR: the path", "%s/cephalo-profile-%d.json",
@@ -446,9 +463,9 @@ int profile_main(int argc, char **argv) {
     }
     if (!rc && world > 1) rc = run_comm_profile(&o, worker, world, tmp, steps - 1, steps, &p);
     /* the measurements so far stand on their own: a failed step check only leaves its term out */
-    if (!rc && world > 1 && run_step_check(&o, worker, &j, world, tmp, steps, steps, &p) != 0)
+    if (!rc && run_step_check(&o, worker, &j, steps, steps, tmp, &p) != 0)
         fprintf(stderr, "cephalo profile: warning: the step check failed (above); the profile is written "
-                        "without train_overhead_ms\n");
+                        "without step_scale and step_overhead_ms\n");
     unlink(tmp);
     if (!rc && o.out && profile_save(&p, o.out, &err) < 0) rc = failed("%s", err.msg);
     if (!rc && o.out)

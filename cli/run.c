@@ -39,6 +39,7 @@
 #include "common/outputs.h"
 #include "formats/data.h"
 #include "common/strutil.h"
+#include "cli/profile_cache.h"
 #include "planner/inputs.h"
 
 extern char **environ;
@@ -651,15 +652,22 @@ static int load_job(const run_opts *o, job *j) {
 }
 
 /* Plans exactly as `cephalo plan` does, on the devices as a cluster. */
-static int make_plan(const job *j, plan_inputs *in, plan *p, bool quiet) {
+static int make_plan(const job *j, const run_opts *o, plan_inputs *in, plan *p) {
     err_t err;
     inputs_opts io = {.profile = j->profile, .seq = j->seq, .batch = j->batch, .mem_cap = j->mem_cap,
                       .prec = j->train.prec, .recompute = j->recompute};
+    /* the job's own profile, else the devices' own numbers (measured once, then cached) */
+    static char cached[PATH_LEN + 32];
+    pcache_opts po = {.may_profile = !o->dry_run, .quiet = o->quiet};
+    bool from_cache = !j->profile && !o->no_profile && pcache_profile(j, &po, cached, sizeof cached) == 1;
+    if (from_cache) io.profile = cached;
     in->model = j->model;
     if (job_cluster(j, &in->cl, &err) < 0 || inputs_build(in, &io, &err) < 0) {
         err_prefix(&err, "%s", j->path); /* e.g. a profile that cannot be read */
         return fail(RUN_EXIT_BAD_INPUT, &err);
     }
+    if (from_cache) snprintf(in->prof_source, sizeof in->prof_source, "the cached profile %s", cached);
+    bool quiet = o->quiet;
     inputs_print_notes(in, "cephalo run", stderr);
     if (plan_make(&in->cm, j->strat, p, &err) < 0) return fail(RUN_EXIT_FAILED, &err);
     if (!p->feasible) {
@@ -718,7 +726,7 @@ int run_job(const run_opts *o) {
     memset(&p, 0, sizeof p);
     launch l = {.j = &j, .p = &p, .lock_fd = -1, .overwrite = o->overwrite};
     int rc = load_job(o, &j);
-    if (!rc) rc = make_plan(&j, &in, &p, o->quiet);
+    if (!rc) rc = make_plan(&j, o, &in, &p);
     if (!rc) rc = prepare(&l, o);
     if (!rc && o->dry_run) print_dry_run(&l);
     else if (!rc) {

@@ -21,6 +21,7 @@ typedef struct run_opts {
     long steps; /* --steps; 0: the job's */
     bool dry_run; /* plan and print the worker command lines, start nothing */
     bool quiet; /* no plan table, no progress lines */
+    bool no_profile; /* --no-profile: no profiling before planning (cli/profile_cache.h) */
     bool overwrite; /* --overwrite: the workers may delete another run's checkpoints (docs/run.md) */
     bool have_metrics_port; /* --metrics-port BASE given: replaces the job's metrics_port */
     long metrics_port;

@@ -45,7 +45,10 @@ sed -n '/^cephalo plan/,/planned in/p' "$D/dry.txt" >"$D/cluster.txt" || true
 printf 'nodes:\n  - name: local\n    gpus:\n      - {type: cpu, count: 1, threads: 1, memory_gib: 0.0625}\n      - {type: cpu, count: 2, threads: 1, memory_gib: 0.01953125}\n' >"$D/cluster.yaml"
 rule "every strategy on these devices (even FSDP runs out of memory on the 20 MiB devices)"
 "$BIN" compare --cluster "$D/cluster.yaml" --model examples/models/demo-gpt.yaml --batch 24 || true
-rule "cephalo run: plan, start one cephalo-worker per device, train"
+# The run profiles the devices for the model first (a few seconds, then cached by device signature
+# and model in ~/.cache/cephalo/profiles: the next `make demo` plans at once), so its prediction is
+# from this machine's own numbers: the summary's measured/predicted says how close (docs/run.md).
+rule "cephalo run: profile the devices (once), plan, start one cephalo-worker per device, train"
 "$BIN" run "$D/job.yaml" --run-dir "$D/run"
 
 # The run as one HTML page (docs/report.md): loss curves, samples/s per rank, measured against

@@ -136,7 +136,10 @@ int cluster_copy(const cluster *src, int max_devices, cluster *dst) {
     for (int d = 0; d < n; d++) {
         const cluster_node *node = &src->nodes[src->devices[d].node];
         if (d == 0 || src->devices[d].node != src->devices[d - 1].node)
+        {
             push_node(dst, node->name, node->network_gbps, node->intra_gbps);
+            dst->nodes[dst->n_nodes - 1].host_cores = node->host_cores;
+        }
         if (push_devices(dst, &src->devices[d], 1) < 0) {
             cluster_free(dst);
             return -1;

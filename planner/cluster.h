@@ -37,6 +37,7 @@ typedef struct cluster_node {
     char name[64];
     double network_gbps;
     double intra_gbps;
+    int host_cores; /* the cores its CPU devices share (a local run's host); 0: unknown, as many as they need */
 } cluster_node;
 
 typedef struct cluster {

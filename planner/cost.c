@@ -46,7 +46,25 @@ static unit_est unit_estimate(const cost_model *cm, unit_kind k) {
     u.flops = model_kind_fwd_flops(cm->model, k, cm->seq);
     u.traffic = model_kind_traffic_bytes(cm->model, k, cm->seq, elem);
     u.param_bytes = (double)model_kind_params(cm->model, k) * elem;
+    /* a token embedding reads only the rows its tokens look up (and the positions'), not its
+     * table: GPT-2's 50,257 rows would be 25 MB a microbatch, ~100x what the lookups move */
+    if (k == UNIT_EMBEDDING && cm->model->arch != ARCH_VIT) {
+        u.traffic += fmin(u.param_bytes, 2.0 * cm->tokens * cm->model->d_model * elem);
+        u.param_bytes = 0;
+    }
     return u;
+}
+
+/* How much slower a CPU device computes than alone on its cores: its node's CPU devices' threads
+ * over the cores they share, when more (`make demo`'s three 1-thread devices on a 2-core host
+ * each get 2/3 of a core). 1 for a GPU, or when the node's cores are not known (a cluster file). */
+static double cpu_share(const cluster *cl, const cluster_device *d) {
+    int cores = cl->nodes[d->node].host_cores;
+    if (!is_cpu(d) || cores <= 0) return 1;
+    int threads = 0;
+    for (int r = 0; r < cl->n_devices; r++)
+        if (cl->devices[r].node == d->node && is_cpu(&cl->devices[r])) threads += cl->devices[r].threads;
+    return fmax(1.0, (double)threads / cores);
 }
 
 /* Time of `mult` x the forward work of a unit for microbatch m: compute at a saturating
@@ -99,7 +117,8 @@ typedef struct unit_times {
 static unit_times unit_times_at(const cost_model *cm, const cluster_device *d,
                                 const profile_entry *pe, unit_kind k, int m) {
     unit_est u = unit_estimate(cm, k);
-    unit_times est = {unit_ms(d, cm, u, m, 1.0), unit_ms(d, cm, u, m, 2.0)};
+    double share = cpu_share(cm->cl, d);
+    unit_times est = {share * unit_ms(d, cm, u, m, 1.0), share * unit_ms(d, cm, u, m, 2.0)};
     if (!pe) return est;
     const profile_curve *c = k == UNIT_BLOCK ? &pe->block : k == UNIT_HEAD ? &pe->head : &pe->embedding;
     if (c->present)
@@ -111,7 +130,7 @@ static unit_times unit_times_at(const cost_model *cm, const cluster_device *d,
     double est_blk = unit_ms(d, cm, ub, m, 1.0) + unit_ms(d, cm, ub, m, 2.0);
     double meas_blk = curve_at(pe->microbatch, pe->block.fwd_ms, pe->n_points, m) +
                       curve_at(pe->microbatch, pe->block.bwd_ms, pe->n_points, m);
-    double scale = meas_blk / est_blk;
+    double scale = meas_blk / (share * est_blk); /* the measurement has the sharing in it */
     return (unit_times){est.fwd * scale, est.bwd * scale};
 }
 
@@ -228,18 +247,22 @@ static void build_group(cost_model *cm, cost_group *g, int batch_limit) {
     g->bwd_ms = xcalloc((size_t)g->mlimit + 1, sizeof(double));
     g->bwd_keep_ms = xcalloc((size_t)g->mlimit + 1, sizeof(double));
     int L = cm->model->n_layer;
+    /* the step check's correction: how far a training step on these devices was from this
+     * entry's prediction (the load of the host, what per-unit timing leaves out) */
+    double scale = pe && pe->step_scale > 0 ? pe->step_scale : 1.0;
+    g->step_overhead_ms = pe ? pe->step_overhead_ms : 0;
     for (int m = 1; m <= g->mlimit; m++) {
         unit_times e = unit_times_at(cm, d, pe, UNIT_EMBEDDING, m);
         unit_times b = unit_times_at(cm, d, pe, UNIT_BLOCK, m);
         unit_times h = unit_times_at(cm, d, pe, UNIT_HEAD, m);
-        g->fwd_ms[m] = e.fwd + L * b.fwd + h.fwd + h.bwd;
-        g->bwd_ms[m] = L * (b.fwd + b.bwd) + e.bwd;
-        g->bwd_keep_ms[m] = L * b.bwd + e.bwd; /* no block recomputed */
+        g->fwd_ms[m] = scale * (e.fwd + L * b.fwd + h.fwd + h.bwd); /* the head runs fused in the forward */
+        g->bwd_ms[m] = scale * (L * (b.fwd + b.bwd) + e.bwd);
+        g->bwd_keep_ms[m] = scale * (L * b.bwd + e.bwd); /* no block recomputed */
     }
     /* measured: zeroing the gradient shard, its squared norm and AdamW (`cephalo profile`) */
     g->opt_ms_per_param = pe && pe->optimizer_ms_per_mparam > 0
-                              ? pe->optimizer_ms_per_mparam / 1e6
-                              : OPT_BYTES_PER_PARAM / (device_bw_gbs(d) * 1e9) * 1e3;
+                              ? scale * pe->optimizer_ms_per_mparam / 1e6
+                              : cpu_share(cm->cl, d) * OPT_BYTES_PER_PARAM / (device_bw_gbs(d) * 1e9) * 1e3;
 }
 
 static int count_groups(const cluster *cl) {
@@ -450,6 +473,10 @@ int cost_build(cost_model *cm, const model_spec *m, const cluster *cl, int seq, 
         cm->even_state_params += (model_unit_params(m, u) + n - 1) / n;
     build_comm(cm);
     build_groups(cm);
+    /* a step waits for its slowest rank's fixed bookkeeping too */
+    double step_overhead = 0;
+    for (int g = 0; g < cm->n_groups; g++) step_overhead = fmax(step_overhead, cm->groups[g].step_overhead_ms);
+    cm->comm.overhead_ms += step_overhead;
     return 0;
 }
 

@@ -58,6 +58,7 @@ typedef struct cost_group {
     /* recompute none, l microbatches of m: M(m) + keep_m1*m + keep_ml*m*l bytes */
     double keep_m1, keep_ml;
     double opt_ms_per_param; /* optimizer step time per parameter of the local shard */
+    double step_overhead_ms; /* the profile's step check: fixed time per step (cost_comm.overhead_ms has the most of them) */
     bool measured; /* costs from a profile */
     double peak_tflops; /* the peak the estimate used (for MFU and messages) */
 } cost_group;

@@ -25,7 +25,7 @@
 static const char *const TOP_KEYS[] = {"format", "version", "entries", "comm", NULL};
 static const char *const ENTRY_KEYS[] = {"device",        "model", "seq",       "precision",
                                          "microbatch",    "block", "embedding", "head",
-                                         "compute_bytes", "optimizer_ms_per_mparam", NULL};
+                                         "compute_bytes", "optimizer_ms_per_mparam", "step_scale", "step_overhead_ms", NULL};
 static const char *const CURVE_KEYS[] = {"fwd_ms", "bwd_ms", NULL};
 static const char *const COMM_KEYS[] = {"world", "op", "bytes", "ms", "uneven_ms", "cpu_ms", "host_cores",
                                         "train_overhead_ms", NULL};
@@ -207,6 +207,15 @@ static int read_entry(const json_ctx *c, const cJSON *obj, const char *path, pro
     if ((v = json_get(obj, "optimizer_ms_per_mparam"))) {
         path_key(p, path, "optimizer_ms_per_mparam");
         if (json_number(c, v, p, 0, PROFILE_MAX_MS, JSON_CLOSED, &e->optimizer_ms_per_mparam) < 0) return -1;
+    }
+    if ((v = json_get(obj, "step_scale"))) {
+        path_key(p, path, "step_scale");
+        if (json_number(c, v, p, PROFILE_MIN_STEP_SCALE, PROFILE_MAX_STEP_SCALE, JSON_CLOSED, &e->step_scale) < 0)
+            return -1;
+    }
+    if ((v = json_get(obj, "step_overhead_ms"))) {
+        path_key(p, path, "step_overhead_ms");
+        if (json_number(c, v, p, 0, PROFILE_MAX_MS, JSON_CLOSED, &e->step_overhead_ms) < 0) return -1;
     }
     v = json_get(obj, "compute_bytes");
     if (!v) return 0;

@@ -13,6 +13,10 @@
  *                                                            outside the units (zeroing the gradient
  *                                                            shard, its squared norm, AdamW), ms per
  *                                                            million parameters of the local shard
+ *      "step_scale": 0.8, "step_overhead_ms": 3.1}          optional: the step check's line, measured =
+ *                                                            overhead + scale x predicted step time: the
+ *                                                            planner scales this entry's times and adds
+ *                                                            the overhead to each step
  *   ],
  *   "comm": [                                                optional, measured collectives
  *     {"world": 8, "op": "allgather", "bytes": [...], "ms": [...], "uneven_ms": [...],
@@ -38,6 +42,9 @@
 #define PROFILE_FORMAT "cephalo-profile"
 #define PROFILE_VERSION 1
 #define PROFILE_MAX_POINTS 4096
+/* The step check's scale: a run 10x off its profile's prediction is a broken profile, not a correction. */
+#define PROFILE_MIN_STEP_SCALE 0.1
+#define PROFILE_MAX_STEP_SCALE 10.0
 
 typedef struct profile_curve {
     bool present;
@@ -54,6 +61,9 @@ typedef struct profile_entry {
     profile_curve block, embedding, head;
     double *compute_bytes; /* [n_points] or NULL */
     double optimizer_ms_per_mparam; /* 0: not measured */
+    /* the step check's line: a step measured = step_overhead_ms + step_scale x predicted */
+    double step_scale; /* 0: no step check */
+    double step_overhead_ms;
 } profile_entry;
 
 typedef struct profile_comm {

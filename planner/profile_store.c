@@ -46,6 +46,8 @@ char *profile_to_json(const profile *p) {
         if (e->compute_bytes) cJSON_AddItemToObject(o, "compute_bytes", numbers(e->compute_bytes, e->n_points));
         if (e->optimizer_ms_per_mparam > 0)
             cJSON_AddNumberToObject(o, "optimizer_ms_per_mparam", e->optimizer_ms_per_mparam);
+        if (e->step_scale > 0) cJSON_AddNumberToObject(o, "step_scale", e->step_scale);
+        if (e->step_scale > 0) cJSON_AddNumberToObject(o, "step_overhead_ms", e->step_overhead_ms);
         cJSON_AddItemToArray(entries, o);
     }
     if (p->n_comm) {

@@ -4,6 +4,8 @@
 set -u
 # a developer's profile store (docs/profile.md) must not change what the tests plan
 export CEPHALO_PROFILE_STORE=none
+# ... nor `cephalo run`'s profiling before planning (tests/cli/test_run_profile.sh sets its own)
+export CEPHALO_PROFILE_CACHE=none
 passed=0
 failed=0
 failures=()

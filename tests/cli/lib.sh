@@ -1,6 +1,9 @@
 # lib.sh - the "ok N - name" / "not ok N - name" protocol shared by the CLI test scripts
 # (tests/run.sh counts those lines). Source it after setting `set -u`; it keeps the count in $n.
 n=0
+# `cephalo run` profiles the devices before planning unless this is none (cli/profile_cache.h): a
+# test's plan must not depend on the host's timing or a developer's cache
+export CEPHALO_PROFILE_CACHE=none
 
 # check NAME EXPECTED_RC NEEDLE -- command...   (NEEDLE must appear in stdout+stderr; '' skips)
 check() {

@@ -39,15 +39,19 @@ check "worker profile: --precision fp8 is refused" 2 "--precision: 'fp8' is not 
   "$W" profile --model tiny-gpt --precision fp8 -o "$T/x.json"
 # the step check: a short real training run against the plan made from the fresh profile
 "$C" profile --devices cpu:1t:512Mx2 --model tiny-gpt --max-micro 2 --quick -o "$T/p3.json" 2>"$T/p3.err"
-check "the step check trains on the devices and compares with the prediction" 0 "" -- \
-  bash -c "grep -q '\[3/3\] step check: 8 training steps of batch 8 on the 2 devices' '$T/p3.err' && grep -qE 'step check: measured [0-9.]+ ms per step against [0-9.]+ predicted: [0-9.]+ ms per collective \(15 per step\)' '$T/p3.err'"
-check "... and records the overhead per collective (when there is any) on the all-gather entry" 0 "" -- python3 -c "
-import json, re, sys
+check "the step check trains on the devices at two batches and compares with the predictions" 0 "" -- \
+  bash -c "grep -q '\[3/3\] step check: 12 training steps at batch 2 and 8 on the 2 devices' '$T/p3.err' && grep -qE 'step check: measured [0-9.]+ and [0-9.]+ ms per step against [0-9.]+ and [0-9.]+ predicted: times scaled by [0-9.]+, [0-9.]+ ms added per step' '$T/p3.err'"
+check "... and records the line through both on every entry (measured = overhead + scale x predicted)" 0 "" -- python3 -c "
+import json, re
 p = json.load(open('$T/p3.json'))
-per = float(re.search(r'against [0-9.]+ predicted: ([0-9.]+) ms per collective', open('$T/p3.err').read()).group(1))
-ag = [c for c in p['comm'] if c['op'] == 'allgather'][0]
-assert abs(ag.get('train_overhead_ms', 0) - per) < 1e-4, (ag.get('train_overhead_ms'), per)
-assert all('train_overhead_ms' not in c for c in p['comm'] if c['op'] == 'reduce_scatter')
+g = re.search(r'measured ([0-9.]+) and ([0-9.]+) ms per step against ([0-9.]+) and ([0-9.]+) predicted: times scaled by ([0-9.]+), ([0-9.]+) ms added', open('$T/p3.err').read())
+m0, m1, p0, p1, scale, over = map(float, g.groups())
+for e in p['entries']:
+    assert abs(e['step_scale'] - scale) < 1e-3 and abs(e['step_overhead_ms'] - over) < 1e-2, e
+    assert 0.1 <= scale <= 10 and over >= 0
+    # the line passes through the larger batch's point (the overhead is fitted to it)
+    assert abs(over + e['step_scale'] * p1 - m1) < 0.02 * m1 + 0.02, (over, scale, p1, m1)
+assert all('train_overhead_ms' not in c for c in p['comm'])
 "
 
 n=$((n + 1))

@@ -8,7 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/log.h"
 #include "common/nccl_budget.h"
+#include "common/strutil.h"
 #include "planner/cluster.h"
 #include "planner/cost.h"
 #include "planner/engine_mem.h"
@@ -340,6 +342,100 @@ static void test_profiled_costs(void **state) {
     cost_free(&cm), cluster_free(&cl), profile_free(&prof);
 }
 
+/* CPU devices of one host with more threads than its cores each get cores/threads of a core: every
+ * analytic time (units and optimizer) grows by threads/cores, and not when the cores suffice or
+ * are not known (a cluster file). */
+static void test_cpu_cores_shared(void **state) {
+    (void)state;
+    static const char three[] = "nodes: [{name: a, gpus: [{type: cpu, count: 3, threads: 1, memory_gib: 1}]}]\n";
+    static model_spec m;
+    err_t err;
+    assert_int_equal(model_resolve("tiny-gpt", &m, &err), 0);
+    cost_opts co = {.prec = PREC_FP32, .mem_cap = 0.8};
+    double ratio[3];
+    const int cores[3] = {0, 2, 4}; /* unknown, fewer than the 3 threads, enough */
+    cost_model base;
+    cluster cl0;
+    assert_int_equal(cluster_load_string("c.yaml", three, strlen(three), &cl0, &err), 0);
+    assert_int_equal(cost_build(&base, &m, &cl0, 64, 12, &co, &err), 0);
+    for (int k = 0; k < 3; k++) {
+        cluster cl;
+        cost_model cm;
+        assert_int_equal(cluster_load_string("c.yaml", three, strlen(three), &cl, &err), 0);
+        cl.nodes[0].host_cores = cores[k];
+        assert_int_equal(cost_build(&cm, &m, &cl, 64, 12, &co, &err), 0);
+        ratio[k] = cm.groups[0].fwd_ms[4] / base.groups[0].fwd_ms[4];
+        for (int mb = 1; mb <= cm.groups[0].mlimit; mb++) {
+            assert_true(fabs(cm.groups[0].fwd_ms[mb] / base.groups[0].fwd_ms[mb] - ratio[k]) < 1e-12);
+            assert_true(fabs(cm.groups[0].bwd_ms[mb] / base.groups[0].bwd_ms[mb] - ratio[k]) < 1e-12);
+        }
+        assert_true(fabs(cm.groups[0].opt_ms_per_param / base.groups[0].opt_ms_per_param - ratio[k]) < 1e-12);
+        cost_free(&cm), cluster_free(&cl);
+    }
+    assert_true(fabs(ratio[0] - 1) < 1e-12 && fabs(ratio[1] - 1.5) < 1e-12 && fabs(ratio[2] - 1) < 1e-12);
+    cost_free(&base), cluster_free(&cl0);
+}
+
+/* An embedding reads the rows its tokens look up: once the table has more rows than a sample's
+ * tokens, its size does not change the embedding's time (the backward without recompute is the
+ * blocks' and the embedding's; the blocks do not see the vocabulary). */
+static void test_embedding_reads_rows(void **state) {
+    (void)state;
+    static const char one[] = "nodes: [{name: a, gpus: [{type: cpu, count: 1, threads: 1, memory_gib: 4}]}]\n";
+    static model_spec small, big;
+    err_t err;
+    const char *ys = "base: tiny-gpt\nname: v1\nvocab: 1024\n", *yb = "base: tiny-gpt\nname: v2\nvocab: 50257\n";
+    assert_int_equal(model_load_string("s.yaml", ys, strlen(ys), &small, &err), 0);
+    assert_int_equal(model_load_string("b.yaml", yb, strlen(yb), &big, &err), 0);
+    cost_opts co = {.prec = PREC_FP32, .mem_cap = 0.8};
+    cluster c1, c2;
+    cost_model a, b;
+    assert_int_equal(cluster_load_string("c.yaml", one, strlen(one), &c1, &err), 0);
+    assert_int_equal(cluster_load_string("c.yaml", one, strlen(one), &c2, &err), 0);
+    assert_int_equal(cost_build(&a, &small, &c1, 64, 4, &co, &err), 0);
+    assert_int_equal(cost_build(&b, &big, &c2, 64, 4, &co, &err), 0);
+    for (int mb = 1; mb <= 4; mb++) {
+        assert_true(fabs(cost_bwd_ms(&a.groups[0], mb, RECOMPUTE_NONE) - cost_bwd_ms(&b.groups[0], mb, RECOMPUTE_NONE)) < 1e-12);
+        assert_true(b.groups[0].fwd_ms[mb] > a.groups[0].fwd_ms[mb]); /* the head's logits do grow */
+    }
+    cost_free(&a), cost_free(&b), cluster_free(&c1), cluster_free(&c2);
+}
+
+/* The step check's line: every time of a measured group x step_scale, and step_overhead_ms once
+ * per step in the exposed time (the most of the groups'). */
+static void test_step_check_line(void **state) {
+    (void)state;
+    char *scaled = xstrdup(profile_json);
+    char *at = strstr(scaled, "\"compute_bytes\"");
+    char *text = str_printf("%.*s\"step_scale\": 0.5, \"step_overhead_ms\": 3, %s", (int)(at - scaled), scaled, at);
+    profile plain, prof;
+    err_t err;
+    if (profile_load_string("p.json", profile_json, strlen(profile_json), &plain, &err) < 0) fail_msg("%s", err.msg);
+    if (profile_load_string("s.json", text, strlen(text), &prof, &err) < 0) fail_msg("%s", err.msg);
+    assert_true(prof.entries[0].step_scale == 0.5 && prof.entries[0].step_overhead_ms == 3);
+    cost_model a, b;
+    cluster c1, c2;
+    build(&a, &c1, two_nodes, "bert-large", 512, 64, PREC_FP32, &plain);
+    build(&b, &c2, two_nodes, "bert-large", 512, 64, PREC_FP32, &prof);
+    const cost_group *pa = &a.groups[1], *pb = &b.groups[1];
+    for (int mb = 1; mb <= 8; mb++) {
+        assert_true(fabs(pb->fwd_ms[mb] - 0.5 * pa->fwd_ms[mb]) < 1e-9);
+        assert_true(fabs(pb->bwd_ms[mb] - 0.5 * pa->bwd_ms[mb]) < 1e-9);
+        assert_true(fabs(pb->bwd_keep_ms[mb] - 0.5 * pa->bwd_keep_ms[mb]) < 1e-9);
+    }
+    /* the unmeasured A100s keep their estimates */
+    assert_true(fabs(b.groups[0].fwd_ms[4] - a.groups[0].fwd_ms[4]) < 1e-12);
+    assert_true(fabs(cost_exposed_ms(&b, false) - (cost_exposed_ms(&a, false) + 3)) < 1e-9);
+    /* out of bounds: refused with the field named */
+    char *bad = str_printf("%.*s\"step_scale\": 20, %s", (int)(at - scaled), scaled, at);
+    profile x;
+    assert_int_equal(profile_load_string("x.json", bad, strlen(bad), &x, &err), -1);
+    assert_non_null(strstr(err.msg, "step_scale"));
+    cost_free(&a), cost_free(&b), cluster_free(&c1), cluster_free(&c2);
+    profile_free(&plain), profile_free(&prof);
+    free(scaled), free(text), free(bad);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ring_collectives),
@@ -351,6 +447,9 @@ int main(void) {
         cmocka_unit_test(test_recompute_none_costs),
         cmocka_unit_test(test_pascal_fp16_at_fp32_rate),
         cmocka_unit_test(test_bf16_refused_before_ampere),
+        cmocka_unit_test(test_cpu_cores_shared),
+        cmocka_unit_test(test_embedding_reads_rows),
+        cmocka_unit_test(test_step_check_line),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

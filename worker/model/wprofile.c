@@ -11,6 +11,7 @@
 
 #include "comm/comm.h"
 #include "common/clock.h"
+#include "common/hostinfo.h"
 #include "common/log.h"
 #include "common/strutil.h"
 #include "devices/device.h"
@@ -459,12 +460,6 @@ static int time_collective(comm *cm, int world, bool rs, float *buf, const int64
     *out = median(t, reps);
     if (cpu_out) *cpu_out = median(cpu, reps);
     return 0;
-}
-
-/* The cores this process may run on (the host's, unless an affinity mask limits it). */
-static int host_cores(void) {
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n > 0 ? (int)n : 1;
 }
 
 int wprof_comm(comm *cm, const wprof_comm_opts *o, err_t *err) {
