@@ -1179,6 +1179,51 @@ static void test_adamw(void **state) {
     expect_rel("adamw v", g_down(gv, n), v, n, 1e-6);
 }
 
+/* adamw_multi on the GPU: bit for bit the GPU's own adamw per segment followed by its to_bf16 /
+ * to_fp16 (the same kernels' arithmetic), elements between segments untouched, a list longer
+ * than one launch's ADAMW_MULTI_MAX; and against the CPU device's adamw_multi to rounding. */
+static void test_adamw_multi(void **state) {
+    (void)state;
+    enum { NSEG = ADAMW_MULTI_MAX + 3 };
+    dev_adamw_seg seg[NSEG];
+    int64_t n = 0;
+    for (int k = 0; k < NSEG; k++) {
+        int64_t len = k % 5 == 0 ? 300007 + k : 5 + 31 * k;
+        n += k % 3; /* gaps */
+        seg[k] = (dev_adamw_seg){.off = n, .n = len, .which = k % 2};
+        n += len;
+    }
+    const dev_adamw steps[2] = {dev_adamw_step(1e-2, 0.9, 0.999, 1e-8, 0.1, 2, 0.5f),
+                                dev_adamw_step(1e-2, 0.9, 0.999, 1e-8, 0.0, 2, 0.5f)};
+    for (int h = 0; h < 3; h++) { /* no copy, bf16, fp16 */
+        precision hp = h == 2 ? PREC_FP16 : PREC_BF16;
+        seed(1100 + h);
+        float *p = hrandom(n, 1.0f), *g = hrandom(n, 1.0f), *m = hrandom(n, 0.1f), *v = hrandom(n, 1e-3f);
+        for (int64_t i = 0; i < n; i++) v[i] = fabsf(v[i]);
+        float *gp = g_up(p, n), *gg = g_up(g, n), *gm = g_up(m, n), *gv = g_up(v, n);
+        float *rp = g_up(p, n), *rm = g_up(m, n), *rv = g_up(v, n);
+        uint16_t *gh = g_alloc((size_t)n * 2), *rh = g_alloc((size_t)n * 2);
+        GPU->ops->copy(GPU, gh, gp, (size_t)n * 2, COPY_D2D); /* the gaps: same junk in both */
+        GPU->ops->copy(GPU, rh, gp, (size_t)n * 2, COPY_D2D);
+        GPU->ops->adamw_multi(GPU, gp, gg, gm, gv, h ? gh : NULL, hp, NSEG, seg, steps);
+        for (int k = 0; k < NSEG; k++) {
+            int64_t o = seg[k].off;
+            GPU->ops->adamw(GPU, rp + o, gg + o, rm + o, rv + o, seg[k].n, &steps[seg[k].which]);
+            if (h) dev_to_half(GPU, hp, rh + o, rp + o, seg[k].n);
+        }
+        float *hp_ = g_down(gp, n);
+        expect_same("adamw_multi p", hp_, g_down(rp, n), (size_t)n * 4);
+        expect_same("adamw_multi m", g_down(gm, n), g_down(rm, n), (size_t)n * 4);
+        expect_same("adamw_multi v", g_down(gv, n), g_down(rv, n), (size_t)n * 4);
+        uint16_t *h1 = h_alloc((size_t)n * 2), *h2 = h_alloc((size_t)n * 2);
+        dev_download(GPU, h1, gh, (size_t)n * 2), dev_download(GPU, h2, rh, (size_t)n * 2);
+        expect_same("adamw_multi 16-bit copy", h1, h2, (size_t)n * 2);
+        /* the CPU device's multi-tensor update, to a few roundings (as test_adamw) */
+        REF->ops->adamw_multi(REF, p, g, m, v, NULL, hp, NSEG, seg, steps);
+        expect_rel("adamw_multi p vs cpu", hp_, p, n, 1e-6);
+    }
+}
+
 /* ---------------------------------------------------------------------------------------------
  * bf16 conversions: bit for bit against a host round-to-nearest-even */
 
@@ -1667,7 +1712,7 @@ int main(void) {
         T(test_activations), T(test_rope),        T(test_attention), T(test_xent),
         T(test_rope_at),     T(test_attention_cached),
         T(test_attention_head_dims), T(test_attention_mma), T(test_fp16),
-        T(test_patchify),    T(test_adamw),       T(test_bf16),     T(test_streams),
+        T(test_patchify),    T(test_adamw),       T(test_adamw_multi), T(test_bf16),     T(test_streams),
         T(test_host_alloc),  T(test_determinism), T(test_zero_sizes), T(test_allocator),
     };
 #undef T

@@ -1071,6 +1071,54 @@ static void test_adamw(void **state) {
     free(p), free(m), free(v), free(pr), free(mr), free(vr);
 }
 
+/* adamw_multi is adamw segment by segment, bit for bit, and its 16-bit copy is the updated
+ * parameters rounded by to_bf16 / to_fp16: segments with both step scalars, elements between
+ * segments untouched, a list longer than one CUDA launch's, big segments on the threaded path. */
+static void test_adamw_multi(void **state) {
+    device *d = *state;
+    enum { NSEG = ADAMW_MULTI_MAX + 5 };
+    dev_adamw_seg seg[NSEG];
+    int64_t n = 0;
+    for (int k = 0; k < NSEG; k++) { /* a gap of k % 3 elements before each segment */
+        int64_t len = k % 4 == 0 ? 70001 + k : 3 + 17 * k;
+        n += k % 3;
+        seg[k] = (dev_adamw_seg){.off = n, .n = len, .which = k % 2};
+        n += len;
+    }
+    const dev_adamw steps[2] = {dev_adamw_step(1e-2, 0.9, 0.999, 1e-8, 0.1, 3, 0.5f),
+                                dev_adamw_step(1e-2, 0.9, 0.999, 1e-8, 0.0, 3, 0.5f)};
+    assert_true(memcmp(&steps[0], &steps[1], sizeof steps[0]) != 0);
+    for (int h = 0; h < 3; h++) { /* no copy, bf16, fp16 */
+        precision hp = h == 2 ? PREC_FP16 : PREC_BF16;
+        seed(200 + h);
+        float *p = frandom(n, 1.0f), *g = frandom(n, 1.0f), *m = frandom(n, 0.1f), *v = frandom(n, 1e-3f);
+        for (int64_t i = 0; i < n; i++) v[i] = fabsf(v[i]);
+        float *pr = fdup(p, n), *mr = fdup(m, n), *vr = fdup(v, n), *p0 = fdup(p, n);
+        uint16_t *half = malloc((size_t)n * 2), *hr = malloc((size_t)n * 2);
+        memset(half, 0xab, (size_t)n * 2), memset(hr, 0xab, (size_t)n * 2);
+        d->ops->adamw_multi(d, p, g, m, v, h ? half : NULL, hp, NSEG, seg, steps);
+        for (int k = 0; k < NSEG; k++) {
+            int64_t o = seg[k].off;
+            d->ops->adamw(d, pr + o, g + o, mr + o, vr + o, seg[k].n, &steps[seg[k].which]);
+            if (h) dev_to_half(d, hp, hr + o, pr + o, seg[k].n);
+        }
+        assert_memory_equal(p, pr, (size_t)n * 4);
+        assert_memory_equal(m, mr, (size_t)n * 4);
+        assert_memory_equal(v, vr, (size_t)n * 4);
+        assert_memory_equal(half, hr, (size_t)n * 2); /* gaps keep 0xabab on both */
+        /* the copy is of the updated values, not the old ones (lr 1e-2 moves most of them by more
+         * than a 16-bit ulp) */
+        uint16_t *old = malloc((size_t)n * 2);
+        if (h) dev_to_half(d, hp, old, p0, n);
+        int64_t moved = 0;
+        for (int k = 0; h && k < NSEG; k++)
+            for (int64_t i = seg[k].off; i < seg[k].off + seg[k].n; i++) moved += half[i] != old[i];
+        if (h && moved < n / 4) fail_msg("%lld of %lld 16-bit values moved", (long long)moved, (long long)n);
+        free(old), free(p0);
+        free(p), free(g), free(m), free(v), free(pr), free(mr), free(vr), free(half), free(hr);
+    }
+}
+
 /* ---------------------------------------------------------------------------------------------
  * determinism */
 
@@ -1188,6 +1236,7 @@ int main(void) {
         T(test_xent),
         T(test_patchify),
         T(test_adamw),
+        T(test_adamw_multi),
         T(test_determinism),
     };
 #undef T
