@@ -383,7 +383,7 @@ static void test_host_syncs(void **state) {
         GPU->ops->sync(GPU);
         int64_t h0 = GPU->host_syncs;
         for (int rep = 0; rep < 4; rep++)
-            GPU->ops->xent_fwd_bwd(GPU, lg, losses, gtg, N, V, 0.5f, sums);
+            GPU->ops->xent_fwd_bwd(GPU, lg, V, losses, gtg, N, V, 0.5f, sums);
         GPU->ops->sumsq_multi(GPU, sums, 2, list, sizes);
         GPU->ops->adamw(GPU, p, g, m, v, 4096, &step);
         GPU->ops->copy_async(GPU, host, p, 4096 * 4, COPY_D2H, DEV_STREAM_COMPUTE);
@@ -1099,8 +1099,8 @@ static void check_xent(int N, int V, float mag, const int32_t *tg, float scale) 
     int32_t *gtg = g_up_i(tg, N);
     /* both sums start from 0.375: the ops add to them */
     double want = 0.375, *gsum = g_double(0.375);
-    REF->ops->xent_fwd_bwd(REF, logits, losses, tg, N, V, scale, &want);
-    GPU->ops->xent_fwd_bwd(GPU, gl, glosses, gtg, N, V, scale, gsum);
+    REF->ops->xent_fwd_bwd(REF, logits, V, losses, tg, N, V, scale, &want);
+    GPU->ops->xent_fwd_bwd(GPU, gl, V, glosses, gtg, N, V, scale, gsum);
     double got = g_read_double(gsum) - 0.375;
     want -= 0.375;
     char what[96];
@@ -1136,6 +1136,25 @@ static void test_xent(void **state) {
     check_xent(300, 50257, 4.0f, tg, 1.0f / 300.0f); /* GPT-2 vocabulary: not a block multiple */
     for (int i = 0; i < 5; i++) tg[i] = -1;
     check_xent(5, 50257, 4.0f, tg, 1.0f); /* no targets at all: sum 0 */
+    /* rows with a padded stride (CEPHALO_VOCAB_PAD: 50257 -> 50304) against the same rows
+     * contiguous on the GPU, bit for bit; the padding columns untouched */
+    const int N = 37, V = 50257, ld = 50304;
+    for (int i = 0; i < N; i++) tg[i] = i % 7 == 3 ? -1 : (int32_t)(rnd64() % V);
+    float *flat = hrandom((int64_t)N * V, 4.0f), *pad = hfill((int64_t)N * ld, -7.5f);
+    for (int r = 0; r < N; r++) memcpy(pad + (int64_t)r * ld, flat + (int64_t)r * V, (size_t)V * 4);
+    float *gf = g_up(flat, (int64_t)N * V), *gp = g_up(pad, (int64_t)N * ld);
+    float *l1 = g_fill(N, 0.0f), *l2 = g_fill(N, 0.0f);
+    double *s1 = g_double(0.0), *s2 = g_double(0.0);
+    int32_t *gtg = g_up_i(tg, N);
+    GPU->ops->xent_fwd_bwd(GPU, gf, V, l1, gtg, N, V, 0.5f, s1);
+    GPU->ops->xent_fwd_bwd(GPU, gp, ld, l2, gtg, N, V, 0.5f, s2);
+    if (g_read_double(s1) != g_read_double(s2)) fail_msg("xent padded: another sum");
+    expect_same("xent padded losses", g_down(l2, N), g_down(l1, N), (size_t)N * 4);
+    float *hf = g_down(gf, (int64_t)N * V), *hp = g_down(gp, (int64_t)N * ld);
+    for (int r = 0; r < N; r++) {
+        expect_same("xent padded gradient", hp + (int64_t)r * ld, hf + (int64_t)r * V, (size_t)V * 4);
+        expect_all("xent padding columns untouched", hp + (int64_t)r * ld + V, ld - V, -7.5f);
+    }
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -1549,7 +1568,7 @@ static det_out det_run(void) {
     int32_t *tg = h_alloc(DXN * sizeof(int32_t));
     for (int i = 0; i < DXN; i++) tg[i] = (i * 101) % DXV;
     double *gsum = g_double(0.0);
-    GPU->ops->xent_fwd_bwd(GPU, lg, losses, g_up_i(tg, DXN), DXN, DXV, 0.25f, gsum);
+    GPU->ops->xent_fwd_bwd(GPU, lg, DXV, losses, g_up_i(tg, DXN), DXN, DXV, 0.25f, gsum);
     r.xent_sum = g_read_double(gsum);
     r.xent = g_down(lg, (int64_t)DXN * DXV);
     return r;
@@ -1681,7 +1700,7 @@ static void test_zero_sizes(void **state) {
     GPU->ops->swiglu_bwd(GPU, a, c, b, b, b, 0);
     GPU->ops->copy2d(GPU, a, 8, b, 8, 0, 8);
     double *s = g_double(0.25);
-    GPU->ops->xent_fwd_bwd(GPU, a, c, ids, 0, 8, 1.0f, s); /* no rows: the sum unchanged */
+    GPU->ops->xent_fwd_bwd(GPU, a, 8, c, ids, 0, 8, 1.0f, s); /* no rows: the sum unchanged */
     assert_true(g_read_double(s) == 0.25);
     GPU->ops->sumsq_multi(GPU, s, 0, NULL, NULL); /* no tensors: 0 */
     assert_true(g_read_double(s) == 0.0);

@@ -987,12 +987,12 @@ static void check_xent(device *d, int N, int V, float mag, const int32_t *tg, fl
     /* the loss adds to what the sum held */
     double acc = 0.375, total_alone = 0;
     float *again = fdup(logits, n), *l2 = ffill(N, 0);
-    d->ops->xent_fwd_bwd(d, logits, losses, tg, N, V, scale, &acc);
+    d->ops->xent_fwd_bwd(d, logits, V, losses, tg, N, V, scale, &acc);
     double total = acc - 0.375;
     if (!(fabs(total - total_ref) <= 1e-6 * fabs(total_ref)))
         fail_msg("xent sum %.12g, want %.12g", total, total_ref);
     /* the same rows again from 0 give scale * their sum exactly once */
-    d->ops->xent_fwd_bwd(d, again, l2, tg, N, V, scale, &total_alone);
+    d->ops->xent_fwd_bwd(d, again, V, l2, tg, N, V, scale, &total_alone);
     if (0.375 + total_alone != acc) fail_msg("xent: += gives %.17g, 0.375 + alone %.17g", acc, 0.375 + total_alone);
     free(again), free(l2);
     expect_close("xent losses", losses, loss_ref, N, RTOL, ATOL);
@@ -1000,6 +1000,24 @@ static void check_xent(device *d, int N, int V, float mag, const int32_t *tg, fl
     for (int i = 0; i < N; i++)
         if (tg[i] < 0) expect_all("xent untargeted row", logits + (int64_t)i * V, V, 0.0f);
     free(logits), free(losses), free(k.logits), free(loss_ref), free(grad_ref);
+}
+
+/* Rows with a stride ld > V (a padded vocabulary, planner/engine_mem.h) give the contiguous
+ * rows' gradients, losses and sum bit for bit, and the padding columns are left as they were. */
+static void check_xent_padded(device *d, int N, int V, int ld, const int32_t *tg) {
+    float *flat = frandom((int64_t)N * V, 4.0f), *pad = ffill((int64_t)N * ld, -7.5f);
+    for (int r = 0; r < N; r++) memcpy(pad + (int64_t)r * ld, flat + (int64_t)r * V, (size_t)V * 4);
+    float *l1 = ffill(N, 0), *l2 = ffill(N, 0);
+    double s1 = 0, s2 = 0;
+    d->ops->xent_fwd_bwd(d, flat, V, l1, tg, N, V, 0.5f, &s1);
+    d->ops->xent_fwd_bwd(d, pad, ld, l2, tg, N, V, 0.5f, &s2);
+    assert_true(s1 == s2 && s1 != 0);
+    assert_memory_equal(l1, l2, (size_t)N * 4);
+    for (int r = 0; r < N; r++) {
+        assert_memory_equal(pad + (int64_t)r * ld, flat + (int64_t)r * V, (size_t)V * 4);
+        expect_all("xent padding columns untouched", pad + (int64_t)r * ld + V, ld - V, -7.5f);
+    }
+    free(flat), free(pad), free(l1), free(l2);
 }
 
 static void test_xent(void **state) {
@@ -1014,6 +1032,7 @@ static void test_xent(void **state) {
     int32_t tg64[64];
     for (int i = 0; i < 64; i++) tg64[i] = i % 9 == 4 ? -1 : (i * 37) % 1001;
     check_xent(d, 64, 1001, 4.0f, tg64, 0.5f, false);
+    check_xent_padded(d, 64, 1001, 1024, tg64);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -1163,7 +1182,7 @@ static det_out det_run(device *d) {
     for (int i = 0; i < NX; i++) tg[i] = (i * 101) % V;
     float *losses = ffill(NX, 0);
     r.xent_sum = 0;
-    d->ops->xent_fwd_bwd(d, r.xent, losses, tg, NX, V, 0.25f, &r.xent_sum);
+    d->ops->xent_fwd_bwd(d, r.xent, V, losses, tg, NX, V, 0.25f, &r.xent_sum);
     free(x), free(w), free(b), free(dout), free(mean), free(rstd), free(y);
     free(ids), free(tg), free(losses);
     return r;

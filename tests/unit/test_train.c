@@ -219,6 +219,45 @@ static void test_head_chunks(void **state) {
     }
 }
 
+/* Vocabulary padding ($CEPHALO_VOCAB_PAD): a vocabulary of 250 gives logits rows of stride 256;
+ * the parameters and step 0's logits are bit-identical to the unpadded head's (the GEMMs and the
+ * cross-entropy compute the same V columns), in fp32 and bf16, the whole microbatch and chunks of
+ * rows; the peak is what the planner predicts either way, the padded one larger. BERT (a decoder
+ * bias) is never padded. */
+static void test_vocab_pad(void **state) {
+    (void)state;
+    for (int a = 0; a < 3; a++)
+        for (int q = 0; q < 2; q++) {
+            float *p[2], *logits[2];
+            int64_t n = 0, peak[2], nlog = 0;
+            for (int pad = 0; pad < 2; pad++) {
+                engine_set_vocab_pad(pad);
+                train_config c = tiny_config(TINY[a], 4, 2);
+                c.model.vocab = 250;
+                c.prec = q ? PREC_BF16 : PREC_FP32;
+                if (q) engine_set_head_logits_bytes((int64_t)20 * 256 * 4); /* chunks of 20 rows */
+                assert_int_equal(engine_vocab_ld(&c.model), pad && a != 2 ? 256 : 250);
+                trainer *t = make(&c);
+                nlog = (int64_t)c.batch * t->tokens * c.model.vocab;
+                t->logits_out = logits[pad] = malloc((size_t)nlog * sizeof(float));
+                steps(t, 3);
+                t->logits_out = NULL;
+                p[pad] = all_params(t, &n);
+                peak[pad] = t->dev.peak_bytes;
+                assert_int_equal(peak[pad], predicted_peak(&c));
+                trainer_free(t);
+                engine_set_head_logits_bytes(0);
+            }
+            engine_set_vocab_pad(-1);
+            if (memcmp(p[0], p[1], (size_t)n * sizeof(float)))
+                fail_msg("%s %s: the padded vocabulary changes the parameters", TINY[a], q ? "bf16" : "fp32");
+            assert_memory_equal(logits[0], logits[1], (size_t)nlog * sizeof(float));
+            if (a != 2) assert_true(peak[1] > peak[0]);
+            else assert_int_equal(peak[1], peak[0]);
+            free(p[0]), free(p[1]), free(logits[0]), free(logits[1]);
+        }
+}
+
 /* A single-rank step makes the host wait for the device twice, whatever the model, precision
  * and microbatches: the one download of the loss and the gradient norm, and the step's end (the
  * head's loss and the norm stay on the device until then). */
@@ -513,6 +552,7 @@ int main(void) {
         cmocka_unit_test(test_recompute_none_equals_full),
         cmocka_unit_test(test_head_chunks),
         cmocka_unit_test(test_host_syncs_per_step),
+        cmocka_unit_test(test_vocab_pad),
         cmocka_unit_test(test_resume_bit_exact),
         cmocka_unit_test(test_adamw_half_resume),
         cmocka_unit_test(test_adamw_modes),

@@ -635,13 +635,14 @@ static CPU_HOT double xent_row(float *restrict x, int target, int V, float scale
     return log((double)sum) + (double)m - (double)xt;
 }
 
-static void cpu_xent_fwd_bwd(device *d, float *logits, float *losses, const int32_t *targets,
-                             int N, int V, float scale, double *loss_sum) {
+static void cpu_xent_fwd_bwd(device *d, float *logits, int ld, float *losses,
+                             const int32_t *targets, int N, int V, float scale, double *loss_sum) {
+    CHECK(ld >= V);
     double *row_loss = xmalloc((size_t)(N > 0 ? N : 1) * sizeof(double));
 #pragma omp parallel for schedule(static) num_threads(d->threads) \
     if ((int64_t)N * V > CPU_PAR_MIN)
     for (int n = 0; n < N; n++) {
-        float *x = logits + (int64_t)n * V;
+        float *x = logits + (int64_t)n * ld;
         int t = targets[n];
         CHECK(t < V); /* the data loader checks token ids against the vocabulary */
         if (t < 0) {

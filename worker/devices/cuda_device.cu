@@ -1132,11 +1132,11 @@ static void cuda_rope_at(device *d, float *x, int ldx, int rows, int pos0, int n
 /* ---------------------------------------------------------------------------------------------
  * fused softmax cross-entropy: one block per row. */
 
-__global__ void xent_kernel(float *logits, float *losses, double *row_loss,
+__global__ void xent_kernel(float *logits, int ld, float *losses, double *row_loss,
                             const int32_t *targets, int V, float scale) {
     __shared__ float sh[32];
     int n = blockIdx.x;
-    float *x = logits + (int64_t)n * V;
+    float *x = logits + (int64_t)n * ld;
     int t = targets[n];
     assert(t < V); /* the data loader checks token ids against the vocabulary */
     if (t < 0) { /* no target: loss 0, gradient 0 */
@@ -1169,12 +1169,13 @@ __global__ void xent_kernel(float *logits, float *losses, double *row_loss,
     }
 }
 
-static void cuda_xent_fwd_bwd(device *d, float *logits, float *losses, const int32_t *targets,
-                              int N, int V, float scale, double *loss_sum) {
+static void cuda_xent_fwd_bwd(device *d, float *logits, int ld, float *losses,
+                              const int32_t *targets, int N, int V, float scale, double *loss_sum) {
     if (N <= 0) return;
+    CHECK(ld >= V);
     double *row_loss = (double *)cuda_scratch(d, (size_t)N * sizeof(double));
-    xent_kernel<<<(unsigned)N, XENT_THREADS, 0, compute(d)>>>(logits, losses, row_loss, targets,
-                                                              V, scale);
+    xent_kernel<<<(unsigned)N, XENT_THREADS, 0, compute(d)>>>(logits, ld, losses, row_loss,
+                                                              targets, V, scale);
     LAUNCH_CHECK();
     /* rows in a fixed order (a fixed tree over 1024 strided row sums), onto the device's sum */
     add_scaled_sum_kernel<<<1, XENT_THREADS, 0, compute(d)>>>(loss_sum, row_loss, N,

@@ -206,12 +206,12 @@ typedef struct dev_ops {
                              const float *vc, int n, int pos0, int H, int Hkv, int hd);
 
     /* ---- fused softmax cross-entropy ----
-     * logits [N, V] are overwritten by the gradient of (scale * sum of row losses):
+     * logits [N, V] (row stride ld >= V; columns V.. are not read or written) are overwritten by the gradient of (scale * sum of row losses):
      * dlogits = scale * (softmax - onehot(target)). losses[N] gets each row's unscaled loss.
      * targets[n] < 0 marks a row without a target: loss 0, gradient 0. *loss_sum (device memory,
      * one double) += scale * (the row losses summed in double in row order): the loss stays on
      * the device, and the step reads it once (no host wait here). */
-    void (*xent_fwd_bwd)(device *d, float *logits, float *losses, const int32_t *targets, int N,
+    void (*xent_fwd_bwd)(device *d, float *logits, int ld, float *losses, const int32_t *targets, int N,
                          int V, float scale, double *loss_sum);
 
     /* ---- images ---- */
