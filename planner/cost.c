@@ -112,18 +112,23 @@ static double curve_at(const int *xs, const double *ys, int n, int m) {
 
 typedef struct unit_times {
     double fwd, bwd;
+    double bwd_keep; /* the backward phase with recompute none: measured, or bwd */
 } unit_times;
 
 static unit_times unit_times_at(const cost_model *cm, const cluster_device *d,
                                 const profile_entry *pe, unit_kind k, int m) {
     unit_est u = unit_estimate(cm, k);
     double share = cpu_share(cm->cl, d);
-    unit_times est = {share * unit_ms(d, cm, u, m, 1.0), share * unit_ms(d, cm, u, m, 2.0)};
+    unit_times est = {share * unit_ms(d, cm, u, m, 1.0), share * unit_ms(d, cm, u, m, 2.0), 0};
+    est.bwd_keep = est.bwd;
     if (!pe) return est;
     const profile_curve *c = k == UNIT_BLOCK ? &pe->block : k == UNIT_HEAD ? &pe->head : &pe->embedding;
-    if (c->present)
-        return (unit_times){curve_at(pe->microbatch, c->fwd_ms, pe->n_points, m),
-                            curve_at(pe->microbatch, c->bwd_ms, pe->n_points, m)};
+    if (c->present) {
+        unit_times t = {curve_at(pe->microbatch, c->fwd_ms, pe->n_points, m),
+                        curve_at(pe->microbatch, c->bwd_ms, pe->n_points, m), 0};
+        t.bwd_keep = c->bwd_keep_ms ? curve_at(pe->microbatch, c->bwd_keep_ms, pe->n_points, m) : t.bwd;
+        return t;
+    }
     /* Unmeasured embedding/head: the estimate, calibrated by how far the block's estimate is
      * from the block's measurement at the same microbatch. */
     unit_est ub = unit_estimate(cm, UNIT_BLOCK);
@@ -131,7 +136,7 @@ static unit_times unit_times_at(const cost_model *cm, const cluster_device *d,
     double meas_blk = curve_at(pe->microbatch, pe->block.fwd_ms, pe->n_points, m) +
                       curve_at(pe->microbatch, pe->block.bwd_ms, pe->n_points, m);
     double scale = meas_blk / (share * est_blk); /* the measurement has the sharing in it */
-    return (unit_times){est.fwd * scale, est.bwd * scale};
+    return (unit_times){est.fwd * scale, est.bwd * scale, est.bwd * scale};
 }
 
 /* ---- compute memory ---- */
@@ -257,7 +262,10 @@ static void build_group(cost_model *cm, cost_group *g, int batch_limit) {
         unit_times h = unit_times_at(cm, d, pe, UNIT_HEAD, m);
         g->fwd_ms[m] = scale * (e.fwd + L * b.fwd + h.fwd + h.bwd); /* the head runs fused in the forward */
         g->bwd_ms[m] = scale * (L * (b.fwd + b.bwd) + e.bwd);
-        g->bwd_keep_ms[m] = scale * (L * b.bwd + e.bwd); /* no block recomputed */
+        /* no block recomputed: the profile's measured backward phases when it has them
+         * (version 2), else the block's bwd (its backward phase less its forward) and the
+         * embedding's (whose recompute is a lookup) */
+        g->bwd_keep_ms[m] = scale * (L * b.bwd_keep + e.bwd_keep);
     }
     /* measured: zeroing the gradient shard, its squared norm and AdamW (`cephalo profile`) */
     g->opt_ms_per_param = pe && pe->optimizer_ms_per_mparam > 0

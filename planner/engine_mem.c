@@ -2,6 +2,9 @@
  * engine's allocations (see engine_mem.h). */
 #include "planner/engine_mem.h"
 
+#include <stdlib.h>
+#include <string.h>
+
 int engine_qkv_width(const model_spec *m) {
     int hd = m->d_model / m->n_head;
     return (m->n_head + 2 * m->n_kv_head) * hd;
@@ -15,8 +18,28 @@ void engine_set_head_logits_bytes(int64_t bytes) {
     head_logits_bytes = bytes > 0 ? bytes : ENGINE_HEAD_LOGITS_BYTES;
 }
 
+static int vocab_pad = -1; /* -1: not read from the environment yet */
+
+void engine_set_vocab_pad(int on) { vocab_pad = on; }
+
+static bool vocab_pad_on(void) {
+    if (vocab_pad < 0) {
+        const char *v = getenv("CEPHALO_VOCAB_PAD");
+        vocab_pad = v && *v && strcmp(v, "0") != 0;
+    }
+    return vocab_pad == 1;
+}
+
+int engine_vocab_ld(const model_spec *m) {
+    bool no_bias = m->arch == ARCH_GPT || m->arch == ARCH_LLAMA;
+    if (!no_bias || !vocab_pad_on()) return m->vocab;
+    return (m->vocab + ENGINE_VOCAB_ALIGN - 1) / ENGINE_VOCAB_ALIGN * ENGINE_VOCAB_ALIGN;
+}
+
 int64_t engine_head_chunk_rows(const model_spec *m, int micro, int T) {
     int64_t rows = (int64_t)micro * T;
+    /* from V, not the padded stride: the chunks (and so the order of the head's weight-gradient
+     * sums) are the same with and without vocabulary padding */
     int64_t fit = head_logits_bytes / ((int64_t)m->vocab * 4);
     if (fit >= 64) fit -= fit % 64; /* whole tiles for the GEMMs */
     if (fit < 1) fit = 1;
@@ -39,7 +62,7 @@ engine_workspace engine_workspace_floats(const model_spec *m, int max_m, int seq
     /* the fused head computes the logits of the whole microbatch, or of a chunk of its rows
      * when those would exceed ENGINE_HEAD_LOGITS_BYTES */
     int64_t chunk = vit ? 0 : engine_head_chunk_rows(m, max_m, T);
-    w.nlogits = vit ? (int64_t)max_m * m->n_classes : chunk * m->vocab;
+    w.nlogits = vit ? (int64_t)max_m * m->n_classes : chunk * engine_vocab_ld(m);
     w.nloss = vit ? max_m : chunk;
     w.npatch = vit ? (int64_t)max_m * vit_patches(m) * patch_dim(m) : 0;
     w.nrows = vit ? (int64_t)max_m * m->d_model : 0;

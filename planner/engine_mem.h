@@ -64,6 +64,19 @@ int64_t engine_workspace_bytes(const model_spec *m, int max_m, int seq, recomput
 /* Width of the fused q|k|v projection and of the MLP buffers. */
 int engine_qkv_width(const model_spec *m);
 int engine_wide(const model_spec *m);
+/* Vocabulary padding (issue 28, item 3; docs/cost-model.md): the head's logits rows are
+ * ENGINE_VOCAB_ALIGN-aligned, a row stride of V rounded up, so that the GPU's GEMMs and the
+ * cross-entropy see aligned rows; the GEMMs still compute V columns (the table is the embedding's
+ * parameters and keeps V rows: checkpoints, exports and sampling never see the padding) and the
+ * cross-entropy reads V values a row, so the results are those of the unpadded head. On with
+ * $CEPHALO_VOCAB_PAD=1 (read once, by the planner and the worker alike, so the memory model
+ * counts what the worker allocates), for heads without a bias (GPT, Llama). */
+#define ENGINE_VOCAB_ALIGN 64
+/* The logits' row stride: V, or V padded when vocabulary padding is on and the head has no bias
+ * (BERT's decoder bias and ViT's classes keep V). */
+int engine_vocab_ld(const model_spec *m);
+/* Tests: 1 on, 0 off, -1 from $CEPHALO_VOCAB_PAD again. */
+void engine_set_vocab_pad(int on);
 /* Rows of logits the head materialises at once for microbatches of `micro` samples of T
  * tokens: all micro*T rows, or, when their logits would exceed ENGINE_HEAD_LOGITS_BYTES, as
  * many as fit, rounded down to a multiple of 64 (at least one row). */

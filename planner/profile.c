@@ -26,7 +26,7 @@ static const char *const TOP_KEYS[] = {"format", "version", "entries", "comm", N
 static const char *const ENTRY_KEYS[] = {"device",        "model", "seq",       "precision",
                                          "microbatch",    "block", "embedding", "head",
                                          "compute_bytes", "optimizer_ms_per_mparam", "step_scale", "step_overhead_ms", NULL};
-static const char *const CURVE_KEYS[] = {"fwd_ms", "bwd_ms", NULL};
+static const char *const CURVE_KEYS[] = {"fwd_ms", "bwd_ms", "bwd_keep_ms", NULL};
 static const char *const COMM_KEYS[] = {"world", "op", "bytes", "ms", "uneven_ms", "cpu_ms", "host_cores",
                                         "train_overhead_ms", NULL};
 static const char *const PRECISIONS[] = {"fp32", "bf16", "fp16", NULL}; /* precision order */
@@ -169,7 +169,10 @@ static int read_curve(const json_ctx *c, const cJSON *obj, const char *path, con
     if (read_numbers(c, fwd, pf, 0, PROFILE_MAX_MS, JSON_OPEN, mb, &n, &curve->fwd_ms) < 0 ||
         read_numbers(c, bwd, pb, 0, PROFILE_MAX_MS, JSON_OPEN, mb, &n, &curve->bwd_ms) < 0)
         return -1;
-    return 0;
+    const cJSON *keep = json_get(cv, "bwd_keep_ms");
+    if (!keep) return 0;
+    path_key(pb, p, "bwd_keep_ms");
+    return read_numbers(c, keep, pb, 0, PROFILE_MAX_MS, JSON_OPEN, mb, &n, &curve->bwd_keep_ms);
 }
 
 static int read_entry(const json_ctx *c, const cJSON *obj, const char *path, profile_entry *e) {
@@ -351,11 +354,11 @@ static int read_header(const json_ctx *c, const cJSON *root) {
     if (json_require(c, root, "", "version", &v) < 0 ||
         json_int(c, v, "version", LONG_MIN, LONG_MAX, &version) < 0)
         return -1;
-    if (version != PROFILE_VERSION)
+    if (version < PROFILE_VERSION_MIN || version > PROFILE_VERSION)
         return err_set(c->err,
-                       "%s: version %ld is not supported (this build reads version %d); "
+                       "%s: version %ld is not supported (this build reads versions %d to %d); "
                        "re-run `cephalo profile`",
-                       c->file, version, PROFILE_VERSION);
+                       c->file, version, PROFILE_VERSION_MIN, PROFILE_VERSION);
     return json_check_keys(c, root, "", TOP_KEYS);
 }
 
@@ -424,6 +427,7 @@ int profile_load_file(const char *path, profile *out, err_t *err) {
 static void curve_free(profile_curve *c) {
     free(c->fwd_ms);
     free(c->bwd_ms);
+    free(c->bwd_keep_ms);
 }
 
 void profile_free(profile *p) {

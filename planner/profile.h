@@ -1,12 +1,15 @@
 /* profile.h - the profile file (docs/formats.md): measured costs per device type and model.
  *
  * {
- *   "format": "cephalo-profile", "version": 1,
+ *   "format": "cephalo-profile", "version": 2,
  *   "entries": [
  *     {"device": "L4", "model": "bert-large", "seq": 512, "precision": "fp32",
  *      "microbatch":    [1, 2, 4, 8],
- *      "block":     {"fwd_ms": [...], "bwd_ms": [...]},      per transformer block, bwd without recompute
- *      "embedding": {"fwd_ms": [...], "bwd_ms": [...]},      optional
+ *      "block":     {"fwd_ms": [...], "bwd_ms": [...],       per transformer block, bwd without recompute
+ *                    "bwd_keep_ms": [...]},                  optional (version 2): the backward phase
+ *                                                            measured on its own, from the kept
+ *                                                            intermediates (recompute none)
+ *      "embedding": {"fwd_ms": [...], "bwd_ms": [...]},      optional; bwd_keep_ms too
  *      "head":      {"fwd_ms": [...], "bwd_ms": [...]},      optional
  *      "compute_bytes": [...],                               compute memory M(m) at each microbatch
  *      "optimizer_ms_per_mparam": 1.2}                       optional: the step's per-parameter work
@@ -29,7 +32,8 @@
  *   ]
  * }
  * Arrays in one entry have the same length as "microbatch", which is strictly increasing. The
- * optional fields were added within version 1: files without them read as before. */
+ * optional fields were added within version 1, but for bwd_keep_ms (version 2, which `cephalo
+ * profile` writes): files without them read as before, and version 1 files still read. */
 #ifndef CEPHALO_PROFILE_H
 #define CEPHALO_PROFILE_H
 
@@ -40,7 +44,8 @@
 #include "common/precision.h"
 
 #define PROFILE_FORMAT "cephalo-profile"
-#define PROFILE_VERSION 1
+#define PROFILE_VERSION 2     /* written */
+#define PROFILE_VERSION_MIN 1 /* the oldest read */
 #define PROFILE_MAX_POINTS 4096
 /* The step check's scale: a run 10x off its profile's prediction is a broken profile, not a correction. */
 #define PROFILE_MIN_STEP_SCALE 0.1
@@ -49,6 +54,7 @@
 typedef struct profile_curve {
     bool present;
     double *fwd_ms, *bwd_ms; /* [n_points] */
+    double *bwd_keep_ms;     /* [n_points] or NULL: measured backward without the recompute */
 } profile_curve;
 
 typedef struct profile_entry {

@@ -24,6 +24,7 @@ static void add_curve(cJSON *o, const char *key, const profile_curve *c, int n) 
     cJSON *cv = cJSON_AddObjectToObject(o, key);
     cJSON_AddItemToObject(cv, "fwd_ms", numbers(c->fwd_ms, n));
     cJSON_AddItemToObject(cv, "bwd_ms", numbers(c->bwd_ms, n));
+    if (c->bwd_keep_ms) cJSON_AddItemToObject(cv, "bwd_keep_ms", numbers(c->bwd_keep_ms, n));
 }
 
 char *profile_to_json(const profile *p) {
@@ -97,14 +98,15 @@ static double *dup_doubles(const double *v, int n) {
 }
 
 static profile_curve dup_curve(const profile_curve *c, int n) {
-    return (profile_curve){c->present, dup_doubles(c->fwd_ms, n), dup_doubles(c->bwd_ms, n)};
+    return (profile_curve){c->present, dup_doubles(c->fwd_ms, n), dup_doubles(c->bwd_ms, n),
+                           dup_doubles(c->bwd_keep_ms, n)};
 }
 
 static void free_entry(profile_entry *e) {
     free(e->microbatch);
-    free(e->block.fwd_ms), free(e->block.bwd_ms);
-    free(e->embedding.fwd_ms), free(e->embedding.bwd_ms);
-    free(e->head.fwd_ms), free(e->head.bwd_ms);
+    free(e->block.fwd_ms), free(e->block.bwd_ms), free(e->block.bwd_keep_ms);
+    free(e->embedding.fwd_ms), free(e->embedding.bwd_ms), free(e->embedding.bwd_keep_ms);
+    free(e->head.fwd_ms), free(e->head.bwd_ms), free(e->head.bwd_keep_ms);
     free(e->compute_bytes);
 }
 

@@ -78,6 +78,25 @@ got = sum(json.loads(open(f'$T/r3-tiny-gpt/rank{r}.jsonl').readline())['bytes_se
 assert got == want, (got, want)
 "
 
+# ---- the fused optimizer ($CEPHALO_ADAMW): the same bits in every mode ----
+# half: the update writes each shard's 16-bit copy, which the gathers send (or, one rank, widen)
+# instead of rounding the fp32 shard at every gather; unit: one multi-tensor update per unit.
+CEPHALO_ADAMW=half one gpt-bf16-half tiny-gpt --precision bf16 --data synthetic
+check "bf16, one rank: adamw half = tensor, bit for bit" 0 "" -- \
+  $PT compare "$(ck gpt-bf16-half)" "$(ck gpt-bf16)" --tol 0
+for mode in half unit; do
+  CEPHALO_ADAMW=$mode run_ranks "$T/p3-tiny-gpt.json" "$T/r3-$mode" "${args[@]}" --data synthetic --ckpt-dir "$T/r3-$mode/ckpt"
+  check "fp16 on 3 uneven ranks: adamw $mode = tensor, bit for bit" 0 "" -- \
+    $PT compare "$T/r3-$mode/ckpt/step_00000003" "$T/r3-tiny-gpt/ckpt/step_00000003" --tol 0
+done
+CEPHALO_STAGE_HOST=1 CEPHALO_ADAMW=half run_ranks "$T/p3-tiny-gpt.json" "$T/r3-staged" "${args[@]}" --data synthetic \
+  --ckpt-dir "$T/r3-staged/ckpt"
+check "fp16 on 3 uneven ranks, staged collectives: adamw half = tensor, bit for bit" 0 "" -- \
+  $PT compare "$T/r3-staged/ckpt/step_00000003" "$T/r3-tiny-gpt/ckpt/step_00000003" --tol 0
+CEPHALO_ADAMW=fused check "a bad \$CEPHALO_ADAMW is refused, naming the choices" 2 \
+  "CEPHALO_ADAMW is 'fused', expected tensor, unit or half" -- \
+  "$W" train --model tiny-gpt --data synthetic --steps 1 --batch 2
+
 # ---- dynamic loss scaling ----
 # An overflow injected into rank 1's gradient at step 1: every rank skips step 1, so the state
 # after it (checkpoint step 2) is the state after step 0 (checkpoint step 1), bit for bit.

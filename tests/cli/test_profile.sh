@@ -58,13 +58,17 @@ n=$((n + 1))
 if python3 - "$T/p.json" <<'PY'
 import json, sys
 p = json.load(open(sys.argv[1]))
-assert p["format"] == "cephalo-profile" and p["version"] == 1
+assert p["format"] == "cephalo-profile" and p["version"] == 2
 e = p["entries"][0]
 assert e["device"] == "cpu-1t" and e["model"] == "tiny-gpt" and e["seq"] == 64, e
 mb = e["microbatch"]
 assert mb == sorted(set(mb)) and mb[0] == 1 and len(mb) == 4, mb
 for k in ("block", "embedding", "head"):
     assert all(x > 0 for x in e[k]["fwd_ms"] + e[k]["bwd_ms"]), k
+# version 2: the backward phases of recompute none, measured without the second forward
+for k in ("block", "embedding"):
+    assert len(e[k]["bwd_keep_ms"]) == len(mb) and all(x > 0 for x in e[k]["bwd_keep_ms"]), k
+assert "bwd_keep_ms" not in e["head"]
 # planner/engine_mem.c, fp32, a sharded rank on the CPU (tiny-gpt: d 64, 4 heads, d_ff 256, V 256, T 64)
 d, ff, V, T, h = 64, 256, 256, 64, 4
 slot = max(V * d + T * d, 4 * d * d + 4 * d + 2 * d * ff + ff + d + 4 * d)
@@ -94,8 +98,8 @@ check "store without the model: estimates" 0 "estimated" -- \
   "$C" plan --cluster "$T/c2.yaml" --model tiny-llama --batch 8
 check "another model's profile is refused" 2 "has no entry for model tiny-llama (it has: tiny-gpt)" -- \
   "$C" plan --cluster "$T/c2.yaml" --model tiny-llama --batch 8 --profile "$T/p.json"
-sed 's/"version":\t1/"version":\t7/' "$T/p.json" >"$T/stale.json"
-check "stale version is refused" 2 "stale.json: version 7 is not supported (this build reads version 1)" -- \
+sed 's/"version":\t2/"version":\t7/' "$T/p.json" >"$T/stale.json"
+check "stale version is refused" 2 "stale.json: version 7 is not supported (this build reads versions 1 to 2)" -- \
   "$C" plan --cluster "$T/c2.yaml" --model tiny-gpt --batch 8 --profile "$T/stale.json"
 sed 's/"cephalo-profile"/"something-else"/' "$T/p.json" >"$T/other.json"
 check "another format is refused" 2 "other.json: format: expected \"cephalo-profile\"" -- \

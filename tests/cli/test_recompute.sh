@@ -3,7 +3,8 @@
 # unit's intermediates instead of recomputing them in the backward trains bit for bit as one that
 # recomputes (the CPU device is deterministic: the same operations on the same values), on uneven
 # sharded ranks, a replicated plan and per-microbatch accumulation; the planner chooses the mode
-# per rank from its memory, and each rank's measured peak equals the plan's prediction in both.
+# per rank from its memory, and each rank's measured peak equals the plan's prediction in both
+# (also with vocabulary padding, which leaves the bits as they were).
 set -u
 cd "$(dirname "$0")/../.."
 . tests/cli/lib.sh
@@ -109,6 +110,25 @@ check "some plan keeps more than one microbatch per rank (kept memory grows with
 import glob, json
 ranks = [r for f in glob.glob('$T/mem-*.json') for r in json.load(open(f))['ranks']]
 assert any(r['recompute'] == 'none' and r['microbatches'] > 1 for r in ranks)"
+
+# ---- vocabulary padding (CEPHALO_VOCAB_PAD=1, docs/cuda.md): a vocabulary of 250 gets logits rows
+# of stride 256; the planner (which reads the variable too) counts it, the ranks allocate it, and
+# the parameters do not change ----
+printf 'base: tiny-gpt\nname: gpt-v250\nvocab: 250\n' >"$T/v250.yaml"
+for pad in 0 1; do
+  CEPHALO_VOCAB_PAD=$pad $C plan --cluster "$(mixed 0.004)" --model "$T/v250.yaml" --batch 12 -o "$T/v$pad.json" >/dev/null
+done
+CEPHALO_VOCAB_PAD=1 run_ranks "$T/v1.json" "$T/vrun1" --steps 2 --data synthetic
+check "vocabulary padding: each rank's peak = the padded plan's prediction" 0 "" -- peak_ok "$T/v1.json" "$T/vrun1"
+check "... which is above the unpadded plan's" 0 "" -- $PY -c "
+import json
+a, b = (json.load(open('$T/v%d.json' % p))['ranks'] for p in (0, 1))
+assert sum(r['predicted']['peak_bytes'] for r in b) > sum(r['predicted']['peak_bytes'] for r in a)"
+for pad in 0 1; do
+  CEPHALO_VOCAB_PAD=$pad run_ranks "$T/v0.json" "$T/vsame$pad" --steps 2 --data synthetic --ckpt-dir "$T/vsame$pad/ckpt"
+done
+check "vocabulary padding: the same plan's checkpoint bit for bit with and without" 0 "" -- \
+  same_files "$T/vsame0/ckpt/step_00000002" "$T/vsame1/ckpt/step_00000002"
 
 # ---- bad input ----
 check "--recompute some is refused" 2 "--recompute: 'some' is not none or full" -- \

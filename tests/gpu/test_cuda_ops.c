@@ -383,7 +383,7 @@ static void test_host_syncs(void **state) {
         GPU->ops->sync(GPU);
         int64_t h0 = GPU->host_syncs;
         for (int rep = 0; rep < 4; rep++)
-            GPU->ops->xent_fwd_bwd(GPU, lg, losses, gtg, N, V, 0.5f, sums);
+            GPU->ops->xent_fwd_bwd(GPU, lg, V, losses, gtg, N, V, 0.5f, sums);
         GPU->ops->sumsq_multi(GPU, sums, 2, list, sizes);
         GPU->ops->adamw(GPU, p, g, m, v, 4096, &step);
         GPU->ops->copy_async(GPU, host, p, 4096 * 4, COPY_D2H, DEV_STREAM_COMPUTE);
@@ -1112,8 +1112,8 @@ static void check_xent(int N, int V, float mag, const int32_t *tg, float scale) 
     int32_t *gtg = g_up_i(tg, N);
     /* both sums start from 0.375: the ops add to them */
     double want = 0.375, *gsum = g_double(0.375);
-    REF->ops->xent_fwd_bwd(REF, logits, losses, tg, N, V, scale, &want);
-    GPU->ops->xent_fwd_bwd(GPU, gl, glosses, gtg, N, V, scale, gsum);
+    REF->ops->xent_fwd_bwd(REF, logits, V, losses, tg, N, V, scale, &want);
+    GPU->ops->xent_fwd_bwd(GPU, gl, V, glosses, gtg, N, V, scale, gsum);
     double got = g_read_double(gsum) - 0.375;
     want -= 0.375;
     char what[96];
@@ -1149,6 +1149,25 @@ static void test_xent(void **state) {
     check_xent(300, 50257, 4.0f, tg, 1.0f / 300.0f); /* GPT-2 vocabulary: not a block multiple */
     for (int i = 0; i < 5; i++) tg[i] = -1;
     check_xent(5, 50257, 4.0f, tg, 1.0f); /* no targets at all: sum 0 */
+    /* rows with a padded stride (CEPHALO_VOCAB_PAD: 50257 -> 50304) against the same rows
+     * contiguous on the GPU, bit for bit; the padding columns untouched */
+    const int N = 37, V = 50257, ld = 50304;
+    for (int i = 0; i < N; i++) tg[i] = i % 7 == 3 ? -1 : (int32_t)(rnd64() % V);
+    float *flat = hrandom((int64_t)N * V, 4.0f), *pad = hfill((int64_t)N * ld, -7.5f);
+    for (int r = 0; r < N; r++) memcpy(pad + (int64_t)r * ld, flat + (int64_t)r * V, (size_t)V * 4);
+    float *gf = g_up(flat, (int64_t)N * V), *gp = g_up(pad, (int64_t)N * ld);
+    float *l1 = g_fill(N, 0.0f), *l2 = g_fill(N, 0.0f);
+    double *s1 = g_double(0.0), *s2 = g_double(0.0);
+    int32_t *gtg = g_up_i(tg, N);
+    GPU->ops->xent_fwd_bwd(GPU, gf, V, l1, gtg, N, V, 0.5f, s1);
+    GPU->ops->xent_fwd_bwd(GPU, gp, ld, l2, gtg, N, V, 0.5f, s2);
+    if (g_read_double(s1) != g_read_double(s2)) fail_msg("xent padded: another sum");
+    expect_same("xent padded losses", g_down(l2, N), g_down(l1, N), (size_t)N * 4);
+    float *hf = g_down(gf, (int64_t)N * V), *hp = g_down(gp, (int64_t)N * ld);
+    for (int r = 0; r < N; r++) {
+        expect_same("xent padded gradient", hp + (int64_t)r * ld, hf + (int64_t)r * V, (size_t)V * 4);
+        expect_all("xent padding columns untouched", hp + (int64_t)r * ld + V, ld - V, -7.5f);
+    }
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -1190,6 +1209,51 @@ static void test_adamw(void **state) {
     expect_rel("adamw p", g_down(gp, n), p, n, 1e-6);
     expect_rel("adamw m", g_down(gm, n), m, n, 1e-6);
     expect_rel("adamw v", g_down(gv, n), v, n, 1e-6);
+}
+
+/* adamw_multi on the GPU: bit for bit the GPU's own adamw per segment followed by its to_bf16 /
+ * to_fp16 (the same kernels' arithmetic), elements between segments untouched, a list longer
+ * than one launch's ADAMW_MULTI_MAX; and against the CPU device's adamw_multi to rounding. */
+static void test_adamw_multi(void **state) {
+    (void)state;
+    enum { NSEG = ADAMW_MULTI_MAX + 3 };
+    dev_adamw_seg seg[NSEG];
+    int64_t n = 0;
+    for (int k = 0; k < NSEG; k++) {
+        int64_t len = k % 5 == 0 ? 300007 + k : 5 + 31 * k;
+        n += k % 3; /* gaps */
+        seg[k] = (dev_adamw_seg){.off = n, .n = len, .which = k % 2};
+        n += len;
+    }
+    const dev_adamw steps[2] = {dev_adamw_step(1e-2, 0.9, 0.999, 1e-8, 0.1, 2, 0.5f),
+                                dev_adamw_step(1e-2, 0.9, 0.999, 1e-8, 0.0, 2, 0.5f)};
+    for (int h = 0; h < 3; h++) { /* no copy, bf16, fp16 */
+        precision hp = h == 2 ? PREC_FP16 : PREC_BF16;
+        seed(1100 + h);
+        float *p = hrandom(n, 1.0f), *g = hrandom(n, 1.0f), *m = hrandom(n, 0.1f), *v = hrandom(n, 1e-3f);
+        for (int64_t i = 0; i < n; i++) v[i] = fabsf(v[i]);
+        float *gp = g_up(p, n), *gg = g_up(g, n), *gm = g_up(m, n), *gv = g_up(v, n);
+        float *rp = g_up(p, n), *rm = g_up(m, n), *rv = g_up(v, n);
+        uint16_t *gh = g_alloc((size_t)n * 2), *rh = g_alloc((size_t)n * 2);
+        GPU->ops->copy(GPU, gh, gp, (size_t)n * 2, COPY_D2D); /* the gaps: same junk in both */
+        GPU->ops->copy(GPU, rh, gp, (size_t)n * 2, COPY_D2D);
+        GPU->ops->adamw_multi(GPU, gp, gg, gm, gv, h ? gh : NULL, hp, NSEG, seg, steps);
+        for (int k = 0; k < NSEG; k++) {
+            int64_t o = seg[k].off;
+            GPU->ops->adamw(GPU, rp + o, gg + o, rm + o, rv + o, seg[k].n, &steps[seg[k].which]);
+            if (h) dev_to_half(GPU, hp, rh + o, rp + o, seg[k].n);
+        }
+        float *hp_ = g_down(gp, n);
+        expect_same("adamw_multi p", hp_, g_down(rp, n), (size_t)n * 4);
+        expect_same("adamw_multi m", g_down(gm, n), g_down(rm, n), (size_t)n * 4);
+        expect_same("adamw_multi v", g_down(gv, n), g_down(rv, n), (size_t)n * 4);
+        uint16_t *h1 = h_alloc((size_t)n * 2), *h2 = h_alloc((size_t)n * 2);
+        dev_download(GPU, h1, gh, (size_t)n * 2), dev_download(GPU, h2, rh, (size_t)n * 2);
+        expect_same("adamw_multi 16-bit copy", h1, h2, (size_t)n * 2);
+        /* the CPU device's multi-tensor update, to a few roundings (as test_adamw) */
+        REF->ops->adamw_multi(REF, p, g, m, v, NULL, hp, NSEG, seg, steps);
+        expect_rel("adamw_multi p vs cpu", hp_, p, n, 1e-6);
+    }
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -1517,7 +1581,7 @@ static det_out det_run(void) {
     int32_t *tg = h_alloc(DXN * sizeof(int32_t));
     for (int i = 0; i < DXN; i++) tg[i] = (i * 101) % DXV;
     double *gsum = g_double(0.0);
-    GPU->ops->xent_fwd_bwd(GPU, lg, losses, g_up_i(tg, DXN), DXN, DXV, 0.25f, gsum);
+    GPU->ops->xent_fwd_bwd(GPU, lg, DXV, losses, g_up_i(tg, DXN), DXN, DXV, 0.25f, gsum);
     r.xent_sum = g_read_double(gsum);
     r.xent = g_down(lg, (int64_t)DXN * DXV);
     return r;
@@ -1649,7 +1713,7 @@ static void test_zero_sizes(void **state) {
     GPU->ops->swiglu_bwd(GPU, a, c, b, b, b, 0);
     GPU->ops->copy2d(GPU, a, 8, b, 8, 0, 8);
     double *s = g_double(0.25);
-    GPU->ops->xent_fwd_bwd(GPU, a, c, ids, 0, 8, 1.0f, s); /* no rows: the sum unchanged */
+    GPU->ops->xent_fwd_bwd(GPU, a, 8, c, ids, 0, 8, 1.0f, s); /* no rows: the sum unchanged */
     assert_true(g_read_double(s) == 0.25);
     GPU->ops->sumsq_multi(GPU, s, 0, NULL, NULL); /* no tensors: 0 */
     assert_true(g_read_double(s) == 0.0);
@@ -1680,7 +1744,7 @@ int main(void) {
         T(test_activations), T(test_rope),        T(test_attention), T(test_xent),
         T(test_rope_at),     T(test_attention_cached),
         T(test_attention_head_dims), T(test_attention_mma), T(test_fp16),
-        T(test_patchify),    T(test_adamw),       T(test_bf16),     T(test_streams),
+        T(test_patchify),    T(test_adamw),       T(test_adamw_multi), T(test_bf16),     T(test_streams),
         T(test_host_alloc),  T(test_determinism), T(test_zero_sizes), T(test_allocator),
     };
 #undef T

@@ -286,6 +286,34 @@ static const char profile_json[] =
     " \"comm\": [{\"world\": 4, \"op\": \"allgather\", \"bytes\": [0, 1e8], \"ms\": [1, 11], \"uneven_ms\": [1.2, 13.2]},\n"
     "          {\"world\": 4, \"op\": \"reduce_scatter\", \"bytes\": [0, 1e8], \"ms\": [1, 11]}]}\n";
 
+/* A version 2 profile's measured backward phases without the recompute (bwd_keep_ms) price
+ * recompute none; full stays L (fwd + bwd) + emb bwd. */
+static void test_profiled_keep(void **state) {
+    (void)state;
+    static const char v2[] =
+        "{\"format\": \"cephalo-profile\", \"version\": 2, \"entries\": [\n"
+        " {\"device\": \"Tesla-P40\", \"model\": \"bert-large\", \"seq\": 512, \"precision\": \"fp32\",\n"
+        "  \"microbatch\": [1, 2, 4, 8], \"block\": {\"fwd_ms\": [3, 5, 9, 17], \"bwd_ms\": [6, 10, 18, 34],\n"
+        "  \"bwd_keep_ms\": [7, 12, 21, 40]},\n"
+        "  \"head\": {\"fwd_ms\": [1, 2, 4, 8], \"bwd_ms\": [2, 4, 8, 16]},\n"
+        "  \"embedding\": {\"fwd_ms\": [0.1, 0.2, 0.4, 0.8], \"bwd_ms\": [0.2, 0.4, 0.8, 1.6],\n"
+        "  \"bwd_keep_ms\": [0.1, 0.3, 0.5, 0.9]}}]}\n";
+    profile prof;
+    err_t err;
+    if (profile_load_string("p.json", v2, strlen(v2), &prof, &err) < 0) fail_msg("%s", err.msg);
+    cost_model cm;
+    cluster cl;
+    build(&cm, &cl, two_nodes, "bert-large", 512, 64, PREC_FP32, &prof);
+    const cost_group *p40 = &cm.groups[1];
+    assert_true(p40->measured);
+    int L = 24;
+    assert_true(fabs(cost_bwd_ms(p40, 2, RECOMPUTE_NONE) - (L * 12 + 0.3)) < 1e-9);
+    assert_true(fabs(cost_bwd_ms(p40, 3, RECOMPUTE_NONE) - (L * 16.5 + 0.4)) < 1e-9); /* linear */
+    assert_true(fabs(cost_bwd_ms(p40, 2, RECOMPUTE_FULL) - (L * (5 + 10) + 0.4)) < 1e-9);
+    cost_free(&cm), cluster_free(&cl);
+    profile_free(&prof);
+}
+
 static void test_profiled_costs(void **state) {
     (void)state;
     profile prof;
@@ -301,6 +329,9 @@ static void test_profiled_costs(void **state) {
     /* at a profiled point: emb fwd + L block fwd + head fwd + bwd, and L (recompute + bwd) + emb bwd */
     assert_true(fabs(p40->fwd_ms[2] - (0.2 + L * 5 + 2 + 4)) < 1e-9);
     assert_true(fabs(p40->bwd_ms[2] - (L * (5 + 10) + 0.4)) < 1e-9);
+    /* recompute none from a version 1 profile: the block's bwd (its backward phase less its
+     * forward) and the embedding's whole backward phase */
+    assert_true(fabs(cost_bwd_ms(p40, 2, RECOMPUTE_NONE) - (L * 10 + 0.4)) < 1e-9);
     /* between points: linear */
     assert_true(fabs(p40->fwd_ms[3] - (0.3 + L * 7 + 3 + 6)) < 1e-9);
     /* beyond the last point: the fitted slope of the upper half (2 ms per sample for block fwd) */
@@ -442,6 +473,7 @@ int main(void) {
         cmocka_unit_test(test_single_node_uses_intra_link),
         cmocka_unit_test(test_analytic_estimates),
         cmocka_unit_test(test_profiled_costs),
+        cmocka_unit_test(test_profiled_keep),
         cmocka_unit_test(test_fp16_memory_like_bf16),
         cmocka_unit_test(test_fp16_rates),
         cmocka_unit_test(test_recompute_none_costs),

@@ -989,12 +989,12 @@ static void check_xent(device *d, int N, int V, float mag, const int32_t *tg, fl
     /* the loss adds to what the sum held */
     double acc = 0.375, total_alone = 0;
     float *again = fdup(logits, n), *l2 = ffill(N, 0);
-    d->ops->xent_fwd_bwd(d, logits, losses, tg, N, V, scale, &acc);
+    d->ops->xent_fwd_bwd(d, logits, V, losses, tg, N, V, scale, &acc);
     double total = acc - 0.375;
     if (!(fabs(total - total_ref) <= 1e-6 * fabs(total_ref)))
         fail_msg("xent sum %.12g, want %.12g", total, total_ref);
     /* the same rows again from 0 give scale * their sum exactly once */
-    d->ops->xent_fwd_bwd(d, again, l2, tg, N, V, scale, &total_alone);
+    d->ops->xent_fwd_bwd(d, again, V, l2, tg, N, V, scale, &total_alone);
     if (0.375 + total_alone != acc) fail_msg("xent: += gives %.17g, 0.375 + alone %.17g", acc, 0.375 + total_alone);
     free(again), free(l2);
     expect_close("xent losses", losses, loss_ref, N, RTOL, ATOL);
@@ -1002,6 +1002,24 @@ static void check_xent(device *d, int N, int V, float mag, const int32_t *tg, fl
     for (int i = 0; i < N; i++)
         if (tg[i] < 0) expect_all("xent untargeted row", logits + (int64_t)i * V, V, 0.0f);
     free(logits), free(losses), free(k.logits), free(loss_ref), free(grad_ref);
+}
+
+/* Rows with a stride ld > V (a padded vocabulary, planner/engine_mem.h) give the contiguous
+ * rows' gradients, losses and sum bit for bit, and the padding columns are left as they were. */
+static void check_xent_padded(device *d, int N, int V, int ld, const int32_t *tg) {
+    float *flat = frandom((int64_t)N * V, 4.0f), *pad = ffill((int64_t)N * ld, -7.5f);
+    for (int r = 0; r < N; r++) memcpy(pad + (int64_t)r * ld, flat + (int64_t)r * V, (size_t)V * 4);
+    float *l1 = ffill(N, 0), *l2 = ffill(N, 0);
+    double s1 = 0, s2 = 0;
+    d->ops->xent_fwd_bwd(d, flat, V, l1, tg, N, V, 0.5f, &s1);
+    d->ops->xent_fwd_bwd(d, pad, ld, l2, tg, N, V, 0.5f, &s2);
+    assert_true(s1 == s2 && s1 != 0);
+    assert_memory_equal(l1, l2, (size_t)N * 4);
+    for (int r = 0; r < N; r++) {
+        assert_memory_equal(pad + (int64_t)r * ld, flat + (int64_t)r * V, (size_t)V * 4);
+        expect_all("xent padding columns untouched", pad + (int64_t)r * ld + V, ld - V, -7.5f);
+    }
+    free(flat), free(pad), free(l1), free(l2);
 }
 
 static void test_xent(void **state) {
@@ -1016,6 +1034,7 @@ static void test_xent(void **state) {
     int32_t tg64[64];
     for (int i = 0; i < 64; i++) tg64[i] = i % 9 == 4 ? -1 : (i * 37) % 1001;
     check_xent(d, 64, 1001, 4.0f, tg64, 0.5f, false);
+    check_xent_padded(d, 64, 1001, 1024, tg64);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -1073,6 +1092,54 @@ static void test_adamw(void **state) {
     free(p), free(m), free(v), free(pr), free(mr), free(vr);
 }
 
+/* adamw_multi is adamw segment by segment, bit for bit, and its 16-bit copy is the updated
+ * parameters rounded by to_bf16 / to_fp16: segments with both step scalars, elements between
+ * segments untouched, a list longer than one CUDA launch's, big segments on the threaded path. */
+static void test_adamw_multi(void **state) {
+    device *d = *state;
+    enum { NSEG = ADAMW_MULTI_MAX + 5 };
+    dev_adamw_seg seg[NSEG];
+    int64_t n = 0;
+    for (int k = 0; k < NSEG; k++) { /* a gap of k % 3 elements before each segment */
+        int64_t len = k % 4 == 0 ? 70001 + k : 3 + 17 * k;
+        n += k % 3;
+        seg[k] = (dev_adamw_seg){.off = n, .n = len, .which = k % 2};
+        n += len;
+    }
+    const dev_adamw steps[2] = {dev_adamw_step(1e-2, 0.9, 0.999, 1e-8, 0.1, 3, 0.5f),
+                                dev_adamw_step(1e-2, 0.9, 0.999, 1e-8, 0.0, 3, 0.5f)};
+    assert_true(memcmp(&steps[0], &steps[1], sizeof steps[0]) != 0);
+    for (int h = 0; h < 3; h++) { /* no copy, bf16, fp16 */
+        precision hp = h == 2 ? PREC_FP16 : PREC_BF16;
+        seed(200 + h);
+        float *p = frandom(n, 1.0f), *g = frandom(n, 1.0f), *m = frandom(n, 0.1f), *v = frandom(n, 1e-3f);
+        for (int64_t i = 0; i < n; i++) v[i] = fabsf(v[i]);
+        float *pr = fdup(p, n), *mr = fdup(m, n), *vr = fdup(v, n), *p0 = fdup(p, n);
+        uint16_t *half = malloc((size_t)n * 2), *hr = malloc((size_t)n * 2);
+        memset(half, 0xab, (size_t)n * 2), memset(hr, 0xab, (size_t)n * 2);
+        d->ops->adamw_multi(d, p, g, m, v, h ? half : NULL, hp, NSEG, seg, steps);
+        for (int k = 0; k < NSEG; k++) {
+            int64_t o = seg[k].off;
+            d->ops->adamw(d, pr + o, g + o, mr + o, vr + o, seg[k].n, &steps[seg[k].which]);
+            if (h) dev_to_half(d, hp, hr + o, pr + o, seg[k].n);
+        }
+        assert_memory_equal(p, pr, (size_t)n * 4);
+        assert_memory_equal(m, mr, (size_t)n * 4);
+        assert_memory_equal(v, vr, (size_t)n * 4);
+        assert_memory_equal(half, hr, (size_t)n * 2); /* gaps keep 0xabab on both */
+        /* the copy is of the updated values, not the old ones (lr 1e-2 moves most of them by more
+         * than a 16-bit ulp) */
+        uint16_t *old = malloc((size_t)n * 2);
+        if (h) dev_to_half(d, hp, old, p0, n);
+        int64_t moved = 0;
+        for (int k = 0; h && k < NSEG; k++)
+            for (int64_t i = seg[k].off; i < seg[k].off + seg[k].n; i++) moved += half[i] != old[i];
+        if (h && moved < n / 4) fail_msg("%lld of %lld 16-bit values moved", (long long)moved, (long long)n);
+        free(old), free(p0);
+        free(p), free(g), free(m), free(v), free(pr), free(mr), free(vr), free(half), free(hr);
+    }
+}
+
 /* ---------------------------------------------------------------------------------------------
  * determinism */
 
@@ -1117,7 +1184,7 @@ static det_out det_run(device *d) {
     for (int i = 0; i < NX; i++) tg[i] = (i * 101) % V;
     float *losses = ffill(NX, 0);
     r.xent_sum = 0;
-    d->ops->xent_fwd_bwd(d, r.xent, losses, tg, NX, V, 0.25f, &r.xent_sum);
+    d->ops->xent_fwd_bwd(d, r.xent, V, losses, tg, NX, V, 0.25f, &r.xent_sum);
     free(x), free(w), free(b), free(dout), free(mean), free(rstd), free(y);
     free(ids), free(tg), free(losses);
     return r;
@@ -1190,6 +1257,7 @@ int main(void) {
         T(test_xent),
         T(test_patchify),
         T(test_adamw),
+        T(test_adamw_multi),
         T(test_determinism),
     };
 #undef T

@@ -164,6 +164,37 @@ static void test_optional_fields(void **state) {
                  "comm[0].train_overhead_ms");
 }
 
+/* Version 2: bwd_keep_ms (the backward phase with recompute none, measured) in the block and the
+ * embedding, read and written back; absent (NULL) in version 1 files, which still read; checked
+ * like the other curves. */
+static void test_bwd_keep(void **state) {
+    (void)state;
+    profile p;
+    err_t err;
+    const char *v2 = "{'format': 'cephalo-profile', 'version': 2, 'entries': [{" L4_HEAD MB3
+                     "'block': {'fwd_ms': [1, 2, 4], 'bwd_ms': [2, 4, 8], 'bwd_keep_ms': [1.5, 3, 6]},"
+                     "'embedding': {'fwd_ms': [1, 1, 1], 'bwd_ms': [2, 2, 2], 'bwd_keep_ms': [1, 1, 1.25]}}]}";
+    if (load(v2, &p, &err) != 0) fail_msg("%s", err.msg);
+    assert_non_null(p.entries[0].block.bwd_keep_ms);
+    assert_true(p.entries[0].block.bwd_keep_ms[1] == 3 && p.entries[0].embedding.bwd_keep_ms[2] == 1.25);
+    assert_null(p.entries[0].head.bwd_keep_ms);
+    char *json = profile_to_json(&p);
+    profile_free(&p);
+    if (profile_load_string("again.json", json, strlen(json), &p, &err) != 0) fail_msg("%s", err.msg);
+    assert_true(p.entries[0].block.bwd_keep_ms[2] == 6);
+    free(json);
+    profile_free(&p);
+    if (load(VALID, &p, &err) != 0) fail_msg("version 1: %s", err.msg);
+    assert_null(p.entries[0].block.bwd_keep_ms);
+    profile_free(&p);
+    expect_error("{" HEADER "'entries': [{" L4_HEAD MB3
+                 "'block': {'fwd_ms': [1, 2, 4], 'bwd_ms': [2, 4, 8], 'bwd_keep_ms': [1, 2]}}]}",
+                 "entries[0].block.bwd_keep_ms has 2 value");
+    expect_error("{" HEADER "'entries': [{" L4_HEAD MB3
+                 "'block': {'fwd_ms': [1, 2, 4], 'bwd_ms': [2, 4, 8], 'bwd_keep_ms': [1, -2, 3]}}]}",
+                 "entries[0].block.bwd_keep_ms[1]");
+}
+
 static void test_empty_entries(void **state) {
     (void)state;
     profile p;
@@ -231,8 +262,10 @@ static void test_wrong_format(void **state) {
 static void test_stale_version(void **state) {
     (void)state;
     expect_error("{'format': 'cephalo-profile', 'version': 0, 'entries': []}",
-                 "bad.json: version 0 is not supported (this build reads version 1); "
+                 "bad.json: version 0 is not supported (this build reads versions 1 to 2); "
                  "re-run `cephalo profile`");
+    expect_error("{'format': 'cephalo-profile', 'version': 3, 'entries': []}",
+                 "bad.json: version 3 is not supported (this build reads versions 1 to 2)");
     expect_error("{'format': 'cephalo-profile', 'version': '1', 'entries': []}",
                  "version: expected an integer, got \"1\"");
 }
@@ -480,6 +513,7 @@ int main(void) {
         cmocka_unit_test(test_valid_loads),
         cmocka_unit_test(test_find),
         cmocka_unit_test(test_optional_fields),
+        cmocka_unit_test(test_bwd_keep),
         cmocka_unit_test(test_empty_entries),
         cmocka_unit_test(test_example_file),
         cmocka_unit_test(test_missing_file),

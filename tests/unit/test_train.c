@@ -220,6 +220,45 @@ static void test_head_chunks(void **state) {
     }
 }
 
+/* Vocabulary padding ($CEPHALO_VOCAB_PAD): a vocabulary of 250 gives logits rows of stride 256;
+ * the parameters and step 0's logits are bit-identical to the unpadded head's (the GEMMs and the
+ * cross-entropy compute the same V columns), in fp32 and bf16, the whole microbatch and chunks of
+ * rows; the peak is what the planner predicts either way, the padded one larger. BERT (a decoder
+ * bias) is never padded. */
+static void test_vocab_pad(void **state) {
+    (void)state;
+    for (int a = 0; a < 3; a++)
+        for (int q = 0; q < 2; q++) {
+            float *p[2], *logits[2];
+            int64_t n = 0, peak[2], nlog = 0;
+            for (int pad = 0; pad < 2; pad++) {
+                engine_set_vocab_pad(pad);
+                train_config c = tiny_config(TINY[a], 4, 2);
+                c.model.vocab = 250;
+                c.prec = q ? PREC_BF16 : PREC_FP32;
+                if (q) engine_set_head_logits_bytes((int64_t)20 * 256 * 4); /* chunks of 20 rows */
+                assert_int_equal(engine_vocab_ld(&c.model), pad && a != 2 ? 256 : 250);
+                trainer *t = make(&c);
+                nlog = (int64_t)c.batch * t->tokens * c.model.vocab;
+                t->logits_out = logits[pad] = malloc((size_t)nlog * sizeof(float));
+                steps(t, 3);
+                t->logits_out = NULL;
+                p[pad] = all_params(t, &n);
+                peak[pad] = t->dev.peak_bytes;
+                assert_int_equal(peak[pad], predicted_peak(&c));
+                trainer_free(t);
+                engine_set_head_logits_bytes(0);
+            }
+            engine_set_vocab_pad(-1);
+            if (memcmp(p[0], p[1], (size_t)n * sizeof(float)))
+                fail_msg("%s %s: the padded vocabulary changes the parameters", TINY[a], q ? "bf16" : "fp32");
+            assert_memory_equal(logits[0], logits[1], (size_t)nlog * sizeof(float));
+            if (a != 2) assert_true(peak[1] > peak[0]);
+            else assert_int_equal(peak[1], peak[0]);
+            free(p[0]), free(p[1]), free(logits[0]), free(logits[1]);
+        }
+}
+
 /* A single-rank step makes the host wait for the device twice, whatever the model, precision
  * and microbatches: the one download of the loss and the gradient norm, and the step's end (the
  * head's loss and the norm stay on the device until then). */
@@ -273,6 +312,70 @@ static void test_resume_bit_exact(void **state) {
         assert_int_equal(trainer_save(first, path, &err), 0);
         trainer_free(first);
         trainer *second = make(&c);
+        if (trainer_resume(second, path, &err) < 0) fail_msg("resume: %s", err.msg);
+        assert_int_equal(second->step, 2);
+        steps(second, 2);
+        int64_t n;
+        float *a1 = all_params(straight, &n), *a2 = all_params(second, &n);
+        assert_memory_equal(a1, a2, (size_t)n * sizeof(float));
+        free(a1), free(a2);
+        trainer_free(straight), trainer_free(second);
+    }
+}
+
+/* The optimizer's modes ($CEPHALO_ADAMW): one adamw per tensor, one adamw_multi per unit, and
+ * the fused update that also writes the 16-bit shard copy the gathers use: the same parameters
+ * bit for bit after a few steps, in fp32, bf16 and fp16, layered and per microbatch, and across
+ * a resume (the copy is made again from the loaded parameters). half costs 2 bytes per parameter
+ * more (the copy) in bf16/fp16 and nothing in fp32. */
+static void test_adamw_modes(void **state) {
+    (void)state;
+    static const precision precs[] = {PREC_FP32, PREC_BF16, PREC_FP16};
+    for (int a = 0; a < 4; a++)
+        for (int q = 0; q < 3; q++) {
+            if (q == 0 && a > 0) continue; /* fp32 has no copy: unit and half are one mode */
+            float *p[3];
+            int64_t n = 0, peak[3];
+            for (int mode = 0; mode < 3; mode++) {
+                train_config c = tiny_config(TINY[a], 4, 2);
+                c.prec = precs[q];
+                c.adamw = (adamw_mode)mode;
+                c.per_micro = a == 1;
+                trainer *t = make(&c);
+                steps(t, 3);
+                p[mode] = all_params(t, &n);
+                peak[mode] = t->dev.peak_bytes;
+                trainer_free(t);
+            }
+            for (int mode = 1; mode < 3; mode++)
+                if (memcmp(p[0], p[mode], (size_t)n * sizeof(float)))
+                    fail_msg("%s %s: adamw %s differs from tensor", TINY[a], precision_name(precs[q]),
+                             mode == 1 ? "unit" : "half");
+            assert_int_equal(peak[1], peak[0]);
+            assert_int_equal(peak[2], peak[0] + (precision_half(precs[q]) ? 2 * n : 0));
+            for (int mode = 0; mode < 3; mode++) free(p[mode]);
+        }
+}
+
+/* adamw half across a resume: 2 steps, save, resume in a fresh trainer, 2 more steps equals 4
+ * uninterrupted steps with adamw tensor (bf16: the copy must be remade from the loaded state). */
+static void test_adamw_half_resume(void **state) {
+    (void)state;
+    for (int a = 0; a < 4; a++) {
+        train_config c = tiny_config(TINY[a], 4, 2);
+        c.prec = PREC_BF16;
+        trainer *straight = make(&c);
+        steps(straight, 4);
+        c.adamw = ADAMW_HALF;
+        trainer *first = make(&c);
+        steps(first, 2);
+        char path[128];
+        err_t err;
+        snprintf(path, sizeof path, "%s/half-%s.safetensors", tmpdir, TINY[a]);
+        assert_int_equal(trainer_save(first, path, &err), 0);
+        trainer_free(first);
+        trainer *second = make(&c);
+        steps(second, 1); /* a step on the fresh initialisation: its copy is overwritten below */
         if (trainer_resume(second, path, &err) < 0) fail_msg("resume: %s", err.msg);
         assert_int_equal(second->step, 2);
         steps(second, 2);
@@ -450,7 +553,10 @@ int main(void) {
         cmocka_unit_test(test_recompute_none_equals_full),
         cmocka_unit_test(test_head_chunks),
         cmocka_unit_test(test_host_syncs_per_step),
+        cmocka_unit_test(test_vocab_pad),
         cmocka_unit_test(test_resume_bit_exact),
+        cmocka_unit_test(test_adamw_half_resume),
+        cmocka_unit_test(test_adamw_modes),
         cmocka_unit_test(test_checkpoint_errors),
         cmocka_unit_test(test_capacity_enforced),
         cmocka_unit_test(test_plan_read),

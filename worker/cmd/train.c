@@ -428,6 +428,10 @@ static int resolve_job(worker_opts *o) {
     /* tests: run the staged-collective path (the cuda device's with the socket backend) on CPU */
     const char *stage = getenv("CEPHALO_STAGE_HOST");
     c->stage_host = stage && !strcmp(stage, "1");
+    /* the optimizer's launches ($CEPHALO_ADAMW, model/train.h), to compare on a GPU */
+    const char *adamw = getenv("CEPHALO_ADAMW");
+    if (adamw && *adamw && !adamw_mode_parse(adamw, &c->adamw))
+        return args_bad_cmd(WORKER_NAME, "$CEPHALO_ADAMW is '%s', expected " ADAMW_MODE_CHOICES, adamw);
     int rc = inject_from_env(c);
     if (rc) return rc;
     if (!strcmp(c->device, "cuda") && !o->have_gpu) {

@@ -630,13 +630,14 @@ static CPU_HOT double xent_row(float *restrict x, int target, int V, float scale
     return log((double)sum) + (double)m - (double)xt;
 }
 
-static void cpu_xent_fwd_bwd(device *d, float *logits, float *losses, const int32_t *targets,
-                             int N, int V, float scale, double *loss_sum) {
+static void cpu_xent_fwd_bwd(device *d, float *logits, int ld, float *losses,
+                             const int32_t *targets, int N, int V, float scale, double *loss_sum) {
+    CHECK(ld >= V);
     double *row_loss = xmalloc((size_t)(N > 0 ? N : 1) * sizeof(double));
 #pragma omp parallel for schedule(static) num_threads(d->threads) \
     if ((int64_t)N * V > CPU_PAR_MIN)
     for (int n = 0; n < N; n++) {
-        float *x = logits + (int64_t)n * V;
+        float *x = logits + (int64_t)n * ld;
         int t = targets[n];
         CHECK(t < V); /* the data loader checks token ids against the vocabulary */
         if (t < 0) {
@@ -682,18 +683,42 @@ static void cpu_patchify(device *d, float *out, const float *img, int B, int C, 
  * with PyTorch to rounding: p *= 1 - lr*wd; m = m*b1 + (1-b1)*g; v = v*b2 + ((1-b2)*g)*g;
  * denom = sqrt(v) / sqrt(bc2) + eps; p += (-(lr/bc1) * m) / denom. The scalars are formed in
  * double and rounded to float once, as PyTorch does with its Python-float hyperparameters. */
+static inline float adamw_elem(float *p, float g, float *m, float *v, const dev_adamw *a) {
+    float gi = g * a->gscale;
+    float mi = *m * a->b1 + a->one_m_b1 * gi;
+    float vi = *v * a->b2 + (a->one_m_b2 * gi) * gi;
+    float denom = sqrtf(vi) / a->bc2_sqrt + a->eps;
+    float pi = *p * a->decay + (a->neg_step * mi) / denom;
+    *p = pi, *m = mi, *v = vi;
+    return pi;
+}
+
 static void cpu_adamw(device *d, float *p, const float *g, float *m, float *v, int64_t n, const dev_adamw *a) {
-    const float b1 = a->b1, b2 = a->b2, one_m_b1 = a->one_m_b1, one_m_b2 = a->one_m_b2, eps = a->eps;
-    const float decay = a->decay, neg_step = a->neg_step, bc2_sqrt = a->bc2_sqrt, gscale = a->gscale;
+    const dev_adamw s = *a;
 #pragma omp parallel for simd schedule(static) num_threads(d->threads) if (n > CPU_PAR_MIN)
-    for (int64_t i = 0; i < n; i++) {
-        float gi = g[i] * gscale;
-        float mi = m[i] * b1 + one_m_b1 * gi;
-        float vi = v[i] * b2 + (one_m_b2 * gi) * gi;
-        float denom = sqrtf(vi) / bc2_sqrt + eps;
-        p[i] = p[i] * decay + (neg_step * mi) / denom;
-        m[i] = mi;
-        v[i] = vi;
+    for (int64_t i = 0; i < n; i++) adamw_elem(p + i, g[i], m + i, v + i, &s);
+}
+
+/* The same element update as cpu_adamw (adamw_elem), segment by segment; the 16-bit copy is
+ * rounded from the value just stored, as to_bf16/to_fp16 would round it afterwards. */
+static void cpu_adamw_multi(device *d, float *p, const float *g, float *m, float *v, uint16_t *half,
+                            precision hp, int count, const dev_adamw_seg *seg, const dev_adamw *steps) {
+    CHECK(count >= 0 && (!half || precision_half(hp)));
+    const bool fp16 = hp == PREC_FP16;
+    for (int k = 0; k < count; k++) {
+        CHECK(seg[k].which == 0 || seg[k].which == 1);
+        const dev_adamw s = steps[seg[k].which];
+        const int64_t o = seg[k].off, n = seg[k].n;
+        if (!half) {
+#pragma omp parallel for simd schedule(static) num_threads(d->threads) if (n > CPU_PAR_MIN)
+            for (int64_t i = o; i < o + n; i++) adamw_elem(p + i, g[i], m + i, v + i, &s);
+            continue;
+        }
+#pragma omp parallel for schedule(static) num_threads(d->threads) if (n > CPU_PAR_MIN)
+        for (int64_t i = o; i < o + n; i++) {
+            float pi = adamw_elem(p + i, g[i], m + i, v + i, &s);
+            half[i] = fp16 ? half_fp16_round(pi) : half_bf16_round(pi);
+        }
     }
 }
 
@@ -746,6 +771,7 @@ static const dev_ops cpu_ops = {
     .xent_fwd_bwd = cpu_xent_fwd_bwd,
     .patchify = cpu_patchify,
     .adamw = cpu_adamw,
+    .adamw_multi = cpu_adamw_multi,
 };
 
 int cpu_device_init(device *d, int rank, int threads, int64_t capacity, err_t *err) {

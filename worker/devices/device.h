@@ -50,6 +50,14 @@ typedef struct dev_adamw {
     float gscale;   /* the gradients' scale (1 / loss scale, times a clip factor) */
 } dev_adamw;
 
+/* A segment of an adamw_multi list. */
+typedef struct dev_adamw_seg {
+    int64_t off, n;
+    int which; /* the step scalars: steps[which] */
+} dev_adamw_seg;
+/* Segments one adamw_multi launch takes on CUDA (a kernel parameter). */
+#define ADAMW_MULTI_MAX 32
+
 /* Tensors one sumsq_multi launch takes (their pointers and sizes travel as kernel parameters
  * on CUDA); longer lists take several launches, still one result. */
 #define SUMSQ_MULTI_MAX 64
@@ -199,12 +207,12 @@ typedef struct dev_ops {
                              const float *vc, int n, int pos0, int H, int Hkv, int hd);
 
     /* ---- fused softmax cross-entropy ----
-     * logits [N, V] are overwritten by the gradient of (scale * sum of row losses):
+     * logits [N, V] (row stride ld >= V; columns V.. are not read or written) are overwritten by the gradient of (scale * sum of row losses):
      * dlogits = scale * (softmax - onehot(target)). losses[N] gets each row's unscaled loss.
      * targets[n] < 0 marks a row without a target: loss 0, gradient 0. *loss_sum (device memory,
      * one double) += scale * (the row losses summed in double in row order): the loss stays on
      * the device, and the step reads it once (no host wait here). */
-    void (*xent_fwd_bwd)(device *d, float *logits, float *losses, const int32_t *targets, int N,
+    void (*xent_fwd_bwd)(device *d, float *logits, int ld, float *losses, const int32_t *targets, int N,
                          int V, float scale, double *loss_sum);
 
     /* ---- images ---- */
@@ -218,7 +226,18 @@ typedef struct dev_ops {
      * (sqrt(v)/bc2_sqrt + eps), each operation rounded separately (PyTorch's AdamW order: the
      * decay p *= 1 - lr*wd applies to the pre-update p, then the Adam step). */
     void (*adamw)(device *d, float *p, const float *g, float *m, float *v, int64_t n, const dev_adamw *a);
+    /* adamw over a list of segments of one unit's buffers in one launch (the multi-tensor
+     * update: a unit's tensors differ only in their step scalars, decayed or not): segment i
+     * updates elements [seg[i].off, seg[i].off + seg[i].n) of p, g, m, v with steps[seg[i].which]
+     * (which is 0 or 1), each element with adamw's operations, so the same bits. half: NULL, or
+     * also half[k] = the updated p[k] rounded to hp (PREC_BF16 or PREC_FP16: dev_to_half's
+     * rounding), the 16-bit copy the next gather sends, written in the same pass. count >= 0;
+     * segments may not overlap. Lists longer than ADAMW_MULTI_MAX take several launches. */
+    void (*adamw_multi)(device *d, float *p, const float *g, float *m, float *v, uint16_t *half,
+                        precision hp, int count, const dev_adamw_seg *seg,
+                        const dev_adamw *steps);
 } dev_ops;
+
 
 
 dev_adamw dev_adamw_step(double lr, double beta1, double beta2, double eps, double wd, long t, float gscale);

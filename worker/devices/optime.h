@@ -26,7 +26,7 @@ typedef enum {
     OT_ROPE,        /* rope, rope_at */
     OT_EMBED,       /* embed_fwd, embed_bwd, patchify */
     OT_XENT,        /* xent_fwd_bwd */
-    OT_ADAMW,       /* adamw */
+    OT_ADAMW,       /* adamw, adamw_multi */
     OT_ELEMWISE,    /* fill, add, axpy, scale, copy2d */
     OT_SUMSQ,       /* sumsq (with its read-back) */
     OT_ROUND,       /* to/from bf16 and fp16 (parameter gathers) */

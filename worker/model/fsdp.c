@@ -15,7 +15,9 @@
  * bf16/fp16 mixed precision: each rank rounds its fp32 shard to 16 bits, the 16-bit unit is
  * gathered (half the bytes) and widened into the fp32 slot the unit computes from. One rank rounds
  * its whole unit the same way, so every plan computes with the same 16-bit values. Gradients stay
- * fp32.
+ * fp32. With adamw half (train.h), the rounding is the optimizer's: its pass leaves each shard's
+ * 16-bit copy in p16, which the gather sends (one rank: which is widened directly), the same bits
+ * as rounding at the gather.
  *
  * Staged collectives (the cuda device with the socket backend, e.g. several ranks sharing one
  * GPU): the communicator works on host memory, so a slot's data goes through host copies hp/hg:
@@ -69,15 +71,32 @@ static void place_shard(trainer *t, int u, int slot) {
     if (!n) return;
     size_t es = gather_elem(t);
     char *buf = (char *)gather_buf(t, slot) + off * (int64_t)es;
-    if (precision_half(t->cfg.prec)) dev_to_half(d, t->cfg.prec, (uint16_t *)buf, t->params[u], n);
-    else if (!t->staged) d->ops->copy(d, buf, t->params[u], (size_t)n * 4, COPY_D2D);
+    const void *src = t->params[u]; /* what the communicator sends */
+    if (t->p16) {
+        if (!t->sharded) return; /* fsdp_await widens p16[u] itself */
+        src = t->p16[u];
+        if (!t->staged) d->ops->copy(d, buf, src, (size_t)n * 2, COPY_D2D);
+    } else if (precision_half(t->cfg.prec)) {
+        dev_to_half(d, t->cfg.prec, (uint16_t *)buf, t->params[u], n);
+        src = buf;
+    } else if (!t->staged) {
+        d->ops->copy(d, buf, t->params[u], (size_t)n * 4, COPY_D2D);
+    }
     if (!t->staged) return;
-    const void *src = precision_half(t->cfg.prec) ? (const void *)buf : (const void *)t->params[u];
     d->ops->copy(d, (char *)t->hp[slot] + off * (int64_t)es, src, (size_t)n * es, COPY_D2H);
+}
+
+/* adamw half: the 16-bit shard copies from the parameters, when something other than the
+ * optimizer wrote them last (the initialisation, a resume); the optimizer keeps them fresh. */
+static void refresh_p16(trainer *t) {
+    for (int v = 0; v < t->n_units; v++)
+        if (t->shard_n[v]) dev_to_half(&t->dev, t->cfg.prec, t->p16[v], t->params[v], t->shard_n[v]);
+    t->p16_fresh = true;
 }
 
 void fsdp_prefetch(trainer *t, int u, int slot) {
     if (!t->gathered) return;
+    if (t->p16 && !t->p16_fresh) refresh_p16(t);
     CHECK(t->pslot_req[slot] == NULL); /* the caller waited for the slot's previous unit */
     t->pslot_unit[slot] = u;
     place_shard(t, u, slot);
@@ -100,7 +119,10 @@ float *fsdp_await(trainer *t, int u, int slot, err_t *err) {
                            COPY_H2D, DEV_STREAM_COMPUTE);
         d->ops->event_record(d, t->hp_read[slot], DEV_STREAM_COMPUTE);
     }
-    if (precision_half(t->cfg.prec)) dev_from_half(d, t->cfg.prec, t->pslot[slot], t->pbf[slot], t->numel[u]);
+    if (precision_half(t->cfg.prec)) {
+        const uint16_t *h = t->p16 && !t->sharded ? t->p16[u] : t->pbf[slot];
+        dev_from_half(d, t->cfg.prec, t->pslot[slot], h, t->numel[u]);
+    }
     return t->pslot[slot];
 }
 

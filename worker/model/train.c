@@ -132,6 +132,12 @@ static int alloc_state(trainer *t, err_t *err) {
                         (long long)n, (long long)t->numel[u]);
         for (int s = 0; s < 4 && n; s++) DEV_ALLOC((*sets[s])[u], n * 4, what[s]);
     }
+    if (t->cfg.adamw == ADAMW_HALF && precision_half(t->cfg.prec)) {
+        t->p16 = xcalloc((size_t)t->n_units, sizeof(uint16_t *));
+        for (int u = 0; u < t->n_units; u++)
+            if (t->shard_n[u]) DEV_ALLOC(t->p16[u], t->shard_n[u] * 2, "16-bit copy of the parameter shard");
+    }
+    t->p16_fresh = false;
     return init_params(t, err);
 }
 
@@ -303,7 +309,9 @@ void trainer_free(trainer *t) {
         dev_free(&t->dev, t->grads[u]);
         dev_free(&t->dev, t->adam_m[u]);
         dev_free(&t->dev, t->adam_v[u]);
+        if (t->p16) dev_free(&t->dev, t->p16[u]);
     }
+    free(t->p16);
     fsdp_free(t);
     free(t->params), free(t->grads), free(t->adam_m), free(t->adam_v), free(t->numel);
     if (t->acts) wm_acts_free(&t->dev, t->acts);
@@ -632,23 +640,56 @@ static int backward_units(trainer *t, mb_range r, int s, err_t *err) {
     return fsdp_finish_grads(t, err);
 }
 
-/* AdamW on this rank's slice of every tensor; decay only where the layout says so. */
+bool adamw_mode_parse(const char *s, adamw_mode *out) {
+    static const char *const names[] = {"tensor", "unit", "half"};
+    for (int i = 0; i < 3; i++)
+        if (!strcmp(s, names[i])) return *out = (adamw_mode)i, true;
+    return false;
+}
+
+/* The segments of unit u's shard for AdamW: each tensor's slice in this rank's shard, with step
+ * scalars 0 (decayed) or 1 (not); with `merge`, neighbours of the same kind are one segment
+ * (tensors tile the unit). Returns the count; seg has room for WM_MAX_TENSORS. */
+static int adamw_segments(const trainer *t, int u, bool merge, dev_adamw_seg *seg) {
+    wm_tensor ts[WM_MAX_TENSORS];
+    int n = wm_unit_tensors(&t->cfg.model, u, ts), k = 0;
+    int64_t lo = t->shard_off[u], hi = lo + t->shard_n[u];
+    for (int i = 0; i < n; i++) {
+        int64_t a = ts[i].offset > lo ? ts[i].offset : lo;
+        int64_t b = ts[i].offset + ts[i].numel < hi ? ts[i].offset + ts[i].numel : hi;
+        if (a >= b) continue;
+        int which = ts[i].decay ? 0 : 1;
+        if (merge && k > 0 && seg[k - 1].which == which && seg[k - 1].off + seg[k - 1].n == a - lo)
+            seg[k - 1].n += b - a;
+        else
+            seg[k++] = (dev_adamw_seg){.off = a - lo, .n = b - a, .which = which};
+    }
+    return k;
+}
+
+/* AdamW on this rank's slice of every tensor; decay only where the layout says so. Per tensor
+ * (adamw), or per unit (adamw_multi, writing the 16-bit shard copy with adamw half). */
 static void optimizer_step(trainer *t, double lr, float gscale) {
     const train_config *c = &t->cfg;
-    dev_adamw decayed = dev_adamw_step(lr, c->beta1, c->beta2, c->eps, c->weight_decay, t->adam_steps + 1, gscale);
-    dev_adamw plain = dev_adamw_step(lr, c->beta1, c->beta2, c->eps, 0.0, t->adam_steps + 1, gscale);
+    const dev_adamw steps[2] = {
+        dev_adamw_step(lr, c->beta1, c->beta2, c->eps, c->weight_decay, t->adam_steps + 1, gscale),
+        dev_adamw_step(lr, c->beta1, c->beta2, c->eps, 0.0, t->adam_steps + 1, gscale)};
+    device *d = &t->dev;
     for (int u = 0; u < t->n_units; u++) {
-        wm_tensor ts[WM_MAX_TENSORS];
-        int n = wm_unit_tensors(&c->model, u, ts);
-        int64_t lo = t->shard_off[u], hi = lo + t->shard_n[u];
-        for (int i = 0; i < n; i++) {
-            int64_t a = ts[i].offset > lo ? ts[i].offset : lo;
-            int64_t b = ts[i].offset + ts[i].numel < hi ? ts[i].offset + ts[i].numel : hi;
-            if (a >= b) continue;
-            int64_t o = a - lo;
-            OP(&t->dev, adamw, t->params[u] + o, t->grads[u] + o, t->adam_m[u] + o, t->adam_v[u] + o, b - a,
-               ts[i].decay ? &decayed : &plain);
+        dev_adamw_seg seg[WM_MAX_TENSORS];
+        int n = adamw_segments(t, u, c->adamw != ADAMW_TENSOR, seg);
+        if (!n) continue;
+        float *p = t->params[u], *g = t->grads[u], *m = t->adam_m[u], *v = t->adam_v[u];
+        if (c->adamw == ADAMW_TENSOR) {
+            for (int i = 0; i < n; i++) {
+                int64_t o = seg[i].off;
+                OP(d, adamw, p + o, g + o, m + o, v + o, seg[i].n, &steps[seg[i].which]);
+            }
+            continue;
         }
+        /* the copy stays fresh: it is written from the values the update stores */
+        uint16_t *half = t->p16 && t->p16_fresh ? t->p16[u] : NULL;
+        OP(d, adamw_multi, p, g, m, v, half, c->prec, n, seg, steps);
     }
 }
 

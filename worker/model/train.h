@@ -22,6 +22,17 @@
 #include "model/wmodel.h"
 #include "planner/model.h"
 
+/* How the optimizer runs ($CEPHALO_ADAMW, docs/gpu.md); every mode gives the same bits:
+ *   tensor  one adamw launch per tensor of each unit's shard (the default)
+ *   unit    one adamw_multi launch per unit (the multi-tensor update)
+ *   half    unit, and a bf16/fp16 run keeps a 16-bit copy of each shard that the update writes
+ *           in the same pass; gathers send that copy (one rank: it is widened directly) instead
+ *           of rounding the fp32 shard before every gather. It costs 2 bytes per shard parameter
+ *           of device memory that the planner does not count (an experiment to measure). */
+typedef enum { ADAMW_TENSOR = 0, ADAMW_UNIT = 1, ADAMW_HALF = 2 } adamw_mode;
+#define ADAMW_MODE_CHOICES "tensor, unit or half"
+bool adamw_mode_parse(const char *s, adamw_mode *out);
+
 typedef struct train_config {
     model_spec model;
     int seq; /* resolved sequence length (ViT: ignored) */
@@ -72,6 +83,7 @@ typedef struct train_config {
                                * of the pass's microbatches (common/recompute.h) */
     bool per_micro;     /* accumulate per microbatch (gather and reduce every microbatch) instead
                          * of layered (every unit once per step) */
+    adamw_mode adamw;   /* $CEPHALO_ADAMW */
     bool stage_host;    /* force host staging of collectives (tests; automatic for cuda with the
                          * socket backend) */
     /* data: a shard file/dir/list, an image file, or "synthetic" */
@@ -121,6 +133,11 @@ typedef struct trainer {
      * gradients of the unit back-propagating and the previous one being reduce-scattered */
     float *pslot[2], *gslot[2];
     uint16_t *pbf[2]; /* bf16/fp16: the gathered (or, with one rank, rounded) 16-bit parameters */
+    /* adamw half with bf16/fp16 (else NULL): per unit, this rank's shard rounded to 16 bits,
+     * written by the optimizer's pass; p16_fresh is false until it is first made from the
+     * parameters (after the initialisation or a resume wrote them) */
+    uint16_t **p16;
+    bool p16_fresh;
     int pslot_unit[2], gslot_unit[2];
     bool gathered;   /* parameters pass through the slots (sharded, or 16-bit) */
     bool staged;     /* collectives run on host copies (cuda device with the socket backend) */

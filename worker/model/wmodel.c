@@ -424,25 +424,32 @@ void wm_unit_backward(device *d, const model_spec *m, int unit, const float *par
  * and the gradients: dh [N, D] written, dw (+ dbias) +=. The rows go in chunks of
  * engine_head_chunk_rows (the whole microbatch unless its logits exceed the cap), so that the
  * table is read by few large GEMMs; within a chunk one cross-entropy per sample, each with its
- * sample's loss weight, all adding to the device's *loss_sum. */
+ * sample's loss weight, all adding to the device's *loss_sum. The logits' rows have stride
+ * engine_vocab_ld (V, or V padded: the padding columns are never computed nor read). */
 static void vocab_loss(device *d, const model_spec *m, const float *h, const float *w,
                        const float *bias, float *dh, float *dw, float *dbias, const wm_batch *b,
                        wm_acts *a, double *loss_sum, float *logits_out) {
-    int D = m->d_model, V = m->vocab, T = b->T;
+    int D = m->d_model, V = m->vocab, T = b->T, ld = engine_vocab_ld(m);
+    CHECK(ld == V || (!bias && !dbias)); /* padded heads have no bias (engine_vocab_ld) */
     int64_t N = (int64_t)b->m * T, chunk = engine_head_chunk_rows(m, b->m, T);
     for (int64_t r0 = 0; r0 < N; r0 += chunk) {
         int rows = (int)(N - r0 < chunk ? N - r0 : chunk);
-        linear_fwd(d, a->logits, h + r0 * D, w, bias, rows, D, V);
-        if (logits_out)
-            OP(d, copy, logits_out + r0 * V, a->logits, (size_t)rows * V * sizeof(float),
-               COPY_D2H);
+        const float *x = h + r0 * D;
+        OP(d, gemm, false, true, rows, V, D, 1.0f, x, D, w, D, 0.0f, a->logits, ld);
+        if (bias) OP(d, add_bias, a->logits, bias, rows, V);
+        for (int r = 0; logits_out && r < rows; r += ld == V ? rows : 1) /* tests: rows of V */
+            OP(d, copy, logits_out + (r0 + r) * V, a->logits + (int64_t)r * ld,
+               (size_t)(ld == V ? rows : 1) * V * sizeof(float), COPY_D2H);
         for (int64_t q = r0; q < r0 + rows;) { /* the chunk's part of each sample */
             int64_t s = q / T, end = (s + 1) * T < r0 + rows ? (s + 1) * T : r0 + rows;
-            OP(d, xent_fwd_bwd, a->logits + (q - r0) * V, a->losses + (q - r0), b->targets + q,
+            OP(d, xent_fwd_bwd, a->logits + (q - r0) * ld, ld, a->losses + (q - r0), b->targets + q,
                (int)(end - q), V, b->row_scale[s], loss_sum);
             q = end;
         }
-        linear_bwd(d, dh + r0 * D, false, dw, dbias, a->logits, h + r0 * D, w, rows, D, V);
+        /* linear_bwd with the logits' stride: dh = dlogits W; dW += dlogits^T h; db */
+        OP(d, gemm, false, false, rows, D, V, 1.0f, a->logits, ld, w, D, 0.0f, dh + r0 * D, D);
+        OP(d, gemm, true, false, V, D, rows, 1.0f, a->logits, ld, x, D, 1.0f, dw, D);
+        if (dbias) OP(d, bias_grad, dbias, a->logits, rows, V);
     }
 }
 
@@ -458,7 +465,7 @@ static void vit_head(device *d, const model_spec *m, const float *params, float 
     linear_fwd(d, a->logits, y, W("classifier.weight"), W("classifier.bias"), mb, D, K);
     if (logits_out)
         OP(d, copy, logits_out, a->logits, (size_t)mb * K * sizeof(float), COPY_D2H);
-    OP(d, xent_fwd_bwd, a->logits, a->losses, b->targets, mb, K, b->row_scale[0], loss_sum);
+    OP(d, xent_fwd_bwd, a->logits, K, a->losses, b->targets, mb, K, b->row_scale[0], loss_sum);
     linear_bwd(d, dy, false, DW("classifier.weight"), DW("classifier.bias"), a->logits, y,
                W("classifier.weight"), mb, D, K);
     dev_zero(d, dc, (int64_t)mb * D);

@@ -34,7 +34,11 @@ static double median(double *v, int n) {
 
 /* ---- compute ---------------------------------------------------------------------------- */
 
-typedef enum { OP_EMB_FWD, OP_EMB_BWD, OP_BLK_FWD, OP_BLK_BWD, OP_HEAD, N_OPS } prof_op;
+/* *_KEEP: the backward phase of recompute none (no second forward), timed after an untimed
+ * forward left its intermediates */
+typedef enum {
+    OP_EMB_FWD, OP_EMB_BWD, OP_BLK_FWD, OP_BLK_BWD, OP_HEAD, OP_EMB_BWD_KEEP, OP_BLK_BWD_KEEP, N_OPS
+} prof_op;
 
 typedef struct prof_ctx {
     device dev;
@@ -107,6 +111,16 @@ static void run_op(prof_ctx *c, prof_op op) {
         wm_unit_backward(d, m, 1, c->pslot[0], c->gslot[0], &b, c->ax[0], c->ady[0], c->adx[0], c->acts);
         if (c->copies) down(c, c->hdx, c->adx[0], c->act_bytes);
         break;
+    case OP_EMB_BWD_KEEP: /* train.c's backward_units with recompute none */
+        upload_inputs(c, false);
+        if (c->copies) up(c, c->ady[0], c->hdy, c->act_bytes);
+        wm_unit_backward(d, m, 0, c->pslot[0], c->gslot[0], &b, c->ax[0], c->ady[0], NULL, c->acts);
+        break;
+    case OP_BLK_BWD_KEEP:
+        if (c->copies) up(c, c->ax[0], c->hx, c->act_bytes), up(c, c->ady[0], c->hdy, c->act_bytes);
+        wm_unit_backward(d, m, 1, c->pslot[0], c->gslot[0], &b, c->ax[0], c->ady[0], c->adx[0], c->acts);
+        if (c->copies) down(c, c->hdx, c->adx[0], c->act_bytes);
+        break;
     case OP_HEAD:
         upload_inputs(c, true);
         if (c->copies) up(c, c->ax[0], c->hx, c->act_bytes);
@@ -127,6 +141,25 @@ static double time_op(prof_ctx *c, prof_op op) {
     double spent = 0;
     int n = 0;
     while (n < MAX_REPS && (n < c->min_reps || spent < c->min_ms)) {
+        double t0 = clock_now_ms();
+        run_op(c, op);
+        c->dev.ops->sync(&c->dev);
+        t[n] = clock_now_ms() - t0;
+        spent += t[n++];
+    }
+    return median(t, n);
+}
+
+/* As time_op for a *_KEEP op: each repetition first runs the forward op `fwd` untimed (it leaves
+ * the intermediates the backward reads, as recompute none's forward does), then times `op`. */
+static double time_keep(prof_ctx *c, prof_op fwd, prof_op op) {
+    double t[MAX_REPS];
+    run_op(c, fwd), run_op(c, op); /* warm-up */
+    double spent = 0;
+    int n = 0;
+    while (n < MAX_REPS && (n < c->min_reps || spent < c->min_ms)) {
+        run_op(c, fwd);
+        c->dev.ops->sync(&c->dev);
         double t0 = clock_now_ms();
         run_op(c, op);
         c->dev.ops->sync(&c->dev);
@@ -311,6 +344,8 @@ static profile_entry *new_entry(profile *p, const wprof_opts *o, const model_spe
         curves[k]->present = true;
         curves[k]->fwd_ms = xcalloc((size_t)K, sizeof(double));
         curves[k]->bwd_ms = xcalloc((size_t)K, sizeof(double));
+        /* the head's forward and backward are one fused op: no recompute to leave out */
+        if (k < 2) curves[k]->bwd_keep_ms = xcalloc((size_t)K, sizeof(double));
     }
     e->compute_bytes = xcalloc((size_t)K, sizeof(double));
     return e;
@@ -321,9 +356,11 @@ static void time_ops(prof_ctx *c, double *t) {
     load_unit(c, 0, 0);
     t[OP_EMB_FWD] = time_op(c, OP_EMB_FWD);
     t[OP_EMB_BWD] = time_op(c, OP_EMB_BWD);
+    t[OP_EMB_BWD_KEEP] = time_keep(c, OP_EMB_FWD, OP_EMB_BWD_KEEP);
     load_unit(c, 1, 0);
     t[OP_BLK_FWD] = time_op(c, OP_BLK_FWD);
     t[OP_BLK_BWD] = time_op(c, OP_BLK_BWD);
+    t[OP_BLK_BWD_KEEP] = time_keep(c, OP_BLK_FWD, OP_BLK_BWD_KEEP);
     load_unit(c, c->n_units - 1, 0);
     if (c->m->tied_head) load_unit(c, 0, 1);
     t[OP_HEAD] = time_op(c, OP_HEAD);
@@ -332,14 +369,17 @@ static void time_ops(prof_ctx *c, double *t) {
 /* Point n of the curves from the ops' times, as the cost model's terms (planner/cost.c): the
  * forward phase adds emb fwd, L x block fwd and head fwd + bwd; the backward phase L x (block fwd +
  * block bwd) + emb bwd, so the block's bwd is its backward phase minus its forward, and the
- * embedding's bwd is its whole backward phase (its recompute included). The head runs fused: 1/3
- * fwd, 2/3 bwd. */
+ * embedding's bwd is its whole backward phase (its recompute included). bwd_keep (recompute none)
+ * is the backward phase measured without the forward, for both. The head runs fused: 1/3 fwd,
+ * 2/3 bwd. */
 static void record_point(profile_entry *e, int n, int mb, const double *t, double bytes) {
     e->microbatch[n] = mb;
     e->embedding.fwd_ms[n] = t[OP_EMB_FWD];
     e->embedding.bwd_ms[n] = t[OP_EMB_BWD];
     e->block.fwd_ms[n] = t[OP_BLK_FWD];
     e->block.bwd_ms[n] = fmax(t[OP_BLK_BWD] - t[OP_BLK_FWD], 1e-6);
+    e->embedding.bwd_keep_ms[n] = fmax(t[OP_EMB_BWD_KEEP], 1e-6);
+    e->block.bwd_keep_ms[n] = fmax(t[OP_BLK_BWD_KEEP], 1e-6);
     e->head.fwd_ms[n] = t[OP_HEAD] / 3;
     e->head.bwd_ms[n] = t[OP_HEAD] * 2 / 3;
     e->compute_bytes[n] = bytes;
@@ -353,9 +393,10 @@ static void report_point(const profile_entry *e, int n, int K, const double *t, 
     double done = (double)mb * (mb + 1) / 2, all = (double)K * (K + 1) / 2;
     fmt_eta(el / done * (all - done), eta, sizeof eta);
     str_bytes(e->compute_bytes[n], mem, sizeof mem);
-    fprintf(stderr, "profile: [%d/%d] microbatch %d: block fwd %.3f ms bwd %.3f ms, embedding %.3f/%.3f ms, "
-                    "head %.3f ms, compute memory %s | ETA %s\n",
-            mb, K, mb, e->block.fwd_ms[n], e->block.bwd_ms[n], t[OP_EMB_FWD], t[OP_EMB_BWD], t[OP_HEAD], mem, eta);
+    fprintf(stderr, "profile: [%d/%d] microbatch %d: block fwd %.3f ms bwd %.3f ms (kept intermediates "
+                    "%.3f ms), embedding %.3f/%.3f ms, head %.3f ms, compute memory %s | ETA %s\n",
+            mb, K, mb, e->block.fwd_ms[n], e->block.bwd_ms[n], t[OP_BLK_BWD_KEEP], t[OP_EMB_FWD],
+            t[OP_EMB_BWD], t[OP_HEAD], mem, eta);
 }
 
 /* Microbatch 1..K until one does not fit the device: e's points. */

@@ -285,6 +285,7 @@ static int load_state(trainer *t, ckpt_set *set, err_t *err) {
             if (rc < 0) return -1;
         }
     }
+    t->p16_fresh = false; /* adamw half: the 16-bit copies are made again from these */
     return 0;
 }
 
