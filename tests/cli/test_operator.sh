@@ -647,7 +647,7 @@ assert args[args.index('--precision') + 1] == 'fp16', args
 assert args[args.index('--recompute') + 1] == 'full', args
 print('fp16 ok')
 PY
-printf 'apiVersion: cephalo.dev/v1alpha1\nkind: CephaloJob\nmetadata: {name: bad-recompute}\nspec: {model: {name: gpt2-124m}, globalBatch: 8, steps: 1, recompute: some}\n' >"$dir/badrec.yaml"
+printf 'apiVersion: cephalo.dev/v1alpha1\nkind: CephaloJob\nmetadata: {name: bad-recompute}\nspec: {data: {path: synthetic}, model: {name: gpt2-124m}, globalBatch: 8, steps: 1, recompute: some}\n' >"$dir/badrec.yaml"
 check "spec.recompute outside auto, none, full is refused by the CRD, naming the field" 1 "spec.recompute: Unsupported value" -- \
   K apply -f "$dir/badrec.yaml"
 assert "a job whose only GPUs the image cannot run -> Failed" wait_for 20 phase_is maxwell-only Failed
@@ -660,7 +660,7 @@ check "... reason NoGPUs, saying the worker image runs none of them and why" 0 \
 K delete cephalojob tiny >/dev/null
 { node q-a NVIDIA-L4 23034 2 q; node q-b NVIDIA-A10G 23028 1 q; } | K create -f - >/dev/null
 qjob() { # NAME [GPUS-FIELDS] [SPEC-FIELDS]: gpt2 on pool q
-  printf 'apiVersion: cephalo.dev/v1alpha1\nkind: CephaloJob\nmetadata: {name: %s}\nspec: {model: {name: gpt2-124m}, seqLen: 128, globalBatch: 12, steps: 1, gpus: {nodeSelector: {pool: q}%s}%s}\n' "$1" "${2:-}" "${3:-}"
+  printf 'apiVersion: cephalo.dev/v1alpha1\nkind: CephaloJob\nmetadata: {name: %s}\nspec: {data: {path: synthetic}, model: {name: gpt2-124m}, seqLen: 128, globalBatch: 12, steps: 1, gpus: {nodeSelector: {pool: q}%s}%s}\n' "$1" "${2:-}" "${3:-}"
 }
 admitted() { jp cephalojob "$1" '{.status.phase} {.status.conditions[?(@.type=="Admitted")].status} {.status.conditions[?(@.type=="Admitted")].reason}: {.status.message}'; }
 qjob q-first | K apply -f - >/dev/null

@@ -68,7 +68,9 @@ bind() { # JOB NODE: binds the job's pods to NODE, as the scheduler would
 # job NAME MODEL_YAML [SPEC_YAML]: a small CephaloJob (the model section indented under spec.model;
 # SPEC_YAML: more spec lines, default 2 GPUs of pool a)
 POOL_A='gpus: {maxGPUs: 2, nodeSelector: {pool: a}}'
-job() {
+job() { # NAME MODEL_YAML [REST_YAML]: synthetic data unless MODEL_YAML or REST_YAML give data
+  local data='  data: {path: synthetic}'
+  case "$2${3:-}" in *"data: {"*) data='' ;; esac
   cat <<EOF
 apiVersion: cephalo.dev/v1alpha1
 kind: CephaloJob
@@ -79,7 +81,7 @@ $2
   seqLen: 32
   globalBatch: 4
   steps: 6
-  data: {path: synthetic}
+$data
   ${3:-$POOL_A}
 EOF
 }

@@ -386,7 +386,8 @@ check "... and it stays Failed (terminal), no second gang" 0 "Failed attempt=0" 
 
 # ---- a worker's own error reaches the job's status (its last log line: FallbackToLogsOnError) ----
 sed -e 's/name: tiny,/name: nodata,/' -e 's/dir: tiny/dir: nodata/' \
-  -e 's/^  commTimeout: .*/  commTimeout: 60\n  backoffLimit: 0\n  data: {path: no-such-shards}/' "$dir/tiny.yaml" | K apply -f - >/dev/null
+  -e 's/^  commTimeout: .*/  commTimeout: 60\n  backoffLimit: 0/' -e 's/^  data: .*/  data: {path: no-such-shards}/' "$dir/tiny.yaml" |
+  K apply -f - >/dev/null
 assert "a job whose workers cannot read their data fails: Failed, BackoffLimitExceeded" wait_for 30 bash -c \
   "[ \"\$(kubectl -n $JNS get cephalojob nodata -o jsonpath='{.status.conditions[?(@.type==\"Failed\")].reason}')\" = BackoffLimitExceeded ]"
 check "... its status quotes the worker's error (exit code 2, the data path)" 0 "" -- bash -c \

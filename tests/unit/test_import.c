@@ -242,7 +242,7 @@ static void test_errors(void **state) {
     assert_int_equal(hf_import_open(&imp, dir, &bert, false, &err), -1);
     assert_non_null(strstr(err.msg, "import reads GPT-2 and Llama models; this is a bert model"));
     assert_int_equal(hf_import_open(&imp, "/nonexistent-dir", &m, false, &err), -1);
-    assert_non_null(strstr(err.msg, "no model.safetensors or model.safetensors.index.json"));
+    assert_non_null(strstr(err.msg, "no model.safetensors, model.safetensors.index.json, pytorch_model.bin or pytorch_model.bin.index.json"));
 }
 
 /* F16 and BF16 widen exactly: the smallest and largest finite halves, subnormals and signed zero
