@@ -78,15 +78,15 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
     return x.u;
 }
 
+#if CEPHALO_HAVE_MMA /* (unused, and so a warning, where the kernels are traps) */
 /* d += a b for one m16n8k8 fp16 product (sm_75+): A registers a0, a1, B register b. */
 __device__ __forceinline__ void mma_k8(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t b) {
-#if CEPHALO_HAVE_MMA
     asm("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
         "{%0,%1,%2,%3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a0), "r"(a1), "r"(b));
-#endif
 }
+#endif
 
 /* d += a b (one m16n8k16 product; fragments as mma_layout.h): one instruction on sm_80+, two
  * m16n8k8 on Turing (fp16 only: k 0-7 from A registers 0, 1 and B register 0, k 8-15 from A
