@@ -713,7 +713,7 @@ static bool choose_batches(search *s, double tf, double tb, pick_mode mode, int 
     double cap_left = (double)suf_max[0];
     for (int i = 0; done && i < N; i++) {
         int gi = group_of[i];
-        double target = rem * maxb[gi] / cap_left;
+        double target = (double)rem * maxb[gi] / cap_left; /* 65536 x 34496 overflows an int */
         int pick = -1;
         double pick_dist = INFINITY;
         /* the batches the others can complete: rem - b <= their largest total; the reference
