@@ -632,8 +632,8 @@ static int resolve_epochs(job *j, bool quiet, err_t *err) {
                                     err);
     if (rc < 0) return err_prefix(err, "%s: epochs", j->path);
     int64_t w = data_num_samples(ds);
+    j->train.steps = (long)data_epoch_steps(ds, j->epochs, j->batch);
     data_close(ds);
-    j->train.steps = (long)(((int64_t)j->epochs * w + j->batch - 1) / j->batch);
     if (!quiet)
         fprintf(stderr, "cephalo run: epochs %ld: %ld steps (%lld samples an epoch, %ld a step)\n", j->epochs,
                 j->train.steps, (long long)w, j->batch);

@@ -1149,6 +1149,11 @@ bool data_is_images(const data_source *ds) { return ds->kind == SRC_IMAGES || ds
 
 int64_t data_num_samples(const data_source *ds) { return ds->n_samples; }
 
+int64_t data_epoch_steps(const data_source *ds, long epochs, int64_t batch) {
+    if (ds->n_samples == INT64_MAX || batch < 1) return 0;
+    return ((int64_t)epochs * ds->n_samples + batch - 1) / batch;
+}
+
 void data_describe(const data_source *ds, char *buf, size_t n) {
     if (!n) return;
     switch (ds->kind) {

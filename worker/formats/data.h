@@ -173,6 +173,10 @@ int data_sample_targets(data_source *ds, int64_t s, int64_t *n, err_t *err);
 tok_id data_tokenizer(const data_source *ds, const char **first);
 /* Samples per epoch (W); INT64_MAX for synthetic sources. */
 int64_t data_num_samples(const data_source *ds);
+/* The steps of `epochs` passes over ds at `batch` samples a step: ceil(epochs x W / batch), the
+ * last step filled from the next epoch's order (the sample order wraps); 0 for synthetic
+ * sources (no epoch). The one rule of `--epochs` and of a job file's `epochs:`. */
+int64_t data_epoch_steps(const data_source *ds, long epochs, int64_t batch);
 /* The sample (window or image index, 0..W-1) that global sample s reads: perm_{s/W}(s % W);
  * s itself for synthetic sources, -1 for s < 0. */
 int64_t data_sample_index(const data_source *ds, int64_t s);

@@ -62,10 +62,9 @@ double train_lr(const train_config *c, int64_t step) {
  * filled from the next epoch's order (the sample order of data.h wraps). */
 static int epoch_steps(trainer *t, err_t *err) {
     train_config *c = &t->cfg;
-    int64_t w = data_num_samples(t->data);
-    if (w == INT64_MAX) return err_set(err, "--epochs needs data of a known size (not synthetic): give --steps");
-    int64_t need = (int64_t)c->epochs * w, gb = c->global_batch;
-    c->steps = (need + gb - 1) / gb;
+    int64_t steps = data_epoch_steps(t->data, c->epochs, c->global_batch);
+    if (!steps) return err_set(err, "--epochs needs data of a known size (not synthetic): give --steps");
+    c->steps = steps;
     if (c->warmup >= c->steps && c->warmup > 0)
         return err_set(err, "--warmup %lld must be below the %lld steps of --epochs %ld", (long long)c->warmup,
                        (long long)c->steps, c->epochs);
