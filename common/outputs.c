@@ -12,6 +12,7 @@
 
 #include "common/fileio.h"
 #include "common/log.h"
+#include "common/strutil.h"
 
 out_set out_begin(const char *cmd) { return (out_set){.cmd = cmd}; }
 
@@ -184,19 +185,14 @@ int out_mark(const char *dir, const out_kind *kind, err_t *err) {
 
 /* ---- Hugging Face model directories ---- */
 
-static bool ends_with(const char *s, const char *suffix) {
-    size_t n = strlen(s), k = strlen(suffix);
-    return n >= k && !strcmp(s + n - k, suffix);
-}
-
 static bool hf_owns(const char *name) {
     static const char *const exact[] = {"config.json", "generation_config.json", "special_tokens_map.json",
                                         "vocab.json", "merges.txt", ".cephalo-export", NULL};
     for (int i = 0; exact[i]; i++)
         if (!strcmp(name, exact[i])) return true;
-    return ends_with(name, ".safetensors") || ends_with(name, ".safetensors.index.json") ||
-           !strncmp(name, "tokenizer", 9) || (!strncmp(name, "pytorch_model", 13) && (ends_with(name, ".bin") ||
-                                                                                       ends_with(name, ".index.json")));
+    return str_ends_with(name, ".safetensors") || str_ends_with(name, ".safetensors.index.json") ||
+           !strncmp(name, "tokenizer", 9) || (!strncmp(name, "pytorch_model", 13) && (str_ends_with(name, ".bin") ||
+                                                                                       str_ends_with(name, ".index.json")));
 }
 
 const out_kind out_hf_input = {"model directory", hf_owns, true, NULL};

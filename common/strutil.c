@@ -178,3 +178,8 @@ int str_utf8_len(const unsigned char *s, size_t n) {
     static const uint32_t min_cp[5] = {0, 0, 0x80, 0x800, 0x10000};
     return cp >= min_cp[len] && cp <= 0x10FFFF && !(cp >= 0xD800 && cp <= 0xDFFF) ? len : 0;
 }
+
+bool str_ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && !strcmp(s + n - k, suffix);
+}

@@ -49,4 +49,7 @@ char *str_printf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
  * size makes a cut impossible (a comment then says why). */
 int str_fmt(char *buf, size_t n, err_t *err, const char *what, const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 
+/* Whether s ends in suffix (a file name's extension: ".bin"). */
+bool str_ends_with(const char *s, const char *suffix);
+
 #endif

@@ -42,6 +42,11 @@ check "... a shard a pattern matches (not yet there: a new shard the pattern wou
 check "... a validation shard" 2 "this is the input --val-data d/train_000000.bin" -- \
   "$W" train --data synthetic "${TINY[@]}" --steps 1 --val-data d/train_000000.bin --log d/train_000000.bin
 assert "... and the shard is still whole" test "$(sum d/train_000000.bin)" = "$shard"
+# a shard's loss mask (cephalo data --sft writes X.mask beside X.bin) is read with it
+check "... a shard's loss mask, in a data directory" 2 "--log d/train_000000.mask: this is train_000000.mask, an input of --data d" -- \
+  "$W" train "${TINY[@]}" --steps 1 --data d --log d/train_000000.mask
+check "... a shard's loss mask, beside a shard named or matched" 2 "an input of --data d/train_*.mask" -- \
+  "$W" train "${TINY[@]}" --steps 1 --data 'd/train_*.bin' --log d/train_000003.mask
 
 "$W" train --data synthetic "${TINY[@]}" --steps 2 --ckpt-every 1 --ckpt-dir ck
 ck2=$(sum ck/step_00000002.safetensors)

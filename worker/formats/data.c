@@ -15,6 +15,7 @@
 
 #include "common/fileio.h"
 #include "common/log.h"
+#include "common/strutil.h"
 
 /* ------------------------------------------------------------------------------------------ */
 /* little-endian fields and hashing                                                            */
@@ -742,19 +743,24 @@ static int expand_spec(const char *spec, data_role role, strlist *out, err_t *er
     return rc;
 }
 
-static bool is_shard_file(const char *name) {
-    size_t n = strlen(name);
-    return n > 4 && !strcmp(name + n - 4, ".bin");
-}
+static bool is_shard_file(const char *name) { return str_ends_with(name, ".bin") || str_ends_with(name, ".mask"); }
 
-/* The *.bin files of a data directory: those expand_dir reads. */
+/* The *.bin files of a data directory (those expand_dir reads) and their *.mask loss masks. */
 static const out_kind data_dir_input = {"data directory", is_shard_file, true, NULL};
 
 void data_spec_inputs(out_set *s, const char *opt, const char *spec) {
     if (!spec || !strcmp(spec, "synthetic")) return;
     char *copy = xstrdup(spec), *save = NULL;
-    for (char *item = strtok_r(copy, ",", &save); item; item = strtok_r(NULL, ",", &save))
+    for (char *item = strtok_r(copy, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
         out_input_path(s, opt, item, &data_dir_input); /* a file, a directory, or a pattern */
+        if (!str_ends_with(item, ".bin")) continue;
+        /* X.bin's loss mask X.mask (or a pattern's) is read too: never an output */
+        size_t n = strlen(item);
+        char *mask = xmalloc(n + 2);
+        snprintf(mask, n + 2, "%.*s.mask", (int)(n - 4), item);
+        out_input_path(s, opt, mask, &data_dir_input);
+        free(mask);
+    }
     free(copy);
 }
 
