@@ -40,6 +40,7 @@ struct kube_client {
     long timeout_s; /* per request; 0: KUBE_REQUEST_TIMEOUT_S */
     const kube_gate *gate; /* kube_config.write_gate, or what kube_client_set_write_gate put */
     bool writing; /* the request under way is a write: the pre-request callback asks the gate */
+    double passed_gate; /* wall time (epoch s) the write under way last passed the gate; 0: not */
     char errbuf[CURL_ERROR_SIZE];
     event_entry events[KUBE_EVENT_CACHE];
     int event_next;
@@ -202,6 +203,12 @@ static size_t collect(char *ptr, size_t size, size_t nmemb, void *ud) {
     return n;
 }
 
+static double wall_now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
 static int progress(void *ud, curl_off_t dt, curl_off_t dn, curl_off_t ut, curl_off_t un) {
     (void)dt, (void)dn, (void)ut, (void)un;
     const kube_client *k = ud;
@@ -214,8 +221,11 @@ static int progress(void *ud, curl_off_t dt, curl_off_t dn, curl_off_t ut, curl_
  * (connecting, or waiting for a stopped process to resume, may have taken a while). */
 static int prereq(void *ud, char *conn_primary_ip, char *conn_local_ip, int conn_primary_port, int conn_local_port) {
     (void)conn_primary_ip, (void)conn_local_ip, (void)conn_primary_port, (void)conn_local_port;
-    const kube_client *k = ud;
-    return k->writing && !kube_may_write(k) ? CURL_PREREQFUNC_ABORT : CURL_PREREQFUNC_OK;
+    kube_client *k = ud;
+    if (!k->writing) return CURL_PREREQFUNC_OK;
+    if (!kube_may_write(k)) return CURL_PREREQFUNC_ABORT;
+    k->passed_gate = wall_now_s();
+    return CURL_PREREQFUNC_OK;
 }
 #endif
 
@@ -348,6 +358,21 @@ static int url_of(const kube_client *k, const char *path, char *url, err_t *err)
     return str_fmt(url, KUBE_URL_MAX, err, "the request URL", "%s%s", k->cfg.server, path);
 }
 
+/* A write that passed the gate and went out, but finds it closed once done: the process was
+ * stopped (or slowed) between the gate's last word and the send, or while the answer was on its
+ * way. No client can close that window (kube.h); it is said, with the wall time the write passed
+ * the gate, so that the write can be told from one sent after the fence closed (a bug). */
+static void report_late_write(const kube_client *k, const char *method, const char *url, CURLcode rc) {
+    if (!k->writing || kube_may_write(k)) return;
+    long code = 0;
+    if (rc == CURLE_OK) curl_easy_getinfo(k->curl, CURLINFO_RESPONSE_CODE, &code);
+    char how[64];
+    if (rc == CURLE_OK) snprintf(how, sizeof how, "HTTP %ld", code);
+    else snprintf(how, sizeof how, "%s", curl_easy_strerror(rc));
+    log_warn("%s %s: in flight when the leader Lease ran out: it passed the fence at %.6f (epoch s) "
+             "while leading; answered: %s", method, url, k->passed_gate, how);
+}
+
 /* A write the gate refused: not sent. */
 static int fenced(long *status, const char *method, const char *url, err_t *err) {
     *status = KUBE_FENCED;
@@ -365,6 +390,7 @@ int kube_request(kube_client *k, const char *method, const char *path, const cha
     k->writing = strcmp(method, "GET") != 0;
     for (int attempt = 0;; attempt++) {
         if (k->writing && !kube_may_write(k)) return fenced(status, method, url, err);
+        k->passed_gate = k->writing ? wall_now_s() : 0; /* the pre-request callback renews it */
         if (refresh_token(k, false, err) < 0) return -1;
         struct curl_slist *h = setup(k, method, url, content_type, body,
                                      k->timeout_s ? k->timeout_s : KUBE_REQUEST_TIMEOUT_S, err);
@@ -375,6 +401,7 @@ int kube_request(kube_client *k, const char *method, const char *path, const cha
         curl_easy_setopt(k->curl, CURLOPT_WRITEDATA, &b);
         CURLcode rc = curl_easy_perform(k->curl);
         curl_slist_free_all(h);
+        if (rc != CURLE_ABORTED_BY_CALLBACK) report_late_write(k, method, url, rc);
         if (rc != CURLE_OK) {
             free(b.p);
             if (k->writing && !kube_may_write(k) && rc == CURLE_ABORTED_BY_CALLBACK)

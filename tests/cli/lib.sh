@@ -36,3 +36,8 @@ wait_for() {
   shift
   until "$@" >/dev/null 2>&1; do [ $SECONDS -ge $end ] && return 1; sleep 0.1; done
 }
+
+# api_refusals FILE...: the lines where the operator's API client was refused (HTTP 403), as
+# kube.c reports them ("HTTP 403 (Forbidden): ..."). Not a bare "403": commit hashes, ports and
+# times in the same logs contain it (a version line "0.1.0+4a20167d403e" once failed CI). FILE - reads stdin.
+api_refusals() { grep -hE 'HTTP 403([^0-9]|$)|[Ff]orbidden' "$@"; }

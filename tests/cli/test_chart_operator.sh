@@ -202,7 +202,7 @@ check "... which answers /readyz on the new port" 0 "" -- curl -fsS --max-time 5
 # the Deployment: the operator stopping after it may find its Lease no longer its to release)
 mkdir -p "$dir/installed" && cp "$dir"/kl/logs/"${NS}"_cephalo-operator-*.log "$dir/installed/"
 check "no request of the operator was refused while installed (no 403/Forbidden in the logs of both pods)" 0 "2 logs" -- bash -c \
-  "logs=\$(ls '$dir'/installed/*.log) || exit 2; grep -E '(^|[^0-9])403([^0-9]|$)|[Ff]orbidden' \$logs && exit 1
+  "$(declare -f api_refusals); logs=\$(ls '$dir'/installed/*.log) || exit 2; api_refusals \$logs && exit 1
    echo \"\$(wc -w <<<\"\$logs\") logs\""
 
 # ---- helm uninstall: the garbage collector takes the ReplicaSets and the pod ----------------------

@@ -14,10 +14,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/clock.h"
 #include "common/fileio.h"
+#include "common/log.h"
 #include "fake_http.h"
 #include "operator/inventory.h"
 #include "operator/kube.h"
@@ -684,6 +686,57 @@ static void test_lease_fence(void **state) {
     finish(&srv, n);
 }
 
+/* A write that passed the gate but is answered after it closed (the process stopped between the
+ * gate's last word and the send, or a slow answer): the write went out, so it is reported, with
+ * the wall time it passed the fence, which must precede the close. */
+static double late_gate_until;
+static bool late_gate(void *arg) { return (void)arg, clock_now_s() < late_gate_until; }
+static char late_log[1024];
+static void late_log_handler(const char *level, const char *text) {
+    snprintf(late_log, sizeof late_log, "%s: %s", level, text);
+}
+
+#define PAD50 ".................................................."
+#define SLOW_BODY "{\"metadata\":{\"name\":\"x\"},\"data\":{\"pad\":\"" PAD50 PAD50 PAD50 PAD50 PAD50 "\"}}"
+
+static void test_late_write(void **state) {
+    (void)state;
+    static const fake_step script[] = {
+        {"POST", "/api/v1/namespaces/ns/configmaps", 201, SLOW_BODY, 1, false}, /* over 0.5 s */
+        {"POST", "/api/v1/namespaces/ns/configmaps", 201, "{}", 0, false},
+    };
+    fake_server srv;
+    assert_int_equal(fake_start(&srv, script, 2), 0);
+    kube_client *w = client_for(&srv, NULL, NULL);
+    kube_client_set_write_gate(w, &(kube_gate){late_gate, NULL});
+    cJSON *cm = cJSON_Parse("{\"metadata\":{\"name\":\"x\"}}");
+    err_t err;
+    long status;
+    late_log[0] = '\0';
+    log_set_handler(late_log_handler);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    double before = (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+    late_gate_until = clock_now_s() + 0.25; /* closes while the answer is on its way */
+    assert_int_equal(kube_create(w, "/api/v1/namespaces/ns/configmaps", cm, NULL, &status, &err), 0);
+    assert_int_equal(status, 201);
+    assert_non_null(strstr(late_log, "warning: POST "));
+    assert_non_null(strstr(late_log, "/api/v1/namespaces/ns/configmaps: in flight when the leader Lease ran "
+                                     "out: it passed the fence at "));
+    assert_non_null(strstr(late_log, "answered: HTTP 201"));
+    double passed = atof(strstr(late_log, "fence at ") + 9);
+    assert_true(passed >= before && passed < before + 0.25); /* before the gate closed */
+    /* a write through an open gate, answered while it is open: nothing said */
+    late_log[0] = '\0';
+    late_gate_until = clock_now_s() + 30;
+    assert_int_equal(kube_create(w, "/api/v1/namespaces/ns/configmaps", cm, NULL, &status, &err), 0);
+    assert_string_equal(late_log, "");
+    log_set_handler(NULL);
+    cJSON_Delete(cm);
+    kube_client_free(w);
+    finish(&srv, 2);
+}
+
 /* ---- inventory: compute capability ---------------------------------------------------------- */
 
 static cJSON *nodes_json(const char *text) {
@@ -928,6 +981,7 @@ int main(void) {
         cmocka_unit_test(test_events_counted),
         cmocka_unit_test(test_lease_election),
         cmocka_unit_test(test_lease_fence),
+        cmocka_unit_test(test_late_write),
         cmocka_unit_test(test_worker_archs),
         cmocka_unit_test(test_inventory_compute_capability),
         cmocka_unit_test(test_inventory_gpu_accounting),
