@@ -106,12 +106,19 @@ static bool entry_ok(const char *path, const char *sigpath, const char *sig, con
 /* `cephalo profile --quick` in this process into tmp: its exit status. Quiet: its progress goes
  * to a file shown only when it fails. */
 static int measure(const job *j, const char *tmp, const char *logpath, bool quiet) {
-    char *devs = devices_arg(j), seq[24];
+    char *devs = devices_arg(j), seq[24], check[24];
     snprintf(seq, sizeof seq, "%ld", j->seq);
-    char *argv[] = {"profile", "--devices", devs, "--model", j->model_arg, "--precision",
-                    (char *)precision_name(j->train.prec), "--quick", "--store", "none", "-o", (char *)tmp,
-                    j->seq ? "--seq" : NULL, seq, NULL};
-    int argc = j->seq ? 14 : 12;
+    /* the step check at the job's batch, where its plan will run (at most 16 samples a device:
+     * a dozen steps of a large batch would cost more than they tell) */
+    long cb = j->batch, cap = 16L * j->n_devices;
+    snprintf(check, sizeof check, "%ld", cb < cap ? cb : cap);
+    bool with_check = cb > j->n_devices;
+    char *argv[18] = {"profile", "--devices", devs, "--model", j->model_arg, "--precision",
+                      (char *)precision_name(j->train.prec), "--quick", "--store", "none", "-o", (char *)tmp};
+    int argc = 12;
+    if (j->seq) argv[argc++] = "--seq", argv[argc++] = seq;
+    if (with_check) argv[argc++] = "--check-batch", argv[argc++] = check;
+    argv[argc] = NULL;
     fflush(stderr);
     int saved = -1;
     if (quiet) {

@@ -30,6 +30,7 @@ enum { EXIT_FAILED = 1, EXIT_BAD = 2 };
 static const char usage[] =
     "usage: cephalo profile --devices LIST --model MODEL [--seq S] [--precision fp32|bf16|fp16]\n"
     "                       [-o PROFILE.json] [--store FILE|none] [--max-micro K] [--quick]\n"
+    "                       [--check-batch B]\n"
     "\n"
     "Measures the cost model of the local devices for MODEL (docs/profile.md): per-layer forward\n"
     "and backward time and compute memory at microbatch 1..K (until the device's memory is full)\n"
@@ -42,6 +43,8 @@ static const char usage[] =
     "  --devices LIST     CPU devices as in `cephalo run`: cpu:THREADSt:MEMORY[xCOUNT],...\n"
     "  --max-micro K      largest microbatch measured (default 8); beyond it costs are linear\n"
     "  --quick            fewer repetitions (tests)\n"
+    "  --check-batch B    the step check's larger global batch (default 4 per device): the batch\n"
+    "                     you will train, to calibrate where the plan runs\n"
     "  --comm-max-bytes N largest collective measured (default 4M)\n";
 
 static int failed(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -84,13 +87,13 @@ static void fmt_duration(double s, char *buf, size_t n) {
 typedef struct popts {
     const char *devices, *model, *out, *store, *precision; /* precision: as given, for the workers */
     precision prec;
-    long seq, max_micro;
+    long seq, max_micro, check_batch;
     char comm_max[32];
     bool quick;
     args cl; /* the command line as parsed: which options were given */
 } popts;
 
-enum { O_DEVICES = 256, O_MODEL, O_SEQ, O_PREC, O_STORE, O_MAXM, O_QUICK, O_COMMMAX };
+enum { O_DEVICES = 256, O_MODEL, O_SEQ, O_PREC, O_STORE, O_MAXM, O_QUICK, O_COMMMAX, O_CHECKB };
 
 static int profile_option(args *p, int ch, popts *o) {
     switch (ch) {
@@ -100,6 +103,7 @@ static int profile_option(args *p, int ch, popts *o) {
     case O_PREC: return args_choice(p, precision_names, &o->precision) ? ARGS_BAD : (precision_parse(o->precision, &o->prec), 0);
     case O_STORE: o->store = p->val; break;
     case O_MAXM: return args_long(p, 1, 4096, &o->max_micro);
+    case O_CHECKB: return args_long(p, 1, 1L << 30, &o->check_batch);
     case O_QUICK: o->quick = true; break;
     case O_COMMMAX: /* the worker reads it: a cut one would be another size */
         if (str_fmt(o->comm_max, sizeof o->comm_max, NULL, "", "%s", p->val) < 0)
@@ -114,7 +118,7 @@ static int parse(int argc, char **argv, popts *o) {
     static const struct option longopts[] = {
         {"devices", 1, 0, O_DEVICES}, {"model", 1, 0, O_MODEL},   {"seq", 1, 0, O_SEQ},
         {"precision", 1, 0, O_PREC},  {"store", 1, 0, O_STORE},   {"max-micro", 1, 0, O_MAXM},
-        {"quick", 0, 0, O_QUICK},     {"comm-max-bytes", 1, 0, O_COMMMAX},
+        {"quick", 0, 0, O_QUICK},     {"comm-max-bytes", 1, 0, O_COMMMAX}, {"check-batch", 1, 0, O_CHECKB},
         {"output", 1, 0, 'o'},        {"help", 0, 0, 'h'},        {0, 0, 0, 0}};
     args p = args_begin(argc, argv, "cephalo profile", longopts, "o:", usage);
     int ch = 0, rc = 0;
@@ -339,8 +343,10 @@ static int step_check_run(const popts *o, const char *worker, const job *j, prof
     return *meas < 0 ? failed("the step check wrote no step times") : 0;
 }
 
-/* The step check: short training runs on these devices at two batches (one and four samples per
- * device), planned from the profile just measured, against the plans' predictions. A line
+/* The step check: short training runs on these devices at two batches (one sample per device,
+ * and --check-batch: by default four per device; `cephalo run` gives the job's own, so that the
+ * line is fitted where the plan will run), planned from the profile just measured, against the
+ * plans' predictions. A line
  * through both, measured = step_overhead_ms + step_scale x predicted, is recorded in every entry:
  * the planner scales their times and adds the overhead to each step (docs/profile.md). What it
  * corrects is what per-unit timing leaves out: the host's other load and the devices contending
@@ -348,7 +354,7 @@ static int step_check_run(const popts *o, const char *worker, const job *j, prof
 static int run_step_check(const popts *o, const char *worker, const job *j, int step, int steps, const char *tmp,
                           profile *p) {
     int world = j->n_devices;
-    long b[2] = {world, 4L * world};
+    long b[2] = {world, o->check_batch > world ? o->check_batch : 4L * world};
     double pred[2], meas[2];
     fprintf(stderr, "cephalo profile: [%d/%d] step check: %d training steps at batch %ld and %ld on the %d devices\n",
             step, steps, o->quick ? 12 : 40, b[0], b[1], world);
@@ -401,6 +407,12 @@ int profile_main(int argc, char **argv) {
     }
     const args_only only[] = {{O_COMMMAX, j.n_devices > 1, "two or more --devices (one device has no collectives to time)"}};
     if (args_check_only(&o.cl, only, 1)) return job_free(&j), ARGS_BAD;
+    if (o.check_batch && o.check_batch <= j.n_devices) {
+        int n = j.n_devices;
+        job_free(&j);
+        return args_bad_cmd("cephalo profile", "--check-batch %ld: expected more than the %d devices (the step check's "
+                            "smaller batch is one sample per device)", o.check_batch, n);
+    }
     char store[PATH_LEN];
     int found = o.store ? 0 : profile_store_path(store, sizeof store, &err);
     if (found < 0) {

@@ -133,7 +133,20 @@ static void run_op(prof_ctx *c, prof_op op) {
     }
 }
 
-/* Median of repetitions after a warm-up: at least min_reps of them and min_ms in all. */
+/* The time a repetition stands for. A GPU is the measurement's alone: the median, deaf to the
+ * odd slow repetition. CPU devices are profiled several at once on shared cores (cephalo
+ * profile), as they train: a repetition either ran through or was preempted for a scheduler
+ * slice, and the median picks whichever happened more often (at 3 devices on 2 cores, a 7 ms op
+ * measured 6.7 at one microbatch and 14 at the next). The mean is the share of the cores a step
+ * gets. */
+static double typical(const prof_ctx *c, double *v, int n) {
+    if (c->cuda) return median(v, n);
+    double s = 0;
+    for (int i = 0; i < n; i++) s += v[i];
+    return s / n;
+}
+
+/* The typical time of repetitions after a warm-up: at least min_reps of them and min_ms in all. */
 static double time_op(prof_ctx *c, prof_op op) {
     double t[MAX_REPS];
     run_op(c, op);
@@ -147,7 +160,7 @@ static double time_op(prof_ctx *c, prof_op op) {
         t[n] = clock_now_ms() - t0;
         spent += t[n++];
     }
-    return median(t, n);
+    return typical(c, t, n);
 }
 
 /* As time_op for a *_KEEP op: each repetition first runs the forward op `fwd` untimed (it leaves
@@ -166,7 +179,7 @@ static double time_keep(prof_ctx *c, prof_op fwd, prof_op op) {
         t[n] = clock_now_ms() - t0;
         spent += t[n++];
     }
-    return median(t, n);
+    return typical(c, t, n);
 }
 
 static void *dalloc(prof_ctx *c, int64_t bytes, const char *what, bool *ok);
@@ -201,7 +214,7 @@ static double time_optimizer(prof_ctx *c) {
             }
             for (int k = 0; k < 4; k++) dev_free(d, s[k]);
             dev_free(d, sum);
-            return median(t, reps) / ((double)n / 1e6);
+            return typical(c, t, reps) / ((double)n / 1e6);
         }
         for (int k = 0; k < 4; k++)
             if (s[k]) dev_free(d, s[k]);
