@@ -6,7 +6,7 @@
 # 50,257 and 32,000: the head dominates; tests/ref/hf_models.py writes them) on this machine's
 # emulated CPU devices: `cephalo profile`, then `cephalo run` planned with that profile and, for
 # comparison, with the analytic estimates alone; the measured step time (median after warm-up,
-# from RUNDIR/summary.json; the median of RUNS runs for the profiled plan) against each plan's
+# from RUNDIR/summary.json; the median of RUNS runs of each plan) against each plan's
 # predicted iteration time. Prints a table, the mean absolute relative error and the worst case
 # of each. Goals: profiled mean <= 10%; analytic alone within 25% per case (docs/profile.md).
 # CASES=name,name limits the cases; QUICK=1 profiles with --quick (as `cephalo run` does).
@@ -80,19 +80,24 @@ for c in "${cases[@]}"; do
   sq=() qk=()
   [ "$seq" != 0 ] && sq=(--seq "$seq")
   [ "${QUICK:-0}" = 1 ] && qk=(--quick)
+  # the step check at the case's batch, as `cephalo run` profiles (at most 16 per device)
+  ndev=$(tr ',' '\n' <<<"$devices" | awk -F'x' '{n += (NF > 1 ? $NF : 1)} END {print n}')
+  cb=$((batch < 16 * ndev ? batch : 16 * ndev))
+  [ "$cb" -gt "$ndev" ] && qk+=(--check-batch "$cb")
   if ! "$B/cephalo" profile --devices "$devices" --model "$model" "${sq[@]}" "${qk[@]}" -o "$prof" --store none \
       >"$work/$name.profile.log" 2>&1; then
     echo "bench_accuracy: profiling $name failed:" >&2; tail -5 "$work/$name.profile.log" >&2; continue
   fi
-  # the measurement is the median of RUNS runs (each the median step after warm-up): one run of
+  # each measurement is the median of RUNS runs (each the median step after warm-up): one run of
   # a few ms per step on a shared 2-core host can be off by tens of percent (docs/profile.md)
-  ms=()
+  ms=() as=()
   for ((k = 0; k < RUNS; k++)); do
     read -r pp m1 < <(run_case "$name" "$model" "$seq" "$batch" "$devices" "$prof" "profiled$k") || continue 2
-    ms+=("$m1")
+    read -r ap a1 < <(run_case "$name" "$model" "$seq" "$batch" "$devices" none "analytic$k") || continue 2
+    ms+=("$m1") as+=("$a1")
   done
-  pm=$(printf '%s\n' "${ms[@]}" | sort -g | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}')
-  read -r ap am < <(run_case "$name" "$model" "$seq" "$batch" "$devices" none analytic) || continue
+  median() { sort -g | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
+  pm=$(printf '%s\n' "${ms[@]}" | median) am=$(printf '%s\n' "${as[@]}" | median)
   ep=$(python3 -c "print(f'{100*($pp-$pm)/$pm:+.1f}')")
   ea=$(python3 -c "print(f'{100*($ap-$am)/$am:+.1f}')")
   errs_p+=("$ep") errs_a+=("$ea")

@@ -48,7 +48,10 @@ void rec_emit(kube_client *k, const cJSON *job, const char *type, const char *re
                      .uid = kube_meta_str(job, "uid"), .type = type, .reason = reason,
                      .message = msg, .component = REC_COMPONENT};
     err_t e;
-    (void)kube_event_emit(k, &ev, &e); /* events are best effort */
+    /* events are best effort: the status says the same; a lost one is said, not silent */
+    if (kube_event_emit(k, &ev, &e) < 0)
+        log_warn("%s/%s: the %s event was not recorded: %s", ev.namespace ? ev.namespace : "", ev.name ? ev.name : "",
+                 reason, e.msg);
 }
 
 /* ---- writing it ------------------------------------------------------------------------------ */

@@ -19,9 +19,27 @@
 #define KERNELS_PER_UNIT_PASS 12
 #define ALPHA_INTRA_MS 0.010 /* per ring step inside one node */
 #define ALPHA_INTER_MS 0.030 /* per ring step across nodes */
+/* CPU devices of one host talk through the socket communicator over loopback: a ring step is a
+ * thread wake-up and a few syscalls, the bytes a copy through the kernel (the collectives of
+ * `make demo`'s 3 devices on the 2-core host: 0.06 ms per step, 1.6 GB/s; docs/cost-model.md) */
+#define ALPHA_LOOPBACK_MS 0.060
+#define LOOPBACK_GBS 1.6
+/* A collective among CPU devices whose compute threads fill the host's cores (comm_contends)
+ * waits for its communicator thread to get a core: a scheduler wake-up, per collective, whatever
+ * the bytes (tiny-gpt, tiny-llama and tiny-vit on 2 x cpu:1t, the 2-core host: 0.31, 0.19 and
+ * 0.18 ms per collective beyond the loopback's; docs/cost-model.md) */
+#define CONTENDED_WAKEUP_MS 0.25
 #define OPT_BYTES_PER_PARAM 32.0 /* AdamW reads param, grad, m, v and writes param, m, v */
 
 static bool is_cpu(const cluster_device *d) { return d->threads > 0; }
+
+/* One host's CPU devices (a local run), which the socket communicator links over loopback. */
+static bool cpu_host(const cluster *cl) {
+    if (cl->n_nodes != 1) return false;
+    for (int r = 0; r < cl->n_devices; r++)
+        if (!is_cpu(&cl->devices[r])) return false;
+    return true;
+}
 
 static double device_peak_tflops(const cluster_device *d, precision p) {
     if (d->tflops_override > 0) return d->tflops_override;
@@ -301,6 +319,11 @@ static void build_groups(cost_model *cm) {
 /* ---- communication ---- */
 
 static void ring_link(const cluster *cl, double *gbs, double *alpha_ms) {
+    if (cpu_host(cl)) {
+        *gbs = LOOPBACK_GBS;
+        *alpha_ms = ALPHA_LOOPBACK_MS;
+        return;
+    }
     if (cl->n_nodes == 1) {
         *gbs = cl->nodes[0].intra_gbps / 8;
         *alpha_ms = ALPHA_INTRA_MS;
@@ -344,25 +367,29 @@ static double comm_line(const cost_model *cm, bool rs, double bytes) {
     return (n - 1) * cm->comm.alpha_ms + (n - 1) / (double)n * bytes / (cm->comm.bandwidth_gbs * 1e9) * 1e3;
 }
 
-/* CPU time of one rank's communicator for a collective of `bytes` (0 when not measured). */
+/* CPU time of one rank's communicator for a collective of `bytes`: measured (cpu_ms), else on
+ * loopback the whole collective (the communicator copies and waits on its sockets throughout);
+ * 0 when a profile measured the collectives but not their CPU time. */
 static double comm_cpu_line(const cost_model *cm, bool rs, double bytes) {
     const profile_comm *pc = cm->opts.prof ? profile_find_comm(cm->opts.prof, cm->comm.world, rs) : NULL;
-    return pc && pc->cpu_ms ? comm_curve_at(pc->bytes, pc->cpu_ms, pc->n_points, bytes) : 0;
+    if (!pc) return comm_line(cm, rs, bytes);
+    return pc->cpu_ms ? comm_curve_at(pc->bytes, pc->cpu_ms, pc->n_points, bytes) : 0;
 }
 
 /* Whether the communicators compete with compute for the host's cores: CPU devices on one host
- * whose threads plus one communicator thread per rank exceed the cores the profile's collectives
- * were measured on. Then the collectives' CPU time does not overlap compute but adds to it. */
+ * whose threads plus one communicator thread per rank exceed its cores (those the profile's
+ * collectives were measured on, else the node's). Then the collectives' CPU time does not overlap
+ * compute but adds to it. */
 static bool comm_contends(const cost_model *cm) {
     const cluster *cl = cm->cl;
+    if (!cpu_host(cl) || cl->n_devices < 2) return false;
     const profile_comm *pc = cm->opts.prof ? profile_find_comm(cm->opts.prof, cm->comm.world, false) : NULL;
-    if (!pc || !pc->cpu_ms || pc->host_cores <= 0 || cl->n_nodes != 1) return false;
+    if (pc && !pc->cpu_ms) return false;
+    int cores = pc ? pc->host_cores : cl->nodes[0].host_cores;
+    if (cores <= 0) return false;
     int demand = 0;
-    for (int r = 0; r < cl->n_devices; r++) {
-        if (!is_cpu(&cl->devices[r])) return false;
-        demand += cl->devices[r].threads + 1;
-    }
-    return demand > pc->host_cores;
+    for (int r = 0; r < cl->n_devices; r++) demand += cl->devices[r].threads + 1;
+    return demand > cores;
 }
 
 static void build_comm(cost_model *cm) {
@@ -401,6 +428,8 @@ static void build_comm(cost_model *cm) {
     const profile_comm *ag = cm->opts.prof ? profile_find_comm(cm->opts.prof, c->world, false) : NULL;
     if (ag && ag->train_overhead_ms > 0) {
         c->overhead_ms = ag->train_overhead_ms * cost_step_collectives(md);
+    } else if (!ag && comm_contends(cm)) {
+        c->overhead_ms = CONTENDED_WAKEUP_MS * cost_step_collectives(md);
     }
     c->measured = cm->opts.prof && profile_find_comm(cm->opts.prof, c->world, false);
     if (c->measured) c->uneven_factor = measured_uneven_factor(cm->opts.prof, c->world);

@@ -69,10 +69,12 @@ typedef struct cost_comm {
     double sums_ms; /* the step's all-reduce of the loss and the squared gradient norm */
     /* CPU time the communicator takes from the cores during the forward and the backward
      * collectives when the CPU devices' threads and one communicator per rank oversubscribe the
-     * host (measured cpu_ms of a profile); 0 when the collectives run on cores of their own */
+     * host (measured cpu_ms of a profile; without one, the loopback collectives' whole time);
+     * 0 when the collectives run on cores of their own */
     double cpu_fwd_ms, cpu_bwd_ms;
-    /* the profile's step check: per collective, what a real training step took beyond the rest
-     * of this model, times the collectives of a step (exposed); 0 without one */
+    /* per collective, times the collectives of a step (exposed): an old profile's step check
+     * (train_overhead_ms), or without a profile the wake-up latency of collectives on an
+     * oversubscribed host; 0 otherwise */
     double overhead_ms;
     double uneven_factor;
     double bandwidth_gbs, alpha_ms; /* the ring's bottleneck link */

@@ -353,8 +353,16 @@ logs_before=$(current_logs long)
 K -n "$JNS" delete pod long-0 --wait=false >/dev/null
 assert "a worker pod deleted by hand: the whole gang restarts" wait_for 60 new_gang
 # the operator sees the deletion itself, or (when the kubelet was quicker) the peers that stopped
-check "... a GangDisrupted event says why" 0 "" -- bash -c \
-  "kubectl -n $JNS get events --field-selector involvedObject.name=long,reason=GangDisrupted -o jsonpath='{.items[*].message}' | grep -qE 'worker pod long-0 \\(rank 0 on gpu-a\\) is being deleted|worker pods? stopped on request \\(exit code 143, checkpointed\\)'"
+# (on failure: every event of the job and what the operator said of the restart)
+disrupted_event() {
+  kubectl -n "$JNS" get events --field-selector involvedObject.name=long,reason=GangDisrupted -o jsonpath='{.items[*].message}' |
+    grep -qE 'worker pod long-0 \(rank 0 on gpu-a\) is being deleted|worker pods? stopped on request \(exit code 143, checkpointed\)'
+}
+if ! wait_for 10 disrupted_event; then
+  kubectl -n "$JNS" get events --field-selector involvedObject.name=long -o jsonpath='{range .items[*]}{.reason}: {.message}{"\n"}{end}' | tail -5 | sed 's/^/#   event /'
+  grep -E 'long: |long\b.*(event|restart|gang)' "$dir/op.log" | tail -5 | sed 's/^/#   operator: /'
+fi
+check "... a GangDisrupted event says why" 0 "" -- disrupted_event
 check "... not counted against backoffLimit" 0 "restarts=1" -- jp cephalojob long 'restarts={.status.restarts}'
 stopped_at=$(cat $logs_before | sed -n 's/.*stopped after step \([0-9]*\) on .*, with a checkpoint of that step.*/\1/p' | sort -u)
 assert "... and the new gang resumes from the step the old one stopped at" wait_for 20 bash -c \

@@ -407,6 +407,42 @@ static void test_cpu_cores_shared(void **state) {
     cost_free(&base), cluster_free(&cl0);
 }
 
+/* CPU devices of one host talk over loopback (its latency and copy rate, not a GPU node's link);
+ * when their threads and one communicator per rank oversubscribe the host's cores, the
+ * collectives take cores from compute (their whole time exposed, the floors gone) and each waits
+ * a wake-up; with enough cores, or cores unknown, neither. */
+static void test_cpu_loopback_collectives(void **state) {
+    (void)state;
+    static const char two[] = "nodes: [{name: a, gpus: [{type: cpu, count: 2, threads: 1, memory_gib: 1}]}]\n";
+    static model_spec m;
+    err_t err;
+    assert_int_equal(model_resolve("tiny-gpt", &m, &err), 0);
+    cost_opts co = {.prec = PREC_FP32, .mem_cap = 0.8};
+    const int cores[3] = {0, 2, 4}; /* unknown; fewer than 2 threads + 2 communicators; enough */
+    for (int k = 0; k < 3; k++) {
+        cluster cl;
+        cost_model cm;
+        assert_int_equal(cluster_load_string("c.yaml", two, strlen(two), &cl, &err), 0);
+        cl.nodes[0].host_cores = cores[k];
+        assert_int_equal(cost_build(&cm, &m, &cl, 64, 8, &co, &err), 0);
+        const cost_comm *c = &cm.comm;
+        assert_true(fabs(c->alpha_ms - 0.06) < 1e-12 && fabs(c->bandwidth_gbs - 1.6) < 1e-12);
+        double blk = (double)model_kind_params(&m, UNIT_BLOCK) * 4;
+        assert_true(fabs(c->rs_last_ms - (0.06 + 0.5 * (double)model_kind_params(&m, UNIT_EMBEDDING) * 4 / 1.6e9 * 1e3)) < 1e-9);
+        bool contends = k == 1;
+        if (contends) {
+            assert_true(fabs(c->cpu_fwd_ms - c->ag_fwd_ms) < 1e-12);
+            assert_true(fabs(c->cpu_bwd_ms - (c->ag_bwd_ms + c->rs_ms)) < 1e-12);
+            assert_true(fabs(c->overhead_ms - 0.25 * cost_step_collectives(&m)) < 1e-12);
+            assert_true(cost_fwd_floor(&cm, false) == 0 && cost_bwd_floor(&cm, false) == 0);
+        } else {
+            assert_true(c->cpu_fwd_ms == 0 && c->cpu_bwd_ms == 0 && c->overhead_ms == 0);
+            assert_true(cost_fwd_floor(&cm, false) >= m.n_layer * (0.06 + 0.5 * blk / 1.6e9 * 1e3) - 1e-12);
+        }
+        cost_free(&cm), cluster_free(&cl);
+    }
+}
+
 /* An embedding reads the rows its tokens look up: once the table has more rows than a sample's
  * tokens, its size does not change the embedding's time (the backward without recompute is the
  * blocks' and the embedding's; the blocks do not see the vocabulary). */
@@ -481,6 +517,7 @@ int main(void) {
         cmocka_unit_test(test_bf16_refused_before_ampere),
         cmocka_unit_test(test_cpu_cores_shared),
         cmocka_unit_test(test_embedding_reads_rows),
+        cmocka_unit_test(test_cpu_loopback_collectives),
         cmocka_unit_test(test_step_check_line),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
