@@ -354,7 +354,7 @@ static int step_check_run(const popts *o, const char *worker, const job *j, prof
 static int run_step_check(const popts *o, const char *worker, const job *j, int step, int steps, const char *tmp,
                           profile *p) {
     int world = j->n_devices;
-    long b[2] = {world, o->check_batch > world ? o->check_batch : 4L * world};
+    long b[2] = {world, o->check_batch ? o->check_batch : 4L * world}; /* parse: > world */
     double pred[2], meas[2];
     fprintf(stderr, "cephalo profile: [%d/%d] step check: %d training steps at batch %ld and %ld on the %d devices\n",
             step, steps, o->quick ? 12 : 40, b[0], b[1], world);
