@@ -24,9 +24,9 @@ double paper_dp_solve(const cost_model *cm, int *batch, int *micro) {
     choice *C = xcalloc((size_t)(N + 1) * plane, sizeof *C);
     for (size_t x = 0; x < (size_t)(N + 1) * plane; x++) D[x] = INFINITY;
     D[0] = 0;
-    double even_state = (double)cm->even_state_params * STATE_BYTES_PER_PARAM;
+    double even_state = (double)cm->even_state_params * cm->state_bpp;
     /* constraint III as a bound on k: sum of fixed parts + the largest per-sample slope * k */
-    double budget = -(double)cm->params * STATE_BYTES_PER_PARAM, slope = 0;
+    double budget = -(double)cm->params * cm->state_bpp, slope = 0;
     for (int r = 0; r < N; r++) {
         const cost_group *g = &cm->groups[cost_group_of(cm, r)];
         budget += g->usable_bytes - g->m0;

@@ -173,15 +173,18 @@ void view_show(run_view *v, bool force) {
     for (int r = 1; r < v->world; r++) done = v->r[r].done < done ? v->r[r].done : done;
     double now = clock_now_s();
     if (done > 0 && v->t_first == 0) v->t_first = now, v->done_first = done;
+    if (done > v->done_seen) v->done_seen = done, v->t_seen = now;
     if (v->quiet || done == v->done_shown || (!force && now - v->t_shown < SHOW_EVERY_S)) return;
     char line[1024] = "", eta[32] = "-";
     append(line, sizeof line, "step %lld/%ld", done, v->j->train.steps);
     const view_point *pt = point_at(v, done - 1);
-    /* samples/s over the time since the last line (what the gang really did, logging and all),
-     * or from rank 0's step time when there is no full second to measure (the first line, the
-     * last) */
-    bool wall = v->done_shown > 0 && now - v->t_shown >= SHOW_EVERY_S;
-    double sps = wall ? (double)(done - v->done_shown) * v->j->batch / (now - v->t_shown) : pt ? v->j->batch * 1e3 / pt->step_ms : 0;
+    /* samples/s over the whole steps since the last line, from the moment the poll saw one step
+     * done to the moment it saw the other (what the gang really did, logging and all; timing
+     * from line to line instead counted one step in one second and three in the next), or from
+     * rank 0's step time when there is no such span (the first line) */
+    bool wall = v->done_shown > 0 && v->t_seen > v->t_seen_shown;
+    double sps = wall ? (double)(done - v->done_shown) * v->j->batch / (v->t_seen - v->t_seen_shown)
+                      : pt ? v->j->batch * 1e3 / pt->step_ms : 0;
     if (pt) append(line, sizeof line, " | loss %.4f", pt->loss);
     if (pt && v->last_val) append(line, sizeof line, " | val %.4f", v->last_val->val_loss);
     if (pt) append(line, sizeof line, " | %.0f samples/s", sps);
@@ -193,7 +196,7 @@ void view_show(run_view *v, bool force) {
     if (v->tty) fprintf(stderr, "\r%s\033[K", line);
     else fprintf(stderr, "%s\n", line);
     v->line_open = v->tty;
-    v->t_shown = now, v->done_shown = done;
+    v->t_shown = now, v->done_shown = done, v->t_seen_shown = v->t_seen;
 }
 
 void view_end_line(run_view *v) {

@@ -44,6 +44,9 @@ typedef struct run_view {
     long long done_first;
     double t_shown; /* the last progress line */
     long long done_shown;
+    double t_seen; /* when the poll first saw `done_seen` steps finished by every rank */
+    long long done_seen;
+    double t_seen_shown; /* t_seen as of the last progress line */
 } run_view;
 
 /* Empties the ranks' logs (a rerun's view starts afresh) and opens them for reading. */

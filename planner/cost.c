@@ -505,6 +505,7 @@ int cost_build(cost_model *cm, const model_spec *m, const cluster *cl, int seq, 
     if (model_check_seq(m, seq, &cm->seq, err) < 0) return -1;
     cm->tokens = model_tokens(m, cm->seq);
     cm->params = model_params(m);
+    cm->state_bpp = engine_state_bytes_per_param(opts->prec);
     int n = cl->n_devices;
     for (int u = 0; u < model_n_units(m); u++)
         cm->even_state_params += (model_unit_params(m, u) + n - 1) / n;

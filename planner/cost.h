@@ -92,6 +92,7 @@ typedef struct cost_model {
     cost_comm comm;
     int64_t params; /* P */
     int64_t even_state_params; /* sum over units of ceil(numel/N): the largest even share */
+    int state_bpp; /* device bytes of state per shard parameter (engine_state_bytes_per_param) */
 } cost_model;
 
 /* Builds the model for this cluster and global batch. Errors: bad batch, bad options, a precision

@@ -2,6 +2,8 @@
  * engine's allocations (see engine_mem.h). */
 #include "planner/engine_mem.h"
 
+#include "planner/cost.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -28,6 +30,18 @@ static bool vocab_pad_on(void) {
         vocab_pad = v && *v && strcmp(v, "0") != 0;
     }
     return vocab_pad == 1;
+}
+
+static int adamw_half = -1; /* -1: not read from the environment yet */
+
+void engine_set_adamw_half(int on) { adamw_half = on; }
+
+int engine_state_bytes_per_param(precision prec) {
+    if (adamw_half < 0) {
+        const char *v = getenv("CEPHALO_ADAMW");
+        adamw_half = v && strcmp(v, "half") == 0;
+    }
+    return STATE_BYTES_PER_PARAM + (adamw_half == 1 && precision_half(prec) ? 2 : 0);
 }
 
 int engine_vocab_ld(const model_spec *m) {

@@ -77,6 +77,13 @@ int engine_wide(const model_spec *m);
 int engine_vocab_ld(const model_spec *m);
 /* Tests: 1 on, 0 off, -1 from $CEPHALO_VOCAB_PAD again. */
 void engine_set_vocab_pad(int on);
+/* Device bytes of training state per parameter of a rank's shards: STATE_BYTES_PER_PARAM (fp32
+ * parameter, gradient and two AdamW moments), plus the 16-bit copy of the shard that
+ * $CEPHALO_ADAMW=half keeps in a bf16/fp16 run (worker/model/train.h; read once, by the planner
+ * and the worker alike, so the memory model counts what the worker allocates). */
+int engine_state_bytes_per_param(precision prec);
+/* Tests: 1 as if $CEPHALO_ADAMW were half, 0 any other mode, -1 from the environment again. */
+void engine_set_adamw_half(int on);
 /* Rows of logits the head materialises at once for microbatches of `micro` samples of T
  * tokens: all micro*T rows, or, when their logits would exceed ENGINE_HEAD_LOGITS_BYTES, as
  * many as fit, rounded down to a multiple of 64 (at least one row). */

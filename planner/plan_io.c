@@ -308,7 +308,7 @@ static cJSON *dump_header(const cost_model *cm) {
     cJSON_AddStringToObject(root, "model", cm->model->name);
     cJSON_AddNumberToObject(root, "batch", cm->batch);
     cJSON_AddNumberToObject(root, "params", (double)cm->params);
-    cJSON_AddNumberToObject(root, "state_bytes_per_param", STATE_BYTES_PER_PARAM);
+    cJSON_AddNumberToObject(root, "state_bytes_per_param", cm->state_bpp);
     cJSON_AddStringToObject(root, "objective",
                             "exposed + max(max_i l_i*fwd_i, fwd_collectives) + max(max_i l_i*bwd_i, bwd_collectives); "
                             "even state needs compute_bytes + state_bytes_per_param*even_state_params <= usable_bytes on every rank, "

@@ -97,10 +97,10 @@ static int state_waterfill(plan *p) {
         const cost_group *g = &cm->groups[cost_group_of(cm, i)];
         cap[i] = g->dev->memory_bytes;
         compute[i] = rank_compute_bytes(g, &p->ranks[i]);
-        room[i] = (int64_t)floor((g->usable_bytes - (double)compute[i]) / STATE_BYTES_PER_PARAM);
+        room[i] = (int64_t)floor((g->usable_bytes - (double)compute[i]) / cm->state_bpp);
     }
     for (int u = 0; u < p->n_units; u++) numel[u] = model_unit_params(cm->model, u);
-    int rc = split_waterfill(n, cap, compute, room, STATE_BYTES_PER_PARAM, cm->params, params);
+    int rc = split_waterfill(n, cap, compute, room, cm->state_bpp, cm->params, params);
     if (rc == 0) p->n_uneven_units = split_shards(p->n_units, numel, n, params, p->shards);
     free(cap), free(compute), free(room), free(params), free(numel);
     return rc;
@@ -128,7 +128,7 @@ static int finish(plan *p) {
         r->state_ratio = (double)r->state_params / (double)cm->params;
         r->compute_bytes = rank_compute_bytes(g, r);
         if (p->replicated) r->compute_bytes -= (int64_t)g->slot_bytes; /* nothing gathered */
-        r->state_bytes = r->state_params * STATE_BYTES_PER_PARAM;
+        r->state_bytes = r->state_params * cm->state_bpp;
         r->peak_bytes = r->compute_bytes + r->state_bytes;
         r->usable_bytes = g->usable_bytes;
         r->capacity_bytes = g->dev->memory_bytes;
@@ -183,15 +183,17 @@ typedef struct regime_problem {
 /* What the optimizer's keep_room reads: the group and whether the state is even. */
 typedef struct keep_ctx {
     const cost_group *g;
+    int state_bpp; /* cost_model.state_bpp */
 } keep_ctx;
 
-static int64_t room_of(const cost_group *g, int64_t compute) {
-    return (int64_t)floor((g->usable_bytes - (double)compute) / STATE_BYTES_PER_PARAM);
+/* Parameters of state that fit beside `compute` bytes, at bpp bytes each. */
+static int64_t room_of(const cost_group *g, int64_t compute, int bpp) {
+    return (int64_t)floor((g->usable_bytes - (double)compute) / bpp);
 }
 
 static int64_t keep_room(const void *ctx, int m, int l) {
-    const cost_group *g = ((const keep_ctx *)ctx)->g;
-    return room_of(g, cost_compute_bytes_mode(g, m, l, RECOMPUTE_NONE));
+    const keep_ctx *k = ctx;
+    return room_of(k->g, cost_compute_bytes_mode(k->g, m, l, RECOMPUTE_NONE), k->state_bpp);
 }
 
 /* The most microbatches of m a rank of g can keep with `state` bytes of state beside them (its
@@ -213,6 +215,7 @@ static void keep_option(const cost_model *cm, regime_problem *rp, int gi, double
     rp->keep_lmax[gi] = xcalloc((size_t)og->mmax + 1, sizeof(int));
     for (int m = 1; m <= og->mmax; m++) rp->keep_lmax[gi][m] = keep_count(g, m, cm->batch / m, state);
     rp->keep[gi].g = g;
+    rp->keep[gi].state_bpp = cm->state_bpp;
     og->k_keep = g->bwd_keep_ms;
     og->keep_lmax = rp->keep_lmax[gi];
     og->keep_room = keep_room;
@@ -238,7 +241,7 @@ static void build_problem(const cost_model *cm, regime_problem *rp, int mcap, in
     rp->room = xcalloc((size_t)cm->n_groups, sizeof *rp->room);
     rp->keep_lmax = xcalloc((size_t)cm->n_groups, sizeof *rp->keep_lmax);
     rp->keep = xcalloc((size_t)cm->n_groups, sizeof *rp->keep);
-    double even_state = (double)cm->even_state_params * STATE_BYTES_PER_PARAM;
+    double even_state = (double)cm->even_state_params * cm->state_bpp;
     for (int gi = 0; gi < cm->n_groups; gi++) {
         const cost_group *g = &cm->groups[gi];
         opt_group *og = &rp->groups[gi];
@@ -253,7 +256,7 @@ static void build_problem(const cost_model *cm, regime_problem *rp, int mcap, in
         if (uneven) {
             rp->room[gi] = xmalloc(((size_t)og->mmax + 1) * sizeof(int64_t));
             rp->room[gi][0] = 0;
-            for (int m = 1; m <= og->mmax; m++) rp->room[gi][m] = room_of(g, cost_compute_bytes(g, m));
+            for (int m = 1; m <= og->mmax; m++) rp->room[gi][m] = room_of(g, cost_compute_bytes(g, m), cm->state_bpp);
             og->room = rp->room[gi];
         }
         if (memory) keep_option(cm, rp, gi, uneven ? 0 : even_state);
@@ -348,10 +351,10 @@ static int explain_infeasible(plan *p, int mcap) {
         }
         room_sum += g->usable_bytes - need;
     }
-    double state = (double)cm->params * STATE_BYTES_PER_PARAM;
+    double state = (double)cm->params * cm->state_bpp;
     if (state > room_sum)
         return infeasible(p, "the training state (%s = %d B x %.4g params) does not fit: the devices have %s usable after compute at microbatch 1; %s missing in all (add devices or memory)",
-                          str_bytes(state, a, sizeof a), STATE_BYTES_PER_PARAM, (double)cm->params,
+                          str_bytes(state, a, sizeof a), cm->state_bpp, (double)cm->params,
                           str_bytes(room_sum, b, sizeof b), str_bytes(state - room_sum, c, sizeof c));
     /* the job may have forced every rank to keep its activations */
     const char *rec = cm->opts.recompute == RECOMPUTE_FORCE_NONE
@@ -451,7 +454,7 @@ static int make_cb(plan *p) {
 int plan_evaluate(const cost_model *cm, const int *batch, const int *micro, plan *out, err_t *err) {
     plan_alloc(out, cm, STRAT_CEPHALO);
     bool even = true;
-    double even_state = (double)cm->even_state_params * STATE_BYTES_PER_PARAM;
+    double even_state = (double)cm->even_state_params * cm->state_bpp;
     for (int i = 0; i < out->n_ranks; i++) {
         const cost_group *g = &cm->groups[cost_group_of(cm, i)];
         if (micro[i] < 1 || batch[i] < micro[i] || batch[i] % micro[i] || micro[i] > g->mlimit)

@@ -10,6 +10,7 @@ passed=0
 failed=0
 failures=()
 for t in "$@"; do
+  t0=$SECONDS
   out=$(CMOCKA_MESSAGE_OUTPUT=stdout "$t" 2>&1)
   rc=$?
   p=$(grep -Eo '^\[  PASSED  \] [0-9]+ test' <<<"$out" | grep -Eo '[0-9]+' | head -1)
@@ -23,10 +24,11 @@ for t in "$@"; do
     failures+=("$(basename "$t")")
     echo "$out" | grep -E '^\[  (FAILED|ERROR) +\]|^\[ +LINE +\]|error|Error' | head -40
   fi
-  printf '%-28s %4d passed %4d failed\n' "$(basename "$t")" "$p" "$f"
+  printf '%-28s %4d passed %4d failed %5ds\n' "$(basename "$t")" "$p" "$f" $((SECONDS - t0))
 done
 for s in tests/cli/test_*.sh; do
   [ -e "$s" ] || continue
+  t0=$SECONDS
   out=$(BUILD=${BUILD:-build/rel} bash "$s" 2>&1)
   p=$(grep -c '^ok ' <<<"$out")
   f=$(grep -c '^not ok ' <<<"$out")
@@ -34,7 +36,7 @@ for s in tests/cli/test_*.sh; do
   passed=$((passed + p))
   failed=$((failed + f))
   [ "$f" -ne 0 ] && { failures+=("$(basename "$s")"); grep -A8 '^not ok ' <<<"$out" | head -60; }
-  printf '%-28s %4d passed %4d failed\n' "$(basename "$s")" "$p" "$f"
+  printf '%-28s %4d passed %4d failed %5ds\n' "$(basename "$s")" "$p" "$f" $((SECONDS - t0))
 done
 [ ${#failures[@]} -gt 0 ] && echo "failing: ${failures[*]}"
 echo "$passed passed, $failed failed"

@@ -118,6 +118,21 @@ for r, rk in enumerate(plan['ranks']):
     peak = json.loads(open(f'$T/memb/rank{r}.jsonl').readlines()[-1])['peak_bytes']
     assert peak == rk['predicted']['peak_bytes'], (r, peak, rk['predicted']['peak_bytes'])
 "
+# CEPHALO_ADAMW=half keeps a 16-bit copy of each shard (2 bytes per shard parameter): the planner
+# reads the same variable and counts it, so the plan and the workers still agree to the byte
+CEPHALO_ADAMW=half $C plan --cluster examples/clusters/local-cpu.yaml --model tiny-gpt --batch 8 --precision bf16 \
+  -o "$T/pmh.json" >/dev/null
+CEPHALO_ADAMW=half run_ranks "$T/pmh.json" "$T/memh" --steps 2
+check "bf16, CEPHALO_ADAMW=half: each rank's peak equals the predicted peak, 2 bytes per shard parameter above the default's" 0 "" -- $PY -c "
+import json
+base, half = json.load(open('$T/pmb.json')), json.load(open('$T/pmh.json'))
+for r, rk in enumerate(half['ranks']):
+    peak = json.loads(open(f'$T/memh/rank{r}.jsonl').readlines()[-1])['peak_bytes']
+    assert peak == rk['predicted']['peak_bytes'], (r, peak, rk['predicted']['peak_bytes'])
+    b = base['ranks'][r]
+    assert rk['predicted']['state_bytes'] == 18 * rk['state_params'], (r, rk)
+    assert b['predicted']['state_bytes'] == 16 * b['state_params'], (r, b)
+"
 
 # ---- bad input ----
 check "--precision fp8 is refused" 2 "--precision: 'fp8' is not fp32, bf16 or fp16" -- \

@@ -40,15 +40,21 @@ check "worker profile: --precision fp8 is refused" 2 "--precision: 'fp8' is not 
 # the step check: a short real training run against the plan made from the fresh profile
 "$C" profile --devices cpu:1t:512Mx2 --model tiny-gpt --max-micro 2 --quick -o "$T/p3.json" 2>"$T/p3.err"
 check "the step check trains on the devices at two batches and compares with the predictions" 0 "" -- \
-  bash -c "grep -q '\[3/3\] step check: 12 training steps at batch 2 and 8 on the 2 devices' '$T/p3.err' && grep -qE 'step check: measured [0-9.]+ and [0-9.]+ ms per step against [0-9.]+ and [0-9.]+ predicted: times scaled by [0-9.]+, [0-9.]+ ms added per step' '$T/p3.err'"
-check "--check-batch: the step check's larger batch" 0 "step check: 12 training steps at batch 2 and 6 on the 2 devices" -- \
+  bash -c "grep -q '\[3/3\] step check: 8 training steps at batch 2 and 8 on the 2 devices, twice each' '$T/p3.err' && grep -qE 'step check: measured [0-9.]+ and [0-9.]+ ms per step \(runs: [0-9.]+, [0-9.]+ and [0-9.]+, [0-9.]+\) against [0-9.]+ and [0-9.]+ predicted: times scaled by [0-9.]+, [0-9.]+ ms added per step' '$T/p3.err'"
+check "the step check: each batch's measured time is the faster of its two runs" 0 "" -- python3 -c "
+import re
+m = re.search(r'measured ([0-9.]+) and ([0-9.]+) ms per step \(runs: ([0-9.]+), ([0-9.]+) and ([0-9.]+), ([0-9.]+)\)', open('$T/p3.err').read())
+small, large, s1, s2, l1, l2 = map(float, m.groups())
+assert small == min(s1, s2) and large == min(l1, l2), m.group(0)
+"
+check "--check-batch: the step check's larger batch" 0 "step check: 8 training steps at batch 2 and 6 on the 2 devices" -- \
   "$C" profile --devices cpu:1t:512Mx2 --model tiny-gpt --max-micro 2 --quick --check-batch 6 -o "$T/p4.json"
 check "--check-batch not above the device count is refused" 2 "--check-batch 2: expected more than the 2 devices" -- \
   "$C" profile --devices cpu:1t:512Mx2 --model tiny-gpt --check-batch 2 -o "$T/p5.json"
 check "... and records the line through both on every entry (measured = overhead + scale x predicted)" 0 "" -- python3 -c "
 import json, re
 p = json.load(open('$T/p3.json'))
-g = re.search(r'measured ([0-9.]+) and ([0-9.]+) ms per step against ([0-9.]+) and ([0-9.]+) predicted: times scaled by ([0-9.]+), ([0-9.]+) ms added', open('$T/p3.err').read())
+g = re.search(r'measured ([0-9.]+) and ([0-9.]+) ms per step \(runs: [^)]*\) against ([0-9.]+) and ([0-9.]+) predicted: times scaled by ([0-9.]+), ([0-9.]+) ms added', open('$T/p3.err').read())
 m0, m1, p0, p1, scale, over = map(float, g.groups())
 for e in p['entries']:
     assert abs(e['step_scale'] - scale) < 1e-3 and abs(e['step_overhead_ms'] - over) < 1e-2, e

@@ -31,7 +31,7 @@ n_entries() { find "$T/cache" -name '*.json' | wc -l; }
 check "first run: profiles the devices before planning, with progress" 0 "profiling the devices for tiny-gpt before planning" -- \
   bash -c "'$C' run '$T/a.yaml' --run-dir '$T/r1' 2>&1 | tee '$T/r1.out'; exit \${PIPESTATUS[0]}"
 check "... its step check trains the job's own batch (4), where the plan will run" 0 \
-  "step check: 12 training steps at batch 2 and 4 on the 2 devices" -- cat "$T/r1.out"
+  "step check: 8 training steps at batch 2 and 4 on the 2 devices" -- cat "$T/r1.out"
 check "... and plans from what it measured" 0 "" -- python3 -c "
 import json; p = json.load(open('$T/r1/plan.json'))
 assert p['inputs']['costs'] == 'profiled' and all(r['measured'] for r in p['ranks']), p['inputs']"

@@ -350,8 +350,8 @@ static double model_cost(const cost_model *cm, const int *batch, const int *micr
         /* recompute none keeps l microbatches' intermediates: M(m) + keep_m1*m + keep_ml*m*l */
         double mem = (double)cost_compute_bytes_mode(g, m, l, keep[i] ? RECOMPUTE_NONE : RECOMPUTE_FULL);
         if (mem > g->usable_bytes) return INFINITY; /* constraint II */
-        if (mem + (double)cm->even_state_params * STATE_BYTES_PER_PARAM > g->usable_bytes) even_ok = false;
-        room += (int64_t)floor((g->usable_bytes - mem) / STATE_BYTES_PER_PARAM);
+        if (mem + (double)cm->even_state_params * cm->state_bpp > g->usable_bytes) even_ok = false;
+        room += (int64_t)floor((g->usable_bytes - mem) / cm->state_bpp);
         F = fmax(F, l * g->fwd_ms[m]);
         K = fmax(K, l * (keep[i] ? g->bwd_keep_ms : g->bwd_ms)[m]);
     }

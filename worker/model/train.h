@@ -28,7 +28,8 @@
  *   half    unit, and a bf16/fp16 run keeps a 16-bit copy of each shard that the update writes
  *           in the same pass; gathers send that copy (one rank: it is widened directly) instead
  *           of rounding the fp32 shard before every gather. It costs 2 bytes per shard parameter
- *           of device memory that the planner does not count (an experiment to measure). */
+ *           of device memory, which the planner counts when it sees the same variable
+ *           (engine_state_bytes_per_param; an experiment to measure). */
 typedef enum { ADAMW_TENSOR = 0, ADAMW_UNIT = 1, ADAMW_HALF = 2 } adamw_mode;
 #define ADAMW_MODE_CHOICES "tensor, unit or half"
 bool adamw_mode_parse(const char *s, adamw_mode *out);
