@@ -167,21 +167,28 @@ assert json.loads(meta['cephalo.train'])['precision'] == 'fp16'
 "
 
 # ---- 200 steps of demo-gpt: fp16 ends within 2% of fp32 ----
+# A numerical property of the arithmetic, which the sanitizers do not change: the sanitizer run
+# (where these two runs took 150 of the script's 160 s) trains 20 steps of each, for the memory
+# checks of the same code, and compares the losses only where they have had time to fall.
+demo_steps=200
+case "${BUILD:-build/rel}" in *san*) demo_steps=20 ;; esac
 demo() {
-  "$W" train --data synthetic --quiet --model examples/models/demo-gpt.yaml --batch 4 --steps 200 --lr 1e-3 \
+  "$W" train --data synthetic --quiet --model examples/models/demo-gpt.yaml --batch 4 --steps $demo_steps --lr 1e-3 \
     --warmup 10 --threads 2 --log "$T/demo-$1.jsonl" "${@:2}"
 }
 demo fp32 && demo fp16 --precision fp16
-check "demo-gpt, 200 steps: fp16's final loss within 2% of fp32's, no step skipped" 0 "" -- $PY -c "
-import json
+check "demo-gpt, $demo_steps steps: fp16's final loss within 2% of fp32's (at 200), no step skipped" 0 "" -- $PY -c "
+import json, math
 a = [json.loads(l) for l in open('$T/demo-fp32.jsonl')]
 b = [json.loads(l) for l in open('$T/demo-fp16.jsonl')]
-assert len(a) == len(b) == 200
-la, lb = sum(x['loss'] for x in a[-10:]) / 10, sum(x['loss'] for x in b[-10:]) / 10
-print(f'last-10 mean loss: fp32 {la:.4f}, fp16 {lb:.4f}, first {a[0][\"loss\"]:.4f}')
-assert abs(la - lb) <= 0.02 * la, (la, lb)
-assert la < 0.7 * a[0]['loss'], 'the demo did not learn'
+assert len(a) == len(b) == $demo_steps
+assert all(math.isfinite(x['loss']) for x in a + b)
 assert not any(x['skipped'] for x in b)
+if $demo_steps == 200:
+    la, lb = sum(x['loss'] for x in a[-10:]) / 10, sum(x['loss'] for x in b[-10:]) / 10
+    print(f'last-10 mean loss: fp32 {la:.4f}, fp16 {lb:.4f}, first {a[0][\"loss\"]:.4f}')
+    assert abs(la - lb) <= 0.02 * la, (la, lb)
+    assert la < 0.7 * a[0]['loss'], 'the demo did not learn'
 "
 
 # ---- bad input ----
