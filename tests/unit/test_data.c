@@ -405,6 +405,17 @@ static void test_shard_header_errors(void **state) {
     expect_open_error(p, 4, 256, DATA_CLM, p, "negative token count -3");
     free(b);
 
+    /* the tokenizer marker with a kind no tokenizer has: the in-memory check refuses it as the
+     * file path does (fuzz_shard found them disagreeing) */
+    b = raw_shard(20240520, 1, 20, 20, &len);
+    uint32_t slots[2] = {DATA_SHARD_TOKID_MARK, 22272};
+    memcpy(b + 12, slots, sizeof slots);
+    write_raw(p, b, len);
+    expect_open_error(p, 4, 256, DATA_CLM, "carry the tokenizer marker but kind 22272", "not a tokenizer identity");
+    assert_int_equal(data_shard_check("x.bin", b, len, &n, &err), -1);
+    assert_msg_has(err, "x.bin: header slots 3..7 carry the tokenizer marker but kind 22272");
+    free(b);
+
     expect_open_error(P("missing.bin"), 4, 256, DATA_CLM, "missing.bin: cannot open", NULL);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "mkdir -p '%s/emptydir'", dir);

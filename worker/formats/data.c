@@ -167,8 +167,11 @@ static void unmap(mapping *m) {
 /* token shards                                                                                */
 
 /* hdr holds min(file_len, 1024) bytes of the file. */
+/* Every field of a token shard's header, the tokenizer identity slots included: the one check
+ * of the in-memory and the file paths (they once disagreed on a header whose slots carried the
+ * tokenizer marker and a kind no tokenizer has). */
 static int shard_check_header(const char *name, const uint8_t *hdr, size_t file_len, int64_t *n_tokens, int *ver,
-                              err_t *err) {
+                              tok_id *tokenizer, err_t *err) {
     if (file_len < DATA_SHARD_HEADER_BYTES)
         return err_set(err, "%s: file is %zu bytes, shorter than the %d-byte header of an llm.c token shard", name,
                        file_len, DATA_SHARD_HEADER_BYTES);
@@ -191,14 +194,15 @@ static int shard_check_header(const char *name, const uint8_t *hdr, size_t file_
                        (file_len - DATA_SHARD_HEADER_BYTES) % size ? (size == 2 ? " and an odd byte" : " and odd bytes") : "");
     *n_tokens = count;
     *ver = version;
-    return 0;
+    return data_shard_tokenizer(name, hdr, tokenizer, err);
 }
 
 int data_shard_check_version(const char *name, const void *buf, size_t len, int64_t *n_tokens, int *version,
                              err_t *err) {
     uint8_t hdr[DATA_SHARD_HEADER_BYTES] = {0};
     memcpy(hdr, buf, len < sizeof hdr ? len : sizeof hdr);
-    return shard_check_header(name, hdr, len, n_tokens, version, err);
+    tok_id id;
+    return shard_check_header(name, hdr, len, n_tokens, version, &id, err);
 }
 
 int data_shard_check(const char *name, const void *buf, size_t len, int64_t *n_tokens, err_t *err) {
@@ -817,8 +821,7 @@ static int open_shard(shard *sh, const char *path, int seq, err_t *err) {
     size_t len;
     sh->path = xstrdup(path);
     if (map_file(path, &sh->map, hdr, sizeof hdr, &len, err) < 0) return -1;
-    if (shard_check_header(path, hdr, len, &sh->n_tokens, &sh->version, err) < 0) return -1;
-    if (data_shard_tokenizer(path, hdr, &sh->tok, err) < 0) return -1;
+    if (shard_check_header(path, hdr, len, &sh->n_tokens, &sh->version, &sh->tok, err) < 0) return -1;
     sh->n_windows = sh->n_tokens >= (int64_t)seq + 1 ? (sh->n_tokens - 1) / seq : 0;
     return open_mask(sh, err);
 }
