@@ -241,16 +241,19 @@ assert "progress view: step, loss, samples/s, ETA, memory per rank" grep -Eq \
   '^step 5/5 \| loss 4\.6000 \| [0-9]+ samples/s \| ETA 0:00 \| mem r0 1\.0/512M r1 2\.0/256M r2 3\.0/256M$' <<<"$out"
 # samples/s over whole steps: with a step every 0.6 s (global batch 16: 26.7 samples/s), counting
 # the steps between two lines over the time between the lines (a line at most once a second)
-# showed 16 and 32 in turn
+# showed 16 and 32 in turn, max/min 2. Whole steps between the moments the poll saw them are off
+# only by the poll's lateness (100 ms a poll, more on a loaded host): bounds that hold up to
+# 0.4 s of it, which a line-to-line rate cannot meet.
 env FAKE_STEP_S=0.6 "$C" run "$T/three.yaml" --run-dir "$T/r-steady" --steps 10 >"$T/steady.out" 2>&1
-assert "progress view: samples/s is steady for a steady gang (a step every 0.6 s)" python3 -c "
-import re
+check "progress view: samples/s is steady for a steady gang (a step every 0.6 s)" 0 "" -- python3 -c "
+import re, statistics
 out = open('$T/steady.out').read()
 batch = int(re.search(r'^cephalo plan: .*, batch ([0-9]+),', out, re.M).group(1))
 v = [float(x) for x in re.findall(r'^step [0-9]+/10 .*\| ([0-9.]+) samples/s', out, re.M)]
 v = v[1:]  # the first line has only the worker's own step_ms (50 ms in the fake)
 assert len(v) >= 3, v
-assert max(v) <= 1.15 * batch / 0.6 and min(v) >= 0.6 * batch / 0.6 and max(v) / min(v) <= 1.35, (batch, v)
+assert max(v) / min(v) <= 1.6, ('not steady', v)
+assert 0.6 <= statistics.median(v) / (batch / 0.6) <= 1.25, ('not the gang rate', batch, v)
 "
 env FAKE_STEP_S=0.3 FAKE_LATE_RANK=2 "$C" run "$T/three.yaml" --run-dir "$T/r-late" --steps 5 >"$T/late.out" 2>&1
 assert "progress view: the step every rank has finished" bash -c "! grep '^step [1-3]/5' '$T/late.out' && grep -q '^step 5/5' '$T/late.out'"
