@@ -343,7 +343,8 @@ bench: deps $(BENCH) $(CLI) $(WORKER) $(BENCH_TOK) $(BENCH_SAMPLE) $(BENCH_COMM)
 
 # libFuzzer targets (clang), built apart from the normal objects.
 FUZZ_BUILD := build/fuzz
-FUZZ_CFLAGS := -std=c17 -g -O1 -fsanitize=fuzzer,address,undefined $(CPPFLAGS) -Wall -Wextra -Werror
+FUZZ_FLAGS := -std=c17 -g -O1 $(CPPFLAGS) -Wall -Wextra -Werror
+FUZZ_CFLAGS := -fsanitize=fuzzer,address,undefined $(FUZZ_FLAGS)
 # The parsers fuzzed need neither BLAS nor OpenMP: only these worker modules are linked in.
 FUZZ_WORKER_SRC := $(wildcard worker/formats/*.c)
 # the watch-stream parser alone: it has no libcurl dependency (the loop is in watch_loop.c)
@@ -354,7 +355,7 @@ FUZZ_LIB_SRC := $(COMMON_SRC) $(PLANNER_SRC) $(CLI_SRC) $(FUZZ_WORKER_SRC) $(FUZ
 FUZZ_LIB_OBJ := $(patsubst %.c,$(FUZZ_BUILD)/obj/%.o,$(FUZZ_LIB_SRC))
 $(FUZZ_BUILD)/obj/%.o: %.c | $(VERSION_H)
 	@mkdir -p $(dir $@)
-	clang $(subst fuzzer,fuzzer-no-link,$(FUZZ_CFLAGS)) -MMD -MP -c $< -o $@
+	clang -fsanitize=fuzzer-no-link,address,undefined $(FUZZ_FLAGS) -MMD -MP -c $< -o $@
 $(FUZZ_BUILD)/%: fuzz/%.c $(FUZZ_LIB_OBJ) | $(VERSION_H)
 	@mkdir -p $(dir $@)
 	clang $(FUZZ_CFLAGS) -o $@ $^ -lyaml -lcjson -lm

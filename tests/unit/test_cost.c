@@ -443,6 +443,31 @@ static void test_cpu_loopback_collectives(void **state) {
     }
 }
 
+/* $CEPHALO_ADAMW=half's 16-bit shard copy is state: 2 bytes a parameter more in a bf16/fp16 plan,
+ * nothing in fp32 (the mode is `unit` there); the cost model carries what the strategies use. */
+static void test_state_bytes_adamw_half(void **state) {
+    (void)state;
+    static const char two[] = "nodes: [{name: a, gpus: [{type: cpu, count: 2, threads: 1, memory_gib: 1}]}]\n";
+    static model_spec m;
+    err_t err;
+    assert_int_equal(model_resolve("tiny-gpt", &m, &err), 0);
+    const precision precs[3] = {PREC_FP32, PREC_BF16, PREC_FP16};
+    for (int half = 0; half <= 1; half++)
+        for (int k = 0; k < 3; k++) {
+            engine_set_adamw_half(half);
+            int want = STATE_BYTES_PER_PARAM + (half && precs[k] != PREC_FP32 ? 2 : 0);
+            assert_int_equal(engine_state_bytes_per_param(precs[k]), want);
+            cluster cl;
+            cost_model cm;
+            cost_opts co = {.prec = precs[k], .mem_cap = 0.8};
+            assert_int_equal(cluster_load_string("c.yaml", two, strlen(two), &cl, &err), 0);
+            assert_int_equal(cost_build(&cm, &m, &cl, 64, 8, &co, &err), 0);
+            assert_int_equal(cm.state_bpp, want);
+            cost_free(&cm), cluster_free(&cl);
+        }
+    engine_set_adamw_half(-1);
+}
+
 /* An embedding reads the rows its tokens look up: once the table has more rows than a sample's
  * tokens, its size does not change the embedding's time (the backward without recompute is the
  * blocks' and the embedding's; the blocks do not see the vocabulary). */
@@ -518,6 +543,7 @@ int main(void) {
         cmocka_unit_test(test_cpu_cores_shared),
         cmocka_unit_test(test_embedding_reads_rows),
         cmocka_unit_test(test_cpu_loopback_collectives),
+        cmocka_unit_test(test_state_bytes_adamw_half),
         cmocka_unit_test(test_step_check_line),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
