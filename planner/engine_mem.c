@@ -44,6 +44,18 @@ int engine_state_bytes_per_param(precision prec) {
     return STATE_BYTES_PER_PARAM + (adamw_half == 1 && precision_half(prec) ? 2 : 0);
 }
 
+static int acts16 = -1; /* -1: not read from the environment yet */
+
+void engine_set_acts16(int on) { acts16 = on; }
+
+bool engine_acts16(precision prec) {
+    if (acts16 < 0) {
+        const char *v = getenv("CEPHALO_ACTS");
+        acts16 = v && strcmp(v, "16") == 0;
+    }
+    return acts16 == 1 && precision_half(prec);
+}
+
 int engine_vocab_ld(const model_spec *m) {
     bool no_bias = m->arch == ARCH_GPT || m->arch == ARCH_LLAMA;
     if (!no_bias || !vocab_pad_on()) return m->vocab;
@@ -115,6 +127,18 @@ unsigned engine_saved_mask(const model_spec *m, unit_kind k) {
     return 0;
 }
 
+unsigned engine_saved_half_mask(const model_spec *m) {
+    unsigned mask = B(ES_QKV) | B(ES_ATT) | B(ES_FC) | B(ES_ACT) | B(ES_UP) | B(ES_PATCHES);
+    /* BERT's post-LN blocks keep the residual stream in ln1 and ln2 */
+    return m->arch == ARCH_BERT ? mask : mask | B(ES_LN1) | B(ES_LN2);
+}
+
+unsigned engine_acts16_work_mask(const model_spec *m, recompute_mode r, precision prec) {
+    if (r != RECOMPUTE_NONE || !engine_acts16(prec)) return 0;
+    return engine_saved_half_mask(m) &
+           (engine_saved_mask(m, UNIT_EMBEDDING) | engine_saved_mask(m, UNIT_BLOCK));
+}
+
 static int kept_of(int kept) { return kept > 0 ? kept : 1; }
 
 int engine_saved_sets(const model_spec *m, recompute_mode r, int kept) {
@@ -134,19 +158,30 @@ int engine_saved_set_of(const model_spec *m, recompute_mode r, int kept, int uni
     return 1 + unit * kept_of(kept) + j;
 }
 
-int64_t engine_workspace_bytes(const model_spec *m, int max_m, int seq, recompute_mode r, int kept) {
+int64_t engine_saved_bytes(const model_spec *m, const engine_workspace *w, recompute_mode r,
+                           precision prec, int set, engine_saved s) {
+    bool half = set > 0 && (engine_acts16_work_mask(m, r, prec) >> s & 1);
+    return engine_saved_floats(w, s) * (half ? 2 : 4);
+}
+
+int64_t engine_workspace_bytes(const model_spec *m, int max_m, int seq, recompute_mode r, int kept,
+                               precision prec) {
     engine_workspace w = engine_workspace_floats(m, max_m, seq);
     bool llama = m->arch == ARCH_LLAMA;
     /* scratch: the gradients of the attention output, residual and norm (nd), of q|k|v (nq), of
      * the MLP hidden and activation (Llama: and of the up projection), one chunk of logits and
      * its row losses, the ViT class-token rows */
-    int64_t f = 3 * w.nd + w.nq + (llama ? 3 : 2) * w.nf + w.nlogits + w.nloss + w.nrows;
+    int64_t bytes = 4 * (3 * w.nd + w.nq + (llama ? 3 : 2) * w.nf + w.nlogits + w.nloss + w.nrows);
     for (int set = 0; set < engine_saved_sets(m, r, kept); set++) {
         unsigned mask = engine_saved_set_mask(m, r, kept, set);
         for (int b = 0; b < ES_COUNT; b++)
-            if (mask & B(b)) f += engine_saved_floats(&w, (engine_saved)b);
+            if (mask & B(b)) bytes += engine_saved_bytes(m, &w, r, prec, set, (engine_saved)b);
     }
-    return f * 4;
+    /* 16-bit kept sets: the fp32 copy the unit at work computes in */
+    unsigned work = engine_acts16_work_mask(m, r, prec);
+    for (int b = 0; b < ES_COUNT; b++)
+        if (work & B(b)) bytes += 4 * engine_saved_floats(&w, (engine_saved)b);
+    return bytes;
 }
 
 int64_t engine_head_bytes(const model_spec *m, int seq, int micro) {
@@ -163,7 +198,7 @@ int64_t engine_max_unit_params(const model_spec *m) {
 
 int64_t engine_compute_bytes(const model_spec *m, int seq, int micro, engine_opts o) {
     int64_t rows = (int64_t)micro * model_tokens(m, seq);
-    int64_t bytes = engine_workspace_bytes(m, micro, seq, o.recompute, o.kept);
+    int64_t bytes = engine_workspace_bytes(m, micro, seq, o.recompute, o.kept, o.prec);
     /* unit input, output, output and input gradients */
     bytes += (o.double_buffer ? 8 : 4) * rows * m->d_model * 4;
     bytes += 2 * rows * 4; /* token ids and targets (int32) */

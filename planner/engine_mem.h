@@ -59,8 +59,29 @@ unsigned engine_saved_set_mask(const model_spec *m, recompute_mode r, int kept, 
 /* The set of unit u's forward for the j-th kept microbatch (0 <= j < kept). */
 int engine_saved_set_of(const model_spec *m, recompute_mode r, int kept, int unit, int j);
 
-/* Bytes of the whole workspace: scratch plus every saved set. */
-int64_t engine_workspace_bytes(const model_spec *m, int max_m, int seq, recompute_mode r, int kept);
+/* 16-bit activations (issue 28, item 4; docs/cuda.md): in a bf16/fp16 run with $CEPHALO_ACTS=16
+ * (read once, by the planner and the worker alike) every buffer that holds an operand of a GEMM
+ * or of attention, and those operands' gradients, holds values rounded to the run's 16-bit format
+ * when they are produced, as PyTorch autocast's bf16/fp16 tensors; the residual stream and its
+ * gradient, the norms' statistics, the attention log-sum-exp and everything of the optimizer stay
+ * fp32. With recompute none the kept sets store those buffers in 2 bytes a value; the unit at
+ * work computes in one fp32 copy of them. With full nothing is kept, so only the values change. */
+bool engine_acts16(precision prec);
+/* Tests: 1 as if $CEPHALO_ACTS were 16, 0 as if 32, -1 from the environment again. */
+void engine_set_acts16(int on);
+/* The saved buffers that hold 16-bit values in such a run (BERT's ln1 and ln2 hold its residual
+ * stream and stay fp32). */
+unsigned engine_saved_half_mask(const model_spec *m);
+/* The 16-bit buffers the kept sets of a run store in 2 bytes, which the unit at work computes in
+ * an fp32 copy of: 0 unless recompute none with 16-bit activations. */
+unsigned engine_acts16_work_mask(const model_spec *m, recompute_mode r, precision prec);
+/* Bytes of buffer s in saved set `set` (sets after 0 store the work mask's buffers in 2 bytes). */
+int64_t engine_saved_bytes(const model_spec *m, const engine_workspace *w, recompute_mode r,
+                           precision prec, int set, engine_saved s);
+/* Bytes of the whole workspace: scratch plus every saved set (and the fp32 working copy of
+ * 16-bit kept sets). */
+int64_t engine_workspace_bytes(const model_spec *m, int max_m, int seq, recompute_mode r, int kept,
+                               precision prec);
 /* Width of the fused q|k|v projection and of the MLP buffers. */
 int engine_qkv_width(const model_spec *m);
 int engine_wide(const model_spec *m);

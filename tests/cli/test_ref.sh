@@ -20,7 +20,7 @@ fi
 TMO=""
 command -v timeout >/dev/null && TMO="timeout 600"
 
-# case NAME MODEL [extra worker flags...]
+# case NAME MODEL [extra worker flags...]; $OARGS: the oracle's extra arguments
 case_() {
   local name=$1 model=$2
   shift 2
@@ -32,7 +32,7 @@ case_() {
     echo "not ok - $name: worker failed (exit $rc): $(tail -3 <<<"$out" | tr '\n' ' ')"
     return
   fi
-  out=$("$PY" "$ORACLE" "$dir" "$log" 2>&1)
+  out=$("$PY" "$ORACLE" "$dir" "$log" ${OARGS:-} 2>&1)
   rc=$?
   # forward the oracle's lines, naming the case; "# " notes stay comments
   sed -e "s/^ok - /ok - $name: /" -e "s/^not ok - /not ok - $name: /" -e '/^\(ok\|not ok\|#\) /!s/^/# /' <<<"$out"
@@ -50,7 +50,17 @@ case_ tiny-vit tiny-vit
 case_ tiny-gpt-linear tiny-gpt --schedule linear --min-lr 2e-4
 case_ tiny-llama-constant tiny-llama --schedule constant
 
-# The Hugging Face export: a transformers-style forward on the exported weights equals the
+# 16-bit activations ($CEPHALO_ACTS=16, docs/cuda.md): the CPU device rounds every GEMM and
+# attention operand and their gradients to bf16 (fp16) where they are produced, as autocast's
+# tensors; against the float64 oracle with its bf16 tolerances, every architecture, and fp16
+# (finer than bf16: the same tolerances hold) for the two decoder families.
+for model in tiny-gpt tiny-llama tiny-bert tiny-vit; do
+  CEPHALO_ACTS=16 OARGS="--precision bf16" case_ "$model-bf16-acts16" "$model" --precision bf16
+done
+for model in tiny-gpt tiny-llama; do
+  CEPHALO_ACTS=16 OARGS="--precision bf16" case_ "$model-fp16-acts16" "$model" --precision fp16
+done
+ a transformers-style forward on the exported weights equals the
 # oracle's forward on the same run's final parameters.
 export_case() {
   local model=$1 dir=$T/export-$1 out rc

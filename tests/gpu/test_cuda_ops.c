@@ -1462,6 +1462,40 @@ static void test_bf16(void **state) {
 /* ---------------------------------------------------------------------------------------------
  * host memory, streams and events */
 
+/* round_half (16-bit activations): the CPU device's bits for every input, NaNs by class (their
+ * payloads differ between the devices' widenings only in bits no test reads), for both formats;
+ * elements past n untouched. */
+static void test_round_half(void **state) {
+    (void)state;
+    seed(1500);
+    int64_t n = 1000003;
+    uint32_t *bits = h_alloc((size_t)(n + 1) * 4);
+    bits[n] = 0x40e00000u; /* 7.0: the element past n, which must stay */
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t e = 90 + (uint32_t)(rnd64() % 70); /* 2^-37 .. 2^32: subnormal to overflow */
+        bits[i] = i % 7 ? (uint32_t)(rnd64() >> 63) << 31 | e << 23 | (uint32_t)(rnd64() >> 41)
+                        : (uint32_t)(rnd64() >> 32); /* any pattern: NaNs, infs, fp32 subnormals */
+    }
+    for (int fmt = 0; fmt < 2; fmt++) {
+        precision p = fmt ? PREC_FP16 : PREC_BF16;
+        float *want = hdup((const float *)bits, n);
+        REF->ops->round_half(REF, want, n, p);
+        float *gx = g_up((const float *)bits, n + 1);
+        GPU->ops->round_half(GPU, gx, n, p);
+        float *got = g_down(gx, n + 1);
+        expect_all("round_half tail", got + n, 1, 7.0f);
+        for (int64_t i = 0; i < n; i++) {
+            uint32_t u, w;
+            memcpy(&u, &got[i], 4);
+            memcpy(&w, &want[i], 4);
+            if (u != w && !(isnan(got[i]) && isnan(want[i])))
+                fail_msg("round_half %s [%lld]: 0x%08x -> 0x%08x, the CPU gives 0x%08x",
+                         fmt ? "fp16" : "bf16", (long long)i, bits[i], u, w);
+        }
+        GPU->ops->round_half(GPU, gx, 0, p); /* n = 0: no launch */
+    }
+}
+
 static void test_streams(void **state) {
     (void)state;
     const dev_ops *o = GPU->ops;
@@ -1744,7 +1778,7 @@ int main(void) {
         T(test_activations), T(test_rope),        T(test_attention), T(test_xent),
         T(test_rope_at),     T(test_attention_cached),
         T(test_attention_head_dims), T(test_attention_mma), T(test_fp16),
-        T(test_patchify),    T(test_adamw),       T(test_adamw_multi), T(test_bf16),     T(test_streams),
+        T(test_patchify),    T(test_adamw),       T(test_adamw_multi), T(test_bf16),     T(test_round_half), T(test_streams),
         T(test_host_alloc),  T(test_determinism), T(test_zero_sizes), T(test_allocator),
     };
 #undef T

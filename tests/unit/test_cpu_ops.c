@@ -500,6 +500,36 @@ static void test_fp16_bf16(void **state) {
     free(x), free(h), free(w);
 }
 
+/* round_half (16-bit activations) is to_bf16 / to_fp16 and the widening, in place: the same
+ * bits as the oracles' rounding then the exact widening, over the same inputs. */
+static void test_round_half(void **state) {
+    device *d = *state;
+    float *x = malloc((8 * 0x7c00 + 100010) * sizeof(float));
+    int64_t n = half_inputs(x);
+    float *r = malloc((size_t)n * sizeof(float));
+    for (int fmt = 0; fmt < 2; fmt++) {
+        precision p = fmt ? PREC_FP16 : PREC_BF16;
+        memcpy(r, x, (size_t)n * sizeof(float));
+        d->ops->round_half(d, r, n, p);
+        for (int64_t i = 0; i < n; i++) {
+            float want;
+            if (fmt) want = oracle_fp16_widen(oracle_fp16(x[i]));
+            else {
+                uint32_t u = (uint32_t)oracle_bf16(x[i]) << 16;
+                memcpy(&want, &u, sizeof want);
+            }
+            if (bits_of(r[i]) != bits_of(want))
+                fail_msg("round_half(%a, %s) = %a, expected %a", (double)x[i], fmt ? "fp16" : "bf16",
+                         (double)r[i], (double)want);
+        }
+    }
+    float big = 70000.0f, nan = NAN;
+    d->ops->round_half(d, &big, 1, PREC_FP16);
+    d->ops->round_half(d, &nan, 1, PREC_BF16);
+    assert_true(isinf(big) && isnan(nan)); /* fp16 overflows to inf, the scaler's signal */
+    free(x), free(r);
+}
+
 /* The 16-bit gemm modes: sgemm on operands rounded here by the oracles, bit for bit; fp16
  * operands above 65504 become inf (what an fp16 tensor core sees: the loss scaler's signal). */
 static void test_gemm_half(void **state) {
@@ -1244,6 +1274,7 @@ int main(void) {
         T(test_host_syncs),
         T(test_gemm),
         T(test_fp16_bf16),
+        T(test_round_half),
         T(test_gemm_half),
         T(test_bias),
         T(test_embed),

@@ -24,7 +24,7 @@ static float *training_logits(device *d, const model_spec *m, float **params, co
                               int T) {
     err_t err;
     int D = m->d_model, V = m->vocab, units = model_n_units(m);
-    wm_acts *a = wm_acts_new(d, m, 1, T, RECOMPUTE_FULL, 1, &err);
+    wm_acts *a = wm_acts_new(d, m, 1, T, RECOMPUTE_FULL, 1, PREC_FP32, &err);
     assert_non_null(a);
     int32_t *dids = dev_alloc(d, (size_t)T * 4, "ids"), *dtg = dev_alloc(d, (size_t)T * 4, "targets");
     dev_upload(d, dids, ids, (size_t)T * 4);

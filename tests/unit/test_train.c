@@ -179,6 +179,51 @@ static void test_recompute_none_equals_full(void **state) {
         }
 }
 
+/* 16-bit activations ($CEPHALO_ACTS=16, planner/engine_mem.h), for every architecture in bf16 and
+ * fp16: recompute none gives parameters bit-identical to full (the backward reads the 16-bit
+ * values whether they were kept in 2 bytes or recomputed); each peak is the prediction to the
+ * byte, and keeping costs less than with fp32 activations; the rounding happens (parameters
+ * differ from fp32 activations', by little); an fp32 run is untouched (the same bits). */
+static void test_acts16(void **state) {
+    (void)state;
+    static const precision precs[] = {PREC_BF16, PREC_FP16, PREC_FP32};
+    for (int a = 0; a < 4; a++)
+        for (int q = 0; q < 3; q++) {
+            trainer *t[3]; /* acts16 full, acts16 none, fp32 activations none */
+            float *p[3];
+            int64_t n = 0;
+            for (int k = 0; k < 3; k++) {
+                train_config c = tiny_config(TINY[a], 6, 2);
+                c.prec = precs[q];
+                c.recompute = k ? RECOMPUTE_NONE : RECOMPUTE_FULL;
+                engine_set_acts16(k < 2);
+                t[k] = make(&c);
+                steps(t[k], 3);
+                p[k] = all_params(t[k], &n);
+                engine_opts eo = {.prec = c.prec, .recompute = c.recompute, .kept = c.micros};
+                int64_t want = engine_compute_bytes(&c.model, c.seq, c.micro, eo) + 16 * model_params(&c.model);
+                if (t[k]->dev.peak_bytes != want)
+                    fail_msg("%s %s, %s activations, recompute %s: peak %lld, predicted %lld", TINY[a],
+                             precision_name(c.prec), k < 2 ? "16-bit" : "fp32", recompute_name(c.recompute),
+                             (long long)t[k]->dev.peak_bytes, (long long)want);
+            }
+            engine_set_acts16(-1);
+            if (memcmp(p[0], p[1], (size_t)n * sizeof(float)))
+                fail_msg("%s %s: 16-bit activations, recompute none differs from full", TINY[a], precision_name(precs[q]));
+            double e = rel_diff(p[1], p[2], n);
+            if (precs[q] == PREC_FP32) {
+                assert_memory_equal(p[1], p[2], (size_t)n * sizeof(float));
+                assert_int_equal(t[1]->dev.peak_bytes, t[2]->dev.peak_bytes);
+            } else if (e == 0 || e > 2e-2) {
+                fail_msg("%s %s: 16-bit against fp32 activations, rel diff %.3g (want > 0, <= 2e-2)", TINY[a],
+                         precision_name(precs[q]), e);
+            } else {
+                assert_true(t[1]->dev.peak_bytes < t[2]->dev.peak_bytes);
+            }
+            for (int k = 0; k < 3; k++) free(p[k]), trainer_free(t[k]);
+        }
+}
+
 /* Device bytes a single-rank trainer holds at its peak: the training state (16 bytes per
  * parameter) and the compute memory the planner predicts (planner/engine_mem.c). */
 static int64_t predicted_peak(const train_config *c) {
@@ -551,6 +596,7 @@ int main(void) {
         cmocka_unit_test(test_init_shard_independent),
         cmocka_unit_test(test_accumulation_equals_big_batch),
         cmocka_unit_test(test_recompute_none_equals_full),
+        cmocka_unit_test(test_acts16),
         cmocka_unit_test(test_head_chunks),
         cmocka_unit_test(test_host_syncs_per_step),
         cmocka_unit_test(test_vocab_pad),

@@ -432,6 +432,10 @@ static int resolve_job(worker_opts *o) {
     const char *adamw = getenv("CEPHALO_ADAMW");
     if (adamw && *adamw && !adamw_mode_parse(adamw, &c->adamw))
         return args_bad_cmd(WORKER_NAME, "$CEPHALO_ADAMW is '%s', expected " ADAMW_MODE_CHOICES, adamw);
+    /* 16-bit activations ($CEPHALO_ACTS, planner/engine_mem.h), which the planner reads too */
+    const char *acts = getenv("CEPHALO_ACTS");
+    if (acts && *acts && strcmp(acts, "16") && strcmp(acts, "32"))
+        return args_bad_cmd(WORKER_NAME, "$CEPHALO_ACTS is '%s', expected 16 (16-bit activations in a bf16/fp16 run) or 32", acts);
     int rc = inject_from_env(c);
     if (rc) return rc;
     if (!strcmp(c->device, "cuda") && !o->have_gpu) {
@@ -587,7 +591,7 @@ static int run_training(trainer *t, const worker_opts *o, FILE *log, dumper *dp,
         }
         total_ms += st.step_ms;
         /* the dump first: evaluation overwrites the gradients it records */
-        if (dp && dump_after_step(dp, t, st.loss, &err) < 0) return fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_RUNTIME;
+        if (dp && dump_after_step(dp, t, st.loss, st.loss_scale, &err) < 0) return fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_RUNTIME;
         if ((st.has_val = eval_due(ev, t)) && eval_loss(ev, t, &st.val_loss, &err) < 0) {
             metrics_fail(m, err.msg);
             fprintf(stderr, "cephalo-worker: %s\n", err.msg);

@@ -126,6 +126,17 @@ static void cpu_from_fp16(device *d, float *out, const uint16_t *in, int64_t n) 
     for (int64_t i = 0; i < n; i++) out[i] = half_fp16_widen(in[i]);
 }
 
+static void cpu_round_half(device *d, float *x, int64_t n, precision p) {
+    if (p == PREC_BF16) {
+#pragma omp parallel for simd schedule(static) num_threads(d->threads) if (n > CPU_PAR_MIN)
+        for (int64_t i = 0; i < n; i++) x[i] = half_bf16_widen(half_bf16_round(x[i]));
+    } else {
+        CHECK(p == PREC_FP16);
+#pragma omp parallel for simd schedule(static) num_threads(d->threads) if (n > CPU_PAR_MIN)
+        for (int64_t i = 0; i < n; i++) x[i] = half_fp16_widen(half_fp16_round(x[i]));
+    }
+}
+
 /* ---------------------------------------------------------------------------------------------
  * elementwise and reductions. Outputs may alias inputs index for index (out == a in a residual
  * add), so no restrict here; the loops are still vectorised. */
@@ -743,6 +754,7 @@ static const dev_ops cpu_ops = {
     .to_bf16 = cpu_to_bf16,
     .from_bf16 = cpu_from_bf16,
     .to_fp16 = cpu_to_fp16,
+    .round_half = cpu_round_half,
     .from_fp16 = cpu_from_fp16,
     .fill = cpu_fill,
     .add = cpu_add,

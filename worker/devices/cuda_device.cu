@@ -408,6 +408,23 @@ static void cuda_from_fp16(device *d, float *out, const uint16_t *in, int64_t n)
     LAUNCH_CHECK();
 }
 
+/* 16-bit activations: the stored value of a bf16/fp16 tensor, kept in fp32 (the same bits as
+ * to_bf16/to_fp16 then the widening). */
+template <bool BF16> __global__ void round_half_kernel(float *x, int64_t n) {
+    GRID_STRIDE(i, n) {
+        x[i] = BF16 ? __uint_as_float((uint32_t)bf16_round(x[i]) << 16) : fp16_widen(fp16_round(x[i]));
+    }
+}
+
+static void cuda_round_half(device *d, float *x, int64_t n, precision p) {
+    if (n <= 0) return;
+    if (p == PREC_BF16)
+        round_half_kernel<true><<<ew_blocks(n), EW_THREADS, 0, compute(d)>>>(x, n);
+    else
+        round_half_kernel<false><<<ew_blocks(n), EW_THREADS, 0, compute(d)>>>(x, n);
+    LAUNCH_CHECK();
+}
+
 /* ---------------------------------------------------------------------------------------------
  * elementwise and reductions. Outputs may alias inputs index for index. axpy is written with
  * the _rn intrinsics so that nvcc does not fuse it into an FMA: y + alpha*x rounds twice, as on
@@ -1315,6 +1332,7 @@ static dev_ops make_ops(void) {
     o.from_bf16 = cuda_from_bf16;
     o.to_fp16 = cuda_to_fp16;
     o.from_fp16 = cuda_from_fp16;
+    o.round_half = cuda_round_half;
     o.fill = cuda_fill;
     o.add = cuda_add;
     o.axpy = cuda_axpy;
@@ -1475,6 +1493,7 @@ static dev_ops make_timed_ops(void) {
     TIMED(OT_ROUND, from_bf16);
     TIMED(OT_ROUND, to_fp16);
     TIMED(OT_ROUND, from_fp16);
+    TIMED(OT_ROUND, round_half);
     TIMED(OT_ELEMWISE, fill);
     TIMED(OT_ELEMWISE, add);
     TIMED(OT_ELEMWISE, axpy);

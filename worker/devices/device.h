@@ -103,6 +103,10 @@ typedef struct dev_ops {
      * __float2half_rn does; NaN stays NaN); from_fp16 is exact. */
     void (*to_fp16)(device *d, uint16_t *out, const float *in, int64_t n);
     void (*from_fp16)(device *d, float *out, const uint16_t *in, int64_t n);
+    /* x[n] = x rounded to p's 16-bit format (PREC_BF16 or PREC_FP16, to_bf16's or to_fp16's
+     * rounding) and widened back, in place: the values a 16-bit tensor holds, in fp32 (16-bit
+     * activations, planner/engine_mem.h). */
+    void (*round_half)(device *d, float *x, int64_t n, precision p);
 
     /* ---- elementwise / reductions ---- */
     void (*fill)(device *d, float *x, float v, int64_t n);

@@ -222,7 +222,7 @@ static int alloc_buffers(trainer *t, err_t *err) {
     dev_set_context(&t->dev, "set-up of the activation buffers");
     /* recompute none keeps every unit's intermediates of the microbatches of one pass */
     int kept = t->cfg.per_micro ? 1 : l;
-    if (!(t->acts = wm_acts_new(&t->dev, m, mb, t->cfg.seq, t->cfg.recompute, kept, err))) return -1;
+    if (!(t->acts = wm_acts_new(&t->dev, m, mb, t->cfg.seq, t->cfg.recompute, kept, t->cfg.prec, err))) return -1;
     if (alloc_ring(t, &t->ax, act, "unit input", err) < 0 ||
         alloc_ring(t, &t->ay, act, "unit output", err) < 0 ||
         alloc_ring(t, &t->ady, act, "output gradient", err) < 0 ||

@@ -26,10 +26,18 @@ struct wm_acts {
     float *logits, *losses, *rows;
     float *inv_freq; /* Llama: the RoPE frequencies [hd/2], host (model_rope_inv_freq) */
     /* the saved sets (planner/engine_mem.h): [n_sets][ES_COUNT], NULL where a set has no such
-     * buffer; one with recompute full, one per (unit, kept microbatch) with none */
+     * buffer; one with recompute full, one per (unit, kept microbatch) with none. With 16-bit
+     * activations and none, the buffers of work_mask are 2-byte values in the sets after 0 and
+     * the unit at work computes in work[] (fp32): its forward ends by storing them there
+     * (store16), its backward starts by widening them back (load16). */
     recompute_mode recompute;
-    int kept, n_sets;
-    float **sets;
+    int kept, n_sets, seq;
+    void **sets;
+    precision prec;
+    bool h16; /* 16-bit activations (engine_acts16) */
+    unsigned work_mask;
+    float *work[ES_COUNT];
+    int set; /* the set selected last */
 };
 
 /* ---- shapes (the sizes live in planner/engine_mem.c, which the planner predicts from) ---- */
@@ -59,17 +67,22 @@ static int alloc_sets(device *d, const model_spec *m, const engine_workspace *p,
     for (int set = 0; set < a->n_sets; set++) {
         unsigned mask = engine_saved_set_mask(m, a->recompute, a->kept, set);
         for (int s = 0; s < ES_COUNT; s++) {
-            int64_t n = engine_saved_floats(p, (engine_saved)s);
-            if (!(mask >> s & 1) || n == 0) continue;
-            float **dst = &a->sets[(size_t)set * ES_COUNT + s];
-            if (!(*dst = dev_alloc_f(d, n, what[s]))) return *err = d->err, -1;
+            int64_t bytes = engine_saved_bytes(m, p, a->recompute, a->prec, set, (engine_saved)s);
+            if (!(mask >> s & 1) || bytes == 0) continue;
+            void **dst = &a->sets[(size_t)set * ES_COUNT + s];
+            if (!(*dst = dev_alloc(d, (size_t)bytes, what[s]))) return *err = d->err, -1;
         }
+    }
+    for (int s = 0; s < ES_COUNT; s++) {
+        int64_t n = engine_saved_floats(p, (engine_saved)s);
+        if (!(a->work_mask >> s & 1) || n == 0) continue;
+        if (!(a->work[s] = dev_alloc_f(d, n, what[s]))) return *err = d->err, -1;
     }
     return 0;
 }
 
 wm_acts *wm_acts_new(device *d, const model_spec *m, int max_m, int seq, recompute_mode recompute,
-                     int kept, err_t *err) {
+                     int kept, precision prec, err_t *err) {
     engine_workspace p = engine_workspace_floats(m, max_m, seq);
     bool llama = m->arch == ARCH_LLAMA;
     wm_acts *a = xcalloc(1, sizeof *a);
@@ -77,6 +90,10 @@ wm_acts *wm_acts_new(device *d, const model_spec *m, int max_m, int seq, recompu
     a->T = model_tokens(m, seq);
     a->recompute = recompute;
     a->kept = kept > 0 ? kept : 1;
+    a->seq = seq;
+    a->prec = prec;
+    a->h16 = engine_acts16(prec);
+    a->work_mask = engine_acts16_work_mask(m, recompute, prec);
     if (llama) {
         a->inv_freq = xmalloc((size_t)(m->d_model / m->n_head / 2) * sizeof(float));
         model_rope_inv_freq(m, m->d_model / m->n_head, a->inv_freq);
@@ -115,7 +132,26 @@ wm_acts *wm_acts_new(device *d, const model_spec *m, int max_m, int seq, recompu
 void wm_acts_select(wm_acts *a, const model_spec *m, int unit, int j) {
     CHECK(j >= 0 && (a->recompute == RECOMPUTE_FULL || j < a->kept));
     int set = engine_saved_set_of(m, a->recompute, a->kept, unit, j);
-    for (int s = 0; s < ES_COUNT; s++) *saved_field(a, (engine_saved)s) = a->sets[(size_t)set * ES_COUNT + s];
+    a->set = set;
+    for (int s = 0; s < ES_COUNT; s++)
+        *saved_field(a, (engine_saved)s) =
+            set > 0 && (a->work_mask >> s & 1) ? a->work[s] : a->sets[(size_t)set * ES_COUNT + s];
+}
+
+/* The selected set's 16-bit buffers from (store16) and to (load16) the fp32 copy the unit
+ * computes in, for the m rows of this microbatch: exact both ways, as the values are already
+ * rounded (r16). */
+static void move16(device *d, const model_spec *m, wm_acts *a, int mb, bool store) {
+    if (a->set == 0 || !a->work_mask) return;
+    engine_workspace w = engine_workspace_floats(m, mb, a->seq);
+    unsigned mask = engine_saved_set_mask(m, a->recompute, a->kept, a->set) & a->work_mask;
+    for (int s = 0; s < ES_COUNT; s++) {
+        if (!(mask >> s & 1)) continue;
+        uint16_t *h = a->sets[(size_t)a->set * ES_COUNT + s];
+        int64_t n = engine_saved_floats(&w, (engine_saved)s);
+        if (store) dev_to_half(d, a->prec, h, a->work[s], n);
+        else dev_from_half(d, a->prec, a->work[s], h, n);
+    }
 }
 
 void wm_acts_free(device *d, wm_acts *a) {
@@ -123,6 +159,7 @@ void wm_acts_free(device *d, wm_acts *a) {
     float *all[] = {a->dqkv, a->datt, a->dx2, a->dln, a->dact, a->dfc, a->dup, a->logits, a->losses, a->rows};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) dev_free(d, all[i]);
     for (size_t i = 0; a->sets && i < (size_t)a->n_sets * ES_COUNT; i++) dev_free(d, a->sets[i]);
+    for (int s = 0; s < ES_COUNT; s++) dev_free(d, a->work[s]);
     free(a->sets);
     free(a->inv_freq);
     free(a);
@@ -156,6 +193,14 @@ static void linear_bwd(device *d, float *dx, bool acc, float *dw, float *db, con
     if (db) OP(d, bias_grad, db, dy, N, out);
 }
 
+/* 16-bit activations (planner/engine_mem.h): x [n], just produced, now holds what a bf16/fp16
+ * tensor would. Called on every buffer that is an operand of a GEMM or of attention, and on
+ * those operands' gradients; a GEMM whose output is added into the residual stream (or its
+ * gradient) adds there in fp32 and rounds nothing, as a fused residual epilogue would. */
+static void r16(device *d, const wm_acts *a, float *x, int64_t n) {
+    if (a->h16) OP(d, round_half, x, n, a->prec);
+}
+
 static void copy_f(device *d, float *dst, const float *src, int64_t n) {
     OP(d, copy, dst, src, (size_t)n * sizeof(float), COPY_D2D);
 }
@@ -168,6 +213,7 @@ static void attend(device *d, const model_spec *m, int mb, int T, wm_acts *a) {
     const float *q = a->qkv, *k = q + m->n_head * hd, *v = k + m->n_kv_head * hd;
     OP(d, attention_fwd, a->att, a->lse, q, qw, k, qw, v, qw, mb, T, m->n_head, m->n_kv_head, hd,
        wm_is_causal(m));
+    r16(d, a, a->att, (int64_t)mb * T * m->d_model);
 }
 
 static void attend_bwd(device *d, const model_spec *m, int mb, int T, wm_acts *a) {
@@ -176,6 +222,7 @@ static void attend_bwd(device *d, const model_spec *m, int mb, int T, wm_acts *a
     float *dq = a->dqkv, *dk = dq + m->n_head * hd, *dv = dk + m->n_kv_head * hd;
     OP(d, attention_bwd, dq, dk, dv, a->datt, a->att, a->lse, q, qw, k, qw, v, qw, mb, T,
        m->n_head, m->n_kv_head, hd, wm_is_causal(m));
+    r16(d, a, a->dqkv, (int64_t)mb * T * qw);
 }
 
 /* GPT-2 / ViT pre-LN block: x2 = x + proj(attn(LN1 x)); y = x2 + proj(gelu(fc(LN2 x2))). */
@@ -184,16 +231,22 @@ static void preln_fwd(device *d, const model_spec *m, int unit, const float *par
     int N = mb * T, D = m->d_model, ff = m->d_ff;
     float eps = wm_norm_eps(m);
     bool tanh_gelu = m->arch == ARCH_GPT;
+    int64_t nd = (int64_t)N * D, nf = (int64_t)N * ff;
     OP(d, layernorm_fwd, a->ln1, a->mean1, a->rstd1, x, W("ln_1.weight"), W("ln_1.bias"), N, D,
        eps);
+    r16(d, a, a->ln1, nd);
     linear_fwd(d, a->qkv, a->ln1, W("attn.qkv.weight"), W("attn.qkv.bias"), N, D, 3 * D);
+    r16(d, a, a->qkv, 3 * nd);
     attend(d, m, mb, T, a);
     linear_fwd(d, a->x2, a->att, W("attn.proj.weight"), W("attn.proj.bias"), N, D, D);
     OP(d, axpy, a->x2, 1.0f, x, (int64_t)N * D);
     OP(d, layernorm_fwd, a->ln2, a->mean2, a->rstd2, a->x2, W("ln_2.weight"), W("ln_2.bias"), N,
        D, eps);
+    r16(d, a, a->ln2, nd);
     linear_fwd(d, a->fc, a->ln2, W("mlp.fc.weight"), W("mlp.fc.bias"), N, D, ff);
-    OP(d, gelu_fwd, a->act, a->fc, (int64_t)N * ff, tanh_gelu);
+    r16(d, a, a->fc, nf);
+    OP(d, gelu_fwd, a->act, a->fc, nf, tanh_gelu);
+    r16(d, a, a->act, nf);
     linear_fwd(d, y, a->act, W("mlp.proj.weight"), W("mlp.proj.bias"), N, ff, D);
     OP(d, axpy, y, 1.0f, a->x2, (int64_t)N * D);
 }
@@ -203,20 +256,26 @@ static void preln_bwd(device *d, const model_spec *m, int unit, const float *par
                       wm_acts *a) {
     int N = mb * T, D = m->d_model, ff = m->d_ff;
     bool tanh_gelu = m->arch == ARCH_GPT;
+    int64_t nd = (int64_t)N * D, nf = (int64_t)N * ff;
     linear_bwd(d, a->dact, false, DW("mlp.proj.weight"), DW("mlp.proj.bias"), dy, a->act,
                W("mlp.proj.weight"), N, ff, D);
-    OP(d, gelu_bwd, a->dfc, a->fc, a->dact, (int64_t)N * ff, tanh_gelu);
-    copy_f(d, a->dx2, dy, (int64_t)N * D);
+    r16(d, a, a->dact, nf);
+    OP(d, gelu_bwd, a->dfc, a->fc, a->dact, nf, tanh_gelu);
+    r16(d, a, a->dfc, nf);
+    copy_f(d, a->dx2, dy, nd);
     linear_bwd(d, a->dln, false, DW("mlp.fc.weight"), DW("mlp.fc.bias"), a->dfc, a->ln2,
                W("mlp.fc.weight"), N, D, ff);
+    r16(d, a, a->dln, nd);
     OP(d, layernorm_bwd, a->dx2, DW("ln_2.weight"), DW("ln_2.bias"), a->dln, a->x2, a->mean2,
        a->rstd2, W("ln_2.weight"), N, D);
     linear_bwd(d, a->datt, false, DW("attn.proj.weight"), DW("attn.proj.bias"), a->dx2, a->att,
                W("attn.proj.weight"), N, D, D);
+    r16(d, a, a->datt, nd);
     attend_bwd(d, m, mb, T, a);
     linear_bwd(d, a->dln, false, DW("attn.qkv.weight"), DW("attn.qkv.bias"), a->dqkv, a->ln1,
                W("attn.qkv.weight"), N, D, 3 * D);
-    copy_f(d, dx, a->dx2, (int64_t)N * D);
+    r16(d, a, a->dln, nd);
+    copy_f(d, dx, a->dx2, nd);
     OP(d, layernorm_bwd, dx, DW("ln_1.weight"), DW("ln_1.bias"), a->dln, x, a->mean1, a->rstd1,
        W("ln_1.weight"), N, D);
 }
@@ -227,17 +286,25 @@ static void llama_fwd(device *d, const model_spec *m, int unit, const float *par
                       int T, const float *x, float *y, wm_acts *a) {
     int N = mb * T, D = m->d_model, ff = m->d_ff, qw = qkv_width(m), hd = D / m->n_head;
     float eps = wm_norm_eps(m);
+    int64_t nd = (int64_t)N * D, nf = (int64_t)N * ff;
     OP(d, rmsnorm_fwd, a->ln1, a->rstd1, x, W("attn_norm.weight"), N, D, eps);
+    r16(d, a, a->ln1, nd);
     linear_fwd(d, a->qkv, a->ln1, W("attn.qkv.weight"), m->qkv_bias ? W("attn.qkv.bias") : NULL, N, D, qw);
+    r16(d, a, a->qkv, (int64_t)N * qw);
     OP(d, rope, a->qkv, qw, N, T, m->n_head, hd, a->inv_freq, false);
     OP(d, rope, a->qkv + m->n_head * hd, qw, N, T, m->n_kv_head, hd, a->inv_freq, false);
+    r16(d, a, a->qkv, (int64_t)N * qw);
     attend(d, m, mb, T, a);
     linear_fwd(d, a->x2, a->att, W("attn.o.weight"), NULL, N, D, D);
     OP(d, axpy, a->x2, 1.0f, x, (int64_t)N * D);
     OP(d, rmsnorm_fwd, a->ln2, a->rstd2, a->x2, W("mlp_norm.weight"), N, D, eps);
+    r16(d, a, a->ln2, nd);
     linear_fwd(d, a->fc, a->ln2, W("mlp.gate.weight"), NULL, N, D, ff);
+    r16(d, a, a->fc, nf);
     linear_fwd(d, a->up, a->ln2, W("mlp.up.weight"), NULL, N, D, ff);
-    OP(d, swiglu_fwd, a->act, a->fc, a->up, (int64_t)N * ff);
+    r16(d, a, a->up, nf);
+    OP(d, swiglu_fwd, a->act, a->fc, a->up, nf);
+    r16(d, a, a->act, nf);
     linear_fwd(d, y, a->act, W("mlp.down.weight"), NULL, N, ff, D);
     OP(d, axpy, y, 1.0f, a->x2, (int64_t)N * D);
 }
@@ -246,24 +313,33 @@ static void llama_bwd(device *d, const model_spec *m, int unit, const float *par
                       float *dparams, int mb, int T, const float *x, const float *dy, float *dx,
                       wm_acts *a) {
     int N = mb * T, D = m->d_model, ff = m->d_ff, qw = qkv_width(m), hd = D / m->n_head;
+    int64_t nd = (int64_t)N * D, nf = (int64_t)N * ff;
     linear_bwd(d, a->dact, false, DW("mlp.down.weight"), NULL, dy, a->act, W("mlp.down.weight"),
                N, ff, D);
-    OP(d, swiglu_bwd, a->dfc, a->dup, a->dact, a->fc, a->up, (int64_t)N * ff);
-    copy_f(d, a->dx2, dy, (int64_t)N * D);
+    r16(d, a, a->dact, nf);
+    OP(d, swiglu_bwd, a->dfc, a->dup, a->dact, a->fc, a->up, nf);
+    r16(d, a, a->dfc, nf);
+    r16(d, a, a->dup, nf);
+    copy_f(d, a->dx2, dy, nd);
     linear_bwd(d, a->dln, false, DW("mlp.gate.weight"), NULL, a->dfc, a->ln2,
                W("mlp.gate.weight"), N, D, ff);
+    /* the norm output's gradient is one 16-bit tensor: the two GEMMs add in fp32, rounded once */
     linear_bwd(d, a->dln, true, DW("mlp.up.weight"), NULL, a->dup, a->ln2, W("mlp.up.weight"), N,
                D, ff);
+    r16(d, a, a->dln, nd);
     OP(d, rmsnorm_bwd, a->dx2, DW("mlp_norm.weight"), a->dln, a->x2, a->rstd2,
        W("mlp_norm.weight"), N, D);
     linear_bwd(d, a->datt, false, DW("attn.o.weight"), NULL, a->dx2, a->att, W("attn.o.weight"),
                N, D, D);
+    r16(d, a, a->datt, nd);
     attend_bwd(d, m, mb, T, a);
     OP(d, rope, a->dqkv, qw, N, T, m->n_head, hd, a->inv_freq, true);
     OP(d, rope, a->dqkv + m->n_head * hd, qw, N, T, m->n_kv_head, hd, a->inv_freq, true);
+    r16(d, a, a->dqkv, (int64_t)N * qw);
     linear_bwd(d, a->dln, false, DW("attn.qkv.weight"), m->qkv_bias ? DW("attn.qkv.bias") : NULL, a->dqkv,
                a->ln1, W("attn.qkv.weight"), N, D, qw);
-    copy_f(d, dx, a->dx2, (int64_t)N * D);
+    r16(d, a, a->dln, nd);
+    copy_f(d, dx, a->dx2, nd);
     OP(d, rmsnorm_bwd, dx, DW("attn_norm.weight"), a->dln, x, a->rstd1, W("attn_norm.weight"), N,
        D);
 }
@@ -274,14 +350,18 @@ static void postln_fwd(device *d, const model_spec *m, int unit, const float *pa
                        int T, const float *x, float *y, wm_acts *a) {
     int N = mb * T, D = m->d_model, ff = m->d_ff;
     float eps = wm_norm_eps(m);
+    int64_t nd = (int64_t)N * D, nf = (int64_t)N * ff;
     linear_fwd(d, a->qkv, x, W("attn.qkv.weight"), W("attn.qkv.bias"), N, D, 3 * D);
+    r16(d, a, a->qkv, 3 * nd);
     attend(d, m, mb, T, a);
     linear_fwd(d, a->x2, a->att, W("attn.proj.weight"), W("attn.proj.bias"), N, D, D);
     OP(d, axpy, a->x2, 1.0f, x, (int64_t)N * D);
     OP(d, layernorm_fwd, a->ln1, a->mean1, a->rstd1, a->x2, W("ln_1.weight"), W("ln_1.bias"), N,
        D, eps);
     linear_fwd(d, a->fc, a->ln1, W("mlp.fc.weight"), W("mlp.fc.bias"), N, D, ff);
-    OP(d, gelu_fwd, a->act, a->fc, (int64_t)N * ff, false);
+    r16(d, a, a->fc, nf);
+    OP(d, gelu_fwd, a->act, a->fc, nf, false);
+    r16(d, a, a->act, nf);
     linear_fwd(d, a->ln2, a->act, W("mlp.proj.weight"), W("mlp.proj.bias"), N, ff, D);
     OP(d, axpy, a->ln2, 1.0f, a->ln1, (int64_t)N * D);
     OP(d, layernorm_fwd, y, a->mean2, a->rstd2, a->ln2, W("ln_2.weight"), W("ln_2.bias"), N, D,
@@ -298,9 +378,12 @@ static void postln_bwd(device *d, const model_spec *m, int unit, const float *pa
     OP(d, layernorm_bwd, ds2, DW("ln_2.weight"), DW("ln_2.bias"), dy, a->ln2, a->mean2, a->rstd2,
        W("ln_2.weight"), N, D);
     copy_f(d, dy1, ds2, nd);
+    int64_t nf = (int64_t)N * ff;
     linear_bwd(d, a->dact, false, DW("mlp.proj.weight"), DW("mlp.proj.bias"), ds2, a->act,
                W("mlp.proj.weight"), N, ff, D);
-    OP(d, gelu_bwd, a->dfc, a->fc, a->dact, (int64_t)N * ff, false);
+    r16(d, a, a->dact, nf);
+    OP(d, gelu_bwd, a->dfc, a->fc, a->dact, nf, false);
+    r16(d, a, a->dfc, nf);
     linear_bwd(d, dy1, true, DW("mlp.fc.weight"), DW("mlp.fc.bias"), a->dfc, a->ln1,
                W("mlp.fc.weight"), N, D, ff);
     dev_zero(d, ds1, nd);
@@ -308,6 +391,7 @@ static void postln_bwd(device *d, const model_spec *m, int unit, const float *pa
        W("ln_1.weight"), N, D);
     linear_bwd(d, a->datt, false, DW("attn.proj.weight"), DW("attn.proj.bias"), ds1, a->att,
                W("attn.proj.weight"), N, D, D);
+    r16(d, a, a->datt, nd);
     attend_bwd(d, m, mb, T, a);
     copy_f(d, dx, ds1, nd);
     linear_bwd(d, dx, true, DW("attn.qkv.weight"), DW("attn.qkv.bias"), a->dqkv, x,
@@ -321,6 +405,7 @@ static void vit_embed_fwd(device *d, const model_spec *m, int unit, const float 
                           const wm_batch *b, float *y, wm_acts *a) {
     int D = m->d_model, P = vit_patches(m), K = patch_dim(m), T = P + 1;
     OP(d, patchify, a->patches, b->images, b->m, m->channels, m->image, m->patch);
+    r16(d, a, a->patches, (int64_t)b->m * P * K);
     for (int s = 0; s < b->m; s++) {
         float *rows = y + (int64_t)s * T * D;
         copy_f(d, rows, W("cls"), D);
@@ -401,11 +486,13 @@ void wm_unit_forward(device *d, const model_spec *m, int unit, const float *para
         break;
     case UNIT_HEAD: CHECK(!"the head runs through wm_head_step"); break;
     }
+    move16(d, m, a, b->m, true);
 }
 
 void wm_unit_backward(device *d, const model_spec *m, int unit, const float *params,
                       float *dparams, const wm_batch *b, const float *x, const float *dy,
                       float *dx, wm_acts *a) {
+    move16(d, m, a, b->m, false);
     switch (model_unit_kind(m, unit)) {
     case UNIT_EMBEDDING: embed_bwd(d, m, unit, params, dparams, b, dy, a); break;
     case UNIT_BLOCK:
@@ -437,6 +524,7 @@ static void vocab_loss(device *d, const model_spec *m, const float *h, const flo
         const float *x = h + r0 * D;
         OP(d, gemm, false, true, rows, V, D, 1.0f, x, D, w, D, 0.0f, a->logits, ld);
         if (bias) OP(d, add_bias, a->logits, bias, rows, V);
+        r16(d, a, a->logits, (int64_t)rows * ld); /* padding columns too: nothing reads them */
         for (int r = 0; logits_out && r < rows; r += ld == V ? rows : 1) /* tests: rows of V */
             OP(d, copy, logits_out + (r0 + r) * V, a->logits + (int64_t)r * ld,
                (size_t)(ld == V ? rows : 1) * V * sizeof(float), COPY_D2H);
@@ -446,8 +534,10 @@ static void vocab_loss(device *d, const model_spec *m, const float *h, const flo
                (int)(end - q), V, b->row_scale[s], loss_sum);
             q = end;
         }
+        r16(d, a, a->logits, (int64_t)rows * ld);
         /* linear_bwd with the logits' stride: dh = dlogits W; dW += dlogits^T h; db */
         OP(d, gemm, false, false, rows, D, V, 1.0f, a->logits, ld, w, D, 0.0f, dh + r0 * D, D);
+        r16(d, a, dh + r0 * D, (int64_t)rows * D);
         OP(d, gemm, true, false, V, D, rows, 1.0f, a->logits, ld, x, D, 1.0f, dw, D);
         if (dbias) OP(d, bias_grad, dbias, a->logits, rows, V);
     }
@@ -462,12 +552,16 @@ static void vit_head(device *d, const model_spec *m, const float *params, float 
     OP(d, copy2d, c, D, x, T * D, mb, D); /* the class-token rows */
     OP(d, layernorm_fwd, y, a->mean1, a->rstd1, c, W("ln.weight"), W("ln.bias"), mb, D,
        wm_norm_eps(m));
+    r16(d, a, y, (int64_t)mb * D);
     linear_fwd(d, a->logits, y, W("classifier.weight"), W("classifier.bias"), mb, D, K);
+    r16(d, a, a->logits, (int64_t)mb * K);
     if (logits_out)
         OP(d, copy, logits_out, a->logits, (size_t)mb * K * sizeof(float), COPY_D2H);
     OP(d, xent_fwd_bwd, a->logits, K, a->losses, b->targets, mb, K, b->row_scale[0], loss_sum);
+    r16(d, a, a->logits, (int64_t)mb * K);
     linear_bwd(d, dy, false, DW("classifier.weight"), DW("classifier.bias"), a->logits, y,
                W("classifier.weight"), mb, D, K);
+    r16(d, a, dy, (int64_t)mb * D);
     dev_zero(d, dc, (int64_t)mb * D);
     OP(d, layernorm_bwd, dc, DW("ln.weight"), DW("ln.bias"), dy, c, a->mean1, a->rstd1,
        W("ln.weight"), mb, D);
@@ -488,6 +582,7 @@ void wm_head_step(device *d, const model_spec *m, const float *params, float *dp
         float *dwte = tensor(a, UNIT_EMBEDDING, dtied, "wte");
         OP(d, layernorm_fwd, a->ln1, a->mean1, a->rstd1, x, W("ln_f.weight"), W("ln_f.bias"), N,
            D, eps);
+        r16(d, a, a->ln1, nd);
         vocab_loss(d, m, a->ln1, wte, NULL, a->dln, dwte, NULL, b, a, loss_sum, logits_out);
         dev_zero(d, dx, nd);
         OP(d, layernorm_bwd, dx, DW("ln_f.weight"), DW("ln_f.bias"), a->dln, x, a->mean1,
@@ -498,6 +593,7 @@ void wm_head_step(device *d, const model_spec *m, const float *params, float *dp
         const float *wo = m->tied_head ? tensor(a, UNIT_EMBEDDING, (float *)tied, "tokens") : W("lm_head.weight");
         float *dwo = m->tied_head ? tensor(a, UNIT_EMBEDDING, dtied, "tokens") : DW("lm_head.weight");
         OP(d, rmsnorm_fwd, a->ln1, a->rstd1, x, W("norm.weight"), N, D, eps);
+        r16(d, a, a->ln1, nd);
         vocab_loss(d, m, a->ln1, wo, NULL, a->dln, dwo, NULL, b, a, loss_sum, logits_out);
         dev_zero(d, dx, nd);
         OP(d, rmsnorm_bwd, dx, DW("norm.weight"), a->dln, x, a->rstd1, W("norm.weight"), N, D);
@@ -507,15 +603,20 @@ void wm_head_step(device *d, const model_spec *m, const float *params, float *dp
         const float *word = tensor(a, UNIT_EMBEDDING, (float *)tied, "word");
         float *dword = tensor(a, UNIT_EMBEDDING, dtied, "word");
         linear_fwd(d, a->fc, x, W("transform.weight"), W("transform.bias"), N, D, D);
+        r16(d, a, a->fc, nd);
         OP(d, gelu_fwd, a->act, a->fc, nd, false);
+        r16(d, a, a->act, nd);
         OP(d, layernorm_fwd, a->ln1, a->mean1, a->rstd1, a->act, W("ln.weight"), W("ln.bias"), N,
            D, eps);
+        r16(d, a, a->ln1, nd);
         vocab_loss(d, m, a->ln1, word, W("decoder.bias"), a->dln, dword, DW("decoder.bias"), b,
                    a, loss_sum, logits_out);
         dev_zero(d, a->dact, nd);
         OP(d, layernorm_bwd, a->dact, DW("ln.weight"), DW("ln.bias"), a->dln, a->act, a->mean1,
            a->rstd1, W("ln.weight"), N, D);
+        r16(d, a, a->dact, nd);
         OP(d, gelu_bwd, a->dfc, a->fc, a->dact, nd, false);
+        r16(d, a, a->dfc, nd);
         linear_bwd(d, dx, false, DW("transform.weight"), DW("transform.bias"), a->dfc, x,
                    W("transform.weight"), N, D, D);
         break;

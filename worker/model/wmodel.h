@@ -57,9 +57,12 @@ typedef struct wm_acts wm_acts;
 
 /* Allocates the workspace for microbatches of up to m samples (the largest any unit needs).
  * recompute full: one saved set, which every unit's forward overwrites (the backward recomputes
- * the unit first); none: a saved set per (unit, kept microbatch), kept > 0 microbatches. */
+ * the unit first); none: a saved set per (unit, kept microbatch), kept > 0 microbatches. prec:
+ * the run's precision; with 16-bit activations (engine_acts16) the units round their GEMM and
+ * attention operands and those operands' gradients to its 16-bit format, and recompute none
+ * keeps them in 2 bytes. */
 wm_acts *wm_acts_new(device *d, const model_spec *m, int max_m, int seq, recompute_mode recompute,
-                     int kept, err_t *err);
+                     int kept, precision prec, err_t *err);
 void wm_acts_free(device *d, wm_acts *a);
 /* Selects the saved set the next forward of `unit` writes and its backward reads: the j-th kept
  * microbatch's (0 <= j < kept with none; any j with full, which has one set). The head's step

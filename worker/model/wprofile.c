@@ -283,7 +283,7 @@ static bool alloc_buffers(prof_ctx *c, int mb, err_t *err) {
         c->gslot[s] = dalloc(c, slot * 4, "full gradients", &ok);
         if (precision_half(c->prec)) c->pbf[s] = dalloc(c, slot * 2, "16-bit gather buffer", &ok);
     }
-    if (ok && (c->acts = wm_acts_new(&c->dev, m, mb, c->seq, RECOMPUTE_FULL, 1, err)) == NULL) ok = false;
+    if (ok && (c->acts = wm_acts_new(&c->dev, m, mb, c->seq, RECOMPUTE_FULL, 1, c->prec, err)) == NULL) ok = false;
     int nbuf = c->cuda ? 2 : 1;
     for (int s = 0; s < nbuf; s++) {
         c->ax[s] = dalloc(c, act * 4, "unit input", &ok);

@@ -25,13 +25,18 @@ static int path_in(const dumper *dp, const char *file, char *out, err_t *err) {
     return str_fmt(out, PATH_MAX, err, "--dump: the path", "%s/%s", dp->dir, file);
 }
 
-/* Adds every tensor of every unit under its full name, from host copies kept in bufs. */
-static void add_named(st_writer *w, trainer *t, float **bufs, const char *prefix, bool grads) {
+/* Adds every tensor of every unit under its full name, from host copies kept in bufs; gradients
+ * (grad_scale > 0) divided by grad_scale. */
+static void add_named(st_writer *w, trainer *t, float **bufs, const char *prefix, double grad_scale) {
     const model_spec *m = &t->cfg.model;
     for (int u = 0; u < t->n_units; u++) {
         bufs[u] = xmalloc((size_t)t->numel[u] * sizeof(float));
-        if (grads) trainer_get_grads(t, u, bufs[u]);
-        else trainer_get_params(t, u, bufs[u]);
+        if (grad_scale > 0) {
+            trainer_get_grads(t, u, bufs[u]);
+            for (int64_t i = 0; i < t->numel[u]; i++) bufs[u][i] = (float)(bufs[u][i] / grad_scale);
+        } else {
+            trainer_get_params(t, u, bufs[u]);
+        }
         wm_tensor ts[WM_MAX_TENSORS];
         int n = wm_unit_tensors(m, u, ts);
         char unit[48], name[192];
@@ -57,7 +62,7 @@ static void add_meta(st_writer *w, trainer *t) {
 static int save_params(trainer *t, const dumper *dp, const char *file, err_t *err) {
     st_writer *w = st_writer_new();
     float **bufs = xcalloc((size_t)t->n_units, sizeof(float *));
-    add_named(w, t, bufs, "", false);
+    add_named(w, t, bufs, "", 0);
     add_meta(w, t);
     char path[PATH_MAX];
     int rc = path_in(dp, file, path, err) < 0 ? -1 : st_writer_save(w, path, err);
@@ -104,7 +109,7 @@ dumper *dump_open(trainer *t, const char *dir, err_t *err) {
     return dp;
 }
 
-static int save_step0(dumper *dp, trainer *t, double loss, err_t *err) {
+static int save_step0(dumper *dp, trainer *t, double loss, double loss_scale, err_t *err) {
     const model_spec *m = &t->cfg.model;
     st_writer *w = st_writer_new();
     float **bufs = xcalloc((size_t)t->n_units, sizeof(float *));
@@ -115,7 +120,7 @@ static int save_step0(dumper *dp, trainer *t, double loss, err_t *err) {
         st_writer_add(w, "logits", ST_F32, 3, (int64_t[]){t->cfg.batch, t->tokens, m->vocab},
                       dp->logits);
     st_writer_add(w, "loss", ST_F32, 1, (int64_t[]){1}, &loss32);
-    add_named(w, t, bufs, "grad.", true);
+    add_named(w, t, bufs, "grad.", loss_scale);
     add_meta(w, t);
     char path[PATH_MAX];
     int rc = path_in(dp, "step0.safetensors", path, err) < 0 ? -1 : st_writer_save(w, path, err);
@@ -125,7 +130,7 @@ static int save_step0(dumper *dp, trainer *t, double loss, err_t *err) {
     return rc;
 }
 
-int dump_after_step(dumper *dp, trainer *t, double loss, err_t *err) {
+int dump_after_step(dumper *dp, trainer *t, double loss, double loss_scale, err_t *err) {
     const model_spec *m = &t->cfg.model;
     if (dp->steps == dp->cap) {
         dp->cap = dp->cap ? 2 * dp->cap : 8;
@@ -149,7 +154,7 @@ int dump_after_step(dumper *dp, trainer *t, double loss, err_t *err) {
     }
     if (k == 0) {
         t->logits_out = NULL;
-        return save_step0(dp, t, loss, err);
+        return save_step0(dp, t, loss, loss_scale, err);
     }
     return 0;
 }

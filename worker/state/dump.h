@@ -15,8 +15,10 @@ extern const out_kind dump_dir_kind;
 /* Writes DIR/init.safetensors and prepares to record steps (creates DIR). */
 dumper *dump_open(trainer *t, const char *dir, err_t *err);
 /* After trainer_step: records the step's batch; after step 0 also writes DIR/step0.safetensors
- * (t->logits_out must have been set before step 0; dump_open does that). */
-int dump_after_step(dumper *dp, trainer *t, double loss, err_t *err);
+ * (t->logits_out must have been set before step 0; dump_open does that) with the gradients
+ * divided by the step's loss scale (fp16's; 1 otherwise: a power of two, so exact), so that
+ * they are the loss's gradients in every precision. */
+int dump_after_step(dumper *dp, trainer *t, double loss, double loss_scale, err_t *err);
 /* Writes DIR/batches.safetensors and DIR/final.safetensors and frees the dumper. */
 int dump_close(dumper *dp, trainer *t, err_t *err);
 
