@@ -134,6 +134,46 @@ for r, rk in enumerate(half['ranks']):
     assert b['predicted']['state_bytes'] == 16 * b['state_params'], (r, b)
 "
 
+# ---- 16-bit activations (CEPHALO_ACTS=16, docs/cuda.md): the invariant and the memory ----
+CEPHALO_ACTS=16 one bf16a --precision bf16
+check "bf16, CEPHALO_ACTS=16: rounds more than bf16 alone (parameters differ), loss within 1% of it" 0 "" -- $PY -c "
+import json, subprocess, sys
+a = [json.loads(l)['loss'] for l in open('$T/bf16.jsonl')]
+b = [json.loads(l)['loss'] for l in open('$T/bf16a.jsonl')]
+assert len(a) == len(b) == 3 and all(abs(x - y) <= 0.01 * x for x, y in zip(a, b)), (a, b)
+assert subprocess.run('$PT compare $(ck bf16a) $(ck bf16) --tol 0'.split(), capture_output=True).returncode == 1
+"
+CEPHALO_ACTS=16 run_ranks "$T/p3b.json" "$T/bf3a" "${args[@]}" --ckpt-dir "$T/bf3a/ckpt"
+check "bf16, CEPHALO_ACTS=16 on 3 uneven ranks = 1 rank: losses within 1e-5" 0 "" -- $PY -c "
+import json
+a = [json.loads(l)['loss'] for l in open('$T/bf16a.jsonl')]
+b = [json.loads(l)['loss'] for l in open('$T/bf3a/rank0.jsonl')]
+assert len(a) == len(b) == 3 and all(abs(x - y) <= 1e-5 * x for x, y in zip(a, b)), (a, b)
+"
+check "bf16, CEPHALO_ACTS=16 on 3 uneven ranks = 1 rank: parameters within 3e-3 in norm per unit" 0 "" -- \
+  $PT compare "$T/bf3a/ckpt/step_00000003" "$(ck bf16a)" --tol 3e-3 --rms
+# the planner reads the same variable: with recompute none the kept activations take 2 bytes a
+# value (and the unit at work one fp32 copy: a saving from three blocks on, so demo-gpt's four),
+# and plan and workers agree to the byte
+for acts in 32 16; do
+  CEPHALO_ACTS=$acts $C plan --cluster examples/clusters/local-cpu.yaml --model examples/models/demo-gpt.yaml --batch 8 --precision bf16 \
+    --recompute none -o "$T/pma$acts.json" >/dev/null
+  CEPHALO_ACTS=$acts run_ranks "$T/pma$acts.json" "$T/mema$acts" --steps 2
+done
+check "bf16, recompute none: each rank's peak equals the predicted peak with CEPHALO_ACTS=16 and 32, lower with 16" 0 "" -- $PY -c "
+import json
+p16, p32 = json.load(open('$T/pma16.json')), json.load(open('$T/pma32.json'))
+for r, rk in enumerate(p16['ranks']):
+    assert rk['recompute'] == 'none', rk
+    for acts, plan in (('16', p16), ('32', p32)):
+        peak = json.loads(open(f'$T/mema{acts}/rank{r}.jsonl').readlines()[-1])['peak_bytes']
+        want = plan['ranks'][r]['predicted']['peak_bytes']
+        assert peak == want, (acts, r, peak, want)
+    assert rk['predicted']['peak_bytes'] < p32['ranks'][r]['predicted']['peak_bytes'], r
+"
+CEPHALO_ACTS=8 check "a bad \$CEPHALO_ACTS is refused, naming the choices" 2 "CEPHALO_ACTS is '8', expected 16" -- \
+  "$W" train --data synthetic --model tiny-gpt --batch 2 --steps 1
+
 # ---- bad input ----
 check "--precision fp8 is refused" 2 "--precision: 'fp8' is not fp32, bf16 or fp16" -- \
   "$W" train --data synthetic --model tiny-gpt --batch 2 --precision fp8

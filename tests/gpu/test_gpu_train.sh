@@ -77,6 +77,10 @@ if [[ $PARTS == *a* ]]; then
       oracle_case tiny-bert $prec tiny-bert
       oracle_case tiny-vit $prec tiny-vit
     done
+    # 16-bit activations (CEPHALO_ACTS=16, docs/cuda.md): the same tolerances as bf16 alone
+    for model in tiny-gpt tiny-llama tiny-bert tiny-vit; do
+      CEPHALO_ACTS=16 oracle_case "$model-acts16" bf16 "$model"
+    done
   fi
 fi
 
@@ -197,6 +201,15 @@ if [[ $PARTS == *d* ]]; then
       else
         fail "$name: trains with --recompute none" "$out"
       fi
+      # 16-bit activations: kept in 2 bytes (none) or recomputed (full), the same bits
+      for r in full none; do
+        if ! out=$(CEPHALO_ACTS=16 $TMO "$WC" train --data synthetic --device cuda --precision bf16 --model "$model" \
+            --batch 4 --microbatch 2 --steps 3 --seed 11 --lr 1e-3 --recompute $r --quiet --ckpt-dir "$T/a16-$name-$r" 2>&1); then
+          fail "$name: trains in bf16 with CEPHALO_ACTS=16 --recompute $r" "$out"; continue 2
+        fi
+      done
+      check "$name bf16, CEPHALO_ACTS=16: --recompute none and full give bit-identical parameters and moments" 0 "" \
+        -- bash -c "[ \"\$(${PT[*]} gather $T/a16-$name-full/step_00000003.safetensors)\" = \"\$(${PT[*]} gather $T/a16-$name-none/step_00000003.safetensors)\" ]"
     done
   fi
 fi

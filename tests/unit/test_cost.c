@@ -468,6 +468,37 @@ static void test_state_bytes_adamw_half(void **state) {
     engine_set_adamw_half(-1);
 }
 
+/* 16-bit activations ($CEPHALO_ACTS=16): with recompute none each kept block's GEMM and attention
+ * operands (GPT: ln1, q|k|v, attention output, ln2, MLP hidden and activation) take 2 bytes a
+ * value instead of 4, and the unit at work one fp32 copy of them; recompute full and fp32 runs
+ * are unchanged. Written from the buffers' shapes here, not from engine_mem.c's loops. */
+static void test_acts16_memory(void **state) {
+    (void)state;
+    static model_spec m;
+    err_t err;
+    assert_int_equal(model_resolve("gpt2-124m", &m, &err), 0);
+    const int seq = 1024, mb = 2;
+    int64_t N = (int64_t)mb * seq, D = m.d_model, ff = m.d_ff;
+    int64_t block16 = N * (D + 3 * D + D + D + ff + ff); /* floats of one set's 16-bit buffers */
+    for (int kept = 1; kept <= 3; kept++)
+        for (int p = 0; p < 3; p++) {
+            precision prec = (precision[]){PREC_FP32, PREC_BF16, PREC_FP16}[p];
+            for (int r = 0; r < 2; r++) {
+                engine_opts o = {.sharded = true, .prec = prec, .recompute = r ? RECOMPUTE_NONE : RECOMPUTE_FULL,
+                                 .kept = kept};
+                engine_set_acts16(0);
+                int64_t b32 = engine_compute_bytes(&m, seq, mb, o);
+                engine_set_acts16(1);
+                int64_t b16 = engine_compute_bytes(&m, seq, mb, o);
+                int64_t want = prec == PREC_FP32 || !r ? 0 : (int64_t)m.n_layer * kept * block16 * 2 - block16 * 4;
+                if (b32 - b16 != want)
+                    fail_msg("%s kept %d recompute %s: 16-bit activations save %lld bytes, expected %lld",
+                             precision_name(prec), kept, r ? "none" : "full", (long long)(b32 - b16), (long long)want);
+            }
+        }
+    engine_set_acts16(-1);
+}
+
 /* An embedding reads the rows its tokens look up: once the table has more rows than a sample's
  * tokens, its size does not change the embedding's time (the backward without recompute is the
  * blocks' and the embedding's; the blocks do not see the vocabulary). */
@@ -544,6 +575,7 @@ int main(void) {
         cmocka_unit_test(test_embedding_reads_rows),
         cmocka_unit_test(test_cpu_loopback_collectives),
         cmocka_unit_test(test_state_bytes_adamw_half),
+        cmocka_unit_test(test_acts16_memory),
         cmocka_unit_test(test_step_check_line),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
