@@ -670,6 +670,45 @@ static void test_norms(void **state) {
         }
 }
 
+/* add_norm_fwd (the residual add fused into the norm): on the GPU bit for bit its own add + norm +
+ * round_half, in place (sum = a, as the blocks call it); the sum exactly the CPU's. */
+static void test_add_norm(void **state) {
+    (void)state;
+    const int cases[][2] = {{7, 45}, {1024, 768}, {300, 1023}, {1, 1}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+        for (int kind = 0; kind < 2; kind++)
+            for (int q = 0; q < 3; q++) {
+                precision hp = (precision[]){PREC_FP32, PREC_BF16, PREC_FP16}[q];
+                int N = cases[c][0], C = cases[c][1];
+                int64_t n = (int64_t)N * C;
+                bool ln = kind == 0;
+                seed(700 + c * 6 + kind * 3 + q);
+                float *a = hrandom(n, 3.0f), *b = hrandom(n, 3.0f), *w = hrandom(C, 1.0f), *bias = hrandom(C, 1.0f);
+                float *gb = g_up(b, n), *gw = g_up(w, C), *gbias = g_up(bias, C);
+                /* unfused */
+                float *gs1 = g_up(a, n), *go1 = g_fill(n, 7.0f), *gm1 = g_fill(N, 7.0f), *gr1 = g_fill(N, 7.0f);
+                GPU->ops->axpy(GPU, gs1, 1.0f, gb, n);
+                if (ln) GPU->ops->layernorm_fwd(GPU, go1, gm1, gr1, gs1, gw, gbias, N, C, 1e-5f);
+                else GPU->ops->rmsnorm_fwd(GPU, go1, gr1, gs1, gw, N, C, 1e-5f);
+                if (hp != PREC_FP32) GPU->ops->round_half(GPU, go1, n, hp);
+                /* fused, in place */
+                float *gs2 = g_up(a, n), *go2 = g_fill(n, 7.0f), *gm2 = g_fill(N, 7.0f), *gr2 = g_fill(N, 7.0f);
+                GPU->ops->add_norm_fwd(GPU, gs2, go2, ln ? gm2 : NULL, gr2, gs2, gb, gw, ln ? gbias : NULL, N, C,
+                                       1e-5f, hp);
+                char what[96];
+                snprintf(what, sizeof what, "add_norm %s %s N=%d C=%d", ln ? "layer" : "rms", precision_name(hp), N, C);
+                float *s2 = g_down(gs2, n);
+                expect_same(what, s2, g_down(gs1, n), (size_t)n * 4);
+                expect_same(what, g_down(go2, n), g_down(go1, n), (size_t)n * 4);
+                expect_same(what, g_down(gr2, N), g_down(gr1, N), (size_t)N * 4);
+                if (ln) expect_same(what, g_down(gm2, N), g_down(gm1, N), (size_t)N * 4);
+                float *s = hdup(a, n);
+                REF->ops->add(REF, s, a, b, n);
+                expect_same("add_norm sum against the CPU", s2, s, (size_t)n * 4);
+                release_all(NULL);
+            }
+}
+
 /* ---------------------------------------------------------------------------------------------
  * activations */
 
@@ -1778,7 +1817,7 @@ int main(void) {
         T(test_activations), T(test_rope),        T(test_attention), T(test_xent),
         T(test_rope_at),     T(test_attention_cached),
         T(test_attention_head_dims), T(test_attention_mma), T(test_fp16),
-        T(test_patchify),    T(test_adamw),       T(test_adamw_multi), T(test_bf16),     T(test_round_half), T(test_streams),
+        T(test_patchify),    T(test_adamw),       T(test_adamw_multi), T(test_bf16),     T(test_round_half), T(test_add_norm), T(test_streams),
         T(test_host_alloc),  T(test_determinism), T(test_zero_sizes), T(test_allocator),
     };
 #undef T

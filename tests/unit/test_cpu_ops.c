@@ -530,6 +530,44 @@ static void test_round_half(void **state) {
     free(x), free(r);
 }
 
+/* add_norm_fwd is add, then layernorm_fwd or rmsnorm_fwd, then round_half, bit for bit: with sum
+ * aliasing a (the residual add in place, as the blocks call it) or apart, for widths around the
+ * vector lanes, in fp32, bf16 and fp16. */
+static void test_add_norm(void **state) {
+    device *d = *state;
+    static const int widths[] = {1, 7, 8, 64, 67};
+    for (size_t k = 0; k < sizeof widths / sizeof *widths; k++)
+        for (int kind = 0; kind < 2; kind++)
+            for (int q = 0; q < 3; q++) {
+                precision hp = (precision[]){PREC_FP32, PREC_BF16, PREC_FP16}[q];
+                int N = 13, C = widths[k];
+                int64_t n = (int64_t)N * C;
+                seed(900 + k);
+                float *a = frandom(n, 3.0f), *b = frandom(n, 3.0f), *w = frandom(C, 1.0f),
+                      *bias = frandom(C, 1.0f);
+                float *s1 = malloc((size_t)n * 4), *o1 = malloc((size_t)n * 4), *o2 = malloc((size_t)n * 4), *s2 = malloc((size_t)n * 4);
+                float m1[13], r1[13], m2[13], r2[13];
+                bool ln = kind == 0;
+                /* unfused */
+                memcpy(s1, a, (size_t)n * 4);
+                d->ops->axpy(d, s1, 1.0f, b, n);
+                if (ln) d->ops->layernorm_fwd(d, o1, m1, r1, s1, w, bias, N, C, 1e-5f);
+                else d->ops->rmsnorm_fwd(d, o1, r1, s1, w, N, C, 1e-5f);
+                if (hp != PREC_FP32) d->ops->round_half(d, o1, n, hp);
+                /* fused, in place (sum = a) and apart */
+                for (int apart = 0; apart < 2; apart++) {
+                    float *sum = apart ? s2 : memcpy(s2, a, (size_t)n * 4);
+                    d->ops->add_norm_fwd(d, sum, o2, ln ? m2 : NULL, r2, apart ? a : sum, b, w, ln ? bias : NULL,
+                                         N, C, 1e-5f, hp);
+                    assert_memory_equal(s2, s1, (size_t)n * 4);
+                    assert_memory_equal(o2, o1, (size_t)n * 4);
+                    assert_memory_equal(r2, r1, (size_t)N * 4);
+                    if (ln) assert_memory_equal(m2, m1, (size_t)N * 4);
+                }
+                free(a), free(b), free(w), free(bias), free(s1), free(o1), free(o2), free(s2);
+            }
+}
+
 /* The 16-bit gemm modes: sgemm on operands rounded here by the oracles, bit for bit; fp16
  * operands above 65504 become inf (what an fp16 tensor core sees: the loss scaler's signal). */
 static void test_gemm_half(void **state) {
@@ -1275,6 +1313,7 @@ int main(void) {
         T(test_gemm),
         T(test_fp16_bf16),
         T(test_round_half),
+        T(test_add_norm),
         T(test_gemm_half),
         T(test_bias),
         T(test_embed),

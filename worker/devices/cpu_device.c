@@ -307,24 +307,55 @@ static void cpu_embed_bwd(device *d, float *dtable, const float *dout, const int
 
 /* out = (x - mean) * rstd * w + b, two passes over the row (mean, then the centred variance:
  * no cancellation as in E[x^2] - mean^2). */
+/* One row of layer norm (mean != NULL) or RMS norm (mean == NULL, b unused): the row code of
+ * layernorm_fwd, rmsnorm_fwd and add_norm_fwd alike, so that the fused op gives their bits. */
+static inline void norm_row(float *restrict o, float *mean, float *rstd, const float *restrict xr,
+                            const float *w, const float *b, int C, float eps) {
+    if (!mean) {
+        float s = 1.0f / sqrtf(vdot(xr, xr, C) / (float)C + eps);
+#pragma omp simd
+        for (int i = 0; i < C; i++) o[i] = xr[i] * s * w[i];
+        *rstd = s;
+        return;
+    }
+    float m = vsum(xr, C) / (float)C;
+    float acc[CPU_LANES] = {0};
+    int c = 0;
+    for (; c + CPU_LANES <= C; c += CPU_LANES)
+        for (int l = 0; l < CPU_LANES; l++) acc[l] += (xr[c + l] - m) * (xr[c + l] - m);
+    for (int l = 0; c < C; c++, l++) acc[l] += (xr[c] - m) * (xr[c] - m);
+    float s = 1.0f / sqrtf(lanes_total(acc) / (float)C + eps);
+#pragma omp simd
+    for (int i = 0; i < C; i++) o[i] = (xr[i] - m) * s * w[i] + b[i];
+    *mean = m;
+    *rstd = s;
+}
+
 static void cpu_layernorm_fwd(device *d, float *out, float *mean, float *rstd, const float *x,
                               const float *w, const float *b, int N, int C, float eps) {
 #pragma omp parallel for schedule(static) num_threads(d->threads) \
     if ((int64_t)N * C > CPU_PAR_MIN)
+    for (int n = 0; n < N; n++)
+        norm_row(out + (int64_t)n * C, mean + n, rstd + n, x + (int64_t)n * C, w, b, C, eps);
+}
+
+/* sum = a + b, then its norm, a row at a time (the row is still in cache for the statistics);
+ * out rounded to hp's 16-bit format unless hp is PREC_FP32. */
+static void cpu_add_norm_fwd(device *d, float *sum, float *out, float *mean, float *rstd,
+                             const float *a, const float *b, const float *w, const float *bias,
+                             int N, int C, float eps, precision hp) {
+#pragma omp parallel for schedule(static) num_threads(d->threads) \
+    if ((int64_t)N * C > CPU_PAR_MIN)
     for (int n = 0; n < N; n++) {
-        const float *restrict xr = x + (int64_t)n * C;
-        float *restrict o = out + (int64_t)n * C;
-        float m = vsum(xr, C) / (float)C;
-        float acc[CPU_LANES] = {0};
-        int c = 0;
-        for (; c + CPU_LANES <= C; c += CPU_LANES)
-            for (int l = 0; l < CPU_LANES; l++) acc[l] += (xr[c + l] - m) * (xr[c + l] - m);
-        for (int l = 0; c < C; c++, l++) acc[l] += (xr[c] - m) * (xr[c] - m);
-        float s = 1.0f / sqrtf(lanes_total(acc) / (float)C + eps);
+        int64_t r = (int64_t)n * C;
+        float *sr = sum + r, *o = out + r; /* sum may alias a or b, element for element */
 #pragma omp simd
-        for (int i = 0; i < C; i++) o[i] = (xr[i] - m) * s * w[i] + b[i];
-        mean[n] = m;
-        rstd[n] = s;
+        for (int i = 0; i < C; i++) sr[i] = a[r + i] + b[r + i];
+        norm_row(o, mean ? mean + n : NULL, rstd + n, sr, w, bias, C, eps);
+        if (hp == PREC_BF16)
+            for (int i = 0; i < C; i++) o[i] = half_bf16_widen(half_bf16_round(o[i]));
+        else if (hp == PREC_FP16)
+            for (int i = 0; i < C; i++) o[i] = half_fp16_widen(half_fp16_round(o[i]));
     }
 }
 
@@ -395,14 +426,8 @@ static void cpu_rmsnorm_fwd(device *d, float *out, float *rstd, const float *x, 
                             int N, int C, float eps) {
 #pragma omp parallel for schedule(static) num_threads(d->threads) \
     if ((int64_t)N * C > CPU_PAR_MIN)
-    for (int n = 0; n < N; n++) {
-        const float *restrict xr = x + (int64_t)n * C;
-        float *restrict o = out + (int64_t)n * C;
-        float s = 1.0f / sqrtf(vdot(xr, xr, C) / (float)C + eps);
-#pragma omp simd
-        for (int i = 0; i < C; i++) o[i] = xr[i] * s * w[i];
-        rstd[n] = s;
-    }
+    for (int n = 0; n < N; n++)
+        norm_row(out + (int64_t)n * C, NULL, rstd + n, x + (int64_t)n * C, w, NULL, C, eps);
 }
 
 /* dx += rstd * (dnorm - xhat * mean(dnorm * xhat)), dnorm = dout * w, xhat = x * rstd. */
@@ -755,6 +780,7 @@ static const dev_ops cpu_ops = {
     .from_bf16 = cpu_from_bf16,
     .to_fp16 = cpu_to_fp16,
     .round_half = cpu_round_half,
+    .add_norm_fwd = cpu_add_norm_fwd,
     .from_fp16 = cpu_from_fp16,
     .fill = cpu_fill,
     .add = cpu_add,

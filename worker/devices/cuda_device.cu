@@ -867,12 +867,19 @@ static void cuda_embed_bwd(device *d, float *dtable, const float *dout, const in
  * normalisations: one warp per row for the row statistics and dx, in float like the CPU
  * device; the weight gradients are column sums. */
 
-__global__ void layernorm_fwd_kernel(float *out, float *mean, float *rstd, const float *x,
-                                     const float *w, const float *b, int N, int C, float eps) {
-    int row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (row >= N) return; /* whole warps leave: the shuffles below stay full-warp */
-    const float *xr = x + (int64_t)row * C;
-    float *o = out + (int64_t)row * C;
+/* One warp's row of layer norm (mean != NULL) or RMS norm (mean == NULL): the code of both
+ * norm kernels and of the fused add + norm, so that the fused kernel gives their bits. */
+__device__ __forceinline__ void norm_row(float *o, float *mean, float *rstd, const float *xr,
+                                         const float *w, const float *b, int C, float eps,
+                                         int lane) {
+    if (!mean) {
+        float ss = 0.0f;
+        for (int c = lane; c < C; c += 32) ss += xr[c] * xr[c];
+        float r = 1.0f / sqrtf(warp_sum(ss) / (float)C + eps);
+        for (int c = lane; c < C; c += 32) o[c] = xr[c] * r * w[c];
+        if (lane == 0) *rstd = r;
+        return;
+    }
     float s = 0.0f;
     for (int c = lane; c < C; c += 32) s += xr[c];
     float m = warp_sum(s) / (float)C;
@@ -880,7 +887,33 @@ __global__ void layernorm_fwd_kernel(float *out, float *mean, float *rstd, const
     for (int c = lane; c < C; c += 32) v += (xr[c] - m) * (xr[c] - m);
     float r = 1.0f / sqrtf(warp_sum(v) / (float)C + eps);
     for (int c = lane; c < C; c += 32) o[c] = (xr[c] - m) * r * w[c] + b[c];
-    if (lane == 0) mean[row] = m, rstd[row] = r;
+    if (lane == 0) *mean = m, *rstd = r;
+}
+
+__global__ void layernorm_fwd_kernel(float *out, float *mean, float *rstd, const float *x,
+                                     const float *w, const float *b, int N, int C, float eps) {
+    int row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= N) return; /* whole warps leave: the shuffles below stay full-warp */
+    norm_row(out + (int64_t)row * C, mean + row, rstd + row, x + (int64_t)row * C, w, b, C, eps,
+             lane);
+}
+
+/* sum = a + b, then the norm of sum, then out rounded (HP: 0 none, 1 bf16, 2 fp16). Each lane
+ * reads back only the sums it wrote (the same c stride), so the warp needs no barrier for them. */
+template <int HP>
+__global__ void add_norm_fwd_kernel(float *sum, float *out, float *mean, float *rstd,
+                                    const float *a, const float *b, const float *w,
+                                    const float *bias, int N, int C, float eps) {
+    int row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= N) return;
+    int64_t r0 = (int64_t)row * C;
+    for (int c = lane; c < C; c += 32) sum[r0 + c] = a[r0 + c] + b[r0 + c];
+    float *o = out + r0;
+    norm_row(o, mean ? mean + row : NULL, rstd + row, sum + r0, w, bias, C, eps, lane);
+    if (HP == 1)
+        for (int c = lane; c < C; c += 32) o[c] = __uint_as_float((uint32_t)bf16_round(o[c]) << 16);
+    if (HP == 2)
+        for (int c = lane; c < C; c += 32) o[c] = fp16_widen(fp16_round(o[c]));
 }
 
 /* dx += rstd * (dnorm - mean(dnorm) - xhat * mean(dnorm * xhat)), dnorm = dout * w; mean NULL:
@@ -911,13 +944,7 @@ __global__ void rmsnorm_fwd_kernel(float *out, float *rstd, const float *x, cons
                                    int C, float eps) {
     int row = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= N) return;
-    const float *xr = x + (int64_t)row * C;
-    float *o = out + (int64_t)row * C;
-    float ss = 0.0f;
-    for (int c = lane; c < C; c += 32) ss += xr[c] * xr[c];
-    float r = 1.0f / sqrtf(warp_sum(ss) / (float)C + eps);
-    for (int c = lane; c < C; c += 32) o[c] = xr[c] * r * w[c];
-    if (lane == 0) rstd[row] = r;
+    norm_row(out + (int64_t)row * C, NULL, rstd + row, x + (int64_t)row * C, w, NULL, C, eps, lane);
 }
 
 static unsigned row_blocks(int N) { return (unsigned)((N + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK); }
@@ -927,6 +954,20 @@ static void cuda_layernorm_fwd(device *d, float *out, float *mean, float *rstd, 
     if (N <= 0 || C <= 0) return;
     layernorm_fwd_kernel<<<row_blocks(N), ROWS_PER_BLOCK * 32, 0, compute(d)>>>(
         out, mean, rstd, x, w, b, N, C, eps);
+    LAUNCH_CHECK();
+}
+
+static void cuda_add_norm_fwd(device *d, float *sum, float *out, float *mean, float *rstd,
+                              const float *a, const float *b, const float *w, const float *bias,
+                              int N, int C, float eps, precision hp) {
+    if (N <= 0 || C <= 0) return;
+    dim3 grid(row_blocks(N)), block(ROWS_PER_BLOCK * 32);
+    if (hp == PREC_BF16)
+        add_norm_fwd_kernel<1><<<grid, block, 0, compute(d)>>>(sum, out, mean, rstd, a, b, w, bias, N, C, eps);
+    else if (hp == PREC_FP16)
+        add_norm_fwd_kernel<2><<<grid, block, 0, compute(d)>>>(sum, out, mean, rstd, a, b, w, bias, N, C, eps);
+    else
+        add_norm_fwd_kernel<0><<<grid, block, 0, compute(d)>>>(sum, out, mean, rstd, a, b, w, bias, N, C, eps);
     LAUNCH_CHECK();
 }
 
@@ -1333,6 +1374,7 @@ static dev_ops make_ops(void) {
     o.to_fp16 = cuda_to_fp16;
     o.from_fp16 = cuda_from_fp16;
     o.round_half = cuda_round_half;
+    o.add_norm_fwd = cuda_add_norm_fwd;
     o.fill = cuda_fill;
     o.add = cuda_add;
     o.axpy = cuda_axpy;
@@ -1509,6 +1551,7 @@ static dev_ops make_timed_ops(void) {
     TIMED(OT_NORM, layernorm_bwd);
     TIMED(OT_NORM, rmsnorm_fwd);
     TIMED(OT_NORM, rmsnorm_bwd);
+    TIMED(OT_NORM, add_norm_fwd);
     TIMED(OT_ACT, gelu_fwd);
     TIMED(OT_ACT, gelu_bwd);
     TIMED(OT_ACT, swiglu_fwd);

@@ -156,6 +156,14 @@ typedef struct dev_ops {
     /* out = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps); saves rstd[N]. */
     void (*rmsnorm_fwd)(device *d, float *out, float *rstd, const float *x, const float *w, int N,
                         int C, float eps);
+    /* The residual add and the norm after it, fused: sum = a + b (sum may alias a or b), then
+     * out = the norm of sum: layernorm_fwd's (mean saved, bias b_n) or, with mean == NULL,
+     * rmsnorm_fwd's (bias NULL); then out rounded as round_half rounds to hp (PREC_BF16 or
+     * PREC_FP16; PREC_FP32: not rounded). Bit for bit add + the norm + round_half, with one pass
+     * over the rows instead of three. out may not alias sum. */
+    void (*add_norm_fwd)(device *d, float *sum, float *out, float *mean, float *rstd,
+                         const float *a, const float *b, const float *w, const float *bias, int N,
+                         int C, float eps, precision hp);
     /* dx[N,C] +=, dw[C] +=. */
     void (*rmsnorm_bwd)(device *d, float *dx, float *dw, const float *dout, const float *x,
                         const float *rstd, const float *w, int N, int C);

@@ -201,6 +201,9 @@ static void r16(device *d, const wm_acts *a, float *x, int64_t n) {
     if (a->h16) OP(d, round_half, x, n, a->prec);
 }
 
+/* The format add_norm_fwd rounds a norm output that feeds GEMMs to (PREC_FP32: none). */
+static precision r16_prec(const wm_acts *a) { return a->h16 ? a->prec : PREC_FP32; }
+
 static void copy_f(device *d, float *dst, const float *src, int64_t n) {
     OP(d, copy, dst, src, (size_t)n * sizeof(float), COPY_D2D);
 }
@@ -239,10 +242,8 @@ static void preln_fwd(device *d, const model_spec *m, int unit, const float *par
     r16(d, a, a->qkv, 3 * nd);
     attend(d, m, mb, T, a);
     linear_fwd(d, a->x2, a->att, W("attn.proj.weight"), W("attn.proj.bias"), N, D, D);
-    OP(d, axpy, a->x2, 1.0f, x, (int64_t)N * D);
-    OP(d, layernorm_fwd, a->ln2, a->mean2, a->rstd2, a->x2, W("ln_2.weight"), W("ln_2.bias"), N,
-       D, eps);
-    r16(d, a, a->ln2, nd);
+    OP(d, add_norm_fwd, a->x2, a->ln2, a->mean2, a->rstd2, a->x2, x, W("ln_2.weight"),
+       W("ln_2.bias"), N, D, eps, r16_prec(a)); /* x2 += x; ln2 = LN2 x2 */
     linear_fwd(d, a->fc, a->ln2, W("mlp.fc.weight"), W("mlp.fc.bias"), N, D, ff);
     r16(d, a, a->fc, nf);
     OP(d, gelu_fwd, a->act, a->fc, nf, tanh_gelu);
@@ -296,9 +297,8 @@ static void llama_fwd(device *d, const model_spec *m, int unit, const float *par
     r16(d, a, a->qkv, (int64_t)N * qw);
     attend(d, m, mb, T, a);
     linear_fwd(d, a->x2, a->att, W("attn.o.weight"), NULL, N, D, D);
-    OP(d, axpy, a->x2, 1.0f, x, (int64_t)N * D);
-    OP(d, rmsnorm_fwd, a->ln2, a->rstd2, a->x2, W("mlp_norm.weight"), N, D, eps);
-    r16(d, a, a->ln2, nd);
+    OP(d, add_norm_fwd, a->x2, a->ln2, NULL, a->rstd2, a->x2, x, W("mlp_norm.weight"), NULL, N,
+       D, eps, r16_prec(a)); /* x2 += x; ln2 = rms x2 */
     linear_fwd(d, a->fc, a->ln2, W("mlp.gate.weight"), NULL, N, D, ff);
     r16(d, a, a->fc, nf);
     linear_fwd(d, a->up, a->ln2, W("mlp.up.weight"), NULL, N, D, ff);
@@ -355,17 +355,15 @@ static void postln_fwd(device *d, const model_spec *m, int unit, const float *pa
     r16(d, a, a->qkv, 3 * nd);
     attend(d, m, mb, T, a);
     linear_fwd(d, a->x2, a->att, W("attn.proj.weight"), W("attn.proj.bias"), N, D, D);
-    OP(d, axpy, a->x2, 1.0f, x, (int64_t)N * D);
-    OP(d, layernorm_fwd, a->ln1, a->mean1, a->rstd1, a->x2, W("ln_1.weight"), W("ln_1.bias"), N,
-       D, eps);
+    OP(d, add_norm_fwd, a->x2, a->ln1, a->mean1, a->rstd1, a->x2, x, W("ln_1.weight"),
+       W("ln_1.bias"), N, D, eps, PREC_FP32); /* s1 = x2 + x; y1 = LN1 s1 (the residual stream) */
     linear_fwd(d, a->fc, a->ln1, W("mlp.fc.weight"), W("mlp.fc.bias"), N, D, ff);
     r16(d, a, a->fc, nf);
     OP(d, gelu_fwd, a->act, a->fc, nf, false);
     r16(d, a, a->act, nf);
     linear_fwd(d, a->ln2, a->act, W("mlp.proj.weight"), W("mlp.proj.bias"), N, ff, D);
-    OP(d, axpy, a->ln2, 1.0f, a->ln1, (int64_t)N * D);
-    OP(d, layernorm_fwd, y, a->mean2, a->rstd2, a->ln2, W("ln_2.weight"), W("ln_2.bias"), N, D,
-       eps);
+    OP(d, add_norm_fwd, a->ln2, y, a->mean2, a->rstd2, a->ln2, a->ln1, W("ln_2.weight"),
+       W("ln_2.bias"), N, D, eps, PREC_FP32); /* s2 = ln2 + y1; y = LN2 s2 */
 }
 
 static void postln_bwd(device *d, const model_spec *m, int unit, const float *params,
