@@ -10,7 +10,11 @@
 # CEPHALO_PEAK_TFLOPS (when the GPU is not in the table), PYTHON (a python with CUDA PyTorch),
 # BENCH_GPU_ATTN ("simt"; "simt mma" adds a cephalo row per bf16/fp16 case with the tensor-core
 # attention, CEPHALO_CUDA_ATTN=mma, docs/cuda.md), BENCH_GPU_OPTIME (1: every cephalo run with
-# CEPHALO_CUDA_OPTIME=1; its per-op table goes to stderr as the run ends and into the JSON).
+# CEPHALO_CUDA_OPTIME=1; its per-op table goes to stderr as the run ends and into the JSON),
+# BENCH_GPU_VARIANTS (switches to compare in the same call: each word a cephalo row more per case,
+# run with those variables, several joined by commas, e.g. "CEPHALO_ACTS=16
+# CEPHALO_ACTS=16,CEPHALO_ADAMW=half"), BENCH_GPU_EXTRAS (1; 0 skips the offload and
+# accumulation comparisons).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 B=${BUILD:-build/rel}/bin
@@ -23,6 +27,9 @@ PRECS=${BENCH_GPU_PRECISIONS:-fp32 bf16 fp16}
 TMODES=${BENCH_GPU_TORCH_MODES:-eager compile fsdp2}
 ATTNS=${BENCH_GPU_ATTN:-simt}
 OPTIME=${BENCH_GPU_OPTIME:-0}
+VARIANTS=${BENCH_GPU_VARIANTS:-}
+EXTRAS=${BENCH_GPU_EXTRAS:-1}
+variant_tag() { tr '=,' '_-' <<<"$1"; } # a variant's file-name form
 [ "$OPTIME" = 1 ] && export CEPHALO_CUDA_OPTIME=1
 
 if [ ! -x "$WC" ]; then echo "not built: $WC (make cuda)"; exit 1; fi
@@ -96,6 +103,12 @@ for model in $MODELS; do
         --seq "$seq" --batch "$batch" --microbatch "$micro" --precision "$prec"
       echo "#   cephalo attn=$attn: $(cat "$T/$tag-cephalo-attn-$attn.json")" >&2
     done
+    for v in $VARIANTS; do # the same run under other switches (docs/gpu.md)
+      vt=$(variant_tag "$v")
+      (export ${v//,/ }; cephalo_run "$tag-cephalo-var-$vt" "$T/$tag-var-$vt.jsonl" --model "$model" --seq "$seq" \
+        --batch "$batch" --microbatch "$micro" --precision "$prec")
+      echo "#   cephalo $v: $(cat "$T/$tag-cephalo-var-$vt.json")" >&2
+    done
     for mode in $TMODES; do
       if [ "$TORCH_OK" = 1 ]; then
         "$PY" bench/torch_gpu.py --model "$model" --seq "$seq" --batch "$batch" --micro "$micro" \
@@ -114,7 +127,9 @@ done
 # ---- offload on vs off (step time; goal: within 5%) ----
 OFF_MODEL=${BENCH_GPU_OFFLOAD_MODEL:-gpt2-350m}
 read -r seq batch micro <<<"$(shape "$OFF_MODEL")"
-if grep -q -- --offload <<<"$WC_HELP"; then
+if [ "$EXTRAS" != 1 ]; then
+  for off in on off; do echo '{"unavailable": "not run (BENCH_GPU_EXTRAS=0)"}' >"$T/offload-$off.json"; done
+elif grep -q -- --offload <<<"$WC_HELP"; then
   for off in off on; do
     cephalo_run "offload-$off" "$T/offload-$off.jsonl" --model "$OFF_MODEL" --seq "$seq" --batch "$batch" \
       --microbatch "$micro" --precision bf16 --offload $off
@@ -131,7 +146,9 @@ read -r seq batch micro <<<"$(shape "$ACC_MODEL")"
 # the same schedule, which an H200 run measured as 28 gathers per step in each
 micro=$((batch / 8 > 0 ? batch / 8 : 1))
 ACC_RANKS=0
-if grep -q -- --accumulate <<<"$WC_HELP"; then
+if [ "$EXTRAS" != 1 ]; then
+  for mode in layered per-micro; do echo '{"unavailable": "not run (BENCH_GPU_EXTRAS=0)"}' >"$T/acc-$mode.json"; done
+elif grep -q -- --accumulate <<<"$WC_HELP"; then
   free_port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
   printf 'nodes:\n  - name: local\n    gpus:\n      - {type: cpu, count: 2, threads: 1, memory_gib: 30}\n' >"$T/c2.yaml"
   if "$B/cephalo" plan --cluster "$T/c2.yaml" --model "$ACC_MODEL" --seq "$seq" --batch "$batch" -o "$T/base.json" >/dev/null 2>&1 &&
@@ -174,9 +191,12 @@ else
 fi
 
 # ---- the table and the JSON ----
-"$PY" - "$T" "$OUT" "$GPU_NAME" "$MODELS" "$PRECS" "$TMODES" "$STEPS" "$WARM" "$OFF_MODEL" "$ACC_MODEL" "$ATTNS" <<'PY'
+"$PY" - "$T" "$OUT" "$GPU_NAME" "$MODELS" "$PRECS" "$TMODES" "$STEPS" "$WARM" "$OFF_MODEL" "$ACC_MODEL" "$ATTNS" "$VARIANTS" <<'PY'
 import json, os, re, subprocess, sys
-T, OUT, GPU, MODELS, PRECS, TMODES, STEPS, WARM, OFF_MODEL, ACC_MODEL, ATTNS = sys.argv[1:12]
+T, OUT, GPU, MODELS, PRECS, TMODES, STEPS, WARM, OFF_MODEL, ACC_MODEL, ATTNS, VARIANTS = sys.argv[1:13]
+VARIANTS = VARIANTS.split()
+def vtag(v):
+    return v.replace("=", "_").replace(",", "-")
 MODELS, PRECS, TMODES, ATTNS = MODELS.split(), PRECS.split(), TMODES.split(), ATTNS.split()
 
 # peak dense TFLOP/s (no sparsity): (bf16, tf32)
@@ -224,7 +244,10 @@ for model in MODELS:
         for a in ATTNS:
             if a != "simt" and prec != "fp32":
                 res["cephalo " + a] = load("%s-%s-cephalo-attn-%s" % (model, prec, a))
-        for system, tag in [("cephalo", "cephalo")] + [("cephalo " + a, "cephalo-attn-" + a) for a in ATTNS]:
+        for v in VARIANTS:
+            res["cephalo " + v] = load("%s-%s-cephalo-var-%s" % (model, prec, vtag(v)))
+        for system, tag in ([("cephalo", "cephalo")] + [("cephalo " + a, "cephalo-attn-" + a) for a in ATTNS] +
+                            [("cephalo " + v, "cephalo-var-" + vtag(v)) for v in VARIANTS]):
             try:
                 if system in res:
                     res[system]["optime"] = open(os.path.join(T, "%s-%s-%s.optime" % (model, prec, tag))).read()
@@ -246,15 +269,17 @@ for model in MODELS:
 def fmt_row(r):
     if "tokens_per_s" not in r:
         why = r.get("unavailable") or r.get("error") or "?"
-        return "%-15s %-5s %-14s %s" % (r["model"], r["precision"], r["system"], ("unavailable: " if "unavailable" in r else "FAILED: ") + why[:90])
+        return "%-15s %-5s %-*s %s" % (r["model"], r["precision"], SYSW, r["system"], ("unavailable: " if "unavailable" in r else "FAILED: ") + why[:90])
     mfu = "%5.1f%%" % (100 * r["mfu"]) if "mfu" in r else "    - "
     peakm = "%7.1f" % (r["peak_bytes"] / 2**30) if r.get("peak_bytes") else "      -"
     vs = "%5.2fx" % r["vs_compile"] if "vs_compile" in r else "    - "
-    return "%-15s %-5s %-14s %10.0f %9.1f %s %s GiB %s" % (r["model"], r["precision"], r["system"], r["tokens_per_s"], r["step_ms"], mfu, peakm, vs)
+    return "%-15s %-5s %-*s %10.0f %9.1f %s %s GiB %s" % (r["model"], r["precision"], SYSW, r["system"], r["tokens_per_s"], r["step_ms"], mfu, peakm, vs)
+
+SYSW = max([14] + [len(r["system"]) for r in rows])
 
 print("MFU: model FLOPs per token = 6 x params + 12 x layers x d x seq (attention counted in full, causal or "
       "not, as PyTorch/llm.c do), over %s dense peak %s" % (GPU, "%g bf16 / %g tf32 TFLOP/s (%s)" % (peak["bf16"], peak["fp32"], peak["source"]) if peak else "unknown"))
-print("%-15s %-5s %-14s %10s %9s %6s %11s %6s" % ("model", "prec", "system", "tokens/s", "step ms", "MFU", "peak mem", "/compile"))
+print("%-15s %-5s %-*s %10s %9s %6s %11s %6s" % ("model", "prec", SYSW, "system", "tokens/s", "step ms", "MFU", "peak mem", "/compile"))
 for r in rows:
     print(fmt_row(r))
 
