@@ -584,20 +584,42 @@ static cublasComputeType_t compute_type(dev_matmul mm) {
 
 enum gemm16_mode { G16_BF16, G16_FP16, G16_BF16_WIDE };
 
-/* out[r, c] (leading dimension ldo) = in[r, c] (ld) rounded, for r < rows, c < cols. */
+/* One operand element, rounded: the 16-bit pattern, or (G16_BF16_WIDE) its fp32 value. */
+template <int MODE> struct g16_elem { typedef uint16_t type; };
+template <> struct g16_elem<G16_BF16_WIDE> { typedef float type; };
+
+template <int MODE> __device__ __forceinline__ typename g16_elem<MODE>::type g16_round(float x) {
+    if constexpr (MODE == G16_BF16) return bf16_round(x);
+    else if constexpr (MODE == G16_FP16) return fp16_round(x);
+    else return __uint_as_float((uint32_t)bf16_round(x) << 16);
+}
+
+/* out[r, c] (leading dimension ldo) = in[r, c] (ld) rounded, for r < rows, c < cols. A thread
+ * takes four columns of a row: threads along a row (x), rows over y and the grid's y with a
+ * stride. vec: in's rows start 16-byte aligned (the base and ld allow it), so the four are one
+ * 16-byte load and one 8-byte (16 for WIDE) store; ldo is a multiple of 8 (round8), so out's rows
+ * are aligned. No per-element 64-bit division: the flat-index form spent most of its time
+ * there (docs/gpu.md: this kernel was 29% of a bf16 step). */
 template <int MODE>
 __global__ void round_operand_kernel(void *out, int64_t ldo, const float *in, int64_t ld,
-                                     int rows, int cols) {
-    const int64_t total = (int64_t)rows * cols;
-    GRID_STRIDE(i, total) {
-        const int64_t r = i / cols, c = i % cols;
-        const float x = in[r * ld + c];
-        if constexpr (MODE == G16_BF16)
-            ((uint16_t *)out)[r * ldo + c] = bf16_round(x);
-        else if constexpr (MODE == G16_FP16)
-            ((uint16_t *)out)[r * ldo + c] = fp16_round(x);
-        else
-            ((float *)out)[r * ldo + c] = __uint_as_float((uint32_t)bf16_round(x) << 16);
+                                     int rows, int cols, bool vec) {
+    typedef typename g16_elem<MODE>::type T;
+    const int c = 4 * (blockIdx.x * blockDim.x + threadIdx.x);
+    if (c >= cols) return;
+    for (int r = blockIdx.y * blockDim.y + threadIdx.y; r < rows; r += gridDim.y * blockDim.y) {
+        const float *src = in + (int64_t)r * ld + c;
+        T *dst = (T *)out + (int64_t)r * ldo + c;
+        if (vec && c + 4 <= cols) {
+            const float4 v = *(const float4 *)src;
+            const T o0 = g16_round<MODE>(v.x), o1 = g16_round<MODE>(v.y), o2 = g16_round<MODE>(v.z),
+                    o3 = g16_round<MODE>(v.w);
+            if constexpr (MODE == G16_BF16_WIDE)
+                *(float4 *)dst = make_float4(o0, o1, o2, o3);
+            else /* little-endian: element c in the low half */
+                *(uint2 *)dst = make_uint2((uint32_t)o0 | (uint32_t)o1 << 16, (uint32_t)o2 | (uint32_t)o3 << 16);
+        } else {
+            for (int k = 0; k < 4 && c + k < cols; k++) dst[k] = g16_round<MODE>(src[k]);
+        }
     }
 }
 
@@ -622,21 +644,24 @@ static int round8(int x) { return (x + 7) / 8 * 8; } /* 16-byte rows of 16-bit v
 static int round_operand(device *d, const gemm16_op &g, void *w, const float *src, int ld,
                          int rows, int cols) {
     const int ldo = round8(cols);
-    const int64_t n = (int64_t)rows * cols;
-    const unsigned blocks = ew_blocks(n);
+    if (rows <= 0 || cols <= 0) return ldo;
+    /* x: enough threads for the row's quads (a warp at least); y: rows, up to 256 threads */
+    const int quads = (cols + 3) / 4;
+    const unsigned bx = quads >= 256 ? 256 : (unsigned)((quads + 31) / 32 * 32), by = 256 / bx;
+    const unsigned gx = (unsigned)((quads + bx - 1) / bx);
+    const int64_t ygroups = ((int64_t)rows + by - 1) / by;
+    const dim3 grid(gx, (unsigned)(ygroups < 65535 ? ygroups : 65535)), block(bx, by);
+    const bool vec = (uintptr_t)src % 16 == 0 && ld % 4 == 0;
     cuda_optime_begin(d, OT_GEMM_ROUND, DEV_STREAM_COMPUTE);
     switch (g.mode) {
     case G16_BF16:
-        round_operand_kernel<G16_BF16><<<blocks, EW_THREADS, 0, compute(d)>>>(w, ldo, src, ld,
-                                                                               rows, cols);
+        round_operand_kernel<G16_BF16><<<grid, block, 0, compute(d)>>>(w, ldo, src, ld, rows, cols, vec);
         break;
     case G16_FP16:
-        round_operand_kernel<G16_FP16><<<blocks, EW_THREADS, 0, compute(d)>>>(w, ldo, src, ld,
-                                                                               rows, cols);
+        round_operand_kernel<G16_FP16><<<grid, block, 0, compute(d)>>>(w, ldo, src, ld, rows, cols, vec);
         break;
     case G16_BF16_WIDE:
-        round_operand_kernel<G16_BF16_WIDE><<<blocks, EW_THREADS, 0, compute(d)>>>(
-            w, ldo, src, ld, rows, cols);
+        round_operand_kernel<G16_BF16_WIDE><<<grid, block, 0, compute(d)>>>(w, ldo, src, ld, rows, cols, vec);
         break;
     }
     LAUNCH_CHECK();
