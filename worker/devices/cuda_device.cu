@@ -59,6 +59,25 @@ static unsigned ew_blocks(int64_t n) {
     return (unsigned)(b < 65536 ? b : 65536);
 }
 
+/* The launch of a kernel over a [rows, cols] block in which a thread takes `per` consecutive
+ * columns of a row: threads along the row (x, a warp at least, 256 at most), the rest of the
+ * block's 256 threads and the grid's y over rows (the kernel strides by gridDim.y * blockDim.y).
+ * Row and column come from the thread's coordinates, so no kernel divides per element: a
+ * 64-bit division or modulo per element (i / cols, i % C on a flat index) costs more than the
+ * element's memory traffic. */
+struct rows_launch {
+    dim3 grid, block;
+};
+static rows_launch rows_grid(int64_t rows, int64_t cols, int per) {
+    const int64_t units = (cols + per - 1) / per;
+    const unsigned bx = units >= 256 ? 256 : (unsigned)((units + 31) / 32 * 32), by = 256 / bx;
+    const int64_t gx = (units + bx - 1) / bx, gy = (rows + by - 1) / by;
+    return {dim3((unsigned)gx, (unsigned)(gy < 65535 ? gy : 65535)), dim3(bx, by)};
+}
+#define ROWS_STRIDE(r, rows)                                                                  \
+    for (int64_t r = (int64_t)blockIdx.y * blockDim.y + threadIdx.y; r < (rows);              \
+         r += (int64_t)gridDim.y * blockDim.y)
+
 static cudaStream_t compute(device *d) { return cuda_stream(d, DEV_STREAM_COMPUTE); }
 
 /* The host waits for stream s; counted (device.h host_syncs). */
@@ -606,7 +625,7 @@ __global__ void round_operand_kernel(void *out, int64_t ldo, const float *in, in
     typedef typename g16_elem<MODE>::type T;
     const int c = 4 * (blockIdx.x * blockDim.x + threadIdx.x);
     if (c >= cols) return;
-    for (int r = blockIdx.y * blockDim.y + threadIdx.y; r < rows; r += gridDim.y * blockDim.y) {
+    ROWS_STRIDE(r, rows) {
         const float *src = in + (int64_t)r * ld + c;
         T *dst = (T *)out + (int64_t)r * ldo + c;
         if (vec && c + 4 <= cols) {
@@ -645,12 +664,8 @@ static int round_operand(device *d, const gemm16_op &g, void *w, const float *sr
                          int rows, int cols) {
     const int ldo = round8(cols);
     if (rows <= 0 || cols <= 0) return ldo;
-    /* x: enough threads for the row's quads (a warp at least); y: rows, up to 256 threads */
-    const int quads = (cols + 3) / 4;
-    const unsigned bx = quads >= 256 ? 256 : (unsigned)((quads + 31) / 32 * 32), by = 256 / bx;
-    const unsigned gx = (unsigned)((quads + bx - 1) / bx);
-    const int64_t ygroups = ((int64_t)rows + by - 1) / by;
-    const dim3 grid(gx, (unsigned)(ygroups < 65535 ? ygroups : 65535)), block(bx, by);
+    const rows_launch l = rows_grid(rows, cols, 4);
+    const dim3 grid = l.grid, block = l.block;
     const bool vec = (uintptr_t)src % 16 == 0 && ld % 4 == 0;
     cuda_optime_begin(d, OT_GEMM_ROUND, DEV_STREAM_COMPUTE);
     switch (g.mode) {
@@ -741,15 +756,18 @@ static void cuda_gemm(device *d, bool ta, bool tb, int M, int N, int K, float al
                               compute_type(d->matmul), CUBLAS_GEMM_DEFAULT));
 }
 
-/* x[N,C] += b[C] */
-__global__ void add_bias_kernel(float *x, const float *b, int64_t total, int C) {
-    GRID_STRIDE(i, total) x[i] += b[i % C];
+/* x[N,C] += b[C] (rows_grid's launch: a column a thread) */
+__global__ void add_bias_kernel(float *x, const float *b, int N, int C) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    const float bc = b[c];
+    ROWS_STRIDE(r, N) x[r * C + c] += bc;
 }
 
 static void cuda_add_bias(device *d, float *x, const float *b, int N, int C) {
-    int64_t total = (int64_t)N * C;
-    if (total <= 0) return;
-    add_bias_kernel<<<ew_blocks(total), EW_THREADS, 0, compute(d)>>>(x, b, total, C);
+    if (N <= 0 || C <= 0) return;
+    const rows_launch l = rows_grid(N, C, 1);
+    add_bias_kernel<<<l.grid, l.block, 0, compute(d)>>>(x, b, N, C);
     LAUNCH_CHECK();
 }
 
@@ -831,17 +849,19 @@ static void cuda_bias_grad(device *d, float *db, const float *dout, int N, int C
 /* ---------------------------------------------------------------------------------------------
  * embeddings */
 
-/* out[N,C] = table[ids[n], :] */
-__global__ void embed_fwd_kernel(float *out, const float *table, const int32_t *ids,
-                                 int64_t total, int C) {
-    GRID_STRIDE(i, total) out[i] = table[(int64_t)ids[i / C] * C + i % C];
+/* out[N,C] = table[ids[n], :] (rows_grid's launch: a column a thread) */
+__global__ void embed_fwd_kernel(float *out, const float *table, const int32_t *ids, int N,
+                                 int C) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    ROWS_STRIDE(n, N) out[n * C + c] = table[(int64_t)ids[n] * C + c];
 }
 
 static void cuda_embed_fwd(device *d, float *out, const float *table, const int32_t *ids, int N,
                            int C) {
-    int64_t total = (int64_t)N * C;
-    if (total <= 0) return;
-    embed_fwd_kernel<<<ew_blocks(total), EW_THREADS, 0, compute(d)>>>(out, table, ids, total, C);
+    if (N <= 0 || C <= 0) return;
+    const rows_launch l = rows_grid(N, C, 1);
+    embed_fwd_kernel<<<l.grid, l.block, 0, compute(d)>>>(out, table, ids, N, C);
     LAUNCH_CHECK();
 }
 
@@ -1144,17 +1164,16 @@ static void rope_table(device *d, int T, int hd, const float *inv_freq) {
 }
 
 /* One thread per (row, head, i < hd/2): (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin); inverse
- * uses -sin. The _rn intrinsics keep nvcc from fusing into FMAs, as on the CPU. */
+ * uses -sin. The _rn intrinsics keep nvcc from fusing into FMAs, as on the CPU. rows_grid's
+ * launch over [rows, n_heads * hd/2]: a thread's (head, i) is fixed, only the row moves. */
 __global__ void rope_kernel(float *x, const float *cos_t, const float *sin_t, int ldx,
-                            int64_t total, int T, int n_heads, int hd, float sign) {
-    int half = hd / 2;
-    GRID_STRIDE(k, total) {
-        int i = (int)(k % half);
-        int64_t rh = k / half;
-        int h = (int)(rh % n_heads);
-        int64_t r = rh / n_heads;
+                            int rows, int T, int n_heads, int hd, float sign) {
+    const int half = hd / 2, k = blockIdx.x * blockDim.x + threadIdx.x;
+    if (k >= n_heads * half) return;
+    const int h = k / half, i = k - h * half;
+    ROWS_STRIDE(r, rows) {
         float *x1 = x + r * ldx + (int64_t)h * hd + i, *x2 = x1 + half;
-        int64_t tab = (r % T) * half + i;
+        int64_t tab = (int64_t)((int)r % T) * half + i;
         float a = *x1, b = *x2, c = cos_t[tab], s = sign * sin_t[tab];
         *x1 = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
         *x2 = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
@@ -1164,12 +1183,12 @@ __global__ void rope_kernel(float *x, const float *cos_t, const float *sin_t, in
 static void cuda_rope(device *d, float *x, int ldx, int rows, int T, int n_heads, int hd,
                       const float *inv_freq, bool inverse) {
     CHECK(hd % 2 == 0 && T > 0);
-    int64_t total = (int64_t)rows * n_heads * (hd / 2);
-    if (total <= 0) return;
+    if (rows <= 0 || n_heads <= 0 || hd <= 0) return;
     rope_table(d, T, hd, inv_freq);
     cuda_state *st = cuda_of(d);
-    rope_kernel<<<ew_blocks(total), EW_THREADS, 0, compute(d)>>>(
-        x, st->rope_cos, st->rope_sin, ldx, total, T, n_heads, hd, inverse ? -1.0f : 1.0f);
+    const rows_launch l = rows_grid(rows, (int64_t)n_heads * (hd / 2), 1);
+    rope_kernel<<<l.grid, l.block, 0, compute(d)>>>(x, st->rope_cos, st->rope_sin, ldx, rows, T,
+                                                    n_heads, hd, inverse ? -1.0f : 1.0f);
     LAUNCH_CHECK();
 }
 
