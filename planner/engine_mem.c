@@ -4,6 +4,7 @@
 
 #include "planner/cost.h"
 
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -60,6 +61,31 @@ int engine_vocab_ld(const model_spec *m) {
     bool no_bias = m->arch == ARCH_GPT || m->arch == ARCH_LLAMA;
     if (!no_bias || !vocab_pad_on()) return m->vocab;
     return (m->vocab + ENGINE_VOCAB_ALIGN - 1) / ENGINE_VOCAB_ALIGN * ENGINE_VOCAB_ALIGN;
+}
+
+engine_switches engine_switches_of(const model_spec *m, precision prec) {
+    return (engine_switches){engine_state_bytes_per_param(prec), engine_acts16(prec) ? 16 : 32,
+                             engine_vocab_ld(m)};
+}
+
+int engine_switches_check(const engine_switches *plan, const engine_switches *here, err_t *err) {
+    static const struct {
+        const char *field, *var;
+        size_t off;
+    } f[] = {
+        {"state_bytes_per_param", "CEPHALO_ADAMW", offsetof(engine_switches, state_bytes_per_param)},
+        {"activation_bits", "CEPHALO_ACTS", offsetof(engine_switches, activation_bits)},
+        {"logits_row_stride", "CEPHALO_VOCAB_PAD", offsetof(engine_switches, logits_row_stride)},
+    };
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
+        int a = *(const int *)((const char *)plan + f[i].off), b = *(const int *)((const char *)here + f[i].off);
+        if (a != b)
+            return err_set(err, "inputs.engine.%s is %d but %d in this worker's environment: the plan was made "
+                                "with another $%s, and its predicted memory counts that; give the workers the "
+                                "planner's environment, or plan again",
+                           f[i].field, a, b, f[i].var);
+    }
+    return 0;
 }
 
 int64_t engine_head_chunk_rows(const model_spec *m, int micro, int T) {

@@ -13,6 +13,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "common/err.h"
 #include "common/precision.h"
 #include "common/recompute.h"
 #include "planner/model.h"
@@ -105,6 +106,20 @@ void engine_set_vocab_pad(int on);
 int engine_state_bytes_per_param(precision prec);
 /* Tests: 1 as if $CEPHALO_ADAMW were half, 0 any other mode, -1 from the environment again. */
 void engine_set_adamw_half(int on);
+/* What the switches that the planner and the workers both read ($CEPHALO_ADAMW, $CEPHALO_ACTS,
+ * $CEPHALO_VOCAB_PAD) make of a run's memory. A plan records them (inputs.engine) and a worker
+ * refuses a plan made under other values (worker/state/plan_read.c), since the plan's predicted
+ * peak counts them. */
+typedef struct engine_switches {
+    int state_bytes_per_param; /* engine_state_bytes_per_param: 16, or 18 with ADAMW=half */
+    int activation_bits;       /* 16 with engine_acts16, else 32 */
+    int logits_row_stride;     /* engine_vocab_ld: V, or V padded */
+} engine_switches;
+engine_switches engine_switches_of(const model_spec *m, precision prec);
+/* 0 when a and b agree; else fills err with what differs, naming the variable to set ("the plan"
+ * is a, "this worker" b) and returns -1. */
+int engine_switches_check(const engine_switches *plan, const engine_switches *here, err_t *err);
+
 /* Rows of logits the head materialises at once for microbatches of `micro` samples of T
  * tokens: all micro*T rows, or, when their logits would exceed ENGINE_HEAD_LOGITS_BYTES, as
  * many as fit, rounded down to a multiple of 64 (at least one row). */

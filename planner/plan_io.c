@@ -9,6 +9,7 @@
 #include "common/log.h"
 #include "common/strutil.h"
 #include "common/version.h"
+#include "planner/engine_mem.h"
 #include "planner/model_json.h"
 #include "planner/plan.h"
 
@@ -156,6 +157,12 @@ static cJSON *inputs_json(const plan *p) {
     cJSON_AddNumberToObject(in, "mem_cap", cm->opts.mem_cap);
     cJSON_AddStringToObject(in, "recompute", recompute_policy_name(cm->opts.recompute));
     cJSON_AddStringToObject(in, "costs", cost_source(cm));
+    /* what the environment's switches made of the memory model: workers check theirs agree */
+    engine_switches sw = engine_switches_of(cm->model, cm->opts.prec);
+    cJSON *eng = cJSON_AddObjectToObject(in, "engine");
+    cJSON_AddNumberToObject(eng, "state_bytes_per_param", sw.state_bytes_per_param);
+    cJSON_AddNumberToObject(eng, "activation_bits", sw.activation_bits);
+    cJSON_AddNumberToObject(eng, "logits_row_stride", sw.logits_row_stride);
     return in;
 }
 

@@ -173,6 +173,21 @@ for r, rk in enumerate(p16['ranks']):
 "
 CEPHALO_ACTS=8 check "a bad \$CEPHALO_ACTS is refused, naming the choices" 2 "CEPHALO_ACTS is '8', expected 16" -- \
   "$W" train --data synthetic --model tiny-gpt --batch 2 --steps 1
+# a plan records the switches its memory counts (inputs.engine); a worker whose environment
+# differs refuses it before training, naming the variable, instead of using memory the plan
+# did not count
+check "the plan records its switches (inputs.engine)" 0 "" -- $PY -c "
+import json
+e16, e32, eh = (json.load(open(f))['inputs']['engine'] for f in ('$T/pma16.json', '$T/pma32.json', '$T/pmh.json'))
+assert e16['activation_bits'] == 16 and e32['activation_bits'] == 32 and eh['state_bytes_per_param'] == 18, (e16, e32, eh)
+"
+for sw in "CEPHALO_ACTS=16 pma32 activation_bits is 32 but 16" "CEPHALO_ACTS=32 pma16 activation_bits is 16 but 32" \
+          "CEPHALO_ADAMW=half pmb state_bytes_per_param is 16 but 18" "CEPHALO_ADAMW=tensor pmh state_bytes_per_param is 18 but 16"; do
+  read -r var plan want <<<"$sw"
+  check "$var with a plan made without it is refused, naming the variable" 2 \
+    "inputs.engine.$want in this worker's environment: the plan was made with another \$${var%%=*}" -- \
+    env "$var" CEPHALO_PLAN="$T/$plan.json" RANK=0 WORLD_SIZE=3 "$W" train --data synthetic --steps 1
+done
 
 # ---- bad input ----
 check "--precision fp8 is refused" 2 "--precision: 'fp8' is not fp32, bf16 or fp16" -- \

@@ -5,7 +5,9 @@
         Rewrites a planner-made plan of N ranks: rank i gets batch b_i as microbatches of m_i
         ("b:m"; b = 0 gives the rank no samples), and every unit's shard_sizes become random
         uneven splits (with zeros), "even", or "one" (rank 0 holds everything); --precision
-        replaces the plan's precision.
+        replaces the plan's precision. The rewritten plan's predictions are not the planner's
+        any more, so it loses inputs.engine, the memory switches it was planned under (workers
+        check those only against a planner-made plan: docs/formats.md).
     plan_tool.py compare CKPT_A CKPT_B --tol 1e-5
         Assembles the parameters of two checkpoints (a file, or a sharded step directory with
         index.json) and compares them unit by unit: max |a - b| / max |b| per unit <= tol
@@ -53,6 +55,7 @@ def rewrite(args):
         r["batch"], r["microbatch"], r["microbatches"] = b, m, (b // m if b else 0)
         total += b
     plan["inputs"]["batch"] = total
+    plan["inputs"].pop("engine", None)
     if args.precision:
         plan["inputs"]["precision"] = args.precision
     rng = random.Random(args.seed)

@@ -398,6 +398,12 @@ static int resolve_job(worker_opts *o) {
         int threads = c->threads;
         int64_t mem = c->memory_bytes;
         if (plan_read(o->plan, rank, world, c, &err) < 0) return args_bad_cmd(WORKER_NAME, "%s", err.msg);
+        if (c->have_plan_engine) { /* the plan's memory counts its planner's switches (at the
+                                    * plan's precision): this worker's must agree */
+            engine_switches here = engine_switches_of(&c->model, c->prec);
+            if (engine_switches_check(&c->plan_engine, &here, &err) < 0)
+                return args_bad_cmd(WORKER_NAME, "%s: %s", o->plan, err.msg);
+        }
         if (o->have_threads) c->threads = threads;
         if (o->have_memory) c->memory_bytes = mem;
     } else {

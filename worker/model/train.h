@@ -20,6 +20,7 @@
 #include "devices/device.h"
 #include "formats/data.h"
 #include "model/wmodel.h"
+#include "planner/engine_mem.h"
 #include "planner/model.h"
 
 /* How the optimizer runs ($CEPHALO_ADAMW, docs/gpu.md); every mode gives the same bits:
@@ -85,6 +86,10 @@ typedef struct train_config {
     bool per_micro;     /* accumulate per microbatch (gather and reduce every microbatch) instead
                          * of layered (every unit once per step) */
     adamw_mode adamw;   /* $CEPHALO_ADAMW */
+    /* the plan's inputs.engine (plan_read), which the train command checks against this
+     * worker's environment (engine_switches_check) */
+    bool have_plan_engine;
+    engine_switches plan_engine;
     bool stage_host;    /* force host staging of collectives (tests; automatic for cuda with the
                          * socket backend) */
     /* data: a shard file/dir/list, an image file, or "synthetic" */

@@ -28,6 +28,21 @@ static int read_model(const json_ctx *c, const cJSON *in, model_spec *m) {
     return model_resolve(s, m, c->err) < 0 ? err_prefix(c->err, "%s: inputs.model", c->file) : 0;
 }
 
+/* inputs.engine (engine_switches): absent in plans from before it (then nothing is checked). */
+static int read_engine(const json_ctx *c, const cJSON *in, train_config *cfg) {
+    const cJSON *eng = json_get(in, "engine");
+    cfg->have_plan_engine = eng != NULL;
+    if (!eng) return 0;
+    long bpp, bits, ld;
+    if (json_expect_object(c, eng, "inputs.engine") < 0 ||
+        read_int(c, eng, "inputs.engine", "state_bytes_per_param", 1, 64, &bpp) < 0 ||
+        read_int(c, eng, "inputs.engine", "activation_bits", 16, 32, &bits) < 0 ||
+        read_int(c, eng, "inputs.engine", "logits_row_stride", 0, 1L << 30, &ld) < 0) /* ViT: 0 */
+        return -1;
+    cfg->plan_engine = (engine_switches){(int)bpp, (int)bits, (int)ld};
+    return 0;
+}
+
 static int read_inputs(const json_ctx *c, const cJSON *root, train_config *cfg) {
     const cJSON *in, *prec;
     const char *p;
@@ -47,7 +62,7 @@ static int read_inputs(const json_ctx *c, const cJSON *root, train_config *cfg) 
     if (cfg->model.arch == ARCH_VIT) seq = 0; /* a ViT plan's seq is its tokens */
     if (model_check_seq(&cfg->model, (int)seq, &checked, c->err) < 0) return err_prefix(c->err, "%s: inputs.seq", c->file);
     cfg->seq = cfg->model.arch == ARCH_VIT ? 0 : checked;
-    return 0;
+    return read_engine(c, in, cfg);
 }
 
 /* ranks[r].recompute: "none" or "full"; a plan without it (older versions) recomputes. */
