@@ -56,4 +56,8 @@ static inline float half_fp16_widen(uint16_t h) {
     return sign ? -(float)m * 0x1p-24f : (float)m * 0x1p-24f; /* zero, subnormal: exact */
 }
 
+/* x rounded to bf16 (fp16) and widened back: the value a 16-bit tensor holds, in fp32 (exact). */
+static inline float half_bf16_value(float x) { return half_bf16_widen(half_bf16_round(x)); }
+static inline float half_fp16_value(float x) { return half_fp16_widen(half_fp16_round(x)); }
+
 #endif

@@ -478,6 +478,7 @@ int cost_group_of(const cost_model *cm, int rank) {
 int cost_build(cost_model *cm, const model_spec *m, const cluster *cl, int seq, int batch,
                const cost_opts *opts, err_t *err) {
     memset(cm, 0, sizeof *cm);
+    if (engine_env_check(err) < 0) return -1; /* the switches the memory model reads */
     if (cl->n_devices < 1) return err_set(err, "the cluster has no devices");
     if (batch < 1 || batch > COST_MAX_BATCH)
         return err_set(err, "global batch %d must be in 1..%d", batch, COST_MAX_BATCH);

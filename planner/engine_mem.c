@@ -4,7 +4,6 @@
 
 #include "planner/cost.h"
 
-#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -21,45 +20,45 @@ void engine_set_head_logits_bytes(int64_t bytes) {
     head_logits_bytes = bytes > 0 ? bytes : ENGINE_HEAD_LOGITS_BYTES;
 }
 
-static int vocab_pad = -1; /* -1: not read from the environment yet */
+/* The switches the planner and the worker both read from the environment, once each (a test
+ * sets them with engine_set_*: 1 on, 0 off, -1 from the environment again). on: the value that
+ * turns the switch on; NULL: any non-empty value but "0". */
+typedef struct env_switch {
+    const char *var, *on;
+    int state; /* -1: not read yet */
+} env_switch;
 
-void engine_set_vocab_pad(int on) { vocab_pad = on; }
+static env_switch vocab_pad = {"CEPHALO_VOCAB_PAD", NULL, -1}, adamw_half = {"CEPHALO_ADAMW", "half", -1},
+                  acts16 = {"CEPHALO_ACTS", "16", -1};
 
-static bool vocab_pad_on(void) {
-    if (vocab_pad < 0) {
-        const char *v = getenv("CEPHALO_VOCAB_PAD");
-        vocab_pad = v && *v && strcmp(v, "0") != 0;
+static bool switch_on(env_switch *s) {
+    if (s->state < 0) {
+        const char *v = getenv(s->var);
+        s->state = v && (s->on ? strcmp(v, s->on) == 0 : *v && strcmp(v, "0") != 0);
     }
-    return vocab_pad == 1;
+    return s->state == 1;
 }
 
-static int adamw_half = -1; /* -1: not read from the environment yet */
-
-void engine_set_adamw_half(int on) { adamw_half = on; }
+void engine_set_vocab_pad(int on) { vocab_pad.state = on; }
+void engine_set_adamw_half(int on) { adamw_half.state = on; }
+void engine_set_acts16(int on) { acts16.state = on; }
 
 int engine_state_bytes_per_param(precision prec) {
-    if (adamw_half < 0) {
-        const char *v = getenv("CEPHALO_ADAMW");
-        adamw_half = v && strcmp(v, "half") == 0;
-    }
-    return STATE_BYTES_PER_PARAM + (adamw_half == 1 && precision_half(prec) ? 2 : 0);
+    return STATE_BYTES_PER_PARAM + (switch_on(&adamw_half) && precision_half(prec) ? 2 : 0);
 }
 
-static int acts16 = -1; /* -1: not read from the environment yet */
+bool engine_acts16(precision prec) { return switch_on(&acts16) && precision_half(prec); }
 
-void engine_set_acts16(int on) { acts16 = on; }
-
-bool engine_acts16(precision prec) {
-    if (acts16 < 0) {
-        const char *v = getenv("CEPHALO_ACTS");
-        acts16 = v && strcmp(v, "16") == 0;
-    }
-    return acts16 == 1 && precision_half(prec);
+int engine_env_check(err_t *err) {
+    const char *v = getenv(acts16.var);
+    if (v && *v && strcmp(v, "16") && strcmp(v, "32"))
+        return err_set(err, "$CEPHALO_ACTS is '%s', expected 16 (16-bit activations in a bf16/fp16 run) or 32", v);
+    return 0;
 }
 
 int engine_vocab_ld(const model_spec *m) {
     bool no_bias = m->arch == ARCH_GPT || m->arch == ARCH_LLAMA;
-    if (!no_bias || !vocab_pad_on()) return m->vocab;
+    if (!no_bias || !switch_on(&vocab_pad)) return m->vocab;
     return (m->vocab + ENGINE_VOCAB_ALIGN - 1) / ENGINE_VOCAB_ALIGN * ENGINE_VOCAB_ALIGN;
 }
 
@@ -68,23 +67,22 @@ engine_switches engine_switches_of(const model_spec *m, precision prec) {
                              engine_vocab_ld(m)};
 }
 
+static int switch_differs(err_t *err, const char *field, int plan, int here, const char *var) {
+    return err_set(err, "inputs.engine.%s is %d but %d in this worker's environment: the plan was made with "
+                        "another $%s, and its predicted memory counts that; give the workers the planner's "
+                        "environment, or plan again",
+                   field, plan, here, var);
+}
+
 int engine_switches_check(const engine_switches *plan, const engine_switches *here, err_t *err) {
-    static const struct {
-        const char *field, *var;
-        size_t off;
-    } f[] = {
-        {"state_bytes_per_param", "CEPHALO_ADAMW", offsetof(engine_switches, state_bytes_per_param)},
-        {"activation_bits", "CEPHALO_ACTS", offsetof(engine_switches, activation_bits)},
-        {"logits_row_stride", "CEPHALO_VOCAB_PAD", offsetof(engine_switches, logits_row_stride)},
-    };
-    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
-        int a = *(const int *)((const char *)plan + f[i].off), b = *(const int *)((const char *)here + f[i].off);
-        if (a != b)
-            return err_set(err, "inputs.engine.%s is %d but %d in this worker's environment: the plan was made "
-                                "with another $%s, and its predicted memory counts that; give the workers the "
-                                "planner's environment, or plan again",
-                           f[i].field, a, b, f[i].var);
-    }
+    if (plan->state_bytes_per_param != here->state_bytes_per_param)
+        return switch_differs(err, "state_bytes_per_param", plan->state_bytes_per_param,
+                              here->state_bytes_per_param, "CEPHALO_ADAMW");
+    if (plan->activation_bits != here->activation_bits)
+        return switch_differs(err, "activation_bits", plan->activation_bits, here->activation_bits, "CEPHALO_ACTS");
+    if (plan->logits_row_stride != here->logits_row_stride)
+        return switch_differs(err, "logits_row_stride", plan->logits_row_stride, here->logits_row_stride,
+                              "CEPHALO_VOCAB_PAD");
     return 0;
 }
 
@@ -153,7 +151,9 @@ unsigned engine_saved_mask(const model_spec *m, unit_kind k) {
     return 0;
 }
 
-unsigned engine_saved_half_mask(const model_spec *m) {
+/* The saved buffers that hold 16-bit values with 16-bit activations (BERT's ln1 and ln2 hold its
+ * residual stream and stay fp32). */
+static unsigned saved_half_mask(const model_spec *m) {
     unsigned mask = B(ES_QKV) | B(ES_ATT) | B(ES_FC) | B(ES_ACT) | B(ES_UP) | B(ES_PATCHES);
     /* BERT's post-LN blocks keep the residual stream in ln1 and ln2 */
     return m->arch == ARCH_BERT ? mask : mask | B(ES_LN1) | B(ES_LN2);
@@ -161,7 +161,7 @@ unsigned engine_saved_half_mask(const model_spec *m) {
 
 unsigned engine_acts16_work_mask(const model_spec *m, recompute_mode r, precision prec) {
     if (r != RECOMPUTE_NONE || !engine_acts16(prec)) return 0;
-    return engine_saved_half_mask(m) &
+    return saved_half_mask(m) &
            (engine_saved_mask(m, UNIT_EMBEDDING) | engine_saved_mask(m, UNIT_BLOCK));
 }
 

@@ -70,9 +70,9 @@ int engine_saved_set_of(const model_spec *m, recompute_mode r, int kept, int uni
 bool engine_acts16(precision prec);
 /* Tests: 1 as if $CEPHALO_ACTS were 16, 0 as if 32, -1 from the environment again. */
 void engine_set_acts16(int on);
-/* The saved buffers that hold 16-bit values in such a run (BERT's ln1 and ln2 hold its residual
- * stream and stay fp32). */
-unsigned engine_saved_half_mask(const model_spec *m);
+/* Fails, naming the variable and its values, when $CEPHALO_ACTS is set to something else than
+ * 16 or 32: the planner (cost_build) and the worker refuse it alike. */
+int engine_env_check(err_t *err);
 /* The 16-bit buffers the kept sets of a run store in 2 bytes, which the unit at work computes in
  * an fp32 copy of: 0 unless recompute none with 16-bit activations. */
 unsigned engine_acts16_work_mask(const model_spec *m, recompute_mode r, precision prec);

@@ -37,6 +37,19 @@ wait_for() {
   until "$@" >/dev/null 2>&1; do [ $SECONDS -ge $end ] && return 1; sleep 0.1; done
 }
 
+# losses_within REL STEPS REF.jsonl RUN.jsonl...: each run's log has STEPS steps and each step's
+# loss within REL (relative) of REF's; fails printing the losses (for check ... -- losses_within)
+losses_within() {
+  /usr/bin/python3 - "$@" <<'PY'
+import json, sys
+rel, steps, ref, runs = float(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4:]
+a = [json.loads(l)['loss'] for l in open(ref)]
+for f in runs:
+    b = [json.loads(l)['loss'] for l in open(f)]
+    assert len(a) == len(b) == steps and all(abs(x - y) <= rel * x for x, y in zip(a, b)), (f, a, b)
+PY
+}
+
 # api_refusals FILE...: the lines where the operator's API client was refused (HTTP 403), as
 # kube.c reports them ("HTTP 403 (Forbidden): ..."). Not a bare "403": commit hashes, ports and
 # times in the same logs contain it (a version line "0.1.0+4a20167d403e" once failed CI). FILE - reads stdin.

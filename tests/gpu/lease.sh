@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# lease.sh - one device lease's checks and measurements in one call, about 8 minutes on an
-# H100/H200 (docs/gpu.md, "A lease"). Everything it prints also goes to files under $OUT (the
+# lease.sh - one device lease's checks and measurements in one call, within a 540 s budget (not
+# yet run on a GPU: the parts' times there are unmeasured; docs/gpu.md, "A lease"). Everything it prints also goes to files under $OUT (the
 # device tool brings back at most 8): gpu.txt, ops.txt, train.txt, bench.txt, bench.json,
 # nccl.txt, summary.txt. Each part has its own time limit, so a hang costs that part only, and
 # all of them together stay inside LEASE_BUDGET seconds (540: the device tool's per-call limit is

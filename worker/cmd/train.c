@@ -391,6 +391,8 @@ static int resolve_job(worker_opts *o) {
     int rank, world;
     if (env_int("RANK", 0, 0, 1 << 20, &rank) || env_int("WORLD_SIZE", 1, 1, 1 << 20, &world))
         return EXIT_BAD_INPUT;
+    /* the switches the memory model reads ($CEPHALO_ACTS), checked as the planner checks them */
+    if (engine_env_check(&err) < 0) return args_bad_cmd(WORKER_NAME, "%s", err.msg);
     if (!o->plan) o->plan = getenv("CEPHALO_PLAN");
     if (o->plan && *o->plan) {
         if (o->model || o->batch || o->micro || o->seq)
@@ -438,10 +440,6 @@ static int resolve_job(worker_opts *o) {
     const char *adamw = getenv("CEPHALO_ADAMW");
     if (adamw && *adamw && !adamw_mode_parse(adamw, &c->adamw))
         return args_bad_cmd(WORKER_NAME, "$CEPHALO_ADAMW is '%s', expected " ADAMW_MODE_CHOICES, adamw);
-    /* 16-bit activations ($CEPHALO_ACTS, planner/engine_mem.h), which the planner reads too */
-    const char *acts = getenv("CEPHALO_ACTS");
-    if (acts && *acts && strcmp(acts, "16") && strcmp(acts, "32"))
-        return args_bad_cmd(WORKER_NAME, "$CEPHALO_ACTS is '%s', expected 16 (16-bit activations in a bf16/fp16 run) or 32", acts);
     int rc = inject_from_env(c);
     if (rc) return rc;
     if (!strcmp(c->device, "cuda") && !o->have_gpu) {

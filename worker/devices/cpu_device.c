@@ -126,15 +126,19 @@ static void cpu_from_fp16(device *d, float *out, const uint16_t *in, int64_t n) 
     for (int64_t i = 0; i < n; i++) out[i] = half_fp16_widen(in[i]);
 }
 
+/* x[n] = its value in p's 16-bit format (round_half, one thread's part). */
+static void round_span(float *x, int64_t n, precision p) {
+    CHECK(p == PREC_BF16 || p == PREC_FP16);
+    if (p == PREC_BF16)
+        for (int64_t i = 0; i < n; i++) x[i] = half_bf16_value(x[i]);
+    else
+        for (int64_t i = 0; i < n; i++) x[i] = half_fp16_value(x[i]);
+}
+
 static void cpu_round_half(device *d, float *x, int64_t n, precision p) {
-    if (p == PREC_BF16) {
-#pragma omp parallel for simd schedule(static) num_threads(d->threads) if (n > CPU_PAR_MIN)
-        for (int64_t i = 0; i < n; i++) x[i] = half_bf16_widen(half_bf16_round(x[i]));
-    } else {
-        CHECK(p == PREC_FP16);
-#pragma omp parallel for simd schedule(static) num_threads(d->threads) if (n > CPU_PAR_MIN)
-        for (int64_t i = 0; i < n; i++) x[i] = half_fp16_widen(half_fp16_round(x[i]));
-    }
+    const int64_t span = 1 << 14, spans = (n + span - 1) / span;
+#pragma omp parallel for schedule(static) num_threads(d->threads) if (n > CPU_PAR_MIN)
+    for (int64_t s = 0; s < spans; s++) round_span(x + s * span, n - s * span < span ? n - s * span : span, p);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -213,8 +217,7 @@ static float *half_operand(device *d, const float *x, int rows, int cols, int ld
     for (int r = 0; r < rows; r++)
         for (int c = 0; c < cols; c++) {
             float v = x[(int64_t)r * ld + c];
-            out[(int64_t)r * cols + c] =
-                fp16 ? half_fp16_widen(half_fp16_round(v)) : half_bf16_widen(half_bf16_round(v));
+            out[(int64_t)r * cols + c] = fp16 ? half_fp16_value(v) : half_bf16_value(v);
         }
     return out;
 }
@@ -352,10 +355,7 @@ static void cpu_add_norm_fwd(device *d, float *sum, float *out, float *mean, flo
 #pragma omp simd
         for (int i = 0; i < C; i++) sr[i] = a[r + i] + b[r + i];
         norm_row(o, mean ? mean + n : NULL, rstd + n, sr, w, bias, C, eps);
-        if (hp == PREC_BF16)
-            for (int i = 0; i < C; i++) o[i] = half_bf16_widen(half_bf16_round(o[i]));
-        else if (hp == PREC_FP16)
-            for (int i = 0; i < C; i++) o[i] = half_fp16_widen(half_fp16_round(o[i]));
+        if (hp != PREC_FP32) round_span(o, C, hp);
     }
 }
 

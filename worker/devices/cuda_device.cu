@@ -427,12 +427,14 @@ static void cuda_from_fp16(device *d, float *out, const uint16_t *in, int64_t n)
     LAUNCH_CHECK();
 }
 
-/* 16-bit activations: the stored value of a bf16/fp16 tensor, kept in fp32 (the same bits as
- * to_bf16/to_fp16 then the widening). */
+/* x rounded to bf16 (fp16) and widened back: the value a 16-bit tensor holds, in fp32 (the
+ * same bits as to_bf16/to_fp16 then from_bf16/from_fp16). */
+__device__ __forceinline__ float bf16_value(float x) { return __uint_as_float((uint32_t)bf16_round(x) << 16); }
+__device__ __forceinline__ float fp16_value(float x) { return fp16_widen(fp16_round(x)); }
+
+/* 16-bit activations: x in place as a bf16/fp16 tensor holds it. */
 template <bool BF16> __global__ void round_half_kernel(float *x, int64_t n) {
-    GRID_STRIDE(i, n) {
-        x[i] = BF16 ? __uint_as_float((uint32_t)bf16_round(x[i]) << 16) : fp16_widen(fp16_round(x[i]));
-    }
+    GRID_STRIDE(i, n) x[i] = BF16 ? bf16_value(x[i]) : fp16_value(x[i]);
 }
 
 static void cuda_round_half(device *d, float *x, int64_t n, precision p) {
@@ -610,7 +612,7 @@ template <> struct g16_elem<G16_BF16_WIDE> { typedef float type; };
 template <int MODE> __device__ __forceinline__ typename g16_elem<MODE>::type g16_round(float x) {
     if constexpr (MODE == G16_BF16) return bf16_round(x);
     else if constexpr (MODE == G16_FP16) return fp16_round(x);
-    else return __uint_as_float((uint32_t)bf16_round(x) << 16);
+    else return bf16_value(x);
 }
 
 /* out[r, c] (leading dimension ldo) = in[r, c] (ld) rounded, for r < rows, c < cols. A thread
@@ -956,9 +958,9 @@ __global__ void add_norm_fwd_kernel(float *sum, float *out, float *mean, float *
     float *o = out + r0;
     norm_row(o, mean ? mean + row : NULL, rstd + row, sum + r0, w, bias, C, eps, lane);
     if (HP == 1)
-        for (int c = lane; c < C; c += 32) o[c] = __uint_as_float((uint32_t)bf16_round(o[c]) << 16);
+        for (int c = lane; c < C; c += 32) o[c] = bf16_value(o[c]);
     if (HP == 2)
-        for (int c = lane; c < C; c += 32) o[c] = fp16_widen(fp16_round(o[c]));
+        for (int c = lane; c < C; c += 32) o[c] = fp16_value(o[c]);
 }
 
 /* dx += rstd * (dnorm - mean(dnorm) - xhat * mean(dnorm * xhat)), dnorm = dout * w; mean NULL:

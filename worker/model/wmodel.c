@@ -28,13 +28,13 @@ struct wm_acts {
     /* the saved sets (planner/engine_mem.h): [n_sets][ES_COUNT], NULL where a set has no such
      * buffer; one with recompute full, one per (unit, kept microbatch) with none. With 16-bit
      * activations and none, the buffers of work_mask are 2-byte values in the sets after 0 and
-     * the unit at work computes in work[] (fp32): its forward ends by storing them there
-     * (store16), its backward starts by widening them back (load16). */
+     * the unit at work computes in work[] (fp32): its forward ends by storing them there, its
+     * backward starts by widening them back (move16). */
     recompute_mode recompute;
     int kept, n_sets, seq;
     void **sets;
-    precision prec;
-    bool h16; /* 16-bit activations (engine_acts16) */
+    precision act16; /* 16-bit activations (engine_acts16): the run's PREC_BF16/PREC_FP16, which
+                      * the units round to; PREC_FP32 when off */
     unsigned work_mask;
     float *work[ES_COUNT];
     int set; /* the set selected last */
@@ -67,7 +67,7 @@ static int alloc_sets(device *d, const model_spec *m, const engine_workspace *p,
     for (int set = 0; set < a->n_sets; set++) {
         unsigned mask = engine_saved_set_mask(m, a->recompute, a->kept, set);
         for (int s = 0; s < ES_COUNT; s++) {
-            int64_t bytes = engine_saved_bytes(m, p, a->recompute, a->prec, set, (engine_saved)s);
+            int64_t bytes = engine_saved_bytes(m, p, a->recompute, a->act16, set, (engine_saved)s);
             if (!(mask >> s & 1) || bytes == 0) continue;
             void **dst = &a->sets[(size_t)set * ES_COUNT + s];
             if (!(*dst = dev_alloc(d, (size_t)bytes, what[s]))) return *err = d->err, -1;
@@ -91,8 +91,7 @@ wm_acts *wm_acts_new(device *d, const model_spec *m, int max_m, int seq, recompu
     a->recompute = recompute;
     a->kept = kept > 0 ? kept : 1;
     a->seq = seq;
-    a->prec = prec;
-    a->h16 = engine_acts16(prec);
+    a->act16 = engine_acts16(prec) ? prec : PREC_FP32;
     a->work_mask = engine_acts16_work_mask(m, recompute, prec);
     if (llama) {
         a->inv_freq = xmalloc((size_t)(m->d_model / m->n_head / 2) * sizeof(float));
@@ -149,8 +148,8 @@ static void move16(device *d, const model_spec *m, wm_acts *a, int mb, bool stor
         if (!(mask >> s & 1)) continue;
         uint16_t *h = a->sets[(size_t)a->set * ES_COUNT + s];
         int64_t n = engine_saved_floats(&w, (engine_saved)s);
-        if (store) dev_to_half(d, a->prec, h, a->work[s], n);
-        else dev_from_half(d, a->prec, a->work[s], h, n);
+        if (store) dev_to_half(d, a->act16, h, a->work[s], n);
+        else dev_from_half(d, a->act16, a->work[s], h, n);
     }
 }
 
@@ -198,11 +197,8 @@ static void linear_bwd(device *d, float *dx, bool acc, float *dw, float *db, con
  * those operands' gradients; a GEMM whose output is added into the residual stream (or its
  * gradient) adds there in fp32 and rounds nothing, as a fused residual epilogue would. */
 static void r16(device *d, const wm_acts *a, float *x, int64_t n) {
-    if (a->h16) OP(d, round_half, x, n, a->prec);
+    if (a->act16 != PREC_FP32) OP(d, round_half, x, n, a->act16);
 }
-
-/* The format add_norm_fwd rounds a norm output that feeds GEMMs to (PREC_FP32: none). */
-static precision r16_prec(const wm_acts *a) { return a->h16 ? a->prec : PREC_FP32; }
 
 static void copy_f(device *d, float *dst, const float *src, int64_t n) {
     OP(d, copy, dst, src, (size_t)n * sizeof(float), COPY_D2D);
@@ -243,7 +239,7 @@ static void preln_fwd(device *d, const model_spec *m, int unit, const float *par
     attend(d, m, mb, T, a);
     linear_fwd(d, a->x2, a->att, W("attn.proj.weight"), W("attn.proj.bias"), N, D, D);
     OP(d, add_norm_fwd, a->x2, a->ln2, a->mean2, a->rstd2, a->x2, x, W("ln_2.weight"),
-       W("ln_2.bias"), N, D, eps, r16_prec(a)); /* x2 += x; ln2 = LN2 x2 */
+       W("ln_2.bias"), N, D, eps, a->act16); /* x2 += x; ln2 = LN2 x2 */
     linear_fwd(d, a->fc, a->ln2, W("mlp.fc.weight"), W("mlp.fc.bias"), N, D, ff);
     r16(d, a, a->fc, nf);
     OP(d, gelu_fwd, a->act, a->fc, nf, tanh_gelu);
@@ -298,7 +294,7 @@ static void llama_fwd(device *d, const model_spec *m, int unit, const float *par
     attend(d, m, mb, T, a);
     linear_fwd(d, a->x2, a->att, W("attn.o.weight"), NULL, N, D, D);
     OP(d, add_norm_fwd, a->x2, a->ln2, NULL, a->rstd2, a->x2, x, W("mlp_norm.weight"), NULL, N,
-       D, eps, r16_prec(a)); /* x2 += x; ln2 = rms x2 */
+       D, eps, a->act16); /* x2 += x; ln2 = rms x2 */
     linear_fwd(d, a->fc, a->ln2, W("mlp.gate.weight"), NULL, N, D, ff);
     r16(d, a, a->fc, nf);
     linear_fwd(d, a->up, a->ln2, W("mlp.up.weight"), NULL, N, D, ff);
