@@ -1,7 +1,9 @@
 /* fuzz_shard.c - libFuzzer target for the worker's data files (worker/formats/data.c): the input is
  * checked in memory, then written to a temporary file and opened through the real path (mmap) as
  * an llm.c token shard (CLM and MLM, small and large vocabularies) and as a CIMG image file (with
- * the header's own dimensions and with mismatched ones); a few samples are read from each. */
+ * the header's own dimensions and with mismatched ones); a few samples are read from each. Every
+ * open must succeed exactly when the in-memory check and the model's arguments say it should
+ * (expect_tokens, expect_images): a check made by only one of the two paths aborts. */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -47,10 +49,11 @@ static int read_tokens(int seq, int vocab, data_task task) {
     return 1;
 }
 
-static void read_images(int channels, int side, int classes) {
+/* Returns whether the file opened as an image source. */
+static int read_images(int channels, int side, int classes) {
     data_source *ds;
     err_t err;
-    if (data_open_images(&ds, tmp_path, channels, side, classes, 3, &err) < 0) return;
+    if (data_open_images(&ds, tmp_path, channels, side, classes, 3, &err) < 0) return 0;
     size_t px = (size_t)channels * (size_t)side * (size_t)side;
     float *pix = malloc(px * sizeof *pix);
     int32_t label;
@@ -58,31 +61,50 @@ static void read_images(int channels, int side, int classes) {
         if (data_get_image(ds, s, pix, &label, &err) < 0) break;
     free(pix);
     data_close(ds);
+    return 1;
+}
+
+/* The same for images: the header passes, its dimensions are the model's, and it holds an image. */
+static int expect_images(int image_ok, const data_image_info *in, int channels, int side, int classes) {
+    return image_ok && (int)in->channels == channels && (int)in->height == side && (int)in->width == side &&
+           (int)in->n_classes == classes && in->count > 0;
+}
+
+/* What opening the file as one shard must give, from the in-memory header check alone: the
+ * header passes, the shard has a window of seq+1 tokens, and the tokenizer it records (if any)
+ * fits the model's vocabulary. The file path checks nothing else for one shard without a mask,
+ * so any other disagreement is a check that only one of the two paths makes. */
+static int expect_tokens(int shard_ok, int64_t n_tokens, const tok_id *tok, int seq, int vocab) {
+    return shard_ok && n_tokens >= (int64_t)seq + 1 && tok->vocab <= vocab;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     err_t err;
-    int64_t n_tokens;
+    int64_t n_tokens = 0;
     data_image_info info;
+    tok_id tok = {0};
     int shard_ok = data_shard_check("fuzz.bin", data, size, &n_tokens, &err) == 0;
+    if (shard_ok && data_shard_tokenizer("fuzz.bin", data, &tok, &err) < 0) abort(); /* the check passed it */
     int image_ok = data_image_check("fuzz.cimg", data, size, &info, &err) == 0;
     if (write_tmp(data, size) < 0) return 0;
 
-    /* the in-memory check and the file path must agree (a valid shard of >= 5 tokens has a window) */
-    if (read_tokens(4, 65536, DATA_CLM) != (shard_ok && n_tokens >= 5)) abort();
-    if (shard_ok) {
-        read_tokens(1, 300, DATA_CLM);
-        read_tokens(7, 300, DATA_MLM);
-        read_tokens(64, 3, DATA_MLM);
-    }
-    read_images(3, 8, 10);
+    static const struct {
+        int seq, vocab;
+        data_task task;
+    } opens[] = {
+        {4, 65536, DATA_CLM}, {1, 300, DATA_CLM}, {7, 300, DATA_MLM}, {64, 3, DATA_MLM}, {2, 1 << 24, DATA_CLM},
+    };
+    for (size_t i = 0; i < sizeof opens / sizeof opens[0]; i++)
+        if (read_tokens(opens[i].seq, opens[i].vocab, opens[i].task) !=
+            expect_tokens(shard_ok, n_tokens, &tok, opens[i].seq, opens[i].vocab))
+            abort();
+    if (read_images(3, 8, 10) != expect_images(image_ok, &info, 3, 8, 10)) abort();
     if (image_ok) {
         data_image_info again;
         if (data_image_file_info(tmp_path, &again, &err) < 0 || memcmp(&again, &info, sizeof info) != 0) abort();
-        if (info.height == info.width && info.height <= 1024) {
-            read_images((int)info.channels, (int)info.height, (int)info.n_classes);
-            read_images((int)info.channels, (int)info.height, (int)info.n_classes + 1);
-        }
+        int c = (int)info.channels, side = (int)info.height, k = (int)info.n_classes;
+        if (read_images(c, side, k) != expect_images(image_ok, &info, c, side, k)) abort();
+        if (read_images(c, side, k + 1)) abort();
     }
     return 0;
 }
