@@ -174,6 +174,14 @@ for sw in "CEPHALO_ACTS=16 pma32 activation_bits is 32 but 16" "CEPHALO_ACTS=32 
     "inputs.engine.$want in this worker's environment: the plan was made with another \$${var%%=*}" -- \
     env "$var" CEPHALO_PLAN="$T/$plan.json" RANK=0 WORLD_SIZE=3 "$W" train --data synthetic --steps 1
 done
+$PY -c "
+import json
+p = json.load(open('$T/pma32.json')); p['inputs']['engine']['activation_bits'] = 24
+json.dump(p, open('$T/pm-bits24.json', 'w'))
+"
+check "a plan's activation_bits other than 16 or 32 is refused as such" 2 \
+  "pm-bits24.json: inputs.engine.activation_bits is 24, expected 16 or 32" -- \
+  env CEPHALO_PLAN="$T/pm-bits24.json" RANK=0 WORLD_SIZE=3 "$W" train --data synthetic --steps 1
 
 # ---- bad input ----
 check "--precision fp8 is refused" 2 "--precision: 'fp8' is not fp32, bf16 or fp16" -- \

@@ -308,10 +308,10 @@ static void cpu_embed_bwd(device *d, float *dtable, const float *dout, const int
 /* ---------------------------------------------------------------------------------------------
  * normalisations */
 
-/* out = (x - mean) * rstd * w + b, two passes over the row (mean, then the centred variance:
- * no cancellation as in E[x^2] - mean^2). */
 /* One row of layer norm (mean != NULL) or RMS norm (mean == NULL, b unused): the row code of
- * layernorm_fwd, rmsnorm_fwd and add_norm_fwd alike, so that the fused op gives their bits. */
+ * layernorm_fwd, rmsnorm_fwd and add_norm_fwd alike, so that the fused op gives their bits.
+ * Layer norm: out = (x - mean) * rstd * w + b, two passes over the row (mean, then the centred
+ * variance: no cancellation as in E[x^2] - mean^2). RMS norm: out = x * rstd * w. */
 static inline void norm_row(float *restrict o, float *mean, float *rstd, const float *restrict xr,
                             const float *w, const float *b, int C, float eps) {
     if (!mean) {

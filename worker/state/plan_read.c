@@ -39,6 +39,8 @@ static int read_engine(const json_ctx *c, const cJSON *in, train_config *cfg) {
         read_int(c, eng, "inputs.engine", "activation_bits", 16, 32, &bits) < 0 ||
         read_int(c, eng, "inputs.engine", "logits_row_stride", 0, 1L << 30, &ld) < 0) /* ViT: 0 */
         return -1;
+    if (bits != 16 && bits != 32)
+        return err_set(c->err, "%s: inputs.engine.activation_bits is %ld, expected 16 or 32", c->file, bits);
     cfg->plan_engine = (engine_switches){(int)bpp, (int)bits, (int)ld};
     return 0;
 }
