@@ -223,7 +223,7 @@ static bool is_shard_name(const char *s) {
     return digits >= 6 && !strcmp(p + digits, ".bin");
 }
 
-static const out_kind data_dir_kind = {"data directory", is_shard_name, false, NULL};
+static const out_kind data_dir_kind = {"data directory", is_shard_name, false, NULL, NULL};
 
 /* An input that is one of OUTDIR's shards would be replaced by this run's shards, or trained on
  * with them (symbolic links into OUTDIR included); nor may the tokenizer be one (common/outputs.h). */
@@ -623,7 +623,7 @@ static int keep_tokenizer(const char *outdir, const char *src, tok_id id, err_t 
     size_t len;
     char *text = file_read_all(src, JSON_MAX_FILE, &len, err);
     if (!text) return -1;
-    int rc = file_write_atomic(dst, text, len, err);
+    int rc = file_write_atomic(dst, text, len, 0, err);
     free(text);
     return rc;
 }

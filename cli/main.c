@@ -164,7 +164,7 @@ static int check_plan_outputs(const cli_opts *o) {
     bool use_store = !o->profile && profile_store_path(store, sizeof store, &err) > 0; /* else planning warns */
     out_set s = out_begin("cephalo plan");
     out_input(&s, "--cluster", o->cluster);
-    out_input(&s, "--model", o->model);
+    out_input_path(&s, "--model", o->model, &out_hf_input);
     out_input(&s, "--profile", o->profile);
     out_input(&s, "the profile store", use_store ? store : NULL);
     out_file(&s, "-o", o->output);

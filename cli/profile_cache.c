@@ -183,7 +183,7 @@ int pcache_profile(const job *j, const pcache_opts *o, char *path, size_t n) {
         goto out;
     }
     /* the signature first: a profile without it is no entry, one with it is complete */
-    if (file_write_atomic(sigpath, sig, strlen(sig), &err) < 0 || rename(tmp, path) != 0) {
+    if (file_write_atomic(sigpath, sig, strlen(sig), 0, &err) < 0 || rename(tmp, path) != 0) {
         fprintf(stderr, "cephalo run: warning: cannot keep the profile in %s; costs from estimates\n", dir);
         unlink(tmp);
         goto out;

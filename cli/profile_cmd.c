@@ -442,7 +442,7 @@ int profile_main(int argc, char **argv) {
     }
     /* -o and the store (read, then rewritten) must not replace the model file or each other */
     out_set outs = out_begin("cephalo profile");
-    out_input(&outs, "--model", o.model);
+    out_input_path(&outs, "--model", o.model, &out_hf_input);
     out_file(&outs, o.store ? "--store" : "the profile store", use_store ? store : NULL);
     out_file(&outs, "-o", o.out);
     rc = out_check(&outs, &err);

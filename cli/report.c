@@ -481,7 +481,7 @@ static int build_report(const char *dir, const char *out, err_t *err) {
         write_page(f, &rp);
         fclose(f);
         if (!strcmp(out, "-")) rc = fwrite(html, 1, len, stdout) == len && fflush(stdout) == 0 ? 0 : err_set(err, "stdout: %s", strerror(errno));
-        else rc = file_write_atomic(out, html, len, err);
+        else rc = file_write_atomic(out, html, len, 0, err);
     }
     free(html);
     report_free(&rp);

@@ -149,7 +149,9 @@ static bool run_owns(const char *name) {
     return end && !name[end];
 }
 
-const out_kind run_dir_kind = {"run directory", run_owns, false, ".cephalo-run"};
+/* Its subdirectories are checkpoint directories (`checkpoint: {dir: ckpt}`): `cephalo report RUN
+ * -o RUN/ckpt/latest` must not turn the run's checkpoint into a page. */
+const out_kind run_dir_kind = {"run directory", run_owns, false, ".cephalo-run", &ckpt_dir_kind};
 
 /* The job's files (the job file, its profile, data, weights and the checkpoint it resumes) are
  * never the run directory's nor the checkpoint directory's files. */
@@ -158,6 +160,7 @@ static int check_outputs(const launch *l, const run_opts *o, err_t *err) {
     out_set s = out_begin("cephalo run");
     out_input(&s, "the job file", o->job);
     out_input(&s, "profile", l->j->profile);
+    out_input_path(&s, "model", l->j->model_arg, &out_hf_input);
     data_spec_inputs(&s, "data", t->data);
     data_spec_inputs(&s, "validation.data", t->val_data);
     out_input_path(&s, "init_from", t->init_from, &out_hf_input);
@@ -187,7 +190,7 @@ static int write_run_dir(const launch *l, err_t *err) {
     char path[PATH_LEN];
     if (inputs_save_plan(l->p, in_dir(l, "plan.json", path), err) < 0) return -1;
     char *yaml = job_cluster_yaml(l->j);
-    int rc = file_write_atomic(in_dir(l, "cluster.yaml", path), yaml, strlen(yaml), err);
+    int rc = file_write_atomic(in_dir(l, "cluster.yaml", path), yaml, strlen(yaml), 0, err);
     free(yaml);
     /* the workers' /metrics as Prometheus file_sd targets (docs/metrics.md); none: an earlier
      * run's file goes */
@@ -201,7 +204,7 @@ static int write_run_dir(const launch *l, err_t *err) {
     for (int r = 0; r < l->world; r++) fprintf(f, "%s\"127.0.0.1:%ld\"", r ? ", " : "", l->j->metrics_port + r);
     fprintf(f, "], \"labels\": {\"cephalo_run\": \"%s\"}}]\n", l->j->name); /* names are [A-Za-z0-9._-] */
     fclose(f);
-    rc = file_write_atomic(path, text, n, err);
+    rc = file_write_atomic(path, text, n, 0, err);
     free(text);
     return rc;
 }
@@ -304,13 +307,13 @@ static void exec_worker(const launch *l, wcmd_argv *args, wcmd_argv *env, int lo
 
 static int spawn(launch *l, int rank, err_t *err) {
     char path[PATH_LEN];
-    int fd = open(rank_file(l, rank, "log", path), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) return err_set(err, "%s: cannot write: %s", path, strerror(errno));
+    file_out log;
+    if (file_out_open(&log, rank_file(l, rank, "log", path), FILE_OUT_STREAM, err) < 0) return -1;
     wcmd_argv args = worker_args(l, rank), env = worker_env(l, rank, true);
     pid_t parent = getpid(), pid = fork();
-    if (pid == 0) exec_worker(l, &args, &env, fd, parent);
+    if (pid == 0) exec_worker(l, &args, &env, log.fd, parent);
     int e = errno;
-    close(fd);
+    file_out_abort(&log); /* closed here; the worker writes it */
     wcmd_argv_free(&args);
     wcmd_argv_free(&env);
     if (pid < 0) return err_set(err, "cannot start rank %d: fork: %s", rank, strerror(e));

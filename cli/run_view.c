@@ -45,8 +45,9 @@ void view_init(run_view *v, const job *j, const plan *p, const char *dir, const 
     for (int r = 0; r < v->world; r++) {
         char path[PATH_LEN];
         /* a log left by an earlier run in this directory would read as this run's progress */
-        int fd = open(log_path(v, r, path), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-        if (fd >= 0) close(fd);
+        file_out o;
+        err_t err;
+        if (file_out_open(&o, log_path(v, r, path), FILE_OUT_STREAM, &err) == 0) file_out_abort(&o);
         v->r[r].fd = open(path, O_RDONLY | O_CLOEXEC);
     }
 }
@@ -373,7 +374,7 @@ int view_summary(run_view *v, err_t *err) {
     size_t len = strlen(text);
     text = xrealloc(text, len + 2);
     text[len++] = '\n';
-    int rc = file_write_atomic(path, text, len, err);
+    int rc = file_write_atomic(path, text, len, 0, err);
     free(text);
     if (!rc) printf("summary: %s\n", path);
     fflush(stdout);

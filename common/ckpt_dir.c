@@ -45,7 +45,11 @@ static bool ckpt_owns(const char *name) {
            !strcmp(name, "index.json") || !strcmp(name, ".lock") || !strcmp(name, "tokenizer.json") || (n > 12 && !strcmp(name + n - 12, SUFFIX));
 }
 
-const out_kind ckpt_dir_kind = {"checkpoint directory", ckpt_owns, true, NULL};
+/* A step directory (CKPT/step_N/: rank-R.safetensors, index.json) is the checkpoint's alone. */
+static bool step_owns(const char *name) { return name[0] != 0; }
+static const out_kind step_dir_kind = {"checkpoint step directory", step_owns, true, NULL, NULL};
+
+const out_kind ckpt_dir_kind = {"checkpoint directory", ckpt_owns, true, NULL, &step_dir_kind};
 
 static bool exists(const char *path) {
     struct stat st;
@@ -93,8 +97,8 @@ int ckpt_dir_list(const char *dir, ckpt_entry **out, err_t *err) {
 int ckpt_dir_latest(const char *dir, char *name, size_t n, err_t *err) {
     char path[PATH_MAX_LEN];
     if (str_fmt(path, sizeof path, err, "checkpoint path", "%s/latest", dir) < 0) return -1;
-    struct stat st;
-    if (stat(path, &st) != 0 && errno == ENOENT) return 0;
+    int there = file_state_exists(path, err);
+    if (there <= 0) return there;
     size_t len;
     char *text = file_read_all(path, (size_t)1 << 20, &len, err);
     if (!text) return -1;

@@ -57,10 +57,8 @@ static int file_read(const char *dir, keep_file *f, err_t *err) {
     static const char *const keys[] = {"keep_last", "keep_every", "diverged", NULL};
     *f = (keep_file){{CKPT_KEEP_UNSET, CKPT_KEEP_UNSET}, NULL, 0};
     char *path = keep_path(dir);
-    struct stat st;
-    int rc = 0;
-    if (stat(path, &st) != 0) {
-        if (errno != ENOENT) rc = err_set(err, "%s: %s", path, strerror(errno));
+    int rc = file_state_exists(path, err);
+    if (rc <= 0) {
         free(path);
         return rc;
     }
@@ -72,7 +70,7 @@ static int file_read(const char *dir, keep_file *f, err_t *err) {
         rc = -1;
     cJSON_Delete(root);
     free(path);
-    return rc;
+    return rc < 0 ? -1 : 0;
 }
 
 static void file_free(keep_file *f) { free(f->diverged), f->diverged = NULL, f->n_diverged = 0; }
@@ -88,7 +86,7 @@ static int file_write(const char *dir, const keep_file *f, err_t *err) {
     CHECK(text != NULL);
     size_t len = strlen(text);
     text[len] = '\n'; /* cJSON's buffer holds the NUL that this newline replaces */
-    int rc = file_write_atomic(path, text, len + 1, err);
+    int rc = file_write_atomic(path, text, len + 1, FILE_OUT_OWN, err);
     free(text);
     free(path);
     return rc;

@@ -33,6 +33,8 @@ typedef struct out_kind {
     bool (*owns)(const char *name); /* the names the command writes, deletes or reads there */
     bool reads_back;                /* inputs in it are fine: read before anything is written (resume) */
     const char *marker;             /* NULL, or the file that marks the directory as the command's */
+    const struct out_kind *sub;     /* NULL, or the kind of each of its subdirectories (a run
+                                     * directory's checkpoint directory, a checkpoint's step directory) */
 } out_kind;
 
 /* A path given to the command: opt, path (owned), and the kind of a directory (else NULL). */

@@ -81,7 +81,7 @@ int inputs_save_plan(const plan *p, const char *path, err_t *err) {
     if (!mem) return err_set(err, "%s: cannot write: out of memory", path);
     int rc = plan_write_json(p, mem, err);
     if (fclose(mem) != 0 && rc == 0) rc = err_set(err, "%s: cannot write: out of memory", path);
-    if (rc == 0) rc = file_write_atomic(path, text, len, err);
+    if (rc == 0) rc = file_write_atomic(path, text, len, 0, err);
     free(text);
     return rc;
 }

@@ -344,7 +344,7 @@ int plan_dump_costs(const cost_model *cm, const char *path, err_t *err) {
     for (int g = 0; ok && g < cm->n_groups; g++) ok = (g == 0 || fputc(',', f) != EOF) && put_group(&cm->groups[g], g, cm->opts.recompute, f);
     ok = ok && fputs("]}\n", f) >= 0;
     if (fclose(f) != 0) ok = false;
-    int rc = ok ? file_write_atomic(path, text, len, err) : err_set(err, "%s: cannot write: out of memory", path);
+    int rc = ok ? file_write_atomic(path, text, len, 0, err) : err_set(err, "%s: cannot write: out of memory", path);
     free(text);
     return rc;
 }

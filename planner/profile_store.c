@@ -86,7 +86,7 @@ int profile_save(const profile *p, const char *path, err_t *err) {
     free(dir);
     if (rc < 0) return err_prefix(err, "%s", path);
     char *text = profile_to_json(p);
-    rc = file_write_atomic(path, text, strlen(text), err);
+    rc = file_write_atomic(path, text, strlen(text), 0, err);
     free(text);
     return rc;
 }

@@ -108,7 +108,7 @@ check "images without --synthetic" 2 "--images needs --synthetic N" -- "$BIN" da
 check "images without --classes" 2 "--images needs --classes K" -- "$BIN" data --images -o "$T/i.cimg" --synthetic 3 --size 8
 check "images bad size" 2 "--size: '0'" -- "$BIN" data --images -o "$T/i.cimg" --synthetic 3 --classes 2 --size 0
 check "images bad classes" 2 "--classes: '70000'" -- "$BIN" data --images -o "$T/i.cimg" --synthetic 3 --classes 70000 --size 8
-check "images unwritable" 2 "cannot create" -- "$BIN" data --images -o "$T/file/i.cimg" --synthetic 3 --classes 2 --size 8
+check "images unwritable" 2 "i.cimg: cannot write: Not a directory" -- "$BIN" data --images -o "$T/file/i.cimg" --synthetic 3 --classes 2 --size 8
 check "image options without --images" 2 "--classes needs --images" -- "$BIN" data -o "$T/x" --classes 3 "$T/a.txt"
 check "text options with --images" 2 "not --images" -- "$BIN" data --images -o "$T/i.cimg" --synthetic 3 --classes 2 --size 8 --val-fraction 0.1
 

@@ -129,3 +129,121 @@ check "cephalo plan -o on its cluster file" 2 "-o c.yaml: this is the input --cl
   "cp '$REPO/examples/clusters/cluster-a.yaml' c.yaml && '$C' plan --cluster c.yaml --model gpt-350m --batch 64 -o c.yaml"
 check "cephalo plan: -o and --dump-costs the same file" 2 "--dump-costs out.json: this is also the output -o out.json" -- \
   "$C" plan --cluster c.yaml --model gpt-350m --batch 64 -o out.json --dump-costs out.json
+
+# ---- the files actually read (issue 38): however an input is named, by device and inode ----
+mkdir -p o && ln d/train_000000.bin o/hard.bin
+check "--log a hard link of a shard a pattern matches: refused" 2 \
+  "--log o/hard.bin: this is train_000000.bin, an input of --data d/train_*.bin" -- \
+  "$W" train "${TINY[@]}" --steps 1 --data 'd/train_*.bin' --log o/hard.bin
+check "... of a shard of a data directory" 2 "this is train_000000.bin, an input of --data d" -- \
+  "$W" train "${TINY[@]}" --steps 1 --data d --log o/hard.bin
+check "... of a validation shard (--val-data DIR)" 2 "an input of --val-data d" -- \
+  "$W" train --data synthetic "${TINY[@]}" --steps 1 --val-data d --log o/hard.bin
+check "... of the second file of a comma list" 2 "this is the input --data d/train_000000.bin" -- \
+  "$W" train "${TINY[@]}" --steps 1 --data "synthetic-is-not-a-file.bin,d/train_000000.bin" --log o/hard.bin
+assert "... the shard is still whole (no SIGBUS later)" test "$(sum d/train_000000.bin)" = "$shard"
+check "a wildcard in a directory part (d*/train_*.bin)" 2 "an input of --data d*/train_*.bin" -- \
+  "$W" train "${TINY[@]}" --steps 1 --data 'd*/train_*.bin' --log d/train_000000.bin
+check "... a new name it would match there" 2 "this is train_000077.bin, an input of --data d*/train_*.bin" -- \
+  "$W" train "${TINY[@]}" --steps 1 --data 'd*/train_*.bin' --log ./d/../d/train_000077.bin
+check "a bracket pattern ([d]/train_000000.bin)" 2 "an input of --data [d]/train_000000.bin" -- \
+  "$W" train "${TINY[@]}" --steps 1 --data '[d]/train_000000.bin' --log d/train_000000.bin
+ln ck/step_00000002.safetensors o/ck.bin
+check "--log a hard link of the checkpoint --resume reads (another directory)" 2 \
+  "--log o/ck.bin: this is the input --resume ck/step_00000002.safetensors" -- \
+  "$W" train --data synthetic "${TINY[@]}" --steps 3 --ckpt-dir ck3 --resume ck/step_00000002.safetensors --log o/ck.bin
+check "... of a checkpoint of the directory --resume auto reads" 2 \
+  "this is step_00000002.safetensors, read back from --ckpt-dir ck" -- \
+  "$W" train --data synthetic "${TINY[@]}" --steps 4 --ckpt-dir ck --resume auto --log o/ck.bin
+ln hf/model.safetensors o/model.bin
+check "... of --init-from DIR's model.safetensors" 2 "this is model.safetensors, an input of --init-from hf" -- \
+  "$W" train --data synthetic --init-from hf --batch 4 --microbatch 2 --seq 32 --threads 1 --quiet --steps 1 --log o/model.bin
+assert "... the checkpoint and the weights are whole" test "$(sum o/ck.bin)" = "$ck2"
+
+# ---- a model directory and a data directory's tokenizer are inputs of their kind ----
+check "cephalo plan --model DIR -o DIR/config.json: refused" 2 "-o hf/config.json: this is config.json, an input of --model hf" -- \
+  "$C" plan --cluster c.yaml --model hf --batch 8 -o hf/config.json
+check "... --dump-costs DIR/config.json" 2 "--dump-costs hf/config.json: this is config.json, an input of --model hf" -- \
+  "$C" plan --cluster c.yaml --model hf --batch 8 --dump-costs hf/config.json
+check "... a new weights file there (--model hf/)" 2 "this is new.safetensors, an input of --model hf/" -- \
+  "$C" plan --cluster c.yaml --model hf/ --batch 8 -o hf/new.safetensors
+check "cephalo-worker train --model DIR --log DIR/config.json" 2 "this is config.json, an input of --model hf" -- \
+  "$W" train --model hf --batch 4 --microbatch 2 --seq 32 --data synthetic --steps 1 --quiet --log hf/config.json
+check "cephalo-worker profile --model DIR -o DIR/model.safetensors" 2 "this is model.safetensors, an input of --model hf" -- \
+  "$W" profile --model hf -o hf/model.safetensors
+check "cephalo profile --model DIR -o DIR/config.json" 2 "this is config.json, an input of --model hf" -- \
+  "$C" profile --model hf --devices cpu:1t:256M -o hf/config.json
+mkdir -p dtok && cp d/train_000000.bin dtok/ && echo '{"mine": 1}' >dtok/tokenizer.json
+check "--log DATA_DIR/tokenizer.json: refused" 2 "this is tokenizer.json, an input of --data dtok" -- \
+  "$W" train "${TINY[@]}" --steps 1 --data dtok --log dtok/tokenizer.json
+check "... the tokenizer beside a shard named" 2 "this is the input --data dtok/tokenizer.json" -- \
+  "$W" train "${TINY[@]}" --steps 1 --data dtok/train_000000.bin --log dtok/tokenizer.json
+check "... untouched" 0 '"mine": 1' -- cat dtok/tokenizer.json
+
+# ---- a run directory owns its checkpoint directory ----
+cat >user/ckjob.yaml <<'Y'
+model: tiny-gpt
+batch: 4
+steps: 2
+seq: 32
+devices: [{type: cpu, threads: 1, memory: 256M}]
+data: synthetic
+checkpoint: {dir: ckpt, every: 1}
+Y
+"$C" run user/ckjob.yaml --run-dir rc --quiet >/dev/null 2>&1
+rck=$(sum rc/ckpt/step_00000002.safetensors)
+check "cephalo report RUN -o RUN/ckpt/step_N.safetensors: refused" 2 \
+  "-o rc/ckpt/step_00000002.safetensors: this is ckpt/step_00000002.safetensors, an input of RUN_DIR rc" -- \
+  "$C" report rc -o rc/ckpt/step_00000002.safetensors
+check "... RUN/ckpt/latest" 2 "this is ckpt/latest, an input of RUN_DIR rc" -- "$C" report rc -o rc/ckpt/latest
+check "... a checkpoint name not written yet" 2 "this is ckpt/step_00000009.safetensors" -- \
+  "$C" report rc -o rc/ckpt/step_00000009.safetensors
+assert "... the checkpoint is whole" test "$(sum rc/ckpt/step_00000002.safetensors)" = "$rck"
+check "... and the report goes elsewhere" 0 "report: rc/page.html" -- "$C" report rc -o rc/page.html
+
+# ---- what an output path is: a device or FIFO is written in place, never replaced ----
+check "an output that is a directory: refused before any work" 2 "-o hf: is a directory, expected a file" -- \
+  "$C" plan --cluster c.yaml --model gpt2-124m --batch 64 -o hf
+ln -s nowhere.json dangling.json
+check "... a symbolic link to nothing: refused" 2 "-o dangling.json: a symbolic link to a file that does not exist" -- \
+  "$C" plan --cluster c.yaml --model gpt2-124m --batch 64 -o dangling.json
+echo old >target.json && ln -s target.json link.json
+"$C" plan --cluster c.yaml --model gpt2-124m --batch 64 -o link.json >/dev/null 2>&1
+assert "... a symbolic link to a file: the target is written, the link stays" bash -c \
+  "test -L link.json && grep -q '\"strategy\"' target.json"
+mkfifo fifo
+check "--log a FIFO no process reads: refused, not waited on" 2 "--log fifo: a FIFO that no process reads" -- \
+  timeout 60 "$W" train --data synthetic "${TINY[@]}" --steps 1 --log fifo
+# the reader holds the FIFO open (read-write: the open never waits) before the report starts, and
+# reads until the page's end, at most 60 s
+timeout 60 python3 -c "
+import os
+fd = os.open('fifo', os.O_RDWR)
+open('fifo.ready', 'w').close()
+got = b''
+while b'</html>' not in got:
+    got += os.read(fd, 65536)
+open('fifo.out', 'wb').write(got)" &
+reader=$!
+wait_for 60 test -e fifo.ready
+check "... a FIFO with a reader: written in place" 0 "report: fifo" -- "$C" report rc -o fifo
+wait $reader
+assert "... the reader got the page and the FIFO is still one" bash -c "grep -q '<html' fifo.out && test -p fifo"
+python3 -c "import socket; socket.socket(socket.AF_UNIX).bind('sock')"
+check "an output that is a socket: refused" 2 "-o sock: is a socket" -- "$C" report rc -o sock
+mkfifo rcf && cp -r ck ckf && rm ckf/retention.json && mkfifo ckf/retention.json
+check "a checkpoint directory's retention.json that is a FIFO: refused, not waited on" 2 \
+  "ckf/retention.json: is a FIFO, not a regular file" -- \
+  timeout 60 "$W" train --data synthetic "${TINY[@]}" --steps 3 --ckpt-dir ckf --resume auto
+if [ "$(id -u)" = 0 ]; then
+  mknod null c 1 3 && mknod blk b 240 0
+  check "as root, cephalo report -o a character device: written in place" 0 "report: null" -- "$C" report rc -o null
+  assert "... still the device" test -c null
+  check "... cephalo plan -o, and --log, the same" 0 "" -- bash -c \
+    "'$C' plan --cluster c.yaml --model gpt2-124m --batch 64 -o null >/dev/null && '$W' train --data synthetic ${TINY[*]} --steps 1 --log null"
+  assert "... still the device" test -c null
+  check "an output that is a block device: refused" 2 "-o blk: is a block device" -- "$C" report rc -o blk
+  assert "... still the device" test -b blk
+else
+  for i in 1 2 3 4 5 6; do n=$((n + 1)); echo "ok $n - # SKIP device nodes need root (mknod)"; done
+fi

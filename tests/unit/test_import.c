@@ -63,7 +63,7 @@ static void write_model_with(const replaced *r, int n_r) {
     char path[128];
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     err_t err;
-    assert_int_equal(st_writer_save(w, path, &err), 0);
+    assert_int_equal(st_writer_save(w, path, 0, &err), 0);
     st_writer_free(w);
     for (int k = 0; k < n_hf; k++) free(bufs[k]);
 }

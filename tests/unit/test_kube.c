@@ -108,7 +108,7 @@ static void test_kubeconfig_files(void **state) {
                        "users: [{name: u, user: {tokenFile: tok, client-certificate: /abs/c.pem,"
                        " client-key: k.pem}}]\n";
     err_t err;
-    assert_int_equal(file_write_atomic(path, text, strlen(text), &err), 0);
+    assert_int_equal(file_write_atomic(path, text, strlen(text), 0, &err), 0);
     kube_config c;
     if (kube_config_load(path, NULL, &c, &err) < 0) fail_msg("%s", err.msg);
     char want[300];
@@ -176,7 +176,7 @@ static void write_file(const char *dir, const char *name, const char *text) {
     char p[300];
     snprintf(p, sizeof p, "%s/%s", dir, name);
     err_t err;
-    if (file_write_atomic(p, text, strlen(text), &err) < 0) fail_msg("%s", err.msg);
+    if (file_write_atomic(p, text, strlen(text), 0, &err) < 0) fail_msg("%s", err.msg);
 }
 
 static void test_in_cluster(void **state) {

@@ -89,7 +89,7 @@ int cmd_profile(int argc, char **argv) {
     int seq;
     char name[32];
     out_set s = out_begin(WORKER_NAME " profile");
-    out_input(&s, "--model", o.model);
+    out_input_path(&s, "--model", o.model, &out_hf_input);
     out_file(&s, "-o", o.w.out);
     rc = out_check(&s, &err);
     out_free(&s);

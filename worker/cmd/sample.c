@@ -381,7 +381,7 @@ static int dump_logits(const sample_args *a, const gen *g, const run *runs, int 
     cJSON_Delete(o);
     st_writer_meta(w, "cephalo.sample", meta);
     free(meta);
-    int rc = st_writer_save(w, a->dump, err);
+    int rc = st_writer_save(w, a->dump, 0, err);
     st_writer_free(w);
     return rc;
 }

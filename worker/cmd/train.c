@@ -370,7 +370,7 @@ static bool resumes_from_path(const char *r) { return r && strcmp(r, "auto") && 
 static int check_outputs(const worker_opts *o) {
     out_set s = out_begin(WORKER_NAME " train");
     out_input(&s, o->plan ? "--plan" : "$CEPHALO_PLAN", o->plan ? o->plan : getenv("CEPHALO_PLAN"));
-    out_input(&s, "--model", o->model);
+    out_input_path(&s, "--model", o->model, &out_hf_input);
     data_spec_inputs(&s, "--data", o->cfg.data);
     data_spec_inputs(&s, "--val-data", o->val.data);
     out_input_path(&s, "--init-from", o->cfg.init_from, &out_hf_input);
@@ -681,11 +681,14 @@ static int train_rank(worker_opts o) {
         fprintf(stderr, "cephalo-worker: nothing to train: the checkpoint resumed from is at step %lld, and --steps is %lld "
                 "(raise --steps to train further)\n", (long long)t->step, (long long)t->cfg.steps);
     }
-    FILE *log = o.log ? fopen(o.log, t->step > 0 ? "a" : "w") : NULL;
-    if (o.log && !log) {
+    file_out log_out = {.fd = -1};
+    FILE *log = NULL;
+    if (o.log && (file_out_open(&log_out, o.log, t->step > 0 ? FILE_OUT_APPEND : FILE_OUT_STREAM, &err) < 0 ||
+                  !(log = file_out_file(&log_out)))) {
+        file_out_abort(&log_out);
         trainer_free(t);
         ckpt_finish(lock);
-        return args_bad_cmd(WORKER_NAME, "--log %s: %s", o.log, strerror(errno));
+        return args_bad_cmd(WORKER_NAME, "--log %s", err.msg);
     }
     dumper *dp = o.dump ? dump_open(t, o.dump, &err) : NULL;
     if (o.dump && !dp) rc = (fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_RUNTIME);
@@ -725,7 +728,7 @@ static int train_rank(worker_opts o) {
     if (!rc && t->cfg.steps > 0) rc = run_training(t, &o, log, dp, m, ev);
     else metrics_fail(m, "set-up failed");
     if (dp && dump_close(dp, t, &err) < 0 && !rc) rc = (fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_RUNTIME);
-    if (log) fclose(log);
+    if (log && file_out_close(&log_out, &err) < 0 && !rc) rc = (fprintf(stderr, WORKER_NAME ": --log %s\n", err.msg), EXIT_RUNTIME);
     eval_close(ev);
     metrics_free(m);
     trainer_free(t);

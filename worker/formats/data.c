@@ -73,55 +73,43 @@ static uint64_t perm_apply(uint64_t n, uint64_t seed, uint64_t epoch, uint64_t x
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* atomic output files: path.tmp, then fsync and rename                                        */
+/* atomic output files (common/fileio.h file_out): a temporary, then fsync and rename            */
 
 typedef struct afile {
-    char *path, *tmp;
+    char *path; /* as given (the mask's path is made from it) */
+    file_out o;
     FILE *f;
 } afile;
 
 static int af_open(afile *a, const char *path, err_t *err) {
-    size_t n = strlen(path);
-    a->path = xstrdup(path);
-    a->tmp = xmalloc(n + 5);
-    memcpy(a->tmp, path, n);
-    memcpy(a->tmp + n, ".tmp", 5);
-    a->f = fopen(a->tmp, "wb");
-    if (!a->f) {
-        err_set(err, "%s: cannot create: %s", a->tmp, strerror(errno));
-        free(a->path);
-        free(a->tmp);
-        return -1;
+    if (file_out_open(&a->o, path, FILE_OUT_ATOMIC, err) < 0) return -1;
+    if (!(a->f = file_out_file(&a->o))) {
+        file_out_abort(&a->o);
+        return err_set(err, "%s: cannot write: out of memory", path);
     }
+    a->path = xstrdup(path);
     return 0;
 }
 
 static int af_write(afile *a, const void *p, size_t n, err_t *err) {
-    if (n && fwrite(p, 1, n, a->f) != n) return err_set(err, "%s: write error: %s", a->tmp, strerror(errno));
+    if (n && fwrite(p, 1, n, a->f) != n) return err_set(err, "%s: write error: %s", a->path, strerror(errno));
     return 0;
 }
 
 static void af_abort(afile *a) {
-    if (a->f) fclose(a->f);
-    unlink(a->tmp);
+    file_out_abort(&a->o);
     free(a->path);
-    free(a->tmp);
 }
 
 /* Rewrites bytes at offset (the header's count), then flushes, syncs and renames. */
 static int af_finish(afile *a, long patch_off, const void *patch, size_t patch_n, err_t *err) {
-    int rc = 0;
-    if (patch_n && (fseek(a->f, patch_off, SEEK_SET) != 0 || fwrite(patch, 1, patch_n, a->f) != patch_n))
-        rc = err_set(err, "%s: write error: %s", a->tmp, strerror(errno));
-    if (!rc && (fflush(a->f) != 0 || fsync(fileno(a->f)) != 0))
-        rc = err_set(err, "%s: write error: %s", a->tmp, strerror(errno));
-    if (fclose(a->f) != 0 && !rc) rc = err_set(err, "%s: write error: %s", a->tmp, strerror(errno));
-    a->f = NULL;
-    if (!rc && rename(a->tmp, a->path) != 0)
-        rc = err_set(err, "%s: cannot rename to %s: %s", a->tmp, a->path, strerror(errno));
-    if (rc) unlink(a->tmp);
+    if (patch_n && (fseek(a->f, patch_off, SEEK_SET) != 0 || fwrite(patch, 1, patch_n, a->f) != patch_n)) {
+        err_set(err, "%s: write error: %s", a->path, strerror(errno));
+        af_abort(a);
+        return -1;
+    }
+    int rc = file_out_close(&a->o, err);
     free(a->path);
-    free(a->tmp);
     return rc;
 }
 
@@ -747,16 +735,25 @@ static int expand_spec(const char *spec, data_role role, strlist *out, err_t *er
     return rc;
 }
 
-static bool is_shard_file(const char *name) { return str_ends_with(name, ".bin") || str_ends_with(name, ".mask"); }
+static bool is_shard_file(const char *name) {
+    return str_ends_with(name, ".bin") || str_ends_with(name, ".mask") || !strcmp(name, "tokenizer.json");
+}
 
-/* The *.bin files of a data directory (those expand_dir reads) and their *.mask loss masks. */
-static const out_kind data_dir_input = {"data directory", is_shard_file, true, NULL};
+/* The *.bin files of a data directory (those expand_dir reads), their *.mask loss masks and the
+ * tokenizer.json the trainer takes from there (state/mtok.h). */
+static const out_kind data_dir_input = {"data directory", is_shard_file, true, NULL, NULL};
 
 void data_spec_inputs(out_set *s, const char *opt, const char *spec) {
     if (!spec || !strcmp(spec, "synthetic")) return;
     char *copy = xstrdup(spec), *save = NULL;
     for (char *item = strtok_r(copy, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
         out_input_path(s, opt, item, &data_dir_input); /* a file, a directory, or a pattern */
+        if (item == copy && !file_is_dir(item)) { /* the tokenizer.json beside the first (state/mtok.h) */
+            const char *slash = strrchr(item, '/');
+            char *tokfile = slash ? str_printf("%.*s/tokenizer.json", (int)(slash - item), item) : xstrdup("tokenizer.json");
+            out_input(s, opt, tokfile);
+            free(tokfile);
+        }
         if (!str_ends_with(item, ".bin")) continue;
         /* X.bin's loss mask X.mask (or a pattern's) is read too: never an output */
         size_t n = strlen(item);

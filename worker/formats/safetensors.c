@@ -32,7 +32,6 @@
  * larger offsets and dimensions are refused (no real file comes near: that is 8 PiB). */
 #define ST_MAX_INT ((uint64_t)1 << 53)
 /* Bytes handed to one write() call. */
-#define ST_WRITE_CHUNK ((size_t)64 << 20)
 /* Names quoted in messages are cut here. */
 #define ST_MSG_NAME 80
 
@@ -382,38 +381,6 @@ void st_writer_meta(st_writer *w, const char *key, const char *value) {
     w->nmeta++;
 }
 
-/* write() until done, in chunks, retrying interrupted calls; -1 with errno set on failure. */
-static int write_all(int fd, const void *buf, size_t len) {
-    const char *p = buf;
-    while (len > 0) {
-        size_t chunk = len < ST_WRITE_CHUNK ? len : ST_WRITE_CHUNK;
-        ssize_t got = write(fd, p, chunk);
-        if (got < 0) {
-            if (errno == EINTR) continue;
-            return -1;
-        }
-        if (got == 0) {
-            errno = EIO;
-            return -1;
-        }
-        p += got;
-        len -= (size_t)got;
-    }
-    return 0;
-}
-
-/* The directory holding `path` ("." when it has no slash). Caller frees. */
-static char *dir_of(const char *path) {
-    const char *slash = strrchr(path, '/');
-    if (!slash) return xstrdup(".");
-    if (slash == path) return xstrdup("/");
-    size_t n = (size_t)(slash - path);
-    char *d = xmalloc(n + 1);
-    memcpy(d, path, n);
-    d[n] = '\0';
-    return d;
-}
-
 /* Checks what st_writer_add/meta could not (names given twice) and lays the data out: fills
  * order[] (tensor indices by descending element size, stable) and the buffer size. */
 static int writer_layout(const st_writer *w, int *order, uint64_t *total, char *why, size_t whysz) {
@@ -485,7 +452,7 @@ static void writer_header(const st_writer *w, const int *order, uint32_t crc, sb
         sb_str(h, " ");
 }
 
-int st_writer_save(st_writer *w, const char *path, err_t *err) {
+int st_writer_save(st_writer *w, const char *path, int flags, err_t *err) {
     CHECK(w && path);
     char why[1024];
     int *order = xmalloc((size_t)w->n * sizeof *order + 1);
@@ -503,56 +470,19 @@ int st_writer_save(st_writer *w, const char *path, err_t *err) {
     for (int i = 0; i < 8; i++)
         size_field[i] = (unsigned char)((uint64_t)h.len >> (8 * i));
 
-    size_t tmplen = strlen(path) + 32;
-    char *tmp = xmalloc(tmplen);
-    snprintf(tmp, tmplen, "%s.tmp.%ld", path, (long)getpid());
-    int rc = -1;
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
-    if (fd < 0) {
-        err_set(err, "%s: cannot create the temporary file %s: %s", path, tmp, strerror(errno));
-        goto out;
+    file_out o;
+    int rc = file_out_open(&o, path, flags & FILE_OUT_OWN, err);
+    if (rc == 0) {
+        bool ok = file_write_all(o.fd, size_field, sizeof size_field) == 0 && file_write_all(o.fd, h.p, h.len) == 0;
+        for (int k = 0; ok && k < w->n; k++)
+            ok = file_write_all(o.fd, w->t[order[k]].data, w->t[order[k]].nbytes) == 0;
+        if (!ok) {
+            int e = errno;
+            err_set(err, "%s: cannot save: writing the temporary file %s failed: %s", path, o.tmp, strerror(e));
+            file_out_abort(&o);
+            rc = -1;
+        } else rc = file_out_close(&o, err);
     }
-    const char *step = "writing";
-    bool ok = write_all(fd, size_field, sizeof size_field) == 0 && write_all(fd, h.p, h.len) == 0;
-    for (int k = 0; ok && k < w->n; k++)
-        ok = write_all(fd, w->t[order[k]].data, w->t[order[k]].nbytes) == 0;
-    if (ok && fsync(fd) != 0) {
-        ok = false;
-        step = "syncing";
-    }
-    int saved_errno = errno;
-    if (close(fd) != 0 && ok) {
-        ok = false;
-        step = "closing";
-        saved_errno = errno;
-    }
-    if (ok && rename(tmp, path) != 0) {
-        ok = false;
-        step = "renaming";
-        saved_errno = errno;
-    }
-    if (!ok) {
-        unlink(tmp);
-        err_set(err, "%s: cannot save: %s the temporary file %s failed: %s", path, step, tmp,
-                strerror(saved_errno));
-        goto out;
-    }
-    /* The rename is durable only once the directory entry is: sync the directory. File systems
-     * that cannot sync a directory say EINVAL (or ENOTSUP); nothing more can be done there. */
-    char *dir = dir_of(path);
-    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd < 0 || (fsync(dfd) != 0 && errno != EINVAL && errno != ENOTSUP)) {
-        err_set(err, "%s: written, but syncing its directory %s failed: %s", path, dir,
-                strerror(errno));
-        if (dfd >= 0) close(dfd);
-        free(dir);
-        goto out;
-    }
-    close(dfd);
-    free(dir);
-    rc = 0;
-out:
-    free(tmp);
     free(h.p);
     free(order);
     return rc;

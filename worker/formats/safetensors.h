@@ -7,7 +7,7 @@
  *   st_writer *w = st_writer_new();
  *   st_writer_add(w, "wte", ST_F32, 2, (int64_t[]){vocab, d}, wte);
  *   st_writer_meta(w, "cephalo.step", "1200");
- *   if (st_writer_save(w, "ckpt/step-1200.safetensors", &err) < 0) ...   // atomic
+ *   if (st_writer_save(w, "ckpt/step-1200.safetensors", 0, &err) < 0) ...   // atomic
  *   st_writer_free(w);
  *
  * Reading (the file is mapped read-only and validated in full before st_open returns):
@@ -96,7 +96,7 @@ void st_writer_meta(st_writer *w, const char *key, const char *value);
  * data buffer: by descending element size, and in the order added within one size, so each
  * tensor's bytes start at a multiple of its element size (the header is padded with spaces to a
  * multiple of 8 bytes). The writer may be saved again, or added to and saved again. */
-int st_writer_save(st_writer *w, const char *path, err_t *err);
+int st_writer_save(st_writer *w, const char *path, int flags, err_t *err);
 
 void st_writer_free(st_writer *w);
 

@@ -158,7 +158,7 @@ int trainer_save(trainer *t, const char *path, err_t *err) {
     st_writer_meta(w, "cephalo.optimizer", opt);
     if (shard) st_writer_meta(w, "cephalo.shard", shard);
     if (ckpt_tokenizer[0]) st_writer_meta(w, "cephalo.tokenizer", ckpt_tokenizer);
-    int rc = st_writer_save(w, path, err);
+    int rc = st_writer_save(w, path, FILE_OUT_OWN, err);
     st_writer_free(w);
     free(model), free(cfg), free(shard), free(opt);
     for (int i = 0; i < t->n_units * 3; i++) free(host[i]);
@@ -345,7 +345,7 @@ int ckpt_save_step(trainer *t, const char *dir, err_t *err) {
         char latest[PATH_MAX], line[80];
         if (str_fmt(latest, sizeof latest, err, "checkpoint path", "%s/latest", dir) < 0) return -1;
         int n = snprintf(line, sizeof line, "%s\n", name); /* name: 64 bytes at most */
-        if (file_write_atomic(latest, line, (size_t)n, err) < 0) return -1;
+        if (file_write_atomic(latest, line, (size_t)n, FILE_OUT_OWN, err) < 0) return -1;
     }
     return barrier(t, "checkpoint index", err);
 }

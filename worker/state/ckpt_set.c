@@ -105,6 +105,7 @@ static int check_tiling(const ckpt_set *s, err_t *err) {
 static int open_index(ckpt_set *s, const char *dir, err_t *err) {
     char path[PATH_MAX];
     if (str_fmt(path, sizeof path, err, "checkpoint path", "%s/index.json", dir) < 0) return -1;
+    if (file_state_exists(path, err) < 0) return -1;
     cJSON *root = json_load_file(path, err);
     if (!root) return -1;
     json_ctx c = {path, err};
@@ -335,7 +336,7 @@ int ckpt_write_index(const char *dir, const trainer *t, err_t *err) {
         free(text);
         return -1;
     }
-    int rc = file_write_atomic(path, text, strlen(text), err);
+    int rc = file_write_atomic(path, text, strlen(text), FILE_OUT_OWN, err);
     free(text);
     return rc;
 }

@@ -65,7 +65,7 @@ static int save_params(trainer *t, const dumper *dp, const char *file, err_t *er
     add_named(w, t, bufs, "", 0);
     add_meta(w, t);
     char path[PATH_MAX];
-    int rc = path_in(dp, file, path, err) < 0 ? -1 : st_writer_save(w, path, err);
+    int rc = path_in(dp, file, path, err) < 0 ? -1 : st_writer_save(w, path, 0, err);
     st_writer_free(w);
     for (int u = 0; u < t->n_units; u++) free(bufs[u]);
     free(bufs);
@@ -86,7 +86,7 @@ static bool dump_owns(const char *name) {
     return false;
 }
 
-const out_kind dump_dir_kind = {"dump directory", dump_owns, false, NULL};
+const out_kind dump_dir_kind = {"dump directory", dump_owns, false, NULL, NULL};
 
 dumper *dump_open(trainer *t, const char *dir, err_t *err) {
     if (t->cfg.world != 1) {
@@ -123,7 +123,7 @@ static int save_step0(dumper *dp, trainer *t, double loss, double loss_scale, er
     add_named(w, t, bufs, "grad.", loss_scale);
     add_meta(w, t);
     char path[PATH_MAX];
-    int rc = path_in(dp, "step0.safetensors", path, err) < 0 ? -1 : st_writer_save(w, path, err);
+    int rc = path_in(dp, "step0.safetensors", path, err) < 0 ? -1 : st_writer_save(w, path, 0, err);
     st_writer_free(w);
     for (int u = 0; u < t->n_units; u++) free(bufs[u]);
     free(bufs);
@@ -180,7 +180,7 @@ static int save_batches(dumper *dp, trainer *t, err_t *err) {
     }
     add_meta(w, t);
     char path[PATH_MAX];
-    int rc = path_in(dp, "batches.safetensors", path, err) < 0 ? -1 : st_writer_save(w, path, err);
+    int rc = path_in(dp, "batches.safetensors", path, err) < 0 ? -1 : st_writer_save(w, path, 0, err);
     st_writer_free(w);
     return rc;
 }

@@ -328,7 +328,7 @@ static int write_json(const char *dir, const char *name, cJSON *o, err_t *err) {
     char *text = cJSON_Print(o);
     cJSON_Delete(o);
     int rc = str_fmt(path, sizeof path, err, "-o: the path", "%s/%s", dir, name);
-    if (rc == 0) rc = file_write_atomic(path, text, strlen(text), err);
+    if (rc == 0) rc = file_write_atomic(path, text, strlen(text), 0, err);
     free(text);
     return rc;
 }
@@ -415,7 +415,7 @@ static int write_export(exporter *x, const char *dir, const tok *t, const char *
         rc = err_set(err, "--dtype float16: %s is beyond float16's range (65504); export as bfloat16 or float32",
                      x->overflow);
     if (rc == 0) rc = str_fmt(path, sizeof path, err, "-o: the path", "%s/model.safetensors", dir);
-    if (rc == 0) rc = st_writer_save(x->w, path, err);
+    if (rc == 0) rc = st_writer_save(x->w, path, 0, err);
     st_writer_free(x->w);
     if (rc == 0) rc = write_json(dir, "config.json", hf_config(m, x->dtype, bos, eos), err);
     if (rc == 0) rc = write_generation_config(dir, bos, eos, err);

@@ -98,7 +98,7 @@ int mtok_keep(const mtok *t, const char *dir, err_t *err) {
     size_t len;
     char *text = file_read_all(t->path, JSON_MAX_FILE, &len, err);
     if (!text) return -1;
-    int rc = file_write_atomic(dst, text, len, err);
+    int rc = file_write_atomic(dst, text, len, FILE_OUT_OWN, err);
     free(text);
     return rc;
 }
