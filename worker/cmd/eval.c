@@ -12,6 +12,7 @@
 #include "cmd/cmd.h"
 #include "common/args.h"
 #include "common/ckpt_dir.h"
+#include "common/env.h"
 #include "common/fileio.h"
 #include "common/log.h"
 #include "common/strutil.h"
@@ -91,8 +92,7 @@ static int parse_eval(int argc, char **argv, eval_cmd *o) {
     if (rc || ch < 0 || args_no_operands(&p)) return ARGS_BAD;
     if (!o->checkpoint == !o->init_from) return args_bad(&p, "give --checkpoint PATH or --init-from DIR (one of them)");
     if (!o->val.data) return args_bad(&p, "--data: give the validation data (token shards, a CIMG file or 'synthetic')");
-    if (!o->plan) o->plan = getenv("CEPHALO_PLAN");
-    if (o->plan && !*o->plan) o->plan = NULL;
+    if (!o->plan) env_text("CEPHALO_PLAN", &o->plan, NULL); /* NULL when unset or empty; checked at start */
     if (o->plan && (o->seq || o->micro)) return args_bad(&p, "--seq and --microbatch come from the plan; give one or the other");
     const args_only only[] = {{O_GPU, o->device && !strcmp(o->device, "cuda"), "--device cuda"}};
     return args_check_only(&p, only, 1);
