@@ -218,17 +218,27 @@ static bool value_ok(const env_var *v, const char *s) {
     return false;
 }
 
+/* The value as a message quotes it: its first `keep` bytes, control characters as '?' (a newline
+ * in a value must not break the message's line). */
+static void quoted(const char *value, size_t keep, char *out, size_t n) {
+    size_t k = 0;
+    for (; value[k] && k < keep && k + 1 < n; k++)
+        out[k] = (unsigned char)value[k] < 0x20 || value[k] == 0x7f ? '?' : value[k];
+    out[k] = '\0';
+}
+
 int env_check_value(const env_var *v, const char *value, err_t *err) {
     if (!value || !*value || value_ok(v, value)) return 0;
     if (!err) return -1;
-    char values[256];
+    char values[256], q[84];
     env_values(v, values, sizeof values);
     size_t len = strlen(value);
     /* a long value (a path) keeps its start: the message says why, not the whole value */
     if (v->max_len && len > v->max_len)
-        return err_set(err, "$%s is %zu characters long ('%.40s...'), expected %s, at most %zu characters", v->name,
-                       len, value, values, v->max_len);
-    return err_set(err, "$%s is '%.80s%s', expected %s", v->name, value, len > 80 ? "..." : "", values);
+        return err_set(err, "$%s is %zu characters long ('%s...'), expected %s, at most %zu characters", v->name, len,
+                       (quoted(value, 40, q, sizeof q), q), values, v->max_len);
+    quoted(value, 80, q, sizeof q);
+    return err_set(err, "$%s is '%s%s', expected %s", v->name, q, len > 80 ? "..." : "", values);
 }
 
 static const env_var *row_of(const char *name) {
