@@ -250,9 +250,34 @@ static const env_var *row_of(const char *name) {
 
 int env_check(const char *name, err_t *err) { return env_check_value(row_of(name), getenv(name), err); }
 
+extern char **environ;
+
+/* A set CEPHALO_* name that is not a row but within two edits of one (CEPHALO_VOCABPAD,
+ * CEPHALO_ADAM) is a switch the user believes set and no program reads: a warning names the row.
+ * Other names pass in silence: the scripts have variables of their own (docs/environment.md). */
+static void warn_near_misses(void) {
+    for (char **e = environ; e && *e; e++) {
+        const char *eq = strchr(*e, '=');
+        size_t len = eq ? (size_t)(eq - *e) : 0;
+        char name[64], key[64], row[64];
+        if (len <= 8 || len >= sizeof name || strncmp(*e, "CEPHALO_", 8)) continue;
+        memcpy(name, *e, len), name[len] = '\0';
+        if (env_find(name)) continue;
+        str_normalize(name + 8, key, sizeof key);
+        for (int i = 0; i < N_VARS; i++) {
+            str_normalize(table[i].name + 8, row, sizeof row);
+            if (strlen(key) < 3 || str_edit_distance(key, row) > 2) continue;
+            log_warn("$%s is set, but no cephalo program reads it: did you mean $%s? (docs/environment.md)", name,
+                     table[i].name);
+            break;
+        }
+    }
+}
+
 int env_check_all(err_t *err) {
     for (int i = 0; i < N_VARS; i++)
         if (env_check_value(&table[i], getenv(table[i].name), err) < 0) return -1;
+    warn_near_misses();
     return 0;
 }
 
@@ -264,8 +289,9 @@ int env_entry(const char *prog) {
 }
 
 void env_help(FILE *f) {
-    fputs("The environment variables the cephalo programs read (docs/environment.md); a value\n"
-          "outside the accepted ones is refused (exit 2) when a program starts. Empty is unset.\n\n",
+    fputs("The environment variables the cephalo programs read (docs/environment.md). Every program\n"
+          "checks them all when it starts: a value outside the accepted ones is refused (exit 2).\n"
+          "Empty is unset (the default), except where empty is listed as off.\n\n",
           f);
     for (int i = 0; i < N_VARS; i++) {
         char values[256], readers[128];

@@ -65,6 +65,10 @@ check "worker: a newline in \$CEPHALO_JOB refused" 2 "\$CEPHALO_JOB is 'a?b', ex
   env CEPHALO_JOB="a
 b" "${TRAIN[@]}"
 
+check "a near miss of a name is named, and the program goes on" 0 \
+  "\$CEPHALO_VOCABPAD is set, but no cephalo program reads it: did you mean \$CEPHALO_VOCAB_PAD?" -- \
+  env CEPHALO_VOCABPAD=1 "${PLAN[@]}"
+
 # ---- whatever the command, and the operator too ----------------------------------------------------
 check "cephalo models: refused too (every command)" 2 "\$CEPHALO_VOCAB_PAD is 'no'" -- env CEPHALO_VOCAB_PAD=no "$C" models
 check "cephalo-worker export: refused too, before its arguments" 2 "\$CEPHALO_ACTS is '8'" -- \

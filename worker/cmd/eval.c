@@ -132,7 +132,7 @@ static int checkpoint_model(const char *path, model_spec *m, int *seq, precision
 }
 
 /* $RANK and $WORLD_SIZE (default 0 of 1), as train reads them. */
-static int env_rank(const char *name, long dflt, long lo, long *out, err_t *err) {
+static int rank_var(const char *name, long dflt, long lo, long *out, err_t *err) {
     const char *s = getenv(name);
     *out = dflt;
     if (s && *s && (!str_to_long(s, out) || *out < lo || *out > (1 << 20)))
@@ -149,7 +149,7 @@ static int eval_config(eval_cmd *o, train_config *c, err_t *err) {
     train_config_defaults(c);
     if (o->checkpoint && ckpt_dir_resolve(o->checkpoint, o->resolved, sizeof o->resolved, err) < 0)
         return err_prefix(err, "--checkpoint");
-    if (env_rank("RANK", 0, 0, &rank, err) < 0 || env_rank("WORLD_SIZE", 1, 1, &world, err) < 0) return -1;
+    if (rank_var("RANK", 0, 0, &rank, err) < 0 || rank_var("WORLD_SIZE", 1, 1, &world, err) < 0) return -1;
     if (o->checkpoint ? checkpoint_model(o->resolved, &c->model, &seq, &prec, err) < 0
                       : model_load_hf_config(o->init_from, &c->model, err) < 0)
         return err_prefix(err, o->checkpoint ? "--checkpoint" : "--init-from");
