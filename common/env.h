@@ -1,7 +1,7 @@
 /* env.h - every CEPHALO_* environment variable the programs read, in one table, read through one
  * parser (docs/environment.md).
  *
- * Each variable is a row of env_table (env.c): its name, the kind of value it takes (a choice of
+ * Each variable is a row of the table in env.c: its name, the kind of value it takes (a choice of
  * words, a 0/1 switch, an integer or a number in a range, a path, a path or none, a short text,
  * a form of its own), its default, the programs that read it and a line about what it does. A
  * value is either one the row accepts or refused, exit 2, with one wording everywhere:
@@ -9,7 +9,7 @@
  *   cephalo-worker: $CEPHALO_VOCAB_PAD is 'no', expected 0 or 1
  *
  * Each program's entry (cephalo, cephalo-worker, cephalo-operator) checks every row once at start
- * (env_entry), before any work, so a bad value is refused up front, whichever program reads it
+ * (env_entry; the operator logs env_check_all's message its own way), before any work, so a bad value is refused up front, whichever program reads it
  * and whichever command runs; the planner and the workers of one job refuse the same values. The
  * code that reads a variable does so through a typed getter, which parses the value by its row:
  *
@@ -24,7 +24,8 @@
  *
  * An empty value is the same as an unset one (the default), except for a path-or-none variable,
  * where it means none (off), as those always did. Switches are 0 or 1, nothing else: "no",
- * "false" or "2" are refused, not read as on. */
+ * "false" or "2" are refused, not read as on. A set CEPHALO_* name that is no row but within two
+ * edits of one is named in a warning (a switch the user believes set that nothing reads). */
 #ifndef CEPHALO_ENV_H
 #define CEPHALO_ENV_H
 
@@ -98,7 +99,7 @@ int env_help_cmd(const char *prog, int argc, char **argv);
 /* ENV_CHOICE: the index of the value in the row's choices (the default's when unset or empty);
  * -1 with err. */
 int env_choice(const char *name, err_t *err);
-/* ENV_CHOICE: the value as the row's word (the default's when unset or empty); NULL with err. */
+/* ENV_CHOICE, ENV_FLAG: the value as the row's word (the default's when unset or empty); NULL with err. */
 const char *env_word(const char *name, err_t *err);
 /* ENV_FLAG: 0 or 1 (the default when unset or empty); -1 with err. */
 int env_flag(const char *name, err_t *err);

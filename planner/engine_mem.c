@@ -22,23 +22,21 @@ void engine_set_head_logits_bytes(int64_t bytes) {
     head_logits_bytes = bytes > 0 ? bytes : ENGINE_HEAD_LOGITS_BYTES;
 }
 
-/* The switches the planner and the worker both read from the environment (common/env.h), once
- * each (a test sets them with engine_set_*: 1 on, 0 off, -1 from the environment again). on: the
- * index of the value that turns the switch on in the variable's choices (env_choice; a flag's
- * index is its value). */
+/* The switches the planner and the worker both read from the environment through common/env.c's
+ * rows, once each (a test sets them with engine_set_*: 1 on, 0 off, -1 from the environment
+ * again). on: the row's value that turns the switch on. */
 typedef struct env_switch {
-    const char *var;
-    int on;
+    const char *var, *on;
     int state; /* -1: not read yet */
 } env_switch;
 
-static env_switch vocab_pad = {"CEPHALO_VOCAB_PAD", 1, -1}, adamw_half = {"CEPHALO_ADAMW", 2 /* half */, -1},
-                  acts16 = {"CEPHALO_ACTS", 0 /* 16 */, -1};
+static env_switch vocab_pad = {"CEPHALO_VOCAB_PAD", "1", -1}, adamw_half = {"CEPHALO_ADAMW", "half", -1},
+                  acts16 = {"CEPHALO_ACTS", "16", -1};
 
 static bool switch_on(env_switch *s) {
     /* NULL: the program's entry has checked the environment (env_entry), and cost_build and the
      * worker check these three again before reading them (engine_env_check) */
-    if (s->state < 0) s->state = env_choice(s->var, NULL) == s->on;
+    if (s->state < 0) s->state = strcmp(env_word(s->var, NULL), s->on) == 0;
     return s->state == 1;
 }
 
