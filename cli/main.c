@@ -12,6 +12,7 @@
 #include "cli/report.h"
 #include "cli/run.h"
 #include "common/args.h"
+#include "common/env.h"
 #include "common/fileio.h"
 #include "common/outputs.h"
 #include "common/strutil.h"
@@ -45,6 +46,8 @@ static const char usage_text[] =
     "            per rank, measured against predicted step time and memory, the plan;\n"
     "            `cephalo report --help` (docs/report.md)\n"
     "  version   the release and commit this binary was built from (also --version; --json)\n"
+    "  --help-env  the CEPHALO_* environment variables, their values and defaults\n"
+    "            (docs/environment.md)\n"
     "\n"
     "plan / compare options:\n"
     "  --cluster FILE        cluster file (YAML, docs/formats.md)            [required]\n"
@@ -369,6 +372,10 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (!strcmp(cmd, "--version") || !strcmp(cmd, "version")) return cephalo_version_cmd("cephalo", argc - 1, argv + 1);
+    if (!strcmp(cmd, "--help-env")) return env_help_cmd("cephalo", argc - 1, argv + 1);
+    /* every CEPHALO_* variable, before any command reads one or starts a worker with it */
+    int rc = env_entry("cephalo");
+    if (rc) return rc;
     if (!strcmp(cmd, "plan")) return cmd_plan(argc - 1, argv + 1, false);
     if (!strcmp(cmd, "compare")) return cmd_plan(argc - 1, argv + 1, true);
     if (!strcmp(cmd, "models")) return cmd_models(argc - 1, argv + 1);

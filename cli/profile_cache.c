@@ -12,6 +12,7 @@
 #include "cli/profile_cmd.h"
 #include "cli/run.h"
 #include "common/clock.h"
+#include "common/env.h"
 #include "common/fileio.h"
 #include "common/hostinfo.h"
 #include "common/log.h"
@@ -24,10 +25,10 @@
 #define PCACHE_FORMAT "cephalo profile cache 1" /* the signature's first line: a new layout, new keys */
 
 int pcache_dir(char *buf, size_t n) {
-    const char *env = getenv("CEPHALO_PROFILE_CACHE"), *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
-    int w;
-    if (env) {
-        if (!*env || !strcmp(env, "none")) return 0;
+    const char *env, *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    int w, given = env_text("CEPHALO_PROFILE_CACHE", &env, NULL); /* checked at start (env_entry) */
+    if (given == ENV_OFF) return 0;
+    if (given == ENV_GIVEN) {
         w = snprintf(buf, n, "%s", env);
     } else if (xdg && *xdg) {
         w = snprintf(buf, n, "%s/cephalo/profiles", xdg);

@@ -34,6 +34,7 @@
 #include "cli/run_view.h"
 #include "common/ckpt_dir.h"
 #include "common/dirlock.h"
+#include "common/env.h"
 #include "common/fileio.h"
 #include "common/log.h"
 #include "common/outputs.h"
@@ -106,8 +107,9 @@ static const char *rank_file(const launch *l, int rank, const char *ext, char *b
 /* ---- set-up ---- */
 
 int run_find_worker(char *out, bool gpu, err_t *err) {
-    const char *env = getenv("CEPHALO_WORKER");
-    if (env && *env) {
+    const char *env;
+    if (env_text("CEPHALO_WORKER", &env, err) < 0) return -1;
+    if (env) {
         if (str_fmt(out, PATH_LEN, err, "$CEPHALO_WORKER", "%s", env) < 0) return -1;
     } else {
         char self[PATH_LEN];

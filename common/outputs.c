@@ -326,8 +326,12 @@ static int check_files(const out_set *s, const rset *r, err_t *err) {
                 return err_set(err, "%s %s: this is also the output %s %s (give each output its own path)", f->opt,
                                f->path, s->file[e].opt, s->file[e].path);
     }
-    for (int d = 0; d < s->n_dir; d++)
-        if (dir_vs_inputs(s, r, &s->dir[d], err) < 0 || dir_vs_foreign(s, &s->dir[d], err) < 0) return -1;
+    for (int d = 0; d < s->n_dir; d++) {
+        const out_path *a = &s->dir[d];
+        err_t why;
+        if (exists(a->path) && file_expect_dir(a->path, &why) < 0) return err_set(err, "%s %s", a->opt, why.msg);
+        if (dir_vs_inputs(s, r, a, err) < 0 || dir_vs_foreign(s, a, err) < 0) return -1;
+    }
     return 0;
 }
 

@@ -10,6 +10,7 @@
 
 #include "cephalo_build_version.h"
 #include "common/args.h"
+#include "common/env.h"
 
 const char *cephalo_version(void) { return CEPHALO_BUILD_VERSION; }
 const char *cephalo_release(void) { return CEPHALO_BUILD_RELEASE; }
@@ -64,8 +65,11 @@ void cephalo_build_info_metric(FILE *f, const char *component) {
 }
 
 int cephalo_check_operator_version(const char *self, char *msg, size_t n) {
-    const char *op = getenv(CEPHALO_ENV_OPERATOR_VERSION);
-    if (!op || !*op || cephalo_same_release(op, cephalo_version())) return 0;
+    const char *op;
+    err_t err;
+    int given = env_text(CEPHALO_ENV_OPERATOR_VERSION, &op, &err);
+    if (given < 0) return snprintf(msg, n, "%s", err.msg), -1;
+    if (given != ENV_GIVEN || cephalo_same_release(op, cephalo_version())) return 0;
     snprintf(msg, n, "%s is version %s, but the cephalo-operator that started it is version %s (%s): a worker "
                      "must be of its operator's release; use the worker image of release %.*s (spec.image, or the "
                      "operator's --worker-image)",

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/env.h"
 #include "common/fileio.h"
 #include "common/log.h"
 #include "common/yaml_tree.h"
@@ -104,8 +105,9 @@ int kube_config_in_cluster_at(const char *sa_dir, const char *host, const char *
 }
 
 int kube_config_in_cluster(kube_config *c, err_t *err) {
-    const char *sa_dir = getenv(KUBE_SA_DIR_ENV);
-    if (!sa_dir || !*sa_dir) sa_dir = KUBE_SA_DIR;
+    const char *sa_dir;
+    if (env_text(KUBE_SA_DIR_ENV, &sa_dir, err) < 0) return -1;
+    if (!sa_dir) sa_dir = KUBE_SA_DIR;
     return kube_config_in_cluster_at(sa_dir, getenv("KUBERNETES_SERVICE_HOST"),
                                      getenv("KUBERNETES_SERVICE_PORT"), c, err);
 }

@@ -33,6 +33,7 @@
 #include <unistd.h>
 
 #include "common/clock.h"
+#include "common/env.h"
 #include "common/err.h"
 #include "common/log.h"
 #include "common/strutil.h"
@@ -94,8 +95,10 @@ static const char usage[] =
     "  --leader-election-lease-duration D, --leader-election-renew-deadline D,\n"
     "  --leader-election-retry-period D   durations like 15s, 500ms, 1m (default 15s, 10s, 2s)\n"
     "  --version [--json]       the release and commit this binary was built from\n"
+    "  --help-env               the CEPHALO_* environment variables (docs/environment.md)\n"
     "  --help                   this text\n"
-    "Environment: POD_NAME (the leader-election identity), POD_NAMESPACE.\n";
+    "Environment: POD_NAME (the leader-election identity), POD_NAMESPACE; the CEPHALO_* variables\n"
+    "its planning reads are checked at start (a bad value: exit 2).\n";
 
 static int op_level = 1; /* 0 debug, 1 info, 2 warn, 3 error; set by op_parse before any thread starts */
 
@@ -537,6 +540,7 @@ static int op_options(int argc, char **argv, op_opts *o) {
     err_t err = {{0}};
     /* as the other binaries: `--version [--json]` first, its arguments checked, none ignored */
     if (argc >= 2 && !strcmp(argv[1], "--version")) return cephalo_version_cmd("cephalo-operator", argc - 1, argv + 1);
+    if (argc >= 2 && !strcmp(argv[1], "--help-env")) return env_help_cmd("cephalo-operator", argc - 1, argv + 1);
     int pr = op_parse(argc, argv, o, &err);
     if (pr == 1) {
         fputs(usage, stdout);
@@ -548,7 +552,8 @@ static int op_options(int argc, char **argv, op_opts *o) {
         fputs(line, stdout);
         return 0;
     }
-    if (pr < 0) {
+    /* every CEPHALO_* variable, before anything plans with one (the planner's memory switches) */
+    if (pr < 0 || env_check_all(&err) < 0) {
         op_log(3, "%s", err.msg);
         return 2;
     }

@@ -4,6 +4,8 @@
 
 #include "planner/cost.h"
 
+#include "common/env.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -20,22 +22,21 @@ void engine_set_head_logits_bytes(int64_t bytes) {
     head_logits_bytes = bytes > 0 ? bytes : ENGINE_HEAD_LOGITS_BYTES;
 }
 
-/* The switches the planner and the worker both read from the environment, once each (a test
- * sets them with engine_set_*: 1 on, 0 off, -1 from the environment again). on: the value that
- * turns the switch on; NULL: any non-empty value but "0". */
+/* The switches the planner and the worker both read from the environment through common/env.c's
+ * rows, once each (a test sets them with engine_set_*: 1 on, 0 off, -1 from the environment
+ * again). on: the row's value that turns the switch on. */
 typedef struct env_switch {
     const char *var, *on;
     int state; /* -1: not read yet */
 } env_switch;
 
-static env_switch vocab_pad = {"CEPHALO_VOCAB_PAD", NULL, -1}, adamw_half = {"CEPHALO_ADAMW", "half", -1},
+static env_switch vocab_pad = {"CEPHALO_VOCAB_PAD", "1", -1}, adamw_half = {"CEPHALO_ADAMW", "half", -1},
                   acts16 = {"CEPHALO_ACTS", "16", -1};
 
 static bool switch_on(env_switch *s) {
-    if (s->state < 0) {
-        const char *v = getenv(s->var);
-        s->state = v && (s->on ? strcmp(v, s->on) == 0 : *v && strcmp(v, "0") != 0);
-    }
+    /* NULL: the program's entry has checked the environment (env_entry), and cost_build and the
+     * worker check these three again before reading them (engine_env_check) */
+    if (s->state < 0) s->state = strcmp(env_word(s->var, NULL), s->on) == 0;
     return s->state == 1;
 }
 
@@ -50,9 +51,9 @@ int engine_state_bytes_per_param(precision prec) {
 bool engine_acts16(precision prec) { return switch_on(&acts16) && precision_half(prec); }
 
 int engine_env_check(err_t *err) {
-    const char *v = getenv(acts16.var);
-    if (v && *v && strcmp(v, "16") && strcmp(v, "32"))
-        return err_set(err, "$CEPHALO_ACTS is '%s', expected 16 (16-bit activations in a bf16/fp16 run) or 32", v);
+    const env_switch *all[] = {&adamw_half, &acts16, &vocab_pad};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        if (env_check(all[i]->var, err) < 0) return -1;
     return 0;
 }
 

@@ -70,8 +70,9 @@ int engine_saved_set_of(const model_spec *m, recompute_mode r, int kept, int uni
 bool engine_acts16(precision prec);
 /* Tests: 1 as if $CEPHALO_ACTS were 16, 0 as if 32, -1 from the environment again. */
 void engine_set_acts16(int on);
-/* Fails, naming the variable and its values, when $CEPHALO_ACTS is set to something else than
- * 16 or 32: the planner (cost_build) and the worker refuse it alike. */
+/* Fails, naming the variable and its values, when $CEPHALO_ADAMW, $CEPHALO_ACTS or
+ * $CEPHALO_VOCAB_PAD has a value common/env.c's table does not accept: the planner (cost_build)
+ * and the worker refuse it alike (their entries check it first: env_entry). */
 int engine_env_check(err_t *err);
 /* The 16-bit buffers the kept sets of a run store in 2 bytes, which the unit at work computes in
  * an fp32 copy of: 0 unless recompute none with 16-bit activations. */

@@ -8,6 +8,7 @@
 #include <strings.h>
 
 #include "common/fileio.h"
+#include "common/env.h"
 #include "common/log.h"
 #include "common/strutil.h"
 
@@ -165,11 +166,11 @@ int profile_merge(profile *dst, const profile *src) {
 /* ---- the store ---- */
 
 int profile_store_path(char *buf, size_t n, err_t *err) {
-    const char *env = getenv("CEPHALO_PROFILE_STORE");
-    if (env) {
-        if (!*env || !strcmp(env, "none")) return 0;
-        return str_fmt(buf, n, err, "$CEPHALO_PROFILE_STORE", "%s", env) < 0 ? -1 : 1;
-    }
+    const char *env;
+    int given = env_text("CEPHALO_PROFILE_STORE", &env, err);
+    if (given < 0) return -1;
+    if (given == ENV_OFF) return 0;
+    if (given == ENV_GIVEN) return str_fmt(buf, n, err, "$CEPHALO_PROFILE_STORE", "%s", env) < 0 ? -1 : 1;
     const char *home = getenv("HOME");
     if (!home || !*home) return 0;
     return str_fmt(buf, n, err, "the profile store ($HOME/.cache/cephalo/profiles.json)", "%s/.cache/cephalo/profiles.json", home) < 0

@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include "common/clock.h"
+#include "common/env.h"
 #include "common/log.h"
 #include "common/strutil.h"
 #include "planner/optimize.h"
@@ -229,10 +230,7 @@ static void keep_option(const cost_model *cm, regime_problem *rp, int gi, double
 /* CEPHALO_PLAN_EXHAUSTIVE_DP=1: the optimizer's reference mode (opt_problem.exhaustive_dp): the
  * same plans, its room DP quadratic in the batch again. For checking the fast path on real
  * instances and for tests that need a plan taking minutes (the operator's planning budget). */
-static bool plan_exhaustive_dp(void) {
-    const char *v = getenv("CEPHALO_PLAN_EXHAUSTIVE_DP");
-    return v && strcmp(v, "1") == 0;
-}
+static bool plan_exhaustive_dp(void) { return env_flag("CEPHALO_PLAN_EXHAUSTIVE_DP", NULL) == 1; }
 
 static void build_problem(const cost_model *cm, regime_problem *rp, int mcap, int max_micros,
                           bool memory, bool uneven) {

@@ -27,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/env.h"
 #include "devices/device.h"
 
 #define U_FP32 (1.0 / 16777216.0) /* 2^-24: unit roundoff of fp32 (24-bit significand) */
@@ -1797,6 +1798,9 @@ static void test_zero_sizes(void **state) {
 }
 
 int main(void) {
+    /* the device reads CEPHALO_CUDA_* through common/env.c, as cephalo-worker-cuda: checked first */
+    int bad = env_entry("test_cuda_ops");
+    if (bad) return bad;
     const char *kind = getenv("CEPHALO_GPU_TEST_DEVICE");
     self_check = kind && !strcmp(kind, "cpu");
     if (!self_check && device_cuda_count() == 0) {
@@ -1806,9 +1810,8 @@ int main(void) {
     }
     if (self_check)
         printf("# self-check: a 1-thread CPU device stands in for the GPU (CEPHALO_GPU_TEST_DEVICE=cpu)\n");
-    const char *portable = getenv("CEPHALO_CUDA_PORTABLE");
-    if (!self_check && portable && *portable && strcmp(portable, "0"))
-        printf("# portable mode (CEPHALO_CUDA_PORTABLE=%s): 48 KB attention tiles, no cp.async\n", portable);
+    if (!self_check && env_flag("CEPHALO_CUDA_PORTABLE", NULL) == 1)
+        printf("# portable mode (CEPHALO_CUDA_PORTABLE=1): 48 KB attention tiles, no cp.async\n");
 #define T(f) cmocka_unit_test_teardown(f, release_all)
     const struct CMUnitTest tests[] = {
         T(test_device),      T(test_elementwise), T(test_sumsq),    T(test_sumsq_multi),

@@ -12,6 +12,7 @@
 #include "cmd/cmd.h"
 #include "common/args.h"
 #include "common/ckpt_dir.h"
+#include "common/env.h"
 #include "common/fileio.h"
 #include "common/log.h"
 #include "common/strutil.h"
@@ -91,8 +92,7 @@ static int parse_eval(int argc, char **argv, eval_cmd *o) {
     if (rc || ch < 0 || args_no_operands(&p)) return ARGS_BAD;
     if (!o->checkpoint == !o->init_from) return args_bad(&p, "give --checkpoint PATH or --init-from DIR (one of them)");
     if (!o->val.data) return args_bad(&p, "--data: give the validation data (token shards, a CIMG file or 'synthetic')");
-    if (!o->plan) o->plan = getenv("CEPHALO_PLAN");
-    if (o->plan && !*o->plan) o->plan = NULL;
+    if (!o->plan) env_text("CEPHALO_PLAN", &o->plan, NULL); /* NULL when unset or empty; checked at start */
     if (o->plan && (o->seq || o->micro)) return args_bad(&p, "--seq and --microbatch come from the plan; give one or the other");
     const args_only only[] = {{O_GPU, o->device && !strcmp(o->device, "cuda"), "--device cuda"}};
     return args_check_only(&p, only, 1);
@@ -132,7 +132,7 @@ static int checkpoint_model(const char *path, model_spec *m, int *seq, precision
 }
 
 /* $RANK and $WORLD_SIZE (default 0 of 1), as train reads them. */
-static int env_rank(const char *name, long dflt, long lo, long *out, err_t *err) {
+static int rank_var(const char *name, long dflt, long lo, long *out, err_t *err) {
     const char *s = getenv(name);
     *out = dflt;
     if (s && *s && (!str_to_long(s, out) || *out < lo || *out > (1 << 20)))
@@ -149,7 +149,7 @@ static int eval_config(eval_cmd *o, train_config *c, err_t *err) {
     train_config_defaults(c);
     if (o->checkpoint && ckpt_dir_resolve(o->checkpoint, o->resolved, sizeof o->resolved, err) < 0)
         return err_prefix(err, "--checkpoint");
-    if (env_rank("RANK", 0, 0, &rank, err) < 0 || env_rank("WORLD_SIZE", 1, 1, &world, err) < 0) return -1;
+    if (rank_var("RANK", 0, 0, &rank, err) < 0 || rank_var("WORLD_SIZE", 1, 1, &world, err) < 0) return -1;
     if (o->checkpoint ? checkpoint_model(o->resolved, &c->model, &seq, &prec, err) < 0
                       : model_load_hf_config(o->init_from, &c->model, err) < 0)
         return err_prefix(err, o->checkpoint ? "--checkpoint" : "--init-from");

@@ -22,6 +22,7 @@
 #include <microhttpd.h>
 
 #include "cmd/metrics.h"
+#include "common/env.h"
 #include "common/json_util.h"
 #include "common/log.h"
 #include "common/strutil.h"
@@ -382,13 +383,10 @@ static int read_extras(const char *path, int rank, plan_extras *x, err_t *err) {
 
 int metrics_worker_port(long flag, const char *plan_path, int rank, err_t *err) {
     if (flag >= 0) return (int)flag;
-    const char *env = getenv("CEPHALO_METRICS_PORT");
     long v;
-    if (env && *env) {
-        if (!str_to_long(env, &v) || v < 0 || v > 65535)
-            return err_set(err, "$CEPHALO_METRICS_PORT is '%s', expected a port in 0..65535 (0 = off)", env);
-        return (int)v;
-    }
+    int given = env_long("CEPHALO_METRICS_PORT", &v, err);
+    if (given < 0) return -1;
+    if (given == ENV_GIVEN) return (int)v;
     plan_extras x;
     if (read_extras(plan_path, rank, &x, err) < 0) return -1;
     if (x.metrics_port <= 0) return 0;
@@ -401,7 +399,8 @@ metrics *metrics_for_trainer(const trainer *t, const char *plan_path, err_t *err
     const train_config *c = &t->cfg;
     plan_extras x;
     if (read_extras(plan_path, c->rank, &x, err) < 0) return NULL;
-    const char *job = getenv("CEPHALO_JOB");
+    const char *job;
+    if (env_text("CEPHALO_JOB", &job, err) < 0) return NULL;
     bool cpu = !strcmp(c->device, "cpu");
     if (!x.device[0]) snprintf(x.device, sizeof x.device, "%s", c->device);
     /* Model FLOPs (no recompute): forward, and backward = 2x forward (planner/model.h). */
@@ -418,7 +417,7 @@ metrics *metrics_for_trainer(const trainer *t, const char *plan_path, err_t *err
         const gpu_spec *g = gpu_find(x.device, &ignored);
         if (g) peak = gpu_peak_tflops(g, c->prec) * 1e12;
     }
-    metrics_info info = {.job = job && *job ? job : "cephalo", .rank = c->rank, .device = x.device,
+    metrics_info info = {.job = job ? job : "cephalo", .rank = c->rank, .device = x.device,
                          .batch = c->batch, .microbatch = c->micro, .microbatches = c->micros,
                          .state_ratio = x.state_ratio >= 0 ? x.state_ratio : (c->world > 1 ? 0 : 1),
                          .capacity_bytes = t->dev.capacity, .flops_per_sample = 3 * fwd, .peak_flops = peak,

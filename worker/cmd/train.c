@@ -4,6 +4,7 @@
  * torchrun-launched programs; the options' defaults are common/worker_cmd.c's table, the one
  * `cephalo run` and the operator build this command line from. Exit codes: worker_cmd.h. */
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -20,6 +21,7 @@
 #include "common/args.h"
 #include "common/ckpt_dir.h"
 #include "common/ckpt_keep.h"
+#include "common/env.h"
 #include "common/fileio.h"
 #include "common/log.h"
 #include "common/outputs.h"
@@ -338,7 +340,8 @@ static int check_idle_options(const worker_opts *o) {
     return args_check_only(&o->cl, rows, sizeof rows / sizeof rows[0]);
 }
 
-static int env_int(const char *name, int dflt, int lo, int hi, int *out) {
+/* $RANK, $WORLD_SIZE, $LOCAL_RANK: torchrun's, not CEPHALO_* switches (common/env.h) */
+static int rank_var(const char *name, int dflt, int lo, int hi, int *out) {
     const char *s = getenv(name);
     long v = dflt;
     if (s && *s && (!str_to_long(s, &v) || v < lo || v > hi))
@@ -350,15 +353,22 @@ static int env_int(const char *name, int dflt, int lo, int hi, int *out) {
 /* tests: $CEPHALO_TEST_NONFINITE=STEP[:RANK] makes rank RANK's (default 0) gradient inf at STEP,
  * the overflow an fp16 run meets (docs/worker.md). */
 static int inject_from_env(train_config *c) {
-    const char *s = getenv("CEPHALO_TEST_NONFINITE");
-    if (!s || !*s) return 0;
-    char step[32] = "", *colon = strchr(s, ':');
-    long st, rk = 0;
-    bool fits = str_fmt(step, sizeof step, NULL, "", "%.*s", colon ? (int)(colon - s) : (int)strlen(s), s) == 0;
-    if (!fits || !str_to_long(step, &st) || st < 0 || (colon && (!str_to_long(colon + 1, &rk) || rk < 0)))
-        return args_bad_cmd(WORKER_NAME, "$CEPHALO_TEST_NONFINITE is '%s', expected STEP or STEP:RANK", s);
+    const char *s;
+    err_t err;
+    long st, rk;
+    if (env_text("CEPHALO_TEST_NONFINITE", &s, &err) < 0) return args_bad_cmd(WORKER_NAME, "%s", err.msg);
+    if (!s) return 0;
+    CHECK(env_step_rank(s, &st, &rk)); /* the row's form, which env_text checked */
+    if (rk > INT_MAX) return args_bad_cmd(WORKER_NAME, "$CEPHALO_TEST_NONFINITE is '%s': rank %ld does not exist", s, rk);
     c->inject_nonfinite_step = st, c->inject_nonfinite_rank = (int)rk;
     return 0;
+}
+
+/* $CEPHALO_PLAN: NULL when unset or empty */
+static const char *plan_from_env(void) {
+    const char *p;
+    env_text("CEPHALO_PLAN", &p, NULL); /* checked at start (env_entry) */
+    return p;
 }
 
 /* ---- outputs never land on inputs (common/outputs.h) ---- */
@@ -369,7 +379,7 @@ static bool resumes_from_path(const char *r) { return r && strcmp(r, "auto") && 
  * against every output (the log, the dump, the checkpoint directory's files): refused, exit 2. */
 static int check_outputs(const worker_opts *o) {
     out_set s = out_begin(WORKER_NAME " train");
-    out_input(&s, o->plan ? "--plan" : "$CEPHALO_PLAN", o->plan ? o->plan : getenv("CEPHALO_PLAN"));
+    out_input(&s, o->plan ? "--plan" : "$CEPHALO_PLAN", o->plan ? o->plan : plan_from_env());
     out_input_path(&s, "--model", o->model, &out_hf_input);
     data_spec_inputs(&s, "--data", o->cfg.data);
     data_spec_inputs(&s, "--val-data", o->val.data);
@@ -389,11 +399,11 @@ static int resolve_job(worker_opts *o) {
     train_config *c = &o->cfg;
     err_t err;
     int rank, world;
-    if (env_int("RANK", 0, 0, 1 << 20, &rank) || env_int("WORLD_SIZE", 1, 1, 1 << 20, &world))
+    if (rank_var("RANK", 0, 0, 1 << 20, &rank) || rank_var("WORLD_SIZE", 1, 1, 1 << 20, &world))
         return EXIT_BAD_INPUT;
     /* the switches the memory model reads ($CEPHALO_ACTS), checked as the planner checks them */
     if (engine_env_check(&err) < 0) return args_bad_cmd(WORKER_NAME, "%s", err.msg);
-    if (!o->plan) o->plan = getenv("CEPHALO_PLAN");
+    if (!o->plan) o->plan = plan_from_env();
     if (o->plan && *o->plan) {
         if (o->model || o->batch || o->micro || o->seq)
             return args_bad_cmd(WORKER_NAME, "%s", "--model/--batch/--microbatch/--seq come from the plan; give one or the other");
@@ -434,17 +444,17 @@ static int resolve_job(worker_opts *o) {
     if (o->have_recompute) c->recompute = o->recompute;
     if (!c->device) c->device = "cpu";
     /* tests: run the staged-collective path (the cuda device's with the socket backend) on CPU */
-    const char *stage = getenv("CEPHALO_STAGE_HOST");
-    c->stage_host = stage && !strcmp(stage, "1");
+    int stage = env_flag("CEPHALO_STAGE_HOST", &err);
     /* the optimizer's launches ($CEPHALO_ADAMW, model/train.h), to compare on a GPU */
-    const char *adamw = getenv("CEPHALO_ADAMW");
-    if (adamw && *adamw && !adamw_mode_parse(adamw, &c->adamw))
-        return args_bad_cmd(WORKER_NAME, "$CEPHALO_ADAMW is '%s', expected " ADAMW_MODE_CHOICES, adamw);
+    int adamw = stage < 0 ? -1 : env_choice("CEPHALO_ADAMW", &err);
+    if (adamw < 0) return args_bad_cmd(WORKER_NAME, "%s", err.msg);
+    c->stage_host = stage == 1;
+    c->adamw = (adamw_mode)adamw; /* the row's choices are in the enum's order */
     int rc = inject_from_env(c);
     if (rc) return rc;
     if (!strcmp(c->device, "cuda") && !o->have_gpu) {
         int local, n = device_cuda_count();
-        if (env_int("LOCAL_RANK", rank, 0, 1 << 20, &local)) return EXIT_BAD_INPUT;
+        if (rank_var("LOCAL_RANK", rank, 0, 1 << 20, &local)) return EXIT_BAD_INPUT;
         c->gpu = n > 0 ? local % n : 0;
     }
     if (!c->data) /* never a silent synthetic run: a fine-tune without --data would learn noise */

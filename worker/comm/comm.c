@@ -22,6 +22,7 @@
 
 #include "comm/comm_internal.h"
 #include "common/clock.h"
+#include "common/env.h"
 #include "common/log.h"
 #include "common/strutil.h"
 
@@ -79,7 +80,7 @@ static int env_port(const char *s, int *port, err_t *err) {
     return 0;
 }
 
-static int env_string(const char *name, const char *s, char *dst, size_t cap, err_t *err) {
+static int copy_var(const char *name, const char *s, char *dst, size_t cap, err_t *err) {
     if (strlen(s) >= cap) return err_set(err, "%s: '%.40s...' is too long (at most %zu characters)", name, s, cap - 1);
     memcpy(dst, s, strlen(s) + 1);
     return 0;
@@ -112,18 +113,20 @@ int comm_config_from_env(comm_config *cfg, int rank, int world, err_t *err) {
     snprintf(cfg->master_addr, sizeof cfg->master_addr, "127.0.0.1");
     snprintf(cfg->backend, sizeof cfg->backend, "socket");
     const char *addr = getenv("MASTER_ADDR"), *port = getenv("MASTER_PORT");
-    const char *timeout = getenv("CEPHALO_COMM_TIMEOUT"), *backend = getenv("CEPHALO_COMM_BACKEND");
-    const char *job = getenv("CEPHALO_JOB_ID"), *uneven = getenv("CEPHALO_NCCL_UNEVEN");
     if (addr && !addr[0]) return err_set(err, "MASTER_ADDR is set but empty (expected rank 0's host name or address)");
-    if (addr && env_string("MASTER_ADDR", addr, cfg->master_addr, sizeof cfg->master_addr, err) < 0) return -1;
+    if (addr && copy_var("MASTER_ADDR", addr, cfg->master_addr, sizeof cfg->master_addr, err) < 0) return -1;
     if (port && env_port(port, &cfg->master_port, err) < 0) return -1;
     if (!port && world > 1)
         return err_set(err, "MASTER_PORT is not set (expected the port of rank 0's rendezvous store, 1..65535)");
-    if (timeout && (!str_to_double(timeout, &cfg->timeout_s) || !isfinite(cfg->timeout_s) || cfg->timeout_s <= 0 || cfg->timeout_s > 1e6))
-        return err_set(err, "CEPHALO_COMM_TIMEOUT: '%s' is not a timeout (expected seconds > 0, at most 1e6, e.g. 60 or 0.5)", timeout);
-    if (backend && env_string("CEPHALO_COMM_BACKEND", backend, cfg->backend, sizeof cfg->backend, err) < 0) return -1;
-    if (job && env_string("CEPHALO_JOB_ID", job, cfg->job_id, sizeof cfg->job_id, err) < 0) return -1;
-    if (uneven && env_string("CEPHALO_NCCL_UNEVEN", uneven, cfg->nccl_uneven, sizeof cfg->nccl_uneven, err) < 0) return -1;
+    /* the CEPHALO_* ones through their rows (common/env.c): the values and messages of every program */
+    const char *backend, *uneven, *job;
+    if (env_number("CEPHALO_COMM_TIMEOUT", &cfg->timeout_s, err) < 0 || !(backend = env_word("CEPHALO_COMM_BACKEND", err)) ||
+        !(uneven = env_word("CEPHALO_NCCL_UNEVEN", err)) || env_text("CEPHALO_JOB_ID", &job, err) < 0)
+        return -1;
+    /* the rows' words fit: "socket", "grouped" */
+    snprintf(cfg->backend, sizeof cfg->backend, "%s", backend);
+    snprintf(cfg->nccl_uneven, sizeof cfg->nccl_uneven, "%s", uneven);
+    if (job && copy_var("CEPHALO_JOB_ID", job, cfg->job_id, sizeof cfg->job_id, err) < 0) return -1;
     return check_config(cfg, err);
 }
 

@@ -28,6 +28,7 @@
 #include "devices/cuda_internal.h"
 
 extern "C" {
+#include "common/env.h"
 #include "common/log.h"
 }
 
@@ -1617,11 +1618,8 @@ static dev_ops make_timed_ops(void) {
 
 static const dev_ops cuda_ops_timed = make_timed_ops();
 
-/* CEPHALO_CUDA_OPTIME=1 (anything but empty or 0) */
-static bool optime_mode(void) {
-    const char *v = getenv("CEPHALO_CUDA_OPTIME");
-    return v && *v && strcmp(v, "0") != 0;
-}
+/* CEPHALO_CUDA_OPTIME=1 (common/env.c: 0 or 1; NULL: the program's entry checked it) */
+static bool optime_mode(void) { return env_flag("CEPHALO_CUDA_OPTIME", NULL) == 1; }
 
 extern "C" int cuda_device_count(void) {
     int n = 0;
@@ -1706,18 +1704,14 @@ static int check_arch(const cudaDeviceProp &p, int gpu, int *code_arch, err_t *e
                    gpu, p.name, p.major, p.minor, why, CEPHALO_CUDA_ARCHS, p.major, p.minor);
 }
 
-/* CEPHALO_CUDA_PORTABLE=1 (anything but empty or 0) */
-static bool portable_mode(void) {
-    const char *v = getenv("CEPHALO_CUDA_PORTABLE");
-    return v && *v && strcmp(v, "0") != 0;
-}
-
-/* CEPHALO_CUDA_ATTN: simt (or unset) or mma; anything else is refused. */
-static int attn_mode(bool *mma, err_t *err) {
-    const char *v = getenv("CEPHALO_CUDA_ATTN");
-    *mma = v && strcmp(v, "mma") == 0;
-    if (!v || !*v || *mma || strcmp(v, "simt") == 0) return 0;
-    return err_set(err, "cuda device: CEPHALO_CUDA_ATTN must be simt or mma (got '%s')", v);
+/* CEPHALO_CUDA_PORTABLE (0 or 1) and CEPHALO_CUDA_ATTN (simt or mma), through common/env.c's
+ * rows: anything else is refused, as at the program's start. */
+static int device_modes(bool *portable, bool *mma, err_t *err) {
+    int p = env_flag("CEPHALO_CUDA_PORTABLE", err);
+    const char *attn = p < 0 ? NULL : env_word("CEPHALO_CUDA_ATTN", err);
+    if (!attn) return err_prefix(err, "cuda device");
+    *portable = p == 1, *mma = !strcmp(attn, "mma");
+    return 0;
 }
 
 /* What the kernels choose their paths by: compute capability and shared-memory limit. */
@@ -1731,8 +1725,7 @@ static int read_limits(cuda_state *st, const cudaDeviceProp &p, err_t *err) {
     }
     st->cc_major = p.major, st->cc_minor = p.minor;
     st->smem_optin = optin > 48 * 1024 ? optin : 48 * 1024; /* sm_60/61 have no opt-in */
-    st->portable = portable_mode();
-    return attn_mode(&st->attn_mma, err);
+    return device_modes(&st->portable, &st->attn_mma, err);
 }
 
 /* The devices opened with an automatic capacity, by GPU, so that NCCL's buffers can come off

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <stdlib.h>
 
+#include "common/env.h"
 #include "common/log.h"
 
 typedef struct alloc_slot {
@@ -178,8 +179,8 @@ dev_adamw dev_adamw_step(double lr, double beta1, double beta2, double eps, doub
 dev_matmul dev_matmul_for(precision p, bool cuda) {
     if (p == PREC_BF16) return DEV_MATMUL_BF16;
     if (p == PREC_FP16) return DEV_MATMUL_FP16;
-    const char *tf32 = getenv("CEPHALO_CUDA_TF32");
-    return cuda && !(tf32 && strcmp(tf32, "0") == 0) ? DEV_MATMUL_TF32 : DEV_MATMUL_FP32;
+    /* NULL: checked at start (env_entry) */
+    return cuda && env_flag("CEPHALO_CUDA_TF32", NULL) == 1 ? DEV_MATMUL_TF32 : DEV_MATMUL_FP32;
 }
 
 void dev_to_half(device *d, precision p, uint16_t *out, const float *in, int64_t n) {

@@ -639,13 +639,6 @@ static int backward_units(trainer *t, mb_range r, int s, err_t *err) {
     return fsdp_finish_grads(t, err);
 }
 
-bool adamw_mode_parse(const char *s, adamw_mode *out) {
-    static const char *const names[] = {"tensor", "unit", "half"};
-    for (int i = 0; i < 3; i++)
-        if (!strcmp(s, names[i])) return *out = (adamw_mode)i, true;
-    return false;
-}
-
 /* The segments of unit u's shard for AdamW: each tensor's slice in this rank's shard, with step
  * scalars 0 (decayed) or 1 (not); with `merge`, neighbours of the same kind are one segment
  * (tensors tile the unit). Returns the count; seg has room for WM_MAX_TENSORS. */

@@ -31,9 +31,8 @@
  *           of rounding the fp32 shard before every gather. It costs 2 bytes per shard parameter
  *           of device memory, which the planner counts when it sees the same variable
  *           (engine_state_bytes_per_param; an experiment to measure). */
+/* In the order of the variable's values in common/env.c (env_choice gives the index). */
 typedef enum { ADAMW_TENSOR = 0, ADAMW_UNIT = 1, ADAMW_HALF = 2 } adamw_mode;
-#define ADAMW_MODE_CHOICES "tensor, unit or half"
-bool adamw_mode_parse(const char *s, adamw_mode *out);
 
 typedef struct train_config {
     model_spec model;
