@@ -676,16 +676,14 @@ static int make_plan(const job *j, const run_opts *o, plan_inputs *in, plan *p) 
     inputs_opts io = {.profile = j->profile, .seq = j->seq, .batch = j->batch, .mem_cap = j->mem_cap,
                       .prec = j->train.prec, .recompute = j->recompute};
     /* the job's own profile, else the devices' own numbers (measured once, then cached) */
-    static char cached[PATH_LEN + 32];
     pcache_opts po = {.may_profile = !o->dry_run, .quiet = o->quiet};
-    bool from_cache = !j->profile && !o->no_profile && pcache_profile(j, &po, cached, sizeof cached) == 1;
-    if (from_cache) io.profile = cached;
+    if (!j->profile && !o->no_profile)
+        in->have_prof = pcache_profile(j, &po, &in->prof, in->prof_source, sizeof in->prof_source) == 1;
     in->model = j->model;
     if (job_cluster(j, &in->cl, &err) < 0 || inputs_build(in, &io, &err) < 0) {
         err_prefix(&err, "%s", j->path); /* e.g. a profile that cannot be read */
         return fail(RUN_EXIT_BAD_INPUT, &err);
     }
-    if (from_cache) snprintf(in->prof_source, sizeof in->prof_source, "the cached profile %s", cached);
     bool quiet = o->quiet;
     inputs_print_notes(in, "cephalo run", stderr);
     if (plan_make(&in->cm, j->strat, p, &err) < 0) return fail(RUN_EXIT_FAILED, &err);
