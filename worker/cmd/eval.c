@@ -94,7 +94,7 @@ static int parse_eval(int argc, char **argv, eval_cmd *o) {
     if (!o->plan) o->plan = getenv("CEPHALO_PLAN");
     if (o->plan && !*o->plan) o->plan = NULL;
     if (o->plan && (o->seq || o->micro)) return args_bad(&p, "--seq and --microbatch come from the plan; give one or the other");
-    const args_only only[] = {{O_GPU, o->device && !strcmp(o->device, "cuda"), "--device cuda"}};
+    const args_only only[] = {{O_GPU, o->device && !strcmp(o->device, "cuda"), "--device cuda", ARGS_LEAVE_OUT}};
     return args_check_only(&p, only, 1);
 }
 

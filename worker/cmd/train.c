@@ -323,17 +323,19 @@ static int check_idle_options(const worker_opts *o) {
     bool serving = metrics_worker_port(o->metrics_port, o->plan, c->rank, &ignored) != 0;
     bool ckpt = o->ck.dir != NULL, val = o->val.data != NULL;
     const args_only rows[] = {
-        {O_LSCALE, c->prec == PREC_FP16, fp16},
-        {O_LWINDOW, c->prec == PREC_FP16, fp16},
-        {O_MINLR, c->schedule != SCHED_CONSTANT, "--schedule cosine or linear (constant keeps --lr throughout)"},
-        {O_CKEVERY, ckpt, "--ckpt-dir"},
-        {O_KEEPLAST, ckpt, "--ckpt-dir"},
-        {O_KEEPEVERY, ckpt, "--ckpt-dir"},
-        {O_OVERWRITE, ckpt, "--ckpt-dir (it is about the checkpoints there)"},
-        {O_VALEVERY, val, "--val-data (the validation data)"},
-        {O_VALSAMPLES, val, "--val-data (the validation data)"},
-        {O_GPU, !strcmp(c->device, "cuda"), cuda},
-        {O_MADDR, serving, "a metrics port (--metrics-port, $CEPHALO_METRICS_PORT or the plan's metrics_port)"},
+        {O_LSCALE, c->prec == PREC_FP16, fp16, ARGS_LEAVE_OUT},
+        {O_LWINDOW, c->prec == PREC_FP16, fp16, ARGS_LEAVE_OUT},
+        {O_MINLR, c->schedule != SCHED_CONSTANT, "--schedule cosine or linear (constant keeps --lr throughout)",
+         ARGS_GIVE_OR_LEAVE},
+        {O_CKEVERY, ckpt, "--ckpt-dir", ARGS_GIVE_OR_LEAVE},
+        {O_KEEPLAST, ckpt, "--ckpt-dir", ARGS_GIVE_OR_LEAVE},
+        {O_KEEPEVERY, ckpt, "--ckpt-dir", ARGS_GIVE_OR_LEAVE},
+        {O_OVERWRITE, ckpt, "--ckpt-dir (it is about the checkpoints there)", ARGS_LEAVE_OUT},
+        {O_VALEVERY, val, "--val-data (the validation data)", ARGS_GIVE_OR_LEAVE},
+        {O_VALSAMPLES, val, "--val-data (the validation data)", ARGS_GIVE_OR_LEAVE},
+        {O_GPU, !strcmp(c->device, "cuda"), cuda, ARGS_LEAVE_OUT},
+        {O_MADDR, serving, "a metrics port (--metrics-port, $CEPHALO_METRICS_PORT or the plan's metrics_port)",
+         ARGS_GIVE_OR_LEAVE},
     };
     return args_check_only(&o->cl, rows, sizeof rows / sizeof rows[0]);
 }
