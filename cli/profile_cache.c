@@ -142,9 +142,8 @@ static int measure(const job *j, const char *tmp, const char *logpath, bool quie
 
 /* Keeps the profile just measured as the cache's entry: the signature first (a profile without it
  * is no entry, one with it is complete), each written atomically. */
-static int keep_entry(const profile *p, const char *path, const char *sigpath, const char *sig, err_t *err) {
-    char dir[PATH_LEN];
-    snprintf(dir, sizeof dir, "%.*s", (int)(strrchr(sigpath, '/') - sigpath), sigpath); /* a prefix: fits */
+static int keep_entry(const profile *p, const char *dir, const char *path, const char *sigpath, const char *sig,
+                      err_t *err) {
     if (file_make_dir(dir, true, err) < 0 || file_write_atomic(sigpath, sig, strlen(sig), err) < 0) return -1;
     return profile_save(p, path, err);
 }
@@ -195,7 +194,7 @@ int pcache_profile(const job *j, const pcache_opts *o, profile *out, char *sourc
     }
     fprintf(stderr, "cephalo run: profiled in %.1f s\n", clock_now_s() - t0);
     rc = 1;
-    if (keep_entry(out, path, sigpath, sig, &err) == 0) {
+    if (keep_entry(out, dir, path, sigpath, sig, &err) == 0) {
         snprintf(source, n, "the cached profile %s", path);
         goto out;
     }

@@ -80,21 +80,24 @@ static bool cannot_lock(int e) { return e == ENOLCK || e == EOPNOTSUPP || e == E
 
 /* A new DIR/.lock, holding our line from its first moment: a descriptor, EXISTS, NO_LINK (the
  * filesystem has no hard links), -2 (no locks) or -1. */
-static int take_new(const char *path, const char *line, err_t *err) {
+static int take_new(const char *dir, const char *path, const char *line, err_t *err) {
     char tmp[4200];
     if (str_fmt(tmp, sizeof tmp, err, "the lock file's path", "%s.tmp.%d", path, (int)getpid()) < 0) return -1;
     unlink(tmp); /* one left by an earlier process of this PID */
     int fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (fd < 0) return err_set(err, "cannot create the lock file %s: %s", tmp, strerror(errno));
+    if (fd < 0) return err_set(err, "%s: cannot create the lock file %s: %s", dir, tmp, strerror(errno));
     size_t n = strlen(line);
-    int rc = pwrite(fd, line, n, 0) == (ssize_t)n ? 0 : err_set(err, "cannot write the lock file %s: %s", tmp, strerror(errno));
-    if (rc == 0 && flock(fd, LOCK_EX | LOCK_NB) != 0) rc = cannot_lock(errno) ? -2 : err_set(err, "cannot lock %s: %s", tmp, strerror(errno));
+    int rc = pwrite(fd, line, n, 0) == (ssize_t)n
+                 ? 0
+                 : err_set(err, "%s: cannot write the lock file %s: %s", dir, tmp, strerror(errno));
+    if (rc == 0 && flock(fd, LOCK_EX | LOCK_NB) != 0)
+        rc = cannot_lock(errno) ? -2 : err_set(err, "%s: cannot lock %s: %s", dir, tmp, strerror(errno));
     if (rc == 0 && link(tmp, path) != 0) {
         int e = errno;
         rc = e == EEXIST ? EXISTS
              : e == EPERM || e == EOPNOTSUPP || e == ENOSYS || e == EMLINK
                  ? NO_LINK
-                 : err_set(err, "cannot create the lock file %s: %s", path, strerror(e));
+                 : err_set(err, "%s: cannot create the lock file %s: %s", dir, path, strerror(e));
     }
     unlink(tmp);
     if (rc == 0) return fd;
@@ -105,9 +108,10 @@ static int take_new(const char *path, const char *line, err_t *err) {
 /* DIR/.lock as it is (created, where the filesystem cannot link): a descriptor when nobody holds
  * it (our line written over the ended holder's), TAKEN with the holder's line in *h, GONE when
  * the file went away meanwhile, -2 (no locks) or -1. */
-static int take_existing(const char *path, const char *line, bool create, holder *h, err_t *err) {
+static int take_existing(const char *dir, const char *path, const char *line, bool create, holder *h, err_t *err) {
     int fd = open(path, O_RDWR | O_CLOEXEC | (create ? O_CREAT : 0), 0644);
-    if (fd < 0) return errno == ENOENT ? GONE : err_set(err, "cannot open the lock file %s: %s", path, strerror(errno));
+    if (fd < 0)
+        return errno == ENOENT ? GONE : err_set(err, "%s: cannot open the lock file %s: %s", dir, path, strerror(errno));
     if (flock(fd, LOCK_EX | LOCK_NB) == 0) {
         if (!same_file(fd, path)) return close(fd), GONE; /* removed by hand meanwhile */
         size_t n = strlen(line);
@@ -121,7 +125,7 @@ static int take_existing(const char *path, const char *line, bool create, holder
     if (e == EWOULDBLOCK) read_holder(fd, h);
     close(fd);
     if (e == EWOULDBLOCK) return TAKEN;
-    return cannot_lock(e) ? -2 : err_set(err, "cannot lock %s: %s", path, strerror(e));
+    return cannot_lock(e) ? -2 : err_set(err, "%s: cannot lock %s: %s", dir, path, strerror(e));
 }
 
 /* The refusal, in the holder's own words where it wrote them. */
@@ -151,9 +155,9 @@ int dir_lock(const char *dir, const char *self, err_t *err) {
     holder h = {0};
     bool can_link = true;
     for (int tries = 0;; tries++) {
-        int fd = can_link ? take_new(path, line, err) : EXISTS;
+        int fd = can_link ? take_new(dir, path, line, err) : EXISTS;
         if (fd == NO_LINK) can_link = false, fd = EXISTS;
-        if (fd == EXISTS) fd = take_existing(path, line, !can_link, &h, err);
+        if (fd == EXISTS) fd = take_existing(dir, path, line, !can_link, &h, err);
         if (fd >= 0 || fd == -1) return fd;
         if (fd == -2) {
             log_warn("%s: this filesystem cannot lock files: nothing stops a second run from writing it at the same "
