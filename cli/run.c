@@ -186,6 +186,19 @@ static int check_outputs(const launch *l, const run_opts *o, err_t *err) {
     return rc;
 }
 
+/* The run directory's outputs, said as in use when another run holds it. That run may take the
+ * directory while this one reads it: out_check looks for the marker first and at the names after,
+ * and the other marks, locks and fills the directory in between, so its plan.json reads as a
+ * file of someone else's. Then it holds the directory now, or (a dry run, already done) has left
+ * it marked, and a second look says which. */
+static int check_run_dir(const launch *l, const run_opts *o, err_t *err) {
+    if (dir_lock_held(l->dir, "cephalo run", err)) return -1;
+    if (check_outputs(l, o, err) == 0) return 0;
+    err_t again;
+    if (dir_lock_held(l->dir, "cephalo run", &again)) return *err = again, -1;
+    return check_outputs(l, o, err);
+}
+
 /* One run at a time per run directory (the second would write over the first's plan, logs and
  * checkpoints); then what killed runs left half-written goes. The marker goes first: a run
  * directory whose lock can be seen is then always marked as this command's, so a second run
@@ -725,8 +738,7 @@ static int prepare(launch *l, const run_opts *o) {
     for (int i = 0; i < l->p->cm->cl->n_devices; i++) gpu |= l->p->cm->cl->devices[i].threads == 0;
     if (run_find_worker(l->worker, gpu, &err) < 0 && !o->dry_run) return fail(RUN_EXIT_FAILED, &err);
     /* a directory in use is said to be, before its files are judged (its .lock is no foreign file) */
-    if (dir_lock_held(l->dir, "cephalo run", &err) || check_outputs(l, o, &err) < 0 || lock_run_dir(l, &err) < 0)
-        return fail(RUN_EXIT_BAD_INPUT, &err);
+    if (check_run_dir(l, o, &err) < 0 || lock_run_dir(l, &err) < 0) return fail(RUN_EXIT_BAD_INPUT, &err);
     /* again, the run directory made: a checkpoint.dir that reaches it through a symbolic link */
     if (check_ckpt_dir(l, o, &err) < 0) return fail(RUN_EXIT_BAD_INPUT, &err);
     return write_run_dir(l, &err) < 0 ? fail(RUN_EXIT_BAD_INPUT, &err) : 0;
