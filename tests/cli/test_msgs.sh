@@ -95,7 +95,8 @@ mkdir -p "$T/hf"
 printf '{"architectures": ["GPT2LMHeadModel"], "n_embd": 64, "n_head": 4, "n_layer": 2, "n_positions": 128, "vocab_size": 256}\n' >"$T/hf/config.json"
 check "--model hf/ is named hf" 0 "hf: gpt, 2 layers" -- "$BIN" models "$T/hf/"
 check "--model hf/. too" 0 "hf: gpt, 2 layers" -- "$BIN" models "$T/hf/."
-check "--model . inside it too" 0 "hf: gpt, 2 layers" -- bash -c "cd '$T/hf' && '$PWD/$BIN' models ."
+ABS=$(cd "$(dirname "$BIN")" && pwd)/cephalo
+check "--model . inside it too" 0 "hf: gpt, 2 layers" -- bash -c "cd '$T/hf' && '$ABS' models ."
 lacks "never hf-model" "hf-model" -- "$BIN" models "$T/hf/"
 # the operator's metrics address: the reason bind(2) gives, not a guess that it is in use
 OP=${BUILD:-build/rel}/bin/cephalo-operator
