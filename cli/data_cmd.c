@@ -237,6 +237,13 @@ static int check_data_inputs(const char *outdir, const char *tokenizer, char **f
     return rc;
 }
 
+/* How to use a directory with val shards, as the worker reads one (worker/formats/data.c,
+ * pick_role): training leaves its validation shards out, validation takes only them. */
+static void print_split_hint(const char *outdir) {
+    printf("  train with --data %s (its val shards are left out of training) and --val-data %s (the val shards "
+           "alone)\n", outdir, outdir);
+}
+
 /* Shards of an earlier, larger run would be picked up by a directory or glob spec. */
 static void warn_leftover_shards(const char *outdir, const int index[2]) {
     for (int si = 0; si < 2; si++) {
@@ -299,7 +306,7 @@ static int data_text(const char *outdir, long shard_tokens, double val_fraction,
         putchar('\n');
     }
     printf("  tokenizer bytes-256, recorded in each shard's header\n");
-    if (n_val) printf("  train on '%s/train_*.bin' (the directory alone would include the val shards)\n", outdir);
+    if (n_val) print_split_hint(outdir);
     warn_leftover_shards(outdir, k.index);
 done:
     for (int i = 0; i < n_files; i++) {
@@ -577,7 +584,7 @@ static void print_tok_summary(const tok_run *r, int n_files, const char *outdir)
     char name[TOK_ID_NAME_MAX];
     tok_id_name(r->k.tok, name);
     printf("  tokenizer %s, recorded in each shard's header; its file is %s/tokenizer.json\n", name, outdir);
-    if (r->k.index[1]) printf("  train on '%s/train_*.bin' (the directory alone would include the val shards)\n", outdir);
+    if (r->k.index[1]) print_split_hint(outdir);
 }
 
 static int tok_setup(tok_run *r, const tok_opts *o, err_t *err) {
@@ -789,17 +796,30 @@ static int data_option(args *p, int ch, data_opts *o) {
     return text_option(p, ch, o);
 }
 
-/* Each kind's options act in its mode only: text (shards), the tokenizer's, the images'. */
+/* Each kind's options act in its mode only: text (shards), the tokenizer's, the images'. An option
+ * that needs another one says to give it, or to leave the option out; --sft only to give it: it asks
+ * for fine-tuning data, which the bytes of a JSONL file read as text are not. */
 static int check_idle_options(const args *p, const data_opts *o) {
     bool text = !o->images, tokens = text && o->to.tokenizer, sft = tokens && o->to.sft;
     const char *for_text = "text input (it is for text, not --images)";
+    const char *sft_tok = "--tokenizer FILE (fine-tuning examples are encoded with the model's tokenizer.json, and "
+                          "their loss masks mark the responses' tokens)";
     const args_only only[] = {
-        {'T', text, for_text}, {'V', text, for_text}, {'k', text, for_text},
-        {'e', tokens, "--tokenizer"}, {'b', tokens, "--tokenizer"}, {'d', tokens, "--tokenizer"}, {'s', tokens, "--tokenizer"},
-        {'F', tokens, "--tokenizer"}, {'c', sft, "--sft"}, {'M', sft, "--sft"}, {'L', sft && o->to.max_example, "--max-example-tokens"},
-        {'d', !sft, "text input, not --sft (a JSONL line is one example)"},
-        {'N', o->images, "--images"}, {'K', o->images, "--images"}, {'Z', o->images, "--images"},
-        {'C', o->images, "--images"}, {'X', o->images, "--images"},
+        {'T', text, for_text, ARGS_LEAVE_OUT}, {'V', text, for_text, ARGS_LEAVE_OUT},
+        {'k', text, for_text, ARGS_LEAVE_OUT}, {'e', text, for_text, ARGS_LEAVE_OUT},
+        {'b', text, for_text, ARGS_LEAVE_OUT}, {'d', text, for_text, ARGS_LEAVE_OUT},
+        {'s', text, for_text, ARGS_LEAVE_OUT}, {'F', text, for_text, ARGS_LEAVE_OUT},
+        {'c', text, for_text, ARGS_LEAVE_OUT}, {'M', text, for_text, ARGS_LEAVE_OUT},
+        {'L', text, for_text, ARGS_LEAVE_OUT},
+        {'F', tokens, sft_tok, ARGS_GIVE},
+        {'e', tokens, "--tokenizer", ARGS_GIVE_OR_LEAVE}, {'b', tokens, "--tokenizer", ARGS_GIVE_OR_LEAVE},
+        {'d', tokens, "--tokenizer", ARGS_GIVE_OR_LEAVE}, {'s', tokens, "--tokenizer", ARGS_GIVE_OR_LEAVE},
+        {'c', sft, "--sft", ARGS_GIVE_OR_LEAVE}, {'M', sft, "--sft", ARGS_GIVE_OR_LEAVE},
+        {'L', sft && o->to.max_example, "--max-example-tokens", ARGS_GIVE_OR_LEAVE},
+        {'d', !sft, "text input, not --sft (a JSONL line is one example)", ARGS_LEAVE_OUT},
+        {'N', o->images, "--images", ARGS_GIVE_OR_LEAVE}, {'K', o->images, "--images", ARGS_GIVE_OR_LEAVE},
+        {'Z', o->images, "--images", ARGS_GIVE_OR_LEAVE}, {'C', o->images, "--images", ARGS_GIVE_OR_LEAVE},
+        {'X', o->images, "--images", ARGS_GIVE_OR_LEAVE},
     };
     return args_check_only(p, only, sizeof only / sizeof only[0]);
 }

@@ -256,8 +256,8 @@ static int parse_optimizer(const yctx *y, const ynode *root, job *j) {
     }
     const ynode *min_lr = ymap_get(m, "min_lr");
     if (min_lr && o->schedule == SCHED_CONSTANT) /* as the worker's --min-lr (args_check_only) */
-        return err_set(y->err, "%s:%d: optimizer.min_lr needs schedule cosine or linear (constant keeps lr throughout); "
-                               "otherwise it has no effect: leave it out", y->file, min_lr->line);
+        return err_set(y->err, "%s:%d: optimizer.min_lr needs schedule cosine or linear (constant keeps lr throughout): "
+                               "give one, or leave min_lr out (alone it has no effect)", y->file, min_lr->line);
     const ynode *w = ymap_get(m, "warmup");
     j->warmup_line = w ? w->line : 0;
     return 0;

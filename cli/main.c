@@ -130,8 +130,8 @@ static int parse_options(int argc, char **argv, bool compare, cli_opts *o) {
     if (!o->cluster) return args_bad(&p, "--cluster FILE is required");
     if (!o->model) return args_bad(&p, "--model MODEL is required");
     if (!o->batch) return args_bad(&p, "--batch B is required");
-    const args_only only[] = {{'o', !compare, "cephalo plan (compare writes no plan file)"},
-                              {'S', !compare, "cephalo plan (compare plans every strategy)"}};
+    const args_only only[] = {{'o', !compare, "cephalo plan (compare writes no plan file)", ARGS_LEAVE_OUT},
+                              {'S', !compare, "cephalo plan (compare plans every strategy)", ARGS_LEAVE_OUT}};
     return args_check_only(&p, only, 2);
 }
 
@@ -268,7 +268,7 @@ static int cmd_models(int argc, char **argv) {
     int n = args_operands(&p, &names);
     if (n > 1) return args_bad(&p, "unexpected argument '%s'", names[1]);
     const char *detail = "a MODEL (the list shows no figures that depend on it)";
-    const args_only only[] = {{'s', n == 1, detail}, {'p', n == 1, detail}};
+    const args_only only[] = {{'s', n == 1, detail, ARGS_LEAVE_OUT}, {'p', n == 1, detail, ARGS_LEAVE_OUT}};
     if (args_check_only(&p, only, 2)) return ARGS_BAD;
     return n ? cmd_model_detail(names[0], seq, prec) : cmd_models_list();
 }

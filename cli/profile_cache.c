@@ -2,6 +2,7 @@
 #include "cli/profile_cache.h"
 
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -79,29 +80,27 @@ char *pcache_signature(const job *j, char key[17]) {
     return sig;
 }
 
-/* Whether the entry at path (KEY.json, beside KEY.sig) is this signature's and a readable profile
- * with the model; why not into why (empty: there is no entry). */
-static bool entry_ok(const char *path, const char *sigpath, const char *sig, const char *model, char *why, size_t n) {
+/* The entry at path (KEY.json, beside KEY.sig) into *out when it is this signature's and a
+ * readable profile with the model: true; else why not into why (empty: there is no entry). */
+static bool entry_load(const char *path, const char *sigpath, const char *sig, const char *model, profile *out,
+                       char *why, size_t n) {
     why[0] = '\0';
     if (access(path, F_OK) != 0) return false;
     err_t err;
     size_t len;
     char *text = file_read_all(sigpath, 1 << 16, &len, &err);
-    if (!text || strcmp(text, sig) != 0) {
-        snprintf(why, n, "%s does not match this job's devices and model", sigpath);
-        free(text);
-        return false;
-    }
+    if (!text) snprintf(why, n, "%s", err.msg); /* missing, a directory, unreadable: said as such */
+    else if (strcmp(text, sig) != 0) snprintf(why, n, "%s does not match this job's devices and model", sigpath);
     free(text);
-    profile p;
-    if (profile_load_file(path, &p, &err) < 0) {
+    if (why[0]) return false;
+    if (profile_load_file(path, out, &err) < 0) {
         snprintf(why, n, "%s", err.msg);
         return false;
     }
-    bool has = profile_has_model(&p, model);
-    profile_free(&p);
-    if (!has) snprintf(why, n, "%s has no entry for model %s", path, model);
-    return has;
+    if (profile_has_model(out, model)) return true;
+    profile_free(out);
+    snprintf(why, n, "%s has no entry for model %s", path, model);
+    return false;
 }
 
 /* `cephalo profile --quick` in this process into tmp: its exit status. Quiet: its progress goes
@@ -123,8 +122,10 @@ static int measure(const job *j, const char *tmp, const char *logpath, bool quie
     fflush(stderr);
     int saved = -1;
     if (quiet) {
-        int fd = open(logpath, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fd >= 0) saved = dup(STDERR_FILENO), dup2(fd, STDERR_FILENO), close(fd);
+        file_out log;
+        err_t ignored; /* no log: the progress shows */
+        if (file_out_open(&log, logpath, FILE_OUT_STREAM, &ignored) == 0)
+            saved = dup(STDERR_FILENO), dup2(log.fd, STDERR_FILENO), file_out_abort(&log);
     }
     int rc = profile_main(argc, argv);
     fflush(stderr);
@@ -143,22 +144,33 @@ static int measure(const job *j, const char *tmp, const char *logpath, bool quie
     return rc;
 }
 
-int pcache_profile(const job *j, const pcache_opts *o, char *path, size_t n) {
+/* Keeps the profile just measured as the cache's entry: the signature first (a profile without it
+ * is no entry, one with it is complete), each written atomically. */
+static int keep_entry(const profile *p, const char *dir, const char *path, const char *sigpath, const char *sig,
+                      err_t *err) {
+    if (file_make_dir(dir, true, err) < 0 || file_write_atomic(sigpath, sig, strlen(sig), 0, err) < 0) return -1;
+    return profile_save(p, path, err);
+}
+
+int pcache_profile(const job *j, const pcache_opts *o, profile *out, char *source, size_t n) {
     for (int i = 0; i < j->n_items; i++)
         if (j->items[i].threads <= 0) return 0; /* `cephalo profile` measures CPU devices only */
     char dir[PATH_LEN];
     if (!j->model_arg || !pcache_dir(dir, sizeof dir)) return 0; /* turned off: the plan says "costs: analytic estimates" */
     char key[17], why[PATH_LEN + 256];
     char *sig = pcache_signature(j, key);
-    char sigpath[PATH_LEN + 32], tmp[PATH_LEN + 48], logpath[PATH_LEN + 48];
+    char path[PATH_LEN + 32], sigpath[PATH_LEN + 32], work[PATH_LEN], tmp[PATH_LEN + 16], logpath[PATH_LEN + 16];
+    const char *tmpdir = getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
     int rc = 0;
-    if (snprintf(path, n, "%s/%s.json", dir, key) >= (int)n ||
+    err_t err;
+    if (snprintf(path, sizeof path, "%s/%s.json", dir, key) >= (int)sizeof path ||
         snprintf(sigpath, sizeof sigpath, "%s/%s.sig", dir, key) >= (int)sizeof sigpath) {
         fprintf(stderr, "cephalo run: warning: the profile cache path %s is too long; costs from estimates\n", dir);
         goto out;
     }
-    if (entry_ok(path, sigpath, sig, j->model.name, why, sizeof why)) {
+    if (entry_load(path, sigpath, sig, j->model.name, out, why, sizeof why)) {
         fprintf(stderr, "cephalo run: costs from the cached profile %s (no profiling needed)\n", path);
+        snprintf(source, n, "the cached profile %s", path); /* the caller's buffer holds a cache path */
         rc = 1;
         goto out;
     }
@@ -168,29 +180,36 @@ int pcache_profile(const job *j, const pcache_opts *o, char *path, size_t n) {
                         "from estimates\n", j->model.name);
         goto out;
     }
-    err_t err;
-    if (file_make_dir(dir, true, &err) < 0) {
-        fprintf(stderr, "cephalo run: warning: the profile cache %s: %s; costs from estimates\n", dir, err.msg);
+    /* measured outside the cache: a cache that cannot be written costs the entry, never the profile */
+    /* in a directory of its own (mkdtemp): a shared $TMPDIR's other users cannot have put a
+     * link where the profile and its log are written */
+    if (str_fmt(work, sizeof work, &err, "$TMPDIR: the path", "%s/cephalo-pcache-XXXXXX", tmpdir) < 0 ||
+        (!mkdtemp(work) && err_set(&err, "%s: cannot create: %s", work, strerror(errno)) < 0)) {
+        fprintf(stderr, "cephalo run: warning: %s; costs from estimates\n", err.msg);
         goto out;
     }
-    snprintf(tmp, sizeof tmp, "%s/%s.json.%d.tmp", dir, key, (int)getpid());
-    snprintf(logpath, sizeof logpath, "%s/%s.log.%d.tmp", dir, key, (int)getpid());
+    snprintf(tmp, sizeof tmp, "%s/profile.json", work);
+    snprintf(logpath, sizeof logpath, "%s/profile.log", work);
     fprintf(stderr, "cephalo run: profiling the devices for %s before planning (once; cached as %s; "
                     "--no-profile skips it)\n", j->model.name, path);
     double t0 = clock_now_s();
-    if (measure(j, tmp, logpath, o->quiet) != 0) {
+    int measured = measure(j, tmp, logpath, o->quiet);
+    if (measured == 0 && profile_load_file(tmp, out, &err) < 0) measured = (fprintf(stderr, "cephalo run: %s\n", err.msg), 1);
+    unlink(tmp);
+    rmdir(work);
+    if (measured != 0) {
         fprintf(stderr, "cephalo run: warning: profiling failed (above); costs from estimates\n");
-        unlink(tmp);
-        goto out;
-    }
-    /* the signature first: a profile without it is no entry, one with it is complete */
-    if (file_write_atomic(sigpath, sig, strlen(sig), 0, &err) < 0 || rename(tmp, path) != 0) {
-        fprintf(stderr, "cephalo run: warning: cannot keep the profile in %s; costs from estimates\n", dir);
-        unlink(tmp);
         goto out;
     }
     fprintf(stderr, "cephalo run: profiled in %.1f s\n", clock_now_s() - t0);
     rc = 1;
+    if (keep_entry(out, dir, path, sigpath, sig, &err) == 0) {
+        snprintf(source, n, "the cached profile %s", path);
+        goto out;
+    }
+    fprintf(stderr, "cephalo run: warning: the profile cannot be kept in the cache: %s; this run plans from it all "
+                    "the same (the next one measures again)\n", err.msg);
+    snprintf(source, n, "the profile just measured (not cached)");
 out:
     free(sig);
     return rc;

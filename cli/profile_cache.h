@@ -7,7 +7,9 @@
  * ~/.cache/cephalo/profiles; "none" (or empty) turns profiling before planning off. Each entry
  * is KEY.json (the profile) and KEY.sig (the signature text the key hashes: the CPU model, the
  * host's cores, this build's version, the devices, the model spec's hash, seq and precision). An
- * entry whose signature differs or whose profile cannot be read is reported and measured again. */
+ * entry whose signature differs or whose profile cannot be read is reported and measured again.
+ * A profile is measured into $TMPDIR and then kept in the cache, so that a cache that cannot
+ * keep it costs the entry (said, with the reason), never the profile. */
 #ifndef CEPHALO_PROFILE_CACHE_H
 #define CEPHALO_PROFILE_CACHE_H
 
@@ -15,16 +17,19 @@
 #include <stddef.h>
 
 #include "cli/job.h"
+#include "planner/profile.h"
 
 typedef struct pcache_opts {
     bool may_profile; /* false: use a cached profile only (a dry run) */
     bool quiet;       /* the profiler's progress lines left out (its failures still shown) */
 } pcache_opts;
 
-/* The job's profile of the local devices into path: 1 (found in the cache, or measured and
- * cached), or 0: the plan uses the store or estimates (the cache is off, a GPU device; a dry run
- * with nothing cached and a failed profile say so on stderr). Never fails the run. */
-int pcache_profile(const job *j, const pcache_opts *o, char *path, size_t n);
+/* The job's profile of the local devices: 1 with it in *out (the caller frees it) and where it
+ * came from in source ("the cached profile PATH", or "the profile just measured (not cached)"
+ * when the cache cannot keep it: said on stderr with the reason), or 0: the plan uses the store
+ * or estimates (the cache is off, a GPU device; a dry run with nothing cached and a failed
+ * profile say so on stderr). Never fails the run. */
+int pcache_profile(const job *j, const pcache_opts *o, profile *out, char *source, size_t n);
 /* The cache directory into buf: 1; 0 when off or there is no home directory. */
 int pcache_dir(char *buf, size_t n);
 /* The signature text of the job's devices and model (the caller frees it), and its key (16 hex

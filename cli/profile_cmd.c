@@ -417,7 +417,8 @@ int profile_main(int argc, char **argv) {
         job_free(&j);
         return args_bad_cmd("cephalo profile", "%s", err.msg);
     }
-    const args_only only[] = {{O_COMMMAX, j.n_devices > 1, "two or more --devices (one device has no collectives to time)"}};
+    const args_only only[] = {{O_COMMMAX, j.n_devices > 1, "two or more --devices (one device has no collectives to time)",
+                               ARGS_LEAVE_OUT}};
     if (args_check_only(&o.cl, only, 1)) return job_free(&j), ARGS_BAD;
     if (o.check_batch && o.check_batch <= j.n_devices) {
         int n = j.n_devices;

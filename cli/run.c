@@ -155,10 +155,26 @@ static bool run_owns(const char *name) {
  * -o RUN/ckpt/latest` must not turn the run's checkpoint into a page. */
 const out_kind run_dir_kind = {"run directory", run_owns, false, ".cephalo-run", &ckpt_dir_kind};
 
+/* checkpoint.dir names the run directory itself ("." or "./", or its own path): the launcher
+ * locks the run directory and the training its checkpoint directory, each for itself, so one
+ * directory cannot be both (the training would find its own launcher holding the lock). */
+static int check_ckpt_dir(const launch *l, const run_opts *o, err_t *err) {
+    if (!l->ckpt_dir) return 0;
+    char *c = str_path_clean(l->ckpt_dir), *d = str_path_clean(l->dir);
+    bool same = file_same(c, d);
+    free(c);
+    free(d);
+    if (!same) return 0;
+    return err_set(err, "%s: checkpoint.dir '%s' is the run directory %s itself, which the launcher keeps (and locks) "
+                   "for its plan and logs; give the checkpoints a directory of their own, such as checkpoint.dir: ckpt",
+                   o->job, l->j->ckpt_dir, l->dir);
+}
+
 /* The job's files (the job file, its profile, data, weights and the checkpoint it resumes) are
  * never the run directory's nor the checkpoint directory's files. */
 static int check_outputs(const launch *l, const run_opts *o, err_t *err) {
     const wcmd_train *t = &l->j->train;
+    if (check_ckpt_dir(l, o, err) < 0) return -1;
     out_set s = out_begin("cephalo run");
     out_input(&s, "the job file", o->job);
     out_input(&s, "profile", l->j->profile);
@@ -175,12 +191,28 @@ static int check_outputs(const launch *l, const run_opts *o, err_t *err) {
     return rc;
 }
 
+/* The run directory's outputs, said as in use when another run holds it. That run may take the
+ * directory while this one reads it: out_check looks for the marker first and at the names after,
+ * and the other marks, locks and fills the directory in between, so its plan.json reads as a
+ * file of someone else's. Then it holds the directory now, or (a dry run, already done) has left
+ * it marked, and a second look says which. */
+static int check_run_dir(const launch *l, const run_opts *o, err_t *err) {
+    if (dir_lock_held(l->dir, "cephalo run", err)) return -1;
+    if (check_outputs(l, o, err) == 0) return 0;
+    err_t again;
+    if (dir_lock_held(l->dir, "cephalo run", &again)) return *err = again, -1;
+    return check_outputs(l, o, err);
+}
+
 /* One run at a time per run directory (the second would write over the first's plan, logs and
- * checkpoints); then what killed runs left half-written goes. */
+ * checkpoints); then what killed runs left half-written goes. The marker goes first: a run
+ * directory whose lock can be seen is then always marked as this command's, so a second run
+ * checking its outputs at that moment goes on to find the lock taken (and says by whom) instead
+ * of taking the first one's .lock for someone else's file. */
 static int lock_run_dir(launch *l, err_t *err) {
     if (file_make_dir(l->dir, true, err) < 0) return -1;
-    if ((l->lock_fd = dir_lock(l->dir, "another cephalo run", err)) == -1) return -1;
     if (out_mark(l->dir, &run_dir_kind, err) < 0) return -1;
+    if ((l->lock_fd = dir_lock(l->dir, "cephalo run", err)) == -1) return -1;
     int n = dir_clean_temps(l->dir);
     if (n) fprintf(stderr, "cephalo run: %s: removed %d temporary file%s left by a killed run\n", l->dir, n, n == 1 ? "" : "s");
     return 0;
@@ -662,16 +694,14 @@ static int make_plan(const job *j, const run_opts *o, plan_inputs *in, plan *p) 
     inputs_opts io = {.profile = j->profile, .seq = j->seq, .batch = j->batch, .mem_cap = j->mem_cap,
                       .prec = j->train.prec, .recompute = j->recompute};
     /* the job's own profile, else the devices' own numbers (measured once, then cached) */
-    static char cached[PATH_LEN + 32];
     pcache_opts po = {.may_profile = !o->dry_run, .quiet = o->quiet};
-    bool from_cache = !j->profile && !o->no_profile && pcache_profile(j, &po, cached, sizeof cached) == 1;
-    if (from_cache) io.profile = cached;
+    if (!j->profile && !o->no_profile)
+        in->have_prof = pcache_profile(j, &po, &in->prof, in->prof_source, sizeof in->prof_source) == 1;
     in->model = j->model;
     if (job_cluster(j, &in->cl, &err) < 0 || inputs_build(in, &io, &err) < 0) {
         err_prefix(&err, "%s", j->path); /* e.g. a profile that cannot be read */
         return fail(RUN_EXIT_BAD_INPUT, &err);
     }
-    if (from_cache) snprintf(in->prof_source, sizeof in->prof_source, "the cached profile %s", cached);
     bool quiet = o->quiet;
     inputs_print_notes(in, "cephalo run", stderr);
     if (plan_make(&in->cm, j->strat, p, &err) < 0) return fail(RUN_EXIT_FAILED, &err);
@@ -712,7 +742,10 @@ static int prepare(launch *l, const run_opts *o) {
     bool gpu = false;
     for (int i = 0; i < l->p->cm->cl->n_devices; i++) gpu |= l->p->cm->cl->devices[i].threads == 0;
     if (run_find_worker(l->worker, gpu, &err) < 0 && !o->dry_run) return fail(RUN_EXIT_FAILED, &err);
-    if (check_outputs(l, o, &err) < 0 || lock_run_dir(l, &err) < 0) return fail(RUN_EXIT_BAD_INPUT, &err);
+    /* a directory in use is said to be, before its files are judged (its .lock is no foreign file) */
+    if (check_run_dir(l, o, &err) < 0 || lock_run_dir(l, &err) < 0) return fail(RUN_EXIT_BAD_INPUT, &err);
+    /* again, the run directory made: a checkpoint.dir that reaches it through a symbolic link */
+    if (check_ckpt_dir(l, o, &err) < 0) return fail(RUN_EXIT_BAD_INPUT, &err);
     return write_run_dir(l, &err) < 0 ? fail(RUN_EXIT_BAD_INPUT, &err) : 0;
 }
 

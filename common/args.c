@@ -83,6 +83,13 @@ int args_check_only(const args *a, const args_only *rows, size_t n) {
         if (rows[i].acts || !args_given(a, rows[i].code)) continue;
         char name[64];
         option_name(a, rows[i].code, name, sizeof name);
+        switch (rows[i].fix) {
+        case ARGS_GIVE: return args_bad(a, "%s needs %s", name, rows[i].needs);
+        case ARGS_GIVE_OR_LEAVE:
+            return args_bad(a, "%s needs %s: give that too, or leave %s out (alone it has no effect)", name,
+                            rows[i].needs, name);
+        case ARGS_LEAVE_OUT: break;
+        }
         return args_bad(a, "%s needs %s; otherwise it has no effect: leave it out", name, rows[i].needs);
     }
     return 0;

@@ -68,19 +68,30 @@ int args_dir(const args *a, const char **out);
 /* Whether the option of this code was given. */
 bool args_given(const args *a, int code);
 
-/* An option that acts only in some modes: its code, whether it acts in the mode chosen, and
- * what it needs, in words ("--precision fp16 (the precision here is bf16)"). */
+/* What to do about an option given where it does not act: the message's advice. */
+typedef enum args_fix {
+    ARGS_LEAVE_OUT, /* it needs a mode this run is not in: "otherwise it has no effect: leave it out" */
+    ARGS_GIVE_OR_LEAVE, /* it needs another option, which its user may have meant to give: "give that
+                         * too, or leave --eos out (alone it has no effect)" */
+    ARGS_GIVE, /* it chooses what the command does (--sft) and cannot without what it needs: leaving it
+                * out would do something else than asked, so the message asks for the other */
+} args_fix;
+
+/* An option that acts only in some modes: its code, whether it acts in the mode chosen, what it
+ * needs, in words ("--precision fp16 (the precision here is bf16)"), and the advice. */
 typedef struct args_only {
     int code;
     bool acts;
     const char *needs;
+    args_fix fix;
 } args_only;
 
 /* The one rule of every front end for options that would do nothing in the mode chosen: each
  * front end lists its conditional options as rows, once the mode is known (after a plan is read,
  * say), and an option given where its row does not act is refused, not silently ignored:
  * ARGS_BAD after "--loss-scale needs --precision fp16 (...); otherwise it has no effect: leave it
- * out". 0 when every option given acts. */
+ * out", "--ckpt-every needs --ckpt-dir: give that too, or leave --ckpt-every out (alone it has no
+ * effect)", "--sft needs --tokenizer FILE (...)". 0 when every option given acts. */
 int args_check_only(const args *a, const args_only *rows, size_t n);
 
 /* Says "CMD: <message>" and "(see 'CMD --help')" on stderr; returns ARGS_BAD. */

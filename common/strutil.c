@@ -1,8 +1,12 @@
+/* realpath() is XSI, beyond the POSIX base the build selects (str_path_name) */
+#define _XOPEN_SOURCE 700
+
 #include "common/log.h"
 #include "common/strutil.h"
 
 #include <ctype.h>
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -182,4 +186,51 @@ int str_utf8_len(const unsigned char *s, size_t n) {
 bool str_ends_with(const char *s, const char *suffix) {
     size_t n = strlen(s), k = strlen(suffix);
     return n >= k && !strcmp(s + n - k, suffix);
+}
+
+char *str_path_clean(const char *path) {
+    size_t n = strlen(path);
+    char *out = xmalloc(n + 2), *w = out;
+    bool abs = path[0] == '/';
+    size_t keep = abs; /* out[0..keep) cannot be taken back by "..": the root, or leading "../"s */
+    if (abs) *w++ = '/';
+    for (const char *p = path; *p;) {
+        size_t len = strcspn(p, "/");
+        if (len == 0 || (len == 1 && p[0] == '.')) {
+            /* an empty or "." component: nothing */
+        } else if (len == 2 && p[0] == '.' && p[1] == '.') {
+            if ((size_t)(w - out) > keep) { /* drop the last component */
+                while (w > out + keep && w[-1] != '/') w--;
+                if (w > out + keep) w--; /* its separator */
+            } else if (!abs) { /* above where the path starts: kept */
+                if (w > out) *w++ = '/';
+                *w++ = '.', *w++ = '.';
+                keep = (size_t)(w - out);
+            }
+        } else {
+            if (w > out && w[-1] != '/') *w++ = '/';
+            memcpy(w, p, len), w += len;
+        }
+        p += len + (p[len] == '/');
+    }
+    if (w == out) *w++ = '.';
+    *w = '\0';
+    return out;
+}
+
+char *str_path_name(const char *path) {
+    char *clean = str_path_clean(path);
+    const char *slash = strrchr(clean, '/'), *base = slash ? slash + 1 : clean;
+    if (*base && strcmp(base, ".") && strcmp(base, "..")) {
+        char *name = xstrdup(base);
+        free(clean);
+        return name;
+    }
+    /* ".", "..", "../..", "/": no name in the spelling; the directory's own, when it exists */
+    char real[PATH_MAX];
+    bool found = realpath(clean, real) != NULL;
+    free(clean);
+    if (!found) return xstrdup("");
+    slash = strrchr(real, '/'); /* absolute: there is one */
+    return xstrdup(slash + 1);
 }

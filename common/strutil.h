@@ -49,6 +49,18 @@ char *str_printf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
  * size makes a cut impossible (a comment then says why). */
 int str_fmt(char *buf, size_t n, err_t *err, const char *what, const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 
+/* path in its shortest lexical form (as Go's filepath.Clean): repeated '/', "." components and
+ * "dir/.." pairs go, a trailing '/' too; "" becomes ".". "runs/x/./" -> "runs/x", "hf/" -> "hf",
+ * "a/b/.." -> "a", "../x/.." -> "..", "/.." -> "/". Symbolic links are not looked at ("link/.."
+ * is taken as "."). A fresh string; the caller frees it. */
+char *str_path_clean(const char *path);
+
+/* The name a path gives what it names (a model directory, a run): the last component of its
+ * clean form ("hf/" and "hf/." -> "hf", "a/b/.." -> "a"); where the spelling has none (".",
+ * "..", "/"), the last component of the clean form resolved, when it exists ("." in /src/gpt2 ->
+ * "gpt2"), else "" (the root too). A fresh string; the caller frees it. */
+char *str_path_name(const char *path);
+
 /* Whether s ends in suffix (a file name's extension: ".bin"). */
 bool str_ends_with(const char *s, const char *suffix);
 

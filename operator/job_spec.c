@@ -225,8 +225,8 @@ static void parse_choices(jp *p, job_spec *s) {
     if (sched && !schedule_parse(sched, &s->train.schedule))
         bad(p, "optimizer.schedule", "'%.40s' (expected " SCHEDULE_CHOICES ")", sched);
     else if (s->train.schedule == SCHED_CONSTANT && at(p->spec, "optimizer.minLr")) /* as the worker's --min-lr */
-        bad(p, "optimizer.minLr", "needs schedule cosine or linear (constant keeps lr throughout); otherwise it has no "
-                                  "effect: leave it out");
+        bad(p, "optimizer.minLr", "needs schedule cosine or linear (constant keeps lr throughout): give one, or leave "
+                                  "minLr out (alone it has no effect)");
     str_at(p, "imagePullPolicy", &pull);
     if (pull && strcmp(pull, "Always") && strcmp(pull, "IfNotPresent") && strcmp(pull, "Never"))
         bad(p, "imagePullPolicy", "'%.40s' (expected Always, IfNotPresent or Never)", pull);

@@ -398,7 +398,16 @@ static struct MHD_Daemon *op_serve(const char *addr, err_t *err) {
     struct MHD_Daemon *d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD, (uint16_t)port, NULL, NULL,
                                             op_http, NULL, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sin,
                                             MHD_OPTION_CONNECTION_TIMEOUT, 10u, MHD_OPTION_END);
-    if (!d) err_set(err, "--metrics-addr: cannot listen on %s (in use?)", addr);
+    if (!d) { /* libmicrohttpd does not say why: bind the address once to learn it (it was guessed "in use") */
+        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1, e = errno;
+        if (fd >= 0) {
+            setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one); /* as libmicrohttpd binds */
+            e = bind(fd, (struct sockaddr *)&sin, sizeof sin) == 0 ? 0 : errno;
+            close(fd);
+        }
+        err_set(err, "--metrics-addr: cannot listen on %s: %s%s", addr, e ? strerror(e) : "libmicrohttpd could not start",
+                e == EADDRINUSE ? " (another program has the port; give another --metrics-addr, or 0 for none)" : "");
+    }
     return d;
 }
 

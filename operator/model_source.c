@@ -98,14 +98,15 @@ static int parse_path(const cJSON *p, msrc *out, err_t *err) {
     size_t len = strlen(path);
     while (len > 0 && path[len - 1] == '/') len--;
     snprintf(out->dir, sizeof out->dir, MSRC_MOUNT "%s%.*s", len ? "/" : "", (int)len, path); /* at most 4000 + 14 */
-    const char *base = out->dir + strlen(MSRC_MOUNT);
-    const char *slash = strrchr(base, '/');
-    base = slash ? slash + 1 : base;
-    /* as `cephalo` names a model directory: refused when too long, not cut */
-    if (str_fmt(out->name, sizeof out->name, err, FIELD ".path: the model name taken from the directory's name", "%s",
-                *base && strcmp(base, ".") ? base : "hf-model") < 0)
-        return -1;
-    return 0;
+    /* as `cephalo` names a model directory ("gpt2/" and "gpt2/." are gpt2), by the spelling alone:
+     * the volume is not mounted here, and its root ("", ".") has no name of its own; refused when
+     * too long, not cut */
+    char *clean = str_path_clean(path); /* relative, without "..": "." or names */
+    const char *slash = strrchr(clean, '/'), *base = slash ? slash + 1 : clean;
+    int rc = str_fmt(out->name, sizeof out->name, err, FIELD ".path: the model name taken from the directory's name",
+                     "%s", strcmp(base, ".") ? base : "hf-model");
+    free(clean);
+    return rc;
 }
 
 /* initFrom.config or initFrom.configMap: exactly one. */

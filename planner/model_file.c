@@ -136,6 +136,9 @@ static int default_name(const yctx *c, const ynode *root, model_spec *m) {
     if ((size_t)len >= sizeof m->name)
         return err_set(c->err, "%s:%d: the model name '%.*s' taken from the file name is longer than %zu characters; give the "
                                "model a shorter name: field", c->file, root->line, len, base, sizeof m->name - 1);
+    if (len == 0) /* ".yaml", ".hidden.yaml": no name before the first '.' */
+        return err_set(c->err, "%s:%d: the file name '%s' gives the model no name (the name is the file name up to its "
+                               "first '.'); give the model a name: field", c->file, root->line, base);
     snprintf(m->name, sizeof m->name, "%.*s", len, base);
     return 0;
 }

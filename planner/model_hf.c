@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 
 #include "common/json_util.h"
+#include "common/log.h"
 #include "common/strutil.h"
 #include "planner/model.h"
 
@@ -209,21 +210,20 @@ static int hf_arch(hf_ctx *h, model_arch *out) {
                    "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)", h->c.file, name);
 }
 
-/* The model's name: its directory's (".../TinyLlama-1.1B/config.json" -> "TinyLlama-1.1B"); a
- * longer one than a model name holds is refused, not cut (profiles match models by name). */
+/* The model's name: its directory's (".../TinyLlama-1.1B/config.json" -> "TinyLlama-1.1B"), as the
+ * path spells it or, where the spelling has no name ("./config.json", "../config.json"), as it
+ * resolves; "hf-model" for the root. A longer one than a model name holds is refused, not cut
+ * (profiles match models by name). */
 static int hf_name(const char *path, model_spec *m, err_t *err) {
-    char buf[PATH_MAX];
-    snprintf(buf, sizeof buf, "%s", path); /* the file was read: its path is under PATH_MAX */
-    size_t n = strlen(buf);
-    while (n > 1 && buf[n - 1] == '/') buf[--n] = '\0';
-    char *slash = strrchr(buf, '/');
-    if (slash && strcmp(slash, "/config.json") == 0) *slash = '\0';
-    slash = strrchr(buf, '/');
-    const char *base = slash ? slash + 1 : buf;
-    if (!*base || !strcmp(base, ".")) base = "hf-model";
-    if (str_fmt(m->name, sizeof m->name, err, "the model name taken from the directory's name", "%s", base) < 0)
-        return err_prefix(err, "%s", path);
-    return 0;
+    char *dir = NULL;
+    const char *slash = strrchr(path, '/'), *file = slash ? slash + 1 : path;
+    if (strcmp(file, "config.json") == 0) dir = slash ? str_printf("%.*s", (int)(slash - path), path) : xstrdup(".");
+    char *name = str_path_name(dir ? (*dir ? dir : "/") : path); /* "/config.json": the root's */
+    int rc = str_fmt(m->name, sizeof m->name, err, "the model name taken from the directory's name", "%s",
+                     *name ? name : "hf-model");
+    free(name);
+    free(dir);
+    return rc < 0 ? err_prefix(err, "%s", path) : 0;
 }
 
 /* The spec from a parsed config.json: src names it in errors. */

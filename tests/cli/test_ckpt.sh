@@ -57,6 +57,10 @@ bg+=($wpid)
 wait_for 30 has_lines "$T/wlock.jsonl" 1
 check "a second training on one checkpoint directory: exit 2" 2 "$T/wlock is in use by another training (PID $wpid" -- \
   "$W" train --data synthetic "${TINY[@]}" --steps 2 --ckpt-dir "$T/wlock" --resume auto
+# issue 38: the holder is named as what it is, and before the directory's files are judged (its
+# .lock is no file of the user's to move)
+check "cephalo run on a training's checkpoint directory: in use by a training, exit 2" 2 \
+  "$T/wlock is in use by a training (PID $wpid on host " -- "$C" run "$T/one.yaml" --run-dir "$T/wlock" --dry-run --quiet
 { kill -9 $wpid; wait $wpid; } 2>/dev/null
 check "after kill -9 of the worker, the directory is free" 0 "" -- "$W" train --data synthetic "${TINY[@]}" --steps 2 --quiet --ckpt-dir "$T/wlock2"
 

@@ -58,6 +58,12 @@ expect "train+val is the input in order" \
 expect "no temporary files left" "$(ls "$T/split" | grep -c tmp)" "0"
 check "summary names the val shard" 0 "val:   $VAL tokens in 1 shard" -- \
   "$BIN" data -o "$T/split2" --shard-tokens 20 --val-fraction 0.25 "$T/a.txt" "$T/b.txt"
+# issue 38: the summary says what the worker does with the directory (it said the directory would
+# include the val shards; pick_role leaves them out of training and validates on them alone)
+out=$("$BIN" data -o "$T/split3" --shard-tokens 20 --val-fraction 0.25 "$T/a.txt" "$T/b.txt" 2>&1)
+check "summary: train on the directory, validate on it" 0 \
+  "train with --data $T/split3 (its val shards are left out of training) and --val-data $T/split3 (the val shards alone)" -- echo "$out"
+assert "... never that the directory includes the val shards" test -z "$(grep 'would include' <<<"$out")"
 # a directory with a validation split: training leaves val_000000.bin out, validation takes only it
 W=${BUILD:-build/rel}/bin/cephalo-worker
 check "training on the directory leaves its validation shard out, and says so" 0 \
@@ -66,6 +72,9 @@ check "training on the directory leaves its validation shard out, and says so" 0
 ev() { "$W" eval --checkpoint "$T/splitck" --data "$1" --samples 4 --threads 1 --json 2>/dev/null | grep -o '"val_loss":[^,]*'; }
 check "eval --data on the directory reads its validation shard only" 0 "" -- test "$(ev "$T/split")" = "$(ev "$T/split/val_000000.bin")" -a -n "$(ev "$T/split")"
 mkdir -p "$T/onlyval" && cp "$T/split/val_000000.bin" "$T/onlyval/"
+check "as the summary says: --data and --val-data on the directory train on train_*, validate on val_*" 0 \
+  "1 validation shard left out of the training data (val_000000.bin)" -- \
+  "$W" train --model tiny-gpt --batch 2 --seq 4 --steps 1 --threads 1 --data "$T/split3" --val-data "$T/split3" --val-every 1 --val-samples 2
 check "a directory of validation shards alone is refused for training" 2 "only validation shards (val_000000.bin)" -- \
   "$W" train --model tiny-gpt --batch 2 --seq 4 --steps 1 --threads 1 --data "$T/onlyval"
 check "suffix K" 0 "train: $TOTAL tokens in 1 shard" -- "$BIN" data -o "$T/k" --shard-tokens 1K "$T/a.txt" "$T/b.txt"

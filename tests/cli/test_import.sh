@@ -500,6 +500,24 @@ check "... eval --checkpoint too" 2 "$cknan" -- "$W" eval --checkpoint "$T/cknan
 check "... sample --checkpoint too" 2 "$cknan" -- "$W" sample --checkpoint "$T/cknan" --max-new-tokens 2
 check "... export too" 2 "$cknan" -- "$W" export --checkpoint "$T/cknan" -o "$T/cknan-exp"
 
+# ---- issue 38: a loss of nan before any update is not the learning rate's doing ----
+# finite weights far beyond a model's scale: the step-0 forward overflows; nothing had been updated
+$HF make "$T/huge" --arch gpt2 --std 1e20 --seed 3 >/dev/null
+out=$("$W" train --data synthetic --quiet --init-from "$T/huge" --batch 2 --seq 24 --steps 2 2>&1)
+check "a loss of nan at step 0: not blamed on --lr; the weights are checked and the causes named in order" 0 \
+  "step 0: the loss is nan before any update of this run, so the learning rate is not the cause: the forward pass gave it on the weights this run started from (--init-from $T/huge: all finite, the largest magnitude" -- echo "$out"
+check "... 1. the weights' scale, 2. the data" 0 \
+  "The likely causes, in order: 1. weights too large for the forward pass (the largest is" -- echo "$out"
+assert "... never 'lower --lr'" test -z "$(grep 'lower --lr' <<<"$out")"
+$HF make "$T/big300" --arch gpt2 --std 300 --seed 3 >/dev/null
+check "... in fp16, its range is named first" 1 \
+  "The likely causes, in order: 1. fp16's range (65504) in the forward pass: train in bf16 (--precision bf16)" \
+  -- "$W" train --data synthetic --quiet --init-from "$T/big300" --batch 2 --seq 24 --steps 2 --precision fp16
+$HF make "$T/big30" --arch gpt2 --std 30 --seed 3 >/dev/null
+check "a loss above the divergence bound from the first step: the weights do not fit, not --lr" 1 \
+  "before any update), so the learning rate is not the cause: the weights it started from (--init-from $T/big30) do not fit this data" \
+  -- "$W" train --data synthetic --quiet --init-from "$T/big30" --batch 2 --seq 24 --steps 3 --diverge-steps 2
+
 # ---- a Llama model's seq within its max_seq, wherever a seq meets a model (docs/run.md) ----
 llseq="exceeds model tiny-llama's context of 128 positions"
 check "train --seq beyond a Llama model's max_seq is refused" 2 "--seq: sequence length 256 $llseq" \

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # CLI tests of the messages and refusals of issue 15: outputs that would overwrite an input, node
-# names in the plan table (UTF-8, embedded NULs) and the hints of an infeasible plan.
+# names in the plan table (UTF-8, embedded NULs) and the hints of an infeasible plan; and of issue
+# 38: a model directory's name however its path is spelled, the operator's metrics address.
 # Prints "ok N - name" / "not ok N - name" lines.
 set -u
 BIN=${BUILD:-build/rel}/bin/cephalo
@@ -86,3 +87,20 @@ check "bf16 hint only in fp32" 3 "(shorter --seq or leave this device out)" -- "
 check "16-bit hints only in fp32 (fp16 too)" 3 "(shorter --seq or leave this device out)" -- "$BIN" plan --cluster "$T/tiny.yaml" --model gpt2-774m --batch 2 --precision fp16
 printf 'nodes:\n  - name: tiny\n    gpus: [{type: T4, memory_gib: 0.05}, {type: T4}]\n' >"$T/tiny-t4.yaml"
 check "a T4 (no bf16) is hinted fp16" 3 "shorter --seq, --precision fp16, or leave this device out" -- "$BIN" plan --cluster "$T/tiny-t4.yaml" --model gpt2-774m --batch 2
+
+# ---- issue 38: messages that misled ----
+# a model directory is named by its own name, however the path is spelled (a trailing slash named
+# it hf-model, "." too; the other cases: tests/unit/test_paths.c)
+mkdir -p "$T/hf"
+printf '{"architectures": ["GPT2LMHeadModel"], "n_embd": 64, "n_head": 4, "n_layer": 2, "n_positions": 128, "vocab_size": 256}\n' >"$T/hf/config.json"
+check "--model hf/ is named hf" 0 "hf: gpt, 2 layers" -- "$BIN" models "$T/hf/"
+check "--model hf/. too" 0 "hf: gpt, 2 layers" -- "$BIN" models "$T/hf/."
+ABS=$(cd "$(dirname "$BIN")" && pwd)/cephalo
+check "--model . inside it too" 0 "hf: gpt, 2 layers" -- bash -c "cd '$T/hf' && '$ABS' models ."
+lacks "never hf-model" "hf-model" -- "$BIN" models "$T/hf/"
+# the operator's metrics address: the reason bind(2) gives, not a guess that it is in use
+OP=${BUILD:-build/rel}/bin/cephalo-operator
+printf 'apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {server: "http://127.0.0.1:1"}\nusers:\n- name: u\n  user: {token: t}\ncontexts:\n- name: x\n  context: {cluster: c, user: u}\ncurrent-context: x\n' >"$T/kc.yaml"
+check "operator --metrics-addr on an address not of this host: why, not 'in use?'" 2 \
+  "--metrics-addr: cannot listen on 192.0.2.1:9999: Cannot assign requested address" -- \
+  "$OP" --kubeconfig "$T/kc.yaml" --metrics-addr 192.0.2.1:9999 --leader-elect=false

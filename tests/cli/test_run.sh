@@ -138,6 +138,31 @@ check "profile: relative; a profile of another model is refused" 2 "the profile 
 sed '1a strategy: FSDP' "$T/sub/rel.yaml" >"$T/sub/fsdp.yaml"
 check "strategy" 0 "fsdp plan: mini" -- "$C" run "$T/sub/fsdp.yaml" --dry-run --run-dir "$T/r-fsdp"
 
+# ---- the run directory's lock (issue 38) ----
+
+# two runs racing for one new run directory, 30 times: each loser names the winner (before, about
+# 1 in 7 losers took the winner's fresh .lock for someone else's file to move, and as many more
+# said "a process that has not written its PID yet")
+for i in $(seq 1 30); do
+  "$C" run "$T/three.yaml" --dry-run --quiet --run-dir "$T/race/$i" >/dev/null 2>"$T/race-$i.a" &
+  "$C" run "$T/three.yaml" --dry-run --quiet --run-dir "$T/race/$i" >/dev/null 2>"$T/race-$i.b"
+  wait $!
+done
+assert "racing runs: every loser says another cephalo run (PID N) holds the directory" bash -c "
+  ! cat '$T'/race-*.a '$T'/race-*.b | grep -v '^cephalo run: $T/race/[0-9]* is in use by another cephalo run (PID [0-9]* on host ' | grep -q ."
+sed 's/dir: ck,/dir: .,/' "$T/three.yaml" >"$T/ck-dot.yaml"
+check "checkpoint.dir: . is the run directory itself: refused, nothing written" 2 \
+  "checkpoint.dir '.' is the run directory $T/r-ckdot itself, which the launcher keeps (and locks) for its plan and logs" -- \
+  "$C" run "$T/ck-dot.yaml" --run-dir "$T/r-ckdot" --quiet
+assert "... nothing written" test ! -e "$T/r-ckdot"
+sed "s|dir: ck,|dir: $T/r-ckabs/,|" "$T/three.yaml" >"$T/ck-abs.yaml"
+check "... and spelled as its own path" 2 "is the run directory $T/r-ckabs itself" -- \
+  "$C" run "$T/ck-abs.yaml" --run-dir "$T/r-ckabs" --quiet
+ln -s r-cklink "$T/cklink"
+sed "s|dir: ck,|dir: $T/cklink,|" "$T/three.yaml" >"$T/ck-link.yaml"
+check "... or through a symbolic link" 2 "is the run directory $T/r-cklink itself" -- \
+  "$C" run "$T/ck-link.yaml" --run-dir "$T/r-cklink" --quiet
+
 # ---- a real run: one device ----
 
 job one <<'Y'

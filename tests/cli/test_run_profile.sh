@@ -2,7 +2,8 @@
 # CLI tests of `cephalo run` profiling the devices before planning (cli/profile_cache.h,
 # docs/run.md): the first run profiles and caches under a key of the device signature and the
 # model; the second plans from the cache without profiling; a corrupt or mismatched entry is
-# reported and measured again; another model or other devices get another key; --no-profile,
+# reported and measured again; a cache that cannot keep the entry (an entry that is a directory,
+# a cache path that is a file) says why and plans from the profile measured all the same; another model or other devices get another key; --no-profile,
 # a job's own profile, a dry run and CEPHALO_PROFILE_CACHE=none profile nothing.
 set -u
 B=${BUILD:-build/rel}/bin
@@ -53,6 +54,23 @@ check "... and the entry is whole again" 0 "no profiling needed" -- run "$T/a.ya
 echo "cephalo profile cache 1" >"$T/cache/$key.sig"
 check "a signature that is not this job's: measured again" 0 "does not match this job's devices and model" -- \
   run "$T/a.yaml" --run-dir "$T/r6"
+
+# issue 38: a cache that cannot keep the entry costs the entry, never the profile just measured
+mv "$T/cache/$key.json" "$T/entry.json" && mkdir "$T/cache/$key.json"
+out=$(run "$T/a.yaml" --run-dir "$T/r6d" 2>&1)
+check "an entry that is a directory: said why, measured again" 0 \
+  "the cached profile is unusable: $T/cache/$key.json: is a directory" -- echo "$out"
+check "... why it cannot be kept" 0 \
+  "warning: the profile cannot be kept in the cache: $T/cache/$key.json: is a directory, expected a file; this run plans from it all the same" -- echo "$out"
+check "... and the run plans from the profile just measured" 0 "" -- python3 -c "
+import json; p = json.load(open('$T/r6d/plan.json'))
+assert p['inputs']['costs'] == 'profiled' and all(r['measured'] for r in p['ranks']), p['inputs']"
+rmdir "$T/cache/$key.json" && mv "$T/entry.json" "$T/cache/$key.json"
+: >"$T/cachefile"
+out=$(CEPHALO_PROFILE_CACHE=$T/cachefile "$C" run "$T/a.yaml" --run-dir "$T/r6f" --quiet 2>&1)
+check "a cache directory that is a file: measured, said why it is not kept" 0 \
+  "warning: the profile cannot be kept in the cache: $T/cachefile: " -- echo "$out"
+check "... and the run plans from it" 0 "note: costs from the profile just measured (not cached): measured for 1 of 1" -- echo "$out"
 
 check "another model: profiled under another key" 0 "profiling the devices for tiny-llama" -- run "$T/b.yaml" --run-dir "$T/r7"
 assert "... two entries" test "$(n_entries)" = 2

@@ -151,7 +151,15 @@ check "a template's bos with a tokenizer without one" 2 "the chat template's \"b
   "$C" data -o "$T/e9" --tokenizer "$T/tok.json" --sft --chat-template "$T/bost.json" "$T/chat.jsonl"
 check "--chat-template needs --sft" 2 "--chat-template needs --sft" -- \
   "$C" data -o "$T/e7" --tokenizer "$T/tok.json" --chat-template "$T/tmpl.json" "$T/pairs.jsonl"
-check "--sft needs --tokenizer" 2 "--sft needs --tokenizer" -- "$C" data -o "$T/e8" --sft "$T/pairs.jsonl"
+check "--sft needs --tokenizer" 2 "--sft needs --tokenizer FILE (fine-tuning examples are encoded with the model's tokenizer.json" -- \
+  "$C" data -o "$T/e8" --sft "$T/pairs.jsonl"
+# issue 38: --sft asks for fine-tuning data; leaving it out would write the JSONL's bytes as text
+assert "... never says to leave --sft out" bash -c "! '$C' data -o '$T/e8' --sft '$T/pairs.jsonl' 2>&1 | grep -q 'leave'"
+check "--chat-template without --sft: give it, or leave the template out" 2 \
+  "--chat-template needs --sft: give that too, or leave --chat-template out (alone it has no effect)" -- \
+  "$C" data -o "$T/e7" --tokenizer "$T/tok.json" --chat-template "$T/tmpl.json" "$T/pairs.jsonl"
+check "--sft with --images: it is for text" 2 "--sft needs text input (it is for text, not --images)" -- \
+  "$C" data -o "$T/e10.cimg" --images --synthetic 4 --classes 2 --size 4 --sft
 
 # ---- training on the masked shards against the float64 oracle ----
 common=(--model "$T/m.yaml" --seq 32 --seed 5 --lr 1e-3 --warmup 1)

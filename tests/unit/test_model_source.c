@@ -42,6 +42,13 @@ static void test_accepted(void **state) {
          "nfs", "/cephalo/init/TinyLlama-1.1B", "TinyLlama-1.1B"},
         {"{\"volume\":{\"hostPath\":{\"path\":\"/m\"}},\"path\":\"a/..b/c\",\"config\":{}}", "hostPath",
          "/cephalo/init/a/..b/c", "c"},
+        /* issue 38: a trailing "." names the directory before it, a path of "." components none */
+        {"{\"volume\":{\"hostPath\":{\"path\":\"/m\"}},\"path\":\"models/gpt2/.\",\"config\":{}}", "hostPath",
+         "/cephalo/init/models/gpt2/.", "gpt2"},
+        {"{\"volume\":{\"hostPath\":{\"path\":\"/m\"}},\"path\":\"./gpt2//./\",\"config\":{}}", "hostPath",
+         "/cephalo/init/./gpt2//.", "gpt2"},
+        {"{\"volume\":{\"hostPath\":{\"path\":\"/m\"}},\"path\":\"./.\",\"config\":{}}", "hostPath",
+         "/cephalo/init/./.", "hf-model"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         msrc s;

@@ -590,8 +590,41 @@ static void test_lr_schedule(void **state) {
     assert_string_equal(schedule_name(SCHED_CONSTANT), "constant");
 }
 
+/* Issue 38: an fp16 gradient that stays non-finite however small the scale, with no update of the
+ * run applied yet, is not blamed on the learning rate (the weights are still those it started
+ * from); after an update it is a divergence. The scale is set near its floor so that one skipped
+ * step (CEPHALO_TEST_NONFINITE's injection) exhausts it. trainer_weight_stats sees the weights. */
+static void test_nonfinite_causes(void **state) {
+    (void)state;
+    for (int updated = 0; updated < 2; updated++) {
+        train_config c = tiny_config("tiny-gpt", 2, 2);
+        c.prec = PREC_FP16;
+        c.inject_nonfinite_step = updated; /* the first step, or the second after one update */
+        trainer *t = make(&c);
+        if (updated) steps(t, 1);
+        t->loss_scale = 0x1p-24;
+        err_t err = {{0}};
+        step_stats st;
+        assert_int_equal(trainer_step(t, &st, &err), -1);
+        if (updated) {
+            assert_non_null(strstr(err.msg, "the model diverged (lower --lr?)"));
+        } else {
+            assert_non_null(strstr(err.msg, "no step of this run has updated the weights yet (1 skipped), so the learning "
+                                             "rate is not the cause"));
+            assert_null(strstr(err.msg, "lower --lr"));
+        }
+        assert_int_equal(t->updates_run, updated);
+        weight_stats ws;
+        assert_int_equal(trainer_weight_stats(t, &ws, &err), 0);
+        assert_int_equal(ws.nonfinite, 0);
+        assert_true(ws.max_abs > 0 && ws.max_abs < 10);
+        trainer_free(t);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_nonfinite_causes),
         cmocka_unit_test(test_layout_matches_planner),
         cmocka_unit_test(test_init_shard_independent),
         cmocka_unit_test(test_accumulation_equals_big_batch),

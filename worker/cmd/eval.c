@@ -94,7 +94,7 @@ static int parse_eval(int argc, char **argv, eval_cmd *o) {
     if (!o->val.data) return args_bad(&p, "--data: give the validation data (token shards, a CIMG file or 'synthetic')");
     if (!o->plan) env_text("CEPHALO_PLAN", &o->plan, NULL); /* NULL when unset or empty; checked at start */
     if (o->plan && (o->seq || o->micro)) return args_bad(&p, "--seq and --microbatch come from the plan; give one or the other");
-    const args_only only[] = {{O_GPU, o->device && !strcmp(o->device, "cuda"), "--device cuda"}};
+    const args_only only[] = {{O_GPU, o->device && !strcmp(o->device, "cuda"), "--device cuda", ARGS_LEAVE_OUT}};
     return args_check_only(&p, only, 1);
 }
 

@@ -65,7 +65,7 @@ static int parse_compute(int argc, char **argv, compute_cmd *o, args *p) {
     if (rc || ch < 0 || args_no_operands(p)) return ARGS_BAD;
     if (!o->model) return args_bad(p, "--model is required");
     if (!o->w.out) return args_bad(p, "-o FILE is required");
-    const args_only only[] = {{O_GPU, !strcmp(o->w.device, "cuda"), "--device cuda"}};
+    const args_only only[] = {{O_GPU, !strcmp(o->w.device, "cuda"), "--device cuda", ARGS_LEAVE_OUT}};
     return args_check_only(p, only, 1);
 }
 

@@ -130,10 +130,10 @@ static int parse_args(int argc, char **argv, sample_args *a) {
     if (a->prompt && a->prompt_file) return args_bad(&p, "give --prompt or --prompt-file, not both");
     const char *sampling = "a --temperature above 0 (at 0 the likeliest token is taken)";
     const args_only only[] = {
-        {O_TOPK, a->pick.temperature > 0, sampling},
-        {O_TOPP, a->pick.temperature > 0, sampling},
-        {O_SEED, a->pick.temperature > 0, sampling},
-        {O_GPU, !strcmp(a->device, "cuda"), "--device cuda"},
+        {O_TOPK, a->pick.temperature > 0, sampling, ARGS_GIVE_OR_LEAVE},
+        {O_TOPP, a->pick.temperature > 0, sampling, ARGS_GIVE_OR_LEAVE},
+        {O_SEED, a->pick.temperature > 0, sampling, ARGS_GIVE_OR_LEAVE},
+        {O_GPU, !strcmp(a->device, "cuda"), "--device cuda", ARGS_LEAVE_OUT},
     };
     rc = args_check_only(&p, only, sizeof only / sizeof only[0]);
     /* known before the model is read: an --init-from directory without a tokenizer.json */

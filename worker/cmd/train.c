@@ -325,17 +325,19 @@ static int check_idle_options(const worker_opts *o) {
     bool serving = metrics_worker_port(o->metrics_port, o->plan, c->rank, &ignored) != 0;
     bool ckpt = o->ck.dir != NULL, val = o->val.data != NULL;
     const args_only rows[] = {
-        {O_LSCALE, c->prec == PREC_FP16, fp16},
-        {O_LWINDOW, c->prec == PREC_FP16, fp16},
-        {O_MINLR, c->schedule != SCHED_CONSTANT, "--schedule cosine or linear (constant keeps --lr throughout)"},
-        {O_CKEVERY, ckpt, "--ckpt-dir"},
-        {O_KEEPLAST, ckpt, "--ckpt-dir"},
-        {O_KEEPEVERY, ckpt, "--ckpt-dir"},
-        {O_OVERWRITE, ckpt, "--ckpt-dir (it is about the checkpoints there)"},
-        {O_VALEVERY, val, "--val-data (the validation data)"},
-        {O_VALSAMPLES, val, "--val-data (the validation data)"},
-        {O_GPU, !strcmp(c->device, "cuda"), cuda},
-        {O_MADDR, serving, "a metrics port (--metrics-port, $CEPHALO_METRICS_PORT or the plan's metrics_port)"},
+        {O_LSCALE, c->prec == PREC_FP16, fp16, ARGS_LEAVE_OUT},
+        {O_LWINDOW, c->prec == PREC_FP16, fp16, ARGS_LEAVE_OUT},
+        {O_MINLR, c->schedule != SCHED_CONSTANT, "--schedule cosine or linear (constant keeps --lr throughout)",
+         ARGS_GIVE_OR_LEAVE},
+        {O_CKEVERY, ckpt, "--ckpt-dir", ARGS_GIVE_OR_LEAVE},
+        {O_KEEPLAST, ckpt, "--ckpt-dir", ARGS_GIVE_OR_LEAVE},
+        {O_KEEPEVERY, ckpt, "--ckpt-dir", ARGS_GIVE_OR_LEAVE},
+        {O_OVERWRITE, ckpt, "--ckpt-dir (it is about the checkpoints there)", ARGS_LEAVE_OUT},
+        {O_VALEVERY, val, "--val-data (the validation data)", ARGS_GIVE_OR_LEAVE},
+        {O_VALSAMPLES, val, "--val-data (the validation data)", ARGS_GIVE_OR_LEAVE},
+        {O_GPU, !strcmp(c->device, "cuda"), cuda, ARGS_LEAVE_OUT},
+        {O_MADDR, serving, "a metrics port (--metrics-port, $CEPHALO_METRICS_PORT or the plan's metrics_port)",
+         ARGS_GIVE_OR_LEAVE},
     };
     return args_check_only(&o->cl, rows, sizeof rows / sizeof rows[0]);
 }
@@ -554,6 +556,55 @@ static void say_last_good(const char *dir) {
                 "in a job file: checkpoint.resume and `cephalo run --overwrite`\n", dir, name, dir, name);
 }
 
+/* ---- a loss that is not finite, a loss too high from the start ---- */
+
+/* Where the weights this run started from came from, for a message. */
+static void weights_source(const trainer *t, const worker_opts *o, int64_t first, char *buf, size_t n) {
+    if (first > 0) snprintf(buf, n, "the checkpoint of step %lld it resumed from", (long long)first);
+    else if (o->cfg.init_from) snprintf(buf, n, "--init-from %s", o->cfg.init_from); /* a message: may be cut */
+    else snprintf(buf, n, "a fresh initialization (--seed %llu)", (unsigned long long)t->cfg.seed);
+}
+
+static const char *loss_word(double loss) { return isnan(loss) ? "nan" : loss > 0 ? "inf" : "-inf"; }
+
+/* What can be known. Before the first update of this run (trainer.updates_run 0: the first step,
+ * or fp16 steps skipped since) the learning rate cannot be the cause: the forward pass overflowed
+ * on the weights it started from and the data; the likely causes follow, most likely first. After
+ * updates, the weights say whether one of them made the weights non-finite. Every rank says it
+ * (the loss and the weights' figures are the job's, all-reduced). */
+static void say_nonfinite_loss(trainer *t, const worker_opts *o, const step_stats *st, int64_t first) {
+    weight_stats ws;
+    err_t err;
+    char from[512], weights[sizeof err.msg + 64];
+    weights_source(t, o, first, from, sizeof from);
+    if (trainer_weight_stats(t, &ws, &err) < 0) snprintf(weights, sizeof weights, "they could not be read (%s)", err.msg);
+    else if (ws.nonfinite) snprintf(weights, sizeof weights, "%lld of them are not finite", (long long)ws.nonfinite);
+    else snprintf(weights, sizeof weights, "all finite, the largest magnitude %.3g", ws.max_abs);
+    bool fp16 = t->cfg.prec == PREC_FP16;
+    if (t->updates_run > 0) {
+        fprintf(stderr, "cephalo-worker: step %lld: the loss is %s; stopping. The weights after %lld update%s of this run: "
+                "%s%s (lower --lr?%s)\n", (long long)st->step, loss_word(st->loss), (long long)t->updates_run,
+                t->updates_run == 1 ? "" : "s", weights, ws.nonfinite ? ": an update made them so" : "",
+                fp16 ? " or train in bf16, which has fp32's range" : "");
+        return;
+    }
+    char causes[900];
+    int k = 0, len = 0;
+    if (ws.nonfinite)
+        len += snprintf(causes + len, sizeof causes - (size_t)len, " %d. the weights themselves;", ++k);
+    if (fp16)
+        len += snprintf(causes + len, sizeof causes - (size_t)len, " %d. fp16's range (65504) in the forward pass: train "
+                        "in bf16 (--precision bf16), which has fp32's range;", ++k);
+    if (!ws.nonfinite)
+        len += snprintf(causes + len, sizeof causes - (size_t)len, " %d. weights too large for the forward pass (the "
+                        "largest is %.3g): are they this model's, at its scale?;", ++k, ws.max_abs);
+    snprintf(causes + len, sizeof causes - (size_t)len, " %d. the data of the first batch (--data %s)", ++k,
+             o->cfg.data ? o->cfg.data : "synthetic"); /* a message: may be cut */
+    fprintf(stderr, "cephalo-worker: step %lld: the loss is %s before any update of this run, so the learning rate is "
+            "not the cause: the forward pass gave it on the weights this run started from (%s: %s) and the data. "
+            "The likely causes, in order:%s\n", (long long)st->step, loss_word(st->loss), from, weights, causes);
+}
+
 /* ---- train ---- */
 
 /* Every rank agreed to stop after this step: its checkpoint (unless just written), then out. */
@@ -576,6 +627,7 @@ static int run_training(trainer *t, const worker_opts *o, FILE *log, dumper *dp,
     int64_t first = t->step, last_print = -1;
     time_t last_time = 0;
     long above = 0; /* steps in a row above the bound */
+    double first_loss = 0; /* this run's first step's: no update had touched its weights */
     double bound = divergence_bound(&t->cfg.model);
     t->stop_request = &stop_signal;
     training = 1;
@@ -590,11 +642,23 @@ static int run_training(trainer *t, const worker_opts *o, FILE *log, dumper *dp,
         }
         if (!isfinite(st.loss)) {
             metrics_fail(m, "the loss is not finite");
-            fprintf(stderr, "cephalo-worker: step %lld: the loss is %g; stopping (lower --lr?)\n",
-                    (long long)st.step, st.loss);
+            say_nonfinite_loss(t, o, &st, first);
             return EXIT_RUNTIME;
         }
+        if (st.step == first) first_loss = st.loss;
         above = st.loss > bound ? above + 1 : 0;
+        if (o->diverge_steps && above >= o->diverge_steps && above == st.step - first + 1) {
+            /* above the bound since this run's first step, whose loss no update had touched */
+            char from[512];
+            weights_source(t, o, first, from, sizeof from);
+            metrics_fail(m, "the loss was too high from the start");
+            fprintf(stderr, "cephalo-worker: step %lld: the loss has been above %.2f (twice the loss of a uniform guess) "
+                    "since the first step of this run (%.4g there, before any update), so the learning rate is not the "
+                    "cause: the weights it started from (%s) do not fit this data (another model's weights? data of "
+                    "another kind?); stopping (--diverge-steps 0 turns this check off)\n",
+                    (long long)st.step, bound, first_loss, from);
+            return EXIT_RUNTIME;
+        }
         if (o->diverge_steps && above >= o->diverge_steps) {
             metrics_fail(m, "the loss diverged");
             fprintf(stderr, "cephalo-worker: step %lld: the loss diverged: %.4g, above %.2f (twice the loss of a uniform guess) "

@@ -754,11 +754,16 @@ static int update_loss_scale(trainer *t, bool skipped, err_t *err) {
     if (t->cfg.prec != PREC_FP16) return 0;
     if (skipped) {
         t->skipped_steps++, t->clean_steps = 0, t->loss_scale /= 2;
-        if (t->loss_scale < 0x1p-24)
-            return err_set(err, "step %lld: the gradient is not finite even at loss scale %g (%lld "
-                           "steps skipped in all): the model diverged (lower --lr?)",
+        if (t->loss_scale >= 0x1p-24) return 0;
+        if (t->updates_run == 0) /* every step of this run skipped: the weights are those it started from */
+            return err_set(err, "step %lld: the gradient is not finite even at loss scale %g, and no step of this "
+                           "run has updated the weights yet (%lld skipped), so the learning rate is not the cause: "
+                           "the backward pass overflows fp16's range (65504) on the weights it started from and "
+                           "this data; train in bf16 (--precision bf16), which has fp32's range",
                            (long long)t->step, t->loss_scale * 2, (long long)t->skipped_steps);
-        return 0;
+        return err_set(err, "step %lld: the gradient is not finite even at loss scale %g (%lld "
+                       "steps skipped in all): the model diverged (lower --lr?)",
+                       (long long)t->step, t->loss_scale * 2, (long long)t->skipped_steps);
     }
     if (++t->clean_steps >= t->cfg.loss_scale_window) t->loss_scale *= 2, t->clean_steps = 0;
     return 0;
@@ -778,11 +783,14 @@ int trainer_step(trainer *t, step_stats *st, err_t *err) {
     if (run_step(t, &loss, &norm, &finite, err) < 0) return err_prefix(err, "step %lld", (long long)t->step);
     double lr = train_lr(&t->cfg, t->step);
     bool skip = !finite && t->cfg.prec == PREC_FP16;
-    if (!skip) {
+    /* a step whose loss is not finite is not applied either: training stops there, and the weights
+     * stay those the loss was computed on, for the diagnosis (trainer_weight_stats) */
+    if (!skip && isfinite(loss)) {
         double coef = t->cfg.clip > 0 ? t->cfg.clip / (norm + 1e-6) : 1.0;
         /* unscaling by a power of two is exact */
         optimizer_step(t, lr, (float)((coef < 1.0 ? coef : 1.0) / scale));
         t->adam_steps++;
+        t->updates_run++;
     }
     if (update_loss_scale(t, skip, err) < 0) return -1;
     t->dev.ops->sync(&t->dev);
@@ -801,6 +809,33 @@ int trainer_step(trainer *t, step_stats *st, err_t *err) {
     t->step++;
     t->samples_seen += t->cfg.global_batch;
     return 0;
+}
+
+int trainer_weight_stats(trainer *t, weight_stats *out, err_t *err) {
+    int world = t->cfg.world > 1 ? t->cfg.world : 1, rank = t->cfg.rank;
+    int64_t bad = 0;
+    float max = 0;
+    for (int u = 0; u < t->n_units; u++) {
+        if (!t->shard_n[u]) continue;
+        float *w = xmalloc((size_t)t->shard_n[u] * sizeof *w);
+        trainer_get_params(t, u, w);
+        for (int64_t i = 0; i < t->shard_n[u]; i++) {
+            if (!isfinite(w[i])) bad++;
+            else if (fabsf(w[i]) > max) max = fabsf(w[i]);
+        }
+        free(w);
+    }
+    /* summed over the ranks: each rank's count where the weights are sharded (rank 0's where every
+     * rank holds them all), and each rank's maximum in its own slot */
+    double *v = xcalloc((size_t)world + 1, sizeof *v);
+    v[0] = t->sharded || rank == 0 ? (double)bad : 0;
+    v[1 + rank] = max;
+    int rc = fsdp_allreduce_sums(t, v, world + 1, err);
+    *out = (weight_stats){.nonfinite = (int64_t)v[0]};
+    for (int r = 0; r < world; r++)
+        if (v[1 + r] > out->max_abs) out->max_abs = v[1 + r];
+    free(v);
+    return rc;
 }
 
 void trainer_get_params(trainer *t, int unit, float *out) {

@@ -181,6 +181,7 @@ typedef struct trainer {
      * steps skipped for a non-finite fp16 gradient (as PyTorch's optimizer.step() skipped by
      * GradScaler does); checkpoints carry all four (metadata "cephalo.optimizer") */
     int64_t adam_steps;
+    int64_t updates_run;   /* updates applied by this process: 0 while the weights are those it started from */
     double loss_scale;     /* the current scale; 1 unless fp16 */
     int64_t clean_steps;   /* steps since the scale last changed */
     int64_t skipped_steps; /* of the whole run */
@@ -204,6 +205,14 @@ int trainer_step(trainer *t, step_stats *st, err_t *err);
  * *loss += the row_scale-weighted sum of the target losses. The fused head's gradients go to
  * buffers the next step zeroes, so training continues bit for bit as without the call. */
 int trainer_forward_loss(trainer *t, int n, double *loss, err_t *err);
+
+/* The weights as a whole, for the diagnosis of a loss that is not finite (collective: every rank
+ * calls it): how many values are not finite, and the largest magnitude of the finite ones. */
+typedef struct weight_stats {
+    int64_t nonfinite;
+    double max_abs;
+} weight_stats;
+int trainer_weight_stats(trainer *t, weight_stats *out, err_t *err);
 
 /* Host copies of this rank's slice of unit u's parameters / gradients (shard_n[u] floats; the
  * whole unit with one rank). */

@@ -40,7 +40,7 @@ static int take_lock(trainer *t, const ckpt_opts *o, int *lock_fd, err_t *err) {
     double failed = 0;
     err_t mine = {""};
     if (o->dir && is_rank0(t)) {
-        int fd = dir_lock(o->dir, "another training", &mine);
+        int fd = dir_lock(o->dir, "training", &mine);
         if (fd == -1) failed = 1;
         else *lock_fd = fd;
     }
