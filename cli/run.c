@@ -191,16 +191,11 @@ static int check_outputs(const launch *l, const run_opts *o, err_t *err) {
     return rc;
 }
 
-/* The run directory's outputs, said as in use when another run holds it. That run may take the
- * directory while this one reads it: out_check looks for the marker first and at the names after,
- * and the other marks, locks and fills the directory in between, so its plan.json reads as a
- * file of someone else's. Then it holds the directory now, or (a dry run, already done) has left
- * it marked, and a second look says which. */
+/* The run directory's outputs, said as in use when another run holds it (out_check reads the
+ * directory's names before it looks for the marker, so another run taking the directory
+ * meanwhile is not mistaken for someone else's files: lock_run_dir then names it). */
 static int check_run_dir(const launch *l, const run_opts *o, err_t *err) {
     if (dir_lock_held(l->dir, "cephalo run", err)) return -1;
-    if (check_outputs(l, o, err) == 0) return 0;
-    err_t again;
-    if (dir_lock_held(l->dir, "cephalo run", &again)) return *err = again, -1;
     return check_outputs(l, o, err);
 }
 

@@ -294,23 +294,23 @@ static int dir_vs_inputs(const out_set *s, const rset *r, const out_path *a, err
     return rc;
 }
 
-/* A directory of generic names holds one of them, but not the command's marker: someone else's. */
+/* A directory of generic names holds one of them, but not the command's marker: someone else's.
+ * The names are read first and the marker looked for after: the command marks a directory before
+ * it writes a name there, so another run of it taking the directory meanwhile is never mistaken
+ * for someone else. */
 static int dir_vs_foreign(const out_set *s, const out_path *a, err_t *err) {
-    char path[PATH_MAX];
+    char path[PATH_MAX], owned[256] = "";
     if (!a->kind->marker || !file_is_dir(a->path)) return 0;
     if (snprintf(path, sizeof path, "%s/%s", a->path, a->kind->marker) >= (int)sizeof path)
         return err_set(err, "%s %s: the path is longer than %d bytes", a->opt, a->path, PATH_MAX - 1);
-    if (exists(path)) return 0;
     DIR *d = opendir(a->path);
     if (!d) return err_set(err, "%s %s: cannot read the directory: %s", a->opt, a->path, strerror(errno));
-    int rc = 0;
-    for (struct dirent *de; rc == 0 && (de = readdir(d));)
-        if (a->kind->owns(de->d_name))
-            rc = err_set(err, "%s %s: it holds %s, which %s did not write (no %s there), and writing would replace "
-                         "it: give a new or empty directory, or move the file", a->opt, a->path, de->d_name, s->cmd,
-                         a->kind->marker);
+    for (struct dirent *de; !owned[0] && (de = readdir(d));)
+        if (a->kind->owns(de->d_name) && strcmp(de->d_name, a->kind->marker)) snprintf(owned, sizeof owned, "%s", de->d_name);
     closedir(d);
-    return rc;
+    if (!owned[0] || exists(path)) return 0;
+    return err_set(err, "%s %s: it holds %s, which %s did not write (no %s there), and writing would replace it: give a "
+                   "new or empty directory, or move the file", a->opt, a->path, owned, s->cmd, a->kind->marker);
 }
 
 static int check_files(const out_set *s, const rset *r, err_t *err) {
@@ -329,7 +329,8 @@ static int check_files(const out_set *s, const rset *r, err_t *err) {
     for (int d = 0; d < s->n_dir; d++) {
         const out_path *a = &s->dir[d];
         err_t why;
-        if (exists(a->path) && file_expect_dir(a->path, &why) < 0) return err_set(err, "%s %s", a->opt, why.msg);
+        struct stat st; /* a directory not made yet (or a link to one) is made by the command */
+        if (stat(a->path, &st) == 0 && file_expect_dir(a->path, &why) < 0) return err_set(err, "%s %s", a->opt, why.msg);
         if (dir_vs_inputs(s, r, a, err) < 0 || dir_vs_foreign(s, a, err) < 0) return -1;
     }
     return 0;
