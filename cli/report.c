@@ -224,8 +224,12 @@ static int read_plan(report *rp, err_t *err) {
         return err_set(err, "%s: ranks: %d entries for world_size %.0f", path, n, world);
     rp->world = n;
     rp->r = calloc(n, sizeof *rp->r);
-    for (int i = 0; i < n; i++)
-        if (read_rank_plan(&c, cJSON_GetArrayItem(ranks, i), i, &rp->r[i]) < 0) return -1;
+    const cJSON *o;
+    int i = 0;
+    cJSON_ArrayForEach(o, ranks) { /* an array is a linked list: one pass, not an item by index */
+        if (read_rank_plan(&c, o, i, &rp->r[i]) < 0) return -1;
+        i++;
+    }
     return 0;
 }
 

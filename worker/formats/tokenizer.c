@@ -908,10 +908,11 @@ static int load_pre_one(loader *L, const cJSON *o, const char *path) {
 static int load_pre(loader *L, const cJSON *o, const char *path) {
     if (!o || cJSON_IsNull(o)) return 0;
     if (!cJSON_IsArray(o)) return load_pre_one(L, o, path);
-    int n = cJSON_GetArraySize(o);
-    for (int i = 0; i < n; i++) {
-        char *p = str_printf("%s.pretokenizers[%d]", path, i); /* as in need_type */
-        int rc = load_pre_one(L, cJSON_GetArrayItem(o, i), p);
+    int i = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, o) { /* one pass: cJSON_GetArrayItem walks the list from its start */
+        char *p = str_printf("%s.pretokenizers[%d]", path, i++); /* as in need_type */
+        int rc = load_pre_one(L, e, p);
         free(p);
         if (rc < 0) return -1;
     }
@@ -923,12 +924,12 @@ static int load_norm_one(loader *L, const cJSON *o, const char *path) {
     const char *type;
     if (need_type(L, o, path, &type) < 0) return -1;
     if (!strcmp(type, "Sequence")) {
-        const cJSON *a = json_get(o, "normalizers");
-        int n = cJSON_IsArray(a) ? cJSON_GetArraySize(a) : 0;
+        const cJSON *a = json_get(o, "normalizers"), *e;
         if (!cJSON_IsArray(a)) return err_set(L->c.err, "%s: %s.normalizers: expected an array", L->c.file, path);
-        for (int i = 0; i < n; i++) {
-            char *p = str_printf("%s.normalizers[%d]", path, i); /* as in need_type */
-            int rc = load_norm_one(L, cJSON_GetArrayItem(a, i), p);
+        int i = 0;
+        cJSON_ArrayForEach(e, a) {
+            char *p = str_printf("%s.normalizers[%d]", path, i++); /* as in need_type */
+            int rc = load_norm_one(L, e, p);
             free(p);
             if (rc < 0) return -1;
         }
@@ -960,11 +961,12 @@ static int load_dec_one(loader *L, const cJSON *o, const char *path) {
     const char *type;
     if (need_type(L, o, path, &type) < 0) return -1;
     if (!strcmp(type, "Sequence")) {
-        const cJSON *a = json_get(o, "decoders");
+        const cJSON *a = json_get(o, "decoders"), *e;
         if (!cJSON_IsArray(a)) return err_set(L->c.err, "%s: %s.decoders: expected an array", L->c.file, path);
-        for (int i = 0; i < cJSON_GetArraySize(a); i++) {
-            char *p = str_printf("%s.decoders[%d]", path, i); /* as in need_type */
-            int rc = load_dec_one(L, cJSON_GetArrayItem(a, i), p);
+        int i = 0;
+        cJSON_ArrayForEach(e, a) {
+            char *p = str_printf("%s.decoders[%d]", path, i++); /* as in need_type */
+            int rc = load_dec_one(L, e, p);
             free(p);
             if (rc < 0) return -1;
         }
@@ -1030,10 +1032,10 @@ static int merge_parts(loader *L, const cJSON *m, int i, const char **a, size_t 
         *a = s, *an = (size_t)(sp - s), *b = sp + 1, *bn = strlen(sp + 1);
         return 0;
     }
-    if (cJSON_IsArray(m) && cJSON_GetArraySize(m) == 2 && cJSON_IsString(cJSON_GetArrayItem(m, 0)) &&
-        cJSON_IsString(cJSON_GetArrayItem(m, 1))) {
-        *a = cJSON_GetArrayItem(m, 0)->valuestring, *an = strlen(*a);
-        *b = cJSON_GetArrayItem(m, 1)->valuestring, *bn = strlen(*b);
+    const cJSON *l = cJSON_IsArray(m) ? m->child : NULL, *r = l ? l->next : NULL;
+    if (cJSON_IsString(l) && cJSON_IsString(r) && !r->next) { /* exactly two strings */
+        *a = l->valuestring, *an = strlen(*a);
+        *b = r->valuestring, *bn = strlen(*b);
         return 0;
     }
     return err_set(L->c.err, "%s: model.merges[%d]: expected \"LEFT RIGHT\" or [\"LEFT\", \"RIGHT\"], got %s", L->c.file, i,
@@ -1078,8 +1080,10 @@ static int load_added(loader *L, const cJSON *root) {
     int n;
     if (json_expect_array(&L->c, a, "added_tokens", &n) < 0) return -1;
     L->t->added = xcalloc((size_t)n + 1, sizeof *L->t->added);
-    for (int i = 0; i < n; i++) {
-        const cJSON *e = cJSON_GetArrayItem(a, i), *id, *content;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, a) { /* one pass: cJSON_GetArrayItem walks the list from its start */
+        const cJSON *id, *content;
+        int i = L->t->n_added; /* this entry's index: each one read is added */
         char p[64];
         long v;
         const char *s;
