@@ -225,6 +225,8 @@ struct tok {
     added_tok *added;
     int n_added;
     uint8_t added_first[256]; /* some added token starts with this byte */
+    mergemap added_next;      /* the added tokens' trie: (node, byte) -> node, the root 0 */
+    int32_t *added_end;       /* per node: the added token that ends there, or -1 */
     cache_ent *cache;
     char desc[96];
     uint64_t ident; /* tok_identity's hash, computed at load */
@@ -279,6 +281,8 @@ void tok_free(tok *t) {
     free(t->dec_len);
     for (int i = 0; i < t->n_added; i++) free(t->added[i].content);
     free(t->added);
+    free(t->added_next.e);
+    free(t->added_end);
     free(t->cache);
     free(t->sym_id);
     free(t->sym_prev);
@@ -690,13 +694,17 @@ static void encode_segment(tok *t, const uint8_t *s, size_t n, tok_ids *out) {
     free(tmp);
 }
 
-/* The added token that starts at s[0..n), longest first; -1. */
+/* The added token that starts at s[0..n), longest first; -1. One walk down the trie, at most the
+ * longest token's length: not a comparison with each added token at every place of the text. */
 static int added_at(const tok *t, const uint8_t *s, size_t n) {
     int best = -1;
-    for (int i = 0; i < t->n_added; i++)
-        if (t->added[i].len <= n && !memcmp(s, t->added[i].content, t->added[i].len) &&
-            (best < 0 || t->added[i].len > t->added[best].len))
-            best = i;
+    int32_t at = 0;
+    for (size_t k = 0; k < n; k++) {
+        const merge_ent *e = mm_get(&t->added_next, at, s[k]);
+        if (!e) break;
+        at = e->id;
+        if (t->added_end[at] >= 0) best = t->added_end[at];
+    }
     return best;
 }
 
@@ -1110,6 +1118,27 @@ static int load_added(loader *L, const cJSON *root) {
     return 0;
 }
 
+/* The added tokens' trie (added_at): a node per distinct prefix, at most one per byte of them. Of
+ * two equal tokens the first is found. */
+static void build_added_trie(tok *t) {
+    size_t bytes = 0;
+    for (int i = 0; i < t->n_added; i++) bytes += t->added[i].len;
+    mm_init(&t->added_next, bytes);
+    t->added_end = xmalloc((bytes + 1) * sizeof *t->added_end);
+    t->added_end[0] = -1;
+    int32_t nodes = 1;
+    for (int i = 0; i < t->n_added; i++) {
+        int32_t at = 0;
+        for (size_t k = 0; k < t->added[i].len; k++) {
+            uint8_t c = (uint8_t)t->added[i].content[k];
+            const merge_ent *e = mm_get(&t->added_next, at, c);
+            if (!e) mm_put(&t->added_next, at, c, 0, nodes), t->added_end[nodes] = -1;
+            at = e ? e->id : nodes++;
+        }
+        if (t->added_end[at] < 0) t->added_end[at] = i;
+    }
+}
+
 /* Each id's decoded bytes; ids that no token has decode to nothing. */
 static int build_decoder(loader *L) {
     tok *t = L->t;
@@ -1212,6 +1241,7 @@ static int load_root(loader *L, const cJSON *root) {
     bool byte_fallback = false;
     if (json_expect_object(&L->c, root, "(the document)") < 0) return -1;
     if (load_model(L, root, &byte_fallback) < 0 || load_added(L, root) < 0) return -1;
+    build_added_trie(t);
     const cJSON *norm = json_get(root, "normalizer"), *dec = json_get(root, "decoder");
     if (norm && !cJSON_IsNull(norm) && load_norm_one(L, norm, "normalizer") < 0) return -1;
     if (load_pre(L, json_get(root, "pre_tokenizer"), "pre_tokenizer") < 0) return -1;
