@@ -50,7 +50,7 @@
 #define SCALE_LIMIT_S 30
 
 static char tmpdir[64];
-static const char *running; /* the case, for the alarm's message */
+static char running[160]; /* the case, for the alarm's message */
 static double t0;
 
 static double now_s(void) {
@@ -69,8 +69,12 @@ static void on_alarm(int sig) {
 }
 
 /* The case's clock and its ceiling. */
-static void begin(const char *what) {
-    running = what;
+static void begin(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void begin(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(running, sizeof running, fmt, ap);
+    va_end(ap);
     signal(SIGALRM, on_alarm);
     alarm(SCALE_LIMIT_S);
     t0 = now_s();
@@ -148,7 +152,7 @@ static void test_retention(void **state) {
     write_text(path, &t);
     free(t.p);
 
-    begin("retention: 200,000 marks, 20,000 checkpoints");
+    begin("retention: %d marks, %d checkpoints", M, K);
     log_set_handler(count_deletions);
     err_t err;
     ckpt_keep keep = {CKPT_KEEP_UNSET, CKPT_KEEP_UNSET};
@@ -184,7 +188,7 @@ static void test_yaml_keys(void **state) {
     const int N = 200000 / SCALE;
     text t = {0};
     for (int i = 0; i < N; i++) put(&t, "key%d: %d\n", i, i);
-    begin("YAML: a mapping of 200,000 keys");
+    begin("YAML: a mapping of %d keys", N);
     err_t err;
     ynode *root = ytree_load_string("big.yaml", t.p, t.len, &err);
     if (!root) fail_msg("%s", err.msg);
@@ -212,7 +216,7 @@ static void test_cluster_nodes(void **state) {
         last = t.len + strlen("  - {name: node-");
         put(&t, "  - {name: node-%05d, gpus: [{type: A100-40GB}]}\n", i);
     }
-    begin("cluster file: 65,536 nodes");
+    begin("cluster file: %d nodes", N);
     cluster c;
     err_t err;
     if (cluster_load_string("big.yaml", t.p, t.len, &c, &err) < 0) fail_msg("%s", err.msg);
@@ -257,7 +261,7 @@ static void test_plan_ranks(void **state) {
     snprintf(path, sizeof path, "%s/plan.json", tmpdir);
     write_text(path, &t);
     free(t.p);
-    begin("plan.json: 100,000 ranks");
+    begin("plan.json: %d ranks", W);
     train_config c = {0};
     train_config_defaults(&c);
     if (plan_read(path, W - 1, W, &c, &err) < 0) fail_msg("%s", err.msg);
@@ -298,7 +302,7 @@ static void test_added_tokens(void **state) {
     put(&t, "}, \"merges\": []}}");
     text in = {0}; /* every added token once, "<" between them, and some that are none */
     for (int i = 0; i < N; i++) put(&in, "<extra_%d><<extra_x>", i);
-    begin("tokenizer.json: 200,000 added tokens, a text of as many");
+    begin("tokenizer.json: %d added tokens, a text of as many", N);
     tok *tk;
     err_t err;
     if (tok_parse(&tk, "big.json", t.p, t.len, &err) < 0) fail_msg("%s", err.msg);
@@ -332,7 +336,7 @@ static void test_store(void **state) {
     cache *c = cache_new("pods");
     cJSON *pod = cJSON_Parse("{\"metadata\": {\"name\": \"\", \"namespace\": \"ns\", \"resourceVersion\": \"1\"}}");
     cJSON *meta = cJSON_GetObjectItemCaseSensitive(pod, "metadata");
-    begin("operator store: 200,000 pods added, looked up, half removed");
+    begin("operator store: %d pods added, looked up, half removed", N);
     for (int i = 0; i < N; i++) {
         char name[32];
         snprintf(name, sizeof name, "pod-%d", i);
@@ -359,7 +363,7 @@ static void test_store(void **state) {
     /* every job queued twice (a relist's requeue over a watch's events): once each, all synced */
     wq *q = wq_new("reconcile");
     atomic_int stop = 0;
-    begin("work queue: 200,000 jobs queued twice, synced");
+    begin("work queue: %d jobs queued twice, synced", N);
     for (int pass = 0; pass < 2; pass++)
         for (int i = 0; i < N; i++) {
             char key[32];
