@@ -27,6 +27,7 @@
 #include "common/ckpt_keep.h"
 #include "common/fileio.h"
 #include "common/log.h"
+#include "common/str_map.h"
 #include "common/strutil.h"
 #include "common/yaml_tree.h"
 #include "formats/tokenizer.h"
@@ -379,11 +380,51 @@ static void test_store(void **state) {
 
 /* test_scale [PATTERN]: the cases whose names match (cmocka's filter: test_store, *yaml*). The
  * alarm ends the program: the cases after a quadratic one are run by naming them. */
+/* ---- str_map, under the lookups above: random puts, sets and removals against a plain array ---- */
+
+static void test_str_map(void **state) {
+    (void)state;
+    enum { KEYS = 5000, OPS = 400000 / SCALE };
+    long *want = xmalloc(KEYS * sizeof *want); /* -1: absent */
+    for (int k = 0; k < KEYS; k++) want[k] = -1;
+    str_map m = {0};
+    size_t n = 0;
+    unsigned seed = 38;
+    begin("str_map: %d random operations on %d keys", OPS, KEYS);
+    for (int i = 0; i < OPS; i++) {
+        seed = seed * 1103515245u + 12345u;
+        int k = (int)((seed >> 8) % KEYS), op = (int)((seed >> 4) % 4);
+        char key[16];
+        snprintf(key, sizeof key, "k%d", k);
+        if (op == 0) { /* put: the value it had, or -1 and added */
+            assert_int_equal(str_map_put(&m, key, i), want[k]);
+            if (want[k] < 0) want[k] = i, n++;
+        } else if (op == 1) {
+            n += want[k] < 0;
+            str_map_set(&m, key, i), want[k] = i;
+        } else if (op == 2) {
+            n -= want[k] >= 0;
+            str_map_del(&m, key), want[k] = -1;
+        }
+        assert_int_equal(str_map_get(&m, key), want[k]);
+    }
+    end();
+    assert_int_equal(m.n, n);
+    for (int k = 0; k < KEYS; k++) {
+        char key[16];
+        snprintf(key, sizeof key, "k%d", k);
+        assert_int_equal(str_map_get(&m, key), want[k]);
+    }
+    str_map_free(&m);
+    free(want);
+}
+
 int main(int argc, char **argv) {
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_retention), cmocka_unit_test(test_yaml_keys), cmocka_unit_test(test_cluster_nodes),
         cmocka_unit_test(test_plan_ranks), cmocka_unit_test(test_added_tokens), cmocka_unit_test(test_store),
+        cmocka_unit_test(test_str_map),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
