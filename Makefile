@@ -4,7 +4,7 @@
 #   make deps       install the missing Debian packages (idempotent; needs root)
 #   make test       unit + CLI tests; ends with "N passed, N failed"
 #   make demo       the planner on the paper's Cluster A, then training on emulated devices
-#   make bench      planning-time and CPU training benchmarks (against PyTorch)
+#   make bench      planning-time and CPU training benchmarks (against PyTorch), `cephalo report` of 3M log lines
 #   make fuzz       libFuzzer targets for the cluster, model and profile parsers
 #   SAN=1           build and test with AddressSanitizer + UndefinedBehaviorSanitizer
 #   make test-gpu   CUDA ops against the CPU device, the invariant and PyTorch oracles on the GPU
@@ -337,6 +337,7 @@ bench: deps $(BENCH) $(CLI) $(WORKER) $(BENCH_TOK) $(BENCH_SAMPLE) $(BENCH_COMM)
 	@$(BENCH_COMM)
 	@$(BENCH_CRC)
 	@BUILD=$(BUILD) bench/bench_tok.sh
+	@BUILD=$(BUILD) bench/bench_report.sh
 	@BUILD=$(BUILD) bench/bench_train.sh
 	@BUILD=$(BUILD) bench/bench_fsdp.sh
 	@BUILD=$(BUILD) bench/bench_accuracy.sh

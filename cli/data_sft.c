@@ -126,10 +126,11 @@ static int encode_messages(const sft_codec *c, const json_ctx *jc, const cJSON *
     if (json_expect_array(jc, msgs, "messages", &n) < 0) return -1;
     if (n == 0) return err_set(jc->err, "%s: messages: empty (expected at least one assistant message)", jc->file);
     if (t->bos) put_id(c->bos, 0, ids, m);
-    int last = -1, learned = 0;
-    for (int i = 0; i < n; i++) {
-        const cJSON *e = cJSON_GetArrayItem(msgs, i);
+    int last = -1, learned = 0, i = -1;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, msgs) { /* one pass: cJSON_GetArrayItem walks the list from its start */
         char path[40];
+        i++;
         snprintf(path, sizeof path, "messages[%d].", i);
         if (!cJSON_IsObject(e))
             return err_set(jc->err, "%s: messages[%d]: expected an object {\"role\": ..., \"content\": ...}, got %s",

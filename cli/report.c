@@ -11,18 +11,22 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "cli/report.h"
 #include "cli/run.h"
 #include "common/args.h"
 #include "common/fileio.h"
 #include "common/json_util.h"
+#include "common/log.h"
 #include "common/outputs.h"
 #include "common/strutil.h"
 #include "common/version.h"
 
-#define REP_MAX_LOG ((size_t)1 << 30) /* a rank's log: 1 GiB is millions of steps */
-#define REP_MAX_POINTS 4000           /* above this a curve keeps every k-th step (and the last) */
+#define REP_MAX_LINE ((size_t)1 << 20) /* a step record is under 1 KiB: a longer line is not one */
+#define REP_READ ((size_t)1 << 16)      /* read from a log at a time */
+#define REP_MAX_POINTS 4000             /* above this a curve keeps every k-th step (and the last) */
+#define REP_CURVE_RANKS 8               /* samples/s curves: the first 8 ranks, one colour each */
 #define REP_WORLD_MAX 4096
 
 static const char report_usage[] =
@@ -38,19 +42,41 @@ static const char report_usage[] =
     "\n"
     "exit status: 0 written, 2 bad input (a missing or corrupt plan.json or rank log is named)\n";
 
-/* One curve: x (steps done) and y, growable. */
+/* One curve in fixed memory however long the log: the points of every stride-th record (stride a
+ * power of two, doubled when REP_MAX_POINTS are kept, dropping every other point) and the newest
+ * one, so that a log of millions of steps draws as at most REP_MAX_POINTS + 1 points. */
 typedef struct series {
-    double *x, *y;
-    int n, cap;
+    double *x, *y; /* REP_MAX_POINTS each, allocated with the first point */
+    int n;         /* points kept */
+    long seen, stride;
+    double last_x, last_y; /* the newest point (kept or not) */
 } series;
+
+/* Step times counted by value (open addressing; a count of 0 is an empty slot): the exact median
+ * in memory by distinct values, not by steps. The worker logs step_ms to the microsecond, so even
+ * a run of millions of steps repeats a few thousand values. */
+typedef struct ms_value {
+    double v;
+    long count;
+} ms_value;
+
+typedef struct ms_counts {
+    ms_value *slot;
+    size_t mask, n; /* slots - 1, distinct values */
+} ms_counts;
 
 typedef struct rep_rank {
     const char *node, *device; /* in the plan's cJSON tree */
     long threads;              /* 0: not a CPU device */
     double capacity, batch, micro, micros, state_ratio, state_params;
     double pred_peak, pred_fwd, pred_bwd, pred_opt;
-    series loss, sps, val, ms; /* from rank-R.jsonl */
-    double peak;               /* the largest peak_bytes logged, -1 before any step */
+    /* from rank-R.jsonl */
+    series loss, val, sps; /* the curves drawn: loss and val of rank 0, samples/s of the first ranks */
+    long steps;            /* step records */
+    double first, last;    /* steps done at the first and the newest record */
+    double med_ms;         /* the median step time (median_ms), -1 before any step */
+    double sps_sum;        /* of samples/s, for the mean */
+    double peak;           /* the largest peak_bytes logged, -1 before any step */
 } rep_rank;
 
 typedef struct report {
@@ -63,16 +89,77 @@ typedef struct report {
 } report;
 
 static void series_add(series *s, double x, double y) {
-    if (s->n == s->cap) {
-        s->cap = s->cap ? 2 * s->cap : 64;
-        s->x = realloc(s->x, s->cap * sizeof *s->x);
-        s->y = realloc(s->y, s->cap * sizeof *s->y);
-        if (!s->x || !s->y) abort();
+    if (!s->x) {
+        s->x = xmalloc(REP_MAX_POINTS * sizeof *s->x);
+        s->y = xmalloc(REP_MAX_POINTS * sizeof *s->y);
+        s->stride = 1;
     }
-    s->x[s->n] = x, s->y[s->n] = y, s->n++;
+    if (s->seen % s->stride == 0) {
+        if (s->n == REP_MAX_POINTS) { /* keep every other point: the stride doubles */
+            for (int k = 0; 2 * k < s->n; k++) s->x[k] = s->x[2 * k], s->y[k] = s->y[2 * k];
+            s->n = (s->n + 1) / 2, s->stride *= 2;
+        }
+        if (s->seen % s->stride == 0) s->x[s->n] = x, s->y[s->n] = y, s->n++;
+    }
+    s->last_x = x, s->last_y = y, s->seen++;
+}
+
+/* The points drawn: those kept, and the newest when it is not one of them. */
+static int series_len(const series *s) { return s->n + (s->seen > 0 && (s->seen - 1) % s->stride != 0); }
+
+static void series_at(const series *s, int k, double *x, double *y) {
+    *x = k < s->n ? s->x[k] : s->last_x, *y = k < s->n ? s->y[k] : s->last_y;
 }
 
 static void series_free(series *s) { free(s->x), free(s->y); }
+
+static void ms_count(ms_counts *c, double v, long count) {
+    if (!c->slot) c->mask = 1023, c->slot = xcalloc(c->mask + 1, sizeof *c->slot);
+    if (v == 0) v = 0; /* -0 and 0 are one value */
+    uint64_t bits;
+    memcpy(&bits, &v, sizeof bits);
+    size_t i = (size_t)((bits * 0x9e3779b97f4a7c15ull) >> 20) & c->mask;
+    while (c->slot[i].count && c->slot[i].v != v) i = (i + 1) & c->mask;
+    if (!c->slot[i].count) c->slot[i].v = v, c->n++;
+    c->slot[i].count += count;
+    if (2 * c->n <= c->mask + 1) return;
+    ms_counts big = {xcalloc(2 * (c->mask + 1), sizeof *big.slot), 2 * (c->mask + 1) - 1, 0};
+    for (size_t k = 0; k <= c->mask; k++)
+        if (c->slot[k].count) ms_count(&big, c->slot[k].v, c->slot[k].count);
+    free(c->slot);
+    *c = big;
+}
+
+static void ms_clear(ms_counts *c) {
+    if (c->slot) memset(c->slot, 0, (c->mask + 1) * sizeof *c->slot);
+    c->n = 0;
+}
+
+static int cmp_value(const void *a, const void *b) {
+    double x = ((const ms_value *)a)->v, y = ((const ms_value *)b)->v;
+    return (x > y) - (x < y);
+}
+
+/* The k-th smallest (from 0) of the values counted in d[], sorted. */
+static double kth(const ms_value *d, long k) {
+    for (;; d++) {
+        if (k < d->count) return d->v;
+        k -= d->count;
+    }
+}
+
+/* The median of the m values counted (m > 0): the middle one, or the mean of the two middle ones.
+ * The distinct values are sorted: O(d log d) for d of them. */
+static double ms_median(const ms_counts *c, long m) {
+    ms_value *d = xmalloc(c->n * sizeof *d);
+    size_t k = 0;
+    for (size_t i = 0; i <= c->mask; i++)
+        if (c->slot[i].count) d[k++] = c->slot[i];
+    qsort(d, k, sizeof *d, cmp_value);
+    double med = m % 2 ? kth(d, m / 2) : (kth(d, m / 2 - 1) + kth(d, m / 2)) / 2;
+    free(d);
+    return med;
+}
 
 /* ---- reading the run directory ---- */
 
@@ -137,14 +224,26 @@ static int read_plan(report *rp, err_t *err) {
         return err_set(err, "%s: ranks: %d entries for world_size %.0f", path, n, world);
     rp->world = n;
     rp->r = calloc(n, sizeof *rp->r);
-    for (int i = 0; i < n; i++)
-        if (read_rank_plan(&c, cJSON_GetArrayItem(ranks, i), i, &rp->r[i]) < 0) return -1;
+    const cJSON *o;
+    int i = 0;
+    cJSON_ArrayForEach(o, ranks) { /* an array is a linked list: one pass, not an item by index */
+        if (read_rank_plan(&c, o, i, &rp->r[i]) < 0) return -1;
+        i++;
+    }
     return 0;
 }
 
+/* What reading a rank's log keeps beyond its rep_rank: its step times (the first two apart: the
+ * median leaves them out) and whether its curves are drawn. */
+typedef struct rank_read {
+    ms_counts ms;
+    double head[2];
+    bool loss_curves, sps_curve;
+} rank_read;
+
 /* One step record (docs/worker.md "Output") of FILE:LINE into r; 1 when it is not a step record
  * (an object without "step", skipped as the progress view skips it). */
-static int read_step(const json_ctx *c, const cJSON *o, rep_rank *r) {
+static int read_step(const json_ctx *c, const cJSON *o, rep_rank *r, rank_read *rr) {
     const cJSON *v;
     double step, loss = 0, ms, sps, peak;
     if (!json_get(o, "step")) return 1;
@@ -155,46 +254,102 @@ static int read_step(const json_ctx *c, const cJSON *o, rep_rank *r) {
         json_require(c, o, "", "samples_per_s", &v) < 0 || json_number(c, v, "samples_per_s", 0, INFINITY, JSON_CLOSED, &sps) < 0 ||
         json_require(c, o, "", "peak_bytes", &v) < 0 || json_number(c, v, "peak_bytes", 0, INFINITY, JSON_CLOSED, &peak) < 0)
         return -1;
-    double done = step + 1; /* "step" counts from 0; the curves are over steps done */
-    if (!cJSON_IsNull(json_get(o, "loss"))) series_add(&r->loss, done, loss);
-    series_add(&r->sps, done, sps), series_add(&r->ms, done, ms);
-    r->peak = fmax(r->peak, peak);
     const cJSON *val = json_get(o, "val_loss");
-    double vl;
-    if (val && !cJSON_IsNull(val)) { /* null: an overflowed fp16 evaluation */
-        if (json_number(c, val, "val_loss", -INFINITY, INFINITY, JSON_CLOSED, &vl) < 0) return -1;
-        series_add(&r->val, done, vl);
-    }
+    double vl = 0;
+    /* null: an overflowed fp16 evaluation */
+    if (val && !cJSON_IsNull(val) && json_number(c, val, "val_loss", -INFINITY, INFINITY, JSON_CLOSED, &vl) < 0) return -1;
+    double done = step + 1; /* "step" counts from 0; the curves are over steps done */
+    if (rr->loss_curves && !cJSON_IsNull(json_get(o, "loss"))) series_add(&r->loss, done, loss);
+    if (rr->loss_curves && val && !cJSON_IsNull(val)) series_add(&r->val, done, vl);
+    if (rr->sps_curve) series_add(&r->sps, done, sps);
+    if (r->steps < 2) rr->head[r->steps] = ms;
+    else ms_count(&rr->ms, ms, 1);
+    if (!r->steps) r->first = done;
+    r->last = done, r->steps++;
+    r->sps_sum += sps;
+    r->peak = fmax(r->peak, peak);
     return 0;
 }
 
-/* rank-R.jsonl: every complete line a JSON object; a last line without its newline is one the
- * worker is still writing (a running run) and is left out. */
-static int read_rank_log(report *rp, int rank, err_t *err) {
+/* The median of the rank's step times, leaving out the first 2 steps (allocation, caches) as the
+ * run's summary does; -1 without steps. */
+static double median_ms(const rep_rank *r, const rank_read *rr) {
+    if (r->steps > 2) return ms_median(&rr->ms, r->steps - 2);
+    return r->steps == 2 ? (rr->head[0] + rr->head[1]) / 2 : r->steps ? rr->head[0] : -1;
+}
+
+/* A file's lines through one buffer of REP_MAX_LINE + REP_READ bytes: a log of any length is read
+ * in the memory of one line. */
+typedef struct line_reader {
+    FILE *f;
+    char *buf;
+    size_t start, end; /* the bytes read and not yet returned: buf[start, end) */
+    bool eof;
+} line_reader;
+
+/* The next complete line (its '\n' replaced by a NUL): 1 with it in *line and *len; 0 at the end
+ * (a last line without its newline is left out); -1 with errno for a read error, or errno 0 for a
+ * line longer than REP_MAX_LINE. */
+static int lines_next(line_reader *lr, char **line, size_t *len) {
+    for (;;) {
+        char *p = lr->buf + lr->start, *nl = memchr(p, '\n', lr->end - lr->start);
+        if (nl && (size_t)(nl - p) > REP_MAX_LINE) return errno = 0, -1;
+        if (nl) {
+            *nl = '\0', *line = p, *len = (size_t)(nl - p);
+            lr->start += *len + 1;
+            return 1;
+        }
+        if (lr->eof) return 0;
+        if (lr->end - lr->start > REP_MAX_LINE) return errno = 0, -1;
+        memmove(lr->buf, p, lr->end - lr->start); /* a part of one line: at most REP_MAX_LINE bytes */
+        lr->end -= lr->start, lr->start = 0;
+        size_t got = fread(lr->buf + lr->end, 1, REP_MAX_LINE + REP_READ - lr->end, lr->f);
+        lr->end += got;
+        if (got == 0 && ferror(lr->f)) return -1;
+        lr->eof = got == 0;
+    }
+}
+
+/* rank-R.jsonl, streamed: every complete line a JSON object; a last line without its newline is one
+ * the worker is still writing (a running run) and is left out. */
+static int read_rank_log(report *rp, int rank, char *buf, rank_read *rr, err_t *err) {
     char path[PATH_LEN], where[PATH_LEN + 32];
     snprintf(path, sizeof path, "%s/rank-%d.jsonl", rp->dir, rank);
+    struct stat st;
+    int fd = file_open_read(path, false, &st, err);
+    if (fd < 0) return -1;
+    line_reader lr = {fdopen(fd, "rb"), buf, 0, 0, false};
+    if (!lr.f) abort();
+    rep_rank *r = &rp->r[rank];
+    rr->loss_curves = rank == 0, rr->sps_curve = rank < REP_CURVE_RANKS;
+    ms_clear(&rr->ms);
+    int rc = 0, got;
+    long line = 0;
+    char *p;
     size_t len;
-    char *text = file_read_all(path, REP_MAX_LOG, &len, err);
-    if (!text) return -1;
-    int rc = 0, line = 0;
-    for (char *p = text, *end; p < text + len && rc == 0; p = end + 1) {
+    while (rc == 0 && (got = lines_next(&lr, &p, &len)) > 0) {
         line++;
-        if (!(end = memchr(p, '\n', text + len - p))) break;
-        if (end == p) continue;
-        snprintf(where, sizeof where, "%s:%d", path, line);
-        cJSON *o = cJSON_ParseWithLength(p, end - p);
+        if (len == 0) continue;
+        snprintf(where, sizeof where, "%s:%ld", path, line);
+        cJSON *o = cJSON_ParseWithLength(p, len);
         if (!cJSON_IsObject(o)) {
             rc = err_set(err, "%s: not a JSON object (a step record of docs/worker.md \"Output\"): '%.40s%s'", where, p,
-                         end - p > 40 ? "..." : "");
+                         len > 40 ? "..." : "");
             for (char *q = err->msg; *q; q++)
                 if (*q == '\n') *q = ' ';
         } else {
             json_ctx c = {where, err};
-            rc = read_step(&c, o, &rp->r[rank]) < 0 ? -1 : 0;
+            rc = read_step(&c, o, r, rr) < 0 ? -1 : 0;
         }
         cJSON_Delete(o);
     }
-    free(text);
+    if (rc == 0 && got < 0 && errno)
+        rc = err_set(err, "%s: cannot read: %s", path, strerror(errno));
+    else if (rc == 0 && got < 0)
+        rc = err_set(err, "%s:%ld: a line longer than %zu MiB: not a step record (docs/worker.md \"Output\")", path, line + 1,
+                     REP_MAX_LINE >> 20);
+    fclose(lr.f);
+    r->med_ms = rc == 0 ? median_ms(r, rr) : -1;
     return rc;
 }
 
@@ -258,13 +413,14 @@ static void axes(FILE *f, double x0, double x1, double y0, double y1, const char
 
 /* A line chart of n curves over steps done. The plot group carries its mapping (data-box: left,
  * top, width, height in pixels; data-x, data-y: the value ranges) so that the points can be read
- * back as values; a curve of more than REP_MAX_POINTS steps keeps every k-th one and the last. */
+ * back as values; a curve of more than REP_MAX_POINTS steps keeps every k-th one and the last
+ * (series_add). */
 static void line_chart(FILE *f, const char *id, const char *title, const char *ylabel, const chart_line *lines, int n) {
-    double x0 = INFINITY, x1 = -INFINITY, y0 = INFINITY, y1 = -INFINITY;
+    double x0 = INFINITY, x1 = -INFINITY, y0 = INFINITY, y1 = -INFINITY, x, y;
     for (int i = 0; i < n; i++)
-        for (int k = 0; k < lines[i].s->n; k++) {
-            x0 = fmin(x0, lines[i].s->x[k]), x1 = fmax(x1, lines[i].s->x[k]);
-            y0 = fmin(y0, lines[i].s->y[k]), y1 = fmax(y1, lines[i].s->y[k]);
+        for (int k = 0; k < series_len(lines[i].s); k++) {
+            series_at(lines[i].s, k, &x, &y);
+            x0 = fmin(x0, x), x1 = fmax(x1, x), y0 = fmin(y0, y), y1 = fmax(y1, y);
         }
     if (!isfinite(x0)) x0 = 0, x1 = 1, y0 = 0, y1 = 1;
     widen(&x0, &x1), widen(&y0, &y1);
@@ -287,17 +443,20 @@ static void line_chart(FILE *f, const char *id, const char *title, const char *y
     }
     for (int i = 0; i < n; i++) {
         const series *s = lines[i].s;
-        int every = s->n > REP_MAX_POINTS ? (s->n + REP_MAX_POINTS - 1) / REP_MAX_POINTS : 1, shown = 0;
-        for (int k = 0; k < s->n; k++) shown += k % every == 0 || k == s->n - 1;
+        int shown = series_len(s);
         fprintf(f, "<polyline class=\"%s\" data-n=\"%d\"", lines[i].cls, shown);
         if (lines[i].rank >= 0) fprintf(f, " data-rank=\"%d\"", lines[i].rank);
         fprintf(f, " fill=\"none\" stroke=\"%s\" stroke-width=\"2.5\" stroke-linejoin=\"round\" points=\"", lines[i].color);
-        for (int k = 0; k < s->n; k++)
-            if (k % every == 0 || k == s->n - 1) fprintf(f, "%s%.2f,%.2f", k ? " " : "", PX(s->x[k]), PY(s->y[k]));
+        for (int k = 0; k < shown; k++) {
+            series_at(s, k, &x, &y);
+            fprintf(f, "%s%.2f,%.2f", k ? " " : "", PX(x), PY(y));
+        }
         fputs("\"/>\n", f);
-        for (int k = 0; lines[i].dots && k < s->n; k++)
-            fprintf(f, "<circle class=\"%s-point\" cx=\"%.2f\" cy=\"%.2f\" r=\"3.5\" fill=\"%s\"/>\n", lines[i].cls, PX(s->x[k]),
-                    PY(s->y[k]), lines[i].color);
+        for (int k = 0; lines[i].dots && k < shown; k++) {
+            series_at(s, k, &x, &y);
+            fprintf(f, "<circle class=\"%s-point\" cx=\"%.2f\" cy=\"%.2f\" r=\"3.5\" fill=\"%s\"/>\n", lines[i].cls, PX(x), PY(y),
+                    lines[i].color);
+        }
     }
     fputs("</g></svg></figure>\n", f);
 }
@@ -331,27 +490,10 @@ static void bar_chart(FILE *f, const char *id, const char *title, const char *un
     fputs("</svg></figure>\n", f);
 }
 
-/* The median of rank r's step times, leaving out the first 2 steps (allocation, caches) as the
- * run's summary does; -1 without steps. */
-static double median_ms(const rep_rank *r) {
-    int skip = r->ms.n > 2 ? 2 : 0, n = r->ms.n - skip;
-    if (n <= 0) return -1;
-    double *v = malloc(n * sizeof *v);
-    memcpy(v, r->ms.y + skip, n * sizeof *v);
-    for (int i = 1; i < n; i++) /* insertion sort: the logs are short enough */
-        for (int j = i; j > 0 && v[j - 1] > v[j]; j--) {
-            double t = v[j];
-            v[j] = v[j - 1], v[j - 1] = t;
-        }
-    double m = n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-    free(v);
-    return m;
-}
-
 static const report *bar_report; /* the report bar values are read from (one page at a time) */
 
 static double step_value(const rep_rank *r, int kind) {
-    return kind == 0 ? median_ms(r) : kind == 1 ? bar_report->iter_ms : r->pred_fwd + r->pred_bwd + r->pred_opt;
+    return kind == 0 ? r->med_ms : kind == 1 ? bar_report->iter_ms : r->pred_fwd + r->pred_bwd + r->pred_opt;
 }
 
 static double mem_value(const rep_rank *r, int kind) { return kind == 0 ? r->peak : kind == 1 ? r->pred_peak : r->capacity; }
@@ -378,10 +520,10 @@ static void page_head(FILE *f, const report *rp) {
     fputs("; costs: ", f);
     html_puts(f, rp->costs);
     const rep_rank *r0 = &rp->r[0];
-    double med = median_ms(r0);
-    fprintf(f, ".<br>steps logged: %d (%.0f..%.0f)", r0->ms.n, r0->ms.x[0], r0->ms.x[r0->ms.n - 1]);
-    if (r0->loss.n) fprintf(f, "; final loss %.4f", r0->loss.y[r0->loss.n - 1]);
-    if (r0->val.n) fprintf(f, "; validation loss %.4f after step %.0f", r0->val.y[r0->val.n - 1], r0->val.x[r0->val.n - 1]);
+    double med = r0->med_ms;
+    fprintf(f, ".<br>steps logged: %ld (%.0f..%.0f)", r0->steps, r0->first, r0->last);
+    if (r0->loss.seen) fprintf(f, "; final loss %.4f", r0->loss.last_y);
+    if (r0->val.seen) fprintf(f, "; validation loss %.4f after step %.0f", r0->val.last_y, r0->val.last_x);
     if (med > 0)
         fprintf(f, ".<br>samples/s: <span id=\"sps-measured\">%.1f</span> measured (global batch over rank 0's median step time), "
                    "<span id=\"sps-predicted\">%.1f</span> predicted (measured/predicted %.2f)",
@@ -418,9 +560,8 @@ static void measured_table(FILE *f, const report *rp) {
           f);
     for (int i = 0; i < rp->world; i++) {
         const rep_rank *r = &rp->r[i];
-        double med = median_ms(r), sps = 0;
-        for (int k = 0; k < r->sps.n; k++) sps += r->sps.y[k] / r->sps.n;
-        fprintf(f, "<tr><td>%d</td><td>%d</td>", i, r->ms.n);
+        double med = r->med_ms, sps = r->steps ? r->sps_sum / r->steps : 0;
+        fprintf(f, "<tr><td>%d</td><td>%ld</td>", i, r->steps);
         if (med >= 0) fprintf(f, "<td>%.2f</td><td>%.2f</td><td>%.2f</td><td>%.1f</td><td>%s</td>", med, rp->iter_ms, med / rp->iter_ms, sps, str_bytes(r->peak, a, sizeof a));
         else fprintf(f, "<td>-</td><td>%.2f</td><td>-</td><td>-</td><td>-</td>", rp->iter_ms);
         fprintf(f, "<td>%s</td><td>%s</td></tr>\n", str_bytes(r->pred_peak, b, sizeof b), str_bytes(r->capacity, c, sizeof c));
@@ -433,11 +574,11 @@ static void write_page(FILE *f, report *rp) {
     fputs("<h2>Loss</h2>\n", f);
     chart_line loss[2] = {{"train-loss", "train loss (rank 0)", TRAIN_COLOR, &rp->r[0].loss, -1, false},
                           {"val-loss", "validation loss", VAL_COLOR, &rp->r[0].val, -1, true}};
-    line_chart(f, "loss", "Loss over steps", "loss", loss, rp->r[0].val.n ? 2 : 1);
+    line_chart(f, "loss", "Loss over steps", "loss", loss, rp->r[0].val.seen ? 2 : 1);
     fputs("<h2>Throughput</h2>\n", f);
     chart_line *sps = calloc(rp->world, sizeof *sps);
     char(*labels)[24] = calloc(rp->world, sizeof *labels);
-    int n = rp->world > 8 ? 8 : rp->world; /* more ranks than colours: the first 8 */
+    int n = rp->world > REP_CURVE_RANKS ? REP_CURVE_RANKS : rp->world; /* more ranks than colours: the first 8 */
     for (int i = 0; i < n; i++) {
         snprintf(labels[i], sizeof labels[i], "rank %d", i);
         sps[i] = (chart_line){"samples-per-s", labels[i], palette[i % 8], &rp->r[i].sps, i, false};
@@ -461,7 +602,7 @@ static void write_page(FILE *f, report *rp) {
 static void report_free(report *rp) {
     for (int i = 0; rp->r && i < rp->world; i++) {
         rep_rank *r = &rp->r[i];
-        series_free(&r->loss), series_free(&r->sps), series_free(&r->val), series_free(&r->ms);
+        series_free(&r->loss), series_free(&r->sps), series_free(&r->val);
     }
     free(rp->r);
     cJSON_Delete(rp->plan);
@@ -472,8 +613,12 @@ static int build_report(const char *dir, const char *out, err_t *err) {
     char *html = NULL;
     size_t len = 0;
     int rc = file_expect_dir(dir, err) < 0 || read_plan(&rp, err) < 0 ? -1 : 0;
-    for (int i = 0; rc == 0 && i < rp.world; i++) rc = read_rank_log(&rp, i, err);
-    if (rc == 0 && rp.r[0].ms.n == 0)
+    /* one line buffer and one count of step times for all the logs, read one after the other */
+    char *buf = xmalloc(REP_MAX_LINE + REP_READ);
+    rank_read rr = {0};
+    for (int i = 0; rc == 0 && i < rp.world; i++) rc = read_rank_log(&rp, i, buf, &rr, err);
+    free(buf), free(rr.ms.slot);
+    if (rc == 0 && rp.r[0].steps == 0)
         rc = err_set(err, "%s/rank-0.jsonl: no step record yet (the run has not finished a step)", dir);
     if (rc == 0) {
         FILE *f = open_memstream(&html, &len);

@@ -97,24 +97,26 @@ static void take_line(run_view *v, int rank, const char *line, size_t len) {
     cJSON_Delete(o);
 }
 
+/* The lines of each read are taken as it comes: only the text after the last newline is kept
+ * (str_append doubles it), so a backlog of any size takes the memory of one line and each byte is
+ * copied at most once (growing the kept text by each read's bytes copied it all every time). */
 static void poll_rank(run_view *v, int rank) {
     view_rank *r = &v->r[rank];
     char buf[1 << 16];
     ssize_t n;
     while (r->fd >= 0 && (n = read(r->fd, buf, sizeof buf)) > 0) {
-        r->part = xrealloc(r->part, r->part_len + (size_t)n);
-        memcpy(r->part + r->part_len, buf, (size_t)n);
-        r->part_len += (size_t)n;
-    }
-    size_t start = 0;
-    for (size_t i = 0; i < r->part_len; i++)
-        if (r->part[i] == '\n') {
-            take_line(v, rank, r->part + start, i - start);
-            start = i + 1;
+        const char *p = buf, *end = buf + n, *nl;
+        for (; (nl = memchr(p, '\n', (size_t)(end - p))); p = nl + 1) {
+            if (!r->part_len) {
+                take_line(v, rank, p, (size_t)(nl - p));
+                continue;
+            }
+            str_append(&r->part, &r->part_len, &r->part_cap, p, (size_t)(nl - p)); /* a line begun in an earlier read */
+            take_line(v, rank, r->part, r->part_len);
+            r->part_len = 0;
         }
-    if (!start) return; /* nothing complete (maybe nothing read at all: part may be NULL) */
-    memmove(r->part, r->part + start, r->part_len - start);
-    r->part_len -= start;
+        if (p < end) str_append(&r->part, &r->part_len, &r->part_cap, p, (size_t)(end - p));
+    }
 }
 
 void view_poll(run_view *v) {

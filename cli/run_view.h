@@ -15,7 +15,7 @@
 typedef struct view_rank {
     int fd; /* rank-R.jsonl, -1 until it can be opened */
     char *part; /* text after the last newline: a line the worker has not finished writing */
-    size_t part_len;
+    size_t part_len, part_cap;
     long long done; /* steps finished: the last line's step + 1 */
     double peak_bytes, rss_peak_bytes; /* the largest seen */
 } view_rank;

@@ -15,12 +15,19 @@
 
 #define MAX_SETTING (1L << 40)
 
-/* DIR/retention.json as read: settings CKPT_KEEP_UNSET when absent, the diverged steps. */
+/* DIR/retention.json as read: settings CKPT_KEEP_UNSET when absent, the diverged steps, sorted and
+ * each once, so that a step is looked up by binary search: a directory of many checkpoints asks
+ * once for each of them (retention, the newest good one). */
 typedef struct keep_file {
     ckpt_keep keep;
     long long *diverged;
     int n_diverged;
 } keep_file;
+
+static int cmp_step(const void *a, const void *b) {
+    long long x = *(const long long *)a, y = *(const long long *)b;
+    return (x > y) - (x < y);
+}
 
 /* The file's path; the caller frees it. */
 static char *keep_path(const char *dir) {
@@ -36,19 +43,25 @@ static int read_setting(const json_ctx *c, const cJSON *root, const char *key, l
     return v ? json_int(c, v, key, 0, MAX_SETTING, out) : 0;
 }
 
+/* The steps, in one pass over the array (cJSON's arrays are linked lists: an item by its index is
+ * a walk from the first), then sorted with the duplicates dropped. */
 static int read_diverged(const json_ctx *c, const cJSON *root, keep_file *f) {
-    const cJSON *arr = json_get(root, "diverged");
-    int n = 0;
+    const cJSON *arr = json_get(root, "diverged"), *e;
+    int n = 0, k = 0;
     if (!arr) return 0;
     if (json_expect_array(c, arr, "diverged", &n) < 0) return -1;
     f->diverged = n ? xcalloc((size_t)n, sizeof *f->diverged) : NULL;
-    for (int i = 0; i < n; i++) {
+    cJSON_ArrayForEach(e, arr) {
         char path[32];
         long step;
-        snprintf(path, sizeof path, "diverged[%d]", i); /* 9 + at most 11 digits: fits */
-        if (json_int(c, cJSON_GetArrayItem(arr, i), path, 0, 999999999999999999L, &step) < 0) return -1;
+        snprintf(path, sizeof path, "diverged[%d]", f->n_diverged); /* 9 + at most 11 digits: fits */
+        if (json_int(c, e, path, 0, 999999999999999999L, &step) < 0) return -1;
         f->diverged[f->n_diverged++] = step;
     }
+    if (f->n_diverged > 1) qsort(f->diverged, (size_t)f->n_diverged, sizeof *f->diverged, cmp_step);
+    for (int i = 0; i < f->n_diverged; i++)
+        if (!k || f->diverged[i] != f->diverged[k - 1]) f->diverged[k++] = f->diverged[i];
+    f->n_diverged = k;
     return 0;
 }
 
@@ -133,19 +146,29 @@ int ckpt_keep_settle(const char *dir, ckpt_keep *keep, err_t *err) {
 
 /* ---- the divergence marks ---- */
 
-static bool is_marked(const keep_file *f, long long step) {
-    for (int i = 0; i < f->n_diverged; i++)
-        if (f->diverged[i] == step) return true;
-    return false;
+/* The index of step in the sorted marks, or of the first mark above it when it has none. */
+static int mark_at(const keep_file *f, long long step) {
+    int lo = 0, hi = f->n_diverged;
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2;
+        if (f->diverged[mid] < step) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
 }
 
-/* Drops the marks of checkpoints no longer in the directory (deleted, set aside). */
+static bool is_marked(const keep_file *f, long long step) {
+    int i = mark_at(f, step);
+    return i < f->n_diverged && f->diverged[i] == step;
+}
+
+/* Drops the marks of checkpoints no longer in the directory (deleted, set aside): the marks
+ * (ascending) and e[0..n) (newest first) are walked together, once. */
 static void drop_stale(keep_file *f, const ckpt_entry *e, int n) {
-    int kept = 0;
+    int kept = 0, j = n - 1;
     for (int i = 0; i < f->n_diverged; i++) {
-        bool present = false;
-        for (int j = 0; j < n && !present; j++) present = e[j].step == f->diverged[i];
-        if (present) f->diverged[kept++] = f->diverged[i];
+        while (j >= 0 && e[j].step < f->diverged[i]) j--;
+        if (j >= 0 && e[j].step == f->diverged[i]) f->diverged[kept++] = f->diverged[i];
     }
     f->n_diverged = kept;
 }
@@ -158,14 +181,15 @@ int ckpt_keep_mark(const char *dir, long long step, bool diverged, err_t *err) {
     bool was = is_marked(&f, step);
     int before = f.n_diverged;
     drop_stale(&f, e, n);
-    if (was && !diverged) { /* the step's checkpoint is written again, good this time */
-        int k = 0;
-        for (int i = 0; i < f.n_diverged; i++)
-            if (f.diverged[i] != step) f.diverged[k++] = f.diverged[i];
-        f.n_diverged = k;
+    int at = mark_at(&f, step); /* where the step is, or goes (drop_stale keeps the order) */
+    if (was && !diverged && at < f.n_diverged && f.diverged[at] == step) { /* written again, good this time */
+        memmove(f.diverged + at, f.diverged + at + 1, (size_t)(f.n_diverged - at - 1) * sizeof *f.diverged);
+        f.n_diverged--;
     } else if (diverged && !was) {
         f.diverged = xrealloc(f.diverged, (size_t)(f.n_diverged + 1) * sizeof *f.diverged);
-        f.diverged[f.n_diverged++] = step;
+        memmove(f.diverged + at + 1, f.diverged + at, (size_t)(f.n_diverged - at) * sizeof *f.diverged);
+        f.diverged[at] = step;
+        f.n_diverged++;
     }
     rc = f.n_diverged != before || was != diverged ? file_write(dir, &f, err) : 0;
 out:

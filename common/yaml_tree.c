@@ -8,6 +8,7 @@
 
 #include "common/fileio.h"
 #include "common/log.h"
+#include "common/str_map.h"
 #include "common/strutil.h"
 
 #define YTREE_MAX_DEPTH 64
@@ -33,11 +34,14 @@ void ytree_free(ynode *n) {
     free(n);
 }
 
+/* Appends a child, the arrays doubled when full (n 0, 1, 2, 4, ...), not grown one by one. */
 static void node_push(ynode *parent, char *key, int key_line, ynode *child) {
-    parent->items = xrealloc(parent->items, (parent->n + 1) * sizeof *parent->items);
+    size_t n = parent->n, cap = n ? 2 * n : 1;
+    bool full = (n & (n - 1)) == 0;
+    if (full) parent->items = xrealloc(parent->items, cap * sizeof *parent->items);
     if (parent->kind == YNODE_MAP) {
-        parent->keys = xrealloc(parent->keys, (parent->n + 1) * sizeof *parent->keys);
-        parent->key_lines = xrealloc(parent->key_lines, (parent->n + 1) * sizeof *parent->key_lines);
+        if (full) parent->keys = xrealloc(parent->keys, cap * sizeof *parent->keys);
+        if (full) parent->key_lines = xrealloc(parent->key_lines, cap * sizeof *parent->key_lines);
         parent->keys[parent->n] = key;
         parent->key_lines[parent->n] = key_line;
     }
@@ -77,8 +81,30 @@ static int parse_error(loader *ld) {
 
 static ynode *load_node(loader *ld, yaml_event_t *ev, int depth);
 
+/* Whether a mapping has key already: its first keys are compared, a larger one's are found in
+ * `seen` (filled on first use), so that a mapping of many keys is not quadratic to load. */
+#define YTREE_SCAN_KEYS 8
+static bool key_taken(const ynode *col, const char *key, str_map *seen) {
+    if (col->n < YTREE_SCAN_KEYS) {
+        for (size_t i = 0; i < col->n; i++)
+            if (strcmp(col->keys[i], key) == 0) return true;
+        return false;
+    }
+    for (size_t i = seen->n; i < col->n; i++) str_map_put(seen, col->keys[i], (long)i);
+    return str_map_get(seen, key) >= 0;
+}
+
+static ynode *load_entries(loader *ld, ynode *col, int depth, str_map *seen);
+
 /* Reads events until the end of the collection started by `open`. */
 static ynode *load_collection(loader *ld, ynode *col, int depth) {
+    str_map seen = {0};
+    ynode *n = load_entries(ld, col, depth, &seen);
+    str_map_free(&seen);
+    return n;
+}
+
+static ynode *load_entries(loader *ld, ynode *col, int depth, str_map *seen) {
     for (;;) {
         yaml_event_t ev;
         if (!yaml_parser_parse(&ld->parser, &ev)) {
@@ -108,15 +134,12 @@ static ynode *load_collection(loader *ld, ynode *col, int depth) {
                 return NULL;
             }
             key = xstrdup((const char *)ev.data.scalar.value);
-            for (size_t i = 0; i < col->n; i++) {
-                if (strcmp(col->keys[i], key) == 0) {
-                    err_set(ld->err, "%s:%zu: duplicate key '%s'", ld->name,
-                            ev.start_mark.line + 1, key);
-                    free(key);
-                    yaml_event_delete(&ev);
-                    ytree_free(col);
-                    return NULL;
-                }
+            if (key_taken(col, key, seen)) {
+                err_set(ld->err, "%s:%zu: duplicate key '%s'", ld->name, ev.start_mark.line + 1, key);
+                free(key);
+                yaml_event_delete(&ev);
+                ytree_free(col);
+                return NULL;
             }
             yaml_event_delete(&ev);
             if (!yaml_parser_parse(&ld->parser, &ev)) {

@@ -1,6 +1,7 @@
-/* cache.c - stores of watched objects (cache.h). A flat array searched by key: a store holds the
- * operator's jobs, their pods and plans, and the cluster's nodes and busy pods — hundreds to a few
- * thousand objects, looked up once per event or per reconcile. */
+/* cache.c - stores of watched objects (cache.h). A flat array (lists walk it in order) indexed by
+ * key in a str_map: a store holds the operator's jobs, their pods and plans, and the cluster's
+ * nodes and busy pods, thousands of objects in a large cluster, looked up once per event or per
+ * reconcile: a scan of the array for each would make a list's worth of events quadratic. */
 #include "operator/cache.h"
 
 #include <errno.h>
@@ -11,6 +12,7 @@
 #include <string.h>
 
 #include "common/log.h"
+#include "common/str_map.h"
 #include "operator/kube.h"
 
 /* A stored object, never changed once stored (a newer version replaces it): the store holds one
@@ -68,6 +70,7 @@ struct cache {
     const char *what;
     cache_entry *e;
     int n, cap;
+    str_map at; /* key -> its index in e */
     bool synced;
     cache_digest_fn digest;
 };
@@ -82,6 +85,7 @@ cache *cache_new(const char *what) {
 static void clear_locked(cache *c) {
     for (int i = 0; i < c->n; i++) free(c->e[i].key), obj_release(c->e[i].obj);
     c->n = 0;
+    str_map_free(&c->at);
 }
 
 void cache_free(cache *c) {
@@ -100,20 +104,34 @@ static char *key_of(const char *ns, const char *name) {
 }
 
 static int find_locked(const cache *c, const char *ns, const char *name) {
-    size_t nl = ns ? strlen(ns) : 0;
-    for (int i = 0; i < c->n; i++) {
-        const char *k = c->e[i].key;
-        if (!strncmp(k, ns ? ns : "", nl) && k[nl] == '/' && !strcmp(k + nl + 1, name)) return i;
-    }
-    return -1;
+    char *key = key_of(ns, name);
+    long i = str_map_get(&c->at, key);
+    free(key);
+    return (int)i;
 }
 
+/* Stores key -> obj: a new entry, or (a list that names an object twice) in place of the first. */
 static void append_locked(cache *c, char *key, cache_obj *obj) {
+    long i = str_map_put(&c->at, key, c->n);
+    if (i >= 0) {
+        free(key), obj_release(c->e[i].obj);
+        c->e[i].obj = obj;
+        return;
+    }
     if (c->n == c->cap) {
         c->cap = c->cap ? 2 * c->cap : 64;
         c->e = xrealloc(c->e, (size_t)c->cap * sizeof *c->e);
     }
     c->e[c->n++] = (cache_entry){key, obj};
+}
+
+/* Removes entry i: the last one takes its place. */
+static void remove_locked(cache *c, int i) {
+    str_map_del(&c->at, c->e[i].key);
+    free(c->e[i].key);
+    obj_release(c->e[i].obj);
+    c->e[i] = c->e[--c->n];
+    if (i < c->n) str_map_set(&c->at, c->e[i].key, i);
 }
 
 void cache_replace(cache *c, const cJSON *items) {
@@ -163,11 +181,7 @@ void cache_remove(cache *c, const char *ns, const char *name) {
     if (!name) return;
     pthread_mutex_lock(&c->mu);
     int i = find_locked(c, ns, name);
-    if (i >= 0) {
-        free(c->e[i].key);
-        obj_release(c->e[i].obj);
-        c->e[i] = c->e[--c->n];
-    }
+    if (i >= 0) remove_locked(c, i);
     pthread_mutex_unlock(&c->mu);
 }
 
@@ -177,11 +191,7 @@ bool cache_remove_version(cache *c, const char *ns, const char *name, const char
     int i = find_locked(c, ns, name);
     const char *have = i >= 0 ? kube_meta_str(c->e[i].obj->json, "resourceVersion") : NULL;
     bool removed = have && !strcmp(have, rv);
-    if (removed) {
-        free(c->e[i].key);
-        obj_release(c->e[i].obj);
-        c->e[i] = c->e[--c->n];
-    }
+    if (removed) remove_locked(c, i);
     pthread_mutex_unlock(&c->mu);
     return removed;
 }

@@ -11,6 +11,7 @@
 #include <cjson/cJSON.h>
 
 #include "common/log.h"
+#include "common/str_map.h"
 #include "operator/cache.h"
 #include "operator/inventory.h"
 #include "operator/job_spec.h"
@@ -153,6 +154,32 @@ static void enqueue_object(const informer *w, const cJSON *o, watch_type t, cons
     if (cJSON_IsString(job)) enqueue(w->x, ns, job->valuestring);
 }
 
+static const char *name_of(const cJSON *o) {
+    const char *name = kube_meta_str(o, "name");
+    return name ? name : "";
+}
+
+/* Whether a relist of the nodes (items) differs from the store's (old): a node added, gone, or
+ * changed. The old ones are found by name in a map: thousands of nodes are not compared pairwise. */
+static bool nodes_changed(const cJSON *old, const cJSON *items) {
+    int n = cJSON_GetArraySize(old), k = 0;
+    if (cJSON_GetArraySize(items) != n) return true;
+    const cJSON **by_index = xmalloc((size_t)n * sizeof *by_index + 1), *o;
+    str_map index = {0};
+    cJSON_ArrayForEach(o, old) {
+        str_map_put(&index, name_of(o), k); /* the first of a name, as a scan would find */
+        by_index[k++] = o;
+    }
+    bool changed = false;
+    cJSON_ArrayForEach(o, items) {
+        long i = str_map_get(&index, name_of(o));
+        if ((changed = node_differs(i >= 0 ? by_index[i] : NULL, o))) break;
+    }
+    str_map_free(&index);
+    free(by_index);
+    return changed;
+}
+
 static int on_list(const cJSON *items, const char *rv, void *arg, err_t *err) {
     (void)err;
     informer *w = arg;
@@ -167,16 +194,7 @@ static int on_list(const cJSON *items, const char *rv, void *arg, err_t *err) {
     }
     if (w->kind == INF_NODES) {
         /* a relist: compare it with what the store had (the first list only fills it) */
-        bool changed = relist && cJSON_GetArraySize(items) != cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(old, "items"));
-        cJSON_ArrayForEach(o, items) {
-            if (!relist || changed) break;
-            const cJSON *was = NULL, *n;
-            cJSON_ArrayForEach(n, cJSON_GetObjectItemCaseSensitive(old, "items"))
-                if (!was && !strcmp(kube_meta_str(n, "name") ? kube_meta_str(n, "name") : "",
-                                    kube_meta_str(o, "name") ? kube_meta_str(o, "name") : ""))
-                    was = n;
-            changed = node_differs(was, o);
-        }
+        bool changed = relist && nodes_changed(cJSON_GetObjectItemCaseSensitive(old, "items"), items);
         cJSON_Delete(old);
         if (changed) requeue_all(w->x, "nodes relisted with changes");
         return 0;

@@ -8,6 +8,7 @@
 #include <strings.h>
 
 #include "common/log.h"
+#include "common/str_map.h"
 #include "common/strutil.h"
 #include "operator/kube.h"
 #include "operator/phase.h"
@@ -435,16 +436,19 @@ long inv_node_used(const cJSON *pods, const cJSON *node, const char *own_uid) {
 }
 
 void inv_describe(const cluster *cl, char *out, size_t n) {
-    out[0] = '\0';
+    int *count = xcalloc((size_t)cl->n_devices + 1, sizeof *count), *first = xcalloc((size_t)cl->n_devices + 1, sizeof *first);
+    int k = 0;
+    str_map at = {0}; /* type -> its index: counted in one pass, not a pass over the devices for each */
     for (int d = 0; d < cl->n_devices; d++) {
-        bool seen = false;
-        for (int e = 0; e < d && !seen; e++) seen = !strcmp(cl->devices[e].type, cl->devices[d].type);
-        if (seen) continue;
-        int count = 0;
-        for (int e = d; e < cl->n_devices; e++) count += !strcmp(cl->devices[e].type, cl->devices[d].type);
-        size_t len = strlen(out);
-        snprintf(out + len, n - len, "%s%d %s", len ? ", " : "", count, cl->devices[d].type);
+        long i = str_map_put(&at, cl->devices[d].type, k);
+        if (i < 0) first[i = k++] = d;
+        count[i]++;
     }
+    out[0] = '\0';
+    for (int i = 0, len = 0; i < k && (size_t)len < n; i++)
+        len += snprintf(out + len, n - (size_t)len, "%s%d %s", len ? ", " : "", count[i], cl->devices[first[i]].type);
+    str_map_free(&at);
+    free(count), free(first);
 }
 
 int inv_build(const cJSON *nodes, const inv_constraints *c, cluster *cl, inv_result *r, err_t *err) {

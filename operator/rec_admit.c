@@ -1,6 +1,7 @@
 /* rec_admit.c - GPU accounting and admission (rec_internal.h; docs/operator.md, "GPUs shared
  * between jobs"): which GPUs a job is planned on, whether its plan's GPUs are free, the queue. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/log.h"
@@ -26,23 +27,26 @@ void rec_admit_unlock(rec_ctx *x) {
 
 /* ---- the free GPUs --------------------------------------------------------------------------- */
 
-/* How many GPUs of node are free to the job (its own pods' count as free), no maxGPUs cap. */
-static int free_on(rec_ctx *x, const char *node) {
-    const cluster *cl = &rec_inv(x, true)->cl;
-    int n = 0;
-    for (int d = 0; d < cl->n_devices; d++) n += !strcmp(cl->nodes[cl->devices[d].node].name, node);
-    return n;
-}
-
+/* Every rank's node has as many GPUs free to the job (its own pods' count as free; no maxGPUs cap)
+ * as the plan puts ranks on it. Both counted per node name in one pass: not a pass over the ranks
+ * and the devices for each rank. */
 bool rec_plan_fits(rec_ctx *x, const cJSON *plan_doc) {
-    const cJSON *r, *q;
-    cJSON_ArrayForEach(r, get(plan_doc, "ranks")) {
-        const char *node = get_str(r, "node", "");
-        int on = 0;
-        cJSON_ArrayForEach(q, get(plan_doc, "ranks")) on += !strcmp(get_str(q, "node", ""), node);
-        if (on > free_on(x, node)) return false;
+    const cluster *cl = &rec_inv(x, true)->cl;
+    int world = cJSON_GetArraySize(get(plan_doc, "ranks")), k = 0;
+    int *room = xcalloc((size_t)world + 1, sizeof *room); /* per node of the plan (its index in at) */
+    str_map at = {0};
+    const cJSON *r;
+    cJSON_ArrayForEach(r, get(plan_doc, "ranks"))
+        if (str_map_put(&at, get_str(r, "node", ""), k) < 0) k++;
+    for (int d = 0; d < cl->n_devices; d++) {
+        long i = str_map_get(&at, cl->nodes[cl->devices[d].node].name);
+        if (i >= 0) room[i]++;
     }
-    return true;
+    bool fits = true;
+    cJSON_ArrayForEach(r, get(plan_doc, "ranks")) fits &= --room[str_map_get(&at, get_str(r, "node", ""))] >= 0;
+    str_map_free(&at);
+    free(room);
+    return fits;
 }
 
 /* A pod of the plan's current gang that ended (Succeeded or Failed) has GPUs free for others,
@@ -113,25 +117,24 @@ int rec_choose_view(rec_ctx *x, err_t *err) {
 
 /* ---- the queue ------------------------------------------------------------------------------- */
 
-/* "2 L4, 1 A10G": the plan's GPUs by type, for messages. */
+/* "2 L4, 1 A10G": the plan's GPUs by type (in the order they first appear), for messages. */
 static void plan_types(const cJSON *plan_doc, char *out, size_t n) {
-    const cJSON *ranks = get(plan_doc, "ranks"), *r, *q;
-    int i = 0;
-    out[0] = '\0';
+    const cJSON *ranks = get(plan_doc, "ranks"), *r;
+    int world = cJSON_GetArraySize(ranks), k = 0;
+    int *count = xcalloc((size_t)world + 1, sizeof *count);
+    const char **name = xcalloc((size_t)world + 1, sizeof *name);
+    str_map at = {0}; /* type -> its index: counted in one pass, not a pass over the ranks for each */
     cJSON_ArrayForEach(r, ranks) {
         const char *dev = get_str(r, "device", "?");
-        int count = 0, j = 0;
-        bool seen = false;
-        cJSON_ArrayForEach(q, ranks) {
-            bool same = !strcmp(get_str(q, "device", "?"), dev);
-            if (same && j < i) seen = true;
-            count += same;
-            j++;
-        }
-        i++;
-        size_t len = strlen(out);
-        if (!seen) snprintf(out + len, n - len, "%s%d %s", len ? ", " : "", count, dev);
+        long i = str_map_put(&at, dev, k);
+        if (i < 0) name[i = k++] = dev;
+        count[i]++;
     }
+    out[0] = '\0';
+    for (int i = 0, len = 0; i < k && (size_t)len < n; i++)
+        len += snprintf(out + len, n - (size_t)len, "%s%d %s", len ? ", " : "", count[i], name[i]);
+    str_map_free(&at);
+    free(count), free(name);
 }
 
 /* Queue order: spec.priority (higher first), then creation, then namespace/name. */
@@ -151,9 +154,11 @@ static bool shares_nodes(rec_ctx *x, const job_spec *other) {
     err_t e;
     if (rec_job_cluster(x->c, x->nodes, other, NULL, NULL, 0, NULL, &cl, &r, &e) < 0) return false;
     bool shared = false;
+    str_map names = {0}; /* the other job's nodes: a lookup per rank, not a scan of them */
+    for (int i = 0; i < cl.n_nodes; i++) str_map_put(&names, cl.nodes[i].name, i);
     const cJSON *rank;
-    cJSON_ArrayForEach(rank, get(x->plan_doc, "ranks"))
-        for (int i = 0; i < cl.n_nodes && !shared; i++) shared = !strcmp(cl.nodes[i].name, get_str(rank, "node", ""));
+    cJSON_ArrayForEach(rank, get(x->plan_doc, "ranks")) shared |= str_map_get(&names, get_str(rank, "node", "")) >= 0;
+    str_map_free(&names);
     cluster_free(&cl);
     return shared;
 }

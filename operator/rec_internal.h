@@ -23,6 +23,7 @@
 #include <cjson/cJSON.h>
 
 #include "common/err.h"
+#include "common/str_map.h"
 #include "operator/cache.h"
 #include "operator/inventory.h"
 #include "operator/job_spec.h"
@@ -85,6 +86,8 @@ typedef struct rec_ctx {
     phase old_phase;  /* its phase */
     double gen;
     cJSON *nodes; /* NodeList (a view of the store: read-only) */
+    str_map node_at; /* the nodes by name (rec_find_node builds it on first use) */
+    const cJSON **node_by;
     cJSON *cm;    /* the plan ConfigMap, or NULL */
     cJSON *pods;  /* PodList of the job's pods (label cephalo.dev/job; a view: read-only) */
     cJSON *busy;  /* PodList of the pods that may hold GPUs: not terminal, every namespace (a view) */
@@ -179,7 +182,9 @@ int rec_admit(rec_ctx *x, err_t *err);
 /* ---- rec_pods.c ---- */
 
 cJSON *rec_job_pods(rec_ctx *x, cache_view *v);
-const cJSON *rec_find_node(const cJSON *nodes, const char *name);
+/* The Node of x->nodes named name, or NULL: by a map of the names, built once a reconcile (a gang's
+ * pods and the job's pods each look up their node: not a scan of the nodes for each). */
+const cJSON *rec_find_node(rec_ctx *x, const char *name);
 bool rec_owned_by_job(const cJSON *obj, const cJSON *job);
 int rec_delete_pods(rec_ctx *x, const cJSON *pods, bool keep_finished, err_t *err);
 /* Objects of an earlier job of the same name deleted: 1 when there were some, 0, -1 (API). */

@@ -387,35 +387,35 @@ static cJSON *pod_object(const rec_ctx *x, const cJSON *planned, int rank, int w
     return o;
 }
 
-const cJSON *rec_find_node(const cJSON *nodes, const char *name) {
-    const cJSON *n;
-    cJSON_ArrayForEach(n, get(nodes, "items"))
-        if (name && strcmp(get_str(get(n, "metadata"), "name", ""), name) == 0) return n;
-    return NULL;
+const cJSON *rec_find_node(rec_ctx *x, const char *name) {
+    if (!x->nodes || !name) return NULL;
+    if (!x->node_by) {
+        const cJSON *n, *items = get(x->nodes, "items");
+        int k = 0;
+        x->node_by = xmalloc((size_t)cJSON_GetArraySize(items) * sizeof *x->node_by + 1);
+        cJSON_ArrayForEach(n, items) {
+            str_map_put(&x->node_at, get_str(get(n, "metadata"), "name", ""), k); /* the first of a name */
+            x->node_by[k++] = n;
+        }
+    }
+    long i = str_map_get(&x->node_at, name);
+    return i >= 0 ? x->node_by[i] : NULL;
 }
 
 /* The worker pod of plan rank r (index i), pinned to its node's hostname label. */
-static cJSON *rank_pod(const rec_ctx *x, const cJSON *r, int i, int world) {
+static cJSON *rank_pod(rec_ctx *x, const cJSON *r, int i, int world) {
     const char *node = get_str(r, "node", "");
-    const cJSON *n = rec_find_node(x->nodes, node);
+    const cJSON *n = rec_find_node(x, node);
     return pod_object(x, r, i, world, n ? inv_node_hostname(n) : node);
 }
 
 /* ---- creating the gang ----------------------------------------------------------------------- */
 
-static bool job_has_pod(const rec_ctx *x, const char *pod) {
-    const cJSON *p;
-    cJSON_ArrayForEach(p, get(x->pods, "items")) if (!strcmp(get_str(get(p, "metadata"), "name", ""), pod)) return true;
-    return false;
-}
-
+/* x->assumed has room for the whole gang (rec_assume_pods). */
 static void assume_pod(rec_ctx *x, const cJSON *r, int i, int world, const char *pod) {
     cJSON *o = rank_pod(x, r, i, world);
     cJSON_AddStringToObject(cJSON_GetObjectItemCaseSensitive(o, "metadata"), "resourceVersion", REC_ASSUMED_RV);
-    if (cache_put(x->c->caches->busy, o, NULL)) {
-        x->assumed = xrealloc(x->assumed, (size_t)(x->n_assumed + 1) * sizeof *x->assumed);
-        snprintf(x->assumed[x->n_assumed++], sizeof *x->assumed, "%s", pod);
-    }
+    if (cache_put(x->c->caches->busy, o, NULL)) snprintf(x->assumed[x->n_assumed++], sizeof *x->assumed, "%s", pod);
     cJSON_Delete(o);
 }
 
@@ -424,14 +424,18 @@ static void assume_pod(rec_ctx *x, const cJSON *r, int i, int world, const char 
  * the API has answered (kube-scheduler's assumed pods). The API's answer or the watch replaces
  * them; rec_forget_assumed removes those nothing replaced (a failed or skipped creation). */
 void rec_assume_pods(rec_ctx *x) {
-    const cJSON *r, *ranks = get(x->plan_doc, "ranks");
+    const cJSON *r, *p, *ranks = get(x->plan_doc, "ranks");
     int i = 0, world = cJSON_GetArraySize(ranks);
+    str_map have = {0}; /* the job's pods by name: not a scan of them for each rank */
+    cJSON_ArrayForEach(p, get(x->pods, "items")) str_map_put(&have, get_str(get(p, "metadata"), "name", ""), 0);
+    x->assumed = xrealloc(x->assumed, (size_t)(x->n_assumed + world + 1) * sizeof *x->assumed);
     cJSON_ArrayForEach(r, ranks) {
         char pod[128]; /* as in pod_object */
         snprintf(pod, sizeof pod, "%s-%d", x->name, i);
-        if (!job_has_pod(x, pod)) assume_pod(x, r, i, world, pod);
+        if (str_map_get(&have, pod) < 0) assume_pod(x, r, i, world, pod);
         i++;
     }
+    str_map_free(&have);
 }
 
 void rec_forget_assumed(rec_ctx *x) {
@@ -505,7 +509,7 @@ static void *create_pod_batch(void *arg) {
 }
 
 /* The pods of the ranks the gang lacks; their count in *n. */
-static cJSON **missing_pods(const rec_ctx *x, const gang *g, int *n) {
+static cJSON **missing_pods(rec_ctx *x, const gang *g, int *n) {
     cJSON **pods = xcalloc((size_t)g->world + 1, sizeof *pods);
     const cJSON *r;
     int i = 0;
@@ -573,9 +577,9 @@ cJSON *rec_job_pods(rec_ctx *x, cache_view *v) { return cache_view_list(x->c->ca
 /* Whether no kubelet can finish a pod's graceful deletion: its Node is gone, or not Ready and the
  * grace period is over. An unbound pod is no orphan: the API server deletes it at once by itself,
  * and if the scheduler bound it meanwhile, its worker gets the graceful stop. */
-static bool orphan_pod(const rec_ctx *x, const cJSON *pod) {
+static bool orphan_pod(rec_ctx *x, const cJSON *pod) {
     const char *bound = get_str(get(pod, "spec"), "nodeName", NULL);
-    const cJSON *node = x->nodes ? rec_find_node(x->nodes, bound) : NULL;
+    const cJSON *node = rec_find_node(x, bound);
     double due = 0; /* the API sets deletionTimestamp to the request time plus the grace period */
     bool overdue = kube_time_parse(get_str(get(pod, "metadata"), "deletionTimestamp", ""), &due) &&
                    kube_time_now_s() >= due;

@@ -108,6 +108,8 @@ static void ctx_free(rec_ctx *x) {
     cluster_free(&x->inv_free.cl);
     cJSON_Delete(x->cm);
     cache_view_release(&x->nodes_view);
+    str_map_free(&x->node_at);
+    free(x->node_by);
     cJSON_Delete(x->job);
 }
 

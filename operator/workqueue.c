@@ -9,6 +9,7 @@
 
 #include "common/clock.h"
 #include "common/log.h"
+#include "common/str_map.h"
 
 typedef struct wq_item {
     char key[WQ_KEY_MAX];
@@ -22,6 +23,7 @@ struct wq {
     pthread_cond_t cv;
     wq_item *items; /* pending, unique keys */
     int n, cap;
+    str_map at; /* key -> its index in items: a requeue of every job is not a scan per job */
     char (*busy)[WQ_KEY_MAX]; /* keys a worker syncs now: not handed out until wq's done */
     int n_busy, cap_busy;
 };
@@ -40,6 +42,7 @@ void wq_free(wq *q) {
     pthread_cond_destroy(&q->cv);
     free(q->items);
     free(q->busy);
+    str_map_free(&q->at);
     free(q);
 }
 
@@ -52,17 +55,18 @@ double wq_backoff_s(int failures) {
 /* ---- adding ---------------------------------------------------------------------------------- */
 
 static void add_locked(wq *q, const char *key, double delay_s, int failures) {
-    for (int i = 0; i < q->n; i++)
-        if (!strcmp(q->items[i].key, key)) {
-            if (delay_s == 0) q->items[i].not_before = 0; /* a change: now, not after a backoff */
-            return;
-        }
+    long i = str_map_get(&q->at, key);
+    if (i >= 0) {
+        if (delay_s == 0) q->items[i].not_before = 0; /* a change: now, not after a backoff */
+        return;
+    }
     if (q->n == q->cap) {
         q->cap = q->cap ? 2 * q->cap : 16;
         q->items = xrealloc(q->items, (size_t)q->cap * sizeof *q->items);
     }
     wq_item *it = &q->items[q->n++];
     snprintf(it->key, sizeof it->key, "%s", key);
+    str_map_put(&q->at, it->key, q->n - 1); /* as stored (a key fits in WQ_KEY_MAX) */
     it->not_before = delay_s > 0 ? clock_now_s() + delay_s : 0;
     it->failures = failures;
     pthread_cond_signal(&q->cv);
@@ -102,7 +106,9 @@ static bool busy_locked(const wq *q, const char *key) {
 /* Takes item i: off the pending list, onto the busy one. */
 static void take_locked(wq *q, int i, wq_item *out) {
     *out = q->items[i];
+    str_map_del(&q->at, q->items[i].key);
     q->items[i] = q->items[--q->n];
+    if (i < q->n) str_map_set(&q->at, q->items[i].key, i);
     if (q->n_busy == q->cap_busy) {
         q->cap_busy = q->cap_busy ? 2 * q->cap_busy : 16;
         q->busy = xrealloc(q->busy, (size_t)q->cap_busy * sizeof *q->busy);

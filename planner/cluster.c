@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "common/log.h"
+#include "common/str_map.h"
 #include "common/yaml_tree.h"
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
@@ -256,8 +257,9 @@ static int parse_gpus(const yctx *y, const ynode *node, const char *base, cluste
     return 0;
 }
 
-/* Node name: required, short enough for cluster_node.name, unique. */
-static int parse_node_name(const yctx *y, const ynode *node, const char *base, const cluster *c,
+/* Node name: required, short enough for cluster_node.name, unique (the names so far in `names`:
+ * a file of thousands of nodes is not checked name against name). */
+static int parse_node_name(const yctx *y, const ynode *node, const char *base, const cluster *c, str_map *names,
                            const char **out) {
     const ynode *v;
     char path[FIELD_PATH];
@@ -269,20 +271,20 @@ static int parse_node_name(const yctx *y, const ynode *node, const char *base, c
         return err_set(y->err, "%s:%d: %s: node name is %zu bytes, longer than %zu (UTF-8 characters "
                                "take 1 to 4 bytes each)",
                        y->file, v->line, path, strlen(*out), sizeof c->nodes[0].name - 1);
-    if (node_name_taken(c, *out))
+    if (str_map_put(names, *out, c->n_nodes) >= 0)
         return err_set(y->err, "%s:%d: %s: duplicate node name '%s'", y->file, v->line, path,
                        *out);
     return 0;
 }
 
-static int parse_node(const yctx *y, const ynode *node, size_t idx, cluster *c) {
+static int parse_node(const yctx *y, const ynode *node, size_t idx, cluster *c, str_map *names) {
     static const char *const keys[] = {"name", "network_gbps", "intra_gbps", "gpus", NULL};
     char base[NODE_PATH];
     snprintf(base, sizeof base, "nodes[%zu]", idx);
     if (ymap_check_keys(y, node, base, keys) < 0) return -1;
     const char *name;
     double network = CLUSTER_DEFAULT_NETWORK_GBPS, intra = CLUSTER_DEFAULT_INTRA_GBPS;
-    if (parse_node_name(y, node, base, c, &name) < 0 ||
+    if (parse_node_name(y, node, base, c, names, &name) < 0 ||
         opt_positive(y, node, base, "network_gbps", MAX_NETWORK_GBPS, &network) < 0 ||
         opt_positive(y, node, base, "intra_gbps", MAX_INTRA_GBPS, &intra) < 0)
         return -1;
@@ -300,9 +302,11 @@ static int parse_root(const yctx *y, const ynode *root, cluster *c) {
         return -1;
     if (nodes->n == 0)
         return err_set(y->err, "%s:%d: nodes: expected at least one node", y->file, nodes->line);
-    for (size_t i = 0; i < nodes->n; i++)
-        if (parse_node(y, nodes->items[i], i, c) < 0) return -1;
-    return 0;
+    str_map names = {0};
+    int rc = 0;
+    for (size_t i = 0; i < nodes->n && rc == 0; i++) rc = parse_node(y, nodes->items[i], i, c, &names);
+    str_map_free(&names);
+    return rc;
 }
 
 /* Parses the tree into a fresh cluster; `out` is only written on success. */
@@ -350,20 +354,21 @@ static int list_lacking(const cluster *c, precision p, char *out, size_t n, bool
     int listed = 0;
     *all_tensor = true;
     out[0] = '\0';
+    str_map seen = {0}; /* "type/major" of the types listed */
     for (int i = 0; i < c->n_devices; i++) {
         const cluster_device *d = &c->devices[i];
         /* a GPU of unknown compute capability (an unknown product without labels) is planned as asked */
         if (d->threads > 0 || d->cc_major <= 0 || gpu_cc_supports(d->cc_major, p)) continue;
-        bool seen = false;
-        for (int j = 0; j < i && !seen; j++)
-            seen = !strcmp(c->devices[j].type, d->type) && c->devices[j].cc_major == d->cc_major;
-        if (seen) continue;
+        char key[sizeof d->type + 16];
+        snprintf(key, sizeof key, "%s/%d", d->type, d->cc_major); /* fits: a type and an int */
+        if (str_map_put(&seen, key, i) >= 0) continue; /* listed: a map, not a scan of the devices before */
         size_t len = strlen(out);
         snprintf(out + len, n - len, "%s%s (compute capability %d.%d)", listed ? " and " : "", d->type,
                  d->cc_major, d->cc_minor);
         *all_tensor &= d->cc_major >= 7;
         listed++;
     }
+    str_map_free(&seen);
     return listed;
 }
 

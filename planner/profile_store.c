@@ -2,6 +2,7 @@
 #include "planner/profile_store.h"
 
 #include <cjson/cJSON.h>
+#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +11,7 @@
 #include "common/fileio.h"
 #include "common/env.h"
 #include "common/log.h"
+#include "common/str_map.h"
 #include "common/strutil.h"
 
 /* ---- JSON out ---- */
@@ -122,28 +124,42 @@ static profile_entry dup_entry(const profile_entry *s) {
     return e;
 }
 
-static bool same_entry(const profile_entry *a, const profile_entry *b) {
-    char na[64], nb[64];
-    str_normalize(a->device, na, sizeof na);
-    str_normalize(b->device, nb, sizeof nb);
-    return !strcmp(na, nb) && !strcasecmp(a->model, b->model) && a->seq == b->seq && a->prec == b->prec;
+/* A model name as compared (case aside) into out[64]. */
+static void model_key(const char *model, char *out) {
+    size_t i = 0;
+    for (; model[i] && i < 63; i++) out[i] = (char)tolower((unsigned char)model[i]);
+    out[i] = '\0';
+}
+
+/* What makes two entries one (the normalized device, the model case aside, seq, precision), as a
+ * string for a str_map. */
+static void entry_key(const profile_entry *e, char *out, size_t n) {
+    char dev[64], model[64];
+    str_normalize(e->device, dev, sizeof dev);
+    model_key(e->model, model);
+    snprintf(out, n, "%s\x1f%s\x1f%d\x1f%d", dev, model, e->seq, (int)e->prec); /* fits: 2 x 64 and 2 ints */
 }
 
 int profile_merge(profile *dst, const profile *src) {
     int replaced = 0;
+    str_map at = {0}; /* dst's entries by entry_key: a store of many is not searched per entry */
+    char key[192];
+    for (int k = 0; k < dst->n_entries; k++) entry_key(&dst->entries[k], key, sizeof key), str_map_put(&at, key, k);
+    /* room for every new entry at once, not one realloc per entry */
+    dst->entries = xrealloc(dst->entries, (size_t)(dst->n_entries + src->n_entries + 1) * sizeof *dst->entries);
     for (int i = 0; i < src->n_entries; i++) {
         profile_entry e = dup_entry(&src->entries[i]);
-        int k = 0;
-        while (k < dst->n_entries && !same_entry(&dst->entries[k], &e)) k++;
-        if (k < dst->n_entries) {
+        entry_key(&e, key, sizeof key);
+        long k = str_map_put(&at, key, dst->n_entries);
+        if (k >= 0) {
             free_entry(&dst->entries[k]);
             replaced++;
         } else {
-            dst->entries = xrealloc(dst->entries, (size_t)(dst->n_entries + 1) * sizeof *dst->entries);
-            dst->n_entries++;
+            k = dst->n_entries++;
         }
         dst->entries[k] = e;
     }
+    str_map_free(&at);
     for (int i = 0; i < src->n_comm; i++) {
         const profile_comm *s = &src->comm[i];
         profile_comm c = {s->world, s->reduce_scatter, s->n_points, dup_doubles(s->bytes, s->n_points),
@@ -186,13 +202,15 @@ bool profile_has_model(const profile *p, const char *model) {
 void profile_models(const profile *p, char *buf, size_t n) {
     size_t used = 0;
     buf[0] = '\0';
+    str_map seen = {0}; /* the models named, case aside: a map, not a scan of the entries before */
     for (int i = 0; i < p->n_entries; i++) {
-        bool seen = false;
-        for (int k = 0; k < i && !seen; k++) seen = !strcasecmp(p->entries[k].model, p->entries[i].model);
-        if (seen) continue;
+        char key[64];
+        model_key(p->entries[i].model, key);
+        if (str_map_put(&seen, key, i) >= 0) continue;
         int w = snprintf(buf + used, n - used, "%s%s", used ? ", " : "", p->entries[i].model);
         if (w < 0 || (size_t)w >= n - used) break;
         used += (size_t)w;
     }
+    str_map_free(&seen);
     if (!used) snprintf(buf, n, "none");
 }

@@ -8,6 +8,15 @@
   report_check.py dom DOM.html                 Chromium's rendered DOM (--dump-dom) has the charts
   report_check.py png SHOT.png                 a screenshot shows the curves (the stroke colours,
                                                across most of a plot's width) and is not blank
+  report_check.py gen RUN_DIR N                RUN_DIR (with a plan.json) gets N step records per
+                                               rank, written by awk from formulas of the step
+  report_check.py big REPORT.html RUN_DIR N    the page of such a run against the same formulas,
+                                               computed here (medians by sorting, peaks, curves):
+                                               logs of millions of lines are not read back
+  report_check.py rusage RC T0 SECONDS MAX_MIB ERR   exec'ed by the shell that ran a command
+                                               (under `timeout SECONDS`, from time T0, stderr in
+                                               ERR, exit status RC): its wall time and peak RSS;
+                                               fails when it failed, timed out or used more
 
 Prints one line of findings; exits 1 with the reason on the first mismatch. Debian's python3
 (numpy); the PNG decoder is zlib + numpy, no imaging library."""
@@ -86,9 +95,30 @@ def unmap(plot, pts):
     return out, (x1 - x0) / w, (y1 - y0) / h  # values, and one pixel in each unit
 
 
+MAX_POINTS = 4000  # cli/report.c REP_MAX_POINTS
+
+
+def drawn(points):
+    """The points of a curve the page draws (docs/report.md): all of them up to MAX_POINTS, else
+    every k-th, k the smallest power of two that leaves at most MAX_POINTS, and the last."""
+    k = 1
+    while -(-len(points) // k) > MAX_POINTS:
+        k *= 2
+    keep = points[::k]
+    if (len(points) - 1) % k:
+        keep.append(points[-1])
+    return keep
+
+
 def close_curve(name, got, want, px, py):
+    close_points(name, got, drawn(want), len(want), px, py)
+
+
+def close_points(name, got, want, steps, px, py):
+    """A curve's points got against those drawn of its `steps` points (want)."""
     if len(got) != len(want):
-        fail("%s: %d points, the log has %d steps" % (name, len(got), len(want)))
+        fail("%s: %d points, the log has %d steps%s" % (name, len(got), steps,
+                                                       "" if steps == len(want) else " (%d drawn)" % len(want)))
     for (gx, gy), (wx, wy) in zip(got, want):
         # points are printed to 0.01 px: half of that, plus rounding
         if abs(gx - wx) > 0.01 * px + 1e-9 or abs(gy - wy) > 0.01 * py + 1e-9:
@@ -120,7 +150,7 @@ def check_page(html_path, run):
     got, px, py = unmap(plots["loss"], train[0]["points"])
     losses = [(o["step"] + 1, o["loss"]) for o in logs[0] if o["loss"] is not None]  # null: not finite, a gap
     close_curve("train loss", got, losses, px, py)
-    if int(train[0]["data-n"]) != len(losses):
+    if int(train[0]["data-n"]) != len(drawn(losses)):
         fail("train loss data-n %s, %d losses" % (train[0]["data-n"], len(losses)))
     vals = [(o["step"] + 1, o["val_loss"]) for o in logs[0] if o.get("val_loss") is not None]
     val = [a for a, svg in lines if a.get("class") == "val-loss"]
@@ -250,6 +280,91 @@ def check_png(path):
           % (w, h, 100 - 100 * white.mean(), band.sum(), xs.max() - xs.min(), val.sum(), r1.sum()))
 
 
+# ---- runs of millions of steps (gen, big, measure) ----
+
+# Rank R's step s as `gen` writes it: a step time among 10,007 values 5.000..15.006 ms (the worker
+# logs step_ms to the microsecond: a long run repeats a few thousand values), a null loss (not
+# finite: a gap in the curve) at steps 77, 250077, ..., a validation loss every 1000 steps.
+AWK = r"""BEGIN {
+  for (s = 0; s < N; s++) {
+    ms = 5 + ((s * 7919 + R * 104729) % 10007) / 1000
+    loss = s % 250000 == 77 ? "null" : sprintf("%.6g", 6 - s / 250000)
+    val = s % 1000 == 999 ? sprintf(",\"val_loss\":%.6g", 3 + s / 1e6) : ""
+    printf "{\"step\":%d,\"loss\":%s,\"lr\":0.0003,\"step_ms\":%.3f,\"samples_per_s\":%.3f,\"peak_bytes\":%d,\"rank\":%d%s}\n",
+      s, loss, ms, 12000 / ms, 1000000 + (s * 31) % 99991 + R, R, val
+  }
+}"""
+MS = [float("%.3f" % (5 + k / 1000)) for k in range(10007)]
+SPS = [float("%.3f" % (12000 / (5 + k / 1000))) for k in range(10007)]
+
+
+def gen(run, n):
+    import subprocess
+    world = json.load(open(run + "/plan.json"))["world_size"]
+    procs = [subprocess.Popen(["awk", "-v", "N=%d" % n, "-v", "R=%d" % r, AWK], stdout=open("%s/rank-%d.jsonl" % (run, r), "w"))
+             for r in range(world)]
+    if any(p.wait() for p in procs):
+        fail("awk failed")
+    print("%d ranks x %d step records" % (world, n))
+
+
+def check_big(html_path, run, n):
+    page = Page()
+    page.feed(open(html_path, encoding="utf-8").read())
+    world = json.load(open(run + "/plan.json"))["world_size"]
+    plots = {svg: a for svg, a in page.plots}
+    lines = [a for t, a, svg in page.elems if t == "polyline"]
+    curve = lambda cls, rank=None: [a for a in lines if a.get("class") == cls and a.get("data-rank") == rank]
+    steps = [s for s in range(n) if s % 250000 != 77]
+    got, px, py = unmap(plots["loss"], curve("train-loss")[0]["points"])
+    want = [(s + 1, float("%.6g" % (6 - s / 250000))) for s in drawn(steps)]
+    close_points("train loss", got, want, len(steps), px, py)
+    vals = [(s + 1, float("%.6g" % (3 + s / 1e6))) for s in range(999, n, 1000)]
+    got, px, py = unmap(plots["loss"], curve("val-loss")[0]["points"])
+    close_points("validation loss", got, drawn(vals), len(vals), px, py)
+    bars = {(a["data-rank"], svg, a["data-kind"]): float(a["data-value"]) for t, a, svg in page.elems
+            if t == "rect" and a.get("class") == "bar"}
+    table = page.tables.get("measured", [])[1:]
+    for r in range(world):
+        ks = [(s * 7919 + r * 104729) % 10007 for s in range(n)]
+        ms = sorted(MS[k] for k in ks[2:])  # the median leaves the first 2 steps out
+        med = ms[len(ms) // 2] if len(ms) % 2 else (ms[len(ms) // 2 - 1] + ms[len(ms) // 2]) / 2
+        peak = max(1000000 + (s * 31) % 99991 + r for s in range(n))
+        for (svg, kind), v in {("step-time", "measured"): med, ("memory", "measured"): peak}.items():
+            g = bars.get((str(r), svg, kind))
+            if g is None or abs(g - v) > 1e-9 * abs(v):
+                fail("rank %d %s bar %r: %r, expected %r" % (r, svg, kind, g, v))
+        mean = sum(SPS[k] for k in ks) / n
+        if table[r][1] != str(n) or abs(float(table[r][5]) - mean) > 0.051:
+            fail("measured table row %d: %s, expected %d steps, mean samples/s %.2f" % (r, table[r], n, mean))
+        if r < 8:
+            got, px, py = unmap(plots["samples"], curve("samples-per-s", str(r))[0]["points"])
+            close_points("rank %d samples/s" % r, got, [(s + 1, SPS[ks[s]]) for s in drawn(list(range(n)))], n, px, py)
+        if r == 0:
+            first_median = med
+    head = "steps logged: %d (1..%d)" % (n, n)
+    if head not in open(html_path, encoding="utf-8").read():
+        fail("the header lacks %r" % head)
+    print("%d ranks x %d steps: medians (rank 0: %.4f ms), peaks and steps match; curves of %d points, each on its log"
+          % (world, n, first_median, len(drawn(steps))))
+
+
+def rusage(rc, t0, seconds, max_mib, err):
+    """The measure of a command the shell ran just before exec'ing this (report_check.py rusage RC
+    T0 ...): RUSAGE_CHILDREN survives the exec and holds the command's peak RSS alone. (Run as a
+    child of Python, the peak would include the Python forked before the exec.)"""
+    import resource, time
+    wall, rss = time.time() - t0, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    said = "wall %.2f s, max RSS %.1f MiB" % (wall, rss)
+    if rc == 124:
+        fail("%s: still running after %d s, killed (a linear pass takes a few: a quadratic one?)" % (said, seconds))
+    if rc:
+        fail("%s: exit %d: %s" % (said, rc, open(err, errors="replace").read()[-400:]))
+    if max_mib and rss > max_mib:
+        fail("%s: more than %d MiB" % (said, max_mib))
+    print(said + (" (bound %d MiB)" % max_mib if max_mib else ""))
+
+
 if __name__ == "__main__":
     mode = sys.argv[1]
     if mode == "page":
@@ -258,5 +373,11 @@ if __name__ == "__main__":
         check_dom(sys.argv[2])
     elif mode == "png":
         check_png(sys.argv[2])
+    elif mode == "gen":
+        gen(sys.argv[2], int(sys.argv[3]))
+    elif mode == "big":
+        check_big(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    elif mode == "rusage":
+        rusage(int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6])
     else:
         fail("unknown mode %r" % mode)

@@ -169,6 +169,21 @@ check "... and going back as told works" 0 "resumed from $T/div/step_00000020.sa
   "$W" train --data synthetic "${TINY[@]}" --steps 22 --ckpt-every 1 --ckpt-dir "$T/div" --resume "$T/div/step_00000020.safetensors" --overwrite
 assert "... the good run's new steps count again (keep-last 3: 20 21 22)" test "$(steps_in "$T/div")" = "20 21 22 "
 
+# a long retention.json (issue 38): 200,000 marks of checkpoints long gone, read in one pass and
+# looked up by binary search. Read with cJSON_GetArrayItem in a loop (a walk from the first item
+# for each index: quadratic), 80,000 marks took 10 s and 200,000 about a minute, twice (the run's
+# start, and the first checkpoint's mark, which drops them); 60 s bounds what takes a second
+mkdir "$T/long"
+python3 -c "import json, sys; json.dump({'keep_last': 2, 'keep_every': 0, 'diverged': list(range(10**9, 10**9 + 200000))},
+  open(sys.argv[1], 'w'))" "$T/long/retention.json"
+t0=$(date +%s.%N)
+check "a retention.json of 200,000 marks is read (within 60 s)" 0 "keep-last 2, as $T/long/retention.json keeps" -- \
+  timeout 60 "$W" train --data synthetic "${TINY[@]}" --steps 3 --ckpt-every 1 --quiet --ckpt-dir "$T/long"
+echo "# ... 3 steps and their checkpoints in $(python3 -c "import sys, time; print('%.2f' % (time.time() - float(sys.argv[1])))" "$t0") s"
+check "... the marks of checkpoints no longer there are dropped, the settings kept" 0 '{"keep_last":2,"keep_every":0,"diverged":[]}' -- \
+  cat "$T/long/retention.json"
+assert "... and applied: keep_last 2" test "$(steps_in "$T/long")" = "2 3 "
+
 # ---- stale temporaries ----
 
 dead=$(dead_pid)

@@ -89,6 +89,29 @@ check "a line still being written is left out" 0 "report:" -- "$C" report "$T/ba
 pass "... and the page has the complete steps" $CHK page "$T/x.html" "$R"
 assert "a refused report leaves no file" test ! -e "$T/bad/report.html"
 
+# ---- a long run: 3 ranks x 1,000,000 steps ----
+
+# The logs are streamed (docs/report.md, "Long runs"): time linear in the lines, memory a line
+# buffer and the curves' points whatever the length. The figures are printed; the time is a
+# ceiling only a quadratic pass breaks (about 3 s here, where the insertion sort of median_ms
+# took 13 s for 20,000 lines and would take hours for a million), and the memory bound is 32 MiB
+# against logs of 100 MB a rank. The sanitizer run (3-10x slower, its memory its own) reads 100,000
+# lines a rank and bounds only the time.
+lines=1000000 max_mib=32
+case "${BUILD:-build/rel}" in *san*) lines=100000 max_mib=0 ;; esac
+L=$T/long
+mkdir "$L" && cp "$R/plan.json" "$L/"
+pass "$lines step records a rank, written by awk" $CHK gen "$L" $lines
+pass "cephalo report of 3 x $lines lines: wall time and peak memory" bash -c '
+  t0=$(date +%s.%N); timeout 60 "$1" report "$2" -o "$3" >/dev/null 2>"$3.err"; rc=$?
+  exec '"$CHK"' rusage $rc $t0 60 '$max_mib' "$3.err"' _ "$C" "$L" "$T/long.html"
+pass "... medians against a sort in Python, peaks, step counts, curves of at most 4,000 points" $CHK big "$T/long.html" "$L" $lines
+rm -rf "$L"
+printf '{"step":0,"loss":1,"step_ms":1,"samples_per_s":1,"peak_bytes":1}\n' >"$T/bad/rank-0.jsonl"
+head -c 1100000 /dev/zero | tr '\0' ' ' >>"$T/bad/rank-0.jsonl"
+echo >>"$T/bad/rank-0.jsonl"
+check "a line of more than 1 MiB is refused, named" 2 "rank-0.jsonl:2: a line longer than 1 MiB" -- "$C" report "$T/bad" -o "$T/x.html"
+
 # ---- outputs: never one of the run's files ----
 
 cp "$R/plan.json" "$T/plan.before"

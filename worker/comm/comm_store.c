@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "common/str_map.h"
 
 enum { MSG_HELLO = 1, MSG_WELCOME, MSG_REFUSE, MSG_SET, MSG_OK, MSG_GET, MSG_VALUE, MSG_BYE };
 #define STORE_MAGIC 0x52545343u /* "CSTR" */
@@ -49,12 +50,12 @@ typedef struct kv {
 typedef struct kv_table {
     kv *items;
     int n, cap;
+    str_map at; /* key -> its index: a rank's keys are found without a scan of every rank's */
 } kv_table;
 
 static kv *kv_find(kv_table *t, const char *key) {
-    for (int i = 0; i < t->n; i++)
-        if (strcmp(t->items[i].key, key) == 0) return &t->items[i];
-    return NULL;
+    long i = str_map_get(&t->at, key);
+    return i >= 0 ? &t->items[i] : NULL;
 }
 
 /* Sets (or replaces) key. */
@@ -65,6 +66,7 @@ static void kv_put(kv_table *t, const char *key, const void *val, size_t n) {
             t->cap = t->cap ? 2 * t->cap : 16;
             t->items = xrealloc(t->items, (size_t)t->cap * sizeof *t->items);
         }
+        str_map_put(&t->at, key, t->n);
         e = &t->items[t->n++];
         e->key = xstrdup(key);
     } else {
@@ -77,6 +79,7 @@ static void kv_put(kv_table *t, const char *key, const void *val, size_t n) {
 static void kv_free(kv_table *t) {
     for (int i = 0; i < t->n; i++) free(t->items[i].key), free(t->items[i].val);
     free(t->items);
+    str_map_free(&t->at);
     *t = (kv_table){0};
 }
 
@@ -95,7 +98,7 @@ typedef struct sconn {
     size_t body_len, body_got;
     char *waiting; /* key of a GET not answered yet */
     uint8_t *out;  /* replies not sent yet */
-    size_t out_len, out_sent;
+    size_t out_len, out_sent, out_cap;
     bool close_when_sent; /* refused: close once the reason is out */
 } sconn;
 
@@ -116,7 +119,10 @@ struct store_server {
 };
 
 static void conn_queue(sconn *k, uint32_t type, const void *body, size_t n) {
-    k->out = xrealloc(k->out, k->out_len + FRAME_HDR + n);
+    if (k->out_len + FRAME_HDR + n > k->out_cap) { /* doubled: replies queued one by one are copied once */
+        while (k->out_len + FRAME_HDR + n > k->out_cap) k->out_cap = k->out_cap ? 2 * k->out_cap : 256;
+        k->out = xrealloc(k->out, k->out_cap);
+    }
     comm_put32(k->out + k->out_len, type);
     comm_put32(k->out + k->out_len + 4, (uint32_t)n);
     if (n) memcpy(k->out + k->out_len + FRAME_HDR, body, n);

@@ -578,6 +578,7 @@ struct data_source {
     int seq, vocab;
     int n_shards;
     shard *shards;
+    int tok_first; /* the first shard with a tokenizer identity, or -1 (check_shard_tokenizer) */
     int64_t *win_start; /* n_shards + 1 prefix sums of n_windows */
     int64_t total_tokens;
     bool masked; /* the shards have loss masks */
@@ -771,6 +772,7 @@ static data_source *ds_new(src_kind kind, uint64_t seed) {
     data_source *ds = xcalloc(1, sizeof *ds);
     ds->kind = kind;
     ds->seed = seed;
+    ds->tok_first = -1;
     return ds;
 }
 
@@ -826,18 +828,20 @@ static int open_shard(shard *sh, const char *path, int seq, err_t *err) {
 /* Shard i's tokenizer against the others' and the model's vocabulary: data written with another
  * tokenizer, or with one whose ids the model cannot embed, is refused before the first step
  * rather than when a large id is read mid-run. Shards without an identity pass (their tokens are
- * checked as read). */
-static int check_shard_tokenizer(const data_source *ds, int i, err_t *err) {
+ * checked as read). The shards before i that have one all have the first one's (they passed), so
+ * i is compared with that one alone: not with every shard before it (thousands in a directory). */
+static int check_shard_tokenizer(data_source *ds, int i, err_t *err) {
     const shard *sh = &ds->shards[i];
     char a[TOK_ID_NAME_MAX], b[TOK_ID_NAME_MAX];
     if (sh->tok.kind == TOKID_UNKNOWN) return 0;
     tok_id_name(sh->tok, a);
-    for (int j = 0; j < i; j++)
-        if (ds->shards[j].tok.kind != TOKID_UNKNOWN && !tok_id_equal(ds->shards[j].tok, sh->tok)) {
-            tok_id_name(ds->shards[j].tok, b);
-            return err_set(err, "%s: written with tokenizer %s, but %s with %s: the shards of one run need one tokenizer",
-                           sh->path, a, ds->shards[j].path, b);
-        }
+    if (ds->tok_first < 0) ds->tok_first = i;
+    const shard *first = &ds->shards[ds->tok_first];
+    if (!tok_id_equal(first->tok, sh->tok)) {
+        tok_id_name(first->tok, b);
+        return err_set(err, "%s: written with tokenizer %s, but %s with %s: the shards of one run need one tokenizer",
+                       sh->path, a, first->path, b);
+    }
     if (sh->tok.vocab > ds->vocab)
         return err_set(err, "%s: written with tokenizer %s (vocabulary %d), larger than the model's vocabulary %d: "
                             "not this model's data (tokenize it with the model's tokenizer.json)",
@@ -863,13 +867,8 @@ static int check_shard_mask(data_source *ds, int i, err_t *err) {
 }
 
 tok_id data_tokenizer(const data_source *ds, const char **first) {
-    if (first) *first = ds->n_shards ? ds->shards[0].path : NULL;
-    for (int i = 0; i < ds->n_shards; i++)
-        if (ds->shards[i].tok.kind != TOKID_UNKNOWN) {
-            if (first) *first = ds->shards[i].path;
-            return ds->shards[i].tok;
-        }
-    return (tok_id){0};
+    if (first) *first = ds->n_shards ? ds->shards[ds->tok_first < 0 ? 0 : ds->tok_first].path : NULL;
+    return ds->tok_first < 0 ? (tok_id){0} : ds->shards[ds->tok_first].tok;
 }
 
 int data_open_tokens(data_source **out, const char *spec, data_role role, int seq, int vocab, data_task task,

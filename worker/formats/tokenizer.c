@@ -225,6 +225,8 @@ struct tok {
     added_tok *added;
     int n_added;
     uint8_t added_first[256]; /* some added token starts with this byte */
+    mergemap added_next;      /* the added tokens' trie: (node, byte) -> node, the root 0 */
+    int32_t *added_end;       /* per node: the added token that ends there, or -1 */
     cache_ent *cache;
     char desc[96];
     uint64_t ident; /* tok_identity's hash, computed at load */
@@ -279,6 +281,8 @@ void tok_free(tok *t) {
     free(t->dec_len);
     for (int i = 0; i < t->n_added; i++) free(t->added[i].content);
     free(t->added);
+    free(t->added_next.e);
+    free(t->added_end);
     free(t->cache);
     free(t->sym_id);
     free(t->sym_prev);
@@ -690,13 +694,17 @@ static void encode_segment(tok *t, const uint8_t *s, size_t n, tok_ids *out) {
     free(tmp);
 }
 
-/* The added token that starts at s[0..n), longest first; -1. */
+/* The added token that starts at s[0..n), longest first; -1. One walk down the trie, at most the
+ * longest token's length: not a comparison with each added token at every place of the text. */
 static int added_at(const tok *t, const uint8_t *s, size_t n) {
     int best = -1;
-    for (int i = 0; i < t->n_added; i++)
-        if (t->added[i].len <= n && !memcmp(s, t->added[i].content, t->added[i].len) &&
-            (best < 0 || t->added[i].len > t->added[best].len))
-            best = i;
+    int32_t at = 0;
+    for (size_t k = 0; k < n; k++) {
+        const merge_ent *e = mm_get(&t->added_next, at, s[k]);
+        if (!e) break;
+        at = e->id;
+        if (t->added_end[at] >= 0) best = t->added_end[at];
+    }
     return best;
 }
 
@@ -908,10 +916,11 @@ static int load_pre_one(loader *L, const cJSON *o, const char *path) {
 static int load_pre(loader *L, const cJSON *o, const char *path) {
     if (!o || cJSON_IsNull(o)) return 0;
     if (!cJSON_IsArray(o)) return load_pre_one(L, o, path);
-    int n = cJSON_GetArraySize(o);
-    for (int i = 0; i < n; i++) {
-        char *p = str_printf("%s.pretokenizers[%d]", path, i); /* as in need_type */
-        int rc = load_pre_one(L, cJSON_GetArrayItem(o, i), p);
+    int i = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, o) { /* one pass: cJSON_GetArrayItem walks the list from its start */
+        char *p = str_printf("%s.pretokenizers[%d]", path, i++); /* as in need_type */
+        int rc = load_pre_one(L, e, p);
         free(p);
         if (rc < 0) return -1;
     }
@@ -923,12 +932,12 @@ static int load_norm_one(loader *L, const cJSON *o, const char *path) {
     const char *type;
     if (need_type(L, o, path, &type) < 0) return -1;
     if (!strcmp(type, "Sequence")) {
-        const cJSON *a = json_get(o, "normalizers");
-        int n = cJSON_IsArray(a) ? cJSON_GetArraySize(a) : 0;
+        const cJSON *a = json_get(o, "normalizers"), *e;
         if (!cJSON_IsArray(a)) return err_set(L->c.err, "%s: %s.normalizers: expected an array", L->c.file, path);
-        for (int i = 0; i < n; i++) {
-            char *p = str_printf("%s.normalizers[%d]", path, i); /* as in need_type */
-            int rc = load_norm_one(L, cJSON_GetArrayItem(a, i), p);
+        int i = 0;
+        cJSON_ArrayForEach(e, a) {
+            char *p = str_printf("%s.normalizers[%d]", path, i++); /* as in need_type */
+            int rc = load_norm_one(L, e, p);
             free(p);
             if (rc < 0) return -1;
         }
@@ -960,11 +969,12 @@ static int load_dec_one(loader *L, const cJSON *o, const char *path) {
     const char *type;
     if (need_type(L, o, path, &type) < 0) return -1;
     if (!strcmp(type, "Sequence")) {
-        const cJSON *a = json_get(o, "decoders");
+        const cJSON *a = json_get(o, "decoders"), *e;
         if (!cJSON_IsArray(a)) return err_set(L->c.err, "%s: %s.decoders: expected an array", L->c.file, path);
-        for (int i = 0; i < cJSON_GetArraySize(a); i++) {
-            char *p = str_printf("%s.decoders[%d]", path, i); /* as in need_type */
-            int rc = load_dec_one(L, cJSON_GetArrayItem(a, i), p);
+        int i = 0;
+        cJSON_ArrayForEach(e, a) {
+            char *p = str_printf("%s.decoders[%d]", path, i++); /* as in need_type */
+            int rc = load_dec_one(L, e, p);
             free(p);
             if (rc < 0) return -1;
         }
@@ -1030,10 +1040,10 @@ static int merge_parts(loader *L, const cJSON *m, int i, const char **a, size_t 
         *a = s, *an = (size_t)(sp - s), *b = sp + 1, *bn = strlen(sp + 1);
         return 0;
     }
-    if (cJSON_IsArray(m) && cJSON_GetArraySize(m) == 2 && cJSON_IsString(cJSON_GetArrayItem(m, 0)) &&
-        cJSON_IsString(cJSON_GetArrayItem(m, 1))) {
-        *a = cJSON_GetArrayItem(m, 0)->valuestring, *an = strlen(*a);
-        *b = cJSON_GetArrayItem(m, 1)->valuestring, *bn = strlen(*b);
+    const cJSON *l = cJSON_IsArray(m) ? m->child : NULL, *r = l ? l->next : NULL;
+    if (cJSON_IsString(l) && cJSON_IsString(r) && !r->next) { /* exactly two strings */
+        *a = l->valuestring, *an = strlen(*a);
+        *b = r->valuestring, *bn = strlen(*b);
         return 0;
     }
     return err_set(L->c.err, "%s: model.merges[%d]: expected \"LEFT RIGHT\" or [\"LEFT\", \"RIGHT\"], got %s", L->c.file, i,
@@ -1078,8 +1088,10 @@ static int load_added(loader *L, const cJSON *root) {
     int n;
     if (json_expect_array(&L->c, a, "added_tokens", &n) < 0) return -1;
     L->t->added = xcalloc((size_t)n + 1, sizeof *L->t->added);
-    for (int i = 0; i < n; i++) {
-        const cJSON *e = cJSON_GetArrayItem(a, i), *id, *content;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, a) { /* one pass: cJSON_GetArrayItem walks the list from its start */
+        const cJSON *id, *content;
+        int i = L->t->n_added; /* this entry's index: each one read is added */
         char p[64];
         long v;
         const char *s;
@@ -1104,6 +1116,27 @@ static int load_added(loader *L, const cJSON *root) {
         L->t->added_first[(uint8_t)s[0]] = 1;
     }
     return 0;
+}
+
+/* The added tokens' trie (added_at): a node per distinct prefix, at most one per byte of them. Of
+ * two equal tokens the first is found. */
+static void build_added_trie(tok *t) {
+    size_t bytes = 0;
+    for (int i = 0; i < t->n_added; i++) bytes += t->added[i].len;
+    mm_init(&t->added_next, bytes);
+    t->added_end = xmalloc((bytes + 1) * sizeof *t->added_end);
+    t->added_end[0] = -1;
+    int32_t nodes = 1;
+    for (int i = 0; i < t->n_added; i++) {
+        int32_t at = 0;
+        for (size_t k = 0; k < t->added[i].len; k++) {
+            uint8_t c = (uint8_t)t->added[i].content[k];
+            const merge_ent *e = mm_get(&t->added_next, at, c);
+            if (!e) mm_put(&t->added_next, at, c, 0, nodes), t->added_end[nodes] = -1;
+            at = e ? e->id : nodes++;
+        }
+        if (t->added_end[at] < 0) t->added_end[at] = i;
+    }
 }
 
 /* Each id's decoded bytes; ids that no token has decode to nothing. */
@@ -1208,6 +1241,7 @@ static int load_root(loader *L, const cJSON *root) {
     bool byte_fallback = false;
     if (json_expect_object(&L->c, root, "(the document)") < 0) return -1;
     if (load_model(L, root, &byte_fallback) < 0 || load_added(L, root) < 0) return -1;
+    build_added_trie(t);
     const cJSON *norm = json_get(root, "normalizer"), *dec = json_get(root, "decoder");
     if (norm && !cJSON_IsNull(norm) && load_norm_one(L, norm, "normalizer") < 0) return -1;
     if (load_pre(L, json_get(root, "pre_tokenizer"), "pre_tokenizer") < 0) return -1;

@@ -21,6 +21,7 @@
 #include "common/half.h"
 #include "common/json_util.h"
 #include "common/log.h"
+#include "common/str_map.h"
 #include "common/strutil.h"
 #include "formats/safetensors.h"
 #include "formats/torchbin.h"
@@ -169,11 +170,12 @@ static int add_file(hf_import *imp, const char *name, err_t *err) {
     return 0;
 }
 
-/* The index of the shard named `file`, opened on first use (each shard once), or -1. */
-static int shard_of(hf_import *imp, const char *file, const char **names, err_t *err) {
-    for (int i = 0; i < imp->n_files; i++)
-        if (!strcmp(names[i], file)) return i;
-    names[imp->n_files] = file;
+/* The index of the shard named `file`, opened on first use (each shard once), or -1. The shards
+ * opened are found by name in `names`: the weight map names one for each of its tensors. */
+static int shard_of(hf_import *imp, const char *file, str_map *names, err_t *err) {
+    long i = str_map_get(names, file);
+    if (i >= 0) return (int)i;
+    str_map_put(names, file, imp->n_files);
     return add_file(imp, file, err) < 0 ? -1 : imp->n_files - 1;
 }
 
@@ -191,7 +193,7 @@ static int open_index(hf_import *imp, err_t *err) {
                  ? -1
                  : 0;
     int n = rc == 0 ? cJSON_GetArraySize(map) : 0;
-    const char **names = xcalloc((size_t)n + 1, sizeof *names); /* the shards' file names, as files[] */
+    str_map names = {0}; /* the shards' file names -> files[] */
     imp->map = xcalloc((size_t)n + 1, sizeof *imp->map);
     for (const cJSON *e = map ? map->child : NULL; rc == 0 && e; e = e->next) {
         char at[200];
@@ -200,13 +202,13 @@ static int open_index(hf_import *imp, err_t *err) {
         if (json_string(&c, e, at, &file) < 0) rc = -1;
         else if (strchr(file, '/') || !strcmp(file, ".."))
             rc = err_set(err, "%s: %s: \"%s\" is not a file name in the model directory", index, at, file);
-        int k = rc == 0 ? shard_of(imp, file, names, err) : -1;
+        int k = rc == 0 ? shard_of(imp, file, &names, err) : -1;
         if (k < 0) rc = -1;
         else imp->map[imp->n_map++] = (hf_entry){xstrdup(e->string), k};
     }
     if (rc == 0 && imp->n_map == 0) rc = err_set(err, "%s: weight_map lists no tensors", index);
     if (imp->n_map > 1) qsort(imp->map, (size_t)imp->n_map, sizeof *imp->map, entry_cmp);
-    free(names);
+    str_map_free(&names);
     cJSON_Delete(root);
     return rc;
 }

@@ -42,7 +42,8 @@ static void set_units(ckpt_set *s, const model_spec *m) {
 }
 
 static piece *add_piece(ckpt_set *s, const char *path) {
-    s->p = xrealloc(s->p, (size_t)(s->n_pieces + 1) * sizeof(piece));
+    if ((s->n_pieces & (s->n_pieces - 1)) == 0) /* at 0, 1, 2, 4, ...: doubled, not grown by one */
+        s->p = xrealloc(s->p, (size_t)(s->n_pieces ? 2 * s->n_pieces : 1) * sizeof(piece));
     piece *p = &s->p[s->n_pieces++];
     *p = (piece){.path = xstrdup(path)};
     p->off = xcalloc((size_t)s->n_units, sizeof(int64_t));
@@ -65,41 +66,63 @@ static int read_ranges(const json_ctx *c, const cJSON *o, const char *path, int 
         if (len != n_units)
             return err_set(c->err, "%s: %s has %d entries, expected one per unit (%d)", c->file,
                            at, len, n_units);
-        for (int u = 0; u < n_units; u++) {
+        int u = 0;
+        const cJSON *e;
+        cJSON_ArrayForEach(e, a) { /* one pass: cJSON_GetArrayItem walks the list from its start */
             long v;
             char el[160];
             snprintf(el, sizeof el, "%s[%d]", at, u);
-            if (json_int(c, cJSON_GetArrayItem(a, u), el, 0, 1L << 50, &v) < 0) return -1;
-            out[k][u] = v;
+            if (json_int(c, e, el, 0, 1L << 50, &v) < 0) return -1;
+            out[k][u++] = v;
         }
     }
     return 0;
 }
 
-/* Every unit must be tiled exactly by the pieces: no gap, no overlap. */
+/* Pieces by their slice of one unit: by offset, then by index. */
+typedef struct slice_ref {
+    int64_t off;
+    int i;
+} slice_ref;
+
+static int slice_cmp(const void *a, const void *b) {
+    const slice_ref *x = a, *y = b;
+    if (x->off != y->off) return x->off < y->off ? -1 : 1;
+    return (x->i > y->i) - (x->i < y->i);
+}
+
+/* Every unit must be tiled exactly by the pieces: no gap, no overlap. The non-empty slices of a
+ * unit are sorted by offset, so that an overlap is one of neighbours: a piece per rank, thousands
+ * of them, are not compared pairwise. */
 static int check_tiling(const ckpt_set *s, err_t *err) {
-    for (int u = 0; u < s->n_units; u++) {
+    slice_ref *ref = xmalloc((size_t)s->n_pieces * sizeof *ref + 1);
+    int rc = 0;
+    for (int u = 0; u < s->n_units && rc == 0; u++) {
         int64_t covered = 0;
-        for (int i = 0; i < s->n_pieces; i++) {
+        int n = 0;
+        for (int i = 0; i < s->n_pieces && rc == 0; i++) {
             const piece *a = &s->p[i];
             if (a->off[u] + a->n[u] > s->numel[u])
-                return err_set(err, "%s: %s: unit %d slice [%lld, %lld) is beyond its %lld parameters",
-                               s->label, a->path, u, (long long)a->off[u],
-                               (long long)(a->off[u] + a->n[u]), (long long)s->numel[u]);
-            for (int j = 0; j < i; j++) {
-                const piece *b = &s->p[j];
-                if (a->n[u] && b->n[u] && a->off[u] < b->off[u] + b->n[u] && b->off[u] < a->off[u] + a->n[u])
-                    return err_set(err, "%s: unit %d: the slices of %s and %s overlap", s->label, u,
-                                   b->path, a->path);
-            }
+                rc = err_set(err, "%s: %s: unit %d slice [%lld, %lld) is beyond its %lld parameters",
+                             s->label, a->path, u, (long long)a->off[u],
+                             (long long)(a->off[u] + a->n[u]), (long long)s->numel[u]);
+            if (a->n[u]) ref[n++] = (slice_ref){a->off[u], i};
             covered += a->n[u];
         }
-        if (covered != s->numel[u])
-            return err_set(err, "%s: unit %d: the pieces hold %lld of its %lld parameters (a rank's "
-                           "file is missing from the index?)", s->label, u, (long long)covered,
-                           (long long)s->numel[u]);
+        if (rc == 0 && n > 1) qsort(ref, (size_t)n, sizeof *ref, slice_cmp);
+        for (int k = 1; k < n && rc == 0; k++) {
+            const slice_ref *b = &ref[k - 1], *a = &ref[k];
+            if (a->off < b->off + s->p[b->i].n[u]) /* named in the index's order */
+                rc = err_set(err, "%s: unit %d: the slices of %s and %s overlap", s->label, u,
+                             s->p[b->i < a->i ? b->i : a->i].path, s->p[b->i < a->i ? a->i : b->i].path);
+        }
+        if (rc == 0 && covered != s->numel[u])
+            rc = err_set(err, "%s: unit %d: the pieces hold %lld of its %lld parameters (a rank's "
+                         "file is missing from the index?)", s->label, u, (long long)covered,
+                         (long long)s->numel[u]);
     }
-    return 0;
+    free(ref);
+    return rc;
 }
 
 static int open_index(ckpt_set *s, const char *dir, err_t *err) {
@@ -120,8 +143,10 @@ static int open_index(ckpt_set *s, const char *dir, err_t *err) {
         json_require(&c, root, "", "files", &files) < 0 || json_expect_array(&c, files, "files", &n) < 0)
         goto out;
     s->step = v;
-    for (int i = 0; i < n; i++) {
-        const cJSON *e = cJSON_GetArrayItem(files, i), *name;
+    const cJSON *e;
+    int i = 0;
+    cJSON_ArrayForEach(e, files) { /* one pass, as in read_ranges */
+        const cJSON *name;
         const char *fname;
         char at[32], full[PATH_MAX]; /* at: "files[" and an int */
         snprintf(at, sizeof at, "files[%d]", i);
@@ -139,6 +164,7 @@ static int open_index(ckpt_set *s, const char *dir, err_t *err) {
         }
         piece *p = add_piece(s, full);
         if (read_ranges(&c, e, at, s->n_units, p->off, p->n) < 0) goto out;
+        i++;
     }
     rc = check_tiling(s, err);
 out:

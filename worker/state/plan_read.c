@@ -85,10 +85,10 @@ static int read_rank(const json_ctx *c, const cJSON *ranks, int rank, train_conf
     char path[32];
     long b, mine = 0, m = 0, l = 0, mem = 0, threads = 0;
     int64_t offset = 0;
-    int n_ranks = cJSON_GetArraySize(ranks);
-    for (int r = 0; r < n_ranks; r++) {
-        const cJSON *o = cJSON_GetArrayItem(ranks, r);
-        snprintf(path, sizeof path, "ranks[%d]", r);
+    int r = -1;
+    const cJSON *o;
+    cJSON_ArrayForEach(o, ranks) { /* one pass: cJSON_GetArrayItem walks the list from its start */
+        snprintf(path, sizeof path, "ranks[%d]", ++r);
         if (json_expect_object(c, o, path) < 0 ||
             read_int(c, o, path, "batch", 0, 1 << 20, &b) < 0)
             return -1;
@@ -137,26 +137,28 @@ static int read_shards(const json_ctx *c, const cJSON *root, int world, train_co
     if ((rep = json_get(root, "replicated")) && json_bool(c, rep, "replicated", &replicated) < 0)
         return -1;
     int64_t *sizes = xcalloc((size_t)n_units * (size_t)world, sizeof(int64_t));
-    for (int u = 0; u < n_units; u++) {
+    const cJSON *unit = units->child, *e;
+    /* one pass over each array (cJSON_GetArrayItem walks a list from its start: units x ranks^2) */
+    for (int u = 0; u < n_units; u++, unit = unit->next) {
         char path[64], at[96];
         const cJSON *sz;
         int m;
         int64_t sum = 0, numel = model_unit_params(&cfg->model, u);
         snprintf(path, sizeof path, "units[%d]", u);
-        if (json_require(c, cJSON_GetArrayItem(units, u), path, "shard_sizes", &sz) < 0 ||
-            json_expect_array(c, sz, path, &m) < 0)
+        if (json_require(c, unit, path, "shard_sizes", &sz) < 0 || json_expect_array(c, sz, path, &m) < 0)
             goto fail;
         snprintf(at, sizeof at, "%s.shard_sizes", path);
         if (m != world) {
             err_set(c->err, "%s: %s has %d entries, expected one per rank (%d)", c->file, at, m, world);
             goto fail;
         }
-        for (int r = 0; r < world; r++) {
+        int r = 0;
+        cJSON_ArrayForEach(e, sz) {
             long v;
             char el[128];
             snprintf(el, sizeof el, "%s[%d]", at, r);
-            if (json_int(c, cJSON_GetArrayItem(sz, r), el, 0, (long)numel, &v) < 0) goto fail;
-            sizes[(int64_t)u * world + r] = v;
+            if (json_int(c, e, el, 0, (long)numel, &v) < 0) goto fail;
+            sizes[(int64_t)u * world + r++] = v;
             sum += v;
         }
         if (sum != numel) {
