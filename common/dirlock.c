@@ -109,9 +109,14 @@ static int take_new(const char *dir, const char *path, const char *line, err_t *
  * it (our line written over the ended holder's), TAKEN with the holder's line in *h, GONE when
  * the file went away meanwhile, -2 (no locks) or -1. */
 static int take_existing(const char *dir, const char *path, const char *line, bool create, holder *h, err_t *err) {
-    int fd = open(path, O_RDWR | O_CLOEXEC | (create ? O_CREAT : 0), 0644);
+    /* never through a link nor into a device or a FIFO: the holder's line is written over it */
+    int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | (create ? O_CREAT : 0), 0644);
+    struct stat st;
+    if (fd < 0 && errno == ELOOP) return err_set(err, "%s: the lock file %s is a symbolic link; move it away", dir, path);
     if (fd < 0)
         return errno == ENOENT ? GONE : err_set(err, "%s: cannot open the lock file %s: %s", dir, path, strerror(errno));
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+        return close(fd), err_set(err, "%s: the lock file %s is not a regular file; move it away", dir, path);
     if (flock(fd, LOCK_EX | LOCK_NB) == 0) {
         if (!same_file(fd, path)) return close(fd), GONE; /* removed by hand meanwhile */
         size_t n = strlen(line);

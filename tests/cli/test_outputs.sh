@@ -235,6 +235,11 @@ mkfifo rcf && cp -r ck ckf && rm ckf/retention.json && mkfifo ckf/retention.json
 check "a checkpoint directory's retention.json that is a FIFO: refused, not waited on" 2 \
   "ckf/retention.json: is a FIFO, not a regular file" -- \
   timeout 60 "$W" train --data synthetic "${TINY[@]}" --steps 3 --ckpt-dir ckf --resume auto
+mkdir -p cklock && echo "the user's notes" >notes.txt && ln -s ../notes.txt cklock/.lock
+check "a checkpoint directory's .lock that is a symbolic link: refused, not written through" 2 \
+  "the lock file cklock/.lock is a symbolic link" -- \
+  "$W" train --data synthetic "${TINY[@]}" --steps 1 --ckpt-dir cklock
+check "... the file it points to untouched" 0 "the user's notes" -- cat notes.txt
 if [ "$(id -u)" = 0 ]; then
   mknod null c 1 3 && mknod blk b 240 0
   check "as root, cephalo report -o a character device: written in place" 0 "report: null" -- "$C" report rc -o null

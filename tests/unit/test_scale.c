@@ -118,7 +118,7 @@ static void put(text *t, const char *fmt, ...) {
 
 static void write_text(const char *path, const text *t) {
     err_t err;
-    if (file_write_atomic(path, t->p, t->len, &err) < 0) fail_msg("%s", err.msg);
+    if (file_write_atomic(path, t->p, t->len, 0, &err) < 0) fail_msg("%s", err.msg);
 }
 
 /* ---- retention: retention.json's marks against the checkpoints of a directory ---- */
