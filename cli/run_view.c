@@ -20,6 +20,7 @@
 
 #include "common/ckpt_dir.h"
 #include "common/fileio.h"
+#include "common/json_util.h"
 #include "common/log.h"
 #include "common/strutil.h"
 
@@ -82,7 +83,8 @@ static void add_point(run_view *v, long long step, double loss, double step_ms, 
 
 /* One complete line; anything that is not a step record is counted and skipped. */
 static void take_line(run_view *v, int rank, const char *line, size_t len) {
-    cJSON *o = cJSON_ParseWithLength(line, len);
+    err_t ignored; /* a line that is not a step record is counted, not reported */
+    cJSON *o = json_parse("log line", line, len, &ignored);
     double step = number(o, "step"), loss = number(o, "loss"), ms = number(o, "step_ms");
     view_rank *r = &v->r[rank];
     if (!o || !(step >= 0) || isnan(loss)) {

@@ -129,6 +129,36 @@ sys.exit(0 if all(b - a <= 30 for a, b in zip(starts, starts[1:])) else 1)
 EOF2
 n=$((n + 1)); [ $ok = 0 ] && echo "ok $n - every example in the truncated shard is at most 30 tokens" || echo "not ok $n - an example over 30 tokens"
 
+# ---- no loss crosses an example boundary: an example's first token is never a target, even when
+# an empty prompt (or an empty template prefix) makes it a response token ----
+printf '{"prompt": "", "response": " the cat"}\n{"prompt": "", "response": "sat on"}\n{"prompt": "Q", "response": ""}\n' >"$T/np.jsonl"
+printf '{"messages": [{"role": "assistant", "content": "hello"}]}\n{"messages": [{"role": "assistant", "content": "the end"}]}\n' >"$T/na.jsonl"
+printf '{"roles": {"assistant": {"prefix": "", "suffix": ""}}}\n' >"$T/noprefix.json"
+# first_masks DIR: the mask bits of every example's first token, then "|" and the bits of the rest
+first_masks() { $PY - "$1/train_000000.bin" <<'EOF2'
+import struct, sys
+raw = open(sys.argv[1], "rb").read()
+h = struct.unpack("<256i", raw[:1024])
+toks = struct.unpack("<%dH" % h[2], raw[1024:1024 + 2 * h[2]])
+m = open(sys.argv[1][:-4] + ".mask", "rb").read()[1024:]
+starts = [0] + [i + 1 for i in range(len(toks) - 1) if toks[i] == 259]  # after each EOS
+print("".join(str(m[i]) for i in starts), "|", sum(m[i] for i in range(len(toks)) if i not in starts))
+EOF2
+}
+"$C" data -o "$T/np" --tokenizer "$T/tok.json" --sft "$T/np.jsonl" >/dev/null 2>&1
+check "an empty prompt: the example's first token (a response token) has no loss" 0 "000 |" -- first_masks "$T/np"
+"$C" data -o "$T/na" --tokenizer "$T/tok.json" --sft --chat-template "$T/noprefix.json" "$T/na.jsonl" >/dev/null 2>&1
+check "an empty assistant prefix first: the example's first token has no loss" 0 "00 |" -- first_masks "$T/na"
+printf '{"prompt": "a", "response": "b"}\n{"prompt": "", "response": ""}\n' >"$T/nothing.jsonl"
+check "an empty prompt and response: nothing to learn, refused" 2 \
+  "nothing.jsonl:2: the prompt and the response are both empty: no token to learn" -- \
+  "$C" data -o "$T/e13" --tokenizer "$T/tok.json" --sft "$T/nothing.jsonl"
+printf '{"messages": [{"role": "assistant", "content": "x"}]}\n' >"$T/one.jsonl"
+printf '{"eos": false, "roles": {"assistant": {"prefix": "", "suffix": ""}}}\n' >"$T/bare.json"
+check "an assistant message whose only token is the example's first: refused" 2 \
+  "one.jsonl:1: messages: no token to learn" -- \
+  "$C" data -o "$T/e14" --tokenizer "$T/tok.json" --sft --chat-template "$T/bare.json" "$T/one.jsonl"
+
 # ---- error paths: file:line and the field expected ----
 printf '{"prompt": "a", "response": "b"}\n{"prompt": "a" "response": "b"}\n' >"$T/syntax.jsonl"
 check "a line that is not JSON: file:line" 2 "syntax.jsonl:2" -- "$C" data -o "$T/e1" --tokenizer "$T/tok.json" --sft "$T/syntax.jsonl"
@@ -143,6 +173,17 @@ check "messages without --chat-template" 2 "chat.jsonl:1: a \"messages\" line ne
 printf '{"messages": [{"role": "robot", "content": "x"}]}\n' >"$T/role.jsonl"
 check "an unknown role" 2 "role.jsonl:1: messages[0].role: \"robot\" (expected system, user or assistant)" -- \
   "$C" data -o "$T/e5" --tokenizer "$T/tok.json" --sft --chat-template "$T/tmpl.json" "$T/role.jsonl"
+# one JSON rule for every reader (docs/formats.md): a key twice is refused, at any depth, with its path
+printf '{"prompt": "a", "response": "b"}\n{"prompt": "a", "response": "b", "prompt": "c"}\n' >"$T/dup.jsonl"
+check "a line with a key twice is refused (first and last would differ)" 2 \
+  "dup.jsonl:2: field 'prompt' appears twice (readers differ on which one counts)" -- \
+  "$C" data -o "$T/e10" --tokenizer "$T/tok.json" --sft "$T/dup.jsonl"
+printf '{"messages": [{"role": "user", "content": "x", "role": "assistant"}]}\n' >"$T/dup2.jsonl"
+check "a message with a key twice is refused, with its path" 2 "dup2.jsonl:1: messages[0]: field 'role' appears twice" -- \
+  "$C" data -o "$T/e11" --tokenizer "$T/tok.json" --sft --chat-template "$T/tmpl.json" "$T/dup2.jsonl"
+printf '{"roles": {"assistant": {"prefix": "A", "prefix": "B"}}}\n' >"$T/dupt.json"
+check "a chat template with a key twice is refused" 2 "dupt.json: roles.assistant: field 'prefix' appears twice" -- \
+  "$C" data -o "$T/e12" --tokenizer "$T/tok.json" --sft --chat-template "$T/dupt.json" "$T/chat.jsonl"
 printf '{"bos": false, "roles": {"user": {"prefix": "U"}}}\n' >"$T/badt.json"
 check "a template without the assistant role" 2 "missing field 'assistant'" -- \
   "$C" data -o "$T/e6" --tokenizer "$T/tok.json" --sft --chat-template "$T/badt.json" "$T/chat.jsonl"

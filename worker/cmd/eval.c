@@ -13,6 +13,7 @@
 #include "common/args.h"
 #include "common/ckpt_dir.h"
 #include "common/fileio.h"
+#include "common/json_util.h"
 #include "common/log.h"
 #include "common/strutil.h"
 #include "common/worker_cmd.h"
@@ -122,8 +123,9 @@ static int checkpoint_model(const char *path, model_spec *m, int *seq, precision
     if (first_piece(path, file, sizeof file, err) < 0 || st_open(&f, file, err) < 0) return -1;
     int rc = ckpt_read_model(f, m, err);
     const char *train = st_meta(f, "cephalo.train");
-    cJSON *o = train ? cJSON_Parse(train) : NULL;
-    const cJSON *s = cJSON_GetObjectItemCaseSensitive(o, "seq"), *p = cJSON_GetObjectItemCaseSensitive(o, "precision");
+    cJSON *o = rc == 0 && train ? json_parse(st_label(f), train, strlen(train), err) : NULL;
+    if (train && !o) rc = -1;
+    const cJSON *s = json_get(o, "seq"), *p = json_get(o, "precision");
     if (cJSON_IsNumber(s)) *seq = s->valueint;
     if (cJSON_IsString(p)) precision_parse(p->valuestring, prec);
     cJSON_Delete(o);
