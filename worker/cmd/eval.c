@@ -26,6 +26,7 @@
 typedef struct eval_cmd {
     const char *checkpoint, *init_from, *device, *plan;
     char resolved[4400]; /* the checkpoint --checkpoint names (ckpt_dir_resolve): read once, by all */
+    tok_id recorded;     /* the tokenizer the checkpoint records (its metadata cephalo.tokenizer) */
     long samples, seq, micro, threads, gpu;
     bool json, have_prec, allow_unused;
     precision prec;
@@ -103,7 +104,7 @@ static int parse_eval(int argc, char **argv, eval_cmd *o) {
 static int check_tokenizer(const eval_cmd *o, const evaluator *ev, err_t *err) {
     mtok model;
     const char *shard = NULL;
-    if (mtok_for_model(o->init_from, o->resolved, &model, err) < 0) return -1;
+    if (mtok_for_model(o->init_from, o->resolved, o->recorded, &model, err) < 0) return -1;
     tok_id data = data_tokenizer(eval_source(ev), &shard);
     return mtok_check_data(&model, o->init_from ? "--init-from" : "the checkpoint's", data, shard, err);
 }
@@ -116,12 +117,14 @@ static int first_piece(const char *path, char *out, size_t n, err_t *err) {
     return str_fmt(out, n, err, "checkpoint path", "%s%s%s", path, *name ? "/" : "", name);
 }
 
-/* The checkpoint's model, and its training seq and precision (metadata "cephalo.train"). */
-static int checkpoint_model(const char *path, model_spec *m, int *seq, precision *prec, err_t *err) {
+/* The checkpoint's model, its tokenizer, and its training seq and precision (metadata
+ * "cephalo.train"). */
+static int checkpoint_model(const char *path, model_spec *m, tok_id *tk, int *seq, precision *prec, err_t *err) {
     char file[PATH_MAX];
     st_file *f;
     if (first_piece(path, file, sizeof file, err) < 0 || st_open(&f, file, err) < 0) return -1;
     int rc = ckpt_read_model(f, m, err);
+    if (rc == 0) rc = ckpt_read_tokenizer(f, tk, err);
     const char *train = st_meta(f, "cephalo.train");
     cJSON *o = rc == 0 && train ? json_parse(st_label(f), train, strlen(train), err) : NULL;
     if (train && !o) rc = -1;
@@ -152,7 +155,7 @@ static int eval_config(eval_cmd *o, train_config *c, err_t *err) {
     if (o->checkpoint && ckpt_dir_resolve(o->checkpoint, o->resolved, sizeof o->resolved, err) < 0)
         return err_prefix(err, "--checkpoint");
     if (env_rank("RANK", 0, 0, &rank, err) < 0 || env_rank("WORLD_SIZE", 1, 1, &world, err) < 0) return -1;
-    if (o->checkpoint ? checkpoint_model(o->resolved, &c->model, &seq, &prec, err) < 0
+    if (o->checkpoint ? checkpoint_model(o->resolved, &c->model, &o->recorded, &seq, &prec, err) < 0
                       : model_load_hf_config(o->init_from, &c->model, err) < 0)
         return err_prefix(err, o->checkpoint ? "--checkpoint" : "--init-from");
     if (o->plan) {

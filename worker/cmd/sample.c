@@ -42,6 +42,7 @@ typedef struct gen {
     tok *t;        /* NULL: byte-level (vocabulary 256) */
     int V;         /* ids we sample among: the model's vocabulary, or the tokenizer's if smaller */
     int32_t eos;   /* -1: none */
+    tok_id recorded; /* the tokenizer the checkpoint records (TOKID_UNKNOWN: none, or --init-from) */
     device dev;
     bool dev_open;
 } gen;
@@ -149,7 +150,7 @@ static int parse_args(int argc, char **argv, sample_args *a) {
 static int load_model(const sample_args *a, gen *g, err_t *err) {
     int units_n;
     if (a->checkpoint) {
-        if (export_read_checkpoint(a->checkpoint, &g->m, a->allow_unused, &g->units, err) < 0) return -1;
+        if (export_read_checkpoint(a->checkpoint, &g->m, a->allow_unused, &g->units, &g->recorded, err) < 0) return -1;
     } else {
         if (model_load_hf_config(a->init_from, &g->m, err) < 0) return -1;
         hf_import *imp;
@@ -174,39 +175,46 @@ static int load_model(const sample_args *a, gen *g, err_t *err) {
     return 0;
 }
 
-/* The tokenizer kept with the model (state/mtok.h): --init-from DIR's tokenizer.json, or the one
- * beside the checkpoint; t->path "" when there is none. */
-static int model_tokenizer(const sample_args *a, mtok *t, err_t *err) {
+/* The model's tokenizer (state/mtok.h): --init-from DIR's tokenizer.json, or the checkpoint's (the
+ * one it records, with the file kept beside it when that is the same); t->path "" without a file. */
+static int model_tokenizer(const sample_args *a, const gen *g, mtok *t, err_t *err) {
     char path[PATH_MAX] = "";
     if (a->checkpoint && ckpt_dir_resolve(a->checkpoint, path, sizeof path, err) < 0) return -1;
-    return mtok_for_model(a->init_from, path, t, err);
+    return mtok_for_model(a->init_from, path, g->recorded, t, err);
 }
 
-/* The text codec: --tokenizer, else the model's own tokenizer.json, else bytes when the
- * vocabulary is 256. A --tokenizer other than the one kept with the model is refused. */
+/* The text codec: --tokenizer, else the model's own tokenizer.json, else bytes when the model
+ * was trained on bytes (recorded) or, recording nothing, its vocabulary is 256. A tokenizer other
+ * than the model's (the file kept with it, or the identity its checkpoint records) is refused. */
 static int load_codec(const sample_args *a, gen *g, err_t *err) {
     g->V = g->m.vocab;
     g->eos = -1;
     mtok kept;
-    if (model_tokenizer(a, &kept, err) < 0) return -1;
+    if (model_tokenizer(a, g, &kept, err) < 0) return -1;
+    char own[TOK_ID_NAME_MAX];
+    tok_id_name(kept.id, own);
+    bool bytes = kept.id.kind == TOKID_BYTES; /* trained on bytes: no file, one token a byte */
     const char *file = a->tokenizer ? a->tokenizer : kept.path[0] ? kept.path : NULL;
     if (!file) {
         if (a->no_bos)
             return err_set(err, "--no-bos needs --tokenizer or a tokenizer.json beside the model (bytes have no BOS token)");
-        if (g->m.vocab != 256)
+        if (kept.id.kind && !bytes)
+            return err_set(err, "the checkpoint was trained with tokenizer %s (its metadata cephalo.tokenizer), but no "
+                                "tokenizer.json is kept beside it: give that tokenizer with --tokenizer FILE", own);
+        if (!bytes && g->m.vocab != 256)
             return err_set(err, "the model's vocabulary has %d tokens, so its text needs its tokenizer: "
                                 "give --tokenizer tokenizer.json (without it the text is bytes, which "
                                 "fits a 256-token vocabulary only)", g->m.vocab);
+        if (g->V > 256) g->V = 256; /* a larger vocabulary's other ids have no text */
         return 0;
     }
     if (tok_load(&g->t, file, err) < 0) return -1;
-    if (a->tokenizer && kept.path[0] && !tok_id_equal(tok_identity(g->t), kept.id)) {
-        char given[TOK_ID_NAME_MAX], own[TOK_ID_NAME_MAX];
+    if (a->tokenizer && kept.id.kind && !tok_id_equal(tok_identity(g->t), kept.id)) {
+        char given[TOK_ID_NAME_MAX];
         tok_id_name(tok_identity(g->t), given);
-        tok_id_name(kept.id, own);
         return err_set(err, "--tokenizer %s is tokenizer %s, but the model's own is %s (%s): not this model's tokenizer "
                             "(leave --tokenizer out to use the model's)",
-                       a->tokenizer, given, own, kept.path);
+                       a->tokenizer, given, own, kept.path[0] ? kept.path : "its checkpoint's metadata cephalo.tokenizer");
     }
     int32_t tv = tok_vocab_size(g->t);
     if (tv > g->m.vocab)

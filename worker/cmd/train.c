@@ -617,19 +617,29 @@ static int run_training(trainer *t, const worker_opts *o, FILE *log, dumper *dp,
     return 0;
 }
 
-/* The model's tokenizer (state/mtok.h): --init-from's tokenizer.json, else the one kept beside
- * the checkpoint resumed from, else the shards' own (with `cephalo data`'s tokenizer.json beside
- * them). Data written with another tokenizer is refused here, before the first step; the one
- * found is recorded in every checkpoint and kept in the checkpoint directory. */
+/* The model's tokenizer (state/mtok.h): --init-from's tokenizer.json, else the checkpoint resumed
+ * from's (the one it records, with the file kept beside it), else the shards' own (with `cephalo
+ * data`'s tokenizer.json beside them). Resuming with --init-from, the two must agree. Data written
+ * with another tokenizer is refused here, before the first step; the one found is recorded in
+ * every checkpoint and kept in the checkpoint directory. */
 static int setup_tokenizer(const trainer *t, const worker_opts *o, mtok *out, const char **out_from, err_t *err) {
-    mtok model = {0};
+    mtok model = {0}, resumed = {0};
     const char *from = "--init-from";
     if (o->cfg.init_from && mtok_from_dir(o->cfg.init_from, &model, err) < 0) return -1;
-    if (!model.id.kind && t->step > 0) {
+    if (t->step > 0) {
         char path[PATH_MAX];
         const char *ck = resumes_from_path(o->ck.resume) ? o->ck.resume : o->ck.dir;
-        from = "the checkpoint resumed from";
-        if (ck && ckpt_dir_resolve(ck, path, sizeof path, err) == 0 && mtok_for_checkpoint(path, &model, err) < 0) return -1;
+        if (ck && ckpt_dir_resolve(ck, path, sizeof path, err) == 0 &&
+            mtok_for_checkpoint(path, t->resumed_tok, &resumed, err) < 0)
+            return -1;
+        if (model.id.kind && resumed.id.kind && !tok_id_equal(model.id, resumed.id)) {
+            char a[TOK_ID_NAME_MAX], b[TOK_ID_NAME_MAX];
+            tok_id_name(model.id, a);
+            tok_id_name(resumed.id, b);
+            return err_set(err, "--init-from %s has tokenizer %s (%s), but the checkpoint resumed from was trained with "
+                                "%s: not the same model's text", o->cfg.init_from, a, model.path, b);
+        }
+        if (!model.id.kind) model = resumed, from = "the checkpoint resumed from";
     }
     if (mtok_check_vocab(&model, t->cfg.model.vocab, "the model", err) < 0) return -1;
     const char *shard = NULL;
@@ -664,7 +674,7 @@ static int train_rank(worker_opts o) {
         return rc == CKPT_REFUSED ? EXIT_BAD_INPUT : EXIT_RUNTIME;
     }
     mtok model_tok;
-    const char *tok_from;
+    const char *tok_from = NULL;
     if (setup_tokenizer(t, &o, &model_tok, &tok_from, &err) < 0) {
         trainer_free(t);
         ckpt_finish(lock);

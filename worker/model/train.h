@@ -186,6 +186,9 @@ typedef struct trainer {
     int64_t clean_steps;   /* steps since the scale last changed */
     int64_t skipped_steps; /* of the whole run */
     int64_t samples_seen;
+    /* the tokenizer the checkpoint resumed from records (state/ckpt.c; TOKID_UNKNOWN: none or not
+     * resumed): carried for the command's tokenizer checks, never used here (no text in a step) */
+    tok_id resumed_tok;
     /* tests: when set, step 0's logits go here (host, [B*T*V] or [B*classes]) */
     float *logits_out;
 } trainer;

@@ -315,7 +315,9 @@ int trainer_resume(trainer *t, const char *path, err_t *err) {
     }
     warn_changed_order(f, &t->cfg);
     warn_changed_schedule(f, &t->cfg, step);
-    if (read_optimizer(f, t, step, err) < 0 || load_state(t, set, err) < 0) goto out;
+    if (ckpt_read_tokenizer(f, &t->resumed_tok, err) < 0 || read_optimizer(f, t, step, err) < 0 ||
+        load_state(t, set, err) < 0)
+        goto out;
     t->step = step;
     t->samples_seen = step * t->cfg.global_batch;
     rc = 0;
