@@ -258,6 +258,11 @@ int cmd_eval(int argc, char **argv) {
     if (!rc && check_tokenizer(&o, ev, &err) < 0) rc = (fprintf(stderr, WORKER_NAME " eval: %s\n", err.msg), WCMD_EXIT_BAD_INPUT);
     if (!rc && eval_loss(ev, t, &loss, &err) < 0) rc = (fprintf(stderr, WORKER_NAME " eval: %s\n", err.msg), WCMD_EXIT_RUNTIME);
     if (!rc && c.rank == 0) print_result(&o, t, ev, loss);
+    /* a loss that is not a number is no result: said, and not exit 0 (eval_open refused a set with
+     * nothing to score, so this is an overflow of the forward) */
+    if (!rc && !isfinite(loss))
+        rc = (fprintf(stderr, WORKER_NAME " eval: the validation loss is %g, not a finite number: the forward overflowed at "
+                              "--precision %s (try fp32)\n", loss, precision_name(c.prec)), WCMD_EXIT_RUNTIME);
     eval_close(ev);
     ckpt_finish(lock);
     trainer_free(t);

@@ -467,17 +467,19 @@ static void fmt_duration(double s, char *buf, size_t n) {
 }
 
 static void progress(const trainer *t, const step_stats *st, double avg_ms) {
-    char eta[32], peak[32], scale[96] = "", val[48] = "";
+    char eta[32], peak[32], scale[96] = "", val[48] = "", loss[64];
     fmt_duration(avg_ms / 1e3 * (double)(t->cfg.steps - st->step - 1), eta, sizeof eta);
     str_bytes((double)st->peak_bytes, peak, sizeof peak);
     if (t->cfg.prec == PREC_FP16)
         snprintf(scale, sizeof scale, " | scale %g%s", st->loss_scale,
                  st->skipped ? " (gradient not finite: step skipped)" : "");
     if (st->has_val) snprintf(val, sizeof val, " | val %.4f", st->val_loss);
+    if (st->empty) snprintf(loss, sizeof loss, "- (no target: update skipped)");
+    else snprintf(loss, sizeof loss, "%.4f", st->loss);
     fprintf(stderr,
-            "step %lld/%lld | loss %.4f%s | lr %.2e | norm %.3f%s | %.0f tok/s | %.1f samples/s | "
+            "step %lld/%lld | loss %s%s | lr %.2e | norm %.3f%s | %.0f tok/s | %.1f samples/s | "
             "%.0f ms | peak %s | ETA %s\n",
-            (long long)st->step + 1, (long long)t->cfg.steps, st->loss, val, st->lr, st->grad_norm,
+            (long long)st->step + 1, (long long)t->cfg.steps, loss, val, st->lr, st->grad_norm,
             scale, st->tokens_per_s, st->samples_per_s, st->step_ms, peak, eta);
 }
 
@@ -509,13 +511,13 @@ static void log_step(FILE *f, const trainer *t, const step_stats *st) {
             "\"tokens_per_s\":%.1f,\"samples_per_s\":%.3f,\"peak_bytes\":%lld,\"rss_peak_bytes\":%lld,"
             "\"rank\":%d,\"world\":%d,\"gathers\":%lld,\"reduce_scatters\":%lld,\"allreduces\":%lld,"
             "\"bytes_sent\":%lld,\"comm_wait_ms\":%.3f,\"host_syncs\":%lld,\"loss_scale\":%.9g,"
-            "\"skipped\":%s%s}\n",
+            "\"skipped\":%s,\"targets\":%.0f%s}\n",
             (long long)st->step, json_num(st->loss, loss, sizeof loss), st->lr, json_num(st->grad_norm, norm, sizeof norm), st->step_ms, st->tokens_per_s,
             st->samples_per_s, (long long)st->peak_bytes, peak_rss_bytes(), t->cfg.rank,
             t->cfg.world, (long long)st->gathers, (long long)st->reduce_scatters,
             (long long)st->allreduces, (long long)st->bytes_sent, st->comm_wait_ms,
             (long long)st->host_syncs, st->loss_scale,
-            st->skipped ? "true" : "false", val_fields(st, val, sizeof val));
+            st->skipped || st->empty ? "true" : "false", st->targets, val_fields(st, val, sizeof val));
     fflush(f);
 }
 
@@ -578,13 +580,19 @@ static int run_training(trainer *t, const worker_opts *o, FILE *log, dumper *dp,
             fprintf(stderr, "cephalo-worker: %s\n", err.msg);
             return t->comm_failed ? EXIT_RUNTIME : EXIT_BAD_INPUT;
         }
-        if (!isfinite(st.loss)) {
+        if (st.empty) { /* said even when quiet: the data has a batch with nothing to learn */
+            if (t->cfg.rank == 0)
+                fprintf(stderr, "cephalo-worker: step %lld: no target of the global batch (%d samples of %s) counts (every "
+                                "loss-mask byte of its targets is 0): no loss, and the update is skipped (no optimizer step, "
+                                "no weight decay); the step and the learning-rate schedule advance\n",
+                        (long long)st.step, t->cfg.global_batch, o->cfg.data);
+        } else if (!isfinite(st.loss)) {
             metrics_fail(m, "the loss is not finite");
             fprintf(stderr, "cephalo-worker: step %lld: the loss is %g; stopping (lower --lr?)\n",
                     (long long)st.step, st.loss);
             return EXIT_RUNTIME;
         }
-        above = st.loss > bound ? above + 1 : 0;
+        if (!st.empty) above = st.loss > bound ? above + 1 : 0; /* an empty step leaves the count as it was */
         if (o->diverge_steps && above >= o->diverge_steps) {
             metrics_fail(m, "the loss diverged");
             fprintf(stderr, "cephalo-worker: step %lld: the loss diverged: %.4g, above %.2f (twice the loss of a uniform guess) "
