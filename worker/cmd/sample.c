@@ -43,6 +43,7 @@ typedef struct gen {
     int V;         /* ids we sample among: the model's vocabulary, or the tokenizer's if smaller */
     int32_t eos;   /* -1: none */
     tok_id recorded; /* the tokenizer the checkpoint records (TOKID_UNKNOWN: none, or --init-from) */
+    bool window_cap; /* generation is cut at the model's sliding window, before --max-new-tokens */
     device dev;
     bool dev_open;
 } gen;
@@ -354,7 +355,7 @@ static void print_json(const gen *g, const run *r, size_t skip, int k, err_t *er
     cJSON_AddNumberToObject(o, "new_tokens", r->steps);
     cJSON *toks = cJSON_AddArrayToObject(o, "tokens");
     for (size_t i = r->prompt; i < r->ids.n; i++) cJSON_AddItemToArray(toks, cJSON_CreateNumber(r->ids.v[i]));
-    cJSON_AddStringToObject(o, "stop", r->eos ? "eos" : "length");
+    cJSON_AddStringToObject(o, "stop", r->eos ? "eos" : g->window_cap ? "window" : "length");
     cJSON_AddNumberToObject(o, "prefill_ms", r->prefill_ms);
     cJSON_AddNumberToObject(o, "tokens_per_s", r->steps > 1 && r->decode_s > 0 ? (r->steps - 1) / r->decode_s : 0);
     char *s = cJSON_PrintUnformatted(o);
@@ -415,10 +416,20 @@ static int sample_main(const sample_args *a, gen *g, err_t *err) {
         if (prompt.v[i] >= g->m.vocab)
             rc = err_set(err, "the prompt's token %d is outside the model's vocabulary (%d)",
                          (int)prompt.v[i], g->m.vocab);
-    int ctx = g->m.max_seq;
+    /* a Mistral model's sliding window bounds the sequence as max_seq does: beyond it every token
+     * would attend to more than the window (full attention), which is another model than the one
+     * trained; train and eval refuse such a --seq, so generation stops at the window */
+    int ctx = model_context(&g->m);
+    bool window = ctx < g->m.max_seq;
+    char why[160];
+    if (window)
+        snprintf(why, sizeof why, "its sliding_window of %d positions (attention over a sliding window is not "
+                                  "implemented, so generation stays inside the window)", ctx);
+    else
+        snprintf(why, sizeof why, "%d positions", ctx);
     if (rc == 0 && (int64_t)prompt.n >= ctx)
-        rc = err_set(err, "the prompt has %zu tokens; the model sees %d positions, so at most %d "
-                          "prompt tokens leave room for one more", prompt.n, ctx, ctx - 1);
+        rc = err_set(err, "the prompt has %zu tokens; the model sees %s, so at most %d prompt tokens leave room "
+                          "for one more", prompt.n, why, ctx - 1);
     if (rc < 0) {
         tok_ids_free(&prompt);
         return WCMD_EXIT_BAD_INPUT;
@@ -426,9 +437,10 @@ static int sample_main(const sample_args *a, gen *g, err_t *err) {
     int max_total = (int)prompt.n + (int)a->max_new;
     if ((int64_t)prompt.n + a->max_new > ctx) {
         max_total = ctx;
-        fprintf(stderr, "cephalo-worker sample: --max-new-tokens %ld capped to %d: the model has %d "
-                        "positions and the prompt takes %zu\n",
-                a->max_new, ctx - (int)prompt.n, ctx, prompt.n);
+        g->window_cap = window;
+        fprintf(stderr, "cephalo-worker sample: --max-new-tokens %ld capped to %d: the model sees %s, and the "
+                        "prompt takes %zu\n",
+                a->max_new, ctx - (int)prompt.n, why, prompt.n);
     }
     if (device_open(&g->dev, a->device, 0, (int)a->threads, (int)a->gpu, 0, err) < 0) {
         tok_ids_free(&prompt);
@@ -456,7 +468,9 @@ static int sample_main(const sample_args *a, gen *g, err_t *err) {
         else putchar('\n');
         fflush(stdout);
         fprintf(stderr, "sample %d: %d new tokens%s | prefill %zu tokens in %.1f ms | decode %.1f tok/s | %s",
-                k + 1, r->steps, r->eos ? " (stopped at end-of-text)" : "", r->prompt, r->prefill_ms,
+                k + 1, r->steps,
+                r->eos ? " (stopped at end-of-text)" : g->window_cap ? " (stopped at the model's sliding window)" : "",
+                r->prompt, r->prefill_ms,
                 r->steps > 1 && r->decode_s > 0 ? (r->steps - 1) / r->decode_s : 0.0, g->dev.ops->name);
         if (!strcmp(g->dev.ops->name, "cpu")) fprintf(stderr, ", %d thread%s", g->dev.threads, g->dev.threads == 1 ? "" : "s");
         fputc('\n', stderr);
