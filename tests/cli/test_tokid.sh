@@ -199,6 +199,10 @@ cp -r "$T/ck" "$T/ckz" && mkdir "$T/gs" && cp "$T/g0"/* "$T/gs/" && cp "$T/swapp
 check "train --resume with --init-from of another tokenizer than the checkpoint's: refused" 2 \
   "--init-from $T/gs has tokenizer $other ($T/gs/tokenizer.json), but the checkpoint resumed from was trained with $name" -- \
   "$W" "${TR[@]}" --init-from "$T/gs" --data "$T/ds" --steps 3 --ckpt-dir "$T/ckz" --resume auto
+mkdir "$T/ckw" && cp "$T/tok.json" "$T/ckw/tokenizer.json"
+check "training a model of known tokenizer but no file into a directory keeping another's: refused at the start" 2 \
+  "$T/ckw/tokenizer.json is tokenizer $name, but the model trained here is bytes-256, whose tokenizer.json this run does not have" -- \
+  "$W" "${TR[@]}" --init-from "$T/g0" --data "$T/b" --steps 1 --ckpt-dir "$T/ckw"
 # a model trained on bytes (vocabulary 260) records bytes-256: sample reads and writes bytes
 check "a 260-token model trained on byte shards" 0 "" -- "$W" "${TR[@]}" --init-from "$T/g0" --data "$T/b" --steps 1 --ckpt-dir "$T/ckb" --quiet
 check "sample --checkpoint of a model trained on bytes: bytes, whatever its vocabulary" 0 "" -- "$W" "${S[@]}" --checkpoint "$T/ckb"

@@ -103,9 +103,22 @@ int mtok_check_vocab(const mtok *t, int vocab, const char *what, err_t *err) {
 }
 
 int mtok_keep(const mtok *t, const char *dir, err_t *err) {
-    if (!t->path[0]) return 0;
     char dst[PATH_MAX];
+    if (!t->id.kind) return 0;
     if (str_fmt(dst, sizeof dst, err, "the tokenizer path", "%s/%s", dir, MTOK_FILE) < 0) return -1;
+    if (!t->path[0]) {
+        tok_id have;
+        if (!is_file(dst)) return 0;
+        if (tok_file_identity(dst, &have, err) < 0) return -1;
+        if (tok_id_equal(have, t->id)) return 0;
+        char a[TOK_ID_NAME_MAX], b[TOK_ID_NAME_MAX];
+        tok_id_name(have, a);
+        tok_id_name(t->id, b);
+        return err_set(err, "%s is tokenizer %s, but the model trained here is %s, whose tokenizer.json this run does not "
+                            "have: the checkpoints would record %s beside another tokenizer's file; move it away (or give "
+                            "the model's tokenizer: --init-from DIR with its tokenizer.json, or data with theirs beside them)",
+                       dst, a, b, b);
+    }
     if (file_same(t->path, dst)) return 0;
     if (is_file(dst)) {
         tok_id have;

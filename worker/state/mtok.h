@@ -42,7 +42,9 @@ int mtok_for_model(const char *init_from, const char *resolved, tok_id recorded,
 int mtok_check_vocab(const mtok *t, int vocab, const char *what, err_t *err);
 
 /* Copies t->path to DIR/tokenizer.json atomically, unless that file is already there with the
- * same identity (it then stays as it is). A no-op when t has no file. */
+ * same identity (it then stays as it is). When t has an identity but no file, a DIR/tokenizer.json
+ * of another tokenizer (an earlier run's) is refused: the checkpoints written there would record
+ * t's identity beside another tokenizer's file. A no-op when t is unknown. */
 int mtok_keep(const mtok *t, const char *dir, err_t *err);
 
 #endif
