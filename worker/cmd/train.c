@@ -609,6 +609,10 @@ static int run_training(trainer *t, const worker_opts *o, FILE *log, dumper *dp,
             fprintf(stderr, "cephalo-worker: %s\n", err.msg);
             return t->comm_failed ? EXIT_RUNTIME : EXIT_BAD_INPUT;
         }
+        /* the log says null; say why (a set with nothing to score was refused at the start) */
+        if (st.has_val && !isfinite(st.val_loss) && t->cfg.rank == 0)
+            fprintf(stderr, "cephalo-worker: validation after step %lld: the loss is %g, not a finite number: the forward "
+                            "overflowed at --precision %s\n", (long long)st.step, st.val_loss, precision_name(t->cfg.prec));
         metrics_record_step(m, t, &st);
         if (log) log_step(log, t, &st);
         time_t now = time(NULL);
