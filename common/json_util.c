@@ -102,16 +102,17 @@ static bool find_unsupported(const char *text, size_t len, size_t *off, char *wh
     return false;
 }
 
-/* The first key of `obj`'s members that appears twice, or NULL. Small objects compare pairs; large
- * ones (a tokenizer's vocabulary) sort a copy of their keys. */
 static int key_cmp(const void *a, const void *b) {
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
+/* The first key of `obj`'s members that appears twice, or NULL. Small objects compare pairs; large
+ * ones (a tokenizer's vocabulary) sort a copy of their keys. */
 static const char *twice_in(const cJSON *obj) {
     int n = cJSON_GetArraySize(obj), k = 0;
     if (n < 2) return NULL;
-    const char *small[16], **keys = n <= 16 ? small : xmalloc((size_t)n * sizeof *keys), *dup = NULL;
+    const char *small[16], *dup = NULL;
+    const char **keys = n <= 16 ? small : xmalloc((size_t)n * sizeof *keys);
     const cJSON *m;
     cJSON_ArrayForEach(m, obj) keys[k++] = m->string ? m->string : "";
     if (n <= 16) {
