@@ -158,23 +158,42 @@ static int encode_messages(const sft_codec *c, const json_ctx *jc, const cJSON *
     return 0;
 }
 
+/* The first token of an example is never a target: in the packed stream the loss there would
+ * predict it from the previous example's last token, across the boundary (docs/data.md
+ * "Packing"). A prompt is what usually starts an example; an empty prompt without --bos (or a
+ * first message whose template prefix is empty) would start it with a token of the response, so
+ * the mask of the first token is cleared whatever it is. An example left with no token to learn
+ * is refused: it would only add tokens that weigh nothing. */
+static int first_not_learned(const char *name, bool chat, sft_mask *m, err_t *err) {
+    if (m->n) m->v[0] = 0;
+    for (size_t i = 0; i < m->n; i++)
+        if (m->v[i]) return 0;
+    if (chat)
+        return err_set(err, "%s: messages: no token to learn (the assistant messages and their template suffixes encode to "
+                            "no token but the example's first, which is never learned: it would be predicted from the "
+                            "previous example)", name);
+    return err_set(err, "%s: the prompt and the response are both empty: no token to learn (the example's only token, "
+                        "its EOS, would be predicted from the previous example; give a prompt, a response or --bos)", name);
+}
+
 int sft_encode_line(const sft_codec *c, const char *file, long lineno, const char *line, size_t len, tok_ids *ids,
                     sft_mask *mask, err_t *err) {
     char name[4200];
     snprintf(name, sizeof name, "%s:%ld", file, lineno);
     ids->n = 0;
     mask->n = 0;
-    cJSON *o = json_parse(name, line, len, err);
+    cJSON *o = json_parse(name, line, len, err); /* a key twice is refused (json_util.h) */
     if (!o) return -1;
     json_ctx jc = {name, err};
     int rc;
+    bool chat = json_get(o, "messages") != NULL;
     if (!cJSON_IsObject(o))
         rc = err_set(err, "%s: expected an object {\"prompt\": ..., \"response\": ...} or {\"messages\": [...]}, got %s",
                      name, json_type_name(o));
-    else if (json_get(o, "messages"))
+    else if (chat)
         rc = encode_messages(c, &jc, json_get(o, "messages"), ids, mask);
     else
         rc = encode_pair(c, &jc, o, ids, mask);
     cJSON_Delete(o);
-    return rc;
+    return rc < 0 ? -1 : first_not_learned(name, chat, mask, err);
 }

@@ -331,10 +331,12 @@ static int read_rank_log(report *rp, int rank, char *buf, rank_read *rr, err_t *
         line++;
         if (len == 0) continue;
         snprintf(where, sizeof where, "%s:%ld", path, line);
-        cJSON *o = cJSON_ParseWithLength(p, len);
+        err_t why; /* the project's one JSON rule (json_util.h): a key twice is refused too */
+        cJSON *o = json_parse("line", p, len, &why);
         if (!cJSON_IsObject(o)) {
-            rc = err_set(err, "%s: not a JSON object (a step record of docs/worker.md \"Output\"): '%.40s%s'", where, p,
-                         len > 40 ? "..." : "");
+            rc = o ? err_set(err, "%s: not a JSON object (a step record of docs/worker.md \"Output\"): '%.40s%s'", where, p,
+                             len > 40 ? "..." : "")
+                   : err_set(err, "%s: not a JSON object (a step record of docs/worker.md \"Output\"): %s", where, why.msg);
             for (char *q = err->msg; *q; q++)
                 if (*q == '\n') *q = ' ';
         } else {

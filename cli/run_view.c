@@ -20,6 +20,7 @@
 
 #include "common/ckpt_dir.h"
 #include "common/fileio.h"
+#include "common/json_util.h"
 #include "common/log.h"
 #include "common/strutil.h"
 
@@ -81,12 +82,15 @@ static void add_point(run_view *v, long long step, double loss, double step_ms, 
     if (!isnan(val_loss)) v->last_val = &v->curve[v->n_curve - 1];
 }
 
-/* One complete line; anything that is not a step record is counted and skipped. */
+/* One complete line; anything that is not a step record is counted and skipped. A step record's
+ * loss may be null (a step whose batch had no target that counts, or a loss that was not finite):
+ * the step counts, its point has no loss (NAN: a gap the printers skip). */
 static void take_line(run_view *v, int rank, const char *line, size_t len) {
-    cJSON *o = cJSON_ParseWithLength(line, len);
+    err_t ignored; /* a line that is not a step record is counted, not reported */
+    cJSON *o = json_parse("log line", line, len, &ignored);
     double step = number(o, "step"), loss = number(o, "loss"), ms = number(o, "step_ms");
     view_rank *r = &v->r[rank];
-    if (!o || !(step >= 0) || isnan(loss)) {
+    if (!o || !(step >= 0) || (isnan(loss) && !cJSON_IsNull(json_get(o, "loss")))) {
         v->bad_lines++;
     } else {
         if ((long long)step + 1 > r->done) r->done = (long long)step + 1;
@@ -188,7 +192,8 @@ void view_show(run_view *v, bool force) {
     bool wall = v->done_shown > 0 && v->t_seen > v->t_seen_shown;
     double sps = wall ? (double)(done - v->done_shown) * v->j->batch / (v->t_seen - v->t_seen_shown)
                       : pt ? v->j->batch * 1e3 / pt->step_ms : 0;
-    if (pt) append(line, sizeof line, " | loss %.4f", pt->loss);
+    if (pt && !isnan(pt->loss)) append(line, sizeof line, " | loss %.4f", pt->loss);
+    else if (pt) append(line, sizeof line, " | loss -");
     if (pt && v->last_val) append(line, sizeof line, " | val %.4f", v->last_val->val_loss);
     if (pt) append(line, sizeof line, " | %.0f samples/s", sps);
     /* the wall clock since every rank finished a step, else rank 0's last step time */
@@ -228,12 +233,23 @@ static double measured_sps(const run_view *v, size_t *from) {
     return med > 0 ? v->j->batch * 1e3 / med : 0;
 }
 
+/* The last point with a loss (NULL: none). */
+static const view_point *last_loss(const run_view *v) {
+    for (size_t i = v->n_curve; i-- > 0;)
+        if (!isnan(v->curve[i].loss)) return &v->curve[i];
+    return NULL;
+}
+
 static void print_curve(const run_view *v) {
     size_t n = v->n_curve, k = n < CURVE_POINTS ? n : CURVE_POINTS;
     printf("loss curve (rank 0)\n  step");
     for (size_t i = 0; i < k; i++) printf(" %8lld", v->curve[k > 1 ? i * (n - 1) / (k - 1) : 0].step + 1);
     printf("\n  loss");
-    for (size_t i = 0; i < k; i++) printf(" %8.4f", v->curve[k > 1 ? i * (n - 1) / (k - 1) : 0].loss);
+    for (size_t i = 0; i < k; i++) {
+        double l = v->curve[k > 1 ? i * (n - 1) / (k - 1) : 0].loss;
+        if (isnan(l)) printf(" %8s", "-"); /* no loss at that step */
+        else printf(" %8.4f", l);
+    }
     printf("\n");
 }
 
@@ -277,9 +293,12 @@ static void print_summary(const run_view *v, double sps, size_t from, double wal
                name, step, v->j->train.steps);
         return;
     }
-    const view_point *last = &v->curve[v->n_curve - 1];
-    printf("cephalo run: done: steps %lld..%lld of %ld in %.1f s; final loss %.4f", v->curve[0].step + 1, last->step + 1, v->j->train.steps,
-           wall_s, last->loss);
+    const view_point *last = &v->curve[v->n_curve - 1], *with_loss = last_loss(v);
+    printf("cephalo run: done: steps %lld..%lld of %ld in %.1f s; ", v->curve[0].step + 1, last->step + 1, v->j->train.steps,
+           wall_s);
+    if (with_loss && with_loss != last) printf("final loss %.4f (after step %lld: the steps after it had none)", with_loss->loss, with_loss->step + 1);
+    else if (with_loss) printf("final loss %.4f", with_loss->loss);
+    else printf("no loss (no step had a target that counts)");
     if (v->last_val) printf("; validation loss %.4f (after step %lld)", v->last_val->val_loss, v->last_val->step + 1);
     printf("\n");
     print_curve(v);
@@ -342,10 +361,12 @@ static cJSON *summary_json(const run_view *v, double sps, size_t from, double wa
     cJSON_AddNumberToObject(o, "first_step", v->n_curve ? (double)v->curve[0].step : (double)resumed_step(v, name, sizeof name));
     cJSON_AddNumberToObject(o, "steps_run", (double)v->n_curve);
     cJSON_AddNumberToObject(o, "wall_s", wall_s);
-    if (v->n_curve) cJSON_AddNumberToObject(o, "final_loss", v->curve[v->n_curve - 1].loss);
+    const view_point *with_loss = last_loss(v);
+    if (with_loss) cJSON_AddNumberToObject(o, "final_loss", with_loss->loss);
     else cJSON_AddNullToObject(o, "final_loss");
-    cJSON *loss = cJSON_AddArrayToObject(o, "loss");
-    for (size_t i = 0; i < v->n_curve; i++) cJSON_AddItemToArray(loss, cJSON_CreateNumber(v->curve[i].loss));
+    cJSON *loss = cJSON_AddArrayToObject(o, "loss"); /* null at a step without a loss */
+    for (size_t i = 0; i < v->n_curve; i++)
+        cJSON_AddItemToArray(loss, isnan(v->curve[i].loss) ? cJSON_CreateNull() : cJSON_CreateNumber(v->curve[i].loss));
     add_val_json(v, o);
     cJSON *s = cJSON_AddObjectToObject(o, "samples_per_s");
     cJSON_AddNumberToObject(s, "measured", sps);

@@ -102,6 +102,78 @@ static bool find_unsupported(const char *text, size_t len, size_t *off, char *wh
     return false;
 }
 
+static int key_cmp(const void *a, const void *b) {
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* The first key of `obj`'s members that appears twice, or NULL. Small objects compare pairs; large
+ * ones (a tokenizer's vocabulary) sort a copy of their keys. */
+static const char *twice_in(const cJSON *obj) {
+    int n = cJSON_GetArraySize(obj), k = 0;
+    if (n < 2) return NULL;
+    const char *small[16], *dup = NULL;
+    const char **keys = n <= 16 ? small : xmalloc((size_t)n * sizeof *keys);
+    const cJSON *m;
+    cJSON_ArrayForEach(m, obj) keys[k++] = m->string ? m->string : "";
+    if (n <= 16) {
+        for (int i = 1; i < n && !dup; i++)
+            for (int j = 0; j < i && !dup; j++)
+                if (!strcmp(keys[i], keys[j])) dup = keys[i];
+        return dup;
+    }
+    qsort(keys, (size_t)n, sizeof *keys, key_cmp);
+    for (int i = 1; i < n && !dup; i++)
+        if (!strcmp(keys[i - 1], keys[i])) dup = keys[i];
+    free(keys);
+    return dup;
+}
+
+/* The first object in `item` (itself, or nested at any depth) with a key twice; its key in *key. */
+static const cJSON *find_duplicate(const cJSON *item, const char **key) {
+    if (cJSON_IsObject(item) && (*key = twice_in(item))) return item;
+    const cJSON *m, *found;
+    cJSON_ArrayForEach(m, item) {
+        if ((cJSON_IsObject(m) || cJSON_IsArray(m)) && (found = find_duplicate(m, key))) return found;
+    }
+    return NULL;
+}
+
+/* The path from `item` down to `target` ("a.b[2].c"; "" for item itself) into buf[len..n). */
+static bool path_to(const cJSON *item, const cJSON *target, char *buf, size_t n, size_t len) {
+    if (item == target) return true;
+    int i = 0;
+    const cJSON *m;
+    cJSON_ArrayForEach(m, item) {
+        if (cJSON_IsObject(m) || cJSON_IsArray(m)) {
+            char part[JSON_MSG_TEXT * 2 + 8];
+            if (cJSON_IsArray(item)) snprintf(part, sizeof part, "[%d]", i);
+            else message_text(m->string ? m->string : "", strlen(m->string ? m->string : ""), JSON_MSG_TEXT, part, sizeof part);
+            /* a message only: a path longer than the buffer is cut */
+            int w = snprintf(buf + len, n - len, "%s%s", len && !cJSON_IsArray(item) ? "." : "", part);
+            size_t next = w < 0 || (size_t)w >= n - len ? n - 1 : len + (size_t)w;
+            if (path_to(m, target, buf, n, next)) return true;
+            buf[len] = '\0';
+        }
+        i++;
+    }
+    return false;
+}
+
+/* A key twice in one object, anywhere in the document, is refused: cJSON keeps both members and
+ * json_get() would take the first where Python's json (and serde, and transformers) take the
+ * last, so two readers would read two documents. Every JSON the project reads comes through
+ * json_parse, so this is the one rule for all of them. */
+static int refuse_duplicates(const char *name, const cJSON *root, err_t *err) {
+    const char *key = NULL;
+    const cJSON *obj = find_duplicate(root, &key);
+    if (!obj) return 0;
+    char path[512] = "", shown[JSON_MSG_TEXT * 2 + 8];
+    path_to(root, obj, path, sizeof path, 0);
+    message_text(key, strlen(key), JSON_MSG_TEXT, shown, sizeof shown);
+    return err_set(err, "%s: %s%sfield '%s' appears twice (readers differ on which one counts)", name, path,
+                   *path ? ": " : "", shown);
+}
+
 cJSON *json_parse(const char *name, const char *text, size_t len, err_t *err) {
     size_t start = 0;
     while (start < len && is_json_space(text[start]))
@@ -144,6 +216,10 @@ cJSON *json_parse(const char *name, const char *text, size_t len, err_t *err) {
         root = NULL;
     }
     free(copy);
+    if (root && refuse_duplicates(name, root, err) < 0) {
+        cJSON_Delete(root);
+        root = NULL;
+    }
     return root;
 }
 
@@ -278,39 +354,6 @@ int json_check_keys(const json_ctx *c, const cJSON *obj, const char *path,
         }
         if (seen & ((uint64_t)1 << k)) return fail(c, path, "duplicate field '%s'", shown);
         seen |= (uint64_t)1 << k;
-    }
-    return 0;
-}
-
-static int key_cmp(const void *a, const void *b) {
-    return strcmp(*(const char *const *)a, *(const char *const *)b);
-}
-
-int json_check_unique_keys(const json_ctx *c, const cJSON *item, const char *path) {
-    int n = cJSON_GetArraySize(item);
-    if (cJSON_IsObject(item) && n > 1) {
-        const char **keys = xmalloc((size_t)n * sizeof *keys);
-        int k = 0;
-        const cJSON *m;
-        cJSON_ArrayForEach(m, item) keys[k++] = m->string ? m->string : "";
-        qsort(keys, (size_t)n, sizeof *keys, key_cmp);
-        const char *dup = NULL;
-        for (int i = 1; i < n && !dup; i++)
-            if (!strcmp(keys[i - 1], keys[i])) dup = keys[i];
-        char shown[JSON_MSG_TEXT * 2 + 8];
-        if (dup) message_text(dup, strlen(dup), JSON_MSG_TEXT, shown, sizeof shown);
-        free(keys);
-        if (dup) return fail(c, path, "field '%s' appears twice (readers differ on which one counts)", shown);
-    }
-    int i = 0;
-    const cJSON *m;
-    cJSON_ArrayForEach(m, item) { /* nested objects and arrays, their path extended */
-        char sub[256];
-        bool nested = cJSON_IsObject(m) || cJSON_IsArray(m);
-        if (nested && cJSON_IsArray(item)) snprintf(sub, sizeof sub, "%.200s[%d]", path, i);
-        else if (nested) snprintf(sub, sizeof sub, "%.120s%s%.120s", path, *path ? "." : "", m->string ? m->string : "");
-        i++;
-        if (nested && json_check_unique_keys(c, m, sub) < 0) return -1;
     }
     return 0;
 }

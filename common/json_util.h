@@ -35,7 +35,11 @@ typedef struct json_ctx {
 typedef enum { JSON_CLOSED, JSON_OPEN } json_bounds;
 
 /* Parse a whole document (trailing content other than whitespace is an error). `name` is used in
- * messages. Free the result with cJSON_Delete(). NULL with the error set on failure. */
+ * messages. An object with a key twice, at any depth, is refused ("NAME: PATH: field 'k' appears
+ * twice"): cJSON keeps both members and json_get() would pick the first, where Python's json and
+ * Rust's serde pick the last, so two readers would read two documents. Every JSON the project
+ * reads (files, JSONL lines, metadata, API bodies) comes through here: one rule for all of it.
+ * Free the result with cJSON_Delete(). NULL with the error set on failure. */
 cJSON *json_parse(const char *name, const char *text, size_t len, err_t *err);
 cJSON *json_load_file(const char *path, err_t *err);
 
@@ -49,14 +53,9 @@ int json_require(const json_ctx *c, const cJSON *obj, const char *path, const ch
                  const cJSON **out);
 
 /* Refuses members not in `allowed` (NULL-terminated), suggesting the nearest allowed key, and
- * keys that appear twice (cJSON keeps both, and json_get() would silently pick the first). */
+ * keys that appear twice (json_parse refuses those already; a tree built in code may have them). */
 int json_check_keys(const json_ctx *c, const cJSON *obj, const char *path,
                     const char *const *allowed);
-
-/* Refuses an object anywhere in `item` (nested ones included) that has a key twice: cJSON keeps
- * both members and json_get() picks the first, where Python's json picks the last, so the two
- * would read different documents. For files whose keys are open-ended (Hugging Face's). */
-int json_check_unique_keys(const json_ctx *c, const cJSON *item, const char *path);
 
 int json_expect_object(const json_ctx *c, const cJSON *item, const char *path);
 /* An array; its length goes to *n (may be NULL). */

@@ -13,6 +13,7 @@
 
 #include "common/clock.h"
 #include "common/fileio.h"
+#include "common/json_util.h"
 #include "common/log.h"
 #include "common/strutil.h"
 
@@ -309,7 +310,8 @@ static struct curl_slist *setup(kube_client *k, const char *method, const char *
 /* "HTTP 404 (NotFound): configmaps \"x\" not found" from a Status body, or the body's start. */
 static void status_error(err_t *err, const char *method, const char *url, long status,
                          const char *body, size_t len) {
-    cJSON *st = body && len ? cJSON_ParseWithLength(body, len) : NULL;
+    err_t ignored; /* a body that is no Status is quoted below */
+    cJSON *st = body && len ? json_parse("body", body, len, &ignored) : NULL;
     const cJSON *msg = cJSON_GetObjectItemCaseSensitive(st, "message");
     const cJSON *reason = cJSON_GetObjectItemCaseSensitive(st, "reason");
     if (cJSON_IsString(msg)) {
@@ -429,8 +431,9 @@ int kube_request(kube_client *k, const char *method, const char *path, const cha
         }
         int ret = 0;
         if (out && b.len > 0) {
-            *out = cJSON_ParseWithLength(b.p, b.len);
-            if (!*out) ret = err_set(err, "%s %s: HTTP %ld but the body is not JSON", method, url, *status);
+            err_t why;
+            *out = json_parse("body", b.p, b.len, &why);
+            if (!*out) ret = err_set(err, "%s %s: HTTP %ld but the body is not JSON (%s)", method, url, *status, why.msg);
         }
         free(b.p);
         return ret;

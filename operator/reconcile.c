@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/json_util.h"
 #include "common/log.h"
 #include "operator/rec_internal.h"
 
@@ -146,7 +147,7 @@ static int hold_partial(const rec_config *c, const char *ns, const char *name) {
         const cJSON *ann = get(get(x->cm, "metadata"), "annotations");
         const char *plan_json = get_str(get(x->cm, "data"), "plan.json", NULL);
         if (plan_json && snprintf(x->plan_id, sizeof x->plan_id, "%s", get_str(ann, REC_ANN_PLAN_ID, "")) < (int)sizeof x->plan_id &&
-            rec_gang_started(x, x->plan_id) > 0 && (x->plan_doc = cJSON_Parse(plan_json))) {
+            rec_gang_started(x, x->plan_id) > 0 && (x->plan_doc = json_parse(x->cm_name, plan_json, strlen(plan_json), &err))) {
             rec_assume_pods(x); /* the ranks it lacks */
             found = x->n_assumed > 0;
             if (found) log_msg("info", "%s: %d of its %d worker pods exist (plan %s): the missing ones are created on that plan, "

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/json_util.h"
 #include "common/log.h"
 #include "common/strutil.h"
 
@@ -52,15 +53,9 @@ static int handle_line(watch_parser *p, const char *s, size_t len, err_t *err) {
     if (i == len) return 0; /* blank lines carry nothing (some proxies add them) */
     /* cJSON would skip a NUL as if it were a blank; no valid event contains one */
     if (memchr(s + i, '\0', len - i)) return fail(p, err, "a NUL byte inside the event (corrupted)");
-    const char *end = NULL;
-    cJSON *doc = cJSON_ParseWithLengthOpts(s + i, len - i, &end, false);
-    if (!doc) return fail(p, err, "not JSON (a truncated or corrupted event)");
-    /* cJSON stops after the first value; anything but blanks after it on the line is garbage */
-    for (; end && end < s + len; end++)
-        if (*end != ' ' && *end != '\t' && *end != '\r') {
-            cJSON_Delete(doc);
-            return fail(p, err, "text after the event's JSON object");
-        }
+    err_t why; /* the project's one JSON rule (json_util.h): one document a line, no key twice */
+    cJSON *doc = json_parse("event", s + i, len - i, &why);
+    if (!doc) return fail(p, err, "not JSON (a truncated or corrupted event): %s", why.msg);
     int rc = -1;
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(doc, "type");
     const cJSON *obj = cJSON_GetObjectItemCaseSensitive(doc, "object");

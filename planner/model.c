@@ -140,6 +140,10 @@ int64_t model_params(const model_spec *m) {
     return embedding_params(m) + (int64_t)m->n_layer * block_params(m) + head_params(m);
 }
 
+int model_context(const model_spec *m) {
+    return m->sliding_window > 0 && m->sliding_window < m->max_seq ? m->sliding_window : m->max_seq;
+}
+
 int model_check_seq(const model_spec *m, int seq, int *out, err_t *err) {
     if (m->arch == ARCH_VIT) {
         if (seq > 0)

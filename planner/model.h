@@ -89,6 +89,10 @@ int model_tokens(const model_spec *m, int seq);
  * max_seq for every token model (Llama too), none for ViT. The one check wherever a seq meets a
  * model: the worker's options and plan, job files, plans, profiles, the operator's planning. */
 int model_check_seq(const model_spec *m, int seq, int *out, err_t *err);
+/* The positions a token model runs over as it was trained to: max_seq, or Mistral's
+ * sliding_window when that is smaller (attention over a sliding window is not implemented; inside
+ * the window it changes nothing). What model_check_seq allows, for a generation that grows. */
+int model_context(const model_spec *m);
 
 /* Forward FLOPs of one unit for one sample (matmuls and attention; backward = 2x). */
 double model_kind_fwd_flops(const model_spec *m, unit_kind k, int seq);

@@ -230,10 +230,7 @@ static int hf_name(const char *path, model_spec *m, err_t *err) {
 static int hf_spec(const char *src, const cJSON *root, model_spec *m, err_t *err) {
     hf_ctx h = {{src, err}, root, HF_LLAMA};
     memset(m, 0, sizeof *m);
-    int rc = json_expect_object(&h.c, root, "config") < 0 || json_check_unique_keys(&h.c, root, "") < 0 ||
-                     hf_arch(&h, &m->arch) < 0
-                 ? -1
-                 : 0;
+    int rc = json_expect_object(&h.c, root, "config") < 0 || hf_arch(&h, &m->arch) < 0 ? -1 : 0;
     if (rc == 0) rc = m->arch == ARCH_GPT ? gpt2_spec(&h, m) : llama_spec(&h, m);
     if (rc < 0) return -1;
     m->default_seq = m->max_seq < 1024 ? m->max_seq : 1024;

@@ -104,7 +104,7 @@ numel = [u['numel'] for u in plan['units']]
 world, emb, head = 3, numel[0], numel[-1]
 gathered = sum(numel) + emb + sum(numel[:-1])   # forward (+ tied embedding), backward
 reduced = sum(numel) + emb                       # every unit, the embedding twice (tied head)
-want = (world - 1) * 4 * (gathered + reduced) + 2 * (world - 1) * 8 * 4  # 4 doubles (loss, norm², stop, non-finite): RS + AG
+want = (world - 1) * 4 * (gathered + reduced) + 2 * (world - 1) * 8 * 5  # 5 doubles (loss, norm², stop, non-finite, targets): RS + AG
 got = sum(json.loads(open(f'$T/count-4:1,4:1,4:1/rank{r}.jsonl').readline())['bytes_sent'] for r in range(world))
 assert got == want, (got, want)
 "

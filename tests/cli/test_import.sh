@@ -344,6 +344,14 @@ check "Mistral: a sequence longer than its sliding_window is refused (train)" 2 
 check "... cephalo plan too" 2 "$swmsg" \
   -- $C plan --cluster "$(cluster_of 2)" --model "$T/mistral-window/config.json" --batch 4 --seq 65
 check "... the window itself is fine" 0 "" -- "$W" train --data synthetic --quiet --init-from "$T/mistral-window" --batch 1 --seq 64 --steps 1
+# sample grows the sequence: it stops at the window (max_position_embeddings is 128), and says so
+check "... sample stops at the window, said" 0 \
+  "--max-new-tokens 100 capped to 59: the model sees its sliding_window of 64 positions (attention over a sliding window is not implemented" \
+  -- "$W" sample --init-from "$T/mistral-window" --prompt hello --max-new-tokens 100 --temperature 0
+check "... 64 tokens in all, stop \"window\"" 0 "64 window" -- bash -c "'$W' sample --init-from '$T/mistral-window' --prompt hello \
+  --max-new-tokens 100 --temperature 0 --json 2>/dev/null | $PY -c 'import json,sys; o=json.loads(sys.stdin.read()); print(o[\"prompt_tokens\"] + o[\"new_tokens\"], o[\"stop\"])'"
+check "... a prompt that fills the window: refused" 2 "the prompt has 70 tokens; the model sees its sliding_window of 64 positions" \
+  -- "$W" sample --init-from "$T/mistral-window" --prompt "$(printf 'x%.0s' $(seq 70))" --max-new-tokens 2
 cfg "$bad" "c['architectures'] = ['LlamaForCausalLM']; c['sliding_window'] = 16"
 check "a sliding_window in a Llama config is refused (Mistral's is read)" 2 "config.json: sliding_window is set" \
   -- "$W" train --data synthetic --quiet --init-from "$bad" --batch 2 --steps 1

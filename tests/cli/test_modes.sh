@@ -95,7 +95,7 @@ numel = [u['numel'] for u in plan['units']]
 world, emb = 3, numel[0]
 gathered = sum(numel) + emb + sum(numel[:-1])
 reduced = sum(numel) + emb
-want = (world - 1) * (2 * gathered + 4 * reduced) + 2 * (world - 1) * 8 * 4
+want = (world - 1) * (2 * gathered + 4 * reduced) + 2 * (world - 1) * 8 * 5  # 5 doubles: RS + AG
 got = sum(json.loads(open(f'$T/bf3/rank{r}.jsonl').readline())['bytes_sent'] for r in range(world))
 assert got == want, (got, want)
 "

@@ -74,6 +74,9 @@ bad
 sed -i '3s/.*/garbage here/' "$T/bad/rank-1.jsonl"
 check "a line that is not JSON" 2 "rank-1.jsonl:3: not a JSON object" -- "$C" report "$T/bad" -o "$T/x.html"
 bad
+sed -i '3s/^{/{"loss":1,/' "$T/bad/rank-1.jsonl"
+check "a line with a key twice (readers differ on which one counts)" 2 "rank-1.jsonl:3: not a JSON object (a step record of docs/worker.md \"Output\"): line: field 'loss' appears twice" -- "$C" report "$T/bad" -o "$T/x.html"
+bad
 sed -i '4s/"loss":[^,]*/"loss":"low"/' "$T/bad/rank-1.jsonl"
 check "a loss that is not a number" 2 "rank-1.jsonl:4: loss: expected" -- "$C" report "$T/bad" -o "$T/x.html"
 bad

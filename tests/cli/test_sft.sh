@@ -129,6 +129,36 @@ sys.exit(0 if all(b - a <= 30 for a, b in zip(starts, starts[1:])) else 1)
 EOF2
 n=$((n + 1)); [ $ok = 0 ] && echo "ok $n - every example in the truncated shard is at most 30 tokens" || echo "not ok $n - an example over 30 tokens"
 
+# ---- no loss crosses an example boundary: an example's first token is never a target, even when
+# an empty prompt (or an empty template prefix) makes it a response token ----
+printf '{"prompt": "", "response": " the cat"}\n{"prompt": "", "response": "sat on"}\n{"prompt": "Q", "response": ""}\n' >"$T/np.jsonl"
+printf '{"messages": [{"role": "assistant", "content": "hello"}]}\n{"messages": [{"role": "assistant", "content": "the end"}]}\n' >"$T/na.jsonl"
+printf '{"roles": {"assistant": {"prefix": "", "suffix": ""}}}\n' >"$T/noprefix.json"
+# first_masks DIR: the mask bits of every example's first token, then "|" and the bits of the rest
+first_masks() { $PY - "$1/train_000000.bin" <<'EOF2'
+import struct, sys
+raw = open(sys.argv[1], "rb").read()
+h = struct.unpack("<256i", raw[:1024])
+toks = struct.unpack("<%dH" % h[2], raw[1024:1024 + 2 * h[2]])
+m = open(sys.argv[1][:-4] + ".mask", "rb").read()[1024:]
+starts = [0] + [i + 1 for i in range(len(toks) - 1) if toks[i] == 259]  # after each EOS
+print("".join(str(m[i]) for i in starts), "|", sum(m[i] for i in range(len(toks)) if i not in starts))
+EOF2
+}
+"$C" data -o "$T/np" --tokenizer "$T/tok.json" --sft "$T/np.jsonl" >/dev/null 2>&1
+check "an empty prompt: the example's first token (a response token) has no loss" 0 "000 |" -- first_masks "$T/np"
+"$C" data -o "$T/na" --tokenizer "$T/tok.json" --sft --chat-template "$T/noprefix.json" "$T/na.jsonl" >/dev/null 2>&1
+check "an empty assistant prefix first: the example's first token has no loss" 0 "00 |" -- first_masks "$T/na"
+printf '{"prompt": "a", "response": "b"}\n{"prompt": "", "response": ""}\n' >"$T/nothing.jsonl"
+check "an empty prompt and response: nothing to learn, refused" 2 \
+  "nothing.jsonl:2: the prompt and the response are both empty: no token to learn" -- \
+  "$C" data -o "$T/e13" --tokenizer "$T/tok.json" --sft "$T/nothing.jsonl"
+printf '{"messages": [{"role": "assistant", "content": "x"}]}\n' >"$T/one.jsonl"
+printf '{"eos": false, "roles": {"assistant": {"prefix": "", "suffix": ""}}}\n' >"$T/bare.json"
+check "an assistant message whose only token is the example's first: refused" 2 \
+  "one.jsonl:1: messages: no token to learn" -- \
+  "$C" data -o "$T/e14" --tokenizer "$T/tok.json" --sft --chat-template "$T/bare.json" "$T/one.jsonl"
+
 # ---- error paths: file:line and the field expected ----
 printf '{"prompt": "a", "response": "b"}\n{"prompt": "a" "response": "b"}\n' >"$T/syntax.jsonl"
 check "a line that is not JSON: file:line" 2 "syntax.jsonl:2" -- "$C" data -o "$T/e1" --tokenizer "$T/tok.json" --sft "$T/syntax.jsonl"
@@ -143,6 +173,17 @@ check "messages without --chat-template" 2 "chat.jsonl:1: a \"messages\" line ne
 printf '{"messages": [{"role": "robot", "content": "x"}]}\n' >"$T/role.jsonl"
 check "an unknown role" 2 "role.jsonl:1: messages[0].role: \"robot\" (expected system, user or assistant)" -- \
   "$C" data -o "$T/e5" --tokenizer "$T/tok.json" --sft --chat-template "$T/tmpl.json" "$T/role.jsonl"
+# one JSON rule for every reader (docs/formats.md): a key twice is refused, at any depth, with its path
+printf '{"prompt": "a", "response": "b"}\n{"prompt": "a", "response": "b", "prompt": "c"}\n' >"$T/dup.jsonl"
+check "a line with a key twice is refused (first and last would differ)" 2 \
+  "dup.jsonl:2: field 'prompt' appears twice (readers differ on which one counts)" -- \
+  "$C" data -o "$T/e10" --tokenizer "$T/tok.json" --sft "$T/dup.jsonl"
+printf '{"messages": [{"role": "user", "content": "x", "role": "assistant"}]}\n' >"$T/dup2.jsonl"
+check "a message with a key twice is refused, with its path" 2 "dup2.jsonl:1: messages[0]: field 'role' appears twice" -- \
+  "$C" data -o "$T/e11" --tokenizer "$T/tok.json" --sft --chat-template "$T/tmpl.json" "$T/dup2.jsonl"
+printf '{"roles": {"assistant": {"prefix": "A", "prefix": "B"}}}\n' >"$T/dupt.json"
+check "a chat template with a key twice is refused" 2 "dupt.json: roles.assistant: field 'prefix' appears twice" -- \
+  "$C" data -o "$T/e12" --tokenizer "$T/tok.json" --sft --chat-template "$T/dupt.json" "$T/chat.jsonl"
 printf '{"bos": false, "roles": {"user": {"prefix": "U"}}}\n' >"$T/badt.json"
 check "a template without the assistant role" 2 "missing field 'assistant'" -- \
   "$C" data -o "$T/e6" --tokenizer "$T/tok.json" --sft --chat-template "$T/badt.json" "$T/chat.jsonl"
@@ -213,6 +254,67 @@ EOF2
 )
 n=$((n + 1)); [ -n "$unmasked" ] && ! rel_close "$unmasked" "${ref:-1}" 1e-3 &&
   echo "ok $n - the mask matters: all targets give another loss ($unmasked)" || echo "not ok $n - masked $ref, unmasked $unmasked"
+
+# ---- a global batch, or a validation set, with no target that counts (every mask byte 0): the step
+# has no loss and makes no update (no weight decay, no AdamW step), the same on every rank (a rank's
+# rows may have no target while another's have some: the all-reduced count decides), and a
+# validation set with nothing to score is refused ----
+$PY - "$T/z" <<'EOF2'
+import os, struct, sys
+d = sys.argv[1]
+def shard(name, n, counted):
+    os.makedirs(d + "/" + name)
+    p = d + "/" + name + "/train_000000"
+    toks = [(i * 7 + 3) % 259 for i in range(n)]
+    open(p + ".bin", "wb").write(struct.pack("<256i", 20240520, 1, n, *([0] * 253)) + struct.pack("<%dH" % n, *toks))
+    open(p + ".mask", "wb").write(struct.pack("<256i", 0x4B53414D, 1, n, *([0] * 253)) +
+                                  bytes(1 if counted(i) else 0 for i in range(n)))
+shard("zero", 8 * 16 + 1, lambda i: False)         # 8 windows of 16, no target counts
+shard("one", 8 * 16 + 1, lambda i: 1 <= i <= 16)   # only window 0's 16 targets count
+EOF2
+Z=(--model "$T/m.yaml" --seq 16 --seed 5 --lr 1e-3 --warmup 1 --batch 2)
+"$W" train "${Z[@]}" --warmup 0 --steps 0 --data "$T/z/zero" --ckpt-dir "$T/z0" --quiet 2>/dev/null
+check "a run whose every batch has no target: exit 0, each step said" 0 \
+  "step 1: no target of the global batch (2 samples of $T/z/zero) counts (every loss-mask byte of its targets is 0): no loss, and the update is skipped" -- \
+  "$W" train "${Z[@]}" --steps 2 --data "$T/z/zero" --ckpt-dir "$T/zc" --log "$T/zl.jsonl" --quiet
+check "... the log: loss null, skipped, targets 0" 0 "" -- $PY -c "
+import json, sys
+r = [json.loads(l) for l in open(sys.argv[1])]
+assert len(r) == 2 and all(x['loss'] is None and x['skipped'] is True and x['targets'] == 0 for x in r), r" "$T/zl.jsonl"
+check "... the parameters are the initial ones (no weight decay) and AdamW took no step" 0 "" -- $PY -c "
+import json, sys
+sys.path.insert(0, 'tests/ref'); import st, numpy as np
+a, _ = st.read(sys.argv[1]); b, meta = st.read(sys.argv[2])
+ps = [k for k in a if k.startswith('param.')]
+assert ps and all(np.array_equal(a[k], b[k]) for k in ps), [k for k in ps if not np.array_equal(a[k], b[k])][:3]
+assert json.loads(meta['cephalo.optimizer'])['adam_steps'] == 0, meta['cephalo.optimizer']" \
+  "$T/z0/step_00000000.safetensors" "$T/zc/step_00000002.safetensors"
+# one counted window in 8: one step of 4 learns, three have no target; the float64 oracle skips them too
+"$W" train "${Z[@]}" --microbatch 1 --steps 4 --data "$T/z/one" --dump "$T/zd" --log "$T/zo.jsonl" --quiet 2>/dev/null
+check "... one step with targets, three without" 0 "1 3" -- $PY -c "
+import json, sys
+r = [json.loads(l) for l in open(sys.argv[1])]
+print(sum(x['targets'] == 16 for x in r), sum(x['targets'] == 0 and x['loss'] is None for x in r))" "$T/zo.jsonl"
+checks $PY tests/ref/oracle.py "$T/zd" "$T/zo.jsonl"
+"$C" plan --cluster "$(cluster_of 2)" --model "$T/m.yaml" --batch 2 --seq 16 -o "$T/zb.json" >/dev/null 2>&1
+$PT rewrite "$T/zb.json" "$T/zp.json" --ranks "1:1,1:1" --shards random --seed 4 >/dev/null
+run_ranks "$T/zp.json" "$T/zr" --seed 5 --lr 1e-3 --warmup 1 --steps 4 --data "$T/z/one"
+check "2 ranks, one of them without a target at the step the other has some: the same steps as 1 rank" 0 "" -- \
+  $PY -c "
+import json, sys
+a, b, c = ([json.loads(l) for l in open(f)] for f in sys.argv[1:])
+key = lambda r: [(x['loss'] is None, x['targets'], x['skipped']) for x in r]
+assert key(a) == key(b) == key(c), (key(a), key(b), key(c))
+for x, y in zip(a, b):
+    assert (x['loss'] is None) or abs(x['loss'] - y['loss']) <= 1e-6 * x['loss'], (x['loss'], y['loss'])" \
+  "$T/zo.jsonl" "$T/zr/rank0.jsonl" "$T/zr/rank1.jsonl"
+check "--val-data with nothing to score: refused at the start" 2 \
+  "--val-data $T/z/zero: the 8 validation samples have no target that counts (every loss-mask byte of their targets is 0): nothing to score" -- \
+  "$W" train "${Z[@]}" --steps 2 --data "$T/z/one" --val-data "$T/z/zero"
+check "eval on a validation set with nothing to score: refused, exit 2" 2 \
+  "--data $T/z/zero: the 8 validation samples have no target that counts" -- \
+  "$W" eval --checkpoint "$T/zc" --data "$T/z/zero" --samples 1000
+check "eval on the one counted window: its 16 targets" 0 "16 targets" -- "$W" eval --checkpoint "$T/zc" --data "$T/z/one" --samples 1000
 
 # ---- --epochs ----
 wins=$("$W" train "${common[@]}" --batch 4 --epochs 1 --data "$T/d" --log "$T/e.jsonl" 2>&1 | tee "$T/e.out" |

@@ -171,6 +171,44 @@ check "a bfloat16 export imports" 0 "" -- "$W" "${TR[@]}" --init-from "$T/hf16" 
 check "a bfloat16 export refuses byte data too" 2 "but the model's tokenizer is $name" -- \
   "$W" "${TR[@]}" --init-from "$T/hf16" --data "$T/b" --steps 1
 
+# ---- the checkpoint's record is the identity: a kept tokenizer.json of another tokenizer (replaced
+# after the checkpoint was written) is refused by every command that loads the checkpoint, and
+# one recorded without a file is still its tokenizer ----
+cp -r "$T/ck" "$T/ckx" && cp "$T/swapped.json" "$T/ckx/tokenizer.json"
+mism="is tokenizer $other, but the checkpoint $T/ckx/step_00000002.safetensors was trained with $name"
+check "sample --checkpoint with a replaced tokenizer.json: refused" 2 "$T/ckx/tokenizer.json $mism" -- "$W" "${S[@]}" --checkpoint "$T/ckx"
+check "eval --checkpoint with a replaced tokenizer.json: refused" 2 "$mism" -- "$W" eval --checkpoint "$T/ckx" --data "$T/d" --samples 4
+check "export with a replaced tokenizer.json: refused" 2 "$mism" -- "$W" export --checkpoint "$T/ckx" -o "$T/x"
+check "train --resume with a replaced tokenizer.json: refused" 2 "$mism" -- \
+  "$W" "${TR[@]}" --init-from "$T/g0" --data "$T/ds" --steps 3 --ckpt-dir "$T/ckx" --resume auto
+cp -r "$T/ck" "$T/cky" && rm "$T/cky/tokenizer.json"
+check "sample --checkpoint recording a tokenizer whose file is gone: refused, naming it" 2 \
+  "the checkpoint was trained with tokenizer $name (its metadata cephalo.tokenizer), but no tokenizer.json is kept beside it" -- \
+  "$W" "${S[@]}" --checkpoint "$T/cky"
+check "... --tokenizer of another tokenizer: refused against the record" 2 \
+  "is tokenizer $other, but the model's own is $name (its checkpoint's metadata cephalo.tokenizer)" -- \
+  "$W" "${S[@]}" --checkpoint "$T/cky" --tokenizer "$T/swapped.json"
+check "... --tokenizer of the recorded one: samples" 0 "" -- "$W" "${S[@]}" --checkpoint "$T/cky" --tokenizer "$T/pretty.json"
+check "eval --checkpoint without its file, on another tokenizer's data: refused by the record" 2 \
+  "written with tokenizer bytes-256, but the model's tokenizer is $name (the checkpoint's)" -- \
+  "$W" eval --checkpoint "$T/cky" --data "$T/b" --samples 4
+check "train --resume without the file, on another tokenizer's data: refused by the record" 2 \
+  "written with tokenizer bytes-256, but the model's tokenizer is $name (the checkpoint resumed from)" -- \
+  "$W" "${TR[@]}" --init-from "$T/g0" --data "$T/b" --steps 3 --ckpt-dir "$T/cky" --resume auto
+cp -r "$T/ck" "$T/ckz" && mkdir "$T/gs" && cp "$T/g0"/* "$T/gs/" && cp "$T/swapped.json" "$T/gs/tokenizer.json"
+check "train --resume with --init-from of another tokenizer than the checkpoint's: refused" 2 \
+  "--init-from $T/gs has tokenizer $other ($T/gs/tokenizer.json), but the checkpoint resumed from was trained with $name" -- \
+  "$W" "${TR[@]}" --init-from "$T/gs" --data "$T/ds" --steps 3 --ckpt-dir "$T/ckz" --resume auto
+mkdir "$T/ckw" && cp "$T/tok.json" "$T/ckw/tokenizer.json"
+check "training a model of known tokenizer but no file into a directory keeping another's: refused at the start" 2 \
+  "$T/ckw/tokenizer.json is tokenizer $name, but the model trained here is bytes-256, whose tokenizer.json this run does not have" -- \
+  "$W" "${TR[@]}" --init-from "$T/g0" --data "$T/b" --steps 1 --ckpt-dir "$T/ckw"
+# a model trained on bytes (vocabulary 260) records bytes-256: sample reads and writes bytes
+check "a 260-token model trained on byte shards" 0 "" -- "$W" "${TR[@]}" --init-from "$T/g0" --data "$T/b" --steps 1 --ckpt-dir "$T/ckb" --quiet
+check "sample --checkpoint of a model trained on bytes: bytes, whatever its vocabulary" 0 "" -- "$W" "${S[@]}" --checkpoint "$T/ckb"
+check "... a --tokenizer for it: refused (it records bytes-256)" 2 "is tokenizer $name, but the model's own is bytes-256" -- \
+  "$W" "${S[@]}" --checkpoint "$T/ckb" --tokenizer "$T/tok.json"
+
 # stale files of an earlier export go; the user's stay
 : >"$T/hf/model-00001-of-00002.safetensors"
 echo '{}' >"$T/hf/model.safetensors.index.json"

@@ -201,6 +201,12 @@ def batch_of(spec, B, k, loss_mean="samples"):
             "targets": torch.from_numpy(B["step%d.targets" % k]).long(), "loss_mean": loss_mean}
 
 
+def no_target(batch):
+    """A loss-masked batch without a target that counts: it has no loss, and the step makes no
+    update (no optimizer step, no weight decay; docs/worker.md "Output")."""
+    return batch.get("loss_mean") == "targets" and int((batch["targets"] >= 0).sum()) == 0
+
+
 def adam_ratio_bound(b1, b2, t):
     """max |m_hat / sqrt(v_hat)| after t steps for any gradients (Cauchy-Schwarz)."""
     r = b1 * b1 / b2
@@ -297,7 +303,10 @@ def main(argv):
     else:
         rep.check(False, "step 0 logits", "step0.safetensors logits %s, expected shape %s" % (
             None if "logits" not in S0 else S0["logits"].shape, list(logits.shape)))
-    if "loss" in S0:
+    if "loss" in S0 and no_target(b0):
+        c = float(S0["loss"].ravel()[0])
+        rep.check(math.isnan(c), "step 0 has no target that counts: no loss (NaN in the dump)", "C %.7g" % c)
+    elif "loss" in S0:
         ref = float(loss)
         e = abs(float(S0["loss"].ravel()[0]) - ref) / abs(ref)
         mx["loss"] = e
@@ -345,9 +354,10 @@ def main(argv):
     for n, sl in models.zero_grad_slices(spec).items():
         sens[n][sl] = True
     for k in range(K):
+        bk = batch_of(spec, Bt, k, tr["loss_mean"])
         if k > 0:
             opt.zero_grad(set_to_none=True)
-            _, loss = models.forward(spec, P, batch_of(spec, Bt, k, tr["loss_mean"]))
+            _, loss = models.forward(spec, P, bk)
             loss.backward()
         lr = lr_at(tr, k)
         for g in opt.param_groups:
@@ -356,9 +366,15 @@ def main(argv):
             norm = float(torch.nn.utils.clip_grad_norm_(decay + no_decay, tr["clip"]))
         else:
             norm = float(torch.sqrt(sum((p.grad ** 2).sum() for p in decay + no_decay)))
+        if no_target(bk):  # no loss, no update: AdamW's step count stays
+            losses.append(None)
+            norms.append(norm)
+            lrs.append(lr)
+            continue
         opt.step()
         for n in wnames:
-            sv = (opt.state[P[n]]["exp_avg_sq"] / (1 - tr["beta2"] ** (k + 1))).sqrt()
+            st_n = opt.state[P[n]]
+            sv = (st_n["exp_avg_sq"] / (1 - tr["beta2"] ** float(st_n["step"]))).sqrt()
             floor = max(ADAM_SENS, ADAM_SENS_REL * float(P[n].grad.abs().max()))
             sens[n] |= (sv > 0) & (sv < floor)
         losses.append(float(loss))
@@ -375,6 +391,12 @@ def main(argv):
             worst, all_ok, where = 0.0, True, 0
             for k in range(K):
                 v = by_step[k + shift].get(field)
+                if ref[k] is None:  # a step without a target: the log says so, with no loss
+                    rec = by_step[k + shift]
+                    if v is not None or rec.get("skipped") is not True or rec.get("targets") != 0:
+                        all_ok, worst, where = False, math.inf, k
+                        break
+                    continue
                 if v is None:
                     all_ok, worst, where = False, math.inf, k
                     break
@@ -383,8 +405,10 @@ def main(argv):
                 if e >= worst:
                     worst, where = e, k
             mx["log " + field] = worst
-            rep.check(all_ok, "%s of %d steps agree with the log" % (name, K),
-                      "worst step %d: log %s, oracle %.7g, rel err %.2e, tol %.0e" % (
+            empties = sum(1 for x in ref if x is None)
+            rep.check(all_ok, "%s of %d steps agree with the log%s" % (
+                name, K, " (%d without a target: no loss, no update)" % empties if empties else ""),
+                      "worst step %d: log %s, oracle %s, rel err %.2e, tol %.0e" % (
                           where, by_step[where + shift].get(field), ref[where], worst, tol))
 
     # final parameters: strictly where Adam is well conditioned, within its step bound elsewhere

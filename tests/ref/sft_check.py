@@ -8,7 +8,8 @@ examples: reads every DIR/*.bin shard and its .mask (format from the doc, not fr
 decodes the tokens with TOKENIZER.json's byte-level vocabulary and checks that the shards hold
 the JSONL examples in order, each as runs of (text, mask bit): prompt 0 / response + EOS 1, or
 per message the template's prefix 0, content and suffix 1 for the assistant (0 otherwise), then
-EOS (1 after an assistant message).
+EOS (1 after an assistant message); and that no example's first token (the one after an EOS) has
+loss, which would predict it from the previous example.
 batches: every row of DUMPDIR/batches.safetensors is a window of a shard, its targets the next
 tokens where the mask is 1 and -1 where it is 0.
 Prints "ok - ..." / "not ok - ..." lines; exit status 0 iff all are ok.
@@ -152,6 +153,10 @@ def check_examples(argv):
         report(False, "run %d differs: shards %r, expected %r (%d runs vs %d)" % (
             k, got[k] if k < len(got) else None, want[k] if k < len(want) else None, len(got), len(want)))
     report(0 < sum(mask) < len(mask), "the mask has both bits (%d of %d tokens with loss)" % (sum(mask), len(mask)))
+    # no loss crosses an example boundary: the token after each EOS (an example's first) is no target
+    eos_id = next(i for i, s in special.items() if s == eos_name)
+    starts = [0] + [i + 1 for i in range(len(toks) - 1) if toks[i] == eos_id]
+    report(all(mask[i] == 0 for i in starts), "no example's first token has loss (%d starts)" % len(starts))
 
 
 def check_batches(argv):

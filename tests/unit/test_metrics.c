@@ -2,6 +2,7 @@
  * histogram's cumulative buckets, +Inf, _sum and _count, samples absent before the first step),
  * and a live server on an ephemeral port scraped over a plain socket: /metrics, /healthz before
  * and after a failure, 404 and 405, and a port already in use. */
+#include <math.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -118,6 +119,30 @@ static void test_steps(void **state) {
     metrics_free(m);
 }
 
+/* Steps without a target that counts (loss masks all 0) have no loss: the gauge keeps the last step
+ * that had one (none before the first), and they are counted, from the first one on. */
+static void test_empty_steps(void **state) {
+    (void)state;
+    metrics *m = metrics_new(&info);
+    metrics_step e = {.step_s = 0.1, .loss = NAN, .step = 1, .samples = 8, .empty = true};
+    metrics_record(m, &e);
+    char *t = metrics_render(m, NULL);
+    assert_null(strstr(t, "cephalo_train_loss{")); /* no step with a loss yet: no sample, never NaN */
+    assert_line(t, "cephalo_train_empty_steps_total{" L "} 1");
+    free(t);
+    metrics_step s = {.step_s = 0.1, .loss = 2.5, .step = 2, .samples = 8};
+    metrics_record(m, &s);
+    e.step = 3;
+    metrics_record(m, &e);
+    t = metrics_render(m, NULL);
+    assert_line(t, "cephalo_train_loss{" L "} 2.5");
+    assert_line(t, "cephalo_train_empty_steps_total{" L "} 2");
+    assert_line(t, "# TYPE cephalo_train_empty_steps_total counter");
+    assert_line(t, "cephalo_train_steps_total{" L "} 3");
+    free(t);
+    metrics_free(m);
+}
+
 /* fp16: the scale after the last step, and the steps skipped for a non-finite gradient. */
 static void test_loss_scale(void **state) {
     (void)state;
@@ -203,7 +228,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_before_first_step),
         cmocka_unit_test(test_steps),
-        cmocka_unit_test(test_loss_scale),
+        cmocka_unit_test(test_empty_steps), cmocka_unit_test(test_loss_scale),
         cmocka_unit_test(test_server),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -352,7 +352,7 @@ static void test_unknown_key(void **state) {
                  "'block': {'fwd_ms': [1, 2, 4], 'bwd_ms': [2, 4, 8], 'fwd': [1]}}]}",
                  "entries[0].block: unknown field 'fwd'");
     expect_error("{" HEADER "'entries': [{" L4_HEAD MB3 BLOCK3 ", 'seq': 1024}]}",
-                 "entries[0]: duplicate field 'seq'");
+                 "entries[0]: field 'seq' appears twice");
 }
 
 static void test_duplicate_entry(void **state) {
@@ -489,6 +489,30 @@ static void test_json_syntax_position(void **state) {
     assert_non_null(strstr(err.msg, "/nonexistent/x.json: cannot open"));
 }
 
+/* json_parse refuses a key twice in any object, at any depth, naming where: cJSON keeps both and
+ * json_get() would take the first where Python's json takes the last. */
+static void test_json_duplicate_keys(void **state) {
+    (void)state;
+    err_t err = {{0}};
+    const char *top = "{\"a\": 1, \"b\": 2, \"a\": 3}";
+    assert_null(json_parse("t.json", top, strlen(top), &err));
+    assert_string_equal(err.msg, "t.json: field 'a' appears twice (readers differ on which one counts)");
+    const char *deep = "{\"x\": {\"list\": [1, {\"k\": 1}, {\"k\": 1, \"m\": 2, \"k\": 3}]}}";
+    assert_null(json_parse("t.json", deep, strlen(deep), &err));
+    assert_string_equal(err.msg, "t.json: x.list[2]: field 'k' appears twice (readers differ on which one counts)");
+    /* a large object (sorted, not compared in pairs) */
+    char big[4096] = "{";
+    for (int i = 0; i < 100; i++) snprintf(big + strlen(big), sizeof big - strlen(big), "\"k%d\": %d, ", i, i);
+    snprintf(big + strlen(big), sizeof big - strlen(big), "\"k57\": 0}");
+    assert_null(json_parse("big.json", big, strlen(big), &err));
+    assert_non_null(strstr(err.msg, "big.json: field 'k57' appears twice"));
+    /* the same key in two objects, or as a value, is fine */
+    const char *ok = "{\"a\": {\"k\": 1}, \"b\": {\"k\": 2}, \"c\": [\"a\", \"a\"]}";
+    cJSON *root = json_parse("t.json", ok, strlen(ok), &err);
+    assert_non_null(root);
+    cJSON_Delete(root);
+}
+
 /* json_float_decimal: the shortest decimal that reads back as the float */
 static void test_float_decimal(void **state) {
     (void)state;
@@ -526,7 +550,7 @@ int main(void) {
         cmocka_unit_test(test_bad_numbers),
         cmocka_unit_test(test_bad_names),
         cmocka_unit_test(test_unknown_key),
-        cmocka_unit_test(test_duplicate_entry),
+        cmocka_unit_test(test_duplicate_entry), cmocka_unit_test(test_json_duplicate_keys),
         cmocka_unit_test(test_wrong_op),
         cmocka_unit_test(test_odd_inputs),
         cmocka_unit_test(test_deep_and_unterminated),

@@ -470,7 +470,7 @@ static void test_bad_entries(void **state) {
     expect_bad("{'a': {'dtype': 'F32', 'shape': [2]}}", 8,
                "tensor 'a': missing field 'data_offsets'", NULL);
     expect_bad("{'a': {'dtype': 'F32', 'dtype': 'F32', 'shape': [2], 'data_offsets': [0, 8]}}", 8,
-               "tensor 'a': field 'dtype' appears twice", NULL);
+               "header: a: field 'dtype' appears twice", NULL);
     expect_bad("{" T_A("F12", "[2]", "[0, 8]") "}", 8,
                "tensor 'a': unknown or unsupported dtype \"F12\"", "known: BOOL, U8");
     expect_bad("{'a': {'dtype': 4, 'shape': [2], 'data_offsets': [0, 8]}}", 8,
@@ -508,7 +508,7 @@ static void test_bad_entries(void **state) {
 
 static void test_bad_layout(void **state) {
     (void)state;
-    expect_bad("{" A_OK ", " A_OK "}", 8, "tensor 'a' appears twice", NULL);
+    expect_bad("{" A_OK ", " A_OK "}", 8, "header: field 'a' appears twice", NULL);
     expect_bad("{" A_OK ", 'b': {'dtype': 'U8', 'shape': [4], 'data_offsets': [4, 8]}}", 8,
                "tensors 'a' [0, 8] and 'b' [4, 8] overlap", NULL);
     expect_bad("{" A_OK ", 'b': {'dtype': 'U8', 'shape': [0], 'data_offsets': [4, 4]}}", 8,
@@ -538,9 +538,9 @@ static void test_bad_metadata(void **state) {
     expect_bad("{'__metadata__': {'k': 3}, " A_OK "}", 8,
                "__metadata__: 'k': expected a string, got 3", NULL);
     expect_bad("{'__metadata__': {'k': 'a', 'k': 'b'}, " A_OK "}", 8,
-               "__metadata__: key 'k' appears twice", NULL);
+               "header: __metadata__: field 'k' appears twice", NULL);
     expect_bad("{'__metadata__': {}, '__metadata__': {}, " A_OK "}", 8,
-               "'__metadata__' appears twice", NULL);
+               "header: field '__metadata__' appears twice", NULL);
     expect_bad("{'__metadata__': {'cephalo.crc32': 'xyz'}, " A_OK "}", 8,
                "'cephalo.crc32': expected 8 hex digits, got \"xyz\"", NULL);
 }

@@ -385,7 +385,7 @@ static void test_bad_files(void **state) {
     expect_error("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 2000000000}, \"merges\": []}}",
                  "model.vocab[\"a\"]: expected a token id in 0..16777215, got another number", NULL);
     expect_error("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"a\": 1}, \"merges\": []}}",
-                 "model.vocab: the token \"a\" is listed twice", NULL);
+                 "model.vocab: field 'a' appears twice", NULL);
     expect_error("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}}}", "missing field 'merges'", NULL);
     expect_error("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1}, \"merges\": [\"a b\"]}}",
                  "model.merges[0]: \"ab\" is not in model.vocab", NULL);

@@ -140,7 +140,9 @@ static void test_malformed_lines(void **state) {
     expect_bad("{\"type\":\"BOOKMARK\",\"object\":{\"metadata\":{}}}\n", 0, 0,
                "BOOKMARK event without metadata.resourceVersion");
     expect_bad(GOOD "{\"type\":\"ADDED\",\"object\":{\"metadata\":{}}} {\"x\":1}\n", 0, 1,
-               "watch line 2: text after the event's JSON object");
+               "(content after the end of the document)");
+    expect_bad(GOOD "{\"type\":\"ADDED\",\"type\":\"DELETED\",\"object\":{}}\n", 0, 1,
+               "watch line 2: not JSON (a truncated or corrupted event): event: field 'type' appears twice");
     /* NUL bytes inside a line are not JSON either */
     const char nul[] = "{\"type\":\"ADDED\",\0\"object\":{}}\n";
     seen s = {0};

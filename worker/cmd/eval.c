@@ -14,6 +14,7 @@
 #include "common/ckpt_dir.h"
 #include "common/env.h"
 #include "common/fileio.h"
+#include "common/json_util.h"
 #include "common/log.h"
 #include "common/strutil.h"
 #include "common/worker_cmd.h"
@@ -26,6 +27,7 @@
 typedef struct eval_cmd {
     const char *checkpoint, *init_from, *device, *plan;
     char resolved[4400]; /* the checkpoint --checkpoint names (ckpt_dir_resolve): read once, by all */
+    tok_id recorded;     /* the tokenizer the checkpoint records (its metadata cephalo.tokenizer) */
     long samples, seq, micro, threads, gpu;
     bool json, have_prec, allow_unused;
     precision prec;
@@ -102,7 +104,7 @@ static int parse_eval(int argc, char **argv, eval_cmd *o) {
 static int check_tokenizer(const eval_cmd *o, const evaluator *ev, err_t *err) {
     mtok model;
     const char *shard = NULL;
-    if (mtok_for_model(o->init_from, o->resolved, &model, err) < 0) return -1;
+    if (mtok_for_model(o->init_from, o->resolved, o->recorded, &model, err) < 0) return -1;
     tok_id data = data_tokenizer(eval_source(ev), &shard);
     return mtok_check_data(&model, o->init_from ? "--init-from" : "the checkpoint's", data, shard, err);
 }
@@ -115,15 +117,18 @@ static int first_piece(const char *path, char *out, size_t n, err_t *err) {
     return str_fmt(out, n, err, "checkpoint path", "%s%s%s", path, *name ? "/" : "", name);
 }
 
-/* The checkpoint's model, and its training seq and precision (metadata "cephalo.train"). */
-static int checkpoint_model(const char *path, model_spec *m, int *seq, precision *prec, err_t *err) {
+/* The checkpoint's model, its tokenizer, and its training seq and precision (metadata
+ * "cephalo.train"). */
+static int checkpoint_model(const char *path, model_spec *m, tok_id *tk, int *seq, precision *prec, err_t *err) {
     char file[PATH_MAX];
     st_file *f;
     if (first_piece(path, file, sizeof file, err) < 0 || st_open(&f, file, err) < 0) return -1;
     int rc = ckpt_read_model(f, m, err);
+    if (rc == 0) rc = ckpt_read_tokenizer(f, tk, err);
     const char *train = st_meta(f, "cephalo.train");
-    cJSON *o = train ? cJSON_Parse(train) : NULL;
-    const cJSON *s = cJSON_GetObjectItemCaseSensitive(o, "seq"), *p = cJSON_GetObjectItemCaseSensitive(o, "precision");
+    cJSON *o = rc == 0 && train ? json_parse(st_label(f), train, strlen(train), err) : NULL;
+    if (train && !o) rc = -1;
+    const cJSON *s = json_get(o, "seq"), *p = json_get(o, "precision");
     if (cJSON_IsNumber(s)) *seq = s->valueint;
     if (cJSON_IsString(p)) precision_parse(p->valuestring, prec);
     cJSON_Delete(o);
@@ -150,7 +155,7 @@ static int eval_config(eval_cmd *o, train_config *c, err_t *err) {
     if (o->checkpoint && ckpt_dir_resolve(o->checkpoint, o->resolved, sizeof o->resolved, err) < 0)
         return err_prefix(err, "--checkpoint");
     if (rank_var("RANK", 0, 0, &rank, err) < 0 || rank_var("WORLD_SIZE", 1, 1, &world, err) < 0) return -1;
-    if (o->checkpoint ? checkpoint_model(o->resolved, &c->model, &seq, &prec, err) < 0
+    if (o->checkpoint ? checkpoint_model(o->resolved, &c->model, &o->recorded, &seq, &prec, err) < 0
                       : model_load_hf_config(o->init_from, &c->model, err) < 0)
         return err_prefix(err, o->checkpoint ? "--checkpoint" : "--init-from");
     if (o->plan) {
@@ -253,6 +258,11 @@ int cmd_eval(int argc, char **argv) {
     if (!rc && check_tokenizer(&o, ev, &err) < 0) rc = (fprintf(stderr, WORKER_NAME " eval: %s\n", err.msg), WCMD_EXIT_BAD_INPUT);
     if (!rc && eval_loss(ev, t, &loss, &err) < 0) rc = (fprintf(stderr, WORKER_NAME " eval: %s\n", err.msg), WCMD_EXIT_RUNTIME);
     if (!rc && c.rank == 0) print_result(&o, t, ev, loss);
+    /* a loss that is not a number is no result: said, and not exit 0 (eval_open refused a set with
+     * nothing to score, so this is an overflow of the forward) */
+    if (!rc && !isfinite(loss))
+        rc = (fprintf(stderr, WORKER_NAME " eval: the validation loss is %g, not a finite number: the forward overflowed at "
+                              "--precision %s (try fp32)\n", loss, precision_name(c.prec)), WCMD_EXIT_RUNTIME);
     eval_close(ev);
     ckpt_finish(lock);
     trainer_free(t);

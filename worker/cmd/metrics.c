@@ -48,6 +48,8 @@ struct metrics {
     double tokens_per_s, samples_per_s, loss, mfu;
     double loss_scale; /* 0: not fp16 */
     int64_t skipped;
+    int64_t empty;   /* steps without a target that counts (they have no loss) */
+    bool has_loss;   /* a step with a loss was recorded: m->loss is the last one's */
     double val_loss;  /* the last validation loss, at the job's step val_step (-1: none yet) */
     int64_t val_step;
     int64_t mem_current, mem_peak, mem_state, mem_host;
@@ -107,8 +109,14 @@ static void render(FILE *f, const metrics *m) {
     if (m->steps) sample(f, m, "cephalo_train_step", NULL, (double)m->step);
     family(f, "cephalo_checkpoint_step", "gauge", "The step of the last checkpoint written or resumed from.");
     if (m->ckpt_step >= 0) sample(f, m, "cephalo_checkpoint_step", NULL, (double)m->ckpt_step);
-    family(f, "cephalo_train_loss", "gauge", "The job's mean training loss of the last step.");
-    if (m->steps) sample(f, m, "cephalo_train_loss", NULL, m->loss);
+    family(f, "cephalo_train_loss", "gauge",
+           "The job's mean training loss of the last step that had one (a step without a target has none).");
+    if (m->has_loss) sample(f, m, "cephalo_train_loss", NULL, m->loss);
+    if (m->empty) { /* from the first such step */
+        family(f, "cephalo_train_empty_steps_total", "counter",
+               "Steps whose global batch had no target that counts (every loss-mask byte 0): no loss, no update.");
+        sample(f, m, "cephalo_train_empty_steps_total", NULL, (double)m->empty);
+    }
     if (m->loss_scale > 0) { /* fp16 runs only */
         family(f, "cephalo_train_loss_scale", "gauge", "fp16: the dynamic loss scale for the next step.");
         sample(f, m, "cephalo_train_loss_scale", NULL, m->loss_scale);
@@ -225,7 +233,8 @@ void metrics_record(metrics *m, const metrics_step *s) {
     m->compute_s += compute > 0 ? compute : 0; /* the timers overlap by a hair at worst */
     m->comm_s += s->comm_wait_s;
     m->offload_s += s->offload_s;
-    m->loss = s->loss;
+    if (!s->empty) m->loss = s->loss, m->has_loss = true;
+    m->empty += s->empty;
     m->step = s->step;
     m->loss_scale = s->loss_scale;
     m->skipped += s->skipped;
@@ -441,6 +450,6 @@ void metrics_record_step(metrics *m, const trainer *t, const step_stats *st) {
                       /* parameters, gradients and the two AdamW moments: fp32 each */
                       .mem_state = state * 4 * (int64_t)sizeof(float), .mem_host = t->host_bytes,
                       .loss_scale = t->cfg.prec == PREC_FP16 ? t->loss_scale : 0, .skipped = st->skipped,
-                      .has_val = st->has_val, .val_loss = st->val_loss};
+                      .empty = st->empty, .has_val = st->has_val, .val_loss = st->val_loss};
     metrics_record(m, &s);
 }

@@ -40,6 +40,7 @@ typedef struct metrics_step {
     int64_t mem_current, mem_peak, mem_state, mem_host; /* bytes: cephalo_memory_bytes{kind} */
     double loss_scale; /* fp16: the scale after this step; 0 = no loss scaling (no samples) */
     bool skipped;      /* fp16: the step was skipped (a gradient was not finite) */
+    bool empty;        /* no target of the global batch counted: no loss, no update (train.h) */
     bool has_val;      /* the validation loss was computed after this step (eval.h) */
     double val_loss;
 } metrics_step;

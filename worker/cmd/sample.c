@@ -42,6 +42,8 @@ typedef struct gen {
     tok *t;        /* NULL: byte-level (vocabulary 256) */
     int V;         /* ids we sample among: the model's vocabulary, or the tokenizer's if smaller */
     int32_t eos;   /* -1: none */
+    tok_id recorded; /* the tokenizer the checkpoint records (TOKID_UNKNOWN: none, or --init-from) */
+    bool window_cap; /* generation is cut at the model's sliding window, before --max-new-tokens */
     device dev;
     bool dev_open;
 } gen;
@@ -149,7 +151,7 @@ static int parse_args(int argc, char **argv, sample_args *a) {
 static int load_model(const sample_args *a, gen *g, err_t *err) {
     int units_n;
     if (a->checkpoint) {
-        if (export_read_checkpoint(a->checkpoint, &g->m, a->allow_unused, &g->units, err) < 0) return -1;
+        if (export_read_checkpoint(a->checkpoint, &g->m, a->allow_unused, &g->units, &g->recorded, err) < 0) return -1;
     } else {
         if (model_load_hf_config(a->init_from, &g->m, err) < 0) return -1;
         hf_import *imp;
@@ -174,39 +176,46 @@ static int load_model(const sample_args *a, gen *g, err_t *err) {
     return 0;
 }
 
-/* The tokenizer kept with the model (state/mtok.h): --init-from DIR's tokenizer.json, or the one
- * beside the checkpoint; t->path "" when there is none. */
-static int model_tokenizer(const sample_args *a, mtok *t, err_t *err) {
+/* The model's tokenizer (state/mtok.h): --init-from DIR's tokenizer.json, or the checkpoint's (the
+ * one it records, with the file kept beside it when that is the same); t->path "" without a file. */
+static int model_tokenizer(const sample_args *a, const gen *g, mtok *t, err_t *err) {
     char path[PATH_MAX] = "";
     if (a->checkpoint && ckpt_dir_resolve(a->checkpoint, path, sizeof path, err) < 0) return -1;
-    return mtok_for_model(a->init_from, path, t, err);
+    return mtok_for_model(a->init_from, path, g->recorded, t, err);
 }
 
-/* The text codec: --tokenizer, else the model's own tokenizer.json, else bytes when the
- * vocabulary is 256. A --tokenizer other than the one kept with the model is refused. */
+/* The text codec: --tokenizer, else the model's own tokenizer.json, else bytes when the model
+ * was trained on bytes (recorded) or, recording nothing, its vocabulary is 256. A tokenizer other
+ * than the model's (the file kept with it, or the identity its checkpoint records) is refused. */
 static int load_codec(const sample_args *a, gen *g, err_t *err) {
     g->V = g->m.vocab;
     g->eos = -1;
     mtok kept;
-    if (model_tokenizer(a, &kept, err) < 0) return -1;
+    if (model_tokenizer(a, g, &kept, err) < 0) return -1;
+    char own[TOK_ID_NAME_MAX];
+    tok_id_name(kept.id, own);
+    bool bytes = kept.id.kind == TOKID_BYTES; /* trained on bytes: no file, one token a byte */
     const char *file = a->tokenizer ? a->tokenizer : kept.path[0] ? kept.path : NULL;
     if (!file) {
         if (a->no_bos)
             return err_set(err, "--no-bos needs --tokenizer or a tokenizer.json beside the model (bytes have no BOS token)");
-        if (g->m.vocab != 256)
+        if (kept.id.kind && !bytes)
+            return err_set(err, "the checkpoint was trained with tokenizer %s (its metadata cephalo.tokenizer), but no "
+                                "tokenizer.json is kept beside it: give that tokenizer with --tokenizer FILE", own);
+        if (!bytes && g->m.vocab != 256)
             return err_set(err, "the model's vocabulary has %d tokens, so its text needs its tokenizer: "
                                 "give --tokenizer tokenizer.json (without it the text is bytes, which "
                                 "fits a 256-token vocabulary only)", g->m.vocab);
+        if (g->V > 256) g->V = 256; /* a larger vocabulary's other ids have no text */
         return 0;
     }
     if (tok_load(&g->t, file, err) < 0) return -1;
-    if (a->tokenizer && kept.path[0] && !tok_id_equal(tok_identity(g->t), kept.id)) {
-        char given[TOK_ID_NAME_MAX], own[TOK_ID_NAME_MAX];
+    if (a->tokenizer && kept.id.kind && !tok_id_equal(tok_identity(g->t), kept.id)) {
+        char given[TOK_ID_NAME_MAX];
         tok_id_name(tok_identity(g->t), given);
-        tok_id_name(kept.id, own);
         return err_set(err, "--tokenizer %s is tokenizer %s, but the model's own is %s (%s): not this model's tokenizer "
                             "(leave --tokenizer out to use the model's)",
-                       a->tokenizer, given, own, kept.path);
+                       a->tokenizer, given, own, kept.path[0] ? kept.path : "its checkpoint's metadata cephalo.tokenizer");
     }
     int32_t tv = tok_vocab_size(g->t);
     if (tv > g->m.vocab)
@@ -346,7 +355,7 @@ static void print_json(const gen *g, const run *r, size_t skip, int k, err_t *er
     cJSON_AddNumberToObject(o, "new_tokens", r->steps);
     cJSON *toks = cJSON_AddArrayToObject(o, "tokens");
     for (size_t i = r->prompt; i < r->ids.n; i++) cJSON_AddItemToArray(toks, cJSON_CreateNumber(r->ids.v[i]));
-    cJSON_AddStringToObject(o, "stop", r->eos ? "eos" : "length");
+    cJSON_AddStringToObject(o, "stop", r->eos ? "eos" : g->window_cap ? "window" : "length");
     cJSON_AddNumberToObject(o, "prefill_ms", r->prefill_ms);
     cJSON_AddNumberToObject(o, "tokens_per_s", r->steps > 1 && r->decode_s > 0 ? (r->steps - 1) / r->decode_s : 0);
     char *s = cJSON_PrintUnformatted(o);
@@ -407,10 +416,20 @@ static int sample_main(const sample_args *a, gen *g, err_t *err) {
         if (prompt.v[i] >= g->m.vocab)
             rc = err_set(err, "the prompt's token %d is outside the model's vocabulary (%d)",
                          (int)prompt.v[i], g->m.vocab);
-    int ctx = g->m.max_seq;
+    /* a Mistral model's sliding window bounds the sequence as max_seq does: beyond it every token
+     * would attend to more than the window (full attention), which is another model than the one
+     * trained; train and eval refuse such a --seq, so generation stops at the window */
+    int ctx = model_context(&g->m);
+    bool window = ctx < g->m.max_seq;
+    char why[160];
+    if (window)
+        snprintf(why, sizeof why, "its sliding_window of %d positions (attention over a sliding window is not "
+                                  "implemented, so generation stays inside the window)", ctx);
+    else
+        snprintf(why, sizeof why, "%d positions", ctx);
     if (rc == 0 && (int64_t)prompt.n >= ctx)
-        rc = err_set(err, "the prompt has %zu tokens; the model sees %d positions, so at most %d "
-                          "prompt tokens leave room for one more", prompt.n, ctx, ctx - 1);
+        rc = err_set(err, "the prompt has %zu tokens; the model sees %s, so at most %d prompt tokens leave room "
+                          "for one more", prompt.n, why, ctx - 1);
     if (rc < 0) {
         tok_ids_free(&prompt);
         return WCMD_EXIT_BAD_INPUT;
@@ -418,9 +437,10 @@ static int sample_main(const sample_args *a, gen *g, err_t *err) {
     int max_total = (int)prompt.n + (int)a->max_new;
     if ((int64_t)prompt.n + a->max_new > ctx) {
         max_total = ctx;
-        fprintf(stderr, "cephalo-worker sample: --max-new-tokens %ld capped to %d: the model has %d "
-                        "positions and the prompt takes %zu\n",
-                a->max_new, ctx - (int)prompt.n, ctx, prompt.n);
+        g->window_cap = window;
+        fprintf(stderr, "cephalo-worker sample: --max-new-tokens %ld capped to %d: the model sees %s, and the "
+                        "prompt takes %zu\n",
+                a->max_new, ctx - (int)prompt.n, why, prompt.n);
     }
     if (device_open(&g->dev, a->device, 0, (int)a->threads, (int)a->gpu, 0, err) < 0) {
         tok_ids_free(&prompt);
@@ -448,7 +468,9 @@ static int sample_main(const sample_args *a, gen *g, err_t *err) {
         else putchar('\n');
         fflush(stdout);
         fprintf(stderr, "sample %d: %d new tokens%s | prefill %zu tokens in %.1f ms | decode %.1f tok/s | %s",
-                k + 1, r->steps, r->eos ? " (stopped at end-of-text)" : "", r->prompt, r->prefill_ms,
+                k + 1, r->steps,
+                r->eos ? " (stopped at end-of-text)" : g->window_cap ? " (stopped at the model's sliding window)" : "",
+                r->prompt, r->prefill_ms,
                 r->steps > 1 && r->decode_s > 0 ? (r->steps - 1) / r->decode_s : 0.0, g->dev.ops->name);
         if (!strcmp(g->dev.ops->name, "cpu")) fprintf(stderr, ", %d thread%s", g->dev.threads, g->dev.threads == 1 ? "" : "s");
         fputc('\n', stderr);

@@ -479,17 +479,19 @@ static void fmt_duration(double s, char *buf, size_t n) {
 }
 
 static void progress(const trainer *t, const step_stats *st, double avg_ms) {
-    char eta[32], peak[32], scale[96] = "", val[48] = "";
+    char eta[32], peak[32], scale[96] = "", val[48] = "", loss[64];
     fmt_duration(avg_ms / 1e3 * (double)(t->cfg.steps - st->step - 1), eta, sizeof eta);
     str_bytes((double)st->peak_bytes, peak, sizeof peak);
     if (t->cfg.prec == PREC_FP16)
         snprintf(scale, sizeof scale, " | scale %g%s", st->loss_scale,
                  st->skipped ? " (gradient not finite: step skipped)" : "");
     if (st->has_val) snprintf(val, sizeof val, " | val %.4f", st->val_loss);
+    if (st->empty) snprintf(loss, sizeof loss, "- (no target: update skipped)");
+    else snprintf(loss, sizeof loss, "%.4f", st->loss);
     fprintf(stderr,
-            "step %lld/%lld | loss %.4f%s | lr %.2e | norm %.3f%s | %.0f tok/s | %.1f samples/s | "
+            "step %lld/%lld | loss %s%s | lr %.2e | norm %.3f%s | %.0f tok/s | %.1f samples/s | "
             "%.0f ms | peak %s | ETA %s\n",
-            (long long)st->step + 1, (long long)t->cfg.steps, st->loss, val, st->lr, st->grad_norm,
+            (long long)st->step + 1, (long long)t->cfg.steps, loss, val, st->lr, st->grad_norm,
             scale, st->tokens_per_s, st->samples_per_s, st->step_ms, peak, eta);
 }
 
@@ -521,13 +523,13 @@ static void log_step(FILE *f, const trainer *t, const step_stats *st) {
             "\"tokens_per_s\":%.1f,\"samples_per_s\":%.3f,\"peak_bytes\":%lld,\"rss_peak_bytes\":%lld,"
             "\"rank\":%d,\"world\":%d,\"gathers\":%lld,\"reduce_scatters\":%lld,\"allreduces\":%lld,"
             "\"bytes_sent\":%lld,\"comm_wait_ms\":%.3f,\"host_syncs\":%lld,\"loss_scale\":%.9g,"
-            "\"skipped\":%s%s}\n",
+            "\"skipped\":%s,\"targets\":%.0f%s}\n",
             (long long)st->step, json_num(st->loss, loss, sizeof loss), st->lr, json_num(st->grad_norm, norm, sizeof norm), st->step_ms, st->tokens_per_s,
             st->samples_per_s, (long long)st->peak_bytes, peak_rss_bytes(), t->cfg.rank,
             t->cfg.world, (long long)st->gathers, (long long)st->reduce_scatters,
             (long long)st->allreduces, (long long)st->bytes_sent, st->comm_wait_ms,
             (long long)st->host_syncs, st->loss_scale,
-            st->skipped ? "true" : "false", val_fields(st, val, sizeof val));
+            st->skipped || st->empty ? "true" : "false", st->targets, val_fields(st, val, sizeof val));
     fflush(f);
 }
 
@@ -640,13 +642,19 @@ static int run_training(trainer *t, const worker_opts *o, FILE *log, dumper *dp,
             fprintf(stderr, "cephalo-worker: %s\n", err.msg);
             return t->comm_failed ? EXIT_RUNTIME : EXIT_BAD_INPUT;
         }
-        if (!isfinite(st.loss)) {
+        if (st.empty) { /* said even when quiet: the data has a batch with nothing to learn */
+            if (t->cfg.rank == 0)
+                fprintf(stderr, "cephalo-worker: step %lld: no target of the global batch (%d samples of %s) counts (every "
+                                "loss-mask byte of its targets is 0): no loss, and the update is skipped (no optimizer step, "
+                                "no weight decay); the step and the learning-rate schedule advance\n",
+                        (long long)st.step, t->cfg.global_batch, o->cfg.data);
+        } else if (!isfinite(st.loss)) {
             metrics_fail(m, "the loss is not finite");
             say_nonfinite_loss(t, o, &st, first);
             return EXIT_RUNTIME;
         }
         if (st.step == first) first_loss = st.loss;
-        above = st.loss > bound ? above + 1 : 0;
+        if (!st.empty) above = st.loss > bound ? above + 1 : 0; /* an empty step leaves the count as it was */
         if (o->diverge_steps && above >= o->diverge_steps && above == st.step - first + 1) {
             /* above the bound since this run's first step, whose loss no update had touched */
             char from[512];
@@ -675,6 +683,10 @@ static int run_training(trainer *t, const worker_opts *o, FILE *log, dumper *dp,
             fprintf(stderr, "cephalo-worker: %s\n", err.msg);
             return t->comm_failed ? EXIT_RUNTIME : EXIT_BAD_INPUT;
         }
+        /* the log says null; say why (a set with nothing to score was refused at the start) */
+        if (st.has_val && !isfinite(st.val_loss) && t->cfg.rank == 0)
+            fprintf(stderr, "cephalo-worker: validation after step %lld: the loss is %g, not a finite number: the forward "
+                            "overflowed at --precision %s\n", (long long)st.step, st.val_loss, precision_name(t->cfg.prec));
         metrics_record_step(m, t, &st);
         if (log) log_step(log, t, &st);
         time_t now = time(NULL);
@@ -691,19 +703,29 @@ static int run_training(trainer *t, const worker_opts *o, FILE *log, dumper *dp,
     return 0;
 }
 
-/* The model's tokenizer (state/mtok.h): --init-from's tokenizer.json, else the one kept beside
- * the checkpoint resumed from, else the shards' own (with `cephalo data`'s tokenizer.json beside
- * them). Data written with another tokenizer is refused here, before the first step; the one
- * found is recorded in every checkpoint and kept in the checkpoint directory. */
+/* The model's tokenizer (state/mtok.h): --init-from's tokenizer.json, else the checkpoint resumed
+ * from's (the one it records, with the file kept beside it), else the shards' own (with `cephalo
+ * data`'s tokenizer.json beside them). Resuming with --init-from, the two must agree. Data written
+ * with another tokenizer is refused here, before the first step; the one found is recorded in
+ * every checkpoint and kept in the checkpoint directory. */
 static int setup_tokenizer(const trainer *t, const worker_opts *o, mtok *out, const char **out_from, err_t *err) {
-    mtok model = {0};
+    mtok model = {0}, resumed = {0};
     const char *from = "--init-from";
     if (o->cfg.init_from && mtok_from_dir(o->cfg.init_from, &model, err) < 0) return -1;
-    if (!model.id.kind && t->step > 0) {
+    if (t->step > 0) {
         char path[PATH_MAX];
         const char *ck = resumes_from_path(o->ck.resume) ? o->ck.resume : o->ck.dir;
-        from = "the checkpoint resumed from";
-        if (ck && ckpt_dir_resolve(ck, path, sizeof path, err) == 0 && mtok_for_checkpoint(path, &model, err) < 0) return -1;
+        if (ck && ckpt_dir_resolve(ck, path, sizeof path, err) == 0 &&
+            mtok_for_checkpoint(path, t->resumed_tok, &resumed, err) < 0)
+            return -1;
+        if (model.id.kind && resumed.id.kind && !tok_id_equal(model.id, resumed.id)) {
+            char a[TOK_ID_NAME_MAX], b[TOK_ID_NAME_MAX];
+            tok_id_name(model.id, a);
+            tok_id_name(resumed.id, b);
+            return err_set(err, "--init-from %s has tokenizer %s (%s), but the checkpoint resumed from was trained with "
+                                "%s: not the same model's text", o->cfg.init_from, a, model.path, b);
+        }
+        if (!model.id.kind) model = resumed, from = "the checkpoint resumed from";
     }
     if (mtok_check_vocab(&model, t->cfg.model.vocab, "the model", err) < 0) return -1;
     const char *shard = NULL;
@@ -738,7 +760,7 @@ static int train_rank(worker_opts o) {
         return rc == CKPT_REFUSED ? EXIT_BAD_INPUT : EXIT_RUNTIME;
     }
     mtok model_tok;
-    const char *tok_from;
+    const char *tok_from = NULL;
     if (setup_tokenizer(t, &o, &model_tok, &tok_from, &err) < 0) {
         trainer_free(t);
         ckpt_finish(lock);

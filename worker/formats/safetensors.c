@@ -633,14 +633,9 @@ static int parse_tensor(const char *label, const char *name, const cJSON *e, siz
     static const char *const FIELDS[3] = {"dtype", "shape", "data_offsets"};
     const cJSON *field[3] = {NULL, NULL, NULL};
     const cJSON *m;
-    cJSON_ArrayForEach(m, e) {
-        for (int k = 0; k < 3; k++) {
-            if (!m->string || strcmp(m->string, FIELDS[k]) != 0) continue;
-            if (field[k])
-                return err_set(err, "%s: tensor '%s': field '%s' appears twice", label, nm,
-                               FIELDS[k]);
-            field[k] = m;
-        }
+    cJSON_ArrayForEach(m, e) { /* a field twice was refused by json_parse */
+        for (int k = 0; k < 3; k++)
+            if (m->string && strcmp(m->string, FIELDS[k]) == 0) field[k] = m;
     }
     for (int k = 0; k < 3; k++)
         if (!field[k])
@@ -745,16 +740,7 @@ static int parse_meta(const char *label, const cJSON *meta, st_file *f, err_t *e
         f->vals[f->nmeta] = xstrdup(m->valuestring);
         f->nmeta++;
     }
-    keyed *keys = xmalloc((size_t)f->nmeta * sizeof *keys + 1);
-    for (int i = 0; i < f->nmeta; i++)
-        keys[i] = (keyed){f->keys[i], i};
-    const char *dup = sort_find_duplicate(keys, f->nmeta);
-    int rc = 0;
-    if (dup)
-        rc = err_set(err, "%s: __metadata__: key '%s' appears twice", label,
-                     shown(dup, k, sizeof k));
-    free(keys);
-    return rc;
+    return 0; /* a key twice was refused by json_parse */
 }
 
 /* The tensors, sorted by offsets, must cover the data buffer exactly: the first begins at 0,
@@ -870,35 +856,17 @@ int st_parse(st_file **out, const void *buf, size_t len, const char *label, err_
     int members = cJSON_GetArraySize(root);
     p_tensor *pt = xcalloc((size_t)members + 1, sizeof *pt);
     int np = 0, rc = -1;
-    bool have_meta = false;
     const cJSON *m;
+    /* a name given twice (a tensor, __metadata__, a metadata key) was refused by json_parse */
     cJSON_ArrayForEach(m, root) {
         const char *key = m->string ? m->string : "";
         if (strcmp(key, "__metadata__") == 0) {
-            if (have_meta) {
-                err_set(err, "%s: '__metadata__' appears twice in the header", label);
-                goto fail;
-            }
-            have_meta = true;
             if (parse_meta(label, m, f, err) < 0) goto fail;
             continue;
         }
         pt[np].idx = np;
         if (parse_tensor(label, key, m, data_len, &pt[np], err) < 0) goto fail;
         np++;
-    }
-
-    /* names given twice (cJSON keeps both members of an object) */
-    keyed *names = xmalloc((size_t)np * sizeof *names + 1);
-    for (int i = 0; i < np; i++)
-        names[i] = (keyed){pt[i].t.name, i};
-    const char *dup = sort_find_duplicate(names, np);
-    free(names);
-    if (dup) {
-        char nm[ST_MSG_NAME + 4];
-        err_set(err, "%s: tensor '%s' appears twice in the header", label,
-                shown(dup, nm, sizeof nm));
-        goto fail;
     }
     if (np > 1) qsort(pt, (size_t)np, sizeof *pt, offsets_cmp);
     if (check_coverage(label, pt, np, data_len, err) < 0) goto fail;

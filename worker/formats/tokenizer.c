@@ -1009,7 +1009,7 @@ static int load_vocab(loader *L, const cJSON *model) {
         if (v < 0 || v > TOK_MAX_ID || v != (double)(int32_t)v)
             return err_set(L->c.err, "%s: model.vocab[\"%.80s\"]: expected a token id in 0..%d, got %s", L->c.file,
                            e->string, TOK_MAX_ID, cJSON_IsNumber(e) ? "another number" : json_type_name(e));
-        if (!sm_put(&L->t->vocab, e->string, strlen(e->string), (int32_t)v))
+        if (!sm_put(&L->t->vocab, e->string, strlen(e->string), (int32_t)v)) /* json_parse refuses it first */
             return err_set(L->c.err, "%s: model.vocab: the token \"%.80s\" is listed twice", L->c.file, e->string);
         if ((int32_t)v + 1 > L->t->n_ids) L->t->n_ids = (int32_t)v + 1;
     }

@@ -77,6 +77,24 @@ static int load_round(const evaluator *ev, trainer *t, int k, int *micros, doubl
     return 0;
 }
 
+/* A validation set has a loss only if it has a target that counts: loss-masked shards whose mask
+ * is 0 on every target of the N samples have nothing to score, and are refused at the start (exit
+ * 2) rather than giving a loss of 0/0. Every rank counts all N samples from the masks (no
+ * communication, the same answer everywhere); unmasked sources always have targets (CLM every next
+ * token, MLM at least one a sample, ViT the labels). */
+static int check_scored(const evaluator *ev, const char *flag, err_t *err) {
+    if (!data_has_loss_mask(ev->data)) return 0;
+    for (int64_t s = 0; s < ev->n; s++) {
+        int64_t n;
+        if (data_sample_targets(ev->data, s, &n, err) < 0) return -1;
+        if (n > 0) return 0;
+    }
+    return err_set(err, "%s %s: the %lld validation sample%s %s no target that counts (every loss-mask byte of %s "
+                        "targets is 0): nothing to score; give shards with response tokens%s",
+                   flag, ev->spec, (long long)ev->n, ev->n == 1 ? "" : "s", ev->n == 1 ? "has" : "have",
+                   ev->n == 1 ? "its" : "their", ev->n < data_num_samples(ev->data) ? ", or more samples" : "");
+}
+
 evaluator *eval_open(trainer *t, const eval_opts *o, err_t *err) {
     err->msg[0] = '\0';
     if (!o->data) {
@@ -112,6 +130,10 @@ evaluator *eval_open(trainer *t, const eval_opts *o, err_t *err) {
             return NULL;
         }
     }
+    if (check_scored(ev, flag, err) < 0) {
+        eval_close(ev);
+        return NULL;
+    }
     return ev;
 }
 
@@ -136,7 +158,9 @@ int eval_loss(evaluator *ev, trainer *t, double *loss, err_t *err) {
     }
     if (fsdp_allreduce_sums(t, v, 2, err) < 0) return err_prefix(err, "validation after step %lld", (long long)t->step);
     ev->targets = v[1];
-    *loss = v[1] > 0 ? v[0] / v[1] : NAN;
+    if (v[1] == 0) /* eval_open refused such a set; a mean over no target is no loss */
+        return err_set(err, "validation after step %lld: no target counted", (long long)t->step);
+    *loss = v[0] / v[1];
     return 0;
 }
 

@@ -187,7 +187,7 @@ static int open_index(hf_import *imp, err_t *err) {
     if (!root) return -1;
     json_ctx c = {index, err};
     const cJSON *map = NULL;
-    int rc = json_expect_object(&c, root, "index") < 0 || json_check_unique_keys(&c, root, "") < 0 ||
+    int rc = json_expect_object(&c, root, "index") < 0 ||
                      json_require(&c, root, "", "weight_map", &map) < 0 ||
                      json_expect_object(&c, map, "weight_map") < 0
                  ? -1

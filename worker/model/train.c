@@ -360,6 +360,7 @@ static int load_samples(trainer *t, err_t *err) {
     int64_t masked_targets = 0;
     bool masked = !img && data_has_loss_mask(t->data);
     if (masked && global_targets(t, &masked_targets, err) < 0) return -1;
+    t->rank_targets = 0;
     for (int i = 0; i < c->batch; i++) {
         int64_t s = t->step * c->global_batch + c->sample_offset + i;
         int targets = 1;
@@ -372,6 +373,7 @@ static int load_samples(trainer *t, err_t *err) {
             targets = 0;
             for (int k = 0; k < T; k++) targets += tgt[k] >= 0;
         }
+        t->rank_targets += targets;
         /* the loss scale (a power of two) multiplies exactly */
         if (masked) t->row_scale[i] = (float)(t->loss_scale / (double)(masked_targets ? masked_targets : 1));
         else t->row_scale[i] = (float)(t->loss_scale / ((double)c->global_batch * (targets ? targets : 1)));
@@ -685,12 +687,21 @@ static void optimizer_step(trainer *t, double lr, float gscale) {
     }
 }
 
-/* Loss and gradient norm over the whole job, both unscaled: each rank's loss is its share of the
- * global mean; the squared norm is summed over the shards (a replicated rank already has all of
- * it). *finite is false on every rank when any rank's gradient has an inf or NaN. The squared
- * norm of every unit's shard is one device op (units in order), next to the loss the head
- * summed there; both come to the host in the step's one download. */
-static int global_loss_and_norm(trainer *t, double *gloss, double *norm, bool *finite, err_t *err) {
+/* What a step's one all-reduce brings back: the same on every rank. */
+typedef struct step_sums {
+    double loss, norm; /* unscaled */
+    bool finite;       /* no rank's gradient has an inf or NaN */
+    double targets;    /* the global batch's targets that count (every rank's rows) */
+} step_sums;
+
+/* Loss, gradient norm and target count over the whole job, the first two unscaled: each rank's
+ * loss is its share of the global mean; the squared norm is summed over the shards (a replicated
+ * rank already has all of it). The target count is summed over the ranks, so that whether the
+ * step has anything to learn from is decided alike everywhere (a rank's rows may have no target
+ * while another's have some). The squared norm of every unit's shard is one device op (units in
+ * order), next to the loss the head summed there; both come to the host in the step's one
+ * download. */
+static int global_loss_and_norm(trainer *t, step_sums *out, err_t *err) {
     const float **x = xcalloc((size_t)t->n_units, sizeof *x);
     for (int u = 0; u < t->n_units; u++) x[u] = t->grads[u];
     OP(&t->dev, sumsq_multi, &t->sums[1], t->n_units, x, t->shard_n);
@@ -698,13 +709,12 @@ static int global_loss_and_norm(trainer *t, double *gloss, double *norm, bool *f
     double sums[ENGINE_STEP_SUMS];
     dev_download(&t->dev, sums, t->sums, sizeof sums);
     double loss = sums[0], sumsq = sums[1];
-    double v[4] = {loss / t->loss_scale, t->sharded ? sumsq : 0,
-                   t->stop_request && *t->stop_request ? 1 : 0, isfinite(sumsq) ? 0 : 1};
-    if (fsdp_allreduce_sums(t, v, 4, err) < 0) return -1;
+    double v[5] = {loss / t->loss_scale, t->sharded ? sumsq : 0,
+                   t->stop_request && *t->stop_request ? 1 : 0, isfinite(sumsq) ? 0 : 1, (double)t->rank_targets};
+    if (fsdp_allreduce_sums(t, v, 5, err) < 0) return -1;
     t->stop_agreed = v[2] > 0;
-    *gloss = v[0];
-    *finite = v[3] == 0;
-    *norm = sqrt(t->sharded ? v[1] : sumsq) / t->loss_scale;
+    *out = (step_sums){.loss = v[0], .finite = v[3] == 0, .norm = sqrt(t->sharded ? v[1] : sumsq) / t->loss_scale,
+                       .targets = v[4]}; /* integers below 2^53: exact in any order */
     return 0;
 }
 
@@ -727,7 +737,7 @@ static int pass(trainer *t, mb_range r, err_t *err) {
     return backward_units(t, r, s, err);
 }
 
-static int run_step(trainer *t, double *loss, double *norm, bool *finite, err_t *err) {
+static int run_step(trainer *t, step_sums *out, err_t *err) {
     for (int u = 0; u < t->n_units; u++)
         if (t->shard_n[u]) dev_zero(&t->dev, t->grads[u], t->shard_n[u]);
     dev_zero(&t->dev, (float *)t->sums, 2 * ENGINE_STEP_SUMS); /* +0.0 is all-zero bits */
@@ -741,7 +751,7 @@ static int run_step(trainer *t, double *loss, double *norm, bool *finite, err_t 
     else
         rc = pass(t, (mb_range){0, l}, err);
     if (rc == 0) inject_nonfinite(t);
-    if (rc < 0 || global_loss_and_norm(t, loss, norm, finite, err) < 0) {
+    if (rc < 0 || global_loss_and_norm(t, out, err) < 0) {
         if (t->cfg.comm) fsdp_drain(t);
         return -1;
     }
@@ -778,26 +788,30 @@ int trainer_step(trainer *t, step_stats *st, err_t *err) {
     t->wait_ms = 0;
     t->offload_ms = 0;
     if (load_samples(t, err) < 0) return err_prefix(err, "step %lld", (long long)t->step);
-    double loss, norm, scale = t->loss_scale;
-    bool finite;
-    if (run_step(t, &loss, &norm, &finite, err) < 0) return err_prefix(err, "step %lld", (long long)t->step);
+    double scale = t->loss_scale;
+    step_sums s;
+    if (run_step(t, &s, err) < 0) return err_prefix(err, "step %lld", (long long)t->step);
     double lr = train_lr(&t->cfg, t->step);
-    bool skip = !finite && t->cfg.prec == PREC_FP16;
+    /* a global batch without a target that counts has nothing to learn from: its gradient is zero,
+     * but AdamW would still decay the weights and move them by its moments (step_stats.empty) */
+    bool empty = s.targets == 0;
+    bool skip = !s.finite && t->cfg.prec == PREC_FP16;
     /* a step whose loss is not finite is not applied either: training stops there, and the weights
      * stay those the loss was computed on, for the diagnosis (trainer_weight_stats) */
-    if (!skip && isfinite(loss)) {
-        double coef = t->cfg.clip > 0 ? t->cfg.clip / (norm + 1e-6) : 1.0;
+    if (!skip && !empty && isfinite(s.loss)) {
+        double coef = t->cfg.clip > 0 ? t->cfg.clip / (s.norm + 1e-6) : 1.0;
         /* unscaling by a power of two is exact */
         optimizer_step(t, lr, (float)((coef < 1.0 ? coef : 1.0) / scale));
         t->adam_steps++;
         t->updates_run++;
     }
-    if (update_loss_scale(t, skip, err) < 0) return -1;
+    /* an empty step says nothing of the scale: nothing was at risk of overflowing */
+    if (!empty && update_loss_scale(t, skip, err) < 0) return -1;
     t->dev.ops->sync(&t->dev);
     double ms = clock_now_ms() - t0;
     if (t->cfg.comm) comm_get_stats(t->cfg.comm, &c1);
-    *st = (step_stats){.step = t->step, .loss = loss, .lr = lr, .grad_norm = norm, .step_ms = ms,
-                       .loss_scale = scale, .skipped = skip,
+    *st = (step_stats){.step = t->step, .loss = empty ? NAN : s.loss, .lr = lr, .grad_norm = s.norm, .step_ms = ms,
+                       .loss_scale = scale, .skipped = skip, .targets = s.targets, .empty = empty,
                        .peak_bytes = t->dev.peak_bytes, .gathers = t->n_gathers - g0,
                        .reduce_scatters = t->n_reduce_scatters - r0,
                        .allreduces = t->n_allreduces - a0,

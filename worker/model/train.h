@@ -101,6 +101,13 @@ typedef struct step_stats {
     double step_ms, tokens_per_s, samples_per_s;
     double loss_scale; /* the scale the step's gradient was computed at (1 unless fp16) */
     bool skipped;      /* fp16: a gradient was not finite; the parameters were left as they were */
+    /* the targets of the whole global batch whose loss counts (all-reduced: the same on every
+     * rank), and whether there were none: loss-masked data whose mask is 0 on every target of
+     * the batch. Such a step has no loss (NAN) and no update: no optimizer step, no weight decay,
+     * no AdamW step counted, the fp16 loss scale left alone; the step itself (the data order, the
+     * learning-rate schedule) advances, so the next step reads the next batch. */
+    double targets;
+    bool empty;
     int64_t peak_bytes;
     /* collectives this step (engine counters) and the bytes this rank sent */
     int64_t gathers, reduce_scatters, allreduces, bytes_sent;
@@ -173,6 +180,7 @@ typedef struct trainer {
     int32_t *ids_host, *tgt_host; /* [l][m*T] (ViT targets: [l][m]) */
     float *img_host; /* [l][m*C*S*S] */
     float *row_scale; /* [l][m]: each sample's loss weight, 1/(B * its targets) */
+    int64_t rank_targets; /* this step's targets on this rank's rows (load_samples) */
     float **boundary; /* [n_units - 1][l] host, each [m*T*d]; boundary[u][j] = input of unit u+1 */
     float **grad_pool; /* [l] host [m*T*d]: the gradient flowing back, per microbatch */
     int64_t host_bytes; /* the offload pool (device bytes when cfg.no_offload) */
@@ -186,6 +194,9 @@ typedef struct trainer {
     int64_t clean_steps;   /* steps since the scale last changed */
     int64_t skipped_steps; /* of the whole run */
     int64_t samples_seen;
+    /* the tokenizer the checkpoint resumed from records (state/ckpt.c; TOKID_UNKNOWN: none or not
+     * resumed): carried for the command's tokenizer checks, never used here (no text in a step) */
+    tok_id resumed_tok;
     /* tests: when set, step 0's logits go here (host, [B*T*V] or [B*classes]) */
     float *logits_out;
 } trainer;

@@ -209,11 +209,21 @@ static int read_step(const st_file *f, int64_t *step, err_t *err) {
     return 0;
 }
 
+/* The metadata cephalo.train (the settings of the run that wrote the checkpoint), for the warnings
+ * below; NULL when absent, or when it does not read as JSON (said: the warnings are then left
+ * out, the checkpoint itself is fine). */
+static cJSON *train_meta(const st_file *f) {
+    const char *text = st_meta(f, "cephalo.train");
+    err_t err;
+    cJSON *o = text ? json_parse(st_label(f), text, strlen(text), &err) : NULL;
+    if (text && !o) log_warn("metadata cephalo.train: %s (the resumed run's settings are not compared)", err.msg);
+    return o;
+}
+
 /* The data order is a function of the seed and the global batch (docs/data.md): resuming with
  * either changed is allowed, but the run no longer continues the interrupted one. */
 static void warn_changed_order(const st_file *f, const train_config *now) {
-    const char *text = st_meta(f, "cephalo.train");
-    cJSON *o = text ? cJSON_Parse(text) : NULL;
+    cJSON *o = train_meta(f);
     cJSON *cur = train_config_json(now);
     const char *keys[] = {"seed", "batch", "seq"};
     for (size_t i = 0; o && i < sizeof keys / sizeof keys[0]; i++) {
@@ -247,8 +257,7 @@ static double recorded_lr(const cJSON *o, int64_t step) {
  * extended), but said, with the rate it changes and how to keep the interrupted run's. */
 static void warn_changed_schedule(const st_file *f, const train_config *now, int64_t step) {
     if (now->steps <= step) return; /* no step left to take (eval, sample, a finished run) */
-    const char *text = st_meta(f, "cephalo.train");
-    cJSON *o = text ? cJSON_Parse(text) : NULL;
+    cJSON *o = train_meta(f);
     cJSON *cur = train_config_json(now);
     const char *keys[] = {"steps", "lr", "min_lr", "warmup", "schedule"};
     char *changed = NULL;
@@ -306,7 +315,9 @@ int trainer_resume(trainer *t, const char *path, err_t *err) {
     }
     warn_changed_order(f, &t->cfg);
     warn_changed_schedule(f, &t->cfg, step);
-    if (read_optimizer(f, t, step, err) < 0 || load_state(t, set, err) < 0) goto out;
+    if (ckpt_read_tokenizer(f, &t->resumed_tok, err) < 0 || read_optimizer(f, t, step, err) < 0 ||
+        load_state(t, set, err) < 0)
+        goto out;
     t->step = step;
     t->samples_seen = step * t->cfg.global_batch;
     rc = 0;

@@ -283,7 +283,8 @@ static int load(exporter *x, model_spec *m, const char *path, err_t *err) {
     return rc;
 }
 
-int export_read_checkpoint(const char *checkpoint, model_spec *m, bool allow_unused, float ***units, err_t *err) {
+int export_read_checkpoint(const char *checkpoint, model_spec *m, bool allow_unused, float ***units, tok_id *recorded,
+                           err_t *err) {
     exporter x = {.m = m, .allow_unused = allow_unused};
     char path[PATH_MAX];
     int rc = ckpt_dir_resolve(checkpoint, path, sizeof path, err);
@@ -294,6 +295,7 @@ int export_read_checkpoint(const char *checkpoint, model_spec *m, bool allow_unu
         return -1;
     }
     *units = x.unit;
+    *recorded = x.recorded;
     return 0;
 }
 
@@ -305,7 +307,7 @@ static int export_tokenizer(const exporter *x, const char *resolved, const expor
     mtok kept = {0};
     *t = NULL;
     if (o->tokenizer) snprintf(file, n, "%s", o->tokenizer);
-    else if (mtok_for_checkpoint(resolved, &kept, err) < 0) return -1;
+    else if (mtok_for_checkpoint(resolved, x->recorded, &kept, err) < 0) return -1;
     else snprintf(file, n, "%s", kept.path);
     if (!file[0]) return 0;
     if (tok_load(t, file, err) < 0) return -1;

@@ -7,6 +7,7 @@
 
 #include "common/err.h"
 #include "formats/safetensors.h"
+#include "formats/tokenizer.h"
 #include "planner/model.h"
 
 /* The model and every unit's parameters (host, wmodel's layout) of what a --checkpoint PATH names:
@@ -15,7 +16,9 @@
  * the caller frees each and the array. (`cephalo-worker sample` reads its model this way.)
  * Tensors the model does not read are an error (a warning with allow_unused), and so is a value
  * that is not finite (model/weights.h). */
-int export_read_checkpoint(const char *checkpoint, model_spec *m, bool allow_unused, float ***units, err_t *err);
+/* *recorded: the tokenizer the checkpoint records (TOKID_UNKNOWN: none), for mtok_for_checkpoint. */
+int export_read_checkpoint(const char *checkpoint, model_spec *m, bool allow_unused, float ***units, tok_id *recorded,
+                           err_t *err);
 typedef struct export_opts {
     bool allow_unused;     /* --allow-unused-weights */
     st_dtype dtype;        /* --dtype: ST_F32 (default), ST_BF16 or ST_F16 */

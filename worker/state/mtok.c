@@ -36,7 +36,8 @@ static void parent(const char *path, char *out, size_t n) {
     else *slash = '\0';
 }
 
-int mtok_for_checkpoint(const char *resolved, mtok *t, err_t *err) {
+/* The tokenizer.json kept beside a checkpoint (mtok.h), whatever it is; *t unknown when none. */
+static int kept_for_checkpoint(const char *resolved, mtok *t, err_t *err) {
     char dir[PATH_MAX], up[PATH_MAX];
     if (file_is_dir(resolved)) { /* a step directory: its own files first */
         if (mtok_from_dir(resolved, t, err) < 0 || t->id.kind) return t->id.kind ? 0 : -1;
@@ -52,6 +53,22 @@ int mtok_for_checkpoint(const char *resolved, mtok *t, err_t *err) {
     return strcmp(up, dir) ? mtok_from_dir(up, t, err) : 0;
 }
 
+int mtok_for_checkpoint(const char *resolved, tok_id recorded, mtok *t, err_t *err) {
+    if (kept_for_checkpoint(resolved, t, err) < 0) return -1;
+    if (!recorded.kind || tok_id_equal(recorded, t->id)) return 0;
+    if (!t->id.kind) { /* recorded, no file kept: the identity alone (text needs the file) */
+        *t = (mtok){.id = recorded};
+        return 0;
+    }
+    char a[TOK_ID_NAME_MAX], b[TOK_ID_NAME_MAX];
+    tok_id_name(t->id, a);
+    tok_id_name(recorded, b);
+    return err_set(err, "%s is tokenizer %s, but the checkpoint %s was trained with %s (its metadata cephalo.tokenizer): "
+                        "not this model's tokenizer (the file was replaced after the checkpoint was written?); put the "
+                        "model's own tokenizer.json there, or give it with --tokenizer where the command takes one",
+                   t->path, a, resolved, b);
+}
+
 void mtok_data_dir(const char *spec, char *out, size_t n) {
     char first[PATH_MAX];
     size_t k = strcspn(spec, ",");
@@ -60,8 +77,8 @@ void mtok_data_dir(const char *spec, char *out, size_t n) {
     else parent(first, out, n);
 }
 
-int mtok_for_model(const char *init_from, const char *resolved, mtok *t, err_t *err) {
-    return init_from ? mtok_from_dir(init_from, t, err) : mtok_for_checkpoint(resolved, t, err);
+int mtok_for_model(const char *init_from, const char *resolved, tok_id recorded, mtok *t, err_t *err) {
+    return init_from ? mtok_from_dir(init_from, t, err) : mtok_for_checkpoint(resolved, recorded, t, err);
 }
 
 int mtok_check_data(const mtok *model, const char *model_from, tok_id data, const char *shard, err_t *err) {
@@ -86,9 +103,22 @@ int mtok_check_vocab(const mtok *t, int vocab, const char *what, err_t *err) {
 }
 
 int mtok_keep(const mtok *t, const char *dir, err_t *err) {
-    if (!t->path[0]) return 0;
     char dst[PATH_MAX];
+    if (!t->id.kind) return 0;
     if (str_fmt(dst, sizeof dst, err, "the tokenizer path", "%s/%s", dir, MTOK_FILE) < 0) return -1;
+    if (!t->path[0]) {
+        tok_id have;
+        if (!is_file(dst)) return 0;
+        if (tok_file_identity(dst, &have, err) < 0) return -1;
+        if (tok_id_equal(have, t->id)) return 0;
+        char a[TOK_ID_NAME_MAX], b[TOK_ID_NAME_MAX];
+        tok_id_name(have, a);
+        tok_id_name(t->id, b);
+        return err_set(err, "%s is tokenizer %s, but the model trained here is %s, whose tokenizer.json this run does not "
+                            "have: the checkpoints would record %s beside another tokenizer's file; move it away (or give "
+                            "the model's tokenizer: --init-from DIR with its tokenizer.json, or data with theirs beside them)",
+                       dst, a, b, b);
+    }
     if (file_same(t->path, dst)) return 0;
     if (is_file(dst)) {
         tok_id have;
