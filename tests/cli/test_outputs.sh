@@ -181,15 +181,7 @@ check "... the tokenizer beside a shard named" 2 "this is the input --data dtok/
 check "... untouched" 0 '"mine": 1' -- cat dtok/tokenizer.json
 
 # ---- a run directory owns its checkpoint directory ----
-cat >user/ckjob.yaml <<'Y'
-model: tiny-gpt
-batch: 4
-steps: 2
-seq: 32
-devices: [{type: cpu, threads: 1, memory: 256M}]
-data: synthetic
-checkpoint: {dir: ckpt, every: 1}
-Y
+{ cat user/job.yaml && echo "checkpoint: {dir: ckpt, every: 1}"; } >user/ckjob.yaml
 "$C" run user/ckjob.yaml --run-dir rc --quiet >/dev/null 2>&1
 rck=$(sum rc/ckpt/step_00000002.safetensors)
 check "cephalo report RUN -o RUN/ckpt/step_N.safetensors: refused" 2 \
