@@ -68,7 +68,7 @@ check "train --plan DIR" 2 "$T/dir: is a directory, expected a file" -- "$W" tra
 check "sample --init-from FILE: a file, expected a directory" 2 "--init-from: $T/file: is a file, expected a directory" -- "$W" sample --init-from "$T/file"
 check "eval --init-from FILE" 2 "--init-from: $T/file: is a file, expected a directory" -- "$W" eval --init-from "$T/file" --data synthetic
 check "train --init-from FILE" 2 "--init-from: $T/file: is a file, expected a directory" -- "$W" train --data synthetic --init-from "$T/file" --batch 2
-check "train --dump FILE (an output directory)" 1 "--dump: $T/file: is a file, expected a directory" -- "$W" train --data synthetic --model tiny-gpt --batch 2 --steps 1 --dump "$T/file"
+check "train --dump FILE (an output directory)" 2 "--dump $T/file: is a file, expected a directory" -- "$W" train --data synthetic --model tiny-gpt --batch 2 --steps 1 --dump "$T/file"
 check "data -o FILE" 2 "$T/file: is a file, expected a directory" -- "$C" data -o "$T/file" "$T/d.txt"
 check "run --run-dir FILE/sub: the part in the way named" 2 "$T/file/sub: $T/file is a file, expected a directory" -- \
   "$C" run "$T/minlr-ok.yaml" --run-dir "$T/file/sub" --dry-run
