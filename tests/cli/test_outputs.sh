@@ -196,6 +196,8 @@ check "... and the report goes elsewhere" 0 "report: rc/page.html" -- "$C" repor
 # ---- what an output path is: a device or FIFO is written in place, never replaced ----
 check "an output that is a directory: refused before any work" 2 "-o hf: is a directory, expected a file" -- \
   "$C" plan --cluster c.yaml --model gpt2-124m --batch 64 -o hf
+check "... profile-comm's -o too, before it waits for its peers" 2 "-o hf: is a directory, expected a file" -- \
+  env RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=9 CEPHALO_COMM_TIMEOUT=5 "$W" profile-comm -o hf
 ln -s nowhere.json dangling.json
 check "... a symbolic link to nothing: refused" 2 "-o dangling.json: a symbolic link to a file that does not exist" -- \
   "$C" plan --cluster c.yaml --model gpt2-124m --batch 64 -o dangling.json

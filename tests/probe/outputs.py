@@ -184,6 +184,9 @@ DIR_OUTPUTS = [
      ["d/train_000000.bin"]),
     ("run --run-dir", lambda o: [C, "run", "djob.yaml", "--quiet", "--run-dir", o], ["d/train_000000.bin", "djob.yaml"]),
 ]
+# profile-comm needs a peer: only the kinds refused before the rendezvous, with a short timeout
+COMM = ("worker profile-comm -o", lambda o: ["env", "RANK=0", "WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1", "MASTER_PORT=9",
+                                             "CEPHALO_COMM_TIMEOUT=5", W, "profile-comm", "-o", o])
 CHEAP = {"plan -o", "plan --dump-costs", "report -o", "train --data DIR", "train --resume auto", "sample --dump-logits",
          "worker profile -o"}
 
@@ -201,6 +204,10 @@ def cases():
             may = own + ([path + ".target"] if kind == "symlink-dir" else [])
             yield "%s, output a %s" % (name, kind), kind_setup(kind, path), argv(path), "kind:" + kind, inputs, may
         yield "%s, output a new file" % name, [], argv("new.out"), "written", inputs, own + ["new.out"]
+    name, argv = COMM
+    for kind, path in KINDS:
+        if kind in ("dir", "socket", "dangling", "blockdev", "symlink-dir"):
+            yield "%s, output a %s" % (name, kind), kind_setup(kind, path), argv(path), "kind:" + kind, [], []
     for name, argv, inputs in DIR_OUTPUTS:
         for inp in inputs:
             d = os.path.dirname(inp) or "."

@@ -79,6 +79,18 @@ static int device_name(const args *p, const compute_cmd *o, char *name, size_t n
     return 0;
 }
 
+/* -o against the model read (common/outputs.h), before anything is measured: exit 2 when refused. */
+static int check_outputs(const char *cmd, const char *model, const char *out) {
+    out_set s = out_begin(cmd);
+    out_input_path(&s, "--model", model, &out_hf_input);
+    out_file(&s, "-o", out);
+    err_t err;
+    int rc = out_check(&s, &err);
+    out_free(&s);
+    if (rc < 0) fprintf(stderr, "%s: %s\n", cmd, err.msg);
+    return rc;
+}
+
 int cmd_profile(int argc, char **argv) {
     compute_cmd o = {.w = {.device = "cpu", .prec = PREC_FP32, .max_micro = 8, .min_ms = 150}};
     args p;
@@ -88,12 +100,7 @@ int cmd_profile(int argc, char **argv) {
     model_spec model;
     int seq;
     char name[32];
-    out_set s = out_begin(WORKER_NAME " profile");
-    out_input_path(&s, "--model", o.model, &out_hf_input);
-    out_file(&s, "-o", o.w.out);
-    rc = out_check(&s, &err);
-    out_free(&s);
-    if (rc < 0) return fprintf(stderr, WORKER_NAME " profile: %s\n", err.msg), WCMD_EXIT_BAD_INPUT;
+    if (check_outputs(WORKER_NAME " profile", o.model, o.w.out) < 0) return WCMD_EXIT_BAD_INPUT;
     if (model_resolve(o.model, &model, &err) < 0) return args_bad(&p, "--model: %s", err.msg);
     if (model_check_seq(&model, (int)o.seq, &seq, &err) < 0) return args_bad(&p, "--seq: %s", err.msg);
     if (device_name(&p, &o, name, sizeof name)) return ARGS_BAD;
@@ -149,6 +156,7 @@ int cmd_profile_comm(int argc, char **argv) {
     long rank, world;
     int rc = parse_comm(argc, argv, &o, &p);
     if (rc || (rc = comm_ranks(&p, &rank, &world))) return rc;
+    if (check_outputs(WORKER_NAME " profile-comm", NULL, o.out) < 0) return WCMD_EXIT_BAD_INPUT;
     err_t err;
     comm_config cc;
     if (comm_config_from_env(&cc, (int)rank, (int)world, &err) < 0) return args_bad(&p, "%s", err.msg);
