@@ -416,8 +416,10 @@ static void build_comm(cost_model *cm) {
     c->rs_ms = L * comm_line(cm, true, blk * relem) + comm_line(cm, true, head * relem) +
                (md->tied_head ? comm_line(cm, true, emb * relem) : 0);
     c->rs_last_ms = comm_line(cm, true, emb * relem);
-    /* the loss, the squared norm and the stop flag (3 doubles): a latency-bound reduce-scatter and all-gather */
-    c->sums_ms = comm_line(cm, true, 24) + comm_line(cm, false, 24);
+    /* the step's all-reduced sums (ENGINE_STEP_ALLREDUCED doubles): a latency-bound reduce-scatter
+     * and all-gather */
+    double sums = ENGINE_STEP_ALLREDUCED * sizeof(double);
+    c->sums_ms = comm_line(cm, true, sums) + comm_line(cm, false, sums);
     if (comm_contends(cm)) {
         c->cpu_fwd_ms = L * comm_cpu_line(cm, false, blk * gelem) + comm_cpu_line(cm, false, head * gelem) +
                         (md->tied_head ? comm_cpu_line(cm, false, emb * gelem) : 0);

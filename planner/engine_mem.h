@@ -23,6 +23,9 @@
 #define ENGINE_HEAD_LOGITS_BYTES ((int64_t)256 << 20)
 /* The step's sums on the device, read once per step: the loss and the squared gradient norm. */
 #define ENGINE_STEP_SUMS 2
+/* The doubles the step all-reduces over the ranks (the planner prices them): the loss, the squared
+ * gradient norm, the stop flag, the non-finite flag and the count of targets that count. */
+#define ENGINE_STEP_ALLREDUCED 5
 
 /* Float counts of the activation workspace's buffer kinds for microbatches up to max_m. */
 typedef struct engine_workspace {

@@ -709,9 +709,10 @@ static int global_loss_and_norm(trainer *t, step_sums *out, err_t *err) {
     double sums[ENGINE_STEP_SUMS];
     dev_download(&t->dev, sums, t->sums, sizeof sums);
     double loss = sums[0], sumsq = sums[1];
-    double v[5] = {loss / t->loss_scale, t->sharded ? sumsq : 0,
-                   t->stop_request && *t->stop_request ? 1 : 0, isfinite(sumsq) ? 0 : 1, (double)t->rank_targets};
-    if (fsdp_allreduce_sums(t, v, 5, err) < 0) return -1;
+    double v[ENGINE_STEP_ALLREDUCED] = {loss / t->loss_scale, t->sharded ? sumsq : 0,
+                                        t->stop_request && *t->stop_request ? 1 : 0, isfinite(sumsq) ? 0 : 1,
+                                        (double)t->rank_targets};
+    if (fsdp_allreduce_sums(t, v, ENGINE_STEP_ALLREDUCED, err) < 0) return -1;
     t->stop_agreed = v[2] > 0;
     *out = (step_sums){.loss = v[0], .finite = v[3] == 0, .norm = sqrt(t->sharded ? v[1] : sumsq) / t->loss_scale,
                        .targets = v[4]}; /* integers below 2^53: exact in any order */
