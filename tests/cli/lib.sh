@@ -37,6 +37,22 @@ wait_for() {
   until "$@" >/dev/null 2>&1; do [ $SECONDS -ge $end ] && return 1; sleep 0.1; done
 }
 
+# wait_moving STALL 'GLOB' COMMAND...   (until the command succeeds, as long as the files GLOB
+# names keep growing). For waits on training: how long 100 steps take depends on the machine and
+# on what else runs on it, so the bound is on the workers' logs standing still for STALL seconds,
+# not on the wall clock (a cap of 900 s keeps a job that logs but never gets there from hanging).
+wait_moving() {
+  local stall=$1 glob=$2 last=-1 size moved=$SECONDS end=$((SECONDS + 900))
+  shift 2
+  until "$@" >/dev/null 2>&1; do
+    # shellcheck disable=SC2086 # GLOB is expanded here, on purpose
+    size=$(stat -c %s $glob 2>/dev/null | awk '{s += $1} END {print s + 0}')
+    [ "$size" != "$last" ] && { last=$size; moved=$SECONDS; }
+    { [ $((SECONDS - moved)) -ge "$stall" ] || [ $SECONDS -ge $end ]; } && return 1
+    sleep 0.2
+  done
+}
+
 # losses_within REL STEPS REF.jsonl RUN.jsonl...: each run's log has STEPS steps and each step's
 # loss within REL (relative) of REF's; fails printing the losses (for check ... -- losses_within)
 losses_within() {

@@ -172,7 +172,7 @@ assert "... and makes its plan ConfigMap and 2 worker pods (one per GPU)" wait_f
    [ \$(kubectl get pods -n $JNS -l cephalo.dev/job=tiny -o name | wc -l) -eq 2 ]"
 check "... pinned to gpu-a and gpu-b, owned by the job" 0 "gpu-a CephaloJob tiny|gpu-b CephaloJob tiny|" -- bash -c \
   "kubectl get pods -n $JNS -l cephalo.dev/job=tiny -o jsonpath='{range .items[*]}{.spec.nodeName} {.metadata.ownerReferences[0].kind} {.metadata.ownerReferences[0].name}{\"\\n\"}{end}' | sort | tr '\n' '|'"
-assert "the job goes Succeeded (the workers trained it, CPU-emulated)" wait_for 120 bash -c \
+assert "the job goes Succeeded (the workers trained it, CPU-emulated)" wait_moving 60 "$dir/kl/logs/*" bash -c \
   "$(declare -f job_phase); JNS=$JNS; [ \"\$(job_phase)\" = Succeeded ]"
 check "... both worker pods Succeeded" 0 "Succeeded Succeeded " -- \
   jp pods -n "$JNS" -l cephalo.dev/job=tiny -o jsonpath='{range .items[*]}{.status.phase} {end}'

@@ -259,7 +259,7 @@ job ft "    initFrom:
 K apply -f "$dir/ft.yaml" >/dev/null
 wait_for 30 pods_are ft 2
 bind ft gpu-k
-assert "the fine-tuning job ends Succeeded" wait_for 120 phase_is ft Succeeded
+assert "the fine-tuning job ends Succeeded" wait_moving 60 "$dir/kl/logs/*" phase_is ft Succeeded
 # the reference: one local rank from the same directory (the invariant: any plan gives 1 rank's
 # losses), and one from other weights of the same shape
 ref() { "$WORKER" train --init-from "$1" --batch 4 --seq 32 --steps 6 --lr 0.001 --data "$dir/kl/pvc/tokens/train.bin" \

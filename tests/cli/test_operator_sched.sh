@@ -83,7 +83,8 @@ untainted() { # the nodes NAME... exist, Ready, without taints (the scheduler pl
   done
 }
 event() { K get events --field-selector "involvedObject.name=$1,reason=$2" -o jsonpath='{.items[*].message}' 2>/dev/null; }
-# STEPS_DONE JOB STEPS: every worker log of the job's current pods reached step STEPS
+# trained JOB STEPS: every worker log of the job's current pods reached step STEPS (retried: a
+# kubectl call the loaded API server answers late must not read as a worker that stopped short)
 trained() {
   local n u c=0 w=0
   while read -r n u; do
@@ -129,18 +130,18 @@ assert "a job whose only node is tainted against it cannot plan: NoGPUs, the mes
 check "... and it has no pods" 0 "" -- pod_phases taint-only
 job tolerant 10 'gpus: {nodeSelector: {kubernetes.io/hostname: s-c}}' \
   'tolerations: [{key: cephalo.dev/test, operator: Equal, value: refuse, effect: NoSchedule}]' | K apply -f - >/dev/null
-assert "a job tolerating the taint is placed on s-c by the scheduler and trains to the end" wait_for 60 phase_is tolerant Succeeded
+assert "a job tolerating the taint is placed on s-c by the scheduler and trains to the end" wait_moving 60 "$dir/kl/logs/*" phase_is tolerant Succeeded
 check "... its pod was bound to s-c" 0 "s-c" -- jp pod tolerant-0 '{.spec.nodeName}'
 K delete cephalojob tolerant >/dev/null
 job around 10 | K apply -f - >/dev/null
-assert "a job that may use any node is planned around the tainted one and trains to the end" wait_for 60 phase_is around Succeeded
+assert "a job that may use any node is planned around the tainted one and trains to the end" wait_moving 60 "$dir/kl/logs/*" phase_is around Succeeded
 check "... its plan's notes name the taint" 0 "" -- bash -c \
   "kubectl get configmap around-plan -o json | grep -q 'node s-c has the taint cephalo.dev/test=refuse:NoSchedule'"
 check "... and none of its pods is on s-c" 0 "" -- bash -c \
   "! kubectl get pods -l cephalo.dev/job=around -o jsonpath='{.items[*].spec.nodeName}' | grep -q s-c"
 K delete cephalojob around >/dev/null
 K taint node s-c cephalo.dev/test- >/dev/null
-assert "the taint removed, the job that could not plan plans on s-c and trains to the end" wait_for 60 phase_is taint-only Succeeded
+assert "the taint removed, the job that could not plan plans on s-c and trains to the end" wait_moving 60 "$dir/kl/logs/*" phase_is taint-only Succeeded
 K delete cephalojob taint-only >/dev/null
 wait_for 30 bash -c "[ -z \"\$(kubectl get pods -o name 2>/dev/null)\" ]"
 
@@ -164,10 +165,10 @@ check "no hot loop: about 20 s of refusals made 2 or 3 gangs (5 s, 10 s, 20 s ap
 check "... counted in the plan ConfigMap's annotation, not against backoffLimit 0" 0 "Restarting restarts=0" -- \
   jp cephalojob refused '{.status.phase} restarts={.status.restarts}'
 node_pods 110
-assert "s-c's pods restored, the next gang (after its backoff) is placed and the job trains to the end" wait_for 60 phase_is refused Succeeded
+assert "s-c's pods restored, the next gang (after its backoff) is placed and the job trains to the end" wait_moving 60 "$dir/kl/logs/*" phase_is refused Succeeded
 check "... the backoff is cleared once a gang ran" 0 "none" -- bash -c \
   "v=\$(kubectl get configmap refused-plan -o jsonpath='{.metadata.annotations.cephalo\\.dev/unschedulable}'); echo \${v:-none}"
-check "... and its worker reached step 40" 0 "" -- trained refused 40
+assert "... and its worker reached step 40" wait_for 20 trained refused 40
 
 # ---- a GPU taken between planning and binding ----------------------------------------------------
 # the operator sees a foreign pod it could not count at planning time either when the scheduler
@@ -203,10 +204,10 @@ assert "the job is re-planned around the foreign pod: the scheduler binds it to 
 rm -f "$dir/gpuwatch.pause"
 check "... saying why (an Unschedulable or a Replanned event)" 0 "" -- bash -c \
   "$(declare -f K event); event grab Unschedulable | grep -q 'planned on node s-a) cannot be scheduled' || event grab Replanned | grep -q 'the usable GPUs changed'"
-assert "... and trains to the end (Succeeded)" wait_for 90 phase_is grab Succeeded
+assert "... and trains to the end (Succeeded)" wait_moving 60 "$dir/kl/logs/*" phase_is grab Succeeded
 check "... never counted against backoffLimit 0, one re-plan" 0 "restarts=0 replans=1" -- \
   jp cephalojob grab 'restarts={.status.restarts} replans={.status.replans}'
-check "... both workers reached step 200" 0 "" -- trained grab 200
+assert "... both workers reached step 200" wait_for 20 trained grab 200
 check "the foreign pod ran on undisturbed" 0 "Running" -- K -n other get pod intruder -o jsonpath='{.status.phase}'
 K -n other delete pod intruder --wait=false >/dev/null
 assert "... and is gone when deleted (the kubelet ends it)" wait_for 30 bash -c "! kubectl -n other get pod intruder >/dev/null 2>&1"
@@ -221,12 +222,12 @@ assert "a second job waits (Queued)" wait_for 30 phase_is second Queued
 check "... Admitted False, naming the GPUs it waits for" 0 "False WaitingForGPUs needs 4 GPUs (3 L4, 1 A10G) of its plan; 0 free" -- \
   jp cephalojob second '{.status.conditions[?(@.type=="Admitted")].status} {.status.conditions[?(@.type=="Admitted")].reason} {.status.conditions[?(@.type=="Admitted")].message}'
 check "... with no pods" 0 "0" -- bash -c "kubectl get pods -l cephalo.dev/job=second -o name | wc -l"
-assert "the first job trains to the end (Succeeded)" wait_for 120 phase_is first Succeeded
-check "... every worker reached step 400" 0 "" -- trained first 400
+assert "the first job trains to the end (Succeeded)" wait_moving 60 "$dir/kl/logs/*" phase_is first Succeeded
+assert "... every worker reached step 400" wait_for 20 trained first 400
 assert "the second then starts on the 4 GPUs" wait_for 60 bash -c \
   "[ \"\$(kubectl get cephalojob second -o jsonpath='{.status.conditions[?(@.type==\"Admitted\")].status} {.status.plan.worldSize}')\" = 'True 4' ]"
-assert "... and trains to the end (Succeeded)" wait_for 120 phase_is second Succeeded
-check "... every worker reached step 40" 0 "" -- trained second 40
+assert "... and trains to the end (Succeeded)" wait_moving 60 "$dir/kl/logs/*" phase_is second Succeeded
+assert "... every worker reached step 40" wait_for 20 trained second 40
 
 # ---- minGPUs: start on what is free, grow when the other job ends ---------------------------------
 job holder 300 'gpus: {maxGPUs: 2}' | K apply -f - >/dev/null
@@ -237,7 +238,7 @@ job elastic 1200 'gpus: {minGPUs: 1}' "elastic: {minReplanSeconds: $MIN_REPLAN}"
   "checkpoint: {dir: $dir/ckpt/elastic, every: 10}" | K apply -f - >/dev/null
 assert "a job with minGPUs 1 starts on the 2 GPUs left (s-b, s-c)" wait_for 60 bash -c \
   "[ \"\$(kubectl get cephalojob elastic -o jsonpath='{.status.phase} {.status.plan.ranks[*].node}')\" = 'Running s-b s-c' ]"
-assert "the holder ends (Succeeded)" wait_for 120 phase_is holder Succeeded
+assert "the holder ends (Succeeded)" wait_moving 60 "$dir/kl/logs/*" phase_is holder Succeeded
 assert "the elastic job grows onto all 4 GPUs and runs" wait_for 90 bash -c \
   "[ \"\$(kubectl get cephalojob elastic -o jsonpath='{.status.phase} {.status.plan.worldSize}')\" = 'Running 4' ]"
 check "... one re-plan, no restart counted" 0 "replans=1 restarts=0" -- \
@@ -259,8 +260,8 @@ resumed() { # the 4 current workers resumed from a checkpoint of a step > 0
   [ "$c" = 4 ]
 }
 assert "... the 4 new workers resume from the 2-rank checkpoint" wait_for 30 resumed
-assert "... and train to the end (Succeeded)" wait_for 150 phase_is elastic Succeeded
-check "... every worker reached step 1200" 0 "" -- trained elastic 1200
+assert "... and train to the end (Succeeded)" wait_moving 60 "$dir/kl/logs/*" phase_is elastic Succeeded
+assert "... every worker reached step 1200" wait_for 20 trained elastic 1200
 check "... with exactly one re-plan" 0 "replans=1" -- jp cephalojob elastic 'replans={.status.replans}'
 
 # ---- at every moment, no GPU booked twice ---------------------------------------------------------
