@@ -66,6 +66,14 @@ for f in runs:
 PY
 }
 
+# params_agree A B LR STEPS: two checkpoints of runs that differ only in the order of their sums
+# (another plan, other microbatches, another BLAS kernel) hold the same parameters: rms(a - b) per
+# unit within 1e-2 of AdamW's largest move, lr x steps (`plan_tool.py compare --step` says why an
+# element-wise bound fails on another machine and what a wrong gradient does to this one)
+params_agree() {
+  /usr/bin/python3 tests/fsdp/plan_tool.py compare "$1" "$2" --step "$(awk "BEGIN {print $3 * $4}")" --tol 1e-2
+}
+
 # api_refusals FILE...: the lines where the operator's API client was refused (HTTP 403), as
 # kube.c reports them ("HTTP 403 (Forbidden): ..."). Not a bare "403": commit hashes, ports and
 # times in the same logs contain it (a version line "0.1.0+4a20167d403e" once failed CI). FILE - reads stdin.

@@ -144,8 +144,9 @@ run_gpu_ranks() { # PLAN OUT [worker args...]
 # Exact fp32 matmuls (CEPHALO_CUDA_TF32=0): with TF32 a 1-ulp difference of an fp32 sum (another
 # microbatch split or reduction order) flips the TF32 rounding of operands, and AdamW turns that
 # into 4e-3..8e-3 after 3 steps (seen on an H200), which would hide a real error. In fp32 the CPU
-# test's 1e-4 holds. GPU_INVARIANT_TOL overrides.
-INV_TOL=${GPU_INVARIANT_TOL:-1e-4}
+# test's bound holds: rms(a - b) per unit within 1e-2 of lr x steps (params_agree in
+# tests/cli/lib.sh, docs/fsdp.md "The invariant"). GPU_INVARIANT_TOL overrides.
+INV_TOL=${GPU_INVARIANT_TOL:-1e-2}
 export CEPHALO_CUDA_TF32=0
 if [[ $PARTS == *c* ]]; then
   declare -A RANKS=([2]="7:7,5:1" [3]="5:1,3:3,4:2")
@@ -160,8 +161,8 @@ if [[ $PARTS == *c* ]]; then
       "${PT[@]}" rewrite "$T/base.json" "$T/p-$model-$world.json" --ranks "${RANKS[$world]}" --shards random --seed $world
       out=$T/run-$model-$world
       if run_gpu_ranks "$T/p-$model-$world.json" "$out" "${train_args[@]}" --ckpt-dir "$out/ckpt"; then
-        check "$model on $world ranks sharing the GPU (${RANKS[$world]}, random shards, socket) = 1 rank, tol $INV_TOL" 0 "" \
-          -- "${PT[@]}" compare "$out/ckpt/step_00000003" "$T/ref-$model/step_00000003.safetensors" --tol "$INV_TOL"
+        check "$model on $world ranks sharing the GPU (${RANKS[$world]}, random shards, socket) = 1 rank, rms $INV_TOL x lr*steps" 0 "" \
+          -- "${PT[@]}" compare "$out/ckpt/step_00000003" "$T/ref-$model/step_00000003.safetensors" --step 6e-3 --tol "$INV_TOL"
         check "$model on $world ranks: every rank logs the same loss" 0 "" -- "$PY" -c "
 import json
 ref = [json.loads(l)['loss'] for l in open('$out/rank0.jsonl')]
