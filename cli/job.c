@@ -12,11 +12,13 @@
 #include <arpa/inet.h>
 #include <sys/socket.h>
 
+#include "common/env.h"
 #include "common/hostinfo.h"
 #include "common/log.h"
 #include "common/strutil.h"
 #include "common/yaml_tree.h"
 #include "planner/gpu.h"
+#include "planner/inputs.h"
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
 #define MIN_MEMORY (1 << 20)
@@ -225,8 +227,8 @@ static int parse_inputs(const yctx *y, const ynode *root, const char *dir, job *
     if (prof) j->profile = resolve(dir, prof);
     if (strat && strategy_parse(strat, &j->strat, y->err) < 0)
         return err_prefix(y->err, "%s:%d: strategy", y->file, ymap_get(root, "strategy")->line);
-    j->mem_cap = 0.8;
-    j->comm_timeout = 60;
+    j->mem_cap = INPUTS_MEM_CAP;
+    j->comm_timeout = ENV_COMM_TIMEOUT_S;
     if (get_positive(y, root, "mem_cap", 1, &j->mem_cap) < 0 || get_positive(y, root, "comm_timeout", 86400, &j->comm_timeout) < 0 ||
         get_long(y, root, "", "metrics_port", 0, 65535, &j->metrics_port) < 0)
         return -1;

@@ -17,6 +17,7 @@
 #include "common/outputs.h"
 #include "common/strutil.h"
 #include "common/version.h"
+#include "common/worker_cmd.h"
 #include "planner/cluster.h"
 #include "planner/cost.h"
 #include "planner/gpu.h"
@@ -61,7 +62,7 @@ static const char usage_text[] =
     "  --strategy S          cephalo (default), fsdp, whale, cb or mb        [plan]\n"
     "  --profile FILE        measured costs (cephalo profile); default: the profile store\n"
     "                        when it has the model, else estimates (docs/profile.md)\n"
-    "  --mem-cap F           usable fraction of device memory (default 0.8)\n"
+    "  --mem-cap F           usable fraction of device memory (default " STR_OF(INPUTS_MEM_CAP) ")\n"
     "  --recompute R         auto (default: each device keeps its activations where they\n"
     "                        fit and it is faster, else recomputes), none or full for all\n"
     "  --format F            table (default) or json\n"
@@ -122,7 +123,7 @@ static int parse_options(int argc, char **argv, bool compare, cli_opts *o) {
         {"format", required_argument, 0, 'f'},  {"output", required_argument, 0, 'o'},
         {"dump-costs", required_argument, 0, 'D'}, {"recompute", required_argument, 0, 'R'},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
-    *o = (cli_opts){.mem_cap = 0.8, .strat = STRAT_CEPHALO};
+    *o = (cli_opts){.mem_cap = INPUTS_MEM_CAP, .strat = STRAT_CEPHALO};
     args p = args_begin(argc, argv, "cephalo", longopts, "o:", usage_text);
     int ch = 0, rc = 0;
     while (!rc && (ch = args_next(&p)) > 0) rc = plan_option(&p, ch, o);
@@ -256,7 +257,7 @@ static int cmd_models(int argc, char **argv) {
                         "usage: cephalo models [MODEL [--seq S] [--precision fp32|bf16|fp16]]\n"
                         "  without MODEL: the built-in models; with one: its units, FLOPs and activation memory\n");
     long seq = 0;
-    precision prec = PREC_FP32;
+    precision prec = wcmd_default_precision();
     const char *v;
     int ch, rc = 0;
     while (!rc && (ch = args_next(&p)) > 0) {

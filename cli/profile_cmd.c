@@ -18,6 +18,7 @@
 #include "common/outputs.h"
 #include "common/log.h"
 #include "common/strutil.h"
+#include "common/worker_cmd.h"
 #include "planner/inputs.h"
 #include "planner/model.h"
 #include "planner/profile.h"
@@ -285,7 +286,7 @@ static int step_check_plan(const popts *o, const job *j, profile *p, long batch,
     in.prof = *p; /* borrowed: have_prof is cleared before inputs_free */
     in.have_prof = true;
     snprintf(in.prof_source, sizeof in.prof_source, "the profile being measured");
-    inputs_opts io = {.batch = batch, .seq = o->seq, .prec = o->prec, .mem_cap = 0.8,
+    inputs_opts io = {.batch = batch, .seq = o->seq, .prec = o->prec, .mem_cap = INPUTS_MEM_CAP,
                       .no_store = true};
     plan pl;
     int rc = inputs_build(&in, &io, err);
@@ -403,7 +404,7 @@ static int merge_store(const char *path, const profile *p) {
 }
 
 int profile_main(int argc, char **argv) {
-    popts o = {.precision = "fp32", .prec = PREC_FP32, .max_micro = 8};
+    popts o = {.precision = wcmd_defaults[WCMD_PRECISION].value, .prec = wcmd_default_precision(), .max_micro = 8};
     int rc = parse(argc, argv, &o);
     if (rc) return rc;
     err_t err;

@@ -57,7 +57,7 @@ static const env_var table[] = {
     {.name = "CEPHALO_JOB_ID", .kind = ENV_TEXT, .max_len = 63, .dflt = "empty (not checked)", .readers = ENV_WORKER,
      .what = "the rendezvous store refuses ranks that present another job id"},
     {.name = "CEPHALO_COMM_TIMEOUT", .kind = ENV_NUMBER, .lo = 0, .hi = 1e6,
-     .values = "seconds > 0, at most 1e6 (e.g. 60 or 0.5)", .dflt = "60", .readers = ENV_WORKER,
+     .values = "seconds > 0, at most 1e6 (e.g. 60 or 0.5)", .dflt = STR_OF(ENV_COMM_TIMEOUT_S), .readers = ENV_WORKER,
      .what = "the no-progress bound of every wait for a peer"},
     {.name = "CEPHALO_COMM_BACKEND", .kind = ENV_CHOICE, .choices = comm_backends, .dflt = "socket",
      .readers = ENV_WORKER, .what = "the collectives' backend (nccl: cephalo-worker-cuda only)"},

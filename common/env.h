@@ -35,6 +35,10 @@
 
 #include "common/err.h"
 
+/* CEPHALO_COMM_TIMEOUT's default, seconds: the workers' own (worker/comm/comm.c), a job file's
+ * comm_timeout and spec.commTimeout. */
+#define ENV_COMM_TIMEOUT_S 60
+
 typedef enum env_kind {
     ENV_CHOICE,       /* one of the row's words */
     ENV_FLAG,         /* 0 or 1 (a choice of those two) */

@@ -25,3 +25,5 @@ double schedule_lr(lr_schedule s, double lr, double min_lr, int64_t warmup, int6
     default: return min_lr + 0.5 * (lr - min_lr) * (1 + cos(3.14159265358979323846 * p));
     }
 }
+
+double schedule_min_lr(double lr, double min_lr) { return min_lr < 0 ? lr / 10 : min_lr; }

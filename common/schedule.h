@@ -22,6 +22,9 @@ extern const char *const schedule_names[SCHED_COUNT + 1];
 const char *schedule_name(lr_schedule s);
 /* Parses a name (exact, lower case); false when s is none of them. */
 bool schedule_parse(const char *s, lr_schedule *out);
+/* The floor a schedule decays to: min_lr as given, or lr / 10 when it was not (min_lr < 0), the
+ * one rule of the worker, its checkpoints and the command lines the front ends build. */
+double schedule_min_lr(double lr, double min_lr);
 /* The learning rate of 0-based step `step` of `steps`. */
 double schedule_lr(lr_schedule s, double lr, double min_lr, int64_t warmup, int64_t steps, int64_t step);
 

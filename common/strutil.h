@@ -8,6 +8,10 @@
 
 #include "common/err.h"
 
+/* The text of a macro's value: a default shown in a help text from the one constant that sets it. */
+#define STR_OF(x) STR_OF_(x)
+#define STR_OF_(x) #x
+
 /* Lower-cased name with '-', '_', ' ' and '.' removed: "Tesla-V100_16GB" -> "teslav10016gb". */
 void str_normalize(const char *in, char *out, size_t outsz);
 

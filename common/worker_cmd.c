@@ -49,13 +49,23 @@ double wcmd_default_num(wcmd_key k) {
 
 long wcmd_default_long(wcmd_key k) { return (long)wcmd_default_num(k); }
 
+precision wcmd_default_precision(void) {
+    precision prec;
+    CHECK(precision_parse(wcmd_defaults[WCMD_PRECISION].value, &prec));
+    return prec;
+}
+
+recompute_mode wcmd_default_recompute(void) {
+    recompute_mode rec;
+    CHECK(recompute_parse(wcmd_defaults[WCMD_RECOMPUTE].value, &rec));
+    return rec;
+}
+
 void wcmd_train_defaults(wcmd_train *t) {
-    precision prec = PREC_FP32;
-    lr_schedule sched = SCHED_COSINE;
-    recompute_mode rec = RECOMPUTE_FULL;
-    recompute_parse(wcmd_defaults[WCMD_RECOMPUTE].value, &rec);
-    precision_parse(wcmd_defaults[WCMD_PRECISION].value, &prec);
-    schedule_parse(wcmd_defaults[WCMD_SCHEDULE].value, &sched);
+    precision prec = wcmd_default_precision();
+    recompute_mode rec = wcmd_default_recompute();
+    lr_schedule sched;
+    CHECK(schedule_parse(wcmd_defaults[WCMD_SCHEDULE].value, &sched));
     *t = (wcmd_train){
         .steps = wcmd_default_long(WCMD_STEPS),
         .seed = (uint64_t)wcmd_default_long(WCMD_SEED),
@@ -129,7 +139,7 @@ static void optimizer_args(const wcmd_train *t, wcmd_argv *a) {
     opt_num(a, WCMD_LR, t->lr);
     /* the constant schedule has no final lr: the worker refuses one it would ignore (given in
      * the job, it still goes, to be refused there) */
-    if (t->schedule != SCHED_CONSTANT || t->min_lr >= 0) opt_num(a, WCMD_MIN_LR, t->min_lr < 0 ? t->lr / 10 : t->min_lr);
+    if (t->schedule != SCHED_CONSTANT || t->min_lr >= 0) opt_num(a, WCMD_MIN_LR, schedule_min_lr(t->lr, t->min_lr));
     opt(a, WCMD_SCHEDULE, schedule_name(t->schedule));
     opt_long(a, WCMD_WARMUP, t->warmup);
     opt_num(a, WCMD_WEIGHT_DECAY, t->weight_decay);

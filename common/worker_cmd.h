@@ -84,6 +84,10 @@ const char *wcmd_job_default(wcmd_key k);
 double wcmd_default_num(wcmd_key k);
 /* ... as a long (steps, counts). */
 long wcmd_default_long(wcmd_key k);
+/* The worker's --precision and --recompute defaults from the table, as values: what a worker, a
+ * plan rank without "recompute" (older plans) and the profilers use when nothing says otherwise. */
+precision wcmd_default_precision(void);
+recompute_mode wcmd_default_recompute(void);
 
 /* What `cephalo-worker train` is told about a job, whoever read it. Paths are as the worker sees
  * them (inside the pod for the operator, resolved against the job file for `cephalo run`). */

@@ -25,18 +25,20 @@
 
 #include <cjson/cJSON.h>
 
+#include "common/env.h"
 #include "common/err.h"
 #include "common/worker_cmd.h"
 #include "operator/model_source.h"
+#include "planner/inputs.h"
 #include "planner/plan.h"
 
 /* The operator's defaults (the CRD's `default:` values for the fields the worker is not told as
  * options). */
-#define JOB_SPEC_MEM_CAP 0.8           /* spec.memCap: the planner's usable fraction of each GPU */
+#define JOB_SPEC_MEM_CAP INPUTS_MEM_CAP /* spec.memCap: the planner's usable fraction of each GPU */
 #define JOB_SPEC_STRATEGY "cephalo"    /* spec.strategy */
 #define JOB_SPEC_PRIORITY 0            /* spec.priority */
 #define JOB_SPEC_MIN_REPLAN_S 300      /* spec.elastic.minReplanSeconds */
-#define JOB_SPEC_COMM_TIMEOUT_S 60     /* spec.commTimeout: the workers' CEPHALO_COMM_TIMEOUT */
+#define JOB_SPEC_COMM_TIMEOUT_S ENV_COMM_TIMEOUT_S /* spec.commTimeout: the workers' CEPHALO_COMM_TIMEOUT */
 #define JOB_SPEC_BACKOFF_LIMIT 3       /* spec.backoffLimit: gang restarts before Failed */
 #define JOB_SPEC_GRACE_S 120           /* spec.terminationGracePeriodSeconds */
 #define JOB_SPEC_METRICS_PORT 9400     /* spec.metricsPort; 0: off */

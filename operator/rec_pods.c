@@ -281,8 +281,9 @@ static void restricted_container(cJSON *ctr) {
  * the rank's recompute mode is its plan rank's (a plan without it recomputes). */
 static void worker_args(const job_spec *js, const cJSON *planned, cJSON *ctr) {
     wcmd_argv a = {0};
-    recompute_mode rec = RECOMPUTE_FULL;
-    recompute_parse(get_str(planned, "recompute", "full"), &rec);
+    recompute_mode rec = wcmd_default_recompute();
+    const char *planned_rec = get_str(planned, "recompute", NULL);
+    if (planned_rec) recompute_parse(planned_rec, &rec);
     job_spec_worker_argv(js, rec, &a);
     cJSON *args = cJSON_AddArrayToObject(ctr, "args");
     for (int i = 0; i < a.n; i++) cJSON_AddItemToArray(args, cJSON_CreateString(a.v[i]));

@@ -4,7 +4,7 @@
  *
  *   plan_inputs in = {0};
  *   cluster_load_file(path, &in.cl, &err);  model_resolve(name, &in.model, &err);
- *   inputs_build(&in, &(inputs_opts){.batch = 64, .mem_cap = 0.8}, &err);
+ *   inputs_build(&in, &(inputs_opts){.batch = 64, .mem_cap = INPUTS_MEM_CAP}, &err);
  *   plan_make(&in.cm, STRAT_CEPHALO, &p, &err);  inputs_save_plan(&p, "plan.json", &err);
  *   plan_free(&p);  inputs_free(&in); */
 #ifndef CEPHALO_INPUTS_H
@@ -19,6 +19,11 @@
 #include "planner/model.h"
 #include "planner/plan.h"
 #include "planner/profile.h"
+
+/* The usable fraction of each device's memory unless the user says otherwise: the one default of
+ * `--mem-cap` (plan, compare, profile's step check), a job file's mem_cap and spec.memCap. The
+ * rest is left to what the memory model does not see (allocator slack, the CUDA context). */
+#define INPUTS_MEM_CAP 0.8
 
 typedef struct plan_inputs {
     cluster cl; /* filled by the caller */

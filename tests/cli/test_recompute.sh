@@ -30,12 +30,14 @@ same_files() {
   [ "$n" -gt 1 ] # the index and at least one shard
 }
 
-# modes PLAN NAME [worker args...]: the ranks once with --recompute full, once with none
+# modes PLAN NAME [worker args...]: the ranks once with every rank's recompute full, once none
+# (in the plan: the worker refuses a --recompute that is not its plan's)
 modes() {
   local plan=$1 name=$2 m
   shift 2
   for m in full none; do
-    run_ranks "$plan" "$T/$name-$m" "${args[@]}" --ckpt-dir "$T/$name-$m/ckpt" --recompute $m "$@" ||
+    $PT recompute "$plan" "$T/$name-$m.json" $m
+    run_ranks "$T/$name-$m.json" "$T/$name-$m" "${args[@]}" --ckpt-dir "$T/$name-$m/ckpt" "$@" ||
       { tail -n 3 "$T/$name-$m"/rank*.err; return 1; }
   done
 }

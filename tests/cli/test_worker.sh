@@ -54,6 +54,15 @@ Y
 "$B/cephalo" plan --cluster "$T/one.yaml" --model tiny-llama --batch 4 --seq 32 -o "$T/plan1.json" >/dev/null
 check "train from a plan" 0 "model tiny-llama" -- env CEPHALO_PLAN="$T/plan1.json" RANK=0 WORLD_SIZE=1 "$W" train --data synthetic --steps 2
 check "plan with flags too" 2 "come from the plan" -- env CEPHALO_PLAN="$T/plan1.json" "$W" train --data synthetic --model tiny-gpt --steps 2
+# --precision and --recompute beside a plan: the plan's value, or refused naming both
+rec1=$(/usr/bin/python3 -c "import json; print(json.load(open('$T/plan1.json'))['ranks'][0]['recompute'])")
+other_rec=$([ "$rec1" = full ] && echo none || echo full)
+check "plan with its own --precision and --recompute: accepted" 0 "" -- env CEPHALO_PLAN="$T/plan1.json" "$W" train --data synthetic \
+  --steps 1 --quiet --precision fp32 --recompute "$rec1"
+check "plan with another --precision: refused, naming both" 2 "--precision bf16: the plan $T/plan1.json was made for fp32 (give fp32, or plan again with --precision bf16)" -- \
+  env CEPHALO_PLAN="$T/plan1.json" "$W" train --data synthetic --steps 1 --precision bf16
+check "plan with another --recompute: refused, naming both" 2 "--recompute $other_rec: the plan $T/plan1.json has rank 0 recompute $rec1" -- \
+  env CEPHALO_PLAN="$T/plan1.json" "$W" train --data synthetic --steps 1 --recompute "$other_rec"
 check "plan world size mismatch" 2 "WORLD_SIZE is 2" -- env RANK=0 WORLD_SIZE=2 "$W" train --data synthetic --plan "$T/plan1.json"
 "$B/cephalo" plan --cluster examples/clusters/local-cpu.yaml --model tiny-gpt --batch 8 -o "$T/plan3.json" >/dev/null
 check "multi-rank needs MASTER_PORT" 2 "MASTER_PORT is not set" -- env -u MASTER_PORT RANK=1 WORLD_SIZE=3 "$W" train --data synthetic --plan "$T/plan3.json"

@@ -22,6 +22,8 @@
         (2.1e-4 of max |b| on AVX2, 7e-5 on AVX-512, same plan); the RMS over a unit is not
         (measured 1e-5 to 1e-3 steps), while a wrong gradient moves every element it touches
         by O(1) steps.
+    plan_tool.py recompute PLAN.json OUT.json none|full
+        Sets every rank's recompute mode (the worker refuses a --recompute that is not its plan's).
     plan_tool.py gather CKPT
         Prints the sha256 of the assembled parameters and moments (equal => identical state).
 """
@@ -77,6 +79,13 @@ def rewrite(args):
             u["shard_sizes"] = split_even(n, world)
         else:
             u["shard_sizes"] = [n] + [0] * (world - 1)
+    json.dump(plan, open(args.out, "w"), indent=1)
+
+
+def set_recompute(args):
+    plan = json.load(open(args.plan))
+    for r in plan["ranks"]:
+        r["recompute"] = args.mode
     json.dump(plan, open(args.out, "w"), indent=1)
 
 
@@ -162,10 +171,12 @@ def main():
                    help="||a - b|| / ||b|| per unit instead of max |a - b| / max |b|")
     c.add_argument("--step", type=float, default=0.0,
                    help="rms(a - b) per unit in units of STEP (lr x steps: AdamW's largest move)")
+    m = sub.add_parser("recompute")
+    m.add_argument("plan"), m.add_argument("out"), m.add_argument("mode", choices=["none", "full"])
     g = sub.add_parser("gather")
     g.add_argument("ckpt")
     args = p.parse_args()
-    {"rewrite": rewrite, "compare": compare, "gather": gather}[args.cmd](args)
+    {"rewrite": rewrite, "compare": compare, "gather": gather, "recompute": set_recompute}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -149,7 +149,7 @@ static int rank_var(const char *name, long dflt, long lo, long *out, err_t *err)
  * checkpoint's: loading says so otherwise); else one process. */
 static int eval_config(eval_cmd *o, train_config *c, err_t *err) {
     int seq = 0;
-    precision prec = PREC_FP32;
+    precision prec = wcmd_default_precision();
     long rank, world;
     train_config_defaults(c);
     if (o->checkpoint && ckpt_dir_resolve(o->checkpoint, o->resolved, sizeof o->resolved, err) < 0)

@@ -92,7 +92,8 @@ static int check_outputs(const char *cmd, const char *model, const char *out) {
 }
 
 int cmd_profile(int argc, char **argv) {
-    compute_cmd o = {.w = {.device = "cpu", .prec = PREC_FP32, .max_micro = 8, .min_ms = 150}};
+    compute_cmd o = {.w = {.device = "cpu", .max_micro = 8, .min_ms = 150}};
+    o.w.prec = wcmd_default_precision();
     args p;
     int rc = parse_compute(argc, argv, &o, &p);
     if (rc) return rc;

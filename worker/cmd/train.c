@@ -108,7 +108,8 @@ static void catch_stop_signals(void) {
     "  --precision P        fp32 (TF32 matmuls on CUDA sm_80+), or bf16 / fp16 mixed precision:\n" \
     "                       16-bit matmul operands and parameter gathers, fp32 master weights,\n" \
     "                       moments and gradient reductions; fp16 adds dynamic loss scaling\n" \
-    "                       (default: the plan's, else %s; the CPU emulates both exactly)\n" \
+    "                       (default: the plan's, else %s; the CPU emulates both exactly);\n" \
+    "                       with a plan, only the plan's is accepted\n" \
     "  --loss-scale S       fp16: the initial loss scale, a power of two (default %s)\n" \
     "  --loss-scale-window N  fp16: clean steps in a row that double the scale (default %s);\n" \
     "                       a non-finite gradient on any rank skips the step and halves it\n" \
@@ -118,7 +119,7 @@ static void catch_stop_signals(void) {
     "  --recompute none|full  full: the backward recomputes each unit's forward from its\n" \
     "                       checkpoint; none: the forward keeps every unit's intermediates of\n" \
     "                       the step (or microbatch) on the device (default: the plan's rank's,\n" \
-    "                       else %s)\n" \
+    "                       else %s); with a plan, only its rank's is accepted\n" \
     "  --sync-micro         finish each microbatch's compute before queueing the next\n" \
     "  --ckpt-dir DIR       write checkpoints there (step_NNNNNNNN.safetensors + 'latest'); one\n" \
     "                       training at a time per directory (DIR/.lock)\n" \
@@ -397,6 +398,22 @@ static int check_outputs(const worker_opts *o) {
 }
 
 /* Fills the config from the plan or from --model/--batch. */
+/* --precision and --recompute beside a plan: the plan's memory (and its engine switches, checked
+ * next) were counted at its precision and this rank's recompute mode, so an option that says
+ * otherwise would train another job than the one planned. The same value is accepted (the front
+ * ends pass them on), another is refused naming both. */
+static int agrees_with_plan(const worker_opts *o, int rank) {
+    const train_config *c = &o->cfg;
+    if (o->have_prec && o->prec != c->prec)
+        return args_bad_cmd(WORKER_NAME, "--precision %s: the plan %s was made for %s (give %s, or plan again with --precision %s)",
+                            precision_name(o->prec), o->plan, precision_name(c->prec), precision_name(c->prec), precision_name(o->prec));
+    if (o->have_recompute && o->recompute != c->recompute)
+        return args_bad_cmd(WORKER_NAME, "--recompute %s: the plan %s has rank %d recompute %s (give %s, or plan again with --recompute %s)",
+                            recompute_name(o->recompute), o->plan, rank, recompute_name(c->recompute),
+                            recompute_name(c->recompute), recompute_name(o->recompute));
+    return 0;
+}
+
 static int resolve_job(worker_opts *o) {
     train_config *c = &o->cfg;
     err_t err;
@@ -412,6 +429,8 @@ static int resolve_job(worker_opts *o) {
         int threads = c->threads;
         int64_t mem = c->memory_bytes;
         if (plan_read(o->plan, rank, world, c, &err) < 0) return args_bad_cmd(WORKER_NAME, "%s", err.msg);
+        int rc = agrees_with_plan(o, rank);
+        if (rc) return rc;
         if (c->have_plan_engine) { /* the plan's memory counts its planner's switches (at the
                                     * plan's precision): this worker's must agree */
             engine_switches here = engine_switches_of(&c->model, c->prec);

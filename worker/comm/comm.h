@@ -49,9 +49,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/env.h"
 #include "common/err.h"
 
-#define COMM_DEFAULT_TIMEOUT_S 60.0
+#define COMM_DEFAULT_TIMEOUT_S ((double)ENV_COMM_TIMEOUT_S) /* common/env.h: the one default */
 #define COMM_MAX_WORLD 4096
 /* The socket backend moves reductions and broadcasts in segments of this many bytes: reduce-
  * scatterv receives each partial sum into one scratch segment per communicator (its only buffer

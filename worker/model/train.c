@@ -45,6 +45,7 @@ void train_config_defaults(train_config *c) {
     c->seed = w.seed;
     c->data = w.data;
     c->recompute = w.recompute;
+    c->prec = w.prec;
 }
 
 void train_config_release(train_config *c) {
@@ -53,7 +54,7 @@ void train_config_release(train_config *c) {
 }
 
 double train_lr(const train_config *c, int64_t step) {
-    return schedule_lr(c->schedule, c->lr, c->min_lr < 0 ? c->lr / 10 : c->min_lr, c->warmup, c->steps, step);
+    return schedule_lr(c->schedule, c->lr, schedule_min_lr(c->lr, c->min_lr), c->warmup, c->steps, step);
 }
 
 /* ---- set-up ---- */

@@ -30,7 +30,7 @@ cJSON *train_config_json(const train_config *c) {
     cJSON_AddNumberToObject(o, "seq", c->seq);
     cJSON_AddNumberToObject(o, "steps", (double)c->steps);
     cJSON_AddNumberToObject(o, "lr", c->lr);
-    cJSON_AddNumberToObject(o, "min_lr", c->min_lr < 0 ? c->lr / 10 : c->min_lr);
+    cJSON_AddNumberToObject(o, "min_lr", schedule_min_lr(c->lr, c->min_lr));
     cJSON_AddNumberToObject(o, "warmup", (double)c->warmup);
     cJSON_AddStringToObject(o, "schedule", schedule_name(c->schedule));
     cJSON_AddNumberToObject(o, "weight_decay", c->weight_decay);

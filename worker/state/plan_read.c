@@ -7,6 +7,7 @@
 
 #include "common/json_util.h"
 #include "common/log.h"
+#include "common/worker_cmd.h"
 #include "planner/model_json.h"
 #include "state/plan_read.h"
 
@@ -73,7 +74,7 @@ static int read_recompute(const json_ctx *c, const cJSON *o, const char *path, t
     const char *v;
     char at[48];
     snprintf(at, sizeof at, "%s.recompute", path);
-    cfg->recompute = RECOMPUTE_FULL;
+    cfg->recompute = wcmd_default_recompute();
     if (!rc) return 0;
     if (json_string(c, rc, at, &v) < 0) return -1;
     if (!recompute_parse(v, &cfg->recompute))
