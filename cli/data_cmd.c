@@ -20,7 +20,6 @@
 #include "formats/data.h"
 #include "formats/tokenizer.h"
 
-#define EXIT_BAD_INPUT ARGS_BAD
 
 /* ---- cephalo data (docs/data.md) ---- */
 

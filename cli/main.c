@@ -26,8 +26,6 @@
 #include "planner/plan.h"
 #include "planner/profile_store.h"
 
-#define EXIT_INFEASIBLE 3
-#define EXIT_BAD_INPUT ARGS_BAD
 
 static const char usage_text[] =
     "usage: cephalo COMMAND [options]\n"

@@ -26,8 +26,6 @@
 
 extern char **environ;
 
-enum { EXIT_FAILED = 1, EXIT_BAD = 2 };
-
 static const char usage[] =
     "usage: cephalo profile --devices LIST --model MODEL [--seq S] [--precision fp32|bf16|fp16]\n"
     "                       [-o PROFILE.json] [--store FILE|none] [--max-micro K] [--quick]\n"

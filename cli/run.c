@@ -528,7 +528,7 @@ static int worker_failed(launch *l, int rank) {
     fputc('\n', stderr);
     print_tail(l, rank);
     stop_gang(l);
-    return RUN_EXIT_FAILED;
+    return EXIT_FAILED;
 }
 
 /* The checkpoint a rerun would continue from (DIR/latest, through the checkpoint resolver), if any. */
@@ -549,7 +549,7 @@ static int interrupted(launch *l) {
     stop_gang(l);
     fprintf(stderr, "cephalo run: interrupted; stopped %d worker%s\n", n, n == 1 ? "" : "s");
     print_checkpoint(l);
-    return RUN_EXIT_INTERRUPTED;
+    return EXIT_INTERRUPTED;
 }
 
 /* ---- the run ---- */
@@ -623,7 +623,7 @@ static int gang(launch *l) {
     install_handlers(old);
     int rc = start_gang(l, &err);
     if (rc) {
-        rc = fail(RUN_EXIT_FAILED, &err);
+        rc = fail(EXIT_FAILED, &err);
         stop_gang(l);
     } else {
         if (!l->view.quiet) {
@@ -642,7 +642,7 @@ static int gang(launch *l) {
         view_poll(&l->view);
         view_show(&l->view, true);
         view_end_line(&l->view);
-        if (view_summary(&l->view, &err) < 0) rc = fail(RUN_EXIT_FAILED, &err);
+        if (view_summary(&l->view, &err) < 0) rc = fail(EXIT_FAILED, &err);
     }
     return rc;
 }
@@ -672,15 +672,15 @@ static int resolve_epochs(job *j, bool quiet, err_t *err) {
     return 0;
 }
 
-/* Job file, overrides, checks: 0 or RUN_EXIT_BAD_INPUT with the message printed. */
+/* Job file, overrides, checks: 0 or EXIT_BAD_INPUT with the message printed. */
 static int load_job(const run_opts *o, job *j) {
     err_t err;
     if (job_load_file(o->job, j, &err) < 0 || (o->devices && job_set_devices(j, o->devices, &err) < 0))
-        return fail(RUN_EXIT_BAD_INPUT, &err);
+        return fail(EXIT_BAD_INPUT, &err);
     if (o->steps) j->train.steps = o->steps, j->epochs = 0; /* --steps N overrides the job's steps or epochs */
-    else if (resolve_epochs(j, o->quiet, &err) < 0) return fail(RUN_EXIT_BAD_INPUT, &err);
+    else if (resolve_epochs(j, o->quiet, &err) < 0) return fail(EXIT_BAD_INPUT, &err);
     if (o->have_metrics_port) j->metrics_port = o->metrics_port;
-    return job_check(j, &err) < 0 ? fail(RUN_EXIT_BAD_INPUT, &err) : 0;
+    return job_check(j, &err) < 0 ? fail(EXIT_BAD_INPUT, &err) : 0;
 }
 
 /* Plans exactly as `cephalo plan` does, on the devices as a cluster. */
@@ -695,14 +695,14 @@ static int make_plan(const job *j, const run_opts *o, plan_inputs *in, plan *p) 
     in->model = j->model;
     if (job_cluster(j, &in->cl, &err) < 0 || inputs_build(in, &io, &err) < 0) {
         err_prefix(&err, "%s", j->path); /* e.g. a profile that cannot be read */
-        return fail(RUN_EXIT_BAD_INPUT, &err);
+        return fail(EXIT_BAD_INPUT, &err);
     }
     bool quiet = o->quiet;
     inputs_print_notes(in, "cephalo run", stderr);
-    if (plan_make(&in->cm, j->strat, p, &err) < 0) return fail(RUN_EXIT_FAILED, &err);
+    if (plan_make(&in->cm, j->strat, p, &err) < 0) return fail(EXIT_FAILED, &err);
     if (!p->feasible) {
         fprintf(stderr, "cephalo run: infeasible: %s\n", p->reason);
-        return RUN_EXIT_INFEASIBLE;
+        return EXIT_INFEASIBLE;
     }
     if (!quiet) plan_print_table(p, stdout);
     return 0;
@@ -714,7 +714,7 @@ static int prepare(launch *l, const run_opts *o) {
     err_t err;
     if (o->run_dir && strlen(o->run_dir) >= sizeof l->dir) {
         err_set(&err, "--run-dir: the path is longer than %zu bytes", sizeof l->dir - 1);
-        return fail(RUN_EXIT_BAD_INPUT, &err);
+        return fail(EXIT_BAD_INPUT, &err);
     }
     /* neither can be cut: --run-dir was measured, a name is at most JOB_NAME_MAX */
     if (o->run_dir) snprintf(l->dir, sizeof l->dir, "%s", o->run_dir);
@@ -723,25 +723,25 @@ static int prepare(launch *l, const run_opts *o) {
         /* an output: relative to the run directory, so each run keeps its own checkpoints */
         l->ckpt_dir = j->ckpt_dir[0] == '/' ? xstrdup(j->ckpt_dir) : str_printf("%s/%s", l->dir, j->ckpt_dir);
         /* the workers would refuse it only after the plan and the run directory were written */
-        if (ckpt_dir_check_len(l->ckpt_dir, "checkpoint.dir", &err) < 0) return fail(RUN_EXIT_BAD_INPUT, &err);
+        if (ckpt_dir_check_len(l->ckpt_dir, "checkpoint.dir", &err) < 0) return fail(EXIT_BAD_INPUT, &err);
     }
     l->world = l->p->n_ranks;
     if (j->metrics_port && j->metrics_port + l->world - 1 > 65535) {
         err_set(&err, "metrics_port %ld: ranks 0..%d would need ports up to %ld (at most 65535)", j->metrics_port,
                 l->world - 1, j->metrics_port + l->world - 1);
-        return fail(RUN_EXIT_BAD_INPUT, &err);
+        return fail(EXIT_BAD_INPUT, &err);
     }
     l->w = xcalloc((size_t)l->world, sizeof *l->w);
-    if ((l->port = run_free_port(&err)) < 0) return fail(RUN_EXIT_FAILED, &err);
+    if ((l->port = run_free_port(&err)) < 0) return fail(EXIT_FAILED, &err);
     /* a dry run prints the commands even without a worker binary */
     bool gpu = false;
     for (int i = 0; i < l->p->cm->cl->n_devices; i++) gpu |= l->p->cm->cl->devices[i].threads == 0;
-    if (run_find_worker(l->worker, gpu, &err) < 0 && !o->dry_run) return fail(RUN_EXIT_FAILED, &err);
+    if (run_find_worker(l->worker, gpu, &err) < 0 && !o->dry_run) return fail(EXIT_FAILED, &err);
     /* a directory in use is said to be, before its files are judged (its .lock is no foreign file) */
-    if (check_run_dir(l, o, &err) < 0 || lock_run_dir(l, &err) < 0) return fail(RUN_EXIT_BAD_INPUT, &err);
+    if (check_run_dir(l, o, &err) < 0 || lock_run_dir(l, &err) < 0) return fail(EXIT_BAD_INPUT, &err);
     /* again, the run directory made: a checkpoint.dir that reaches it through a symbolic link */
-    if (check_ckpt_dir(l, o, &err) < 0) return fail(RUN_EXIT_BAD_INPUT, &err);
-    return write_run_dir(l, &err) < 0 ? fail(RUN_EXIT_BAD_INPUT, &err) : 0;
+    if (check_ckpt_dir(l, o, &err) < 0) return fail(EXIT_BAD_INPUT, &err);
+    return write_run_dir(l, &err) < 0 ? fail(EXIT_BAD_INPUT, &err) : 0;
 }
 
 static void print_dry_run(const launch *l) {

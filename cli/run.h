@@ -9,10 +9,9 @@
 
 #include "cli/job.h"
 #include "common/err.h"
+#include "common/exitcode.h"
 #include "common/outputs.h"
 #include "common/worker_cmd.h"
-
-enum { RUN_EXIT_FAILED = 1, RUN_EXIT_BAD_INPUT = 2, RUN_EXIT_INFEASIBLE = 3, RUN_EXIT_INTERRUPTED = 130 };
 
 typedef struct run_opts {
     const char *job; /* the job file */

@@ -23,7 +23,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define ARGS_BAD 2 /* the exit status of bad input, in every binary */
+#include "common/exitcode.h"
+
+#define ARGS_BAD EXIT_BAD_INPUT /* what the parsers return for bad input: the exit status */
 #define ARGS_MAX_CODE 512 /* option codes (getopt_long's val) are below this */
 
 typedef struct args {

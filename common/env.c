@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "common/log.h"
+#include "common/exitcode.h"
 #include "common/strutil.h"
 
 #define PATH_MAX_LEN 4095 /* the programs' path buffers hold 4096 bytes */
@@ -285,7 +286,7 @@ int env_entry(const char *prog) {
     err_t err;
     if (env_check_all(&err) == 0) return 0;
     fprintf(stderr, "%s: %s\n", prog, err.msg);
-    return 2; /* ARGS_BAD: bad input, in every binary */
+    return EXIT_BAD_INPUT;
 }
 
 void env_help(FILE *f) {
@@ -304,7 +305,7 @@ void env_help(FILE *f) {
 int env_help_cmd(const char *prog, int argc, char **argv) {
     if (argc > 1) {
         fprintf(stderr, "%s: --help-env takes no arguments (got '%s')\n", prog, argv[1]);
-        return 2;
+        return EXIT_BAD_INPUT;
     }
     env_help(stdout);
     return 0;

@@ -25,17 +25,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/exitcode.h" /* the worker's statuses, which `cephalo run` and the operator read */
 #include "common/precision.h"
 #include "common/recompute.h"
 #include "common/schedule.h"
-
-/* The worker's exit statuses (docs/worker.md), which `cephalo run` and the operator read. */
-enum {
-    WCMD_EXIT_OK = 0,
-    WCMD_EXIT_RUNTIME = 1,   /* a failure while running: a peer died, a file could not be written */
-    WCMD_EXIT_BAD_INPUT = 2, /* bad options, plan, data or checkpoint (common/args.h's ARGS_BAD) */
-    WCMD_EXIT_STOPPED = 143  /* 128 + SIGTERM: stopped on request, its last step checkpointed */
-};
 
 /* The options with a default, one row each of wcmd_defaults. */
 typedef enum {

@@ -32,6 +32,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/exitcode.h"
 #include "common/clock.h"
 #include "common/env.h"
 #include "common/err.h"
@@ -483,7 +484,7 @@ static int op_identity(char *ident, size_t n, err_t *err) {
 static int op_lead(const op_opts *o, const kube_config *cfg, op_lease *lease, err_t *err) {
     char ident[256]; /* a pod name: at most 253 */
     if (!o->leader_elect) return atomic_store(&op_leading, 1), 0;
-    if (op_identity(ident, sizeof ident, err) < 0) return op_log(3, "%s", err->msg), 2;
+    if (op_identity(ident, sizeof ident, err) < 0) return op_log(3, "%s", err->msg), EXIT_BAD_INPUT;
     const char *lns = o->le_namespace ? o->le_namespace : getenv("POD_NAMESPACE");
     lease_opts lo = {.namespace = lns && *lns ? lns : NULL, .name = o->le_id, .identity = ident,
                      .lease_duration_s = (int)(o->le_duration_s + 0.5),
@@ -493,7 +494,7 @@ static int op_lead(const op_opts *o, const kube_config *cfg, op_lease *lease, er
     if (!lk || lease_init(&lease->e, lk, &lo, err) < 0) {
         op_log(3, "leader election: %s", err->msg);
         if (lk) kube_client_free(lk);
-        return 2;
+        return EXIT_BAD_INPUT;
     }
     kube_client_set_stop(lk, &op_stop);
     /* a stalled renewal must end well within the renew deadline, so that this replica notices
@@ -505,7 +506,7 @@ static int op_lead(const op_opts *o, const kube_config *cfg, op_lease *lease, er
         op_log(3, "cannot start the leader-election thread");
         lease_free(&lease->e);
         kube_client_free(lk);
-        return 1;
+        return EXIT_FAILED;
     }
     lease->started = true;
     while (!atomic_load(&op_leading) && !atomic_load(&op_stop)) nanosleep(&(struct timespec){0, 100000000L}, NULL);
@@ -564,7 +565,7 @@ static int op_options(int argc, char **argv, op_opts *o) {
     /* every CEPHALO_* variable, before anything plans with one (the planner's memory switches) */
     if (pr < 0 || env_check_all(&err) < 0) {
         op_log(3, "%s", err.msg);
-        return 2;
+        return EXIT_BAD_INPUT;
     }
     return -1;
 }
@@ -646,7 +647,7 @@ int main(int argc, char **argv) {
     int rc = op_options(argc, argv, &o);
     if (rc >= 0) return rc;
     kube_client *k = op_client(&o, &cfg);
-    if (!k) return 2;
+    if (!k) return EXIT_BAD_INPUT;
     struct sigaction sa = {.sa_handler = op_on_signal};
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
@@ -675,5 +676,5 @@ int main(int argc, char **argv) {
     op_shared_free();
     kube_client_free(k);
     kube_config_free(&cfg);
-    return atomic_load(&op_lost) ? 1 : rc;
+    return atomic_load(&op_lost) ? EXIT_FAILED : rc;
 }

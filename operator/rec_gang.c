@@ -69,7 +69,7 @@ static void gang_count(gang *g, const cJSON *pod) {
     case PHASE_SUCCEEDED: g->succeeded++; break;
     case PHASE_FAILED:
         g->failed++;
-        if (!terminated_state(pod) || exit_code(pod) != WCMD_EXIT_STOPPED) g->failed_hard++;
+        if (!terminated_state(pod) || exit_code(pod) != EXIT_STOPPED) g->failed_hard++;
         if (!g->first_failed || rec_blame_earlier(pod, g->first_failed)) g->first_failed = pod;
         break;
     default:
@@ -203,7 +203,7 @@ static int gang_stopping(rec_ctx *x, gang *g, err_t *err) {
 }
 
 /* The gang was disrupted, not failed: one of its pods is being deleted by someone else (an
- * eviction, a drain, kubectl delete), or its workers stopped on request (WCMD_EXIT_STOPPED after
+ * eviction, a drain, kubectl delete), or its workers stopped on request (EXIT_STOPPED after
  * a checkpoint). It restarts from the last checkpoint like after a failure, but not counted
  * against backoffLimit: the job did nothing wrong. */
 static int gang_disrupted(rec_ctx *x, gang *g, const char *what, err_t *err) {
@@ -318,7 +318,7 @@ static int gang_ended_failed(rec_ctx *x, gang *g, err_t *err) {
     char what[1024];
     if (!g->failed_hard) {
         snprintf(what, sizeof what, "%d worker pod%s stopped on request (exit code %d, checkpointed)", g->failed,
-                 g->failed == 1 ? "" : "s", WCMD_EXIT_STOPPED);
+                 g->failed == 1 ? "" : "s", EXIT_STOPPED);
         return gang_disrupted(x, g, what, err);
     }
     double wait = blame_wait(g);

@@ -141,7 +141,7 @@ typedef struct gang {
     const cJSON *first_stuck; /* a pending pod whose container waits for a reason (ImagePullBackOff...) */
     const cJSON *disrupted; /* a pod of the gang being deleted by someone else (eviction, drain, by hand) */
     const cJSON *unschedulable; /* a pod of the gang the scheduler cannot place (its GPU was taken) */
-    int failed_hard; /* failed pods that were not stopped on request (WCMD_EXIT_STOPPED) */
+    int failed_hard; /* failed pods that were not stopped on request (EXIT_STOPPED) */
 } gang;
 
 /* ---- rec_plan.c ---- */

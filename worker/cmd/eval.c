@@ -237,32 +237,32 @@ int cmd_eval(int argc, char **argv) {
     err_t err;
     comm *cm = NULL;
     if (eval_config(&o, &c, &err) < 0) return train_config_release(&c), args_bad_cmd(WORKER_NAME " eval", "%s", err.msg);
-    if (open_comm(&c, &cm, &err) < 0) return train_config_release(&c), fprintf(stderr, WORKER_NAME " eval: %s\n", err.msg), WCMD_EXIT_RUNTIME;
+    if (open_comm(&c, &cm, &err) < 0) return train_config_release(&c), fprintf(stderr, WORKER_NAME " eval: %s\n", err.msg), EXIT_FAILED;
     trainer *t = trainer_new(&c, &err);
     if (!t) {
         if (cm) comm_abort(cm, "the rank failed"), comm_close(cm);
         train_config_release(&c);
-        return fprintf(stderr, WORKER_NAME " eval: %s\n", err.msg), WCMD_EXIT_BAD_INPUT;
+        return fprintf(stderr, WORKER_NAME " eval: %s\n", err.msg), EXIT_BAD_INPUT;
     }
     int lock = -1;
     ckpt_opts ck = {.resume = o.resolved};
     log_set_handler(drop_order_warnings);
     if (o.checkpoint && ckpt_start(t, &ck, true, &lock, &err) < 0) {
         fprintf(stderr, WORKER_NAME " eval: --checkpoint: %s\n", err.msg);
-        rc = WCMD_EXIT_BAD_INPUT;
+        rc = EXIT_BAD_INPUT;
     }
     log_set_handler(NULL);
     evaluator *ev = rc ? NULL : eval_open(t, &o.val, &err);
     double loss = NAN;
-    if (!rc && !ev) rc = (fprintf(stderr, WORKER_NAME " eval: %s\n", err.msg), WCMD_EXIT_BAD_INPUT);
-    if (!rc && check_tokenizer(&o, ev, &err) < 0) rc = (fprintf(stderr, WORKER_NAME " eval: %s\n", err.msg), WCMD_EXIT_BAD_INPUT);
-    if (!rc && eval_loss(ev, t, &loss, &err) < 0) rc = (fprintf(stderr, WORKER_NAME " eval: %s\n", err.msg), WCMD_EXIT_RUNTIME);
+    if (!rc && !ev) rc = (fprintf(stderr, WORKER_NAME " eval: %s\n", err.msg), EXIT_BAD_INPUT);
+    if (!rc && check_tokenizer(&o, ev, &err) < 0) rc = (fprintf(stderr, WORKER_NAME " eval: %s\n", err.msg), EXIT_BAD_INPUT);
+    if (!rc && eval_loss(ev, t, &loss, &err) < 0) rc = (fprintf(stderr, WORKER_NAME " eval: %s\n", err.msg), EXIT_FAILED);
     if (!rc && c.rank == 0) print_result(&o, t, ev, loss);
     /* a loss that is not a number is no result: said, and not exit 0 (eval_open refused a set with
      * nothing to score, so this is an overflow of the forward) */
     if (!rc && !isfinite(loss))
         rc = (fprintf(stderr, WORKER_NAME " eval: the validation loss is %g, not a finite number: the forward overflowed at "
-                              "--precision %s (try fp32)\n", loss, precision_name(c.prec)), WCMD_EXIT_RUNTIME);
+                              "--precision %s (try fp32)\n", loss, precision_name(c.prec)), EXIT_FAILED);
     eval_close(ev);
     ckpt_finish(lock);
     trainer_free(t);

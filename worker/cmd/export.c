@@ -61,7 +61,7 @@ int cmd_export(int argc, char **argv) {
     bool no_tok = true;
     if (rc < 0 || export_hf(ckpt, out, &o, &no_tok, &err) < 0) {
         fprintf(stderr, WORKER_NAME " export: %s\n", err.msg);
-        return WCMD_EXIT_BAD_INPUT;
+        return EXIT_BAD_INPUT;
     }
     printf("wrote %s: model.safetensors (%s), config.json, generation_config.json%s\n", out,
            o.dtype == ST_BF16 ? "bfloat16" : o.dtype == ST_F16 ? "float16" : "float32",
@@ -69,5 +69,5 @@ int cmd_export(int argc, char **argv) {
     if (no_tok)
         fprintf(stderr, WORKER_NAME " export: no tokenizer.json beside the checkpoint (nor --tokenizer): the export "
                         "has no tokenizer and no special-token ids\n");
-    return WCMD_EXIT_OK;
+    return EXIT_OK;
 }

@@ -101,16 +101,16 @@ int cmd_profile(int argc, char **argv) {
     model_spec model;
     int seq;
     char name[32];
-    if (check_outputs(WORKER_NAME " profile", o.model, o.w.out) < 0) return WCMD_EXIT_BAD_INPUT;
+    if (check_outputs(WORKER_NAME " profile", o.model, o.w.out) < 0) return EXIT_BAD_INPUT;
     if (model_resolve(o.model, &model, &err) < 0) return args_bad(&p, "--model: %s", err.msg);
     if (model_check_seq(&model, (int)o.seq, &seq, &err) < 0) return args_bad(&p, "--seq: %s", err.msg);
     if (device_name(&p, &o, name, sizeof name)) return ARGS_BAD;
     o.w.name = name;
     if (wprof_compute(&o.w, &model, seq, &err) < 0) {
         fprintf(stderr, WORKER_NAME " profile: %s\n", err.msg);
-        return WCMD_EXIT_RUNTIME;
+        return EXIT_FAILED;
     }
-    return WCMD_EXIT_OK;
+    return EXIT_OK;
 }
 
 /* ---- profile-comm ---- */
@@ -157,17 +157,17 @@ int cmd_profile_comm(int argc, char **argv) {
     long rank, world;
     int rc = parse_comm(argc, argv, &o, &p);
     if (rc || (rc = comm_ranks(&p, &rank, &world))) return rc;
-    if (check_outputs(WORKER_NAME " profile-comm", NULL, o.out) < 0) return WCMD_EXIT_BAD_INPUT;
+    if (check_outputs(WORKER_NAME " profile-comm", NULL, o.out) < 0) return EXIT_BAD_INPUT;
     err_t err;
     comm_config cc;
     if (comm_config_from_env(&cc, (int)rank, (int)world, &err) < 0) return args_bad(&p, "%s", err.msg);
     comm *cm = comm_open(&cc, &err);
-    if (!cm) return fprintf(stderr, WORKER_NAME " profile-comm: %s\n", err.msg), WCMD_EXIT_RUNTIME;
+    if (!cm) return fprintf(stderr, WORKER_NAME " profile-comm: %s\n", err.msg), EXIT_FAILED;
     rc = wprof_comm(cm, &o, &err);
     if (rc < 0) {
         fprintf(stderr, WORKER_NAME " profile-comm: %s\n", err.msg);
         comm_abort(cm, "profiling failed");
     }
     comm_close(cm);
-    return rc < 0 ? WCMD_EXIT_RUNTIME : WCMD_EXIT_OK;
+    return rc < 0 ? EXIT_FAILED : EXIT_OK;
 }

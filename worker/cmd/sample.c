@@ -405,10 +405,10 @@ static void gen_release(gen *g) {
 static int sample_main(const sample_args *a, gen *g, err_t *err) {
     int rc = load_model(a, g, err);
     if (rc == 0) rc = load_codec(a, g, err);
-    if (rc < 0) return WCMD_EXIT_BAD_INPUT;
+    if (rc < 0) return EXIT_BAD_INPUT;
     char *text;
     size_t len, skip;
-    if (read_prompt(a, &text, &len, err) < 0) return WCMD_EXIT_BAD_INPUT;
+    if (read_prompt(a, &text, &len, err) < 0) return EXIT_BAD_INPUT;
     tok_ids prompt = {0};
     rc = encode_prompt(a, g, text, len, &prompt, &skip, err);
     free(text);
@@ -432,7 +432,7 @@ static int sample_main(const sample_args *a, gen *g, err_t *err) {
                           "for one more", prompt.n, why, ctx - 1);
     if (rc < 0) {
         tok_ids_free(&prompt);
-        return WCMD_EXIT_BAD_INPUT;
+        return EXIT_BAD_INPUT;
     }
     int max_total = (int)prompt.n + (int)a->max_new;
     if ((int64_t)prompt.n + a->max_new > ctx) {
@@ -444,14 +444,14 @@ static int sample_main(const sample_args *a, gen *g, err_t *err) {
     }
     if (device_open(&g->dev, a->device, 0, (int)a->threads, (int)a->gpu, 0, err) < 0) {
         tok_ids_free(&prompt);
-        return WCMD_EXIT_RUNTIME;
+        return EXIT_FAILED;
     }
     g->dev_open = true;
     sampler *smp;
     int rows = (int)prompt.n < a->prefill_chunk ? (int)prompt.n : (int)a->prefill_chunk;
     if (sampler_new(&smp, &g->dev, &g->m, g->units, max_total, rows, err) < 0) {
         tok_ids_free(&prompt);
-        return WCMD_EXIT_RUNTIME;
+        return EXIT_FAILED;
     }
     int n = (int)a->num_samples;
     run *runs = xcalloc((size_t)n, sizeof *runs);
@@ -480,7 +480,7 @@ static int sample_main(const sample_args *a, gen *g, err_t *err) {
     free(runs);
     sampler_free(smp);
     tok_ids_free(&prompt);
-    return rc < 0 ? WCMD_EXIT_RUNTIME : WCMD_EXIT_OK;
+    return rc < 0 ? EXIT_FAILED : EXIT_OK;
 }
 
 /* --dump-logits never lands on an input (common/outputs.h). */
@@ -501,10 +501,10 @@ int cmd_sample(int argc, char **argv) {
     err_t err = {0};
     int rc = parse_args(argc, argv, &a);
     if (rc) return rc;
-    if (check_outputs(&a, &err) < 0) return fprintf(stderr, WORKER_NAME " sample: %s\n", err.msg), WCMD_EXIT_BAD_INPUT;
+    if (check_outputs(&a, &err) < 0) return fprintf(stderr, WORKER_NAME " sample: %s\n", err.msg), EXIT_BAD_INPUT;
     gen g = {0};
     rc = sample_main(&a, &g, &err);
-    if (rc != WCMD_EXIT_OK) fprintf(stderr, "cephalo-worker sample: %s\n", err.msg);
+    if (rc != EXIT_OK) fprintf(stderr, "cephalo-worker sample: %s\n", err.msg);
     gen_release(&g);
     return rc;
 }

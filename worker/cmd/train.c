@@ -37,8 +37,7 @@
 #include "state/mtok.h"
 #include "state/plan_read.h"
 
-enum { EXIT_RUNTIME = WCMD_EXIT_RUNTIME, EXIT_BAD_INPUT = WCMD_EXIT_BAD_INPUT, EXIT_STOPPED = WCMD_EXIT_STOPPED };
-_Static_assert(WCMD_EXIT_STOPPED == 128 + SIGTERM, "the stopped status is the shell's for SIGTERM");
+_Static_assert(EXIT_STOPPED == 128 + SIGTERM, "the stopped status is the shell's for SIGTERM");
 
 /* SIGTERM or SIGINT while training: finish the step, checkpoint it together with the other ranks
  * (the request rides on the step's loss all-reduce: train.h) and exit EXIT_STOPPED. Before the
@@ -633,7 +632,7 @@ static int stop_now(trainer *t, const worker_opts *o, metrics *m, bool saved, bo
     err_t err;
     const char *why = stop_signal == SIGINT ? "SIGINT" : stop_signal ? "SIGTERM" : "a peer's SIGTERM";
     if (o->ck.dir && !saved) {
-        if (ckpt_checkpoint(t, &o->ck, diverged, &err) < 0) return fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_RUNTIME;
+        if (ckpt_checkpoint(t, &o->ck, diverged, &err) < 0) return fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_FAILED;
         metrics_checkpoint(m, t->step);
     }
     metrics_fail(m, "stopped on request");
@@ -659,7 +658,7 @@ static int run_training(trainer *t, const worker_opts *o, FILE *log, dumper *dp,
         if (trainer_step(t, &st, &err) < 0) {
             metrics_fail(m, err.msg);
             fprintf(stderr, "cephalo-worker: %s\n", err.msg);
-            return t->comm_failed ? EXIT_RUNTIME : EXIT_BAD_INPUT;
+            return t->comm_failed ? EXIT_FAILED : EXIT_BAD_INPUT;
         }
         if (st.empty) { /* said even when quiet: the data has a batch with nothing to learn */
             if (t->cfg.rank == 0)
@@ -670,7 +669,7 @@ static int run_training(trainer *t, const worker_opts *o, FILE *log, dumper *dp,
         } else if (!isfinite(st.loss)) {
             metrics_fail(m, "the loss is not finite");
             say_nonfinite_loss(t, o, &st, first);
-            return EXIT_RUNTIME;
+            return EXIT_FAILED;
         }
         if (st.step == first) first_loss = st.loss;
         if (!st.empty) above = st.loss > bound ? above + 1 : 0; /* an empty step leaves the count as it was */
@@ -684,7 +683,7 @@ static int run_training(trainer *t, const worker_opts *o, FILE *log, dumper *dp,
                     "cause: the weights it started from (%s) do not fit this data (another model's weights? data of "
                     "another kind?); stopping (--diverge-steps 0 turns this check off)\n",
                     (long long)st.step, bound, first_loss, from);
-            return EXIT_RUNTIME;
+            return EXIT_FAILED;
         }
         if (o->diverge_steps && above >= o->diverge_steps) {
             metrics_fail(m, "the loss diverged");
@@ -692,15 +691,15 @@ static int run_training(trainer *t, const worker_opts *o, FILE *log, dumper *dp,
                     "for %ld steps in a row; stopping (lower --lr, keep --clip on; --diverge-steps 0 turns this check off)\n",
                     (long long)st.step, st.loss, bound, above);
             if (t->cfg.rank == 0) say_last_good(o->ck.dir);
-            return EXIT_RUNTIME;
+            return EXIT_FAILED;
         }
         total_ms += st.step_ms;
         /* the dump first: evaluation overwrites the gradients it records */
-        if (dp && dump_after_step(dp, t, st.loss, st.loss_scale, &err) < 0) return fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_RUNTIME;
+        if (dp && dump_after_step(dp, t, st.loss, st.loss_scale, &err) < 0) return fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_FAILED;
         if ((st.has_val = eval_due(ev, t)) && eval_loss(ev, t, &st.val_loss, &err) < 0) {
             metrics_fail(m, err.msg);
             fprintf(stderr, "cephalo-worker: %s\n", err.msg);
-            return t->comm_failed ? EXIT_RUNTIME : EXIT_BAD_INPUT;
+            return t->comm_failed ? EXIT_FAILED : EXIT_BAD_INPUT;
         }
         /* the log says null; say why (a set with nothing to score was refused at the start) */
         if (st.has_val && !isfinite(st.val_loss) && t->cfg.rank == 0)
@@ -715,7 +714,7 @@ static int run_training(trainer *t, const worker_opts *o, FILE *log, dumper *dp,
             last_time = now, last_print = st.step;
         }
         bool ckpt = o->ck.dir && ((o->ckpt_every && t->step % o->ckpt_every == 0) || t->step == t->cfg.steps);
-        if (ckpt && ckpt_checkpoint(t, &o->ck, above > 0, &err) < 0) return fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_RUNTIME;
+        if (ckpt && ckpt_checkpoint(t, &o->ck, above > 0, &err) < 0) return fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_FAILED;
         if (ckpt) metrics_checkpoint(m, t->step);
         if (t->stop_agreed && t->step < t->cfg.steps) return stop_now(t, o, m, ckpt, above > 0); /* the last step: done anyway */
     }
@@ -776,7 +775,7 @@ static int train_rank(worker_opts o) {
         trainer_free(t);
         ckpt_finish(lock);
         fprintf(stderr, "cephalo-worker: %s%s\n", rc == CKPT_REFUSED ? "" : "resume: ", err.msg);
-        return rc == CKPT_REFUSED ? EXIT_BAD_INPUT : EXIT_RUNTIME;
+        return rc == CKPT_REFUSED ? EXIT_BAD_INPUT : EXIT_FAILED;
     }
     mtok model_tok;
     const char *tok_from = NULL;
@@ -787,7 +786,7 @@ static int train_rank(worker_opts o) {
         return EXIT_BAD_INPUT;
     }
     if (t->cfg.steps == 0 && t->step == 0) { /* the initial weights as checkpoint step 0 (to export them) */
-        if (o.ck.dir && ckpt_checkpoint(t, &o.ck, false, &err) < 0) rc = (fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_RUNTIME);
+        if (o.ck.dir && ckpt_checkpoint(t, &o.ck, false, &err) < 0) rc = (fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_FAILED);
         else if (!o.quiet || !o.ck.dir)
             fprintf(stderr, "cephalo-worker: --steps 0: nothing trained; %s%s\n",
                     o.ck.dir ? "the initial weights are checkpoint step_00000000 in " : "give --ckpt-dir to keep the "
@@ -806,14 +805,14 @@ static int train_rank(worker_opts o) {
         return args_bad_cmd(WORKER_NAME, "--log %s", err.msg);
     }
     dumper *dp = o.dump ? dump_open(t, o.dump, &err) : NULL;
-    if (o.dump && !dp) rc = (fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_RUNTIME);
+    if (o.dump && !dp) rc = (fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_FAILED);
     metrics *m = NULL;
     int mport = rc ? 0 : metrics_worker_port(o.metrics_port, o.plan, t->cfg.rank, &err);
     if (mport < 0) rc = (fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_BAD_INPUT);
     else if (mport > 0 && !(m = metrics_for_trainer(t, o.plan, &err)))
         rc = (fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_BAD_INPUT);
     else if (m && (mport = metrics_serve(m, o.metrics_addr, mport, &err)) < 0)
-        rc = (fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_RUNTIME);
+        rc = (fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_FAILED);
     else if (m && !o.quiet)
         fprintf(stderr, "cephalo-worker: metrics on http://%s:%d/metrics\n",
                 o.metrics_addr ? o.metrics_addr : "0.0.0.0", mport);
@@ -842,8 +841,8 @@ static int train_rank(worker_opts o) {
     }
     if (!rc && t->cfg.steps > 0) rc = run_training(t, &o, log, dp, m, ev);
     else metrics_fail(m, "set-up failed");
-    if (dp && dump_close(dp, t, &err) < 0 && !rc) rc = (fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_RUNTIME);
-    if (log && file_out_close(&log_out, &err) < 0 && !rc) rc = (fprintf(stderr, WORKER_NAME ": --log %s\n", err.msg), EXIT_RUNTIME);
+    if (dp && dump_close(dp, t, &err) < 0 && !rc) rc = (fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_FAILED);
+    if (log && file_out_close(&log_out, &err) < 0 && !rc) rc = (fprintf(stderr, WORKER_NAME ": --log %s\n", err.msg), EXIT_FAILED);
     eval_close(ev);
     metrics_free(m);
     trainer_free(t);
@@ -870,7 +869,7 @@ int cmd_train(int argc, char **argv) {
         }
         if (!(c = comm_open(&cc, &err))) {
             train_config_release(&o.cfg);
-            return fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_RUNTIME;
+            return fprintf(stderr, "cephalo-worker: %s\n", err.msg), EXIT_FAILED;
         }
         o.cfg.comm = c;
     }
