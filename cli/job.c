@@ -460,10 +460,12 @@ int job_check(const job *j, err_t *err) {
     if (j->batch < j->n_devices)
         return err_set(err, "%s:%d: batch: %ld cannot be split over %d devices: every device needs at least one sample", j->path,
                        j->batch_line, j->batch, j->n_devices);
-    const wcmd_train *t = &j->train;
-    if (t->warmup > 0 && t->warmup >= t->steps && !(j->epochs && !t->steps)) /* epochs: checked once resolved */
-        return err_set(err, "%s:%d: optimizer.warmup: %ld must be below the %ld steps", j->path, j->warmup_line, t->warmup,
-                       t->steps);
+    if (j->epochs && !j->train.steps) return 0; /* epochs: checked once resolved (cli/run.c) */
+    char what[64]; /* "the steps of epochs N": at most 41 */
+    if (j->epochs) snprintf(what, sizeof what, "the steps of epochs %ld", j->epochs);
+    else snprintf(what, sizeof what, "steps");
+    if (wcmd_check_warmup(j->train.warmup, j->train.steps, "optimizer.warmup", what, err) < 0)
+        return err_prefix(err, "%s:%d", j->path, j->warmup_line);
     return 0;
 }
 

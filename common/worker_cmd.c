@@ -90,6 +90,12 @@ void wcmd_train_defaults(wcmd_train *t) {
     };
 }
 
+int wcmd_check_warmup(long warmup, long steps, const char *warmup_field, const char *steps_field, err_t *err) {
+    if (warmup <= 0 || warmup < steps) return 0;
+    return err_set(err, "%s: %ld must be below %s (%ld): the warmup must end before the last step", warmup_field,
+                   warmup, steps_field, steps);
+}
+
 void wcmd_argv_add(wcmd_argv *a, const char *fmt, ...) {
     va_list ap, again;
     va_start(ap, fmt);

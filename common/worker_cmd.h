@@ -25,6 +25,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/err.h"
 #include "common/exitcode.h" /* the worker's statuses, which `cephalo run` and the operator read */
 #include "common/precision.h"
 #include "common/recompute.h"
@@ -108,6 +109,15 @@ typedef struct wcmd_train {
 
 /* Every field from wcmd_defaults (no validation data, no checkpoints, no init_from). */
 void wcmd_train_defaults(wcmd_train *t);
+
+/* The one rule that relates warmup to steps, for every front end: the worker (--warmup against
+ * --steps, or against the steps --epochs resolved to), job files (cli/job.c) and CephaloJobs
+ * (operator/job_spec.c, so a bad spec is InvalidSpec instead of pods that fail and restart). A
+ * warmup must end before the last step: one as long as the run never leaves it (the schedule
+ * never decays). 0 when warmup is 0 or below steps; else -1 with "WARMUP_FIELD: N must be below
+ * STEPS_FIELD (M): ..." in err, the fields named as the caller's input spells them ("--warmup",
+ * "spec.optimizer.warmup"). Call it once steps is known. */
+int wcmd_check_warmup(long warmup, long steps, const char *warmup_field, const char *steps_field, err_t *err);
 
 /* A growable NULL-terminated argument vector; every string is owned by it. */
 typedef struct wcmd_argv {

@@ -273,6 +273,10 @@ static void check_across(jp *p, const job_spec *s) {
     if (p->rc == 0 && s->min_gpus > 0 && s->max_gpus > 0 && s->min_gpus > s->max_gpus)
         p->rc = err_set(p->err, "spec.gpus.minGPUs %ld is more than spec.gpus.maxGPUs %ld (expected minGPUs <= maxGPUs)",
                         s->min_gpus, s->max_gpus);
+    /* the worker's own rule: refused here, the job is InvalidSpec; left to the workers, every pod
+     * would exit 2 and the gang would restart until backoffLimit */
+    if (p->rc == 0)
+        p->rc = wcmd_check_warmup(s->train.warmup, s->train.steps, "spec.optimizer.warmup", "spec.steps", p->err);
 }
 
 static void defaults(job_spec *s) {

@@ -291,9 +291,14 @@ apiVersion: cephalo.dev/v1alpha1
 kind: CephaloJob
 metadata: {name: longseq}
 spec: {data: {path: synthetic}, model: {name: tinyllama-1.1b}, globalBatch: 8, seqLen: 4096, steps: 1, gpus: {nodeSelector: {pool: main}}}
+---
+apiVersion: cephalo.dev/v1alpha1
+kind: CephaloJob
+metadata: {name: longwarmup}
+spec: {data: {path: synthetic}, model: {name: gpt2-124m}, globalBatch: 8, steps: 5, optimizer: {warmup: 5}}
 EOF
 K apply -f "$dir/bad.yaml" >/dev/null
-for j in nomodel nogpus toobig smallbatch longseq; do wait_for 20 phase_is $j Failed; done
+for j in nomodel nogpus toobig smallbatch longseq longwarmup; do wait_for 20 phase_is $j Failed; done
 failed_reason() { jp cephalojob "$1" '{.status.phase} {.status.conditions[?(@.type=="Planned")].status} {.status.conditions[?(@.type=="Failed")].reason}: {.status.message}'; }
 check "an unknown model -> Failed (InvalidSpec), naming the model" 0 "Failed False InvalidSpec: model: unknown model 'gpt9-huge'" -- failed_reason nomodel
 check "no GPU matching allowedProducts -> Failed (NoGPUs), naming what the nodes have" 0 "Failed False NoGPUs: no usable GPU: none of the 3 GPU nodes (products: NVIDIA-L4, NVIDIA-A10G, NVIDIA-Future-GPU)" -- failed_reason nogpus
@@ -301,8 +306,10 @@ check "a model too big for the GPUs -> Failed (Infeasible) with the planner's re
 check "globalBatch below the GPU count -> Failed (InvalidSpec)" 0 "globalBatch 2 is less than the 3 usable GPUs" -- failed_reason smallbatch
 check "a Llama seqLen beyond the model's max_seq -> Failed (InvalidSpec), as a GPT's" 0 \
   "Failed False InvalidSpec: sequence length 4096 exceeds model tinyllama-1.1b's context of 2048 positions" -- failed_reason longseq
+check "warmup not below steps -> Failed (InvalidSpec) before any pod, not workers that fail and restart" 0 \
+  "Failed False InvalidSpec: spec.optimizer.warmup: 5 must be below spec.steps (5)" -- failed_reason longwarmup
 check "a Warning event names the reason" 0 "Infeasible" -- K get events --field-selector involvedObject.name=toobig
-assert "failed jobs have no pods" bash -c '[ -z "$(kubectl get pods -l "cephalo.dev/job in (nomodel,nogpus,toobig,smallbatch,longseq)" -o name)" ]'
+assert "failed jobs have no pods" bash -c '[ -z "$(kubectl get pods -l "cephalo.dev/job in (nomodel,nogpus,toobig,smallbatch,longseq,longwarmup)" -o name)" ]'
 assert "the operator is still running" kill -0 "$op_pid"
 
 # fixing the spec (a new generation) plans it; tiny holds the three GPUs it would use: it waits

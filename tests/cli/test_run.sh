@@ -54,7 +54,7 @@ bad device-memory 's/^devices.*/devices:\n  - {type: cpu, memory: 256M}\n  - {ty
 bad device-without-memory 's/, memory: 256M/, threads: 2/' "4: devices[0]: missing field 'memory'"
 bad gpu-device 's/cpu, memory: 256M/L4, memory: 24G/' "4: devices[0].type: 'L4' cannot run locally yet"
 bad no-devices '/^devices/d' "1: document: missing field 'devices' (or give --devices)"
-bad warmup-beyond-steps '3a optimizer: {warmup: 5}' "4: optimizer.warmup: 5 must be below the 3 steps"
+bad warmup-beyond-steps '3a optimizer: {warmup: 5}' "4: optimizer.warmup: 5 must be below steps (3): the warmup must end before the last step"
 sed '3a precision: bf16' <<<"$base" >"$T/bf16.yaml"
 check "precision: bf16 plans in bf16" 0 "" -- bash -c "'$C' run '$T/bf16.yaml' --dry-run --run-dir '$T/r-bf16' >/dev/null && grep -q '\"precision\":[[:space:]]*\"bf16\"' '$T/r-bf16/plan.json'"
 check "--steps checked against warmup" 0 "" -- "$C" run "$T/warmup-beyond-steps.yaml" --steps 6 --dry-run --run-dir "$T/r-warm"

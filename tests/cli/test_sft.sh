@@ -328,6 +328,8 @@ n=$((n + 1))
 n=$((n + 1))
 [ "$(grep -c '"loss"' "$T/e2.jsonl")" = "$want" ] && echo "ok $n - --epochs 2: $want steps" || echo "not ok $n - --epochs 2: $(grep -c '"loss"' "$T/e2.jsonl") steps, expected $want"
 check "--epochs: the steps are printed at the start" 0 "--epochs 1: $steps steps" -- cat "$T/e.out"
+check "--warmup checked against the steps --epochs resolves to" 2 "--warmup: $steps must be below the steps of --epochs 1 ($steps)" -- \
+  "$W" train "${common[@]}" --batch 4 --epochs 1 --data "$T/d" --warmup "$steps" --quiet
 # cephalo run: a job file's `epochs` (instead of `steps`) becomes the workers' --steps
 printf 'model: %s\nseq: 32\ndata: %s\nbatch: 4\nepochs: 2\ndevices: [{type: cpu, threads: 1, memory: 512M}]\n' \
   "$T/m.yaml" "$T/d" >"$T/ep.yaml"

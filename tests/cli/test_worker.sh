@@ -32,6 +32,8 @@ check "no --data: refused, naming the choices" 2 "give --data SPEC, the training
 check "unknown model" 2 "tiny-gpt" -- "$W" train --data synthetic --model tiny-gtp --batch 4
 check "batch not a multiple" 2 "not a multiple of --microbatch" -- "$W" train --data synthetic --model tiny-gpt --batch 5 --microbatch 2
 check "bad number" 2 "--lr: 'fast'" -- "$W" train --data synthetic "${TINY[@]}" --lr fast
+check "warmup not below steps: the one rule of job files and CephaloJobs (common/worker_cmd.c)" 2 \
+  "--warmup: 5 must be below --steps (5): the warmup must end before the last step" -- "$W" train --data synthetic "${TINY[@]}" --steps 5 --warmup 5
 check "seq too long" 2 "exceeds" -- "$W" train --data synthetic --model tiny-gpt --batch 2 --seq 4096
 check "bad size" 2 "--memory: '12Q'" -- "$W" train --data synthetic "${TINY[@]}" --memory 12Q
 check "memory too small" 2 "out of memory" -- "$W" train --data synthetic "${TINY[@]}" --memory 256K --steps 1

@@ -155,6 +155,10 @@ static void test_refused(void **state) {
         {MINIMAL ",\"strategy\":\"best\"}", "spec.strategy: unknown strategy 'best'"},
         {MINIMAL ",\"gpus\":{\"minGPUs\":3,\"maxGPUs\":2}}",
          "spec.gpus.minGPUs 3 is more than spec.gpus.maxGPUs 2 (expected minGPUs <= maxGPUs)"},
+        /* the worker's rule (common/worker_cmd.c): InvalidSpec, not pods that fail and restart */
+        {MINIMAL ",\"optimizer\":{\"warmup\":10}}",
+         "spec.optimizer.warmup: 10 must be below spec.steps (10): the warmup must end before the last step"},
+        {MINIMAL ",\"optimizer\":{\"warmup\":11}}", "spec.optimizer.warmup: 11 must be below spec.steps (10)"},
         {"{\"model\":{},\"globalBatch\":8,\"steps\":1}", "spec.model: give name, inline or initFrom"},
         {"{\"model\":{\"name\":\"a\",\"inline\":{}},\"globalBatch\":8,\"steps\":1}",
          "spec.model: give one of name, inline and initFrom"},

@@ -338,6 +338,43 @@ static void test_difference_is_seen(void **state) {
     wcmd_argv_free(&b);
 }
 
+/* ---- one rule, every front end ---- */
+
+/* warmup against steps: the job file and the CephaloJob accept and refuse alike, with the one
+ * wording of wcmd_check_warmup (the worker's --warmup/--steps use it too: test_worker.sh). */
+static void test_warmup_rule_shared(void **state) {
+    (void)state;
+    static const struct {
+        long warmup, steps;
+        bool ok;
+    } cases[] = {{0, 1, true}, {9, 10, true}, {10, 10, false}, {11, 10, false}};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char yaml[256], json[256], want[128];
+        snprintf(yaml, sizeof yaml, "model: tiny-gpt\nbatch: 8\nsteps: %ld\ndata: synthetic\noptimizer: {warmup: %ld}\n"
+                 "devices: [{type: cpu, threads: 1, memory: 256M}]\n", cases[i].steps, cases[i].warmup);
+        snprintf(json, sizeof json, "{\"model\": {\"name\": \"tiny-gpt\"}, \"globalBatch\": 8, \"steps\": %ld,"
+                 " \"optimizer\": {\"warmup\": %ld}, \"data\": {\"path\": \"synthetic\"}}", cases[i].steps, cases[i].warmup);
+        job j;
+        err_t e1 = {{0}}, e2 = {{0}};
+        if (job_load_string("job.yaml", yaml, strlen(yaml), &j, &e1) < 0) fail_msg("job file: %s", e1.msg);
+        int cli = job_check(&j, &e1);
+        job_free(&j);
+        cJSON *spec = cJSON_Parse(json);
+        job_spec s;
+        int op = job_spec_parse(spec, &s, &e2);
+        cJSON_Delete(spec);
+        assert_int_equal(cli, cases[i].ok ? 0 : -1);
+        assert_int_equal(op, cases[i].ok ? 0 : -1);
+        if (cases[i].ok) continue;
+        snprintf(want, sizeof want, "optimizer.warmup: %ld must be below steps (%ld): the warmup must end before the last step",
+                 cases[i].warmup, cases[i].steps);
+        if (!strstr(e1.msg, want)) fail_msg("job file: '%s' lacks '%s'", e1.msg, want);
+        snprintf(want, sizeof want, "spec.optimizer.warmup: %ld must be below spec.steps (%ld): the warmup must end", cases[i].warmup,
+                 cases[i].steps);
+        if (!strstr(e2.msg, want)) fail_msg("CephaloJob: '%s' lacks '%s'", e2.msg, want);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_crd_defaults),      cmocka_unit_test(test_crd_operator_defaults),
@@ -346,6 +383,7 @@ int main(void) {
         cmocka_unit_test(test_numbers_read_back), cmocka_unit_test(test_defaults_spelled_out),
         cmocka_unit_test(test_same_job_every_option), cmocka_unit_test(test_same_job_defaults),
         cmocka_unit_test(test_same_job_crd_defaults), cmocka_unit_test(test_difference_is_seen),
+        cmocka_unit_test(test_warmup_rule_shared),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -483,8 +483,8 @@ static int resolve_job(worker_opts *o) {
                             c->init_from ? " (nothing else fine-tunes --init-from's model)" : "");
     if (args_given(&o->cl, O_STEPS) && args_given(&o->cl, O_EPOCHS))
         return args_bad_cmd(WORKER_NAME, "--steps and --epochs: give one (--epochs sets the steps from the data's size)");
-    if (c->warmup >= c->steps && c->warmup > 0 && !c->epochs)
-        return args_bad_cmd(WORKER_NAME, "--warmup %lld must be below --steps %lld", (long long)c->warmup, (long long)c->steps);
+    if (!c->epochs && wcmd_check_warmup((long)c->warmup, (long)c->steps, "--warmup", "--steps", &err) < 0)
+        return args_bad_cmd(WORKER_NAME, "%s", err.msg); /* --epochs: checked once its steps are known (model/train.c) */
     return check_idle_options(o);
 }
 

@@ -66,10 +66,9 @@ static int epoch_steps(trainer *t, err_t *err) {
     int64_t steps = data_epoch_steps(t->data, c->epochs, c->global_batch);
     if (!steps) return err_set(err, "--epochs needs data of a known size (not synthetic): give --steps");
     c->steps = steps;
-    if (c->warmup >= c->steps && c->warmup > 0)
-        return err_set(err, "--warmup %lld must be below the %lld steps of --epochs %ld", (long long)c->warmup,
-                       (long long)c->steps, c->epochs);
-    return 0;
+    char what[64]; /* "the steps of --epochs N": at most 43 */
+    snprintf(what, sizeof what, "the steps of --epochs %ld", c->epochs);
+    return wcmd_check_warmup((long)c->warmup, (long)c->steps, "--warmup", what, err);
 }
 
 static int open_data(trainer *t, err_t *err) {
