@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include "cli/profile_cmd.h"
-#include "cli/run.h"
+#include "cli/launch.h"
 #include "common/clock.h"
 #include "common/env.h"
 #include "common/fileio.h"

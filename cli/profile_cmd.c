@@ -1,6 +1,6 @@
 /* profile_cmd.c - `cephalo profile` (see profile_cmd.h and docs/profile.md). */
 #include "cli/profile_cmd.h"
-#include "cli/run.h"
+#include "cli/launch.h"
 
 #include <errno.h>
 #include <math.h>
@@ -8,7 +8,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "cli/job.h"
@@ -24,7 +23,6 @@
 #include "planner/profile.h"
 #include "planner/profile_store.h"
 
-extern char **environ;
 
 static const char usage[] =
     "usage: cephalo profile --devices LIST --model MODEL [--seq S] [--precision fp32|bf16|fp16]\n"
@@ -57,27 +55,6 @@ static int failed(const char *fmt, ...) {
     fprintf(stderr, "\n");
     va_end(ap);
     return EXIT_FAILED;
-}
-
-/* Starts argv with extra environment entries (NULL-terminated); the pid, or -1. */
-static pid_t start(char *const argv[], char *const extra[]) {
-    pid_t pid = fork();
-    if (pid != 0) return pid;
-    for (int i = 0; extra && extra[i]; i++) {
-        char *eq = strchr(extra[i], '=');
-        *eq = '\0';
-        setenv(extra[i], eq + 1, 1);
-    }
-    execve(argv[0], argv, environ);
-    fprintf(stderr, "cephalo profile: cannot run %s: %s\n", argv[0], strerror(errno));
-    _exit(127);
-}
-
-static int finish(pid_t pid) {
-    int st;
-    while (waitpid(pid, &st, 0) < 0)
-        if (errno != EINTR) return -1;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
 static void fmt_duration(double s, char *buf, size_t n) {
@@ -148,98 +125,99 @@ static void accumulate(profile_entry *sum, const profile_entry *one, int k) {
         }
 }
 
+/* What one device of a profile_type run is told (launch_ranks' cmd). */
+typedef struct type_run {
+    const popts *o;
+    const char *worker, *name;
+    const job_device *d;
+    char (*out)[PATH_LEN + 16];
+} type_run;
+
+static void type_cmd(void *ctx, int i, wcmd_argv *a, wcmd_argv *env) {
+    const type_run *t = ctx;
+    const popts *o = t->o;
+    wcmd_argv_add(a, "%s", t->worker);
+    wcmd_argv_add(a, "profile");
+    wcmd_argv_add(a, "--model"), wcmd_argv_add(a, "%s", o->model);
+    if (o->seq) wcmd_argv_add(a, "--seq"), wcmd_argv_add(a, "%ld", o->seq);
+    wcmd_argv_add(a, "--precision"), wcmd_argv_add(a, "%s", o->precision);
+    wcmd_argv_add(a, "--device"), wcmd_argv_add(a, "cpu");
+    wcmd_argv_add(a, "--threads"), wcmd_argv_add(a, "%d", t->d->threads);
+    wcmd_argv_add(a, "--memory"), wcmd_argv_add(a, "%lld", (long long)t->d->memory_bytes);
+    wcmd_argv_add(a, "--max-micro"), wcmd_argv_add(a, "%ld", o->max_micro);
+    wcmd_argv_add(a, "--name"), wcmd_argv_add(a, "%s", t->name);
+    if (o->quick) wcmd_argv_add(a, "--min-time-ms"), wcmd_argv_add(a, "20");
+    if (i > 0) wcmd_argv_add(a, "--quiet"); /* one device's progress lines are enough */
+    wcmd_argv_add(a, "-o"), wcmd_argv_add(a, "%s", t->out[i]);
+    wcmd_env e; /* alone: no rendezvous */
+    wcmd_env_init(&e, 0, 1, NULL, 0);
+    launch_env(&e, NULL, env);
+}
+
 /* The compute profile of one device type, measured on `count` devices at once (so that the
  * devices share the machine's cores, caches and memory bandwidth as they do in training), the
  * mean of their medians; merged into p. */
 static int profile_type(const popts *o, const char *worker, const job_device *d, int count, const char *tmp, int step,
                         int steps, profile *p) {
-    char threads[24], mem[32], seq[24], maxm[24], name[40];
-    snprintf(threads, sizeof threads, "%d", d->threads);
-    snprintf(mem, sizeof mem, "%lld", (long long)d->memory_bytes);
-    snprintf(seq, sizeof seq, "%ld", o->seq);
-    snprintf(maxm, sizeof maxm, "%ld", o->max_micro);
+    char name[40], human[32];
     snprintf(name, sizeof name, "cpu-%dt", d->threads);
-    char human[32];
     str_bytes((double)d->memory_bytes, human, sizeof human);
     fprintf(stderr, "cephalo profile: [%d/%d] compute: %s on %s (%d thread%s, %s memory), microbatch 1..%ld, %d device%s at once\n",
             step, steps, o->model, name, d->threads, d->threads == 1 ? "" : "s", human, o->max_micro, count,
             count == 1 ? "" : "s");
-    pid_t *pids = xcalloc((size_t)count, sizeof(pid_t));
-    char (*out)[PATH_LEN + 16] = xcalloc((size_t)count, sizeof *out);
-    int rc = 0;
-    for (int i = 0; i < count; i++) {
-        snprintf(out[i], sizeof out[i], "%s.%d", tmp, i);
-        char *argv[32];
-        int n = 0;
-        argv[n++] = (char *)worker;
-        argv[n++] = "profile";
-        argv[n++] = "--model", argv[n++] = (char *)o->model;
-        if (o->seq) argv[n++] = "--seq", argv[n++] = seq;
-        argv[n++] = "--precision", argv[n++] = (char *)o->precision;
-        argv[n++] = "--device", argv[n++] = "cpu";
-        argv[n++] = "--threads", argv[n++] = threads;
-        argv[n++] = "--memory", argv[n++] = mem;
-        argv[n++] = "--max-micro", argv[n++] = maxm;
-        argv[n++] = "--name", argv[n++] = name;
-        if (o->quick) argv[n++] = "--min-time-ms", argv[n++] = "20";
-        if (i > 0) argv[n++] = "--quiet"; /* one device's progress lines are enough */
-        argv[n++] = "-o", argv[n++] = out[i];
-        argv[n] = NULL;
-        pids[i] = start(argv, NULL);
-        if (pids[i] < 0) rc = failed("fork: %s", strerror(errno));
-    }
-    for (int i = 0; i < count; i++) {
-        if (pids[i] <= 0) continue;
-        int st = finish(pids[i]);
-        if (st && !rc) rc = failed("profiling %s on %s failed (exit %d)", o->model, name, st);
-    }
-    profile sum = {0};
+    type_run t = {o, worker, name, d, xcalloc((size_t)count, sizeof *t.out)};
+    for (int i = 0; i < count; i++) snprintf(t.out[i], sizeof t.out[i], "%s.%d", tmp, i);
     err_t err;
+    int bad, st, rc = launch_ranks(count, type_cmd, &t, &bad, &st, &err);
+    if (rc < 0) rc = failed("%s", err.msg);
+    else if (rc) rc = failed("profiling %s on %s failed (exit %d)", o->model, name, st);
+    profile sum = {0};
     for (int i = 0; i < count && !rc; i++) {
         profile one;
-        if (profile_load_file(out[i], &one, &err) < 0) {
+        if (profile_load_file(t.out[i], &one, &err) < 0) {
             rc = failed("%s", err.msg);
             break;
         }
         if (i == 0) sum = one;
         else accumulate(&sum.entries[0], &one.entries[0], i), profile_free(&one);
     }
-    for (int i = 0; i < count; i++) unlink(out[i]);
+    for (int i = 0; i < count; i++) unlink(t.out[i]);
     if (!rc) profile_merge(p, &sum);
     profile_free(&sum);
-    free(pids), free(out);
+    free(t.out);
     return rc;
+}
+
+/* What one rank of the collectives' profile is told (launch_ranks' cmd). */
+typedef struct comm_run {
+    const popts *o;
+    const char *worker, *tmp;
+    int world, port;
+} comm_run;
+
+static void comm_cmd(void *ctx, int r, wcmd_argv *a, wcmd_argv *env) {
+    const comm_run *c = ctx;
+    wcmd_argv_add(a, "%s", c->worker);
+    wcmd_argv_add(a, "profile-comm");
+    wcmd_argv_add(a, "--max-bytes"), wcmd_argv_add(a, "%s", c->o->comm_max[0] ? c->o->comm_max : "4M");
+    wcmd_argv_add(a, "--reps"), wcmd_argv_add(a, "%s", c->o->quick ? "3" : "9");
+    wcmd_argv_add(a, "-o"), wcmd_argv_add(a, "%s", c->tmp);
+    wcmd_env e;
+    wcmd_env_init(&e, r, c->world, "127.0.0.1", c->port);
+    launch_env(&e, (char *const[]){"OMP_NUM_THREADS=1", NULL}, env);
 }
 
 /* The collectives over `world` ranks into tmp; merged into p. */
 static int run_comm_profile(const popts *o, const char *worker, int world, const char *tmp, int step, int steps,
-                        profile *p) {
+                            profile *p) {
     err_t err;
-    int port = run_free_port(&err);
-    if (port < 0) return failed("%s", err.msg);
+    comm_run c = {o, worker, tmp, world, launch_free_port(&err)};
+    if (c.port < 0) return failed("%s", err.msg);
     fprintf(stderr, "cephalo profile: [%d/%d] collectives: allgather and reduce-scatter over %d ranks, even and uneven shards\n",
             step, steps, world);
-    pid_t *pids = xcalloc((size_t)world, sizeof(pid_t));
-    char ws[32], mp[32], ma[] = "MASTER_ADDR=127.0.0.1", omp[] = "OMP_NUM_THREADS=1";
-    snprintf(ws, sizeof ws, "WORLD_SIZE=%d", world);
-    snprintf(mp, sizeof mp, "MASTER_PORT=%d", port);
-    int rc = 0;
-    for (int r = 0; r < world; r++) {
-        char rank[32];
-        snprintf(rank, sizeof rank, "RANK=%d", r);
-        char *extra[] = {rank, ws, mp, ma, omp, NULL};
-        char *argv[] = {(char *)worker, "profile-comm", "--max-bytes", o->comm_max[0] ? (char *)o->comm_max : "4M",
-                        "--reps", o->quick ? "3" : "9", "-o", (char *)tmp, NULL};
-        pids[r] = start(argv, extra);
-        if (pids[r] < 0) rc = failed("fork: %s", strerror(errno));
-    }
-    for (int r = 0; r < world; r++) {
-        if (pids[r] <= 0) continue;
-        int st = finish(pids[r]);
-        if (st && !rc) rc = failed("profiling the collectives failed (rank %d: exit %d)", r, st);
-    }
-    free(pids);
-    if (rc) return rc;
+    int bad, st, rc = launch_ranks(world, comm_cmd, &c, &bad, &st, &err);
+    if (rc < 0) return failed("%s", err.msg);
+    if (rc) return failed("profiling the collectives failed (rank %d: exit %d)", bad, st);
     profile one;
     if (profile_load_file(tmp, &one, &err) < 0) return failed("%s", err.msg);
     profile_merge(p, &one);
@@ -278,7 +256,7 @@ static double measured_step_ms(const char *tmp, int world, int warmup) {
 
 /* The plan a step check runs: the devices, the profile just measured, a small batch. */
 static int step_check_plan(const popts *o, const job *j, profile *p, long batch, const char *path, double *pred_ms,
-                           err_t *err) {
+                           recompute_mode *rec, err_t *err) {
     plan_inputs in = {0};
     if (model_resolve(o->model, &in.model, err) < 0 || job_cluster(j, &in.cl, err) < 0) return -1;
     in.prof = *p; /* borrowed: have_prof is cleared before inputs_free */
@@ -293,6 +271,7 @@ static int step_check_plan(const popts *o, const job *j, profile *p, long batch,
     if (made && !pl.feasible) rc = err_set(err, "no feasible plan for batch %ld: %s", io.batch, pl.reason);
     if (made && rc == 0) {
         *pred_ms = pl.iter_ms;
+        for (int r = 0; r < pl.n_ranks; r++) rec[r] = pl.ranks[r].recompute; /* the worker takes only its plan's */
         rc = inputs_save_plan(&pl, path, err);
     }
     if (made) plan_free(&pl);
@@ -304,6 +283,30 @@ static int step_check_plan(const popts *o, const job *j, profile *p, long batch,
 /* Steps of one step check run (each batch runs twice). */
 static int check_steps(const popts *o) { return o->quick ? 8 : 24; }
 
+/* What one rank of a step check run is told (launch_ranks' cmd): `cephalo-worker train` from the
+ * one builder (common/worker_cmd.h), as a job would start it, on synthetic tokens. */
+typedef struct check_run {
+    const popts *o;
+    const char *worker, *tmp, *plan;
+    int world, port, steps;
+    recompute_mode *rec;
+} check_run;
+
+static void check_cmd(void *ctx, int r, wcmd_argv *a, wcmd_argv *env) {
+    const check_run *c = ctx;
+    wcmd_train t;
+    wcmd_train_defaults(&t);
+    t.steps = c->steps, t.data = "synthetic", t.prec = c->o->prec, t.recompute = c->rec[r];
+    wcmd_argv_add(a, "%s", c->worker);
+    wcmd_train_argv(&t, a);
+    wcmd_argv_add(a, "--quiet");
+    wcmd_argv_add(a, "--log"), wcmd_argv_add(a, "%s.rank%d.jsonl", c->tmp, r);
+    wcmd_env e;
+    wcmd_env_init(&e, r, c->world, "127.0.0.1", c->port);
+    e.plan = c->plan;
+    launch_env(&e, NULL, env);
+}
+
 /* One step check run: `cephalo-worker train` on the devices at this global batch, planned from
  * the profile being measured: the plan's predicted and the run's measured step time (ms). */
 static int step_check_run(const popts *o, const char *worker, const job *j, profile *p, long batch, const char *tmp,
@@ -312,38 +315,19 @@ static int step_check_run(const popts *o, const char *worker, const job *j, prof
     int world = j->n_devices;
     char plan_path[PATH_LEN + 16];
     snprintf(plan_path, sizeof plan_path, "%s.plan.json", tmp);
-    if (step_check_plan(o, j, p, batch, plan_path, pred, &err) < 0) return failed("step check: %s", err.msg);
-    int port = run_free_port(&err);
-    if (port < 0) return failed("%s", err.msg);
+    recompute_mode *rec = xcalloc((size_t)world, sizeof *rec);
     /* --quick (`cephalo run`'s profile): 6 steps measured after the 2 a run's summary leaves out
      * too, in each of two runs (run_step_check); the median of 4 in one run (as before) moved its
      * scale by tens of percent on a loaded host */
-    const int n_steps = check_steps(o), warmup = o->quick ? 2 : 4;
-    pid_t *pids = xcalloc((size_t)world, sizeof(pid_t));
-    char ws[32], mp[32], pl[PATH_LEN + 32], ma[] = "MASTER_ADDR=127.0.0.1", st[24];
-    snprintf(ws, sizeof ws, "WORLD_SIZE=%d", world);
-    snprintf(mp, sizeof mp, "MASTER_PORT=%d", port);
-    snprintf(pl, sizeof pl, "CEPHALO_PLAN=%s", plan_path);
-    snprintf(st, sizeof st, "%d", n_steps);
-    int rc = 0;
-    for (int r = 0; r < world; r++) {
-        char rank[32], log[PATH_LEN + 32];
-        snprintf(rank, sizeof rank, "RANK=%d", r);
-        snprintf(log, sizeof log, "%s.rank%d.jsonl", tmp, r);
-        char *extra[] = {rank, ws, mp, ma, pl, NULL};
-        char *argv[] = {(char *)worker, "train", "--steps", st, "--data", "synthetic", "--lr", "1e-4",
-                        "--quiet", "--log", log, NULL};
-        pids[r] = start(argv, extra);
-        if (pids[r] < 0) rc = failed("fork: %s", strerror(errno));
-    }
-    for (int r = 0; r < world; r++) {
-        if (pids[r] <= 0) continue;
-        int code = finish(pids[r]);
-        if (code && !rc) rc = failed("the step check failed (rank %d: exit %d)", r, code);
-    }
-    free(pids);
+    check_run c = {o, worker, tmp, plan_path, world, 0, check_steps(o), rec};
+    int bad, st, rc = 0;
+    if (step_check_plan(o, j, p, batch, plan_path, pred, rec, &err) < 0) rc = failed("step check: %s", err.msg);
+    else if ((c.port = launch_free_port(&err)) < 0) rc = failed("%s", err.msg);
+    else if ((rc = launch_ranks(world, check_cmd, &c, &bad, &st, &err)) < 0) rc = failed("%s", err.msg);
+    else if (rc) rc = failed("the step check failed (rank %d: exit %d)", bad, st);
+    free(rec);
     unlink(plan_path);
-    *meas = measured_step_ms(tmp, world, warmup);
+    *meas = measured_step_ms(tmp, world, o->quick ? 2 : 4);
     if (rc) return rc;
     return *meas < 0 ? failed("the step check wrote no step times") : 0;
 }
@@ -452,7 +436,7 @@ int profile_main(int argc, char **argv) {
         return args_bad_cmd("cephalo profile", "%s", err.msg);
     }
     char worker[PATH_LEN];
-    if (run_find_worker(worker, false, &err) < 0) return job_free(&j), failed("%s", err.msg);
+    if (launch_find_worker(worker, false, &err) < 0) return job_free(&j), failed("%s", err.msg);
     /* one compute profile per distinct thread count (the device type the planner looks up), with
      * the most memory any device of that type has */
     job_device *types = xcalloc((size_t)j.n_items, sizeof *types);

@@ -13,22 +13,16 @@
 #include "cli/run.h"
 #include "common/clock.h"
 
-#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
-#ifdef __linux__
-#include <sys/prctl.h>
-#endif
 
 #include "cli/job.h"
 #include "cli/run_view.h"
@@ -43,7 +37,6 @@
 #include "cli/profile_cache.h"
 #include "planner/inputs.h"
 
-extern char **environ;
 
 #define POLL_NS 100000000L /* 100 ms: how long a failure or Ctrl-C may go unnoticed */
 #define SETTLE_NS 300000000L /* after a failure, how long to look for the ranks failing with it */
@@ -105,33 +98,6 @@ static const char *rank_file(const launch *l, int rank, const char *ext, char *b
 }
 
 /* ---- set-up ---- */
-
-int run_find_worker(char *out, bool gpu, err_t *err) {
-    const char *env;
-    if (env_text("CEPHALO_WORKER", &env, err) < 0) return -1;
-    if (env) {
-        if (str_fmt(out, PATH_LEN, err, "$CEPHALO_WORKER", "%s", env) < 0) return -1;
-    } else {
-        char self[PATH_LEN];
-        ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-        if (n <= 0) return err_set(err, "cannot find this program's directory (/proc/self/exe); set $CEPHALO_WORKER");
-        self[n] = '\0';
-        *strrchr(self, '/') = '\0';
-        if (str_fmt(out, PATH_LEN, err, "the worker's path", "%s/cephalo-worker%s", self, gpu ? "-cuda" : "") < 0) return -1;
-    }
-    if (access(out, X_OK) != 0) return err_set(err, "%s: cannot execute the worker: %s (set $CEPHALO_WORKER)", out, strerror(errno));
-    return 0;
-}
-
-int run_free_port(err_t *err) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof a;
-    int ok = fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 && getsockname(fd, (struct sockaddr *)&a, &len) == 0;
-    int e = errno;
-    if (fd >= 0) close(fd);
-    return ok ? ntohs(a.sin_port) : err_set(err, "cannot find a free TCP port on 127.0.0.1: %s", strerror(e));
-}
 
 /* ---- the run directory ---- */
 
@@ -263,25 +229,19 @@ static wcmd_argv worker_args(const launch *l, int rank) {
     return s;
 }
 
-/* docs/architecture.md, "The worker's environment": the variables a pod gets. */
+/* docs/architecture.md, "The worker's environment": the variables a pod gets, by the one builder
+ * (common/worker_cmd.h); with inherit, after this process's others (cli/launch.h). */
 static wcmd_argv worker_env(const launch *l, int rank, bool inherit) {
-    static const char *const ours[] = {"RANK=", "LOCAL_RANK=", "WORLD_SIZE=", "MASTER_ADDR=", "MASTER_PORT=", "CEPHALO_PLAN=",
-                                       "CEPHALO_COMM_TIMEOUT=", "CEPHALO_JOB=", NULL};
-    char path[PATH_LEN], t[32];
+    char path[PATH_LEN];
+    wcmd_env e;
+    wcmd_env_init(&e, rank, l->world, "127.0.0.1", l->port);
+    e.plan = in_dir(l, "plan.json", path);
+    e.comm_timeout = l->j->comm_timeout;
+    e.local_rank = rank; /* every rank runs here: the GPU is LOCAL_RANK % GPUs */
+    e.job = l->j->name;  /* the metrics' job label */
     wcmd_argv s = {0};
-    for (char **e = environ; inherit && *e; e++) {
-        bool replaced = false;
-        for (int i = 0; ours[i] && !replaced; i++) replaced = !strncmp(*e, ours[i], strlen(ours[i]));
-        if (!replaced) wcmd_argv_add(&s, "%s", *e);
-    }
-    wcmd_argv_add(&s, "RANK=%d", rank);
-    wcmd_argv_add(&s, "WORLD_SIZE=%d", l->world);
-    wcmd_argv_add(&s, "MASTER_ADDR=127.0.0.1");
-    wcmd_argv_add(&s, "MASTER_PORT=%d", l->port);
-    wcmd_argv_add(&s, "CEPHALO_PLAN=%s", in_dir(l, "plan.json", path));
-    wcmd_argv_add(&s, "CEPHALO_COMM_TIMEOUT=%s", wcmd_num(l->j->comm_timeout, t));
-    wcmd_argv_add(&s, "LOCAL_RANK=%d", rank); /* every rank runs here: the GPU is LOCAL_RANK % GPUs */
-    wcmd_argv_add(&s, "CEPHALO_JOB=%s", l->j->name); /* the metrics' job label */
+    if (inherit) launch_env(&e, NULL, &s);
+    else wcmd_env_entries(&e, &s);
     return s;
 }
 
@@ -311,44 +271,18 @@ static void print_command(const launch *l, int rank, FILE *f) {
 
 /* ---- the gang ---- */
 
-/* In the child: into the gang's process group, output to rank-R.log, then the worker. */
-static void exec_worker(const launch *l, wcmd_argv *args, wcmd_argv *env, int log_fd, pid_t parent) __attribute__((noreturn));
-static void exec_worker(const launch *l, wcmd_argv *args, wcmd_argv *env, int log_fd, pid_t parent) {
-    setpgid(0, l->pgid);
-#ifdef __linux__
-    /* if the launcher is killed outright (SIGKILL: no chance to stop the gang), the workers go too */
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent) _exit(127);
-#else
-    (void)parent;
-#endif
-    int in = open("/dev/null", O_RDONLY);
-    if (in > 0) dup2(in, 0), close(in);
-    dup2(log_fd, 1);
-    dup2(log_fd, 2);
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, NULL); /* the mask survives exec; the handlers do not */
-    execve(l->worker, args->v, env->v);
-    dprintf(2, "cephalo run: cannot execute %s: %s\n", l->worker, strerror(errno));
-    _exit(127);
-}
-
+/* Rank R into the gang's process group, its output to rank-R.log. */
 static int spawn(launch *l, int rank, err_t *err) {
     char path[PATH_LEN];
     file_out log;
     if (file_out_open(&log, rank_file(l, rank, "log", path), FILE_OUT_STREAM, err) < 0) return -1;
     wcmd_argv args = worker_args(l, rank), env = worker_env(l, rank, true);
-    pid_t parent = getpid(), pid = fork();
-    if (pid == 0) exec_worker(l, &args, &env, log.fd, parent);
-    int e = errno;
+    pid_t pid = launch_spawn(args.v, env.v, log.fd, l->pgid, err);
     file_out_abort(&log); /* closed here; the worker writes it */
     wcmd_argv_free(&args);
     wcmd_argv_free(&env);
-    if (pid < 0) return err_set(err, "cannot start rank %d: fork: %s", rank, strerror(e));
-    /* both sides set the group, so it is set before either the child execs or we signal it */
+    if (pid < 0) return err_prefix(err, "rank %d", rank);
     if (!l->pgid) l->pgid = pid;
-    setpgid(pid, l->pgid);
     l->w[rank].pid = pid;
     return 0;
 }
@@ -732,11 +666,11 @@ static int prepare(launch *l, const run_opts *o) {
         return fail(EXIT_BAD_INPUT, &err);
     }
     l->w = xcalloc((size_t)l->world, sizeof *l->w);
-    if ((l->port = run_free_port(&err)) < 0) return fail(EXIT_FAILED, &err);
+    if ((l->port = launch_free_port(&err)) < 0) return fail(EXIT_FAILED, &err);
     /* a dry run prints the commands even without a worker binary */
     bool gpu = false;
     for (int i = 0; i < l->p->cm->cl->n_devices; i++) gpu |= l->p->cm->cl->devices[i].threads == 0;
-    if (run_find_worker(l->worker, gpu, &err) < 0 && !o->dry_run) return fail(EXIT_FAILED, &err);
+    if (launch_find_worker(l->worker, gpu, &err) < 0 && !o->dry_run) return fail(EXIT_FAILED, &err);
     /* a directory in use is said to be, before its files are judged (its .lock is no foreign file) */
     if (check_run_dir(l, o, &err) < 0 || lock_run_dir(l, &err) < 0) return fail(EXIT_BAD_INPUT, &err);
     /* again, the run directory made: a checkpoint.dir that reaches it through a symbolic link */

@@ -8,6 +8,7 @@
 #include <stdbool.h>
 
 #include "cli/job.h"
+#include "cli/launch.h"
 #include "common/err.h"
 #include "common/exitcode.h"
 #include "common/outputs.h"
@@ -40,15 +41,5 @@ int run_job(const run_opts *o);
  * (NULL: none), --overwrite and the rank's recompute mode (its plan rank's); appended to *out. The
  * launcher adds --log and the metrics flags. */
 void run_worker_argv(const job *j, const char *ckpt_dir, bool overwrite, recompute_mode rec, wcmd_argv *out);
-
-/* Also for `cephalo profile`, which launches workers the same way. */
-#define PATH_LEN 4096
-/* The worker binary into out[PATH_LEN]: $CEPHALO_WORKER, else cephalo-worker next to this
- * program, or cephalo-worker-cuda when gpu (some device of the job is a GPU). */
-int run_find_worker(char *out, bool gpu, err_t *err);
-/* A port nobody listens on now on 127.0.0.1: bind port 0 and read what the kernel chose. Rank 0
- * binds it again moments later; another program could take it in between, and rank 0's error
- * would say so. */
-int run_free_port(err_t *err);
 
 #endif

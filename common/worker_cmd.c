@@ -124,6 +124,25 @@ const char *wcmd_num(double v, char *buf) {
     return buf;
 }
 
+void wcmd_env_init(wcmd_env *e, int rank, int world, const char *master_addr, int master_port) {
+    *e = (wcmd_env){.rank = rank, .world = world, .master_addr = master_addr, .master_port = master_port,
+                    .local_rank = -1, .metrics_port = -1};
+}
+
+void wcmd_env_entries(const wcmd_env *e, wcmd_argv *out) {
+    char t[32];
+    wcmd_argv_add(out, "RANK=%d", e->rank);
+    wcmd_argv_add(out, "WORLD_SIZE=%d", e->world);
+    if (e->master_addr) wcmd_argv_add(out, "MASTER_ADDR=%s", e->master_addr);
+    if (e->master_port > 0) wcmd_argv_add(out, "MASTER_PORT=%d", e->master_port);
+    if (e->plan) wcmd_argv_add(out, "CEPHALO_PLAN=%s", e->plan);
+    if (e->comm_timeout > 0) wcmd_argv_add(out, "CEPHALO_COMM_TIMEOUT=%s", wcmd_num(e->comm_timeout, t));
+    if (e->local_rank >= 0) wcmd_argv_add(out, "LOCAL_RANK=%d", e->local_rank);
+    if (e->job) wcmd_argv_add(out, "CEPHALO_JOB=%s", e->job);
+    if (e->job_id) wcmd_argv_add(out, "CEPHALO_JOB_ID=%s", e->job_id);
+    if (e->metrics_port >= 0) wcmd_argv_add(out, "CEPHALO_METRICS_PORT=%ld", e->metrics_port);
+}
+
 /* "--flag VALUE" for the option of key k. */
 static void opt(wcmd_argv *a, wcmd_key k, const char *value) {
     wcmd_argv_add(a, "%s", wcmd_defaults[k].flag);

@@ -131,6 +131,25 @@ void wcmd_argv_free(wcmd_argv *a);
 /* The shortest text that reads back as v, at least %g's 6 digits: "60", "0.0003", "1e-08" (buf: 32 bytes). */
 const char *wcmd_num(double v, char *buf);
 
+/* A rank's environment (docs/architecture.md, "The worker's environment"), the one builder of
+ * every launcher: `cephalo run`'s ranks, `cephalo profile`'s measuring runs and the operator's
+ * pods. wcmd_env_init leaves every optional variable out; a launcher sets what it has. */
+typedef struct wcmd_env {
+    int rank, world;          /* RANK, WORLD_SIZE */
+    const char *master_addr;  /* MASTER_ADDR: rank 0's host */
+    int master_port;          /* MASTER_PORT: its rendezvous store; 0: none (one rank) */
+    const char *plan;         /* CEPHALO_PLAN; NULL: none */
+    double comm_timeout;      /* CEPHALO_COMM_TIMEOUT, seconds; 0: none (the worker's default) */
+    int local_rank;           /* LOCAL_RANK (the GPU is LOCAL_RANK % GPUs); < 0: none */
+    const char *job;          /* CEPHALO_JOB: the metrics' job label; NULL: none */
+    const char *job_id;       /* CEPHALO_JOB_ID: the rendezvous admits only its ranks; NULL: none */
+    long metrics_port;        /* CEPHALO_METRICS_PORT; < 0: none */
+} wcmd_env;
+
+void wcmd_env_init(wcmd_env *e, int rank, int world, const char *master_addr, int master_port);
+/* "NAME=VALUE" for each variable e sets, in a fixed order, appended to *out. */
+void wcmd_env_entries(const wcmd_env *e, wcmd_argv *out);
+
 /* Appends "train" and the job's options, defaults included, in a fixed order: every setting
  * the worker will use is spelled out, so the command line alone says how a rank trains. The
  * launcher adds its own (--log, --metrics-port, ...) after them. */

@@ -309,25 +309,26 @@ static void worker_volumes(const rec_ctx *x, cJSON *ps, cJSON *ctr) {
 }
 
 static void worker_env(const rec_ctx *x, cJSON *ctr, int rank, int world) {
-    char buf[512];
+    char addr[512], id[512];
     cJSON *e = cJSON_AddArrayToObject(ctr, "env");
     env(e, CEPHALO_ENV_OPERATOR_VERSION, cephalo_version()); /* a worker of another release refuses to start */
-    snprintf(buf, sizeof buf, "%d", rank);
-    env(e, "RANK", buf);
-    snprintf(buf, sizeof buf, "%d", world);
-    env(e, "WORLD_SIZE", buf);
-    snprintf(buf, sizeof buf, "%s-0.%s.%s.svc", x->name, x->name, x->ns);
-    env(e, "MASTER_ADDR", buf);
-    snprintf(buf, sizeof buf, "%d", REC_MASTER_PORT);
-    env(e, "MASTER_PORT", buf);
-    env(e, "CEPHALO_PLAN", "/etc/cephalo/plan.json");
-    env(e, "CEPHALO_JOB", x->name);
-    snprintf(buf, sizeof buf, "%s/%s", x->ns, x->name);
-    env(e, "CEPHALO_JOB_ID", kube_meta_str(x->job, "uid") ? kube_meta_str(x->job, "uid") : buf);
-    snprintf(buf, sizeof buf, "%g", x->js.comm_timeout_s);
-    env(e, "CEPHALO_COMM_TIMEOUT", buf);
-    snprintf(buf, sizeof buf, "%ld", x->js.metrics_port);
-    env(e, "CEPHALO_METRICS_PORT", buf);
+    snprintf(addr, sizeof addr, "%s-0.%s.%s.svc", x->name, x->name, x->ns);
+    snprintf(id, sizeof id, "%s/%s", x->ns, x->name);
+    wcmd_env we; /* the variables every launcher sets, by the one builder (common/worker_cmd.h) */
+    wcmd_env_init(&we, rank, world, addr, REC_MASTER_PORT);
+    we.plan = "/etc/cephalo/plan.json";
+    we.job = x->name;
+    we.job_id = kube_meta_str(x->job, "uid") ? kube_meta_str(x->job, "uid") : id;
+    we.comm_timeout = x->js.comm_timeout_s;
+    we.metrics_port = x->js.metrics_port;
+    wcmd_argv vars = {0};
+    wcmd_env_entries(&we, &vars);
+    for (int i = 0; i < vars.n; i++) {
+        char *eq = strchr(vars.v[i], '=');
+        *eq = '\0';
+        env(e, vars.v[i], eq + 1);
+    }
+    wcmd_argv_free(&vars);
 }
 
 /* One GPU, as request and limit (the API server would default the request from the limit, but

@@ -375,6 +375,32 @@ static void test_warmup_rule_shared(void **state) {
     }
 }
 
+/* The one environment builder: every variable a launcher sets, in its order; optional ones only
+ * when set; the comm timeout written as the job gave it. */
+static void test_rank_env(void **state) {
+    (void)state;
+    wcmd_env e;
+    wcmd_env_init(&e, 2, 3, "job-0.job.ns.svc", 29500);
+    wcmd_argv a = {0};
+    wcmd_env_entries(&e, &a);
+    assert_int_equal(a.n, 4);
+    assert_string_equal(a.v[0], "RANK=2");
+    assert_string_equal(a.v[1], "WORLD_SIZE=3");
+    assert_string_equal(a.v[2], "MASTER_ADDR=job-0.job.ns.svc");
+    assert_string_equal(a.v[3], "MASTER_PORT=29500");
+    wcmd_argv_free(&a);
+    e.plan = "/etc/cephalo/plan.json", e.comm_timeout = 0.5, e.local_rank = 2, e.job = "job", e.job_id = "uid-1";
+    e.metrics_port = 0;
+    wcmd_env_entries(&e, &a);
+    const char *want[] = {"RANK=2", "WORLD_SIZE=3", "MASTER_ADDR=job-0.job.ns.svc", "MASTER_PORT=29500",
+                          "CEPHALO_PLAN=/etc/cephalo/plan.json", "CEPHALO_COMM_TIMEOUT=0.5", "LOCAL_RANK=2",
+                          "CEPHALO_JOB=job", "CEPHALO_JOB_ID=uid-1", "CEPHALO_METRICS_PORT=0"};
+    assert_int_equal(a.n, 10);
+    for (int i = 0; i < 10; i++) assert_string_equal(a.v[i], want[i]);
+    assert_null(a.v[a.n]);
+    wcmd_argv_free(&a);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_crd_defaults),      cmocka_unit_test(test_crd_operator_defaults),
@@ -383,7 +409,7 @@ int main(void) {
         cmocka_unit_test(test_numbers_read_back), cmocka_unit_test(test_defaults_spelled_out),
         cmocka_unit_test(test_same_job_every_option), cmocka_unit_test(test_same_job_defaults),
         cmocka_unit_test(test_same_job_crd_defaults), cmocka_unit_test(test_difference_is_seen),
-        cmocka_unit_test(test_warmup_rule_shared),
+        cmocka_unit_test(test_warmup_rule_shared), cmocka_unit_test(test_rank_env),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
