@@ -27,63 +27,6 @@ void rec_admit_unlock(rec_ctx *x) {
 
 /* ---- the free GPUs --------------------------------------------------------------------------- */
 
-/* Every rank's node has as many GPUs free to the job (its own pods' count as free; no maxGPUs cap)
- * as the plan puts ranks on it. Both counted per node name in one pass: not a pass over the ranks
- * and the devices for each rank. */
-bool rec_plan_fits(rec_ctx *x, const cJSON *plan_doc) {
-    const cluster *cl = &rec_inv(x, true)->cl;
-    int world = cJSON_GetArraySize(get(plan_doc, "ranks")), k = 0;
-    int *room = xcalloc((size_t)world + 1, sizeof *room); /* per node of the plan (its index in at) */
-    str_map at = {0};
-    const cJSON *r;
-    cJSON_ArrayForEach(r, get(plan_doc, "ranks"))
-        if (str_map_put(&at, get_str(r, "node", ""), k) < 0) k++;
-    for (int d = 0; d < cl->n_devices; d++) {
-        long i = str_map_get(&at, cl->nodes[cl->devices[d].node].name);
-        if (i >= 0) room[i]++;
-    }
-    bool fits = true;
-    cJSON_ArrayForEach(r, get(plan_doc, "ranks")) fits &= --room[str_map_get(&at, get_str(r, "node", ""))] >= 0;
-    str_map_free(&at);
-    free(room);
-    return fits;
-}
-
-/* A pod of the plan's current gang that ended (Succeeded or Failed) has GPUs free for others,
- * maybe taken already, but the job must first see it through (finish, or count the failure
- * against backoffLimit and restart) on the plan it ran. */
-bool rec_gang_ended(const rec_ctx *x, const char *plan_id) {
-    char att[32];
-    snprintf(att, sizeof att, "%d", x->attempt);
-    const cJSON *pod;
-    cJSON_ArrayForEach(pod, get(x->pods, "items")) {
-        const cJSON *ann = get(get(pod, "metadata"), "annotations");
-        if (phase_finished(rec_pod_phase(pod)) && !strcmp(get_str(ann, REC_ANN_PLAN_ID, ""), plan_id) &&
-            !strcmp(get_str(ann, REC_ANN_ATTEMPT, ""), att) && rec_owned_by_job(pod, x->job))
-            return true;
-    }
-    return false;
-}
-
-/* How many pods of plan_id's current gang exist, when none ended or is being deleted: the gang was
- * started on this plan (maybe by another leader, which stopped halfway) and holds its GPUs. Its
- * missing ranks are created on the same plan, not planned again. 0 otherwise. */
-int rec_gang_started(const rec_ctx *x, const char *plan_id) {
-    char att[32];
-    snprintf(att, sizeof att, "%d", x->attempt);
-    const cJSON *pod;
-    int started = 0;
-    cJSON_ArrayForEach(pod, get(x->pods, "items")) {
-        const cJSON *ann = get(get(pod, "metadata"), "annotations");
-        if (strcmp(get_str(ann, REC_ANN_PLAN_ID, ""), plan_id) || strcmp(get_str(ann, REC_ANN_ATTEMPT, ""), att) ||
-            !rec_owned_by_job(pod, x->job))
-            continue;
-        if (phase_finished(rec_pod_phase(pod)) || get(get(pod, "metadata"), "deletionTimestamp")) return 0;
-        started++;
-    }
-    return started;
-}
-
 /* spec.gpus.minGPUs above the GPUs the job may use anywhere: it can never start. */
 static int never_fits(rec_ctx *x, int usable, err_t *err) {
     char types[256], msg[700];

@@ -1,15 +1,21 @@
 /* rec_internal.h - what the reconcile's files share (reconcile.h is the outside's view):
  *
- *   reconcile.c   rec_job: the flow of one reconcile, from the stores to the status
- *   rec_plan.c    planning: the job's usable GPUs, the inventory fingerprint, plan tasks on the
- *                 planning pool, the plan to run (the ConfigMap's, or a new one)
- *   rec_admit.c   GPU accounting and admission: which GPUs a job is planned on, whether its plan
- *                 fits, the queue (priority, creation), Queued
+ *   rec_status.c  the status's parts: phase, conditions, the plan summary, Events; written
  *   rec_pods.c    the objects: the plan ConfigMap, the Service, the worker pods (created at once
  *                 over several clients, assumed in the busy store), deletions, foreign objects
+ *   rec_gpus.c    the GPUs a job may use (all, or the free ones), whether a plan fits them,
+ *                 whether the plan's gang holds them already
  *   rec_gang.c    the gang: its pods sorted out against the plan, failures, disruptions, the
  *                 scheduler's refusals
- *   rec_status.c  the status: phase, conditions, the plan summary, progress, Events
+ *   rec_phase.c   each phase's status: a job without a gang (suspended, failed to plan, waiting),
+ *                 and a gang's (Planned, Running with progress, Restarting, Succeeded)
+ *   rec_plan.c    planning: the inventory fingerprint, plan tasks on the planning pool, the plan
+ *                 to run (the ConfigMap's, or a new one)
+ *   rec_admit.c   admission: which GPUs a job is planned on, the queue (priority, creation),
+ *                 Queued
+ *   reconcile.c   rec_job: the flow of one reconcile, from the stores to the status
+ *
+ * Each file uses only those listed above it: no file circles (mk/circles.py).
  *
  * One reconcile is one rec_ctx, on one thread. The spec is read once (x->js, job_spec.h); the
  * status, metadata and pods are the API's objects and read as JSON. */
@@ -144,7 +150,7 @@ typedef struct gang {
     int failed_hard; /* failed pods that were not stopped on request (EXIT_STOPPED) */
 } gang;
 
-/* ---- rec_plan.c ---- */
+/* ---- rec_gpus.c ---- */
 
 /* The job's usable GPUs (spec.gpus filters) among nodes (a NodeList); with pods (PodList items of
  * every namespace) or their digests (held), the free ones only: less those the pods hold, but
@@ -157,6 +163,15 @@ int rec_job_cluster(const rec_config *rc, const cJSON *nodes, const job_spec *js
 const job_inv *rec_inv(rec_ctx *x, bool free_only);
 /* How many devices of j a view with cap `cap` (0: none) holds. */
 int rec_inv_devices(const job_inv *j, int cap);
+/* Whether every rank of the plan has a free GPU on its node. */
+bool rec_plan_fits(rec_ctx *x, const cJSON *plan_doc);
+/* Whether a pod of plan_id's current gang has ended (it must be seen through on that plan). */
+bool rec_gang_ended(const rec_ctx *x, const char *plan_id);
+/* How many pods of plan_id's current gang exist, none ended or being deleted; else 0. */
+int rec_gang_started(const rec_ctx *x, const char *plan_id);
+
+/* ---- rec_plan.c ---- */
+
 /* The plan to run into x->plan_doc: 1; 0 when the job cannot be planned (status Failed written)
  * or is being planned; -1 on an API error. */
 int rec_current_plan(rec_ctx *x, err_t *err);
@@ -170,12 +185,6 @@ void rec_admit_unlock(rec_ctx *x); /* nothing when x does not hold it */
 /* Which GPUs the job is planned on (x->on_free, x->cap, x->picked, x->need): 1; 0 when it can
  * never start (Failed, written); -1 on an API error. */
 int rec_choose_view(rec_ctx *x, err_t *err);
-/* Whether every rank of the plan has a free GPU on its node. */
-bool rec_plan_fits(rec_ctx *x, const cJSON *plan_doc);
-/* Whether a pod of plan_id's current gang has ended (it must be seen through on that plan). */
-bool rec_gang_ended(const rec_ctx *x, const char *plan_id);
-/* How many pods of plan_id's current gang exist, none ended or being deleted; else 0 (rec_admit.c). */
-int rec_gang_started(const rec_ctx *x, const char *plan_id);
 /* May the planned gang run? 1 admitted; 0 queued (status written); -1 on an API error. */
 int rec_admit(rec_ctx *x, err_t *err);
 
@@ -232,6 +241,9 @@ int rec_write_status(rec_ctx *x, cJSON *status, err_t *err);
 int rec_status_write(rec_ctx *x, phase ph, const char *reason, const char *msg, err_t *err);
 /* Terminal: Succeeded, or Failed after the backoff limit. */
 bool rec_terminal(const cJSON *status);
+
+/* ---- rec_phase.c ---- */
+
 int rec_suspend_job(rec_ctx *x, err_t *err);
 /* Waiting for the objects of an earlier job of the same name to go. */
 int rec_wait_foreign(rec_ctx *x, err_t *err);

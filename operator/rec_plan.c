@@ -1,6 +1,7 @@
 /* rec_plan.c - a job's plan (rec_internal.h): the usable GPUs and their fingerprint, what a plan is
  * made from (read on the reconcile's thread), the plan made on the planning pool, and the plan
- * to run: the ConfigMap's while it holds, else a new one. */
+ * to run: the ConfigMap's while it holds, else a new one. The usable GPUs themselves are
+ * rec_gpus.c's. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,38 +18,7 @@
 
 #define REC_PLAN_WAIT_S 0.25 /* how long the loop waits for a new plan before it moves on */
 
-/* ---- the usable GPUs ------------------------------------------------------------------------- */
-
-int rec_job_cluster(const rec_config *rc, const cJSON *nodes, const job_spec *js, const cJSON *pods,
-                    const inv_held *const *held, int n_held, const char *own_uid, cluster *cl, inv_result *inv,
-                    err_t *err) {
-    inv_constraints c = {.allowed_products = js->allowed_products, .node_selector = js->node_selector,
-                         .archs = rc->worker_archs, .pods = pods, .held = held, .n_held = n_held,
-                         .own_uid = own_uid, .tolerations = js->tolerations};
-    return inv_build(get(nodes, "items"), &c, cl, inv, err);
-}
-
-static void build_inv(rec_ctx *x, job_inv *j, bool free_only) {
-    const cache_view *bv = &x->busy_view;
-    const inv_held **held = NULL; /* the busy store's digests, when it makes them (main.c) */
-    if (free_only && bv->digested) {
-        held = xmalloc((size_t)(bv->n + 1) * sizeof *held);
-        for (int i = 0; i < bv->n; i++) held[i] = cache_view_digest(bv, i);
-    }
-    const cJSON *pods = free_only && !held ? get(x->busy, "items") : NULL;
-    j->rc = rec_job_cluster(x->c, x->nodes, &x->js, pods, held, held ? bv->n : 0, kube_meta_str(x->job, "uid"),
-                            &j->cl, &j->r, &j->err);
-    free(held);
-    j->built = true;
-}
-
-const job_inv *rec_inv(rec_ctx *x, bool free_only) {
-    job_inv *j = free_only ? &x->inv_free : &x->inv_all;
-    if (!j->built) build_inv(x, j, free_only);
-    return j;
-}
-
-int rec_inv_devices(const job_inv *j, int cap) { return cap > 0 && cap < j->cl.n_devices ? cap : j->cl.n_devices; }
+/* ---- the inventory fingerprint -------------------------------------------------------------- */
 
 static uint64_t fnv1a(uint64_t h, const void *p, size_t n) {
     const unsigned char *b = p;

@@ -1,0 +1,103 @@
+/* rec_gpus.c - the GPUs a job may use (rec_internal.h; docs/operator.md, "GPUs shared between
+ * jobs"): its usable GPUs among the nodes, all or only the free ones; whether a plan's ranks fit
+ * the free ones; whether the plan's current gang holds its GPUs already (started, or ended and to
+ * be seen through). What planning (rec_plan.c) and admission (rec_admit.c) both read, below both. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "common/str_map.h"
+#include "operator/rec_internal.h"
+
+/* ---- the usable GPUs ------------------------------------------------------------------------- */
+
+int rec_job_cluster(const rec_config *rc, const cJSON *nodes, const job_spec *js, const cJSON *pods,
+                    const inv_held *const *held, int n_held, const char *own_uid, cluster *cl, inv_result *inv,
+                    err_t *err) {
+    inv_constraints c = {.allowed_products = js->allowed_products, .node_selector = js->node_selector,
+                         .archs = rc->worker_archs, .pods = pods, .held = held, .n_held = n_held,
+                         .own_uid = own_uid, .tolerations = js->tolerations};
+    return inv_build(get(nodes, "items"), &c, cl, inv, err);
+}
+
+static void build_inv(rec_ctx *x, job_inv *j, bool free_only) {
+    const cache_view *bv = &x->busy_view;
+    const inv_held **held = NULL; /* the busy store's digests, when it makes them (main.c) */
+    if (free_only && bv->digested) {
+        held = xmalloc((size_t)(bv->n + 1) * sizeof *held);
+        for (int i = 0; i < bv->n; i++) held[i] = cache_view_digest(bv, i);
+    }
+    const cJSON *pods = free_only && !held ? get(x->busy, "items") : NULL;
+    j->rc = rec_job_cluster(x->c, x->nodes, &x->js, pods, held, held ? bv->n : 0, kube_meta_str(x->job, "uid"),
+                            &j->cl, &j->r, &j->err);
+    free(held);
+    j->built = true;
+}
+
+const job_inv *rec_inv(rec_ctx *x, bool free_only) {
+    job_inv *j = free_only ? &x->inv_free : &x->inv_all;
+    if (!j->built) build_inv(x, j, free_only);
+    return j;
+}
+
+int rec_inv_devices(const job_inv *j, int cap) { return cap > 0 && cap < j->cl.n_devices ? cap : j->cl.n_devices; }
+
+/* ---- the plan's GPUs and its gang ----------------------------------------------------------- */
+
+/* Every rank's node has as many GPUs free to the job (its own pods' count as free; no maxGPUs cap)
+ * as the plan puts ranks on it. Both counted per node name in one pass: not a pass over the ranks
+ * and the devices for each rank. */
+bool rec_plan_fits(rec_ctx *x, const cJSON *plan_doc) {
+    const cluster *cl = &rec_inv(x, true)->cl;
+    int world = cJSON_GetArraySize(get(plan_doc, "ranks")), k = 0;
+    int *room = xcalloc((size_t)world + 1, sizeof *room); /* per node of the plan (its index in at) */
+    str_map at = {0};
+    const cJSON *r;
+    cJSON_ArrayForEach(r, get(plan_doc, "ranks"))
+        if (str_map_put(&at, get_str(r, "node", ""), k) < 0) k++;
+    for (int d = 0; d < cl->n_devices; d++) {
+        long i = str_map_get(&at, cl->nodes[cl->devices[d].node].name);
+        if (i >= 0) room[i]++;
+    }
+    bool fits = true;
+    cJSON_ArrayForEach(r, get(plan_doc, "ranks")) fits &= --room[str_map_get(&at, get_str(r, "node", ""))] >= 0;
+    str_map_free(&at);
+    free(room);
+    return fits;
+}
+
+/* A pod of the plan's current gang that ended (Succeeded or Failed) has GPUs free for others,
+ * maybe taken already, but the job must first see it through (finish, or count the failure
+ * against backoffLimit and restart) on the plan it ran. */
+bool rec_gang_ended(const rec_ctx *x, const char *plan_id) {
+    char att[32];
+    snprintf(att, sizeof att, "%d", x->attempt);
+    const cJSON *pod;
+    cJSON_ArrayForEach(pod, get(x->pods, "items")) {
+        const cJSON *ann = get(get(pod, "metadata"), "annotations");
+        if (phase_finished(rec_pod_phase(pod)) && !strcmp(get_str(ann, REC_ANN_PLAN_ID, ""), plan_id) &&
+            !strcmp(get_str(ann, REC_ANN_ATTEMPT, ""), att) && rec_owned_by_job(pod, x->job))
+            return true;
+    }
+    return false;
+}
+
+/* How many pods of plan_id's current gang exist, when none ended or is being deleted: the gang was
+ * started on this plan (maybe by another leader, which stopped halfway) and holds its GPUs. Its
+ * missing ranks are created on the same plan, not planned again. 0 otherwise. */
+int rec_gang_started(const rec_ctx *x, const char *plan_id) {
+    char att[32];
+    snprintf(att, sizeof att, "%d", x->attempt);
+    const cJSON *pod;
+    int started = 0;
+    cJSON_ArrayForEach(pod, get(x->pods, "items")) {
+        const cJSON *ann = get(get(pod, "metadata"), "annotations");
+        if (strcmp(get_str(ann, REC_ANN_PLAN_ID, ""), plan_id) || strcmp(get_str(ann, REC_ANN_ATTEMPT, ""), att) ||
+            !rec_owned_by_job(pod, x->job))
+            continue;
+        if (phase_finished(rec_pod_phase(pod)) || get(get(pod, "metadata"), "deletionTimestamp")) return 0;
+        started++;
+    }
+    return started;
+}
