@@ -76,7 +76,7 @@ WLIB := $(BUILD)/libcephalo-worker.a
 WORKER := $(BUILD)/bin/cephalo-worker
 # the operator: its Kubernetes client, inventory and reconcile (libcurl) in a library that the
 # unit tests link too, and the binary (operator/main.c)
-OPERATOR_SRC := $(filter-out operator/main.c,$(wildcard operator/*.c))
+OPERATOR_SRC := $(filter-out operator/main.c,$(wildcard operator/*.c operator/client/*.c))
 OLIB := $(BUILD)/libcephalo-operator.a
 OPERATOR := $(BUILD)/bin/cephalo-operator
 TEST_SRC := $(wildcard tests/unit/test_*.c)
@@ -349,7 +349,7 @@ FUZZ_CFLAGS := -fsanitize=fuzzer,address,undefined $(FUZZ_FLAGS)
 # The parsers fuzzed need neither BLAS nor OpenMP: only these worker modules are linked in.
 FUZZ_WORKER_SRC := $(wildcard worker/formats/*.c)
 # the watch-stream parser alone: it has no libcurl dependency (the loop is in watch_loop.c)
-FUZZ_OPERATOR_SRC := $(wildcard operator/watch.c)
+FUZZ_OPERATOR_SRC := $(wildcard operator/client/watch.c)
 # The code under test is compiled once for all targets (each target used to compile all ~50
 # sources again: minutes of CI), instrumented for the fuzzer but without its main.
 FUZZ_LIB_SRC := $(COMMON_SRC) $(PLANNER_SRC) $(CLI_SRC) $(FUZZ_WORKER_SRC) $(FUZZ_OPERATOR_SRC)

@@ -1,11 +1,11 @@
-/* fuzz_watch.c - libFuzzer target for the watch-stream parser (operator/watch.c): the input is a
+/* fuzz_watch.c - libFuzzer target for the watch-stream parser (operator/client/watch.c): the input is a
  * watch response body fed in pieces whose sizes come from the input itself, so partial lines
  * across pieces, truncation at the end and overlong lines (the limit is small here) all occur. */
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
-#include "operator/watch.h"
+#include "operator/client/watch.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

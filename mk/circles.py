@@ -19,6 +19,7 @@ import subprocess
 import sys
 
 SKIP = ("tests/", "bench/", "fuzz/", "gen/")
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 
 
 def objects(build):
@@ -26,6 +27,9 @@ def objects(build):
     for o in glob.glob(os.path.join(build, "**", "*.o"), recursive=True):
         rel = os.path.relpath(o, build)
         if rel.startswith(SKIP) or rel.startswith("cuda/") or os.path.basename(rel) == "main.o":
+            continue
+        src = rel[:-2] if rel.endswith(".cu.o") else rel[:-2] + ".c"
+        if not os.path.exists(os.path.join(ROOT, src)):  # left over from a file since moved or deleted
             continue
         out.append((rel[:-2], o))  # "worker/devices/cuda_device.cu" for a .cu.o
     return out

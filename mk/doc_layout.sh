@@ -33,7 +33,7 @@ words() {
       else print sec "\t" w
     }
     /^[a-z][A-Za-z0-9_.-]*\/[ \t]/ || /^[a-z][A-Za-z0-9_.-]*\/$/ { split($1, a, " "); top = a[1]; sec = top; $1 = "" }
-    /^  [a-z][A-Za-z0-9_-]*\/[ \t]/ && top == "worker/" { sub(/^ +/, ""); sec = top $1; $1 = "" }
+    /^  [a-z][A-Za-z0-9_-]*\/[ \t]/ && (top == "worker/" || top == "operator/") { sub(/^ +/, ""); sec = top $1; $1 = "" }
     { line = $0
       while (match(line, /[A-Za-z0-9_.\/-]+\.(c|cu|h)([^A-Za-z0-9_]|$)/)) {
         w = substr(line, RSTART, RLENGTH); sub(/[^A-Za-z0-9_]$/, "", w); emit(w)
@@ -54,6 +54,7 @@ sources() {
 section_of() { # worker/model/train.c -> worker/model/; cli/run.c -> cli/
   case $1 in
     worker/*/*) local r=${1#worker/}; echo "worker/${r%%/*}/" ;;
+    operator/*/*) local r=${1#operator/}; echo "operator/${r%%/*}/" ;;
     *) echo "${1%%/*}/" ;;
   esac
 }

@@ -15,7 +15,9 @@
 #   worker/state           ... model
 #   worker/cmd             ... state                        (cmd > state > model > comm > devices)
 #   cli                    common planner formats
-#   operator               common planner
+#   operator/client        common                           (the Kubernetes client: transport,
+#                                                            config, watches, caches, lease, work queue)
+#   operator               common planner client            (the controller)
 # Tests, benchmarks and fuzz targets may include any room. A header is named by its path:
 # "common/log.h", "planner/model.h", inside the worker by its layer, "model/train.h" (the Makefile's
 # -I. -Iworker). The build's generated header and a test's or benchmark's own header in its own
@@ -35,7 +37,8 @@ declare -A allowed=(
   [state]="common planner formats devices comm model state"
   [cmd]="common planner formats devices comm model state cmd"
   [cli]="common planner formats cli"
-  [operator]="common planner operator"
+  [client]="common client"
+  [operator]="common planner client operator"
 )
 # the folder an include path starts with -> its room (worker layers are named without worker/)
 known_room() { [ -n "${allowed[$1]+x}" ]; }
@@ -44,6 +47,7 @@ room_of_file() { # worker/model/train.c -> model; cli/run.c -> cli; tests/... ->
   case $1 in
     worker/*/*) local r=${1#worker/}; echo "${r%%/*}" ;;
     worker/*) echo "worker-top" ;;
+    operator/client/*) echo client ;;
     common/* | planner/* | cli/* | operator/*) echo "${1%%/*}" ;;
     *) echo "" ;;
   esac
@@ -74,6 +78,7 @@ while IFS= read -r f; do
         ;;
     esac
     to=${inc%%/*}
+    case $inc in operator/client/*) to=client ;; esac
     if ! known_room "$to"; then
       report "$f:$line: \"$inc\": '$to/' is no room (common planner cli operator, or a worker layer)"
       continue

@@ -15,9 +15,9 @@
 #include <stdatomic.h>
 
 #include "common/err.h"
-#include "operator/kube.h"
+#include "operator/client/kube.h"
 #include "operator/reconcile.h"
-#include "operator/workqueue.h"
+#include "operator/client/workqueue.h"
 
 #define CTL_MAX_WORKERS 64
 #define CTL_POD_HELPERS 4 /* clients per worker for creating a gang's pods at once */

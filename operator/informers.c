@@ -12,11 +12,11 @@
 
 #include "common/log.h"
 #include "common/str_map.h"
-#include "operator/cache.h"
+#include "operator/client/cache.h"
 #include "operator/inventory.h"
 #include "operator/job_spec.h"
 #include "operator/phase.h"
-#include "operator/watch.h"
+#include "operator/client/watch.h"
 
 /* One list+watch feeding one store. Kinds that carry the cephalo.dev/job label (the jobs' pods,
  * plans and Services) queue their job on every change; nodes and busy pods, the jobs that may

@@ -24,9 +24,9 @@
 #include <stdatomic.h>
 
 #include "common/err.h"
-#include "operator/kube.h"
+#include "operator/client/kube.h"
 #include "operator/reconcile.h"
-#include "operator/workqueue.h"
+#include "operator/client/workqueue.h"
 
 #define INF_SETTLE_S 1.0 /* GPUs freed: the waiting jobs look this long after the first change */
 

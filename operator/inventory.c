@@ -10,7 +10,7 @@
 #include "common/log.h"
 #include "common/str_map.h"
 #include "common/strutil.h"
-#include "operator/kube.h"
+#include "operator/client/kube.h"
 #include "operator/phase.h"
 #include "planner/gpu.h"
 

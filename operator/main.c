@@ -42,11 +42,11 @@
 #include "operator/controller.h"
 #include "operator/informers.h"
 #include "operator/inventory.h"
-#include "operator/kube.h"
-#include "operator/lease.h"
+#include "operator/client/kube.h"
+#include "operator/client/lease.h"
 #include "operator/planning.h"
 #include "operator/reconcile.h"
-#include "operator/workqueue.h"
+#include "operator/client/workqueue.h"
 
 /* Every known job is reconciled again this often: a safety net for an event missed, not a schedule.
  * A job is reconciled on the events that concern it (informers.h) and at its own next deadline

@@ -19,7 +19,7 @@
 #include <cjson/cJSON.h>
 
 #include "common/err.h"
-#include "operator/kube.h"
+#include "operator/client/kube.h"
 #include "planner/model.h"
 
 #define MSRC_MOUNT "/cephalo/init" /* where the worker pods mount the volume */

@@ -30,10 +30,10 @@
 
 #include "common/err.h"
 #include "common/str_map.h"
-#include "operator/cache.h"
+#include "operator/client/cache.h"
 #include "operator/inventory.h"
 #include "operator/job_spec.h"
-#include "operator/kube.h"
+#include "operator/client/kube.h"
 #include "operator/phase.h"
 #include "operator/planning.h"
 #include "operator/reconcile.h"

@@ -48,9 +48,9 @@
 #define CEPHALO_RECONCILE_H
 
 #include "common/err.h"
-#include "operator/cache.h"
+#include "operator/client/cache.h"
 #include "operator/inventory.h"
-#include "operator/kube.h"
+#include "operator/client/kube.h"
 #include "operator/planning.h"
 
 #define REC_API_VERSION "cephalo.dev/v1alpha1"

@@ -31,8 +31,17 @@ check "formats (a leaf) including devices is refused" 1 "formats may not include
 plant worker/comm/comm.c '#include "cmd/cmd.h"'
 check "comm including cmd is refused" 1 "comm may not include cmd" -- mk/layers.sh "$T/tree"
 
-plant operator/kube.c '#include "model/train.h"'
+plant operator/reconcile.c '#include "model/train.h"'
 check "the operator including the worker is refused" 1 "operator may not include model" -- mk/layers.sh "$T/tree"
+
+plant operator/client/cache.c '#include "operator/reconcile.h"'
+check "the Kubernetes client including the controller is refused" 1 "client may not include operator" -- mk/layers.sh "$T/tree"
+
+plant operator/client/kube.c '#include "planner/plan.h"'
+check "... and the client including the planner" 1 "client may not include planner" -- mk/layers.sh "$T/tree"
+
+plant operator/rec_pods.c '#include "operator/client/kube.h"'
+check "the controller including the client is allowed" 0 "every include goes by its path" -- mk/layers.sh "$T/tree"
 
 plant cli/run.c '#include "state/ckpt.h"'
 check "cli including the worker's state is refused" 1 "cli may not include state" -- mk/layers.sh "$T/tree"

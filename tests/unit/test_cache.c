@@ -1,4 +1,4 @@
-/* test_cache.c - the operator's stores of watched objects (operator/cache.c): put, get, list with a
+/* test_cache.c - the operator's stores of watched objects (operator/client/cache.c): put, get, list with a
  * filter, remove, a relist replacing everything, the newer of two versions kept (a late watch
  * event never undoes a write's answer), copies owned by the reader, and writers racing readers;
  * and the client's request counts by verb (kube_requests) against a scripted server. */
@@ -14,8 +14,8 @@
 #include <string.h>
 
 #include "fake_http.h"
-#include "operator/cache.h"
-#include "operator/kube.h"
+#include "operator/client/cache.h"
+#include "operator/client/kube.h"
 
 /* {"metadata": {"name", "namespace", "resourceVersion", "labels": {"job": job}}, "spec": {"n": n}} */
 static cJSON *obj(const char *ns, const char *name, const char *rv, const char *job, int n) {

@@ -22,8 +22,8 @@
 #include "common/log.h"
 #include "fake_http.h"
 #include "operator/inventory.h"
-#include "operator/kube.h"
-#include "operator/lease.h"
+#include "operator/client/kube.h"
+#include "operator/client/lease.h"
 
 /* ---- kubeconfig ------------------------------------------------------------------------------ */
 

@@ -18,9 +18,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "operator/kube.h"
-#include "operator/lease.h"
-#include "operator/watch.h"
+#include "operator/client/kube.h"
+#include "operator/client/lease.h"
+#include "operator/client/watch.h"
 
 static kube_client *live_client(void) {
     const char *kc = getenv("CEPHALO_TEST_KUBECONFIG");

@@ -23,10 +23,10 @@
 #include "common/yaml_tree.h"
 #include "fake_http.h"
 #include "operator/job_spec.h"
-#include "operator/kube.h"
-#include "operator/lease.h"
+#include "operator/client/kube.h"
+#include "operator/client/lease.h"
 #include "operator/reconcile.h"
-#include "operator/watch.h"
+#include "operator/client/watch.h"
 #include "planner/model.h"
 #include "planner/profile_store.h"
 

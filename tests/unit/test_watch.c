@@ -13,8 +13,8 @@
 #include <string.h>
 
 #include "fake_http.h"
-#include "operator/kube.h"
-#include "operator/watch.h"
+#include "operator/client/kube.h"
+#include "operator/client/watch.h"
 
 /* ---- the parser ------------------------------------------------------------------------------ */
 

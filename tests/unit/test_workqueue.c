@@ -1,4 +1,4 @@
-/* test_workqueue.c - the operator's work queue (operator/workqueue.h): a key pending once, a change
+/* test_workqueue.c - the operator's work queue (operator/client/workqueue.h): a key pending once, a change
  * beating a backoff, the sync's result (retry with backoff, requeue after a delay, done), one
  * worker per key at a time, the stop flag. */
 #include <stdarg.h>
@@ -14,7 +14,7 @@
 #include <time.h>
 
 #include "common/clock.h"
-#include "operator/workqueue.h"
+#include "operator/client/workqueue.h"
 
 /* A sync that records its calls and answers as told. */
 typedef struct rec {

@@ -2,7 +2,7 @@
  * key in a str_map: a store holds the operator's jobs, their pods and plans, and the cluster's
  * nodes and busy pods, thousands of objects in a large cluster, looked up once per event or per
  * reconcile: a scan of the array for each would make a list's worth of events quadratic. */
-#include "operator/cache.h"
+#include "operator/client/cache.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -13,7 +13,7 @@
 
 #include "common/log.h"
 #include "common/str_map.h"
-#include "operator/kube.h"
+#include "operator/client/kube.h"
 
 /* A stored object, never changed once stored (a newer version replaces it): the store holds one
  * reference, each view another, and the last one frees it. */

@@ -1,6 +1,6 @@
 /* watch_loop.c - list+watch with resourceVersion, bookmarks, relist on 410 Gone and reconnects
  * with exponential backoff and jitter (the reflector of client-go, in small). */
-#include "operator/watch.h"
+#include "operator/client/watch.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -11,7 +11,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/strutil.h"
-#include "operator/kube.h"
+#include "operator/client/kube.h"
 
 /* List pages: big clusters answer a few pages instead of one huge body. */
 #define WATCH_LIST_PAGE 500

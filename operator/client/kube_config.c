@@ -1,6 +1,6 @@
 /* kube_config.c - where the API server is and how to authenticate: the in-cluster service
  * account, or a kubeconfig file (current-context or a named one). No network here. */
-#include "operator/kube.h"
+#include "operator/client/kube.h"
 
 #include <ctype.h>
 #include <errno.h>

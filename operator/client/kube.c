@@ -1,6 +1,6 @@
 /* kube.c - requests to the Kubernetes API over libcurl: TLS against the cluster CA, bearer tokens
  * re-read from their file, JSON in and out, errors carrying the API's Status message. */
-#include "operator/kube.h"
+#include "operator/client/kube.h"
 
 #include <ctype.h>
 #include <pthread.h>

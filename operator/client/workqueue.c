@@ -1,5 +1,5 @@
 /* workqueue.c - keys to sync, each at most once, one worker per key at a time (workqueue.h). */
-#include "operator/workqueue.h"
+#include "operator/client/workqueue.h"
 
 #include <pthread.h>
 #include <stdio.h>

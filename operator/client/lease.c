@@ -1,5 +1,5 @@
 /* lease.c - leader election on a coordination.k8s.io/v1 Lease (see lease.h for the rules). */
-#include "operator/lease.h"
+#include "operator/client/lease.h"
 
 #include <errno.h>
 #include <stdio.h>

@@ -30,7 +30,7 @@
 #include <stdbool.h>
 
 #include "common/err.h"
-#include "operator/kube.h"
+#include "operator/client/kube.h"
 
 typedef struct lease_opts {
     const char *namespace; /* NULL: the client's namespace */

@@ -1,6 +1,6 @@
 /* watch.c - the watch-stream parser: newline-delimited JSON events fed in arbitrary pieces.
  * No network here (fuzz/fuzz_watch.c links this file alone with common/). */
-#include "operator/watch.h"
+#include "operator/client/watch.h"
 
 #include <stdarg.h>
 #include <stdio.h>
