@@ -1,12 +1,14 @@
-/* model.c - built-in model shapes, unit parameter counts, FLOPs and activation bytes.
- * docs/cost-model.md derives every formula here. */
+/* model.c - built-in model shapes, unit parameter counts, FLOPs and activation bytes, and a
+ * spec's checks. docs/cost-model.md derives every formula here.
+ *
+ * The loaders (model_file.c, model_hf.c) build on this file's names, built-ins and checks; the
+ * choice between a built-in and a loader is model_resolve.c's, above them all, so that nothing
+ * here calls a loader. */
 #include "planner/model.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
-#include <strings.h>
-#include <sys/stat.h>
 
 #include "common/attn_limits.h"
 #include "common/strutil.h"
@@ -257,7 +259,7 @@ double model_boundary_bytes(const model_spec *m, int seq, int elem) {
     return (double)model_tokens(m, seq) * m->d_model * elem;
 }
 
-/* ---- lookup ---- */
+/* ---- checks and names (the loaders use them; model_resolve.c picks a loader) ---- */
 
 int model_validate(const model_spec *m, err_t *err) {
     const char *n = m->name;
@@ -358,30 +360,6 @@ double model_norm_eps(const model_spec *m) {
     case ARCH_VIT: return 1e-6;
     }
     return 1e-5;
-}
-
-/* A Hugging Face model: its config.json, or a directory holding one. */
-static bool is_hf_config(const char *path) {
-    size_t n = strlen(path);
-    if (n >= 5 && strcmp(path + n - 5, ".json") == 0) return true;
-    struct stat st;
-    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
-}
-
-int model_resolve(const char *name_or_path, model_spec *out, err_t *err) {
-    int n;
-    const model_spec *b = model_builtins(&n);
-    for (int i = 0; i < n; i++) {
-        if (strcasecmp(b[i].name, name_or_path) == 0) {
-            *out = b[i];
-            return 0;
-        }
-    }
-    if (is_hf_config(name_or_path)) return model_load_hf_config(name_or_path, out, err);
-    if (strchr(name_or_path, '/') || strstr(name_or_path, ".yaml") ||
-        strstr(name_or_path, ".yml"))
-        return model_load_file(name_or_path, out, err);
-    return model_unknown(name_or_path, err);
 }
 
 int model_unknown(const char *name, err_t *err) {

@@ -51,7 +51,8 @@ const char *unit_kind_name(unit_kind k);
 const model_spec *model_builtins(int *count);
 
 /* MODEL is a built-in name, the path of a model file (YAML), or a Hugging Face config.json (or
- * the model directory holding it). Errors suggest close names. */
+ * the model directory holding it). Errors suggest close names. model_resolve.c: above the
+ * loaders, which use this file's names, built-ins and checks. */
 int model_resolve(const char *name_or_path, model_spec *out, err_t *err);
 /* A Hugging Face config.json (GPT2LMHeadModel, LlamaForCausalLM): model_hf.c, docs/import.md.
  * The name is the directory's. */

@@ -60,15 +60,6 @@ struct comm {
     bool device_set; /* comm_set_device_stream succeeded */
 };
 
-const char *comm_op_name(comm_op op) {
-    static const char *const names[] = {"allgatherv", "reduce-scatterv", "allreduce", "broadcast", "barrier"};
-    return names[op];
-}
-
-size_t comm_dtype_size(comm_dtype t) {
-    return t == COMM_BF16 || t == COMM_F16 ? 2 : t == COMM_F32 ? 4 : 8;
-}
-
 /* ------------------------------------------------------------------------------------------ */
 /* configuration                                                                               */
 

@@ -1,5 +1,6 @@
 /* comm_internal.h - what the parts of the comm layer share; not for other modules.
  *
+ *   comm_types.c   the operations' names and the element types' sizes (below all the others)
  *   comm.c         config, request queue, the communicator thread, stats, broken state; it runs
  *                  every request through a backend (comm_backend, below)
  *   comm_net.c     TCP helpers: deadlines, connect with retry, reads and writes with a deadline
@@ -48,6 +49,7 @@ struct comm_req {
     comm_req *live_prev, *live_next; /* every request not yet waited for */
 };
 
+/* comm_types.c: below comm.c and every backend, which all name operations and size elements. */
 const char *comm_op_name(comm_op op);
 size_t comm_dtype_size(comm_dtype t);
 

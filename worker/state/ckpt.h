@@ -1,5 +1,5 @@
 /* ckpt.h - a trainer's checkpoints (ckpt.c, ckpt_set.c): saving and resuming, and the metadata
- * helpers shared by checkpoints, dumps and exports. */
+ * helpers shared by checkpoints, dumps and exports (with ckpt_meta.h's, which it includes). */
 #ifndef CEPHALO_CKPT_H
 #define CEPHALO_CKPT_H
 
@@ -8,27 +8,19 @@
 #include "formats/safetensors.h"
 #include "formats/tokenizer.h"
 #include "model/train.h"
+#include "state/ckpt_meta.h"
 
 #define CKPT_FORMAT "cephalo-checkpoint"
-/* A checkpoint's tensors are "KIND.UNIT" (UNIT: model_unit_name) for these kinds: the
- * parameters and the two AdamW moments, each unit's flat buffer (or a rank's slice of it). */
-extern const char *const CKPT_KINDS[3];
 
 /* Checkpoints: safetensors with each unit's parameters and AdamW moments, the step and the
  * configuration; written atomically, validated on load, bit-exact resume. */
 int trainer_save(trainer *t, const char *path, err_t *err);
-/* -1: the checkpoint cannot be read or is damaged; RESUME_OTHER_MODEL (-2): it is sound but of
- * another model (the message names both). */
-#define RESUME_OTHER_MODEL (-2)
+/* -1: the checkpoint cannot be read or is damaged; RESUME_OTHER_MODEL (ckpt_meta.h): it is sound
+ * but of another model (the message names both). */
 int trainer_resume(trainer *t, const char *path, err_t *err);
 
 /* The training settings as JSON (checkpoint and dump metadata "cephalo.train"). */
 cJSON *train_config_json(const train_config *c);
-/* The model spec a checkpoint (or dump) carries in its "cephalo.model" metadata, validated. */
-int ckpt_read_model(const st_file *f, model_spec *m, err_t *err);
-/* 0 when the checkpoint (or dump) file f holds model `want`, else RESUME_OTHER_MODEL with a
- * message naming both models (or -1 when f has no readable model). */
-int ckpt_check_model(const st_file *f, const model_spec *want, err_t *err);
 /* The model's tokenizer, for the metadata "cephalo.tokenizer" of the checkpoints written from now
  * on (TOKID_UNKNOWN: none). */
 void ckpt_set_tokenizer(tok_id id);

@@ -14,6 +14,7 @@
 #include "common/strutil.h"
 #include "model/weights.h"
 #include "state/ckpt.h"
+#include "state/ckpt_meta.h"
 
 #define INDEX_FORMAT "cephalo-checkpoint-index"
 
