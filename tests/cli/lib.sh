@@ -5,6 +5,34 @@ n=0
 # test's plan must not depend on the host's timing or a developer's cache
 export CEPHALO_PROFILE_CACHE=none
 
+# Under the sanitizers (make test SAN=1: BUILD is build/san) the suites run to find memory and
+# undefined-behaviour errors on the C paths they take, not numerical ones: SAN_LIGHT=1 there, and
+# a suite that runs one path over several models, world sizes or formats runs one of each path
+# (every check runs in the plain `make test`; docs/development.md, "Tests under the sanitizers").
+case ${BUILD:-build/rel} in *san*) SAN_LIGHT=1 ;; *) SAN_LIGHT=0 ;; esac
+# san_skip NAME PICKED...: under SAN_LIGHT, true (skip NAME) unless NAME is one of the picked cases
+san_skip() {
+  local name=$1
+  shift
+  [ "$SAN_LIGHT" = 1 ] || return 1
+  case " $* " in *" $name "*) return 1 ;; esac
+  return 0
+}
+
+# pod_worker: the cephalo-worker the operator suites' kubelet runs in the pods. Those suites test
+# the operator (its sanitized binary under SAN=1); sanitized workers, 2-5x slower, training for
+# them took a third of the sanitizer run, and the workers' paths get the sanitizers in their own
+# suites. So under SAN_LIGHT the release build's worker when it is there and of the same version
+# (a worker of another release refuses the operator's pods); else the build's own.
+pod_worker() {
+  local own=${BUILD:-build/rel}/bin/cephalo-worker rel=build/rel/bin/cephalo-worker
+  if [ "$SAN_LIGHT" = 1 ] && [ -x "$rel" ] && [ "$("$rel" --version 2>&1)" = "$("$own" --version 2>&1)" ]; then
+    echo "$rel"
+  else
+    echo "$own"
+  fi
+}
+
 # check NAME EXPECTED_RC NEEDLE -- command...   (NEEDLE must appear in stdout+stderr; '' skips)
 check() {
   local name=$1 want=$2 needle=$3

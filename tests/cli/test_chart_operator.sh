@@ -32,7 +32,7 @@ cd "$(dirname "$0")/../.." || exit 1
 . tests/cli/lib.sh
 AS=tests/k8s/apiserver.sh
 OP=$(realpath -ms "${BUILD:-build/rel}/bin/cephalo-operator")
-WORKER=$(realpath -ms "${BUILD:-build/rel}/bin/cephalo-worker")
+WORKER=$(realpath -ms "$(pod_worker)") # tests/cli/lib.sh: under SAN=1 the release worker
 PY=/usr/bin/python3
 NS=cephalo-system # the release namespace
 JNS=ml            # the job's namespace

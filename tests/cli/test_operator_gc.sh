@@ -9,7 +9,7 @@ cd "$(dirname "$0")/../.."
 . tests/cli/lib.sh
 AS=tests/k8s/apiserver.sh
 OP=${BUILD:-build/rel}/bin/cephalo-operator
-WORKER=${BUILD:-build/rel}/bin/cephalo-worker
+WORKER=$(pod_worker) # tests/cli/lib.sh: under SAN=1 the release worker, the operator sanitized
 
 skip_all() { echo "# test_operator_gc.sh: skipped: $*"; exit 0; }
 [ -x "$OP" ] || skip_all "$OP is not built (make)"

@@ -32,7 +32,7 @@ cd "$(dirname "$0")/../.."
 . tests/cli/lib.sh
 AS=tests/k8s/apiserver.sh
 OP=${BUILD:-build/rel}/bin/cephalo-operator
-WORKER=${BUILD:-build/rel}/bin/cephalo-worker
+WORKER=$(pod_worker) # tests/cli/lib.sh: under SAN=1 the release worker, the operator sanitized
 PY=/usr/bin/python3
 
 skip_all() { echo "# test_operator_sched.sh: skipped: $*"; exit 0; }

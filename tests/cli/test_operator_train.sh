@@ -25,7 +25,7 @@ cd "$(dirname "$0")/../.."
 . tests/cli/lib.sh
 AS=tests/k8s/apiserver.sh
 OP=${BUILD:-build/rel}/bin/cephalo-operator
-WORKER=${BUILD:-build/rel}/bin/cephalo-worker
+WORKER=$(pod_worker) # tests/cli/lib.sh: under SAN=1 the release worker, the operator sanitized
 PY=/usr/bin/python3
 NS=cephalo-system          # the chart's release namespace
 SA=cephalo-operator        # the chart's ServiceAccount (release cephalo)
