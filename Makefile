@@ -5,7 +5,7 @@
 #   make test       unit + CLI tests; ends with "N passed, N failed"
 #   make demo       the planner on the paper's Cluster A, then training on emulated devices
 #   make bench      planning-time and CPU training benchmarks (against PyTorch), `cephalo report` of 3M log lines
-#   make fuzz       libFuzzer targets for the cluster, model and profile parsers
+#   make fuzz       libFuzzer targets for the parsers of user input (fuzz/fuzz_*.c)
 #   SAN=1           build and test with AddressSanitizer + UndefinedBehaviorSanitizer
 #   make test-gpu   CUDA ops against the CPU device, the invariant and PyTorch oracles on the GPU
 #   make bench-gpu  tokens/s, MFU and peak memory against PyTorch on the GPU
@@ -346,10 +346,13 @@ bench: deps $(BENCH) $(CLI) $(WORKER) $(BENCH_TOK) $(BENCH_SAMPLE) $(BENCH_COMM)
 FUZZ_BUILD := build/fuzz
 FUZZ_FLAGS := -std=c17 -g -O1 $(CPPFLAGS) -Wall -Wextra -Werror
 FUZZ_CFLAGS := -fsanitize=fuzzer,address,undefined $(FUZZ_FLAGS)
-# The parsers fuzzed need neither BLAS nor OpenMP: only these worker modules are linked in.
-FUZZ_WORKER_SRC := $(wildcard worker/formats/*.c)
-# the watch-stream parser alone: it has no libcurl dependency (the loop is in watch_loop.c)
-FUZZ_OPERATOR_SRC := $(wildcard operator/client/watch.c)
+# The parsers fuzzed need neither BLAS nor OpenMP: only these worker modules are linked in (the
+# file codecs, the plan reader and a sharded checkpoint's index.json).
+FUZZ_WORKER_SRC := $(wildcard worker/formats/*.c) worker/state/plan_read.c worker/state/ckpt_index.c
+# The operator's parsers alone, none of which needs libcurl: the watch stream (the loop is
+# watch_loop.c), a CephaloJob's spec (spec.model.initFrom's checks are model_source_spec.c; the
+# ConfigMap read is model_source.c) and the kubeconfig (the client is client/kube.c).
+FUZZ_OPERATOR_SRC := operator/client/watch.c operator/job_spec.c operator/model_source_spec.c operator/client/kube_config.c
 # The code under test is compiled once for all targets (each target used to compile all ~50
 # sources again: minutes of CI), instrumented for the fuzzer but without its main.
 FUZZ_LIB_SRC := $(COMMON_SRC) $(PLANNER_SRC) $(CLI_SRC) $(FUZZ_WORKER_SRC) $(FUZZ_OPERATOR_SRC)

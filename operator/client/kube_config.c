@@ -39,10 +39,14 @@ static void trim_right(char *s) {
     while (n > 0 && isspace((unsigned char)s[n - 1])) s[--n] = '\0';
 }
 
-/* "https://host:port/" -> "https://host:port"; only http(s) URLs are accepted. */
+/* "https://host:port/" -> "https://host:port"; only http(s) URLs with a host are accepted: without
+ * one ("https://", found by fuzz/fuzz_kubeconfig.c) the slashes stripped below would leave
+ * "https:", and every request would fail far from the kubeconfig's line. */
 static int set_server(kube_config *c, const char *server, const char *where, err_t *err) {
-    if (strncmp(server, "https://", 8) != 0 && strncmp(server, "http://", 7) != 0)
-        return err_set(err, "%s: server '%s' is not an http(s) URL", where, server);
+    size_t scheme = !strncmp(server, "https://", 8) ? 8 : !strncmp(server, "http://", 7) ? 7 : 0;
+    if (!scheme) return err_set(err, "%s: server '%s' is not an http(s) URL", where, server);
+    if (server[scheme] == '\0' || server[scheme] == '/')
+        return err_set(err, "%s: server '%.80s' has no host (expected http(s)://HOST[:PORT])", where, server);
     if (strlen(server) > KUBE_SERVER_MAX) /* every request's URL starts with it */
         return err_set(err, "%s: server '%.60s...' is too long (at most %d characters)", where, server, KUBE_SERVER_MAX);
     c->server = xstrdup(server);

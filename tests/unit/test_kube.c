@@ -148,6 +148,13 @@ static void test_kubeconfig_errors(void **state) {
     expect_kc_error("current-context: a\ncontexts: [{name: a, context: {cluster: c}}]\n"
                     "clusters: [{name: c, cluster: {server: 'ftp://x'}}]\n",
                     NULL, "kc.yaml:3: clusters[0].cluster.server: server 'ftp://x' is not an http(s) URL");
+    /* found by fuzz/fuzz_kubeconfig.c: "https://" was accepted as the server "https:" */
+    expect_kc_error("current-context: a\ncontexts: [{name: a, context: {cluster: c}}]\n"
+                    "clusters: [{name: c, cluster: {server: 'https://'}}]\n",
+                    NULL, "kc.yaml:3: clusters[0].cluster.server: server 'https://' has no host (expected http(s)://HOST[:PORT])");
+    expect_kc_error("current-context: a\ncontexts: [{name: a, context: {cluster: c}}]\n"
+                    "clusters: [{name: c, cluster: {server: 'http:///api'}}]\n",
+                    NULL, "server 'http:///api' has no host");
     expect_kc_error("current-context: a\ncontexts: [{name: a, context: {cluster: c}}]\n"
                     "clusters: [{name: c, cluster: {server: 'https://x',\n"
                     "  certificate-authority-data: 'not base64!'}}]\n",

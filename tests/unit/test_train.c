@@ -15,6 +15,7 @@
 #include "model/train.h"
 #include "planner/engine_mem.h"
 #include "state/ckpt.h"
+#include "state/ckpt_index.h"
 #include "state/plan_read.h"
 
 static const char *const TINY[] = {"tiny-gpt", "tiny-llama", "tiny-bert", "tiny-vit"};
@@ -439,6 +440,51 @@ static void write_file(const char *path, const void *buf, size_t n) {
     fclose(f);
 }
 
+/* A 2-file index.json of three units of 10, 6 and 1 parameters: file a holds [0, 4) of the first
+ * unit, the second whole and none of the third; file b the rest. Each case changes file a's name,
+ * offsets or sizes. */
+static int parse_index(const char *a_file, const char *a_offsets, const char *a_sizes, ckpt_index *ix, err_t *err) {
+    static const int64_t numel[3] = {10, 6, 1};
+    char text[512];
+    snprintf(text, sizeof text,
+             "{\"format\": \"" CKPT_INDEX_FORMAT "\", \"version\": 1, \"step\": 8, \"files\": ["
+             "{\"file\": \"%s\", \"offsets\": %s, \"sizes\": %s},"
+             "{\"file\": \"b.safetensors\", \"offsets\": [4, 6, 0], \"sizes\": [6, 0, 1]}]}",
+             a_file, a_offsets, a_sizes);
+    return ckpt_index_parse("D/index.json", text, strlen(text), "D", "CK", numel, 3, ix, err);
+}
+
+static void expect_index_error(const char *a_file, const char *a_offsets, const char *a_sizes, const char *want) {
+    ckpt_index ix;
+    err_t err = {{0}};
+    assert_int_equal(parse_index(a_file, a_offsets, a_sizes, &ix, &err), -1);
+    if (!strstr(err.msg, want)) fail_msg("message \"%s\"; wanted \"%s\"", err.msg, want);
+    assert_int_equal(ix.n_files, 0);
+    assert_null(ix.files);
+}
+
+/* A sharded step directory's index.json (ckpt_index.c): the files and slices read, and each way an
+ * index can fail to tile the model named with the file and field. */
+static void test_ckpt_index(void **state) {
+    (void)state;
+    ckpt_index ix;
+    err_t err;
+    if (parse_index("a.safetensors", "[0, 0, 0]", "[4, 6, 0]", &ix, &err) < 0) fail_msg("%s", err.msg);
+    assert_int_equal(ix.step, 8);
+    assert_int_equal(ix.n_files, 2);
+    assert_string_equal(ix.files[1].path, "D/b.safetensors");
+    assert_int_equal(ix.files[1].off[0], 4);
+    assert_int_equal(ix.files[1].n[2], 1);
+    ckpt_index_free(&ix);
+    expect_index_error("a.safetensors", "[0, 0, 0]", "[5, 6, 0]", "CK: unit 0: the slices of D/a.safetensors and D/b.safetensors overlap");
+    expect_index_error("a.safetensors", "[0, 0, 0]", "[3, 6, 0]", "CK: unit 0: the pieces hold 9 of its 10 parameters");
+    expect_index_error("a.safetensors", "[0, 1, 0]", "[4, 6, 0]", "CK: D/a.safetensors: unit 1 slice [1, 7) is beyond its 6 parameters");
+    expect_index_error("../a.safetensors", "[0, 0, 0]", "[4, 6, 0]", "D/index.json: files[0].file '../a.safetensors' must be a file name");
+    expect_index_error("a.safetensors", "[0, 0]", "[4, 6, 0]", "D/index.json: files[0].offsets has 2 entries, expected one per unit (3)");
+    expect_index_error("a.safetensors", "[0, 0, -1]", "[4, 6, 0]", "D/index.json: files[0].offsets[2]");
+    expect_index_error("a.safetensors", "[0, 0, 0]", "{}", "D/index.json: files[0].sizes");
+}
+
 static void test_checkpoint_errors(void **state) {
     (void)state;
     train_config c = tiny_config("tiny-gpt", 2, 2);
@@ -637,6 +683,7 @@ int main(void) {
         cmocka_unit_test(test_adamw_half_resume),
         cmocka_unit_test(test_adamw_modes),
         cmocka_unit_test(test_checkpoint_errors),
+        cmocka_unit_test(test_ckpt_index),
         cmocka_unit_test(test_capacity_enforced),
         cmocka_unit_test(test_plan_read),
         cmocka_unit_test(test_lr_schedule),

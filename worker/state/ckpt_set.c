@@ -2,7 +2,8 @@
  * units (one rank, or a replicated job), or a sharded step directory whose index.json lists one
  * file per rank with the slice of every unit it holds. Any rank of any later plan reads its own
  * slices from whichever pieces overlap them, so a checkpoint resumes under another plan and
- * world size. Files are opened (mapped and verified) only when a slice is needed. */
+ * world size. Files are opened (mapped and verified) only when a slice is needed. The index is
+ * parsed and checked by ckpt_index.c. */
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,9 +15,8 @@
 #include "common/strutil.h"
 #include "model/weights.h"
 #include "state/ckpt.h"
+#include "state/ckpt_index.h"
 #include "state/ckpt_meta.h"
-
-#define INDEX_FORMAT "cephalo-checkpoint-index"
 
 typedef struct piece {
     char *path;
@@ -42,135 +42,47 @@ static void set_units(ckpt_set *s, const model_spec *m) {
     for (int u = 0; u < s->n_units; u++) s->numel[u] = model_unit_params(m, u);
 }
 
-static piece *add_piece(ckpt_set *s, const char *path) {
+/* A new piece, zeroed. */
+static piece *push_piece(ckpt_set *s) {
     if ((s->n_pieces & (s->n_pieces - 1)) == 0) /* at 0, 1, 2, 4, ...: doubled, not grown by one */
         s->p = xrealloc(s->p, (size_t)(s->n_pieces ? 2 * s->n_pieces : 1) * sizeof(piece));
     piece *p = &s->p[s->n_pieces++];
-    *p = (piece){.path = xstrdup(path)};
+    *p = (piece){0};
+    return p;
+}
+
+static piece *add_piece(ckpt_set *s, const char *path) {
+    piece *p = push_piece(s);
+    p->path = xstrdup(path);
     p->off = xcalloc((size_t)s->n_units, sizeof(int64_t));
     p->n = xcalloc((size_t)s->n_units, sizeof(int64_t));
     return p;
 }
 
-/* Reads {"offsets": [...], "sizes": [...]} (an index entry or a file's cephalo.shard). */
-static int read_ranges(const json_ctx *c, const cJSON *o, const char *path, int n_units,
-                       int64_t *off, int64_t *n) {
-    const char *keys[2] = {"offsets", "sizes"};
-    int64_t *out[2] = {off, n};
-    for (int k = 0; k < 2; k++) {
-        const cJSON *a;
-        int len;
-        char at[128];
-        snprintf(at, sizeof at, "%s.%s", path, keys[k]);
-        if (json_require(c, o, path, keys[k], &a) < 0 || json_expect_array(c, a, at, &len) < 0)
-            return -1;
-        if (len != n_units)
-            return err_set(c->err, "%s: %s has %d entries, expected one per unit (%d)", c->file,
-                           at, len, n_units);
-        int u = 0;
-        const cJSON *e;
-        cJSON_ArrayForEach(e, a) { /* one pass: cJSON_GetArrayItem walks the list from its start */
-            long v;
-            char el[160];
-            snprintf(el, sizeof el, "%s[%d]", at, u);
-            if (json_int(c, e, el, 0, 1L << 50, &v) < 0) return -1;
-            out[k][u++] = v;
-        }
+/* The index's files become the pieces, which take over their paths and slices. */
+static void adopt_index(ckpt_set *s, ckpt_index *ix) {
+    for (int i = 0; i < ix->n_files; i++) {
+        piece *p = push_piece(s);
+        p->path = ix->files[i].path, p->off = ix->files[i].off, p->n = ix->files[i].n;
     }
-    return 0;
-}
-
-/* Pieces by their slice of one unit: by offset, then by index. */
-typedef struct slice_ref {
-    int64_t off;
-    int i;
-} slice_ref;
-
-static int slice_cmp(const void *a, const void *b) {
-    const slice_ref *x = a, *y = b;
-    if (x->off != y->off) return x->off < y->off ? -1 : 1;
-    return (x->i > y->i) - (x->i < y->i);
-}
-
-/* Every unit must be tiled exactly by the pieces: no gap, no overlap. The non-empty slices of a
- * unit are sorted by offset, so that an overlap is one of neighbours: a piece per rank, thousands
- * of them, are not compared pairwise. */
-static int check_tiling(const ckpt_set *s, err_t *err) {
-    slice_ref *ref = xmalloc((size_t)s->n_pieces * sizeof *ref + 1);
-    int rc = 0;
-    for (int u = 0; u < s->n_units && rc == 0; u++) {
-        int64_t covered = 0;
-        int n = 0;
-        for (int i = 0; i < s->n_pieces && rc == 0; i++) {
-            const piece *a = &s->p[i];
-            if (a->off[u] + a->n[u] > s->numel[u])
-                rc = err_set(err, "%s: %s: unit %d slice [%lld, %lld) is beyond its %lld parameters",
-                             s->label, a->path, u, (long long)a->off[u],
-                             (long long)(a->off[u] + a->n[u]), (long long)s->numel[u]);
-            if (a->n[u]) ref[n++] = (slice_ref){a->off[u], i};
-            covered += a->n[u];
-        }
-        if (rc == 0 && n > 1) qsort(ref, (size_t)n, sizeof *ref, slice_cmp);
-        for (int k = 1; k < n && rc == 0; k++) {
-            const slice_ref *b = &ref[k - 1], *a = &ref[k];
-            if (a->off < b->off + s->p[b->i].n[u]) /* named in the index's order */
-                rc = err_set(err, "%s: unit %d: the slices of %s and %s overlap", s->label, u,
-                             s->p[b->i < a->i ? b->i : a->i].path, s->p[b->i < a->i ? a->i : b->i].path);
-        }
-        if (rc == 0 && covered != s->numel[u])
-            rc = err_set(err, "%s: unit %d: the pieces hold %lld of its %lld parameters (a rank's "
-                         "file is missing from the index?)", s->label, u, (long long)covered,
-                         (long long)s->numel[u]);
-    }
-    free(ref);
-    return rc;
+    free(ix->files);
+    *ix = (ckpt_index){0};
 }
 
 static int open_index(ckpt_set *s, const char *dir, err_t *err) {
     char path[PATH_MAX];
     if (str_fmt(path, sizeof path, err, "checkpoint path", "%s/index.json", dir) < 0) return -1;
     if (file_state_exists(path, err) < 0) return -1;
-    cJSON *root = json_load_file(path, err);
-    if (!root) return -1;
-    json_ctx c = {path, err};
-    const cJSON *fmt = json_get(root, "format"), *step, *files;
-    int n = 0, rc = -1;
-    long v;
-    if (!cJSON_IsString(fmt) || strcmp(fmt->valuestring, INDEX_FORMAT)) {
-        err_set(err, "%s: format is not \"%s\"", path, INDEX_FORMAT);
-        goto out;
-    }
-    if (json_require(&c, root, "", "step", &step) < 0 || json_int(&c, step, "step", 0, 1L << 50, &v) < 0 ||
-        json_require(&c, root, "", "files", &files) < 0 || json_expect_array(&c, files, "files", &n) < 0)
-        goto out;
-    s->step = v;
-    const cJSON *e;
-    int i = 0;
-    cJSON_ArrayForEach(e, files) { /* one pass, as in read_ranges */
-        const cJSON *name;
-        const char *fname;
-        char at[32], full[PATH_MAX]; /* at: "files[" and an int */
-        snprintf(at, sizeof at, "files[%d]", i);
-        if (json_expect_object(&c, e, at) < 0 || json_require(&c, e, at, "file", &name) < 0 ||
-            json_string(&c, name, at, &fname) < 0)
-            goto out;
-        if (strchr(fname, '/')) {
-            err_set(err, "%s: %s.file '%s' must be a file name in the same directory", path, at, fname);
-            goto out;
-        }
-        /* the name is the index's: a cut one would name another file */
-        if (str_fmt(full, sizeof full, err, "checkpoint path", "%s/%s", dir, fname) < 0) {
-            err_prefix(err, "%s: %s.file", path, at);
-            goto out;
-        }
-        piece *p = add_piece(s, full);
-        if (read_ranges(&c, e, at, s->n_units, p->off, p->n) < 0) goto out;
-        i++;
-    }
-    rc = check_tiling(s, err);
-out:
-    cJSON_Delete(root);
-    return rc;
+    size_t len;
+    char *text = file_read_all(path, JSON_MAX_FILE, &len, err);
+    if (!text) return -1;
+    ckpt_index ix;
+    int rc = ckpt_index_parse(path, text, len, dir, s->label, s->numel, s->n_units, &ix, err);
+    free(text);
+    if (rc < 0) return -1;
+    s->step = ix.step;
+    adopt_index(s, &ix);
+    return 0;
 }
 
 static int open_piece(ckpt_set *s, piece *p, err_t *err) {
@@ -188,7 +100,7 @@ static int open_piece(ckpt_set *s, piece *p, err_t *err) {
     if (!o) return -1;
     json_ctx c = {p->path, err};
     int64_t *off = xcalloc((size_t)s->n_units, sizeof(int64_t)), *n = xcalloc((size_t)s->n_units, sizeof(int64_t));
-    int rc = read_ranges(&c, o, "metadata cephalo.shard", s->n_units, off, n);
+    int rc = ckpt_ranges_read(&c, o, "metadata cephalo.shard", s->n_units, off, n);
     for (int u = 0; rc == 0 && u < s->n_units; u++)
         if (off[u] != p->off[u] || n[u] != p->n[u])
             rc = err_set(err, "%s: unit %d: the file holds [%lld, +%lld) but the index says [%lld, +%lld)",
@@ -334,7 +246,7 @@ void ckpt_set_close(ckpt_set *s) {
 
 int ckpt_write_index(const char *dir, const trainer *t, err_t *err) {
     cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "format", INDEX_FORMAT);
+    cJSON_AddStringToObject(o, "format", CKPT_INDEX_FORMAT);
     cJSON_AddNumberToObject(o, "version", 1);
     cJSON_AddNumberToObject(o, "step", (double)t->step);
     cJSON_AddNumberToObject(o, "world", t->cfg.world);

@@ -5,6 +5,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "common/fileio.h"
 #include "common/json_util.h"
 #include "common/log.h"
 #include "common/worker_cmd.h"
@@ -176,8 +177,9 @@ fail:
     return -1;
 }
 
-int plan_read(const char *path, int rank, int world, train_config *cfg, err_t *err) {
-    cJSON *root = json_load_file(path, err);
+int plan_parse(const char *path, const char *text, size_t len, int rank, int world, train_config *cfg,
+               err_t *err) {
+    cJSON *root = json_parse(path, text, len, err);
     if (!root) return -1;
     json_ctx c = {path, err};
     const cJSON *ranks, *fmt, *feasible;
@@ -210,5 +212,14 @@ int plan_read(const char *path, int rank, int world, train_config *cfg, err_t *e
     cfg->rank = rank, cfg->world = world;
 out:
     cJSON_Delete(root);
+    return rc;
+}
+
+int plan_read(const char *path, int rank, int world, train_config *cfg, err_t *err) {
+    size_t len;
+    char *text = file_read_all(path, JSON_MAX_FILE, &len, err);
+    if (!text) return -1;
+    int rc = plan_parse(path, text, len, rank, world, cfg, err);
+    free(text);
     return rc;
 }

@@ -7,5 +7,9 @@
 /* Fills cfg's model, seq, global batch, this rank's batch/microbatch/microbatches, sample offset,
  * memory and threads. Errors name the file and the field. */
 int plan_read(const char *path, int rank, int world, train_config *cfg, err_t *err);
+/* The same from the plan's text (path: its name in messages); what plan_read does once the file
+ * is read, and what fuzz/fuzz_plan.c feeds. */
+int plan_parse(const char *path, const char *text, size_t len, int rank, int world, train_config *cfg,
+               err_t *err);
 
 #endif
