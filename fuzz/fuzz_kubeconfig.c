@@ -1,6 +1,6 @@
 /* fuzz_kubeconfig.c - libFuzzer target for the operator's kubeconfig reader (kube_config_parse:
  * YAML through common/yaml_tree.c, then the current context, its cluster and user, base64 data
- * and relative file paths in operator/kube_config.c). A config that parses is checked for what
+ * and relative file paths in operator/client/kube_config.c). A config that parses is checked for what
  * the client relies on (an http(s) server without a trailing '/', a namespace) and its decoded
  * buffers are read to their stated lengths; a refused one must say why. */
 #include <stddef.h>
@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "operator/kube.h"
+#include "operator/client/kube.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
