@@ -10,6 +10,14 @@ export CEPHALO_PROFILE_CACHE=none
 # a suite that runs one path over several models, world sizes or formats runs one of each path
 # (every check runs in the plain `make test`; docs/development.md, "Tests under the sanitizers").
 case ${BUILD:-build/rel} in *san*) SAN_LIGHT=1 ;; *) SAN_LIGHT=0 ;; esac
+# san_once: called by a suite that runs none of the build's binaries (scripts, the chart, the
+# control plane, the docs): its result is the same whatever BUILD is, so under the sanitizers it
+# is left to the plain `make test` (it says so, and counts no check).
+san_once() {
+  [ "$SAN_LIGHT" = 1 ] || return 0
+  echo "# $(basename "$0"): runs none of \$BUILD's binaries: checked once, in the plain make test"
+  exit 0
+}
 # san_skip NAME PICKED...: under SAN_LIGHT, true (skip NAME) unless NAME is one of the picked cases
 san_skip() {
   local name=$1

@@ -13,6 +13,7 @@
 set -u
 cd "$(dirname "$0")/../.." || exit 1
 . tests/cli/lib.sh
+san_once # runs none of $BUILD's binaries
 AS=tests/k8s/apiserver.sh
 
 # the "ok N" lines of a checker, numbered on from this script's count

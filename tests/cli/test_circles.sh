@@ -7,6 +7,7 @@
 set -u
 cd "$(dirname "$0")/../.." || exit 1
 . tests/cli/lib.sh
+san_once # runs none of $BUILD's binaries
 BUILD=${BUILD:-build/rel}
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT

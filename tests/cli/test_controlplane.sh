@@ -16,6 +16,7 @@
 set -u
 cd "$(dirname "$0")/../.." || exit 1
 . tests/cli/lib.sh
+san_once # runs none of $BUILD's binaries
 AS=tests/k8s/apiserver.sh
 PY=/usr/bin/python3
 

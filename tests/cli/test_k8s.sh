@@ -7,6 +7,7 @@
 set -u
 cd "$(dirname "$0")/../.."
 . tests/cli/lib.sh
+san_once # runs none of $BUILD's binaries
 AS=tests/k8s/apiserver.sh
 
 skip_all() { echo "not ok 1 - kube-apiserver test: $*"; exit 0; }

@@ -6,6 +6,7 @@
 set -u
 cd "$(dirname "$0")/../.." || exit 1
 . tests/cli/lib.sh
+san_once # runs none of $BUILD's binaries
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 
