@@ -94,8 +94,8 @@ FUZZ_SRC := $(wildcard fuzz/fuzz_*.c)
 
 # ---- the CUDA worker (cephalo-worker-cuda): built whenever nvcc is found ----------------------
 # The CPU binaries never link CUDA: the CUDA device (worker/devices/*.cu) and the nccl backend
-# (worker/comm/comm_nccl.c) are linked into cephalo-worker-cuda only, which resolves the weak
-# references device.c and comm.c make to them. SAN=1 builds skip it (ASan and the CUDA runtime
+# (worker/comm/comm_nccl.c) are linked into cephalo-worker-cuda only, where they register their rows
+# in device.c's and comm.c's tables at start-up. SAN=1 builds skip it (ASan and the CUDA runtime
 # do not mix without special options, and nothing here can run it).
 CUDA_HOME := $(patsubst %/bin/nvcc,%,$(NVCC))
 # The architectures: by default every one of CUDA_ARCHS_ALL that this nvcc can compile for (nvcc 13:

@@ -28,7 +28,7 @@
 #                             cuda_bf16.h, cuda_fp16.h, ...): the .deb is 774 MB because of the
 #                             static and shared libraries, none of which a compile needs; its
 #                             runtime-library Depends (libcublas11 etc.) are left out
-#   libcub-dev libthrust-dev  CUB 1.17 (worker/devices/cuda_device.cu's radix sort; CUB includes Thrust)
+#   libcub-dev libthrust-dev  CUB 1.17 (worker/devices/cuda_embed.cu's radix sort; CUB includes Thrust)
 #   gcc-11 g++-11 cpp-11 libgcc-11-dev libstdc++-11-dev
 #                             the host compiler, unpacked under root/usr: the gcc driver finds
 #                             cc1plus, its own include dir and libstdc++ 11 headers relative to

@@ -840,3 +840,14 @@ void cpu_device_close(device *d) {
     d->impl = NULL;
     dev_free_table(d);
 }
+
+/* The "cpu" row of the device kinds (device.h), in every binary. */
+static int cpu_kind_init(device *d, int rank, int threads, int gpu, int64_t capacity, err_t *err) {
+    (void)gpu;
+    return cpu_device_init(d, rank, threads, capacity, err);
+}
+
+static int cpu_kind_count(void) { return 1; } /* the host */
+
+const device_kind cpu_device_kind = {
+    .name = "cpu", .init = cpu_kind_init, .close = cpu_device_close, .count = cpu_kind_count};

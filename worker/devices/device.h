@@ -4,8 +4,10 @@
  * The trainer never touches device memory directly: it allocates through dev_alloc() (which
  * counts current and peak bytes and enforces the device's capacity) and computes through the op
  * table. Two devices implement it: the CPU device (cpu_device.c, cpu_attention.c: OpenBLAS +
- * OpenMP) and the CUDA device (cuda_device.cu, cuda_attention.cu: cuBLAS and our kernels, linked
- * into cephalo-worker-cuda only; docs/cuda.md), so model and engine code are shared.
+ * OpenMP) and the CUDA device (cuda_device.cu and one file per op family, cuda_internal.h:
+ * cuBLAS and our kernels, linked into cephalo-worker-cuda only; docs/cuda.md), so model and
+ * engine code are shared. Each kind is a row of device.c's table (device_kind below), opened by
+ * name; what the kinds share is dev_common.c's.
  *
  * Conventions for every op:
  *  - all float pointers are fp32 device memory, row-major, contiguous unless a leading dimension
@@ -291,31 +293,46 @@ struct device {
      * trainer's count per step is testable without a GPU (step_stats.host_syncs). */
     int64_t host_syncs;
     void *impl; /* the device kind's state */
-    void *alloc_table; /* dev_alloc's pointer -> size table (device.c) */
+    void *alloc_table; /* dev_alloc's pointer -> size table (dev_common.c) */
 };
 
-/* Creates the CPU device: `threads` OpenMP threads (0 = all cores), capacity in bytes (0 =
- * unlimited). */
+/* A device kind: one row of device.c's table, chosen by name (device_open), in the shape of the
+ * comm layer's backends (comm_internal.h). The CPU row is every binary's; the CUDA row
+ * (cuda_device.cu) registers itself at start-up in cephalo-worker-cuda only.
+ *   init   creates the device: `threads` OpenMP threads (CPU; 0 = all cores) or GPU `gpu` (an
+ *          index among the visible GPUs: its streams, cuBLAS handle and caching allocator);
+ *          capacity in bytes, 0 = unlimited on the CPU, on a GPU its free memory at start less
+ *          a reserve for the CUDA context and libraries (a smaller capacity emulates a smaller
+ *          GPU). Each kind ignores the argument of the other.
+ *   close  frees what init made (d->ops->name is the row's name: device_close finds it so).
+ *   count  devices of the kind visible (CPU: 1, the host; CUDA: 0 with no driver or no GPU). */
+typedef struct device_kind {
+    const char *name; /* "cpu", "cuda": device_open's kind, and the op table's name */
+    int (*init)(device *d, int rank, int threads, int gpu, int64_t capacity, err_t *err);
+    void (*close)(device *d);
+    int (*count)(void);
+} device_kind;
+
+/* The CPU device's row (cpu_device.c). */
+extern const device_kind cpu_device_kind;
+/* Makes a kind known by its name: cuda_device.cu registers itself at start-up in the binaries it
+ * is linked into (a constructor; at most 4 kinds). */
+void device_kind_register(const device_kind *k);
+
+/* The CPU device's init and close (its row's), also called directly by the CPU tests. */
 int cpu_device_init(device *d, int rank, int threads, int64_t capacity, err_t *err);
 void cpu_device_close(device *d);
-
-/* Creates the CUDA device on GPU `gpu` (an index among the visible GPUs): its streams, cuBLAS
- * handle and caching allocator. capacity 0 = the GPU's free memory at start less a reserve
- * for the CUDA context and libraries; a smaller capacity emulates a smaller GPU. In a build
- * without CUDA (cephalo-worker), it fails with a message naming cephalo-worker-cuda. */
-int cuda_device_init(device *d, int rank, int gpu, int64_t capacity, err_t *err);
-void cuda_device_close(device *d);
-/* Number of visible GPUs (0 when there is no driver or no GPU). Only in cephalo-worker-cuda;
- * call device_cuda_count(), which is 0 in a build without CUDA. */
-int cuda_device_count(void);
 /* Takes `bytes` off the capacity of the device opened on GPU `gpu` with an automatic capacity
  * (none with an explicit one, which the plan has budgeted): memory a library takes outside our
  * allocator, NCCL's buffers (common/nccl_budget.h). Fails when that would leave nothing. Only in
  * cephalo-worker-cuda. */
 int cuda_device_reserve(int gpu, int64_t bytes, const char *what, err_t *err);
+/* Number of visible GPUs: the cuda row's count, 0 in a build without CUDA (no such row). */
 int device_cuda_count(void);
 
-/* Opens a device by kind name ("cpu" or "cuda"); closes whichever kind d is. */
+/* Opens a device by kind name ("cpu" or "cuda", the rows of the table): an unknown name, or
+ * "cuda" in a worker built without CUDA, is an error naming what to use. Closes whichever kind
+ * d is. */
 int device_open(device *d, const char *kind, int rank, int threads, int gpu, int64_t capacity,
                 err_t *err);
 void device_close(device *d);
@@ -327,7 +344,7 @@ void *dev_alloc(device *d, size_t bytes, const char *what);
 void dev_free(device *d, void *p);
 /* Releases the allocator's table; device close functions call it. */
 void dev_free_table(device *d);
-/* The RoPE cos/sin tables [T, hd/2] of positions 0..T-1 for inv_freq[hd/2] (device.c): what
+/* The RoPE cos/sin tables [T, hd/2] of positions 0..T-1 for inv_freq[hd/2] (dev_common.c): what
  * every device's rope rotates by. */
 void dev_rope_table(const float *inv_freq, int T, int hd, float *cos_t, float *sin_t);
 /* Sets the context that out-of-memory errors name (printf-style). One longer than
