@@ -269,6 +269,8 @@ static int step_check_plan(const popts *o, const job *j, profile *p, long batch,
     bool made = rc == 0 && plan_make(&in.cm, STRAT_CEPHALO, &pl, err) == 0;
     if (rc == 0 && !made) rc = -1;
     if (made && !pl.feasible) rc = err_set(err, "no feasible plan for batch %ld: %s", io.batch, pl.reason);
+    if (made && rc == 0 && pl.n_ranks != j->n_devices) /* rec has one entry per device */
+        rc = err_set(err, "the plan for batch %ld has %d ranks for %d devices", io.batch, pl.n_ranks, j->n_devices);
     if (made && rc == 0) {
         *pred_ms = pl.iter_ms;
         for (int r = 0; r < pl.n_ranks; r++) rec[r] = pl.ranks[r].recompute; /* the worker takes only its plan's */

@@ -8,7 +8,7 @@ export CEPHALO_PROFILE_CACHE=none
 # Under the sanitizers (make test SAN=1: BUILD is build/san) the suites run to find memory and
 # undefined-behaviour errors on the C paths they take, not numerical ones: SAN_LIGHT=1 there, and
 # a suite that runs one path over several models, world sizes or formats runs one of each path
-# (every check runs in the plain `make test`; docs/development.md, "Tests under the sanitizers").
+# (every check runs in the plain `make test`; docs/development.md, the `make test SAN=1` entry).
 case ${BUILD:-build/rel} in *san*) SAN_LIGHT=1 ;; *) SAN_LIGHT=0 ;; esac
 # san_once: called by a suite that runs none of the build's binaries (scripts, the chart, the
 # control plane, the docs): its result is the same whatever BUILD is, so under the sanitizers it
@@ -28,9 +28,8 @@ san_skip() {
 }
 
 # pod_worker: the cephalo-worker the operator suites' kubelet runs in the pods. Those suites test
-# the operator (its sanitized binary under SAN=1); sanitized workers, 2-5x slower, training for
-# them took a third of the sanitizer run, and the workers' paths get the sanitizers in their own
-# suites. So under SAN_LIGHT the release build's worker when it is there and of the same version
+# the operator (its sanitized binary under SAN=1); sanitized workers only make their training
+# slower there, and the workers' paths get the sanitizers in their own suites. So under SAN_LIGHT the release build's worker when it is there and of the same version
 # (a worker of another release refuses the operator's pods); else the build's own.
 pod_worker() {
   local own=${BUILD:-build/rel}/bin/cephalo-worker rel=build/rel/bin/cephalo-worker
@@ -39,6 +38,14 @@ pod_worker() {
   else
     echo "$own"
   fi
+}
+
+# copy_tree DEST DIR...: a fresh copy of the repository's DIRs in DEST, for a checker's test to
+# plant one breach at a time in (test_layers.sh, test_doc_layout.sh)
+copy_tree() {
+  local dest=$1
+  shift
+  rm -rf "$dest" && mkdir -p "$dest" && cp -r "$@" "$dest/"
 }
 
 # check NAME EXPECTED_RC NEEDLE -- command...   (NEEDLE must appear in stdout+stderr; '' skips)

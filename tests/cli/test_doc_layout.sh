@@ -12,9 +12,7 @@ trap 'rm -rf "$T"' EXIT
 
 check "the tree: the layout names every source file" 0 "layout names every source file" -- mk/doc_layout.sh
 
-copy() {
-  rm -rf "$T/tree" && mkdir -p "$T/tree" && cp -r common planner cli operator worker docs mk "$T/tree/"
-}
+copy() { copy_tree "$T/tree" common planner cli operator worker docs mk; }
 
 copy && printf 'int x;\n' >"$T/tree/cli/new_cmd.c"
 check "a new source file is named, with the entry it belongs to" 1 \

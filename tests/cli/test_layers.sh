@@ -13,10 +13,7 @@ trap 'rm -rf "$T"' EXIT
 check "the tree: every include by its path and downwards" 0 "every include goes by its path and downwards" -- mk/layers.sh
 
 # a copy of the sources, with one breach planted at a time
-copy() {
-  rm -rf "$T/tree" && mkdir -p "$T/tree" &&
-    cp -r common planner cli operator worker tests bench fuzz mk "$T/tree/" 2>/dev/null
-}
+copy() { copy_tree "$T/tree" common planner cli operator worker tests bench fuzz mk; }
 plant() { # FILE LINE: appends LINE to FILE in the copy
   copy && printf '%s\n' "$2" >>"$T/tree/$1"
 }
