@@ -12,7 +12,8 @@
 
 #include "common/err.h"
 
-typedef enum { ARCH_GPT, ARCH_LLAMA, ARCH_BERT, ARCH_VIT } model_arch;
+/* What each architecture is, and its name: planner/arch.h's table (a row per value). */
+typedef enum { ARCH_GPT, ARCH_LLAMA, ARCH_BERT, ARCH_VIT, ARCH_COUNT } model_arch;
 typedef enum { UNIT_EMBEDDING, UNIT_BLOCK, UNIT_HEAD } unit_kind;
 /* RoPE frequency scaling of a Hugging Face config's rope_scaling (docs/import.md). */
 typedef enum { ROPE_PLAIN, ROPE_LINEAR, ROPE_LLAMA3 } rope_scaling_kind;
@@ -44,7 +45,7 @@ typedef struct model_spec {
     int sliding_window; /* Mistral's attention window, 0 none: a longer sequence is refused */
 } model_spec;
 
-const char *model_arch_name(model_arch a);
+const char *model_arch_name(model_arch a); /* arch_of(a)->name */
 const char *unit_kind_name(unit_kind k);
 
 /* Built-in models (name list for --help and suggestions). */

@@ -81,7 +81,6 @@ static int gpt2_spec(const hf_ctx *h, model_spec *m) {
                              *const layer[] = {"n_layer", NULL}, *const pos[] = {"n_positions", "n_ctx", NULL},
                              *const vocab[] = {"vocab_size", NULL}, *const inner[] = {"n_inner", NULL};
     static const char *const acts[] = {"gelu_new", "gelu_pytorch_tanh", NULL};
-    m->arch = ARCH_GPT;
     m->tied_head = true;
     bool tied;
     if (hf_int(h, embd, -1, 1, 1 << 17, &m->d_model) < 0 || hf_int(h, head, -1, 1, 1 << 14, &m->n_head) < 0 ||
@@ -158,7 +157,6 @@ static int llama_spec(const hf_ctx *h, model_spec *m) {
                              *const pos[] = {"max_position_embeddings", NULL}, *const vocab[] = {"vocab_size", NULL},
                              *const hdim[] = {"head_dim", NULL};
     static const char *const acts[] = {"silu", NULL};
-    m->arch = ARCH_LLAMA;
     if (hf_int(h, hidden, -1, 1, 1 << 17, &m->d_model) < 0 || hf_int(h, ff, -1, 1, 1 << 20, &m->d_ff) < 0 ||
         hf_int(h, heads, -1, 1, 1 << 14, &m->n_head) < 0 ||
         hf_int(h, kv, m->n_head, 1, 1 << 14, &m->n_kv_head) < 0 ||
@@ -182,8 +180,12 @@ static int llama_spec(const hf_ctx *h, model_spec *m) {
     return 0;
 }
 
-/* Which architecture: the first of "architectures", else "model_type". */
-static int hf_arch(hf_ctx *h, model_arch *out) {
+typedef int (*hf_spec_fn)(const hf_ctx *h, model_spec *m);
+
+/* Which architecture: the first of "architectures", else "model_type"; and the reader of its
+ * fields. The rows are the Hugging Face names each importable architecture (planner/arch.h's
+ * hf) answers to. */
+static int hf_arch(hf_ctx *h, model_arch *out, hf_spec_fn *spec) {
     const cJSON *a = json_get(h->root, "architectures"), *t = json_get(h->root, "model_type");
     const char *name = NULL;
     if (cJSON_IsArray(a) && cJSON_GetArraySize(a) > 0 && cJSON_IsString(cJSON_GetArrayItem(a, 0)))
@@ -197,13 +199,14 @@ static int hf_arch(hf_ctx *h, model_arch *out) {
         const char *arch, *type;
         model_arch a;
         hf_family f;
-    } known[] = {{"GPT2LMHeadModel", "gpt2", ARCH_GPT, HF_LLAMA},
-                 {"LlamaForCausalLM", "llama", ARCH_LLAMA, HF_LLAMA},
-                 {"MistralForCausalLM", "mistral", ARCH_LLAMA, HF_MISTRAL},
-                 {"Qwen2ForCausalLM", "qwen2", ARCH_LLAMA, HF_QWEN2}};
+        hf_spec_fn spec;
+    } known[] = {{"GPT2LMHeadModel", "gpt2", ARCH_GPT, HF_LLAMA, gpt2_spec},
+                 {"LlamaForCausalLM", "llama", ARCH_LLAMA, HF_LLAMA, llama_spec},
+                 {"MistralForCausalLM", "mistral", ARCH_LLAMA, HF_MISTRAL, llama_spec},
+                 {"Qwen2ForCausalLM", "qwen2", ARCH_LLAMA, HF_QWEN2, llama_spec}};
     for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
         if (!strcmp(name, known[i].arch) || !strcmp(name, known[i].type)) {
-            *out = known[i].a, h->family = known[i].f;
+            *out = known[i].a, h->family = known[i].f, *spec = known[i].spec;
             return 0;
         }
     return err_set(h->c.err, "%s: architecture '%s' cannot be imported (supported: GPT2LMHeadModel, "
@@ -230,8 +233,9 @@ static int hf_name(const char *path, model_spec *m, err_t *err) {
 static int hf_spec(const char *src, const cJSON *root, model_spec *m, err_t *err) {
     hf_ctx h = {{src, err}, root, HF_LLAMA};
     memset(m, 0, sizeof *m);
-    int rc = json_expect_object(&h.c, root, "config") < 0 || hf_arch(&h, &m->arch) < 0 ? -1 : 0;
-    if (rc == 0) rc = m->arch == ARCH_GPT ? gpt2_spec(&h, m) : llama_spec(&h, m);
+    hf_spec_fn spec = NULL;
+    int rc = json_expect_object(&h.c, root, "config") < 0 || hf_arch(&h, &m->arch, &spec) < 0 ? -1 : 0;
+    if (rc == 0) rc = spec(&h, m);
     if (rc < 0) return -1;
     m->default_seq = m->max_seq < 1024 ? m->max_seq : 1024;
     if (m->sliding_window > 0 && m->default_seq > m->sliding_window) m->default_seq = m->sliding_window; /* fits */
