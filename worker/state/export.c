@@ -24,6 +24,7 @@
 #include "formats/tokenizer.h"
 #include "model/weights.h"
 #include "model/wmodel.h"
+#include "planner/arch.h"
 #include "planner/model_json.h"
 #include "state/ckpt.h"
 #include "state/export.h"
@@ -436,7 +437,7 @@ int export_hf(const char *checkpoint, const char *dir, const export_opts *o, boo
     tok *t = NULL;
     int rc = ckpt_dir_resolve(checkpoint, path, sizeof path, err);
     if (rc == 0) rc = load(&x, &m, path, err);
-    if (rc == 0 && m.arch != ARCH_GPT && m.arch != ARCH_LLAMA)
+    if (rc == 0 && !arch_of(m.arch)->hf)
         rc = err_set(err, "%s: export writes GPT-2 and Llama layouts; this checkpoint is a %s",
                      checkpoint, model_arch_name(m.arch));
     if (rc == 0) rc = export_tokenizer(&x, path, o, &t, tok_file, sizeof tok_file, err);
