@@ -62,6 +62,15 @@ int model_load_hf_config(const char *path, model_spec *out, err_t *err);
  * the model's name (NULL or "": "hf-model"). */
 int model_load_hf_string(const char *src, const char *text, size_t len, const char *name, model_spec *out,
                          err_t *err);
+/* The Hugging Face families config.json is read as and export writes: the class config.json's
+ * "architectures" names, its model_type, the name for people, and our architecture. */
+typedef struct hf_family_desc {
+    const char *hf_class, *model_type, *display;
+    model_arch arch;
+} hf_family_desc;
+/* The family a spec is exported as and was imported from: GPT-2 for gpt; for llama, Qwen2 with
+ * q/k/v biases, Mistral with a sliding window, else Llama. NULL where Hugging Face has none. */
+const hf_family_desc *hf_family_of(const model_spec *m);
 /* The value used for the fields whose 0 means "the architecture's default". */
 double model_rope_theta(const model_spec *m);
 double model_norm_eps(const model_spec *m);

@@ -19,8 +19,22 @@
 #include "common/strutil.h"
 #include "planner/model.h"
 
-/* The Llama family: which relative the config names (its layout is Llama's). */
-typedef enum { HF_LLAMA, HF_MISTRAL, HF_QWEN2 } hf_family;
+/* The families, indexes of hf_families[]: Llama's relatives share its layout and reader. */
+typedef enum { HF_GPT2, HF_LLAMA, HF_MISTRAL, HF_QWEN2, HF_COUNT } hf_family;
+
+static const hf_family_desc hf_families[HF_COUNT] = {
+    [HF_GPT2] = {"GPT2LMHeadModel", "gpt2", "GPT-2", ARCH_GPT},
+    [HF_LLAMA] = {"LlamaForCausalLM", "llama", "Llama", ARCH_LLAMA},
+    [HF_MISTRAL] = {"MistralForCausalLM", "mistral", "Mistral", ARCH_LLAMA},
+    [HF_QWEN2] = {"Qwen2ForCausalLM", "qwen2", "Qwen2", ARCH_LLAMA},
+};
+
+/* The spec's fields tell the relative: Qwen2 has q/k/v biases, Mistral a window. */
+const hf_family_desc *hf_family_of(const model_spec *m) {
+    if (m->arch == ARCH_GPT) return &hf_families[HF_GPT2];
+    if (m->arch != ARCH_LLAMA) return NULL;
+    return &hf_families[m->qkv_bias ? HF_QWEN2 : m->sliding_window ? HF_MISTRAL : HF_LLAMA];
+}
 
 typedef struct hf_ctx {
     json_ctx c;
@@ -195,22 +209,17 @@ static int hf_arch(hf_ctx *h, model_arch *out, hf_spec_fn *spec) {
     if (!name)
         return err_set(h->c.err, "%s: neither 'architectures' nor 'model_type' says which model this is",
                        h->c.file);
-    static const struct {
-        const char *arch, *type;
-        model_arch a;
-        hf_family f;
-        hf_spec_fn spec;
-    } known[] = {{"GPT2LMHeadModel", "gpt2", ARCH_GPT, HF_LLAMA, gpt2_spec},
-                 {"LlamaForCausalLM", "llama", ARCH_LLAMA, HF_LLAMA, llama_spec},
-                 {"MistralForCausalLM", "mistral", ARCH_LLAMA, HF_MISTRAL, llama_spec},
-                 {"Qwen2ForCausalLM", "qwen2", ARCH_LLAMA, HF_QWEN2, llama_spec}};
-    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
-        if (!strcmp(name, known[i].arch) || !strcmp(name, known[i].type)) {
-            *out = known[i].a, h->family = known[i].f, *spec = known[i].spec;
+    static const hf_spec_fn reader[HF_COUNT] = {gpt2_spec, llama_spec, llama_spec, llama_spec};
+    char supported[256] = "";
+    for (int f = 0; f < HF_COUNT; f++) {
+        if (!strcmp(name, hf_families[f].hf_class) || !strcmp(name, hf_families[f].model_type)) {
+            *out = hf_families[f].arch, h->family = (hf_family)f, *spec = reader[f];
             return 0;
         }
-    return err_set(h->c.err, "%s: architecture '%s' cannot be imported (supported: GPT2LMHeadModel, "
-                   "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)", h->c.file, name);
+        size_t used = strlen(supported);
+        snprintf(supported + used, sizeof supported - used, "%s%s", f ? ", " : "", hf_families[f].hf_class);
+    }
+    return err_set(h->c.err, "%s: architecture '%s' cannot be imported (supported: %s)", h->c.file, name, supported);
 }
 
 /* The model's name: its directory's (".../TinyLlama-1.1B/config.json" -> "TinyLlama-1.1B"), as the

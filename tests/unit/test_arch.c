@@ -105,6 +105,26 @@ static void test_tied_default_validates(void **state) {
     }
 }
 
+/* Every architecture Hugging Face reads has a family of its own architecture, the others none;
+ * Llama's relatives are told by the spec's fields, as export writes them and import reads them. */
+static void test_hf_families(void **state) {
+    (void)state;
+    int n;
+    const model_spec *b = model_builtins(&n);
+    for (int i = 0; i < n; i++) {
+        const hf_family_desc *f = hf_family_of(&b[i]);
+        assert_true(arch_of(b[i].arch)->hf ? f && f->arch == b[i].arch : f == NULL);
+        if (b[i].arch != ARCH_LLAMA) continue;
+        model_spec m = b[i];
+        m.qkv_bias = false, m.sliding_window = 0;
+        assert_string_equal(hf_family_of(&m)->hf_class, "LlamaForCausalLM");
+        m.sliding_window = 4096;
+        assert_string_equal(hf_family_of(&m)->model_type, "mistral");
+        m.qkv_bias = true, m.sliding_window = 0;
+        assert_string_equal(hf_family_of(&m)->display, "Qwen2");
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_arch_has_a_row),
@@ -112,6 +132,7 @@ int main(void) {
         cmocka_unit_test(test_names_round_trip_json),
         cmocka_unit_test(test_properties_agree),
         cmocka_unit_test(test_tied_default_validates),
+        cmocka_unit_test(test_hf_families),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -129,9 +129,7 @@ static int llama_pieces(const hf_import *imp, int unit, const wm_tensor *t, piec
 }
 
 /* The architecture config.json names, as far as the spec tells (messages). */
-static const char *hf_family_name(const model_spec *m) {
-    return m->arch == ARCH_GPT ? "GPT-2" : m->qkv_bias ? "Qwen2" : m->sliding_window ? "Mistral" : "Llama";
-}
+static const char *hf_family_name(const model_spec *m) { return hf_family_of(m)->display; }
 
 static int pieces_of(const hf_import *imp, int unit, const wm_tensor *t, piece *p) {
     return imp->m->arch == ARCH_GPT ? gpt2_pieces(imp, unit, t, p) : llama_pieces(imp, unit, t, p);

@@ -159,15 +159,10 @@ static const char *torch_dtype(st_dtype d) { return d == ST_BF16 ? "bfloat16" : 
 static cJSON *hf_config(const model_spec *m, st_dtype dtype, int32_t bos, int32_t eos) {
     cJSON *o = cJSON_CreateObject();
     bool gpt = m->arch == ARCH_GPT;
-    /* the Llama relative the spec's fields make it: Qwen2 has q/k/v biases, Mistral a window */
-    const char *type = gpt ? "gpt2" : m->qkv_bias ? "qwen2" : m->sliding_window ? "mistral" : "llama";
-    const char *name = gpt              ? "GPT2LMHeadModel"
-                       : m->qkv_bias    ? "Qwen2ForCausalLM"
-                       : m->sliding_window ? "MistralForCausalLM"
-                                        : "LlamaForCausalLM";
+    const hf_family_desc *fam = hf_family_of(m); /* the Llama relative the spec's fields make it */
     cJSON *arch = cJSON_AddArrayToObject(o, "architectures");
-    cJSON_AddItemToArray(arch, cJSON_CreateString(name));
-    cJSON_AddStringToObject(o, "model_type", type);
+    cJSON_AddItemToArray(arch, cJSON_CreateString(fam->hf_class));
+    cJSON_AddStringToObject(o, "model_type", fam->model_type);
     cJSON_AddNumberToObject(o, "vocab_size", m->vocab);
     cJSON_AddStringToObject(o, "torch_dtype", torch_dtype(dtype));
     /* the tokenizer's special tokens; null without a tokenizer, since the config classes'
