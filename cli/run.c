@@ -35,6 +35,7 @@
 #include "formats/data.h"
 #include "common/strutil.h"
 #include "cli/profile_cache.h"
+#include "planner/arch.h"
 #include "planner/inputs.h"
 
 
@@ -591,10 +592,10 @@ static int resolve_epochs(job *j, bool quiet, err_t *err) {
         return err_set(err, "%s: epochs needs data of a known size (not synthetic): give steps", j->path);
     data_source *ds = NULL;
     int seq = 0;
-    int rc = m->arch == ARCH_VIT ? data_open_images(&ds, spec, m->channels, m->image, m->n_classes, 1, err)
+    int rc = arch_of(m->arch)->images ? data_open_images(&ds, spec, m->channels, m->image, m->n_classes, 1, err)
              : model_check_seq(m, (int)j->seq, &seq, err) < 0
                  ? -1
-                 : data_open_tokens(&ds, spec, DATA_TRAIN, seq, m->vocab, m->arch == ARCH_BERT ? DATA_MLM : DATA_CLM, 1,
+                 : data_open_tokens(&ds, spec, DATA_TRAIN, seq, m->vocab, data_task_of(arch_of(m->arch)->task), 1,
                                     err);
     if (rc < 0) return err_prefix(err, "%s: epochs", j->path);
     int64_t w = data_num_samples(ds);

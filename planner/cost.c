@@ -9,6 +9,7 @@
 
 #include "common/log.h"
 #include "common/nccl_budget.h"
+#include "planner/arch.h"
 #include "planner/engine_mem.h"
 
 /* Analytic estimate knobs (replaced by measurements when a profile is given). */
@@ -66,7 +67,7 @@ static unit_est unit_estimate(const cost_model *cm, unit_kind k) {
     u.param_bytes = (double)model_kind_params(cm->model, k) * elem;
     /* a token embedding reads only the rows its tokens look up (and the positions'), not its
      * table: GPT-2's 50,257 rows would be 25 MB a microbatch, ~100x what the lookups move */
-    if (k == UNIT_EMBEDDING && cm->model->arch != ARCH_VIT) {
+    if (k == UNIT_EMBEDDING && !arch_of(cm->model->arch)->images) {
         u.traffic += fmin(u.param_bytes, 2.0 * cm->tokens * cm->model->d_model * elem);
         u.param_bytes = 0;
     }

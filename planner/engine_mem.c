@@ -2,6 +2,7 @@
  * engine's allocations (see engine_mem.h). */
 #include "planner/engine_mem.h"
 
+#include "planner/arch.h"
 #include "planner/cost.h"
 
 #include "common/env.h"
@@ -58,7 +59,7 @@ int engine_env_check(err_t *err) {
 }
 
 int engine_vocab_ld(const model_spec *m) {
-    bool no_bias = m->arch == ARCH_GPT || m->arch == ARCH_LLAMA;
+    bool no_bias = arch_of(m->arch)->head == HEAD_LM; /* padded columns would need a padded bias */
     if (!no_bias || !switch_on(&vocab_pad)) return m->vocab;
     return (m->vocab + ENGINE_VOCAB_ALIGN - 1) / ENGINE_VOCAB_ALIGN * ENGINE_VOCAB_ALIGN;
 }
@@ -103,7 +104,7 @@ static int patch_dim(const model_spec *m) { return m->channels * m->patch * m->p
 engine_workspace engine_workspace_floats(const model_spec *m, int max_m, int seq) {
     int T = model_tokens(m, seq);
     int64_t N = (int64_t)max_m * T;
-    bool vit = m->arch == ARCH_VIT;
+    bool vit = arch_of(m->arch)->head == HEAD_CLASSIFIER; /* one row of logits per sample */
     engine_workspace w = {0};
     w.nd = N * m->d_model;
     w.nq = N * engine_qkv_width(m);
@@ -138,16 +139,17 @@ int64_t engine_saved_floats(const engine_workspace *w, engine_saved s) {
 /* Read from the forward and backward code of worker/model/wmodel.c: what each unit kind's
  * forward leaves for its backward (the head's forward and backward run together). */
 unsigned engine_saved_mask(const model_spec *m, unit_kind k) {
-    bool llama = m->arch == ARCH_LLAMA;
-    unsigned norm1 = B(ES_LN1) | B(ES_RSTD1) | (llama ? 0 : B(ES_MEAN1));
+    const arch_desc *a = arch_of(m->arch);
+    bool rms = a->norm == NORM_RMS; /* no mean */
+    unsigned norm1 = B(ES_LN1) | B(ES_RSTD1) | (rms ? 0 : B(ES_MEAN1));
     switch (k) {
     case UNIT_EMBEDDING:
-        if (m->arch == ARCH_BERT) return B(ES_X2) | B(ES_MEAN1) | B(ES_RSTD1); /* the embedding's LN */
-        return m->arch == ARCH_VIT ? B(ES_PATCHES) : 0; /* a lookup needs only the ids */
+        if (a->embed_norm) return B(ES_X2) | B(ES_MEAN1) | B(ES_RSTD1); /* the embedding's LN */
+        return a->images ? B(ES_PATCHES) : 0; /* a lookup needs only the ids */
     case UNIT_BLOCK:
         return norm1 | B(ES_QKV) | B(ES_ATT) | B(ES_LSE) | B(ES_X2) | B(ES_LN2) | B(ES_RSTD2) |
-               (llama ? B(ES_UP) : B(ES_MEAN2)) | B(ES_FC) | B(ES_ACT);
-    case UNIT_HEAD: return norm1 | (m->arch == ARCH_BERT ? B(ES_FC) | B(ES_ACT) : 0);
+               (a->mlp == MLP_SWIGLU ? B(ES_UP) : 0) | (rms ? 0 : B(ES_MEAN2)) | B(ES_FC) | B(ES_ACT);
+    case UNIT_HEAD: return norm1 | (a->head == HEAD_MLM ? B(ES_FC) | B(ES_ACT) : 0);
     }
     return 0;
 }
@@ -157,7 +159,7 @@ unsigned engine_saved_mask(const model_spec *m, unit_kind k) {
 static unsigned saved_half_mask(const model_spec *m) {
     unsigned mask = B(ES_QKV) | B(ES_ATT) | B(ES_FC) | B(ES_ACT) | B(ES_UP) | B(ES_PATCHES);
     /* BERT's post-LN blocks keep the residual stream in ln1 and ln2 */
-    return m->arch == ARCH_BERT ? mask : mask | B(ES_LN1) | B(ES_LN2);
+    return arch_of(m->arch)->post_ln ? mask : mask | B(ES_LN1) | B(ES_LN2);
 }
 
 unsigned engine_acts16_work_mask(const model_spec *m, recompute_mode r, precision prec) {
@@ -194,7 +196,7 @@ int64_t engine_saved_bytes(const model_spec *m, const engine_workspace *w, recom
 int64_t engine_workspace_bytes(const model_spec *m, int max_m, int seq, recompute_mode r, int kept,
                                precision prec) {
     engine_workspace w = engine_workspace_floats(m, max_m, seq);
-    bool llama = m->arch == ARCH_LLAMA;
+    bool llama = arch_of(m->arch)->mlp == MLP_SWIGLU;
     /* scratch: the gradients of the attention output, residual and norm (nd), of q|k|v (nq), of
      * the MLP hidden and activation (Llama: and of the up projection), one chunk of logits and
      * its row losses, the ViT class-token rows */
@@ -230,7 +232,7 @@ int64_t engine_compute_bytes(const model_spec *m, int seq, int micro, engine_opt
     bytes += (o.double_buffer ? 8 : 4) * rows * m->d_model * 4;
     bytes += 2 * rows * 4; /* token ids and targets (int32) */
     bytes += ENGINE_STEP_SUMS * (int64_t)sizeof(double);
-    if (m->arch == ARCH_VIT) bytes += (int64_t)micro * m->channels * m->image * m->image * 4;
+    if (arch_of(m->arch)->images) bytes += (int64_t)micro * m->channels * m->image * m->image * 4;
     int64_t slot = engine_max_unit_params(m);
     bool half = precision_half(o.prec);
     if (o.sharded || half) bytes += 2 * slot * 4; /* gathered parameters */

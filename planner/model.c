@@ -12,6 +12,7 @@
 
 #include "common/attn_limits.h"
 #include "common/strutil.h"
+#include "planner/arch.h"
 
 #define GPT2_VOCAB 50257
 #define LLAMA_VOCAB 32000
@@ -55,10 +56,7 @@ const model_spec *model_builtins(int *count) {
     return builtins;
 }
 
-const char *model_arch_name(model_arch a) {
-    static const char *names[] = {"gpt", "llama", "bert", "vit"};
-    return names[a];
-}
+const char *model_arch_name(model_arch a) { return arch_of(a)->name; }
 
 const char *unit_kind_name(unit_kind k) {
     static const char *names[] = {"embedding", "block", "head"};
@@ -84,46 +82,45 @@ static int64_t vit_patches(const model_spec *m) {
 }
 
 int model_tokens(const model_spec *m, int seq) {
-    return m->arch == ARCH_VIT ? (int)vit_patches(m) + 1 : seq;
+    return arch_of(m->arch)->images ? (int)vit_patches(m) + 1 : seq;
 }
 
-/* Parameters of one transformer block. */
+/* Parameters of one norm: a LayerNorm's weight and bias, an RMSNorm's weight. */
+static int64_t norm_params(const model_spec *m) {
+    return arch_of(m->arch)->norm == NORM_RMS ? m->d_model : 2 * (int64_t)m->d_model;
+}
+
+/* Parameters of one transformer block: q, k, v, o (GQA: k and v are n_kv_head wide), the MLP
+ * (SwiGLU: gate, up, down; else fc, proj), two norms, and the biases: on every linear layer
+ * (GPT-2, BERT, ViT), or on q, k and v only (Qwen2's qkv_bias). */
 static int64_t block_params(const model_spec *m) {
+    const arch_desc *a = arch_of(m->arch);
     int64_t d = m->d_model, ff = m->d_ff;
-    int64_t kv = (int64_t)m->n_kv_head * (d / m->n_head);
-    switch (m->arch) {
-    case ARCH_LLAMA: /* q, k, v (biases: Qwen2), o without bias; SwiGLU gate/up/down; two RMSNorm weights */
-        return d * d + 2 * d * kv + (m->qkv_bias ? d + 2 * kv : 0) + d * d + 3 * d * ff + 2 * d;
-    case ARCH_GPT: /* c_attn, c_proj, c_fc, c_proj with biases; two LayerNorms */
-    case ARCH_BERT: /* q, k, v, o, intermediate, output with biases; two LayerNorms */
-    case ARCH_VIT:
-        return 4 * d * d + 4 * d + 2 * d * ff + ff + d + 4 * d;
-    }
-    return 0;
+    int64_t kv = a->gqa ? (int64_t)m->n_kv_head * (d / m->n_head) : d;
+    int64_t attn = d * d + 2 * d * kv + d * d, mlp = (a->mlp == MLP_SWIGLU ? 3 : 2) * d * ff;
+    int64_t bias = a->linear_bias ? d + 2 * kv + d + ff + d : m->qkv_bias ? d + 2 * kv : 0;
+    return attn + mlp + bias + 2 * norm_params(m);
 }
 
 static int64_t embedding_params(const model_spec *m) {
+    const arch_desc *a = arch_of(m->arch);
     int64_t d = m->d_model;
-    switch (m->arch) {
-    case ARCH_GPT: return (int64_t)m->vocab * d + (int64_t)m->max_seq * d; /* wte + wpe */
-    case ARCH_LLAMA: return (int64_t)m->vocab * d;
-    case ARCH_BERT: /* word + position + token type embeddings and their LayerNorm */
-        return ((int64_t)m->vocab + m->max_seq + m->type_vocab) * d + 2 * d;
-    case ARCH_VIT: /* patch projection (conv as matmul) + bias, class token, positions */
+    if (a->images) /* patch projection (conv as matmul) + bias, class token, positions */
         return (int64_t)m->channels * m->patch * m->patch * d + d + d + (vit_patches(m) + 1) * d;
-    }
-    return 0;
+    /* tokens, learned positions (GPT-2's wpe), token types and a LayerNorm (BERT's) */
+    int64_t rows = (int64_t)m->vocab + (a->pos == POS_LEARNED ? m->max_seq : 0) + (a->type_vocab ? m->type_vocab : 0);
+    return rows * d + (a->embed_norm ? norm_params(m) : 0);
 }
 
 static int64_t head_params(const model_spec *m) {
+    const arch_desc *a = arch_of(m->arch);
     int64_t d = m->d_model;
-    switch (m->arch) {
-    case ARCH_GPT: return 2 * d; /* ln_f; lm_head tied to wte */
-    case ARCH_LLAMA: /* final RMSNorm + lm_head, unless tied to the embedding (Llama-3.2) */
-        return d + (m->tied_head ? 0 : (int64_t)m->vocab * d);
-    case ARCH_BERT: /* MLM transform (dense + LayerNorm) and the decoder bias; decoder tied */
-        return d * d + d + 2 * d + m->vocab;
-    case ARCH_VIT: return 2 * d + d * m->n_classes + m->n_classes; /* final LN + classifier */
+    int64_t norm = a->post_ln ? 0 : norm_params(m); /* the final norm of a pre-LN stack */
+    switch (a->head) {
+    case HEAD_LM: return norm + (m->tied_head ? 0 : (int64_t)m->vocab * d); /* lm_head, unless tied */
+    case HEAD_MLM: /* transform (dense + LayerNorm) and the decoder bias; the decoder is tied */
+        return norm + d * d + d + 2 * d + m->vocab;
+    case HEAD_CLASSIFIER: return norm + d * m->n_classes + m->n_classes;
     }
     return 0;
 }
@@ -147,7 +144,8 @@ int model_context(const model_spec *m) {
 }
 
 int model_check_seq(const model_spec *m, int seq, int *out, err_t *err) {
-    if (m->arch == ARCH_VIT) {
+    const arch_desc *a = arch_of(m->arch);
+    if (a->images) {
         if (seq > 0)
             return err_set(err, "model %s takes %dx%d images, --seq does not apply", m->name,
                            m->image, m->image);
@@ -158,7 +156,7 @@ int model_check_seq(const model_spec *m, int seq, int *out, err_t *err) {
     if (seq == 0) seq = m->default_seq;
     /* GPT and BERT have no position beyond their table; Llama's RoPE has no table, but it was
      * trained to max_seq and transformers' own scaling is refused (docs/import.md) */
-    if (seq > m->max_seq && m->arch == ARCH_LLAMA)
+    if (seq > m->max_seq && a->pos == POS_ROPE)
         return err_set(err, "sequence length %d exceeds model %s's context of %d positions (max_seq; "
                        "max_position_embeddings in a Hugging Face config)", seq, m->name, m->max_seq);
     if (seq > m->max_seq)
@@ -180,31 +178,30 @@ static double attention_flops(const model_spec *m, int t) {
     /* QK^T and AV: 2 matmuls of t x t x d, 2 FLOPs per multiply-add. A causal mask lets the
      * flash-style kernel skip the upper triangle, so half the work remains. */
     double full = 4.0 * t * (double)t * m->d_model;
-    bool causal = m->arch == ARCH_GPT || m->arch == ARCH_LLAMA;
-    return causal ? full / 2 : full;
+    return arch_of(m->arch)->causal ? full / 2 : full;
 }
 
 double model_kind_fwd_flops(const model_spec *m, unit_kind k, int seq) {
+    const arch_desc *a = arch_of(m->arch);
     int t = model_tokens(m, seq);
     double d = m->d_model;
     switch (k) {
     case UNIT_BLOCK: {
         double matmul_params = (double)block_params(m) - 4 * d; /* norms are not matmuls */
-        if (m->arch != ARCH_LLAMA) matmul_params -= 4 * d + m->d_ff + d; /* biases */
+        if (a->linear_bias) matmul_params -= 4 * d + m->d_ff + d; /* biases */
         return 2.0 * t * matmul_params + attention_flops(m, t);
     }
     case UNIT_EMBEDDING:
-        if (m->arch == ARCH_VIT)
+        if (a->images)
             return 2.0 * (t - 1) * (double)m->channels * m->patch * m->patch * d;
         return (double)t * d; /* table lookups and the position add */
     case UNIT_HEAD:
-        switch (m->arch) {
-        case ARCH_GPT:
-        case ARCH_LLAMA: /* logits matmul + softmax cross-entropy (~5 FLOPs per logit) */
+        switch (a->head) {
+        case HEAD_LM: /* logits matmul + softmax cross-entropy (~5 FLOPs per logit) */
             return 2.0 * t * d * m->vocab + 5.0 * t * (double)m->vocab;
-        case ARCH_BERT:
+        case HEAD_MLM:
             return 2.0 * t * d * d + 2.0 * t * d * m->vocab + 5.0 * t * (double)m->vocab;
-        case ARCH_VIT: return 2.0 * d * m->n_classes + 5.0 * t * d;
+        case HEAD_CLASSIFIER: return 2.0 * d * m->n_classes + 5.0 * t * d;
         }
     }
     return 0;
@@ -218,7 +215,7 @@ static double block_elems_per_token(const model_spec *m) {
     double d = m->d_model, ff = m->d_ff, h = m->n_head;
     double kv = (double)m->n_kv_head * (m->d_model / m->n_head);
     double saved, transient;
-    if (m->arch == ARCH_LLAMA) {
+    if (arch_of(m->arch)->mlp == MLP_SWIGLU) {
         /* x, norm1 out, q, k, v, rotated q and k, attention out (+ logsumexp), x2, norm2 out,
          * gate, up, silu(gate)*up */
         saved = d + d + d + 2 * kv + d + kv + d + h + d + d + 3 * ff;
@@ -239,10 +236,10 @@ double model_kind_act_bytes(const model_spec *m, unit_kind k, int seq, int elem)
     case UNIT_BLOCK: return (double)t * block_elems_per_token(m) * elem;
     case UNIT_EMBEDDING: return (double)t * 2 * d * elem; /* output and its gradient */
     case UNIT_HEAD:
-        if (m->arch == ARCH_VIT) return (double)t * 2 * d * elem + 2.0 * m->n_classes * 4;
+        if (arch_of(m->arch)->head == HEAD_CLASSIFIER) return (double)t * 2 * d * elem + 2.0 * m->n_classes * 4;
         /* normed input, its gradient, and the logits with their gradient computed in place,
          * kept in fp32 for the loss whatever the precision */
-        return (double)t * ((m->arch == ARCH_BERT ? 4 : 2) * d * elem + 4.0 * m->vocab);
+        return (double)t * ((arch_of(m->arch)->head == HEAD_MLM ? 4 : 2) * d * elem + 4.0 * m->vocab);
     }
     return 0;
 }
@@ -251,7 +248,7 @@ double model_kind_traffic_bytes(const model_spec *m, unit_kind k, int seq, int e
     /* Elementwise kernels read and write each saved activation about twice in the forward. */
     int t = model_tokens(m, seq);
     if (k == UNIT_BLOCK) return 2.0 * t * block_elems_per_token(m) * elem;
-    if (k == UNIT_HEAD && m->arch != ARCH_VIT) return 3.0 * t * 4.0 * m->vocab;
+    if (k == UNIT_HEAD && arch_of(m->arch)->head != HEAD_CLASSIFIER) return 3.0 * t * 4.0 * m->vocab;
     return 4.0 * t * m->d_model * elem;
 }
 
@@ -262,6 +259,7 @@ double model_boundary_bytes(const model_spec *m, int seq, int elem) {
 /* ---- checks and names (the loaders use them; model_resolve.c picks a loader) ---- */
 
 int model_validate(const model_spec *m, err_t *err) {
+    const arch_desc *a = arch_of(m->arch);
     const char *n = m->name;
     if (m->n_layer < 1 || m->n_layer > 4096)
         return err_set(err, "model %s: n_layer %d must be in 1..4096", n, m->n_layer);
@@ -276,12 +274,12 @@ int model_validate(const model_spec *m, err_t *err) {
     char why[256];
     if (!attn_head_dim_ok(m->d_model / m->n_head, why, sizeof why))
         return err_set(err, "model %s: %s", n, why);
-    if (m->arch == ARCH_LLAMA && (m->d_model / m->n_head) % 2)
+    if (a->pos == POS_ROPE && (m->d_model / m->n_head) % 2)
         return err_set(err, "model %s: head size %d must be even for rotary embeddings", n,
                        m->d_model / m->n_head);
     if (m->d_ff < 1 || m->d_ff > 1 << 20)
         return err_set(err, "model %s: d_ff %d must be in 1..1048576", n, m->d_ff);
-    if (m->arch == ARCH_VIT) {
+    if (a->images) {
         if (m->patch < 1 || m->image < m->patch || m->image % m->patch)
             return err_set(err, "model %s: patch %d must divide image %d", n, m->patch, m->image);
         if (m->channels < 1 || m->channels > 64 || m->n_classes < 1 || m->n_classes > 1 << 20)
@@ -300,9 +298,10 @@ int model_validate(const model_spec *m, err_t *err) {
     if (m->rope_theta < 0 || m->norm_eps < 0 || m->norm_eps >= 1)
         return err_set(err, "model %s: rope_theta %g must be positive and norm_eps %g in (0, 1)", n,
                        m->rope_theta, m->norm_eps);
-    if (m->arch != ARCH_LLAMA && (m->rope_scaling != ROPE_PLAIN || m->qkv_bias || m->sliding_window))
+    /* the Llama relatives' fields (docs/import.md) belong to rotary models */
+    if (a->pos != POS_ROPE && (m->rope_scaling != ROPE_PLAIN || m->qkv_bias || m->sliding_window))
         return err_set(err, "model %s: rope_scaling, qkv_bias and sliding_window are Llama-family fields; "
-                       "this is a %s model", n, model_arch_name(m->arch));
+                       "this is a %s model", n, a->name);
     if (m->sliding_window < 0) return err_set(err, "model %s: sliding_window %d must be >= 0", n, m->sliding_window);
     if (m->rope_scaling != ROPE_PLAIN && !(m->rope_factor >= 1))
         return err_set(err, "model %s: rope_scaling factor %g must be >= 1", n, m->rope_factor);
@@ -311,10 +310,10 @@ int model_validate(const model_spec *m, err_t *err) {
         return err_set(err, "model %s: llama3 rope_scaling needs 0 < low_freq_factor (%g) < high_freq_factor "
                        "(%g) and original_max_position_embeddings (%d) > 0", n, m->rope_low_freq,
                        m->rope_high_freq, m->rope_orig_max);
-    if (m->tied_head != (m->arch == ARCH_GPT || m->arch == ARCH_BERT) && m->arch != ARCH_LLAMA)
+    if (m->tied_head != a->tied && !a->tie_choice) /* the architecture's, unless it lets a model choose */
         return err_set(err, "model %s: tied_head %s: only Llama models choose; %s models %s", n,
-                       m->tied_head ? "true" : "false", model_arch_name(m->arch),
-                       m->arch == ARCH_VIT ? "have no token embedding to tie" : "always tie");
+                       m->tied_head ? "true" : "false", a->name,
+                       a->tied ? "always tie" : "have no token embedding to tie");
     if (model_params(m) > (int64_t)1 << 42)
         return err_set(err, "model %s: %.3g parameters is beyond what the planner handles", n,
                        (double)model_params(m));
@@ -352,14 +351,7 @@ void model_rope_inv_freq(const model_spec *m, int hd, float *inv_freq) {
 }
 
 double model_norm_eps(const model_spec *m) {
-    if (m->norm_eps > 0) return m->norm_eps;
-    switch (m->arch) {
-    case ARCH_GPT:
-    case ARCH_LLAMA: return 1e-5;
-    case ARCH_BERT: return 1e-12;
-    case ARCH_VIT: return 1e-6;
-    }
-    return 1e-5;
+    return m->norm_eps > 0 ? m->norm_eps : arch_of(m->arch)->norm_eps;
 }
 
 int model_unknown(const char *name, err_t *err) {

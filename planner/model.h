@@ -12,7 +12,8 @@
 
 #include "common/err.h"
 
-typedef enum { ARCH_GPT, ARCH_LLAMA, ARCH_BERT, ARCH_VIT } model_arch;
+/* What each architecture is, and its name: planner/arch.h's table (a row per value). */
+typedef enum { ARCH_GPT, ARCH_LLAMA, ARCH_BERT, ARCH_VIT, ARCH_COUNT } model_arch;
 typedef enum { UNIT_EMBEDDING, UNIT_BLOCK, UNIT_HEAD } unit_kind;
 /* RoPE frequency scaling of a Hugging Face config's rope_scaling (docs/import.md). */
 typedef enum { ROPE_PLAIN, ROPE_LINEAR, ROPE_LLAMA3 } rope_scaling_kind;
@@ -44,7 +45,7 @@ typedef struct model_spec {
     int sliding_window; /* Mistral's attention window, 0 none: a longer sequence is refused */
 } model_spec;
 
-const char *model_arch_name(model_arch a);
+const char *model_arch_name(model_arch a); /* arch_of(a)->name */
 const char *unit_kind_name(unit_kind k);
 
 /* Built-in models (name list for --help and suggestions). */
@@ -61,6 +62,15 @@ int model_load_hf_config(const char *path, model_spec *out, err_t *err);
  * the model's name (NULL or "": "hf-model"). */
 int model_load_hf_string(const char *src, const char *text, size_t len, const char *name, model_spec *out,
                          err_t *err);
+/* The Hugging Face families config.json is read as and export writes: the class config.json's
+ * "architectures" names, its model_type, the name for people, and our architecture. */
+typedef struct hf_family_desc {
+    const char *hf_class, *model_type, *display;
+    model_arch arch;
+} hf_family_desc;
+/* The family a spec is exported as and was imported from: GPT-2 for gpt; for llama, Qwen2 with
+ * q/k/v biases, Mistral with a sliding window, else Llama. NULL where Hugging Face has none. */
+const hf_family_desc *hf_family_of(const model_spec *m);
 /* The value used for the fields whose 0 means "the architecture's default". */
 double model_rope_theta(const model_spec *m);
 double model_norm_eps(const model_spec *m);

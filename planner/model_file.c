@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "common/yaml_tree.h"
+#include "planner/arch.h"
 #include "planner/model.h"
 
 static const char *const model_keys[] = {
@@ -26,15 +27,10 @@ static const char *const model_keys[] = {
 static int parse_arch(const yctx *c, const ynode *n, model_arch *out) {
     const char *s;
     if (ynode_string(c, n, "arch", &s) < 0) return -1;
-    static const model_arch archs[] = {ARCH_GPT, ARCH_LLAMA, ARCH_BERT, ARCH_VIT};
-    for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++) {
-        if (strcmp(s, model_arch_name(archs[i])) == 0) {
-            *out = archs[i];
-            return 0;
-        }
-    }
-    return err_set(c->err, "%s:%d: arch: unknown architecture '%s' (expected gpt, llama, bert or vit)",
-                   c->file, n->line, s);
+    if (arch_parse(s, out) == 0) return 0;
+    char names[128];
+    arch_names_list(names, sizeof names);
+    return err_set(c->err, "%s:%d: arch: unknown architecture '%s' (expected %s)", c->file, n->line, s, names);
 }
 
 /* Reads an optional integer field into *dst, leaving it unchanged when absent. */
@@ -51,9 +47,9 @@ static int opt_int(const yctx *c, const ynode *map, const char *key, long lo, lo
 static void arch_defaults(model_spec *m, model_arch arch) {
     memset(m, 0, sizeof *m);
     m->arch = arch;
-    m->tied_head = arch == ARCH_GPT || arch == ARCH_BERT;
-    m->type_vocab = arch == ARCH_BERT ? 2 : 0;
-    if (arch == ARCH_VIT) {
+    m->tied_head = arch_of(arch)->tied;
+    m->type_vocab = arch_of(arch)->type_vocab;
+    if (arch_of(arch)->images) {
         m->image = 224;
         m->patch = 14;
         m->channels = 3;
@@ -97,20 +93,18 @@ static int fill_fields(const yctx *c, const ynode *root, model_spec *m) {
  * base, a derived field follows an overridden one when the base used the default relation
  * (n_kv_head = n_head, d_ff = 4 d_model, seq <= max_seq); an explicit value always wins. */
 static int derive_defaults(const yctx *c, const ynode *root, model_spec *m, const model_spec *base) {
+    const arch_desc *a = arch_of(m->arch);
     bool given_kv = ymap_get(root, "n_kv_head"), given_ff = ymap_get(root, "d_ff");
     if (!given_kv && (!base || base->n_kv_head == base->n_head)) m->n_kv_head = m->n_head;
-    if (!given_ff && base && m->arch != ARCH_LLAMA && base->d_ff == 4 * base->d_model) m->d_ff = 4 * m->d_model;
+    if (!given_ff && base && a->mlp != MLP_SWIGLU && base->d_ff == 4 * base->d_model) m->d_ff = 4 * m->d_model;
     if (!m->d_ff) {
-        if (m->arch == ARCH_LLAMA)
-            return err_set(c->err, "%s:%d: missing field 'd_ff' (llama models need the SwiGLU width)",
-                           c->file, root->line);
+        if (a->mlp == MLP_SWIGLU)
+            return err_set(c->err, "%s:%d: missing field 'd_ff' (%s models need the SwiGLU width)",
+                           c->file, root->line, a->name);
         m->d_ff = 4 * m->d_model;
     }
-    if (m->arch != ARCH_VIT && !ymap_get(root, "seq") && (!m->default_seq || m->default_seq > m->max_seq))
+    if (!a->images && !ymap_get(root, "seq") && (!m->default_seq || m->default_seq > m->max_seq))
         m->default_seq = m->max_seq < 1024 ? m->max_seq : 1024;
-    if (m->arch == ARCH_GPT && m->tied_head == false)
-        return err_set(c->err, "%s: tied_head: GPT models tie the head to the token embedding",
-                       c->file);
     return 0;
 }
 
@@ -171,9 +165,10 @@ static int model_from_tree(const yctx *c, const ynode *root, model_spec *m) {
                                c->file, arch->line, arch->str, m->name, model_arch_name(m->arch));
         }
     } else {
+        char names[128];
+        arch_names_list(names, sizeof names);
         if (!arch)
-            return err_set(c->err, "%s:%d: missing field 'arch' (gpt, llama, bert or vit) or 'base'",
-                           c->file, root->line);
+            return err_set(c->err, "%s:%d: missing field 'arch' (%s) or 'base'", c->file, root->line, names);
         model_arch a;
         if (parse_arch(c, arch, &a) < 0) return -1;
         arch_defaults(m, a);

@@ -19,8 +19,22 @@
 #include "common/strutil.h"
 #include "planner/model.h"
 
-/* The Llama family: which relative the config names (its layout is Llama's). */
-typedef enum { HF_LLAMA, HF_MISTRAL, HF_QWEN2 } hf_family;
+/* The families, indexes of hf_families[]: Llama's relatives share its layout and reader. */
+typedef enum { HF_GPT2, HF_LLAMA, HF_MISTRAL, HF_QWEN2, HF_COUNT } hf_family;
+
+static const hf_family_desc hf_families[HF_COUNT] = {
+    [HF_GPT2] = {"GPT2LMHeadModel", "gpt2", "GPT-2", ARCH_GPT},
+    [HF_LLAMA] = {"LlamaForCausalLM", "llama", "Llama", ARCH_LLAMA},
+    [HF_MISTRAL] = {"MistralForCausalLM", "mistral", "Mistral", ARCH_LLAMA},
+    [HF_QWEN2] = {"Qwen2ForCausalLM", "qwen2", "Qwen2", ARCH_LLAMA},
+};
+
+/* The spec's fields tell the relative: Qwen2 has q/k/v biases, Mistral a window. */
+const hf_family_desc *hf_family_of(const model_spec *m) {
+    if (m->arch == ARCH_GPT) return &hf_families[HF_GPT2];
+    if (m->arch != ARCH_LLAMA) return NULL;
+    return &hf_families[m->qkv_bias ? HF_QWEN2 : m->sliding_window ? HF_MISTRAL : HF_LLAMA];
+}
 
 typedef struct hf_ctx {
     json_ctx c;
@@ -81,7 +95,6 @@ static int gpt2_spec(const hf_ctx *h, model_spec *m) {
                              *const layer[] = {"n_layer", NULL}, *const pos[] = {"n_positions", "n_ctx", NULL},
                              *const vocab[] = {"vocab_size", NULL}, *const inner[] = {"n_inner", NULL};
     static const char *const acts[] = {"gelu_new", "gelu_pytorch_tanh", NULL};
-    m->arch = ARCH_GPT;
     m->tied_head = true;
     bool tied;
     if (hf_int(h, embd, -1, 1, 1 << 17, &m->d_model) < 0 || hf_int(h, head, -1, 1, 1 << 14, &m->n_head) < 0 ||
@@ -158,7 +171,6 @@ static int llama_spec(const hf_ctx *h, model_spec *m) {
                              *const pos[] = {"max_position_embeddings", NULL}, *const vocab[] = {"vocab_size", NULL},
                              *const hdim[] = {"head_dim", NULL};
     static const char *const acts[] = {"silu", NULL};
-    m->arch = ARCH_LLAMA;
     if (hf_int(h, hidden, -1, 1, 1 << 17, &m->d_model) < 0 || hf_int(h, ff, -1, 1, 1 << 20, &m->d_ff) < 0 ||
         hf_int(h, heads, -1, 1, 1 << 14, &m->n_head) < 0 ||
         hf_int(h, kv, m->n_head, 1, 1 << 14, &m->n_kv_head) < 0 ||
@@ -182,8 +194,12 @@ static int llama_spec(const hf_ctx *h, model_spec *m) {
     return 0;
 }
 
-/* Which architecture: the first of "architectures", else "model_type". */
-static int hf_arch(hf_ctx *h, model_arch *out) {
+typedef int (*hf_spec_fn)(const hf_ctx *h, model_spec *m);
+
+/* Which architecture: the first of "architectures", else "model_type"; and the reader of its
+ * fields. The rows are the Hugging Face names each importable architecture (planner/arch.h's
+ * hf) answers to. */
+static int hf_arch(hf_ctx *h, model_arch *out, hf_spec_fn *spec) {
     const cJSON *a = json_get(h->root, "architectures"), *t = json_get(h->root, "model_type");
     const char *name = NULL;
     if (cJSON_IsArray(a) && cJSON_GetArraySize(a) > 0 && cJSON_IsString(cJSON_GetArrayItem(a, 0)))
@@ -193,21 +209,17 @@ static int hf_arch(hf_ctx *h, model_arch *out) {
     if (!name)
         return err_set(h->c.err, "%s: neither 'architectures' nor 'model_type' says which model this is",
                        h->c.file);
-    static const struct {
-        const char *arch, *type;
-        model_arch a;
-        hf_family f;
-    } known[] = {{"GPT2LMHeadModel", "gpt2", ARCH_GPT, HF_LLAMA},
-                 {"LlamaForCausalLM", "llama", ARCH_LLAMA, HF_LLAMA},
-                 {"MistralForCausalLM", "mistral", ARCH_LLAMA, HF_MISTRAL},
-                 {"Qwen2ForCausalLM", "qwen2", ARCH_LLAMA, HF_QWEN2}};
-    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
-        if (!strcmp(name, known[i].arch) || !strcmp(name, known[i].type)) {
-            *out = known[i].a, h->family = known[i].f;
+    static const hf_spec_fn reader[HF_COUNT] = {gpt2_spec, llama_spec, llama_spec, llama_spec};
+    char supported[256] = "";
+    for (int f = 0; f < HF_COUNT; f++) {
+        if (!strcmp(name, hf_families[f].hf_class) || !strcmp(name, hf_families[f].model_type)) {
+            *out = hf_families[f].arch, h->family = (hf_family)f, *spec = reader[f];
             return 0;
         }
-    return err_set(h->c.err, "%s: architecture '%s' cannot be imported (supported: GPT2LMHeadModel, "
-                   "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)", h->c.file, name);
+        size_t used = strlen(supported);
+        snprintf(supported + used, sizeof supported - used, "%s%s", f ? ", " : "", hf_families[f].hf_class);
+    }
+    return err_set(h->c.err, "%s: architecture '%s' cannot be imported (supported: %s)", h->c.file, name, supported);
 }
 
 /* The model's name: its directory's (".../TinyLlama-1.1B/config.json" -> "TinyLlama-1.1B"), as the
@@ -230,8 +242,9 @@ static int hf_name(const char *path, model_spec *m, err_t *err) {
 static int hf_spec(const char *src, const cJSON *root, model_spec *m, err_t *err) {
     hf_ctx h = {{src, err}, root, HF_LLAMA};
     memset(m, 0, sizeof *m);
-    int rc = json_expect_object(&h.c, root, "config") < 0 || hf_arch(&h, &m->arch) < 0 ? -1 : 0;
-    if (rc == 0) rc = m->arch == ARCH_GPT ? gpt2_spec(&h, m) : llama_spec(&h, m);
+    hf_spec_fn spec = NULL;
+    int rc = json_expect_object(&h.c, root, "config") < 0 || hf_arch(&h, &m->arch, &spec) < 0 ? -1 : 0;
+    if (rc == 0) rc = spec(&h, m);
     if (rc < 0) return -1;
     m->default_seq = m->max_seq < 1024 ? m->max_seq : 1024;
     if (m->sliding_window > 0 && m->default_seq > m->sliding_window) m->default_seq = m->sliding_window; /* fits */

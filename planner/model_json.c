@@ -4,9 +4,8 @@
 #include <string.h>
 
 #include "common/strutil.h"
+#include "planner/arch.h"
 #include "planner/model_json.h"
-
-static const char *const ARCH_NAMES[] = {"gpt", "llama", "bert", "vit", NULL};
 
 #define SPEC_INTS(m)                                                                          \
     {"n_layer", &(m)->n_layer}, {"d_model", &(m)->d_model}, {"n_head", &(m)->n_head},        \
@@ -16,6 +15,17 @@ static const char *const ARCH_NAMES[] = {"gpt", "llama", "bert", "vit", NULL};
         {"channels", &(m)->channels}, {                                                      \
         "n_classes", &(m)->n_classes                                                         \
     }
+
+/* "arch": one of the table's names (planner/arch.h), in its order. */
+static int json_arch(const json_ctx *c, const cJSON *item, const char *path, model_arch *out) {
+    const char *names[ARCH_COUNT + 1];
+    for (int i = 0; i < ARCH_COUNT; i++) names[i] = arch_of((model_arch)i)->name;
+    names[ARCH_COUNT] = NULL;
+    int i;
+    if (json_enum(c, item, path, names, &i) < 0) return -1;
+    *out = (model_arch)i;
+    return 0;
+}
 
 typedef struct spec_int {
     const char *key;
@@ -27,7 +37,7 @@ cJSON *model_to_json(const model_spec *m) {
     spec_int ints[] = {SPEC_INTS(&copy)};
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "name", m->name);
-    cJSON_AddStringToObject(o, "arch", ARCH_NAMES[m->arch]);
+    cJSON_AddStringToObject(o, "arch", arch_of(m->arch)->name);
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
         cJSON_AddNumberToObject(o, ints[i].key, *ints[i].v);
     cJSON_AddBoolToObject(o, "tied_head", m->tied_head);
@@ -86,14 +96,12 @@ int model_from_json(const json_ctx *c, const cJSON *o, const char *path, model_s
     memset(m, 0, sizeof *m);
     const cJSON *item;
     const char *name;
-    int arch;
     char at[160];
     if (json_expect_object(c, o, path) < 0 || json_require(c, o, path, "name", &item) < 0 ||
         json_string(c, item, path, &name) < 0 || json_require(c, o, path, "arch", &item) < 0 ||
-        json_enum(c, item, path, ARCH_NAMES, &arch) < 0)
+        json_arch(c, item, path, &m->arch) < 0)
         return -1;
     if (str_fmt(m->name, sizeof m->name, c->err, "the model name", "%s", name) < 0) return err_prefix(c->err, "%s: %s: name", c->file, path);
-    m->arch = (model_arch)arch;
     spec_int ints[] = {SPEC_INTS(m)};
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
         long v;

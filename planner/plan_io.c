@@ -9,6 +9,7 @@
 #include "common/log.h"
 #include "common/strutil.h"
 #include "common/version.h"
+#include "planner/arch.h"
 #include "planner/engine_mem.h"
 #include "planner/model_json.h"
 #include "planner/plan.h"
@@ -38,9 +39,10 @@ static const char *cost_source(const cost_model *cm) {
 
 static void print_header(const plan *p, FILE *f) {
     const cost_model *cm = p->cm;
+    bool images = arch_of(cm->model->arch)->images; /* no --seq: the tokens of an image */
     fprintf(f, "%s plan: %s (%.4g M params), batch %d, %s %d, %s, %d devices on %d nodes; costs: %s\n",
             strategy_name(p->strat), cm->model->name, cm->params / 1e6, cm->batch,
-            cm->model->arch == ARCH_VIT ? "tokens" : "seq", cm->model->arch == ARCH_VIT ? cm->tokens : cm->seq,
+            images ? "tokens" : "seq", images ? cm->tokens : cm->seq,
             precision_name(cm->opts.prec), cm->cl->n_devices, cm->cl->n_nodes, cost_source(cm));
 }
 

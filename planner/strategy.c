@@ -18,6 +18,7 @@
 #include "common/env.h"
 #include "common/log.h"
 #include "common/strutil.h"
+#include "planner/arch.h"
 #include "planner/optimize.h"
 #include "planner/plan.h"
 #include "planner/state_split.h"
@@ -320,7 +321,7 @@ static const char *fit_hint(const cost_model *cm, char *buf, size_t n) {
     char shrink[64];
     const char *items[3];
     int k = 0;
-    if (cm->model->arch == ARCH_VIT)
+    if (arch_of(cm->model->arch)->images)
         snprintf(shrink, sizeof shrink, "a model file with image: below %d", cm->model->image), items[k++] = shrink;
     else if (cm->seq > 1)
         items[k++] = "shorter --seq";

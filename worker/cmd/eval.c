@@ -19,6 +19,7 @@
 #include "common/strutil.h"
 #include "common/worker_cmd.h"
 #include "model/eval.h"
+#include "planner/arch.h"
 #include "state/ckpt.h"
 #include "state/ckpt_resume.h"
 #include "state/mtok.h"
@@ -166,7 +167,7 @@ static int eval_config(eval_cmd *o, train_config *c, err_t *err) {
         if (o->seq) seq = (int)o->seq;
         if (model_check_seq(&c->model, seq, &c->seq, err) < 0)
             return err_prefix(err, o->seq || !seq ? "--seq" : "the checkpoint's training seq (give --seq)");
-        if (c->model.arch == ARCH_VIT) c->seq = 0;
+        if (arch_of(c->model.arch)->images) c->seq = 0;
         c->global_batch = c->batch = c->micro = (int)(o->micro ? o->micro : 8);
         c->micros = 1;
     }

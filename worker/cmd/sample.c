@@ -23,6 +23,7 @@
 #include "formats/tokenizer.h"
 #include "model/import.h"
 #include "model/sample.h"
+#include "planner/arch.h"
 #include "state/export.h"
 #include "state/mtok.h"
 
@@ -167,11 +168,11 @@ static int load_model(const sample_args *a, gen *g, err_t *err) {
         hf_import_close(imp);
         if (rc < 0) return -1;
     }
-    if (g->m.arch != ARCH_GPT && g->m.arch != ARCH_LLAMA)
+    if (!arch_of(g->m.arch)->causal)
         return err_set(err, "%s: sample generates text with causal language models (GPT-2, Llama); "
                             "this model is a %s (%s)",
                        a->checkpoint ? a->checkpoint : a->init_from, model_arch_name(g->m.arch),
-                       g->m.arch == ARCH_BERT ? "bidirectional, trained to fill in masked tokens"
+                       arch_of(g->m.arch)->task == TASK_MLM ? "bidirectional, trained to fill in masked tokens"
                                               : "an image classifier");
     return 0;
 }

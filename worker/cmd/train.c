@@ -31,6 +31,7 @@
 #include "model/eval.h"
 #include "model/import.h"
 #include "model/train.h"
+#include "planner/arch.h"
 #include "state/ckpt.h"
 #include "state/ckpt_resume.h"
 #include "state/dump.h"
@@ -451,7 +452,7 @@ static int resolve_job(worker_opts *o) {
             return args_bad_cmd(WORKER_NAME, "%s: %s", from_hf ? "--init-from" : "--model", err.msg);
         int seq;
         if (model_check_seq(&c->model, (int)o->seq, &seq, &err) < 0) return args_bad_cmd(WORKER_NAME, "--seq: %s", err.msg);
-        c->seq = c->model.arch == ARCH_VIT ? 0 : seq;
+        c->seq = arch_of(c->model.arch)->images ? 0 : seq;
         long m = o->micro ? o->micro : o->batch;
         if (o->batch % m) return args_bad_cmd(WORKER_NAME, "--batch %ld is not a multiple of --microbatch %ld", o->batch, m);
         c->global_batch = c->batch = (int)o->batch;
@@ -556,7 +557,7 @@ static void log_step(FILE *f, const trainer *t, const step_stats *st) {
 /* The loss above which training has diverged: twice that of guessing uniformly among the
  * model's outputs, where a fresh model starts (docs/worker.md). */
 static double divergence_bound(const model_spec *m) {
-    int outputs = m->arch == ARCH_VIT ? m->n_classes : m->vocab;
+    int outputs = arch_of(m->arch)->images ? m->n_classes : m->vocab;
     return 2 * log(outputs > 1 ? outputs : 2);
 }
 

@@ -28,8 +28,11 @@
 #include "common/err.h"
 #include "common/outputs.h"
 #include "formats/tokenizer.h"
+#include "planner/arch.h"
 
 typedef enum { DATA_CLM, DATA_MLM } data_task;
+/* The task a token model's data is cut for: its architecture's (planner/arch.h's task). */
+static inline data_task data_task_of(arch_task t) { return t == TASK_MLM ? DATA_MLM : DATA_CLM; }
 
 typedef struct data_source data_source;
 

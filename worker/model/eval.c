@@ -15,6 +15,7 @@
 #include "common/worker_cmd.h"
 #include "model/eval.h"
 #include "model/fsdp.h"
+#include "planner/arch.h"
 
 struct evaluator {
     data_source *data;
@@ -31,10 +32,10 @@ const data_source *eval_source(const evaluator *ev) { return ev->data; }
 static int open_source(const trainer *t, const char *spec, data_source **out, err_t *err) {
     const model_spec *m = &t->cfg.model;
     bool synthetic = !strcmp(spec, "synthetic");
-    if (m->arch == ARCH_VIT)
+    if (arch_of(m->arch)->images)
         return synthetic ? data_open_synthetic_images(out, m->channels, m->image, m->n_classes, EVAL_SEED, err)
                          : data_open_images(out, spec, m->channels, m->image, m->n_classes, EVAL_SEED, err);
-    data_task task = m->arch == ARCH_BERT ? DATA_MLM : DATA_CLM;
+    data_task task = data_task_of(arch_of(m->arch)->task);
     return synthetic ? data_open_synthetic_tokens(out, t->cfg.seq, m->vocab, task, EVAL_SEED, err)
                      : data_open_tokens(out, spec, DATA_VALIDATION, t->cfg.seq, m->vocab, task, EVAL_SEED, err);
 }
@@ -44,7 +45,7 @@ static int open_source(const trainer *t, const char *spec, data_source **out, er
 static int put_sample(const evaluator *ev, trainer *t, int64_t s, int i, double *targets, err_t *err) {
     const model_spec *m = &t->cfg.model;
     t->row_scale[i] = 1;
-    if (m->arch == ARCH_VIT) {
+    if (arch_of(m->arch)->images) {
         int64_t img = (int64_t)m->channels * m->image * m->image;
         if (s < 0) {
             memset(t->img_host + i * img, 0, (size_t)img * sizeof(float));

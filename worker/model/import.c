@@ -28,6 +28,7 @@
 #include "model/import.h"
 #include "model/weights.h"
 #include "model/wmodel.h"
+#include "planner/arch.h"
 #include "planner/model_json.h"
 
 /* Rows [row0, row0 + rows) of one of our tensors come from Hugging Face tensor `hf`, which is
@@ -128,9 +129,7 @@ static int llama_pieces(const hf_import *imp, int unit, const wm_tensor *t, piec
 }
 
 /* The architecture config.json names, as far as the spec tells (messages). */
-static const char *hf_family_name(const model_spec *m) {
-    return m->arch == ARCH_GPT ? "GPT-2" : m->qkv_bias ? "Qwen2" : m->sliding_window ? "Mistral" : "Llama";
-}
+static const char *hf_family_name(const model_spec *m) { return hf_family_of(m)->display; }
 
 static int pieces_of(const hf_import *imp, int unit, const wm_tensor *t, piece *p) {
     return imp->m->arch == ARCH_GPT ? gpt2_pieces(imp, unit, t, p) : llama_pieces(imp, unit, t, p);
@@ -397,7 +396,7 @@ static int check_all(hf_import *imp, err_t *err) {
 
 int hf_import_open(hf_import **out, const char *dir, const model_spec *m, bool allow_unused, err_t *err) {
     *out = NULL;
-    if (m->arch != ARCH_GPT && m->arch != ARCH_LLAMA)
+    if (!arch_of(m->arch)->hf)
         return err_set(err, "%s: import reads GPT-2 and Llama models; this is a %s model", dir, model_arch_name(m->arch));
     hf_import *imp = xcalloc(1, sizeof *imp);
     imp->m = m;
@@ -452,7 +451,7 @@ int hf_import_check_model(const char *dir, const model_spec *m, err_t *err) {
     cfg.default_seq = want.default_seq;
     model_spec *both[] = {&cfg, &want};
     for (int i = 0; i < 2; i++) {
-        both[i]->rope_theta = both[i]->arch == ARCH_LLAMA ? model_rope_theta(both[i]) : 0;
+        both[i]->rope_theta = arch_of(both[i]->arch)->pos == POS_ROPE ? model_rope_theta(both[i]) : 0;
         both[i]->norm_eps = model_norm_eps(both[i]);
     }
     cJSON *a = model_to_json(&cfg), *b = model_to_json(&want);

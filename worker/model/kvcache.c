@@ -13,6 +13,7 @@
 #include "common/log.h"
 #include "model/sample.h"
 #include "model/wmodel.h"
+#include "planner/arch.h"
 #include "planner/engine_mem.h"
 
 #define OP(d, name, ...) ((d)->ops->name((d), __VA_ARGS__))
@@ -50,14 +51,14 @@ static const float *param(const sampler *s, int unit, const char *name) {
 
 int sampler_new(sampler **out, device *d, const model_spec *m, float *const *host_units, int ctx,
                 int rows, err_t *err) {
-    CHECK(m->arch == ARCH_GPT || m->arch == ARCH_LLAMA);
+    CHECK(arch_of(m->arch)->causal);
     CHECK(ctx >= 1 && rows >= 1 && rows <= ctx);
     sampler *s = xcalloc(1, sizeof *s);
     s->d = d, s->m = *m, s->ctx = ctx, s->rows = rows;
     s->hd = m->d_model / m->n_head;
     s->kvw = m->n_kv_head * s->hd;
     s->qw = engine_qkv_width(m);
-    if (m->arch == ARCH_LLAMA) {
+    if (arch_of(m->arch)->pos == POS_ROPE) {
         s->inv_freq = xmalloc((size_t)(s->hd / 2) * sizeof(float));
         model_rope_inv_freq(m, s->hd, s->inv_freq);
     }
@@ -68,7 +69,7 @@ int sampler_new(sampler **out, device *d, const model_spec *m, float *const *hos
     s->k = xcalloc((size_t)L, sizeof *s->k);
     s->v = xcalloc((size_t)L, sizeof *s->v);
     int64_t D = m->d_model, ff = m->d_ff;
-    bool llama = m->arch == ARCH_LLAMA;
+    bool swiglu = arch_of(m->arch)->mlp == MLP_SWIGLU;
     struct {
         float **dst;
         int64_t n;
@@ -77,7 +78,7 @@ int sampler_new(sampler **out, device *d, const model_spec *m, float *const *hos
         {&s->x, rows * D, "residual"},       {&s->h, rows * D, "norm output"},
         {&s->att, rows * D, "attention output"}, {&s->tmp, rows * D, "projection"},
         {&s->qkv, rows * (int64_t)s->qw, "q|k|v"}, {&s->fc, rows * ff, "MLP hidden"},
-        {&s->up, llama ? rows * ff : 0, "MLP up"}, {&s->act, rows * ff, "MLP activation"},
+        {&s->up, swiglu ? rows * ff : 0, "MLP up"}, {&s->act, rows * ff, "MLP activation"},
         {&s->mean, rows, "norm mean"},      {&s->rstd, rows, "norm rstd"},
         {&s->logits, m->vocab, "logits"},
     };
@@ -181,47 +182,59 @@ static void llama_block(sampler *s, int unit, int n, int pos0) {
     OP(d, axpy, s->x, 1.0f, s->tmp, nd);
 }
 
-/* x[n, D] = the new tokens' embeddings (GPT: plus their positions' rows of wpe). */
-static void embed(sampler *s, int n, int pos0) {
+/* x[n, D] = the new tokens' embeddings: GPT-2's plus their positions' rows of wpe, Llama's
+ * alone. */
+static void gpt_embed(sampler *s, int n, int pos0) {
     const int unit = 0;
     device *d = s->d;
     int D = s->m.d_model;
-    if (s->m.arch == ARCH_GPT) {
-        OP(d, embed_fwd, s->x, W("wte"), s->ids, n, D);
-        OP(d, add_bias, s->x, W("wpe") + (int64_t)pos0 * D, 1, n * D);
-    } else {
-        OP(d, embed_fwd, s->x, W("tokens"), s->ids, n, D);
-    }
+    OP(d, embed_fwd, s->x, W("wte"), s->ids, n, D);
+    OP(d, add_bias, s->x, W("wpe") + (int64_t)pos0 * D, 1, n * D);
 }
 
-/* logits[V] of the last new row: final norm, then the vocabulary projection (tied or not). */
+static void llama_embed(sampler *s, int n, int pos0) {
+    const int unit = 0;
+    (void)pos0; /* RoPE rotates in the blocks */
+    OP(s->d, embed_fwd, s->x, W("tokens"), s->ids, n, s->m.d_model);
+}
+
+/* h = the final norm of the last row; returns the vocabulary projection's weight (tied or not). */
+static const float *gpt_head_norm(sampler *s, const float *last) {
+    const int unit = s->m.n_layer + 1;
+    OP(s->d, layernorm_fwd, s->h, s->mean, s->rstd, last, W("ln_f.weight"), W("ln_f.bias"), 1,
+       s->m.d_model, wm_norm_eps(&s->m));
+    return param(s, 0, "wte");
+}
+
+static const float *llama_head_norm(sampler *s, const float *last) {
+    const int unit = s->m.n_layer + 1;
+    OP(s->d, rmsnorm_fwd, s->h, s->rstd, last, W("norm.weight"), 1, s->m.d_model, wm_norm_eps(&s->m));
+    return s->m.tied_head ? param(s, 0, "tokens") : W("lm_head.weight");
+}
+
+/* The generating architectures' code (planner/arch.h's causal ones), indexed by model_arch. */
+static const struct {
+    void (*embed)(sampler *s, int n, int pos0);
+    void (*block)(sampler *s, int unit, int n, int pos0);
+    const float *(*head_norm)(sampler *s, const float *last);
+} gen_ops[ARCH_COUNT] = {
+    [ARCH_GPT] = {gpt_embed, gpt_block, gpt_head_norm},
+    [ARCH_LLAMA] = {llama_embed, llama_block, llama_head_norm},
+};
+
+/* logits[V] of the last new row: final norm, then the vocabulary projection. */
 static void head_last(sampler *s, int n, float *logits) {
-    device *d = s->d;
-    const model_spec *m = &s->m;
-    const int unit = m->n_layer + 1;
-    int D = m->d_model, V = m->vocab;
-    const float *last = s->x + (int64_t)(n - 1) * D, *w;
-    float eps = wm_norm_eps(m);
-    if (m->arch == ARCH_GPT) {
-        OP(d, layernorm_fwd, s->h, s->mean, s->rstd, last, W("ln_f.weight"), W("ln_f.bias"), 1, D,
-           eps);
-        w = param(s, 0, "wte");
-    } else {
-        OP(d, rmsnorm_fwd, s->h, s->rstd, last, W("norm.weight"), 1, D, eps);
-        w = m->tied_head ? param(s, 0, "tokens") : W("lm_head.weight");
-    }
-    linear(d, s->logits, s->h, w, NULL, 1, D, V);
-    dev_download(d, logits, s->logits, (size_t)V * sizeof(float));
+    int D = s->m.d_model, V = s->m.vocab;
+    const float *w = gen_ops[s->m.arch].head_norm(s, s->x + (int64_t)(n - 1) * D);
+    linear(s->d, s->logits, s->h, w, NULL, 1, D, V);
+    dev_download(s->d, logits, s->logits, (size_t)V * sizeof(float));
 }
 
 void sampler_forward(sampler *s, const int32_t *ids, int n, int pos0, float *logits) {
     CHECK(n >= 1 && n <= s->rows && pos0 >= 0 && pos0 + n <= s->ctx);
     dev_set_context(s->d, "sampling at position %d", pos0);
     dev_upload(s->d, s->ids, ids, (size_t)n * sizeof(int32_t));
-    embed(s, n, pos0);
-    for (int l = 0; l < s->m.n_layer; l++) {
-        if (s->m.arch == ARCH_GPT) gpt_block(s, l + 1, n, pos0);
-        else llama_block(s, l + 1, n, pos0);
-    }
+    gen_ops[s->m.arch].embed(s, n, pos0);
+    for (int l = 0; l < s->m.n_layer; l++) gen_ops[s->m.arch].block(s, l + 1, n, pos0);
     head_last(s, n, logits);
 }

@@ -19,6 +19,7 @@
 #include "model/fsdp.h"
 #include "model/import.h"
 #include "model/train.h"
+#include "planner/arch.h"
 #include "planner/engine_mem.h"
 
 #define OP(d, name, ...) ((d)->ops->name((d), __VA_ARGS__))
@@ -75,12 +76,12 @@ static int open_data(trainer *t, err_t *err) {
     const train_config *c = &t->cfg;
     const model_spec *m = &c->model;
     bool synthetic = !strcmp(c->data, "synthetic");
-    if (m->arch == ARCH_VIT)
+    if (arch_of(m->arch)->images)
         return synthetic ? data_open_synthetic_images(&t->data, m->channels, m->image,
                                                       m->n_classes, c->seed, err)
                          : data_open_images(&t->data, c->data, m->channels, m->image,
                                             m->n_classes, c->seed, err);
-    data_task task = m->arch == ARCH_BERT ? DATA_MLM : DATA_CLM;
+    data_task task = data_task_of(arch_of(m->arch)->task);
     return synthetic ? data_open_synthetic_tokens(&t->data, c->seq, m->vocab, task, c->seed, err)
                      : data_open_tokens(&t->data, c->data, DATA_TRAIN, c->seq, m->vocab, task, c->seed, err);
 }
@@ -231,7 +232,7 @@ static int alloc_buffers(trainer *t, err_t *err) {
     t->pool_mark = t->dev.ops->event_new(&t->dev);
     DEV_ALLOC(t->ids_dev, rows * 4, "token ids");
     DEV_ALLOC(t->tgt_dev, rows * 4, "targets");
-    int64_t img = m->arch == ARCH_VIT ? (int64_t)m->channels * m->image * m->image : 0;
+    int64_t img = arch_of(m->arch)->images ? (int64_t)m->channels * m->image * m->image : 0;
     if (img) DEV_ALLOC(t->img_dev, mb * img * 4, "images");
     DEV_ALLOC(t->sums, ENGINE_STEP_SUMS * sizeof(double), "the step's loss and gradient norm");
     t->ids_host = host_array(t, l * rows, sizeof(int32_t));
@@ -356,7 +357,7 @@ static int load_samples(trainer *t, err_t *err) {
     const train_config *c = &t->cfg;
     const model_spec *m = &c->model;
     int T = t->tokens;
-    int64_t img = m->arch == ARCH_VIT ? (int64_t)m->channels * m->image * m->image : 0;
+    int64_t img = arch_of(m->arch)->images ? (int64_t)m->channels * m->image * m->image : 0;
     int64_t masked_targets = 0;
     bool masked = !img && data_has_loss_mask(t->data);
     if (masked && global_targets(t, &masked_targets, err) < 0) return -1;
@@ -393,7 +394,7 @@ static void stage_microbatch(trainer *t, int j, wm_batch *b, bool upload) {
     *b = (wm_batch){.m = mb, .T = T, .ids = t->ids_dev, .targets = t->tgt_dev,
                     .images = t->img_dev, .row_scale = t->row_scale + (int64_t)j * mb};
     if (!upload) return;
-    if (m->arch == ARCH_VIT) {
+    if (arch_of(m->arch)->images) {
         int64_t img = (int64_t)m->channels * m->image * m->image;
         d->ops->copy_async(d, t->img_dev, t->img_host + j * mb * img, (size_t)(mb * img) * 4,
                            COPY_H2D, DEV_STREAM_COMPUTE);
@@ -510,7 +511,7 @@ static void head_microbatches(trainer *t, mb_range r, const float *p, float *g, 
                               float *gemb, bool train) {
     const model_spec *m = &t->cfg.model;
     int head = t->n_units - 1, nb = t->nbuf;
-    int64_t per_mb = m->arch == ARCH_VIT ? (int64_t)t->cfg.micro * m->n_classes
+    int64_t per_mb = arch_of(m->arch)->images ? (int64_t)t->cfg.micro * m->n_classes
                                          : (int64_t)t->cfg.micro * t->tokens * m->vocab;
     pool_barrier(t);
     if (r.j0 < r.j1) ring_fetch(t, &t->ax, r.j0 % nb, boundary_of(t, head - 1, r.j0));

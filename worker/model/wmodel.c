@@ -8,6 +8,7 @@
 
 #include "common/log.h"
 #include "model/wmodel.h"
+#include "planner/arch.h"
 #include "planner/engine_mem.h"
 
 #define OP(d, name, ...) ((d)->ops->name((d), __VA_ARGS__))
@@ -84,7 +85,7 @@ static int alloc_sets(device *d, const model_spec *m, const engine_workspace *p,
 wm_acts *wm_acts_new(device *d, const model_spec *m, int max_m, int seq, recompute_mode recompute,
                      int kept, precision prec, err_t *err) {
     engine_workspace p = engine_workspace_floats(m, max_m, seq);
-    bool llama = m->arch == ARCH_LLAMA;
+    bool rope = arch_of(m->arch)->pos == POS_ROPE, swiglu = arch_of(m->arch)->mlp == MLP_SWIGLU;
     wm_acts *a = xcalloc(1, sizeof *a);
     a->max_m = max_m;
     a->T = model_tokens(m, seq);
@@ -93,7 +94,7 @@ wm_acts *wm_acts_new(device *d, const model_spec *m, int max_m, int seq, recompu
     a->seq = seq;
     a->act16 = engine_acts16(prec) ? prec : PREC_FP32;
     a->work_mask = engine_acts16_work_mask(m, recompute, prec);
-    if (llama) {
+    if (rope) {
         a->inv_freq = xmalloc((size_t)(m->d_model / m->n_head / 2) * sizeof(float));
         model_rope_inv_freq(m, m->d_model / m->n_head, a->inv_freq);
     }
@@ -107,7 +108,7 @@ wm_acts *wm_acts_new(device *d, const model_spec *m, int max_m, int seq, recompu
         {&a->dqkv, p.nq, "q|k|v gradient"},
         {&a->datt, p.nd, "attention gradient"}, {&a->dx2, p.nd, "residual gradient"},
         {&a->dln, p.nd, "norm gradient"}, {&a->dact, p.nf, "MLP activation gradient"},
-        {&a->dfc, p.nf, "MLP hidden gradient"}, {&a->dup, llama ? p.nf : 0, "MLP up gradient"},
+        {&a->dfc, p.nf, "MLP hidden gradient"}, {&a->dup, swiglu ? p.nf : 0, "MLP up gradient"},
         {&a->logits, p.nlogits, "logits"}, {&a->losses, p.nloss, "row losses"},
         {&a->rows, p.nrows, "class-token rows"},
     };
@@ -229,7 +230,7 @@ static void preln_fwd(device *d, const model_spec *m, int unit, const float *par
                       int T, const float *x, float *y, wm_acts *a) {
     int N = mb * T, D = m->d_model, ff = m->d_ff;
     float eps = wm_norm_eps(m);
-    bool tanh_gelu = m->arch == ARCH_GPT;
+    bool tanh_gelu = arch_of(m->arch)->mlp == MLP_GELU_TANH;
     int64_t nd = (int64_t)N * D, nf = (int64_t)N * ff;
     OP(d, layernorm_fwd, a->ln1, a->mean1, a->rstd1, x, W("ln_1.weight"), W("ln_1.bias"), N, D,
        eps);
@@ -252,7 +253,7 @@ static void preln_bwd(device *d, const model_spec *m, int unit, const float *par
                       float *dparams, int mb, int T, const float *x, const float *dy, float *dx,
                       wm_acts *a) {
     int N = mb * T, D = m->d_model, ff = m->d_ff;
-    bool tanh_gelu = m->arch == ARCH_GPT;
+    bool tanh_gelu = arch_of(m->arch)->mlp == MLP_GELU_TANH;
     int64_t nd = (int64_t)N * D, nf = (int64_t)N * ff;
     linear_bwd(d, a->dact, false, DW("mlp.proj.weight"), DW("mlp.proj.bias"), dy, a->act,
                W("mlp.proj.weight"), N, ff, D);
@@ -409,8 +410,9 @@ static void vit_embed_fwd(device *d, const model_spec *m, int unit, const float 
     OP(d, add_bias, y, W("pos"), b->m, T * D);
 }
 
-static void vit_embed_bwd(device *d, const model_spec *m, int unit, float *dparams,
+static void vit_embed_bwd(device *d, const model_spec *m, int unit, const float *params, float *dparams,
                           const wm_batch *b, const float *dy, wm_acts *a) {
+    (void)params;
     int D = m->d_model, P = vit_patches(m), K = patch_dim(m), T = P + 1;
     float *dpe = a->dln; /* [m*P, D] gathered patch-row gradients */
     for (int s = 0; s < b->m; s++)
@@ -423,80 +425,55 @@ static void vit_embed_bwd(device *d, const model_spec *m, int unit, float *dpara
     OP(d, bias_grad, DW("pos"), dy, b->m, T * D);
 }
 
-static void embed_fwd(device *d, const model_spec *m, int unit, const float *params,
-                      const wm_batch *b, float *y, wm_acts *a) {
+/* GPT-2: token rows + learned positions. */
+static void gpt_embed_fwd(device *d, const model_spec *m, int unit, const float *params,
+                          const wm_batch *b, float *y, wm_acts *a) {
     int D = m->d_model, T = b->T, N = b->m * T;
-    switch (m->arch) {
-    case ARCH_GPT:
-        OP(d, embed_fwd, y, W("wte"), b->ids, N, D);
-        OP(d, add_bias, y, W("wpe"), b->m, T * D);
-        break;
-    case ARCH_LLAMA: OP(d, embed_fwd, y, W("tokens"), b->ids, N, D); break;
-    case ARCH_BERT: /* e = word + position + token_type[0] (kept in x2), y = LN(e) */
-        OP(d, embed_fwd, a->x2, W("word"), b->ids, N, D);
-        OP(d, add_bias, a->x2, W("position"), b->m, T * D);
-        OP(d, add_bias, a->x2, W("token_type"), N, D);
-        OP(d, layernorm_fwd, y, a->mean1, a->rstd1, a->x2, W("ln.weight"), W("ln.bias"), N, D,
-           wm_norm_eps(m));
-        break;
-    case ARCH_VIT: vit_embed_fwd(d, m, unit, params, b, y, a); break;
-    }
+    OP(d, embed_fwd, y, W("wte"), b->ids, N, D);
+    OP(d, add_bias, y, W("wpe"), b->m, T * D);
 }
 
-static void embed_bwd(device *d, const model_spec *m, int unit, const float *params,
-                      float *dparams, const wm_batch *b, const float *dy, wm_acts *a) {
+static void gpt_embed_bwd(device *d, const model_spec *m, int unit, const float *params,
+                          float *dparams, const wm_batch *b, const float *dy, wm_acts *a) {
     int D = m->d_model, T = b->T, N = b->m * T;
-    switch (m->arch) {
-    case ARCH_GPT:
-        OP(d, embed_bwd, DW("wte"), dy, b->ids, N, D);
-        OP(d, bias_grad, DW("wpe"), dy, b->m, T * D);
-        break;
-    case ARCH_LLAMA: OP(d, embed_bwd, DW("tokens"), dy, b->ids, N, D); break;
-    case ARCH_BERT: {
-        float *de = a->dln;
-        dev_zero(d, de, (int64_t)N * D);
-        OP(d, layernorm_bwd, de, DW("ln.weight"), DW("ln.bias"), dy, a->x2, a->mean1, a->rstd1,
-           W("ln.weight"), N, D);
-        OP(d, embed_bwd, DW("word"), de, b->ids, N, D);
-        OP(d, bias_grad, DW("position"), de, b->m, T * D);
-        OP(d, bias_grad, DW("token_type"), de, N, D);
-        break;
-    }
-    case ARCH_VIT: vit_embed_bwd(d, m, unit, dparams, b, dy, a); break;
-    }
+    (void)params;
+    OP(d, embed_bwd, DW("wte"), dy, b->ids, N, D);
+    OP(d, bias_grad, DW("wpe"), dy, b->m, T * D);
 }
 
-/* ---- public: units ---- */
-
-void wm_unit_forward(device *d, const model_spec *m, int unit, const float *params,
-                     const wm_batch *b, const float *x, float *y, wm_acts *a) {
-    CHECK(b->m <= a->max_m && b->T == a->T);
-    switch (model_unit_kind(m, unit)) {
-    case UNIT_EMBEDDING: embed_fwd(d, m, unit, params, b, y, a); break;
-    case UNIT_BLOCK:
-        if (m->arch == ARCH_LLAMA) llama_fwd(d, m, unit, params, b->m, b->T, x, y, a);
-        else if (m->arch == ARCH_BERT) postln_fwd(d, m, unit, params, b->m, b->T, x, y, a);
-        else preln_fwd(d, m, unit, params, b->m, b->T, x, y, a);
-        break;
-    case UNIT_HEAD: CHECK(!"the head runs through wm_head_step"); break;
-    }
-    move16(d, m, a, b->m, true);
+/* Llama: token rows only (RoPE rotates q and k in the blocks). */
+static void llama_embed_fwd(device *d, const model_spec *m, int unit, const float *params,
+                            const wm_batch *b, float *y, wm_acts *a) {
+    OP(d, embed_fwd, y, W("tokens"), b->ids, b->m * b->T, m->d_model);
 }
 
-void wm_unit_backward(device *d, const model_spec *m, int unit, const float *params,
-                      float *dparams, const wm_batch *b, const float *x, const float *dy,
-                      float *dx, wm_acts *a) {
-    move16(d, m, a, b->m, false);
-    switch (model_unit_kind(m, unit)) {
-    case UNIT_EMBEDDING: embed_bwd(d, m, unit, params, dparams, b, dy, a); break;
-    case UNIT_BLOCK:
-        if (m->arch == ARCH_LLAMA) llama_bwd(d, m, unit, params, dparams, b->m, b->T, x, dy, dx, a);
-        else if (m->arch == ARCH_BERT)
-            postln_bwd(d, m, unit, params, dparams, b->m, b->T, x, dy, dx, a);
-        else preln_bwd(d, m, unit, params, dparams, b->m, b->T, x, dy, dx, a);
-        break;
-    case UNIT_HEAD: CHECK(!"the head runs through wm_head_step"); break;
-    }
+static void llama_embed_bwd(device *d, const model_spec *m, int unit, const float *params,
+                            float *dparams, const wm_batch *b, const float *dy, wm_acts *a) {
+    (void)params;
+    OP(d, embed_bwd, DW("tokens"), dy, b->ids, b->m * b->T, m->d_model);
+}
+
+/* BERT: e = word + position + token_type[0] (kept in x2), y = LN(e). */
+static void bert_embed_fwd(device *d, const model_spec *m, int unit, const float *params,
+                           const wm_batch *b, float *y, wm_acts *a) {
+    int D = m->d_model, T = b->T, N = b->m * T;
+    OP(d, embed_fwd, a->x2, W("word"), b->ids, N, D);
+    OP(d, add_bias, a->x2, W("position"), b->m, T * D);
+    OP(d, add_bias, a->x2, W("token_type"), N, D);
+    OP(d, layernorm_fwd, y, a->mean1, a->rstd1, a->x2, W("ln.weight"), W("ln.bias"), N, D,
+       wm_norm_eps(m));
+}
+
+static void bert_embed_bwd(device *d, const model_spec *m, int unit, const float *params,
+                           float *dparams, const wm_batch *b, const float *dy, wm_acts *a) {
+    int D = m->d_model, T = b->T, N = b->m * T;
+    float *de = a->dln;
+    dev_zero(d, de, (int64_t)N * D);
+    OP(d, layernorm_bwd, de, DW("ln.weight"), DW("ln.bias"), dy, a->x2, a->mean1, a->rstd1,
+       W("ln.weight"), N, D);
+    OP(d, embed_bwd, DW("word"), de, b->ids, N, D);
+    OP(d, bias_grad, DW("position"), de, b->m, T * D);
+    OP(d, bias_grad, DW("token_type"), de, N, D);
 }
 
 /* ---- the head ---- */
@@ -538,8 +515,9 @@ static void vocab_loss(device *d, const model_spec *m, const float *h, const flo
 }
 
 static void vit_head(device *d, const model_spec *m, const float *params, float *dparams,
-                     const wm_batch *b, const float *x, float *dx, wm_acts *a, double *loss_sum,
-                     float *logits_out) {
+                     const float *tied, float *dtied, const wm_batch *b, const float *x, float *dx,
+                     wm_acts *a, double *loss_sum, float *logits_out) {
+    (void)tied, (void)dtied; /* a classifier has no token embedding to tie */
     const int unit = m->n_layer + 1;
     int D = m->d_model, T = b->T, K = m->n_classes, mb = b->m;
     float *c = a->rows, *y = a->ln1, *dy = a->dln, *dc = a->dx2;
@@ -563,58 +541,129 @@ static void vit_head(device *d, const model_spec *m, const float *params, float 
     OP(d, copy2d, dx, T * D, dc, D, mb, D);
 }
 
-void wm_head_step(device *d, const model_spec *m, const float *params, float *dparams,
-                  const float *tied, float *dtied, const wm_batch *b, const float *x, float *dx,
-                  wm_acts *a, double *loss_sum, float *logits_out) {
+/* GPT-2: ln_f, then the logits against the tied token embedding wte. */
+static void gpt_head(device *d, const model_spec *m, const float *params, float *dparams,
+                     const float *tied, float *dtied, const wm_batch *b, const float *x, float *dx,
+                     wm_acts *a, double *loss_sum, float *logits_out) {
     const int unit = m->n_layer + 1;
     int D = m->d_model, N = b->m * b->T;
     int64_t nd = (int64_t)N * D;
     float eps = wm_norm_eps(m);
-    switch (m->arch) {
-    case ARCH_GPT: {
-        const float *wte = tensor(a, UNIT_EMBEDDING, (float *)tied, "wte");
-        float *dwte = tensor(a, UNIT_EMBEDDING, dtied, "wte");
-        OP(d, layernorm_fwd, a->ln1, a->mean1, a->rstd1, x, W("ln_f.weight"), W("ln_f.bias"), N,
-           D, eps);
-        r16(d, a, a->ln1, nd);
-        vocab_loss(d, m, a->ln1, wte, NULL, a->dln, dwte, NULL, b, a, loss_sum, logits_out);
-        dev_zero(d, dx, nd);
-        OP(d, layernorm_bwd, dx, DW("ln_f.weight"), DW("ln_f.bias"), a->dln, x, a->mean1,
-           a->rstd1, W("ln_f.weight"), N, D);
-        break;
+    const float *wte = tensor(a, UNIT_EMBEDDING, (float *)tied, "wte");
+    float *dwte = tensor(a, UNIT_EMBEDDING, dtied, "wte");
+    OP(d, layernorm_fwd, a->ln1, a->mean1, a->rstd1, x, W("ln_f.weight"), W("ln_f.bias"), N,
+       D, eps);
+    r16(d, a, a->ln1, nd);
+    vocab_loss(d, m, a->ln1, wte, NULL, a->dln, dwte, NULL, b, a, loss_sum, logits_out);
+    dev_zero(d, dx, nd);
+    OP(d, layernorm_bwd, dx, DW("ln_f.weight"), DW("ln_f.bias"), a->dln, x, a->mean1,
+       a->rstd1, W("ln_f.weight"), N, D);
+}
+
+/* Llama: RMSNorm, then lm_head; a tied head (Llama-3.2 style) multiplies by the token embedding. */
+static void llama_head(device *d, const model_spec *m, const float *params, float *dparams,
+                       const float *tied, float *dtied, const wm_batch *b, const float *x, float *dx,
+                       wm_acts *a, double *loss_sum, float *logits_out) {
+    const int unit = m->n_layer + 1;
+    int D = m->d_model, N = b->m * b->T;
+    int64_t nd = (int64_t)N * D;
+    float eps = wm_norm_eps(m);
+    const float *wo = m->tied_head ? tensor(a, UNIT_EMBEDDING, (float *)tied, "tokens") : W("lm_head.weight");
+    float *dwo = m->tied_head ? tensor(a, UNIT_EMBEDDING, dtied, "tokens") : DW("lm_head.weight");
+    OP(d, rmsnorm_fwd, a->ln1, a->rstd1, x, W("norm.weight"), N, D, eps);
+    r16(d, a, a->ln1, nd);
+    vocab_loss(d, m, a->ln1, wo, NULL, a->dln, dwo, NULL, b, a, loss_sum, logits_out);
+    dev_zero(d, dx, nd);
+    OP(d, rmsnorm_bwd, dx, DW("norm.weight"), a->dln, x, a->rstd1, W("norm.weight"), N, D);
+}
+
+/* BERT's MLM head: t = transform x (fc), g = gelu t (act), h = LN g (ln1), then the logits
+ * against the tied word embedding, with the decoder's bias. */
+static void bert_head(device *d, const model_spec *m, const float *params, float *dparams,
+                      const float *tied, float *dtied, const wm_batch *b, const float *x, float *dx,
+                      wm_acts *a, double *loss_sum, float *logits_out) {
+    const int unit = m->n_layer + 1;
+    int D = m->d_model, N = b->m * b->T;
+    int64_t nd = (int64_t)N * D;
+    float eps = wm_norm_eps(m);
+    const float *word = tensor(a, UNIT_EMBEDDING, (float *)tied, "word");
+    float *dword = tensor(a, UNIT_EMBEDDING, dtied, "word");
+    linear_fwd(d, a->fc, x, W("transform.weight"), W("transform.bias"), N, D, D);
+    r16(d, a, a->fc, nd);
+    OP(d, gelu_fwd, a->act, a->fc, nd, false);
+    r16(d, a, a->act, nd);
+    OP(d, layernorm_fwd, a->ln1, a->mean1, a->rstd1, a->act, W("ln.weight"), W("ln.bias"), N,
+       D, eps);
+    r16(d, a, a->ln1, nd);
+    vocab_loss(d, m, a->ln1, word, W("decoder.bias"), a->dln, dword, DW("decoder.bias"), b,
+               a, loss_sum, logits_out);
+    dev_zero(d, a->dact, nd);
+    OP(d, layernorm_bwd, a->dact, DW("ln.weight"), DW("ln.bias"), a->dln, a->act, a->mean1,
+       a->rstd1, W("ln.weight"), N, D);
+    r16(d, a, a->dact, nd);
+    OP(d, gelu_bwd, a->dfc, a->fc, a->dact, nd, false);
+    r16(d, a, a->dfc, nd);
+    linear_bwd(d, dx, false, DW("transform.weight"), DW("transform.bias"), a->dfc, x,
+               W("transform.weight"), N, D, D);
+}
+
+/* ---- the architectures' code: one row each, indexed by model_arch ---- */
+
+/* What differs per architecture in the forward and backward; the rest (attention, the vocabulary
+ * loss, the 16-bit copies) is shared. A new architecture is a row here, its layout in
+ * wmodel_layout.c and its row in planner/arch.c (docs/development.md). */
+typedef struct wm_arch_ops {
+    void (*embed_fwd)(device *d, const model_spec *m, int unit, const float *params, const wm_batch *b,
+                      float *y, wm_acts *a);
+    void (*embed_bwd)(device *d, const model_spec *m, int unit, const float *params, float *dparams,
+                      const wm_batch *b, const float *dy, wm_acts *a);
+    void (*block_fwd)(device *d, const model_spec *m, int unit, const float *params, int mb, int T,
+                      const float *x, float *y, wm_acts *a);
+    void (*block_bwd)(device *d, const model_spec *m, int unit, const float *params, float *dparams,
+                      int mb, int T, const float *x, const float *dy, float *dx, wm_acts *a);
+    void (*head)(device *d, const model_spec *m, const float *params, float *dparams, const float *tied,
+                 float *dtied, const wm_batch *b, const float *x, float *dx, wm_acts *a, double *loss_sum,
+                 float *logits_out);
+} wm_arch_ops;
+
+static const wm_arch_ops arch_ops[ARCH_COUNT] = {
+    [ARCH_GPT] = {gpt_embed_fwd, gpt_embed_bwd, preln_fwd, preln_bwd, gpt_head},
+    [ARCH_LLAMA] = {llama_embed_fwd, llama_embed_bwd, llama_fwd, llama_bwd, llama_head},
+    [ARCH_BERT] = {bert_embed_fwd, bert_embed_bwd, postln_fwd, postln_bwd, bert_head},
+    [ARCH_VIT] = {vit_embed_fwd, vit_embed_bwd, preln_fwd, preln_bwd, vit_head},
+};
+
+static const wm_arch_ops *ops_of(const model_spec *m) {
+    CHECK((unsigned)m->arch < ARCH_COUNT && arch_ops[m->arch].head); /* every architecture has a row */
+    return &arch_ops[m->arch];
+}
+
+void wm_head_step(device *d, const model_spec *m, const float *params, float *dparams,
+                  const float *tied, float *dtied, const wm_batch *b, const float *x, float *dx,
+                  wm_acts *a, double *loss_sum, float *logits_out) {
+    ops_of(m)->head(d, m, params, dparams, tied, dtied, b, x, dx, a, loss_sum, logits_out);
+}
+
+/* ---- public: units ---- */
+
+void wm_unit_forward(device *d, const model_spec *m, int unit, const float *params,
+                     const wm_batch *b, const float *x, float *y, wm_acts *a) {
+    CHECK(b->m <= a->max_m && b->T == a->T);
+    switch (model_unit_kind(m, unit)) {
+    case UNIT_EMBEDDING: ops_of(m)->embed_fwd(d, m, unit, params, b, y, a); break;
+    case UNIT_BLOCK: ops_of(m)->block_fwd(d, m, unit, params, b->m, b->T, x, y, a); break;
+    case UNIT_HEAD: CHECK(!"the head runs through wm_head_step"); break;
     }
-    case ARCH_LLAMA: { /* a tied head (Llama-3.2 style) multiplies by the token embedding */
-        const float *wo = m->tied_head ? tensor(a, UNIT_EMBEDDING, (float *)tied, "tokens") : W("lm_head.weight");
-        float *dwo = m->tied_head ? tensor(a, UNIT_EMBEDDING, dtied, "tokens") : DW("lm_head.weight");
-        OP(d, rmsnorm_fwd, a->ln1, a->rstd1, x, W("norm.weight"), N, D, eps);
-        r16(d, a, a->ln1, nd);
-        vocab_loss(d, m, a->ln1, wo, NULL, a->dln, dwo, NULL, b, a, loss_sum, logits_out);
-        dev_zero(d, dx, nd);
-        OP(d, rmsnorm_bwd, dx, DW("norm.weight"), a->dln, x, a->rstd1, W("norm.weight"), N, D);
-        break;
-    }
-    case ARCH_BERT: { /* t = transform x (fc), g = gelu t (act), h = LN g (ln1) */
-        const float *word = tensor(a, UNIT_EMBEDDING, (float *)tied, "word");
-        float *dword = tensor(a, UNIT_EMBEDDING, dtied, "word");
-        linear_fwd(d, a->fc, x, W("transform.weight"), W("transform.bias"), N, D, D);
-        r16(d, a, a->fc, nd);
-        OP(d, gelu_fwd, a->act, a->fc, nd, false);
-        r16(d, a, a->act, nd);
-        OP(d, layernorm_fwd, a->ln1, a->mean1, a->rstd1, a->act, W("ln.weight"), W("ln.bias"), N,
-           D, eps);
-        r16(d, a, a->ln1, nd);
-        vocab_loss(d, m, a->ln1, word, W("decoder.bias"), a->dln, dword, DW("decoder.bias"), b,
-                   a, loss_sum, logits_out);
-        dev_zero(d, a->dact, nd);
-        OP(d, layernorm_bwd, a->dact, DW("ln.weight"), DW("ln.bias"), a->dln, a->act, a->mean1,
-           a->rstd1, W("ln.weight"), N, D);
-        r16(d, a, a->dact, nd);
-        OP(d, gelu_bwd, a->dfc, a->fc, a->dact, nd, false);
-        r16(d, a, a->dfc, nd);
-        linear_bwd(d, dx, false, DW("transform.weight"), DW("transform.bias"), a->dfc, x,
-                   W("transform.weight"), N, D, D);
-        break;
-    }
-    case ARCH_VIT: vit_head(d, m, params, dparams, b, x, dx, a, loss_sum, logits_out); break;
+    move16(d, m, a, b->m, true);
+}
+
+void wm_unit_backward(device *d, const model_spec *m, int unit, const float *params,
+                      float *dparams, const wm_batch *b, const float *x, const float *dy,
+                      float *dx, wm_acts *a) {
+    move16(d, m, a, b->m, false);
+    switch (model_unit_kind(m, unit)) {
+    case UNIT_EMBEDDING: ops_of(m)->embed_bwd(d, m, unit, params, dparams, b, dy, a); break;
+    case UNIT_BLOCK: ops_of(m)->block_bwd(d, m, unit, params, dparams, b->m, b->T, x, dy, dx, a); break;
+    case UNIT_HEAD: CHECK(!"the head runs through wm_head_step"); break;
     }
 }

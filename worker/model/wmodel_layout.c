@@ -6,6 +6,7 @@
 
 #include "common/log.h"
 #include "model/wmodel.h"
+#include "planner/arch.h"
 
 typedef struct layout {
     wm_tensor *t;
@@ -61,41 +62,30 @@ static int64_t vit_patches(const model_spec *m) {
     return side * side;
 }
 
-static void embedding_layout(const model_spec *m, layout *l) {
-    int64_t d = m->d_model;
-    switch (m->arch) {
-    case ARCH_GPT:
-        matrix(l, "wte", m->vocab, d, STD);
-        matrix(l, "wpe", m->max_seq, d, STD);
-        break;
-    case ARCH_LLAMA: matrix(l, "tokens", m->vocab, d, STD); break;
-    case ARCH_BERT:
-        matrix(l, "word", m->vocab, d, STD);
-        matrix(l, "position", m->max_seq, d, STD);
-        matrix(l, "token_type", m->type_vocab, d, STD);
-        layernorm(l, "ln", d);
-        break;
-    case ARCH_VIT:
-        linear(l, "patch", d, (int64_t)m->channels * m->patch * m->patch, STD, true);
-        add(l, "cls", d, 0, INIT_NORMAL, STD);
-        matrix(l, "pos", vit_patches(m) + 1, d, STD);
-        break;
-    }
+/* GPT-2: wte, wpe | the pre-LN block | ln_f (the head is tied to wte). */
+static void gpt_embedding_layout(const model_spec *m, layout *l) {
+    matrix(l, "wte", m->vocab, m->d_model, STD);
+    matrix(l, "wpe", m->max_seq, m->d_model, STD);
 }
+
+static void gpt_head_layout(const model_spec *m, layout *l) { layernorm(l, "ln_f", m->d_model); }
 
 /* Pre-LN block of GPT-2 and ViT; post-LN block of BERT (same tensors, different order of use). */
 static void ln_block_layout(const model_spec *m, layout *l) {
     int64_t d = m->d_model, ff = m->d_ff;
-    bool bert = m->arch == ARCH_BERT;
-    if (!bert) layernorm(l, "ln_1", d);
+    bool post = arch_of(m->arch)->post_ln;
+    if (!post) layernorm(l, "ln_1", d);
     linear(l, "attn.qkv", 3 * d, d, STD, true);
     linear(l, "attn.proj", d, d, resid_std(m), true);
-    if (bert) layernorm(l, "ln_1", d);
-    if (!bert) layernorm(l, "ln_2", d);
+    if (post) layernorm(l, "ln_1", d);
+    if (!post) layernorm(l, "ln_2", d);
     linear(l, "mlp.fc", ff, d, STD, true);
     linear(l, "mlp.proj", d, ff, resid_std(m), true);
-    if (bert) layernorm(l, "ln_2", d);
+    if (post) layernorm(l, "ln_2", d);
 }
+
+/* Llama: tokens | RMSNorm, GQA q|k|v, o, SwiGLU | norm, lm_head unless tied. */
+static void llama_embedding_layout(const model_spec *m, layout *l) { matrix(l, "tokens", m->vocab, m->d_model, STD); }
 
 static void llama_block_layout(const model_spec *m, layout *l) {
     int64_t d = m->d_model, ff = m->d_ff, hd = d / m->n_head;
@@ -109,36 +99,54 @@ static void llama_block_layout(const model_spec *m, layout *l) {
     matrix(l, "mlp.down.weight", d, ff, resid_std(m));
 }
 
-static void head_layout(const model_spec *m, layout *l) {
-    int64_t d = m->d_model;
-    switch (m->arch) {
-    case ARCH_GPT: layernorm(l, "ln_f", d); break;
-    case ARCH_LLAMA:
-        vec(l, "norm.weight", d, INIT_ONES);
-        if (!m->tied_head) matrix(l, "lm_head.weight", m->vocab, d, STD); /* else: tokens */
-        break;
-    case ARCH_BERT:
-        linear(l, "transform", d, d, STD, true);
-        layernorm(l, "ln", d);
-        vec(l, "decoder.bias", m->vocab, INIT_ZEROS);
-        break;
-    case ARCH_VIT:
-        layernorm(l, "ln", d);
-        linear(l, "classifier", m->n_classes, d, STD, true);
-        break;
-    }
+static void llama_head_layout(const model_spec *m, layout *l) {
+    vec(l, "norm.weight", m->d_model, INIT_ONES);
+    if (!m->tied_head) matrix(l, "lm_head.weight", m->vocab, m->d_model, STD); /* else: tokens */
 }
+
+/* BERT: word, position, token_type, ln | the post-LN block | the MLM transform, ln, decoder
+ * bias (the decoder is tied to word). */
+static void bert_embedding_layout(const model_spec *m, layout *l) {
+    int64_t d = m->d_model;
+    matrix(l, "word", m->vocab, d, STD);
+    matrix(l, "position", m->max_seq, d, STD);
+    matrix(l, "token_type", m->type_vocab, d, STD);
+    layernorm(l, "ln", d);
+}
+
+static void bert_head_layout(const model_spec *m, layout *l) {
+    linear(l, "transform", m->d_model, m->d_model, STD, true);
+    layernorm(l, "ln", m->d_model);
+    vec(l, "decoder.bias", m->vocab, INIT_ZEROS);
+}
+
+/* ViT: the patch projection, cls, pos | the pre-LN block | ln, classifier. */
+static void vit_embedding_layout(const model_spec *m, layout *l) {
+    int64_t d = m->d_model;
+    linear(l, "patch", d, (int64_t)m->channels * m->patch * m->patch, STD, true);
+    add(l, "cls", d, 0, INIT_NORMAL, STD);
+    matrix(l, "pos", vit_patches(m) + 1, d, STD);
+}
+
+static void vit_head_layout(const model_spec *m, layout *l) {
+    layernorm(l, "ln", m->d_model);
+    linear(l, "classifier", m->n_classes, m->d_model, STD, true);
+}
+
+/* Each architecture's tensors, unit kind by unit kind (indexed by unit_kind); with wmodel.c's
+ * code and planner/arch.c's row, what an architecture is. */
+typedef void (*layout_fn)(const model_spec *m, layout *l);
+static const layout_fn layouts[ARCH_COUNT][3] = {
+    [ARCH_GPT] = {gpt_embedding_layout, ln_block_layout, gpt_head_layout},
+    [ARCH_LLAMA] = {llama_embedding_layout, llama_block_layout, llama_head_layout},
+    [ARCH_BERT] = {bert_embedding_layout, ln_block_layout, bert_head_layout},
+    [ARCH_VIT] = {vit_embedding_layout, ln_block_layout, vit_head_layout},
+};
 
 int wm_unit_tensors(const model_spec *m, int unit, wm_tensor *out) {
     layout l = {out, 0, 0};
-    switch (model_unit_kind(m, unit)) {
-    case UNIT_EMBEDDING: embedding_layout(m, &l); break;
-    case UNIT_BLOCK:
-        if (m->arch == ARCH_LLAMA) llama_block_layout(m, &l);
-        else ln_block_layout(m, &l);
-        break;
-    case UNIT_HEAD: head_layout(m, &l); break;
-    }
+    CHECK((unsigned)m->arch < ARCH_COUNT && layouts[m->arch][UNIT_HEAD]);
+    layouts[m->arch][model_unit_kind(m, unit)](m, &l);
     CHECK(l.off == model_unit_params(m, unit)); /* the planner and the worker agree */
     return l.n;
 }
@@ -176,7 +184,7 @@ void wm_init_range(const model_spec *m, int unit, uint64_t seed, int64_t lo, int
     }
 }
 
-bool wm_is_causal(const model_spec *m) { return m->arch == ARCH_GPT || m->arch == ARCH_LLAMA; }
+bool wm_is_causal(const model_spec *m) { return arch_of(m->arch)->causal; }
 
 float wm_norm_eps(const model_spec *m) { return (float)model_norm_eps(m); }
 

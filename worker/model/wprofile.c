@@ -16,6 +16,7 @@
 #include "common/strutil.h"
 #include "devices/device.h"
 #include "model/wmodel.h"
+#include "planner/arch.h"
 #include "planner/engine_mem.h"
 #include "planner/model.h"
 #include "planner/profile_store.h"
@@ -70,7 +71,7 @@ static void down(prof_ctx *c, void *dst, const void *src, size_t bytes) {
 
 static void upload_inputs(prof_ctx *c, bool targets) {
     int64_t rows = (int64_t)c->mb * c->T;
-    if (c->m->arch == ARCH_VIT) {
+    if (arch_of(c->m->arch)->images) {
         int64_t img = (int64_t)c->m->channels * c->m->image * c->m->image;
         up(c, c->img, c->himg, (size_t)(c->mb * img) * 4);
         if (targets) up(c, c->tgt, c->htgt, (size_t)c->mb * 4);
@@ -294,7 +295,7 @@ static bool alloc_buffers(prof_ctx *c, int mb, err_t *err) {
     c->ids = dalloc(c, rows * 4, "token ids", &ok);
     c->tgt = dalloc(c, rows * 4, "targets", &ok);
     c->sums = dalloc(c, ENGINE_STEP_SUMS * sizeof(double), "the step's sums", &ok);
-    if (m->arch == ARCH_VIT)
+    if (arch_of(m->arch)->images)
         c->img = dalloc(c, mb * (int64_t)m->channels * m->image * m->image * 4, "images", &ok);
     if (!ok) {
         if (!c->acts || c->dev.err.msg[0]) *err = c->dev.err;
@@ -303,7 +304,7 @@ static bool alloc_buffers(prof_ctx *c, int mb, err_t *err) {
     /* host side: the offload pool's entries and the step's samples, from host_alloc like the
      * trainer's (page-locked on CUDA), so that the copies measured are the asynchronous ones
      * training does (copy_async needs such memory: device.h) */
-    int64_t img = m->arch == ARCH_VIT ? (int64_t)m->channels * m->image * m->image : 0;
+    int64_t img = arch_of(m->arch)->images ? (int64_t)m->channels * m->image * m->image : 0;
     c->hx = halloc(c, c->act_bytes, &ok), c->hy = halloc(c, c->act_bytes, &ok);
     c->hdy = halloc(c, c->act_bytes, &ok), c->hdx = halloc(c, c->act_bytes, &ok);
     c->hids = halloc(c, (size_t)rows * 4, &ok), c->htgt = halloc(c, (size_t)rows * 4, &ok);
@@ -320,7 +321,7 @@ static bool alloc_buffers(prof_ctx *c, int mb, err_t *err) {
         c->hx[i] = (float)((double)(r >> 11) / 9007199254740992.0 - 0.5);
         c->hdy[i] = c->hx[i] * 1e-3f;
     }
-    int classes = m->arch == ARCH_VIT ? m->n_classes : m->vocab;
+    int classes = arch_of(m->arch)->images ? m->n_classes : m->vocab;
     for (int64_t i = 0; i < rows; i++) {
         r ^= r << 13, r ^= r >> 7, r ^= r << 17;
         c->hids[i] = (int32_t)(r % (uint64_t)(m->vocab > 0 ? m->vocab : 1));
@@ -441,7 +442,7 @@ static int sweep(prof_ctx *c, const wprof_opts *o, profile_entry *e, int K, err_
 int wprof_compute(const wprof_opts *o, const model_spec *mspec, int seq, err_t *err) {
     model_spec model = *mspec;
     bool cuda = !strcmp(o->device, "cuda");
-    prof_ctx c = {.m = &model, .seq = model.arch == ARCH_VIT ? 0 : seq, .cuda = cuda, .copies = !cuda,
+    prof_ctx c = {.m = &model, .seq = arch_of(model.arch)->images ? 0 : seq, .cuda = cuda, .copies = !cuda,
                   .min_ms = o->min_ms, .min_reps = 3, .n_units = model_n_units(&model)};
     c.T = model_tokens(&model, c.seq);
     if (device_open(&c.dev, o->device, 0, (int)o->threads, (int)o->gpu, o->memory, err) < 0) return -1;

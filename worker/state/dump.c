@@ -9,6 +9,7 @@
 #include "common/log.h"
 #include "common/strutil.h"
 #include "formats/safetensors.h"
+#include "planner/arch.h"
 #include "planner/model_json.h"
 #include "state/ckpt.h"
 #include "state/dump.h"
@@ -74,7 +75,7 @@ static int save_params(trainer *t, const dumper *dp, const char *file, err_t *er
 
 static int64_t logits_floats(const trainer *t) {
     const model_spec *m = &t->cfg.model;
-    return m->arch == ARCH_VIT ? (int64_t)t->cfg.batch * m->n_classes
+    return arch_of(m->arch)->images ? (int64_t)t->cfg.batch * m->n_classes
                                : (int64_t)t->cfg.batch * t->tokens * m->vocab;
 }
 
@@ -114,7 +115,7 @@ static int save_step0(dumper *dp, trainer *t, double loss, double loss_scale, er
     st_writer *w = st_writer_new();
     float **bufs = xcalloc((size_t)t->n_units, sizeof(float *));
     float loss32 = (float)loss;
-    if (m->arch == ARCH_VIT)
+    if (arch_of(m->arch)->images)
         st_writer_add(w, "logits", ST_F32, 2, (int64_t[]){t->cfg.batch, m->n_classes}, dp->logits);
     else
         st_writer_add(w, "logits", ST_F32, 3, (int64_t[]){t->cfg.batch, t->tokens, m->vocab},
@@ -140,7 +141,7 @@ int dump_after_step(dumper *dp, trainer *t, double loss, double loss_scale, err_
     }
     int64_t B = t->cfg.batch, k = dp->steps++;
     dp->inputs[k] = NULL, dp->images[k] = NULL;
-    if (m->arch == ARCH_VIT) {
+    if (arch_of(m->arch)->images) {
         int64_t img = B * m->channels * m->image * m->image;
         dp->images[k] = xmalloc((size_t)img * sizeof(float));
         memcpy(dp->images[k], t->img_host, (size_t)img * sizeof(float));
@@ -165,7 +166,7 @@ static int save_batches(dumper *dp, trainer *t, err_t *err) {
     st_writer *w = st_writer_new();
     for (int64_t k = 0; k < dp->steps; k++) {
         char a[64], b[64];
-        if (m->arch == ARCH_VIT) {
+        if (arch_of(m->arch)->images) {
             snprintf(a, sizeof a, "step%lld.images", (long long)k);
             snprintf(b, sizeof b, "step%lld.labels", (long long)k);
             st_writer_add(w, a, ST_F32, 4,

@@ -24,6 +24,7 @@
 #include "formats/tokenizer.h"
 #include "model/weights.h"
 #include "model/wmodel.h"
+#include "planner/arch.h"
 #include "planner/model_json.h"
 #include "state/ckpt.h"
 #include "state/export.h"
@@ -158,15 +159,10 @@ static const char *torch_dtype(st_dtype d) { return d == ST_BF16 ? "bfloat16" : 
 static cJSON *hf_config(const model_spec *m, st_dtype dtype, int32_t bos, int32_t eos) {
     cJSON *o = cJSON_CreateObject();
     bool gpt = m->arch == ARCH_GPT;
-    /* the Llama relative the spec's fields make it: Qwen2 has q/k/v biases, Mistral a window */
-    const char *type = gpt ? "gpt2" : m->qkv_bias ? "qwen2" : m->sliding_window ? "mistral" : "llama";
-    const char *name = gpt              ? "GPT2LMHeadModel"
-                       : m->qkv_bias    ? "Qwen2ForCausalLM"
-                       : m->sliding_window ? "MistralForCausalLM"
-                                        : "LlamaForCausalLM";
+    const hf_family_desc *fam = hf_family_of(m); /* the Llama relative the spec's fields make it */
     cJSON *arch = cJSON_AddArrayToObject(o, "architectures");
-    cJSON_AddItemToArray(arch, cJSON_CreateString(name));
-    cJSON_AddStringToObject(o, "model_type", type);
+    cJSON_AddItemToArray(arch, cJSON_CreateString(fam->hf_class));
+    cJSON_AddStringToObject(o, "model_type", fam->model_type);
     cJSON_AddNumberToObject(o, "vocab_size", m->vocab);
     cJSON_AddStringToObject(o, "torch_dtype", torch_dtype(dtype));
     /* the tokenizer's special tokens; null without a tokenizer, since the config classes'
@@ -436,7 +432,7 @@ int export_hf(const char *checkpoint, const char *dir, const export_opts *o, boo
     tok *t = NULL;
     int rc = ckpt_dir_resolve(checkpoint, path, sizeof path, err);
     if (rc == 0) rc = load(&x, &m, path, err);
-    if (rc == 0 && m.arch != ARCH_GPT && m.arch != ARCH_LLAMA)
+    if (rc == 0 && !arch_of(m.arch)->hf)
         rc = err_set(err, "%s: export writes GPT-2 and Llama layouts; this checkpoint is a %s",
                      checkpoint, model_arch_name(m.arch));
     if (rc == 0) rc = export_tokenizer(&x, path, o, &t, tok_file, sizeof tok_file, err);

@@ -9,6 +9,7 @@
 #include "common/json_util.h"
 #include "common/log.h"
 #include "common/worker_cmd.h"
+#include "planner/arch.h"
 #include "planner/model_json.h"
 #include "state/plan_read.h"
 
@@ -63,9 +64,9 @@ static int read_inputs(const json_ctx *c, const cJSON *root, train_config *cfg) 
                        c->file, p);
     cfg->global_batch = (int)batch;
     int checked;
-    if (cfg->model.arch == ARCH_VIT) seq = 0; /* a ViT plan's seq is its tokens */
+    if (arch_of(cfg->model.arch)->images) seq = 0; /* a ViT plan's seq is its tokens */
     if (model_check_seq(&cfg->model, (int)seq, &checked, c->err) < 0) return err_prefix(c->err, "%s: inputs.seq", c->file);
-    cfg->seq = cfg->model.arch == ARCH_VIT ? 0 : checked;
+    cfg->seq = arch_of(cfg->model.arch)->images ? 0 : checked;
     return read_engine(c, in, cfg);
 }
 
