@@ -387,82 +387,75 @@ static int merge_store(const char *path, const profile *p) {
     return rc < 0 ? failed("%s", err.msg) : 0;
 }
 
-int profile_main(int argc, char **argv) {
-    popts o = {.precision = wcmd_defaults[WCMD_PRECISION].value, .prec = wcmd_default_precision(), .max_micro = 8};
-    int rc = parse(argc, argv, &o);
-    if (rc) return rc;
+/* The outputs checked against the inputs: 0, or the exit status of the refusal, said. */
+static int check_outputs(const popts *o, const char *store) {
     err_t err;
-    model_spec model;
-    if (model_resolve(o.model, &model, &err) < 0) return args_bad_cmd("cephalo profile", "--model: %s", err.msg);
-    int seq;
-    if (model_check_seq(&model, (int)o.seq, &seq, &err) < 0) return args_bad_cmd("cephalo profile", "--seq: %s", err.msg);
-    job j;
-    memset(&j, 0, sizeof j);
-    if (job_set_devices(&j, o.devices, &err) < 0) {
-        job_free(&j);
-        return args_bad_cmd("cephalo profile", "%s", err.msg);
-    }
-    const args_only only[] = {{O_COMMMAX, j.n_devices > 1, "two or more --devices (one device has no collectives to time)",
-                               ARGS_LEAVE_OUT}};
-    if (args_check_only(&o.cl, only, 1)) return job_free(&j), ARGS_BAD;
-    if (o.check_batch && o.check_batch <= j.n_devices) {
-        int n = j.n_devices;
-        job_free(&j);
-        return args_bad_cmd("cephalo profile", "--check-batch %ld: expected more than the %d devices (the step check's "
-                            "smaller batch is one sample per device)", o.check_batch, n);
-    }
-    char store[PATH_LEN];
-    int found = o.store ? 0 : profile_store_path(store, sizeof store, &err);
-    if (found < 0) {
-        job_free(&j);
-        return args_bad_cmd("cephalo profile", "%s", err.msg);
-    }
-    bool use_store = o.store ? strcmp(o.store, "none") != 0 : found > 0;
-    if (o.store && use_store && str_fmt(store, sizeof store, &err, "--store", "%s", o.store) < 0) {
-        job_free(&j);
-        return args_bad_cmd("cephalo profile", "%s", err.msg);
-    }
-    if (!o.out && !use_store) {
-        job_free(&j);
-        return args_bad_cmd("cephalo profile", "%s", "nothing to write: give -o FILE, or a profile store");
-    }
     /* -o and the store (read, then rewritten) must not replace the model file or each other */
     out_set outs = out_begin("cephalo profile");
-    out_input_path(&outs, "--model", o.model, &out_hf_input);
-    out_file(&outs, o.store ? "--store" : "the profile store", use_store ? store : NULL);
-    out_file(&outs, "-o", o.out);
-    rc = out_check(&outs, &err);
+    out_input_path(&outs, "--model", o->model, &out_hf_input);
+    out_file(&outs, o->store ? "--store" : "the profile store", store);
+    out_file(&outs, "-o", o->out);
+    int rc = out_check(&outs, &err);
     out_free(&outs);
-    if (rc < 0) {
-        job_free(&j);
+    return rc < 0 ? args_bad_cmd("cephalo profile", "%s", err.msg) : 0;
+}
+
+/* The inputs checked before any worker starts: the model and --seq, the devices, the options that
+ * need two of them, --check-batch, the store (its path into store) and the outputs. 0, or the
+ * exit status of the refusal, said. */
+static int check_inputs(const popts *o, job *j, char store[PATH_LEN], bool *use_store) {
+    err_t err;
+    model_spec model;
+    int seq;
+    if (model_resolve(o->model, &model, &err) < 0) return args_bad_cmd("cephalo profile", "--model: %s", err.msg);
+    if (model_check_seq(&model, (int)o->seq, &seq, &err) < 0) return args_bad_cmd("cephalo profile", "--seq: %s", err.msg);
+    if (job_set_devices(j, o->devices, &err) < 0) return args_bad_cmd("cephalo profile", "%s", err.msg);
+    const args_only only[] = {{O_COMMMAX, j->n_devices > 1, "two or more --devices (one device has no collectives to time)",
+                               ARGS_LEAVE_OUT}};
+    if (args_check_only(&o->cl, only, 1)) return ARGS_BAD;
+    if (o->check_batch && o->check_batch <= j->n_devices)
+        return args_bad_cmd("cephalo profile", "--check-batch %ld: expected more than the %d devices (the step check's "
+                            "smaller batch is one sample per device)", o->check_batch, j->n_devices);
+    int found = o->store ? 0 : profile_store_path(store, PATH_LEN, &err);
+    if (found < 0) return args_bad_cmd("cephalo profile", "%s", err.msg);
+    *use_store = o->store ? strcmp(o->store, "none") != 0 : found > 0;
+    if (o->store && *use_store && str_fmt(store, PATH_LEN, &err, "--store", "%s", o->store) < 0)
         return args_bad_cmd("cephalo profile", "%s", err.msg);
-    }
-    char worker[PATH_LEN];
-    if (launch_find_worker(worker, false, &err) < 0) return job_free(&j), failed("%s", err.msg);
-    /* one compute profile per distinct thread count (the device type the planner looks up), with
-     * the most memory any device of that type has */
-    job_device *types = xcalloc((size_t)j.n_items, sizeof *types);
-    int n_types = 0;
-    for (int i = 0; i < j.n_items; i++) {
+    if (!o->out && !*use_store) return args_bad_cmd("cephalo profile", "%s", "nothing to write: give -o FILE, or a profile store");
+    return check_outputs(o, *use_store ? store : NULL);
+}
+
+/* One compute profile per distinct thread count (the device type the planner looks up), with the
+ * most memory any device of that type has. */
+static job_device *device_types(const job *j, int *n_types) {
+    job_device *types = xcalloc((size_t)j->n_items, sizeof *types);
+    int n = 0;
+    for (int i = 0; i < j->n_items; i++) {
         int k = 0;
-        while (k < n_types && types[k].threads != j.items[i].threads) k++;
-        if (k == n_types) types[n_types] = j.items[i], types[n_types++].count = 0;
-        else if (j.items[i].memory_bytes > types[k].memory_bytes) types[k].memory_bytes = j.items[i].memory_bytes;
-        types[k].count += j.items[i].count;
+        while (k < n && types[k].threads != j->items[i].threads) k++;
+        if (k == n) types[n] = j->items[i], types[n++].count = 0;
+        else if (j->items[i].memory_bytes > types[k].memory_bytes) types[k].memory_bytes = j->items[i].memory_bytes;
+        types[k].count += j->items[i].count;
     }
-    int world = j.n_devices, steps = n_types + (world > 1) + 1;
+    *n_types = n;
+    return types;
+}
+
+/* The measurements in order, with progress: each device type, the collectives, the step check. */
+static int measure(const popts *o, const char *worker, const job *j, double t0, profile *p) {
+    int n_types, rc = 0;
+    job_device *types = device_types(j, &n_types);
+    int world = j->n_devices, steps = n_types + (world > 1) + 1;
     /* the workers' files are TMP.N, TMP.rankR.jsonl and TMP.plan.json: their buffers hold those */
     char tmp[PATH_LEN];
+    err_t err;
     if (str_fmt(tmp, sizeof tmp, &err, "$TMPDIR: the path", "%s/cephalo-profile-%d.json",
                 getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", (int)getpid()) < 0) {
         free(types);
-        job_free(&j);
         return failed("%s", err.msg);
     }
-    profile p = {0};
-    double t0 = clock_now_s();
     for (int k = 0; k < n_types && !rc; k++) {
-        rc = profile_type(&o, worker, &types[k], types[k].count, tmp, k + 1, steps, &p);
+        rc = profile_type(o, worker, &types[k], types[k].count, tmp, k + 1, steps, p);
         if (!rc) {
             char el[48], eta[48];
             double s = clock_now_s() - t0;
@@ -471,19 +464,36 @@ int profile_main(int argc, char **argv) {
             fprintf(stderr, "cephalo profile: [%d/%d] done in %s | ETA %s\n", k + 1, steps, el, eta);
         }
     }
-    if (!rc && world > 1) rc = run_comm_profile(&o, worker, world, tmp, steps - 1, steps, &p);
+    if (!rc && world > 1) rc = run_comm_profile(o, worker, world, tmp, steps - 1, steps, p);
     /* the measurements so far stand on their own: a failed step check only leaves its term out */
-    if (!rc && run_step_check(&o, worker, &j, steps, steps, tmp, &p) != 0)
+    if (!rc && run_step_check(o, worker, j, steps, steps, tmp, p) != 0)
         fprintf(stderr, "cephalo profile: warning: the step check failed (above); the profile is written "
                         "without step_scale and step_overhead_ms\n");
     unlink(tmp);
+    free(types);
+    return rc;
+}
+
+int profile_main(int argc, char **argv) {
+    popts o = {.precision = wcmd_defaults[WCMD_PRECISION].value, .prec = wcmd_default_precision(), .max_micro = 8};
+    int rc = parse(argc, argv, &o);
+    if (rc) return rc;
+    job j;
+    memset(&j, 0, sizeof j);
+    char store[PATH_LEN], worker[PATH_LEN];
+    bool use_store = false;
+    err_t err;
+    profile p = {0};
+    rc = check_inputs(&o, &j, store, &use_store);
+    if (!rc && launch_find_worker(worker, false, &err) < 0) rc = failed("%s", err.msg);
+    double t0 = clock_now_s();
+    if (!rc) rc = measure(&o, worker, &j, t0, &p);
     if (!rc && o.out && profile_save(&p, o.out, &err) < 0) rc = failed("%s", err.msg);
     if (!rc && o.out)
         fprintf(stderr, "cephalo profile: wrote %s (%d entr%s, %d collectives) in %.1f s\n", o.out, p.n_entries,
                 p.n_entries == 1 ? "y" : "ies", p.n_comm, clock_now_s() - t0);
     if (!rc && use_store) rc = merge_store(store, &p);
     profile_free(&p);
-    free(types);
     job_free(&j);
     return rc;
 }

@@ -451,120 +451,147 @@ void inv_describe(const cluster *cl, char *out, size_t n) {
     free(count), free(first);
 }
 
+/* One inv_build: the constraints, what it found so far, and what it needs to say why nothing was. */
+typedef struct inv_walk {
+    const inv_constraints *c;
+    inv_result *r;
+    product_memo memo[INV_PRODUCT_MEMO];
+    int n_memo;
+    held_pod *held; /* the GPUs others' pods hold; NULL: every allocatable GPU is free */
+    int n_held;
+    int with_gpus, archs_left; /* nodes with GPUs; of them, those the image runs on no GPU of */
+    char seen[256]; /* their products, for the message when none is usable */
+} inv_walk;
+
+/* One node's GPUs as they would join the cluster. */
+typedef struct node_gpus {
+    const char *name, *product;
+    long count;
+    const gpu_spec *spec;
+    bool estimated; /* an unknown product planned from its gpu.memory label (mem_mib) */
+    double mem_mib;
+    int major, minor;
+} node_gpus;
+
+/* A node its state or the job's constraints leave out (cordoned, not Ready, not selected, a
+ * taint not tolerated): true, with a note where the user may not expect it. */
+static bool node_left_out(const inv_walk *w, const cJSON *node, const char *name) {
+    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(node, "spec"), "unschedulable"))) {
+        note(w->r, "node %s%s is cordoned", name, "");
+        return true;
+    }
+    if (!inv_node_ready(node)) {
+        note(w->r, "node %s%s is not Ready", name, "");
+        return true;
+    }
+    if (w->c->node_selector && !selector_matches(node, w->c->node_selector)) return true;
+    const cJSON *taint = inv_untolerated_taint(node, w->c->tolerations);
+    if (!taint) return false;
+    char t[160];
+    snprintf(t, sizeof t, "%.60s%s%.60s:%s", item_str(taint, "key"), *item_str(taint, "value") ? "=" : "",
+             item_str(taint, "value"), item_str(taint, "effect"));
+    note(w->r, "node %s has the taint %s, which spec.tolerations does not tolerate", name, t);
+    return true;
+}
+
+/* The GPU type of node g (its product allowed, the image runs on it): true with g->spec (a
+ * catalog GPU, or the nearest by memory for an unknown product with a gpu.memory label). */
+static bool node_gpu_type(inv_walk *w, const cJSON *node, node_gpus *g) {
+    g->spec = find_product(w->memo, &w->n_memo, g->product);
+    if (!product_allowed(g->product, g->spec, w->c->allowed_products)) return false;
+    const char *m = label(node, INV_LABEL_MEMORY);
+    if (m && !str_to_double(m, &g->mem_mib)) g->mem_mib = 0;
+    if (!image_runs(node, g->name, g->product, g->spec, w->c->archs, &g->major, &g->minor, w->r)) {
+        w->archs_left++;
+        return false;
+    }
+    if (!g->spec) {
+        if (g->mem_mib <= 0) {
+            note(w->r, "node %s: GPU product %s is unknown and has no gpu.memory label", g->name, g->product);
+            return false;
+        }
+        /* it becomes the device type: a cut one would group other products with it */
+        if (strlen(g->product) >= sizeof(((cluster_device *)0)->type)) {
+            note(w->r, "node %s: unknown GPU product %s: the name is too long for the planner's device type", g->name,
+                 g->product);
+            return false;
+        }
+        g->spec = nearest_by_memory(g->mem_mib, g->major);
+        g->estimated = w->r->estimated = true;
+        note(w->r, "node %s: unknown GPU product %s planned from its gpu.memory label", g->name, g->product);
+    }
+    if (strlen(g->name) >= sizeof(((cluster_node *)0)->name)) {
+        note(w->r, "node %s%s: name too long for the planner", g->name, "");
+        return false;
+    }
+    return true;
+}
+
+/* Node g's free GPUs (at most what max_gpus leaves) added to cl; usable and free count them all. */
+static int add_node_gpus(inv_walk *w, const cJSON *node, node_gpus *g, cluster *cl, err_t *err) {
+    inv_result *r = w->r;
+    long count = g->count;
+    r->usable += (int)count;
+    if (w->held) {
+        long used = held_on(w->held, w->n_held, g->name, inv_node_hostname(node));
+        count = used >= count ? 0 : count - used;
+    }
+    r->free += (int)count;
+    if (w->c->max_gpus > 0 && r->gpus + count > w->c->max_gpus) count = w->c->max_gpus - r->gpus;
+    if (count <= 0) return 0; /* busy, or max_gpus reached */
+    if (cluster_add_sorted_node(cl, g->name, CLUSTER_DEFAULT_NETWORK_GBPS) < 0)
+        return err_set(err, "node %s: cannot add it to the cluster", g->name);
+    if (cluster_add_gpus(cl, g->spec, (int)count, err) < 0) return err_prefix(err, "node %s", g->name);
+    for (int d = cl->n_devices - (int)count; d < cl->n_devices; d++) {
+        if (g->estimated) { /* the product's own name and measured memory, not its stand-in's */
+            cl->devices[d].memory_bytes = g->mem_mib * 1024.0 * 1024.0;
+            snprintf(cl->devices[d].type, sizeof cl->devices[d].type, "%s", g->product); /* length checked */
+        }
+        cl->devices[d].cc_major = g->major;
+        cl->devices[d].cc_minor = g->minor;
+    }
+    r->gpus += (int)count;
+    return 0;
+}
+
+/* One node of the list, in name order: its GPUs added when the job may use them. */
+static int walk_node(inv_walk *w, const cJSON *node, cluster *cl, err_t *err) {
+    node_gpus g = {.name = kube_meta_str(node, "name"), .product = label(node, INV_LABEL_PRODUCT), .count = gpu_count(node)};
+    if (!g.name || !g.product || g.count <= 0) return 0;
+    w->with_gpus++;
+    if (strlen(w->seen) + strlen(g.product) + 3 < sizeof w->seen && !strstr(w->seen, g.product)) {
+        if (*w->seen) strcat(w->seen, ", ");
+        strcat(w->seen, g.product);
+    }
+    if (node_left_out(w, node, g.name) || !node_gpu_type(w, node, &g)) return 0;
+    return add_node_gpus(w, node, &g, cl, err);
+}
+
+/* Why no GPU is usable: no node has any, the image runs on none, or the constraints match none. */
+static int no_usable_gpu(const inv_walk *w, err_t *err) {
+    if (w->with_gpus == 0)
+        return err_set(err, "no node has GPUs (GPU Feature Discovery label %s and allocatable %s)", INV_LABEL_PRODUCT,
+                       INV_RESOURCE_GPU);
+    if (w->archs_left > 0)
+        return err_set(err, "no usable GPU: the worker image runs none of the GPUs the job may use: %s", w->r->notes);
+    return err_set(err, "no usable GPU: none of the %d GPU nodes (products: %s) matches the job's gpus constraints%s%s",
+                   w->with_gpus, w->seen, *w->r->notes ? "; " : "", w->r->notes);
+}
+
 int inv_build(const cJSON *nodes, const inv_constraints *c, cluster *cl, inv_result *r, err_t *err) {
     memset(r, 0, sizeof *r);
     cluster_init(cl);
-    int n = cJSON_GetArraySize(nodes);
-    const cJSON **sorted = calloc((size_t)(n ? n : 1), sizeof *sorted);
+    int n = cJSON_GetArraySize(nodes), k = 0, rc = 0;
+    const cJSON **sorted = calloc((size_t)(n ? n : 1), sizeof *sorted), *node;
     if (!sorted) return err_set(err, "out of memory");
-    int k = 0;
-    const cJSON *node;
     cJSON_ArrayForEach(node, nodes) sorted[k++] = node;
     qsort(sorted, (size_t)k, sizeof *sorted, by_name);
-    product_memo memo[INV_PRODUCT_MEMO];
-    int with_gpus = 0, archs_left = 0, n_held = 0, n_memo = 0;
-    bool accounting = c->pods || c->held; /* else every allocatable GPU is free */
-    held_pod *held = accounting ? held_pods(c, &n_held) : NULL;
-    char seen[256] = "";
-    for (int i = 0; i < k; i++) {
-        node = sorted[i];
-        const char *name = kube_meta_str(node, "name");
-        const char *product = label(node, INV_LABEL_PRODUCT);
-        long count = gpu_count(node);
-        if (!name || !product || count <= 0) continue;
-        with_gpus++;
-        if (strlen(seen) + strlen(product) + 3 < sizeof seen && !strstr(seen, product)) {
-            if (*seen) strcat(seen, ", ");
-            strcat(seen, product);
-        }
-        const cJSON *spec_node = cJSON_GetObjectItemCaseSensitive(node, "spec");
-        if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(spec_node, "unschedulable"))) {
-            note(r, "node %s%s is cordoned", name, "");
-            continue;
-        }
-        if (!inv_node_ready(node)) {
-            note(r, "node %s%s is not Ready", name, "");
-            continue;
-        }
-        if (c->node_selector && !selector_matches(node, c->node_selector)) continue;
-        const cJSON *taint = inv_untolerated_taint(node, c->tolerations);
-        if (taint) {
-            char t[160];
-            snprintf(t, sizeof t, "%.60s%s%.60s:%s", item_str(taint, "key"), *item_str(taint, "value") ? "=" : "",
-                     item_str(taint, "value"), item_str(taint, "effect"));
-            note(r, "node %s has the taint %s, which spec.tolerations does not tolerate", name, t);
-            continue;
-        }
-        const gpu_spec *spec = find_product(memo, &n_memo, product);
-        if (!product_allowed(product, spec, c->allowed_products)) continue;
-        double mem_mib = 0;
-        const char *m = label(node, INV_LABEL_MEMORY);
-        if (m && !str_to_double(m, &mem_mib)) mem_mib = 0;
-        int major, minor;
-        if (!image_runs(node, name, product, spec, c->archs, &major, &minor, r)) {
-            archs_left++;
-            continue;
-        }
-        if (!spec) {
-            if (mem_mib <= 0) {
-                note(r, "node %s: GPU product %s is unknown and has no gpu.memory label", name, product);
-                continue;
-            }
-            /* it becomes the device type: a cut one would group other products with it */
-            if (strlen(product) >= sizeof cl->devices[0].type) {
-                note(r, "node %s: unknown GPU product %s: the name is too long for the planner's device type", name, product);
-                continue;
-            }
-            spec = nearest_by_memory(mem_mib, major);
-            r->estimated = true;
-            note(r, "node %s: unknown GPU product %s planned from its gpu.memory label", name, product);
-        }
-        if (strlen(name) >= sizeof cl->nodes[0].name) {
-            note(r, "node %s%s: name too long for the planner", name, "");
-            continue;
-        }
-        r->usable += (int)count;
-        if (accounting) {
-            long used = held_on(held, n_held, name, inv_node_hostname(node));
-            count = used >= count ? 0 : count - used;
-        }
-        r->free += (int)count;
-        if (c->max_gpus > 0 && r->gpus + count > c->max_gpus) count = c->max_gpus - r->gpus;
-        if (count <= 0) continue; /* busy, or max_gpus reached: usable and free still count the rest */
-        if (cluster_add_sorted_node(cl, name, CLUSTER_DEFAULT_NETWORK_GBPS) < 0) {
-            err_set(err, "node %s: cannot add it to the cluster", name);
-            free(sorted), free(held);
-            cluster_free(cl);
-            return -1;
-        }
-        if (cluster_add_gpus(cl, spec, (int)count, err) < 0) {
-            free(sorted), free(held);
-            cluster_free(cl);
-            return err_prefix(err, "node %s", name);
-        }
-        if (r->estimated && strcasecmp(spec->name, product) != 0 && !find_product(memo, &n_memo, product))
-            for (int d = cl->n_devices - (int)count; d < cl->n_devices; d++)
-            {
-                cl->devices[d].memory_bytes = mem_mib * 1024.0 * 1024.0;
-                snprintf(cl->devices[d].type, sizeof cl->devices[d].type, "%s", product); /* measured above */
-            }
-        for (int d = cl->n_devices - (int)count; d < cl->n_devices; d++) {
-            cl->devices[d].cc_major = major;
-            cl->devices[d].cc_minor = minor;
-        }
-        r->gpus += (int)count;
-    }
-    free(sorted), free(held);
-    if (r->gpus == 0 && r->usable > 0 && accounting) return 0; /* all busy: the caller queues the job */
-    if (r->gpus == 0) {
-        cluster_free(cl);
-        if (with_gpus == 0)
-            return err_set(err, "no node has GPUs (GPU Feature Discovery label %s and allocatable %s)",
-                           INV_LABEL_PRODUCT, INV_RESOURCE_GPU);
-        if (archs_left > 0)
-            return err_set(err, "no usable GPU: the worker image runs none of the GPUs the job may use: %s", r->notes);
-        return err_set(err, "no usable GPU: none of the %d GPU nodes (products: %s) matches the "
-                            "job's gpus constraints%s%s", with_gpus, seen, *r->notes ? "; " : "", r->notes);
-    }
-    return 0;
+    inv_walk w = {.c = c, .r = r};
+    if (c->pods || c->held) w.held = held_pods(c, &w.n_held); /* else every allocatable GPU is free */
+    for (int i = 0; i < k && rc == 0; i++) rc = walk_node(&w, sorted[i], cl, err);
+    bool accounting = c->pods || c->held;
+    free(sorted), free(w.held);
+    if (rc == 0 && r->gpus == 0 && !(r->usable > 0 && accounting)) rc = no_usable_gpu(&w, err);
+    if (rc < 0) cluster_free(cl);
+    return rc; /* all busy (gpus 0, usable > 0): 0, and the caller queues the job */
 }
