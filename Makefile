@@ -137,7 +137,7 @@ else
 endif
 
 .SECONDARY:
-.PHONY: all deps test demo bench fuzz clean help info cuda test-gpu bench-gpu bench-operator cuda-check cuda-check-run cuda-check-objs cuda118 images
+.PHONY: all deps controlplane test demo bench fuzz clean help info cuda test-gpu bench-gpu bench-operator cuda-check cuda-check-run cuda-check-objs cuda118 images
 all: $(CLI) $(WORKER) $(OLIB) $(OPERATOR) $(CUDA_TARGETS)
 
 cuda: $(CUDA_TARGETS)
@@ -152,6 +152,17 @@ info:
 
 deps:
 	@mk/deps.sh
+
+# The test control plane (tests/k8s/apiserver.sh: kube-apiserver, scheduler, controller-manager
+# from Debian's kubernetes source), built once into its cache before any suite runs: whether it
+# exists must not depend on which suite runs first, nor on SAN=1 leaving out the suite that used
+# to build it (test_k8s.sh), as happened on a machine with empty caches. Building needs root;
+# without it the operator suites say how to build it.
+controlplane: deps
+	@tests/k8s/apiserver.sh built || { [ "$$(id -u)" != 0 ] && \
+	  echo "make: the test control plane is not built and building it needs root: sudo tests/k8s/apiserver.sh build" >&2; } || \
+	  { echo "make: building the test control plane from Debian's kubernetes source (once; a few minutes)"; \
+	    tests/k8s/apiserver.sh build; }
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -325,7 +336,7 @@ $(BENCH_CRC): $(BUILD)/bench/bench_crc.o $(WLIB) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDSAN) -o $@ $^ $(LDLIBS)
 
-test: deps $(CLI) $(WORKER) $(OPERATOR) $(TESTS) $(TOKCHECK)
+test: deps controlplane $(CLI) $(WORKER) $(OPERATOR) $(TESTS) $(TOKCHECK)
 	@BUILD=$(BUILD) tests/run.sh $(TESTS)
 
 demo: deps $(CLI) $(WORKER)
