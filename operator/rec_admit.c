@@ -61,14 +61,13 @@ int rec_choose_view(rec_ctx *x, err_t *err) {
 /* ---- the queue ------------------------------------------------------------------------------- */
 
 /* "2 L4, 1 A10G": the plan's GPUs by type (in the order they first appear), for messages. */
-static void plan_types(const cJSON *plan_doc, char *out, size_t n) {
-    const cJSON *ranks = get(plan_doc, "ranks"), *r;
-    int world = cJSON_GetArraySize(ranks), k = 0;
+static void plan_types(const plan_view *pv, char *out, size_t n) {
+    int world = pv->world, k = 0;
     int *count = xcalloc((size_t)world + 1, sizeof *count);
     const char **name = xcalloc((size_t)world + 1, sizeof *name);
     str_map at = {0}; /* type -> its index: counted in one pass, not a pass over the ranks for each */
-    cJSON_ArrayForEach(r, ranks) {
-        const char *dev = get_str(r, "device", "?");
+    for (int r = 0; r < world; r++) {
+        const char *dev = pv->ranks[r].device;
         long i = str_map_put(&at, dev, k);
         if (i < 0) name[i = k++] = dev;
         count[i]++;
@@ -99,8 +98,7 @@ static bool shares_nodes(rec_ctx *x, const job_spec *other) {
     bool shared = false;
     str_map names = {0}; /* the other job's nodes: a lookup per rank, not a scan of them */
     for (int i = 0; i < cl.n_nodes; i++) str_map_put(&names, cl.nodes[i].name, i);
-    const cJSON *rank;
-    cJSON_ArrayForEach(rank, get(x->plan_doc, "ranks")) shared |= str_map_get(&names, get_str(rank, "node", "")) >= 0;
+    for (int k = 0; k < x->plan.world; k++) shared |= str_map_get(&names, x->plan.ranks[k].node) >= 0;
     str_map_free(&names);
     cluster_free(&cl);
     return shared;
@@ -192,14 +190,14 @@ static int queue_job(rec_ctx *x, const char *msg, err_t *err) {
  * starts) and no job has an earlier claim on them. */
 int rec_admit(rec_ctx *x, err_t *err) {
     bool live = phase_live(x->old_phase) || rec_gang_started(x, x->plan_id) > 0;
-    int world = cJSON_GetArraySize(get(x->plan_doc, "ranks"));
+    int world = x->plan.world;
     char msg[1200], types[256] = "";
     if (live && rec_gang_ended(x, x->plan_id)) return 1;
-    if (rec_plan_fits(x, x->plan_doc)) {
+    if (rec_plan_fits(x, &x->plan)) {
         if (live) return 1;
         return queue_blocker(x, msg, sizeof msg) ? queue_job(x, msg, err) : 1;
     }
-    plan_types(x->plan_doc, types, sizeof types);
+    plan_types(&x->plan, types, sizeof types);
     int nfree = rec_inv(x, true)->cl.n_devices;
     if (x->need < world)
         snprintf(msg, sizeof msg, "needs %d GPUs (%s) of its plan, or at least %d (spec.gpus.minGPUs) of them free; %d free",

@@ -81,7 +81,7 @@ static void gang_count(gang *g, const cJSON *pod) {
 
 int rec_gang_read(rec_ctx *x, gang *g, err_t *err) {
     memset(g, 0, sizeof *g);
-    g->world = cJSON_GetArraySize(get(x->plan_doc, "ranks"));
+    g->world = x->plan.world;
     g->pod = calloc((size_t)g->world + 1, sizeof *g->pod);
     if (!g->pod) return err_set(err, "out of memory");
     g->list = x->pods;

@@ -48,20 +48,19 @@ int rec_inv_devices(const job_inv *j, int cap) { return cap > 0 && cap < j->cl.n
 /* Every rank's node has as many GPUs free to the job (its own pods' count as free; no maxGPUs cap)
  * as the plan puts ranks on it. Both counted per node name in one pass: not a pass over the ranks
  * and the devices for each rank. */
-bool rec_plan_fits(rec_ctx *x, const cJSON *plan_doc) {
+bool rec_plan_fits(rec_ctx *x, const plan_view *pv) {
     const cluster *cl = &rec_inv(x, true)->cl;
-    int world = cJSON_GetArraySize(get(plan_doc, "ranks")), k = 0;
+    int world = pv->world, k = 0;
     int *room = xcalloc((size_t)world + 1, sizeof *room); /* per node of the plan (its index in at) */
     str_map at = {0};
-    const cJSON *r;
-    cJSON_ArrayForEach(r, get(plan_doc, "ranks"))
-        if (str_map_put(&at, get_str(r, "node", ""), k) < 0) k++;
+    for (int r = 0; r < world; r++)
+        if (str_map_put(&at, pv->ranks[r].node, k) < 0) k++;
     for (int d = 0; d < cl->n_devices; d++) {
         long i = str_map_get(&at, cl->nodes[cl->devices[d].node].name);
         if (i >= 0) room[i]++;
     }
     bool fits = true;
-    cJSON_ArrayForEach(r, get(plan_doc, "ranks")) fits &= --room[str_map_get(&at, get_str(r, "node", ""))] >= 0;
+    for (int r = 0; r < world; r++) fits &= --room[str_map_get(&at, pv->ranks[r].node)] >= 0;
     str_map_free(&at);
     free(room);
     return fits;

@@ -35,6 +35,7 @@
 #include "operator/job_spec.h"
 #include "operator/client/kube.h"
 #include "operator/phase.h"
+#include "operator/plan_view.h"
 #include "operator/planning.h"
 #include "operator/reconcile.h"
 #include "planner/cluster.h"
@@ -104,7 +105,7 @@ typedef struct rec_ctx {
     int picked; /* free GPUs the job would take now (at most maxGPUs) */
     int need; /* GPUs it needs to start: spec.gpus.minGPUs, else its whole plan */
     bool have_service; /* the job's Service exists (and is the job's) */
-    cJSON *plan_doc; /* plan.json */
+    plan_view plan; /* plan.json, read once (plan.world 0: none yet) */
     char plan_id[64], cm_name[128], notes[1024], profile[600];
     char why[600]; /* set when this reconcile re-planned: why the gang restarts */
     bool estimated;
@@ -164,7 +165,7 @@ const job_inv *rec_inv(rec_ctx *x, bool free_only);
 /* How many devices of j a view with cap `cap` (0: none) holds. */
 int rec_inv_devices(const job_inv *j, int cap);
 /* Whether every rank of the plan has a free GPU on its node. */
-bool rec_plan_fits(rec_ctx *x, const cJSON *plan_doc);
+bool rec_plan_fits(rec_ctx *x, const plan_view *pv);
 /* Whether a pod of plan_id's current gang has ended (it must be seen through on that plan). */
 bool rec_gang_ended(const rec_ctx *x, const char *plan_id);
 /* How many pods of plan_id's current gang exist, none ended or being deleted; else 0. */
@@ -172,9 +173,11 @@ int rec_gang_started(const rec_ctx *x, const char *plan_id);
 
 /* ---- rec_plan.c ---- */
 
-/* The plan to run into x->plan_doc: 1; 0 when the job cannot be planned (status Failed written)
+/* The plan to run into x->plan: 1; 0 when the job cannot be planned (status Failed written)
  * or is being planned; -1 on an API error. */
 int rec_current_plan(rec_ctx *x, err_t *err);
+/* plan.json (the ConfigMap's, or a new plan's) into x->plan: 0, or -1 with err naming the field. */
+int rec_plan_read(rec_ctx *x, const char *plan_json, err_t *err);
 /* Drops the job's planning, if any (cancelled when it runs): the job is gone, finished, suspended. */
 void rec_forget_plan(const rec_ctx *x);
 

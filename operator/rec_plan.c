@@ -404,9 +404,9 @@ static int obtain_plan(rec_ctx *x, const char *gen_s, const char *fp, plan_task 
 /* A plan that still fits is kept when other GPUs free up or get busy (re-planning restarts the
  * gang); the job grows onto more free GPUs at most once per spec.elastic.minReplanSeconds since it
  * was planned, so that churn does not thrash it. */
-static bool keep_plan(rec_ctx *x, const cJSON *ann, const cJSON *plan_doc) {
-    if (!rec_plan_fits(x, plan_doc)) return false;
-    if (x->picked <= cJSON_GetArraySize(get(plan_doc, "ranks"))) return true;
+static bool keep_plan(rec_ctx *x, const cJSON *ann) {
+    if (!rec_plan_fits(x, &x->plan)) return false;
+    if (x->picked <= x->plan.world) return true;
     double at = 0;
     if (!kube_time_parse(get_str(ann, REC_ANN_PLANNED_AT, ""), &at)) at = 0; /* older plans: long ago */
     double wait = (double)x->js.min_replan_s - (kube_time_now_s() - at);
@@ -417,20 +417,19 @@ static bool keep_plan(rec_ctx *x, const cJSON *ann, const cJSON *plan_doc) {
 
 /* The ConfigMap's plan, when it was made for this generation and these GPUs, or a pod of its gang
  * ended (to be seen through), or its gang was started but not complete and it fits, or it still
- * fits (and the job is not due to grow): 1 with x->plan_doc; 0 to plan anew. */
+ * fits (and the job is not due to grow): 1 with x->plan; 0 to plan anew. A plan.json that does not
+ * read (edited by hand) is planned anew too, the warning naming its field. */
 static int stored_plan(rec_ctx *x, const char *gen_s, const char *fp, err_t *err) {
     const cJSON *ann = get(get(x->cm, "metadata"), "annotations");
     const char *cm_plan = get_str(get(x->cm, "data"), "plan.json", NULL);
     if (!cm_plan || strcmp(get_str(ann, REC_ANN_GENERATION, ""), gen_s)) return 0;
-    x->plan_doc = json_parse(x->cm_name, cm_plan, strlen(cm_plan), err);
+    bool read = rec_plan_read(x, cm_plan, err) == 0;
     const char *id = get_str(ann, REC_ANN_PLAN_ID, "");
     /* a gang started on it and not complete yet (maybe left by another leader) is completed on it
      * while it fits; a complete one grows as keep_plan says */
-    int started = x->plan_doc ? rec_gang_started(x, id) : 0;
-    if (x->plan_doc && (!strcmp(get_str(ann, REC_ANN_INVENTORY, ""), fp) || rec_gang_ended(x, id) ||
-                        (started > 0 && started < cJSON_GetArraySize(get(x->plan_doc, "ranks")) &&
-                         rec_plan_fits(x, x->plan_doc)) ||
-                        keep_plan(x, ann, x->plan_doc)) &&
+    int started = read ? rec_gang_started(x, id) : 0;
+    if (read && (!strcmp(get_str(ann, REC_ANN_INVENTORY, ""), fp) || rec_gang_ended(x, id) ||
+                 (started > 0 && started < x->plan.world && rec_plan_fits(x, &x->plan)) || keep_plan(x, ann)) &&
         /* ours are "g<generation>-<hash>": one too long for the buffer is not, and is planned anew */
         str_fmt(x->plan_id, sizeof x->plan_id, NULL, "", "%s", get_str(ann, REC_ANN_PLAN_ID, "")) == 0) {
         snprintf(x->notes, sizeof x->notes, "%s", get_str(ann, REC_ANN_NOTES, ""));
@@ -438,9 +437,8 @@ static int stored_plan(rec_ctx *x, const char *gen_s, const char *fp, err_t *err
         x->estimated = cJSON_IsTrue(get(get(x->old, "plan"), "estimated"));
         return 1;
     }
-    if (!x->plan_doc) log_warn("%s/%s: %s; planning again", x->ns, x->name, err->msg);
-    cJSON_Delete(x->plan_doc);
-    x->plan_doc = NULL;
+    if (!read) log_warn("%s/%s: %s; planning again", x->ns, x->name, err->msg);
+    plan_view_free(&x->plan);
     return 0;
 }
 
@@ -448,8 +446,8 @@ static int stored_plan(rec_ctx *x, const char *gen_s, const char *fp, err_t *err
  * said in the status), Planned for another. */
 static void new_plan_event(rec_ctx *x, bool spec_changed) {
     const char *old_id = get_str(get(get(x->cm, "metadata"), "annotations"), REC_ANN_PLAN_ID, "");
-    int world = cJSON_GetArraySize(get(x->plan_doc, "ranks"));
-    double sps = get_num(get(x->plan_doc, "predicted"), "samples_per_s", 0);
+    int world = x->plan.world;
+    double sps = x->plan.samples_per_s;
     if (!strcmp(old_id, x->plan_id)) return;
     /* a job with a gang (or one being started) restarts on the new plan; a suspended or failed
      * one is just planned */
@@ -476,7 +474,7 @@ static int take_plan(rec_ctx *x, const plan_task *t, bool own, const char *gen_s
     x->estimated = po->estimated;
     snprintf(x->notes, sizeof x->notes, "%s", po->notes);
     snprintf(x->profile, sizeof x->profile, "%s", po->profile);
-    if (!(x->plan_doc = json_parse(x->cm_name, po->json, strlen(po->json), err))) return -1;
+    if (rec_plan_read(x, po->json, err) < 0) return -1;
     x->new_plan.json = xstrdup(po->json);
     snprintf(x->new_plan.gen, sizeof x->new_plan.gen, "%s", gen_s);
     snprintf(x->new_plan.fp, sizeof x->new_plan.fp, "%s", fp);
@@ -484,6 +482,12 @@ static int take_plan(rec_ctx *x, const plan_task *t, bool own, const char *gen_s
     if (!x->cm && x->st) x->st->jobs_created++;
     new_plan_event(x, strcmp(cm_gen, gen_s) != 0);
     return 1;
+}
+
+int rec_plan_read(rec_ctx *x, const char *plan_json, err_t *err) {
+    char name[400];
+    snprintf(name, sizeof name, "ConfigMap %s/%s: plan.json", x->ns, x->cm_name);
+    return plan_view_parse(name, plan_json, strlen(plan_json), &x->plan, err);
 }
 
 int rec_current_plan(rec_ctx *x, err_t *err) {

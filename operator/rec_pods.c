@@ -279,11 +279,10 @@ static void restricted_container(cJSON *ctr) {
 /* The training options as arguments (cephalo-worker train --help), built by the one builder
  * (job_spec_worker_argv, common/worker_cmd.h): the same job gives the same argv as `cephalo run`;
  * the rank's recompute mode is its plan rank's (a plan without it recomputes). */
-static void worker_args(const job_spec *js, const cJSON *planned, cJSON *ctr) {
+static void worker_args(const job_spec *js, const plan_view_rank *planned, cJSON *ctr) {
     wcmd_argv a = {0};
     recompute_mode rec = wcmd_default_recompute();
-    const char *planned_rec = get_str(planned, "recompute", NULL);
-    if (planned_rec) recompute_parse(planned_rec, &rec);
+    if (planned->recompute) recompute_parse(planned->recompute, &rec); /* plan_view checked it */
     job_spec_worker_argv(js, rec, &a);
     cJSON *args = cJSON_AddArrayToObject(ctr, "args");
     for (int i = 0; i < a.n; i++) cJSON_AddItemToArray(args, cJSON_CreateString(a.v[i]));
@@ -340,7 +339,7 @@ static void worker_resources(const job_spec *js, cJSON *ctr) {
     if (js->metrics_port > 0) add_port(cJSON_AddArrayToObject(ctr, "ports"), "metrics", "containerPort", js->metrics_port);
 }
 
-static void worker_container(const rec_ctx *x, cJSON *ps, const cJSON *planned, int rank, int world) {
+static void worker_container(const rec_ctx *x, cJSON *ps, const plan_view_rank *planned, int rank, int world) {
     cJSON *ctr = cJSON_CreateObject();
     cJSON_AddItemToArray(cJSON_AddArrayToObject(ps, "containers"), ctr);
     cJSON_AddStringToObject(ctr, "name", "worker");
@@ -368,7 +367,7 @@ static cJSON *pod_meta(const rec_ctx *x, const char *pod, int rank) {
 
 /* The worker pod of rank (plan entry `planned`) on host, the planned node's kubernetes.io/hostname
  * label (else its name). */
-static cJSON *pod_object(const rec_ctx *x, const cJSON *planned, int rank, int world, const char *host) {
+static cJSON *pod_object(const rec_ctx *x, const plan_view_rank *planned, int rank, int world, const char *host) {
     char pod[128]; /* NAME-RANK: the name is at most REC_NAME_MAX once planned (open_job) */
     snprintf(pod, sizeof pod, "%s-%d", x->name, rank);
     cJSON *o = cJSON_CreateObject();
@@ -405,17 +404,17 @@ const cJSON *rec_find_node(rec_ctx *x, const char *name) {
 }
 
 /* The worker pod of plan rank r (index i), pinned to its node's hostname label. */
-static cJSON *rank_pod(rec_ctx *x, const cJSON *r, int i, int world) {
-    const char *node = get_str(r, "node", "");
-    const cJSON *n = rec_find_node(x, node);
-    return pod_object(x, r, i, world, n ? inv_node_hostname(n) : node);
+static cJSON *rank_pod(rec_ctx *x, int i) {
+    const plan_view_rank *r = &x->plan.ranks[i];
+    const cJSON *n = rec_find_node(x, r->node);
+    return pod_object(x, r, i, x->plan.world, n ? inv_node_hostname(n) : r->node);
 }
 
 /* ---- creating the gang ----------------------------------------------------------------------- */
 
 /* x->assumed has room for the whole gang (rec_assume_pods). */
-static void assume_pod(rec_ctx *x, const cJSON *r, int i, int world, const char *pod) {
-    cJSON *o = rank_pod(x, r, i, world);
+static void assume_pod(rec_ctx *x, int i, const char *pod) {
+    cJSON *o = rank_pod(x, i);
     cJSON_AddStringToObject(cJSON_GetObjectItemCaseSensitive(o, "metadata"), "resourceVersion", REC_ASSUMED_RV);
     if (cache_put(x->c->caches->busy, o, NULL)) snprintf(x->assumed[x->n_assumed++], sizeof *x->assumed, "%s", pod);
     cJSON_Delete(o);
@@ -426,16 +425,15 @@ static void assume_pod(rec_ctx *x, const cJSON *r, int i, int world, const char 
  * the API has answered (kube-scheduler's assumed pods). The API's answer or the watch replaces
  * them; rec_forget_assumed removes those nothing replaced (a failed or skipped creation). */
 void rec_assume_pods(rec_ctx *x) {
-    const cJSON *r, *p, *ranks = get(x->plan_doc, "ranks");
-    int i = 0, world = cJSON_GetArraySize(ranks);
+    const cJSON *p;
+    int world = x->plan.world;
     str_map have = {0}; /* the job's pods by name: not a scan of them for each rank */
     cJSON_ArrayForEach(p, get(x->pods, "items")) str_map_put(&have, get_str(get(p, "metadata"), "name", ""), 0);
     x->assumed = xrealloc(x->assumed, (size_t)(x->n_assumed + world + 1) * sizeof *x->assumed);
-    cJSON_ArrayForEach(r, ranks) {
+    for (int i = 0; i < world; i++) {
         char pod[128]; /* as in pod_object */
         snprintf(pod, sizeof pod, "%s-%d", x->name, i);
-        if (str_map_get(&have, pod) < 0) assume_pod(x, r, i, world, pod);
-        i++;
+        if (str_map_get(&have, pod) < 0) assume_pod(x, i, pod);
     }
     str_map_free(&have);
 }
@@ -513,13 +511,9 @@ static void *create_pod_batch(void *arg) {
 /* The pods of the ranks the gang lacks; their count in *n. */
 static cJSON **missing_pods(rec_ctx *x, const gang *g, int *n) {
     cJSON **pods = xcalloc((size_t)g->world + 1, sizeof *pods);
-    const cJSON *r;
-    int i = 0;
     *n = 0;
-    cJSON_ArrayForEach(r, get(x->plan_doc, "ranks")) {
-        if (i < g->world && !g->pod[i]) pods[(*n)++] = rank_pod(x, r, i, g->world);
-        i++;
-    }
+    for (int i = 0; i < g->world; i++)
+        if (!g->pod[i]) pods[(*n)++] = rank_pod(x, i);
     return pods;
 }
 

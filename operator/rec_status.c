@@ -109,49 +109,45 @@ cJSON *rec_status_base(rec_ctx *x, phase ph, const char *msg) {
 }
 
 /* status.plan.ranks[i]: where rank i runs and what the plan gives it. */
-static cJSON *status_rank(const rec_ctx *x, const cJSON *r, int i) {
+static cJSON *status_rank(const rec_ctx *x, const plan_view_rank *r, int i) {
     cJSON *o = cJSON_CreateObject();
     char pod[160]; /* NAME-RANK: at most REC_NAME_MAX + 5 */
     snprintf(pod, sizeof pod, "%s-%d", x->name, i);
     cJSON_AddNumberToObject(o, "rank", i);
-    cJSON_AddStringToObject(o, "node", get_str(r, "node", ""));
-    cJSON_AddStringToObject(o, "device", get_str(r, "device", ""));
+    cJSON_AddStringToObject(o, "node", r->node);
+    cJSON_AddStringToObject(o, "device", r->device);
     cJSON_AddStringToObject(o, "pod", pod);
-    cJSON_AddNumberToObject(o, "batch", get_num(r, "batch", 0));
-    cJSON_AddNumberToObject(o, "microbatch", get_num(r, "microbatch", 0));
-    cJSON_AddNumberToObject(o, "microbatches", get_num(r, "microbatches", 0));
-    cJSON_AddStringToObject(o, "recompute", get_str(r, "recompute", "full")); /* an older plan recomputes */
-    cJSON_AddNumberToObject(o, "stateRatio", get_num(r, "state_ratio", 0));
-    cJSON_AddNumberToObject(o, "predictedPeakBytes", get_num(get(r, "predicted"), "peak_bytes", 0));
+    cJSON_AddNumberToObject(o, "batch", (double)r->batch);
+    cJSON_AddNumberToObject(o, "microbatch", (double)r->microbatch);
+    cJSON_AddNumberToObject(o, "microbatches", (double)r->microbatches);
+    cJSON_AddStringToObject(o, "recompute", r->recompute ? r->recompute : "full"); /* an older plan recomputes */
+    cJSON_AddNumberToObject(o, "stateRatio", r->state_ratio);
+    cJSON_AddNumberToObject(o, "predictedPeakBytes", r->peak_bytes);
     return o;
 }
 
 void rec_status_plan(rec_ctx *x, cJSON *s) {
-    const cJSON *ranks = get(x->plan_doc, "ranks"), *r;
+    const plan_view *p = &x->plan;
     cJSON *pl = cJSON_AddObjectToObject(s, "plan");
     cJSON_AddStringToObject(pl, "configMap", x->cm_name);
     cJSON_AddStringToObject(pl, "id", x->plan_id);
-    cJSON_AddStringToObject(pl, "strategy", get_str(get(x->plan_doc, "inputs"), "strategy", "cephalo"));
-    cJSON_AddNumberToObject(pl, "worldSize", cJSON_GetArraySize(ranks));
-    cJSON_AddNumberToObject(pl, "predictedIterMs", get_num(get(x->plan_doc, "predicted"), "iter_ms", 0));
-    cJSON_AddNumberToObject(pl, "predictedSamplesPerSecond", get_num(get(x->plan_doc, "predicted"), "samples_per_s", 0));
+    cJSON_AddStringToObject(pl, "strategy", p->strategy);
+    cJSON_AddNumberToObject(pl, "worldSize", p->world);
+    cJSON_AddNumberToObject(pl, "predictedIterMs", p->iter_ms);
+    cJSON_AddNumberToObject(pl, "predictedSamplesPerSecond", p->samples_per_s);
     cJSON_AddBoolToObject(pl, "estimated", x->estimated);
     if (*x->profile) cJSON_AddStringToObject(pl, "profile", x->profile);
     cJSON *arr = cJSON_AddArrayToObject(pl, "ranks");
-    int i = 0;
-    cJSON_ArrayForEach(r, ranks) cJSON_AddItemToArray(arr, status_rank(x, r, i++));
+    for (int i = 0; i < p->world; i++) cJSON_AddItemToArray(arr, status_rank(x, &p->ranks[i], i));
 }
 
 /* Conditions for a phase: Created, Planned, then Running / Restarting / Succeeded / Failed. A
  * Restarting condition, once there, stays (False when the gang runs again). */
 void rec_status_conditions(rec_ctx *x, cJSON *s, phase ph, const char *reason, const char *msg) {
     cJSON *conds = cJSON_GetObjectItemCaseSensitive(s, "conditions");
-    int world = cJSON_GetArraySize(get(x->plan_doc, "ranks"));
     char pmsg[256];
     snprintf(pmsg, sizeof pmsg, "%s plan on %d GPUs in ConfigMap %s: predicted %.1f ms per step, %.2f samples/s",
-             get_str(get(x->plan_doc, "inputs"), "strategy", "cephalo"), world, x->cm_name,
-             get_num(get(x->plan_doc, "predicted"), "iter_ms", 0),
-             get_num(get(x->plan_doc, "predicted"), "samples_per_s", 0));
+             x->plan.strategy, x->plan.world, x->cm_name, x->plan.iter_ms, x->plan.samples_per_s);
     rec_condition(conds, x->old, x->gen, "Created", true, "Created", "the job was accepted by the operator");
     rec_condition(conds, x->old, x->gen, "Planned", true, "Planned", pmsg);
     bool queued = ph == PHASE_QUEUED;

@@ -102,7 +102,7 @@ static void ctx_free(rec_ctx *x) {
     rec_admit_unlock(x);
     rec_forget_assumed(x);
     free(x->new_plan.json);
-    cJSON_Delete(x->plan_doc);
+    plan_view_free(&x->plan);
     cache_view_release(&x->pods_view);
     cache_view_release(&x->busy_view);
     cluster_free(&x->inv_all.cl);
@@ -147,12 +147,11 @@ static int hold_partial(const rec_config *c, const char *ns, const char *name) {
         const cJSON *ann = get(get(x->cm, "metadata"), "annotations");
         const char *plan_json = get_str(get(x->cm, "data"), "plan.json", NULL);
         if (plan_json && snprintf(x->plan_id, sizeof x->plan_id, "%s", get_str(ann, REC_ANN_PLAN_ID, "")) < (int)sizeof x->plan_id &&
-            rec_gang_started(x, x->plan_id) > 0 && (x->plan_doc = json_parse(x->cm_name, plan_json, strlen(plan_json), &err))) {
+            rec_gang_started(x, x->plan_id) > 0 && rec_plan_read(x, plan_json, &err) == 0) {
             rec_assume_pods(x); /* the ranks it lacks */
             found = x->n_assumed > 0;
             if (found) log_msg("info", "%s: %d of its %d worker pods exist (plan %s): the missing ones are created on that plan, "
-                               "their GPUs held meanwhile", x->key, cJSON_GetArraySize(get(x->plan_doc, "ranks")) - x->n_assumed,
-                               cJSON_GetArraySize(get(x->plan_doc, "ranks")), x->plan_id);
+                               "their GPUs held meanwhile", x->key, x->plan.world - x->n_assumed, x->plan.world, x->plan_id);
             rec_hold_assumed(x);
         }
     }
