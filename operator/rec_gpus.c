@@ -29,7 +29,7 @@ static void build_inv(rec_ctx *x, job_inv *j, bool free_only) {
         for (int i = 0; i < bv->n; i++) held[i] = cache_view_digest(bv, i);
     }
     const cJSON *pods = free_only && !held ? get(x->busy, "items") : NULL;
-    j->rc = rec_job_cluster(x->c, x->nodes, &x->js, pods, held, held ? bv->n : 0, kube_meta_str(x->job, "uid"),
+    j->rc = rec_job_cluster(x->c, x->nodes, &x->js, pods, held, held ? bv->n : 0, x->meta.uid,
                             &j->cl, &j->r, &j->err);
     free(held);
     j->built = true;
@@ -72,11 +72,10 @@ bool rec_plan_fits(rec_ctx *x, const plan_view *pv) {
 bool rec_gang_ended(const rec_ctx *x, const char *plan_id) {
     char att[32];
     snprintf(att, sizeof att, "%d", x->attempt);
-    const cJSON *pod;
-    cJSON_ArrayForEach(pod, get(x->pods, "items")) {
-        const cJSON *ann = get(get(pod, "metadata"), "annotations");
-        if (phase_finished(rec_pod_phase(pod)) && !strcmp(get_str(ann, REC_ANN_PLAN_ID, ""), plan_id) &&
-            !strcmp(get_str(ann, REC_ANN_ATTEMPT, ""), att) && rec_owned_by_job(pod, x->job))
+    for (int i = 0; i < x->n_pods; i++) {
+        const rec_pod *p = &x->pod[i];
+        if (phase_finished(p->phase) && !strcmp(p->plan_id, plan_id) && !strcmp(p->attempt, att) &&
+            rec_pod_owned(p, &x->meta))
             return true;
     }
     return false;
@@ -88,14 +87,11 @@ bool rec_gang_ended(const rec_ctx *x, const char *plan_id) {
 int rec_gang_started(const rec_ctx *x, const char *plan_id) {
     char att[32];
     snprintf(att, sizeof att, "%d", x->attempt);
-    const cJSON *pod;
     int started = 0;
-    cJSON_ArrayForEach(pod, get(x->pods, "items")) {
-        const cJSON *ann = get(get(pod, "metadata"), "annotations");
-        if (strcmp(get_str(ann, REC_ANN_PLAN_ID, ""), plan_id) || strcmp(get_str(ann, REC_ANN_ATTEMPT, ""), att) ||
-            !rec_owned_by_job(pod, x->job))
-            continue;
-        if (phase_finished(rec_pod_phase(pod)) || get(get(pod, "metadata"), "deletionTimestamp")) return 0;
+    for (int i = 0; i < x->n_pods; i++) {
+        const rec_pod *p = &x->pod[i];
+        if (strcmp(p->plan_id, plan_id) || strcmp(p->attempt, att) || !rec_pod_owned(p, &x->meta)) continue;
+        if (phase_finished(p->phase) || p->deleting) return 0;
         started++;
     }
     return started;

@@ -188,7 +188,7 @@ static int load_profiles(kube_client *k, const rec_ctx *x, plan_inputs *in, char
         return own ? err_set(err, "spec.profileConfigMap: ConfigMap %s/%s not found", ns, name) : 0;
     }
     /* it joins the plan's id: a cut one could hide a changed profile */
-    if (str_fmt(rv, rvn, err, "the profile ConfigMap's resourceVersion", "%s", get_str(get(cm, "metadata"), "resourceVersion", "")) < 0) {
+    if (str_fmt(rv, rvn, err, "the profile ConfigMap's resourceVersion", "%s", kube_meta_str(cm, "resourceVersion") ? kube_meta_str(cm, "resourceVersion") : "") < 0) {
         cJSON_Delete(cm);
         return -2;
     }
@@ -329,22 +329,22 @@ void rec_forget_plan(const rec_ctx *x) {
  * Planning). A live job keeps its phase, conditions and plan summary: its gang runs on the old
  * plan until the new one is ready. A queued job stays in the queue meanwhile. Others are Created. */
 static int plan_pending(rec_ctx *x, const char *msg, err_t *err) {
-    bool live = phase_live(x->old_phase) || x->old_phase == PHASE_QUEUED;
-    cJSON *s = rec_status_base(x, live ? x->old_phase : PHASE_CREATED, msg);
+    bool live = phase_live(x->old.phase) || x->old.phase == PHASE_QUEUED;
+    cJSON *s = rec_status_base(x, live ? x->old.phase : PHASE_CREATED, msg);
     cJSON *conds = cJSON_GetObjectItemCaseSensitive(s, "conditions");
-    const cJSON *oc, *old_conds = live ? get(x->old, "conditions") : NULL;
     bool planned = false;
-    if (!live) rec_condition(conds, x->old, x->gen, "Created", true, "Created", "the job was accepted by the operator");
-    cJSON_ArrayForEach(oc, old_conds) {
-        if (strcmp(get_str(oc, "type", ""), "Planned") != 0) {
-            cJSON_AddItemToArray(conds, cJSON_Duplicate(oc, true));
+    if (!live) rec_condition(conds, &x->old, x->meta.gen, "Created", true, "Created", "the job was accepted by the operator");
+    for (int i = 0; live && i < x->old.n_conds; i++) {
+        const rec_cond *oc = &x->old.conds[i];
+        if (strcmp(oc->type, "Planned") != 0) { /* kept as stored */
+            cJSON_AddItemToArray(conds, cJSON_Duplicate(oc->obj, true));
             continue;
         }
-        rec_condition(conds, x->old, x->gen, "Planned", false, "Planning", msg); /* in its place */
+        rec_condition(conds, &x->old, x->meta.gen, "Planned", false, "Planning", msg); /* in its place */
         planned = true;
     }
-    if (!planned) rec_condition(conds, x->old, x->gen, "Planned", false, "Planning", msg);
-    if (live && get(x->old, "plan")) cJSON_AddItemToObject(s, "plan", cJSON_Duplicate(get(x->old, "plan"), true));
+    if (!planned) rec_condition(conds, &x->old, x->meta.gen, "Planned", false, "Planning", msg);
+    if (live && x->old.plan) cJSON_AddItemToObject(s, "plan", cJSON_Duplicate(x->old.plan, true));
     return rec_write_status(x, s, err);
 }
 
@@ -365,7 +365,7 @@ static int plan_on_pool(rec_ctx *x, plan_task *t, const char *id, plan_task **tp
     planning *pool = x->c->planner;
     char msg[512];
     snprintf(msg, sizeof msg, "%splanning globalBatch %ld on %d GPUs (strategy %s, at most %g s)",
-             phase_live(x->old_phase) ? "re-" : "", t->o.batch, t->in.cl.n_devices, strategy_name(t->strat),
+             phase_live(x->old.phase) ? "re-" : "", t->o.batch, t->in.cl.n_devices, strategy_name(t->strat),
              t->budget_s);
     void *done = NULL;
     planning_state st = planning_get(pool, x->key, id, &done);
@@ -404,11 +404,11 @@ static int obtain_plan(rec_ctx *x, const char *gen_s, const char *fp, plan_task 
 /* A plan that still fits is kept when other GPUs free up or get busy (re-planning restarts the
  * gang); the job grows onto more free GPUs at most once per spec.elastic.minReplanSeconds since it
  * was planned, so that churn does not thrash it. */
-static bool keep_plan(rec_ctx *x, const cJSON *ann) {
+static bool keep_plan(rec_ctx *x) {
     if (!rec_plan_fits(x, &x->plan)) return false;
     if (x->picked <= x->plan.world) return true;
     double at = 0;
-    if (!kube_time_parse(get_str(ann, REC_ANN_PLANNED_AT, ""), &at)) at = 0; /* older plans: long ago */
+    if (!kube_time_parse(x->cmv.planned_at, &at)) at = 0; /* older plans: long ago */
     double wait = (double)x->js.min_replan_s - (kube_time_now_s() - at);
     if (wait <= 0) return false;
     if (x->st && (x->st->requeue_s <= 0 || wait < x->st->requeue_s)) x->st->requeue_s = wait;
@@ -420,21 +420,20 @@ static bool keep_plan(rec_ctx *x, const cJSON *ann) {
  * fits (and the job is not due to grow): 1 with x->plan; 0 to plan anew. A plan.json that does not
  * read (edited by hand) is planned anew too, the warning naming its field. */
 static int stored_plan(rec_ctx *x, const char *gen_s, const char *fp, err_t *err) {
-    const cJSON *ann = get(get(x->cm, "metadata"), "annotations");
-    const char *cm_plan = get_str(get(x->cm, "data"), "plan.json", NULL);
-    if (!cm_plan || strcmp(get_str(ann, REC_ANN_GENERATION, ""), gen_s)) return 0;
-    bool read = rec_plan_read(x, cm_plan, err) == 0;
-    const char *id = get_str(ann, REC_ANN_PLAN_ID, "");
+    const rec_cm_view *cm = &x->cmv;
+    if (!cm->plan_json || strcmp(cm->generation, gen_s)) return 0;
+    bool read = rec_plan_read(x, cm->plan_json, err) == 0;
+    const char *id = cm->plan_id;
     /* a gang started on it and not complete yet (maybe left by another leader) is completed on it
      * while it fits; a complete one grows as keep_plan says */
     int started = read ? rec_gang_started(x, id) : 0;
-    if (read && (!strcmp(get_str(ann, REC_ANN_INVENTORY, ""), fp) || rec_gang_ended(x, id) ||
-                 (started > 0 && started < x->plan.world && rec_plan_fits(x, &x->plan)) || keep_plan(x, ann)) &&
+    if (read && (!strcmp(cm->inventory, fp) || rec_gang_ended(x, id) ||
+                 (started > 0 && started < x->plan.world && rec_plan_fits(x, &x->plan)) || keep_plan(x)) &&
         /* ours are "g<generation>-<hash>": one too long for the buffer is not, and is planned anew */
-        str_fmt(x->plan_id, sizeof x->plan_id, NULL, "", "%s", get_str(ann, REC_ANN_PLAN_ID, "")) == 0) {
-        snprintf(x->notes, sizeof x->notes, "%s", get_str(ann, REC_ANN_NOTES, ""));
-        snprintf(x->profile, sizeof x->profile, "%s", get_str(get(x->old, "plan"), "profile", ""));
-        x->estimated = cJSON_IsTrue(get(get(x->old, "plan"), "estimated"));
+        str_fmt(x->plan_id, sizeof x->plan_id, NULL, "", "%s", id) == 0) {
+        snprintf(x->notes, sizeof x->notes, "%s", cm->notes);
+        snprintf(x->profile, sizeof x->profile, "%s", x->old.plan_profile);
+        x->estimated = x->old.plan_estimated;
         return 1;
     }
     if (!read) log_warn("%s/%s: %s; planning again", x->ns, x->name, err->msg);
@@ -445,13 +444,13 @@ static int stored_plan(rec_ctx *x, const char *gen_s, const char *fp, err_t *err
 /* The Event of a new plan: Replanned for a live job with a gang (it restarts on it; counted and
  * said in the status), Planned for another. */
 static void new_plan_event(rec_ctx *x, bool spec_changed) {
-    const char *old_id = get_str(get(get(x->cm, "metadata"), "annotations"), REC_ANN_PLAN_ID, "");
+    const char *old_id = x->cmv.plan_id;
     int world = x->plan.world;
     double sps = x->plan.samples_per_s;
     if (!strcmp(old_id, x->plan_id)) return;
     /* a job with a gang (or one being started) restarts on the new plan; a suspended or failed
      * one is just planned */
-    if (get_str(get(x->cm, "data"), "plan.json", NULL) && phase_live(x->old_phase)) {
+    if (x->cmv.plan_json && phase_live(x->old.phase)) {
         if (x->st) x->st->replans++;
         snprintf(x->new_plan.ev, sizeof x->new_plan.ev, "re-planned on %d GPUs (%s), predicted %.2f samples/s; the "
                  "gang restarts from the last checkpoint", world, spec_changed ? "the spec changed"
@@ -469,8 +468,8 @@ static void new_plan_event(rec_ctx *x, bool spec_changed) {
  * admission lock is released. 1, or -1 when plan.json does not parse. */
 static int take_plan(rec_ctx *x, const plan_task *t, bool own, const char *gen_s, const char *fp, err_t *err) {
     const plan_out *po = &t->out;
-    const char *cm_gen = get_str(get(get(x->cm, "metadata"), "annotations"), REC_ANN_GENERATION, "");
-    plan_id_of(x->gen, po->json, x->plan_id, sizeof x->plan_id);
+    const char *cm_gen = x->cmv.generation;
+    plan_id_of(x->meta.gen, po->json, x->plan_id, sizeof x->plan_id);
     x->estimated = po->estimated;
     snprintf(x->notes, sizeof x->notes, "%s", po->notes);
     snprintf(x->profile, sizeof x->profile, "%s", po->profile);
@@ -492,7 +491,7 @@ int rec_plan_read(rec_ctx *x, const char *plan_json, err_t *err) {
 
 int rec_current_plan(rec_ctx *x, err_t *err) {
     char gen_s[32], fp[64];
-    snprintf(gen_s, sizeof gen_s, "%.0f", x->gen);
+    snprintf(gen_s, sizeof gen_s, "%.0f", x->meta.gen);
     inventory_fingerprint(rec_inv(x, x->on_free), x->cap, fp, sizeof fp);
     if (stored_plan(x, gen_s, fp, err)) return 1;
     plan_task *t;

@@ -12,12 +12,12 @@
 
 /* ---- metadata -------------------------------------------------------------------------------- */
 
-static cJSON *owner_refs(const cJSON *job) {
+static cJSON *owner_refs(const rec_job_meta *job) {
     cJSON *arr = cJSON_CreateArray(), *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "apiVersion", REC_API_VERSION);
     cJSON_AddStringToObject(o, "kind", "CephaloJob");
-    cJSON_AddStringToObject(o, "name", kube_meta_str(job, "name"));
-    cJSON_AddStringToObject(o, "uid", kube_meta_str(job, "uid") ? kube_meta_str(job, "uid") : "");
+    cJSON_AddStringToObject(o, "name", job->name);
+    cJSON_AddStringToObject(o, "uid", job->uid ? job->uid : "");
     cJSON_AddBoolToObject(o, "controller", true);
     cJSON_AddBoolToObject(o, "blockOwnerDeletion", true);
     cJSON_AddItemToArray(arr, o);
@@ -26,14 +26,14 @@ static cJSON *owner_refs(const cJSON *job) {
 
 /* An object's metadata: its name, the job's labels (a worker's rank and component with rank >= 0)
  * and the job as its controller. */
-static cJSON *meta(const cJSON *job, const char *name, int rank) {
+static cJSON *meta(const rec_job_meta *job, const char *name, int rank) {
     cJSON *m = cJSON_CreateObject();
     cJSON_AddStringToObject(m, "name", name);
-    cJSON_AddStringToObject(m, "namespace", kube_meta_str(job, "namespace"));
+    cJSON_AddStringToObject(m, "namespace", job->ns);
     cJSON *l = cJSON_AddObjectToObject(m, "labels");
     cJSON_AddStringToObject(l, "app.kubernetes.io/name", "cephalo");
     cJSON_AddStringToObject(l, "app.kubernetes.io/managed-by", REC_COMPONENT);
-    cJSON_AddStringToObject(l, REC_LABEL_JOB, kube_meta_str(job, "name"));
+    cJSON_AddStringToObject(l, REC_LABEL_JOB, job->name);
     if (rank >= 0) {
         char r[16];
         snprintf(r, sizeof r, "%d", rank);
@@ -42,15 +42,6 @@ static cJSON *meta(const cJSON *job, const char *name, int rank) {
     }
     cJSON_AddItemToObject(m, "ownerReferences", owner_refs(job));
     return m;
-}
-
-bool rec_owned_by_job(const cJSON *obj, const cJSON *job) {
-    const char *uid = kube_meta_str(job, "uid");
-    const cJSON *o;
-    cJSON_ArrayForEach(o, get(get(obj, "metadata"), "ownerReferences"))
-        if (cJSON_IsTrue(get(o, "controller")) && !strcmp(get_str(o, "kind", ""), "CephaloJob"))
-            return uid && !strcmp(get_str(o, "uid", ""), uid);
-    return true;
 }
 
 /* Creates obj in the collection unless it exists (409 AlreadyExists is success). The created
@@ -101,7 +92,7 @@ static int write_configmap(kube_client *k, const rec_ctx *x, const char *plan_js
         cJSON_AddStringToObject(cm, "apiVersion", "v1");
         cJSON_AddStringToObject(cm, "kind", "ConfigMap");
     }
-    cJSON *m = old ? cJSON_AddObjectToObject(cm, "metadata") : meta(x->job, x->cm_name, -1);
+    cJSON *m = old ? cJSON_AddObjectToObject(cm, "metadata") : meta(&x->meta, x->cm_name, -1);
     if (!old) cJSON_AddItemToObject(cm, "metadata", m);
     cm_annotate(m, a, old != NULL);
     cJSON_AddStringToObject(cJSON_AddObjectToObject(cm, "data"), "plan.json", plan_json);
@@ -141,7 +132,7 @@ static int plan_configmap(rec_ctx *x, kube_client *k, err_t *err) {
 }
 
 static void plan_event(rec_ctx *x, kube_client *k) {
-    if (x->new_plan.ev_reason) rec_emit(k, x->job, "Normal", x->new_plan.ev_reason, x->new_plan.ev);
+    if (x->new_plan.ev_reason) rec_emit(k, &x->meta, "Normal", x->new_plan.ev_reason, x->new_plan.ev);
     x->new_plan.ev_reason = NULL;
 }
 
@@ -165,7 +156,7 @@ static int ensure_service(kube_client *k, const rec_ctx *x, err_t *err) {
     cJSON *s = cJSON_CreateObject();
     cJSON_AddStringToObject(s, "apiVersion", "v1");
     cJSON_AddStringToObject(s, "kind", "Service");
-    cJSON *m = meta(x->job, x->name, -1);
+    cJSON *m = meta(&x->meta, x->name, -1);
     cJSON_AddStringToObject(cJSON_GetObjectItem(m, "labels"), REC_LABEL_COMPONENT, "worker");
     cJSON_AddItemToObject(s, "metadata", m);
     cJSON *sp = cJSON_AddObjectToObject(s, "spec");
@@ -317,7 +308,7 @@ static void worker_env(const rec_ctx *x, cJSON *ctr, int rank, int world) {
     wcmd_env_init(&we, rank, world, addr, REC_MASTER_PORT);
     we.plan = "/etc/cephalo/plan.json";
     we.job = x->name;
-    we.job_id = kube_meta_str(x->job, "uid") ? kube_meta_str(x->job, "uid") : id;
+    we.job_id = x->meta.uid ? x->meta.uid : id;
     we.comm_timeout = x->js.comm_timeout_s;
     we.metrics_port = x->js.metrics_port;
     wcmd_argv vars = {0};
@@ -357,7 +348,7 @@ static void worker_container(const rec_ctx *x, cJSON *ps, const plan_view_rank *
 
 static cJSON *pod_meta(const rec_ctx *x, const char *pod, int rank) {
     char att[32];
-    cJSON *md = meta(x->job, pod, rank);
+    cJSON *md = meta(&x->meta, pod, rank);
     cJSON *ann = cJSON_AddObjectToObject(md, "annotations");
     cJSON_AddStringToObject(ann, REC_ANN_PLAN_ID, x->plan_id);
     snprintf(att, sizeof att, "%d", x->attempt);
@@ -388,21 +379,6 @@ static cJSON *pod_object(const rec_ctx *x, const plan_view_rank *planned, int ra
     return o;
 }
 
-const cJSON *rec_find_node(rec_ctx *x, const char *name) {
-    if (!x->nodes || !name) return NULL;
-    if (!x->node_by) {
-        const cJSON *n, *items = get(x->nodes, "items");
-        int k = 0;
-        x->node_by = xmalloc((size_t)cJSON_GetArraySize(items) * sizeof *x->node_by + 1);
-        cJSON_ArrayForEach(n, items) {
-            str_map_put(&x->node_at, get_str(get(n, "metadata"), "name", ""), k); /* the first of a name */
-            x->node_by[k++] = n;
-        }
-    }
-    long i = str_map_get(&x->node_at, name);
-    return i >= 0 ? x->node_by[i] : NULL;
-}
-
 /* The worker pod of plan rank r (index i), pinned to its node's hostname label. */
 static cJSON *rank_pod(rec_ctx *x, int i) {
     const plan_view_rank *r = &x->plan.ranks[i];
@@ -425,10 +401,9 @@ static void assume_pod(rec_ctx *x, int i, const char *pod) {
  * the API has answered (kube-scheduler's assumed pods). The API's answer or the watch replaces
  * them; rec_forget_assumed removes those nothing replaced (a failed or skipped creation). */
 void rec_assume_pods(rec_ctx *x) {
-    const cJSON *p;
     int world = x->plan.world;
     str_map have = {0}; /* the job's pods by name: not a scan of them for each rank */
-    cJSON_ArrayForEach(p, get(x->pods, "items")) str_map_put(&have, get_str(get(p, "metadata"), "name", ""), 0);
+    for (int i = 0; i < x->n_pods; i++) str_map_put(&have, x->pod[i].name, 0);
     x->assumed = xrealloc(x->assumed, (size_t)(x->n_assumed + world + 1) * sizeof *x->assumed);
     for (int i = 0; i < world; i++) {
         char pod[128]; /* as in pod_object */
@@ -562,45 +537,35 @@ int rec_create_pods(rec_ctx *x, gang *g, err_t *err) {
 
 /* ---- deleting -------------------------------------------------------------------------------- */
 
-static bool is_job_pod(const cJSON *pod, void *arg) {
-    const rec_ctx *x = arg;
-    return !strcmp(get_str(get(pod, "metadata"), "namespace", ""), x->ns) &&
-           !strcmp(get_str(get(get(pod, "metadata"), "labels"), REC_LABEL_JOB, ""), x->name);
-}
-
-cJSON *rec_job_pods(rec_ctx *x, cache_view *v) { return cache_view_list(x->c->caches->pods, is_job_pod, x, v); }
-
 /* Whether no kubelet can finish a pod's graceful deletion: its Node is gone, or not Ready and the
  * grace period is over. An unbound pod is no orphan: the API server deletes it at once by itself,
  * and if the scheduler bound it meanwhile, its worker gets the graceful stop. */
-static bool orphan_pod(rec_ctx *x, const cJSON *pod) {
-    const char *bound = get_str(get(pod, "spec"), "nodeName", NULL);
+static bool orphan_pod(rec_ctx *x, const rec_pod *p) {
+    const char *bound = p->node;
     const cJSON *node = rec_find_node(x, bound);
     double due = 0; /* the API sets deletionTimestamp to the request time plus the grace period */
-    bool overdue = kube_time_parse(get_str(get(pod, "metadata"), "deletionTimestamp", ""), &due) &&
-                   kube_time_now_s() >= due;
+    bool overdue = kube_time_parse(p->deletion, &due) && kube_time_now_s() >= due;
     return x->nodes && bound && (!node || (!inv_node_ready(node) && overdue));
 }
 
 /* Deletes a pod: gracefully (the worker gets SIGTERM), once; at once (gracePeriodSeconds=0) when
  * it is an orphan. Its name is needed for the next gang. */
-static int delete_pod(rec_ctx *x, const cJSON *pod, err_t *err) {
+static int delete_pod(rec_ctx *x, const rec_pod *p, err_t *err) {
     char path[KUBE_PATH_MAX + 32];
     long status = 0;
-    bool orphan = orphan_pod(x, pod);
-    if (get(get(pod, "metadata"), "deletionTimestamp") && !orphan) return 0; /* on its way */
-    if (kube_path(path, KUBE_PATH_MAX, "v1", x->ns, "pods", kube_meta_str(pod, "name"), err) < 0) return -1;
+    bool orphan = orphan_pod(x, p);
+    if (p->deleting && !orphan) return 0; /* on its way */
+    if (kube_path(path, KUBE_PATH_MAX, "v1", x->ns, "pods", p->name, err) < 0) return -1;
     if (orphan) strcat(path, "?gracePeriodSeconds=0");
     if (kube_delete(x->k, path, &status, err) < 0 && status != 404) return -1;
     if (x->st) x->st->pods_deleted++;
     return 0;
 }
 
-int rec_delete_pods(rec_ctx *x, const cJSON *pods, bool keep_finished, err_t *err) {
-    const cJSON *pod;
-    cJSON_ArrayForEach(pod, get(pods, "items")) {
-        if (keep_finished && phase_finished(rec_pod_phase(pod))) continue;
-        if (delete_pod(x, pod, err) < 0) return -1;
+int rec_delete_pods(rec_ctx *x, const rec_pod *pods, int n, bool keep_finished, err_t *err) {
+    for (int i = 0; i < n; i++) {
+        if (keep_finished && phase_finished(pods[i].phase)) continue;
+        if (delete_pod(x, &pods[i], err) < 0) return -1;
     }
     return 0;
 }
@@ -612,7 +577,7 @@ static int clear_foreign_service(rec_ctx *x, err_t *err) {
     int found = 0;
     if (kube_path(path, sizeof path, "v1", x->ns, "services", x->name, err) < 0) return -1;
     cJSON *svc = cache_get(x->c->caches->services, x->ns, x->name); /* the jobs' labelled Services */
-    if (svc && rec_owned_by_job(svc, x->job)) {
+    if (svc && rec_owned_by_job(svc, &x->meta)) {
         x->have_service = true;
     } else if (svc) {
         found = 1;
@@ -629,7 +594,7 @@ int rec_clear_foreign(rec_ctx *x, err_t *err) {
     char path[KUBE_PATH_MAX];
     long status = 0;
     int found = 0;
-    if (x->cm && !rec_owned_by_job(x->cm, x->job)) {
+    if (x->cm && !rec_owned_by_job(x->cm, &x->meta)) { /* before the plan: the ConfigMap's owner only */
         found = 1;
         if (kube_path(path, sizeof path, "v1", x->ns, "configmaps", x->cm_name, err) < 0 ||
             (kube_delete(x->k, path, &status, err) < 0 && status != 404))
@@ -638,11 +603,10 @@ int rec_clear_foreign(rec_ctx *x, err_t *err) {
     int svc = clear_foreign_service(x, err);
     if (svc < 0) return -1;
     found |= svc;
-    const cJSON *pod;
-    cJSON_ArrayForEach(pod, get(x->pods, "items")) {
-        if (rec_owned_by_job(pod, x->job)) continue;
+    for (int i = 0; i < x->n_pods; i++) {
+        if (rec_pod_owned(&x->pod[i], &x->meta)) continue;
         found = 1;
-        if (delete_pod(x, pod, err) < 0) return -1;
+        if (delete_pod(x, &x->pod[i], err) < 0) return -1;
     }
     return found;
 }

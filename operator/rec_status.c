@@ -10,16 +10,15 @@
 
 /* ---- conditions and Events ------------------------------------------------------------------- */
 
-void rec_condition(cJSON *conds, const cJSON *old_status, double gen, const char *type, bool ok, const char *reason,
+void rec_condition(cJSON *conds, const rec_status_view *old, double gen, const char *type, bool ok, const char *reason,
                    const char *message) {
     const char *st = ok ? "True" : "False";
     char now[64];
     kube_time_now(now, sizeof now);
     const char *ltt = now; /* kept while the condition stays */
-    const cJSON *oc;
-    cJSON_ArrayForEach(oc, get(old_status, "conditions")) {
-        if (strcmp(get_str(oc, "type", ""), type) == 0 && strcmp(get_str(oc, "status", ""), st) == 0)
-            ltt = get_str(oc, "lastTransitionTime", now);
+    for (int i = 0; i < old->n_conds; i++) {
+        const rec_cond *oc = &old->conds[i];
+        if (strcmp(oc->type, type) == 0 && strcmp(oc->status, st) == 0) ltt = oc->ltt ? oc->ltt : now;
     }
     cJSON *c = cJSON_CreateObject();
     cJSON_AddStringToObject(c, "type", type);
@@ -31,23 +30,13 @@ void rec_condition(cJSON *conds, const cJSON *old_status, double gen, const char
     cJSON_AddItemToArray(conds, c);
 }
 
-const cJSON *rec_find_condition(const cJSON *status, const char *type) {
-    const cJSON *c;
-    cJSON_ArrayForEach(c, get(status, "conditions"))
-        if (!strcmp(get_str(c, "type", ""), type)) return c;
-    return NULL;
-}
-
-void rec_emit(kube_client *k, const cJSON *job, const char *type, const char *reason, const char *msg) {
-    kube_event ev = {.namespace = kube_meta_str(job, "namespace"), .api_version = REC_API_VERSION,
-                     .kind = "CephaloJob", .name = kube_meta_str(job, "name"),
-                     .uid = kube_meta_str(job, "uid"), .type = type, .reason = reason,
+void rec_emit(kube_client *k, const rec_job_meta *job, const char *type, const char *reason, const char *msg) {
+    kube_event ev = {.namespace = job->ns, .api_version = REC_API_VERSION, .kind = "CephaloJob", .name = job->name,
+                     .uid = job->uid, .type = type, .reason = reason,
                      .message = msg, .component = REC_COMPONENT};
     err_t e;
     /* events are best effort: the status says the same; a lost one is said, not silent */
-    if (kube_event_emit(k, &ev, &e) < 0)
-        log_warn("%s/%s: the %s event was not recorded: %s", ev.namespace ? ev.namespace : "", ev.name ? ev.name : "",
-                 reason, e.msg);
+    if (kube_event_emit(k, &ev, &e) < 0) log_warn("%s/%s: the %s event was not recorded: %s", job->ns, job->name, reason, e.msg);
 }
 
 /* ---- writing it ------------------------------------------------------------------------------ */
@@ -94,17 +83,20 @@ cJSON *rec_status_base(rec_ctx *x, phase ph, const char *msg) {
     cJSON *s = cJSON_CreateObject();
     cJSON_AddStringToObject(s, "phase", phase_name(ph));
     cJSON_AddStringToObject(s, "message", msg);
-    cJSON_AddNumberToObject(s, "observedGeneration", x->gen);
+    cJSON_AddNumberToObject(s, "observedGeneration", x->meta.gen);
     cJSON_AddArrayToObject(s, "conditions");
-    cJSON_AddNumberToObject(s, "restarts", get_num(x->old, "restarts", 0));
-    cJSON_AddNumberToObject(s, "replans", get_num(x->old, "replans", 0) + (*x->why ? 1 : 0));
+    cJSON_AddNumberToObject(s, "restarts", x->old.restarts);
+    cJSON_AddNumberToObject(s, "replans", x->old.replans + (*x->why ? 1 : 0));
     cJSON_AddNumberToObject(s, "attempt", x->attempt);
-    static const char *kept[] = {"step", "lastCheckpointStep", "samplesPerSecond", "loss"};
+    const rec_status_view *o = &x->old;
+    const struct { const char *key; rec_kept v; } kept[] = {
+        {"step", o->step}, {"lastCheckpointStep", o->ckpt_step}, {"samplesPerSecond", o->samples_per_s}, {"loss", o->loss}};
     for (size_t i = 0; i < sizeof kept / sizeof *kept; i++)
-        if (get(x->old, kept[i])) cJSON_AddNumberToObject(s, kept[i], get_num(x->old, kept[i], 0));
-    static const char *times[] = {"startTime", "completionTime", "progressTime"};
-    for (size_t i = 0; i < 3; i++)
-        if (get_str(x->old, times[i], NULL)) cJSON_AddStringToObject(s, times[i], get_str(x->old, times[i], ""));
+        if (kept[i].v.have) cJSON_AddNumberToObject(s, kept[i].key, kept[i].v.v);
+    const struct { const char *key, *v; } times[] = {
+        {"startTime", o->start_time}, {"completionTime", o->completion_time}, {"progressTime", o->progress_time}};
+    for (size_t i = 0; i < sizeof times / sizeof *times; i++)
+        if (times[i].v) cJSON_AddStringToObject(s, times[i].key, times[i].v);
     return s;
 }
 
@@ -148,18 +140,18 @@ void rec_status_conditions(rec_ctx *x, cJSON *s, phase ph, const char *reason, c
     char pmsg[256];
     snprintf(pmsg, sizeof pmsg, "%s plan on %d GPUs in ConfigMap %s: predicted %.1f ms per step, %.2f samples/s",
              x->plan.strategy, x->plan.world, x->cm_name, x->plan.iter_ms, x->plan.samples_per_s);
-    rec_condition(conds, x->old, x->gen, "Created", true, "Created", "the job was accepted by the operator");
-    rec_condition(conds, x->old, x->gen, "Planned", true, "Planned", pmsg);
+    rec_condition(conds, &x->old, x->meta.gen, "Created", true, "Created", "the job was accepted by the operator");
+    rec_condition(conds, &x->old, x->meta.gen, "Planned", true, "Planned", pmsg);
     bool queued = ph == PHASE_QUEUED;
-    rec_condition(conds, x->old, x->gen, "Admitted", !queued, queued ? reason : "Admitted",
+    rec_condition(conds, &x->old, x->meta.gen, "Admitted", !queued, queued ? reason : "Admitted",
                   queued ? msg : "every GPU of its plan was free");
     bool running = ph == PHASE_RUNNING;
-    rec_condition(conds, x->old, x->gen, "Running", running, running ? "PodsRunning" : reason, msg);
-    if (ph == PHASE_RESTARTING) rec_condition(conds, x->old, x->gen, "Restarting", true, reason, msg);
-    else if (rec_find_condition(x->old, "Restarting"))
-        rec_condition(conds, x->old, x->gen, "Restarting", false, "GangStarted", "the gang of this attempt was started");
-    if (ph == PHASE_SUCCEEDED) rec_condition(conds, x->old, x->gen, "Succeeded", true, "Succeeded", msg);
-    if (ph == PHASE_FAILED) rec_condition(conds, x->old, x->gen, "Failed", true, reason, msg);
+    rec_condition(conds, &x->old, x->meta.gen, "Running", running, running ? "PodsRunning" : reason, msg);
+    if (ph == PHASE_RESTARTING) rec_condition(conds, &x->old, x->meta.gen, "Restarting", true, reason, msg);
+    else if (rec_cond_find(&x->old, "Restarting"))
+        rec_condition(conds, &x->old, x->meta.gen, "Restarting", false, "GangStarted", "the gang of this attempt was started");
+    if (ph == PHASE_SUCCEEDED) rec_condition(conds, &x->old, x->meta.gen, "Succeeded", true, "Succeeded", msg);
+    if (ph == PHASE_FAILED) rec_condition(conds, &x->old, x->meta.gen, "Failed", true, reason, msg);
 }
 
 int rec_status_write(rec_ctx *x, phase ph, const char *reason, const char *msg, err_t *err) {
@@ -167,13 +159,4 @@ int rec_status_write(rec_ctx *x, phase ph, const char *reason, const char *msg, 
     rec_status_plan(x, s);
     rec_status_conditions(x, s, ph, reason, msg);
     return rec_write_status(x, s, err);
-}
-
-/* ---- reading it ----------------------------------------------------------------------------- */
-
-bool rec_terminal(const cJSON *status) {
-    phase ph = phase_parse(get_str(status, "phase", NULL));
-    if (ph == PHASE_SUCCEEDED) return true;
-    const cJSON *f = rec_find_condition(status, "Failed");
-    return ph == PHASE_FAILED && f && !strcmp(get_str(f, "reason", ""), "BackoffLimitExceeded");
 }

@@ -30,10 +30,9 @@ int rec_job(kube_client *k, const rec_config *c, const char *ns, const char *nam
 static int read_job(rec_ctx *x, err_t *err) {
     if (kube_path(x->job_path, sizeof x->job_path, REC_API_VERSION, x->ns, "cephalojobs", x->name, err) < 0) return -1;
     if (!(x->job = cache_get(x->c->caches->jobs, x->ns, x->name))) return 0;
-    x->old = get(x->job, "status");
-    x->old_phase = phase_parse(get_str(x->old, "phase", NULL));
-    x->gen = get_num(get(x->job, "metadata"), "generation", 0);
-    x->attempt = (int)get_num(x->old, "attempt", 0);
+    rec_job_meta_read(x->job, &x->meta);
+    rec_status_read(get(x->job, "status"), &x->old);
+    x->attempt = x->old.attempt;
     x->js_rc = job_spec_parse(get(x->job, "spec"), &x->js, &x->js_err); /* a mistake fails it when planned */
     /* the CRD refuses longer names; without it the names derived from this one (pods, Service,
      * ConfigMap) must fail the job, not be cut into other objects' names */
@@ -44,7 +43,7 @@ static int read_job(rec_ctx *x, err_t *err) {
     /* a cut name could be another job's ConfigMap (rec_clear_foreign deletes one it does not own):
      * a job with a name too long has none */
     if (strlen(x->name) <= REC_NAME_MAX) snprintf(x->cm_name, sizeof x->cm_name, "%s-plan", x->name);
-    return !get(get(x->job, "metadata"), "deletionTimestamp") && !rec_terminal(x->old);
+    return !x->meta.deleting && !rec_terminal(&x->old);
 }
 
 /* The job (read_job); one that is nothing to do has its planning dropped, a suspended one its pods
@@ -63,7 +62,9 @@ static void read_stores(rec_ctx *x) {
     const rec_caches *c = x->c->caches;
     x->nodes = cache_view_list(c->nodes, NULL, NULL, &x->nodes_view);
     x->cm = cache_get(c->configmaps, x->ns, x->cm_name);
+    rec_cm_read(x->cm, &x->cmv);
     x->pods = rec_job_pods(x, &x->pods_view);
+    x->pod = rec_pods_read(x->pods, &x->n_pods);
     x->busy = cache_view_list(c->busy, NULL, NULL, &x->busy_view);
 }
 
@@ -103,6 +104,7 @@ static void ctx_free(rec_ctx *x) {
     rec_forget_assumed(x);
     free(x->new_plan.json);
     plan_view_free(&x->plan);
+    free(x->pod);
     cache_view_release(&x->pods_view);
     cache_view_release(&x->busy_view);
     cluster_free(&x->inv_all.cl);
@@ -111,6 +113,7 @@ static void ctx_free(rec_ctx *x) {
     cache_view_release(&x->nodes_view);
     str_map_free(&x->node_at);
     free(x->node_by);
+    rec_status_view_free(&x->old);
     cJSON_Delete(x->job);
 }
 
@@ -144,9 +147,8 @@ static int hold_partial(const rec_config *c, const char *ns, const char *name) {
     int found = 0;
     if (read_job(x, &err) > 0 && !x->js.suspend) {
         read_stores(x);
-        const cJSON *ann = get(get(x->cm, "metadata"), "annotations");
-        const char *plan_json = get_str(get(x->cm, "data"), "plan.json", NULL);
-        if (plan_json && snprintf(x->plan_id, sizeof x->plan_id, "%s", get_str(ann, REC_ANN_PLAN_ID, "")) < (int)sizeof x->plan_id &&
+        const char *plan_json = x->cmv.plan_json;
+        if (plan_json && snprintf(x->plan_id, sizeof x->plan_id, "%s", x->cmv.plan_id) < (int)sizeof x->plan_id &&
             rec_gang_started(x, x->plan_id) > 0 && rec_plan_read(x, plan_json, &err) == 0) {
             rec_assume_pods(x); /* the ranks it lacks */
             found = x->n_assumed > 0;
