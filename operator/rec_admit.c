@@ -16,12 +16,12 @@ static pthread_mutex_t rec_admit_mu = PTHREAD_MUTEX_INITIALIZER;
 
 void rec_admit_lock(rec_ctx *x) {
     pthread_mutex_lock(&rec_admit_mu);
-    x->admitting = true;
+    x->gpus.admitting = true;
 }
 
 void rec_admit_unlock(rec_ctx *x) {
-    if (!x->admitting) return;
-    x->admitting = false;
+    if (!x->gpus.admitting) return;
+    x->gpus.admitting = false;
     pthread_mutex_unlock(&rec_admit_mu);
 }
 
@@ -32,29 +32,29 @@ static int never_fits(rec_ctx *x, int usable, err_t *err) {
     char types[256], msg[700];
     inv_describe(&rec_inv(x, false)->cl, types, sizeof types);
     snprintf(msg, sizeof msg, "spec.gpus.minGPUs %ld is more than the %d GPUs the job may use in the cluster (%s): it "
-             "can never start (lower minGPUs, or widen spec.gpus)", x->js.min_gpus, usable, types);
+             "can never start (lower minGPUs, or widen spec.gpus)", x->job.js.min_gpus, usable, types);
     return rec_plan_failed(x, "InsufficientGPUs", msg, err) < 0 ? -1 : 0;
 }
 
-/* Which GPUs the job is planned on (x->on_free) and how many it needs (x->need): its free GPUs when
+/* Which GPUs the job is planned on (x->gpus.on_free) and how many it needs (x->gpus.need): its free GPUs when
  * at least `need` are free (it plans around busy ones), else all its usable GPUs, busy or not (the
  * plan it waits for). A spec that does not read is refused here, before anything is planned. */
 int rec_choose_view(rec_ctx *x, err_t *err) {
-    if (x->js_rc < 0) {
+    if (x->job.js_rc < 0) {
         rec_forget_plan(x);
-        return rec_plan_failed(x, "InvalidSpec", x->js_err.msg, err) < 0 ? -1 : 0;
+        return rec_plan_failed(x, "InvalidSpec", x->job.js_err.msg, err) < 0 ? -1 : 0;
     }
-    x->cap = (int)x->js.max_gpus;
-    x->on_free = true;
+    x->gpus.cap = (int)x->job.js.max_gpus;
+    x->gpus.on_free = true;
     /* the free GPUs' inventory counts every usable one too (inv_result.usable): the whole one is
      * built only when the job must be planned on it, or for a message */
     const job_inv *mine = rec_inv(x, true);
     if (mine->rc < 0) return 1; /* no usable GPU: planning says why */
-    int usable = mine->r.usable, min = (int)x->js.min_gpus;
-    x->need = min > 0 ? min : x->cap > 0 && x->cap < usable ? x->cap : usable;
-    if (x->need > usable) return never_fits(x, usable, err);
-    x->picked = rec_inv_devices(mine, x->cap);
-    if (x->picked < x->need) x->on_free = false;
+    int usable = mine->r.usable, min = (int)x->job.js.min_gpus;
+    x->gpus.need = min > 0 ? min : x->gpus.cap > 0 && x->gpus.cap < usable ? x->gpus.cap : usable;
+    if (x->gpus.need > usable) return never_fits(x, usable, err);
+    x->gpus.picked = rec_inv_devices(mine, x->gpus.cap);
+    if (x->gpus.picked < x->gpus.need) x->gpus.on_free = false;
     return 1;
 }
 
@@ -93,11 +93,11 @@ static bool shares_nodes(rec_ctx *x, const job_spec *other) {
     cluster cl;
     inv_result r;
     err_t e;
-    if (rec_job_cluster(x->c, x->nodes, other, NULL, NULL, 0, NULL, &cl, &r, &e) < 0) return false;
+    if (rec_job_cluster(x->c, x->stores.nodes, other, NULL, NULL, 0, NULL, &cl, &r, &e) < 0) return false;
     bool shared = false;
     str_map names = {0}; /* the other job's nodes: a lookup per rank, not a scan of them */
     for (int i = 0; i < cl.n_nodes; i++) str_map_put(&names, cl.nodes[i].name, i);
-    for (int k = 0; k < x->plan.world; k++) shared |= str_map_get(&names, x->plan.ranks[k].node) >= 0;
+    for (int k = 0; k < x->plan.view.world; k++) shared |= str_map_get(&names, x->plan.view.ranks[k].node) >= 0;
     str_map_free(&names);
     cluster_free(&cl);
     return shared;
@@ -137,12 +137,13 @@ static bool gang_recreated(rec_ctx *x, const other_job *j) {
 static bool claims(rec_ctx *x, const other_job *j, char *who, size_t n) {
     phase ph = j->st.phase;
     if (j->meta.deleting || j->spec.suspend) return false;
-    bool ahead = ph == PHASE_QUEUED && job_before(&j->meta, j->spec.priority, &x->meta, x->js.priority);
+    bool ahead = ph == PHASE_QUEUED && job_before(&j->meta, j->spec.priority, &x->job.meta, x->job.js.priority);
     bool restarting = ph == PHASE_RESTARTING && rec_cond_true(rec_cond_find(&j->st, "Admitted"));
     if ((!ahead && !restarting) || !shares_nodes(x, &j->spec) || (restarting && gang_recreated(x, j))) return false;
     if (ahead)
         snprintf(who, n, "queued behind CephaloJob %s/%s (priority %ld, created %s), which waits for GPUs "
-                 "this job would take", j->meta.ns, j->meta.name, j->spec.priority, j->meta.created ? j->meta.created : "?");
+                 "this job would take", j->meta.ns, j->meta.name, j->spec.priority,
+                 j->meta.created ? j->meta.created : "?");
     else
         snprintf(who, n, "waiting for CephaloJob %s/%s to restart its gang on GPUs this job would take", j->meta.ns,
                  j->meta.name);
@@ -171,7 +172,7 @@ static bool blocks(rec_ctx *x, const cJSON *job, char *who, size_t n) {
 static bool queue_blocker(rec_ctx *x, char *who, size_t n) {
     cache_view v;
     const cJSON *jobs = cache_view_list(x->c->caches->jobs, NULL, NULL, &v);
-    const char *uid = x->meta.uid;
+    const char *uid = x->job.meta.uid;
     const cJSON *j;
     bool found = false;
     cJSON_ArrayForEach(j, get(jobs, "items")) {
@@ -188,12 +189,12 @@ static bool queue_blocker(rec_ctx *x, char *who, size_t n) {
  * when a pod that may hold GPUs comes or goes anywhere, or a Node changes (main.c). */
 static int queue_job(rec_ctx *x, const char *msg, err_t *err) {
     bool running = false;
-    for (int i = 0; i < x->n_pods; i++) running |= !phase_finished(x->pod[i].phase);
-    if (running) x->attempt++;
-    if (rec_delete_pods(x, x->pod, x->n_pods, true, err) < 0) return -1;
-    if (x->old.phase != PHASE_QUEUED) {
-        rec_emit(x->k, &x->meta, "Normal", "Queued", msg);
-        log_msg("info", "%s/%s: queued: %s", x->ns, x->name, msg);
+    for (int i = 0; i < x->stores.n_pods; i++) running |= !phase_finished(x->stores.pod[i].phase);
+    if (running) x->job.attempt++;
+    if (rec_delete_pods(x, x->stores.pod, x->stores.n_pods, true, err) < 0) return -1;
+    if (x->job.old.phase != PHASE_QUEUED) {
+        rec_emit(x->k, &x->job.meta, "Normal", "Queued", msg);
+        log_msg("info", "%s/%s: queued: %s", x->job.ns, x->job.name, msg);
     }
     return rec_status_write(x, PHASE_QUEUED, "WaitingForGPUs", msg, err);
 }
@@ -203,19 +204,19 @@ static int queue_job(rec_ctx *x, const char *msg, err_t *err) {
  * on; another is admitted when every GPU of its plan is free (all or nothing: a partial gang never
  * starts) and no job has an earlier claim on them. */
 int rec_admit(rec_ctx *x, err_t *err) {
-    bool live = phase_live(x->old.phase) || rec_gang_started(x, x->plan_id) > 0;
-    int world = x->plan.world;
+    bool live = phase_live(x->job.old.phase) || rec_gang_started(x, x->plan.id) > 0;
+    int world = x->plan.view.world;
     char msg[1200], types[256] = "";
-    if (live && rec_gang_ended(x, x->plan_id)) return 1;
-    if (rec_plan_fits(x, &x->plan)) {
+    if (live && rec_gang_ended(x, x->plan.id)) return 1;
+    if (rec_plan_fits(x, &x->plan.view)) {
         if (live) return 1;
         return queue_blocker(x, msg, sizeof msg) ? queue_job(x, msg, err) : 1;
     }
-    plan_types(&x->plan, types, sizeof types);
+    plan_types(&x->plan.view, types, sizeof types);
     int nfree = rec_inv(x, true)->cl.n_devices;
-    if (x->need < world)
+    if (x->gpus.need < world)
         snprintf(msg, sizeof msg, "needs %d GPUs (%s) of its plan, or at least %d (spec.gpus.minGPUs) of them free; %d free",
-                 world, types, x->need, nfree);
+                 world, types, x->gpus.need, nfree);
     else
         snprintf(msg, sizeof msg, "needs %d GPUs (%s) of its plan; %d free", world, types, nfree);
     return queue_job(x, msg, err);

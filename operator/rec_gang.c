@@ -31,10 +31,10 @@ bool rec_blame_earlier(const rec_pod *a, const rec_pod *b) {
 /* The rank of a pod of the current plan and attempt, or -1 when it is stale. */
 static int current_rank(const rec_ctx *x, const rec_pod *p, int world) {
     char att[32], *end;
-    snprintf(att, sizeof att, "%d", x->attempt);
+    snprintf(att, sizeof att, "%d", x->job.attempt);
     const char *rank_s = p->rank ? p->rank : "";
     long rank = strtol(rank_s, &end, 10);
-    bool current = rec_pod_owned(p, &x->meta) && !strcmp(p->plan_id, x->plan_id) && !strcmp(p->attempt, att) &&
+    bool current = rec_pod_owned(p, &x->job.meta) && !strcmp(p->plan_id, x->plan.id) && !strcmp(p->attempt, att) &&
                    *rank_s && !*end && rank >= 0 && rank < world;
     return current ? (int)rank : -1;
 }
@@ -58,11 +58,11 @@ static void gang_count(gang *g, const rec_pod *p) {
 
 int rec_gang_read(rec_ctx *x, gang *g, err_t *err) {
     memset(g, 0, sizeof *g);
-    g->world = x->plan.world;
+    g->world = x->plan.view.world;
     g->pod = calloc((size_t)g->world + 1, sizeof *g->pod);
     if (!g->pod) return err_set(err, "out of memory");
-    for (int i = 0; i < x->n_pods; i++) {
-        const rec_pod *p = &x->pod[i];
+    for (int i = 0; i < x->stores.n_pods; i++) {
+        const rec_pod *p = &x->stores.pod[i];
         int rank = current_rank(x, p, g->world);
         if (rank < 0) {
             g->stale++;
@@ -80,11 +80,11 @@ int rec_gang_read(rec_ctx *x, gang *g, err_t *err) {
 void rec_gang_free(gang *g) { free(g->pod); }
 
 /* The node of a pod for messages: bound, its node; not yet, the node its affinity names (by its
- * hostname label: the Node's name when it is among x->nodes); else "?". */
+ * hostname label: the Node's name when it is among x->stores.nodes); else "?". */
 static const char *pod_node(const rec_ctx *x, const rec_pod *p) {
     const cJSON *n;
     if (p->node) return p->node;
-    cJSON_ArrayForEach(n, get(x->nodes, "items"))
+    cJSON_ArrayForEach(n, get(x->stores.nodes, "items"))
         if (inv_pod_on_node(p->obj, n)) return kube_meta_str(n, "name");
     return inv_pod_node(p->obj) ? inv_pod_node(p->obj) : "?";
 }
@@ -122,16 +122,16 @@ static void describe_failure(const rec_pod *p, const char *node, char *out, size
  * (once the status says Failed nothing else looks at this job), finished ones kept for their logs. */
 static int gang_gives_up(rec_ctx *x, const char *what, double restarts, err_t *err) {
     char msg[1400], now[64];
-    snprintf(msg, sizeof msg, "%s; backoffLimit %ld reached after %.0f gang restarts", what, x->js.backoff_limit,
+    snprintf(msg, sizeof msg, "%s; backoffLimit %ld reached after %.0f gang restarts", what, x->job.js.backoff_limit,
              restarts);
     cJSON *s = rec_status_base(x, PHASE_FAILED, msg);
     rec_status_plan(x, s);
     rec_status_conditions(x, s, PHASE_FAILED, "BackoffLimitExceeded", msg);
     kube_time_now(now, sizeof now);
     cJSON_AddStringToObject(s, "completionTime", now);
-    if (rec_delete_pods(x, x->pod, x->n_pods, true, err) < 0) return cJSON_Delete(s), -1;
-    rec_emit(x->k, &x->meta, "Warning", "BackoffLimitExceeded", msg);
-    if (x->st && x->old.phase != PHASE_FAILED) x->st->jobs_failed++;
+    if (rec_delete_pods(x, x->stores.pod, x->stores.n_pods, true, err) < 0) return cJSON_Delete(s), -1;
+    rec_emit(x->k, &x->job.meta, "Warning", "BackoffLimitExceeded", msg);
+    if (x->st && x->job.old.phase != PHASE_FAILED) x->st->jobs_failed++;
     return rec_write_status(x, s, err);
 }
 
@@ -139,33 +139,33 @@ static int gang_gives_up(rec_ctx *x, const char *what, double restarts, err_t *e
  * status is written first (attempt + 1), then the pods deleted, so a crash in between still
  * finds them stale. */
 static int gang_failed(rec_ctx *x, const char *what, err_t *err) {
-    double restarts = x->old.restarts;
-    if (restarts >= (double)x->js.backoff_limit) return gang_gives_up(x, what, restarts, err);
-    x->attempt++;
+    double restarts = x->job.old.restarts;
+    if (restarts >= (double)x->job.js.backoff_limit) return gang_gives_up(x, what, restarts, err);
+    x->job.attempt++;
     /* lastCheckpointStep is as fresh as the last progress read: the workers may have a newer one */
-    double ck = x->old.ckpt_step.have ? x->old.ckpt_step.v : -1;
+    double ck = x->job.old.ckpt_step.have ? x->job.old.ckpt_step.v : -1;
     char from[80] = "the last checkpoint, if any", msg[1400];
     if (ck >= 0) snprintf(from, sizeof from, "the last checkpoint (step %.0f or later)", ck);
     snprintf(msg, sizeof msg, "%s; restarting the gang from %s (restart %.0f of %ld)", what, from, restarts + 1,
-             x->js.backoff_limit);
+             x->job.js.backoff_limit);
     cJSON *s = rec_status_base(x, PHASE_RESTARTING, msg);
     cJSON_ReplaceItemInObjectCaseSensitive(s, "restarts", cJSON_CreateNumber(restarts + 1));
     rec_status_plan(x, s);
     rec_status_conditions(x, s, PHASE_RESTARTING, "WorkerFailed", msg);
-    rec_emit(x->k, &x->meta, "Warning", "WorkerFailed", msg);
+    rec_emit(x->k, &x->job.meta, "Warning", "WorkerFailed", msg);
     if (rec_write_status(x, s, err) < 0) return -1;
     if (x->st) x->st->gang_restarts++, x->st->requeue_s = 1;
-    return rec_delete_pods(x, x->pod, x->n_pods, false, err);
+    return rec_delete_pods(x, x->stores.pod, x->stores.n_pods, false, err);
 }
 
 /* Pods of an older plan or attempt are still there: stop them; the new gang waits for their
  * names. The Restarting condition keeps why the gang restarts. */
 static int gang_stopping(rec_ctx *x, gang *g, err_t *err) {
-    if (rec_delete_pods(x, x->pod, x->n_pods, false, err) < 0) return -1;
-    const rec_cond *rc = rec_cond_find(&x->old, "Restarting");
+    if (rec_delete_pods(x, x->stores.pod, x->stores.n_pods, false, err) < 0) return -1;
+    const rec_cond *rc = rec_cond_find(&x->job.old, "Restarting");
     bool was = rec_cond_true(rc);
-    const char *why = *x->why ? x->why : was ? (rc->message ? rc->message : "") : "the plan changed";
-    const char *reason = !*x->why && was && rc->reason ? rc->reason : "Replanned";
+    const char *why = *x->plan.why ? x->plan.why : was ? (rc->message ? rc->message : "") : "the plan changed";
+    const char *reason = !*x->plan.why && was && rc->reason ? rc->reason : "Replanned";
     char msg[1600];
     snprintf(msg, sizeof msg, "%s; waiting for %d worker pod%s of the previous gang to stop", why, g->stale,
              g->stale == 1 ? "" : "s");
@@ -181,14 +181,14 @@ static int gang_stopping(rec_ctx *x, gang *g, err_t *err) {
  * a checkpoint). It restarts from the last checkpoint like after a failure, but not counted
  * against backoffLimit: the job did nothing wrong. */
 static int gang_disrupted(rec_ctx *x, const char *what, err_t *err) {
-    x->attempt++;
+    x->job.attempt++;
     char msg[1400];
     snprintf(msg, sizeof msg, "%s; restarting the gang from the last checkpoint (a disruption, not counted "
                               "against backoffLimit)", what);
-    rec_emit(x->k, &x->meta, "Warning", "GangDisrupted", msg);
+    rec_emit(x->k, &x->job.meta, "Warning", "GangDisrupted", msg);
     if (rec_status_write(x, PHASE_RESTARTING, "GangDisrupted", msg, err) < 0) return -1;
     if (x->st) x->st->requeue_s = 1;
-    return rec_delete_pods(x, x->pod, x->n_pods, false, err);
+    return rec_delete_pods(x, x->stores.pod, x->stores.n_pods, false, err);
 }
 
 /* ---- the scheduler's refusals ---------------------------------------------------------------- */
@@ -196,7 +196,7 @@ static int gang_disrupted(rec_ctx *x, const char *what, err_t *err) {
 /* The refusals in a row and when the next gang may start, from the plan ConfigMap's annotation
  * REC_ANN_UNSCHEDULABLE ("N TIME"); false without one. */
 static bool unsched_read(const rec_ctx *x, int *n, double *until) {
-    const char *a = x->cmv.unschedulable;
+    const char *a = x->stores.cmv.unschedulable;
     char t[64];
     return a && sscanf(a, "%d %63s", n, t) == 2 && *n > 0 && kube_time_parse(t, until);
 }
@@ -217,7 +217,7 @@ void rec_unsched_clear(rec_ctx *x) {
     double until;
     err_t e;
     if (unsched_read(x, &n, &until) && rec_patch_cm_annotation(x, REC_ANN_UNSCHEDULABLE, NULL, &e) < 0)
-        log_warn("%s/%s: %s", x->ns, x->name, e.msg);
+        log_warn("%s/%s: %s", x->job.ns, x->job.name, e.msg);
 }
 
 /* The scheduler's message about a pod, without its final full stop: ours goes on. */
@@ -249,12 +249,12 @@ static int gang_unschedulable(rec_ctx *x, gang *g, err_t *err) {
              pod->name, pod_rank(pod), pod_node(x, pod), why, wait, n, REC_UNSCHED_FIRST_S,
              REC_UNSCHED_MAX_S);
     if (unsched_write(x, n, kube_time_now_s() + wait, err) < 0) return -1; /* first: the wait must hold */
-    x->attempt++;
-    rec_emit(x->k, &x->meta, "Warning", "Unschedulable", msg);
-    log_warn("%s/%s: %s", x->ns, x->name, msg);
+    x->job.attempt++;
+    rec_emit(x->k, &x->job.meta, "Warning", "Unschedulable", msg);
+    log_warn("%s/%s: %s", x->job.ns, x->job.name, msg);
     if (rec_status_write(x, PHASE_RESTARTING, "Unschedulable", msg, err) < 0) return -1;
     if (x->st) x->st->requeue_s = 1;
-    return rec_delete_pods(x, x->pod, x->n_pods, false, err);
+    return rec_delete_pods(x, x->stores.pod, x->stores.n_pods, false, err);
 }
 
 /* A new gang is due while a refusal's wait runs: it waits (phase Restarting, the status says
@@ -308,8 +308,9 @@ static int gang_ended_failed(rec_ctx *x, gang *g, err_t *err) {
 /* A pod of a gang that was complete and running is gone (deleted at once, by hand or by the pod
  * garbage collector): the others cannot go on without it. Its rank, or -1. */
 static int vanished_rank(const rec_ctx *x, const gang *g) {
-    bool was_running = x->old.phase == PHASE_RUNNING && !strcmp(x->old.plan_id ? x->old.plan_id : "", x->plan_id) &&
-                       x->old.attempt == x->attempt;
+    const rec_status_view *old = &x->job.old;
+    bool was_running = old->phase == PHASE_RUNNING && !strcmp(old->plan_id ? old->plan_id : "", x->plan.id) &&
+                       old->attempt == x->job.attempt;
     if (!g->missing || g->missing >= g->world || !was_running) return -1;
     int r = 0;
     while (g->pod[r]) r++;
@@ -333,7 +334,7 @@ int rec_gang_decide(rec_ctx *x, gang *g, int *rc, err_t *err) {
     else if ((*rc = unsched_wait(x, g, err)) <= 0) return 0;
     else if (g->first_failed) *rc = gang_ended_failed(x, g, err);
     else if ((r = vanished_rank(x, g)) >= 0) {
-        snprintf(what, sizeof what, "worker pod %s-%d vanished while its gang ran", x->name, r);
+        snprintf(what, sizeof what, "worker pod %s-%d vanished while its gang ran", x->job.name, r);
         *rc = gang_disrupted(x, what, err);
     } else {
         return 1;

@@ -22,21 +22,21 @@ int rec_job_cluster(const rec_config *rc, const cJSON *nodes, const job_spec *js
 }
 
 static void build_inv(rec_ctx *x, job_inv *j, bool free_only) {
-    const cache_view *bv = &x->busy_view;
+    const cache_view *bv = &x->stores.busy_view;
     const inv_held **held = NULL; /* the busy store's digests, when it makes them (main.c) */
     if (free_only && bv->digested) {
         held = xmalloc((size_t)(bv->n + 1) * sizeof *held);
         for (int i = 0; i < bv->n; i++) held[i] = cache_view_digest(bv, i);
     }
-    const cJSON *pods = free_only && !held ? get(x->busy, "items") : NULL;
-    j->rc = rec_job_cluster(x->c, x->nodes, &x->js, pods, held, held ? bv->n : 0, x->meta.uid,
+    const cJSON *pods = free_only && !held ? get(x->stores.busy, "items") : NULL;
+    j->rc = rec_job_cluster(x->c, x->stores.nodes, &x->job.js, pods, held, held ? bv->n : 0, x->job.meta.uid,
                             &j->cl, &j->r, &j->err);
     free(held);
     j->built = true;
 }
 
 const job_inv *rec_inv(rec_ctx *x, bool free_only) {
-    job_inv *j = free_only ? &x->inv_free : &x->inv_all;
+    job_inv *j = free_only ? &x->gpus.inv_free : &x->gpus.inv_all;
     if (!j->built) build_inv(x, j, free_only);
     return j;
 }
@@ -71,11 +71,11 @@ bool rec_plan_fits(rec_ctx *x, const plan_view *pv) {
  * against backoffLimit and restart) on the plan it ran. */
 bool rec_gang_ended(const rec_ctx *x, const char *plan_id) {
     char att[32];
-    snprintf(att, sizeof att, "%d", x->attempt);
-    for (int i = 0; i < x->n_pods; i++) {
-        const rec_pod *p = &x->pod[i];
+    snprintf(att, sizeof att, "%d", x->job.attempt);
+    for (int i = 0; i < x->stores.n_pods; i++) {
+        const rec_pod *p = &x->stores.pod[i];
         if (phase_finished(p->phase) && !strcmp(p->plan_id, plan_id) && !strcmp(p->attempt, att) &&
-            rec_pod_owned(p, &x->meta))
+            rec_pod_owned(p, &x->job.meta))
             return true;
     }
     return false;
@@ -86,11 +86,11 @@ bool rec_gang_ended(const rec_ctx *x, const char *plan_id) {
  * missing ranks are created on the same plan, not planned again. 0 otherwise. */
 int rec_gang_started(const rec_ctx *x, const char *plan_id) {
     char att[32];
-    snprintf(att, sizeof att, "%d", x->attempt);
+    snprintf(att, sizeof att, "%d", x->job.attempt);
     int started = 0;
-    for (int i = 0; i < x->n_pods; i++) {
-        const rec_pod *p = &x->pod[i];
-        if (strcmp(p->plan_id, plan_id) || strcmp(p->attempt, att) || !rec_pod_owned(p, &x->meta)) continue;
+    for (int i = 0; i < x->stores.n_pods; i++) {
+        const rec_pod *p = &x->stores.pod[i];
+        if (strcmp(p->plan_id, plan_id) || strcmp(p->attempt, att) || !rec_pod_owned(p, &x->job.meta)) continue;
         if (phase_finished(p->phase) || p->deleting) return 0;
         started++;
     }

@@ -20,7 +20,7 @@
  * Each file uses only those listed above it: no file circles (mk/circles.py).
  *
  * One reconcile is one rec_ctx, on one thread. What it reads is read once, into typed views: the
- * spec (x->js, job_spec.h), plan.json (x->plan, plan_view.h), the metadata, stored status, pods and
+ * spec (x->job.js, job_spec.h), plan.json (x->plan.view, plan_view.h), the metadata, stored status, pods and
  * plan ConfigMap (rec_view.c). Only rec_view.c reads the objects' fields as JSON; what the reconcile
  * writes (the ConfigMap, the Service, pods, patches, the status) is built as JSON. */
 #ifndef CEPHALO_REC_INTERNAL_H
@@ -156,53 +156,77 @@ typedef struct job_inv {
     err_t err;
 } job_inv;
 
-/* What one reconcile works on. */
-typedef struct rec_ctx {
-    kube_client *k;
-    const rec_config *c;
-    rec_stats *st;
+/* The job a reconcile is about: who it is, its spec and its stored status, read once by
+ * reconcile.c (read_job); every step reads it. attempt is the one field the steps change (a
+ * restart or a queued gang's end bumps it: rec_gang.c, rec_admit.c). */
+typedef struct rec_job_part {
     const char *ns, *name;
     char key[PLANNING_KEY_MAX]; /* namespace/name: the job's task in the planning pool */
-    char job_path[KUBE_PATH_MAX];
-    cJSON *job;
-    job_spec js;      /* the job's spec, read once */
-    int js_rc;        /* job_spec_parse's: -1 with js_err, which planning reports (InvalidSpec) */
+    char path[KUBE_PATH_MAX];   /* the job's API path (its status is written there) */
+    char cm_name[128];          /* its plan ConfigMap's name, NAME-plan ("" for a name too long) */
+    cJSON *obj;                 /* the CephaloJob, a copy from the store */
+    rec_job_meta meta;
+    job_spec js;                /* the spec, read once */
+    int js_rc;                  /* job_spec_parse's: -1 with js_err, which planning reports (InvalidSpec) */
     err_t js_err;
-    rec_job_meta meta;   /* the job's metadata */
-    rec_status_view old; /* the stored status */
-    cJSON *nodes; /* NodeList (a view of the store: read-only) */
-    str_map node_at; /* the nodes by name (rec_find_node builds it on first use) */
+    rec_status_view old;        /* the stored status */
+    int attempt;                /* the gang attempt: status.attempt, until a step bumps it */
+} rec_job_part;
+
+/* What the watches' stores hold, read once per reconcile (reconcile.c read_stores; the views by
+ * rec_view.c); read-only. The nodes and busy pods are rec_gpus.c's (the free GPUs); the job's pods
+ * are sorted out by rec_gang.c, counted by rec_gpus.c, rec_admit.c and rec_phase.c, deleted by
+ * rec_pods.c; the ConfigMap is rec_plan.c's (its plan) and rec_gang.c's (the refusals' count);
+ * rec_pods.c sets have_service (rec_clear_foreign). */
+typedef struct rec_stores_part {
+    cJSON *nodes;     /* NodeList (a view of the store) */
+    str_map node_at;  /* the nodes by name (rec_find_node builds it on first use) */
     const cJSON **node_by;
-    cJSON *cm;    /* the plan ConfigMap, or NULL */
-    cJSON *pods;  /* PodList of the job's pods (label cephalo.dev/job; a view: read-only) */
-    rec_pod *pod; /* [n_pods]: its items read */
+    cJSON *pods;      /* PodList of the job's pods (label cephalo.dev/job; a view) ... */
+    rec_pod *pod;     /* ... [n_pods]: its items read */
     int n_pods;
-    rec_cm_view cmv; /* x->cm read */
-    cJSON *busy;  /* PodList of the pods that may hold GPUs: not terminal, every namespace (a view) */
+    cJSON *busy;      /* PodList of the pods that may hold GPUs: not terminal, every namespace (a view) */
     cache_view nodes_view, pods_view, busy_view;
+    cJSON *cm;        /* the plan ConfigMap (a copy), or NULL ... */
+    rec_cm_view cmv;  /* ... read */
+    bool have_service; /* the job's Service exists (and is the job's) */
+} rec_stores_part;
+
+/* Which GPUs the job is planned and admitted on: rec_gpus.c builds the inventories, rec_admit.c
+ * chooses the view (rec_choose_view) and holds the admission lock; rec_plan.c plans on them. */
+typedef struct rec_gpus_part {
     job_inv inv_all, inv_free; /* the job's usable GPUs, no maxGPUs cap: all, and the free ones (rec_inv) */
     bool on_free; /* what the job is planned on: its free GPUs; false: all of them, while too few are free */
-    int cap; /* spec.gpus.maxGPUs; 0: no cap */
-    int picked; /* free GPUs the job would take now (at most maxGPUs) */
-    int need; /* GPUs it needs to start: spec.gpus.minGPUs, else its whole plan */
-    bool have_service; /* the job's Service exists (and is the job's) */
-    plan_view plan; /* plan.json, read once (plan.world 0: none yet) */
-    char plan_id[64], cm_name[128], notes[1024], profile[600];
-    char why[600]; /* set when this reconcile re-planned: why the gang restarts */
-    bool estimated;
-    int attempt; /* the gang attempt: status.attempt */
+    int cap;      /* spec.gpus.maxGPUs; 0: no cap */
+    int picked;   /* free GPUs the job would take now (at most maxGPUs) */
+    int need;     /* GPUs it needs to start: spec.gpus.minGPUs, else its whole plan */
     bool admitting; /* holds the admission lock (rec_admit_lock) */
-    kube_client *const *helpers; /* more clients, for creating a gang's pods at once */
-    int n_helpers;
-    /* a new plan decided under the admission lock, written after it (rec_commit_plan): the
-     * ConfigMap and the Planned/Replanned Event are API calls other admissions need not wait for */
+} rec_gpus_part;
+
+/* The plan to run: rec_plan.c sets it (the ConfigMap's, or a new one); rec_admit.c, rec_pods.c,
+ * rec_gang.c, rec_status.c and rec_phase.c read it. */
+typedef struct rec_plan_part {
+    plan_view view;  /* plan.json, read once (view.world 0: none yet) */
+    char id[64];     /* its id: pods carry it */
+    char notes[1024], profile[600];
+    bool estimated;
+    char why[600];   /* set when this reconcile re-planned: why the gang restarts */
+    /* a new plan decided under the admission lock, written after it (rec_commit_plan, rec_pods.c):
+     * the ConfigMap and the Planned/Replanned Event are API calls other admissions need not wait for */
     struct {
         char *json; /* plan.json; NULL: nothing to write */
         char gen[32], fp[64];
         bool forget; /* the planning pool keeps the task until the ConfigMap has the plan */
         const char *ev_reason; /* NULL: no Event */
         char ev[512];
-    } new_plan;
+    } fresh;
+} rec_plan_part;
+
+/* The writes beyond the status (rec_pods.c): clients to create a gang's pods at once, the pods
+ * assumed in the busy store, the side thread of a new job's objects. */
+typedef struct rec_writes_part {
+    kube_client *const *helpers; /* more clients, for creating a gang's pods at once */
+    int n_helpers;
     char (*assumed)[128]; /* pods put into the busy store before their creation (rec_assume_pods) */
     int n_assumed;
     struct { /* rec_side_writes_start */
@@ -212,13 +236,25 @@ typedef struct rec_ctx {
         int rc;
         err_t err;
     } side;
+} rec_writes_part;
+
+/* What one reconcile works on, by concern. */
+typedef struct rec_ctx {
+    kube_client *k;      /* the reconcile's client */
+    const rec_config *c; /* the operator's configuration and stores */
+    rec_stats *st;       /* its counters (NULL: none) */
+    rec_job_part job;
+    rec_stores_part stores;
+    rec_gpus_part gpus;
+    rec_plan_part plan;
+    rec_writes_part writes;
 } rec_ctx;
 
 /* ---- rec_view.c (the stores) ---- */
 
 /* The job's pods of the pod store (its label, its namespace). */
 cJSON *rec_job_pods(rec_ctx *x, cache_view *v);
-/* The Node of x->nodes named name, or NULL: by a map of the names, built once a reconcile (a gang's
+/* The Node of x->stores.nodes named name, or NULL: by a map of the names, built once a reconcile (a gang's
  * pods and the job's pods each look up their node: not a scan of the nodes for each). */
 const cJSON *rec_find_node(rec_ctx *x, const char *name);
 
@@ -248,7 +284,7 @@ int rec_job_cluster(const rec_config *rc, const cJSON *nodes, const job_spec *js
                     const inv_held *const *held, int n_held, const char *own_uid, cluster *cl, inv_result *inv,
                     err_t *err);
 /* The job's usable GPUs for this reconcile, no maxGPUs cap; free_only: less those that the pods
- * of x->busy hold for others. Built once. */
+ * of x->stores.busy hold for others. Built once. */
 const job_inv *rec_inv(rec_ctx *x, bool free_only);
 /* How many devices of j a view with cap `cap` (0: none) holds. */
 int rec_inv_devices(const job_inv *j, int cap);
@@ -261,10 +297,10 @@ int rec_gang_started(const rec_ctx *x, const char *plan_id);
 
 /* ---- rec_plan.c ---- */
 
-/* The plan to run into x->plan: 1; 0 when the job cannot be planned (status Failed written)
+/* The plan to run into x->plan.view: 1; 0 when the job cannot be planned (status Failed written)
  * or is being planned; -1 on an API error. */
 int rec_current_plan(rec_ctx *x, err_t *err);
-/* plan.json (the ConfigMap's, or a new plan's) into x->plan: 0, or -1 with err naming the field. */
+/* plan.json (the ConfigMap's, or a new plan's) into x->plan.view: 0, or -1 with err naming the field. */
 int rec_plan_read(rec_ctx *x, const char *plan_json, err_t *err);
 /* Drops the job's planning, if any (cancelled when it runs): the job is gone, finished, suspended. */
 void rec_forget_plan(const rec_ctx *x);
@@ -273,7 +309,7 @@ void rec_forget_plan(const rec_ctx *x);
 
 void rec_admit_lock(rec_ctx *x);
 void rec_admit_unlock(rec_ctx *x); /* nothing when x does not hold it */
-/* Which GPUs the job is planned on (x->on_free, x->cap, x->picked, x->need): 1; 0 when it can
+/* Which GPUs the job is planned on (x->gpus.on_free, x->gpus.cap, x->gpus.picked, x->gpus.need): 1; 0 when it can
  * never start (Failed, written); -1 on an API error. */
 int rec_choose_view(rec_ctx *x, err_t *err);
 /* May the planned gang run? 1 admitted; 0 queued (status written); -1 on an API error. */
@@ -292,7 +328,7 @@ void rec_forget_assumed(rec_ctx *x);
 void rec_hold_assumed(rec_ctx *x);
 void rec_release_held(const rec_ctx *x);
 int rec_create_pods(rec_ctx *x, gang *g, err_t *err);
-/* The plan ConfigMap (x->new_plan) and its Event, when a new plan was made. */
+/* The plan ConfigMap (x->plan.fresh) and its Event, when a new plan was made. */
 int rec_commit_plan(rec_ctx *x, kube_client *k, err_t *err);
 int rec_side_writes_start(rec_ctx *x, err_t *err);
 int rec_side_writes_join(rec_ctx *x, int rc, err_t *err);
@@ -312,9 +348,9 @@ void rec_unsched_clear(rec_ctx *x);
 /* ---- rec_status.c ---- */
 
 void rec_emit(kube_client *k, const rec_job_meta *job, const char *type, const char *reason, const char *msg);
-/* A condition of type into conds; its lastTransitionTime kept from old while its status stays. */
-void rec_condition(cJSON *conds, const rec_status_view *old, double gen, const char *type, bool ok, const char *reason,
-                   const char *message);
+/* A condition of type into conds; its lastTransitionTime kept from the stored status's while its
+ * status stays. */
+void rec_condition(const rec_ctx *x, cJSON *conds, const char *type, bool ok, const char *reason, const char *message);
 /* The status fields every phase carries: counters, times, progress. */
 cJSON *rec_status_base(rec_ctx *x, phase ph, const char *msg);
 void rec_status_plan(rec_ctx *x, cJSON *s);

@@ -26,7 +26,7 @@ static void set_str(cJSON *o, const char *k, const char *v) {
 
 /* Writes s, counting a job that has just succeeded or failed. */
 static int finish_status(rec_ctx *x, cJSON *s, phase ph, err_t *err) {
-    if (x->st && x->old.phase != ph) {
+    if (x->st && x->job.old.phase != ph) {
         if (ph == PHASE_SUCCEEDED) x->st->jobs_succeeded++;
         if (ph == PHASE_FAILED) x->st->jobs_failed++;
     }
@@ -36,7 +36,7 @@ static int finish_status(rec_ctx *x, cJSON *s, phase ph, err_t *err) {
 /* ---- phases without a gang ------------------------------------------------------------------- */
 
 static void created_condition(rec_ctx *x, cJSON *s) {
-    rec_condition(cJSON_GetObjectItemCaseSensitive(s, "conditions"), &x->old, x->meta.gen, "Created", true, "Created",
+    rec_condition(x, cJSON_GetObjectItemCaseSensitive(s, "conditions"), "Created", true, "Created",
                   "the job was accepted by the operator");
 }
 
@@ -50,7 +50,7 @@ int rec_suspend_job(rec_ctx *x, err_t *err) {
     if (rc < 0) return -1;
     cJSON *s = rec_status_base(x, PHASE_SUSPENDED, "spec.suspend is true: no worker pods");
     created_condition(x, s);
-    rec_condition(cJSON_GetObjectItemCaseSensitive(s, "conditions"), &x->old, x->meta.gen, "Suspended", true, "Suspended",
+    rec_condition(x, cJSON_GetObjectItemCaseSensitive(s, "conditions"), "Suspended", true, "Suspended",
                   "spec.suspend is true");
     return rec_write_status(x, s, err);
 }
@@ -58,14 +58,14 @@ int rec_suspend_job(rec_ctx *x, err_t *err) {
 int rec_wait_foreign(rec_ctx *x, err_t *err) {
     char msg[512];
     snprintf(msg, sizeof msg, "waiting for the objects of an earlier CephaloJob named %s (its plan, "
-             "Service or pods) to be deleted", x->name);
+             "Service or pods) to be deleted", x->job.name);
     /* the status says so only until they are gone (unbound pods go at once): the Event stays */
-    if (strcmp(x->old.message, msg) != 0) rec_emit(x->k, &x->meta, "Normal", "WaitingForOldObjects", msg);
+    if (strcmp(x->job.old.message, msg) != 0) rec_emit(x->k, &x->job.meta, "Normal", "WaitingForOldObjects", msg);
     cJSON *s = cJSON_CreateObject();
     cJSON_AddStringToObject(s, "phase", phase_name(PHASE_CREATED));
     cJSON_AddStringToObject(s, "message", msg);
-    cJSON_AddNumberToObject(s, "observedGeneration", x->meta.gen);
-    rec_condition(cJSON_AddArrayToObject(s, "conditions"), &x->old, x->meta.gen, "Created", true, "Created", msg);
+    cJSON_AddNumberToObject(s, "observedGeneration", x->job.meta.gen);
+    rec_condition(x, cJSON_AddArrayToObject(s, "conditions"), "Created", true, "Created", msg);
     if (x->st) x->st->requeue_s = 1;
     return rec_write_status(x, s, err);
 }
@@ -73,10 +73,10 @@ int rec_wait_foreign(rec_ctx *x, err_t *err) {
 /* A plan failure is counted (and its Event sent) once per distinct message: a failed job is
  * reconciled again and again. */
 static void plan_failure_seen(rec_ctx *x, const char *reason, const char *msg) {
-    if (x->old.phase == PHASE_FAILED && !strcmp(x->old.message, msg)) return;
-    rec_emit(x->k, &x->meta, "Warning", reason, msg);
+    if (x->job.old.phase == PHASE_FAILED && !strcmp(x->job.old.message, msg)) return;
+    rec_emit(x->k, &x->job.meta, "Warning", reason, msg);
     if (x->st) x->st->plan_failures++, x->st->plan_timeouts += !strcmp(reason, "PlanningTimeout");
-    if (x->st && x->old.phase != PHASE_FAILED) x->st->jobs_failed++;
+    if (x->st && x->job.old.phase != PHASE_FAILED) x->st->jobs_failed++;
 }
 
 int rec_plan_failed(rec_ctx *x, const char *reason, const char *why, err_t *err) {
@@ -85,12 +85,12 @@ int rec_plan_failed(rec_ctx *x, const char *reason, const char *why, err_t *err)
     char *hint = strstr(msg, " (or give a model file path)"); /* the planner's hint for the CLI; built-ins only here */
     if (hint) *hint = '\0';
     plan_failure_seen(x, reason, msg);
-    if (rec_delete_pods(x, x->pod, x->n_pods, false, err) < 0) return -1;
+    if (rec_delete_pods(x, x->stores.pod, x->stores.n_pods, false, err) < 0) return -1;
     cJSON *s = rec_status_base(x, PHASE_FAILED, msg);
     cJSON *conds = cJSON_GetObjectItemCaseSensitive(s, "conditions");
     created_condition(x, s);
-    rec_condition(conds, &x->old, x->meta.gen, "Planned", false, reason, msg);
-    rec_condition(conds, &x->old, x->meta.gen, "Failed", true, reason, msg);
+    rec_condition(x, conds, "Planned", false, reason, msg);
+    rec_condition(x, conds, "Failed", true, reason, msg);
     return rec_write_status(x, s, err);
 }
 
@@ -112,9 +112,9 @@ static int scrape_rank(const rec_ctx *x, const gang *g, int r, double left, work
     err_t e;
     if (!ip || left < 0.05) return -1;
     snprintf(url, sizeof url, strchr(ip, ':') ? "http://[%s]:%ld/metrics" : "http://%s:%ld/metrics", ip,
-             x->js.metrics_port);
+             x->job.js.metrics_port);
     if (progress_scrape(url, fmin(per, left), p, &e) == 0) return 0;
-    log_msg("debug", "%s/%s: progress: %s", x->ns, x->name, e.msg);
+    log_msg("debug", "%s/%s: progress: %s", x->job.ns, x->job.name, e.msg);
     return -1;
 }
 
@@ -123,8 +123,8 @@ static int scrape_rank(const rec_ctx *x, const gang *g, int r, double left, work
  * Logged through log_msg (the operator's "TIME LEVEL text" lines under --log-level): one summary
  * per job at info, a rank that did not answer at debug (every REC_PROGRESS_S per pod is noise). */
 static int scrape_progress(rec_ctx *x, const gang *g, cJSON *s) {
-    if (x->js.metrics_port <= 0) return 0;
-    double rate = 0, step = x->old.step.v, loss = x->old.loss.v, t0 = clock_now_s(); /* s keeps the old ones */
+    if (x->job.js.metrics_port <= 0) return 0;
+    double rate = 0, step = x->job.old.step.v, loss = x->job.old.loss.v, t0 = clock_now_s(); /* s keeps the old ones */
     int rated = 0, answered = 0;
     for (int r = 0; r < g->world; r++) {
         worker_progress p = {0};
@@ -139,8 +139,8 @@ static int scrape_progress(rec_ctx *x, const gang *g, cJSON *s) {
     }
     if (rated == g->world) set_num(s, "samplesPerSecond", rate);
     if (answered)
-        log_msg("info", "%s/%s: step %.0f of %ld, loss %.4g, %.2f samples/s (%d of %d ranks answered)", x->ns, x->name,
-                step, x->js.train.steps, loss, rate, answered, g->world);
+        log_msg("info", "%s/%s: step %.0f of %ld, loss %.4g, %.2f samples/s (%d of %d ranks answered)", x->job.ns,
+                x->job.name, step, x->job.js.train.steps, loss, rate, answered, g->world);
     return answered;
 }
 
@@ -151,10 +151,10 @@ static int scrape_progress(rec_ctx *x, const gang *g, cJSON *s) {
  * REC_PROGRESS_S and at most REC_PROGRESS_MAX_S: at rest such a job is reconciled once a minute, not
  * every 5 s. Without a metrics port, progress is no deadline at all. */
 static void running_progress(rec_ctx *x, const gang *g, cJSON *s, const char *now) {
-    if (x->js.metrics_port <= 0) return;
+    if (x->job.js.metrics_port <= 0) return;
     double t = kube_time_now_s(), last = t, wait;
-    bool answered = kube_time_parse(x->old.progress_time, &last);
-    if (!answered && !kube_time_parse(x->old.start_time, &last)) last = t;
+    bool answered = kube_time_parse(x->job.old.progress_time, &last);
+    if (!answered && !kube_time_parse(x->job.old.start_time, &last)) last = t;
     double silent = t - last;
     if (answered && (wait = fmin(REC_PROGRESS_S - silent, REC_PROGRESS_S)) > 0.5) { /* clocks of replicas may differ */
         if (x->st) x->st->requeue_s = wait;
@@ -184,13 +184,13 @@ static void gang_message(const rec_ctx *x, const gang *g, phase ph, bool restart
         snprintf(msg + ml, n - ml, "; pod %s waits: %s%s%.300s", p->name, p->wait_reason, p->wait_message ? ": " : "",
                  p->wait_message ? p->wait_message : "");
     }
-    if (*x->notes && strlen(msg) + strlen(x->notes) + 3 < n) strcat(strcat(msg, "; "), x->notes);
+    if (*x->plan.notes && strlen(msg) + strlen(x->plan.notes) + 3 < n) strcat(strcat(msg, "; "), x->plan.notes);
 }
 
 int rec_gang_status(rec_ctx *x, const gang *g, err_t *err) {
     phase ph = g->succeeded == g->world ? PHASE_SUCCEEDED
              : g->running + g->succeeded == g->world ? PHASE_RUNNING : PHASE_PLANNED;
-    const rec_cond *rcond = rec_cond_find(&x->old, "Restarting");
+    const rec_cond *rcond = rec_cond_find(&x->job.old, "Restarting");
     bool restarting = ph == PHASE_PLANNED && rec_cond_true(rcond);
     char msg[1400], now[64];
     gang_message(x, g, ph, restarting, msg, sizeof msg);
@@ -202,13 +202,13 @@ int rec_gang_status(rec_ctx *x, const gang *g, err_t *err) {
                                     : restarting ? (rcond->reason ? rcond->reason : "Replanned") : "PodsNotRunning",
                           restarting && rcond->message ? rcond->message : msg);
     kube_time_now(now, sizeof now);
-    if (!x->old.start_time && ph != PHASE_PLANNED) set_str(s, "startTime", now);
+    if (!x->job.old.start_time && ph != PHASE_PLANNED) set_str(s, "startTime", now);
     if (ph == PHASE_RUNNING) {
         running_progress(x, g, s, now);
     } else if (ph == PHASE_SUCCEEDED) {
         /* every worker exited 0: it trained to the last step and checkpointed there */
-        set_num(s, "step", (double)x->js.train.steps);
-        if (x->js.checkpoint) set_num(s, "lastCheckpointStep", (double)x->js.train.steps);
+        set_num(s, "step", (double)x->job.js.train.steps);
+        if (x->job.js.checkpoint) set_num(s, "lastCheckpointStep", (double)x->job.js.train.steps);
         set_str(s, "completionTime", now);
     }
     return finish_status(x, s, ph, err);

@@ -10,8 +10,8 @@
 
 /* ---- conditions and Events ------------------------------------------------------------------- */
 
-void rec_condition(cJSON *conds, const rec_status_view *old, double gen, const char *type, bool ok, const char *reason,
-                   const char *message) {
+void rec_condition(const rec_ctx *x, cJSON *conds, const char *type, bool ok, const char *reason, const char *message) {
+    const rec_status_view *old = &x->job.old;
     const char *st = ok ? "True" : "False";
     char now[64];
     kube_time_now(now, sizeof now);
@@ -23,7 +23,7 @@ void rec_condition(cJSON *conds, const rec_status_view *old, double gen, const c
     cJSON *c = cJSON_CreateObject();
     cJSON_AddStringToObject(c, "type", type);
     cJSON_AddStringToObject(c, "status", st);
-    cJSON_AddNumberToObject(c, "observedGeneration", gen);
+    cJSON_AddNumberToObject(c, "observedGeneration", x->job.meta.gen);
     cJSON_AddStringToObject(c, "lastTransitionTime", ltt);
     cJSON_AddStringToObject(c, "reason", reason);
     cJSON_AddStringToObject(c, "message", message);
@@ -36,7 +36,8 @@ void rec_emit(kube_client *k, const rec_job_meta *job, const char *type, const c
                      .message = msg, .component = REC_COMPONENT};
     err_t e;
     /* events are best effort: the status says the same; a lost one is said, not silent */
-    if (kube_event_emit(k, &ev, &e) < 0) log_warn("%s/%s: the %s event was not recorded: %s", job->ns, job->name, reason, e.msg);
+    if (kube_event_emit(k, &ev, &e) < 0)
+        log_warn("%s/%s: the %s event was not recorded: %s", job->ns, job->name, reason, e.msg);
 }
 
 /* ---- writing it ------------------------------------------------------------------------------ */
@@ -60,16 +61,16 @@ static int status_mutate(cJSON *obj, void *argp, err_t *err) {
  * since (409) the job is read again and the status put on that. The answer goes into the store,
  * and the watch event it causes does not reconcile the job again (main.c: only spec changes do). */
 int rec_write_status(rec_ctx *x, cJSON *status, err_t *err) {
-    const cJSON *old = get(x->job, "status");
+    const cJSON *old = get(x->job.obj, "status");
     if (old && cJSON_Compare(old, status, true)) return cJSON_Delete(status), 0;
-    cJSON *obj = cJSON_Duplicate(x->job, true), *out = NULL;
+    cJSON *obj = cJSON_Duplicate(x->job.obj, true), *out = NULL;
     cJSON_DeleteItemFromObjectCaseSensitive(obj, "status");
     cJSON_AddItemToObject(obj, "status", status);
     long st = 0;
-    int rc = kube_replace_status(x->k, x->job_path, obj, &out, &st, err);
+    int rc = kube_replace_status(x->k, x->job.path, obj, &out, &st, err);
     if (rc < 0 && st == 409) {
         status_arg a = {cJSON_GetObjectItemCaseSensitive(obj, "status")};
-        rc = kube_update_retry(x->k, x->job_path, true, 5, status_mutate, &a, &out, &st, err);
+        rc = kube_update_retry(x->k, x->job.path, true, 5, status_mutate, &a, &out, &st, err);
     }
     cJSON_Delete(obj);
     if (rc == 0 && out) cache_put(x->c->caches->jobs, out, NULL);
@@ -83,12 +84,12 @@ cJSON *rec_status_base(rec_ctx *x, phase ph, const char *msg) {
     cJSON *s = cJSON_CreateObject();
     cJSON_AddStringToObject(s, "phase", phase_name(ph));
     cJSON_AddStringToObject(s, "message", msg);
-    cJSON_AddNumberToObject(s, "observedGeneration", x->meta.gen);
+    cJSON_AddNumberToObject(s, "observedGeneration", x->job.meta.gen);
     cJSON_AddArrayToObject(s, "conditions");
-    cJSON_AddNumberToObject(s, "restarts", x->old.restarts);
-    cJSON_AddNumberToObject(s, "replans", x->old.replans + (*x->why ? 1 : 0));
-    cJSON_AddNumberToObject(s, "attempt", x->attempt);
-    const rec_status_view *o = &x->old;
+    cJSON_AddNumberToObject(s, "restarts", x->job.old.restarts);
+    cJSON_AddNumberToObject(s, "replans", x->job.old.replans + (*x->plan.why ? 1 : 0));
+    cJSON_AddNumberToObject(s, "attempt", x->job.attempt);
+    const rec_status_view *o = &x->job.old;
     const struct { const char *key; rec_kept v; } kept[] = {
         {"step", o->step}, {"lastCheckpointStep", o->ckpt_step}, {"samplesPerSecond", o->samples_per_s}, {"loss", o->loss}};
     for (size_t i = 0; i < sizeof kept / sizeof *kept; i++)
@@ -104,7 +105,7 @@ cJSON *rec_status_base(rec_ctx *x, phase ph, const char *msg) {
 static cJSON *status_rank(const rec_ctx *x, const plan_view_rank *r, int i) {
     cJSON *o = cJSON_CreateObject();
     char pod[160]; /* NAME-RANK: at most REC_NAME_MAX + 5 */
-    snprintf(pod, sizeof pod, "%s-%d", x->name, i);
+    snprintf(pod, sizeof pod, "%s-%d", x->job.name, i);
     cJSON_AddNumberToObject(o, "rank", i);
     cJSON_AddStringToObject(o, "node", r->node);
     cJSON_AddStringToObject(o, "device", r->device);
@@ -119,16 +120,16 @@ static cJSON *status_rank(const rec_ctx *x, const plan_view_rank *r, int i) {
 }
 
 void rec_status_plan(rec_ctx *x, cJSON *s) {
-    const plan_view *p = &x->plan;
+    const plan_view *p = &x->plan.view;
     cJSON *pl = cJSON_AddObjectToObject(s, "plan");
-    cJSON_AddStringToObject(pl, "configMap", x->cm_name);
-    cJSON_AddStringToObject(pl, "id", x->plan_id);
+    cJSON_AddStringToObject(pl, "configMap", x->job.cm_name);
+    cJSON_AddStringToObject(pl, "id", x->plan.id);
     cJSON_AddStringToObject(pl, "strategy", p->strategy);
     cJSON_AddNumberToObject(pl, "worldSize", p->world);
     cJSON_AddNumberToObject(pl, "predictedIterMs", p->iter_ms);
     cJSON_AddNumberToObject(pl, "predictedSamplesPerSecond", p->samples_per_s);
-    cJSON_AddBoolToObject(pl, "estimated", x->estimated);
-    if (*x->profile) cJSON_AddStringToObject(pl, "profile", x->profile);
+    cJSON_AddBoolToObject(pl, "estimated", x->plan.estimated);
+    if (*x->plan.profile) cJSON_AddStringToObject(pl, "profile", x->plan.profile);
     cJSON *arr = cJSON_AddArrayToObject(pl, "ranks");
     for (int i = 0; i < p->world; i++) cJSON_AddItemToArray(arr, status_rank(x, &p->ranks[i], i));
 }
@@ -139,19 +140,19 @@ void rec_status_conditions(rec_ctx *x, cJSON *s, phase ph, const char *reason, c
     cJSON *conds = cJSON_GetObjectItemCaseSensitive(s, "conditions");
     char pmsg[256];
     snprintf(pmsg, sizeof pmsg, "%s plan on %d GPUs in ConfigMap %s: predicted %.1f ms per step, %.2f samples/s",
-             x->plan.strategy, x->plan.world, x->cm_name, x->plan.iter_ms, x->plan.samples_per_s);
-    rec_condition(conds, &x->old, x->meta.gen, "Created", true, "Created", "the job was accepted by the operator");
-    rec_condition(conds, &x->old, x->meta.gen, "Planned", true, "Planned", pmsg);
+             x->plan.view.strategy, x->plan.view.world, x->job.cm_name, x->plan.view.iter_ms, x->plan.view.samples_per_s);
+    rec_condition(x, conds, "Created", true, "Created", "the job was accepted by the operator");
+    rec_condition(x, conds, "Planned", true, "Planned", pmsg);
     bool queued = ph == PHASE_QUEUED;
-    rec_condition(conds, &x->old, x->meta.gen, "Admitted", !queued, queued ? reason : "Admitted",
+    rec_condition(x, conds, "Admitted", !queued, queued ? reason : "Admitted",
                   queued ? msg : "every GPU of its plan was free");
     bool running = ph == PHASE_RUNNING;
-    rec_condition(conds, &x->old, x->meta.gen, "Running", running, running ? "PodsRunning" : reason, msg);
-    if (ph == PHASE_RESTARTING) rec_condition(conds, &x->old, x->meta.gen, "Restarting", true, reason, msg);
-    else if (rec_cond_find(&x->old, "Restarting"))
-        rec_condition(conds, &x->old, x->meta.gen, "Restarting", false, "GangStarted", "the gang of this attempt was started");
-    if (ph == PHASE_SUCCEEDED) rec_condition(conds, &x->old, x->meta.gen, "Succeeded", true, "Succeeded", msg);
-    if (ph == PHASE_FAILED) rec_condition(conds, &x->old, x->meta.gen, "Failed", true, reason, msg);
+    rec_condition(x, conds, "Running", running, running ? "PodsRunning" : reason, msg);
+    if (ph == PHASE_RESTARTING) rec_condition(x, conds, "Restarting", true, reason, msg);
+    else if (rec_cond_find(&x->job.old, "Restarting"))
+        rec_condition(x, conds, "Restarting", false, "GangStarted", "the gang of this attempt was started");
+    if (ph == PHASE_SUCCEEDED) rec_condition(x, conds, "Succeeded", true, "Succeeded", msg);
+    if (ph == PHASE_FAILED) rec_condition(x, conds, "Failed", true, reason, msg);
 }
 
 int rec_status_write(rec_ctx *x, phase ph, const char *reason, const char *msg, err_t *err) {

@@ -176,23 +176,24 @@ void rec_cm_read(const cJSON *cm, rec_cm_view *v) {
 static bool is_job_pod(const cJSON *pod, void *arg) {
     const rec_ctx *x = arg;
     const cJSON *md = get(pod, "metadata");
-    return !strcmp(get_str(md, "namespace", ""), x->ns) && !strcmp(get_str(get(md, "labels"), REC_LABEL_JOB, ""), x->name);
+    return !strcmp(get_str(md, "namespace", ""), x->job.ns) &&
+           !strcmp(get_str(get(md, "labels"), REC_LABEL_JOB, ""), x->job.name);
 }
 
 cJSON *rec_job_pods(rec_ctx *x, cache_view *v) { return cache_view_list(x->c->caches->pods, is_job_pod, x, v); }
 
 const cJSON *rec_find_node(rec_ctx *x, const char *name) {
-    if (!x->nodes || !name) return NULL;
-    if (!x->node_by) {
-        const cJSON *n, *items = get(x->nodes, "items");
+    if (!x->stores.nodes || !name) return NULL;
+    if (!x->stores.node_by) {
+        const cJSON *n, *items = get(x->stores.nodes, "items");
         int k = 0;
-        x->node_by = xmalloc((size_t)cJSON_GetArraySize(items) * sizeof *x->node_by + 1);
+        x->stores.node_by = xmalloc((size_t)cJSON_GetArraySize(items) * sizeof *x->stores.node_by + 1);
         cJSON_ArrayForEach(n, items) {
-            str_map_put(&x->node_at, get_str(get(n, "metadata"), "name", ""), k); /* the first of a name */
-            x->node_by[k++] = n;
+            str_map_put(&x->stores.node_at, get_str(get(n, "metadata"), "name", ""), k); /* the first of a name */
+            x->stores.node_by[k++] = n;
         }
     }
-    long i = str_map_get(&x->node_at, name);
-    return i >= 0 ? x->node_by[i] : NULL;
+    long i = str_map_get(&x->stores.node_at, name);
+    return i >= 0 ? x->stores.node_by[i] : NULL;
 }
 
