@@ -19,10 +19,12 @@
  *
  * Each file uses only those listed above it: no file circles (mk/circles.py).
  *
- * One reconcile is one rec_ctx, on one thread. What it reads is read once, into typed views: the
- * spec (x->job.js, job_spec.h), plan.json (x->plan.view, plan_view.h), the metadata, stored status, pods and
- * plan ConfigMap (rec_view.c). Only rec_view.c reads the objects' fields as JSON; what the reconcile
- * writes (the ConfigMap, the Service, pods, patches, the status) is built as JSON. */
+ * One reconcile is one rec_ctx, on one thread, its fields grouped by concern (job, stores, gpus,
+ * plan, writes: each part says which files touch it). What it reads is read once, into typed
+ * views: the spec (x->job.js, job_spec.h), plan.json (x->plan.view, plan_view.h), the metadata,
+ * stored status, pods and plan ConfigMap (rec_view.c). Only rec_view.c reads the objects' fields
+ * as JSON, so that a field's name, default and type are in one place; what the reconcile writes
+ * (the ConfigMap, the Service, pods, patches, the status) is built as JSON. */
 #ifndef CEPHALO_REC_INTERNAL_H
 #define CEPHALO_REC_INTERNAL_H
 
@@ -353,6 +355,8 @@ void rec_emit(kube_client *k, const rec_job_meta *job, const char *type, const c
 void rec_condition(const rec_ctx *x, cJSON *conds, const char *type, bool ok, const char *reason, const char *message);
 /* The status fields every phase carries: counters, times, progress. */
 cJSON *rec_status_base(rec_ctx *x, phase ph, const char *msg);
+/* The conditions array of a status rec_status_base built. */
+cJSON *rec_status_conds(cJSON *s);
 void rec_status_plan(rec_ctx *x, cJSON *s);
 void rec_status_conditions(rec_ctx *x, cJSON *s, phase ph, const char *reason, const char *msg);
 /* Writes the status (taking it) unless the store has it already. */

@@ -36,7 +36,7 @@ static int finish_status(rec_ctx *x, cJSON *s, phase ph, err_t *err) {
 /* ---- phases without a gang ------------------------------------------------------------------- */
 
 static void created_condition(rec_ctx *x, cJSON *s) {
-    rec_condition(x, cJSON_GetObjectItemCaseSensitive(s, "conditions"), "Created", true, "Created",
+    rec_condition(x, rec_status_conds(s), "Created", true, "Created",
                   "the job was accepted by the operator");
 }
 
@@ -50,7 +50,7 @@ int rec_suspend_job(rec_ctx *x, err_t *err) {
     if (rc < 0) return -1;
     cJSON *s = rec_status_base(x, PHASE_SUSPENDED, "spec.suspend is true: no worker pods");
     created_condition(x, s);
-    rec_condition(x, cJSON_GetObjectItemCaseSensitive(s, "conditions"), "Suspended", true, "Suspended",
+    rec_condition(x, rec_status_conds(s), "Suspended", true, "Suspended",
                   "spec.suspend is true");
     return rec_write_status(x, s, err);
 }
@@ -87,7 +87,7 @@ int rec_plan_failed(rec_ctx *x, const char *reason, const char *why, err_t *err)
     plan_failure_seen(x, reason, msg);
     if (rec_delete_pods(x, x->stores.pod, x->stores.n_pods, false, err) < 0) return -1;
     cJSON *s = rec_status_base(x, PHASE_FAILED, msg);
-    cJSON *conds = cJSON_GetObjectItemCaseSensitive(s, "conditions");
+    cJSON *conds = rec_status_conds(s);
     created_condition(x, s);
     rec_condition(x, conds, "Planned", false, reason, msg);
     rec_condition(x, conds, "Failed", true, reason, msg);

@@ -80,6 +80,8 @@ int rec_write_status(rec_ctx *x, cJSON *status, err_t *err) {
 
 /* ---- its parts ------------------------------------------------------------------------------- */
 
+cJSON *rec_status_conds(cJSON *s) { return cJSON_GetObjectItemCaseSensitive(s, "conditions"); }
+
 cJSON *rec_status_base(rec_ctx *x, phase ph, const char *msg) {
     cJSON *s = cJSON_CreateObject();
     cJSON_AddStringToObject(s, "phase", phase_name(ph));
@@ -137,7 +139,7 @@ void rec_status_plan(rec_ctx *x, cJSON *s) {
 /* Conditions for a phase: Created, Planned, then Running / Restarting / Succeeded / Failed. A
  * Restarting condition, once there, stays (False when the gang runs again). */
 void rec_status_conditions(rec_ctx *x, cJSON *s, phase ph, const char *reason, const char *msg) {
-    cJSON *conds = cJSON_GetObjectItemCaseSensitive(s, "conditions");
+    cJSON *conds = rec_status_conds(s);
     char pmsg[256];
     snprintf(pmsg, sizeof pmsg, "%s plan on %d GPUs in ConfigMap %s: predicted %.1f ms per step, %.2f samples/s",
              x->plan.view.strategy, x->plan.view.world, x->job.cm_name, x->plan.view.iter_ms, x->plan.view.samples_per_s);
