@@ -14,87 +14,63 @@
 
 /* ---- the pods -------------------------------------------------------------------------------- */
 
-static const cJSON *terminated_state(const cJSON *pod) {
-    const cJSON *cs = cJSON_GetArrayItem(get(get(pod, "status"), "containerStatuses"), 0);
-    return get(get(cs, "state"), "terminated");
-}
-
-static double exit_code(const cJSON *pod) { return get_num(terminated_state(pod), "exitCode", 0); }
-
-const cJSON *rec_waiting_state(const cJSON *pod) {
-    const cJSON *cs = cJSON_GetArrayItem(get(get(pod, "status"), "containerStatuses"), 0);
-    const cJSON *w = get(get(cs, "state"), "waiting");
-    const char *reason = get_str(w, "reason", NULL);
-    return reason && strcmp(reason, "ContainerCreating") != 0 ? w : NULL;
-}
-
 /* Which failure to blame when several workers failed: the one that ended first (its peers
  * then fail on the broken collective), and on a tie a death by signal (exit code > 128: killed,
  * out of memory) before an exit the worker chose. finishedAt has whole seconds, and a kubelet
  * stamps it when it sees the exit: a peer that exits a millisecond after the killed worker may
  * carry the earlier second, so stamps less than REC_BLAME_TIE_S apart are a tie. */
-bool rec_blame_earlier(const cJSON *a, const cJSON *b) {
-    const cJSON *ta = terminated_state(a), *tb = terminated_state(b);
+bool rec_blame_earlier(const rec_pod *a, const rec_pod *b) {
     double fa = 1e300, fb = 1e300;
-    if (ta) kube_time_parse(get_str(ta, "finishedAt", ""), &fa);
-    if (tb) kube_time_parse(get_str(tb, "finishedAt", ""), &fb);
-    bool sig_a = get_num(ta, "exitCode", 0) > 128, sig_b = get_num(tb, "exitCode", 0) > 128;
+    if (a->terminated) kube_time_parse(a->finished_at, &fa);
+    if (b->terminated) kube_time_parse(b->finished_at, &fb);
+    bool sig_a = a->exit_code > 128, sig_b = b->exit_code > 128;
     if (fabs(fa - fb) <= REC_BLAME_TIE_S && sig_a != sig_b) return sig_a;
     return fa < fb;
 }
 
-/* Not bound, and the scheduler said why: PodScheduled False, reason Unschedulable. */
-static bool pod_unschedulable(const cJSON *pod) {
-    const cJSON *c = rec_find_condition(get(pod, "status"), "PodScheduled");
-    return !get_str(get(pod, "spec"), "nodeName", NULL) && c && !strcmp(get_str(c, "status", ""), "False") &&
-           !strcmp(get_str(c, "reason", ""), "Unschedulable");
-}
-
 /* The rank of a pod of the current plan and attempt, or -1 when it is stale. */
-static int current_rank(const rec_ctx *x, const cJSON *pod, int world) {
-    const cJSON *ann = get(get(pod, "metadata"), "annotations");
-    const char *rank_s = get_str(get(get(pod, "metadata"), "labels"), REC_LABEL_RANK, "");
+static int current_rank(const rec_ctx *x, const rec_pod *p, int world) {
     char att[32], *end;
-    snprintf(att, sizeof att, "%d", x->attempt);
+    snprintf(att, sizeof att, "%d", x->job.attempt);
+    const char *rank_s = p->rank ? p->rank : "";
     long rank = strtol(rank_s, &end, 10);
-    bool current = rec_owned_by_job(pod, x->job) && !strcmp(get_str(ann, REC_ANN_PLAN_ID, ""), x->plan_id) &&
-                   !strcmp(get_str(ann, REC_ANN_ATTEMPT, ""), att) && *rank_s && !*end && rank >= 0 && rank < world;
+    bool current = rec_pod_owned(p, &x->job.meta) && !strcmp(p->plan_id, x->plan.id) && !strcmp(p->attempt, att) &&
+                   *rank_s && !*end && rank >= 0 && rank < world;
     return current ? (int)rank : -1;
 }
 
 /* Counts a pod of the gang by its phase. */
-static void gang_count(gang *g, const cJSON *pod) {
-    switch (rec_pod_phase(pod)) {
+static void gang_count(gang *g, const rec_pod *p) {
+    switch (p->phase) {
     case PHASE_RUNNING: g->running++; break;
     case PHASE_SUCCEEDED: g->succeeded++; break;
     case PHASE_FAILED:
         g->failed++;
-        if (!terminated_state(pod) || exit_code(pod) != EXIT_STOPPED) g->failed_hard++;
-        if (!g->first_failed || rec_blame_earlier(pod, g->first_failed)) g->first_failed = pod;
+        if (!p->terminated || p->exit_code != EXIT_STOPPED) g->failed_hard++;
+        if (!g->first_failed || rec_blame_earlier(p, g->first_failed)) g->first_failed = p;
         break;
     default:
         g->pending++;
-        if (!g->first_stuck && rec_waiting_state(pod)) g->first_stuck = pod;
-        if (!g->unschedulable && pod_unschedulable(pod)) g->unschedulable = pod;
+        if (!g->first_stuck && p->wait_reason) g->first_stuck = p;
+        if (!g->unschedulable && p->unschedulable) g->unschedulable = p;
     }
 }
 
 int rec_gang_read(rec_ctx *x, gang *g, err_t *err) {
     memset(g, 0, sizeof *g);
-    g->world = cJSON_GetArraySize(get(x->plan_doc, "ranks"));
+    g->world = x->plan.view.world;
     g->pod = calloc((size_t)g->world + 1, sizeof *g->pod);
     if (!g->pod) return err_set(err, "out of memory");
-    g->list = x->pods;
-    const cJSON *pod;
-    cJSON_ArrayForEach(pod, get(g->list, "items")) {
-        int rank = current_rank(x, pod, g->world);
+    for (int i = 0; i < x->stores.n_pods; i++) {
+        const rec_pod *p = &x->stores.pod[i];
+        int rank = current_rank(x, p, g->world);
         if (rank < 0) {
             g->stale++;
-        } else if (get(get(pod, "metadata"), "deletionTimestamp") && !phase_finished(rec_pod_phase(pod))) {
-            if (!g->disrupted) g->disrupted = pod;
+        } else if (p->deleting && !phase_finished(p->phase)) {
+            if (!g->disrupted) g->disrupted = p;
         } else {
-            g->pod[rank] = pod;
-            gang_count(g, pod);
+            g->pod[rank] = p;
+            gang_count(g, p);
         }
     }
     for (int r = 0; r < g->world; r++) g->missing += !g->pod[r];
@@ -104,94 +80,92 @@ int rec_gang_read(rec_ctx *x, gang *g, err_t *err) {
 void rec_gang_free(gang *g) { free(g->pod); }
 
 /* The node of a pod for messages: bound, its node; not yet, the node its affinity names (by its
- * hostname label: the Node's name when it is among x->nodes); else "?". */
-static const char *pod_node(const rec_ctx *x, const cJSON *pod) {
+ * hostname label: the Node's name when it is among x->stores.nodes); else "?". */
+static const char *pod_node(const rec_ctx *x, const rec_pod *p) {
     const cJSON *n;
-    if (get_str(get(pod, "spec"), "nodeName", NULL)) return get_str(get(pod, "spec"), "nodeName", "?");
-    cJSON_ArrayForEach(n, get(x->nodes, "items"))
-        if (inv_pod_on_node(pod, n)) return kube_meta_str(n, "name");
-    return inv_pod_node(pod) ? inv_pod_node(pod) : "?";
+    if (p->node) return p->node;
+    cJSON_ArrayForEach(n, get(x->stores.nodes, "items"))
+        if (inv_pod_on_node(p->obj, n)) return kube_meta_str(n, "name");
+    return inv_pod_node(p->obj) ? inv_pod_node(p->obj) : "?";
 }
 
-static const char *pod_rank(const cJSON *pod) { return get_str(get(get(pod, "metadata"), "labels"), REC_LABEL_RANK, "?"); }
+static const char *pod_rank(const rec_pod *p) { return p->rank ? p->rank : "?"; }
 
 /* ": exit code 1 (Error): <the container's last log line>". The last line comes from
  * terminationMessagePolicy FallbackToLogsOnError: the worker's own error, e.g. a release other
  * than the operator's; not for a signal (exit code 128+N), where the last line is whatever the
  * worker printed before it was killed. */
-static void describe_exit(const cJSON *term, char *out, size_t n) {
-    double code = get_num(term, "exitCode", -1);
-    const char *m = code > 0 && code < 128 ? get_str(term, "message", "") : "";
+static void describe_exit(const rec_pod *p, char *out, size_t n) {
+    double code = p->exit_code;
+    const char *m = code > 0 && code < 128 && p->term_message ? p->term_message : "";
     size_t ml = strlen(m);
     while (ml && (m[ml - 1] == '\n' || m[ml - 1] == ' ')) ml--;
     const char *last = m + ml;
     while (last > m && last[-1] != '\n') last--;
-    snprintf(out, n, ": exit code %.0f (%s)%s%.*s", code, get_str(term, "reason", "Error"), ml ? ": " : "",
+    snprintf(out, n, ": exit code %.0f (%s)%s%.*s", code, p->term_reason ? p->term_reason : "Error", ml ? ": " : "",
              (int)(m + ml - last > 300 ? 300 : m + ml - last), last);
 }
 
 /* "pod tiny-1 (rank 1 on gpu-a) failed: exit code 137 (Error)" */
-static void describe_failure(const cJSON *pod, const char *node, char *out, size_t n) {
-    const cJSON *st = get(pod, "status"), *term = terminated_state(pod);
-    int len = snprintf(out, n, "pod %s (rank %s on %s) failed", kube_meta_str(pod, "name"), pod_rank(pod), node);
+static void describe_failure(const rec_pod *p, const char *node, char *out, size_t n) {
+    int len = snprintf(out, n, "pod %s (rank %s on %s) failed", p->name, pod_rank(p), node);
     if (len < 0 || (size_t)len >= n) return;
-    if (term)
-        describe_exit(term, out + len, n - (size_t)len);
-    else if (get_str(st, "reason", NULL))
-        snprintf(out + len, n - (size_t)len, ": %s%s%s", get_str(st, "reason", ""),
-                 get_str(st, "message", NULL) ? ": " : "", get_str(st, "message", ""));
+    if (p->terminated)
+        describe_exit(p, out + len, n - (size_t)len);
+    else if (p->reason)
+        snprintf(out + len, n - (size_t)len, ": %s%s%s", p->reason, p->message ? ": " : "", p->message ? p->message : "");
 }
 
 /* ---- restarts -------------------------------------------------------------------------------- */
 
 /* The backoff limit is reached: Failed (BackoffLimitExceeded), its running pods deleted first
  * (once the status says Failed nothing else looks at this job), finished ones kept for their logs. */
-static int gang_gives_up(rec_ctx *x, gang *g, const char *what, double restarts, err_t *err) {
+static int gang_gives_up(rec_ctx *x, const char *what, double restarts, err_t *err) {
     char msg[1400], now[64];
-    snprintf(msg, sizeof msg, "%s; backoffLimit %ld reached after %.0f gang restarts", what, x->js.backoff_limit,
+    snprintf(msg, sizeof msg, "%s; backoffLimit %ld reached after %.0f gang restarts", what, x->job.js.backoff_limit,
              restarts);
     cJSON *s = rec_status_base(x, PHASE_FAILED, msg);
     rec_status_plan(x, s);
     rec_status_conditions(x, s, PHASE_FAILED, "BackoffLimitExceeded", msg);
     kube_time_now(now, sizeof now);
     cJSON_AddStringToObject(s, "completionTime", now);
-    if (rec_delete_pods(x, g->list, true, err) < 0) return cJSON_Delete(s), -1;
-    rec_emit(x->k, x->job, "Warning", "BackoffLimitExceeded", msg);
-    if (x->st && x->old_phase != PHASE_FAILED) x->st->jobs_failed++;
+    if (rec_delete_pods(x, x->stores.pod, x->stores.n_pods, true, err) < 0) return cJSON_Delete(s), -1;
+    rec_emit(x->k, &x->job.meta, "Warning", "BackoffLimitExceeded", msg);
+    if (x->st && x->job.old.phase != PHASE_FAILED) x->st->jobs_failed++;
     return rec_write_status(x, s, err);
 }
 
 /* A worker failed (or its pod vanished): restart the gang, or give up after backoffLimit. The
  * status is written first (attempt + 1), then the pods deleted, so a crash in between still
  * finds them stale. */
-static int gang_failed(rec_ctx *x, gang *g, const char *what, err_t *err) {
-    double restarts = get_num(x->old, "restarts", 0);
-    if (restarts >= (double)x->js.backoff_limit) return gang_gives_up(x, g, what, restarts, err);
-    x->attempt++;
+static int gang_failed(rec_ctx *x, const char *what, err_t *err) {
+    double restarts = x->job.old.restarts;
+    if (restarts >= (double)x->job.js.backoff_limit) return gang_gives_up(x, what, restarts, err);
+    x->job.attempt++;
     /* lastCheckpointStep is as fresh as the last progress read: the workers may have a newer one */
-    double ck = get_num(x->old, "lastCheckpointStep", -1);
+    double ck = x->job.old.ckpt_step.have ? x->job.old.ckpt_step.v : -1;
     char from[80] = "the last checkpoint, if any", msg[1400];
     if (ck >= 0) snprintf(from, sizeof from, "the last checkpoint (step %.0f or later)", ck);
     snprintf(msg, sizeof msg, "%s; restarting the gang from %s (restart %.0f of %ld)", what, from, restarts + 1,
-             x->js.backoff_limit);
+             x->job.js.backoff_limit);
     cJSON *s = rec_status_base(x, PHASE_RESTARTING, msg);
     cJSON_ReplaceItemInObjectCaseSensitive(s, "restarts", cJSON_CreateNumber(restarts + 1));
     rec_status_plan(x, s);
     rec_status_conditions(x, s, PHASE_RESTARTING, "WorkerFailed", msg);
-    rec_emit(x->k, x->job, "Warning", "WorkerFailed", msg);
+    rec_emit(x->k, &x->job.meta, "Warning", "WorkerFailed", msg);
     if (rec_write_status(x, s, err) < 0) return -1;
     if (x->st) x->st->gang_restarts++, x->st->requeue_s = 1;
-    return rec_delete_pods(x, g->list, false, err);
+    return rec_delete_pods(x, x->stores.pod, x->stores.n_pods, false, err);
 }
 
 /* Pods of an older plan or attempt are still there: stop them; the new gang waits for their
  * names. The Restarting condition keeps why the gang restarts. */
 static int gang_stopping(rec_ctx *x, gang *g, err_t *err) {
-    if (rec_delete_pods(x, g->list, false, err) < 0) return -1;
-    const cJSON *rc = rec_find_condition(x->old, "Restarting");
-    bool was = rc && !strcmp(get_str(rc, "status", ""), "True");
-    const char *why = *x->why ? x->why : was ? get_str(rc, "message", "") : "the plan changed";
-    const char *reason = *x->why ? "Replanned" : was ? get_str(rc, "reason", "Replanned") : "Replanned";
+    if (rec_delete_pods(x, x->stores.pod, x->stores.n_pods, false, err) < 0) return -1;
+    const rec_cond *rc = rec_cond_find(&x->job.old, "Restarting");
+    bool was = rec_cond_true(rc);
+    const char *why = *x->plan.why ? x->plan.why : was ? (rc->message ? rc->message : "") : "the plan changed";
+    const char *reason = !*x->plan.why && was && rc->reason ? rc->reason : "Replanned";
     char msg[1600];
     snprintf(msg, sizeof msg, "%s; waiting for %d worker pod%s of the previous gang to stop", why, g->stale,
              g->stale == 1 ? "" : "s");
@@ -206,15 +180,15 @@ static int gang_stopping(rec_ctx *x, gang *g, err_t *err) {
  * eviction, a drain, kubectl delete), or its workers stopped on request (EXIT_STOPPED after
  * a checkpoint). It restarts from the last checkpoint like after a failure, but not counted
  * against backoffLimit: the job did nothing wrong. */
-static int gang_disrupted(rec_ctx *x, gang *g, const char *what, err_t *err) {
-    x->attempt++;
+static int gang_disrupted(rec_ctx *x, const char *what, err_t *err) {
+    x->job.attempt++;
     char msg[1400];
     snprintf(msg, sizeof msg, "%s; restarting the gang from the last checkpoint (a disruption, not counted "
                               "against backoffLimit)", what);
-    rec_emit(x->k, x->job, "Warning", "GangDisrupted", msg);
+    rec_emit(x->k, &x->job.meta, "Warning", "GangDisrupted", msg);
     if (rec_status_write(x, PHASE_RESTARTING, "GangDisrupted", msg, err) < 0) return -1;
     if (x->st) x->st->requeue_s = 1;
-    return rec_delete_pods(x, g->list, false, err);
+    return rec_delete_pods(x, x->stores.pod, x->stores.n_pods, false, err);
 }
 
 /* ---- the scheduler's refusals ---------------------------------------------------------------- */
@@ -222,7 +196,7 @@ static int gang_disrupted(rec_ctx *x, gang *g, const char *what, err_t *err) {
 /* The refusals in a row and when the next gang may start, from the plan ConfigMap's annotation
  * REC_ANN_UNSCHEDULABLE ("N TIME"); false without one. */
 static bool unsched_read(const rec_ctx *x, int *n, double *until) {
-    const char *a = get_str(get(get(x->cm, "metadata"), "annotations"), REC_ANN_UNSCHEDULABLE, NULL);
+    const char *a = x->stores.cmv.unschedulable;
     char t[64];
     return a && sscanf(a, "%d %63s", n, t) == 2 && *n > 0 && kube_time_parse(t, until);
 }
@@ -243,13 +217,12 @@ void rec_unsched_clear(rec_ctx *x) {
     double until;
     err_t e;
     if (unsched_read(x, &n, &until) && rec_patch_cm_annotation(x, REC_ANN_UNSCHEDULABLE, NULL, &e) < 0)
-        log_warn("%s/%s: %s", x->ns, x->name, e.msg);
+        log_warn("%s/%s: %s", x->job.ns, x->job.name, e.msg);
 }
 
 /* The scheduler's message about a pod, without its final full stop: ours goes on. */
-static void sched_message(const cJSON *pod, char *why, size_t n) {
-    const cJSON *c = rec_find_condition(get(pod, "status"), "PodScheduled");
-    snprintf(why, n, "%s", get_str(c, "message", "Unschedulable"));
+static void sched_message(const rec_pod *p, char *why, size_t n) {
+    snprintf(why, n, "%s", p->sched_message ? p->sched_message : "Unschedulable");
     for (size_t len = strlen(why); len && (why[len - 1] == '.' || why[len - 1] == ' '); len--) why[len - 1] = '\0';
 }
 
@@ -261,7 +234,7 @@ static void sched_message(const cJSON *pod, char *why, size_t n) {
  * waits REC_UNSCHED_FIRST_S, doubling per refusal in a row up to REC_UNSCHED_MAX_S, so that a
  * scheduler refusing what the accounting thinks is free is not hammered with gangs. */
 static int gang_unschedulable(rec_ctx *x, gang *g, err_t *err) {
-    const cJSON *pod = g->unschedulable;
+    const rec_pod *pod = g->unschedulable;
     int n = 0;
     double until = 0;
     if (!unsched_read(x, &n, &until)) n = 0;
@@ -273,15 +246,15 @@ static int gang_unschedulable(rec_ctx *x, gang *g, err_t *err) {
              "stopped and planned again on the GPUs free now (its GPU may have been taken after planning; not "
              "counted against backoffLimit), the next gang in %.0f s at the earliest (refusal %d in a row; %.0f s "
              "doubling to %.0f s)",
-             kube_meta_str(pod, "name"), pod_rank(pod), pod_node(x, pod), why, wait, n, REC_UNSCHED_FIRST_S,
+             pod->name, pod_rank(pod), pod_node(x, pod), why, wait, n, REC_UNSCHED_FIRST_S,
              REC_UNSCHED_MAX_S);
     if (unsched_write(x, n, kube_time_now_s() + wait, err) < 0) return -1; /* first: the wait must hold */
-    x->attempt++;
-    rec_emit(x->k, x->job, "Warning", "Unschedulable", msg);
-    log_warn("%s/%s: %s", x->ns, x->name, msg);
+    x->job.attempt++;
+    rec_emit(x->k, &x->job.meta, "Warning", "Unschedulable", msg);
+    log_warn("%s/%s: %s", x->job.ns, x->job.name, msg);
     if (rec_status_write(x, PHASE_RESTARTING, "Unschedulable", msg, err) < 0) return -1;
     if (x->st) x->st->requeue_s = 1;
-    return rec_delete_pods(x, g->list, false, err);
+    return rec_delete_pods(x, x->stores.pod, x->stores.n_pods, false, err);
 }
 
 /* A new gang is due while a refusal's wait runs: it waits (phase Restarting, the status says
@@ -307,7 +280,7 @@ static int unsched_wait(rec_ctx *x, const gang *g, err_t *err) {
  * which the pod's status may beat. The seconds left, or 0. */
 static double blame_wait(const gang *g) {
     double fin = kube_time_now_s();
-    kube_time_parse(get_str(terminated_state(g->first_failed), "finishedAt", ""), &fin);
+    if (g->first_failed->terminated) kube_time_parse(g->first_failed->finished_at, &fin);
     double wait = fin + REC_BLAME_SETTLE_S - kube_time_now_s();
     return wait > 0 ? wait : 0;
 }
@@ -319,7 +292,7 @@ static int gang_ended_failed(rec_ctx *x, gang *g, err_t *err) {
     if (!g->failed_hard) {
         snprintf(what, sizeof what, "%d worker pod%s stopped on request (exit code %d, checkpointed)", g->failed,
                  g->failed == 1 ? "" : "s", EXIT_STOPPED);
-        return gang_disrupted(x, g, what, err);
+        return gang_disrupted(x, what, err);
     }
     double wait = blame_wait(g);
     if (wait > 0) {
@@ -329,14 +302,15 @@ static int gang_ended_failed(rec_ctx *x, gang *g, err_t *err) {
     describe_failure(g->first_failed, pod_node(x, g->first_failed), what, sizeof what);
     size_t wl = strlen(what);
     if (g->failed > 1) snprintf(what + wl, sizeof what - wl, " (%d worker pods failed, this one first)", g->failed);
-    return gang_failed(x, g, what, err);
+    return gang_failed(x, what, err);
 }
 
 /* A pod of a gang that was complete and running is gone (deleted at once, by hand or by the pod
  * garbage collector): the others cannot go on without it. Its rank, or -1. */
 static int vanished_rank(const rec_ctx *x, const gang *g) {
-    bool was_running = x->old_phase == PHASE_RUNNING && !strcmp(get_str(get(x->old, "plan"), "id", ""), x->plan_id) &&
-                       (int)get_num(x->old, "attempt", 0) == x->attempt;
+    const rec_status_view *old = &x->job.old;
+    bool was_running = old->phase == PHASE_RUNNING && !strcmp(old->plan_id ? old->plan_id : "", x->plan.id) &&
+                       old->attempt == x->job.attempt;
     if (!g->missing || g->missing >= g->world || !was_running) return -1;
     int r = 0;
     while (g->pod[r]) r++;
@@ -346,9 +320,9 @@ static int vanished_rank(const rec_ctx *x, const gang *g) {
 /* A pod of the gang being deleted by someone else. */
 static int pod_deleted(rec_ctx *x, gang *g, err_t *err) {
     char what[1024];
-    snprintf(what, sizeof what, "worker pod %s (rank %s on %s) is being deleted", kube_meta_str(g->disrupted, "name"),
+    snprintf(what, sizeof what, "worker pod %s (rank %s on %s) is being deleted", g->disrupted->name,
              pod_rank(g->disrupted), pod_node(x, g->disrupted));
-    return gang_disrupted(x, g, what, err);
+    return gang_disrupted(x, what, err);
 }
 
 int rec_gang_decide(rec_ctx *x, gang *g, int *rc, err_t *err) {
@@ -360,8 +334,8 @@ int rec_gang_decide(rec_ctx *x, gang *g, int *rc, err_t *err) {
     else if ((*rc = unsched_wait(x, g, err)) <= 0) return 0;
     else if (g->first_failed) *rc = gang_ended_failed(x, g, err);
     else if ((r = vanished_rank(x, g)) >= 0) {
-        snprintf(what, sizeof what, "worker pod %s-%d vanished while its gang ran", x->name, r);
-        *rc = gang_disrupted(x, g, what, err);
+        snprintf(what, sizeof what, "worker pod %s-%d vanished while its gang ran", x->job.name, r);
+        *rc = gang_disrupted(x, what, err);
     } else {
         return 1;
     }

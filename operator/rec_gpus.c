@@ -22,21 +22,21 @@ int rec_job_cluster(const rec_config *rc, const cJSON *nodes, const job_spec *js
 }
 
 static void build_inv(rec_ctx *x, job_inv *j, bool free_only) {
-    const cache_view *bv = &x->busy_view;
+    const cache_view *bv = &x->stores.busy_view;
     const inv_held **held = NULL; /* the busy store's digests, when it makes them (main.c) */
     if (free_only && bv->digested) {
         held = xmalloc((size_t)(bv->n + 1) * sizeof *held);
         for (int i = 0; i < bv->n; i++) held[i] = cache_view_digest(bv, i);
     }
-    const cJSON *pods = free_only && !held ? get(x->busy, "items") : NULL;
-    j->rc = rec_job_cluster(x->c, x->nodes, &x->js, pods, held, held ? bv->n : 0, kube_meta_str(x->job, "uid"),
+    const cJSON *pods = free_only && !held ? get(x->stores.busy, "items") : NULL;
+    j->rc = rec_job_cluster(x->c, x->stores.nodes, &x->job.js, pods, held, held ? bv->n : 0, x->job.meta.uid,
                             &j->cl, &j->r, &j->err);
     free(held);
     j->built = true;
 }
 
 const job_inv *rec_inv(rec_ctx *x, bool free_only) {
-    job_inv *j = free_only ? &x->inv_free : &x->inv_all;
+    job_inv *j = free_only ? &x->gpus.inv_free : &x->gpus.inv_all;
     if (!j->built) build_inv(x, j, free_only);
     return j;
 }
@@ -48,20 +48,19 @@ int rec_inv_devices(const job_inv *j, int cap) { return cap > 0 && cap < j->cl.n
 /* Every rank's node has as many GPUs free to the job (its own pods' count as free; no maxGPUs cap)
  * as the plan puts ranks on it. Both counted per node name in one pass: not a pass over the ranks
  * and the devices for each rank. */
-bool rec_plan_fits(rec_ctx *x, const cJSON *plan_doc) {
+bool rec_plan_fits(rec_ctx *x, const plan_view *pv) {
     const cluster *cl = &rec_inv(x, true)->cl;
-    int world = cJSON_GetArraySize(get(plan_doc, "ranks")), k = 0;
+    int world = pv->world, k = 0;
     int *room = xcalloc((size_t)world + 1, sizeof *room); /* per node of the plan (its index in at) */
     str_map at = {0};
-    const cJSON *r;
-    cJSON_ArrayForEach(r, get(plan_doc, "ranks"))
-        if (str_map_put(&at, get_str(r, "node", ""), k) < 0) k++;
+    for (int r = 0; r < world; r++)
+        if (str_map_put(&at, pv->ranks[r].node, k) < 0) k++;
     for (int d = 0; d < cl->n_devices; d++) {
         long i = str_map_get(&at, cl->nodes[cl->devices[d].node].name);
         if (i >= 0) room[i]++;
     }
     bool fits = true;
-    cJSON_ArrayForEach(r, get(plan_doc, "ranks")) fits &= --room[str_map_get(&at, get_str(r, "node", ""))] >= 0;
+    for (int r = 0; r < world; r++) fits &= --room[str_map_get(&at, pv->ranks[r].node)] >= 0;
     str_map_free(&at);
     free(room);
     return fits;
@@ -72,12 +71,11 @@ bool rec_plan_fits(rec_ctx *x, const cJSON *plan_doc) {
  * against backoffLimit and restart) on the plan it ran. */
 bool rec_gang_ended(const rec_ctx *x, const char *plan_id) {
     char att[32];
-    snprintf(att, sizeof att, "%d", x->attempt);
-    const cJSON *pod;
-    cJSON_ArrayForEach(pod, get(x->pods, "items")) {
-        const cJSON *ann = get(get(pod, "metadata"), "annotations");
-        if (phase_finished(rec_pod_phase(pod)) && !strcmp(get_str(ann, REC_ANN_PLAN_ID, ""), plan_id) &&
-            !strcmp(get_str(ann, REC_ANN_ATTEMPT, ""), att) && rec_owned_by_job(pod, x->job))
+    snprintf(att, sizeof att, "%d", x->job.attempt);
+    for (int i = 0; i < x->stores.n_pods; i++) {
+        const rec_pod *p = &x->stores.pod[i];
+        if (phase_finished(p->phase) && !strcmp(p->plan_id, plan_id) && !strcmp(p->attempt, att) &&
+            rec_pod_owned(p, &x->job.meta))
             return true;
     }
     return false;
@@ -88,15 +86,12 @@ bool rec_gang_ended(const rec_ctx *x, const char *plan_id) {
  * missing ranks are created on the same plan, not planned again. 0 otherwise. */
 int rec_gang_started(const rec_ctx *x, const char *plan_id) {
     char att[32];
-    snprintf(att, sizeof att, "%d", x->attempt);
-    const cJSON *pod;
+    snprintf(att, sizeof att, "%d", x->job.attempt);
     int started = 0;
-    cJSON_ArrayForEach(pod, get(x->pods, "items")) {
-        const cJSON *ann = get(get(pod, "metadata"), "annotations");
-        if (strcmp(get_str(ann, REC_ANN_PLAN_ID, ""), plan_id) || strcmp(get_str(ann, REC_ANN_ATTEMPT, ""), att) ||
-            !rec_owned_by_job(pod, x->job))
-            continue;
-        if (phase_finished(rec_pod_phase(pod)) || get(get(pod, "metadata"), "deletionTimestamp")) return 0;
+    for (int i = 0; i < x->stores.n_pods; i++) {
+        const rec_pod *p = &x->stores.pod[i];
+        if (strcmp(p->plan_id, plan_id) || strcmp(p->attempt, att) || !rec_pod_owned(p, &x->job.meta)) continue;
+        if (phase_finished(p->phase) || p->deleting) return 0;
         started++;
     }
     return started;

@@ -1,5 +1,7 @@
 /* rec_internal.h - what the reconcile's files share (reconcile.h is the outside's view):
  *
+ *   rec_view.c    the API's objects read once into typed views: the job's metadata and stored
+ *                 status, its pods, the plan ConfigMap; the job's pods and the Nodes by name
  *   rec_status.c  the status's parts: phase, conditions, the plan summary, Events; written
  *   rec_pods.c    the objects: the plan ConfigMap, the Service, the worker pods (created at once
  *                 over several clients, assumed in the busy store), deletions, foreign objects
@@ -17,8 +19,12 @@
  *
  * Each file uses only those listed above it: no file circles (mk/circles.py).
  *
- * One reconcile is one rec_ctx, on one thread. The spec is read once (x->js, job_spec.h); the
- * status, metadata and pods are the API's objects and read as JSON. */
+ * One reconcile is one rec_ctx, on one thread, its fields grouped by concern (job, stores, gpus,
+ * plan, writes: each part says which files touch it). What it reads is read once, into typed
+ * views: the spec (x->job.js, job_spec.h), plan.json (x->plan.view, plan_view.h), the metadata,
+ * stored status, pods and plan ConfigMap (rec_view.c). Only rec_view.c reads the objects' fields
+ * as JSON, so that a field's name, default and type are in one place; what the reconcile writes
+ * (the ConfigMap, the Service, pods, patches, the status) is built as JSON. */
 #ifndef CEPHALO_REC_INTERNAL_H
 #define CEPHALO_REC_INTERNAL_H
 
@@ -35,6 +41,7 @@
 #include "operator/job_spec.h"
 #include "operator/client/kube.h"
 #include "operator/phase.h"
+#include "operator/plan_view.h"
 #include "operator/planning.h"
 #include "operator/reconcile.h"
 #include "planner/cluster.h"
@@ -48,21 +55,96 @@
 #define REC_UNSCHED_FIRST_S 5.0  /* the first refusal's wait before the next gang; doubled per refusal */
 #define REC_UNSCHED_MAX_S 300.0
 
-/* The API's objects, read as they are. */
+/* A member of an API object: a list's items, an object of the stores. Fields are read by
+ * rec_view.c into the views below, once a reconcile. */
 static inline const cJSON *get(const cJSON *o, const char *k) { return cJSON_GetObjectItemCaseSensitive(o, k); }
-static inline const char *get_str(const cJSON *o, const char *k, const char *def) {
-    const cJSON *v = get(o, k);
-    return cJSON_IsString(v) ? v->valuestring : def;
-}
-static inline double get_num(const cJSON *o, const char *k, double def) {
-    const cJSON *v = get(o, k);
-    return cJSON_IsNumber(v) ? v->valuedouble : def;
-}
-/* A pod's phase: Pending until the API says otherwise. */
-static inline phase rec_pod_phase(const cJSON *pod) {
-    phase p = phase_parse(get_str(get(pod, "status"), "phase", NULL));
-    return p == PHASE_NONE ? PHASE_PENDING : p;
-}
+
+/* ---- rec_view.c: the API's objects read once into typed views ---- */
+
+/* A CephaloJob's metadata. */
+typedef struct rec_job_meta {
+    const char *ns, *name;  /* "" when absent */
+    const char *uid, *created; /* metadata.uid, .creationTimestamp; NULL when absent */
+    double gen;             /* metadata.generation */
+    bool deleting;          /* metadata.deletionTimestamp is set */
+} rec_job_meta;
+
+/* A condition of a stored status. */
+typedef struct rec_cond {
+    const cJSON *obj;                  /* as stored: kept verbatim where a status keeps it */
+    const char *type, *status;         /* "" when absent */
+    const char *reason, *message, *ltt; /* lastTransitionTime; NULL when absent */
+} rec_cond;
+
+/* A counter the status keeps from one write to the next (step, loss...): have, when it is there. */
+typedef struct rec_kept {
+    bool have;
+    double v;
+} rec_kept;
+
+/* A job's stored status: what a reconcile reads of it, read once (rec_status_read). */
+typedef struct rec_status_view {
+    const cJSON *obj;       /* the status, or NULL */
+    phase phase;            /* PHASE_NONE: none yet */
+    const char *message;    /* "" when absent */
+    double restarts, replans;
+    int attempt;            /* the gang attempt */
+    rec_kept step, ckpt_step, samples_per_s, loss; /* step, lastCheckpointStep, samplesPerSecond, loss */
+    const char *start_time, *completion_time, *progress_time; /* NULL when absent */
+    const cJSON *plan;      /* status.plan as stored (a re-planned live job keeps it), or NULL */
+    const char *plan_id;    /* status.plan.id; NULL when absent */
+    const char *plan_profile; /* status.plan.profile; "" when absent */
+    bool plan_estimated;
+    rec_cond *conds;        /* [n_conds], in their order */
+    int n_conds;
+} rec_status_view;
+
+/* A pod, read once per reconcile (rec_pods_read). */
+typedef struct rec_pod {
+    const cJSON *obj;          /* the pod (inventory.h's node matching reads it) */
+    const char *name, *ns, *job; /* metadata.name, .namespace, the job label; "" when absent */
+    const char *rank;          /* the rank label; NULL when absent */
+    const char *plan_id, *attempt; /* its plan id and gang attempt annotations; "" when absent */
+    const char *owner_uid;     /* its controller CephaloJob's uid ("" without one); NULL: none */
+    phase phase;               /* Pending until the API says otherwise */
+    const char *node;          /* spec.nodeName; NULL: not bound */
+    const char *ip;            /* status.podIP; NULL */
+    bool deleting;             /* metadata.deletionTimestamp is set ... */
+    const char *deletion;      /* ... to this time (NULL when not a string) */
+    const char *reason, *message; /* status.reason, .message (an eviction); NULL */
+    const char *wait_reason, *wait_message; /* its container waits for a reason worth reporting (not
+                                             * plain creation: ImagePullBackOff...); NULL */
+    bool terminated;           /* its container ended: */
+    double exit_code;          /* exitCode, -1 when absent */
+    const char *finished_at, *term_reason, *term_message; /* NULL when absent */
+    bool unschedulable;        /* not bound, PodScheduled False with reason Unschedulable */
+    const char *sched_message; /* PodScheduled's message; NULL */
+} rec_pod;
+
+/* The plan ConfigMap. */
+typedef struct rec_cm_view {
+    const cJSON *obj;       /* the ConfigMap, or NULL */
+    const char *plan_json;  /* data["plan.json"]; NULL when absent */
+    const char *generation, *inventory, *plan_id, *notes; /* annotations; "" when absent */
+    const char *planned_at, *unschedulable; /* annotations; NULL when absent */
+} rec_cm_view;
+
+void rec_job_meta_read(const cJSON *job, rec_job_meta *m);
+/* Whether obj (a pod, Service, ConfigMap) is the job's: its controller owner is the job, or it has
+ * none of kind CephaloJob. */
+bool rec_owned_by_job(const cJSON *obj, const rec_job_meta *job);
+void rec_status_read(const cJSON *status, rec_status_view *v);
+void rec_status_view_free(rec_status_view *v);
+/* The first condition of a type, or NULL; whether one is there and True. */
+const rec_cond *rec_cond_find(const rec_status_view *v, const char *type);
+bool rec_cond_true(const rec_cond *c);
+/* Terminal: Succeeded, or Failed after the backoff limit. */
+bool rec_terminal(const rec_status_view *v);
+void rec_pod_read(const cJSON *pod, rec_pod *p);
+/* A PodList's items as views ([*n], the caller frees it). */
+rec_pod *rec_pods_read(const cJSON *list, int *n);
+bool rec_pod_owned(const rec_pod *p, const rec_job_meta *job);
+void rec_cm_read(const cJSON *cm, rec_cm_view *v);
 
 /* A job's usable GPUs as inv_build finds them without the maxGPUs cap, built at most once per
  * reconcile from the stores' snapshot: each view a reconcile asks about (capped or not, every GPU
@@ -76,51 +158,77 @@ typedef struct job_inv {
     err_t err;
 } job_inv;
 
-/* What one reconcile works on. */
-typedef struct rec_ctx {
-    kube_client *k;
-    const rec_config *c;
-    rec_stats *st;
+/* The job a reconcile is about: who it is, its spec and its stored status, read once by
+ * reconcile.c (read_job); every step reads it. attempt is the one field the steps change (a
+ * restart or a queued gang's end bumps it: rec_gang.c, rec_admit.c). */
+typedef struct rec_job_part {
     const char *ns, *name;
     char key[PLANNING_KEY_MAX]; /* namespace/name: the job's task in the planning pool */
-    char job_path[KUBE_PATH_MAX];
-    cJSON *job;
-    job_spec js;      /* the job's spec, read once */
-    int js_rc;        /* job_spec_parse's: -1 with js_err, which planning reports (InvalidSpec) */
+    char path[KUBE_PATH_MAX];   /* the job's API path (its status is written there) */
+    char cm_name[128];          /* its plan ConfigMap's name, NAME-plan ("" for a name too long) */
+    cJSON *obj;                 /* the CephaloJob, a copy from the store */
+    rec_job_meta meta;
+    job_spec js;                /* the spec, read once */
+    int js_rc;                  /* job_spec_parse's: -1 with js_err, which planning reports (InvalidSpec) */
     err_t js_err;
-    const cJSON *old; /* the stored status */
-    phase old_phase;  /* its phase */
-    double gen;
-    cJSON *nodes; /* NodeList (a view of the store: read-only) */
-    str_map node_at; /* the nodes by name (rec_find_node builds it on first use) */
+    rec_status_view old;        /* the stored status */
+    int attempt;                /* the gang attempt: status.attempt, until a step bumps it */
+} rec_job_part;
+
+/* What the watches' stores hold, read once per reconcile (reconcile.c read_stores; the views by
+ * rec_view.c); read-only. The nodes and busy pods are rec_gpus.c's (the free GPUs); the job's pods
+ * are sorted out by rec_gang.c, counted by rec_gpus.c, rec_admit.c and rec_phase.c, deleted by
+ * rec_pods.c; the ConfigMap is rec_plan.c's (its plan) and rec_gang.c's (the refusals' count);
+ * rec_pods.c sets have_service (rec_clear_foreign). */
+typedef struct rec_stores_part {
+    cJSON *nodes;     /* NodeList (a view of the store) */
+    str_map node_at;  /* the nodes by name (rec_find_node builds it on first use) */
     const cJSON **node_by;
-    cJSON *cm;    /* the plan ConfigMap, or NULL */
-    cJSON *pods;  /* PodList of the job's pods (label cephalo.dev/job; a view: read-only) */
-    cJSON *busy;  /* PodList of the pods that may hold GPUs: not terminal, every namespace (a view) */
+    cJSON *pods;      /* PodList of the job's pods (label cephalo.dev/job; a view) ... */
+    rec_pod *pod;     /* ... [n_pods]: its items read */
+    int n_pods;
+    cJSON *busy;      /* PodList of the pods that may hold GPUs: not terminal, every namespace (a view) */
     cache_view nodes_view, pods_view, busy_view;
+    cJSON *cm;        /* the plan ConfigMap (a copy), or NULL ... */
+    rec_cm_view cmv;  /* ... read */
+    bool have_service; /* the job's Service exists (and is the job's) */
+} rec_stores_part;
+
+/* Which GPUs the job is planned and admitted on: rec_gpus.c builds the inventories, rec_admit.c
+ * chooses the view (rec_choose_view) and holds the admission lock; rec_plan.c plans on them. */
+typedef struct rec_gpus_part {
     job_inv inv_all, inv_free; /* the job's usable GPUs, no maxGPUs cap: all, and the free ones (rec_inv) */
     bool on_free; /* what the job is planned on: its free GPUs; false: all of them, while too few are free */
-    int cap; /* spec.gpus.maxGPUs; 0: no cap */
-    int picked; /* free GPUs the job would take now (at most maxGPUs) */
-    int need; /* GPUs it needs to start: spec.gpus.minGPUs, else its whole plan */
-    bool have_service; /* the job's Service exists (and is the job's) */
-    cJSON *plan_doc; /* plan.json */
-    char plan_id[64], cm_name[128], notes[1024], profile[600];
-    char why[600]; /* set when this reconcile re-planned: why the gang restarts */
-    bool estimated;
-    int attempt; /* the gang attempt: status.attempt */
+    int cap;      /* spec.gpus.maxGPUs; 0: no cap */
+    int picked;   /* free GPUs the job would take now (at most maxGPUs) */
+    int need;     /* GPUs it needs to start: spec.gpus.minGPUs, else its whole plan */
     bool admitting; /* holds the admission lock (rec_admit_lock) */
-    kube_client *const *helpers; /* more clients, for creating a gang's pods at once */
-    int n_helpers;
-    /* a new plan decided under the admission lock, written after it (rec_commit_plan): the
-     * ConfigMap and the Planned/Replanned Event are API calls other admissions need not wait for */
+} rec_gpus_part;
+
+/* The plan to run: rec_plan.c sets it (the ConfigMap's, or a new one); rec_admit.c, rec_pods.c,
+ * rec_gang.c, rec_status.c and rec_phase.c read it. */
+typedef struct rec_plan_part {
+    plan_view view;  /* plan.json, read once (view.world 0: none yet) */
+    char id[64];     /* its id: pods carry it */
+    char notes[1024], profile[600];
+    bool estimated;
+    char why[600];   /* set when this reconcile re-planned: why the gang restarts */
+    /* a new plan decided under the admission lock, written after it (rec_commit_plan, rec_pods.c):
+     * the ConfigMap and the Planned/Replanned Event are API calls other admissions need not wait for */
     struct {
         char *json; /* plan.json; NULL: nothing to write */
         char gen[32], fp[64];
         bool forget; /* the planning pool keeps the task until the ConfigMap has the plan */
         const char *ev_reason; /* NULL: no Event */
         char ev[512];
-    } new_plan;
+    } fresh;
+} rec_plan_part;
+
+/* The writes beyond the status (rec_pods.c): clients to create a gang's pods at once, the pods
+ * assumed in the busy store, the side thread of a new job's objects. */
+typedef struct rec_writes_part {
+    kube_client *const *helpers; /* more clients, for creating a gang's pods at once */
+    int n_helpers;
     char (*assumed)[128]; /* pods put into the busy store before their creation (rec_assume_pods) */
     int n_assumed;
     struct { /* rec_side_writes_start */
@@ -130,23 +238,42 @@ typedef struct rec_ctx {
         int rc;
         err_t err;
     } side;
+} rec_writes_part;
+
+/* What one reconcile works on, by concern. */
+typedef struct rec_ctx {
+    kube_client *k;      /* the reconcile's client */
+    const rec_config *c; /* the operator's configuration and stores */
+    rec_stats *st;       /* its counters (NULL: none) */
+    rec_job_part job;
+    rec_stores_part stores;
+    rec_gpus_part gpus;
+    rec_plan_part plan;
+    rec_writes_part writes;
 } rec_ctx;
+
+/* ---- rec_view.c (the stores) ---- */
+
+/* The job's pods of the pod store (its label, its namespace). */
+cJSON *rec_job_pods(rec_ctx *x, cache_view *v);
+/* The Node of x->stores.nodes named name, or NULL: by a map of the names, built once a reconcile (a gang's
+ * pods and the job's pods each look up their node: not a scan of the nodes for each). */
+const cJSON *rec_find_node(rec_ctx *x, const char *name);
 
 /* Whether failed pod a is to be blamed before failed pod b: it ended first (stamps within
  * REC_BLAME_TIE_S are a tie), and on a tie a death by signal before an exit the worker chose. */
-bool rec_blame_earlier(const cJSON *a, const cJSON *b);
+bool rec_blame_earlier(const rec_pod *a, const rec_pod *b);
 
 /* The pods of the job sorted out against the current plan and gang attempt (rec_gang_read). */
 typedef struct gang {
-    const cJSON *list; /* PodList (the context's) */
     int world;
-    const cJSON **pod; /* [world]: the current gang's pod of each rank, or NULL */
+    const rec_pod **pod; /* [world]: the current gang's pod of each rank (of the context's), or NULL */
     int stale; /* pods of an older plan or attempt */
     int pending, running, succeeded, failed, missing;
-    const cJSON *first_failed;
-    const cJSON *first_stuck; /* a pending pod whose container waits for a reason (ImagePullBackOff...) */
-    const cJSON *disrupted; /* a pod of the gang being deleted by someone else (eviction, drain, by hand) */
-    const cJSON *unschedulable; /* a pod of the gang the scheduler cannot place (its GPU was taken) */
+    const rec_pod *first_failed;
+    const rec_pod *first_stuck; /* a pending pod whose container waits for a reason (ImagePullBackOff...) */
+    const rec_pod *disrupted; /* a pod of the gang being deleted by someone else (eviction, drain, by hand) */
+    const rec_pod *unschedulable; /* a pod of the gang the scheduler cannot place (its GPU was taken) */
     int failed_hard; /* failed pods that were not stopped on request (EXIT_STOPPED) */
 } gang;
 
@@ -159,12 +286,12 @@ int rec_job_cluster(const rec_config *rc, const cJSON *nodes, const job_spec *js
                     const inv_held *const *held, int n_held, const char *own_uid, cluster *cl, inv_result *inv,
                     err_t *err);
 /* The job's usable GPUs for this reconcile, no maxGPUs cap; free_only: less those that the pods
- * of x->busy hold for others. Built once. */
+ * of x->stores.busy hold for others. Built once. */
 const job_inv *rec_inv(rec_ctx *x, bool free_only);
 /* How many devices of j a view with cap `cap` (0: none) holds. */
 int rec_inv_devices(const job_inv *j, int cap);
 /* Whether every rank of the plan has a free GPU on its node. */
-bool rec_plan_fits(rec_ctx *x, const cJSON *plan_doc);
+bool rec_plan_fits(rec_ctx *x, const plan_view *pv);
 /* Whether a pod of plan_id's current gang has ended (it must be seen through on that plan). */
 bool rec_gang_ended(const rec_ctx *x, const char *plan_id);
 /* How many pods of plan_id's current gang exist, none ended or being deleted; else 0. */
@@ -172,9 +299,11 @@ int rec_gang_started(const rec_ctx *x, const char *plan_id);
 
 /* ---- rec_plan.c ---- */
 
-/* The plan to run into x->plan_doc: 1; 0 when the job cannot be planned (status Failed written)
+/* The plan to run into x->plan.view: 1; 0 when the job cannot be planned (status Failed written)
  * or is being planned; -1 on an API error. */
 int rec_current_plan(rec_ctx *x, err_t *err);
+/* plan.json (the ConfigMap's, or a new plan's) into x->plan.view: 0, or -1 with err naming the field. */
+int rec_plan_read(rec_ctx *x, const char *plan_json, err_t *err);
 /* Drops the job's planning, if any (cancelled when it runs): the job is gone, finished, suspended. */
 void rec_forget_plan(const rec_ctx *x);
 
@@ -182,7 +311,7 @@ void rec_forget_plan(const rec_ctx *x);
 
 void rec_admit_lock(rec_ctx *x);
 void rec_admit_unlock(rec_ctx *x); /* nothing when x does not hold it */
-/* Which GPUs the job is planned on (x->on_free, x->cap, x->picked, x->need): 1; 0 when it can
+/* Which GPUs the job is planned on (x->gpus.on_free, x->gpus.cap, x->gpus.picked, x->gpus.need): 1; 0 when it can
  * never start (Failed, written); -1 on an API error. */
 int rec_choose_view(rec_ctx *x, err_t *err);
 /* May the planned gang run? 1 admitted; 0 queued (status written); -1 on an API error. */
@@ -190,12 +319,7 @@ int rec_admit(rec_ctx *x, err_t *err);
 
 /* ---- rec_pods.c ---- */
 
-cJSON *rec_job_pods(rec_ctx *x, cache_view *v);
-/* The Node of x->nodes named name, or NULL: by a map of the names, built once a reconcile (a gang's
- * pods and the job's pods each look up their node: not a scan of the nodes for each). */
-const cJSON *rec_find_node(rec_ctx *x, const char *name);
-bool rec_owned_by_job(const cJSON *obj, const cJSON *job);
-int rec_delete_pods(rec_ctx *x, const cJSON *pods, bool keep_finished, err_t *err);
+int rec_delete_pods(rec_ctx *x, const rec_pod *pods, int n, bool keep_finished, err_t *err);
 /* Objects of an earlier job of the same name deleted: 1 when there were some, 0, -1 (API). */
 int rec_clear_foreign(rec_ctx *x, err_t *err);
 void rec_assume_pods(rec_ctx *x);
@@ -206,7 +330,7 @@ void rec_forget_assumed(rec_ctx *x);
 void rec_hold_assumed(rec_ctx *x);
 void rec_release_held(const rec_ctx *x);
 int rec_create_pods(rec_ctx *x, gang *g, err_t *err);
-/* The plan ConfigMap (x->new_plan) and its Event, when a new plan was made. */
+/* The plan ConfigMap (x->plan.fresh) and its Event, when a new plan was made. */
 int rec_commit_plan(rec_ctx *x, kube_client *k, err_t *err);
 int rec_side_writes_start(rec_ctx *x, err_t *err);
 int rec_side_writes_join(rec_ctx *x, int rc, err_t *err);
@@ -222,25 +346,23 @@ void rec_gang_free(gang *g);
 int rec_gang_decide(rec_ctx *x, gang *g, int *rc, err_t *err);
 /* A gang runs: the scheduler's refusals in a row are forgotten (the next one waits the first wait). */
 void rec_unsched_clear(rec_ctx *x);
-/* The container's waiting state when it has a reason worth reporting (not plain creation). */
-const cJSON *rec_waiting_state(const cJSON *pod);
 
 /* ---- rec_status.c ---- */
 
-void rec_emit(kube_client *k, const cJSON *job, const char *type, const char *reason, const char *msg);
-void rec_condition(cJSON *conds, const cJSON *old_status, double gen, const char *type, bool ok, const char *reason,
-                   const char *message);
-const cJSON *rec_find_condition(const cJSON *status, const char *type);
+void rec_emit(kube_client *k, const rec_job_meta *job, const char *type, const char *reason, const char *msg);
+/* A condition of type into conds; its lastTransitionTime kept from the stored status's while its
+ * status stays. */
+void rec_condition(const rec_ctx *x, cJSON *conds, const char *type, bool ok, const char *reason, const char *message);
 /* The status fields every phase carries: counters, times, progress. */
 cJSON *rec_status_base(rec_ctx *x, phase ph, const char *msg);
+/* The conditions array of a status rec_status_base built. */
+cJSON *rec_status_conds(cJSON *s);
 void rec_status_plan(rec_ctx *x, cJSON *s);
 void rec_status_conditions(rec_ctx *x, cJSON *s, phase ph, const char *reason, const char *msg);
 /* Writes the status (taking it) unless the store has it already. */
 int rec_write_status(rec_ctx *x, cJSON *status, err_t *err);
 /* A status of phase ph with the plan and conditions, written. */
 int rec_status_write(rec_ctx *x, phase ph, const char *reason, const char *msg, err_t *err);
-/* Terminal: Succeeded, or Failed after the backoff limit. */
-bool rec_terminal(const cJSON *status);
 
 /* ---- rec_phase.c ---- */
 

@@ -4,6 +4,7 @@
  * built from rec_status.c's parts. */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/clock.h"
@@ -25,7 +26,7 @@ static void set_str(cJSON *o, const char *k, const char *v) {
 
 /* Writes s, counting a job that has just succeeded or failed. */
 static int finish_status(rec_ctx *x, cJSON *s, phase ph, err_t *err) {
-    if (x->st && x->old_phase != ph) {
+    if (x->st && x->job.old.phase != ph) {
         if (ph == PHASE_SUCCEEDED) x->st->jobs_succeeded++;
         if (ph == PHASE_FAILED) x->st->jobs_failed++;
     }
@@ -35,19 +36,21 @@ static int finish_status(rec_ctx *x, cJSON *s, phase ph, err_t *err) {
 /* ---- phases without a gang ------------------------------------------------------------------- */
 
 static void created_condition(rec_ctx *x, cJSON *s) {
-    rec_condition(cJSON_GetObjectItemCaseSensitive(s, "conditions"), x->old, x->gen, "Created", true, "Created",
+    rec_condition(x, rec_status_conds(s), "Created", true, "Created",
                   "the job was accepted by the operator");
 }
 
 int rec_suspend_job(rec_ctx *x, err_t *err) {
     cache_view v;
-    cJSON *pods = rec_job_pods(x, &v);
-    int rc = rec_delete_pods(x, pods, false, err);
+    int n;
+    rec_pod *pods = rec_pods_read(rec_job_pods(x, &v), &n);
+    int rc = rec_delete_pods(x, pods, n, false, err);
+    free(pods);
     cache_view_release(&v);
     if (rc < 0) return -1;
     cJSON *s = rec_status_base(x, PHASE_SUSPENDED, "spec.suspend is true: no worker pods");
     created_condition(x, s);
-    rec_condition(cJSON_GetObjectItemCaseSensitive(s, "conditions"), x->old, x->gen, "Suspended", true, "Suspended",
+    rec_condition(x, rec_status_conds(s), "Suspended", true, "Suspended",
                   "spec.suspend is true");
     return rec_write_status(x, s, err);
 }
@@ -55,14 +58,14 @@ int rec_suspend_job(rec_ctx *x, err_t *err) {
 int rec_wait_foreign(rec_ctx *x, err_t *err) {
     char msg[512];
     snprintf(msg, sizeof msg, "waiting for the objects of an earlier CephaloJob named %s (its plan, "
-             "Service or pods) to be deleted", x->name);
+             "Service or pods) to be deleted", x->job.name);
     /* the status says so only until they are gone (unbound pods go at once): the Event stays */
-    if (strcmp(get_str(x->old, "message", ""), msg) != 0) rec_emit(x->k, x->job, "Normal", "WaitingForOldObjects", msg);
+    if (strcmp(x->job.old.message, msg) != 0) rec_emit(x->k, &x->job.meta, "Normal", "WaitingForOldObjects", msg);
     cJSON *s = cJSON_CreateObject();
     cJSON_AddStringToObject(s, "phase", phase_name(PHASE_CREATED));
     cJSON_AddStringToObject(s, "message", msg);
-    cJSON_AddNumberToObject(s, "observedGeneration", x->gen);
-    rec_condition(cJSON_AddArrayToObject(s, "conditions"), x->old, x->gen, "Created", true, "Created", msg);
+    cJSON_AddNumberToObject(s, "observedGeneration", x->job.meta.gen);
+    rec_condition(x, cJSON_AddArrayToObject(s, "conditions"), "Created", true, "Created", msg);
     if (x->st) x->st->requeue_s = 1;
     return rec_write_status(x, s, err);
 }
@@ -70,10 +73,10 @@ int rec_wait_foreign(rec_ctx *x, err_t *err) {
 /* A plan failure is counted (and its Event sent) once per distinct message: a failed job is
  * reconciled again and again. */
 static void plan_failure_seen(rec_ctx *x, const char *reason, const char *msg) {
-    if (x->old_phase == PHASE_FAILED && !strcmp(get_str(x->old, "message", ""), msg)) return;
-    rec_emit(x->k, x->job, "Warning", reason, msg);
+    if (x->job.old.phase == PHASE_FAILED && !strcmp(x->job.old.message, msg)) return;
+    rec_emit(x->k, &x->job.meta, "Warning", reason, msg);
     if (x->st) x->st->plan_failures++, x->st->plan_timeouts += !strcmp(reason, "PlanningTimeout");
-    if (x->st && x->old_phase != PHASE_FAILED) x->st->jobs_failed++;
+    if (x->st && x->job.old.phase != PHASE_FAILED) x->st->jobs_failed++;
 }
 
 int rec_plan_failed(rec_ctx *x, const char *reason, const char *why, err_t *err) {
@@ -82,12 +85,12 @@ int rec_plan_failed(rec_ctx *x, const char *reason, const char *why, err_t *err)
     char *hint = strstr(msg, " (or give a model file path)"); /* the planner's hint for the CLI; built-ins only here */
     if (hint) *hint = '\0';
     plan_failure_seen(x, reason, msg);
-    if (rec_delete_pods(x, x->pods, false, err) < 0) return -1;
+    if (rec_delete_pods(x, x->stores.pod, x->stores.n_pods, false, err) < 0) return -1;
     cJSON *s = rec_status_base(x, PHASE_FAILED, msg);
-    cJSON *conds = cJSON_GetObjectItemCaseSensitive(s, "conditions");
+    cJSON *conds = rec_status_conds(s);
     created_condition(x, s);
-    rec_condition(conds, x->old, x->gen, "Planned", false, reason, msg);
-    rec_condition(conds, x->old, x->gen, "Failed", true, reason, msg);
+    rec_condition(x, conds, "Planned", false, reason, msg);
+    rec_condition(x, conds, "Failed", true, reason, msg);
     return rec_write_status(x, s, err);
 }
 
@@ -103,15 +106,15 @@ void rec_pods_not_created(rec_ctx *x, const err_t *why) {
 
 /* The progress of rank r's worker (its pod's IP) into *p, within `left` seconds: 0, or -1. */
 static int scrape_rank(const rec_ctx *x, const gang *g, int r, double left, worker_progress *p) {
-    const char *ip = g->pod[r] ? get_str(get(g->pod[r], "status"), "podIP", NULL) : NULL;
+    const char *ip = g->pod[r] ? g->pod[r]->ip : NULL;
     double per = x->c->scrape_timeout_s > 0 ? x->c->scrape_timeout_s : 1.0;
     char url[256];
     err_t e;
     if (!ip || left < 0.05) return -1;
     snprintf(url, sizeof url, strchr(ip, ':') ? "http://[%s]:%ld/metrics" : "http://%s:%ld/metrics", ip,
-             x->js.metrics_port);
+             x->job.js.metrics_port);
     if (progress_scrape(url, fmin(per, left), p, &e) == 0) return 0;
-    log_msg("debug", "%s/%s: progress: %s", x->ns, x->name, e.msg);
+    log_msg("debug", "%s/%s: progress: %s", x->job.ns, x->job.name, e.msg);
     return -1;
 }
 
@@ -120,8 +123,8 @@ static int scrape_rank(const rec_ctx *x, const gang *g, int r, double left, work
  * Logged through log_msg (the operator's "TIME LEVEL text" lines under --log-level): one summary
  * per job at info, a rank that did not answer at debug (every REC_PROGRESS_S per pod is noise). */
 static int scrape_progress(rec_ctx *x, const gang *g, cJSON *s) {
-    if (x->js.metrics_port <= 0) return 0;
-    double rate = 0, t0 = clock_now_s();
+    if (x->job.js.metrics_port <= 0) return 0;
+    double rate = 0, step = x->job.old.step.v, loss = x->job.old.loss.v, t0 = clock_now_s(); /* s keeps the old ones */
     int rated = 0, answered = 0;
     for (int r = 0; r < g->world; r++) {
         worker_progress p = {0};
@@ -130,14 +133,14 @@ static int scrape_progress(rec_ctx *x, const gang *g, cJSON *s) {
         answered++;
         if (p.have_rate) rate += p.samples_per_s, rated++;
         if (r != 0) continue;
-        if (p.have_step) set_num(s, "step", p.step);
-        if (p.have_loss) set_num(s, "loss", p.loss);
+        if (p.have_step) set_num(s, "step", step = p.step);
+        if (p.have_loss) set_num(s, "loss", loss = p.loss);
         if (p.have_ckpt) set_num(s, "lastCheckpointStep", p.ckpt_step);
     }
     if (rated == g->world) set_num(s, "samplesPerSecond", rate);
     if (answered)
-        log_msg("info", "%s/%s: step %.0f of %ld, loss %.4g, %.2f samples/s (%d of %d ranks answered)", x->ns, x->name,
-                get_num(s, "step", 0), x->js.train.steps, get_num(s, "loss", 0), rate, answered, g->world);
+        log_msg("info", "%s/%s: step %.0f of %ld, loss %.4g, %.2f samples/s (%d of %d ranks answered)", x->job.ns,
+                x->job.name, step, x->job.js.train.steps, loss, rate, answered, g->world);
     return answered;
 }
 
@@ -148,10 +151,10 @@ static int scrape_progress(rec_ctx *x, const gang *g, cJSON *s) {
  * REC_PROGRESS_S and at most REC_PROGRESS_MAX_S: at rest such a job is reconciled once a minute, not
  * every 5 s. Without a metrics port, progress is no deadline at all. */
 static void running_progress(rec_ctx *x, const gang *g, cJSON *s, const char *now) {
-    if (x->js.metrics_port <= 0) return;
+    if (x->job.js.metrics_port <= 0) return;
     double t = kube_time_now_s(), last = t, wait;
-    bool answered = kube_time_parse(get_str(x->old, "progressTime", ""), &last);
-    if (!answered && !kube_time_parse(get_str(x->old, "startTime", ""), &last)) last = t;
+    bool answered = kube_time_parse(x->job.old.progress_time, &last);
+    if (!answered && !kube_time_parse(x->job.old.start_time, &last)) last = t;
     double silent = t - last;
     if (answered && (wait = fmin(REC_PROGRESS_S - silent, REC_PROGRESS_S)) > 0.5) { /* clocks of replicas may differ */
         if (x->st) x->st->requeue_s = wait;
@@ -176,19 +179,19 @@ static void gang_message(const rec_ctx *x, const gang *g, phase ph, bool restart
         snprintf(msg, n, "%d of %d worker pods running%s", g->running, g->world,
                  restarting ? " (the gang is starting again)" : "");
     if (g->first_stuck) { /* why a pod does not start: an image that cannot be pulled, a bad mount */
-        const cJSON *w = rec_waiting_state(g->first_stuck);
+        const rec_pod *p = g->first_stuck;
         size_t ml = strlen(msg);
-        snprintf(msg + ml, n - ml, "; pod %s waits: %s%s%.300s", kube_meta_str(g->first_stuck, "name"),
-                 get_str(w, "reason", ""), get_str(w, "message", NULL) ? ": " : "", get_str(w, "message", ""));
+        snprintf(msg + ml, n - ml, "; pod %s waits: %s%s%.300s", p->name, p->wait_reason, p->wait_message ? ": " : "",
+                 p->wait_message ? p->wait_message : "");
     }
-    if (*x->notes && strlen(msg) + strlen(x->notes) + 3 < n) strcat(strcat(msg, "; "), x->notes);
+    if (*x->plan.notes && strlen(msg) + strlen(x->plan.notes) + 3 < n) strcat(strcat(msg, "; "), x->plan.notes);
 }
 
 int rec_gang_status(rec_ctx *x, const gang *g, err_t *err) {
     phase ph = g->succeeded == g->world ? PHASE_SUCCEEDED
              : g->running + g->succeeded == g->world ? PHASE_RUNNING : PHASE_PLANNED;
-    const cJSON *rcond = rec_find_condition(x->old, "Restarting");
-    bool restarting = ph == PHASE_PLANNED && rcond && !strcmp(get_str(rcond, "status", ""), "True");
+    const rec_cond *rcond = rec_cond_find(&x->job.old, "Restarting");
+    bool restarting = ph == PHASE_PLANNED && rec_cond_true(rcond);
     char msg[1400], now[64];
     gang_message(x, g, ph, restarting, msg, sizeof msg);
     if (restarting) ph = PHASE_RESTARTING;
@@ -196,16 +199,16 @@ int rec_gang_status(rec_ctx *x, const gang *g, err_t *err) {
     cJSON *s = rec_status_base(x, ph, msg);
     rec_status_plan(x, s);
     rec_status_conditions(x, s, ph, ph == PHASE_SUCCEEDED ? "Completed"
-                                    : restarting ? get_str(rcond, "reason", "Replanned") : "PodsNotRunning",
-                          restarting ? get_str(rcond, "message", msg) : msg);
+                                    : restarting ? (rcond->reason ? rcond->reason : "Replanned") : "PodsNotRunning",
+                          restarting && rcond->message ? rcond->message : msg);
     kube_time_now(now, sizeof now);
-    if (!get_str(x->old, "startTime", NULL) && ph != PHASE_PLANNED) set_str(s, "startTime", now);
+    if (!x->job.old.start_time && ph != PHASE_PLANNED) set_str(s, "startTime", now);
     if (ph == PHASE_RUNNING) {
         running_progress(x, g, s, now);
     } else if (ph == PHASE_SUCCEEDED) {
         /* every worker exited 0: it trained to the last step and checkpointed there */
-        set_num(s, "step", (double)x->js.train.steps);
-        if (x->js.checkpoint) set_num(s, "lastCheckpointStep", (double)x->js.train.steps);
+        set_num(s, "step", (double)x->job.js.train.steps);
+        if (x->job.js.checkpoint) set_num(s, "lastCheckpointStep", (double)x->job.js.train.steps);
         set_str(s, "completionTime", now);
     }
     return finish_status(x, s, ph, err);

@@ -105,8 +105,8 @@ static int resolve_model(const job_spec *js, model_spec *m, err_t *err) {
 /* The model to plan: a Hugging Face directory's config.json (model_source.h), a built-in, or
  * inline. 0; -1 with err set (the job's problem); -2 on an API error. */
 static int plan_model(kube_client *k, const rec_ctx *x, model_spec *m, err_t *err) {
-    if (x->js.model == JOB_MODEL_INIT_FROM) return msrc_model(k, x->ns, &x->js.init, m, err);
-    return resolve_model(&x->js, m, err) < 0 ? err_prefix(err, "model") : 0;
+    if (x->job.js.model == JOB_MODEL_INIT_FROM) return msrc_model(k, x->job.ns, &x->job.js.init, m, err);
+    return resolve_model(&x->job.js, m, err) < 0 ? err_prefix(err, "model") : 0;
 }
 
 /* The profile ConfigMap of a job: spec.profileConfigMap in its namespace, else the operator's
@@ -114,15 +114,15 @@ static int plan_model(kube_client *k, const rec_ctx *x, model_spec *m, err_t *er
 static int profile_cm(const rec_ctx *x, char *ns, char *name, size_t n, err_t *err) {
     const char *def = x->c->profile_cm, *slash = def ? strchr(def, '/') : NULL;
     /* a cut name would read another ConfigMap; a namespace is at most 63 */
-    if (x->js.profile_cm) {
-        snprintf(ns, n, "%s", x->ns);
-        if (str_fmt(name, n, err, "spec.profileConfigMap", "%s", x->js.profile_cm) < 0) return -1;
+    if (x->job.js.profile_cm) {
+        snprintf(ns, n, "%s", x->job.ns);
+        if (str_fmt(name, n, err, "spec.profileConfigMap", "%s", x->job.js.profile_cm) < 0) return -1;
     } else if (slash) {
         if (str_fmt(ns, n, err, "--profile-configmap: the namespace", "%.*s", (int)(slash - def), def) < 0 ||
             str_fmt(name, n, err, "--profile-configmap: the name", "%s", slash + 1) < 0)
             return -1;
     }
-    return x->js.profile_cm || slash;
+    return x->job.js.profile_cm || slash;
 }
 
 /* Every data key ending in ".json" of cm, merged into in->prof. 0 (files: how many), or -1 with
@@ -177,7 +177,7 @@ static int profile_cover(plan_inputs *in, bool own, const char *ns, const char *
  * err set (an API error). */
 static int load_profiles(kube_client *k, const rec_ctx *x, plan_inputs *in, char *rv, size_t rvn, err_t *err) {
     char ns[256], name[256], path[KUBE_PATH_MAX];
-    bool own = x->js.profile_cm != NULL;
+    bool own = x->job.js.profile_cm != NULL;
     int have = profile_cm(x, ns, name, sizeof ns, err);
     if (have <= 0) return have;
     cJSON *cm = NULL;
@@ -188,7 +188,8 @@ static int load_profiles(kube_client *k, const rec_ctx *x, plan_inputs *in, char
         return own ? err_set(err, "spec.profileConfigMap: ConfigMap %s/%s not found", ns, name) : 0;
     }
     /* it joins the plan's id: a cut one could hide a changed profile */
-    if (str_fmt(rv, rvn, err, "the profile ConfigMap's resourceVersion", "%s", get_str(get(cm, "metadata"), "resourceVersion", "")) < 0) {
+    const char *cm_rv = kube_meta_str(cm, "resourceVersion");
+    if (str_fmt(rv, rvn, err, "the profile ConfigMap's resourceVersion", "%s", cm_rv ? cm_rv : "") < 0) {
         cJSON_Delete(cm);
         return -2;
     }
@@ -215,9 +216,9 @@ static int plan_inputs_of(const rec_ctx *x, const job_inv *gpus, int cap, plan_t
     t->have_inputs = true;
     out->estimated = gpus->r.estimated;
     snprintf(out->notes, sizeof out->notes, "%s", gpus->r.notes);
-    t->strat = x->js.strat;
-    t->o = (inputs_opts){.batch = x->js.global_batch, .seq = x->js.seq_len, .mem_cap = x->js.mem_cap,
-                         .prec = x->js.train.prec, .recompute = x->js.recompute, .no_store = true};
+    t->strat = x->job.js.strat;
+    t->o = (inputs_opts){.batch = x->job.js.global_batch, .seq = x->job.js.seq_len, .mem_cap = x->job.js.mem_cap,
+                         .prec = x->job.js.train.prec, .recompute = x->job.js.recompute, .no_store = true};
     if (cluster_check_precision(&t->in.cl, t->o.prec, "spec.precision", err) < 0) {
         out->reason = "UnsupportedPrecision";
         return -1;
@@ -234,9 +235,9 @@ static int plan_inputs_of(const rec_ctx *x, const job_inv *gpus, int cap, plan_t
 static int plan_prepare(rec_ctx *x, plan_task *t, err_t *err) {
     t->out.reason = "InvalidSpec";
     int mrc = plan_model(x->k, x, &t->in.model, err);
-    t->outside = mrc == -1 && x->js.model == JOB_MODEL_INIT_FROM;
+    t->outside = mrc == -1 && x->job.js.model == JOB_MODEL_INIT_FROM;
     if (mrc < 0) return mrc;
-    if (plan_inputs_of(x, rec_inv(x, x->on_free), x->cap, t, err) < 0) return -1;
+    if (plan_inputs_of(x, rec_inv(x, x->gpus.on_free), x->gpus.cap, t, err) < 0) return -1;
     int prc = load_profiles(x->k, x, &t->in, t->profile_rv, sizeof t->profile_rv, err);
     if (prc < 0) t->out.reason = "InvalidProfile", t->outside = prc == -1;
     return prc;
@@ -322,29 +323,29 @@ static void plan_solve(void *task, const volatile int *cancel) {
 /* ---- the plan to run ------------------------------------------------------------------------- */
 
 void rec_forget_plan(const rec_ctx *x) {
-    if (x->c->planner) planning_forget(x->c->planner, x->key);
+    if (x->c->planner) planning_forget(x->c->planner, x->job.key);
 }
 
 /* A planning thread works on the job: the status says so (condition Planned False, reason
  * Planning). A live job keeps its phase, conditions and plan summary: its gang runs on the old
  * plan until the new one is ready. A queued job stays in the queue meanwhile. Others are Created. */
 static int plan_pending(rec_ctx *x, const char *msg, err_t *err) {
-    bool live = phase_live(x->old_phase) || x->old_phase == PHASE_QUEUED;
-    cJSON *s = rec_status_base(x, live ? x->old_phase : PHASE_CREATED, msg);
-    cJSON *conds = cJSON_GetObjectItemCaseSensitive(s, "conditions");
-    const cJSON *oc, *old_conds = live ? get(x->old, "conditions") : NULL;
+    bool live = phase_live(x->job.old.phase) || x->job.old.phase == PHASE_QUEUED;
+    cJSON *s = rec_status_base(x, live ? x->job.old.phase : PHASE_CREATED, msg);
+    cJSON *conds = rec_status_conds(s);
     bool planned = false;
-    if (!live) rec_condition(conds, x->old, x->gen, "Created", true, "Created", "the job was accepted by the operator");
-    cJSON_ArrayForEach(oc, old_conds) {
-        if (strcmp(get_str(oc, "type", ""), "Planned") != 0) {
-            cJSON_AddItemToArray(conds, cJSON_Duplicate(oc, true));
+    if (!live) rec_condition(x, conds, "Created", true, "Created", "the job was accepted by the operator");
+    for (int i = 0; live && i < x->job.old.n_conds; i++) {
+        const rec_cond *oc = &x->job.old.conds[i];
+        if (strcmp(oc->type, "Planned") != 0) { /* kept as stored */
+            cJSON_AddItemToArray(conds, cJSON_Duplicate(oc->obj, true));
             continue;
         }
-        rec_condition(conds, x->old, x->gen, "Planned", false, "Planning", msg); /* in its place */
+        rec_condition(x, conds, "Planned", false, "Planning", msg); /* in its place */
         planned = true;
     }
-    if (!planned) rec_condition(conds, x->old, x->gen, "Planned", false, "Planning", msg);
-    if (live && get(x->old, "plan")) cJSON_AddItemToObject(s, "plan", cJSON_Duplicate(get(x->old, "plan"), true));
+    if (!planned) rec_condition(x, conds, "Planned", false, "Planning", msg);
+    if (live && x->job.old.plan) cJSON_AddItemToObject(s, "plan", cJSON_Duplicate(x->job.old.plan, true));
     return rec_write_status(x, s, err);
 }
 
@@ -365,15 +366,15 @@ static int plan_on_pool(rec_ctx *x, plan_task *t, const char *id, plan_task **tp
     planning *pool = x->c->planner;
     char msg[512];
     snprintf(msg, sizeof msg, "%splanning globalBatch %ld on %d GPUs (strategy %s, at most %g s)",
-             phase_live(x->old_phase) ? "re-" : "", t->o.batch, t->in.cl.n_devices, strategy_name(t->strat),
+             phase_live(x->job.old.phase) ? "re-" : "", t->o.batch, t->in.cl.n_devices, strategy_name(t->strat),
              t->budget_s);
     void *done = NULL;
-    planning_state st = planning_get(pool, x->key, id, &done);
+    planning_state st = planning_get(pool, x->job.key, id, &done);
     if (st == PLANNING_NONE) {
         if (x->st) x->st->plans++;
-        planning_submit(pool, x->key, id, t, plan_solve, plan_task_free);
-        planning_wait(pool, x->key, REC_PLAN_WAIT_S);
-        st = planning_get(pool, x->key, id, &done);
+        planning_submit(pool, x->job.key, id, t, plan_solve, plan_task_free);
+        planning_wait(pool, x->job.key, REC_PLAN_WAIT_S);
+        st = planning_get(pool, x->job.key, id, &done);
     } else {
         plan_task_free(t); /* the pool has this one already, planned or being planned */
     }
@@ -404,12 +405,12 @@ static int obtain_plan(rec_ctx *x, const char *gen_s, const char *fp, plan_task 
 /* A plan that still fits is kept when other GPUs free up or get busy (re-planning restarts the
  * gang); the job grows onto more free GPUs at most once per spec.elastic.minReplanSeconds since it
  * was planned, so that churn does not thrash it. */
-static bool keep_plan(rec_ctx *x, const cJSON *ann, const cJSON *plan_doc) {
-    if (!rec_plan_fits(x, plan_doc)) return false;
-    if (x->picked <= cJSON_GetArraySize(get(plan_doc, "ranks"))) return true;
+static bool keep_plan(rec_ctx *x) {
+    if (!rec_plan_fits(x, &x->plan.view)) return false;
+    if (x->gpus.picked <= x->plan.view.world) return true;
     double at = 0;
-    if (!kube_time_parse(get_str(ann, REC_ANN_PLANNED_AT, ""), &at)) at = 0; /* older plans: long ago */
-    double wait = (double)x->js.min_replan_s - (kube_time_now_s() - at);
+    if (!kube_time_parse(x->stores.cmv.planned_at, &at)) at = 0; /* older plans: long ago */
+    double wait = (double)x->job.js.min_replan_s - (kube_time_now_s() - at);
     if (wait <= 0) return false;
     if (x->st && (x->st->requeue_s <= 0 || wait < x->st->requeue_s)) x->st->requeue_s = wait;
     return true;
@@ -417,53 +418,50 @@ static bool keep_plan(rec_ctx *x, const cJSON *ann, const cJSON *plan_doc) {
 
 /* The ConfigMap's plan, when it was made for this generation and these GPUs, or a pod of its gang
  * ended (to be seen through), or its gang was started but not complete and it fits, or it still
- * fits (and the job is not due to grow): 1 with x->plan_doc; 0 to plan anew. */
+ * fits (and the job is not due to grow): 1 with x->plan.view; 0 to plan anew. A plan.json that does not
+ * read (edited by hand) is planned anew too, the warning naming its field. */
 static int stored_plan(rec_ctx *x, const char *gen_s, const char *fp, err_t *err) {
-    const cJSON *ann = get(get(x->cm, "metadata"), "annotations");
-    const char *cm_plan = get_str(get(x->cm, "data"), "plan.json", NULL);
-    if (!cm_plan || strcmp(get_str(ann, REC_ANN_GENERATION, ""), gen_s)) return 0;
-    x->plan_doc = json_parse(x->cm_name, cm_plan, strlen(cm_plan), err);
-    const char *id = get_str(ann, REC_ANN_PLAN_ID, "");
+    const rec_cm_view *cm = &x->stores.cmv;
+    if (!cm->plan_json || strcmp(cm->generation, gen_s)) return 0;
+    bool read = rec_plan_read(x, cm->plan_json, err) == 0;
+    const char *id = cm->plan_id;
     /* a gang started on it and not complete yet (maybe left by another leader) is completed on it
      * while it fits; a complete one grows as keep_plan says */
-    int started = x->plan_doc ? rec_gang_started(x, id) : 0;
-    if (x->plan_doc && (!strcmp(get_str(ann, REC_ANN_INVENTORY, ""), fp) || rec_gang_ended(x, id) ||
-                        (started > 0 && started < cJSON_GetArraySize(get(x->plan_doc, "ranks")) &&
-                         rec_plan_fits(x, x->plan_doc)) ||
-                        keep_plan(x, ann, x->plan_doc)) &&
+    int started = read ? rec_gang_started(x, id) : 0;
+    if (read && (!strcmp(cm->inventory, fp) || rec_gang_ended(x, id) ||
+                 (started > 0 && started < x->plan.view.world && rec_plan_fits(x, &x->plan.view)) || keep_plan(x)) &&
         /* ours are "g<generation>-<hash>": one too long for the buffer is not, and is planned anew */
-        str_fmt(x->plan_id, sizeof x->plan_id, NULL, "", "%s", get_str(ann, REC_ANN_PLAN_ID, "")) == 0) {
-        snprintf(x->notes, sizeof x->notes, "%s", get_str(ann, REC_ANN_NOTES, ""));
-        snprintf(x->profile, sizeof x->profile, "%s", get_str(get(x->old, "plan"), "profile", ""));
-        x->estimated = cJSON_IsTrue(get(get(x->old, "plan"), "estimated"));
+        str_fmt(x->plan.id, sizeof x->plan.id, NULL, "", "%s", id) == 0) {
+        snprintf(x->plan.notes, sizeof x->plan.notes, "%s", cm->notes);
+        snprintf(x->plan.profile, sizeof x->plan.profile, "%s", x->job.old.plan_profile);
+        x->plan.estimated = x->job.old.plan_estimated;
         return 1;
     }
-    if (!x->plan_doc) log_warn("%s/%s: %s; planning again", x->ns, x->name, err->msg);
-    cJSON_Delete(x->plan_doc);
-    x->plan_doc = NULL;
+    if (!read) log_warn("%s/%s: %s; planning again", x->job.ns, x->job.name, err->msg);
+    plan_view_free(&x->plan.view);
     return 0;
 }
 
 /* The Event of a new plan: Replanned for a live job with a gang (it restarts on it; counted and
  * said in the status), Planned for another. */
 static void new_plan_event(rec_ctx *x, bool spec_changed) {
-    const char *old_id = get_str(get(get(x->cm, "metadata"), "annotations"), REC_ANN_PLAN_ID, "");
-    int world = cJSON_GetArraySize(get(x->plan_doc, "ranks"));
-    double sps = get_num(get(x->plan_doc, "predicted"), "samples_per_s", 0);
-    if (!strcmp(old_id, x->plan_id)) return;
+    const char *old_id = x->stores.cmv.plan_id;
+    int world = x->plan.view.world;
+    double sps = x->plan.view.samples_per_s;
+    if (!strcmp(old_id, x->plan.id)) return;
     /* a job with a gang (or one being started) restarts on the new plan; a suspended or failed
      * one is just planned */
-    if (get_str(get(x->cm, "data"), "plan.json", NULL) && phase_live(x->old_phase)) {
+    if (x->stores.cmv.plan_json && phase_live(x->job.old.phase)) {
         if (x->st) x->st->replans++;
-        snprintf(x->new_plan.ev, sizeof x->new_plan.ev, "re-planned on %d GPUs (%s), predicted %.2f samples/s; the "
+        snprintf(x->plan.fresh.ev, sizeof x->plan.fresh.ev, "re-planned on %d GPUs (%s), predicted %.2f samples/s; the "
                  "gang restarts from the last checkpoint", world, spec_changed ? "the spec changed"
                  : "the usable GPUs changed", sps);
-        x->new_plan.ev_reason = "Replanned";
-        snprintf(x->why, sizeof x->why, "%s", x->new_plan.ev);
+        x->plan.fresh.ev_reason = "Replanned";
+        snprintf(x->plan.why, sizeof x->plan.why, "%s", x->plan.fresh.ev);
     } else {
-        snprintf(x->new_plan.ev, sizeof x->new_plan.ev, "planned %d GPUs, predicted %.2f samples/s (%.300s)", world,
-                 sps, *x->profile ? x->profile : "analytic estimates");
-        x->new_plan.ev_reason = "Planned";
+        snprintf(x->plan.fresh.ev, sizeof x->plan.fresh.ev, "planned %d GPUs, predicted %.2f samples/s (%.300s)", world,
+                 sps, *x->plan.profile ? x->plan.profile : "analytic estimates");
+        x->plan.fresh.ev_reason = "Planned";
     }
 }
 
@@ -471,25 +469,31 @@ static void new_plan_event(rec_ctx *x, bool spec_changed) {
  * admission lock is released. 1, or -1 when plan.json does not parse. */
 static int take_plan(rec_ctx *x, const plan_task *t, bool own, const char *gen_s, const char *fp, err_t *err) {
     const plan_out *po = &t->out;
-    const char *cm_gen = get_str(get(get(x->cm, "metadata"), "annotations"), REC_ANN_GENERATION, "");
-    plan_id_of(x->gen, po->json, x->plan_id, sizeof x->plan_id);
-    x->estimated = po->estimated;
-    snprintf(x->notes, sizeof x->notes, "%s", po->notes);
-    snprintf(x->profile, sizeof x->profile, "%s", po->profile);
-    if (!(x->plan_doc = json_parse(x->cm_name, po->json, strlen(po->json), err))) return -1;
-    x->new_plan.json = xstrdup(po->json);
-    snprintf(x->new_plan.gen, sizeof x->new_plan.gen, "%s", gen_s);
-    snprintf(x->new_plan.fp, sizeof x->new_plan.fp, "%s", fp);
-    x->new_plan.forget = !own;
-    if (!x->cm && x->st) x->st->jobs_created++;
+    const char *cm_gen = x->stores.cmv.generation;
+    plan_id_of(x->job.meta.gen, po->json, x->plan.id, sizeof x->plan.id);
+    x->plan.estimated = po->estimated;
+    snprintf(x->plan.notes, sizeof x->plan.notes, "%s", po->notes);
+    snprintf(x->plan.profile, sizeof x->plan.profile, "%s", po->profile);
+    if (rec_plan_read(x, po->json, err) < 0) return -1;
+    x->plan.fresh.json = xstrdup(po->json);
+    snprintf(x->plan.fresh.gen, sizeof x->plan.fresh.gen, "%s", gen_s);
+    snprintf(x->plan.fresh.fp, sizeof x->plan.fresh.fp, "%s", fp);
+    x->plan.fresh.forget = !own;
+    if (!x->stores.cm && x->st) x->st->jobs_created++;
     new_plan_event(x, strcmp(cm_gen, gen_s) != 0);
     return 1;
 }
 
+int rec_plan_read(rec_ctx *x, const char *plan_json, err_t *err) {
+    char name[400];
+    snprintf(name, sizeof name, "ConfigMap %s/%s: plan.json", x->job.ns, x->job.cm_name);
+    return plan_view_parse(name, plan_json, strlen(plan_json), &x->plan.view, err);
+}
+
 int rec_current_plan(rec_ctx *x, err_t *err) {
     char gen_s[32], fp[64];
-    snprintf(gen_s, sizeof gen_s, "%.0f", x->gen);
-    inventory_fingerprint(rec_inv(x, x->on_free), x->cap, fp, sizeof fp);
+    snprintf(gen_s, sizeof gen_s, "%.0f", x->job.meta.gen);
+    inventory_fingerprint(rec_inv(x, x->gpus.on_free), x->gpus.cap, fp, sizeof fp);
     if (stored_plan(x, gen_s, fp, err)) return 1;
     plan_task *t;
     bool own;

@@ -12,12 +12,12 @@
 
 /* ---- metadata -------------------------------------------------------------------------------- */
 
-static cJSON *owner_refs(const cJSON *job) {
+static cJSON *owner_refs(const rec_job_meta *job) {
     cJSON *arr = cJSON_CreateArray(), *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "apiVersion", REC_API_VERSION);
     cJSON_AddStringToObject(o, "kind", "CephaloJob");
-    cJSON_AddStringToObject(o, "name", kube_meta_str(job, "name"));
-    cJSON_AddStringToObject(o, "uid", kube_meta_str(job, "uid") ? kube_meta_str(job, "uid") : "");
+    cJSON_AddStringToObject(o, "name", job->name);
+    cJSON_AddStringToObject(o, "uid", job->uid ? job->uid : "");
     cJSON_AddBoolToObject(o, "controller", true);
     cJSON_AddBoolToObject(o, "blockOwnerDeletion", true);
     cJSON_AddItemToArray(arr, o);
@@ -26,14 +26,14 @@ static cJSON *owner_refs(const cJSON *job) {
 
 /* An object's metadata: its name, the job's labels (a worker's rank and component with rank >= 0)
  * and the job as its controller. */
-static cJSON *meta(const cJSON *job, const char *name, int rank) {
+static cJSON *meta(const rec_job_meta *job, const char *name, int rank) {
     cJSON *m = cJSON_CreateObject();
     cJSON_AddStringToObject(m, "name", name);
-    cJSON_AddStringToObject(m, "namespace", kube_meta_str(job, "namespace"));
+    cJSON_AddStringToObject(m, "namespace", job->ns);
     cJSON *l = cJSON_AddObjectToObject(m, "labels");
     cJSON_AddStringToObject(l, "app.kubernetes.io/name", "cephalo");
     cJSON_AddStringToObject(l, "app.kubernetes.io/managed-by", REC_COMPONENT);
-    cJSON_AddStringToObject(l, REC_LABEL_JOB, kube_meta_str(job, "name"));
+    cJSON_AddStringToObject(l, REC_LABEL_JOB, job->name);
     if (rank >= 0) {
         char r[16];
         snprintf(r, sizeof r, "%d", rank);
@@ -42,15 +42,6 @@ static cJSON *meta(const cJSON *job, const char *name, int rank) {
     }
     cJSON_AddItemToObject(m, "ownerReferences", owner_refs(job));
     return m;
-}
-
-bool rec_owned_by_job(const cJSON *obj, const cJSON *job) {
-    const char *uid = kube_meta_str(job, "uid");
-    const cJSON *o;
-    cJSON_ArrayForEach(o, get(get(obj, "metadata"), "ownerReferences"))
-        if (cJSON_IsTrue(get(o, "controller")) && !strcmp(get_str(o, "kind", ""), "CephaloJob"))
-            return uid && !strcmp(get_str(o, "uid", ""), uid);
-    return true;
 }
 
 /* Creates obj in the collection unless it exists (409 AlreadyExists is success). The created
@@ -95,18 +86,18 @@ static void cm_annotate(cJSON *m, const cm_annotations *a, bool patch) {
 static int write_configmap(kube_client *k, const rec_ctx *x, const char *plan_json, const cm_annotations *a,
                            err_t *err) {
     char path[KUBE_PATH_MAX];
-    const cJSON *old = x->cm;
+    const cJSON *old = x->stores.cm;
     cJSON *cm = cJSON_CreateObject(), *out = NULL;
     if (!old) {
         cJSON_AddStringToObject(cm, "apiVersion", "v1");
         cJSON_AddStringToObject(cm, "kind", "ConfigMap");
     }
-    cJSON *m = old ? cJSON_AddObjectToObject(cm, "metadata") : meta(x->job, x->cm_name, -1);
+    cJSON *m = old ? cJSON_AddObjectToObject(cm, "metadata") : meta(&x->job.meta, x->job.cm_name, -1);
     if (!old) cJSON_AddItemToObject(cm, "metadata", m);
     cm_annotate(m, a, old != NULL);
     cJSON_AddStringToObject(cJSON_AddObjectToObject(cm, "data"), "plan.json", plan_json);
     long status = 0;
-    int rc = kube_path(path, sizeof path, "v1", x->ns, "configmaps", old ? x->cm_name : NULL, err);
+    int rc = kube_path(path, sizeof path, "v1", x->job.ns, "configmaps", old ? x->job.cm_name : NULL, err);
     if (rc == 0) rc = old ? kube_merge_patch(k, path, cm, &out, &status, err) : kube_create(k, path, cm, &out, &status, err);
     if (rc == 0 && out) cache_put(x->c->caches->configmaps, out, NULL);
     cJSON_Delete(out);
@@ -121,7 +112,7 @@ int rec_patch_cm_annotation(rec_ctx *x, const char *key, const char *value, err_
     if (value) cJSON_AddStringToObject(ann, key, value);
     else cJSON_AddNullToObject(ann, key);
     long status = 0;
-    int rc = kube_path(path, sizeof path, "v1", x->ns, "configmaps", x->cm_name, err);
+    int rc = kube_path(path, sizeof path, "v1", x->job.ns, "configmaps", x->job.cm_name, err);
     if (rc == 0) rc = kube_merge_patch(x->k, path, p, &out, &status, err);
     if (rc == 0 && out) cache_put(x->c->caches->configmaps, out, NULL); /* the next reconcile sees it */
     cJSON_Delete(out);
@@ -131,18 +122,18 @@ int rec_patch_cm_annotation(rec_ctx *x, const char *key, const char *value, err_
 
 /* The new plan's ConfigMap; its Event stays due (plan_event). */
 static int plan_configmap(rec_ctx *x, kube_client *k, err_t *err) {
-    if (!x->new_plan.json) return 0;
-    cm_annotations a = {x->new_plan.gen, x->new_plan.fp, x->plan_id, x->notes};
-    if (write_configmap(k, x, x->new_plan.json, &a, err) < 0) return -1; /* the pool keeps the plan for the retry */
-    if (x->new_plan.forget) planning_forget(x->c->planner, x->key); /* the ConfigMap has it now */
-    free(x->new_plan.json);
-    x->new_plan.json = NULL;
+    if (!x->plan.fresh.json) return 0;
+    cm_annotations a = {x->plan.fresh.gen, x->plan.fresh.fp, x->plan.id, x->plan.notes};
+    if (write_configmap(k, x, x->plan.fresh.json, &a, err) < 0) return -1; /* the pool keeps the plan for the retry */
+    if (x->plan.fresh.forget) planning_forget(x->c->planner, x->job.key); /* the ConfigMap has it now */
+    free(x->plan.fresh.json);
+    x->plan.fresh.json = NULL;
     return 0;
 }
 
 static void plan_event(rec_ctx *x, kube_client *k) {
-    if (x->new_plan.ev_reason) rec_emit(k, x->job, "Normal", x->new_plan.ev_reason, x->new_plan.ev);
-    x->new_plan.ev_reason = NULL;
+    if (x->plan.fresh.ev_reason) rec_emit(k, &x->job.meta, "Normal", x->plan.fresh.ev_reason, x->plan.fresh.ev);
+    x->plan.fresh.ev_reason = NULL;
 }
 
 int rec_commit_plan(rec_ctx *x, kube_client *k, err_t *err) {
@@ -165,18 +156,18 @@ static int ensure_service(kube_client *k, const rec_ctx *x, err_t *err) {
     cJSON *s = cJSON_CreateObject();
     cJSON_AddStringToObject(s, "apiVersion", "v1");
     cJSON_AddStringToObject(s, "kind", "Service");
-    cJSON *m = meta(x->job, x->name, -1);
+    cJSON *m = meta(&x->job.meta, x->job.name, -1);
     cJSON_AddStringToObject(cJSON_GetObjectItem(m, "labels"), REC_LABEL_COMPONENT, "worker");
     cJSON_AddItemToObject(s, "metadata", m);
     cJSON *sp = cJSON_AddObjectToObject(s, "spec");
     cJSON_AddStringToObject(sp, "clusterIP", "None");
     cJSON_AddBoolToObject(sp, "publishNotReadyAddresses", true);
-    cJSON_AddStringToObject(cJSON_AddObjectToObject(sp, "selector"), REC_LABEL_JOB, x->name);
+    cJSON_AddStringToObject(cJSON_AddObjectToObject(sp, "selector"), REC_LABEL_JOB, x->job.name);
     cJSON *ports = cJSON_AddArrayToObject(sp, "ports");
     add_port(ports, "rendezvous", "port", REC_MASTER_PORT);
-    if (x->js.metrics_port > 0) add_port(ports, "metrics", "port", x->js.metrics_port);
+    if (x->job.js.metrics_port > 0) add_port(ports, "metrics", "port", x->job.js.metrics_port);
     char path[KUBE_PATH_MAX];
-    if (kube_path(path, sizeof path, "v1", x->ns, "services", NULL, err) < 0) return cJSON_Delete(s), -1;
+    if (kube_path(path, sizeof path, "v1", x->job.ns, "services", NULL, err) < 0) return cJSON_Delete(s), -1;
     return ensure(k, path, s, NULL, (cache *[]){x->c->caches->services, NULL}, err);
 }
 
@@ -194,32 +185,32 @@ static int commit_objects(rec_ctx *x, kube_client *k, bool service, err_t *err) 
  * created after rec_commit_plan too, so that none reads the old plan. */
 static void *side_writes_main(void *arg) {
     rec_ctx *x = arg;
-    x->side.rc = commit_objects(x, x->side.k, x->side.service, &x->side.err);
+    x->writes.side.rc = commit_objects(x, x->writes.side.k, x->writes.side.service, &x->writes.side.err);
     return NULL;
 }
 
 int rec_side_writes_start(rec_ctx *x, err_t *err) {
-    bool service = !x->have_service;
-    if (!x->cm && x->new_plan.json && x->n_helpers > 1) {
+    bool service = !x->stores.have_service;
+    if (!x->stores.cm && x->plan.fresh.json && x->writes.n_helpers > 1) {
         if (plan_configmap(x, x->k, err) < 0) return -1;
-        x->side.k = x->helpers[--x->n_helpers]; /* rec_create_pods uses the others */
-        x->side.service = service;
-        if (pthread_create(&x->side.th, NULL, side_writes_main, x) == 0) {
-            x->side.started = true;
+        x->writes.side.k = x->writes.helpers[--x->writes.n_helpers]; /* rec_create_pods uses the others */
+        x->writes.side.service = service;
+        if (pthread_create(&x->writes.side.th, NULL, side_writes_main, x) == 0) {
+            x->writes.side.started = true;
             return 0;
         }
-        x->n_helpers++;
+        x->writes.n_helpers++;
     }
     return commit_objects(x, x->k, service, err);
 }
 
 int rec_side_writes_join(rec_ctx *x, int rc, err_t *err) {
-    if (!x->side.started) return rc;
-    pthread_join(x->side.th, NULL);
-    x->side.started = false;
-    x->n_helpers++;
-    if (x->side.rc < 0 && rc >= 0) {
-        *err = x->side.err;
+    if (!x->writes.side.started) return rc;
+    pthread_join(x->writes.side.th, NULL);
+    x->writes.side.started = false;
+    x->writes.n_helpers++;
+    if (x->writes.side.rc < 0 && rc >= 0) {
+        *err = x->writes.side.err;
         return -1;
     }
     return rc;
@@ -279,11 +270,10 @@ static void restricted_container(cJSON *ctr) {
 /* The training options as arguments (cephalo-worker train --help), built by the one builder
  * (job_spec_worker_argv, common/worker_cmd.h): the same job gives the same argv as `cephalo run`;
  * the rank's recompute mode is its plan rank's (a plan without it recomputes). */
-static void worker_args(const job_spec *js, const cJSON *planned, cJSON *ctr) {
+static void worker_args(const job_spec *js, const plan_view_rank *planned, cJSON *ctr) {
     wcmd_argv a = {0};
     recompute_mode rec = wcmd_default_recompute();
-    const char *planned_rec = get_str(planned, "recompute", NULL);
-    if (planned_rec) recompute_parse(planned_rec, &rec);
+    if (planned->recompute) recompute_parse(planned->recompute, &rec); /* plan_view checked it */
     job_spec_worker_argv(js, rec, &a);
     cJSON *args = cJSON_AddArrayToObject(ctr, "args");
     for (int i = 0; i < a.n; i++) cJSON_AddItemToArray(args, cJSON_CreateString(a.v[i]));
@@ -293,11 +283,11 @@ static void worker_args(const job_spec *js, const cJSON *planned, cJSON *ctr) {
 /* The plan (the ConfigMap), the data and checkpoint claims and the initFrom volume, where
  * job_spec_worker_argv's paths expect them. */
 static void worker_volumes(const rec_ctx *x, cJSON *ps, cJSON *ctr) {
-    const job_spec *js = &x->js;
+    const job_spec *js = &x->job.js;
     cJSON *vols = cJSON_AddArrayToObject(ps, "volumes");
     cJSON *mounts = cJSON_AddArrayToObject(ctr, "volumeMounts");
     cJSON *cmsrc = cJSON_CreateObject();
-    cJSON_AddStringToObject(cmsrc, "name", x->cm_name);
+    cJSON_AddStringToObject(cmsrc, "name", x->job.cm_name);
     kube_pod_volume(vols, mounts, "plan", "/etc/cephalo", true, "configMap", cmsrc);
     if (js->data_pvc)
         kube_pod_volume(vols, mounts, "data", JOB_SPEC_DATA_MOUNT, true, "persistentVolumeClaim",
@@ -312,15 +302,15 @@ static void worker_env(const rec_ctx *x, cJSON *ctr, int rank, int world) {
     char addr[512], id[512];
     cJSON *e = cJSON_AddArrayToObject(ctr, "env");
     env(e, CEPHALO_ENV_OPERATOR_VERSION, cephalo_version()); /* a worker of another release refuses to start */
-    snprintf(addr, sizeof addr, "%s-0.%s.%s.svc", x->name, x->name, x->ns);
-    snprintf(id, sizeof id, "%s/%s", x->ns, x->name);
+    snprintf(addr, sizeof addr, "%s-0.%s.%s.svc", x->job.name, x->job.name, x->job.ns);
+    snprintf(id, sizeof id, "%s/%s", x->job.ns, x->job.name);
     wcmd_env we; /* the variables every launcher sets, by the one builder (common/worker_cmd.h) */
     wcmd_env_init(&we, rank, world, addr, REC_MASTER_PORT);
     we.plan = "/etc/cephalo/plan.json";
-    we.job = x->name;
-    we.job_id = kube_meta_str(x->job, "uid") ? kube_meta_str(x->job, "uid") : id;
-    we.comm_timeout = x->js.comm_timeout_s;
-    we.metrics_port = x->js.metrics_port;
+    we.job = x->job.name;
+    we.job_id = x->job.meta.uid ? x->job.meta.uid : id;
+    we.comm_timeout = x->job.js.comm_timeout_s;
+    we.metrics_port = x->job.js.metrics_port;
     wcmd_argv vars = {0};
     wcmd_env_entries(&we, &vars);
     for (int i = 0; i < vars.n; i++) {
@@ -340,37 +330,37 @@ static void worker_resources(const job_spec *js, cJSON *ctr) {
     if (js->metrics_port > 0) add_port(cJSON_AddArrayToObject(ctr, "ports"), "metrics", "containerPort", js->metrics_port);
 }
 
-static void worker_container(const rec_ctx *x, cJSON *ps, const cJSON *planned, int rank, int world) {
+static void worker_container(const rec_ctx *x, cJSON *ps, const plan_view_rank *planned, int rank, int world) {
     cJSON *ctr = cJSON_CreateObject();
     cJSON_AddItemToArray(cJSON_AddArrayToObject(ps, "containers"), ctr);
     cJSON_AddStringToObject(ctr, "name", "worker");
     restricted_container(ctr);
     /* a failed worker's last log lines become its termination message, which the status quotes */
     cJSON_AddStringToObject(ctr, "terminationMessagePolicy", "FallbackToLogsOnError");
-    cJSON_AddStringToObject(ctr, "image", x->js.image ? x->js.image : x->c->worker_image);
-    const char *pull = x->js.pull_policy ? x->js.pull_policy : x->c->worker_pull_policy;
+    cJSON_AddStringToObject(ctr, "image", x->job.js.image ? x->job.js.image : x->c->worker_image);
+    const char *pull = x->job.js.pull_policy ? x->job.js.pull_policy : x->c->worker_pull_policy;
     if (pull && *pull) cJSON_AddStringToObject(ctr, "imagePullPolicy", pull);
-    worker_args(&x->js, planned, ctr);
+    worker_args(&x->job.js, planned, ctr);
     worker_volumes(x, ps, ctr);
     worker_env(x, ctr, rank, world);
-    worker_resources(&x->js, ctr);
+    worker_resources(&x->job.js, ctr);
 }
 
 static cJSON *pod_meta(const rec_ctx *x, const char *pod, int rank) {
     char att[32];
-    cJSON *md = meta(x->job, pod, rank);
+    cJSON *md = meta(&x->job.meta, pod, rank);
     cJSON *ann = cJSON_AddObjectToObject(md, "annotations");
-    cJSON_AddStringToObject(ann, REC_ANN_PLAN_ID, x->plan_id);
-    snprintf(att, sizeof att, "%d", x->attempt);
+    cJSON_AddStringToObject(ann, REC_ANN_PLAN_ID, x->plan.id);
+    snprintf(att, sizeof att, "%d", x->job.attempt);
     cJSON_AddStringToObject(ann, REC_ANN_ATTEMPT, att);
     return md;
 }
 
 /* The worker pod of rank (plan entry `planned`) on host, the planned node's kubernetes.io/hostname
  * label (else its name). */
-static cJSON *pod_object(const rec_ctx *x, const cJSON *planned, int rank, int world, const char *host) {
+static cJSON *pod_object(const rec_ctx *x, const plan_view_rank *planned, int rank, int world, const char *host) {
     char pod[128]; /* NAME-RANK: the name is at most REC_NAME_MAX once planned (open_job) */
-    snprintf(pod, sizeof pod, "%s-%d", x->name, rank);
+    snprintf(pod, sizeof pod, "%s-%d", x->job.name, rank);
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "apiVersion", "v1");
     cJSON_AddStringToObject(o, "kind", "Pod");
@@ -378,46 +368,32 @@ static cJSON *pod_object(const rec_ctx *x, const cJSON *planned, int rank, int w
     cJSON *ps = cJSON_AddObjectToObject(o, "spec");
     pin_to_host(ps, host);
     cJSON_AddStringToObject(ps, "hostname", pod);
-    cJSON_AddStringToObject(ps, "subdomain", x->name);
+    cJSON_AddStringToObject(ps, "subdomain", x->job.name);
     cJSON_AddStringToObject(ps, "restartPolicy", "Never");
     /* a stopped worker finishes its step and writes a whole checkpoint before it exits */
-    cJSON_AddNumberToObject(ps, "terminationGracePeriodSeconds", (double)x->js.grace_s);
-    if (cJSON_IsArray(x->js.tolerations))
-        cJSON_AddItemToObject(ps, "tolerations", cJSON_Duplicate(x->js.tolerations, true));
+    cJSON_AddNumberToObject(ps, "terminationGracePeriodSeconds", (double)x->job.js.grace_s);
+    if (cJSON_IsArray(x->job.js.tolerations))
+        cJSON_AddItemToObject(ps, "tolerations", cJSON_Duplicate(x->job.js.tolerations, true));
     restricted_pod(ps);
     worker_container(x, ps, planned, rank, world);
     return o;
 }
 
-const cJSON *rec_find_node(rec_ctx *x, const char *name) {
-    if (!x->nodes || !name) return NULL;
-    if (!x->node_by) {
-        const cJSON *n, *items = get(x->nodes, "items");
-        int k = 0;
-        x->node_by = xmalloc((size_t)cJSON_GetArraySize(items) * sizeof *x->node_by + 1);
-        cJSON_ArrayForEach(n, items) {
-            str_map_put(&x->node_at, get_str(get(n, "metadata"), "name", ""), k); /* the first of a name */
-            x->node_by[k++] = n;
-        }
-    }
-    long i = str_map_get(&x->node_at, name);
-    return i >= 0 ? x->node_by[i] : NULL;
-}
-
 /* The worker pod of plan rank r (index i), pinned to its node's hostname label. */
-static cJSON *rank_pod(rec_ctx *x, const cJSON *r, int i, int world) {
-    const char *node = get_str(r, "node", "");
-    const cJSON *n = rec_find_node(x, node);
-    return pod_object(x, r, i, world, n ? inv_node_hostname(n) : node);
+static cJSON *rank_pod(rec_ctx *x, int i) {
+    const plan_view_rank *r = &x->plan.view.ranks[i];
+    const cJSON *n = rec_find_node(x, r->node);
+    return pod_object(x, r, i, x->plan.view.world, n ? inv_node_hostname(n) : r->node);
 }
 
 /* ---- creating the gang ----------------------------------------------------------------------- */
 
-/* x->assumed has room for the whole gang (rec_assume_pods). */
-static void assume_pod(rec_ctx *x, const cJSON *r, int i, int world, const char *pod) {
-    cJSON *o = rank_pod(x, r, i, world);
+/* x->writes.assumed has room for the whole gang (rec_assume_pods). */
+static void assume_pod(rec_ctx *x, int i, const char *pod) {
+    cJSON *o = rank_pod(x, i);
     cJSON_AddStringToObject(cJSON_GetObjectItemCaseSensitive(o, "metadata"), "resourceVersion", REC_ASSUMED_RV);
-    if (cache_put(x->c->caches->busy, o, NULL)) snprintf(x->assumed[x->n_assumed++], sizeof *x->assumed, "%s", pod);
+    rec_writes_part *w = &x->writes;
+    if (cache_put(x->c->caches->busy, o, NULL)) snprintf(w->assumed[w->n_assumed++], sizeof *w->assumed, "%s", pod);
     cJSON_Delete(o);
 }
 
@@ -426,25 +402,24 @@ static void assume_pod(rec_ctx *x, const cJSON *r, int i, int world, const char 
  * the API has answered (kube-scheduler's assumed pods). The API's answer or the watch replaces
  * them; rec_forget_assumed removes those nothing replaced (a failed or skipped creation). */
 void rec_assume_pods(rec_ctx *x) {
-    const cJSON *r, *p, *ranks = get(x->plan_doc, "ranks");
-    int i = 0, world = cJSON_GetArraySize(ranks);
+    int world = x->plan.view.world;
     str_map have = {0}; /* the job's pods by name: not a scan of them for each rank */
-    cJSON_ArrayForEach(p, get(x->pods, "items")) str_map_put(&have, get_str(get(p, "metadata"), "name", ""), 0);
-    x->assumed = xrealloc(x->assumed, (size_t)(x->n_assumed + world + 1) * sizeof *x->assumed);
-    cJSON_ArrayForEach(r, ranks) {
+    for (int i = 0; i < x->stores.n_pods; i++) str_map_put(&have, x->stores.pod[i].name, 0);
+    x->writes.assumed = xrealloc(x->writes.assumed, (size_t)(x->writes.n_assumed + world + 1) * sizeof *x->writes.assumed);
+    for (int i = 0; i < world; i++) {
         char pod[128]; /* as in pod_object */
-        snprintf(pod, sizeof pod, "%s-%d", x->name, i);
-        if (str_map_get(&have, pod) < 0) assume_pod(x, r, i, world, pod);
-        i++;
+        snprintf(pod, sizeof pod, "%s-%d", x->job.name, i);
+        if (str_map_get(&have, pod) < 0) assume_pod(x, i, pod);
     }
     str_map_free(&have);
 }
 
 void rec_forget_assumed(rec_ctx *x) {
-    for (int i = 0; i < x->n_assumed; i++) cache_remove_version(x->c->caches->busy, x->ns, x->assumed[i], REC_ASSUMED_RV);
-    free(x->assumed);
-    x->assumed = NULL;
-    x->n_assumed = 0;
+    for (int i = 0; i < x->writes.n_assumed; i++)
+        cache_remove_version(x->c->caches->busy, x->job.ns, x->writes.assumed[i], REC_ASSUMED_RV);
+    free(x->writes.assumed);
+    x->writes.assumed = NULL;
+    x->writes.n_assumed = 0;
 }
 
 /* Assumed pods kept past their reconcile, by job (rec_hold_assumed): few, and only at a leader's
@@ -459,14 +434,14 @@ static held_pods *held;
 static int n_held;
 
 void rec_hold_assumed(rec_ctx *x) {
-    if (!x->n_assumed) return;
+    if (!x->writes.n_assumed) return;
     pthread_mutex_lock(&held_mu);
     held = xrealloc(held, (size_t)(n_held + 1) * sizeof *held);
     held_pods *h = &held[n_held++];
-    snprintf(h->key, sizeof h->key, "%s", x->key);
-    h->names = x->assumed, h->n = x->n_assumed;
+    snprintf(h->key, sizeof h->key, "%s", x->job.key);
+    h->names = x->writes.assumed, h->n = x->writes.n_assumed;
     pthread_mutex_unlock(&held_mu);
-    x->assumed = NULL, x->n_assumed = 0;
+    x->writes.assumed = NULL, x->writes.n_assumed = 0;
 }
 
 /* Those the job did not create meanwhile (the API's pod replaced an assumed one) leave the store:
@@ -475,8 +450,9 @@ void rec_hold_assumed(rec_ctx *x) {
 void rec_release_held(const rec_ctx *x) {
     pthread_mutex_lock(&held_mu);
     for (int i = 0; i < n_held; i++) {
-        if (strcmp(held[i].key, x->key) != 0) continue;
-        for (int p = 0; p < held[i].n; p++) cache_remove_version(x->c->caches->busy, x->ns, held[i].names[p], REC_ASSUMED_RV);
+        if (strcmp(held[i].key, x->job.key) != 0) continue;
+        for (int p = 0; p < held[i].n; p++)
+            cache_remove_version(x->c->caches->busy, x->job.ns, held[i].names[p], REC_ASSUMED_RV);
         free(held[i].names);
         held[i--] = held[--n_held];
     }
@@ -513,13 +489,9 @@ static void *create_pod_batch(void *arg) {
 /* The pods of the ranks the gang lacks; their count in *n. */
 static cJSON **missing_pods(rec_ctx *x, const gang *g, int *n) {
     cJSON **pods = xcalloc((size_t)g->world + 1, sizeof *pods);
-    const cJSON *r;
-    int i = 0;
     *n = 0;
-    cJSON_ArrayForEach(r, get(x->plan_doc, "ranks")) {
-        if (i < g->world && !g->pod[i]) pods[(*n)++] = rank_pod(x, r, i, g->world);
-        i++;
-    }
+    for (int i = 0; i < g->world; i++)
+        if (!g->pod[i]) pods[(*n)++] = rank_pod(x, i);
     return pods;
 }
 
@@ -550,15 +522,15 @@ static int run_batches(rec_ctx *x, pod_batch *b, int threads, err_t *err) {
  * (rec_job_with): a gang of 8 costs one round trip instead of 8. */
 int rec_create_pods(rec_ctx *x, gang *g, err_t *err) {
     char coll[KUBE_PATH_MAX];
-    if (kube_path(coll, sizeof coll, "v1", x->ns, "pods", NULL, err) < 0) return -1;
+    if (kube_path(coll, sizeof coll, "v1", x->job.ns, "pods", NULL, err) < 0) return -1;
     int n;
     cJSON **pods = missing_pods(x, g, &n);
     if (n == 0) return free(pods), 0;
-    int threads = 1 + x->n_helpers < n ? 1 + x->n_helpers : n;
+    int threads = 1 + x->writes.n_helpers < n ? 1 + x->writes.n_helpers : n;
     pod_batch b[REC_MAX_HELPERS + 1];
     cache *stores[] = {x->c->caches->pods, x->c->caches->busy, NULL};
     for (int t = 0; t < threads; t++)
-        b[t] = (pod_batch){.k = t ? x->helpers[t - 1] : x->k, .coll = coll, .pods = pods, .n = n, .first = t,
+        b[t] = (pod_batch){.k = t ? x->writes.helpers[t - 1] : x->k, .coll = coll, .pods = pods, .n = n, .first = t,
                            .stride = threads, .stores = stores};
     int rc = run_batches(x, b, threads, err);
     for (int k = 0; k < n; k++) cJSON_Delete(pods[k]); /* only those never sent */
@@ -568,45 +540,35 @@ int rec_create_pods(rec_ctx *x, gang *g, err_t *err) {
 
 /* ---- deleting -------------------------------------------------------------------------------- */
 
-static bool is_job_pod(const cJSON *pod, void *arg) {
-    const rec_ctx *x = arg;
-    return !strcmp(get_str(get(pod, "metadata"), "namespace", ""), x->ns) &&
-           !strcmp(get_str(get(get(pod, "metadata"), "labels"), REC_LABEL_JOB, ""), x->name);
-}
-
-cJSON *rec_job_pods(rec_ctx *x, cache_view *v) { return cache_view_list(x->c->caches->pods, is_job_pod, x, v); }
-
 /* Whether no kubelet can finish a pod's graceful deletion: its Node is gone, or not Ready and the
  * grace period is over. An unbound pod is no orphan: the API server deletes it at once by itself,
  * and if the scheduler bound it meanwhile, its worker gets the graceful stop. */
-static bool orphan_pod(rec_ctx *x, const cJSON *pod) {
-    const char *bound = get_str(get(pod, "spec"), "nodeName", NULL);
+static bool orphan_pod(rec_ctx *x, const rec_pod *p) {
+    const char *bound = p->node;
     const cJSON *node = rec_find_node(x, bound);
     double due = 0; /* the API sets deletionTimestamp to the request time plus the grace period */
-    bool overdue = kube_time_parse(get_str(get(pod, "metadata"), "deletionTimestamp", ""), &due) &&
-                   kube_time_now_s() >= due;
-    return x->nodes && bound && (!node || (!inv_node_ready(node) && overdue));
+    bool overdue = kube_time_parse(p->deletion, &due) && kube_time_now_s() >= due;
+    return x->stores.nodes && bound && (!node || (!inv_node_ready(node) && overdue));
 }
 
 /* Deletes a pod: gracefully (the worker gets SIGTERM), once; at once (gracePeriodSeconds=0) when
  * it is an orphan. Its name is needed for the next gang. */
-static int delete_pod(rec_ctx *x, const cJSON *pod, err_t *err) {
+static int delete_pod(rec_ctx *x, const rec_pod *p, err_t *err) {
     char path[KUBE_PATH_MAX + 32];
     long status = 0;
-    bool orphan = orphan_pod(x, pod);
-    if (get(get(pod, "metadata"), "deletionTimestamp") && !orphan) return 0; /* on its way */
-    if (kube_path(path, KUBE_PATH_MAX, "v1", x->ns, "pods", kube_meta_str(pod, "name"), err) < 0) return -1;
+    bool orphan = orphan_pod(x, p);
+    if (p->deleting && !orphan) return 0; /* on its way */
+    if (kube_path(path, KUBE_PATH_MAX, "v1", x->job.ns, "pods", p->name, err) < 0) return -1;
     if (orphan) strcat(path, "?gracePeriodSeconds=0");
     if (kube_delete(x->k, path, &status, err) < 0 && status != 404) return -1;
     if (x->st) x->st->pods_deleted++;
     return 0;
 }
 
-int rec_delete_pods(rec_ctx *x, const cJSON *pods, bool keep_finished, err_t *err) {
-    const cJSON *pod;
-    cJSON_ArrayForEach(pod, get(pods, "items")) {
-        if (keep_finished && phase_finished(rec_pod_phase(pod))) continue;
-        if (delete_pod(x, pod, err) < 0) return -1;
+int rec_delete_pods(rec_ctx *x, const rec_pod *pods, int n, bool keep_finished, err_t *err) {
+    for (int i = 0; i < n; i++) {
+        if (keep_finished && phase_finished(pods[i].phase)) continue;
+        if (delete_pod(x, &pods[i], err) < 0) return -1;
     }
     return 0;
 }
@@ -616,10 +578,10 @@ static int clear_foreign_service(rec_ctx *x, err_t *err) {
     char path[KUBE_PATH_MAX];
     long status = 0;
     int found = 0;
-    if (kube_path(path, sizeof path, "v1", x->ns, "services", x->name, err) < 0) return -1;
-    cJSON *svc = cache_get(x->c->caches->services, x->ns, x->name); /* the jobs' labelled Services */
-    if (svc && rec_owned_by_job(svc, x->job)) {
-        x->have_service = true;
+    if (kube_path(path, sizeof path, "v1", x->job.ns, "services", x->job.name, err) < 0) return -1;
+    cJSON *svc = cache_get(x->c->caches->services, x->job.ns, x->job.name); /* the jobs' labelled Services */
+    if (svc && rec_owned_by_job(svc, &x->job.meta)) {
+        x->stores.have_service = true;
     } else if (svc) {
         found = 1;
         if (kube_delete(x->k, path, &status, err) < 0 && status != 404) found = -1;
@@ -635,20 +597,19 @@ int rec_clear_foreign(rec_ctx *x, err_t *err) {
     char path[KUBE_PATH_MAX];
     long status = 0;
     int found = 0;
-    if (x->cm && !rec_owned_by_job(x->cm, x->job)) {
+    if (x->stores.cm && !rec_owned_by_job(x->stores.cm, &x->job.meta)) { /* before the plan: the ConfigMap's owner only */
         found = 1;
-        if (kube_path(path, sizeof path, "v1", x->ns, "configmaps", x->cm_name, err) < 0 ||
+        if (kube_path(path, sizeof path, "v1", x->job.ns, "configmaps", x->job.cm_name, err) < 0 ||
             (kube_delete(x->k, path, &status, err) < 0 && status != 404))
             return -1;
     }
     int svc = clear_foreign_service(x, err);
     if (svc < 0) return -1;
     found |= svc;
-    const cJSON *pod;
-    cJSON_ArrayForEach(pod, get(x->pods, "items")) {
-        if (rec_owned_by_job(pod, x->job)) continue;
+    for (int i = 0; i < x->stores.n_pods; i++) {
+        if (rec_pod_owned(&x->stores.pod[i], &x->job.meta)) continue;
         found = 1;
-        if (delete_pod(x, pod, err) < 0) return -1;
+        if (delete_pod(x, &x->stores.pod[i], err) < 0) return -1;
     }
     return found;
 }

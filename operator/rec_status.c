@@ -10,44 +10,34 @@
 
 /* ---- conditions and Events ------------------------------------------------------------------- */
 
-void rec_condition(cJSON *conds, const cJSON *old_status, double gen, const char *type, bool ok, const char *reason,
-                   const char *message) {
+void rec_condition(const rec_ctx *x, cJSON *conds, const char *type, bool ok, const char *reason, const char *message) {
+    const rec_status_view *old = &x->job.old;
     const char *st = ok ? "True" : "False";
     char now[64];
     kube_time_now(now, sizeof now);
     const char *ltt = now; /* kept while the condition stays */
-    const cJSON *oc;
-    cJSON_ArrayForEach(oc, get(old_status, "conditions")) {
-        if (strcmp(get_str(oc, "type", ""), type) == 0 && strcmp(get_str(oc, "status", ""), st) == 0)
-            ltt = get_str(oc, "lastTransitionTime", now);
+    for (int i = 0; i < old->n_conds; i++) {
+        const rec_cond *oc = &old->conds[i];
+        if (strcmp(oc->type, type) == 0 && strcmp(oc->status, st) == 0) ltt = oc->ltt ? oc->ltt : now;
     }
     cJSON *c = cJSON_CreateObject();
     cJSON_AddStringToObject(c, "type", type);
     cJSON_AddStringToObject(c, "status", st);
-    cJSON_AddNumberToObject(c, "observedGeneration", gen);
+    cJSON_AddNumberToObject(c, "observedGeneration", x->job.meta.gen);
     cJSON_AddStringToObject(c, "lastTransitionTime", ltt);
     cJSON_AddStringToObject(c, "reason", reason);
     cJSON_AddStringToObject(c, "message", message);
     cJSON_AddItemToArray(conds, c);
 }
 
-const cJSON *rec_find_condition(const cJSON *status, const char *type) {
-    const cJSON *c;
-    cJSON_ArrayForEach(c, get(status, "conditions"))
-        if (!strcmp(get_str(c, "type", ""), type)) return c;
-    return NULL;
-}
-
-void rec_emit(kube_client *k, const cJSON *job, const char *type, const char *reason, const char *msg) {
-    kube_event ev = {.namespace = kube_meta_str(job, "namespace"), .api_version = REC_API_VERSION,
-                     .kind = "CephaloJob", .name = kube_meta_str(job, "name"),
-                     .uid = kube_meta_str(job, "uid"), .type = type, .reason = reason,
+void rec_emit(kube_client *k, const rec_job_meta *job, const char *type, const char *reason, const char *msg) {
+    kube_event ev = {.namespace = job->ns, .api_version = REC_API_VERSION, .kind = "CephaloJob", .name = job->name,
+                     .uid = job->uid, .type = type, .reason = reason,
                      .message = msg, .component = REC_COMPONENT};
     err_t e;
     /* events are best effort: the status says the same; a lost one is said, not silent */
     if (kube_event_emit(k, &ev, &e) < 0)
-        log_warn("%s/%s: the %s event was not recorded: %s", ev.namespace ? ev.namespace : "", ev.name ? ev.name : "",
-                 reason, e.msg);
+        log_warn("%s/%s: the %s event was not recorded: %s", job->ns, job->name, reason, e.msg);
 }
 
 /* ---- writing it ------------------------------------------------------------------------------ */
@@ -71,16 +61,16 @@ static int status_mutate(cJSON *obj, void *argp, err_t *err) {
  * since (409) the job is read again and the status put on that. The answer goes into the store,
  * and the watch event it causes does not reconcile the job again (main.c: only spec changes do). */
 int rec_write_status(rec_ctx *x, cJSON *status, err_t *err) {
-    const cJSON *old = get(x->job, "status");
+    const cJSON *old = get(x->job.obj, "status");
     if (old && cJSON_Compare(old, status, true)) return cJSON_Delete(status), 0;
-    cJSON *obj = cJSON_Duplicate(x->job, true), *out = NULL;
+    cJSON *obj = cJSON_Duplicate(x->job.obj, true), *out = NULL;
     cJSON_DeleteItemFromObjectCaseSensitive(obj, "status");
     cJSON_AddItemToObject(obj, "status", status);
     long st = 0;
-    int rc = kube_replace_status(x->k, x->job_path, obj, &out, &st, err);
+    int rc = kube_replace_status(x->k, x->job.path, obj, &out, &st, err);
     if (rc < 0 && st == 409) {
         status_arg a = {cJSON_GetObjectItemCaseSensitive(obj, "status")};
-        rc = kube_update_retry(x->k, x->job_path, true, 5, status_mutate, &a, &out, &st, err);
+        rc = kube_update_retry(x->k, x->job.path, true, 5, status_mutate, &a, &out, &st, err);
     }
     cJSON_Delete(obj);
     if (rc == 0 && out) cache_put(x->c->caches->jobs, out, NULL);
@@ -90,80 +80,81 @@ int rec_write_status(rec_ctx *x, cJSON *status, err_t *err) {
 
 /* ---- its parts ------------------------------------------------------------------------------- */
 
+cJSON *rec_status_conds(cJSON *s) { return cJSON_GetObjectItemCaseSensitive(s, "conditions"); }
+
 cJSON *rec_status_base(rec_ctx *x, phase ph, const char *msg) {
     cJSON *s = cJSON_CreateObject();
     cJSON_AddStringToObject(s, "phase", phase_name(ph));
     cJSON_AddStringToObject(s, "message", msg);
-    cJSON_AddNumberToObject(s, "observedGeneration", x->gen);
+    cJSON_AddNumberToObject(s, "observedGeneration", x->job.meta.gen);
     cJSON_AddArrayToObject(s, "conditions");
-    cJSON_AddNumberToObject(s, "restarts", get_num(x->old, "restarts", 0));
-    cJSON_AddNumberToObject(s, "replans", get_num(x->old, "replans", 0) + (*x->why ? 1 : 0));
-    cJSON_AddNumberToObject(s, "attempt", x->attempt);
-    static const char *kept[] = {"step", "lastCheckpointStep", "samplesPerSecond", "loss"};
+    cJSON_AddNumberToObject(s, "restarts", x->job.old.restarts);
+    cJSON_AddNumberToObject(s, "replans", x->job.old.replans + (*x->plan.why ? 1 : 0));
+    cJSON_AddNumberToObject(s, "attempt", x->job.attempt);
+    const rec_status_view *o = &x->job.old;
+    const struct { const char *key; rec_kept v; } kept[] = {
+        {"step", o->step}, {"lastCheckpointStep", o->ckpt_step}, {"samplesPerSecond", o->samples_per_s}, {"loss", o->loss}};
     for (size_t i = 0; i < sizeof kept / sizeof *kept; i++)
-        if (get(x->old, kept[i])) cJSON_AddNumberToObject(s, kept[i], get_num(x->old, kept[i], 0));
-    static const char *times[] = {"startTime", "completionTime", "progressTime"};
-    for (size_t i = 0; i < 3; i++)
-        if (get_str(x->old, times[i], NULL)) cJSON_AddStringToObject(s, times[i], get_str(x->old, times[i], ""));
+        if (kept[i].v.have) cJSON_AddNumberToObject(s, kept[i].key, kept[i].v.v);
+    const struct { const char *key, *v; } times[] = {
+        {"startTime", o->start_time}, {"completionTime", o->completion_time}, {"progressTime", o->progress_time}};
+    for (size_t i = 0; i < sizeof times / sizeof *times; i++)
+        if (times[i].v) cJSON_AddStringToObject(s, times[i].key, times[i].v);
     return s;
 }
 
 /* status.plan.ranks[i]: where rank i runs and what the plan gives it. */
-static cJSON *status_rank(const rec_ctx *x, const cJSON *r, int i) {
+static cJSON *status_rank(const rec_ctx *x, const plan_view_rank *r, int i) {
     cJSON *o = cJSON_CreateObject();
     char pod[160]; /* NAME-RANK: at most REC_NAME_MAX + 5 */
-    snprintf(pod, sizeof pod, "%s-%d", x->name, i);
+    snprintf(pod, sizeof pod, "%s-%d", x->job.name, i);
     cJSON_AddNumberToObject(o, "rank", i);
-    cJSON_AddStringToObject(o, "node", get_str(r, "node", ""));
-    cJSON_AddStringToObject(o, "device", get_str(r, "device", ""));
+    cJSON_AddStringToObject(o, "node", r->node);
+    cJSON_AddStringToObject(o, "device", r->device);
     cJSON_AddStringToObject(o, "pod", pod);
-    cJSON_AddNumberToObject(o, "batch", get_num(r, "batch", 0));
-    cJSON_AddNumberToObject(o, "microbatch", get_num(r, "microbatch", 0));
-    cJSON_AddNumberToObject(o, "microbatches", get_num(r, "microbatches", 0));
-    cJSON_AddStringToObject(o, "recompute", get_str(r, "recompute", "full")); /* an older plan recomputes */
-    cJSON_AddNumberToObject(o, "stateRatio", get_num(r, "state_ratio", 0));
-    cJSON_AddNumberToObject(o, "predictedPeakBytes", get_num(get(r, "predicted"), "peak_bytes", 0));
+    cJSON_AddNumberToObject(o, "batch", (double)r->batch);
+    cJSON_AddNumberToObject(o, "microbatch", (double)r->microbatch);
+    cJSON_AddNumberToObject(o, "microbatches", (double)r->microbatches);
+    cJSON_AddStringToObject(o, "recompute", r->recompute ? r->recompute : "full"); /* an older plan recomputes */
+    cJSON_AddNumberToObject(o, "stateRatio", r->state_ratio);
+    cJSON_AddNumberToObject(o, "predictedPeakBytes", r->peak_bytes);
     return o;
 }
 
 void rec_status_plan(rec_ctx *x, cJSON *s) {
-    const cJSON *ranks = get(x->plan_doc, "ranks"), *r;
+    const plan_view *p = &x->plan.view;
     cJSON *pl = cJSON_AddObjectToObject(s, "plan");
-    cJSON_AddStringToObject(pl, "configMap", x->cm_name);
-    cJSON_AddStringToObject(pl, "id", x->plan_id);
-    cJSON_AddStringToObject(pl, "strategy", get_str(get(x->plan_doc, "inputs"), "strategy", "cephalo"));
-    cJSON_AddNumberToObject(pl, "worldSize", cJSON_GetArraySize(ranks));
-    cJSON_AddNumberToObject(pl, "predictedIterMs", get_num(get(x->plan_doc, "predicted"), "iter_ms", 0));
-    cJSON_AddNumberToObject(pl, "predictedSamplesPerSecond", get_num(get(x->plan_doc, "predicted"), "samples_per_s", 0));
-    cJSON_AddBoolToObject(pl, "estimated", x->estimated);
-    if (*x->profile) cJSON_AddStringToObject(pl, "profile", x->profile);
+    cJSON_AddStringToObject(pl, "configMap", x->job.cm_name);
+    cJSON_AddStringToObject(pl, "id", x->plan.id);
+    cJSON_AddStringToObject(pl, "strategy", p->strategy);
+    cJSON_AddNumberToObject(pl, "worldSize", p->world);
+    cJSON_AddNumberToObject(pl, "predictedIterMs", p->iter_ms);
+    cJSON_AddNumberToObject(pl, "predictedSamplesPerSecond", p->samples_per_s);
+    cJSON_AddBoolToObject(pl, "estimated", x->plan.estimated);
+    if (*x->plan.profile) cJSON_AddStringToObject(pl, "profile", x->plan.profile);
     cJSON *arr = cJSON_AddArrayToObject(pl, "ranks");
-    int i = 0;
-    cJSON_ArrayForEach(r, ranks) cJSON_AddItemToArray(arr, status_rank(x, r, i++));
+    for (int i = 0; i < p->world; i++) cJSON_AddItemToArray(arr, status_rank(x, &p->ranks[i], i));
 }
 
 /* Conditions for a phase: Created, Planned, then Running / Restarting / Succeeded / Failed. A
  * Restarting condition, once there, stays (False when the gang runs again). */
 void rec_status_conditions(rec_ctx *x, cJSON *s, phase ph, const char *reason, const char *msg) {
-    cJSON *conds = cJSON_GetObjectItemCaseSensitive(s, "conditions");
-    int world = cJSON_GetArraySize(get(x->plan_doc, "ranks"));
+    cJSON *conds = rec_status_conds(s);
     char pmsg[256];
     snprintf(pmsg, sizeof pmsg, "%s plan on %d GPUs in ConfigMap %s: predicted %.1f ms per step, %.2f samples/s",
-             get_str(get(x->plan_doc, "inputs"), "strategy", "cephalo"), world, x->cm_name,
-             get_num(get(x->plan_doc, "predicted"), "iter_ms", 0),
-             get_num(get(x->plan_doc, "predicted"), "samples_per_s", 0));
-    rec_condition(conds, x->old, x->gen, "Created", true, "Created", "the job was accepted by the operator");
-    rec_condition(conds, x->old, x->gen, "Planned", true, "Planned", pmsg);
+             x->plan.view.strategy, x->plan.view.world, x->job.cm_name, x->plan.view.iter_ms, x->plan.view.samples_per_s);
+    rec_condition(x, conds, "Created", true, "Created", "the job was accepted by the operator");
+    rec_condition(x, conds, "Planned", true, "Planned", pmsg);
     bool queued = ph == PHASE_QUEUED;
-    rec_condition(conds, x->old, x->gen, "Admitted", !queued, queued ? reason : "Admitted",
+    rec_condition(x, conds, "Admitted", !queued, queued ? reason : "Admitted",
                   queued ? msg : "every GPU of its plan was free");
     bool running = ph == PHASE_RUNNING;
-    rec_condition(conds, x->old, x->gen, "Running", running, running ? "PodsRunning" : reason, msg);
-    if (ph == PHASE_RESTARTING) rec_condition(conds, x->old, x->gen, "Restarting", true, reason, msg);
-    else if (rec_find_condition(x->old, "Restarting"))
-        rec_condition(conds, x->old, x->gen, "Restarting", false, "GangStarted", "the gang of this attempt was started");
-    if (ph == PHASE_SUCCEEDED) rec_condition(conds, x->old, x->gen, "Succeeded", true, "Succeeded", msg);
-    if (ph == PHASE_FAILED) rec_condition(conds, x->old, x->gen, "Failed", true, reason, msg);
+    rec_condition(x, conds, "Running", running, running ? "PodsRunning" : reason, msg);
+    if (ph == PHASE_RESTARTING) rec_condition(x, conds, "Restarting", true, reason, msg);
+    else if (rec_cond_find(&x->job.old, "Restarting"))
+        rec_condition(x, conds, "Restarting", false, "GangStarted", "the gang of this attempt was started");
+    if (ph == PHASE_SUCCEEDED) rec_condition(x, conds, "Succeeded", true, "Succeeded", msg);
+    if (ph == PHASE_FAILED) rec_condition(x, conds, "Failed", true, reason, msg);
 }
 
 int rec_status_write(rec_ctx *x, phase ph, const char *reason, const char *msg, err_t *err) {
@@ -171,13 +162,4 @@ int rec_status_write(rec_ctx *x, phase ph, const char *reason, const char *msg, 
     rec_status_plan(x, s);
     rec_status_conditions(x, s, ph, reason, msg);
     return rec_write_status(x, s, err);
-}
-
-/* ---- reading it ----------------------------------------------------------------------------- */
-
-bool rec_terminal(const cJSON *status) {
-    phase ph = phase_parse(get_str(status, "phase", NULL));
-    if (ph == PHASE_SUCCEEDED) return true;
-    const cJSON *f = rec_find_condition(status, "Failed");
-    return ph == PHASE_FAILED && f && !strcmp(get_str(f, "reason", ""), "BackoffLimitExceeded");
 }

@@ -28,23 +28,23 @@ int rec_job(kube_client *k, const rec_config *c, const char *ns, const char *nam
  * collector deletes its objects) or terminal (a finished job keeps its pods' logs): nothing to do;
  * -1 with err set. Reads only. */
 static int read_job(rec_ctx *x, err_t *err) {
-    if (kube_path(x->job_path, sizeof x->job_path, REC_API_VERSION, x->ns, "cephalojobs", x->name, err) < 0) return -1;
-    if (!(x->job = cache_get(x->c->caches->jobs, x->ns, x->name))) return 0;
-    x->old = get(x->job, "status");
-    x->old_phase = phase_parse(get_str(x->old, "phase", NULL));
-    x->gen = get_num(get(x->job, "metadata"), "generation", 0);
-    x->attempt = (int)get_num(x->old, "attempt", 0);
-    x->js_rc = job_spec_parse(get(x->job, "spec"), &x->js, &x->js_err); /* a mistake fails it when planned */
+    rec_job_part *j = &x->job;
+    if (kube_path(j->path, sizeof j->path, REC_API_VERSION, j->ns, "cephalojobs", j->name, err) < 0) return -1;
+    if (!(j->obj = cache_get(x->c->caches->jobs, j->ns, j->name))) return 0;
+    rec_job_meta_read(j->obj, &j->meta);
+    rec_status_read(get(j->obj, "status"), &j->old);
+    j->attempt = j->old.attempt;
+    j->js_rc = job_spec_parse(get(j->obj, "spec"), &j->js, &j->js_err); /* a mistake fails it when planned */
     /* the CRD refuses longer names; without it the names derived from this one (pods, Service,
      * ConfigMap) must fail the job, not be cut into other objects' names */
-    if (x->js_rc == 0 && strlen(x->name) > REC_NAME_MAX)
-        x->js_rc = err_set(&x->js_err, "metadata.name: '%s' is %zu characters, at most %d (the job's Service and its pods' "
-                                       "host names NAME-RANK are DNS labels of at most 63)", x->name, strlen(x->name),
-                           REC_NAME_MAX);
+    if (j->js_rc == 0 && strlen(j->name) > REC_NAME_MAX)
+        j->js_rc = err_set(&j->js_err, "metadata.name: '%s' is %zu characters, at most %d (the job's Service and its "
+                                       "pods' host names NAME-RANK are DNS labels of at most 63)", j->name,
+                           strlen(j->name), REC_NAME_MAX);
     /* a cut name could be another job's ConfigMap (rec_clear_foreign deletes one it does not own):
      * a job with a name too long has none */
-    if (strlen(x->name) <= REC_NAME_MAX) snprintf(x->cm_name, sizeof x->cm_name, "%s-plan", x->name);
-    return !get(get(x->job, "metadata"), "deletionTimestamp") && !rec_terminal(x->old);
+    if (strlen(j->name) <= REC_NAME_MAX) snprintf(j->cm_name, sizeof j->cm_name, "%s-plan", j->name);
+    return !j->meta.deleting && !rec_terminal(&j->old);
 }
 
 /* The job (read_job); one that is nothing to do has its planning dropped, a suspended one its pods
@@ -52,7 +52,7 @@ static int read_job(rec_ctx *x, err_t *err) {
 static int open_job(rec_ctx *x, err_t *err) {
     int rc = read_job(x, err);
     if (rc == 0) rec_forget_plan(x);
-    if (rc <= 0 || !x->js.suspend) return rc;
+    if (rc <= 0 || !x->job.js.suspend) return rc;
     rec_forget_plan(x);
     return rec_suspend_job(x, err);
 }
@@ -61,10 +61,13 @@ static int open_job(rec_ctx *x, err_t *err) {
  * the pods that may hold GPUs. */
 static void read_stores(rec_ctx *x) {
     const rec_caches *c = x->c->caches;
-    x->nodes = cache_view_list(c->nodes, NULL, NULL, &x->nodes_view);
-    x->cm = cache_get(c->configmaps, x->ns, x->cm_name);
-    x->pods = rec_job_pods(x, &x->pods_view);
-    x->busy = cache_view_list(c->busy, NULL, NULL, &x->busy_view);
+    rec_stores_part *s = &x->stores;
+    s->nodes = cache_view_list(c->nodes, NULL, NULL, &s->nodes_view);
+    s->cm = cache_get(c->configmaps, x->job.ns, x->job.cm_name);
+    rec_cm_read(s->cm, &s->cmv);
+    s->pods = rec_job_pods(x, &s->pods_view);
+    s->pod = rec_pods_read(s->pods, &s->n_pods);
+    s->busy = cache_view_list(c->busy, NULL, NULL, &s->busy_view);
 }
 
 /* From reading the stores to holding the GPUs, one job at a time: objects of an earlier job of
@@ -101,27 +104,29 @@ static int run_gang(rec_ctx *x, gang *g, err_t *err) {
 static void ctx_free(rec_ctx *x) {
     rec_admit_unlock(x);
     rec_forget_assumed(x);
-    free(x->new_plan.json);
-    cJSON_Delete(x->plan_doc);
-    cache_view_release(&x->pods_view);
-    cache_view_release(&x->busy_view);
-    cluster_free(&x->inv_all.cl);
-    cluster_free(&x->inv_free.cl);
-    cJSON_Delete(x->cm);
-    cache_view_release(&x->nodes_view);
-    str_map_free(&x->node_at);
-    free(x->node_by);
-    cJSON_Delete(x->job);
+    free(x->plan.fresh.json);
+    plan_view_free(&x->plan.view);
+    free(x->stores.pod);
+    cache_view_release(&x->stores.pods_view);
+    cache_view_release(&x->stores.busy_view);
+    cluster_free(&x->gpus.inv_all.cl);
+    cluster_free(&x->gpus.inv_free.cl);
+    cJSON_Delete(x->stores.cm);
+    cache_view_release(&x->stores.nodes_view);
+    str_map_free(&x->stores.node_at);
+    free(x->stores.node_by);
+    rec_status_view_free(&x->job.old);
+    cJSON_Delete(x->job.obj);
 }
 
 int rec_job_with(kube_client *k, kube_client *const *helpers, int n_helpers, const rec_config *c, const char *ns,
                  const char *name, rec_stats *st, err_t *err) {
     rec_ctx *x = xcalloc(1, sizeof *x); /* with its job_spec, some 20 KB */
-    x->k = k, x->c = c, x->st = st, x->ns = ns, x->name = name, x->helpers = helpers;
-    x->n_helpers = n_helpers < REC_MAX_HELPERS ? n_helpers : REC_MAX_HELPERS;
+    x->k = k, x->c = c, x->st = st, x->job.ns = ns, x->job.name = name, x->writes.helpers = helpers;
+    x->writes.n_helpers = n_helpers < REC_MAX_HELPERS ? n_helpers : REC_MAX_HELPERS;
     gang g = {0};
     if (st) st->reconciles++, st->requeue_s = 0;
-    snprintf(x->key, sizeof x->key, "%s/%s", ns, name);
+    snprintf(x->job.key, sizeof x->job.key, "%s/%s", ns, name);
     int rc = open_job(x, err);
     if (rc > 0) rc = plan_and_admit(x, err);
     if (rc > 0) rc = run_gang(x, &g, err);
@@ -138,21 +143,21 @@ int rec_job_with(kube_client *k, kube_client *const *helpers, int n_helpers, con
  * gang exist, none ended, some ranks missing. Their pods are assumed and held. 1 when so. */
 static int hold_partial(const rec_config *c, const char *ns, const char *name) {
     rec_ctx *x = xcalloc(1, sizeof *x);
-    x->c = c, x->ns = ns, x->name = name;
-    snprintf(x->key, sizeof x->key, "%s/%s", ns, name);
+    x->c = c, x->job.ns = ns, x->job.name = name;
+    snprintf(x->job.key, sizeof x->job.key, "%s/%s", ns, name);
     err_t err;
     int found = 0;
-    if (read_job(x, &err) > 0 && !x->js.suspend) {
+    if (read_job(x, &err) > 0 && !x->job.js.suspend) {
         read_stores(x);
-        const cJSON *ann = get(get(x->cm, "metadata"), "annotations");
-        const char *plan_json = get_str(get(x->cm, "data"), "plan.json", NULL);
-        if (plan_json && snprintf(x->plan_id, sizeof x->plan_id, "%s", get_str(ann, REC_ANN_PLAN_ID, "")) < (int)sizeof x->plan_id &&
-            rec_gang_started(x, x->plan_id) > 0 && (x->plan_doc = json_parse(x->cm_name, plan_json, strlen(plan_json), &err))) {
+        const char *plan_json = x->stores.cmv.plan_json;
+        rec_plan_part *p = &x->plan;
+        if (plan_json && snprintf(p->id, sizeof p->id, "%s", x->stores.cmv.plan_id) < (int)sizeof p->id &&
+            rec_gang_started(x, p->id) > 0 && rec_plan_read(x, plan_json, &err) == 0) {
             rec_assume_pods(x); /* the ranks it lacks */
-            found = x->n_assumed > 0;
-            if (found) log_msg("info", "%s: %d of its %d worker pods exist (plan %s): the missing ones are created on that plan, "
-                               "their GPUs held meanwhile", x->key, cJSON_GetArraySize(get(x->plan_doc, "ranks")) - x->n_assumed,
-                               cJSON_GetArraySize(get(x->plan_doc, "ranks")), x->plan_id);
+            found = x->writes.n_assumed > 0;
+            if (found) log_msg("info", "%s: %d of its %d worker pods exist (plan %s): the missing ones are created on that "
+                               "plan, their GPUs held meanwhile", x->job.key, p->view.world - x->writes.n_assumed,
+                               p->view.world, p->id);
             rec_hold_assumed(x);
         }
     }

@@ -5,7 +5,8 @@
 # stay Pending and unbound until the test writes their status (and an unbound pod is deleted at
 # once). Checks: the plan ConfigMap, the headless worker Service, one Pod per GPU requesting
 # nvidia.com/gpu 1 and placed by required node affinity on its node's hostname label (which differs
-# from the node name here), with its env and ownerReferences, the job status; jobs that
+# from the node name here), with its env and ownerReferences, the job status; a hand-edited
+# plan.json missing a field is named in the log and planned again, not run on zeros; jobs that
 # cannot run get Failed with the reason and the operator keeps going; a spec fix re-plans; a plan
 # longer than --plan-timeout fails the job (PlanningTimeout) while other jobs are planned meanwhile;
 # worker pods carry the checkpoint retention flags; log lines (the watch loop's warnings too) carry
@@ -264,6 +265,30 @@ for i in 0 1 2; do
 done
 assert "all pods Running -> phase Running" wait_for 20 phase_is tiny Running
 check "Running condition True with a startTime" 0 "True 20" -- jp cephalojob tiny '{.status.conditions[?(@.type=="Running")].status} {.status.startTime}'
+
+# plan.json edited by hand, rank 1's device removed: the operator reads the plan once into typed
+# fields (operator/plan_view.c), names the field and plans the job again instead of running it on
+# an empty device; the same GPUs give the same plan, written back, and the gang runs on
+K get configmap tiny-plan -o json >"$dir/cm-good.json" 2>&1
+python3 - "$dir/cm-good.json" >"$dir/cm-bad.json" <<'PY'
+import json, sys
+p = json.loads(json.load(open(sys.argv[1]))['data']['plan.json'])
+del p['ranks'][1]['device']
+print(json.dumps({'data': {'plan.json': json.dumps(p)}}))
+PY
+K patch configmap tiny-plan --type merge --patch-file "$dir/cm-bad.json" >/dev/null
+assert "a hand-edited plan.json missing a field: the operator's log names it and plans again" wait_for 20 \
+  grep -q "ConfigMap default/tiny-plan: plan.json: ranks\[1\]: missing field 'device'; planning again" "$dir/op-op-1.log"
+plan_back() {
+  K get configmap tiny-plan -o json >"$dir/cm-now.json" 2>/dev/null && python3 -c '
+import json, sys
+a, b = (json.loads(json.load(open(f))["data"]["plan.json"]) for f in sys.argv[1:])
+sys.exit(a != b)' "$dir/cm-good.json" "$dir/cm-now.json"
+}
+assert "... the same plan is written back" wait_for 20 plan_back
+plan_id_of() { jp "$1" "$2" '{.metadata.annotations.cephalo\.dev/plan-id}'; }
+gang_on_plan() { echo "$(jp cephalojob tiny '{.status.phase}') $([ "$(plan_id_of pod tiny-1)" = "$(plan_id_of configmap tiny-plan)" ] && echo same)"; }
+check "... and the gang runs on: phase Running, its pods on the ConfigMap's plan id" 0 "Running same" -- gang_on_plan
 
 # ---- jobs that cannot run: Failed with the reason; the operator keeps going ----------------------
 cat >"$dir/bad.yaml" <<'EOF'

@@ -12,6 +12,14 @@
 
 #include "operator/rec_internal.h"
 
+/* rec_blame_earlier on the pods' views (rec_view.c), as the gang reads them. */
+static bool earlier(const cJSON *a, const cJSON *b) {
+    rec_pod pa, pb;
+    rec_pod_read(a, &pa);
+    rec_pod_read(b, &pb);
+    return rec_blame_earlier(&pa, &pb);
+}
+
 /* A failed pod whose container ended at finished_at with exit_code. */
 static cJSON *failed_pod(const char *finished_at, int exit_code) {
     char json[512];
@@ -27,8 +35,8 @@ static cJSON *failed_pod(const char *finished_at, int exit_code) {
 static void test_earlier_second_wins(void **state) {
     (void)state;
     cJSON *a = failed_pod("2026-11-28T08:00:01Z", 1), *b = failed_pod("2026-11-28T08:00:05Z", 137);
-    assert_true(rec_blame_earlier(a, b));
-    assert_false(rec_blame_earlier(b, a));
+    assert_true(earlier(a, b));
+    assert_false(earlier(b, a));
     cJSON_Delete(a);
     cJSON_Delete(b);
 }
@@ -37,11 +45,11 @@ static void test_signal_wins_a_tie(void **state) {
     (void)state;
     /* the peer's exit seen a moment before the second turned, the killed worker's just after */
     cJSON *peer = failed_pod("2026-11-28T08:00:01Z", 1), *killed = failed_pod("2026-11-28T08:00:02Z", 137);
-    assert_true(rec_blame_earlier(killed, peer));
-    assert_false(rec_blame_earlier(peer, killed));
+    assert_true(earlier(killed, peer));
+    assert_false(earlier(peer, killed));
     cJSON *same = failed_pod("2026-11-28T08:00:01Z", 137);
-    assert_true(rec_blame_earlier(same, peer));
-    assert_false(rec_blame_earlier(peer, same));
+    assert_true(earlier(same, peer));
+    assert_false(earlier(peer, same));
     cJSON_Delete(peer);
     cJSON_Delete(killed);
     cJSON_Delete(same);
@@ -50,8 +58,8 @@ static void test_signal_wins_a_tie(void **state) {
 static void test_two_exits_of_a_kind(void **state) {
     (void)state;
     cJSON *a = failed_pod("2026-11-28T08:00:01Z", 1), *b = failed_pod("2026-11-28T08:00:02Z", 1);
-    assert_true(rec_blame_earlier(a, b));
-    assert_false(rec_blame_earlier(b, a));
+    assert_true(earlier(a, b));
+    assert_false(earlier(b, a));
     cJSON_Delete(a);
     cJSON_Delete(b);
 }
