@@ -6,8 +6,8 @@
         generated files left out): the files per folder, the longest files, the functions' count,
         median and longest, the file circles (mk/circles.py on BUILD, default build/rel: only
         when it holds objects), and the raw cJSON reads in the operator's controller, per file,
-        with their sum over the reconcile logic (rec_*.c, reconcile.c; the decoders that build
-        the typed views from the API's objects are where the rest belong).
+        with their sum over the reconcile logic (rec_*.c, reconcile.c, less the *view*.c
+        decoders that build the typed views from the API's objects, where the reads belong).
         --root DIR measures another tree (the tests' small ones). Exit 0; 2 on a bad argument.
 
 A function is a definition that starts at column 0 and whose body opens with '{' at the end of
@@ -102,8 +102,8 @@ def main():
     print("file circles:", circles(a.build))
     ctl = [f for f in files if f.startswith("operator/") and not f.startswith("operator/client/") and f.endswith(".c")]
     reads = [(raw_reads(f), f) for f in ctl]
-    logic = sum(n for n, f in reads if os.path.basename(f).startswith(("rec_", "reconcile")))
-    print("raw cJSON reads in the operator's controller: %d, in its reconcile logic (rec_*.c, reconcile.c): %d"
+    logic = sum(n for n, f in reads if os.path.basename(f).startswith(("rec_", "reconcile")) and "view" not in f)
+    print("raw cJSON reads in the operator's controller: %d, in its reconcile logic (rec_*.c, reconcile.c, less the views): %d"
           % (sum(n for n, _ in reads), logic))
     for n, f in sorted(reads, reverse=True):
         if n:

@@ -154,9 +154,7 @@ static bool claims(rec_ctx *x, const other_job *j, char *who, size_t n) {
 static bool blocks(rec_ctx *x, const cJSON *job, char *who, size_t n) {
     other_job *j = xcalloc(1, sizeof *j); /* a job_spec is some 20 KB */
     err_t e;
-    rec_job_meta_read(job, &j->meta);
-    rec_status_read(get(job, "status"), &j->st);
-    (void)job_spec_parse(get(job, "spec"), &j->spec, &e); /* its defaults stand in for a mistake */
+    (void)rec_job_read(job, &j->meta, &j->st, &j->spec, &e); /* its defaults stand in for a mistake */
     bool b = claims(x, j, who, n);
     rec_status_view_free(&j->st);
     free(j);
@@ -175,7 +173,7 @@ static bool queue_blocker(rec_ctx *x, char *who, size_t n) {
     const char *uid = x->job.meta.uid;
     const cJSON *j;
     bool found = false;
-    cJSON_ArrayForEach(j, get(jobs, "items")) {
+    cJSON_ArrayForEach(j, rec_items(jobs)) {
         const char *juid = kube_meta_str(j, "uid");
         if (uid && !strcmp(juid ? juid : "", uid)) continue;
         if ((found = blocks(x, j, who, n))) break;

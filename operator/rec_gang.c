@@ -84,7 +84,7 @@ void rec_gang_free(gang *g) { free(g->pod); }
 static const char *pod_node(const rec_ctx *x, const rec_pod *p) {
     const cJSON *n;
     if (p->node) return p->node;
-    cJSON_ArrayForEach(n, get(x->stores.nodes, "items"))
+    cJSON_ArrayForEach(n, rec_items(x->stores.nodes))
         if (inv_pod_on_node(p->obj, n)) return kube_meta_str(n, "name");
     return inv_pod_node(p->obj) ? inv_pod_node(p->obj) : "?";
 }

@@ -18,7 +18,7 @@ int rec_job_cluster(const rec_config *rc, const cJSON *nodes, const job_spec *js
     inv_constraints c = {.allowed_products = js->allowed_products, .node_selector = js->node_selector,
                          .archs = rc->worker_archs, .pods = pods, .held = held, .n_held = n_held,
                          .own_uid = own_uid, .tolerations = js->tolerations};
-    return inv_build(get(nodes, "items"), &c, cl, inv, err);
+    return inv_build(rec_items(nodes), &c, cl, inv, err);
 }
 
 static void build_inv(rec_ctx *x, job_inv *j, bool free_only) {
@@ -28,7 +28,7 @@ static void build_inv(rec_ctx *x, job_inv *j, bool free_only) {
         held = xmalloc((size_t)(bv->n + 1) * sizeof *held);
         for (int i = 0; i < bv->n; i++) held[i] = cache_view_digest(bv, i);
     }
-    const cJSON *pods = free_only && !held ? get(x->stores.busy, "items") : NULL;
+    const cJSON *pods = free_only && !held ? rec_items(x->stores.busy) : NULL;
     j->rc = rec_job_cluster(x->c, x->stores.nodes, &x->job.js, pods, held, held ? bv->n : 0, x->job.meta.uid,
                             &j->cl, &j->r, &j->err);
     free(held);

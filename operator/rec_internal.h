@@ -134,6 +134,13 @@ void rec_job_meta_read(const cJSON *job, rec_job_meta *m);
  * none of kind CephaloJob. */
 bool rec_owned_by_job(const cJSON *obj, const rec_job_meta *job);
 void rec_status_read(const cJSON *status, rec_status_view *v);
+/* A CephaloJob of the store read whole: its metadata, stored status and spec. job_spec_parse's
+ * return (-1 with err set for a spec with a mistake, whose fields then hold the defaults). */
+int rec_job_read(const cJSON *job, rec_job_meta *m, rec_status_view *st, job_spec *js, err_t *err);
+/* A list's (PodList, NodeList, CephaloJobList) items, to iterate with cJSON_ArrayForEach. */
+const cJSON *rec_items(const cJSON *list);
+/* A ConfigMap's data: its keys and string values, to iterate with cJSON_ArrayForEach. */
+const cJSON *rec_cm_data(const cJSON *cm);
 void rec_status_view_free(rec_status_view *v);
 /* The first condition of a type, or NULL; whether one is there and True. */
 const rec_cond *rec_cond_find(const rec_status_view *v, const char *type);

@@ -131,7 +131,7 @@ static int merge_profiles(const cJSON *cm, const char *ns, const char *name, pla
                           err_t *err) {
     const cJSON *item;
     *files = 0;
-    cJSON_ArrayForEach(item, get(cm, "data")) {
+    cJSON_ArrayForEach(item, rec_cm_data(cm)) {
         size_t kl = strlen(item->string);
         if (!cJSON_IsString(item) || kl < 5 || strcmp(item->string + kl - 5, ".json") != 0) continue;
         char src[600];

@@ -61,7 +61,7 @@ static int status_mutate(cJSON *obj, void *argp, err_t *err) {
  * since (409) the job is read again and the status put on that. The answer goes into the store,
  * and the watch event it causes does not reconcile the job again (main.c: only spec changes do). */
 int rec_write_status(rec_ctx *x, cJSON *status, err_t *err) {
-    const cJSON *old = get(x->job.obj, "status");
+    const cJSON *old = x->job.old.obj; /* the store's, as read */
     if (old && cJSON_Compare(old, status, true)) return cJSON_Delete(status), 0;
     cJSON *obj = cJSON_Duplicate(x->job.obj, true), *out = NULL;
     cJSON_DeleteItemFromObjectCaseSensitive(obj, "status");

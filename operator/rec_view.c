@@ -74,6 +74,16 @@ void rec_status_read(const cJSON *status, rec_status_view *v) {
     cJSON_ArrayForEach(c, conds) read_cond(c, &v->conds[v->n_conds++]);
 }
 
+int rec_job_read(const cJSON *job, rec_job_meta *m, rec_status_view *st, job_spec *js, err_t *err) {
+    rec_job_meta_read(job, m);
+    rec_status_read(get(job, "status"), st);
+    return job_spec_parse(get(job, "spec"), js, err);
+}
+
+const cJSON *rec_items(const cJSON *list) { return get(list, "items"); }
+
+const cJSON *rec_cm_data(const cJSON *cm) { return get(cm, "data"); }
+
 void rec_status_view_free(rec_status_view *v) {
     free(v->conds);
     v->conds = NULL, v->n_conds = 0;

@@ -31,10 +31,8 @@ static int read_job(rec_ctx *x, err_t *err) {
     rec_job_part *j = &x->job;
     if (kube_path(j->path, sizeof j->path, REC_API_VERSION, j->ns, "cephalojobs", j->name, err) < 0) return -1;
     if (!(j->obj = cache_get(x->c->caches->jobs, j->ns, j->name))) return 0;
-    rec_job_meta_read(j->obj, &j->meta);
-    rec_status_read(get(j->obj, "status"), &j->old);
+    j->js_rc = rec_job_read(j->obj, &j->meta, &j->old, &j->js, &j->js_err); /* a mistake fails it when planned */
     j->attempt = j->old.attempt;
-    j->js_rc = job_spec_parse(get(j->obj, "spec"), &j->js, &j->js_err); /* a mistake fails it when planned */
     /* the CRD refuses longer names; without it the names derived from this one (pods, Service,
      * ConfigMap) must fail the job, not be cut into other objects' names */
     if (j->js_rc == 0 && strlen(j->name) > REC_NAME_MAX)
@@ -169,7 +167,7 @@ static int hold_partial(const rec_config *c, const char *ns, const char *name) {
 void rec_hold_partial_gangs(const rec_config *c) {
     cache_view v;
     const cJSON *j, *jobs = cache_view_list(c->caches->jobs, NULL, NULL, &v);
-    cJSON_ArrayForEach(j, get(jobs, "items")) {
+    cJSON_ArrayForEach(j, rec_items(jobs)) {
         const char *ns = kube_meta_str(j, "namespace"), *name = kube_meta_str(j, "name");
         if (ns && name) hold_partial(c, ns, name);
     }
