@@ -20,6 +20,7 @@ static const char *const acts_bits[] = {"16", "32", NULL};
 static const char *const comm_backends[] = {"socket", "nccl", NULL};
 static const char *const uneven_modes[] = {"auto", "grouped", "pad", NULL};
 static const char *const attn_modes[] = {"simt", "mma", NULL};
+static const char *const gemm_paths[] = {"blas", "lt", NULL};
 
 #define PLANNERS (ENV_CEPHALO | ENV_WORKER | ENV_OPERATOR) /* the memory model's switches */
 
@@ -77,6 +78,8 @@ static const env_var table[] = {
      .what = "0: --precision fp32 matmuls exact on the GPU (no TF32 tensor cores)"},
     {.name = "CEPHALO_CUDA_ATTN", .kind = ENV_CHOICE, .choices = attn_modes, .dflt = "simt", .readers = ENV_WORKER_CUDA,
      .what = "mma: bf16/fp16 attention on tensor cores where the GPU has them"},
+    {.name = "CEPHALO_CUDA_GEMM", .kind = ENV_CHOICE, .choices = gemm_paths, .dflt = "blas", .readers = ENV_WORKER_CUDA,
+     .what = "lt: every matrix product through cuBLASLt, a linear layer's bias (and its gradient) in its epilogue"},
     {.name = "CEPHALO_CUDA_PORTABLE", .kind = ENV_FLAG, .dflt = "0", .readers = ENV_WORKER_CUDA,
      .what = "1: the pre-Ampere kernel paths (48 KB attention tiles, plain loads) on any GPU"},
     {.name = "CEPHALO_CUDA_OPTIME", .kind = ENV_FLAG, .dflt = "0", .readers = ENV_WORKER_CUDA,

@@ -50,6 +50,7 @@ refused CEPHALO_ACTS 8 "16 or 32"
 refused CEPHALO_COMM_BACKEND mpi "socket or nccl"
 refused CEPHALO_NCCL_UNEVEN padded "auto, grouped or pad"
 refused CEPHALO_CUDA_ATTN tensor "simt or mma"
+refused CEPHALO_CUDA_GEMM cublas "blas or lt"
 # numbers and forms
 refused CEPHALO_METRICS_PORT 80x "a port, 0..65535 (0: off)"
 refused CEPHALO_METRICS_PORT 65536 "a port, 0..65535 (0: off)"
@@ -90,7 +91,7 @@ for v in tensor unit half; do
     bash -c "CEPHALO_ADAMW=$v ${PLAN[*]} >/dev/null && CEPHALO_ADAMW=$v ${TRAIN[*]}"
 done
 check "worker: the other documented values accepted together" 0 "" -- \
-  env CEPHALO_ACTS=16 CEPHALO_STAGE_HOST=0 CEPHALO_CUDA_TF32=0 CEPHALO_CUDA_ATTN=mma CEPHALO_CUDA_PORTABLE=1 \
+  env CEPHALO_ACTS=16 CEPHALO_STAGE_HOST=0 CEPHALO_CUDA_TF32=0 CEPHALO_CUDA_ATTN=mma CEPHALO_CUDA_GEMM=lt CEPHALO_CUDA_PORTABLE=1 \
   CEPHALO_CUDA_OPTIME=0 CEPHALO_COMM_BACKEND=socket CEPHALO_NCCL_UNEVEN=pad CEPHALO_COMM_TIMEOUT=0.5 \
   CEPHALO_METRICS_PORT=0 CEPHALO_JOB=job-1 CEPHALO_JOB_ID=job-1 CEPHALO_PLAN_EXHAUSTIVE_DP=1 \
   CEPHALO_PROFILE_CACHE=none CEPHALO_OPERATOR_VERSION= "${TRAIN[@]}"

@@ -275,6 +275,27 @@ static void cpu_bias_grad(device *d, float *db, const float *dout, int N, int C)
     }
 }
 
+/* gemm, then add_bias on each row of C (one call when C is contiguous): what the model did
+ * before the op existed, bit for bit */
+static void cpu_gemm_bias(device *d, bool ta, bool tb, int M, int N, int K, float alpha,
+                          const float *A, int lda, const float *B, int ldb, float beta, float *C,
+                          int ldc, const float *bias) {
+    cpu_gemm(d, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    if (M <= 0 || N <= 0) return;
+    if (ldc == N) cpu_add_bias(d, C, bias, M, N);
+    else
+        for (int m = 0; m < M; m++) cpu_add_bias(d, C + (int64_t)m * ldc, bias, 1, N);
+}
+
+/* gemm (A transposed), then bias_grad over A's K rows of M */
+static void cpu_gemm_bgrad(device *d, bool tb, int M, int N, int K, float alpha, const float *A,
+                           int lda, const float *B, int ldb, float beta, float *C, int ldc,
+                           float *db) {
+    CHECK(lda == M); /* device.h: A is [K, M] contiguous */
+    cpu_gemm(d, true, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    cpu_bias_grad(d, db, A, K, M);
+}
+
 /* ---------------------------------------------------------------------------------------------
  * embeddings */
 
@@ -791,6 +812,8 @@ static const dev_ops cpu_ops = {
     .gemm = cpu_gemm,
     .add_bias = cpu_add_bias,
     .bias_grad = cpu_bias_grad,
+    .gemm_bias = cpu_gemm_bias,
+    .gemm_bgrad = cpu_gemm_bgrad,
     .embed_fwd = cpu_embed_fwd,
     .embed_bwd = cpu_embed_bwd,
     .layernorm_fwd = cpu_layernorm_fwd,

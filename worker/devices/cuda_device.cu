@@ -31,11 +31,10 @@ extern "C" {
 #include "common/log.h"
 }
 
-/* Bytes kept free for the CUDA context, cuBLAS, the scratch buffers and the 16-bit gemm
- * workspaces when capacity is 0. (NCCL's buffers come off later, when a communicator opens on
- * the GPU: cuda_device_reserve.) */
+/* Bytes kept free for the CUDA context, cuBLAS (and cuBLASLt in lt mode, which shares cuBLAS's
+ * workspace), the scratch buffers and the 16-bit gemm workspaces when capacity is 0. (NCCL's
+ * buffers come off later, when a communicator opens on the GPU: cuda_device_reserve.) */
 #define CUDA_RESERVE (((int64_t)512 << 20) + 2 * (int64_t)GEMM16_BYTES)
-#define BLAS_WORKSPACE ((size_t)32 << 20) /* what cuBLAS recommends for Hopper */
 
 /* ---------------------------------------------------------------------------------------------
  * the op table and the device */
@@ -72,6 +71,8 @@ static dev_ops make_ops(void) {
     o.gemm = cuda_gemm;
     o.add_bias = cuda_add_bias;
     o.bias_grad = cuda_bias_grad;
+    o.gemm_bias = cuda_gemm_bias;
+    o.gemm_bgrad = cuda_gemm_bgrad;
     o.embed_fwd = cuda_embed_fwd;
     o.embed_bwd = cuda_embed_bwd;
     o.layernorm_fwd = cuda_layernorm_fwd;
@@ -144,6 +145,8 @@ static dev_ops make_timed_ops(void) {
     TIMED(OT_GEMM, gemm);
     TIMED(OT_BIAS, add_bias);
     TIMED(OT_BIAS, bias_grad);
+    TIMED(OT_GEMM, gemm_bias); /* the bias inside: the fused op's time is the gemm's */
+    TIMED(OT_GEMM, gemm_bgrad);
     TIMED(OT_EMBED, embed_fwd);
     TIMED(OT_EMBED, embed_bwd);
     TIMED(OT_NORM, layernorm_fwd);
@@ -187,6 +190,7 @@ static void destroy_state(cuda_state *st) {
     for (int s = 0; s < DEV_STREAMS; s++)
         if (st->stream[s]) (void)cudaStreamSynchronize(st->stream[s]);
     if (st->blas) (void)cublasDestroy(st->blas);
+    cuda_gemm_lt_free(st);
     for (int i = 0; i < st->n_lists; i++) {
         for (int j = 0; j < st->lists[i].n; j++) (void)cudaFree(st->lists[i].blocks[j]);
         free(st->lists[i].blocks);
@@ -202,8 +206,9 @@ static void destroy_state(cuda_state *st) {
     free(st);
 }
 
-/* Creates the streams, the cuBLAS handle and the scratch; a message in err on failure. */
-static int create_state(cuda_state *st, err_t *err) {
+/* Creates the streams, the cuBLAS handle (and cuBLASLt's in lt mode) and the scratch; a message
+ * in err on failure. */
+static int create_state(cuda_state *st, bool lt, err_t *err) {
     cudaError_t e = cudaSuccess;
     for (int s = 0; s < DEV_STREAMS && e == cudaSuccess; s++)
         e = cudaStreamCreateWithFlags(&st->stream[s], cudaStreamNonBlocking);
@@ -224,7 +229,7 @@ static int create_state(cuda_state *st, err_t *err) {
     if (b != CUBLAS_STATUS_SUCCESS)
         return err_set(err, "cuda device: GPU %d: cuBLAS setup failed: %s", st->gpu,
                        cublasGetStatusString(b));
-    return 0;
+    return lt ? cuda_gemm_lt_new(st, err) : 0;
 }
 
 #ifndef CEPHALO_CUDA_ARCHS
@@ -256,18 +261,19 @@ static int check_arch(const cudaDeviceProp &p, int gpu, int *code_arch, err_t *e
                    gpu, p.name, p.major, p.minor, why, CEPHALO_CUDA_ARCHS, p.major, p.minor);
 }
 
-/* CEPHALO_CUDA_PORTABLE (0 or 1) and CEPHALO_CUDA_ATTN (simt or mma), through common/env.c's
- * rows: anything else is refused, as at the program's start. */
-static int device_modes(bool *portable, bool *mma, err_t *err) {
+/* CEPHALO_CUDA_PORTABLE (0 or 1), CEPHALO_CUDA_ATTN (simt or mma) and CEPHALO_CUDA_GEMM (blas
+ * or lt), through common/env.c's rows: anything else is refused, as at the program's start. */
+static int device_modes(bool *portable, bool *mma, bool *lt, err_t *err) {
     int p = env_flag("CEPHALO_CUDA_PORTABLE", err);
     const char *attn = p < 0 ? NULL : env_word("CEPHALO_CUDA_ATTN", err);
-    if (!attn) return err_prefix(err, "cuda device");
-    *portable = p == 1, *mma = !strcmp(attn, "mma");
+    const char *gemm = attn ? env_word("CEPHALO_CUDA_GEMM", err) : NULL;
+    if (!gemm) return err_prefix(err, "cuda device");
+    *portable = p == 1, *mma = !strcmp(attn, "mma"), *lt = !strcmp(gemm, "lt");
     return 0;
 }
 
 /* What the kernels choose their paths by: compute capability and shared-memory limit. */
-static int read_limits(cuda_state *st, const cudaDeviceProp &p, err_t *err) {
+static int read_limits(cuda_state *st, const cudaDeviceProp &p, bool *lt, err_t *err) {
     int optin = 0;
     cudaError_t e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, st->gpu);
     if (e != cudaSuccess) {
@@ -277,7 +283,7 @@ static int read_limits(cuda_state *st, const cudaDeviceProp &p, err_t *err) {
     }
     st->cc_major = p.major, st->cc_minor = p.minor;
     st->smem_optin = optin > 48 * 1024 ? optin : 48 * 1024; /* sm_60/61 have no opt-in */
-    return device_modes(&st->portable, &st->attn_mma, err);
+    return device_modes(&st->portable, &st->attn_mma, lt, err);
 }
 
 /* The devices opened with an automatic capacity, by GPU, so that NCCL's buffers can come off
@@ -319,7 +325,8 @@ static int cuda_device_init(device *d, int rank, int gpu, int64_t capacity, err_
     cuda_state *st = (cuda_state *)xcalloc(1, sizeof(cuda_state));
     st->gpu = gpu;
     st->code_arch = code_arch;
-    if (read_limits(st, prop, err) < 0 || create_state(st, err) != 0) {
+    bool lt = false;
+    if (read_limits(st, prop, &lt, err) < 0 || create_state(st, lt, err) != 0) {
         destroy_state(st);
         return -1;
     }

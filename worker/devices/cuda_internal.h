@@ -3,7 +3,7 @@
  *                        (init, close, the "cuda" row of the device kinds, device.h)
  *   cuda_mem.cu          memory (caching allocator, scratch), copies, host memory, streams, events
  *   cuda_optime.cu       the per-op-class GPU timer's ring of events
- *   cuda_gemm.cu         matrix products (cuBLAS), the bias add
+ *   cuda_gemm.cu         matrix products (cuBLAS, cuBLASLt), the bias add, gemm_bias/bgrad
  *   cuda_elementwise.cu  bf16/fp16 conversions, element-wise ops, sumsq, activations, rope
  *   cuda_norm.cu         layer norm, RMS norm, add + norm; column sums (bias_grad, dw, db)
  *   cuda_embed.cu        embeddings, ViT patches, the head's fused softmax cross-entropy
@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -85,7 +86,11 @@ typedef struct cuda_state {
     bool attn_mma;
     cudaStream_t stream[DEV_STREAMS]; /* indexed by dev_stream; non-blocking streams */
     cublasHandle_t blas;              /* bound to the compute stream */
-    void *blas_workspace; /* cuBLAS workspace (cudaMalloc'ed at init, outside the accounting) */
+    void *blas_workspace; /* cuBLAS workspace (cudaMalloc'ed at init, outside the accounting;
+                           * BLAS_WORKSPACE bytes), also cuBLASLt's in lt mode */
+    /* CEPHALO_CUDA_GEMM=lt: the cuBLASLt handle and the plans of the shapes seen (cuda_gemm.cu);
+     * NULL in blas mode (the default), where every product is a cublasGemmEx */
+    struct cuda_lt *lt;
 
     /* Caching allocator. raw_free returns blocks here, never to cudaFree: every kernel runs on
      * the compute stream, so a block freed and handed out again is only touched by work queued
@@ -159,6 +164,8 @@ extern "C" int64_t cuda_reserved_bytes(device *d);
 #define EW_THREADS 256
 /* The two 16-bit gemm operand workspaces (BF16/FP16 mode), GEMM16_BYTES each. */
 #define GEMM16_BYTES ((size_t)32 << 20)
+/* cuBLAS's workspace (and cuBLASLt's, the same buffer): what cuBLAS recommends for Hopper */
+#define BLAS_WORKSPACE ((size_t)32 << 20)
 
 #define GRID_STRIDE(i, n)                                                                 \
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);             \
@@ -345,6 +352,15 @@ void cuda_gemm(device *d, bool ta, bool tb, int M, int N, int K, float alpha,
                const float *A, int lda, const float *B, int ldb, float beta, float *C,
                int ldc);
 void cuda_add_bias(device *d, float *x, const float *b, int N, int C);
+void cuda_gemm_bias(device *d, bool ta, bool tb, int M, int N, int K, float alpha, const float *A,
+                    int lda, const float *B, int ldb, float beta, float *C, int ldc,
+                    const float *bias);
+void cuda_gemm_bgrad(device *d, bool tb, int M, int N, int K, float alpha, const float *A, int lda,
+                     const float *B, int ldb, float beta, float *C, int ldc, float *db);
+/* lt mode's state (CEPHALO_CUDA_GEMM=lt): the cuBLASLt handle, made at init (an error in err),
+ * and freed with its plans at close (st->lt NULL: nothing) */
+int cuda_gemm_lt_new(cuda_state *st, err_t *err);
+void cuda_gemm_lt_free(cuda_state *st);
 
 /* cuda_norm.cu */
 void cuda_bias_grad(device *d, float *db, const float *dout, int N, int C);

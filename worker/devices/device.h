@@ -139,6 +139,19 @@ typedef struct dev_ops {
     void (*add_bias)(device *d, float *x, const float *b, int N, int C);
     /* db[C] += sum over rows of dout[N,C]. */
     void (*bias_grad)(device *d, float *db, const float *dout, int N, int C);
+    /* A linear layer's forward with its bias: gemm's C = alpha op(A) op(B) + beta C, then
+     * C[m, :N] += bias[:N] for every row m < M (add_bias's one addition). The same values as
+     * gemm then add_bias (bit for bit on the CPU; CUDA with CEPHALO_CUDA_GEMM=lt adds the bias
+     * in cuBLASLt's epilogue, one fp32 addition to the fp32 result as well). */
+    void (*gemm_bias)(device *d, bool ta, bool tb, int M, int N, int K, float alpha, const float *A,
+                      int lda, const float *B, int ldb, float beta, float *C, int ldc,
+                      const float *bias);
+    /* A linear layer's weight gradient with its bias gradient: gemm with ta (A stored [K, M],
+     * contiguous: lda == M), then db[M] += the sums over A's K rows, not scaled by alpha (bias_grad
+     * of A as [K, M]): dW += dy^T x and db += column sums of dy, from one read of dy where the
+     * device can (CUDA with CEPHALO_CUDA_GEMM=lt: cuBLASLt's bias-gradient epilogue). */
+    void (*gemm_bgrad)(device *d, bool tb, int M, int N, int K, float alpha, const float *A,
+                       int lda, const float *B, int ldb, float beta, float *C, int ldc, float *db);
 
     /* ---- embeddings (ids are int32 device memory) ---- */
     /* out[N,C] = table[ids[n], :] (overwrites). */

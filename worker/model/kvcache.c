@@ -126,8 +126,8 @@ void sampler_free(sampler *s) {
 /* y[n,out] = x[n,in] W[out,in]^T (+ b), as wmodel.c's linear_fwd */
 static void linear(device *d, float *y, const float *x, const float *w, const float *b, int n,
                    int in, int out) {
-    OP(d, gemm, false, true, n, out, in, 1.0f, x, in, w, in, 0.0f, y, out);
-    if (b) OP(d, add_bias, y, b, n, out);
+    if (b) OP(d, gemm_bias, false, true, n, out, in, 1.0f, x, in, w, in, 0.0f, y, out, b);
+    else OP(d, gemm, false, true, n, out, in, 1.0f, x, in, w, in, 0.0f, y, out);
 }
 
 /* Appends the new rows' keys and values (columns [qk0, qk0+kvw) and [qk0+kvw, qk0+2kvw) of the

@@ -181,16 +181,16 @@ static float *tensor(const wm_acts *a, unit_kind k, float *base, const char *nam
 /* y[N,out] = x[N,in] W[out,in]^T (+ b) */
 static void linear_fwd(device *d, float *y, const float *x, const float *w, const float *b, int N,
                        int in, int out) {
-    OP(d, gemm, false, true, N, out, in, 1.0f, x, in, w, in, 0.0f, y, out);
-    if (b) OP(d, add_bias, y, b, N, out);
+    if (b) OP(d, gemm_bias, false, true, N, out, in, 1.0f, x, in, w, in, 0.0f, y, out, b);
+    else OP(d, gemm, false, true, N, out, in, 1.0f, x, in, w, in, 0.0f, y, out);
 }
 
 /* dx[N,in] = (or += when acc) dy W; dW += dy^T x; db += column sums of dy. */
 static void linear_bwd(device *d, float *dx, bool acc, float *dw, float *db, const float *dy,
                        const float *x, const float *w, int N, int in, int out) {
     if (dx) OP(d, gemm, false, false, N, in, out, 1.0f, dy, out, w, in, acc ? 1.0f : 0.0f, dx, in);
-    OP(d, gemm, true, false, out, in, N, 1.0f, dy, out, x, in, 1.0f, dw, in);
-    if (db) OP(d, bias_grad, db, dy, N, out);
+    if (db) OP(d, gemm_bgrad, false, out, in, N, 1.0f, dy, out, x, in, 1.0f, dw, in, db);
+    else OP(d, gemm, true, false, out, in, N, 1.0f, dy, out, x, in, 1.0f, dw, in);
 }
 
 /* 16-bit activations (planner/engine_mem.h): x [n], just produced, now holds what a bf16/fp16
@@ -417,9 +417,8 @@ static void vit_embed_bwd(device *d, const model_spec *m, int unit, const float 
     float *dpe = a->dln; /* [m*P, D] gathered patch-row gradients */
     for (int s = 0; s < b->m; s++)
         copy_f(d, dpe + (int64_t)s * P * D, dy + ((int64_t)s * T + 1) * D, (int64_t)P * D);
-    OP(d, gemm, true, false, D, K, b->m * P, 1.0f, dpe, D, a->patches, K, 1.0f,
-       DW("patch.weight"), K);
-    OP(d, bias_grad, DW("patch.bias"), dpe, b->m * P, D);
+    OP(d, gemm_bgrad, false, D, K, b->m * P, 1.0f, dpe, D, a->patches, K, 1.0f,
+       DW("patch.weight"), K, DW("patch.bias"));
     OP(d, copy2d, a->rows, D, dy, T * D, b->m, D);
     OP(d, bias_grad, DW("cls"), a->rows, b->m, D);
     OP(d, bias_grad, DW("pos"), dy, b->m, T * D);
@@ -493,8 +492,8 @@ static void vocab_loss(device *d, const model_spec *m, const float *h, const flo
     for (int64_t r0 = 0; r0 < N; r0 += chunk) {
         int rows = (int)(N - r0 < chunk ? N - r0 : chunk);
         const float *x = h + r0 * D;
-        OP(d, gemm, false, true, rows, V, D, 1.0f, x, D, w, D, 0.0f, a->logits, ld);
-        if (bias) OP(d, add_bias, a->logits, bias, rows, V);
+        if (bias) OP(d, gemm_bias, false, true, rows, V, D, 1.0f, x, D, w, D, 0.0f, a->logits, ld, bias);
+        else OP(d, gemm, false, true, rows, V, D, 1.0f, x, D, w, D, 0.0f, a->logits, ld);
         r16(d, a, a->logits, (int64_t)rows * ld); /* padding columns too: nothing reads them */
         for (int r = 0; logits_out && r < rows; r += ld == V ? rows : 1) /* tests: rows of V */
             OP(d, copy, logits_out + (r0 + r) * V, a->logits + (int64_t)r * ld,
@@ -509,8 +508,8 @@ static void vocab_loss(device *d, const model_spec *m, const float *h, const flo
         /* linear_bwd with the logits' stride: dh = dlogits W; dW += dlogits^T h; db */
         OP(d, gemm, false, false, rows, D, V, 1.0f, a->logits, ld, w, D, 0.0f, dh + r0 * D, D);
         r16(d, a, dh + r0 * D, (int64_t)rows * D);
-        OP(d, gemm, true, false, V, D, rows, 1.0f, a->logits, ld, x, D, 1.0f, dw, D);
-        if (dbias) OP(d, bias_grad, dbias, a->logits, rows, V);
+        if (dbias) OP(d, gemm_bgrad, false, V, D, rows, 1.0f, a->logits, ld, x, D, 1.0f, dw, D, dbias);
+        else OP(d, gemm, true, false, V, D, rows, 1.0f, a->logits, ld, x, D, 1.0f, dw, D);
     }
 }
 
