@@ -5,7 +5,8 @@
 # nccl.txt, summary.txt. Each part has its own time limit, so a hang costs that part only, and
 # all of them together stay inside LEASE_BUDGET seconds (540: the device tool's per-call limit is
 # 600), most important first; a part that no longer fits is skipped and says so.
-#   1. test_cuda_ops as is, with CEPHALO_CUDA_PORTABLE=1, and the Turing k8 variant when built;
+#   1. test_cuda_ops as is (its gemm cases in both CEPHALO_CUDA_GEMM modes), with
+#      CEPHALO_CUDA_PORTABLE=1, and the Turing k8 variant when built;
 #   2. bench/bench_gpu.sh: gpt2-124m bf16 (LEASE_MODELS, LEASE_PRECISIONS) against PyTorch eager
 #      and torch.compile, the tensor-core attention, and the switches of docs/gpu.md in the same
 #      call (LEASE_VARIANTS), each with its CEPHALO_CUDA_OPTIME table;
@@ -59,7 +60,7 @@ if want bench; then
   part "bench" bench.txt 270 env BENCH_GPU_MODELS="${LEASE_MODELS:-gpt2-124m}" \
     BENCH_GPU_PRECISIONS="${LEASE_PRECISIONS:-bf16}" BENCH_GPU_TORCH_MODES="eager compile" \
     BENCH_GPU_ATTN="simt mma" BENCH_GPU_OPTIME=1 BENCH_GPU_EXTRAS=0 \
-    BENCH_GPU_VARIANTS="${LEASE_VARIANTS:-CEPHALO_ACTS=16 CEPHALO_ADAMW=half CEPHALO_VOCAB_PAD=1 CEPHALO_ACTS=16,CEPHALO_ADAMW=half,CEPHALO_VOCAB_PAD=1}" \
+    BENCH_GPU_VARIANTS="${LEASE_VARIANTS:-CEPHALO_ACTS=16 CEPHALO_ADAMW=half CEPHALO_VOCAB_PAD=1 CEPHALO_CUDA_GEMM=lt CEPHALO_ACTS=16,CEPHALO_ADAMW=half,CEPHALO_VOCAB_PAD=1}" \
     bash bench/bench_gpu.sh
   j=$(ls -t runs/bench-gpu/bench-*.json 2>/dev/null | head -1)
   [ -n "$j" ] && cp "$j" "$OUT/bench.json"

@@ -218,6 +218,39 @@ static int teardown_devices(void **state) {
     return 0;
 }
 
+/* Reopens the device under test with the CUDA device's switch `name` (CEPHALO_CUDA_ATTN or
+ * CEPHALO_CUDA_GEMM, read at init) set to value, or as the run started (value NULL). */
+static void reopen_gpu_with(const char *name, const char *value) {
+    static struct {
+        const char *name;
+        char first[16];
+        bool was_set;
+    } saved[2] = {{"CEPHALO_CUDA_ATTN", "", false}, {"CEPHALO_CUDA_GEMM", "", false}};
+    static bool read;
+    if (!read) {
+        for (int i = 0; i < 2; i++) {
+            const char *v = getenv(saved[i].name);
+            saved[i].was_set = v != NULL;
+            snprintf(saved[i].first, sizeof saved[i].first, "%s", v ? v : "");
+        }
+        read = true;
+    }
+    int i = strcmp(name, saved[0].name) ? 1 : 0;
+    err_t err = {{0}};
+    device_close(GPU);
+    if (value || saved[i].was_set)
+        setenv(name, value ? value : saved[i].first, 1);
+    else
+        unsetenv(name);
+    const char *g = getenv("CEPHALO_TEST_GPU");
+    if (device_open(GPU, "cuda", 0, 0, g ? atoi(g) : 0, 0, &err) < 0)
+        fail_msg("reopening the device under test (%s=%s): %s", name, value ? value : "", err.msg);
+    GPU->matmul = DEV_MATMUL_FP32;
+}
+
+/* Reopens the device under test with CEPHALO_CUDA_ATTN=attn, or as the run started (NULL). */
+static void reopen_gpu(const char *attn) { reopen_gpu_with("CEPHALO_CUDA_ATTN", attn); }
+
 /* ---------------------------------------------------------------------------------------------
  * the device itself */
 
@@ -448,11 +481,37 @@ typedef struct gemm_case {
     float alpha, beta;
 } gemm_case;
 
-static void check_gemm(const gemm_case *gc, bool ta, bool tb, dev_matmul mode) {
+/* What a check_gemm runs: gemm, gemm_bias (a bias of N values) or gemm_bgrad (ta only, A
+ * contiguous: db of M values accumulates A's column sums). */
+typedef enum { EPI_NONE, EPI_BIAS, EPI_BGRAD } gemm_epi;
+
+static const char *epi_name(gemm_epi e) {
+    return e == EPI_NONE ? "gemm" : e == EPI_BIAS ? "gemm_bias" : "gemm_bgrad";
+}
+
+static void call_gemm(device *dv, gemm_epi e, bool ta, bool tb, int M, int N, int K, float alpha,
+                      const float *A, int lda, const float *B, int ldb, float beta, float *C,
+                      int ldc, const float *bias, float *db) {
+    if (e == EPI_NONE) dv->ops->gemm(dv, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    else if (e == EPI_BIAS)
+        dv->ops->gemm_bias(dv, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, bias);
+    else
+        dv->ops->gemm_bgrad(dv, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, db);
+}
+
+/* gemm, gemm_bias or gemm_bgrad of the case in the given mode against the CPU device. The bias
+ * add is one fp32 addition on both devices and the bias gradient a sum of K fp32 values (the
+ * unrounded A in every mode: device.h), so the gemm's bounds below hold for C as they are, and
+ * db is held to bias_grad's bound of test_bias (sqrt(K) 1e-6 of max|db|). */
+static void check_gemm_epi(const gemm_case *gc, bool ta, bool tb, dev_matmul mode, gemm_epi e) {
     int M = gc->M, N = gc->N, K = gc->K;
     int lda = (ta ? M : K) + gc->pad, ldb = (tb ? K : N) + gc->pad, ldc = N + gc->pad + 1;
+    if (e == EPI_BGRAD) lda = M; /* device.h: A is [K, M] contiguous */
     int64_t na = (int64_t)(ta ? K : M) * lda, nb = (int64_t)(tb ? N : K) * ldb, nc = (int64_t)M * ldc;
     float *A = hrandom(na, 1.0f), *B = hrandom(nb, 1.0f);
+    float *bias = e == EPI_BIAS ? hrandom(N, 1.0f) : NULL, *gbias = bias ? g_up(bias, N) : NULL;
+    float *db = e == EPI_BGRAD ? hfill(M, 0.5f) : NULL, *gdb = db ? g_fill(M, 0.5f) : NULL;
+    float *db_scratch = e == EPI_BGRAD ? hfill(M, 0.5f) : NULL;
     /* beta = 0: C must not be read (BLAS semantics), so NaN there must not come through */
     float *C0 = gc->beta == 0 ? hfill(nc, NAN) : hrandom(nc, 1.0f);
     for (int i = 0; i < M; i++) /* the padding columns hold a marker that must survive */
@@ -462,18 +521,23 @@ static void check_gemm(const gemm_case *gc, bool ta, bool tb, dev_matmul mode) {
         for (int64_t i = 0; i < nc; i++)
             if (isnan(Cref[i])) Cref[i] = 0.0f; /* OpenBLAS does not read C either; belt and braces */
     REF->matmul = DEV_MATMUL_FP32;
-    REF->ops->gemm(REF, ta, tb, M, N, K, gc->alpha, A, lda, B, ldb, gc->beta, Cref, ldc);
+    call_gemm(REF, e, ta, tb, M, N, K, gc->alpha, A, lda, B, ldb, gc->beta, Cref, ldc, bias, db);
 
     GPU->matmul = mode;
     float *gC = g_up(C0, nc);
-    GPU->ops->gemm(GPU, ta, tb, M, N, K, gc->alpha, g_up(A, na), lda, g_up(B, nb), ldb, gc->beta,
-                   gC, ldc);
+    call_gemm(GPU, e, ta, tb, M, N, K, gc->alpha, g_up(A, na), lda, g_up(B, nb), ldb, gc->beta, gC,
+              ldc, gbias, gdb);
     GPU->matmul = DEV_MATMUL_FP32;
     float *got = g_down(gC, nc);
-    char what[160];
-    snprintf(what, sizeof what, "gemm %s ta=%d tb=%d M=%d N=%d K=%d lda=%d ldb=%d ldc=%d beta=%g",
-             mode_name(mode), ta, tb, M, N, K, lda, ldb, ldc, (double)gc->beta);
+    char what[200];
+    snprintf(what, sizeof what, "%s %s ta=%d tb=%d M=%d N=%d K=%d lda=%d ldb=%d ldc=%d beta=%g",
+             epi_name(e), mode_name(mode), ta, tb, M, N, K, lda, ldb, ldc, (double)gc->beta);
     for (int i = 0; i < M; i++) expect_all(what, got + (int64_t)i * ldc + N, ldc - N, 5.0f);
+    if (db) {
+        char wdb[240];
+        snprintf(wdb, sizeof wdb, "%s: db", what);
+        expect_rel(wdb, g_down(gdb, M), db, M, 1e-6 * sqrt((double)K) + 4 * U_FP32);
+    }
     for (int i = 0; i < M; i++) /* pad columns are equal now; compare whole rows */
         for (int j = N; j < ldc; j++) Cref[(int64_t)i * ldc + j] = 5.0f;
 
@@ -503,17 +567,22 @@ static void check_gemm(const gemm_case *gc, bool ta, bool tb, dev_matmul mode) {
         if (gc->beta == 0)
             for (int64_t i = 0; i < nc; i++)
                 if (isnan(Cr[i])) Cr[i] = 0.0f;
-        REF->ops->gemm(REF, ta, tb, M, N, K, gc->alpha, Ar, lda, Br, ldb, gc->beta, Cr, ldc);
+        call_gemm(REF, e, ta, tb, M, N, K, gc->alpha, Ar, lda, Br, ldb, gc->beta, Cr, ldc, bias,
+                  db_scratch);
         for (int i = 0; i < M; i++)
             for (int j = N; j < ldc; j++) Cr[(int64_t)i * ldc + j] = 5.0f;
-        char w2[200];
+        char w2[260];
         snprintf(w2, sizeof w2, "%s vs %s-rounded operands", what, mode_name(mode));
         expect_rel(w2, got, Cr, nc, fmax(2e-5, (double)K * 2 * U_FP32));
     }
 }
 
-static void test_gemm(void **state) {
-    (void)state;
+static void check_gemm(const gemm_case *gc, bool ta, bool tb, dev_matmul mode) {
+    check_gemm_epi(gc, ta, tb, mode, EPI_NONE);
+}
+
+/* The gemm cases in every mode, in the device under test's CEPHALO_CUDA_GEMM mode */
+static void gemm_cases(void) {
     const gemm_case cases[] = {
         {7, 13, 37, 3, 0.7f, 0.3f},       /* tiny, odd, unaligned leading dimensions */
         {64, 64, 64, 0, 1.0f, 0.0f},      /* exactly one tile, beta 0 over NaN */
@@ -546,6 +615,96 @@ static void test_gemm(void **state) {
     GPU->ops->gemm(GPU, false, false, 0, 2, 4, 1.0f, gA, 4, gA, 2, 0.0f, gC, 2);
     GPU->ops->gemm(GPU, false, false, 2, 0, 4, 1.0f, gA, 4, gA, 1, 0.0f, gC, 1);
     expect_all("gemm M=0 / N=0", g_down(gC, 8), 8, 3.0f);
+    release_all(NULL);
+}
+
+/* gemm_bias and gemm_bgrad against the CPU device in every mode (CEPHALO_CUDA_GEMM=lt fuses
+ * them into cuBLASLt's epilogues; blas runs gemm then add_bias / bias_grad), at a linear
+ * layer's shapes (forward: !ta, tb; weight gradient: ta, !tb) and awkward ones, then
+ * determinism: each twice, bit for bit. */
+static void epilogue_cases(void) {
+    const gemm_case cases[] = {
+        {7, 13, 37, 3, 0.7f, 0.3f},       /* tiny, odd, unaligned leading dimensions */
+        {64, 64, 64, 0, 1.0f, 0.0f},      /* one tile, beta 0 over NaN */
+        {129, 65, 300, 2, 1.0f, 1.0f},    /* partial tiles, accumulate (alpha 1: fusable bgrad) */
+        {1, 257, 768, 0, 1.0f, 0.0f},     /* one row (a single token) */
+        {1024, 2304, 768, 0, 1.0f, 0.0f}, /* GPT-2 124M qkv projection of 1024 tokens */
+        {768, 3072, 1024, 0, 1.0f, 1.0f}, /* an MLP weight's gradient over 1024 tokens */
+        {64, 400, 50257, 1, 1.0f, 0.0f},  /* a chunked 16-bit product: the separate kernels */
+    };
+    const dev_matmul modes[] = {DEV_MATMUL_FP32, DEV_MATMUL_TF32, DEV_MATMUL_BF16, DEV_MATMUL_FP16};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+        for (int t = 0; t < 4; t++)
+            for (int m = 0; m < 4; m++)
+                for (int e = EPI_BIAS; e <= EPI_BGRAD; e++) {
+                    const bool ta = t & 1, tb = t & 2;
+                    if (e == EPI_BGRAD && !ta) continue; /* the op's A is transposed */
+                    if ((int64_t)cases[c].M * cases[c].N > 100000 &&
+                        (e == EPI_BIAS ? ta || !tb : tb))
+                        continue; /* big shapes in the linear layer's layouts only (time) */
+                    if (self_check && modes[m] != DEV_MATMUL_FP32 && cases[c].M * cases[c].N > 100000)
+                        continue;
+                    if (cases[c].K > 10000 && (modes[m] == DEV_MATMUL_FP32 || modes[m] == DEV_MATMUL_TF32))
+                        continue;
+                    seed(2100 + c * 64 + t * 16 + m * 4 + e);
+                    check_gemm_epi(&cases[c], ta, tb, modes[m], (gemm_epi)e);
+                    release_all(NULL);
+                }
+    /* the same inputs twice: the same bits (no split-K, one algorithm per shape) */
+    const int M = 768, N = 1024, K = 512;
+    for (int m = 0; m < 4; m++) {
+        seed(2190 + m);
+        float *A = g_up(hrandom((int64_t)K * M, 1.0f), (int64_t)K * M);
+        float *B = g_up(hrandom((int64_t)K * N, 1.0f), (int64_t)K * N), *bias = g_up(hrandom(N, 1.0f), N);
+        float *C[2], *db[2], *Y[2];
+        GPU->matmul = modes[m];
+        for (int r = 0; r < 2; r++) {
+            C[r] = g_fill((int64_t)M * N, 0.5f), db[r] = g_fill(M, 0.5f), Y[r] = g_fill((int64_t)K * N, 7.0f);
+            GPU->ops->gemm_bgrad(GPU, false, M, N, K, 1.0f, A, M, B, N, 1.0f, C[r], N, db[r]);
+            GPU->ops->gemm_bias(GPU, false, false, K, N, M, 1.0f, A, M, C[r], N, 0.0f, Y[r], N, bias);
+        }
+        GPU->matmul = DEV_MATMUL_FP32;
+        expect_same("gemm_bgrad twice: dW", g_down(C[0], (int64_t)M * N), g_down(C[1], (int64_t)M * N),
+                    (size_t)M * N * 4);
+        expect_same("gemm_bgrad twice: db", g_down(db[0], M), g_down(db[1], M), (size_t)M * 4);
+        expect_same("gemm_bias twice", g_down(Y[0], (int64_t)K * N), g_down(Y[1], (int64_t)K * N),
+                    (size_t)K * N * 4);
+        release_all(NULL);
+    }
+}
+
+static void test_gemm(void **state) {
+    (void)state;
+    gemm_cases();
+}
+
+static void test_gemm_epilogues(void **state) {
+    (void)state;
+    epilogue_cases();
+}
+
+/* The other CEPHALO_CUDA_GEMM mode than the run's (lt, unless the run is lt: then blas): the
+ * device under test is reopened in it for the gemm and epilogue cases, and reopened as the run
+ * started by the teardown (also after a failed check), so one run checks both paths. */
+static bool started_lt(void) {
+    const char *v = getenv("CEPHALO_CUDA_GEMM");
+    return v && !strcmp(v, "lt");
+}
+
+static void test_gemm_other_mode(void **state) {
+    (void)state;
+    if (self_check) skip(); /* the CPU stand-in has one gemm */
+    const char *other = started_lt() ? "blas" : "lt";
+    printf("# gemm and epilogue cases again with CEPHALO_CUDA_GEMM=%s\n", other);
+    reopen_gpu_with("CEPHALO_CUDA_GEMM", other);
+    gemm_cases();
+    epilogue_cases();
+}
+
+static int reopen_as_started(void **state) {
+    release_all(state);
+    if (!self_check) reopen_gpu_with("CEPHALO_CUDA_GEMM", NULL);
+    return 0;
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -956,26 +1115,6 @@ static void test_attention_head_dims(void **state) {
 /* cuda_attention_mma.cu: whether a call takes the mma path (linked from the CUDA device) */
 bool cuda_attention_mma_ok(device *d, int hd);
 
-/* Reopens the device under test with CEPHALO_CUDA_ATTN=attn, or as the run started (NULL). */
-static void reopen_gpu(const char *attn) {
-    static char first[16];
-    static bool saved, was_set;
-    if (!saved) {
-        const char *v = getenv("CEPHALO_CUDA_ATTN");
-        was_set = v != NULL, saved = true;
-        snprintf(first, sizeof first, "%s", v ? v : "");
-    }
-    err_t err = {{0}};
-    device_close(GPU);
-    if (attn || was_set)
-        setenv("CEPHALO_CUDA_ATTN", attn ? attn : first, 1);
-    else
-        unsetenv("CEPHALO_CUDA_ATTN");
-    const char *g = getenv("CEPHALO_TEST_GPU");
-    if (device_open(GPU, "cuda", 0, 0, g ? atoi(g) : 0, 0, &err) < 0)
-        fail_msg("reopening the device under test (CEPHALO_CUDA_ATTN=%s): %s", attn ? attn : "", err.msg);
-    GPU->matmul = DEV_MATMUL_FP32;
-}
 
 /* Tolerances: q, k, v, dout are rounded to 16 bits when staged, P and dS before their products
  * (docs/cuda.md lists the points), each a relative error of u = 2^-9 (bf16) or 2^-12 (fp16),
@@ -1786,6 +1925,8 @@ static void test_zero_sizes(void **state) {
     GPU->ops->swiglu_fwd(GPU, a, b, b, 0);
     GPU->ops->swiglu_bwd(GPU, a, c, b, b, b, 0);
     GPU->ops->copy2d(GPU, a, 8, b, 8, 0, 8);
+    GPU->ops->gemm_bias(GPU, false, false, 0, 8, 4, 1.0f, b, 4, b, 8, 0.0f, a, 8, b); /* no rows */
+    GPU->ops->gemm_bgrad(GPU, false, 8, 8, 0, 1.0f, b, 8, b, 8, 1.0f, a, 8, c); /* K = 0, beta 1 */
     double *s = g_double(0.25);
     GPU->ops->xent_fwd_bwd(GPU, a, 8, c, ids, 0, 8, 1.0f, s); /* no rows: the sum unchanged */
     assert_true(g_read_double(s) == 0.25);
@@ -1810,6 +1951,8 @@ int main(void) {
     }
     if (self_check)
         printf("# self-check: a 1-thread CPU device stands in for the GPU (CEPHALO_GPU_TEST_DEVICE=cpu)\n");
+    if (!self_check && started_lt())
+        printf("# CEPHALO_CUDA_GEMM=lt: every product through cuBLASLt (blas in test_gemm_other_mode)\n");
     if (!self_check && env_flag("CEPHALO_CUDA_PORTABLE", NULL) == 1)
         printf("# portable mode (CEPHALO_CUDA_PORTABLE=1): 48 KB attention tiles, no cp.async\n");
 #define T(f) cmocka_unit_test_teardown(f, release_all)
@@ -1817,6 +1960,8 @@ int main(void) {
         T(test_device),      T(test_elementwise), T(test_sumsq),    T(test_sumsq_multi),
         T(test_host_syncs),  T(test_copy2d),
         T(test_gemm),        T(test_bias),        T(test_embed),    T(test_norms),
+        T(test_gemm_epilogues),
+        cmocka_unit_test_teardown(test_gemm_other_mode, reopen_as_started),
         T(test_activations), T(test_rope),        T(test_attention), T(test_xent),
         T(test_rope_at),     T(test_attention_cached),
         T(test_attention_head_dims), T(test_attention_mma), T(test_fp16),

@@ -621,6 +621,69 @@ static void test_bias(void **state) {
     free(x), free(b), free(x0), free(db);
 }
 
+/* gemm_bias and gemm_bgrad (a linear layer's forward and weight gradient with its bias): against
+ * the double references, and bit for bit what gemm then add_bias / bias_grad give (the model's
+ * calls before the ops existed), in fp32 and bf16 mode (where the bias gradient still sums the
+ * fp32 values of A, not their rounded copies). */
+static void test_gemm_epilogues(void **state) {
+    device *d = *state;
+    const int M = 7, N = 13, K = 37;
+    for (int t = 0; t < 4; t++) {
+        bool ta = t & 1, tb = t & 2;
+        int lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 2, ldc = t == 3 ? N : N + 5;
+        seed(60 + t);
+        float *A = frandom((int64_t)(ta ? K : M) * lda, 1.0f);
+        float *B = frandom((int64_t)(tb ? N : K) * ldb, 1.0f);
+        float *bias = frandom(N, 1.0f);
+        float *C = frandom((int64_t)M * ldc, 1.0f), *C2 = fdup(C, (int64_t)M * ldc);
+        double *want = to_double(C, (int64_t)M * ldc);
+        const float alpha = 0.7f, beta = 0.3f;
+        for (int i = 0; i < M; i++)
+            for (int j = 0; j < N; j++) {
+                double s = 0;
+                for (int k = 0; k < K; k++)
+                    s += (double)(ta ? A[k * lda + i] : A[i * lda + k]) *
+                         (tb ? B[j * ldb + k] : B[k * ldb + j]);
+                want[i * ldc + j] = alpha * s + beta * want[i * ldc + j] + bias[j];
+            }
+        d->ops->gemm_bias(d, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, bias);
+        expect_close("gemm_bias", C, want, (int64_t)M * ldc, RTOL, ATOL); /* padding included */
+        d->ops->gemm(d, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C2, ldc);
+        for (int i = 0; i < M; i++) d->ops->add_bias(d, C2 + (int64_t)i * ldc, bias, 1, N);
+        expect_same_bits("gemm_bias vs gemm + add_bias", C, C2, (size_t)M * ldc * sizeof(float));
+        free(A), free(B), free(bias), free(C), free(C2), free(want);
+    }
+    for (int mode = 0; mode < 2; mode++)
+        for (int tb = 0; tb < 2; tb++) {
+            /* dW[M, N] += dy^T x: A = dy [K, M], B = x [K, N] (or [N, K] when tb) */
+            const int ldb = (tb ? K : N) + 1, ldc = N + 2;
+            seed(70 + 2 * mode + tb);
+            float *A = frandom((int64_t)K * M, 1.0f), *B = frandom((int64_t)(tb ? N : K) * ldb, 1.0f);
+            float *C = frandom((int64_t)M * ldc, 1.0f), *C2 = fdup(C, (int64_t)M * ldc);
+            float *db = ffill(M, 0.5f), *db2 = ffill(M, 0.5f); /* both accumulate */
+            double *want = to_double(C, (int64_t)M * ldc), wdb[7];
+            for (int i = 0; i < M; i++) {
+                wdb[i] = 0.5;
+                for (int k = 0; k < K; k++) wdb[i] += A[k * M + i];
+                for (int j = 0; j < N; j++) {
+                    double s = 0;
+                    for (int k = 0; k < K; k++) s += (double)A[k * M + i] * (tb ? B[j * ldb + k] : B[k * ldb + j]);
+                    want[i * ldc + j] += s;
+                }
+            }
+            d->matmul = mode ? DEV_MATMUL_BF16 : DEV_MATMUL_FP32;
+            d->ops->gemm_bgrad(d, tb, M, N, K, 1.0f, A, M, B, ldb, 1.0f, C, ldc, db);
+            if (!mode) expect_close("gemm_bgrad dW", C, want, (int64_t)M * ldc, RTOL, ATOL);
+            expect_close("gemm_bgrad db", db, wdb, M, RTOL, ATOL); /* fp32 sums in both modes */
+            d->ops->gemm(d, true, tb, M, N, K, 1.0f, A, M, B, ldb, 1.0f, C2, ldc);
+            d->ops->bias_grad(d, db2, A, K, M);
+            d->matmul = DEV_MATMUL_FP32;
+            expect_same_bits("gemm_bgrad dW vs gemm", C, C2, (size_t)M * ldc * sizeof(float));
+            expect_same_bits("gemm_bgrad db vs bias_grad", db, db2, (size_t)M * sizeof(float));
+            free(A), free(B), free(C), free(C2), free(db), free(db2), free(want);
+        }
+}
+
 /* ---------------------------------------------------------------------------------------------
  * embeddings */
 
@@ -1316,6 +1379,7 @@ int main(void) {
         T(test_add_norm),
         T(test_gemm_half),
         T(test_bias),
+        T(test_gemm_epilogues),
         T(test_embed),
         T(test_layernorm),
         T(test_rmsnorm),
