@@ -202,8 +202,8 @@ static bool lt_matmul(device *d, bool ta, bool tb, int M, int N, int K, float al
     if (!p) {
         if (lt->n < LT_PLANS) {
             p = &lt->plans[lt->n++];
-        } else { /* the plan may be used by queued work only through its algo, copied by value
-                  * at the call: replacing it is safe */
+        } else { /* cuBLASLt reads the descriptors when a call is queued, not when it runs
+                  * (PyTorch destroys its own right after each call): replacing one is safe */
             p = &lt->plans[lt->next];
             lt->next = (lt->next + 1) % LT_PLANS;
             lt_plan_clear(p);
