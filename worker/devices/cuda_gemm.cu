@@ -434,12 +434,21 @@ static void add_bias_ld(device *d, float *x, int ldx, const float *b, int N, int
 
 void cuda_add_bias(device *d, float *x, const float *b, int N, int C) { add_bias_ld(d, x, C, b, N, C); }
 
-/* gemm then add_bias, or both in cuBLASLt's BIAS epilogue (lt mode) */
+/* gemm then add_bias, or both in cuBLASLt's BIAS epilogue (lt mode). The two fused ops time
+ * their parts themselves (CEPHALO_CUDA_OPTIME; no-ops when off): the product as gemm, a separate
+ * bias kernel as bias, so the table's rows mean what they meant before the ops existed, and a
+ * fused epilogue shows as bias time gone into gemm. */
 void cuda_gemm_bias(device *d, bool ta, bool tb, int M, int N, int K, float alpha, const float *A,
                     int lda, const float *B, int ldb, float beta, float *C, int ldc,
                     const float *bias) {
-    if (!gemm_epi(d, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, LT_BIAS, (void *)bias))
-        add_bias_ld(d, C, ldc, bias, M, N);
+    cuda_optime_begin(d, OT_GEMM, DEV_STREAM_COMPUTE);
+    const bool fused =
+        gemm_epi(d, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, LT_BIAS, (void *)bias);
+    cuda_optime_end(d);
+    if (fused) return;
+    cuda_optime_begin(d, OT_BIAS, DEV_STREAM_COMPUTE);
+    add_bias_ld(d, C, ldc, bias, M, N);
+    cuda_optime_end(d);
 }
 
 /* gemm then bias_grad, or (lt mode, fp32 operands, alpha 1) the BGRADB epilogue into scratch
@@ -450,9 +459,12 @@ void cuda_gemm_bgrad(device *d, bool tb, int M, int N, int K, float alpha, const
     const bool fuse = cuda_of(d)->lt && alpha == 1.0f && M > 0 && N > 0 && K > 0 &&
                       (d->matmul == DEV_MATMUL_FP32 || d->matmul == DEV_MATMUL_TF32);
     float *sums = fuse ? (float *)cuda_scratch(d, (size_t)M * sizeof(float)) : NULL;
-    if (gemm_epi(d, true, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc,
-                 fuse ? LT_BGRADB : LT_NONE, sums) && fuse)
-        cuda_axpy(d, db, 1.0f, sums, M);
-    else
-        cuda_bias_grad(d, db, A, K, M);
+    cuda_optime_begin(d, OT_GEMM, DEV_STREAM_COMPUTE);
+    const bool fused = gemm_epi(d, true, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc,
+                                fuse ? LT_BGRADB : LT_NONE, sums) && fuse;
+    cuda_optime_end(d);
+    cuda_optime_begin(d, OT_BIAS, DEV_STREAM_COMPUTE);
+    if (fused) cuda_axpy(d, db, 1.0f, sums, M);
+    else cuda_bias_grad(d, db, A, K, M);
+    cuda_optime_end(d);
 }
