@@ -361,8 +361,8 @@ static void gemm16_workspace(device *d, size_t esize, int K) {
     st->gemm16_bytes = need;
 }
 
-/* Returns whether epilogue e ran: only when the product is one chunk (a chunked one, the logits
- * of a big vocabulary, takes the separate kernels). */
+/* Returns whether epilogue e ran (true for LT_NONE): never when the product is taken in chunks
+ * (the logits of a big vocabulary: the caller adds the bias with its separate kernel). */
 static bool gemm16(device *d, bool ta, bool tb, int M, int N, int K, float alpha, const float *A,
                    int lda, const float *B, int ldb, float beta, float *C, int ldc, lt_epi e,
                    void *vec) {
@@ -371,8 +371,8 @@ static bool gemm16(device *d, bool ta, bool tb, int M, int N, int K, float alpha
     cuda_state *st = cuda_of(d);
     const int64_t elems = (int64_t)(st->gemm16_bytes / g.esize);
     const int mc = gemm16_chunk(elems, K, M), nc = gemm16_chunk(elems, K, N);
-    if (mc < M || nc < N) e = LT_NONE, vec = NULL;
-    bool fused = e == LT_NONE;
+    const bool chunked = mc < M || nc < N;
+    bool ran = false;
     int lda16 = 0, ldb16 = 0;
     for (int n0 = 0; n0 < N; n0 += nc) {
         const int nn = N - n0 < nc ? N - n0 : nc;
@@ -385,12 +385,12 @@ static bool gemm16(device *d, bool ta, bool tb, int M, int N, int K, float alpha
                 lda16 = ta ? round_operand(d, g, st->gemm16[0], A + m0, lda, K, mm)
                            : round_operand(d, g, st->gemm16[0], A + (int64_t)m0 * lda, lda, mm, K);
             /* the copies keep the operands' layouts: op(A) is still A^T when ta */
-            fused = product(d, ta, tb, mm, nn, K, alpha, st->gemm16[0], lda16, st->gemm16[1],
-                            ldb16, beta, C + (int64_t)m0 * ldc + n0, ldc, g.type,
-                            CUBLAS_COMPUTE_32F, e, vec);
+            ran = product(d, ta, tb, mm, nn, K, alpha, st->gemm16[0], lda16, st->gemm16[1], ldb16,
+                          beta, C + (int64_t)m0 * ldc + n0, ldc, g.type, CUBLAS_COMPUTE_32F,
+                          chunked ? LT_NONE : e, chunked ? NULL : vec);
         }
     }
-    return fused;
+    return e == LT_NONE || (!chunked && ran);
 }
 
 /* gemm with epilogue e (LT_NONE: plain gemm); returns whether e ran. */
