@@ -655,8 +655,10 @@ static void test_gemm_epilogues(void **state) {
     }
     for (int mode = 0; mode < 2; mode++)
         for (int tb = 0; tb < 2; tb++) {
-            /* dW[M, N] += dy^T x: A = dy [K, M], B = x [K, N] (or [N, K] when tb) */
+            /* dW[M, N] += alpha dy^T x: A = dy [K, M], B = x [K, N] (or [N, K] when tb); db
+             * takes the sums unscaled (alpha 0.5 with tb) */
             const int ldb = (tb ? K : N) + 1, ldc = N + 2;
+            const float alpha = tb ? 0.5f : 1.0f;
             seed(70 + 2 * mode + tb);
             float *A = frandom((int64_t)K * M, 1.0f), *B = frandom((int64_t)(tb ? N : K) * ldb, 1.0f);
             float *C = frandom((int64_t)M * ldc, 1.0f), *C2 = fdup(C, (int64_t)M * ldc);
@@ -668,14 +670,14 @@ static void test_gemm_epilogues(void **state) {
                 for (int j = 0; j < N; j++) {
                     double s = 0;
                     for (int k = 0; k < K; k++) s += (double)A[k * M + i] * (tb ? B[j * ldb + k] : B[k * ldb + j]);
-                    want[i * ldc + j] += s;
+                    want[i * ldc + j] += alpha * s;
                 }
             }
             d->matmul = mode ? DEV_MATMUL_BF16 : DEV_MATMUL_FP32;
-            d->ops->gemm_bgrad(d, tb, M, N, K, 1.0f, A, M, B, ldb, 1.0f, C, ldc, db);
+            d->ops->gemm_bgrad(d, tb, M, N, K, alpha, A, M, B, ldb, 1.0f, C, ldc, db);
             if (!mode) expect_close("gemm_bgrad dW", C, want, (int64_t)M * ldc, RTOL, ATOL);
             expect_close("gemm_bgrad db", db, wdb, M, RTOL, ATOL); /* fp32 sums in both modes */
-            d->ops->gemm(d, true, tb, M, N, K, 1.0f, A, M, B, ldb, 1.0f, C2, ldc);
+            d->ops->gemm(d, true, tb, M, N, K, alpha, A, M, B, ldb, 1.0f, C2, ldc);
             d->ops->bias_grad(d, db2, A, K, M);
             d->matmul = DEV_MATMUL_FP32;
             expect_same_bits("gemm_bgrad dW vs gemm", C, C2, (size_t)M * ldc * sizeof(float));
