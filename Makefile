@@ -162,7 +162,7 @@ controlplane: deps
 	@tests/k8s/apiserver.sh built || { [ "$$(id -u)" != 0 ] && \
 	  echo "make: the test control plane is not built and building it needs root: sudo tests/k8s/apiserver.sh build" >&2; } || \
 	  { echo "make: building the test control plane from Debian's kubernetes source (once; a few minutes)"; \
-	    tests/k8s/apiserver.sh build; }
+	    t0=$$(date +%s); tests/k8s/apiserver.sh build && echo "make: the test control plane built in $$(( $$(date +%s) - t0 )) s"; }
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
