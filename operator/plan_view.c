@@ -13,19 +13,25 @@
 
 #define PV_MAX_RANKS (1 << 20)
 
+/* "path.key" ("key" at the top) into at[96]: the field's name in messages. */
+static const char *pv_at(char *at, const char *path, const char *key) {
+    snprintf(at, 96, "%s%s%s", path, *path ? "." : "", key);
+    return at;
+}
+
 /* obj.key (at path) as a number in [lo, hi]. */
 static int pv_num(const json_ctx *c, const cJSON *obj, const char *path, const char *key, double lo, double hi,
                   double *out) {
     const cJSON *item;
     char at[96];
-    snprintf(at, sizeof at, "%s%s%s", path, *path ? "." : "", key);
+    pv_at(at, path, key);
     return json_require(c, obj, path, key, &item) < 0 ? -1 : json_number(c, item, at, lo, hi, JSON_CLOSED, out);
 }
 
 static int pv_int(const json_ctx *c, const cJSON *obj, const char *path, const char *key, long lo, long *out) {
     const cJSON *item;
     char at[96];
-    snprintf(at, sizeof at, "%s.%s", path, key);
+    pv_at(at, path, key);
     return json_require(c, obj, path, key, &item) < 0 ? -1 : json_int(c, item, at, lo, 1L << 40, out);
 }
 
@@ -34,7 +40,7 @@ static int pv_str(const json_ctx *c, const cJSON *obj, const char *path, const c
     const cJSON *item;
     const char *s;
     char at[96];
-    snprintf(at, sizeof at, "%s%s%s", path, *path ? "." : "", key);
+    pv_at(at, path, key);
     if (json_require(c, obj, path, key, &item) < 0 || json_string(c, item, at, &s) < 0) return -1;
     *out = xstrdup(s);
     return 0;
