@@ -124,9 +124,9 @@ static int gang_gives_up(rec_ctx *x, const char *what, double restarts, err_t *e
     char msg[1400], now[64];
     snprintf(msg, sizeof msg, "%s; backoffLimit %ld reached after %.0f gang restarts", what, x->job.js.backoff_limit,
              restarts);
-    cJSON *s = rec_status_base(x, PHASE_FAILED, msg);
+    cJSON *conds, *s = rec_status_base(x, PHASE_FAILED, msg, &conds);
     rec_status_plan(x, s);
-    rec_status_conditions(x, s, PHASE_FAILED, "BackoffLimitExceeded", msg);
+    rec_status_conditions(x, conds, PHASE_FAILED, "BackoffLimitExceeded", msg);
     kube_time_now(now, sizeof now);
     cJSON_AddStringToObject(s, "completionTime", now);
     if (rec_delete_pods(x, x->stores.pod, x->stores.n_pods, true, err) < 0) return cJSON_Delete(s), -1;
@@ -148,10 +148,10 @@ static int gang_failed(rec_ctx *x, const char *what, err_t *err) {
     if (ck >= 0) snprintf(from, sizeof from, "the last checkpoint (step %.0f or later)", ck);
     snprintf(msg, sizeof msg, "%s; restarting the gang from %s (restart %.0f of %ld)", what, from, restarts + 1,
              x->job.js.backoff_limit);
-    cJSON *s = rec_status_base(x, PHASE_RESTARTING, msg);
+    cJSON *conds, *s = rec_status_base(x, PHASE_RESTARTING, msg, &conds);
     cJSON_ReplaceItemInObjectCaseSensitive(s, "restarts", cJSON_CreateNumber(restarts + 1));
     rec_status_plan(x, s);
-    rec_status_conditions(x, s, PHASE_RESTARTING, "WorkerFailed", msg);
+    rec_status_conditions(x, conds, PHASE_RESTARTING, "WorkerFailed", msg);
     rec_emit(x->k, &x->job.meta, "Warning", "WorkerFailed", msg);
     if (rec_write_status(x, s, err) < 0) return -1;
     if (x->st) x->st->gang_restarts++, x->st->requeue_s = 1;
@@ -169,9 +169,9 @@ static int gang_stopping(rec_ctx *x, gang *g, err_t *err) {
     char msg[1600];
     snprintf(msg, sizeof msg, "%s; waiting for %d worker pod%s of the previous gang to stop", why, g->stale,
              g->stale == 1 ? "" : "s");
-    cJSON *s = rec_status_base(x, PHASE_RESTARTING, msg);
+    cJSON *conds, *s = rec_status_base(x, PHASE_RESTARTING, msg, &conds);
     rec_status_plan(x, s);
-    rec_status_conditions(x, s, PHASE_RESTARTING, reason, why);
+    rec_status_conditions(x, conds, PHASE_RESTARTING, reason, why);
     if (x->st) x->st->requeue_s = 1;
     return rec_write_status(x, s, err);
 }

@@ -141,6 +141,8 @@ int rec_job_read(const cJSON *job, rec_job_meta *m, rec_status_view *st, job_spe
 const cJSON *rec_items(const cJSON *list);
 /* A ConfigMap's data: its keys and string values, to iterate with cJSON_ArrayForEach. */
 const cJSON *rec_cm_data(const cJSON *cm);
+/* A job's status object as the API returned it (NULL without one): compared whole before a write. */
+const cJSON *rec_job_status(const cJSON *job);
 void rec_status_view_free(rec_status_view *v);
 /* The first condition of a type, or NULL; whether one is there and True. */
 const rec_cond *rec_cond_find(const rec_status_view *v, const char *type);
@@ -360,12 +362,11 @@ void rec_emit(kube_client *k, const rec_job_meta *job, const char *type, const c
 /* A condition of type into conds; its lastTransitionTime kept from the stored status's while its
  * status stays. */
 void rec_condition(const rec_ctx *x, cJSON *conds, const char *type, bool ok, const char *reason, const char *message);
-/* The status fields every phase carries: counters, times, progress. */
-cJSON *rec_status_base(rec_ctx *x, phase ph, const char *msg);
-/* The conditions array of a status rec_status_base built. */
-cJSON *rec_status_conds(cJSON *s);
+/* The status fields every phase carries: counters, times, progress; *conds (when not NULL) is
+ * its conditions array, for rec_condition. */
+cJSON *rec_status_base(rec_ctx *x, phase ph, const char *msg, cJSON **conds);
 void rec_status_plan(rec_ctx *x, cJSON *s);
-void rec_status_conditions(rec_ctx *x, cJSON *s, phase ph, const char *reason, const char *msg);
+void rec_status_conditions(rec_ctx *x, cJSON *conds, phase ph, const char *reason, const char *msg);
 /* Writes the status (taking it) unless the store has it already. */
 int rec_write_status(rec_ctx *x, cJSON *status, err_t *err);
 /* A status of phase ph with the plan and conditions, written. */

@@ -35,8 +35,8 @@ static int finish_status(rec_ctx *x, cJSON *s, phase ph, err_t *err) {
 
 /* ---- phases without a gang ------------------------------------------------------------------- */
 
-static void created_condition(rec_ctx *x, cJSON *s) {
-    rec_condition(x, rec_status_conds(s), "Created", true, "Created",
+static void created_condition(rec_ctx *x, cJSON *conds) {
+    rec_condition(x, conds, "Created", true, "Created",
                   "the job was accepted by the operator");
 }
 
@@ -48,9 +48,9 @@ int rec_suspend_job(rec_ctx *x, err_t *err) {
     free(pods);
     cache_view_release(&v);
     if (rc < 0) return -1;
-    cJSON *s = rec_status_base(x, PHASE_SUSPENDED, "spec.suspend is true: no worker pods");
-    created_condition(x, s);
-    rec_condition(x, rec_status_conds(s), "Suspended", true, "Suspended",
+    cJSON *conds, *s = rec_status_base(x, PHASE_SUSPENDED, "spec.suspend is true: no worker pods", &conds);
+    created_condition(x, conds);
+    rec_condition(x, conds, "Suspended", true, "Suspended",
                   "spec.suspend is true");
     return rec_write_status(x, s, err);
 }
@@ -86,9 +86,8 @@ int rec_plan_failed(rec_ctx *x, const char *reason, const char *why, err_t *err)
     if (hint) *hint = '\0';
     plan_failure_seen(x, reason, msg);
     if (rec_delete_pods(x, x->stores.pod, x->stores.n_pods, false, err) < 0) return -1;
-    cJSON *s = rec_status_base(x, PHASE_FAILED, msg);
-    cJSON *conds = rec_status_conds(s);
-    created_condition(x, s);
+    cJSON *conds, *s = rec_status_base(x, PHASE_FAILED, msg, &conds);
+    created_condition(x, conds);
     rec_condition(x, conds, "Planned", false, reason, msg);
     rec_condition(x, conds, "Failed", true, reason, msg);
     return rec_write_status(x, s, err);
@@ -196,9 +195,9 @@ int rec_gang_status(rec_ctx *x, const gang *g, err_t *err) {
     gang_message(x, g, ph, restarting, msg, sizeof msg);
     if (restarting) ph = PHASE_RESTARTING;
     if (ph == PHASE_RUNNING) rec_unsched_clear(x); /* placed at last: the next refusal waits 5 s */
-    cJSON *s = rec_status_base(x, ph, msg);
+    cJSON *conds, *s = rec_status_base(x, ph, msg, &conds);
     rec_status_plan(x, s);
-    rec_status_conditions(x, s, ph, ph == PHASE_SUCCEEDED ? "Completed"
+    rec_status_conditions(x, conds, ph, ph == PHASE_SUCCEEDED ? "Completed"
                                     : restarting ? (rcond->reason ? rcond->reason : "Replanned") : "PodsNotRunning",
                           restarting && rcond->message ? rcond->message : msg);
     kube_time_now(now, sizeof now);

@@ -331,8 +331,7 @@ void rec_forget_plan(const rec_ctx *x) {
  * plan until the new one is ready. A queued job stays in the queue meanwhile. Others are Created. */
 static int plan_pending(rec_ctx *x, const char *msg, err_t *err) {
     bool live = phase_live(x->job.old.phase) || x->job.old.phase == PHASE_QUEUED;
-    cJSON *s = rec_status_base(x, live ? x->job.old.phase : PHASE_CREATED, msg);
-    cJSON *conds = rec_status_conds(s);
+    cJSON *conds, *s = rec_status_base(x, live ? x->job.old.phase : PHASE_CREATED, msg, &conds);
     bool planned = false;
     if (!live) rec_condition(x, conds, "Created", true, "Created", "the job was accepted by the operator");
     for (int i = 0; live && i < x->job.old.n_conds; i++) {

@@ -26,7 +26,7 @@ static cJSON *owner_refs(const rec_job_meta *job) {
 
 /* An object's metadata: its name, the job's labels (a worker's rank and component with rank >= 0)
  * and the job as its controller. */
-static cJSON *meta(const rec_job_meta *job, const char *name, int rank) {
+static cJSON *meta(const rec_job_meta *job, const char *name, int rank, const char *component) {
     cJSON *m = cJSON_CreateObject();
     cJSON_AddStringToObject(m, "name", name);
     cJSON_AddStringToObject(m, "namespace", job->ns);
@@ -38,8 +38,8 @@ static cJSON *meta(const rec_job_meta *job, const char *name, int rank) {
         char r[16];
         snprintf(r, sizeof r, "%d", rank);
         cJSON_AddStringToObject(l, REC_LABEL_RANK, r);
-        cJSON_AddStringToObject(l, REC_LABEL_COMPONENT, "worker");
     }
+    if (component) cJSON_AddStringToObject(l, REC_LABEL_COMPONENT, component);
     cJSON_AddItemToObject(m, "ownerReferences", owner_refs(job));
     return m;
 }
@@ -92,7 +92,7 @@ static int write_configmap(kube_client *k, const rec_ctx *x, const char *plan_js
         cJSON_AddStringToObject(cm, "apiVersion", "v1");
         cJSON_AddStringToObject(cm, "kind", "ConfigMap");
     }
-    cJSON *m = old ? cJSON_AddObjectToObject(cm, "metadata") : meta(&x->job.meta, x->job.cm_name, -1);
+    cJSON *m = old ? cJSON_AddObjectToObject(cm, "metadata") : meta(&x->job.meta, x->job.cm_name, -1, NULL);
     if (!old) cJSON_AddItemToObject(cm, "metadata", m);
     cm_annotate(m, a, old != NULL);
     cJSON_AddStringToObject(cJSON_AddObjectToObject(cm, "data"), "plan.json", plan_json);
@@ -156,8 +156,7 @@ static int ensure_service(kube_client *k, const rec_ctx *x, err_t *err) {
     cJSON *s = cJSON_CreateObject();
     cJSON_AddStringToObject(s, "apiVersion", "v1");
     cJSON_AddStringToObject(s, "kind", "Service");
-    cJSON *m = meta(&x->job.meta, x->job.name, -1);
-    cJSON_AddStringToObject(cJSON_GetObjectItem(m, "labels"), REC_LABEL_COMPONENT, "worker");
+    cJSON *m = meta(&x->job.meta, x->job.name, -1, "worker");
     cJSON_AddItemToObject(s, "metadata", m);
     cJSON *sp = cJSON_AddObjectToObject(s, "spec");
     cJSON_AddStringToObject(sp, "clusterIP", "None");
@@ -346,9 +345,10 @@ static void worker_container(const rec_ctx *x, cJSON *ps, const plan_view_rank *
     worker_resources(&x->job.js, ctr);
 }
 
-static cJSON *pod_meta(const rec_ctx *x, const char *pod, int rank) {
+static cJSON *pod_meta(const rec_ctx *x, const char *pod, int rank, const char *rv) {
     char att[32];
-    cJSON *md = meta(&x->job.meta, pod, rank);
+    cJSON *md = meta(&x->job.meta, pod, rank, "worker");
+    if (rv) cJSON_AddStringToObject(md, "resourceVersion", rv);
     cJSON *ann = cJSON_AddObjectToObject(md, "annotations");
     cJSON_AddStringToObject(ann, REC_ANN_PLAN_ID, x->plan.id);
     snprintf(att, sizeof att, "%d", x->job.attempt);
@@ -357,14 +357,15 @@ static cJSON *pod_meta(const rec_ctx *x, const char *pod, int rank) {
 }
 
 /* The worker pod of rank (plan entry `planned`) on host, the planned node's kubernetes.io/hostname
- * label (else its name). */
-static cJSON *pod_object(const rec_ctx *x, const plan_view_rank *planned, int rank, int world, const char *host) {
+ * label (else its name); rv, when not NULL, its metadata.resourceVersion. */
+static cJSON *pod_object(const rec_ctx *x, const plan_view_rank *planned, int rank, int world, const char *host,
+                         const char *rv) {
     char pod[128]; /* NAME-RANK: the name is at most REC_NAME_MAX once planned (open_job) */
     snprintf(pod, sizeof pod, "%s-%d", x->job.name, rank);
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "apiVersion", "v1");
     cJSON_AddStringToObject(o, "kind", "Pod");
-    cJSON_AddItemToObject(o, "metadata", pod_meta(x, pod, rank));
+    cJSON_AddItemToObject(o, "metadata", pod_meta(x, pod, rank, rv));
     cJSON *ps = cJSON_AddObjectToObject(o, "spec");
     pin_to_host(ps, host);
     cJSON_AddStringToObject(ps, "hostname", pod);
@@ -380,18 +381,17 @@ static cJSON *pod_object(const rec_ctx *x, const plan_view_rank *planned, int ra
 }
 
 /* The worker pod of plan rank r (index i), pinned to its node's hostname label. */
-static cJSON *rank_pod(rec_ctx *x, int i) {
+static cJSON *rank_pod(rec_ctx *x, int i, const char *rv) {
     const plan_view_rank *r = &x->plan.view.ranks[i];
     const cJSON *n = rec_find_node(x, r->node);
-    return pod_object(x, r, i, x->plan.view.world, n ? inv_node_hostname(n) : r->node);
+    return pod_object(x, r, i, x->plan.view.world, n ? inv_node_hostname(n) : r->node, rv);
 }
 
 /* ---- creating the gang ----------------------------------------------------------------------- */
 
 /* x->writes.assumed has room for the whole gang (rec_assume_pods). */
 static void assume_pod(rec_ctx *x, int i, const char *pod) {
-    cJSON *o = rank_pod(x, i);
-    cJSON_AddStringToObject(cJSON_GetObjectItemCaseSensitive(o, "metadata"), "resourceVersion", REC_ASSUMED_RV);
+    cJSON *o = rank_pod(x, i, REC_ASSUMED_RV);
     rec_writes_part *w = &x->writes;
     if (cache_put(x->c->caches->busy, o, NULL)) snprintf(w->assumed[w->n_assumed++], sizeof *w->assumed, "%s", pod);
     cJSON_Delete(o);
@@ -491,7 +491,7 @@ static cJSON **missing_pods(rec_ctx *x, const gang *g, int *n) {
     cJSON **pods = xcalloc((size_t)g->world + 1, sizeof *pods);
     *n = 0;
     for (int i = 0; i < g->world; i++)
-        if (!g->pod[i]) pods[(*n)++] = rank_pod(x, i);
+        if (!g->pod[i]) pods[(*n)++] = rank_pod(x, i, NULL);
     return pods;
 }
 

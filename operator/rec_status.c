@@ -49,7 +49,7 @@ typedef struct status_arg {
 static int status_mutate(cJSON *obj, void *argp, err_t *err) {
     (void)err;
     status_arg *a = argp;
-    cJSON *old = cJSON_GetObjectItemCaseSensitive(obj, "status");
+    const cJSON *old = rec_job_status(obj);
     if (old && cJSON_Compare(old, a->status, true)) return 0;
     cJSON_DeleteItemFromObjectCaseSensitive(obj, "status");
     cJSON_AddItemToObject(obj, "status", cJSON_Duplicate(a->status, true));
@@ -69,7 +69,7 @@ int rec_write_status(rec_ctx *x, cJSON *status, err_t *err) {
     long st = 0;
     int rc = kube_replace_status(x->k, x->job.path, obj, &out, &st, err);
     if (rc < 0 && st == 409) {
-        status_arg a = {cJSON_GetObjectItemCaseSensitive(obj, "status")};
+        status_arg a = {status}; /* obj holds it */
         rc = kube_update_retry(x->k, x->job.path, true, 5, status_mutate, &a, &out, &st, err);
     }
     cJSON_Delete(obj);
@@ -80,14 +80,13 @@ int rec_write_status(rec_ctx *x, cJSON *status, err_t *err) {
 
 /* ---- its parts ------------------------------------------------------------------------------- */
 
-cJSON *rec_status_conds(cJSON *s) { return cJSON_GetObjectItemCaseSensitive(s, "conditions"); }
-
-cJSON *rec_status_base(rec_ctx *x, phase ph, const char *msg) {
+cJSON *rec_status_base(rec_ctx *x, phase ph, const char *msg, cJSON **conds) {
     cJSON *s = cJSON_CreateObject();
     cJSON_AddStringToObject(s, "phase", phase_name(ph));
     cJSON_AddStringToObject(s, "message", msg);
     cJSON_AddNumberToObject(s, "observedGeneration", x->job.meta.gen);
-    cJSON_AddArrayToObject(s, "conditions");
+    cJSON *c = cJSON_AddArrayToObject(s, "conditions");
+    if (conds) *conds = c;
     cJSON_AddNumberToObject(s, "restarts", x->job.old.restarts);
     cJSON_AddNumberToObject(s, "replans", x->job.old.replans + (*x->plan.why ? 1 : 0));
     cJSON_AddNumberToObject(s, "attempt", x->job.attempt);
@@ -138,8 +137,7 @@ void rec_status_plan(rec_ctx *x, cJSON *s) {
 
 /* Conditions for a phase: Created, Planned, then Running / Restarting / Succeeded / Failed. A
  * Restarting condition, once there, stays (False when the gang runs again). */
-void rec_status_conditions(rec_ctx *x, cJSON *s, phase ph, const char *reason, const char *msg) {
-    cJSON *conds = rec_status_conds(s);
+void rec_status_conditions(rec_ctx *x, cJSON *conds, phase ph, const char *reason, const char *msg) {
     char pmsg[256];
     snprintf(pmsg, sizeof pmsg, "%s plan on %d GPUs in ConfigMap %s: predicted %.1f ms per step, %.2f samples/s",
              x->plan.view.strategy, x->plan.view.world, x->job.cm_name, x->plan.view.iter_ms, x->plan.view.samples_per_s);
@@ -158,8 +156,8 @@ void rec_status_conditions(rec_ctx *x, cJSON *s, phase ph, const char *reason, c
 }
 
 int rec_status_write(rec_ctx *x, phase ph, const char *reason, const char *msg, err_t *err) {
-    cJSON *s = rec_status_base(x, ph, msg);
+    cJSON *conds, *s = rec_status_base(x, ph, msg, &conds);
     rec_status_plan(x, s);
-    rec_status_conditions(x, s, ph, reason, msg);
+    rec_status_conditions(x, conds, ph, reason, msg);
     return rec_write_status(x, s, err);
 }

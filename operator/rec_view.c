@@ -84,6 +84,8 @@ const cJSON *rec_items(const cJSON *list) { return get(list, "items"); }
 
 const cJSON *rec_cm_data(const cJSON *cm) { return get(cm, "data"); }
 
+const cJSON *rec_job_status(const cJSON *job) { return get(job, "status"); }
+
 void rec_status_view_free(rec_status_view *v) {
     free(v->conds);
     v->conds = NULL, v->n_conds = 0;
