@@ -2,6 +2,7 @@
 #include "operator/informers.h"
 
 #include <pthread.h>
+#include <stddef.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,9 +27,12 @@ typedef struct informer {
     const char *what;
     const kube_config *cfg;
     watch_opts wo;
+    const char *ns; /* the namespace watched (NULL: every one; nodes and busy pods always) */
     char path[KUBE_PATH_MAX];
+    char label[96]; /* what, and the namespace: "pods in ml" (messages) */
     enum { INF_JOBS, INF_LABELLED, INF_NODES, INF_BUSY } kind;
-    cache *store;
+    cache *store; /* shared by the watches of one kind, one per namespace */
+    atomic_bool listed; /* its first list is in the store */
     pthread_t th;
     bool started;
 } informer;
@@ -183,10 +187,11 @@ static bool nodes_changed(const cJSON *old, const cJSON *items) {
 static int on_list(const cJSON *items, const char *rv, void *arg, err_t *err) {
     (void)err;
     informer *w = arg;
-    log_msg("debug", "%s: listed %d (resourceVersion %s)", w->what, cJSON_GetArraySize(items), rv ? rv : "?");
-    bool relist = cache_synced(w->store);
+    log_msg("debug", "%s: listed %d (resourceVersion %s)", w->label, cJSON_GetArraySize(items), rv ? rv : "?");
+    bool relist = atomic_load(&w->listed);
     cJSON *old = relist && w->kind == INF_NODES ? cache_list(w->store, NULL, NULL) : NULL;
-    cache_replace(w->store, items);
+    cache_replace_ns(w->store, w->ns, items);
+    atomic_store(&w->listed, true);
     const cJSON *o;
     if (w->kind == INF_BUSY) {
         if (relist) enqueue_waiting(w->x); /* events may have been missed */
@@ -206,7 +211,7 @@ static int on_list(const cJSON *items, const char *rv, void *arg, err_t *err) {
 static int on_event(watch_type t, const cJSON *o, void *arg, err_t *err) {
     (void)err;
     informer *w = arg;
-    log_msg("debug", "%s: %s %s/%s", w->what, watch_type_name(t), kube_meta_str(o, "namespace"), kube_meta_str(o, "name"));
+    log_msg("debug", "%s: %s %s/%s", w->label, watch_type_name(t), kube_meta_str(o, "namespace"), kube_meta_str(o, "name"));
     const char *ns = kube_meta_str(o, "namespace"), *name = kube_meta_str(o, "name");
     cJSON *prev = NULL;
     if (t == WATCH_DELETED) {
@@ -228,14 +233,14 @@ static void *watch_main(void *arg) {
     err_t err = {{0}};
     kube_client *k = kube_client_new(w->cfg, &err);
     if (!k) {
-        log_error("%s watch: %s", w->what, err.msg);
+        log_error("%s watch: %s", w->label, err.msg);
         atomic_store(w->x->stop, 1);
         return NULL;
     }
     kube_client_set_stop(k, w->x->stop);
     watch_handler h = {on_list, on_event, w};
     if (watch_run(k, &w->wo, &h, NULL, &err) < 0) {
-        log_error("%s watch: %s", w->what, err.msg);
+        log_error("%s watch: %s", w->label, err.msg);
         atomic_store(w->x->stop, 1);
     }
     kube_client_free(k);
@@ -245,55 +250,90 @@ static void *watch_main(void *arg) {
 static int watch_start(informer *w, err_t *err) {
     w->wo.path = w->path;
     w->wo.stop = w->x->stop;
-    if (pthread_create(&w->th, NULL, watch_main, w) != 0) return err_set(err, "cannot start the %s watch thread", w->what);
+    if (pthread_create(&w->th, NULL, watch_main, w) != 0) return err_set(err, "cannot start the %s watch thread", w->label);
     w->started = true;
     return 0;
 }
 
 
-enum { INF_N = 6 };
+/* The kinds watched: per namespace (the jobs, their pods, plans and Services) or cluster-wide (the
+ * Nodes, and every namespace's pods that may hold GPUs: the accounting needs them whatever the
+ * operator's namespaces are). */
+enum { INF_KINDS = 6 };
 
 struct informers {
     informers_ctx x;
-    informer w[INF_N];
+    const kube_config *cfg;
+    informer *w;
+    int n;
+    char *namespaces; /* the list's copy, cut into names */
 };
 
-/* The six watches: the jobs, their pods, the Nodes, every namespace's pods that may hold GPUs (the
- * accounting needs them whatever the operator's namespace is), the plans and Services. */
 informers *informers_new(const kube_config *cfg, const informers_ctx *x) {
     informers *in = xcalloc(1, sizeof *in);
     in->x = *x;
-    const informer all[INF_N] = {
-        {.what = "cephalojobs", .kind = INF_JOBS, .store = x->caches->jobs},
-        {.what = "pods", .kind = INF_LABELLED, .store = x->caches->pods},
-        {.what = "nodes", .kind = INF_NODES, .store = x->caches->nodes},
-        {.what = "busy pods", .kind = INF_BUSY, .store = x->caches->busy,
-         .wo.field_selector = "status.phase!=Succeeded,status.phase!=Failed"},
-        {.what = "configmaps", .kind = INF_LABELLED, .store = x->caches->configmaps},
-        {.what = "services", .kind = INF_LABELLED, .store = x->caches->services},
-    };
-    for (int i = 0; i < INF_N; i++) {
-        in->w[i] = all[i];
-        in->w[i].x = &in->x, in->w[i].cfg = cfg;
-        if (all[i].kind == INF_LABELLED) in->w[i].wo.label_selector = REC_LABEL_JOB;
-    }
+    in->cfg = cfg;
     return in;
 }
 
-int informers_start(informers *in, const char *ns, err_t *err) {
-    informer *ws = in->w;
-    if (kube_path(ws[0].path, KUBE_PATH_MAX, REC_API_VERSION, ns, "cephalojobs", NULL, err) < 0 ||
-        kube_path(ws[1].path, KUBE_PATH_MAX, "v1", ns, "pods", NULL, err) < 0 ||
-        kube_path(ws[2].path, KUBE_PATH_MAX, "v1", NULL, "nodes", NULL, err) < 0 ||
-        kube_path(ws[3].path, KUBE_PATH_MAX, "v1", NULL, "pods", NULL, err) < 0 ||
-        kube_path(ws[4].path, KUBE_PATH_MAX, "v1", ns, "configmaps", NULL, err) < 0 ||
-        kube_path(ws[5].path, KUBE_PATH_MAX, "v1", ns, "services", NULL, err) < 0) {
+static const struct inf_kind {
+    const char *what, *version, *resource;
+    int kind;
+    bool namespaced;
+    size_t store; /* offsetof its store in rec_caches */
+} inf_kinds[INF_KINDS] = {
+    {"cephalojobs", REC_API_VERSION, "cephalojobs", INF_JOBS, true, offsetof(rec_caches, jobs)},
+    {"pods", "v1", "pods", INF_LABELLED, true, offsetof(rec_caches, pods)},
+    {"nodes", "v1", "nodes", INF_NODES, false, offsetof(rec_caches, nodes)},
+    {"busy pods", "v1", "pods", INF_BUSY, false, offsetof(rec_caches, busy)},
+    {"configmaps", "v1", "configmaps", INF_LABELLED, true, offsetof(rec_caches, configmaps)},
+    {"services", "v1", "services", INF_LABELLED, true, offsetof(rec_caches, services)},
+};
+
+/* Adds kind k's watch of namespace ns (NULL: every namespace) to in->w. */
+static int add_watch(informers *in, const struct inf_kind *k, const char *ns, err_t *err) {
+    informer *w = &in->w[in->n];
+    *w = (informer){.x = &in->x, .cfg = in->cfg, .what = k->what, .kind = k->kind, .ns = ns,
+                    .store = *(cache **)((char *)in->x.caches + k->store)};
+    if (kube_path(w->path, KUBE_PATH_MAX, k->version, ns, k->resource, NULL, err) < 0) return -1;
+    snprintf(w->label, sizeof w->label, "%s%s%s", w->what, ns ? " in " : "", ns ? ns : "");
+    if (w->kind == INF_LABELLED) w->wo.label_selector = REC_LABEL_JOB;
+    if (w->kind == INF_BUSY) w->wo.field_selector = "status.phase!=Succeeded,status.phase!=Failed";
+    in->n++;
+    return 0;
+}
+
+/* The watches: one of each cluster-wide kind, and of each namespaced kind one per namespace of the
+ * list (comma-separated, checked by the caller; NULL or "": one for every namespace). The names
+ * point into in->namespaces, kept until informers_join. */
+static int add_watches(informers *in, const char *list, err_t *err) {
+    int n_ns = 1;
+    for (const char *p = list; p && *p; p++) n_ns += *p == ',';
+    in->w = xcalloc((size_t)(INF_KINDS * n_ns), sizeof *in->w);
+    in->namespaces = list && *list ? xstrdup(list) : NULL;
+    const char **ns = xcalloc((size_t)n_ns, sizeof *ns);
+    char *save = NULL;
+    int k = 0;
+    for (char *p = in->namespaces ? strtok_r(in->namespaces, ",", &save) : NULL; p; p = strtok_r(NULL, ",", &save))
+        ns[k++] = p;
+    int rc = 0;
+    for (int i = 0; i < INF_KINDS && rc == 0; i++) {
+        const struct inf_kind *kind = &inf_kinds[i];
+        if (!kind->namespaced || k == 0) rc = add_watch(in, kind, NULL, err);
+        for (int j = 0; kind->namespaced && j < k && rc == 0; j++) rc = add_watch(in, kind, ns[j], err);
+    }
+    free(ns);
+    return rc;
+}
+
+int informers_start(informers *in, const char *namespaces, err_t *err) {
+    if (add_watches(in, namespaces, err) < 0) {
         log_error("%s", err->msg);
         atomic_store(in->x.stop, 1);
         return 2;
     }
-    for (int i = 0; i < INF_N && !atomic_load(in->x.stop); i++)
-        if (watch_start(&ws[i], err) < 0) {
+    for (int i = 0; i < in->n && !atomic_load(in->x.stop); i++)
+        if (watch_start(&in->w[i], err) < 0) {
             log_error("%s", err->msg);
             atomic_store(in->x.stop, 1);
             return 1;
@@ -305,7 +345,7 @@ void informers_wait_synced(informers *in) {
     const informers_ctx *x = &in->x;
     while (!atomic_load(x->stop) && !atomic_load(x->synced)) {
         bool synced = true;
-        for (int i = 0; i < INF_N; i++) synced &= cache_synced(in->w[i].store);
+        for (int i = 0; i < in->n; i++) synced &= atomic_load(&in->w[i].listed);
         if (synced) {
             atomic_store(x->synced, 1);
             log_msg("info", "watching: %d jobs, %d nodes, %d pods that may hold GPUs", cache_size(x->caches->jobs),
@@ -320,7 +360,9 @@ void informers_requeue_all(informers *in, const char *why) { requeue_all(&in->x,
 
 void informers_join(informers *in) {
     if (!in) return;
-    for (int i = 0; i < INF_N; i++)
+    for (int i = 0; i < in->n; i++)
         if (in->w[i].started) pthread_join(in->w[i].th, NULL);
+    free(in->w);
+    free(in->namespaces);
     free(in);
 }

@@ -1,5 +1,5 @@
-/* informers.h - the operator's six watches (docs/operator.md, "What the operator watches"): each
- * a list+watch (watch_loop.c) on a thread of its own with its own client, keeping one of the
+/* informers.h - the operator's watches of six kinds (docs/operator.md, "What the operator
+ * watches"): each a list+watch (watch_loop.c) on a thread of its own with its own client, keeping one of the
  * stores the reconcile reads (cache.h) and queueing the jobs an event concerns (workqueue.h), as
  * client-go's informers with their event handlers do:
  *
@@ -14,7 +14,7 @@
  *
  *   informers_ctx x = {.caches = &caches, .queue = q, .stop = &stop, .synced = &synced};
  *   informers *in = informers_new(cfg, &x);
- *   informers_start(in, namespace, &err);
+ *   informers_start(in, "ml,research", &err);  // NULL: every namespace
  *   informers_wait_synced(in);              // nothing is reconciled before every first list
  *   ... informers_requeue_all(in, NULL) ...  // the periodic resync
  *   informers_join(in);                     // after *stop was set: joins and frees */
@@ -41,9 +41,11 @@ typedef struct informers informers;
 
 /* x must outlive the informers. */
 informers *informers_new(const kube_config *cfg, const informers_ctx *x);
-/* Starts the watches of namespace ns (NULL: every namespace; nodes and busy pods are always
- * cluster-wide). 0, or an exit status with *stop set: 2 a bad namespace, 1 a thread not started. */
-int informers_start(informers *in, const char *ns, err_t *err);
+/* Starts the watches of the namespaces in the comma-separated list (NULL or "": every namespace):
+ * the jobs, their pods, plans and Services once per namespace, into one store per kind; nodes and
+ * busy pods are always cluster-wide. 0, or an exit status with *stop set: 2 a bad namespace, 1 a
+ * thread not started. */
+int informers_start(informers *in, const char *namespaces, err_t *err);
 /* Waits until every store has its first list (an empty store would look like a cluster without
  * nodes or pods), or *stop. */
 void informers_wait_synced(informers *in);

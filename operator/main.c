@@ -3,11 +3,12 @@
  * This file is the binary's wiring: its flags, the threads started and stopped, leader election,
  * and /healthz, /readyz and /metrics.
  *
- *   cephalo-operator [--kubeconfig FILE] [--namespace NS] [--metrics-addr :8080]
+ *   cephalo-operator [--kubeconfig FILE] [--namespace NS[,NS...]] [--metrics-addr :8080]
  *                    [--worker-image IMAGE] [--leader-elect=true] ...   (--help lists them)
  *
- * Threads: the six watches (informers.h), each keeping a store (cache.h) that the reconcile reads
- * instead of the API server and feeding the queue; --workers threads (controller.h) take jobs from
+ * Threads: the watches (informers.h: six kinds, the namespaced ones once per namespace), each
+ * keeping a store (cache.h) that the reconcile reads instead of the API server and feeding the
+ * queue; --workers threads (controller.h) take jobs from
  * the queue (workqueue.h) and reconcile them, one job never twice at once; with
  * --leader-elect a Lease thread (lease_run) decides whether this replica works at all; the
  * /healthz, /readyz and /metrics endpoints are libmicrohttpd's thread; plans are made by the
@@ -16,6 +17,7 @@
  * Every line on stderr is "TIME LEVEL text" (op_log), also those of the shared modules
  * (log_msg, through log_set_handler). */
 #include <arpa/inet.h>
+#include <ctype.h>
 #include <errno.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
@@ -72,7 +74,8 @@ static const char usage[] =
     "worker pod per GPU (docs/operator.md, docs/k8s.md).\n"
     "  --kubeconfig FILE        outside a cluster (default: in-cluster config, else $KUBECONFIG)\n"
     "  --context NAME           kubeconfig context (default: current-context)\n"
-    "  --namespace NS           only the CephaloJobs of NS (default: all namespaces)\n"
+    "  --namespace NS[,NS...]   only the CephaloJobs (and their pods, plans, Services) of these\n"
+    "                           namespaces (default: all namespaces)\n"
     "  --metrics-addr [HOST]:PORT  /metrics, /healthz, /readyz (default :8080; 0 = off)\n"
     "  --log-level LEVEL        debug, info, warn or error (default info)\n"
     "  --worker-image IMAGE     worker image of jobs without spec.image\n"
@@ -192,6 +195,24 @@ static int op_set(const op_flag *f, const char *val, op_opts *o, err_t *err) {
     return 0;
 }
 
+/* --namespace's list: namespace names (DNS-1123 labels), comma-separated, each once. */
+static int ns_list_check(const char *list, err_t *err) {
+    const char *p = list;
+    for (int k = 1;; k++) {
+        size_t n = strcspn(p, ",");
+        bool ok = n >= 1 && n <= 63 && isalnum((unsigned char)p[0]) && isalnum((unsigned char)p[n - 1]);
+        for (size_t i = 0; i < n; i++) ok &= islower((unsigned char)p[i]) || isdigit((unsigned char)p[i]) || p[i] == '-';
+        if (!ok)
+            return err_set(err, "--namespace: entry %d '%.*s' is not a namespace name (lower-case letters, digits and '-', "
+                                "at most 63, starting and ending with a letter or digit)", k, (int)n, p);
+        for (const char *q = list; q < p; q += strcspn(q, ",") + 1)
+            if (strcspn(q, ",") == n && !strncmp(q, p, n))
+                return err_set(err, "--namespace: '%.*s' is listed twice", (int)n, p);
+        if (!p[n]) return 0;
+        p += n + 1;
+    }
+}
+
 /* What the flags cannot say one by one. */
 static int op_check(op_opts *o, err_t *err) {
     static const char *const levels[] = {"debug", "info", "warn", "error"};
@@ -205,6 +226,7 @@ static int op_check(op_opts *o, err_t *err) {
         return err_set(err, "--worker-image-pull-policy: expected Always, IfNotPresent or Never, got '%s'",
                        o->worker_pull_policy);
     if (!*o->worker_image) return err_set(err, "--worker-image: empty");
+    if (o->namespace && ns_list_check(o->namespace, err) < 0) return -1;
     const char *slash = o->profile_cm ? strchr(o->profile_cm, '/') : NULL;
     if (o->profile_cm && (!slash || slash == o->profile_cm || !slash[1] || strchr(slash + 1, '/')))
         return err_set(err, "--profile-configmap: expected NAMESPACE/NAME, got '%s'", o->profile_cm);

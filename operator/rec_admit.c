@@ -165,8 +165,8 @@ static bool blocks(rec_ctx *x, const cJSON *job, char *who, size_t n) {
  * higher spec.priority, else created earlier) that may use the same nodes, so that a later job
  * does not take GPUs an earlier one waits for; or an admitted one restarting its gang there
  * (between its old pods' end and its new pods' creation its GPUs look free). Whether there is
- * one, with `who` set. Among the jobs the operator watches: an operator of one namespace (chart
- * value watchNamespace) queues that namespace's. */
+ * one, with `who` set. Among the jobs the operator watches: an operator of some namespaces (chart
+ * value watchNamespaces) queues those namespaces' jobs together. */
 static bool queue_blocker(rec_ctx *x, char *who, size_t n) {
     cache_view v;
     const cJSON *jobs = cache_view_list(x->c->caches->jobs, NULL, NULL, &v);

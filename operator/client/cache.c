@@ -134,9 +134,19 @@ static void remove_locked(cache *c, int i) {
     if (i < c->n) str_map_set(&c->at, c->e[i].key, i);
 }
 
-void cache_replace(cache *c, const cJSON *items) {
+void cache_replace(cache *c, const cJSON *items) { cache_replace_ns(c, NULL, items); }
+
+/* Removes the entries of namespace ns (their keys start "ns/"). */
+static void clear_ns_locked(cache *c, const char *ns) {
+    size_t n = strlen(ns);
+    for (int i = c->n - 1; i >= 0; i--)
+        if (!strncmp(c->e[i].key, ns, n) && c->e[i].key[n] == '/') remove_locked(c, i);
+}
+
+void cache_replace_ns(cache *c, const char *ns, const cJSON *items) {
     pthread_mutex_lock(&c->mu);
-    clear_locked(c);
+    if (ns) clear_ns_locked(c, ns);
+    else clear_locked(c);
     const cJSON *o;
     cJSON_ArrayForEach(o, items) {
         const char *name = kube_meta_str(o, "name");

@@ -29,6 +29,10 @@ void cache_free(cache *c);
 
 /* The complete current state from a list (items: the list's array): replaces everything. */
 void cache_replace(cache *c, const cJSON *items);
+/* The same for the objects of namespace ns only (a store fed by one watch per namespace: the
+ * operator watching a list of namespaces); the other namespaces' objects stay. ns NULL: every one
+ * (cache_replace). */
+void cache_replace_ns(cache *c, const char *ns, const cJSON *items);
 /* Stores a copy of obj (an ADDED or MODIFIED object, or a write's answer) unless the store holds a
  * newer version of it. *prev (may be NULL) gets the version it replaced, or NULL; the caller frees
  * it. true when obj was stored. */

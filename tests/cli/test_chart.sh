@@ -78,7 +78,10 @@ apiserver_checks() {
   dep() { K get deployment cephalo-operator -n "$NS" -o jsonpath="$1"; }
 
   check "helm install against the API server ($ver): deployed, revision 1" 0 "STATUS: deployed" -- \
-    H install cephalo charts/cephalo --create-namespace
+    bash -c "\"$HELM\" --namespace $NS install cephalo charts/cephalo --create-namespace | tee '$dir/install.out'"
+  check "... its notes say what was installed, where it reconciles, and give a first job" 0 \
+    "reconciles CephaloJobs in every namespace|kubectl apply -f - <<'JOB'|model: {name: tiny-gpt}|kubectl get cephalojobs -w" -- \
+    bash -c "grep -oE \"reconciles CephaloJobs in every namespace|kubectl apply -f - <<'JOB'|model: \\{name: tiny-gpt\\}|kubectl get cephalojobs -w\" '$dir/install.out' | paste -sd'|'"
   check "helm install put the CRD of the chart's crds/ and it is Established" 0 "condition met" -- \
     K wait --for condition=established --timeout=30s crd/cephalojobs.cephalo.dev
   check "the release's objects are on the server: Deployment, ServiceAccount, RBAC, metrics Service" 0 "$want" -- objects
@@ -114,10 +117,29 @@ apiserver_checks() {
     "\"$HELM\" rollback cephalo 1 -n $NS >/dev/null && kubectl get deployment cephalo-operator -n $NS \
        -o jsonpath='{.spec.template.spec.containers[0].image} {.spec.template.spec.containers[0].args[1]} {.spec.template.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].key}'"
 
+  # ---- operator.watchNamespaces: the writes confined to the listed namespaces ----------------------
+  K create namespace ml >/dev/null
+  check "helm upgrade with operator.watchNamespaces={ml}: its notes name the namespace" 0 \
+    "reconciles CephaloJobs in ml;" -- H upgrade cephalo charts/cephalo --reuse-values --set 'operator.watchNamespaces={ml}'
+  check "... the Role and RoleBinding in ml are on the server" 0 \
+    "role.rbac.authorization.k8s.io/cephalo-operator rolebinding.rbac.authorization.k8s.io/cephalo-operator" -- \
+    bash -c "kubectl get roles,rolebindings -n ml -l app.kubernetes.io/instance=cephalo -o name | paste -sd' '"
+  for a in "create pods -n ml" "delete pods -n ml" "update cephalojobs.cephalo.dev/status -n ml" "create events -n ml" \
+           "patch configmaps -n ml" "list pods -A" "list nodes"; do
+    # shellcheck disable=SC2086
+    check "with watchNamespaces [ml], the operator may $a" 0 "yes" -- K auth can-i --as="$SA" $a
+  done
+  for a in "create pods -n kube-system" "create pods -n $NS" "create pods -n default" "list cephalojobs.cephalo.dev -A" \
+           "patch configmaps -n kube-system" "create events -n default" "get secrets -n ml"; do
+    # shellcheck disable=SC2086
+    check "with watchNamespaces [ml], the operator may not $a" 1 "no" -- K auth can-i --as="$SA" $a
+  done
+
   check "helm uninstall" 0 "release \"cephalo\" uninstalled" -- H uninstall cephalo
   # (set -e: a failing kubectl or helm must not pass for an empty answer)
   check "... removed every object it installed" 0 "" -- bash -ec "
-    a=\$(kubectl get deployments,serviceaccounts,services,roles,rolebindings,configmaps -n $NS -l app.kubernetes.io/instance=cephalo -o name)
+    a=\$(kubectl get deployments,serviceaccounts,services,roles,rolebindings,configmaps -n $NS -l app.kubernetes.io/instance=cephalo -o name
+       kubectl get roles,rolebindings -n ml -l app.kubernetes.io/instance=cephalo -o name)
     b=\$(kubectl get clusterroles,clusterrolebindings -l app.kubernetes.io/instance=cephalo -o name)
     echo \"left: \$a \$b\"; [ -z \"\$a\$b\" ]"
   check "... and its release records (helm list is empty, no sh.helm.release Secret)" 0 "" -- bash -ec "

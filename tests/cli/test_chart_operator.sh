@@ -36,6 +36,7 @@ WORKER=$(realpath -ms "$(pod_worker)") # tests/cli/lib.sh: under SAN=1 the relea
 PY=/usr/bin/python3
 NS=cephalo-system # the release namespace
 JNS=ml            # the job's namespace
+JNS2=ml2          # a second one: the operator watches both (operator.watchNamespaces)
 OP_IMAGE=registry.test/cephalo/cephalo-operator
 WORKER_IMAGE=registry.test/cephalo/cephalo-worker
 
@@ -111,8 +112,11 @@ check "... the GPU nodes with one nvidia.com/gpu and GPU Feature Discovery's lab
   jp nodes -o jsonpath='{range .items[*]}{.metadata.name}={.status.allocatable.nvidia\.com/gpu}={.metadata.labels.nvidia\.com/gpu\.product}|{end}'
 
 # ---- helm install: Deployment -> ReplicaSet -> Pod, scheduled to cpu-0, the operator running -----
-check "helm install --wait with the operator image kubelet.py maps: deployed, revision 1" 0 "STATUS: deployed" -- \
+K create namespace "$JNS" >/dev/null
+K create namespace "$JNS2" >/dev/null
+check "helm install --wait with the operator image kubelet.py maps, watching $JNS and $JNS2: deployed, revision 1" 0 "STATUS: deployed" -- \
   H install cephalo charts/cephalo --create-namespace --wait --timeout 120s \
+    --set "operator.watchNamespaces={$JNS,$JNS2}" \
     --set operator.image.repository=$OP_IMAGE --set operator.image.tag=1.0.0-test \
     --set worker.image.repository=$WORKER_IMAGE --set worker.image.tag=1.0.0-test \
     --set operator.metrics.port="$port1"
@@ -132,8 +136,13 @@ check "the token controller made the ServiceAccount's token Secret" 0 "kubernete
   "kubectl get secret -n $NS \"\$(kubectl get sa cephalo-operator -n $NS -o jsonpath='{.secrets[0].name}')\" -o jsonpath='{.type}'"
 check "kubelet.py runs the pod as cephalo-operator with the Deployment's args" 0 \
   "start $NS/$pod1 " -- grep -F "node=cpu-0 " "$dir/kubelet.log"
-check "... those args: the chart's flags" 0 "$OP --metrics-addr=:$port1 --log-level=info" -- \
+check "... those args: the chart's flags" 0 "$OP --metrics-addr=:$port1 --log-level=info --namespace=$JNS,$JNS2" -- \
   grep -F "start $NS/$pod1 " "$dir/kubelet.log"
+SA=system:serviceaccount:$NS:cephalo-operator
+check "the operator's ServiceAccount may not create pods in kube-system (the writes are granted in $JNS and $JNS2 only)" 1 "no" -- \
+  K auth can-i --as="$SA" create pods -n kube-system
+check "... it may in $JNS and $JNS2" 0 "yes|yes" -- bash -c \
+  "{ kubectl auth can-i --as='$SA' create pods -n $JNS; kubectl auth can-i --as='$SA' create pods -n $JNS2; } | paste -sd'|'"
 check "... with the ServiceAccount's token, CA and namespace" 0 "$NS/$pod1: ServiceAccount cephalo-operator: token of Secret cephalo-operator-token-" -- \
   cat "$dir/kubelet.log"
 oplog() { cat "$dir/kl/logs/${NS}_$1"_*.log 2>/dev/null; }
@@ -148,7 +157,6 @@ check "the Deployment is available (1 ready replica, as the controller manager s
   jp deployment cephalo-operator -n "$NS" -o jsonpath='{.status.replicas}/{.status.readyReplicas}/{.status.availableReplicas}'
 
 # ---- a tiny CephaloJob, planned and run by the operator in the pod -------------------------------
-K create namespace "$JNS" >/dev/null
 cat >"$dir/tiny.yaml" <<EOF
 apiVersion: cephalo.dev/v1alpha1
 kind: CephaloJob
@@ -176,6 +184,10 @@ assert "the job goes Succeeded (the workers trained it, CPU-emulated)" wait_movi
   "$(declare -f job_phase); JNS=$JNS; [ \"\$(job_phase)\" = Succeeded ]"
 check "... both worker pods Succeeded" 0 "Succeeded Succeeded " -- \
   jp pods -n "$JNS" -l cephalo.dev/job=tiny -o jsonpath='{range .items[*]}{.status.phase} {end}'
+sed "s/namespace: $JNS}/namespace: $JNS2}/" "$dir/tiny.yaml" >"$dir/tiny2.yaml"
+check "the same job in the second watched namespace, $JNS2, is created" 0 "created" -- K apply -f "$dir/tiny2.yaml"
+assert "... and goes Succeeded under the namespaced grant" wait_moving 60 "$dir/kl/logs/*" bash -c \
+  "[ \"\$(kubectl get cephalojob tiny -n $JNS2 -o jsonpath='{.status.phase}' 2>/dev/null)\" = Succeeded ]"
 
 # ---- helm upgrade: the Deployment rolls to a new pod ---------------------------------------------
 check "helm upgrade --wait with a new image tag, metrics port and log level: revision 2" 0 "REVISION: 2" -- \

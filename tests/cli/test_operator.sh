@@ -95,6 +95,10 @@ check "a bad --plan-timeout is refused" 2 "--plan-timeout: 'never' is not a dura
 check "a bad --plan-workers is refused" 2 "--plan-workers: expected an integer 1..64, got '0'" -- "$OP" --plan-workers 0
 check "a bad --workers is refused" 2 "--workers: expected an integer 1..64, got '65'" -- "$OP" --workers 65
 check "--help lists --worker-archs and its default" 0 '"60 61 70 75 80 86 89 90"' -- "$OP" --help
+check "--namespace takes a list; an empty entry is refused, naming it" 2 "--namespace: entry 2 '' is not a namespace name" -- \
+  "$OP" --namespace "ml,,research"
+check "... so is a name that is not a namespace's" 2 "--namespace: entry 1 'ML' is not a namespace name" -- "$OP" --namespace ML
+check "... and a namespace listed twice" 2 "--namespace: 'ml' is listed twice" -- "$OP" --namespace ml,research,ml
 check "a bad --worker-archs is refused, naming the item" 2 "--worker-archs: 'sm_80' is not an architecture" -- \
   "$OP" --worker-archs "70 sm_80"
 

@@ -103,17 +103,23 @@ CLUSTER_RULES = {
     **{('', 'events', v): 1 for v in ('create', 'patch')},
 }
 ROLE_RULES = {('coordination.k8s.io', 'leases', v): 1 for v in ('get', 'create', 'update')}
+# With operator.watchNamespaces: the ClusterRole keeps the cluster-wide reads, and a Role in each
+# listed namespace grants the rest (the writes for its jobs).
+CLUSTER_READS = {('', r, v): 1 for r in ('pods', 'nodes') for v in ('get', 'list', 'watch')}
+JOB_RULES = {k: 1 for k in CLUSTER_RULES if k not in CLUSTER_READS}
+SM_API = ('--api-versions', 'monitoring.coreos.com/v1/ServiceMonitor')  # as if its CRD were installed
 
 
 def flatten(rules):
     out = {}
     for r in rules:
-        assert set(r) <= {'apiGroups', 'resources', 'verbs'}, f'unexpected keys {set(r)}'
+        assert set(r) <= {'apiGroups', 'resources', 'verbs', 'resourceNames'}, f'unexpected keys {set(r)}'
         for g in r['apiGroups']:
             for res in r['resources']:
                 for v in r['verbs']:
                     assert '*' not in (g, res, v), 'wildcard in a rule'
-                    out[(g, res, v)] = 1
+                    for name in r.get('resourceNames', [None]):
+                        out[(g, res if name is None else f'{res}/{name}', v)] = 1
     return out
 
 
@@ -134,9 +140,9 @@ def main():
         bad = [x for x in out.splitlines() if x.startswith(('[WARNING]', '[ERROR]'))]
         assert not bad, bad
     check('helm lint --strict: no warning, no error', lint)
-    check('helm lint --strict with every optional part on (ServiceMonitors, dashboard, no RBAC)',
-          lambda: lint({'serviceMonitor': {'enabled': True}, 'grafanaDashboard': {'enabled': True},
-                        'rbac': {'create': False}, 'operator': {'avoidGPUNodes': False}}))
+    check('helm lint --strict with the optional parts on (dashboard, no RBAC, namespaces, priority class)',
+          lambda: lint({'grafanaDashboard': {'enabled': True}, 'rbac': {'create': False},
+                        'operator': {'avoidGPUNodes': False, 'watchNamespaces': ['ml'], 'priorityClassName': 'high'}}))
 
     def kube_versions():
         assert kinds(render(None, 'cephalo', '--kube-version', 'v1.20.0'))
@@ -187,7 +193,7 @@ def main():
                      f'--worker-image=ghcr.io/cephalo/cephalo-worker:{VERSION}', '--plan-timeout=30s',
                      '--plan-workers=2', '--workers=8', '--worker-archs=60 61 70 75 80 86 89 90'):
             assert want in a, f'missing {want} in {a}'
-        assert not any(x.startswith('--namespace') for x in a), 'watchNamespace "" must not pass --namespace'
+        assert not any(x.startswith('--namespace') for x in a), 'watchNamespaces [] must not pass --namespace'
         assert not any(x.startswith('--profile-configmap') for x in a), 'profileConfigMap "" passes no flag'
         env = {e['name']: e['valueFrom']['fieldRef']['fieldPath'] for e in c['env']}
         assert env == {'POD_NAME': 'metadata.name', 'POD_NAMESPACE': 'metadata.namespace'}, env
@@ -270,11 +276,34 @@ def main():
         for v in ('update', 'patch', 'deletecollection'):
             assert ('', 'pods', v) not in got, v
         # cluster-wide: bound by a ClusterRoleBinding (not per-namespace RoleBindings), also when
-        # the operator watches one namespace's jobs only
-        d = render({'operator': {'watchNamespace': 'ml'}})
+        # the operator watches some namespaces' jobs only
+        d = render({'operator': {'watchNamespaces': ['ml']}})
         assert one(d, 'ClusterRoleBinding')['roleRef']['name'] == one(d, 'ClusterRole')['metadata']['name']
-        assert flatten(one(d, 'ClusterRole')['rules']) == got
-    check('RBAC: pods get/list/watch in every namespace (GPU accounting), bound cluster-wide even with watchNamespace', pods_read_cluster_wide)
+        assert flatten(one(d, 'ClusterRole')['rules']) == CLUSTER_READS, sorted(flatten(one(d, 'ClusterRole')['rules']))
+    check('RBAC: pods get/list/watch in every namespace (GPU accounting), bound cluster-wide even with watchNamespaces', pods_read_cluster_wide)
+
+    def namespaced():
+        d = render({'operator': {'watchNamespaces': ['ml', 'research'], 'profileConfigMap': 'gpu-profiles'}})
+        a = one(d, 'Deployment')['spec']['template']['spec']['containers'][0]['args']
+        assert '--namespace=ml,research' in a, a
+        sa = one(d, 'ServiceAccount')['metadata']['name']
+        roles = {(x['metadata']['namespace'], x['metadata']['name']): x for x in d if x['kind'] == 'Role'}
+        binds = {(x['metadata']['namespace'], x['metadata']['name']): x for x in d if x['kind'] == 'RoleBinding'}
+        assert sorted(roles) == sorted(binds) == [('cephalo-system', 'cephalo-operator-leader-election'),
+                                                  ('ml', 'cephalo-operator'), ('research', 'cephalo-operator')], sorted(roles)
+        for ns in ('ml', 'research'):
+            got = flatten(roles[(ns, 'cephalo-operator')]['rules'])
+            assert got == JOB_RULES, f'{ns}: extra {sorted(set(got) - set(JOB_RULES))} missing {sorted(set(JOB_RULES) - set(got))}'
+            b = binds[(ns, 'cephalo-operator')]
+            assert b['roleRef'] == {'apiGroup': 'rbac.authorization.k8s.io', 'kind': 'Role', 'name': 'cephalo-operator'}
+            assert b['subjects'] == [{'kind': 'ServiceAccount', 'name': sa, 'namespace': NS}], b['subjects']
+        # the profiles ConfigMap of the release namespace, by name only (the ClusterRole no longer reads ConfigMaps)
+        le = flatten(roles[(NS, 'cephalo-operator-leader-election')]['rules'])
+        assert le == {**ROLE_RULES, ('', 'configmaps/gpu-profiles', 'get'): 1}, sorted(le)
+        writes = {k for k in flatten(one(d, 'ClusterRole')['rules']) if k[2] not in ('get', 'list', 'watch')}
+        assert not writes, f'the ClusterRole must not write anything with watchNamespaces: {sorted(writes)}'
+    check('RBAC with operator.watchNamespaces [ml, research]: --namespace=ml,research, a Role and RoleBinding per namespace '
+          'with exactly the job rules, the ClusterRole reads only, the profiles ConfigMap by name', namespaced)
 
     def bindings():
         sa = one(docs, 'ServiceAccount')['metadata']['name']
@@ -291,11 +320,12 @@ def main():
         d = render({'serviceMonitor': {'enabled': True, 'labels': {'release': 'kube-prometheus'}},
                     'worker': {'archs': '80 86 90'},
                     'grafanaDashboard': {'enabled': True},
-                    'operator': {'image': {'tag': 'v9'}, 'watchNamespace': 'ml', 'profileConfigMap': 'gpu-profiles',
+                    'operator': {'image': {'tag': 'v9'}, 'watchNamespaces': ['ml'], 'profileConfigMap': 'gpu-profiles',
+                                 'priorityClassName': 'system-cluster-critical',
                                  'planTimeout': '2m', 'planWorkers': 4, 'workers': 12,
                                  'nodeSelector': {'pool': 'system'},
                                  'tolerations': [{'key': 'k', 'operator': 'Exists'}],
-                                 'leaderElection': {'enabled': False}}})
+                                 'leaderElection': {'enabled': False}}}, 'cephalo', *SM_API)
         sms = [x for x in d if x['kind'] == 'ServiceMonitor']
         assert len(sms) == 2, len(sms)
         for sm in sms:
@@ -311,11 +341,12 @@ def main():
         assert f'--profile-configmap={NS}/gpu-profiles' in p['containers'][0]['args'], p['containers'][0]['args']
         assert {'--plan-timeout=2m', '--plan-workers=4', '--workers=12', '--worker-archs=80 86 90'} <= set(p['containers'][0]['args']), p['containers'][0]['args']
         assert p['nodeSelector'] == {'pool': 'system'} and p['tolerations'][0]['key'] == 'k'
+        assert p['priorityClassName'] == 'system-cluster-critical' and 'priorityClassName' not in pod
         return check_dashboard(one(d, 'ConfigMap'))
-    check('serviceMonitor, dashboard, tag, namespace, profileConfigMap, planTimeout, planWorkers, workers, worker.archs, nodeSelector, tolerations values take effect', everything)
+    check('serviceMonitor, dashboard, tag, namespaces, priorityClassName, profileConfigMap, planTimeout, planWorkers, workers, worker.archs, nodeSelector, tolerations values take effect', everything)
 
     def no_workers_sm():
-        d = render({'serviceMonitor': {'enabled': True, 'workers': False}})
+        d = render({'serviceMonitor': {'enabled': True, 'workers': False}}, 'cephalo', *SM_API)
         assert [x['metadata']['name'] for x in d if x['kind'] == 'ServiceMonitor'] == ['cephalo-operator']
     check('serviceMonitor.workers: false leaves only the operator\'s ServiceMonitor', no_workers_sm)
 
@@ -326,6 +357,40 @@ def main():
         assert one(d, 'Deployment')['spec']['template']['spec']['serviceAccountName'] == 'mine'
         assert one(d, 'Deployment')['metadata']['name'] == 'ceph-operator'
     check('rbac.create/serviceAccount.create false: no RBAC, the named ServiceAccount is used', no_rbac)
+
+    # ---- values refused -------------------------------------------------------------------------
+    def refused(over, *want, extra=()):
+        try:
+            render(over, 'cephalo', *extra)
+        except HelmError as e:
+            for w in want:
+                assert w in str(e), f'{w!r} not in: {e}'
+            return True
+        raise AssertionError(f'rendered with {over}')
+
+    check('values.schema.json: an unknown key is refused, named (operator.watchNamespace, the old spelling)',
+          lambda: refused({'operator': {'watchNamespace': 'ml'}}, 'Additional property watchNamespace is not allowed'))
+    check('... a string where the list of namespaces goes (--set operator.watchNamespaces=ml)',
+          lambda: refused({'operator': {'watchNamespaces': 'ml'}}, 'operator.watchNamespaces', 'Expected: array, given: string'))
+    check('... a namespace that is not a DNS label, and one listed twice',
+          lambda: all((refused({'operator': {'watchNamespaces': ['ML']}}, 'operator.watchNamespaces.0'),
+                   refused({'operator': {'watchNamespaces': ['ml', 'ml']}}, 'operator.watchNamespaces', 'unique'))))
+    check('... wrong types and ranges: workers 0, replicas "two", a duration "soon", a log level, a pull policy, archs',
+          lambda: all((refused({'operator': {'workers': 0}}, 'operator.workers'),
+                   refused({'operator': {'replicas': 'two'}}, 'operator.replicas', 'Expected: integer'),
+                   refused({'operator': {'planTimeout': 'soon'}}, 'operator.planTimeout'),
+                   refused({'operator': {'logLevel': 'loud'}}, 'operator.logLevel'),
+                   refused({'worker': {'image': {'pullPolicy': 'Sometimes'}}}, 'worker.image.pullPolicy'),
+                   refused({'worker': {'archs': 'sm_80'}}, 'worker.archs'))))
+    check('guard: operator.metrics.port 0 is refused with the reason (the probes and the Service use it)',
+          lambda: refused({'operator': {'metrics': {'port': 0}}}, 'operator.metrics.port: 0', 'probes'))
+    check('guard: replicas 2 without leader election is refused with the reason',
+          lambda: refused({'operator': {'replicas': 2, 'leaderElection': {'enabled': False}}},
+                          'operator.replicas: 2 replicas need operator.leaderElection.enabled=true'))
+    check('guard: serviceMonitor.enabled without the ServiceMonitor kind is refused, saying what to install',
+          lambda: refused({'serviceMonitor': {'enabled': True}}, 'serviceMonitor.enabled', 'Prometheus Operator'))
+    check('... and renders where the cluster has it, 2 replicas with leader election render',
+          lambda: kinds(render({'serviceMonitor': {'enabled': True}, 'operator': {'replicas': 2}}, 'cephalo', *SM_API)).count('ServiceMonitor') == 2)
 
     def dash_ns():
         d = render({'grafanaDashboard': {'enabled': True, 'namespace': 'monitoring'}})

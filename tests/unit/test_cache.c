@@ -162,6 +162,41 @@ static void *writer(void *arg) {
     return NULL;
 }
 
+/* One watch per namespace feeding one store: a namespace's relist replaces that namespace's objects
+ * and leaves the others' (the operator watching a list of namespaces); a namespace that is a
+ * prefix of another ("ml" of "ml2") takes nothing of it. */
+static void test_replace_one_namespace(void **state) {
+    (void)state;
+    cache *c = cache_new("pods");
+    const char *ns[] = {"ml", "ml2", "ml", "ml2", "m"};
+    for (int i = 0; i < 5; i++) {
+        char name[8];
+        snprintf(name, sizeof name, "p%d", i);
+        cJSON *o = obj(ns[i], name, "1", "a", i);
+        cache_put(c, o, NULL);
+        cJSON_Delete(o);
+    }
+    cJSON *items = cJSON_CreateArray();
+    cJSON_AddItemToArray(items, obj("ml", "q", "2", "a", 9));
+    cache_replace_ns(c, "ml", items);
+    cJSON_Delete(items);
+    assert_int_equal(cache_size(c), 4); /* ml2's p1 p3, m's p4, ml's q */
+    const char *gone[][2] = {{"ml", "p0"}, {"ml", "p2"}};
+    for (int i = 0; i < 2; i++) assert_null(cache_get(c, gone[i][0], gone[i][1]));
+    const char *kept[][2] = {{"ml2", "p1"}, {"ml2", "p3"}, {"m", "p4"}, {"ml", "q"}};
+    for (int i = 0; i < 4; i++) {
+        cJSON *g = cache_get(c, kept[i][0], kept[i][1]);
+        assert_non_null(g);
+        cJSON_Delete(g);
+    }
+    items = cJSON_CreateArray();
+    cache_replace_ns(c, "ml2", items); /* an empty namespace now */
+    cJSON_Delete(items);
+    assert_int_equal(cache_size(c), 2);
+    assert_true(cache_synced(c));
+    cache_free(c);
+}
+
 static void test_concurrent_readers(void **state) {
     (void)state;
     racer r = {cache_new("pods"), 20000};
@@ -299,6 +334,7 @@ int main(void) {
         cmocka_unit_test(test_put_get_remove),
         cmocka_unit_test(test_newer_version_kept),
         cmocka_unit_test(test_list_and_replace),
+        cmocka_unit_test(test_replace_one_namespace),
         cmocka_unit_test(test_concurrent_readers),
         cmocka_unit_test(test_request_counts),
         cmocka_unit_test(test_digests_and_stripped_fields),

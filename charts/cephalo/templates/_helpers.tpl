@@ -39,3 +39,44 @@ requiredDuringSchedulingIgnoredDuringExecution:
         - key: nvidia.com/gpu.count
           operator: DoesNotExist
 {{- end }}
+
+{{- /* What the operator writes for the jobs of a namespace (every namespace through the
+       ClusterRole, or a Role in each of operator.watchNamespaces). Creating pods in a namespace
+       is, in effect, reading its Secrets (a pod may mount any of them): the reason to list the
+       namespaces on a shared cluster (docs/k8s.md, "RBAC"). */}}
+{{- define "cephalo.jobRules" -}}
+- apiGroups: [cephalo.dev]
+  resources: [cephalojobs]
+  verbs: [get, list, watch, update, patch]
+- apiGroups: [cephalo.dev]
+  resources: [cephalojobs/status]
+  verbs: [get, update, patch]
+# ownerReferences with blockOwnerDeletion on clusters with the OwnerReferencesPermissionEnforcement
+# admission plugin (OpenShift) need update on the owner's finalizers
+- apiGroups: [cephalo.dev]
+  resources: [cephalojobs/finalizers]
+  verbs: [update]
+# one worker pod per GPU; gang restarts delete them (reading them is the ClusterRole's)
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [create, delete]
+- apiGroups: [""]
+  resources: [services, configmaps]
+  verbs: [create, delete, get, list, watch, patch]
+- apiGroups: [""]
+  resources: [events]
+  verbs: [create, patch]
+{{- end }}
+
+{{- /* What values.schema.json cannot say: combinations that would render a broken release. */}}
+{{- define "cephalo.checkValues" -}}
+{{- if eq (int .Values.operator.metrics.port) 0 }}
+{{- fail "operator.metrics.port: 0 would turn off the operator's HTTP endpoint, but the chart's liveness and readiness probes and its metrics Service use it: give a port (1-65535)" }}
+{{- end }}
+{{- if and (gt (int .Values.operator.replicas) 1) (not .Values.operator.leaderElection.enabled) }}
+{{- fail (printf "operator.replicas: %d replicas need operator.leaderElection.enabled=true (without it every replica would reconcile every job)" (int .Values.operator.replicas)) }}
+{{- end }}
+{{- if and .Values.serviceMonitor.enabled (not (.Capabilities.APIVersions.Has "monitoring.coreos.com/v1/ServiceMonitor")) }}
+{{- fail "serviceMonitor.enabled: the cluster has no ServiceMonitor kind (monitoring.coreos.com/v1): install the Prometheus Operator's CRDs first, or leave serviceMonitor.enabled false (with helm template, pass --api-versions monitoring.coreos.com/v1/ServiceMonitor)" }}
+{{- end }}
+{{- end }}
