@@ -196,6 +196,33 @@ static void parse_model_own(jp *p, job_spec *s) {
     }
 }
 
+static const char *str_or_null(const cJSON *spec, const char *path) {
+    const cJSON *v = at(spec, path);
+    return cJSON_IsString(v) && *v->valuestring ? v->valuestring : NULL;
+}
+
+/* status.model: "gpt2-124m"; inline "my-gpt (inline)", "gpt2-124m+ (inline)" (a base with
+ * overrides) or "llama 32x4096 (inline)"; "Llama-2-7b-hf (initFrom)". */
+static void model_label(const jp *p, job_spec *s) {
+    char *l = s->model_label;
+    size_t n = sizeof s->model_label;
+    if (s->model == JOB_MODEL_NAME) {
+        snprintf(l, n, "%s", s->model_name);
+    } else if (s->model == JOB_MODEL_INIT_FROM) {
+        snprintf(l, n, "%s (initFrom)", s->init.name);
+    } else if (s->model == JOB_MODEL_INLINE) {
+        /* the model file's own checks come later (planning): a field of the wrong type shows nothing here */
+        const cJSON *ln = at(p->spec, "model.inline.n_layer"), *d = at(p->spec, "model.inline.d_model");
+        const char *name = str_or_null(p->spec, "model.inline.name"), *base = str_or_null(p->spec, "model.inline.base"),
+                   *arch = str_or_null(p->spec, "model.inline.arch");
+        if (name) snprintf(l, n, "%s (inline)", name);
+        else if (base) snprintf(l, n, "%s+ (inline)", base);
+        else if (arch && cJSON_IsNumber(ln) && cJSON_IsNumber(d))
+            snprintf(l, n, "%s %.0fx%.0f (inline)", arch, ln->valuedouble, d->valuedouble);
+        else snprintf(l, n, "inline");
+    }
+}
+
 /* spec.model: exactly one of name, inline and initFrom (model_source.c reads initFrom). */
 static void parse_model(jp *p, job_spec *s) {
     err_t e;
@@ -203,6 +230,7 @@ static void parse_model(jp *p, job_spec *s) {
     if (from < 0) bad_err(p, &e);
     else if (from) s->model = JOB_MODEL_INIT_FROM;
     else parse_model_own(p, s);
+    model_label(p, s);
 }
 
 /* The names with a fixed set of values, each with its own parser and wording. */

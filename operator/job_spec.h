@@ -61,6 +61,8 @@ typedef struct job_spec {
     const char *model_name;    /* JOB_MODEL_NAME */
     const cJSON *model_inline; /* JOB_MODEL_INLINE */
     msrc init;                 /* JOB_MODEL_INIT_FROM (model_source.h) */
+    char model_label[96];      /* what the MODEL column shows (status.model): the built-in name, an
+                                * inline model's name, base or shape, or the initFrom directory's */
 
     /* planning */
     long global_batch;

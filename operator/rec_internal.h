@@ -365,6 +365,9 @@ void rec_condition(const rec_ctx *x, cJSON *conds, const char *type, bool ok, co
 /* The status fields every phase carries: counters, times, progress; *conds (when not NULL) is
  * its conditions array, for rec_condition. */
 cJSON *rec_status_base(rec_ctx *x, phase ph, const char *msg, cJSON **conds);
+/* status.samplesPerSecond = rate, and samplesPerSecondText its one-decimal text (the SAMPLES/S
+ * column), replacing what s had. */
+void rec_status_rate(cJSON *s, double rate);
 void rec_status_plan(rec_ctx *x, cJSON *s);
 void rec_status_conditions(rec_ctx *x, cJSON *conds, phase ph, const char *reason, const char *msg);
 /* Writes the status (taking it) unless the store has it already. */

@@ -136,7 +136,7 @@ static int scrape_progress(rec_ctx *x, const gang *g, cJSON *s) {
         if (p.have_loss) set_num(s, "loss", loss = p.loss);
         if (p.have_ckpt) set_num(s, "lastCheckpointStep", p.ckpt_step);
     }
-    if (rated == g->world) set_num(s, "samplesPerSecond", rate);
+    if (rated == g->world) rec_status_rate(s, rate);
     if (answered)
         log_msg("info", "%s/%s: step %.0f of %ld, loss %.4g, %.2f samples/s (%d of %d ranks answered)", x->job.ns,
                 x->job.name, step, x->job.js.train.steps, loss, rate, answered, g->world);

@@ -80,11 +80,21 @@ int rec_write_status(rec_ctx *x, cJSON *status, err_t *err) {
 
 /* ---- its parts ------------------------------------------------------------------------------- */
 
+void rec_status_rate(cJSON *s, double rate) {
+    char text[32];
+    snprintf(text, sizeof text, "%.1f", rate);
+    cJSON_DeleteItemFromObjectCaseSensitive(s, "samplesPerSecond");
+    cJSON_DeleteItemFromObjectCaseSensitive(s, "samplesPerSecondText");
+    cJSON_AddNumberToObject(s, "samplesPerSecond", rate);
+    cJSON_AddStringToObject(s, "samplesPerSecondText", text);
+}
+
 cJSON *rec_status_base(rec_ctx *x, phase ph, const char *msg, cJSON **conds) {
     cJSON *s = cJSON_CreateObject();
     cJSON_AddStringToObject(s, "phase", phase_name(ph));
     cJSON_AddStringToObject(s, "message", msg);
     cJSON_AddNumberToObject(s, "observedGeneration", x->job.meta.gen);
+    if (*x->job.js.model_label) cJSON_AddStringToObject(s, "model", x->job.js.model_label);
     cJSON *c = cJSON_AddArrayToObject(s, "conditions");
     if (conds) *conds = c;
     cJSON_AddNumberToObject(s, "restarts", x->job.old.restarts);
@@ -92,9 +102,10 @@ cJSON *rec_status_base(rec_ctx *x, phase ph, const char *msg, cJSON **conds) {
     cJSON_AddNumberToObject(s, "attempt", x->job.attempt);
     const rec_status_view *o = &x->job.old;
     const struct { const char *key; rec_kept v; } kept[] = {
-        {"step", o->step}, {"lastCheckpointStep", o->ckpt_step}, {"samplesPerSecond", o->samples_per_s}, {"loss", o->loss}};
+        {"step", o->step}, {"lastCheckpointStep", o->ckpt_step}, {"loss", o->loss}};
     for (size_t i = 0; i < sizeof kept / sizeof *kept; i++)
         if (kept[i].v.have) cJSON_AddNumberToObject(s, kept[i].key, kept[i].v.v);
+    if (o->samples_per_s.have) rec_status_rate(s, o->samples_per_s.v);
     const struct { const char *key, *v; } times[] = {
         {"startTime", o->start_time}, {"completionTime", o->completion_time}, {"progressTime", o->progress_time}};
     for (size_t i = 0; i < sizeof times / sizeof *times; i++)

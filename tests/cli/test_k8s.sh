@@ -100,7 +100,7 @@ check "the short name cephjob works" 0 "gpt2-mixed" -- K get cephjob gpt2-mixed
 gen0=$(K get cephalojob gpt2-mixed -o jsonpath='{.metadata.generation}')
 now=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 status='{"spec":{"steps":7},"status":{"phase":"Running","step":120,"lastCheckpointStep":100,
-  "samplesPerSecond":311.5,"restarts":1,"observedGeneration":1,"startTime":"'$now'",
+  "samplesPerSecond":311.4821,"samplesPerSecondText":"311.5","model":"gpt2-124m","restarts":1,"observedGeneration":1,"startTime":"'$now'",
   "plan":{"worldSize":6,"strategy":"cephalo","predictedIterMs":205.4,"ranks":[{"rank":0,"node":"l4-a",
   "device":"L4","pod":"gpt2-mixed-0","batch":12,"microbatch":4,"microbatches":3,"stateRatio":0.2}]},
   "conditions":[{"type":"Running","status":"True","reason":"AllPodsRunning","message":"6/6 workers",
@@ -110,6 +110,8 @@ check "PATCH of /status is accepted" 0 '"phase":"Running"' -- \
 check "the status PATCH left the spec and generation alone" 0 "5000 $gen0" -- \
   K get cephalojob gpt2-mixed -o jsonpath='{.spec.steps} {.metadata.generation}'
 check "the columns show the status" 0 "Running   6      120    311.5" -- K get cephalojob gpt2-mixed
+check "... SAMPLES/S is the one-decimal text (the number 311.4821 kept), MODEL status.model" 0 "311.5 gpt2-124m 311.4821" -- \
+  bash -c "kubectl get cephalojob gpt2-mixed -o wide --no-headers | awk '{printf \"%s %s \", \$5, \$6}'; kubectl get cephalojob gpt2-mixed -o jsonpath='{.status.samplesPerSecond}'"
 check "status through the main resource is ignored" 0 "Running" -- bash -c \
   "kubectl patch cephalojob gpt2-mixed --type merge -p '{\"status\":{\"phase\":\"Failed\"}}' >/dev/null &&
    kubectl get cephalojob gpt2-mixed -o jsonpath='{.status.phase}'"

@@ -424,6 +424,8 @@ assert "an unknown GPU product is planned from its gpu.memory label" wait_for 20
 check "... marked estimated, with a note, on its node" 0 "node gpu-c: unknown GPU product NVIDIA-Future-GPU planned from its gpu.memory label" -- \
   jp cephalojob odd '{.status.plan.estimated} {.status.plan.ranks[0].node} {.status.message}'
 check "spec.image overrides --worker-image" 0 "registry.test/custom:2" -- jp pod odd-0 '{.spec.containers[0].image}'
+check "the MODEL column (-o wide) names an inline model: its name, '(inline)'" 0 "tiny-gpt-wide (inline)" -- \
+  bash -c "kubectl get cephalojob odd -o wide | awk 'NR == 1 {i = index(\$0, \"MODEL\")} NR == 2 {print substr(\$0, i, 22)}'"
 check "a checkpoint without keepLast/keepEvery: none in the worker's args (the directory's retention applies)" 0 \
   "--ckpt-dir /shared/odd --ckpt-every 5 --resume auto" -- bash -c \
   "kubectl get pod odd-0 -o jsonpath='{.spec.containers[0].args}' | tr -d '[]\"' | tr ',' ' '"

@@ -160,6 +160,8 @@ K apply -f "$dir/llama.yaml" >/dev/null
 assert "the job is planned (phase Planned) with its 2 pods" wait_for 30 bash -c \
   "[ \"\$(kubectl -n $JNS get cephalojob llama -o jsonpath='{.status.phase}')\" = Planned ] && [ \"\$(kubectl -n $JNS get pods -l cephalo.dev/job=llama -o name | wc -l)\" = 2 ]"
 K -n "$JNS" get configmap llama-plan -o json >"$dir/llama-cm.json" 2>&1
+check "status.model (the MODEL column) names the initFrom directory" 0 "tiny-llama (initFrom)" -- \
+  kubectl -n "$JNS" get cephalojob llama -o jsonpath='{.status.model}'
 check "the plan's model is the ConfigMap's config.json: Llama, 2 layers, d 64, 4 heads, 2 KV heads, d_ff 192" 0 \
   "model ok" -- $PY - "$dir/llama-cm.json" <<'PY'
 import json, sys

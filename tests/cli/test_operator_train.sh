@@ -278,6 +278,13 @@ assert "... and its workers train" wait_for 20 bash -c "grep -q '^step ' '$dir'/
 step_loss() { jp cephalojob long '{.status.step} {.status.loss} {.status.samplesPerSecond}'; }
 assert "the operator reads the progress from the workers' /metrics at their pod IPs (step, loss, samples/s)" \
   wait_for 20 bash -c "$(declare -f K jp step_loss); JNS=$JNS; step_loss | awk 'NF == 3 && \$1 > 0 && \$2 > 0 && \$3 > 0 {ok=1} END {exit !ok}'"
+samples_text() { # the rate's text and the SAMPLES/S column: one decimal each, the number kept beside
+  local r col
+  r=$(jp cephalojob long '{.status.samplesPerSecond} {.status.samplesPerSecondText}')
+  col=$(K -n "$JNS" get cephalojob long --no-headers | awk '{print $5}')  # NAME PHASE GPUS STEP SAMPLES/S AGE
+  if [[ $r =~ ^[0-9.e+-]+\ [0-9]+\.[0-9]$ && $col =~ ^[0-9]+\.[0-9]$ ]]; then echo "text ok"; else echo "got '$r' and column '$col'"; fi
+}
+check "... the SAMPLES/S column shows it with one decimal (status.samplesPerSecondText), the number kept" 0 "text ok" -- samples_text
 # (not "step 100 is there": at ~100 steps/s retention deletes it within seconds of writing it)
 assert "... and checkpoints are written (every 100 steps)" wait_moving 60 "$dir/kl/logs/*" bash -c \
   "grep -qE '^step_[0-9]*[1-9]00\\b' '$dir/kl/pvc/ckpt/long/latest'"

@@ -198,6 +198,30 @@ static void test_mistake_keeps_the_rest(void **state) {
     cJSON_Delete(doc);
 }
 
+/* status.model, the MODEL column: every kind of spec.model names something. */
+static void test_model_label(void **state) {
+    (void)state;
+    const char *cases[][2] = {
+        {"{\"name\":\"gpt2-124m\"}", "gpt2-124m"},
+        {"{\"inline\":{\"name\":\"wide\",\"base\":\"gpt2-124m\",\"n_layer\":4}}", "wide (inline)"},
+        {"{\"inline\":{\"base\":\"gpt2-124m\",\"n_layer\":4}}", "gpt2-124m+ (inline)"},
+        {"{\"inline\":{\"arch\":\"llama\",\"n_layer\":32,\"d_model\":4096,\"n_head\":32}}", "llama 32x4096 (inline)"},
+        {"{\"initFrom\":{\"volume\":{\"hostPath\":{\"path\":\"/m\"}},\"path\":\"hf/Llama-2-7b-hf\","
+         "\"configMap\":{\"name\":\"c\"}}}", "Llama-2-7b-hf (initFrom)"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char json[512], msg[1024];
+        snprintf(json, sizeof json, "{\"model\":%s,\"globalBatch\":8,\"steps\":10,\"data\":{\"path\":\"synthetic\"}}",
+                 cases[i][0]);
+        cJSON *doc;
+        job_spec *s = malloc(sizeof *s);
+        assert_int_equal(parse(json, &doc, s, msg), 0);
+        assert_string_equal(s->model_label, cases[i][1]);
+        free(s);
+        cJSON_Delete(doc);
+    }
+}
+
 static void test_phases(void **state) {
     (void)state;
     for (int p = PHASE_NONE + 1; p < PHASE_COUNT; p++) assert_int_equal(phase_parse(phase_name((phase)p)), p);
@@ -219,6 +243,7 @@ int main(void) {
         cmocka_unit_test(test_same_builder),
         cmocka_unit_test(test_refused),
         cmocka_unit_test(test_mistake_keeps_the_rest),
+        cmocka_unit_test(test_model_label),
         cmocka_unit_test(test_phases),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
