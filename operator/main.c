@@ -65,6 +65,7 @@ typedef struct op_opts {
     const char *le_namespace, *le_id;
     double le_duration_s, le_renew_s, le_retry_s;
     double plan_timeout_s;
+    double backoff_first_s, backoff_max_s; /* --restart-backoff, --restart-backoff-max */
     long plan_workers, workers;
 } op_opts;
 
@@ -88,6 +89,10 @@ static const char usage[] =
     "                           spec.profileConfigMap (default: none, analytic estimates)\n"
     "  --plan-timeout D         a job whose plan takes longer fails with reason PlanningTimeout\n"
     "                           (a duration like 30s, 2m; default 30s)\n"
+    "  --restart-backoff D      the wait before a gang restarted after a worker failed, doubled\n"
+    "                           per failure in a row (default 10s)\n"
+    "  --restart-backoff-max D  the longest such wait (default 6m); a gang that ran twice as long\n"
+    "                           starts the count again\n"
     "  --plan-workers N         jobs planned at the same time, off the reconcile loop (1..64,\n"
     "                           default 2)\n"
     "  --workers N              jobs reconciled at the same time (1..64, default 8); one job is\n"
@@ -174,6 +179,8 @@ static const op_flag op_flags[] = {
     OPT("--leader-election-retry-period", OPT_DURATION, le_retry_s),
     OPT("--profile-configmap", OPT_STR_OR_NULL, profile_cm),
     OPT("--plan-timeout", OPT_DURATION, plan_timeout_s),
+    OPT("--restart-backoff", OPT_DURATION, backoff_first_s),
+    OPT("--restart-backoff-max", OPT_DURATION, backoff_max_s),
     OPT("--plan-workers", OPT_WORKERS, plan_workers),
     OPT("--worker-archs", OPT_ARCHS, worker_archs),
     OPT("--workers", OPT_WORKERS, workers),
@@ -230,6 +237,9 @@ static int op_check(op_opts *o, err_t *err) {
     const char *slash = o->profile_cm ? strchr(o->profile_cm, '/') : NULL;
     if (o->profile_cm && (!slash || slash == o->profile_cm || !slash[1] || strchr(slash + 1, '/')))
         return err_set(err, "--profile-configmap: expected NAMESPACE/NAME, got '%s'", o->profile_cm);
+    if (o->backoff_max_s < o->backoff_first_s)
+        return err_set(err, "--restart-backoff-max (%gs) must not be shorter than --restart-backoff (%gs)",
+                       o->backoff_max_s, o->backoff_first_s);
     if (o->le_renew_s >= o->le_duration_s)
         return err_set(err, "--leader-election-renew-deadline (%gs) must be shorter than the lease "
                             "duration (%gs)", o->le_renew_s, o->le_duration_s);
@@ -264,6 +274,7 @@ static int op_parse(int argc, char **argv, op_opts *o, err_t *err) {
     *o = (op_opts){.metrics_addr = ":8080", .log_level = "info",
                    .worker_image = "ghcr.io/cephalo/cephalo-worker", .le_id = "cephalo-operator",
                    .le_duration_s = 15, .le_renew_s = 10, .le_retry_s = 2, .plan_timeout_s = 30,
+                   .backoff_first_s = REC_BACKOFF_FIRST_S, .backoff_max_s = REC_BACKOFF_MAX_S,
                    .plan_workers = 2, .workers = 8};
     err_t ignored;
     inv_archs_parse(INV_DEFAULT_ARCHS, &o->worker_archs, &ignored);
@@ -640,6 +651,7 @@ static int op_run(const op_opts *o, const kube_config *cfg, kube_client *k, err_
     if (!atomic_load(&op_stop)) rc = informers_start(watches, o->namespace, err);
     rec_config rc_cfg = {.caches = &op_caches, .worker_image = o->worker_image, .worker_pull_policy = o->worker_pull_policy,
                          .profile_cm = o->profile_cm, .planner = op_pool, .plan_timeout_s = o->plan_timeout_s,
+                         .backoff_first_s = o->backoff_first_s, .backoff_max_s = o->backoff_max_s,
                          .worker_archs = &o->worker_archs};
     informers_wait_synced(watches);
     rec_hold_partial_gangs(&rc_cfg); /* before any admission */

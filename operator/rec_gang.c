@@ -135,9 +135,39 @@ static int gang_gives_up(rec_ctx *x, const char *what, double restarts, err_t *e
     return rec_write_status(x, s, err);
 }
 
-/* A worker failed (or its pod vanished): restart the gang, or give up after backoffLimit. The
- * status is written first (attempt + 1), then the pods deleted, so a crash in between still
- * finds them stale. */
+double rec_restart_backoff(double prev_s, double ran_s, double first_s, double max_s) {
+    if (!(prev_s > 0) || !(ran_s < 2 * max_s)) return first_s;
+    return fmin(2 * prev_s, max_s);
+}
+
+static void put(cJSON *s, const char *key, cJSON *v) {
+    cJSON_DeleteItemFromObjectCaseSensitive(s, key);
+    cJSON_AddItemToObject(s, key, v);
+}
+
+/* The wait before the gang that follows a failure (rec_restart_backoff: the previous failure's
+ * wait, and how long the gang since ran): into s (restartBackoffSeconds, lastRestartTime,
+ * nextRestartTime), and returned. */
+static double restart_backoff(const rec_ctx *x, cJSON *s) {
+    const rec_status_view *o = &x->job.old;
+    double first = x->c->backoff_first_s > 0 ? x->c->backoff_first_s : REC_BACKOFF_FIRST_S;
+    double max = x->c->backoff_max_s > 0 ? x->c->backoff_max_s : REC_BACKOFF_MAX_S;
+    double now = kube_time_now_s(), began = 0; /* the failed gang's start: the last wait's end */
+    bool known = o->next_restart_time && kube_time_parse(o->next_restart_time, &began);
+    double wait = rec_restart_backoff(o->backoff_s.have ? o->backoff_s.v : 0, known ? now - began : INFINITY, first,
+                                      fmax(max, first));
+    char t[64];
+    put(s, "restartBackoffSeconds", cJSON_CreateNumber(wait));
+    kube_time_now(t, sizeof t);
+    put(s, "lastRestartTime", cJSON_CreateString(t));
+    kube_time_at(now + wait, t, sizeof t);
+    put(s, "nextRestartTime", cJSON_CreateString(t));
+    return wait;
+}
+
+/* A worker failed (or its pod vanished): restart the gang after the backoff, or give up after
+ * backoffLimit. The status is written first (attempt + 1), then the pods deleted, so a crash in
+ * between still finds them stale. */
 static int gang_failed(rec_ctx *x, const char *what, err_t *err) {
     double restarts = x->job.old.restarts;
     if (restarts >= (double)x->job.js.backoff_limit) return gang_gives_up(x, what, restarts, err);
@@ -146,16 +176,26 @@ static int gang_failed(rec_ctx *x, const char *what, err_t *err) {
     double ck = x->job.old.ckpt_step.have ? x->job.old.ckpt_step.v : -1;
     char from[80] = "the last checkpoint, if any", msg[1400];
     if (ck >= 0) snprintf(from, sizeof from, "the last checkpoint (step %.0f or later)", ck);
-    snprintf(msg, sizeof msg, "%s; restarting the gang from %s (restart %.0f of %ld)", what, from, restarts + 1,
-             x->job.js.backoff_limit);
-    cJSON *conds, *s = rec_status_base(x, PHASE_RESTARTING, msg, &conds);
-    cJSON_ReplaceItemInObjectCaseSensitive(s, "restarts", cJSON_CreateNumber(restarts + 1));
+    cJSON *conds, *s = rec_status_base(x, PHASE_RESTARTING, "", &conds);
+    double wait = restart_backoff(x, s);
+    snprintf(msg, sizeof msg, "%s; restarting the gang from %s in %.0f s (restart %.0f of %ld; the wait doubles "
+             "per failure in a row)", what, from, wait, restarts + 1, x->job.js.backoff_limit);
+    put(s, "message", cJSON_CreateString(msg));
+    put(s, "restarts", cJSON_CreateNumber(restarts + 1));
     rec_status_plan(x, s);
     rec_status_conditions(x, conds, PHASE_RESTARTING, "WorkerFailed", msg);
     rec_emit(x->k, &x->job.meta, "Warning", "WorkerFailed", msg);
     if (rec_write_status(x, s, err) < 0) return -1;
     if (x->st) x->st->gang_restarts++, x->st->requeue_s = 1;
     return rec_delete_pods(x, x->stores.pod, x->stores.n_pods, false, err);
+}
+
+/* Restarting: status.message msg, the Restarting condition reason and why. */
+static int restarting_status(rec_ctx *x, const char *reason, const char *why, const char *msg, err_t *err) {
+    cJSON *conds, *s = rec_status_base(x, PHASE_RESTARTING, msg, &conds);
+    rec_status_plan(x, s);
+    rec_status_conditions(x, conds, PHASE_RESTARTING, reason, why);
+    return rec_write_status(x, s, err);
 }
 
 /* Pods of an older plan or attempt are still there: stop them; the new gang waits for their
@@ -169,11 +209,26 @@ static int gang_stopping(rec_ctx *x, gang *g, err_t *err) {
     char msg[1600];
     snprintf(msg, sizeof msg, "%s; waiting for %d worker pod%s of the previous gang to stop", why, g->stale,
              g->stale == 1 ? "" : "s");
-    cJSON *conds, *s = rec_status_base(x, PHASE_RESTARTING, msg, &conds);
-    rec_status_plan(x, s);
-    rec_status_conditions(x, conds, PHASE_RESTARTING, reason, why);
     if (x->st) x->st->requeue_s = 1;
-    return rec_write_status(x, s, err);
+    return restarting_status(x, reason, why, msg, err);
+}
+
+/* After a worker failed, the next gang waits until status.nextRestartTime (restart_backoff): 1 go
+ * on; 0 waiting (the status says until when); -1 on an API error. */
+static int restart_wait(rec_ctx *x, const gang *g, err_t *err) {
+    const rec_status_view *o = &x->job.old;
+    const rec_cond *rc = rec_cond_find(o, "Restarting");
+    double at, left;
+    if (g->missing < g->world || o->phase != PHASE_RESTARTING || !rec_cond_true(rc) || !rc->reason ||
+        strcmp(rc->reason, "WorkerFailed") || !o->next_restart_time || !kube_time_parse(o->next_restart_time, &at) ||
+        (left = at - kube_time_now_s()) <= 0)
+        return 1;
+    const char *why = rc->message ? rc->message : "";
+    char msg[1600];
+    snprintf(msg, sizeof msg, "%s; the next gang at %s (restart backoff %.0f s)", why, o->next_restart_time,
+             o->backoff_s.v);
+    if (x->st) x->st->requeue_s = left;
+    return restarting_status(x, rc->reason, why, msg, err) < 0 ? -1 : 0;
 }
 
 /* The gang was disrupted, not failed: one of its pods is being deleted by someone else (an
@@ -205,9 +260,7 @@ static bool unsched_read(const rec_ctx *x, int *n, double *until) {
  * count survives them and a restarted operator. */
 static int unsched_write(rec_ctx *x, int n, double until, err_t *err) {
     char v[96], t[64];
-    time_t tt = (time_t)ceil(until);
-    struct tm tm;
-    strftime(t, sizeof t, "%Y-%m-%dT%H:%M:%SZ", gmtime_r(&tt, &tm));
+    kube_time_at(until, t, sizeof t);
     snprintf(v, sizeof v, "%d %s", n, t);
     return rec_patch_cm_annotation(x, REC_ANN_UNSCHEDULABLE, v, err);
 }
@@ -332,6 +385,7 @@ int rec_gang_decide(rec_ctx *x, gang *g, int *rc, err_t *err) {
     else if (g->disrupted) *rc = pod_deleted(x, g, err);
     else if (g->unschedulable) *rc = gang_unschedulable(x, g, err);
     else if ((*rc = unsched_wait(x, g, err)) <= 0) return 0;
+    else if ((*rc = restart_wait(x, g, err)) <= 0) return 0;
     else if (g->first_failed) *rc = gang_ended_failed(x, g, err);
     else if ((r = vanished_rank(x, g)) >= 0) {
         snprintf(what, sizeof what, "worker pod %s-%d vanished while its gang ran", x->job.name, r);

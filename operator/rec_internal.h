@@ -54,6 +54,9 @@
 #define REC_OUTSIDE_S 30.0       /* a job failed on a ConfigMap no watch follows reads it again this often */
 #define REC_UNSCHED_FIRST_S 5.0  /* the first refusal's wait before the next gang; doubled per refusal */
 #define REC_UNSCHED_MAX_S 300.0
+/* The wait before the gang after a failure: first_s when the previous failure waited prev_s = 0
+ * (none) or the gang since ran ran_s >= 2 max_s; else twice prev_s, at most max_s. */
+double rec_restart_backoff(double prev_s, double ran_s, double first_s, double max_s);
 
 /* A member of an API object: a list's items, an object of the stores. Fields are read by
  * rec_view.c into the views below, once a reconcile. */
@@ -90,7 +93,9 @@ typedef struct rec_status_view {
     double restarts, replans;
     int attempt;            /* the gang attempt */
     rec_kept step, ckpt_step, samples_per_s, loss; /* step, lastCheckpointStep, samplesPerSecond, loss */
+    rec_kept backoff_s;     /* restartBackoffSeconds: the last failure's wait before its gang */
     const char *start_time, *completion_time, *progress_time; /* NULL when absent */
+    const char *last_restart_time, *next_restart_time; /* lastRestartTime, nextRestartTime; NULL */
     const cJSON *plan;      /* status.plan as stored (a re-planned live job keeps it), or NULL */
     const char *plan_id;    /* status.plan.id; NULL when absent */
     const char *plan_profile; /* status.plan.profile; "" when absent */

@@ -102,12 +102,13 @@ cJSON *rec_status_base(rec_ctx *x, phase ph, const char *msg, cJSON **conds) {
     cJSON_AddNumberToObject(s, "attempt", x->job.attempt);
     const rec_status_view *o = &x->job.old;
     const struct { const char *key; rec_kept v; } kept[] = {
-        {"step", o->step}, {"lastCheckpointStep", o->ckpt_step}, {"loss", o->loss}};
+        {"step", o->step}, {"lastCheckpointStep", o->ckpt_step}, {"loss", o->loss}, {"restartBackoffSeconds", o->backoff_s}};
     for (size_t i = 0; i < sizeof kept / sizeof *kept; i++)
         if (kept[i].v.have) cJSON_AddNumberToObject(s, kept[i].key, kept[i].v.v);
     if (o->samples_per_s.have) rec_status_rate(s, o->samples_per_s.v);
     const struct { const char *key, *v; } times[] = {
-        {"startTime", o->start_time}, {"completionTime", o->completion_time}, {"progressTime", o->progress_time}};
+        {"startTime", o->start_time}, {"completionTime", o->completion_time}, {"progressTime", o->progress_time},
+        {"lastRestartTime", o->last_restart_time}, {"nextRestartTime", o->next_restart_time}};
     for (size_t i = 0; i < sizeof times / sizeof *times; i++)
         if (times[i].v) cJSON_AddStringToObject(s, times[i].key, times[i].v);
     return s;

@@ -67,6 +67,9 @@ void rec_status_read(const cJSON *status, rec_status_view *v) {
                            .start_time = get_str(status, "startTime", NULL),
                            .completion_time = get_str(status, "completionTime", NULL),
                            .progress_time = get_str(status, "progressTime", NULL), .plan = pl,
+                           .backoff_s = kept(status, "restartBackoffSeconds"),
+                           .last_restart_time = get_str(status, "lastRestartTime", NULL),
+                           .next_restart_time = get_str(status, "nextRestartTime", NULL),
                            .plan_id = get_str(pl, "id", NULL), .plan_profile = get_str(pl, "profile", ""),
                            .plan_estimated = cJSON_IsTrue(get(pl, "estimated"))};
     int n = cJSON_IsArray(conds) ? cJSON_GetArraySize(conds) : 0;

@@ -83,6 +83,12 @@ typedef struct rec_caches {
     cache *services; /* label cephalo.dev/job: the workers' headless Services */
 } rec_caches;
 
+/* A gang restarted after a worker failed waits as a Kubernetes Job's pods do: 10 s, doubling per
+ * failure in a row up to 6 minutes; a gang that ran twice the longest wait starts the count again
+ * (the defaults of --restart-backoff and --restart-backoff-max). */
+#define REC_BACKOFF_FIRST_S 10.0
+#define REC_BACKOFF_MAX_S 360.0
+
 typedef struct rec_config {
     const rec_caches *caches; /* what exists (required) */
     const char *worker_image; /* --worker-image: used when spec.image is absent */
@@ -92,6 +98,9 @@ typedef struct rec_config {
     planning *planner; /* plans are made on its threads (planning.h); NULL: on the caller's */
     double plan_timeout_s; /* --plan-timeout: a plan that takes longer fails (PlanningTimeout); 0: none */
     const inv_archs *worker_archs; /* --worker-archs: GPUs the worker image runs; NULL: any */
+    /* --restart-backoff, --restart-backoff-max: the wait before a gang restarted after a worker
+     * failed, doubling per failure in a row up to the max (0, 0: REC_BACKOFF_FIRST_S, _MAX_S) */
+    double backoff_first_s, backoff_max_s;
 } rec_config;
 
 typedef struct rec_stats {

@@ -3,6 +3,7 @@
 #include "operator/client/kube.h"
 
 #include <ctype.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -540,6 +541,11 @@ static void format_time(char *out, size_t outsz, bool micro) {
 }
 
 void kube_time_now(char *out, size_t outsz) { format_time(out, outsz, false); }
+void kube_time_at(double t, char *out, size_t outsz) {
+    time_t tt = (time_t)ceil(t);
+    struct tm tm;
+    strftime(out, outsz, "%Y-%m-%dT%H:%M:%SZ", gmtime_r(&tt, &tm));
+}
 double kube_time_now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);

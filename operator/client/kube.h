@@ -183,6 +183,9 @@ int kube_stream(kube_client *k, const char *path, double timeout_s, kube_data_fn
  * microseconds "2024-05-01T12:00:00.000000Z" (MicroTime, used by Leases). */
 void kube_time_now(char *out, size_t outsz);
 void kube_microtime_now(char *out, size_t outsz);
+/* Time t (seconds since the epoch) as an RFC 3339 Time, rounded up to the second: a time to wait
+ * for is never shown earlier than it is. */
+void kube_time_at(double t, char *out, size_t outsz);
 /* Now in seconds since the epoch (wall time: to compare with the API's timestamps). */
 double kube_time_now_s(void);
 /* Parses either form into seconds since the epoch; false when it is neither. */

@@ -304,6 +304,22 @@ new_gang() { # 3 Running pods, none of the old ones
 }
 assert "the operator restarts the gang: 3 new pods run" wait_for 60 new_gang
 check "... counted in status.restarts" 0 "restarts 1." -- jp cephalojob long 'restarts {.status.restarts}.'
+backoff_kept() { # the new gang created no earlier than the backoff's end (the chart's 10 s)
+  local t
+  t=$(jp cephalojob long '{.status.restartBackoffSeconds} {.status.lastRestartTime} {.status.nextRestartTime}')
+  K -n "$JNS" get pods -l cephalo.dev/job=long -o jsonpath='{range .items[*]}{.metadata.creationTimestamp} {end}' |
+    $PY -c '
+import sys
+from datetime import datetime
+p = lambda s: datetime.strptime(s, "%Y-%m-%dT%H:%M:%SZ").timestamp()
+wait, last, nxt = sys.argv[1].split()
+made = [p(x) for x in sys.stdin.read().split()]
+assert float(wait) == 10 and p(nxt) - p(last) in (10, 11), (wait, last, nxt)
+assert len(made) == 3 and min(made) >= p(last) + 10, (made, last)
+print("backoff %s s: gang made %.0f s after the failure" % (wait, min(made) - p(last)))' "$t"
+}
+check "... after the restart backoff: status.restartBackoffSeconds 10, nextRestartTime 10 s on, no pod made before it" 0 \
+  "backoff 10 s: gang made" -- backoff_kept
 assert "... the new workers resume from the checkpoint" wait_for 20 bash -c \
   "cat '$dir'/kl/logs/${JNS}_long-*.log | grep -c 'resumed from .* at step [1-9][0-9][0-9]' | grep -qx 3"
 assert "... and the job is Running again" wait_for 30 phase_is long Running

@@ -191,13 +191,14 @@ def main():
         for want in ('--metrics-addr=:8080', '--leader-elect=true', f'--leader-election-namespace={NS}',
                      '--leader-election-id=cephalo-operator', '--log-level=info',
                      f'--worker-image=ghcr.io/cephalo/cephalo-worker:{VERSION}', '--plan-timeout=30s',
-                     '--plan-workers=2', '--workers=8', '--worker-archs=60 61 70 75 80 86 89 90'):
+                     '--plan-workers=2', '--workers=8', '--worker-archs=60 61 70 75 80 86 89 90',
+                     '--restart-backoff=10s', '--restart-backoff-max=6m'):
             assert want in a, f'missing {want} in {a}'
         assert not any(x.startswith('--namespace') for x in a), 'watchNamespaces [] must not pass --namespace'
         assert not any(x.startswith('--profile-configmap') for x in a), 'profileConfigMap "" passes no flag'
         env = {e['name']: e['valueFrom']['fieldRef']['fieldPath'] for e in c['env']}
         assert env == {'POD_NAME': 'metadata.name', 'POD_NAMESPACE': 'metadata.namespace'}, env
-    check('Deployment: leader election, metrics, planning and worker-archs flags, POD_NAME/POD_NAMESPACE from the downward API', args)
+    check('Deployment: leader election, metrics, planning, restart backoff and worker-archs flags, POD_NAME/POD_NAMESPACE from the downward API', args)
 
     def archs():
         # the operator's --worker-archs must be what the worker image is compiled for (the Makefile's
@@ -323,6 +324,7 @@ def main():
                     'operator': {'image': {'tag': 'v9'}, 'watchNamespaces': ['ml'], 'profileConfigMap': 'gpu-profiles',
                                  'priorityClassName': 'system-cluster-critical',
                                  'planTimeout': '2m', 'planWorkers': 4, 'workers': 12,
+                                 'restartBackoff': {'initial': '5s', 'max': '2m'},
                                  'nodeSelector': {'pool': 'system'},
                                  'tolerations': [{'key': 'k', 'operator': 'Exists'}],
                                  'leaderElection': {'enabled': False}}}, 'cephalo', *SM_API)
@@ -339,11 +341,12 @@ def main():
         assert p['containers'][0]['image'].endswith(':v9')
         assert '--namespace=ml' in p['containers'][0]['args'] and '--leader-elect=false' in p['containers'][0]['args']
         assert f'--profile-configmap={NS}/gpu-profiles' in p['containers'][0]['args'], p['containers'][0]['args']
-        assert {'--plan-timeout=2m', '--plan-workers=4', '--workers=12', '--worker-archs=80 86 90'} <= set(p['containers'][0]['args']), p['containers'][0]['args']
+        assert {'--plan-timeout=2m', '--plan-workers=4', '--workers=12', '--worker-archs=80 86 90',
+                '--restart-backoff=5s', '--restart-backoff-max=2m'} <= set(p['containers'][0]['args']), p['containers'][0]['args']
         assert p['nodeSelector'] == {'pool': 'system'} and p['tolerations'][0]['key'] == 'k'
         assert p['priorityClassName'] == 'system-cluster-critical' and 'priorityClassName' not in pod
         return check_dashboard(one(d, 'ConfigMap'))
-    check('serviceMonitor, dashboard, tag, namespaces, priorityClassName, profileConfigMap, planTimeout, planWorkers, workers, worker.archs, nodeSelector, tolerations values take effect', everything)
+    check('serviceMonitor, dashboard, tag, namespaces, priorityClassName, profileConfigMap, planTimeout, restartBackoff, planWorkers, workers, worker.archs, nodeSelector, tolerations values take effect', everything)
 
     def no_workers_sm():
         d = render({'serviceMonitor': {'enabled': True, 'workers': False}}, 'cephalo', *SM_API)

@@ -1,4 +1,5 @@
-/* test_rec_blame.c - which failed worker of a gang the operator blames (rec_blame_earlier): the
+/* test_rec_blame.c - what the operator decides about a failed gang: the wait before the next one
+ * (rec_restart_backoff), and which failed worker it blames (rec_blame_earlier): the
  * one that ended first; finishedAt has whole seconds, stamped when the kubelet sees the exit, so
  * stamps a second apart are a tie, and a tie goes to the death by signal (killed, out of memory)
  * rather than to the peer that exited on the broken collective after it. */
@@ -64,8 +65,26 @@ static void test_two_exits_of_a_kind(void **state) {
     cJSON_Delete(b);
 }
 
+/* 10 s, 20, 40, ... up to 360 s while failures come in a row; back to 10 s once a gang ran twice
+ * the longest wait (as long as 12 minutes); the first failure, or none before, waits 10 s. */
+static void test_restart_backoff(void **state) {
+    (void)state;
+    const double first = 10, max = 360;
+    double wait = rec_restart_backoff(0, 1e30, first, max), want[] = {10, 20, 40, 80, 160, 320, 360, 360};
+    assert_true(wait == 10);
+    for (int i = 1; i < 8; i++) {
+        wait = rec_restart_backoff(wait, 30, first, max); /* each gang failed after 30 s */
+        assert_true(wait == want[i]);
+    }
+    assert_true(rec_restart_backoff(360, 719, first, max) == 360); /* ran just under 12 min */
+    assert_true(rec_restart_backoff(360, 720, first, max) == 10);  /* ran 12 min: the count starts again */
+    assert_true(rec_restart_backoff(40, 1e30, first, max) == 10);  /* the gang's start unknown */
+    assert_true(rec_restart_backoff(3, 1, 2, 4) == 4);              /* an operator's own first/max */
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_restart_backoff),
         cmocka_unit_test(test_earlier_second_wins),
         cmocka_unit_test(test_signal_wins_a_tie),
         cmocka_unit_test(test_two_exits_of_a_kind),
