@@ -4,6 +4,8 @@
 #   make deps       install the missing Debian packages (idempotent; needs root)
 #   make test       unit + CLI tests; ends with "N passed, N failed"
 #   make demo       the planner on the paper's Cluster A, then training on emulated devices
+#   make k8s-demo   the operator on the project's own control plane with fake GPU nodes (2 L4, A10G,
+#                   T4): the chart installed, a CPU-sized CephaloJob watched to Succeeded, torn down
 #   make bench      planning-time and CPU training benchmarks (against PyTorch), `cephalo report` of 3M log lines
 #   make fuzz       libFuzzer targets for the parsers of user input (fuzz/fuzz_*.c)
 #   SAN=1           build and test with AddressSanitizer + UndefinedBehaviorSanitizer
@@ -137,7 +139,7 @@ else
 endif
 
 .SECONDARY:
-.PHONY: all deps controlplane test demo bench fuzz clean help info cuda test-gpu bench-gpu bench-operator cuda-check cuda-check-run cuda-check-objs cuda118 images
+.PHONY: all deps controlplane test demo k8s-demo bench fuzz clean help info cuda test-gpu bench-gpu bench-operator cuda-check cuda-check-run cuda-check-objs cuda118 images
 all: $(CLI) $(WORKER) $(OLIB) $(OPERATOR) $(CUDA_TARGETS)
 
 cuda: $(CUDA_TARGETS)
@@ -341,6 +343,10 @@ test: deps controlplane $(CLI) $(WORKER) $(OPERATOR) $(TESTS) $(TOKCHECK)
 
 demo: deps $(CLI) $(WORKER)
 	@BUILD=$(BUILD) mk/demo.sh
+
+# Cephalo on the project's own Kubernetes control plane with fake GPU nodes (docs/k8s.md, "make k8s-demo")
+k8s-demo: deps controlplane $(CLI) $(WORKER) $(OPERATOR)
+	@BUILD=$(BUILD) mk/k8s_demo.sh
 
 bench: deps $(BENCH) $(CLI) $(WORKER) $(BENCH_TOK) $(BENCH_SAMPLE) $(BENCH_COMM) $(BENCH_CRC)
 	@$(BENCH)

@@ -451,6 +451,14 @@ void inv_describe(const cluster *cl, char *out, size_t n) {
     free(count), free(first);
 }
 
+/* Why a GPU node was left out, counted for the message when no GPU is usable. */
+typedef enum { LEFT_CORDONED, LEFT_NOT_READY, LEFT_SELECTOR, LEFT_TAINT, LEFT_PRODUCT, LEFT_UNKNOWN, LEFT_ARCHS,
+               LEFT_OTHER, LEFT_N } left_why;
+static const char *const left_text[LEFT_N] = {
+    "cordoned", "not Ready", "not matching spec.gpus.nodeSelector", "tainted against the job",
+    "with a product spec.gpus.allowedProducts leaves out", "with a product the catalog does not know",
+    "with GPUs the worker image does not run", "left out for other reasons (above)"};
+
 /* One inv_build: the constraints, what it found so far, and what it needs to say why nothing was. */
 typedef struct inv_walk {
     const inv_constraints *c;
@@ -460,6 +468,7 @@ typedef struct inv_walk {
     held_pod *held; /* the GPUs others' pods hold; NULL: every allocatable GPU is free */
     int n_held;
     int with_gpus, archs_left; /* nodes with GPUs; of them, those the image runs on no GPU of */
+    int left[LEFT_N];          /* GPU nodes left out, by why */
     char seen[256]; /* their products, for the message when none is usable */
 } inv_walk;
 
@@ -473,20 +482,34 @@ typedef struct node_gpus {
     int major, minor;
 } node_gpus;
 
-/* A node its state or the job's constraints leave out (cordoned, not Ready, not selected, a
- * taint not tolerated): true, with a note where the user may not expect it. */
-static bool node_left_out(const inv_walk *w, const cJSON *node, const char *name) {
+/* Whether the job's own constraints leave node g out (not selected by spec.gpus.nodeSelector, a
+ * product spec.gpus.allowedProducts does not name, or one the catalog lacks without it): said
+ * before the node's state, which does not matter to a job that would not use the node. */
+static bool node_not_wanted(inv_walk *w, const cJSON *node, node_gpus *g) {
+    if (w->c->node_selector && !selector_matches(node, w->c->node_selector)) return w->left[LEFT_SELECTOR]++, true;
+    g->spec = find_product(w->memo, &w->n_memo, g->product);
+    if (product_allowed(g->product, g->spec, w->c->allowed_products)) return false;
+    bool listed = w->c->allowed_products && cJSON_GetArraySize(w->c->allowed_products) > 0;
+    if (!listed) /* an unknown product is planned only where the job names it */
+        note(w->r, "node %s: GPU product %s is not in the catalog (cephalo gpus): left out unless "
+             "spec.gpus.allowedProducts names it, then planned from its gpu.memory label", g->name, g->product);
+    w->left[listed ? LEFT_PRODUCT : LEFT_UNKNOWN]++;
+    return true;
+}
+
+/* A node its state leaves out (cordoned, not Ready, a taint not tolerated): true, with a note. */
+static bool node_left_out(inv_walk *w, const cJSON *node, const char *name) {
     if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(node, "spec"), "unschedulable"))) {
         note(w->r, "node %s%s is cordoned", name, "");
-        return true;
+        return w->left[LEFT_CORDONED]++, true;
     }
     if (!inv_node_ready(node)) {
         note(w->r, "node %s%s is not Ready", name, "");
-        return true;
+        return w->left[LEFT_NOT_READY]++, true;
     }
-    if (w->c->node_selector && !selector_matches(node, w->c->node_selector)) return true;
     const cJSON *taint = inv_untolerated_taint(node, w->c->tolerations);
     if (!taint) return false;
+    w->left[LEFT_TAINT]++;
     char t[160];
     snprintf(t, sizeof t, "%.60s%s%.60s:%s", item_str(taint, "key"), *item_str(taint, "value") ? "=" : "",
              item_str(taint, "value"), item_str(taint, "effect"));
@@ -494,27 +517,26 @@ static bool node_left_out(const inv_walk *w, const cJSON *node, const char *name
     return true;
 }
 
-/* The GPU type of node g (its product allowed, the image runs on it): true with g->spec (a
- * catalog GPU, or the nearest by memory for an unknown product with a gpu.memory label). */
+/* The GPU type of node g (its product wanted: node_not_wanted set g->spec; the image runs on it):
+ * true with g->spec (a catalog GPU, or the nearest by memory for an unknown product with a
+ * gpu.memory label). */
 static bool node_gpu_type(inv_walk *w, const cJSON *node, node_gpus *g) {
-    g->spec = find_product(w->memo, &w->n_memo, g->product);
-    if (!product_allowed(g->product, g->spec, w->c->allowed_products)) return false;
     const char *m = label(node, INV_LABEL_MEMORY);
     if (m && !str_to_double(m, &g->mem_mib)) g->mem_mib = 0;
     if (!image_runs(node, g->name, g->product, g->spec, w->c->archs, &g->major, &g->minor, w->r)) {
         w->archs_left++;
-        return false;
+        return w->left[LEFT_ARCHS]++, false;
     }
     if (!g->spec) {
         if (g->mem_mib <= 0) {
             note(w->r, "node %s: GPU product %s is unknown and has no gpu.memory label", g->name, g->product);
-            return false;
+            return w->left[LEFT_OTHER]++, false;
         }
         /* it becomes the device type: a cut one would group other products with it */
         if (strlen(g->product) >= sizeof(((cluster_device *)0)->type)) {
             note(w->r, "node %s: unknown GPU product %s: the name is too long for the planner's device type", g->name,
                  g->product);
-            return false;
+            return w->left[LEFT_OTHER]++, false;
         }
         g->spec = nearest_by_memory(g->mem_mib, g->major);
         g->estimated = w->r->estimated = true;
@@ -522,7 +544,7 @@ static bool node_gpu_type(inv_walk *w, const cJSON *node, node_gpus *g) {
     }
     if (strlen(g->name) >= sizeof(((cluster_node *)0)->name)) {
         note(w->r, "node %s%s: name too long for the planner", g->name, "");
-        return false;
+        return w->left[LEFT_OTHER]++, false;
     }
     return true;
 }
@@ -563,19 +585,38 @@ static int walk_node(inv_walk *w, const cJSON *node, cluster *cl, err_t *err) {
         if (*w->seen) strcat(w->seen, ", ");
         strcat(w->seen, g.product);
     }
-    if (node_left_out(w, node, g.name) || !node_gpu_type(w, node, &g)) return 0;
+    if (node_not_wanted(w, node, &g) || node_left_out(w, node, g.name) || !node_gpu_type(w, node, &g)) return 0;
     return add_node_gpus(w, node, &g, cl, err);
 }
 
-/* Why no GPU is usable: no node has any, the image runs on none, or the constraints match none. */
+/* "2 not matching spec.gpus.nodeSelector, 1 cordoned": the GPU nodes left out, by why. */
+static void left_counts(const inv_walk *w, char *out, size_t n) {
+    size_t len = 0;
+    out[0] = '\0';
+    for (int i = 0; i < LEFT_N && len < n; i++)
+        if (w->left[i]) len += (size_t)snprintf(out + len, n - len, "%s%d %s", len ? ", " : "", w->left[i], left_text[i]);
+}
+
+/* Why no GPU is usable: no node has any, the image runs on none, or the constraints match none;
+ * when one constraint left out every GPU node, that constraint named (a typo in allowedProducts
+ * reads differently from a nodeSelector that matches nothing). */
 static int no_usable_gpu(const inv_walk *w, err_t *err) {
     if (w->with_gpus == 0)
         return err_set(err, "no node has GPUs (GPU Feature Discovery label %s and allocatable %s)", INV_LABEL_PRODUCT,
                        INV_RESOURCE_GPU);
     if (w->archs_left > 0)
         return err_set(err, "no usable GPU: the worker image runs none of the GPUs the job may use: %s", w->r->notes);
-    return err_set(err, "no usable GPU: none of the %d GPU nodes (products: %s) matches the job's gpus constraints%s%s",
-                   w->with_gpus, w->seen, *w->r->notes ? "; " : "", w->r->notes);
+    char counts[400];
+    left_counts(w, counts, sizeof counts);
+    const char *sep = *w->r->notes ? "; " : "";
+    if (w->left[LEFT_PRODUCT] == w->with_gpus)
+        return err_set(err, "no usable GPU: spec.gpus.allowedProducts names none of the products of the %d GPU nodes "
+                       "(they have: %s)%s%s", w->with_gpus, w->seen, sep, w->r->notes);
+    if (w->left[LEFT_SELECTOR] == w->with_gpus)
+        return err_set(err, "no usable GPU: spec.gpus.nodeSelector matches none of the %d GPU nodes (products: %s)%s%s",
+                       w->with_gpus, w->seen, sep, w->r->notes);
+    return err_set(err, "no usable GPU: of the %d GPU nodes (products: %s), %s%s%s", w->with_gpus, w->seen, counts, sep,
+                   w->r->notes);
 }
 
 int inv_build(const cJSON *nodes, const inv_constraints *c, cluster *cl, inv_result *r, err_t *err) {

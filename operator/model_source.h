@@ -29,6 +29,7 @@
 typedef struct msrc {
     const char *kind;      /* the volume source's key: persistentVolumeClaim, hostPath or nfs */
     const cJSON *source;   /* its object, as the job gives it (borrowed from the job) */
+    const char *claim;     /* persistentVolumeClaim's claimName, else NULL (borrowed) */
     char dir[4200];        /* the worker's --init-from: MSRC_MOUNT or MSRC_MOUNT/path */
     char name[64];         /* the model's name: the path's last component, else "hf-model" */
     const cJSON *config;   /* config.json inline, or NULL */

@@ -38,8 +38,10 @@ static bool dns_subdomain(const char *s) {
     return true;
 }
 
-static int check_source(const char *kind, const cJSON *src, err_t *err) {
+/* The volume source's checks; *claim: a persistentVolumeClaim's claimName, else NULL. */
+static int check_source(const char *kind, const cJSON *src, const char **claim, err_t *err) {
     const char *a, *b;
+    *claim = NULL;
     char where[64];
     snprintf(where, sizeof where, "volume.%s", kind);
     if (!cJSON_IsObject(src)) return err_set(err, FIELD ".%s: expected an object", where);
@@ -48,6 +50,7 @@ static int check_source(const char *kind, const cJSON *src, err_t *err) {
         if (!dns_subdomain(a))
             return err_set(err, FIELD ".%s.claimName: '%.80s' is not a claim name (lower-case letters, digits, '-' "
                            "and '.')", where, a);
+        *claim = a;
         return 0;
     }
     if (!strcmp(kind, "hostPath")) {
@@ -78,7 +81,7 @@ static int parse_volume(const cJSON *vol, msrc *out, err_t *err) {
         if (!strcmp(vol->child->string, known[i])) {
             out->kind = known[i];
             out->source = vol->child;
-            return check_source(out->kind, out->source, err);
+            return check_source(out->kind, out->source, &out->claim, err);
         }
     return err_set(err, FIELD ".volume.%.64s: not a supported volume source (expected " SOURCES ")", vol->child->string);
 }

@@ -146,6 +146,8 @@ int rec_job_read(const cJSON *job, rec_job_meta *m, rec_status_view *st, job_spe
 const cJSON *rec_items(const cJSON *list);
 /* A ConfigMap's data: its keys and string values, to iterate with cJSON_ArrayForEach. */
 const cJSON *rec_cm_data(const cJSON *cm);
+/* A PersistentVolumeClaim's status.phase ("Bound", "Pending", "Lost"), or "" without one. */
+const char *rec_claim_phase(const cJSON *pvc);
 /* A job's status object as the API returned it (NULL without one): compared whole before a write. */
 const cJSON *rec_job_status(const cJSON *job);
 void rec_status_view_free(rec_status_view *v);
@@ -344,6 +346,12 @@ void rec_forget_assumed(rec_ctx *x);
 void rec_hold_assumed(rec_ctx *x);
 void rec_release_held(const rec_ctx *x);
 int rec_create_pods(rec_ctx *x, gang *g, err_t *err);
+/* Before the gang's pods are made: every claim the job mounts (spec.data.pvc, spec.checkpoint.pvc,
+ * spec.model.initFrom's claim) exists and is Bound. 1 yes (or they cannot be read: 403, left to
+ * the scheduler); 0 one is missing or unbound, said by name in the status (phase Planned, reason
+ * ClaimNotFound or ClaimNotBound, a Warning Event when the reason is new), looked at again in
+ * REC_CLAIM_RECHECK_S; -1 on an API error. rec_claims.c. */
+int rec_claims_ready(rec_ctx *x, err_t *err);
 /* The plan ConfigMap (x->plan.fresh) and its Event, when a new plan was made. */
 int rec_commit_plan(rec_ctx *x, kube_client *k, err_t *err);
 int rec_side_writes_start(rec_ctx *x, err_t *err);

@@ -89,6 +89,8 @@ const cJSON *rec_cm_data(const cJSON *cm) { return get(cm, "data"); }
 
 const cJSON *rec_job_status(const cJSON *job) { return get(job, "status"); }
 
+const char *rec_claim_phase(const cJSON *pvc) { return get_str(get(pvc, "status"), "phase", ""); }
+
 void rec_status_view_free(rec_status_view *v) {
     free(v->conds);
     v->conds = NULL, v->n_conds = 0;

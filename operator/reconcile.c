@@ -92,6 +92,7 @@ static int run_gang(rec_ctx *x, gang *g, err_t *err) {
     int rc;
     if (rec_side_writes_start(x, err) < 0 || rec_gang_read(x, g, err) < 0) return -1;
     if (!rec_gang_decide(x, g, &rc, err)) return rc;
+    if (g->missing > 0 && (rc = rec_claims_ready(x, err)) <= 0) return rc;
     if (rec_create_pods(x, g, err) < 0) {
         rec_pods_not_created(x, err);
         return -1;

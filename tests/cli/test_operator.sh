@@ -308,6 +308,11 @@ spec: {data: {path: synthetic}, model: {name: gpt2-124m}, globalBatch: 8, steps:
 ---
 apiVersion: cephalo.dev/v1alpha1
 kind: CephaloJob
+metadata: {name: nosel}
+spec: {data: {path: synthetic}, model: {name: gpt2-124m}, globalBatch: 8, steps: 1, gpus: {nodeSelector: {pool: nowhere}}}
+---
+apiVersion: cephalo.dev/v1alpha1
+kind: CephaloJob
 metadata: {name: toobig}
 spec: {data: {path: synthetic}, model: {name: llama-7b}, globalBatch: 8, seqLen: 2048, steps: 1, gpus: {nodeSelector: {pool: main}}}
 ---
@@ -327,10 +332,13 @@ metadata: {name: longwarmup}
 spec: {data: {path: synthetic}, model: {name: gpt2-124m}, globalBatch: 8, steps: 5, optimizer: {warmup: 5}}
 EOF
 K apply -f "$dir/bad.yaml" >/dev/null
-for j in nomodel nogpus toobig smallbatch longseq longwarmup; do wait_for 20 phase_is $j Failed; done
+for j in nomodel nogpus nosel toobig smallbatch longseq longwarmup; do wait_for 20 phase_is $j Failed; done
 failed_reason() { jp cephalojob "$1" '{.status.phase} {.status.conditions[?(@.type=="Planned")].status} {.status.conditions[?(@.type=="Failed")].reason}: {.status.message}'; }
 check "an unknown model -> Failed (InvalidSpec), naming the model" 0 "Failed False InvalidSpec: model: unknown model 'gpt9-huge'" -- failed_reason nomodel
-check "no GPU matching allowedProducts -> Failed (NoGPUs), naming what the nodes have" 0 "Failed False NoGPUs: no usable GPU: none of the 3 GPU nodes (products: NVIDIA-L4, NVIDIA-A10G, NVIDIA-Future-GPU)" -- failed_reason nogpus
+check "no GPU matching allowedProducts -> Failed (NoGPUs), naming the field and what the nodes have" 0 \
+  "Failed False NoGPUs: no usable GPU: spec.gpus.allowedProducts names none of the products of the 3 GPU nodes (they have: NVIDIA-L4, NVIDIA-A10G, NVIDIA-Future-GPU)" -- failed_reason nogpus
+check "a nodeSelector that matches no GPU node -> Failed (NoGPUs), saying so (not read as a missing product)" 0 \
+  "Failed False NoGPUs: no usable GPU: spec.gpus.nodeSelector matches none of the 3 GPU nodes (products: NVIDIA-L4, NVIDIA-A10G, NVIDIA-Future-GPU)" -- failed_reason nosel
 check "a model too big for the GPUs -> Failed (Infeasible) with the planner's reason" 0 "Failed False Infeasible: no feasible cephalo plan on 3 GPUs: the training state" -- failed_reason toobig
 check "globalBatch below the GPU count -> Failed (InvalidSpec)" 0 "globalBatch 2 is less than the 3 usable GPUs" -- failed_reason smallbatch
 check "a Llama seqLen beyond the model's max_seq -> Failed (InvalidSpec), as a GPT's" 0 \
@@ -723,6 +731,35 @@ assert "... and starts when those end" wait_for 20 bash -c \
   '[ "$(kubectl get cephalojob q-second -o jsonpath="{.status.phase} {.status.conditions[?(@.type==\"Admitted\")].status}")" = "Planned True" ]'
 finish q-second
 wait_for 20 phase_is q-second Succeeded
+
+# a job whose claims are missing, then unbound, then bound: no pods until then, the status naming
+# the claim and its field (not a GPU taken after planning, which is what the scheduler's refusal
+# of such pods would look like)
+printf 'apiVersion: cephalo.dev/v1alpha1\nkind: CephaloJob\nmetadata: {name: q-claim}\nspec: {data: {pvc: shards, path: train}, checkpoint: {pvc: ckpts, dir: q}, model: {name: gpt2-124m}, seqLen: 128, globalBatch: 12, steps: 1, gpus: {nodeSelector: {pool: q}}}\n' |
+  K apply -f - >/dev/null
+claim_status() { jp cephalojob q-claim '{.status.phase} {.status.conditions[?(@.type=="Running")].reason}: {.status.message}'; }
+claim_is() { claim_status | grep -qF -- "$1"; }
+assert "a job whose data claim does not exist waits: Planned, reason ClaimNotFound" wait_for 20 claim_is "Planned ClaimNotFound"
+check "... naming the claim and its field, with no pods" 0 \
+  "Planned ClaimNotFound: PersistentVolumeClaim default/shards (spec.data.pvc) does not exist: create it (e.g. examples/k8s/storage.yaml); the worker pods wait for it 0" -- \
+  bash -c "echo \"\$($(declare -f jp claim_status); claim_status) \$(kubectl get pods -l cephalo.dev/job=q-claim -o name | wc -l)\""
+check "... and a Warning Event saying so" 0 "Warning ClaimNotFound PersistentVolumeClaim default/shards" -- \
+  K get events --field-selector involvedObject.name=q-claim,reason=ClaimNotFound -o jsonpath='{.items[0].type} {.items[0].reason} {.items[0].message}'
+pvc() { printf '{"apiVersion":"v1","kind":"PersistentVolumeClaim","metadata":{"name":"%s"},"spec":{"accessModes":["ReadWriteMany"],"resources":{"requests":{"storage":"1Gi"}}}}' "$1" | K create -f - >/dev/null; }
+bind() { curl_api -X PATCH -H 'Content-Type: application/merge-patch+json' -d '{"status":{"phase":"Bound"}}' \
+  "$K8S_SERVER/api/v1/namespaces/default/persistentvolumeclaims/$1/status" >/dev/null; }
+pvc shards
+assert "the claim created but not bound (no volume binder here): reason ClaimNotBound" wait_for 20 claim_is \
+  "Planned ClaimNotBound: PersistentVolumeClaim default/shards (spec.data.pvc) is Pending, not Bound"
+bind shards
+assert "bound: the next claim is named (the checkpoint claim, spec.checkpoint.pvc)" wait_for 20 claim_is \
+  "ClaimNotFound: PersistentVolumeClaim default/ckpts (spec.checkpoint.pvc) does not exist"
+pvc ckpts && bind ckpts
+assert "both bound: the gang's 3 pods are made" wait_for 20 bash -c '[ "$(kubectl get pods -l cephalo.dev/job=q-claim -o name | wc -l)" = 3 ]'
+check "... mounting both claims" 0 "ckpts shards" -- bash -c \
+  "kubectl get pod q-claim-0 -o jsonpath='{range .spec.volumes[*]}{.persistentVolumeClaim.claimName} {end}' | tr ' ' '\n' | sort | paste -sd' '"
+finish q-claim
+wait_for 20 phase_is q-claim Succeeded
 
 # a pod of another namespace (not the operator's) holds one of q-a's GPUs: a job plans around it
 K create namespace other >/dev/null

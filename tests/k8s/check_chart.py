@@ -101,6 +101,7 @@ CLUSTER_RULES = {
        for v in ('create', 'delete', 'get', 'list', 'watch', 'patch')},
     **{('', 'nodes', v): 1 for v in ('get', 'list', 'watch')},
     **{('', 'events', v): 1 for v in ('create', 'patch')},
+    ('', 'persistentvolumeclaims', 'get'): 1,
 }
 ROLE_RULES = {('coordination.k8s.io', 'leases', v): 1 for v in ('get', 'create', 'update')}
 # With operator.watchNamespaces: the ClusterRole keeps the cluster-wide reads, and a Role in each

@@ -231,9 +231,50 @@ static void test_digests_account_as_pods(void **state) {
     cJSON_Delete(nodes);
 }
 
+/* A GPU node with labels LABELS (after the product's) and spec SPEC ("" or members and a comma). */
+#define GPU_NODE(name, product, labels, spec)                                                      \
+    "{\"metadata\":{\"name\":\"" name "\",\"labels\":{\"nvidia.com/gpu.product\":\"" product "\"" labels "}}," \
+    "\"spec\":{" spec "\"x\":0},\"status\":{\"allocatable\":{\"nvidia.com/gpu\":\"1\"}}}"
+
+/* No usable GPU: the message counts the GPU nodes left out by why, and when one constraint left
+ * out all of them it names that constraint (an allowedProducts typo reads differently from a
+ * nodeSelector that matches nothing). An unknown product without allowedProducts is noted. */
+static void test_left_out_said(void **state) {
+    (void)state;
+    cJSON *nodes = parse("[" GPU_NODE("a", "NVIDIA-L4", ",\"pool\":\"x\"", "\"unschedulable\":true,") ","
+                         GPU_NODE("b", "NVIDIA-L4", ",\"pool\":\"x\"",
+                                  "\"taints\":[{\"key\":\"k\",\"value\":\"v\",\"effect\":\"NoSchedule\"}],") ","
+                         GPU_NODE("c", "Acme-X1", ",\"pool\":\"x\"", "") ","
+                         GPU_NODE("d", "NVIDIA-A10G", ",\"pool\":\"y\"", "") "]");
+    cJSON *sel = parse("{\"pool\":\"x\"}"), *nowhere = parse("{\"pool\":\"z\"}"), *typo = parse("[\"NVIDIA-L44\"]");
+    const struct {
+        inv_constraints c;
+        const char *want;
+    } cases[] = {
+        {{.node_selector = sel},
+         "no usable GPU: of the 4 GPU nodes (products: NVIDIA-L4, Acme-X1, NVIDIA-A10G), 1 cordoned, 1 not matching "
+         "spec.gpus.nodeSelector, 1 tainted against the job, 1 with a product the catalog does not know; node a is "
+         "cordoned; node b has the taint k=v:NoSchedule, which spec.tolerations does not tolerate; node c: GPU product "
+         "Acme-X1 is not in the catalog (cephalo gpus): left out unless spec.gpus.allowedProducts names it"},
+        {{.node_selector = nowhere}, "no usable GPU: spec.gpus.nodeSelector matches none of the 4 GPU nodes"},
+        {{.allowed_products = typo},
+         "no usable GPU: spec.gpus.allowedProducts names none of the products of the 4 GPU nodes (they have: "
+         "NVIDIA-L4, Acme-X1, NVIDIA-A10G)"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        cluster cl;
+        inv_result r;
+        err_t err = {{0}};
+        assert_int_equal(inv_build(nodes, &cases[i].c, &cl, &r, &err), -1);
+        if (!strstr(err.msg, cases[i].want)) fail_msg("case %zu: %s\nwanted: %s", i, err.msg, cases[i].want);
+    }
+    cJSON_Delete(nodes), cJSON_Delete(sel), cJSON_Delete(nowhere), cJSON_Delete(typo);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pinned),
+        cmocka_unit_test(test_left_out_said),
         cmocka_unit_test(test_pod_on_node),
         cmocka_unit_test(test_unbound_pinned_charged),
         cmocka_unit_test(test_digests_account_as_pods),

@@ -66,6 +66,11 @@ requiredDuringSchedulingIgnoredDuringExecution:
 - apiGroups: [""]
   resources: [events]
   verbs: [create, patch]
+# a job's claims (data, checkpoints, initFrom) looked at before its pods: a missing or unbound
+# one is named in the status instead of pods the scheduler cannot place
+- apiGroups: [""]
+  resources: [persistentvolumeclaims]
+  verbs: [get]
 {{- end }}
 
 {{- /* What values.schema.json cannot say: combinations that would render a broken release. */}}
