@@ -296,6 +296,7 @@ static atomic_int op_leading; /* 1 while this replica works */
 static atomic_int op_lost; /* leadership was lost: exit so that a fresh process campaigns */
 static atomic_int op_jobs_listed; /* every watch's store has its first list */
 static atomic_int op_elect; /* --leader-elect: /readyz of a standby */
+static atomic_int op_status_denied; /* the API server refuses the jobs' status writes (403) */
 /* made before the HTTP thread starts, freed after it stopped */
 static rec_caches op_caches; /* the watches' stores (cache.h): what the reconcile reads */
 static planning *op_pool;
@@ -399,6 +400,10 @@ static enum MHD_Result op_http(void *cls, struct MHD_Connection *c, const char *
         /* a standby is ready (it waits for the Lease); a leader once its job list arrived */
         bool ready = !atomic_load(&op_stop) && (atomic_load(&op_elect) && !atomic_load(&op_leading)
                                                      ? true : atomic_load(&op_jobs_listed));
+        if (ready && atomic_load(&op_status_denied))
+            return op_reply(c, MHD_HTTP_SERVICE_UNAVAILABLE, "text/plain",
+                            "not ready: the API server refuses this operator's CephaloJob status writes (403): its "
+                            "RBAC lacks update on cephalojobs/status (docs/k8s.md, RBAC)\n");
         return ready ? op_reply(c, MHD_HTTP_OK, "text/plain", "ok\n")
                      : op_reply(c, MHD_HTTP_SERVICE_UNAVAILABLE, "text/plain", "not ready: not everything listed yet\n");
     }
@@ -652,6 +657,7 @@ static int op_run(const op_opts *o, const kube_config *cfg, kube_client *k, err_
     rec_config rc_cfg = {.caches = &op_caches, .worker_image = o->worker_image, .worker_pull_policy = o->worker_pull_policy,
                          .profile_cm = o->profile_cm, .planner = op_pool, .plan_timeout_s = o->plan_timeout_s,
                          .backoff_first_s = o->backoff_first_s, .backoff_max_s = o->backoff_max_s,
+                         .status_denied = &op_status_denied,
                          .worker_archs = &o->worker_archs};
     informers_wait_synced(watches);
     rec_hold_partial_gangs(&rc_cfg); /* before any admission */

@@ -56,6 +56,20 @@ static int status_mutate(cJSON *obj, void *argp, err_t *err) {
     return 1;
 }
 
+/* A status write refused (403) or accepted: the operator's readiness follows (rec_config), and the
+ * first refusal of a run is said where a user looks, a Warning Event on the job (when the
+ * operator may write events). */
+static void status_denied(rec_ctx *x, bool denied, const err_t *err) {
+    if (!x->c->status_denied) return;
+    int was = atomic_exchange(x->c->status_denied, denied ? 1 : 0);
+    if (!denied || was) return;
+    char msg[800];
+    snprintf(msg, sizeof msg, "the operator may not write this job's status (RBAC: update on cephalojobs/status): %.600s",
+             err->msg);
+    log_error("%s: %s", x->job.key, msg);
+    rec_emit(x->k, &x->job.meta, "Warning", "StatusForbidden", msg);
+}
+
 /* Writes the job's status (taking it) unless it is what the store has already: a reconcile that
  * changes nothing sends nothing. The PUT carries the stored resourceVersion; when someone wrote
  * since (409) the job is read again and the status put on that. The answer goes into the store,
@@ -75,6 +89,7 @@ int rec_write_status(rec_ctx *x, cJSON *status, err_t *err) {
     cJSON_Delete(obj);
     if (rc == 0 && out) cache_put(x->c->caches->jobs, out, NULL);
     cJSON_Delete(out);
+    status_denied(x, rc < 0 && st == 403, err);
     return rc < 0 && st == 404 ? 0 : rc; /* 404: deleted meanwhile */
 }
 

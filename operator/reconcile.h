@@ -47,6 +47,8 @@
 #ifndef CEPHALO_RECONCILE_H
 #define CEPHALO_RECONCILE_H
 
+#include <stdatomic.h>
+
 #include "common/err.h"
 #include "operator/client/cache.h"
 #include "operator/inventory.h"
@@ -101,6 +103,10 @@ typedef struct rec_config {
     /* --restart-backoff, --restart-backoff-max: the wait before a gang restarted after a worker
      * failed, doubling per failure in a row up to the max (0, 0: REC_BACKOFF_FIRST_S, _MAX_S) */
     double backoff_first_s, backoff_max_s;
+    /* Set to 1 while the API server refuses the operator's status writes (403: RBAC lacks
+     * cephalojobs/status), back to 0 by the next accepted one: /readyz fails meanwhile, as the
+     * jobs' phases would otherwise stay blank with nothing but a log line saying why. NULL: not kept. */
+    atomic_int *status_denied;
 } rec_config;
 
 typedef struct rec_stats {

@@ -438,6 +438,30 @@ n403=$(awk -v a="$op_lines_before" -v b="$op_lines_after" 'NR > a && NR <= b' "$
 if [ "$n403" -gt 0 ]; then
   echo "# $n403 operator requests got 403 while the restarted API server started (its RBAC caches empty)"
 fi
+# ---- the status permission taken away: /readyz fails, the job gets a Warning Event ----------------
+# (after the 403 check above: these refusals are the point)
+K get clusterrole cephalo-operator -o json >"$dir/cr.json"
+$PY - "$dir/cr.json" <<'PY'
+import json, sys
+cr = json.load(open(sys.argv[1]))
+for k in ('resourceVersion', 'uid', 'creationTimestamp', 'managedFields'):
+    cr['metadata'].pop(k, None)
+json.dump(cr, open(sys.argv[1], 'w'))
+cr['rules'] = [r for r in cr['rules'] if 'cephalojobs/status' not in r['resources']]
+json.dump(cr, open(sys.argv[1].replace('.json', '-nostatus.json'), 'w'))
+PY
+K replace -f "$dir/cr-nostatus.json" >/dev/null
+sed -e 's/name: tiny,/name: denied,/' -e 's/dir: tiny/dir: denied/' -e 's/^spec:/spec:\n  suspend: true/' "$dir/tiny.yaml" |
+  K apply -f - >/dev/null
+assert "without update on cephalojobs/status, /readyz fails and says why" wait_for 30 bash -c \
+  "curl -s '$M/readyz' | grep -q \"refuses this operator's CephaloJob status writes (403)\""
+check "... and a Warning Event on the job says the operator may not write its status" 0 \
+  "Warning StatusForbidden the operator may not write this job's status (RBAC: update on cephalojobs/status)" -- \
+  K -n "$JNS" get events --field-selector involvedObject.name=denied,reason=StatusForbidden \
+    -o jsonpath='{.items[0].type} {.items[0].reason} {.items[0].message}'
+K replace -f "$dir/cr.json" >/dev/null
+assert "the permission back: the job's status is written (Suspended) and /readyz answers ok" wait_for 60 bash -c \
+  "[ \"\$(kubectl -n $JNS get cephalojob denied -o jsonpath='{.status.phase}')\" = Suspended ] && curl -fsS '$M/readyz' >/dev/null"
 if grep -q 'error\|warn' "$dir/op-checked.log"; then
   echo "# operator log lines with errors (but for the restart window):"
   grep 'error\|warn' "$dir/op-checked.log" | head -10 | sed 's/^/#   /'
