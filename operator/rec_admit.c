@@ -137,7 +137,8 @@ static bool gang_recreated(rec_ctx *x, const other_job *j) {
 static bool claims(rec_ctx *x, const other_job *j, char *who, size_t n) {
     phase ph = j->st.phase;
     if (j->meta.deleting || j->spec.suspend) return false;
-    bool ahead = ph == PHASE_QUEUED && job_before(&j->meta, j->spec.priority, &x->job.meta, x->job.js.priority);
+    bool ahead = ph == PHASE_QUEUED && !rec_waits_for_claim(&j->st) &&
+                 job_before(&j->meta, j->spec.priority, &x->job.meta, x->job.js.priority);
     bool restarting = ph == PHASE_RESTARTING && rec_cond_true(rec_cond_find(&j->st, "Admitted"));
     if ((!ahead && !restarting) || !shares_nodes(x, &j->spec) || (restarting && gang_recreated(x, j))) return false;
     if (ahead)

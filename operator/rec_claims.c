@@ -57,7 +57,12 @@ static int claim_wrong(rec_ctx *x, const claim_ref *c, const char **reason, char
     return wrong;
 }
 
-int rec_claims_ready(rec_ctx *x, err_t *err) {
+bool rec_waits_for_claim(const rec_status_view *st) {
+    const rec_cond *c = rec_cond_find(st, "Admitted");
+    return c && c->reason && !strncmp(c->reason, "Claim", 5);
+}
+
+int rec_claims_ready(rec_ctx *x, phase ph, err_t *err) {
     claim_ref claims[3];
     int n = job_claims(&x->job.js, claims);
     const char *reason = NULL;
@@ -66,11 +71,9 @@ int rec_claims_ready(rec_ctx *x, err_t *err) {
         int w = claim_wrong(x, &claims[i], &reason, why, sizeof why, err);
         if (w < 0) return -1;
         if (w == 0) continue;
-        const rec_cond *was = rec_cond_find(&x->job.old, "Running"); /* where the phase's reason goes */
-        if (!was || !was->reason || strcmp(was->reason, reason) || strcmp(x->job.old.message, why))
-            rec_emit(x->k, &x->job.meta, "Warning", reason, why);
+        if (strcmp(x->job.old.message, why)) rec_emit(x->k, &x->job.meta, "Warning", reason, why);
         if (x->st) x->st->requeue_s = REC_CLAIM_RECHECK_S;
-        return rec_status_write(x, PHASE_PLANNED, reason, why, err) < 0 ? -1 : 0;
+        return rec_status_write(x, ph, reason, why, err) < 0 ? -1 : 0;
     }
     return 1;
 }

@@ -346,12 +346,15 @@ void rec_forget_assumed(rec_ctx *x);
 void rec_hold_assumed(rec_ctx *x);
 void rec_release_held(const rec_ctx *x);
 int rec_create_pods(rec_ctx *x, gang *g, err_t *err);
-/* Before the gang's pods are made: every claim the job mounts (spec.data.pvc, spec.checkpoint.pvc,
- * spec.model.initFrom's claim) exists and is Bound. 1 yes (or they cannot be read: 403, left to
- * the scheduler); 0 one is missing or unbound, said by name in the status (phase Planned, reason
- * ClaimNotFound or ClaimNotBound, a Warning Event when the reason is new), looked at again in
- * REC_CLAIM_RECHECK_S; -1 on an API error. rec_claims.c. */
-int rec_claims_ready(rec_ctx *x, err_t *err);
+/* Before a gang's pods are made (a new job: before it is admitted): every claim the job mounts
+ * (spec.data.pvc, spec.checkpoint.pvc, spec.model.initFrom's claim) exists and is Bound. 1 yes
+ * (or they cannot be read: 403, left to the scheduler); 0 one is missing or unbound, said by name
+ * in the status (phase ph: Queued for a job not admitted, which then holds no place in the queue,
+ * else Restarting; reason ClaimNotFound or ClaimNotBound; a Warning Event when the message is
+ * new), looked at again in REC_CLAIM_RECHECK_S; -1 on an API error. rec_claims.c. */
+int rec_claims_ready(rec_ctx *x, phase ph, err_t *err);
+/* Whether a job's status says it waits for a claim (rec_claims_ready): not a job ahead in the queue. */
+bool rec_waits_for_claim(const rec_status_view *st);
 /* The plan ConfigMap (x->plan.fresh) and its Event, when a new plan was made. */
 int rec_commit_plan(rec_ctx *x, kube_client *k, err_t *err);
 int rec_side_writes_start(rec_ctx *x, err_t *err);

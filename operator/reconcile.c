@@ -79,6 +79,7 @@ static int plan_and_admit(rec_ctx *x, err_t *err) {
     if (rc > 0) rc = rec_wait_foreign(x, err);
     else if (rc == 0) rc = rec_choose_view(x, err);
     if (rc > 0) rc = rec_current_plan(x, err);
+    if (rc > 0 && !phase_live(x->job.old.phase)) rc = rec_claims_ready(x, PHASE_QUEUED, err);
     if (rc > 0) rc = rec_admit(x, err);
     if (rc > 0) rec_assume_pods(x);
     rec_admit_unlock(x);
@@ -92,7 +93,9 @@ static int run_gang(rec_ctx *x, gang *g, err_t *err) {
     int rc;
     if (rec_side_writes_start(x, err) < 0 || rec_gang_read(x, g, err) < 0) return -1;
     if (!rec_gang_decide(x, g, &rc, err)) return rc;
-    if (g->missing > 0 && (rc = rec_claims_ready(x, err)) <= 0) return rc;
+    /* a live job's new gang (a new job's claims were looked at before its admission) */
+    if (g->missing > 0 && phase_live(x->job.old.phase) && (rc = rec_claims_ready(x, PHASE_RESTARTING, err)) <= 0)
+        return rc;
     if (rec_create_pods(x, g, err) < 0) {
         rec_pods_not_created(x, err);
         return -1;

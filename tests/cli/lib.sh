@@ -121,3 +121,12 @@ params_agree() {
 # kube.c reports them ("HTTP 403 (Forbidden): ..."). Not a bare "403": commit hashes, ports and
 # times in the same logs contain it (a version line "0.1.0+4a20167d403e" once failed CI). FILE - reads stdin.
 api_refusals() { grep -hE 'HTTP 403([^0-9]|$)|[Ff]orbidden' "$@"; }
+
+# bound_claim NS NAME: a PersistentVolumeClaim marked Bound through its status, for the suites
+# whose control plane runs no volume binder (the operator reads a job's claims before it makes
+# the pods: a missing or unbound one keeps them from being made)
+bound_claim() {
+  printf '{"apiVersion":"v1","kind":"PersistentVolumeClaim","metadata":{"name":"%s","namespace":"%s"},"spec":{"accessModes":["ReadWriteMany"],"resources":{"requests":{"storage":"1Gi"}}}}' \
+    "$2" "$1" | kubectl create -f - >/dev/null &&
+    kubectl patch pvc "$2" -n "$1" --subresource=status --type merge -p '{"status":{"phase":"Bound"}}' >/dev/null
+}

@@ -511,6 +511,7 @@ K delete cephalojob prof >/dev/null
 finish nomodel
 assert "nomodel's workers end: nomodel Succeeded" wait_for 20 phase_is nomodel Succeeded
 
+bound_claim default fineweb-tokens && bound_claim default cephalo-checkpoints # the example's claims
 K apply -f examples/jobs/cephalojob-gpt-mixed.yaml -f examples/jobs/cephalojob-llama-bf16.yaml \
   -f examples/jobs/cephalojob-suspended.yaml >/dev/null
 assert "example gpt2-mixed is planned on the L4 and A10G GPUs" wait_for 20 phase_is gpt2-mixed Planned
@@ -737,20 +738,19 @@ wait_for 20 phase_is q-second Succeeded
 # of such pods would look like)
 printf 'apiVersion: cephalo.dev/v1alpha1\nkind: CephaloJob\nmetadata: {name: q-claim}\nspec: {data: {pvc: shards, path: train}, checkpoint: {pvc: ckpts, dir: q}, model: {name: gpt2-124m}, seqLen: 128, globalBatch: 12, steps: 1, gpus: {nodeSelector: {pool: q}}}\n' |
   K apply -f - >/dev/null
-claim_status() { jp cephalojob q-claim '{.status.phase} {.status.conditions[?(@.type=="Running")].reason}: {.status.message}'; }
+claim_status() { jp cephalojob q-claim '{.status.phase} {.status.conditions[?(@.type=="Admitted")].reason}: {.status.message}'; }
 claim_is() { claim_status | grep -qF -- "$1"; }
-assert "a job whose data claim does not exist waits: Planned, reason ClaimNotFound" wait_for 20 claim_is "Planned ClaimNotFound"
+assert "a job whose data claim does not exist waits: Queued, reason ClaimNotFound" wait_for 20 claim_is "Queued ClaimNotFound"
 check "... naming the claim and its field, with no pods" 0 \
-  "Planned ClaimNotFound: PersistentVolumeClaim default/shards (spec.data.pvc) does not exist: create it (e.g. examples/k8s/storage.yaml); the worker pods wait for it 0" -- \
-  bash -c "echo \"\$($(declare -f jp claim_status); claim_status) \$(kubectl get pods -l cephalo.dev/job=q-claim -o name | wc -l)\""
+  "Queued ClaimNotFound: PersistentVolumeClaim default/shards (spec.data.pvc) does not exist: create it (e.g. examples/k8s/storage.yaml); the worker pods wait for it 0" -- \
+  echo "$(claim_status) $(K get pods -l cephalo.dev/job=q-claim -o name | wc -l)"
 check "... and a Warning Event saying so" 0 "Warning ClaimNotFound PersistentVolumeClaim default/shards" -- \
   K get events --field-selector involvedObject.name=q-claim,reason=ClaimNotFound -o jsonpath='{.items[0].type} {.items[0].reason} {.items[0].message}'
 pvc() { printf '{"apiVersion":"v1","kind":"PersistentVolumeClaim","metadata":{"name":"%s"},"spec":{"accessModes":["ReadWriteMany"],"resources":{"requests":{"storage":"1Gi"}}}}' "$1" | K create -f - >/dev/null; }
-bind() { curl_api -X PATCH -H 'Content-Type: application/merge-patch+json' -d '{"status":{"phase":"Bound"}}' \
-  "$K8S_SERVER/api/v1/namespaces/default/persistentvolumeclaims/$1/status" >/dev/null; }
+bind() { K patch pvc "$1" --subresource=status --type merge -p '{"status":{"phase":"Bound"}}' >/dev/null; }
 pvc shards
 assert "the claim created but not bound (no volume binder here): reason ClaimNotBound" wait_for 20 claim_is \
-  "Planned ClaimNotBound: PersistentVolumeClaim default/shards (spec.data.pvc) is Pending, not Bound"
+  "Queued ClaimNotBound: PersistentVolumeClaim default/shards (spec.data.pvc) is Pending, not Bound"
 bind shards
 assert "bound: the next claim is named (the checkpoint claim, spec.checkpoint.pvc)" wait_for 20 claim_is \
   "ClaimNotFound: PersistentVolumeClaim default/ckpts (spec.checkpoint.pvc) does not exist"

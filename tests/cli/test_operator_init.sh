@@ -150,6 +150,7 @@ op_pid=$!
 assert "the operator becomes ready" wait_for 20 curl -fsS "$M/readyz"
 
 # ---- a Llama from a claim, its config.json in a ConfigMap, with validation data -------------------
+bound_claim "$JNS" tokens && bound_claim "$JNS" hf-models # (no volume binder here)
 K -n "$JNS" create configmap tiny-llama-config --from-file=config.json="$dir/models/tiny-llama/config.json" >/dev/null
 job llama "    initFrom:
       volume: {persistentVolumeClaim: {claimName: hf-models}}
