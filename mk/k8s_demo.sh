@@ -32,6 +32,7 @@ dir=$(mktemp -d /tmp/cephalo-k8s-demo.XXXXXX)
 kl_pid='' watch_pid=''
 cleanup() {
   local rc=$?
+  set +e # every step runs, whatever the one before it did (a process already gone)
   [ -n "$watch_pid" ] && kill "$watch_pid" 2>/dev/null
   if [ -n "$kl_pid" ]; then # SIGTERM stops the pods' processes; SIGKILL after 10 s
     kill "$kl_pid" 2>/dev/null
@@ -45,7 +46,7 @@ cleanup() {
     say "k8s-demo: logs kept in $KEEP"
   fi
   rm -rf "$dir"
-  [ "$rc" -eq 0 ] && say "k8s-demo: torn down (control plane stopped, pods' processes ended)"
+  say "k8s-demo: torn down (control plane stopped, pods' processes ended)"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
@@ -138,7 +139,12 @@ say "the operator:"
 curl -fsS --max-time 5 "http://127.0.0.1:$port/metrics" |
   grep -E '^cephalo_operator_(jobs|reconciles_total|plans_total|jobs_succeeded_total|jobs_restarted_total|pods_created_total|api_requests_total)' | sed 's/^/  /'
 say "the job's status:"
-K get cephalojob cpu-demo -n "$NS" -o jsonpath='  step {.status.step}, loss {.status.loss}, {.status.samplesPerSecondText} samples/s on {.status.plan.worldSize} GPUs ({.status.plan.strategy} plan, predicted {.status.plan.predictedSamplesPerSecond} samples/s for the real GPUs), last checkpoint at step {.status.lastCheckpointStep}{"\n"}'
+K get cephalojob cpu-demo -n "$NS" -o json | $PY -c '
+import json, sys
+s = json.load(sys.stdin)["status"]
+print("  step %d, loss %.4f, %s samples/s on %d GPUs (the %s plan predicts %.0f samples/s on the real GPUs), "
+      "last checkpoint at step %d" % (s["step"], s["loss"], s["samplesPerSecondText"], s["plan"]["worldSize"],
+      s["plan"]["strategy"], s["plan"]["predictedSamplesPerSecond"], s["lastCheckpointStep"]))'
 K get cephalojob cpu-demo -n "$NS" -o jsonpath='{range .status.plan.ranks[*]}  rank {.rank} on {.node} ({.device}): batch {.batch} in {.microbatches} x {.microbatch}, state share {.stateRatio}{"\n"}{end}'
 say "checkpoints on the claim: $(ls "$dir/kl/pvc/cephalo-checkpoints/cpu-demo" | tr '\n' ' ')"
 rule "k8s-demo: the job Succeeded in $((SECONDS - t_job)) s ($((SECONDS - t0)) s in all)"
