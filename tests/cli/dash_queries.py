@@ -3,19 +3,21 @@
   dash_queries.py workers DASHBOARD.json PROM_PORT JOB   the workers' panels (tests/cli/test_metrics.sh)
   dash_queries.py operator DASHBOARD.json PROM_PORT      the operator's panels (test_operator.sh)
 
-Each panel's PromQL gets Grafana's variables as a user who picks JOB and all ranks has them ($job
-JOB, $rank the "All" value .*, $__rate_interval 4 scrape intervals of 1 s, Grafana's minimum), and
+Each panel's PromQL gets Grafana's variables as a user who picks JOB in its namespace and all ranks
+has them ($namespace NS, $DASH_NAMESPACE or metrics-ns, as test_metrics.sh's Prometheus labels the
+targets; $job JOB, $rank the "All" value .*, $__rate_interval 4 scrape intervals of 1 s, Grafana's minimum), and
 is sent to /api/v1/query until it gives at least one series (workers: with a finite value; the
 operator's may be NaN, as a quantile of an idle interval is) or $DASH_QUERY_WAIT seconds (60) pass. The variables'
 label_values(SELECTOR, LABEL) go to /api/v1/series (workers: JOB and ranks 0..2 must be among the
-values). A query that never gives a series is a wrong dashboard (a metric, label or matcher the
+values, and NS among the namespaces). A query that never gives a series is a wrong dashboard (a metric, label or matcher the
 components do not have), and is named. Prints one line; exit 1 on a failure."""
 import json, math, os, re, sys, time, urllib.parse, urllib.request
 
 mode, dash, port = sys.argv[1], json.load(open(sys.argv[2])), sys.argv[3]
 job = sys.argv[4] if mode == "workers" else "none"
 api = "http://127.0.0.1:%s/api/v1/" % port
-subst = {"$job": job, "$rank": ".*", "$__rate_interval": "4s"}
+ns = os.environ.get("DASH_NAMESPACE", "metrics-ns")
+subst = {"$namespace": ns, "$job": job, "$rank": ".*", "$__rate_interval": "4s"}
 
 
 def expand(expr):
@@ -68,7 +70,7 @@ bad = ["panel %r query %s: no series%s after %g s: %s" % (k[0], k[1], "" if mode
        for k, q in pending.items()]
 n_vars = 0
 if mode == "workers":
-    want = {"job": {job}, "rank": {"0", "1", "2"}}
+    want = {"namespace": {ns}, "job": {job}, "rank": {"0", "1", "2"}}
     for v in dash["templating"]["list"]:
         if v["type"] != "query":
             continue

@@ -58,6 +58,7 @@ cat >"$T/job.yaml" <<'EOF'
 name: metrics-test
 model: tiny-gpt
 data: synthetic
+validation: {data: synthetic, every: 20, samples: 12} # the dashboard's validation-loss panel
 batch: 12
 seq: 32
 steps: 1000000
@@ -68,7 +69,7 @@ check "bad --metrics-port" 2 "--metrics-port: '70000'" -- "$C" run --metrics-por
 sed 's/^steps:.*/&\nmetrics_port: 65535/' "$T/job.yaml" >"$T/high.yaml"
 check "ports beyond 65535" 2 "ranks 0..2 would need ports up to 65537" -- "$C" run "$T/high.yaml" --run-dir "$T/high"
 sed 's/^steps:.*/&\nmetrics_port: http/' "$T/job.yaml" >"$T/word.yaml"
-check "job metrics_port not a number" 2 "word.yaml:7: metrics_port" -- "$C" run "$T/word.yaml" --run-dir "$T/word"
+check "job metrics_port not a number" 2 "word.yaml:8: metrics_port" -- "$C" run "$T/word.yaml" --run-dir "$T/word"
 check "worker --metrics-port range" 2 "--metrics-port: '-1'" -- "$W" train --data synthetic --model tiny-gpt --batch 2 --metrics-port -1
 check "bad \$CEPHALO_METRICS_PORT" 2 "CEPHALO_METRICS_PORT is 'x'" -- \
   env CEPHALO_METRICS_PORT=x "$W" train --data synthetic --model tiny-gpt --batch 2 --steps 1
@@ -104,6 +105,9 @@ scrape_configs:
   - job_name: cephalo
     honor_labels: true # keep the workers' job label (the Cephalo job), docs/metrics.md
     file_sd_configs: [{files: ["$T/run/prometheus-targets.json"]}]
+    # the namespace label the Prometheus Operator gives a ServiceMonitor's targets (the job's
+    # namespace), which the dashboard's namespace variable selects on
+    relabel_configs: [{target_label: namespace, replacement: metrics-ns}]
 EOF
   prometheus --config.file="$T/prometheus.yml" --storage.tsdb.path="$T/tsdb" \
     --web.listen-address="127.0.0.1:$PROM_PORT" >"$T/prometheus.log" 2>&1 &
@@ -171,6 +175,9 @@ dash = json.load(open(sys.argv[1]))  # valid JSON
 lines = open(sys.argv[2]).read().splitlines()
 assert lines and lines[0] == "200", "the worker's /metrics did not answer"
 exported = {re.match(r"[a-zA-Z_:][a-zA-Z0-9_:]*", l).group(0) for l in lines[1:] if l and not l.startswith("#")}
+# and the families it declares (a sample such as the validation loss comes at its first evaluation)
+exported |= {m.group(1) + suffix for l in lines[1:] for m in [re.match(r"# TYPE (\S+) (\w+)", l)] if m
+             for suffix in (("_bucket", "_sum", "_count") if m.group(2) == "histogram" else ("",))}
 assert "cephalo_train_tokens_per_second" in exported, "scrape lacks samples: %s" % sorted(exported)
 assert dash.get("uid") == "cephalo-training", "uid %r" % dash.get("uid")
 assert "__inputs" not in dash and "${DS_" not in json.dumps(dash), "import inputs (__inputs / ${DS_...})"
@@ -192,6 +199,13 @@ for p in panels(dash["panels"]):
         assert t.get("datasource", p["datasource"])["uid"] == "${datasource}", "panel %r: a target's datasource" % p["title"]
         used = set(re.findall(r"\bcephalo_[a-z_]+", t["expr"]))
         assert used, "panel %r: %r names no cephalo metric" % (p["title"], t["expr"])
+        operator = all(u.startswith("cephalo_operator_") for u in used)
+        # a worker query: the namespace variable in every selector, and jobs of one name in two
+        # namespaces kept apart in every aggregation by job
+        if not operator:
+            n_sel = len(re.findall(r"\bcephalo_[a-z_]+\{", t["expr"]))
+            assert t["expr"].count('namespace=~"$namespace"') == n_sel, "panel %r: a selector without the namespace variable: %r" % (p["title"], t["expr"])
+            assert not re.search(r"by \((?![^)]*namespace)[^)]*\bjob\b", t["expr"]), "panel %r: by job without namespace: %r" % (p["title"], t["expr"])
         used = {u for u in used if not u.startswith("cephalo_operator_")}  # test_operator.sh's
         missing = used - exported
         assert not missing, "panel %r queries %s, which the worker does not export" % (p["title"], sorted(missing))
@@ -200,9 +214,11 @@ for v in tvars:
     if v["type"] == "query":
         missing = set(re.findall(r"\bcephalo_[a-z_]+", v["definition"])) - exported
         assert not missing, "variable %r: %s not exported" % (v["name"], sorted(missing))
+assert [v["name"] for v in tvars if v["type"] == "query"] == ["namespace", "job", "rank"], [v["name"] for v in tvars]
+assert any(p.get("title") == "Validation loss" for p in panels(dash["panels"])), "no validation-loss panel"
 print("%d queries over %d metrics" % (n_targets, len(names)))
 EOF
-); then echo "ok $n - dashboard: valid JSON, uid, datasource variable, every query's metric exported ($out)"
+); then echo "ok $n - dashboard: valid JSON, uid, datasource variable, namespace/job/rank variables, the namespace in every worker query and aggregation, a validation-loss panel, every query's metric exported ($out)"
 else echo "not ok $n - dashboard"; echo "$out" | tail -5 | sed 's/^/#   /'; fi
 
 # ---- every panel's query against the live Prometheus ----
