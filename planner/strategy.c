@@ -337,7 +337,8 @@ static const char *fit_hint(const cost_model *cm, char *buf, size_t n) {
 static int explain_infeasible(plan *p, int mcap) {
     const cost_model *cm = p->cm;
     char who[128], a[32], b[32], c[32], d[32], hint[160];
-    double room_sum = 0;
+    double room_sum = 0, room_max = 0;
+    int roomiest = 0;
     for (int i = 0; i < p->n_ranks; i++) {
         const cost_group *g = &cm->groups[cost_group_of(cm, i)];
         double need = (double)cost_compute_bytes(g, 1);
@@ -349,12 +350,22 @@ static int explain_infeasible(plan *p, int mcap) {
                               fit_hint(cm, hint, sizeof hint));
         }
         room_sum += g->usable_bytes - need;
+        if (g->usable_bytes - need > room_max) room_max = g->usable_bytes - need, roomiest = i;
     }
     double state = (double)cm->params * cm->state_bpp;
-    if (state > room_sum)
-        return infeasible(p, "the training state (%s = %d B x %.4g params) does not fit: the devices have %s usable after compute at microbatch 1; %s missing in all (add devices or memory)",
+    if (state > room_sum) {
+        /* what would make it fit: more GPUs like the one with the most room, each bringing that room */
+        const cluster_device *dev = &cm->cl->devices[roomiest];
+        double more = room_max > 0 ? ceil((state - room_sum) / room_max) : 0;
+        char add[200] = "add devices or memory";
+        if (more > 0 && more < 1e6)
+            snprintf(add, sizeof add, "it needs %.0f more GPU%s like the %s (%s usable after compute each), or GPUs with "
+                     "more memory", more, more == 1 ? "" : "s", dev->threads ? dev->type : dev->spec->name,
+                     str_bytes(room_max, d, sizeof d));
+        return infeasible(p, "the training state (%s = %d B x %.4g params) does not fit: the devices have %s usable after compute at microbatch 1; %s missing in all (%s)",
                           str_bytes(state, a, sizeof a), cm->state_bpp, (double)cm->params,
-                          str_bytes(room_sum, b, sizeof b), str_bytes(state - room_sum, c, sizeof c));
+                          str_bytes(room_sum, b, sizeof b), str_bytes(state - room_sum, c, sizeof c), add);
+    }
     /* the job may have forced every rank to keep its activations */
     const char *rec = cm->opts.recompute == RECOMPUTE_FORCE_NONE
                           ? " with recompute none (every unit's activations kept on the device; recompute auto or full "

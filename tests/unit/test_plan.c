@@ -201,6 +201,21 @@ static void test_infeasible_reasons(void **state) {
     assert_false(p.feasible);
     assert_non_null(strstr(p.reason, "training state"));
     assert_non_null(strstr(p.reason, "missing in all"));
+    /* what would make it fit: N more GPUs like the one with the most room after compute, N the
+     * fewest whose room covers what is missing */
+    double room_sum = 0, room_max = 0, need = (double)cm.params * cm.state_bpp;
+    for (int i = 0; i < cl.n_devices; i++) {
+        const cost_group *g = &cm.groups[cost_group_of(&cm, i)];
+        double room = g->usable_bytes - (double)cost_compute_bytes(g, 1);
+        room_sum += room;
+        if (room > room_max) room_max = room;
+    }
+    const char *more = strstr(p.reason, "it needs ");
+    assert_non_null(more);
+    int n_more = atoi(more + strlen("it needs "));
+    assert_true(n_more >= 1);
+    assert_true(room_sum + n_more * room_max >= need && room_sum + (n_more - 1) * room_max < need);
+    assert_non_null(strstr(p.reason, "or GPUs with more memory"));
     plan_free(&p);
     cost_free(&cm);
     /* a batch smaller than the device count cannot be split */
