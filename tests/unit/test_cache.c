@@ -170,7 +170,7 @@ static void test_replace_one_namespace(void **state) {
     cache *c = cache_new("pods");
     const char *ns[] = {"ml", "ml2", "ml", "ml2", "m"};
     for (int i = 0; i < 5; i++) {
-        char name[8];
+        char name[16];
         snprintf(name, sizeof name, "p%d", i);
         cJSON *o = obj(ns[i], name, "1", "a", i);
         cache_put(c, o, NULL);
