@@ -12,6 +12,7 @@
 #include "common/json_util.h"
 #include "common/log.h"
 #include "common/strutil.h"
+#include "operator/pod_template.h"
 
 #define MAX_COUNT 1099511627776.0 /* the CRD's maximum of steps and counts: 2^40 */
 
@@ -290,6 +291,9 @@ static void parse_rest(jp *p, job_spec *s) {
     s->allowed_products = at(p->spec, "gpus.allowedProducts");
     s->node_selector = at(p->spec, "gpus.nodeSelector");
     s->tolerations = at(p->spec, "tolerations");
+    s->pod_template = at(p->spec, "template");
+    err_t e;
+    if (pod_template_check(s->pod_template, &e) < 0) bad_err(p, &e);
     if (suspend && !cJSON_IsBool(suspend)) bad(p, "suspend", "expected true or false, got %s", got(suspend, g, sizeof g));
     s->suspend = cJSON_IsTrue(suspend);
     str_at(p, "image", &s->image);

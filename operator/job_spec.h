@@ -76,6 +76,7 @@ typedef struct job_spec {
     const cJSON *allowed_products; /* spec.gpus.allowedProducts (array of strings), or NULL */
     const cJSON *node_selector;    /* spec.gpus.nodeSelector (object of strings), or NULL */
     const cJSON *tolerations;      /* spec.tolerations (array of objects), or NULL */
+    const cJSON *pod_template;     /* spec.template (checked: pod_template.h), or NULL */
     long min_gpus, max_gpus;       /* 0: not given */
     long priority;
     long min_replan_s;

@@ -8,6 +8,7 @@
 #include "common/log.h"
 #include "common/version.h"
 #include "operator/model_source.h"
+#include "operator/pod_template.h"
 #include "operator/rec_internal.h"
 
 /* ---- metadata -------------------------------------------------------------------------------- */
@@ -377,6 +378,7 @@ static cJSON *pod_object(const rec_ctx *x, const plan_view_rank *planned, int ra
         cJSON_AddItemToObject(ps, "tolerations", cJSON_Duplicate(x->job.js.tolerations, true));
     restricted_pod(ps);
     worker_container(x, ps, planned, rank, world);
+    pod_template_apply(x->job.js.pod_template, o); /* spec.template, checked with the spec */
     return o;
 }
 

@@ -426,12 +426,28 @@ spec:
   image: registry.test/custom:2
   checkpoint: {dir: /shared/odd, every: 5}
   gpus: {allowedProducts: [NVIDIA-Future-GPU], nodeSelector: {pool: odd}}
+  template:
+    metadata: {labels: {team: vision}}
+    spec:
+      priorityClassName: training-high
+      imagePullSecrets: [{name: registry-creds}]
+      containers: [{name: worker, resources: {requests: {cpu: "4", memory: 8Gi}, limits: {memory: 16Gi}}}]
 EOF
+K create priorityclass training-high --value=1000 >/dev/null
 K apply -f "$dir/odd.yaml" >/dev/null
 assert "an unknown GPU product is planned from its gpu.memory label" wait_for 20 phase_is odd Planned
 check "... marked estimated, with a note, on its node" 0 "node gpu-c: unknown GPU product NVIDIA-Future-GPU planned from its gpu.memory label" -- \
   jp cephalojob odd '{.status.plan.estimated} {.status.plan.ranks[0].node} {.status.message}'
 check "spec.image overrides --worker-image" 0 "registry.test/custom:2" -- jp pod odd-0 '{.spec.containers[0].image}'
+check "spec.template: the worker pod carries its labels, priority class, pull secrets, CPU and memory, and still its GPU" 0 \
+  "vision training-high registry-creds 4 8Gi 16Gi 1 1 false" -- \
+  jp pod odd-0 '{.metadata.labels.team} {.spec.priorityClassName} {.spec.imagePullSecrets[0].name} {.spec.containers[0].resources.requests.cpu} {.spec.containers[0].resources.requests.memory} {.spec.containers[0].resources.limits.memory} {.spec.containers[0].resources.requests.nvidia\.com/gpu} {.spec.containers[0].resources.limits.nvidia\.com/gpu} {.spec.automountServiceAccountToken}'
+sed -e 's/name: odd}/name: odd-cmd}/' -e 's/containers: \[{name: worker, /containers: [{name: worker, command: [sh], /' "$dir/odd.yaml" | K apply -f - >/dev/null
+assert "a template that sets the worker's command: Failed (InvalidSpec), no pod" wait_for 20 phase_is odd-cmd Failed
+check "... naming the field and why" 0 \
+  "InvalidSpec: spec.template.spec.containers[worker].command: owned by the operator (the image's cephalo-worker)" -- \
+  jp cephalojob odd-cmd '{.status.conditions[?(@.type=="Failed")].reason}: {.status.message}'
+K delete cephalojob odd-cmd >/dev/null
 check "the MODEL column (-o wide) names an inline model: its name, '(inline)'" 0 "tiny-gpt-wide (inline)" -- \
   bash -c "kubectl get cephalojob odd -o wide | awk 'NR == 1 {i = index(\$0, \"MODEL\")} NR == 2 {print substr(\$0, i, 22)}'"
 check "a checkpoint without keepLast/keepEvery: none in the worker's args (the directory's retention applies)" 0 \
