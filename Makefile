@@ -369,7 +369,7 @@ FUZZ_WORKER_SRC := $(wildcard worker/formats/*.c) worker/state/plan_read.c worke
 # The operator's parsers alone, none of which needs libcurl: the watch stream (the loop is
 # watch_loop.c), a CephaloJob's spec (spec.model.initFrom's checks are model_source_spec.c; the
 # ConfigMap read is model_source.c) and the kubeconfig (the client is client/kube.c).
-FUZZ_OPERATOR_SRC := operator/client/watch.c operator/job_spec.c operator/pod_template.c operator/model_source_spec.c operator/client/kube_config.c
+FUZZ_OPERATOR_SRC := operator/client/watch.c operator/job_spec.c operator/pod_template.c operator/quantity.c operator/model_source_spec.c operator/client/kube_config.c
 # The code under test is compiled once for all targets (each target used to compile all ~50
 # sources again: minutes of CI), instrumented for the fuzzer but without its main.
 FUZZ_LIB_SRC := $(COMMON_SRC) $(PLANNER_SRC) $(CLI_SRC) $(FUZZ_WORKER_SRC) $(FUZZ_OPERATOR_SRC)

@@ -61,6 +61,10 @@ static const char usage_text[] =
     "  --profile FILE        measured costs (cephalo profile); default: the profile store\n"
     "                        when it has the model, else estimates (docs/profile.md)\n"
     "  --mem-cap F           usable fraction of device memory (default " STR_OF(INPUTS_MEM_CAP) ")\n"
+    "  --host-memory SIZE    host memory of each worker (e.g. its pod's memory limit): the\n"
+    "                        host offload pool grows with a rank's batch, and at most the\n"
+    "                        --mem-cap fraction of SIZE may hold it (512M, 16G; default:\n"
+    "                        not bounded)\n"
     "  --recompute R         auto (default: each device keeps its activations where they\n"
     "                        fit and it is faster, else recomputes), none or full for all\n"
     "  --format F            table (default) or json\n"
@@ -77,7 +81,7 @@ typedef struct cli_opts {
     long batch, seq;
     precision prec;
     bool json;
-    double mem_cap;
+    double mem_cap, host_bytes;
     strategy strat;
     recompute_policy recompute;
 } cli_opts;
@@ -98,6 +102,13 @@ static int plan_option(args *p, int ch, cli_opts *o) {
         if (!str_to_double(p->val, &o->mem_cap) || !(o->mem_cap > 0 && o->mem_cap <= 1))
             return args_bad(p, "--mem-cap: '%s' (expected a fraction in (0, 1])", p->val);
         break;
+    case 'H': {
+        int64_t bytes;
+        if (!str_to_size(p->val, &bytes) || bytes <= 0)
+            return args_bad(p, "--host-memory: '%s' (expected a size such as 512M or 16G)", p->val);
+        o->host_bytes = (double)bytes;
+        break;
+    }
     case 'R':
         return args_choice(p, (const char *const[]){"auto", "none", "full", NULL}, &v) ? ARGS_BAD
                                                                                        : (recompute_policy_parse(v, &o->recompute), 0);
@@ -120,7 +131,7 @@ static int parse_options(int argc, char **argv, bool compare, cli_opts *o) {
         {"profile", required_argument, 0, 'P'}, {"mem-cap", required_argument, 0, 'M'},
         {"format", required_argument, 0, 'f'},  {"output", required_argument, 0, 'o'},
         {"dump-costs", required_argument, 0, 'D'}, {"recompute", required_argument, 0, 'R'},
-        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+        {"host-memory", required_argument, 0, 'H'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     *o = (cli_opts){.mem_cap = INPUTS_MEM_CAP, .strat = STRAT_CEPHALO};
     args p = args_begin(argc, argv, "cephalo", longopts, "o:", usage_text);
     int ch = 0, rc = 0;
@@ -139,7 +150,7 @@ static int load_inputs(const cli_opts *o, plan_inputs *in) {
     err_t err = {{0}};
     memset(in, 0, sizeof *in);
     inputs_opts io = {.profile = o->profile, .seq = o->seq, .batch = o->batch, .prec = o->prec, .mem_cap = o->mem_cap,
-                      .recompute = o->recompute};
+                      .recompute = o->recompute, .host_bytes = o->host_bytes};
     /* the precision is checked against the GPUs first, so that the message names the option */
     if (cluster_load_file(o->cluster, &in->cl, &err) < 0 || cluster_check_precision(&in->cl, o->prec, "--precision", &err) < 0 ||
         model_resolve(o->model, &in->model, &err) < 0 || inputs_build(in, &io, &err) < 0) {

@@ -8,6 +8,7 @@
 #include "common/json_util.h"
 #include "operator/job_spec.h"
 #include "operator/model_source.h"
+#include "operator/quantity.h"
 
 #define T "spec.template"
 
@@ -119,6 +120,26 @@ static int check_env(const cJSON *env, const char *where, err_t *err) {
     return 0;
 }
 
+/* The worker's requests and limits: quantities (quantity.h), the GPU left to the operator. */
+static int check_resources(const cJSON *res, const char *w, err_t *err) {
+    if (!res) return 0;
+    if (!cJSON_IsObject(res)) return err_set(err, "%s.resources: expected an object with requests and limits", w);
+    const char *parts[] = {"requests", "limits"};
+    for (int i = 0; i < 2; i++) {
+        const cJSON *part = json_get(res, parts[i]), *kv;
+        if (part && !cJSON_IsObject(part)) return err_set(err, "%s.resources.%s: expected a map of quantities", w, parts[i]);
+        if (json_get(part, "nvidia.com/gpu"))
+            return err_set(err, "%s.resources.%s.nvidia.com/gpu: owned by the operator (one GPU per worker, as "
+                           "planned)", w, parts[i]);
+        cJSON_ArrayForEach(kv, part) {
+            double v;
+            err_t qe;
+            if (quantity_json(kv, &v, &qe) < 0) return err_set(err, "%s.resources.%s.%s: %s", w, parts[i], kv->string, qe.msg);
+        }
+    }
+    return 0;
+}
+
 /* The worker container's part: resources (not the GPU), env, envFrom, volume mounts. */
 static int check_worker(const cJSON *c, err_t *err) {
     const char *w = T ".spec.containers[" POD_TEMPLATE_WORKER "]";
@@ -130,11 +151,7 @@ static int check_worker(const cJSON *c, err_t *err) {
         if (!listed(worker_fields, kv->string))
             return err_set(err, "%s.%s: not supported (the worker takes resources, env, envFrom, volumeMounts and "
                            "securityContext)", w, kv->string);
-    const char *parts[] = {"requests", "limits"};
-    for (int i = 0; i < 2; i++)
-        if (json_get(json_get(json_get(c, "resources"), parts[i]), "nvidia.com/gpu"))
-            return err_set(err, "%s.resources.%s.nvidia.com/gpu: owned by the operator (one GPU per worker, as "
-                           "planned)", w, parts[i]);
+    if (check_resources(json_get(c, "resources"), w, err) < 0) return -1;
     char where[160];
     snprintf(where, sizeof where, "%s.volumeMounts", w);
     if (check_named_list(json_get(c, "volumeMounts"), where, true, err) < 0) return -1;
@@ -189,6 +206,21 @@ int pod_template_check(const cJSON *tmpl, err_t *err) {
             return err_set(err, T ".%s: not supported (a template has metadata and spec)", kv->string);
     if (check_metadata(json_get(tmpl, "metadata"), err) < 0) return -1;
     return check_spec(json_get(tmpl, "spec"), err);
+}
+
+/* The container named worker in a template's pod spec, or NULL. */
+static const cJSON *template_worker(const cJSON *tmpl) {
+    const cJSON *c;
+    cJSON_ArrayForEach(c, json_get(json_get(tmpl, "spec"), "containers"))
+        if (str_of(c, "name") && !strcmp(str_of(c, "name"), POD_TEMPLATE_WORKER)) return c;
+    return NULL;
+}
+
+double pod_template_memory_limit(const cJSON *tmpl) {
+    const cJSON *v = json_get(json_get(json_get(template_worker(tmpl), "resources"), "limits"), "memory");
+    double bytes;
+    err_t err;
+    return v && quantity_json(v, &bytes, &err) == 0 ? bytes : 0;
 }
 
 /* ---- the merge ------------------------------------------------------------------------------- */

@@ -26,5 +26,8 @@ int pod_template_check(const cJSON *tmpl, err_t *err);
 /* Merges a checked template into pod (the operator's, complete: metadata, spec, its worker
  * container); NULL adds nothing but automountServiceAccountToken: false. */
 void pod_template_apply(const cJSON *tmpl, cJSON *pod);
+/* The worker container's memory limit in bytes (resources.limits.memory of a checked template),
+ * or 0 when it sets none: each worker's host memory, which bounds its offload pool. */
+double pod_template_memory_limit(const cJSON *tmpl);
 
 #endif

@@ -10,6 +10,7 @@
 #include "common/log.h"
 #include "common/strutil.h"
 #include "operator/model_source.h"
+#include "operator/pod_template.h"
 #include "operator/rec_internal.h"
 #include "planner/inputs.h"
 #include "planner/model.h"
@@ -218,7 +219,8 @@ static int plan_inputs_of(const rec_ctx *x, const job_inv *gpus, int cap, plan_t
     snprintf(out->notes, sizeof out->notes, "%s", gpus->r.notes);
     t->strat = x->job.js.strat;
     t->o = (inputs_opts){.batch = x->job.js.global_batch, .seq = x->job.js.seq_len, .mem_cap = x->job.js.mem_cap,
-                         .prec = x->job.js.train.prec, .recompute = x->job.js.recompute, .no_store = true};
+                         .prec = x->job.js.train.prec, .recompute = x->job.js.recompute, .no_store = true,
+                         .host_bytes = pod_template_memory_limit(x->job.js.pod_template)};
     if (cluster_check_precision(&t->in.cl, t->o.prec, "spec.precision", err) < 0) {
         out->reason = "UnsupportedPrecision";
         return -1;

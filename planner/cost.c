@@ -219,6 +219,10 @@ static void compute_memory(const cost_model *cm, const cluster_device *d, const 
     *m1 = at1 - at0;
 }
 
+double cost_host_bytes(const cost_model *cm, int b) { return b * cm->host_per_sample; }
+
+double cost_host_usable(const cost_model *cm) { return cm->opts.host_bytes * cm->opts.mem_cap; }
+
 int64_t cost_compute_bytes(const cost_group *g, int m) {
     return (int64_t)ceil(g->m0 + g->m1 * m) + engine_head_bytes(g->model, g->seq, m);
 }
@@ -513,6 +517,12 @@ int cost_build(cost_model *cm, const model_spec *m, const cluster *cl, int seq, 
     int n = cl->n_devices;
     for (int u = 0; u < model_n_units(m); u++)
         cm->even_state_params += (model_unit_params(m, u) + n - 1) / n;
+    if (!(opts->host_bytes >= 0 && isfinite(opts->host_bytes)))
+        return err_set(err, "host memory %g bytes must be >= 0 (0: not bounded)", opts->host_bytes);
+    cm->host_per_sample = (double)model_n_units(m) * cm->tokens * m->d_model * 4;
+    cm->host_bmax = batch;
+    if (opts->host_bytes > 0)
+        cm->host_bmax = (int)fmin(batch, floor(cost_host_usable(cm) / cm->host_per_sample));
     build_comm(cm);
     build_groups(cm);
     /* a step waits for its slowest rank's fixed bookkeeping too */

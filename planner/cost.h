@@ -39,6 +39,9 @@ typedef struct cost_opts {
     double mem_cap; /* usable fraction of each device's memory */
     const profile *prof; /* NULL: analytic estimates only */
     recompute_policy recompute; /* auto: the optimizer chooses per rank; or one forced on all */
+    /* Host memory of each rank (a worker pod's memory limit, spec.template) for the host offload
+     * pool, of which mem_cap is usable; 0: not bounded (the worker checks the machine's memory) */
+    double host_bytes;
 } cost_opts;
 
 typedef struct cost_group {
@@ -93,6 +96,11 @@ typedef struct cost_model {
     int64_t params; /* P */
     int64_t even_state_params; /* sum over units of ceil(numel/N): the largest even share */
     int state_bpp; /* device bytes of state per shard parameter (engine_state_bytes_per_param) */
+    /* The host offload pool grows with a rank's batch b: b x host_per_sample bytes (every unit's
+     * input checkpoint and the flowing gradient, [tokens, d] fp32 each: docs/cost-model.md).
+     * host_bmax: the largest b whose pool fits opts.host_bytes x mem_cap (batch when unbounded). */
+    double host_per_sample;
+    int host_bmax;
 } cost_model;
 
 /* Builds the model for this cluster and global batch. Errors: bad batch, bad options, a precision
@@ -100,6 +108,11 @@ typedef struct cost_model {
 int cost_build(cost_model *cm, const model_spec *m, const cluster *cl, int seq, int batch,
                const cost_opts *opts, err_t *err);
 void cost_free(cost_model *cm);
+
+/* Bytes of the host offload pool of a rank with batch b (microbatches x microbatch). */
+double cost_host_bytes(const cost_model *cm, int b);
+/* The host memory one rank may use for its pool: opts.host_bytes x mem_cap (0: not bounded). */
+double cost_host_usable(const cost_model *cm);
 
 /* Compute memory M(m) in bytes of a device of group g (integer, rounded up). */
 int64_t cost_compute_bytes(const cost_group *g, int m);

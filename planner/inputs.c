@@ -50,7 +50,7 @@ int inputs_build(plan_inputs *in, const inputs_opts *o, err_t *err) {
         load_store(in);
     }
     cost_opts co = {.prec = o->prec, .mem_cap = o->mem_cap, .prof = in->have_prof ? &in->prof : NULL,
-                    .recompute = o->recompute};
+                    .recompute = o->recompute, .host_bytes = o->host_bytes};
     return cost_build(&in->cm, &in->model, &in->cl, (int)o->seq, (int)o->batch, &co, err);
 }
 

@@ -42,6 +42,7 @@ typedef struct inputs_opts {
     precision prec;
     double mem_cap;
     recompute_policy recompute; /* auto (zero): the optimizer's choice per rank */
+    double host_bytes; /* each rank's host memory for its offload pool (cost_opts.host_bytes); 0: not bounded */
 } inputs_opts;
 
 /* Loads the profile (--profile, else the profile store when it has the model: profile_store.h)

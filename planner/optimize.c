@@ -796,6 +796,7 @@ static void search_init(search *s, const opt_problem *p) {
     s->p = p;
     for (int gi = 0; gi < p->n_groups; gi++) s->n_ranks += p->groups[gi].count;
     s->bmax = p->batch - (s->n_ranks - 1);
+    if (p->rank_batch_max > 0 && p->rank_batch_max < s->bmax) s->bmax = p->rank_batch_max;
     int nb = p->batch + 1;
     s->sets = xcalloc((size_t)p->n_groups, sizeof *s->sets);
     for (int gi = 0; gi < p->n_groups; gi++) bits_init(&s->sets[gi], nb);

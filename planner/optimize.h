@@ -44,6 +44,7 @@ typedef struct opt_problem {
     int batch;
     double fwd_floor, bwd_floor; /* A and C */
     int64_t need_room; /* 0: no aggregate memory constraint */
+    int rank_batch_max; /* > 0: no rank's batch above it (the host offload pool); 0: batch - (ranks - 1) */
     double upper_bound; /* > 0: only objectives below it are of interest (a plan from another
                            regime already reaches it); opt_solve reports 1 when none is */
     /* Limits on the search (a caller with a time budget, e.g. the operator): give up once the

@@ -25,6 +25,7 @@ typedef struct plan_rank {
     double state_ratio;
     int64_t compute_bytes, state_bytes, peak_bytes;
     double usable_bytes, capacity_bytes;
+    double host_bytes; /* the host offload pool (cost_host_bytes) */
     double fwd_ms, bwd_ms; /* l * F(m), l * K(m) */
     double opt_ms;
 } plan_rank;

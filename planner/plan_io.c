@@ -107,6 +107,12 @@ void plan_print_table(const plan *p, FILE *f) {
                 cm->comm.uneven_factor);
     else
         fprintf(f, "  state sharded evenly over %d devices\n", p->n_ranks);
+    if (cm->opts.host_bytes > 0) {
+        double most = 0;
+        for (int i = 0; i < p->n_ranks; i++) most = fmax(most, p->ranks[i].host_bytes);
+        fprintf(f, "  host offload pool: at most %.2f GiB per rank of %.2f GiB usable (%.2f x host memory %.2f GiB)\n",
+                most / GIB, cost_host_usable(cm) / GIB, cm->opts.mem_cap, cm->opts.host_bytes / GIB);
+    }
     fprintf(f, "  planned in %.1f ms (%ld feasibility tests)\n", p->solve_ms, p->checks);
 }
 
@@ -157,6 +163,7 @@ static cJSON *inputs_json(const plan *p) {
     cJSON_AddStringToObject(in, "precision", precision_name(cm->opts.prec));
     cJSON_AddStringToObject(in, "strategy", strategy_name(p->strat));
     cJSON_AddNumberToObject(in, "mem_cap", cm->opts.mem_cap);
+    if (cm->opts.host_bytes > 0) cJSON_AddNumberToObject(in, "host_memory_bytes", cm->opts.host_bytes);
     cJSON_AddStringToObject(in, "recompute", recompute_policy_name(cm->opts.recompute));
     cJSON_AddStringToObject(in, "costs", cost_source(cm));
     /* what the environment's switches made of the memory model: workers check theirs agree */
@@ -189,6 +196,7 @@ static cJSON *rank_json(const plan *p, int i) {
     cJSON_AddNumberToObject(pred, "compute_bytes", (double)r->compute_bytes);
     cJSON_AddNumberToObject(pred, "state_bytes", (double)r->state_bytes);
     cJSON_AddNumberToObject(pred, "usable_bytes", r->usable_bytes);
+    cJSON_AddNumberToObject(pred, "host_bytes", r->host_bytes);
     cJSON_AddNumberToObject(pred, "fwd_ms", r->fwd_ms);
     cJSON_AddNumberToObject(pred, "bwd_ms", r->bwd_ms);
     cJSON_AddNumberToObject(pred, "optimizer_ms", r->opt_ms);

@@ -110,6 +110,14 @@ static int state_waterfill(plan *p) {
 
 /* ---- predictions ---- */
 
+/* "1.60 GiB is usable (0.80 x the workers' memory limit 2.00 GiB)" */
+static const char *host_limit_text(const cost_model *cm, char *buf, size_t n) {
+    char use[32], lim[32];
+    snprintf(buf, n, "%s is usable (%.2f x the workers' host memory %s)", str_bytes(cost_host_usable(cm), use, sizeof use),
+             cm->opts.mem_cap, str_bytes(cm->opts.host_bytes, lim, sizeof lim));
+    return buf;
+}
+
 /* Fills per-rank memory and times and the iteration prediction from batches, microbatches and
  * shards. Returns 0, or records the first rank that runs out of memory. */
 static int finish(plan *p) {
@@ -134,6 +142,7 @@ static int finish(plan *p) {
         r->peak_bytes = r->compute_bytes + r->state_bytes;
         r->usable_bytes = g->usable_bytes;
         r->capacity_bytes = g->dev->memory_bytes;
+        r->host_bytes = cost_host_bytes(cm, r->batch);
         r->fwd_ms = r->micros * g->fwd_ms[r->micro];
         r->bwd_ms = r->micros * cost_bwd_ms(g, r->micro, r->recompute);
         r->opt_ms = r->state_params * g->opt_ms_per_param;
@@ -157,6 +166,15 @@ static int finish(plan *p) {
     for (int gi = 0; gi < cm->n_groups; gi++) peak_sum += cm->groups[gi].peak_tflops * 1e12 * cm->groups[gi].count;
     p->mfu = p->samples_per_s * cost_flops_per_sample(cm) / peak_sum;
     CHECK(p->replicated || total == cm->params);
+    for (int i = 0; i < p->n_ranks; i++) {
+        plan_rank *r = &p->ranks[i];
+        if (cm->opts.host_bytes <= 0 || r->host_bytes <= cost_host_usable(cm)) continue;
+        char who[128], need[32], per[32], lim[128];
+        describe_rank(cm, i, who, sizeof who);
+        return infeasible(p, "out of host memory: %s offloads %s (%d samples x %s) but %s", who,
+                          str_bytes(r->host_bytes, need, sizeof need), r->batch,
+                          str_bytes(cm->host_per_sample, per, sizeof per), host_limit_text(cm, lim, sizeof lim));
+    }
     for (int i = 0; i < p->n_ranks; i++) {
         plan_rank *r = &p->ranks[i];
         if (r->peak_bytes <= r->usable_bytes) continue;
@@ -263,6 +281,7 @@ static void build_problem(const cost_model *cm, regime_problem *rp, int mcap, in
     rp->prob = (opt_problem){.n_groups = cm->n_groups, .groups = rp->groups, .batch = cm->batch,
                              .fwd_floor = cost_fwd_floor(cm, uneven), .bwd_floor = cost_bwd_floor(cm, uneven),
                              .need_room = uneven ? cm->params : 0,
+                             .rank_batch_max = cm->opts.host_bytes > 0 ? cm->host_bmax : 0,
                              .exhaustive_dp = plan_exhaustive_dp()};
 }
 
@@ -337,6 +356,15 @@ static const char *fit_hint(const cost_model *cm, char *buf, size_t n) {
 static int explain_infeasible(plan *p, int mcap) {
     const cost_model *cm = p->cm;
     char who[128], a[32], b[32], c[32], d[32], hint[160];
+    if (cm->opts.host_bytes > 0 && (double)cm->host_bmax * p->n_ranks < cm->batch) {
+        char lim[128];
+        return infeasible(p, "the host offload pools do not fit: a sample takes %s of a rank's pool (%d units x %d tokens x "
+                          "%d x 4 B) and %s, so each of the %d ranks holds at most %d samples, %d in all, fewer than the "
+                          "batch %d; give the workers more host memory or lower the batch",
+                          str_bytes(cm->host_per_sample, a, sizeof a), model_n_units(cm->model), cm->tokens,
+                          cm->model->d_model, host_limit_text(cm, lim, sizeof lim), p->n_ranks, cm->host_bmax,
+                          p->n_ranks * cm->host_bmax, cm->batch);
+    }
     double room_sum = 0, room_max = 0;
     int roomiest = 0;
     for (int i = 0; i < p->n_ranks; i++) {
@@ -377,6 +405,8 @@ static int explain_infeasible(plan *p, int mcap) {
 
 static int make_optimized(plan *p, int mcap) {
     opt_result even = {0}, uneven = {0};
+    if (p->cm->opts.host_bytes > 0 && (double)p->cm->host_bmax * p->n_ranks < p->cm->batch)
+        return explain_infeasible(p, mcap);
     /* even first: the uneven regime then only searches below it (ties go to even shards) */
     double t_even = solve_regime(p, mcap, 0, false, INFINITY, &even, &p->checks);
     double t_uneven = solve_regime(p, mcap, 0, true, t_even, &uneven, &p->checks);

@@ -211,6 +211,13 @@ assert "... with spec.template's requests and limit it runs under the quota and 
   "[ \"\$(kubectl get cephalojob tiny -n $JNS2 -o jsonpath='{.status.phase}' 2>/dev/null)\" = Succeeded ]"
 check "... its workers carried the template's label and requests, and their GPU" 0 "research 500m 1 research 500m 1 " -- \
   jp pods -n "$JNS2" -l cephalo.dev/job=tiny -o jsonpath='{range .items[*]}{.metadata.labels.team} {.spec.containers[0].resources.requests.cpu} {.spec.containers[0].resources.limits.nvidia\.com/gpu} {end}'
+check "... planned within the template's memory limit: each rank's host offload pool at most 0.8 x 1Gi" 0 \
+  "host 1073741824 ok" -- bash -c "kubectl get configmap tiny-plan -n $JNS2 -o jsonpath='{.data.plan\\.json}' | python3 -c '
+import json, sys
+p = json.load(sys.stdin)
+lim = p[\"inputs\"][\"host_memory_bytes\"]
+pools = [r[\"predicted\"][\"host_bytes\"] for r in p[\"ranks\"]]
+print(\"host\", int(lim), \"ok\" if pools and all(0 < b <= 0.8 * lim for b in pools) else pools)'"
 
 # ---- helm upgrade: the Deployment rolls to a new pod ---------------------------------------------
 check "helm upgrade --wait with a new image tag, metrics port and log level: revision 2" 0 "REVISION: 2" -- \

@@ -225,6 +225,64 @@ static void test_infeasible_reasons(void **state) {
     cluster_free(&cl);
 }
 
+/* A bound on host memory (a worker pod's memory limit) caps every rank's batch by its offload pool:
+ * b x units x tokens x d x 4 bytes within host x mem_cap. Unbounded, the L4s and the A6000 of
+ * cluster-a take most of the batch; bounded, no rank's pool passes the bound, every strategy's plan
+ * is checked against it, and a bound too small for the batch names the pool and the limit. */
+static void test_host_memory_bound(void **state) {
+    (void)state;
+    cluster cl;
+    load_cluster("examples/clusters/cluster-a.yaml", &cl);
+    model_spec m;
+    err_t err;
+    assert_int_equal(model_resolve("gpt2-124m", &m, &err), 0);
+    double per_sample = (double)model_n_units(&m) * 1024 * m.d_model * 4;
+    cost_model cm;
+    plan p;
+    cost_opts free_opts = {.mem_cap = 0.8, .prec = PREC_FP16};
+    assert_int_equal(cost_build(&cm, &m, &cl, 0, 64, &free_opts, &err), 0);
+    assert_int_equal(plan_make(&cm, STRAT_CEPHALO, &p, &err), 0);
+    int most = 0;
+    for (int i = 0; i < p.n_ranks; i++) most = p.ranks[i].batch > most ? p.ranks[i].batch : most;
+    assert_true(most > 15); /* else the bound below would not bind */
+    plan_free(&p);
+    cost_free(&cm);
+    cost_opts bound = {.mem_cap = 0.8, .prec = PREC_FP16, .host_bytes = 800.0 * 1024 * 1024};
+    assert_int_equal(cost_build(&cm, &m, &cl, 0, 64, &bound, &err), 0);
+    assert_true(cm.host_per_sample == per_sample);
+    int cap = (int)floor(bound.host_bytes * 0.8 / per_sample);
+    assert_int_equal(cm.host_bmax, cap);
+    assert_int_equal(plan_make(&cm, STRAT_CEPHALO, &p, &err), 0);
+    assert_true(p.feasible);
+    check_invariants(&p);
+    for (int i = 0; i < p.n_ranks; i++) {
+        assert_true(p.ranks[i].batch <= cap);
+        assert_true(p.ranks[i].host_bytes == p.ranks[i].batch * per_sample);
+        assert_true(p.ranks[i].host_bytes <= bound.host_bytes * 0.8);
+    }
+    plan_free(&p);
+    for (int s = 0; s < STRAT_COUNT; s++) { /* a baseline is infeasible rather than over the bound */
+        assert_int_equal(plan_make(&cm, (strategy)s, &p, &err), 0);
+        for (int i = 0; p.feasible && i < p.n_ranks; i++) assert_true(p.ranks[i].host_bytes <= bound.host_bytes * 0.8);
+        if (!p.feasible && strstr(p.reason, "host")) assert_non_null(strstr(p.reason, "out of host memory"));
+        plan_free(&p);
+    }
+    cost_free(&cm);
+    bound.host_bytes = 300.0 * 1024 * 1024; /* 5 samples a rank, 40 in all: less than 64 */
+    assert_int_equal(cost_build(&cm, &m, &cl, 0, 64, &bound, &err), 0);
+    assert_int_equal(plan_make(&cm, STRAT_CEPHALO, &p, &err), 0);
+    assert_false(p.feasible);
+    assert_non_null(strstr(p.reason, "the host offload pools do not fit"));
+    assert_non_null(strstr(p.reason, "at most 5 samples, 40 in all, fewer than the batch 64"));
+    assert_non_null(strstr(p.reason, "0.80 x the workers' host memory 300.00 MiB"));
+    plan_free(&p);
+    cost_free(&cm);
+    bound.host_bytes = -1;
+    assert_int_equal(cost_build(&cm, &m, &cl, 0, 64, &bound, &err), -1);
+    assert_non_null(strstr(err.msg, "host memory"));
+    cluster_free(&cl);
+}
+
 static void test_waterfill(void **state) {
     (void)state;
     double cap[3] = {10000, 20000, 40000};
@@ -286,6 +344,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_invariants_everywhere), cmocka_unit_test(test_cephalo_beats_baselines),
         cmocka_unit_test(test_tight_cluster_is_uneven), cmocka_unit_test(test_infeasible_reasons),
+        cmocka_unit_test(test_host_memory_bound),
         cmocka_unit_test(test_waterfill), cmocka_unit_test(test_shards_fewest_uneven),
         cmocka_unit_test(test_plan_json),
     };

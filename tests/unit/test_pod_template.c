@@ -7,11 +7,13 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "operator/pod_template.h"
+#include "operator/quantity.h"
 
 static cJSON *parse(const char *text) {
     cJSON *j = cJSON_Parse(text);
@@ -143,6 +145,49 @@ static void test_merge(void **state) {
 }
 
 /* No template: the pod is the operator's, with no ServiceAccount token. */
+/* Resource quantities as the API writes them, and the worker's memory limit the planner bounds
+ * each rank's host offload pool by; a value that is no quantity is refused naming the field. */
+static void test_quantities(void **state) {
+    (void)state;
+    static const struct {
+        const char *text;
+        double want;
+    } good[] = {{"16Gi", 17179869184.0}, {"500M", 5e8}, {"2", 2}, {"250m", 0.25}, {"1.5Gi", 1610612736.0},
+                {"1e9", 1e9}, {"128974848", 128974848}, {"129E-3", 0.129}, {"+3Ki", 3072}, {"0.5", 0.5}};
+    for (size_t i = 0; i < sizeof good / sizeof *good; i++) {
+        double v = -1;
+        err_t err;
+        if (quantity_parse(good[i].text, &v, &err) < 0) fail_msg("%s: %s", good[i].text, err.msg);
+        if (fabs(v - good[i].want) > 1e-12 * good[i].want) fail_msg("%s: %.17g, want %.17g", good[i].text, v, good[i].want);
+    }
+    static const char *const bad[] = {"", "Gi", "-1Gi", "16 Gi", "16gi", "16GB", "1.2.3", "1e", "1e99999", "0x10", "16Gi "};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        double v;
+        err_t err;
+        if (quantity_parse(bad[i], &v, &err) == 0) fail_msg("'%s' parsed as %g", bad[i], v);
+        assert_non_null(strstr(err.msg, "expected a quantity"));
+    }
+    cJSON *t = parse("{\"spec\":{\"containers\":[{\"name\":\"side\",\"image\":\"s\",\"resources\":{\"limits\":"
+                     "{\"memory\":\"1Gi\"}}},{\"name\":\"worker\",\"resources\":{\"requests\":{\"cpu\":\"4\","
+                     "\"memory\":\"8Gi\"},\"limits\":{\"memory\":\"12Gi\"}}}]}}");
+    err_t err;
+    assert_int_equal(pod_template_check(t, &err), 0);
+    assert_true(pod_template_memory_limit(t) == 12.0 * 1073741824); /* the worker's, not the sidecar's */
+    cJSON_Delete(t);
+    t = parse("{\"spec\":{\"containers\":[{\"name\":\"worker\",\"resources\":{\"requests\":{\"memory\":\"8Gi\"}}}]}}");
+    assert_true(pod_template_memory_limit(t) == 0); /* a request is no limit */
+    cJSON_Delete(t);
+    assert_true(pod_template_memory_limit(NULL) == 0);
+    t = parse("{\"spec\":{\"containers\":[{\"name\":\"worker\",\"resources\":{\"limits\":{\"memory\":\"12 GB\"}}}]}}");
+    assert_int_equal(pod_template_check(t, &err), -1);
+    assert_non_null(strstr(err.msg, "spec.template.spec.containers[worker].resources.limits.memory: '12 GB': expected a quantity"));
+    cJSON_Delete(t);
+    t = parse("{\"spec\":{\"containers\":[{\"name\":\"worker\",\"resources\":{\"requests\":[1]}}]}}");
+    assert_int_equal(pod_template_check(t, &err), -1);
+    assert_non_null(strstr(err.msg, "containers[worker].resources.requests: expected a map of quantities"));
+    cJSON_Delete(t);
+}
+
 static void test_no_template(void **state) {
     (void)state;
     cJSON *pod = parse(POD), *before = cJSON_Duplicate(pod, true);
@@ -158,6 +203,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_owned_refused),
         cmocka_unit_test(test_merge),
+        cmocka_unit_test(test_quantities),
         cmocka_unit_test(test_no_template),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
