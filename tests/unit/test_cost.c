@@ -7,7 +7,9 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "common/hostinfo.h"
 #include "common/log.h"
 #include "common/nccl_budget.h"
 #include "common/strutil.h"
@@ -559,6 +561,16 @@ static void test_step_check_line(void **state) {
     free(scaled), free(text), free(bad);
 }
 
+/* What the worker checks its host offload pool against: the machine's memory, or less under a
+ * container's memory limit; never more than the machine has, never nothing on Linux. */
+static void test_host_memory(void **state) {
+    (void)state;
+    int64_t phys = (int64_t)sysconf(_SC_PHYS_PAGES) * sysconf(_SC_PAGESIZE);
+    int64_t mem = host_memory_bytes();
+    assert_true(phys > 0);
+    assert_true(mem > 0 && mem <= phys);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ring_collectives),
@@ -577,6 +589,7 @@ int main(void) {
         cmocka_unit_test(test_state_bytes_adamw_half),
         cmocka_unit_test(test_acts16_memory),
         cmocka_unit_test(test_step_check_line),
+        cmocka_unit_test(test_host_memory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

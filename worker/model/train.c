@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "common/clock.h"
+#include "common/hostinfo.h"
 #include "common/log.h"
 #include "common/strutil.h"
 #include "common/worker_cmd.h"
@@ -162,17 +163,17 @@ static int alloc_pool(trainer *t, err_t *err) {
         for (int j = 0; j < l; j++) DEV_ALLOC(t->grad_pool[j], bytes, "flowing gradient");
         return 0;
     }
-    /* malloc overcommits: a pool beyond physical memory would "succeed" and be OOM-killed
-     * mid-step, so compare with the machine's memory first. */
-    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-    bool ok = pages <= 0 || page <= 0 || (double)t->host_bytes <= 0.9 * (double)pages * page;
+    /* malloc overcommits: a pool beyond physical memory, or a container's memory limit, would
+     * "succeed" and be OOM-killed mid-step, so compare with what this process may use first. */
+    int64_t mem = host_memory_bytes();
+    bool ok = mem <= 0 || (double)t->host_bytes <= 0.9 * (double)mem;
     device *d = &t->dev;
     for (int i = 0; i < nb * l && ok; i++) ok = (t->boundary[i] = d->ops->host_alloc(d, bytes)) != NULL;
     for (int j = 0; j < l && ok; j++) ok = (t->grad_pool[j] = d->ops->host_alloc(d, bytes)) != NULL;
     if (ok) return 0;
     char need[32];
     return err_set(err, "rank %d: cannot allocate the %s host offload pool (%d unit inputs and "
-                   "1 gradient x %d microbatches of %zu bytes) in this machine's memory; lower the batch",
+                   "1 gradient x %d microbatches of %zu bytes) in this machine's memory (or its container's limit); lower the batch",
                    t->cfg.rank, str_bytes((double)t->host_bytes, need, sizeof need), nb, l, bytes);
 }
 
