@@ -15,7 +15,6 @@
 #include "common/str_map.h"
 #include "operator/client/cache.h"
 #include "operator/inventory.h"
-#include "operator/job_spec.h"
 #include "operator/phase.h"
 #include "operator/client/watch.h"
 
@@ -66,16 +65,21 @@ static void enqueue(const informers_ctx *x, const char *ns, const char *name) {
     wq_add(x->queue, key);
 }
 
-/* Queues every job the job watch knows (its store), at once, or delay_s later. */
-static void enqueue_jobs(const informers_ctx *x, cache_keep_fn keep, double delay_s) {
-    cache_view v;
-    const cJSON *j, *jobs = cache_view_list(x->caches->jobs, keep, NULL, &v);
+/* Queues each job of a view of the job store, delay_s from now; releases the view. */
+static void enqueue_view(const informers_ctx *x, const cJSON *jobs, cache_view *v, double delay_s) {
+    const cJSON *j;
     cJSON_ArrayForEach(j, cJSON_GetObjectItemCaseSensitive(jobs, "items")) {
         char key[WQ_KEY_MAX]; /* as in enqueue */
         snprintf(key, sizeof key, "%s/%s", kube_meta_str(j, "namespace"), kube_meta_str(j, "name"));
         wq_add_after(x->queue, key, delay_s);
     }
-    cache_view_release(&v);
+    cache_view_release(v);
+}
+
+/* Queues every job the job watch knows (its store) that keep keeps, at once, or delay_s later. */
+static void enqueue_jobs(const informers_ctx *x, cache_keep_fn keep, double delay_s) {
+    cache_view v;
+    enqueue_view(x, cache_view_list(x->caches->jobs, keep, NULL, &v), &v, delay_s);
 }
 
 static void requeue_all(const informers_ctx *x, const char *why) {
@@ -94,25 +98,29 @@ static bool is_queued(const cJSON *job, void *arg) {
     return job_phase(job) == PHASE_QUEUED;
 }
 
-/* Jobs that free GPUs may let start or grow: Queued ones, and live ones with spec.gpus.minGPUs. */
-static bool waits_for_gpus(const cJSON *job, void *arg) {
-    (void)arg;
+/* Jobs that free GPUs may let start or grow: Queued ones, and live ones with spec.gpus.minGPUs.
+ * The job store's index (cache_set_index), made once per stored version of a job: what a burst of
+ * busy-pod changes asks of every job would otherwise parse every live job's spec each time. */
+#define INF_WAITS_KEY "waits-for-gpus"
+static char *job_index(const cJSON *job) {
     phase p = job_phase(job);
-    if (p == PHASE_QUEUED) return true;
-    if (!phase_live(p)) return false;
-    job_spec *js = xmalloc(sizeof *js); /* large for a watch thread's stack */
-    err_t err;
-    (void)job_spec_parse(cJSON_GetObjectItemCaseSensitive(job, "spec"), js, &err); /* a mistake: its defaults */
-    bool grows = js->min_gpus > 0;
-    free(js);
-    return grows;
+    if (p == PHASE_QUEUED) return xstrdup(INF_WAITS_KEY);
+    if (!phase_live(p)) return NULL;
+    /* spec.gpus.minGPUs (job_spec.h's min_gpus, not given: 0), read alone: the index is made for
+     * every stored version of a job, status writes included, and a whole spec parse each time
+     * would cost more than the queries it saves */
+    const cJSON *gpus = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(job, "spec"), "gpus");
+    const cJSON *min = cJSON_GetObjectItemCaseSensitive(gpus, "minGPUs");
+    return cJSON_IsNumber(min) && min->valuedouble >= 1 ? xstrdup(INF_WAITS_KEY) : NULL;
 }
 
 /* Queues the jobs waiting for GPUs INF_SETTLE_S after the first of a burst of busy-pod changes: the
  * pods of a gang end within moments of each other, and a job that looked at the first one's GPU
  * alone would start small (minGPUs) and re-plan moments later. */
-static void enqueue_waiting(const informers_ctx *x) { enqueue_jobs(x, waits_for_gpus, INF_SETTLE_S); }
-
+static void enqueue_waiting(const informers_ctx *x) {
+    cache_view v;
+    enqueue_view(x, cache_view_index(x->caches->jobs, INF_WAITS_KEY, &v), &v, INF_SETTLE_S);
+}
 
 /* Whether a job's event is one to reconcile: new, its spec (generation), labels or annotations
  * changed, or being deleted. Status writes (the operator's own, progress among them) are not. */
@@ -273,6 +281,7 @@ informers *informers_new(const kube_config *cfg, const informers_ctx *x) {
     informers *in = xcalloc(1, sizeof *in);
     in->x = *x;
     in->cfg = cfg;
+    cache_set_index(x->caches->jobs, job_index); /* before the first list is stored */
     return in;
 }
 

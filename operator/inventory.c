@@ -80,11 +80,6 @@ static const gpu_spec *nearest_by_memory(double mib, int major) {
     return best;
 }
 
-static int by_name(const void *a, const void *b) {
-    const cJSON *x = *(const cJSON *const *)a, *y = *(const cJSON *const *)b;
-    const char *nx = kube_meta_str(x, "name"), *ny = kube_meta_str(y, "name");
-    return strcmp(nx ? nx : "", ny ? ny : "");
-}
 
 int inv_archs_parse(const char *s, inv_archs *out, err_t *err) {
     memset(out, 0, sizeof *out);
@@ -139,11 +134,11 @@ static void archs_text(const inv_archs *a, char *out, size_t n) {
 
 /* The node's compute capability (the labels say what the GPU is; the catalog what such a product
  * is; unknown: 0.0) and whether the worker image runs it; when not, a note says so. */
-static bool image_runs(const cJSON *node, const char *name, const char *product, const gpu_spec *spec,
-                       const inv_archs *archs, int *major, int *minor, inv_result *r) {
-    *major = spec ? spec->cc_major : 0;
-    *minor = spec ? spec->cc_minor : 0;
-    label_cc(node, major, minor);
+static bool image_runs(const inv_node *d, const char *product, const gpu_spec *spec, const inv_archs *archs,
+                       int *major, int *minor, inv_result *r) {
+    const char *name = d->name;
+    *major = d->cc_major > 0 ? d->cc_major : spec ? spec->cc_major : 0;
+    *minor = d->cc_major > 0 ? d->cc_minor : spec ? spec->cc_minor : 0;
     if (*major <= 0 || inv_archs_run(archs, *major, *minor)) return true;
     char why[400], list[200];
     archs_text(archs, list, sizeof list);
@@ -451,6 +446,33 @@ void inv_describe(const cluster *cl, char *out, size_t n) {
     free(count), free(first);
 }
 
+/* ---- nodes as the walk reads them ------------------------------------------------------------ */
+
+void *inv_node_digest(const cJSON *node) {
+    const char *s[3] = {kube_meta_str(node, "name"), inv_node_hostname(node), label(node, INV_LABEL_PRODUCT)};
+    size_t len = sizeof(inv_node);
+    for (int i = 0; i < 3; i++) len += s[i] ? strlen(s[i]) + 1 : 0;
+    inv_node *d = xcalloc(1, len);
+    char *p = (char *)(d + 1);
+    const char **out[3] = {&d->name, &d->host, &d->product};
+    for (int i = 0; i < 3; i++) {
+        if (!s[i]) continue;
+        size_t n = strlen(s[i]) + 1;
+        memcpy(p, s[i], n);
+        *out[i] = p;
+        p += n;
+    }
+    const cJSON *spec = cJSON_GetObjectItemCaseSensitive(node, "spec");
+    d->count = gpu_count(node);
+    const char *m = label(node, INV_LABEL_MEMORY);
+    if (!m || !str_to_double(m, &d->mem_mib)) d->mem_mib = 0;
+    label_cc(node, &d->cc_major, &d->cc_minor);
+    d->ready = inv_node_ready(node);
+    d->unschedulable = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(spec, "unschedulable"));
+    d->tainted = cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(spec, "taints")) > 0;
+    return d;
+}
+
 /* Why a GPU node was left out, counted for the message when no GPU is usable. */
 typedef enum { LEFT_CORDONED, LEFT_NOT_READY, LEFT_SELECTOR, LEFT_TAINT, LEFT_PRODUCT, LEFT_UNKNOWN, LEFT_ARCHS,
                LEFT_OTHER, LEFT_N } left_why;
@@ -498,16 +520,17 @@ static bool node_not_wanted(inv_walk *w, const cJSON *node, node_gpus *g) {
 }
 
 /* A node its state leaves out (cordoned, not Ready, a taint not tolerated): true, with a note. */
-static bool node_left_out(inv_walk *w, const cJSON *node, const char *name) {
-    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(node, "spec"), "unschedulable"))) {
+static bool node_left_out(inv_walk *w, const cJSON *node, const inv_node *d) {
+    const char *name = d->name;
+    if (d->unschedulable) {
         note(w->r, "node %s%s is cordoned", name, "");
         return w->left[LEFT_CORDONED]++, true;
     }
-    if (!inv_node_ready(node)) {
+    if (!d->ready) {
         note(w->r, "node %s%s is not Ready", name, "");
         return w->left[LEFT_NOT_READY]++, true;
     }
-    const cJSON *taint = inv_untolerated_taint(node, w->c->tolerations);
+    const cJSON *taint = d->tainted ? inv_untolerated_taint(node, w->c->tolerations) : NULL;
     if (!taint) return false;
     w->left[LEFT_TAINT]++;
     char t[160];
@@ -520,10 +543,9 @@ static bool node_left_out(inv_walk *w, const cJSON *node, const char *name) {
 /* The GPU type of node g (its product wanted: node_not_wanted set g->spec; the image runs on it):
  * true with g->spec (a catalog GPU, or the nearest by memory for an unknown product with a
  * gpu.memory label). */
-static bool node_gpu_type(inv_walk *w, const cJSON *node, node_gpus *g) {
-    const char *m = label(node, INV_LABEL_MEMORY);
-    if (m && !str_to_double(m, &g->mem_mib)) g->mem_mib = 0;
-    if (!image_runs(node, g->name, g->product, g->spec, w->c->archs, &g->major, &g->minor, w->r)) {
+static bool node_gpu_type(inv_walk *w, const inv_node *d, node_gpus *g) {
+    g->mem_mib = d->mem_mib;
+    if (!image_runs(d, g->product, g->spec, w->c->archs, &g->major, &g->minor, w->r)) {
         w->archs_left++;
         return w->left[LEFT_ARCHS]++, false;
     }
@@ -550,12 +572,12 @@ static bool node_gpu_type(inv_walk *w, const cJSON *node, node_gpus *g) {
 }
 
 /* Node g's free GPUs (at most what max_gpus leaves) added to cl; usable and free count them all. */
-static int add_node_gpus(inv_walk *w, const cJSON *node, node_gpus *g, cluster *cl, err_t *err) {
+static int add_node_gpus(inv_walk *w, const inv_node *node, node_gpus *g, cluster *cl, err_t *err) {
     inv_result *r = w->r;
     long count = g->count;
     r->usable += (int)count;
     if (w->held) {
-        long used = held_on(w->held, w->n_held, g->name, inv_node_hostname(node));
+        long used = held_on(w->held, w->n_held, g->name, node->host);
         count = used >= count ? 0 : count - used;
     }
     r->free += (int)count;
@@ -577,16 +599,16 @@ static int add_node_gpus(inv_walk *w, const cJSON *node, node_gpus *g, cluster *
 }
 
 /* One node of the list, in name order: its GPUs added when the job may use them. */
-static int walk_node(inv_walk *w, const cJSON *node, cluster *cl, err_t *err) {
-    node_gpus g = {.name = kube_meta_str(node, "name"), .product = label(node, INV_LABEL_PRODUCT), .count = gpu_count(node)};
+static int walk_node(inv_walk *w, const cJSON *node, const inv_node *d, cluster *cl, err_t *err) {
+    node_gpus g = {.name = d->name, .product = d->product, .count = d->count};
     if (!g.name || !g.product || g.count <= 0) return 0;
     w->with_gpus++;
     if (strlen(w->seen) + strlen(g.product) + 3 < sizeof w->seen && !strstr(w->seen, g.product)) {
         if (*w->seen) strcat(w->seen, ", ");
         strcat(w->seen, g.product);
     }
-    if (node_not_wanted(w, node, &g) || node_left_out(w, node, g.name) || !node_gpu_type(w, node, &g)) return 0;
-    return add_node_gpus(w, node, &g, cl, err);
+    if (node_not_wanted(w, node, &g) || node_left_out(w, node, d) || !node_gpu_type(w, d, &g)) return 0;
+    return add_node_gpus(w, d, &g, cl, err);
 }
 
 /* "2 not matching spec.gpus.nodeSelector, 1 cordoned": the GPU nodes left out, by why. */
@@ -619,19 +641,37 @@ static int no_usable_gpu(const inv_walk *w, err_t *err) {
                    w->r->notes);
 }
 
+/* A node of the list with its digest: the walk goes in name order. */
+typedef struct walk_item {
+    const cJSON *node;
+    const inv_node *d;
+} walk_item;
+
+static int by_name(const void *a, const void *b) {
+    const char *x = ((const walk_item *)a)->d->name, *y = ((const walk_item *)b)->d->name;
+    return strcmp(x ? x : "", y ? y : "");
+}
+
 int inv_build(const cJSON *nodes, const inv_constraints *c, cluster *cl, inv_result *r, err_t *err) {
     memset(r, 0, sizeof *r);
     cluster_init(cl);
     int n = cJSON_GetArraySize(nodes), k = 0, rc = 0;
-    const cJSON **sorted = calloc((size_t)(n ? n : 1), sizeof *sorted), *node;
-    if (!sorted) return err_set(err, "out of memory");
-    cJSON_ArrayForEach(node, nodes) sorted[k++] = node;
-    qsort(sorted, (size_t)k, sizeof *sorted, by_name);
+    walk_item *items = calloc((size_t)(n ? n : 1), sizeof *items);
+    if (!items) return err_set(err, "out of memory");
+    const cJSON *node;
+    cJSON_ArrayForEach(node, nodes) { /* the store's digests, else made here */
+        items[k].node = node;
+        items[k].d = c->nodes_digested ? c->nodes_digested[k] : inv_node_digest(node);
+        k++;
+    }
+    qsort(items, (size_t)k, sizeof *items, by_name);
     inv_walk w = {.c = c, .r = r};
     if (c->pods || c->held) w.held = held_pods(c, &w.n_held); /* else every allocatable GPU is free */
-    for (int i = 0; i < k && rc == 0; i++) rc = walk_node(&w, sorted[i], cl, err);
+    for (int i = 0; i < k && rc == 0; i++) rc = walk_node(&w, items[i].node, items[i].d, cl, err);
     bool accounting = c->pods || c->held;
-    free(sorted), free(w.held);
+    if (!c->nodes_digested)
+        for (int i = 0; i < k; i++) free((void *)items[i].d);
+    free(items), free(w.held);
     if (rc == 0 && r->gpus == 0 && !(r->usable > 0 && accounting)) rc = no_usable_gpu(&w, err);
     if (rc < 0) cluster_free(cl);
     return rc; /* all busy (gpus 0, usable > 0): 0, and the caller queues the job */

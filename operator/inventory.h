@@ -59,6 +59,18 @@ typedef struct inv_held {
  * pod that holds none. A cache_digest_fn (cache.h) for the store of pods. */
 void *inv_pod_digest(const cJSON *pod);
 
+/* What the inventory reads of a Node, read once when the node is stored: the operator's node store
+ * keeps it as the node's digest (cache_set_digest), so that every reconcile walks hundreds of
+ * nodes without reading their JSON again. inv_node_digest returns one malloc'd block (free). */
+typedef struct inv_node {
+    const char *name, *host, *product; /* host: inv_node_hostname; product NULL: no product label */
+    long count;                        /* allocatable nvidia.com/gpu, else the gpu.count label */
+    double mem_mib;                    /* the gpu.memory label; 0: none, or not a number */
+    int cc_major, cc_minor;            /* GFD's compute capability labels; 0.0: none */
+    bool ready, unschedulable, tainted; /* tainted: it has taints (the job's tolerations decide) */
+} inv_node;
+void *inv_node_digest(const cJSON *node);
+
 typedef struct inv_constraints {
     const cJSON *allowed_products; /* array of strings, or NULL: any product the catalog knows */
     int max_gpus; /* 0: no limit */
@@ -79,6 +91,9 @@ typedef struct inv_constraints {
      * it; PreferNoSchedule taints are only a preference and do not count. The not-ready,
      * unreachable and unschedulable taints are left to readiness and cordoning above. */
     const cJSON *tolerations;
+    /* The nodes' digests (inv_node_digest) in the order of the list inv_build gets, or NULL:
+     * inv_build makes them itself. */
+    const inv_node *const *nodes_digested;
 } inv_constraints;
 
 typedef struct inv_result {

@@ -19,6 +19,7 @@
 #include <arpa/inet.h>
 #include <ctype.h>
 #include <errno.h>
+#include <malloc.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -631,9 +632,7 @@ static kube_client *op_client(const op_opts *o, kube_config *cfg) {
 
 /* What the HTTP thread reads, made before it starts: the stores, the planning pool, the queue. */
 static int op_shared_new(const op_opts *o, err_t *err) {
-    op_caches = (rec_caches){cache_new("cephalojobs"), cache_new("pods"), cache_new("busy pods"), cache_new("nodes"),
-                             cache_new("configmaps"), cache_new("services")};
-    cache_set_digest(op_caches.busy, inv_pod_digest); /* every admission reads every busy pod */
+    op_caches = rec_caches_new();
     op_queue = wq_new("reconcile");
     atomic_store(&op_elect, o->leader_elect);
     return (op_pool = planning_new((int)o->plan_workers, op_on_planned, NULL, err)) ? 0 : -1;
@@ -643,8 +642,7 @@ static void op_shared_free(void) {
     planning_free(op_pool); /* plans under way are cancelled: they stop within milliseconds */
     op_pool = NULL;
     wq_free(op_queue);
-    cache_free(op_caches.jobs), cache_free(op_caches.pods), cache_free(op_caches.busy);
-    cache_free(op_caches.nodes), cache_free(op_caches.configmaps), cache_free(op_caches.services);
+    rec_caches_free(&op_caches);
 }
 
 /* Watches, workers and the resync (OP_RESYNC_S) until stopped; then the workers and watches joined. */
@@ -683,6 +681,12 @@ int main(int argc, char **argv) {
     op_opts o;
     err_t err = {{0}};
     kube_config cfg;
+    /* No fast bins: every TLS record read allocates (and releases) a 16 KiB+ buffer, and glibc
+     * merges every freed fast-bin chunk before any allocation that large. A watch thread frees
+     * thousands of small JSON nodes per event, so that merging was 10-13% of the operator's CPU
+     * under `perf` during a bring-up (docs/operator.md, "Scale"); without fast bins small chunks
+     * are merged as they are freed instead. */
+    mallopt(M_MXFAST, 0);
     log_set_handler(op_log_handler);
     int rc = op_options(argc, argv, &o);
     if (rc >= 0) return rc;

@@ -93,7 +93,7 @@ static bool shares_nodes(rec_ctx *x, const job_spec *other) {
     cluster cl;
     inv_result r;
     err_t e;
-    if (rec_job_cluster(x->c, x->stores.nodes, other, NULL, NULL, 0, NULL, &cl, &r, &e) < 0) return false;
+    if (rec_job_cluster(x->c, &x->stores, other, NULL, NULL, 0, NULL, &cl, &r, &e) < 0) return false;
     bool shared = false;
     str_map names = {0}; /* the other job's nodes: a lookup per rank, not a scan of them */
     for (int i = 0; i < cl.n_nodes; i++) str_map_put(&names, cl.nodes[i].name, i);

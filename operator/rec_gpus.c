@@ -12,13 +12,21 @@
 
 /* ---- the usable GPUs ------------------------------------------------------------------------- */
 
-int rec_job_cluster(const rec_config *rc, const cJSON *nodes, const job_spec *js, const cJSON *pods,
+int rec_job_cluster(const rec_config *rc, const rec_stores_part *st, const job_spec *js, const cJSON *pods,
                     const inv_held *const *held, int n_held, const char *own_uid, cluster *cl, inv_result *inv,
                     err_t *err) {
+    const cache_view *nv = &st->nodes_view;
+    const inv_node **nodes = NULL; /* the node store's digests, when it makes them (rec_caches_new) */
+    if (nv->digested) {
+        nodes = xmalloc((size_t)(nv->n + 1) * sizeof *nodes);
+        for (int i = 0; i < nv->n; i++) nodes[i] = cache_view_digest(nv, i);
+    }
     inv_constraints c = {.allowed_products = js->allowed_products, .node_selector = js->node_selector,
                          .archs = rc->worker_archs, .pods = pods, .held = held, .n_held = n_held,
-                         .own_uid = own_uid, .tolerations = js->tolerations};
-    return inv_build(rec_items(nodes), &c, cl, inv, err);
+                         .own_uid = own_uid, .tolerations = js->tolerations, .nodes_digested = nodes};
+    int out = inv_build(rec_items(st->nodes), &c, cl, inv, err);
+    free(nodes);
+    return out;
 }
 
 static void build_inv(rec_ctx *x, job_inv *j, bool free_only) {
@@ -29,7 +37,7 @@ static void build_inv(rec_ctx *x, job_inv *j, bool free_only) {
         for (int i = 0; i < bv->n; i++) held[i] = cache_view_digest(bv, i);
     }
     const cJSON *pods = free_only && !held ? rec_items(x->stores.busy) : NULL;
-    j->rc = rec_job_cluster(x->c, x->stores.nodes, &x->job.js, pods, held, held ? bv->n : 0, x->job.meta.uid,
+    j->rc = rec_job_cluster(x->c, &x->stores, &x->job.js, pods, held, held ? bv->n : 0, x->job.meta.uid,
                             &j->cl, &j->r, &j->err);
     free(held);
     j->built = true;

@@ -295,10 +295,11 @@ typedef struct gang {
 
 /* ---- rec_gpus.c ---- */
 
-/* The job's usable GPUs (spec.gpus filters) among nodes (a NodeList); with pods (PodList items of
- * every namespace) or their digests (held), the free ones only: less those the pods hold, but
- * the pods of the job own_uid. 0, or -1 with the error set (no usable GPU: the error says why). */
-int rec_job_cluster(const rec_config *rc, const cJSON *nodes, const job_spec *js, const cJSON *pods,
+/* The job's usable GPUs (spec.gpus filters) among the nodes of the store's view (with their
+ * digests when the store makes them); with pods (PodList items of every namespace) or their
+ * digests (held), the free ones only: less those the pods hold, but the pods of the job own_uid.
+ * 0, or -1 with the error set (no usable GPU: the error says why). */
+int rec_job_cluster(const rec_config *rc, const rec_stores_part *st, const job_spec *js, const cJSON *pods,
                     const inv_held *const *held, int n_held, const char *own_uid, cluster *cl, inv_result *inv,
                     err_t *err);
 /* The job's usable GPUs for this reconcile, no maxGPUs cap; free_only: less those that the pods

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "common/log.h"
+#include "common/strutil.h"
 #include "operator/rec_internal.h"
 
 static const char *get_str(const cJSON *o, const char *k, const char *def) {
@@ -190,14 +191,28 @@ void rec_cm_read(const cJSON *cm, rec_cm_view *v) {
 
 /* ---- the stores ------------------------------------------------------------------------------- */
 
-static bool is_job_pod(const cJSON *pod, void *arg) {
-    const rec_ctx *x = arg;
+static char *pod_index(const cJSON *pod) {
     const cJSON *md = get(pod, "metadata");
-    return !strcmp(get_str(md, "namespace", ""), x->job.ns) &&
-           !strcmp(get_str(get(md, "labels"), REC_LABEL_JOB, ""), x->job.name);
+    const char *ns = get_str(md, "namespace", NULL), *job = get_str(get(md, "labels"), REC_LABEL_JOB, NULL);
+    return ns && job ? str_printf("%s/%s", ns, job) : NULL;
 }
 
-cJSON *rec_job_pods(rec_ctx *x, cache_view *v) { return cache_view_list(x->c->caches->pods, is_job_pod, x, v); }
+cJSON *rec_job_pods(rec_ctx *x, cache_view *v) { return cache_view_index(x->c->caches->pods, x->job.key, v); }
+
+rec_caches rec_caches_new(void) {
+    rec_caches c = {cache_new("cephalojobs"), cache_new("pods"), cache_new("busy pods"), cache_new("nodes"),
+                    cache_new("configmaps"), cache_new("services")};
+    cache_set_digest(c.busy, inv_pod_digest); /* every admission reads every busy pod */
+    cache_set_digest(c.nodes, inv_node_digest); /* ... and every node */
+    cache_set_index(c.pods, pod_index);       /* every reconcile reads its job's pods */
+    return c;
+}
+
+void rec_caches_free(rec_caches *c) {
+    cache_free(c->jobs), cache_free(c->pods), cache_free(c->busy);
+    cache_free(c->nodes), cache_free(c->configmaps), cache_free(c->services);
+    memset(c, 0, sizeof *c);
+}
 
 const cJSON *rec_find_node(rec_ctx *x, const char *name) {
     if (!x->stores.nodes || !name) return NULL;

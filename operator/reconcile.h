@@ -84,6 +84,11 @@ typedef struct rec_caches {
     cache *configmaps; /* label cephalo.dev/job: the plans */
     cache *services; /* label cephalo.dev/job: the workers' headless Services */
 } rec_caches;
+/* The stores, with what every reconcile reads of them made once per stored object (client-go's
+ * transforms and indexers): the busy pods' digests (inv_pod_digest: node, owner, GPUs) and the
+ * jobs' pods indexed by their job, "namespace/name" (rec_job_pods). */
+rec_caches rec_caches_new(void);
+void rec_caches_free(rec_caches *c);
 
 /* A gang restarted after a worker failed waits as a Kubernetes Job's pods do: 10 s, doubling per
  * failure in a row up to 6 minutes; a gang that ran twice the longest wait starts the count again

@@ -20,6 +20,7 @@
 struct cache_obj {
     cJSON *json;
     void *digest; /* the store's digest function's, made with the object; NULL: none */
+    char *index; /* the store's index key of the object, made with it; NULL: none */
     atomic_int refs;
 };
 
@@ -49,22 +50,6 @@ static cJSON *copy_stored(const cJSON *obj) {
     return out;
 }
 
-static cache_obj *obj_new(const cJSON *json, cache_digest_fn digest) {
-    cache_obj *o = xmalloc(sizeof *o);
-    o->json = copy_stored(json);
-    o->digest = digest ? digest(o->json) : NULL;
-    atomic_init(&o->refs, 1);
-    return o;
-}
-
-static void obj_release(cache_obj *o) {
-    if (o && atomic_fetch_sub(&o->refs, 1) == 1) {
-        cJSON_Delete(o->json);
-        free(o->digest);
-        free(o);
-    }
-}
-
 struct cache {
     pthread_mutex_t mu;
     const char *what;
@@ -73,7 +58,27 @@ struct cache {
     str_map at; /* key -> its index in e */
     bool synced;
     cache_digest_fn digest;
+    cache_index_fn index;
 };
+
+static cache_obj *obj_new(const cache *c, const cJSON *json) {
+    cache_obj *o = xmalloc(sizeof *o);
+    o->json = copy_stored(json);
+    o->digest = c->digest ? c->digest(o->json) : NULL;
+    o->index = c->index ? c->index(o->json) : NULL;
+    atomic_init(&o->refs, 1);
+    return o;
+}
+
+static void obj_release(cache_obj *o) {
+    if (o && atomic_fetch_sub(&o->refs, 1) == 1) {
+        cJSON_Delete(o->json);
+        free(o->digest);
+        free(o->index);
+        free(o);
+    }
+}
+
 
 cache *cache_new(const char *what) {
     cache *c = xmalloc(sizeof *c);
@@ -150,7 +155,7 @@ void cache_replace_ns(cache *c, const char *ns, const cJSON *items) {
     const cJSON *o;
     cJSON_ArrayForEach(o, items) {
         const char *name = kube_meta_str(o, "name");
-        if (name) append_locked(c, key_of(kube_meta_str(o, "namespace"), name), obj_new(o, c->digest));
+        if (name) append_locked(c, key_of(kube_meta_str(o, "namespace"), name), obj_new(c, o));
     }
     c->synced = true;
     pthread_mutex_unlock(&c->mu);
@@ -174,14 +179,16 @@ bool cache_put(cache *c, const cJSON *obj, cJSON **prev) {
     int i = find_locked(c, ns, name);
     unsigned long long have, got;
     bool stored = true;
-    if (i >= 0 && version_of(c->e[i].obj->json, &have) && version_of(obj, &got) && got < have) {
-        stored = false; /* a late event: the store has a newer version (our own write's answer) */
+    if (i >= 0 && version_of(c->e[i].obj->json, &have) && version_of(obj, &got) && got <= have) {
+        /* a late event: the store has a newer version (our own write's answer), or this very one
+         * (the watch echoing our write, which the store had from its answer: nothing new) */
+        stored = false;
     } else if (i >= 0) {
         if (prev) *prev = cJSON_Duplicate(c->e[i].obj->json, true);
         obj_release(c->e[i].obj);
-        c->e[i].obj = obj_new(obj, c->digest);
+        c->e[i].obj = obj_new(c, obj);
     } else {
-        append_locked(c, key_of(ns, name), obj_new(obj, c->digest));
+        append_locked(c, key_of(ns, name), obj_new(c, obj));
     }
     pthread_mutex_unlock(&c->mu);
     return stored;
@@ -224,12 +231,14 @@ cJSON *cache_list(cache *c, cache_keep_fn keep, void *arg) {
     return list;
 }
 
-cJSON *cache_view_list(cache *c, cache_keep_fn keep, void *arg, cache_view *v) {
+/* The view of the objects kept by keep (when given) whose index key is key (when given). */
+static cJSON *view(cache *c, cache_keep_fn keep, void *arg, const char *key, cache_view *v) {
     cJSON *list = cJSON_CreateObject(), *items = cJSON_AddArrayToObject(list, "items");
     pthread_mutex_lock(&c->mu);
     *v = (cache_view){.objs = xmalloc((size_t)(c->n + 1) * sizeof *v->objs), .digested = c->digest != NULL};
     for (int i = 0; i < c->n; i++) {
         cache_obj *o = c->e[i].obj;
+        if (key && (!o->index || strcmp(o->index, key) != 0)) continue;
         if (keep && !keep(o->json, arg)) continue;
         atomic_fetch_add(&o->refs, 1);
         v->objs[v->n++] = o;
@@ -239,6 +248,16 @@ cJSON *cache_view_list(cache *c, cache_keep_fn keep, void *arg, cache_view *v) {
     pthread_mutex_unlock(&c->mu);
     v->list = list;
     return list;
+}
+
+cJSON *cache_view_list(cache *c, cache_keep_fn keep, void *arg, cache_view *v) { return view(c, keep, arg, NULL, v); }
+
+cJSON *cache_view_index(cache *c, const char *key, cache_view *v) { return view(c, NULL, NULL, key, v); }
+
+void cache_set_index(cache *c, cache_index_fn index) {
+    pthread_mutex_lock(&c->mu);
+    c->index = index;
+    pthread_mutex_unlock(&c->mu);
 }
 
 void cache_set_digest(cache *c, cache_digest_fn digest) {

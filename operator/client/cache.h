@@ -33,9 +33,10 @@ void cache_replace(cache *c, const cJSON *items);
  * operator watching a list of namespaces); the other namespaces' objects stay. ns NULL: every one
  * (cache_replace). */
 void cache_replace_ns(cache *c, const char *ns, const cJSON *items);
-/* Stores a copy of obj (an ADDED or MODIFIED object, or a write's answer) unless the store holds a
- * newer version of it. *prev (may be NULL) gets the version it replaced, or NULL; the caller frees
- * it. true when obj was stored. */
+/* Stores a copy of obj (an ADDED or MODIFIED object, or a write's answer) unless the store holds
+ * this version of it or a newer one (resourceVersions that are numbers: an event echoing the
+ * operator's own write brings nothing the write's answer did not). *prev (may be NULL) gets the
+ * version it replaced, or NULL; the caller frees it. true when obj was stored: something new. */
 bool cache_put(cache *c, const cJSON *obj, cJSON **prev);
 /* Removes namespace/name (ns NULL or "" for cluster-scoped objects). */
 void cache_remove(cache *c, const char *ns, const char *name);
@@ -69,6 +70,15 @@ typedef void *(*cache_digest_fn)(const cJSON *obj);
 void cache_set_digest(cache *c, cache_digest_fn digest);
 /* The digest of a view's i-th item (its items' order), or NULL. */
 const void *cache_view_digest(const cache_view *v, int i);
+/* An index (client-go's indexers): `index` returns a malloc'd key of a stored object ("ml/job-a":
+ * the job a pod belongs to), or NULL for none, made once when the object is stored, so that a view
+ * of the objects with one key (cache_view_index) compares a string per object instead of reading
+ * each object's JSON. Set before the store's first object. */
+typedef char *(*cache_index_fn)(const cJSON *obj);
+void cache_set_index(cache *c, cache_index_fn index);
+/* cache_view_list of the objects whose index key is key. */
+cJSON *cache_view_index(cache *c, const char *key, cache_view *v);
+
 /* Whether the first list has been stored (before that the store knows nothing). */
 bool cache_synced(cache *c);
 int cache_size(cache *c);

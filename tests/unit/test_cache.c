@@ -90,6 +90,9 @@ static void test_newer_version_kept(void **state) {
     cJSON *g = cache_get(c, "ns", "job");
     assert_int_equal(n_of(g), 2);
     cJSON_Delete(g);
+    cJSON *echo = obj("ns", "job", "20", NULL, 2); /* the watch echoing a write the store has: nothing new */
+    assert_false(cache_put(c, echo, NULL));
+    cJSON_Delete(echo);
     put(c, obj("ns", "job", "100", NULL, 3)); /* numerically newer ("100" < "20" as text) */
     g = cache_get(c, "ns", "job");
     assert_int_equal(n_of(g), 3);
@@ -329,6 +332,61 @@ static void test_digests_and_stripped_fields(void **state) {
     cache_free(c);
 }
 
+/* Index keys: made once per stored version, a view by key holds exactly the objects with that key
+ * (a relabelled object moves, a removed one leaves, objects without a key are in no view), and an
+ * old view keeps what it had. */
+static int indexes_made;
+static char *job_index(const cJSON *o) {
+    const cJSON *job = cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetObjectItem(o, "metadata"), "labels"), "job");
+    indexes_made++;
+    if (!cJSON_IsString(job)) return NULL;
+    char *k = malloc(strlen(job->valuestring) + 1);
+    assert_non_null(k);
+    return strcpy(k, job->valuestring);
+}
+
+static const char *job_index_of(const cJSON *o) {
+    return cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetObjectItem(o, "metadata"), "labels"), "job")->valuestring;
+}
+
+static int view_count(cache *c, const char *key, int want_n) {
+    cache_view v;
+    const cJSON *items = cJSON_GetObjectItem(cache_view_index(c, key, &v), "items");
+    int n = cJSON_GetArraySize(items);
+    assert_int_equal(n, v.n);
+    assert_int_equal(n, want_n);
+    const cJSON *it;
+    cJSON_ArrayForEach(it, items) assert_string_equal(job_index_of(it), key);
+    cache_view_release(&v);
+    return n;
+}
+
+static void test_index(void **state) {
+    (void)state;
+    cache *c = cache_new("pods");
+    cache_set_index(c, job_index);
+    indexes_made = 0;
+    put(c, obj("ns", "a", "1", "j1", 1));
+    put(c, obj("ns", "b", "1", "j1", 2));
+    put(c, obj("ns", "c", "1", "j2", 3));
+    put(c, obj("ns", "d", "1", NULL, 4));
+    assert_int_equal(indexes_made, 4);
+    cache_view old;
+    cache_view_index(c, "j1", &old);
+    view_count(c, "j1", 2);
+    view_count(c, "j2", 1);
+    view_count(c, "nobody", 0);
+    assert_int_equal(indexes_made, 4); /* views read the keys made when stored */
+    put(c, obj("ns", "b", "2", "j2", 5)); /* relabelled: moves from j1 to j2 */
+    view_count(c, "j1", 1);
+    view_count(c, "j2", 2);
+    cache_remove(c, "ns", "c");
+    view_count(c, "j2", 1);
+    assert_int_equal(old.n, 2); /* the old view keeps its objects */
+    cache_view_release(&old);
+    cache_free(c);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_put_get_remove),
@@ -338,6 +396,7 @@ int main(void) {
         cmocka_unit_test(test_concurrent_readers),
         cmocka_unit_test(test_request_counts),
         cmocka_unit_test(test_digests_and_stripped_fields),
+        cmocka_unit_test(test_index),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

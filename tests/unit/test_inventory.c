@@ -271,6 +271,75 @@ static void test_left_out_said(void **state) {
     cJSON_Delete(nodes), cJSON_Delete(sel), cJSON_Delete(nowhere), cJSON_Delete(typo);
 }
 
+/* The node store's digests (inv_node_digest) inventory exactly as the nodes' JSON does: the same
+ * GPUs on the same nodes with the same types and compute capabilities, the same notes and the same
+ * refusals, for nodes cordoned, tainted, not Ready, of unknown products with and without a memory
+ * label, with compute capability labels, hostnames, and in no particular order. */
+static void test_node_digests_as_nodes(void **state) {
+    (void)state;
+    cJSON *nodes = parse("[" GPU_NODE("e", "NVIDIA-L4", HOST("h-e"), "") ","
+                         GPU_NODE("a", "NVIDIA-L4", ",\"pool\":\"x\"", "\"unschedulable\":true,") ","
+                         GPU_NODE("b", "NVIDIA-L4", ",\"pool\":\"x\"",
+                                  "\"taints\":[{\"key\":\"k\",\"value\":\"v\",\"effect\":\"NoSchedule\"}],") ","
+                         GPU_NODE("c", "Acme-X1", ",\"pool\":\"x\",\"nvidia.com/gpu.memory\":\"24576\"", "") ","
+                         GPU_NODE("f", "Acme-X2", "", "") ","
+                         GPU_NODE("g", "NVIDIA-A10G", ",\"nvidia.com/gpu.compute.major\":\"8\","
+                                  "\"nvidia.com/gpu.compute.minor\":\"6\"", "") ","
+                         GPU_NODE("d", "NVIDIA-A10G", ",\"pool\":\"y\"", "") "]");
+    /* n-h: not Ready */
+    cJSON *h = parse(NODE("n-h", HOST("h-h"), "4"));
+    cJSON *cond = parse("{\"conditions\":[{\"type\":\"Ready\",\"status\":\"False\"}]}");
+    cJSON_AddItemToObject(cJSON_GetObjectItem(h, "status"), "conditions",
+                          cJSON_DetachItemFromObject(cond, "conditions"));
+    cJSON_AddItemToArray(nodes, h);
+    cJSON_Delete(cond);
+    int n = cJSON_GetArraySize(nodes);
+    const inv_node **digests = calloc((size_t)n, sizeof *digests);
+    assert_non_null(digests);
+    for (int i = 0; i < n; i++) digests[i] = inv_node_digest(cJSON_GetArrayItem(nodes, i));
+    assert_string_equal(digests[0]->host, "h-e");
+    assert_string_equal(digests[1]->host, "a"); /* no hostname label: the name */
+    assert_true(digests[1]->unschedulable);
+    assert_true(digests[2]->tainted);
+    assert_true(digests[3]->mem_mib == 24576);
+    assert_int_equal(digests[5]->cc_major, 8);
+    assert_int_equal(digests[5]->cc_minor, 6);
+    assert_false(digests[n - 1]->ready);
+    cJSON *sel = parse("{\"pool\":\"x\"}"), *acme = parse("[\"Acme-X1\",\"Acme-X2\",\"NVIDIA-L4\"]");
+    cJSON *tol = parse("[{\"key\":\"k\",\"operator\":\"Exists\"}]");
+    inv_archs no86 = {.n = 1, .cc = {75}};
+    const inv_constraints cases[] = {{0}, {.node_selector = sel}, {.allowed_products = acme}, {.tolerations = tol},
+                                     {.max_gpus = 2}, {.archs = &no86}, {.allowed_products = acme, .tolerations = tol}};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        inv_constraints by_json = cases[i], by_digests = cases[i];
+        by_digests.nodes_digested = digests;
+        cluster a, b;
+        inv_result ra, rb;
+        err_t e1 = {{0}}, e2 = {{0}};
+        int rc1 = inv_build(nodes, &by_json, &a, &ra, &e1), rc2 = inv_build(nodes, &by_digests, &b, &rb, &e2);
+        assert_int_equal(rc1, rc2);
+        assert_string_equal(e1.msg, e2.msg);
+        if (rc1 < 0) continue;
+        assert_string_equal(ra.notes, rb.notes);
+        assert_int_equal(ra.gpus, rb.gpus);
+        assert_int_equal(ra.usable, rb.usable);
+        assert_int_equal(ra.free, rb.free);
+        assert_int_equal(a.n_devices, b.n_devices);
+        for (int d = 0; d < a.n_devices; d++) {
+            assert_string_equal(a.nodes[a.devices[d].node].name, b.nodes[b.devices[d].node].name);
+            assert_string_equal(a.devices[d].type, b.devices[d].type);
+            assert_int_equal(a.devices[d].cc_major, b.devices[d].cc_major);
+            assert_int_equal(a.devices[d].cc_minor, b.devices[d].cc_minor);
+            assert_true(a.devices[d].memory_bytes == b.devices[d].memory_bytes);
+        }
+        cluster_free(&a);
+        cluster_free(&b);
+    }
+    for (int i = 0; i < n; i++) free((void *)digests[i]);
+    free(digests);
+    cJSON_Delete(nodes), cJSON_Delete(sel), cJSON_Delete(acme), cJSON_Delete(tol);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pinned),
@@ -278,6 +347,7 @@ int main(void) {
         cmocka_unit_test(test_pod_on_node),
         cmocka_unit_test(test_unbound_pinned_charged),
         cmocka_unit_test(test_digests_account_as_pods),
+        cmocka_unit_test(test_node_digests_as_nodes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
