@@ -150,7 +150,9 @@ M="http://127.0.0.1:$port"
 op_pid=$!
 for _ in $(seq 1 300); do curl -fsS "$M/readyz" >/dev/null 2>&1 && break; kill -0 "$op_pid" 2>/dev/null || break; sleep 0.1; done
 curl -fsS "$M/readyz" >/dev/null 2>&1 || { echo "the operator did not become ready"; tail -5 "$dir/operator.log"; exit 1; }
-curl -fsS "$M/metrics" | grep -q '^cephalo_operator_api_requests_total{' ||
+# read whole, then searched: `curl | grep -q` fails under pipefail when grep stops reading first
+metrics=$(curl -fsS "$M/metrics")
+grep -q '^cephalo_operator_api_requests_total{' <<<"$metrics" ||
   { echo "$OP exports no cephalo_operator_api_requests_total on /metrics: nothing to measure"; exit 1; }
 say "operator $OP ready (metrics on $M)"
 
