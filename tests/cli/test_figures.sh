@@ -17,7 +17,7 @@ check "every figure in docs/figures.md is quoted where it says, with its command
   $PY $CHK .
 rows=$($PY $CHK . | grep -Eo '^[0-9]+')
 assert "the table lists the README's headline figures (at least 10 rows)" test "${rows:-0}" -ge 10
-for f in "1.01x in" "9 ms in" "about a third of PyTorch eager" "2.9 s after" "10.4 s"; do
+for f in "1.01x in" "9 ms in" "about a third of PyTorch eager" "2.1 s after" "6.7 to 9.1 s"; do
   assert "the table quotes the README's \"$f\"" grep -qF "$f" docs/figures.md
 done
 
