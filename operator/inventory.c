@@ -341,23 +341,35 @@ static bool pod_held(const cJSON *pod, held_pod *e) {
     return true;
 }
 
+/* A digest as one block (freed with free): a zeroed struct of head bytes, then room for the n
+ * strings s (NULL ones take none). */
+static void *digest_new(size_t head, const char *const *s, int n) {
+    size_t len = head;
+    for (int i = 0; i < n; i++) len += s[i] ? strlen(s[i]) + 1 : 0;
+    return xcalloc(1, len);
+}
+
+/* Copies the strings s into room (digest_new's), each *out[i] pointing at its copy, or
+ * NULL for a NULL string. */
+static void digest_strings(void *room, const char *const *s, const char **const *out, int n) {
+    char *p = room;
+    for (int i = 0; i < n; i++) {
+        *out[i] = NULL;
+        if (!s[i]) continue;
+        size_t len = strlen(s[i]) + 1;
+        memcpy(p, s[i], len);
+        *out[i] = p;
+        p += len;
+    }
+}
+
 void *inv_pod_digest(const cJSON *pod) {
     held_pod e;
     if (!pod_held(pod, &e)) return NULL;
     const char *s[4] = {e.bound, e.host, e.name, controller_uid(pod)};
-    size_t len = sizeof(inv_held);
-    for (int i = 0; i < 4; i++) len += s[i] ? strlen(s[i]) + 1 : 0;
-    inv_held *h = xmalloc(len);
-    char *p = (char *)(h + 1);
+    inv_held *h = digest_new(sizeof *h, s, 4);
     const char **out[4] = {&h->bound, &h->host, &h->name, &h->owner};
-    for (int i = 0; i < 4; i++) {
-        *out[i] = NULL;
-        if (!s[i]) continue;
-        size_t n = strlen(s[i]) + 1;
-        memcpy(p, s[i], n);
-        *out[i] = p;
-        p += n;
-    }
+    digest_strings(h + 1, s, out, 4);
     if (!h->owner) h->owner = "";
     h->gpus = e.gpus;
     return h;
@@ -450,18 +462,9 @@ void inv_describe(const cluster *cl, char *out, size_t n) {
 
 void *inv_node_digest(const cJSON *node) {
     const char *s[3] = {kube_meta_str(node, "name"), inv_node_hostname(node), label(node, INV_LABEL_PRODUCT)};
-    size_t len = sizeof(inv_node);
-    for (int i = 0; i < 3; i++) len += s[i] ? strlen(s[i]) + 1 : 0;
-    inv_node *d = xcalloc(1, len);
-    char *p = (char *)(d + 1);
+    inv_node *d = digest_new(sizeof *d, s, 3);
     const char **out[3] = {&d->name, &d->host, &d->product};
-    for (int i = 0; i < 3; i++) {
-        if (!s[i]) continue;
-        size_t n = strlen(s[i]) + 1;
-        memcpy(p, s[i], n);
-        *out[i] = p;
-        p += n;
-    }
+    digest_strings(d + 1, s, out, 3);
     const cJSON *spec = cJSON_GetObjectItemCaseSensitive(node, "spec");
     d->count = gpu_count(node);
     const char *m = label(node, INV_LABEL_MEMORY);

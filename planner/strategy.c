@@ -110,6 +110,11 @@ static int state_waterfill(plan *p) {
 
 /* ---- predictions ---- */
 
+/* Whether the ranks' host offload pools, each within the bound, can hold the batch at all. */
+static bool host_pools_fit(const cost_model *cm) {
+    return cm->opts.host_bytes <= 0 || (double)cm->host_bmax * cm->cl->n_devices >= cm->batch;
+}
+
 /* "1.60 GiB is usable (0.80 x the workers' memory limit 2.00 GiB)" */
 static const char *host_limit_text(const cost_model *cm, char *buf, size_t n) {
     char use[32], lim[32];
@@ -356,7 +361,7 @@ static const char *fit_hint(const cost_model *cm, char *buf, size_t n) {
 static int explain_infeasible(plan *p, int mcap) {
     const cost_model *cm = p->cm;
     char who[128], a[32], b[32], c[32], d[32], hint[160];
-    if (cm->opts.host_bytes > 0 && (double)cm->host_bmax * p->n_ranks < cm->batch) {
+    if (!host_pools_fit(cm)) {
         char lim[128];
         return infeasible(p, "the host offload pools do not fit: a sample takes %s of a rank's pool (%d units x %d tokens x "
                           "%d x 4 B) and %s, so each of the %d ranks holds at most %d samples, %d in all, fewer than the "
@@ -405,8 +410,7 @@ static int explain_infeasible(plan *p, int mcap) {
 
 static int make_optimized(plan *p, int mcap) {
     opt_result even = {0}, uneven = {0};
-    if (p->cm->opts.host_bytes > 0 && (double)p->cm->host_bmax * p->n_ranks < p->cm->batch)
-        return explain_infeasible(p, mcap);
+    if (!host_pools_fit(p->cm)) return explain_infeasible(p, mcap);
     /* even first: the uneven regime then only searches below it (ties go to even shards) */
     double t_even = solve_regime(p, mcap, 0, false, INFINITY, &even, &p->checks);
     double t_uneven = solve_regime(p, mcap, 0, true, t_even, &uneven, &p->checks);
