@@ -31,6 +31,8 @@ typedef struct informer {
     char label[96]; /* what, and the namespace: "pods in ml" (messages) */
     enum { INF_JOBS, INF_LABELLED, INF_NODES, INF_BUSY } kind;
     cache *store; /* shared by the watches of one kind, one per namespace */
+    bool busy_too; /* job pods the busy watch leaves out (rec_caches_split_busy): they queue the
+                    * jobs waiting for GPUs as busy pods do */
     atomic_bool listed; /* its first list is in the store */
     pthread_t th;
     bool started;
@@ -122,6 +124,12 @@ static void enqueue_waiting(const informers_ctx *x) {
     enqueue_view(x, cache_view_index(x->caches->jobs, INF_WAITS_KEY, &v), &v, INF_SETTLE_S);
 }
 
+/* A pod Succeeded or Failed: its GPUs are free. */
+static bool pod_ended(const cJSON *pod) {
+    const cJSON *ph = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(pod, "status"), "phase");
+    return cJSON_IsString(ph) && (!strcmp(ph->valuestring, "Succeeded") || !strcmp(ph->valuestring, "Failed"));
+}
+
 /* Whether a job's event is one to reconcile: new, its spec (generation), labels or annotations
  * changed, or being deleted. Status writes (the operator's own, progress among them) are not. */
 static bool job_changed(const cJSON *prev, const cJSON *job) {
@@ -138,6 +146,16 @@ static bool claim_may_end(const cJSON *prev, const cJSON *job, watch_type t) {
     if (t == WATCH_DELETED || !prev) return t == WATCH_DELETED;
     const cJSON *pm = cJSON_GetObjectItemCaseSensitive(prev, "metadata"), *m = cJSON_GetObjectItemCaseSensitive(job, "metadata");
     return job_phase(prev) != job_phase(job) || !same_item(pm, m, "generation") || !same_item(pm, m, "deletionTimestamp");
+}
+
+/* "namespace/job" of an object with the job label, in key; false without one. */
+static bool job_key_of(const cJSON *o, char key[WQ_KEY_MAX]) {
+    const cJSON *l = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(o, "metadata"), "labels");
+    const cJSON *job = cJSON_GetObjectItemCaseSensitive(l, REC_LABEL_JOB);
+    const char *ns = kube_meta_str(o, "namespace");
+    if (!ns || !cJSON_IsString(job)) return false;
+    snprintf(key, WQ_KEY_MAX, "%s/%s", ns, job->valuestring); /* cannot be cut, as in enqueue */
+    return true;
 }
 
 /* prev: the version the store had (nodes only; NULL when it had none). */
@@ -161,9 +179,8 @@ static void enqueue_object(const informer *w, const cJSON *o, watch_type t, cons
         enqueue(w->x, ns, name); /* deleted too: its reconcile drops its planning, if any */
         return;
     }
-    const cJSON *l = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(o, "metadata"), "labels");
-    const cJSON *job = cJSON_GetObjectItemCaseSensitive(l, REC_LABEL_JOB);
-    if (cJSON_IsString(job)) enqueue(w->x, ns, job->valuestring);
+    char key[WQ_KEY_MAX];
+    if (job_key_of(o, key)) wq_add(w->x->queue, key);
 }
 
 static const char *name_of(const cJSON *o) {
@@ -201,10 +218,8 @@ static int on_list(const cJSON *items, const char *rv, void *arg, err_t *err) {
     cache_replace_ns(w->store, w->ns, items);
     atomic_store(&w->listed, true);
     const cJSON *o;
-    if (w->kind == INF_BUSY) {
-        if (relist) enqueue_waiting(w->x); /* events may have been missed */
-        return 0;
-    }
+    if ((w->kind == INF_BUSY || w->busy_too) && relist) enqueue_waiting(w->x); /* events may have been missed */
+    if (w->kind == INF_BUSY) return 0;
     if (w->kind == INF_NODES) {
         /* a relist: compare it with what the store had (the first list only fills it) */
         bool changed = relist && nodes_changed(cJSON_GetObjectItemCaseSensitive(old, "items"), items);
@@ -216,22 +231,45 @@ static int on_list(const cJSON *items, const char *rv, void *arg, err_t *err) {
     return 0;
 }
 
-static int on_event(watch_type t, const cJSON *o, void *arg, err_t *err) {
+/* An event of a job's object (pod, plan, Service) or of a busy pod: most of the events there are,
+ * so the store takes the object (no copy), and what the queue needs of it is read first. */
+static void on_owned_event(informer *w, watch_type t, cJSON *o) {
+    char key[WQ_KEY_MAX];
+    bool labelled = w->kind == INF_LABELLED && job_key_of(o, key);
+    /* GPUs taken or freed (a busy watch would see the pod come, or go once it ended) */
+    bool gpus_moved = t != WATCH_MODIFIED || (w->busy_too && pod_ended(o));
+    if (t == WATCH_DELETED) {
+        cache_remove(w->store, kube_meta_str(o, "namespace"), kube_meta_str(o, "name"));
+        cJSON_Delete(o);
+    } else if (!cache_put_owned(w->store, o, NULL)) {
+        return; /* older than what the store has */
+    }
+    if (labelled) wq_add_after(w->x->queue, key, INF_OBJECT_SETTLE_S);
+    if ((w->kind == INF_BUSY || w->busy_too) && gpus_moved) enqueue_waiting(w->x);
+}
+
+static int on_event(watch_type t, cJSON *o, void *arg, err_t *err) {
     (void)err;
     informer *w = arg;
     log_msg("debug", "%s: %s %s/%s", w->label, watch_type_name(t), kube_meta_str(o, "namespace"), kube_meta_str(o, "name"));
+    if (w->kind == INF_LABELLED || w->kind == INF_BUSY) {
+        on_owned_event(w, t, o);
+        return 0;
+    }
     const char *ns = kube_meta_str(o, "namespace"), *name = kube_meta_str(o, "name");
     cJSON *prev = NULL;
     if (t == WATCH_DELETED) {
         if (w->kind == INF_NODES) prev = cache_get(w->store, ns, name);
         cache_remove(w->store, ns, name);
     } else if (!cache_put(w->store, o, w->kind == INF_JOBS || w->kind == INF_NODES ? &prev : NULL)) {
+        cJSON_Delete(o);
         return 0; /* older than what the store has */
     }
     if (w->kind != INF_JOBS || t != WATCH_MODIFIED || job_changed(prev, o)) enqueue_object(w, o, t, prev);
     /* the Queued jobs look again at once: what they wait behind may have moved */
     if (w->kind == INF_JOBS && claim_may_end(prev, o, t)) enqueue_jobs(w->x, is_queued, 0);
     cJSON_Delete(prev);
+    cJSON_Delete(o);
     return 0;
 }
 
@@ -308,6 +346,10 @@ static int add_watch(informers *in, const struct inf_kind *k, const char *ns, er
     snprintf(w->label, sizeof w->label, "%s%s%s", w->what, ns ? " in " : "", ns ? ns : "");
     if (w->kind == INF_LABELLED) w->wo.label_selector = REC_LABEL_JOB;
     if (w->kind == INF_BUSY) w->wo.field_selector = "status.phase!=Succeeded,status.phase!=Failed";
+    if (in->x.caches->busy_without_job_pods) { /* rec_caches_split_busy: each pod in one watch */
+        if (w->kind == INF_BUSY) w->wo.label_selector = "!" REC_LABEL_JOB;
+        w->busy_too = w->kind == INF_LABELLED && k->store == offsetof(rec_caches, pods);
+    }
     in->n++;
     return 0;
 }
@@ -325,6 +367,7 @@ static int add_watches(informers *in, const char *list, err_t *err) {
     int k = 0;
     for (char *p = in->namespaces ? strtok_r(in->namespaces, ",", &save) : NULL; p; p = strtok_r(NULL, ",", &save))
         ns[k++] = p;
+    if (k == 0) rec_caches_split_busy(in->x.caches); /* every namespace: the pod watch sees every job pod */
     int rc = 0;
     for (int i = 0; i < INF_KINDS && rc == 0; i++) {
         const struct inf_kind *kind = &inf_kinds[i];

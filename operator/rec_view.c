@@ -199,13 +199,31 @@ static char *pod_index(const cJSON *pod) {
 
 cJSON *rec_job_pods(rec_ctx *x, cache_view *v) { return cache_view_index(x->c->caches->pods, x->job.key, v); }
 
+/* A pod the busy watch would select: not Succeeded nor Failed (its field selector). */
+static bool pod_not_ended(const cJSON *pod, void *arg) {
+    (void)arg;
+    const char *ph = get_str(get(pod, "status"), "phase", "");
+    return strcmp(ph, "Succeeded") != 0 && strcmp(ph, "Failed") != 0;
+}
+
+cJSON *rec_busy_pods(const rec_caches *c, cache_view *v) {
+    if (!c->busy_without_job_pods) return cache_view_list(c->busy, NULL, NULL, v);
+    return cache_view_union(c->busy, c->pods, pod_not_ended, NULL, v);
+}
+
 rec_caches rec_caches_new(void) {
-    rec_caches c = {cache_new("cephalojobs"), cache_new("pods"), cache_new("busy pods"), cache_new("nodes"),
-                    cache_new("configmaps"), cache_new("services")};
+    rec_caches c = {.jobs = cache_new("cephalojobs"), .pods = cache_new("pods"), .busy = cache_new("busy pods"),
+                    .nodes = cache_new("nodes"), .configmaps = cache_new("configmaps"), .services = cache_new("services")};
     cache_set_digest(c.busy, inv_pod_digest); /* every admission reads every busy pod */
+    cache_set_digest(c.pods, inv_pod_digest); /* ... which may be the jobs' (rec_caches_split_busy) */
     cache_set_digest(c.nodes, inv_node_digest); /* ... and every node */
     cache_set_index(c.pods, pod_index);       /* every reconcile reads its job's pods */
     return c;
+}
+
+void rec_caches_split_busy(rec_caches *c) {
+    c->busy_without_job_pods = true;
+    cache_set_supersedes(c->pods, c->busy, REC_ASSUMED_RV);
 }
 
 void rec_caches_free(rec_caches *c) {

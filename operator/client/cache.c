@@ -29,9 +29,16 @@ typedef struct cache_entry {
     cache_obj *obj;
 } cache_entry;
 
-/* A deep copy of obj without metadata.managedFields: the server's field-ownership bookkeeping,
- * about as large as the rest of a pod, which the operator never reads. Stored objects are copied
- * and written back (a status write) without it: an update that leaves it out keeps the server's. */
+/* Drops metadata.managedFields from obj, in place: the server's field-ownership bookkeeping, about
+ * as large as the rest of a pod, which the operator never reads. Stored objects are copied and
+ * written back (a status write) without it: an update that leaves it out keeps the server's. */
+static cJSON *strip_stored(cJSON *obj) {
+    cJSON_DeleteItemFromObjectCaseSensitive(cJSON_GetObjectItemCaseSensitive(obj, "metadata"), "managedFields");
+    return obj;
+}
+
+/* A deep copy of obj as a store keeps it (strip_stored): the members copied one by one, so that
+ * managedFields is never copied only to be dropped. */
 static cJSON *copy_stored(const cJSON *obj) {
     const cJSON *meta = cJSON_GetObjectItemCaseSensitive(obj, "metadata");
     if (!cJSON_GetObjectItemCaseSensitive(meta, "managedFields")) return cJSON_Duplicate(obj, true);
@@ -59,11 +66,14 @@ struct cache {
     bool synced;
     cache_digest_fn digest;
     cache_index_fn index;
+    cache *supersedes; /* cache_set_supersedes: an object stored here drops ... */
+    const char *superseded_rv; /* ... this version of it from that store */
 };
 
-static cache_obj *obj_new(const cache *c, const cJSON *json) {
+/* The stored object made of json, which it takes (strip_stored already done). */
+static cache_obj *obj_new(const cache *c, cJSON *json) {
     cache_obj *o = xmalloc(sizeof *o);
-    o->json = copy_stored(json);
+    o->json = json;
     o->digest = c->digest ? c->digest(o->json) : NULL;
     o->index = c->index ? c->index(o->json) : NULL;
     atomic_init(&o->refs, 1);
@@ -141,6 +151,12 @@ static void remove_locked(cache *c, int i) {
 
 void cache_replace(cache *c, const cJSON *items) { cache_replace_ns(c, NULL, items); }
 
+/* After namespace/name was stored in c: its superseded version leaves the other store. Called with
+ * no store locked (two stores are never locked at once by a writer). */
+static void supersede(cache *c, const char *ns, const char *name) {
+    if (c->supersedes && name) cache_remove_version(c->supersedes, ns, name, c->superseded_rv);
+}
+
 /* Removes the entries of namespace ns (their keys start "ns/"). */
 static void clear_ns_locked(cache *c, const char *ns) {
     size_t n = strlen(ns);
@@ -155,10 +171,11 @@ void cache_replace_ns(cache *c, const char *ns, const cJSON *items) {
     const cJSON *o;
     cJSON_ArrayForEach(o, items) {
         const char *name = kube_meta_str(o, "name");
-        if (name) append_locked(c, key_of(kube_meta_str(o, "namespace"), name), obj_new(c, o));
+        if (name) append_locked(c, key_of(kube_meta_str(o, "namespace"), name), obj_new(c, copy_stored(o)));
     }
     c->synced = true;
     pthread_mutex_unlock(&c->mu);
+    cJSON_ArrayForEach(o, items) supersede(c, kube_meta_str(o, "namespace"), kube_meta_str(o, "name"));
 }
 
 /* resourceVersion as a number; false when it is not one (then versions are not compared). */
@@ -171,10 +188,14 @@ static bool version_of(const cJSON *o, unsigned long long *v) {
     return !errno && !*end;
 }
 
-bool cache_put(cache *c, const cJSON *obj, cJSON **prev) {
+bool cache_put_owned(cache *c, cJSON *obj, cJSON **prev) {
     if (prev) *prev = NULL;
     const char *name = kube_meta_str(obj, "name"), *ns = kube_meta_str(obj, "namespace");
-    if (!name) return false;
+    if (!name) {
+        cJSON_Delete(obj);
+        return false;
+    }
+    char *key = c->supersedes ? key_of(ns, name) : NULL; /* obj may be gone once the lock is let go */
     pthread_mutex_lock(&c->mu);
     int i = find_locked(c, ns, name);
     unsigned long long have, got;
@@ -183,15 +204,27 @@ bool cache_put(cache *c, const cJSON *obj, cJSON **prev) {
         /* a late event: the store has a newer version (our own write's answer), or this very one
          * (the watch echoing our write, which the store had from its answer: nothing new) */
         stored = false;
+        cJSON_Delete(obj);
     } else if (i >= 0) {
         if (prev) *prev = cJSON_Duplicate(c->e[i].obj->json, true);
         obj_release(c->e[i].obj);
-        c->e[i].obj = obj_new(c, obj);
+        c->e[i].obj = obj_new(c, strip_stored(obj));
     } else {
-        append_locked(c, key_of(ns, name), obj_new(c, obj));
+        append_locked(c, key_of(ns, name), obj_new(c, strip_stored(obj)));
     }
     pthread_mutex_unlock(&c->mu);
+    if (key && stored) {
+        char *slash = strchr(key, '/');
+        *slash = '\0';
+        supersede(c, key, slash + 1);
+    }
+    free(key);
     return stored;
+}
+
+bool cache_put(cache *c, const cJSON *obj, cJSON **prev) {
+    if (prev) *prev = NULL;
+    return kube_meta_str(obj, "name") && cache_put_owned(c, copy_stored(obj), prev);
 }
 
 void cache_remove(cache *c, const char *ns, const char *name) {
@@ -231,28 +264,80 @@ cJSON *cache_list(cache *c, cache_keep_fn keep, void *arg) {
     return list;
 }
 
-/* The view of the objects kept by keep (when given) whose index key is key (when given). */
-static cJSON *view(cache *c, cache_keep_fn keep, void *arg, const char *key, cache_view *v) {
-    cJSON *list = cJSON_CreateObject(), *items = cJSON_AddArrayToObject(list, "items");
-    pthread_mutex_lock(&c->mu);
-    *v = (cache_view){.objs = xmalloc((size_t)(c->n + 1) * sizeof *v->objs), .digested = c->digest != NULL};
-    for (int i = 0; i < c->n; i++) {
-        cache_obj *o = c->e[i].obj;
-        if (key && (!o->index || strcmp(o->index, key) != 0)) continue;
-        if (keep && !keep(o->json, arg)) continue;
-        atomic_fetch_add(&o->refs, 1);
-        v->objs[v->n++] = o;
-        /* a reference item: it shares the object's members, and deleting the list leaves them */
-        cJSON_AddItemReferenceToArray(items, o->json);
+/* Links ref, a reference item to obj (what cJSON_AddItemReferenceToArray makes, but in the view's
+ * one block: a view of a thousand nodes per reconcile is not a thousand mallocs and frees), at the
+ * end of array. */
+static void add_reference(cJSON *array, cJSON *ref, const cJSON *obj) {
+    *ref = *obj;
+    ref->string = NULL;
+    ref->type |= cJSON_IsReference; /* deleting it would leave obj's members alone */
+    ref->next = NULL;
+    cJSON *first = array->child;
+    if (!first) {
+        array->child = ref;
+        ref->prev = ref;
+    } else {
+        ref->prev = first->prev; /* cJSON's lists: the first item's prev is the last */
+        first->prev->next = ref;
+        first->prev = ref;
     }
-    pthread_mutex_unlock(&c->mu);
+}
+
+/* Where a view's objects come from: a store, those kept by keep (when given) whose index key is
+ * key (when given). */
+typedef struct view_source {
+    cache *c;
+    cache_keep_fn keep;
+    void *arg;
+    const char *key;
+} view_source;
+
+/* The view of the sources' objects, in their order. Their stores are locked together, in the
+ * order given (no writer holds two). */
+static cJSON *view(const view_source *src, int n_src, cache_view *v) {
+    cJSON *list = cJSON_CreateObject(), *items = cJSON_AddArrayToObject(list, "items");
+    int room = 1;
+    bool digested = true;
+    for (int s = 0; s < n_src; s++) {
+        pthread_mutex_lock(&src[s].c->mu);
+        room += src[s].c->n;
+        digested &= src[s].c->digest != NULL;
+    }
+    *v = (cache_view){.objs = xmalloc((size_t)room * sizeof *v->objs), .digested = digested,
+                      .refs = xmalloc((size_t)room * sizeof *v->refs)};
+    for (int s = 0; s < n_src; s++) {
+        const view_source *from = &src[s];
+        for (int i = 0; i < from->c->n; i++) {
+            cache_obj *o = from->c->e[i].obj;
+            if (from->key && (!o->index || strcmp(o->index, from->key) != 0)) continue;
+            if (from->keep && !from->keep(o->json, from->arg)) continue;
+            atomic_fetch_add(&o->refs, 1);
+            add_reference(items, &v->refs[v->n], o->json);
+            v->objs[v->n++] = o;
+        }
+    }
+    for (int s = n_src - 1; s >= 0; s--) pthread_mutex_unlock(&src[s].c->mu);
     v->list = list;
     return list;
 }
 
-cJSON *cache_view_list(cache *c, cache_keep_fn keep, void *arg, cache_view *v) { return view(c, keep, arg, NULL, v); }
+cJSON *cache_view_list(cache *c, cache_keep_fn keep, void *arg, cache_view *v) {
+    return view(&(view_source){c, keep, arg, NULL}, 1, v);
+}
 
-cJSON *cache_view_index(cache *c, const char *key, cache_view *v) { return view(c, NULL, NULL, key, v); }
+cJSON *cache_view_index(cache *c, const char *key, cache_view *v) { return view(&(view_source){c, NULL, NULL, key}, 1, v); }
+
+cJSON *cache_view_union(cache *a, cache *b, cache_keep_fn keep_b, void *arg, cache_view *v) {
+    view_source src[2] = {{a, NULL, NULL, NULL}, {b, keep_b, arg, NULL}};
+    return view(src, 2, v);
+}
+
+void cache_set_supersedes(cache *c, cache *other, const char *rv) {
+    pthread_mutex_lock(&c->mu);
+    c->supersedes = other;
+    c->superseded_rv = rv;
+    pthread_mutex_unlock(&c->mu);
+}
 
 void cache_set_index(cache *c, cache_index_fn index) {
     pthread_mutex_lock(&c->mu);
@@ -271,7 +356,10 @@ const void *cache_view_digest(const cache_view *v, int i) {
 }
 
 void cache_view_release(cache_view *v) {
+    cJSON *items = cJSON_GetObjectItemCaseSensitive(v->list, "items");
+    if (items) items->child = NULL; /* its items are v->refs, one block */
     cJSON_Delete(v->list);
+    free(v->refs);
     for (int i = 0; i < v->n; i++) obj_release(v->objs[i]);
     free(v->objs);
     *v = (cache_view){0};

@@ -38,6 +38,9 @@ void cache_replace_ns(cache *c, const char *ns, const cJSON *items);
  * operator's own write brings nothing the write's answer did not). *prev (may be NULL) gets the
  * version it replaced, or NULL; the caller frees it. true when obj was stored: something new. */
 bool cache_put(cache *c, const cJSON *obj, cJSON **prev);
+/* cache_put of obj itself, which the store takes (a watch event's object, parsed for the store:
+ * no copy), freeing it when it keeps it not. */
+bool cache_put_owned(cache *c, cJSON *obj, cJSON **prev);
 /* Removes namespace/name (ns NULL or "" for cluster-scoped objects). */
 void cache_remove(cache *c, const char *ns, const char *name);
 
@@ -56,11 +59,21 @@ typedef struct cache_obj cache_obj;
 typedef struct cache_view {
     cJSON *list;
     cache_obj **objs;
+    cJSON *refs; /* list's items, one block */
     int n;
     bool digested; /* the store makes digests (cache_set_digest): cache_view_digest has them */
 } cache_view;
 cJSON *cache_view_list(cache *c, cache_keep_fn keep, void *arg, cache_view *v);
+/* One view of two stores: every object of a, then those of b that keep_b keeps (b holds some of
+ * what a would: the operator's busy pods, without the jobs' own pods, which their store has).
+ * digested when both stores make digests. */
+cJSON *cache_view_union(cache *a, cache *b, cache_keep_fn keep_b, void *arg, cache_view *v);
 void cache_view_release(cache_view *v);
+
+/* An object stored in c (put, answer, list) takes the place of what the other store held of it at
+ * version rv: that entry leaves the other store, just after c has the object (an assumed pod in
+ * the busy store, once the jobs' pod store has the API's). Set before the first object. */
+void cache_set_supersedes(cache *c, cache *other, const char *rv);
 
 /* Digests (client-go's transform and indexers serve the same end): what every reconcile would
  * otherwise read out of hundreds of stored objects, read once when an object is stored. `digest`

@@ -80,7 +80,7 @@ static int handle_line(watch_parser *p, const char *s, size_t len, err_t *err) {
         goto out;
     }
     ev.type = (watch_type)t;
-    ev.object = obj;
+    ev.object = cJSON_DetachItemViaPointer(doc, (cJSON *)obj); /* the callback's to take */
     if (ev.type == WATCH_ERROR) {
         const cJSON *code = cJSON_GetObjectItemCaseSensitive(obj, "code");
         const cJSON *msg = cJSON_GetObjectItemCaseSensitive(obj, "message");
@@ -112,6 +112,7 @@ static int handle_line(watch_parser *p, const char *s, size_t len, err_t *err) {
     }
     rc = 0;
 out:
+    cJSON_Delete(ev.object);
     cJSON_Delete(doc);
     return rc;
 }

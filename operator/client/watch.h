@@ -36,14 +36,14 @@ const char *watch_type_name(watch_type t);
 
 typedef struct watch_event {
     watch_type type;
-    const cJSON *object; /* lives until the callback returns */
-    const char *resource_version; /* object.metadata.resourceVersion (NULL for ERROR) */
+    cJSON *object; /* the callback may take it (then it sets this NULL); else freed when it returns */
+    const char *resource_version; /* object.metadata.resourceVersion (NULL for ERROR): in object */
     long code; /* ERROR: the Status code (410: Gone), else 0 */
     const char *message; /* ERROR: the Status message, or NULL */
 } watch_event;
 
 /* Return 0 to go on, -1 with the error set to stop the stream. */
-typedef int (*watch_event_fn)(const watch_event *ev, void *arg, err_t *err);
+typedef int (*watch_event_fn)(watch_event *ev, void *arg, err_t *err);
 
 typedef struct watch_parser {
     char *line; /* the partial line carried between pieces */
@@ -72,8 +72,9 @@ typedef struct watch_handler {
     /* After every (re)list: the complete current state. Items not in it are gone (a relist may
      * follow missed DELETED events). `items` is the list's array, rv its resourceVersion. */
     int (*on_list)(const cJSON *items, const char *rv, void *arg, err_t *err);
-    /* Each ADDED, MODIFIED or DELETED event (bookmarks and errors are handled by the loop). */
-    int (*on_event)(watch_type type, const cJSON *object, void *arg, err_t *err);
+    /* Each ADDED, MODIFIED or DELETED event (bookmarks and errors are handled by the loop). The
+     * object is the handler's, to keep (a store takes it: no copy) or to free. */
+    int (*on_event)(watch_type type, cJSON *object, void *arg, err_t *err);
     void *arg;
 } watch_handler;
 

@@ -133,7 +133,7 @@ out:
     return rc;
 }
 
-static int on_watch_event(const watch_event *ev, void *arg, err_t *err) {
+static int on_watch_event(watch_event *ev, void *arg, err_t *err) {
     loop *l = arg;
     l->seen++;
     switch (ev->type) {
@@ -149,12 +149,18 @@ static int on_watch_event(const watch_event *ev, void *arg, err_t *err) {
         return set_rv(l, ev->resource_version, err);
     default:
         l->st->events++;
-        if (l->h->on_event && l->h->on_event(ev->type, ev->object, l->h->arg, err) < 0) {
+        if (!l->h->on_event) return set_rv(l, ev->resource_version, err);
+        char rv[sizeof l->rv]; /* the handler takes the object it is in */
+        if (str_fmt(rv, sizeof rv, err, "watch: the resourceVersion", "%s", ev->resource_version ? ev->resource_version : "") < 0)
+            return -1;
+        cJSON *obj = ev->object;
+        ev->object = NULL;
+        if (l->h->on_event(ev->type, obj, l->h->arg, err) < 0) {
             l->handler_failed = true;
             return -1;
         }
         /* only after the handler saw it: a reconnect resumes after the last handled event */
-        return set_rv(l, ev->resource_version, err);
+        return set_rv(l, rv, err);
     }
 }
 

@@ -56,8 +56,9 @@ double wq_backoff_s(int failures) {
 
 static void add_locked(wq *q, const char *key, double delay_s, int failures) {
     long i = str_map_get(&q->at, key);
-    if (i >= 0) {
-        if (delay_s == 0) q->items[i].not_before = 0; /* a change: now, not after a backoff */
+    if (i >= 0) { /* the earlier time counts: a change beats a backoff, never the reverse */
+        double due = delay_s > 0 ? clock_now_s() + delay_s : 0;
+        if (due < q->items[i].not_before) q->items[i].not_before = due;
         return;
     }
     if (q->n == q->cap) {

@@ -387,6 +387,73 @@ static void test_index(void **state) {
     cache_free(c);
 }
 
+/* A put that hands the object over: stored as given but for managedFields (no copy: a later
+ * change to it would show, which is why only a watch's freshly parsed objects are handed over),
+ * or freed when the store keeps a newer version (ASan would see the leak or a double free). */
+static void test_put_owned(void **state) {
+    (void)state;
+    cache *c = cache_new("pods");
+    cJSON *o = obj("ns", "a", "5", "j1", 1);
+    cJSON_AddArrayToObject(cJSON_GetObjectItem(o, "metadata"), "managedFields");
+    assert_true(cache_put_owned(c, o, NULL));
+    assert_null(cJSON_GetObjectItem(cJSON_GetObjectItem(o, "metadata"), "managedFields")); /* stripped in place */
+    cJSON *prev;
+    assert_false(cache_put_owned(c, obj("ns", "a", "4", "j1", 2), &prev)); /* older: freed */
+    assert_null(prev);
+    assert_true(cache_put_owned(c, obj("ns", "a", "6", "j1", 3), &prev));
+    assert_int_equal(n_of(prev), 1);
+    cJSON_Delete(prev);
+    assert_false(cache_put_owned(c, obj("ns", NULL, "7", "j1", 4), NULL)); /* nameless: freed */
+    cJSON *g = cache_get(c, "ns", "a");
+    assert_int_equal(n_of(g), 3);
+    cJSON_Delete(g);
+    cache_free(c);
+}
+
+static bool n_even(const cJSON *o, void *arg) {
+    (void)arg;
+    return n_of(o) % 2 == 0;
+}
+
+/* One view of two stores: all of the first, the kept ones of the second, digested only when both
+ * stores make digests; and an object stored in one store takes the place of its superseded version
+ * in the other (an assumed pod), by a put or a relist, but not of another version. */
+static void test_union_and_supersedes(void **state) {
+    (void)state;
+    cache *busy = cache_new("busy pods"), *pods = cache_new("pods");
+    cache_set_digest(busy, n_digest);
+    cache_set_supersedes(pods, busy, "0");
+    put(busy, obj("ml", "other", "3", NULL, 1));
+    put(busy, obj("ml", "job-0", "0", NULL, 1));  /* assumed */
+    put(busy, obj("ml", "job-1", "0", NULL, 1));  /* assumed */
+    put(busy, obj("ml", "job-2", "9", NULL, 1));  /* not at the superseded version */
+    put(pods, obj("ml", "job-0", "10", "j", 2));  /* the API's: the assumed one goes */
+    assert_null(cache_get(busy, "ml", "job-0"));
+    cJSON *still = cache_get(busy, "ml", "job-1");
+    assert_non_null(still);
+    cJSON_Delete(still);
+    assert_true(cache_put_owned(pods, obj("ml", "job-2", "11", "j", 3), NULL));
+    still = cache_get(busy, "ml", "job-2"); /* version 9 is no assumption: it stays */
+    assert_non_null(still);
+    cJSON_Delete(still);
+    cJSON *items = cJSON_CreateArray();
+    cJSON_AddItemToArray(items, obj("ml", "job-1", "12", "j", 4));
+    cache_replace(pods, items); /* a relist supersedes too */
+    cJSON_Delete(items);
+    assert_null(cache_get(busy, "ml", "job-1"));
+    put(pods, obj("ml", "job-3", "13", "j", 5));
+    cache_view v;
+    const cJSON *list = cJSON_GetObjectItem(cache_view_union(busy, pods, n_even, NULL, &v), "items");
+    assert_int_equal(v.n, 3); /* other, job-2 (busy); job-1 (n 4; job-3 has n 5) */
+    assert_int_equal(cJSON_GetArraySize(list), 3);
+    assert_string_equal(kube_meta_str(cJSON_GetArrayItem(list, 0), "name"), "other");
+    assert_string_equal(kube_meta_str(cJSON_GetArrayItem(list, 2), "name"), "job-1");
+    assert_false(v.digested); /* pods makes none */
+    cache_view_release(&v);
+    cache_free(pods);
+    cache_free(busy);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_put_get_remove),
@@ -397,6 +464,8 @@ int main(void) {
         cmocka_unit_test(test_request_counts),
         cmocka_unit_test(test_digests_and_stripped_fields),
         cmocka_unit_test(test_index),
+        cmocka_unit_test(test_put_owned),
+        cmocka_unit_test(test_union_and_supersedes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

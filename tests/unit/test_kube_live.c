@@ -178,13 +178,14 @@ static int lw_list(const cJSON *items, const char *rv, void *arg, err_t *err) {
     return rc;
 }
 
-static int lw_event(watch_type t, const cJSON *obj, void *arg, err_t *err) {
+static int lw_event(watch_type t, cJSON *obj, void *arg, err_t *err) {
     (void)err;
     live_watch *w = arg;
     if (t == WATCH_ADDED && strcmp(kube_meta_str(obj, "name"), w->name) == 0) {
         w->saw_added = true;
         atomic_store(&w->stop, 1);
     }
+    cJSON_Delete(obj);
     return 0;
 }
 

@@ -58,6 +58,26 @@ static void test_pending_once(void **state) {
     wq_free(q);
 }
 
+/* Adding a pending key again with a delay: the earlier time counts (a change let settle for a
+ * moment is not held back by a resync due in a minute, nor pushed back by one). */
+static void test_earlier_counts(void **state) {
+    (void)state;
+    wq *q = wq_new("sync");
+    atomic_int stop = 0;
+    rec r = {0};
+    wq_add_after(q, "ns/job", 60);
+    wq_add_after(q, "ns/job", 0.05); /* earlier: due then */
+    assert_int_equal(wq_len(q), 1);
+    assert_true(wq_process_next(q, rec_sync, &r, &stop)); /* waits up to 1 s for a due key */
+    assert_int_equal(atomic_load(&r.calls), 1);
+    wq_add_after(q, "ns/job", 0.05);
+    wq_add_after(q, "ns/job", 60); /* later: keeps 0.05 */
+    assert_true(wq_process_next(q, rec_sync, &r, &stop));
+    assert_int_equal(atomic_load(&r.calls), 2);
+    assert_int_equal(wq_len(q), 0);
+    wq_free(q);
+}
+
 static void test_retry_backoff(void **state) {
     (void)state;
     assert_true(wq_backoff_s(1) == WQ_RETRY_FIRST_S);
@@ -140,6 +160,7 @@ static void test_one_worker_per_key(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pending_once),
+        cmocka_unit_test(test_earlier_counts),
         cmocka_unit_test(test_retry_backoff),
         cmocka_unit_test(test_requeue_after),
         cmocka_unit_test(test_one_worker_per_key),
