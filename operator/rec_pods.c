@@ -395,8 +395,7 @@ static cJSON *rank_pod(rec_ctx *x, int i, const char *rv) {
 static void assume_pod(rec_ctx *x, int i, const char *pod) {
     cJSON *o = rank_pod(x, i, REC_ASSUMED_RV);
     rec_writes_part *w = &x->writes;
-    if (cache_put(x->c->caches->busy, o, NULL)) snprintf(w->assumed[w->n_assumed++], sizeof *w->assumed, "%s", pod);
-    cJSON_Delete(o);
+    if (cache_put_owned(x->c->caches->busy, o, NULL)) snprintf(w->assumed[w->n_assumed++], sizeof *w->assumed, "%s", pod);
 }
 
 /* Puts the pods the admitted job is about to create into the busy store, as the API would

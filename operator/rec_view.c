@@ -199,16 +199,11 @@ static char *pod_index(const cJSON *pod) {
 
 cJSON *rec_job_pods(rec_ctx *x, cache_view *v) { return cache_view_index(x->c->caches->pods, x->job.key, v); }
 
-/* A pod the busy watch would select: not Succeeded nor Failed (its field selector). */
-static bool pod_not_ended(const cJSON *pod, void *arg) {
-    (void)arg;
-    const char *ph = get_str(get(pod, "status"), "phase", "");
-    return strcmp(ph, "Succeeded") != 0 && strcmp(ph, "Failed") != 0;
-}
-
 cJSON *rec_busy_pods(const rec_caches *c, cache_view *v) {
     if (!c->busy_without_job_pods) return cache_view_list(c->busy, NULL, NULL, v);
-    return cache_view_union(c->busy, c->pods, pod_not_ended, NULL, v);
+    /* the job pods that hold GPUs: with a digest (inv_pod_digest: not ended, bound or pinned,
+     * GPUs), which is all the accounting reads of them */
+    return cache_view_union(c->busy, c->pods, v);
 }
 
 rec_caches rec_caches_new(void) {

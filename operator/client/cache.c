@@ -284,12 +284,13 @@ static void add_reference(cJSON *array, cJSON *ref, const cJSON *obj) {
 }
 
 /* Where a view's objects come from: a store, those kept by keep (when given) whose index key is
- * key (when given). */
+ * key (when given), only those with a digest when digested_only. */
 typedef struct view_source {
     cache *c;
     cache_keep_fn keep;
     void *arg;
     const char *key;
+    bool digested_only;
 } view_source;
 
 /* The view of the sources' objects, in their order. Their stores are locked together, in the
@@ -311,6 +312,7 @@ static cJSON *view(const view_source *src, int n_src, cache_view *v) {
             cache_obj *o = from->c->e[i].obj;
             if (from->key && (!o->index || strcmp(o->index, from->key) != 0)) continue;
             if (from->keep && !from->keep(o->json, from->arg)) continue;
+            if (from->digested_only && !o->digest) continue;
             atomic_fetch_add(&o->refs, 1);
             add_reference(items, &v->refs[v->n], o->json);
             v->objs[v->n++] = o;
@@ -322,13 +324,13 @@ static cJSON *view(const view_source *src, int n_src, cache_view *v) {
 }
 
 cJSON *cache_view_list(cache *c, cache_keep_fn keep, void *arg, cache_view *v) {
-    return view(&(view_source){c, keep, arg, NULL}, 1, v);
+    return view(&(view_source){.c = c, .keep = keep, .arg = arg}, 1, v);
 }
 
-cJSON *cache_view_index(cache *c, const char *key, cache_view *v) { return view(&(view_source){c, NULL, NULL, key}, 1, v); }
+cJSON *cache_view_index(cache *c, const char *key, cache_view *v) { return view(&(view_source){.c = c, .key = key}, 1, v); }
 
-cJSON *cache_view_union(cache *a, cache *b, cache_keep_fn keep_b, void *arg, cache_view *v) {
-    view_source src[2] = {{a, NULL, NULL, NULL}, {b, keep_b, arg, NULL}};
+cJSON *cache_view_union(cache *a, cache *b, cache_view *v) {
+    view_source src[2] = {{.c = a}, {.c = b, .digested_only = true}};
     return view(src, 2, v);
 }
 
