@@ -80,6 +80,9 @@ static bool find_unsupported(const char *text, size_t len, size_t *off, char *wh
     int depth = 0;
     bool in_string = false;
     for (size_t i = 0; i < len; i++) {
+        if (in_string) /* most bytes are a string's plain ones: passed over in a tight loop */
+            while (i < len && text[i] != '"' && text[i] != '\\' && text[i] != '\0') i++;
+        if (i == len) break;
         unsigned char ch = (unsigned char)text[i];
         *off = i;
         if (in_string) {
