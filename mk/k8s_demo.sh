@@ -76,7 +76,9 @@ $PY tests/k8s/kubelet.py --server "$K8S_SERVER" --token "$K8S_TOKEN" --ca "$K8S_
   2>"$dir/kubelet.log" &
 kl_pid=$!
 ready() { [ "$(K get nodes -o jsonpath='{range .items[*]}{.status.conditions[?(@.type=="Ready")].status}{.spec.taints}{end}' 2>/dev/null)" = TrueTrueTrueTrueTrue ]; }
-for _ in $(seq 1 80); do ready && break; sleep 0.5; done
+# while kubelet.py lives: a busy machine registers the nodes in minutes, not seconds
+end=$((SECONDS + 600))
+until ready || [ $SECONDS -ge $end ] || ! kill -0 "$kl_pid" 2>/dev/null; do sleep 0.5; done
 ready || die "the nodes did not become Ready (see KEEP=DIR make k8s-demo: kubelet.log)"
 K get nodes -L nvidia.com/gpu.product,nvidia.com/gpu.memory
 
@@ -102,7 +104,8 @@ corpus=$(find "$TEXT" -maxdepth 1 -type f ! -name '*.dat' -size -900k | sort | h
 K create configmap corpus -n "$NS" --from-file=input.txt="$corpus"
 sed "s#image: $WORKER_IMAGE:[^ ]*#image: $WORKER_IMAGE:demo#" examples/k8s/data-prep.yaml | K apply -n "$NS" -f -
 phase() { K get "$@" -o jsonpath='{.status.phase}' 2>/dev/null; }
-for _ in $(seq 1 120); do case $(phase pod cephalo-data-prep -n "$NS") in Succeeded|Failed) break ;; esac; sleep 0.5; done
+end=$((SECONDS + 600)) # until the pod ends (the kubelet's log of it says what it does meanwhile)
+while [ $SECONDS -lt $end ]; do case $(phase pod cephalo-data-prep -n "$NS") in Succeeded|Failed) break ;; esac; sleep 0.5; done
 [ "$(phase pod cephalo-data-prep -n "$NS")" = Succeeded ] || die "the data-prep pod did not succeed: $(cat "$dir"/kl/logs/"${NS}"_cephalo-data-prep_*.log 2>/dev/null)"
 cat "$dir"/kl/logs/"${NS}"_cephalo-data-prep_*.log
 ls -l "$dir/kl/pvc/cephalo-data/corpus"

@@ -31,8 +31,6 @@ typedef struct informer {
     char label[96]; /* what, and the namespace: "pods in ml" (messages) */
     enum { INF_JOBS, INF_LABELLED, INF_NODES, INF_BUSY } kind;
     cache *store; /* shared by the watches of one kind, one per namespace */
-    bool busy_too; /* job pods the busy watch leaves out (rec_caches_split_busy): they queue the
-                    * jobs waiting for GPUs as busy pods do */
     atomic_bool listed; /* its first list is in the store */
     pthread_t th;
     bool started;
@@ -124,12 +122,6 @@ static void enqueue_waiting(const informers_ctx *x) {
     enqueue_view(x, cache_view_index(x->caches->jobs, INF_WAITS_KEY, &v), &v, INF_SETTLE_S);
 }
 
-/* A pod Succeeded or Failed: its GPUs are free. */
-static bool pod_ended(const cJSON *pod) {
-    const cJSON *ph = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(pod, "status"), "phase");
-    return cJSON_IsString(ph) && (!strcmp(ph->valuestring, "Succeeded") || !strcmp(ph->valuestring, "Failed"));
-}
-
 /* Whether a job's event is one to reconcile: new, its spec (generation), labels or annotations
  * changed, or being deleted. Status writes (the operator's own, progress among them) are not. */
 static bool job_changed(const cJSON *prev, const cJSON *job) {
@@ -218,8 +210,10 @@ static int on_list(const cJSON *items, const char *rv, void *arg, err_t *err) {
     cache_replace_ns(w->store, w->ns, items);
     atomic_store(&w->listed, true);
     const cJSON *o;
-    if ((w->kind == INF_BUSY || w->busy_too) && relist) enqueue_waiting(w->x); /* events may have been missed */
-    if (w->kind == INF_BUSY) return 0;
+    if (w->kind == INF_BUSY) {
+        if (relist) enqueue_waiting(w->x); /* events may have been missed */
+        return 0;
+    }
     if (w->kind == INF_NODES) {
         /* a relist: compare it with what the store had (the first list only fills it) */
         bool changed = relist && nodes_changed(cJSON_GetObjectItemCaseSensitive(old, "items"), items);
@@ -236,16 +230,14 @@ static int on_list(const cJSON *items, const char *rv, void *arg, err_t *err) {
 static void on_owned_event(informer *w, watch_type t, cJSON *o) {
     char key[WQ_KEY_MAX];
     bool labelled = w->kind == INF_LABELLED && job_key_of(o, key);
-    /* GPUs taken or freed (a busy watch would see the pod come, or go once it ended) */
-    bool gpus_moved = t != WATCH_MODIFIED || (w->busy_too && pod_ended(o));
     if (t == WATCH_DELETED) {
         cache_remove(w->store, kube_meta_str(o, "namespace"), kube_meta_str(o, "name"));
         cJSON_Delete(o);
     } else if (!cache_put_owned(w->store, o, NULL)) {
         return; /* older than what the store has */
     }
-    if (labelled) wq_add_after(w->x->queue, key, INF_OBJECT_SETTLE_S);
-    if ((w->kind == INF_BUSY || w->busy_too) && gpus_moved) enqueue_waiting(w->x);
+    if (labelled) wq_add(w->x->queue, key);
+    else if (w->kind == INF_BUSY && t != WATCH_MODIFIED) enqueue_waiting(w->x); /* as enqueue_object */
 }
 
 static int on_event(watch_type t, cJSON *o, void *arg, err_t *err) {
@@ -346,10 +338,6 @@ static int add_watch(informers *in, const struct inf_kind *k, const char *ns, er
     snprintf(w->label, sizeof w->label, "%s%s%s", w->what, ns ? " in " : "", ns ? ns : "");
     if (w->kind == INF_LABELLED) w->wo.label_selector = REC_LABEL_JOB;
     if (w->kind == INF_BUSY) w->wo.field_selector = "status.phase!=Succeeded,status.phase!=Failed";
-    if (in->x.caches->busy_without_job_pods) { /* rec_caches_split_busy: each pod in one watch */
-        if (w->kind == INF_BUSY) w->wo.label_selector = "!" REC_LABEL_JOB;
-        w->busy_too = w->kind == INF_LABELLED && k->store == offsetof(rec_caches, pods);
-    }
     in->n++;
     return 0;
 }
@@ -367,7 +355,6 @@ static int add_watches(informers *in, const char *list, err_t *err) {
     int k = 0;
     for (char *p = in->namespaces ? strtok_r(in->namespaces, ",", &save) : NULL; p; p = strtok_r(NULL, ",", &save))
         ns[k++] = p;
-    if (k == 0) rec_caches_split_busy(in->x.caches); /* every namespace: the pod watch sees every job pod */
     int rc = 0;
     for (int i = 0; i < INF_KINDS && rc == 0; i++) {
         const struct inf_kind *kind = &inf_kinds[i];

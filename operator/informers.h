@@ -6,14 +6,11 @@
  *   cephalojobs   a job new, deleted, or its spec, labels or annotations changed (not its status:
  *                 the operator's own writes) -> that job; its phase changed, its spec changed or
  *                 it is gone -> the Queued jobs too, at once (one may wait behind it)
- *   pods, configmaps, services (label cephalo.dev/job) -> their job, INF_OBJECT_SETTLE_S after the
- *                 first of a burst
+ *   pods, configmaps, services (label cephalo.dev/job) -> their job
  *   nodes         a node came, went, or changed what the inventory reads (labels, GPUs,
  *                 schedulability, taints, readiness; not heartbeats) -> every job
  *   busy pods     (every namespace: the GPU accounting) came or went -> the jobs waiting for GPUs,
- *                 INF_SETTLE_S after the first of a burst. Watching every namespace, the busy
- *                 watch leaves the job pods out (rec_caches_split_busy): the pod watch has them,
- *                 and one coming, going or ending queues the waiting jobs in the same way
+ *                 INF_SETTLE_S after the first of a burst
  *
  *   informers_ctx x = {.caches = &caches, .queue = q, .stop = &stop, .synced = &synced};
  *   informers *in = informers_new(cfg, &x);
@@ -32,11 +29,6 @@
 #include "operator/client/workqueue.h"
 
 #define INF_SETTLE_S 1.0 /* GPUs freed: the waiting jobs look this long after the first change */
-/* A job's pod, plan or Service changed: the job looks this long after the first change. A gang's
- * pods are created, bound and started within moments of each other, and one reconcile for the
- * burst does what one per event would (issue 41's profile: half the reconciles of a bring-up were
- * for these), while a failure waits a quarter second at most. */
-#define INF_OBJECT_SETTLE_S 0.25
 
 typedef struct informers_ctx {
     rec_caches *caches; /* the stores they fill */

@@ -272,9 +272,6 @@ typedef struct rec_ctx {
 
 /* The job's pods of the pod store (its label, its namespace). */
 cJSON *rec_job_pods(rec_ctx *x, cache_view *v);
-/* The pods that may hold GPUs, every namespace: the busy store's, with the job pods that hold
- * GPUs when it leaves those out (rec_caches_split_busy). */
-cJSON *rec_busy_pods(const rec_caches *c, cache_view *v);
 /* The Node of x->stores.nodes named name, or NULL: by a map of the names, built once a reconcile (a gang's
  * pods and the job's pods each look up their node: not a scan of the nodes for each). */
 const cJSON *rec_find_node(rec_ctx *x, const char *name);

@@ -529,8 +529,7 @@ int rec_create_pods(rec_ctx *x, gang *g, err_t *err) {
     if (n == 0) return free(pods), 0;
     int threads = 1 + x->writes.n_helpers < n ? 1 + x->writes.n_helpers : n;
     pod_batch b[REC_MAX_HELPERS + 1];
-    /* the busy store too, unless the job pods are not kept there (rec_caches_split_busy) */
-    cache *stores[] = {x->c->caches->pods, x->c->caches->busy_without_job_pods ? NULL : x->c->caches->busy, NULL};
+    cache *stores[] = {x->c->caches->pods, x->c->caches->busy, NULL};
     for (int t = 0; t < threads; t++)
         b[t] = (pod_batch){.k = t ? x->writes.helpers[t - 1] : x->k, .coll = coll, .pods = pods, .n = n, .first = t,
                            .stride = threads, .stores = stores};

@@ -199,26 +199,13 @@ static char *pod_index(const cJSON *pod) {
 
 cJSON *rec_job_pods(rec_ctx *x, cache_view *v) { return cache_view_index(x->c->caches->pods, x->job.key, v); }
 
-cJSON *rec_busy_pods(const rec_caches *c, cache_view *v) {
-    if (!c->busy_without_job_pods) return cache_view_list(c->busy, NULL, NULL, v);
-    /* the job pods that hold GPUs: with a digest (inv_pod_digest: not ended, bound or pinned,
-     * GPUs), which is all the accounting reads of them */
-    return cache_view_union(c->busy, c->pods, v);
-}
-
 rec_caches rec_caches_new(void) {
     rec_caches c = {.jobs = cache_new("cephalojobs"), .pods = cache_new("pods"), .busy = cache_new("busy pods"),
                     .nodes = cache_new("nodes"), .configmaps = cache_new("configmaps"), .services = cache_new("services")};
     cache_set_digest(c.busy, inv_pod_digest); /* every admission reads every busy pod */
-    cache_set_digest(c.pods, inv_pod_digest); /* ... which may be the jobs' (rec_caches_split_busy) */
     cache_set_digest(c.nodes, inv_node_digest); /* ... and every node */
     cache_set_index(c.pods, pod_index);       /* every reconcile reads its job's pods */
     return c;
-}
-
-void rec_caches_split_busy(rec_caches *c) {
-    c->busy_without_job_pods = true;
-    cache_set_supersedes(c->pods, c->busy, REC_ASSUMED_RV);
 }
 
 void rec_caches_free(rec_caches *c) {

@@ -65,7 +65,7 @@ static void read_stores(rec_ctx *x) {
     rec_cm_read(s->cm, &s->cmv);
     s->pods = rec_job_pods(x, &s->pods_view);
     s->pod = rec_pods_read(s->pods, &s->n_pods);
-    s->busy = rec_busy_pods(c, &s->busy_view);
+    s->busy = cache_view_list(c->busy, NULL, NULL, &s->busy_view);
 }
 
 /* From reading the stores to holding the GPUs, one job at a time: objects of an earlier job of

@@ -83,21 +83,12 @@ typedef struct rec_caches {
     cache *nodes;
     cache *configmaps; /* label cephalo.dev/job: the plans */
     cache *services; /* label cephalo.dev/job: the workers' headless Services */
-    /* rec_caches_split_busy: busy leaves out the jobs' pods, which `pods` has (every namespace) */
-    bool busy_without_job_pods;
 } rec_caches;
 /* The stores, with what every reconcile reads of them made once per stored object (client-go's
  * transforms and indexers): the busy pods' digests (inv_pod_digest: node, owner, GPUs) and the
  * jobs' pods indexed by their job, "namespace/name" (rec_job_pods). */
 rec_caches rec_caches_new(void);
 void rec_caches_free(rec_caches *c);
-/* For an operator of every namespace, whose pod watch sees every job pod: the busy watch leaves
- * them out (label selector !cephalo.dev/job), so that each job pod event comes once, not twice
- * (issue 41's profile: the second copy was an eighth of the operator's CPU). The busy pods a
- * reconcile reads are then the busy store's and the job pods not ended; a job pod the API
- * returns or the watch brings replaces its assumed version in the busy store. Before the watches
- * start. */
-void rec_caches_split_busy(rec_caches *c);
 
 /* A gang restarted after a worker failed waits as a Kubernetes Job's pods do: 10 s, doubling per
  * failure in a row up to 6 minutes; a gang that ran twice the longest wait starts the count again

@@ -66,8 +66,6 @@ struct cache {
     bool synced;
     cache_digest_fn digest;
     cache_index_fn index;
-    cache *supersedes; /* cache_set_supersedes: an object stored here drops ... */
-    const char *superseded_rv; /* ... this version of it from that store */
 };
 
 /* The stored object made of json, which it takes (strip_stored already done). */
@@ -151,11 +149,6 @@ static void remove_locked(cache *c, int i) {
 
 void cache_replace(cache *c, const cJSON *items) { cache_replace_ns(c, NULL, items); }
 
-/* After namespace/name was stored in c: its superseded version leaves the other store. Called with
- * no store locked (two stores are never locked at once by a writer). */
-static void supersede(cache *c, const char *ns, const char *name) {
-    if (c->supersedes && name) cache_remove_version(c->supersedes, ns, name, c->superseded_rv);
-}
 
 /* Removes the entries of namespace ns (their keys start "ns/"). */
 static void clear_ns_locked(cache *c, const char *ns) {
@@ -175,7 +168,6 @@ void cache_replace_ns(cache *c, const char *ns, const cJSON *items) {
     }
     c->synced = true;
     pthread_mutex_unlock(&c->mu);
-    cJSON_ArrayForEach(o, items) supersede(c, kube_meta_str(o, "namespace"), kube_meta_str(o, "name"));
 }
 
 /* resourceVersion as a number; false when it is not one (then versions are not compared). */
@@ -195,7 +187,6 @@ bool cache_put_owned(cache *c, cJSON *obj, cJSON **prev) {
         cJSON_Delete(obj);
         return false;
     }
-    char *key = c->supersedes ? key_of(ns, name) : NULL; /* obj may be gone once the lock is let go */
     pthread_mutex_lock(&c->mu);
     int i = find_locked(c, ns, name);
     unsigned long long have, got;
@@ -213,12 +204,6 @@ bool cache_put_owned(cache *c, cJSON *obj, cJSON **prev) {
         append_locked(c, key_of(ns, name), obj_new(c, strip_stored(obj)));
     }
     pthread_mutex_unlock(&c->mu);
-    if (key && stored) {
-        char *slash = strchr(key, '/');
-        *slash = '\0';
-        supersede(c, key, slash + 1);
-    }
-    free(key);
     return stored;
 }
 
@@ -283,63 +268,28 @@ static void add_reference(cJSON *array, cJSON *ref, const cJSON *obj) {
     }
 }
 
-/* Where a view's objects come from: a store, those kept by keep (when given) whose index key is
- * key (when given), only those with a digest when digested_only. */
-typedef struct view_source {
-    cache *c;
-    cache_keep_fn keep;
-    void *arg;
-    const char *key;
-    bool digested_only;
-} view_source;
-
-/* The view of the sources' objects, in their order. Their stores are locked together, in the
- * order given (no writer holds two). */
-static cJSON *view(const view_source *src, int n_src, cache_view *v) {
+/* The view of the objects kept by keep (when given) whose index key is key (when given). */
+static cJSON *view(cache *c, cache_keep_fn keep, void *arg, const char *key, cache_view *v) {
     cJSON *list = cJSON_CreateObject(), *items = cJSON_AddArrayToObject(list, "items");
-    int room = 1;
-    bool digested = true;
-    for (int s = 0; s < n_src; s++) {
-        pthread_mutex_lock(&src[s].c->mu);
-        room += src[s].c->n;
-        digested &= src[s].c->digest != NULL;
+    pthread_mutex_lock(&c->mu);
+    *v = (cache_view){.objs = xmalloc((size_t)(c->n + 1) * sizeof *v->objs), .digested = c->digest != NULL,
+                      .refs = xmalloc((size_t)(c->n + 1) * sizeof *v->refs)};
+    for (int i = 0; i < c->n; i++) {
+        cache_obj *o = c->e[i].obj;
+        if (key && (!o->index || strcmp(o->index, key) != 0)) continue;
+        if (keep && !keep(o->json, arg)) continue;
+        atomic_fetch_add(&o->refs, 1);
+        add_reference(items, &v->refs[v->n], o->json);
+        v->objs[v->n++] = o;
     }
-    *v = (cache_view){.objs = xmalloc((size_t)room * sizeof *v->objs), .digested = digested,
-                      .refs = xmalloc((size_t)room * sizeof *v->refs)};
-    for (int s = 0; s < n_src; s++) {
-        const view_source *from = &src[s];
-        for (int i = 0; i < from->c->n; i++) {
-            cache_obj *o = from->c->e[i].obj;
-            if (from->key && (!o->index || strcmp(o->index, from->key) != 0)) continue;
-            if (from->keep && !from->keep(o->json, from->arg)) continue;
-            if (from->digested_only && !o->digest) continue;
-            atomic_fetch_add(&o->refs, 1);
-            add_reference(items, &v->refs[v->n], o->json);
-            v->objs[v->n++] = o;
-        }
-    }
-    for (int s = n_src - 1; s >= 0; s--) pthread_mutex_unlock(&src[s].c->mu);
+    pthread_mutex_unlock(&c->mu);
     v->list = list;
     return list;
 }
 
-cJSON *cache_view_list(cache *c, cache_keep_fn keep, void *arg, cache_view *v) {
-    return view(&(view_source){.c = c, .keep = keep, .arg = arg}, 1, v);
-}
+cJSON *cache_view_list(cache *c, cache_keep_fn keep, void *arg, cache_view *v) { return view(c, keep, arg, NULL, v); }
 
-cJSON *cache_view_index(cache *c, const char *key, cache_view *v) { return view(&(view_source){.c = c, .key = key}, 1, v); }
-
-cJSON *cache_view_union(cache *a, cache *b, cache_view *v) {
-    view_source src[2] = {{.c = a}, {.c = b, .digested_only = true}};
-    return view(src, 2, v);
-}
-
-void cache_set_supersedes(cache *c, cache *other, const char *rv) {
-    pthread_mutex_lock(&c->mu);
-    c->supersedes = other;
-    c->superseded_rv = rv;
-    pthread_mutex_unlock(&c->mu);
-}
+cJSON *cache_view_index(cache *c, const char *key, cache_view *v) { return view(c, NULL, NULL, key, v); }
 
 void cache_set_index(cache *c, cache_index_fn index) {
     pthread_mutex_lock(&c->mu);

@@ -64,17 +64,8 @@ typedef struct cache_view {
     bool digested; /* the store makes digests (cache_set_digest): cache_view_digest has them */
 } cache_view;
 cJSON *cache_view_list(cache *c, cache_keep_fn keep, void *arg, cache_view *v);
-/* One view of two stores: every object of a, then those of b that have a digest (b holds some of
- * what a would: the operator's busy pods, without the jobs' own pods, which their store has; the
- * digest says which hold GPUs, read once per stored version instead of once per view). digested
- * when both stores make digests. */
-cJSON *cache_view_union(cache *a, cache *b, cache_view *v);
 void cache_view_release(cache_view *v);
 
-/* An object stored in c (put, answer, list) takes the place of what the other store held of it at
- * version rv: that entry leaves the other store, just after c has the object (an assumed pod in
- * the busy store, once the jobs' pod store has the API's). Set before the first object. */
-void cache_set_supersedes(cache *c, cache *other, const char *rv);
 
 /* Digests (client-go's transform and indexers serve the same end): what every reconcile would
  * otherwise read out of hundreds of stored objects, read once when an object is stored. `digest`

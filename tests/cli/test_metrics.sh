@@ -81,7 +81,8 @@ check "dry run: a port per rank" 0 "--metrics-port $((BASE + 2))" -- \
 "$C" run "$T/job.yaml" --run-dir "$T/run" --metrics-port "$BASE" >"$T/run.out" 2>&1 &
 run_pid=$!
 up=0
-for _ in $(seq 1 300); do # up to 30 s (the SAN build starts slowly)
+end=$((SECONDS + 600)) # while the run lives (a SAN build on a busy machine starts slowly)
+while [ $SECONDS -lt $end ]; do
   up=0
   for r in 0 1 2; do [ "$(status "http://127.0.0.1:$((BASE + r))/healthz")" = 200 ] && up=$((up + 1)); done
   [ $up = 3 ] && break

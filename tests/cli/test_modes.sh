@@ -193,7 +193,12 @@ check "--device cuda on the CPU-only worker names cephalo-worker-cuda" 2 "cephal
 
 # ---- stopping on SIGTERM (a pod deleted): every rank stops after the same step, checkpointed ----
 start_ranks "$T/p3.json" "$T/stop" --steps 100000 --lr 2e-3 --seed 5 --ckpt-dir "$T/stop/ckpt"
-for _ in $(seq 1 100); do [ "$(cat "$T/stop/rank2.jsonl" 2>/dev/null | wc -l)" -ge 3 ] && break; sleep 0.1; done
+# until rank 2 has logged 3 steps, while the ranks live (a busy machine takes longer than an idle one)
+end=$((SECONDS + 600))
+while [ $SECONDS -lt $end ] && [ "$(cat "$T/stop/rank2.jsonl" 2>/dev/null | wc -l)" -lt 3 ]; do
+  kill -0 "${PIDS[0]}" "${PIDS[1]}" "${PIDS[2]}" 2>/dev/null || break
+  sleep 0.1
+done
 kill -TERM "${PIDS[1]}" # one rank only, as when one pod of the gang is deleted first
 stop_rcs=""
 for p in "${PIDS[@]}"; do wait "$p"; stop_rcs="$stop_rcs $?"; done

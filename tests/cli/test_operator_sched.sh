@@ -201,6 +201,12 @@ placed() { # JOB NODES...: the job's current plan and its bound pods are on NODE
   [ "$plan" = "$want" ] && [ "$pods" = "$want" ]
 }
 assert "the job is re-planned around the foreign pod: the scheduler binds it to s-a and s-b" wait_for 60 placed grab "s-a s-b"
+placed grab "s-a s-b" >/dev/null 2>&1 ||
+  { # what to look at when it was not (the job's status, its pods, the operator's last words)
+    jp cephalojob grab '{.status.phase} {.status.message} plan={.status.plan.ranks[*].node}'
+    K get pods -l cephalo.dev/job=grab -o jsonpath='{range .items[*]}{.metadata.name} {.spec.nodeName} {.status.phase} {.status.reason}{"\n"}{end}'
+    tail -n 15 "$dir/op.log"
+  } 2>&1 | sed 's/^/#   /'
 rm -f "$dir/gpuwatch.pause"
 check "... saying why (an Unschedulable or a Replanned event)" 0 "" -- bash -c \
   "$(declare -f K event); event grab Unschedulable | grep -q 'planned on node s-a) cannot be scheduled' || event grab Replanned | grep -q 'the usable GPUs changed'"

@@ -17,6 +17,8 @@
 # one JSON line per request once answered: verb, requestURI, user, userAgent, responseStatus,
 # requestReceivedTimestamp) in DIR/audit.log, so that a test can tell which client sent what, and
 # when (cephalo-operator's User-Agent names its replica). Reads are not logged.
+# CEPHALO_K8S_START_S (600): the longest a component may take to get ready while its process lives
+# (a process that exits fails the start at once; a loaded machine takes minutes, not seconds).
 # CEPHALO_K8S_SCHEDULER_ARGS: more kube-scheduler flags, split on spaces (bench-operator's
 # BENCH_OP_SCHEDULER_ARGS, e.g. --kube-api-qps=200 --kube-api-burst=400: by default its client
 # sends at most 50 requests a second after a burst of 100, one per pod bound).
@@ -120,19 +122,27 @@ build() {
   echo "$STAMP" >"$BIN/STAMP"
 }
 
-# wait_ready PORT TOKEN: up to 60 s for /readyz
+# The waits below wait for what they await, a process getting ready, for as long as the process
+# lives: on a machine whose cores are busy with other work a start takes minutes, not seconds (a
+# fixed 60 s failed there). START_S bounds them against a process that hangs without exiting.
+START_S=${CEPHALO_K8S_START_S:-600}
+
+# wait_ready PORT TOKEN PID: /readyz answered; 1 at once when the process PID has exited
 wait_ready() {
-  for _ in $(seq 1 120); do
+  local end=$((SECONDS + START_S))
+  while [ "$SECONDS" -lt "$end" ]; do
+    kill -0 "$3" 2>/dev/null || return 1
     if curl -fsk -H "Authorization: Bearer $2" "https://127.0.0.1:$1/readyz" >/dev/null 2>&1; then return 0; fi
     sleep 0.5
   done
   return 1
 }
 
-# wait_healthz PORT PID: up to 60 s for https://127.0.0.1:PORT/healthz (served to anyone: /healthz
-# is the components' always-allowed path); 1 at once when the process PID has exited
+# wait_healthz PORT PID: https://127.0.0.1:PORT/healthz answered (served to anyone: /healthz is the
+# components' always-allowed path); 1 at once when the process PID has exited
 wait_healthz() {
-  for _ in $(seq 1 120); do
+  local end=$((SECONDS + START_S))
+  while [ "$SECONDS" -lt "$end" ]; do
     kill -0 "$2" 2>/dev/null || return 1
     if curl -fsk "https://127.0.0.1:$1/healthz" >/dev/null 2>&1; then return 0; fi
     sleep 0.5
@@ -172,7 +182,7 @@ launch() {
   echo $! >"$1/$2.pid"
 }
 
-# wait_component DIR NAME: up to 60 s until kube-NAME answers /healthz; for the controller manager
+# wait_component DIR NAME: until kube-NAME answers /healthz; for the controller manager
 # also until its garbage collector has synced, which is after every controller was started: it
 # answers /healthz while it is still starting them, and if the API server goes away meanwhile
 # (a test's `restart`), the namespace controller's start ends the process (a Fatal in 1.20)
@@ -182,7 +192,8 @@ wait_component() {
   wait_healthz "$port" "$pid" || { log "kube-$2 did not become healthy; see $1/$2.log"; return 1; }
   [ "$2" = controller-manager ] || return 0
   from=$(grep -n '^---- started' "$1/$2.log" | tail -n 1 | cut -d: -f1)
-  for _ in $(seq 1 120); do
+  local end=$((SECONDS + START_S))
+  while [ "$SECONDS" -lt "$end" ]; do
     kill -0 "$pid" 2>/dev/null || break
     if tail -n "+$from" "$1/$2.log" | grep -q 'Garbage collector: all resource monitors have synced'; then return 0; fi
     sleep 0.5
@@ -279,7 +290,8 @@ start() {
   echo "$ap" >"$dir/apiserver.port"
   "$BIN/kube-apiserver" "${args[@]}" >"$dir/apiserver.log" 2>&1 &
   echo $! >"$dir/apiserver.pid"
-  wait_ready "$ap" "$token" || { log "apiserver did not become ready; see $dir/apiserver.log"; stop "$dir"; exit 1; }
+  wait_ready "$ap" "$token" "$(cat "$dir/apiserver.pid")" ||
+    { log "apiserver did not become ready; see $dir/apiserver.log"; stop "$dir"; exit 1; }
   kubeconfig "$dir/kubeconfig" "https://127.0.0.1:$ap" "$dir/certs/apiserver.crt" "$token"
   if [ "$cplane" = 1 ]; then
     control_plane "$dir" "$ap" || { stop "$dir"; exit 1; }
@@ -314,7 +326,8 @@ restart() {
   echo "---- restarted $(date -u +%FT%TZ)" >>"$dir/apiserver.log"
   "$BIN/kube-apiserver" "${args[@]}" >>"$dir/apiserver.log" 2>&1 &
   echo $! >"$dir/apiserver.pid"
-  wait_ready "$ap" "$token" || { log "apiserver did not become ready again; see $dir/apiserver.log"; exit 1; }
+  wait_ready "$ap" "$token" "$(cat "$dir/apiserver.pid")" ||
+    { log "apiserver did not become ready again; see $dir/apiserver.log"; exit 1; }
   # the scheduler and the controller manager (with --control-plane) ride the restart out; one
   # that exited meanwhile is started again, as the kubelet restarts a control plane's static pods
   for c in scheduler controller-manager; do

@@ -410,46 +410,6 @@ static void test_put_owned(void **state) {
     cache_free(c);
 }
 
-/* One view of two stores: all of the first, those of the second with a digest, digested only when
- * both stores make digests; and an object stored in one store takes the place of its superseded version
- * in the other (an assumed pod), by a put or a relist, but not of another version. */
-static void test_union_and_supersedes(void **state) {
-    (void)state;
-    cache *busy = cache_new("busy pods"), *pods = cache_new("pods");
-    cache_set_digest(pods, n_digest); /* a digest unless n < 0 */
-    cache_set_supersedes(pods, busy, "0");
-    put(busy, obj("ml", "other", "3", NULL, -1));
-    put(busy, obj("ml", "job-0", "0", NULL, 1));  /* assumed */
-    put(busy, obj("ml", "job-1", "0", NULL, 1));  /* assumed */
-    put(busy, obj("ml", "job-2", "9", NULL, 1));  /* not at the superseded version */
-    put(pods, obj("ml", "job-0", "10", "j", 2));  /* the API's: the assumed one goes */
-    assert_null(cache_get(busy, "ml", "job-0"));
-    cJSON *still = cache_get(busy, "ml", "job-1");
-    assert_non_null(still);
-    cJSON_Delete(still);
-    assert_true(cache_put_owned(pods, obj("ml", "job-2", "11", "j", 3), NULL));
-    still = cache_get(busy, "ml", "job-2"); /* version 9 is no assumption: it stays */
-    assert_non_null(still);
-    cJSON_Delete(still);
-    cJSON *items = cJSON_CreateArray();
-    cJSON_AddItemToArray(items, obj("ml", "job-1", "12", "j", 4));
-    cache_replace(pods, items); /* a relist supersedes too */
-    cJSON_Delete(items);
-    assert_null(cache_get(busy, "ml", "job-1"));
-    put(pods, obj("ml", "job-3", "13", "j", -5)); /* no digest */
-    cache_view v;
-    const cJSON *list = cJSON_GetObjectItem(cache_view_union(busy, pods, &v), "items");
-    assert_int_equal(v.n, 3); /* other, job-2 (busy, digest or not); job-1 (pods, with a digest) */
-    assert_int_equal(cJSON_GetArraySize(list), 3);
-    assert_string_equal(kube_meta_str(cJSON_GetArrayItem(list, 0), "name"), "other");
-    assert_string_equal(kube_meta_str(cJSON_GetArrayItem(list, 2), "name"), "job-1");
-    assert_int_equal(*(const int *)cache_view_digest(&v, 2), 4);
-    assert_false(v.digested); /* busy makes none */
-    cache_view_release(&v);
-    cache_free(pods);
-    cache_free(busy);
-}
-
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_put_get_remove),
@@ -461,7 +421,6 @@ int main(void) {
         cmocka_unit_test(test_digests_and_stripped_fields),
         cmocka_unit_test(test_index),
         cmocka_unit_test(test_put_owned),
-        cmocka_unit_test(test_union_and_supersedes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
