@@ -105,6 +105,23 @@ bool str_to_size(const char *s, int64_t *out) {
     return true;
 }
 
+void str_one_line(const char *in, char *out, size_t n) {
+    size_t k = 0;
+    if (!n) return;
+    for (const unsigned char *p = (const unsigned char *)in; *p; p++) {
+        char esc[8] = {(char)*p, 0};
+        if (*p == '\n') memcpy(esc, "\\n", 3);
+        else if (*p == '\r') memcpy(esc, "\\r", 3);
+        else if (*p < 0x20 && *p != '\t') snprintf(esc, sizeof esc, "\\x%02x", *p);
+        else if (*p == 0x7f) memcpy(esc, "\\x7f", 5);
+        size_t len = strlen(esc);
+        if (k + len >= n) break; /* cut to fit, never inside an escape */
+        memcpy(out + k, esc, len);
+        k += len;
+    }
+    out[k] = '\0';
+}
+
 const char *str_bytes(double bytes, char *buf, size_t bufsz) {
     const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
     int u = 0;

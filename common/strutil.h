@@ -36,6 +36,11 @@ bool str_to_size(const char *s, int64_t *out);
  * U+10FFFF. */
 int str_utf8_len(const unsigned char *s, size_t n);
 
+/* in as one line of a log into out (n bytes, cut to fit): a line break becomes \n, a carriage
+ * return \r, another control byte \xHH, so that text from elsewhere (a pod's termination message,
+ * an API server's answer) can neither break a log's one line per entry nor forge a line. */
+void str_one_line(const char *in, char *out, size_t n);
+
 /* "1.50 GiB", "812.0 MiB", ... for messages and tables. */
 const char *str_bytes(double bytes, char *buf, size_t bufsz);
 /* Appends n bytes to the growable buffer *p (len bytes used, cap allocated), doubling it as

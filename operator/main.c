@@ -117,12 +117,13 @@ __attribute__((format(printf, 2, 3))) static void op_log(int level, const char *
     if (level < op_level) return;
     char ts[64];
     kube_time_now(ts, sizeof ts);
-    char line[2048];
+    char line[2048], one[4096];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
-    fprintf(stderr, "%s %s %s\n", ts, names[level], line);
+    str_one_line(line, one, sizeof one); /* one entry, one line, whatever the text brought */
+    fprintf(stderr, "%s %s %s\n", ts, names[level], one);
 }
 
 /* The shared modules' lines (log_msg: the watch loop, leader election, the reconcile) in the same

@@ -131,6 +131,7 @@ static int gang_gives_up(rec_ctx *x, const char *what, double restarts, err_t *e
     cJSON_AddStringToObject(s, "completionTime", now);
     if (rec_delete_pods(x, x->stores.pod, x->stores.n_pods, true, err) < 0) return cJSON_Delete(s), -1;
     rec_emit(x->k, &x->job.meta, "Warning", "BackoffLimitExceeded", msg);
+    if (x->job.old.phase != PHASE_FAILED) log_warn("%s/%s: failed: %s", x->job.ns, x->job.name, msg);
     if (x->st && x->job.old.phase != PHASE_FAILED) x->st->jobs_failed++;
     return rec_write_status(x, s, err);
 }
@@ -185,6 +186,7 @@ static int gang_failed(rec_ctx *x, const char *what, err_t *err) {
     rec_status_plan(x, s);
     rec_status_conditions(x, conds, PHASE_RESTARTING, "WorkerFailed", msg);
     rec_emit(x->k, &x->job.meta, "Warning", "WorkerFailed", msg);
+    log_warn("%s/%s: %s", x->job.ns, x->job.name, msg);
     if (rec_write_status(x, s, err) < 0) return -1;
     if (x->st) x->st->gang_restarts++, x->st->requeue_s = 1;
     return rec_delete_pods(x, x->stores.pod, x->stores.n_pods, false, err);

@@ -129,9 +129,26 @@ static void test_model_file_name(void **state) {
     assert_int_equal(system(cmd), 0);
 }
 
+/* A log line stays one line whatever the text brings: breaks and control bytes escaped, the rest
+ * (tabs, UTF-8) kept, cut to fit without splitting an escape. */
+static void test_one_line(void **state) {
+    (void)state;
+    char out[64];
+    str_one_line("exit 1: Traceback\n  line 2\r\x01" "end\tok \xc3\xa9", out, sizeof out);
+    assert_string_equal(out, "exit 1: Traceback\\n  line 2\\r\\x01end\tok \xc3\xa9");
+    char small[8];
+    str_one_line("abcde\nf", small, sizeof small); /* "abcde\\n" is 7 bytes: fits with its NUL */
+    assert_string_equal(small, "abcde\\n");
+    str_one_line("abcdef\ng", small, sizeof small); /* the escape would not fit whole: cut before it */
+    assert_string_equal(small, "abcdef");
+    str_one_line("", small, sizeof small);
+    assert_string_equal(small, "");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_clean),
+        cmocka_unit_test(test_one_line),
         cmocka_unit_test(test_name),
         cmocka_unit_test(test_hf_names),
         cmocka_unit_test(test_model_file_name),
