@@ -150,11 +150,17 @@ static bool job_key_of(const cJSON *o, char key[WQ_KEY_MAX]) {
     return true;
 }
 
+/* A busy pod's event: one that came or went took or freed GPUs (a status change frees none; an
+ * ended pod leaves the busy watch's selection, a DELETED), so the jobs waiting for GPUs look. */
+static void busy_event(const informer *w, watch_type t) {
+    if (t != WATCH_MODIFIED) enqueue_waiting(w->x);
+}
+
 /* prev: the version the store had (nodes only; NULL when it had none). */
 static void enqueue_object(const informer *w, const cJSON *o, watch_type t, const cJSON *prev) {
     const char *ns = kube_meta_str(o, "namespace");
     if (w->kind == INF_BUSY) {
-        if (t != WATCH_MODIFIED) enqueue_waiting(w->x); /* GPUs taken or freed; a status change frees none */
+        busy_event(w, t);
         return;
     }
     if (w->kind == INF_NODES) {
@@ -237,7 +243,7 @@ static void on_owned_event(informer *w, watch_type t, cJSON *o) {
         return; /* older than what the store has */
     }
     if (labelled) wq_add(w->x->queue, key);
-    else if (w->kind == INF_BUSY && t != WATCH_MODIFIED) enqueue_waiting(w->x); /* as enqueue_object */
+    else if (w->kind == INF_BUSY) busy_event(w, t);
 }
 
 static int on_event(watch_type t, cJSON *o, void *arg, err_t *err) {

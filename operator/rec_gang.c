@@ -131,8 +131,10 @@ static int gang_gives_up(rec_ctx *x, const char *what, double restarts, err_t *e
     cJSON_AddStringToObject(s, "completionTime", now);
     if (rec_delete_pods(x, x->stores.pod, x->stores.n_pods, true, err) < 0) return cJSON_Delete(s), -1;
     rec_emit(x->k, &x->job.meta, "Warning", "BackoffLimitExceeded", msg);
-    if (x->job.old.phase != PHASE_FAILED) log_warn("%s/%s: failed: %s", x->job.ns, x->job.name, msg);
-    if (x->st && x->job.old.phase != PHASE_FAILED) x->st->jobs_failed++;
+    if (x->job.old.phase != PHASE_FAILED) { /* once, not on each reconcile of the failed job */
+        log_warn("%s/%s: failed: %s", x->job.ns, x->job.name, msg);
+        if (x->st) x->st->jobs_failed++;
+    }
     return rec_write_status(x, s, err);
 }
 

@@ -200,8 +200,8 @@ static char *pod_index(const cJSON *pod) {
 cJSON *rec_job_pods(rec_ctx *x, cache_view *v) { return cache_view_index(x->c->caches->pods, x->job.key, v); }
 
 rec_caches rec_caches_new(void) {
-    rec_caches c = {.jobs = cache_new("cephalojobs"), .pods = cache_new("pods"), .busy = cache_new("busy pods"),
-                    .nodes = cache_new("nodes"), .configmaps = cache_new("configmaps"), .services = cache_new("services")};
+    rec_caches c = {cache_new("cephalojobs"), cache_new("pods"), cache_new("busy pods"), cache_new("nodes"),
+                    cache_new("configmaps"), cache_new("services")};
     cache_set_digest(c.busy, inv_pod_digest); /* every admission reads every busy pod */
     cache_set_digest(c.nodes, inv_node_digest); /* ... and every node */
     cache_set_index(c.pods, pod_index);       /* every reconcile reads its job's pods */

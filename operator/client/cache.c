@@ -149,7 +149,6 @@ static void remove_locked(cache *c, int i) {
 
 void cache_replace(cache *c, const cJSON *items) { cache_replace_ns(c, NULL, items); }
 
-
 /* Removes the entries of namespace ns (their keys start "ns/"). */
 static void clear_ns_locked(cache *c, const char *ns) {
     size_t n = strlen(ns);

@@ -38,8 +38,8 @@ void cache_replace_ns(cache *c, const char *ns, const cJSON *items);
  * operator's own write brings nothing the write's answer did not). *prev (may be NULL) gets the
  * version it replaced, or NULL; the caller frees it. true when obj was stored: something new. */
 bool cache_put(cache *c, const cJSON *obj, cJSON **prev);
-/* cache_put of obj itself, which the store takes (a watch event's object, parsed for the store:
- * no copy), freeing it when it keeps it not. */
+/* cache_put of obj itself, no copy (a watch event's object, parsed for the store): the store takes
+ * it, and frees it at once when it does not keep it. */
 bool cache_put_owned(cache *c, cJSON *obj, cJSON **prev);
 /* Removes namespace/name (ns NULL or "" for cluster-scoped objects). */
 void cache_remove(cache *c, const char *ns, const char *name);
@@ -65,7 +65,6 @@ typedef struct cache_view {
 } cache_view;
 cJSON *cache_view_list(cache *c, cache_keep_fn keep, void *arg, cache_view *v);
 void cache_view_release(cache_view *v);
-
 
 /* Digests (client-go's transform and indexers serve the same end): what every reconcile would
  * otherwise read out of hundreds of stored objects, read once when an object is stored. `digest`

@@ -44,8 +44,8 @@ void wq_free(wq *q);
 
 /* key is due now (a change). */
 void wq_add(wq *q, const char *key);
-/* key is due after delay_s (a requeue, a resync later, changes let settle); a pending key that is
- * due earlier keeps its time, one due later is due then instead. */
+/* key is due after delay_s (a requeue, a resync later); a pending key that is due earlier keeps
+ * its time, one due later is due then instead. */
 void wq_add_after(wq *q, const char *key, double delay_s);
 /* Keys waiting (not those being synced): the operator's queue-depth gauge. */
 int wq_len(wq *q);

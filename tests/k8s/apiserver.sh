@@ -127,28 +127,24 @@ build() {
 # fixed 60 s failed there). START_S bounds them against a process that hangs without exiting.
 START_S=${CEPHALO_K8S_START_S:-600}
 
-# wait_ready PORT TOKEN PID: /readyz answered; 1 at once when the process PID has exited
-wait_ready() {
-  local end=$((SECONDS + START_S))
+# wait_up PID URL [CURL_ARGS...]: URL answered 2xx; 1 at once when the process PID has exited
+wait_up() {
+  local pid=$1 url=$2 end=$((SECONDS + START_S))
+  shift 2
   while [ "$SECONDS" -lt "$end" ]; do
-    kill -0 "$3" 2>/dev/null || return 1
-    if curl -fsk -H "Authorization: Bearer $2" "https://127.0.0.1:$1/readyz" >/dev/null 2>&1; then return 0; fi
+    kill -0 "$pid" 2>/dev/null || return 1
+    if curl -fsk "$@" "$url" >/dev/null 2>&1; then return 0; fi
     sleep 0.5
   done
   return 1
 }
 
+# wait_ready PORT TOKEN PID: the API server's /readyz answered
+wait_ready() { wait_up "$3" "https://127.0.0.1:$1/readyz" -H "Authorization: Bearer $2"; }
+
 # wait_healthz PORT PID: https://127.0.0.1:PORT/healthz answered (served to anyone: /healthz is the
-# components' always-allowed path); 1 at once when the process PID has exited
-wait_healthz() {
-  local end=$((SECONDS + START_S))
-  while [ "$SECONDS" -lt "$end" ]; do
-    kill -0 "$2" 2>/dev/null || return 1
-    if curl -fsk "https://127.0.0.1:$1/healthz" >/dev/null 2>&1; then return 0; fi
-    sleep 0.5
-  done
-  return 1
-}
+# components' always-allowed path)
+wait_healthz() { wait_up "$2" "https://127.0.0.1:$1/healthz"; }
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
